@@ -1,0 +1,38 @@
+# managed-scorers: `make demo` and `make test` build everything they need from scratch.
+PYTHON ?= python3.11
+VENV := .venv
+VPY := $(VENV)/bin/python
+ENVS := math image
+PYTEST_ARGS ?=
+
+.PHONY: install envs demo test test-fast bench clean $(addprefix env-,$(ENVS))
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --no-input -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" || true
+	$(VPY) -m pip check
+	touch $@
+
+$(addprefix env-,$(ENVS)): env-%:
+	./envs/build.sh $* $(PYTHON)
+
+envs: $(addprefix env-,$(ENVS))
+
+demo: install envs
+	$(VPY) -m supervisor.demo
+
+test: install envs
+	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: install envs
+	$(VPY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+bench: install envs
+	$(VPY) -m bench
+
+clean:
+	rm -rf $(VENV) $(addprefix envs/,$(addsuffix /.venv,$(ENVS))) build *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,128 @@
+"""`python -m child_runtime`: boot one scorer and serve it on an inherited loopback socket.
+
+The parent writes the boot config as JSON on stdin (so the token is never in
+argv or the environment), passes the listening socket and a readiness pipe as
+inherited fds, and reads one JSON line from that pipe: ready, or why not.
+Boot failures exit with the reserved codes in `exit_codes`.
+"""
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from child_runtime import exit_codes, lifeline
+from child_runtime.host import GPU_RESIDENCY_MODES, ScorerHost
+
+
+@dataclass
+class BootConfig:
+    token: str
+    listen_fd: int
+    ready_fd: int
+    parent_pid: int
+    scorer_name: str
+    scorer_params: dict[str, Any] = field(default_factory=dict)
+    revision: str | None = None
+    gpu_residency: str = "resident"
+    device: str = "cpu"
+    graceful_timeout_s: float = 5.0
+
+
+def read_boot_config(raw: str) -> BootConfig:
+    data = json.loads(raw)
+    scorer = data.pop("scorer")
+    config = BootConfig(
+        scorer_name=scorer["name"], scorer_params=scorer.get("params") or {}, revision=scorer.get("revision"), **data
+    )
+    if len(config.token) < 16:
+        raise ValueError("token is too short")
+    if config.gpu_residency not in GPU_RESIDENCY_MODES:
+        raise ValueError(f"gpu_residency must be one of {GPU_RESIDENCY_MODES}")
+    return config
+
+
+def _say(pipe: BinaryIO, message: dict[str, Any]) -> None:
+    pipe.write((json.dumps(message) + "\n").encode())
+
+
+def _fail(pipe: BinaryIO | None, code: int, message: str) -> None:
+    print(f"child_runtime: {exit_codes.describe(code)}: {message}", file=sys.stderr, flush=True)
+    if pipe is not None:
+        _say(pipe, {"ready": False, "exit_code": code, "error": message[-2000:]})
+    sys.exit(code)
+
+
+def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
+    from scorers.registry import UnknownScorerError, resolve_scorer
+
+    try:
+        scorer_cls = resolve_scorer(config.scorer_name)
+    except UnknownScorerError as exc:
+        bad_name = exc.__cause__ is None
+        _fail(pipe, exit_codes.BAD_CONFIG if bad_name else exit_codes.SCORER_LOAD_FAILED, str(exc))
+    try:
+        scorer = scorer_cls(**config.scorer_params)
+    except (TypeError, ValueError) as exc:
+        _fail(pipe, exit_codes.BAD_CONFIG, f"scorer {config.scorer_name!r} params: {exc}")
+    try:
+        scorer.load(config.device)
+        host = ScorerHost(scorer, config.gpu_residency)
+        if config.gpu_residency == "resident":
+            host.onload()
+    except Exception:  # noqa: BLE001 - any load failure is a boot failure, reported in full
+        _fail(pipe, exit_codes.SCORER_LOAD_FAILED, traceback.format_exc())
+    return host
+
+
+def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[str, float]) -> None:
+    import uvicorn
+
+    from child_runtime.app import build_app
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            sock = sockets[0]
+            _say(pipe, {"ready": True, "pid": os.getpid(), "port": sock.getsockname()[1],
+                        "scorer": host.scorer.spec.name, "revision": revision, **timings})
+            pipe.close()
+
+    revision = config.revision or host.scorer.spec.revision
+    server: _Server
+    app = build_app(host, config.token, revision, request_exit=lambda: setattr(server, "should_exit", True))
+    uv_config = uvicorn.Config(
+        app, lifespan="off", log_level="warning", access_log=False,
+        timeout_graceful_shutdown=config.graceful_timeout_s, timeout_keep_alive=300,
+    )
+    server = _Server(uv_config)
+    listener = socket.socket(fileno=config.listen_fd)
+    asyncio.run(server.serve(sockets=[listener]))
+
+
+def main() -> None:
+    faulthandler.enable()
+    started = time.monotonic()
+    try:
+        config = read_boot_config(sys.stdin.read())
+    except (ValueError, KeyError, TypeError) as exc:
+        _fail(None, exit_codes.BAD_CONFIG, f"cannot read boot config from stdin: {exc!r}")
+    lifeline.install(config.parent_pid)
+    pipe = os.fdopen(config.ready_fd, "wb", buffering=0)
+    host = _build_host(config, pipe)
+    timings = {"boot_s": round(time.monotonic() - started, 4)}
+    try:
+        _serve(config, host, pipe, timings)
+    finally:
+        host.scorer.close()
+
+
+if __name__ == "__main__":
+    main()

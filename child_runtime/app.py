@@ -1,0 +1,167 @@
+"""The child's HTTP surface: starlette routes over one ScorerHost, behind a bearer token."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import traceback
+from typing import Any, Callable
+
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from child_runtime import wire
+from child_runtime.host import ResidencyConflict, ScorerHost
+from child_runtime.items import RequestError, items_from_wire, response_to_wire
+from scorers.base import ScoreInputError, ScorerContractError
+
+DEFAULT_DRAIN_TIMEOUT_S = 600.0
+
+
+class BearerAuth:
+    """Pure ASGI middleware: every request needs `Authorization: Bearer <token>`."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            supplied = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(supplied, self._expected):
+                await JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class RequestLedger:
+    """Numbers every accepted score request so /drain can wait for exactly the earlier ones."""
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._active: set[int] = set()
+        self._changed = asyncio.Event()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._active)
+
+    def begin(self) -> int:
+        ticket = self._next
+        self._next += 1
+        self._active.add(ticket)
+        return ticket
+
+    def end(self, ticket: int) -> None:
+        self._active.discard(ticket)
+        self._changed.set()
+
+    async def wait_before(self, limit: int, timeout_s: float) -> int:
+        """Wait until no ticket below `limit` is active; returns how many were waited for."""
+        waited = sum(1 for t in self._active if t < limit)
+        async with asyncio.timeout(timeout_s):
+            while any(t < limit for t in self._active):
+                self._changed.clear()
+                await self._changed.wait()
+        return waited
+
+
+def _error(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": message, "kind": kind}, status_code=status)
+
+
+def _timeout_param(request: Request) -> float:
+    raw = request.query_params.get("timeout_s", str(DEFAULT_DRAIN_TIMEOUT_S))
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise RequestError(f"timeout_s must be a number, got {raw!r}") from exc
+    if not 0 < value <= 86400:
+        raise RequestError(f"timeout_s must be in (0, 86400], got {value}")
+    return value
+
+
+def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callable[[], None]) -> ASGIApp:
+    ledger = RequestLedger()
+    state = {"value": "ready"}
+    spec = host.scorer.spec
+
+    async def health(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "state": state["value"],
+                "scorer": spec.name,
+                "revision": revision,
+                "pid": os.getpid(),
+                "in_flight": ledger.in_flight,
+                "residency": host.residency,
+                "gpu_residency": host.gpu_residency,
+            }
+        )
+
+    async def score(request: Request) -> Response:
+        ticket = ledger.begin()
+        try:
+            return await _score(request)
+        finally:
+            ledger.end(ticket)
+
+    async def _score(request: Request) -> Response:
+        try:
+            items = items_from_wire(wire.decode(await request.body()))
+        except (wire.WireError, RequestError) as exc:
+            return _error(400, "bad_request", str(exc))
+        try:
+            result = await anyio.to_thread.run_sync(host.score, items)
+        except ScoreInputError as exc:
+            return _error(422, "bad_input", str(exc))
+        except ResidencyConflict as exc:
+            return _error(409, "offloaded", str(exc))
+        except ScorerContractError as exc:
+            return _error(500, "contract", str(exc))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises
+            tail = "".join(traceback.format_exception(exc)[-6:])
+            return _error(500, "scorer_error", f"{type(exc).__name__}: {exc}\n{tail}")
+        body = wire.encode(response_to_wire(items, result))
+        return Response(body, media_type=wire.CONTENT_TYPE)
+
+    async def onload(request: Request) -> Response:
+        return JSONResponse({"residency": "resident", **await anyio.to_thread.run_sync(host.onload)})
+
+    async def offload(request: Request) -> Response:
+        return JSONResponse({"residency": "offloaded", **await anyio.to_thread.run_sync(host.offload)})
+
+    async def drain(request: Request) -> Response:
+        try:
+            timeout_s = _timeout_param(request)
+        except RequestError as exc:
+            return _error(400, "bad_request", str(exc))
+        limit = ledger.begin()  # tickets below this one were accepted before the drain
+        ledger.end(limit)
+        state["value"] = "draining"
+        try:
+            waited = await ledger.wait_before(limit, timeout_s)
+        except TimeoutError:
+            return _error(504, "drain_timeout", f"requests still in flight after {timeout_s} s")
+        finally:
+            state["value"] = "ready"
+        return JSONResponse({"drained": waited})
+
+    async def shutdown(request: Request) -> Response:
+        state["value"] = "stopping"
+        return JSONResponse({"state": "stopping"}, background=BackgroundTask(request_exit))
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/score", score, methods=["POST"]),
+        Route("/onload", onload, methods=["POST"]),
+        Route("/offload", offload, methods=["POST"]),
+        Route("/drain", drain, methods=["POST"]),
+        Route("/shutdown", shutdown, methods=["POST"]),
+    ]
+    return BearerAuth(Starlette(routes=routes), token)

@@ -1,0 +1,66 @@
+"""ScorerHost: the one owner of the scorer inside the child.
+
+Scoring and residency changes are serialised under one lock, so an offload can
+never pull weights out from under a running batch.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+from scorers.base import ScoreItem, ScoreResult, Scorer, score_checked
+
+RESIDENT = "resident"
+PER_CALL = "per_call"
+GPU_RESIDENCY_MODES = (RESIDENT, PER_CALL)
+
+
+class ResidencyConflict(RuntimeError):
+    """A score arrived for a `resident` scorer that is offloaded (answered 409)."""
+
+
+class ScorerHost:
+    def __init__(self, scorer: Scorer, gpu_residency: str) -> None:
+        if gpu_residency not in GPU_RESIDENCY_MODES:
+            raise ValueError(f"gpu_residency must be one of {GPU_RESIDENCY_MODES}, got {gpu_residency!r}")
+        self.scorer = scorer
+        self.gpu_residency = gpu_residency
+        self.residency = "offloaded"
+        self._lock = threading.Lock()
+
+    def _onload_locked(self) -> dict[str, Any]:
+        if self.residency == "resident":
+            return {"changed": False}
+        figures = dict(self.scorer.onload() or {})
+        self.residency = "resident"
+        return {"changed": True, **figures}
+
+    def _offload_locked(self) -> dict[str, Any]:
+        if self.residency == "offloaded":
+            return {"changed": False}
+        figures = dict(self.scorer.offload() or {})
+        self.residency = "offloaded"
+        return {"changed": True, **figures}
+
+    def onload(self) -> dict[str, Any]:
+        with self._lock:
+            return self._onload_locked()
+
+    def offload(self) -> dict[str, Any]:
+        with self._lock:
+            return self._offload_locked()
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        with self._lock:
+            if self.gpu_residency == PER_CALL:
+                self._onload_locked()
+                try:
+                    return score_checked(self.scorer, items)
+                finally:
+                    self._offload_locked()
+            if self.residency != "resident":
+                raise ResidencyConflict(
+                    f"scorer {self.scorer.spec.name!r} is offloaded; POST /onload first "
+                    "(gpu_residency=resident never onloads implicitly)"
+                )
+            return score_checked(self.scorer, items)

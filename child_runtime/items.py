@@ -1,0 +1,92 @@
+"""Validation of score requests and responses as they cross the wire.
+
+Both sides use it: the child decodes requests into `ScoreItem`s; the in-process
+backend runs the very same conversion so local and managed scoring cannot drift.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from scorers.base import ScoreItem, ScoreResult
+
+ITEM_FIELDS = frozenset(["id", "group_id", "prompt", "text", "image", "reference", "metadata"])
+REQUEST_FIELDS = frozenset(["items"])
+
+
+class RequestError(ValueError):
+    """A request is well-framed but its content is invalid (answered 400/422)."""
+
+
+def _optional_str(item: dict, key: str, where: str) -> str | None:
+    value = item.get(key)
+    if value is not None and not isinstance(value, str):
+        raise RequestError(f"{where}.{key} must be a string or null, got {type(value).__name__}")
+    return value
+
+
+def _image(item: dict, where: str) -> np.ndarray | None:
+    image = item.get("image")
+    if image is None:
+        return None
+    if not isinstance(image, np.ndarray):
+        raise RequestError(f"{where}.image must be an array, got {type(image).__name__}")
+    if image.dtype != np.uint8 or image.ndim not in (3, 4) or image.shape[-1] not in (1, 3, 4):
+        raise RequestError(
+            f"{where}.image must be uint8 HWC or THWC with 1, 3 or 4 channels, "
+            f"got {image.dtype} {list(image.shape)}"
+        )
+    return image
+
+
+def item_from_wire(raw: Any, index: int) -> ScoreItem:
+    where = f"items[{index}]"
+    if not isinstance(raw, dict):
+        raise RequestError(f"{where} must be an object")
+    unknown = set(raw) - ITEM_FIELDS
+    if unknown:
+        raise RequestError(f"{where} has unknown fields {sorted(unknown)}")
+    item_id = raw.get("id")
+    if not isinstance(item_id, str) or not item_id:
+        raise RequestError(f"{where}.id must be a non-empty string")
+    metadata = raw.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise RequestError(f"{where}.metadata must be an object")
+    return ScoreItem(
+        id=item_id,
+        group_id=_optional_str(raw, "group_id", where),
+        prompt=_optional_str(raw, "prompt", where),
+        text=_optional_str(raw, "text", where),
+        image=_image(raw, where),
+        reference=raw.get("reference"),
+        metadata=metadata,
+    )
+
+
+def items_from_wire(meta: Any) -> list[ScoreItem]:
+    """Validate a decoded request body and build the items, ids unique."""
+    if not isinstance(meta, dict) or "items" not in meta:
+        raise RequestError("request must be an object with an 'items' list")
+    unknown = set(meta) - REQUEST_FIELDS
+    if unknown:
+        raise RequestError(f"request has unknown fields {sorted(unknown)}")
+    raw_items = meta["items"]
+    if not isinstance(raw_items, list) or not raw_items:
+        raise RequestError("request.items must be a non-empty list")
+    items = [item_from_wire(raw, i) for i, raw in enumerate(raw_items)]
+    seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        if item.id in seen:
+            raise RequestError(f"items[{index}].id {item.id!r} duplicates items[{seen[item.id]}].id")
+        seen[item.id] = index
+    return items
+
+
+def response_to_wire(items: Sequence[ScoreItem], result: ScoreResult) -> dict[str, Any]:
+    """Echo ids in order; scores travel as float64 arrays (exact, never JSON floats)."""
+    return {
+        "ids": [item.id for item in items],
+        "terms": {name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()},
+        "diagnostics": result.diagnostics,
+    }

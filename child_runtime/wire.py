@@ -1,0 +1,141 @@
+"""Binary framing shared by parent and child: JSON metadata plus raw array buffers.
+
+Layout of one frame:
+
+    MAGIC (8 bytes) | header length (uint32 LE) | header JSON (utf-8) | pad | buffers
+
+The header is `{"meta": <json>, "arrays": [{"dtype", "shape", "offset", "nbytes"}]}`;
+inside `meta` an array appears as `{"__array__": index}`. Buffers start on
+64-byte boundaries so decode can hand out `np.frombuffer` views without copying.
+No base64, no pickle, no lossy image codec. Stdlib + numpy only: every scorer env
+imports this module from the service root.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"MSWIRE1\x00"
+CONTENT_TYPE = "application/x-managed-scorers-frame"
+ALIGN = 64
+_LEN = struct.Struct("<I")
+_PREFIX = len(MAGIC) + _LEN.size
+ARRAY_KEY = "__array__"
+ALLOWED_DTYPES = frozenset(
+    ["|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"]
+)
+MAX_HEADER_BYTES = 64 * 1024 * 1024
+MAX_NDIM = 8
+
+
+class WireError(ValueError):
+    """A frame is malformed; the message names what is wrong and where."""
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _lift_arrays(obj: Any, arrays: list[np.ndarray]) -> Any:
+    """Replace every ndarray in `obj` by a reference, collecting the arrays."""
+    if isinstance(obj, np.ndarray):
+        arr = obj if obj.dtype.byteorder != ">" else obj.astype(obj.dtype.newbyteorder("<"))
+        if arr.dtype.str not in ALLOWED_DTYPES:
+            raise WireError(f"array dtype {arr.dtype} is not supported on the wire")
+        arrays.append(np.ascontiguousarray(arr))
+        return {ARRAY_KEY: len(arrays) - 1}
+    if isinstance(obj, dict):
+        if ARRAY_KEY in obj:
+            raise WireError(f"key {ARRAY_KEY!r} is reserved")
+        return {str(k): _lift_arrays(v, arrays) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_lift_arrays(v, arrays) for v in obj]
+    return obj
+
+
+def encode(meta: Any) -> bytes:
+    """Serialise `meta` (JSON-able, with ndarrays anywhere) into one frame."""
+    arrays: list[np.ndarray] = []
+    lifted = _lift_arrays(meta, arrays)
+    descs = []
+    offset = 0
+    for arr in arrays:
+        descs.append({"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset, "nbytes": arr.nbytes})
+        offset = _aligned(offset + arr.nbytes)
+    header = json.dumps({"meta": lifted, "arrays": descs}, allow_nan=False, separators=(",", ":")).encode()
+    data_start = _aligned(_PREFIX + len(header))
+    frame = bytearray(data_start + offset)
+    frame[: len(MAGIC)] = MAGIC
+    _LEN.pack_into(frame, len(MAGIC), len(header))
+    frame[_PREFIX : _PREFIX + len(header)] = header
+    view = memoryview(frame)
+    for arr, desc in zip(arrays, descs):
+        start = data_start + desc["offset"]
+        view[start : start + arr.nbytes] = arr.reshape(-1).view(np.uint8)
+    return bytes(frame)
+
+
+def _reject_constant(name: str) -> Any:
+    raise WireError(f"non-finite number {name} in frame header")
+
+
+def _parse_header(buf: memoryview) -> tuple[dict, int]:
+    if len(buf) < _PREFIX or bytes(buf[: len(MAGIC)]) != MAGIC:
+        raise WireError("body is not a managed-scorers frame (bad magic)")
+    (header_len,) = _LEN.unpack_from(buf, len(MAGIC))
+    if header_len > MAX_HEADER_BYTES or _PREFIX + header_len > len(buf):
+        raise WireError(f"header length {header_len} exceeds the body ({len(buf)} bytes)")
+    try:
+        header = json.loads(bytes(buf[_PREFIX : _PREFIX + header_len]), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WireError(f"header is not valid JSON: {exc}") from exc
+    if not isinstance(header, dict) or set(header) != {"meta", "arrays"} or not isinstance(header["arrays"], list):
+        raise WireError("header must be an object with exactly 'meta' and 'arrays' (a list)")
+    return header, _aligned(_PREFIX + header_len)
+
+
+def _array_view(buf: memoryview, data_start: int, index: int, desc: Any) -> np.ndarray:
+    where = f"arrays[{index}]"
+    if not isinstance(desc, dict) or set(desc) != {"dtype", "shape", "offset", "nbytes"}:
+        raise WireError(f"{where} must have exactly dtype, shape, offset, nbytes")
+    dtype, shape, offset, nbytes = desc["dtype"], desc["shape"], desc["offset"], desc["nbytes"]
+    if dtype not in ALLOWED_DTYPES:
+        raise WireError(f"{where}.dtype {dtype!r} is not one of {sorted(ALLOWED_DTYPES)}")
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise WireError(f"{where}.shape must be a list of at most {MAX_NDIM} non-negative ints")
+    for name, value in (("offset", offset), ("nbytes", nbytes)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise WireError(f"{where}.{name} must be a non-negative int")
+    itemsize = np.dtype(dtype).itemsize
+    if nbytes != itemsize * int(np.prod(shape, dtype=np.int64)):
+        raise WireError(f"{where}.nbytes {nbytes} does not match shape {shape} x itemsize {itemsize}")
+    start = data_start + offset
+    if offset % ALIGN or start + nbytes > len(buf):
+        raise WireError(f"{where} [{offset}, +{nbytes}) is misaligned or outside the body")
+    return np.frombuffer(buf, dtype=dtype, count=nbytes // itemsize, offset=start).reshape(shape)
+
+
+def _resolve(obj: Any, arrays: list[np.ndarray]) -> Any:
+    if isinstance(obj, dict):
+        if ARRAY_KEY in obj:
+            ref = obj[ARRAY_KEY]
+            if len(obj) != 1 or not isinstance(ref, int) or isinstance(ref, bool) or not 0 <= ref < len(arrays):
+                raise WireError(f"bad array reference {obj!r}")
+            return arrays[ref]
+        return {k: _resolve(v, arrays) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_resolve(v, arrays) for v in obj]
+    return obj
+
+
+def decode(body: bytes | bytearray | memoryview) -> Any:
+    """Parse a frame; arrays are zero-copy views into `body` (read-only for bytes)."""
+    buf = memoryview(body).cast("B")
+    header, data_start = _parse_header(buf)
+    arrays = [_array_view(buf, data_start, i, d) for i, d in enumerate(header["arrays"])]
+    return _resolve(header["meta"], arrays)

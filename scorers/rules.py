@@ -1,0 +1,64 @@
+"""Rule rewards that need no model: exact match, non-empty, constant."""
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from typing import Sequence
+
+from scorers.base import ScoreItem, ScoreResult, Scorer, ScorerSpec, reference_answer
+
+_SPACE = re.compile(r"\s+")
+
+
+def normalize_text(text: str, case_sensitive: bool) -> str:
+    """NFKC, collapse whitespace, strip; lowercase unless case-sensitive."""
+    text = _SPACE.sub(" ", unicodedata.normalize("NFKC", text)).strip()
+    return text if case_sensitive else text.casefold()
+
+
+class ExactMatch(Scorer):
+    """1.0 when the completion equals the reference answer after normalisation."""
+
+    spec = ScorerSpec(
+        name="exact_match", input_kind="text", required_fields=("text", "reference"),
+        terms=("exact_match",), revision="1", env="image",
+    )
+
+    def __init__(self, case_sensitive: bool = False) -> None:
+        if not isinstance(case_sensitive, bool):
+            raise TypeError("case_sensitive must be a bool")
+        self.case_sensitive = case_sensitive
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        values = [
+            float(normalize_text(item.text, self.case_sensitive)
+                  == normalize_text(reference_answer(item.reference), self.case_sensitive))
+            for item in items
+        ]
+        return ScoreResult(terms={"exact_match": values})
+
+
+class NonEmpty(Scorer):
+    """1.0 when the completion has any non-whitespace text."""
+
+    spec = ScorerSpec(
+        name="nonempty", input_kind="text", required_fields=("text",), terms=("nonempty",), revision="1", env="image"
+    )
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        return ScoreResult(terms={"nonempty": [float(bool(item.text.strip())) for item in items]})
+
+
+class Constant(Scorer):
+    """The same finite value for every item: a baseline and a plumbing probe."""
+
+    spec = ScorerSpec(name="constant", input_kind="text", terms=("constant",), revision="1", env="image")
+
+    def __init__(self, value: float = 1.0) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"value must be a finite number, got {value!r}")
+        self.value = float(value)
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        return ScoreResult(terms={"constant": [self.value] * len(items)})

@@ -1,0 +1,28 @@
+"""Trainer side of managed-scorers: one RewardBackend interface over in-process,
+managed-child and remote scorers.
+
+Note: `supervisor` is also supervisord's import name; never install both in one env.
+"""
+from supervisor.backend import RewardBackend
+from supervisor.config import ClientConfig, ManagedScorerProcessSpec, ProcessConfig, ScorerConfig
+from supervisor.errors import (
+    ChildRecord,
+    ConfigError,
+    RewardContractError,
+    ScorerError,
+    ScorerProcessDied,
+    ScorerRequestError,
+    ScorerStartupError,
+    ScorerTimeout,
+)
+from supervisor.local import LocalRewardBackend
+from supervisor.managed import ManagedScorerProcessBackend
+from supervisor.service import PrecomputedRewardError, RewardService
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
+
+__all__ = [
+    "ChildRecord", "ClientConfig", "ConfigError", "LocalRewardBackend", "ManagedScorerProcessBackend",
+    "ManagedScorerProcessSpec", "PrecomputedRewardError", "ProcessConfig", "RewardBackend",
+    "RewardContractError", "RewardItem", "RewardRequest", "RewardResponse", "RewardService", "ScorerConfig",
+    "ScorerError", "ScorerProcessDied", "ScorerRequestError", "ScorerStartupError", "ScorerTimeout",
+]

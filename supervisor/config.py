@@ -1,0 +1,109 @@
+"""Config models for the managed backend; Hydra can build each one from a `_target_` recipe."""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+
+InputKind = Literal["text", "image", "image_edit", "video"]
+SERVICE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers (from Hydra) to plain dicts and lists, recursively."""
+    if isinstance(value, BaseModel):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_mapping(cls, data: Any) -> Any:
+        return _plain(data)
+
+
+class ProcessConfig(_Model):
+    """How to launch and bound the child process."""
+
+    python_executable: Path
+    service_root: Path = SERVICE_ROOT
+    startup_timeout: float = Field(default=120.0, gt=0)
+    request_timeout: float = Field(default=600.0, gt=0)
+    shutdown_timeout: float = Field(default=10.0, gt=0)
+    log_dir: Path | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    local_rank: int | None = Field(default=None, ge=0)
+    visible_devices: str | None = None
+    allow_multiple_gpus: bool = False
+
+    @field_validator("python_executable")
+    @classmethod
+    def _executable(cls, value: Path) -> Path:
+        if not value.is_file() or not os.access(value, os.X_OK):
+            raise ValueError(f"{value} is not an executable file (build the scorer env: make env-NAME)")
+        return value
+
+    @field_validator("service_root")
+    @classmethod
+    def _root(cls, value: Path) -> Path:
+        if not (value / "child_runtime" / "__main__.py").is_file():
+            raise ValueError(f"{value} is not a service root (no child_runtime/__main__.py)")
+        return value.resolve()
+
+
+class ScorerConfig(_Model):
+    """Which scorer the child builds, with what params."""
+
+    name: str = Field(min_length=1)
+    input_kind: InputKind = "text"
+    params: dict[str, JsonValue] = Field(default_factory=dict)
+    revision: str | None = None
+    device: str = "cpu"
+
+
+class ClientConfig(_Model):
+    """How the parent talks to the child and what it demands of the answers."""
+
+    required_rewards: list[str] = Field(default_factory=list)
+    weights: dict[str, float] = Field(default_factory=dict)
+    input_kind: InputKind = "text"
+    request_batch_size: int = Field(default=64, gt=0)
+
+    @model_validator(mode="after")
+    def _weights_named(self) -> "ClientConfig":
+        unknown = set(self.weights) - set(self.required_rewards)
+        if unknown:
+            raise ValueError(f"weights name rewards not in required_rewards: {sorted(unknown)}")
+        return self
+
+
+class ManagedScorerProcessSpec(_Model):
+    """Process ownership, scorer construction and client semantics, kept apart."""
+
+    process: ProcessConfig
+    scorer: ScorerConfig
+    client: ClientConfig = Field(default_factory=ClientConfig)
+    gpu_residency: Literal["resident", "per_call"] = "resident"
+
+    @model_validator(mode="after")
+    def _kinds_agree(self) -> "ManagedScorerProcessSpec":
+        if self.client.input_kind != self.scorer.input_kind:
+            raise ValueError(
+                f"client.input_kind {self.client.input_kind!r} != scorer.input_kind {self.scorer.input_kind!r}"
+            )
+        return self
+
+    @property
+    def required_rewards(self) -> list[str]:
+        return self.client.required_rewards or [self.scorer.name.lower()]
+

@@ -1,0 +1,191 @@
+"""ManagedScorerProcessBackend: one scorer child per rank, from an explicit venv python."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import weakref
+from typing import Any, Callable, Mapping, TypeVar
+
+import numpy as np
+
+from child_runtime import wire
+from supervisor.backend import RewardBackend, assemble_response, chunks, merge_diagnostics
+from supervisor.client import ChildClient, ChildHTTPError, ChildTransportError
+from supervisor.config import ManagedScorerProcessSpec
+from supervisor.errors import (
+    ChildRecord,
+    ScorerError,
+    ScorerProcessDied,
+    ScorerRequestError,
+    ScorerTimeout,
+)
+from supervisor.gpu import child_visible_devices
+from supervisor.process import REAP_GRACE_S, ChildProcess, LaunchPlan
+from supervisor.types import RewardRequest, RewardResponse
+from supervisor.verify import verify_score_answer
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# A dead child closes its sockets at once; this only bounds the wait for its exit status.
+DEATH_CONFIRM_S = 2.0
+SHUTDOWN_REQUEST_S = 2.0
+_DROPPED_ENV = ("PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "PYTHONPATH")
+
+
+def _kill_group_at_exit(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class ManagedScorerProcessBackend(RewardBackend):
+    """Starts its child on construction (unless `start=False`); `close()` always ends it."""
+
+    def __init__(self, spec: ManagedScorerProcessSpec | Mapping[str, Any], start: bool = True) -> None:
+        self.spec = spec if isinstance(spec, ManagedScorerProcessSpec) else ManagedScorerProcessSpec.model_validate(spec)
+        self._child: ChildProcess | None = None
+        self._client: ChildClient | None = None
+        self._dead: ScorerError | None = None
+        self._closed = False
+        self.timings: dict[str, float] = {}
+        if start:
+            self.start()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _plan(self) -> LaunchPlan:
+        process, scorer = self.spec.process, self.spec.scorer
+        env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
+        env.update(process.env)
+        extra_path = process.env.get("PYTHONPATH")
+        env["PYTHONPATH"] = str(process.service_root) + (os.pathsep + extra_path if extra_path else "")
+        env["PYTHONUNBUFFERED"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = child_visible_devices(
+            os.environ, process.local_rank, process.visible_devices, process.allow_multiple_gpus
+        )
+        boot = {
+            "scorer": {"name": scorer.name, "params": scorer.params, "revision": scorer.revision},
+            "gpu_residency": self.spec.gpu_residency,
+            "device": scorer.device,
+            "graceful_timeout_s": max(0.1, process.shutdown_timeout / 2),
+        }
+        return LaunchPlan(
+            name=scorer.name.lower().replace(".", "_").replace(":", "_"),
+            python_executable=process.python_executable, service_root=process.service_root, boot=boot,
+            env=env, log_dir=process.log_dir, rank=process.local_rank, startup_timeout=process.startup_timeout,
+        )
+
+    def start(self) -> dict[str, Any]:
+        """Spawn the child and wait until it serves; raises ScorerStartupError otherwise."""
+        if self._child is not None:
+            raise RuntimeError(f"backend already started its child (pid {self.pid})")
+        self._child = ChildProcess(self._plan())
+        info = self._child.start()
+        weakref.finalize(self, _kill_group_at_exit, self._child.pid)
+        self.timings["spawn_to_ready_s"] = info["spawn_to_ready_s"]
+        self._client = ChildClient(
+            f"http://127.0.0.1:{self._child.port}", self._child.token, self.spec.process.request_timeout
+        )
+        return info
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid if self._child else None
+
+    @property
+    def log_path(self) -> str | None:
+        return str(self._child.log_path) if self._child else None
+
+    @property
+    def ready_info(self) -> dict[str, Any]:
+        return dict(self._child.ready_info) if self._child else {}
+
+    def close(self) -> None:
+        """/shutdown, then SIGTERM, then SIGKILL of the process group; each step bounded."""
+        if self._closed or self._child is None:
+            self._closed = True
+            return
+        self._closed = True
+        started = time.monotonic()
+        if self._child.poll() is None and self._client is not None:
+            try:
+                self._client.shutdown(min(SHUTDOWN_REQUEST_S, self.spec.process.shutdown_timeout))
+            except (ChildHTTPError, ChildTransportError) as exc:
+                log.warning("child %s pid %s: /shutdown failed (%s); escalating", self.spec.scorer.name, self.pid, exc)
+        self._child.stop(graceful_s=self.spec.process.shutdown_timeout)
+        if self._client is not None:
+            self._client.close()
+        self.timings["shutdown_s"] = time.monotonic() - started
+
+    # -- calls -----------------------------------------------------------------------------
+    def _record(self) -> ChildRecord | None:
+        return self._child.record() if self._child else None
+
+    def _ensure_serving(self) -> ChildClient:
+        if self._closed:
+            raise ScorerProcessDied("backend is closed", self._record())
+        if self._dead is not None:
+            raise type(self._dead)(f"child is no longer serving: {self._dead.args[0].splitlines()[0]}", self._record())
+        if self._child is None or self._client is None:
+            raise RuntimeError("backend was created with start=False; call start() first")
+        if self._child.poll() is not None:
+            self._fail(ScorerProcessDied("child exited between calls", self._reaped_record()))
+        return self._client
+
+    def _reaped_record(self) -> ChildRecord:
+        self._child.kill_group()  # descendants (forkserver, workers) go with it
+        self._child.reap(REAP_GRACE_S)
+        return self._child.record()
+
+    def _fail(self, error: ScorerError) -> None:
+        self._dead = error
+        raise error
+
+    def _call(self, what: str, fn: Callable[[ChildClient], T]) -> T:
+        client = self._ensure_serving()
+        try:
+            return fn(client)
+        except ChildHTTPError as exc:
+            raise ScorerRequestError(
+                f"{what}: child answered HTTP {exc.status} ({exc.kind}): {exc.message}",
+                self._record(), status=exc.status, kind=exc.kind,
+            ) from exc
+        except ChildTransportError as exc:
+            if self._child.reap(DEATH_CONFIRM_S) is not None:
+                self._fail(ScorerProcessDied(f"child died during {what}", self._reaped_record()))
+            if exc.timed_out:
+                self._fail(ScorerTimeout(f"{what}: {exc}; child killed, its state is unknown", self._reaped_record()))
+            self._fail(ScorerProcessDied(f"{what}: transport failed with the child alive ({exc}); child killed",
+                                         self._reaped_record()))
+            raise AssertionError("unreachable")
+
+    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+        required = self.spec.required_rewards
+        parts: dict[str, list[np.ndarray]] = {}
+        diagnostics = []
+        for chunk in chunks(request.items, self.spec.client.request_batch_size):
+            body = wire.encode({"items": [item.to_wire() for item in chunk]})
+            answer = self._call("score", lambda client: client.score(body))
+            terms, diag = verify_score_answer(answer, [item.id for item in chunk], required, self._record)
+            for name, values in terms.items():
+                parts.setdefault(name, []).append(values)
+            diagnostics.append(diag)
+        merged = {name: np.concatenate(values) for name, values in parts.items()}
+        return assemble_response(request.ids, merged, required, self.spec.client.weights,
+                                 merge_diagnostics(diagnostics))
+
+    def health(self) -> dict[str, Any]:
+        return self._call("health", lambda client: client.health())
+
+    def onload(self) -> dict[str, Any]:
+        return self._call("onload", lambda client: client.onload())
+
+    def offload(self) -> dict[str, Any]:
+        return self._call("offload", lambda client: client.offload())
+
+    def drain(self, timeout_s: float | None = None) -> dict[str, Any]:
+        bound = timeout_s if timeout_s is not None else self.spec.process.request_timeout
+        return self._call("drain", lambda client: client.drain(bound))

@@ -1,0 +1,50 @@
+"""Checks on every scorer answer before a reward may reach a sample."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from supervisor.errors import ChildRecord, RewardContractError
+
+
+def verify_score_answer(
+    answer: Any,
+    expected_ids: Sequence[str],
+    required: Sequence[str],
+    record: Callable[[], ChildRecord | None] = lambda: None,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Same ids in the same order, every required term, one finite float64 per item."""
+
+    def fail(message: str) -> RewardContractError:
+        return RewardContractError(message, record())
+
+    if not isinstance(answer, dict) or not isinstance(answer.get("terms"), dict):
+        raise fail("score answer is not an object with 'ids' and 'terms'")
+    ids = answer.get("ids")
+    if not isinstance(ids, list) or ids != list(expected_ids):
+        raise fail(_id_mismatch(ids, expected_ids))
+    terms: dict[str, np.ndarray] = {}
+    for name, values in answer["terms"].items():
+        if not isinstance(values, np.ndarray) or values.dtype != np.float64 or values.shape != (len(expected_ids),):
+            shape = getattr(values, "shape", type(values).__name__)
+            raise fail(f"term {name!r}: expected {len(expected_ids)} float64 scores, got {shape}")
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            index = int(bad[0])
+            raise fail(f"term {name!r}: non-finite score {values[index]} for id {expected_ids[index]!r}")
+        terms[name] = values
+    missing = [name for name in required if name not in terms]
+    if missing:
+        raise fail(f"required rewards {missing} missing from the answer (got {sorted(terms)})")
+    diagnostics = answer.get("diagnostics") or {}
+    return terms, diagnostics if isinstance(diagnostics, dict) else {}
+
+
+def _id_mismatch(ids: Any, expected: Sequence[str]) -> str:
+    if not isinstance(ids, list):
+        return f"answer has no id list (got {type(ids).__name__}); ids must be echoed"
+    if len(ids) != len(expected):
+        return f"answer echoes {len(ids)} ids for {len(expected)} items"
+    index = next(i for i, (a, b) in enumerate(zip(ids, expected)) if a != b)
+    return f"answer for the wrong sample: position {index} echoes id {ids[index]!r}, expected {expected[index]!r}"
