@@ -92,7 +92,8 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
             await super().startup(sockets=sockets)
             sock = sockets[0]
             _say(pipe, {"ready": True, "pid": os.getpid(), "port": sock.getsockname()[1],
-                        "scorer": host.scorer.spec.name, "revision": revision, **timings})
+                        "scorer": host.scorer.spec.name, "revision": revision,
+                        "terms": list(host.scorer.spec.term_names()), **timings})
             pipe.close()
 
     revision = config.revision or host.scorer.spec.revision

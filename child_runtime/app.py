@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import importlib.metadata
 import os
 import traceback
 from typing import Any, Callable
@@ -86,10 +87,22 @@ def _timeout_param(request: Request) -> float:
     return value
 
 
+def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    """Installed versions of the distributions a scorer declares (None when absent)."""
+    versions: dict[str, str | None] = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
 def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callable[[], None]) -> ASGIApp:
     ledger = RequestLedger()
     state = {"value": "ready"}
     spec = host.scorer.spec
+    packages = package_versions(spec.report_packages)
 
     async def health(request: Request) -> Response:
         return JSONResponse(
@@ -101,6 +114,7 @@ def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callabl
                 "in_flight": ledger.in_flight,
                 "residency": host.residency,
                 "gpu_residency": host.gpu_residency,
+                "packages": packages,
             }
         )
 

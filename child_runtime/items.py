@@ -50,8 +50,10 @@ def item_from_wire(raw: Any, index: int) -> ScoreItem:
     item_id = raw.get("id")
     if not isinstance(item_id, str) or not item_id:
         raise RequestError(f"{where}.id must be a non-empty string")
-    metadata = raw.get("metadata") or {}
-    if not isinstance(metadata, dict):
+    metadata = raw.get("metadata")
+    if metadata is None:
+        metadata = {}
+    elif not isinstance(metadata, dict):
         raise RequestError(f"{where}.metadata must be an object")
     return ScoreItem(
         id=item_id,

@@ -13,6 +13,7 @@ imports this module from the service root.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from typing import Any
 
@@ -29,6 +30,7 @@ ALLOWED_DTYPES = frozenset(
 )
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_NDIM = 8
+MAX_DIM = 2**62  # well inside intp; larger dims cannot name a real buffer
 
 
 class WireError(ValueError):
@@ -45,7 +47,7 @@ def _lift_arrays(obj: Any, arrays: list[np.ndarray]) -> Any:
         arr = obj if obj.dtype.byteorder != ">" else obj.astype(obj.dtype.newbyteorder("<"))
         if arr.dtype.str not in ALLOWED_DTYPES:
             raise WireError(f"array dtype {arr.dtype} is not supported on the wire")
-        arrays.append(np.ascontiguousarray(arr))
+        arrays.append(np.ascontiguousarray(arr).reshape(arr.shape))
         return {ARRAY_KEY: len(arrays) - 1}
     if isinstance(obj, dict):
         if ARRAY_KEY in obj:
@@ -102,22 +104,25 @@ def _array_view(buf: memoryview, data_start: int, index: int, desc: Any) -> np.n
     if not isinstance(desc, dict) or set(desc) != {"dtype", "shape", "offset", "nbytes"}:
         raise WireError(f"{where} must have exactly dtype, shape, offset, nbytes")
     dtype, shape, offset, nbytes = desc["dtype"], desc["shape"], desc["offset"], desc["nbytes"]
-    if dtype not in ALLOWED_DTYPES:
+    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
         raise WireError(f"{where}.dtype {dtype!r} is not one of {sorted(ALLOWED_DTYPES)}")
     if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape
     ):
         raise WireError(f"{where}.shape must be a list of at most {MAX_NDIM} non-negative ints")
     for name, value in (("offset", offset), ("nbytes", nbytes)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise WireError(f"{where}.{name} must be a non-negative int")
     itemsize = np.dtype(dtype).itemsize
-    if nbytes != itemsize * int(np.prod(shape, dtype=np.int64)):
+    if nbytes != itemsize * math.prod(shape):
         raise WireError(f"{where}.nbytes {nbytes} does not match shape {shape} x itemsize {itemsize}")
     start = data_start + offset
     if offset % ALIGN or start + nbytes > len(buf):
         raise WireError(f"{where} [{offset}, +{nbytes}) is misaligned or outside the body")
-    return np.frombuffer(buf, dtype=dtype, count=nbytes // itemsize, offset=start).reshape(shape)
+    try:
+        return np.frombuffer(buf, dtype=dtype, count=nbytes // itemsize, offset=start).reshape(shape)
+    except ValueError as exc:  # e.g. a 0-size array whose other dims exceed numpy's limits
+        raise WireError(f"{where}.shape {shape} cannot be represented: {exc}") from exc
 
 
 def _resolve(obj: Any, arrays: list[np.ndarray]) -> Any:
@@ -136,6 +141,15 @@ def _resolve(obj: Any, arrays: list[np.ndarray]) -> Any:
 def decode(body: bytes | bytearray | memoryview) -> Any:
     """Parse a frame; arrays are zero-copy views into `body` (read-only for bytes)."""
     buf = memoryview(body).cast("B")
-    header, data_start = _parse_header(buf)
+    try:
+        header, data_start = _parse_header(buf)
+    except RecursionError as exc:
+        raise WireError("frame header nests too deeply") from exc
     arrays = [_array_view(buf, data_start, i, d) for i, d in enumerate(header["arrays"])]
-    return _resolve(header["meta"], arrays)
+    ends = [data_start + _aligned(d["offset"] + d["nbytes"]) for d in header["arrays"]]
+    if len(buf) > max(ends, default=data_start):
+        raise WireError(f"body has {len(buf) - max(ends, default=data_start)} bytes past the last buffer")
+    try:
+        return _resolve(header["meta"], arrays)
+    except RecursionError as exc:
+        raise WireError("frame header nests too deeply") from exc

@@ -34,6 +34,7 @@ class ScorerSpec:
     revision: str = "1"
     env: str = "image"
     supports_offload: bool = False
+    report_packages: tuple[str, ...] = ()  # distributions whose versions /health reports
 
     def term_names(self) -> tuple[str, ...]:
         return self.terms or (self.name,)

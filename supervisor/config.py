@@ -82,7 +82,7 @@ class ClientConfig(_Model):
     @model_validator(mode="after")
     def _weights_named(self) -> "ClientConfig":
         unknown = set(self.weights) - set(self.required_rewards)
-        if unknown:
+        if self.required_rewards and unknown:
             raise ValueError(f"weights name rewards not in required_rewards: {sorted(unknown)}")
         return self
 
@@ -102,8 +102,4 @@ class ManagedScorerProcessSpec(_Model):
                 f"client.input_kind {self.client.input_kind!r} != scorer.input_kind {self.scorer.input_kind!r}"
             )
         return self
-
-    @property
-    def required_rewards(self) -> list[str]:
-        return self.client.required_rewards or [self.scorer.name.lower()]
 

@@ -25,7 +25,16 @@ def child_visible_devices(
                 "(set allow_multiple_gpus: true to override)"
             )
         return ",".join(e.strip() for e in entries)
-    rank = local_rank if local_rank is not None else int(parent_env.get("LOCAL_RANK", "0"))
+    if local_rank is not None:
+        rank = local_rank
+    else:
+        raw = parent_env.get("LOCAL_RANK", "0")
+        try:
+            rank = int(raw)
+        except ValueError:
+            raise ConfigError(f"LOCAL_RANK={raw!r} is not an integer") from None
+    if rank < 0:
+        raise ConfigError(f"local rank {rank} is negative")
     parent = parent_env.get("CUDA_VISIBLE_DEVICES")
     if parent is None:
         return str(rank)

@@ -28,7 +28,7 @@ class LocalRewardBackend(RewardBackend):
         if request_batch_size <= 0:
             raise ValueError("request_batch_size must be > 0")
         self.scorer = resolve_scorer(scorer)(**dict(params or {})) if isinstance(scorer, str) else scorer
-        self.required = list(required_rewards or [self.scorer.spec.name])
+        self.required = list(required_rewards or self.scorer.spec.term_names())
         self.weights = dict(weights or {})
         unknown = [name for name in self.required if name not in self.scorer.spec.term_names()]
         if unknown:

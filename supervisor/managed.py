@@ -16,6 +16,7 @@ from supervisor.client import ChildClient, ChildHTTPError, ChildTransportError
 from supervisor.config import ManagedScorerProcessSpec
 from supervisor.errors import (
     ChildRecord,
+    ConfigError,
     ScorerError,
     ScorerProcessDied,
     ScorerRequestError,
@@ -52,6 +53,7 @@ class ManagedScorerProcessBackend(RewardBackend):
         self._dead: ScorerError | None = None
         self._closed = False
         self.timings: dict[str, float] = {}
+        self.required_rewards: list[str] = list(self.spec.client.required_rewards)
         if start:
             self.start()
 
@@ -89,6 +91,12 @@ class ManagedScorerProcessBackend(RewardBackend):
         self._client = ChildClient(
             f"http://127.0.0.1:{self._child.port}", self._child.token, self.spec.process.request_timeout
         )
+        self.required_rewards = self.spec.client.required_rewards or list(info["terms"])
+        unknown = sorted((set(self.required_rewards) | set(self.spec.client.weights)) - set(info["terms"]))
+        if unknown:
+            self.close()
+            raise ConfigError(f"required_rewards {unknown} are not terms of scorer "
+                              f"{self.spec.scorer.name!r} (it has {info['terms']})")
         return info
 
     @property
@@ -163,7 +171,7 @@ class ManagedScorerProcessBackend(RewardBackend):
             raise AssertionError("unreachable")
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
-        required = self.spec.required_rewards
+        required = self.required_rewards
         parts: dict[str, list[np.ndarray]] = {}
         diagnostics = []
         for chunk in chunks(request.items, self.spec.client.request_batch_size):

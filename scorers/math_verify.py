@@ -1,0 +1,134 @@
+"""math_verify reward: 1.0 when the answer in the text equals the gold answer.
+
+Grading runs in a GradingPool (forkserver workers that preload math_verify),
+because sympy can hang on pathological input: a per-item timeout SIGKILLs the
+stuck worker and scores the item 0.0 (counted in diagnostics). Worker, IPC and
+batch-cap failures raise; an unparsable gold answer is a ScoreInputError.
+Nothing here imports math_verify in the owner process.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Sequence
+
+from scorers.base import ScoreInputError, ScoreItem, ScoreResult, Scorer, ScorerSpec, reference_answer
+from scorers.grading_pool import GradingPool, GradingTaskError
+
+TIMEOUT_ENV = "MATH_VERIFY_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 10.0
+GRADE_FN = "scorers.math_verify_grade:grade"
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"math_verify: {name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"math_verify: {name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _resolve_timeout(timeout_s: Any) -> float:
+    """Explicit param, else $MATH_VERIFY_TIMEOUT_S, else 10 s; must be finite and > 0."""
+    source = "timeout_s"
+    if timeout_s is None:
+        raw = os.environ.get(TIMEOUT_ENV, "").strip()
+        if not raw:
+            return DEFAULT_TIMEOUT_S
+        source = f"${TIMEOUT_ENV}"
+        try:
+            timeout_s = float(raw)
+        except ValueError:
+            raise ValueError(f"math_verify: {source}={raw!r} is not a number") from None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+        raise TypeError(f"math_verify: timeout_s must be a number, got {type(timeout_s).__name__}")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"math_verify: {source} must be finite and > 0, got {timeout_s!r}")
+    return float(timeout_s)
+
+
+class MathVerifyScorer(Scorer):
+    """Pointwise 0/1 math answer check against `reference` (string or {'answer': ...})."""
+
+    spec = ScorerSpec(
+        name="math_verify",
+        input_kind="text",
+        required_fields=("text", "reference"),
+        terms=("math_verify",),
+        revision="math-verify-0.9.0",
+        env="math",
+        report_packages=("math-verify", "antlr4-python3-runtime", "sympy"),
+    )
+
+    def __init__(
+        self,
+        *,
+        jobs: int | None = None,
+        timeout_s: float | None = None,
+        float_rounding: int = 6,
+        numeric_precision: int = 15,
+        strict: bool = True,
+    ) -> None:
+        super().__init__()
+        self.jobs = len(os.sched_getaffinity(0)) if jobs is None else _check_int("jobs", jobs, 1)
+        self.timeout_s = _resolve_timeout(timeout_s)
+        self.float_rounding = _check_int("float_rounding", float_rounding, 0)
+        self.numeric_precision = _check_int("numeric_precision", numeric_precision, 1)
+        if not isinstance(strict, bool):
+            raise TypeError(f"math_verify: strict must be a bool, got {type(strict).__name__}")
+        self.strict = strict
+        self._pool: GradingPool | None = None
+
+    def load(self, device: str = "cpu") -> None:
+        """Start the grading workers (CPU only; `device` is ignored)."""
+        if self._pool is not None:
+            return
+        pool = GradingPool(self.jobs, self.timeout_s, GRADE_FN, preload=["math_verify"])
+        try:
+            pool.start()
+        except BaseException:
+            pool.close()
+            raise
+        self._pool = pool
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        if self._pool is None:
+            raise RuntimeError("MathVerifyScorer.score() called before load() (or after close())")
+        tasks = [self._task(index, item) for index, item in enumerate(items)]
+        try:
+            outcomes = self._pool.grade(tasks)
+        except GradingTaskError as exc:
+            if exc.remote_type == "UnparsableGoldError":
+                item = items[exc.task_index]
+                raise ScoreInputError(
+                    f"items[{exc.task_index}] (id={item.id!r}): {exc.remote_text.splitlines()[0]}"
+                ) from exc
+            raise
+        scores, timeout_ids = [], []
+        for item, outcome in zip(items, outcomes):
+            if outcome.status == "timeout":
+                timeout_ids.append(item.id)
+                scores.append(0.0)
+            else:
+                scores.append(float(outcome.value))
+        return ScoreResult(
+            terms={"math_verify": scores},
+            diagnostics={"timeouts": len(timeout_ids), "timeout_ids": timeout_ids},
+        )
+
+    def close(self) -> None:
+        """Kill the grading workers (bounded, idempotent)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def _task(self, index: int, item: ScoreItem) -> tuple:
+        """The grade_fn args for one item; a missing text or gold is the caller's error."""
+        gold = reference_answer(item.reference)
+        if gold is None:
+            raise ScoreInputError(f"items[{index}] (id={item.id!r}): math_verify needs a reference answer")
+        if not isinstance(item.text, str):
+            raise ScoreInputError(
+                f"items[{index}] (id={item.id!r}): math_verify needs text, got {type(item.text).__name__}"
+            )
+        return (item.text, gold, self.float_rounding, self.numeric_precision, self.strict)

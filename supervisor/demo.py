@@ -1,0 +1,87 @@
+"""`make demo`: score the bundled samples through managed children and print what happened.
+
+Shows the reason the project exists: the trainer env (hydra-core 1.3.2, antlr 4.9.3)
+grades `10\\%` against 0.1 wrong in-process; the math child (antlr 4.13.2) grades it right.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from supervisor import LocalRewardBackend, ManagedScorerProcessBackend, RewardItem, RewardRequest
+from supervisor.config import SERVICE_ROOT
+
+SAMPLES = Path(__file__).with_name("demo_samples.json")
+MATH_TIMEOUT_S = 3.0
+
+
+def make_image(kind: str, size: int = 256) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    if kind == "flat":
+        return np.full((size, size, 3), 128, np.uint8)
+    if kind == "gradient":
+        ramp = np.linspace(0, 255, size, dtype=np.float64)
+        return np.stack([np.add.outer(ramp, ramp) / 2] * 3, axis=-1).astype(np.uint8)
+    if kind == "checker":
+        tile = (np.indices((size, size)).sum(axis=0) // 16 % 2 * 255).astype(np.uint8)
+        return np.repeat(tile[:, :, None], 3, axis=2)
+    return rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+
+
+def env_python(name: str) -> str:
+    return str(SERVICE_ROOT / "envs" / name / ".venv" / "bin" / "python")
+
+
+def run_managed(scorer: str, env: str, kind: str, params: dict, request: RewardRequest) -> tuple[list[float], dict]:
+    spec = {"process": {"python_executable": env_python(env)},
+            "scorer": {"name": scorer, "input_kind": kind, "params": params}, "client": {"input_kind": kind}}
+    backend = ManagedScorerProcessBackend(spec)
+    try:
+        packages = backend.health()["packages"]
+        started = time.monotonic()
+        response = backend.compute_rewards(request)
+        score_s = time.monotonic() - started
+    finally:
+        backend.close()
+    timings = {"spawn_to_ready_s": backend.timings["spawn_to_ready_s"], "score_s": score_s,
+               "shutdown_s": backend.timings["shutdown_s"], "packages": packages, "pid": backend.pid,
+               "diagnostics": response.diagnostics}
+    return response.rewards, timings
+
+
+def main() -> None:
+    samples = json.loads(SAMPLES.read_text())
+    math_request = RewardRequest(items=[RewardItem(**s) for s in samples["math"]])
+    params = {"timeout_s": MATH_TIMEOUT_S}
+    managed_math, math_info = run_managed("math_verify", "math", "text", params, math_request)
+    with LocalRewardBackend("math_verify", params=params) as local:
+        local_math = local.compute_rewards(math_request).rewards
+
+    print("math_verify: trainer env (in-process) vs managed child (envs/math)")
+    print(f"  antlr4-python3-runtime: trainer {importlib.metadata.version('antlr4-python3-runtime')}, "
+          f"child {math_info['packages'].get('antlr4-python3-runtime')}")
+    print(f"  {'id':<8} {'completion':<34} {'gold':<5} {'in-process':>10} {'managed':>8}")
+    for item, here, there in zip(math_request.items, local_math, managed_math):
+        flag = "  <- wrong in-process" if here != there else ""
+        print(f"  {item.id:<8} {item.text:<34} {item.reference:<5} {here:>10.1f} {there:>8.1f}{flag}")
+    print(f"  timeouts: {math_info['diagnostics'].get('timeouts')} (per-item timeout {MATH_TIMEOUT_S} s)")
+
+    image_request = RewardRequest(
+        items=[RewardItem(id=s["id"], image=make_image(s["kind"])) for s in samples["images"]])
+    jpeg, image_info = run_managed("jpeg_compressibility", "image", "image", {}, image_request)
+    print("\njpeg_compressibility (minus JPEG q95 kB) in a managed child (envs/image)")
+    for item, value in zip(image_request.items, jpeg):
+        print(f"  {item.id:<10} {value:>9.3f}")
+
+    print("\nlifecycle (seconds)")
+    print(f"  {'child':<22} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}")
+    for name, info in (("math_verify (math)", math_info), ("jpeg (image)", image_info)):
+        print(f"  {name:<22} {info['spawn_to_ready_s']:>12.3f} {info['score_s']:>8.3f} {info['shutdown_s']:>9.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Shared fixtures: real scorer envs, backends that always close, and a process-leak guard."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import psutil
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LEAK_GRACE_S = 5.0
+
+
+def env_python(name: str) -> Path:
+    """The python of a scorer env built by `make env-NAME`; a missing env is an error, not a skip."""
+    python = REPO_ROOT / "envs" / name / ".venv" / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"{python} is missing: run `make env-{name}` (make test builds every env)")
+    return python
+
+
+@pytest.fixture
+def math_python() -> Path:
+    return env_python("math")
+
+
+@pytest.fixture
+def image_python() -> Path:
+    return env_python("image")
+
+
+@pytest.fixture
+def trainer_python() -> Path:
+    """The trainer env itself has starlette/uvicorn: good enough to host rule and test scorers."""
+    return Path(sys.executable)
+
+
+def _descendants() -> dict[int, float]:
+    me = psutil.Process()
+    found = {}
+    for child in me.children(recursive=True):
+        try:
+            found[child.pid] = child.create_time()
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def alive(pid: int, created: float | None = None) -> bool:
+    """True if `pid` is running and not a zombie (and is the same process when `created` is given)."""
+    try:
+        proc = psutil.Process(pid)
+        if created is not None and abs(proc.create_time() - created) > 0.01:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_until_gone(pids: dict[int, float] | list[int], timeout: float) -> list[int]:
+    """Poll until every pid is gone; returns the survivors at the deadline."""
+    items = pids.items() if isinstance(pids, dict) else [(p, None) for p in pids]
+    deadline = time.monotonic() + timeout
+    while True:
+        survivors = [pid for pid, created in items if alive(pid, created)]
+        if not survivors or time.monotonic() > deadline:
+            return survivors
+        time.sleep(0.05)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Every live process in process group `pgid` (a child and all it spawned)."""
+    members = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return members
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes() -> Iterator[None]:
+    """Every process a test starts must be gone when it ends (bounded wait, then fail)."""
+    before = _descendants()
+    yield
+    new = {pid: t for pid, t in _descendants().items() if pid not in before}
+    survivors = wait_until_gone(new, LEAK_GRACE_S)
+    for pid in survivors:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert not survivors, f"processes outlived the test: {survivors}"
+
+
+@pytest.fixture
+def managed() -> Iterator[Callable[..., Any]]:
+    """Factory for ManagedScorerProcessBackend that closes every backend it made."""
+    from supervisor import ManagedScorerProcessBackend, ManagedScorerProcessSpec
+
+    made = []
+
+    def make(python: Path, scorer: str, input_kind: str = "text", params: dict | None = None,
+             process: dict | None = None, client: dict | None = None, **spec: Any):
+        config = ManagedScorerProcessSpec(
+            process={"python_executable": str(python), "startup_timeout": 60, "request_timeout": 60,
+                     **(process or {})},
+            scorer={"name": scorer, "input_kind": input_kind, "params": params or {}},
+            client={"input_kind": input_kind, **(client or {})},
+            **spec,
+        )
+        backend = ManagedScorerProcessBackend(config, start=False)
+        made.append(backend)
+        backend.start()
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()

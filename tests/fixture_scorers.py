@@ -1,0 +1,71 @@
+"""Misbehaving and probing scorers, loaded in real children by dotted path."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Sequence
+
+from scorers.base import ScoreItem, ScoreResult, Scorer, ScorerSpec
+
+
+def _spec(name: str) -> ScorerSpec:
+    return ScorerSpec(name=name, input_kind="text", terms=(name,), env="image")
+
+
+class Probe(Scorer):
+    """len(text) per item; reports batch sizes and its pid; optional sleep per call."""
+
+    spec = _spec("probe")
+
+    def __init__(self, sleep_s: float = 0.0) -> None:
+        self.sleep_s = sleep_s
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return ScoreResult(
+            terms={"probe": [float(len(item.text or "")) for item in items]},
+            diagnostics={"batch_sizes": [len(items)], "calls": 1, "pids": [os.getpid()]},
+        )
+
+
+class LoadFails(Scorer):
+    spec = _spec("load_fails")
+
+    def load(self, device: str = "cpu") -> None:
+        raise RuntimeError("weights file /models/missing.safetensors not found")
+
+
+class LoadHangs(Scorer):
+    spec = _spec("load_hangs")
+
+    def load(self, device: str = "cpu") -> None:
+        time.sleep(3600)
+
+
+class ExitsOnLoad(Scorer):
+    spec = _spec("exits_on_load")
+
+    def load(self, device: str = "cpu") -> None:
+        os._exit(17)
+
+
+class Raises(Scorer):
+    spec = _spec("raises")
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        raise ZeroDivisionError("scorer bug on purpose")
+
+
+class ReturnsNaN(Scorer):
+    spec = _spec("returns_nan")
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        return ScoreResult(terms={"returns_nan": [float("nan")] + [1.0] * (len(items) - 1)})
+
+
+class WrongCount(Scorer):
+    spec = _spec("wrong_count")
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        return ScoreResult(terms={"wrong_count": [1.0] * (len(items) + 1)})

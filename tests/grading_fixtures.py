@@ -1,0 +1,106 @@
+"""grade_fn targets for GradingPool tests; they run inside real worker processes."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def echo(*args: object) -> tuple:
+    return args
+
+
+def sleep_for(seconds: float, value: object = None) -> object:
+    """Sleep (interruptible only by a signal), then return `value`."""
+    time.sleep(seconds)
+    return value
+
+
+def touch_then_sleep(path: str, seconds: float) -> None:
+    """Mark the task as started (so a test can wait on a file, not a clock), then sleep."""
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(seconds)
+
+
+def crash_hard(code: int = 7) -> None:
+    """Exit without cleanup, as a segfaulting extension would."""
+    os._exit(code)
+
+
+def kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def crash_if(value: object, code: int = 7) -> object:
+    """Echo `value`, but exit hard when it is "crash"."""
+    if value == "crash":
+        os._exit(code)
+    return value
+
+
+def raise_value_error(message: str) -> None:
+    raise ValueError(message)
+
+
+def busy_loop_in_c() -> int:
+    """A huge big-int power: minutes inside one C call, deaf to Python signal handlers."""
+    base, exponent = 10, 10**8
+    return (base**exponent) & 1
+
+
+def unpicklable_result() -> object:
+    return lambda: None
+
+
+def fail_if(value: object) -> object:
+    """Echo `value`, but raise ValueError when it is "bad" (a worker that stays healthy)."""
+    if value == "bad":
+        raise ValueError(f"refusing {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- test-side helpers
+# (psutil is imported lazily: this module is also imported by the workers.)
+
+_HELPER_MARKERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+
+
+def multiprocessing_helpers(process=None) -> list:
+    """The forkserver / resource_tracker children of `process` (default: this one)."""
+    import psutil
+
+    process = process or psutil.Process()
+    helpers = []
+    for child in process.children():
+        try:
+            command = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if any(marker in command for marker in _HELPER_MARKERS):
+            helpers.append(child)
+    return helpers
+
+
+def is_gone(pid: int) -> bool:
+    """True when the pid no longer runs (a zombie counts as gone: it runs nothing)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pids, timeout_s: float) -> list[int]:
+    """Poll until every pid is gone or the deadline passes; return the survivors."""
+    deadline = time.monotonic() + timeout_s
+    survivors = [pid for pid in pids if not is_gone(pid)]
+    while survivors and time.monotonic() < deadline:
+        time.sleep(0.05)
+        survivors = [pid for pid in survivors if not is_gone(pid)]
+    return survivors

@@ -1,0 +1,273 @@
+"""GradingPool with real forkserver workers: order, timeouts, crashes, teardown."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from scorers.grading_pool import GradeOutcome, GradingPool, GradingPoolError, GradingTaskError
+from tests.grading_fixtures import is_gone, multiprocessing_helpers, wait_gone
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = "tests.grading_fixtures"
+SLACK_S = 1.5  # a noisy 2-core box: kill + reap + replacement on top of the timeout
+
+
+@pytest.fixture
+def make_pool():
+    """Build (and by default start) pools on a fixtures function; close them all afterwards."""
+    pools: list[GradingPool] = []
+
+    def factory(fn: str, jobs: int = 2, timeout_s: float = 10.0, start: bool = True) -> GradingPool:
+        pool = GradingPool(jobs, timeout_s, f"{FIXTURES}:{fn}")
+        pools.append(pool)
+        if start:
+            pool.start()
+        return pool
+
+    yield factory
+    for pool in pools:
+        pool.close()
+
+
+def test_last_close_stops_only_the_helpers_pools_launched(make_pool):
+    first = make_pool("square", jobs=1)
+    helpers = [p.pid for p in multiprocessing_helpers()]
+    second = make_pool("square", jobs=1)
+    assert [p.pid for p in multiprocessing_helpers()] == helpers  # one forkserver per process
+    first.close()
+    assert second.grade([(4,)])[0].value == 16  # still served: the helpers stay for `second`
+    second.close()
+    assert not wait_gone(helpers, 5.0)
+
+
+def test_results_come_back_in_task_order(make_pool):
+    pool = make_pool("square")
+    outcomes = pool.grade([(i,) for i in range(25)])
+    assert [o.value for o in outcomes] == [i * i for i in range(25)]
+    assert all(o.status == "ok" and o.elapsed_s >= 0 for o in outcomes)
+    assert pool.grade([]) == []
+
+
+def test_multiple_positional_args(make_pool):
+    pool = make_pool("echo", jobs=1)
+    assert pool.grade([("a", 1, None), ()]) == [
+        GradeOutcome("ok", ("a", 1, None), pytest.approx(0, abs=60)),
+        GradeOutcome("ok", (), pytest.approx(0, abs=60)),
+    ]
+
+
+def test_construction_is_cheap_and_validated(make_pool):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    pool = make_pool("square", start=False)
+    assert pool.worker_pids() == []
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+    with pytest.raises(ValueError):
+        GradingPool(0, 1.0, f"{FIXTURES}:square")
+    with pytest.raises(ValueError):
+        GradingPool(1, 0.0, f"{FIXTURES}:square")
+    with pytest.raises(ValueError):
+        GradingPool(1, float("inf"), f"{FIXTURES}:square")
+    with pytest.raises(ValueError):
+        GradingPool(1, 1.0, "no_colon.square")
+    with pytest.raises(TypeError):
+        GradingPool(1, 1.0, f"{FIXTURES}:square", preload="math_verify")
+
+
+def test_grade_before_start_raises(make_pool):
+    pool = make_pool("square", start=False)
+    with pytest.raises(GradingPoolError, match="not started"):
+        pool.grade([(1,)])
+
+
+def test_second_start_raises(make_pool):
+    pool = make_pool("square")
+    with pytest.raises(GradingPoolError, match="twice"):
+        pool.start()
+    assert pool.grade([(3,)])[0].value == 9
+
+
+def test_non_tuple_task_is_refused(make_pool):
+    pool = make_pool("square", jobs=1)
+    with pytest.raises(TypeError, match=r"tasks\[1\]"):
+        pool.grade([(1,), 2])
+    assert pool.grade([(2,)])[0].value == 4
+
+
+def test_unknown_grade_fn_fails_start():
+    pool = GradingPool(1, 5.0, f"{FIXTURES}:does_not_exist")
+    try:
+        with pytest.raises(GradingPoolError, match="does_not_exist"):
+            pool.start()
+        assert pool.worker_pids() == []
+    finally:
+        pool.close()
+
+
+@pytest.mark.slow
+def test_sleeping_item_times_out_while_neighbours_score(make_pool):
+    timeout_s = 1.0
+    pool = make_pool("sleep_for", jobs=2, timeout_s=timeout_s)
+    pids_before = set(pool.worker_pids())
+    tasks = [(0.0, "a"), (60.0, "b"), (0.0, "c"), (0.1, "d"), (0.0, "e")]
+    started = time.monotonic()
+    outcomes = pool.grade(tasks)
+    wall_s = time.monotonic() - started
+
+    assert [o.status for o in outcomes] == ["ok", "timeout", "ok", "ok", "ok"]
+    assert [o.value for o in outcomes] == ["a", None, "c", "d", "e"]
+    assert timeout_s <= outcomes[1].elapsed_s < timeout_s + SLACK_S
+    assert wall_s < timeout_s + SLACK_S
+
+    pids_after = set(pool.worker_pids())
+    killed = pids_before - pids_after
+    assert len(killed) == 1 and len(pids_after) == 2
+    assert is_gone(killed.pop()), "the timed-out worker was not reaped"
+    assert [o.value for o in pool.grade([(0.0, i) for i in range(6)])] == list(range(6))
+
+
+@pytest.mark.slow
+def test_worker_stuck_in_c_code_is_killed(make_pool):
+    timeout_s = 1.0
+    pool = make_pool("busy_loop_in_c", jobs=1, timeout_s=timeout_s)
+    (old_pid,) = pool.worker_pids()
+    started = time.monotonic()
+    (outcome,) = pool.grade([()])
+    assert outcome.status == "timeout" and outcome.value is None
+    assert time.monotonic() - started < timeout_s + SLACK_S
+    assert is_gone(old_pid)
+    assert pool.worker_pids() != [old_pid] and len(pool.worker_pids()) == 1
+
+
+def test_worker_exit_raises_and_breaks_the_pool(make_pool):
+    pool = make_pool("crash_if", jobs=2)
+    pids = pool.worker_pids()
+    with pytest.raises(GradingPoolError) as caught:
+        pool.grade([("a",), ("crash",), ("b",)])
+    message = str(caught.value)
+    assert not isinstance(caught.value, GradingTaskError)
+    pid = int(re.search(r"pid (\d+)", message).group(1))
+    assert pid in pids
+    assert "exit code 7" in message and "task 1" in message
+    assert pool.worker_pids() == []
+    assert not wait_gone(pids, 5.0)
+
+    started = time.monotonic()
+    with pytest.raises(GradingPoolError, match="broken") as again:
+        pool.grade([("a",)])
+    assert "exit code 7" in str(again.value)
+    assert time.monotonic() - started < 0.5
+
+
+def test_worker_killed_by_signal_names_the_signal(make_pool):
+    pool = make_pool("kill_self", jobs=1)
+    (pid,) = pool.worker_pids()
+    with pytest.raises(GradingPoolError, match=rf"pid {pid}.*task 0.*SIGKILL"):
+        pool.grade([()])
+
+
+def test_grade_fn_exception_carries_the_remote_error(make_pool):
+    pool = make_pool("fail_if", jobs=2)
+    with pytest.raises(GradingTaskError) as caught:
+        pool.grade([("ok",), ("bad",), ("fine",)])
+    error = caught.value
+    assert isinstance(error, GradingPoolError)
+    assert error.task_index == 1 and error.remote_type == "ValueError"
+    assert "ValueError: refusing 'bad'" in str(error) and "task 1" in str(error)
+    # A task error is the task's fault: the pool keeps serving.
+    assert [o.value for o in pool.grade([("x",), ("y",), ("z",)])] == ["x", "y", "z"]
+    assert len(pool.worker_pids()) == 2
+
+
+def test_unpicklable_result_is_a_task_error(make_pool):
+    pool = make_pool("unpicklable_result", jobs=1)
+    with pytest.raises(GradingTaskError, match="could not be sent"):
+        pool.grade([()])
+
+
+def test_close_leaves_no_worker_alive_and_is_idempotent(make_pool):
+    pool = make_pool("square", jobs=2)
+    pool.grade([(1,), (2,)])
+    pids = pool.worker_pids()
+    helpers = [p.pid for p in multiprocessing_helpers()]
+    assert len(pids) == 2 and all(psutil.pid_exists(pid) for pid in pids)
+    assert len(helpers) == 2  # forkserver + resource tracker, launched for this pool
+    started = time.monotonic()
+    pool.close()
+    pool.close()
+    assert time.monotonic() - started < 3.0
+    assert not wait_gone(pids + helpers, 5.0)
+    assert pool.worker_pids() == []
+    with pytest.raises(GradingPoolError, match="closed"):
+        pool.grade([(1,)])
+
+
+@pytest.mark.slow
+def test_batch_cap_raises_and_breaks_the_pool(make_pool):
+    pool = make_pool("sleep_for", jobs=1, timeout_s=1.0)
+    pool._batch_slack_s = -2.5  # cap = 3 * 1 * 1 - 2.5 = 0.5 s, below the item timeout
+    pids = pool.worker_pids()
+    started = time.monotonic()
+    with pytest.raises(GradingPoolError, match="exceeded its deadline"):
+        pool.grade([(30.0,)])
+    assert time.monotonic() - started < 0.5 + SLACK_S
+    assert not wait_gone(pids, 5.0)
+    with pytest.raises(GradingPoolError, match="broken"):
+        pool.grade([(0.0,)])
+
+
+OWNER_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from scorers.grading_pool import GradingPool
+
+    def main():
+        pool = GradingPool(2, 300.0, "tests.grading_fixtures:touch_then_sleep")
+        pool.start()
+        pool.grade([(sys.argv[1], 300.0)])
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_owner_takes_forkserver_and_workers_down(tmp_path):
+    script, marker = tmp_path / "owner.py", tmp_path / "started"
+    script.write_text(OWNER_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    owner = subprocess.Popen([sys.executable, str(script), str(marker)], cwd=REPO, env=env)
+    family: list[int] = []
+    try:
+        deadline = time.monotonic() + 60.0
+        while not marker.exists() and owner.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), f"owner never started grading (exit {owner.poll()})"
+        busy_pid = int(marker.read_text())
+        family = [p.pid for p in psutil.Process(owner.pid).children(recursive=True)]
+        assert busy_pid in family and len(family) >= 4  # forkserver, resource tracker, 2 workers
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+    survivors = wait_gone(family, 10.0)
+    assert not survivors, f"outlived their SIGKILLed owner: {survivors}"
+
+
+def test_workers_die_with_the_forkserver(make_pool):
+    pool = make_pool("square", jobs=2)
+    pids = pool.worker_pids()
+    (forkserver,) = [p for p in multiprocessing_helpers() if "forkserver" in " ".join(p.cmdline())]
+    forkserver.kill()
+    assert not wait_gone(pids, 5.0), "PR_SET_PDEATHSIG did not take the workers down"
+    with pytest.raises(GradingPoolError, match=r"grading worker pid \d+ .*(255|SIGKILL)"):
+        pool.grade([(1,)])
+    assert pool.worker_pids() == []

@@ -1,0 +1,184 @@
+"""Start-up failures, crashes, deadlines and teardown with real child processes."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor import (
+    ConfigError,
+    ManagedScorerProcessBackend,
+    ManagedScorerProcessSpec,
+    RewardItem,
+    RewardRequest,
+    ScorerProcessDied,
+    ScorerStartupError,
+    ScorerTimeout,
+)
+from tests.conftest import alive, group_members, wait_until_gone
+
+REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
+
+
+def wait_in_flight(backend, deadline_s: float = 10.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while backend.health()["in_flight"] == 0:
+        assert time.monotonic() < deadline, "request never reached the child"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    "scorer,returncode,needle",
+    [
+        ("tests.fixture_scorers:ExitsOnLoad", 17, "exit 17"),
+        ("tests.fixture_scorers:LoadFails", 4, "weights file /models/missing.safetensors not found"),
+        ("no_such_scorer", 3, "unknown scorer 'no_such_scorer'"),
+        ("no_such_module.sub:Thing", 4, "cannot import module 'no_such_module.sub'"),
+    ],
+)
+def test_child_that_fails_to_boot_raises_with_status_and_log(managed, trainer_python, scorer, returncode, needle):
+    started = time.monotonic()
+    with pytest.raises(ScorerStartupError) as info:
+        managed(trainer_python, scorer)
+    assert time.monotonic() - started < 20
+    error = info.value
+    assert error.returncode == returncode
+    assert error.pid is not None and not alive(error.pid)
+    assert needle in str(error)
+    assert error.record.log_path and Path(error.record.log_path).exists()
+
+
+def test_bad_scorer_params_are_a_config_failure(managed, trainer_python):
+    with pytest.raises(ScorerStartupError) as info:
+        managed(trainer_python, "constant", params={"value": "high"})
+    assert info.value.returncode == 3 and "value must be a finite number" in str(info.value)
+
+
+def test_not_a_python_fails_at_once(managed, tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'no python here' >&2\nexit 9\n")
+    fake.chmod(0o755)
+    with pytest.raises(ScorerStartupError) as info:
+        managed(fake, "constant")
+    assert info.value.returncode == 9 and "no python here" in str(info.value)
+
+
+def test_startup_timeout_kills_the_child(managed, trainer_python):
+    started = time.monotonic()
+    with pytest.raises(ScorerStartupError) as info:
+        managed(trainer_python, "tests.fixture_scorers:LoadHangs", process={"startup_timeout": 1.5})
+    elapsed = time.monotonic() - started
+    assert 1.5 <= elapsed < 6, elapsed
+    assert "not ready within startup_timeout=1.5" in str(info.value)
+    assert info.value.signal_name == "SIGKILL" and not alive(info.value.pid)
+
+
+def test_required_reward_that_the_scorer_lacks_is_refused(managed, trainer_python):
+    with pytest.raises(ConfigError, match="not terms of scorer"):
+        managed(trainer_python, "constant", client={"required_rewards": ["constant", "aesthetic"]})
+
+
+def test_kill_9_mid_request_raises_process_died_at_once(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe", params={"sleep_s": 30},
+                      process={"request_timeout": 120})
+    pid = backend.pid
+    killer = threading.Thread(target=lambda: (wait_in_flight(backend), os.kill(pid, signal.SIGKILL)))
+    killer.start()
+    started = time.monotonic()
+    with pytest.raises(ScorerProcessDied) as info:
+        backend.compute_rewards(REQUEST)
+    elapsed = time.monotonic() - started
+    killer.join()
+    assert elapsed < 5, f"crash noticed after {elapsed:.1f} s (request timeout 120 s)"
+    assert info.value.signal_name == "SIGKILL" and info.value.pid == pid
+    assert "status=signal SIGKILL" in str(info.value)
+    with pytest.raises(ScorerProcessDied, match="no longer serving"):
+        backend.compute_rewards(REQUEST)
+
+
+def test_kill_9_between_calls_is_noticed_before_sending(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe")
+    assert backend.compute_rewards(REQUEST).rewards == [3.0]
+    os.kill(backend.pid, signal.SIGKILL)
+    assert wait_until_gone([backend.pid], 5) == []
+    with pytest.raises(ScorerProcessDied) as info:
+        backend.compute_rewards(REQUEST)
+    assert info.value.signal_name == "SIGKILL"
+
+
+def test_request_timeout_kills_the_hung_child(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe", params={"sleep_s": 60},
+                      process={"request_timeout": 1.0})
+    pid = backend.pid
+    started = time.monotonic()
+    with pytest.raises(ScorerTimeout) as info:
+        backend.compute_rewards(REQUEST)
+    assert time.monotonic() - started < 8
+    assert info.value.pid == pid and not alive(pid)
+    assert "no answer within 1.0 s" in str(info.value)
+
+
+def test_close_is_graceful_bounded_and_idempotent(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe")
+    pid = backend.pid
+    backend.close()
+    assert backend._child.proc.returncode == 0  # exited by /shutdown, not by a signal
+    assert not alive(pid)
+    backend.close()
+    with pytest.raises(ScorerProcessDied, match="closed"):
+        backend.compute_rewards(REQUEST)
+
+
+def test_close_escalates_when_the_child_ignores_shutdown(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe", params={"sleep_s": 60},
+                      process={"shutdown_timeout": 1.0, "request_timeout": 120})
+    worker = threading.Thread(target=lambda: pytest.raises(Exception, backend.compute_rewards, REQUEST))
+    worker.start()
+    wait_in_flight(backend)
+    os.kill(backend.pid, signal.SIGSTOP)  # hung hard: no /shutdown, no SIGTERM handling
+    started = time.monotonic()
+    backend.close()
+    elapsed = time.monotonic() - started
+    worker.join(timeout=10)
+    assert elapsed < 1.0 + 2.0 + 2.0 + 2.0 + 1.0, elapsed
+    assert backend._child.proc.returncode == -signal.SIGKILL
+    assert group_members(backend.pid) == []
+
+
+def test_second_start_is_refused(managed, trainer_python):
+    backend = managed(trainer_python, "constant")
+    with pytest.raises(RuntimeError, match="already started"):
+        backend.start()
+
+
+def test_child_sees_one_gpu_and_the_service_root(managed, trainer_python, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    backend = managed(trainer_python, "constant", process={"local_rank": 2})
+    environ = psutil.Process(backend.pid).environ()
+    assert environ["CUDA_VISIBLE_DEVICES"] == "6"
+    assert environ["PYTHONPATH"].split(os.pathsep)[0] == str(Path(__file__).resolve().parent.parent)
+    assert "VIRTUAL_ENV" not in environ
+    assert os.getpgid(backend.pid) == backend.pid  # own session / process group
+
+
+def test_spec_from_plain_dict(trainer_python):
+    spec = {"process": {"python_executable": str(trainer_python)}, "scorer": {"name": "constant"}}
+    with ManagedScorerProcessBackend(spec) as backend:
+        assert backend.compute_rewards(REQUEST).rewards == [1.0]
+        pid = backend.pid
+    assert not alive(pid)
+
+
+def test_spec_type_is_reused(trainer_python):
+    spec = ManagedScorerProcessSpec(process={"python_executable": str(trainer_python)}, scorer={"name": "nonempty"})
+    backend = ManagedScorerProcessBackend(spec)
+    try:
+        assert backend.spec is spec
+        assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="x", text="  ")])).rewards == [0.0]
+    finally:
+        backend.close()

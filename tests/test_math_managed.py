@@ -1,0 +1,122 @@
+"""math_verify in its own venv: isolation, timeouts, teardown and orphan safety."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from supervisor import LocalRewardBackend, RewardItem, RewardRequest, ScorerProcessDied
+from tests.conftest import REPO_ROOT, group_members, wait_until_gone
+
+PERCENT = RewardItem(id="pct", text="So the rate is \\boxed{10\\%}.", reference="0.1")
+TOWER = "\\boxed{9^{9^{9^{9}}}}"
+
+
+def math_items() -> list[RewardItem]:
+    return [
+        RewardItem(id="right", text="Adding them gives \\boxed{2}.", reference="2"),
+        RewardItem(id="frac", text="$\\frac{1}{2}$", reference={"answer": "0.5"}),
+        RewardItem(id="tower", text=TOWER, reference="1"),
+        RewardItem(id="wrong", text="\\boxed{3}", reference="2"),
+        RewardItem(id="junk", text="banana", reference="7"),
+        RewardItem(id="sqrt", text="\\boxed{\\sqrt{4}}", reference="2"),
+    ]
+
+
+@pytest.mark.slow
+def test_isolation_fixes_the_antlr_conflict(managed, math_python):
+    """Same run: trainer env has antlr 4.9.3 and grades 10% wrong; the child has 4.13.2 and grades it right."""
+    assert importlib.metadata.version("antlr4-python3-runtime") == "4.9.3"
+    assert importlib.metadata.version("hydra-core") == "1.3.2"
+    backend = managed(math_python, "math_verify", params={"jobs": 1, "timeout_s": 10})
+    packages = backend.health()["packages"]
+    assert packages["antlr4-python3-runtime"] == "4.13.2" and packages["math-verify"] == "0.9.0"
+    request = RewardRequest(items=[PERCENT])
+    assert backend.compute_rewards(request).rewards == [1.0]
+    with LocalRewardBackend("math_verify", params={"jobs": 1, "timeout_s": 10}) as local:
+        assert local.compute_rewards(request).rewards == [0.0]  # the silent bug isolation removes
+
+
+@pytest.mark.slow
+def test_pathological_item_costs_its_timeout_only(managed, math_python):
+    backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 2})
+    backend.compute_rewards(RewardRequest(items=[PERCENT]))  # warm the workers
+    started = time.monotonic()
+    response = backend.compute_rewards(RewardRequest(items=math_items()))
+    elapsed = time.monotonic() - started
+    assert elapsed < 2 + 2.5, f"batch took {elapsed:.2f} s with a 2 s per-item timeout"
+    assert dict(zip(response.ids, response.rewards)) == {
+        "right": 1.0, "frac": 1.0, "tower": 0.0, "wrong": 0.0, "junk": 0.0, "sqrt": 1.0}
+    assert response.diagnostics["timeouts"] == 1 and response.diagnostics["timeout_ids"] == ["tower"]
+    assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
+
+
+@pytest.mark.slow
+def test_shutdown_takes_forkserver_and_workers(managed, math_python):
+    backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 5})
+    backend.compute_rewards(RewardRequest(items=[PERCENT]))
+    members = group_members(backend.pid)
+    assert len(members) >= 4, f"expected child, forkserver and 2 workers, got {members}"
+    backend.close()
+    assert backend._child.proc.returncode == 0
+    assert wait_until_gone(members, 5) == []
+
+
+@pytest.mark.slow
+def test_kill_9_of_math_child_mid_batch_takes_its_descendants(managed, math_python):
+    backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 30},
+                      process={"request_timeout": 120})
+    backend.compute_rewards(RewardRequest(items=[PERCENT]))
+    members = group_members(backend.pid)
+    request = RewardRequest(items=[RewardItem(id=f"t{i}", text=TOWER, reference="1") for i in range(2)])
+    killer = threading.Timer(1.0, os.kill, (backend.pid, signal.SIGKILL))
+    killer.start()
+    started = time.monotonic()
+    with pytest.raises(ScorerProcessDied) as info:
+        backend.compute_rewards(request)
+    killer.join()
+    assert time.monotonic() - started < 6
+    assert info.value.signal_name == "SIGKILL"
+    assert wait_until_gone(members, 5) == []
+
+
+def _spawn_orphan_parent(python, scorer: str, params: dict, mode: str) -> tuple[subprocess.Popen, dict]:
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "tests.orphan_parent", str(python), scorer, json.dumps(params), mode],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    line = parent.stdout.readline()
+    if not line:
+        parent.kill()
+        parent.wait(10)
+        pytest.fail(f"orphan parent failed: {parent.stderr.read()}")
+    return parent, json.loads(line)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["idle", "scoring"])
+def test_kill_9_of_the_trainer_leaves_no_process(math_python, mode):
+    parent, info = _spawn_orphan_parent(math_python, "math_verify", {"jobs": 2, "timeout_s": 60}, mode)
+    try:
+        assert info["child"] in info["group"] and len(info["group"]) >= 4, info
+        if mode == "scoring":
+            time.sleep(1.0)  # the batch is in the workers now
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        survivors = wait_until_gone(info["group"], 5)
+        assert survivors == [], f"survived their trainer by 5 s: {survivors}"
+    finally:
+        parent.kill()
+        parent.wait(10)
+        for pid in info["group"]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

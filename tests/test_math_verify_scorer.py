@@ -1,0 +1,126 @@
+"""MathVerifyScorer in-process, grading through real forkserver workers."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from scorers.base import ScoreInputError, ScoreItem, score_checked
+from scorers.math_verify import MathVerifyScorer
+from scorers.registry import resolve_scorer
+
+SLACK_S = 2.5  # kill + reap + replacement + neighbours on a noisy 2-core box
+
+
+@pytest.fixture
+def make_scorer():
+    """Build and load scorers; close every one afterwards (the leak guard checks the rest)."""
+    made: list[MathVerifyScorer] = []
+
+    def factory(**params) -> MathVerifyScorer:
+        scorer = MathVerifyScorer(**params)
+        made.append(scorer)
+        scorer.load("cpu")
+        return scorer
+
+    yield factory
+    for scorer in made:
+        scorer.close()
+
+
+def item(item_id: str, text: str, reference) -> ScoreItem:
+    return ScoreItem(id=item_id, text=text, reference=reference)
+
+
+def test_registry_and_spec():
+    assert resolve_scorer("math_verify") is MathVerifyScorer
+    spec = MathVerifyScorer.spec
+    assert spec.term_names() == ("math_verify",) and spec.env == "math" and spec.input_kind == "text"
+
+
+def test_correct_wrong_and_unparsable_answers(make_scorer):
+    scorer = make_scorer(jobs=2, timeout_s=10.0)
+    items = [
+        item("right", "The answer is \\boxed{2}", "2"),
+        item("wrong", "The answer is \\boxed{3}", "2"),
+        item("garbage", "I have no idea, sorry.", "2"),
+        item("mapping", "So $x = \\frac{1}{2}$.", {"answer": "0.5"}),
+        item("number", "\\boxed{42}", 42),
+    ]
+    result = score_checked(scorer, items)
+    assert result.terms == {"math_verify": [1.0, 0.0, 0.0, 1.0, 1.0]}
+    assert result.diagnostics == {"timeouts": 0, "timeout_ids": []}
+
+
+@pytest.mark.slow
+def test_pathological_item_costs_one_timeout_and_spares_its_neighbours(make_scorer):
+    timeout_s = 2.0
+    scorer = make_scorer(jobs=2, timeout_s=timeout_s)
+    items = [
+        item("a", "The answer is \\boxed{2}", "2"),
+        item("tower", "\\boxed{9^{9^{9^{9}}}}", "1"),
+        item("b", "\\boxed{7}", "8"),
+        item("c", "$\\sqrt{4}$", "2"),
+    ]
+    started = time.monotonic()
+    result = score_checked(scorer, items)
+    wall_s = time.monotonic() - started
+    assert result.terms == {"math_verify": [1.0, 0.0, 0.0, 1.0]}
+    assert result.diagnostics == {"timeouts": 1, "timeout_ids": ["tower"]}
+    assert wall_s < timeout_s + SLACK_S
+    # The replacement worker serves the next call normally.
+    again = score_checked(scorer, [item("d", "\\boxed{5}", "5")])
+    assert again.terms == {"math_verify": [1.0]}
+
+
+def test_unparsable_gold_is_an_input_error_and_the_scorer_keeps_serving(make_scorer):
+    scorer = make_scorer(jobs=2, timeout_s=10.0)
+    with pytest.raises(ScoreInputError, match=r"items\[1\] \(id='bad-gold'\).*cannot be parsed"):
+        scorer.score([item("ok", "\\boxed{1}", "1"), item("bad-gold", "\\boxed{1}", "")])
+    assert scorer.score([item("ok", "\\boxed{1}", "1")]).terms == {"math_verify": [1.0]}
+
+
+def test_missing_or_malformed_reference_is_an_input_error(make_scorer):
+    scorer = make_scorer(jobs=1, timeout_s=10.0)
+    with pytest.raises(ScoreInputError, match="required"):
+        score_checked(scorer, [item("x", "\\boxed{1}", None)])
+    with pytest.raises(ScoreInputError):
+        scorer.score([item("x", "\\boxed{1}", ["not", "a", "mapping"])])
+
+
+def test_score_before_load_and_after_close_raises():
+    scorer = MathVerifyScorer(jobs=1, timeout_s=5.0)
+    with pytest.raises(RuntimeError, match="before load"):
+        scorer.score([item("x", "\\boxed{1}", "1")])
+    scorer.load()
+    scorer.close()
+    scorer.close()
+    with pytest.raises(RuntimeError):
+        scorer.score([item("x", "\\boxed{1}", "1")])
+
+
+def test_params_are_validated(monkeypatch):
+    monkeypatch.delenv("MATH_VERIFY_TIMEOUT_S", raising=False)
+    assert MathVerifyScorer().timeout_s == 10.0
+    assert MathVerifyScorer().jobs >= 1
+    monkeypatch.setenv("MATH_VERIFY_TIMEOUT_S", "3.5")
+    assert MathVerifyScorer().timeout_s == 3.5
+    assert MathVerifyScorer(timeout_s=1).timeout_s == 1.0
+    for bad in ("soon", "0", "-1", "nan"):
+        monkeypatch.setenv("MATH_VERIFY_TIMEOUT_S", bad)
+        with pytest.raises(ValueError, match="MATH_VERIFY_TIMEOUT_S"):
+            MathVerifyScorer()
+    with pytest.raises(ValueError):
+        MathVerifyScorer(timeout_s=0.0)
+    with pytest.raises(TypeError):
+        MathVerifyScorer(timeout_s="5")
+    with pytest.raises(ValueError):
+        MathVerifyScorer(jobs=0, timeout_s=1.0)
+    with pytest.raises(TypeError):
+        MathVerifyScorer(jobs=1.5, timeout_s=1.0)
+    with pytest.raises(TypeError):
+        MathVerifyScorer(strict="yes", timeout_s=1.0)
+    with pytest.raises(ValueError):
+        MathVerifyScorer(numeric_precision=0, timeout_s=1.0)
+    with pytest.raises(TypeError):
+        MathVerifyScorer(unknown=1)
