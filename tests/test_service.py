@@ -304,7 +304,7 @@ def test_closed_local_backend_refuses_calls():
 def test_local_backend_runs_in_process():
     with LocalRewardBackend(PROBE) as backend:
         answer = backend.compute_rewards(RewardRequest(items=items_with_texts("a")))
-    assert answer.diagnostics["pid"] == os.getpid()
+    assert answer.diagnostics["pids"] == [os.getpid()]
 
 
 # -- verify_score_answer ---------------------------------------------------------------------
