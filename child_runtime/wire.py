@@ -68,16 +68,12 @@ def encode(meta: Any) -> bytes:
         descs.append({"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset, "nbytes": arr.nbytes})
         offset = _aligned(offset + arr.nbytes)
     header = json.dumps({"meta": lifted, "arrays": descs}, allow_nan=False, separators=(",", ":")).encode()
-    data_start = _aligned(_PREFIX + len(header))
-    frame = bytearray(data_start + offset)
-    frame[: len(MAGIC)] = MAGIC
-    _LEN.pack_into(frame, len(MAGIC), len(header))
-    frame[_PREFIX : _PREFIX + len(header)] = header
-    view = memoryview(frame)
+    head_len = _PREFIX + len(header)
+    parts: list[bytes | memoryview] = [MAGIC, _LEN.pack(len(header)), header, bytes(_aligned(head_len) - head_len)]
     for arr, desc in zip(arrays, descs):
-        start = data_start + desc["offset"]
-        view[start : start + arr.nbytes] = arr.reshape(-1).view(np.uint8)
-    return bytes(frame)
+        parts.append(memoryview(arr.reshape(-1).view(np.uint8)))
+        parts.append(bytes(_aligned(arr.nbytes) - arr.nbytes))
+    return b"".join(parts)  # one allocation, one copy of each buffer
 
 
 def _reject_constant(name: str) -> Any:
