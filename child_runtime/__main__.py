@@ -31,6 +31,7 @@ class BootConfig:
     scorer_name: str
     scorer_params: dict[str, Any] = field(default_factory=dict)
     revision: str | None = None
+    scorer_input_kind: str | None = None
     gpu_residency: str = "resident"
     device: str = "cpu"
     graceful_timeout_s: float = 5.0
@@ -40,7 +41,8 @@ def read_boot_config(raw: str) -> BootConfig:
     data = json.loads(raw)
     scorer = data.pop("scorer")
     config = BootConfig(
-        scorer_name=scorer["name"], scorer_params=scorer.get("params") or {}, revision=scorer.get("revision"), **data
+        scorer_name=scorer["name"], scorer_params=scorer.get("params") or {}, revision=scorer.get("revision"),
+        scorer_input_kind=scorer.get("input_kind"), **data
     )
     if len(config.token) < 16:
         raise ValueError("token is too short")
@@ -72,6 +74,10 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
         scorer = scorer_cls(**config.scorer_params)
     except (TypeError, ValueError) as exc:
         _fail(pipe, exit_codes.BAD_CONFIG, f"scorer {config.scorer_name!r} params: {exc}")
+    declared = config.scorer_input_kind
+    if declared is not None and declared != scorer.spec.input_kind:
+        _fail(pipe, exit_codes.BAD_CONFIG,
+              f"input_kind {declared!r} configured, but scorer {scorer.spec.name!r} takes {scorer.spec.input_kind!r}")
     try:
         scorer.load(config.device)
         host = ScorerHost(scorer, config.gpu_residency)
@@ -122,7 +128,7 @@ def main() -> None:
     try:
         _serve(config, host, pipe, timings)
     finally:
-        host.scorer.close()
+        host.close(config.graceful_timeout_s)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import hmac
 import importlib.metadata
 import os
 import traceback
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import anyio.to_thread
 from starlette.applications import Starlette
@@ -32,11 +32,13 @@ class BearerAuth:
         self._expected = f"Bearer {token}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            supplied = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(supplied, self._expected):
-                await JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)(scope, receive, send)
-                return
+        if scope["type"] != "http":
+            raise RuntimeError(f"{scope['type']} connections are not served")  # no websockets, no lifespan
+        supplied = dict(scope["headers"]).get(b"authorization", b"")
+        if not hmac.compare_digest(supplied, self._expected):
+            await JSONResponse({"error": "missing or wrong bearer token", "kind": "unauthorized"},
+                               status_code=401)(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
 
@@ -76,6 +78,34 @@ def _error(status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse({"error": message, "kind": kind}, status_code=status)
 
 
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _guarded(handler: Handler) -> Handler:
+    """Map every exception a handler lets through to a JSON answer; uvicorn never sees one.
+
+    An unhandled exception makes uvicorn drop the connection, which the parent
+    would read as a dead child; a typed 4xx/5xx keeps the child serving.
+    """
+
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except (wire.WireError, RequestError) as exc:
+            return _error(400, "bad_request", str(exc))
+        except ScoreInputError as exc:
+            return _error(422, "bad_input", str(exc))
+        except ResidencyConflict as exc:
+            return _error(409, "offloaded", str(exc))
+        except ScorerContractError as exc:
+            return _error(500, "contract", str(exc))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises
+            tail = "".join(traceback.format_exception(exc)[-6:])
+            return _error(500, "scorer_error", f"{type(exc).__name__}: {exc}\n{tail}")
+
+    return run
+
+
 def _timeout_param(request: Request) -> float:
     raw = request.query_params.get("timeout_s", str(DEFAULT_DRAIN_TIMEOUT_S))
     try:
@@ -102,6 +132,7 @@ def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callabl
     ledger = RequestLedger()
     state = {"value": "ready"}
     spec = host.scorer.spec
+    terms = list(spec.term_names())
     packages = package_versions(spec.report_packages)
 
     async def health(request: Request) -> Response:
@@ -115,6 +146,7 @@ def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callabl
                 "residency": host.residency,
                 "gpu_residency": host.gpu_residency,
                 "packages": packages,
+                "terms": terms,
             }
         )
 
@@ -126,23 +158,9 @@ def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callabl
             ledger.end(ticket)
 
     async def _score(request: Request) -> Response:
-        try:
-            items = items_from_wire(wire.decode(await request.body()))
-        except (wire.WireError, RequestError) as exc:
-            return _error(400, "bad_request", str(exc))
-        try:
-            result = await anyio.to_thread.run_sync(host.score, items)
-        except ScoreInputError as exc:
-            return _error(422, "bad_input", str(exc))
-        except ResidencyConflict as exc:
-            return _error(409, "offloaded", str(exc))
-        except ScorerContractError as exc:
-            return _error(500, "contract", str(exc))
-        except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises
-            tail = "".join(traceback.format_exception(exc)[-6:])
-            return _error(500, "scorer_error", f"{type(exc).__name__}: {exc}\n{tail}")
-        body = wire.encode(response_to_wire(items, result))
-        return Response(body, media_type=wire.CONTENT_TYPE)
+        items = items_from_wire(wire.decode(await request.body()))
+        result = await anyio.to_thread.run_sync(host.score, items)
+        return Response(wire.encode(response_to_wire(items, result)), media_type=wire.CONTENT_TYPE)
 
     async def onload(request: Request) -> Response:
         return JSONResponse({"residency": "resident", **await anyio.to_thread.run_sync(host.onload)})
@@ -151,19 +169,14 @@ def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callabl
         return JSONResponse({"residency": "offloaded", **await anyio.to_thread.run_sync(host.offload)})
 
     async def drain(request: Request) -> Response:
-        try:
-            timeout_s = _timeout_param(request)
-        except RequestError as exc:
-            return _error(400, "bad_request", str(exc))
+        """A barrier, not a state: later requests are still served."""
+        timeout_s = _timeout_param(request)
         limit = ledger.begin()  # tickets below this one were accepted before the drain
         ledger.end(limit)
-        state["value"] = "draining"
         try:
             waited = await ledger.wait_before(limit, timeout_s)
         except TimeoutError:
             return _error(504, "drain_timeout", f"requests still in flight after {timeout_s} s")
-        finally:
-            state["value"] = "ready"
         return JSONResponse({"drained": waited})
 
     async def shutdown(request: Request) -> Response:
@@ -171,11 +184,11 @@ def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callabl
         return JSONResponse({"state": "stopping"}, background=BackgroundTask(request_exit))
 
     routes = [
-        Route("/health", health, methods=["GET"]),
-        Route("/score", score, methods=["POST"]),
-        Route("/onload", onload, methods=["POST"]),
-        Route("/offload", offload, methods=["POST"]),
-        Route("/drain", drain, methods=["POST"]),
-        Route("/shutdown", shutdown, methods=["POST"]),
+        Route("/health", _guarded(health), methods=["GET"]),
+        Route("/score", _guarded(score), methods=["POST"]),
+        Route("/onload", _guarded(onload), methods=["POST"]),
+        Route("/offload", _guarded(offload), methods=["POST"]),
+        Route("/drain", _guarded(drain), methods=["POST"]),
+        Route("/shutdown", _guarded(shutdown), methods=["POST"]),
     ]
     return BearerAuth(Starlette(routes=routes), token)

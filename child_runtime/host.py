@@ -5,10 +5,13 @@ never pull weights out from under a running batch.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Sequence
 
 from scorers.base import ScoreItem, ScoreResult, Scorer, score_checked
+
+log = logging.getLogger(__name__)
 
 RESIDENT = "resident"
 PER_CALL = "per_call"
@@ -49,6 +52,16 @@ class ScorerHost:
     def offload(self) -> dict[str, Any]:
         with self._lock:
             return self._offload_locked()
+
+    def close(self, timeout_s: float) -> None:
+        """Close the scorer once no batch is running; past the bound, leave it to the group kill."""
+        if not self._lock.acquire(timeout=timeout_s):
+            log.warning("scorer %s still busy after %.1f s; exiting without close()", self.scorer.spec.name, timeout_s)
+            return
+        try:
+            self.scorer.close()
+        finally:
+            self._lock.release()
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         with self._lock:

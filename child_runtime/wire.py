@@ -80,6 +80,13 @@ def _reject_constant(name: str) -> Any:
     raise WireError(f"non-finite number {name} in frame header")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise WireError(f"number {text[:40]} in frame header overflows a float")
+    return value
+
+
 def _parse_header(buf: memoryview) -> tuple[dict, int]:
     if len(buf) < _PREFIX or bytes(buf[: len(MAGIC)]) != MAGIC:
         raise WireError("body is not a managed-scorers frame (bad magic)")
@@ -87,7 +94,7 @@ def _parse_header(buf: memoryview) -> tuple[dict, int]:
     if header_len > MAX_HEADER_BYTES or _PREFIX + header_len > len(buf):
         raise WireError(f"header length {header_len} exceeds the body ({len(buf)} bytes)")
     try:
-        header = json.loads(bytes(buf[_PREFIX : _PREFIX + header_len]), parse_constant=_reject_constant)
+        header = json.loads(bytes(buf[_PREFIX : _PREFIX + header_len]), parse_constant=_reject_constant, parse_float=_finite_float)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise WireError(f"header is not valid JSON: {exc}") from exc
     if not isinstance(header, dict) or set(header) != {"meta", "arrays"} or not isinstance(header["arrays"], list):

@@ -6,6 +6,7 @@ from the service root without installing managed-scorers.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
@@ -121,6 +122,12 @@ def score_checked(scorer: Scorer, items: Sequence[ScoreItem]) -> ScoreResult:
                     f"for items[{index}] (id={items[index].id!r})"
                 )
         result.terms[term] = [float(v) for v in values]
+    try:
+        json.dumps(result.diagnostics, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ScorerContractError(
+            f"scorer {scorer.spec.name!r} diagnostics must be finite JSON (numbers, strings, lists, objects): {exc}"
+        ) from exc
     return result
 
 

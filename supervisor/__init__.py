@@ -14,15 +14,17 @@ from supervisor.errors import (
     ScorerRequestError,
     ScorerStartupError,
     ScorerTimeout,
+    ScorerUnavailable,
 )
 from supervisor.local import LocalRewardBackend
 from supervisor.managed import ManagedScorerProcessBackend
+from supervisor.remote import RemoteRewardBackend
 from supervisor.service import PrecomputedRewardError, RewardService
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 __all__ = [
     "ChildRecord", "ClientConfig", "ConfigError", "LocalRewardBackend", "ManagedScorerProcessBackend",
     "ManagedScorerProcessSpec", "PrecomputedRewardError", "ProcessConfig", "RewardBackend",
-    "RewardContractError", "RewardItem", "RewardRequest", "RewardResponse", "RewardService", "ScorerConfig",
-    "ScorerError", "ScorerProcessDied", "ScorerRequestError", "ScorerStartupError", "ScorerTimeout",
+    "RemoteRewardBackend", "RewardContractError", "RewardItem", "RewardRequest", "RewardResponse", "RewardService", "ScorerConfig",
+    "ScorerError", "ScorerProcessDied", "ScorerRequestError", "ScorerStartupError", "ScorerTimeout", "ScorerUnavailable",
 ]

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from supervisor.types import RewardRequest, RewardResponse
+from supervisor.errors import ConfigError, RewardContractError
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
+
+ChunkScorer = Callable[[Sequence[RewardItem]], tuple[Mapping[str, np.ndarray], Mapping[str, Any]]]
 
 
 class RewardBackend(ABC):
@@ -34,12 +37,32 @@ class RewardBackend(ABC):
         self.close()
 
 
-def chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
+def check_reward_names(scorer: str, terms: Sequence[str], required: Sequence[str],
+                       weights: Mapping[str, float]) -> list[str]:
+    """The terms that make the reward (default: all of the scorer's); unknown names are a ConfigError."""
+    required = list(required) or list(terms)
+    unknown = sorted((set(required) | set(weights)) - set(terms))
+    if unknown:
+        raise ConfigError(f"required_rewards/weights {unknown} are not terms of scorer {scorer!r} (it has {list(terms)})")
+    return required
+
+
+def score_in_chunks(request: RewardRequest, size: int, score_chunk: ChunkScorer, required: Sequence[str],
+                    weights: Mapping[str, float]) -> RewardResponse:
+    """Score `size`-item chunks in order, then assemble one response for the whole request."""
+    parts: dict[str, list[np.ndarray]] = {}
+    diagnostics = []
+    for start in range(0, len(request.items), size):
+        terms, diag = score_chunk(request.items[start : start + size])
+        for name, values in terms.items():
+            parts.setdefault(name, []).append(np.asarray(values, dtype=np.float64))
+        diagnostics.append(diag)
+    merged = {name: np.concatenate(values) for name, values in parts.items()}
+    return assemble_response(request.ids, merged, required, weights, merge_diagnostics(diagnostics))
 
 
 def merge_diagnostics(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Sum numbers and concatenate lists across chunks; other values: last one wins."""
+    """Diagnostics are counts (summed across chunks) and lists (concatenated); else last wins."""
     merged: dict[str, Any] = {}
     for part in parts:
         for key, value in part.items():
@@ -63,6 +86,10 @@ def assemble_response(
     rewards = np.zeros(len(ids), dtype=np.float64)
     for term in required:
         rewards += weights.get(term, 1.0) * terms[term]
+    bad = np.flatnonzero(~np.isfinite(rewards))
+    if bad.size:
+        raise RewardContractError(f"weighted reward for id {ids[int(bad[0])]!r} is {rewards[int(bad[0])]} "
+                                  f"(weights {dict(weights)})")
     return RewardResponse(
         ids=ids,
         rewards=rewards.tolist(),

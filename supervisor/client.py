@@ -22,6 +22,10 @@ class ChildHTTPError(Exception):
         super().__init__(f"HTTP {status} {kind}: {message}")
 
 
+class ChildProtocolError(Exception):
+    """The server answered 2xx with a body that is not what the protocol says."""
+
+
 class ChildTransportError(Exception):
     """No answer: connection refused or reset, or a timeout (`timed_out`)."""
 
@@ -35,8 +39,11 @@ def _raise_for_status(response: httpx.Response) -> None:
         return
     try:
         body = response.json()
-        kind, message = body.get("kind", "error"), body.get("error", response.text)
     except ValueError:
+        body = None
+    if isinstance(body, dict):
+        kind, message = str(body.get("kind", "error")), str(body.get("error", response.text[:2000]))
+    else:
         kind, message = "error", response.text[:2000]
     raise ChildHTTPError(response.status_code, kind, message)
 
@@ -60,29 +67,44 @@ class ChildClient:
             raise ChildTransportError(f"{method} {path}: no answer within {timeout} s ({exc!r})", True) from exc
         except httpx.TransportError as exc:
             raise ChildTransportError(f"{method} {path}: {exc!r}", False) from exc
+        except (httpx.HTTPError, RuntimeError) as exc:  # e.g. DecodingError, or a client closed meanwhile
+            raise ChildProtocolError(f"{method} {path}: {exc!r}") from exc
         _raise_for_status(response)
         return response
+
+    def _json(self, method: str, path: str, timeout: float, **kwargs: Any) -> dict[str, Any]:
+        response = self._send(method, path, timeout, **kwargs)
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise ChildProtocolError(f"{method} {path}: body is not JSON: {response.content[:200]!r}") from exc
+        if not isinstance(body, dict):
+            raise ChildProtocolError(f"{method} {path}: expected a JSON object, got {type(body).__name__}")
+        return body
 
     def score(self, body: bytes) -> Any:
         """POST a framed request; returns the decoded response frame."""
         response = self._send("POST", "/score", self.request_timeout, content=body,
                               headers={"content-type": wire.CONTENT_TYPE})
-        return wire.decode(response.content)
+        try:
+            return wire.decode(response.content)
+        except wire.WireError as exc:
+            raise ChildProtocolError(f"POST /score: answer is not a valid frame: {exc}") from exc
 
     def health(self) -> dict[str, Any]:
-        return self._send("GET", "/health", self.control_timeout).json()
+        return self._json("GET", "/health", self.control_timeout)
 
     def onload(self) -> dict[str, Any]:
-        return self._send("POST", "/onload", self.request_timeout).json()
+        return self._json("POST", "/onload", self.request_timeout)
 
     def offload(self) -> dict[str, Any]:
-        return self._send("POST", "/offload", self.request_timeout).json()
+        return self._json("POST", "/offload", self.request_timeout)
 
     def drain(self, timeout_s: float) -> dict[str, Any]:
-        return self._send("POST", "/drain", timeout_s + self.control_timeout, params={"timeout_s": timeout_s}).json()
+        return self._json("POST", "/drain", timeout_s + self.control_timeout, params={"timeout_s": timeout_s})
 
     def shutdown(self, timeout_s: float) -> dict[str, Any]:
-        return self._send("POST", "/shutdown", timeout_s).json()
+        return self._json("POST", "/shutdown", timeout_s)
 
     def close(self) -> None:
         self._http.close()

@@ -24,7 +24,7 @@ def _plain(value: Any) -> Any:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod

@@ -88,6 +88,10 @@ class ScorerRequestError(ScorerError):
         super().__init__(message, record)
 
 
+class ScorerUnavailable(ScorerError):
+    """A remote scorer server cannot be reached (refused, reset, DNS)."""
+
+
 class RewardContractError(ScorerError):
     """Rewards broke the contract: wrong ids or order, wrong count, non-finite, missing term."""
 

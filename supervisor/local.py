@@ -8,9 +8,9 @@ import numpy as np
 from child_runtime.items import RequestError, items_from_wire
 from scorers.base import ScoreInputError, Scorer, ScorerContractError, score_checked
 from scorers.registry import resolve_scorer
-from supervisor.backend import RewardBackend, assemble_response, chunks, merge_diagnostics
+from supervisor.backend import RewardBackend, check_reward_names, score_in_chunks
 from supervisor.errors import RewardContractError, ScorerRequestError
-from supervisor.types import RewardRequest, RewardResponse
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 
 class LocalRewardBackend(RewardBackend):
@@ -28,34 +28,29 @@ class LocalRewardBackend(RewardBackend):
         if request_batch_size <= 0:
             raise ValueError("request_batch_size must be > 0")
         self.scorer = resolve_scorer(scorer)(**dict(params or {})) if isinstance(scorer, str) else scorer
-        self.required = list(required_rewards or self.scorer.spec.term_names())
         self.weights = dict(weights or {})
-        unknown = [name for name in self.required if name not in self.scorer.spec.term_names()]
-        if unknown:
-            raise ValueError(f"required rewards {unknown} are not terms of scorer {self.scorer.spec.name!r}")
+        self.required = check_reward_names(
+            self.scorer.spec.name, self.scorer.spec.term_names(), required_rewards or [], self.weights)
         self.request_batch_size = request_batch_size
         self.scorer.load(device)
         self.scorer.onload()
         self._closed = False
 
+    def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        try:
+            items = items_from_wire({"items": [item.to_wire() for item in chunk]})
+            result = score_checked(self.scorer, items)
+        except (RequestError, ScoreInputError) as exc:
+            raise ScorerRequestError(str(exc), kind="bad_input") from exc
+        except ScorerContractError as exc:
+            raise RewardContractError(str(exc)) from exc
+        return {name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()}, \
+            result.diagnostics
+
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         if self._closed:
             raise RuntimeError("LocalRewardBackend is closed")
-        terms: dict[str, list[np.ndarray]] = {}
-        diagnostics = []
-        for chunk in chunks(request.items, self.request_batch_size):
-            try:
-                items = items_from_wire({"items": [item.to_wire() for item in chunk]})
-                result = score_checked(self.scorer, items)
-            except (RequestError, ScoreInputError) as exc:
-                raise ScorerRequestError(str(exc), kind="bad_input") from exc
-            except ScorerContractError as exc:
-                raise RewardContractError(str(exc)) from exc
-            for name, values in result.terms.items():
-                terms.setdefault(name, []).append(np.asarray(values, dtype=np.float64))
-            diagnostics.append(result.diagnostics)
-        merged = {name: np.concatenate(parts) for name, parts in terms.items()}
-        return assemble_response(request.ids, merged, self.required, self.weights, merge_diagnostics(diagnostics))
+        return score_in_chunks(request, self.request_batch_size, self._score_chunk, self.required, self.weights)
 
     def onload(self) -> dict[str, Any]:
         return dict(self.scorer.onload() or {})

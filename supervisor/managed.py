@@ -4,27 +4,28 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 import weakref
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
 from child_runtime import wire
-from supervisor.backend import RewardBackend, assemble_response, chunks, merge_diagnostics
-from supervisor.client import ChildClient, ChildHTTPError, ChildTransportError
+from supervisor.backend import RewardBackend, check_reward_names, score_in_chunks
+from supervisor.client import ChildClient, ChildHTTPError, ChildProtocolError, ChildTransportError
 from supervisor.config import ManagedScorerProcessSpec
 from supervisor.errors import (
     ChildRecord,
-    ConfigError,
+    RewardContractError,
     ScorerError,
     ScorerProcessDied,
     ScorerRequestError,
     ScorerTimeout,
 )
 from supervisor.gpu import child_visible_devices
-from supervisor.process import REAP_GRACE_S, ChildProcess, LaunchPlan
-from supervisor.types import RewardRequest, RewardResponse
+from supervisor.process import ChildProcess, LaunchPlan
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
 from supervisor.verify import verify_score_answer
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ _DROPPED_ENV = ("PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "PYTHONPATH")
 
 
 def _kill_group_at_exit(pid: int) -> None:
+    """Last resort if the owner is collected or the interpreter exits without close()."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -44,14 +46,22 @@ def _kill_group_at_exit(pid: int) -> None:
 
 
 class ManagedScorerProcessBackend(RewardBackend):
-    """Starts its child on construction (unless `start=False`); `close()` always ends it."""
+    """Starts its child on construction (unless `start=False`); `close()` always ends it.
+
+    Thread-safe: scoring calls are serialised per backend (the child scores one
+    batch at a time, so the request deadline measures service time, not queueing);
+    health and lifecycle calls are not held up by a running score.
+    """
 
     def __init__(self, spec: ManagedScorerProcessSpec | Mapping[str, Any], start: bool = True) -> None:
         self.spec = spec if isinstance(spec, ManagedScorerProcessSpec) else ManagedScorerProcessSpec.model_validate(spec)
         self._child: ChildProcess | None = None
         self._client: ChildClient | None = None
+        self._finalizer: weakref.finalize | None = None
         self._dead: ScorerError | None = None
         self._closed = False
+        self._life = threading.RLock()
+        self._scoring = threading.Lock()
         self.timings: dict[str, float] = {}
         self.required_rewards: list[str] = list(self.spec.client.required_rewards)
         if start:
@@ -69,7 +79,8 @@ class ManagedScorerProcessBackend(RewardBackend):
             os.environ, process.local_rank, process.visible_devices, process.allow_multiple_gpus
         )
         boot = {
-            "scorer": {"name": scorer.name, "params": scorer.params, "revision": scorer.revision},
+            "scorer": {"name": scorer.name, "params": scorer.params, "revision": scorer.revision,
+                       "input_kind": scorer.input_kind},
             "gpu_residency": self.spec.gpu_residency,
             "device": scorer.device,
             "graceful_timeout_s": max(0.1, process.shutdown_timeout / 2),
@@ -82,22 +93,23 @@ class ManagedScorerProcessBackend(RewardBackend):
 
     def start(self) -> dict[str, Any]:
         """Spawn the child and wait until it serves; raises ScorerStartupError otherwise."""
-        if self._child is not None:
-            raise RuntimeError(f"backend already started its child (pid {self.pid})")
-        self._child = ChildProcess(self._plan())
-        info = self._child.start()
-        weakref.finalize(self, _kill_group_at_exit, self._child.pid)
-        self.timings["spawn_to_ready_s"] = info["spawn_to_ready_s"]
-        self._client = ChildClient(
-            f"http://127.0.0.1:{self._child.port}", self._child.token, self.spec.process.request_timeout
-        )
-        self.required_rewards = self.spec.client.required_rewards or list(info["terms"])
-        unknown = sorted((set(self.required_rewards) | set(self.spec.client.weights)) - set(info["terms"]))
-        if unknown:
-            self.close()
-            raise ConfigError(f"required_rewards {unknown} are not terms of scorer "
-                              f"{self.spec.scorer.name!r} (it has {info['terms']})")
-        return info
+        with self._life:
+            if self._child is not None:
+                raise RuntimeError(f"backend already started its child (pid {self.pid})")
+            self._child = ChildProcess(self._plan())
+            info = self._child.start()
+            self._finalizer = weakref.finalize(self, _kill_group_at_exit, self._child.pid)
+            self.timings["spawn_to_ready_s"] = info["spawn_to_ready_s"]
+            self._client = ChildClient(
+                f"http://127.0.0.1:{self._child.port}", self._child.token, self.spec.process.request_timeout
+            )
+            try:
+                self.required_rewards = check_reward_names(
+                    self.spec.scorer.name, info["terms"], self.spec.client.required_rewards, self.spec.client.weights)
+            except Exception:
+                self.close()
+                raise
+            return info
 
     @property
     def pid(self) -> int | None:
@@ -113,20 +125,25 @@ class ManagedScorerProcessBackend(RewardBackend):
 
     def close(self) -> None:
         """/shutdown, then SIGTERM, then SIGKILL of the process group; each step bounded."""
-        if self._closed or self._child is None:
+        with self._life:
+            if self._closed:
+                return
             self._closed = True
-            return
-        self._closed = True
-        started = time.monotonic()
-        if self._child.poll() is None and self._client is not None:
-            try:
-                self._client.shutdown(min(SHUTDOWN_REQUEST_S, self.spec.process.shutdown_timeout))
-            except (ChildHTTPError, ChildTransportError) as exc:
-                log.warning("child %s pid %s: /shutdown failed (%s); escalating", self.spec.scorer.name, self.pid, exc)
-        self._child.stop(graceful_s=self.spec.process.shutdown_timeout)
-        if self._client is not None:
-            self._client.close()
-        self.timings["shutdown_s"] = time.monotonic() - started
+            if self._child is None:
+                return
+            started = time.monotonic()
+            if self._child.returncode() is None and self._client is not None and self._dead is None:
+                try:
+                    self._client.shutdown(min(SHUTDOWN_REQUEST_S, self.spec.process.shutdown_timeout))
+                except (ChildHTTPError, ChildTransportError, ChildProtocolError) as exc:
+                    log.warning("child %s pid %s: /shutdown failed (%s); escalating",
+                                self.spec.scorer.name, self.pid, exc)
+            self._child.stop(graceful_s=self.spec.process.shutdown_timeout)
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            if self._client is not None:
+                self._client.close()
+            self.timings["shutdown_s"] = time.monotonic() - started
 
     # -- calls -----------------------------------------------------------------------------
     def _record(self) -> ChildRecord | None:
@@ -139,17 +156,14 @@ class ManagedScorerProcessBackend(RewardBackend):
             raise type(self._dead)(f"child is no longer serving: {self._dead.args[0].splitlines()[0]}", self._record())
         if self._child is None or self._client is None:
             raise RuntimeError("backend was created with start=False; call start() first")
-        if self._child.poll() is not None:
-            self._fail(ScorerProcessDied("child exited between calls", self._reaped_record()))
+        if self._child.returncode() is not None:
+            self._fail(ScorerProcessDied("child exited between calls", self._child.finish()))
         return self._client
 
-    def _reaped_record(self) -> ChildRecord:
-        self._child.kill_group()  # descendants (forkserver, workers) go with it
-        self._child.reap(REAP_GRACE_S)
-        return self._child.record()
-
     def _fail(self, error: ScorerError) -> None:
-        self._dead = error
+        with self._life:
+            if self._dead is None:
+                self._dead = error
         raise error
 
     def _call(self, what: str, fn: Callable[[ChildClient], T]) -> T:
@@ -161,29 +175,33 @@ class ManagedScorerProcessBackend(RewardBackend):
                 f"{what}: child answered HTTP {exc.status} ({exc.kind}): {exc.message}",
                 self._record(), status=exc.status, kind=exc.kind,
             ) from exc
+        except ChildProtocolError as exc:
+            raise RewardContractError(f"{what}: {exc}", self._record()) from exc
         except ChildTransportError as exc:
-            if self._child.reap(DEATH_CONFIRM_S) is not None:
-                self._fail(ScorerProcessDied(f"child died during {what}", self._reaped_record()))
+            if self._closed:
+                raise ScorerProcessDied(f"{what}: backend closed during the call", self._record()) from exc
+            if self._child.wait_exit(DEATH_CONFIRM_S):
+                self._fail(ScorerProcessDied(f"child died during {what}", self._child.finish()))
+            self._child.signal_group(signal.SIGKILL)
+            self._child.wait_exit(DEATH_CONFIRM_S)
             if exc.timed_out:
-                self._fail(ScorerTimeout(f"{what}: {exc}; child killed, its state is unknown", self._reaped_record()))
+                self._fail(ScorerTimeout(f"{what}: {exc}; child killed, its state is unknown", self._child.finish()))
             self._fail(ScorerProcessDied(f"{what}: transport failed with the child alive ({exc}); child killed",
-                                         self._reaped_record()))
-            raise AssertionError("unreachable")
+                                         self._child.finish()))
+            raise AssertionError("unreachable") from exc
+
+    def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        try:
+            body = wire.encode({"items": [item.to_wire() for item in chunk]})
+        except wire.WireError as exc:
+            raise ScorerRequestError(f"cannot encode request: {exc}", kind="bad_input") from exc
+        answer = self._call("score", lambda client: client.score(body))
+        return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, self._record)
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
-        required = self.required_rewards
-        parts: dict[str, list[np.ndarray]] = {}
-        diagnostics = []
-        for chunk in chunks(request.items, self.spec.client.request_batch_size):
-            body = wire.encode({"items": [item.to_wire() for item in chunk]})
-            answer = self._call("score", lambda client: client.score(body))
-            terms, diag = verify_score_answer(answer, [item.id for item in chunk], required, self._record)
-            for name, values in terms.items():
-                parts.setdefault(name, []).append(values)
-            diagnostics.append(diag)
-        merged = {name: np.concatenate(values) for name, values in parts.items()}
-        return assemble_response(request.ids, merged, required, self.spec.client.weights,
-                                 merge_diagnostics(diagnostics))
+        with self._scoring:
+            return score_in_chunks(request, self.spec.client.request_batch_size, self._score_chunk,
+                                   self.required_rewards, self.spec.client.weights)
 
     def health(self) -> dict[str, Any]:
         return self._call("health", lambda client: client.health())

@@ -1,6 +1,7 @@
 """Trainer-facing request and response types."""
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any
 
@@ -41,6 +42,15 @@ class RewardItem(BaseModel):
     finish_reason: str | None = None
     reward: float | None = None
     component_rewards: dict[str, float] | None = None
+
+    @model_validator(mode="after")
+    def _json_safe(self) -> "RewardItem":
+        for name in ("reference", "metadata"):
+            try:
+                json.dumps(getattr(self, name), allow_nan=False)
+            except ValueError as exc:
+                raise ValueError(f"{name} must be finite JSON: {exc}") from exc
+        return self
 
     def to_wire(self) -> dict[str, Any]:
         """The child's item schema: only what a scorer reads."""

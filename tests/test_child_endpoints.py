@@ -35,7 +35,7 @@ def test_health_reports_identity(managed, trainer_python):
     health = backend.health()
     assert health == {
         "state": "ready", "scorer": "probe", "revision": "1", "pid": backend.pid, "in_flight": 0,
-        "residency": "resident", "gpu_residency": "resident", "packages": {},
+        "residency": "resident", "gpu_residency": "resident", "packages": {}, "terms": ["probe"],
     }
     assert psutil.Process(backend.pid).exe() == str(Path(trainer_python).resolve()) or \
         psutil.Process(backend.pid).cmdline()[0] == str(trainer_python)
@@ -116,7 +116,7 @@ def test_shutdown_endpoint_stops_the_child(managed, trainer_python):
     backend = managed(trainer_python, "tests.fixture_scorers:Probe")
     with raw_client(backend, backend._child.token) as http:
         assert http.post("/shutdown").json() == {"state": "stopping"}
-    assert backend._child.reap(10) == 0
+    assert backend._child.wait_exit(10) and backend._child.returncode() == 0
 
 
 @pytest.mark.parametrize("method,path", ENDPOINTS)

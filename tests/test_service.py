@@ -20,7 +20,7 @@ from supervisor import (
     RewardResponse,
     RewardService,
 )
-from supervisor.errors import ChildRecord
+from supervisor.errors import ChildRecord, ConfigError
 from supervisor.verify import verify_score_answer
 
 PROBE = "tests.fixture_scorers:Probe"
@@ -289,7 +289,7 @@ def test_negative_and_zero_weights():
 
 
 def test_required_rewards_must_be_terms_of_the_scorer():
-    with pytest.raises(ValueError, match=r"required rewards \['bogus'\] are not terms of scorer 'probe'"):
+    with pytest.raises(ConfigError, match=r"required_rewards/weights \['bogus'\] are not terms of scorer 'probe'"):
         LocalRewardBackend(PROBE, required_rewards=["bogus"])
 
 
