@@ -6,7 +6,7 @@ import hmac
 import importlib.metadata
 import os
 import traceback
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import anyio.to_thread
 from starlette.applications import Starlette

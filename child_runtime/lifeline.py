@@ -33,11 +33,17 @@ def _watchdog(expected_ppid: int) -> None:
         _check(expected_ppid)
 
 
+def set_parent_death_signal(signum: int) -> None:
+    """Ask the kernel to send `signum` when the parent (its spawning thread) exits."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno)}")
+
+
 def install(expected_ppid: int) -> None:
     """Arm both layers; call first thing in the child, before any slow import."""
     signal.signal(LIFELINE_SIGNAL, lambda signum, frame: _check(expected_ppid))
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(LIFELINE_SIGNAL), 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    set_parent_death_signal(LIFELINE_SIGNAL)
     _check(expected_ppid)  # the parent may have died before prctl
     threading.Thread(target=_watchdog, args=(expected_ppid,), name="lifeline", daemon=True).start()

@@ -19,30 +19,25 @@ Not thread-safe: call `grade()` and `close()` from one thread.
 """
 from __future__ import annotations
 
-import ctypes
-import importlib
 import logging
 import math
 import multiprocessing
-import os
 import signal
-import threading
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing import connection as mp_connection
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
+
+from child_runtime.exit_codes import signal_name
+from scorers.grading_worker import ORPHANED_EXIT_CODE, worker_main
+from scorers.mp_helpers import acquire_helpers, forkserver_pid, release_helpers
 
 log = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 _STARTUP_TIMEOUT_S = 60.0
 _REAP_TIMEOUT_S = 2.0
 _DEATH_STATUS_WAIT_S = 1.0
-_ORPHANED_EXIT_CODE = 70
-_ERROR_HEAD_CHARS = 1000
-_ERROR_TRACEBACK_CHARS = 2000
 
 
 class GradingPoolError(RuntimeError):
@@ -71,91 +66,6 @@ class GradeOutcome:
     value: Any
     elapsed_s: float
 
-
-# --------------------------------------------------------------------------- worker side
-
-
-def _set_parent_death_signal() -> None:
-    """Ask the kernel to SIGKILL us when our parent (the forkserver) dies, even mid C call."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno)}")
-
-
-def _drop_forkserver_alive_fd() -> None:
-    """Close our copy of the forkserver's "alive" pipe.
-
-    The forkserver exits only when every holder of that pipe's write end is
-    gone; a worker stuck grading would otherwise keep it (and so itself) alive
-    after the owner dies. Workers never start processes, so they don't need it.
-    """
-    from multiprocessing import forkserver
-
-    server = getattr(forkserver, "_forkserver", None)
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is None:
-        return
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-    server._forkserver_alive_fd = None
-
-
-def _resolve(path: str) -> Callable[..., Any]:
-    """Import "module:function"; raise with the path named so a typo is obvious."""
-    module_name, _, attr = path.partition(":")
-    fn = getattr(importlib.import_module(module_name), attr, None)
-    if not callable(fn):
-        raise AttributeError(f"{path!r}: module {module_name!r} has no callable {attr!r}")
-    return fn
-
-
-def _format_exception(exc: BaseException) -> str:
-    """The "TypeName: message" line plus the innermost frames, bounded so the pipe stays small."""
-    head = f"{type(exc).__name__}: {exc}"[:_ERROR_HEAD_CHARS]
-    frames = "".join(traceback.format_tb(exc.__traceback__, limit=-4))
-    return f"{head}\n{frames[-_ERROR_TRACEBACK_CHARS:]}".rstrip()
-
-
-def _worker_main(conn: Any, grade_fn: str, expected_ppid: int) -> None:
-    """Worker entry point: arm the death signal, announce readiness, serve tasks."""
-    _set_parent_death_signal()
-    if expected_ppid and os.getppid() != expected_ppid:
-        # The forkserver died before prctl took effect: the signal will never come.
-        os._exit(_ORPHANED_EXIT_CODE)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C is the owner's to handle; it kills us
-    _drop_forkserver_alive_fd()
-    try:
-        fn = _resolve(grade_fn)
-    except Exception as exc:
-        conn.send(("fatal", _format_exception(exc)))
-        return
-    conn.send(("ready", os.getpid()))
-    _serve(conn, fn)
-
-
-def _serve(conn: Any, fn: Callable[..., Any]) -> None:
-    """One task at a time until the owner closes the pipe (EOF -> quiet exit)."""
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            reply = ("ok", fn(*task))
-        except Exception as exc:
-            reply = ("error", type(exc).__name__, _format_exception(exc))
-        try:
-            conn.send(reply)
-        except OSError:
-            return
-        except Exception as exc:  # the result would not pickle; nothing was written
-            conn.send(("error", type(exc).__name__, "result could not be sent: " + _format_exception(exc)))
-
-
-# --------------------------------------------------------------------------- owner side
 
 
 @dataclass(eq=False)
@@ -190,94 +100,12 @@ def describe_exitcode(code: int | None) -> str:
     if code is None:
         return "exit status unknown (still running?)"
     if code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
+        return f"killed by {signal_name(-code)}"
     if code == 255:
         return "exit code 255 (or the forkserver itself died)"
-    if code == _ORPHANED_EXIT_CODE:
+    if code == ORPHANED_EXIT_CODE:
         return f"exit code {code} (forkserver gone before the worker started)"
     return f"exit code {code}"
-
-
-def _forkserver_pid() -> int:
-    """Pid of the running forkserver (started if needed), or 0 if multiprocessing hides it."""
-    from multiprocessing import forkserver
-
-    forkserver.ensure_running()
-    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None) or 0
-
-
-# The forkserver and resource tracker are process-global helpers that the first
-# worker start launches. Pools own the ones they launched: when the last live
-# pool closes, those are stopped (bounded), so close() leaves no process behind.
-# Helpers that were already running belong to someone else and are left alone.
-_helpers_lock = threading.Lock()
-_live_pools = 0
-_owned_helpers: list[str] = []
-
-
-def _helper_objects() -> dict[str, Any]:
-    from multiprocessing import forkserver, resource_tracker
-
-    return {
-        "forkserver": getattr(forkserver, "_forkserver", None),
-        "resource_tracker": getattr(resource_tracker, "_resource_tracker", None),
-    }
-
-
-def _helper_pid(helper: Any) -> int | None:
-    return getattr(helper, "_forkserver_pid", None) or getattr(helper, "_pid", None)
-
-
-def _acquire_helpers() -> None:
-    """Count a live pool; the first one notes which helpers it is about to launch."""
-    global _live_pools
-    with _helpers_lock:
-        if _live_pools == 0:
-            _owned_helpers[:] = [n for n, h in _helper_objects().items() if h is not None and _helper_pid(h) is None]
-        _live_pools += 1
-
-
-def _release_helpers(budget_s: float) -> None:
-    """Uncount a pool; the last one stops the helpers the pools launched."""
-    global _live_pools
-    with _helpers_lock:  # held while stopping, so a pool starting meanwhile can't use a dying helper
-        _live_pools -= 1
-        if _live_pools > 0:
-            return
-        owned, _owned_helpers[:] = list(_owned_helpers), []
-        helpers = _helper_objects()
-        for name in owned:  # forkserver first: its exit releases the tracker's pipe
-            _stop_helper(name, helpers[name], budget_s)
-
-
-def _stop_helper(name: str, helper: Any, budget_s: float) -> None:
-    """multiprocessing's own `_stop()` (closes the alive pipe, then an unbounded
-    waitpid), run in a thread so that we can bound it: SIGKILL on overrun."""
-    pid, stop = _helper_pid(helper), getattr(helper, "_stop", None)
-    if pid is None or stop is None:
-        return
-
-    def run_stop() -> None:
-        try:
-            stop()
-        except ChildProcessError:  # someone else reaped it (e.g. SIGCHLD ignored)
-            log.warning("multiprocessing %s pid %d was already reaped elsewhere", name, pid)
-
-    thread = threading.Thread(target=run_stop, name=f"stop-{name}", daemon=True)
-    thread.start()
-    thread.join(budget_s)
-    if thread.is_alive():
-        log.warning("multiprocessing %s pid %d did not exit within %.1fs; sending SIGKILL", name, pid, budget_s)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        thread.join(budget_s)
-        if thread.is_alive():
-            log.warning("multiprocessing %s pid %d still not reaped; leaving it", name, pid)
 
 
 class GradingPool:
@@ -323,7 +151,7 @@ class GradingPool:
         if self._state != "new":
             raise GradingPoolError(f"GradingPool.start() called twice (pool is {self._state})")
         self._state = "running"
-        _acquire_helpers()
+        acquire_helpers()
         self._holds_helpers = True
         modules = [*self.preload, self.grade_fn.partition(":")[0]]
         # Only effective if this process's forkserver is not running yet (process-global).
@@ -366,6 +194,11 @@ class GradingPool:
         """Hard cap on one grade() call: every round of tasks may take 3x its timeout."""
         return 3 * self.timeout_s * math.ceil(n_tasks / self.jobs) + self._batch_slack_s
 
+    @property
+    def broken(self) -> bool:
+        """A worker or IPC failure (or the batch cap) broke the pool; only a new pool can grade."""
+        return self._state == "broken"
+
     def worker_pids(self) -> list[int]:
         """Pids of the current workers (for tests and diagnostics)."""
         return [w.pid for w in self._workers]
@@ -379,7 +212,7 @@ class GradingPool:
         _kill_and_reap(workers, _REAP_TIMEOUT_S)
         if self._holds_helpers:
             self._holds_helpers = False
-            _release_helpers(_REAP_TIMEOUT_S)
+            release_helpers(_REAP_TIMEOUT_S)
 
     def __enter__(self) -> "GradingPool":
         try:
@@ -406,8 +239,8 @@ class GradingPool:
         """Start one worker with its own duplex pipe; the owner keeps one end only."""
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
-            target=_worker_main,
-            args=(child_conn, self.grade_fn, _forkserver_pid()),
+            target=worker_main,
+            args=(child_conn, self.grade_fn, forkserver_pid()),
             name="grading-worker",
             daemon=True,
         )

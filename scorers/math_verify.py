@@ -2,12 +2,14 @@
 
 Grading runs in a GradingPool (forkserver workers that preload math_verify),
 because sympy can hang on pathological input: a per-item timeout SIGKILLs the
-stuck worker and scores the item 0.0 (counted in diagnostics). Worker, IPC and
-batch-cap failures raise; an unparsable gold answer is a ScoreInputError.
+stuck worker and scores the item 0.0, counted in diagnostics (`on_timeout="raise"`
+fails the batch instead). Worker, IPC and batch-cap failures raise; the next call
+then gets a fresh pool. An unparsable gold answer is a ScoreInputError.
 Nothing here imports math_verify in the owner process.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Any, Sequence
@@ -15,6 +17,7 @@ from typing import Any, Sequence
 from scorers.base import ScoreInputError, ScoreItem, ScoreResult, Scorer, ScorerSpec, reference_answer
 from scorers.grading_pool import GradingPool, GradingTaskError
 
+log = logging.getLogger(__name__)
 TIMEOUT_ENV = "MATH_VERIFY_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 10.0
 GRADE_FN = "scorers.math_verify_grade:grade"
@@ -47,6 +50,10 @@ def _resolve_timeout(timeout_s: Any) -> float:
     return float(timeout_s)
 
 
+class MathGradeTimeout(RuntimeError):
+    """Items passed their timeout and the scorer was configured with on_timeout='raise'."""
+
+
 class MathVerifyScorer(Scorer):
     """Pointwise 0/1 math answer check against `reference` (string or {'answer': ...})."""
 
@@ -68,6 +75,7 @@ class MathVerifyScorer(Scorer):
         float_rounding: int = 6,
         numeric_precision: int = 15,
         strict: bool = True,
+        on_timeout: str = "zero",
     ) -> None:
         super().__init__()
         self.jobs = len(os.sched_getaffinity(0)) if jobs is None else _check_int("jobs", jobs, 1)
@@ -77,6 +85,10 @@ class MathVerifyScorer(Scorer):
         if not isinstance(strict, bool):
             raise TypeError(f"math_verify: strict must be a bool, got {type(strict).__name__}")
         self.strict = strict
+        if on_timeout not in ("zero", "raise"):
+            raise ValueError(f"math_verify: on_timeout must be 'zero' or 'raise', got {on_timeout!r}")
+        self.on_timeout = on_timeout
+        self.pool_restarts = 0
         self._pool: GradingPool | None = None
 
     def load(self, device: str = "cpu") -> None:
@@ -94,6 +106,11 @@ class MathVerifyScorer(Scorer):
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         if self._pool is None:
             raise RuntimeError("MathVerifyScorer.score() called before load() (or after close())")
+        if self._pool.broken:  # the call that broke it raised; this one gets fresh workers
+            log.warning("math_verify: grading pool broke on an earlier call; starting a new one")
+            self.close()
+            self.load()
+            self.pool_restarts += 1
         tasks = [self._task(index, item) for index, item in enumerate(items)]
         try:
             outcomes = self._pool.grade(tasks)
@@ -104,13 +121,11 @@ class MathVerifyScorer(Scorer):
                     f"items[{exc.task_index}] (id={item.id!r}): {exc.remote_text.splitlines()[0]}"
                 ) from exc
             raise
-        scores, timeout_ids = [], []
-        for item, outcome in zip(items, outcomes):
-            if outcome.status == "timeout":
-                timeout_ids.append(item.id)
-                scores.append(0.0)
-            else:
-                scores.append(float(outcome.value))
+        timeout_ids = [item.id for item, outcome in zip(items, outcomes) if outcome.status == "timeout"]
+        if timeout_ids and self.on_timeout == "raise":
+            raise MathGradeTimeout(f"math_verify: {len(timeout_ids)} items passed timeout_s={self.timeout_s}: "
+                                   f"{timeout_ids[:10]}")
+        scores = [0.0 if outcome.status == "timeout" else float(outcome.value) for outcome in outcomes]
         return ScoreResult(
             terms={"math_verify": scores},
             diagnostics={"timeouts": len(timeout_ids), "timeout_ids": timeout_ids},

@@ -69,3 +69,16 @@ class WrongCount(Scorer):
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         return ScoreResult(terms={"wrong_count": [1.0] * (len(items) + 1)})
+
+
+class BadDiagnostics(Scorer):
+    """Diagnostics that JSON cannot carry: must be a typed contract error, not a dropped connection."""
+
+    spec = _spec("bad_diagnostics")
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        import numpy as np
+
+        if items[0].text == "bad":
+            return ScoreResult(terms={"bad_diagnostics": [1.0] * len(items)}, diagnostics={"mean": np.float32(1)})
+        return ScoreResult(terms={"bad_diagnostics": [2.0] * len(items)})

@@ -17,6 +17,7 @@ from supervisor import (
     RewardItem,
     RewardRequest,
     ScorerProcessDied,
+    ScorerRequestError,
     ScorerStartupError,
     ScorerTimeout,
 )
@@ -182,3 +183,60 @@ def test_spec_type_is_reused(trainer_python):
         assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="x", text="  ")])).rewards == [0.0]
     finally:
         backend.close()
+
+
+def test_child_that_never_reads_its_boot_config_fails_at_the_startup_deadline(managed, tmp_path):
+    stuck = tmp_path / "python"
+    stuck.write_text("#!/bin/sh\nexec sleep 60\n")  # a 'python' that never reads stdin
+    stuck.chmod(0o755)
+    started = time.monotonic()
+    with pytest.raises(ScorerStartupError) as info:
+        managed(stuck, "constant", params={"pad": "x" * 500_000}, process={"startup_timeout": 1.5})
+    assert time.monotonic() - started < 6
+    assert "did not read its boot config" in str(info.value)
+    assert info.value.signal_name == "SIGKILL"
+
+
+def test_a_file_that_cannot_execute_is_a_startup_error(managed, tmp_path):
+    junk = tmp_path / "python"
+    junk.write_bytes(b"\x00\x01 not an executable format")
+    junk.chmod(0o755)
+    with pytest.raises(ScorerStartupError, match="cannot execute"):
+        managed(junk, "constant")
+
+
+def test_input_kind_that_the_scorer_does_not_take_is_a_config_failure(managed, trainer_python):
+    with pytest.raises(ScorerStartupError) as info:
+        managed(trainer_python, "constant", input_kind="image")
+    assert info.value.returncode == 3 and "takes 'text'" in str(info.value)
+
+
+def test_unserialisable_diagnostics_are_a_typed_error_and_the_child_keeps_serving(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:BadDiagnostics")
+    with pytest.raises(ScorerRequestError) as info:
+        backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="bad")]))
+    assert info.value.status == 500 and info.value.kind == "contract"
+    assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="ok")])).rewards == [2.0]
+
+
+def test_threads_sharing_a_backend_are_served_in_turn_within_the_deadline(managed, trainer_python):
+    """The child scores one batch at a time; queued calls must not eat the request deadline."""
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe", params={"sleep_s": 0.3},
+                      process={"request_timeout": 1.0})
+    results, errors = [], []
+
+    def work(thread: int) -> None:
+        for call in range(3):
+            request = RewardRequest(items=[RewardItem(id=f"t{thread}c{call}", text="x" * (thread + 1))])
+            try:
+                results.append((thread, backend.compute_rewards(request).rewards))
+            except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert sorted(results) == sorted((t, [float(t + 1)]) for t in range(4) for _ in range(3))

@@ -10,9 +10,10 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
-from supervisor import LocalRewardBackend, RewardItem, RewardRequest, ScorerProcessDied
+from supervisor import LocalRewardBackend, RewardItem, RewardRequest, ScorerProcessDied, ScorerRequestError
 from tests.conftest import REPO_ROOT, group_members, wait_until_gone
 
 PERCENT = RewardItem(id="pct", text="So the rate is \\boxed{10\\%}.", reference="0.1")
@@ -120,3 +121,20 @@ def test_kill_9_of_the_trainer_leaves_no_process(math_python, mode):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.slow
+def test_killed_grading_worker_fails_one_call_then_the_pool_is_rebuilt(managed, math_python):
+    backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 10})
+    backend.compute_rewards(RewardRequest(items=[PERCENT]))
+    members = set(group_members(backend.pid))
+    workers = [pid for pid in members if pid != backend.pid and psutil.Process(pid).ppid() != backend.pid]
+    assert len(workers) == 2, f"expected 2 workers (children of the forkserver), got {workers}"
+    os.kill(workers[0], signal.SIGKILL)
+    with pytest.raises(ScorerRequestError) as info:
+        backend.compute_rewards(RewardRequest(items=math_items()[:2]))
+    assert info.value.status == 500 and f"pid {workers[0]}" in str(info.value)
+    assert "SIGKILL" in str(info.value)
+    response = backend.compute_rewards(RewardRequest(items=[PERCENT]))
+    assert response.rewards == [1.0]
+    assert backend.pid and backend.health()["state"] == "ready"

@@ -124,3 +124,18 @@ def test_params_are_validated(monkeypatch):
         MathVerifyScorer(numeric_precision=0, timeout_s=1.0)
     with pytest.raises(TypeError):
         MathVerifyScorer(unknown=1)
+
+
+@pytest.mark.slow
+def test_on_timeout_raise_fails_the_batch_instead_of_scoring_zero(make_scorer):
+    from scorers.math_verify import MathGradeTimeout
+
+    scorer = make_scorer(jobs=2, timeout_s=1.0, on_timeout="raise")
+    with pytest.raises(MathGradeTimeout, match=r"\['tower'\]"):
+        scorer.score([item("a", "\\boxed{2}", "2"), item("tower", "\\boxed{9^{9^{9^{9}}}}", "1")])
+    assert scorer.score([item("a", "\\boxed{2}", "2")]).terms == {"math_verify": [1.0]}
+
+
+def test_on_timeout_must_be_known():
+    with pytest.raises(ValueError, match="on_timeout"):
+        MathVerifyScorer(on_timeout="ignore")

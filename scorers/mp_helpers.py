@@ -1,0 +1,91 @@
+"""Ownership of multiprocessing's process-global helpers (forkserver, resource tracker).
+
+The first worker start launches them. Pools own the ones they launched: when
+the last live pool closes, those are stopped (bounded), so close() leaves no
+process behind; helpers that were already running belong to someone else.
+This is the one place that touches multiprocessing's private attributes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def forkserver_pid() -> int:
+    """Pid of the running forkserver (started if needed), or 0 if multiprocessing hides it."""
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None) or 0
+
+
+_helpers_lock = threading.Lock()
+_live_pools = 0
+_owned_helpers: list[str] = []
+
+
+def _helper_objects() -> dict[str, Any]:
+    from multiprocessing import forkserver, resource_tracker
+
+    return {
+        "forkserver": getattr(forkserver, "_forkserver", None),
+        "resource_tracker": getattr(resource_tracker, "_resource_tracker", None),
+    }
+
+
+def _helper_pid(helper: Any) -> int | None:
+    return getattr(helper, "_forkserver_pid", None) or getattr(helper, "_pid", None)
+
+
+def acquire_helpers() -> None:
+    """Count a live pool; the first one notes which helpers it is about to launch."""
+    global _live_pools
+    with _helpers_lock:
+        if _live_pools == 0:
+            _owned_helpers[:] = [n for n, h in _helper_objects().items() if h is not None and _helper_pid(h) is None]
+        _live_pools += 1
+
+
+def release_helpers(budget_s: float) -> None:
+    """Uncount a pool; the last one stops the helpers the pools launched."""
+    global _live_pools
+    with _helpers_lock:  # held while stopping, so a pool starting meanwhile can't use a dying helper
+        _live_pools -= 1
+        if _live_pools > 0:
+            return
+        owned, _owned_helpers[:] = list(_owned_helpers), []
+        helpers = _helper_objects()
+        for name in owned:  # forkserver first: its exit releases the tracker's pipe
+            _stop_helper(name, helpers[name], budget_s)
+
+
+def _stop_helper(name: str, helper: Any, budget_s: float) -> None:
+    """multiprocessing's own `_stop()` (closes the alive pipe, then an unbounded
+    waitpid), run in a thread so that we can bound it: SIGKILL on overrun."""
+    pid, stop = _helper_pid(helper), getattr(helper, "_stop", None)
+    if pid is None or stop is None:
+        return
+
+    def run_stop() -> None:
+        try:
+            stop()
+        except ChildProcessError:  # someone else reaped it (e.g. SIGCHLD ignored)
+            log.warning("multiprocessing %s pid %d was already reaped elsewhere", name, pid)
+
+    thread = threading.Thread(target=run_stop, name=f"stop-{name}", daemon=True)
+    thread.start()
+    thread.join(budget_s)
+    if thread.is_alive():
+        log.warning("multiprocessing %s pid %d did not exit within %.1fs; sending SIGKILL", name, pid, budget_s)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        thread.join(budget_s)
+        if thread.is_alive():
+            log.warning("multiprocessing %s pid %d still not reaped; leaving it", name, pid)
