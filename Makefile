@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 ENVS := math image
 PYTEST_ARGS ?=
 
-.PHONY: install envs demo test test-fast bench clean $(addprefix env-,$(ENVS))
+.PHONY: install envs demo test test-fast lint bench clean $(addprefix env-,$(ENVS))
 
 install: $(VENV)/.installed
 
@@ -24,8 +24,11 @@ envs: $(addprefix env-,$(ENVS))
 demo: install envs
 	$(VPY) -m supervisor.demo
 
-test: install envs
+test: install envs lint
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(VPY) -m ruff check .
 
 test-fast: install envs
 	$(VPY) -m pytest -q -m "not slow" $(PYTEST_ARGS)

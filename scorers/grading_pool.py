@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
-import signal
 import time
 from collections import deque
 from dataclasses import dataclass, field

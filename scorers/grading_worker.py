@@ -65,7 +65,7 @@ def worker_main(conn: Any, grade_fn: str, expected_ppid: int) -> None:
     _drop_forkserver_alive_fd()
     try:
         fn = _resolve(grade_fn)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - sent to the owner, which raises
         conn.send(("fatal", _format_exception(exc)))
         return
     conn.send(("ready", os.getpid()))
@@ -81,11 +81,11 @@ def _serve(conn: Any, fn: Callable[..., Any]) -> None:
             return
         try:
             reply = ("ok", fn(*task))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - sent to the owner, which raises
             reply = ("error", type(exc).__name__, _format_exception(exc))
         try:
             conn.send(reply)
         except OSError:
             return
-        except Exception as exc:  # the result would not pickle; nothing was written
+        except Exception as exc:  # noqa: BLE001 - the result would not pickle; nothing was written
             conn.send(("error", type(exc).__name__, "result could not be sent: " + _format_exception(exc)))
