@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from child_runtime import wire
 from supervisor import LocalRewardBackend, ManagedScorerProcessBackend, RewardItem, RewardRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,9 +72,23 @@ def bench_image_batch() -> str:
         for _ in range(15):  # interleaved so drift hits both sides
             remote += timed(lambda: backend.compute_rewards(request), 1, warmup=0)
             inproc += timed(lambda: local.compute_rewards(request), 1, warmup=0)
+        phases = server_phases(backend, request)
     ratio = p50(remote) / p50(inproc)
     return (f"8x512x512 jpeg_compressibility managed p50 {p50(remote) * 1e3:7.2f} ms  in-process p50 "
-            f"{p50(inproc) * 1e3:7.2f} ms  ratio {ratio:5.3f}  (+{1e3 * (p50(remote) - p50(inproc)):.2f} ms)")
+            f"{p50(inproc) * 1e3:7.2f} ms  ratio {ratio:5.3f}  (+{1e3 * (p50(remote) - p50(inproc)):.2f} ms)\n"
+            f"  child-side p50 ms: {phases}")
+
+
+def server_phases(backend: ManagedScorerProcessBackend, request: RewardRequest) -> str:
+    """Where the managed time goes, from the child's Server-Timing header (receive = HTTP body read)."""
+    body = wire.encode({"items": [item.to_wire() for item in request.items]})
+    samples: dict[str, list[float]] = {}
+    for _ in range(15):
+        response = backend._client._http.post("/score", content=body)
+        for part in response.headers["server-timing"].split(", "):
+            name, dur = part.split(";dur=")
+            samples.setdefault(name, []).append(float(dur))
+    return "  ".join(f"{name} {p50(values):.2f}" for name, values in samples.items())
 
 
 def bare_import_s(env: str, repeats: int = 5) -> float:

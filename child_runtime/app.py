@@ -5,6 +5,7 @@ import asyncio
 import hmac
 import importlib.metadata
 import os
+import time
 import traceback
 from typing import Awaitable, Callable
 
@@ -158,9 +159,18 @@ def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callabl
             ledger.end(ticket)
 
     async def _score(request: Request) -> Response:
-        items = items_from_wire(wire.decode(await request.body()))
+        t0 = time.perf_counter()
+        body = await request.body()
+        t1 = time.perf_counter()
+        items = items_from_wire(wire.decode(body))
+        t2 = time.perf_counter()
         result = await anyio.to_thread.run_sync(host.score, items)
-        return Response(wire.encode(response_to_wire(items, result)), media_type=wire.CONTENT_TYPE)
+        t3 = time.perf_counter()
+        answer = wire.encode(response_to_wire(items, result))
+        t4 = time.perf_counter()
+        timing = ", ".join(f"{name};dur={1e3 * (end - start):.3f}" for name, start, end in
+                           (("receive", t0, t1), ("decode", t1, t2), ("score", t2, t3), ("encode", t3, t4)))
+        return Response(answer, media_type=wire.CONTENT_TYPE, headers={"server-timing": timing})
 
     async def onload(request: Request) -> Response:
         return JSONResponse({"residency": "resident", **await anyio.to_thread.run_sync(host.onload)})
