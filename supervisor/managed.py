@@ -7,12 +7,10 @@ import signal
 import threading
 import time
 import weakref
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
-import numpy as np
 
-from child_runtime import wire
-from supervisor.backend import RewardBackend, check_reward_names, score_in_chunks
+from supervisor.backend import check_reward_names, score_in_chunks
 from supervisor.client import ChildClient, ChildHTTPError, ChildProtocolError, ChildTransportError
 from supervisor.config import ManagedScorerProcessSpec
 from supervisor.errors import (
@@ -24,9 +22,9 @@ from supervisor.errors import (
     ScorerTimeout,
 )
 from supervisor.gpu import child_visible_devices
+from supervisor.http_backend import HttpScoringBackend
 from supervisor.process import ChildProcess, LaunchPlan
-from supervisor.types import RewardItem, RewardRequest, RewardResponse
-from supervisor.verify import verify_score_answer
+from supervisor.types import RewardRequest, RewardResponse
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,7 +43,7 @@ def _kill_group_at_exit(pid: int) -> None:
         pass
 
 
-class ManagedScorerProcessBackend(RewardBackend):
+class ManagedScorerProcessBackend(HttpScoringBackend):
     """Starts its child on construction (unless `start=False`); `close()` always ends it.
 
     Thread-safe: scoring calls are serialised per backend (the child scores one
@@ -190,27 +188,10 @@ class ManagedScorerProcessBackend(RewardBackend):
                                          self._child.finish()))
             raise AssertionError("unreachable") from exc
 
-    def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        try:
-            body = wire.encode({"items": [item.to_wire() for item in chunk]})
-        except wire.WireError as exc:
-            raise ScorerRequestError(f"cannot encode request: {exc}", kind="bad_input") from exc
-        answer = self._call("score", lambda client: client.score(body))
-        return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, self._record)
-
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         with self._scoring:
             return score_in_chunks(request, self.spec.client.request_batch_size, self._score_chunk,
                                    self.required_rewards, self.spec.client.weights)
-
-    def health(self) -> dict[str, Any]:
-        return self._call("health", lambda client: client.health())
-
-    def onload(self) -> dict[str, Any]:
-        return self._call("onload", lambda client: client.onload())
-
-    def offload(self) -> dict[str, Any]:
-        return self._call("offload", lambda client: client.offload())
 
     def drain(self, timeout_s: float | None = None) -> dict[str, Any]:
         bound = timeout_s if timeout_s is not None else self.spec.process.request_timeout

@@ -3,19 +3,16 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-import numpy as np
-
-from child_runtime import wire
-from supervisor.backend import RewardBackend, check_reward_names, score_in_chunks
+from supervisor.backend import check_reward_names, score_in_chunks
 from supervisor.client import ChildClient, ChildHTTPError, ChildProtocolError, ChildTransportError
 from supervisor.errors import RewardContractError, ScorerRequestError, ScorerTimeout, ScorerUnavailable
-from supervisor.types import RewardItem, RewardRequest, RewardResponse
-from supervisor.verify import verify_score_answer
+from supervisor.http_backend import HttpScoringBackend
+from supervisor.types import RewardRequest, RewardResponse
 
 T = TypeVar("T")
 
 
-class RemoteRewardBackend(RewardBackend):
+class RemoteRewardBackend(HttpScoringBackend):
     """HTTP client for a running scorer server (e.g. `python -m child_runtime` on another host).
 
     The server's identity and terms are read from /health at construction, so a
@@ -33,7 +30,7 @@ class RemoteRewardBackend(RewardBackend):
         self._client = ChildClient(base_url, token, request_timeout)
         try:
             self.server = self.health()
-            self.required = check_reward_names(self.server["scorer"], self.server["terms"], required_rewards,
+            self.required_rewards = check_reward_names(self.server["scorer"], self.server["terms"], required_rewards,
                                                self.weights)
         except BaseException:
             self._client.close()
@@ -51,25 +48,8 @@ class RemoteRewardBackend(RewardBackend):
             error = ScorerTimeout if exc.timed_out else ScorerUnavailable
             raise error(f"{what} at {self.base_url}: {exc}") from exc
 
-    def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        try:
-            body = wire.encode({"items": [item.to_wire() for item in chunk]})
-        except wire.WireError as exc:
-            raise ScorerRequestError(f"cannot encode request: {exc}", kind="bad_input") from exc
-        answer = self._call("score", lambda client: client.score(body))
-        return verify_score_answer(answer, [item.id for item in chunk], self.required)
-
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
-        return score_in_chunks(request, self.request_batch_size, self._score_chunk, self.required, self.weights)
-
-    def health(self) -> dict[str, Any]:
-        return self._call("health", lambda client: client.health())
-
-    def onload(self) -> dict[str, Any]:
-        return self._call("onload", lambda client: client.onload())
-
-    def offload(self) -> dict[str, Any]:
-        return self._call("offload", lambda client: client.offload())
+        return score_in_chunks(request, self.request_batch_size, self._score_chunk, self.required_rewards, self.weights)
 
     def drain(self, timeout_s: float = 600.0) -> dict[str, Any]:
         return self._call("drain", lambda client: client.drain(timeout_s))

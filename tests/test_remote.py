@@ -24,7 +24,7 @@ def url(backend) -> str:
 def test_remote_scores_like_managed_and_leaves_the_server_running(managed, trainer_python):
     server = managed(trainer_python, "tests.fixture_scorers:Probe")
     with RemoteRewardBackend(url(server), token=server._child.token, request_batch_size=2) as remote:
-        assert remote.server["scorer"] == "probe" and remote.required == ["probe"]
+        assert remote.server["scorer"] == "probe" and remote.required_rewards == ["probe"]
         response = remote.compute_rewards(REQUEST)
     assert response.rewards == server.compute_rewards(REQUEST).rewards == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert response.diagnostics["batch_sizes"] == [2, 2, 1]

@@ -1,0 +1,44 @@
+"""What the managed and remote backends share: framed scoring over HTTP, checked answers."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence, TypeVar
+
+import numpy as np
+
+from child_runtime import wire
+from supervisor.backend import RewardBackend
+from supervisor.client import ChildClient
+from supervisor.errors import ChildRecord, ScorerRequestError
+from supervisor.types import RewardItem
+from supervisor.verify import verify_score_answer
+
+T = TypeVar("T")
+
+
+class HttpScoringBackend(RewardBackend):
+    """Subclasses own the connection and say how transport failures map to typed errors."""
+
+    required_rewards: list[str]
+
+    def _call(self, what: str, fn: Callable[[ChildClient], T]) -> T:
+        raise NotImplementedError
+
+    def _record(self) -> ChildRecord | None:
+        return None
+
+    def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        try:
+            body = wire.encode({"items": [item.to_wire() for item in chunk]})
+        except wire.WireError as exc:
+            raise ScorerRequestError(f"cannot encode request: {exc}", kind="bad_input") from exc
+        answer = self._call("score", lambda client: client.score(body))
+        return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, self._record)
+
+    def health(self) -> dict[str, Any]:
+        return self._call("health", lambda client: client.health())
+
+    def onload(self) -> dict[str, Any]:
+        return self._call("onload", lambda client: client.onload())
+
+    def offload(self) -> dict[str, Any]:
+        return self._call("offload", lambda client: client.offload())
