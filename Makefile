@@ -2,7 +2,7 @@
 PYTHON ?= python3.11
 VENV := .venv
 VPY := $(VENV)/bin/python
-ENVS := math image
+ENVS := math image embed ocr
 PYTEST_ARGS ?=
 
 .PHONY: install envs demo test test-fast lint bench clean $(addprefix env-,$(ENVS))

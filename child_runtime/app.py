@@ -173,10 +173,13 @@ def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callabl
         return Response(answer, media_type=wire.CONTENT_TYPE, headers={"server-timing": timing})
 
     async def onload(request: Request) -> Response:
-        return JSONResponse({"residency": "resident", **await anyio.to_thread.run_sync(host.onload)})
+        figures = await anyio.to_thread.run_sync(host.onload)
+        return JSONResponse({"residency": host.residency, **figures})
 
     async def offload(request: Request) -> Response:
-        return JSONResponse({"residency": "offloaded", **await anyio.to_thread.run_sync(host.offload)})
+        """Waits for a running score (the host lock), then moves the weights off the device."""
+        figures = await anyio.to_thread.run_sync(host.offload)
+        return JSONResponse({"residency": host.residency, **figures})
 
     async def drain(request: Request) -> Response:
         """A barrier, not a state: later requests are still served."""

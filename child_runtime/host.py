@@ -24,8 +24,12 @@ class ResidencyConflict(RuntimeError):
 
 class ScorerHost:
     def __init__(self, scorer: Scorer, gpu_residency: str) -> None:
+        """Refuses per_call for a scorer that cannot offload: checked before any weights load."""
         if gpu_residency not in GPU_RESIDENCY_MODES:
             raise ValueError(f"gpu_residency must be one of {GPU_RESIDENCY_MODES}, got {gpu_residency!r}")
+        if gpu_residency == PER_CALL and not scorer.spec.supports_offload:
+            raise ValueError(f"gpu_residency=per_call needs a scorer that supports offload; "
+                             f"{scorer.spec.name!r} does not (use resident)")
         self.scorer = scorer
         self.gpu_residency = gpu_residency
         self.residency = "offloaded"
@@ -39,6 +43,8 @@ class ScorerHost:
         return {"changed": True, **figures}
 
     def _offload_locked(self) -> dict[str, Any]:
+        if not self.scorer.spec.supports_offload:
+            return {"changed": False, "supports_offload": False}
         if self.residency == "offloaded":
             return {"changed": False}
         figures = dict(self.scorer.offload() or {})

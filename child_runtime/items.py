@@ -11,7 +11,8 @@ import numpy as np
 
 from scorers.base import ScoreItem, ScoreResult
 
-ITEM_FIELDS = frozenset(["id", "group_id", "prompt", "text", "image", "reference", "metadata"])
+ITEM_FIELDS = frozenset(["id", "group_id", "prompt", "text", "image", "video", "reference", "metadata"])
+MEDIA_LAYOUTS = {"image": "HWC", "video": "THWC"}
 REQUEST_FIELDS = frozenset(["items"])
 
 
@@ -26,18 +27,21 @@ def _optional_str(item: dict, key: str, where: str) -> str | None:
     return value
 
 
-def _image(item: dict, where: str) -> np.ndarray | None:
-    image = item.get("image")
-    if image is None:
-        return None
-    if not isinstance(image, np.ndarray):
-        raise RequestError(f"{where}.image must be an array, got {type(image).__name__}")
-    if image.dtype != np.uint8 or image.ndim not in (3, 4) or image.shape[-1] not in (1, 3, 4):
+def check_media(value: Any, name: str, where: str) -> np.ndarray:
+    """`image` is uint8 HWC, `video` uint8 THWC, with 1, 3 or 4 channels; anything else is refused."""
+    layout = MEDIA_LAYOUTS[name]
+    if not isinstance(value, np.ndarray):
+        raise RequestError(f"{where}.{name} must be an array, got {type(value).__name__}")
+    if value.dtype != np.uint8 or value.ndim != len(layout) or value.shape[-1] not in (1, 3, 4):
         raise RequestError(
-            f"{where}.image must be uint8 HWC or THWC with 1, 3 or 4 channels, "
-            f"got {image.dtype} {list(image.shape)}"
+            f"{where}.{name} must be uint8 {layout} with 1, 3 or 4 channels, got {value.dtype} {list(value.shape)}"
         )
-    return image
+    return value
+
+
+def _media(item: dict, name: str, where: str) -> np.ndarray | None:
+    value = item.get(name)
+    return None if value is None else check_media(value, name, where)
 
 
 def item_from_wire(raw: Any, index: int) -> ScoreItem:
@@ -60,7 +64,8 @@ def item_from_wire(raw: Any, index: int) -> ScoreItem:
         group_id=_optional_str(raw, "group_id", where),
         prompt=_optional_str(raw, "prompt", where),
         text=_optional_str(raw, "text", where),
-        image=_image(raw, where),
+        image=_media(raw, "image", where),
+        video=_media(raw, "video", where),
         reference=raw.get("reference"),
         metadata=metadata,
     )

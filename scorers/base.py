@@ -49,7 +49,8 @@ class ScoreItem:
     group_id: str | None = None
     prompt: str | None = None
     text: str | None = None
-    image: np.ndarray | None = None
+    image: np.ndarray | None = None  # uint8 HWC
+    video: np.ndarray | None = None  # uint8 THWC
     reference: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
 

@@ -6,11 +6,12 @@ import math
 from typing import Annotated, Any
 
 import numpy as np
+from child_runtime.items import check_media
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, model_validator
 
 
 def _as_image(value: Any) -> np.ndarray | None:
-    """Accept an HWC / THWC uint8 ndarray or anything with `__array_interface__` (PIL)."""
+    """Accept a uint8 HWC ndarray or anything with `__array_interface__` (a PIL image)."""
     if value is None:
         return None
     if not isinstance(value, np.ndarray):
@@ -19,12 +20,15 @@ def _as_image(value: Any) -> np.ndarray | None:
         value = np.asarray(value)
         if value.ndim == 2:
             value = value[:, :, None]
-    if value.dtype != np.uint8 or value.ndim not in (3, 4) or value.shape[-1] not in (1, 3, 4):
-        raise ValueError(f"image must be uint8 HWC (or THWC) with 1, 3 or 4 channels, got {value.dtype} {value.shape}")
-    return value
+    return check_media(value, "image", "item")
+
+
+def _as_video(value: Any) -> np.ndarray | None:
+    return None if value is None else check_media(value, "video", "item")
 
 
 Image = Annotated[Any, BeforeValidator(_as_image)]
+Video = Annotated[Any, BeforeValidator(_as_video)]
 
 
 class RewardItem(BaseModel):
@@ -37,6 +41,7 @@ class RewardItem(BaseModel):
     prompt: str | None = None
     text: str | None = None
     image: Image = None
+    video: Video = None
     reference: JsonValue = None
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     finish_reason: str | None = None
@@ -55,7 +60,7 @@ class RewardItem(BaseModel):
     def to_wire(self) -> dict[str, Any]:
         """The child's item schema: only what a scorer reads."""
         wire: dict[str, Any] = {"id": self.id}
-        for key in ("group_id", "prompt", "text", "image", "reference"):
+        for key in ("group_id", "prompt", "text", "image", "video", "reference"):
             value = getattr(self, key)
             if value is not None:
                 wire[key] = value

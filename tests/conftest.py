@@ -106,11 +106,11 @@ def managed() -> Iterator[Callable[..., Any]]:
     made = []
 
     def make(python: Path, scorer: str, input_kind: str = "text", params: dict | None = None,
-             process: dict | None = None, client: dict | None = None, **spec: Any):
+             process: dict | None = None, client: dict | None = None, scorer_device: str = "cpu", **spec: Any):
         config = ManagedScorerProcessSpec(
             process={"python_executable": str(python), "startup_timeout": 60, "request_timeout": 60,
                      **(process or {})},
-            scorer={"name": scorer, "input_kind": input_kind, "params": params or {}},
+            scorer={"name": scorer, "input_kind": input_kind, "params": params or {}, "device": scorer_device},
             client={"input_kind": input_kind, **(client or {})},
             **spec,
         )

@@ -13,9 +13,9 @@ def _spec(name: str) -> ScorerSpec:
 
 
 class Probe(Scorer):
-    """len(text) per item; reports batch sizes and its pid; optional sleep per call."""
+    """len(text) per item; reports batch sizes and its pid; optional sleep per call; 'offloads'."""
 
-    spec = _spec("probe")
+    spec = ScorerSpec(name="probe", input_kind="text", terms=("probe",), env="image", supports_offload=True)
 
     def __init__(self, sleep_s: float = 0.0) -> None:
         self.sleep_s = sleep_s
@@ -82,3 +82,19 @@ class BadDiagnostics(Scorer):
         if items[0].text == "bad":
             return ScoreResult(terms={"bad_diagnostics": [1.0] * len(items)}, diagnostics={"mean": np.float32(1)})
         return ScoreResult(terms={"bad_diagnostics": [2.0] * len(items)})
+
+
+class NoOffloadMarksLoad(Scorer):
+    """Cannot offload; load() leaves a marker file, so a test can prove load never ran."""
+
+    spec = _spec("no_offload_marks_load")
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def load(self, device: str = "cpu") -> None:
+        with open(self.marker, "w") as handle:
+            handle.write("loaded")
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        return ScoreResult(terms={"no_offload_marks_load": [0.5] * len(items)})

@@ -25,7 +25,7 @@ def test_valid_request_builds_score_items_in_order():
     items = items_from_wire(req(
         {"id": "a", "group_id": "g", "prompt": "p", "text": "t", "image": image,
          "reference": {"answer": "42"}, "metadata": {"k": [1, 2]}},
-        {"id": "b", "image": video},
+        {"id": "b", "video": video},
         {"id": "c", "text": None, "prompt": None, "group_id": None, "image": None},
     ))
     assert [type(i) for i in items] == [ScoreItem] * 3
@@ -33,7 +33,7 @@ def test_valid_request_builds_score_items_in_order():
     a, b, c = items
     assert (a.group_id, a.prompt, a.text, a.reference, a.metadata) == ("g", "p", "t", {"answer": "42"}, {"k": [1, 2]})
     assert a.image is image
-    assert b.image is video and b.text is None and b.metadata == {} and b.reference is None
+    assert b.video is video and b.image is None and b.text is None and b.metadata == {} and b.reference is None
     assert (c.text, c.prompt, c.group_id, c.image, c.metadata) == (None, None, None, None, {})
 
 
@@ -102,14 +102,28 @@ def test_unknown_item_field_is_named():
         (np.zeros((4, 4), dtype=np.uint8), "uint8 [4, 4]"),
         (np.zeros((1, 2, 4, 4, 3), dtype=np.uint8), "uint8 [1, 2, 4, 4, 3]"),
         (np.zeros((4, 4, 2), dtype=np.uint8), "uint8 [4, 4, 2]"),
-        (np.zeros((2, 4, 4, 5), dtype=np.uint8), "uint8 [2, 4, 4, 5]"),
+        (np.zeros((2, 4, 4, 3), dtype=np.uint8), "uint8 [2, 4, 4, 3]"),
         (np.zeros((3,), dtype=np.uint8), "uint8 [3]"),
     ],
-    ids=["float32", "int8", "2d", "5d", "2-channels", "video-5-channels", "1d"],
+    ids=["float32", "int8", "2d", "5d", "2-channels", "video-as-image", "1d"],
 )
 def test_bad_image_array(image, desc):
-    with raises(f"items[1].image must be uint8 HWC or THWC with 1, 3 or 4 channels, got {desc}"):
+    with raises(f"items[1].image must be uint8 HWC with 1, 3 or 4 channels, got {desc}"):
         items_from_wire(req({"id": "a"}, {"id": "b", "image": image}))
+
+
+@pytest.mark.parametrize(
+    "video,desc",
+    [
+        (np.zeros((4, 4, 3), dtype=np.uint8), "uint8 [4, 4, 3]"),
+        (np.zeros((2, 4, 4, 5), dtype=np.uint8), "uint8 [2, 4, 4, 5]"),
+        (np.zeros((2, 4, 4, 3), dtype=np.float32), "float32 [2, 4, 4, 3]"),
+    ],
+    ids=["image-as-video", "5-channels", "float32"],
+)
+def test_bad_video_array(video, desc):
+    with raises(f"items[0].video must be uint8 THWC with 1, 3 or 4 channels, got {desc}"):
+        items_from_wire(req({"id": "a", "video": video}))
 
 
 @pytest.mark.parametrize("image,type_name", [([[1, 2]], "list"), ("png", "str"), (3, "int")])

@@ -23,7 +23,11 @@ REGISTERED = {
     "exact_match": "scorers.rules:ExactMatch",
     "nonempty": "scorers.rules:NonEmpty",
     "constant": "scorers.rules:Constant",
+    "text_similarity": "scorers.text_similarity:TextSimilarity",
+    "ocr": "scorers.ocr:OcrScorer",
+    "video": "scorers.video:VideoScorer",
 }
+CONSTRUCTION_PARAMS = {"video": {"inner": "jpeg_compressibility"}}
 HEAVY = ("math_verify", "sympy", "torch", "transformers", "PIL", "latex2sympy2_extended")
 
 
@@ -51,7 +55,7 @@ def test_every_registered_name_resolves_to_its_scorer_class(name):
 @pytest.mark.parametrize("name", sorted(REGISTERED))
 def test_construction_is_cheap_and_imports_nothing_heavy(name):
     before = set(sys.modules)
-    scorer = resolve_scorer(name)()
+    scorer = resolve_scorer(name)(**CONSTRUCTION_PARAMS.get(name, {}))
     try:
         heavy = sorted(m for m in set(sys.modules) - before if m.split(".")[0] in HEAVY)
         assert not heavy, f"constructing {name!r} imported {heavy}"
@@ -305,10 +309,10 @@ def test_reward_item_rejects_bad_images(image):
         RewardItem(id="a", image=image)
 
 
-def test_jpeg_video_input_is_a_request_error(images):
+def test_a_video_is_not_an_image(images):
     video = np.stack([images["noise"], images["flat"]])
-    with pytest.raises(ScorerRequestError, match=r"expected an HWC image, got shape \[2, 64, 64, 3\]"):
-        score("jpeg_compressibility", [RewardItem(id="v", image=video)])
+    with pytest.raises(ValueError, match=r"image must be uint8 HWC with 1, 3 or 4 channels, got uint8 \[2, 64, 64, 3\]"):
+        RewardItem(id="v", image=video)
 
 
 def test_jpeg_requires_an_image():

