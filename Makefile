@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 ENVS := math image embed ocr
 PYTEST_ARGS ?=
 
-.PHONY: install envs demo test test-fast lint bench clean $(addprefix env-,$(ENVS))
+.PHONY: install envs demo test test-fast lint bench gpu-check clean $(addprefix env-,$(ENVS))
 
 install: $(VENV)/.installed
 
@@ -35,6 +35,9 @@ test-fast: install envs
 
 bench: install envs
 	$(VPY) -m bench
+
+gpu-check: install env-embed
+	$(VPY) -m bench.gpu_residency
 
 clean:
 	rm -rf $(VENV) $(addprefix envs/,$(addsuffix /.venv,$(ENVS))) build *.egg-info

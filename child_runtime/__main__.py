@@ -132,6 +132,10 @@ def main() -> None:
         _serve(config, host, pipe, timings)
     finally:
         host.close(config.graceful_timeout_s)
+    # Everything this child owns is closed: skip interpreter teardown (a second with torch loaded).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_codes.OK)
 
 
 if __name__ == "__main__":

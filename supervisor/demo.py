@@ -32,6 +32,15 @@ def make_image(kind: str, size: int = 256) -> np.ndarray:
     return rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
 
 
+def render_text(text: str) -> np.ndarray:
+    """Black DejaVu Sans on white: what a text-rendering reward would see."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    image = Image.new("RGB", (512, 128), "white")
+    ImageDraw.Draw(image).text((20, 30), text, fill="black", font=ImageFont.truetype("DejaVuSans.ttf", 48))
+    return np.asarray(image)
+
+
 def env_python(name: str) -> str:
     return str(SERVICE_ROOT / "envs" / name / ".venv" / "bin" / "python")
 
@@ -77,10 +86,24 @@ def main() -> None:
     for item, value in zip(image_request.items, jpeg):
         print(f"  {item.id:<10} {value:>9.3f}")
 
+    ocr_request = RewardRequest(items=[RewardItem(id=s["id"], image=render_text(s["render"]), reference=s["target"])
+                                       for s in samples["ocr"]])
+    ocr, ocr_info = run_managed("ocr", "ocr", "image", {"det_limit_side_len": 480}, ocr_request)
+    print("\nocr (1 - normalized edit distance to the target) in a managed child (envs/ocr)")
+    for item, text, value in zip(ocr_request.items, ocr_info["diagnostics"]["ocr_texts"], ocr):
+        print(f"  {item.id:<10} read {text!r:<22} target {item.reference!r:<18} {value:>6.3f}")
+
+    text_request = RewardRequest(items=[RewardItem(**s) for s in samples["text"]])
+    similarity, text_info = run_managed("text_similarity", "embed", "text", {}, text_request)
+    print("\ntext_similarity (MiniLM cosine) in a managed child (envs/embed, torch)")
+    for item, value in zip(text_request.items, similarity):
+        print(f"  {item.id:<11} {item.text!r:<44} vs {item.reference!r:<30} {value:>6.3f}")
+
     print("\nlifecycle (seconds)")
-    print(f"  {'child':<22} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}")
-    for name, info in (("math_verify (math)", math_info), ("jpeg (image)", image_info)):
-        print(f"  {name:<22} {info['spawn_to_ready_s']:>12.3f} {info['score_s']:>8.3f} {info['shutdown_s']:>9.3f}")
+    print(f"  {'child':<24} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}")
+    for name, info in (("math_verify (math)", math_info), ("jpeg (image)", image_info), ("ocr (ocr)", ocr_info),
+                       ("text_similarity (embed)", text_info)):
+        print(f"  {name:<24} {info['spawn_to_ready_s']:>12.3f} {info['score_s']:>8.3f} {info['shutdown_s']:>9.3f}")
 
 
 if __name__ == "__main__":
