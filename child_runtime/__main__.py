@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 
 from child_runtime import exit_codes, lifeline
 from child_runtime.host import GPU_RESIDENCY_MODES, ScorerHost
+from child_runtime.items import Limits
 
 
 @dataclass
@@ -35,11 +36,13 @@ class BootConfig:
     gpu_residency: str = "resident"
     device: str = "cpu"
     graceful_timeout_s: float = 5.0
+    limits: Limits = field(default_factory=Limits)
 
 
 def read_boot_config(raw: str) -> BootConfig:
     data = json.loads(raw)
     scorer = data.pop("scorer")
+    data["limits"] = Limits(**data.get("limits", {}))
     config = BootConfig(
         scorer_name=scorer["name"], scorer_params=scorer.get("params") or {}, revision=scorer.get("revision"),
         scorer_input_kind=scorer.get("input_kind"), **data
@@ -107,7 +110,8 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
 
     revision = config.revision or host.scorer.spec.revision
     server: _Server
-    app = build_app(host, config.token, revision, request_exit=lambda: setattr(server, "should_exit", True))
+    app = build_app(host, config.token, revision, request_exit=lambda: setattr(server, "should_exit", True),
+                    limits=config.limits)
     uv_config = uvicorn.Config(
         app, lifespan="off", log_level="warning", access_log=False,
         timeout_graceful_shutdown=config.graceful_timeout_s, timeout_keep_alive=300,

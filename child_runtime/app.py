@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from child_runtime import wire
 from child_runtime.host import ResidencyConflict, ScorerHost
-from child_runtime.items import RequestError, items_from_wire, response_to_wire
+from child_runtime.items import Limits, RequestError, items_from_wire, response_to_wire
 from scorers.base import ScoreInputError, ScorerContractError
 
 DEFAULT_DRAIN_TIMEOUT_S = 600.0
@@ -75,6 +75,27 @@ class RequestLedger:
         return waited
 
 
+class PayloadTooLarge(ValueError):
+    """The body is over the configured request size (answered 413 before it is read in full)."""
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused as soon as it is known to exceed `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise RequestError(f"content-length {declared[:40]!r} is not a byte count")
+        if int(declared) > limit:
+            raise PayloadTooLarge(f"request body of {declared} bytes exceeds max_request_bytes={limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds max_request_bytes={limit}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _error(status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse({"error": message, "kind": kind}, status_code=status)
 
@@ -92,6 +113,8 @@ def _guarded(handler: Handler) -> Handler:
     async def run(request: Request) -> Response:
         try:
             return await handler(request)
+        except PayloadTooLarge as exc:
+            return _error(413, "too_large", str(exc))
         except (wire.WireError, RequestError) as exc:
             return _error(400, "bad_request", str(exc))
         except ScoreInputError as exc:
@@ -129,7 +152,8 @@ def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
     return versions
 
 
-def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callable[[], None]) -> ASGIApp:
+def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callable[[], None],
+              limits: Limits = Limits()) -> ASGIApp:
     ledger = RequestLedger()
     state = {"value": "ready"}
     spec = host.scorer.spec
@@ -160,9 +184,9 @@ def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callabl
 
     async def _score(request: Request) -> Response:
         t0 = time.perf_counter()
-        body = await request.body()
+        body = await read_body(request, limits.max_request_bytes)
         t1 = time.perf_counter()
-        items = items_from_wire(wire.decode(body))
+        items = items_from_wire(wire.decode(body), limits)
         t2 = time.perf_counter()
         result = await anyio.to_thread.run_sync(host.score, items)
         t3 = time.perf_counter()

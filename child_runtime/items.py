@@ -5,6 +5,7 @@ backend runs the very same conversion so local and managed scoring cannot drift.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -16,14 +17,29 @@ MEDIA_LAYOUTS = {"image": "HWC", "video": "THWC"}
 REQUEST_FIELDS = frozenset(["items"])
 
 
+MAX_ID_CHARS = 1024
+
+
 class RequestError(ValueError):
     """A request is well-framed but its content is invalid (answered 400/422)."""
 
 
-def _optional_str(item: dict, key: str, where: str) -> str | None:
+@dataclass(frozen=True)
+class Limits:
+    """What one request may carry (the parent's LimitsConfig, shipped in the boot config)."""
+
+    max_request_bytes: int = 1 << 30
+    max_items: int = 4096
+    max_text_chars: int = 1 << 20
+    max_media_bytes: int = 512 << 20
+
+
+def _optional_str(item: dict, key: str, where: str, limit: int) -> str | None:
     value = item.get(key)
     if value is not None and not isinstance(value, str):
         raise RequestError(f"{where}.{key} must be a string or null, got {type(value).__name__}")
+    if value is not None and len(value) > limit:
+        raise RequestError(f"{where}.{key} has {len(value)} characters (limit {limit})")
     return value
 
 
@@ -39,12 +55,17 @@ def check_media(value: Any, name: str, where: str) -> np.ndarray:
     return value
 
 
-def _media(item: dict, name: str, where: str) -> np.ndarray | None:
+def _media(item: dict, name: str, where: str, limit: int) -> np.ndarray | None:
     value = item.get(name)
-    return None if value is None else check_media(value, name, where)
+    if value is None:
+        return None
+    media = check_media(value, name, where)
+    if media.nbytes > limit:
+        raise RequestError(f"{where}.{name} has {media.nbytes} bytes (limit {limit})")
+    return media
 
 
-def item_from_wire(raw: Any, index: int) -> ScoreItem:
+def item_from_wire(raw: Any, index: int, limits: Limits = Limits()) -> ScoreItem:
     where = f"items[{index}]"
     if not isinstance(raw, dict):
         raise RequestError(f"{where} must be an object")
@@ -52,8 +73,8 @@ def item_from_wire(raw: Any, index: int) -> ScoreItem:
     if unknown:
         raise RequestError(f"{where} has unknown fields {sorted(unknown)}")
     item_id = raw.get("id")
-    if not isinstance(item_id, str) or not item_id:
-        raise RequestError(f"{where}.id must be a non-empty string")
+    if not isinstance(item_id, str) or not item_id or len(item_id) > MAX_ID_CHARS:
+        raise RequestError(f"{where}.id must be a non-empty string of at most {MAX_ID_CHARS} characters")
     metadata = raw.get("metadata")
     if metadata is None:
         metadata = {}
@@ -61,17 +82,17 @@ def item_from_wire(raw: Any, index: int) -> ScoreItem:
         raise RequestError(f"{where}.metadata must be an object")
     return ScoreItem(
         id=item_id,
-        group_id=_optional_str(raw, "group_id", where),
-        prompt=_optional_str(raw, "prompt", where),
-        text=_optional_str(raw, "text", where),
-        image=_media(raw, "image", where),
-        video=_media(raw, "video", where),
+        group_id=_optional_str(raw, "group_id", where, MAX_ID_CHARS),
+        prompt=_optional_str(raw, "prompt", where, limits.max_text_chars),
+        text=_optional_str(raw, "text", where, limits.max_text_chars),
+        image=_media(raw, "image", where, limits.max_media_bytes),
+        video=_media(raw, "video", where, limits.max_media_bytes),
         reference=raw.get("reference"),
         metadata=metadata,
     )
 
 
-def items_from_wire(meta: Any) -> list[ScoreItem]:
+def items_from_wire(meta: Any, limits: Limits = Limits()) -> list[ScoreItem]:
     """Validate a decoded request body and build the items, ids unique."""
     if not isinstance(meta, dict) or "items" not in meta:
         raise RequestError("request must be an object with an 'items' list")
@@ -81,7 +102,9 @@ def items_from_wire(meta: Any) -> list[ScoreItem]:
     raw_items = meta["items"]
     if not isinstance(raw_items, list) or not raw_items:
         raise RequestError("request.items must be a non-empty list")
-    items = [item_from_wire(raw, i) for i, raw in enumerate(raw_items)]
+    if len(raw_items) > limits.max_items:
+        raise RequestError(f"request.items has {len(raw_items)} items (limit {limits.max_items})")
+    items = [item_from_wire(raw, i, limits) for i, raw in enumerate(raw_items)]
     seen: dict[str, int] = {}
     for index, item in enumerate(items):
         if item.id in seen:

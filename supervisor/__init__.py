@@ -4,11 +4,19 @@ managed-child and remote scorers.
 Note: `supervisor` is also supervisord's import name; never install both in one env.
 """
 from supervisor.backend import RewardBackend
-from supervisor.config import ClientConfig, ManagedScorerProcessSpec, ProcessConfig, ScorerConfig
+from supervisor.config import (
+    ClientConfig,
+    LimitsConfig,
+    ManagedScorerProcessSpec,
+    ProcessConfig,
+    RestartPolicy,
+    ScorerConfig,
+)
 from supervisor.errors import (
     ChildRecord,
     ConfigError,
     RewardContractError,
+    ScorerCrashLoop,
     ScorerError,
     ScorerProcessDied,
     ScorerRequestError,
@@ -23,8 +31,8 @@ from supervisor.service import PrecomputedRewardError, RewardService
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 __all__ = [
-    "ChildRecord", "ClientConfig", "ConfigError", "LocalRewardBackend", "ManagedScorerProcessBackend",
+    "ChildRecord", "ClientConfig", "ConfigError", "LimitsConfig", "RestartPolicy", "LocalRewardBackend", "ManagedScorerProcessBackend",
     "ManagedScorerProcessSpec", "PrecomputedRewardError", "ProcessConfig", "RewardBackend",
     "RemoteRewardBackend", "RewardContractError", "RewardItem", "RewardRequest", "RewardResponse", "RewardService", "ScorerConfig",
-    "ScorerError", "ScorerProcessDied", "ScorerRequestError", "ScorerStartupError", "ScorerTimeout", "ScorerUnavailable",
+    "ScorerCrashLoop", "ScorerError", "ScorerProcessDied", "ScorerRequestError", "ScorerStartupError", "ScorerTimeout", "ScorerUnavailable",
 ]

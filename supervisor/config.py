@@ -87,6 +87,27 @@ class ClientConfig(_Model):
         return self
 
 
+class RestartPolicy(_Model):
+    """After a crash or a deadline the failing call raises; the next call restarts the child.
+
+    More than `max_restarts` restarts within `window_s` is a crash loop and stops with
+    ScorerCrashLoop. A child that cannot boot (reserved exit codes) is never restarted.
+    """
+
+    max_restarts: int = Field(default=3, ge=0)
+    backoff_s: float = Field(default=1.0, ge=0, le=600)
+    window_s: float = Field(default=600.0, gt=0)
+
+
+class LimitsConfig(_Model):
+    """What the child accepts; anything beyond is a 413/400 naming the field, never a crash."""
+
+    max_request_bytes: int = Field(default=1 << 30, gt=0)
+    max_items: int = Field(default=4096, gt=0)
+    max_text_chars: int = Field(default=1 << 20, gt=0)
+    max_media_bytes: int = Field(default=512 << 20, gt=0)
+
+
 class ManagedScorerProcessSpec(_Model):
     """Process ownership, scorer construction and client semantics, kept apart."""
 
@@ -94,6 +115,8 @@ class ManagedScorerProcessSpec(_Model):
     scorer: ScorerConfig
     client: ClientConfig = Field(default_factory=ClientConfig)
     gpu_residency: Literal["resident", "per_call"] = "resident"
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
 
     @model_validator(mode="after")
     def _kinds_agree(self) -> "ManagedScorerProcessSpec":

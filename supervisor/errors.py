@@ -74,6 +74,10 @@ class ScorerProcessDied(ScorerError):
     """The child is gone (crash, kill, OOM) while it was expected to serve."""
 
 
+class ScorerCrashLoop(ScorerProcessDied):
+    """The child kept dying: more restarts in the policy window than it allows."""
+
+
 class ScorerTimeout(ScorerError):
     """A call passed its deadline; the child was killed because its state is unknown."""
 

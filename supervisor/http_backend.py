@@ -19,6 +19,7 @@ class HttpScoringBackend(RewardBackend):
     """Subclasses own the connection and say how transport failures map to typed errors."""
 
     required_rewards: list[str]
+    max_request_bytes: int | None = None  # refuse before sending what the server would refuse
 
     def _call(self, what: str, fn: Callable[[ChildClient], T]) -> T:
         raise NotImplementedError
@@ -31,6 +32,9 @@ class HttpScoringBackend(RewardBackend):
             body = wire.encode({"items": [item.to_wire() for item in chunk]})
         except wire.WireError as exc:
             raise ScorerRequestError(f"cannot encode request: {exc}", kind="bad_input") from exc
+        if self.max_request_bytes is not None and len(body) > self.max_request_bytes:
+            raise ScorerRequestError(f"request of {len(body)} bytes exceeds max_request_bytes={self.max_request_bytes}; "
+                                     "lower request_batch_size", status=413, kind="too_large")
         answer = self._call("score", lambda client: client.score(body))
         return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, self._record)
 

@@ -7,9 +7,11 @@ import signal
 import threading
 import time
 import weakref
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
+import numpy as np
 
+from child_runtime.exit_codes import is_boot_failure
 from supervisor.backend import check_reward_names, score_in_chunks
 from supervisor.client import ChildClient, ChildHTTPError, ChildProtocolError, ChildTransportError
 from supervisor.config import ManagedScorerProcessSpec
@@ -18,13 +20,15 @@ from supervisor.errors import (
     RewardContractError,
     ScorerError,
     ScorerProcessDied,
+    ScorerCrashLoop,
     ScorerRequestError,
+    ScorerStartupError,
     ScorerTimeout,
 )
 from supervisor.gpu import child_visible_devices
 from supervisor.http_backend import HttpScoringBackend
 from supervisor.process import ChildProcess, LaunchPlan
-from supervisor.types import RewardRequest, RewardResponse
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,11 +61,14 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
         self._client: ChildClient | None = None
         self._finalizer: weakref.finalize | None = None
         self._dead: ScorerError | None = None
+        self._failed_at = 0.0
+        self._restarts: list[float] = []
         self._closed = False
         self._life = threading.RLock()
         self._scoring = threading.Lock()
         self.timings: dict[str, float] = {}
         self.required_rewards: list[str] = list(self.spec.client.required_rewards)
+        self.max_request_bytes = self.spec.limits.max_request_bytes
         if start:
             self.start()
 
@@ -82,6 +89,7 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
             "gpu_residency": self.spec.gpu_residency,
             "device": scorer.device,
             "graceful_timeout_s": max(0.1, process.shutdown_timeout / 2),
+            "limits": self.spec.limits.model_dump(),
         }
         return LaunchPlan(
             name=scorer.name.lower().replace(".", "_").replace(":", "_"),
@@ -94,13 +102,7 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
         with self._life:
             if self._child is not None:
                 raise RuntimeError(f"backend already started its child (pid {self.pid})")
-            self._child = ChildProcess(self._plan())
-            info = self._child.start()
-            self._finalizer = weakref.finalize(self, _kill_group_at_exit, self._child.pid)
-            self.timings["spawn_to_ready_s"] = info["spawn_to_ready_s"]
-            self._client = ChildClient(
-                f"http://127.0.0.1:{self._child.port}", self._child.token, self.spec.process.request_timeout
-            )
+            info = self._launch()
             try:
                 self.required_rewards = check_reward_names(
                     self.spec.scorer.name, info["terms"], self.spec.client.required_rewards, self.spec.client.weights)
@@ -108,6 +110,47 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
                 self.close()
                 raise
             return info
+
+    def _launch(self) -> dict[str, Any]:
+        """One child generation: spawn, readiness, client. Caller holds the lifecycle lock."""
+        self._child = ChildProcess(self._plan())
+        info = self._child.start()
+        self._finalizer = weakref.finalize(self, _kill_group_at_exit, self._child.pid)
+        self.timings["spawn_to_ready_s"] = info["spawn_to_ready_s"]
+        self._client = ChildClient(
+            f"http://127.0.0.1:{self._child.port}", self._child.token, self.spec.process.request_timeout
+        )
+        return info
+
+    def _restart(self) -> None:
+        """Replace a dead child, as the restart policy allows; the call that saw it die already raised."""
+        cause, policy = self._dead, self.spec.restart
+        if isinstance(cause, ScorerStartupError) and is_boot_failure(cause.returncode):
+            raise ScorerStartupError(f"not restarting: the child cannot boot ({cause.args[0].splitlines()[0]})",
+                                     cause.record)
+        now = time.monotonic()
+        recent = [t for t in self._restarts if now - t < policy.window_s]
+        if len(recent) >= policy.max_restarts:
+            raise ScorerCrashLoop(
+                f"child is no longer serving: {len(recent)} restarts in the last {policy.window_s:.0f} s "
+                f"(max_restarts={policy.max_restarts}); last failure: {cause.args[0].splitlines()[0]}", cause.record)
+        time.sleep(max(0.0, self._failed_at + policy.backoff_s - now))  # bounded by backoff_s
+        self._restarts.append(time.monotonic())
+        self._finalizer.detach()
+        self._client.close()
+        old_pid, self._dead = self.pid, None
+        try:
+            self._launch()
+        except ScorerStartupError as exc:
+            self._dead, self._failed_at = exc, time.monotonic()
+            raise
+        self.timings["last_restart_s"] = time.monotonic() - self._restarts[-1]
+        log.warning("restarted child %s: pid %s -> %s (%d restarts in window)", self.spec.scorer.name, old_pid,
+                    self.pid, len(recent) + 1)
+
+    @property
+    def restarts(self) -> int:
+        return len(self._restarts)
 
     @property
     def pid(self) -> int | None:
@@ -150,18 +193,20 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
     def _ensure_serving(self) -> ChildClient:
         if self._closed:
             raise ScorerProcessDied("backend is closed", self._record())
-        if self._dead is not None:
-            raise type(self._dead)(f"child is no longer serving: {self._dead.args[0].splitlines()[0]}", self._record())
         if self._child is None or self._client is None:
             raise RuntimeError("backend was created with start=False; call start() first")
-        if self._child.returncode() is not None:
-            self._fail(ScorerProcessDied("child exited between calls", self._child.finish()))
-        return self._client
+        with self._life:
+            if self._dead is not None:
+                self._restart()
+            if self._child.returncode() is not None:
+                self._fail(ScorerProcessDied("child exited between calls", self._child.finish()))
+            return self._client
 
     def _fail(self, error: ScorerError) -> None:
+        """Remember the child as dead (the next call restarts it, per policy) and raise."""
         with self._life:
             if self._dead is None:
-                self._dead = error
+                self._dead, self._failed_at = error, time.monotonic()
         raise error
 
     def _call(self, what: str, fn: Callable[[ChildClient], T]) -> T:
@@ -186,6 +231,17 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
                 self._fail(ScorerTimeout(f"{what}: {exc}; child killed, its state is unknown", self._child.finish()))
             self._fail(ScorerProcessDied(f"{what}: transport failed with the child alive ({exc}); child killed",
                                          self._child.finish()))
+            raise AssertionError("unreachable") from exc
+
+    def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """A child whose answer breaks the contract cannot be trusted with the next one: kill it."""
+        try:
+            return super()._score_chunk(chunk)
+        except RewardContractError as exc:
+            self._child.signal_group(signal.SIGKILL)
+            self._child.wait_exit(DEATH_CONFIRM_S)
+            self._fail(RewardContractError(f"{exc.args[0].splitlines()[0]}; child killed, its answers cannot be "
+                                           "trusted", self._child.finish()))
             raise AssertionError("unreachable") from exc
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:

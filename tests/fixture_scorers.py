@@ -98,3 +98,36 @@ class NoOffloadMarksLoad(Scorer):
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         return ScoreResult(terms={"no_offload_marks_load": [0.5] * len(items)})
+
+
+class Journal(Scorer):
+    """Appends every id it is asked to score to a file before scoring: proves nothing is sent twice."""
+
+    spec = _spec("journal")
+
+    def __init__(self, path: str, sleep_s: float = 0.0) -> None:
+        self.path, self.sleep_s = path, sleep_s
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        with open(self.path, "a") as handle:
+            handle.write("".join(f"{item.id}\n" for item in items))
+        time.sleep(self.sleep_s if items[0].text == "slow" else 0.0)
+        return ScoreResult(terms={"journal": [1.0] * len(items)})
+
+
+class BootsOnce(Scorer):
+    """Loads the first time; every later boot fails (a marker file remembers): a restart that cannot boot."""
+
+    spec = _spec("boots_once")
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def load(self, device: str = "cpu") -> None:
+        if os.path.exists(self.marker):
+            raise RuntimeError("checkpoint vanished since the first boot")
+        with open(self.marker, "w") as handle:
+            handle.write("booted")
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        return ScoreResult(terms={"boots_once": [1.0] * len(items)})

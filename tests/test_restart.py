@@ -1,0 +1,134 @@
+"""Restart policy: the failing call raises, the next call gets a fresh child, crash loops stop."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from supervisor import (
+    RewardContractError,
+    RewardItem,
+    RewardRequest,
+    ScorerCrashLoop,
+    ScorerProcessDied,
+    ScorerStartupError,
+    ScorerTimeout,
+)
+from tests.conftest import REPO_ROOT, alive, group_members, wait_until_gone
+
+REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
+
+
+def kill_and_wait(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until_gone([pid], 5) == []
+
+
+def test_next_call_restarts_after_the_backoff(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe", restart={"backoff_s": 0.5})
+    first = backend.pid
+    kill_and_wait(first)
+    with pytest.raises(ScorerProcessDied, match="exited between calls"):
+        backend.compute_rewards(REQUEST)
+    started = time.monotonic()
+    assert backend.compute_rewards(REQUEST).rewards == [3.0]
+    elapsed = time.monotonic() - started
+    assert backend.pid != first and backend.restarts == 1 and alive(backend.pid)
+    assert 0.3 < elapsed < 10, elapsed  # waited for the backoff, then a spawn
+    assert group_members(first) == []
+
+
+def test_crash_loop_stops_with_a_clear_error(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe",
+                      restart={"max_restarts": 2, "backoff_s": 0, "window_s": 120})
+    for expected in (1, 2):
+        kill_and_wait(backend.pid)
+        with pytest.raises(ScorerProcessDied):
+            backend.compute_rewards(REQUEST)
+        assert backend.compute_rewards(REQUEST).rewards == [3.0] and backend.restarts == expected
+    kill_and_wait(backend.pid)
+    with pytest.raises(ScorerProcessDied):
+        backend.compute_rewards(REQUEST)
+    with pytest.raises(ScorerCrashLoop, match=r"2 restarts in the last 120 s \(max_restarts=2\)"):
+        backend.compute_rewards(REQUEST)
+
+
+def test_max_restarts_zero_never_restarts(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe", restart={"max_restarts": 0})
+    kill_and_wait(backend.pid)
+    with pytest.raises(ScorerProcessDied):
+        backend.compute_rewards(REQUEST)
+    with pytest.raises(ScorerCrashLoop, match="no longer serving"):
+        backend.compute_rewards(REQUEST)
+
+
+def test_a_child_that_cannot_boot_again_is_not_restarted_twice(managed, trainer_python, tmp_path):
+    backend = managed(trainer_python, "tests.fixture_scorers:BootsOnce", params={"marker": str(tmp_path / "m")},
+                      restart={"backoff_s": 0})
+    kill_and_wait(backend.pid)
+    with pytest.raises(ScorerProcessDied):
+        backend.compute_rewards(REQUEST)
+    with pytest.raises(ScorerStartupError) as info:  # the restart itself fails to boot (exit 4)
+        backend.compute_rewards(REQUEST)
+    assert info.value.returncode == 4 and "checkpoint vanished" in str(info.value)
+    started = time.monotonic()
+    with pytest.raises(ScorerStartupError, match="not restarting: the child cannot boot"):
+        backend.compute_rewards(REQUEST)
+    assert time.monotonic() - started < 0.5  # refused without spawning anything
+
+
+def test_the_failing_request_is_never_sent_twice(managed, trainer_python, tmp_path):
+    journal = tmp_path / "journal"
+    backend = managed(trainer_python, "tests.fixture_scorers:Journal",
+                      params={"path": str(journal), "sleep_s": 30}, restart={"backoff_s": 0})
+    pid = backend.pid
+    threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
+    with pytest.raises(ScorerProcessDied):
+        backend.compute_rewards(RewardRequest(items=[RewardItem(id="doomed", text="slow")]))
+    assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="next", text="fast")])).rewards == [1.0]
+    assert journal.read_text().split() == ["doomed", "next"]
+
+
+def test_hung_child_times_out_is_killed_and_replaced(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe",
+                      process={"request_timeout": 1.0}, restart={"backoff_s": 0})
+    hung = backend.pid
+    os.kill(hung, signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises(ScorerTimeout) as info:
+        backend.compute_rewards(REQUEST)
+    assert time.monotonic() - started < 5 and info.value.signal_name == "SIGKILL"
+    assert not alive(hung)
+    assert backend.compute_rewards(REQUEST).rewards == [3.0] and backend.pid != hung
+
+
+def test_a_child_answering_for_wrong_ids_is_killed_and_never_trusted(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe",
+                      process={"service_root": str(REPO_ROOT / "tests" / "rogue_root"),
+                               "env": {"PYTHONPATH": str(REPO_ROOT)}},
+                      restart={"max_restarts": 1, "backoff_s": 0})
+    two = RewardRequest(items=[RewardItem(id="x", text="a"), RewardItem(id="y", text="bb")])
+    first = backend.pid
+    with pytest.raises(RewardContractError, match="child killed"):
+        backend.compute_rewards(two)
+    assert not alive(first)
+    with pytest.raises(RewardContractError):  # restarted once, lies again, killed again
+        backend.compute_rewards(two)
+    with pytest.raises(ScorerCrashLoop):
+        backend.compute_rewards(two)
+
+
+def test_restart_policy_is_validated():
+    from pydantic import ValidationError
+
+    from supervisor import RestartPolicy
+
+    with pytest.raises(ValidationError, match="max_restarts"):
+        RestartPolicy(max_restarts=-1)
+    with pytest.raises(ValidationError, match="window_s"):
+        RestartPolicy(window_s=0)
+
+
