@@ -223,12 +223,14 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
         except ChildTransportError as exc:
             if self._closed:
                 raise ScorerProcessDied(f"{what}: backend closed during the call", self._record()) from exc
+            if exc.timed_out and self._child.returncode() is None:  # hung, not dead: kill at the deadline
+                self._child.signal_group(signal.SIGKILL)
+                self._child.wait_exit(DEATH_CONFIRM_S)
+                self._fail(ScorerTimeout(f"{what}: {exc}; child killed, its state is unknown", self._child.finish()))
             if self._child.wait_exit(DEATH_CONFIRM_S):
                 self._fail(ScorerProcessDied(f"child died during {what}", self._child.finish()))
             self._child.signal_group(signal.SIGKILL)
             self._child.wait_exit(DEATH_CONFIRM_S)
-            if exc.timed_out:
-                self._fail(ScorerTimeout(f"{what}: {exc}; child killed, its state is unknown", self._child.finish()))
             self._fail(ScorerProcessDied(f"{what}: transport failed with the child alive ({exc}); child killed",
                                          self._child.finish()))
             raise AssertionError("unreachable") from exc

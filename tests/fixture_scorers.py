@@ -131,3 +131,22 @@ class BootsOnce(Scorer):
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         return ScoreResult(terms={"boots_once": [1.0] * len(items)})
+
+
+class Flaky(Scorer):
+    """len(text), except on cue: 'raise' raises, 'nan' returns NaN, 'count' one score too many, 'slow' sleeps 30 s."""
+
+    spec = _spec("flaky")
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        cue = items[0].text
+        if cue == "slow":
+            time.sleep(30)
+        if cue == "raise":
+            raise ZeroDivisionError("scorer bug on cue")
+        values = [float(len(item.text or "")) for item in items]
+        if cue == "nan":
+            values[0] = float("nan")
+        if cue == "count":
+            values.append(0.0)
+        return ScoreResult(terms={"flaky": values})
