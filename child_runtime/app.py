@@ -228,4 +228,6 @@ def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callabl
         Route("/drain", _guarded(drain), methods=["POST"]),
         Route("/shutdown", _guarded(shutdown), methods=["POST"]),
     ]
-    return BearerAuth(Starlette(routes=routes), token)
+    app = Starlette(routes=routes)
+    app.router.redirect_slashes = False  # '/score/' is an unknown path (404), not a redirect
+    return BearerAuth(app, token)

@@ -95,7 +95,9 @@ def _parse_header(buf: memoryview) -> tuple[dict, int]:
         raise WireError(f"header length {header_len} exceeds the body ({len(buf)} bytes)")
     try:
         header = json.loads(bytes(buf[_PREFIX : _PREFIX + header_len]), parse_constant=_reject_constant, parse_float=_finite_float)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except WireError:
+        raise
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int past sys.get_int_max_str_digits()
         raise WireError(f"header is not valid JSON: {exc}") from exc
     if not isinstance(header, dict) or set(header) != {"meta", "arrays"} or not isinstance(header["arrays"], list):
         raise WireError("header must be an object with exactly 'meta' and 'arrays' (a list)")
