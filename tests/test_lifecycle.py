@@ -240,3 +240,14 @@ def test_threads_sharing_a_backend_are_served_in_turn_within_the_deadline(manage
         thread.join(timeout=60)
     assert errors == []
     assert sorted(results) == sorted((t, [float(t + 1)]) for t in range(4) for _ in range(3))
+
+
+def test_log_file_is_private_and_in_a_private_directory(managed, trainer_python, tmp_path):
+    import stat
+
+    log_dir = tmp_path / "logs"
+    backend = managed(trainer_python, "constant", process={"log_dir": str(log_dir)})
+    log_file = Path(backend.log_path)
+    assert log_file.parent == log_dir
+    assert stat.S_IMODE(log_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(log_dir.stat().st_mode) == 0o700 and log_dir.stat().st_uid == os.getuid()

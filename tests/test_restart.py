@@ -31,7 +31,8 @@ def test_next_call_restarts_after_the_backoff(managed, trainer_python):
     backend = managed(trainer_python, "tests.fixture_scorers:Probe", restart={"backoff_s": 0.5})
     first = backend.pid
     kill_and_wait(first)
-    with pytest.raises(ScorerProcessDied, match="exited between calls"):
+    # a killed multi-threaded child shows as a zombie a moment before waitid can report it
+    with pytest.raises(ScorerProcessDied, match="exited between calls|died during score"):
         backend.compute_rewards(REQUEST)
     started = time.monotonic()
     assert backend.compute_rewards(REQUEST).rewards == [3.0]
