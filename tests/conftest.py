@@ -71,6 +71,14 @@ def wait_until_gone(pids: dict[int, float] | list[int], timeout: float) -> list[
         time.sleep(0.05)
 
 
+def wait_in_flight(backend: Any, deadline_s: float = 10.0) -> None:
+    """Block until the child reports a score request in flight (bounded)."""
+    deadline = time.monotonic() + deadline_s
+    while backend.health()["in_flight"] == 0:
+        assert time.monotonic() < deadline, "request never reached the child"
+        time.sleep(0.01)
+
+
 def group_members(pgid: int) -> list[int]:
     """Every live process in process group `pgid` (a child and all it spawned)."""
     members = []

@@ -12,7 +12,7 @@ import pytest
 
 from child_runtime import wire
 from supervisor import RewardContractError, RewardItem, RewardRequest, ScorerRequestError
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, wait_in_flight
 
 ENDPOINTS = [("GET", "/health"), ("POST", "/score"), ("POST", "/onload"), ("POST", "/offload"),
              ("POST", "/drain"), ("POST", "/shutdown")]
@@ -86,10 +86,7 @@ def test_drain_waits_for_requests_accepted_before_it(managed, trainer_python):
 
     worker = threading.Thread(target=score)
     worker.start()
-    deadline = time.monotonic() + 10
-    while backend.health()["in_flight"] == 0:
-        assert time.monotonic() < deadline, "score request never arrived"
-        time.sleep(0.01)
+    wait_in_flight(backend)
     result = backend.drain(timeout_s=30)
     drained_at = time.monotonic()
     worker.join(timeout=30)
@@ -102,10 +99,7 @@ def test_drain_timeout_is_a_504(managed, trainer_python):
     backend = managed(trainer_python, "tests.fixture_scorers:Probe", params={"sleep_s": 2.0})
     worker = threading.Thread(target=lambda: backend.compute_rewards(text_request("slow")))
     worker.start()
-    deadline = time.monotonic() + 10
-    while backend.health()["in_flight"] == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_in_flight(backend)
     with pytest.raises(ScorerRequestError) as info:
         backend.drain(timeout_s=0.2)
     worker.join(timeout=30)

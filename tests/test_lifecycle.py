@@ -21,16 +21,9 @@ from supervisor import (
     ScorerStartupError,
     ScorerTimeout,
 )
-from tests.conftest import alive, group_members, wait_until_gone
+from tests.conftest import alive, group_members, wait_in_flight, wait_until_gone
 
 REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
-
-
-def wait_in_flight(backend, deadline_s: float = 10.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while backend.health()["in_flight"] == 0:
-        assert time.monotonic() < deadline, "request never reached the child"
-        time.sleep(0.01)
 
 
 @pytest.mark.parametrize(

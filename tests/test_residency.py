@@ -7,15 +7,9 @@ import time
 import pytest
 
 from supervisor import RewardItem, RewardRequest, ScorerRequestError, ScorerStartupError
+from tests.conftest import wait_in_flight
 
 REQUEST = RewardRequest(items=[RewardItem(id="a", text="abcd")])
-
-
-def wait_in_flight(backend, deadline_s: float = 10.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while backend.health()["in_flight"] == 0:
-        assert time.monotonic() < deadline, "request never reached the child"
-        time.sleep(0.01)
 
 
 def test_resident_transitions_are_idempotent_and_gate_scoring(managed, trainer_python):
