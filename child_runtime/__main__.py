@@ -34,6 +34,7 @@ class BootConfig:
     revision: str | None = None
     scorer_input_kind: str | None = None
     gpu_residency: str = "resident"
+    boot_offloaded: bool = False  # a restart after the trainer offloaded boots offloaded
     device: str = "cpu"
     graceful_timeout_s: float = 5.0
     limits: Limits = field(default_factory=Limits)
@@ -72,7 +73,7 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
         scorer_cls = resolve_scorer(config.scorer_name)
     except UnknownScorerError as exc:
         bad_name = exc.__cause__ is None
-        _fail(pipe, exit_codes.BAD_CONFIG if bad_name else exit_codes.SCORER_LOAD_FAILED, str(exc))
+        _fail(pipe, exit_codes.BAD_CONFIG if bad_name else exit_codes.SCORER_IMPORT_FAILED, str(exc))
     try:
         scorer = scorer_cls(**config.scorer_params)
     except (TypeError, ValueError) as exc:
@@ -87,7 +88,7 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
               f"input_kind {declared!r} configured, but scorer {scorer.spec.name!r} takes {scorer.spec.input_kind!r}")
     try:
         scorer.load(config.device)
-        if config.gpu_residency == "resident":
+        if config.gpu_residency == "resident" and not config.boot_offloaded:
             host.onload()
     except Exception:  # noqa: BLE001 - any load failure is a boot failure, reported in full
         _fail(pipe, exit_codes.SCORER_LOAD_FAILED, traceback.format_exc())

@@ -3,13 +3,13 @@ import signal
 
 OK = 0
 BAD_CONFIG = 3
-SCORER_LOAD_FAILED = 4
-PARENT_GONE = 5
+SCORER_IMPORT_FAILED = 4
+SCORER_LOAD_FAILED = 6
 
 MEANINGS = {
     BAD_CONFIG: "bad boot config",
-    SCORER_LOAD_FAILED: "scorer import or load failed",
-    PARENT_GONE: "parent process went away",
+    SCORER_IMPORT_FAILED: "scorer import failed",
+    SCORER_LOAD_FAILED: "scorer load failed",
 }
 
 
@@ -31,7 +31,8 @@ def signal_name(signum: int) -> str:
 
 
 def is_boot_failure(returncode: int | None) -> bool:
-    return returncode in (BAD_CONFIG, SCORER_LOAD_FAILED)
+    """Cannot boot, and would not on a retry: never restarted. A failed load (6) may be transient (OOM)."""
+    return returncode in (BAD_CONFIG, SCORER_IMPORT_FAILED)
 
 
-__all__ = ["OK", "BAD_CONFIG", "SCORER_LOAD_FAILED", "PARENT_GONE", "describe", "signal_name"]
+__all__ = ["OK", "BAD_CONFIG", "SCORER_IMPORT_FAILED", "SCORER_LOAD_FAILED", "describe", "signal_name"]

@@ -38,7 +38,11 @@ class ScorerHost:
     def _onload_locked(self) -> dict[str, Any]:
         if self.residency == "resident":
             return {"changed": False}
-        figures = dict(self.scorer.onload() or {})
+        try:
+            figures = dict(self.scorer.onload() or {})
+        except BaseException:
+            self.residency = "unknown"  # weights may be half on the device
+            raise
         self.residency = "resident"
         return {"changed": True, **figures}
 
@@ -47,7 +51,11 @@ class ScorerHost:
             return {"changed": False, "supports_offload": False}
         if self.residency == "offloaded":
             return {"changed": False}
-        figures = dict(self.scorer.offload() or {})
+        try:
+            figures = dict(self.scorer.offload() or {})
+        except BaseException:
+            self.residency = "unknown"
+            raise
         self.residency = "offloaded"
         return {"changed": True, **figures}
 
@@ -72,11 +80,14 @@ class ScorerHost:
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         with self._lock:
             if self.gpu_residency == PER_CALL:
-                self._onload_locked()
                 try:
+                    self._onload_locked()
                     return score_checked(self.scorer, items)
                 finally:
-                    self._offload_locked()
+                    self._offload_locked()  # also after a failed onload: nothing stays half on the device
+            if self.residency == "unknown":
+                raise ResidencyConflict(f"scorer {self.scorer.spec.name!r} residency is unknown after a failed "
+                                        "onload/offload; POST /onload or /offload to recover")
             if self.residency != "resident":
                 raise ResidencyConflict(
                     f"scorer {self.scorer.spec.name!r} is offloaded; POST /onload first "

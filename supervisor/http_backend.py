@@ -21,7 +21,8 @@ class HttpScoringBackend(RewardBackend):
     required_rewards: list[str]
     max_request_bytes: int | None = None  # refuse before sending what the server would refuse
 
-    def _call(self, what: str, fn: Callable[[ChildClient], T]) -> T:
+    def _call(self, what: str, fn: Callable[[ChildClient], T], restart: bool = False) -> T:
+        """Run `fn` on the client; `restart` lets a managed backend replace a dead child first."""
         raise NotImplementedError
 
     def _record(self) -> ChildRecord | None:
@@ -35,8 +36,11 @@ class HttpScoringBackend(RewardBackend):
         if self.max_request_bytes is not None and len(body) > self.max_request_bytes:
             raise ScorerRequestError(f"request of {len(body)} bytes exceeds max_request_bytes={self.max_request_bytes}; "
                                      "lower request_batch_size", status=413, kind="too_large")
-        answer = self._call("score", lambda client: client.score(body))
-        return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, self._record)
+        ids = [item.id for item in chunk]
+        # verified inside the call, so a backend can act on the connection that gave the answer
+        return self._call("score", lambda client: verify_score_answer(client.score(body), ids,
+                                                                       self.required_rewards, self._record),
+                          restart=True)
 
     def health(self) -> dict[str, Any]:
         return self._call("health", lambda client: client.health())

@@ -7,9 +7,8 @@ import signal
 import threading
 import time
 import weakref
-from typing import Any, Callable, Mapping, Sequence, TypeVar
-
-import numpy as np
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, TypeVar
 
 from child_runtime.exit_codes import is_boot_failure
 from supervisor.backend import check_reward_names, score_in_chunks
@@ -28,7 +27,7 @@ from supervisor.errors import (
 from supervisor.gpu import child_visible_devices
 from supervisor.http_backend import HttpScoringBackend
 from supervisor.process import ChildProcess, LaunchPlan
-from supervisor.types import RewardItem, RewardRequest, RewardResponse
+from supervisor.types import RewardRequest, RewardResponse
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,25 +46,36 @@ def _kill_group_at_exit(pid: int) -> None:
         pass
 
 
+@dataclass(eq=False)
+class _Generation:
+    """One child and the client that talks to it; a restart makes a new generation."""
+
+    child: ChildProcess
+    client: ChildClient
+    finalizer: weakref.finalize
+
+
 class ManagedScorerProcessBackend(HttpScoringBackend):
     """Starts its child on construction (unless `start=False`); `close()` always ends it.
 
-    Thread-safe: scoring calls are serialised per backend (the child scores one
-    batch at a time, so the request deadline measures service time, not queueing);
-    health and lifecycle calls are not held up by a running score.
+    Thread-safe. Scoring, onload and offload are serialised per backend (the child does
+    one at a time anyway, so a deadline measures service time, not queueing), and only
+    they restart a dead child; health and drain never wait for a score or a restart.
+    Errors always concern the generation that produced them: a call that was talking
+    to a child that has since been replaced never touches the new one.
     """
 
     def __init__(self, spec: ManagedScorerProcessSpec | Mapping[str, Any], start: bool = True) -> None:
         self.spec = spec if isinstance(spec, ManagedScorerProcessSpec) else ManagedScorerProcessSpec.model_validate(spec)
-        self._child: ChildProcess | None = None
-        self._client: ChildClient | None = None
-        self._finalizer: weakref.finalize | None = None
+        self._gen: _Generation | None = None
         self._dead: ScorerError | None = None
         self._failed_at = 0.0
         self._restarts: list[float] = []
         self._closed = False
+        self._closing = threading.Event()
+        self._want_offloaded = False  # what a restarted resident child should boot as
         self._life = threading.RLock()
-        self._scoring = threading.Lock()
+        self._serial = threading.RLock()
         self.timings: dict[str, float] = {}
         self.required_rewards: list[str] = list(self.spec.client.required_rewards)
         self.max_request_bytes = self.spec.limits.max_request_bytes
@@ -87,6 +97,7 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
             "scorer": {"name": scorer.name, "params": scorer.params, "revision": scorer.revision,
                        "input_kind": scorer.input_kind},
             "gpu_residency": self.spec.gpu_residency,
+            "boot_offloaded": self._want_offloaded,
             "device": scorer.device,
             "graceful_timeout_s": max(0.1, process.shutdown_timeout / 2),
             "limits": self.spec.limits.model_dump(),
@@ -97,34 +108,34 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
             env=env, log_dir=process.log_dir, rank=process.local_rank, startup_timeout=process.startup_timeout,
         )
 
+    def _launch(self) -> tuple[_Generation, dict[str, Any]]:
+        """Spawn a child and wait until it serves; nothing is installed until it does."""
+        child = ChildProcess(self._plan())
+        info = child.start()
+        finalizer = weakref.finalize(self, _kill_group_at_exit, child.pid)
+        client = ChildClient(f"http://127.0.0.1:{child.port}", child.token, self.spec.process.request_timeout)
+        self.timings["spawn_to_ready_s"] = info["spawn_to_ready_s"]
+        return _Generation(child, client, finalizer), info
+
     def start(self) -> dict[str, Any]:
         """Spawn the child and wait until it serves; raises ScorerStartupError otherwise."""
         with self._life:
-            if self._child is not None:
+            if self._gen is not None:
                 raise RuntimeError(f"backend already started its child (pid {self.pid})")
-            info = self._launch()
-            try:
-                self.required_rewards = check_reward_names(
-                    self.spec.scorer.name, info["terms"], self.spec.client.required_rewards, self.spec.client.weights)
-            except Exception:
-                self.close()
-                raise
-            return info
-
-    def _launch(self) -> dict[str, Any]:
-        """One child generation: spawn, readiness, client. Caller holds the lifecycle lock."""
-        self._child = ChildProcess(self._plan())
-        info = self._child.start()
-        self._finalizer = weakref.finalize(self, _kill_group_at_exit, self._child.pid)
-        self.timings["spawn_to_ready_s"] = info["spawn_to_ready_s"]
-        self._client = ChildClient(
-            f"http://127.0.0.1:{self._child.port}", self._child.token, self.spec.process.request_timeout
-        )
+            if self._closed:
+                raise ScorerProcessDied("backend is closed")
+            self._gen, info = self._launch()
+        try:
+            self.required_rewards = check_reward_names(
+                self.spec.scorer.name, info["terms"], self.spec.client.required_rewards, self.spec.client.weights)
+        except Exception:
+            self.close()
+            raise
         return info
 
-    def _restart(self) -> None:
-        """Replace a dead child, as the restart policy allows; the call that saw it die already raised."""
-        cause, policy = self._dead, self.spec.restart
+    def _restart_delay(self, cause: ScorerError) -> float:
+        """Seconds to wait before restarting; raises when the policy forbids a restart."""
+        policy = self.spec.restart
         if isinstance(cause, ScorerStartupError) and is_boot_failure(cause.returncode):
             raise ScorerStartupError(f"not restarting: the child cannot boot ({cause.args[0].splitlines()[0]})",
                                      cause.record)
@@ -134,122 +145,162 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
             raise ScorerCrashLoop(
                 f"child is no longer serving: {len(recent)} restarts in the last {policy.window_s:.0f} s "
                 f"(max_restarts={policy.max_restarts}); last failure: {cause.args[0].splitlines()[0]}", cause.record)
-        time.sleep(max(0.0, self._failed_at + policy.backoff_s - now))  # bounded by backoff_s
+        return max(0.0, self._failed_at + policy.backoff_s - now)
+
+    def _restart(self, old: _Generation, cause: ScorerError) -> _Generation:
+        """Replace a dead child. Runs under the serial lock (one restarter); launches outside `_life`."""
+        if self._closing.wait(self._restart_delay(cause)):
+            raise ScorerProcessDied("backend closed while waiting to restart", cause.record)
         self._restarts.append(time.monotonic())
-        self._finalizer.detach()
-        self._client.close()
-        old_pid, self._dead = self.pid, None
+        old.finalizer.detach()
+        old.client.close()
         try:
-            self._launch()
-        except ScorerStartupError as exc:
-            self._dead, self._failed_at = exc, time.monotonic()
-            raise
+            new, _ = self._launch()
+        except BaseException as exc:
+            error = exc if isinstance(exc, ScorerError) else ScorerStartupError(f"restart failed: {exc!r}")
+            with self._life:
+                self._dead, self._failed_at = error, time.monotonic()
+            if error is exc:
+                raise
+            raise error from exc
+        with self._life:
+            if self._closed:  # close() ran while we launched: this child must not outlive it
+                new.child.stop(graceful_s=0.0)
+                new.finalizer.detach()
+                new.client.close()
+                raise ScorerProcessDied("backend closed during a restart", new.child.record())
+            self._gen, self._dead = new, None
         self.timings["last_restart_s"] = time.monotonic() - self._restarts[-1]
-        log.warning("restarted child %s: pid %s -> %s (%d restarts in window)", self.spec.scorer.name, old_pid,
-                    self.pid, len(recent) + 1)
+        log.warning("restarted child %s: pid %s -> %s (%d restarts)", self.spec.scorer.name, old.child.pid,
+                    new.child.pid, len(self._restarts))
+        return new
 
     @property
     def restarts(self) -> int:
         return len(self._restarts)
 
     @property
+    def _child(self) -> ChildProcess | None:
+        return self._gen.child if self._gen else None
+
+    @property
     def pid(self) -> int | None:
-        return self._child.pid if self._child else None
+        return self._gen.child.pid if self._gen else None
 
     @property
     def log_path(self) -> str | None:
-        return str(self._child.log_path) if self._child else None
+        return str(self._gen.child.log_path) if self._gen else None
 
     @property
     def ready_info(self) -> dict[str, Any]:
-        return dict(self._child.ready_info) if self._child else {}
+        return dict(self._gen.child.ready_info) if self._gen else {}
 
     def close(self) -> None:
         """/shutdown, then SIGTERM, then SIGKILL of the process group; each step bounded."""
+        self._closing.set()
         with self._life:
             if self._closed:
                 return
             self._closed = True
-            if self._child is None:
+            gen = self._gen
+            if gen is None:
                 return
             started = time.monotonic()
-            if self._child.returncode() is None and self._client is not None and self._dead is None:
+            if gen.child.returncode() is None and self._dead is None:
                 try:
-                    self._client.shutdown(min(SHUTDOWN_REQUEST_S, self.spec.process.shutdown_timeout))
+                    gen.client.shutdown(min(SHUTDOWN_REQUEST_S, self.spec.process.shutdown_timeout))
                 except (ChildHTTPError, ChildTransportError, ChildProtocolError) as exc:
                     log.warning("child %s pid %s: /shutdown failed (%s); escalating",
-                                self.spec.scorer.name, self.pid, exc)
-            self._child.stop(graceful_s=self.spec.process.shutdown_timeout)
-            if self._finalizer is not None:
-                self._finalizer.detach()
-            if self._client is not None:
-                self._client.close()
+                                self.spec.scorer.name, gen.child.pid, exc)
+            gen.child.stop(graceful_s=self.spec.process.shutdown_timeout)
+            gen.finalizer.detach()
+            gen.client.close()
             self.timings["shutdown_s"] = time.monotonic() - started
 
     # -- calls -----------------------------------------------------------------------------
     def _record(self) -> ChildRecord | None:
-        return self._child.record() if self._child else None
+        return self._gen.child.record() if self._gen else None
 
-    def _ensure_serving(self) -> ChildClient:
-        if self._closed:
-            raise ScorerProcessDied("backend is closed", self._record())
-        if self._child is None or self._client is None:
+    def _ensure_serving(self, restart: bool) -> _Generation:
+        if self._gen is None:
             raise RuntimeError("backend was created with start=False; call start() first")
         with self._life:
-            if self._dead is not None:
-                self._restart()
-            if self._child.returncode() is not None:
-                self._fail(ScorerProcessDied("child exited between calls", self._child.finish()))
-            return self._client
+            if self._closed:
+                raise ScorerProcessDied("backend is closed", self._record())
+            gen, dead = self._gen, self._dead
+            if dead is None:
+                if gen.child.returncode() is not None:
+                    self._fail(gen, ScorerProcessDied("child exited between calls", gen.child.finish()))
+                return gen
+            if not restart:
+                raise type(dead)(f"child is not serving (the next score or onload restarts it): "
+                                 f"{dead.args[0].splitlines()[0]}", dead.record)
+        return self._restart(gen, dead)
 
-    def _fail(self, error: ScorerError) -> None:
-        """Remember the child as dead (the next call restarts it, per policy) and raise."""
+    def _fail(self, gen: _Generation, error: ScorerError) -> None:
+        """Mark `gen` dead if it is still the current one (the next call restarts it), and raise."""
         with self._life:
-            if self._dead is None:
+            if gen is self._gen and self._dead is None:
                 self._dead, self._failed_at = error, time.monotonic()
+            if gen.child.proc is not None and gen.child.proc.returncode is not None:
+                gen.finalizer.detach()  # reaped: its pid may be reused, never killpg it at exit
         raise error
 
-    def _call(self, what: str, fn: Callable[[ChildClient], T]) -> T:
-        client = self._ensure_serving()
+    def _condemn(self, gen: _Generation, make_error: Callable[[ChildRecord], ScorerError]) -> None:
+        """Kill a child whose state or answers cannot be trusted, reap it, fail with its record."""
+        gen.child.signal_group(signal.SIGKILL)
+        gen.child.wait_exit(DEATH_CONFIRM_S)
+        self._fail(gen, make_error(gen.child.finish()))
+
+    def _call(self, what: str, fn: Callable[[ChildClient], T], restart: bool = False) -> T:
+        gen = self._ensure_serving(restart)
         try:
-            return fn(client)
+            return fn(gen.client)
         except ChildHTTPError as exc:
             raise ScorerRequestError(
                 f"{what}: child answered HTTP {exc.status} ({exc.kind}): {exc.message}",
-                self._record(), status=exc.status, kind=exc.kind,
+                gen.child.record(), status=exc.status, kind=exc.kind,
             ) from exc
-        except ChildProtocolError as exc:
-            raise RewardContractError(f"{what}: {exc}", self._record()) from exc
-        except ChildTransportError as exc:
-            if self._closed:
-                raise ScorerProcessDied(f"{what}: backend closed during the call", self._record()) from exc
-            if exc.timed_out and self._child.returncode() is None:  # hung, not dead: kill at the deadline
-                self._child.signal_group(signal.SIGKILL)
-                self._child.wait_exit(DEATH_CONFIRM_S)
-                self._fail(ScorerTimeout(f"{what}: {exc}; child killed, its state is unknown", self._child.finish()))
-            if self._child.wait_exit(DEATH_CONFIRM_S):
-                self._fail(ScorerProcessDied(f"child died during {what}", self._child.finish()))
-            self._child.signal_group(signal.SIGKILL)
-            self._child.wait_exit(DEATH_CONFIRM_S)
-            self._fail(ScorerProcessDied(f"{what}: transport failed with the child alive ({exc}); child killed",
-                                         self._child.finish()))
+        except (ChildProtocolError, ChildTransportError, RewardContractError) as exc:
+            if self._closed or gen is not self._gen:
+                raise ScorerProcessDied(f"{what}: the backend was closed or the child replaced during the call "
+                                        f"({exc})", gen.child.record()) from exc
+            self._fail_call(gen, what, exc)
             raise AssertionError("unreachable") from exc
 
-    def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """A child whose answer breaks the contract cannot be trusted with the next one: kill it."""
-        try:
-            return super()._score_chunk(chunk)
-        except RewardContractError as exc:
-            self._child.signal_group(signal.SIGKILL)
-            self._child.wait_exit(DEATH_CONFIRM_S)
-            self._fail(RewardContractError(f"{exc.args[0].splitlines()[0]}; child killed, its answers cannot be "
-                                           "trusted", self._child.finish()))
-            raise AssertionError("unreachable") from exc
+    def _fail_call(self, gen: _Generation, what: str, exc: Exception) -> None:
+        """Map a failed call to its typed error; the child is dead, hung or untrustworthy."""
+        first = str(exc).splitlines()[0]
+        if isinstance(exc, RewardContractError):
+            self._condemn(gen, lambda r: RewardContractError(f"{first}; child killed, its answers cannot be trusted", r))
+        if isinstance(exc, ChildProtocolError):
+            self._condemn(gen, lambda r: RewardContractError(f"{what}: {first}; child killed", r))
+        if exc.timed_out and gen.child.returncode() is None:  # hung, not dead: kill at the deadline
+            self._condemn(gen, lambda r: ScorerTimeout(f"{what}: {first}; child killed, its state is unknown", r))
+        if gen.child.wait_exit(DEATH_CONFIRM_S):
+            self._fail(gen, ScorerProcessDied(f"child died during {what}", gen.child.finish()))
+        self._condemn(gen, lambda r: ScorerProcessDied(
+            f"{what}: transport failed with the child alive ({first}); child killed", r))
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
-        with self._scoring:
+        with self._serial:
             return score_in_chunks(request, self.spec.client.request_batch_size, self._score_chunk,
                                    self.required_rewards, self.spec.client.weights)
+
+    def onload(self) -> dict[str, Any]:
+        """Restarts a dead child (booting it resident), then onloads; waits for a running score."""
+        with self._serial:
+            self._want_offloaded = False
+            return self._call("onload", lambda client: client.onload(), restart=True)
+
+    def offload(self) -> dict[str, Any]:
+        """Waits for a running score, then offloads; a restarted child will boot offloaded."""
+        with self._serial:
+            self._want_offloaded = True
+            return self._call("offload", lambda client: client.offload())
+
+    def health(self) -> dict[str, Any]:
+        return self._call("health", lambda client: client.health())
 
     def drain(self, timeout_s: float | None = None) -> dict[str, Any]:
         bound = timeout_s if timeout_s is not None else self.spec.process.request_timeout

@@ -36,7 +36,7 @@ class RemoteRewardBackend(HttpScoringBackend):
             self._client.close()
             raise
 
-    def _call(self, what: str, fn: Callable[[ChildClient], T]) -> T:
+    def _call(self, what: str, fn: Callable[[ChildClient], T], restart: bool = False) -> T:
         try:
             return fn(self._client)
         except ChildHTTPError as exc:

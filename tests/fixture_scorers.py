@@ -150,3 +150,32 @@ class Flaky(Scorer):
         if cue == "count":
             values.append(0.0)
         return ScoreResult(terms={"flaky": values})
+
+
+class TwoTermImage(Scorer):
+    """An image scorer with two terms (a reward and a penalty)."""
+
+    spec = ScorerSpec(name="two_term_image", input_kind="image", required_fields=("image",),
+                      terms=("aesthetic", "penalty"))
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        return ScoreResult(terms={"aesthetic": [0.9] * len(items), "penalty": [-5.0] * len(items)})
+
+
+class OnloadFailsOnce(Scorer):
+    """Offloadable; the first onload raises halfway: residency must become 'unknown', not stay a lie."""
+
+    spec = ScorerSpec(name="onload_fails_once", input_kind="text", terms=("onload_fails_once",),
+                      supports_offload=True)
+
+    def __init__(self) -> None:
+        self.onloads = 0
+
+    def onload(self) -> dict:
+        self.onloads += 1
+        if self.onloads == 2:  # boot onload succeeds, the next one fails
+            raise RuntimeError("CUDA out of memory (simulated) while moving layer 3")
+        return {"onloads": self.onloads}
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        return ScoreResult(terms={"onload_fails_once": [1.0] * len(items)})

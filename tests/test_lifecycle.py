@@ -30,7 +30,7 @@ REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
     "scorer,returncode,needle",
     [
         ("tests.fixture_scorers:ExitsOnLoad", 17, "exit 17"),
-        ("tests.fixture_scorers:LoadFails", 4, "weights file /models/missing.safetensors not found"),
+        ("tests.fixture_scorers:LoadFails", 6, "weights file /models/missing.safetensors not found"),
         ("no_such_scorer", 3, "unknown scorer 'no_such_scorer'"),
         ("no_such_module.sub:Thing", 4, "cannot import module 'no_such_module.sub'"),
     ],
@@ -78,14 +78,13 @@ def test_required_reward_that_the_scorer_lacks_is_refused(managed, trainer_pytho
 
 
 def test_kill_9_mid_request_raises_process_died_at_once(managed, trainer_python):
-    backend = managed(trainer_python, "tests.fixture_scorers:Probe", params={"sleep_s": 30},
-                      process={"request_timeout": 120})
+    backend = managed(trainer_python, "tests.fixture_scorers:Flaky", process={"request_timeout": 120})
     pid = backend.pid
     killer = threading.Thread(target=lambda: (wait_in_flight(backend), os.kill(pid, signal.SIGKILL)))
     killer.start()
     started = time.monotonic()
     with pytest.raises(ScorerProcessDied) as info:
-        backend.compute_rewards(REQUEST)
+        backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="slow")]))  # sleeps 30 s
     elapsed = time.monotonic() - started
     killer.join()
     assert elapsed < 5, f"crash noticed after {elapsed:.1f} s (request timeout 120 s)"

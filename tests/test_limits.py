@@ -79,3 +79,12 @@ def test_limits_are_validated():
 
     with pytest.raises(ValidationError, match="max_items"):
         LimitsConfig(max_items=0)
+
+
+@pytest.mark.parametrize("field", ["reference", "metadata"])
+def test_strings_inside_reference_and_metadata_obey_the_text_limit(child, field):
+    value = {"answer": ["ok", {"deep": "z" * 11}]}
+    response = post(child, wire.encode({"items": [{"id": "a", "text": "x", field: value}]}))
+    assert response.status_code == 400
+    assert f"items[0].{field} holds a string of 11 characters (limit 10)" in response.json()["error"]
+    still_serving(child)

@@ -98,12 +98,20 @@ def test_to_bgr_from_read_only_rgb(channels):
     rgb[..., 0] = 10
     if channels > 1:
         rgb[..., 1], rgb[..., 2] = 20, 30
+    if channels == 4:
+        rgb[..., 3] = 255  # opaque
     rgb.flags.writeable = False
     bgr = to_bgr(rgb)
     assert bgr.shape == (2, 3, 3) and bgr.flags.writeable and bgr.flags.c_contiguous
     assert bgr[0, 0].tolist() == ([10, 10, 10] if channels == 1 else [30, 20, 10])
     with pytest.raises(ScoreInputError, match="HWC image"):
         to_bgr(np.zeros((4, 2, 3, 3), np.uint8))
+
+
+def test_to_bgr_composites_transparent_pixels_over_white():
+    rgba = np.zeros((1, 3, 4), np.uint8)  # black everywhere; alpha 255, 128, 0
+    rgba[0, :, 3] = [255, 128, 0]
+    assert to_bgr(rgba)[0].tolist() == [[0, 0, 0], [127, 127, 127], [255, 255, 255]]
 
 
 @pytest.mark.parametrize("params,error,needle", [

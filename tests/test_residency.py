@@ -73,3 +73,16 @@ def test_offload_and_drain_wait_for_the_running_score(managed, trainer_python, o
         assert result == {"residency": "offloaded", "changed": True}
     else:
         assert result == {"drained": 1}
+
+
+def test_a_failed_onload_leaves_residency_unknown_and_scoring_refused(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:OnloadFailsOnce")
+    backend.offload()
+    with pytest.raises(ScorerRequestError, match="CUDA out of memory"):
+        backend.onload()
+    assert backend.health()["residency"] == "unknown"
+    with pytest.raises(ScorerRequestError) as info:
+        backend.compute_rewards(REQUEST)
+    assert info.value.status == 409 and "residency is unknown" in str(info.value)
+    assert backend.onload()["residency"] == "resident"  # a retry recovers
+    assert backend.compute_rewards(REQUEST).rewards == [1.0]

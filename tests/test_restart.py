@@ -66,19 +66,78 @@ def test_max_restarts_zero_never_restarts(managed, trainer_python):
         backend.compute_rewards(REQUEST)
 
 
-def test_a_child_that_cannot_boot_again_is_not_restarted_twice(managed, trainer_python, tmp_path):
+def test_a_restart_that_fails_to_load_counts_against_the_policy(managed, trainer_python, tmp_path):
+    """A load failure on restart (exit 6) may be transient (OOM): retried, until the crash-loop bound."""
     backend = managed(trainer_python, "tests.fixture_scorers:BootsOnce", params={"marker": str(tmp_path / "m")},
-                      restart={"backoff_s": 0})
+                      restart={"backoff_s": 0, "max_restarts": 2})
     kill_and_wait(backend.pid)
     with pytest.raises(ScorerProcessDied):
         backend.compute_rewards(REQUEST)
-    with pytest.raises(ScorerStartupError) as info:  # the restart itself fails to boot (exit 4)
+    for _ in range(2):  # each restart fails to load
+        with pytest.raises(ScorerStartupError) as info:
+            backend.compute_rewards(REQUEST)
+        assert info.value.returncode == 6 and "checkpoint vanished" in str(info.value)
+    with pytest.raises(ScorerCrashLoop, match="2 restarts"):
         backend.compute_rewards(REQUEST)
-    assert info.value.returncode == 4 and "checkpoint vanished" in str(info.value)
+
+
+def test_a_restart_that_cannot_import_the_scorer_is_not_tried_again(managed, trainer_python, tmp_path):
+    """Exit 4 (import failed) or 3 (bad config) will fail the same way every time: never retried."""
+    module = tmp_path / "vanishing_scorer.py"
+    module.write_text("from tests.fixture_scorers import Probe as Vanishing\n")
+    backend = managed(trainer_python, "vanishing_scorer:Vanishing", restart={"backoff_s": 0},
+                      process={"env": {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO_ROOT}"}})
+    module.unlink()
+    kill_and_wait(backend.pid)
+    with pytest.raises(ScorerProcessDied):
+        backend.compute_rewards(REQUEST)
+    with pytest.raises(ScorerStartupError) as info:
+        backend.compute_rewards(REQUEST)
+    assert info.value.returncode == 4
     started = time.monotonic()
     with pytest.raises(ScorerStartupError, match="not restarting: the child cannot boot"):
         backend.compute_rewards(REQUEST)
     assert time.monotonic() - started < 0.5  # refused without spawning anything
+
+
+def test_a_restarted_child_keeps_the_residency_the_trainer_asked_for(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe", restart={"backoff_s": 0})
+    backend.offload()
+    kill_and_wait(backend.pid)
+    with pytest.raises(ScorerProcessDied):
+        backend.health()
+    assert backend.onload()["residency"] == "resident"  # onload restarts, then onloads
+    assert backend.restarts == 1 and backend.compute_rewards(REQUEST).rewards == [3.0]
+    backend.offload()
+    kill_and_wait(backend.pid)
+    with pytest.raises(Exception):
+        backend.compute_rewards(REQUEST)
+    with pytest.raises(Exception) as info:  # restarted offloaded, as the trainer left it: 409
+        backend.compute_rewards(REQUEST)
+    assert getattr(info.value, "status", None) == 409
+    assert backend.health()["residency"] == "offloaded"
+
+
+def test_health_does_not_restart(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe", restart={"backoff_s": 0})
+    kill_and_wait(backend.pid)
+    with pytest.raises(ScorerProcessDied):
+        backend.compute_rewards(REQUEST)
+    with pytest.raises(ScorerProcessDied, match="the next score or onload restarts it"):
+        backend.health()
+    assert backend.restarts == 0
+
+
+def test_close_during_the_restart_backoff_wins(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe", restart={"backoff_s": 5})
+    kill_and_wait(backend.pid)
+    with pytest.raises(ScorerProcessDied):
+        backend.compute_rewards(REQUEST)
+    threading.Timer(0.5, backend.close).start()
+    started = time.monotonic()
+    with pytest.raises(ScorerProcessDied, match="closed while waiting to restart"):
+        backend.compute_rewards(REQUEST)
+    assert time.monotonic() - started < 3 and backend.restarts == 0
 
 
 def test_the_failing_request_is_never_sent_twice(managed, trainer_python, tmp_path):

@@ -57,4 +57,20 @@ def test_cuda_without_a_gpu_fails_to_boot(managed, embed_python):
 
     with pytest.raises(ScorerStartupError) as info:
         managed(embed_python, "text_similarity", scorer_device="cuda")
-    assert info.value.returncode == 4 and "CUDA is not available" in str(info.value)
+    assert info.value.returncode == 6 and "CUDA is not available" in str(info.value)
+
+
+def test_texts_past_max_seq_length_are_refused_or_counted(managed, embed_python):
+    answer = "The cat sits on the mat."
+    padded = "Let me think step by step. " * 60 + answer  # the answer comes after ~400 tokens
+    request = RewardRequest(items=[RewardItem(id="long", text=padded, reference=answer)])
+    strict = managed(embed_python, "text_similarity", params={"max_seq_length": 128})
+    with pytest.raises(ScorerRequestError) as info:
+        strict.compute_rewards(request)
+    assert info.value.status == 422 and "'long'" in str(info.value) and "max_seq_length=128" in str(info.value)
+    tail = managed(embed_python, "text_similarity", params={"max_seq_length": 128, "on_overflow": "keep_end"})
+    response = tail.compute_rewards(request)
+    head = managed(embed_python, "text_similarity", params={"max_seq_length": 128, "on_overflow": "keep_start"})
+    assert response.diagnostics["truncated"] == 1
+    kept_start = head.compute_rewards(request).rewards[0]
+    assert response.rewards[0] > kept_start + 0.2, (response.rewards, kept_start)  # the end holds the answer

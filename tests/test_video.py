@@ -70,3 +70,8 @@ def test_video_spec_follows_the_inner_scorer():
     assert scorer.spec.input_kind == "video" and scorer.spec.env == "image"
     assert scorer.spec.required_fields == ("video",) and scorer.spec.term_names() == ("video",)
     assert scorer.spec.revision == "video[jpeg_incompressibility@ddpo-q95]"
+
+
+def test_a_multi_term_inner_scorer_is_refused():
+    with pytest.raises(ValueError, match="wrap a single-term scorer"):
+        VideoScorer(inner="tests.fixture_scorers:TwoTermImage")
