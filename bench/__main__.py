@@ -89,7 +89,7 @@ def server_phases(backend: ManagedScorerProcessBackend, request: RewardRequest) 
     body = wire.encode({"items": [item.to_wire() for item in request.items]})
     samples: dict[str, list[float]] = {}
     for _ in range(15):
-        response = backend._client._http.post("/score", content=body)
+        response = backend._gen.client._http.post("/score", content=body)
         for part in response.headers["server-timing"].split(", "):
             name, dur = part.split(";dur=")
             samples.setdefault(name, []).append(float(dur))
