@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest, ScorerProcessDied, ScorerRequestError
-from tests.conftest import REPO_ROOT, group_members, wait_until_gone
+from tests.conftest import REPO_ROOT, group_members, wait_in_flight, wait_until_gone
 
 PERCENT = RewardItem(id="pct", text="So the rate is \\boxed{10\\%}.", reference="0.1")
 TOWER = "\\boxed{9^{9^{9^{9}}}}"
@@ -77,7 +77,8 @@ def test_kill_9_of_math_child_mid_batch_takes_its_descendants(managed, math_pyth
     backend.compute_rewards(RewardRequest(items=[PERCENT]))
     members = group_members(backend.pid)
     request = RewardRequest(items=[RewardItem(id=f"t{i}", text=TOWER, reference="1") for i in range(2)])
-    killer = threading.Timer(1.0, os.kill, (backend.pid, signal.SIGKILL))
+    pid = backend.pid
+    killer = threading.Thread(target=lambda: (wait_in_flight(backend), os.kill(pid, signal.SIGKILL)))
     killer.start()
     started = time.monotonic()
     with pytest.raises(ScorerProcessDied) as info:
@@ -102,13 +103,11 @@ def _spawn_orphan_parent(python, scorer: str, params: dict, mode: str) -> tuple[
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["idle", "scoring"])
-def test_kill_9_of_the_trainer_leaves_no_process(math_python, mode):
-    parent, info = _spawn_orphan_parent(math_python, "math_verify", {"jobs": 2, "timeout_s": 60}, mode)
+def test_kill_9_of_the_idle_trainer_leaves_no_process(math_python):
+    """The mid-batch version, 20 trials, is tests/test_orphans.py."""
+    parent, info = _spawn_orphan_parent(math_python, "math_verify", {"jobs": 2, "timeout_s": 60}, "idle")
     try:
         assert info["child"] in info["group"] and len(info["group"]) >= 4, info
-        if mode == "scoring":
-            time.sleep(1.0)  # the batch is in the workers now
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
         survivors = wait_until_gone(info["group"], 5)

@@ -145,10 +145,19 @@ def test_the_failing_request_is_never_sent_twice(managed, trainer_python, tmp_pa
     backend = managed(trainer_python, "tests.fixture_scorers:Journal",
                       params={"path": str(journal), "sleep_s": 30}, restart={"backoff_s": 0})
     pid = backend.pid
-    threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
+
+    def kill_once_journaled() -> None:  # the scorer wrote the id: the request is being scored
+        deadline = time.monotonic() + 10
+        while not (journal.exists() and journal.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_once_journaled)
+    killer.start()
     with pytest.raises(ScorerProcessDied):
         backend.compute_rewards(RewardRequest(items=[RewardItem(id="doomed", text="slow")]))
     assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="next", text="fast")])).rewards == [1.0]
+    killer.join()
     assert journal.read_text().split() == ["doomed", "next"]
 
 
