@@ -136,15 +136,20 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
     def _restart_delay(self, cause: ScorerError) -> float:
         """Seconds to wait before restarting; raises when the policy forbids a restart."""
         policy = self.spec.restart
+        if isinstance(cause, ScorerCrashLoop):
+            raise ScorerCrashLoop(cause.args[0].splitlines()[0], cause.record)
         if isinstance(cause, ScorerStartupError) and is_boot_failure(cause.returncode):
             raise ScorerStartupError(f"not restarting: the child cannot boot ({cause.args[0].splitlines()[0]})",
                                      cause.record)
         now = time.monotonic()
         recent = [t for t in self._restarts if now - t < policy.window_s]
         if len(recent) >= policy.max_restarts:
-            raise ScorerCrashLoop(
+            loop = ScorerCrashLoop(
                 f"child is no longer serving: {len(recent)} restarts in the last {policy.window_s:.0f} s "
                 f"(max_restarts={policy.max_restarts}); last failure: {cause.args[0].splitlines()[0]}", cause.record)
+            with self._life:
+                self._dead = loop  # a crash loop stops the backend for good, not for one window
+            raise loop
         return max(0.0, self._failed_at + policy.backoff_s - now)
 
     def _restart(self, old: _Generation, cause: ScorerError) -> _Generation:
@@ -152,7 +157,8 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
         if self._closing.wait(self._restart_delay(cause)):
             raise ScorerProcessDied("backend closed while waiting to restart", cause.record)
         self._restarts.append(time.monotonic())
-        old.finalizer.detach()
+        if old.child.proc is not None and old.child.proc.returncode is not None:
+            old.finalizer.detach()  # reaped; an unreapable child keeps its kill-at-exit
         old.client.close()
         try:
             new, _ = self._launch()
@@ -160,7 +166,7 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
             error = exc if isinstance(exc, ScorerError) else ScorerStartupError(f"restart failed: {exc!r}")
             with self._life:
                 self._dead, self._failed_at = error, time.monotonic()
-            if error is exc:
+            if error is exc or not isinstance(exc, Exception):  # never turn Ctrl-C into a scorer error
                 raise
             raise error from exc
         with self._life:
@@ -222,11 +228,11 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
         return self._gen.child.record() if self._gen else None
 
     def _ensure_serving(self, restart: bool) -> _Generation:
-        if self._gen is None:
-            raise RuntimeError("backend was created with start=False; call start() first")
         with self._life:
             if self._closed:
                 raise ScorerProcessDied("backend is closed", self._record())
+            if self._gen is None:
+                raise RuntimeError("backend was created with start=False; call start() first")
             gen, dead = self._gen, self._dead
             if dead is None:
                 if gen.child.returncode() is not None:
@@ -262,9 +268,9 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
                 gen.child.record(), status=exc.status, kind=exc.kind,
             ) from exc
         except (ChildProtocolError, ChildTransportError, RewardContractError) as exc:
-            if self._closed or gen is not self._gen:
-                raise ScorerProcessDied(f"{what}: the backend was closed or the child replaced during the call "
-                                        f"({exc})", gen.child.record()) from exc
+            if self._closed or gen is not self._gen or self._dead is not None:
+                raise ScorerProcessDied(f"{what}: the backend was closed, or the child replaced or failed, during "
+                                        f"the call ({exc})", gen.child.record()) from exc
             self._fail_call(gen, what, exc)
             raise AssertionError("unreachable") from exc
 
@@ -290,14 +296,16 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
     def onload(self) -> dict[str, Any]:
         """Restarts a dead child (booting it resident), then onloads; waits for a running score."""
         with self._serial:
-            self._want_offloaded = False
-            return self._call("onload", lambda client: client.onload(), restart=True)
+            self._want_offloaded = False  # a restart for this onload boots resident
+            figures = self._call("onload", lambda client: client.onload(), restart=True)
+            return figures
 
     def offload(self) -> dict[str, Any]:
         """Waits for a running score, then offloads; a restarted child will boot offloaded."""
         with self._serial:
-            self._want_offloaded = True
-            return self._call("offload", lambda client: client.offload())
+            figures = self._call("offload", lambda client: client.offload())
+            self._want_offloaded = True  # only once the child really is offloaded
+            return figures
 
     def health(self) -> dict[str, Any]:
         return self._call("health", lambda client: client.health())

@@ -17,6 +17,7 @@ import selectors
 import signal
 import socket
 import subprocess
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -92,6 +93,7 @@ class ChildProcess:
         self.port: int | None = None
         self.ready_info: dict[str, Any] = {}
         self.spawned_at: float | None = None
+        self._reap_lock = threading.Lock()  # a signal and the reap never interleave: no pid reuse
 
     @property
     def pid(self) -> int | None:
@@ -215,12 +217,13 @@ class ChildProcess:
     # -- stopping ---------------------------------------------------------------------------
     def signal_group(self, signum: int) -> None:
         """Signal the child's whole process group; only while its leader is unreaped."""
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signum)
-        except ProcessLookupError:
-            pass
+        with self._reap_lock:
+            if self.proc is None or self.proc.returncode is not None:
+                return
+            try:
+                os.killpg(self.proc.pid, signum)
+            except ProcessLookupError:
+                pass
 
     def finish(self) -> ChildRecord:
         """SIGKILL whatever is left of the group (forkservers, workers), then reap. Bounded."""
@@ -228,7 +231,8 @@ class ChildProcess:
             return self.record()
         self.signal_group(signal.SIGKILL)
         try:
-            self.proc.wait(timeout=REAP_GRACE_S)
+            with self._reap_lock:
+                self.proc.wait(timeout=REAP_GRACE_S)
         except subprocess.TimeoutExpired:
             log.error("child %s pid %s did not die after SIGKILL; leaving it", self.plan.name, self.pid)
         return self.record()

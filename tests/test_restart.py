@@ -201,3 +201,17 @@ def test_restart_policy_is_validated():
         RestartPolicy(window_s=0)
 
 
+
+
+def test_a_crash_loop_stops_for_good_not_for_one_window(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe",
+                      restart={"max_restarts": 0, "backoff_s": 0, "window_s": 0.2})
+    kill_and_wait(backend.pid)
+    with pytest.raises(ScorerProcessDied):
+        backend.compute_rewards(REQUEST)
+    with pytest.raises(ScorerCrashLoop):
+        backend.compute_rewards(REQUEST)
+    time.sleep(0.3)  # the policy window has passed: still stopped
+    with pytest.raises(ScorerCrashLoop):
+        backend.compute_rewards(REQUEST)
+    assert backend.restarts == 0
