@@ -13,9 +13,6 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-INPUT_KINDS = ("text", "image", "image_edit", "video")
-
-
 class ScorerContractError(RuntimeError):
     """A scorer returned something other than one finite score per item."""
 

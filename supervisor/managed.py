@@ -297,8 +297,7 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
         """Restarts a dead child (booting it resident), then onloads; waits for a running score."""
         with self._serial:
             self._want_offloaded = False  # a restart for this onload boots resident
-            figures = self._call("onload", lambda client: client.onload(), restart=True)
-            return figures
+            return self._call("onload", lambda client: client.onload(), restart=True)
 
     def offload(self) -> dict[str, Any]:
         """Waits for a running score, then offloads; a restarted child will boot offloaded."""

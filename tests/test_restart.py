@@ -27,6 +27,13 @@ def kill_and_wait(pid: int) -> None:
     assert wait_until_gone([pid], 5) == []
 
 
+def crash(backend) -> None:
+    """kill -9 the child; the call that finds it dead raises (and is never retried)."""
+    kill_and_wait(backend.pid)
+    with pytest.raises(ScorerProcessDied):
+        backend.compute_rewards(REQUEST)
+
+
 def test_next_call_restarts_after_the_backoff(managed, trainer_python):
     backend = managed(trainer_python, "tests.fixture_scorers:Probe", restart={"backoff_s": 0.5})
     first = backend.pid
@@ -46,22 +53,16 @@ def test_crash_loop_stops_with_a_clear_error(managed, trainer_python):
     backend = managed(trainer_python, "tests.fixture_scorers:Probe",
                       restart={"max_restarts": 2, "backoff_s": 0, "window_s": 120})
     for expected in (1, 2):
-        kill_and_wait(backend.pid)
-        with pytest.raises(ScorerProcessDied):
-            backend.compute_rewards(REQUEST)
+        crash(backend)
         assert backend.compute_rewards(REQUEST).rewards == [3.0] and backend.restarts == expected
-    kill_and_wait(backend.pid)
-    with pytest.raises(ScorerProcessDied):
-        backend.compute_rewards(REQUEST)
+    crash(backend)
     with pytest.raises(ScorerCrashLoop, match=r"2 restarts in the last 120 s \(max_restarts=2\)"):
         backend.compute_rewards(REQUEST)
 
 
 def test_max_restarts_zero_never_restarts(managed, trainer_python):
     backend = managed(trainer_python, "tests.fixture_scorers:Probe", restart={"max_restarts": 0})
-    kill_and_wait(backend.pid)
-    with pytest.raises(ScorerProcessDied):
-        backend.compute_rewards(REQUEST)
+    crash(backend)
     with pytest.raises(ScorerCrashLoop, match="no longer serving"):
         backend.compute_rewards(REQUEST)
 
@@ -70,9 +71,7 @@ def test_a_restart_that_fails_to_load_counts_against_the_policy(managed, trainer
     """A load failure on restart (exit 6) may be transient (OOM): retried, until the crash-loop bound."""
     backend = managed(trainer_python, "tests.fixture_scorers:BootsOnce", params={"marker": str(tmp_path / "m")},
                       restart={"backoff_s": 0, "max_restarts": 2})
-    kill_and_wait(backend.pid)
-    with pytest.raises(ScorerProcessDied):
-        backend.compute_rewards(REQUEST)
+    crash(backend)
     for _ in range(2):  # each restart fails to load
         with pytest.raises(ScorerStartupError) as info:
             backend.compute_rewards(REQUEST)
@@ -88,9 +87,7 @@ def test_a_restart_that_cannot_import_the_scorer_is_not_tried_again(managed, tra
     backend = managed(trainer_python, "vanishing_scorer:Vanishing", restart={"backoff_s": 0},
                       process={"env": {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO_ROOT}"}})
     module.unlink()
-    kill_and_wait(backend.pid)
-    with pytest.raises(ScorerProcessDied):
-        backend.compute_rewards(REQUEST)
+    crash(backend)
     with pytest.raises(ScorerStartupError) as info:
         backend.compute_rewards(REQUEST)
     assert info.value.returncode == 4
@@ -120,9 +117,7 @@ def test_a_restarted_child_keeps_the_residency_the_trainer_asked_for(managed, tr
 
 def test_health_does_not_restart(managed, trainer_python):
     backend = managed(trainer_python, "tests.fixture_scorers:Probe", restart={"backoff_s": 0})
-    kill_and_wait(backend.pid)
-    with pytest.raises(ScorerProcessDied):
-        backend.compute_rewards(REQUEST)
+    crash(backend)
     with pytest.raises(ScorerProcessDied, match="the next score or onload restarts it"):
         backend.health()
     assert backend.restarts == 0
@@ -130,9 +125,7 @@ def test_health_does_not_restart(managed, trainer_python):
 
 def test_close_during_the_restart_backoff_wins(managed, trainer_python):
     backend = managed(trainer_python, "tests.fixture_scorers:Probe", restart={"backoff_s": 5})
-    kill_and_wait(backend.pid)
-    with pytest.raises(ScorerProcessDied):
-        backend.compute_rewards(REQUEST)
+    crash(backend)
     threading.Timer(0.5, backend.close).start()
     started = time.monotonic()
     with pytest.raises(ScorerProcessDied, match="closed while waiting to restart"):
@@ -206,9 +199,7 @@ def test_restart_policy_is_validated():
 def test_a_crash_loop_stops_for_good_not_for_one_window(managed, trainer_python):
     backend = managed(trainer_python, "tests.fixture_scorers:Probe",
                       restart={"max_restarts": 0, "backoff_s": 0, "window_s": 0.2})
-    kill_and_wait(backend.pid)
-    with pytest.raises(ScorerProcessDied):
-        backend.compute_rewards(REQUEST)
+    crash(backend)
     with pytest.raises(ScorerCrashLoop):
         backend.compute_rewards(REQUEST)
     time.sleep(0.3)  # the policy window has passed: still stopped
