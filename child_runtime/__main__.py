@@ -21,6 +21,9 @@ from typing import Any, BinaryIO
 from child_runtime import exit_codes, lifeline
 from child_runtime.host import GPU_RESIDENCY_MODES, ScorerHost
 from child_runtime.items import Limits
+from child_runtime.shared_segment import ChildSegment
+
+KEEP_ALIVE_S = 7 * 24 * 3600
 
 
 @dataclass
@@ -38,6 +41,7 @@ class BootConfig:
     device: str = "cpu"
     graceful_timeout_s: float = 5.0
     limits: Limits = field(default_factory=Limits)
+    shared_fd: int | None = None  # the parent's sealed memfd, when it offers a shared data plane
 
 
 def read_boot_config(raw: str) -> BootConfig:
@@ -95,10 +99,23 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
     return host
 
 
+def _open_segment(config: BootConfig) -> tuple[ChildSegment | None, str | None]:
+    """Accept the parent's shared segment, or say why requests must travel in-band."""
+    if config.shared_fd is None:
+        return None, "not offered by the parent"
+    try:
+        return ChildSegment(config.shared_fd, config.limits.max_request_bytes), None
+    except OSError as exc:
+        print(f"child_runtime: shared data plane refused, using in-band bodies: {exc}", file=sys.stderr, flush=True)
+        return None, str(exc)
+
+
 def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[str, float]) -> None:
     import uvicorn
 
     from child_runtime.app import build_app
+
+    segment, segment_error = _open_segment(config)
 
     class _Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -106,20 +123,25 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
             sock = sockets[0]
             _say(pipe, {"ready": True, "pid": os.getpid(), "port": sock.getsockname()[1],
                         "scorer": host.scorer.spec.name, "revision": revision,
-                        "terms": list(host.scorer.spec.term_names()), **timings})
+                        "terms": list(host.scorer.spec.term_names()),
+                        "shared_memory": segment is not None, "shared_memory_error": segment_error,
+                        "event_loop": type(asyncio.get_running_loop()).__module__, **timings})
             pipe.close()
 
     revision = config.revision or host.scorer.spec.revision
     server: _Server
     app = build_app(host, config.token, revision, request_exit=lambda: setattr(server, "should_exit", True),
-                    limits=config.limits)
+                    limits=config.limits, segment=segment)
+    # loop/http "auto": uvloop and httptools where the env has them. The parent is our own
+    # and reconnects only when it must, so idle keep-alive connections are never reaped.
     uv_config = uvicorn.Config(
-        app, lifespan="off", log_level="warning", access_log=False,
-        timeout_graceful_shutdown=config.graceful_timeout_s, timeout_keep_alive=300,
+        app, lifespan="off", log_level="warning", access_log=False, loop="auto", http="auto",
+        proxy_headers=False, server_header=False, date_header=False,
+        timeout_graceful_shutdown=config.graceful_timeout_s, timeout_keep_alive=KEEP_ALIVE_S,
     )
     server = _Server(uv_config)
     listener = socket.socket(fileno=config.listen_fd)
-    asyncio.run(server.serve(sockets=[listener]))
+    server.run(sockets=[listener])  # not asyncio.run(): that would ignore the loop factory
 
 
 def main() -> None:

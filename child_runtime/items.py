@@ -70,17 +70,22 @@ def check_media(value: Any, name: str, where: str) -> np.ndarray:
     return value
 
 
-def _media(item: dict, name: str, where: str, limit: int) -> np.ndarray | None:
+def _media(item: dict, name: str, where: str, limit: int, copy: bool) -> np.ndarray | None:
+    """Read-only view (zero-copy from the wire or the shared segment) unless the scorer writes to its inputs."""
     value = item.get(name)
     if value is None:
         return None
     media = check_media(value, name, where)
     if media.nbytes > limit:
         raise RequestError(f"{where}.{name} has {media.nbytes} bytes (limit {limit})")
-    return media
+    if copy:
+        return media.copy()
+    view = media.view()
+    view.flags.writeable = False  # in-process, too: a scorer never writes into the trainer's arrays
+    return view
 
 
-def item_from_wire(raw: Any, index: int, limits: Limits = Limits()) -> ScoreItem:
+def item_from_wire(raw: Any, index: int, limits: Limits = Limits(), copy_media: bool = False) -> ScoreItem:
     where = f"items[{index}]"
     if not isinstance(raw, dict):
         raise RequestError(f"{where} must be an object")
@@ -102,15 +107,18 @@ def item_from_wire(raw: Any, index: int, limits: Limits = Limits()) -> ScoreItem
         group_id=_optional_str(raw, "group_id", where, MAX_ID_CHARS),
         prompt=_optional_str(raw, "prompt", where, limits.max_text_chars),
         text=_optional_str(raw, "text", where, limits.max_text_chars),
-        image=_media(raw, "image", where, limits.max_media_bytes),
-        video=_media(raw, "video", where, limits.max_media_bytes),
+        image=_media(raw, "image", where, limits.max_media_bytes, copy_media),
+        video=_media(raw, "video", where, limits.max_media_bytes, copy_media),
         reference=raw.get("reference"),
         metadata=metadata,
     )
 
 
-def items_from_wire(meta: Any, limits: Limits = Limits()) -> list[ScoreItem]:
-    """Validate a decoded request body and build the items, ids unique."""
+def items_from_wire(meta: Any, limits: Limits = Limits(), copy_media: bool = False) -> list[ScoreItem]:
+    """Validate a decoded request body and build the items, ids unique.
+
+    Media arrive as read-only views; `copy_media` gives private writable copies instead.
+    """
     if not isinstance(meta, dict) or "items" not in meta:
         raise RequestError("request must be an object with an 'items' list")
     unknown = set(meta) - REQUEST_FIELDS
@@ -121,7 +129,7 @@ def items_from_wire(meta: Any, limits: Limits = Limits()) -> list[ScoreItem]:
         raise RequestError("request.items must be a non-empty list")
     if len(raw_items) > limits.max_items:
         raise RequestError(f"request.items has {len(raw_items)} items (limit {limits.max_items})")
-    items = [item_from_wire(raw, i, limits) for i, raw in enumerate(raw_items)]
+    items = [item_from_wire(raw, i, limits, copy_media) for i, raw in enumerate(raw_items)]
     seen: dict[str, int] = {}
     for index, item in enumerate(items):
         if item.id in seen:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -58,22 +58,60 @@ def _lift_arrays(obj: Any, arrays: list[np.ndarray]) -> Any:
     return obj
 
 
-def encode(meta: Any) -> bytes:
-    """Serialise `meta` (JSON-able, with ndarrays anywhere) into one frame."""
+class Frame:
+    """A request or answer with its arrays lifted out, ready to go in-band or through shared memory.
+
+    `prepare` does all validation (dtype, reserved keys), so a caller can refuse bad input
+    before it picks a transport; nothing is copied until a body is built.
+    """
+
+    def __init__(self, lifted: Any, arrays: list[np.ndarray]) -> None:
+        self.lifted = lifted
+        self.arrays = arrays
+        self.descs: list[dict[str, Any]] = []
+        offset = 0
+        for arr in arrays:
+            self.descs.append({"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset, "nbytes": arr.nbytes})
+            offset = _aligned(offset + arr.nbytes)
+        self.array_bytes = offset  # the aligned span the buffers occupy, in-band or in a segment
+
+    def _header(self, shared: bool) -> bytes:
+        header: dict[str, Any] = {"meta": self.lifted, "arrays": self.descs}
+        if shared:
+            header["shared"] = True
+        return json.dumps(header, allow_nan=False, separators=(",", ":")).encode()
+
+    def body_parts(self) -> list[bytes | memoryview]:
+        """The in-band frame as buffers for a scatter-gather send (no copy of the arrays)."""
+        header = self._header(shared=False)
+        head_len = _PREFIX + len(header)
+        parts: list[bytes | memoryview] = [MAGIC, _LEN.pack(len(header)), header, bytes(_aligned(head_len) - head_len)]
+        for arr in self.arrays:
+            parts.append(memoryview(arr.reshape(-1).view(np.uint8)))
+            parts.append(bytes(_aligned(arr.nbytes) - arr.nbytes))
+        return parts
+
+    def body_size(self) -> int:
+        return _aligned(_PREFIX + len(self._header(shared=False))) + self.array_bytes
+
+    def shared_body(self, segment: memoryview) -> bytes:
+        """Copy the arrays into `segment` (at least `array_bytes` long); the body is the header alone."""
+        for arr, desc in zip(self.arrays, self.descs):
+            start = desc["offset"]
+            segment[start : start + arr.nbytes] = memoryview(arr.reshape(-1).view(np.uint8))
+        header = self._header(shared=True)
+        return MAGIC + _LEN.pack(len(header)) + header
+
+
+def prepare(meta: Any) -> Frame:
+    """Lift every ndarray out of `meta` (JSON-able otherwise); raises WireError on what cannot travel."""
     arrays: list[np.ndarray] = []
-    lifted = _lift_arrays(meta, arrays)
-    descs = []
-    offset = 0
-    for arr in arrays:
-        descs.append({"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset, "nbytes": arr.nbytes})
-        offset = _aligned(offset + arr.nbytes)
-    header = json.dumps({"meta": lifted, "arrays": descs}, allow_nan=False, separators=(",", ":")).encode()
-    head_len = _PREFIX + len(header)
-    parts: list[bytes | memoryview] = [MAGIC, _LEN.pack(len(header)), header, bytes(_aligned(head_len) - head_len)]
-    for arr, desc in zip(arrays, descs):
-        parts.append(memoryview(arr.reshape(-1).view(np.uint8)))
-        parts.append(bytes(_aligned(arr.nbytes) - arr.nbytes))
-    return b"".join(parts)  # one allocation, one copy of each buffer
+    return Frame(_lift_arrays(meta, arrays), arrays)
+
+
+def encode(meta: Any) -> bytes:
+    """Serialise `meta` into one in-band frame."""
+    return b"".join(prepare(meta).body_parts())  # one allocation, one copy of each buffer
 
 
 def _reject_constant(name: str) -> Any:
@@ -99,12 +137,13 @@ def _parse_header(buf: memoryview) -> tuple[dict, int]:
         raise
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int past sys.get_int_max_str_digits()
         raise WireError(f"header is not valid JSON: {exc}") from exc
-    if not isinstance(header, dict) or set(header) != {"meta", "arrays"} or not isinstance(header["arrays"], list):
-        raise WireError("header must be an object with exactly 'meta' and 'arrays' (a list)")
-    return header, _aligned(_PREFIX + header_len)
+    if not isinstance(header, dict) or set(header) - {"shared"} != {"meta", "arrays"} or \
+            not isinstance(header["arrays"], list) or header.get("shared", True) is not True:
+        raise WireError("header must be an object with 'meta', 'arrays' (a list) and optionally 'shared': true")
+    return header, _PREFIX + header_len
 
 
-def _array_view(buf: memoryview, data_start: int, index: int, desc: Any) -> np.ndarray:
+def _check_desc(index: int, desc: Any) -> tuple[str, list[int], int, int]:
     where = f"arrays[{index}]"
     if not isinstance(desc, dict) or set(desc) != {"dtype", "shape", "offset", "nbytes"}:
         raise WireError(f"{where} must have exactly dtype, shape, offset, nbytes")
@@ -121,13 +160,21 @@ def _array_view(buf: memoryview, data_start: int, index: int, desc: Any) -> np.n
     itemsize = np.dtype(dtype).itemsize
     if nbytes != itemsize * math.prod(shape):
         raise WireError(f"{where}.nbytes {nbytes} does not match shape {shape} x itemsize {itemsize}")
+    if offset % ALIGN:
+        raise WireError(f"{where}.offset {offset} is not a multiple of {ALIGN}")
+    return dtype, shape, offset, nbytes
+
+
+def _array_view(buf: memoryview, data_start: int, index: int, checked: tuple[str, list[int], int, int],
+                place: str) -> np.ndarray:
+    dtype, shape, offset, nbytes = checked
     start = data_start + offset
-    if offset % ALIGN or start + nbytes > len(buf):
-        raise WireError(f"{where} [{offset}, +{nbytes}) is misaligned or outside the body")
+    if start + nbytes > len(buf):
+        raise WireError(f"arrays[{index}] [{offset}, +{nbytes}) lies outside the {place}")
     try:
-        return np.frombuffer(buf, dtype=dtype, count=nbytes // itemsize, offset=start).reshape(shape)
+        return np.frombuffer(buf, dtype=dtype, count=nbytes // np.dtype(dtype).itemsize, offset=start).reshape(shape)
     except ValueError as exc:  # e.g. a 0-size array whose other dims exceed numpy's limits
-        raise WireError(f"{where}.shape {shape} cannot be represented: {exc}") from exc
+        raise WireError(f"arrays[{index}].shape {shape} cannot be represented: {exc}") from exc
 
 
 def _resolve(obj: Any, arrays: list[np.ndarray]) -> Any:
@@ -143,17 +190,35 @@ def _resolve(obj: Any, arrays: list[np.ndarray]) -> Any:
     return obj
 
 
-def decode(body: bytes | bytearray | memoryview) -> Any:
-    """Parse a frame; arrays are zero-copy views into `body` (read-only for bytes)."""
+SharedView = Callable[[int], memoryview]
+
+
+def decode(body: bytes | bytearray | memoryview, shared: SharedView | None = None) -> Any:
+    """Parse a frame; arrays are zero-copy views into `body`, or into the shared segment.
+
+    `shared(n)` returns a view of the negotiated segment at least `n` bytes long (or
+    raises WireError); a frame marked shared is refused when there is none.
+    """
     buf = memoryview(body).cast("B")
     try:
-        header, data_start = _parse_header(buf)
+        header, header_end = _parse_header(buf)
     except RecursionError as exc:
         raise WireError("frame header nests too deeply") from exc
-    arrays = [_array_view(buf, data_start, i, d) for i, d in enumerate(header["arrays"])]
-    ends = [data_start + _aligned(d["offset"] + d["nbytes"]) for d in header["arrays"]]
-    if len(buf) > max(ends, default=data_start):
-        raise WireError(f"body has {len(buf) - max(ends, default=data_start)} bytes past the last buffer")
+    checked = [_check_desc(i, d) for i, d in enumerate(header["arrays"])]
+    ends = [offset + nbytes for _, _, offset, nbytes in checked]
+    if header.get("shared"):
+        if shared is None:
+            raise WireError("frame names a shared segment, but none was negotiated with this server")
+        if len(buf) != header_end:
+            raise WireError(f"shared frame has {len(buf) - header_end} bytes past its header")
+        source, data_start, place = shared(max(ends, default=0)), 0, "shared segment"
+    else:
+        data_start = _aligned(header_end)
+        end = data_start + _aligned(max(ends, default=0))
+        if len(buf) > end:
+            raise WireError(f"body has {len(buf) - end} bytes past the last buffer")
+        source, place = buf, "body"
+    arrays = [_array_view(source, data_start, i, c, place) for i, c in enumerate(checked)]
     try:
         return _resolve(header["meta"], arrays)
     except RecursionError as exc:

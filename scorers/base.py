@@ -33,6 +33,9 @@ class ScorerSpec:
     env: str = "image"
     supports_offload: bool = False
     report_packages: tuple[str, ...] = ()  # distributions whose versions /health reports
+    # Media arrive as read-only views (zero-copy from the wire or the shared segment);
+    # a scorer that writes into its input arrays sets this and gets private copies.
+    writable_inputs: bool = False
 
     def term_names(self) -> tuple[str, ...]:
         return self.terms or (self.name,)

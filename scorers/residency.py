@@ -7,9 +7,25 @@ otherwise. torch is imported lazily: only model scorers' envs have it.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import time
 from typing import Any
+
+
+def release_free_heap() -> None:
+    """Give freed heap pages back to the OS (glibc malloc_trim), so RSS shows what a move freed.
+
+    Managed children keep freed heap for reuse between requests (see supervisor.managed's
+    malloc settings); a residency change is the moment to return it. No-op off glibc.
+    """
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    libc = ctypes.CDLL(name)
+    if hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def process_rss_bytes() -> int:
@@ -41,6 +57,7 @@ def move_module(module: Any, target: str, figures_device: str) -> dict[str, Any]
         torch.cuda.synchronize(figures_device)
         if target == "cpu":
             torch.cuda.empty_cache()
+    release_free_heap()
     elapsed = time.perf_counter() - started
     return {"device": target, "seconds": round(elapsed, 6), "before": before, "after": memory_figures(figures_device)}
 

@@ -1,15 +1,22 @@
 """ChildClient: HTTP to one scorer server; transport errors are mapped once, here.
 
-Used for managed children (loopback, per-launch token) and for remote scorer
-servers someone else started. Never reads proxy settings from the environment.
+Managed children are reached through `LoopbackHTTP` (our own child on 127.0.0.1,
+optionally with the shared-memory data plane); servers someone else started
+through httpx. Neither reads proxy settings from the environment.
 """
 from __future__ import annotations
 
-from typing import Any
+import json
+import threading
+from typing import Any, Sequence
 
 import httpx
 
 from child_runtime import wire
+from child_runtime.shared_segment import ParentSegment
+from supervisor.loopback_http import LoopbackClosed, LoopbackHTTP, LoopbackProtocolError, LoopbackTimeout
+
+Body = Sequence[bytes | memoryview]
 
 
 class ChildHTTPError(Exception):
@@ -34,60 +41,127 @@ class ChildTransportError(Exception):
         super().__init__(message)
 
 
-def _raise_for_status(response: httpx.Response) -> None:
-    if response.is_success:
+def _raise_for_status(status: int, content: bytes | bytearray) -> None:
+    if 200 <= status < 300:
         return
+    text = bytes(content[:2000]).decode("utf-8", "replace")
     try:
-        body = response.json()
+        body = json.loads(content)
     except ValueError:
         body = None
     if isinstance(body, dict):
-        kind, message = str(body.get("kind", "error")), str(body.get("error", response.text[:2000]))
+        kind, message = str(body.get("kind", "error")), str(body.get("error", text))
     else:
-        kind, message = "error", response.text[:2000]
-    raise ChildHTTPError(response.status_code, kind, message)
+        kind, message = "error", text
+    raise ChildHTTPError(status, kind, message)
 
 
-class ChildClient:
-    def __init__(self, base_url: str, token: str | None, request_timeout: float, control_timeout: float = 30.0):
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        self.request_timeout = request_timeout
-        self.control_timeout = control_timeout
+class _HttpxTransport:
+    """For servers someone else started: full HTTP (TLS, redirects refused, chunked answers)."""
+
+    def __init__(self, base_url: str, headers: dict[str, str], control_timeout: float) -> None:
         self._http = httpx.Client(
             base_url=base_url, headers=headers, trust_env=False,
             timeout=httpx.Timeout(control_timeout, connect=min(control_timeout, 10.0)),
             limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
         )
 
-    def _send(self, method: str, path: str, timeout: float, **kwargs: Any) -> httpx.Response:
+    def request(self, method: str, path: str, timeout: float, body: Body,
+                headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        content = b"".join(body) if body else None
         try:
-            response = self._http.request(method, path, timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-                                          **kwargs)
+            response = self._http.request(method, path, content=content, headers=headers,
+                                          timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)))
         except httpx.TimeoutException as exc:
             raise ChildTransportError(f"{method} {path}: no answer within {timeout} s ({exc!r})", True) from exc
         except httpx.TransportError as exc:
             raise ChildTransportError(f"{method} {path}: {exc!r}", False) from exc
         except (httpx.HTTPError, RuntimeError) as exc:  # e.g. DecodingError, or a client closed meanwhile
             raise ChildProtocolError(f"{method} {path}: {exc!r}") from exc
-        _raise_for_status(response)
-        return response
+        return response.status_code, dict(response.headers), response.content
 
-    def _json(self, method: str, path: str, timeout: float, **kwargs: Any) -> dict[str, Any]:
-        response = self._send(method, path, timeout, **kwargs)
+    def close(self) -> None:
+        self._http.close()
+
+
+class _LoopbackTransport:
+    """For our own managed child: the lean keep-alive client."""
+
+    def __init__(self, port: int, headers: dict[str, str]) -> None:
+        self._http = LoopbackHTTP("127.0.0.1", port, headers)
+
+    def request(self, method: str, path: str, timeout: float, body: Body,
+                headers: dict[str, str]) -> tuple[int, dict[str, str], bytearray]:
         try:
-            body = response.json()
+            answer = self._http.request(method, path, timeout, body, headers)
+        except LoopbackTimeout as exc:
+            raise ChildTransportError(f"{method} {path}: {exc}", True) from exc
+        except LoopbackClosed as exc:
+            raise ChildTransportError(f"{method} {path}: {exc}", False) from exc
+        except LoopbackProtocolError as exc:
+            raise ChildProtocolError(f"{method} {path}: {exc}") from exc
+        return answer.status, answer.headers, answer.body
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class ChildClient:
+    """One scorer server. With a `segment`, arrays of at least `shared_min_bytes` travel through it."""
+
+    def __init__(self, base_url: str, token: str | None, request_timeout: float, control_timeout: float = 30.0,
+                 *, loopback_port: int | None = None, segment: ParentSegment | None = None,
+                 shared_min_bytes: int = 64 * 1024) -> None:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.request_timeout = request_timeout
+        self.control_timeout = control_timeout
+        self.segment = segment
+        self.shared_min_bytes = shared_min_bytes
+        self._shared_lock = threading.Lock()  # the segment holds one request's arrays at a time
+        self.last_server_timing: str | None = None  # the child's phases for the last /score (ms)
+        self._transport: _HttpxTransport | _LoopbackTransport = (
+            _LoopbackTransport(loopback_port, headers) if loopback_port is not None
+            else _HttpxTransport(base_url, headers, control_timeout))
+
+    @classmethod
+    def for_child(cls, port: int, token: str, request_timeout: float, segment: ParentSegment | None,
+                  shared_min_bytes: int) -> "ChildClient":
+        return cls(f"http://127.0.0.1:{port}", token, request_timeout, loopback_port=port, segment=segment,
+                   shared_min_bytes=shared_min_bytes)
+
+    def _send(self, method: str, path: str, timeout: float, body: Body = (),
+              headers: dict[str, str] | None = None) -> bytes | bytearray:
+        status, answer_headers, content = self._transport.request(method, path, timeout, body, headers or {})
+        _raise_for_status(status, content)
+        if path == "/score":
+            self.last_server_timing = answer_headers.get("server-timing")
+        return content
+
+    def _json(self, method: str, path: str, timeout: float) -> dict[str, Any]:
+        content = self._send(method, path, timeout)
+        try:
+            body = json.loads(content)
         except ValueError as exc:
-            raise ChildProtocolError(f"{method} {path}: body is not JSON: {response.content[:200]!r}") from exc
+            raise ChildProtocolError(f"{method} {path}: body is not JSON: {bytes(content[:200])!r}") from exc
         if not isinstance(body, dict):
             raise ChildProtocolError(f"{method} {path}: expected a JSON object, got {type(body).__name__}")
         return body
 
-    def score(self, body: bytes) -> Any:
-        """POST a framed request; returns the decoded response frame."""
-        response = self._send("POST", "/score", self.request_timeout, content=body,
-                              headers={"content-type": wire.CONTENT_TYPE})
+    def uses_segment(self, frame: wire.Frame) -> bool:
+        return self.segment is not None and self.shared_min_bytes <= frame.array_bytes <= self.segment.max_bytes
+
+    def score(self, frame: wire.Frame) -> Any:
+        """POST a framed request (arrays in-band or through the segment); returns the decoded answer."""
+        headers = {"content-type": wire.CONTENT_TYPE}
+        if self.uses_segment(frame):
+            with self._shared_lock:  # held until the answer: the child reads the segment meanwhile
+                with self.segment.view(frame.array_bytes) as view:
+                    body = frame.shared_body(view)
+                content = self._send("POST", "/score", self.request_timeout, [body], headers)
+        else:
+            content = self._send("POST", "/score", self.request_timeout, frame.body_parts(), headers)
         try:
-            return wire.decode(response.content)
+            return wire.decode(content)
         except wire.WireError as exc:
             raise ChildProtocolError(f"POST /score: answer is not a valid frame: {exc}") from exc
 
@@ -101,10 +175,10 @@ class ChildClient:
         return self._json("POST", "/offload", self.request_timeout)
 
     def drain(self, timeout_s: float) -> dict[str, Any]:
-        return self._json("POST", "/drain", timeout_s + self.control_timeout, params={"timeout_s": timeout_s})
+        return self._json("POST", f"/drain?timeout_s={timeout_s!r}", timeout_s + self.control_timeout)
 
     def shutdown(self, timeout_s: float) -> dict[str, Any]:
         return self._json("POST", "/shutdown", timeout_s)
 
     def close(self) -> None:
-        self._http.close()
+        self._transport.close()

@@ -78,6 +78,9 @@ class ClientConfig(_Model):
     weights: dict[str, float] = Field(default_factory=dict)
     input_kind: InputKind = "text"
     request_batch_size: int = Field(default=64, gt=0)
+    # Arrays of a request totalling at least this many bytes travel through a shared-memory
+    # segment (negotiated at start-up; in-band when the child or platform cannot). None: never.
+    shared_memory_min_bytes: int | None = Field(default=64 * 1024, ge=0)
 
     @model_validator(mode="after")
     def _weights_named(self) -> "ClientConfig":

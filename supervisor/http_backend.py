@@ -30,15 +30,16 @@ class HttpScoringBackend(RewardBackend):
 
     def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         try:
-            body = wire.encode({"items": [item.to_wire() for item in chunk]})
+            frame = wire.prepare({"items": [item.to_wire() for item in chunk]})
         except wire.WireError as exc:
             raise ScorerRequestError(f"cannot encode request: {exc}", kind="bad_input") from exc
-        if self.max_request_bytes is not None and len(body) > self.max_request_bytes:
-            raise ScorerRequestError(f"request of {len(body)} bytes exceeds max_request_bytes={self.max_request_bytes}; "
+        size = frame.body_size()  # one limit, whichever way the arrays travel
+        if self.max_request_bytes is not None and size > self.max_request_bytes:
+            raise ScorerRequestError(f"request of {size} bytes exceeds max_request_bytes={self.max_request_bytes}; "
                                      "lower request_batch_size", status=413, kind="too_large")
         ids = [item.id for item in chunk]
         # verified inside the call, so a backend can act on the connection that gave the answer
-        return self._call("score", lambda client: verify_score_answer(client.score(body), ids,
+        return self._call("score", lambda client: verify_score_answer(client.score(frame), ids,
                                                                        self.required_rewards, self._record),
                           restart=True)
 

@@ -38,7 +38,8 @@ class LocalRewardBackend(RewardBackend):
 
     def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         try:
-            items = items_from_wire({"items": [item.to_wire() for item in chunk]})
+            items = items_from_wire({"items": [item.to_wire() for item in chunk]},
+                                    copy_media=self.scorer.spec.writable_inputs)
             result = score_checked(self.scorer, items)
         except (RequestError, ScoreInputError) as exc:
             raise ScorerRequestError(str(exc), kind="bad_input") from exc

@@ -45,6 +45,7 @@ class LaunchPlan:
     log_dir: Path | None
     rank: int | None
     startup_timeout: float
+    pass_fds: tuple[int, ...] = ()  # e.g. the data-plane segment; inherited by this child only
 
 
 def _wait_fd(fd: int, events: int, deadline: float) -> bool:
@@ -157,7 +158,7 @@ class ChildProcess:
                 [str(self.plan.python_executable), "-X", "faulthandler", "-m", "child_runtime"],
                 stdin=subprocess.PIPE, stdout=log_fd, stderr=subprocess.STDOUT,
                 cwd=self.plan.service_root, env=self.plan.env, start_new_session=True,
-                pass_fds=(listen_fd, ready_w), close_fds=True,
+                pass_fds=(listen_fd, ready_w, *self.plan.pass_fds), close_fds=True,
             )
         except OSError as exc:
             raise ScorerStartupError(

@@ -179,3 +179,49 @@ class OnloadFailsOnce(Scorer):
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         return ScoreResult(terms={"onload_fails_once": [1.0] * len(items)})
+
+
+def _image_inputs(items: Sequence[ScoreItem]) -> dict:
+    """How the child handed the arrays over: writable? backed by what?"""
+    bases = []
+    for item in items:
+        base = item.image
+        while getattr(base, "base", None) is not None and not isinstance(base, (bytes, bytearray, memoryview)):
+            base = base.base
+        obj = base.obj if isinstance(base, memoryview) else base
+        bases.append(type(obj).__name__)
+    return {"writeable": [bool(item.image.flags.writeable) for item in items], "bases": bases}
+
+
+class InputProbe(Scorer):
+    """Mean pixel per item; diagnostics say whether inputs were writable and what memory backs them."""
+
+    spec = ScorerSpec(name="input_probe", input_kind="image", required_fields=("image",), terms=("input_probe",))
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        return ScoreResult(terms={"input_probe": [float(item.image.mean()) for item in items]},
+                           diagnostics=_image_inputs(items))
+
+
+class WritesInputs(InputProbe):
+    """Zeroes its input in place (so it declares writable_inputs), then scores the mean: always 0."""
+
+    spec = ScorerSpec(name="writes_inputs", input_kind="image", required_fields=("image",),
+                      terms=("writes_inputs",), writable_inputs=True)
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        for item in items:
+            item.image[...] = 0
+        return ScoreResult(terms={"writes_inputs": [float(item.image.mean()) for item in items]},
+                           diagnostics=_image_inputs(items))
+
+
+class WritesWithoutSaying(InputProbe):
+    """Writes into its input without declaring it: must fail loudly, never corrupt shared memory."""
+
+    spec = ScorerSpec(name="writes_without_saying", input_kind="image", required_fields=("image",),
+                      terms=("writes_without_saying",))
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        items[0].image[0, 0, 0] = 1
+        return ScoreResult(terms={"writes_without_saying": [0.0] * len(items)})

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from child_runtime import wire
-from child_runtime.wire import ALIGN, MAGIC, WireError, decode, encode
+from child_runtime.wire import ALIGN, MAGIC, WireError, decode, encode, prepare
 
 PREFIX = len(MAGIC) + 4
 
@@ -249,7 +249,7 @@ def test_truncated_body():
     (n,) = struct.unpack_from("<I", frame, len(MAGIC))
     data_start = -(-(PREFIX + n) // ALIGN) * ALIGN
     assert decode(frame[: data_start + 800])["x"].tolist() == list(range(100))  # padding is not needed
-    with pytest.raises(WireError, match=r"arrays\[0\] \[0, \+800\) is misaligned or outside the body"):
+    with pytest.raises(WireError, match=r"arrays\[0\] \[0, \+800\) lies outside the body"):
         decode(frame[: data_start + 799])
     with pytest.raises(WireError, match=r"arrays\[0\].*outside the body"):
         decode(frame[: PREFIX + n])  # header intact, no buffers at all
@@ -276,11 +276,14 @@ def test_header_not_json(header_bytes):
         {"meta": {}, "arrays": [], "extra": 1},
         {"meta": {}, "arrays": {}},
         {"meta": {}, "arrays": None},
+        {"meta": {}, "arrays": [], "shared": False},
+        {"meta": {}, "arrays": [], "shared": 1},
     ],
-    ids=["list", "string", "null", "no-arrays", "no-meta", "extra-key", "arrays-dict", "arrays-null"],
+    ids=["list", "string", "null", "no-arrays", "no-meta", "extra-key", "arrays-dict", "arrays-null", "shared-false",
+         "shared-1"],
 )
 def test_header_must_be_object_with_exactly_meta_and_arrays(header):
-    with pytest.raises(WireError, match="exactly 'meta' and 'arrays'"):
+    with pytest.raises(WireError, match="'meta', 'arrays' \\(a list\\) and optionally 'shared': true"):
         decode(raw_frame(header))
 
 
@@ -328,13 +331,13 @@ def test_nbytes_mismatch(nbytes):
 
 @pytest.mark.parametrize("offset", [1, 4, 32, 63])
 def test_offset_misaligned(offset):
-    with pytest.raises(WireError, match=rf"arrays\[0\] \[{offset}, \+24\) is misaligned or outside the body"):
+    with pytest.raises(WireError, match=rf"arrays\[0\]\.offset {offset} is not a multiple of 64"):
         decode(one_array(good_desc(offset=offset), body=b"\0" * 256))
 
 
 @pytest.mark.parametrize("offset", [64, 128, 2**40])
 def test_offset_out_of_bounds(offset):
-    with pytest.raises(WireError, match=rf"arrays\[0\] \[{offset}, \+24\) is misaligned or outside the body"):
+    with pytest.raises(WireError, match=rf"arrays\[0\] \[{offset}, \+24\) lies outside the body"):
         decode(one_array(good_desc(offset=offset), body=b"\0" * 64))
 
 
@@ -466,3 +469,60 @@ def test_structured_header_mutations_only_ever_raise_wire_error():
 def test_module_constants_are_what_the_child_and_parent_agree_on():
     assert wire.MAGIC == b"MSWIRE1\x00" and wire.ALIGN == 64
     assert "|O" not in wire.ALLOWED_DTYPES and "<c16" not in wire.ALLOWED_DTYPES
+
+
+# -- shared frames: arrays in a segment, the body is the header alone ---------------------
+
+def _segment(size: int):
+    """A stand-in for ChildSegment.view over plain memory, recording what was asked."""
+    memory = bytearray(size)
+    asked: list[int] = []
+
+    def view(nbytes: int) -> memoryview:
+        asked.append(nbytes)
+        if nbytes > size:
+            raise WireError(f"shared frame spans {nbytes} bytes; the segment has {size}")
+        return memoryview(memory)
+
+    return memory, view, asked
+
+
+def test_shared_round_trip_is_zero_copy_and_exact():
+    arrays = {"a": np.arange(10, dtype=np.float32), "b": np.full((3, 5, 4), 7, np.uint8), "c": np.zeros(0, np.int64)}
+    frame = prepare({"items": [arrays, {"id": "x"}]})
+    memory, view, asked = _segment(frame.array_bytes)
+    body = frame.shared_body(memoryview(memory))
+    assert len(body) < 400  # metadata only
+    decoded = decode(body, shared=view)
+    for name, arr in arrays.items():
+        got = decoded["items"][0][name]
+        assert got.dtype == arr.dtype and np.array_equal(got, arr)
+    assert np.shares_memory(decoded["items"][0]["b"], np.frombuffer(memory, np.uint8))
+    assert asked == [max(d["offset"] + d["nbytes"] for d in frame.descs)]
+
+
+def test_in_band_and_shared_bodies_decode_to_the_same_value():
+    meta = {"items": [{"id": "i", "image": np.random.default_rng(1).integers(0, 256, (9, 7, 3), dtype=np.uint8)}]}
+    frame = prepare(meta)
+    memory, view, _ = _segment(frame.array_bytes)
+    in_band = decode(b"".join(frame.body_parts()))
+    shared = decode(frame.shared_body(memoryview(memory)), shared=view)
+    assert np.array_equal(in_band["items"][0]["image"], shared["items"][0]["image"])
+    assert frame.body_size() == len(encode(meta))
+
+
+def test_shared_frame_without_a_segment_or_with_trailing_bytes():
+    frame = prepare({"x": np.ones(4, np.uint8)})
+    memory, view, _ = _segment(64)
+    body = frame.shared_body(memoryview(memory))
+    with pytest.raises(WireError, match="none was negotiated"):
+        decode(body)
+    with pytest.raises(WireError, match="3 bytes past its header"):
+        decode(body + b"abc", shared=view)
+
+
+def test_shared_frame_past_the_segment():
+    frame = prepare({"x": np.ones(1000, np.uint8)})
+    _, view, _ = _segment(512)
+    with pytest.raises(WireError, match="the segment has 512"):
+        decode(frame.shared_body(memoryview(bytearray(frame.array_bytes))), shared=view)

@@ -1,0 +1,237 @@
+"""The shared-memory data plane, end to end with real children: negotiated, reused, never leaked."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import weakref
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+
+from child_runtime import wire
+from child_runtime.shared_segment import SEGMENT_NAME, ParentSegment
+from supervisor import LocalRewardBackend, RewardItem, RewardRequest
+from supervisor.errors import ScorerProcessDied, ScorerRequestError
+from tests.conftest import REPO_ROOT, wait_until_gone
+
+FIXTURES = "tests.fixture_scorers"
+
+
+def segment_fds(pid: int | str = "self") -> set[int]:
+    """The data-plane memfds `pid` holds open, by inode (mmap keeps a dup of the descriptor)."""
+    found = set()
+    base = Path(f"/proc/{pid}/fd")
+    for name in os.listdir(base):
+        try:
+            if os.readlink(base / name).startswith(f"/memfd:{SEGMENT_NAME}"):
+                found.add(os.stat(base / name).st_ino)
+        except OSError:
+            continue
+    return found
+
+
+def holders_of_segments() -> list[int]:
+    """Every process of ours that holds a segment open or mapped."""
+    holders = []
+    for proc in psutil.process_iter(["pid", "uids"]):
+        if proc.info["uids"] is None or proc.info["uids"].real != os.getuid():
+            continue
+        try:
+            maps = Path(f"/proc/{proc.pid}/maps").read_text()
+            if segment_fds(proc.pid) or SEGMENT_NAME in maps:
+                holders.append(proc.pid)
+        except (OSError, psutil.Error):
+            continue
+    return holders
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def images(shapes: list[tuple[int, int, int]], seed: int = 0) -> RewardRequest:
+    rng = np.random.default_rng(seed)
+    return RewardRequest(items=[RewardItem(id=f"img{i}", image=rng.integers(0, 256, shape, dtype=np.uint8))
+                                for i, shape in enumerate(shapes)])
+
+
+def exact_means(request: RewardRequest) -> list[float]:
+    return [float(item.image.mean(dtype=np.float64)) / 255.0 for item in request.items]
+
+
+def test_negotiated_at_start_and_scores_match_in_process(managed, image_python):
+    backend = managed(image_python, "mean_intensity", "image")
+    assert backend.ready_info["shared_memory"] is True
+    assert backend.ready_info["event_loop"] == "uvloop"  # the env has it, so the child must use it
+    request = images([(256, 256, 3)] * 8)
+    frame = wire.prepare({"items": [item.to_wire() for item in request.items]})
+    assert backend._gen.client.uses_segment(frame)
+    with LocalRewardBackend("mean_intensity") as local:
+        assert backend.compute_rewards(request).rewards == local.compute_rewards(request).rewards
+    assert len(segment_fds()) == 1
+
+
+def test_segment_grows_is_reused_and_never_serves_stale_bytes(managed, image_python):
+    backend = managed(image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": 0})
+    segment = backend._gen.segment
+    sizes = []
+    for seed, side in enumerate([8, 64, 512, 64, 700, 8]):
+        request = images([(side, side, 3), (side // 2 + 1, side, 4)], seed=seed)
+        assert backend.compute_rewards(request).rewards == exact_means(request)
+        sizes.append(segment.size)
+    assert backend._gen.segment is segment  # one segment for the child's life
+    assert sizes == sorted(sizes) and sizes[-1] >= 700 * 700 * 3  # grows, never shrinks under the child
+
+
+def test_in_band_when_the_parent_offers_no_segment(managed, image_python):
+    backend = managed(image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": None})
+    assert backend.ready_info["shared_memory"] is False
+    assert backend.ready_info["shared_memory_error"] == "not offered by the parent"
+    assert segment_fds() == set()
+    request = images([(300, 200, 3)] * 3)
+    assert backend.compute_rewards(request).rewards == exact_means(request)
+
+
+class _UnsealedSegment(ParentSegment):
+    """A segment the child must refuse: without the shrink seal a read could SIGBUS."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(max_bytes)
+        self._fd_closer()
+        self.fd = os.memfd_create(SEGMENT_NAME, os.MFD_CLOEXEC)
+        self._fd_closer = weakref.finalize(self, os.close, self.fd)
+
+
+def test_a_child_that_refuses_the_segment_is_served_in_band(managed, image_python, monkeypatch):
+    monkeypatch.setattr("supervisor.managed.ParentSegment", _UnsealedSegment)
+    backend = managed(image_python, "mean_intensity", "image")
+    assert backend.ready_info["shared_memory"] is False
+    assert "not sealed against shrinking" in backend.ready_info["shared_memory_error"]
+    assert segment_fds() == set()  # the refused segment was closed at once
+    request = images([(256, 256, 3)] * 4)
+    assert backend.compute_rewards(request).rewards == exact_means(request)
+
+
+@pytest.mark.parametrize("min_bytes, backing", [(0, "mmap"), (None, "bytes")])
+def test_the_scorer_gets_read_only_zero_copy_views(managed, image_python, min_bytes, backing):
+    backend = managed(image_python, f"{FIXTURES}:InputProbe", "image", client={"shared_memory_min_bytes": min_bytes})
+    diagnostics = backend.compute_rewards(images([(64, 64, 3)] * 3)).diagnostics
+    assert diagnostics["writeable"] == [False] * 3
+    assert diagnostics["bases"] == [backing] * 3
+
+
+def test_a_scorer_that_writes_its_inputs_gets_private_copies(managed, image_python):
+    request = images([(64, 64, 3)] * 2)
+    before = [item.image.copy() for item in request.items]
+    backend = managed(image_python, f"{FIXTURES}:WritesInputs", "image", client={"shared_memory_min_bytes": 0})
+    with LocalRewardBackend(f"{FIXTURES}:WritesInputs") as local:
+        for scored in (backend.compute_rewards(request), local.compute_rewards(request)):
+            assert scored.rewards == [0.0, 0.0]
+            assert scored.diagnostics["writeable"] == [True, True]
+    assert all(np.array_equal(item.image, old) for item, old in zip(request.items, before))
+
+
+def test_a_scorer_writing_into_read_only_inputs_fails_loudly(managed, image_python):
+    request = images([(64, 64, 3)])
+    backend = managed(image_python, f"{FIXTURES}:WritesWithoutSaying", "image",
+                      client={"shared_memory_min_bytes": 0})
+    with pytest.raises(ScorerRequestError, match="read-only") as caught:
+        backend.compute_rewards(request)
+    assert caught.value.status == 500
+    assert backend.health()["state"] == "ready"
+    with LocalRewardBackend(f"{FIXTURES}:WritesWithoutSaying") as local, pytest.raises(ValueError, match="read-only"):
+        local.compute_rewards(request)  # in-process too: the trainer's arrays are never written
+
+
+def _shared_frame(descs: list[dict], trailing: bytes = b"") -> bytes:
+    header = wire.json.dumps({"meta": {"items": [{"id": "a", "image": {"__array__": 0}}]}, "arrays": descs,
+                              "shared": True}).encode()
+    return wire.MAGIC + wire._LEN.pack(len(header)) + header + trailing
+
+
+@pytest.mark.parametrize("case, descs, trailing, message", [
+    ("past the segment", [{"dtype": "|u1", "shape": [1024, 1024, 3], "offset": 0, "nbytes": 3 << 20}], b"",
+     "the segment has"),
+    ("past the request limit", [{"dtype": "|u1", "shape": [4096, 4096, 3], "offset": 0, "nbytes": 48 << 20}], b"",
+     "limit max_request_bytes"),
+    ("trailing bytes", [{"dtype": "|u1", "shape": [2, 2, 3], "offset": 0, "nbytes": 12}], b"junk",
+     "bytes past its header"),
+])
+def test_hostile_shared_frames_are_refused(managed, image_python, case, descs, trailing, message):
+    backend = managed(image_python, "mean_intensity", "image", limits={"max_request_bytes": 32 << 20})
+    child = backend._gen.child
+    with httpx.Client(base_url=f"http://127.0.0.1:{child.port}", trust_env=False, timeout=10,
+                      headers={"authorization": f"Bearer {child.token}"}) as http:
+        response = http.post("/score", content=_shared_frame(descs, trailing))
+    assert response.status_code == 400, case
+    assert message in response.json()["error"]
+    request = images([(32, 32, 3)])
+    assert backend.compute_rewards(request).rewards == exact_means(request)
+
+
+def test_a_shared_frame_to_a_child_without_a_segment_is_refused(managed, image_python):
+    backend = managed(image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": None})
+    child = backend._gen.child
+    frame = _shared_frame([{"dtype": "|u1", "shape": [2, 2, 3], "offset": 0, "nbytes": 12}])
+    response = httpx.post(f"http://127.0.0.1:{child.port}/score", content=frame, trust_env=False, timeout=10,
+                          headers={"authorization": f"Bearer {child.token}"})
+    assert response.status_code == 400
+    assert "none was negotiated" in response.json()["error"]
+
+
+def test_a_restart_gets_a_fresh_segment_and_closes_the_old_one(managed, image_python):
+    shm_before = shm_entries()
+    backend = managed(image_python, "mean_intensity", "image", restart={"backoff_s": 0.0})
+    request = images([(128, 128, 3)] * 4)
+    backend.compute_rewards(request)
+    old_segment, old_pid = backend._gen.segment, backend.pid
+    os.kill(old_pid, signal.SIGKILL)
+    with pytest.raises(ScorerProcessDied):
+        backend.compute_rewards(request)
+    assert backend.compute_rewards(request).rewards == exact_means(request)
+    assert backend.pid != old_pid and backend._gen.segment is not old_segment
+    assert old_segment.fd == -1 and len(segment_fds()) == 1
+    backend.close()
+    assert segment_fds() == set()
+    assert shm_entries() == shm_before
+
+
+PARENT_SCRIPT = """
+import sys, time
+import numpy as np
+from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest
+backend = ManagedScorerProcessBackend({
+    "process": {"python_executable": sys.argv[1]},
+    "scorer": {"name": "mean_intensity", "input_kind": "image"},
+    "client": {"input_kind": "image"},
+})
+image = np.full((256, 256, 3), 51, np.uint8)
+print(backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=image)])).rewards[0], backend.pid,
+      flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_trainer_leaves_no_segment_anywhere(image_python):
+    """kill -9 of the parent: the child dies with it, and with both gone the kernel frees the memfd."""
+    shm_before = shm_entries()
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_SCRIPT, str(image_python)], cwd=REPO_ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        reward, child_pid = parent.stdout.readline().split()
+        assert float(reward) == pytest.approx(0.2)
+        assert {parent.pid, int(child_pid)} <= set(holders_of_segments())
+        parent.kill()
+        parent.wait(10)
+        assert wait_until_gone([int(child_pid)], 5.0) == []
+        assert not set(holders_of_segments()) & {parent.pid, int(child_pid), os.getpid()}
+        assert shm_entries() == shm_before
+    finally:
+        parent.kill()
+        parent.wait(10)
+        parent.stdout.close()

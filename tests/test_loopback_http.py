@@ -1,0 +1,210 @@
+"""LoopbackHTTP against real sockets: deadlines across the whole exchange, stale connections, framing."""
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from supervisor.loopback_http import LoopbackClosed, LoopbackHTTP, LoopbackProtocolError, LoopbackTimeout
+
+
+class RawServer:
+    """A one-thread TCP server whose `handle(conn)` plays a (mis)behaving HTTP peer."""
+
+    def __init__(self, handle: Callable[[socket.socket], None]) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.accepted = 0
+        self._handle = handle
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                self._handle(conn)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.listener.close()
+        self._thread.join(5)
+
+
+def read_request(conn: socket.socket) -> tuple[bytes, bytes]:
+    """Head and body of one request (content-length framed)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ConnectionError("client went away")
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int([line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")][0])
+    while len(body) < length:
+        body += conn.recv(1 << 20)
+    return head, body
+
+
+def answer(body: bytes, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(handle: Callable[[socket.socket], None]) -> tuple[RawServer, LoopbackHTTP]:
+        server = RawServer(handle)
+        client = LoopbackHTTP("127.0.0.1", server.port, {"authorization": "Bearer t"})
+        servers.append((server, client))
+        return server, client
+
+    yield start
+    for server, client in servers:
+        client.close()
+        server.close()
+
+
+def keep_alive_echo(conn: socket.socket) -> None:
+    """Answers every request on the connection with the sha256 of its body."""
+    while True:
+        try:
+            _, body = read_request(conn)
+        except ConnectionError:
+            return
+        conn.sendall(answer(hashlib.sha256(body).hexdigest().encode()))
+
+
+def test_keep_alive_reuses_one_connection_and_scatter_gather_arrives_intact(serve):
+    server, client = serve(keep_alive_echo)
+    arrays = [np.random.default_rng(i).integers(0, 256, (512, 512, 3), dtype=np.uint8) for i in range(8)]
+    parts = [b"head"] + [memoryview(a.reshape(-1)) for a in arrays] + [b"", b"tail"]
+    expected = hashlib.sha256(b"head" + b"".join(a.tobytes() for a in arrays) + b"tail").hexdigest().encode()
+    for _ in range(5):
+        reply = client.request("POST", "/score", 10.0, parts)
+        assert reply.status == 200 and bytes(reply.body) == expected
+    assert server.accepted == 1
+
+
+def test_a_silent_server_times_out_at_the_deadline(serve):
+    def silent(conn: socket.socket) -> None:
+        read_request(conn)
+        time.sleep(3)
+
+    _, client = serve(silent)
+    started = time.monotonic()
+    with pytest.raises(LoopbackTimeout):
+        client.request("GET", "/health", 0.5)
+    assert 0.45 < time.monotonic() - started < 1.5
+
+
+def test_the_deadline_spans_the_whole_answer_not_each_read(serve):
+    """A server dripping one byte every 0.1 s never lets a single recv time out; the deadline still holds."""
+    def drip(conn: socket.socket) -> None:
+        read_request(conn)
+        for byte in answer(b"x" * 100):
+            conn.sendall(bytes([byte]))
+            time.sleep(0.1)
+
+    _, client = serve(drip)
+    started = time.monotonic()
+    with pytest.raises(LoopbackTimeout):
+        client.request("GET", "/health", 1.0)
+    assert time.monotonic() - started < 1.6
+
+
+@pytest.mark.parametrize("reply, error, message", [
+    (b"", LoopbackClosed, "closed the connection before answering"),
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort", LoopbackClosed, "after 5 of 50 body bytes"),
+    (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", LoopbackProtocolError,
+     "no content-length"),
+    (b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n", LoopbackProtocolError, "expected HTTP/1.1"),
+    (b"garbage\r\n\r\n", LoopbackProtocolError, "bad status line"),
+    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", LoopbackProtocolError, "bad header line"),
+    (b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n", LoopbackProtocolError, "bad content-length"),
+])
+def test_broken_answers_are_typed(serve, reply, error, message):
+    def broken(conn: socket.socket) -> None:
+        read_request(conn)
+        conn.sendall(reply)
+
+    _, client = serve(broken)
+    with pytest.raises(error, match=message):
+        client.request("GET", "/health", 5.0)
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced(serve):
+    """The server answers once per connection and hangs up without saying so: never reuse a dead socket."""
+    def one_shot(conn: socket.socket) -> None:
+        read_request(conn)
+        conn.sendall(answer(b"ok"))
+
+    server, client = serve(one_shot)
+    for _ in range(4):
+        assert bytes(client.request("GET", "/health", 5.0).body) == b"ok"
+        time.sleep(0.05)  # let the close arrive before the next request
+    assert server.accepted == 4
+
+
+def test_connection_close_answers_are_not_reused(serve):
+    def closes(conn: socket.socket) -> None:
+        read_request(conn)
+        conn.sendall(answer(b"bye", b"connection: close\r\n"))
+
+    server, client = serve(closes)
+    for _ in range(3):
+        assert bytes(client.request("GET", "/health", 5.0).body) == b"bye"
+    assert server.accepted == 3
+
+
+def test_refused_connection_and_closed_client(serve):
+    server, client = serve(keep_alive_echo)
+    server.close()
+    with pytest.raises(LoopbackClosed, match="connect to"):
+        LoopbackHTTP("127.0.0.1", server.port, {}).request("GET", "/health", 2.0)
+    client.close()
+    with pytest.raises(LoopbackClosed, match="client is closed"):
+        client.request("GET", "/health", 2.0)
+
+
+def test_threads_share_the_client_without_mixing_answers(serve):
+    def echo_path(conn: socket.socket) -> None:
+        while True:
+            try:
+                head, _ = read_request(conn)
+            except ConnectionError:
+                return
+            conn.sendall(answer(head.split(b" ")[1]))
+
+    server, client = serve(echo_path)
+    failures: list[str] = []
+
+    def worker(n: int) -> None:
+        for i in range(100):
+            path = f"/t{n}/{i}"
+            got = bytes(client.request("GET", path, 10.0).body).decode()
+            if got != path:
+                failures.append(f"{path} -> {got}")
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert failures == [] and not any(t.is_alive() for t in threads)
+    assert server.accepted <= 6  # connections are pooled, not one per request
