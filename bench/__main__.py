@@ -6,6 +6,9 @@ run, so a noisy shared machine moves both sides together.
 from __future__ import annotations
 
 import json
+import logging
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -15,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 
+from bench import jpeg_json_peer, math_throughput
 from bench.workloads import WORKLOADS
-from child_runtime import wire
 from supervisor import LocalRewardBackend, ManagedScorerProcessBackend, RewardItem, RewardRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,55 +48,91 @@ def timed(fn: Callable[[], object], repeats: int, warmup: int = 3) -> list[float
     return samples
 
 
+def interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 2) -> dict[str, float]:
+    """p50 of each fn, measured in alternation so machine drift hits all of them alike."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for name, fn in fns.items():
+        timed(fn, 0, warmup)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name] += timed(fn, 1, warmup=0)
+    return {name: p50(values) for name, values in samples.items()}
+
+
 def p50(samples: list[float]) -> float:
     return statistics.median(samples)
 
 
-def managed(env: str, scorer: str, kind: str, params: dict) -> ManagedScorerProcessBackend:
+def managed(env: str, scorer: str, kind: str, params: dict, **client: object) -> ManagedScorerProcessBackend:
     return ManagedScorerProcessBackend({
         "process": {"python_executable": env_python(env)},
         "scorer": {"name": scorer, "input_kind": kind, "params": params},
-        "client": {"input_kind": kind, "request_batch_size": 64},
+        "client": {"input_kind": kind, "request_batch_size": 64, **client},
     })
 
 
 def bench_tiny_round_trip() -> str:
     request = RewardRequest(items=[RewardItem(id="a", text="x")])
     with managed("image", "constant", "text", {}) as backend, LocalRewardBackend("constant") as local:
-        remote = timed(lambda: backend.compute_rewards(request), 500, warmup=20)
-        inproc = timed(lambda: local.compute_rewards(request), 500, warmup=20)
-    return (f"tiny request round trip      managed p50 {p50(remote) * 1e3:7.3f} ms  in-process p50 "
+        remote = timed(lambda: backend.compute_rewards(request), 2000, warmup=50)
+        inproc = timed(lambda: local.compute_rewards(request), 2000, warmup=50)
+    return (f"tiny request round trip         managed p50 {p50(remote) * 1e3:7.3f} ms  in-process p50 "
             f"{p50(inproc) * 1e3:7.3f} ms  overhead {1e3 * (p50(remote) - p50(inproc)):7.3f} ms")
 
 
-def bench_image_batch() -> str:
-    rng = np.random.default_rng(0)
-    images = [rng.integers(0, 256, (512, 512, 3), dtype=np.uint8) for _ in range(8)]
-    request = RewardRequest(items=[RewardItem(id=f"img{i}", image=im) for i, im in enumerate(images)])
-    with managed("image", "jpeg_compressibility", "image", {}) as backend, \
-            LocalRewardBackend("jpeg_compressibility") as local:
-        assert backend.compute_rewards(request).rewards == local.compute_rewards(request).rewards
-        remote, inproc = [], []
-        for _ in range(15):  # interleaved so drift hits both sides
-            remote += timed(lambda: backend.compute_rewards(request), 1, warmup=0)
-            inproc += timed(lambda: local.compute_rewards(request), 1, warmup=0)
-        phases = server_phases(backend, request)
-    ratio = p50(remote) / p50(inproc)
-    return (f"8x512x512 jpeg_compressibility managed p50 {p50(remote) * 1e3:7.2f} ms  in-process p50 "
-            f"{p50(inproc) * 1e3:7.2f} ms  ratio {ratio:5.3f}  (+{1e3 * (p50(remote) - p50(inproc)):.2f} ms)\n"
-            f"  child-side p50 ms: {phases}")
+def image_request() -> RewardRequest:
+    return RewardRequest(items=[RewardItem(**raw) for raw in WORKLOADS["image"]()])
+
+
+def bench_transport() -> str:
+    """8x512x512x3 uint8 through a scorer that only averages pixels: the transport is what differs."""
+    request = image_request()
+    images = [item.image for item in request.items]
+    with managed("image", "mean_intensity", "image", {}) as shared, \
+            managed("image", "mean_intensity", "image", {}, shared_memory_min_bytes=None) as in_band, \
+            LocalRewardBackend("mean_intensity") as local:
+        expected = local.compute_rewards(request).rewards
+        assert shared.compute_rewards(request).rewards == expected == in_band.compute_rewards(request).rewards
+        assert shared.ready_info["shared_memory"] and not in_band.ready_info["shared_memory"]
+        times = interleaved({"in-process": lambda: local.compute_rewards(request),
+                             "shared": lambda: shared.compute_rewards(request),
+                             "in-band": lambda: in_band.compute_rewards(request)}, rounds=30)
+        phases = {name: server_phases(backend, request) for name, backend in
+                  (("shared", shared), ("in-band", in_band))}
+    peer = jpeg_json_peer.measure(images, repeats=15)
+    base = times["in-process"]
+    lines = [f"8x512x512x3 uint8 (6.3 MB)      in-process p50 {base * 1e3:6.2f} ms (mean_intensity)"]
+    for name in ("shared", "in-band"):
+        lines.append(f"  managed, {name:<8} p50 {times[name] * 1e3:6.2f} ms  transport overhead "
+                     f"{1e3 * (times[name] - base):+6.2f} ms  child-side p50 ms: {phases[name]}")
+    lines.append(f"  base64-JPEG-q95 JSON peer p50 {peer['p50_s'] * 1e3:6.2f} ms (encode alone "
+                 f"{peer['encode_p50_s'] * 1e3:.2f} ms)  overhead {1e3 * (peer['p50_s'] - base):+6.2f} ms  "
+                 f"= {peer['p50_s'] / times['shared']:.1f}x ours (shared); lossy: max pixel error "
+                 f"{peer['max_abs_pixel_error']}")
+    return "\n".join(lines)
 
 
 def server_phases(backend: ManagedScorerProcessBackend, request: RewardRequest) -> str:
     """Where the managed time goes, from the child's Server-Timing header (receive = HTTP body read)."""
-    body = wire.encode({"items": [item.to_wire() for item in request.items]})
     samples: dict[str, list[float]] = {}
     for _ in range(15):
-        response = backend._gen.client._http.post("/score", content=body)
-        for part in response.headers["server-timing"].split(", "):
+        backend.compute_rewards(request)
+        for part in backend._gen.client.last_server_timing.split(", "):
             name, dur = part.split(";dur=")
             samples.setdefault(name, []).append(float(dur))
     return "  ".join(f"{name} {p50(values):.2f}" for name, values in samples.items())
+
+
+def bench_jpeg_batch() -> str:
+    request = image_request()
+    with managed("image", "jpeg_compressibility", "image", {}) as backend, \
+            LocalRewardBackend("jpeg_compressibility") as local:
+        assert backend.compute_rewards(request).rewards == local.compute_rewards(request).rewards
+        times = interleaved({"managed": lambda: backend.compute_rewards(request),
+                             "local": lambda: local.compute_rewards(request)}, rounds=20)
+    return (f"8x512x512 jpeg_compressibility  managed p50 {times['managed'] * 1e3:7.2f} ms  in-process p50 "
+            f"{times['local'] * 1e3:7.2f} ms  ratio {times['managed'] / times['local']:5.3f}  "
+            f"(+{1e3 * (times['managed'] - times['local']):.2f} ms)")
 
 
 def bare_import_s(env: str, repeats: int = 5) -> float:
@@ -114,8 +153,30 @@ def bench_cold_start(env: str) -> str:
     for _ in range(5):
         with managed(env, scorer, kind, params) as backend:
             spawn.append(backend.timings["spawn_to_ready_s"])
-    return (f"cold start env {env:<6}       spawn->ready p50 {p50(spawn):6.3f} s  bare import {bare:6.3f} s  "
+    return (f"cold start env {env:<6}           spawn->ready p50 {p50(spawn):6.3f} s  bare import {bare:6.3f} s  "
             f"difference {p50(spawn) - bare:+6.3f} s")
+
+
+def bench_shutdown() -> str:
+    """Graceful: close() of an idle child. Forced: a frozen child, killed at close()'s deadline."""
+    graceful = []
+    for _ in range(5):
+        backend = managed("image", "constant", "text", {})
+        started = time.perf_counter()
+        backend.close()
+        graceful.append(time.perf_counter() - started)
+    late = []
+    logging.getLogger("supervisor").setLevel(logging.ERROR)  # the escalation warnings are expected here
+    for _ in range(3):
+        backend = ManagedScorerProcessBackend({
+            "process": {"python_executable": env_python("image"), "shutdown_timeout": 1.0},
+            "scorer": {"name": "constant"}})
+        os.kill(backend.pid, signal.SIGSTOP)  # answers nothing, handles no signal but SIGKILL
+        started = time.perf_counter()
+        backend.close()
+        late.append(time.perf_counter() - started - 1.0)
+    return (f"shutdown                        graceful p50 {p50(graceful):6.3f} s  forced (frozen child, "
+            f"shutdown_timeout 1 s): gone {p50(late) * 1e3:+6.1f} ms past the deadline")
 
 
 def bench_env_batch(env: str, workload: str, repeats: int) -> str:
@@ -130,16 +191,23 @@ def bench_env_batch(env: str, workload: str, repeats: int) -> str:
     inproc = json.loads(out.stdout.strip().splitlines()[-1])
     assert managed_rewards == inproc["terms"][scorer], "managed and in-process rewards differ"
     ratio = p50(remote) / p50(inproc["samples"])
-    return (f"{len(request.items)}-item {scorer:<15} managed p50 {p50(remote) * 1e3:8.2f} ms  in-process p50 "
+    return (f"{len(request.items)}-item {scorer:<18} managed p50 {p50(remote) * 1e3:8.2f} ms  in-process p50 "
             f"{p50(inproc['samples']) * 1e3:8.2f} ms  ratio {ratio:5.3f}")
 
 
+LINES: list[Callable[[], str]] = [
+    bench_tiny_round_trip, bench_transport, bench_jpeg_batch,
+    lambda: bench_env_batch("math", "math", 15), math_throughput.main_line,
+    lambda: bench_env_batch("embed", "embed", 15), lambda: bench_env_batch("ocr", "ocr", 5),
+    *[lambda env=env: bench_cold_start(env) for env in ("image", "math", "embed", "ocr")],
+    bench_shutdown,
+]
+
+
 def main() -> None:
-    print(f"managed-scorers bench  python {sys.version.split()[0]}  cores {len(__import__('os').sched_getaffinity(0))}")
-    lines = [bench_tiny_round_trip, bench_image_batch,
-             lambda: bench_env_batch("embed", "embed", 15), lambda: bench_env_batch("ocr", "ocr", 5)]
-    lines += [lambda env=env: bench_cold_start(env) for env in ("image", "math", "embed", "ocr")]
-    for line in lines:
+    print(f"managed-scorers bench  python {sys.version.split()[0]}  cores {len(os.sched_getaffinity(0))}  "
+          f"numpy {np.__version__}")
+    for line in LINES:
         print(line(), flush=True)
 
 

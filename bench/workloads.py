@@ -37,4 +37,11 @@ def image_items(n: int = 8, size: int = 512) -> list[dict[str, Any]]:
     return [{"id": f"img{i}", "image": rng.integers(0, 256, (size, size, 3), dtype=np.uint8)} for i in range(n)]
 
 
-WORKLOADS = {"ocr": ocr_items, "embed": embed_items, "image": image_items}
+def math_items(n: int = 64) -> list[dict[str, Any]]:
+    """n distinct completions with gold answers (the math throughput bench's mix)."""
+    from bench.math_throughput import workload
+
+    return [{"id": f"m{i}", "text": text, "reference": gold} for i, (text, gold) in enumerate(workload(1000, n))]
+
+
+WORKLOADS = {"ocr": ocr_items, "embed": embed_items, "image": image_items, "math": math_items}

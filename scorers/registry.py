@@ -12,6 +12,7 @@ _REGISTRY: dict[str, str] = {
     "exact_match": "scorers.rules:ExactMatch",
     "nonempty": "scorers.rules:NonEmpty",
     "constant": "scorers.rules:Constant",
+    "mean_intensity": "scorers.rules:MeanIntensity",
     "text_similarity": "scorers.text_similarity:TextSimilarity",
     "ocr": "scorers.ocr:OcrScorer",
     "video": "scorers.video:VideoScorer",

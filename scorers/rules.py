@@ -1,10 +1,12 @@
-"""Rule rewards that need no model: exact match, non-empty, constant."""
+"""Rule rewards that need no model: exact match, non-empty, constant, mean intensity."""
 from __future__ import annotations
 
 import math
 import re
 import unicodedata
 from typing import Sequence
+
+import numpy as np
 
 from scorers.base import ScoreItem, ScoreResult, Scorer, ScorerSpec, reference_answer
 
@@ -62,3 +64,17 @@ class Constant(Scorer):
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         return ScoreResult(terms={"constant": [self.value] * len(items)})
+
+
+class MeanIntensity(Scorer):
+    """Mean pixel value in [0, 1] (brightness): a cheap image reward, and the transport bench's load.
+
+    Scoring costs one pass over the pixels, so managed vs in-process on it measures the data plane.
+    """
+
+    spec = ScorerSpec(name="mean_intensity", input_kind="image", required_fields=("image",),
+                      terms=("mean_intensity",), revision="1", env="image")
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        return ScoreResult(terms={"mean_intensity": [float(item.image.mean(dtype=np.float64)) / 255.0
+                                                     for item in items]})

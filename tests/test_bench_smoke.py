@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from bench.__main__ import bench_cold_start, bench_image_batch, bench_tiny_round_trip
+from bench.__main__ import bench_cold_start, bench_jpeg_batch, bench_shutdown, bench_tiny_round_trip, bench_transport
 
 
 @pytest.mark.slow
 def test_bench_lines_run(image_python):
     assert "overhead" in bench_tiny_round_trip()
-    line = bench_image_batch()
-    assert "ratio" in line and "child-side p50 ms: receive" in line
+    transport = bench_transport()
+    assert "managed, shared" in transport and "managed, in-band" in transport and "JPEG" in transport
+    assert "child-side p50 ms: receive" in transport
+    assert "ratio" in bench_jpeg_batch()
     assert "difference" in bench_cold_start("image")
+    assert "past the deadline" in bench_shutdown()

@@ -21,6 +21,7 @@ REGISTERED = {
     "jpeg_compressibility": "scorers.jpeg:JpegCompressibility",
     "jpeg_incompressibility": "scorers.jpeg:JpegIncompressibility",
     "exact_match": "scorers.rules:ExactMatch",
+    "mean_intensity": "scorers.rules:MeanIntensity",
     "nonempty": "scorers.rules:NonEmpty",
     "constant": "scorers.rules:Constant",
     "text_similarity": "scorers.text_similarity:TextSimilarity",
@@ -330,3 +331,14 @@ def test_bad_jpeg_quality_is_rejected(cls, quality):
 @pytest.mark.parametrize("quality", [1, 100])
 def test_jpeg_quality_bounds_are_inclusive(quality):
     assert JpegCompressibility(quality=quality).quality == quality
+
+
+def test_mean_intensity_is_the_mean_pixel_in_unit_range():
+    black, white = np.zeros((4, 4, 3), np.uint8), np.full((4, 4, 3), 255, np.uint8)
+    half = np.concatenate([black, white], axis=0)
+    request = RewardRequest(items=[RewardItem(id=k, image=v) for k, v in
+                                   {"black": black, "white": white, "half": half}.items()])
+    with LocalRewardBackend("mean_intensity") as local:
+        assert local.compute_rewards(request).rewards == [0.0, 1.0, 0.5]
+        with pytest.raises(ScorerRequestError, match="image"):
+            local.compute_rewards(RewardRequest(items=[RewardItem(id="t", text="no image")]))
