@@ -27,11 +27,22 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_DropTimeoutDisabledWarning())
 
 
+_DELIMITERS = ("$", "\\boxed", "\\(", "\\[")
+
+
 def parse_gold(gold: str) -> list:
-    """Parse the gold answer; retry as inline LaTeX; refuse a gold that parses to nothing."""
-    parsed = parse(gold, parsing_timeout=None)
-    if not parsed:
-        parsed = parse("$" + gold + "$", parsing_timeout=None)
+    """Parse the gold answer; refuse a gold that parses to nothing.
+
+    A bare gold (a dataset answer such as `2\\sqrt{2}`, with no `$` or `\\boxed`) is
+    parsed as `\\boxed{gold}` first: parsed raw, math_verify finds no LaTeX and
+    extracts the leading `2`, so `\\boxed{2}` would be graded correct.
+    """
+    candidates = [gold] if any(d in gold for d in _DELIMITERS) else ["\\boxed{" + gold + "}", gold]
+    parsed: list = []
+    for text in candidates + ["$" + gold + "$"]:
+        parsed = parse(text, parsing_timeout=None)
+        if parsed:
+            break
     if not parsed:
         raise UnparsableGoldError(f"gold answer {gold[:200]!r} cannot be parsed by math_verify")
     return parsed

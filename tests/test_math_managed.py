@@ -137,3 +137,22 @@ def test_killed_grading_worker_fails_one_call_then_the_pool_is_rebuilt(managed, 
     response = backend.compute_rewards(RewardRequest(items=[PERCENT]))
     assert response.rewards == [1.0]
     assert backend.pid and backend.health()["state"] == "ready"
+
+
+@pytest.mark.slow
+def test_bare_latex_golds_are_parsed_whole(managed, math_python):
+    """A dataset gold like `2\\sqrt{2}` has no `$`: parsed raw, math_verify kept only the leading 2,
+    so `\\boxed{2}` was graded right and `\\boxed{\\sqrt{8}}` wrong. Both directions are checked."""
+    backend = managed(math_python, "math_verify", params={"jobs": 1, "timeout_s": 10})
+    cases = {
+        "sqrt8": ("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", 1.0),
+        "two": ("\\boxed{2}", "2\\sqrt{2}", 0.0),
+        "half": ("\\boxed{0.5}", "\\frac{1}{2}", 1.0),
+        "pi": ("\\boxed{3.14}", "\\pi", 0.0),
+        "delimited": ("so $x^2+1$", "$x^2+1$", 1.0),
+        "plain": ("\\boxed{12}", "12", 1.0),
+    }
+    request = RewardRequest(items=[RewardItem(id=name, text=text, reference=gold)
+                                   for name, (text, gold, _) in cases.items()])
+    got = dict(zip(request.ids, backend.compute_rewards(request).rewards))
+    assert got == {name: expected for name, (_, _, expected) in cases.items()}
