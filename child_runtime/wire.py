@@ -74,12 +74,15 @@ class Frame:
             self.descs.append({"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset, "nbytes": arr.nbytes})
             offset = _aligned(offset + arr.nbytes)
         self.array_bytes = offset  # the aligned span the buffers occupy, in-band or in a segment
+        self._headers: dict[bool, bytes] = {}
 
     def _header(self, shared: bool) -> bytes:
-        header: dict[str, Any] = {"meta": self.lifted, "arrays": self.descs}
-        if shared:
-            header["shared"] = True
-        return json.dumps(header, allow_nan=False, separators=(",", ":")).encode()
+        if shared not in self._headers:
+            header: dict[str, Any] = {"meta": self.lifted, "arrays": self.descs}
+            if shared:
+                header["shared"] = True
+            self._headers[shared] = json.dumps(header, allow_nan=False, separators=(",", ":")).encode()
+        return self._headers[shared]
 
     def body_parts(self) -> list[bytes | memoryview]:
         """The in-band frame as buffers for a scatter-gather send (no copy of the arrays)."""
