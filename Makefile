@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 ENVS := math image embed ocr
 PYTEST_ARGS ?=
 
-.PHONY: install envs demo test test-fast lint bench gpu-check clean $(addprefix env-,$(ENVS))
+.PHONY: install envs demo test test-fast lint bench bench-peers gpu-check clean $(addprefix env-,$(ENVS))
 
 install: $(VENV)/.installed
 
@@ -36,9 +36,12 @@ test-fast: install envs
 bench: install envs
 	$(VPY) -m bench
 
+bench-peers: install env-image
+	$(VPY) -m bench.peers
+
 gpu-check: install env-embed
 	$(VPY) -m bench.gpu_residency
 
 clean:
-	rm -rf $(VENV) $(addprefix envs/,$(addsuffix /.venv,$(ENVS))) build *.egg-info
+	rm -rf $(VENV) $(addprefix envs/,$(addsuffix /.venv,$(ENVS))) bench/.peers-venv build *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -187,15 +187,15 @@ class LoopbackHTTP:
         conn = self._take(deadline)
         try:
             answer, reusable = conn.exchange(head, body, deadline)
-        except socket.timeout as exc:
-            conn.close()
-            raise LoopbackTimeout(f"{method} {target}: no answer within {timeout} s") from exc
-        except (LoopbackClosed, LoopbackTimeout, LoopbackProtocolError):
-            conn.close()
+        except BaseException as exc:
+            conn.close()  # mid-exchange (even on Ctrl-C) the connection's state is unknown: never reuse it
+            if isinstance(exc, (LoopbackClosed, LoopbackTimeout, LoopbackProtocolError)):
+                raise
+            if isinstance(exc, socket.timeout):
+                raise LoopbackTimeout(f"{method} {target}: no answer within {timeout} s") from exc
+            if isinstance(exc, OSError):
+                raise LoopbackClosed(f"{method} {target}: {exc!r}") from exc  # reset, broken pipe
             raise
-        except OSError as exc:  # reset, broken pipe
-            conn.close()
-            raise LoopbackClosed(f"{method} {target}: {exc!r}") from exc
         if reusable:
             self._give_back(conn)
         else:

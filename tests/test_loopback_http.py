@@ -41,8 +41,13 @@ class RawServer:
                 pass
 
     def close(self) -> None:
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone does not
+        except OSError:
+            pass
         self.listener.close()
         self._thread.join(5)
+        assert not self._thread.is_alive()
 
 
 def read_request(conn: socket.socket) -> tuple[bytes, bytes]:
