@@ -64,7 +64,12 @@ class ScoreResult:
 
 
 class Scorer:
-    """Base class: cheap constructor, weights in `load`, scoring in `score`."""
+    """Base class: cheap constructor, weights in `load`, scoring in `score`.
+
+    `score` gets media as read-only views that are valid only until it returns (in a
+    managed child they live in the shared segment the next request reuses): copy any
+    array you keep across calls, or declare `writable_inputs` to get private copies.
+    """
 
     spec: ClassVar[ScorerSpec]
 

@@ -48,6 +48,7 @@ class VideoScorer(Scorer):
             name="video", input_kind="video", required_fields=("video", *extra), terms=("video",),
             revision=f"video[{inner_spec.name}@{inner_spec.revision}]", env=inner_spec.env,
             supports_offload=inner_spec.supports_offload, report_packages=inner_spec.report_packages,
+            writable_inputs=inner_spec.writable_inputs,
         )
 
     def load(self, device: str = "cpu") -> None:

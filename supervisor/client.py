@@ -155,8 +155,11 @@ class ChildClient:
         headers = {"content-type": wire.CONTENT_TYPE}
         if self.uses_segment(frame):
             with self._shared_lock:  # held until the answer: the child reads the segment meanwhile
-                with self.segment.view(frame.array_bytes) as view:
-                    body = frame.shared_body(view)
+                try:
+                    with self.segment.view(frame.array_bytes) as view:
+                        body = frame.shared_body(view)
+                except (OSError, ValueError) as exc:  # closed meanwhile, or no memory for the growth
+                    raise ChildTransportError(f"POST /score: shared segment: {exc!r}", False) from exc
                 content = self._send("POST", "/score", self.request_timeout, [body], headers)
         else:
             content = self._send("POST", "/score", self.request_timeout, frame.body_parts(), headers)

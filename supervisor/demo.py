@@ -54,9 +54,10 @@ def run_managed(scorer: str, env: str, kind: str, params: dict, request: RewardR
         started = time.monotonic()
         response = backend.compute_rewards(request)
         score_s = time.monotonic() - started
+        shared = backend.ready_info.get("shared_memory")
     finally:
         backend.close()
-    timings = {"spawn_to_ready_s": backend.timings["spawn_to_ready_s"], "score_s": score_s,
+    timings = {"spawn_to_ready_s": backend.timings["spawn_to_ready_s"], "score_s": score_s, "shared_memory": shared,
                "shutdown_s": backend.timings["shutdown_s"], "packages": packages, "pid": backend.pid,
                "diagnostics": response.diagnostics}
     return response.rewards, timings
@@ -100,10 +101,11 @@ def main() -> None:
         print(f"  {item.id:<11} {item.text!r:<44} vs {item.reference!r:<30} {value:>6.3f}")
 
     print("\nlifecycle (seconds)")
-    print(f"  {'child':<24} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}")
+    print(f"  {'child':<24} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}  shared-memory data plane")
     for name, info in (("math_verify (math)", math_info), ("jpeg (image)", image_info), ("ocr (ocr)", ocr_info),
                        ("text_similarity (embed)", text_info)):
-        print(f"  {name:<24} {info['spawn_to_ready_s']:>12.3f} {info['score_s']:>8.3f} {info['shutdown_s']:>9.3f}")
+        print(f"  {name:<24} {info['spawn_to_ready_s']:>12.3f} {info['score_s']:>8.3f} {info['shutdown_s']:>9.3f}  "
+              f"{'negotiated' if info['shared_memory'] else 'in-band'}")
 
 
 if __name__ == "__main__":

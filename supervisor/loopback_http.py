@@ -112,7 +112,7 @@ class _Connection:
         if "content-length" not in headers or "transfer-encoding" in headers:
             raise LoopbackProtocolError(f"answer {status} has no content-length (headers {sorted(headers)})")
         length = headers["content-length"]
-        if not length.isdigit() or int(length) > MAX_ANSWER_BYTES:
+        if not (length.isascii() and length.isdigit()) or int(length) > MAX_ANSWER_BYTES:
             raise LoopbackProtocolError(f"bad content-length {length[:40]!r}")
         body_out = self._read_exact(end + 4, int(length), deadline)
         reusable = headers.get("connection", "").lower() != "close"

@@ -128,13 +128,13 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
             "device": scorer.device,
             "graceful_timeout_s": max(0.1, process.shutdown_timeout / 2),
             "limits": self.spec.limits.model_dump(),
-            "shared_fd": segment.fd if segment else None,
+            "shared_fd": segment.child_fd if segment else None,
         }
         return LaunchPlan(
             name=scorer.name.lower().replace(".", "_").replace(":", "_"),
             python_executable=process.python_executable, service_root=process.service_root, boot=boot,
             env=env, log_dir=process.log_dir, rank=process.local_rank, startup_timeout=process.startup_timeout,
-            pass_fds=(segment.fd,) if segment else (),
+            pass_fds=(segment.child_fd,) if segment else (),
         )
 
     def _launch(self) -> tuple[_Generation, dict[str, Any]]:

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from child_runtime import wire
-from child_runtime.shared_segment import SEGMENT_NAME, ParentSegment
+from child_runtime.shared_segment import SEGMENT_NAME, ChildSegment, ParentSegment, _close_fds
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 from supervisor.errors import ScorerProcessDied, ScorerRequestError
 from tests.conftest import REPO_ROOT, wait_until_gone
@@ -104,7 +104,8 @@ class _UnsealedSegment(ParentSegment):
         super().__init__(max_bytes)
         self._fd_closer()
         self.fd = os.memfd_create(SEGMENT_NAME, os.MFD_CLOEXEC)
-        self._fd_closer = weakref.finalize(self, os.close, self.fd)
+        self.child_fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
+        self._fd_closer = weakref.finalize(self, _close_fds, self.fd, self.child_fd)
 
 
 def test_a_child_that_refuses_the_segment_is_served_in_band(managed, image_python, monkeypatch):
@@ -235,3 +236,52 @@ def test_a_killed_trainer_leaves_no_segment_anywhere(image_python):
         parent.kill()
         parent.wait(10)
         parent.stdout.close()
+
+
+def test_the_child_gets_a_read_only_descriptor_it_cannot_reseal_or_resize():
+    segment = ParentSegment(1 << 20)
+    try:
+        with segment.view(10_000) as view:
+            view[:3] = b"abc"
+        assert os.fstat(segment.fd).st_blocks * 512 >= segment.size  # growth reserved the pages (no SIGBUS later)
+        with pytest.raises(PermissionError):
+            import fcntl
+            fcntl.fcntl(segment.child_fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW)
+        with pytest.raises(OSError):
+            os.ftruncate(segment.child_fd, 1 << 30)
+        child = ChildSegment(os.dup(segment.child_fd), 1 << 20)
+        try:
+            assert bytes(child.view(3)[:3]) == b"abc"
+            with pytest.raises(wire.WireError, match="the segment has"):
+                child.view(segment.size + 1)
+        finally:
+            child.close()
+    finally:
+        segment.close()
+    segment.close()  # idempotent
+    with pytest.raises(ValueError, match="closed"):
+        segment.view(10)
+
+
+def test_a_forked_process_does_not_pin_the_segment():
+    """A DataLoader-style fork of the trainer drops its copies of every segment at once."""
+    segment = ParentSegment(1 << 20)
+    try:
+        with segment.view(4096) as view:
+            view[:1] = b"x"
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the forked child: report what it holds, then leave without cleanup
+            os.close(read_end)
+            held = len(segment_fds()) + (SEGMENT_NAME in Path("/proc/self/maps").read_text())
+            os.write(write_end, str(held).encode())
+            os._exit(0)
+        os.close(write_end)
+        try:
+            assert os.read(read_end, 16) == b"0"
+        finally:
+            os.close(read_end)
+            os.waitpid(pid, 0)
+        assert segment.fd >= 0  # the parent's own segment is untouched
+    finally:
+        segment.close()

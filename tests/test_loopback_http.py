@@ -142,6 +142,8 @@ def test_the_deadline_spans_the_whole_answer_not_each_read(serve):
     (b"garbage\r\n\r\n", LoopbackProtocolError, "bad status line"),
     (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", LoopbackProtocolError, "bad header line"),
     (b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n", LoopbackProtocolError, "bad content-length"),
+    ("HTTP/1.1 200 OK\r\ncontent-length: \u00b2\r\n\r\n".encode("latin-1"), LoopbackProtocolError,
+     "bad content-length"),
 ])
 def test_broken_answers_are_typed(serve, reply, error, message):
     def broken(conn: socket.socket) -> None:

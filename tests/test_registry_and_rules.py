@@ -342,3 +342,14 @@ def test_mean_intensity_is_the_mean_pixel_in_unit_range():
         assert local.compute_rewards(request).rewards == [0.0, 1.0, 0.5]
         with pytest.raises(ScorerRequestError, match="image"):
             local.compute_rewards(RewardRequest(items=[RewardItem(id="t", text="no image")]))
+
+
+def test_video_passes_on_the_inner_scorers_writable_inputs():
+    from scorers.video import VideoScorer
+
+    assert VideoScorer(inner="tests.fixture_scorers:WritesInputs").spec.writable_inputs
+    assert not VideoScorer(inner="mean_intensity").spec.writable_inputs
+    clip = np.full((4, 8, 8, 3), 200, np.uint8)
+    with LocalRewardBackend("video", params={"inner": "tests.fixture_scorers:WritesInputs"}) as local:
+        assert local.compute_rewards(RewardRequest(items=[RewardItem(id="v", video=clip)])).rewards == [0.0]
+    assert (clip == 200).all()  # the copies were written, not the trainer's clip

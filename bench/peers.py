@@ -1,0 +1,280 @@
+"""`make bench-peers`: the image batch through a Ray actor and a Ray Serve deployment, next to ours.
+
+Issue 5 asks how the managed child compares with the usual way of putting a scorer in
+another process: a Ray actor (object store + gRPC) and a Ray Serve deployment (HTTP through
+the Serve proxy). Both are measured in the same run as our in-process, shared-memory and
+in-band paths, on the same 8 random 512x512x3 uint8 images, so the ratios survive a noisy
+shared machine. Rewards are the mean pixel / 255 and must be equal everywhere (asserted):
+scoring costs ~nothing, so the figures are the transport.
+
+Ray is not a dependency of this project: it is installed into a scratch venv
+(bench/.peers-venv, rebuilt when REQUIREMENTS change, like envs/build.sh). If pip cannot
+install it, the target prints one SKIPPED line and exits 0: it is optional.
+
+    .venv/bin/python -m bench.peers                    # trainer side (this is what make runs)
+    bench/.peers-venv/bin/python -m bench.peers ray DIR  # the Ray side; prints one JSON line
+
+Module-level imports are stdlib + numpy only, since both venvs import this file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / "bench" / ".peers-venv"
+VENV_PYTHON = VENV / "bin" / "python"
+REQUIREMENTS = "ray[serve]==2.60.0\nnumpy==2.4.6\n"
+INSTALL_TIMEOUT_S = 900
+PEER_TIMEOUT_S = 300
+MARKER = "MANAGED_SCORERS_BENCH_PEERS"  # in the Ray side's environment, so every Ray process can be found
+BATCH_ROUNDS = 30
+EMPTY_ROUNDS = 200
+
+
+def rewards_of(images: list[np.ndarray]) -> list[float]:
+    """Exactly what scorers.rules.MeanIntensity computes, so equality can be asserted."""
+    return [float(a.mean(dtype=np.float64)) / 255.0 for a in images]
+
+
+def p50_interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 3) -> dict[str, float]:
+    """p50 of each fn, called in alternation so drift hits all alike (bench.__main__ is not importable here)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            started = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - started)
+    return {name: float(np.median(values)) for name, values in samples.items()}
+
+
+# --- Ray side (runs in bench/.peers-venv) ----------------------------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ray_peer(temp_dir: str) -> dict:
+    """Start a 2-CPU local Ray, measure actor and Serve calls, and always shut both down."""
+    import http.client
+
+    import ray
+    from ray import serve
+
+    from bench.workloads import image_items
+
+    images = [item["image"] for item in image_items()]
+    expected = rewards_of(images)
+    body = b"".join(a.tobytes() for a in images)
+    shape = images[0].shape
+
+    @ray.remote(num_cpus=0)
+    class Scorer:
+        def empty(self) -> list:
+            return []
+
+        def score(self, batch: list[np.ndarray]) -> list[float]:
+            return rewards_of(batch)
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0})
+    class HttpScorer:
+        async def __call__(self, request) -> list[float]:
+            raw = await request.body()
+            return rewards_of(list(np.frombuffer(raw, np.uint8).reshape(-1, *shape))) if raw else []
+
+    started = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir,
+             object_store_memory=256 * 1024 * 1024)
+    try:
+        actor = Scorer.remote()
+        assert ray.get(actor.score.remote(images), timeout=60) == expected, "Ray actor rewards differ"
+        port = _free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(HttpScorer.bind(), route_prefix="/")
+        startup_s = time.perf_counter() - started
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # keep-alive, like our httpx client
+
+        def post(payload: bytes) -> list[float]:
+            conn.request("POST", "/", body=payload, headers={"content-type": "application/octet-stream"})
+            response = conn.getresponse()
+            data = response.read()
+            assert response.status == 200, (response.status, data[:200])
+            return json.loads(data)
+
+        assert post(body) == expected, "Ray Serve rewards differ"
+        assert post(b"") == []
+        empty = p50_interleaved({"actor": lambda: ray.get(actor.empty.remote(), timeout=60),
+                                 "serve": lambda: post(b"")}, EMPTY_ROUNDS, warmup=20)
+        batch = p50_interleaved({"actor": lambda: ray.get(actor.score.remote(images), timeout=60),
+                                 "serve": lambda: post(body)}, BATCH_ROUNDS)
+        conn.close()
+        return {"ray": ray.__version__, "startup_s": startup_s, "rewards": expected,
+                "actor_empty_p50_s": empty["actor"], "serve_empty_p50_s": empty["serve"],
+                "actor_batch_p50_s": batch["actor"], "serve_batch_p50_s": batch["serve"]}
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+# --- trainer side (runs in .venv) -------------------------------------------------------
+
+def build_venv() -> str | None:
+    """Build the scratch venv when missing or stale; return a skip reason, or None when it is ready."""
+    want = hashlib.sha256(REQUIREMENTS.encode()).hexdigest()
+    stamp = VENV / ".requirements.sha256"
+    if VENV_PYTHON.exists() and stamp.exists() and stamp.read_text().strip() == want:
+        return None
+    print(f"bench-peers: building {VENV.relative_to(ROOT)} ({REQUIREMENTS.strip().replace(chr(10), ', ')})",
+          flush=True)
+    shutil.rmtree(VENV, ignore_errors=True)
+    steps = [[sys.executable, "-m", "venv", str(VENV)],
+             [str(VENV_PYTHON), "-m", "pip", "install", "-q", "--no-input", *REQUIREMENTS.split()],
+             [str(VENV_PYTHON), "-m", "pip", "check"]]
+    for step in steps:
+        try:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            shutil.rmtree(VENV, ignore_errors=True)
+            return f"`{' '.join(step[-3:])}` took over {INSTALL_TIMEOUT_S} s"
+        if done.returncode:
+            shutil.rmtree(VENV, ignore_errors=True)
+            lines = [ln for ln in (done.stderr + done.stdout).splitlines()
+                     if ln.strip() and not ln.startswith("WARNING: Location")]
+            return f"pip could not install {REQUIREMENTS.split()[0]}: {lines[-1] if lines else done.returncode}"
+    stamp.write_text(want + "\n")
+    return None
+
+
+def ray_processes(temp_dir: str) -> list:
+    """This run's Ray processes. Workers and agents retitle themselves `ray::X`, so their command
+    lines no longer name the venv: they are found by the MARKER or HOME (both temp_dir) they inherit.
+    setproctitle zeroes the start of the environ block, so it is read raw (psutil's environ() is empty)."""
+    import psutil
+
+    wanted = {f"{MARKER}={temp_dir}".encode(), f"HOME={temp_dir}".encode()}
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            marked = bool(wanted & set(Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")))
+        except OSError:  # gone, or not ours to read
+            marked = False
+        text = " ".join(proc.info["cmdline"] or [])
+        if proc.pid != os.getpid() and (marked or str(VENV) in text or temp_dir in text):
+            found.append(proc)
+    return found
+
+
+def run_peer() -> tuple[dict, int]:
+    """Run ray_peer in the scratch venv under a deadline; kill whatever Ray left; return (figures, killed)."""
+    temp_dir = tempfile.mkdtemp(prefix="rayp")  # short: Ray's socket paths live under it
+    # HOME: Ray 2.60 writes its default auth token to ~/.ray/auth_token; keep it in temp_dir, removed below
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HOME": temp_dir,
+           MARKER: temp_dir}
+    proc = subprocess.Popen([str(VENV_PYTHON), "-m", "bench.peers", "ray", temp_dir], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=PEER_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        leftovers = ray_processes(temp_dir)
+        for leftover in leftovers:
+            leftover.kill()
+        import psutil
+
+        psutil.wait_procs(leftovers, timeout=10)
+        assert not ray_processes(temp_dir), "Ray processes survived SIGKILL"
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    if proc.returncode:
+        raise RuntimeError(f"the Ray peer failed (rc={proc.returncode}):\n{err[-4000:]}")
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1]), len(leftovers)
+
+
+def measure_ours() -> dict:
+    """Our side on the same batch: in-process, managed child over shared memory and in-band; tiny request."""
+    from bench.__main__ import image_request, interleaved, managed, p50, timed
+    from supervisor import LocalRewardBackend, RewardItem, RewardRequest
+
+    request = image_request()
+    tiny = RewardRequest(items=[RewardItem(id="a", text="x")])
+    with managed("image", "mean_intensity", "image", {}) as shared, \
+            managed("image", "mean_intensity", "image", {}, shared_memory_min_bytes=None) as in_band, \
+            LocalRewardBackend("mean_intensity") as local:
+        rewards = local.compute_rewards(request).rewards
+        assert shared.compute_rewards(request).rewards == rewards == in_band.compute_rewards(request).rewards
+        assert shared.ready_info["shared_memory"] and not in_band.ready_info["shared_memory"]
+        times = interleaved({"in-process": lambda: local.compute_rewards(request),
+                             "shared": lambda: shared.compute_rewards(request),
+                             "in-band": lambda: in_band.compute_rewards(request)}, rounds=BATCH_ROUNDS)
+        spawn_s = shared.timings["spawn_to_ready_s"]
+    with managed("image", "constant", "text", {}) as backend:
+        times["tiny"] = p50(timed(lambda: backend.compute_rewards(tiny), EMPTY_ROUNDS, warmup=20))
+    return {"times": times, "rewards": rewards, "spawn_s": spawn_s}
+
+
+def report(ours: dict, ray: dict) -> list[str]:
+    t, shared, tiny = ours["times"], ours["times"]["shared"], ours["times"]["tiny"]
+
+    def line(label: str, value: float, base: float, base_name: str) -> str:
+        return (f"{label:<38} p50 {value * 1e3:7.3f} ms = {value / base:5.2f} x {base_name} "
+                f"({(value - base) * 1e3:+7.3f} ms)")
+
+    return [
+        "8x512x512x3 uint8 (6.3 MB), mean_intensity; baseline: our managed child over shared memory",
+        line("  in-process (LocalRewardBackend)", t["in-process"], shared, "managed shared"),
+        line("  managed child, shared memory", shared, shared, "managed shared"),
+        line("  managed child, in-band (HTTP body)", t["in-band"], shared, "managed shared"),
+        line("  Ray actor, batch", ray["actor_batch_p50_s"], shared, "managed shared"),
+        line("  Ray Serve HTTP, batch as raw bytes", ray["serve_batch_p50_s"], shared, "managed shared"),
+        "tiny request; baseline: our managed child, 1 text item, scorer constant",
+        line("  managed child, tiny", tiny, tiny, "managed tiny"),
+        line("  Ray actor, empty call", ray["actor_empty_p50_s"], tiny, "managed tiny"),
+        line("  Ray Serve HTTP, empty POST", ray["serve_empty_p50_s"], tiny, "managed tiny"),
+        f"start: Ray init + actor + Serve deployment {ray['startup_s']:.2f} s; "
+        f"managed child spawn->ready {ours['spawn_s']:.3f} s",
+    ]
+
+
+def main() -> int:
+    reason = build_venv()
+    if reason:
+        print(f"bench-peers: SKIPPED - {reason}")
+        return 0
+    ours = measure_ours()
+    ray, killed = run_peer()
+    assert ray["rewards"] == ours["rewards"], "Ray and managed rewards differ"
+    print(f"managed-scorers bench-peers  python {sys.version.split()[0]}  ray {ray['ray']}  "
+          f"cores {len(os.sched_getaffinity(0))}")
+    print("\n".join(report(ours, ray)))
+    print(f"Ray processes left after ray.shutdown(): {killed} (killed); after cleanup: 0")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["ray"] and len(sys.argv) == 3:
+        print(json.dumps(ray_peer(sys.argv[2])), flush=True)
+    elif len(sys.argv) == 1:
+        sys.exit(main())
+    else:
+        sys.exit("usage: python -m bench.peers [ray TEMP_DIR]")
