@@ -148,7 +148,10 @@ class ChildClient:
         return body
 
     def uses_segment(self, frame: wire.Frame) -> bool:
-        return self.segment is not None and self.shared_min_bytes <= frame.array_bytes <= self.segment.max_bytes
+        """Large enough, and a segment still open (a forked copy of the trainer has dropped it)."""
+        segment = self.segment
+        return segment is not None and segment.fd >= 0 and \
+            self.shared_min_bytes <= frame.array_bytes <= segment.max_bytes
 
     def score(self, frame: wire.Frame) -> Any:
         """POST a framed request (arrays in-band or through the segment); returns the decoded answer."""
