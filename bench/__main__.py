@@ -5,6 +5,7 @@ run, so a noisy shared machine moves both sides together.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -14,13 +15,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
 from bench import jpeg_json_peer, math_throughput
 from bench.workloads import WORKLOADS
-from supervisor import LocalRewardBackend, ManagedScorerProcessBackend, RewardItem, RewardRequest
+from supervisor import LocalRewardBackend, ManagedScorerProcessBackend, RewardBackend, RewardItem, RewardRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV_IMPORTS = {
@@ -84,21 +85,30 @@ def image_request() -> RewardRequest:
     return RewardRequest(items=[RewardItem(**raw) for raw in WORKLOADS["image"]()])
 
 
-def bench_transport() -> str:
-    """8x512x512x3 uint8 through a scorer that only averages pixels: the transport is what differs."""
-    request = image_request()
-    images = [item.image for item in request.items]
+@contextlib.contextmanager
+def transport_trio(request: RewardRequest) -> Iterator[dict[str, RewardBackend]]:
+    """`mean_intensity` in-process, managed over shared memory and managed in-band; equal rewards asserted."""
     with managed("image", "mean_intensity", "image", {}) as shared, \
             managed("image", "mean_intensity", "image", {}, shared_memory_min_bytes=None) as in_band, \
             LocalRewardBackend("mean_intensity") as local:
         expected = local.compute_rewards(request).rewards
         assert shared.compute_rewards(request).rewards == expected == in_band.compute_rewards(request).rewards
         assert shared.ready_info["shared_memory"] and not in_band.ready_info["shared_memory"]
-        times = interleaved({"in-process": lambda: local.compute_rewards(request),
-                             "shared": lambda: shared.compute_rewards(request),
-                             "in-band": lambda: in_band.compute_rewards(request)}, rounds=30)
-        phases = {name: server_phases(backend, request) for name, backend in
-                  (("shared", shared), ("in-band", in_band))}
+        yield {"in-process": local, "shared": shared, "in-band": in_band}
+
+
+def time_backends(backends: dict[str, RewardBackend], request: RewardRequest, rounds: int) -> dict[str, float]:
+    return interleaved({name: (lambda b=backend: b.compute_rewards(request)) for name, backend in backends.items()},
+                       rounds=rounds)
+
+
+def bench_transport() -> str:
+    """8x512x512x3 uint8 through a scorer that only averages pixels: the transport is what differs."""
+    request = image_request()
+    images = [item.image for item in request.items]
+    with transport_trio(request) as trio:
+        times = time_backends(trio, request, rounds=30)
+        phases = {name: server_phases(trio[name], request) for name in ("shared", "in-band")}
     peer = jpeg_json_peer.measure(images, repeats=15)
     base = times["in-process"]
     lines = [f"8x512x512x3 uint8 (6.3 MB)      in-process p50 {base * 1e3:6.2f} ms (mean_intensity)"]
@@ -149,12 +159,13 @@ def bare_import_s(env: str, repeats: int = 5) -> float:
 def bench_cold_start(env: str) -> str:
     scorer, kind, params = ENV_SCORER[env]
     bare = bare_import_s(env)
-    spawn = []
+    spawn, load = [], []
     for _ in range(5):
         with managed(env, scorer, kind, params) as backend:
             spawn.append(backend.timings["spawn_to_ready_s"])
+            load.append(backend.ready_info["load_s"])
     return (f"cold start env {env:<6}           spawn->ready p50 {p50(spawn):6.3f} s  bare import {bare:6.3f} s  "
-            f"difference {p50(spawn) - bare:+6.3f} s")
+            f"difference {p50(spawn) - bare:+6.3f} s  (the scorer's load() in the child, lazy imports included: {p50(load):.3f} s)")
 
 
 def bench_shutdown() -> str:

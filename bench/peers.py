@@ -230,21 +230,15 @@ def run_peer() -> tuple[dict, int]:
 
 def measure_ours() -> dict:
     """Our side on the same batch: in-process, managed child over shared memory and in-band; tiny request."""
-    from bench.__main__ import image_request, interleaved, managed, p50, timed
-    from supervisor import LocalRewardBackend, RewardItem, RewardRequest
+    from bench.__main__ import image_request, managed, p50, time_backends, timed, transport_trio
+    from supervisor import RewardItem, RewardRequest
 
     request = image_request()
     tiny = RewardRequest(items=[RewardItem(id="a", text="x")])
-    with managed("image", "mean_intensity", "image", {}) as shared, \
-            managed("image", "mean_intensity", "image", {}, shared_memory_min_bytes=None) as in_band, \
-            LocalRewardBackend("mean_intensity") as local:
-        rewards = local.compute_rewards(request).rewards
-        assert shared.compute_rewards(request).rewards == rewards == in_band.compute_rewards(request).rewards
-        assert shared.ready_info["shared_memory"] and not in_band.ready_info["shared_memory"]
-        times = interleaved({"in-process": lambda: local.compute_rewards(request),
-                             "shared": lambda: shared.compute_rewards(request),
-                             "in-band": lambda: in_band.compute_rewards(request)}, rounds=BATCH_ROUNDS)
-        spawn_s = shared.timings["spawn_to_ready_s"]
+    with transport_trio(request) as trio:
+        rewards = trio["in-process"].compute_rewards(request).rewards
+        times = time_backends(trio, request, rounds=BATCH_ROUNDS)
+        spawn_s = trio["shared"].timings["spawn_to_ready_s"]
     with managed("image", "constant", "text", {}) as backend:
         times["tiny"] = p50(timed(lambda: backend.compute_rewards(tiny), EMPTY_ROUNDS, warmup=20))
     return {"times": times, "rewards": rewards, "spawn_s": spawn_s}

@@ -91,12 +91,14 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
     if declared is not None and declared != scorer.spec.input_kind:
         _fail(pipe, exit_codes.BAD_CONFIG,
               f"input_kind {declared!r} configured, but scorer {scorer.spec.name!r} takes {scorer.spec.input_kind!r}")
+    started = time.monotonic()
     try:
         scorer.load(config.device)
         if config.gpu_residency == "resident" and not config.boot_offloaded:
             host.onload()
     except Exception:  # noqa: BLE001 - any load failure is a boot failure, reported in full
         _fail(pipe, exit_codes.SCORER_LOAD_FAILED, traceback.format_exc())
+    host.load_s = time.monotonic() - started
     return host
 
 
@@ -177,7 +179,7 @@ def main() -> None:
     server_imports = _import_server_in_background()
     host = _build_host(config, pipe)
     server_imports.join()  # imports are local and bounded; a failure re-raises in _serve's import
-    timings = {"boot_s": round(time.monotonic() - started, 4)}
+    timings = {"boot_s": round(time.monotonic() - started, 4), "load_s": round(host.load_s, 4)}
     try:
         _serve(config, host, pipe, timings)
     finally:

@@ -33,6 +33,7 @@ class ScorerHost:
         self.scorer = scorer
         self.gpu_residency = gpu_residency
         self.residency = "offloaded"
+        self.load_s = 0.0  # the scorer's load() (and boot onload), for the readiness line
         self._lock = threading.Lock()
 
     def _onload_locked(self) -> dict[str, Any]:

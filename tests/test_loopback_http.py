@@ -85,14 +85,20 @@ def serve():
         server.close()
 
 
-def keep_alive_echo(conn: socket.socket) -> None:
-    """Answers every request on the connection with the sha256 of its body."""
-    while True:
-        try:
-            _, body = read_request(conn)
-        except ConnectionError:
-            return
-        conn.sendall(answer(hashlib.sha256(body).hexdigest().encode()))
+def keep_alive(reply: Callable[[bytes, bytes], bytes]) -> Callable[[socket.socket], None]:
+    """A handler answering every request on the connection with `reply(head, body)`."""
+    def handle(conn: socket.socket) -> None:
+        while True:
+            try:
+                head, body = read_request(conn)
+            except ConnectionError:
+                return
+            conn.sendall(answer(reply(head, body)))
+
+    return handle
+
+
+keep_alive_echo = keep_alive(lambda head, body: hashlib.sha256(body).hexdigest().encode())
 
 
 def test_keep_alive_reuses_one_connection_and_scatter_gather_arrives_intact(serve):
@@ -190,15 +196,7 @@ def test_refused_connection_and_closed_client(serve):
 
 
 def test_threads_share_the_client_without_mixing_answers(serve):
-    def echo_path(conn: socket.socket) -> None:
-        while True:
-            try:
-                head, _ = read_request(conn)
-            except ConnectionError:
-                return
-            conn.sendall(answer(head.split(b" ")[1]))
-
-    server, client = serve(echo_path)
+    server, client = serve(keep_alive(lambda head, body: head.split(b" ")[1]))
     failures: list[str] = []
 
     def worker(n: int) -> None:
