@@ -112,17 +112,31 @@ def time_backends(backends: dict[str, RewardBackend], request: RewardRequest, ro
                        rounds=rounds)
 
 
+@contextlib.contextmanager
+def in_arena(backend: RewardBackend, request: RewardRequest) -> Iterator[RewardRequest]:
+    """The request's images rebuilt in the backend's arena, as a trainer decoding straight into it would."""
+    with backend.arena() as arena:
+        batch = arena.empty((len(request.items), *request.items[0].image.shape))
+        for slot, item in zip(batch, request.items):
+            slot[...] = item.image
+        yield RewardRequest(items=[RewardItem(id=item.id, image=slot) for slot, item in zip(batch, request.items)])
+
+
 def bench_transport() -> str:
     """8x512x512x3 uint8 through a scorer that only averages pixels: the transport is what differs."""
     request = image_request()
     images = [item.image for item in request.items]
-    with transport_trio(request) as trio:
-        times = time_backends(trio, request, rounds=30)
+    with transport_trio(request) as trio, in_arena(trio["shared"], request) as arena_request:
+        assert trio["shared"].compute_rewards(arena_request).rewards == trio["in-process"].compute_rewards(
+            request).rewards
+        times = interleaved({**{name: (lambda b=backend: b.compute_rewards(request)) for name, backend in trio.items()},
+                             "arena": lambda: trio["shared"].compute_rewards(arena_request)}, rounds=30)
         phases = {name: server_phases(trio[name], request) for name in ("shared", "in-band")}
+        phases["arena"] = server_phases(trio["shared"], arena_request)
     peer = jpeg_json_peer.measure(images, repeats=15)
     base = times["in-process"]
     lines = [f"8x512x512x3 uint8 (6.3 MB)      in-process p50 {base * 1e3:6.2f} ms (mean_intensity)"]
-    for name in ("shared", "in-band"):
+    for name in ("shared", "arena", "in-band"):
         lines.append(f"  managed, {name:<8} p50 {times[name] * 1e3:6.2f} ms  transport overhead "
                      f"{1e3 * (times[name] - base):+6.2f} ms  child-side p50 ms: {phases[name]}")
     lines.append(f"  base64-JPEG-q95 JSON peer p50 {peer['p50_s'] * 1e3:6.2f} ms (encode alone "
@@ -146,13 +160,17 @@ def server_phases(backend: ManagedScorerProcessBackend, request: RewardRequest) 
 def bench_jpeg_batch() -> str:
     request = image_request()
     with managed("image", "jpeg_compressibility", "image", {}) as backend, \
-            LocalRewardBackend("jpeg_compressibility") as local:
-        assert backend.compute_rewards(request).rewards == local.compute_rewards(request).rewards
+            LocalRewardBackend("jpeg_compressibility") as local, in_arena(backend, request) as arena_request:
+        expected = local.compute_rewards(request).rewards
+        assert backend.compute_rewards(request).rewards == expected == backend.compute_rewards(arena_request).rewards
         times = interleaved({"managed": lambda: backend.compute_rewards(request),
+                             "arena": lambda: backend.compute_rewards(arena_request),
                              "local": lambda: local.compute_rewards(request)}, rounds=20)
-    return (f"8x512x512 jpeg_compressibility  managed p50 {times['managed'] * 1e3:7.2f} ms  in-process p50 "
-            f"{times['local'] * 1e3:7.2f} ms  ratio {times['managed'] / times['local']:5.3f}  "
-            f"(+{1e3 * (times['managed'] - times['local']):.2f} ms)")
+    return (f"8x512x512 jpeg_compressibility  in-process p50 {times['local'] * 1e3:7.2f} ms  managed p50 "
+            f"{times['managed'] * 1e3:7.2f} ms  ratio {times['managed'] / times['local']:5.3f}  "
+            f"(+{1e3 * (times['managed'] - times['local']):.2f} ms)\n"
+            f"  managed, images built in the arena p50 {times['arena'] * 1e3:7.2f} ms  ratio "
+            f"{times['arena'] / times['local']:5.3f}  (+{1e3 * (times['arena'] - times['local']):.2f} ms)")
 
 
 def bare_import_s(env: str, repeats: int = 5) -> float:

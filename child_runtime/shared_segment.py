@@ -3,24 +3,29 @@
 Why a memfd and not a named `/dev/shm` segment: it has no name, so nothing can leak
 there. The kernel frees it when the last descriptor or mapping goes, whichever side
 crashes. The parent seals it against shrinking (F_SEAL_SHRINK): the child's
-mapping can never be cut short under it, so a read never raises SIGBUS. The segment
-grows, up to a cap, when a request needs more; the child remaps read-only on demand.
-Arrays decoded from it are read-only views that are valid until the next request.
+mapping can never be cut short under it, so a read never raises SIGBUS. Its capacity
+is fixed at creation (address space; pages are allocated per extent), so both sides
+map it once. Arrays decoded from it are read-only views valid until the request ends.
 
 Stdlib + numpy only: every scorer env imports this module from the service root.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import math
 import mmap
 import os
 import threading
 import weakref
+from typing import Callable, Iterator
 
-from child_runtime.wire import WireError
+import numpy as np
+import numpy.typing  # noqa: F401 - np.typing.DTypeLike in annotations
+
+from child_runtime.wire import ALIGN, WireError, aligned as _aligned
 
 SEGMENT_NAME = "managed-scorers-data-plane"
-_PAGE = mmap.PAGESIZE
 
 
 class SharedSegmentUnavailable(OSError):
@@ -44,60 +49,178 @@ os.register_at_fork(after_in_child=_drop_segments_after_fork)
 
 
 class ParentSegment:
-    """The parent's writable mapping. Grows to the next power of two, never beyond `max_bytes`.
+    """The parent's side: a fixed-capacity sealed memfd, mapped once, carved by a small allocator.
 
-    The child gets `child_fd`: a read-only descriptor of the same memfd, sealed against
-    shrinking and against new seals, so it can neither grow, shrink nor re-seal it.
-    Thread-safe: growth and close() never interleave.
+    Capacity is reserved as address space only (a sparse file): pages exist once an extent
+    is allocated (fallocate, so a short machine fails in `allocate`, never with SIGBUS while
+    arrays are copied in). Extents hold either one request's copied arrays, freed when its
+    answer is in, or arena arrays (`SharedArena`) the trainer fills in place and sends
+    without a copy. The child gets `child_fd`: a read-only descriptor of the same memfd,
+    sealed against shrinking and against new seals. Thread-safe.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, capacity: int) -> None:
         if not available():
             raise SharedSegmentUnavailable("memfd_create or file sealing is not available here")
-        self.max_bytes = max_bytes
+        self.capacity = self.max_bytes = capacity // ALIGN * ALIGN  # every extent ends inside the limit
         self._lock = threading.Lock()
         self.fd = os.memfd_create(SEGMENT_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         self.child_fd = -1
         try:
             fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
             self.child_fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
+            os.ftruncate(self.fd, self.capacity)
+            self._map: mmap.mmap | None = mmap.mmap(self.fd, self.capacity)
         except OSError:
-            os.close(self.fd)
+            _close_fds(self.fd, self.child_fd)
             raise
-        self.size = 0
-        self._map: mmap.mmap | None = None
+        self._bytes = np.frombuffer(self._map, np.uint8)
+        self._base = self._bytes.ctypes.data
+        self._free: list[tuple[int, int]] = [(0, self.capacity)]  # (offset, size), sorted, coalesced
+        self.copied_bytes = 0  # what requests copied in, and what they sent from arenas in place
+        self.in_place_bytes = 0
         self._fd_closer = weakref.finalize(self, _close_fds, self.fd, self.child_fd)  # an owner that forgot close()
         _LIVE_PARENT_SEGMENTS.add(self)
 
-    def view(self, nbytes: int) -> memoryview:
-        """A writable view of at least `nbytes`; grows the segment first when it is smaller.
+    @property
+    def size(self) -> int:
+        return self.capacity
 
-        OSError when the memory cannot be had: growth reserves the pages (fallocate), so a
-        short machine fails here, never with SIGBUS while the arrays are copied in.
-        """
-        if nbytes > self.max_bytes:
-            raise ValueError(f"{nbytes} bytes of arrays exceed the shared segment cap of {self.max_bytes}")
+    @property
+    def free_bytes(self) -> int:
+        with self._lock:
+            return sum(size for _, size in self._free)
+
+    def allocate(self, nbytes: int) -> int:
+        """Offset of a fresh 64-byte-aligned extent; MemoryError when no extent is large enough."""
+        need = max(_aligned(nbytes), ALIGN)
         with self._lock:
             if self.fd < 0:
                 raise ValueError("shared segment is closed")
-            if nbytes > self.size or self._map is None:
-                size = min(self.max_bytes, max(_PAGE, 1 << max(nbytes - 1, 1).bit_length()))
-                size = max(size, self.size, nbytes)
-                os.ftruncate(self.fd, size)
-                if size > self.size:
-                    os.posix_fallocate(self.fd, self.size, size - self.size)
-                new_map = mmap.mmap(self.fd, size)
-                old, self._map, self.size = self._map, new_map, size
-                _close_map(old)
-            return memoryview(self._map)
+            for index, (offset, size) in enumerate(self._free):
+                if size >= need:
+                    self._free[index:index + 1] = [(offset + need, size - need)] if size > need else []
+                    break
+            else:
+                raise MemoryError(f"no free extent of {need} bytes in the {self.capacity}-byte shared segment")
+            try:
+                os.posix_fallocate(self.fd, offset, need)
+            except OSError:
+                self._release_locked(offset, need)
+                raise
+        return offset
+
+    def release(self, offset: int, nbytes: int) -> None:
+        with self._lock:
+            if self.fd >= 0:
+                self._release_locked(offset, max(_aligned(nbytes), ALIGN))
+
+    def _release_locked(self, offset: int, size: int) -> None:
+        self._free.append((offset, size))
+        self._free.sort()
+        merged: list[tuple[int, int]] = []
+        for start, length in self._free:
+            if merged and merged[-1][0] + merged[-1][1] == start:
+                merged[-1] = (merged[-1][0], merged[-1][1] + length)
+            else:
+                merged.append((start, length))
+        self._free = merged
+
+    def array(self, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A writable array over an allocated extent."""
+        dtype = np.dtype(dtype)
+        count = math.prod(shape)
+        return self._bytes[offset : offset + count * dtype.itemsize].view(dtype).reshape(shape)
+
+    def locate(self, arr: np.ndarray) -> int | None:
+        """The offset of `arr` if it already lies in this segment, contiguous and aligned for the wire."""
+        if self.fd < 0 or not arr.flags.c_contiguous:
+            return None
+        offset = arr.ctypes.data - self._base
+        if offset < 0 or offset + arr.nbytes > self.capacity or offset % ALIGN:
+            return None
+        return offset
+
+    @contextlib.contextmanager
+    def placement(self) -> Iterator[Callable[[np.ndarray], int]]:
+        """`place(arr) -> offset` for one request: arrays already here stay; others are copied into
+        fresh extents, all released when the block ends (after the answer)."""
+        taken: list[tuple[int, int]] = []
+
+        def place(arr: np.ndarray) -> int:
+            offset = self.locate(arr)
+            if offset is not None:
+                self.in_place_bytes += arr.nbytes
+                return offset
+            offset = self.allocate(arr.nbytes)
+            taken.append((offset, arr.nbytes))
+            self._bytes[offset : offset + arr.nbytes] = arr.reshape(-1).view(np.uint8)
+            self.copied_bytes += arr.nbytes
+            return offset
+
+        try:
+            yield place
+        finally:
+            for offset, nbytes in taken:
+                self.release(offset, nbytes)
 
     def close(self) -> None:
-        """Idempotent; safe while another thread still writes (its view keeps the mapping alive)."""
+        """Idempotent; arrays still referenced keep the mapping alive until they go."""
         with self._lock:
             self.fd = self.child_fd = -1  # first: no later call can act on a recycled descriptor number
+            self._free = []
             old, self._map = self._map, None
+            self._bytes = np.zeros(0, np.uint8)
             _close_map(old)
             self._fd_closer()
+
+
+class SharedArena:
+    """Arrays the trainer fills in place inside the shared segment, then scores without a copy.
+
+    Valid until `close()` (or the end of the `with` block), which frees them for reuse:
+    do not read or score them after that. If the child is replaced meanwhile, its new
+    segment does not hold them, and they are copied like any other array.
+    """
+
+    def __init__(self, segment: ParentSegment) -> None:
+        self._segment = segment
+        self._taken: list[tuple[int, int]] = []
+
+    def empty(self, shape: tuple[int, ...] | int, dtype: np.typing.DTypeLike = np.uint8) -> np.ndarray:
+        """An uninitialised array in the segment; MemoryError when the segment is full."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        offset = self._segment.allocate(nbytes)
+        self._taken.append((offset, nbytes))
+        return self._segment.array(offset, shape, dtype)
+
+    def close(self) -> None:
+        taken, self._taken = self._taken, []
+        for offset, nbytes in taken:
+            self._segment.release(offset, nbytes)
+
+    def __enter__(self) -> "SharedArena":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class HeapArena:
+    """The same interface over ordinary memory, for backends without a shared segment."""
+
+    def empty(self, shape: tuple[int, ...] | int, dtype: np.typing.DTypeLike = np.uint8) -> np.ndarray:
+        return np.empty(shape, dtype)
+
+    def close(self) -> None:
+        """Nothing to free: the arrays belong to whoever holds them."""
+
+    def __enter__(self) -> "HeapArena":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def _close_fds(*fds: int) -> None:

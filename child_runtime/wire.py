@@ -37,8 +37,11 @@ class WireError(ValueError):
     """A frame is malformed; the message names what is wrong and where."""
 
 
-def _aligned(n: int) -> int:
+def aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+_aligned = aligned
 
 
 def _lift_arrays(obj: Any, arrays: list[np.ndarray]) -> Any:
@@ -74,19 +77,17 @@ class Frame:
             self.descs.append({"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset, "nbytes": arr.nbytes})
             offset = _aligned(offset + arr.nbytes)
         self.array_bytes = offset  # the aligned span the buffers occupy, in-band or in a segment
-        self._headers: dict[bool, bytes] = {}
+        self._in_band_header: bytes | None = None
 
-    def _header(self, shared: bool) -> bytes:
-        if shared not in self._headers:
-            header: dict[str, Any] = {"meta": self.lifted, "arrays": self.descs}
-            if shared:
-                header["shared"] = True
-            self._headers[shared] = json.dumps(header, allow_nan=False, separators=(",", ":")).encode()
-        return self._headers[shared]
+    def _header(self) -> bytes:
+        if self._in_band_header is None:
+            self._in_band_header = json.dumps({"meta": self.lifted, "arrays": self.descs}, allow_nan=False,
+                                              separators=(",", ":")).encode()
+        return self._in_band_header
 
     def body_parts(self) -> list[bytes | memoryview]:
         """The in-band frame as buffers for a scatter-gather send (no copy of the arrays)."""
-        header = self._header(shared=False)
+        header = self._header()
         head_len = _PREFIX + len(header)
         parts: list[bytes | memoryview] = [MAGIC, _LEN.pack(len(header)), header, bytes(_aligned(head_len) - head_len)]
         for arr in self.arrays:
@@ -95,14 +96,14 @@ class Frame:
         return parts
 
     def body_size(self) -> int:
-        return _aligned(_PREFIX + len(self._header(shared=False))) + self.array_bytes
+        return _aligned(_PREFIX + len(self._header())) + self.array_bytes
 
-    def shared_body(self, segment: memoryview) -> bytes:
-        """Copy the arrays into `segment` (at least `array_bytes` long); the body is the header alone."""
-        for arr, desc in zip(self.arrays, self.descs):
-            start = desc["offset"]
-            segment[start : start + arr.nbytes] = memoryview(arr.reshape(-1).view(np.uint8))
-        header = self._header(shared=True)
+    def shared_body(self, place: Callable[[np.ndarray], int]) -> bytes:
+        """The body is the header alone: `place(arr)` puts each array in the shared segment
+        (or finds it already there) and returns its offset."""
+        descs = [{**desc, "offset": place(arr)} for arr, desc in zip(self.arrays, self.descs)]
+        header = json.dumps({"meta": self.lifted, "arrays": descs, "shared": True}, allow_nan=False,
+                            separators=(",", ":")).encode()
         return MAGIC + _LEN.pack(len(header)) + header
 
 

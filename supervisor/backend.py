@@ -6,6 +6,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from child_runtime.shared_segment import HeapArena, SharedArena
 from supervisor.errors import ConfigError, RewardContractError
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
@@ -26,6 +27,12 @@ class RewardBackend(ABC):
 
     def drain(self) -> dict[str, Any]:
         return {}
+
+    def arena(self) -> SharedArena | HeapArena:
+        """Where to build large input arrays before scoring them. A managed child's arena is in
+        its shared segment, so those arrays reach the scorer without a copy; elsewhere it is
+        ordinary memory. Arrays are valid until the arena is closed (use it as a context manager)."""
+        return HeapArena()
 
     def close(self) -> None:
         """Release everything; idempotent and bounded."""

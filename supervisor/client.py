@@ -7,7 +7,6 @@ through httpx. Neither reads proxy settings from the environment.
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any, Sequence
 
 import httpx
@@ -117,7 +116,6 @@ class ChildClient:
         self.control_timeout = control_timeout
         self.segment = segment
         self.shared_min_bytes = shared_min_bytes
-        self._shared_lock = threading.Lock()  # the segment holds one request's arrays at a time
         self.last_server_timing: str | None = None  # the child's phases for the last /score (ms)
         self._transport: _HttpxTransport | _LoopbackTransport = (
             _LoopbackTransport(loopback_port, headers) if loopback_port is not None
@@ -148,28 +146,35 @@ class ChildClient:
         return body
 
     def uses_segment(self, frame: wire.Frame) -> bool:
-        """Large enough, and a segment still open (a forked copy of the trainer has dropped it)."""
+        """Arrays large enough (or already in the segment, from an arena), and a segment still open
+        (a forked copy of the trainer has dropped it)."""
         segment = self.segment
-        return segment is not None and segment.fd >= 0 and \
-            self.shared_min_bytes <= frame.array_bytes <= segment.max_bytes
+        if segment is None or segment.fd < 0 or frame.array_bytes > segment.capacity or not frame.arrays:
+            return False
+        return frame.array_bytes >= self.shared_min_bytes or any(segment.locate(a) is not None for a in frame.arrays)
 
     def score(self, frame: wire.Frame) -> Any:
         """POST a framed request (arrays in-band or through the segment); returns the decoded answer."""
         headers = {"content-type": wire.CONTENT_TYPE}
-        if self.uses_segment(frame):
-            with self._shared_lock:  # held until the answer: the child reads the segment meanwhile
-                try:
-                    with self.segment.view(frame.array_bytes) as view:
-                        body = frame.shared_body(view)
-                except (OSError, ValueError) as exc:  # closed meanwhile, or no memory for the growth
-                    raise ChildTransportError(f"POST /score: shared segment: {exc!r}", False) from exc
-                content = self._send("POST", "/score", self.request_timeout, [body], headers)
-        else:
+        content = self._score_shared(frame, headers) if self.uses_segment(frame) else None
+        if content is None:
             content = self._send("POST", "/score", self.request_timeout, frame.body_parts(), headers)
         try:
             return wire.decode(content)
         except wire.WireError as exc:
             raise ChildProtocolError(f"POST /score: answer is not a valid frame: {exc}") from exc
+
+    def _score_shared(self, frame: wire.Frame, headers: dict[str, str]) -> bytes | bytearray | None:
+        """Arrays through the segment, their extents held until the answer is in (the child reads
+        them meanwhile); None when the segment has no room (arenas hold it): send in-band."""
+        with self.segment.placement() as place:
+            try:
+                body = frame.shared_body(place)
+            except MemoryError:
+                return None
+            except (OSError, ValueError) as exc:  # closed meanwhile, or no memory behind a new extent
+                raise ChildTransportError(f"POST /score: shared segment: {exc!r}", False) from exc
+            return self._send("POST", "/score", self.request_timeout, [body], headers)
 
     def health(self) -> dict[str, Any]:
         return self._json("GET", "/health", self.control_timeout)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 from child_runtime.exit_codes import is_boot_failure
 from supervisor.backend import check_reward_names, score_in_chunks
-from child_runtime.shared_segment import ParentSegment
+from child_runtime.shared_segment import HeapArena, ParentSegment, SharedArena
 from supervisor.client import ChildClient, ChildHTTPError, ChildProtocolError, ChildTransportError
 from supervisor.config import ManagedScorerProcessSpec
 from supervisor.errors import (
@@ -353,6 +353,14 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
             figures = self._call("offload", lambda client: client.offload())
             self._want_offloaded = True  # only once the child really is offloaded
             return figures
+
+    def arena(self) -> SharedArena | HeapArena:
+        """Arrays in the current child's shared segment (scored in place); ordinary memory when
+        the child has no segment. After a restart, older arena arrays are copied like any other."""
+        gen = self._gen
+        if gen is not None and gen.segment is not None and gen.segment.fd >= 0:
+            return SharedArena(gen.segment)
+        return HeapArena()
 
     def health(self) -> dict[str, Any]:
         return self._call("health", lambda client: client.health())

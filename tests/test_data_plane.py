@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import weakref
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import psutil
 import pytest
 
 from child_runtime import wire
-from child_runtime.shared_segment import SEGMENT_NAME, ChildSegment, ParentSegment, _close_fds
+from child_runtime.shared_segment import SEGMENT_NAME, ChildSegment, ParentSegment, SharedArena, _close_fds
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 from supervisor.errors import ScorerProcessDied, ScorerRequestError
 from tests.conftest import REPO_ROOT, wait_until_gone
@@ -76,16 +77,15 @@ def test_negotiated_at_start_and_scores_match_in_process(managed, image_python):
     assert len(segment_fds()) == 1
 
 
-def test_segment_grows_is_reused_and_never_serves_stale_bytes(managed, image_python):
+def test_extents_are_reused_and_never_serve_stale_bytes(managed, image_python):
     backend = managed(image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": 0})
     segment = backend._gen.segment
-    sizes = []
     for seed, side in enumerate([8, 64, 512, 64, 700, 8]):
         request = images([(side, side, 3), (side // 2 + 1, side, 4)], seed=seed)
         assert backend.compute_rewards(request).rewards == exact_means(request)
-        sizes.append(segment.size)
+        assert segment.free_bytes == segment.capacity  # each request's extents are freed after its answer
     assert backend._gen.segment is segment  # one segment for the child's life
-    assert sizes == sorted(sizes) and sizes[-1] >= 700 * 700 * 3  # grows, never shrinks under the child
+    assert segment.copied_bytes > 0 and segment.in_place_bytes == 0
 
 
 def test_in_band_when_the_parent_offers_no_segment(managed, image_python):
@@ -98,13 +98,13 @@ def test_in_band_when_the_parent_offers_no_segment(managed, image_python):
 
 
 class _UnsealedSegment(ParentSegment):
-    """A segment the child must refuse: without the shrink seal a read could SIGBUS."""
+    """Hands the child an unsealed memfd, which it must refuse: a shrink could make a read SIGBUS."""
 
-    def __init__(self, max_bytes: int) -> None:
-        super().__init__(max_bytes)
-        self._fd_closer()
-        self.fd = os.memfd_create(SEGMENT_NAME, os.MFD_CLOEXEC)
-        self.child_fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        os.close(self.child_fd)
+        self.child_fd = os.memfd_create(SEGMENT_NAME, os.MFD_CLOEXEC)
+        self._fd_closer.detach()
         self._fd_closer = weakref.finalize(self, _close_fds, self.fd, self.child_fd)
 
 
@@ -156,8 +156,6 @@ def _shared_frame(descs: list[dict], trailing: bytes = b"") -> bytes:
 
 
 @pytest.mark.parametrize("case, descs, trailing, message", [
-    ("past the segment", [{"dtype": "|u1", "shape": [1024, 1024, 3], "offset": 0, "nbytes": 3 << 20}], b"",
-     "the segment has"),
     ("past the request limit", [{"dtype": "|u1", "shape": [4096, 4096, 3], "offset": 0, "nbytes": 48 << 20}], b"",
      "limit max_request_bytes"),
     ("trailing bytes", [{"dtype": "|u1", "shape": [2, 2, 3], "offset": 0, "nbytes": 12}], b"junk",
@@ -241,9 +239,9 @@ def test_a_killed_trainer_leaves_no_segment_anywhere(image_python):
 def test_the_child_gets_a_read_only_descriptor_it_cannot_reseal_or_resize():
     segment = ParentSegment(1 << 20)
     try:
-        with segment.view(10_000) as view:
-            view[:3] = b"abc"
-        assert os.fstat(segment.fd).st_blocks * 512 >= segment.size  # growth reserved the pages (no SIGBUS later)
+        offset = segment.allocate(10_000)
+        segment.array(offset, (3,), np.uint8)[:] = np.frombuffer(b"abc", np.uint8)
+        assert os.fstat(segment.fd).st_blocks * 512 >= 10_000  # the extent's pages are reserved: no SIGBUS later
         with pytest.raises(PermissionError):
             import fcntl
             fcntl.fcntl(segment.child_fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW)
@@ -251,24 +249,23 @@ def test_the_child_gets_a_read_only_descriptor_it_cannot_reseal_or_resize():
             os.ftruncate(segment.child_fd, 1 << 30)
         child = ChildSegment(os.dup(segment.child_fd), 1 << 20)
         try:
-            assert bytes(child.view(3)[:3]) == b"abc"
-            with pytest.raises(wire.WireError, match="the segment has"):
-                child.view(segment.size + 1)
+            assert bytes(child.view(3)[offset:offset + 3]) == b"abc"
+            with pytest.raises(wire.WireError, match="limit max_request_bytes"):
+                child.view(segment.capacity + 1)
         finally:
             child.close()
     finally:
         segment.close()
     segment.close()  # idempotent
     with pytest.raises(ValueError, match="closed"):
-        segment.view(10)
+        segment.allocate(10)
 
 
 def test_a_forked_process_does_not_pin_the_segment():
     """A DataLoader-style fork of the trainer drops its copies of every segment at once."""
     segment = ParentSegment(1 << 20)
     try:
-        with segment.view(4096) as view:
-            view[:1] = b"x"
+        segment.array(segment.allocate(4096), (1,), np.uint8)[0] = 7
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # the forked child: report what it holds, then leave without cleanup
@@ -285,3 +282,99 @@ def test_a_forked_process_does_not_pin_the_segment():
         assert segment.fd >= 0  # the parent's own segment is untouched
     finally:
         segment.close()
+
+
+def test_the_allocator_carves_aligned_extents_and_coalesces_them():
+    segment = ParentSegment(4096 + 10)
+    try:
+        assert segment.capacity == 4096  # whole 64-byte blocks, inside the limit
+        a, b, c = segment.allocate(1), segment.allocate(100), segment.allocate(64)
+        assert (a, b, c) == (0, 64, 192) and segment.free_bytes == 4096 - 256
+        with pytest.raises(MemoryError):
+            segment.allocate(4096)
+        segment.release(b, 100)
+        assert segment.allocate(128) == 64  # first fit reuses the hole
+        for offset, nbytes in ((a, 1), (64, 128), (c, 64)):
+            segment.release(offset, nbytes)
+        assert segment.free_bytes == 4096 and segment.allocate(4096) == 0  # coalesced back into one extent
+    finally:
+        segment.close()
+
+
+def test_locate_finds_arena_arrays_only_when_the_wire_can_name_them():
+    segment = ParentSegment(1 << 20)
+    try:
+        with SharedArena(segment) as arena:
+            batch = arena.empty((4, 64, 64, 3))
+            assert batch.flags.writeable and segment.locate(batch) == 0
+            assert segment.locate(batch[1]) == 64 * 64 * 3  # a whole image of the batch: in place
+            assert segment.locate(batch[:, :, :, 0]) is None  # not contiguous: copied
+            assert segment.locate(batch.reshape(-1)[1:65]) is None  # not 64-byte aligned: copied
+            assert segment.locate(np.zeros(10, np.uint8)) is None  # the trainer's own heap
+        assert segment.free_bytes == segment.capacity
+    finally:
+        segment.close()
+
+
+def test_arena_arrays_are_scored_in_place_and_freed_with_the_arena(managed, image_python):
+    backend = managed(image_python, "mean_intensity", "image")
+    segment = backend._gen.segment
+    heap = np.random.default_rng(5).integers(0, 256, (100, 100, 3), dtype=np.uint8)
+    with backend.arena() as arena:
+        batch = arena.empty((4, 256, 256, 3))
+        for i in range(4):
+            batch[i] = i * 60
+        request = RewardRequest(items=[RewardItem(id=f"a{i}", image=batch[i]) for i in range(4)]
+                                + [RewardItem(id="heap", image=heap)])
+        for _ in range(3):  # the arrays stay valid across requests while the arena is open
+            assert backend.compute_rewards(request).rewards == exact_means(request)
+        assert segment.in_place_bytes == 3 * batch.nbytes and segment.copied_bytes == 3 * heap.nbytes
+    assert segment.free_bytes == segment.capacity
+    with LocalRewardBackend("mean_intensity") as local, local.arena() as heap_arena:
+        plain = heap_arena.empty((8, 8, 3))  # same trainer code, ordinary memory
+        plain[...] = 255
+        assert local.compute_rewards(RewardRequest(items=[RewardItem(id="p", image=plain)])).rewards == [1.0]
+
+
+def test_a_full_segment_sends_in_band_and_a_restart_copies_old_arena_arrays(managed, image_python):
+    backend = managed(image_python, "mean_intensity", "image", restart={"backoff_s": 0.0},
+                      limits={"max_request_bytes": 1 << 20})
+    with backend.arena() as arena:
+        hog = arena.empty((1 << 20) - 64)  # leaves one 64-byte extent
+        small = images([(128, 128, 3)] * 2)
+        assert backend.compute_rewards(small).rewards == exact_means(small)  # in-band: no room
+        assert backend._gen.segment.copied_bytes == 0
+        arena.close()
+        kept = arena.empty((256, 256, 3))  # over shared_memory_min_bytes
+        kept[...] = 51
+        os.kill(backend.pid, signal.SIGKILL)
+        with pytest.raises(ScorerProcessDied):
+            backend.compute_rewards(small)
+        request = RewardRequest(items=[RewardItem(id="k", image=kept)])
+        assert backend.compute_rewards(request).rewards == [0.2]  # the new child's segment copies it
+        assert backend._gen.segment.copied_bytes == kept.nbytes
+    del hog
+
+
+def test_concurrent_requests_and_arenas_share_the_segment_safely(managed, image_python):
+    backend = managed(image_python, "mean_intensity", "image")
+    failures: list[str] = []
+
+    def worker(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(10):
+            with backend.arena() as arena:
+                image = arena.empty((64, 96, 3))
+                image[...] = rng.integers(0, 256, image.shape, dtype=np.uint8)
+                request = RewardRequest(items=[RewardItem(id="x", image=image)]
+                                        + list(images([(200, 200, 3)], seed=seed).items))
+                got = backend.compute_rewards(request).rewards
+                if got != exact_means(request):
+                    failures.append(f"worker {seed}: {got} != {exact_means(request)}")
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert failures == [] and backend._gen.segment.free_bytes == backend._gen.segment.capacity

@@ -474,7 +474,8 @@ def test_module_constants_are_what_the_child_and_parent_agree_on():
 # -- shared frames: arrays in a segment, the body is the header alone ---------------------
 
 def _segment(size: int):
-    """A stand-in for ChildSegment.view over plain memory, recording what was asked."""
+    """Stand-ins over plain memory: ChildSegment.view, recording what was asked, and a
+    `place` that copies arrays in at consecutive aligned offsets."""
     memory = bytearray(size)
     asked: list[int] = []
 
@@ -487,11 +488,23 @@ def _segment(size: int):
     return memory, view, asked
 
 
+def _placer(memory: bytearray):
+    cursor = [0]
+
+    def place(arr: np.ndarray) -> int:
+        offset = cursor[0]
+        memory[offset : offset + arr.nbytes] = arr.reshape(-1).view(np.uint8).tobytes()
+        cursor[0] = -(-(offset + arr.nbytes) // ALIGN) * ALIGN
+        return offset
+
+    return place
+
+
 def test_shared_round_trip_is_zero_copy_and_exact():
     arrays = {"a": np.arange(10, dtype=np.float32), "b": np.full((3, 5, 4), 7, np.uint8), "c": np.zeros(0, np.int64)}
     frame = prepare({"items": [arrays, {"id": "x"}]})
     memory, view, asked = _segment(frame.array_bytes)
-    body = frame.shared_body(memoryview(memory))
+    body = frame.shared_body(_placer(memory))
     assert len(body) < 400  # metadata only
     decoded = decode(body, shared=view)
     for name, arr in arrays.items():
@@ -506,7 +519,7 @@ def test_in_band_and_shared_bodies_decode_to_the_same_value():
     frame = prepare(meta)
     memory, view, _ = _segment(frame.array_bytes)
     in_band = decode(b"".join(frame.body_parts()))
-    shared = decode(frame.shared_body(memoryview(memory)), shared=view)
+    shared = decode(frame.shared_body(_placer(memory)), shared=view)
     assert np.array_equal(in_band["items"][0]["image"], shared["items"][0]["image"])
     assert frame.body_size() == len(encode(meta))
 
@@ -514,7 +527,7 @@ def test_in_band_and_shared_bodies_decode_to_the_same_value():
 def test_shared_frame_without_a_segment_or_with_trailing_bytes():
     frame = prepare({"x": np.ones(4, np.uint8)})
     memory, view, _ = _segment(64)
-    body = frame.shared_body(memoryview(memory))
+    body = frame.shared_body(_placer(memory))
     with pytest.raises(WireError, match="none was negotiated"):
         decode(body)
     with pytest.raises(WireError, match="3 bytes past its header"):
@@ -525,4 +538,4 @@ def test_shared_frame_past_the_segment():
     frame = prepare({"x": np.ones(1000, np.uint8)})
     _, view, _ = _segment(512)
     with pytest.raises(WireError, match="the segment has 512"):
-        decode(frame.shared_body(memoryview(bytearray(frame.array_bytes))), shared=view)
+        decode(frame.shared_body(_placer(bytearray(frame.array_bytes))), shared=view)
