@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -77,6 +78,17 @@ def wait_in_flight(backend: Any, deadline_s: float = 10.0) -> None:
     while backend.health()["in_flight"] == 0:
         assert time.monotonic() < deadline, "request never reached the child"
         time.sleep(0.01)
+
+
+def run_in_threads(target: Callable[[int], None], count: int, timeout: float = 60.0) -> None:
+    """target(0..count-1) in parallel threads; every thread must finish within `timeout`."""
+    threads = [threading.Thread(target=target, args=(n,), name=f"worker-{n}") for n in range(count)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert not any(thread.is_alive() for thread in threads), "a worker thread outlived its deadline"
 
 
 def group_members(pgid: int) -> list[int]:

@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import weakref
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from child_runtime import wire
 from child_runtime.shared_segment import SEGMENT_NAME, ChildSegment, ParentSegment, SharedArena, _close_fds
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 from supervisor.errors import ScorerProcessDied, ScorerRequestError
-from tests.conftest import REPO_ROOT, wait_until_gone
+from tests.conftest import REPO_ROOT, run_in_threads, wait_until_gone
 
 FIXTURES = "tests.fixture_scorers"
 
@@ -372,9 +371,5 @@ def test_concurrent_requests_and_arenas_share_the_segment_safely(managed, image_
                 if got != exact_means(request):
                     failures.append(f"worker {seed}: {got} != {exact_means(request)}")
 
-    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    run_in_threads(worker, 4)
     assert failures == [] and backend._gen.segment.free_bytes == backend._gen.segment.capacity

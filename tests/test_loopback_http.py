@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
+from tests.conftest import run_in_threads
 from supervisor.loopback_http import LoopbackClosed, LoopbackHTTP, LoopbackProtocolError, LoopbackTimeout
 
 
@@ -206,10 +207,6 @@ def test_threads_share_the_client_without_mixing_answers(serve):
             if got != path:
                 failures.append(f"{path} -> {got}")
 
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert failures == [] and not any(t.is_alive() for t in threads)
+    run_in_threads(worker, 6)
+    assert failures == []
     assert server.accepted <= 6  # connections are pooled, not one per request
