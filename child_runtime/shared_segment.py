@@ -77,6 +77,7 @@ class ParentSegment:
         self._bytes = np.frombuffer(self._map, np.uint8)
         self._base = self._bytes.ctypes.data
         self._free: list[tuple[int, int]] = [(0, self.capacity)]  # (offset, size), sorted, coalesced
+        self._reserved = 0  # [0, _reserved) has its pages (fallocate); first fit keeps extents low
         self.copied_bytes = 0  # what requests copied in, and what they sent from arenas in place
         self.in_place_bytes = 0
         self._fd_closer = weakref.finalize(self, _close_fds, self.fd, self.child_fd)  # an owner that forgot close()
@@ -103,11 +104,14 @@ class ParentSegment:
                     break
             else:
                 raise MemoryError(f"no free extent of {need} bytes in the {self.capacity}-byte shared segment")
-            try:
-                os.posix_fallocate(self.fd, offset, need)
-            except OSError:
-                self._release_locked(offset, need)
-                raise
+            if offset + need > self._reserved:
+                start = max(offset, self._reserved)
+                try:
+                    os.posix_fallocate(self.fd, start, offset + need - start)
+                except OSError:
+                    self._release_locked(offset, need)
+                    raise
+                self._reserved = offset + need if start == self._reserved else self._reserved
         return offset
 
     def release(self, offset: int, nbytes: int) -> None:
