@@ -11,6 +11,7 @@ Stdlib + numpy only: every scorer env imports this module from the service root.
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import fcntl
 import math
@@ -40,12 +41,25 @@ _LIVE_PARENT_SEGMENTS: "weakref.WeakSet[ParentSegment]" = weakref.WeakSet()
 
 
 def _drop_segments_after_fork() -> None:
-    """A process forked from the trainer (a DataLoader worker) must not pin the segments' memory."""
+    """A process forked from the trainer (a DataLoader worker) must not pin the segments' memory.
+
+    Arena arrays the forked process inherited keep their mapping until they go: the
+    mapping cannot be unmapped under live numpy arrays.
+    """
     for segment in list(_LIVE_PARENT_SEGMENTS):
-        segment.close()
+        segment._forget_after_fork()
 
 
 os.register_at_fork(after_in_child=_drop_segments_after_fork)
+
+
+class _ArenaExtent:
+    __slots__ = ("size", "pins", "released")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.pins = 0  # requests in flight that send arrays from it in place
+        self.released = False  # its arena closed while pinned: freed at the last unpin
 
 
 class ParentSegment:
@@ -55,14 +69,18 @@ class ParentSegment:
     is allocated (fallocate, so a short machine fails in `allocate`, never with SIGBUS while
     arrays are copied in). Extents hold either one request's copied arrays, freed when its
     answer is in, or arena arrays (`SharedArena`) the trainer fills in place and sends
-    without a copy. The child gets `child_fd`: a read-only descriptor of the same memfd,
-    sealed against shrinking and against new seals. Thread-safe.
+    without a copy; an arena extent a request is sending stays allocated until the answer,
+    even if its arena closes meanwhile. Only arrays inside live arena extents are sent in
+    place; anything else is copied. The child gets `child_fd`: a read-only descriptor of
+    the same memfd, sealed against shrinking and against new seals. Thread-safe.
     """
 
     def __init__(self, capacity: int) -> None:
         if not available():
             raise SharedSegmentUnavailable("memfd_create or file sealing is not available here")
         self.capacity = self.max_bytes = capacity // ALIGN * ALIGN  # every extent ends inside the limit
+        if self.capacity < mmap.PAGESIZE:
+            raise SharedSegmentUnavailable(f"a {capacity}-byte segment is too small to be worth mapping")
         self._lock = threading.Lock()
         self.fd = os.memfd_create(SEGMENT_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         self.child_fd = -1
@@ -71,13 +89,15 @@ class ParentSegment:
             self.child_fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
             os.ftruncate(self.fd, self.capacity)
             self._map: mmap.mmap | None = mmap.mmap(self.fd, self.capacity)
-        except OSError:
+        except (OSError, ValueError) as exc:
             _close_fds(self.fd, self.child_fd)
-            raise
+            raise SharedSegmentUnavailable(f"cannot create a {self.capacity}-byte shared segment: {exc}") from exc
         self._bytes = np.frombuffer(self._map, np.uint8)
         self._base = self._bytes.ctypes.data
         self._free: list[tuple[int, int]] = [(0, self.capacity)]  # (offset, size), sorted, coalesced
-        self._reserved = 0  # [0, _reserved) has its pages (fallocate); first fit keeps extents low
+        self._low, self._high = 0, self.capacity  # [0, _low) and [_high, capacity) have their pages
+        self._arena: dict[int, _ArenaExtent] = {}
+        self._arena_starts: list[int] = []  # sorted keys of _arena
         self.copied_bytes = 0  # what requests copied in, and what they sent from arenas in place
         self.in_place_bytes = 0
         self._fd_closer = weakref.finalize(self, _close_fds, self.fd, self.child_fd)  # an owner that forgot close()
@@ -92,32 +112,70 @@ class ParentSegment:
         with self._lock:
             return sum(size for _, size in self._free)
 
-    def allocate(self, nbytes: int) -> int:
-        """Offset of a fresh 64-byte-aligned extent; MemoryError when no extent is large enough."""
+    def allocate(self, nbytes: int, arena: bool = False) -> int:
+        """Offset of a fresh 64-byte-aligned extent. MemoryError when no extent is large enough,
+        OSError when its pages cannot be had, ValueError once closed.
+
+        Arena extents come from the bottom of the segment, a request's copies from the top:
+        an arena array wrongly used after its arena closed is then overwritten by later arena
+        allocations only, never by the copies of the request that sends it.
+        """
         need = max(_aligned(nbytes), ALIGN)
         with self._lock:
             if self.fd < 0:
                 raise ValueError("shared segment is closed")
-            for index, (offset, size) in enumerate(self._free):
+            order = range(len(self._free)) if arena else range(len(self._free) - 1, -1, -1)
+            for index in order:
+                start, size = self._free[index]
                 if size >= need:
-                    self._free[index:index + 1] = [(offset + need, size - need)] if size > need else []
                     break
             else:
                 raise MemoryError(f"no free extent of {need} bytes in the {self.capacity}-byte shared segment")
-            if offset + need > self._reserved:
-                start = max(offset, self._reserved)
-                try:
-                    os.posix_fallocate(self.fd, start, offset + need - start)
-                except OSError:
-                    self._release_locked(offset, need)
-                    raise
-                self._reserved = offset + need if start == self._reserved else self._reserved
+            offset = start if arena else start + size - need
+            rest = [(start + need, size - need)] if arena else [(start, size - need)]
+            self._free[index:index + 1] = rest if size > need else []
+            try:
+                self._reserve_locked(offset, need)
+            except BaseException:  # also Ctrl-C: the extent goes back, never lost
+                self._release_locked(offset, need)
+                raise
+            if arena:
+                self._arena[offset] = _ArenaExtent(need)
+                bisect.insort(self._arena_starts, offset)
         return offset
 
+    def _reserve_locked(self, offset: int, size: int) -> None:
+        """fallocate what is not yet backed: [0, _low) and [_high, capacity) already are."""
+        end = offset + size
+        if end <= self._low or offset >= self._high:
+            return
+        os.posix_fallocate(self.fd, offset, size)
+        if offset <= self._low:
+            self._low = max(self._low, end)
+        if end >= self._high:
+            self._high = min(self._high, offset)
+
     def release(self, offset: int, nbytes: int) -> None:
+        """Free a request's extent."""
         with self._lock:
             if self.fd >= 0:
                 self._release_locked(offset, max(_aligned(nbytes), ALIGN))
+
+    def release_arena(self, offset: int) -> None:
+        """Free an arena extent, or mark it to be freed when the last request sending it is answered."""
+        with self._lock:
+            extent = self._arena.get(offset)
+            if extent is None or self.fd < 0:
+                return
+            if extent.pins:
+                extent.released = True
+            else:
+                self._drop_arena_locked(offset, extent)
+
+    def _drop_arena_locked(self, offset: int, extent: _ArenaExtent) -> None:
+        del self._arena[offset]
+        self._arena_starts.remove(offset)
+        self._release_locked(offset, extent.size)
 
     def _release_locked(self, offset: int, size: int) -> None:
         self._free.append((offset, size))
@@ -136,28 +194,47 @@ class ParentSegment:
         count = math.prod(shape)
         return self._bytes[offset : offset + count * dtype.itemsize].view(dtype).reshape(shape)
 
-    def locate(self, arr: np.ndarray) -> int | None:
-        """The offset of `arr` if it already lies in this segment, contiguous and aligned for the wire."""
+    def _arena_extent_of(self, arr: np.ndarray) -> tuple[int, int] | None:
+        """(offset of arr, start of its live arena extent), under the lock; None unless arr lies
+        wholly inside a live arena extent, contiguous and aligned for the wire."""
         if self.fd < 0 or not arr.flags.c_contiguous:
             return None
         offset = arr.ctypes.data - self._base
         if offset < 0 or offset + arr.nbytes > self.capacity or offset % ALIGN:
             return None
-        return offset
+        index = bisect.bisect_right(self._arena_starts, offset) - 1
+        if index < 0:
+            return None
+        start = self._arena_starts[index]
+        extent = self._arena[start]
+        if extent.released or offset + arr.nbytes > start + extent.size:
+            return None
+        return offset, start
+
+    def locate(self, arr: np.ndarray) -> int | None:
+        """The offset of `arr` if it can be sent in place (it lies in a live arena extent)."""
+        with self._lock:
+            found = self._arena_extent_of(arr)
+        return None if found is None else found[0]
 
     @contextlib.contextmanager
     def placement(self) -> Iterator[Callable[[np.ndarray], int]]:
-        """`place(arr) -> offset` for one request: arrays already here stay; others are copied into
-        fresh extents, all released when the block ends (after the answer)."""
-        taken: list[tuple[int, int]] = []
+        """`place(arr) -> offset` for one request: arena arrays are sent in place and their extents
+        pinned; others are copied into fresh extents. All are let go when the block ends (after
+        the answer)."""
+        copies: list[tuple[int, int]] = []
+        pinned: list[int] = []
 
         def place(arr: np.ndarray) -> int:
-            offset = self.locate(arr)
-            if offset is not None:
-                self.in_place_bytes += arr.nbytes
-                return offset
+            with self._lock:
+                found = self._arena_extent_of(arr)
+                if found is not None:
+                    self._arena[found[1]].pins += 1
+                    pinned.append(found[1])
+                    self.in_place_bytes += arr.nbytes
+                    return found[0]
             offset = self.allocate(arr.nbytes)
-            taken.append((offset, arr.nbytes))
+            copies.append((offset, arr.nbytes))
             self._bytes[offset : offset + arr.nbytes] = arr.reshape(-1).view(np.uint8)
             self.copied_bytes += arr.nbytes
             return offset
@@ -165,44 +242,81 @@ class ParentSegment:
         try:
             yield place
         finally:
-            for offset, nbytes in taken:
+            for offset, nbytes in copies:
                 self.release(offset, nbytes)
+            with self._lock:
+                for start in pinned:
+                    extent = self._arena.get(start)
+                    if extent is not None:
+                        extent.pins -= 1
+                        if extent.released and not extent.pins and self.fd >= 0:
+                            self._drop_arena_locked(start, extent)
 
     def close(self) -> None:
         """Idempotent; arrays still referenced keep the mapping alive until they go."""
         with self._lock:
             self.fd = self.child_fd = -1  # first: no later call can act on a recycled descriptor number
-            self._free = []
+            self._free, self._arena, self._arena_starts = [], {}, []
             old, self._map = self._map, None
             self._bytes = np.zeros(0, np.uint8)
             _close_map(old)
             self._fd_closer()
 
+    def _forget_after_fork(self) -> None:
+        """In a forked child: the lock may have been held by a thread that does not exist here."""
+        self._lock = threading.Lock()
+        self.close()
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _close_map(mapping: mmap.mmap | None) -> None:
+    if mapping is None:
+        return
+    try:
+        mapping.close()
+    except BufferError:
+        pass  # a view is still exported: the mapping goes when that view does
+
 
 class SharedArena:
     """Arrays the trainer fills in place inside the shared segment, then scores without a copy.
 
-    Valid until `close()` (or the end of the `with` block), which frees them for reuse:
-    do not read or score them after that. If the child is replaced meanwhile, its new
-    segment does not hold them, and they are copied like any other array.
+    Valid until `close()` (or the end of the `with` block). Closing while a request is
+    sending them is safe: their extent is freed when that answer is in. When the segment
+    is full or gone (a restarted child, a forked process), `empty()` returns ordinary
+    memory instead (`heap_fallbacks` counts them): those arrays are copied when scored.
     """
 
     def __init__(self, segment: ParentSegment) -> None:
         self._segment = segment
-        self._taken: list[tuple[int, int]] = []
+        self._taken: list[int] = []
+        self._lock = threading.Lock()
+        self.heap_fallbacks = 0
 
     def empty(self, shape: tuple[int, ...] | int, dtype: np.typing.DTypeLike = np.uint8) -> np.ndarray:
-        """An uninitialised array in the segment; MemoryError when the segment is full."""
+        """An uninitialised array, in the segment when it has room."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        offset = self._segment.allocate(nbytes)
-        self._taken.append((offset, nbytes))
+        try:
+            offset = self._segment.allocate(nbytes, arena=True)
+        except (MemoryError, OSError, ValueError):
+            with self._lock:
+                self.heap_fallbacks += 1
+            return np.empty(shape, dtype)
+        with self._lock:
+            self._taken.append(offset)
         return self._segment.array(offset, shape, dtype)
 
     def close(self) -> None:
-        taken, self._taken = self._taken, []
-        for offset, nbytes in taken:
-            self._segment.release(offset, nbytes)
+        with self._lock:
+            taken, self._taken = self._taken, []
+        for offset in taken:
+            self._segment.release_arena(offset)
 
     def __enter__(self) -> "SharedArena":
         return self
@@ -225,21 +339,6 @@ class HeapArena:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _close_fds(*fds: int) -> None:
-    for fd in fds:
-        if fd >= 0:
-            os.close(fd)
-
-
-def _close_map(mapping: mmap.mmap | None) -> None:
-    if mapping is None:
-        return
-    try:
-        mapping.close()
-    except BufferError:
-        pass  # a view is still exported: the mapping goes when that view does
 
 
 class ChildSegment:

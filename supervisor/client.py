@@ -166,13 +166,13 @@ class ChildClient:
 
     def _score_shared(self, frame: wire.Frame, headers: dict[str, str]) -> bytes | bytearray | None:
         """Arrays through the segment, their extents held until the answer is in (the child reads
-        them meanwhile); None when the segment has no room (arenas hold it): send in-band."""
+        them meanwhile); None when the segment cannot take them: send in-band."""
         with self.segment.placement() as place:
             try:
                 body = frame.shared_body(place)
-            except MemoryError:
+            except (MemoryError, OSError):  # no extent free (arenas hold it), or no pages behind one
                 return None
-            except (OSError, ValueError) as exc:  # closed meanwhile, or no memory behind a new extent
+            except ValueError as exc:  # the segment was closed meanwhile: the backend is closing
                 raise ChildTransportError(f"POST /score: shared segment: {exc!r}", False) from exc
             return self._send("POST", "/score", self.request_timeout, [body], headers)
 

@@ -194,11 +194,16 @@ def _image_inputs(items: Sequence[ScoreItem]) -> dict:
 
 
 class InputProbe(Scorer):
-    """Mean pixel per item; diagnostics say whether inputs were writable and what memory backs them."""
+    """Mean pixel per item; diagnostics say whether inputs were writable and what memory backs them.
+    With `sleep_s` it sleeps before reading the pixels (a request that stays in flight)."""
 
     spec = ScorerSpec(name="input_probe", input_kind="image", required_fields=("image",), terms=("input_probe",))
 
+    def __init__(self, sleep_s: float = 0.0) -> None:
+        self.sleep_s = sleep_s
+
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        time.sleep(self.sleep_s)
         return ScoreResult(terms={"input_probe": [float(item.image.mean()) for item in items]},
                            diagnostics=_image_inputs(items))
 

@@ -5,6 +5,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -14,10 +16,17 @@ import psutil
 import pytest
 
 from child_runtime import wire
-from child_runtime.shared_segment import SEGMENT_NAME, ChildSegment, ParentSegment, SharedArena, _close_fds
+from child_runtime.shared_segment import (
+    SEGMENT_NAME,
+    ChildSegment,
+    ParentSegment,
+    SharedArena,
+    SharedSegmentUnavailable,
+    _close_fds,
+)
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 from supervisor.errors import ScorerProcessDied, ScorerRequestError
-from tests.conftest import REPO_ROOT, run_in_threads, wait_until_gone
+from tests.conftest import REPO_ROOT, run_in_threads, wait_in_flight, wait_until_gone
 
 FIXTURES = "tests.fixture_scorers"
 
@@ -287,14 +296,18 @@ def test_the_allocator_carves_aligned_extents_and_coalesces_them():
     segment = ParentSegment(4096 + 10)
     try:
         assert segment.capacity == 4096  # whole 64-byte blocks, inside the limit
-        a, b, c = segment.allocate(1), segment.allocate(100), segment.allocate(64)
-        assert (a, b, c) == (0, 64, 192) and segment.free_bytes == 4096 - 256
+        a, b, c = (segment.allocate(n, arena=True) for n in (1, 100, 64))
+        assert (a, b, c) == (0, 64, 192)  # arenas from the bottom
+        copy = segment.allocate(100)
+        assert copy == 4096 - 128  # a request's copies from the top
+        assert segment.free_bytes == 4096 - 256 - 128
         with pytest.raises(MemoryError):
             segment.allocate(4096)
-        segment.release(b, 100)
-        assert segment.allocate(128) == 64  # first fit reuses the hole
-        for offset, nbytes in ((a, 1), (64, 128), (c, 64)):
-            segment.release(offset, nbytes)
+        segment.release_arena(b)
+        assert segment.allocate(128, arena=True) == 64  # first fit reuses the hole
+        segment.release(copy, 100)
+        for offset in (a, 64, c):
+            segment.release_arena(offset)
         assert segment.free_bytes == 4096 and segment.allocate(4096) == 0  # coalesced back into one extent
     finally:
         segment.close()
@@ -373,3 +386,104 @@ def test_concurrent_requests_and_arenas_share_the_segment_safely(managed, image_
 
     run_in_threads(worker, 4)
     assert failures == [] and backend._gen.segment.free_bytes == backend._gen.segment.capacity
+
+
+def test_a_stale_arena_array_is_copied_never_overwritten_by_its_own_request(managed, image_python):
+    """Use after close is a bug, but it must not corrupt a neighbour: request copies come from the top."""
+    backend = managed(image_python, "mean_intensity", "image")
+    with backend.arena() as arena:
+        stale = arena.empty((256, 256, 3))
+        stale[...] = 0
+    white = np.full((256, 256, 3), 255, np.uint8)
+    request = RewardRequest(items=[RewardItem(id="white", image=white), RewardItem(id="stale", image=stale)])
+    assert backend._gen.segment.locate(stale) is None
+    assert backend.compute_rewards(request).rewards == [1.0, 0.0]
+    assert (stale == 0).all()
+
+
+def test_an_arena_closed_during_its_request_keeps_its_extent_until_the_answer(managed, image_python):
+    backend = managed(image_python, f"{FIXTURES}:InputProbe", "image", params={"sleep_s": 1.0})
+    results: list[list[float]] = []
+    arena = backend.arena()
+    black = arena.empty((4, 128, 128, 3))
+    black[...] = 0
+    request = RewardRequest(items=[RewardItem(id=f"b{i}", image=black[i]) for i in range(4)])
+    worker = threading.Thread(target=lambda: results.append(backend.compute_rewards(request).rewards))
+    worker.start()
+    try:
+        wait_in_flight(backend)
+        arena.close()  # a pipelined trainer moves on to the next step
+        with backend.arena() as next_step:
+            white = next_step.empty((4, 128, 128, 3))
+            white[...] = 255
+            assert not np.shares_memory(white, black)  # the pinned extent was not handed out again
+    finally:
+        worker.join(30)
+    assert results == [[0.0] * 4]
+    assert backend._gen.segment.free_bytes == backend._gen.segment.capacity  # freed once answered
+
+
+def test_an_arena_outliving_its_child_falls_back_to_ordinary_memory(managed, image_python):
+    backend = managed(image_python, "mean_intensity", "image", restart={"backoff_s": 0.0})
+    with backend.arena() as arena:
+        os.kill(backend.pid, signal.SIGKILL)
+        with pytest.raises(ScorerProcessDied):
+            backend.compute_rewards(images([(8, 8, 3)]))
+        backend.compute_rewards(images([(8, 8, 3)]))  # restarted: the arena's segment is closed
+        image = arena.empty((256, 256, 3))
+        image[...] = 51
+        assert arena.heap_fallbacks == 1
+        assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=image)])).rewards == [0.2]
+
+
+def test_no_pages_for_an_extent_means_in_band_not_a_dead_child(managed, image_python, monkeypatch):
+    backend = managed(image_python, "mean_intensity", "image")
+    pid = backend.pid
+
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    request = images([(256, 256, 3)] * 2)
+    assert backend.compute_rewards(request).rewards == exact_means(request)
+    assert backend.pid == pid and backend._gen.segment.copied_bytes == 0
+    assert backend._gen.segment.free_bytes == backend._gen.segment.capacity
+
+
+def test_an_interrupted_fallocate_returns_its_extent(monkeypatch):
+    segment = ParentSegment(1 << 20)
+    try:
+        def interrupted(fd: int, offset: int, length: int) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(os, "posix_fallocate", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            segment.allocate(4096)
+        assert segment.free_bytes == segment.capacity
+    finally:
+        segment.close()
+
+
+def test_a_segment_too_small_to_map_means_in_band(managed, image_python):
+    backend = managed(image_python, "mean_intensity", "image", limits={"max_request_bytes": 1000})
+    assert backend.ready_info["shared_memory"] is False and backend._gen.segment is None
+    request = images([(8, 8, 3)])
+    assert backend.compute_rewards(request).rewards == exact_means(request)
+    with pytest.raises(SharedSegmentUnavailable, match="too small"):
+        ParentSegment(100)
+
+
+def test_a_fork_while_another_thread_holds_the_segment_lock_does_not_hang():
+    segment = ParentSegment(1 << 20)
+    try:
+        with segment._lock:  # as if another thread were allocating at the moment of the fork
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0 if segment.fd == -1 else 1)
+        deadline = time.monotonic() + 10
+        while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+            assert time.monotonic() < deadline, "the forked child hung in the at-fork hook"
+            time.sleep(0.01)
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        segment.close()
