@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from child_runtime import wire
 from child_runtime.host import ResidencyConflict, ScorerHost
 from child_runtime.items import Limits, RequestError, items_from_wire, response_to_wire
-from child_runtime.shared_segment import ChildSegment, SharedSegmentUnavailable
+from child_runtime.shared_segment import ChildSegment
 from scorers.base import ScoreInputError, ScorerContractError
 
 DEFAULT_DRAIN_TIMEOUT_S = 600.0
@@ -122,8 +122,6 @@ def _guarded(handler: Handler) -> Handler:
             return _error(422, "bad_input", str(exc))
         except ResidencyConflict as exc:
             return _error(409, "offloaded", str(exc))
-        except SharedSegmentUnavailable as exc:
-            return _error(500, "shared_memory", str(exc))
         except ScorerContractError as exc:
             return _error(500, "contract", str(exc))
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises

@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 import numpy as np
 import numpy.typing  # noqa: F401 - np.typing.DTypeLike in annotations
 
-from child_runtime.wire import ALIGN, WireError, aligned as _aligned
+from child_runtime.wire import ALIGN, WireError, aligned
 
 SEGMENT_NAME = "managed-scorers-data-plane"
 
@@ -78,7 +78,7 @@ class ParentSegment:
     def __init__(self, capacity: int) -> None:
         if not available():
             raise SharedSegmentUnavailable("memfd_create or file sealing is not available here")
-        self.capacity = self.max_bytes = capacity // ALIGN * ALIGN  # every extent ends inside the limit
+        self.capacity = capacity // ALIGN * ALIGN  # every extent ends inside the limit
         if self.capacity < mmap.PAGESIZE:
             raise SharedSegmentUnavailable(f"a {capacity}-byte segment is too small to be worth mapping")
         self._lock = threading.Lock()
@@ -104,10 +104,6 @@ class ParentSegment:
         _LIVE_PARENT_SEGMENTS.add(self)
 
     @property
-    def size(self) -> int:
-        return self.capacity
-
-    @property
     def free_bytes(self) -> int:
         with self._lock:
             return sum(size for _, size in self._free)
@@ -120,7 +116,7 @@ class ParentSegment:
         an arena array wrongly used after its arena closed is then overwritten by later arena
         allocations only, never by the copies of the request that sends it.
         """
-        need = max(_aligned(nbytes), ALIGN)
+        need = max(aligned(nbytes), ALIGN)
         with self._lock:
             if self.fd < 0:
                 raise ValueError("shared segment is closed")
@@ -159,7 +155,7 @@ class ParentSegment:
         """Free a request's extent."""
         with self._lock:
             if self.fd >= 0:
-                self._release_locked(offset, max(_aligned(nbytes), ALIGN))
+                self._release_locked(offset, max(aligned(nbytes), ALIGN))
 
     def release_arena(self, offset: int) -> None:
         """Free an arena extent, or mark it to be freed when the last request sending it is answered."""
@@ -342,7 +338,7 @@ class HeapArena:
 
 
 class ChildSegment:
-    """The child's read-only mapping of the parent's segment, remapped when it has grown."""
+    """The child's read-only mapping of the parent's segment, mapped once: its size never changes."""
 
     def __init__(self, fd: int, max_bytes: int) -> None:
         try:
@@ -354,25 +350,19 @@ class ChildSegment:
         os.set_inheritable(fd, False)  # the scorer's own subprocesses never get it
         self.fd = fd
         self.max_bytes = max_bytes
-        self._map: mmap.mmap | None = None
-        self._view: memoryview | None = None
+        size = os.fstat(fd).st_size
+        try:
+            self._map: mmap.mmap | None = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        except (OSError, ValueError) as exc:  # e.g. ENOMEM, an address-space limit, an empty file
+            raise SharedSegmentUnavailable(f"cannot map the {size}-byte shared segment: {exc}") from exc
+        self._view: memoryview | None = memoryview(self._map)
 
     def view(self, nbytes: int) -> memoryview:
-        """A read-only view of at least `nbytes`, or WireError naming why not."""
+        """A read-only view of the segment, which must hold `nbytes`; WireError naming why not."""
         if nbytes > self.max_bytes:
             raise WireError(f"shared frame spans {nbytes} bytes (limit max_request_bytes={self.max_bytes})")
-        if self._view is None or nbytes > len(self._view):
-            size = os.fstat(self.fd).st_size
-            if nbytes > size:
-                raise WireError(f"shared frame spans {nbytes} bytes; the segment has {size}")
-            if size == 0:
-                return memoryview(b"")
-            # The old mapping is dropped, not closed: a scorer may still hold views into it.
-            try:
-                self._map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-            except OSError as exc:  # e.g. ENOMEM, an address-space limit
-                raise SharedSegmentUnavailable(f"cannot map the {size}-byte shared segment: {exc}") from exc
-            self._view = memoryview(self._map)
+        if nbytes > len(self._view):
+            raise WireError(f"shared frame spans {nbytes} bytes; the segment has {len(self._view)}")
         return self._view
 
     def close(self) -> None:

@@ -41,8 +41,6 @@ def aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-_aligned = aligned
-
 
 def _lift_arrays(obj: Any, arrays: list[np.ndarray]) -> Any:
     """Replace every ndarray in `obj` by a reference, collecting the arrays."""
@@ -75,7 +73,7 @@ class Frame:
         offset = 0
         for arr in arrays:
             self.descs.append({"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset, "nbytes": arr.nbytes})
-            offset = _aligned(offset + arr.nbytes)
+            offset = aligned(offset + arr.nbytes)
         self.array_bytes = offset  # the aligned span the buffers occupy, in-band or in a segment
         self._in_band_header: bytes | None = None
 
@@ -89,14 +87,14 @@ class Frame:
         """The in-band frame as buffers for a scatter-gather send (no copy of the arrays)."""
         header = self._header()
         head_len = _PREFIX + len(header)
-        parts: list[bytes | memoryview] = [MAGIC, _LEN.pack(len(header)), header, bytes(_aligned(head_len) - head_len)]
+        parts: list[bytes | memoryview] = [MAGIC, _LEN.pack(len(header)), header, bytes(aligned(head_len) - head_len)]
         for arr in self.arrays:
             parts.append(memoryview(arr.reshape(-1).view(np.uint8)))
-            parts.append(bytes(_aligned(arr.nbytes) - arr.nbytes))
+            parts.append(bytes(aligned(arr.nbytes) - arr.nbytes))
         return parts
 
     def body_size(self) -> int:
-        return _aligned(_PREFIX + len(self._header())) + self.array_bytes
+        return aligned(_PREFIX + len(self._header())) + self.array_bytes
 
     def shared_body(self, place: Callable[[np.ndarray], int]) -> bytes:
         """The body is the header alone: `place(arr)` puts each array in the shared segment
@@ -217,8 +215,8 @@ def decode(body: bytes | bytearray | memoryview, shared: SharedView | None = Non
             raise WireError(f"shared frame has {len(buf) - header_end} bytes past its header")
         source, data_start, place = shared(max(ends, default=0)), 0, "shared segment"
     else:
-        data_start = _aligned(header_end)
-        end = data_start + _aligned(max(ends, default=0))
+        data_start = aligned(header_end)
+        end = data_start + aligned(max(ends, default=0))
         if len(buf) > end:
             raise WireError(f"body has {len(buf) - end} bytes past the last buffer")
         source, place = buf, "body"

@@ -329,16 +329,21 @@ def mutated_frames(draw, variants: int = 1) -> list[bytes]:
     return [mutate(draw, header, buffers) for _ in range(variants)]
 
 
-def test_b_mutated_headers(live):
-    @fuzz_settings(QUOTAS["mutated_header"] // VARIANTS)
-    @given(bodies=mutated_frames(VARIANTS))
+def fuzz_frames(live, kind: str, frames: st.SearchStrategy) -> None:
+    """POST every drawn batch of frame bodies to /score until `kind`'s quota is met; the child must survive."""
+    @fuzz_settings(QUOTAS[kind] // VARIANTS)
+    @given(bodies=frames)
     def run(bodies: list[bytes]) -> None:
         for body in bodies:
-            post_score(live, "mutated_header", body, headers={"content-type": wire.CONTENT_TYPE})
+            post_score(live, kind, body, headers={"content-type": wire.CONTENT_TYPE})
 
     run()
-    assert live.sent["mutated_header"] >= QUOTAS["mutated_header"]
+    assert live.sent[kind] >= QUOTAS[kind]
     still_serving(live)
+
+
+def test_b_mutated_headers(live):
+    fuzz_frames(live, "mutated_header", mutated_frames(VARIANTS))
 
 
 # -- (c) truncations, bit flips and splices of valid frames ------------------------------------
@@ -374,15 +379,7 @@ def damaged_frames(draw, variants: int = 1) -> list[bytes]:
 
 
 def test_c_damaged_frames(live):
-    @fuzz_settings(QUOTAS["damaged_frame"] // VARIANTS)
-    @given(bodies=damaged_frames(VARIANTS))
-    def run(bodies: list[bytes]) -> None:
-        for body in bodies:
-            post_score(live, "damaged_frame", body, headers={"content-type": wire.CONTENT_TYPE})
-
-    run()
-    assert live.sent["damaged_frame"] >= QUOTAS["damaged_frame"]
-    still_serving(live)
+    fuzz_frames(live, "damaged_frame", damaged_frames(VARIANTS))
 
 
 # -- (d) odd HTTP: content types, extra headers, methods, paths --------------------------------

@@ -164,14 +164,19 @@ def test_broken_answers_are_typed(serve, reply, error, message):
 
 def test_a_connection_the_server_closed_while_idle_is_replaced(serve):
     """The server answers once per connection and hangs up without saying so: never reuse a dead socket."""
+    hung_up = threading.Event()
+
     def one_shot(conn: socket.socket) -> None:
         read_request(conn)
         conn.sendall(answer(b"ok"))
+        conn.close()
+        hung_up.set()
 
     server, client = serve(one_shot)
     for _ in range(4):
         assert bytes(client.request("GET", "/health", 5.0).body) == b"ok"
-        time.sleep(0.05)  # let the close arrive before the next request
+        assert hung_up.wait(5)  # the server has closed before the next request goes out
+        hung_up.clear()
     assert server.accepted == 4
 
 
