@@ -8,6 +8,7 @@ authority (an alarm can't interrupt C code, and two timeouts would race).
 from __future__ import annotations
 
 import logging
+import re
 
 from math_verify import parse, verify
 
@@ -28,16 +29,33 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 
 
 _DELIMITERS = ("$", "\\boxed", "\\(", "\\[")
+# One number in math_verify's own plain-number grammar: `-`, digit groups of 3 split by `,` or a
+# space, one `.`/`,` decimal (or a bare `.5`), an optional `%`, an optional sentence-final `.`.
+_PLAIN_NUMBER = re.compile(r"(?:-?(?:[1-9]\d{0,2}(?:[ ,]\d{3})+(?:\.\d+)?|\d+(?:[.,]\d+)?)|\.\d+)(?:\s*%)?\.?")
+
+
+def _is_plain_number(gold: str) -> bool:
+    # `match`, not `fullmatch`: like math_verify, take the first alternative that fits, so a gold
+    # it reads only in part (`1,2345` -> 1234) is not plain.
+    m = _PLAIN_NUMBER.match(gold)
+    return m is not None and m.end() == len(gold)
 
 
 def parse_gold(gold: str) -> list:
     """Parse the gold answer; refuse a gold that parses to nothing.
 
-    A bare gold (a dataset answer such as `2\\sqrt{2}`, with no `$` or `\\boxed`) is
-    parsed as `\\boxed{gold}` first: parsed raw, math_verify finds no LaTeX and
-    extracts the leading `2`, so `\\boxed{2}` would be graded correct.
+    A plain number is parsed as math_verify's default parses it, so it grades as math_verify
+    grades it: `1,22` -> 1.22, `1,000` and `1 000` -> 1000 (`\\boxed{1,22}` would be the set
+    {1, 22}; a list needs a space, `1, 2`). Any other bare gold (no `$` or `\\boxed`, e.g.
+    `2\\sqrt{2}`) is parsed as `\\boxed{gold}` first: parsed raw, math_verify finds no LaTeX
+    and extracts the leading `2`. `+2` and `10\\%` stay on that path (raw, math_verify reads
+    them as nothing and as 10).
     """
-    candidates = [gold] if any(d in gold for d in _DELIMITERS) else ["\\boxed{" + gold + "}", gold]
+    gold = gold.strip()
+    if _is_plain_number(gold) or any(d in gold for d in _DELIMITERS):
+        candidates = [gold]
+    else:
+        candidates = ["\\boxed{" + gold + "}", gold]
     parsed: list = []
     for text in candidates + ["$" + gold + "$"]:
         parsed = parse(text, parsing_timeout=None)

@@ -52,6 +52,24 @@ def test_correct_wrong_and_unparsable_answers(make_scorer):
     assert result.diagnostics == {"timeouts": 0, "timeout_ids": []}
 
 
+def test_plain_number_golds_grade_as_math_verify_grades_them(make_scorer):
+    """A plain-number gold is parsed as math_verify's default parses it. Wrapped in \\boxed{} first,
+    `1,22` was the set {1, 22} and `1 000` was 1*0. Expected values are math_verify's own
+    `verify(parse(gold), parse(text))`, the same under antlr 4.9.3 and 4.13.2."""
+    scorer = make_scorer(jobs=2, timeout_s=10.0)
+    cases = {
+        "comma-decimal": ("\\boxed{1.22}", "1,22", 1.0),
+        "comma-decimal-prose": ("The answer is 1.22", "1,22", 1.0),
+        "comma-decimal-not-a-set": ("\\boxed{1,22}", "1,22", 0.0),
+        "negative-comma-decimal": ("\\boxed{-0.5}", "-0,5", 1.0),
+        "thousands": ("\\boxed{1000}", "1,000", 1.0),
+        "thousands-space": ("\\boxed{1000}", "1 000", 1.0),
+        "trailing-period": ("\\boxed{3}", "3.", 1.0),
+    }
+    result = score_checked(scorer, [item(name, text, gold) for name, (text, gold, _) in cases.items()])
+    assert dict(zip(cases, result.terms["math_verify"])) == {name: want for name, (_, _, want) in cases.items()}
+
+
 @pytest.mark.slow
 def test_pathological_item_costs_one_timeout_and_spares_its_neighbours(make_scorer):
     timeout_s = 2.0
