@@ -1,4 +1,6 @@
 # managed-scorers: `make demo` and `make test` build everything they need from scratch.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3.11
 VENV := .venv
 VPY := $(VENV)/bin/python
@@ -12,7 +14,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install -q --no-input -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" || true
+	$(VPY) -m pip install -q --no-input -e '.[dev]' 2>&1 | { grep -v "^WARNING: Location" || true; }
 	$(VPY) -m pip check
 	touch $@
 

@@ -205,15 +205,20 @@ def bench_shutdown() -> str:
         backend.close()
         graceful.append(time.perf_counter() - started)
     late = []
-    logging.getLogger("supervisor").setLevel(logging.ERROR)  # the escalation warnings are expected here
-    for _ in range(3):
-        backend = ManagedScorerProcessBackend({
-            "process": {"python_executable": env_python("image"), "shutdown_timeout": 1.0},
-            "scorer": {"name": "constant"}})
-        os.kill(backend.pid, signal.SIGSTOP)  # answers nothing, handles no signal but SIGKILL
-        started = time.perf_counter()
-        backend.close()
-        late.append(time.perf_counter() - started - 1.0)
+    quiet = logging.getLogger("supervisor")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the escalation warnings are expected here
+    try:
+        for _ in range(3):
+            backend = ManagedScorerProcessBackend({
+                "process": {"python_executable": env_python("image"), "shutdown_timeout": 1.0},
+                "scorer": {"name": "constant"}})
+            os.kill(backend.pid, signal.SIGSTOP)  # answers nothing, handles no signal but SIGKILL
+            started = time.perf_counter()
+            backend.close()
+            late.append(time.perf_counter() - started - 1.0)
+    finally:
+        quiet.setLevel(level)
     return (f"shutdown                        graceful p50 {p50(graceful):6.3f} s  forced (frozen child, "
             f"shutdown_timeout 1 s): gone {p50(late) * 1e3:+6.1f} ms past the deadline")
 

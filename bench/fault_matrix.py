@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -27,10 +28,20 @@ def items(*texts: str) -> list[RewardItem]:
     return [RewardItem(id=f"s{i}", text=t, reference="2") for i, t in enumerate(texts)]
 
 
-def backend(name: str, python: str = TRAINER_PYTHON, process: dict | None = None,
+def rogue_python(directory: Path, python: str | Path) -> Path:
+    """A `python` that puts tests/rogue_root first on the child's path: its child_runtime answers
+    for the wrong ids, to show that the parent refuses such answers."""
+    wrapper = directory / "rogue-python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{ROOT / "tests" / "rogue_root"}:$PYTHONPATH" exec "{python}" "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def backend(name: str, python: str | Path = TRAINER_PYTHON, process: dict | None = None,
             scorer: dict | None = None) -> ManagedScorerProcessBackend:
     return ManagedScorerProcessBackend({
-        "process": {"python_executable": python, "request_timeout": 30, **(process or {})},
+        "process": {"python_executable": python, "request_timeout": 30, "extra_import_paths": [str(ROOT)],
+                    **(process or {})},
         "scorer": {"name": name, **(scorer or {})}, "restart": {"backoff_s": 0.2}})
 
 
@@ -78,7 +89,6 @@ def _warm(b: ManagedScorerProcessBackend) -> None:
 
 PROBE = "tests.fixture_scorers:Probe"
 FLAKY = "tests.fixture_scorers:Flaky"
-ROGUE = {"service_root": str(ROOT / "tests" / "rogue_root"), "env": {"PYTHONPATH": str(ROOT)}}
 FAULTS = [
     Fault("kill -9 child before a request", lambda: backend(PROBE), _kill_child,
           items("abc"), "ScorerProcessDied", items("abc"), [3.0]),
@@ -99,7 +109,7 @@ FAULTS = [
           items("abc"), [3.0]),
     Fault("scorer returns the wrong count", lambda: backend(FLAKY), lambda b: None, items("count", "x"),
           "ScorerRequestError", items("abc"), [3.0]),
-    Fault("child echoes wrong ids", lambda: backend(PROBE, process=ROGUE), lambda b: None, items("a", "bb"),
+    Fault("child echoes wrong ids", lambda: backend(PROBE, rogue_python(Path(tempfile.mkdtemp()), TRAINER_PYTHON)), lambda b: None, items("a", "bb"),
           "RewardContractError", [], []),
 ]
 

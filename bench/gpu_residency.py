@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import statistics
 import sys
+from pathlib import Path
 
 from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest, ScorerStartupError
-from supervisor.config import SERVICE_ROOT
+
+REPO_ROOT = Path(__file__).resolve().parent.parent  # a checkout: the envs live beside the packages
 
 ROUNDS = 5
 
 
 def main() -> int:
-    spec = {"process": {"python_executable": str(SERVICE_ROOT / "envs/embed/.venv/bin/python"),
+    spec = {"process": {"python_executable": str(REPO_ROOT / "envs/embed/.venv/bin/python"),
                         "startup_timeout": 300},
             "scorer": {"name": "text_similarity", "device": "cuda"}, "gpu_residency": "resident"}
     try:

@@ -1,9 +1,10 @@
 """`python -m child_runtime`: boot one scorer and serve it on an inherited loopback socket.
 
-The parent writes the boot config as JSON on stdin (so the token is never in
+The parent writes the boot config, framed, on stdin (so the token is never in
 argv or the environment), passes the listening socket and a readiness pipe as
 inherited fds, and reads one JSON line from that pipe: ready, or why not.
-Boot failures exit with the reserved codes in `exit_codes`.
+Boot failures exit with the reserved codes in `exit_codes`, said on the pipe
+before anything is written to the log (a full disk must not hide them).
 """
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
-from child_runtime import exit_codes, lifeline
+from child_runtime import boot, exit_codes, lifeline
+from child_runtime.gate import ConnectionGate, gated
 from child_runtime.host import GPU_RESIDENCY_MODES, ScorerHost
 from child_runtime.items import Limits
 from child_runtime.shared_segment import ChildSegment
@@ -45,8 +47,7 @@ class BootConfig:
     shared_fd: int | None = None  # the parent's sealed memfd, when it offers a shared data plane
 
 
-def read_boot_config(raw: str) -> BootConfig:
-    data = json.loads(raw)
+def read_boot_config(data: dict[str, Any]) -> BootConfig:
     scorer = data.pop("scorer")
     data["limits"] = Limits(**data.get("limits", {}))
     config = BootConfig(
@@ -64,11 +65,23 @@ def _say(pipe: BinaryIO, message: dict[str, Any]) -> None:
     pipe.write((json.dumps(message) + "\n").encode())
 
 
-def _fail(pipe: BinaryIO | None, code: int, message: str) -> None:
-    print(f"child_runtime: {exit_codes.describe(code)}: {message}", file=sys.stderr, flush=True)
+def _fail(pipe: BinaryIO | None, code: int, message: str) -> NoReturn:
+    """Say why on the readiness pipe first, then try the log; exit with the reserved code either way."""
     if pipe is not None:
-        _say(pipe, {"ready": False, "exit_code": code, "error": message[-2000:]})
-    sys.exit(code)
+        try:
+            _say(pipe, {"ready": False, "exit_code": code, "error": message[-2000:]})
+        except OSError:
+            pass  # the parent is gone or gave up: the exit code still says why
+    _log(f"child_runtime: {exit_codes.describe(code)}: {message}")
+    os._exit(code)
+
+
+def _log(line: str) -> None:
+    """A line in the child's log; a full or broken log is not a reason to die or to hide the cause."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
@@ -129,16 +142,18 @@ def _open_segment(config: BootConfig) -> tuple[ChildSegment | None, str | None]:
     try:
         return ChildSegment(config.shared_fd, config.limits.max_request_bytes), None
     except OSError as exc:
-        print(f"child_runtime: shared data plane refused, using in-band bodies: {exc}", file=sys.stderr, flush=True)
+        _log(f"child_runtime: shared data plane refused, using in-band bodies: {exc}")
         return None, str(exc)
 
 
 def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[str, float]) -> None:
     import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     from child_runtime.app import build_app
 
     segment, segment_error = _open_segment(config)
+    gate = ConnectionGate(config.limits.max_pending_connections, config.limits.pending_connection_timeout_s)
 
     class _Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -154,11 +169,11 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
     revision = config.revision or host.scorer.spec.revision
     server: _Server
     app = build_app(host, config.token, revision, request_exit=lambda: setattr(server, "should_exit", True),
-                    limits=config.limits, segment=segment)
+                    limits=config.limits, segment=segment, gate=gate)
     # loop/http "auto": uvloop and httptools where the env has them. The parent is our own
     # and reconnects only when it must, so idle keep-alive connections are never reaped.
     uv_config = uvicorn.Config(
-        app, lifespan="off", log_level="warning", access_log=False, loop="auto", http="auto",
+        app, lifespan="off", log_level="warning", access_log=False, loop="auto", http=gated(AutoHTTPProtocol, gate),
         proxy_headers=False, server_header=False, date_header=False,
         timeout_graceful_shutdown=config.graceful_timeout_s, timeout_keep_alive=KEEP_ALIVE_S,
     )
@@ -171,7 +186,7 @@ def main() -> None:
     faulthandler.enable()
     started = time.monotonic()
     try:
-        config = read_boot_config(sys.stdin.read())
+        config = read_boot_config(boot.read_frame(sys.stdin.buffer))
     except (ValueError, KeyError, TypeError) as exc:
         _fail(None, exit_codes.BAD_CONFIG, f"cannot read boot config from stdin: {exc!r}")
     lifeline.install(config.parent_pid)
@@ -185,8 +200,11 @@ def main() -> None:
     finally:
         host.close(config.graceful_timeout_s)
     # Everything this child owns is closed: skip interpreter teardown (a second with torch loaded).
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:
+            pass  # a full log disk does not turn a clean exit into a failure
     os._exit(exit_codes.OK)
 
 

@@ -6,6 +6,7 @@ import concurrent.futures
 import hmac
 import importlib.metadata
 import os
+import sys
 import time
 import traceback
 from typing import Any, Awaitable, Callable
@@ -18,6 +19,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from child_runtime import wire
+from child_runtime.gate import EVICTED_HEADER, EVICTION_BODY, ConnectionGate
 from child_runtime.host import ResidencyConflict, ScorerHost
 from child_runtime.items import Limits, RequestError, items_from_wire, response_to_wire
 from child_runtime.shared_segment import ChildSegment
@@ -27,11 +29,16 @@ DEFAULT_DRAIN_TIMEOUT_S = 600.0
 
 
 class BearerAuth:
-    """Pure ASGI middleware: every request needs `Authorization: Bearer <token>`."""
+    """Pure ASGI middleware: every request needs `Authorization: Bearer <token>`.
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    A wrong or missing token gets a 401 and the connection is closed; a right one admits
+    its connection through the gate (which bounds connections that never authenticate).
+    """
+
+    def __init__(self, app: ASGIApp, token: str, gate: ConnectionGate | None = None) -> None:
         self.app = app
         self._expected = f"Bearer {token}".encode()
+        self._gate = gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -39,7 +46,11 @@ class BearerAuth:
         supplied = dict(scope["headers"]).get(b"authorization", b"")
         if not hmac.compare_digest(supplied, self._expected):
             await JSONResponse({"error": "missing or wrong bearer token", "kind": "unauthorized"},
-                               status_code=401)(scope, receive, send)
+                               status_code=401, headers={"connection": "close"})(scope, receive, send)
+            return
+        if self._gate is not None and not self._gate.admit(scope.get("client")):
+            await Response(EVICTION_BODY, status_code=503, media_type="application/json",
+                           headers={EVICTED_HEADER: "1", "connection": "close"})(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -154,7 +165,8 @@ def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
 
 
 def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callable[[], None],
-              limits: Limits = Limits(), segment: ChildSegment | None = None) -> ASGIApp:
+              limits: Limits = Limits(), segment: ChildSegment | None = None,
+              gate: ConnectionGate | None = None) -> ASGIApp:
     ledger = RequestLedger()
     state = {"value": "ready"}
     # One thread does all scorer work (the host serialises it anyway): a plain executor hands
@@ -181,6 +193,9 @@ def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callabl
                 "gpu_residency": host.gpu_residency,
                 "packages": packages,
                 "terms": terms,
+                "python": sys.executable,
+                "sys_path": sys.path,
+                "connections": {"pending": gate.pending, "evicted": gate.evicted} if gate else None,
             }
         )
 
@@ -240,4 +255,4 @@ def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callabl
     ]
     app = Starlette(routes=routes)
     app.router.redirect_slashes = False  # '/score/' is an unknown path (404), not a redirect
-    return BearerAuth(app, token)
+    return BearerAuth(app, token, gate)

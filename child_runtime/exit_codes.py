@@ -1,5 +1,11 @@
-"""Reserved exit codes: a child that cannot boot says why, and is never restarted."""
+"""Reserved exit codes and the one describer of exit statuses (children, grading workers).
+
+A child that cannot boot says why with a reserved code and is never restarted.
+"""
+from __future__ import annotations
+
 import signal
+from collections.abc import Mapping
 
 OK = 0
 BAD_CONFIG = 3
@@ -13,13 +19,14 @@ MEANINGS = {
 }
 
 
-def describe(returncode: int | None) -> str:
-    """Human text for a Popen returncode: 'exit 4 (scorer import or load failed)' or 'signal SIGKILL'."""
+def describe(returncode: int | None, meanings: Mapping[int, str] = MEANINGS) -> str:
+    """Human text for an exit status (negative: killed by that signal): 'exit 4 (scorer import failed)',
+    'signal SIGKILL'. `meanings` names codes the caller reserves."""
     if returncode is None:
         return "still running"
     if returncode < 0:
         return f"signal {signal_name(-returncode)}"
-    meaning = MEANINGS.get(returncode)
+    meaning = meanings.get(returncode)
     return f"exit {returncode}" + (f" ({meaning})" if meaning else "")
 
 
@@ -33,6 +40,3 @@ def signal_name(signum: int) -> str:
 def is_boot_failure(returncode: int | None) -> bool:
     """Cannot boot, and would not on a retry: never restarted. A failed load (6) may be transient (OOM)."""
     return returncode in (BAD_CONFIG, SCORER_IMPORT_FAILED)
-
-
-__all__ = ["OK", "BAD_CONFIG", "SCORER_IMPORT_FAILED", "SCORER_LOAD_FAILED", "describe", "signal_name"]

@@ -1,30 +1,18 @@
-"""The shared-memory data plane: one sealed memfd per child, created by the parent, reused per call.
+"""The child's half of the shared-memory data plane: a read-only mapping of the parent's memfd.
 
-Why a memfd and not a named `/dev/shm` segment: it has no name, so nothing can leak
-there. The kernel frees it when the last descriptor or mapping goes, whichever side
-crashes. The parent seals it against shrinking (F_SEAL_SHRINK): the child's
-mapping can never be cut short under it, so a read never raises SIGBUS. Its capacity
-is fixed at creation (address space; pages are allocated per extent), so both sides
-map it once. Arrays decoded from it are read-only views valid until the request ends.
-
-Stdlib + numpy only: every scorer env imports this module from the service root.
+The parent (`supervisor.segment.ParentSegment`) creates the memfd, seals it against
+shrinking and re-sealing, and hands the child a read-only descriptor. The child checks
+the seal (so a read can never SIGBUS) and maps it once, read-only: such a mapping
+cannot be made writable. The memfd's mode is 0400, so a scorer that is not root
+cannot reopen its descriptor writable through /proc either. Stdlib + numpy only.
 """
 from __future__ import annotations
 
-import bisect
-import contextlib
 import fcntl
-import math
 import mmap
 import os
-import threading
-import weakref
-from typing import Callable, Iterator
 
-import numpy as np
-import numpy.typing  # noqa: F401 - np.typing.DTypeLike in annotations
-
-from child_runtime.wire import ALIGN, WireError, aligned
+from child_runtime.wire import WireError
 
 SEGMENT_NAME = "managed-scorers-data-plane"
 
@@ -37,328 +25,31 @@ def available() -> bool:
     return hasattr(os, "memfd_create") and hasattr(fcntl, "F_ADD_SEALS")
 
 
-_LIVE_PARENT_SEGMENTS: "weakref.WeakSet[ParentSegment]" = weakref.WeakSet()
-
-
-def _drop_segments_after_fork() -> None:
-    """A process forked from the trainer (a DataLoader worker) must not pin the segments' memory.
-
-    Arena arrays the forked process inherited keep their mapping until they go: the
-    mapping cannot be unmapped under live numpy arrays.
-    """
-    for segment in list(_LIVE_PARENT_SEGMENTS):
-        segment._forget_after_fork()
-
-
-os.register_at_fork(after_in_child=_drop_segments_after_fork)
-
-
-class _ArenaExtent:
-    __slots__ = ("size", "pins", "released")
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.pins = 0  # requests in flight that send arrays from it in place
-        self.released = False  # its arena closed while pinned: freed at the last unpin
-
-
-class ParentSegment:
-    """The parent's side: a fixed-capacity sealed memfd, mapped once, carved by a small allocator.
-
-    Capacity is reserved as address space only (a sparse file): pages exist once an extent
-    is allocated (fallocate, so a short machine fails in `allocate`, never with SIGBUS while
-    arrays are copied in). Extents hold either one request's copied arrays, freed when its
-    answer is in, or arena arrays (`SharedArena`) the trainer fills in place and sends
-    without a copy; an arena extent a request is sending stays allocated until the answer,
-    even if its arena closes meanwhile. Only arrays inside live arena extents are sent in
-    place; anything else is copied. The child gets `child_fd`: a read-only descriptor of
-    the same memfd, sealed against shrinking and against new seals. Thread-safe.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        if not available():
-            raise SharedSegmentUnavailable("memfd_create or file sealing is not available here")
-        self.capacity = capacity // ALIGN * ALIGN  # every extent ends inside the limit
-        if self.capacity < mmap.PAGESIZE:
-            raise SharedSegmentUnavailable(f"a {capacity}-byte segment is too small to be worth mapping")
-        self._lock = threading.Lock()
-        self.fd = os.memfd_create(SEGMENT_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        self.child_fd = -1
-        try:
-            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
-            self.child_fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
-            os.ftruncate(self.fd, self.capacity)
-            self._map: mmap.mmap | None = mmap.mmap(self.fd, self.capacity)
-        except (OSError, ValueError) as exc:
-            _close_fds(self.fd, self.child_fd)
-            raise SharedSegmentUnavailable(f"cannot create a {self.capacity}-byte shared segment: {exc}") from exc
-        self._bytes = np.frombuffer(self._map, np.uint8)
-        self._base = self._bytes.ctypes.data
-        self._free: list[tuple[int, int]] = [(0, self.capacity)]  # (offset, size), sorted, coalesced
-        self._low, self._high = 0, self.capacity  # [0, _low) and [_high, capacity) have their pages
-        self._arena: dict[int, _ArenaExtent] = {}
-        self._arena_starts: list[int] = []  # sorted keys of _arena
-        self.copied_bytes = 0  # what requests copied in, and what they sent from arenas in place
-        self.in_place_bytes = 0
-        self._fd_closer = weakref.finalize(self, _close_fds, self.fd, self.child_fd)  # an owner that forgot close()
-        _LIVE_PARENT_SEGMENTS.add(self)
-
-    @property
-    def free_bytes(self) -> int:
-        with self._lock:
-            return sum(size for _, size in self._free)
-
-    def allocate(self, nbytes: int, arena: bool = False) -> int:
-        """Offset of a fresh 64-byte-aligned extent. MemoryError when no extent is large enough,
-        OSError when its pages cannot be had, ValueError once closed.
-
-        Arena extents come from the bottom of the segment, a request's copies from the top:
-        an arena array wrongly used after its arena closed is then overwritten by later arena
-        allocations only, never by the copies of the request that sends it.
-        """
-        need = max(aligned(nbytes), ALIGN)
-        with self._lock:
-            if self.fd < 0:
-                raise ValueError("shared segment is closed")
-            order = range(len(self._free)) if arena else range(len(self._free) - 1, -1, -1)
-            for index in order:
-                start, size = self._free[index]
-                if size >= need:
-                    break
-            else:
-                raise MemoryError(f"no free extent of {need} bytes in the {self.capacity}-byte shared segment")
-            offset = start if arena else start + size - need
-            rest = [(start + need, size - need)] if arena else [(start, size - need)]
-            self._free[index:index + 1] = rest if size > need else []
-            try:
-                self._reserve_locked(offset, need)
-            except BaseException:  # also Ctrl-C: the extent goes back, never lost
-                self._release_locked(offset, need)
-                raise
-            if arena:
-                self._arena[offset] = _ArenaExtent(need)
-                bisect.insort(self._arena_starts, offset)
-        return offset
-
-    def _reserve_locked(self, offset: int, size: int) -> None:
-        """fallocate what is not yet backed: [0, _low) and [_high, capacity) already are."""
-        end = offset + size
-        if end <= self._low or offset >= self._high:
-            return
-        os.posix_fallocate(self.fd, offset, size)
-        if offset <= self._low:
-            self._low = max(self._low, end)
-        if end >= self._high:
-            self._high = min(self._high, offset)
-
-    def release(self, offset: int, nbytes: int) -> None:
-        """Free a request's extent."""
-        with self._lock:
-            if self.fd >= 0:
-                self._release_locked(offset, max(aligned(nbytes), ALIGN))
-
-    def release_arena(self, offset: int) -> None:
-        """Free an arena extent, or mark it to be freed when the last request sending it is answered."""
-        with self._lock:
-            extent = self._arena.get(offset)
-            if extent is None or self.fd < 0:
-                return
-            if extent.pins:
-                extent.released = True
-            else:
-                self._drop_arena_locked(offset, extent)
-
-    def _drop_arena_locked(self, offset: int, extent: _ArenaExtent) -> None:
-        del self._arena[offset]
-        self._arena_starts.remove(offset)
-        self._release_locked(offset, extent.size)
-
-    def _release_locked(self, offset: int, size: int) -> None:
-        self._free.append((offset, size))
-        self._free.sort()
-        merged: list[tuple[int, int]] = []
-        for start, length in self._free:
-            if merged and merged[-1][0] + merged[-1][1] == start:
-                merged[-1] = (merged[-1][0], merged[-1][1] + length)
-            else:
-                merged.append((start, length))
-        self._free = merged
-
-    def array(self, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """A writable array over an allocated extent."""
-        dtype = np.dtype(dtype)
-        count = math.prod(shape)
-        return self._bytes[offset : offset + count * dtype.itemsize].view(dtype).reshape(shape)
-
-    def _arena_extent_of(self, arr: np.ndarray) -> tuple[int, int] | None:
-        """(offset of arr, start of its live arena extent), under the lock; None unless arr lies
-        wholly inside a live arena extent, contiguous and aligned for the wire."""
-        if self.fd < 0 or not arr.flags.c_contiguous:
-            return None
-        offset = arr.ctypes.data - self._base
-        if offset < 0 or offset + arr.nbytes > self.capacity or offset % ALIGN:
-            return None
-        index = bisect.bisect_right(self._arena_starts, offset) - 1
-        if index < 0:
-            return None
-        start = self._arena_starts[index]
-        extent = self._arena[start]
-        if extent.released or offset + arr.nbytes > start + extent.size:
-            return None
-        return offset, start
-
-    def locate(self, arr: np.ndarray) -> int | None:
-        """The offset of `arr` if it can be sent in place (it lies in a live arena extent)."""
-        with self._lock:
-            found = self._arena_extent_of(arr)
-        return None if found is None else found[0]
-
-    @contextlib.contextmanager
-    def placement(self) -> Iterator[Callable[[np.ndarray], int]]:
-        """`place(arr) -> offset` for one request: arena arrays are sent in place and their extents
-        pinned; others are copied into fresh extents. All are let go when the block ends (after
-        the answer)."""
-        copies: list[tuple[int, int]] = []
-        pinned: list[int] = []
-
-        def place(arr: np.ndarray) -> int:
-            with self._lock:
-                found = self._arena_extent_of(arr)
-                if found is not None:
-                    self._arena[found[1]].pins += 1
-                    pinned.append(found[1])
-                    self.in_place_bytes += arr.nbytes
-                    return found[0]
-            offset = self.allocate(arr.nbytes)
-            copies.append((offset, arr.nbytes))
-            self._bytes[offset : offset + arr.nbytes] = arr.reshape(-1).view(np.uint8)
-            self.copied_bytes += arr.nbytes
-            return offset
-
-        try:
-            yield place
-        finally:
-            for offset, nbytes in copies:
-                self.release(offset, nbytes)
-            with self._lock:
-                for start in pinned:
-                    extent = self._arena.get(start)
-                    if extent is not None:
-                        extent.pins -= 1
-                        if extent.released and not extent.pins and self.fd >= 0:
-                            self._drop_arena_locked(start, extent)
-
-    def close(self) -> None:
-        """Idempotent; arrays still referenced keep the mapping alive until they go."""
-        with self._lock:
-            self.fd = self.child_fd = -1  # first: no later call can act on a recycled descriptor number
-            self._free, self._arena, self._arena_starts = [], {}, []
-            old, self._map = self._map, None
-            self._bytes = np.zeros(0, np.uint8)
-            _close_map(old)
-            self._fd_closer()
-
-    def _forget_after_fork(self) -> None:
-        """In a forked child: the lock may have been held by a thread that does not exist here."""
-        self._lock = threading.Lock()
-        self.close()
-
-
-def _close_fds(*fds: int) -> None:
-    for fd in fds:
-        if fd >= 0:
-            os.close(fd)
-
-
-def _close_map(mapping: mmap.mmap | None) -> None:
-    if mapping is None:
-        return
-    try:
-        mapping.close()
-    except BufferError:
-        pass  # a view is still exported: the mapping goes when that view does
-
-
-class SharedArena:
-    """Arrays the trainer fills in place inside the shared segment, then scores without a copy.
-
-    Valid until `close()` (or the end of the `with` block). Closing while a request is
-    sending them is safe: their extent is freed when that answer is in. When the segment
-    is full or gone (a restarted child, a forked process), `empty()` returns ordinary
-    memory instead (`heap_fallbacks` counts them): those arrays are copied when scored.
-    """
-
-    def __init__(self, segment: ParentSegment) -> None:
-        self._segment = segment
-        self._taken: list[int] = []
-        self._lock = threading.Lock()
-        self.heap_fallbacks = 0
-
-    def empty(self, shape: tuple[int, ...] | int, dtype: np.typing.DTypeLike = np.uint8) -> np.ndarray:
-        """An uninitialised array, in the segment when it has room."""
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        try:
-            offset = self._segment.allocate(nbytes, arena=True)
-        except (MemoryError, OSError, ValueError):
-            with self._lock:
-                self.heap_fallbacks += 1
-            return np.empty(shape, dtype)
-        with self._lock:
-            self._taken.append(offset)
-        return self._segment.array(offset, shape, dtype)
-
-    def close(self) -> None:
-        with self._lock:
-            taken, self._taken = self._taken, []
-        for offset in taken:
-            self._segment.release_arena(offset)
-
-    def __enter__(self) -> "SharedArena":
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-
-class HeapArena:
-    """The same interface over ordinary memory, for backends without a shared segment."""
-
-    def empty(self, shape: tuple[int, ...] | int, dtype: np.typing.DTypeLike = np.uint8) -> np.ndarray:
-        return np.empty(shape, dtype)
-
-    def close(self) -> None:
-        """Nothing to free: the arrays belong to whoever holds them."""
-
-    def __enter__(self) -> "HeapArena":
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-
 class ChildSegment:
     """The child's read-only mapping of the parent's segment, mapped once: its size never changes."""
 
     def __init__(self, fd: int, max_bytes: int) -> None:
         try:
-            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-        except OSError as exc:
-            raise SharedSegmentUnavailable(f"fd {fd} is not a sealable memfd: {exc}") from exc
-        if not seals & fcntl.F_SEAL_SHRINK:
-            raise SharedSegmentUnavailable(f"fd {fd} is not sealed against shrinking; a read could SIGBUS")
-        os.set_inheritable(fd, False)  # the scorer's own subprocesses never get it
-        self.fd = fd
+            try:
+                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+            except OSError as exc:
+                raise SharedSegmentUnavailable(f"fd {fd} is not a sealable memfd: {exc}") from exc
+            if not seals & fcntl.F_SEAL_SHRINK:
+                raise SharedSegmentUnavailable(f"fd {fd} is not sealed against shrinking; a read could SIGBUS")
+            size = os.fstat(fd).st_size
+            try:
+                self._map: mmap.mmap | None = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            except (OSError, ValueError) as exc:  # e.g. ENOMEM, an address-space limit, an empty file
+                raise SharedSegmentUnavailable(f"cannot map the {size}-byte shared segment: {exc}") from exc
+        finally:
+            os.close(fd)  # the mapping keeps its own (read-only) duplicate
         self.max_bytes = max_bytes
-        size = os.fstat(fd).st_size
-        try:
-            self._map: mmap.mmap | None = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-        except (OSError, ValueError) as exc:  # e.g. ENOMEM, an address-space limit, an empty file
-            raise SharedSegmentUnavailable(f"cannot map the {size}-byte shared segment: {exc}") from exc
         self._view: memoryview | None = memoryview(self._map)
 
     def view(self, nbytes: int) -> memoryview:
         """A read-only view of the segment, which must hold `nbytes`; WireError naming why not."""
+        if self._view is None:
+            raise WireError("the shared segment is closed")
         if nbytes > self.max_bytes:
             raise WireError(f"shared frame spans {nbytes} bytes (limit max_request_bytes={self.max_bytes})")
         if nbytes > len(self._view):
@@ -366,6 +57,6 @@ class ChildSegment:
         return self._view
 
     def close(self) -> None:
+        """The mapping goes once no array a scorer kept still points into it."""
         self._view = None
         self._map = None
-        os.close(self.fd)

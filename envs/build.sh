@@ -15,6 +15,7 @@ fi
 echo "env-$name: building $venv"
 rm -rf "$venv"
 "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --no-input -r "$req" 2>&1 | grep -v "^WARNING: Location" || true
+# pipefail: a failed install fails the build (grep only drops pip's noise) and no stamp is written
+"$venv/bin/python" -m pip install -q --no-input -r "$req" 2>&1 | { grep -v "^WARNING: Location" || true; }
 "$venv/bin/python" -m pip check
 echo "$want" > "$venv/.requirements.sha256"

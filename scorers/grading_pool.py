@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from multiprocessing import connection as mp_connection
 from typing import Any, Sequence
 
-from child_runtime.exit_codes import signal_name
+from child_runtime.exit_codes import describe
 from scorers.grading_worker import ORPHANED_EXIT_CODE, worker_main
 from scorers.mp_helpers import acquire_helpers, forkserver_pid, release_helpers
 
@@ -94,17 +94,17 @@ class _Batch:
     pending: deque[int] = field(default_factory=deque)
 
 
+_WORKER_EXIT_MEANINGS = {
+    255: "or the forkserver itself died",
+    ORPHANED_EXIT_CODE: "forkserver gone before the worker started",
+}
+
+
 def describe_exitcode(code: int | None) -> str:
-    """Human words for a multiprocessing exitcode (negative means killed by a signal)."""
+    """A worker's multiprocessing exitcode in words (negative means killed by a signal)."""
     if code is None:
         return "exit status unknown (still running?)"
-    if code < 0:
-        return f"killed by {signal_name(-code)}"
-    if code == 255:
-        return "exit code 255 (or the forkserver itself died)"
-    if code == ORPHANED_EXIT_CODE:
-        return f"exit code {code} (forkserver gone before the worker started)"
-    return f"exit code {code}"
+    return describe(code, _WORKER_EXIT_MEANINGS)
 
 
 class GradingPool:

@@ -6,7 +6,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from child_runtime.shared_segment import HeapArena, SharedArena
+from supervisor.segment import HeapArena, SharedArena
 from supervisor.errors import ConfigError, RewardContractError
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 

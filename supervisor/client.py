@@ -1,43 +1,32 @@
-"""ChildClient: HTTP to one scorer server; transport errors are mapped once, here.
+"""ScorerClient: the endpoints of one scorer server, over one of two HTTP transports.
 
 Managed children are reached through `LoopbackHTTP` (our own child on 127.0.0.1,
 optionally with the shared-memory data plane); servers someone else started
-through httpx. Neither reads proxy settings from the environment.
+through httpx. Both raise the same transport facts (`supervisor.errors`), mapped
+once from their own exceptions; neither reads proxy settings from the environment.
+Non-2xx answers raise `ErrorStatus`; what a failure means is the backend's call.
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import httpx
 
 from child_runtime import wire
-from child_runtime.shared_segment import ParentSegment
-from supervisor.loopback_http import LoopbackClosed, LoopbackHTTP, LoopbackProtocolError, LoopbackTimeout
+from supervisor.errors import BadAnswer, ConnectFailed, ConnectionLost, ErrorStatus, NoAnswer
+from supervisor.loopback_http import LoopbackHTTP
+from supervisor.segment import ParentSegment
 
 Body = Sequence[bytes | memoryview]
 
 
-class ChildHTTPError(Exception):
-    """The server answered with a non-2xx status."""
+class Transport(Protocol):
+    def request(self, method: str, path: str, timeout: float, body: Body,
+                headers: dict[str, str]) -> tuple[int, dict[str, str], bytes | bytearray]: ...
 
-    def __init__(self, status: int, kind: str, message: str) -> None:
-        self.status = status
-        self.kind = kind
-        self.message = message
-        super().__init__(f"HTTP {status} {kind}: {message}")
-
-
-class ChildProtocolError(Exception):
-    """The server answered 2xx with a body that is not what the protocol says."""
-
-
-class ChildTransportError(Exception):
-    """No answer: connection refused or reset, or a timeout (`timed_out`)."""
-
-    def __init__(self, message: str, timed_out: bool) -> None:
-        self.timed_out = timed_out
-        super().__init__(message)
+    def close(self) -> None: ...
 
 
 def _raise_for_status(status: int, content: bytes | bytearray) -> None:
@@ -52,10 +41,10 @@ def _raise_for_status(status: int, content: bytes | bytearray) -> None:
         kind, message = str(body.get("kind", "error")), str(body.get("error", text))
     else:
         kind, message = "error", text
-    raise ChildHTTPError(status, kind, message)
+    raise ErrorStatus(status, kind, message)
 
 
-class _HttpxTransport:
+class HttpxTransport:
     """For servers someone else started: full HTTP (TLS, redirects refused, chunked answers)."""
 
     def __init__(self, base_url: str, headers: dict[str, str], control_timeout: float) -> None:
@@ -72,64 +61,60 @@ class _HttpxTransport:
             response = self._http.request(method, path, content=content, headers=headers,
                                           timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)))
         except httpx.TimeoutException as exc:
-            raise ChildTransportError(f"{method} {path}: no answer within {timeout} s ({exc!r})", True) from exc
+            raise NoAnswer(f"{method} {path}: no answer within {timeout} s ({exc!r})") from exc
+        except httpx.ConnectError as exc:
+            raise ConnectFailed(f"{method} {path}: {exc!r}") from exc
         except httpx.TransportError as exc:
-            raise ChildTransportError(f"{method} {path}: {exc!r}", False) from exc
+            raise ConnectionLost(f"{method} {path}: {exc!r}") from exc
         except (httpx.HTTPError, RuntimeError) as exc:  # e.g. DecodingError, or a client closed meanwhile
-            raise ChildProtocolError(f"{method} {path}: {exc!r}") from exc
+            raise BadAnswer(f"{method} {path}: {exc!r}") from exc
         return response.status_code, dict(response.headers), response.content
 
     def close(self) -> None:
         self._http.close()
 
 
-class _LoopbackTransport:
+class LoopbackTransport:
     """For our own managed child: the lean keep-alive client."""
 
-    def __init__(self, port: int, headers: dict[str, str]) -> None:
-        self._http = LoopbackHTTP("127.0.0.1", port, headers)
+    def __init__(self, port: int, headers: dict[str, str], peer_alive: Callable[[], bool]) -> None:
+        self.http = LoopbackHTTP("127.0.0.1", port, headers, peer_alive=peer_alive)
 
     def request(self, method: str, path: str, timeout: float, body: Body,
                 headers: dict[str, str]) -> tuple[int, dict[str, str], bytearray]:
-        try:
-            answer = self._http.request(method, path, timeout, body, headers)
-        except LoopbackTimeout as exc:
-            raise ChildTransportError(f"{method} {path}: {exc}", True) from exc
-        except LoopbackClosed as exc:
-            raise ChildTransportError(f"{method} {path}: {exc}", False) from exc
-        except LoopbackProtocolError as exc:
-            raise ChildProtocolError(f"{method} {path}: {exc}") from exc
+        answer = self.http.request(method, path, timeout, body, headers)
         return answer.status, answer.headers, answer.body
 
     def close(self) -> None:
-        self._http.close()
+        self.http.close()
 
 
-class ChildClient:
+class ScorerClient:
     """One scorer server. With a `segment`, arrays of at least `shared_min_bytes` travel through it."""
 
-    def __init__(self, base_url: str, token: str | None, request_timeout: float, control_timeout: float = 30.0,
-                 *, loopback_port: int | None = None, segment: ParentSegment | None = None,
-                 shared_min_bytes: int = 64 * 1024) -> None:
-        headers = {"authorization": f"Bearer {token}"} if token else {}
+    def __init__(self, transport: Transport, request_timeout: float, control_timeout: float = 30.0,
+                 segment: ParentSegment | None = None, shared_min_bytes: int = 64 * 1024) -> None:
+        self.transport = transport
         self.request_timeout = request_timeout
         self.control_timeout = control_timeout
         self.segment = segment
         self.shared_min_bytes = shared_min_bytes
         self.last_server_timing: str | None = None  # the child's phases for the last /score (ms)
-        self._transport: _HttpxTransport | _LoopbackTransport = (
-            _LoopbackTransport(loopback_port, headers) if loopback_port is not None
-            else _HttpxTransport(base_url, headers, control_timeout))
 
     @classmethod
-    def for_child(cls, port: int, token: str, request_timeout: float, segment: ParentSegment | None,
-                  shared_min_bytes: int) -> "ChildClient":
-        return cls(f"http://127.0.0.1:{port}", token, request_timeout, loopback_port=port, segment=segment,
-                   shared_min_bytes=shared_min_bytes)
+    def remote(cls, base_url: str, token: str | None, request_timeout: float) -> ScorerClient:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        return cls(HttpxTransport(base_url, headers, 30.0), request_timeout)
+
+    @classmethod
+    def loopback(cls, port: int, token: str, request_timeout: float, peer_alive: Callable[[], bool],
+                 segment: ParentSegment | None, shared_min_bytes: int) -> ScorerClient:
+        transport = LoopbackTransport(port, {"authorization": f"Bearer {token}"}, peer_alive)
+        return cls(transport, request_timeout, segment=segment, shared_min_bytes=shared_min_bytes)
 
     def _send(self, method: str, path: str, timeout: float, body: Body = (),
               headers: dict[str, str] | None = None) -> bytes | bytearray:
-        status, answer_headers, content = self._transport.request(method, path, timeout, body, headers or {})
+        status, answer_headers, content = self.transport.request(method, path, timeout, body, headers or {})
         _raise_for_status(status, content)
         if path == "/score":
             self.last_server_timing = answer_headers.get("server-timing")
@@ -140,9 +125,9 @@ class ChildClient:
         try:
             body = json.loads(content)
         except ValueError as exc:
-            raise ChildProtocolError(f"{method} {path}: body is not JSON: {bytes(content[:200])!r}") from exc
+            raise BadAnswer(f"{method} {path}: body is not JSON: {bytes(content[:200])!r}") from exc
         if not isinstance(body, dict):
-            raise ChildProtocolError(f"{method} {path}: expected a JSON object, got {type(body).__name__}")
+            raise BadAnswer(f"{method} {path}: expected a JSON object, got {type(body).__name__}")
         return body
 
     def uses_segment(self, frame: wire.Frame) -> bool:
@@ -162,18 +147,19 @@ class ChildClient:
         try:
             return wire.decode(content)
         except wire.WireError as exc:
-            raise ChildProtocolError(f"POST /score: answer is not a valid frame: {exc}") from exc
+            raise BadAnswer(f"POST /score: answer is not a valid frame: {exc}") from exc
 
     def _score_shared(self, frame: wire.Frame, headers: dict[str, str]) -> bytes | bytearray | None:
         """Arrays through the segment, their extents held until the answer is in (the child reads
         them meanwhile); None when the segment cannot take them: send in-band."""
+        assert self.segment is not None
         with self.segment.placement() as place:
             try:
                 body = frame.shared_body(place)
             except (MemoryError, OSError):  # no extent free (arenas hold it), or no pages behind one
                 return None
             except ValueError as exc:  # the segment was closed meanwhile: the backend is closing
-                raise ChildTransportError(f"POST /score: shared segment: {exc!r}", False) from exc
+                raise ConnectionLost(f"POST /score: shared segment: {exc!r}") from exc
             return self._send("POST", "/score", self.request_timeout, [body], headers)
 
     def health(self) -> dict[str, Any]:
@@ -192,4 +178,4 @@ class ChildClient:
         return self._json("POST", "/shutdown", timeout_s)
 
     def close(self) -> None:
-        self._transport.close()
+        self.transport.close()

@@ -9,7 +9,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 InputKind = Literal["text", "image", "image_edit", "video"]
-SERVICE_ROOT = Path(__file__).resolve().parent.parent
+# What decides the child's import path: set only by managed-scorers (see supervisor.import_root).
+RESERVED_ENV = frozenset({"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONNOUSERSITE",
+                          "PYTHONSAFEPATH", "PYTHONPLATLIBDIR", "PYTHONEXECUTABLE", "VIRTUAL_ENV"})
 
 
 def _plain(value: Any) -> Any:
@@ -33,14 +35,21 @@ class _Model(BaseModel):
 
 
 class ProcessConfig(_Model):
-    """How to launch and bound the child process."""
+    """How to launch and bound the child process.
+
+    The child's import path is the scorer env plus this project's own packages, nothing
+    of the trainer's environment; `extra_import_paths` (directories, after ours) is the
+    one way to hand it your own scorer modules (dotted-path scorers).
+    """
 
     python_executable: Path
-    service_root: Path = SERVICE_ROOT
+    extra_import_paths: list[Path] = Field(default_factory=list)
     startup_timeout: float = Field(default=120.0, gt=0)
     request_timeout: float = Field(default=600.0, gt=0)
     shutdown_timeout: float = Field(default=10.0, gt=0)
     log_dir: Path | None = None
+    keep_logs: int = Field(default=20, ge=1)  # per scorer and rank; the oldest go at each launch
+    keep_clean_logs: bool = False  # False: a child that exits cleanly at close() leaves no log
     env: dict[str, str] = Field(default_factory=dict)
     local_rank: int | None = Field(default=None, ge=0)
     visible_devices: str | None = None
@@ -49,16 +58,30 @@ class ProcessConfig(_Model):
     @field_validator("python_executable")
     @classmethod
     def _executable(cls, value: Path) -> Path:
-        if not value.is_file() or not os.access(value, os.X_OK):
-            raise ValueError(f"{value} is not an executable file (build the scorer env: make env-NAME)")
-        return value
+        """Resolved once, against the current directory (symlinks kept: a venv's python is one)."""
+        absolute = Path(os.path.abspath(value))
+        if not absolute.is_file() or not os.access(absolute, os.X_OK):
+            where = "" if value.is_absolute() else f" (resolved against the current directory {os.getcwd()})"
+            raise ValueError(f"{absolute}{where} is not an executable file (build the scorer env: make env-NAME)")
+        return absolute
 
-    @field_validator("service_root")
+    @field_validator("extra_import_paths")
     @classmethod
-    def _root(cls, value: Path) -> Path:
-        if not (value / "child_runtime" / "__main__.py").is_file():
-            raise ValueError(f"{value} is not a service root (no child_runtime/__main__.py)")
-        return value.resolve()
+    def _import_paths(cls, values: list[Path]) -> list[Path]:
+        absolute = [Path(os.path.abspath(value)) for value in values]
+        missing = [str(path) for path in absolute if not path.is_dir()]
+        if missing:
+            raise ValueError(f"extra_import_paths must be existing directories: {missing}")
+        return absolute
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(RESERVED_ENV & set(value))
+        if reserved:
+            raise ValueError(f"env may not set {reserved}: the child's import path is the scorer env plus this "
+                             "project's packages; list your own modules' directories in extra_import_paths")
+        return value
 
 
 class ScorerConfig(_Model):
@@ -109,6 +132,10 @@ class LimitsConfig(_Model):
     max_items: int = Field(default=4096, gt=0)
     max_text_chars: int = Field(default=1 << 20, gt=0)
     max_media_bytes: int = Field(default=512 << 20, gt=0)
+    # Connections that have not sent an authenticated request: how many may wait, and for how
+    # long, before the child closes them (another local user cannot exhaust its descriptors).
+    max_pending_connections: int = Field(default=64, gt=0)
+    pending_connection_timeout_s: float = Field(default=10.0, gt=0)
 
 
 class ManagedScorerProcessSpec(_Model):

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from supervisor import LocalRewardBackend, ManagedScorerProcessBackend, RewardItem, RewardRequest
-from supervisor.config import SERVICE_ROOT
+
+REPO_ROOT = Path(__file__).resolve().parent.parent  # a checkout: the envs live beside the packages
 
 SAMPLES = Path(__file__).with_name("demo_samples.json")
 MATH_TIMEOUT_S = 3.0
@@ -42,7 +43,7 @@ def render_text(text: str) -> np.ndarray:
 
 
 def env_python(name: str) -> str:
-    return str(SERVICE_ROOT / "envs" / name / ".venv" / "bin" / "python")
+    return str(REPO_ROOT / "envs" / name / ".venv" / "bin" / "python")
 
 
 def run_managed(scorer: str, env: str, kind: str, params: dict, request: RewardRequest) -> tuple[list[float], dict]:

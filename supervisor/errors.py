@@ -1,4 +1,11 @@
-"""Typed failures. Where a child is involved, each one carries its failure record."""
+"""Typed failures, and the one place where a failed exchange becomes one.
+
+The HTTP clients raise *transport facts* (`TransportError` and its kinds, or
+`ErrorStatus` for a non-2xx answer), mapped once from OSError/httpx at their
+boundary. Backends decide what a fact means for the child (kill it? restart
+later?) and raise the trainer-facing `ScorerError` built by `scorer_error`.
+Where a child is involved, the error carries its failure record.
+"""
 from __future__ import annotations
 
 import time
@@ -17,9 +24,13 @@ class ChildRecord:
     log_path: str | None = None
     log_tail: str = ""
     at: float = field(default_factory=time.time)
+    exited: bool | None = None  # None: infer from returncode; True with returncode None: status lost
+    rank: int | None = None
 
     @property
     def exit_status(self) -> str:
+        if self.returncode is None and self.exited:
+            return "exited, status unknown (SIGCHLD is ignored here and the kernel could not report it)"
         return describe(self.returncode)
 
     @property
@@ -36,7 +47,8 @@ class ChildRecord:
 
     def render(self) -> str:
         tail = self.log_tail.rstrip()
-        lines = [f"child {self.name!r} pid={self.pid} status={self.exit_status} log={self.log_path}"]
+        rank = f" rank={self.rank}" if self.rank is not None else ""
+        lines = [f"child {self.name!r}{rank} pid={self.pid} status={self.exit_status} log={self.log_path}"]
         if tail:
             lines.append("--- log tail ---\n" + tail)
         return "\n".join(lines)
@@ -69,6 +81,10 @@ class ScorerError(RuntimeError):
 class ScorerStartupError(ScorerError):
     """The child did not become ready: it exited, timed out, or reported a boot failure."""
 
+    def __init__(self, message: str, record: ChildRecord | None = None, boot_code: int | None = None) -> None:
+        self.boot_code = boot_code  # the reserved exit code the child reported on its readiness pipe
+        super().__init__(message, record)
+
 
 class ScorerProcessDied(ScorerError):
     """The child is gone (crash, kill, OOM) while it was expected to serve."""
@@ -100,5 +116,57 @@ class RewardContractError(ScorerError):
     """Rewards broke the contract: wrong ids or order, wrong count, non-finite, missing term."""
 
 
+class BackendNotOwned(ScorerError):
+    """A forked copy of the trainer called a backend whose child belongs to the process that forked."""
+
+
 class ConfigError(ValueError):
     """A configuration cannot work (e.g. several GPUs for one child)."""
+
+
+# -- transport facts, raised by the HTTP clients ----------------------------------------------
+class TransportError(Exception):
+    """No usable answer came back."""
+
+
+class ConnectFailed(TransportError):
+    """No connection could be opened: nothing was sent."""
+
+
+class NoAnswer(TransportError):
+    """The deadline passed before the whole answer arrived."""
+
+
+class ConnectionLost(TransportError):
+    """The server closed or reset the connection mid-exchange."""
+
+
+class BadAnswer(TransportError):
+    """The answer is not the protocol: bad HTTP, a body that is not a frame or JSON."""
+
+
+class ErrorStatus(Exception):
+    """The server answered with a non-2xx status: `kind` and `message` from its JSON body."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        self.status = status
+        self.kind = kind
+        self.message = message
+        super().__init__(f"HTTP {status} {kind}: {message}")
+
+
+def scorer_error(exc: TransportError | ErrorStatus, what: str, record: ChildRecord | None = None,
+                 note: str = "") -> ScorerError:
+    """The trainer-facing error for a failed exchange. `record` is the managed child's (None for a
+    server someone else started); a lost connection means it died when it has exited."""
+    text = f"{what}: {exc}" + (f"; {note}" if note else "")
+    if isinstance(exc, ErrorStatus):
+        return ScorerRequestError(f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}", record,
+                                  status=exc.status, kind=exc.kind)
+    if isinstance(exc, BadAnswer):
+        return RewardContractError(text, record)
+    if isinstance(exc, NoAnswer):
+        return ScorerTimeout(text, record)
+    if record is None:
+        return ScorerUnavailable(text)
+    return ScorerProcessDied(text, record)

@@ -1,27 +1,40 @@
-"""Per-child log files: created 0600 in a directory the user owns; tails for error messages."""
+"""Per-child log files: created 0600 in a directory the user owns, pruned per scorer and rank."""
 from __future__ import annotations
 
 import os
 import secrets
-import tempfile
 import time
 from pathlib import Path
+
+from supervisor.userdirs import ensure_private, state_dir
 
 TAIL_BYTES = 4096
 
 
 def default_log_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"managed-scorers-{os.getuid()}"
+    return state_dir() / "logs"
 
 
-def open_child_log(log_dir: Path | None, name: str, rank: int | None) -> tuple[int, Path]:
-    """Create a fresh log file (O_EXCL, 0600) and return its fd and path."""
-    directory = Path(log_dir) if log_dir is not None else default_log_dir()
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if directory.stat().st_uid != os.getuid():
-        raise PermissionError(f"log dir {directory} is not owned by uid {os.getuid()}")
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = directory / f"{name}-rank{rank if rank is not None else 0}-{stamp}-{secrets.token_hex(3)}.log"
+def _prune(directory: Path, prefix: str, keep: int) -> None:
+    """Remove the oldest `prefix*.log` files so that at most `keep` remain."""
+    logs = []
+    for entry in os.scandir(directory):
+        if entry.name.startswith(prefix) and entry.name.endswith(".log") and entry.is_file(follow_symlinks=False):
+            logs.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
+    for _, name in sorted(logs)[: max(0, len(logs) - keep)]:
+        try:
+            os.unlink(directory / name)
+        except FileNotFoundError:
+            pass  # another rank's launch pruned it first
+
+
+def open_child_log(log_dir: Path | None, name: str, rank: int | None, keep: int) -> tuple[int, Path]:
+    """Create a fresh log file (O_EXCL, 0600) and return its fd and path; the oldest logs of the same
+    scorer and rank go first, so at most `keep` remain. OSError naming the path on failure."""
+    directory = ensure_private(Path(log_dir) if log_dir is not None else default_log_dir())
+    prefix = f"{name}-rank{rank if rank is not None else 0}-"
+    _prune(directory, prefix, keep - 1)
+    path = directory / f"{prefix}{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.log"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
     return fd, path
 

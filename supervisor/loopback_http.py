@@ -13,24 +13,16 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Sequence
+
+from child_runtime.gate import EVICTED_HEADER
+from supervisor.errors import BadAnswer, ConnectFailed, ConnectionLost, NoAnswer
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_ANSWER_BYTES = 1 << 30
 _CRLF2 = b"\r\n\r\n"
-
-
-class LoopbackTimeout(TimeoutError):
-    """The deadline passed before the whole answer arrived."""
-
-
-class LoopbackClosed(ConnectionError):
-    """The server closed or reset the connection, or refused it."""
-
-
-class LoopbackProtocolError(ValueError):
-    """The server's answer is not the HTTP/1.1 this client speaks."""
+RETRY_BACKOFF_S = (0.005, 0.2)  # first and largest pause between tries that sent nothing usable
 
 
 @dataclass
@@ -48,7 +40,7 @@ class _Deadline:
     def arm(self, sock: socket.socket) -> None:
         left = self.at - time.monotonic()
         if left <= 0:
-            raise LoopbackTimeout(f"no answer within {self.timeout} s")
+            raise NoAnswer(f"no answer within {self.timeout} s")
         sock.settimeout(left)
 
 
@@ -71,14 +63,14 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
         version, code = lines[0].split(" ", 2)[:2]
         status = int(code)
     except (ValueError, IndexError) as exc:
-        raise LoopbackProtocolError(f"bad status line {head[:80]!r}") from exc
+        raise BadAnswer(f"bad status line {head[:80]!r}") from exc
     if version != "HTTP/1.1":
-        raise LoopbackProtocolError(f"expected HTTP/1.1, got {version[:20]!r}")
+        raise BadAnswer(f"expected HTTP/1.1, got {version[:20]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
         if not sep:
-            raise LoopbackProtocolError(f"bad header line {line[:80]!r}")
+            raise BadAnswer(f"bad header line {line[:80]!r}")
         headers[name.strip().lower()] = value.strip()
     return status, headers
 
@@ -106,14 +98,14 @@ class _Connection:
         _send_all(self.sock, [memoryview(head)] + [memoryview(b).cast("B") for b in body if len(b)], deadline)
         while (end := self.buffer.find(_CRLF2)) < 0:
             if len(self.buffer) > MAX_HEAD_BYTES:
-                raise LoopbackProtocolError(f"answer head exceeds {MAX_HEAD_BYTES} bytes")
+                raise BadAnswer(f"answer head exceeds {MAX_HEAD_BYTES} bytes")
             self._read_some(deadline)
         status, headers = _parse_head(bytes(self.buffer[:end]))
         if "content-length" not in headers or "transfer-encoding" in headers:
-            raise LoopbackProtocolError(f"answer {status} has no content-length (headers {sorted(headers)})")
+            raise BadAnswer(f"answer {status} has no content-length (headers {sorted(headers)})")
         length = headers["content-length"]
         if not (length.isascii() and length.isdigit()) or int(length) > MAX_ANSWER_BYTES:
-            raise LoopbackProtocolError(f"bad content-length {length[:40]!r}")
+            raise BadAnswer(f"bad content-length {length[:40]!r}")
         body_out = self._read_exact(end + 4, int(length), deadline)
         reusable = headers.get("connection", "").lower() != "close"
         return Answer(status, headers, body_out), reusable
@@ -122,7 +114,7 @@ class _Connection:
         deadline.arm(self.sock)
         chunk = self.sock.recv(65536)
         if not chunk:
-            raise LoopbackClosed("server closed the connection before answering")
+            raise ConnectionLost("server closed the connection before answering")
         self.buffer += chunk
 
     def _read_exact(self, start: int, length: int, deadline: _Deadline) -> bytearray:
@@ -135,7 +127,7 @@ class _Connection:
             deadline.arm(self.sock)
             got = self.sock.recv_into(view[have:])
             if not got:
-                raise LoopbackClosed(f"server closed the connection after {have} of {length} body bytes")
+                raise ConnectionLost(f"server closed the connection after {have} of {length} body bytes")
             have += got
         self.buffer = bytearray(leftover)  # bytes past the answer mean the server misbehaved
         return out
@@ -145,20 +137,29 @@ class _Connection:
 
 
 class LoopbackHTTP:
-    """Thread-safe; each request holds one connection, idle ones are kept for reuse."""
+    """Thread-safe; each request holds one connection, idle ones are kept for reuse.
 
-    def __init__(self, host: str, port: int, headers: dict[str, str], max_idle: int = 16) -> None:
+    A try that provably sent nothing the server acted on is repeated until the request's
+    deadline, and only while `peer_alive()` says the server process lives: a connection
+    that cannot be opened, or one the child's connection gate evicted before reading the
+    request (answered 503 with the gate's header). Anything else is raised at once.
+    """
+
+    def __init__(self, host: str, port: int, headers: dict[str, str], max_idle: int = 16,
+                 peer_alive: Callable[[], bool] = lambda: False) -> None:
         self.address = (host, port)
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in {"host": f"{host}:{port}", **headers}.items())
         self._idle: list[_Connection] = []
         self._max_idle = max_idle
+        self._peer_alive = peer_alive
         self._lock = threading.Lock()
         self._closed = False
+        self.retries = 0  # tries repeated because nothing was sent or read (connect failure, eviction)
 
     def _take(self, deadline: _Deadline) -> _Connection:
         with self._lock:
             if self._closed:
-                raise LoopbackClosed("client is closed")
+                raise ConnectionLost("client is closed")
             while self._idle:
                 conn = self._idle.pop()
                 if not conn.stale():
@@ -166,10 +167,8 @@ class LoopbackHTTP:
                 conn.close()
         try:
             return _Connection(self.address, deadline)
-        except socket.timeout as exc:
-            raise LoopbackTimeout(f"connect to {self.address} took over {deadline.timeout} s") from exc
-        except OSError as exc:
-            raise LoopbackClosed(f"connect to {self.address}: {exc!r}") from exc
+        except OSError as exc:  # refused, reset, a full backlog (timeout), EMFILE here
+            raise ConnectFailed(f"connect to {self.address}: {exc!r}") from exc
 
     def _give_back(self, conn: _Connection) -> None:
         with self._lock:
@@ -184,17 +183,36 @@ class LoopbackHTTP:
         length = sum(memoryview(b).nbytes for b in body)
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         head = f"{method} {target} HTTP/1.1\r\n{self._fixed}{extra}content-length: {length}\r\n\r\n".encode("latin-1")
+        pause = RETRY_BACKOFF_S[0]
+        while True:
+            try:
+                answer = self._once(head, body, deadline, method, target)
+                if answer.status != 503 or EVICTED_HEADER not in answer.headers:
+                    return answer
+                failure: Exception = ConnectionLost(f"{method} {target}: evicted by the child's connection gate")
+            except ConnectFailed as exc:
+                failure = exc
+            if not self._peer_alive():
+                raise failure
+            if time.monotonic() + pause >= deadline.at:
+                raise NoAnswer(f"{method} {target}: not served within {timeout} s ({failure})") from failure
+            self.retries += 1
+            time.sleep(pause)
+            pause = min(pause * 2, RETRY_BACKOFF_S[1])
+
+    def _once(self, head: bytes, body: Sequence[bytes | memoryview], deadline: _Deadline, method: str,
+              target: str) -> Answer:
         conn = self._take(deadline)
         try:
             answer, reusable = conn.exchange(head, body, deadline)
         except BaseException as exc:
             conn.close()  # mid-exchange (even on Ctrl-C) the connection's state is unknown: never reuse it
-            if isinstance(exc, (LoopbackClosed, LoopbackTimeout, LoopbackProtocolError)):
+            if isinstance(exc, (ConnectionLost, NoAnswer, BadAnswer)):
                 raise
             if isinstance(exc, socket.timeout):
-                raise LoopbackTimeout(f"{method} {target}: no answer within {timeout} s") from exc
+                raise NoAnswer(f"{method} {target}: no answer within {deadline.timeout} s") from exc
             if isinstance(exc, OSError):
-                raise LoopbackClosed(f"{method} {target}: {exc!r}") from exc  # reset, broken pipe
+                raise ConnectionLost(f"{method} {target}: {exc!r}") from exc  # reset, broken pipe
             raise
         if reusable:
             self._give_back(conn)

@@ -1,4 +1,11 @@
-"""ManagedScorerProcessBackend: one scorer child per rank, from an explicit venv python."""
+"""ManagedScorerProcessBackend: one scorer child per rank, from an explicit venv python.
+
+A call reads top to bottom: compute_rewards -> score_in_chunks -> _score_chunk ->
+_serving (a dead child is restarted first) -> _exchange(client.score) -> verify.
+A failed exchange is handled in one place, `_failure`: it decides what the failure
+means for the child (kill it; mark it dead so that the next call restarts it) and
+returns the typed error. `ChildProcess` alone signals, kills and reaps the child.
+"""
 from __future__ import annotations
 
 import logging
@@ -6,29 +13,36 @@ import os
 import signal
 import threading
 import time
-import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 from child_runtime.exit_codes import is_boot_failure
-from supervisor.backend import check_reward_names, score_in_chunks
-from child_runtime.shared_segment import HeapArena, ParentSegment, SharedArena
-from supervisor.client import ChildClient, ChildHTTPError, ChildProtocolError, ChildTransportError
-from supervisor.config import ManagedScorerProcessSpec
+from supervisor.backend import RewardBackend, check_reward_names, score_in_chunks
+from supervisor.client import ScorerClient
+from supervisor.config import RESERVED_ENV, ManagedScorerProcessSpec
 from supervisor.errors import (
+    BackendNotOwned,
+    BadAnswer,
     ChildRecord,
+    ErrorStatus,
+    NoAnswer,
     RewardContractError,
+    ScorerCrashLoop,
     ScorerError,
     ScorerProcessDied,
-    ScorerCrashLoop,
-    ScorerRequestError,
     ScorerStartupError,
-    ScorerTimeout,
+    TransportError,
+    scorer_error,
 )
 from supervisor.gpu import child_visible_devices
-from supervisor.http_backend import HttpScoringBackend
+from supervisor.import_root import import_root
 from supervisor.process import ChildProcess, LaunchPlan
-from supervisor.types import RewardRequest, RewardResponse
+from supervisor.segment import HeapArena, ParentSegment, SharedArena
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
+from supervisor.userdirs import state_dir
+from supervisor.verify import encode_chunk, verify_score_answer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -37,7 +51,6 @@ T = TypeVar("T")
 DEATH_CONFIRM_S = 2.0
 SHUTDOWN_REQUEST_S = 2.0
 TERM_GRACE_S = 1.0  # between SIGTERM and SIGKILL, inside close()'s deadline
-_DROPPED_ENV = ("PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "PYTHONPATH")
 # glibc returns every freed block over 128 KiB (or at the heap top) to the OS, so each
 # in-band body (a few MB, copied 2-3 times by uvicorn and starlette) comes back as fresh
 # pages that fault on first touch: 9 ms of a 6.3 MB receive on this VM, 3 ms with these.
@@ -47,22 +60,14 @@ _DROPPED_ENV = ("PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "PYTHONPATH")
 _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
 
-def _kill_group_at_exit(pid: int) -> None:
-    """Last resort if the owner is collected or the interpreter exits without close()."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 @dataclass(eq=False)
 class _Generation:
     """One child, the client that talks to it and its data-plane segment; a restart makes a new one."""
 
     child: ChildProcess
-    client: ChildClient
-    finalizer: weakref.finalize
+    client: ScorerClient
     segment: ParentSegment | None = None
+    abandoned: bool = False  # a call on it was interrupted (Ctrl-C): the child was killed at once
 
     def release(self) -> None:
         """Close the connections and the parent's side of the segment (the child's dies with it)."""
@@ -71,18 +76,28 @@ class _Generation:
             self.segment.close()
 
 
-class ManagedScorerProcessBackend(HttpScoringBackend):
+def _working_directory() -> Path:
+    try:
+        return Path.cwd()
+    except FileNotFoundError:  # the trainer's directory was removed under it
+        return Path("/")
+
+
+class ManagedScorerProcessBackend(RewardBackend):
     """Starts its child on construction (unless `start=False`); `close()` always ends it.
 
     Thread-safe. Scoring, onload and offload are serialised per backend (the child does
     one at a time anyway, so a deadline measures service time, not queueing), and only
     they restart a dead child; health and drain never wait for a score or a restart.
     Errors always concern the generation that produced them: a call that was talking
-    to a child that has since been replaced never touches the new one.
+    to a child that has since been replaced never touches the new one. Only the process
+    that created the backend can use it: in a fork every call raises BackendNotOwned and
+    close() leaves the child alone.
     """
 
     def __init__(self, spec: ManagedScorerProcessSpec | Mapping[str, Any], start: bool = True) -> None:
         self.spec = spec if isinstance(spec, ManagedScorerProcessSpec) else ManagedScorerProcessSpec.model_validate(spec)
+        self._owner_pid = os.getpid()
         self._gen: _Generation | None = None
         self._dead: ScorerError | None = None
         self._failed_at = 0.0
@@ -99,6 +114,12 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
             self.start()
 
     # -- lifecycle -------------------------------------------------------------------------
+    def _check_owner(self) -> None:
+        if os.getpid() != self._owner_pid:
+            raise BackendNotOwned(
+                f"backend for scorer {self.spec.scorer.name!r} belongs to pid {self._owner_pid}, whose child it "
+                f"runs; this process (pid {os.getpid()}) is a fork of it and cannot use it: create a backend here")
+
     def _offer_segment(self) -> ParentSegment | None:
         if self.spec.client.shared_memory_min_bytes is None:
             return None
@@ -110,16 +131,25 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
 
     def _plan(self, segment: ParentSegment | None) -> LaunchPlan:
         process, scorer = self.spec.process, self.spec.scorer
-        env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
+        name = scorer.name.lower().replace(".", "_").replace(":", "_")
+        try:
+            root = import_root(state_dir())
+        except OSError as exc:
+            raise ScorerStartupError(f"cannot prepare the child's import directory: {exc}",
+                                     ChildRecord(name, None, rank=process.local_rank)) from exc
+        env = {k: v for k, v in os.environ.items() if k not in RESERVED_ENV}
         if not any(key in process.env for key in _MALLOC_ENV):
             env.update(_MALLOC_ENV)
         env.update(process.env)
-        extra_path = process.env.get("PYTHONPATH")
-        env["PYTHONPATH"] = str(process.service_root) + (os.pathsep + extra_path if extra_path else "")
-        env["PYTHONUNBUFFERED"] = "1"
-        env["CUDA_VISIBLE_DEVICES"] = child_visible_devices(
-            os.environ, process.local_rank, process.visible_devices, process.allow_multiple_gpus
-        )
+        env.update({
+            # the scorer env, our own packages, and what the spec opts into: nothing of the trainer's env
+            "PYTHONPATH": os.pathsep.join([str(root), *map(str, process.extra_import_paths)]),
+            "PYTHONSAFEPATH": "1",  # no working directory on sys.path, in the child or its subprocesses
+            "PYTHONNOUSERSITE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "CUDA_VISIBLE_DEVICES": child_visible_devices(os.environ, process.local_rank, process.visible_devices,
+                                                          process.allow_multiple_gpus),
+        })
         boot = {
             "scorer": {"name": scorer.name, "params": scorer.params, "revision": scorer.revision,
                        "input_kind": scorer.input_kind},
@@ -131,10 +161,9 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
             "shared_fd": segment.child_fd if segment else None,
         }
         return LaunchPlan(
-            name=scorer.name.lower().replace(".", "_").replace(":", "_"),
-            python_executable=process.python_executable, service_root=process.service_root, boot=boot,
-            env=env, log_dir=process.log_dir, rank=process.local_rank, startup_timeout=process.startup_timeout,
-            pass_fds=(segment.child_fd,) if segment else (),
+            name=name, python_executable=process.python_executable, boot=boot, env=env, cwd=_working_directory(),
+            log_dir=process.log_dir, keep_logs=process.keep_logs, rank=process.local_rank,
+            startup_timeout=process.startup_timeout, pass_fds=(segment.child_fd,) if segment else (),
         )
 
     def _launch(self) -> tuple[_Generation, dict[str, Any]]:
@@ -152,14 +181,16 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
                         self.spec.scorer.name, info.get("shared_memory_error"))
             segment.close()
             segment = None
-        finalizer = weakref.finalize(self, _kill_group_at_exit, child.pid)
-        client = ChildClient.for_child(child.port, child.token, self.spec.process.request_timeout, segment,
+        assert child.port is not None
+        client = ScorerClient.loopback(child.port, child.token, self.spec.process.request_timeout,
+                                       lambda: not child.exited(), segment,
                                        self.spec.client.shared_memory_min_bytes or 0)
         self.timings["spawn_to_ready_s"] = info["spawn_to_ready_s"]
-        return _Generation(child, client, finalizer, segment), info
+        return _Generation(child, client, segment), info
 
     def start(self) -> dict[str, Any]:
         """Spawn the child and wait until it serves; raises ScorerStartupError otherwise."""
+        self._check_owner()
         with self._life:
             if self._gen is not None:
                 raise RuntimeError(f"backend already started its child (pid {self.pid})")
@@ -179,9 +210,10 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
         policy = self.spec.restart
         if isinstance(cause, ScorerCrashLoop):
             raise ScorerCrashLoop(cause.args[0].splitlines()[0], cause.record)
-        if isinstance(cause, ScorerStartupError) and is_boot_failure(cause.returncode):
+        if isinstance(cause, ScorerStartupError) and is_boot_failure(
+                cause.boot_code if cause.boot_code is not None else cause.returncode):
             raise ScorerStartupError(f"not restarting: the child cannot boot ({cause.args[0].splitlines()[0]})",
-                                     cause.record)
+                                     cause.record, boot_code=cause.boot_code)
         now = time.monotonic()
         recent = [t for t in self._restarts if now - t < policy.window_s]
         if len(recent) >= policy.max_restarts:
@@ -194,12 +226,17 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
         return max(0.0, self._failed_at + policy.backoff_s - now)
 
     def _restart(self, old: _Generation, cause: ScorerError) -> _Generation:
-        """Replace a dead child. Runs under the serial lock (one restarter); launches outside `_life`."""
-        if self._closing.wait(self._restart_delay(cause)):
-            raise ScorerProcessDied("backend closed while waiting to restart", cause.record)
-        self._restarts.append(time.monotonic())
-        if old.child.proc is not None and old.child.proc.returncode is not None:
-            old.finalizer.detach()  # reaped; an unreapable child keeps its kill-at-exit
+        """Replace a dead child. Runs under the serial lock (one restarter); launches outside `_life`.
+
+        A child killed because its caller was interrupted did not fail: it is replaced at once
+        and does not count against the restart policy.
+        """
+        if not old.abandoned:
+            if self._closing.wait(self._restart_delay(cause)):
+                raise ScorerProcessDied("backend closed while waiting to restart", cause.record)
+            self._restarts.append(time.monotonic())
+        began = time.monotonic()
+        old.child.finish()  # reaped (bounded) before its resources go
         old.release()
         try:
             new, _ = self._launch()
@@ -212,18 +249,18 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
             raise error from exc
         with self._life:
             if self._closed:  # close() ran while we launched: this child must not outlive it
-                new.child.stop(graceful_s=0.0)
-                new.finalizer.detach()
+                record = new.child.stop(graceful_s=0.0)
                 new.release()
-                raise ScorerProcessDied("backend closed during a restart", new.child.record())
+                raise ScorerProcessDied("backend closed during a restart", record)
             self._gen, self._dead = new, None
-        self.timings["last_restart_s"] = time.monotonic() - self._restarts[-1]
+        self.timings["last_restart_s"] = time.monotonic() - began
         log.warning("restarted child %s: pid %s -> %s (%d restarts)", self.spec.scorer.name, old.child.pid,
                     new.child.pid, len(self._restarts))
         return new
 
     @property
     def restarts(self) -> int:
+        """Restarts that count against the policy (after a crash, a deadline or a bad answer)."""
         return len(self._restarts)
 
     @property
@@ -246,8 +283,13 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
         """/shutdown, then SIGTERM, then SIGKILL of the process group, all within one deadline.
 
         Returns within `process.shutdown_timeout` plus the SIGKILL reap: a child that is
-        frozen or ignores everything is killed at the deadline, not after it.
+        frozen or ignores everything is killed at the deadline, not after it. A child whose
+        call was abandoned (Ctrl-C) is killed at once. In a fork of the owner, does nothing
+        to the child.
         """
+        if os.getpid() != self._owner_pid:
+            self._closed = True  # this copy is unusable; the child is the owner's to stop
+            return
         self._closing.set()
         with self._life:
             if self._closed:
@@ -258,24 +300,28 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
                 return
             started = time.monotonic()
             budget = self.spec.process.shutdown_timeout
-            if gen.child.returncode() is None and self._dead is None:
+            graceful = not gen.abandoned and self._dead is None and not gen.child.exited()
+            if graceful:
                 try:
                     gen.client.shutdown(min(SHUTDOWN_REQUEST_S, budget))
-                except (ChildHTTPError, ChildTransportError, ChildProtocolError) as exc:
+                except (TransportError, ErrorStatus) as exc:
                     log.warning("child %s pid %s: /shutdown failed (%s); escalating",
                                 self.spec.scorer.name, gen.child.pid, exc)
-            left = max(0.0, started + budget - time.monotonic())
+            left = max(0.0, started + budget - time.monotonic()) if graceful else 0.0
             term = min(TERM_GRACE_S, left / 2)
-            gen.child.stop(graceful_s=left - term, term_s=term)
-            gen.finalizer.detach()
+            record = gen.child.stop(graceful_s=left - term, term_s=term)
             gen.release()
             self.timings["shutdown_s"] = time.monotonic() - started
+        if graceful and record.returncode == 0 and not self.spec.process.keep_clean_logs and gen.child.log_path:
+            gen.child.log_path.unlink(missing_ok=True)  # a clean run leaves nothing to read
 
     # -- calls -----------------------------------------------------------------------------
     def _record(self) -> ChildRecord | None:
         return self._gen.child.record() if self._gen else None
 
-    def _ensure_serving(self, restart: bool) -> _Generation:
+    def _serving(self, restart: bool) -> _Generation:
+        """The generation to call; a dead one is restarted first when `restart` allows it."""
+        self._check_owner()
         with self._life:
             if self._closed:
                 raise ScorerProcessDied("backend is closed", self._record())
@@ -283,75 +329,93 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
                 raise RuntimeError("backend was created with start=False; call start() first")
             gen, dead = self._gen, self._dead
             if dead is None:
-                if gen.child.returncode() is not None:
-                    self._fail(gen, ScorerProcessDied("child exited between calls", gen.child.finish()))
+                if gen.child.exited():
+                    error = ScorerProcessDied("child exited between calls", gen.child.finish())
+                    self._mark_dead(gen, error)
+                    raise error
                 return gen
             if not restart:
                 raise type(dead)(f"child is not serving (the next score or onload restarts it): "
                                  f"{dead.args[0].splitlines()[0]}", dead.record)
         return self._restart(gen, dead)
 
-    def _fail(self, gen: _Generation, error: ScorerError) -> None:
-        """Mark `gen` dead if it is still the current one (the next call restarts it), and raise."""
+    def _mark_dead(self, gen: _Generation, error: ScorerError) -> None:
+        """If `gen` is still the current generation, the next score or onload replaces it."""
         with self._life:
             if gen is self._gen and self._dead is None:
                 self._dead, self._failed_at = error, time.monotonic()
-            if gen.child.proc is not None and gen.child.proc.returncode is not None:
-                gen.finalizer.detach()  # reaped: its pid may be reused, never killpg it at exit
-        raise error
 
-    def _condemn(self, gen: _Generation, make_error: Callable[[ChildRecord], ScorerError]) -> None:
-        """Kill a child whose state or answers cannot be trusted, reap it, fail with its record."""
-        gen.child.signal_group(signal.SIGKILL)
-        gen.child.wait_exit(DEATH_CONFIRM_S)
-        self._fail(gen, make_error(gen.child.finish()))
-
-    def _call(self, what: str, fn: Callable[[ChildClient], T], restart: bool = False) -> T:
-        gen = self._ensure_serving(restart)
+    def _exchange(self, gen: _Generation, what: str, call: Callable[..., T], *args: Any) -> T:
         try:
-            return fn(gen.client)
-        except ChildHTTPError as exc:
-            raise ScorerRequestError(
-                f"{what}: child answered HTTP {exc.status} ({exc.kind}): {exc.message}",
-                gen.child.record(), status=exc.status, kind=exc.kind,
-            ) from exc
-        except (ChildProtocolError, ChildTransportError, RewardContractError) as exc:
-            if self._closed or gen is not self._gen or self._dead is not None:
-                raise ScorerProcessDied(f"{what}: the backend was closed, or the child replaced or failed, during "
-                                        f"the call ({exc})", gen.child.record()) from exc
-            self._fail_call(gen, what, exc)
-            raise AssertionError("unreachable") from exc
+            return call(*args)
+        except (TransportError, ErrorStatus) as exc:
+            raise self._failure(gen, what, exc) from exc
+        except BaseException:  # Ctrl-C mid-call: the child is still busy with what nobody will read
+            self._abandon(gen)
+            raise
 
-    def _fail_call(self, gen: _Generation, what: str, exc: Exception) -> None:
-        """Map a failed call to its typed error; the child is dead, hung or untrustworthy."""
-        first = str(exc).splitlines()[0]
-        if isinstance(exc, RewardContractError):
-            self._condemn(gen, lambda r: RewardContractError(f"{first}; child killed, its answers cannot be trusted", r))
-        if isinstance(exc, ChildProtocolError):
-            self._condemn(gen, lambda r: RewardContractError(f"{what}: {first}; child killed", r))
-        if exc.timed_out and gen.child.returncode() is None:  # hung, not dead: kill at the deadline
-            self._condemn(gen, lambda r: ScorerTimeout(f"{what}: {first}; child killed, its state is unknown", r))
-        if gen.child.wait_exit(DEATH_CONFIRM_S):
-            self._fail(gen, ScorerProcessDied(f"child died during {what}", gen.child.finish()))
-        self._condemn(gen, lambda r: ScorerProcessDied(
-            f"{what}: transport failed with the child alive ({first}); child killed", r))
+    def _abandon(self, gen: _Generation) -> None:
+        """Kill the child at once (no waiting here); close() and the next call need no graceful path."""
+        gen.abandoned = True
+        gen.child.signal_group(signal.SIGKILL)
+        self._mark_dead(gen, ScorerProcessDied("a call was interrupted; its child was killed", gen.child.record()))
+
+    def _failure(self, gen: _Generation, what: str,
+                 exc: TransportError | ErrorStatus | RewardContractError) -> ScorerError:
+        """What a failed exchange means for the child, and the typed error for the caller."""
+        child = gen.child
+        if isinstance(exc, ErrorStatus):  # the child answered: it keeps serving
+            return scorer_error(exc, what, child.record())
+        if self._closed or gen is not self._gen or self._dead is not None:
+            return ScorerProcessDied(f"{what}: the backend was closed, or the child replaced or failed, during "
+                                     f"the call ({exc})", child.record())
+        if isinstance(exc, (BadAnswer, RewardContractError)):
+            died, note = False, "child killed, its answers cannot be trusted"
+        elif isinstance(exc, NoAnswer):
+            died, note = child.exited(), "child killed, its state is unknown"
+        else:  # the connection broke, or none could be had
+            died, note = child.wait_exit(DEATH_CONFIRM_S), "transport failed with the child alive; child killed"
+        record = child.finish()
+        if died:
+            error: ScorerError = ScorerProcessDied(f"child died during {what} ({exc})", record)
+        elif isinstance(exc, RewardContractError):
+            error = RewardContractError(f"{str(exc).splitlines()[0]}; {note}", record)
+        else:
+            error = scorer_error(exc, what, record, note)
+        self._mark_dead(gen, error)
+        return error
+
+    def _score_chunk(self, chunk: list[RewardItem]) -> tuple[dict[str, Any], dict[str, Any]]:
+        frame = encode_chunk(chunk, self.max_request_bytes)
+        gen = self._serving(restart=True)
+        answer = self._exchange(gen, "score", gen.client.score, frame)
+        try:
+            return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards)
+        except RewardContractError as exc:
+            raise self._failure(gen, "score", exc) from exc
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+        self._check_owner()
         with self._serial:
             return score_in_chunks(request, self.spec.client.request_batch_size, self._score_chunk,
                                    self.required_rewards, self.spec.client.weights)
 
     def onload(self) -> dict[str, Any]:
         """Restarts a dead child (booting it resident), then onloads; waits for a running score."""
+        self._check_owner()
         with self._serial:
             self._want_offloaded = False  # a restart for this onload boots resident
-            return self._call("onload", lambda client: client.onload(), restart=True)
+            gen = self._serving(restart=True)
+            return self._exchange(gen, "onload", gen.client.onload)
 
     def offload(self) -> dict[str, Any]:
-        """Waits for a running score, then offloads; a restarted child will boot offloaded."""
+        """Waits for a running score, then offloads. A restarted child boots offloaded only if this
+        one reported that it is (a scorer that cannot offload stays resident)."""
+        self._check_owner()
         with self._serial:
-            figures = self._call("offload", lambda client: client.offload())
-            self._want_offloaded = True  # only once the child really is offloaded
+            gen = self._serving(restart=False)
+            figures = self._exchange(gen, "offload", gen.client.offload)
+            self._want_offloaded = figures.get("residency") == "offloaded"
             return figures
 
     def arena(self) -> SharedArena | HeapArena:
@@ -363,8 +427,10 @@ class ManagedScorerProcessBackend(HttpScoringBackend):
         return HeapArena()
 
     def health(self) -> dict[str, Any]:
-        return self._call("health", lambda client: client.health())
+        gen = self._serving(restart=False)
+        return self._exchange(gen, "health", gen.client.health)
 
     def drain(self, timeout_s: float | None = None) -> dict[str, Any]:
         bound = timeout_s if timeout_s is not None else self.spec.process.request_timeout
-        return self._call("drain", lambda client: client.drain(bound))
+        gen = self._serving(restart=False)
+        return self._exchange(gen, "drain", gen.client.drain, bound)

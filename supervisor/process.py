@@ -1,14 +1,24 @@
 """ChildProcess: the one owner of one scorer child (spawn, readiness, signals, reaping).
 
 The parent binds 127.0.0.1:0 itself and hands the listening fd to the child, so
-there is no port race; readiness arrives as one JSON line on a pipe, and EOF on
-that pipe means the child died while starting. Exit is observed through a pidfd
-without reaping, so the process group is always killed while the leader's pid
-(and so the group id) is still reserved: a late killpg never hits a reused pid.
-Every wait has a deadline.
+there is no port race; the boot config goes framed on stdin; readiness arrives
+as one JSON line on a pipe, and EOF on that pipe means the child died while
+starting. Exit is observed through a pidfd without reaping, so the process group
+is killed while the leader's pid (and so the group id) is still reserved: a late
+killpg never hits a reused pid. Every wait has a deadline.
+
+Only the process that spawned the child acts on it. In a fork of the trainer
+(a DataLoader worker, a checkpoint writer) every signal and reap here is a
+no-op, and so is the kill-at-exit finalizer that guards against an owner that
+never called close().
+
+Exit statuses come from waitid, or, when the trainer ignores SIGCHLD and the
+kernel reaps the child at once, from its pidfd (Linux 6.15+ keeps it there);
+never from Popen, which reports a child reaped elsewhere as "exit 0".
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -16,6 +26,7 @@ import secrets
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -24,13 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from child_runtime import boot
 from supervisor.errors import ChildRecord, ScorerStartupError
 from supervisor.logs import open_child_log, read_tail
 
 log = logging.getLogger(__name__)
 
 REAP_GRACE_S = 2.0
-MAX_BOOT_CONFIG_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -39,10 +50,11 @@ class LaunchPlan:
 
     name: str
     python_executable: Path
-    service_root: Path
     boot: dict[str, Any]
     env: dict[str, str]
+    cwd: Path
     log_dir: Path | None
+    keep_logs: int
     rank: int | None
     startup_timeout: float
     pass_fds: tuple[int, ...] = ()  # e.g. the data-plane segment; inherited by this child only
@@ -84,51 +96,112 @@ def _write_all(fd: int, data: bytes, deadline: float) -> bool:
     return True
 
 
+def _decode_wait_status(status: int) -> int:
+    """A raw wait status as a Popen-style returncode: the exit code, or minus the signal."""
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+_PIDFD_GET_INFO = (3 << 30) | (64 << 16) | (0xFF << 8) | 11  # _IOWR(PIDFS_IOCTL_MAGIC, 11, struct pidfd_info)
+_PIDFD_INFO_EXIT = 1 << 3
+_EXIT_CODE_OFFSET = 60  # struct pidfd_info: mask, cgroupid (u64), then u32 pid .. fsgid (11), then s32 exit_code
+
+
+def pidfd_exit_status(pidfd: int) -> int | None:
+    """The exit status the kernel kept on a pidfd for a process already reaped (Linux 6.15+), or None."""
+    info = bytearray(64)
+    struct.pack_into("<Q", info, 0, _PIDFD_INFO_EXIT)
+    try:
+        fcntl.ioctl(pidfd, _PIDFD_GET_INFO, info, True)
+    except OSError:
+        return None  # an older kernel, or the process was reaped before the pidfd existed
+    if not struct.unpack_from("<Q", info, 0)[0] & _PIDFD_INFO_EXIT:
+        return None
+    return _decode_wait_status(struct.unpack_from("<i", info, _EXIT_CODE_OFFSET)[0])
+
+
+def _kill_group_at_exit(pid: int, owner_pid: int) -> None:
+    """Last resort if the owner is collected or the interpreter exits without close(); never in a fork."""
+    if os.getpid() != owner_pid:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 class ChildProcess:
     def __init__(self, plan: LaunchPlan) -> None:
         self.plan = plan
         self.token = secrets.token_urlsafe(32)
-        self.proc: subprocess.Popen | None = None
-        self.pidfd: int | None = None
+        self.owner_pid = os.getpid()
         self.log_path: Path | None = None
         self.port: int | None = None
         self.ready_info: dict[str, Any] = {}
         self.spawned_at: float | None = None
-        self._reap_lock = threading.Lock()  # a signal and the reap never interleave: no pid reuse
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pidfd: int | None = None
+        self._exited = False
+        self._status: int | None = None  # Popen-style returncode once known
+        self._reaped = False  # by us; a kernel that reaped it (SIGCHLD ignored) leaves the group's id
+        # pinned by any member still alive, so the group can still be signalled
+        self._at_exit: weakref.finalize | None = None
+        self._lock = threading.Lock()  # a signal and the reap never interleave: no pid reuse
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+        return self._proc.pid if self._proc else None
+
+    @property
+    def owned(self) -> bool:
+        """True in the process that spawned the child (not in a fork of it)."""
+        return os.getpid() == self.owner_pid
 
     # -- observing --------------------------------------------------------------------------
     def returncode(self) -> int | None:
-        """The exit status if the child has exited, without reaping it."""
-        if self.proc is None or self.proc.returncode is not None:
-            return self.proc.returncode if self.proc else None
-        try:
-            info = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:  # reaped behind our back (SIGCHLD ignored): Popen knows no better
-            return self.proc.poll()
-        if info is None or info.si_pid == 0:
-            return None
-        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        """The exit status once the child has exited (negative: the signal), without reaping it;
+        None while it runs, or when its status was lost (see `exited`)."""
+        self._observe()
+        return self._status
+
+    def exited(self) -> bool:
+        self._observe()
+        return self._exited
+
+    def _observe(self) -> None:
+        if self._exited or self._proc is None:
+            return
+        with self._lock:
+            if self._exited:
+                return
+            try:
+                info = os.waitid(os.P_PID, self._proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # already reaped: SIGCHLD is ignored here, or someone else waited
+                if self._pidfd is None or _wait_fd(self._pidfd, selectors.EVENT_READ, 0):
+                    self._exited = True
+                    self._status = None if self._pidfd is None else pidfd_exit_status(self._pidfd)
+                return
+            if info is None or info.si_pid == 0:
+                return
+            self._exited = True
+            self._status = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
     def wait_exit(self, timeout: float) -> bool:
         """True once the child has exited (still unreaped); waits on its pidfd, not by polling."""
-        if self.proc is None:
+        if self._proc is None or self.exited():
             return True
-        if self.proc.returncode is not None:
-            return True
-        return _wait_fd(self.pidfd, selectors.EVENT_READ, time.monotonic() + timeout) and \
-            self.returncode() is not None
+        if self._pidfd is None:
+            return False
+        _wait_fd(self._pidfd, selectors.EVENT_READ, time.monotonic() + timeout)
+        return self.exited()
 
     def record(self) -> ChildRecord:
-        return ChildRecord(self.plan.name, self.pid, self.returncode(), str(self.log_path), read_tail(self.log_path))
+        return ChildRecord(self.plan.name, self.pid, self.returncode(), str(self.log_path), read_tail(self.log_path),
+                           exited=self._exited, rank=self.plan.rank)
 
     # -- starting ---------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
         """Spawn and wait for readiness; on any failure the child's group is killed and reaped."""
-        if self.proc is not None:
+        if self._proc is not None:
             raise RuntimeError(f"child {self.plan.name!r} was already started (pid {self.pid})")
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         ready_r, ready_w = os.pipe()
@@ -151,44 +224,56 @@ class ChildProcess:
                 os.close(ready_w)
 
     def _spawn(self, listen_fd: int, ready_w: int) -> None:
-        log_fd, self.log_path = open_child_log(self.plan.log_dir, self.plan.name, self.plan.rank)
+        try:
+            log_fd, self.log_path = open_child_log(self.plan.log_dir, self.plan.name, self.plan.rank,
+                                                   self.plan.keep_logs)
+        except OSError as exc:
+            raise ScorerStartupError(f"cannot create the child's log file: {exc}",
+                                     ChildRecord(self.plan.name, None, rank=self.plan.rank)) from exc
         try:
             self.spawned_at = time.monotonic()
-            self.proc = subprocess.Popen(
+            self._proc = subprocess.Popen(
                 [str(self.plan.python_executable), "-X", "faulthandler", "-m", "child_runtime"],
                 stdin=subprocess.PIPE, stdout=log_fd, stderr=subprocess.STDOUT,
-                cwd=self.plan.service_root, env=self.plan.env, start_new_session=True,
+                cwd=self.plan.cwd, env=self.plan.env, start_new_session=True,
                 pass_fds=(listen_fd, ready_w, *self.plan.pass_fds), close_fds=True,
             )
         except OSError as exc:
             raise ScorerStartupError(
-                f"cannot execute {self.plan.python_executable}: {exc}",
-                ChildRecord(self.plan.name, None, None, str(self.log_path), read_tail(self.log_path)),
+                f"cannot execute {self.plan.python_executable} in {self.plan.cwd}: {exc}",
+                ChildRecord(self.plan.name, None, None, str(self.log_path), read_tail(self.log_path),
+                            rank=self.plan.rank),
             ) from exc
         finally:
             os.close(log_fd)
-        self.pidfd = os.pidfd_open(self.proc.pid)
-        weakref.finalize(self, os.close, self.pidfd)  # never earlier: another thread may be waiting on it
+        self._at_exit = weakref.finalize(self, _kill_group_at_exit, self._proc.pid, self.owner_pid)
+        try:
+            self._pidfd = os.pidfd_open(self._proc.pid)
+            weakref.finalize(self, os.close, self._pidfd)  # never earlier: another thread may be waiting on it
+        except ProcessLookupError:
+            pass  # already exited and reaped by the kernel (SIGCHLD ignored): its status is lost
         self._boot = {**self.plan.boot, "token": self.token, "listen_fd": listen_fd, "ready_fd": ready_w,
                       "parent_pid": os.getpid()}
 
     def _send_boot_config(self) -> None:
-        data = json.dumps(self._boot).encode()
-        if len(data) > MAX_BOOT_CONFIG_BYTES:
-            raise ScorerStartupError(f"boot config is {len(data)} bytes (limit {MAX_BOOT_CONFIG_BYTES})",
-                                     self._killed_record())
+        assert self._proc is not None and self._proc.stdin is not None and self.spawned_at is not None
+        try:
+            data = boot.frame(self._boot)
+        except ValueError as exc:
+            raise ScorerStartupError(str(exc), self._killed_record()) from exc
         deadline = self.spawned_at + self.plan.startup_timeout
         try:
-            _write_all(self.proc.stdin.fileno(), data, deadline)  # a dead reader is reported by readiness
+            _write_all(self._proc.stdin.fileno(), data, deadline)  # a dead reader is reported by readiness
         except TimeoutError:
             raise ScorerStartupError(
                 f"child did not read its boot config within startup_timeout={self.plan.startup_timeout} s",
                 self._killed_record(),
             ) from None
         finally:
-            self.proc.stdin.close()
+            self._proc.stdin.close()
 
     def _await_ready(self, ready_r: int) -> dict[str, Any]:
+        assert self.spawned_at is not None
         deadline = self.spawned_at + self.plan.startup_timeout
         try:
             line = _read_ready_line(ready_r, deadline)
@@ -205,7 +290,9 @@ class ChildProcess:
             raise ScorerStartupError(f"unreadable readiness line {line[:200]!r}", self._killed_record()) from exc
         if not message.get("ready"):
             self.wait_exit(REAP_GRACE_S)
-            raise ScorerStartupError(f"child failed to boot: {message.get('error', '?')}", self.finish())
+            code = message.get("exit_code")
+            raise ScorerStartupError(f"child failed to boot: {message.get('error', '?')}", self.finish(),
+                                     boot_code=code if isinstance(code, int) else None)
         message["spawn_to_ready_s"] = time.monotonic() - self.spawned_at
         self.ready_info = message
         return message
@@ -217,30 +304,45 @@ class ChildProcess:
 
     # -- stopping ---------------------------------------------------------------------------
     def signal_group(self, signum: int) -> None:
-        """Signal the child's whole process group; only while its leader is unreaped."""
-        with self._reap_lock:
-            if self.proc is None or self.proc.returncode is not None:
+        """Signal the child's whole process group (its forkservers and workers too). Only in the
+        owning process, and only while the leader's pid is reserved for it (not reaped by us)."""
+        if not self.owned or self._proc is None:
+            return
+        with self._lock:
+            if self._reaped:  # its pid may belong to someone else now
                 return
             try:
-                os.killpg(self.proc.pid, signum)
+                os.killpg(self._proc.pid, signum)
             except ProcessLookupError:
                 pass
 
     def finish(self) -> ChildRecord:
-        """SIGKILL whatever is left of the group (forkservers, workers), then reap. Bounded."""
-        if self.proc is None:
+        """SIGKILL whatever is left of the group, then reap. Bounded; a no-op in a fork."""
+        if self._proc is None or not self.owned:
             return self.record()
         self.signal_group(signal.SIGKILL)
-        try:
-            with self._reap_lock:
-                self.proc.wait(timeout=REAP_GRACE_S)
-        except subprocess.TimeoutExpired:
+        if not self.wait_exit(REAP_GRACE_S):
             log.error("child %s pid %s did not die after SIGKILL; leaving it", self.plan.name, self.pid)
+            return self.record()
+        self._reap()
         return self.record()
+
+    def _reap(self) -> None:
+        assert self._proc is not None
+        with self._lock:
+            if not self._reaped:
+                try:
+                    os.waitid(os.P_PID, self._proc.pid, os.WEXITED)  # it has exited: returns at once
+                except ChildProcessError:
+                    pass  # reaped by the kernel meanwhile (SIGCHLD ignored)
+                self._reaped = True
+            self._proc.returncode = self._status if self._status is not None else -1  # Popen must not wait
+            if self._at_exit is not None:
+                self._at_exit.detach()  # its pid may be reused now: never killpg it at exit
 
     def stop(self, graceful_s: float, term_s: float = 2.0) -> ChildRecord:
         """Bounded escalation after a graceful request: wait, SIGTERM the group, wait, finish."""
-        if self.proc is None:
+        if self._proc is None or not self.owned:
             return self.record()
         if not self.wait_exit(graceful_s):
             self.signal_group(signal.SIGTERM)

@@ -1,11 +1,28 @@
-"""Checks on every scorer answer before a reward may reach a sample."""
+"""What crosses to a scorer server and back: a chunk's request frame, and the checks on every answer
+before a reward may reach a sample."""
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from supervisor.errors import ChildRecord, RewardContractError
+from child_runtime import wire
+from supervisor.errors import ChildRecord, RewardContractError, ScorerRequestError
+from supervisor.types import RewardItem
+
+
+def encode_chunk(chunk: Sequence[RewardItem], max_request_bytes: int | None) -> wire.Frame:
+    """The chunk as a frame, refused before sending what the server would refuse."""
+    try:
+        frame = wire.prepare({"items": [item.to_wire() for item in chunk]})
+    except wire.WireError as exc:
+        raise ScorerRequestError(f"cannot encode request: {exc}", kind="bad_input") from exc
+    size = frame.body_size()  # one limit, whichever way the arrays travel
+    if max_request_bytes is not None and size > max_request_bytes:
+        raise ScorerRequestError(f"request of {size} bytes exceeds max_request_bytes={max_request_bytes}; "
+                                 "lower request_batch_size", status=413, kind="too_large")
+    return frame
 
 
 def verify_score_answer(

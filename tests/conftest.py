@@ -80,6 +80,16 @@ def wait_in_flight(backend: Any, deadline_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def eventually(predicate: Callable[[], bool], timeout: float = 10.0, every: float = 0.02) -> bool:
+    """Poll `predicate` until it holds or `timeout` passes; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True
+
+
 def run_in_threads(target: Callable[[int], None], count: int, timeout: float = 60.0) -> None:
     """target(0..count-1) in parallel threads; every thread must finish within `timeout`."""
     threads = [threading.Thread(target=target, args=(n,), name=f"worker-{n}") for n in range(count)]
@@ -129,7 +139,7 @@ def managed() -> Iterator[Callable[..., Any]]:
              process: dict | None = None, client: dict | None = None, scorer_device: str = "cpu", **spec: Any):
         config = ManagedScorerProcessSpec(
             process={"python_executable": str(python), "startup_timeout": 60, "request_timeout": 60,
-                     **(process or {})},
+                     "extra_import_paths": [str(REPO_ROOT)], **(process or {})},
             scorer={"name": scorer, "input_kind": input_kind, "params": params or {}, "device": scorer_device},
             client={"input_kind": input_kind, **(client or {})},
             **spec,

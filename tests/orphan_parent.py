@@ -9,13 +9,14 @@ import sys
 import time
 
 from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest
-from tests.conftest import group_members
+from tests.conftest import REPO_ROOT, group_members
 
 
 def main() -> None:
     python, scorer, params, mode = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
     backend = ManagedScorerProcessBackend({
-        "process": {"python_executable": python, "startup_timeout": 60, "request_timeout": 600},
+        "process": {"python_executable": python, "startup_timeout": 60, "request_timeout": 600,
+                    "extra_import_paths": [str(REPO_ROOT)]},
         "scorer": {"name": scorer, "params": params},
     })
     time.sleep(0.2)  # let a forkserver's helpers settle into the group before counting

@@ -19,6 +19,7 @@ import signal
 import sys
 
 from supervisor import ManagedScorerProcessBackend
+from tests.conftest import REPO_ROOT
 from supervisor.process import ChildProcess
 
 
@@ -38,7 +39,8 @@ def main() -> None:
 
     ChildProcess._send_boot_config = patched
     ManagedScorerProcessBackend({
-        "process": {"python_executable": python, "startup_timeout": 60, "request_timeout": 60},
+        "process": {"python_executable": python, "startup_timeout": 60, "request_timeout": 60,
+                    "extra_import_paths": [str(REPO_ROOT)]},
         "scorer": {"name": scorer},
     })
 

@@ -1,6 +1,7 @@
 """Every endpoint of a real child over real loopback HTTP, with and without the token."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 
 from child_runtime import wire
 from supervisor import RewardContractError, RewardItem, RewardRequest, ScorerRequestError
-from tests.conftest import REPO_ROOT, wait_in_flight
+from bench.fault_matrix import rogue_python
+from tests.conftest import wait_in_flight
 
 ENDPOINTS = [("GET", "/health"), ("POST", "/score"), ("POST", "/onload"), ("POST", "/offload"),
              ("POST", "/drain"), ("POST", "/shutdown")]
@@ -33,9 +35,12 @@ def text_request(*texts: str) -> RewardRequest:
 def test_health_reports_identity(managed, trainer_python):
     backend = managed(trainer_python, "tests.fixture_scorers:Probe")
     health = backend.health()
+    root = health.pop("sys_path")[0]
+    assert sorted(os.listdir(root)) == ["child_runtime", "scorers"]
     assert health == {
         "state": "ready", "scorer": "probe", "revision": "1", "pid": backend.pid, "in_flight": 0,
         "residency": "resident", "gpu_residency": "resident", "packages": {}, "terms": ["probe"],
+        "python": str(trainer_python), "connections": {"pending": 0, "evicted": 0},
     }
     assert psutil.Process(backend.pid).exe() == str(Path(trainer_python).resolve()) or \
         psutil.Process(backend.pid).cmdline()[0] == str(trainer_python)
@@ -195,10 +200,8 @@ def test_contract_breaking_scorers_are_refused_in_the_child(managed, trainer_pyt
     assert info.value.kind == "contract"
 
 
-def test_parent_refuses_answers_for_the_wrong_ids(managed, trainer_python):
-    rogue_root = REPO_ROOT / "tests" / "rogue_root"
-    backend = managed(trainer_python, "tests.fixture_scorers:Probe",
-                      process={"service_root": str(rogue_root), "env": {"PYTHONPATH": str(REPO_ROOT)}})
+def test_parent_refuses_answers_for_the_wrong_ids(managed, trainer_python, tmp_path):
+    backend = managed(rogue_python(tmp_path, trainer_python), "tests.fixture_scorers:Probe")
     with pytest.raises(RewardContractError) as info:
         backend.compute_rewards(text_request("a", "bb", "ccc"))
     assert "position 0 echoes id 's1', expected 's0'" in str(info.value)

@@ -18,7 +18,6 @@ from supervisor import (
     ProcessConfig,
     ScorerConfig,
 )
-from supervisor.config import SERVICE_ROOT
 from supervisor.gpu import child_visible_devices
 
 PY = sys.executable
@@ -59,7 +58,7 @@ def test_valid_spec_from_nested_dicts():
     assert isinstance(spec.scorer, ScorerConfig)
     assert isinstance(spec.client, ClientConfig)
     assert spec.process.python_executable == Path(PY)
-    assert spec.process.service_root == SERVICE_ROOT == REPO_ROOT.resolve()
+    assert spec.process.extra_import_paths == []
     assert spec.process.startup_timeout == 30.0 and spec.process.request_timeout == 5.5
     assert spec.process.env == {"HF_HOME": "/tmp/hf"}
     assert spec.process.local_rank == 2 and spec.process.log_dir == Path("/tmp/logs")
@@ -157,13 +156,32 @@ def test_weights_must_name_required_rewards():
     assert ok.client.weights == {"b": 3.0}
 
 
-def test_service_root_must_hold_child_runtime(tmp_path):
-    invalid(spec_dict(process={"service_root": str(tmp_path)}),
-            "process.service_root", f"{tmp_path} is not a service root (no child_runtime/__main__.py)")
-    (tmp_path / "child_runtime").mkdir()
-    (tmp_path / "child_runtime" / "__main__.py").write_text("")
-    spec = ManagedScorerProcessSpec(**spec_dict(process={"service_root": str(tmp_path / "." / "child_runtime" / "..")}))
-    assert spec.process.service_root == tmp_path.resolve()
+def test_extra_import_paths_are_existing_directories_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    spec = ManagedScorerProcessSpec(**spec_dict(process={"extra_import_paths": ["mine"]}))
+    assert spec.process.extra_import_paths == [tmp_path / "mine"]
+    invalid(spec_dict(process={"extra_import_paths": ["nowhere"]}), "extra_import_paths must be existing directories",
+            str(tmp_path / "nowhere"))
+
+
+@pytest.mark.parametrize("name", ["PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSAFEPATH"])
+def test_env_cannot_change_the_childs_import_path(name):
+    invalid(spec_dict(process={"env": {name: "/somewhere"}}), f"env may not set ['{name}']", "extra_import_paths")
+
+
+def test_a_relative_python_is_resolved_once_against_the_current_directory(tmp_path, monkeypatch):
+    venv_bin = tmp_path / "env" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to(PY)  # a venv's python is a symlink: it must be kept, not resolved
+    monkeypatch.chdir(tmp_path)
+    spec = ManagedScorerProcessSpec(**spec_dict(process={"python_executable": "env/bin/python"}))
+    assert spec.process.python_executable == venv_bin / "python"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    invalid(spec_dict(process={"python_executable": "env/bin/python"}),
+            str(elsewhere / "env/bin/python"), f"resolved against the current directory {elsewhere}")
 
 
 def test_scorer_name_must_be_non_empty():

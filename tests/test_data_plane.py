@@ -16,14 +16,8 @@ import psutil
 import pytest
 
 from child_runtime import wire
-from child_runtime.shared_segment import (
-    SEGMENT_NAME,
-    ChildSegment,
-    ParentSegment,
-    SharedArena,
-    SharedSegmentUnavailable,
-    _close_fds,
-)
+from child_runtime.shared_segment import SEGMENT_NAME, ChildSegment, SharedSegmentUnavailable
+from supervisor.segment import ParentSegment, SharedArena, _close_fds
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 from supervisor.errors import ScorerProcessDied, ScorerRequestError
 from tests.conftest import REPO_ROOT, run_in_threads, wait_in_flight, wait_until_gone
@@ -487,3 +481,104 @@ def test_a_fork_while_another_thread_holds_the_segment_lock_does_not_hang():
         assert os.waitstatus_to_exitcode(done[1]) == 0
     finally:
         segment.close()
+
+
+def rss_shmem_bytes(pid: int | str = "self") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssShmem:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssShmem in /proc/status")
+
+
+def test_a_large_request_gives_its_shared_memory_back(managed, image_python):
+    """One 192 MB request must not pin 192 MB of shared memory in both processes for the child's life:
+    freed extents beyond a small warm reserve give their pages back."""
+    backend = managed(image_python, "mean_intensity", input_kind="image")
+    small = RewardRequest(items=[RewardItem(id=f"s{i}", image=np.full((512, 512, 3), i, np.uint8)) for i in range(8)])
+    backend.compute_rewards(small)  # the steady state: a typical batch, its pages kept warm
+    before = rss_shmem_bytes(), rss_shmem_bytes(backend.pid)
+    large = RewardRequest(items=[RewardItem(id=f"l{i}", image=np.full((4000, 4000, 3), 200, np.uint8))
+                                 for i in range(4)])
+    assert backend.compute_rewards(large).rewards == pytest.approx([200 / 255] * 4)
+    after = rss_shmem_bytes(), rss_shmem_bytes(backend.pid)
+    segment = backend._gen.segment
+    assert segment.returned_bytes >= 192_000_000 - segment.warm_reserve - (1 << 20)
+    assert segment.backed_bytes <= segment.warm_reserve + (1 << 20)
+    for side, (was, now) in zip(("trainer", "child"), zip(before, after)):
+        assert now - was < 4 << 20, f"{side}: RssShmem {was >> 20} MiB -> {now >> 20} MiB"
+    assert backend.compute_rewards(small).rewards == pytest.approx([i / 255 for i in range(8)])  # still correct
+
+
+def test_the_warm_reserve_keeps_steady_batches_from_faulting_fresh_pages():
+    segment = ParentSegment(64 << 20)
+    try:
+        for _ in range(3):
+            with segment.placement() as place:
+                place(np.ones((512, 512, 3), np.uint8))
+        assert segment.returned_bytes == 0 and 0 < segment.backed_bytes <= (1 << 20)
+        with segment.placement() as place:
+            place(np.ones(40 << 20, np.uint8))
+        assert segment.backed_bytes <= segment.warm_reserve + 4096
+        assert segment.returned_bytes >= (40 << 20) - segment.warm_reserve - 4096
+        with segment.placement() as place:  # a hole punched earlier is backed again when reused
+            offset = place(np.full(20 << 20, 9, np.uint8))
+            assert int(segment._bytes[offset + (10 << 20)]) == 9
+    finally:
+        segment.close()
+
+
+def _reopen_writable(fd: int, as_other_user: bool) -> str:
+    """Try to reopen `fd` read-write through /proc, as a process of another (non-root) uid when root:
+    root bypasses file modes, and the point is what an ordinary same-user process can do."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_end)
+            if as_other_user:
+                import ctypes
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/self stays ours after setuid
+            try:
+                os.close(os.open(f"/proc/self/fd/{fd}", os.O_RDWR))
+                outcome = "opened"
+            except PermissionError:
+                outcome = "refused"
+            os.write(write_end, outcome.encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        return os.read(read_end, 64).decode()
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+
+
+def test_the_segment_cannot_be_reopened_writable_through_proc():
+    segment = ParentSegment(1 << 20)
+    try:
+        assert os.fstat(segment.fd).st_mode & 0o777 == 0o400
+        spare = os.dup(segment.child_fd)  # the at-fork hook closes the segment's own descriptors
+        try:
+            assert _reopen_writable(spare, as_other_user=os.geteuid() == 0) == "refused"
+        finally:
+            os.close(spare)
+    finally:
+        segment.close()
+
+
+def test_the_child_holds_the_segment_read_only_and_cannot_reopen_it_writable(managed, image_python):
+    backend = managed(image_python, "mean_intensity", input_kind="image")
+    assert backend.ready_info["shared_memory"] is True
+    (fd,) = [name for name in os.listdir(f"/proc/{backend.pid}/fd")
+             if os.readlink(f"/proc/{backend.pid}/fd/{name}").startswith(f"/memfd:{SEGMENT_NAME}")]
+    flags = int(Path(f"/proc/{backend.pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
+    assert flags & os.O_ACCMODE == os.O_RDONLY  # one descriptor (the mapping's own), read-only
+    assert os.stat(f"/proc/{backend.pid}/fd/{fd}").st_mode & 0o777 == 0o400  # no writable reopen
+    maps = [line for line in Path(f"/proc/{backend.pid}/maps").read_text().splitlines() if SEGMENT_NAME in line]
+    assert maps and all(line.split()[1].startswith("r-") for line in maps)
+    image = np.full((512, 512, 3), 51, np.uint8)
+    assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=image)])).rewards == [0.2]

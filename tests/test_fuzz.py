@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from child_runtime import wire
 from child_runtime.items import ITEM_FIELDS, RequestError, items_from_wire
 from supervisor import ManagedScorerProcessBackend, ManagedScorerProcessSpec, RewardItem, RewardRequest
-from tests.conftest import wait_until_gone
+from tests.conftest import REPO_ROOT, wait_until_gone
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +75,8 @@ def live() -> Iterator[Live]:
     """One child for the module: created before the first test's leak-guard snapshot, so the guard ignores it;
     its own teardown proves it is gone."""
     spec = ManagedScorerProcessSpec(
-        process={"python_executable": sys.executable, "startup_timeout": 60, "request_timeout": 60},
+        process={"python_executable": sys.executable, "startup_timeout": 60, "request_timeout": 60,
+                 "extra_import_paths": [str(REPO_ROOT)]},
         scorer={"name": PROBE, "input_kind": "text", "params": {}, "device": "cpu"},
         client={"input_kind": "text"},
     )

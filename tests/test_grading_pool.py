@@ -156,15 +156,14 @@ def test_worker_exit_raises_and_breaks_the_pool(make_pool):
     assert not isinstance(caught.value, GradingTaskError)
     pid = int(re.search(r"pid (\d+)", message).group(1))
     assert pid in pids
-    assert "exit code 7" in message and "task 1" in message
+    assert "exit 7" in message and "task 1" in message
     assert pool.worker_pids() == []
     assert not wait_gone(pids, 5.0)
 
-    started = time.monotonic()
     with pytest.raises(GradingPoolError, match="broken") as again:
         pool.grade([("a",)])
-    assert "exit code 7" in str(again.value)
-    assert time.monotonic() - started < 0.5
+    assert "exit 7" in str(again.value)
+    assert pool.worker_pids() == []  # refused from its record: no worker was started to find out
 
 
 def test_worker_killed_by_signal_names_the_signal(make_pool):

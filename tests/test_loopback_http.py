@@ -10,8 +10,10 @@ from typing import Callable
 import numpy as np
 import pytest
 
+from child_runtime.gate import EVICTION
+from supervisor.errors import BadAnswer, ConnectFailed, ConnectionLost, NoAnswer
+from supervisor.loopback_http import LoopbackHTTP
 from tests.conftest import run_in_threads
-from supervisor.loopback_http import LoopbackClosed, LoopbackHTTP, LoopbackProtocolError, LoopbackTimeout
 
 
 class RawServer:
@@ -120,7 +122,7 @@ def test_a_silent_server_times_out_at_the_deadline(serve):
 
     _, client = serve(silent)
     started = time.monotonic()
-    with pytest.raises(LoopbackTimeout):
+    with pytest.raises(NoAnswer):
         client.request("GET", "/health", 0.5)
     assert 0.45 < time.monotonic() - started < 1.5
 
@@ -135,21 +137,21 @@ def test_the_deadline_spans_the_whole_answer_not_each_read(serve):
 
     _, client = serve(drip)
     started = time.monotonic()
-    with pytest.raises(LoopbackTimeout):
+    with pytest.raises(NoAnswer):
         client.request("GET", "/health", 1.0)
     assert time.monotonic() - started < 1.6
 
 
 @pytest.mark.parametrize("reply, error, message", [
-    (b"", LoopbackClosed, "closed the connection before answering"),
-    (b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort", LoopbackClosed, "after 5 of 50 body bytes"),
-    (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", LoopbackProtocolError,
+    (b"", ConnectionLost, "closed the connection before answering"),
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort", ConnectionLost, "after 5 of 50 body bytes"),
+    (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", BadAnswer,
      "no content-length"),
-    (b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n", LoopbackProtocolError, "expected HTTP/1.1"),
-    (b"garbage\r\n\r\n", LoopbackProtocolError, "bad status line"),
-    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", LoopbackProtocolError, "bad header line"),
-    (b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n", LoopbackProtocolError, "bad content-length"),
-    ("HTTP/1.1 200 OK\r\ncontent-length: \u00b2\r\n\r\n".encode("latin-1"), LoopbackProtocolError,
+    (b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n", BadAnswer, "expected HTTP/1.1"),
+    (b"garbage\r\n\r\n", BadAnswer, "bad status line"),
+    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", BadAnswer, "bad header line"),
+    (b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n", BadAnswer, "bad content-length"),
+    ("HTTP/1.1 200 OK\r\ncontent-length: \u00b2\r\n\r\n".encode("latin-1"), BadAnswer,
      "bad content-length"),
 ])
 def test_broken_answers_are_typed(serve, reply, error, message):
@@ -194,10 +196,12 @@ def test_connection_close_answers_are_not_reused(serve):
 def test_refused_connection_and_closed_client(serve):
     server, client = serve(keep_alive_echo)
     server.close()
-    with pytest.raises(LoopbackClosed, match="connect to"):
+    started = time.monotonic()
+    with pytest.raises(ConnectFailed, match="connect to"):  # nobody alive behind the port: at once
         LoopbackHTTP("127.0.0.1", server.port, {}).request("GET", "/health", 2.0)
+    assert time.monotonic() - started < 0.5
     client.close()
-    with pytest.raises(LoopbackClosed, match="client is closed"):
+    with pytest.raises(ConnectionLost, match="client is closed"):
         client.request("GET", "/health", 2.0)
 
 
@@ -215,3 +219,41 @@ def test_threads_share_the_client_without_mixing_answers(serve):
     run_in_threads(worker, 6)
     assert failures == []
     assert server.accepted <= 6  # connections are pooled, not one per request
+
+
+def test_a_refused_connect_to_a_live_peer_is_retried_until_the_deadline(serve):
+    """Nothing was sent, so trying again is safe; while the peer lives, the deadline decides."""
+    server, _ = serve(keep_alive_echo)
+    server.close()
+    client = LoopbackHTTP("127.0.0.1", server.port, {}, peer_alive=lambda: True)
+    started = time.monotonic()
+    with pytest.raises(NoAnswer, match="not served within 0.6 s"):
+        client.request("GET", "/health", 0.6)
+    assert 0.45 < time.monotonic() - started < 1.5 and client.retries >= 3
+
+
+def test_an_eviction_by_the_childs_gate_is_retried_on_a_fresh_connection(serve):
+    """The gate answers 503 with its header before it reads the request: the request was not acted on."""
+    evictions = []
+
+    def evict_twice(conn: socket.socket) -> None:
+        if len(evictions) < 2:
+            evictions.append(1)
+            conn.sendall(EVICTION)
+            return
+        keep_alive_echo(conn)
+
+    server, _ = serve(evict_twice)
+    client = LoopbackHTTP("127.0.0.1", server.port, {}, peer_alive=lambda: True)
+    reply = client.request("POST", "/score", 5.0, [b"payload"])
+    assert reply.status == 200 and client.retries == 2 and server.accepted == 3
+
+
+def test_an_ordinary_503_is_an_answer_not_a_retry(serve):
+    def busy(conn: socket.socket) -> None:
+        read_request(conn)
+        conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nbusy")
+
+    server, _ = serve(busy)
+    client = LoopbackHTTP("127.0.0.1", server.port, {}, peer_alive=lambda: True)
+    assert client.request("GET", "/health", 5.0).status == 503 and client.retries == 0

@@ -66,7 +66,7 @@ def test_shutdown_takes_forkserver_and_workers(managed, math_python):
     members = group_members(backend.pid)
     assert len(members) >= 4, f"expected child, forkserver and 2 workers, got {members}"
     backend.close()
-    assert backend._child.proc.returncode == 0
+    assert backend._child.returncode() == 0
     assert wait_until_gone(members, 5) == []
 
 
@@ -151,6 +151,33 @@ def test_bare_latex_golds_are_parsed_whole(managed, math_python):
         "pi": ("\\boxed{3.14}", "\\pi", 0.0),
         "delimited": ("so $x^2+1$", "$x^2+1$", 1.0),
         "plain": ("\\boxed{12}", "12", 1.0),
+    }
+    request = RewardRequest(items=[RewardItem(id=name, text=text, reference=gold)
+                                   for name, (text, gold, _) in cases.items()])
+    got = dict(zip(request.ids, backend.compute_rewards(request).rewards))
+    assert got == {name: expected for name, (_, _, expected) in cases.items()}
+
+
+def test_plain_number_golds_grade_as_math_verify_does(managed, math_python):
+    """A plain-number gold is parsed as math_verify's default parses it (`1,22` -> 1.22, not the set
+    {1, 22} that `\\boxed{1,22}` is); LaTeX golds keep the \\boxed{} wrapping. Expected values were
+    computed with envs/math (math-verify 0.9.0, antlr 4.13.2) as verify(parse(g), parse(text)), with
+    g the gold for plain numbers and `$gold$` for the others."""
+    backend = managed(math_python, "math_verify", params={"jobs": 1, "timeout_s": 10})
+    cases = {
+        "comma_decimal": ("\\boxed{1.22}", "1,22", 1.0),
+        "comma_decimal_not_a_set": ("\\boxed{1,22}", "1,22", 0.0),
+        "comma_decimal_short": ("\\boxed{1.2}", "1,2", 1.0),  # math_verify's reading; a list needs `1, 2`
+        "list_with_space": ("\\boxed{1,2}", "1, 2", 1.0),
+        "thousands": ("\\boxed{1000}", "1,000", 1.0),
+        "thousands_many": ("\\boxed{12345678}", "12,345,678", 1.0),
+        "thousands_space": ("\\boxed{1000}", "1 000", 1.0),
+        "thousands_wrong": ("\\boxed{1}", "1,000", 0.0),
+        "percent": ("\\boxed{0.1}", "10%", 1.0),
+        "sqrt": ("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", 1.0),
+        "dfrac": ("\\boxed{0.75}", "\\dfrac{3}{4}", 1.0),
+        "poly": ("so $x^2+1$", "x^2+1", 1.0),
+        "poly_wrong": ("\\boxed{x^2}", "x^2+1", 0.0),
     }
     request = RewardRequest(items=[RewardItem(id=name, text=text, reference=gold)
                                    for name, (text, gold, _) in cases.items()])

@@ -1,13 +1,15 @@
 """GPU residency state machine on CPU, with real children."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
 import pytest
 
-from supervisor import RewardItem, RewardRequest, ScorerRequestError, ScorerStartupError
-from tests.conftest import wait_in_flight
+from supervisor import RewardItem, RewardRequest, ScorerProcessDied, ScorerRequestError, ScorerStartupError
+from tests.conftest import wait_in_flight, wait_until_gone
 
 REQUEST = RewardRequest(items=[RewardItem(id="a", text="abcd")])
 
@@ -48,6 +50,35 @@ def test_offload_of_a_scorer_without_offload_support_says_so(managed, trainer_py
                       params={"marker": str(tmp_path / "m")})
     assert backend.offload() == {"residency": "resident", "changed": False, "supports_offload": False}
     assert backend.compute_rewards(REQUEST).rewards == [0.5]
+
+
+def test_offload_then_a_crash_restarts_what_the_child_reported(managed, trainer_python, tmp_path):
+    """verl-style trainers offload around every step. A scorer that cannot offload stays resident, so
+    after a crash its restarted child must boot resident too: never offloaded, answering every score 409."""
+    backend = managed(trainer_python, "tests.fixture_scorers:NoOffloadMarksLoad",
+                      params={"marker": str(tmp_path / "m")}, restart={"backoff_s": 0})
+    backend.offload()
+    crashed = backend.pid
+    os.kill(crashed, signal.SIGKILL)
+    assert wait_until_gone([crashed], 5) == []
+    with pytest.raises(ScorerProcessDied):
+        backend.compute_rewards(REQUEST)
+    assert backend.compute_rewards(REQUEST).rewards == [0.5] and backend.pid != crashed
+    assert backend.health()["residency"] == "resident"
+
+
+def test_a_restarted_child_boots_offloaded_only_after_a_real_offload(managed, trainer_python):
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe", restart={"backoff_s": 0})
+    assert backend.offload()["residency"] == "offloaded"
+    crashed = backend.pid
+    os.kill(crashed, signal.SIGKILL)
+    assert wait_until_gone([crashed], 5) == []
+    with pytest.raises(ScorerProcessDied):
+        backend.compute_rewards(REQUEST)
+    with pytest.raises(ScorerRequestError) as info:  # restarted as the trainer left it: offloaded
+        backend.compute_rewards(REQUEST)
+    assert info.value.status == 409 and backend.pid != crashed
+    assert backend.onload()["residency"] == "resident" and backend.compute_rewards(REQUEST).rewards == [4.0]
 
 
 @pytest.mark.parametrize("operation", ["offload", "drain"])

@@ -1,0 +1,244 @@
+"""Adversarial scenarios, measured: `.venv/bin/python -m bench.hardening` prints one table row each.
+
+The same scenarios are asserted by tests (test_ownership, test_gate, test_data_plane,
+test_residency, test_logs); this prints the figures docs/reliability.md quotes. Real
+children, real forks, real signals; the trainer is this process or a script under tests/.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest, ScorerError, ScorerStartupError
+from supervisor import process as process_module
+from supervisor.process import ChildProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAINER = sys.executable
+IMAGE = str(ROOT / "envs" / "image" / ".venv" / "bin" / "python")
+TEXT = RewardRequest(items=[RewardItem(id="a", text="abc")])
+
+
+def backend(name: str, python: str = TRAINER, **spec: object) -> ManagedScorerProcessBackend:
+    process = {"python_executable": python, "extra_import_paths": [str(ROOT)], **spec.pop("process", {})}  # type: ignore[dict-item]
+    kind = "image" if python == IMAGE else "text"
+    return ManagedScorerProcessBackend({"process": process, "scorer": {"name": name, "input_kind": kind},
+                                        "client": {"input_kind": kind}, **spec})
+
+
+def timed(call: Callable[[], object]) -> tuple[object, float]:
+    started = time.monotonic()
+    result = call()
+    return result, time.monotonic() - started
+
+
+def gone(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def fork_of_the_trainer() -> str:
+    done = subprocess.run([TRAINER, "-m", "tests.forking_trainer", TRAINER], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=True)
+    report = json.loads(done.stdout.splitlines()[-1])
+    kept = report["pid_after"] == report["pid_before"] and report["restarts"] == 0
+    return (f"fork's call: BackendNotOwned; its close, GC and sys.exit left the child alone; owner's next call "
+            f"served by the same child: {kept}")
+
+
+def connection_flood() -> str:
+    was = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, was[1]))
+    try:
+        owner = backend("constant", limits={"pending_connection_timeout_s": 2.0})
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, was)
+    try:
+        baseline = len(os.listdir(f"/proc/{owner.pid}/fd"))
+        flood = subprocess.Popen([TRAINER, "-m", "tests.flood_connections", str(owner._child.port), "5000"],
+                                 cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        held = json.loads(flood.stdout.readline())["held"]
+        peak = baseline
+        deadline = time.monotonic() + 30
+        while owner.health()["connections"]["evicted"] < held - 64 and time.monotonic() < deadline:
+            peak = max(peak, len(os.listdir(f"/proc/{owner.pid}/fd")))
+            time.sleep(0.01)
+        rewards, call_s = timed(lambda: owner.compute_rewards(TEXT).rewards)
+        started = time.monotonic()
+        while owner.health()["connections"]["pending"] and time.monotonic() - started < 10:
+            time.sleep(0.05)
+        drained_s = time.monotonic() - started
+        flood.kill()
+        flood.wait()
+        return (f"{held} idle connections at RLIMIT_NOFILE 1024: the child held at most {peak - baseline} extra "
+                f"descriptors; next call {call_s * 1e3:.1f} ms, {owner.restarts} restarts; the last pending ones "
+                f"closed {drained_s:.1f} s later (timeout 2 s)")
+    finally:
+        owner.close()
+
+
+def rss_shmem(pid: int | str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssShmem:"):
+            return int(line.split()[1]) << 10
+    return 0
+
+
+def large_request_then_idle() -> str:
+    owner = backend("mean_intensity", IMAGE)
+    try:
+        small = RewardRequest(items=[RewardItem(id=f"s{i}", image=np.full((512, 512, 3), i, np.uint8))
+                                     for i in range(8)])
+        owner.compute_rewards(small)
+        before = rss_shmem("self"), rss_shmem(owner.pid)
+        large = RewardRequest(items=[RewardItem(id=f"l{i}", image=np.full((4000, 4000, 3), 9, np.uint8))
+                                     for i in range(4)])
+        owner.compute_rewards(large)
+        after = rss_shmem("self"), rss_shmem(owner.pid)
+        mib = [f"{b / 2**20:.1f}" for b in (*before, *after)]
+        return (f"192 MB request; RssShmem trainer {mib[0]} -> {mib[2]} MiB, child {mib[1]} -> {mib[3]} MiB; "
+                f"{owner._gen.segment.returned_bytes / 2**20:.0f} MiB of pages given back")
+    finally:
+        owner.close()
+
+
+def offload_then_crash() -> str:
+    owner = backend("constant", restart={"backoff_s": 0})
+    try:
+        figures = owner.offload()
+        os.kill(owner.pid, signal.SIGKILL)
+        gone(owner.pid)
+        try:
+            owner.compute_rewards(TEXT)
+        except ScorerError:
+            pass
+        rewards, served_s = timed(lambda: owner.compute_rewards(TEXT).rewards)
+        return (f"offload of a scorer that cannot offload reports residency {figures['residency']!r}; after kill -9 "
+                f"the restarted child scored {rewards} in {served_s:.2f} s, residency {owner.health()['residency']!r}")
+    finally:
+        owner.close()
+
+
+def fork_during_launch() -> str:
+    forks: list[int] = []
+    spawn = ChildProcess._spawn
+
+    def spawn_then_fork(self: ChildProcess, listen_fd: int, ready_w: int) -> None:
+        spawn(self, listen_fd, ready_w)
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        forks.append(pid)
+
+    ChildProcess._spawn = spawn_then_fork  # type: ignore[method-assign]
+    try:
+        owner = backend("constant", process={"startup_timeout": 30})
+        ready_s = owner.timings["spawn_to_ready_s"]
+        owner.close()
+    finally:
+        ChildProcess._spawn = spawn  # type: ignore[method-assign]
+        for pid in forks:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    plain = backend("constant")
+    plain_s = plain.timings["spawn_to_ready_s"]
+    plain.close()
+    return f"spawn-to-ready {ready_s:.2f} s with a fork holding the child's stdin (without: {plain_s:.2f} s)"
+
+
+def ctrl_c() -> str:
+    trainer = subprocess.Popen([TRAINER, "-m", "tests.interrupted_trainer", TRAINER], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = json.loads(trainer.stdout.readline())["child"]
+    started = time.monotonic()
+    trainer.send_signal(signal.SIGINT)
+    trainer.wait(15)
+    to_exit = time.monotonic() - started
+    tracebacks = trainer.stderr.read().count("Traceback (most recent call last)")
+    trainer.stdout.close()
+    trainer.stderr.close()
+    return (f"SIGINT mid-batch (60 s batch, shutdown_timeout 10 s): trainer exited in {to_exit:.2f} s, "
+            f"child gone: {gone(child)}, {tracebacks} traceback")
+
+
+def full_log_disk() -> str:
+    tail = Path(tempfile.mkdtemp()) / "unwritten.log"
+    tail.touch()
+    opener = process_module.open_child_log
+    process_module.open_child_log = lambda *args: (os.open("/dev/full", os.O_WRONLY), tail)  # type: ignore[assignment]
+    try:
+        started = time.monotonic()
+        try:
+            backend("no_such_scorer").close()
+            outcome = "it booted"
+        except ScorerStartupError as exc:
+            outcome = (f"ScorerStartupError in {time.monotonic() - started:.2f} s, exit code {exc.boot_code} "
+                       f"reported on the pipe, status {exc.record.exit_status if exc.record else '?'}")
+        served = backend("constant")
+        rewards = served.compute_rewards(TEXT).rewards
+        served.close()
+    finally:
+        process_module.open_child_log = opener  # type: ignore[assignment]
+    return f"unknown scorer with every log write failing (ENOSPC): {outcome}; a valid child still served {rewards}"
+
+
+def sigchld_ignored() -> str:
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        owner = backend("constant", restart={"backoff_s": 0})
+        pid = owner.pid
+        os.kill(pid, signal.SIGKILL)
+        gone(pid)
+        try:
+            owner.compute_rewards(TEXT)
+            killed = "no error?"
+        except ScorerError as exc:
+            killed = exc.record.exit_status if exc.record else "?"
+        owner.close()
+        try:
+            backend("no_such_scorer")
+            boot = "booted?"
+        except ScorerError as exc:
+            boot = exc.record.exit_status if exc.record else "?"
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+    return f"kill -9 reported as {killed!r}; unknown scorer as {boot!r} (Popen alone says 'exit 0' for both)"
+
+
+SCENARIOS = [
+    ("fork of the trainer", fork_of_the_trainer),
+    ("unauthenticated connection flood", connection_flood),
+    ("large request, then idle (Shmem)", large_request_then_idle),
+    ("offload, then a crash", offload_then_crash),
+    ("fork during launch", fork_during_launch),
+    ("Ctrl-C mid-batch", ctrl_c),
+    ("full log disk", full_log_disk),
+    ("SIGCHLD ignored", sigchld_ignored),
+]
+
+
+def main() -> None:
+    print("| scenario | measured |\n|---|---|")
+    for name, scenario in SCENARIOS:
+        print(f"| {name} | {scenario()} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

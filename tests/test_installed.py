@@ -1,0 +1,56 @@
+"""Installed use keeps the isolation: `pip install .` into a trainer env that pins antlr 4.9.3, run from
+another directory, and the math child still grades `10\\%` as 0.1 with its own antlr 4.13.2."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, env_python
+
+
+@pytest.fixture(scope="session")
+def installed_trainer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with managed-scorers pip-installed (not editable) and antlr 4.9.3 beside it."""
+    root = tmp_path_factory.mktemp("installed")
+    source = root / "source"  # a copy, so that nothing can be imported from the checkout by accident
+    shutil.copytree(REPO_ROOT, source, ignore=shutil.ignore_patterns(".venv", "envs", ".git", "__pycache__",
+                                                                      "*.egg-info", "build", "bench", "tests"))
+    venv = root / "trainer-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-input", str(source),
+                    "antlr4-python3-runtime==4.9.3"], check=True)
+    shutil.rmtree(source)
+    return python
+
+
+@pytest.mark.slow
+def test_an_installed_trainer_hands_the_child_nothing_of_its_environment(installed_trainer, tmp_path):
+    math_python = env_python("math")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    script = elsewhere / "train.py"
+    shutil.copy(REPO_ROOT / "tests" / "installed_trainer.py", script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    done = subprocess.run([str(installed_trainer), str(script), str(math_python)], cwd=elsewhere, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    trainer_env = installed_trainer.parent.parent
+    assert Path(report["supervisor"]).is_relative_to(trainer_env)  # the installed copy, not the checkout
+    assert report["packages"]["antlr4-python3-runtime"] == "4.13.2"
+    assert report["reward"] == 1.0
+    root, *rest = (Path(entry) for entry in report["sys_path"])
+    assert sorted(os.listdir(root)) == ["child_runtime", "scorers"]
+    assert all((root / name).resolve().is_relative_to(trainer_env) for name in ("child_runtime", "scorers"))
+    math_env = math_python.parent.parent
+    base = Path(os.path.realpath(math_python)).parent.parent  # the interpreter the math venv was made from
+    for entry in rest:  # the math env, and the standard library of the interpreter it was made from
+        assert entry.is_relative_to(math_env) or entry.is_relative_to(base), entry
+        assert not entry.is_relative_to(trainer_env) and not entry.is_relative_to(elsewhere), entry

@@ -1,0 +1,134 @@
+"""Child logs: a full disk never hides why a child failed; bad log directories are typed errors;
+logs are bounded per scorer and rank; a clean child leaves none."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from supervisor import RewardItem, RewardRequest, ScorerStartupError
+from supervisor import process as process_module
+from supervisor import userdirs
+
+REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
+
+
+@pytest.fixture
+def full_disk(monkeypatch, tmp_path):
+    """Every child writes its log to /dev/full (ENOSPC on each write); tails come from an empty file."""
+    tail = tmp_path / "unwritten.log"
+    tail.touch()
+
+    def open_full(*args: object) -> tuple[int, Path]:
+        return os.open("/dev/full", os.O_WRONLY), tail
+
+    monkeypatch.setattr(process_module, "open_child_log", open_full)
+
+
+def test_a_full_log_disk_does_not_hide_a_boot_failure(managed, trainer_python, full_disk):
+    with pytest.raises(ScorerStartupError) as info:
+        managed(trainer_python, "no_such_scorer")
+    assert info.value.boot_code == 3 and info.value.returncode == 3  # cannot boot: never restarted
+    assert "unknown scorer 'no_such_scorer'" in str(info.value)
+
+
+def test_a_child_with_a_full_log_disk_serves_and_exits_cleanly(managed, trainer_python, full_disk):
+    backend = managed(trainer_python, "constant")
+    assert backend.compute_rewards(REQUEST).rewards == [1.0]
+    backend.close()
+    assert backend._child.returncode() == 0
+
+
+def _read_only_dir(path: Path) -> Path:
+    path.mkdir()
+    if os.geteuid() != 0:
+        path.chmod(0o500)
+        return path
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"root cannot be denied a write without a read-only mount: {mounted.stderr.decode().strip()}")
+    return path
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    path = _read_only_dir(tmp_path / "read-only")
+    yield path
+    if os.geteuid() == 0:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def _foreign_dir(tmp_path: Path) -> Path:
+    """A directory that belongs to another user."""
+    if os.geteuid() != 0:
+        return Path("/")
+    path = tmp_path / "foreign"
+    path.mkdir(mode=0o777)
+    os.chown(path, 65534, 65534)
+    return path
+
+
+def test_a_read_only_log_dir_is_a_startup_error(managed, trainer_python, read_only_dir):
+    with pytest.raises(ScorerStartupError, match="cannot create the child's log file") as info:
+        managed(trainer_python, "constant", process={"log_dir": str(read_only_dir)})
+    assert str(read_only_dir) in str(info.value) and info.value.pid is None
+
+
+def test_a_file_in_the_way_of_the_log_dir_is_a_startup_error(managed, trainer_python, tmp_path):
+    (tmp_path / "logs").write_text("not a directory")
+    with pytest.raises(ScorerStartupError, match="cannot create the child's log file") as info:
+        managed(trainer_python, "constant", process={"log_dir": str(tmp_path / "logs" / "child")})
+    assert str(tmp_path / "logs") in str(info.value)
+
+
+def test_a_log_dir_owned_by_another_user_is_a_startup_error(managed, trainer_python, tmp_path):
+    foreign = _foreign_dir(tmp_path)
+    with pytest.raises(ScorerStartupError, match="not to this user"):
+        managed(trainer_python, "constant", process={"log_dir": str(foreign)})
+
+
+def test_another_user_cannot_block_default_launches_by_creating_the_default_dir(managed, trainer_python,
+                                                                                tmp_path, monkeypatch, caplog):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    squatted = cache / "managed-scorers"
+    squatted.mkdir(mode=0o777)
+    squatted.chmod(0o777)  # writable by anyone: not ours to trust, whoever owns it
+    if os.geteuid() == 0:
+        os.chown(squatted, 65534, 65534)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.setattr(userdirs, "_fallback", None)
+    with caplog.at_level(logging.WARNING, logger="supervisor.userdirs"):
+        backend = managed(trainer_python, "constant", process={"keep_clean_logs": True})
+    assert backend.compute_rewards(REQUEST).rewards == [1.0]
+    log_dir = Path(backend.log_path).parent
+    assert squatted not in log_dir.parents and log_dir.stat().st_uid == os.getuid()
+    assert (log_dir.parent.stat().st_mode & 0o777) == 0o700
+    assert f"cannot use {squatted}" in caplog.text
+    assert list(squatted.iterdir()) == []
+
+
+def test_logs_are_kept_per_scorer_and_rank_up_to_the_limit(managed, trainer_python, tmp_path):
+    log_dir = tmp_path / "logs"
+    paths = []
+    for _ in range(4):
+        backend = managed(trainer_python, "constant", process={"log_dir": str(log_dir), "keep_logs": 2,
+                                                              "keep_clean_logs": True})
+        paths.append(Path(backend.log_path))
+        backend.close()
+    other = managed(trainer_python, "nonempty", process={"log_dir": str(log_dir), "keep_logs": 2})
+    assert sorted(log_dir.glob("constant-rank0-*.log")) == sorted(paths[-2:])
+    assert Path(other.log_path).exists()
+
+
+def test_a_clean_child_leaves_no_log_and_a_failed_one_keeps_it(managed, trainer_python, tmp_path):
+    log_dir = tmp_path / "logs"
+    clean = managed(trainer_python, "constant", process={"log_dir": str(log_dir)})
+    clean.close()
+    assert not Path(clean.log_path).exists()
+    with pytest.raises(ScorerStartupError) as info:
+        managed(trainer_python, "tests.fixture_scorers:LoadFails", process={"log_dir": str(log_dir)})
+    assert Path(info.value.record.log_path).exists()
