@@ -31,6 +31,8 @@ test: install envs lint
 
 lint: install
 	$(VPY) -m ruff check .
+	$(VPY) -m ruff format --check .
+	$(VPY) -m mypy
 
 test-fast: install envs
 	$(VPY) -m pytest -q -m "not slow" $(PYTEST_ARGS)

@@ -3,6 +3,7 @@
 `.venv/bin/python -m bench.fault_matrix` prints the table kept in docs/reliability.md;
 tests/test_fault_matrix.py runs the same scenarios and asserts on them.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,12 +12,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
+from bench.handles import pid_of
 from supervisor import ManagedScorerProcessBackend, RewardItem, RewardService
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,12 +39,21 @@ def rogue_python(directory: Path, python: str | Path) -> Path:
     return wrapper
 
 
-def backend(name: str, python: str | Path = TRAINER_PYTHON, process: dict | None = None,
-            scorer: dict | None = None) -> ManagedScorerProcessBackend:
-    return ManagedScorerProcessBackend({
-        "process": {"python_executable": python, "request_timeout": 30, "extra_import_paths": [str(ROOT)],
-                    **(process or {})},
-        "scorer": {"name": name, **(scorer or {})}, "restart": {"backoff_s": 0.2}})
+def backend(
+    name: str, python: str | Path = TRAINER_PYTHON, process: dict | None = None, scorer: dict | None = None
+) -> ManagedScorerProcessBackend:
+    return ManagedScorerProcessBackend(
+        {
+            "process": {
+                "python_executable": python,
+                "request_timeout": 30,
+                "extra_import_paths": [str(ROOT)],
+                **(process or {}),
+            },
+            "scorer": {"name": name, **(scorer or {})},
+            "restart": {"backoff_s": 0.2},
+        }
+    )
 
 
 def kill_when_in_flight(owner: ManagedScorerProcessBackend, pid: int) -> threading.Thread:
@@ -61,7 +72,7 @@ def kill_when_in_flight(owner: ManagedScorerProcessBackend, pid: int) -> threadi
 class Fault:
     name: str
     make: Callable[[], ManagedScorerProcessBackend]
-    inject: Callable[[ManagedScorerProcessBackend], None]  # before the failing call
+    inject: Callable[[ManagedScorerProcessBackend], object]  # before the failing call
     failing: list[RewardItem]
     expected: str  # exception class name
     healthy: list[RewardItem]  # the next call, expected to be served; [] where it cannot be
@@ -71,9 +82,9 @@ class Fault:
 
 def _kill_child(b: ManagedScorerProcessBackend) -> None:
     """SIGKILL and wait until it is a zombie; never reap it (that is the owner's job)."""
-    os.kill(b.pid, signal.SIGKILL)
+    os.kill(pid_of(b), signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while psutil.Process(b.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+    while psutil.Process(pid_of(b)).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
         time.sleep(0.005)
 
 
@@ -83,34 +94,101 @@ def _kill_worker(b: ManagedScorerProcessBackend) -> None:
     os.kill(workers[0].pid, signal.SIGKILL)
 
 
-def _warm(b: ManagedScorerProcessBackend) -> None:
+def _score_then_kill_child(b: ManagedScorerProcessBackend) -> None:
+    RewardService(b).score_and_attach(items("warm"))
+    _kill_child(b)
+
+
+def _warm_then_kill_worker(b: ManagedScorerProcessBackend) -> None:
     RewardService(b).score_and_attach(items("\\boxed{2}"))
+    _kill_worker(b)
 
 
 PROBE = "tests.fixture_scorers:Probe"
 FLAKY = "tests.fixture_scorers:Flaky"
 FAULTS = [
-    Fault("kill -9 child before a request", lambda: backend(PROBE), _kill_child,
-          items("abc"), "ScorerProcessDied", items("abc"), [3.0]),
-    Fault("kill -9 child during a request", lambda: backend(FLAKY), lambda b: None, items("slow"),
-          "ScorerProcessDied", items("abc"), [3.0], kill_during=True),
-    Fault("kill -9 child after a request", lambda: backend(PROBE),
-          lambda b: (RewardService(b).score_and_attach(items("warm")), _kill_child(b)),
-          items("abc"), "ScorerProcessDied", items("abc"), [3.0]),
-    Fault("kill -9 a math grading worker",
-          lambda: backend("math_verify", MATH_PYTHON, scorer={"params": {"jobs": 2, "timeout_s": 10}}),
-          lambda b: (_warm(b), _kill_worker(b)), items("\\boxed{2}", "\\boxed{3}"), "ScorerRequestError",
-          items("\\boxed{2}"), [1.0]),
-    Fault("SIGSTOP child (hung), deadline 1 s", lambda: backend(PROBE, process={"request_timeout": 1.0}),
-          lambda b: os.kill(b.pid, signal.SIGSTOP), items("abc"), "ScorerTimeout", items("abc"), [3.0]),
-    Fault("scorer raises", lambda: backend(FLAKY), lambda b: None, items("raise"), "ScorerRequestError",
-          items("abc"), [3.0]),
-    Fault("scorer returns NaN", lambda: backend(FLAKY), lambda b: None, items("nan", "x"), "ScorerRequestError",
-          items("abc"), [3.0]),
-    Fault("scorer returns the wrong count", lambda: backend(FLAKY), lambda b: None, items("count", "x"),
-          "ScorerRequestError", items("abc"), [3.0]),
-    Fault("child echoes wrong ids", lambda: backend(PROBE, rogue_python(Path(tempfile.mkdtemp()), TRAINER_PYTHON)), lambda b: None, items("a", "bb"),
-          "RewardContractError", [], []),
+    Fault(
+        "kill -9 child before a request",
+        lambda: backend(PROBE),
+        _kill_child,
+        items("abc"),
+        "ScorerProcessDied",
+        items("abc"),
+        [3.0],
+    ),
+    Fault(
+        "kill -9 child during a request",
+        lambda: backend(FLAKY),
+        lambda b: None,
+        items("slow"),
+        "ScorerProcessDied",
+        items("abc"),
+        [3.0],
+        kill_during=True,
+    ),
+    Fault(
+        "kill -9 child after a request",
+        lambda: backend(PROBE),
+        _score_then_kill_child,
+        items("abc"),
+        "ScorerProcessDied",
+        items("abc"),
+        [3.0],
+    ),
+    Fault(
+        "kill -9 a math grading worker",
+        lambda: backend("math_verify", MATH_PYTHON, scorer={"params": {"jobs": 2, "timeout_s": 10}}),
+        _warm_then_kill_worker,
+        items("\\boxed{2}", "\\boxed{3}"),
+        "ScorerRequestError",
+        items("\\boxed{2}"),
+        [1.0],
+    ),
+    Fault(
+        "SIGSTOP child (hung), deadline 1 s",
+        lambda: backend(PROBE, process={"request_timeout": 1.0}),
+        lambda b: os.kill(pid_of(b), signal.SIGSTOP),
+        items("abc"),
+        "ScorerTimeout",
+        items("abc"),
+        [3.0],
+    ),
+    Fault(
+        "scorer raises",
+        lambda: backend(FLAKY),
+        lambda b: None,
+        items("raise"),
+        "ScorerRequestError",
+        items("abc"),
+        [3.0],
+    ),
+    Fault(
+        "scorer returns NaN",
+        lambda: backend(FLAKY),
+        lambda b: None,
+        items("nan", "x"),
+        "ScorerRequestError",
+        items("abc"),
+        [3.0],
+    ),
+    Fault(
+        "scorer returns the wrong count",
+        lambda: backend(FLAKY),
+        lambda b: None,
+        items("count", "x"),
+        "ScorerRequestError",
+        items("abc"),
+        [3.0],
+    ),
+    Fault(
+        "child echoes wrong ids",
+        lambda: backend(PROBE, rogue_python(Path(tempfile.mkdtemp()), TRAINER_PYTHON)),
+        lambda b: None,
+        items("a", "bb"),
+        "RewardContractError",
+        [],
+        [],
+    ),
 ]
 
 
@@ -135,7 +213,7 @@ def run(fault: Fault) -> Outcome:
     owner = fault.make()
     try:
         fault.inject(owner)
-        pid_before, service = owner.pid, RewardService(owner)
+        pid_before, service = pid_of(owner), RewardService(owner)
         killer = kill_when_in_flight(owner, pid_before) if fault.kill_during else None
         started = time.monotonic()
         try:
@@ -163,9 +241,15 @@ def main() -> None:
     print("| fault | typed error | time to error | next call | the child |\n|---|---|---|---|---|")
     for fault in FAULTS:
         outcome = run(fault)
-        served = f"{outcome.to_served_s:.3f} s" if outcome.to_served_s is not None else "not tried (a new child would lie again)"
-        print(f"| {fault.name} | {type(outcome.error).__name__} | {outcome.to_error_s:.3f} s | {served} | "
-              f"{outcome.child} |")
+        served = (
+            f"{outcome.to_served_s:.3f} s"
+            if outcome.to_served_s is not None
+            else "not tried (a new child would lie again)"
+        )
+        print(
+            f"| {fault.name} | {type(outcome.error).__name__} | {outcome.to_error_s:.3f} s | {served} | "
+            f"{outcome.child} |"
+        )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 `envs/NAME/.venv/bin/python -m bench.inprocess SCORER PARAMS_JSON WORKLOAD REPEATS`:
 the in-process baseline for scorers whose packages the trainer env does not have.
 """
+
 from __future__ import annotations
 
 import json

@@ -12,6 +12,7 @@ the pixel and reward error next to the time, since our raw-frame codec is exact.
 The server exits when its stdin closes or its parent changes, so it cannot be orphaned.
 Imports at module level are stdlib + numpy only (both envs have them).
 """
+
 from __future__ import annotations
 
 import base64
@@ -35,6 +36,7 @@ STOP_TIMEOUT_S = 5.0
 
 
 # --- server (scorer env) -------------------------------------------------------------
+
 
 def _lifeline(expected_ppid: int) -> None:
     """Exit at stdin EOF (the parent closed it or died) or if we are reparented."""
@@ -60,8 +62,7 @@ def build_app():
 
     async def score(request: Request) -> JSONResponse:
         body = await request.json()
-        rewards = {item["id"]: float(_decode_jpeg_b64(item["image_jpeg_b64"]).mean() / 255.0)
-                   for item in body["items"]}
+        rewards = {item["id"]: float(_decode_jpeg_b64(item["image_jpeg_b64"]).mean() / 255.0) for item in body["items"]}
         return JSONResponse({"rewards": rewards})
 
     return Starlette(routes=[Route("/score", score, methods=["POST"])])
@@ -77,13 +78,15 @@ def serve() -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
-    config = uvicorn.Config(build_app(), loop="uvloop", http="httptools", lifespan="off",
-                            log_level="warning", access_log=False)
+    config = uvicorn.Config(
+        build_app(), loop="uvloop", http="httptools", lifespan="off", log_level="warning", access_log=False
+    )
     print(sock.getsockname()[1], flush=True)
     uvicorn.Server(config).run(sockets=[sock])
 
 
 # --- client (trainer env) ------------------------------------------------------------
+
 
 def _jpeg(array: np.ndarray) -> bytes:
     from PIL import Image  # the trainer env has it: pillow is in the `child` extra
@@ -94,13 +97,15 @@ def _jpeg(array: np.ndarray) -> bytes:
 
 
 def encode_body(images: list[np.ndarray]) -> bytes:
-    items = [{"id": f"img{i}", "image_jpeg_b64": base64.b64encode(_jpeg(a)).decode("ascii")}
-             for i, a in enumerate(images)]
+    items = [
+        {"id": f"img{i}", "image_jpeg_b64": base64.b64encode(_jpeg(a)).decode("ascii")} for i, a in enumerate(images)
+    ]
     return json.dumps({"items": items}).encode()
 
 
-def _read_port(proc: subprocess.Popen, deadline: float) -> int:
+def _read_port(proc: subprocess.Popen[bytes], deadline: float) -> int:
     line = b""
+    assert proc.stdout is not None  # started with stdout=PIPE
     fd = proc.stdout.fileno()
     while not line.endswith(b"\n"):
         left = deadline - time.monotonic()
@@ -124,9 +129,14 @@ def measure(images: list[np.ndarray], repeats: int) -> dict:
     max_abs_pixel_error = int(np.abs(roundtrip.astype(np.int16) - images[0].astype(np.int16)).max())
 
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen([str(SERVER_PYTHON), "-m", "bench.jpeg_json_peer", "serve"], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+    proc = subprocess.Popen(
+        [str(SERVER_PYTHON), "-m", "bench.jpeg_json_peer", "serve"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+    )
     try:
         try:
             port = _read_port(proc, time.monotonic() + STARTUP_TIMEOUT_S)
@@ -154,9 +164,10 @@ def measure(images: list[np.ndarray], repeats: int) -> dict:
             "encode_p50_s": float(np.median(encodes)),
             "body_bytes": len(body),
             "max_abs_pixel_error": max_abs_pixel_error,
-            "max_reward_error": float(max(abs(g - e) for g, e in zip(got, exact))),
+            "max_reward_error": float(max(abs(g - e) for g, e in zip(got, exact, strict=True))),
         }
     finally:
+        assert proc.stdin is not None and proc.stdout is not None  # started with both pipes
         proc.stdin.close()  # the server's lifeline exits at EOF
         proc.terminate()
         try:

@@ -13,6 +13,7 @@ DFA, sympy's caches -- starts empty every time), the result pipe and the join. B
 alternate which side goes first, so machine noise falls on both. Rewards must match.
 The line also splits the baseline's batch into the child's (cold) grading and start+join.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,6 +22,7 @@ import sys
 import time
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MATH_PYTHON = ROOT / "envs" / "math" / ".venv" / "bin" / "python"
@@ -89,13 +91,13 @@ def _one_child(ctx, tasks: list[tuple]) -> tuple[list[float], float]:
 
 def _measure() -> str:
     from scorers.base import ScoreItem, score_checked
-    from scorers.registry import resolve_scorer
+    from scorers.math_verify import MathVerifyScorer
 
     cores = len(os.sched_getaffinity(0))
-    scorer = resolve_scorer("math_verify")(jobs=cores)
+    scorer = MathVerifyScorer(jobs=cores)
     params = (scorer.float_rounding, scorer.numeric_precision, scorer.strict)
     pairs = workload(0, N_ITEMS)
-    batches = [pairs[i:i + BATCH] for i in range(0, N_ITEMS, BATCH)]
+    batches = [pairs[i : i + BATCH] for i in range(0, N_ITEMS, BATCH)]
     elapsed, child_grading_s = {"pool": 0.0, "base": 0.0}, 0.0
     try:
         scorer.load("cpu")  # starts the forkserver (preload: math_verify + the grade module) and the workers
@@ -107,9 +109,11 @@ def _measure() -> str:
         for b, batch in enumerate(batches):
             items = [ScoreItem(id=f"b{b}i{i}", text=t, reference=g) for i, (t, g) in enumerate(batch)]
             tasks = [(t, g, *params) for t, g in batch]
-            runs = {"pool": lambda: score_checked(scorer, items).terms["math_verify"],
-                    "base": lambda: _one_child(ctx, tasks)}
-            out = {}
+            runs = {
+                "pool": lambda items=items: score_checked(scorer, items).terms["math_verify"],
+                "base": lambda tasks=tasks: _one_child(ctx, tasks),
+            }
+            out: dict[str, Any] = {}
             for side in ("pool", "base") if b % 2 == 0 else ("base", "pool"):  # alternate who goes first
                 started = time.perf_counter()
                 out[side] = runs[side]()
@@ -123,17 +127,25 @@ def _measure() -> str:
     pool_s, base_s = elapsed["pool"], elapsed["base"]
     pool, base = N_ITEMS / pool_s, N_ITEMS / base_s
     per_batch = 1000 / len(batches)
-    return (f"math throughput ({cores} cores)       pool {pool:7.1f} items/s  one-child-per-batch {base:7.1f} items/s"
-            f"  ratio {pool / base:.2f}  (child per batch: {child_grading_s * per_batch:.0f} ms grading cold,"
-            f" {(base_s - child_grading_s) * per_batch:.0f} ms start+join; pool {pool_s * per_batch:.0f} ms/batch)")
+    return (
+        f"math throughput ({cores} cores)       pool {pool:7.1f} items/s  one-child-per-batch {base:7.1f} items/s"
+        f"  ratio {pool / base:.2f}  (child per batch: {child_grading_s * per_batch:.0f} ms grading cold,"
+        f" {(base_s - child_grading_s) * per_batch:.0f} ms start+join; pool {pool_s * per_batch:.0f} ms/batch)"
+    )
 
 
 def main_line() -> str:
     """The bench line; measured under the math env's python (antlr 4.13.2), whatever runs this."""
     if Path(sys.prefix).resolve() == MATH_PYTHON.parent.parent.resolve():
         return _measure()
-    done = subprocess.run([str(MATH_PYTHON), "-m", "bench.math_throughput"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [str(MATH_PYTHON), "-m", "bench.math_throughput"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     if done.returncode != 0:
         raise RuntimeError(f"bench.math_throughput failed ({done.returncode}): {done.stderr[-2000:]}")
     return done.stdout.strip().splitlines()[-1]

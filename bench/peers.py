@@ -16,6 +16,7 @@ install it, the target prints one SKIPPED line and exits 0: it is optional.
 
 Module-level imports are stdlib + numpy only, since both venvs import this file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,8 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -63,6 +64,7 @@ def p50_interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: i
 
 
 # --- Ray side (runs in bench/.peers-venv) ----------------------------------------------
+
 
 def _free_port() -> int:
     import socket
@@ -101,14 +103,19 @@ def ray_peer(temp_dir: str) -> dict:
             return rewards_of(list(np.frombuffer(raw, np.uint8).reshape(-1, *shape))) if raw else []
 
     started = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir,
-             object_store_memory=256 * 1024 * 1024)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _temp_dir=temp_dir,
+        object_store_memory=256 * 1024 * 1024,
+    )
     try:
-        actor = Scorer.remote()
+        actor = Scorer.remote()  # type: ignore[attr-defined]  # added by @ray.remote
         assert ray.get(actor.score.remote(images), timeout=60) == expected, "Ray actor rewards differ"
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(HttpScorer.bind(), route_prefix="/")
+        serve.run(HttpScorer.bind(), route_prefix="/")  # type: ignore[attr-defined]  # added by @serve.deployment
         startup_s = time.perf_counter() - started
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # keep-alive, like our httpx client
 
@@ -121,14 +128,25 @@ def ray_peer(temp_dir: str) -> dict:
 
         assert post(body) == expected, "Ray Serve rewards differ"
         assert post(b"") == []
-        empty = p50_interleaved({"actor": lambda: ray.get(actor.empty.remote(), timeout=60),
-                                 "serve": lambda: post(b"")}, EMPTY_ROUNDS, warmup=20)
-        batch = p50_interleaved({"actor": lambda: ray.get(actor.score.remote(images), timeout=60),
-                                 "serve": lambda: post(body)}, BATCH_ROUNDS)
+        empty = p50_interleaved(
+            {"actor": lambda: ray.get(actor.empty.remote(), timeout=60), "serve": lambda: post(b"")},
+            EMPTY_ROUNDS,
+            warmup=20,
+        )
+        batch = p50_interleaved(
+            {"actor": lambda: ray.get(actor.score.remote(images), timeout=60), "serve": lambda: post(body)},
+            BATCH_ROUNDS,
+        )
         conn.close()
-        return {"ray": ray.__version__, "startup_s": startup_s, "rewards": expected,
-                "actor_empty_p50_s": empty["actor"], "serve_empty_p50_s": empty["serve"],
-                "actor_batch_p50_s": batch["actor"], "serve_batch_p50_s": batch["serve"]}
+        return {
+            "ray": ray.__version__,
+            "startup_s": startup_s,
+            "rewards": expected,
+            "actor_empty_p50_s": empty["actor"],
+            "serve_empty_p50_s": empty["serve"],
+            "actor_batch_p50_s": batch["actor"],
+            "serve_batch_p50_s": batch["serve"],
+        }
     finally:
         try:
             serve.shutdown()
@@ -138,18 +156,20 @@ def ray_peer(temp_dir: str) -> dict:
 
 # --- trainer side (runs in .venv) -------------------------------------------------------
 
+
 def build_venv() -> str | None:
     """Build the scratch venv when missing or stale; return a skip reason, or None when it is ready."""
     want = hashlib.sha256(REQUIREMENTS.encode()).hexdigest()
     stamp = VENV / ".requirements.sha256"
     if VENV_PYTHON.exists() and stamp.exists() and stamp.read_text().strip() == want:
         return None
-    print(f"bench-peers: building {VENV.relative_to(ROOT)} ({REQUIREMENTS.strip().replace(chr(10), ', ')})",
-          flush=True)
+    print(f"bench-peers: building {VENV.relative_to(ROOT)} ({REQUIREMENTS.strip().replace(chr(10), ', ')})", flush=True)
     shutil.rmtree(VENV, ignore_errors=True)
-    steps = [[sys.executable, "-m", "venv", str(VENV)],
-             [str(VENV_PYTHON), "-m", "pip", "install", "-q", "--no-input", *REQUIREMENTS.split()],
-             [str(VENV_PYTHON), "-m", "pip", "check"]]
+    steps = [
+        [sys.executable, "-m", "venv", str(VENV)],
+        [str(VENV_PYTHON), "-m", "pip", "install", "-q", "--no-input", *REQUIREMENTS.split()],
+        [str(VENV_PYTHON), "-m", "pip", "check"],
+    ]
     for step in steps:
         try:
             done = subprocess.run(step, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
@@ -158,8 +178,11 @@ def build_venv() -> str | None:
             return f"`{' '.join(step[-3:])}` took over {INSTALL_TIMEOUT_S} s"
         if done.returncode:
             shutil.rmtree(VENV, ignore_errors=True)
-            lines = [ln for ln in (done.stderr + done.stdout).splitlines()
-                     if ln.strip() and not ln.startswith("WARNING: Location")]
+            lines = [
+                ln
+                for ln in (done.stderr + done.stdout).splitlines()
+                if ln.strip() and not ln.startswith("WARNING: Location")
+            ]
             return f"pip could not install {REQUIREMENTS.split()[0]}: {lines[-1] if lines else done.returncode}"
     stamp.write_text(want + "\n")
     return None
@@ -203,18 +226,27 @@ def ray_named_alive() -> int:
     """Processes named like Ray's anywhere on the machine (the `ps` check: nothing else here runs Ray)."""
     import psutil
 
-    return sum(1 for proc in psutil.process_iter(["name"])
-               if proc.info["name"] in ("raylet", "gcs_server") or proc.info["name"].startswith("ray::"))
+    return sum(
+        1
+        for proc in psutil.process_iter(["name"])
+        if proc.info["name"] in ("raylet", "gcs_server") or proc.info["name"].startswith("ray::")
+    )
 
 
 def run_peer() -> tuple[dict, int]:
     """Run ray_peer in the scratch venv under a deadline, then reap; return (figures, processes killed)."""
     temp_dir = tempfile.mkdtemp(prefix="rayp")  # short: Ray's socket paths live under it
     # HOME: Ray 2.60 writes its default auth token to ~/.ray/auth_token; keep it in temp_dir, removed below
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HOME": temp_dir,
-           MARKER: temp_dir}
-    proc = subprocess.Popen([str(VENV_PYTHON), "-m", "bench.peers", "ray", temp_dir], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HOME": temp_dir, MARKER: temp_dir}
+    proc = subprocess.Popen(
+        [str(VENV_PYTHON), "-m", "bench.peers", "ray", temp_dir],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=PEER_TIMEOUT_S)
     finally:
@@ -231,6 +263,7 @@ def run_peer() -> tuple[dict, int]:
 def measure_ours() -> dict:
     """Our side on the same batch: in-process, managed child over shared memory and in-band; tiny request."""
     from bench.__main__ import image_request, managed, p50, time_backends, timed, transport_trio
+    from bench.handles import managed_of
     from supervisor import RewardItem, RewardRequest
 
     request = image_request()
@@ -238,7 +271,7 @@ def measure_ours() -> dict:
     with transport_trio(request) as trio:
         rewards = trio["in-process"].compute_rewards(request).rewards
         times = time_backends(trio, request, rounds=BATCH_ROUNDS)
-        spawn_s = trio["shared"].timings["spawn_to_ready_s"]
+        spawn_s = managed_of(trio["shared"]).timings["spawn_to_ready_s"]
     with managed("image", "constant", "text", {}) as backend:
         times["tiny"] = p50(timed(lambda: backend.compute_rewards(tiny), EMPTY_ROUNDS, warmup=20))
     return {"times": times, "rewards": rewards, "spawn_s": spawn_s}
@@ -248,8 +281,10 @@ def report(ours: dict, ray: dict) -> list[str]:
     t, shared, tiny = ours["times"], ours["times"]["shared"], ours["times"]["tiny"]
 
     def line(label: str, value: float, base: float, base_name: str) -> str:
-        return (f"{label:<38} p50 {value * 1e3:7.3f} ms = {value / base:5.2f} x {base_name} "
-                f"({(value - base) * 1e3:+7.3f} ms)")
+        return (
+            f"{label:<38} p50 {value * 1e3:7.3f} ms = {value / base:5.2f} x {base_name} "
+            f"({(value - base) * 1e3:+7.3f} ms)"
+        )
 
     return [
         "8x512x512x3 uint8 (6.3 MB), mean_intensity; baseline: our managed child over shared memory",
@@ -275,11 +310,15 @@ def main() -> int:
     ours = measure_ours()
     ray, killed = run_peer()
     assert ray["rewards"] == ours["rewards"], "Ray and managed rewards differ"
-    print(f"managed-scorers bench-peers  python {sys.version.split()[0]}  ray {ray['ray']}  "
-          f"cores {len(os.sched_getaffinity(0))}")
+    print(
+        f"managed-scorers bench-peers  python {sys.version.split()[0]}  ray {ray['ray']}  "
+        f"cores {len(os.sched_getaffinity(0))}"
+    )
     print("\n".join(report(ours, ray)))
-    print(f"Ray processes: {killed} outlived ray.shutdown() by 5 s (SIGKILLed); "
-          f"named raylet/gcs_server/ray::* now: {ray_named_alive()}")
+    print(
+        f"Ray processes: {killed} outlived ray.shutdown() by 5 s (SIGKILLed); "
+        f"named raylet/gcs_server/ray::* now: {ray_named_alive()}"
+    )
     return 0
 
 

@@ -2,6 +2,7 @@
 
 Stdlib + numpy at import; PIL only inside the OCR workload (the embed env has no PIL).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,9 +28,14 @@ def ocr_items(n: int = 4) -> list[dict[str, Any]]:
 
 def embed_items(n: int = 64) -> list[dict[str, Any]]:
     """n completion/reference sentence pairs."""
-    return [{"id": f"t{i}", "text": f"The {WORDS[i % 8]} number {i} improves the {WORDS[(i + 3) % 8]}.",
-             "reference": f"Sentence {i} says the {WORDS[i % 8]} helps the {WORDS[(i + 3) % 8]}."}
-            for i in range(n)]
+    return [
+        {
+            "id": f"t{i}",
+            "text": f"The {WORDS[i % 8]} number {i} improves the {WORDS[(i + 3) % 8]}.",
+            "reference": f"Sentence {i} says the {WORDS[i % 8]} helps the {WORDS[(i + 3) % 8]}.",
+        }
+        for i in range(n)
+    ]
 
 
 def image_items(n: int = 8, size: int = 512) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ inherited fds, and reads one JSON line from that pipe: ready, or why not.
 Boot failures exit with the reserved codes in `exit_codes`, said on the pipe
 before anything is written to the log (a full disk must not hide them).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,8 +52,11 @@ def read_boot_config(data: dict[str, Any]) -> BootConfig:
     scorer = data.pop("scorer")
     data["limits"] = Limits(**data.get("limits", {}))
     config = BootConfig(
-        scorer_name=scorer["name"], scorer_params=scorer.get("params") or {}, revision=scorer.get("revision"),
-        scorer_input_kind=scorer.get("input_kind"), **data
+        scorer_name=scorer["name"],
+        scorer_params=scorer.get("params") or {},
+        revision=scorer.get("revision"),
+        scorer_input_kind=scorer.get("input_kind"),
+        **data,
     )
     if len(config.token) < 16:
         raise ValueError("token is too short")
@@ -102,8 +106,11 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
         _fail(pipe, exit_codes.BAD_CONFIG, str(exc))
     declared = config.scorer_input_kind
     if declared is not None and declared != scorer.spec.input_kind:
-        _fail(pipe, exit_codes.BAD_CONFIG,
-              f"input_kind {declared!r} configured, but scorer {scorer.spec.name!r} takes {scorer.spec.input_kind!r}")
+        _fail(
+            pipe,
+            exit_codes.BAD_CONFIG,
+            f"input_kind {declared!r} configured, but scorer {scorer.spec.name!r} takes {scorer.spec.input_kind!r}",
+        )
     started = time.monotonic()
     try:
         scorer.load(config.device)
@@ -158,24 +165,49 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
     class _Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
-            sock = sockets[0]
-            _say(pipe, {"ready": True, "pid": os.getpid(), "port": sock.getsockname()[1],
-                        "scorer": host.scorer.spec.name, "revision": revision,
-                        "terms": list(host.scorer.spec.term_names()),
-                        "shared_memory": segment is not None, "shared_memory_error": segment_error,
-                        "event_loop": type(asyncio.get_running_loop()).__module__, **timings})
+            sock = listener  # the one socket we pass to run()
+            _say(
+                pipe,
+                {
+                    "ready": True,
+                    "pid": os.getpid(),
+                    "port": sock.getsockname()[1],
+                    "scorer": host.scorer.spec.name,
+                    "revision": revision,
+                    "terms": list(host.scorer.spec.term_names()),
+                    "shared_memory": segment is not None,
+                    "shared_memory_error": segment_error,
+                    "event_loop": type(asyncio.get_running_loop()).__module__,
+                    **timings,
+                },
+            )
             pipe.close()
 
     revision = config.revision or host.scorer.spec.revision
     server: _Server
-    app = build_app(host, config.token, revision, request_exit=lambda: setattr(server, "should_exit", True),
-                    limits=config.limits, segment=segment, gate=gate)
+    app = build_app(
+        host,
+        config.token,
+        revision,
+        request_exit=lambda: setattr(server, "should_exit", True),
+        limits=config.limits,
+        segment=segment,
+        gate=gate,
+    )
     # loop/http "auto": uvloop and httptools where the env has them. The parent is our own
     # and reconnects only when it must, so idle keep-alive connections are never reaped.
     uv_config = uvicorn.Config(
-        app, lifespan="off", log_level="warning", access_log=False, loop="auto", http=gated(AutoHTTPProtocol, gate),
-        proxy_headers=False, server_header=False, date_header=False,
-        timeout_graceful_shutdown=config.graceful_timeout_s, timeout_keep_alive=KEEP_ALIVE_S,
+        app,
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        loop="auto",
+        http=gated(AutoHTTPProtocol, gate),
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=config.graceful_timeout_s,  # type: ignore[arg-type]  # used as a float timeout
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     server = _Server(uv_config)
     listener = socket.socket(fileno=config.listen_fd)

@@ -1,4 +1,5 @@
 """The child's HTTP surface: starlette routes over one ScorerHost, behind a bearer token."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,8 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
@@ -26,6 +28,7 @@ from child_runtime.shared_segment import ChildSegment
 from scorers.base import ScoreInputError, ScorerContractError
 
 DEFAULT_DRAIN_TIMEOUT_S = 600.0
+DEFAULT_LIMITS = Limits()
 
 
 class BearerAuth:
@@ -45,12 +48,19 @@ class BearerAuth:
             raise RuntimeError(f"{scope['type']} connections are not served")  # no websockets, no lifespan
         supplied = dict(scope["headers"]).get(b"authorization", b"")
         if not hmac.compare_digest(supplied, self._expected):
-            await JSONResponse({"error": "missing or wrong bearer token", "kind": "unauthorized"},
-                               status_code=401, headers={"connection": "close"})(scope, receive, send)
+            await JSONResponse(
+                {"error": "missing or wrong bearer token", "kind": "unauthorized"},
+                status_code=401,
+                headers={"connection": "close"},
+            )(scope, receive, send)
             return
         if self._gate is not None and not self._gate.admit(scope.get("client")):
-            await Response(EVICTION_BODY, status_code=503, media_type="application/json",
-                           headers={EVICTED_HEADER: "1", "connection": "close"})(scope, receive, send)
+            await Response(
+                EVICTION_BODY,
+                status_code=503,
+                media_type="application/json",
+                headers={EVICTED_HEADER: "1", "connection": "close"},
+            )(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -164,9 +174,15 @@ def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
     return versions
 
 
-def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callable[[], None],
-              limits: Limits = Limits(), segment: ChildSegment | None = None,
-              gate: ConnectionGate | None = None) -> ASGIApp:
+def build_app(
+    host: ScorerHost,
+    token: str,
+    revision: str,
+    request_exit: Callable[[], None],
+    limits: Limits = DEFAULT_LIMITS,
+    segment: ChildSegment | None = None,
+    gate: ConnectionGate | None = None,
+) -> ASGIApp:
     ledger = RequestLedger()
     state = {"value": "ready"}
     # One thread does all scorer work (the host serialises it anyway): a plain executor hands
@@ -210,15 +226,18 @@ def build_app(host: ScorerHost, token: str, revision: str, request_exit: Callabl
         t0 = time.perf_counter()
         body = await read_body(request, limits.max_request_bytes)
         t1 = time.perf_counter()
-        items = items_from_wire(wire.decode(body, shared=segment.view if segment else None), limits,
-                                copy_media=spec.writable_inputs)
+        items = items_from_wire(
+            wire.decode(body, shared=segment.view if segment else None), limits, copy_media=spec.writable_inputs
+        )
         t2 = time.perf_counter()
         result = await in_worker(host.score, items)
         t3 = time.perf_counter()
         answer = wire.encode(response_to_wire(items, result))
         t4 = time.perf_counter()
-        timing = ", ".join(f"{name};dur={1e3 * (end - start):.3f}" for name, start, end in
-                           (("receive", t0, t1), ("decode", t1, t2), ("score", t2, t3), ("encode", t3, t4)))
+        timing = ", ".join(
+            f"{name};dur={1e3 * (end - start):.3f}"
+            for name, start, end in (("receive", t0, t1), ("decode", t1, t2), ("score", t2, t3), ("encode", t3, t4))
+        )
         return Response(answer, media_type=wire.CONTENT_TYPE, headers={"server-timing": timing})
 
     async def onload(request: Request) -> Response:

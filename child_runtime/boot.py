@@ -4,6 +4,7 @@ The config is framed (an 8-byte length, then JSON) so the child stops reading at
 end: a process forked from the trainer while the child starts may hold the write end
 of stdin open for as long as it lives, and end-of-input would never come.
 """
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 
 A child that cannot boot says why with a reserved code and is never restarted.
 """
+
 from __future__ import annotations
 
 import signal

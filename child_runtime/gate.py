@@ -8,6 +8,7 @@ a 503 carrying EVICTED_HEADER, which the parent reads as "your request was not r
 safe to send again. A connection is admitted by its first request with the right token
 and is never evicted after that.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,9 +18,13 @@ from typing import Any
 
 EVICTED_HEADER = "x-managed-scorers-evicted"
 EVICTION_BODY = json.dumps({"error": "connection closed before it authenticated", "kind": "evicted"}).encode()
-EVICTION = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-            + EVICTED_HEADER.encode() + b": 1\r\nconnection: close\r\n"
-            + f"content-length: {len(EVICTION_BODY)}\r\n\r\n".encode() + EVICTION_BODY)
+EVICTION = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    + EVICTED_HEADER.encode()
+    + b": 1\r\nconnection: close\r\n"
+    + f"content-length: {len(EVICTION_BODY)}\r\n\r\n".encode()
+    + EVICTION_BODY
+)
 
 Peer = Any  # the transport's peername: (host, port) on TCP
 

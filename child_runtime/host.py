@@ -3,13 +3,15 @@
 Scoring and residency changes are serialised under one lock, so an offload can
 never pull weights out from under a running batch.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from scorers.base import ScoreItem, ScoreResult, Scorer, score_checked
+from scorers.base import ScoreItem, Scorer, ScoreResult, score_checked
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +30,10 @@ class ScorerHost:
         if gpu_residency not in GPU_RESIDENCY_MODES:
             raise ValueError(f"gpu_residency must be one of {GPU_RESIDENCY_MODES}, got {gpu_residency!r}")
         if gpu_residency == PER_CALL and not scorer.spec.supports_offload:
-            raise ValueError(f"gpu_residency=per_call needs a scorer that supports offload; "
-                             f"{scorer.spec.name!r} does not (use resident)")
+            raise ValueError(
+                f"gpu_residency=per_call needs a scorer that supports offload; "
+                f"{scorer.spec.name!r} does not (use resident)"
+            )
         self.scorer = scorer
         self.gpu_residency = gpu_residency
         self.residency = "offloaded"
@@ -87,8 +91,10 @@ class ScorerHost:
                 finally:
                     self._offload_locked()  # also after a failed onload: nothing stays half on the device
             if self.residency == "unknown":
-                raise ResidencyConflict(f"scorer {self.scorer.spec.name!r} residency is unknown after a failed "
-                                        "onload/offload; POST /onload or /offload to recover")
+                raise ResidencyConflict(
+                    f"scorer {self.scorer.spec.name!r} residency is unknown after a failed "
+                    "onload/offload; POST /onload or /offload to recover"
+                )
             if self.residency != "resident":
                 raise ResidencyConflict(
                     f"scorer {self.scorer.spec.name!r} is offloaded; POST /onload first "

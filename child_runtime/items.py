@@ -3,10 +3,12 @@
 Both sides use it: the child decodes requests into `ScoreItem`s; the in-process
 backend runs the very same conversion so local and managed scoring cannot drift.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -5,6 +5,7 @@ the parent exits, so its handler confirms with getppid() before acting; a
 watchdog thread polls getppid() for the case where the main thread is stuck
 in C code and cannot run Python signal handlers.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -6,6 +6,7 @@ the seal (so a read can never SIGBUS) and maps it once, read-only: such a mappin
 cannot be made writable. The memfd's mode is 0400, so a scorer that is not root
 cannot reopen its descriptor writable through /proc either. Stdlib + numpy only.
 """
+
 from __future__ import annotations
 
 import fcntl

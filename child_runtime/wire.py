@@ -8,14 +8,16 @@ The header is `{"meta": <json>, "arrays": [{"dtype", "shape", "offset", "nbytes"
 inside `meta` an array appears as `{"__array__": index}`. Buffers start on
 64-byte boundaries so decode can hand out `np.frombuffer` views without copying.
 No base64, no pickle, no lossy image codec. Stdlib + numpy only: every scorer env
-imports this module from the service root.
+imports this module through the import root the parent gives it.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -25,9 +27,7 @@ ALIGN = 64
 _LEN = struct.Struct("<I")
 _PREFIX = len(MAGIC) + _LEN.size
 ARRAY_KEY = "__array__"
-ALLOWED_DTYPES = frozenset(
-    ["|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"]
-)
+ALLOWED_DTYPES = frozenset(["|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"])
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_NDIM = 8
 MAX_DIM = 2**62  # well inside intp; larger dims cannot name a real buffer
@@ -39,7 +39,6 @@ class WireError(ValueError):
 
 def aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
-
 
 
 def _lift_arrays(obj: Any, arrays: list[np.ndarray]) -> Any:
@@ -72,15 +71,18 @@ class Frame:
         self.descs: list[dict[str, Any]] = []
         offset = 0
         for arr in arrays:
-            self.descs.append({"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset, "nbytes": arr.nbytes})
+            self.descs.append(
+                {"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset, "nbytes": arr.nbytes}
+            )
             offset = aligned(offset + arr.nbytes)
         self.array_bytes = offset  # the aligned span the buffers occupy, in-band or in a segment
         self._in_band_header: bytes | None = None
 
     def _header(self) -> bytes:
         if self._in_band_header is None:
-            self._in_band_header = json.dumps({"meta": self.lifted, "arrays": self.descs}, allow_nan=False,
-                                              separators=(",", ":")).encode()
+            self._in_band_header = json.dumps(
+                {"meta": self.lifted, "arrays": self.descs}, allow_nan=False, separators=(",", ":")
+            ).encode()
         return self._in_band_header
 
     def body_parts(self) -> list[bytes | memoryview]:
@@ -89,7 +91,7 @@ class Frame:
         head_len = _PREFIX + len(header)
         parts: list[bytes | memoryview] = [MAGIC, _LEN.pack(len(header)), header, bytes(aligned(head_len) - head_len)]
         for arr in self.arrays:
-            parts.append(memoryview(arr.reshape(-1).view(np.uint8)))
+            parts.append(arr.reshape(-1).view(np.uint8).data)
             parts.append(bytes(aligned(arr.nbytes) - arr.nbytes))
         return parts
 
@@ -99,9 +101,10 @@ class Frame:
     def shared_body(self, place: Callable[[np.ndarray], int]) -> bytes:
         """The body is the header alone: `place(arr)` puts each array in the shared segment
         (or finds it already there) and returns its offset."""
-        descs = [{**desc, "offset": place(arr)} for arr, desc in zip(self.arrays, self.descs)]
-        header = json.dumps({"meta": self.lifted, "arrays": descs, "shared": True}, allow_nan=False,
-                            separators=(",", ":")).encode()
+        descs = [{**desc, "offset": place(arr)} for arr, desc in zip(self.arrays, self.descs, strict=True)]
+        header = json.dumps(
+            {"meta": self.lifted, "arrays": descs, "shared": True}, allow_nan=False, separators=(",", ":")
+        ).encode()
         return MAGIC + _LEN.pack(len(header)) + header
 
 
@@ -134,13 +137,19 @@ def _parse_header(buf: memoryview) -> tuple[dict, int]:
     if header_len > MAX_HEADER_BYTES or _PREFIX + header_len > len(buf):
         raise WireError(f"header length {header_len} exceeds the body ({len(buf)} bytes)")
     try:
-        header = json.loads(bytes(buf[_PREFIX : _PREFIX + header_len]), parse_constant=_reject_constant, parse_float=_finite_float)
+        header = json.loads(
+            bytes(buf[_PREFIX : _PREFIX + header_len]), parse_constant=_reject_constant, parse_float=_finite_float
+        )
     except WireError:
         raise
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int past sys.get_int_max_str_digits()
         raise WireError(f"header is not valid JSON: {exc}") from exc
-    if not isinstance(header, dict) or set(header) - {"shared"} != {"meta", "arrays"} or \
-            not isinstance(header["arrays"], list) or header.get("shared", True) is not True:
+    if (
+        not isinstance(header, dict)
+        or set(header) - {"shared"} != {"meta", "arrays"}
+        or not isinstance(header["arrays"], list)
+        or header.get("shared", True) is not True
+    ):
         raise WireError("header must be an object with 'meta', 'arrays' (a list) and optionally 'shared': true")
     return header, _PREFIX + header_len
 
@@ -152,8 +161,10 @@ def _check_desc(index: int, desc: Any) -> tuple[str, list[int], int, int]:
     dtype, shape, offset, nbytes = desc["dtype"], desc["shape"], desc["offset"], desc["nbytes"]
     if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
         raise WireError(f"{where}.dtype {dtype!r} is not one of {sorted(ALLOWED_DTYPES)}")
-    if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(
-        isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_NDIM
+        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape)
     ):
         raise WireError(f"{where}.shape must be a list of at most {MAX_NDIM} non-negative ints")
     for name, value in (("offset", offset), ("nbytes", nbytes)):
@@ -167,8 +178,9 @@ def _check_desc(index: int, desc: Any) -> tuple[str, list[int], int, int]:
     return dtype, shape, offset, nbytes
 
 
-def _array_view(buf: memoryview, data_start: int, index: int, checked: tuple[str, list[int], int, int],
-                place: str) -> np.ndarray:
+def _array_view(
+    buf: memoryview, data_start: int, index: int, checked: tuple[str, list[int], int, int], place: str
+) -> np.ndarray:
     dtype, shape, offset, nbytes = checked
     start = data_start + offset
     if start + nbytes > len(buf):

@@ -1,5 +1,6 @@
 """Scorer implementations and their registry; heavy imports happen in `load()`."""
-from scorers.base import ScoreItem, ScoreResult, Scorer, ScorerSpec
-from scorers.registry import resolve_scorer, registered_names
+
+from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec
+from scorers.registry import registered_names, resolve_scorer
 
 __all__ = ["ScoreItem", "ScoreResult", "Scorer", "ScorerSpec", "resolve_scorer", "registered_names"]

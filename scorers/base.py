@@ -2,16 +2,19 @@
 
 A scorer turns a batch of `ScoreItem`s into one finite float per item for each
 of its terms. Everything here is stdlib + numpy so any scorer env can import it
-from the service root without installing managed-scorers.
+through the import root the parent gives it, without installing managed-scorers.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+
 
 class ScorerContractError(RuntimeError):
     """A scorer returned something other than one finite score per item."""
@@ -54,6 +57,21 @@ class ScoreItem:
     reference: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    def required_text(self) -> str:
+        """The text, which the scorer declared it needs (checked before `score` runs)."""
+        return self._required("text", self.text)
+
+    def required_image(self) -> np.ndarray:
+        return self._required("image", self.image)
+
+    def required_video(self) -> np.ndarray:
+        return self._required("video", self.video)
+
+    def _required(self, name: str, value: Any) -> Any:
+        if value is None:
+            raise ScoreInputError(f"item {self.id!r}: field {name!r} is required")
+        return value
+
 
 @dataclass
 class ScoreResult:
@@ -71,7 +89,7 @@ class Scorer:
     array you keep across calls, or declare `writable_inputs` to get private copies.
     """
 
-    spec: ClassVar[ScorerSpec]
+    spec: ScorerSpec  # a class attribute, or set per instance by wrappers (video)
 
     def __init__(self, **params: Any) -> None:
         if params:
@@ -108,9 +126,7 @@ def score_checked(scorer: Scorer, items: Sequence[ScoreItem]) -> ScoreResult:
     check_required_fields(scorer.spec, items)
     result = scorer.score(items)
     if not isinstance(result, ScoreResult):
-        raise ScorerContractError(
-            f"scorer {scorer.spec.name!r} returned {type(result).__name__}, expected ScoreResult"
-        )
+        raise ScorerContractError(f"scorer {scorer.spec.name!r} returned {type(result).__name__}, expected ScoreResult")
     expected = set(scorer.spec.term_names())
     if set(result.terms) != expected:
         raise ScorerContractError(

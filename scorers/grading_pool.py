@@ -17,6 +17,7 @@ in C code.
 
 Not thread-safe: call `grade()` and `close()` from one thread.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,9 +25,10 @@ import math
 import multiprocessing
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing import connection as mp_connection
-from typing import Any, Sequence
+from typing import Any
 
 from child_runtime.exit_codes import describe
 from scorers.grading_worker import ORPHANED_EXIT_CODE, worker_main
@@ -64,7 +66,6 @@ class GradeOutcome:
     status: str  # "ok" | "timeout"
     value: Any
     elapsed_s: float
-
 
 
 @dataclass(eq=False)
@@ -110,7 +111,7 @@ def describe_exitcode(code: int | None) -> str:
 class GradingPool:
     """Forkserver workers, one task each at a time, hard per-task timeouts.
 
-    `grade_fn` is "module:function", importable from the service root; it gets
+    `grade_fn` is "module:function", importable in the child (our packages or extra_import_paths); it gets
     each task's tuple as positional args and returns a picklable result.
     """
 
@@ -213,7 +214,7 @@ class GradingPool:
             self._holds_helpers = False
             release_helpers(_REAP_TIMEOUT_S)
 
-    def __enter__(self) -> "GradingPool":
+    def __enter__(self) -> GradingPool:
         try:
             self.start()
         except BaseException:
@@ -250,6 +251,8 @@ class GradingPool:
             raise
         finally:
             child_conn.close()  # else a dead worker's pipe would never read EOF
+        if process.pid is None:  # start() returned, so it has one; the type does not say so
+            raise GradingPoolError("grading worker started without a pid")
         worker = _Worker(process, parent_conn, process.pid, since=time.monotonic())
         self._workers.append(worker)
         return worker
@@ -265,11 +268,13 @@ class GradingPool:
             try:
                 worker.conn.send(batch.tasks[index])
             except (OSError, EOFError) as exc:
-                raise self._died(worker, f"task pipe broke ({type(exc).__name__}: {exc}) sending task {index}")
+                raise self._died(worker, f"task pipe broke ({type(exc).__name__}: {exc}) sending task {index}") from exc
             except Exception as exc:  # pickling failed before anything was written
                 raise GradingTaskError(
                     f"task {index} could not be sent to a worker: {type(exc).__name__}: {exc}",
-                    task_index=index, remote_type=type(exc).__name__, remote_text=str(exc),
+                    task_index=index,
+                    remote_type=type(exc).__name__,
+                    remote_text=str(exc),
                 ) from exc
             batch.pending.popleft()
             worker.state, worker.task_index, worker.since = "busy", index, time.monotonic()
@@ -304,7 +309,7 @@ class GradingPool:
         try:
             message = worker.conn.recv()
         except (EOFError, OSError) as exc:
-            raise self._died(worker, f"result pipe broke ({type(exc).__name__})")
+            raise self._died(worker, f"result pipe broke ({type(exc).__name__})") from exc
         kind = message[0]
         if kind == "ready" and worker.state == "starting":
             worker.state, worker.since = "idle", time.monotonic()
@@ -320,7 +325,9 @@ class GradingPool:
             return
         raise GradingTaskError(
             f"grade_fn {self.grade_fn!r} raised in worker pid {worker.pid} on task {index}: {message[2]}",
-            task_index=index, remote_type=message[1], remote_text=message[2],
+            task_index=index,
+            remote_type=message[1],
+            remote_text=message[2],
         )
 
     def _expire(self, batch: _Batch | None, deadline: float, label: str) -> None:
@@ -342,8 +349,12 @@ class GradingPool:
         self._workers.remove(worker)
         _kill_and_reap([worker], _REAP_TIMEOUT_S)
         batch.outcomes[worker.task_index] = GradeOutcome("timeout", None, now - worker.since)
-        log.info("grading task %d timed out after %.1fs; killed worker pid %d",
-                 worker.task_index, now - worker.since, worker.pid)
+        log.info(
+            "grading task %d timed out after %.1fs; killed worker pid %d",
+            worker.task_index,
+            now - worker.since,
+            worker.pid,
+        )
         self._spawn()
 
     def _died(self, worker: _Worker, what: str) -> GradingPoolError:
@@ -369,8 +380,10 @@ class GradingPool:
     def _fail(self, exc: BaseException) -> None:
         """Kill every worker (their state may be bad) and remember why the pool broke."""
         if self._broken is None:
-            self._broken = exc if isinstance(exc, GradingPoolError) else GradingPoolError(
-                f"interrupted by {type(exc).__name__}: {exc}"
+            self._broken = (
+                exc
+                if isinstance(exc, GradingPoolError)
+                else GradingPoolError(f"interrupted by {type(exc).__name__}: {exc}")
             )
         if self._state == "running":
             self._state = "broken"

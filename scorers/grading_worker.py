@@ -4,13 +4,15 @@ A worker arms PR_SET_PDEATHSIG so it dies with the forkserver even when stuck
 in C code, drops its copy of the forkserver's "alive" pipe, announces
 readiness, then grades one task at a time until its pipe closes.
 """
+
 from __future__ import annotations
 
 import importlib
 import os
 import signal
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from child_runtime.lifeline import set_parent_death_signal
 
@@ -30,7 +32,7 @@ def _drop_forkserver_alive_fd() -> None:
 
     server = getattr(forkserver, "_forkserver", None)
     fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is None:
+    if server is None or fd is None:
         return
     try:
         os.close(fd)
@@ -79,6 +81,7 @@ def _serve(conn: Any, fn: Callable[..., Any]) -> None:
             task = conn.recv()
         except (EOFError, OSError):
             return
+        reply: tuple[Any, ...]
         try:
             reply = ("ok", fn(*task))
         except Exception as exc:  # noqa: BLE001 - sent to the owner, which raises

@@ -1,12 +1,13 @@
 """DDPO's JPEG rewards: compressibility (-kB) and incompressibility (+kB) at a fixed quality."""
+
 from __future__ import annotations
 
 import io
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from scorers.base import ScoreInputError, ScoreItem, ScoreResult, Scorer, ScorerSpec
+from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
 
 
 def jpeg_size_kb(image: np.ndarray, quality: int) -> float:
@@ -35,15 +36,21 @@ class _JpegSize(Scorer):
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         name = self.spec.name
-        return ScoreResult(terms={name: [self.sign * jpeg_size_kb(item.image, self.quality) for item in items]})
+        return ScoreResult(
+            terms={name: [self.sign * jpeg_size_kb(item.required_image(), self.quality) for item in items]}
+        )
 
 
 class JpegCompressibility(_JpegSize):
     """Minus the JPEG size: rewards images that compress well."""
 
     spec = ScorerSpec(
-        name="jpeg_compressibility", input_kind="image", required_fields=("image",),
-        terms=("jpeg_compressibility",), revision="ddpo-q95", env="image",
+        name="jpeg_compressibility",
+        input_kind="image",
+        required_fields=("image",),
+        terms=("jpeg_compressibility",),
+        revision="ddpo-q95",
+        env="image",
     )
     sign = -1.0
 
@@ -52,7 +59,10 @@ class JpegIncompressibility(_JpegSize):
     """Plus the JPEG size: rewards detail that does not compress."""
 
     spec = ScorerSpec(
-        name="jpeg_incompressibility", input_kind="image", required_fields=("image",),
-        terms=("jpeg_incompressibility",), revision="ddpo-q95", env="image",
+        name="jpeg_incompressibility",
+        input_kind="image",
+        required_fields=("image",),
+        terms=("jpeg_incompressibility",),
+        revision="ddpo-q95",
+        env="image",
     )
-

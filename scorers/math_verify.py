@@ -7,14 +7,16 @@ fails the batch instead). Worker, IPC and batch-cap failures raise; the next cal
 then gets a fresh pool. An unparsable gold answer is a ScoreInputError.
 Nothing here imports math_verify in the owner process.
 """
+
 from __future__ import annotations
 
 import logging
 import math
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from scorers.base import ScoreInputError, ScoreItem, ScoreResult, Scorer, ScorerSpec, reference_answer
+from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, reference_answer
 from scorers.grading_pool import GradingPool, GradingTaskError
 
 log = logging.getLogger(__name__)
@@ -121,10 +123,11 @@ class MathVerifyScorer(Scorer):
                     f"items[{exc.task_index}] (id={item.id!r}): {exc.remote_text.splitlines()[0]}"
                 ) from exc
             raise
-        timeout_ids = [item.id for item, outcome in zip(items, outcomes) if outcome.status == "timeout"]
+        timeout_ids = [item.id for item, outcome in zip(items, outcomes, strict=True) if outcome.status == "timeout"]
         if timeout_ids and self.on_timeout == "raise":
-            raise MathGradeTimeout(f"math_verify: {len(timeout_ids)} items passed timeout_s={self.timeout_s}: "
-                                   f"{timeout_ids[:10]}")
+            raise MathGradeTimeout(
+                f"math_verify: {len(timeout_ids)} items passed timeout_s={self.timeout_s}: {timeout_ids[:10]}"
+            )
         scores = [0.0 if outcome.status == "timeout" else float(outcome.value) for outcome in outcomes]
         return ScoreResult(
             terms={"math_verify": scores},

@@ -5,6 +5,7 @@ the forkserver: workers fork with it already imported. math_verify's own
 signal.alarm timeouts are disabled; the pool's SIGKILL is the one timeout
 authority (an alarm can't interrupt C code, and two timeouts would race).
 """
+
 from __future__ import annotations
 
 import logging
@@ -69,9 +70,7 @@ def parse_gold(gold: str) -> list:
 def grade(prediction: str, gold: str, float_rounding: int, numeric_precision: int, strict: bool) -> float:
     """1.0 if the prediction's answer equals the gold answer, else 0.0 (unparsable -> 0.0)."""
     if not isinstance(prediction, str) or not isinstance(gold, str):
-        raise TypeError(
-            f"prediction and gold must be str, got {type(prediction).__name__} and {type(gold).__name__}"
-        )
+        raise TypeError(f"prediction and gold must be str, got {type(prediction).__name__} and {type(gold).__name__}")
     gold_parsed = parse_gold(gold)
     pred_parsed = parse(prediction, parsing_timeout=None)
     ok = verify(

@@ -5,6 +5,7 @@ the last live pool closes, those are stopped (bounded), so close() leaves no
 process behind; helpers that were already running belong to someone else.
 This is the one place that touches multiprocessing's private attributes.
 """
+
 from __future__ import annotations
 
 import logging

@@ -1,13 +1,15 @@
 """Text-rendering reward for text-to-image RL: 1 - normalised edit distance between OCR'd and target text."""
+
 from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from scorers.base import ScoreInputError, ScoreItem, ScoreResult, Scorer, ScorerSpec
+from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
 
 _SPACE = re.compile(r"\s+")
 _TARGET_KEYS = ("text", "target", "answer")
@@ -53,8 +55,12 @@ def target_text(reference: Any) -> str:
 
 def reading_order(lines: Sequence[tuple[Sequence[Sequence[float]], str]]) -> str:
     """Join detected lines top-to-bottom, then left-to-right; boxes within half a line height share a row."""
-    boxes = sorted(((min(p[1] for p in box), min(p[0] for p in box),
-                     max(p[1] for p in box) - min(p[1] for p in box), text) for box, text in lines))
+    boxes = sorted(
+        (
+            (min(p[1] for p in box), min(p[0] for p in box), max(p[1] for p in box) - min(p[1] for p in box), text)
+            for box, text in lines
+        )
+    )
     rows: list[list[tuple[float, float, float, str]]] = []
     for box in boxes:
         if rows and box[0] - rows[-1][0][0] <= 0.5 * rows[-1][0][2]:
@@ -84,14 +90,26 @@ class OcrScorer(Scorer):
     """RapidOCR (PP-OCRv4 ONNX on CPU) reads the image; the score is how close its text is to the target."""
 
     spec = ScorerSpec(
-        name="ocr", input_kind="image", required_fields=("image", "reference"), terms=("ocr",),
-        revision="rapidocr-onnxruntime-1.4.4", env="ocr", supports_offload=False,
+        name="ocr",
+        input_kind="image",
+        required_fields=("image", "reference"),
+        terms=("ocr",),
+        revision="rapidocr-onnxruntime-1.4.4",
+        env="ocr",
+        supports_offload=False,
         report_packages=("rapidocr-onnxruntime", "onnxruntime"),
     )
 
-    def __init__(self, det_limit_side_len: int = 736, det_limit_type: str = "min", use_cls: bool = False,
-                 text_score: float = 0.5, threads: int | None = None, case_sensitive: bool = False,
-                 ignore_spaces: bool = True) -> None:
+    def __init__(
+        self,
+        det_limit_side_len: int = 736,
+        det_limit_type: str = "min",
+        use_cls: bool = False,
+        text_score: float = 0.5,
+        threads: int | None = None,
+        case_sensitive: bool = False,
+        ignore_spaces: bool = True,
+    ) -> None:
         if isinstance(det_limit_side_len, bool) or not isinstance(det_limit_side_len, int):
             raise TypeError(f"det_limit_side_len must be an int, got {det_limit_side_len!r}")
         if not 32 <= det_limit_side_len <= 4096:
@@ -121,8 +139,12 @@ class OcrScorer(Scorer):
 
         # RapidOCR ignores a thread count outside [1, cpu_count] (-1: onnxruntime's default), and with
         # det_limit_type="max" it ignores det_limit_side_len (960/1500/2000 by image size).
-        self._engine = RapidOCR(det_limit_side_len=self.det_limit_side_len, det_limit_type=self.det_limit_type,
-                                text_score=self.text_score, intra_op_num_threads=self.threads or -1)
+        self._engine = RapidOCR(
+            det_limit_side_len=self.det_limit_side_len,
+            det_limit_type=self.det_limit_type,
+            text_score=self.text_score,
+            intra_op_num_threads=self.threads or -1,
+        )
 
     def recognise(self, image: np.ndarray) -> str:
         """The image's text in reading order; '' when nothing is detected."""
@@ -134,9 +156,9 @@ class OcrScorer(Scorer):
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         targets = [target_text(item.reference) for item in items]  # refuse bad references before any OCR
-        texts = [self.recognise(item.image) for item in items]
+        texts = [self.recognise(item.required_image()) for item in items]
         norm = lambda s: normalize_ocr_text(s, self.case_sensitive, self.ignore_spaces)  # noqa: E731
-        scores = [similarity(norm(text), norm(target)) for text, target in zip(texts, targets)]
+        scores = [similarity(norm(text), norm(target)) for text, target in zip(texts, targets, strict=True)]
         return ScoreResult(terms={"ocr": scores}, diagnostics={"ocr_texts": texts})
 
     def close(self) -> None:

@@ -1,4 +1,5 @@
 """Lowercase scorer names -> lazy dotted paths, with a dotted-path fallback for user scorers."""
+
 from __future__ import annotations
 
 import importlib

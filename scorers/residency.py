@@ -5,6 +5,7 @@ reserved. Offload therefore moves the weights and then calls `empty_cache()`.
 Figures are CUDA allocated/reserved bytes where the device is CUDA, process RSS
 otherwise. torch is imported lazily: only model scorers' envs have it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -68,6 +69,8 @@ def resolve_device(requested: str) -> str:
         import torch
 
         if not torch.cuda.is_available():
-            raise RuntimeError(f"device {requested!r} requested but CUDA is not available in this child "
-                               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+            raise RuntimeError(
+                f"device {requested!r} requested but CUDA is not available in this child "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+            )
     return requested

@@ -1,14 +1,15 @@
 """Rule rewards that need no model: exact match, non-empty, constant, mean intensity."""
+
 from __future__ import annotations
 
 import math
 import re
 import unicodedata
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from scorers.base import ScoreItem, ScoreResult, Scorer, ScorerSpec, reference_answer
+from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, reference_answer
 
 _SPACE = re.compile(r"\s+")
 
@@ -19,12 +20,23 @@ def normalize_text(text: str, case_sensitive: bool) -> str:
     return text if case_sensitive else text.casefold()
 
 
+def _gold(item: ScoreItem) -> str:
+    gold = reference_answer(item.reference)
+    if gold is None:
+        raise ScoreInputError(f"item {item.id!r}: exact_match needs a reference answer")
+    return gold
+
+
 class ExactMatch(Scorer):
     """1.0 when the completion equals the reference answer after normalisation."""
 
     spec = ScorerSpec(
-        name="exact_match", input_kind="text", required_fields=("text", "reference"),
-        terms=("exact_match",), revision="1", env="image",
+        name="exact_match",
+        input_kind="text",
+        required_fields=("text", "reference"),
+        terms=("exact_match",),
+        revision="1",
+        env="image",
     )
 
     def __init__(self, case_sensitive: bool = False) -> None:
@@ -34,8 +46,10 @@ class ExactMatch(Scorer):
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         values = [
-            float(normalize_text(item.text, self.case_sensitive)
-                  == normalize_text(reference_answer(item.reference), self.case_sensitive))
+            float(
+                normalize_text(item.required_text(), self.case_sensitive)
+                == normalize_text(_gold(item), self.case_sensitive)
+            )
             for item in items
         ]
         return ScoreResult(terms={"exact_match": values})
@@ -49,7 +63,7 @@ class NonEmpty(Scorer):
     )
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
-        return ScoreResult(terms={"nonempty": [float(bool(item.text.strip())) for item in items]})
+        return ScoreResult(terms={"nonempty": [float(bool(item.required_text().strip())) for item in items]})
 
 
 class Constant(Scorer):
@@ -72,9 +86,16 @@ class MeanIntensity(Scorer):
     Scoring costs one pass over the pixels, so managed vs in-process on it measures the data plane.
     """
 
-    spec = ScorerSpec(name="mean_intensity", input_kind="image", required_fields=("image",),
-                      terms=("mean_intensity",), revision="1", env="image")
+    spec = ScorerSpec(
+        name="mean_intensity",
+        input_kind="image",
+        required_fields=("image",),
+        terms=("mean_intensity",),
+        revision="1",
+        env="image",
+    )
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
-        return ScoreResult(terms={"mean_intensity": [float(item.image.mean(dtype=np.float64)) / 255.0
-                                                     for item in items]})
+        return ScoreResult(
+            terms={"mean_intensity": [float(item.required_image().mean(dtype=np.float64)) / 255.0 for item in items]}
+        )

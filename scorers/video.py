@@ -1,20 +1,24 @@
 """video: any image scorer applied to sampled frames of a THWC clip, reduced per clip."""
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from scorers.base import ScoreInputError, ScoreItem, ScoreResult, Scorer, ScorerSpec, score_checked
+from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, score_checked
 from scorers.registry import resolve_scorer
 
-REDUCTIONS = {"mean": np.mean, "min": np.min, "max": np.max}
+REDUCTIONS: dict[str, Callable[[np.ndarray], Any]] = {"mean": np.mean, "min": np.min, "max": np.max}
 
 
 def frame_indices(num_frames: int, frames: int | None, stride: int | None) -> list[int]:
     """`frames` evenly spaced indices (ends included), or every `stride`-th frame from 0."""
     if stride is not None:
         return list(range(0, num_frames, stride))
+    if frames is None:
+        raise ValueError("give frames or stride")
     picks = np.linspace(0, num_frames - 1, num=min(frames, num_frames)).round().astype(int)
     return sorted(set(picks.tolist()))
 
@@ -24,8 +28,14 @@ class VideoScorer(Scorer):
 
     spec = ScorerSpec(name="video", input_kind="video", required_fields=("video",), terms=("video",))  # per instance
 
-    def __init__(self, inner: str, inner_params: dict[str, Any] | None = None, frames: int | None = None,
-                 stride: int | None = None, reduce: str = "mean") -> None:
+    def __init__(
+        self,
+        inner: str,
+        inner_params: dict[str, Any] | None = None,
+        frames: int | None = None,
+        stride: int | None = None,
+        reduce: str = "mean",
+    ) -> None:
         if frames is not None and stride is not None:
             raise ValueError("video: give frames or stride, not both")
         for name, value in (("frames", frames), ("stride", stride)):
@@ -37,17 +47,23 @@ class VideoScorer(Scorer):
         if self.inner.spec.input_kind != "image":
             raise ValueError(f"video: inner scorer {inner!r} takes {self.inner.spec.input_kind!r}, not 'image'")
         if len(self.inner.spec.term_names()) != 1:  # reducing one term would silently drop the others
-            raise ValueError(f"video: inner scorer {inner!r} has terms {self.inner.spec.term_names()}; "
-                             "wrap a single-term scorer")
+            raise ValueError(
+                f"video: inner scorer {inner!r} has terms {self.inner.spec.term_names()}; wrap a single-term scorer"
+            )
         self.frames = frames if frames is not None or stride is not None else 8
         self.stride = stride
         self.reduce = reduce
         inner_spec = self.inner.spec
         extra = tuple(f for f in inner_spec.required_fields if f != "image")
         self.spec = ScorerSpec(
-            name="video", input_kind="video", required_fields=("video", *extra), terms=("video",),
-            revision=f"video[{inner_spec.name}@{inner_spec.revision}]", env=inner_spec.env,
-            supports_offload=inner_spec.supports_offload, report_packages=inner_spec.report_packages,
+            name="video",
+            input_kind="video",
+            required_fields=("video", *extra),
+            terms=("video",),
+            revision=f"video[{inner_spec.name}@{inner_spec.revision}]",
+            env=inner_spec.env,
+            supports_offload=inner_spec.supports_offload,
+            report_packages=inner_spec.report_packages,
             writable_inputs=inner_spec.writable_inputs,
         )
 
@@ -66,12 +82,21 @@ class VideoScorer(Scorer):
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         frame_items, owners = [], []
         for index, item in enumerate(items):
-            if item.video.shape[0] == 0:
+            video = item.required_video()
+            if video.shape[0] == 0:
                 raise ScoreInputError(f"items[{index}] (id={item.id!r}): video has no frames")
-            for t in frame_indices(item.video.shape[0], self.frames, self.stride):
-                frame_items.append(ScoreItem(id=f"{item.id}#{t}", group_id=item.group_id, prompt=item.prompt,
-                                             text=item.text, image=item.video[t], reference=item.reference,
-                                             metadata=item.metadata))
+            for t in frame_indices(video.shape[0], self.frames, self.stride):
+                frame_items.append(
+                    ScoreItem(
+                        id=f"{item.id}#{t}",
+                        group_id=item.group_id,
+                        prompt=item.prompt,
+                        text=item.text,
+                        image=video[t],
+                        reference=item.reference,
+                        metadata=item.metadata,
+                    )
+                )
                 owners.append(index)
         result = score_checked(self.inner, frame_items)  # one batch: all frames of all clips
         (per_frame,) = (np.asarray(values, dtype=np.float64) for values in result.terms.values())

@@ -3,6 +3,7 @@ managed-child and remote scorers.
 
 Note: `supervisor` is also supervisord's import name; never install both in one env.
 """
+
 from supervisor.backend import RewardBackend
 from supervisor.config import (
     ClientConfig,
@@ -31,8 +32,29 @@ from supervisor.service import PrecomputedRewardError, RewardService
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 __all__ = [
-    "ChildRecord", "ClientConfig", "ConfigError", "LimitsConfig", "RestartPolicy", "LocalRewardBackend", "ManagedScorerProcessBackend",
-    "ManagedScorerProcessSpec", "PrecomputedRewardError", "ProcessConfig", "RewardBackend",
-    "RemoteRewardBackend", "RewardContractError", "RewardItem", "RewardRequest", "RewardResponse", "RewardService", "ScorerConfig",
-    "ScorerCrashLoop", "ScorerError", "ScorerProcessDied", "ScorerRequestError", "ScorerStartupError", "ScorerTimeout", "ScorerUnavailable",
+    "ChildRecord",
+    "ClientConfig",
+    "ConfigError",
+    "LimitsConfig",
+    "RestartPolicy",
+    "LocalRewardBackend",
+    "ManagedScorerProcessBackend",
+    "ManagedScorerProcessSpec",
+    "PrecomputedRewardError",
+    "ProcessConfig",
+    "RewardBackend",
+    "RemoteRewardBackend",
+    "RewardContractError",
+    "RewardItem",
+    "RewardRequest",
+    "RewardResponse",
+    "RewardService",
+    "ScorerConfig",
+    "ScorerCrashLoop",
+    "ScorerError",
+    "ScorerProcessDied",
+    "ScorerRequestError",
+    "ScorerStartupError",
+    "ScorerTimeout",
+    "ScorerUnavailable",
 ]

@@ -1,13 +1,15 @@
 """The one interface a trainer calls, whatever runs the scorer."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Self
 
 import numpy as np
 
-from supervisor.segment import HeapArena, SharedArena
 from supervisor.errors import ConfigError, RewardContractError
+from supervisor.segment import HeapArena, SharedArena
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 ChunkScorer = Callable[[Sequence[RewardItem]], tuple[Mapping[str, np.ndarray], Mapping[str, Any]]]
@@ -34,28 +36,32 @@ class RewardBackend(ABC):
         ordinary memory. Arrays are valid until the arena is closed (use it as a context manager)."""
         return HeapArena()
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: most backends have something to release
         """Release everything; idempotent and bounded."""
 
-    def __enter__(self) -> "RewardBackend":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
-def check_reward_names(scorer: str, terms: Sequence[str], required: Sequence[str],
-                       weights: Mapping[str, float]) -> list[str]:
+def check_reward_names(
+    scorer: str, terms: Sequence[str], required: Sequence[str], weights: Mapping[str, float]
+) -> list[str]:
     """The terms that make the reward (default: all of the scorer's); unknown names are a ConfigError."""
     required = list(required) or list(terms)
     unknown = sorted((set(required) | set(weights)) - set(terms))
     if unknown:
-        raise ConfigError(f"required_rewards/weights {unknown} are not terms of scorer {scorer!r} (it has {list(terms)})")
+        raise ConfigError(
+            f"required_rewards/weights {unknown} are not terms of scorer {scorer!r} (it has {list(terms)})"
+        )
     return required
 
 
-def score_in_chunks(request: RewardRequest, size: int, score_chunk: ChunkScorer, required: Sequence[str],
-                    weights: Mapping[str, float]) -> RewardResponse:
+def score_in_chunks(
+    request: RewardRequest, size: int, score_chunk: ChunkScorer, required: Sequence[str], weights: Mapping[str, float]
+) -> RewardResponse:
     """Score `size`-item chunks in order, then assemble one response for the whole request."""
     parts: dict[str, list[np.ndarray]] = {}
     diagnostics = []
@@ -95,8 +101,9 @@ def assemble_response(
         rewards += weights.get(term, 1.0) * terms[term]
     bad = np.flatnonzero(~np.isfinite(rewards))
     if bad.size:
-        raise RewardContractError(f"weighted reward for id {ids[int(bad[0])]!r} is {rewards[int(bad[0])]} "
-                                  f"(weights {dict(weights)})")
+        raise RewardContractError(
+            f"weighted reward for id {ids[int(bad[0])]!r} is {rewards[int(bad[0])]} (weights {dict(weights)})"
+        )
     return RewardResponse(
         ids=ids,
         rewards=rewards.tolist(),

@@ -6,6 +6,7 @@ through httpx. Both raise the same transport facts (`supervisor.errors`), mapped
 once from their own exceptions; neither reads proxy settings from the environment.
 Non-2xx answers raise `ErrorStatus`; what a failure means is the backend's call.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ Body = Sequence[bytes | memoryview]
 
 
 class Transport(Protocol):
-    def request(self, method: str, path: str, timeout: float, body: Body,
-                headers: dict[str, str]) -> tuple[int, dict[str, str], bytes | bytearray]: ...
+    def request(
+        self, method: str, path: str, timeout: float, body: Body, headers: dict[str, str]
+    ) -> tuple[int, dict[str, str], bytes | bytearray]: ...
 
     def close(self) -> None: ...
 
@@ -49,17 +51,25 @@ class HttpxTransport:
 
     def __init__(self, base_url: str, headers: dict[str, str], control_timeout: float) -> None:
         self._http = httpx.Client(
-            base_url=base_url, headers=headers, trust_env=False,
+            base_url=base_url,
+            headers=headers,
+            trust_env=False,
             timeout=httpx.Timeout(control_timeout, connect=min(control_timeout, 10.0)),
             limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
         )
 
-    def request(self, method: str, path: str, timeout: float, body: Body,
-                headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    def request(
+        self, method: str, path: str, timeout: float, body: Body, headers: dict[str, str]
+    ) -> tuple[int, dict[str, str], bytes]:
         content = b"".join(body) if body else None
         try:
-            response = self._http.request(method, path, content=content, headers=headers,
-                                          timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)))
+            response = self._http.request(
+                method,
+                path,
+                content=content,
+                headers=headers,
+                timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            )
         except httpx.TimeoutException as exc:
             raise NoAnswer(f"{method} {path}: no answer within {timeout} s ({exc!r})") from exc
         except httpx.ConnectError as exc:
@@ -80,8 +90,9 @@ class LoopbackTransport:
     def __init__(self, port: int, headers: dict[str, str], peer_alive: Callable[[], bool]) -> None:
         self.http = LoopbackHTTP("127.0.0.1", port, headers, peer_alive=peer_alive)
 
-    def request(self, method: str, path: str, timeout: float, body: Body,
-                headers: dict[str, str]) -> tuple[int, dict[str, str], bytearray]:
+    def request(
+        self, method: str, path: str, timeout: float, body: Body, headers: dict[str, str]
+    ) -> tuple[int, dict[str, str], bytearray]:
         answer = self.http.request(method, path, timeout, body, headers)
         return answer.status, answer.headers, answer.body
 
@@ -92,8 +103,14 @@ class LoopbackTransport:
 class ScorerClient:
     """One scorer server. With a `segment`, arrays of at least `shared_min_bytes` travel through it."""
 
-    def __init__(self, transport: Transport, request_timeout: float, control_timeout: float = 30.0,
-                 segment: ParentSegment | None = None, shared_min_bytes: int = 64 * 1024) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        request_timeout: float,
+        control_timeout: float = 30.0,
+        segment: ParentSegment | None = None,
+        shared_min_bytes: int = 64 * 1024,
+    ) -> None:
         self.transport = transport
         self.request_timeout = request_timeout
         self.control_timeout = control_timeout
@@ -107,13 +124,21 @@ class ScorerClient:
         return cls(HttpxTransport(base_url, headers, 30.0), request_timeout)
 
     @classmethod
-    def loopback(cls, port: int, token: str, request_timeout: float, peer_alive: Callable[[], bool],
-                 segment: ParentSegment | None, shared_min_bytes: int) -> ScorerClient:
+    def loopback(
+        cls,
+        port: int,
+        token: str,
+        request_timeout: float,
+        peer_alive: Callable[[], bool],
+        segment: ParentSegment | None,
+        shared_min_bytes: int,
+    ) -> ScorerClient:
         transport = LoopbackTransport(port, {"authorization": f"Bearer {token}"}, peer_alive)
         return cls(transport, request_timeout, segment=segment, shared_min_bytes=shared_min_bytes)
 
-    def _send(self, method: str, path: str, timeout: float, body: Body = (),
-              headers: dict[str, str] | None = None) -> bytes | bytearray:
+    def _send(
+        self, method: str, path: str, timeout: float, body: Body = (), headers: dict[str, str] | None = None
+    ) -> bytes | bytearray:
         status, answer_headers, content = self.transport.request(method, path, timeout, body, headers or {})
         _raise_for_status(status, content)
         if path == "/score":

@@ -1,4 +1,5 @@
 """Config models for the managed backend; Hydra can build each one from a `_target_` recipe."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,19 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 
 InputKind = Literal["text", "image", "image_edit", "video"]
 # What decides the child's import path: set only by managed-scorers (see supervisor.import_root).
-RESERVED_ENV = frozenset({"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONNOUSERSITE",
-                          "PYTHONSAFEPATH", "PYTHONPLATLIBDIR", "PYTHONEXECUTABLE", "VIRTUAL_ENV"})
+RESERVED_ENV = frozenset(
+    {
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "PYTHONNOUSERSITE",
+        "PYTHONSAFEPATH",
+        "PYTHONPLATLIBDIR",
+        "PYTHONEXECUTABLE",
+        "VIRTUAL_ENV",
+    }
+)
 
 
 def _plain(value: Any) -> Any:
@@ -79,8 +91,10 @@ class ProcessConfig(_Model):
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
         reserved = sorted(RESERVED_ENV & set(value))
         if reserved:
-            raise ValueError(f"env may not set {reserved}: the child's import path is the scorer env plus this "
-                             "project's packages; list your own modules' directories in extra_import_paths")
+            raise ValueError(
+                f"env may not set {reserved}: the child's import path is the scorer env plus this "
+                "project's packages; list your own modules' directories in extra_import_paths"
+            )
         return value
 
 
@@ -106,7 +120,7 @@ class ClientConfig(_Model):
     shared_memory_min_bytes: int | None = Field(default=64 * 1024, ge=0)
 
     @model_validator(mode="after")
-    def _weights_named(self) -> "ClientConfig":
+    def _weights_named(self) -> ClientConfig:
         unknown = set(self.weights) - set(self.required_rewards)
         if self.required_rewards and unknown:
             raise ValueError(f"weights name rewards not in required_rewards: {sorted(unknown)}")
@@ -149,10 +163,9 @@ class ManagedScorerProcessSpec(_Model):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
 
     @model_validator(mode="after")
-    def _kinds_agree(self) -> "ManagedScorerProcessSpec":
+    def _kinds_agree(self) -> ManagedScorerProcessSpec:
         if self.client.input_kind != self.scorer.input_kind:
             raise ValueError(
                 f"client.input_kind {self.client.input_kind!r} != scorer.input_kind {self.scorer.input_kind!r}"
             )
         return self
-

@@ -3,6 +3,7 @@
 Shows the reason the project exists: the trainer env (hydra-core 1.3.2, antlr 4.9.3)
 grades `10\\%` against 0.1 wrong in-process; the math child (antlr 4.13.2) grades it right.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -47,8 +48,11 @@ def env_python(name: str) -> str:
 
 
 def run_managed(scorer: str, env: str, kind: str, params: dict, request: RewardRequest) -> tuple[list[float], dict]:
-    spec = {"process": {"python_executable": env_python(env)},
-            "scorer": {"name": scorer, "input_kind": kind, "params": params}, "client": {"input_kind": kind}}
+    spec = {
+        "process": {"python_executable": env_python(env)},
+        "scorer": {"name": scorer, "input_kind": kind, "params": params},
+        "client": {"input_kind": kind},
+    }
     backend = ManagedScorerProcessBackend(spec)
     try:
         packages = backend.health()["packages"]
@@ -58,9 +62,15 @@ def run_managed(scorer: str, env: str, kind: str, params: dict, request: RewardR
         shared = backend.ready_info.get("shared_memory")
     finally:
         backend.close()
-    timings = {"spawn_to_ready_s": backend.timings["spawn_to_ready_s"], "score_s": score_s, "shared_memory": shared,
-               "shutdown_s": backend.timings["shutdown_s"], "packages": packages, "pid": backend.pid,
-               "diagnostics": response.diagnostics}
+    timings = {
+        "spawn_to_ready_s": backend.timings["spawn_to_ready_s"],
+        "score_s": score_s,
+        "shared_memory": shared,
+        "shutdown_s": backend.timings["shutdown_s"],
+        "packages": packages,
+        "pid": backend.pid,
+        "diagnostics": response.diagnostics,
+    }
     return response.rewards, timings
 
 
@@ -73,40 +83,50 @@ def main() -> None:
         local_math = local.compute_rewards(math_request).rewards
 
     print("math_verify: trainer env (in-process) vs managed child (envs/math)")
-    print(f"  antlr4-python3-runtime: trainer {importlib.metadata.version('antlr4-python3-runtime')}, "
-          f"child {math_info['packages'].get('antlr4-python3-runtime')}")
+    print(
+        f"  antlr4-python3-runtime: trainer {importlib.metadata.version('antlr4-python3-runtime')}, "
+        f"child {math_info['packages'].get('antlr4-python3-runtime')}"
+    )
     print(f"  {'id':<8} {'completion':<34} {'gold':<5} {'in-process':>10} {'managed':>8}")
-    for item, here, there in zip(math_request.items, local_math, managed_math):
+    for item, here, there in zip(math_request.items, local_math, managed_math, strict=True):
         flag = "  <- wrong in-process" if here != there else ""
         print(f"  {item.id:<8} {item.text:<34} {item.reference:<5} {here:>10.1f} {there:>8.1f}{flag}")
     print(f"  timeouts: {math_info['diagnostics'].get('timeouts')} (per-item timeout {MATH_TIMEOUT_S} s)")
 
     image_request = RewardRequest(
-        items=[RewardItem(id=s["id"], image=make_image(s["kind"])) for s in samples["images"]])
+        items=[RewardItem(id=s["id"], image=make_image(s["kind"])) for s in samples["images"]]
+    )
     jpeg, image_info = run_managed("jpeg_compressibility", "image", "image", {}, image_request)
     print("\njpeg_compressibility (minus JPEG q95 kB) in a managed child (envs/image)")
-    for item, value in zip(image_request.items, jpeg):
+    for item, value in zip(image_request.items, jpeg, strict=True):
         print(f"  {item.id:<10} {value:>9.3f}")
 
-    ocr_request = RewardRequest(items=[RewardItem(id=s["id"], image=render_text(s["render"]), reference=s["target"])
-                                       for s in samples["ocr"]])
+    ocr_request = RewardRequest(
+        items=[RewardItem(id=s["id"], image=render_text(s["render"]), reference=s["target"]) for s in samples["ocr"]]
+    )
     ocr, ocr_info = run_managed("ocr", "ocr", "image", {"det_limit_side_len": 480}, ocr_request)
     print("\nocr (1 - normalized edit distance to the target) in a managed child (envs/ocr)")
-    for item, text, value in zip(ocr_request.items, ocr_info["diagnostics"]["ocr_texts"], ocr):
+    for item, text, value in zip(ocr_request.items, ocr_info["diagnostics"]["ocr_texts"], ocr, strict=True):
         print(f"  {item.id:<10} read {text!r:<22} target {item.reference!r:<18} {value:>6.3f}")
 
     text_request = RewardRequest(items=[RewardItem(**s) for s in samples["text"]])
     similarity, text_info = run_managed("text_similarity", "embed", "text", {}, text_request)
     print("\ntext_similarity (MiniLM cosine) in a managed child (envs/embed, torch)")
-    for item, value in zip(text_request.items, similarity):
+    for item, value in zip(text_request.items, similarity, strict=True):
         print(f"  {item.id:<11} {item.text!r:<44} vs {item.reference!r:<30} {value:>6.3f}")
 
     print("\nlifecycle (seconds)")
     print(f"  {'child':<24} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}  shared-memory data plane")
-    for name, info in (("math_verify (math)", math_info), ("jpeg (image)", image_info), ("ocr (ocr)", ocr_info),
-                       ("text_similarity (embed)", text_info)):
-        print(f"  {name:<24} {info['spawn_to_ready_s']:>12.3f} {info['score_s']:>8.3f} {info['shutdown_s']:>9.3f}  "
-              f"{'negotiated' if info['shared_memory'] else 'in-band'}")
+    for name, info in (
+        ("math_verify (math)", math_info),
+        ("jpeg (image)", image_info),
+        ("ocr (ocr)", ocr_info),
+        ("text_similarity (embed)", text_info),
+    ):
+        print(
+            f"  {name:<24} {info['spawn_to_ready_s']:>12.3f} {info['score_s']:>8.3f} {info['shutdown_s']:>9.3f}  "
+            f"{'negotiated' if info['shared_memory'] else 'in-band'}"
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ boundary. Backends decide what a fact means for the child (kill it? restart
 later?) and raise the trainer-facing `ScorerError` built by `scorer_error`.
 Where a child is involved, the error carries its failure record.
 """
+
 from __future__ import annotations
 
 import time
@@ -101,8 +102,9 @@ class ScorerTimeout(ScorerError):
 class ScorerRequestError(ScorerError):
     """The child answered with an error status (bad input, scorer exception, conflict)."""
 
-    def __init__(self, message: str, record: ChildRecord | None = None, status: int | None = None,
-                 kind: str | None = None) -> None:
+    def __init__(
+        self, message: str, record: ChildRecord | None = None, status: int | None = None, kind: str | None = None
+    ) -> None:
         self.status = status
         self.kind = kind
         super().__init__(message, record)
@@ -155,14 +157,16 @@ class ErrorStatus(Exception):
         super().__init__(f"HTTP {status} {kind}: {message}")
 
 
-def scorer_error(exc: TransportError | ErrorStatus, what: str, record: ChildRecord | None = None,
-                 note: str = "") -> ScorerError:
+def scorer_error(
+    exc: TransportError | ErrorStatus, what: str, record: ChildRecord | None = None, note: str = ""
+) -> ScorerError:
     """The trainer-facing error for a failed exchange. `record` is the managed child's (None for a
     server someone else started); a lost connection means it died when it has exited."""
     text = f"{what}: {exc}" + (f"; {note}" if note else "")
     if isinstance(exc, ErrorStatus):
-        return ScorerRequestError(f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}", record,
-                                  status=exc.status, kind=exc.kind)
+        return ScorerRequestError(
+            f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}", record, status=exc.status, kind=exc.kind
+        )
     if isinstance(exc, BadAnswer):
         return RewardContractError(text, record)
     if isinstance(exc, NoAnswer):

@@ -1,7 +1,8 @@
 """Which single GPU a rank's child may see."""
+
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from supervisor.errors import ConfigError
 

@@ -8,6 +8,7 @@ whose only entries are links to `child_runtime` and `scorers`: the same mechanis
 a checkout and for an installed package. User scorer modules reach the child only
 through `process.extra_import_paths`, listed after it.
 """
+
 from __future__ import annotations
 
 import hashlib

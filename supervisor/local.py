@@ -1,7 +1,9 @@
 """LocalRewardBackend: the scorer in the trainer's own process, same contract as managed."""
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +32,8 @@ class LocalRewardBackend(RewardBackend):
         self.scorer = resolve_scorer(scorer)(**dict(params or {})) if isinstance(scorer, str) else scorer
         self.weights = dict(weights or {})
         self.required = check_reward_names(
-            self.scorer.spec.name, self.scorer.spec.term_names(), required_rewards or [], self.weights)
+            self.scorer.spec.name, self.scorer.spec.term_names(), required_rewards or [], self.weights
+        )
         self.request_batch_size = request_batch_size
         self.scorer.load(device)
         self.scorer.onload()
@@ -38,15 +41,15 @@ class LocalRewardBackend(RewardBackend):
 
     def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         try:
-            items = items_from_wire({"items": [item.to_wire() for item in chunk]},
-                                    copy_media=self.scorer.spec.writable_inputs)
+            items = items_from_wire(
+                {"items": [item.to_wire() for item in chunk]}, copy_media=self.scorer.spec.writable_inputs
+            )
             result = score_checked(self.scorer, items)
         except (RequestError, ScoreInputError) as exc:
             raise ScorerRequestError(str(exc), kind="bad_input") from exc
         except ScorerContractError as exc:
             raise RewardContractError(str(exc)) from exc
-        return {name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()}, \
-            result.diagnostics
+        return {name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()}, result.diagnostics
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         if self._closed:

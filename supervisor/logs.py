@@ -1,4 +1,5 @@
 """Per-child log files: created 0600 in a directory the user owns, pruned per scorer and rank."""
+
 from __future__ import annotations
 
 import os

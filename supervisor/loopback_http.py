@@ -8,6 +8,7 @@ Bodies go out with one `sendmsg` of the frame's buffers (no join, no copy), and
 answers must carry a content-length. httpx stays in use for servers someone else
 started (RemoteRewardBackend), where TLS, proxies and the full protocol matter.
 """
+
 from __future__ import annotations
 
 import socket
@@ -145,8 +146,14 @@ class LoopbackHTTP:
     request (answered 503 with the gate's header). Anything else is raised at once.
     """
 
-    def __init__(self, host: str, port: int, headers: dict[str, str], max_idle: int = 16,
-                 peer_alive: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        headers: dict[str, str],
+        max_idle: int = 16,
+        peer_alive: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.address = (host, port)
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in {"host": f"{host}:{port}", **headers}.items())
         self._idle: list[_Connection] = []
@@ -177,8 +184,14 @@ class LoopbackHTTP:
                 return
         conn.close()
 
-    def request(self, method: str, target: str, timeout: float, body: Sequence[bytes | memoryview] = (),
-                headers: dict[str, str] | None = None) -> Answer:
+    def request(
+        self,
+        method: str,
+        target: str,
+        timeout: float,
+        body: Sequence[bytes | memoryview] = (),
+        headers: dict[str, str] | None = None,
+    ) -> Answer:
         deadline = _Deadline(timeout)
         length = sum(memoryview(b).nbytes for b in body)
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
@@ -200,8 +213,9 @@ class LoopbackHTTP:
             time.sleep(pause)
             pause = min(pause * 2, RETRY_BACKOFF_S[1])
 
-    def _once(self, head: bytes, body: Sequence[bytes | memoryview], deadline: _Deadline, method: str,
-              target: str) -> Answer:
+    def _once(
+        self, head: bytes, body: Sequence[bytes | memoryview], deadline: _Deadline, method: str, target: str
+    ) -> Answer:
         conn = self._take(deadline)
         try:
             answer, reusable = conn.exchange(head, body, deadline)

@@ -6,6 +6,7 @@ A failed exchange is handled in one place, `_failure`: it decides what the failu
 means for the child (kill it; mark it dead so that the next call restarts it) and
 returns the typed error. `ChildProcess` alone signals, kills and reaps the child.
 """
+
 from __future__ import annotations
 
 import logging
@@ -13,10 +14,12 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+import numpy as np
 
 from child_runtime.exit_codes import is_boot_failure
 from supervisor.backend import RewardBackend, check_reward_names, score_in_chunks
@@ -96,7 +99,9 @@ class ManagedScorerProcessBackend(RewardBackend):
     """
 
     def __init__(self, spec: ManagedScorerProcessSpec | Mapping[str, Any], start: bool = True) -> None:
-        self.spec = spec if isinstance(spec, ManagedScorerProcessSpec) else ManagedScorerProcessSpec.model_validate(spec)
+        self.spec = (
+            spec if isinstance(spec, ManagedScorerProcessSpec) else ManagedScorerProcessSpec.model_validate(spec)
+        )
         self._owner_pid = os.getpid()
         self._gen: _Generation | None = None
         self._dead: ScorerError | None = None
@@ -118,7 +123,8 @@ class ManagedScorerProcessBackend(RewardBackend):
         if os.getpid() != self._owner_pid:
             raise BackendNotOwned(
                 f"backend for scorer {self.spec.scorer.name!r} belongs to pid {self._owner_pid}, whose child it "
-                f"runs; this process (pid {os.getpid()}) is a fork of it and cannot use it: create a backend here")
+                f"runs; this process (pid {os.getpid()}) is a fork of it and cannot use it: create a backend here"
+            )
 
     def _offer_segment(self) -> ParentSegment | None:
         if self.spec.client.shared_memory_min_bytes is None:
@@ -135,24 +141,32 @@ class ManagedScorerProcessBackend(RewardBackend):
         try:
             root = import_root(state_dir())
         except OSError as exc:
-            raise ScorerStartupError(f"cannot prepare the child's import directory: {exc}",
-                                     ChildRecord(name, None, rank=process.local_rank)) from exc
+            raise ScorerStartupError(
+                f"cannot prepare the child's import directory: {exc}", ChildRecord(name, None, rank=process.local_rank)
+            ) from exc
         env = {k: v for k, v in os.environ.items() if k not in RESERVED_ENV}
         if not any(key in process.env for key in _MALLOC_ENV):
             env.update(_MALLOC_ENV)
         env.update(process.env)
-        env.update({
-            # the scorer env, our own packages, and what the spec opts into: nothing of the trainer's env
-            "PYTHONPATH": os.pathsep.join([str(root), *map(str, process.extra_import_paths)]),
-            "PYTHONSAFEPATH": "1",  # no working directory on sys.path, in the child or its subprocesses
-            "PYTHONNOUSERSITE": "1",
-            "PYTHONUNBUFFERED": "1",
-            "CUDA_VISIBLE_DEVICES": child_visible_devices(os.environ, process.local_rank, process.visible_devices,
-                                                          process.allow_multiple_gpus),
-        })
+        env.update(
+            {
+                # the scorer env, our own packages, and what the spec opts into: nothing of the trainer's env
+                "PYTHONPATH": os.pathsep.join([str(root), *map(str, process.extra_import_paths)]),
+                "PYTHONSAFEPATH": "1",  # no working directory on sys.path, in the child or its subprocesses
+                "PYTHONNOUSERSITE": "1",
+                "PYTHONUNBUFFERED": "1",
+                "CUDA_VISIBLE_DEVICES": child_visible_devices(
+                    os.environ, process.local_rank, process.visible_devices, process.allow_multiple_gpus
+                ),
+            }
+        )
         boot = {
-            "scorer": {"name": scorer.name, "params": scorer.params, "revision": scorer.revision,
-                       "input_kind": scorer.input_kind},
+            "scorer": {
+                "name": scorer.name,
+                "params": scorer.params,
+                "revision": scorer.revision,
+                "input_kind": scorer.input_kind,
+            },
             "gpu_residency": self.spec.gpu_residency,
             "boot_offloaded": self._want_offloaded,
             "device": scorer.device,
@@ -161,9 +175,16 @@ class ManagedScorerProcessBackend(RewardBackend):
             "shared_fd": segment.child_fd if segment else None,
         }
         return LaunchPlan(
-            name=name, python_executable=process.python_executable, boot=boot, env=env, cwd=_working_directory(),
-            log_dir=process.log_dir, keep_logs=process.keep_logs, rank=process.local_rank,
-            startup_timeout=process.startup_timeout, pass_fds=(segment.child_fd,) if segment else (),
+            name=name,
+            python_executable=process.python_executable,
+            boot=boot,
+            env=env,
+            cwd=_working_directory(),
+            log_dir=process.log_dir,
+            keep_logs=process.keep_logs,
+            rank=process.local_rank,
+            startup_timeout=process.startup_timeout,
+            pass_fds=(segment.child_fd,) if segment else (),
         )
 
     def _launch(self) -> tuple[_Generation, dict[str, Any]]:
@@ -177,14 +198,22 @@ class ManagedScorerProcessBackend(RewardBackend):
                 segment.close()
             raise
         if segment is not None and not info.get("shared_memory"):
-            log.warning("child %s refused the shared-memory data plane (%s); arrays travel in-band",
-                        self.spec.scorer.name, info.get("shared_memory_error"))
+            log.warning(
+                "child %s refused the shared-memory data plane (%s); arrays travel in-band",
+                self.spec.scorer.name,
+                info.get("shared_memory_error"),
+            )
             segment.close()
             segment = None
         assert child.port is not None
-        client = ScorerClient.loopback(child.port, child.token, self.spec.process.request_timeout,
-                                       lambda: not child.exited(), segment,
-                                       self.spec.client.shared_memory_min_bytes or 0)
+        client = ScorerClient.loopback(
+            child.port,
+            child.token,
+            self.spec.process.request_timeout,
+            lambda: not child.exited(),
+            segment,
+            self.spec.client.shared_memory_min_bytes or 0,
+        )
         self.timings["spawn_to_ready_s"] = info["spawn_to_ready_s"]
         return _Generation(child, client, segment), info
 
@@ -199,7 +228,8 @@ class ManagedScorerProcessBackend(RewardBackend):
             self._gen, info = self._launch()
         try:
             self.required_rewards = check_reward_names(
-                self.spec.scorer.name, info["terms"], self.spec.client.required_rewards, self.spec.client.weights)
+                self.spec.scorer.name, info["terms"], self.spec.client.required_rewards, self.spec.client.weights
+            )
         except Exception:
             self.close()
             raise
@@ -211,15 +241,21 @@ class ManagedScorerProcessBackend(RewardBackend):
         if isinstance(cause, ScorerCrashLoop):
             raise ScorerCrashLoop(cause.args[0].splitlines()[0], cause.record)
         if isinstance(cause, ScorerStartupError) and is_boot_failure(
-                cause.boot_code if cause.boot_code is not None else cause.returncode):
-            raise ScorerStartupError(f"not restarting: the child cannot boot ({cause.args[0].splitlines()[0]})",
-                                     cause.record, boot_code=cause.boot_code)
+            cause.boot_code if cause.boot_code is not None else cause.returncode
+        ):
+            raise ScorerStartupError(
+                f"not restarting: the child cannot boot ({cause.args[0].splitlines()[0]})",
+                cause.record,
+                boot_code=cause.boot_code,
+            )
         now = time.monotonic()
         recent = [t for t in self._restarts if now - t < policy.window_s]
         if len(recent) >= policy.max_restarts:
             loop = ScorerCrashLoop(
                 f"child is no longer serving: {len(recent)} restarts in the last {policy.window_s:.0f} s "
-                f"(max_restarts={policy.max_restarts}); last failure: {cause.args[0].splitlines()[0]}", cause.record)
+                f"(max_restarts={policy.max_restarts}); last failure: {cause.args[0].splitlines()[0]}",
+                cause.record,
+            )
             with self._life:
                 self._dead = loop  # a crash loop stops the backend for good, not for one window
             raise loop
@@ -254,8 +290,13 @@ class ManagedScorerProcessBackend(RewardBackend):
                 raise ScorerProcessDied("backend closed during a restart", record)
             self._gen, self._dead = new, None
         self.timings["last_restart_s"] = time.monotonic() - began
-        log.warning("restarted child %s: pid %s -> %s (%d restarts)", self.spec.scorer.name, old.child.pid,
-                    new.child.pid, len(self._restarts))
+        log.warning(
+            "restarted child %s: pid %s -> %s (%d restarts)",
+            self.spec.scorer.name,
+            old.child.pid,
+            new.child.pid,
+            len(self._restarts),
+        )
         return new
 
     @property
@@ -305,8 +346,9 @@ class ManagedScorerProcessBackend(RewardBackend):
                 try:
                     gen.client.shutdown(min(SHUTDOWN_REQUEST_S, budget))
                 except (TransportError, ErrorStatus) as exc:
-                    log.warning("child %s pid %s: /shutdown failed (%s); escalating",
-                                self.spec.scorer.name, gen.child.pid, exc)
+                    log.warning(
+                        "child %s pid %s: /shutdown failed (%s); escalating", self.spec.scorer.name, gen.child.pid, exc
+                    )
             left = max(0.0, started + budget - time.monotonic()) if graceful else 0.0
             term = min(TERM_GRACE_S, left / 2)
             record = gen.child.stop(graceful_s=left - term, term_s=term)
@@ -335,8 +377,10 @@ class ManagedScorerProcessBackend(RewardBackend):
                     raise error
                 return gen
             if not restart:
-                raise type(dead)(f"child is not serving (the next score or onload restarts it): "
-                                 f"{dead.args[0].splitlines()[0]}", dead.record)
+                raise type(dead)(
+                    f"child is not serving (the next score or onload restarts it): {dead.args[0].splitlines()[0]}",
+                    dead.record,
+                )
         return self._restart(gen, dead)
 
     def _mark_dead(self, gen: _Generation, error: ScorerError) -> None:
@@ -360,15 +404,18 @@ class ManagedScorerProcessBackend(RewardBackend):
         gen.child.signal_group(signal.SIGKILL)
         self._mark_dead(gen, ScorerProcessDied("a call was interrupted; its child was killed", gen.child.record()))
 
-    def _failure(self, gen: _Generation, what: str,
-                 exc: TransportError | ErrorStatus | RewardContractError) -> ScorerError:
+    def _failure(
+        self, gen: _Generation, what: str, exc: TransportError | ErrorStatus | RewardContractError
+    ) -> ScorerError:
         """What a failed exchange means for the child, and the typed error for the caller."""
         child = gen.child
         if isinstance(exc, ErrorStatus):  # the child answered: it keeps serving
             return scorer_error(exc, what, child.record())
         if self._closed or gen is not self._gen or self._dead is not None:
-            return ScorerProcessDied(f"{what}: the backend was closed, or the child replaced or failed, during "
-                                     f"the call ({exc})", child.record())
+            return ScorerProcessDied(
+                f"{what}: the backend was closed, or the child replaced or failed, during the call ({exc})",
+                child.record(),
+            )
         if isinstance(exc, (BadAnswer, RewardContractError)):
             died, note = False, "child killed, its answers cannot be trusted"
         elif isinstance(exc, NoAnswer):
@@ -385,7 +432,7 @@ class ManagedScorerProcessBackend(RewardBackend):
         self._mark_dead(gen, error)
         return error
 
-    def _score_chunk(self, chunk: list[RewardItem]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         frame = encode_chunk(chunk, self.max_request_bytes)
         gen = self._serving(restart=True)
         answer = self._exchange(gen, "score", gen.client.score, frame)
@@ -397,8 +444,13 @@ class ManagedScorerProcessBackend(RewardBackend):
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         self._check_owner()
         with self._serial:
-            return score_in_chunks(request, self.spec.client.request_batch_size, self._score_chunk,
-                                   self.required_rewards, self.spec.client.weights)
+            return score_in_chunks(
+                request,
+                self.spec.client.request_batch_size,
+                self._score_chunk,
+                self.required_rewards,
+                self.spec.client.weights,
+            )
 
     def onload(self) -> dict[str, Any]:
         """Restarts a dead child (booting it resident), then onloads; waits for a running score."""

@@ -16,6 +16,7 @@ Exit statuses come from waitid, or, when the trainer ignores SIGCHLD and the
 kernel reaps the child at once, from its pidfd (Linux 6.15+ keeps it there);
 never from Popen, which reports a child reaped elsewhere as "exit 0".
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -88,7 +89,7 @@ def _write_all(fd: int, data: bytes, deadline: float) -> bool:
         if not _wait_fd(fd, selectors.EVENT_WRITE, deadline):
             raise TimeoutError
         try:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         except BlockingIOError:
             continue
         except BrokenPipeError:
@@ -195,8 +196,15 @@ class ChildProcess:
         return self.exited()
 
     def record(self) -> ChildRecord:
-        return ChildRecord(self.plan.name, self.pid, self.returncode(), str(self.log_path), read_tail(self.log_path),
-                           exited=self._exited, rank=self.plan.rank)
+        return ChildRecord(
+            self.plan.name,
+            self.pid,
+            self.returncode(),
+            str(self.log_path),
+            read_tail(self.log_path),
+            exited=self._exited,
+            rank=self.plan.rank,
+        )
 
     # -- starting ---------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
@@ -225,24 +233,32 @@ class ChildProcess:
 
     def _spawn(self, listen_fd: int, ready_w: int) -> None:
         try:
-            log_fd, self.log_path = open_child_log(self.plan.log_dir, self.plan.name, self.plan.rank,
-                                                   self.plan.keep_logs)
+            log_fd, self.log_path = open_child_log(
+                self.plan.log_dir, self.plan.name, self.plan.rank, self.plan.keep_logs
+            )
         except OSError as exc:
-            raise ScorerStartupError(f"cannot create the child's log file: {exc}",
-                                     ChildRecord(self.plan.name, None, rank=self.plan.rank)) from exc
+            raise ScorerStartupError(
+                f"cannot create the child's log file: {exc}", ChildRecord(self.plan.name, None, rank=self.plan.rank)
+            ) from exc
         try:
             self.spawned_at = time.monotonic()
             self._proc = subprocess.Popen(
                 [str(self.plan.python_executable), "-X", "faulthandler", "-m", "child_runtime"],
-                stdin=subprocess.PIPE, stdout=log_fd, stderr=subprocess.STDOUT,
-                cwd=self.plan.cwd, env=self.plan.env, start_new_session=True,
-                pass_fds=(listen_fd, ready_w, *self.plan.pass_fds), close_fds=True,
+                stdin=subprocess.PIPE,
+                stdout=log_fd,
+                stderr=subprocess.STDOUT,
+                cwd=self.plan.cwd,
+                env=self.plan.env,
+                start_new_session=True,
+                pass_fds=(listen_fd, ready_w, *self.plan.pass_fds),
+                close_fds=True,
             )
         except OSError as exc:
             raise ScorerStartupError(
                 f"cannot execute {self.plan.python_executable} in {self.plan.cwd}: {exc}",
-                ChildRecord(self.plan.name, None, None, str(self.log_path), read_tail(self.log_path),
-                            rank=self.plan.rank),
+                ChildRecord(
+                    self.plan.name, None, None, str(self.log_path), read_tail(self.log_path), rank=self.plan.rank
+                ),
             ) from exc
         finally:
             os.close(log_fd)
@@ -252,8 +268,13 @@ class ChildProcess:
             weakref.finalize(self, os.close, self._pidfd)  # never earlier: another thread may be waiting on it
         except ProcessLookupError:
             pass  # already exited and reaped by the kernel (SIGCHLD ignored): its status is lost
-        self._boot = {**self.plan.boot, "token": self.token, "listen_fd": listen_fd, "ready_fd": ready_w,
-                      "parent_pid": os.getpid()}
+        self._boot = {
+            **self.plan.boot,
+            "token": self.token,
+            "listen_fd": listen_fd,
+            "ready_fd": ready_w,
+            "parent_pid": os.getpid(),
+        }
 
     def _send_boot_config(self) -> None:
         assert self._proc is not None and self._proc.stdin is not None and self.spawned_at is not None
@@ -291,8 +312,11 @@ class ChildProcess:
         if not message.get("ready"):
             self.wait_exit(REAP_GRACE_S)
             code = message.get("exit_code")
-            raise ScorerStartupError(f"child failed to boot: {message.get('error', '?')}", self.finish(),
-                                     boot_code=code if isinstance(code, int) else None)
+            raise ScorerStartupError(
+                f"child failed to boot: {message.get('error', '?')}",
+                self.finish(),
+                boot_code=code if isinstance(code, int) else None,
+            )
         message["spawn_to_ready_s"] = time.monotonic() - self.spawned_at
         self.ready_info = message
         return message

@@ -1,8 +1,11 @@
 """RemoteRewardBackend: a scorer server someone else started, same contract and checks."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
+
+import numpy as np
 
 from supervisor.backend import RewardBackend, check_reward_names, score_in_chunks
 from supervisor.client import ScorerClient
@@ -21,9 +24,16 @@ class RemoteRewardBackend(RewardBackend):
     ours: a failure never stops or restarts it.
     """
 
-    def __init__(self, base_url: str, token: str | None = None, request_timeout: float = 600.0,
-                 request_batch_size: int = 64, required_rewards: Sequence[str] = (),
-                 weights: Mapping[str, float] | None = None, max_request_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        request_timeout: float = 600.0,
+        request_batch_size: int = 64,
+        required_rewards: Sequence[str] = (),
+        weights: Mapping[str, float] | None = None,
+        max_request_bytes: int | None = None,
+    ) -> None:
         if request_batch_size <= 0:
             raise ValueError("request_batch_size must be > 0")
         self.base_url = base_url
@@ -33,8 +43,9 @@ class RemoteRewardBackend(RewardBackend):
         self._client = ScorerClient.remote(base_url, token, request_timeout)
         try:
             self.server = self.health()
-            self.required_rewards = check_reward_names(self.server["scorer"], self.server["terms"],
-                                                       required_rewards, self.weights)
+            self.required_rewards = check_reward_names(
+                self.server["scorer"], self.server["terms"], required_rewards, self.weights
+            )
         except BaseException:
             self._client.close()
             raise
@@ -45,14 +56,13 @@ class RemoteRewardBackend(RewardBackend):
         except (TransportError, ErrorStatus) as exc:
             raise scorer_error(exc, f"{what} at {self.base_url}") from exc
 
-    def _score_chunk(self, chunk: list[RewardItem]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         frame = encode_chunk(chunk, self.max_request_bytes)
         answer = self._exchange("score", self._client.score, frame)
         return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards)
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
-        return score_in_chunks(request, self.request_batch_size, self._score_chunk, self.required_rewards,
-                               self.weights)
+        return score_in_chunks(request, self.request_batch_size, self._score_chunk, self.required_rewards, self.weights)
 
     def health(self) -> dict[str, Any]:
         return self._exchange("health", self._client.health)

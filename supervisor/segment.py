@@ -9,6 +9,7 @@ beyond a small warm reserve give their pages back (hole punching), so one large
 request does not pin its memory for the child's life. The memfd's mode is 0400: a
 process of the same (non-root) user cannot reopen it writable through /proc.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -162,7 +163,7 @@ class ParentSegment:
                 raise MemoryError(f"no free extent of {need} bytes in the {self.capacity}-byte shared segment")
             offset = start if arena else start + size - need
             rest = [(start + need, size - need)] if arena else [(start, size - need)]
-            self._free[index:index + 1] = rest if size > need else []
+            self._free[index : index + 1] = rest if size > need else []
             try:
                 self._reserve_locked(offset, offset + need)
             except BaseException:  # also Ctrl-C: the extent goes back, never lost
@@ -362,7 +363,7 @@ class SharedArena:
         for offset in taken:
             self._segment.release_arena(offset)
 
-    def __enter__(self) -> "SharedArena":
+    def __enter__(self) -> SharedArena:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -378,10 +379,8 @@ class HeapArena:
     def close(self) -> None:
         """Nothing to free: the arrays belong to whoever holds them."""
 
-    def __enter__(self) -> "HeapArena":
+    def __enter__(self) -> HeapArena:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-

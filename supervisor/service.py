@@ -1,8 +1,9 @@
 """RewardService: the trainer's single entry point; a bad reward stops the step."""
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from supervisor.backend import RewardBackend
 from supervisor.errors import RewardContractError
@@ -30,10 +31,12 @@ class RewardService:
         response = self.backend.compute_rewards(request)
         check_response(request, response)
         return [
-            item.model_copy(update={
-                "reward": response.rewards[i],
-                "component_rewards": {name: values[i] for name, values in response.component_rewards.items()},
-            })
+            item.model_copy(
+                update={
+                    "reward": response.rewards[i],
+                    "component_rewards": {name: values[i] for name, values in response.component_rewards.items()},
+                }
+            )
             for i, item in enumerate(request.items)
         ]
 

@@ -1,4 +1,5 @@
 """Trainer-facing request and response types."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,9 @@ import math
 from typing import Annotated, Any
 
 import numpy as np
-from child_runtime.items import check_media
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, model_validator
+
+from child_runtime.items import check_media
 
 
 def _as_image(value: Any) -> np.ndarray | None:
@@ -49,7 +51,7 @@ class RewardItem(BaseModel):
     component_rewards: dict[str, float] | None = None
 
     @model_validator(mode="after")
-    def _json_safe(self) -> "RewardItem":
+    def _json_safe(self) -> RewardItem:
         for name in ("reference", "metadata"):
             try:
                 json.dumps(getattr(self, name), allow_nan=False)
@@ -77,7 +79,7 @@ class RewardRequest(BaseModel):
     items: list[RewardItem] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _unique_ids(self) -> "RewardRequest":
+    def _unique_ids(self) -> RewardRequest:
         seen: set[str] = set()
         for index, item in enumerate(self.items):
             if item.id in seen:
@@ -103,14 +105,14 @@ class RewardResponse(BaseModel):
     diagnostics: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _aligned(self) -> "RewardResponse":
+    def _aligned(self) -> RewardResponse:
         n = len(self.ids)
         lengths = {"rewards": len(self.rewards), "successes": len(self.successes), "errors": len(self.errors)}
         lengths.update({f"component_rewards[{k!r}]": len(v) for k, v in self.component_rewards.items()})
         for name, length in lengths.items():
             if length != n:
                 raise ValueError(f"{name} has {length} entries for {n} ids")
-        for index, (ok, value) in enumerate(zip(self.successes, self.rewards)):
+        for index, (ok, value) in enumerate(zip(self.successes, self.rewards, strict=True)):
             if ok and not math.isfinite(value):
                 raise ValueError(f"rewards[{index}] (id={self.ids[index]!r}) is {value} but marked a success")
         return self

@@ -5,6 +5,7 @@ block every default launch. The default lives in this user's cache directory
 ($XDG_CACHE_HOME, else ~/.cache); when that cannot be had, in a fresh private
 temporary directory, one per process.
 """
+
 from __future__ import annotations
 
 import logging

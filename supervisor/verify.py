@@ -1,5 +1,6 @@
 """What crosses to a scorer server and back: a chunk's request frame, and the checks on every answer
 before a reward may reach a sample."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -20,8 +21,11 @@ def encode_chunk(chunk: Sequence[RewardItem], max_request_bytes: int | None) -> 
         raise ScorerRequestError(f"cannot encode request: {exc}", kind="bad_input") from exc
     size = frame.body_size()  # one limit, whichever way the arrays travel
     if max_request_bytes is not None and size > max_request_bytes:
-        raise ScorerRequestError(f"request of {size} bytes exceeds max_request_bytes={max_request_bytes}; "
-                                 "lower request_batch_size", status=413, kind="too_large")
+        raise ScorerRequestError(
+            f"request of {size} bytes exceeds max_request_bytes={max_request_bytes}; lower request_batch_size",
+            status=413,
+            kind="too_large",
+        )
     return frame
 
 
@@ -63,5 +67,5 @@ def _id_mismatch(ids: Any, expected: Sequence[str]) -> str:
         return f"answer has no id list (got {type(ids).__name__}); ids must be echoed"
     if len(ids) != len(expected):
         return f"answer echoes {len(ids)} ids for {len(expected)} items"
-    index = next(i for i, (a, b) in enumerate(zip(ids, expected)) if a != b)
+    index = next(i for i, (a, b) in enumerate(zip(ids, expected, strict=True)) if a != b)
     return f"answer for the wrong sample: position {index} echoes id {ids[index]!r}, expected {expected[index]!r}"

@@ -1,12 +1,14 @@
 """Shared fixtures: real scorer envs, backends that always close, and a process-leak guard."""
+
 from __future__ import annotations
 
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -135,11 +137,24 @@ def managed() -> Iterator[Callable[..., Any]]:
 
     made = []
 
-    def make(python: Path, scorer: str, input_kind: str = "text", params: dict | None = None,
-             process: dict | None = None, client: dict | None = None, scorer_device: str = "cpu", **spec: Any):
+    def make(
+        python: Path,
+        scorer: str,
+        input_kind: str = "text",
+        params: dict | None = None,
+        process: dict | None = None,
+        client: dict | None = None,
+        scorer_device: str = "cpu",
+        **spec: Any,
+    ):
         config = ManagedScorerProcessSpec(
-            process={"python_executable": str(python), "startup_timeout": 60, "request_timeout": 60,
-                     "extra_import_paths": [str(REPO_ROOT)], **(process or {})},
+            process={
+                "python_executable": str(python),
+                "startup_timeout": 60,
+                "request_timeout": 60,
+                "extra_import_paths": [str(REPO_ROOT)],
+                **(process or {}),
+            },
             scorer={"name": scorer, "input_kind": input_kind, "params": params or {}, "device": scorer_device},
             client={"input_kind": input_kind, **(client or {})},
             **spec,

@@ -1,11 +1,12 @@
 """Misbehaving and probing scorers, loaded in real children by dotted path."""
+
 from __future__ import annotations
 
 import os
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
-from scorers.base import ScoreItem, ScoreResult, Scorer, ScorerSpec
+from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec
 
 
 def _spec(name: str) -> ScorerSpec:
@@ -155,8 +156,9 @@ class Flaky(Scorer):
 class TwoTermImage(Scorer):
     """An image scorer with two terms (a reward and a penalty)."""
 
-    spec = ScorerSpec(name="two_term_image", input_kind="image", required_fields=("image",),
-                      terms=("aesthetic", "penalty"))
+    spec = ScorerSpec(
+        name="two_term_image", input_kind="image", required_fields=("image",), terms=("aesthetic", "penalty")
+    )
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         return ScoreResult(terms={"aesthetic": [0.9] * len(items), "penalty": [-5.0] * len(items)})
@@ -165,8 +167,7 @@ class TwoTermImage(Scorer):
 class OnloadFailsOnce(Scorer):
     """Offloadable; the first onload raises halfway: residency must become 'unknown', not stay a lie."""
 
-    spec = ScorerSpec(name="onload_fails_once", input_kind="text", terms=("onload_fails_once",),
-                      supports_offload=True)
+    spec = ScorerSpec(name="onload_fails_once", input_kind="text", terms=("onload_fails_once",), supports_offload=True)
 
     def __init__(self) -> None:
         self.onloads = 0
@@ -204,28 +205,36 @@ class InputProbe(Scorer):
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         time.sleep(self.sleep_s)
-        return ScoreResult(terms={"input_probe": [float(item.image.mean()) for item in items]},
-                           diagnostics=_image_inputs(items))
+        return ScoreResult(
+            terms={"input_probe": [float(item.image.mean()) for item in items]}, diagnostics=_image_inputs(items)
+        )
 
 
 class WritesInputs(InputProbe):
     """Zeroes its input in place (so it declares writable_inputs), then scores the mean: always 0."""
 
-    spec = ScorerSpec(name="writes_inputs", input_kind="image", required_fields=("image",),
-                      terms=("writes_inputs",), writable_inputs=True)
+    spec = ScorerSpec(
+        name="writes_inputs",
+        input_kind="image",
+        required_fields=("image",),
+        terms=("writes_inputs",),
+        writable_inputs=True,
+    )
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         for item in items:
             item.image[...] = 0
-        return ScoreResult(terms={"writes_inputs": [float(item.image.mean()) for item in items]},
-                           diagnostics=_image_inputs(items))
+        return ScoreResult(
+            terms={"writes_inputs": [float(item.image.mean()) for item in items]}, diagnostics=_image_inputs(items)
+        )
 
 
 class WritesWithoutSaying(InputProbe):
     """Writes into its input without declaring it: must fail loudly, never corrupt shared memory."""
 
-    spec = ScorerSpec(name="writes_without_saying", input_kind="image", required_fields=("image",),
-                      terms=("writes_without_saying",))
+    spec = ScorerSpec(
+        name="writes_without_saying", input_kind="image", required_fields=("image",), terms=("writes_without_saying",)
+    )
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         items[0].image[0, 0, 0] = 1

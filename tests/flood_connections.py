@@ -2,6 +2,7 @@
 
 Prints one JSON line once every connect has been issued, then holds them until stdin closes.
 """
+
 from __future__ import annotations
 
 import json

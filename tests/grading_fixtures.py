@@ -1,4 +1,5 @@
 """grade_fn targets for GradingPool tests; they run inside real worker processes."""
+
 from __future__ import annotations
 
 import os

@@ -2,6 +2,7 @@
 
 Prints one JSON line: the reward, the child's sys.path and packages, and where `supervisor` came from.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,16 @@ def main() -> None:
         request = RewardRequest(items=[RewardItem(id="a", text="so \\boxed{10\\%}", reference="0.1")])
         reward = backend.compute_rewards(request).rewards[0]
         health = backend.health()
-    print(json.dumps({"reward": reward, "sys_path": health["sys_path"], "packages": health["packages"],
-                      "supervisor": supervisor.__file__}))
+    print(
+        json.dumps(
+            {
+                "reward": reward,
+                "sys_path": health["sys_path"],
+                "packages": health["packages"],
+                "supervisor": supervisor.__file__,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 Prints one JSON line with the child's pid once the batch is in flight, then waits
 for SIGINT inside compute_rewards under `with backend:`, as a training loop would.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,11 +23,17 @@ def announce_when_in_flight(backend: ManagedScorerProcessBackend) -> None:
 
 
 def main() -> None:
-    with ManagedScorerProcessBackend({
-        "process": {"python_executable": sys.argv[1], "request_timeout": 120, "shutdown_timeout": 10,
-                    "extra_import_paths": [str(REPO_ROOT)]},
-        "scorer": {"name": "tests.fixture_scorers:Probe", "params": {"sleep_s": 60}},
-    }) as backend:
+    with ManagedScorerProcessBackend(
+        {
+            "process": {
+                "python_executable": sys.argv[1],
+                "request_timeout": 120,
+                "shutdown_timeout": 10,
+                "extra_import_paths": [str(REPO_ROOT)],
+            },
+            "scorer": {"name": "tests.fixture_scorers:Probe", "params": {"sleep_s": 60}},
+        }
+    ) as backend:
         threading.Thread(target=announce_when_in_flight, args=(backend,), daemon=True).start()
         backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="abc")]))
 

@@ -11,6 +11,7 @@ parent writes the boot config microseconds after the spawn):
 
 Prints one JSON line with the child's pid, then SIGKILLs itself.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,8 @@ import signal
 import sys
 
 from supervisor import ManagedScorerProcessBackend
-from tests.conftest import REPO_ROOT
 from supervisor.process import ChildProcess
+from tests.conftest import REPO_ROOT
 
 
 def main() -> None:
@@ -38,11 +39,17 @@ def main() -> None:
         die(self)
 
     ChildProcess._send_boot_config = patched
-    ManagedScorerProcessBackend({
-        "process": {"python_executable": python, "startup_timeout": 60, "request_timeout": 60,
-                    "extra_import_paths": [str(REPO_ROOT)]},
-        "scorer": {"name": scorer},
-    })
+    ManagedScorerProcessBackend(
+        {
+            "process": {
+                "python_executable": python,
+                "startup_timeout": 60,
+                "request_timeout": 60,
+                "extra_import_paths": [str(REPO_ROOT)],
+            },
+            "scorer": {"name": scorer},
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Every endpoint of a real child over real loopback HTTP, with and without the token."""
+
 from __future__ import annotations
 
 import os
@@ -11,21 +12,28 @@ import numpy as np
 import psutil
 import pytest
 
+from bench.fault_matrix import rogue_python
 from child_runtime import wire
 from supervisor import RewardContractError, RewardItem, RewardRequest, ScorerRequestError
-from bench.fault_matrix import rogue_python
 from tests.conftest import wait_in_flight
 
-ENDPOINTS = [("GET", "/health"), ("POST", "/score"), ("POST", "/onload"), ("POST", "/offload"),
-             ("POST", "/drain"), ("POST", "/shutdown")]
+ENDPOINTS = [
+    ("GET", "/health"),
+    ("POST", "/score"),
+    ("POST", "/onload"),
+    ("POST", "/offload"),
+    ("POST", "/drain"),
+    ("POST", "/shutdown"),
+]
 
 
 def raw_client(backend, token: str | None, authorization: str | None = None) -> httpx.Client:
     headers = {"authorization": f"Bearer {token}"} if token is not None else {}
     if authorization is not None:
         headers = {"authorization": authorization}
-    return httpx.Client(base_url=f"http://127.0.0.1:{backend._child.port}", headers=headers, trust_env=False,
-                        timeout=10)
+    return httpx.Client(
+        base_url=f"http://127.0.0.1:{backend._child.port}", headers=headers, trust_env=False, timeout=10
+    )
 
 
 def text_request(*texts: str) -> RewardRequest:
@@ -38,12 +46,21 @@ def test_health_reports_identity(managed, trainer_python):
     root = health.pop("sys_path")[0]
     assert sorted(os.listdir(root)) == ["child_runtime", "scorers"]
     assert health == {
-        "state": "ready", "scorer": "probe", "revision": "1", "pid": backend.pid, "in_flight": 0,
-        "residency": "resident", "gpu_residency": "resident", "packages": {}, "terms": ["probe"],
-        "python": str(trainer_python), "connections": {"pending": 0, "evicted": 0},
+        "state": "ready",
+        "scorer": "probe",
+        "revision": "1",
+        "pid": backend.pid,
+        "in_flight": 0,
+        "residency": "resident",
+        "gpu_residency": "resident",
+        "packages": {},
+        "terms": ["probe"],
+        "python": str(trainer_python),
+        "connections": {"pending": 0, "evicted": 0},
     }
-    assert psutil.Process(backend.pid).exe() == str(Path(trainer_python).resolve()) or \
-        psutil.Process(backend.pid).cmdline()[0] == str(trainer_python)
+    assert psutil.Process(backend.pid).exe() == str(Path(trainer_python).resolve()) or psutil.Process(
+        backend.pid
+    ).cmdline()[0] == str(trainer_python)
 
 
 def test_score_echoes_ids_and_values(managed, trainer_python):
@@ -119,8 +136,9 @@ def test_shutdown_endpoint_stops_the_child(managed, trainer_python):
 
 
 @pytest.mark.parametrize("method,path", ENDPOINTS)
-@pytest.mark.parametrize("authorization", [None, "Bearer", "Bearer wrong-token-0123456789", "Basic dXNlcjpwYXNz",
-                                           "TRUNCATED", "TOKEN-ONLY"])
+@pytest.mark.parametrize(
+    "authorization", [None, "Bearer", "Bearer wrong-token-0123456789", "Basic dXNlcjpwYXNz", "TRUNCATED", "TOKEN-ONLY"]
+)
 def test_every_endpoint_refuses_bad_tokens(managed, trainer_python, method, path, authorization):
     backend = managed(trainer_python, "tests.fixture_scorers:Probe")
     token = backend._child.token

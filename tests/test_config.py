@@ -1,4 +1,5 @@
 """Config models (plain dicts and Hydra `_target_` recipes) and the per-rank GPU choice."""
+
 from __future__ import annotations
 
 import sys
@@ -46,14 +47,25 @@ def invalid(data: dict, *fragments: str) -> str:
 
 # -- plain construction ----------------------------------------------------------------------
 def test_valid_spec_from_nested_dicts():
-    spec = ManagedScorerProcessSpec(**spec_dict(
-        process={"startup_timeout": 30, "request_timeout": 5.5, "env": {"HF_HOME": "/tmp/hf"}, "local_rank": 2,
-                 "log_dir": "/tmp/logs"},
-        scorer={"name": "jpeg_compressibility", "input_kind": "image", "params": {"quality": 80}, "device": "cuda"},
-        client={"input_kind": "image", "required_rewards": ["jpeg_compressibility"],
-                "weights": {"jpeg_compressibility": 0.5}, "request_batch_size": 8},
-        gpu_residency="per_call",
-    ))
+    spec = ManagedScorerProcessSpec(
+        **spec_dict(
+            process={
+                "startup_timeout": 30,
+                "request_timeout": 5.5,
+                "env": {"HF_HOME": "/tmp/hf"},
+                "local_rank": 2,
+                "log_dir": "/tmp/logs",
+            },
+            scorer={"name": "jpeg_compressibility", "input_kind": "image", "params": {"quality": 80}, "device": "cuda"},
+            client={
+                "input_kind": "image",
+                "required_rewards": ["jpeg_compressibility"],
+                "weights": {"jpeg_compressibility": 0.5},
+                "request_batch_size": 8,
+            },
+            gpu_residency="per_call",
+        )
+    )
     assert isinstance(spec.process, ProcessConfig)
     assert isinstance(spec.scorer, ScorerConfig)
     assert isinstance(spec.client, ClientConfig)
@@ -90,8 +102,12 @@ def test_spec_is_frozen():
 
 def test_nonexistent_python_executable(tmp_path):
     missing = tmp_path / "envs" / "nope" / ".venv" / "bin" / "python"
-    invalid(spec_dict(process={"python_executable": str(missing)}),
-            "process.python_executable", str(missing), "is not an executable file")
+    invalid(
+        spec_dict(process={"python_executable": str(missing)}),
+        "process.python_executable",
+        str(missing),
+        "is not an executable file",
+    )
 
 
 def test_non_executable_python_file(tmp_path):
@@ -143,15 +159,22 @@ def test_input_kind_must_be_known():
 
 
 def test_input_kind_mismatch_between_client_and_scorer():
-    invalid(spec_dict(scorer={"input_kind": "image"}, client={"input_kind": "text"}),
-            "client.input_kind 'text' != scorer.input_kind 'image'")
-    invalid(spec_dict(scorer={"input_kind": "video"}),  # client defaults to text
-            "client.input_kind 'text' != scorer.input_kind 'video'")
+    invalid(
+        spec_dict(scorer={"input_kind": "image"}, client={"input_kind": "text"}),
+        "client.input_kind 'text' != scorer.input_kind 'image'",
+    )
+    invalid(
+        spec_dict(scorer={"input_kind": "video"}),  # client defaults to text
+        "client.input_kind 'text' != scorer.input_kind 'video'",
+    )
 
 
 def test_weights_must_name_required_rewards():
-    invalid(spec_dict(client={"required_rewards": ["a", "b"], "weights": {"a": 1.0, "c": 2.0, "d": 0.5}}),
-            "client", "weights name rewards not in required_rewards: ['c', 'd']")
+    invalid(
+        spec_dict(client={"required_rewards": ["a", "b"], "weights": {"a": 1.0, "c": 2.0, "d": 0.5}}),
+        "client",
+        "weights name rewards not in required_rewards: ['c', 'd']",
+    )
     ok = ManagedScorerProcessSpec(**spec_dict(client={"required_rewards": ["a", "b"], "weights": {"b": 3}}))
     assert ok.client.weights == {"b": 3.0}
 
@@ -161,8 +184,11 @@ def test_extra_import_paths_are_existing_directories_made_absolute(tmp_path, mon
     (tmp_path / "mine").mkdir()
     spec = ManagedScorerProcessSpec(**spec_dict(process={"extra_import_paths": ["mine"]}))
     assert spec.process.extra_import_paths == [tmp_path / "mine"]
-    invalid(spec_dict(process={"extra_import_paths": ["nowhere"]}), "extra_import_paths must be existing directories",
-            str(tmp_path / "nowhere"))
+    invalid(
+        spec_dict(process={"extra_import_paths": ["nowhere"]}),
+        "extra_import_paths must be existing directories",
+        str(tmp_path / "nowhere"),
+    )
 
 
 @pytest.mark.parametrize("name", ["PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSAFEPATH"])
@@ -180,8 +206,11 @@ def test_a_relative_python_is_resolved_once_against_the_current_directory(tmp_pa
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    invalid(spec_dict(process={"python_executable": "env/bin/python"}),
-            str(elsewhere / "env/bin/python"), f"resolved against the current directory {elsewhere}")
+    invalid(
+        spec_dict(process={"python_executable": "env/bin/python"}),
+        str(elsewhere / "env/bin/python"),
+        f"resolved against the current directory {elsewhere}",
+    )
 
 
 def test_scorer_name_must_be_non_empty():

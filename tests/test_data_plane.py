@@ -1,4 +1,5 @@
 """The shared-memory data plane, end to end with real children: negotiated, reused, never leaked."""
+
 from __future__ import annotations
 
 import os
@@ -17,9 +18,9 @@ import pytest
 
 from child_runtime import wire
 from child_runtime.shared_segment import SEGMENT_NAME, ChildSegment, SharedSegmentUnavailable
-from supervisor.segment import ParentSegment, SharedArena, _close_fds
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 from supervisor.errors import ScorerProcessDied, ScorerRequestError
+from supervisor.segment import ParentSegment, SharedArena, _close_fds
 from tests.conftest import REPO_ROOT, run_in_threads, wait_in_flight, wait_until_gone
 
 FIXTURES = "tests.fixture_scorers"
@@ -59,8 +60,12 @@ def shm_entries() -> set[str]:
 
 def images(shapes: list[tuple[int, int, int]], seed: int = 0) -> RewardRequest:
     rng = np.random.default_rng(seed)
-    return RewardRequest(items=[RewardItem(id=f"img{i}", image=rng.integers(0, 256, shape, dtype=np.uint8))
-                                for i, shape in enumerate(shapes)])
+    return RewardRequest(
+        items=[
+            RewardItem(id=f"img{i}", image=rng.integers(0, 256, shape, dtype=np.uint8))
+            for i, shape in enumerate(shapes)
+        ]
+    )
 
 
 def exact_means(request: RewardRequest) -> list[float]:
@@ -136,13 +141,12 @@ def test_a_scorer_that_writes_its_inputs_gets_private_copies(managed, image_pyth
         for scored in (backend.compute_rewards(request), local.compute_rewards(request)):
             assert scored.rewards == [0.0, 0.0]
             assert scored.diagnostics["writeable"] == [True, True]
-    assert all(np.array_equal(item.image, old) for item, old in zip(request.items, before))
+    assert all(np.array_equal(item.image, old) for item, old in zip(request.items, before, strict=True))
 
 
 def test_a_scorer_writing_into_read_only_inputs_fails_loudly(managed, image_python):
     request = images([(64, 64, 3)])
-    backend = managed(image_python, f"{FIXTURES}:WritesWithoutSaying", "image",
-                      client={"shared_memory_min_bytes": 0})
+    backend = managed(image_python, f"{FIXTURES}:WritesWithoutSaying", "image", client={"shared_memory_min_bytes": 0})
     with pytest.raises(ScorerRequestError, match="read-only") as caught:
         backend.compute_rewards(request)
     assert caught.value.status == 500
@@ -152,22 +156,38 @@ def test_a_scorer_writing_into_read_only_inputs_fails_loudly(managed, image_pyth
 
 
 def _shared_frame(descs: list[dict], trailing: bytes = b"") -> bytes:
-    header = wire.json.dumps({"meta": {"items": [{"id": "a", "image": {"__array__": 0}}]}, "arrays": descs,
-                              "shared": True}).encode()
+    header = wire.json.dumps(
+        {"meta": {"items": [{"id": "a", "image": {"__array__": 0}}]}, "arrays": descs, "shared": True}
+    ).encode()
     return wire.MAGIC + wire._LEN.pack(len(header)) + header + trailing
 
 
-@pytest.mark.parametrize("case, descs, trailing, message", [
-    ("past the request limit", [{"dtype": "|u1", "shape": [4096, 4096, 3], "offset": 0, "nbytes": 48 << 20}], b"",
-     "limit max_request_bytes"),
-    ("trailing bytes", [{"dtype": "|u1", "shape": [2, 2, 3], "offset": 0, "nbytes": 12}], b"junk",
-     "bytes past its header"),
-])
+@pytest.mark.parametrize(
+    "case, descs, trailing, message",
+    [
+        (
+            "past the request limit",
+            [{"dtype": "|u1", "shape": [4096, 4096, 3], "offset": 0, "nbytes": 48 << 20}],
+            b"",
+            "limit max_request_bytes",
+        ),
+        (
+            "trailing bytes",
+            [{"dtype": "|u1", "shape": [2, 2, 3], "offset": 0, "nbytes": 12}],
+            b"junk",
+            "bytes past its header",
+        ),
+    ],
+)
 def test_hostile_shared_frames_are_refused(managed, image_python, case, descs, trailing, message):
     backend = managed(image_python, "mean_intensity", "image", limits={"max_request_bytes": 32 << 20})
     child = backend._gen.child
-    with httpx.Client(base_url=f"http://127.0.0.1:{child.port}", trust_env=False, timeout=10,
-                      headers={"authorization": f"Bearer {child.token}"}) as http:
+    with httpx.Client(
+        base_url=f"http://127.0.0.1:{child.port}",
+        trust_env=False,
+        timeout=10,
+        headers={"authorization": f"Bearer {child.token}"},
+    ) as http:
         response = http.post("/score", content=_shared_frame(descs, trailing))
     assert response.status_code == 400, case
     assert message in response.json()["error"]
@@ -179,8 +199,13 @@ def test_a_shared_frame_to_a_child_without_a_segment_is_refused(managed, image_p
     backend = managed(image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": None})
     child = backend._gen.child
     frame = _shared_frame([{"dtype": "|u1", "shape": [2, 2, 3], "offset": 0, "nbytes": 12}])
-    response = httpx.post(f"http://127.0.0.1:{child.port}/score", content=frame, trust_env=False, timeout=10,
-                          headers={"authorization": f"Bearer {child.token}"})
+    response = httpx.post(
+        f"http://127.0.0.1:{child.port}/score",
+        content=frame,
+        trust_env=False,
+        timeout=10,
+        headers={"authorization": f"Bearer {child.token}"},
+    )
     assert response.status_code == 400
     assert "none was negotiated" in response.json()["error"]
 
@@ -221,8 +246,9 @@ time.sleep(600)
 def test_a_killed_trainer_leaves_no_segment_anywhere(image_python):
     """kill -9 of the parent: the child dies with it, and with both gone the kernel frees the memfd."""
     shm_before = shm_entries()
-    parent = subprocess.Popen([sys.executable, "-c", PARENT_SCRIPT, str(image_python)], cwd=REPO_ROOT,
-                              stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT_SCRIPT, str(image_python)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+    )
     try:
         reward, child_pid = parent.stdout.readline().split()
         assert float(reward) == pytest.approx(0.2)
@@ -246,12 +272,13 @@ def test_the_child_gets_a_read_only_descriptor_it_cannot_reseal_or_resize():
         assert os.fstat(segment.fd).st_blocks * 512 >= 10_000  # the extent's pages are reserved: no SIGBUS later
         with pytest.raises(PermissionError):
             import fcntl
+
             fcntl.fcntl(segment.child_fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW)
         with pytest.raises(OSError):
             os.ftruncate(segment.child_fd, 1 << 30)
         child = ChildSegment(os.dup(segment.child_fd), 1 << 20)
         try:
-            assert bytes(child.view(3)[offset:offset + 3]) == b"abc"
+            assert bytes(child.view(3)[offset : offset + 3]) == b"abc"
             with pytest.raises(wire.WireError, match="limit max_request_bytes"):
                 child.view(segment.capacity + 1)
         finally:
@@ -330,8 +357,9 @@ def test_arena_arrays_are_scored_in_place_and_freed_with_the_arena(managed, imag
         batch = arena.empty((4, 256, 256, 3))
         for i in range(4):
             batch[i] = i * 60
-        request = RewardRequest(items=[RewardItem(id=f"a{i}", image=batch[i]) for i in range(4)]
-                                + [RewardItem(id="heap", image=heap)])
+        request = RewardRequest(
+            items=[RewardItem(id=f"a{i}", image=batch[i]) for i in range(4)] + [RewardItem(id="heap", image=heap)]
+        )
         for _ in range(3):  # the arrays stay valid across requests while the arena is open
             assert backend.compute_rewards(request).rewards == exact_means(request)
         assert segment.in_place_bytes == 3 * batch.nbytes and segment.copied_bytes == 3 * heap.nbytes
@@ -343,8 +371,9 @@ def test_arena_arrays_are_scored_in_place_and_freed_with_the_arena(managed, imag
 
 
 def test_a_full_segment_sends_in_band_and_a_restart_copies_old_arena_arrays(managed, image_python):
-    backend = managed(image_python, "mean_intensity", "image", restart={"backoff_s": 0.0},
-                      limits={"max_request_bytes": 1 << 20})
+    backend = managed(
+        image_python, "mean_intensity", "image", restart={"backoff_s": 0.0}, limits={"max_request_bytes": 1 << 20}
+    )
     with backend.arena() as arena:
         hog = arena.empty((1 << 20) - 64)  # leaves one 64-byte extent
         small = images([(128, 128, 3)] * 2)
@@ -372,8 +401,9 @@ def test_concurrent_requests_and_arenas_share_the_segment_safely(managed, image_
             with backend.arena() as arena:
                 image = arena.empty((64, 96, 3))
                 image[...] = rng.integers(0, 256, image.shape, dtype=np.uint8)
-                request = RewardRequest(items=[RewardItem(id="x", image=image)]
-                                        + list(images([(200, 200, 3)], seed=seed).items))
+                request = RewardRequest(
+                    items=[RewardItem(id="x", image=image)] + list(images([(200, 200, 3)], seed=seed).items)
+                )
                 got = backend.compute_rewards(request).rewards
                 if got != exact_means(request):
                     failures.append(f"worker {seed}: {got} != {exact_means(request)}")
@@ -447,6 +477,7 @@ def test_no_pages_for_an_extent_means_in_band_not_a_dead_child(managed, image_py
 def test_an_interrupted_fallocate_returns_its_extent(monkeypatch):
     segment = ParentSegment(1 << 20)
     try:
+
         def interrupted(fd: int, offset: int, length: int) -> None:
             raise KeyboardInterrupt
 
@@ -497,14 +528,15 @@ def test_a_large_request_gives_its_shared_memory_back(managed, image_python):
     small = RewardRequest(items=[RewardItem(id=f"s{i}", image=np.full((512, 512, 3), i, np.uint8)) for i in range(8)])
     backend.compute_rewards(small)  # the steady state: a typical batch, its pages kept warm
     before = rss_shmem_bytes(), rss_shmem_bytes(backend.pid)
-    large = RewardRequest(items=[RewardItem(id=f"l{i}", image=np.full((4000, 4000, 3), 200, np.uint8))
-                                 for i in range(4)])
+    large = RewardRequest(
+        items=[RewardItem(id=f"l{i}", image=np.full((4000, 4000, 3), 200, np.uint8)) for i in range(4)]
+    )
     assert backend.compute_rewards(large).rewards == pytest.approx([200 / 255] * 4)
     after = rss_shmem_bytes(), rss_shmem_bytes(backend.pid)
     segment = backend._gen.segment
     assert segment.returned_bytes >= 192_000_000 - segment.warm_reserve - (1 << 20)
     assert segment.backed_bytes <= segment.warm_reserve + (1 << 20)
-    for side, (was, now) in zip(("trainer", "child"), zip(before, after)):
+    for side, (was, now) in zip(("trainer", "child"), zip(before, after, strict=True), strict=True):
         assert now - was < 4 << 20, f"{side}: RssShmem {was >> 20} MiB -> {now >> 20} MiB"
     assert backend.compute_rewards(small).rewards == pytest.approx([i / 255 for i in range(8)])  # still correct
 
@@ -537,6 +569,7 @@ def _reopen_writable(fd: int, as_other_user: bool) -> str:
             os.close(read_end)
             if as_other_user:
                 import ctypes
+
                 os.setgroups([])
                 os.setgid(65534)
                 os.setuid(65534)
@@ -573,8 +606,11 @@ def test_the_segment_cannot_be_reopened_writable_through_proc():
 def test_the_child_holds_the_segment_read_only_and_cannot_reopen_it_writable(managed, image_python):
     backend = managed(image_python, "mean_intensity", input_kind="image")
     assert backend.ready_info["shared_memory"] is True
-    (fd,) = [name for name in os.listdir(f"/proc/{backend.pid}/fd")
-             if os.readlink(f"/proc/{backend.pid}/fd/{name}").startswith(f"/memfd:{SEGMENT_NAME}")]
+    (fd,) = [
+        name
+        for name in os.listdir(f"/proc/{backend.pid}/fd")
+        if os.readlink(f"/proc/{backend.pid}/fd/{name}").startswith(f"/memfd:{SEGMENT_NAME}")
+    ]
     flags = int(Path(f"/proc/{backend.pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
     assert flags & os.O_ACCMODE == os.O_RDONLY  # one descriptor (the mapping's own), read-only
     assert os.stat(f"/proc/{backend.pid}/fd/{fd}").st_mode & 0o777 == 0o400  # no writable reopen

@@ -1,4 +1,5 @@
 """Every fault in the matrix: a typed error naming the cause, no reward attached, service after."""
+
 from __future__ import annotations
 
 import pytest

@@ -9,6 +9,7 @@ with the same codec) -- then the answer carries the right ids and rewards. Never
 connection; the child's pid is the same at the end and it still scores correctly. Run with -s to see the
 request count and status histogram.
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,8 +17,9 @@ import json
 import struct
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import numpy as np
@@ -37,19 +39,47 @@ QUOTAS = {"random_bytes": 3000, "mutated_header": 3500, "damaged_frame": 2500, "
 assert sum(QUOTAS.values()) >= 10_000
 LIVENESS_EVERY = 250  # requests between checks that the child process is still the same, live one
 PREFIX = len(wire.MAGIC) + 4
-ROUTES = {"/health": {"GET", "HEAD"}, "/score": {"POST"}, "/onload": {"POST"}, "/offload": {"POST"},
-          "/drain": {"POST"}, "/shutdown": {"POST"}}
+ROUTES = {
+    "/health": {"GET", "HEAD"},
+    "/score": {"POST"},
+    "/onload": {"POST"},
+    "/offload": {"POST"},
+    "/drain": {"POST"},
+    "/shutdown": {"POST"},
+}
 STANDARD_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "PROPFIND"]
 # Headers that define the HTTP framing or the connection itself: changing them breaks the client, not the server.
-FRAMING_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "authorization", "expect", "upgrade",
-                   "te", "trailer", "keep-alive", "proxy-connection", "http2-settings", "content-type"}
+FRAMING_HEADERS = {
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "authorization",
+    "expect",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-connection",
+    "http2-settings",
+    "content-type",
+}
 
 
 def fuzz_settings(examples: int) -> settings:
-    return settings(max_examples=examples, deadline=None, database=None, print_blob=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                           HealthCheck.data_too_large, HealthCheck.filter_too_much,
-                                           HealthCheck.large_base_example])
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        print_blob=True,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+            HealthCheck.large_base_example,
+        ],
+    )
 
 
 # -- the live child, shared by the whole module ----------------------------------------------
@@ -58,9 +88,9 @@ class Live:
     backend: ManagedScorerProcessBackend
     http: httpx.Client
     pid: int
-    sent: Counter = field(default_factory=Counter)      # category -> requests
+    sent: Counter = field(default_factory=Counter)  # category -> requests
     statuses: Counter = field(default_factory=Counter)  # status code -> requests
-    valid: Counter = field(default_factory=Counter)     # category -> bodies that were valid requests (200)
+    valid: Counter = field(default_factory=Counter)  # category -> bodies that were valid requests (200)
 
     @property
     def total(self) -> int:
@@ -75,33 +105,53 @@ def live() -> Iterator[Live]:
     """One child for the module: created before the first test's leak-guard snapshot, so the guard ignores it;
     its own teardown proves it is gone."""
     spec = ManagedScorerProcessSpec(
-        process={"python_executable": sys.executable, "startup_timeout": 60, "request_timeout": 60,
-                 "extra_import_paths": [str(REPO_ROOT)]},
+        process={
+            "python_executable": sys.executable,
+            "startup_timeout": 60,
+            "request_timeout": 60,
+            "extra_import_paths": [str(REPO_ROOT)],
+        },
         scorer={"name": PROBE, "input_kind": "text", "params": {}, "device": "cpu"},
         client={"input_kind": "text"},
     )
     backend = ManagedScorerProcessBackend(spec)
     pid = backend.pid
-    http = httpx.Client(base_url=f"http://127.0.0.1:{backend._child.port}", trust_env=False, timeout=10,
-                        headers={"authorization": f"Bearer {backend._child.token}"})
+    http = httpx.Client(
+        base_url=f"http://127.0.0.1:{backend._child.port}",
+        trust_env=False,
+        timeout=10,
+        headers={"authorization": f"Bearer {backend._child.token}"},
+    )
     state = Live(backend, http, pid)
     try:
         yield state
     finally:
         http.close()
         backend.close()
-        print(f"\nfuzz: {state.total} requests sent {dict(state.sent)}; "
-              f"valid-by-chance 200s {dict(state.valid)}; status histogram {dict(sorted(state.statuses.items()))}")
+        print(
+            f"\nfuzz: {state.total} requests sent {dict(state.sent)}; "
+            f"valid-by-chance 200s {dict(state.valid)}; status histogram {dict(sorted(state.statuses.items()))}"
+        )
     assert not wait_until_gone([pid], 5.0), f"fuzzed child pid {pid} outlived the module"
 
 
-def send(live: Live, category: str, method: str, path: str, *, content: bytes | None = None,
-         headers: dict[str, str] | None = None, params: dict[str, str] | None = None) -> httpx.Response:
+def send(
+    live: Live,
+    category: str,
+    method: str,
+    path: str,
+    *,
+    content: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    params: dict[str, str] | None = None,
+) -> httpx.Response:
     try:
         response = live.http.request(method, path, content=content, headers=headers, params=params)
     except httpx.TransportError as exc:
-        raise AssertionError(f"{category}: {method} {path} got no answer (dropped connection?): {exc!r}; "
-                             f"child returncode {live.backend._child.returncode()}") from exc
+        raise AssertionError(
+            f"{category}: {method} {path} got no answer (dropped connection?): {exc!r}; "
+            f"child returncode {live.backend._child.returncode()}"
+        ) from exc
     live.sent[category] += 1
     live.statuses[response.status_code] += 1
     assert response.status_code < 500, f"{category}: {method} {path} -> {response.status_code}: {response.text[:600]}"
@@ -174,8 +224,11 @@ def dumps(value: Any, ascii: bool = True) -> str:
     if isinstance(value, Raw):
         return value.text
     if isinstance(value, dict):
-        return "{" + ",".join(f"{json.dumps(str(k), ensure_ascii=ascii)}:{dumps(v, ascii)}"
-                              for k, v in value.items()) + "}"
+        return (
+            "{"
+            + ",".join(f"{json.dumps(str(k), ensure_ascii=ascii)}:{dumps(v, ascii)}" for k, v in value.items())
+            + "}"
+        )
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(dumps(v, ascii) for v in value) + "]"
     return json.dumps(value, ensure_ascii=ascii)
@@ -183,21 +236,39 @@ def dumps(value: Any, ascii: bool = True) -> str:
 
 DEEP = [10, 100, 500, 900, 950, 980, 990, 1000, 1100, 3000, 100_000]
 raw_tokens = st.one_of(
-    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "-1e400", "1e-999", "-0", "0.0e0", "1" * 300 + ".5",
-                     "18446744073709551616", "-9223372036854775809"]).map(Raw),
-    st.integers(4290, 6000).map(lambda n: Raw("9" * n)),           # ints past the str->int digit limit
+    st.sampled_from(
+        [
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "1e999",
+            "-1e400",
+            "1e-999",
+            "-0",
+            "0.0e0",
+            "1" * 300 + ".5",
+            "18446744073709551616",
+            "-9223372036854775809",
+        ]
+    ).map(Raw),
+    st.integers(4290, 6000).map(lambda n: Raw("9" * n)),  # ints past the str->int digit limit
     st.sampled_from(DEEP).map(lambda n: Raw("[" * n + "]" * n)),
     st.sampled_from(DEEP).map(lambda n: Raw('{"a":' * n + "0" + "}" * n)),
 )
-keys = st.one_of(st.text(max_size=8), st.sampled_from(sorted(ITEM_FIELDS | {wire.ARRAY_KEY, "items", "meta",
-                                                                              "arrays", "dtype", "shape"})))
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12),
-                      st.integers(-2**70, 2**70), raw_tokens)
-json_values = st.recursive(json_leaf, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(keys, kids, max_size=4),
-                           max_leaves=8)
+keys = st.one_of(
+    st.text(max_size=8),
+    st.sampled_from(sorted(ITEM_FIELDS | {wire.ARRAY_KEY, "items", "meta", "arrays", "dtype", "shape"})),
+)
+json_leaf = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12), st.integers(-(2**70), 2**70), raw_tokens
+)
+json_values = st.recursive(
+    json_leaf, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(keys, kids, max_size=4), max_leaves=8
+)
 # values an array descriptor might almost accept
-near_ints = st.one_of(st.sampled_from([-1, 0, 1, 3, 63, 64, 65, 128, 2**31, 2**32, 2**62, 2**62 + 1, 2**63, 2**64]),
-                      st.integers(-5, 300))
+near_ints = st.one_of(
+    st.sampled_from([-1, 0, 1, 3, 63, 64, 65, 128, 2**31, 2**32, 2**62, 2**62 + 1, 2**63, 2**64]), st.integers(-5, 300)
+)
 near_desc_values = st.one_of(
     near_ints,
     st.sampled_from(sorted(wire.ALLOWED_DTYPES) + [">f8", ">i4", "|O", "<c16", "|V8", "<M8[s]", "f8", "uint8", ""]),
@@ -206,11 +277,17 @@ near_desc_values = st.one_of(
 )
 # safe JSON for the valid requests we start from (what wire.encode accepts)
 plain_json = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=10),
-    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6).filter(lambda k: k != wire.ARRAY_KEY),
-                                                              kids, max_size=3),
-    max_leaves=5)
+    lambda kids: (
+        st.lists(kids, max_size=3)
+        | st.dictionaries(st.text(max_size=6).filter(lambda k: k != wire.ARRAY_KEY), kids, max_size=3)
+    ),
+    max_leaves=5,
+)
 META_DTYPES = [np.uint8, np.int16, np.int32, np.float32, np.float64, np.bool_]
 
 
@@ -229,7 +306,8 @@ def valid_requests(draw) -> dict:
         if draw(st.booleans()):
             h, w, c = draw(st.integers(0, 5)), draw(st.integers(0, 5)), draw(st.sampled_from([1, 3, 4]))
             item["image"] = np.frombuffer(draw(st.binary(min_size=h * w * c, max_size=h * w * c)), np.uint8).reshape(
-                h, w, c)
+                h, w, c
+            )
         if draw(st.booleans()):
             dtype = np.dtype(draw(st.sampled_from(META_DTYPES)))
             n = draw(st.integers(0, 20))
@@ -241,7 +319,7 @@ def valid_requests(draw) -> dict:
 
 def split_frame(frame: bytes) -> tuple[dict, bytes]:
     (length,) = struct.unpack_from("<I", frame, len(wire.MAGIC))
-    header = json.loads(frame[PREFIX:PREFIX + length])
+    header = json.loads(frame[PREFIX : PREFIX + length])
     start = (PREFIX + length + wire.ALIGN - 1) // wire.ALIGN * wire.ALIGN
     return header, frame[start:]
 
@@ -332,6 +410,7 @@ def mutated_frames(draw, variants: int = 1) -> list[bytes]:
 
 def fuzz_frames(live, kind: str, frames: st.SearchStrategy) -> None:
     """POST every drawn batch of frame bodies to /score until `kind`'s quota is met; the child must survive."""
+
     @fuzz_settings(QUOTAS[kind] // VARIANTS)
     @given(bodies=frames)
     def run(bodies: list[bytes]) -> None:
@@ -353,19 +432,20 @@ def damage(draw, frame: bytes) -> bytes:
     for _ in range(draw(st.integers(1, 3))):
         op = draw(st.sampled_from(["truncate", "flip", "flip", "length", "append", "cut", "insert"]))
         if op == "truncate":
-            del body[draw(st.integers(0, len(body))):]
+            del body[draw(st.integers(0, len(body))) :]
         elif op == "flip" and body:
             for _ in range(draw(st.integers(1, 8))):
                 at = draw(st.integers(0, len(body) - 1))
                 body[at] ^= 1 << draw(st.integers(0, 7))
         elif op == "length" and len(body) >= PREFIX:
-            body[len(wire.MAGIC):PREFIX] = struct.pack("<I", draw(st.one_of(st.integers(0, 2**32 - 1), near_ints.filter(
-                lambda n: 0 <= n < 2**32))))
+            body[len(wire.MAGIC) : PREFIX] = struct.pack(
+                "<I", draw(st.one_of(st.integers(0, 2**32 - 1), near_ints.filter(lambda n: 0 <= n < 2**32)))
+            )
         elif op == "append":
             body += draw(st.binary(min_size=1, max_size=200))
         elif op == "cut" and body:
             start = draw(st.integers(0, len(body) - 1))
-            del body[start:start + draw(st.integers(1, 64))]
+            del body[start : start + draw(st.integers(1, 64))]
         elif op == "insert":
             at = draw(st.integers(0, len(body)))
             body[at:at] = draw(st.binary(min_size=1, max_size=64))
@@ -386,30 +466,72 @@ def test_c_damaged_frames(live):
 # -- (d) odd HTTP: content types, extra headers, methods, paths --------------------------------
 header_names = st.one_of(
     st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=24),
-    st.sampled_from(["accept", "accept-encoding", "content-encoding", "cookie", "origin", "range", "referer",
-                     "x-forwarded-for", "x-request-id", "if-none-match", "cache-control", "user-agent",
-                     "forwarded", "x-http-method-override", "content-language", "server-timing"]),
+    st.sampled_from(
+        [
+            "accept",
+            "accept-encoding",
+            "content-encoding",
+            "cookie",
+            "origin",
+            "range",
+            "referer",
+            "x-forwarded-for",
+            "x-request-id",
+            "if-none-match",
+            "cache-control",
+            "user-agent",
+            "forwarded",
+            "x-http-method-override",
+            "content-language",
+            "server-timing",
+        ]
+    ),
 ).filter(lambda name: name not in FRAMING_HEADERS)
 header_values = st.text(alphabet=[chr(c) for c in range(0x21, 0x7F)], max_size=80)
 extra_headers = st.dictionaries(header_names, header_values, max_size=6)
 content_types = st.one_of(
     st.none(),  # no content-type at all
-    st.sampled_from(["", "application/json", "text/plain", "application/octet-stream", "multipart/form-data",
-                     "multipart/form-data; boundary=xyz", "application/x-www-form-urlencoded",
-                     wire.CONTENT_TYPE.upper(), wire.CONTENT_TYPE + "; charset=latin-1", "*/*", ";;;"]),
+    st.sampled_from(
+        [
+            "",
+            "application/json",
+            "text/plain",
+            "application/octet-stream",
+            "multipart/form-data",
+            "multipart/form-data; boundary=xyz",
+            "application/x-www-form-urlencoded",
+            wire.CONTENT_TYPE.upper(),
+            wire.CONTENT_TYPE + "; charset=latin-1",
+            "*/*",
+            ";;;",
+        ]
+    ),
     header_values,
 )
 path_segments = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~", max_size=12)
-unknown_paths = st.lists(path_segments.filter(bool), min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts)).filter(
-    lambda path: path.rstrip("/") not in ROUTES and path not in (".", "/.", "/..") and "/./" not in path + "/"
-    and "/../" not in path + "/" and not path.endswith(("/.", "/..")))
+unknown_paths = (
+    st.lists(path_segments.filter(bool), min_size=1, max_size=4)
+    .map(lambda parts: "/" + "/".join(parts))
+    .filter(
+        lambda path: (
+            path.rstrip("/") not in ROUTES
+            and path not in (".", "/.", "/..")
+            and "/./" not in path + "/"
+            and "/../" not in path + "/"
+            and not path.endswith(("/.", "/.."))
+        )
+    )
+)
 query_params = st.dictionaries(path_segments, path_segments, max_size=3)
+
+
 def first(bodies: list[bytes]) -> bytes:
     return bodies[0]
 
 
-frame_bodies = st.one_of(valid_requests().map(wire.encode), damaged_frames().map(first), mutated_frames().map(first),
-                         st.binary(max_size=256))
+frame_bodies = st.one_of(
+    valid_requests().map(wire.encode), damaged_frames().map(first), mutated_frames().map(first), st.binary(max_size=256)
+)
 
 
 @st.composite
@@ -417,8 +539,18 @@ def odd_requests(draw) -> tuple[str, str, dict, bytes | None, dict, str]:
     """(method, path, headers, body, params, what is expected)."""
     headers = draw(extra_headers)
     params = draw(query_params)
-    kind = draw(st.sampled_from(["score_headers", "score_headers", "wrong_method_score", "wrong_method_other",
-                                 "unknown_path", "custom_method"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "score_headers",
+                "score_headers",
+                "wrong_method_score",
+                "wrong_method_other",
+                "unknown_path",
+                "custom_method",
+            ]
+        )
+    )
     body = draw(st.one_of(st.none(), frame_bodies))
     if kind == "score_headers":
         content_type = draw(content_types)
@@ -434,10 +566,12 @@ def odd_requests(draw) -> tuple[str, str, dict, bytes | None, dict, str]:
         return method, path, headers, body, params, "405"
     if kind == "unknown_path":
         return draw(st.sampled_from(STANDARD_METHODS)), draw(unknown_paths), headers, body, params, "404"
-    method = draw(st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ", min_size=3, max_size=10).filter(
-        lambda m: m not in STANDARD_METHODS and m != "CONNECT"))
+    method = draw(
+        st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ", min_size=3, max_size=10).filter(
+            lambda m: m not in STANDARD_METHODS and m != "CONNECT"
+        )
+    )
     return method, draw(st.sampled_from(sorted(ROUTES) + ["/nope"])), headers, body, params, "custom"
-
 
 
 def test_d_odd_http(live):
@@ -464,8 +598,10 @@ def test_d_odd_http(live):
 # -- known findings, pinned deterministically ---------------------------------------------------
 def test_integer_past_the_digit_limit_in_header_is_400_not_500(live):
     """json.loads raises a plain ValueError (not JSONDecodeError) for an int over 4300 digits."""
-    for where in ('"meta":{"items":[{"id":"a","text":"x","reference":%s}]},"arrays":[]',
-                  '"meta":{"items":[]},"arrays":[{"dtype":"|u1","shape":[1],"offset":%s,"nbytes":1}]'):
+    for where in (
+        '"meta":{"items":[{"id":"a","text":"x","reference":%s}]},"arrays":[]',
+        '"meta":{"items":[]},"arrays":[{"dtype":"|u1","shape":[1],"offset":%s,"nbytes":1}]',
+    ):
         header = ("{" + where % ("9" * 5000) + "}").encode()
         response = send(live, "pinned", "POST", "/score", content=pack_frame(header, b""))
         assert response.status_code == 400 and response.json()["kind"] == "bad_request", response.text[:300]
@@ -482,5 +618,7 @@ def test_trailing_slash_is_an_unknown_path_not_a_redirect(live, path):
 def test_child_survived_the_whole_module(live):
     """Runs last: same pid as at the start, still scoring; prints the totals."""
     still_serving(live)
-    print(f"\nfuzz so far: {live.total} requests, {dict(live.sent)}, 200-valid {dict(live.valid)}, "
-          f"statuses {dict(sorted(live.statuses.items()))}")
+    print(
+        f"\nfuzz so far: {live.total} requests, {dict(live.sent)}, 200-valid {dict(live.valid)}, "
+        f"statuses {dict(sorted(live.statuses.items()))}"
+    )

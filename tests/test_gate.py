@@ -1,5 +1,6 @@
 """Connections that never authenticate are bounded in number and time: another local user cannot
 make the trainer lose its child."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,13 @@ REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
 
 @contextmanager
 def flood(port: int, count: int) -> Iterator[int]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.flood_connections", str(port), str(count)], cwd=REPO_ROOT,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.flood_connections", str(port), str(count)],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         yield json.loads(proc.stdout.readline())["held"]
     finally:
@@ -63,8 +69,9 @@ def test_five_thousand_idle_connections_cannot_make_the_trainer_kill_its_child(m
 
 
 def test_a_connection_that_authenticates_is_never_evicted(managed, trainer_python):
-    backend = managed(trainer_python, "constant",
-                      limits={"max_pending_connections": 2, "pending_connection_timeout_s": 0.3})
+    backend = managed(
+        trainer_python, "constant", limits={"max_pending_connections": 2, "pending_connection_timeout_s": 0.3}
+    )
     assert backend.compute_rewards(REQUEST).rewards == [1.0]  # admits the trainer's pooled connection
     with flood(backend._child.port, 50):
         assert eventually(lambda: backend.health()["connections"] == {"pending": 0, "evicted": 50})

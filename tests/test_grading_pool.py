@@ -1,4 +1,5 @@
 """GradingPool with real forkserver workers: order, timeouts, crashes, teardown."""
+
 from __future__ import annotations
 
 import os

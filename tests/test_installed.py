@@ -1,5 +1,6 @@
 """Installed use keeps the isolation: `pip install .` into a trainer env that pins antlr 4.9.3, run from
 another directory, and the math child still grades `10\\%` as 0.1 with its own antlr 4.13.2."""
+
 from __future__ import annotations
 
 import json
@@ -19,13 +20,18 @@ def installed_trainer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with managed-scorers pip-installed (not editable) and antlr 4.9.3 beside it."""
     root = tmp_path_factory.mktemp("installed")
     source = root / "source"  # a copy, so that nothing can be imported from the checkout by accident
-    shutil.copytree(REPO_ROOT, source, ignore=shutil.ignore_patterns(".venv", "envs", ".git", "__pycache__",
-                                                                      "*.egg-info", "build", "bench", "tests"))
+    shutil.copytree(
+        REPO_ROOT,
+        source,
+        ignore=shutil.ignore_patterns(".venv", "envs", ".git", "__pycache__", "*.egg-info", "build", "bench", "tests"),
+    )
     venv = root / "trainer-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-input", str(source),
-                    "antlr4-python3-runtime==4.9.3"], check=True)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-input", str(source), "antlr4-python3-runtime==4.9.3"],
+        check=True,
+    )
     shutil.rmtree(source)
     return python
 
@@ -38,8 +44,14 @@ def test_an_installed_trainer_hands_the_child_nothing_of_its_environment(install
     script = elsewhere / "train.py"
     shutil.copy(REPO_ROOT / "tests" / "installed_trainer.py", script)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    done = subprocess.run([str(installed_trainer), str(script), str(math_python)], cwd=elsewhere, env=env,
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [str(installed_trainer), str(script), str(math_python)],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
     trainer_env = installed_trainer.parent.parent

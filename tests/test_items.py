@@ -1,4 +1,5 @@
 """Request validation shared by the child and the local backend: every violation names its field."""
+
 from __future__ import annotations
 
 import re
@@ -22,12 +23,21 @@ def raises(match: str):
 def test_valid_request_builds_score_items_in_order():
     image = np.zeros((4, 5, 3), dtype=np.uint8)
     video = np.ones((2, 4, 5, 4), dtype=np.uint8)
-    items = items_from_wire(req(
-        {"id": "a", "group_id": "g", "prompt": "p", "text": "t", "image": image,
-         "reference": {"answer": "42"}, "metadata": {"k": [1, 2]}},
-        {"id": "b", "video": video},
-        {"id": "c", "text": None, "prompt": None, "group_id": None, "image": None},
-    ))
+    items = items_from_wire(
+        req(
+            {
+                "id": "a",
+                "group_id": "g",
+                "prompt": "p",
+                "text": "t",
+                "image": image,
+                "reference": {"answer": "42"},
+                "metadata": {"k": [1, 2]},
+            },
+            {"id": "b", "video": video},
+            {"id": "c", "text": None, "prompt": None, "group_id": None, "image": None},
+        )
+    )
     assert [type(i) for i in items] == [ScoreItem] * 3
     assert [i.id for i in items] == ["a", "b", "c"]
     a, b, c = items

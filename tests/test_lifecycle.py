@@ -1,4 +1,5 @@
 """Start-up failures, crashes, deadlines and teardown with real child processes."""
+
 from __future__ import annotations
 
 import os
@@ -104,8 +105,9 @@ def test_kill_9_between_calls_is_noticed_before_sending(managed, trainer_python)
 
 
 def test_request_timeout_kills_the_hung_child(managed, trainer_python):
-    backend = managed(trainer_python, "tests.fixture_scorers:Probe", params={"sleep_s": 60},
-                      process={"request_timeout": 1.0})
+    backend = managed(
+        trainer_python, "tests.fixture_scorers:Probe", params={"sleep_s": 60}, process={"request_timeout": 1.0}
+    )
     pid = backend.pid
     started = time.monotonic()
     with pytest.raises(ScorerTimeout) as info:
@@ -127,8 +129,12 @@ def test_close_is_graceful_bounded_and_idempotent(managed, trainer_python):
 
 
 def test_close_escalates_when_the_child_ignores_shutdown(managed, trainer_python):
-    backend = managed(trainer_python, "tests.fixture_scorers:Probe", params={"sleep_s": 60},
-                      process={"shutdown_timeout": 1.0, "request_timeout": 120})
+    backend = managed(
+        trainer_python,
+        "tests.fixture_scorers:Probe",
+        params={"sleep_s": 60},
+        process={"shutdown_timeout": 1.0, "request_timeout": 120},
+    )
     outcome: list[BaseException | None] = []
 
     def score() -> None:
@@ -225,8 +231,9 @@ def test_unserialisable_diagnostics_are_a_typed_error_and_the_child_keeps_servin
 
 def test_threads_sharing_a_backend_are_served_in_turn_within_the_deadline(managed, trainer_python):
     """The child scores one batch at a time; queued calls must not eat the request deadline."""
-    backend = managed(trainer_python, "tests.fixture_scorers:Probe", params={"sleep_s": 0.3},
-                      process={"request_timeout": 1.0})
+    backend = managed(
+        trainer_python, "tests.fixture_scorers:Probe", params={"sleep_s": 0.3}, process={"request_timeout": 1.0}
+    )
     results, errors = [], []
 
     def work(thread: int) -> None:

@@ -1,4 +1,5 @@
 """Hostile input: size, count, length and shape limits answered 4xx, and the child keeps serving."""
+
 from __future__ import annotations
 
 import httpx

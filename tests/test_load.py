@@ -5,14 +5,15 @@ every reward must come back for the id it was computed for (invariant 1), with n
 polls /health the whole time and every answer must take under 50 ms. Then /drain under load must wait for
 every request the child accepted before it. Run with -s to see the latency and throughput figures.
 """
+
 from __future__ import annotations
 
 import contextlib
 import gc
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import httpx
 import numpy as np
@@ -47,8 +48,9 @@ def frozen_heap() -> Iterator[None]:
 
 
 def remote_for(backend) -> RemoteRewardBackend:
-    return RemoteRewardBackend(f"http://127.0.0.1:{backend._child.port}", token=backend._child.token,
-                               request_timeout=60)
+    return RemoteRewardBackend(
+        f"http://127.0.0.1:{backend._child.port}", token=backend._child.token, request_timeout=60
+    )
 
 
 def expected_length(client: int, request: int, item: int) -> int:
@@ -73,7 +75,7 @@ def score_many(remote: RemoteRewardBackend, client: int, log: ClientLog, start: 
     for request_no in range(REQUESTS_PER_CLIENT):
         ids = [f"c{client}-r{request_no}-i{k}" for k in range(item_count(client, request_no))]
         lengths = [expected_length(client, request_no, k) for k in range(len(ids))]
-        request = RewardRequest(items=[RewardItem(id=i, text="x" * n) for i, n in zip(ids, lengths)])
+        request = RewardRequest(items=[RewardItem(id=i, text="x" * n) for i, n in zip(ids, lengths, strict=True)])
         try:
             response = remote.compute_rewards(request)
         except Exception as exc:  # noqa: BLE001 - every failure is counted and reported
@@ -82,11 +84,19 @@ def score_many(remote: RemoteRewardBackend, client: int, log: ClientLog, start: 
         finally:
             log.requests += 1
         if response.ids != ids or response.rewards != [float(n) for n in lengths] or not all(response.successes):
-            log.misattributed.append(f"sent {list(zip(ids, lengths))}, got {list(zip(response.ids, response.rewards))}")
+            log.misattributed.append(
+                f"sent {list(zip(ids, lengths, strict=True))}, got {list(zip(response.ids, response.rewards, strict=True))}"
+            )
 
 
-def poll_health(http: httpx.Client, stop: threading.Event, latencies: list[tuple[float, float]], failures: list[str],
-                pid: int, start: threading.Barrier) -> None:
+def poll_health(
+    http: httpx.Client,
+    stop: threading.Event,
+    latencies: list[tuple[float, float]],
+    failures: list[str],
+    pid: int,
+    start: threading.Barrier,
+) -> None:
     """(seconds since the load started, latency) of every /health call while the load runs."""
     http.get("/health")  # warm-up, untimed: connection setup and httpx's lazy first-request work are not latency
     start.wait(timeout=30)
@@ -107,17 +117,24 @@ def poll_health(http: httpx.Client, stop: threading.Event, latencies: list[tuple
 def test_four_clients_get_their_own_rewards_while_health_stays_fast(managed, trainer_python):
     backend = managed(trainer_python, PROBE)
     remotes = [remote_for(backend) for _ in range(CLIENTS)]
-    health_http = httpx.Client(base_url=f"http://127.0.0.1:{backend._child.port}", trust_env=False, timeout=10,
-                               headers={"authorization": f"Bearer {backend._child.token}"})
+    health_http = httpx.Client(
+        base_url=f"http://127.0.0.1:{backend._child.port}",
+        trust_env=False,
+        timeout=10,
+        headers={"authorization": f"Bearer {backend._child.token}"},
+    )
     logs = [ClientLog() for _ in range(CLIENTS)]
     latencies: list[tuple[float, float]] = []
     health_failures: list[str] = []
     stop = threading.Event()
     barrier = threading.Barrier(CLIENTS + 2)
-    workers = [threading.Thread(target=score_many, args=(remotes[c], c, logs[c], barrier), name=f"client-{c}")
-               for c in range(CLIENTS)]
-    poller = threading.Thread(target=poll_health, args=(health_http, stop, latencies, health_failures, backend.pid,
-                                                        barrier))
+    workers = [
+        threading.Thread(target=score_many, args=(remotes[c], c, logs[c], barrier), name=f"client-{c}")
+        for c in range(CLIENTS)
+    ]
+    poller = threading.Thread(
+        target=poll_health, args=(health_http, stop, latencies, health_failures, backend.pid, barrier)
+    )
     with frozen_heap():
         try:
             for worker in workers:
@@ -141,18 +158,22 @@ def test_four_clients_get_their_own_rewards_while_health_stays_fast(managed, tra
     errors = [e for log in logs for e in log.errors]
     misattributed = [m for log in logs for m in log.misattributed]
     lat_ms = np.array([latency for _, latency in latencies]) * 1e3
-    print(f"\nload: {sent} score requests ({sum(item_count(c, r) for c in range(CLIENTS) for r in range(REQUESTS_PER_CLIENT))}"
-          f" items) from {CLIENTS} clients in {elapsed:.2f} s = {sent / elapsed:.0f} req/s; "
-          f"{len(lat_ms)} /health polls: p50 {np.percentile(lat_ms, 50):.2f} ms, p99 {np.percentile(lat_ms, 99):.2f} ms, "
-          f"max {lat_ms.max():.2f} ms (at {latencies[int(lat_ms.argmax())][0]:.2f} s)")
+    print(
+        f"\nload: {sent} score requests ({sum(item_count(c, r) for c in range(CLIENTS) for r in range(REQUESTS_PER_CLIENT))}"
+        f" items) from {CLIENTS} clients in {elapsed:.2f} s = {sent / elapsed:.0f} req/s; "
+        f"{len(lat_ms)} /health polls: p50 {np.percentile(lat_ms, 50):.2f} ms, p99 {np.percentile(lat_ms, 99):.2f} ms, "
+        f"max {lat_ms.max():.2f} ms (at {latencies[int(lat_ms.argmax())][0]:.2f} s)"
+    )
     assert sent == CLIENTS * REQUESTS_PER_CLIENT
     assert not errors, f"{len(errors)} errors, first: {errors[:3]}"
     assert not misattributed, f"{len(misattributed)} misattributed answers, first: {misattributed[:3]}"
     assert not health_failures, health_failures[:3]
     assert len(lat_ms) >= 20, "the health poller barely ran"
     slow = [(round(at, 3), round(latency * 1e3, 1)) for at, latency in latencies if latency >= HEALTH_BOUND_S]
-    assert not slow, (f"{len(slow)} of {lat_ms.size} /health answers took >= {HEALTH_BOUND_S * 1e3:.0f} ms under "
-                      f"load (seconds into the run, ms): {slow[:10]}")
+    assert not slow, (
+        f"{len(slow)} of {lat_ms.size} /health answers took >= {HEALTH_BOUND_S * 1e3:.0f} ms under "
+        f"load (seconds into the run, ms): {slow[:10]}"
+    )
     assert backend.health()["in_flight"] == 0
 
 
@@ -168,7 +189,7 @@ def test_drain_under_load_waits_for_everything_accepted_before_it(managed, train
         while not stop.is_set():
             ids = [f"c{client}-r{request_no}-i{k}" for k in range(item_count(client, request_no))]
             lengths = [(request_no % 500) * 3 + k for k in range(len(ids))]
-            request = RewardRequest(items=[RewardItem(id=i, text="x" * n) for i, n in zip(ids, lengths)])
+            request = RewardRequest(items=[RewardItem(id=i, text="x" * n) for i, n in zip(ids, lengths, strict=True)])
             begun = time.monotonic()
             try:
                 response = remotes[client].compute_rewards(request)
@@ -226,16 +247,20 @@ def test_drain_under_load_waits_for_everything_accepted_before_it(managed, train
     late = [s for s in must_finish if s[1] > returned + DRAIN_SLACK_S]
     in_flight_at_call = [s for s in spans if s[0] < called < s[1]]
     after = [s for s in spans if s[0] > returned]
-    print(f"\ndrain: {result} in {1e3 * (returned - called):.1f} ms (health said {in_flight_before} in flight just "
-          f"before); {len(spans)} requests, {len(in_flight_at_call)} in flight at the call, {len(must_finish)} started "
-          f">{ACCEPTED_BEFORE_DRAIN_S} s before it, {len(after)} started after it returned")
+    print(
+        f"\ndrain: {result} in {1e3 * (returned - called):.1f} ms (health said {in_flight_before} in flight just "
+        f"before); {len(spans)} requests, {len(in_flight_at_call)} in flight at the call, {len(must_finish)} started "
+        f">{ACCEPTED_BEFORE_DRAIN_S} s before it, {len(after)} started after it returned"
+    )
     assert must_finish, "no request started before the drain"
     assert not late, [(round(s - called, 3), round(e - returned, 3)) for s, e in late[:5]]
     # With 20 ms batches and 4 clients a request waits ~80 ms, so the rule above mostly checks requests that were
     # long done. The sharper check: the `drained` requests were in flight at the call (accepted before the drain,
     # answered after it arrived), so at least that many of those must have ended by the time the drain returned.
     ended_in_time = [s for s in in_flight_at_call if s[1] <= returned + DRAIN_SLACK_S]
-    assert len(ended_in_time) >= result["drained"], (result, [(round(s - called, 3), round(e - returned, 3))
-                                                              for s, e in in_flight_at_call])
+    assert len(ended_in_time) >= result["drained"], (
+        result,
+        [(round(s - called, 3), round(e - returned, 3)) for s, e in in_flight_at_call],
+    )
     assert after, "scoring must go on after a drain"
     assert backend.health()["in_flight"] == 0

@@ -1,5 +1,6 @@
 """Child logs: a full disk never hides why a child failed; bad log directories are typed errors;
 logs are bounded per scorer and rank; a clean child leaves none."""
+
 from __future__ import annotations
 
 import logging
@@ -9,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import RewardItem, RewardRequest, ScorerStartupError
+from supervisor import RewardItem, RewardRequest, ScorerStartupError, userdirs
 from supervisor import process as process_module
-from supervisor import userdirs
 
 REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
 
@@ -90,8 +90,9 @@ def test_a_log_dir_owned_by_another_user_is_a_startup_error(managed, trainer_pyt
         managed(trainer_python, "constant", process={"log_dir": str(foreign)})
 
 
-def test_another_user_cannot_block_default_launches_by_creating_the_default_dir(managed, trainer_python,
-                                                                                tmp_path, monkeypatch, caplog):
+def test_another_user_cannot_block_default_launches_by_creating_the_default_dir(
+    managed, trainer_python, tmp_path, monkeypatch, caplog
+):
     cache = tmp_path / "cache"
     cache.mkdir()
     squatted = cache / "managed-scorers"
@@ -115,8 +116,9 @@ def test_logs_are_kept_per_scorer_and_rank_up_to_the_limit(managed, trainer_pyth
     log_dir = tmp_path / "logs"
     paths = []
     for _ in range(4):
-        backend = managed(trainer_python, "constant", process={"log_dir": str(log_dir), "keep_logs": 2,
-                                                              "keep_clean_logs": True})
+        backend = managed(
+            trainer_python, "constant", process={"log_dir": str(log_dir), "keep_logs": 2, "keep_clean_logs": True}
+        )
         paths.append(Path(backend.log_path))
         backend.close()
     other = managed(trainer_python, "nonempty", process={"log_dir": str(log_dir), "keep_logs": 2})

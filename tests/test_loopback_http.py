@@ -1,11 +1,12 @@
 """LoopbackHTTP against real sockets: deadlines across the whole exchange, stale connections, framing."""
+
 from __future__ import annotations
 
 import hashlib
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -90,6 +91,7 @@ def serve():
 
 def keep_alive(reply: Callable[[bytes, bytes], bytes]) -> Callable[[socket.socket], None]:
     """A handler answering every request on the connection with `reply(head, body)`."""
+
     def handle(conn: socket.socket) -> None:
         while True:
             try:
@@ -129,6 +131,7 @@ def test_a_silent_server_times_out_at_the_deadline(serve):
 
 def test_the_deadline_spans_the_whole_answer_not_each_read(serve):
     """A server dripping one byte every 0.1 s never lets a single recv time out; the deadline still holds."""
+
     def drip(conn: socket.socket) -> None:
         read_request(conn)
         for byte in answer(b"x" * 100):
@@ -142,18 +145,23 @@ def test_the_deadline_spans_the_whole_answer_not_each_read(serve):
     assert time.monotonic() - started < 1.6
 
 
-@pytest.mark.parametrize("reply, error, message", [
-    (b"", ConnectionLost, "closed the connection before answering"),
-    (b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort", ConnectionLost, "after 5 of 50 body bytes"),
-    (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", BadAnswer,
-     "no content-length"),
-    (b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n", BadAnswer, "expected HTTP/1.1"),
-    (b"garbage\r\n\r\n", BadAnswer, "bad status line"),
-    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", BadAnswer, "bad header line"),
-    (b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n", BadAnswer, "bad content-length"),
-    ("HTTP/1.1 200 OK\r\ncontent-length: \u00b2\r\n\r\n".encode("latin-1"), BadAnswer,
-     "bad content-length"),
-])
+@pytest.mark.parametrize(
+    "reply, error, message",
+    [
+        (b"", ConnectionLost, "closed the connection before answering"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort", ConnectionLost, "after 5 of 50 body bytes"),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            BadAnswer,
+            "no content-length",
+        ),
+        (b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n", BadAnswer, "expected HTTP/1.1"),
+        (b"garbage\r\n\r\n", BadAnswer, "bad status line"),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", BadAnswer, "bad header line"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n", BadAnswer, "bad content-length"),
+        ("HTTP/1.1 200 OK\r\ncontent-length: \u00b2\r\n\r\n".encode("latin-1"), BadAnswer, "bad content-length"),
+    ],
+)
 def test_broken_answers_are_typed(serve, reply, error, message):
     def broken(conn: socket.socket) -> None:
         read_request(conn)

@@ -1,4 +1,5 @@
 """math_verify in its own venv: isolation, timeouts, teardown and orphan safety."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -53,8 +54,14 @@ def test_pathological_item_costs_its_timeout_only(managed, math_python):
     response = backend.compute_rewards(RewardRequest(items=math_items()))
     elapsed = time.monotonic() - started
     assert elapsed < 2 + 2.5, f"batch took {elapsed:.2f} s with a 2 s per-item timeout"
-    assert dict(zip(response.ids, response.rewards)) == {
-        "right": 1.0, "frac": 1.0, "tower": 0.0, "wrong": 0.0, "junk": 0.0, "sqrt": 1.0}
+    assert dict(zip(response.ids, response.rewards, strict=True)) == {
+        "right": 1.0,
+        "frac": 1.0,
+        "tower": 0.0,
+        "wrong": 0.0,
+        "junk": 0.0,
+        "sqrt": 1.0,
+    }
     assert response.diagnostics["timeouts"] == 1 and response.diagnostics["timeout_ids"] == ["tower"]
     assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
 
@@ -72,8 +79,7 @@ def test_shutdown_takes_forkserver_and_workers(managed, math_python):
 
 @pytest.mark.slow
 def test_kill_9_of_math_child_mid_batch_takes_its_descendants(managed, math_python):
-    backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 30},
-                      process={"request_timeout": 120})
+    backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 30}, process={"request_timeout": 120})
     backend.compute_rewards(RewardRequest(items=[PERCENT]))
     members = group_members(backend.pid)
     request = RewardRequest(items=[RewardItem(id=f"t{i}", text=TOWER, reference="1") for i in range(2)])
@@ -92,7 +98,10 @@ def test_kill_9_of_math_child_mid_batch_takes_its_descendants(managed, math_pyth
 def _spawn_orphan_parent(python, scorer: str, params: dict, mode: str) -> tuple[subprocess.Popen, dict]:
     parent = subprocess.Popen(
         [sys.executable, "-m", "tests.orphan_parent", str(python), scorer, json.dumps(params), mode],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     line = parent.stdout.readline()
     if not line:
@@ -152,9 +161,10 @@ def test_bare_latex_golds_are_parsed_whole(managed, math_python):
         "delimited": ("so $x^2+1$", "$x^2+1$", 1.0),
         "plain": ("\\boxed{12}", "12", 1.0),
     }
-    request = RewardRequest(items=[RewardItem(id=name, text=text, reference=gold)
-                                   for name, (text, gold, _) in cases.items()])
-    got = dict(zip(request.ids, backend.compute_rewards(request).rewards))
+    request = RewardRequest(
+        items=[RewardItem(id=name, text=text, reference=gold) for name, (text, gold, _) in cases.items()]
+    )
+    got = dict(zip(request.ids, backend.compute_rewards(request).rewards, strict=True))
     assert got == {name: expected for name, (_, _, expected) in cases.items()}
 
 
@@ -179,7 +189,8 @@ def test_plain_number_golds_grade_as_math_verify_does(managed, math_python):
         "poly": ("so $x^2+1$", "x^2+1", 1.0),
         "poly_wrong": ("\\boxed{x^2}", "x^2+1", 0.0),
     }
-    request = RewardRequest(items=[RewardItem(id=name, text=text, reference=gold)
-                                   for name, (text, gold, _) in cases.items()])
-    got = dict(zip(request.ids, backend.compute_rewards(request).rewards))
+    request = RewardRequest(
+        items=[RewardItem(id=name, text=text, reference=gold) for name, (text, gold, _) in cases.items()]
+    )
+    got = dict(zip(request.ids, backend.compute_rewards(request).rewards, strict=True))
     assert got == {name: expected for name, (_, _, expected) in cases.items()}

@@ -1,4 +1,5 @@
 """MathVerifyScorer in-process, grading through real forkserver workers."""
+
 from __future__ import annotations
 
 import time
@@ -67,7 +68,9 @@ def test_plain_number_golds_grade_as_math_verify_grades_them(make_scorer):
         "trailing-period": ("\\boxed{3}", "3.", 1.0),
     }
     result = score_checked(scorer, [item(name, text, gold) for name, (text, gold, _) in cases.items()])
-    assert dict(zip(cases, result.terms["math_verify"])) == {name: want for name, (_, _, want) in cases.items()}
+    assert dict(zip(cases, result.terms["math_verify"], strict=True)) == {
+        name: want for name, (_, _, want) in cases.items()
+    }
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
 """OCR text-rendering reward: the string helpers in-process, the scorer in a real child from envs/ocr."""
+
 from __future__ import annotations
 
 import sys
@@ -41,16 +42,27 @@ def request(*pairs: tuple[np.ndarray, object]) -> RewardRequest:
 
 # --- in-process: no rapidocr needed ---------------------------------------------------------------
 
+
 def test_module_import_does_not_load_rapidocr():
     assert "rapidocr_onnxruntime" not in sys.modules and "onnxruntime" not in sys.modules
     OcrScorer()  # construction is cheap too
     assert "rapidocr_onnxruntime" not in sys.modules
 
 
-@pytest.mark.parametrize("a,b,distance", [
-    ("", "", 0), ("abc", "", 3), ("", "abc", 3), ("kitten", "sitting", 3), ("flaw", "lawn", 2),
-    ("abc", "abc", 0), ("abc", "acb", 2), ("héllo", "hello", 1), ("a" * 50, "b" * 40, 50),
-])
+@pytest.mark.parametrize(
+    "a,b,distance",
+    [
+        ("", "", 0),
+        ("abc", "", 3),
+        ("", "abc", 3),
+        ("kitten", "sitting", 3),
+        ("flaw", "lawn", 2),
+        ("abc", "abc", 0),
+        ("abc", "acb", 2),
+        ("héllo", "hello", 1),
+        ("a" * 50, "b" * 40, 50),
+    ],
+)
 def test_levenshtein(a, b, distance):
     assert levenshtein(a, b) == distance == levenshtein(b, a)
 
@@ -114,18 +126,21 @@ def test_to_bgr_composites_transparent_pixels_over_white():
     assert to_bgr(rgba)[0].tolist() == [[0, 0, 0], [127, 127, 127], [255, 255, 255]]
 
 
-@pytest.mark.parametrize("params,error,needle", [
-    ({"det_limit_side_len": 736.0}, TypeError, "det_limit_side_len must be an int"),
-    ({"det_limit_side_len": 8}, ValueError, "det_limit_side_len must be in"),
-    ({"det_limit_type": "sideways"}, ValueError, "det_limit_type must be 'min' or 'max'"),
-    ({"use_cls": 1}, TypeError, "use_cls must be a bool"),
-    ({"text_score": "0.5"}, TypeError, "text_score must be a number"),
-    ({"text_score": 1.5}, ValueError, "text_score must be in"),
-    ({"threads": 0}, ValueError, "threads must be >= 1"),
-    ({"threads": True}, TypeError, "threads must be an int or None"),
-    ({"ignore_spaces": "yes"}, TypeError, "ignore_spaces must be a bool"),
-    ({"language": "en"}, TypeError, "language"),
-])
+@pytest.mark.parametrize(
+    "params,error,needle",
+    [
+        ({"det_limit_side_len": 736.0}, TypeError, "det_limit_side_len must be an int"),
+        ({"det_limit_side_len": 8}, ValueError, "det_limit_side_len must be in"),
+        ({"det_limit_type": "sideways"}, ValueError, "det_limit_type must be 'min' or 'max'"),
+        ({"use_cls": 1}, TypeError, "use_cls must be a bool"),
+        ({"text_score": "0.5"}, TypeError, "text_score must be a number"),
+        ({"text_score": 1.5}, ValueError, "text_score must be in"),
+        ({"threads": 0}, ValueError, "threads must be >= 1"),
+        ({"threads": True}, TypeError, "threads must be an int or None"),
+        ({"ignore_spaces": "yes"}, TypeError, "ignore_spaces must be a bool"),
+        ({"language": "en"}, TypeError, "language"),
+    ],
+)
 def test_bad_params(params, error, needle):
     with pytest.raises(error, match=needle):
         OcrScorer(**params)
@@ -139,15 +154,21 @@ def test_gpu_device_is_refused_before_any_import():
 
 # --- managed: a real child from envs/ocr ----------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_scores_rendered_text_blank_images_and_mapping_references(managed):
     hello = render("Hello World", (640, 160))
     backend = managed(env_python("ocr"), "ocr", input_kind="image")
     assert backend.health()["packages"].keys() == {"rapidocr-onnxruntime", "onnxruntime"}
-    response = backend.compute_rewards(request(
-        (hello, "Hello World"), (hello, "Goodbye Moon"), (blank(), "anything"), (blank(), ""),
-        (hello, {"text": "hello world", "answer": "ignored"}),
-    ))
+    response = backend.compute_rewards(
+        request(
+            (hello, "Hello World"),
+            (hello, "Goodbye Moon"),
+            (blank(), "anything"),
+            (blank(), ""),
+            (hello, {"text": "hello world", "answer": "ignored"}),
+        )
+    )
     good, bad, blank_any, blank_empty, mapped = response.rewards
     assert good >= 0.9 and mapped >= 0.9, response.diagnostics
     assert bad <= 0.5
@@ -174,8 +195,13 @@ def test_bad_param_is_a_config_failure(managed):
 def test_batch_keeps_item_order_across_chunks(managed):
     images = [render(word) for word in WORDS]
     pairs = [(images[i], WORDS[j]) for i in range(4) for j in range(4)]  # image-major 4x4 grid
-    backend = managed(env_python("ocr"), "ocr", input_kind="image", params={"det_limit_side_len": 480},
-                      client={"request_batch_size": 5})
+    backend = managed(
+        env_python("ocr"),
+        "ocr",
+        input_kind="image",
+        params={"det_limit_side_len": 480},
+        client={"request_batch_size": 5},
+    )
     response = backend.compute_rewards(request(*pairs))
     grid = np.array(response.rewards).reshape(4, 4)
     assert grid.argmax(axis=1).tolist() == [0, 1, 2, 3], grid

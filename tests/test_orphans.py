@@ -5,6 +5,7 @@ Liveness is judged twice: by process group (what the supervisor kills) and by an
 (a descendant that called setsid would escape a group check but not a tree snapshot).
 Run with `-s` to see the timings each test prints.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,6 +32,7 @@ PARALLEL = 2
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
 
 def _tree(pid: int) -> dict[int, float]:
     """`pid` and every descendant (children(recursive=True)), each with its create time."""
@@ -105,7 +107,10 @@ def _kill_survivors(procs: dict[int, float], pgid: int | None) -> None:
 def _start_parent(script: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", script, *args],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -141,11 +146,14 @@ def _pgid(pid: int) -> int | None:
 
 
 def _stats(values: list[float]) -> str:
-    return (f"min {min(values) * 1000:.0f} ms, median {statistics.median(values) * 1000:.0f} ms, "
-            f"max {max(values) * 1000:.0f} ms")
+    return (
+        f"min {min(values) * 1000:.0f} ms, median {statistics.median(values) * 1000:.0f} ms, "
+        f"max {max(values) * 1000:.0f} ms"
+    )
 
 
 # -- 1. kill -9 of a trainer with a batch in the grading workers, 20 times ---------------------
+
 
 def _orphan_trial(math_python: Path, trial: int) -> dict:
     """One trainer with a pathological batch in flight; kill -9 it; time until its tree is gone."""
@@ -176,8 +184,9 @@ def _orphan_trial(math_python: Path, trial: int) -> dict:
         killed_at = time.monotonic()
         parent.send_signal(signal.SIGKILL)
         took, survivors = _time_until_gone(watched, pgid, killed_at)
-        assert survivors == [], (f"trial {trial}: alive {DEATH_BOUND_S} s after kill -9 of the trainer: "
-                                 f"{[_describe(p) for p in survivors]}")
+        assert survivors == [], (
+            f"trial {trial}: alive {DEATH_BOUND_S} s after kill -9 of the trainer: {[_describe(p) for p in survivors]}"
+        )
         return {"trial": trial, "took": took, "tree": len(tree), "busy": len(busy), "escaped": escaped}
     finally:
         _stop_parent(parent)
@@ -193,14 +202,17 @@ def test_kill_9_of_trainer_mid_batch_20_trials(math_python):
             futures = [pool.submit(_orphan_trial, math_python, t) for t in range(first, first + PARALLEL)]
             results.extend(f.result() for f in futures)
     times = [r["took"] for r in results]
-    print(f"\nkill -9 trainer mid-batch, {len(results)} trials ({PARALLEL} at a time), kill -> all gone: "
-          f"{_stats(times)}; per trial (s): {[round(t, 3) for t in times]}; "
-          f"tree sizes {sorted({r['tree'] for r in results})}; total {time.monotonic() - started:.1f} s")
+    print(
+        f"\nkill -9 trainer mid-batch, {len(results)} trials ({PARALLEL} at a time), kill -> all gone: "
+        f"{_stats(times)}; per trial (s): {[round(t, 3) for t in times]}; "
+        f"tree sizes {sorted({r['tree'] for r in results})}; total {time.monotonic() - started:.1f} s"
+    )
     assert len(results) == TRIALS
     assert all(r["escaped"] == [] for r in results), [r for r in results if r["escaped"]]
 
 
 # -- 2. 200 timed-out items: no zombie, no stray or missing worker -----------------------------
+
 
 def _zombies() -> dict[int, tuple[int, int | None]]:
     """Every zombie on the machine: pid -> (ppid, pgid or None)."""
@@ -247,14 +259,16 @@ def test_200_timed_out_items_leave_no_zombie(managed, math_python):
     child = backend.pid
     before = _process_table(child)
     workers_before = {pid for pid in before["tree"] if psutil.Process(pid).ppid() != child and pid != child}
-    assert len(before["live_group"]) == 5 and len(workers_before) == 2, \
+    assert len(before["live_group"]) == 5 and len(workers_before) == 2, (
         f"expected child, forkserver, tracker and 2 workers: {[_describe(p) for p in before['live_group']]}"
+    )
 
     started = time.monotonic()
     for batch in range(10):
         ids = [f"b{batch}-{i}" for i in range(20)]
         response = backend.compute_rewards(
-            RewardRequest(items=[RewardItem(id=item_id, text=TOWER, reference="1") for item_id in ids]))
+            RewardRequest(items=[RewardItem(id=item_id, text=TOWER, reference="1") for item_id in ids])
+        )
         assert response.rewards == [0.0] * 20, f"batch {batch}: {response.rewards}"
         assert response.diagnostics["timeouts"] == 20, f"batch {batch}: {response.diagnostics}"
         assert sorted(response.diagnostics["timeout_ids"]) == sorted(ids)
@@ -265,26 +279,32 @@ def test_200_timed_out_items_leave_no_zombie(managed, math_python):
     new_zombies = _persistent_new_zombies(before["zombies_system"], after["zombies_system"])
     ours = {os.getpid(), *after["tree"], 1}  # a zombie left under init would be an orphan of ours
     new_ours = {pid: z for pid, z in new_zombies.items() if z[1] == child or z[0] in ours}
-    print(f"\n200 timed-out items in 10 batches of 20: wall {wall:.1f} s "
-          f"(floor 200 x 0.2 s / 2 jobs = 20 s); live in group {len(before['live_group'])} -> "
-          f"{len(after['live_group'])}; zombies system-wide {len(before['zombies_system'])} -> "
-          f"{len(after['zombies_system'])} (new and persistent: {new_zombies}); zombies in group "
-          f"{len(before['zombies_group'])} -> {len(after['zombies_group'])}; zombies of ours "
-          f"{len(before['zombies_ours'])} -> {len(after['zombies_ours'])}")
-    assert after["zombies_group"] == [] and after["zombies_ours"] == [], \
+    print(
+        f"\n200 timed-out items in 10 batches of 20: wall {wall:.1f} s "
+        f"(floor 200 x 0.2 s / 2 jobs = 20 s); live in group {len(before['live_group'])} -> "
+        f"{len(after['live_group'])}; zombies system-wide {len(before['zombies_system'])} -> "
+        f"{len(after['zombies_system'])} (new and persistent: {new_zombies}); zombies in group "
+        f"{len(before['zombies_group'])} -> {len(after['zombies_group'])}; zombies of ours "
+        f"{len(before['zombies_ours'])} -> {len(after['zombies_ours'])}"
+    )
+    assert after["zombies_group"] == [] and after["zombies_ours"] == [], (
         f"zombies: {[_describe(p) for p in after['zombies_ours'] + after['zombies_group']]}"
+    )
     # System-wide: a new zombie that outlives a short settle and is reaped by nobody of ours (its
     # parent is someone else's live process) belongs to whoever else uses this machine; it is
     # reported above, not failed on. Any other new zombie fails.
     assert new_ours == {}, f"new zombies of ours: {[_describe(p) for p in new_ours]}"
-    assert len(after["live_group"]) == len(before["live_group"]) == 5, \
+    assert len(after["live_group"]) == len(before["live_group"]) == 5, (
         f"group changed: {before['live_group']} -> {[_describe(p) for p in after['live_group']]}"
-    assert len(workers_after) == 2 and not workers_after & workers_before, \
+    )
+    assert len(workers_after) == 2 and not workers_after & workers_before, (
         f"workers should all be replacements: {workers_before} -> {workers_after}"
+    )
     assert set(after["live_group"]) == set(after["tree"]), "group and descendant tree disagree"
 
 
 # -- 3. kill -9 of the trainer while its child is still starting -------------------------------
+
 
 def _stage(pid: int) -> str:
     """Where a starting child is: still the parent's pre-exec fork, exec'd, or lifeline armed."""
@@ -302,8 +322,7 @@ def _stage(pid: int) -> str:
 def test_kill_9_of_trainer_while_child_starts(trainer_python, delay_s):
     """The trainer is blocked in start() (the scorer hangs in load), so it never prints: find
     its child by ancestry, kill -9 the trainer `delay_s` after the child appeared."""
-    parent = _start_parent("tests.orphan_parent", str(trainer_python), "tests.fixture_scorers:LoadHangs",
-                           "{}", "idle")
+    parent = _start_parent("tests.orphan_parent", str(trainer_python), "tests.fixture_scorers:LoadHangs", "{}", "idle")
     watched: dict[int, float] = {}
     child = None
     try:
@@ -325,8 +344,10 @@ def test_kill_9_of_trainer_while_child_starts(trainer_python, delay_s):
         killed_at = time.monotonic()
         parent.send_signal(signal.SIGKILL)
         took, survivors = _time_until_gone(watched, child, killed_at)
-        print(f"\nkill -9 of a starting trainer {delay_s} s after its child appeared (child {stage}): "
-              f"child gone after {took if took is None else round(took * 1000)} ms")
+        print(
+            f"\nkill -9 of a starting trainer {delay_s} s after its child appeared (child {stage}): "
+            f"child gone after {took if took is None else round(took * 1000)} ms"
+        )
         assert survivors == [], f"alive {DEATH_BOUND_S} s after kill -9: {[_describe(p) for p in survivors]}"
         assert parent.stdout.read() == "", "the trainer should never have reached readiness"
     finally:
@@ -339,8 +360,9 @@ def test_kill_9_of_trainer_while_child_starts(trainer_python, delay_s):
 def test_trainer_dies_in_the_first_instants_of_its_childs_start(trainer_python, die_at):
     """The windows an outside kill cannot hit: the trainer SIGKILLs itself right after the spawn,
     before or right after writing the boot config (see tests/orphan_starting_parent.py)."""
-    parent = _start_parent("tests.orphan_starting_parent", str(trainer_python), "tests.fixture_scorers:LoadHangs",
-                           die_at)
+    parent = _start_parent(
+        "tests.orphan_starting_parent", str(trainer_python), "tests.fixture_scorers:LoadHangs", die_at
+    )
     watched: dict[int, float] = {}
     child = None
     try:
@@ -352,8 +374,10 @@ def test_trainer_dies_in_the_first_instants_of_its_childs_start(trainer_python, 
         watched.update(_with_create_times([child]))  # the create time guards against pid reuse
         assert parent.wait(10) == -signal.SIGKILL
         took, survivors = _time_until_gone(watched, child, seen_at)
-        print(f"\ntrainer SIGKILLed itself {die_at.replace('_', ' ')}: child gone "
-              f"{took if took is None else round(took * 1000)} ms after its pid was printed")
+        print(
+            f"\ntrainer SIGKILLed itself {die_at.replace('_', ' ')}: child gone "
+            f"{took if took is None else round(took * 1000)} ms after its pid was printed"
+        )
         assert survivors == [], f"alive {DEATH_BOUND_S} s after the trainer died: {[_describe(p) for p in survivors]}"
     finally:
         _stop_parent(parent)

@@ -1,4 +1,5 @@
 """Scorer registry resolution, and the rule / JPEG scorers through the in-process backend."""
+
 from __future__ import annotations
 
 import io
@@ -104,8 +105,12 @@ def test_unimportable_dotted_path_names_the_module(path, module):
 
 @pytest.mark.parametrize(
     "path",
-    ["tests.fixture_scorers:Missing", "tests.fixture_scorers:ScorerSpec", "tests.fixture_scorers:_spec",
-     "tests.fixture_scorers:Scorer.__init__"],
+    [
+        "tests.fixture_scorers:Missing",
+        "tests.fixture_scorers:ScorerSpec",
+        "tests.fixture_scorers:_spec",
+        "tests.fixture_scorers:Scorer.__init__",
+    ],
 )
 def test_dotted_path_to_a_non_scorer(path):
     with pytest.raises(UnknownScorerError, match="is not a Scorer subclass"):
@@ -133,11 +138,11 @@ def test_exact_match_normalises_case_whitespace_and_nfkc():
     items = text_items(
         ("42", "42"),
         ("  Hello \n\t World  ", "hello world"),
-        ("ＡＢＣ１２３", "abc123"),          # fullwidth -> ASCII under NFKC
-        ("ﬁne", "fine"),                    # ligature
-        ("STRASSE", "straße"),              # casefold, not lower()
+        ("ＡＢＣ１２３", "abc123"),  # fullwidth -> ASCII under NFKC
+        ("ﬁne", "fine"),  # ligature
+        ("STRASSE", "straße"),  # casefold, not lower()
         ("42", "43"),
-        ("4 2", "42"),                      # inner whitespace is collapsed, not removed
+        ("4 2", "42"),  # inner whitespace is collapsed, not removed
         ("", ""),
     )
     response = score("exact_match", items)
@@ -301,8 +306,13 @@ def test_pil_images_are_accepted_by_reward_item(images):
 
 @pytest.mark.parametrize(
     "image",
-    [np.zeros((4, 4, 3), dtype=np.float32), np.zeros((4, 4), dtype=np.uint8), np.zeros((4, 4, 2), dtype=np.uint8),
-     [[0, 1]], "img.png"],
+    [
+        np.zeros((4, 4, 3), dtype=np.float32),
+        np.zeros((4, 4), dtype=np.uint8),
+        np.zeros((4, 4, 2), dtype=np.uint8),
+        [[0, 1]],
+        "img.png",
+    ],
     ids=["float", "2d-array", "2-channels", "list", "str"],
 )
 def test_reward_item_rejects_bad_images(image):
@@ -312,7 +322,9 @@ def test_reward_item_rejects_bad_images(image):
 
 def test_a_video_is_not_an_image(images):
     video = np.stack([images["noise"], images["flat"]])
-    with pytest.raises(ValueError, match=r"image must be uint8 HWC with 1, 3 or 4 channels, got uint8 \[2, 64, 64, 3\]"):
+    with pytest.raises(
+        ValueError, match=r"image must be uint8 HWC with 1, 3 or 4 channels, got uint8 \[2, 64, 64, 3\]"
+    ):
         RewardItem(id="v", image=video)
 
 
@@ -336,8 +348,9 @@ def test_jpeg_quality_bounds_are_inclusive(quality):
 def test_mean_intensity_is_the_mean_pixel_in_unit_range():
     black, white = np.zeros((4, 4, 3), np.uint8), np.full((4, 4, 3), 255, np.uint8)
     half = np.concatenate([black, white], axis=0)
-    request = RewardRequest(items=[RewardItem(id=k, image=v) for k, v in
-                                   {"black": black, "white": white, "half": half}.items()])
+    request = RewardRequest(
+        items=[RewardItem(id=k, image=v) for k, v in {"black": black, "white": white, "half": half}.items()]
+    )
     with LocalRewardBackend("mean_intensity") as local:
         assert local.compute_rewards(request).rewards == [0.0, 1.0, 0.5]
         with pytest.raises(ScorerRequestError, match="image"):

@@ -1,4 +1,5 @@
 """RemoteRewardBackend against a real scorer server (a managed child we started ourselves)."""
+
 from __future__ import annotations
 
 import socket

@@ -1,4 +1,5 @@
 """GPU residency state machine on CPU, with real children."""
+
 from __future__ import annotations
 
 import os
@@ -38,16 +39,21 @@ def test_per_call_boots_offloaded_and_returns_offloaded(managed, trainer_python)
 def test_per_call_is_refused_before_weights_load_for_a_scorer_without_offload(managed, trainer_python, tmp_path):
     marker = tmp_path / "loaded"
     with pytest.raises(ScorerStartupError) as info:
-        managed(trainer_python, "tests.fixture_scorers:NoOffloadMarksLoad", params={"marker": str(marker)},
-                gpu_residency="per_call")
+        managed(
+            trainer_python,
+            "tests.fixture_scorers:NoOffloadMarksLoad",
+            params={"marker": str(marker)},
+            gpu_residency="per_call",
+        )
     assert info.value.returncode == 3
     assert "needs a scorer that supports offload" in str(info.value)
     assert not marker.exists(), "load() ran although per_call was refusable from the spec"
 
 
 def test_offload_of_a_scorer_without_offload_support_says_so(managed, trainer_python, tmp_path):
-    backend = managed(trainer_python, "tests.fixture_scorers:NoOffloadMarksLoad",
-                      params={"marker": str(tmp_path / "m")})
+    backend = managed(
+        trainer_python, "tests.fixture_scorers:NoOffloadMarksLoad", params={"marker": str(tmp_path / "m")}
+    )
     assert backend.offload() == {"residency": "resident", "changed": False, "supports_offload": False}
     assert backend.compute_rewards(REQUEST).rewards == [0.5]
 
@@ -55,8 +61,12 @@ def test_offload_of_a_scorer_without_offload_support_says_so(managed, trainer_py
 def test_offload_then_a_crash_restarts_what_the_child_reported(managed, trainer_python, tmp_path):
     """verl-style trainers offload around every step. A scorer that cannot offload stays resident, so
     after a crash its restarted child must boot resident too: never offloaded, answering every score 409."""
-    backend = managed(trainer_python, "tests.fixture_scorers:NoOffloadMarksLoad",
-                      params={"marker": str(tmp_path / "m")}, restart={"backoff_s": 0})
+    backend = managed(
+        trainer_python,
+        "tests.fixture_scorers:NoOffloadMarksLoad",
+        params={"marker": str(tmp_path / "m")},
+        restart={"backoff_s": 0},
+    )
     backend.offload()
     crashed = backend.pid
     os.kill(crashed, signal.SIGKILL)

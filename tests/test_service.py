@@ -1,10 +1,11 @@
 """RewardService fail-fast semantics, request/response types, local chunking and weights, answer checks."""
+
 from __future__ import annotations
 
 import math
 import os
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -49,7 +50,8 @@ class FakeBackend(RewardBackend):
 def response(ids, rewards, successes=None, errors=None, components=None) -> RewardResponse:
     n = len(ids)
     return RewardResponse(
-        ids=list(ids), rewards=list(rewards),
+        ids=list(ids),
+        rewards=list(rewards),
         component_rewards=components if components is not None else {"t": list(rewards)},
         successes=successes if successes is not None else [True] * n,
         errors=errors if errors is not None else [None] * n,
@@ -65,30 +67,38 @@ def test_score_and_attach_returns_new_items_with_rewards_in_order():
     assert [s.id for s in scored] == ["s0", "s1", "s2", "s3"]
     assert [s.reward for s in scored] == [1.0, 3.0, 0.0, 2.0]
     assert [s.component_rewards for s in scored] == [{"probe": 1.0}, {"probe": 3.0}, {"probe": 0.0}, {"probe": 2.0}]
-    for before, original, new in zip(snapshot, items, scored):
+    for before, original, new in zip(snapshot, items, scored, strict=True):
         assert new is not original
         assert original.reward is None and original.component_rewards is None
         assert original.model_dump() == before
         # everything but the reward fields is carried over
-        assert {k: v for k, v in new.model_dump().items() if k not in ("reward", "component_rewards")} == \
-               {k: v for k, v in before.items() if k not in ("reward", "component_rewards")}
+        assert {k: v for k, v in new.model_dump().items() if k not in ("reward", "component_rewards")} == {
+            k: v for k, v in before.items() if k not in ("reward", "component_rewards")
+        }
 
 
 def test_score_and_attach_with_a_rule_scorer_and_images_untouched():
     image = np.full((8, 8, 3), 9, dtype=np.uint8)
-    items = [RewardItem(id="x", text="42", reference={"answer": "42"}, image=image),
-             RewardItem(id="y", text="41", reference="42")]
+    items = [
+        RewardItem(id="x", text="42", reference={"answer": "42"}, image=image),
+        RewardItem(id="y", text="41", reference="42"),
+    ]
     with LocalRewardBackend("exact_match") as backend:
         scored = RewardService(backend).score_and_attach(items)
     assert [(s.id, s.reward, s.component_rewards) for s in scored] == [
-        ("x", 1.0, {"exact_match": 1.0}), ("y", 0.0, {"exact_match": 0.0})]
+        ("x", 1.0, {"exact_match": 1.0}),
+        ("y", 0.0, {"exact_match": 0.0}),
+    ]
     assert scored[0].image is image and image.flags.writeable and int(image.sum()) == 9 * 8 * 8 * 3
 
 
 @pytest.mark.parametrize(
     "update,field",
-    [({"reward": 0.0}, "reward"), ({"component_rewards": {"t": 1.0}}, "component_rewards"),
-     ({"reward": 1.0, "component_rewards": {}}, "both")],
+    [
+        ({"reward": 0.0}, "reward"),
+        ({"component_rewards": {"t": 1.0}}, "component_rewards"),
+        ({"reward": 1.0, "component_rewards": {}}, "both"),
+    ],
 )
 def test_precomputed_rewards_are_refused_before_the_backend_is_called(update, field):
     backend = FakeBackend(lambda r: pytest.fail("backend must not be called"))
@@ -145,10 +155,18 @@ def test_empty_batch_is_refused():
 
 # -- RewardService with a hand-written backend ------------------------------------------------
 def test_failed_sample_names_its_id_and_error_text():
-    backend = FakeBackend(lambda r: response(
-        r.ids, [0.5, float("nan")], successes=[True, False], errors=[None, "grader timed out after 10 s"],
-        components={"t": [0.5, float("nan")]}))
-    with pytest.raises(RewardContractError, match=re.escape("sample 's1' (index 1) failed: grader timed out after 10 s")):
+    backend = FakeBackend(
+        lambda r: response(
+            r.ids,
+            [0.5, float("nan")],
+            successes=[True, False],
+            errors=[None, "grader timed out after 10 s"],
+            components={"t": [0.5, float("nan")]},
+        )
+    )
+    with pytest.raises(
+        RewardContractError, match=re.escape("sample 's1' (index 1) failed: grader timed out after 10 s")
+    ):
         RewardService(backend).score_and_attach(items_with_texts("a", "b"))
     assert len(backend.requests) == 1 and backend.requests[0].ids == ["s0", "s1"]
 
@@ -188,7 +206,9 @@ def test_fake_backend_success_attaches_its_values():
     backend = FakeBackend(lambda r: response(r.ids, [0.25, -1.0], components={"a": [1.0, 2.0], "b": [3.0, 4.0]}))
     scored = RewardService(backend).score_and_attach(items_with_texts("a", "b"))
     assert [(s.reward, s.component_rewards) for s in scored] == [
-        (0.25, {"a": 1.0, "b": 3.0}), (-1.0, {"a": 2.0, "b": 4.0})]
+        (0.25, {"a": 1.0, "b": 3.0}),
+        (-1.0, {"a": 2.0, "b": 4.0}),
+    ]
 
 
 def test_backend_is_a_context_manager_that_closes():
@@ -231,8 +251,14 @@ def test_request_ids_in_order():
     ids=["rewards", "successes", "errors", "component"],
 )
 def test_response_rejects_misaligned_lengths(overrides, message):
-    data = {"ids": ["a", "b"], "rewards": [1.0, 2.0], "component_rewards": {"t": [1.0, 2.0]},
-            "successes": [True, True], "errors": [None, None], **overrides}
+    data = {
+        "ids": ["a", "b"],
+        "rewards": [1.0, 2.0],
+        "component_rewards": {"t": [1.0, 2.0]},
+        "successes": [True, True],
+        "errors": [None, None],
+        **overrides,
+    }
     with pytest.raises(ValidationError, match=re.escape(message)):
         RewardResponse(**data)
 
@@ -240,10 +266,12 @@ def test_response_rejects_misaligned_lengths(overrides, message):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_response_rejects_non_finite_reward_marked_success(bad):
     with pytest.raises(ValidationError, match=re.escape(f"rewards[1] (id='b') is {bad} but marked a success")):
-        RewardResponse(ids=["a", "b"], rewards=[1.0, bad], component_rewards={}, successes=[True, True],
-                       errors=[None, None])
-    ok = RewardResponse(ids=["a", "b"], rewards=[1.0, bad], component_rewards={}, successes=[True, False],
-                        errors=[None, "failed"])
+        RewardResponse(
+            ids=["a", "b"], rewards=[1.0, bad], component_rewards={}, successes=[True, True], errors=[None, None]
+        )
+    ok = RewardResponse(
+        ids=["a", "b"], rewards=[1.0, bad], component_rewards={}, successes=[True, False], errors=[None, "failed"]
+    )
     assert ok.successes == [True, False]
 
 
@@ -323,8 +351,7 @@ def test_verify_accepts_a_good_answer():
 
 
 def test_verify_rotated_ids_names_position_and_both_ids():
-    with pytest.raises(RewardContractError,
-                       match=re.escape("position 0 echoes id 'b', expected 'a'")):
+    with pytest.raises(RewardContractError, match=re.escape("position 0 echoes id 'b', expected 'a'")):
         verify_score_answer(answer(ids=["b", "c", "a"]), IDS, ["t"])
     with pytest.raises(RewardContractError, match=re.escape("position 2 echoes id 'x', expected 'c'")):
         verify_score_answer(answer(ids=["a", "b", "x"]), IDS, ["t"])
@@ -370,8 +397,7 @@ def test_verify_term_must_be_float64_of_the_right_length(values, shape):
 def test_verify_non_finite_names_the_id(bad, index):
     values = np.array([1.0, 2.0, 3.0])
     values[index] = bad
-    with pytest.raises(RewardContractError,
-                       match=re.escape(f"term 't': non-finite score {bad} for id {IDS[index]!r}")):
+    with pytest.raises(RewardContractError, match=re.escape(f"term 't': non-finite score {bad} for id {IDS[index]!r}")):
         verify_score_answer(answer(t=values), IDS, ["t"])
 
 
@@ -381,7 +407,9 @@ def test_verify_non_finite_in_an_optional_term_also_fails():
 
 
 def test_verify_missing_required_term():
-    with pytest.raises(RewardContractError, match=re.escape("required rewards ['v'] missing from the answer (got ['t', 'u'])")):
+    with pytest.raises(
+        RewardContractError, match=re.escape("required rewards ['v'] missing from the answer (got ['t', 'u'])")
+    ):
         verify_score_answer(answer(t=np.ones(3), u=np.ones(3)), IDS, ["t", "v"])
 
 

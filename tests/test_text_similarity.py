@@ -1,4 +1,5 @@
 """text_similarity with the packaged MiniLM, in its own torch env (envs/embed)."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,11 +8,13 @@ from supervisor import RewardItem, RewardRequest, ScorerRequestError
 
 pytestmark = pytest.mark.slow
 
-REQUEST = RewardRequest(items=[
-    RewardItem(id="paraphrase", text="A cat is sitting on a mat.", reference="The cat sits on the mat."),
-    RewardItem(id="unrelated", text="Quarterly revenue rose by ten percent.", reference="The cat sits on the mat."),
-    RewardItem(id="same", text="The cat sits on the mat.", reference={"text": "The cat sits on the mat."}),
-])
+REQUEST = RewardRequest(
+    items=[
+        RewardItem(id="paraphrase", text="A cat is sitting on a mat.", reference="The cat sits on the mat."),
+        RewardItem(id="unrelated", text="Quarterly revenue rose by ten percent.", reference="The cat sits on the mat."),
+        RewardItem(id="same", text="The cat sits on the mat.", reference={"text": "The cat sits on the mat."}),
+    ]
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +26,7 @@ def embed_python():
 
 def test_paraphrase_ranks_above_unrelated(managed, embed_python):
     backend = managed(embed_python, "text_similarity", params={"batch_size": 2})
-    rewards = dict(zip(REQUEST.ids, backend.compute_rewards(REQUEST).rewards))
+    rewards = dict(zip(REQUEST.ids, backend.compute_rewards(REQUEST).rewards, strict=True))
     assert rewards["same"] == pytest.approx(1.0, abs=1e-5)
     assert rewards["paraphrase"] > 0.8 > 0.2 > rewards["unrelated"]
     packages = backend.health()["packages"]

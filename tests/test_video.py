@@ -1,4 +1,5 @@
 """The video wrapper: frames sampled, scored by the inner image scorer, reduced per clip."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,8 +24,14 @@ def frame_rewards(video: np.ndarray, indices: list[int]) -> list[float]:
 
 @pytest.mark.parametrize(
     "n,frames,stride,expected",
-    [(10, 4, None, [0, 3, 6, 9]), (10, None, 3, [0, 3, 6, 9]), (3, 8, None, [0, 1, 2]), (1, 8, None, [0]),
-     (5, 1, None, [0]), (7, None, 10, [0])],
+    [
+        (10, 4, None, [0, 3, 6, 9]),
+        (10, None, 3, [0, 3, 6, 9]),
+        (3, 8, None, [0, 1, 2]),
+        (1, 8, None, [0]),
+        (5, 1, None, [0]),
+        (7, None, 10, [0]),
+    ],
 )
 def test_frame_indices(n, frames, stride, expected):
     assert frame_indices(n, frames, stride) == expected
@@ -36,8 +43,9 @@ def test_video_reward_is_the_reduction_of_its_frame_rewards(reduce, fn):
     params = {"inner": "jpeg_compressibility", "frames": 3, "reduce": reduce}
     with LocalRewardBackend("video", params=params) as backend:
         response = backend.compute_rewards(
-            RewardRequest(items=[RewardItem(id=f"v{i}", video=v) for i, v in enumerate(videos)]))
-    for value, video in zip(response.rewards, videos):
+            RewardRequest(items=[RewardItem(id=f"v{i}", video=v) for i, v in enumerate(videos)])
+        )
+    for value, video in zip(response.rewards, videos, strict=True):
         expected = fn(frame_rewards(video, frame_indices(video.shape[0], 3, None)))
         assert value == pytest.approx(expected, rel=1e-12)
     assert response.diagnostics["frames_scored"] == 6
@@ -50,15 +58,18 @@ def test_video_in_a_managed_child_matches_in_process(managed, image_python):
     with LocalRewardBackend("video", params=params) as local:
         assert backend.compute_rewards(request).rewards == local.compute_rewards(request).rewards
     assert backend.compute_rewards(request).rewards[0] == pytest.approx(
-        np.mean(frame_rewards(request.items[0].video, [0, 2, 4])), rel=1e-12)
+        np.mean(frame_rewards(request.items[0].video, [0, 2, 4])), rel=1e-12
+    )
 
 
 @pytest.mark.parametrize(
     "params,message",
-    [({"inner": "jpeg_compressibility", "frames": 2, "stride": 2}, "not both"),
-     ({"inner": "jpeg_compressibility", "frames": 0}, "positive int"),
-     ({"inner": "jpeg_compressibility", "reduce": "median"}, "reduce must be one of"),
-     ({"inner": "exact_match"}, "takes 'text', not 'image'")],
+    [
+        ({"inner": "jpeg_compressibility", "frames": 2, "stride": 2}, "not both"),
+        ({"inner": "jpeg_compressibility", "frames": 0}, "positive int"),
+        ({"inner": "jpeg_compressibility", "reduce": "median"}, "reduce must be one of"),
+        ({"inner": "exact_match"}, "takes 'text', not 'image'"),
+    ],
 )
 def test_bad_video_params(params, message):
     with pytest.raises(ValueError, match=message):

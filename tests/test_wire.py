@@ -1,4 +1,5 @@
 """The wire codec: exact round trips, zero-copy aligned views, and a typed error for every bad frame."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,6 @@ from child_runtime import wire
 from child_runtime.wire import ALIGN, MAGIC, WireError, decode, encode, prepare
 
 PREFIX = len(MAGIC) + 4
-
-
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -80,7 +79,7 @@ def assert_same(decoded, expected) -> None:
             assert_same(decoded[key], expected[key])
     elif isinstance(expected, (list, tuple)):
         assert isinstance(decoded, list) and len(decoded) == len(expected)
-        for a, b in zip(decoded, expected):
+        for a, b in zip(decoded, expected, strict=True):
             assert_same(a, b)
     else:
         assert decoded == expected and type(decoded) is type(expected)
@@ -279,8 +278,18 @@ def test_header_not_json(header_bytes):
         {"meta": {}, "arrays": [], "shared": False},
         {"meta": {}, "arrays": [], "shared": 1},
     ],
-    ids=["list", "string", "null", "no-arrays", "no-meta", "extra-key", "arrays-dict", "arrays-null", "shared-false",
-         "shared-1"],
+    ids=[
+        "list",
+        "string",
+        "null",
+        "no-arrays",
+        "no-meta",
+        "extra-key",
+        "arrays-dict",
+        "arrays-null",
+        "shared-false",
+        "shared-1",
+    ],
 )
 def test_header_must_be_object_with_exactly_meta_and_arrays(header):
     with pytest.raises(WireError, match="'meta', 'arrays' \\(a list\\) and optionally 'shared': true"):
@@ -289,7 +298,7 @@ def test_header_must_be_object_with_exactly_meta_and_arrays(header):
 
 @pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
 def test_non_finite_constants_in_header_json(token):
-    text = ('{"meta": {"v": %s}, "arrays": []}' % token).encode()
+    text = f'{{"meta": {{"v": {token}}}, "arrays": []}}'.encode()
     with pytest.raises(WireError, match=f"non-finite number {token}"):
         decode(raw_frame(None, header_bytes=text))
 
@@ -449,8 +458,27 @@ def test_truncations_and_byte_flips_only_ever_raise_wire_error():
 
 def test_structured_header_mutations_only_ever_raise_wire_error():
     rng = random.Random(4321)
-    values = [None, -1, 0, 1, 63, 64, 2**31, 2**64, True, "x", [], {}, [1, -1], [0], [2**62, 4], 1.5,
-              "|O", "<c16", "<f8"]
+    values = [
+        None,
+        -1,
+        0,
+        1,
+        63,
+        64,
+        2**31,
+        2**64,
+        True,
+        "x",
+        [],
+        {},
+        [1, -1],
+        [0],
+        [2**62, 4],
+        1.5,
+        "|O",
+        "<c16",
+        "<f8",
+    ]
     cases = 0
     for frame in fuzz_frames():
         (header_len,) = struct.unpack_from("<I", frame, len(MAGIC))
@@ -472,6 +500,7 @@ def test_module_constants_are_what_the_child_and_parent_agree_on():
 
 
 # -- shared frames: arrays in a segment, the body is the header alone ---------------------
+
 
 def _segment(size: int):
     """Stand-ins over plain memory: ChildSegment.view, recording what was asked, and a

@@ -3,6 +3,7 @@
 Every module comes from the real child_runtime except `items`, whose
 response_to_wire rotates the echoed ids by one.
 """
+
 from pathlib import Path
 
 REAL = Path(__file__).resolve().parents[3] / "child_runtime"

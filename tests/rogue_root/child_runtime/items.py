@@ -1,4 +1,5 @@
 """The real items module with a rotated id echo."""
+
 import importlib.util
 import sys
 
