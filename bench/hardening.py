@@ -4,6 +4,7 @@ The same scenarios are asserted by tests (test_ownership, test_gate, test_data_p
 test_residency, test_logs); this prints the figures docs/reliability.md quotes. Real
 children, real forks, real signals; the trainer is this process or a script under tests/.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
+from bench.handles import pid_of, port_of, segment_of
 from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest, ScorerError, ScorerStartupError
 from supervisor import process as process_module
 from supervisor.process import ChildProcess
@@ -32,8 +35,15 @@ TEXT = RewardRequest(items=[RewardItem(id="a", text="abc")])
 def backend(name: str, python: str = TRAINER, **spec: object) -> ManagedScorerProcessBackend:
     process = {"python_executable": python, "extra_import_paths": [str(ROOT)], **spec.pop("process", {})}  # type: ignore[dict-item]
     kind = "image" if python == IMAGE else "text"
-    return ManagedScorerProcessBackend({"process": process, "scorer": {"name": name, "input_kind": kind},
-                                        "client": {"input_kind": kind}, **spec})
+    return ManagedScorerProcessBackend(
+        {"process": process, "scorer": {"name": name, "input_kind": kind}, "client": {"input_kind": kind}, **spec}
+    )
+
+
+def _pipe(stream: IO[str] | None) -> IO[str]:
+    if stream is None:
+        raise RuntimeError("the subprocess was started without this pipe")
+    return stream
 
 
 def timed(call: Callable[[], object]) -> tuple[object, float]:
@@ -54,12 +64,20 @@ def gone(pid: int, timeout: float = 5.0) -> bool:
 
 
 def fork_of_the_trainer() -> str:
-    done = subprocess.run([TRAINER, "-m", "tests.forking_trainer", TRAINER], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [TRAINER, "-m", "tests.forking_trainer", TRAINER],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     report = json.loads(done.stdout.splitlines()[-1])
     kept = report["pid_after"] == report["pid_before"] and report["restarts"] == 0
-    return (f"fork's call: BackendNotOwned; its close, GC and sys.exit left the child alone; owner's next call "
-            f"served by the same child: {kept}")
+    return (
+        f"fork's call: BackendNotOwned; its close, GC and sys.exit left the child alone; owner's next call "
+        f"served by the same child: {kept}"
+    )
 
 
 def connection_flood() -> str:
@@ -70,14 +88,19 @@ def connection_flood() -> str:
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, was)
     try:
-        baseline = len(os.listdir(f"/proc/{owner.pid}/fd"))
-        flood = subprocess.Popen([TRAINER, "-m", "tests.flood_connections", str(owner._child.port), "5000"],
-                                 cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        held = json.loads(flood.stdout.readline())["held"]
+        baseline = len(os.listdir(f"/proc/{pid_of(owner)}/fd"))
+        flood = subprocess.Popen(
+            [TRAINER, "-m", "tests.flood_connections", str(port_of(owner)), "5000"],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        held = json.loads(_pipe(flood.stdout).readline())["held"]
         peak = baseline
         deadline = time.monotonic() + 30
         while owner.health()["connections"]["evicted"] < held - 64 and time.monotonic() < deadline:
-            peak = max(peak, len(os.listdir(f"/proc/{owner.pid}/fd")))
+            peak = max(peak, len(os.listdir(f"/proc/{pid_of(owner)}/fd")))
             time.sleep(0.01)
         rewards, call_s = timed(lambda: owner.compute_rewards(TEXT).rewards)
         started = time.monotonic()
@@ -86,9 +109,11 @@ def connection_flood() -> str:
         drained_s = time.monotonic() - started
         flood.kill()
         flood.wait()
-        return (f"{held} idle connections at RLIMIT_NOFILE 1024: the child held at most {peak - baseline} extra "
-                f"descriptors; next call {call_s * 1e3:.1f} ms, {owner.restarts} restarts; the last pending ones "
-                f"closed {drained_s:.1f} s later (timeout 2 s)")
+        return (
+            f"{held} idle connections at RLIMIT_NOFILE 1024: the child held at most {peak - baseline} extra "
+            f"descriptors; next call {call_s * 1e3:.1f} ms, {owner.restarts} restarts; the last pending ones "
+            f"closed {drained_s:.1f} s later (timeout 2 s)"
+        )
     finally:
         owner.close()
 
@@ -103,17 +128,21 @@ def rss_shmem(pid: int | str) -> int:
 def large_request_then_idle() -> str:
     owner = backend("mean_intensity", IMAGE)
     try:
-        small = RewardRequest(items=[RewardItem(id=f"s{i}", image=np.full((512, 512, 3), i, np.uint8))
-                                     for i in range(8)])
+        small = RewardRequest(
+            items=[RewardItem(id=f"s{i}", image=np.full((512, 512, 3), i, np.uint8)) for i in range(8)]
+        )
         owner.compute_rewards(small)
-        before = rss_shmem("self"), rss_shmem(owner.pid)
-        large = RewardRequest(items=[RewardItem(id=f"l{i}", image=np.full((4000, 4000, 3), 9, np.uint8))
-                                     for i in range(4)])
+        before = rss_shmem("self"), rss_shmem(pid_of(owner))
+        large = RewardRequest(
+            items=[RewardItem(id=f"l{i}", image=np.full((4000, 4000, 3), 9, np.uint8)) for i in range(4)]
+        )
         owner.compute_rewards(large)
-        after = rss_shmem("self"), rss_shmem(owner.pid)
+        after = rss_shmem("self"), rss_shmem(pid_of(owner))
         mib = [f"{b / 2**20:.1f}" for b in (*before, *after)]
-        return (f"192 MB request; RssShmem trainer {mib[0]} -> {mib[2]} MiB, child {mib[1]} -> {mib[3]} MiB; "
-                f"{owner._gen.segment.returned_bytes / 2**20:.0f} MiB of pages given back")
+        return (
+            f"192 MB request; RssShmem trainer {mib[0]} -> {mib[2]} MiB, child {mib[1]} -> {mib[3]} MiB; "
+            f"{segment_of(owner).returned_bytes / 2**20:.0f} MiB of pages given back"
+        )
     finally:
         owner.close()
 
@@ -122,15 +151,17 @@ def offload_then_crash() -> str:
     owner = backend("constant", restart={"backoff_s": 0})
     try:
         figures = owner.offload()
-        os.kill(owner.pid, signal.SIGKILL)
-        gone(owner.pid)
+        os.kill(pid_of(owner), signal.SIGKILL)
+        gone(pid_of(owner))
         try:
             owner.compute_rewards(TEXT)
         except ScorerError:
             pass
         rewards, served_s = timed(lambda: owner.compute_rewards(TEXT).rewards)
-        return (f"offload of a scorer that cannot offload reports residency {figures['residency']!r}; after kill -9 "
-                f"the restarted child scored {rewards} in {served_s:.2f} s, residency {owner.health()['residency']!r}")
+        return (
+            f"offload of a scorer that cannot offload reports residency {figures['residency']!r}; after kill -9 "
+            f"the restarted child scored {rewards} in {served_s:.2f} s, residency {owner.health()['residency']!r}"
+        )
     finally:
         owner.close()
 
@@ -164,38 +195,48 @@ def fork_during_launch() -> str:
 
 
 def ctrl_c() -> str:
-    trainer = subprocess.Popen([TRAINER, "-m", "tests.interrupted_trainer", TRAINER], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    child = json.loads(trainer.stdout.readline())["child"]
+    trainer = subprocess.Popen(
+        [TRAINER, "-m", "tests.interrupted_trainer", TRAINER],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stdout, stderr = _pipe(trainer.stdout), _pipe(trainer.stderr)
+    child = json.loads(stdout.readline())["child"]
     started = time.monotonic()
     trainer.send_signal(signal.SIGINT)
     trainer.wait(15)
     to_exit = time.monotonic() - started
-    tracebacks = trainer.stderr.read().count("Traceback (most recent call last)")
-    trainer.stdout.close()
-    trainer.stderr.close()
-    return (f"SIGINT mid-batch (60 s batch, shutdown_timeout 10 s): trainer exited in {to_exit:.2f} s, "
-            f"child gone: {gone(child)}, {tracebacks} traceback")
+    tracebacks = stderr.read().count("Traceback (most recent call last)")
+    stdout.close()
+    stderr.close()
+    return (
+        f"SIGINT mid-batch (60 s batch, shutdown_timeout 10 s): trainer exited in {to_exit:.2f} s, "
+        f"child gone: {gone(child)}, {tracebacks} traceback"
+    )
 
 
 def full_log_disk() -> str:
     tail = Path(tempfile.mkdtemp()) / "unwritten.log"
     tail.touch()
     opener = process_module.open_child_log
-    process_module.open_child_log = lambda *args: (os.open("/dev/full", os.O_WRONLY), tail)  # type: ignore[assignment]
+    process_module.open_child_log = lambda *args: (os.open("/dev/full", os.O_WRONLY), tail)
     try:
         started = time.monotonic()
         try:
             backend("no_such_scorer").close()
             outcome = "it booted"
         except ScorerStartupError as exc:
-            outcome = (f"ScorerStartupError in {time.monotonic() - started:.2f} s, exit code {exc.boot_code} "
-                       f"reported on the pipe, status {exc.record.exit_status if exc.record else '?'}")
+            outcome = (
+                f"ScorerStartupError in {time.monotonic() - started:.2f} s, exit code {exc.boot_code} "
+                f"reported on the pipe, status {exc.record.exit_status if exc.record else '?'}"
+            )
         served = backend("constant")
         rewards = served.compute_rewards(TEXT).rewards
         served.close()
     finally:
-        process_module.open_child_log = opener  # type: ignore[assignment]
+        process_module.open_child_log = opener
     return f"unknown scorer with every log write failing (ENOSPC): {outcome}; a valid child still served {rewards}"
 
 
@@ -203,7 +244,7 @@ def sigchld_ignored() -> str:
     previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     try:
         owner = backend("constant", restart={"backoff_s": 0})
-        pid = owner.pid
+        pid = pid_of(owner)
         os.kill(pid, signal.SIGKILL)
         gone(pid)
         try:

@@ -1,4 +1,5 @@
 """The benchmark entry points still run against the current code (figures are not asserted)."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,3 +16,12 @@ def test_bench_lines_run(image_python):
     assert "ratio" in bench_jpeg_batch()
     assert "difference" in bench_cold_start("image")
     assert "past the deadline" in bench_shutdown()
+
+
+@pytest.mark.slow
+def test_every_hardening_scenario_runs(image_python):
+    from bench.hardening import SCENARIOS
+
+    for name, scenario in SCENARIOS:
+        line = scenario()
+        assert line and "?" not in line and "booted" not in line, (name, line)
