@@ -7,6 +7,7 @@ children, real forks, real signals; the trainer is this process or a script unde
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -15,14 +16,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
 import numpy as np
 
-from bench.handles import pid_of, port_of, segment_of
-from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest, ScorerError, ScorerStartupError
+from bench.handles import child_of, client_of, pid_of, port_of, segment_of
+from supervisor import (
+    ManagedScorerProcessBackend,
+    RewardItem,
+    RewardRequest,
+    ScorerError,
+    ScorerStartupError,
+    ScorerUnavailable,
+)
 from supervisor import process as process_module
 from supervisor.process import ChildProcess
 
@@ -90,7 +98,7 @@ def connection_flood() -> str:
     try:
         baseline = len(os.listdir(f"/proc/{pid_of(owner)}/fd"))
         flood = subprocess.Popen(
-            [TRAINER, "-m", "tests.flood_connections", str(port_of(owner)), "5000"],
+            [TRAINER, "-m", "tests.flood_connections", "hold", str(port_of(owner)), "5000"],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -102,6 +110,7 @@ def connection_flood() -> str:
         while owner.health()["connections"]["evicted"] < held - 64 and time.monotonic() < deadline:
             peak = max(peak, len(os.listdir(f"/proc/{pid_of(owner)}/fd")))
             time.sleep(0.01)
+        client_of(owner).transport.http.drop_idle()  # type: ignore[attr-defined]  # a fresh connection
         rewards, call_s = timed(lambda: owner.compute_rewards(TEXT).rewards)
         started = time.monotonic()
         while owner.health()["connections"]["pending"] and time.monotonic() - started < 10:
@@ -166,7 +175,11 @@ def offload_then_crash() -> str:
         owner.close()
 
 
-def fork_during_launch() -> str:
+@contextlib.contextmanager
+def forks_during_launch(hold_s: float = 60.0) -> Iterator[list[int]]:
+    """Inside the block, right after each child's spawn the launching process forks a copy that lives
+    `hold_s` (holding the child's stdin, readiness pipe and listening socket), as a process that
+    another thread forks at that moment would. The copies' pids are listed; they die on exit."""
     forks: list[int] = []
     spawn = ChildProcess._spawn
 
@@ -174,20 +187,25 @@ def fork_during_launch() -> str:
         spawn(self, listen_fd, ready_w)
         pid = os.fork()
         if pid == 0:
-            time.sleep(60)
+            time.sleep(hold_s)
             os._exit(0)
         forks.append(pid)
 
     ChildProcess._spawn = spawn_then_fork  # type: ignore[method-assign]
     try:
-        owner = backend("constant", process={"startup_timeout": 30})
-        ready_s = owner.timings["spawn_to_ready_s"]
-        owner.close()
+        yield forks
     finally:
         ChildProcess._spawn = spawn  # type: ignore[method-assign]
         for pid in forks:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+def fork_during_launch() -> str:
+    with forks_during_launch():
+        owner = backend("constant", process={"startup_timeout": 30})
+        ready_s = owner.timings["spawn_to_ready_s"]
+        owner.close()
     plain = backend("constant")
     plain_s = plain.timings["spawn_to_ready_s"]
     plain.close()
@@ -263,9 +281,40 @@ def sigchld_ignored() -> str:
     return f"kill -9 reported as {killed!r}; unknown scorer as {boot!r} (Popen alone says 'exit 0' for both)"
 
 
+def sustained_flood() -> str:
+    owner = backend("constant", process={"request_timeout": 3}, limits={"max_pending_connections": 8})
+    try:
+        churn = [TRAINER, "-m", "tests.flood_connections", "churn", str(port_of(owner)), "15"]
+        floods = [subprocess.Popen(churn, cwd=ROOT) for _ in range(2)]
+        served, unavailable, waits = 0, 0, []
+        try:
+            for _ in range(10):
+                client_of(owner).transport.http.drop_idle()  # type: ignore[attr-defined]
+                started = time.monotonic()
+                try:
+                    owner.compute_rewards(TEXT)
+                    served += 1
+                except ScorerUnavailable:
+                    unavailable += 1
+                waits.append(time.monotonic() - started)
+        finally:
+            for flood in floods:
+                flood.kill()
+                flood.wait()
+        return (
+            f"two processes connecting and closing nonstop, 10 calls on fresh connections (deadline 3 s, "
+            f"8 pending allowed): {served} served, {unavailable} ScorerUnavailable (nothing sent), median "
+            f"{sorted(waits)[len(waits) // 2]:.2f} s; {owner.restarts} restarts, child alive: "
+            f"{not child_of(owner).exited()}"
+        )
+    finally:
+        owner.close()
+
+
 SCENARIOS = [
     ("fork of the trainer", fork_of_the_trainer),
     ("unauthenticated connection flood", connection_flood),
+    ("sustained connect/close flood", sustained_flood),
     ("large request, then idle (Shmem)", large_request_then_idle),
     ("offload, then a crash", offload_then_crash),
     ("fork during launch", fork_during_launch),

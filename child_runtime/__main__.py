@@ -89,8 +89,10 @@ def _log(line: str) -> None:
 
 
 def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
-    from scorers.registry import UnknownScorerError, resolve_scorer
-
+    try:
+        from scorers.registry import UnknownScorerError, resolve_scorer
+    except ImportError:  # the scorer env lacks what the scorer contract needs (numpy)
+        _fail(pipe, exit_codes.SCORER_IMPORT_FAILED, traceback.format_exc())
     try:
         scorer_cls = resolve_scorer(config.scorer_name)
     except UnknownScorerError as exc:
@@ -100,6 +102,8 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
         scorer = scorer_cls(**config.scorer_params)
     except (TypeError, ValueError) as exc:
         _fail(pipe, exit_codes.BAD_CONFIG, f"scorer {config.scorer_name!r} params: {exc}")
+    except Exception:  # noqa: BLE001 - a constructor must be cheap; whatever it raised is reported in full
+        _fail(pipe, exit_codes.SCORER_LOAD_FAILED, traceback.format_exc())
     try:
         host = ScorerHost(scorer, config.gpu_residency)
     except ValueError as exc:
@@ -154,10 +158,13 @@ def _open_segment(config: BootConfig) -> tuple[ChildSegment | None, str | None]:
 
 
 def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[str, float]) -> None:
-    import uvicorn
-    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    try:
+        import uvicorn
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    from child_runtime.app import build_app
+        from child_runtime.app import build_app
+    except ImportError:  # the scorer env lacks the child runtime's packages: it will not boot on a retry
+        _fail(pipe, exit_codes.BAD_CONFIG, "the scorer env cannot run the child runtime:\n" + traceback.format_exc())
 
     segment, segment_error = _open_segment(config)
     gate = ConnectionGate(config.limits.max_pending_connections, config.limits.pending_connection_timeout_s)
@@ -217,11 +224,20 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
 def main() -> None:
     faulthandler.enable()
     started = time.monotonic()
+    if sys.version_info < (3, 11):  # noqa: UP036 - a scorer env may be older; PYTHONSAFEPATH needs 3.11
+        _fail(None, exit_codes.BAD_CONFIG, f"the scorer env's Python is {sys.version.split()[0]}; 3.11+ is needed")
+    parent = os.getppid()
+    lifeline.install(parent)  # before anything that can block, reading the boot config included
     try:
-        config = read_boot_config(boot.read_frame(sys.stdin.buffer))
+        config = read_boot_config(boot.read_frame(sys.stdin.fileno()))
     except (ValueError, KeyError, TypeError) as exc:
         _fail(None, exit_codes.BAD_CONFIG, f"cannot read boot config from stdin: {exc!r}")
-    lifeline.install(config.parent_pid)
+    if config.parent_pid != parent:
+        _fail(
+            None,
+            exit_codes.BAD_CONFIG,
+            f"spawned by pid {config.parent_pid}, which was gone before it could be watched",
+        )
     pipe = os.fdopen(config.ready_fd, "wb", buffering=0)
     server_imports = _import_server_in_background()
     host = _build_host(config, pipe)

@@ -242,12 +242,12 @@ def build_app(
 
     async def onload(request: Request) -> Response:
         figures = await in_worker(host.onload)
-        return JSONResponse({"residency": host.residency, **figures})
+        return JSONResponse({**figures, "residency": host.residency})
 
     async def offload(request: Request) -> Response:
         """Waits for a running score (the host lock), then moves the weights off the device."""
         figures = await in_worker(host.offload)
-        return JSONResponse({"residency": host.residency, **figures})
+        return JSONResponse({**figures, "residency": host.residency})
 
     async def drain(request: Request) -> Response:
         """A barrier, not a state: later requests are still served."""

@@ -2,16 +2,21 @@
 
 The config is framed (an 8-byte length, then JSON) so the child stops reading at its
 end: a process forked from the trainer while the child starts may hold the write end
-of stdin open for as long as it lives, and end-of-input would never come.
+of stdin open for as long as it lives, and end-of-input would never come. Reading it
+has a deadline too, for the parent that dies before writing it while such a fork lives.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import select
 import struct
-from typing import Any, BinaryIO
+import time
+from typing import Any
 
 MAX_BOOT_CONFIG_BYTES = 16 * 1024 * 1024
+READ_TIMEOUT_S = 60.0  # the parent writes it right after the spawn; past this, nobody will
 _LENGTH = struct.Struct("<Q")
 
 
@@ -22,19 +27,25 @@ def frame(config: dict[str, Any]) -> bytes:
     return _LENGTH.pack(len(data)) + data
 
 
-def _read_exactly(stream: BinaryIO, size: int) -> bytes:
-    data = stream.read(size)
-    if len(data) != size:
-        raise ValueError(f"boot config ended after {len(data)} of {size} bytes")
-    return data
+def _read_exactly(fd: int, size: int, deadline: float) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            raise ValueError(f"boot config incomplete after {READ_TIMEOUT_S} s ({len(data)} of {size} bytes)")
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            raise ValueError(f"boot config ended after {len(data)} of {size} bytes")
+        data += chunk
+    return bytes(data)
 
 
-def read_frame(stream: BinaryIO) -> dict[str, Any]:
-    """The config the parent framed; ValueError when it is short, too large or not a JSON object."""
-    (size,) = _LENGTH.unpack(_read_exactly(stream, _LENGTH.size))
+def read_frame(fd: int) -> dict[str, Any]:
+    """The config the parent framed; ValueError when it is short, late, too large or not a JSON object."""
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    (size,) = _LENGTH.unpack(_read_exactly(fd, _LENGTH.size, deadline))
     if size > MAX_BOOT_CONFIG_BYTES:
         raise ValueError(f"boot config claims {size} bytes (limit {MAX_BOOT_CONFIG_BYTES})")
-    config = json.loads(_read_exactly(stream, size))
+    config = json.loads(_read_exactly(fd, size, deadline))
     if not isinstance(config, dict):
         raise ValueError(f"boot config is a {type(config).__name__}, not an object")
     return config

@@ -32,7 +32,9 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 _DELIMITERS = ("$", "\\boxed", "\\(", "\\[")
 # One number in math_verify's own plain-number grammar: `-`, digit groups of 3 split by `,` or a
 # space, one `.`/`,` decimal (or a bare `.5`), an optional `%`, an optional sentence-final `.`.
-_PLAIN_NUMBER = re.compile(r"(?:-?(?:[1-9]\d{0,2}(?:[ ,]\d{3})+(?:\.\d+)?|\d+(?:[.,]\d+)?)|\.\d+)(?:\s*%)?\.?")
+_PLAIN_NUMBER = re.compile(
+    r"(?:-?(?:[1-9]\d{0,2}(?:[ ,]\d{3})+(?:\.\d+)?|\d+(?:[.,]\d+)?)|\.\d+)(?:\s*%)?\.?", re.ASCII
+)  # ASCII digits only: math_verify reads `１２` (fullwidth) only inside \boxed{}
 
 
 def _is_plain_number(gold: str) -> bool:
@@ -53,8 +55,10 @@ def parse_gold(gold: str) -> list:
     them as nothing and as 10).
     """
     gold = gold.strip()
-    if _is_plain_number(gold) or any(d in gold for d in _DELIMITERS):
+    if any(d in gold for d in _DELIMITERS):
         candidates = [gold]
+    elif _is_plain_number(gold):
+        candidates = [gold, "\\boxed{" + gold + "}"]  # the box only if math_verify reads nothing raw
     else:
         candidates = ["\\boxed{" + gold + "}", gold]
     parsed: list = []

@@ -14,6 +14,7 @@ from supervisor.config import (
     ScorerConfig,
 )
 from supervisor.errors import (
+    BackendNotOwned,
     ChildRecord,
     ConfigError,
     RewardContractError,
@@ -32,6 +33,7 @@ from supervisor.service import PrecomputedRewardError, RewardService
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 __all__ = [
+    "BackendNotOwned",
     "ChildRecord",
     "ClientConfig",
     "ConfigError",

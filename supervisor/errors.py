@@ -132,7 +132,12 @@ class TransportError(Exception):
 
 
 class ConnectFailed(TransportError):
-    """No connection could be opened: nothing was sent."""
+    """No connection could be opened: nothing was sent. `local` when this process is the one out of
+    resources (descriptors, buffers, memory): the server is not to blame."""
+
+    def __init__(self, message: str, local: bool = False) -> None:
+        self.local = local
+        super().__init__(message)
 
 
 class NoAnswer(TransportError):

@@ -11,6 +11,7 @@ started (RemoteRewardBackend), where TLS, proxies and the full protocol matter.
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -24,6 +25,8 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_ANSWER_BYTES = 1 << 30
 _CRLF2 = b"\r\n\r\n"
 RETRY_BACKOFF_S = (0.005, 0.2)  # first and largest pause between tries that sent nothing usable
+CONNECT_TRY_S = 1.0  # a dropped SYN is resent after 1 s: try again rather than wait for it
+_LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 @dataclass
@@ -78,7 +81,7 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
 
 class _Connection:
     def __init__(self, address: tuple[str, int], deadline: _Deadline) -> None:
-        left = max(0.001, deadline.at - time.monotonic())
+        left = max(0.001, min(CONNECT_TRY_S, deadline.at - time.monotonic()))  # one try, not the whole deadline
         self.sock = socket.create_connection(address, timeout=left)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buffer = bytearray()
@@ -143,7 +146,8 @@ class LoopbackHTTP:
     A try that provably sent nothing the server acted on is repeated until the request's
     deadline, and only while `peer_alive()` says the server process lives: a connection
     that cannot be opened, or one the child's connection gate evicted before reading the
-    request (answered 503 with the gate's header). Anything else is raised at once.
+    request (answered 503 with the gate's header). If no try gets through, ConnectFailed
+    says that nothing was acted on. Anything else is raised at once.
     """
 
     def __init__(
@@ -174,8 +178,10 @@ class LoopbackHTTP:
                 conn.close()
         try:
             return _Connection(self.address, deadline)
-        except OSError as exc:  # refused, reset, a full backlog (timeout), EMFILE here
-            raise ConnectFailed(f"connect to {self.address}: {exc!r}") from exc
+        except OSError as exc:  # refused, reset, a full backlog (timeout), or none left here (EMFILE)
+            local = exc.errno in _LOCAL_ERRNOS
+            where = "in this process" if local else f"to {self.address}"
+            raise ConnectFailed(f"connect {where}: {exc!r}", local=local) from exc
 
     def _give_back(self, conn: _Connection) -> None:
         with self._lock:
@@ -204,11 +210,14 @@ class LoopbackHTTP:
                     return answer
                 failure: Exception = ConnectionLost(f"{method} {target}: evicted by the child's connection gate")
             except ConnectFailed as exc:
+                if exc.local:  # waiting will not give this process descriptors back
+                    raise
                 failure = exc
-            if not self._peer_alive():
-                raise failure
-            if time.monotonic() + pause >= deadline.at:
-                raise NoAnswer(f"{method} {target}: not served within {timeout} s ({failure})") from failure
+            if not self._peer_alive() or time.monotonic() + pause >= deadline.at:
+                raise ConnectFailed(
+                    f"{method} {target}: no connection served within {timeout} s, nothing was "
+                    f"read by the server ({failure})"
+                ) from failure
             self.retries += 1
             time.sleep(pause)
             pause = min(pause * 2, RETRY_BACKOFF_S[1])
@@ -233,6 +242,13 @@ class LoopbackHTTP:
         else:
             conn.close()
         return answer
+
+    def drop_idle(self) -> None:
+        """Close the pooled idle connections: the next request opens a fresh one."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     def close(self) -> None:
         with self._lock:

@@ -29,6 +29,8 @@ from supervisor.errors import (
     BackendNotOwned,
     BadAnswer,
     ChildRecord,
+    ConnectFailed,
+    ConnectionLost,
     ErrorStatus,
     NoAnswer,
     RewardContractError,
@@ -36,6 +38,7 @@ from supervisor.errors import (
     ScorerError,
     ScorerProcessDied,
     ScorerStartupError,
+    ScorerUnavailable,
     TransportError,
     scorer_error,
 )
@@ -342,18 +345,26 @@ class ManagedScorerProcessBackend(RewardBackend):
             started = time.monotonic()
             budget = self.spec.process.shutdown_timeout
             graceful = not gen.abandoned and self._dead is None and not gen.child.exited()
-            if graceful:
-                try:
-                    gen.client.shutdown(min(SHUTDOWN_REQUEST_S, budget))
-                except (TransportError, ErrorStatus) as exc:
-                    log.warning(
-                        "child %s pid %s: /shutdown failed (%s); escalating", self.spec.scorer.name, gen.child.pid, exc
-                    )
-            left = max(0.0, started + budget - time.monotonic()) if graceful else 0.0
-            term = min(TERM_GRACE_S, left / 2)
-            record = gen.child.stop(graceful_s=left - term, term_s=term)
-            gen.release()
-            self.timings["shutdown_s"] = time.monotonic() - started
+            try:
+                if graceful:
+                    try:
+                        gen.client.shutdown(min(SHUTDOWN_REQUEST_S, budget))
+                    except (TransportError, ErrorStatus) as exc:
+                        log.warning(
+                            "child %s pid %s: /shutdown failed (%s); escalating",
+                            self.spec.scorer.name,
+                            gen.child.pid,
+                            exc,
+                        )
+            except BaseException:  # Ctrl-C during /shutdown: no more waiting, but the child still goes
+                graceful = False
+                raise
+            finally:
+                left = max(0.0, started + budget - time.monotonic()) if graceful else 0.0
+                term = min(TERM_GRACE_S, left / 2)
+                record = gen.child.stop(graceful_s=left - term, term_s=term)
+                gen.release()
+                self.timings["shutdown_s"] = time.monotonic() - started
         if graceful and record.returncode == 0 and not self.spec.process.keep_clean_logs and gen.child.log_path:
             gen.child.log_path.unlink(missing_ok=True)  # a clean run leaves nothing to read
 
@@ -394,6 +405,8 @@ class ManagedScorerProcessBackend(RewardBackend):
             return call(*args)
         except (TransportError, ErrorStatus) as exc:
             raise self._failure(gen, what, exc) from exc
+        except Exception as exc:  # a fault in this process mid-exchange (MemoryError, a bug): state unknown
+            raise self._failure(gen, what, ConnectionLost(f"failed in this process: {exc!r}")) from exc
         except BaseException:  # Ctrl-C mid-call: the child is still busy with what nobody will read
             self._abandon(gen)
             raise
@@ -411,6 +424,10 @@ class ManagedScorerProcessBackend(RewardBackend):
         child = gen.child
         if isinstance(exc, ErrorStatus):  # the child answered: it keeps serving
             return scorer_error(exc, what, child.record())
+        if isinstance(exc, ConnectFailed) and not child.exited():
+            # nothing reached the scorer (this process is out of descriptors, or another local process
+            # floods the child's port): the child is not to blame and keeps serving
+            return ScorerUnavailable(f"{what}: {exc}; the child was left serving", child.record())
         if self._closed or gen is not self._gen or self._dead is not None:
             return ScorerProcessDied(
                 f"{what}: the backend was closed, or the child replaced or failed, during the call ({exc})",

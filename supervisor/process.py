@@ -14,7 +14,9 @@ never called close().
 
 Exit statuses come from waitid, or, when the trainer ignores SIGCHLD and the
 kernel reaps the child at once, from its pidfd (Linux 6.15+ keeps it there);
-never from Popen, which reports a child reaped elsewhere as "exit 0".
+never from Popen, which reports a child reaped elsewhere as "exit 0". A child
+reaped elsewhere is never signalled again (its pid may be reused at once); the
+rest of its group dies through its own lifelines.
 """
 
 from __future__ import annotations
@@ -61,19 +63,36 @@ class LaunchPlan:
     pass_fds: tuple[int, ...] = ()  # e.g. the data-plane segment; inherited by this child only
 
 
+def _wait_fds(fds: list[int], events: int, deadline: float) -> list[int]:
+    """The descriptors of `fds` ready for `events`; [] at the deadline."""
+    with selectors.DefaultSelector() as selector:
+        for fd in fds:
+            selector.register(fd, events)
+        return [key.fd for key, _ in selector.select(max(0.0, deadline - time.monotonic()))]
+
+
 def _wait_fd(fd: int, events: int, deadline: float) -> bool:
     """Wait until `fd` is ready for `events`; False at the deadline."""
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, events)
-        return bool(selector.select(max(0.0, deadline - time.monotonic())))
+    return bool(_wait_fds([fd], events, deadline))
 
 
-def _read_ready_line(fd: int, deadline: float) -> bytes | None:
-    """Bytes up to the first newline, or None on EOF; TimeoutError at the deadline."""
+def _read_ready_line(fd: int, pidfd: int | None, deadline: float) -> bytes | None:
+    """Bytes up to the first newline; None on EOF, or once the child has exited without a whole line
+    (a process forked from the trainer may hold the pipe's write end, so EOF may never come);
+    TimeoutError at the deadline."""
     data = b""
+    watched = [fd] if pidfd is None else [fd, pidfd]
     while b"\n" not in data:
-        if not _wait_fd(fd, selectors.EVENT_READ, deadline):
+        ready = _wait_fds(watched, selectors.EVENT_READ, deadline)
+        if not ready:
             raise TimeoutError
+        if fd not in ready:  # exited: whatever it wrote before it went is in the pipe already
+            os.set_blocking(fd, False)
+            try:
+                data += os.read(fd, 65536)
+            except BlockingIOError:
+                pass
+            return data.split(b"\n", 1)[0] if b"\n" in data else None
         chunk = os.read(fd, 65536)
         if not chunk:
             return None
@@ -143,8 +162,7 @@ class ChildProcess:
         self._pidfd: int | None = None
         self._exited = False
         self._status: int | None = None  # Popen-style returncode once known
-        self._reaped = False  # by us; a kernel that reaped it (SIGCHLD ignored) leaves the group's id
-        # pinned by any member still alive, so the group can still be signalled
+        self._reaped = False  # by us or by anyone: from then on its pid may belong to another process
         self._at_exit: weakref.finalize | None = None
         self._lock = threading.Lock()  # a signal and the reap never interleave: no pid reuse
 
@@ -178,8 +196,12 @@ class ChildProcess:
                 info = os.waitid(os.P_PID, self._proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:  # already reaped: SIGCHLD is ignored here, or someone else waited
                 if self._pidfd is None or _wait_fd(self._pidfd, selectors.EVENT_READ, 0):
-                    self._exited = True
+                    # its pid is free for reuse: never signal that group again; what is left of the
+                    # group dies through its own lifelines (the forkserver's pipe, PDEATHSIG)
+                    self._exited = self._reaped = True
                     self._status = None if self._pidfd is None else pidfd_exit_status(self._pidfd)
+                    if self._at_exit is not None:
+                        self._at_exit.detach()
                 return
             if info is None or info.si_pid == 0:
                 return
@@ -297,7 +319,7 @@ class ChildProcess:
         assert self.spawned_at is not None
         deadline = self.spawned_at + self.plan.startup_timeout
         try:
-            line = _read_ready_line(ready_r, deadline)
+            line = _read_ready_line(ready_r, self._pidfd, deadline)
         except TimeoutError:
             raise ScorerStartupError(
                 f"child not ready within startup_timeout={self.plan.startup_timeout} s", self._killed_record()

@@ -239,3 +239,12 @@ class WritesWithoutSaying(InputProbe):
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         items[0].image[0, 0, 0] = 1
         return ScoreResult(terms={"writes_without_saying": [0.0] * len(items)})
+
+
+class ConstructorRaises(Scorer):
+    """A constructor that fails in a way no params check anticipates."""
+
+    spec = _spec("constructor_raises")
+
+    def __init__(self) -> None:
+        raise RuntimeError("no GPU driver loaded")

@@ -1,6 +1,7 @@
-"""Hold N idle TCP connections to a port without ever sending a byte (another local user's flood).
+"""Another local user's connection flood against a port: never a byte sent.
 
-Prints one JSON line once every connect has been issued, then holds them until stdin closes.
+`hold PORT COUNT`: open COUNT connections, print one JSON line, hold them until stdin closes.
+`churn PORT SECONDS`: open and close batches of 200 connections as fast as possible.
 """
 
 from __future__ import annotations
@@ -9,14 +10,12 @@ import json
 import resource
 import socket
 import sys
+import time
 
 
-def main() -> None:
-    port, count = int(sys.argv[1]), int(sys.argv[2])
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+def connect_many(port: int, count: int) -> list[socket.socket]:
     held = []
-    for _ in range(min(count, hard - 64)):
+    for _ in range(count):
         sock = socket.socket()
         sock.setblocking(False)
         try:
@@ -24,8 +23,22 @@ def main() -> None:
         except BlockingIOError:
             pass
         held.append(sock)
-    print(json.dumps({"held": len(held)}), flush=True)
-    sys.stdin.read()
+    return held
+
+
+def main() -> None:
+    mode, port, amount = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if mode == "hold":
+        held = connect_many(port, min(int(amount), hard - 64))
+        print(json.dumps({"held": len(held)}), flush=True)
+        sys.stdin.read()
+        return
+    until = time.monotonic() + amount
+    while time.monotonic() < until:
+        for sock in connect_many(port, 200):
+            sock.close()
 
 
 if __name__ == "__main__":

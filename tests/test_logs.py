@@ -112,18 +112,21 @@ def test_another_user_cannot_block_default_launches_by_creating_the_default_dir(
     assert list(squatted.iterdir()) == []
 
 
-def test_logs_are_kept_per_scorer_and_rank_up_to_the_limit(managed, trainer_python, tmp_path):
+def test_old_logs_of_gone_trainers_are_pruned_and_a_live_trainers_are_kept(managed, trainer_python, tmp_path):
     log_dir = tmp_path / "logs"
-    paths = []
-    for _ in range(4):
-        backend = managed(
-            trainer_python, "constant", process={"log_dir": str(log_dir), "keep_logs": 2, "keep_clean_logs": True}
-        )
-        paths.append(Path(backend.log_path))
-        backend.close()
-    other = managed(trainer_python, "nonempty", process={"log_dir": str(log_dir), "keep_logs": 2})
-    assert sorted(log_dir.glob("constant-rank0-*.log")) == sorted(paths[-2:])
-    assert Path(other.log_path).exists()
+    log_dir.mkdir(mode=0o700)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a trainer pid that no longer runs
+    old = [log_dir / f"constant-rank0-pid{gone.pid}-2026110{day}-000000-abcdef.log" for day in range(1, 5)]
+    live = log_dir / f"constant-rank0-pid{os.getpid()}-20261001-000000-abcdef.log"  # the oldest, but its
+    for age, path in enumerate([live, *old]):  # trainer (this process) may still have a child writing it
+        path.write_text("x")
+        os.utime(path, (1_000_000 + age, 1_000_000 + age))
+    other_scorer = log_dir / f"nonempty-rank0-pid{gone.pid}-20261101-000000-abcdef.log"
+    other_scorer.write_text("x")
+    backend = managed(trainer_python, "constant", process={"log_dir": str(log_dir), "keep_logs": 3})
+    assert sorted(log_dir.glob("constant-rank0-*.log")) == sorted([live, old[-1], Path(backend.log_path)])
+    assert other_scorer.exists()  # kept per scorer and rank
 
 
 def test_a_clean_child_leaves_no_log_and_a_failed_one_keeps_it(managed, trainer_python, tmp_path):

@@ -235,7 +235,7 @@ def test_a_refused_connect_to_a_live_peer_is_retried_until_the_deadline(serve):
     server.close()
     client = LoopbackHTTP("127.0.0.1", server.port, {}, peer_alive=lambda: True)
     started = time.monotonic()
-    with pytest.raises(NoAnswer, match="not served within 0.6 s"):
+    with pytest.raises(ConnectFailed, match="no connection served within 0.6 s, nothing was read"):
         client.request("GET", "/health", 0.6)
     assert 0.45 < time.monotonic() - started < 1.5 and client.retries >= 3
 
@@ -265,3 +265,25 @@ def test_an_ordinary_503_is_an_answer_not_a_retry(serve):
     server, _ = serve(busy)
     client = LoopbackHTTP("127.0.0.1", server.port, {}, peer_alive=lambda: True)
     assert client.request("GET", "/health", 5.0).status == 503 and client.retries == 0
+
+
+def test_an_eviction_while_a_large_body_is_still_being_sent_is_retried(serve):
+    """The gate answers before it reads anything and drains what keeps coming: the sender finishes its
+    body, reads the eviction, and sends again on a fresh connection (no reset mid-send)."""
+    evicted = []
+
+    def evict_then_drain(conn: socket.socket) -> None:
+        if evicted:
+            return keep_alive_echo(conn)
+        evicted.append(1)
+        conn.sendall(EVICTION)
+        conn.settimeout(5)
+        while conn.recv(1 << 20):
+            pass
+
+    server, _ = serve(evict_then_drain)
+    client = LoopbackHTTP("127.0.0.1", server.port, {}, peer_alive=lambda: True)
+    body = np.zeros(20 << 20, np.uint8)
+    reply = client.request("POST", "/score", 10.0, [memoryview(body)])
+    assert reply.status == 200 and bytes(reply.body) == hashlib.sha256(body).hexdigest().encode()
+    assert client.retries == 1

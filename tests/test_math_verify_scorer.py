@@ -66,6 +66,10 @@ def test_plain_number_golds_grade_as_math_verify_grades_them(make_scorer):
         "thousands": ("\\boxed{1000}", "1,000", 1.0),
         "thousands-space": ("\\boxed{1000}", "1 000", 1.0),
         "trailing-period": ("\\boxed{3}", "3.", 1.0),
+        # not ASCII: math_verify reads these only boxed; a plain-number test on \d took them raw,
+        # where they parse to nothing and the whole batch was refused
+        "fullwidth-digits": ("\\boxed{\uff11\uff12}", "\uff11\uff12", 1.0),
+        "arabic-indic-digit": ("\\boxed{\u0663}", "\u0663", 1.0),
     }
     result = score_checked(scorer, [item(name, text, gold) for name, (text, gold, _) in cases.items()])
     assert dict(zip(cases, result.terms["math_verify"], strict=True)) == {

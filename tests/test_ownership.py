@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from supervisor import RewardItem, RewardRequest, ScorerProcessDied, ScorerStartupError
-from supervisor.process import ChildProcess
+from bench.hardening import forks_during_launch
+from supervisor import RewardItem, RewardRequest, ScorerProcessDied, ScorerStartupError, ScorerUnavailable
+from supervisor.process import pidfd_exit_status
 from tests.conftest import REPO_ROOT, alive, wait_until_gone
 
 REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
@@ -38,30 +39,14 @@ def test_a_forked_copy_of_the_trainer_never_acts_on_the_child(trainer_python):
     assert wait_until_gone([report["pid_before"]], 5) == []
 
 
-def test_a_fork_during_launch_does_not_stall_boot(managed, trainer_python, monkeypatch):
+def test_a_fork_during_launch_does_not_stall_boot(managed, trainer_python):
     """A process forked while the child starts holds the write end of the child's stdin for as long as
     it lives; the framed boot config means the child stops reading at its end, not at end-of-input."""
-    forks: list[int] = []
-    spawn = ChildProcess._spawn
-
-    def spawn_then_fork(self: ChildProcess, listen_fd: int, ready_w: int) -> None:
-        spawn(self, listen_fd, ready_w)
-        pid = os.fork()
-        if pid == 0:  # a long-lived process forked from the launching trainer
-            time.sleep(60)
-            os._exit(0)
-        forks.append(pid)
-
-    monkeypatch.setattr(ChildProcess, "_spawn", spawn_then_fork)
-    try:
+    with forks_during_launch() as forks:
         backend = managed(trainer_python, "constant", process={"startup_timeout": 30})
         assert forks and alive(forks[0])  # the fork still holds the pipe
         assert backend.compute_rewards(REQUEST).rewards == [1.0]
         assert backend.timings["spawn_to_ready_s"] < 15  # well inside startup_timeout, not at it
-    finally:
-        for pid in forks:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
 
 
 @pytest.mark.slow
@@ -109,9 +94,22 @@ def test_an_interrupted_call_kills_the_child_and_the_next_call_gets_a_new_one(ma
     assert backend.pid != first and backend.restarts == 0
 
 
+def exit_status_survives_reaping() -> bool:
+    """Whether this kernel keeps a reaped child's status on its pidfd (PIDFD_INFO_EXIT). Call it with
+    SIGCHLD handled: ignored, the probe could be reaped before its pidfd exists."""
+    probe = subprocess.Popen(["true"])
+    pidfd = os.pidfd_open(probe.pid)
+    try:
+        probe.wait()
+        return pidfd_exit_status(pidfd) == 0
+    finally:
+        os.close(pidfd)
+
+
 def test_a_trainer_that_ignores_sigchld_still_gets_true_exit_statuses(managed, trainer_python):
     """With SIGCHLD ignored the kernel reaps children at once and Popen reports them as "exit 0";
     the status comes from the child's pidfd instead, and a boot failure keeps its reserved code."""
+    kept_on_pidfd = exit_status_survives_reaping()
     previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     try:
         backend = managed(trainer_python, "tests.fixture_scorers:Probe", restart={"backoff_s": 0})
@@ -120,11 +118,84 @@ def test_a_trainer_that_ignores_sigchld_still_gets_true_exit_statuses(managed, t
         assert wait_until_gone([pid], 5) == []
         with pytest.raises(ScorerProcessDied) as died:
             backend.compute_rewards(REQUEST)
-        assert died.value.signal_name == "SIGKILL" and "status=signal SIGKILL" in str(died.value)
         assert backend.compute_rewards(REQUEST).rewards == [3.0]
         with pytest.raises(ScorerStartupError) as boot:
             managed(trainer_python, "no_such_scorer")
-        assert boot.value.boot_code == 3 and boot.value.returncode == 3
-        assert "exit 3 (bad boot config)" in str(boot.value)
+        assert boot.value.boot_code == 3  # said on the readiness pipe, on any kernel: never restarted
+        if kept_on_pidfd:  # Linux 6.15+
+            assert died.value.signal_name == "SIGKILL" and "status=signal SIGKILL" in str(died.value)
+            assert boot.value.returncode == 3 and "exit 3 (bad boot config)" in str(boot.value)
+        else:
+            assert died.value.returncode is None and "status unknown" in str(died.value)
+        assert "status=exit 0" not in str(died.value) + str(boot.value)
     finally:
         signal.signal(signal.SIGCHLD, previous)
+
+
+def test_a_trainer_out_of_descriptors_does_not_condemn_its_child(managed, trainer_python):
+    """A fresh connection that fails because *this* process has no descriptors left is not the child's
+    fault: the call fails at once with ScorerUnavailable and the child keeps serving."""
+    import resource
+
+    backend = managed(trainer_python, "constant")
+    pid = backend.pid
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        while True:
+            try:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError:
+                break
+        with pytest.raises(ScorerUnavailable, match="in this process.*left serving"):
+            backend.compute_rewards(REQUEST)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert backend.compute_rewards(REQUEST).rewards == [1.0]
+    assert backend.pid == pid and backend.restarts == 0
+
+
+def test_a_fault_in_the_trainer_mid_call_kills_the_child_and_counts_as_a_failure(managed, trainer_python, monkeypatch):
+    """Only Ctrl-C (a BaseException) abandons a call for free; any other exception mid-exchange leaves
+    the child's state unknown: it is killed, the call raises a ScorerError, the restart policy counts it."""
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe", restart={"max_restarts": 1, "backoff_s": 0})
+    first = backend.pid
+
+    def out_of_memory(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(backend._gen.client.transport, "request", out_of_memory)
+    with pytest.raises(ScorerProcessDied, match="failed in this process: MemoryError"):
+        backend.compute_rewards(REQUEST)
+    assert wait_until_gone([first], 5) == []
+    monkeypatch.undo()
+    assert backend.compute_rewards(REQUEST).rewards == [3.0] and backend.restarts == 1
+
+
+def test_a_fork_during_launch_does_not_hide_a_failing_boot(managed, trainer_python):
+    """The fork holds the readiness pipe too: the child's exit is seen on its pidfd, not at the deadline."""
+    with forks_during_launch(), pytest.raises(ScorerStartupError) as info:
+        managed(trainer_python, "tests.fixture_scorers:ExitsOnLoad", process={"startup_timeout": 30})
+    assert info.value.returncode == 17 and "exited while starting" in str(info.value)
+
+
+def test_ctrl_c_during_the_graceful_shutdown_still_stops_the_child(managed, trainer_python, monkeypatch):
+    backend = managed(trainer_python, "constant")
+    pid = backend.pid
+
+    def interrupted(timeout_s: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(backend._gen.client, "shutdown", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        backend.close()
+    assert wait_until_gone([pid], 5) == []
+
+
+def test_a_constructor_that_raises_is_reported_on_the_pipe(managed, trainer_python):
+    with pytest.raises(ScorerStartupError) as info:
+        managed(trainer_python, "tests.fixture_scorers:ConstructorRaises")
+    assert info.value.boot_code == 6 and "no GPU driver loaded" in str(info.value)
