@@ -38,7 +38,9 @@ class BootConfig:
     parent_pid: int
     scorer_name: str
     scorer_params: dict[str, Any] = field(default_factory=dict)
-    revision: str | None = None
+    revision: str | None = None  # a pin: the scorer must declare exactly this revision
+    identity_hash: str | None = None  # a pin on the whole catalog identity
+    catalog: str | None = None  # a custom catalog factory's dotted path
     scorer_input_kind: str | None = None
     gpu_residency: str = "resident"
     boot_offloaded: bool = False  # a restart after the trainer offloaded boots offloaded
@@ -55,6 +57,8 @@ def read_boot_config(data: dict[str, Any]) -> BootConfig:
         scorer_name=scorer["name"],
         scorer_params=scorer.get("params") or {},
         revision=scorer.get("revision"),
+        identity_hash=scorer.get("identity_hash"),
+        catalog=scorer.get("catalog"),
         scorer_input_kind=scorer.get("input_kind"),
         **data,
     )
@@ -90,13 +94,13 @@ def _log(line: str) -> None:
 
 def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
     try:
-        from scorers.registry import UnknownScorerError, resolve_scorer
+        from scorers.registry import CatalogError, UnknownScorerError, resolve_scorer
     except ImportError:  # the scorer env lacks what the scorer contract needs (numpy)
         _fail(pipe, exit_codes.SCORER_IMPORT_FAILED, traceback.format_exc())
     try:
-        scorer_cls = resolve_scorer(config.scorer_name)
-    except UnknownScorerError as exc:
-        bad_name = exc.__cause__ is None
+        scorer_cls = resolve_scorer(config.scorer_name, config.catalog)
+    except (UnknownScorerError, CatalogError) as exc:
+        bad_name = not isinstance(exc.__cause__, ImportError)
         _fail(pipe, exit_codes.BAD_CONFIG if bad_name else exit_codes.SCORER_IMPORT_FAILED, str(exc))
     try:
         scorer = scorer_cls(**config.scorer_params)
@@ -104,8 +108,10 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
         _fail(pipe, exit_codes.BAD_CONFIG, f"scorer {config.scorer_name!r} params: {exc}")
     except Exception:  # noqa: BLE001 - a constructor must be cheap; whatever it raised is reported in full
         _fail(pipe, exit_codes.SCORER_LOAD_FAILED, traceback.format_exc())
+    identity_hash = _identity(scorer, config, pipe)
+    _check_pins(config, scorer.spec.name, scorer.spec.revision, identity_hash, pipe)
     try:
-        host = ScorerHost(scorer, config.gpu_residency)
+        host = ScorerHost(scorer, config.gpu_residency, identity_hash)
     except ValueError as exc:
         _fail(pipe, exit_codes.BAD_CONFIG, str(exc))
     declared = config.scorer_input_kind
@@ -124,6 +130,32 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
         _fail(pipe, exit_codes.SCORER_LOAD_FAILED, traceback.format_exc())
     host.load_s = time.monotonic() - started
     return host
+
+
+def _identity(scorer: Any, config: BootConfig, pipe: BinaryIO) -> str:
+    from scorers.identity import scorer_identity_hash
+
+    try:
+        return scorer_identity_hash(scorer, config.scorer_params)
+    except ValueError as exc:  # a semantic identity that is not finite JSON
+        _fail(pipe, exit_codes.BAD_CONFIG, f"scorer {config.scorer_name!r} identity: {exc}")
+
+
+def _check_pins(config: BootConfig, name: str, revision: str, identity_hash: str, pipe: BinaryIO) -> None:
+    """A configured revision or identity hash is a pin: serving another scorer would be a silent lie."""
+    if config.revision is not None and config.revision != revision:
+        _fail(
+            pipe,
+            exit_codes.BAD_CONFIG,
+            f"revision pin {config.revision!r} refused: scorer {name!r} in this env is revision {revision!r}",
+        )
+    if config.identity_hash is not None and config.identity_hash != identity_hash:
+        _fail(
+            pipe,
+            exit_codes.BAD_CONFIG,
+            f"identity_hash pin {config.identity_hash} refused: scorer {name!r} with these params has identity "
+            f"{identity_hash} (its revision, terms, diagnostics or verdict-changing params differ)",
+        )
 
 
 def _import_server_in_background() -> threading.Thread:
@@ -179,9 +211,7 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
                     "ready": True,
                     "pid": os.getpid(),
                     "port": sock.getsockname()[1],
-                    "scorer": host.scorer.spec.name,
-                    "revision": revision,
-                    "terms": list(host.scorer.spec.term_names()),
+                    **host.catalog_entry(),
                     "shared_memory": segment is not None,
                     "shared_memory_error": segment_error,
                     "event_loop": type(asyncio.get_running_loop()).__module__,
@@ -190,12 +220,10 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
             )
             pipe.close()
 
-    revision = config.revision or host.scorer.spec.revision
     server: _Server
     app = build_app(
         host,
         config.token,
-        revision,
         request_exit=lambda: setattr(server, "should_exit", True),
         limits=config.limits,
         segment=segment,

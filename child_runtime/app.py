@@ -23,7 +23,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from child_runtime import wire
 from child_runtime.gate import EVICTED_HEADER, EVICTION_BODY, ConnectionGate
 from child_runtime.host import ResidencyConflict, ScorerHost
-from child_runtime.items import Limits, RequestError, items_from_wire, response_to_wire
+from child_runtime.idempotency import (
+    KEY_HEADER,
+    REPLAY_HEADER,
+    AnswerCache,
+    BadKey,
+    IdempotencyConflict,
+    body_digest,
+    check_key,
+)
+from child_runtime.items import Limits, RequestError, request_from_wire, response_to_wire
 from child_runtime.shared_segment import ChildSegment
 from scorers.base import ScoreInputError, ScorerContractError
 
@@ -137,10 +146,12 @@ def _guarded(handler: Handler) -> Handler:
             return await handler(request)
         except PayloadTooLarge as exc:
             return _error(413, "too_large", str(exc))
-        except (wire.WireError, RequestError) as exc:
+        except (wire.WireError, RequestError, BadKey) as exc:
             return _error(400, "bad_request", str(exc))
         except ScoreInputError as exc:
             return _error(422, "bad_input", str(exc))
+        except IdempotencyConflict as exc:
+            return _error(422, "idempotency_conflict", str(exc))
         except ResidencyConflict as exc:
             return _error(409, "offloaded", str(exc))
         except ScorerContractError as exc:
@@ -177,13 +188,14 @@ def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
 def build_app(
     host: ScorerHost,
     token: str,
-    revision: str,
     request_exit: Callable[[], None],
     limits: Limits = DEFAULT_LIMITS,
     segment: ChildSegment | None = None,
     gate: ConnectionGate | None = None,
+    answers: AnswerCache | None = None,
 ) -> ASGIApp:
     ledger = RequestLedger()
+    cache = answers if answers is not None else AnswerCache()
     state = {"value": "ready"}
     # One thread does all scorer work (the host serialises it anyway): a plain executor hands
     # off in ~60 us where anyio's to_thread takes ~130 us, and the event loop stays free for
@@ -194,24 +206,22 @@ def build_app(
         return await asyncio.get_running_loop().run_in_executor(worker, fn, *args)
 
     spec = host.scorer.spec
-    terms = list(spec.term_names())
     packages = package_versions(spec.report_packages)
 
     async def health(request: Request) -> Response:
         return JSONResponse(
             {
                 "state": state["value"],
-                "scorer": spec.name,
-                "revision": revision,
+                **host.catalog_entry(),
                 "pid": os.getpid(),
                 "in_flight": ledger.in_flight,
                 "residency": host.residency,
                 "gpu_residency": host.gpu_residency,
                 "packages": packages,
-                "terms": terms,
                 "python": sys.executable,
                 "sys_path": sys.path,
                 "connections": {"pending": gate.pending, "evicted": gate.evicted} if gate else None,
+                "idempotency": {"entries": cache.entries, "replays": cache.replays},
             }
         )
 
@@ -224,21 +234,31 @@ def build_app(
 
     async def _score(request: Request) -> Response:
         t0 = time.perf_counter()
+        key = request.headers.get(KEY_HEADER)
+        key = None if key is None else check_key(key)  # before the body is read: a bad key costs nothing
         body = await read_body(request, limits.max_request_bytes)
-        t1 = time.perf_counter()
-        items = items_from_wire(
-            wire.decode(body, shared=segment.view if segment else None), limits, copy_media=spec.writable_inputs
-        )
-        t2 = time.perf_counter()
-        result = await in_worker(host.score, items)
-        t3 = time.perf_counter()
-        answer = wire.encode(response_to_wire(items, result))
-        t4 = time.perf_counter()
-        timing = ", ".join(
-            f"{name};dur={1e3 * (end - start):.3f}"
-            for name, start, end in (("receive", t0, t1), ("decode", t1, t2), ("score", t2, t3), ("encode", t3, t4))
-        )
-        return Response(answer, media_type=wire.CONTENT_TYPE, headers={"server-timing": timing})
+        phases = [("receive", t0, time.perf_counter())]
+
+        async def produce() -> bytes:
+            t1 = time.perf_counter()
+            items, group_size = request_from_wire(
+                wire.decode(body, shared=segment.view if segment else None), limits, copy_media=spec.writable_inputs
+            )
+            t2 = time.perf_counter()
+            result = await in_worker(host.score, items, group_size)
+            t3 = time.perf_counter()
+            answer = wire.encode(response_to_wire(items, result))
+            phases.extend((("decode", t1, t2), ("score", t2, t3), ("encode", t3, time.perf_counter())))
+            return answer
+
+        if key is None:
+            answer, replayed = await produce(), False
+        else:
+            answer, replayed = await cache.answer(key, await body_digest(body), produce)
+        headers = {"server-timing": ", ".join(f"{name};dur={1e3 * (end - start):.3f}" for name, start, end in phases)}
+        if replayed:
+            headers[REPLAY_HEADER] = "1"
+        return Response(answer, media_type=wire.CONTENT_TYPE, headers=headers)
 
     async def onload(request: Request) -> Response:
         figures = await in_worker(host.onload)

@@ -25,7 +25,7 @@ class ResidencyConflict(RuntimeError):
 
 
 class ScorerHost:
-    def __init__(self, scorer: Scorer, gpu_residency: str) -> None:
+    def __init__(self, scorer: Scorer, gpu_residency: str, identity_hash: str = "") -> None:
         """Refuses per_call for a scorer that cannot offload: checked before any weights load."""
         if gpu_residency not in GPU_RESIDENCY_MODES:
             raise ValueError(f"gpu_residency must be one of {GPU_RESIDENCY_MODES}, got {gpu_residency!r}")
@@ -35,10 +35,25 @@ class ScorerHost:
                 f"{scorer.spec.name!r} does not (use resident)"
             )
         self.scorer = scorer
+        self.identity_hash = identity_hash
         self.gpu_residency = gpu_residency
         self.residency = "offloaded"
         self.load_s = 0.0  # the scorer's load() (and boot onload), for the readiness line
         self._lock = threading.Lock()
+
+    def catalog_entry(self) -> dict[str, Any]:
+        """What this child serves, on the readiness line and /health: the parent checks it."""
+        spec = self.scorer.spec
+        return {
+            "scorer": spec.name,
+            "revision": spec.revision,
+            "identity_hash": self.identity_hash,
+            "input_kind": spec.input_kind,
+            "terms": list(spec.term_names()),
+            "diagnostics": list(spec.diagnostics),
+            "groupwise": spec.groupwise,
+            "ragged_groups": spec.ragged_groups,
+        }
 
     def _onload_locked(self) -> dict[str, Any]:
         if self.residency == "resident":
@@ -82,12 +97,12 @@ class ScorerHost:
         finally:
             self._lock.release()
 
-    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+    def score(self, items: Sequence[ScoreItem], group_size: int | None = None) -> ScoreResult:
         with self._lock:
             if self.gpu_residency == PER_CALL:
                 try:
                     self._onload_locked()
-                    return score_checked(self.scorer, items)
+                    return score_checked(self.scorer, items, group_size)
                 finally:
                     self._offload_locked()  # also after a failed onload: nothing stays half on the device
             if self.residency == "unknown":
@@ -100,4 +115,4 @@ class ScorerHost:
                     f"scorer {self.scorer.spec.name!r} is offloaded; POST /onload first "
                     "(gpu_residency=resident never onloads implicitly)"
                 )
-            return score_checked(self.scorer, items)
+            return score_checked(self.scorer, items, group_size)

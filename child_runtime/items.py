@@ -14,9 +14,26 @@ import numpy as np
 
 from scorers.base import ScoreItem, ScoreResult
 
-ITEM_FIELDS = frozenset(["id", "group_id", "prompt", "text", "image", "video", "reference", "metadata"])
+ITEM_FIELDS = frozenset(
+    [
+        "id",
+        "group_id",
+        "prompt",
+        "text",
+        "image",
+        "video",
+        "reference",
+        "metadata",
+        "finish_reason",
+        "completion_tokens",
+        "data_source",
+        "condition_images",
+        "condition_videos",
+    ]
+)
 MEDIA_LAYOUTS = {"image": "HWC", "video": "THWC"}
-REQUEST_FIELDS = frozenset(["items"])
+REQUEST_FIELDS = frozenset(["items", "group_size"])
+MAX_CONDITION_MEDIA = 16  # per item and kind
 
 
 MAX_ID_CHARS = 1024
@@ -90,6 +107,29 @@ def _media(item: dict, name: str, where: str, limit: int, copy: bool) -> np.ndar
     return view
 
 
+def _condition_media(item: dict, name: str, kind: str, where: str, limit: int, copy: bool) -> tuple[np.ndarray, ...]:
+    """Nested per item: a list of arrays of `kind`, each checked like the item's own media."""
+    values = item.get(name)
+    if values is None:
+        return ()
+    if not isinstance(values, list) or len(values) > MAX_CONDITION_MEDIA:
+        raise RequestError(f"{where}.{name} must be a list of at most {MAX_CONDITION_MEDIA} arrays")
+    media = []
+    for i, value in enumerate(values):
+        checked = _media({kind: value}, kind, f"{where}.{name}[{i}]", limit, copy)
+        if checked is None:
+            raise RequestError(f"{where}.{name}[{i}] must be an array, got null")
+        media.append(checked)
+    return tuple(media)
+
+
+def _token_count(item: dict, where: str) -> int | None:
+    value = item.get("completion_tokens")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise RequestError(f"{where}.completion_tokens must be an int >= 0 or null, got {value!r}")
+    return value
+
+
 def item_from_wire(raw: Any, index: int, limits: Limits = Limits(), copy_media: bool = False) -> ScoreItem:
     where = f"items[{index}]"
     if not isinstance(raw, dict):
@@ -116,7 +156,23 @@ def item_from_wire(raw: Any, index: int, limits: Limits = Limits(), copy_media: 
         video=_media(raw, "video", where, limits.max_media_bytes, copy_media),
         reference=raw.get("reference"),
         metadata=metadata,
+        finish_reason=_optional_str(raw, "finish_reason", where, MAX_ID_CHARS),
+        completion_tokens=_token_count(raw, where),
+        data_source=_optional_str(raw, "data_source", where, MAX_ID_CHARS),
+        condition_images=_condition_media(raw, "condition_images", "image", where, limits.max_media_bytes, copy_media),
+        condition_videos=_condition_media(raw, "condition_videos", "video", where, limits.max_media_bytes, copy_media),
     )
+
+
+def request_from_wire(
+    meta: Any, limits: Limits = Limits(), copy_media: bool = False
+) -> tuple[list[ScoreItem], int | None]:
+    """The items and the declared group size (None: not declared)."""
+    items = items_from_wire(meta, limits, copy_media)
+    group_size = meta.get("group_size")
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
+        raise RequestError(f"request.group_size must be a positive int or null, got {group_size!r}")
+    return items, group_size
 
 
 def items_from_wire(meta: Any, limits: Limits = Limits(), copy_media: bool = False) -> list[ScoreItem]:

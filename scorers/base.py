@@ -1,19 +1,27 @@
 """The scorer authoring contract, shared by in-process and managed execution.
 
-A scorer turns a batch of `ScoreItem`s into one finite float per item for each
-of its terms. Everything here is stdlib + numpy so any scorer env can import it
+A scorer turns a batch of `ScoreItem`s (pointwise) or one complete group
+(groupwise) into one finite float per item for each of its terms. Everything here is stdlib + numpy so any scorer env can import it
 through the import root the parent gives it, without installing managed-scorers.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+
+from scorers.diagnostics import DiagnosticsError, check_values, merge_values
+from scorers.groups import GroupContext, GroupInputError, context_of, freeze, partition
+from scorers.identity import effective_params
+
+
+def is_length_verdict(finish_reason: str | None) -> bool:
+    """The one truncation test shared by scorers and the service: exactly "length"."""
+    return finish_reason == "length"
 
 
 class ScorerContractError(RuntimeError):
@@ -39,6 +47,15 @@ class ScorerSpec:
     # Media arrive as read-only views (zero-copy from the wire or the shared segment);
     # a scorer that writes into its input arrays sets this and gets private copies.
     writable_inputs: bool = False
+    diagnostics: tuple[str, ...] = ()  # the only diagnostic names `score` may report
+    identity: Any = None  # optional JSON semantic identity (judge prompt hash, model digest...)
+    # Groupwise scorers get one complete group per call (`score_group`, see scorers.groups).
+    groupwise: bool = False
+    ragged_groups: bool = False  # a groupwise scorer that accepts groups of any size
+    # Params that never change a verdict or a failure (worker counts): left out of the identity hash.
+    nonsemantic_params: tuple[str, ...] = ()
+    # Top-level modules the scorer imports from its env (preflight looks for them there).
+    requires_modules: tuple[str, ...] = ()
 
     def term_names(self) -> tuple[str, ...]:
         return self.terms or (self.name,)
@@ -56,6 +73,16 @@ class ScoreItem:
     video: np.ndarray | None = None  # uint8 THWC
     reference: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str | None = None  # the generation engine's verbatim verdict ("stop", "length", ...)
+    completion_tokens: int | None = None
+    data_source: str | None = None  # the dataset tag (verl's data_source)
+    condition_images: tuple[np.ndarray, ...] = ()  # e.g. an edit reward's source image(s)
+    condition_videos: tuple[np.ndarray, ...] = ()
+
+    @property
+    def is_length_truncated(self) -> bool:
+        """True only when the engine said "length"; None means not known to be truncated."""
+        return is_length_verdict(self.finish_reason)
 
     def required_text(self) -> str:
         """The text, which the scorer declared it needs (checked before `score` runs)."""
@@ -84,7 +111,12 @@ class ScoreResult:
 class Scorer:
     """Base class: cheap constructor, weights in `load`, scoring in `score`.
 
-    `score` gets media as read-only views that are valid only until it returns (in a
+    A pointwise scorer implements `score(items)`: one finite score per item, in order, for
+    any chunk up to its batch size. A groupwise scorer sets `spec.groupwise` and implements
+    `score_group(candidates, context)`: it gets exactly one complete group per call (see
+    `scorers.groups`; `scorers.pointwise.map_candidates` lifts a per-candidate function).
+
+    Media arrive as read-only views that are valid only until the call returns (in a
     managed child they live in the shared segment the next request reuses): copy any
     array you keep across calls, or declare `writable_inputs` to get private copies.
     """
@@ -107,49 +139,93 @@ class Scorer:
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         raise NotImplementedError
 
+    def score_group(self, candidates: Sequence[ScoreItem], context: GroupContext) -> ScoreResult:
+        raise NotImplementedError(f"{type(self).__name__} declares groupwise but has no score_group")
+
+    def identity_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The params as they decide verdicts (defaults applied); override to add resolved ones."""
+        return effective_params(type(self), params)
+
     def close(self) -> None:
         """Release helpers (processes, memory). Must be bounded and idempotent."""
 
 
+_COMPLETION_FIELDS = {"text": ("text",), "image": ("image",), "image_edit": ("image",), "video": ("video",)}
+
+
 def check_required_fields(spec: ScorerSpec, items: Sequence[ScoreItem]) -> None:
-    """Refuse items missing a field the scorer declared it needs."""
+    """Refuse items without a completion of the scorer's kind, or missing a declared field."""
+    completion = _COMPLETION_FIELDS.get(spec.input_kind, ())
     for index, item in enumerate(items):
-        for name in spec.required_fields:
+        for name in completion:
             if getattr(item, name) is None:
+                raise ScoreInputError(
+                    f"items[{index}] (id={item.id!r}): field {name!r} is required by scorer {spec.name!r} "
+                    f"(the completion of a {spec.input_kind} scorer is missing)"
+                )
+        if spec.input_kind == "image_edit" and not item.condition_images:
+            raise ScoreInputError(
+                f"items[{index}] (id={item.id!r}): image_edit scorer {spec.name!r} needs the source image "
+                "in condition_images"
+            )
+        for name in spec.required_fields:
+            value = getattr(item, name)
+            if value is None or (isinstance(value, tuple) and not value):
                 raise ScoreInputError(
                     f"items[{index}] (id={item.id!r}): field {name!r} is required by scorer {spec.name!r}"
                 )
 
 
-def score_checked(scorer: Scorer, items: Sequence[ScoreItem]) -> ScoreResult:
-    """Run `scorer.score` and enforce the contract: every term, one finite float per item."""
-    check_required_fields(scorer.spec, items)
-    result = scorer.score(items)
+def score_checked(scorer: Scorer, items: Sequence[ScoreItem], group_size: int | None = None) -> ScoreResult:
+    """The one way scorer code runs: inputs checked first, then one finite float per item and term.
+
+    Groups are checked (and, for a groupwise scorer, scored one complete group per call)
+    before any scorer code runs; see `scorers.groups.partition`.
+    """
+    spec = scorer.spec
+    try:
+        groups = partition(items, group_size, scorer=spec.name, groupwise=spec.groupwise, ragged=spec.ragged_groups)
+    except GroupInputError as exc:
+        raise ScoreInputError(str(exc)) from exc
+    check_required_fields(spec, items)
+    if not spec.groupwise:
+        return _checked_result(spec, scorer.score(items), items)
+    scores = {term: [0.0] * len(items) for term in spec.term_names()}
+    reports = []
+    for members in groups:
+        candidates = tuple(replace(items[i], reference=freeze(items[i].reference)) for i in members)
+        part = _checked_result(spec, scorer.score_group(candidates, context_of(items, members)), candidates)
+        for term, values in part.terms.items():
+            for index, value in zip(members, values, strict=True):
+                scores[term][index] = value
+        reports.append(part.diagnostics)
+    return ScoreResult(terms=scores, diagnostics=merge_values(reports))
+
+
+def _checked_result(spec: ScorerSpec, result: Any, items: Sequence[ScoreItem]) -> ScoreResult:
     if not isinstance(result, ScoreResult):
-        raise ScorerContractError(f"scorer {scorer.spec.name!r} returned {type(result).__name__}, expected ScoreResult")
-    expected = set(scorer.spec.term_names())
+        raise ScorerContractError(f"scorer {spec.name!r} returned {type(result).__name__}, expected ScoreResult")
+    expected = set(spec.term_names())
     if set(result.terms) != expected:
         raise ScorerContractError(
-            f"scorer {scorer.spec.name!r} returned terms {sorted(result.terms)}, declared {sorted(expected)}"
+            f"scorer {spec.name!r} returned terms {sorted(result.terms)}, declared {sorted(expected)}"
         )
     for term, values in result.terms.items():
         if len(values) != len(items):
             raise ScorerContractError(
-                f"scorer {scorer.spec.name!r} term {term!r}: {len(values)} scores for {len(items)} items"
+                f"scorer {spec.name!r} term {term!r}: {len(values)} scores for {len(items)} items"
             )
         for index, value in enumerate(values):
             if not isinstance(value, (int, float, np.floating, np.integer)) or not math.isfinite(value):
                 raise ScorerContractError(
-                    f"scorer {scorer.spec.name!r} term {term!r}: non-finite score {value!r} "
+                    f"scorer {spec.name!r} term {term!r}: non-finite score {value!r} "
                     f"for items[{index}] (id={items[index].id!r})"
                 )
         result.terms[term] = [float(v) for v in values]
     try:
-        json.dumps(result.diagnostics, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ScorerContractError(
-            f"scorer {scorer.spec.name!r} diagnostics must be finite JSON (numbers, strings, lists, objects): {exc}"
-        ) from exc
+        result.diagnostics = check_values(spec.name, spec.diagnostics, result.diagnostics)
+    except DiagnosticsError as exc:
+        raise ScorerContractError(str(exc)) from exc
     return result
 
 

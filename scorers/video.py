@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, score_checked
+from scorers.identity import scorer_document
 from scorers.registry import resolve_scorer
 
 REDUCTIONS: dict[str, Callable[[np.ndarray], Any]] = {"mean": np.mean, "min": np.min, "max": np.max}
@@ -26,7 +28,9 @@ def frame_indices(num_frames: int, frames: int | None, stride: int | None) -> li
 class VideoScorer(Scorer):
     """Wraps an image scorer by name; its spec (env, offload support) follows the inner one."""
 
-    spec = ScorerSpec(name="video", input_kind="video", required_fields=("video",), terms=("video",))  # per instance
+    spec = ScorerSpec(
+        name="video", input_kind="video", required_fields=("video",), terms=("video",), diagnostics=("frames_scored",)
+    )  # per instance
 
     def __init__(
         self,
@@ -65,6 +69,9 @@ class VideoScorer(Scorer):
             supports_offload=inner_spec.supports_offload,
             report_packages=inner_spec.report_packages,
             writable_inputs=inner_spec.writable_inputs,
+            diagnostics=("frames_scored",),
+            identity={"inner": scorer_document(self.inner, dict(inner_params or {}))},
+            requires_modules=inner_spec.requires_modules,
         )
 
     def load(self, device: str = "cpu") -> None:
@@ -86,17 +93,7 @@ class VideoScorer(Scorer):
             if video.shape[0] == 0:
                 raise ScoreInputError(f"items[{index}] (id={item.id!r}): video has no frames")
             for t in frame_indices(video.shape[0], self.frames, self.stride):
-                frame_items.append(
-                    ScoreItem(
-                        id=f"{item.id}#{t}",
-                        group_id=item.group_id,
-                        prompt=item.prompt,
-                        text=item.text,
-                        image=video[t],
-                        reference=item.reference,
-                        metadata=item.metadata,
-                    )
-                )
+                frame_items.append(replace(item, id=f"{item.id}#{t}", image=video[t], video=None))
                 owners.append(index)
         result = score_checked(self.inner, frame_items)  # one batch: all frames of all clips
         (per_frame,) = (np.asarray(values, dtype=np.float64) for values in result.terms.values())

@@ -4,19 +4,54 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Self
 
 import numpy as np
 
-from supervisor.errors import ConfigError, RewardContractError
+from scorers.diagnostics import merge_reports, report
+from scorers.groups import GroupInputError, pack_chunks, partition
+from supervisor.errors import ConfigError, RewardContractError, ScorerRequestError
 from supervisor.segment import HeapArena, SharedArena
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
-ChunkScorer = Callable[[Sequence[RewardItem]], tuple[Mapping[str, np.ndarray], Mapping[str, Any]]]
+# (chunk, group_size) -> (terms, diagnostics): one exchange with the scorer, whatever runs it.
+ChunkScorer = Callable[[Sequence[RewardItem], int | None], tuple[Mapping[str, np.ndarray], Mapping[str, Any]]]
+
+
+@dataclass(frozen=True)
+class ScorerShape:
+    """What a backend knows of its scorer before it cuts a request into chunks."""
+
+    name: str
+    terms: tuple[str, ...]
+    groupwise: bool = False
+    ragged_groups: bool = False
+    identity_hash: str | None = None
+    revision: str | None = None
+
+    @classmethod
+    def from_entry(cls, entry: Mapping[str, Any]) -> ScorerShape:
+        """From a child's readiness line or a server's /health (`ScorerHost.catalog_entry`)."""
+        return cls(
+            name=str(entry["scorer"]),
+            terms=tuple(entry["terms"]),
+            groupwise=bool(entry.get("groupwise", False)),
+            ragged_groups=bool(entry.get("ragged_groups", False)),
+            identity_hash=entry.get("identity_hash"),
+            revision=entry.get("revision"),
+        )
 
 
 class RewardBackend(ABC):
     """`compute_rewards` plus residency and lifecycle; usable as a context manager."""
+
+    shape: ScorerShape | None = None  # the scorer behind it, once known (None for a panel)
+
+    @property
+    def identity_hash(self) -> str | None:
+        """The catalog identity of what this backend scores (see scorers.identity)."""
+        return self.shape.identity_hash if self.shape else None
 
     @abstractmethod
     def compute_rewards(self, request: RewardRequest) -> RewardResponse: ...
@@ -46,6 +81,16 @@ class RewardBackend(ABC):
         self.close()
 
 
+def check_pins(shape: ScorerShape, revision: str | None, identity_hash: str | None) -> None:
+    """A configured revision or identity hash must be exactly the scorer's own."""
+    if revision is not None and revision != shape.revision:
+        raise ConfigError(f"revision pin {revision!r} refused: scorer {shape.name!r} is revision {shape.revision!r}")
+    if identity_hash is not None and identity_hash != shape.identity_hash:
+        raise ConfigError(
+            f"identity_hash pin {identity_hash} refused: scorer {shape.name!r} has identity {shape.identity_hash}"
+        )
+
+
 def check_reward_names(
     scorer: str, terms: Sequence[str], required: Sequence[str], weights: Mapping[str, float]
 ) -> list[str]:
@@ -59,33 +104,42 @@ def check_reward_names(
     return required
 
 
+def request_group_size(request: RewardRequest, configured: int | None) -> int | None:
+    """The group size declared by the request or the config; two different ones are refused."""
+    if request.group_size is not None and configured is not None and request.group_size != configured:
+        raise ScorerRequestError(
+            f"request declares group_size {request.group_size}, the backend's config {configured}", kind="bad_input"
+        )
+    return request.group_size if request.group_size is not None else configured
+
+
 def score_in_chunks(
-    request: RewardRequest, size: int, score_chunk: ChunkScorer, required: Sequence[str], weights: Mapping[str, float]
+    request: RewardRequest,
+    size: int,
+    score_chunk: ChunkScorer,
+    required: Sequence[str],
+    weights: Mapping[str, float],
+    shape: ScorerShape,
+    group_size: int | None = None,
 ) -> RewardResponse:
-    """Score `size`-item chunks in order, then assemble one response for the whole request."""
-    parts: dict[str, list[np.ndarray]] = {}
-    diagnostics = []
-    for start in range(0, len(request.items), size):
-        terms, diag = score_chunk(request.items[start : start + size])
-        for name, values in terms.items():
-            parts.setdefault(name, []).append(np.asarray(values, dtype=np.float64))
-        diagnostics.append(diag)
-    merged = {name: np.concatenate(values) for name, values in parts.items()}
-    return assemble_response(request.ids, merged, required, weights, merge_diagnostics(diagnostics))
-
-
-def merge_diagnostics(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Diagnostics are counts (summed across chunks) and lists (concatenated); else last wins."""
-    merged: dict[str, Any] = {}
-    for part in parts:
-        for key, value in part.items():
-            if key in merged and isinstance(value, (int, float)) and not isinstance(value, bool):
-                merged[key] += value
-            elif key in merged and isinstance(value, list):
-                merged[key] = merged[key] + value
-            else:
-                merged[key] = value
-    return merged
+    """Cut the request into chunks of at most `size` items that never split a group, score them
+    in order, and assemble one response. Groups are checked before anything is sent."""
+    group_size = request_group_size(request, group_size)
+    try:
+        groups = partition(
+            request.items, group_size, scorer=shape.name, groupwise=shape.groupwise, ragged=shape.ragged_groups
+        )
+    except GroupInputError as exc:
+        raise ScorerRequestError(str(exc), kind="bad_input") from exc
+    merged: dict[str, np.ndarray] = {}
+    reports = []
+    for chunk in pack_chunks(groups, size):
+        terms, values = score_chunk([request.items[i] for i in chunk], group_size)
+        for name, scores in terms.items():
+            merged.setdefault(name, np.zeros(len(request.items), dtype=np.float64))[chunk] = scores
+        reports.append(report(len(chunk), values))
+    diagnostics = {shape.name: merge_reports(reports)}
+    return assemble_response(request.ids, merged, required, weights, diagnostics, shape.identity_hash)
 
 
 def assemble_response(
@@ -94,6 +148,7 @@ def assemble_response(
     required: Sequence[str],
     weights: Mapping[str, float],
     diagnostics: Mapping[str, Any],
+    identity_hash: str | None = None,
 ) -> RewardResponse:
     """final = sum(weight * term) over the required terms; every item a success or we raised."""
     rewards = np.zeros(len(ids), dtype=np.float64)
@@ -111,4 +166,5 @@ def assemble_response(
         successes=[True] * len(ids),
         errors=[None] * len(ids),
         diagnostics=dict(diagnostics),
+        identity_hash=identity_hash,
     )

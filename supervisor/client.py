@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import httpx
 
 from child_runtime import wire
+from child_runtime.idempotency import KEY_HEADER, REPLAY_HEADER
 from supervisor.errors import BadAnswer, ConnectFailed, ConnectionLost, ErrorStatus, NoAnswer
 from supervisor.loopback_http import LoopbackHTTP
 from supervisor.segment import ParentSegment
@@ -117,6 +118,7 @@ class ScorerClient:
         self.segment = segment
         self.shared_min_bytes = shared_min_bytes
         self.last_server_timing: str | None = None  # the child's phases for the last /score (ms)
+        self.last_replayed = False  # the last /score was answered from the child's idempotency cache
 
     @classmethod
     def remote(cls, base_url: str, token: str | None, request_timeout: float) -> ScorerClient:
@@ -143,6 +145,7 @@ class ScorerClient:
         _raise_for_status(status, content)
         if path == "/score":
             self.last_server_timing = answer_headers.get("server-timing")
+            self.last_replayed = answer_headers.get(REPLAY_HEADER) == "1"
         return content
 
     def _json(self, method: str, path: str, timeout: float) -> dict[str, Any]:
@@ -163,18 +166,24 @@ class ScorerClient:
             return False
         return frame.array_bytes >= self.shared_min_bytes or any(segment.locate(a) is not None for a in frame.arrays)
 
-    def score(self, frame: wire.Frame) -> Any:
-        """POST a framed request (arrays in-band or through the segment); returns the decoded answer."""
+    def score(self, frame: wire.Frame, idempotency_key: str | None = None, timeout: float | None = None) -> Any:
+        """POST a framed request (arrays in-band or through the segment); returns the decoded answer.
+
+        With an `idempotency_key`, re-sending the same frame with the same key is answered from the
+        child's cache (or waits for the first send's scoring) instead of scoring it again."""
         headers = {"content-type": wire.CONTENT_TYPE}
-        content = self._score_shared(frame, headers) if self.uses_segment(frame) else None
+        if idempotency_key is not None:
+            headers[KEY_HEADER] = idempotency_key
+        timeout = self.request_timeout if timeout is None else timeout
+        content = self._score_shared(frame, headers, timeout) if self.uses_segment(frame) else None
         if content is None:
-            content = self._send("POST", "/score", self.request_timeout, frame.body_parts(), headers)
+            content = self._send("POST", "/score", timeout, frame.body_parts(), headers)
         try:
             return wire.decode(content)
         except wire.WireError as exc:
             raise BadAnswer(f"POST /score: answer is not a valid frame: {exc}") from exc
 
-    def _score_shared(self, frame: wire.Frame, headers: dict[str, str]) -> bytes | bytearray | None:
+    def _score_shared(self, frame: wire.Frame, headers: dict[str, str], timeout: float) -> bytes | bytearray | None:
         """Arrays through the segment, their extents held until the answer is in (the child reads
         them meanwhile); None when the segment cannot take them: send in-band."""
         assert self.segment is not None
@@ -185,19 +194,21 @@ class ScorerClient:
                 return None
             except ValueError as exc:  # the segment was closed meanwhile: the backend is closing
                 raise ConnectionLost(f"POST /score: shared segment: {exc!r}") from exc
-            return self._send("POST", "/score", self.request_timeout, [body], headers)
+            return self._send("POST", "/score", timeout, [body], headers)
 
-    def health(self) -> dict[str, Any]:
-        return self._json("GET", "/health", self.control_timeout)
+    def health(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._json("GET", "/health", self.control_timeout if timeout is None else timeout)
 
-    def onload(self) -> dict[str, Any]:
-        return self._json("POST", "/onload", self.request_timeout)
+    def onload(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._json("POST", "/onload", self.request_timeout if timeout is None else timeout)
 
-    def offload(self) -> dict[str, Any]:
-        return self._json("POST", "/offload", self.request_timeout)
+    def offload(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._json("POST", "/offload", self.request_timeout if timeout is None else timeout)
 
-    def drain(self, timeout_s: float) -> dict[str, Any]:
-        return self._json("POST", f"/drain?timeout_s={timeout_s!r}", timeout_s + self.control_timeout)
+    def drain(self, timeout_s: float, timeout: float | None = None) -> dict[str, Any]:
+        """The child waits up to `timeout_s`; the HTTP call up to `timeout` (default: that plus control)."""
+        timeout = timeout_s + self.control_timeout if timeout is None else timeout
+        return self._json("POST", f"/drain?timeout_s={timeout_s!r}", timeout)
 
     def shutdown(self, timeout_s: float) -> dict[str, Any]:
         return self._json("POST", "/shutdown", timeout_s)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, field_validator, model_validator
 
 InputKind = Literal["text", "image", "image_edit", "video"]
 # What decides the child's import path: set only by managed-scorers (see supervisor.import_root).
@@ -99,12 +99,20 @@ class ProcessConfig(_Model):
 
 
 class ScorerConfig(_Model):
-    """Which scorer the child builds, with what params."""
+    """Which scorer the child builds, with what params.
+
+    `revision` and `identity_hash` are pins, never overrides: a child whose scorer declares
+    another revision, or whose catalog identity differs, is refused at start. `catalog` is a
+    custom catalog factory's dotted path (it must be importable in the child too: list its
+    directory in `process.extra_import_paths`).
+    """
 
     name: str = Field(min_length=1)
     input_kind: InputKind = "text"
     params: dict[str, JsonValue] = Field(default_factory=dict)
     revision: str | None = None
+    identity_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    catalog: str | None = None
     device: str = "cpu"
 
 
@@ -115,6 +123,7 @@ class ClientConfig(_Model):
     weights: dict[str, float] = Field(default_factory=dict)
     input_kind: InputKind = "text"
     request_batch_size: int = Field(default=64, gt=0)
+    group_size: int | None = Field(default=None, gt=0)  # candidates per group; a request may declare it instead
     # Arrays of a request totalling at least this many bytes travel through a shared-memory
     # segment (negotiated at start-up; in-band when the child or platform cannot). None: never.
     shared_memory_min_bytes: int | None = Field(default=64 * 1024, ge=0)
@@ -155,6 +164,7 @@ class LimitsConfig(_Model):
 class ManagedScorerProcessSpec(_Model):
     """Process ownership, scorer construction and client semantics, kept apart."""
 
+    kind: Literal["managed"] = "managed"
     process: ProcessConfig
     scorer: ScorerConfig
     client: ClientConfig = Field(default_factory=ClientConfig)
@@ -168,4 +178,75 @@ class ManagedScorerProcessSpec(_Model):
             raise ValueError(
                 f"client.input_kind {self.client.input_kind!r} != scorer.input_kind {self.scorer.input_kind!r}"
             )
+        return self
+
+
+class LocalBackendConfig(_Model):
+    """A scorer in the trainer's own process (LocalRewardBackend)."""
+
+    kind: Literal["local"] = "local"
+    scorer: ScorerConfig
+    client: ClientConfig = Field(default_factory=ClientConfig)
+
+    @model_validator(mode="after")
+    def _kinds_agree(self) -> LocalBackendConfig:
+        if self.client.input_kind != self.scorer.input_kind:
+            raise ValueError(
+                f"client.input_kind {self.client.input_kind!r} != scorer.input_kind {self.scorer.input_kind!r}"
+            )
+        return self
+
+
+class RemoteBackendConfig(_Model):
+    """A scorer server someone else started (RemoteRewardBackend). The token is read from the
+    environment variable `token_env`: the variable's name is configuration, its value never is."""
+
+    kind: Literal["remote"] = "remote"
+    base_url: str = Field(min_length=1)
+    token_env: str | None = None
+    request_timeout: float = Field(default=600.0, gt=0)
+    revision: str | None = None
+    identity_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    client: ClientConfig = Field(default_factory=ClientConfig)
+
+
+def _backend_kind(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return str(value.get("kind") or ("managed" if "process" in value else "local"))
+    return str(getattr(value, "kind", "local"))
+
+
+BackendConfig = Annotated[
+    Annotated[ManagedScorerProcessSpec, Tag("managed")]
+    | Annotated[LocalBackendConfig, Tag("local")]
+    | Annotated[RemoteBackendConfig, Tag("remote")],
+    Discriminator(_backend_kind),
+]
+
+
+class TermConfig(_Model):
+    """One panel term: a backend, the value taken from it (`component`: one of its scorer's
+    terms; None: its reward), a weight (a number or `{data_source: weight}`, "*" for the
+    rest), whether its failure is fatal, and the datasets it applies to (None: all)."""
+
+    name: str = Field(min_length=1)
+    backend: BackendConfig
+    weight: float | dict[str, float] = 1.0
+    required: bool = True
+    applicable_datasets: list[str] | None = None
+    component: str | None = None
+
+
+class PanelConfig(_Model):
+    """Named terms combined as `sum(weight * term)`; `group_size` applies to every request."""
+
+    terms: list[TermConfig] = Field(min_length=1)
+    group_size: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> PanelConfig:
+        names = [term.name for term in self.terms]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"term names {duplicates} are used more than once")
         return self

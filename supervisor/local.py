@@ -7,16 +7,23 @@ from typing import Any
 
 import numpy as np
 
-from child_runtime.items import RequestError, items_from_wire
+from child_runtime.items import RequestError, request_from_wire
 from scorers.base import ScoreInputError, Scorer, ScorerContractError, score_checked
+from scorers.identity import scorer_identity_hash
 from scorers.registry import resolve_scorer
-from supervisor.backend import RewardBackend, check_reward_names, score_in_chunks
+from supervisor.backend import RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
 from supervisor.errors import RewardContractError, ScorerRequestError
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 
 class LocalRewardBackend(RewardBackend):
-    """Builds and loads the scorer at construction; scoring runs the child's validation path."""
+    """Builds and loads the scorer at construction; scoring runs the child's validation path.
+
+    `revision` and `identity_hash` are pins, as for a managed child: a scorer that differs
+    is refused before it loads.
+    """
+
+    shape: ScorerShape  # what the scorer declared (its child's readiness line or /health)
 
     def __init__(
         self,
@@ -26,25 +33,42 @@ class LocalRewardBackend(RewardBackend):
         required_rewards: Sequence[str] | None = None,
         weights: Mapping[str, float] | None = None,
         request_batch_size: int = 64,
+        group_size: int | None = None,
+        revision: str | None = None,
+        identity_hash: str | None = None,
+        catalog: str | None = None,
     ) -> None:
         if request_batch_size <= 0:
             raise ValueError("request_batch_size must be > 0")
-        self.scorer = resolve_scorer(scorer)(**dict(params or {})) if isinstance(scorer, str) else scorer
-        self.weights = dict(weights or {})
-        self.required = check_reward_names(
-            self.scorer.spec.name, self.scorer.spec.term_names(), required_rewards or [], self.weights
+        params = dict(params or {})
+        self.scorer = resolve_scorer(scorer, catalog)(**params) if isinstance(scorer, str) else scorer
+        spec = self.scorer.spec
+        self.shape = ScorerShape(
+            name=spec.name,
+            terms=spec.term_names(),
+            groupwise=spec.groupwise,
+            ragged_groups=spec.ragged_groups,
+            identity_hash=scorer_identity_hash(self.scorer, params),
+            revision=spec.revision,
         )
+        check_pins(self.shape, revision, identity_hash)
+        self.weights = dict(weights or {})
+        self.required = check_reward_names(spec.name, spec.term_names(), required_rewards or [], self.weights)
         self.request_batch_size = request_batch_size
+        self.group_size = group_size
         self.scorer.load(device)
         self.scorer.onload()
         self._closed = False
 
-    def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def _score_chunk(
+        self, chunk: Sequence[RewardItem], group_size: int | None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         try:
-            items = items_from_wire(
-                {"items": [item.to_wire() for item in chunk]}, copy_media=self.scorer.spec.writable_inputs
+            items, group_size = request_from_wire(
+                {"items": [item.to_wire() for item in chunk], "group_size": group_size},
+                copy_media=self.scorer.spec.writable_inputs,
             )
-            result = score_checked(self.scorer, items)
+            result = score_checked(self.scorer, items, group_size)
         except (RequestError, ScoreInputError) as exc:
             raise ScorerRequestError(str(exc), kind="bad_input") from exc
         except ScorerContractError as exc:
@@ -54,7 +78,15 @@ class LocalRewardBackend(RewardBackend):
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         if self._closed:
             raise RuntimeError("LocalRewardBackend is closed")
-        return score_in_chunks(request, self.request_batch_size, self._score_chunk, self.required, self.weights)
+        return score_in_chunks(
+            request,
+            self.request_batch_size,
+            self._score_chunk,
+            self.required,
+            self.weights,
+            self.shape,
+            self.group_size,
+        )
 
     def onload(self) -> dict[str, Any]:
         return dict(self.scorer.onload() or {})

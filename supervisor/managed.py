@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from child_runtime.exit_codes import is_boot_failure
-from supervisor.backend import RewardBackend, check_reward_names, score_in_chunks
+from supervisor.backend import RewardBackend, ScorerShape, check_reward_names, score_in_chunks
 from supervisor.client import ScorerClient
 from supervisor.config import RESERVED_ENV, ManagedScorerProcessSpec
 from supervisor.errors import (
@@ -101,6 +102,8 @@ class ManagedScorerProcessBackend(RewardBackend):
     close() leaves the child alone.
     """
 
+    shape: ScorerShape  # what the scorer declared (its child's readiness line or /health)
+
     def __init__(self, spec: ManagedScorerProcessSpec | Mapping[str, Any], start: bool = True) -> None:
         self.spec = (
             spec if isinstance(spec, ManagedScorerProcessSpec) else ManagedScorerProcessSpec.model_validate(spec)
@@ -117,6 +120,7 @@ class ManagedScorerProcessBackend(RewardBackend):
         self._serial = threading.RLock()
         self.timings: dict[str, float] = {}
         self.required_rewards: list[str] = list(self.spec.client.required_rewards)
+        self.shape = ScorerShape(self.spec.scorer.name, ())  # the child's own, once it is ready
         self.max_request_bytes = self.spec.limits.max_request_bytes
         if start:
             self.start()
@@ -168,6 +172,8 @@ class ManagedScorerProcessBackend(RewardBackend):
                 "name": scorer.name,
                 "params": scorer.params,
                 "revision": scorer.revision,
+                "identity_hash": scorer.identity_hash,
+                "catalog": scorer.catalog,
                 "input_kind": scorer.input_kind,
             },
             "gpu_residency": self.spec.gpu_residency,
@@ -230,6 +236,7 @@ class ManagedScorerProcessBackend(RewardBackend):
                 raise ScorerProcessDied("backend is closed")
             self._gen, info = self._launch()
         try:
+            self.shape = ScorerShape.from_entry(info)
             self.required_rewards = check_reward_names(
                 self.spec.scorer.name, info["terms"], self.spec.client.required_rewards, self.spec.client.weights
             )
@@ -449,10 +456,12 @@ class ManagedScorerProcessBackend(RewardBackend):
         self._mark_dead(gen, error)
         return error
 
-    def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        frame = encode_chunk(chunk, self.max_request_bytes)
+    def _score_chunk(
+        self, chunk: Sequence[RewardItem], group_size: int | None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        frame = encode_chunk(chunk, group_size, self.max_request_bytes)
         gen = self._serving(restart=True)
-        answer = self._exchange(gen, "score", gen.client.score, frame)
+        answer = self._exchange(gen, "score", gen.client.score, frame, uuid.uuid4().hex)
         try:
             return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards)
         except RewardContractError as exc:
@@ -467,6 +476,8 @@ class ManagedScorerProcessBackend(RewardBackend):
                 self._score_chunk,
                 self.required_rewards,
                 self.spec.client.weights,
+                self.shape,
+                self.spec.client.group_size,
             )
 
     def onload(self) -> dict[str, Any]:

@@ -1,19 +1,37 @@
-"""RemoteRewardBackend: a scorer server someone else started, same contract and checks."""
+"""RemoteRewardBackend: a scorer server someone else started, same contract and checks.
+
+The network between here and there may drop a connection or a proxy may answer 502/503:
+every operation here is idempotent (score carries an idempotency key, the same on every
+try, so the server answers a re-send from its cache instead of scoring twice), so a
+failed try is repeated with capped exponential backoff, within the first try's deadline.
+"""
 
 from __future__ import annotations
 
+import logging
+import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
-from supervisor.backend import RewardBackend, check_reward_names, score_in_chunks
+from supervisor.backend import RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
 from supervisor.client import ScorerClient
-from supervisor.errors import ErrorStatus, TransportError, scorer_error
+from supervisor.errors import ConnectFailed, ConnectionLost, ErrorStatus, NoAnswer, TransportError, scorer_error
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 from supervisor.verify import encode_chunk, verify_score_answer
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def _retryable(exc: TransportError | ErrorStatus) -> bool:
+    """Nothing usable came back, or the server (or a proxy) says try later. Any other 4xx is final,
+    and so is an answer that is not the protocol."""
+    if isinstance(exc, ErrorStatus):
+        return exc.status == 429 or exc.status >= 500
+    return isinstance(exc, (ConnectFailed, ConnectionLost, NoAnswer))
 
 
 class RemoteRewardBackend(RewardBackend):
@@ -24,6 +42,8 @@ class RemoteRewardBackend(RewardBackend):
     ours: a failure never stops or restarts it.
     """
 
+    shape: ScorerShape  # what the scorer declared (its child's readiness line or /health)
+
     def __init__(
         self,
         base_url: str,
@@ -33,16 +53,30 @@ class RemoteRewardBackend(RewardBackend):
         required_rewards: Sequence[str] = (),
         weights: Mapping[str, float] | None = None,
         max_request_bytes: int | None = None,
+        group_size: int | None = None,
+        revision: str | None = None,
+        identity_hash: str | None = None,
+        max_retries: int = 3,
+        retry_backoff_s: float = 0.1,
+        retry_backoff_cap_s: float = 2.0,
     ) -> None:
         if request_batch_size <= 0:
             raise ValueError("request_batch_size must be > 0")
+        if max_retries < 0 or not 0 < retry_backoff_s <= retry_backoff_cap_s:
+            raise ValueError("need max_retries >= 0 and 0 < retry_backoff_s <= retry_backoff_cap_s")
+        self.max_retries = max_retries  # tries after the first, for operations that are idempotent
+        self.retry_backoff_s = retry_backoff_s
+        self.retry_backoff_cap_s = retry_backoff_cap_s
         self.base_url = base_url
         self.request_batch_size = request_batch_size
+        self.group_size = group_size
         self.weights = dict(weights or {})
         self.max_request_bytes = max_request_bytes  # refuse before sending what the server would refuse
         self._client = ScorerClient.remote(base_url, token, request_timeout)
         try:
             self.server = self.health()
+            self.shape = ScorerShape.from_entry(self.server)
+            check_pins(self.shape, revision, identity_hash)
             self.required_rewards = check_reward_names(
                 self.server["scorer"], self.server["terms"], required_rewards, self.weights
             )
@@ -50,31 +84,61 @@ class RemoteRewardBackend(RewardBackend):
             self._client.close()
             raise
 
-    def _exchange(self, what: str, call: Callable[..., T], *args: Any) -> T:
-        try:
-            return call(*args)
-        except (TransportError, ErrorStatus) as exc:
-            raise scorer_error(exc, f"{what} at {self.base_url}") from exc
+    def _exchange(self, what: str, call: Callable[[float], T], budget_s: float) -> T:
+        """`call(seconds_left)` until it succeeds, fails for good, tries run out, or the next pause
+        would reach the deadline `budget_s` after the first try began."""
+        deadline = time.monotonic() + budget_s
+        pause, attempt = self.retry_backoff_s, 0
+        while True:
+            attempt += 1
+            try:
+                return call(max(deadline - time.monotonic(), 0.001))
+            except (TransportError, ErrorStatus) as exc:
+                left = deadline - time.monotonic()
+                if not _retryable(exc) or attempt > self.max_retries or pause >= left:
+                    tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
+                    raise scorer_error(exc, f"{what} at {self.base_url} after {tries}") from exc
+                log.warning(
+                    "%s at %s: attempt %d failed (%s); retrying in %.2f s", what, self.base_url, attempt, exc, pause
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, self.retry_backoff_cap_s)
 
-    def _score_chunk(self, chunk: Sequence[RewardItem]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        frame = encode_chunk(chunk, self.max_request_bytes)
-        answer = self._exchange("score", self._client.score, frame)
+    def _score_chunk(
+        self, chunk: Sequence[RewardItem], group_size: int | None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        frame = encode_chunk(chunk, group_size, self.max_request_bytes)
+        key = uuid.uuid4().hex  # the same on every try: a re-send is answered, not scored again
+        answer = self._exchange(
+            "score", lambda left: self._client.score(frame, key, left), self._client.request_timeout
+        )
         return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards)
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
-        return score_in_chunks(request, self.request_batch_size, self._score_chunk, self.required_rewards, self.weights)
+        return score_in_chunks(
+            request,
+            self.request_batch_size,
+            self._score_chunk,
+            self.required_rewards,
+            self.weights,
+            self.shape,
+            self.group_size,
+        )
 
     def health(self) -> dict[str, Any]:
-        return self._exchange("health", self._client.health)
+        return self._exchange("health", self._client.health, self._client.control_timeout)
 
     def onload(self) -> dict[str, Any]:
-        return self._exchange("onload", self._client.onload)
+        return self._exchange("onload", self._client.onload, self._client.request_timeout)
 
     def offload(self) -> dict[str, Any]:
-        return self._exchange("offload", self._client.offload)
+        return self._exchange("offload", self._client.offload, self._client.request_timeout)
 
     def drain(self, timeout_s: float = 600.0) -> dict[str, Any]:
-        return self._exchange("drain", self._client.drain, timeout_s)
+        control = self._client.control_timeout  # a later try waits for what is left of the first one's wait
+        return self._exchange(
+            "drain", lambda left: self._client.drain(max(left - control, 0.01), left), timeout_s + control
+        )
 
     def close(self) -> None:
         """Closes connections only: the server belongs to whoever started it."""

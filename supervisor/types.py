@@ -10,6 +10,8 @@ import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, model_validator
 
 from child_runtime.items import check_media
+from scorers.base import is_length_verdict
+from scorers.diagnostics import to_metrics
 
 
 def _as_image(value: Any) -> np.ndarray | None:
@@ -33,8 +35,34 @@ Image = Annotated[Any, BeforeValidator(_as_image)]
 Video = Annotated[Any, BeforeValidator(_as_video)]
 
 
+def _as_images(value: Any) -> tuple[np.ndarray, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise ValueError("condition_images must be a list of images (nested per item)")
+    return tuple(check_media(_as_image(image), "image", "condition_images") for image in value)
+
+
+def _as_videos(value: Any) -> tuple[np.ndarray, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise ValueError("condition_videos must be a list of videos (nested per item)")
+    return tuple(check_media(video, "video", "condition_videos") for video in value)
+
+
+Images = Annotated[Any, BeforeValidator(_as_images)]
+Videos = Annotated[Any, BeforeValidator(_as_videos)]
+
+
 class RewardItem(BaseModel):
-    """One rollout to score. `reward` stays None until RewardService attaches one."""
+    """One rollout to score. `reward` stays None until RewardService attaches one.
+
+    `finish_reason` is the generation engine's verbatim verdict; `completion_tokens` the
+    completion's length in tokens (the soft overlong penalty needs it); `data_source` the
+    dataset tag that per-dataset weights and applicability match on; `condition_images`
+    and `condition_videos` the conditioning media (an edit reward's source image).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
@@ -47,8 +75,17 @@ class RewardItem(BaseModel):
     reference: JsonValue = None
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     finish_reason: str | None = None
+    completion_tokens: int | None = Field(default=None, ge=0)
+    data_source: str | None = None
+    condition_images: Images = ()
+    condition_videos: Videos = ()
     reward: float | None = None
-    component_rewards: dict[str, float] | None = None
+    component_rewards: dict[str, float | None] | None = None
+
+    @property
+    def is_length_truncated(self) -> bool:
+        """True only for the exact verdict "length"; None reads as "not known to be truncated"."""
+        return is_length_verdict(self.finish_reason)
 
     @model_validator(mode="after")
     def _json_safe(self) -> RewardItem:
@@ -62,21 +99,40 @@ class RewardItem(BaseModel):
     def to_wire(self) -> dict[str, Any]:
         """The child's item schema: only what a scorer reads."""
         wire: dict[str, Any] = {"id": self.id}
-        for key in ("group_id", "prompt", "text", "image", "video", "reference"):
+        for key in (
+            "group_id",
+            "prompt",
+            "text",
+            "image",
+            "video",
+            "reference",
+            "finish_reason",
+            "completion_tokens",
+            "data_source",
+        ):
             value = getattr(self, key)
             if value is not None:
                 wire[key] = value
         if self.metadata:
             wire["metadata"] = self.metadata
+        if self.condition_images:
+            wire["condition_images"] = list(self.condition_images)
+        if self.condition_videos:
+            wire["condition_videos"] = list(self.condition_videos)
         return wire
 
 
 class RewardRequest(BaseModel):
-    """An ordered batch; ids must be unique so every reward has exactly one owner."""
+    """An ordered batch; ids must be unique so every reward has exactly one owner.
+
+    `group_size`: how many candidates each group (items sharing a `group_id`) has; when
+    set here or in the backend's config, a group of another size is refused.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     items: list[RewardItem] = Field(min_length=1)
+    group_size: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _unique_ids(self) -> RewardRequest:
@@ -92,27 +148,64 @@ class RewardRequest(BaseModel):
         return [item.id for item in self.items]
 
 
+class TermFailure(BaseModel):
+    """An optional panel term that failed for these ids: they got no value from it (it added zero)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    term: str
+    ids: list[str]
+    error: str
+    kind: str
+
+
 class RewardResponse(BaseModel):
-    """Rewards in request order, with per-term components and per-item success."""
+    """Rewards in request order, with per-term components and per-item success.
+
+    A component is None exactly where its term does not apply to the item (`applicable`
+    says so; a term missing there applies to every item) or where an optional term failed
+    (`term_failures` names the term, the ids and the error): never a fake 0 or NaN.
+    `diagnostics` maps a term to its report (`scorers.diagnostics`); `metrics()` flattens them.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     ids: list[str]
     rewards: list[float]
-    component_rewards: dict[str, list[float]]
+    component_rewards: dict[str, list[float | None]]
     successes: list[bool]
     errors: list[str | None]
+    applicable: dict[str, list[bool]] = Field(default_factory=dict)
+    term_failures: list[TermFailure] = Field(default_factory=list)
     diagnostics: dict[str, Any] = Field(default_factory=dict)
+    identity_hash: str | None = None
 
     @model_validator(mode="after")
     def _aligned(self) -> RewardResponse:
         n = len(self.ids)
         lengths = {"rewards": len(self.rewards), "successes": len(self.successes), "errors": len(self.errors)}
         lengths.update({f"component_rewards[{k!r}]": len(v) for k, v in self.component_rewards.items()})
+        lengths.update({f"applicable[{k!r}]": len(v) for k, v in self.applicable.items()})
         for name, length in lengths.items():
             if length != n:
                 raise ValueError(f"{name} has {length} entries for {n} ids")
-        for index, (ok, value) in enumerate(zip(self.successes, self.rewards, strict=True)):
-            if ok and not math.isfinite(value):
-                raise ValueError(f"rewards[{index}] (id={self.ids[index]!r}) is {value} but marked a success")
+        for index, (ok, reward) in enumerate(zip(self.successes, self.rewards, strict=True)):
+            if ok and not math.isfinite(reward):
+                raise ValueError(f"rewards[{index}] (id={self.ids[index]!r}) is {reward} but marked a success")
+        failed = {(failure.term, item_id) for failure in self.term_failures for item_id in failure.ids}
+        for term, values in self.component_rewards.items():
+            mask = self.applicable.get(term)
+            for index, value in enumerate(values):
+                expected_none = (mask is not None and not mask[index]) or (term, self.ids[index]) in failed
+                if (value is None) != expected_none:
+                    raise ValueError(
+                        f"component_rewards[{term!r}][{index}] (id={self.ids[index]!r}) is {value!r}, but the term "
+                        f"{'does not apply or failed' if expected_none else 'applies and succeeded'}"
+                    )
+                if value is not None and self.successes[index] and not math.isfinite(value):
+                    raise ValueError(f"component_rewards[{term!r}][{index}] (id={self.ids[index]!r}) is {value}")
         return self
+
+    def metrics(self, namespace: str = "train") -> dict[str, float]:
+        """Diagnostics as `<namespace>/reward/<term>/<diagnostic>` plus each term's sample_count."""
+        return to_metrics(self.diagnostics, namespace)

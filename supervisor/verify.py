@@ -13,10 +13,13 @@ from supervisor.errors import ChildRecord, RewardContractError, ScorerRequestErr
 from supervisor.types import RewardItem
 
 
-def encode_chunk(chunk: Sequence[RewardItem], max_request_bytes: int | None) -> wire.Frame:
+def encode_chunk(chunk: Sequence[RewardItem], group_size: int | None, max_request_bytes: int | None) -> wire.Frame:
     """The chunk as a frame, refused before sending what the server would refuse."""
+    meta: dict[str, Any] = {"items": [item.to_wire() for item in chunk]}
+    if group_size is not None:
+        meta["group_size"] = group_size
     try:
-        frame = wire.prepare({"items": [item.to_wire() for item in chunk]})
+        frame = wire.prepare(meta)
     except wire.WireError as exc:
         raise ScorerRequestError(f"cannot encode request: {exc}", kind="bad_input") from exc
     size = frame.body_size()  # one limit, whichever way the arrays travel

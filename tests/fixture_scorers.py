@@ -14,20 +14,33 @@ def _spec(name: str) -> ScorerSpec:
 
 
 class Probe(Scorer):
-    """len(text) per item; reports batch sizes and its pid; optional sleep per call; 'offloads'."""
+    """len(text) per item; counts its calls; optional sleep per call; 'offloads'.
 
-    spec = ScorerSpec(name="probe", input_kind="text", terms=("probe",), env="image", supports_offload=True)
+    With `journal`, appends one line per call to that file: its pid, then the batch's ids
+    (so tests see how a request was cut into calls, and by which process)."""
 
-    def __init__(self, sleep_s: float = 0.0) -> None:
+    spec = ScorerSpec(
+        name="probe", input_kind="text", terms=("probe",), env="image", supports_offload=True, diagnostics=("calls",)
+    )
+
+    def __init__(self, sleep_s: float = 0.0, journal: str | None = None) -> None:
         self.sleep_s = sleep_s
+        self.journal = journal
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         if self.sleep_s:
             time.sleep(self.sleep_s)
-        return ScoreResult(
-            terms={"probe": [float(len(item.text or "")) for item in items]},
-            diagnostics={"batch_sizes": [len(items)], "calls": 1, "pids": [os.getpid()]},
-        )
+        if self.journal is not None:
+            with open(self.journal, "a") as handle:
+                handle.write(" ".join([str(os.getpid()), *(item.id for item in items)]) + "\n")
+        return ScoreResult(terms={"probe": [float(len(item.text or "")) for item in items]}, diagnostics={"calls": 1})
+
+
+def journal_calls(path: str) -> list[tuple[int, list[str]]]:
+    """A Probe journal as (pid, ids) per call, in call order."""
+    with open(path) as handle:
+        lines = [line.split() for line in handle.read().splitlines()]
+    return [(int(line[0]), line[1:]) for line in lines]
 
 
 class LoadFails(Scorer):
@@ -75,13 +88,15 @@ class WrongCount(Scorer):
 class BadDiagnostics(Scorer):
     """Diagnostics that JSON cannot carry: must be a typed contract error, not a dropped connection."""
 
-    spec = _spec("bad_diagnostics")
+    spec = ScorerSpec(name="bad_diagnostics", input_kind="text", terms=("bad_diagnostics",), diagnostics=("mean",))
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         import numpy as np
 
         if items[0].text == "bad":
             return ScoreResult(terms={"bad_diagnostics": [1.0] * len(items)}, diagnostics={"mean": np.float32(1)})
+        if items[0].text == "undeclared":
+            return ScoreResult(terms={"bad_diagnostics": [1.0] * len(items)}, diagnostics={"surprise": 1})
         return ScoreResult(terms={"bad_diagnostics": [2.0] * len(items)})
 
 
@@ -102,7 +117,8 @@ class NoOffloadMarksLoad(Scorer):
 
 
 class Journal(Scorer):
-    """Appends every id it is asked to score to a file before scoring: proves nothing is sent twice."""
+    """Appends every id it is asked to score to a file before scoring: proves nothing is sent twice.
+    On cue in the first item's text: 'slow' sleeps `sleep_s`, 'raise' fails after journaling."""
 
     spec = _spec("journal")
 
@@ -113,6 +129,8 @@ class Journal(Scorer):
         with open(self.path, "a") as handle:
             handle.write("".join(f"{item.id}\n" for item in items))
         time.sleep(self.sleep_s if items[0].text == "slow" else 0.0)
+        if items[0].text == "raise":
+            raise RuntimeError("journal scorer fails on cue")
         return ScoreResult(terms={"journal": [1.0] * len(items)})
 
 
@@ -191,14 +209,27 @@ def _image_inputs(items: Sequence[ScoreItem]) -> dict:
             base = base.base
         obj = base.obj if isinstance(base, memoryview) else base
         bases.append(type(obj).__name__)
-    return {"writeable": [bool(item.image.flags.writeable) for item in items], "bases": bases}
+    return {
+        "writeable": sum(bool(item.image.flags.writeable) for item in items),
+        "mmap_backed": bases.count("mmap"),
+        "bytes_backed": bases.count("bytes"),
+    }
+
+
+_INPUT_DIAGNOSTICS = ("writeable", "mmap_backed", "bytes_backed")
 
 
 class InputProbe(Scorer):
     """Mean pixel per item; diagnostics say whether inputs were writable and what memory backs them.
     With `sleep_s` it sleeps before reading the pixels (a request that stays in flight)."""
 
-    spec = ScorerSpec(name="input_probe", input_kind="image", required_fields=("image",), terms=("input_probe",))
+    spec = ScorerSpec(
+        name="input_probe",
+        input_kind="image",
+        required_fields=("image",),
+        terms=("input_probe",),
+        diagnostics=_INPUT_DIAGNOSTICS,
+    )
 
     def __init__(self, sleep_s: float = 0.0) -> None:
         self.sleep_s = sleep_s
@@ -219,6 +250,7 @@ class WritesInputs(InputProbe):
         required_fields=("image",),
         terms=("writes_inputs",),
         writable_inputs=True,
+        diagnostics=_INPUT_DIAGNOSTICS,
     )
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:

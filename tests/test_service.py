@@ -23,12 +23,13 @@ from supervisor import (
 )
 from supervisor.errors import ChildRecord, ConfigError
 from supervisor.verify import verify_score_answer
+from tests.fixture_scorers import journal_calls
 
 PROBE = "tests.fixture_scorers:Probe"
 
 
 def items_with_texts(*texts: str) -> list[RewardItem]:
-    return [RewardItem(id=f"s{n}", text=t, prompt=f"p{n}", group_id="g") for n, t in enumerate(texts)]
+    return [RewardItem(id=f"s{n}", text=t, prompt=f"p{n}", group_id=f"g{n}") for n, t in enumerate(texts)]
 
 
 class FakeBackend(RewardBackend):
@@ -197,7 +198,17 @@ def test_backend_answering_for_fewer_ids_raises():
 
 
 def test_non_finite_component_marked_success_raises():
-    backend = FakeBackend(lambda r: response(r.ids, [1.0, 2.0], components={"t": [1.0, 2.0], "u": [0.0, math.inf]}))
+    with pytest.raises(ValueError, match=re.escape("component_rewards['u'][1] (id='s1') is inf")):
+        response(["s0", "s1"], [1.0, 2.0], components={"t": [1.0, 2.0], "u": [0.0, math.inf]})
+    # a backend that bypasses the model's validation is still caught by the service
+    unchecked = RewardResponse.model_construct(
+        ids=["s0", "s1"],
+        rewards=[1.0, 2.0],
+        component_rewards={"t": [1.0, 2.0], "u": [0.0, math.inf]},
+        successes=[True, True],
+        errors=[None, None],
+    )
+    backend = FakeBackend(lambda r: unchecked)
     with pytest.raises(RewardContractError, match=re.escape("sample 's1' (index 1) term 'u' is inf")):
         RewardService(backend).score_and_attach(items_with_texts("a", "b"))
 
@@ -276,22 +287,24 @@ def test_response_rejects_non_finite_reward_marked_success(bad):
 
 
 # -- LocalRewardBackend: chunking and weights ------------------------------------------------
-def test_request_batch_size_chunks_in_order():
+def test_request_batch_size_chunks_in_order(tmp_path):
     texts = ["x" * n for n in range(10)]
-    with LocalRewardBackend(PROBE, request_batch_size=4) as backend:
+    journal = str(tmp_path / "calls")
+    with LocalRewardBackend(PROBE, {"journal": journal}, request_batch_size=4) as backend:
         answer = backend.compute_rewards(RewardRequest(items=items_with_texts(*texts)))
-    assert answer.diagnostics["batch_sizes"] == [4, 4, 2]
-    assert answer.diagnostics["calls"] == 3
+    assert [len(ids) for _, ids in journal_calls(journal)] == [4, 4, 2]
+    assert answer.diagnostics == {"probe": {"sample_count": 10, "values": {"calls": 3}}}
     assert answer.rewards == [float(n) for n in range(10)]
     assert answer.component_rewards == {"probe": [float(n) for n in range(10)]}
     assert answer.ids == [f"s{n}" for n in range(10)]
 
 
 @pytest.mark.parametrize("size,expected", [(1, [1] * 5), (5, [5]), (64, [5]), (2, [2, 2, 1])])
-def test_chunk_sizes(size, expected):
-    with LocalRewardBackend(PROBE, request_batch_size=size) as backend:
-        answer = backend.compute_rewards(RewardRequest(items=items_with_texts(*"abcde")))
-    assert answer.diagnostics["batch_sizes"] == expected
+def test_chunk_sizes(size, expected, tmp_path):
+    journal = str(tmp_path / "calls")
+    with LocalRewardBackend(PROBE, {"journal": journal}, request_batch_size=size) as backend:
+        backend.compute_rewards(RewardRequest(items=items_with_texts(*"abcde")))
+    assert [len(ids) for _, ids in journal_calls(journal)] == expected
 
 
 @pytest.mark.parametrize("size", [0, -1])
@@ -329,10 +342,11 @@ def test_closed_local_backend_refuses_calls():
         backend.compute_rewards(RewardRequest(items=items_with_texts("a")))
 
 
-def test_local_backend_runs_in_process():
-    with LocalRewardBackend(PROBE) as backend:
-        answer = backend.compute_rewards(RewardRequest(items=items_with_texts("a")))
-    assert answer.diagnostics["pids"] == [os.getpid()]
+def test_local_backend_runs_in_process(tmp_path):
+    journal = str(tmp_path / "calls")
+    with LocalRewardBackend(PROBE, {"journal": journal}) as backend:
+        backend.compute_rewards(RewardRequest(items=items_with_texts("a")))
+    assert journal_calls(journal) == [(os.getpid(), ["s0"])]
 
 
 # -- verify_score_answer ---------------------------------------------------------------------

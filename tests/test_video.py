@@ -48,7 +48,7 @@ def test_video_reward_is_the_reduction_of_its_frame_rewards(reduce, fn):
     for value, video in zip(response.rewards, videos, strict=True):
         expected = fn(frame_rewards(video, frame_indices(video.shape[0], 3, None)))
         assert value == pytest.approx(expected, rel=1e-12)
-    assert response.diagnostics["frames_scored"] == 6
+    assert response.diagnostics == {"video": {"sample_count": 2, "values": {"frames_scored": 6}}}
 
 
 def test_video_in_a_managed_child_matches_in_process(managed, image_python):

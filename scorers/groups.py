@@ -1,0 +1,167 @@
+"""Groups: which candidates are scored together, checked before any scorer code runs.
+
+A group is the items that share a `group_id`. The checks here run on both sides of the
+wire (the parent before it cuts chunks, the child before the scorer sees a batch), on
+anything with `id`, `group_id`, `prompt` and `reference`, so they cannot drift apart.
+Stdlib only, like the rest of the scorer contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Protocol
+
+COMMON_INPUTS = ("prompt", "reference", "data_source")
+
+
+class GroupInputError(ValueError):
+    """A request's items do not form the groups the scorer needs (answered 422, never scored)."""
+
+
+class Grouped(Protocol):
+    """What grouping reads of an item (a trainer's RewardItem or a scorer's ScoreItem)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def group_id(self) -> str | None: ...
+
+    @property
+    def prompt(self) -> str | None: ...
+
+    @property
+    def reference(self) -> Any: ...
+
+    @property
+    def data_source(self) -> str | None: ...
+
+
+def freeze(value: Any) -> Any:
+    """Deeply read-only: mappings become mapping proxies, sequences tuples."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({key: freeze(item) for key, item in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(item) for item in value)
+    return value
+
+
+def strict_key(value: Any) -> Any:
+    """A structural, type-strict key: JSON 1, true and 1.0 (and "1") all differ."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int):
+        return ("int", value)
+    if isinstance(value, float):
+        return ("float", value.hex())
+    if isinstance(value, Mapping):
+        return ("map", tuple(sorted((str(k), strict_key(v)) for k, v in value.items())))
+    if isinstance(value, (list, tuple)):
+        return ("seq", tuple(strict_key(item) for item in value))
+    return (type(value).__name__, repr(value))
+
+
+@dataclass(frozen=True)
+class GroupContext:
+    """What every candidate of a group shares, deeply frozen (make a private copy to mutate)."""
+
+    group_id: str | None
+    size: int
+    prompt: str | None
+    reference: Any
+
+
+def check_ids(items: Sequence[Grouped]) -> None:
+    seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        if not isinstance(item.id, str) or not item.id:
+            raise GroupInputError(f"items[{index}] has no id (a non-empty string is required)")
+        if item.id in seen:
+            raise GroupInputError(f"items[{index}].id {item.id!r} duplicates items[{seen[item.id]}].id")
+        seen[item.id] = index
+
+
+def partition(
+    items: Sequence[Grouped],
+    group_size: int | None,
+    *,
+    scorer: str,
+    groupwise: bool = False,
+    ragged: bool = False,
+) -> list[list[int]]:
+    """Item positions by group, in order of first appearance; an ungrouped item is its own group.
+
+    Refuses, naming the id or group: duplicate or missing ids; a group whose size is not
+    `group_size` (unless the scorer takes ragged groups); an item without a group for a
+    scorer that needs groups; candidates whose common inputs differ.
+    """
+    check_ids(items)
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
+        raise GroupInputError(f"group_size must be a positive int, got {group_size!r}")
+    check_size = group_size is not None and not ragged
+    if groupwise and not ragged and group_size is None:
+        raise GroupInputError(
+            f"scorer {scorer!r} scores complete groups: declare group_size in the request or the config"
+        )
+    groups: dict[str, list[int]] = {}
+    order: list[list[int]] = []
+    for index, item in enumerate(items):
+        if item.group_id is None:
+            if check_size:
+                raise GroupInputError(
+                    f"item {item.id!r} has no group_id, but groups of {group_size} are declared for scorer {scorer!r}"
+                )
+            order.append([index])
+            continue
+        members = groups.get(item.group_id)
+        if members is None:
+            members = groups[item.group_id] = []
+            order.append(members)
+        members.append(index)
+    for members in order:
+        group_id = items[members[0]].group_id
+        if group_id is None:
+            continue
+        if check_size and len(members) != group_size:
+            raise GroupInputError(
+                f"group {group_id!r} has {len(members)} items, expected group_size {group_size} "
+                f"(ids {[items[i].id for i in members][:8]}): incomplete groups are never scored"
+            )
+        _check_common_inputs(items, members, group_id)
+    return order
+
+
+def _check_common_inputs(items: Sequence[Grouped], members: list[int], group_id: str) -> None:
+    first = items[members[0]]
+    for name in COMMON_INPUTS:
+        expected = strict_key(getattr(first, name))
+        for index in members[1:]:
+            if strict_key(getattr(items[index], name)) != expected:
+                raise GroupInputError(
+                    f"group {group_id!r}: candidate {items[index].id!r} has a different {name} than "
+                    f"{first.id!r} (compared structurally and type-strictly)"
+                )
+
+
+def context_of(items: Sequence[Grouped], members: Sequence[int]) -> GroupContext:
+    first = items[members[0]]
+    return GroupContext(first.group_id, len(members), first.prompt, freeze(first.reference))
+
+
+def pack_chunks(groups: Sequence[Sequence[int]], size: int) -> list[list[int]]:
+    """Whole groups, in order, into chunks of at most `size` items; a group larger than
+    `size` travels alone (a group is never split)."""
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    for members in groups:
+        if current and len(current) + len(members) > size:
+            chunks.append(current)
+            current = []
+        current.extend(members)
+    if current:
+        chunks.append(current)
+    return chunks

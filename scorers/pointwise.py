@@ -1,0 +1,96 @@
+"""`map_candidates`: lift a per-candidate function to the group contract.
+
+A rule that scores each candidate on its own is not a second kind of scorer: it is
+mapped over the candidates of each group, in order, by the same runtime path that runs
+comparative group scorers (`scorers.base.score_checked`). The lifted scorer accepts
+groups of any size and items without a group (each its own group).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from scorers.base import ScoreItem, Scorer, ScorerContractError, ScoreResult, ScorerSpec
+from scorers.groups import GroupContext
+from scorers.identity import effective_params
+
+CandidateFn = Callable[..., float | Mapping[str, float]]
+
+
+def map_candidates(
+    fn: CandidateFn,
+    *,
+    name: str,
+    terms: Sequence[str] = (),
+    input_kind: str = "text",
+    revision: str = "1",
+    required_fields: Sequence[str] = (),
+    identity: Any = None,
+    env: str = "image",
+) -> type[Scorer]:
+    """A Scorer class that scores each candidate as `fn(candidate, context, **params)`.
+
+    `fn` returns a float (one term, named `name` unless `terms` says otherwise) or a mapping
+    with every declared term. Params given to the class go to `fn` and count in its identity.
+    """
+    spec = ScorerSpec(
+        name=name,
+        input_kind=input_kind,
+        required_fields=tuple(required_fields),
+        terms=tuple(terms),
+        revision=revision,
+        env=env,
+        identity=identity,
+        groupwise=True,
+        ragged_groups=True,
+    )
+    term_names = spec.term_names()
+    signature = inspect.signature(fn)
+
+    class Mapped(Scorer):
+        __doc__ = fn.__doc__
+
+        def __init__(self, **params: Any) -> None:
+            try:
+                signature.bind(None, None, **params)
+            except TypeError as exc:
+                raise TypeError(f"{name}: {exc}") from exc
+            self.params = params
+
+        def identity_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+            return _fn_defaults(signature, params)
+
+        def score_group(self, candidates: Sequence[ScoreItem], context: GroupContext) -> ScoreResult:
+            scores: dict[str, list[float]] = {term: [] for term in term_names}
+            for candidate in candidates:
+                value = fn(candidate, context, **self.params)
+                if isinstance(value, Mapping):
+                    if set(value) != set(term_names):
+                        raise ScorerContractError(
+                            f"{name}: candidate {candidate.id!r} got terms {sorted(value)}, declared {list(term_names)}"
+                        )
+                    for term in term_names:
+                        scores[term].append(value[term])
+                elif len(term_names) == 1:
+                    scores[term_names[0]].append(value)
+                else:
+                    raise ScorerContractError(f"{name}: declares terms {list(term_names)}; return a mapping of them")
+            return ScoreResult(terms=scores)
+
+    Mapped.spec = spec
+    # named after the scorer (token_f1 -> TokenF1): its `module:Class` path is where it is assigned
+    Mapped.__name__ = Mapped.__qualname__ = "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+    Mapped.__module__ = getattr(fn, "__module__", __name__)
+    return Mapped
+
+
+def _fn_defaults(signature: inspect.Signature, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The function's keyword defaults, so passing a default explicitly leaves the identity alone."""
+    defaults = {
+        name: p.default
+        for name, p in list(signature.parameters.items())[2:]
+        if p.default is not inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+    return effective_params(lambda **kw: None, {**defaults, **params})

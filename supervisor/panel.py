@@ -1,0 +1,323 @@
+"""RewardPanel: several named reward terms, each on its own backend, combined into one reward.
+
+`final = sum(weight * term)` over the terms that apply to an item (matched on its
+`data_source`). A required term's failure fails the call; an optional term's scoring
+failure is recorded (term, ids, error) and adds nothing. A setup or lifecycle failure
+(a child that cannot boot, a crash loop, a backend used from a fork) is fatal whatever
+the term. Backends are scored concurrently; terms bound to one backend share one call.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from scorers.diagnostics import check_name
+from scorers.identity import canonical_json, digest
+from supervisor.backend import RewardBackend
+from supervisor.errors import (
+    BackendNotOwned,
+    ConfigError,
+    RewardContractError,
+    ScorerCrashLoop,
+    ScorerError,
+    ScorerRequestError,
+    ScorerStartupError,
+)
+from supervisor.types import RewardItem, RewardRequest, RewardResponse, TermFailure
+
+# Failures that say the backend cannot serve at all, not that one batch could not be scored.
+LIFECYCLE_ERRORS: tuple[type[BaseException], ...] = (ScorerStartupError, ScorerCrashLoop, BackendNotOwned, ConfigError)
+ANY_DATASET = "*"
+
+
+@dataclass(frozen=True)
+class PanelTerm:
+    """One named term: a backend, the value taken from it, its weight and whether it is required.
+
+    `weight` is a number, or per dataset `{data_source: weight}` (`"*"` for the rest).
+    `applicable_datasets` limits the term to items with one of those `data_source` tags;
+    None: every item. `component` picks one of the backend's own terms; None: its reward.
+    """
+
+    name: str
+    backend: RewardBackend
+    weight: float | Mapping[str, float] = 1.0
+    required: bool = True
+    applicable_datasets: Sequence[str] | None = None
+    component: str | None = None
+
+    def applies(self, item: RewardItem) -> bool:
+        return self.applicable_datasets is None or item.data_source in self.applicable_datasets
+
+    def weight_for(self, item: RewardItem) -> float:
+        if not isinstance(self.weight, Mapping):
+            return float(self.weight)
+        if item.data_source is not None and item.data_source in self.weight:
+            return float(self.weight[item.data_source])
+        if ANY_DATASET in self.weight:
+            return float(self.weight[ANY_DATASET])
+        raise ScorerRequestError(
+            f"term {self.name!r} has no weight for item {item.id!r} (data_source {item.data_source!r}); "
+            f"weights are given for {sorted(self.weight)}",
+            kind="bad_input",
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """What the panel identity covers for this term."""
+        weight = dict(sorted(self.weight.items())) if isinstance(self.weight, Mapping) else float(self.weight)
+        return {
+            "name": self.name,
+            "scorer": self.backend.identity_hash,
+            "component": self.component,
+            "weight": weight,
+            "required": self.required,
+            "applicable_datasets": sorted(self.applicable_datasets) if self.applicable_datasets is not None else None,
+        }
+
+
+@dataclass
+class _Call:
+    """One backend's share of a request: the items any of its terms applies to."""
+
+    backend: RewardBackend
+    terms: list[PanelTerm]
+    positions: list[int] = field(default_factory=list)
+
+
+class RewardPanel(RewardBackend):
+    """A RewardBackend over named terms. Closing it closes the backends it owns (or returns them
+    to the `BackendPool` they came from)."""
+
+    def __init__(
+        self,
+        terms: Sequence[PanelTerm],
+        *,
+        owns_backends: bool = True,
+        release: Callable[[], None] | None = None,
+        group_size: int | None = None,
+    ) -> None:
+        if not terms:
+            raise ConfigError("a panel needs at least one term")
+        seen: set[str] = set()
+        for term in terms:
+            check_name(term.name, "term name")
+            if term.name in seen:
+                raise ConfigError(f"term name {term.name!r} is used twice in the panel")
+            seen.add(term.name)
+            _check_term(term)
+        self.terms = list(terms)
+        self.group_size = group_size
+        self._owns = owns_backends
+        self._release = release
+        self._closed = False
+        self._lock = threading.Lock()
+        self.backends: list[RewardBackend] = []
+        for term in self.terms:
+            if not any(term.backend is b for b in self.backends):
+                self.backends.append(term.backend)
+
+    @property
+    def identity_hash(self) -> str:
+        """Its terms' scorer identities, weights, required flags and applicability."""
+        return digest({"panel": [term.describe() for term in self.terms]})
+
+    def _plan(self, request: RewardRequest) -> tuple[list[_Call], dict[str, list[float | None]]]:
+        """Who scores what, and every item's weights: refusals happen here, before any scoring."""
+        calls = [_Call(b, [t for t in self.terms if t.backend is b]) for b in self.backends]
+        weights: dict[str, list[float | None]] = {t.name: [] for t in self.terms}
+        for position, item in enumerate(request.items):
+            applicable = False
+            for term in self.terms:
+                applies = term.applies(item)
+                weights[term.name].append(term.weight_for(item) if applies else None)
+                applicable = applicable or applies
+            if not applicable:
+                raise ScorerRequestError(
+                    f"no term of the panel applies to item {item.id!r} (data_source {item.data_source!r}); "
+                    f"terms: {[(t.name, t.applicable_datasets) for t in self.terms]}",
+                    kind="bad_input",
+                )
+            for call in calls:
+                if any(term.applies(item) for term in call.terms):
+                    call.positions.append(position)
+        return [call for call in calls if call.positions], weights
+
+    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+        if self._closed:
+            raise RuntimeError("RewardPanel is closed")
+        if request.group_size is None and self.group_size is not None:
+            request = RewardRequest(items=request.items, group_size=self.group_size)
+        calls, weights = self._plan(request)
+        outcomes = self._score_concurrently(request, calls)
+        n = len(request.items)
+        values: dict[str, list[float | None]] = {t.name: [None] * n for t in self.terms}
+        failures: list[TermFailure] = []
+        diagnostics: dict[str, Any] = {}
+        fatal: list[tuple[str, BaseException]] = []
+        for call, outcome in zip(calls, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                required = [t.name for t in call.terms if t.required]
+                if isinstance(outcome, LIFECYCLE_ERRORS) or required or not isinstance(outcome, ScorerError):
+                    fatal.append((", ".join(t.name for t in call.terms), outcome))
+                    continue
+                for term in call.terms:
+                    ids = [request.items[p].id for p in call.positions if term.applies(request.items[p])]
+                    failures.append(
+                        TermFailure(term=term.name, ids=ids, error=str(outcome), kind=type(outcome).__name__)
+                    )
+                continue
+            self._take(call, outcome, request, values, diagnostics)
+        if fatal:
+            terms, error = fatal[0]
+            error.add_note(
+                f"panel term(s) {terms}: {'setup failure' if isinstance(error, LIFECYCLE_ERRORS) else 'required'}"
+            )
+            raise error
+        rewards = []
+        for i in range(n):
+            total = 0.0
+            for term in self.terms:
+                value, weight = values[term.name][i], weights[term.name][i]
+                if value is not None and weight is not None:
+                    total += weight * value
+            if not math.isfinite(total):
+                raise RewardContractError(f"weighted reward for id {request.items[i].id!r} is {total}")
+            rewards.append(total)
+        return RewardResponse(
+            ids=request.ids,
+            rewards=rewards,
+            component_rewards=values,
+            successes=[True] * n,
+            errors=[None] * n,
+            applicable={t.name: [w is not None for w in weights[t.name]] for t in self.terms},
+            term_failures=failures,
+            diagnostics=diagnostics,
+            identity_hash=self.identity_hash,
+        )
+
+    def _score_concurrently(self, request: RewardRequest, calls: list[_Call]) -> list[Any]:
+        """Each backend's share at the same time; an outcome is a response or the exception it raised."""
+
+        def one(call: _Call) -> RewardResponse:
+            share = [request.items[p] for p in call.positions]
+            return call.backend.compute_rewards(RewardRequest(items=share, group_size=request.group_size))
+
+        if len(calls) == 1:
+            try:
+                return [one(calls[0])]
+            except Exception as exc:  # noqa: BLE001 - classified by the caller, never dropped
+                return [exc]
+        with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="panel") as pool:
+            futures: list[Future[RewardResponse]] = [pool.submit(one, call) for call in calls]
+            outcomes: list[Any] = []
+            for future in futures:
+                error = future.exception()
+                outcomes.append(error if error is not None else future.result())
+            return outcomes
+
+    def _take(
+        self,
+        call: _Call,
+        response: RewardResponse,
+        request: RewardRequest,
+        values: dict[str, list[float | None]],
+        diagnostics: dict[str, Any],
+    ) -> None:
+        expected = [request.items[p].id for p in call.positions]
+        if response.ids != expected:  # a backend answered for other samples: never attach
+            raise RewardContractError(f"backend for terms {[t.name for t in call.terms]} answered for other ids")
+        for term in call.terms:
+            source = response.rewards if term.component is None else response.component_rewards[term.component]
+            for j, position in enumerate(call.positions):
+                if term.applies(request.items[position]):
+                    value = source[j]
+                    if value is None or not math.isfinite(value):
+                        raise RewardContractError(f"term {term.name!r}: no finite value for id {expected[j]!r}")
+                    values[term.name][position] = value
+            reports = response.diagnostics
+            if len(reports) == 1:
+                diagnostics[term.name] = next(iter(reports.values()))
+            else:  # a panel inside a panel: its terms' reports, named under this term
+                diagnostics.update({f"{term.name}.{inner}": rep for inner, rep in reports.items()})
+
+    def onload(self) -> dict[str, Any]:
+        return {str(i): backend.onload() for i, backend in enumerate(self.backends)}
+
+    def offload(self) -> dict[str, Any]:
+        return {str(i): backend.offload() for i, backend in enumerate(self.backends)}
+
+    def drain(self) -> dict[str, Any]:
+        return {str(i): backend.drain() for i, backend in enumerate(self.backends)}
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._release is not None:
+            self._release()
+        elif self._owns:
+            errors = []
+            for backend in self.backends:
+                try:
+                    backend.close()
+                except Exception as exc:  # noqa: BLE001 - every backend is closed; the first error is raised
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+
+
+def _check_term(term: PanelTerm) -> None:
+    weights = list(term.weight.values()) if isinstance(term.weight, Mapping) else [term.weight]
+    for weight in weights:
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ConfigError(f"term {term.name!r}: weight {weight!r} is not a finite number")
+    if term.applicable_datasets is not None and not term.applicable_datasets:
+        raise ConfigError(f"term {term.name!r}: applicable_datasets is empty (it would never apply)")
+    shape = term.backend.shape
+    if term.component is not None and shape is not None and shape.terms and term.component not in shape.terms:
+        raise ConfigError(
+            f"term {term.name!r}: component {term.component!r} is not a term of scorer {shape.name!r} "
+            f"(it has {list(shape.terms)})"
+        )
+
+
+class BackendPool:
+    """One backend per configuration, shared by every term and panel that names it (train and
+    validation panels included); closed when its last user releases it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._backends: dict[bytes, tuple[RewardBackend, int]] = {}
+
+    def acquire(self, config: Any, build: Callable[[], RewardBackend]) -> RewardBackend:
+        key = canonical_json(config)
+        with self._lock:
+            entry = self._backends.get(key)
+            if entry is None:
+                backend = build()  # under the lock: two panels never start the same child twice
+                self._backends[key] = (backend, 1)
+                return backend
+            self._backends[key] = (entry[0], entry[1] + 1)
+            return entry[0]
+
+    def release(self, backend: RewardBackend) -> None:
+        with self._lock:
+            for key, (held, users) in list(self._backends.items()):
+                if held is backend:
+                    if users > 1:
+                        self._backends[key] = (held, users - 1)
+                        return
+                    del self._backends[key]
+                    break
+            else:
+                return
+        backend.close()
+
+    def __len__(self) -> int:
+        return len(self._backends)

@@ -1,0 +1,168 @@
+"""preflight(recipe): everything that can be checked before model setup, without starting a
+process, loading weights or reaching a server.
+
+For every term: the scorer name resolves (built-in, custom catalog, dotted path); its
+params construct it (constructors are cheap and side-effect free by contract); the
+configured revision and identity hash pins match; required rewards, weights and the
+term's `component` name declared terms. For a managed child: its env exists, is a venv
+of Python 3.11+, and its site-packages hold what the scorer imports (`requires_modules`)
+and what the child runtime needs. Every problem is named; nothing is fixed silently.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from scorers.identity import scorer_identity_hash
+from scorers.registry import CatalogError, UnknownScorerError, resolve_scorer
+from supervisor.config import LocalBackendConfig, ManagedScorerProcessSpec, PanelConfig, RemoteBackendConfig
+from supervisor.errors import ConfigError
+from supervisor.import_root import CHILD_PACKAGES
+from supervisor.recipes import Recipe, load_recipe
+
+CHILD_RUNTIME_MODULES = ("numpy", "starlette", "uvicorn")
+
+
+class PreflightError(ConfigError):
+    """The recipe cannot run; `problems` lists every reason, each naming where."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("preflight found problems:\n  - " + "\n  - ".join(problems))
+        self.problems = problems
+
+
+@dataclass
+class PreflightReport:
+    problems: list[str] = field(default_factory=list)
+    scorers: dict[str, dict[str, Any]] = field(default_factory=dict)  # term -> name, revision, identity hash
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def preflight(
+    recipe: str | os.PathLike[str] | Mapping[str, Any] | Recipe, raise_on_problems: bool = True
+) -> PreflightReport:
+    report = PreflightReport()
+    try:
+        parsed = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+    except ValidationError as exc:
+        report.problems.extend(_validation_problems(exc))
+    except ConfigError as exc:
+        report.problems.append(str(exc))
+    else:
+        for where, panel in (("reward", parsed.train), ("validation", parsed.validation)):
+            if panel is not None:
+                _check_panel(panel, where, report)
+    if report.problems and raise_on_problems:
+        raise PreflightError(report.problems)
+    return report
+
+
+def _validation_problems(exc: ValidationError) -> list[str]:
+    return [f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()]
+
+
+def _check_panel(panel: PanelConfig, where: str, report: PreflightReport) -> None:
+    for term in panel.terms:
+        place = f"{where}.{term.name}"
+        backend = term.backend
+        if isinstance(backend, RemoteBackendConfig):
+            if backend.token_env is not None and not os.environ.get(backend.token_env):
+                report.problems.append(f"{place}: environment variable {backend.token_env} (the token) is not set")
+            continue
+        terms = _check_scorer(backend, place, report)
+        if terms is None:
+            continue
+        if term.component is not None and term.component not in terms:
+            report.problems.append(f"{place}: component {term.component!r} is not a term of the scorer ({list(terms)})")
+        unknown = sorted((set(backend.client.required_rewards) | set(backend.client.weights)) - set(terms))
+        if unknown:
+            report.problems.append(
+                f"{place}: required_rewards/weights {unknown} are not terms of the scorer ({list(terms)})"
+            )
+        if isinstance(backend, ManagedScorerProcessSpec):
+            _check_env(backend, place, report, report.scorers[term.name].pop("requires"))
+
+
+def _check_scorer(
+    backend: LocalBackendConfig | ManagedScorerProcessSpec, place: str, report: PreflightReport
+) -> tuple[str, ...] | None:
+    config = backend.scorer
+    extra = (
+        [str(p) for p in backend.process.extra_import_paths] if isinstance(backend, ManagedScorerProcessSpec) else []
+    )
+    added = [p for p in extra if p not in sys.path]
+    sys.path.extend(added)  # the child gets them too; the scorer's spec is read from the same modules
+    try:
+        cls = resolve_scorer(config.name, config.catalog)
+        scorer = cls(**config.params)
+        identity = scorer_identity_hash(scorer, config.params)
+    except (UnknownScorerError, CatalogError) as exc:
+        report.problems.append(f"{place}: {exc}")
+        return None
+    except (TypeError, ValueError) as exc:
+        report.problems.append(f"{place}: scorer {config.name!r} params: {exc}")
+        return None
+    finally:
+        for path in added:
+            sys.path.remove(path)
+    spec = scorer.spec
+    report.scorers[place.split(".", 1)[1]] = {
+        "scorer": spec.name,
+        "revision": spec.revision,
+        "identity_hash": identity,
+        "requires": spec.requires_modules,
+    }
+    if config.revision is not None and config.revision != spec.revision:
+        report.problems.append(
+            f"{place}: revision pin {config.revision!r}, but scorer {spec.name!r} is {spec.revision!r}"
+        )
+    if config.identity_hash is not None and config.identity_hash != identity:
+        report.problems.append(
+            f"{place}: identity_hash pin {config.identity_hash}, but scorer {spec.name!r} with these params is {identity}"
+        )
+    if config.input_kind != spec.input_kind:
+        report.problems.append(
+            f"{place}: input_kind {config.input_kind!r}, but scorer {spec.name!r} takes {spec.input_kind!r}"
+        )
+    return spec.term_names()
+
+
+def _check_env(spec: ManagedScorerProcessSpec, place: str, report: PreflightReport, requires: tuple[str, ...]) -> None:
+    python = spec.process.python_executable
+    cfg = python.parent.parent / "pyvenv.cfg"
+    try:
+        text = cfg.read_text()
+    except OSError:
+        report.problems.append(f"{place}: {python} is not a venv's python (no {cfg}); build it with `make env-NAME`")
+        return
+    match = re.search(r"^version(?:_info)?\s*=\s*(\d+)\.(\d+)", text, re.MULTILINE)
+    if match is None or (int(match[1]), int(match[2])) < (3, 11):
+        found = f"{match[1]}.{match[2]}" if match else "unknown"
+        report.problems.append(f"{place}: the env's Python is {found}; the child needs 3.11+")
+        return
+    version = f"python{match[1]}.{match[2]}"
+    roots = [python.parent.parent / lib / version / "site-packages" for lib in ("lib", "lib64")]
+    search = [str(p) for p in roots if p.is_dir()] + [str(p) for p in spec.process.extra_import_paths]
+    for module in (*CHILD_RUNTIME_MODULES, *requires):
+        if importlib.machinery.PathFinder.find_spec(module, search) is None:
+            report.problems.append(f"{place}: the env {python.parent.parent} cannot import {module!r}")
+    for dotted in (spec.scorer.name, spec.scorer.catalog):
+        if dotted is None or ("." not in dotted and ":" not in dotted):
+            continue  # a built-in or catalog name: our own packages, always on the child's path
+        top = dotted.partition(":")[0].split(".")[0]
+        if top not in CHILD_PACKAGES and importlib.machinery.PathFinder.find_spec(top, search) is None:
+            report.problems.append(
+                f"{place}: the child cannot import {top!r} (from {dotted!r}): list its directory in "
+                "process.extra_import_paths"
+            )
