@@ -30,10 +30,10 @@ class PairwiseJudge(Scorer):
         self.inner_params = dict(inner_params or {})
         self.inner = resolve_scorer(inner)(**self.inner_params)
         inner_spec = self.inner.spec
-        if len(inner_spec.term_names()) != 1:
-            raise ValueError(f"pairwise_judge: inner scorer {inner!r} has terms {inner_spec.term_names()}; use one")
         if inner_spec.groupwise and not inner_spec.ragged_groups:
             raise ValueError(f"pairwise_judge: inner scorer {inner!r} must score candidates one by one")
+        if len(inner_spec.term_names()) != 1:
+            raise ValueError(f"pairwise_judge: inner scorer {inner!r} has terms {inner_spec.term_names()}; use one")
         self.margin = float(margin)
         self.spec = ScorerSpec(
             name="pairwise_judge",

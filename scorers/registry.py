@@ -83,14 +83,13 @@ def load_catalog(path: str | None) -> dict[str, str | type[Scorer]]:
 
 def resolve_scorer(name: str, catalog: str | None = None) -> type[Scorer]:
     """The scorer class for a built-in name, a name in the custom `catalog`, or a `module:Class` path."""
-    entry: str | type[Scorer] | None = BUILTINS.get(name.lower())
-    if entry is None:
-        entry = load_catalog(catalog).get(name)
+    custom = load_catalog(catalog)  # checked whatever the name: a catalog never overrides a built-in
+    entry: str | type[Scorer] | None = BUILTINS.get(name.lower()) or custom.get(name)
     if entry is None:
         if "." not in name and ":" not in name:
-            custom = f", catalog {catalog!r}" if catalog else ""
+            where = f", catalog {catalog!r}" if catalog else ""
             raise UnknownScorerError(
-                f"unknown scorer {name!r}; registered: {', '.join(registered_names())}{custom}; "
+                f"unknown scorer {name!r}; registered: {', '.join(registered_names())}{where}; "
                 "or give a dotted path like 'my_pkg.rewards:MyScorer'"
             )
         entry = name

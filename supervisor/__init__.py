@@ -8,10 +8,14 @@ from supervisor.backend import RewardBackend
 from supervisor.config import (
     ClientConfig,
     LimitsConfig,
+    LocalBackendConfig,
     ManagedScorerProcessSpec,
+    PanelConfig,
     ProcessConfig,
+    RemoteBackendConfig,
     RestartPolicy,
     ScorerConfig,
+    TermConfig,
 )
 from supervisor.errors import (
     BackendNotOwned,
@@ -28,11 +32,30 @@ from supervisor.errors import (
 )
 from supervisor.local import LocalRewardBackend
 from supervisor.managed import ManagedScorerProcessBackend
+from supervisor.panel import BackendPool, PanelTerm, RewardPanel
+from supervisor.preflight import PreflightError, PreflightReport, preflight
+from supervisor.recipes import Recipe, build_panel, build_panels, load_recipe
 from supervisor.remote import RemoteRewardBackend
-from supervisor.service import PrecomputedRewardError, RewardService
-from supervisor.types import RewardItem, RewardRequest, RewardResponse
+from supervisor.service import MissingTokenCountError, PrecomputedRewardError, RewardService
+from supervisor.types import RewardItem, RewardRequest, RewardResponse, TermFailure
 
 __all__ = [
+    "BackendPool",
+    "LocalBackendConfig",
+    "MissingTokenCountError",
+    "PanelConfig",
+    "PanelTerm",
+    "PreflightError",
+    "PreflightReport",
+    "Recipe",
+    "RemoteBackendConfig",
+    "RewardPanel",
+    "TermConfig",
+    "TermFailure",
+    "build_panel",
+    "build_panels",
+    "load_recipe",
+    "preflight",
     "BackendNotOwned",
     "ChildRecord",
     "ClientConfig",

@@ -71,6 +71,9 @@ class RewardBackend(ABC):
         ordinary memory. Arrays are valid until the arena is closed (use it as a context manager)."""
         return HeapArena()
 
+    def interrupt(self) -> None:  # noqa: B027 - optional: only a backend with a child can end a call early
+        """Give up on calls in flight from other threads (Ctrl-C in a caller that fanned them out)."""
+
     def close(self) -> None:  # noqa: B027 - optional: most backends have something to release
         """Release everything; idempotent and bounded."""
 

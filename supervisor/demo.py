@@ -13,7 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from supervisor import LocalRewardBackend, ManagedScorerProcessBackend, RewardItem, RewardRequest
+from supervisor import (
+    LocalRewardBackend,
+    ManagedScorerProcessBackend,
+    RewardItem,
+    RewardRequest,
+    build_panels,
+    load_recipe,
+    preflight,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent  # a checkout: the envs live beside the packages
 
@@ -74,6 +82,39 @@ def run_managed(scorer: str, env: str, kind: str, params: dict, request: RewardR
     return response.rewards, timings
 
 
+def grpo_panel(samples: dict) -> None:
+    """A GRPO step's rewards from a verl-omni-style recipe: groups of 4, a required math term in
+    its child, an optional comparative judge in-process, applicability by dataset."""
+    recipe = {
+        "reward": {
+            "group_size": 4,
+            "models": {
+                "math": {"backend": "managed", "scorer": "math_verify", "python_executable": env_python("math"),
+                         "params": {"timeout_s": MATH_TIMEOUT_S}},
+                "judge": {"backend": "local", "scorer": "pairwise_judge", "params": {"inner": "token_f1"}},
+            },
+            "reward_functions": {
+                "correct": {"model": "math", "weight": 1.0},
+                "rank": {"model": "judge", "weight": 0.25, "required": False, "applicable_datasets": ["gsm8k"]},
+            },
+        }
+    }  # fmt: skip
+    preflight(recipe)  # names every problem before anything starts
+    train, _ = build_panels(load_recipe(recipe))
+    items = [RewardItem(**s, id=f"r{k}") for k, s in enumerate(samples["grpo"])]
+    with train:
+        response = train.compute_rewards(RewardRequest(items=items))
+    print("\nGRPO panel: final = 1.0 * correct + 0.25 * rank (rank: gsm8k only, optional)")
+    print(f"  {'id':<5} {'group':<6} {'completion':<26} {'correct':>7} {'rank':>6} {'final':>6}")
+    for i, item in enumerate(items):
+        rank = response.component_rewards["rank"][i]
+        print(
+            f"  {item.id:<5} {item.group_id:<6} {item.text!r:<26} {response.component_rewards['correct'][i]:>7.1f} "
+            f"{'-' if rank is None else f'{rank:.2f}':>6} {response.rewards[i]:>6.2f}"
+        )
+    print(f"  metrics: {response.metrics()}")
+
+
 def main() -> None:
     samples = json.loads(SAMPLES.read_text())
     math_request = RewardRequest(items=[RewardItem(**s) for s in samples["math"]])
@@ -91,7 +132,8 @@ def main() -> None:
     for item, here, there in zip(math_request.items, local_math, managed_math, strict=True):
         flag = "  <- wrong in-process" if here != there else ""
         print(f"  {item.id:<8} {item.text:<34} {item.reference:<5} {here:>10.1f} {there:>8.1f}{flag}")
-    print(f"  timeouts: {math_info['diagnostics'].get('timeouts')} (per-item timeout {MATH_TIMEOUT_S} s)")
+    timeouts = math_info["diagnostics"]["math_verify"]["values"]["timeouts"]
+    print(f"  timeouts: {timeouts} (per-item timeout {MATH_TIMEOUT_S} s)")
 
     image_request = RewardRequest(
         items=[RewardItem(id=s["id"], image=make_image(s["kind"])) for s in samples["images"]]
@@ -106,14 +148,16 @@ def main() -> None:
     )
     ocr, ocr_info = run_managed("ocr", "ocr", "image", {"det_limit_side_len": 480}, ocr_request)
     print("\nocr (1 - normalized edit distance to the target) in a managed child (envs/ocr)")
-    for item, text, value in zip(ocr_request.items, ocr_info["diagnostics"]["ocr_texts"], ocr, strict=True):
-        print(f"  {item.id:<10} read {text!r:<22} target {item.reference!r:<18} {value:>6.3f}")
+    for item, value in zip(ocr_request.items, ocr, strict=True):
+        print(f"  {item.id:<10} target {item.reference!r:<18} {value:>6.3f}")
 
     text_request = RewardRequest(items=[RewardItem(**s) for s in samples["text"]])
     similarity, text_info = run_managed("text_similarity", "embed", "text", {}, text_request)
     print("\ntext_similarity (MiniLM cosine) in a managed child (envs/embed, torch)")
     for item, value in zip(text_request.items, similarity, strict=True):
         print(f"  {item.id:<11} {item.text!r:<44} vs {item.reference!r:<30} {value:>6.3f}")
+
+    grpo_panel(samples)
 
     print("\nlifecycle (seconds)")
     print(f"  {'child':<24} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}  shared-memory data plane")

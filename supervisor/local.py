@@ -73,6 +73,8 @@ class LocalRewardBackend(RewardBackend):
             raise ScorerRequestError(str(exc), kind="bad_input") from exc
         except ScorerContractError as exc:
             raise RewardContractError(str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - the scorer's own bug: typed as a managed child's 500 is
+            raise ScorerRequestError(f"{type(exc).__name__}: {exc}", kind="scorer_error") from exc
         return {name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()}, result.diagnostics
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:

@@ -418,6 +418,14 @@ class ManagedScorerProcessBackend(RewardBackend):
             self._abandon(gen)
             raise
 
+    def interrupt(self) -> None:
+        """The caller gave up, from another thread, on a call in flight here (a panel interrupted by
+        Ctrl-C): kill the child at once, as for an interrupted call of our own; the next call gets a
+        new child, without counting against the restart policy."""
+        gen = self._gen
+        if gen is not None and os.getpid() == self._owner_pid and not gen.child.exited():
+            self._abandon(gen)
+
     def _abandon(self, gen: _Generation) -> None:
         """Kill the child at once (no waiting here); close() and the next call need no graceful path."""
         gen.abandoned = True

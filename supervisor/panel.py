@@ -105,7 +105,10 @@ class RewardPanel(RewardBackend):
             raise ConfigError("a panel needs at least one term")
         seen: set[str] = set()
         for term in terms:
-            check_name(term.name, "term name")
+            try:
+                check_name(term.name, "term name")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
             if term.name in seen:
                 raise ConfigError(f"term name {term.name!r} is used twice in the panel")
             seen.add(term.name)
@@ -145,6 +148,8 @@ class RewardPanel(RewardBackend):
             for call in calls:
                 if any(term.applies(item) for term in call.terms):
                     call.positions.append(position)
+        for call in calls:  # a term with nothing to score in this request takes no part in its backend's call
+            call.terms = [t for t in call.terms if any(t.applies(request.items[p]) for p in call.positions)]
         return [call for call in calls if call.positions], weights
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
@@ -158,12 +163,19 @@ class RewardPanel(RewardBackend):
         values: dict[str, list[float | None]] = {t.name: [None] * n for t in self.terms}
         failures: list[TermFailure] = []
         diagnostics: dict[str, Any] = {}
-        fatal: list[tuple[str, BaseException]] = []
+        fatal: list[tuple[str, str, BaseException]] = []
         for call, outcome in zip(calls, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 required = [t.name for t in call.terms if t.required]
                 if isinstance(outcome, LIFECYCLE_ERRORS) or required or not isinstance(outcome, ScorerError):
-                    fatal.append((", ".join(t.name for t in call.terms), outcome))
+                    why = (
+                        "setup failure"
+                        if isinstance(outcome, LIFECYCLE_ERRORS)
+                        else "required"
+                        if required
+                        else "not a scorer error"
+                    )
+                    fatal.append((", ".join(t.name for t in call.terms), why, outcome))
                     continue
                 for term in call.terms:
                     ids = [request.items[p].id for p in call.positions if term.applies(request.items[p])]
@@ -173,10 +185,8 @@ class RewardPanel(RewardBackend):
                 continue
             self._take(call, outcome, request, values, diagnostics)
         if fatal:
-            terms, error = fatal[0]
-            error.add_note(
-                f"panel term(s) {terms}: {'setup failure' if isinstance(error, LIFECYCLE_ERRORS) else 'required'}"
-            )
+            terms, why, error = fatal[0]
+            error.add_note(f"panel term(s) {terms}: {why}")
             raise error
         rewards = []
         for i in range(n):
@@ -212,13 +222,22 @@ class RewardPanel(RewardBackend):
                 return [one(calls[0])]
             except Exception as exc:  # noqa: BLE001 - classified by the caller, never dropped
                 return [exc]
-        with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="panel") as pool:
+        # Not `with`: on Ctrl-C the caller must not wait for every backend's call to end; its
+        # `close()` (the `with panel:` exit) kills the children, which ends those calls at once.
+        pool = ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="panel")
+        try:
             futures: list[Future[RewardResponse]] = [pool.submit(one, call) for call in calls]
             outcomes: list[Any] = []
             for future in futures:
-                error = future.exception()
+                error = future.exception()  # each backend's call has its own deadline
                 outcomes.append(error if error is not None else future.result())
             return outcomes
+        except BaseException:  # Ctrl-C while the backends score: nobody will read their answers
+            for call in calls:
+                call.backend.interrupt()
+            raise
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _take(
         self,
@@ -253,6 +272,10 @@ class RewardPanel(RewardBackend):
 
     def drain(self) -> dict[str, Any]:
         return {str(i): backend.drain() for i, backend in enumerate(self.backends)}
+
+    def interrupt(self) -> None:
+        for backend in self.backends:
+            backend.interrupt()
 
     def close(self) -> None:
         with self._lock:

@@ -11,11 +11,12 @@ and what the child runtime needs. Every problem is named; nothing is fixed silen
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +57,7 @@ def preflight(
     try:
         parsed = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     except ValidationError as exc:
-        report.problems.extend(_validation_problems(exc))
+        report.problems.extend(_validation_problems(exc, _term_places(recipe)))
     except ConfigError as exc:
         report.problems.append(str(exc))
     else:
@@ -68,8 +69,32 @@ def preflight(
     return report
 
 
-def _validation_problems(exc: ValidationError) -> list[str]:
-    return [f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()]
+def _term_places(recipe: Any) -> list[str]:
+    """`reward.<term name>` for each term of the training panel, where the recipe's own mapping says
+    so unambiguously (a `terms:` list; verl-omni `reward_functions` without validation functions)."""
+    if not isinstance(recipe, Mapping):
+        return []
+    terms, reward = recipe.get("terms"), recipe.get("reward")
+    if isinstance(terms, list):
+        names = [term.get("name") if isinstance(term, Mapping) else None for term in terms]
+        return [f"reward.{name}" if isinstance(name, str) and name else "" for name in names]
+    if isinstance(reward, Mapping) and isinstance(reward.get("reward_functions"), Mapping):
+        if not reward.get("val_reward_functions"):
+            return [f"reward.{name}" for name in reward["reward_functions"]]
+    return []
+
+
+def _validation_problems(exc: ValidationError, places: list[str]) -> list[str]:
+    """One problem per validation error, naming its term (`terms.<i>` -> `reward.<name>`) where known."""
+    problems = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        index = int(loc[1]) if len(loc) >= 2 and loc[0] == "terms" and loc[1].isdigit() else len(places)
+        if index < len(places) and places[index]:
+            problems.append(": ".join([places[index], *([".".join(loc[2:])] if loc[2:] else []), error["msg"]]))
+        else:
+            problems.append(f"{'.'.join(loc)}: {error['msg']}" if loc else error["msg"])
+    return problems
 
 
 def _check_panel(panel: PanelConfig, where: str, report: PreflightReport) -> None:
@@ -80,9 +105,10 @@ def _check_panel(panel: PanelConfig, where: str, report: PreflightReport) -> Non
             if backend.token_env is not None and not os.environ.get(backend.token_env):
                 report.problems.append(f"{place}: environment variable {backend.token_env} (the token) is not set")
             continue
-        terms = _check_scorer(backend, place, report)
-        if terms is None:
+        checked = _check_scorer(backend, place, report)
+        if checked is None:
             continue
+        terms, requires = checked
         if term.component is not None and term.component not in terms:
             report.problems.append(f"{place}: component {term.component!r} is not a term of the scorer ({list(terms)})")
         unknown = sorted((set(backend.client.required_rewards) | set(backend.client.weights)) - set(terms))
@@ -91,27 +117,33 @@ def _check_panel(panel: PanelConfig, where: str, report: PreflightReport) -> Non
                 f"{place}: required_rewards/weights {unknown} are not terms of the scorer ({list(terms)})"
             )
         if isinstance(backend, ManagedScorerProcessSpec):
-            _check_env(backend, place, report, report.scorers[term.name].pop("requires"))
+            _check_env(backend, place, report, requires)
 
 
 def _check_scorer(
     backend: LocalBackendConfig | ManagedScorerProcessSpec, place: str, report: PreflightReport
-) -> tuple[str, ...] | None:
+) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The scorer's terms and the modules it needs from its env; None (and a problem) if unusable."""
     config = backend.scorer
-    extra = (
-        [str(p) for p in backend.process.extra_import_paths] if isinstance(backend, ManagedScorerProcessSpec) else []
-    )
+    process = backend.process if isinstance(backend, ManagedScorerProcessSpec) else None
+    extra = [str(p) for p in process.extra_import_paths] if process else []
     added = [p for p in extra if p not in sys.path]
     sys.path.extend(added)  # the child gets them too; the scorer's spec is read from the same modules
     try:
-        cls = resolve_scorer(config.name, config.catalog)
-        scorer = cls(**config.params)
-        identity = scorer_identity_hash(scorer, config.params)
+        # built and hashed in the environment its child will have (a param it resolves from the
+        # environment, such as $MATH_VERIFY_TIMEOUT_S, may be set for the child in process.env)
+        with _environ(process.env if process else {}):
+            cls = resolve_scorer(config.name, config.catalog)
+            scorer = cls(**config.params)
+            identity = scorer_identity_hash(scorer, config.params)
     except (UnknownScorerError, CatalogError) as exc:
         report.problems.append(f"{place}: {exc}")
         return None
     except (TypeError, ValueError) as exc:
         report.problems.append(f"{place}: scorer {config.name!r} params: {exc}")
+        return None
+    except Exception as exc:  # noqa: BLE001 - a constructor or catalog factory that fails otherwise is named too
+        report.problems.append(f"{place}: scorer {config.name!r} cannot be built: {type(exc).__name__}: {exc}")
         return None
     finally:
         for path in added:
@@ -121,7 +153,6 @@ def _check_scorer(
         "scorer": spec.name,
         "revision": spec.revision,
         "identity_hash": identity,
-        "requires": spec.requires_modules,
     }
     if config.revision is not None and config.revision != spec.revision:
         report.problems.append(
@@ -135,7 +166,28 @@ def _check_scorer(
         report.problems.append(
             f"{place}: input_kind {config.input_kind!r}, but scorer {spec.name!r} takes {spec.input_kind!r}"
         )
-    return spec.term_names()
+    if isinstance(backend, ManagedScorerProcessSpec) and backend.gpu_residency == "per_call":
+        if not spec.supports_offload:
+            report.problems.append(
+                f"{place}: gpu_residency per_call (offload: true) needs a scorer that can offload; "
+                f"{spec.name!r} cannot (use resident)"
+            )
+    return spec.term_names(), spec.requires_modules
+
+
+@contextlib.contextmanager
+def _environ(overlay: Mapping[str, str]) -> Iterator[None]:
+    """os.environ with `overlay` set over it, restored afterwards."""
+    saved = {key: os.environ.get(key) for key in overlay}
+    os.environ.update(overlay)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _check_env(spec: ManagedScorerProcessSpec, place: str, report: PreflightReport, requires: tuple[str, ...]) -> None:

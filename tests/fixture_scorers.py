@@ -280,3 +280,157 @@ class ConstructorRaises(Scorer):
 
     def __init__(self) -> None:
         raise RuntimeError("no GPU driver loaded")
+
+
+# -- custom catalogs and identity probes (tests/test_identity.py, tests/test_preflight.py) ---------
+from scorers.pointwise import map_candidates  # appended section: its own import
+
+
+def keyword_hit(candidate: ScoreItem, context, keyword: str = "yes", api_key_env: str = "FIXTURE_JUDGE_KEY") -> float:
+    """1.0 when the completion mentions `keyword`. `api_key_env` is a credential *reference* (an env
+    var name, as a judge API scorer takes): it is a param, the key itself never is."""
+    if not os.environ.get(api_key_env):
+        raise RuntimeError(f"keyword: environment variable {api_key_env} (the judge's key) is not set")
+    return float(keyword.lower() in (candidate.text or "").lower())
+
+
+Keyword = map_candidates(keyword_hit, name="keyword", revision="kw-1")
+
+
+def catalog() -> dict:
+    """A zero-argument catalog factory adding one scorer by class and one by `module:Class` path."""
+    return {"keyword": Keyword, "keyword_by_path": "tests.fixture_scorers:Keyword"}
+
+
+def overriding_catalog() -> dict:
+    return {"keyword": Keyword, "exact_match": Keyword}
+
+
+def catalog_needing_args(prefix: str) -> dict:
+    return {f"{prefix}keyword": Keyword}
+
+
+def catalog_not_a_mapping() -> list:
+    return [("keyword", Keyword)]
+
+
+def catalog_of_a_non_scorer() -> dict:
+    return {"keyword": dict}
+
+
+def catalog_of_a_path_to_a_non_scorer() -> dict:
+    return {"keyword": "tests.fixture_scorers:journal_calls"}
+
+
+class DiagnosticsOnCue(Scorer):
+    """len(text) per item, with diagnostics chosen by the first item's text: 'ok' reports a declared
+    count and mean; the other cues break the diagnostics contract one way each."""
+
+    spec = ScorerSpec(
+        name="diagnostics_on_cue", input_kind="text", terms=("diagnostics_on_cue",), diagnostics=("empties", "length")
+    )
+    CUES = {
+        "undeclared": {"surprise": 1},
+        "string": {"empties": "none"},
+        "nan": {"empties": float("nan")},
+        "bool": {"empties": True},
+        "list": {"length": [1.0, 2.0]},
+        "mean_keys": {"length": {"total": 3.0, "count": 1}},
+        "mean_count": {"length": {"sum": 3.0, "count": -1}},
+        "mean_inf": {"length": {"sum": float("inf"), "count": 1}},
+    }
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        from scorers.diagnostics import mean
+
+        lengths = [float(len(item.text or "")) for item in items]
+        cue = items[0].text or ""
+        diagnostics = self.CUES.get(cue, {"empties": lengths.count(0.0), "length": mean(sum(lengths), len(lengths))})
+        return ScoreResult(terms={"diagnostics_on_cue": lengths}, diagnostics=diagnostics)
+
+
+class EchoFields(Scorer):
+    """Echoes what reached it as terms: token count, the truncation verdict, the dataset tag's
+    length, and the pixel sums of the conditioning media (exact: the data plane is lossless)."""
+
+    spec = ScorerSpec(
+        name="echo_fields",
+        input_kind="text",
+        terms=("tokens", "truncated", "source_len", "condition_sum", "condition_count"),
+    )
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        def media_sum(item: ScoreItem) -> float:
+            return float(sum(int(a.sum()) for a in (*item.condition_images, *item.condition_videos)))
+
+        return ScoreResult(
+            terms={
+                "tokens": [float(-1 if item.completion_tokens is None else item.completion_tokens) for item in items],
+                "truncated": [float(item.is_length_truncated) for item in items],
+                "source_len": [float(len(item.data_source or "")) for item in items],
+                "condition_sum": [media_sum(item) for item in items],
+                "condition_count": [float(len(item.condition_images) + len(item.condition_videos)) for item in items],
+            }
+        )
+
+
+class GroupSpy(Scorer):
+    """Groupwise: each candidate scores the size of the group it arrived in; it also tries to
+    mutate the shared context and reports (term `frozen`) whether that was refused."""
+
+    spec = ScorerSpec(name="group_spy", input_kind="text", terms=("group_size", "frozen"), groupwise=True)
+
+    def score_group(self, candidates, context):
+        try:
+            context.reference["answer"] = "tampered"
+            frozen = 0.0
+        except TypeError:
+            frozen = 1.0
+        if any(candidate.group_id != context.group_id for candidate in candidates):
+            raise AssertionError("a candidate of another group was handed over")
+        return ScoreResult(
+            terms={"group_size": [float(len(candidates))] * len(candidates), "frozen": [frozen] * len(candidates)}
+        )
+
+
+# -- panels (tests/test_panel.py, tests/test_panel_property.py) -----------------------------------
+import hashlib  # appended section: its own imports
+
+from scorers.base import ScoreInputError
+
+
+def salted_value(salt: int, item_id: str) -> float:
+    """A pure function of (salt, id): k / 1024 with |k| <= 2**20, so weighted sums of a few are exact."""
+    digest = hashlib.sha256(f"{salt}:{item_id}".encode()).digest()
+    return (int.from_bytes(digest[:4], "big") % (1 << 21) - (1 << 20)) / 1024.0
+
+
+def salted(candidate: ScoreItem, context, salt: int = 0, poison: Sequence[str] = ()) -> float:
+    """`salted_value(salt, id)`; an id in `poison` fails the whole call with a bad-input error."""
+    if candidate.id in poison:
+        raise ScoreInputError(f"item {candidate.id!r} is poison to salted(salt={salt})")
+    return salted_value(salt, candidate.id)
+
+
+Salted = map_candidates(salted, name="salted")
+
+
+class Rendezvous(Scorer):
+    """1.0 per item, once both sides arrived: creates `arrive`, then waits (at most `timeout_s`) for
+    `other`. Two of them with crossed paths, on two backends (even in two processes), only finish
+    when they are called at the same time; called one after the other, the first one times out."""
+
+    spec = _spec("rendezvous")
+
+    def __init__(self, arrive: str, other: str, timeout_s: float = 5.0) -> None:
+        self.arrive, self.other, self.timeout_s = arrive, other, timeout_s
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        with open(self.arrive, "w") as handle:
+            handle.write(str(os.getpid()))
+        deadline = time.monotonic() + self.timeout_s
+        while not os.path.exists(self.other):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.other} never appeared: the other scorer was not called meanwhile")
+            time.sleep(0.005)
+        return ScoreResult(terms={"rendezvous": [1.0] * len(items)})

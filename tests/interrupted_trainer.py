@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest
+from supervisor import ManagedScorerProcessBackend, PanelConfig, RewardItem, RewardRequest, build_panel
 from tests.conftest import REPO_ROOT
 
 
@@ -22,7 +22,39 @@ def announce_when_in_flight(backend: ManagedScorerProcessBackend) -> None:
     print(json.dumps({"child": backend.pid}), flush=True)
 
 
+def panel_main() -> None:
+    """Two managed terms, scored concurrently by a panel, both busy when Ctrl-C comes."""
+    terms = [
+        {
+            "name": f"slow{n}",
+            "backend": {
+                "process": {
+                    "python_executable": sys.argv[1],
+                    "request_timeout": 120,
+                    "shutdown_timeout": 10,
+                    "extra_import_paths": [str(REPO_ROOT)],
+                },
+                "scorer": {"name": "tests.fixture_scorers:Probe", "params": {"sleep_s": 60 + n}},
+            },
+        }
+        for n in range(2)
+    ]
+    with build_panel(PanelConfig.model_validate({"terms": terms})) as panel:
+
+        def announce() -> None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not all(b.health()["in_flight"] for b in panel.backends):
+                time.sleep(0.01)
+            print(json.dumps({"children": [b.pid for b in panel.backends]}), flush=True)
+
+        threading.Thread(target=announce, daemon=True).start()
+        panel.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="abc")]))
+
+
 def main() -> None:
+    if sys.argv[2:] == ["--panel"]:
+        panel_main()
+        return
     with ManagedScorerProcessBackend(
         {
             "process": {

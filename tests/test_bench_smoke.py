@@ -19,6 +19,13 @@ def test_bench_lines_run(image_python):
 
 
 @pytest.mark.slow
+def test_bench_panel_line_runs(math_python):
+    from bench import panel
+
+    assert "ratio" in panel.main_line(rounds=1)
+
+
+@pytest.mark.slow
 def test_every_hardening_scenario_runs(image_python):
     from bench.hardening import SCENARIOS
 

@@ -151,8 +151,10 @@ def test_a_scorer_writing_into_read_only_inputs_fails_loudly(managed, image_pyth
         backend.compute_rewards(request)
     assert caught.value.status == 500
     assert backend.health()["state"] == "ready"
-    with LocalRewardBackend(f"{FIXTURES}:WritesWithoutSaying") as local, pytest.raises(ValueError, match="read-only"):
-        local.compute_rewards(request)  # in-process too: the trainer's arrays are never written
+    with LocalRewardBackend(f"{FIXTURES}:WritesWithoutSaying") as local:
+        with pytest.raises(ScorerRequestError, match="read-only") as in_process:
+            local.compute_rewards(request)  # in-process too: the trainer's arrays are never written
+    assert isinstance(in_process.value.__cause__, ValueError)
 
 
 def _shared_frame(descs: list[dict], trailing: bytes = b"") -> bytes:

@@ -28,9 +28,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from child_runtime import wire
-from child_runtime.items import ITEM_FIELDS, RequestError, items_from_wire
+from child_runtime.items import ITEM_FIELDS, RequestError, request_from_wire
+from scorers.base import ScoreInputError, check_required_fields
+from scorers.groups import GroupInputError, partition
 from supervisor import ManagedScorerProcessBackend, ManagedScorerProcessSpec, RewardItem, RewardRequest
 from tests.conftest import REPO_ROOT, wait_until_gone
+from tests.fixture_scorers import Probe
 
 pytestmark = pytest.mark.slow
 
@@ -172,10 +175,14 @@ def still_serving(live: Live) -> None:
 
 # -- the oracle: is this body a valid request? ----------------------------------------------
 def local_verdict(body: bytes) -> tuple[list | None, str]:
-    """The items a body decodes to (None if it is invalid) and the reason it is not, decided in this process."""
+    """The items a body decodes to (None if it is invalid) and the reason it is not, decided in this process
+    by the same checks the child runs before the scorer (the probe needs each item's text)."""
     try:
-        return items_from_wire(wire.decode(body)), ""
-    except (wire.WireError, RequestError) as exc:
+        items, group_size = request_from_wire(wire.decode(body))
+        partition(items, group_size, scorer="probe")
+        check_required_fields(Probe.spec, items)
+        return items, ""
+    except (wire.WireError, RequestError, GroupInputError, ScoreInputError) as exc:
         return None, str(exc)
 
 
@@ -293,12 +300,11 @@ META_DTYPES = [np.uint8, np.int16, np.int32, np.float32, np.float64, np.bool_]
 
 @st.composite
 def valid_requests(draw) -> dict:
-    """A valid request: 1-3 unique ids, optional text/prompt/reference, images and metadata arrays."""
+    """A valid request: 1-3 unique ids, text (the probe's completion), optional prompt/reference,
+    images and metadata arrays."""
     items = []
     for index in range(draw(st.integers(1, 3))):
-        item: dict[str, Any] = {"id": f"i{index}-{draw(st.text(max_size=4))}"}
-        if draw(st.booleans()):
-            item["text"] = draw(st.text(max_size=24))
+        item: dict[str, Any] = {"id": f"i{index}-{draw(st.text(max_size=4))}", "text": draw(st.text(max_size=24))}
         if draw(st.booleans()):
             item["prompt"] = draw(st.text(max_size=8))
         if draw(st.booleans()):

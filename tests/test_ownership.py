@@ -50,18 +50,22 @@ def test_a_fork_during_launch_does_not_stall_boot(managed, trainer_python):
 
 
 @pytest.mark.slow
-def test_ctrl_c_mid_batch_exits_at_once_with_one_clean_traceback(trainer_python):
+@pytest.mark.parametrize("mode", ["backend", "panel"])
+def test_ctrl_c_mid_batch_exits_at_once_with_one_clean_traceback(trainer_python, mode):
     """One SIGINT while the child works on a 60 s batch: the abandoned call kills the child, and
-    close() (shutdown_timeout 10 s) skips the graceful path that would wait for it."""
+    close() (shutdown_timeout 10 s) skips the graceful path that would wait for it. A panel whose
+    two children score concurrently (from its threads) does the same for both."""
+    extra = ["--panel"] if mode == "panel" else []
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "tests.interrupted_trainer", str(trainer_python)],
+        [sys.executable, "-m", "tests.interrupted_trainer", str(trainer_python), *extra],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        child = json.loads(trainer.stdout.readline())["child"]
+        announced = json.loads(trainer.stdout.readline())
+        children = announced["children"] if mode == "panel" else [announced["child"]]
         started = time.monotonic()
         trainer.send_signal(signal.SIGINT)
         trainer.wait(10)
@@ -72,7 +76,8 @@ def test_ctrl_c_mid_batch_exits_at_once_with_one_clean_traceback(trainer_python)
         trainer.wait()
         trainer.stdout.close()
         trainer.stderr.close()
-    assert wait_until_gone([child], 5) == []
+    assert len(children) == (2 if mode == "panel" else 1)
+    assert wait_until_gone(children, 5) == []
     assert stderr.count("Traceback (most recent call last)") == 1, stderr
     assert stderr.rstrip().endswith("KeyboardInterrupt") and "During handling" not in stderr, stderr
     assert to_exit < 2.0, f"Ctrl-C took {to_exit:.2f} s to exit"

@@ -21,7 +21,7 @@ from supervisor import (
     RewardResponse,
     RewardService,
 )
-from supervisor.errors import ChildRecord, ConfigError
+from supervisor.errors import ChildRecord, ConfigError, ScorerRequestError
 from supervisor.verify import verify_score_answer
 from tests.fixture_scorers import journal_calls
 
@@ -142,10 +142,11 @@ def test_wrong_count_is_a_contract_error():
             RewardService(backend).score_and_attach(items_with_texts("a", "b"))
 
 
-def test_scorer_exception_propagates_unchanged():
+def test_scorer_exception_is_typed_as_in_a_child_with_the_original_as_cause():
     with LocalRewardBackend("tests.fixture_scorers:Raises") as backend:
-        with pytest.raises(ZeroDivisionError, match="scorer bug on purpose"):
+        with pytest.raises(ScorerRequestError, match="ZeroDivisionError: scorer bug on purpose") as info:
             RewardService(backend).score_and_attach(items_with_texts("a"))
+    assert info.value.kind == "scorer_error" and isinstance(info.value.__cause__, ZeroDivisionError)
 
 
 def test_empty_batch_is_refused():

@@ -74,6 +74,6 @@ def test_texts_past_max_seq_length_are_refused_or_counted(managed, embed_python)
     tail = managed(embed_python, "text_similarity", params={"max_seq_length": 128, "on_overflow": "keep_end"})
     response = tail.compute_rewards(request)
     head = managed(embed_python, "text_similarity", params={"max_seq_length": 128, "on_overflow": "keep_start"})
-    assert response.diagnostics["truncated"] == 1
+    assert response.diagnostics["text_similarity"]["values"]["truncated"] == 1
     kept_start = head.compute_rewards(request).rewards[0]
     assert response.rewards[0] > kept_start + 0.2, (response.rewards, kept_start)  # the end holds the answer

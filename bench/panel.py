@@ -1,0 +1,88 @@
+"""A GRPO step's reward panel: two managed terms scored concurrently vs one after the other.
+
+`python -m bench.panel`: 128 math completions in groups of 8, `correct` (math_verify in the
+math env) and `similar` (MiniLM text_similarity in the embed env). The same two children
+score the same request as a panel (terms concurrently, from its threads) and as two calls in
+a row; the ratio is measured in one run, rounds interleaved.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+from bench.workloads import math_items
+from supervisor import ManagedScorerProcessBackend, PanelTerm, RewardItem, RewardPanel, RewardRequest
+from supervisor.backend import RewardBackend
+
+ROUNDS = 7
+
+
+def _managed(env: str, scorer: str, params: dict) -> ManagedScorerProcessBackend:
+    from bench.__main__ import env_python
+
+    return ManagedScorerProcessBackend(
+        {
+            "process": {"python_executable": env_python(env)},
+            "scorer": {"name": scorer, "params": params},
+            "client": {"request_batch_size": 64, "group_size": 8},
+        }
+    )
+
+
+def grpo_request(n: int = 128, group: int = 8) -> RewardRequest:
+    raw = math_items(n)
+    items = [
+        RewardItem(
+            id=r["id"],
+            group_id=f"q{i // group}",
+            prompt=f"question {i // group}",
+            text=r["text"],
+            reference=raw[(i // group) * group]["reference"],  # one gold answer per group
+        )
+        for i, r in enumerate(raw)
+    ]
+    return RewardRequest(items=items, group_size=group)
+
+
+def main_line(rounds: int = ROUNDS) -> str:
+    request = grpo_request()
+    math = _managed("math", "math_verify", {"jobs": 1})
+    embed = _managed("embed", "text_similarity", {})
+    backends: list[RewardBackend] = [math, embed]
+    try:
+        panel = RewardPanel(
+            [PanelTerm("correct", math), PanelTerm("similar", embed, weight=0.1, required=False)], owns_backends=False
+        )
+
+        def sequential() -> None:
+            for backend in backends:
+                backend.compute_rewards(request)
+
+        calls: dict[str, Callable[[], object]] = {
+            "panel": lambda: panel.compute_rewards(request),
+            "sequential": sequential,
+        }
+        samples: dict[str, list[float]] = {name: [] for name in calls}
+        for call in calls.values():  # warm both paths
+            call()
+        for _ in range(rounds):  # interleaved: machine drift hits both alike
+            for name, call in calls.items():
+                started = time.perf_counter()
+                call()
+                samples[name].append(time.perf_counter() - started)
+        response = panel.compute_rewards(request)
+        assert response.component_rewards["correct"] == math.compute_rewards(request).rewards
+    finally:
+        for backend in backends:
+            backend.close()
+    panel_s, sequential_s = (statistics.median(samples[k]) for k in ("panel", "sequential"))
+    return (
+        f"{len(request.items)}-item GRPO panel (math_verify + text_similarity, 2 children) p50 {panel_s * 1e3:8.2f} ms"
+        f"  terms one after the other {sequential_s * 1e3:8.2f} ms  ratio {panel_s / sequential_s:5.3f}"
+    )
+
+
+if __name__ == "__main__":
+    print(main_line())

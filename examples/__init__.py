@@ -1,0 +1,1 @@
+"""Runnable examples: reward recipes in each seed style (see examples/recipes/)."""
