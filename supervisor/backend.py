@@ -29,6 +29,7 @@ class ScorerShape:
     ragged_groups: bool = False
     identity_hash: str | None = None
     revision: str | None = None
+    diagnostics: tuple[str, ...] = ()
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any]) -> ScorerShape:
@@ -40,6 +41,7 @@ class ScorerShape:
             ragged_groups=bool(entry.get("ragged_groups", False)),
             identity_hash=entry.get("identity_hash"),
             revision=entry.get("revision"),
+            diagnostics=tuple(entry.get("diagnostics", ())),
         )
 
 
@@ -52,6 +54,12 @@ class RewardBackend(ABC):
     def identity_hash(self) -> str | None:
         """The catalog identity of what this backend scores (see scorers.identity)."""
         return self.shape.identity_hash if self.shape else None
+
+    @property
+    def combination(self) -> dict[str, Any] | None:
+        """How its own reward combines its scorer's terms (required terms, weights): part of a
+        panel's identity when a term takes that reward."""
+        return None
 
     @abstractmethod
     def compute_rewards(self, request: RewardRequest) -> RewardResponse: ...
@@ -139,8 +147,14 @@ def score_in_chunks(
     for chunk in pack_chunks(groups, size):
         terms, values = score_chunk([request.items[i] for i in chunk], group_size)
         for name, scores in terms.items():
-            merged.setdefault(name, np.zeros(len(request.items), dtype=np.float64))[chunk] = scores
+            merged.setdefault(name, np.full(len(request.items), np.nan))[chunk] = scores
         reports.append(report(len(chunk), values))
+    for name, scores in merged.items():  # a term some chunk lacked is never filled in with zeros
+        unfilled = np.flatnonzero(np.isnan(scores))
+        if unfilled.size:
+            raise RewardContractError(
+                f"scorer {shape.name!r} term {name!r}: no score for id {request.items[int(unfilled[0])].id!r}"
+            )
     diagnostics = {shape.name: merge_reports(reports)}
     return assemble_response(request.ids, merged, required, weights, diagnostics, shape.identity_hash)
 

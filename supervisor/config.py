@@ -229,11 +229,11 @@ class TermConfig(_Model):
     terms; None: its reward), a weight (a number or `{data_source: weight}`, "*" for the
     rest), whether its failure is fatal, and the datasets it applies to (None: all)."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # a metric path segment
     backend: BackendConfig
     weight: float | dict[str, float] = 1.0
     required: bool = True
-    applicable_datasets: list[str] | None = None
+    applicable_datasets: list[str] | None = Field(default=None, min_length=1)
     component: str | None = None
 
 
@@ -249,4 +249,12 @@ class PanelConfig(_Model):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"term names {duplicates} are used more than once")
+        for term in self.terms:
+            client = getattr(term.backend, "client", None)
+            configured = client.group_size if client is not None else None
+            if self.group_size is not None and configured is not None and configured != self.group_size:
+                raise ValueError(
+                    f"term {term.name!r}: its backend's client.group_size {configured} differs from the "
+                    f"panel's group_size {self.group_size} (every call would be refused)"
+                )
         return self

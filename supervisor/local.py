@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,7 +13,7 @@ from scorers.base import ScoreInputError, Scorer, ScorerContractError, score_che
 from scorers.identity import scorer_identity_hash
 from scorers.registry import resolve_scorer
 from supervisor.backend import RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
-from supervisor.errors import RewardContractError, ScorerRequestError
+from supervisor.errors import ConfigError, RewardContractError, ScorerRequestError
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 
@@ -20,7 +21,12 @@ class LocalRewardBackend(RewardBackend):
     """Builds and loads the scorer at construction; scoring runs the child's validation path.
 
     `revision` and `identity_hash` are pins, as for a managed child: a scorer that differs
-    is refused before it loads.
+    is refused before it loads. A scorer given as an instance has no identity (its params are
+    unknown here) and cannot be pinned: give it by name and params for that.
+
+    Calls are serialised, as a managed child's are: scorers are not thread-safe (the math
+    grading pool hands results to whichever batch the calling thread holds), and one backend
+    may serve several panels (training and validation) from their threads.
     """
 
     shape: ScorerShape  # what the scorer declared (its child's readiness line or /health)
@@ -41,24 +47,40 @@ class LocalRewardBackend(RewardBackend):
         if request_batch_size <= 0:
             raise ValueError("request_batch_size must be > 0")
         params = dict(params or {})
-        self.scorer = resolve_scorer(scorer, catalog)(**params) if isinstance(scorer, str) else scorer
+        if isinstance(scorer, str):
+            self.scorer = resolve_scorer(scorer, catalog)(**params)
+            identity: str | None = scorer_identity_hash(self.scorer, params)
+        else:
+            if params or revision is not None or identity_hash is not None:
+                raise ConfigError(
+                    "a scorer instance takes no params and cannot be pinned (its constructor arguments are "
+                    "unknown here): give the scorer by name, with params, to pin it"
+                )
+            self.scorer, identity = scorer, None
         spec = self.scorer.spec
         self.shape = ScorerShape(
             name=spec.name,
             terms=spec.term_names(),
             groupwise=spec.groupwise,
             ragged_groups=spec.ragged_groups,
-            identity_hash=scorer_identity_hash(self.scorer, params),
+            identity_hash=identity,
             revision=spec.revision,
+            diagnostics=spec.diagnostics,
         )
         check_pins(self.shape, revision, identity_hash)
         self.weights = dict(weights or {})
         self.required = check_reward_names(spec.name, spec.term_names(), required_rewards or [], self.weights)
         self.request_batch_size = request_batch_size
         self.group_size = group_size
+        self._serial = threading.RLock()
+        self._scorer_closed = False
         self.scorer.load(device)
         self.scorer.onload()
         self._closed = False
+
+    @property
+    def combination(self) -> dict[str, Any]:
+        return {"required": list(self.required), "weights": dict(sorted(self.weights.items()))}
 
     def _score_chunk(
         self, chunk: Sequence[RewardItem], group_size: int | None
@@ -78,25 +100,42 @@ class LocalRewardBackend(RewardBackend):
         return {name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()}, result.diagnostics
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
-        if self._closed:
-            raise RuntimeError("LocalRewardBackend is closed")
-        return score_in_chunks(
-            request,
-            self.request_batch_size,
-            self._score_chunk,
-            self.required,
-            self.weights,
-            self.shape,
-            self.group_size,
-        )
+        with self._serial:
+            if self._closed:
+                raise RuntimeError("LocalRewardBackend is closed")
+            try:
+                return score_in_chunks(
+                    request,
+                    self.request_batch_size,
+                    self._score_chunk,
+                    self.required,
+                    self.weights,
+                    self.shape,
+                    self.group_size,
+                )
+            finally:
+                if self._closed:  # close() came from another thread meanwhile and left this to us
+                    self._close_scorer()
 
     def onload(self) -> dict[str, Any]:
-        return dict(self.scorer.onload() or {})
+        with self._serial:
+            return dict(self.scorer.onload() or {})
 
     def offload(self) -> dict[str, Any]:
-        return dict(self.scorer.offload() or {})
+        with self._serial:
+            return dict(self.scorer.offload() or {})
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
+        """Idempotent, and never waits for a call running in another thread (a panel's, after
+        Ctrl-C): that call closes the scorer when it ends."""
+        self._closed = True
+        if self._serial.acquire(blocking=False):
+            try:
+                self._close_scorer()
+            finally:
+                self._serial.release()
+
+    def _close_scorer(self) -> None:
+        if not self._scorer_closed:
+            self._scorer_closed = True
             self.scorer.close()

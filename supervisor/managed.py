@@ -310,6 +310,10 @@ class ManagedScorerProcessBackend(RewardBackend):
         return new
 
     @property
+    def combination(self) -> dict[str, Any]:
+        return {"required": list(self.required_rewards), "weights": dict(sorted(self.spec.client.weights.items()))}
+
+    @property
     def restarts(self) -> int:
         """Restarts that count against the policy (after a crash, a deadline or a bad answer)."""
         return len(self._restarts)
@@ -471,7 +475,7 @@ class ManagedScorerProcessBackend(RewardBackend):
         gen = self._serving(restart=True)
         answer = self._exchange(gen, "score", gen.client.score, frame, uuid.uuid4().hex)
         try:
-            return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards)
+            return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, declared=self.shape)
         except RewardContractError as exc:
             raise self._failure(gen, "score", exc) from exc
 

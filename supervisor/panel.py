@@ -9,10 +9,10 @@ the term. Backends are scored concurrently; terms bound to one backend share one
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from supervisor.types import RewardItem, RewardRequest, RewardResponse, TermFail
 # Failures that say the backend cannot serve at all, not that one batch could not be scored.
 LIFECYCLE_ERRORS: tuple[type[BaseException], ...] = (ScorerStartupError, ScorerCrashLoop, BackendNotOwned, ConfigError)
 ANY_DATASET = "*"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class PanelTerm:
         return {
             "name": self.name,
             "scorer": self.backend.identity_hash,
+            # the backend's own reward is its required terms, weighted: part of what this term means
+            "combination": self.backend.combination if self.component is None else None,
             "component": self.component,
             "weight": weight,
             "required": self.required,
@@ -165,6 +168,17 @@ class RewardPanel(RewardBackend):
         diagnostics: dict[str, Any] = {}
         fatal: list[tuple[str, str, BaseException]] = []
         for call, outcome in zip(calls, outcomes, strict=True):
+            if isinstance(outcome, ScorerError) and not isinstance(outcome, LIFECYCLE_ERRORS):
+                narrowed = self._required_share(call, request)
+                if narrowed is not None:  # optional terms brought items of their own: never let them sink the rest
+                    (retry,) = self._score_concurrently(request, [narrowed])
+                    if not isinstance(retry, BaseException):
+                        for term in call.terms:
+                            if not term.required:
+                                failures.append(self._failed(term, call, request, outcome))
+                        self._take(narrowed, retry, request, values, diagnostics, failures)
+                        continue
+                    outcome = retry  # the required terms' own items fail too
             if isinstance(outcome, BaseException):
                 required = [t.name for t in call.terms if t.required]
                 if isinstance(outcome, LIFECYCLE_ERRORS) or required or not isinstance(outcome, ScorerError):
@@ -178,12 +192,9 @@ class RewardPanel(RewardBackend):
                     fatal.append((", ".join(t.name for t in call.terms), why, outcome))
                     continue
                 for term in call.terms:
-                    ids = [request.items[p].id for p in call.positions if term.applies(request.items[p])]
-                    failures.append(
-                        TermFailure(term=term.name, ids=ids, error=str(outcome), kind=type(outcome).__name__)
-                    )
+                    failures.append(self._failed(term, call, request, outcome))
                 continue
-            self._take(call, outcome, request, values, diagnostics)
+            self._take(call, outcome, request, values, diagnostics, failures)
         if fatal:
             terms, why, error = fatal[0]
             error.add_note(f"panel term(s) {terms}: {why}")
@@ -210,6 +221,23 @@ class RewardPanel(RewardBackend):
             identity_hash=self.identity_hash,
         )
 
+    @staticmethod
+    def _required_share(call: _Call, request: RewardRequest) -> _Call | None:
+        """The call narrowed to its required terms' items, when its optional terms added others."""
+        required = [t for t in call.terms if t.required]
+        if not required or len(required) == len(call.terms):
+            return None
+        positions = [p for p in call.positions if any(t.applies(request.items[p]) for t in required)]
+        return _Call(call.backend, required, positions) if len(positions) < len(call.positions) else None
+
+    @staticmethod
+    def _failed(term: PanelTerm, call: _Call, request: RewardRequest, error: BaseException) -> TermFailure:
+        ids = [request.items[p].id for p in call.positions if term.applies(request.items[p])]
+        log.warning(
+            "optional reward term %r failed for %d items (they get nothing from it): %s", term.name, len(ids), error
+        )
+        return TermFailure(term=term.name, ids=ids, error=str(error), kind=type(error).__name__)
+
     def _score_concurrently(self, request: RewardRequest, calls: list[_Call]) -> list[Any]:
         """Each backend's share at the same time; an outcome is a response or the exception it raised."""
 
@@ -222,22 +250,28 @@ class RewardPanel(RewardBackend):
                 return [one(calls[0])]
             except Exception as exc:  # noqa: BLE001 - classified by the caller, never dropped
                 return [exc]
-        # Not `with`: on Ctrl-C the caller must not wait for every backend's call to end; its
-        # `close()` (the `with panel:` exit) kills the children, which ends those calls at once.
-        pool = ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="panel")
+        # Daemon threads, one per backend, not an executor: an executor's threads are joined at
+        # interpreter exit, so a Ctrl-C would wait for every backend's call (an in-process scorer
+        # cannot be stopped). Here the trainer exits; `interrupt()` ends what can be ended.
+        outcomes: list[Any] = [None] * len(calls)
+
+        def run(index: int) -> None:
+            try:
+                outcomes[index] = one(calls[index])
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, which classifies it
+                outcomes[index] = exc
+
+        threads = [threading.Thread(target=run, args=(i,), name="panel", daemon=True) for i in range(len(calls))]
         try:
-            futures: list[Future[RewardResponse]] = [pool.submit(one, call) for call in calls]
-            outcomes: list[Any] = []
-            for future in futures:
-                error = future.exception()  # each backend's call has its own deadline
-                outcomes.append(error if error is not None else future.result())
-            return outcomes
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()  # each backend's call has its own deadline
         except BaseException:  # Ctrl-C while the backends score: nobody will read their answers
             for call in calls:
                 call.backend.interrupt()
             raise
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+        return outcomes
 
     def _take(
         self,
@@ -246,6 +280,7 @@ class RewardPanel(RewardBackend):
         request: RewardRequest,
         values: dict[str, list[float | None]],
         diagnostics: dict[str, Any],
+        failures: list[TermFailure],
     ) -> None:
         expected = [request.items[p].id for p in call.positions]
         if response.ids != expected:  # a backend answered for other samples: never attach
@@ -258,6 +293,8 @@ class RewardPanel(RewardBackend):
                     if value is None or not math.isfinite(value):
                         raise RewardContractError(f"term {term.name!r}: no finite value for id {expected[j]!r}")
                     values[term.name][position] = value
+            for inner in response.term_failures:  # a panel inside a panel: its optional terms' failures
+                failures.append(inner.model_copy(update={"term": f"{term.name}.{inner.term}"}))
             reports = response.diagnostics
             if len(reports) == 1:
                 diagnostics[term.name] = next(iter(reports.values()))
@@ -300,6 +337,8 @@ def _check_term(term: PanelTerm) -> None:
     for weight in weights:
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ConfigError(f"term {term.name!r}: weight {weight!r} is not a finite number")
+    if isinstance(term.applicable_datasets, str):
+        raise ConfigError(f"term {term.name!r}: applicable_datasets must be a list of tags, not one string")
     if term.applicable_datasets is not None and not term.applicable_datasets:
         raise ConfigError(f"term {term.name!r}: applicable_datasets is empty (it would never apply)")
     shape = term.backend.shape

@@ -43,7 +43,9 @@ class PreflightError(ConfigError):
 @dataclass
 class PreflightReport:
     problems: list[str] = field(default_factory=list)
-    scorers: dict[str, dict[str, Any]] = field(default_factory=dict)  # term -> name, revision, identity hash
+    notes: list[str] = field(default_factory=list)  # what only the child can check (a module in its env alone)
+    # term -> scorer, revision, identity hash (validation terms as `validation.<term>`)
+    scorers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -105,7 +107,8 @@ def _check_panel(panel: PanelConfig, where: str, report: PreflightReport) -> Non
             if backend.token_env is not None and not os.environ.get(backend.token_env):
                 report.problems.append(f"{place}: environment variable {backend.token_env} (the token) is not set")
             continue
-        checked = _check_scorer(backend, place, report)
+        search = _env_search(backend, place, report) if isinstance(backend, ManagedScorerProcessSpec) else None
+        checked = _check_scorer(backend, place, report, search)
         if checked is None:
             continue
         terms, requires = checked
@@ -116,12 +119,15 @@ def _check_panel(panel: PanelConfig, where: str, report: PreflightReport) -> Non
             report.problems.append(
                 f"{place}: required_rewards/weights {unknown} are not terms of the scorer ({list(terms)})"
             )
-        if isinstance(backend, ManagedScorerProcessSpec):
-            _check_env(backend, place, report, requires)
+        if isinstance(backend, ManagedScorerProcessSpec) and search is not None:
+            _check_env_modules(backend, place, report, requires, search)
 
 
 def _check_scorer(
-    backend: LocalBackendConfig | ManagedScorerProcessSpec, place: str, report: PreflightReport
+    backend: LocalBackendConfig | ManagedScorerProcessSpec,
+    place: str,
+    report: PreflightReport,
+    search: list[str] | None = None,
 ) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """The scorer's terms and the modules it needs from its env; None (and a problem) if unusable."""
     config = backend.scorer
@@ -137,7 +143,14 @@ def _check_scorer(
             scorer = cls(**config.params)
             identity = scorer_identity_hash(scorer, config.params)
     except (UnknownScorerError, CatalogError) as exc:
-        report.problems.append(f"{place}: {exc}")
+        env_only = search is not None and isinstance(exc.__cause__, ImportError) and _env_only(backend, search)
+        if isinstance(backend, ManagedScorerProcessSpec) and search is not None and env_only:
+            # the scorer's module lives in its env alone (the reason for a managed child): its spec,
+            # terms and pins are the child's to check at start; the env itself is checked below
+            report.notes.append(f"{place}: {exc.__cause__}; checked by the child at start, not here")
+            _check_env_modules(backend, place, report, (), search)
+        else:
+            report.problems.append(f"{place}: {exc}")
         return None
     except (TypeError, ValueError) as exc:
         report.problems.append(f"{place}: scorer {config.name!r} params: {exc}")
@@ -149,7 +162,8 @@ def _check_scorer(
         for path in added:
             sys.path.remove(path)
     spec = scorer.spec
-    report.scorers[place.split(".", 1)[1]] = {
+    where, _, term = place.partition(".")
+    report.scorers[term if where == "reward" else place] = {
         "scorer": spec.name,
         "revision": spec.revision,
         "identity_hash": identity,
@@ -190,30 +204,52 @@ def _environ(overlay: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _check_env(spec: ManagedScorerProcessSpec, place: str, report: PreflightReport, requires: tuple[str, ...]) -> None:
+def _env_search(spec: ManagedScorerProcessSpec, place: str, report: PreflightReport) -> list[str] | None:
+    """Where the child will import from (its venv's site-packages, then extra_import_paths);
+    None, with a problem, when the python is not a usable venv."""
     python = spec.process.python_executable
     cfg = python.parent.parent / "pyvenv.cfg"
     try:
         text = cfg.read_text()
     except OSError:
         report.problems.append(f"{place}: {python} is not a venv's python (no {cfg}); build it with `make env-NAME`")
-        return
+        return None
     match = re.search(r"^version(?:_info)?\s*=\s*(\d+)\.(\d+)", text, re.MULTILINE)
     if match is None or (int(match[1]), int(match[2])) < (3, 11):
         found = f"{match[1]}.{match[2]}" if match else "unknown"
         report.problems.append(f"{place}: the env's Python is {found}; the child needs 3.11+")
-        return
+        return None
     version = f"python{match[1]}.{match[2]}"
     roots = [python.parent.parent / lib / version / "site-packages" for lib in ("lib", "lib64")]
-    search = [str(p) for p in roots if p.is_dir()] + [str(p) for p in spec.process.extra_import_paths]
-    for module in (*CHILD_RUNTIME_MODULES, *requires):
-        if importlib.machinery.PathFinder.find_spec(module, search) is None:
-            report.problems.append(f"{place}: the env {python.parent.parent} cannot import {module!r}")
+    return [str(p) for p in roots if p.is_dir()] + [str(p) for p in spec.process.extra_import_paths]
+
+
+def _custom_modules(spec: ManagedScorerProcessSpec | LocalBackendConfig) -> list[tuple[str, str]]:
+    """(top-level module, dotted path) of a dotted-path scorer and of a custom catalog."""
+    found = []
     for dotted in (spec.scorer.name, spec.scorer.catalog):
         if dotted is None or ("." not in dotted and ":" not in dotted):
             continue  # a built-in or catalog name: our own packages, always on the child's path
         top = dotted.partition(":")[0].split(".")[0]
-        if top not in CHILD_PACKAGES and importlib.machinery.PathFinder.find_spec(top, search) is None:
+        if top not in CHILD_PACKAGES:
+            found.append((top, dotted))
+    return found
+
+
+def _env_only(spec: ManagedScorerProcessSpec | LocalBackendConfig, search: list[str]) -> bool:
+    modules = _custom_modules(spec)
+    return bool(modules) and all(importlib.machinery.PathFinder.find_spec(top, search) for top, _ in modules)
+
+
+def _check_env_modules(
+    spec: ManagedScorerProcessSpec, place: str, report: PreflightReport, requires: tuple[str, ...], search: list[str]
+) -> None:
+    env = spec.process.python_executable.parent.parent
+    for module in (*CHILD_RUNTIME_MODULES, *requires):
+        if importlib.machinery.PathFinder.find_spec(module, search) is None:
+            report.problems.append(f"{place}: the env {env} cannot import {module!r}")
+    for top, dotted in _custom_modules(spec):
+        if importlib.machinery.PathFinder.find_spec(top, search) is None:
             report.problems.append(
                 f"{place}: the child cannot import {top!r} (from {dotted!r}): list its directory in "
                 "process.extra_import_paths"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from supervisor.backend import RewardBackend
 from supervisor.config import (
@@ -68,12 +69,18 @@ def _import_target(path: str) -> Any:
 
 
 def instantiate(node: Any) -> Any:
-    """Hydra's `_target_` convention, depth first (what `hydra.utils.instantiate` builds too)."""
+    """Hydra's `_target_` convention, depth first (what `hydra.utils.instantiate` builds too), for
+    config classes only (pydantic models): parsing a recipe never runs anything else."""
     if isinstance(node, Mapping):
         values = {key: instantiate(value) for key, value in node.items() if key != TARGET}
         if TARGET not in node:
             return values
         target = _import_target(str(node[TARGET]))
+        if not (isinstance(target, type) and issubclass(target, BaseModel)):
+            raise ConfigError(
+                f"_target_ {node[TARGET]!r} is not a config class; a recipe builds supervisor.PanelConfig, "
+                "TermConfig, ManagedScorerProcessSpec, ... (build backends from them with build_panels)"
+            )
         try:
             return target(**values)
         except (TypeError, ValueError) as exc:
@@ -87,6 +94,8 @@ def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any]) -> Recipe:
     """Parse a recipe of any supported style into panel configs; starts nothing."""
     data = _read(source)
     reward = data.get("reward")
+    if reward is not None and not isinstance(reward, (Mapping, str)):
+        raise ConfigError(f"recipe `reward:` must be a mapping, got {type(reward).__name__}")
     if TARGET in data or (isinstance(reward, Mapping) and TARGET in reward):
         return _from_targets(data)
     if isinstance(reward, Mapping) and ("models" in reward or "reward_functions" in reward):
@@ -178,6 +187,15 @@ def _from_verl_omni(reward: Mapping[str, Any]) -> Recipe:
             return None
         terms = []
         for name, fn in functions.items():
+            fn = fn if fn is not None else {}
+            if not isinstance(fn, Mapping):
+                raise ConfigError(f"{where}.{name} must be a mapping (model, weight, required, ...)")
+            if "path" in fn or "name" in fn:
+                raise ConfigError(
+                    f"{where}.{name}: `path`/`name` (a Python scoring function) is verl-omni's; here a reward "
+                    "function binds a model's scorer term (`model:`, `component:`). Put Python scorers in a "
+                    "catalog or pass their dotted path as the model's `scorer:`"
+                )
             bound = fn.get("model", name)  # a term uses the model of its own name unless it binds another
             if bound not in backends:
                 raise ConfigError(f"{where}.{name}: model {bound!r} is not in reward.models ({sorted(backends)})")

@@ -9,6 +9,7 @@ failed try is repeated with capped exponential backoff, within the first try's d
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,15 @@ import numpy as np
 
 from supervisor.backend import RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
 from supervisor.client import ScorerClient
-from supervisor.errors import ConnectFailed, ConnectionLost, ErrorStatus, NoAnswer, TransportError, scorer_error
+from supervisor.errors import (
+    ConnectFailed,
+    ConnectionLost,
+    ErrorStatus,
+    NoAnswer,
+    ScorerUnavailable,
+    TransportError,
+    scorer_error,
+)
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 from supervisor.verify import encode_chunk, verify_score_answer
 
@@ -28,8 +37,11 @@ log = logging.getLogger(__name__)
 
 def _retryable(exc: TransportError | ErrorStatus) -> bool:
     """Nothing usable came back, or the server (or a proxy) says try later. Any other 4xx is final,
-    and so is an answer that is not the protocol."""
+    and so is an answer that is not the protocol, and a scorer server's own verdict that its
+    scorer failed (a 500 of kind scorer_error or contract: the same request fails again)."""
     if isinstance(exc, ErrorStatus):
+        if exc.status == 500 and exc.kind in ("scorer_error", "contract"):
+            return False
         return exc.status == 429 or exc.status >= 500
     return isinstance(exc, (ConnectFailed, ConnectionLost, NoAnswer))
 
@@ -72,6 +84,7 @@ class RemoteRewardBackend(RewardBackend):
         self.group_size = group_size
         self.weights = dict(weights or {})
         self.max_request_bytes = max_request_bytes  # refuse before sending what the server would refuse
+        self._stopped = threading.Event()
         self._client = ScorerClient.remote(base_url, token, request_timeout)
         try:
             self.server = self.health()
@@ -95,13 +108,15 @@ class RemoteRewardBackend(RewardBackend):
                 return call(max(deadline - time.monotonic(), 0.001))
             except (TransportError, ErrorStatus) as exc:
                 left = deadline - time.monotonic()
-                if not _retryable(exc) or attempt > self.max_retries or pause >= left:
+                stopped = self._stopped.is_set()  # interrupted or closed: no retry behind the caller's back
+                if stopped or not _retryable(exc) or attempt > self.max_retries or pause >= left:
                     tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
                     raise scorer_error(exc, f"{what} at {self.base_url} after {tries}") from exc
                 log.warning(
                     "%s at %s: attempt %d failed (%s); retrying in %.2f s", what, self.base_url, attempt, exc, pause
                 )
-            time.sleep(pause)
+            if self._stopped.wait(pause):
+                raise ScorerUnavailable(f"{what} at {self.base_url}: the backend was interrupted or closed")
             pause = min(pause * 2, self.retry_backoff_cap_s)
 
     def _score_chunk(
@@ -112,7 +127,7 @@ class RemoteRewardBackend(RewardBackend):
         answer = self._exchange(
             "score", lambda left: self._client.score(frame, key, left), self._client.request_timeout
         )
-        return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards)
+        return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, declared=self.shape)
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         return score_in_chunks(
@@ -124,6 +139,10 @@ class RemoteRewardBackend(RewardBackend):
             self.shape,
             self.group_size,
         )
+
+    @property
+    def combination(self) -> dict[str, Any]:
+        return {"required": list(self.required_rewards), "weights": dict(sorted(self.weights.items()))}
 
     def health(self) -> dict[str, Any]:
         return self._exchange("health", self._client.health, self._client.control_timeout)
@@ -140,6 +159,12 @@ class RemoteRewardBackend(RewardBackend):
             "drain", lambda left: self._client.drain(max(left - control, 0.01), left), timeout_s + control
         )
 
+    def interrupt(self) -> None:
+        """Ctrl-C in a caller that fanned calls out: close the connections (which ends a call waiting
+        on one) and stop retrying. The backend is closed: the server is someone else's, and stays."""
+        self.close()
+
     def close(self) -> None:
         """Closes connections only: the server belongs to whoever started it."""
+        self._stopped.set()
         self._client.close()

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 
 from child_runtime import wire
+from scorers.diagnostics import DiagnosticsError, check_values
+from supervisor.backend import ScorerShape
 from supervisor.errors import ChildRecord, RewardContractError, ScorerRequestError
 from supervisor.types import RewardItem
 
@@ -37,8 +39,11 @@ def verify_score_answer(
     expected_ids: Sequence[str],
     required: Sequence[str],
     record: Callable[[], ChildRecord | None] = lambda: None,
+    declared: ScorerShape | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Same ids in the same order, every required term, one finite float64 per item."""
+    """Same ids in the same order, every required term, one finite float64 per item; with the
+    scorer's `declared` shape, exactly its terms and only its diagnostics (a server redeployed
+    with another scorer, or one that does not keep the contract, never fills a reward)."""
 
     def fail(message: str) -> RewardContractError:
         return RewardContractError(message, record())
@@ -62,7 +67,14 @@ def verify_score_answer(
     if missing:
         raise fail(f"required rewards {missing} missing from the answer (got {sorted(terms)})")
     diagnostics = answer.get("diagnostics") or {}
-    return terms, diagnostics if isinstance(diagnostics, dict) else {}
+    if declared is None or not declared.terms:
+        return terms, diagnostics if isinstance(diagnostics, dict) else {}
+    if set(terms) != set(declared.terms):
+        raise fail(f"answer has terms {sorted(terms)}; scorer {declared.name!r} declared {sorted(declared.terms)}")
+    try:
+        return terms, check_values(declared.name, declared.diagnostics, diagnostics)
+    except DiagnosticsError as exc:
+        raise fail(str(exc)) from exc
 
 
 def _id_mismatch(ids: Any, expected: Sequence[str]) -> str:

@@ -434,3 +434,20 @@ class Rendezvous(Scorer):
                 raise TimeoutError(f"{self.other} never appeared: the other scorer was not called meanwhile")
             time.sleep(0.005)
         return ScoreResult(terms={"rendezvous": [1.0] * len(items)})
+
+
+class Exclusive(Scorer):
+    """Fails if two calls are ever inside it at once (scorers are not thread-safe)."""
+
+    spec = ScorerSpec(name="exclusive", input_kind="text", terms=("exclusive",))
+    inside = 0
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        Exclusive.inside += 1
+        try:
+            if Exclusive.inside > 1:
+                raise AssertionError("two calls inside one scorer at once")
+            time.sleep(0.05)
+            return ScoreResult(terms={"exclusive": [1.0] * len(items)})
+        finally:
+            Exclusive.inside -= 1

@@ -7,6 +7,7 @@ for SIGINT inside compute_rewards under `with backend:`, as a training loop woul
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
@@ -22,8 +23,9 @@ def announce_when_in_flight(backend: ManagedScorerProcessBackend) -> None:
     print(json.dumps({"child": backend.pid}), flush=True)
 
 
-def panel_main() -> None:
-    """Two managed terms, scored concurrently by a panel, both busy when Ctrl-C comes."""
+def panel_main(local: bool) -> None:
+    """Two terms, scored concurrently by a panel, both busy when Ctrl-C comes: two managed children,
+    or (`local`) one child and one in-process scorer, which nothing can stop early."""
     terms = [
         {
             "name": f"slow{n}",
@@ -39,21 +41,28 @@ def panel_main() -> None:
         }
         for n in range(2)
     ]
+    if local:
+        terms[1]["backend"] = {"kind": "local", "scorer": terms[1]["backend"]["scorer"]}
     with build_panel(PanelConfig.model_validate({"terms": terms})) as panel:
+        managed = [b for b in panel.backends if isinstance(b, ManagedScorerProcessBackend)]
 
         def announce() -> None:
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not all(b.health()["in_flight"] for b in panel.backends):
+            while time.monotonic() < deadline and not all(b.health()["in_flight"] for b in managed):
                 time.sleep(0.01)
-            print(json.dumps({"children": [b.pid for b in panel.backends]}), flush=True)
+            time.sleep(0.2)  # the in-process term is well inside its 60 s sleep too
+            print(json.dumps({"children": [b.pid for b in managed]}), flush=True)
 
         threading.Thread(target=announce, daemon=True).start()
         panel.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="abc")]))
 
 
 def main() -> None:
-    if sys.argv[2:] == ["--panel"]:
-        panel_main()
+    # A trainer at a terminal has Python's Ctrl-C handler even when whoever started this test
+    # ignored SIGINT (a background job of a non-interactive shell does, and children inherit it).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if sys.argv[2:] in (["--panel"], ["--panel-local"]):
+        panel_main(local=sys.argv[2] == "--panel-local")
         return
     with ManagedScorerProcessBackend(
         {

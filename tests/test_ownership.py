@@ -50,12 +50,13 @@ def test_a_fork_during_launch_does_not_stall_boot(managed, trainer_python):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["backend", "panel"])
+@pytest.mark.parametrize("mode", ["backend", "panel", "panel-local"])
 def test_ctrl_c_mid_batch_exits_at_once_with_one_clean_traceback(trainer_python, mode):
     """One SIGINT while the child works on a 60 s batch: the abandoned call kills the child, and
     close() (shutdown_timeout 10 s) skips the graceful path that would wait for it. A panel whose
-    two children score concurrently (from its threads) does the same for both."""
-    extra = ["--panel"] if mode == "panel" else []
+    two children score concurrently (from its threads) does the same for both, and does not wait for
+    an in-process term's call, which nothing can stop early."""
+    extra = [f"--{mode}"] if mode != "backend" else []
     trainer = subprocess.Popen(
         [sys.executable, "-m", "tests.interrupted_trainer", str(trainer_python), *extra],
         cwd=REPO_ROOT,
@@ -65,7 +66,7 @@ def test_ctrl_c_mid_batch_exits_at_once_with_one_clean_traceback(trainer_python,
     )
     try:
         announced = json.loads(trainer.stdout.readline())
-        children = announced["children"] if mode == "panel" else [announced["child"]]
+        children = announced["children"] if mode != "backend" else [announced["child"]]
         started = time.monotonic()
         trainer.send_signal(signal.SIGINT)
         trainer.wait(10)

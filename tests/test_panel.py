@@ -315,8 +315,23 @@ def test_a_term_with_nothing_to_score_takes_no_part_in_a_failure_of_its_backend(
         response = panel.compute_rewards(RewardRequest(items=[item("c0", data_source="code"), item("m0")]))
         assert [(f.term, f.ids) for f in response.term_failures] == [("code", ["c0"])]
         assert set(response.diagnostics) == {"base"}
-        with pytest.raises(ScorerRequestError, match="'c0' is poison"):  # now "chat" has an item in the call
-            panel.compute_rewards(RewardRequest(items=[item("c0", data_source="code"), item("h0", data_source="chat")]))
+        # now "chat" has an item in the call: the failed call is scored again for chat's item alone
+        both = panel.compute_rewards(
+            RewardRequest(items=[item("c0", data_source="code"), item("h0", data_source="chat")])
+        )
+        assert [(f.term, f.ids) for f in both.term_failures] == [("code", ["c0"])]
+        assert both.component_rewards["chat"] == [None, salted_value(2, "h0")]
+        with pytest.raises(ScorerRequestError, match="'h0' is poison"):  # chat's own item fails: fatal
+            chat_poison = salted(2, poison=["c0", "h0"])
+            with RewardPanel(
+                [
+                    PanelTerm("code", chat_poison, applicable_datasets=["code"], required=False),
+                    PanelTerm("chat", chat_poison, applicable_datasets=["chat"]),
+                ]
+            ) as other:
+                other.compute_rewards(
+                    RewardRequest(items=[item("h0", data_source="chat"), item("c0", data_source="code")])
+                )
 
 
 def test_an_optional_managed_term_whose_child_crashed_is_recorded_but_one_that_cannot_boot_is_fatal(

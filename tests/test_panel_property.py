@@ -28,14 +28,18 @@ WEIGHTS = (-2.0, -0.5, 0.0, 0.25, 1.0, 1.5, 3.0)
 
 
 class RecordingBackend(LocalRewardBackend):
-    """A LocalRewardBackend that records the ids of every chunk it scores (before scoring it)."""
+    """A LocalRewardBackend that records, per call, the ids of every chunk it scores (before scoring it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.chunks: list[list[str]] = []
+        self.calls: list[list[list[str]]] = []
         super().__init__(*args, **kwargs)
 
+    def compute_rewards(self, request):  # type: ignore[no-untyped-def]
+        self.calls.append([])
+        return super().compute_rewards(request)
+
     def _score_chunk(self, chunk, group_size):  # type: ignore[no-untyped-def]
-        self.chunks.append([item.id for item in chunk])
+        self.calls[-1].append([item.id for item in chunk])
         return super()._score_chunk(chunk, group_size)
 
 
@@ -213,7 +217,7 @@ def test_panel_reward_is_each_items_own_weighted_terms(scenario: Scenario) -> No
             with pytest.raises(ScorerRequestError, match=what) as info:
                 panel.compute_rewards(request)
             assert repr(item_id) in str(info.value) and info.value.kind == "bad_input"
-            assert all(backend.chunks == [] for backend in backends), "scored before refusing"
+            assert all(backend.calls == [] for backend in backends), "scored before refusing"
             return
 
         # what each backend is sent (items any of its terms applies to) and whether that call fails
@@ -222,8 +226,21 @@ def test_panel_reward_is_each_items_own_weighted_terms(scenario: Scenario) -> No
             for b in set(term.backend for term in terms)
         }
         failed = {b for b, share in sent.items() if any(item.id in scenario.backends[b].poison for item in share)}
-        fatal = any(t.required and t.backend in failed and any(map(t.applies, items)) for t in terms)
+
+        def required_share(b: int) -> list[Item]:
+            return [item for item in sent[b] if any(t.applies(item) for t in terms if t.backend == b and t.required)]
+
+        # a failed call whose optional terms brought items of their own is scored again for its
+        # required terms' items alone: only their own failure is fatal
+        retried = {b for b in failed if required_share(b) and len(required_share(b)) < len(sent[b])}
+        fatal = any(any(item.id in scenario.backends[b].poison for item in required_share(b)) for b in failed)
+
+        def lost(term: Term) -> bool:
+            """The term got no values: its backend's call failed and it was not recovered by the retry."""
+            return term.backend in failed and not (term.required and term.backend in retried)
+
         event("fatal" if fatal else "optional failure recorded" if failed else "all scored")
+        event(f"required share scored again: {bool(retried)}")
         event(f"terms sharing a backend: {len(terms) - len(sent) > 0}")
         if fatal:
             with pytest.raises(ScorerRequestError, match="is poison to salted"):
@@ -235,7 +252,7 @@ def test_panel_reward_is_each_items_own_weighted_terms(scenario: Scenario) -> No
             expected_failures = {
                 t.name: [item.id for item in items if t.applies(item)]
                 for t in terms
-                if t.backend in failed and any(map(t.applies, items))
+                if lost(t) and any(map(t.applies, items))
             }
             assert {f.term: f.ids for f in response.term_failures} == expected_failures
             assert len(response.term_failures) == len(expected_failures)
@@ -246,7 +263,7 @@ def test_panel_reward_is_each_items_own_weighted_terms(scenario: Scenario) -> No
                     applies = term.applies(item)
                     assert response.applicable[term.name][i] is applies
                     value = response.component_rewards[term.name][i]
-                    if not applies or term.backend in failed:
+                    if not applies or lost(term):
                         assert value is None, (term.name, item.id)
                         continue
                     assert value == salted_value(scenario.backends[term.backend].salt, item.id), (term.name, item.id)
@@ -254,10 +271,21 @@ def test_panel_reward_is_each_items_own_weighted_terms(scenario: Scenario) -> No
                 assert response.rewards[i] == total, item.id
             # diagnostics: one report per term that scored, counting the items its backend scored
             assert {term: report["sample_count"] for term, report in response.diagnostics.items()} == {
-                t.name: len(sent[t.backend]) for t in terms if t.backend not in failed and any(map(t.applies, items))
+                t.name: len(required_share(t.backend) if t.backend in retried else sent[t.backend])
+                for t in terms
+                if not lost(t) and any(map(t.applies, items))
             }
         for b, backend in enumerate(backends):
-            check_chunks(backend.chunks, sent.get(b, []), scenario.backends[b].batch, complete=b not in failed)
+            batch = scenario.backends[b].batch
+            if not sent.get(b):  # none of its terms applies to any item: never called
+                assert backend.calls == []
+                continue
+            check_chunks(backend.calls[0], sent[b], batch, complete=b not in failed)
+            if b in retried:  # then its required share alone, whole unless that failed too (fatal)
+                share = required_share(b)
+                own_failure = any(item.id in scenario.backends[b].poison for item in share)
+                check_chunks(backend.calls[1], share, batch, complete=not own_failure)
+            assert len(backend.calls) == 1 + (b in retried)
     finally:
         panel.close()
         for backend in backends:

@@ -397,7 +397,7 @@ def test_a_clean_verl_omni_recipe_passes(no_process):
         }
     }
     report = preflight(recipe)
-    assert report.ok and sorted(report.scorers) == ["correct", "kw"]
+    assert report.ok and sorted(report.scorers) == ["correct", "kw", "validation.correct"]
 
 
 def test_what_preflight_reports_is_what_the_child_and_the_local_backend_serve(monkeypatch, tmp_path):
