@@ -32,14 +32,20 @@ from supervisor.errors import (
 )
 from supervisor.local import LocalRewardBackend
 from supervisor.managed import ManagedScorerProcessBackend
+from supervisor.overlap import OverlappedScoring, micro_batches, score_while_generating
 from supervisor.panel import BackendPool, PanelTerm, RewardPanel
 from supervisor.preflight import PreflightError, PreflightReport, preflight
 from supervisor.recipes import Recipe, build_panel, build_panels, load_recipe
 from supervisor.remote import RemoteRewardBackend
 from supervisor.service import MissingTokenCountError, PrecomputedRewardError, RewardService
+from supervisor.submit import SubmissionQueueFull
 from supervisor.types import RewardItem, RewardRequest, RewardResponse, TermFailure
 
 __all__ = [
+    "OverlappedScoring",
+    "SubmissionQueueFull",
+    "micro_batches",
+    "score_while_generating",
     "BackendPool",
     "LocalBackendConfig",
     "MissingTokenCountError",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -11,10 +14,12 @@ import numpy as np
 
 from scorers.diagnostics import merge_reports, report
 from scorers.groups import GroupInputError, pack_chunks, partition
-from supervisor.errors import ConfigError, RewardContractError, ScorerRequestError
+from supervisor.errors import ConfigError, RewardContractError, ScorerRequestError, ScorerUnavailable
 from supervisor.segment import HeapArena, SharedArena
+from supervisor.submit import DEFAULT_MAX_PENDING, Submitter
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
+_SUBMITTER_LOCK = threading.Lock()
 # (chunk, group_size) -> (terms, diagnostics): one exchange with the scorer, whatever runs it.
 ChunkScorer = Callable[[Sequence[RewardItem], int | None], tuple[Mapping[str, np.ndarray], Mapping[str, Any]]]
 
@@ -46,9 +51,36 @@ class ScorerShape:
 
 
 class RewardBackend(ABC):
-    """`compute_rewards` plus residency and lifecycle; usable as a context manager."""
+    """`compute_rewards` (and `submit`, its non-blocking form) plus residency and lifecycle;
+    usable as a context manager."""
 
     shape: ScorerShape | None = None  # the scorer behind it, once known (None for a panel)
+    max_pending: int = DEFAULT_MAX_PENDING  # submissions that may wait (see supervisor.submit)
+    _submitter: Submitter | None = None
+    _submissions_closed = False
+
+    def submit(self, request: RewardRequest) -> Future[RewardResponse]:
+        """Queue `request` and return at once; the future holds its response or its typed error.
+        Requests are sent one at a time, in order: each one's deadline is its own service time."""
+        with _SUBMITTER_LOCK:
+            if self._submissions_closed:
+                raise ScorerUnavailable(f"{type(self).__name__} is closed: nothing more can be submitted")
+            if self._submitter is None:
+                self._submitter = Submitter(self.compute_rewards, type(self).__name__, self.max_pending)
+            submitter = self._submitter
+        return submitter.submit(request)
+
+    async def compute_rewards_async(self, request: RewardRequest) -> RewardResponse:
+        """`compute_rewards` for a coroutine: the event loop is free while the request is scored."""
+        return await asyncio.wrap_future(self.submit(request))
+
+    def _stop_submissions(self) -> None:
+        """Called first by every close(): what waits fails, nothing new is accepted."""
+        with _SUBMITTER_LOCK:
+            self._submissions_closed = True
+            submitter, self._submitter = self._submitter, None
+        if submitter is not None:
+            submitter.close()
 
     @property
     def identity_hash(self) -> str | None:

@@ -128,6 +128,7 @@ class LocalRewardBackend(RewardBackend):
     def close(self) -> None:
         """Idempotent, and never waits for a call running in another thread (a panel's, after
         Ctrl-C): that call closes the scorer when it ends."""
+        self._stop_submissions()
         self._closed = True
         if self._serial.acquire(blocking=False):
             try:

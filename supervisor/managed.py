@@ -345,6 +345,7 @@ class ManagedScorerProcessBackend(RewardBackend):
         if os.getpid() != self._owner_pid:
             self._closed = True  # this copy is unusable; the child is the owner's to stop
             return
+        self._stop_submissions()
         self._closing.set()
         with self._life:
             if self._closed:

@@ -315,6 +315,7 @@ class RewardPanel(RewardBackend):
             backend.interrupt()
 
     def close(self) -> None:
+        self._stop_submissions()
         with self._lock:
             if self._closed:
                 return

@@ -166,5 +166,6 @@ class RemoteRewardBackend(RewardBackend):
 
     def close(self) -> None:
         """Closes connections only: the server belongs to whoever started it."""
+        self._stop_submissions()
         self._stopped.set()
         self._client.close()

@@ -1,0 +1,93 @@
+"""Scoring that overlaps generation: the UniRL `RewardStack` pattern on any backend or panel.
+
+A shard is cut into micro-batches, each extended to the end of its last group (a group is
+never split between micros); each micro is submitted for scoring as soon as it is generated,
+while the next one is generated. Responses come back in micro order. A scorer failure raises
+at the next micro boundary once it is known, and at `results()` at the latest: never later,
+never silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Self, TypeVar
+
+from supervisor.backend import RewardBackend
+from supervisor.errors import ScorerRequestError
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
+
+T = TypeVar("T")
+
+
+def micro_batches(items: Sequence[T], micro_size: int, group_of: Callable[[T], str | None]) -> list[list[T]]:
+    """`micro_size` rows per micro, each extended to the end of its last group (groups must be
+    contiguous, as GRPO samplers lay them out); an ungrouped row is its own group."""
+    if micro_size < 1:
+        raise ValueError(f"micro_size must be >= 1, got {micro_size}")
+    seen: set[str] = set()
+    for index, item in enumerate(items):
+        group = group_of(item)
+        if group is not None and group in seen and group_of(items[index - 1]) != group:
+            raise ScorerRequestError(f"group {group!r} is not contiguous in the shard (row {index})", kind="bad_input")
+        if group is not None:
+            seen.add(group)
+    micros: list[list[T]] = []
+    start = 0
+    while start < len(items):
+        end = min(start + micro_size, len(items))
+        last = group_of(items[end - 1])
+        while end < len(items) and last is not None and group_of(items[end]) == last:
+            end += 1
+        micros.append(list(items[start:end]))
+        start = end
+    return micros
+
+
+class OverlappedScoring:
+    """Submit each micro's items as they are generated; collect the responses in micro order.
+
+    Use as a context manager: leaving it early (an exception, Ctrl-C) cancels what was not sent.
+    """
+
+    def __init__(self, backend: RewardBackend, group_size: int | None = None) -> None:
+        self.backend = backend
+        self.group_size = group_size
+        self._futures: list[Future[RewardResponse]] = []
+
+    def add(self, items: Sequence[RewardItem]) -> None:
+        """A micro boundary: raise a failure already known, then submit this micro."""
+        self.raise_if_failed()
+        self._futures.append(self.backend.submit(RewardRequest(items=list(items), group_size=self.group_size)))
+
+    def raise_if_failed(self) -> None:
+        for index, future in enumerate(self._futures):
+            if future.done() and future.exception() is not None:
+                error = future.exception()
+                assert error is not None
+                error.add_note(f"while scoring micro-batch {index}")
+                raise error
+
+    def results(self) -> list[RewardResponse]:
+        """Every micro's response, in micro order (waits for them; the first failure raises)."""
+        return [future.result() for future in self._futures]
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for future in self._futures:
+            future.cancel()  # only what still waits: a request in flight ends with its own deadline
+
+
+def score_while_generating(
+    backend: RewardBackend,
+    micros: Sequence[T],
+    generate: Callable[[T], Sequence[RewardItem]],
+    group_size: int | None = None,
+) -> list[RewardResponse]:
+    """Generate micro i+1 while micro i is scored; return the responses in micro order."""
+    with OverlappedScoring(backend, group_size) as stack:
+        for micro in micros:
+            stack.add(generate(micro))
+        return stack.results()

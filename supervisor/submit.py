@@ -1,0 +1,88 @@
+"""Non-blocking scoring: a backend's submissions, in a bounded queue, one in flight at a time.
+
+One worker thread per backend takes submissions in order and calls the backend's own
+`compute_rewards`, so a request's deadline starts when it is sent (its service time,
+not its queue time), a managed child serves one request at a time, and when a child dies
+only the request in flight fails: the queued ones (never sent) go to the restarted child.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from supervisor.errors import BackendNotOwned, ScorerError, ScorerUnavailable
+
+DEFAULT_MAX_PENDING = 64
+_STOP = object()
+
+
+class SubmissionQueueFull(ScorerError):
+    """More submissions are waiting than the backend's bound: the trainer outpaces the scorer."""
+
+
+class Submitter:
+    """The worker behind `RewardBackend.submit`: started on first use, stopped by the backend's close()."""
+
+    def __init__(self, call: Callable[[Any], Any], name: str, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+        self._call = call
+        self._name = name
+        self._owner_pid = os.getpid()
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
+        self._lock = threading.Lock()
+        self._closed = False
+        # daemon: a trainer that exits (Ctrl-C) never waits here; its backends' close() ends the calls
+        self._thread = threading.Thread(target=self._run, name=f"submit-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: Any) -> Future[Any]:
+        if os.getpid() != self._owner_pid:
+            raise BackendNotOwned(f"submissions to {self._name} belong to pid {self._owner_pid}; this is a fork of it")
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._closed:
+                raise ScorerUnavailable(f"{self._name} is closed: nothing more can be submitted")
+            try:
+                self._queue.put_nowait((request, future))
+            except queue.Full:
+                raise SubmissionQueueFull(
+                    f"{self._name}: {self._queue.maxsize} submissions are already waiting; collect some results first"
+                ) from None
+        return future
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    def _run(self) -> None:
+        while True:
+            entry = self._queue.get()
+            if entry is _STOP:
+                return
+            request, future = entry
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled while it waited: never sent
+            try:
+                future.set_result(self._call(request))
+            except BaseException as exc:  # noqa: BLE001 - the caller gets it from its own future
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        """Fail what still waits (never sent) and stop the worker; the call in flight ends with the
+        backend's own close (its child is stopped)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        while True:
+            try:
+                entry = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if entry is not _STOP and entry[1].set_running_or_notify_cancel():
+                entry[1].set_exception(ScorerUnavailable(f"{self._name} was closed before this request was sent"))
+        self._queue.put(_STOP)
