@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import jpeg_json_peer, math_throughput, panel
+from bench import jpeg_json_peer, math_throughput, overlap, panel
 from bench.handles import client_of, pid_of
 from bench.workloads import WORKLOADS
 from child_runtime import wire
@@ -305,6 +305,7 @@ LINES: list[Callable[[], str]] = [
     lambda: bench_env_batch("embed", "embed", 15),
     lambda: bench_env_batch("ocr", "ocr", 5),
     panel.main_line,
+    overlap.main_line,
     *[lambda env=env: bench_cold_start(env) for env in ("image", "math", "embed", "ocr")],
     bench_shutdown,
 ]

@@ -26,6 +26,13 @@ def test_bench_panel_line_runs(math_python):
 
 
 @pytest.mark.slow
+def test_bench_overlap_line_runs(math_python):
+    from bench import overlap
+
+    assert "hidden" in overlap.main_line(rounds=1)
+
+
+@pytest.mark.slow
 def test_every_hardening_scenario_runs(image_python):
     from bench.hardening import SCENARIOS
 
