@@ -1,0 +1,119 @@
+"""TRL: a reward function object for `GRPOTrainer(reward_funcs=[...])`.
+
+TRL calls reward functions with keywords: `prompts`, `completions` (strings, or chat messages
+in the conversational format), `completion_ids`, and every dataset column (one entry per
+completion), plus `log_metric`. It passes no ids and no group ids: ids are made here; a
+groupwise scorer gets groups rebuilt from TRL's layout (each prompt's `num_generations`
+completions side by side) in a single process, and is refused under several processes,
+where a group can span them (never guessed). TRL has no cleanup hook: the backend is closed
+at interpreter exit unless the caller closes it first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from supervisor.backend import RewardBackend
+from supervisor.errors import ConfigError
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
+
+GOLD_COLUMNS = ("answer", "solution", "ground_truth", "reference", "gold")
+_CALLS = itertools.count()
+
+
+def completion_text(completion: Any) -> str:
+    """A plain completion, or the last message's content in the conversational format."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], dict):
+        content = completion[-1].get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):  # multimodal parts: the text ones
+            return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    raise TypeError(f"a completion must be a string or a list of chat messages, got {type(completion).__name__}")
+
+
+class TRLRewardFunction:
+    """`reward_funcs=[TRLRewardFunction(backend)]`; `.as_async()` gives TRL's async form."""
+
+    def __init__(
+        self,
+        backend: RewardBackend,
+        reference_column: str | None = None,
+        num_generations: int | None = None,
+        name: str | None = None,
+        close_at_exit: bool = True,
+    ) -> None:
+        self.backend = backend
+        self.reference_column = reference_column
+        shape = backend.shape
+        self.groupwise = bool(shape and shape.groupwise)
+        if self.groupwise and num_generations is None:
+            raise ConfigError("a groupwise scorer needs num_generations (TRL passes no group ids)")
+        self.num_generations = num_generations
+        self.__name__ = name or (shape.name if shape else "reward")
+        if close_at_exit:  # idempotent: a backend the caller closed first is left as it is
+            atexit.register(backend.close)
+
+    def _request(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Any]) -> RewardRequest:
+        call = next(_CALLS)
+        column = self.reference_column or next((c for c in GOLD_COLUMNS if c in columns), None)
+        if self.reference_column is not None and column not in columns:
+            raise KeyError(f"TRL passed no dataset column {column!r} (columns: {sorted(columns)})")
+        golds = columns[column] if column is not None else [None] * len(completions)
+        groups: list[str | None] = [None] * len(completions)
+        if self.groupwise:
+            assert self.num_generations is not None
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                raise ConfigError(
+                    "a groupwise scorer under several TRL processes: a group can span processes and TRL passes "
+                    "no group ids; gather groups across ranks (issue 13) or use a pointwise scorer"
+                )
+            if len(completions) % self.num_generations:
+                raise ConfigError(f"{len(completions)} completions are not whole groups of {self.num_generations}")
+            groups = [f"trl{call}-g{i // self.num_generations}" for i in range(len(completions))]
+        items = [
+            RewardItem(
+                id=f"trl{call}-{i}",
+                group_id=groups[i],
+                prompt=completion_text(prompts[i]) if not isinstance(prompts[i], str) else prompts[i],
+                text=completion_text(completions[i]),
+                reference=golds[i],
+            )
+            for i in range(len(completions))
+        ]
+        return RewardRequest(items=items, group_size=self.num_generations if self.groupwise else None)
+
+    def _rewards(self, response: RewardResponse, log_metric: Callable[[str, float], None] | None) -> list[float]:
+        if log_metric is not None:
+            for name, value in response.metrics().items():
+                log_metric(name, value)
+        return list(response.rewards)
+
+    def __call__(
+        self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any = None, **columns: Any
+    ) -> list[float]:
+        log_metric = columns.pop("log_metric", None)
+        columns.pop("trainer_state", None)
+        columns.pop("log_extra", None)
+        return self._rewards(self.backend.compute_rewards(self._request(prompts, completions, columns)), log_metric)
+
+    def as_async(self) -> Callable[..., Coroutine[Any, Any, list[float]]]:
+        """A coroutine function (TRL awaits those together on its event-loop thread)."""
+
+        async def reward(
+            prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any = None, **columns: Any
+        ) -> list[float]:
+            log_metric = columns.pop("log_metric", None)
+            columns.pop("trainer_state", None)
+            columns.pop("log_extra", None)
+            request = self._request(prompts, completions, columns)
+            return self._rewards(await self.backend.compute_rewards_async(request), log_metric)
+
+        reward.__name__ = self.__name__
+        return reward

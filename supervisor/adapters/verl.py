@@ -1,0 +1,81 @@
+"""verl: `compute_score(data_source, solution_str, ground_truth, extra_info)` and the batch form.
+
+verl calls the per-item form once per rollout; the batch form (`BatchRewardManager`) gets
+lists. Both return `{"score": reward, <term>: value, ...}` (verl logs the other keys).
+An item's id comes from `extra_info["index"]` (or `"uid"`) when present.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from supervisor.backend import RewardBackend
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
+
+_IDS = itertools.count()
+
+
+def _item(
+    data_source: str | None, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None
+) -> RewardItem:
+    extra = dict(extra_info or {})
+    key = extra.get("index", extra.get("uid"))
+    item_id = f"verl-{key}-{next(_IDS)}" if key is not None else f"verl-{next(_IDS)}"
+    return RewardItem(id=item_id, text=solution_str, reference=ground_truth, data_source=data_source)
+
+
+def _scores(response: RewardResponse) -> list[dict[str, Any]]:
+    return [
+        {
+            "score": reward,
+            **{name: values[i] for name, values in response.component_rewards.items() if values[i] is not None},
+        }
+        for i, reward in enumerate(response.rewards)
+    ]
+
+
+class VerlComputeScore:
+    """`compute_score` for verl's reward loop (sync) with `compute_score_batch` for the batch manager,
+    and `acompute_score` for an async reward loop (the event loop stays free while it scores)."""
+
+    def __init__(self, backend: RewardBackend) -> None:
+        self.backend = backend
+        self.__name__ = "compute_score"
+
+    def __call__(
+        self,
+        data_source: str | None,
+        solution_str: str,
+        ground_truth: Any,
+        extra_info: Mapping[str, Any] | None = None,
+        **_: Any,
+    ) -> dict[str, Any]:
+        request = RewardRequest(items=[_item(data_source, solution_str, ground_truth, extra_info)])
+        return _scores(self.backend.compute_rewards(request))[0]
+
+    async def acompute_score(
+        self,
+        data_source: str | None,
+        solution_str: str,
+        ground_truth: Any,
+        extra_info: Mapping[str, Any] | None = None,
+        **_: Any,
+    ) -> dict[str, Any]:
+        request = RewardRequest(items=[_item(data_source, solution_str, ground_truth, extra_info)])
+        return _scores(await self.backend.compute_rewards_async(request))[0]
+
+    def compute_score_batch(
+        self,
+        data_sources: Sequence[str | None],
+        solution_strs: Sequence[str],
+        ground_truths: Sequence[Any],
+        extra_infos: Sequence[Mapping[str, Any] | None] | None = None,
+        **_: Any,
+    ) -> list[dict[str, Any]]:
+        extras = extra_infos if extra_infos is not None else [None] * len(solution_strs)
+        if not len(data_sources) == len(solution_strs) == len(ground_truths) == len(extras):
+            raise ValueError("data_sources, solution_strs, ground_truths and extra_infos differ in length")
+        items = [_item(*row) for row in zip(data_sources, solution_strs, ground_truths, extras, strict=True)]
+        return _scores(self.backend.compute_rewards(RewardRequest(items=items)))

@@ -1,0 +1,125 @@
+"""Adapters to the call shapes of TRL, verl and DDPO / flow-GRPO (shared/TRAINERS.md)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from supervisor import ConfigError, LocalRewardBackend, ScorerRequestError
+from supervisor.adapters.ddpo import DDPORewardFn
+from supervisor.adapters.images import to_uint8_hwc
+from supervisor.adapters.trl import TRLRewardFunction, completion_text
+from supervisor.adapters.verl import VerlComputeScore
+
+RNG = np.random.default_rng(0)
+
+
+# -- images -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("output_range, low", [("zero_one", 0.0), ("neg_one_to_one", -1.0)])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_float_images_become_exact_uint8_hwc(output_range, low, layout):
+    unit = RNG.random((3, 8, 6, 3), dtype=np.float32)  # NHWC in [0, 1]
+    images = unit * (1.0 - low) + low
+    if layout == "NCHW":
+        images = images.transpose(0, 3, 1, 2)
+    out = to_uint8_hwc(images, output_range, layout)
+    assert out.dtype == np.uint8 and out.shape == (3, 8, 6, 3)
+    expected = np.floor(((np.clip(unit * (1.0 - low) + low, low, 1.0) - low) * (255.0 / (1.0 - low))) + 0.5)
+    assert np.abs(out.astype(int) - expected.astype(int)).max() <= 1  # fp32 vs this fp64 oracle at .5 ties
+    assert (to_uint8_hwc(out, output_range, "NHWC") == out).all()  # uint8 passes unchanged
+
+
+def test_out_of_range_or_non_finite_images_are_refused_naming_the_image():
+    images = RNG.random((2, 3, 4, 4), dtype=np.float32)
+    images[1, 0, 0, 0] = 1.2
+    with pytest.raises(ScorerRequestError, match=r"image 1 spans .* outside the declared zero_one range"):
+        to_uint8_hwc(images, "zero_one")
+    images[1, 0, 0, 0] = np.nan
+    with pytest.raises(ScorerRequestError, match="image 1 has non-finite values"):
+        to_uint8_hwc(images, "zero_one")
+    with pytest.raises(ScorerRequestError, match="is the layout right"):
+        to_uint8_hwc(RNG.random((2, 8, 8, 3), dtype=np.float32), "zero_one", "NCHW")
+    slight = np.full((1, 3, 2, 2), 1.0005, np.float32)  # a decoder's overshoot within tolerance: clamped
+    assert (to_uint8_hwc(slight, "zero_one") == 255).all()
+
+
+def test_ddpo_reward_fn_scores_float_nchw_through_a_managed_childs_arena(managed, image_python):
+    backend = managed(image_python, "jpeg_compressibility", "image")
+    reward_fn = DDPORewardFn(backend, output_range="zero_one")
+    images = RNG.random((2, 3, 64, 64), dtype=np.float32)
+    rewards, info = reward_fn(images, ["a cat", "a dog"], [{}, {}])
+    assert reward_fn.__name__ == "jpeg_compressibility"
+    with LocalRewardBackend("jpeg_compressibility") as local:
+        expected, _ = DDPORewardFn(local, output_range="zero_one")(images, ["a cat", "a dog"], [{}, {}])
+    assert rewards.tolist() == expected.tolist() and rewards.dtype == np.float32
+    assert info["metrics"]["train/reward/jpeg_compressibility/sample_count"] == 2.0
+
+
+# -- verl -------------------------------------------------------------------------------------------
+def test_verl_compute_score_per_item_async_and_batch():
+    with LocalRewardBackend("exact_match") as backend:
+        compute_score = VerlComputeScore(backend)
+        assert compute_score("gsm8k", "42", "42", {"index": 7}) == {"score": 1.0, "exact_match": 1.0}
+        assert compute_score("gsm8k", "41", "42") == {"score": 0.0, "exact_match": 0.0}
+
+        async def both() -> list[dict]:
+            return list(
+                await asyncio.gather(
+                    compute_score.acompute_score("gsm8k", "42", "42", {}), compute_score.acompute_score("m", "x", "y")
+                )
+            )
+
+        assert [r["score"] for r in asyncio.run(both())] == [1.0, 0.0]
+        batch = compute_score.compute_score_batch(["a", "b"], ["x", "y"], ["x", "z"], [{"index": 0}, {"index": 1}])
+        assert [r["score"] for r in batch] == [1.0, 0.0]
+        with pytest.raises(ValueError, match="differ in length"):
+            compute_score.compute_score_batch(["a"], ["x", "y"], ["x", "z"])
+
+
+# -- TRL --------------------------------------------------------------------------------------------
+def test_completion_text_plain_and_conversational():
+    assert completion_text("plain") == "plain"
+    assert completion_text([{"role": "assistant", "content": "chat"}]) == "chat"
+    parts = [{"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert completion_text(parts) == "ab"
+    with pytest.raises(TypeError):
+        completion_text(42)
+
+
+@pytest.mark.parametrize("conversational", [False, True])
+def test_trl_reward_function_maps_keyword_arguments(conversational):
+    def wrap(text: str):
+        return [{"role": "assistant", "content": text}] if conversational else text
+
+    with LocalRewardBackend("exact_match") as backend:
+        reward = TRLRewardFunction(backend, close_at_exit=False)
+        logged: dict[str, float] = {}
+        rewards = reward(
+            prompts=["q1", "q1", "q2", "q2"],
+            completions=[wrap("4"), wrap("5"), wrap("x"), wrap("x")],
+            completion_ids=[[1], [2], [3], [4]],
+            answer=["4", "4", "x", "y"],
+            trainer_state=None,
+            log_metric=lambda name, value: logged.__setitem__(name, value),
+        )
+        assert rewards == [1.0, 0.0, 1.0, 0.0] and reward.__name__ == "exact_match"
+        assert logged["train/reward/exact_match/sample_count"] == 4.0
+        async_reward = reward.as_async()
+        assert asyncio.iscoroutinefunction(async_reward) and async_reward.__name__ == "exact_match"
+        assert asyncio.run(async_reward(prompts=["q"], completions=[wrap("4")], answer=["4"])) == [1.0]
+
+
+def test_trl_groupwise_scorer_gets_groups_from_trls_layout(monkeypatch):
+    with LocalRewardBackend("pairwise_judge", {"inner": "token_f1"}) as backend:
+        with pytest.raises(ConfigError, match="needs num_generations"):
+            TRLRewardFunction(backend, close_at_exit=False)
+        reward = TRLRewardFunction(backend, num_generations=2, close_at_exit=False)
+        rewards = reward(
+            prompts=["p", "p", "q", "q"], completions=["a b", "a", "c", "d"], solution=["a b"] * 2 + ["c"] * 2
+        )
+        assert rewards == [1.0, 0.0, 1.0, 0.0]
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with pytest.raises(ConfigError, match="a group can span processes"):
+            reward(prompts=["p", "p"], completions=["a", "b"], solution=["a", "a"])
