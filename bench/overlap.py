@@ -14,24 +14,18 @@ import time
 from collections.abc import Callable
 
 from bench.panel import grpo_request
-from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest, micro_batches, score_while_generating
+from supervisor import RewardItem, RewardRequest, micro_batches, score_while_generating
 
 GENERATE_S = 0.25
 MICRO = 32
 
 
 def main_line(rounds: int = 5) -> str:
-    from bench.__main__ import env_python
+    from bench.__main__ import managed  # bench.__main__ imports this module for its line list
 
     request = grpo_request(128, 8)
     micros = micro_batches(request.items, MICRO, lambda item: item.group_id)
-    backend = ManagedScorerProcessBackend(
-        {
-            "process": {"python_executable": env_python("math")},
-            "scorer": {"name": "math_verify", "params": {"jobs": 2}},
-            "client": {"request_batch_size": 64, "group_size": 8},
-        }
-    )
+    backend = managed("math", "math_verify", "text", {"jobs": 2}, group_size=8)
 
     def generate(micro: list[RewardItem]) -> list[RewardItem]:
         time.sleep(GENERATE_S)

@@ -13,22 +13,10 @@ import time
 from collections.abc import Callable
 
 from bench.workloads import math_items
-from supervisor import ManagedScorerProcessBackend, PanelTerm, RewardItem, RewardPanel, RewardRequest
+from supervisor import PanelTerm, RewardItem, RewardPanel, RewardRequest
 from supervisor.backend import RewardBackend
 
 ROUNDS = 7
-
-
-def _managed(env: str, scorer: str, params: dict) -> ManagedScorerProcessBackend:
-    from bench.__main__ import env_python
-
-    return ManagedScorerProcessBackend(
-        {
-            "process": {"python_executable": env_python(env)},
-            "scorer": {"name": scorer, "params": params},
-            "client": {"request_batch_size": 64, "group_size": 8},
-        }
-    )
 
 
 def grpo_request(n: int = 128, group: int = 8) -> RewardRequest:
@@ -48,8 +36,10 @@ def grpo_request(n: int = 128, group: int = 8) -> RewardRequest:
 
 def main_line(rounds: int = ROUNDS) -> str:
     request = grpo_request()
-    math = _managed("math", "math_verify", {"jobs": 1})
-    embed = _managed("embed", "text_similarity", {})
+    from bench.__main__ import managed  # bench.__main__ imports this module for its line list
+
+    math = managed("math", "math_verify", "text", {"jobs": 1}, group_size=8)
+    embed = managed("embed", "text_similarity", "text", {}, group_size=8)
     backends: list[RewardBackend] = [math, embed]
     try:
         panel = RewardPanel(

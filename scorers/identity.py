@@ -24,7 +24,8 @@ def digest(document: Any) -> str:
     return hashlib.sha256(canonical_json(document)).hexdigest()
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """The value if JSON can carry it, else its repr (an identity must always be computable)."""
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
@@ -37,15 +38,15 @@ def effective_params(cls: Callable[..., Any], params: Mapping[str, Any]) -> dict
     try:
         bound = inspect.signature(cls).bind(**params)
     except (TypeError, ValueError):
-        return {key: _jsonable(value) for key, value in params.items()}
+        return {key: jsonable(value) for key, value in params.items()}
     bound.apply_defaults()
     effective: dict[str, Any] = {}
     for name, value in bound.arguments.items():
         kind = inspect.signature(cls).parameters[name].kind
         if kind is inspect.Parameter.VAR_KEYWORD:
-            effective.update({key: _jsonable(item) for key, item in value.items()})
+            effective.update({key: jsonable(item) for key, item in value.items()})
         elif kind is not inspect.Parameter.VAR_POSITIONAL:
-            effective[name] = _jsonable(value)
+            effective[name] = jsonable(value)
     return effective
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from scorers.base import ScoreItem, Scorer, ScorerContractError, ScoreResult, ScorerSpec
 from scorers.groups import GroupContext
-from scorers.identity import effective_params
+from scorers.identity import jsonable
 
 CandidateFn = Callable[..., float | Mapping[str, float]]
 
@@ -93,4 +93,4 @@ def _fn_defaults(signature: inspect.Signature, params: Mapping[str, Any]) -> dic
         for name, p in list(signature.parameters.items())[2:]
         if p.default is not inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_KEYWORD
     }
-    return effective_params(lambda **kw: None, {**defaults, **params})
+    return {name: jsonable(value) for name, value in {**defaults, **params}.items()}

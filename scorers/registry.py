@@ -42,7 +42,8 @@ def registered_names() -> list[str]:
     return sorted(BUILTINS)
 
 
-def _import(path: str, what: str, error: type[LookupError]) -> Any:
+def import_dotted(path: str, what: str, error: type[Exception]) -> Any:
+    """The object at `module:attr` (or `module.attr`); any failure is `error`, naming `what`."""
     module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
     if not module_name or not attr:
         raise error(f"{what}: {path!r} is not a dotted path like 'my_pkg.module:Name'")
@@ -60,7 +61,7 @@ def load_catalog(path: str | None) -> dict[str, str | type[Scorer]]:
     """The custom entries of the catalog factory at `path` (none when `path` is None)."""
     if path is None:
         return {}
-    factory = _import(path, f"catalog {path!r}", CatalogError)
+    factory = import_dotted(path, f"catalog {path!r}", CatalogError)
     if not callable(factory):
         raise CatalogError(f"catalog {path!r} is not a zero-argument factory")
     try:
@@ -93,7 +94,7 @@ def resolve_scorer(name: str, catalog: str | None = None) -> type[Scorer]:
                 "or give a dotted path like 'my_pkg.rewards:MyScorer'"
             )
         entry = name
-    cls = _import(entry, f"scorer {name!r}", UnknownScorerError) if isinstance(entry, str) else entry
+    cls = import_dotted(entry, f"scorer {name!r}", UnknownScorerError) if isinstance(entry, str) else entry
     if not (isinstance(cls, type) and issubclass(cls, Scorer)):
         raise UnknownScorerError(f"scorer {name!r}: {entry!r} is not a Scorer subclass")
     return cls

@@ -8,9 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, score_checked
-from scorers.identity import scorer_document
-from scorers.registry import resolve_scorer
+from scorers.base import ScoreInputError, ScoreItem, ScoreResult, ScorerSpec, score_checked
+from scorers.wrapping import WrappingScorer
 
 REDUCTIONS: dict[str, Callable[[np.ndarray], Any]] = {"mean": np.mean, "min": np.min, "max": np.max}
 
@@ -25,7 +24,7 @@ def frame_indices(num_frames: int, frames: int | None, stride: int | None) -> li
     return sorted(set(picks.tolist()))
 
 
-class VideoScorer(Scorer):
+class VideoScorer(WrappingScorer):
     """Wraps an image scorer by name; its spec (env, offload support) follows the inner one."""
 
     spec = ScorerSpec(
@@ -47,7 +46,7 @@ class VideoScorer(Scorer):
                 raise ValueError(f"video: {name} must be a positive int, got {value!r}")
         if reduce not in REDUCTIONS:
             raise ValueError(f"video: reduce must be one of {sorted(REDUCTIONS)}, got {reduce!r}")
-        self.inner = resolve_scorer(inner)(**dict(inner_params or {}))
+        super().__init__(inner, inner_params)
         if self.inner.spec.input_kind != "image":
             raise ValueError(f"video: inner scorer {inner!r} takes {self.inner.spec.input_kind!r}, not 'image'")
         if len(self.inner.spec.term_names()) != 1:  # reducing one term would silently drop the others
@@ -59,32 +58,14 @@ class VideoScorer(Scorer):
         self.reduce = reduce
         inner_spec = self.inner.spec
         extra = tuple(f for f in inner_spec.required_fields if f != "image")
-        self.spec = ScorerSpec(
+        self.spec = self.wrapped_spec(
             name="video",
+            revision_prefix="video",
             input_kind="video",
             required_fields=("video", *extra),
             terms=("video",),
-            revision=f"video[{inner_spec.name}@{inner_spec.revision}]",
-            env=inner_spec.env,
-            supports_offload=inner_spec.supports_offload,
-            report_packages=inner_spec.report_packages,
-            writable_inputs=inner_spec.writable_inputs,
             diagnostics=("frames_scored",),
-            identity={"inner": scorer_document(self.inner, dict(inner_params or {}))},
-            requires_modules=inner_spec.requires_modules,
         )
-
-    def load(self, device: str = "cpu") -> None:
-        self.inner.load(device)
-
-    def onload(self) -> dict[str, Any]:
-        return self.inner.onload()
-
-    def offload(self) -> dict[str, Any]:
-        return self.inner.offload()
-
-    def close(self) -> None:
-        self.inner.close()
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         frame_items, owners = [], []

@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, field_validator, model_validator
 
+from scorers.diagnostics import NAME as METRIC_NAME
+
 InputKind = Literal["text", "image", "image_edit", "video"]
 # What decides the child's import path: set only by managed-scorers (see supervisor.import_root).
 RESERVED_ENV = frozenset(
@@ -229,7 +231,7 @@ class TermConfig(_Model):
     terms; None: its reward), a weight (a number or `{data_source: weight}`, "*" for the
     rest), whether its failure is fatal, and the datasets it applies to (None: all)."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # a metric path segment
+    name: str = Field(pattern=METRIC_NAME.pattern)  # a metric path segment, as the panel checks it
     backend: BackendConfig
     weight: float | dict[str, float] = 1.0
     required: bool = True

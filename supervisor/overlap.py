@@ -62,9 +62,8 @@ class OverlappedScoring:
 
     def raise_if_failed(self) -> None:
         for index, future in enumerate(self._futures):
-            if future.done() and future.exception() is not None:
-                error = future.exception()
-                assert error is not None
+            error = future.exception() if future.done() else None
+            if error is not None:
                 error.add_note(f"while scoring micro-batch {index}")
                 raise error
 

@@ -14,7 +14,6 @@ shared by every term and panel through one `BackendPool`).
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from scorers.registry import import_dotted
 from supervisor.backend import RewardBackend
 from supervisor.config import (
     LocalBackendConfig,
@@ -60,14 +60,6 @@ def _read(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _import_target(path: str) -> Any:
-    module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"_target_ {path!r} cannot be imported: {exc}") from exc
-
-
 def instantiate(node: Any) -> Any:
     """Hydra's `_target_` convention, depth first (what `hydra.utils.instantiate` builds too), for
     config classes only (pydantic models): parsing a recipe never runs anything else."""
@@ -75,7 +67,7 @@ def instantiate(node: Any) -> Any:
         values = {key: instantiate(value) for key, value in node.items() if key != TARGET}
         if TARGET not in node:
             return values
-        target = _import_target(str(node[TARGET]))
+        target = import_dotted(str(node[TARGET]), f"_target_ {node[TARGET]!r}", ConfigError)
         if not (isinstance(target, type) and issubclass(target, BaseModel)):
             raise ConfigError(
                 f"_target_ {node[TARGET]!r} is not a config class; a recipe builds supervisor.PanelConfig, "
