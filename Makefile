@@ -4,10 +4,12 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 VPY := $(VENV)/bin/python
-ENVS := math image embed ocr
+SCORER_ENVS := math image embed ocr
+# trainer envs: the GRPO test trains in envs/trl (TRL + torch CPU + this project)
+ENVS := $(SCORER_ENVS) trl
 PYTEST_ARGS ?=
 
-.PHONY: install envs demo test test-fast lint bench bench-peers gpu-check clean $(addprefix env-,$(ENVS))
+.PHONY: install envs scorer-envs demo test test-fast lint bench bench-peers gpu-check clean $(addprefix env-,$(ENVS))
 
 install: $(VENV)/.installed
 
@@ -23,7 +25,9 @@ $(addprefix env-,$(ENVS)): env-%:
 
 envs: $(addprefix env-,$(ENVS))
 
-demo: install envs
+scorer-envs: $(addprefix env-,$(SCORER_ENVS))
+
+demo: install scorer-envs
 	$(VPY) -m supervisor.demo
 
 test: install envs lint
@@ -37,7 +41,7 @@ lint: install
 test-fast: install envs
 	$(VPY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
-bench: install envs
+bench: install scorer-envs
 	$(VPY) -m bench
 
 bench-peers: install env-image

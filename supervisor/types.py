@@ -12,12 +12,15 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, m
 from child_runtime.items import check_media
 from scorers.base import is_length_verdict
 from scorers.diagnostics import to_metrics
+from supervisor.tensors import numpy_view
 
 
 def _as_image(value: Any) -> np.ndarray | None:
-    """Accept a uint8 HWC ndarray or anything with `__array_interface__` (a PIL image)."""
+    """Accept a uint8 HWC ndarray, a torch CPU tensor (viewed, not copied) or anything with
+    `__array_interface__` (a PIL image)."""
     if value is None:
         return None
+    value = numpy_view(value)
     if not isinstance(value, np.ndarray):
         if not hasattr(value, "__array_interface__"):
             raise ValueError(f"image must be a uint8 ndarray or a PIL image, got {type(value).__name__}")
@@ -28,7 +31,7 @@ def _as_image(value: Any) -> np.ndarray | None:
 
 
 def _as_video(value: Any) -> np.ndarray | None:
-    return None if value is None else check_media(value, "video", "item")
+    return None if value is None else check_media(numpy_view(value), "video", "item")
 
 
 Image = Annotated[Any, BeforeValidator(_as_image)]
@@ -48,7 +51,7 @@ def _as_videos(value: Any) -> tuple[np.ndarray, ...]:
         return ()
     if not isinstance(value, (list, tuple)):
         raise ValueError("condition_videos must be a list of videos (nested per item)")
-    return tuple(check_media(video, "video", "condition_videos") for video in value)
+    return tuple(check_media(numpy_view(video), "video", "condition_videos") for video in value)
 
 
 Images = Annotated[Any, BeforeValidator(_as_images)]

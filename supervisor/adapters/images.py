@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from supervisor.errors import ScorerRequestError
+from supervisor.tensors import numpy_view
 
 OutputRange = Literal["zero_one", "neg_one_to_one"]
 Layout = Literal["NCHW", "NHWC"]
@@ -24,16 +25,15 @@ RANGES: dict[str, tuple[float, float]] = {"zero_one": (0.0, 1.0), "neg_one_to_on
 
 def as_numpy(value: Any) -> np.ndarray:
     """A numpy view of an array or a torch CPU tensor (no copy); anything else is refused."""
-    if isinstance(value, np.ndarray):
-        return value
-    module = type(value).__module__
-    if module.startswith("torch"):
-        if getattr(value, "device", None) is not None and value.device.type != "cpu":
-            raise ScorerRequestError(f"images on {value.device} must be moved to the CPU first", kind="bad_input")
-        return value.detach().numpy()  # shares the tensor's memory
-    raise ScorerRequestError(
-        f"images must be a numpy array or a torch tensor, got {type(value).__name__}", kind="bad_input"
-    )
+    try:
+        array = numpy_view(value)
+    except ValueError as exc:
+        raise ScorerRequestError(f"images: {exc}", kind="bad_input") from exc
+    if not isinstance(array, np.ndarray):
+        raise ScorerRequestError(
+            f"images must be a numpy array or a torch tensor, got {type(value).__name__}", kind="bad_input"
+        )
+    return array
 
 
 def to_uint8_hwc(

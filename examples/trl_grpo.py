@@ -1,0 +1,177 @@
+"""GRPO with TRL, rewarded by `math_verify` in its own managed child (envs/math, antlr 4.13.2).
+
+Fully offline: a tiny random-weight Llama built from a config and a word-level tokenizer
+trained on the fly. Run it from the trainer env `make env-trl` builds:
+
+    envs/trl/.venv/bin/python examples/trl_grpo.py --math-python envs/math/.venv/bin/python
+    envs/trl/.venv/bin/python examples/trl_grpo.py --math-python envs/math/.venv/bin/python --async
+
+A random model never solves a problem, so `--force-every N` appends `\\boxed{gold}` to every
+Nth completion before it is scored (a smoke-test knob; leave it at 0 for a real model).
+`--report FILE` writes what was scored and what the trainer logged, for tests/test_trl_grpo.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing below may reach a model hub
+
+from supervisor import ManagedScorerProcessBackend
+from supervisor.adapters.trl import TRLRewardFunction
+
+PROBLEMS = [(a, b) for a in range(2, 6) for b in range(3, 5)]  # 8 prompts: "what is a + b ?"
+
+
+def build_model_and_tokenizer(seed: int) -> tuple[Any, Any]:
+    """A 2-layer Llama with random weights and a word-level tokenizer trained on the prompts."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    corpus = [f"what is {a} + {b} ? the answer is {a + b} ." for a, b in PROBLEMS] + [str(n) for n in range(20)]
+    tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=["<pad>", "<unk>", "<s>", "</s>"]))
+    hf_tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(hf_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=hf_tokenizer.pad_token_id,
+        bos_token_id=hf_tokenizer.bos_token_id,
+        eos_token_id=hf_tokenizer.eos_token_id,
+    )
+    return LlamaForCausalLM(config), hf_tokenizer
+
+
+def forcing_gold(
+    reward: TRLRewardFunction, every: int, use_async: bool, journal: list[dict[str, Any]]
+) -> Callable[..., Any]:
+    """TRL's reward function (sync or async) with `\\boxed{gold}` appended to every `every`th completion
+    before scoring; each call's scored texts, golds and rewards go to `journal`."""
+    inner: Callable[..., Any] = reward.as_async() if use_async else reward
+
+    def forced(completions: Sequence[str], answer: Sequence[str]) -> list[str]:
+        if not every:
+            return list(completions)
+        return [
+            c + f" \\boxed{{{g}}}" if i % every == 0 else c
+            for i, (c, g) in enumerate(zip(completions, answer, strict=True))
+        ]
+
+    def record(scored: list[str], answer: Sequence[str], rewards: list[float]) -> list[float]:
+        journal.append({"texts": scored, "golds": list(answer), "rewards": rewards})
+        return rewards
+
+    def sync_reward(prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any) -> list[float]:
+        scored = forced(completions, answer)
+        return record(scored, answer, inner(prompts=prompts, completions=scored, answer=answer, **kwargs))
+
+    async def async_reward(prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any) -> Any:
+        scored = forced(completions, answer)
+        return record(scored, answer, await inner(prompts=prompts, completions=scored, answer=answer, **kwargs))
+
+    chosen = async_reward if use_async else sync_reward
+    chosen.__name__ = reward.__name__  # TRL logs rewards/<__name__>
+    return chosen
+
+
+def train(math_python: str, use_async: bool, steps: int, force_every: int, seed: int) -> dict[str, Any]:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    model, tokenizer = build_model_and_tokenizer(seed)
+    dataset = Dataset.from_list([{"prompt": f"what is {a} + {b} ?", "answer": str(a + b)} for a, b in PROBLEMS])
+    backend = ManagedScorerProcessBackend(
+        {
+            "process": {"python_executable": math_python, "request_timeout": 120},
+            "scorer": {"name": "math_verify", "params": {"jobs": 1}},
+        }
+    )
+    # The reward function closes its backend at interpreter exit; `with` closes it sooner.
+    reward = TRLRewardFunction(backend)  # gold from the `answer` column, ids and groups made for TRL
+    scored: list[dict[str, Any]] = []
+    reward_func = forcing_gold(reward, force_every, use_async, scored)
+
+    logged: list[dict[str, Any]] = []
+
+    class PerCompletionLog(TrainerCallback):  # what TRL's completions table shows at each logging step
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            table = trainer._logs  # private, but it is the per-completion record TRL logs
+            logged.append(
+                {
+                    "step": state.global_step,
+                    "mean": (logs or {}).get(f"rewards/{reward.__name__}/mean"),
+                    "rewards": list(table["rewards"][reward.__name__]),
+                }
+            )
+
+    with tempfile.TemporaryDirectory() as out, backend:
+        config = GRPOConfig(
+            output_dir=out,
+            max_steps=steps,
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_completion_length=12,
+            learning_rate=1e-3,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            seed=seed,
+            disable_tqdm=True,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[reward_func],
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[PerCompletionLog()],
+        )
+        trainer.train()
+        child_pids = [backend.pid] if backend.pid is not None else []
+    return {
+        "mode": "async" if use_async else "sync",
+        "name": reward.__name__,
+        "scored": scored,
+        "logged": logged,
+        "child_pids": child_pids,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--math-python", required=True, help="python of the math scorer env (envs/math)")
+    parser.add_argument("--async", dest="use_async", action="store_true", help="TRL's async reward function form")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--force-every", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--report", type=Path)
+    args = parser.parse_args(argv)
+    report = train(args.math_python, args.use_async, args.steps, args.force_every, args.seed)
+    rewards = [r for call in report["scored"] for r in call["rewards"]]
+    print(
+        f"{report['mode']}: {len(report['scored'])} reward calls, {len(rewards)} rewards, mean {sum(rewards) / len(rewards):.3f}"
+    )
+    if args.report:
+        args.report.write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
