@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import jpeg_json_peer, math_throughput, overlap, panel
+from bench import jpeg_json_peer, math_throughput, overlap, panel, verl_coalesce
 from bench.handles import client_of, pid_of
 from bench.workloads import WORKLOADS
 from child_runtime import wire
@@ -306,6 +306,7 @@ LINES: list[Callable[[], str]] = [
     lambda: bench_env_batch("ocr", "ocr", 5),
     panel.main_line,
     overlap.main_line,
+    verl_coalesce.main_line,
     *[lambda env=env: bench_cold_start(env) for env in ("image", "math", "embed", "ocr")],
     bench_shutdown,
 ]

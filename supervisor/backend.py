@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -16,7 +17,7 @@ from scorers.diagnostics import merge_reports, report
 from scorers.groups import GroupInputError, pack_chunks, partition
 from supervisor.errors import ConfigError, RewardContractError, ScorerRequestError, ScorerUnavailable
 from supervisor.segment import HeapArena, SharedArena
-from supervisor.submit import DEFAULT_MAX_PENDING, Submitter
+from supervisor.submit import DEFAULT_MAX_PENDING, SubmissionQueueFull, Submitter
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 _SUBMITTER_LOCK = threading.Lock()
@@ -56,6 +57,7 @@ class RewardBackend(ABC):
 
     shape: ScorerShape | None = None  # the scorer behind it, once known (None for a panel)
     max_pending: int = DEFAULT_MAX_PENDING  # submissions that may wait (see supervisor.submit)
+    max_queue_wait_s: float = 600.0  # how long compute_rewards_async waits for room in that queue
     _submitter: Submitter | None = None
     _submissions_closed = False
 
@@ -71,8 +73,23 @@ class RewardBackend(ABC):
         return submitter.submit(request)
 
     async def compute_rewards_async(self, request: RewardRequest) -> RewardResponse:
-        """`compute_rewards` for a coroutine: the event loop is free while the request is scored."""
-        return await asyncio.wrap_future(self.submit(request))
+        """`compute_rewards` for a coroutine: the event loop is free while the request is scored.
+
+        When `max_pending` submissions already wait, the coroutine waits for room (up to
+        `max_queue_wait_s`) instead of failing: a loop of per-item tasks (verl's) is
+        backpressure, not an error. `submit()` itself never waits."""
+        deadline = time.monotonic() + self.max_queue_wait_s
+        delay = 0.001
+        while True:
+            try:
+                future = self.submit(request)
+                break
+            except SubmissionQueueFull:
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 0.05)
+        return await asyncio.wrap_future(future)
 
     def _stop_submissions(self) -> None:
         """Called first by every close(): what waits fails, nothing new is accepted."""

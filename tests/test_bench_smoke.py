@@ -33,6 +33,13 @@ def test_bench_overlap_line_runs(math_python):
 
 
 @pytest.mark.slow
+def test_bench_verl_coalesce_line_runs(math_python):
+    from bench import verl_coalesce
+
+    assert "ratio" in verl_coalesce.main_line(rounds=1, n=32)
+
+
+@pytest.mark.slow
 def test_every_hardening_scenario_runs(image_python):
     from bench.hardening import SCENARIOS
 

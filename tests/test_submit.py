@@ -86,6 +86,28 @@ def test_async_form_scores_concurrent_coroutines(managed, trainer_python):
     assert asyncio.run(main()) == [[float(n)] for n in range(4)]
 
 
+def test_async_callers_wait_for_room_in_a_full_queue_within_their_bound(managed, trainer_python):
+    backend = managed(trainer_python, PROBE)
+    backend.max_pending = 2
+
+    async def burst(n: int) -> list[list[float]]:
+        responses = await asyncio.gather(*(backend.compute_rewards_async(texts(f"q{k}", "a" * k)) for k in range(n)))
+        return [r.rewards for r in responses]
+
+    assert asyncio.run(burst(12)) == [[float(k)] for k in range(12)]  # 12 callers through a queue of 2
+
+    slow = managed(trainer_python, PROBE, params={"sleep_s": 1.0})
+    slow.max_pending, slow.max_queue_wait_s = 1, 0.2
+
+    async def overflow() -> list:
+        calls = [slow.compute_rewards_async(texts(f"s{k}", "x")) for k in range(3)]
+        return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    results = asyncio.run(overflow())  # one in flight, one waiting, the third gives up after 0.2 s
+    assert [type(r).__name__ for r in results].count("SubmissionQueueFull") == 1, results
+    assert [r.rewards for r in results if not isinstance(r, Exception)] == [[1.0], [1.0]]
+
+
 def test_a_panel_submits_too():
     with RewardPanel(
         [PanelTerm("len", LocalRewardBackend(PROBE)), PanelTerm("one", LocalRewardBackend("constant"), weight=2.0)]

@@ -2,7 +2,9 @@
 
 verl calls the per-item form once per rollout; the batch form (`BatchRewardManager`) gets
 lists. Both return `{"score": reward, <term>: value, ...}` (verl logs the other keys).
-An item's id comes from `extra_info["index"]` (or `"uid"`) when present.
+An item's id comes from `extra_info["index"]` (or `"uid"`) when present. The async form
+coalesces the per-item tasks verl's reward loop makes into one request (`max_batch`,
+`max_wait_s`; `coalesce=False` sends one request per item).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from supervisor.backend import RewardBackend
+from supervisor.coalesce import Coalescer
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 _IDS = itertools.count()
@@ -40,9 +43,17 @@ class VerlComputeScore:
     """`compute_score` for verl's reward loop (sync) with `compute_score_batch` for the batch manager,
     and `acompute_score` for an async reward loop (the event loop stays free while it scores)."""
 
-    def __init__(self, backend: RewardBackend) -> None:
+    def __init__(
+        self, backend: RewardBackend, coalesce: bool = True, max_batch: int = 256, max_wait_s: float = 0.005
+    ) -> None:
         self.backend = backend
         self.__name__ = "compute_score"
+        self.coalescer: Coalescer[RewardItem, dict[str, Any]] | None = (
+            Coalescer(self._score_async, max_batch, max_wait_s) if coalesce else None
+        )
+
+    async def _score_async(self, items: list[RewardItem]) -> list[dict[str, Any]]:
+        return _scores(await self.backend.compute_rewards_async(RewardRequest(items=items)))
 
     def __call__(
         self,
@@ -63,8 +74,10 @@ class VerlComputeScore:
         extra_info: Mapping[str, Any] | None = None,
         **_: Any,
     ) -> dict[str, Any]:
-        request = RewardRequest(items=[_item(data_source, solution_str, ground_truth, extra_info)])
-        return _scores(await self.backend.compute_rewards_async(request))[0]
+        item = _item(data_source, solution_str, ground_truth, extra_info)
+        if self.coalescer is not None:
+            return await self.coalescer(item)
+        return (await self._score_async([item]))[0]
 
     def compute_score_batch(
         self,
