@@ -64,6 +64,7 @@ class RewardBackend(ABC):
     def submit(self, request: RewardRequest) -> Future[RewardResponse]:
         """Queue `request` and return at once; the future holds its response or its typed error.
         Requests are sent one at a time, in order: each one's deadline is its own service time."""
+        self._check_owner()  # in a fork: raise here, not later on the future
         with _SUBMITTER_LOCK:
             if self._submissions_closed:
                 raise ScorerUnavailable(f"{type(self).__name__} is closed: nothing more can be submitted")
@@ -90,6 +91,11 @@ class RewardBackend(ABC):
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 0.05)
         return await asyncio.wrap_future(future)
+
+    def _check_owner(self) -> None:
+        """Raise BackendNotOwned in a process that may not use this backend (a fork of its owner).
+        An in-process or remote backend has no child to protect: any process may use it."""
+        return None
 
     def _stop_submissions(self) -> None:
         """Called first by every close(): what waits fails, nothing new is accepted."""

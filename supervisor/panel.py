@@ -301,6 +301,10 @@ class RewardPanel(RewardBackend):
             else:  # a panel inside a panel: its terms' reports, named under this term
                 diagnostics.update({f"{term.name}.{inner}": rep for inner, rep in reports.items()})
 
+    def _check_owner(self) -> None:
+        for term in self.terms:
+            term.backend._check_owner()
+
     def onload(self) -> dict[str, Any]:
         return {str(i): backend.onload() for i, backend in enumerate(self.backends)}
 

@@ -28,6 +28,11 @@ def in_the_fork(backend: ManagedScorerProcessBackend, report: int, call: bool) -
             seen = "scored"
         except BackendNotOwned as exc:
             seen = str(exc)
+        try:  # the non-blocking form refuses at once too, not later on its future
+            backend.submit(REQUEST)
+            seen += " | submitted"
+        except BackendNotOwned as exc:
+            seen += " | submit: " + str(exc)
         backend.close()
     del backend
     gc.collect()

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from supervisor import ConfigError, LocalRewardBackend, ScorerRequestError
+from supervisor import ConfigError, LocalRewardBackend, RewardItem, RewardRequest, ScorerRequestError
 from supervisor.adapters.ddpo import DDPORewardFn
 from supervisor.adapters.images import to_uint8_hwc
 from supervisor.adapters.trl import TRLRewardFunction, completion_text
@@ -57,7 +57,30 @@ def test_ddpo_reward_fn_scores_float_nchw_through_a_managed_childs_arena(managed
     assert info["metrics"]["train/reward/jpeg_compressibility/sample_count"] == 2.0
 
 
+def test_flow_grpo_style_returns_each_term_and_the_weighted_avg():
+    images = RNG.random((2, 3, 32, 32), dtype=np.float32)
+    with LocalRewardBackend("jpeg_compressibility") as backend:
+        expected, _ = DDPORewardFn(backend, output_range="zero_one")(images, ["a", "b"], [{}, {}])
+        reward_fn = DDPORewardFn(backend, output_range="zero_one", style="flow_grpo")
+        details, extra = reward_fn(images, ["a", "b"], [{}, {}], only_strict=True)  # flow_grpo's call
+    assert extra == {} and details["avg"] == pytest.approx(expected.tolist())
+    assert details["jpeg_compressibility"] == details["avg"]
+    with pytest.raises(ValueError, match="style"):
+        DDPORewardFn(backend, output_range="zero_one", style="flow")
+
+
 # -- verl -------------------------------------------------------------------------------------------
+def test_verl_omni_solution_image_is_read_as_chw():
+    hwc = (RNG.random((16, 12, 3)) * 255).astype(np.uint8)
+    with LocalRewardBackend("jpeg_compressibility") as backend:
+        compute_score = VerlComputeScore(backend)
+        from_chw = compute_score(data_source="geneval", solution_image=hwc.transpose(2, 0, 1), ground_truth="a cat")
+        expected = backend.compute_rewards(RewardRequest(items=[RewardItem(id="x", image=hwc)])).rewards[0]
+        assert from_chw["score"] == expected
+        with pytest.raises(ScorerRequestError, match="one CHW image"):
+            compute_score(data_source="geneval", solution_image=hwc[None].transpose(0, 3, 1, 2), ground_truth=None)
+
+
 def test_verl_compute_score_per_item_async_and_batch():
     with LocalRewardBackend("exact_match") as backend:
         compute_score = VerlComputeScore(backend)

@@ -32,7 +32,9 @@ def test_a_forked_copy_of_the_trainer_never_acts_on_the_child(trainer_python):
     done = run_script("tests.forking_trainer", str(trainer_python))
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
-    assert f"belongs to pid {report['owner']}" in report["fork_saw"] and "is a fork of it" in report["fork_saw"]
+    called, submitted = report["fork_saw"].split(" | ")
+    assert f"belongs to pid {report['owner']}" in called and "is a fork of it" in called
+    assert submitted.startswith("submit: ") and f"belongs to pid {report['owner']}" in submitted
     assert report["fork_status"] == [0, 0]
     assert report["first"] == report["after"] == [1.0]
     assert report["pid_after"] == report["pid_before"] and report["restarts"] == 0

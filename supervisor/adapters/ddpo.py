@@ -4,13 +4,15 @@ Images arrive as the pipeline produced them (float NCHW in [0, 1] for DDPO and f
 as arrays or torch CPU tensors); the caller declares the range. They are converted once,
 straight into the backend's arena, so a managed child reads them without a further copy.
 The gold for a reward, if any, comes from each item's metadata (`reference_key`).
+`style="flow_grpo"` returns flow-GRPO's shape instead: `({term: [...], "avg": [...]}, {})`,
+and the call accepts flow-GRPO's extra keywords (`only_strict`).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -31,7 +33,11 @@ class DDPORewardFn:
         layout: Layout = "NCHW",
         reference_key: str | None = None,
         name: str | None = None,
+        style: Literal["ddpo", "flow_grpo"] = "ddpo",
     ) -> None:
+        if style not in ("ddpo", "flow_grpo"):
+            raise ValueError(f"style must be 'ddpo' or 'flow_grpo', got {style!r}")
+        self.style = style
         self.backend = backend
         self.output_range = output_range
         self.layout = layout
@@ -39,8 +45,8 @@ class DDPORewardFn:
         self.__name__ = name or (backend.shape.name if backend.shape else "reward")
 
     def __call__(
-        self, images: Any, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
+        self, images: Any, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]] | None = None, **_: Any
+    ) -> tuple[Any, dict[str, Any]]:
         call = next(_CALLS)
         with self.backend.arena() as arena:
             batch = to_uint8_hwc(images, self.output_range, self.layout, allocate=arena.empty)
@@ -56,6 +62,12 @@ class DDPORewardFn:
                 for i in range(len(batch))
             ]
             response = self.backend.compute_rewards(RewardRequest(items=items))
+        if self.style == "flow_grpo":  # the weighted total is "avg"; each term's scores beside it
+            details: dict[str, list[Any]] = {name: list(values) for name, values in response.component_rewards.items()}
+            if "avg" in details:
+                raise ValueError("a term named 'avg' would hide flow-GRPO's weighted total: rename it")
+            details["avg"] = list(response.rewards)
+            return details, {}
         rewards = np.asarray(response.rewards, dtype=np.float32)
         info = {"component_rewards": response.component_rewards, "metrics": response.metrics()}
         return rewards, info

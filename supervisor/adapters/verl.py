@@ -2,7 +2,8 @@
 
 verl calls the per-item form once per rollout; the batch form (`BatchRewardManager`) gets
 lists. Both return `{"score": reward, <term>: value, ...}` (verl logs the other keys).
-An item's id comes from `extra_info["index"]` (or `"uid"`) when present. The async form
+An item's id comes from `extra_info["index"]` (or `"uid"`) when present. verl-omni's visual
+reward manager passes `solution_image` (a uint8 CHW tensor) instead of `solution_str`. The async form
 coalesces the per-item tasks verl's reward loop makes into one request (`max_batch`,
 `max_wait_s`; `coalesce=False` sends one request per item).
 """
@@ -15,18 +16,32 @@ from typing import Any
 
 from supervisor.backend import RewardBackend
 from supervisor.coalesce import Coalescer
+from supervisor.errors import ScorerRequestError
+from supervisor.tensors import numpy_view
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 _IDS = itertools.count()
 
 
 def _item(
-    data_source: str | None, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None
+    data_source: str | None,
+    solution_str: str | None,
+    ground_truth: Any,
+    extra_info: Mapping[str, Any] | None,
+    solution_image: Any = None,
 ) -> RewardItem:
     extra = dict(extra_info or {})
     key = extra.get("index", extra.get("uid"))
     item_id = f"verl-{key}-{next(_IDS)}" if key is not None else f"verl-{next(_IDS)}"
-    return RewardItem(id=item_id, text=solution_str, reference=ground_truth, data_source=data_source)
+    image = None
+    if solution_image is not None:  # verl-omni: one uint8 CHW image (a torch tensor or an array)
+        chw = numpy_view(solution_image)
+        if getattr(chw, "ndim", None) != 3:
+            raise ScorerRequestError(
+                f"solution_image must be one CHW image, got shape {list(getattr(chw, 'shape', []))}", kind="bad_input"
+            )
+        image = chw.transpose(1, 2, 0)
+    return RewardItem(id=item_id, text=solution_str, image=image, reference=ground_truth, data_source=data_source)
 
 
 def _scores(response: RewardResponse) -> list[dict[str, Any]]:
@@ -58,23 +73,25 @@ class VerlComputeScore:
     def __call__(
         self,
         data_source: str | None,
-        solution_str: str,
-        ground_truth: Any,
+        solution_str: str | None = None,
+        ground_truth: Any = None,
         extra_info: Mapping[str, Any] | None = None,
+        solution_image: Any = None,
         **_: Any,
     ) -> dict[str, Any]:
-        request = RewardRequest(items=[_item(data_source, solution_str, ground_truth, extra_info)])
+        request = RewardRequest(items=[_item(data_source, solution_str, ground_truth, extra_info, solution_image)])
         return _scores(self.backend.compute_rewards(request))[0]
 
     async def acompute_score(
         self,
         data_source: str | None,
-        solution_str: str,
-        ground_truth: Any,
+        solution_str: str | None = None,
+        ground_truth: Any = None,
         extra_info: Mapping[str, Any] | None = None,
+        solution_image: Any = None,
         **_: Any,
     ) -> dict[str, Any]:
-        item = _item(data_source, solution_str, ground_truth, extra_info)
+        item = _item(data_source, solution_str, ground_truth, extra_info, solution_image)
         if self.coalescer is not None:
             return await self.coalescer(item)
         return (await self._score_async([item]))[0]

@@ -1,0 +1,69 @@
+"""verl's custom reward function, graded by math_verify in its own managed child (envs/math).
+
+Point verl at this file (verl loads it by path in each reward worker):
+
+    reward:
+      custom_reward_function:
+        path: examples/verl_compute_score.py
+        name: compute_score        # the async reward loop: per-item tasks, coalesced into one request
+        # name: compute_score_sync   for the legacy naive reward manager (one call per item)
+        # name: compute_score_batch  for the batch reward manager (lists)
+
+Each worker process builds its own child on its first call (a backend belongs to the process
+that made it: a forked worker builds a new one, never shares its parent's) and closes it at
+exit. MATH_PYTHON names the math env's python; by default the one beside this checkout.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from supervisor import ManagedScorerProcessBackend
+from supervisor.adapters.verl import VerlComputeScore
+
+DEFAULT_MATH_PYTHON = Path(__file__).resolve().parent.parent / "envs" / "math" / ".venv" / "bin" / "python"
+_LOCK = threading.Lock()
+_BY_PROCESS: dict[int, VerlComputeScore] = {}
+
+
+def scorer() -> VerlComputeScore:
+    """This process's `VerlComputeScore` over its own managed math child (made on first use)."""
+    pid = os.getpid()
+    with _LOCK:
+        if pid not in _BY_PROCESS:
+            backend = ManagedScorerProcessBackend(
+                {
+                    "process": {"python_executable": os.environ.get("MATH_PYTHON", str(DEFAULT_MATH_PYTHON))},
+                    "scorer": {"name": "math_verify", "params": {"jobs": 2, "timeout_s": 10}},
+                }
+            )
+            atexit.register(backend.close)
+            _BY_PROCESS[pid] = VerlComputeScore(backend)
+        return _BY_PROCESS[pid]
+
+
+async def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None = None, **kwargs: Any
+) -> dict[str, Any]:
+    return await scorer().acompute_score(data_source, solution_str, ground_truth, extra_info)
+
+
+def compute_score_sync(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None = None, **kwargs: Any
+) -> dict[str, Any]:
+    return scorer()(data_source, solution_str, ground_truth, extra_info)
+
+
+def compute_score_batch(
+    data_sources: Sequence[str],
+    solution_strs: Sequence[str],
+    ground_truths: Sequence[str],
+    extra_infos: Sequence[Mapping[str, Any] | None] | None = None,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    return scorer().compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos)
