@@ -134,6 +134,19 @@ def test_trl_reward_function_maps_keyword_arguments(conversational):
         assert asyncio.run(async_reward(prompts=["q"], completions=[wrap("4")], answer=["4"])) == [1.0]
 
 
+def test_trl_completion_ids_become_token_counts_and_data_source_passes_through():
+    with LocalRewardBackend("tests.fixture_scorers:EchoFields") as backend:
+        reward = TRLRewardFunction(backend, close_at_exit=False)
+        request = reward._request(["q", "q"], ["a", "b"], [[5, 6, 7], []], {"data_source": ["gsm8k", "math"]})
+        assert [item.completion_tokens for item in request.items] == [3, 0]
+        assert [item.data_source for item in request.items] == ["gsm8k", "math"]
+        response = backend.compute_rewards(request)
+        assert response.component_rewards["tokens"] == [3.0, 0.0]
+        assert response.component_rewards["source_len"] == [5.0, 4.0]
+        with pytest.raises(ValueError, match="1 completion_ids for 2 completions"):
+            reward(prompts=["q", "q"], completions=["a", "b"], completion_ids=[[1]])
+
+
 def test_trl_groupwise_scorer_gets_groups_from_trls_layout(monkeypatch):
     with LocalRewardBackend("pairwise_judge", {"inner": "token_f1"}) as backend:
         with pytest.raises(ConfigError, match="needs num_generations"):

@@ -1,8 +1,9 @@
 """TRL: a reward function object for `GRPOTrainer(reward_funcs=[...])`.
 
 TRL calls reward functions with keywords: `prompts`, `completions` (strings, or chat messages
-in the conversational format), `completion_ids`, and every dataset column (one entry per
-completion), plus `log_metric`. It passes no ids and no group ids: ids are made here; a
+in the conversational format), `completion_ids` (their lengths become `completion_tokens`, for
+overlong shaping), and every dataset column (one entry per completion; `data_source` is
+passed on for per-dataset weights), plus `log_metric`. It passes no ids and no group ids: ids are made here; a
 groupwise scorer gets groups rebuilt from TRL's layout (each prompt's `num_generations`
 completions side by side) in a single process, and is refused under several processes,
 where a group can span them (never guessed). TRL has no cleanup hook: the backend is closed
@@ -60,7 +61,9 @@ class TRLRewardFunction:
         if close_at_exit:  # idempotent: a backend the caller closed first is left as it is
             atexit.register(backend.close)
 
-    def _request(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Any]) -> RewardRequest:
+    def _request(
+        self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any, columns: dict[str, Any]
+    ) -> RewardRequest:
         call = next(_CALLS)
         column = self.reference_column or next((c for c in GOLD_COLUMNS if c in columns), None)
         if self.reference_column is not None and column not in columns:
@@ -77,6 +80,9 @@ class TRLRewardFunction:
             if len(completions) % self.num_generations:
                 raise ConfigError(f"{len(completions)} completions are not whole groups of {self.num_generations}")
             groups = [f"trl{call}-g{i // self.num_generations}" for i in range(len(completions))]
+        if completion_ids is not None and len(completion_ids) != len(completions):
+            raise ValueError(f"{len(completion_ids)} completion_ids for {len(completions)} completions")
+        sources = columns.get("data_source", [None] * len(completions))
         items = [
             RewardItem(
                 id=f"trl{call}-{i}",
@@ -84,6 +90,8 @@ class TRLRewardFunction:
                 prompt=completion_text(prompts[i]) if not isinstance(prompts[i], str) else prompts[i],
                 text=completion_text(completions[i]),
                 reference=golds[i],
+                data_source=sources[i],
+                completion_tokens=len(completion_ids[i]) if completion_ids is not None else None,
             )
             for i in range(len(completions))
         ]
@@ -101,7 +109,9 @@ class TRLRewardFunction:
         log_metric = columns.pop("log_metric", None)
         columns.pop("trainer_state", None)
         columns.pop("log_extra", None)
-        return self._rewards(self.backend.compute_rewards(self._request(prompts, completions, columns)), log_metric)
+        return self._rewards(
+            self.backend.compute_rewards(self._request(prompts, completions, completion_ids, columns)), log_metric
+        )
 
     def as_async(self) -> Callable[..., Coroutine[Any, Any, list[float]]]:
         """A coroutine function (TRL awaits those together on its event-loop thread)."""
@@ -112,7 +122,7 @@ class TRLRewardFunction:
             log_metric = columns.pop("log_metric", None)
             columns.pop("trainer_state", None)
             columns.pop("log_extra", None)
-            request = self._request(prompts, completions, columns)
+            request = self._request(prompts, completions, completion_ids, columns)
             return self._rewards(await self.backend.compute_rewards_async(request), log_metric)
 
         reward.__name__ = self.__name__
