@@ -6,8 +6,9 @@ trained on the fly. Run it from the trainer env `make env-trl` builds:
     envs/trl/.venv/bin/python examples/trl_grpo.py --math-python envs/math/.venv/bin/python
     envs/trl/.venv/bin/python examples/trl_grpo.py --math-python envs/math/.venv/bin/python --async
 
-A random model never solves a problem, so `--force-every N` appends `\\boxed{gold}` to every
-Nth completion before it is scored (a smoke-test knob; leave it at 0 for a real model).
+A random model never solves a problem, so `--force-golds` appends `\\boxed{gold}` to a scattered
+3 in 7 of the completions and a wrong boxed answer to 1 in 7 before they are scored (a
+smoke-test knob, so that no reward can pass for its neighbour's; leave it off for a real model).
 `--report FILE` writes what was scored and what the trainer logged, for tests/test_trl_grpo.py.
 """
 
@@ -58,20 +59,24 @@ def build_model_and_tokenizer(seed: int) -> tuple[Any, Any]:
     return LlamaForCausalLM(config), hf_tokenizer
 
 
-def forcing_gold(
-    reward: TRLRewardFunction, every: int, use_async: bool, journal: list[dict[str, Any]]
+def forcing_golds(
+    reward: TRLRewardFunction, force: bool, use_async: bool, journal: list[dict[str, Any]]
 ) -> Callable[..., Any]:
-    """TRL's reward function (sync or async) with `\\boxed{gold}` appended to every `every`th completion
-    before scoring; each call's scored texts, golds and rewards go to `journal`."""
+    """TRL's reward function (sync or async) that, when `force`, appends `\\boxed{gold}` (or a wrong
+    boxed answer) to scattered completions before scoring; each call's scored texts, golds and
+    rewards go to `journal`."""
     inner: Callable[..., Any] = reward.as_async() if use_async else reward
 
     def forced(completions: Sequence[str], answer: Sequence[str]) -> list[str]:
-        if not every:
+        if not force:
             return list(completions)
-        return [
-            c + f" \\boxed{{{g}}}" if i % every == 0 else c
-            for i, (c, g) in enumerate(zip(completions, answer, strict=True))
-        ]
+        call, out = len(journal), []
+        for i, (text, gold) in enumerate(zip(completions, answer, strict=True)):
+            slot = (5 * i + 3 * call) % 7  # a different scatter in every call
+            out.append(
+                text + (f" \\boxed{{{gold}}}" if slot in (0, 2, 5) else f" \\boxed{{{gold}1}}" if slot == 3 else "")
+            )
+        return out
 
     def record(scored: list[str], answer: Sequence[str], rewards: list[float]) -> list[float]:
         journal.append({"texts": scored, "golds": list(answer), "rewards": rewards})
@@ -90,7 +95,7 @@ def forcing_gold(
     return chosen
 
 
-def train(math_python: str, use_async: bool, steps: int, force_every: int, seed: int) -> dict[str, Any]:
+def train(math_python: str, use_async: bool, steps: int, force_golds: bool, seed: int) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -106,7 +111,7 @@ def train(math_python: str, use_async: bool, steps: int, force_every: int, seed:
     # The reward function closes its backend at interpreter exit; `with` closes it sooner.
     reward = TRLRewardFunction(backend)  # gold from the `answer` column, ids and groups made for TRL
     scored: list[dict[str, Any]] = []
-    reward_func = forcing_gold(reward, force_every, use_async, scored)
+    reward_func = forcing_golds(reward, force_golds, use_async, scored)
 
     logged: list[dict[str, Any]] = []
 
@@ -160,11 +165,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--math-python", required=True, help="python of the math scorer env (envs/math)")
     parser.add_argument("--async", dest="use_async", action="store_true", help="TRL's async reward function form")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--force-every", type=int, default=0)
+    parser.add_argument("--force-golds", action="store_true", help="scatter right and wrong boxed answers")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
-    report = train(args.math_python, args.use_async, args.steps, args.force_every, args.seed)
+    report = train(args.math_python, args.use_async, args.steps, args.force_golds, args.seed)
     rewards = [r for call in report["scored"] for r in call["rewards"]]
     print(
         f"{report['mode']}: {len(report['scored'])} reward calls, {len(rewards)} rewards, mean {sum(rewards) / len(rewards):.3f}"

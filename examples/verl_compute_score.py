@@ -10,12 +10,15 @@ Point verl at this file (verl loads it by path in each reward worker):
         # name: compute_score_batch  for the batch reward manager (lists)
 
 Each worker process builds its own child on its first call (a backend belongs to the process
-that made it: a forked worker builds a new one, never shares its parent's) and closes it at
-exit. MATH_PYTHON names the math env's python; by default the one beside this checkout.
+that made it: a forked worker builds a new one, never shares its parent's), off the event
+loop, and closes it at exit. A child that fails to start fails every call of that process at
+once with the same error (no task waits out another boot). MATH_PYTHON names the math env's
+python; by default the one beside this checkout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import threading
@@ -29,19 +32,26 @@ from supervisor.adapters.verl import VerlComputeScore
 DEFAULT_MATH_PYTHON = Path(__file__).resolve().parent.parent / "envs" / "math" / ".venv" / "bin" / "python"
 _LOCK = threading.Lock()
 _BY_PROCESS: dict[int, VerlComputeScore] = {}
+_FAILED: dict[int, Exception] = {}
 
 
 def scorer() -> VerlComputeScore:
     """This process's `VerlComputeScore` over its own managed math child (made on first use)."""
     pid = os.getpid()
     with _LOCK:
+        if pid in _FAILED:
+            raise _FAILED[pid]
         if pid not in _BY_PROCESS:
-            backend = ManagedScorerProcessBackend(
-                {
-                    "process": {"python_executable": os.environ.get("MATH_PYTHON", str(DEFAULT_MATH_PYTHON))},
-                    "scorer": {"name": "math_verify", "params": {"jobs": 2, "timeout_s": 10}},
-                }
-            )
+            try:
+                backend = ManagedScorerProcessBackend(
+                    {
+                        "process": {"python_executable": os.environ.get("MATH_PYTHON", str(DEFAULT_MATH_PYTHON))},
+                        "scorer": {"name": "math_verify", "params": {"jobs": 2, "timeout_s": 10}},
+                    }
+                )
+            except Exception as exc:
+                _FAILED[pid] = exc
+                raise
             atexit.register(backend.close)
             _BY_PROCESS[pid] = VerlComputeScore(backend)
         return _BY_PROCESS[pid]
@@ -50,7 +60,8 @@ def scorer() -> VerlComputeScore:
 async def compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None = None, **kwargs: Any
 ) -> dict[str, Any]:
-    return await scorer().acompute_score(data_source, solution_str, ground_truth, extra_info)
+    ready = _BY_PROCESS.get(os.getpid()) or await asyncio.to_thread(scorer)  # a boot never blocks the loop
+    return await ready.acompute_score(data_source, solution_str, ground_truth, extra_info)
 
 
 def compute_score_sync(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -21,6 +22,15 @@ from supervisor.submit import DEFAULT_MAX_PENDING, SubmissionQueueFull, Submitte
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 _SUBMITTER_LOCK = threading.Lock()
+
+
+def _fresh_submitter_lock() -> None:
+    """A fork may happen while another thread holds the lock: the child gets a free one."""
+    global _SUBMITTER_LOCK
+    _SUBMITTER_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_submitter_lock)
 # (chunk, group_size) -> (terms, diagnostics): one exchange with the scorer, whatever runs it.
 ChunkScorer = Callable[[Sequence[RewardItem], int | None], tuple[Mapping[str, np.ndarray], Mapping[str, Any]]]
 
@@ -68,7 +78,9 @@ class RewardBackend(ABC):
         with _SUBMITTER_LOCK:
             if self._submissions_closed:
                 raise ScorerUnavailable(f"{type(self).__name__} is closed: nothing more can be submitted")
-            if self._submitter is None:
+            if self._submitter is None or not self._submitter.owned_here():
+                # none yet, or a fork's copy of its parent's (whose worker thread did not fork with it):
+                # a backend any process may use gets a submitter of this process's own
                 self._submitter = Submitter(self.compute_rewards, type(self).__name__, self.max_pending)
             submitter = self._submitter
         return submitter.submit(request)

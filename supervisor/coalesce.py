@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -39,7 +40,7 @@ class Coalescer(Generic[In, Out]):
         self.score_batch = score_batch
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
-        self.batch_sizes: list[int] = []  # what was sent, for tests and metrics
+        self.batch_sizes: deque[int] = deque(maxlen=1024)  # the latest batches sent, for tests and metrics
         self._pending: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pending[In, Out]] = (
             weakref.WeakKeyDictionary()
         )

@@ -54,6 +54,9 @@ class Submitter:
                 ) from None
         return future
 
+    def owned_here(self) -> bool:
+        return os.getpid() == self._owner_pid
+
     @property
     def pending(self) -> int:
         return self._queue.qsize()

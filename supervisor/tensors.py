@@ -24,5 +24,5 @@ def numpy_view(value: Any) -> Any:
         raise ValueError(f"a tensor on {value.device} must be moved to the CPU first (.cpu())")
     try:
         return value.detach().numpy()
-    except TypeError as exc:  # e.g. "Got unsupported ScalarType BFloat16"
+    except (TypeError, RuntimeError) as exc:  # bfloat16 ("unsupported ScalarType"), a conj or neg bit set
         raise ValueError(f"a {value.dtype} tensor has no numpy view ({exc}): convert it first") from exc

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import numpy as np
 import pytest
 
-from supervisor import ConfigError, LocalRewardBackend, RewardItem, RewardRequest, ScorerRequestError
+from supervisor import (
+    ConfigError,
+    LocalRewardBackend,
+    PanelTerm,
+    RewardItem,
+    RewardPanel,
+    RewardRequest,
+    ScorerRequestError,
+)
 from supervisor.adapters.ddpo import DDPORewardFn
 from supervisor.adapters.images import to_uint8_hwc
 from supervisor.adapters.trl import TRLRewardFunction, completion_text
@@ -49,7 +58,9 @@ def test_ddpo_reward_fn_scores_float_nchw_through_a_managed_childs_arena(managed
     backend = managed(image_python, "jpeg_compressibility", "image")
     reward_fn = DDPORewardFn(backend, output_range="zero_one")
     images = RNG.random((2, 3, 64, 64), dtype=np.float32)
+    segment = backend._gen.segment
     rewards, info = reward_fn(images, ["a cat", "a dog"], [{}, {}])
+    assert segment.in_place_bytes == 2 * 64 * 64 * 3 and segment.copied_bytes == 0  # built in the arena, sent in place
     assert reward_fn.__name__ == "jpeg_compressibility"
     with LocalRewardBackend("jpeg_compressibility") as local:
         expected, _ = DDPORewardFn(local, output_range="zero_one")(images, ["a cat", "a dog"], [{}, {}])
@@ -70,6 +81,22 @@ def test_flow_grpo_style_returns_each_term_and_the_weighted_avg():
 
 
 # -- verl -------------------------------------------------------------------------------------------
+def test_verl_dicts_have_the_same_keys_on_every_item_and_a_score_term_is_refused():
+    """verl reads the keys of the first item's dict and indexes every item by them."""
+    terms = [
+        PanelTerm("exact", LocalRewardBackend("exact_match"), weight=2.0),
+        PanelTerm("math_only", LocalRewardBackend("constant"), applicable_datasets=["math"]),
+    ]
+    with RewardPanel(terms) as panel:
+        batch = VerlComputeScore(panel).compute_score_batch(["gsm8k", "math"], ["1", "1"], ["1", "2"])
+    assert [sorted(row) for row in batch] == [["exact", "math_only", "score"]] * 2
+    assert batch[0]["score"] == 2.0 and math.isnan(batch[0]["math_only"])  # not applicable: NaN in the log column
+    assert batch[1] == {"score": 1.0, "exact": 0.0, "math_only": 1.0}
+    with RewardPanel([PanelTerm("score", LocalRewardBackend("exact_match"), weight=2.0)]) as panel:
+        with pytest.raises(ConfigError, match="a term named 'score' would hide the reward"):
+            VerlComputeScore(panel)("gsm8k", "1", "1")
+
+
 def test_verl_omni_solution_image_is_read_as_chw():
     hwc = (RNG.random((16, 12, 3)) * 255).astype(np.uint8)
     with LocalRewardBackend("jpeg_compressibility") as backend:
@@ -159,3 +186,48 @@ def test_trl_groupwise_scorer_gets_groups_from_trls_layout(monkeypatch):
         monkeypatch.setenv("WORLD_SIZE", "2")
         with pytest.raises(ConfigError, match="a group can span processes"):
             reward(prompts=["p", "p"], completions=["a", "b"], solution=["a", "a"])
+
+
+class _Trainer:
+    """Stands for TRL's trainer: `log_metric` is one of its methods, `model.training` its mode."""
+
+    def __init__(self, training: bool) -> None:
+        self.model = type("Model", (), {"training": training})()
+        self.logged: dict[str, float] = {}
+
+    def _log_metric(self, name: str, value: float) -> None:
+        self.logged[name] = value
+
+
+def test_trl_eval_groups_use_num_generations_eval_checked_on_the_whole_prompt():
+    with LocalRewardBackend("pairwise_judge", {"inner": "token_f1"}) as backend:
+        reward = TRLRewardFunction(backend, num_generations=4, num_generations_eval=2, close_at_exit=False)
+        completions, golds = ["a b", "a", "c", "d"], ["a b"] * 2 + ["c"] * 2
+        assert reward(prompts=["p", "p", "q", "q"], completions=completions, solution=golds) == [1.0, 0.0, 1.0, 0.0]
+        with pytest.raises(ConfigError, match="not whole runs of one prompt"):
+            reward(prompts=["p", "p", "q", "p"], completions=completions, solution=golds)
+
+        # conversational prompts that differ only before their last message are different prompts
+        def chat(system: str) -> list[dict]:
+            return [{"role": "system", "content": system}, {"role": "user", "content": "same question"}]
+
+        mixed = [chat("x"), chat("x"), chat("y"), chat("y")]
+        assert reward(prompts=mixed, completions=["a b", "a", "a b", "b"], solution=["a b"] * 4) == [1.0, 0.0, 1.0, 0.0]
+
+        # one prompt in all four rows fits both sizes: the trainer's mode decides, unknown is refused
+        same = ["p"] * 4
+        with pytest.raises(ConfigError, match="fit groups of 4 and of 2"):
+            reward(prompts=same, completions=["a b", "a", "a b", "b"], solution=["a b"] * 4)
+        one_group = reward(
+            prompts=same,
+            completions=["a b", "a", "a b", "b"],
+            solution=["a b"] * 4,
+            log_metric=_Trainer(True)._log_metric,
+        )
+        pairs = reward(
+            prompts=same,
+            completions=["a b", "a", "a b", "b"],
+            solution=["a b"] * 4,
+            log_metric=_Trainer(False)._log_metric,
+        )
+        assert pairs == [1.0, 0.0, 1.0, 0.0] and one_group != pairs

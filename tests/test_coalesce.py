@@ -37,7 +37,7 @@ def test_concurrent_calls_become_one_batch_and_each_gets_its_own_row():
     coalescer = Coalescer(recorder, max_batch=64, max_wait_s=0.05)
     rows = list(range(10))
     assert gather(coalescer, rows) == [f"r{row}" for row in rows]
-    assert recorder.batches == [rows] and coalescer.batch_sizes == [10]
+    assert recorder.batches == [rows] and list(coalescer.batch_sizes) == [10]
 
 
 def test_a_full_batch_is_sent_without_waiting_and_batches_are_bounded():
@@ -84,11 +84,18 @@ def test_a_cancelled_caller_leaves_the_rest_of_its_batch_alone():
 
 def test_callers_on_different_event_loops_never_share_a_batch():
     recorder = Recorder()
-    coalescer = Coalescer(recorder, max_batch=64, max_wait_s=0.05)
+    coalescer = Coalescer(recorder, max_batch=64, max_wait_s=1.0)
     out: dict[int, list] = {}
+    both_waiting = threading.Barrier(2)
+
+    async def rows(base: int) -> list:
+        calls = [asyncio.ensure_future(coalescer(row)) for row in (base, base + 1)]
+        await asyncio.sleep(0)  # both rows are pending in this loop's batch...
+        await asyncio.to_thread(both_waiting.wait, 10)  # ...while the other loop's are pending in its own
+        return list(await asyncio.gather(*calls))
+
     threads = [
-        threading.Thread(target=lambda base=base: out.__setitem__(base, gather(coalescer, [base, base + 1])))
-        for base in (0, 100)
+        threading.Thread(target=lambda base=base: out.__setitem__(base, asyncio.run(rows(base)))) for base in (0, 100)
     ]
     for thread in threads:
         thread.start()
@@ -117,7 +124,7 @@ def test_verl_async_calls_are_coalesced_into_one_request_per_burst(managed, trai
 
     results = asyncio.run(burst(compute_score))
     assert [r["score"] for r in results] == [1.0 if s == "1" else 0.0 for s in solutions]
-    assert compute_score.coalescer is not None and compute_score.coalescer.batch_sizes == [24]
+    assert compute_score.coalescer is not None and list(compute_score.coalescer.batch_sizes) == [24]
     one_each = VerlComputeScore(backend, coalesce=False)
     assert asyncio.run(burst(one_each)) == results and one_each.coalescer is None
 
@@ -132,5 +139,6 @@ def test_verl_coalesced_scorer_failure_reaches_every_caller_of_the_batch():
             return list(await asyncio.gather(*calls, return_exceptions=True))
 
         results = asyncio.run(burst())
-        assert compute_score.coalescer is not None and compute_score.coalescer.batch_sizes == [3]
-        assert all(isinstance(r, Exception) for r in results), results
+        assert compute_score.coalescer is not None and list(compute_score.coalescer.batch_sizes) == [3]
+        assert all(isinstance(r, ScorerRequestError) for r in results), results
+        assert len({id(r) for r in results}) == 1  # the batch's one typed error, handed to each caller

@@ -32,7 +32,7 @@ sync = module.compute_score_sync("math", "\\\\boxed{2}", "2", {"index": 0})
 batch = module.compute_score_batch(["math"] * 3, [t for t, _ in rows[:3]], [g for _, g in rows[:3]])
 scorer = module.scorer()
 print(json.dumps({"per_item": [r["score"] for r in per_item], "sync": sync["score"],
-                  "batch": [r["score"] for r in batch], "batches": scorer.coalescer.batch_sizes,
+                  "batch": [r["score"] for r in batch], "batches": list(scorer.coalescer.batch_sizes),
                   "child": scorer.backend.pid}))
 """
 
@@ -84,3 +84,39 @@ def test_ddpo_example_rewards_smooth_over_noisy_as_in_process(tmp_path):
             assert np.all(np.diff(rewards) < 0), rewards  # more noise, bigger JPEG, lower reward
             expected, _ = reward_fn(sample(seed, 4), ["p"] * 4, [{}] * 4)
             assert rewards == expected.tolist()
+
+
+FAILING_BOOT_DRIVER = """
+import asyncio, importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("custom_module", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+
+async def reward_loop():
+    tasks = [module.compute_score("math", "1", "1", {"index": i}) for i in range(8)]
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+results = asyncio.run(reward_loop())
+print(json.dumps({"errors": sorted({type(r).__name__ for r in results}),
+                  "all_failed": all(isinstance(r, Exception) for r in results)}))
+"""
+
+
+@pytest.mark.slow
+def test_verl_example_fails_every_task_at_once_when_its_child_cannot_start(tmp_path):
+    """A child that cannot boot is one failure for the worker, not one boot attempt per task."""
+    broken, boots = tmp_path / "python", tmp_path / "boots"
+    broken.write_text(f"#!/bin/sh\necho boot >> {boots}\nsleep 1\nexit 3\n")
+    broken.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, "-c", FAILING_BOOT_DRIVER, str(REPO_ROOT / "examples" / "verl_compute_score.py")],
+        cwd=tmp_path,
+        env={**os.environ, "MATH_PYTHON": str(broken)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["all_failed"] and report["errors"] == ["ScorerStartupError"], report
+    assert boots.read_text().splitlines() == ["boot"]  # one boot attempt, not one per task

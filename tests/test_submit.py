@@ -108,6 +108,28 @@ def test_async_callers_wait_for_room_in_a_full_queue_within_their_bound(managed,
     assert [r.rewards for r in results if not isinstance(r, Exception)] == [[1.0], [1.0]]
 
 
+def test_an_in_process_backend_submits_from_a_fork_with_a_submitter_of_its_own():
+    """A local backend may be used in any process: a fork's submit gets its own worker (the parent's
+    thread did not fork with it), never the parent's stale one, never a hang."""
+    with LocalRewardBackend(PROBE) as backend:
+        assert backend.submit(texts("parent", "ab")).result(10).rewards == [2.0]
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the fork: report, then leave without running the parent's at-exit code
+            try:
+                outcome = str(backend.submit(texts("fork", "abc")).result(10).rewards)
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent, which asserts on it
+                outcome = repr(exc)
+            os.write(write_end, outcome.encode())
+            os._exit(0)
+        os.close(write_end)
+        _, status = os.waitpid(pid, 0)
+        outcome = os.read(read_end, 4096).decode()
+        os.close(read_end)
+        assert status == 0 and outcome == "[3.0]", outcome
+        assert backend.submit(texts("parent-again", "a")).result(10).rewards == [1.0]
+
+
 def test_a_panel_submits_too():
     with RewardPanel(
         [PanelTerm("len", LocalRewardBackend(PROBE)), PanelTerm("one", LocalRewardBackend("constant"), weight=2.0)]

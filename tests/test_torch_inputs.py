@@ -17,11 +17,15 @@ EXPECTED = {
     "float zero_one NCHW tensor == array",
     "float neg_one_to_one NHWC tensor == array",
     "uint8 NHWC tensor passes unchanged",
-    "bfloat16 is refused",
+    "bfloat16 images are quantised like their float32 values",
+    "the on-device transform == the numpy one, zero_one NCHW",
+    "the on-device transform == the numpy one, neg_one_to_one NHWC",
+    "a bfloat16 item image is refused",
     "an item's tensor image is a view, not a copy",
     "an item's tensor video is a view",
     "condition images take tensors",
     "DDPO managed child: tensor == in-process array",
+    "DDPO managed child: built in the arena, sent in place",
 }
 
 

@@ -58,8 +58,7 @@ def test_grpo_rewards_equal_an_independent_grade_and_no_scorer_survives(mode, tm
         str(env_python("math")),
         "--steps",
         "3",
-        "--force-every",
-        "2",
+        "--force-golds",
         "--report",
         str(report_path),
     ] + (["--async"] if mode == "async" else [])
@@ -75,7 +74,8 @@ def test_grpo_rewards_equal_an_independent_grade_and_no_scorer_survives(mode, tm
     for call, grade in zip(calls, grades, strict=True):
         assert call["rewards"] == grade, call
     every = [g for grade in grades for g in grade]
-    assert 0.0 in every and 1.0 in every, every  # forced golds make some right; random text the rest
+    assert 0.0 in every and 1.0 in every, every  # scattered golds make some right; random text the rest
+    assert len({tuple(grade) for grade in grades}) == 3  # a different scatter each step: no reward fits a neighbour
 
     steps = [entry for entry in report["logged"] if entry["mean"] is not None]
     assert [entry["step"] for entry in steps] == [1, 2, 3]

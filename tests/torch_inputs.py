@@ -14,7 +14,7 @@ import torch
 
 from supervisor import LocalRewardBackend, ManagedScorerProcessBackend, RewardItem, ScorerRequestError
 from supervisor.adapters.ddpo import DDPORewardFn
-from supervisor.adapters.images import to_uint8_hwc
+from supervisor.adapters.images import _quantise_tensor, to_uint8_hwc
 
 passed: list[str] = []
 
@@ -44,7 +44,28 @@ def main() -> None:
     uint8 = (nchw.permute(0, 2, 3, 1) * 255).to(torch.uint8)
     check("uint8 NHWC tensor passes unchanged", (to_uint8_hwc(uint8, "zero_one", "NHWC") == uint8.numpy()).all())
     check("a tensor that requires grad is read", to_uint8_hwc(nchw.clone().requires_grad_(), "zero_one").shape[0] == 3)
-    check("bfloat16 is refused", refused(lambda: to_uint8_hwc(nchw.bfloat16(), "zero_one"), "convert it first"))
+    bf16 = nchw.bfloat16()
+    check(
+        "bfloat16 images are quantised like their float32 values",
+        (to_uint8_hwc(bf16, "zero_one") == to_uint8_hwc(bf16.float().numpy(), "zero_one")).all(),
+    )
+    ties = torch.arange(0, 511, dtype=torch.float32).reshape(1, 1, 1, 511) / 510  # every .5 boundary
+    for output_range, tensor in (("zero_one", ties), ("neg_one_to_one", ties * 2 - 1)):
+        for layout, laid in (("NCHW", tensor), ("NHWC", tensor.permute(0, 2, 3, 1))):
+            on_device = _quantise_tensor(laid, output_range, layout, 1e-3, lambda shape: np.empty(shape, np.uint8))
+            check(
+                f"the on-device transform == the numpy one, {output_range} {layout}",
+                (on_device == to_uint8_hwc(laid.numpy(), output_range, layout)).all(),
+            )
+    hot = nchw.bfloat16().clone()
+    hot[2, 0, 0, 0] = 1.5
+    check("an out-of-range bfloat16 image is named", refused(lambda: to_uint8_hwc(hot, "zero_one"), "image 2 spans"))
+    hot[2, 0, 0, 0] = float("nan")
+    check("a non-finite bfloat16 image is named", refused(lambda: to_uint8_hwc(hot, "zero_one"), "image 2 has non-"))
+    check(
+        "a bfloat16 item image is refused",
+        refused(lambda: RewardItem(id="x", image=torch.zeros((4, 4, 3), dtype=torch.bfloat16)), "convert it first"),
+    )
     check("a list is refused", refused(lambda: to_uint8_hwc([[0.0]], "zero_one"), "numpy array or a torch tensor"))
 
     image = uint8[0].contiguous()
@@ -71,7 +92,10 @@ def main() -> None:
     }
     with ManagedScorerProcessBackend(spec) as managed:
         rewards, info = DDPORewardFn(managed, output_range="zero_one")(nchw, prompts, metadata)
-    check("DDPO managed child: tensor == in-process array", rewards.tolist() == from_array.tolist(), rewards)
+        segment = managed._gen.segment
+        check("DDPO managed child: tensor == in-process array", rewards.tolist() == from_array.tolist(), rewards)
+        sent = (segment.in_place_bytes, segment.copied_bytes)
+        check("DDPO managed child: built in the arena, sent in place", sent == (3 * 16 * 12 * 3, 0), sent)
     print(json.dumps(passed))
 
 

@@ -63,7 +63,10 @@ class DDPORewardFn:
             ]
             response = self.backend.compute_rewards(RewardRequest(items=items))
         if self.style == "flow_grpo":  # the weighted total is "avg"; each term's scores beside it
-            details: dict[str, list[Any]] = {name: list(values) for name, values in response.component_rewards.items()}
+            nan = float("nan")  # a term with no value for an item (see verl's _scores): NaN in its log column
+            details: dict[str, list[Any]] = {
+                name: [nan if v is None else v for v in values] for name, values in response.component_rewards.items()
+            }
             if "avg" in details:
                 raise ValueError("a term named 'avg' would hide flow-GRPO's weighted total: rename it")
             details["avg"] = list(response.rewards)

@@ -5,7 +5,8 @@ in the conversational format), `completion_ids` (their lengths become `completio
 overlong shaping), and every dataset column (one entry per completion; `data_source` is
 passed on for per-dataset weights), plus `log_metric`. It passes no ids and no group ids: ids are made here; a
 groupwise scorer gets groups rebuilt from TRL's layout (each prompt's `num_generations`
-completions side by side) in a single process, and is refused under several processes,
+completions side by side, `num_generations_eval` when evaluating, checked on the whole prompt)
+in a single process, and is refused under several processes,
 where a group can span them (never guessed). TRL has no cleanup hook: the backend is closed
 at interpreter exit unless the caller closes it first.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import json
 import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -39,6 +41,13 @@ def completion_text(completion: Any) -> str:
     raise TypeError(f"a completion must be a string or a list of chat messages, got {type(completion).__name__}")
 
 
+def _training(log_metric: Any) -> bool | None:
+    """Whether TRL is training (not evaluating): its `log_metric` is a method of the trainer."""
+    model = getattr(getattr(log_metric, "__self__", None), "model", None)
+    training = getattr(model, "training", None)
+    return training if isinstance(training, bool) else None
+
+
 class TRLRewardFunction:
     """`reward_funcs=[TRLRewardFunction(backend)]`; `.as_async()` gives TRL's async form."""
 
@@ -49,6 +58,7 @@ class TRLRewardFunction:
         num_generations: int | None = None,
         name: str | None = None,
         close_at_exit: bool = True,
+        num_generations_eval: int | None = None,
     ) -> None:
         self.backend = backend
         self.reference_column = reference_column
@@ -57,12 +67,18 @@ class TRLRewardFunction:
         if self.groupwise and num_generations is None:
             raise ConfigError("a groupwise scorer needs num_generations (TRL passes no group ids)")
         self.num_generations = num_generations
+        self.num_generations_eval = num_generations_eval  # TRL's GRPOConfig.num_generations_eval, if set
         self.__name__ = name or (shape.name if shape else "reward")
         if close_at_exit:  # idempotent: a backend the caller closed first is left as it is
             atexit.register(backend.close)
 
     def _request(
-        self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any, columns: dict[str, Any]
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        completion_ids: Any,
+        columns: dict[str, Any],
+        training: bool | None = None,
     ) -> RewardRequest:
         call = next(_CALLS)
         column = self.reference_column or next((c for c in GOLD_COLUMNS if c in columns), None)
@@ -70,16 +86,9 @@ class TRLRewardFunction:
             raise KeyError(f"TRL passed no dataset column {column!r} (columns: {sorted(columns)})")
         golds = columns[column] if column is not None else [None] * len(completions)
         groups: list[str | None] = [None] * len(completions)
-        if self.groupwise:
-            assert self.num_generations is not None
-            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-                raise ConfigError(
-                    "a groupwise scorer under several TRL processes: a group can span processes and TRL passes "
-                    "no group ids; gather groups across ranks (issue 13) or use a pointwise scorer"
-                )
-            if len(completions) % self.num_generations:
-                raise ConfigError(f"{len(completions)} completions are not whole groups of {self.num_generations}")
-            groups = [f"trl{call}-g{i // self.num_generations}" for i in range(len(completions))]
+        size = self._group_size(prompts, training) if self.groupwise else None
+        if size is not None:
+            groups = [f"trl{call}-g{i // size}" for i in range(len(completions))]
         if completion_ids is not None and len(completion_ids) != len(completions):
             raise ValueError(f"{len(completion_ids)} completion_ids for {len(completions)} completions")
         sources = columns.get("data_source", [None] * len(completions))
@@ -95,7 +104,38 @@ class TRLRewardFunction:
             )
             for i in range(len(completions))
         ]
-        return RewardRequest(items=items, group_size=self.num_generations if self.groupwise else None)
+        return RewardRequest(items=items, group_size=size)
+
+    def _group_size(self, prompts: Sequence[Any], training: bool | None) -> int:
+        """The group size of this call from TRL's layout: each prompt's completions side by side, in
+        runs of `num_generations` (training) or `num_generations_eval` (evaluation), checked on the
+        whole prompt (every message). When both sizes fit, the trainer's mode decides; unknown: refused."""
+        assert self.num_generations is not None
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ConfigError(
+                "a groupwise scorer under several TRL processes: a group can span processes and TRL passes "
+                "no group ids; gather groups across ranks (issue 13) or use a pointwise scorer"
+            )
+        keys = [p if isinstance(p, str) else json.dumps(p, sort_keys=True, default=str) for p in prompts]
+        sizes = {"train": self.num_generations, "eval": self.num_generations_eval or self.num_generations}
+        fitting = {
+            mode: size
+            for mode, size in sizes.items()
+            if len(keys) % size == 0 and all(len(set(keys[i : i + size])) == 1 for i in range(0, len(keys), size))
+        }
+        if len(set(fitting.values())) == 1:
+            return next(iter(fitting.values()))
+        if not fitting:
+            raise ConfigError(
+                f"{len(keys)} completions are not whole runs of one prompt each {sorted(set(sizes.values()))} long "
+                "(TRL's layout): check num_generations / num_generations_eval"
+            )
+        if training is None:
+            raise ConfigError(
+                f"{len(keys)} completions fit groups of {fitting['train']} and of {fitting['eval']} (a prompt repeats "
+                "across neighbouring groups) and the trainer's mode is unknown: cannot tell which"
+            )
+        return fitting["train" if training else "eval"]
 
     def _rewards(self, response: RewardResponse, log_metric: Callable[[str, float], None] | None) -> list[float]:
         if log_metric is not None:
@@ -110,7 +150,10 @@ class TRLRewardFunction:
         columns.pop("trainer_state", None)
         columns.pop("log_extra", None)
         return self._rewards(
-            self.backend.compute_rewards(self._request(prompts, completions, completion_ids, columns)), log_metric
+            self.backend.compute_rewards(
+                self._request(prompts, completions, completion_ids, columns, _training(log_metric))
+            ),
+            log_metric,
         )
 
     def as_async(self) -> Callable[..., Coroutine[Any, Any, list[float]]]:
@@ -122,7 +165,7 @@ class TRLRewardFunction:
             log_metric = columns.pop("log_metric", None)
             columns.pop("trainer_state", None)
             columns.pop("log_extra", None)
-            request = self._request(prompts, completions, completion_ids, columns)
+            request = self._request(prompts, completions, completion_ids, columns, _training(log_metric))
             return self._rewards(await self.backend.compute_rewards_async(request), log_metric)
 
         reward.__name__ = self.__name__

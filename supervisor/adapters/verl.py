@@ -16,7 +16,7 @@ from typing import Any
 
 from supervisor.backend import RewardBackend
 from supervisor.coalesce import Coalescer
-from supervisor.errors import ScorerRequestError
+from supervisor.errors import ConfigError, ScorerRequestError
 from supervisor.tensors import numpy_view
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
@@ -45,10 +45,16 @@ def _item(
 
 
 def _scores(response: RewardResponse) -> list[dict[str, Any]]:
+    """One dict per item with the same keys on every item (verl reads the keys of the first one):
+    `score`, then each term; a term with no value for an item (not applicable to its dataset, or
+    an optional panel term that failed) logs NaN there. The reward itself is never NaN."""
+    if "score" in response.component_rewards:
+        raise ConfigError("a term named 'score' would hide the reward verl trains on: rename the term")
+    nan = float("nan")
     return [
         {
             "score": reward,
-            **{name: values[i] for name, values in response.component_rewards.items() if values[i] is not None},
+            **{name: nan if values[i] is None else values[i] for name, values in response.component_rewards.items()},
         }
         for i, reward in enumerate(response.rewards)
     ]
