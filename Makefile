@@ -20,8 +20,13 @@ $(VENV)/.installed: pyproject.toml
 	$(VPY) -m pip check
 	touch $@
 
-$(addprefix env-,$(ENVS)): env-%:
-	./envs/build.sh $* $(PYTHON)
+# Scorer envs are built by the same code as `managed-scorers envs build` (specs in supervisor/env_specs/),
+# into envs/NAME/.venv, and only when their pins changed.
+$(addprefix env-,$(SCORER_ENVS)): env-%: install
+	$(VPY) -m supervisor.cli envs build $* --python $(PYTHON)
+
+env-trl: install
+	$(VPY) -m supervisor.cli envs build trl --requirements envs/trl/requirements.txt --dir envs/trl/.venv --python $(PYTHON)
 
 envs: $(addprefix env-,$(ENVS))
 

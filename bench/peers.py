@@ -8,7 +8,7 @@ shared machine. Rewards are the mean pixel / 255 and must be equal everywhere (a
 scoring costs ~nothing, so the figures are the transport.
 
 Ray is not a dependency of this project: it is installed into a scratch venv
-(bench/.peers-venv, rebuilt when REQUIREMENTS change, like envs/build.sh). If pip cannot
+(bench/.peers-venv, rebuilt when REQUIREMENTS change, like the scorer envs). If pip cannot
 install it, the target prints one SKIPPED line and exits 0: it is optional.
 
     .venv/bin/python -m bench.peers                    # trainer side (this is what make runs)

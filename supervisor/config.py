@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, field_validator, model_validator
 
 from scorers.diagnostics import NAME as METRIC_NAME
+from scorers.registry import resolve_scorer
+from supervisor import scorer_envs
 
 InputKind = Literal["text", "image", "image_edit", "video"]
 # What decides the child's import path: set only by managed-scorers (see supervisor.import_root).
@@ -76,7 +78,9 @@ class ProcessConfig(_Model):
         absolute = Path(os.path.abspath(value))
         if not absolute.is_file() or not os.access(absolute, os.X_OK):
             where = "" if value.is_absolute() else f" (resolved against the current directory {os.getcwd()})"
-            raise ValueError(f"{absolute}{where} is not an executable file (build the scorer env: make env-NAME)")
+            raise ValueError(
+                f"{absolute}{where} is not an executable file (build a scorer env: managed-scorers envs build NAME)"
+            )
         return absolute
 
     @field_validator("extra_import_paths")
@@ -164,15 +168,41 @@ class LimitsConfig(_Model):
 
 
 class ManagedScorerProcessSpec(_Model):
-    """Process ownership, scorer construction and client semantics, kept apart."""
+    """Process ownership, scorer construction and client semantics, kept apart.
+
+    The child's python is `process.python_executable`, or the built scorer env named by `env`
+    (`managed-scorers envs build NAME`), or, with neither, the env the scorer declares
+    (`ScorerSpec.env`: `math` for math_verify)."""
 
     kind: Literal["managed"] = "managed"
+    env: str | None = None
     process: ProcessConfig
     scorer: ScorerConfig
     client: ClientConfig = Field(default_factory=ClientConfig)
     gpu_residency: Literal["resident", "per_call"] = "resident"
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_env(cls, data: Any) -> Any:
+        """Fill `process.python_executable` from the named (or the scorer's declared) scorer env."""
+        if not isinstance(data, Mapping):
+            return data
+        process = data.get("process")
+        process = process.model_dump() if isinstance(process, ProcessConfig) else dict(process or {})
+        if process.get("python_executable") is not None:
+            if data.get("env") is not None:
+                raise ValueError("give process.python_executable or env (a scorer env by name), not both")
+            return data
+        name = data.get("env") or _declared_env(data.get("scorer"))
+        if name is None:
+            raise ValueError(
+                "the child needs a python: process.python_executable, or env (a scorer env by name: "
+                f"{', '.join(scorer_envs.spec_names())})"
+            )
+        process["python_executable"] = scorer_envs.env_python(name)
+        return {**data, "env": name, "process": process}
 
     @model_validator(mode="after")
     def _kinds_agree(self) -> ManagedScorerProcessSpec:
@@ -181,6 +211,20 @@ class ManagedScorerProcessSpec(_Model):
                 f"client.input_kind {self.client.input_kind!r} != scorer.input_kind {self.scorer.input_kind!r}"
             )
         return self
+
+
+def _declared_env(scorer: Any) -> str | None:
+    """The env a built-in (or catalog) scorer declares, if the scorer can be named here."""
+    if isinstance(scorer, ScorerConfig):
+        name, catalog = scorer.name, scorer.catalog
+    elif isinstance(scorer, Mapping) and isinstance(scorer.get("name"), str):
+        name, catalog = scorer["name"], scorer.get("catalog")
+    else:
+        return None
+    try:
+        return resolve_scorer(name, catalog).spec.env
+    except (LookupError, ImportError):  # a scorer only the child can import: it must name its env
+        return None
 
 
 class LocalBackendConfig(_Model):

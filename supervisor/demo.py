@@ -23,8 +23,6 @@ from supervisor import (
     preflight,
 )
 
-REPO_ROOT = Path(__file__).resolve().parent.parent  # a checkout: the envs live beside the packages
-
 SAMPLES = Path(__file__).with_name("demo_samples.json")
 MATH_TIMEOUT_S = 3.0
 
@@ -51,13 +49,9 @@ def render_text(text: str) -> np.ndarray:
     return np.asarray(image)
 
 
-def env_python(name: str) -> str:
-    return str(REPO_ROOT / "envs" / name / ".venv" / "bin" / "python")
-
-
 def run_managed(scorer: str, env: str, kind: str, params: dict, request: RewardRequest) -> tuple[list[float], dict]:
     spec = {
-        "process": {"python_executable": env_python(env)},
+        "env": env,  # a scorer env by name: built by `make envs` or `managed-scorers envs build`
         "scorer": {"name": scorer, "input_kind": kind, "params": params},
         "client": {"input_kind": kind},
     }
@@ -89,7 +83,7 @@ def grpo_panel(samples: dict) -> None:
         "reward": {
             "group_size": 4,
             "models": {
-                "math": {"backend": "managed", "scorer": "math_verify", "python_executable": env_python("math"),
+                "math": {"backend": "managed", "scorer": "math_verify", "env": "math",
                          "params": {"timeout_s": MATH_TIMEOUT_S}},
                 "judge": {"backend": "local", "scorer": "pairwise_judge", "params": {"inner": "token_f1"}},
             },

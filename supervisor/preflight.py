@@ -212,7 +212,9 @@ def _env_search(spec: ManagedScorerProcessSpec, place: str, report: PreflightRep
     try:
         text = cfg.read_text()
     except OSError:
-        report.problems.append(f"{place}: {python} is not a venv's python (no {cfg}); build it with `make env-NAME`")
+        report.problems.append(
+            f"{place}: {python} is not a venv's python (no {cfg}); build it with `managed-scorers envs build NAME`"
+        )
         return None
     match = re.search(r"^version(?:_info)?\s*=\s*(\d+)\.(\d+)", text, re.MULTILINE)
     if match is None or (int(match[1]), int(match[2])) < (3, 11):

@@ -151,11 +151,15 @@ def _verl_model(name: str, model: Mapping[str, Any], group_size: int | None) -> 
     if kind != "managed":
         raise ConfigError(f"reward.models.{name}.backend must be managed, local or remote, got {kind!r}")
     process = dict(model.get("process", {}))
-    for key in ("python_executable", "env", "extra_import_paths"):
+    for key in ("python_executable", "extra_import_paths"):
         if key in model:
             process[key] = model[key]
+    named_env = model.get("env")
+    if isinstance(named_env, Mapping):  # environment variables for the child
+        process["env"] = named_env
     managed: dict[str, Any] = {
         "kind": "managed",
+        "env": named_env if isinstance(named_env, str) else None,  # a scorer env by name
         "process": process,
         "scorer": scorer,
         "client": client,
@@ -222,6 +226,8 @@ def _from_catalog(data: Mapping[str, Any]) -> Recipe:
         backend: dict[str, Any] = {"kind": kind, "scorer": scorer, "client": client}
         if kind == "managed":
             backend["process"] = {k: v for k, v in execution.items() if k != "kind"}
+            if isinstance(backend["process"].get("env"), str):  # a scorer env by name, not variables
+                backend["env"] = backend["process"].pop("env")
         elif kind != "local":
             raise ConfigError(f"execution.kind must be local or managed, got {kind!r}")
         weights = selection.get("weights") or {}

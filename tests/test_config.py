@@ -118,7 +118,20 @@ def test_non_executable_python_file(tmp_path):
 
 
 def test_missing_python_executable_key():
-    invalid({"process": {}, "scorer": {"name": "x"}}, "process.python_executable", "Field required")
+    invalid({"process": {}, "scorer": {"name": "x"}}, "the child needs a python", "env (a scorer env by name")
+
+
+def test_a_scorer_env_by_name_or_the_one_the_scorer_declares(monkeypatch, tmp_path):
+    from supervisor import scorer_envs
+
+    math = scorer_envs.env_python("math")  # the checkout's envs/ (make envs built it)
+    assert ManagedScorerProcessSpec(env="math", scorer={"name": "math_verify"}).process.python_executable == math
+    declared = ManagedScorerProcessSpec(scorer={"name": "math_verify"})  # math_verify declares env "math"
+    assert declared.process.python_executable == math and declared.env == "math"
+    invalid({"env": "nosuch", "scorer": {"name": "exact_match"}}, "no scorer env 'nosuch'", "no spec of that name")
+    invalid(spec_dict(env="math"), "not both")
+    monkeypatch.setenv(scorer_envs.ROOT_VARIABLE, str(tmp_path))
+    invalid({"env": "image", "scorer": {"name": "exact_match"}}, "is not built", "managed-scorers envs build image")
 
 
 @pytest.mark.parametrize("field", ["startup_timeout", "request_timeout", "shutdown_timeout"])

@@ -17,7 +17,7 @@ from tests.conftest import REPO_ROOT, env_python
 
 @pytest.fixture(scope="session")
 def installed_trainer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with managed-scorers pip-installed (not editable) and antlr 4.9.3 beside it."""
+    """A fresh venv with managed-scorers installed from its built wheel, and antlr 4.9.3 beside it."""
     root = tmp_path_factory.mktemp("installed")
     source = root / "source"  # a copy, so that nothing can be imported from the checkout by accident
     shutil.copytree(
@@ -28,8 +28,13 @@ def installed_trainer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = root / "trainer-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
+    wheels = root / "wheels"  # the built wheel, as a user would get it from an index
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-input", str(source), "antlr4-python3-runtime==4.9.3"],
+        [str(python), "-m", "pip", "wheel", "-q", "--no-input", "--no-deps", "-w", str(wheels), str(source)], check=True
+    )
+    (wheel,) = wheels.glob("managed_scorers-*.whl")
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-input", str(wheel), "antlr4-python3-runtime==4.9.3"],
         check=True,
     )
     shutil.rmtree(source)
@@ -66,3 +71,44 @@ def test_an_installed_trainer_hands_the_child_nothing_of_its_environment(install
     for entry in rest:  # the math env, and the standard library of the interpreter it was made from
         assert entry.is_relative_to(math_env) or entry.is_relative_to(base), entry
         assert not entry.is_relative_to(trainer_env) and not entry.is_relative_to(elsewhere), entry
+
+
+USE_BY_NAME = """
+import importlib.resources, json
+import numpy as np
+from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest
+from supervisor.adapters.ddpo import DDPORewardFn  # subpackages ship too
+
+spec = {"scorer": {"name": "jpeg_compressibility", "input_kind": "image"}, "client": {"input_kind": "image"}}
+with ManagedScorerProcessBackend(spec) as backend:  # no python given: the env the scorer declares, by name
+    flat = np.full((64, 64, 3), 128, np.uint8)
+    reward = backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=flat)])).rewards[0]
+    python = str(backend.spec.process.python_executable)
+samples = importlib.resources.files("supervisor").joinpath("demo_samples.json").is_file()
+print(json.dumps({"reward": reward, "python": python, "samples": samples}))
+"""
+
+
+@pytest.mark.slow
+def test_an_installed_package_builds_a_scorer_env_by_name_and_scores_from_elsewhere(installed_trainer, tmp_path):
+    """`managed-scorers envs build image` from the installed package (its shipped spec), into a root of the
+    user's choosing; a spec that names no python then finds that env by the scorer's declared name."""
+    root, elsewhere = tmp_path / "scorer-envs", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["MANAGED_SCORERS_ENVS"] = str(root)
+    cli = installed_trainer.parent / "managed-scorers"
+
+    def run(*command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    run(str(cli), "envs", "build", "image", timeout=900)
+    listing = {line.split()[0]: line for line in run(str(cli), "envs", "list").stdout.splitlines()[1:]}
+    assert "built" in listing["image"] and "pillow==13.0.0" in listing["image"]
+    assert "not built" in listing["math"]
+    assert "up to date" in run(str(cli), "envs", "build", "image").stdout  # pins unchanged: nothing rebuilt
+    report = json.loads(run(str(installed_trainer), "-c", USE_BY_NAME).stdout.splitlines()[-1])
+    assert report["python"] == str(root / "image" / ".venv" / "bin" / "python")
+    assert report["reward"] < 0 and report["samples"] is True

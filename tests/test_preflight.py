@@ -208,7 +208,7 @@ def test_python_executable_missing(no_process, tmp_path):
     missing = tmp_path / "envs" / "math" / ".venv" / "bin" / "python"
     problems = refused(panel(local("ok", "constant"), managed("math", "math_verify", python=missing)))
     problem = named(problems, "reward.math", "python_executable", str(missing), "not an executable file")
-    assert "make env-" in problem
+    assert "managed-scorers envs build" in problem
 
 
 def test_python_executable_missing_in_a_verl_omni_recipe(no_process, tmp_path):
