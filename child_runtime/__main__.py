@@ -35,7 +35,7 @@ class BootConfig:
     token: str
     listen_fd: int
     ready_fd: int
-    parent_pid: int
+    parent_pid: int | None  # None: standalone (`managed-scorers serve`), no parent to die with
     scorer_name: str
     scorer_params: dict[str, Any] = field(default_factory=dict)
     revision: str | None = None  # a pin: the scorer must declare exactly this revision
@@ -254,13 +254,17 @@ def main() -> None:
     started = time.monotonic()
     if sys.version_info < (3, 11):  # noqa: UP036 - a scorer env may be older; PYTHONSAFEPATH needs 3.11
         _fail(None, exit_codes.BAD_CONFIG, f"the scorer env's Python is {sys.version.split()[0]}; 3.11+ is needed")
+    standalone = sys.argv[1:] == ["--standalone"]  # `managed-scorers serve`: lives until SIGTERM, not with a parent
     parent = os.getppid()
-    lifeline.install(parent)  # before anything that can block, reading the boot config included
+    if not standalone:
+        lifeline.install(parent)  # before anything that can block, reading the boot config included
     try:
         config = read_boot_config(boot.read_frame(sys.stdin.fileno()))
     except (ValueError, KeyError, TypeError) as exc:
         _fail(None, exit_codes.BAD_CONFIG, f"cannot read boot config from stdin: {exc!r}")
-    if config.parent_pid != parent:
+    if standalone and config.parent_pid is not None:
+        _fail(None, exit_codes.BAD_CONFIG, "--standalone takes a boot config without parent_pid")
+    if not standalone and config.parent_pid != parent:
         _fail(
             None,
             exit_codes.BAD_CONFIG,

@@ -1,4 +1,4 @@
-"""`managed-scorers`: build and list scorer envs (and, as they land, score datasets, serve, doctor).
+"""`managed-scorers`: build and list scorer envs, score a JSONL dataset through a recipe.
 
 Each subcommand is a thin layer over the library call that does the job; errors the user can
 fix (a missing env, a failed pip) print one line naming the fix and exit 2, never a traceback.
@@ -7,12 +7,14 @@ fix (a missing env, a failed pip) print one line naming the fix and exit 2, neve
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from supervisor import scorer_envs
-from supervisor.errors import ConfigError
+from supervisor.errors import ConfigError, ScorerError
 
 
 def _envs_build(args: argparse.Namespace) -> int:
@@ -51,6 +53,90 @@ def _folder(value: str) -> Path:
     return Path(value).expanduser().absolute()
 
 
+def _score(args: argparse.Namespace) -> int:
+    from supervisor.recipes import build_panels, load_recipe
+    from supervisor.score_dataset import Columns, header_for, metrics_line, read_rows, score_dataset
+
+    columns = Columns(
+        id=args.id_column,
+        prompt=args.prompt_column,
+        response=args.response_column,
+        reference=args.reference_column,
+        image=args.image_column,
+        group=args.group_column,
+        data_source=args.data_source_column,
+    )
+    recipe = load_recipe(args.recipe)
+    if args.validation and recipe.validation is None:
+        raise ConfigError(f"{args.recipe} has no validation panel (--validation)")
+    rows = read_rows(args.input, columns, needs_text=args.image_column is None)  # before any child starts
+    train, validation = build_panels(recipe)
+    panel = validation if args.validation and validation is not None else train
+    with contextlib.ExitStack() as stack:
+        stack.callback(train.close)
+        if validation is not None:
+            stack.callback(validation.close)
+        header = header_for(panel, str(args.recipe), columns)
+        bars: list[Any] = []
+
+        def progress(total: int, skipped: int) -> Callable[[int], None]:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, initial=skipped, unit="row", disable=not sys.stderr.isatty(), dynamic_ncols=True)
+            bars.append(bar)
+            return bar.update
+
+        try:
+            summary = score_dataset(
+                panel, rows, args.output, header, columns, args.input.parent, args.batch_size, args.resume, progress
+            )
+        except KeyboardInterrupt:
+            for bar in bars:
+                bar.close()
+            print(f"interrupted: {args.output} holds every row finished so far; rerun with --resume", file=sys.stderr)
+            return 130
+        for bar in bars:
+            bar.close()
+    print(f"{args.output}: {summary.line()}", file=sys.stderr)
+    metrics = metrics_line(summary)
+    if metrics:
+        print(f"diagnostics: {metrics}", file=sys.stderr)
+    return 1 if summary.errors else 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import json
+
+    from scorers.registry import resolve_scorer
+    from supervisor.config import ManagedScorerProcessSpec
+    from supervisor.serve import read_token, serve
+
+    kind = args.input_kind
+    if kind is None:
+        try:
+            kind = resolve_scorer(args.scorer, args.catalog).spec.input_kind
+        except (LookupError, ImportError) as exc:
+            raise ConfigError(
+                f"cannot tell scorer {args.scorer!r}'s input kind here ({exc}): pass --input-kind"
+            ) from exc
+    try:
+        params = json.loads(args.params)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--params must be a JSON object: {exc}") from exc
+    scorer = {"name": args.scorer, "input_kind": kind, "params": params, "device": args.device}
+    scorer.update({k: v for k, v in (("revision", args.revision), ("catalog", args.catalog)) if v is not None})
+    process: dict[str, Any] = {"python_executable": str(args.python)} if args.python is not None else {}
+    if args.extra_import_path:
+        process["extra_import_paths"] = [str(path) for path in args.extra_import_path]
+    try:
+        spec = ManagedScorerProcessSpec.model_validate(
+            {"env": args.env, "process": process, "scorer": scorer, "client": {"input_kind": kind}}
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    serve(spec, args.host, args.port, read_token(args.token_env, args.token_file), args.allow_remote)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="managed-scorers", description=__doc__.splitlines()[0])
     commands = top.add_subparsers(dest="command", required=True)
@@ -74,6 +160,40 @@ def parser() -> argparse.ArgumentParser:
     path.add_argument("name", metavar="NAME")
     path.add_argument("--root", type=_folder, help=root_help)
     path.set_defaults(run=_envs_path)
+
+    score = commands.add_parser("score", help="score a JSONL dataset through a recipe's panel into a JSONL output")
+    score.add_argument("--recipe", type=_folder, required=True, help="a reward recipe (YAML), see supervisor.recipes")
+    score.add_argument("--input", type=_folder, required=True, help="JSONL, one object per row")
+    score.add_argument("--output", type=_folder, required=True, help="JSONL: a header line, then one row per input row")
+    score.add_argument("--resume", action="store_true", help="keep the rows already in --output, score the rest")
+    score.add_argument("--validation", action="store_true", help="use the recipe's validation panel")
+    score.add_argument("--batch-size", type=int, default=64, help="rows per request (whole groups)")
+    score.add_argument("--id-column", default="id", help="default: id (else line-N)")
+    score.add_argument("--prompt-column", default="prompt")
+    score.add_argument("--response-column", default="response")
+    score.add_argument("--reference-column", default="reference")
+    score.add_argument("--image-column", help="a column of image paths, relative to the input file")
+    score.add_argument("--group-column", help="rows of one group share this value (and sit together)")
+    score.add_argument("--data-source-column", default="data_source")
+    score.set_defaults(run=_score)
+
+    server = commands.add_parser("serve", help="serve one scorer over HTTP for RemoteRewardBackend (until SIGTERM)")
+    server.add_argument("--scorer", required=True, help="a built-in name, a catalog name or module:Class")
+    server.add_argument("--params", default="{}", help="the scorer's params, a JSON object")
+    where = server.add_mutually_exclusive_group()
+    where.add_argument("--env", help="a scorer env by name (default: the one the scorer declares)")
+    where.add_argument("--python", type=_folder, help="the scorer env's python, by path")
+    server.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1; others need --allow-remote")
+    server.add_argument("--port", type=int, default=0, help="default 0: any free port (printed when ready)")
+    server.add_argument("--token-env", default="MANAGED_SCORERS_TOKEN", help="the variable holding the token")
+    server.add_argument("--token-file", type=_folder, help="a 0600 file holding the token (made if missing)")
+    server.add_argument("--allow-remote", action="store_true", help="listen on a non-loopback address")
+    server.add_argument("--input-kind", choices=["text", "image", "image_edit", "video"])
+    server.add_argument("--device", default="cpu")
+    server.add_argument("--revision", help="a pin: refuse to serve another revision of the scorer")
+    server.add_argument("--catalog", help="a custom catalog factory, module:name")
+    server.add_argument("--extra-import-path", type=_folder, action="append", help="a folder of your scorer modules")
+    server.set_defaults(run=_serve)
     return top
 
 
@@ -81,9 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.run(args))
-    except ConfigError as exc:
+    except (ConfigError, ScorerError) as exc:
         print(f"managed-scorers {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(exc, ConfigError) else 1
 
 
 if __name__ == "__main__":

@@ -90,6 +90,65 @@ def _working_directory() -> Path:
         return Path("/")
 
 
+def launch_plan(
+    spec: ManagedScorerProcessSpec, segment: ParentSegment | None, boot_offloaded: bool = False
+) -> LaunchPlan:
+    """How to start a child for `spec`: its python, environment (nothing of the trainer's import path) and
+    boot config. Shared by the managed backend and `managed-scorers serve`."""
+    process, scorer = spec.process, spec.scorer
+    name = scorer.name.lower().replace(".", "_").replace(":", "_")
+    try:
+        root = import_root(state_dir())
+    except OSError as exc:
+        raise ScorerStartupError(
+            f"cannot prepare the child's import directory: {exc}", ChildRecord(name, None, rank=process.local_rank)
+        ) from exc
+    env = {k: v for k, v in os.environ.items() if k not in RESERVED_ENV}
+    if not any(key in process.env for key in _MALLOC_ENV):
+        env.update(_MALLOC_ENV)
+    env.update(process.env)
+    env.update(
+        {
+            # the scorer env, our own packages, and what the spec opts into: nothing of the trainer's env
+            "PYTHONPATH": os.pathsep.join([str(root), *map(str, process.extra_import_paths)]),
+            "PYTHONSAFEPATH": "1",  # no working directory on sys.path, in the child or its subprocesses
+            "PYTHONNOUSERSITE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "CUDA_VISIBLE_DEVICES": child_visible_devices(
+                os.environ, process.local_rank, process.visible_devices, process.allow_multiple_gpus
+            ),
+        }
+    )
+    boot = {
+        "scorer": {
+            "name": scorer.name,
+            "params": scorer.params,
+            "revision": scorer.revision,
+            "identity_hash": scorer.identity_hash,
+            "catalog": scorer.catalog,
+            "input_kind": scorer.input_kind,
+        },
+        "gpu_residency": spec.gpu_residency,
+        "boot_offloaded": boot_offloaded,
+        "device": scorer.device,
+        "graceful_timeout_s": max(0.1, process.shutdown_timeout / 2),
+        "limits": spec.limits.model_dump(),
+        "shared_fd": segment.child_fd if segment else None,
+    }
+    return LaunchPlan(
+        name=name,
+        python_executable=process.python_executable,
+        boot=boot,
+        env=env,
+        cwd=_working_directory(),
+        log_dir=process.log_dir,
+        keep_logs=process.keep_logs,
+        rank=process.local_rank,
+        startup_timeout=process.startup_timeout,
+        pass_fds=(segment.child_fd,) if segment else (),
+    )
+
+
 class ManagedScorerProcessBackend(RewardBackend):
     """Starts its child on construction (unless `start=False`); `close()` always ends it.
 
@@ -143,58 +202,7 @@ class ManagedScorerProcessBackend(RewardBackend):
             return None
 
     def _plan(self, segment: ParentSegment | None) -> LaunchPlan:
-        process, scorer = self.spec.process, self.spec.scorer
-        name = scorer.name.lower().replace(".", "_").replace(":", "_")
-        try:
-            root = import_root(state_dir())
-        except OSError as exc:
-            raise ScorerStartupError(
-                f"cannot prepare the child's import directory: {exc}", ChildRecord(name, None, rank=process.local_rank)
-            ) from exc
-        env = {k: v for k, v in os.environ.items() if k not in RESERVED_ENV}
-        if not any(key in process.env for key in _MALLOC_ENV):
-            env.update(_MALLOC_ENV)
-        env.update(process.env)
-        env.update(
-            {
-                # the scorer env, our own packages, and what the spec opts into: nothing of the trainer's env
-                "PYTHONPATH": os.pathsep.join([str(root), *map(str, process.extra_import_paths)]),
-                "PYTHONSAFEPATH": "1",  # no working directory on sys.path, in the child or its subprocesses
-                "PYTHONNOUSERSITE": "1",
-                "PYTHONUNBUFFERED": "1",
-                "CUDA_VISIBLE_DEVICES": child_visible_devices(
-                    os.environ, process.local_rank, process.visible_devices, process.allow_multiple_gpus
-                ),
-            }
-        )
-        boot = {
-            "scorer": {
-                "name": scorer.name,
-                "params": scorer.params,
-                "revision": scorer.revision,
-                "identity_hash": scorer.identity_hash,
-                "catalog": scorer.catalog,
-                "input_kind": scorer.input_kind,
-            },
-            "gpu_residency": self.spec.gpu_residency,
-            "boot_offloaded": self._want_offloaded,
-            "device": scorer.device,
-            "graceful_timeout_s": max(0.1, process.shutdown_timeout / 2),
-            "limits": self.spec.limits.model_dump(),
-            "shared_fd": segment.child_fd if segment else None,
-        }
-        return LaunchPlan(
-            name=name,
-            python_executable=process.python_executable,
-            boot=boot,
-            env=env,
-            cwd=_working_directory(),
-            log_dir=process.log_dir,
-            keep_logs=process.keep_logs,
-            rank=process.local_rank,
-            startup_timeout=process.startup_timeout,
-            pass_fds=(segment.child_fd,) if segment else (),
-        )
+        return launch_plan(self.spec, segment, self._want_offloaded)
 
     def _launch(self) -> tuple[_Generation, dict[str, Any]]:
         """Spawn a child and wait until it serves; nothing is installed until it does."""

@@ -451,3 +451,26 @@ class Exclusive(Scorer):
             return ScoreResult(terms={"exclusive": [1.0] * len(items)})
         finally:
             Exclusive.inside -= 1
+
+
+class ProbeV2(Probe):
+    """The probe at a new revision: what a scorer update looks like to an output being resumed."""
+
+    spec = ScorerSpec(
+        name="probe", input_kind="text", terms=("probe",), env="image", diagnostics=("calls",), revision="probe-v2"
+    )
+
+
+class RefusesText(Scorer):
+    """len(text), but an item whose text is `poison` is refused (bad input) with the whole batch."""
+
+    spec = _spec("refuses_text")
+
+    def __init__(self, poison: str = "poison") -> None:
+        self.poison = poison
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        for item in items:
+            if item.text == self.poison:
+                raise ScoreInputError(f"item {item.id!r} is poison")
+        return ScoreResult(terms={"refuses_text": [float(len(item.text or "")) for item in items]})

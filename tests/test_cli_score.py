@@ -1,0 +1,178 @@
+"""`managed-scorers score`: a JSONL dataset through a recipe, one output row per input row, resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.fixture_scorers import journal_calls
+
+CLI = [sys.executable, "-m", "supervisor.cli", "score"]
+ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}  # the recipes name fixture scorers from tests/
+
+
+def write_rows(path: Path, n: int) -> list[dict]:
+    rows = [
+        {"id": f"r{i}", "prompt": f"what is {i}?", "response": f"so \\boxed{{{i}}}", "reference": str(i + (i % 3 == 0))}
+        for i in range(n)
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return rows
+
+
+def recipe(path: Path, journal: Path | None = None, probe: str = "Probe", sleep_s: float = 0.0) -> Path:
+    """The managed math term, plus (with a journal) an in-process probe that records every call's ids."""
+    models: dict = {"math": {"backend": "managed", "scorer": "math_verify", "env": "math", "params": {"jobs": 2}}}
+    functions: dict = {"correct": {"model": "math"}}
+    if journal is not None:
+        params = {"journal": str(journal), "sleep_s": sleep_s}
+        models["probe"] = {"backend": "local", "scorer": f"tests.fixture_scorers:{probe}", "params": params}
+        functions["length"] = {"model": "probe", "weight": 0.0}
+    path.write_text(json.dumps({"reward": {"models": models, "reward_functions": functions}}))
+    return path
+
+
+def output_rows(path: Path) -> tuple[dict, list[dict]]:
+    header, *rows = (json.loads(line) for line in path.read_text().splitlines())
+    return header, rows
+
+
+def score(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *map(str, args)], env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def start(*args: str | Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([*CLI, *map(str, args)], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_rows(path: Path, at_least: int, proc: subprocess.Popen[str], deadline_s: float = 120) -> int:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if path.exists():
+            written = path.read_text().count("\n") - 1
+            if written >= at_least:
+                return written
+        time.sleep(0.02)
+    raise AssertionError(f"fewer than {at_least} rows in {path} after {deadline_s} s")
+
+
+@pytest.mark.slow
+def test_a_thousand_rows_scored_in_input_order_with_a_header(tmp_path):
+    rows = write_rows(tmp_path / "in.jsonl", 1000)
+    done = score(
+        "--recipe", recipe(tmp_path / "r.json"), "--input", tmp_path / "in.jsonl", "--output", tmp_path / "out.jsonl"
+    )
+    assert done.returncode == 0, done.stderr
+    header, out = output_rows(tmp_path / "out.jsonl")
+    assert header["terms"]["correct"]["scorer"] == "math_verify" and len(header["identity_hash"]) == 64
+    assert [r["id"] for r in out] == [r["id"] for r in rows]
+    assert [r["reward"] for r in out] == [0.0 if i % 3 == 0 else 1.0 for i in range(1000)]
+    assert all(r["error"] is None and r["components"] == {"correct": r["reward"]} for r in out)
+    assert "1000 rows scored (0 with errors)" in done.stderr
+
+
+@pytest.mark.slow
+def test_killed_halfway_then_resumed_scores_every_row_once_but_the_batch_in_flight(tmp_path):
+    rows = write_rows(tmp_path / "in.jsonl", 1000)
+    journal, out = tmp_path / "journal", tmp_path / "out.jsonl"
+    args = ["--recipe", recipe(tmp_path / "r.json", journal, sleep_s=0.05), "--input", tmp_path / "in.jsonl"]
+    proc = start(*args, "--output", out, "--batch-size", "50")
+    wait_for_rows(out, 400, proc)
+    proc.kill()  # kill -9: no cleanup in the CLI at all
+    proc.communicate(timeout=30)
+    _, before = output_rows(out)
+    resumed = score(*args, "--output", out, "--batch-size", "50", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{len(before)} already done" in resumed.stderr
+    _, after = output_rows(out)
+    assert [r["id"] for r in after] == [r["id"] for r in rows]  # one output row per input row, in order
+    calls = [ids for _, ids in journal_calls(str(journal))]
+    scored = [item for ids in calls for item in ids]
+    twice = {item for item in scored if scored.count(item) > 1}
+    assert set(scored) == {r["id"] for r in rows}
+    assert not twice & {r["id"] for r in before}  # nothing written before the kill was scored again
+    assert len(twice) <= 50  # at most the batch that was in flight when the kill came
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_a_valid_resumable_output(tmp_path):
+    rows = write_rows(tmp_path / "in.jsonl", 600)
+    journal, out = tmp_path / "journal", tmp_path / "out.jsonl"
+    args = ["--recipe", recipe(tmp_path / "r.json", journal, sleep_s=0.05), "--input", tmp_path / "in.jsonl"]
+    proc = start(*args, "--output", out, "--batch-size", "50")
+    wait_for_rows(out, 150, proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "rerun with --resume" in stderr
+    for line in out.read_text().splitlines():
+        json.loads(line)  # every line whole
+    resumed = score(*args, "--output", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert [r["id"] for r in output_rows(out)[1]] == [r["id"] for r in rows]
+
+
+@pytest.mark.slow
+def test_resume_under_another_scorer_revision_is_refused(tmp_path):
+    write_rows(tmp_path / "in.jsonl", 20)
+    out, journal = tmp_path / "out.jsonl", tmp_path / "journal"
+    first = score("--recipe", recipe(tmp_path / "a.json", journal), "--input", tmp_path / "in.jsonl", "--output", out)
+    assert first.returncode == 0, first.stderr
+    before = out.read_text()
+    other = recipe(tmp_path / "b.json", journal, probe="ProbeV2")
+    refused = score("--recipe", other, "--input", tmp_path / "in.jsonl", "--output", out, "--resume")
+    assert refused.returncode == 2
+    assert "was scored by identity" in refused.stderr and "probe-v2" in refused.stderr
+    assert out.read_text() == before  # untouched
+    again = score("--recipe", recipe(tmp_path / "a.json", journal), "--input", tmp_path / "in.jsonl", "--output", out)
+    assert again.returncode == 2 and "pass --resume" in again.stderr  # never overwritten by accident
+
+
+@pytest.mark.slow
+def test_malformed_input_is_named_by_line_before_anything_is_scored(tmp_path):
+    write_rows(tmp_path / "in.jsonl", 5)
+    lines = (tmp_path / "in.jsonl").read_text().splitlines()
+    cases = {
+        "not JSON": lines[:2] + ['{"id": "x", "response": '] + lines[3:],
+        "a row must be a JSON object": lines[:2] + ["[1, 2]"] + lines[3:],
+        "no text in column 'response'": lines[:2] + ['{"id": "x", "answer": "1"}'] + lines[3:],
+        "id 'r1' was already used on line 2": lines[:2] + [lines[1]] + lines[3:],
+    }
+    for message, content in cases.items():
+        (tmp_path / "bad.jsonl").write_text("\n".join(content) + "\n")
+        done = score(
+            "--recipe", recipe(tmp_path / "r.json"), "--input", tmp_path / "bad.jsonl", "--output", tmp_path / "o"
+        )
+        assert done.returncode == 2 and f"bad.jsonl:3: {message}" in done.stderr, (message, done.stderr)
+        assert not (tmp_path / "o").exists()
+
+
+def test_a_refused_row_gets_its_error_and_no_reward_while_its_batch_mates_are_scored(tmp_path):
+    texts = ["a", "bb", "poison", "dddd", "eeeee", "ffffff", "g"]
+    (tmp_path / "in.jsonl").write_text(
+        "".join(json.dumps({"id": f"t{i}", "response": t}) + "\n" for i, t in enumerate(texts))
+    )
+    panel = {"reward": {"models": {"m": {"backend": "local", "scorer": "tests.fixture_scorers:RefusesText"}},
+                        "reward_functions": {"len": {"model": "m"}}}}  # fmt: skip
+    (tmp_path / "r.json").write_text(json.dumps(panel))
+    done = score("--recipe", tmp_path / "r.json", "--input", tmp_path / "in.jsonl", "--output", tmp_path / "out.jsonl")
+    assert done.returncode == 1, done.stderr  # rows with errors: not a clean run
+    _, out = output_rows(tmp_path / "out.jsonl")
+    assert [r["id"] for r in out] == [f"t{i}" for i in range(len(texts))]
+    assert [r["reward"] for r in out] == [1.0, 2.0, None, 4.0, 5.0, 6.0, 1.0]
+    assert "is poison" in out[2]["error"] and all(r["error"] is None for i, r in enumerate(out) if i != 2)
+    (tmp_path / "all.jsonl").write_text(
+        "".join(json.dumps({"id": f"p{i}", "response": "poison"}) + "\n" for i in range(4))
+    )
+    stopped = score("--recipe", tmp_path / "r.json", "--input", tmp_path / "all.jsonl", "--output", tmp_path / "o2")
+    assert stopped.returncode == 1 and "every row of a batch failed on its own" in stopped.stderr
+    assert output_rows(tmp_path / "o2")[1] == []  # the run stopped: no row of that batch written
