@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import hmac
 import importlib.metadata
+import json
 import os
 import sys
 import time
@@ -33,6 +34,8 @@ from child_runtime.idempotency import (
     check_key,
 )
 from child_runtime.items import Limits, RequestError, request_from_wire, response_to_wire
+from child_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from child_runtime.metrics import ChildMetrics
 from child_runtime.shared_segment import ChildSegment
 from scorers.base import ScoreInputError, ScorerContractError
 
@@ -134,14 +137,24 @@ def _error(status: int, kind: str, message: str) -> JSONResponse:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def _guarded(handler: Handler) -> Handler:
-    """Map every exception a handler lets through to a JSON answer; uvicorn never sees one.
+def _guarded(handler: Handler, metrics: ChildMetrics | None = None) -> Handler:
+    """Map every exception a handler lets through to a JSON answer; uvicorn never sees one; count
+    each answer (and each error's kind) in `metrics`.
 
     An unhandled exception makes uvicorn drop the connection, which the parent
     would read as a dead child; a typed 4xx/5xx keeps the child serving.
     """
 
     async def run(request: Request) -> Response:
+        started = time.perf_counter()
+        response = await _answer(request)
+        if metrics is not None:
+            metrics.request(request.url.path, response.status_code, time.perf_counter() - started)
+            if response.status_code >= 400 and isinstance(response, JSONResponse):
+                metrics.error(json.loads(bytes(response.body)).get("kind", "unknown"))
+        return response
+
+    async def _answer(request: Request) -> Response:
         try:
             return await handler(request)
         except PayloadTooLarge as exc:
@@ -207,6 +220,7 @@ def build_app(
 
     spec = host.scorer.spec
     packages = package_versions(spec.report_packages)
+    metrics = ChildMetrics(spec.name)
 
     async def health(request: Request) -> Response:
         return JSONResponse(
@@ -247,6 +261,7 @@ def build_app(
             t2 = time.perf_counter()
             result = await in_worker(host.score, items, group_size)
             t3 = time.perf_counter()
+            metrics.scored(len(items), t3 - t2)
             answer = wire.encode(response_to_wire(items, result))
             phases.extend((("decode", t1, t2), ("score", t2, t3), ("encode", t3, time.perf_counter())))
             return answer
@@ -280,17 +295,22 @@ def build_app(
             return _error(504, "drain_timeout", f"requests still in flight after {timeout_s} s")
         return JSONResponse({"drained": waited})
 
+    async def metrics_page(request: Request) -> Response:
+        page = metrics.render(ledger.in_flight, gate.pending if gate else None, host.residency, host.transitions)
+        return Response(page, media_type=METRICS_CONTENT_TYPE)
+
     async def shutdown(request: Request) -> Response:
         state["value"] = "stopping"
         return JSONResponse({"state": "stopping"}, background=BackgroundTask(request_exit))
 
     routes = [
-        Route("/health", _guarded(health), methods=["GET"]),
-        Route("/score", _guarded(score), methods=["POST"]),
-        Route("/onload", _guarded(onload), methods=["POST"]),
-        Route("/offload", _guarded(offload), methods=["POST"]),
-        Route("/drain", _guarded(drain), methods=["POST"]),
-        Route("/shutdown", _guarded(shutdown), methods=["POST"]),
+        Route("/health", _guarded(health, metrics), methods=["GET"]),
+        Route("/metrics", _guarded(metrics_page), methods=["GET"]),
+        Route("/score", _guarded(score, metrics), methods=["POST"]),
+        Route("/onload", _guarded(onload, metrics), methods=["POST"]),
+        Route("/offload", _guarded(offload, metrics), methods=["POST"]),
+        Route("/drain", _guarded(drain, metrics), methods=["POST"]),
+        Route("/shutdown", _guarded(shutdown, metrics), methods=["POST"]),
     ]
     app = Starlette(routes=routes)
     app.router.redirect_slashes = False  # '/score/' is an unknown path (404), not a redirect

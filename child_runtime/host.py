@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ class ScorerHost:
         self.identity_hash = identity_hash
         self.gpu_residency = gpu_residency
         self.residency = "offloaded"
+        self.transitions: Counter[str] = Counter()  # residency changes, by the state reached (for /metrics)
         self.load_s = 0.0  # the scorer's load() (and boot onload), for the readiness line
         self._lock = threading.Lock()
 
@@ -55,15 +57,20 @@ class ScorerHost:
             "ragged_groups": spec.ragged_groups,
         }
 
+    def _become(self, state: str) -> None:
+        if state != self.residency:
+            self.transitions[state] += 1
+        self.residency = state
+
     def _onload_locked(self) -> dict[str, Any]:
         if self.residency == "resident":
             return {"changed": False}
         try:
             figures = dict(self.scorer.onload() or {})
         except BaseException:
-            self.residency = "unknown"  # weights may be half on the device
+            self._become("unknown")  # weights may be half on the device
             raise
-        self.residency = "resident"
+        self._become("resident")
         return {"changed": True, **figures}
 
     def _offload_locked(self) -> dict[str, Any]:
@@ -74,9 +81,9 @@ class ScorerHost:
         try:
             figures = dict(self.scorer.offload() or {})
         except BaseException:
-            self.residency = "unknown"
+            self._become("unknown")
             raise
-        self.residency = "offloaded"
+        self._become("offloaded")
         return {"changed": True, **figures}
 
     def onload(self) -> dict[str, Any]:

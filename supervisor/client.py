@@ -119,6 +119,7 @@ class ScorerClient:
         self.shared_min_bytes = shared_min_bytes
         self.last_server_timing: str | None = None  # the child's phases for the last /score (ms)
         self.last_replayed = False  # the last /score was answered from the child's idempotency cache
+        self.in_band_bytes = 0  # /score bodies sent over the socket (arrays included when not shared)
 
     @classmethod
     def remote(cls, base_url: str, token: str | None, request_timeout: float) -> ScorerClient:
@@ -177,7 +178,9 @@ class ScorerClient:
         timeout = self.request_timeout if timeout is None else timeout
         content = self._score_shared(frame, headers, timeout) if self.uses_segment(frame) else None
         if content is None:
-            content = self._send("POST", "/score", timeout, frame.body_parts(), headers)
+            parts = frame.body_parts()
+            self.in_band_bytes += sum(memoryview(part).nbytes for part in parts)
+            content = self._send("POST", "/score", timeout, parts, headers)
         try:
             return wire.decode(content)
         except wire.WireError as exc:

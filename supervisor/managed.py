@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from child_runtime.exit_codes import is_boot_failure
+from supervisor import prometheus
 from supervisor.backend import RewardBackend, ScorerShape, check_reward_names, score_in_chunks
 from supervisor.client import ScorerClient
 from supervisor.config import RESERVED_ENV, ManagedScorerProcessSpec
@@ -39,6 +41,7 @@ from supervisor.errors import (
     ScorerError,
     ScorerProcessDied,
     ScorerStartupError,
+    ScorerTimeout,
     ScorerUnavailable,
     TransportError,
     scorer_error,
@@ -75,6 +78,13 @@ class _Generation:
     client: ScorerClient
     segment: ParentSegment | None = None
     abandoned: bool = False  # a call on it was interrupted (Ctrl-C): the child was killed at once
+
+    def transport_bytes(self) -> Counter[str]:
+        """Request bytes by path: in-band, copied into the shared segment, sent in place from an arena."""
+        counts = Counter({"in_band": self.client.in_band_bytes})
+        if self.segment is not None:
+            counts.update({"shared_copied": self.segment.copied_bytes, "shared_in_place": self.segment.in_place_bytes})
+        return counts
 
     def release(self) -> None:
         """Close the connections and the parent's side of the segment (the child's dies with it)."""
@@ -172,6 +182,9 @@ class ManagedScorerProcessBackend(RewardBackend):
         self._dead: ScorerError | None = None
         self._failed_at = 0.0
         self._restarts: list[float] = []
+        self.timeouts = 0  # calls that passed their deadline (their child was killed)
+        prometheus.track(self)
+        self._retired_bytes: Counter[str] = Counter()  # transport bytes of replaced children
         self._closed = False
         self._closing = threading.Event()
         self._want_offloaded = False  # what a restarted resident child should boot as
@@ -291,6 +304,7 @@ class ManagedScorerProcessBackend(RewardBackend):
             self._restarts.append(time.monotonic())
         began = time.monotonic()
         old.child.finish()  # reaped (bounded) before its resources go
+        self._retired_bytes.update(old.transport_bytes())
         old.release()
         try:
             new, _ = self._launch()
@@ -320,6 +334,11 @@ class ManagedScorerProcessBackend(RewardBackend):
     @property
     def combination(self) -> dict[str, Any]:
         return {"required": list(self.required_rewards), "weights": dict(sorted(self.spec.client.weights.items()))}
+
+    def transport_bytes(self) -> Counter[str]:
+        """Request bytes sent to this backend's children so far, by path (see `_Generation.transport_bytes`)."""
+        gen = self._gen
+        return self._retired_bytes + (gen.transport_bytes() if gen is not None else Counter())
 
     @property
     def restarts(self) -> int:
@@ -383,6 +402,7 @@ class ManagedScorerProcessBackend(RewardBackend):
                 left = max(0.0, started + budget - time.monotonic()) if graceful else 0.0
                 term = min(TERM_GRACE_S, left / 2)
                 record = gen.child.stop(graceful_s=left - term, term_s=term)
+                self._retired_bytes.update(gen.transport_bytes())
                 gen.release()
                 self.timings["shutdown_s"] = time.monotonic() - started
         if graceful and record.returncode == 0 and not self.spec.process.keep_clean_logs and gen.child.log_path:
@@ -424,7 +444,10 @@ class ManagedScorerProcessBackend(RewardBackend):
         try:
             return call(*args)
         except (TransportError, ErrorStatus) as exc:
-            raise self._failure(gen, what, exc) from exc
+            error = self._failure(gen, what, exc)
+            if isinstance(error, ScorerTimeout):
+                self.timeouts += 1
+            raise error from exc
         except Exception as exc:  # a fault in this process mid-exchange (MemoryError, a bug): state unknown
             raise self._failure(gen, what, ConnectionLost(f"failed in this process: {exc!r}")) from exc
         except BaseException:  # Ctrl-C mid-call: the child is still busy with what nobody will read

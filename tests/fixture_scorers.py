@@ -462,9 +462,11 @@ class ProbeV2(Probe):
 
 
 class RefusesText(Scorer):
-    """len(text), but an item whose text is `poison` is refused (bad input) with the whole batch."""
+    """len(text), but an item whose text is `poison` is refused (bad input) with the whole batch; 'offloads'."""
 
-    spec = _spec("refuses_text")
+    spec = ScorerSpec(
+        name="refuses_text", input_kind="text", terms=("refuses_text",), env="image", supports_offload=True
+    )
 
     def __init__(self, poison: str = "poison") -> None:
         self.poison = poison

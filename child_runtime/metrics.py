@@ -1,0 +1,143 @@
+"""`GET /metrics` in the Prometheus text format (0.0.4), written here so scorer envs need no client library.
+
+Counters: requests by endpoint and status, items scored, errors by kind, residency transitions.
+A histogram of score latency (the scorer's own time, and the whole request). Gauges read at
+scrape time: requests in flight, connections waiting, residency state, resident memory, and
+CUDA memory when the scorer has torch with CUDA initialised.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+PREFIX = "managed_scorers_child"
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+RESIDENCY_STATES = ("resident", "offloaded", "unknown")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(pairs: Iterable[tuple[str, str]]) -> str:
+    text = ",".join(f'{key}="{_escape(value)}"' for key, value in pairs)
+    return "{" + text + "}" if text else ""
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS_S) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1
+        self.total += value
+
+    def lines(self, name: str, labels: tuple[tuple[str, str], ...]) -> list[str]:
+        out, running = [], 0
+        for bound, count in zip((*map(repr, self.buckets), "+Inf"), self.counts, strict=True):
+            running += count
+            out.append(f"{name}_bucket{_labels((*labels, ('le', bound)))} {running}")
+        out.append(f"{name}_sum{_labels(labels)} {self.total!r}")
+        out.append(f"{name}_count{_labels(labels)} {running}")
+        return out
+
+
+class ChildMetrics:
+    """Counted by the app as requests pass; rendered on scrape. Thread-safe (the scorer runs in a worker)."""
+
+    def __init__(self, scorer: str) -> None:
+        self.scorer = scorer
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, int]] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.items = 0
+        self.score_latency = Histogram()
+        self.request_latency = Histogram()
+
+    def request(self, endpoint: str, status: int, seconds: float) -> None:
+        with self._lock:
+            self.requests[(endpoint, status)] += 1
+            if endpoint == "/score":
+                self.request_latency.observe(seconds)
+
+    def error(self, kind: str) -> None:
+        with self._lock:
+            self.errors[kind] += 1
+
+    def scored(self, items: int, seconds: float) -> None:
+        with self._lock:
+            self.items += items
+            self.score_latency.observe(seconds)
+
+    def render(
+        self,
+        in_flight: int,
+        pending_connections: int | None,
+        residency: str,
+        transitions: Counter[str],
+        rss_bytes: Callable[[], int | None] = lambda: resident_bytes(),
+    ) -> str:
+        scorer = (("scorer", self.scorer),)
+        lines: list[str] = []
+
+        def family(name: str, kind: str, help_text: str) -> str:
+            full = f"{PREFIX}_{name}"
+            lines.extend((f"# HELP {full} {help_text}", f"# TYPE {full} {kind}"))
+            return full
+
+        with self._lock:
+            name = family("requests_total", "counter", "HTTP requests answered, by endpoint and status.")
+            for (endpoint, status), count in sorted(self.requests.items()):
+                lines.append(f"{name}{_labels((*scorer, ('endpoint', endpoint), ('status', str(status))))} {count}")
+            name = family("items_total", "counter", "Items scored.")
+            lines.append(f"{name}{_labels(scorer)} {self.items}")
+            name = family("errors_total", "counter", "Requests answered with an error, by kind.")
+            for kind, count in sorted(self.errors.items()):
+                lines.append(f"{name}{_labels((*scorer, ('kind', kind)))} {count}")
+            name = family("score_seconds", "histogram", "The scorer's time per request (decode and encode aside).")
+            lines.extend(self.score_latency.lines(name, scorer))
+            name = family("request_seconds", "histogram", "Whole /score requests, body read to answer.")
+            lines.extend(self.request_latency.lines(name, scorer))
+        name = family("in_flight", "gauge", "Score requests accepted and not yet answered.")
+        lines.append(f"{name}{_labels(scorer)} {in_flight}")
+        if pending_connections is not None:
+            name = family("pending_connections", "gauge", "Connections waiting for their first request.")
+            lines.append(f"{name}{_labels(scorer)} {pending_connections}")
+        name = family("residency", "gauge", "1 for the scorer's current residency state.")
+        for state in RESIDENCY_STATES:
+            lines.append(f"{name}{_labels((*scorer, ('state', state)))} {int(state == residency)}")
+        name = family("residency_transitions_total", "counter", "Residency changes, by the state reached.")
+        for state, count in sorted(transitions.items()):
+            lines.append(f"{name}{_labels((*scorer, ('to', state)))} {count}")
+        rss = rss_bytes()
+        if rss is not None:
+            name = family("resident_memory_bytes", "gauge", "Resident set size of the child process.")
+            lines.append(f"{name}{_labels(scorer)} {rss}")
+        for metric, value in cuda_memory().items():
+            name = family(f"cuda_{metric}_bytes", "gauge", f"torch.cuda.memory_{metric}() on the scorer's device.")
+            lines.append(f"{name}{_labels(scorer)} {value}")
+        return "\n".join(lines) + "\n"
+
+
+def resident_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None  # not Linux: the gauge is left out, never reported as 0
+
+
+def cuda_memory() -> dict[str, int]:
+    """Only when the scorer already uses torch with CUDA: a scrape never initialises CUDA itself."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {"allocated": int(torch.cuda.memory_allocated()), "reserved": int(torch.cuda.memory_reserved())}

@@ -1,0 +1,62 @@
+"""Parent-side metrics for Prometheus, where the trainer env has prometheus-client.
+
+`register()` adds one collector that reads every live managed backend's own counters at
+scrape time: restarts, timeouts, and request bytes by transport path (in-band, copied into the
+shared segment, sent in place from an arena). Nothing runs on the scoring path and nothing is
+kept for a backend once it is gone. The children's own figures are on their `GET /metrics`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from supervisor.managed import ManagedScorerProcessBackend
+
+_LIVE: weakref.WeakSet[ManagedScorerProcessBackend] = weakref.WeakSet()
+_REGISTERED: set[int] = set()
+
+
+def track(backend: ManagedScorerProcessBackend) -> None:
+    """Called by every managed backend as it is made (cheap: a weak reference)."""
+    _LIVE.add(backend)
+
+
+class BackendCollector:
+    """A prometheus-client collector over the live managed backends of this process."""
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        restarts = CounterMetricFamily(
+            "managed_scorers_restarts", "Child restarts that count against the policy.", labels=["scorer", "backend"]
+        )
+        timeouts = CounterMetricFamily(
+            "managed_scorers_timeouts",
+            "Calls past their deadline (the child was killed).",
+            labels=["scorer", "backend"],
+        )
+        transport = CounterMetricFamily(
+            "managed_scorers_transport_bytes", "Request bytes by path.", labels=["scorer", "backend", "path"]
+        )
+        for backend in list(_LIVE):
+            labels = [backend.spec.scorer.name, f"{id(backend):x}"]
+            restarts.add_metric(labels, backend.restarts)
+            timeouts.add_metric(labels, backend.timeouts)
+            for path in ("in_band", "shared_copied", "shared_in_place"):
+                transport.add_metric([*labels, path], backend.transport_bytes()[path])
+        yield from (restarts, timeouts, transport)
+
+
+def register(registry: Any = None) -> BackendCollector:
+    """Add the collector to `registry` (default: prometheus-client's global one), once per registry."""
+    from prometheus_client import REGISTRY
+
+    target = REGISTRY if registry is None else registry
+    collector = BackendCollector()
+    if id(target) not in _REGISTERED:
+        target.register(collector)
+        _REGISTERED.add(id(target))
+    return collector
