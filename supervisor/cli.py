@@ -1,4 +1,4 @@
-"""`managed-scorers`: build and list scorer envs, score a JSONL dataset through a recipe.
+"""`managed-scorers`: scorer envs, scoring a JSONL dataset, serving a scorer, checking a recipe.
 
 Each subcommand is a thin layer over the library call that does the job; errors the user can
 fix (a missing env, a failed pip) print one line naming the fix and exit 2, never a traceback.
@@ -137,6 +137,17 @@ def _serve(args: argparse.Namespace) -> int:
     serve(spec, args.host, args.port, read_token(args.token_env, args.token_file), args.allow_remote)
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from supervisor.doctor import doctor
+
+    def say(check: Any) -> None:
+        print("\n".join(check.lines()), flush=True)
+
+    healthy = doctor(args.recipe, say)
+    print("all checks passed" if healthy else "some checks failed: see the fix lines above")
+    return 0 if healthy else 1
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="managed-scorers", description=__doc__.splitlines()[0])
     commands = top.add_subparsers(dest="command", required=True)
@@ -194,6 +205,10 @@ def parser() -> argparse.ArgumentParser:
     server.add_argument("--catalog", help="a custom catalog factory, module:name")
     server.add_argument("--extra-import-path", type=_folder, action="append", help="a folder of your scorer modules")
     server.set_defaults(run=_serve)
+
+    checkup = commands.add_parser("doctor", help="check a recipe end to end: envs, boot, one sample, shared memory")
+    checkup.add_argument("recipe", type=_folder, help="a reward recipe (YAML)")
+    checkup.set_defaults(run=_doctor)
     return top
 
 

@@ -1,0 +1,59 @@
+"""`managed-scorers doctor RECIPE`: each check on its own line; a failure says why and what to do."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+
+
+def doctor(recipe: dict, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps({"reward": recipe}))
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "doctor", str(path)],
+        env={**ENV, **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def one_model(**model: object) -> dict:
+    return {"models": {"m": {"backend": "managed", **model}}, "reward_functions": {"t": {"model": "m"}}}
+
+
+@pytest.mark.slow
+def test_a_healthy_recipe_passes_every_check(tmp_path):
+    done = doctor(one_model(scorer="math_verify", env="math"), tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for line in ("passes preflight", "runs: Python 3.11", "child boots", "one text sample scores: reward 1.0",
+                 "shared-memory data plane: negotiated", "all checks passed"):  # fmt: skip
+        assert line in done.stdout, (line, done.stdout)
+
+
+@pytest.mark.slow
+def test_failures_are_named_with_their_fix(tmp_path):
+    fixtures = {"env": "image", "extra_import_paths": [str(REPO_ROOT)]}
+    cases = [
+        (one_model(scorer="math_verify", env="math"), {"MANAGED_SCORERS_ENVS": str(tmp_path / "none")},
+         "is not built", "fix: fix the recipe or build the env it names"),
+        (one_model(scorer="tests.fixture_scorers:LoadFails", **fixtures), {},
+         "child boots: ", "fix: the scorer's load() failed"),
+        (one_model(scorer="tests.fixture_scorers:Raises", **fixtures), {},
+         "one text sample scores: ", "fix: see the message"),
+    ]  # fmt: skip
+    for recipe, env, failed, fix in cases:
+        done = doctor(recipe, tmp_path, **env)
+        assert done.returncode == 1, done.stdout + done.stderr
+        fail_lines = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+        assert fail_lines and failed in fail_lines[0], (failed, done.stdout)
+        assert fix in done.stdout and "some checks failed" in done.stdout, done.stdout
