@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import REPO_ROOT
@@ -176,3 +177,26 @@ def test_a_refused_row_gets_its_error_and_no_reward_while_its_batch_mates_are_sc
     stopped = score("--recipe", tmp_path / "r.json", "--input", tmp_path / "all.jsonl", "--output", tmp_path / "o2")
     assert stopped.returncode == 1 and "every row of a batch failed on its own" in stopped.stderr
     assert output_rows(tmp_path / "o2")[1] == []  # the run stopped: no row of that batch written
+
+
+def test_image_paths_are_read_relative_to_the_input_file(tmp_path):
+    from PIL import Image
+
+    (tmp_path / "imgs").mkdir()
+    flat = np.full((32, 32, 3), 90, np.uint8)
+    noisy = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    Image.fromarray(flat).save(tmp_path / "imgs" / "flat.png")
+    Image.fromarray(noisy).save(tmp_path / "imgs" / "noisy.png")
+    rows = [{"id": "f", "image": "imgs/flat.png", "prompt": "grey"}, {"id": "n", "image": "imgs/noisy.png"}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    panel = {"reward": {"models": {"j": {"backend": "local", "scorer": "mean_intensity", "input_kind": "image"}},
+                        "reward_functions": {"mean": {"model": "j"}}}}  # fmt: skip
+    (tmp_path / "r.json").write_text(json.dumps(panel))
+    args = ["--recipe", tmp_path / "r.json", "--input", tmp_path / "in.jsonl", "--image-column", "image"]
+    done = score(*args, "--output", tmp_path / "out.jsonl")
+    assert done.returncode == 0, done.stderr
+    _, out = output_rows(tmp_path / "out.jsonl")
+    assert [r["reward"] for r in out] == pytest.approx([90 / 255, noisy.mean() / 255])
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": "x", "image": "imgs/missing.png"}) + "\n")
+    missing = score(*args, "--output", tmp_path / "o2.jsonl")
+    assert missing.returncode == 2 and "in.jsonl:1: column 'image' must name an image file" in missing.stderr
