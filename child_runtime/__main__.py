@@ -262,6 +262,10 @@ def main() -> None:
         config = read_boot_config(boot.read_frame(sys.stdin.fileno()))
     except (ValueError, KeyError, TypeError) as exc:
         _fail(None, exit_codes.BAD_CONFIG, f"cannot read boot config from stdin: {exc!r}")
+    if standalone:  # stdin is the memfd that held the token: nothing here, nor a subprocess, may read it again
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
     if standalone and config.parent_pid is not None:
         _fail(None, exit_codes.BAD_CONFIG, "--standalone takes a boot config without parent_pid")
     if not standalone and config.parent_pid != parent:

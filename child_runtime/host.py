@@ -58,8 +58,8 @@ class ScorerHost:
         }
 
     def _become(self, state: str) -> None:
-        if state != self.residency:
-            self.transitions[state] += 1
+        if state != self.residency:  # a new Counter each time: /metrics reads it from another thread
+            self.transitions = self.transitions + Counter({state: 1})
         self.residency = state
 
     def _onload_locked(self) -> dict[str, Any]:

@@ -55,7 +55,7 @@ def _folder(value: str) -> Path:
 
 def _score(args: argparse.Namespace) -> int:
     from supervisor.recipes import build_panels, load_recipe
-    from supervisor.score_dataset import Columns, header_for, metrics_line, read_rows, score_dataset
+    from supervisor.score_dataset import Columns, header_for, metrics_line, plan_output, read_rows, score_dataset
 
     columns = Columns(
         id=args.id_column,
@@ -69,7 +69,10 @@ def _score(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
     if args.validation and recipe.validation is None:
         raise ConfigError(f"{args.recipe} has no validation panel (--validation)")
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
     rows = read_rows(args.input, columns, needs_text=args.image_column is None)  # before any child starts
+    plan = plan_output(args.output, rows, columns, args.resume)  # likewise: a bad output costs no boot
     train, validation = build_panels(recipe)
     panel = validation if args.validation and validation is not None else train
     with contextlib.ExitStack() as stack:
@@ -88,7 +91,7 @@ def _score(args: argparse.Namespace) -> int:
 
         try:
             summary = score_dataset(
-                panel, rows, args.output, header, columns, args.input.parent, args.batch_size, args.resume, progress
+                panel, rows, args.output, header, columns, args.input.parent, plan, args.batch_size, progress
             )
         except KeyboardInterrupt:
             for bar in bars:
@@ -134,7 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    serve(spec, args.host, args.port, read_token(args.token_env, args.token_file), args.allow_remote)
+    serve(spec, args.host, args.port, read_token(args.token_env, args.token_file), args.allow_remote, args.token_env)
 
 
 def _doctor(args: argparse.Namespace) -> int:

@@ -192,7 +192,9 @@ class ManagedScorerProcessSpec(_Model):
         process = data.get("process")
         process = process.model_dump() if isinstance(process, ProcessConfig) else dict(process or {})
         if process.get("python_executable") is not None:
-            if data.get("env") is not None:
+            named = data.get("env")
+            given = Path(os.path.abspath(process["python_executable"]))
+            if named is not None and given != scorer_envs.env_python(named):  # agreeing: a dumped spec read back
                 raise ValueError("give process.python_executable or env (a scorer env by name), not both")
             return data
         name = data.get("env") or _declared_env(data.get("scorer"))

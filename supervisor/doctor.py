@@ -21,7 +21,7 @@ import numpy as np
 
 from child_runtime import exit_codes
 from supervisor.config import BackendConfig, ManagedScorerProcessSpec, PanelConfig, RemoteBackendConfig
-from supervisor.errors import ConfigError, ScorerError, ScorerStartupError
+from supervisor.errors import ConfigError, ScorerStartupError
 from supervisor.preflight import preflight
 from supervisor.recipes import load_recipe, make_backend
 from supervisor.types import RewardItem, RewardRequest
@@ -122,13 +122,13 @@ def _check_backend(term: str, config: BackendConfig, group_size: int | None, say
     except ScorerStartupError as exc:
         say(Check(f"{where}: child boots", False, str(exc).splitlines()[0], _boot_fix(exc)))
         return False
-    except (ScorerError, ConfigError) as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure to start is one failed check; the others still run
         fix = (
             "is the server running, and the token in the named variable?"
             if isinstance(config, RemoteBackendConfig)
-            else ""
+            else "see the message"
         )
-        say(Check(f"{where}: backend starts", False, str(exc).splitlines()[0], fix or "see the message"))
+        say(Check(f"{where}: backend starts", False, f"{type(exc).__name__}: {exc}".splitlines()[0], fix))
         return False
     ok = True
     with backend:
@@ -150,12 +150,12 @@ def _check_backend(term: str, config: BackendConfig, group_size: int | None, say
                 )
             )
             ok = finite
-        except (ScorerError, ConfigError) as exc:
+        except Exception as exc:  # noqa: BLE001 - reported as this check's failure, with its type
             say(
                 Check(
                     f"{where}: one {kind} sample scores",
                     False,
-                    str(exc).splitlines()[0],
+                    f"{type(exc).__name__}: {exc}".splitlines()[0],
                     "see the message; the child's log tail is in the error",
                 )
             )

@@ -78,6 +78,7 @@ class _Generation:
     client: ScorerClient
     segment: ParentSegment | None = None
     abandoned: bool = False  # a call on it was interrupted (Ctrl-C): the child was killed at once
+    retired: bool = False  # its transport bytes moved into the backend's retired counts
 
     def transport_bytes(self) -> Counter[str]:
         """Request bytes by path: in-band, copied into the shared segment, sent in place from an arena."""
@@ -183,8 +184,9 @@ class ManagedScorerProcessBackend(RewardBackend):
         self._failed_at = 0.0
         self._restarts: list[float] = []
         self.timeouts = 0  # calls that passed their deadline (their child was killed)
-        prometheus.track(self)
         self._retired_bytes: Counter[str] = Counter()  # transport bytes of replaced children
+        self._bytes_lock = threading.Lock()
+        self.metrics_id = prometheus.track(self)  # after the counters it reads exist
         self._closed = False
         self._closing = threading.Event()
         self._want_offloaded = False  # what a restarted resident child should boot as
@@ -304,7 +306,7 @@ class ManagedScorerProcessBackend(RewardBackend):
             self._restarts.append(time.monotonic())
         began = time.monotonic()
         old.child.finish()  # reaped (bounded) before its resources go
-        self._retired_bytes.update(old.transport_bytes())
+        self._retire(old)
         old.release()
         try:
             new, _ = self._launch()
@@ -337,8 +339,17 @@ class ManagedScorerProcessBackend(RewardBackend):
 
     def transport_bytes(self) -> Counter[str]:
         """Request bytes sent to this backend's children so far, by path (see `_Generation.transport_bytes`)."""
-        gen = self._gen
-        return self._retired_bytes + (gen.transport_bytes() if gen is not None else Counter())
+        with self._bytes_lock:
+            gen = self._gen
+            live = gen.transport_bytes() if gen is not None and not gen.retired else Counter()
+            return self._retired_bytes + live
+
+    def _retire(self, gen: _Generation) -> None:
+        """Move a generation's bytes into the retired counts, once, so a scrape never counts them twice."""
+        with self._bytes_lock:
+            if not gen.retired:
+                self._retired_bytes.update(gen.transport_bytes())
+                gen.retired = True
 
     @property
     def restarts(self) -> int:
@@ -402,7 +413,7 @@ class ManagedScorerProcessBackend(RewardBackend):
                 left = max(0.0, started + budget - time.monotonic()) if graceful else 0.0
                 term = min(TERM_GRACE_S, left / 2)
                 record = gen.child.stop(graceful_s=left - term, term_s=term)
-                self._retired_bytes.update(gen.transport_bytes())
+                self._retire(gen)
                 gen.release()
                 self.timings["shutdown_s"] = time.monotonic() - started
         if graceful and record.returncode == 0 and not self.spec.process.keep_clean_logs and gen.child.log_path:

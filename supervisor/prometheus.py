@@ -8,6 +8,8 @@ kept for a backend once it is gone. The children's own figures are on their `GET
 
 from __future__ import annotations
 
+import itertools
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -17,11 +19,16 @@ if TYPE_CHECKING:
 
 _LIVE: weakref.WeakSet[ManagedScorerProcessBackend] = weakref.WeakSet()
 _REGISTERED: set[int] = set()
+_LOCK = threading.Lock()
+_IDS = itertools.count(1)
 
 
-def track(backend: ManagedScorerProcessBackend) -> None:
-    """Called by every managed backend as it is made (cheap: a weak reference)."""
-    _LIVE.add(backend)
+def track(backend: ManagedScorerProcessBackend) -> str:
+    """Called by every managed backend as it is made (cheap: a weak reference); returns its `backend`
+    label, unique in this process (an id() could be reused by a later backend)."""
+    with _LOCK:
+        _LIVE.add(backend)
+        return str(next(_IDS))
 
 
 class BackendCollector:
@@ -41,8 +48,10 @@ class BackendCollector:
         transport = CounterMetricFamily(
             "managed_scorers_transport_bytes", "Request bytes by path.", labels=["scorer", "backend", "path"]
         )
-        for backend in list(_LIVE):
-            labels = [backend.spec.scorer.name, f"{id(backend):x}"]
+        with _LOCK:
+            live = list(_LIVE)
+        for backend in live:
+            labels = [backend.spec.scorer.name, backend.metrics_id]
             restarts.add_metric(labels, backend.restarts)
             timeouts.add_metric(labels, backend.timeouts)
             for path in ("in_band", "shared_copied", "shared_in_place"):

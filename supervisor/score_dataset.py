@@ -2,16 +2,19 @@
 
 The output starts with a header line (the panel's identity hash and each term's scorer and
 revision); every other line is one input row's result: `id`, `reward`, `components`, `error`.
-Rows are written a whole batch at a time, flushed, so an interrupted run (Ctrl-C, a kill)
-leaves a valid prefix; `resume` keeps it, drops a torn last line, and scores only the ids not
-yet written, refusing an output made by another identity (a changed revision, params or
-weights). Malformed input fails before anything is scored, naming the file and line. A batch
-the scorer refuses is split until the refused rows are isolated: each gets `reward: null` and
-its error, never a reward; if every row of a batch fails on its own, the run stops instead.
+Each row also carries `input_sha`, a digest of its input row. Rows are written a whole batch
+at a time, flushed, so an interrupted run (Ctrl-C, a kill) leaves a valid prefix; `resume`
+keeps the rows that are a prefix of this input (same ids, same digests, same columns, else it
+refuses), drops a torn last line and a group cut short, and refuses an output made by another
+identity (a changed revision, params or weights). Malformed input fails before anything is
+scored or started, naming the file and line. A batch the scorer refuses is split until the
+refused rows (or groups) are isolated: each gets `reward: null` and its error, never a reward;
+when every unit of a batch fails on its own, or 10 units in a row do, the run stops instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -32,6 +35,7 @@ from supervisor.types import RewardItem, RewardRequest
 HEADER_KEY = "managed_scorers_output"
 FORMAT_VERSION = 1
 PER_ROW_KINDS = ("bad_input", "scorer_error")  # what a row can cause; anything else stops the run
+STOP_AFTER_FAILED_UNITS = 10  # rows or groups failing one after another: the scorer, not the data
 
 
 class InputRowError(ConfigError):
@@ -60,6 +64,16 @@ class Row:
     line: int
     id: str
     fields: dict[str, Any]
+    digest: str  # of the whole input row: a resumed output must have been made from this very row
+
+
+@dataclass
+class ResumePlan:
+    """What an existing output holds: its header, how many leading input rows it covers, where to cut it."""
+
+    header: dict[str, Any] | None = None
+    done: int = 0
+    truncate_at: int = 0
 
 
 @dataclass
@@ -82,9 +96,11 @@ class Summary:
 
 
 def read_rows(path: Path, columns: Columns, needs_text: bool) -> list[Row]:
-    """Every row, checked before anything is scored: JSON objects, unique ids, the needed fields."""
+    """Every row, checked before anything is scored or started: JSON objects, unique ids, the needed
+    fields, a valid item (types, finite numbers), images that open, groups whole and contiguous."""
     rows: list[Row] = []
     seen: dict[str, int] = {}
+    group_starts: dict[str, int] = {}
     with open(path, encoding="utf-8") as handle:
         for number, raw in enumerate(handle, start=1):
             where = f"{path}:{number}"
@@ -106,11 +122,45 @@ def read_rows(path: Path, columns: Columns, needs_text: bool) -> list[Row]:
             if needs_text and not isinstance(fields.get(columns.response), str):
                 raise InputRowError(f"{where}: no text in column {columns.response!r} (--response-column)")
             if columns.image is not None:
-                image = fields.get(columns.image)
-                if not isinstance(image, str) or not (path.parent / image).is_file():
-                    raise InputRowError(f"{where}: column {columns.image!r} must name an image file, got {image!r}")
-            rows.append(Row(number, row_id, fields))
+                _check_image(fields.get(columns.image), path.parent, columns.image, where)
+            if columns.group is not None:
+                group = fields.get(columns.group)
+                if not isinstance(group, (str, int)) or isinstance(group, bool):
+                    raise InputRowError(f"{where}: column {columns.group!r} must hold a group (string or integer)")
+                key = str(group)
+                if key in group_starts and rows and _group_of(rows[-1], columns) != key:
+                    raise InputRowError(
+                        f"{where}: group {key!r} began on line {group_starts[key]}: groups must be contiguous"
+                    )
+                group_starts.setdefault(key, number)
+            canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            row = Row(number, row_id, fields, hashlib.sha256(canonical.encode()).hexdigest()[:16])
+            try:
+                _item(row, columns, path.parent, load_image=False)
+            except ValueError as exc:  # pydantic's ValidationError: a type, an empty id, a NaN
+                raise InputRowError(f"{where}: {_first_error(exc)}") from exc
+            rows.append(row)
     return rows
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        return f"{'.'.join(map(str, first['loc'])) or 'row'}: {first['msg']}"
+    return str(exc)
+
+
+def _check_image(value: Any, base: Path, column: str, where: str) -> None:
+    from PIL import Image, UnidentifiedImageError
+
+    if not isinstance(value, str) or not (base / value).is_file():
+        raise InputRowError(f"{where}: column {column!r} must name an image file, got {value!r}")
+    try:
+        with Image.open(base / value):  # the header only: a file that is not an image fails here, not mid-run
+            pass
+    except (UnidentifiedImageError, OSError) as exc:
+        raise InputRowError(f"{where}: {value} is not a readable image ({exc})") from exc
 
 
 def header_for(panel: RewardPanel, recipe: str, columns: Columns) -> dict[str, Any]:
@@ -131,32 +181,66 @@ def header_for(panel: RewardPanel, recipe: str, columns: Columns) -> dict[str, A
     }
 
 
-def read_output(path: Path) -> tuple[dict[str, Any] | None, set[str], int]:
-    """(header, ids written, bytes of whole valid lines): a torn last line is not counted."""
-    done: set[str] = set()
-    header = None
-    valid = 0
+def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str]], list[int], int]:
+    """(header, (id, input_sha) per row, each row's end offset, the header's end offset).
+
+    A torn last row (a kill mid-write) is left out; a file with no whole managed-scorers header
+    line, or with anything else that is not a row, is refused: it is not an output of this command."""
     with open(path, "rb") as handle:
         data = handle.read()
     lines = data.split(b"\n")
-    for index, raw in enumerate(lines):
-        complete = index < len(lines) - 1  # the text after the last newline is torn (or empty)
-        if not complete:
-            break
+    complete, torn = lines[:-1], lines[-1]
+    not_ours = f"{path} is not an output of managed-scorers score"
+    if not complete:
+        raise ResumeRefused(f"{not_ours} (no whole header line)")
+    try:
+        header = json.loads(complete[0])
+    except json.JSONDecodeError as exc:
+        raise ResumeRefused(f"{not_ours} (its first line is not JSON)") from exc
+    if not isinstance(header, dict) or header.get(HEADER_KEY) != FORMAT_VERSION or "identity_hash" not in header:
+        raise ResumeRefused(f"{not_ours} (no managed-scorers header)")
+    offset = len(complete[0]) + 1
+    header_end, rows, ends = offset, [], []
+    for index, raw in enumerate(complete[1:], start=2):
         try:
             record = json.loads(raw)
         except json.JSONDecodeError as exc:
-            if index == len(lines) - 2 and not lines[-1]:  # the last line, cut short by a kill
+            if index == len(complete) and not torn:  # the last line, cut short before its newline was lost
                 break
-            raise ResumeRefused(f"{path}:{index + 1} is not JSON: not an output this command wrote") from exc
-        if index == 0:
-            if not isinstance(record, dict) or record.get(HEADER_KEY) != FORMAT_VERSION:
-                raise ResumeRefused(f"{path} has no managed-scorers header: not an output this command wrote")
-            header = record
-        else:
-            done.add(str(record["id"]))
-        valid += len(raw) + 1
-    return header, done, valid
+            raise ResumeRefused(f"{path}:{index} is not JSON: {not_ours}") from exc
+        if not isinstance(record, dict) or "id" not in record or "input_sha" not in record:
+            raise ResumeRefused(f"{path}:{index} is not a row: {not_ours}")
+        offset += len(raw) + 1
+        rows.append((str(record["id"]), str(record["input_sha"])))
+        ends.append(offset)
+    return header, rows, ends, header_end
+
+
+def plan_output(output: Path, rows: Sequence[Row], columns: Columns, resume: bool) -> ResumePlan:
+    """Checked before any child starts: may this output be written, and from which input row on."""
+    if not output.parent.is_dir():
+        raise ConfigError(f"{output.parent} does not exist: create it, or choose another output")
+    if not output.exists() or output.stat().st_size == 0:
+        return ResumePlan()
+    if not resume:
+        raise ConfigError(f"{output} exists: pass --resume to continue it, or choose another output")
+    header, written, ends, header_end = read_output(output)
+    if header.get("columns") != asdict(columns):
+        raise ResumeRefused(f"{output} was written with columns {header.get('columns')}, not {asdict(columns)}")
+    if len(written) > len(rows):
+        raise ResumeRefused(f"{output} holds {len(written)} rows, this input only {len(rows)}: another input")
+    for index, (row_id, sha) in enumerate(written):
+        row = rows[index]
+        if (row.id, row.digest) != (row_id, sha):
+            raise ResumeRefused(
+                f"{output} row {index + 1} ({row_id!r}) is not input line {row.line} ({row.id!r}) as it is now: "
+                "the input changed, or is another one; write to a new output"
+            )
+    done = len(written)
+    if columns.group is not None:  # never finish a group that a torn write cut short with fewer candidates
+        while 0 < done < len(rows) and _group_of(rows[done - 1], columns) == _group_of(rows[done], columns):
+            done -= 1
+    return ResumePlan(header, done, ends[done - 1] if done else header_end)
 
 
 def _check_resumable(old: dict[str, Any] | None, new: dict[str, Any], path: Path) -> None:
@@ -175,10 +259,10 @@ def _check_resumable(old: dict[str, Any] | None, new: dict[str, Any], path: Path
     )
 
 
-def _item(row: Row, columns: Columns, base: Path) -> RewardItem:
+def _item(row: Row, columns: Columns, base: Path, load_image: bool = True) -> RewardItem:
     fields = row.fields
     image = None
-    if columns.image is not None:
+    if columns.image is not None and load_image:
         from PIL import Image
 
         with Image.open(base / fields[columns.image]) as opened:
@@ -189,7 +273,7 @@ def _item(row: Row, columns: Columns, base: Path) -> RewardItem:
         text=fields.get(columns.response),
         image=image,
         reference=fields.get(columns.reference),
-        group_id=None if columns.group is None else str(fields[columns.group]),
+        group_id=_group_of(row, columns),
         data_source=fields.get(columns.data_source),
     )
 
@@ -234,26 +318,23 @@ def score_dataset(
     header: dict[str, Any],
     columns: Columns,
     input_dir: Path,
+    plan: ResumePlan,
     batch_size: int = 64,
-    resume: bool = False,
     progress: Callable[[int, int], Callable[[int], None]] | None = None,
 ) -> Summary:
-    """Score `rows` into `output` (see the module docstring); KeyboardInterrupt leaves it resumable."""
+    """Score `rows[plan.done:]` into `output` (see the module docstring); KeyboardInterrupt leaves it resumable."""
     started = time.monotonic()
-    done: set[str] = set()
-    if output.exists() and output.stat().st_size > 0:
-        if not resume:
-            raise ConfigError(f"{output} exists: pass --resume to continue it, or choose another output")
-        old, done, valid = read_output(output)
-        _check_resumable(old, header, output)
-        with open(output, "r+b") as handle:
-            handle.truncate(valid)  # drop a torn last line
-    todo = [row for row in rows if row.id not in done]
-    summary = Summary(total=len(rows), skipped=len(rows) - len(todo))
+    _check_resumable(plan.header, header, output)
+    todo = rows[plan.done :]
+    summary = Summary(total=len(rows), skipped=plan.done)
     advance = progress(summary.total, summary.skipped) if progress is not None else None
-    with open(output, "a", encoding="utf-8") as out:
-        if not done and out.tell() == 0:
+    failed_in_a_row = 0
+    with open(output, "r+" if plan.header is not None else "w", encoding="utf-8") as out:
+        if plan.header is None:
             _write(out, [header])
+        else:
+            out.truncate(plan.truncate_at)  # a torn last line, or a group cut short, goes
+            out.seek(plan.truncate_at)
         for batch in micro_batches(todo, batch_size, lambda row: _group_of(row, columns)):
             items = [_item(row, columns, input_dir) for row in batch]
             written = []
@@ -263,17 +344,36 @@ def score_dataset(
                     summary.diagnostics = merge_term_reports([summary.diagnostics, diagnostics])
             if [r["id"] for r in written] != [row.id for row in batch]:
                 raise RuntimeError("scored rows came back out of input order")  # never written misaligned
-            errors = [r for r in written if r["reward"] is None]
-            if errors and len(errors) == len(written) and len(written) > 1:
-                raise ScorerRequestError(f"every row of a batch failed on its own, e.g. {errors[0]['error']}")
+            units = _unit_failures(batch, written, columns)
+            failed_in_a_row = _consecutive_failures(failed_in_a_row, units)
+            if (len(units) > 1 and all(units)) or failed_in_a_row >= STOP_AFTER_FAILED_UNITS:
+                first = next(r["error"] for r in written if r["reward"] is None)
+                raise ScorerRequestError(f"{failed_in_a_row} rows or groups in a row failed on their own, e.g. {first}")
+            for record, row in zip(written, batch, strict=True):
+                record["input_sha"] = row.digest
             _write(out, written)
             summary.scored += len(written)
-            summary.errors += len(errors)
+            summary.errors += sum(r["reward"] is None for r in written)
             summary.reward_sum += sum(r["reward"] for r in written if r["reward"] is not None)
             if advance is not None:
                 advance(len(written))
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _unit_failures(batch: Sequence[Row], written: list[dict[str, Any]], columns: Columns) -> list[bool]:
+    """Per unit of the batch (a group, or a row of its own), in order: did every row of it fail?"""
+    units: dict[str, bool] = {}
+    for row, record in zip(batch, written, strict=True):
+        key = _group_of(row, columns) or f"row:{row.id}"
+        units[key] = units.get(key, True) and record["reward"] is None
+    return list(units.values())
+
+
+def _consecutive_failures(count: int, units: list[bool]) -> int:
+    for failed in units:
+        count = count + 1 if failed else 0
+    return count
 
 
 def _write(out: IO[str], records: list[dict[str, Any]]) -> None:

@@ -175,7 +175,7 @@ def test_a_refused_row_gets_its_error_and_no_reward_while_its_batch_mates_are_sc
         "".join(json.dumps({"id": f"p{i}", "response": "poison"}) + "\n" for i in range(4))
     )
     stopped = score("--recipe", tmp_path / "r.json", "--input", tmp_path / "all.jsonl", "--output", tmp_path / "o2")
-    assert stopped.returncode == 1 and "every row of a batch failed on its own" in stopped.stderr
+    assert stopped.returncode == 1 and "rows or groups in a row failed on their own" in stopped.stderr
     assert output_rows(tmp_path / "o2")[1] == []  # the run stopped: no row of that batch written
 
 
@@ -200,3 +200,70 @@ def test_image_paths_are_read_relative_to_the_input_file(tmp_path):
     (tmp_path / "in.jsonl").write_text(json.dumps({"id": "x", "image": "imgs/missing.png"}) + "\n")
     missing = score(*args, "--output", tmp_path / "o2.jsonl")
     assert missing.returncode == 2 and "in.jsonl:1: column 'image' must name an image file" in missing.stderr
+
+
+def probe_recipe(path: Path, journal: Path) -> Path:
+    panel = {"models": {"p": {"backend": "local", "scorer": "tests.fixture_scorers:Probe", "params": {"journal": str(journal)}}},
+             "reward_functions": {"len": {"model": "p"}}}  # fmt: skip
+    path.write_text(json.dumps({"reward": panel}))
+    return path
+
+
+def test_resume_refuses_another_input_other_columns_and_files_it_did_not_write(tmp_path):
+    rows = [{"response": "x" * (i + 1)} for i in range(6)]  # no id column: ids are line numbers
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe_path, out = probe_recipe(tmp_path / "r.json", tmp_path / "journal"), tmp_path / "out.jsonl"
+    assert score("--recipe", recipe_path, "--input", tmp_path / "a.jsonl", "--output", out).returncode == 0
+    header, *lines = out.read_text().splitlines(keepends=True)
+    out.write_text(header + "".join(lines[:3]))  # as if stopped after three rows
+    changed = rows[:1] + [{"response": "other"}] + rows[2:]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in changed))
+    refused = score("--recipe", recipe_path, "--input", tmp_path / "b.jsonl", "--output", out, "--resume")
+    assert refused.returncode == 2 and "row 2 ('line-2') is not input line 2" in refused.stderr, refused.stderr
+    other_columns = score(
+        "--recipe", recipe_path, "--input", tmp_path / "a.jsonl", "--output", out, "--resume", "--prompt-column", "q"
+    )
+    assert other_columns.returncode == 2 and "was written with columns" in other_columns.stderr
+    assert out.read_text() == header + "".join(lines[:3])  # untouched by both
+    for name, content in {"single.json": '{"important": "data"}', "notes.txt": "hello world\n"}.items():
+        (tmp_path / name).write_text(content)
+        stranger = score(
+            "--recipe", recipe_path, "--input", tmp_path / "a.jsonl", "--output", tmp_path / name, "--resume"
+        )
+        assert stranger.returncode == 2 and "is not an output of managed-scorers score" in stranger.stderr
+        assert (tmp_path / name).read_text() == content
+    resumed = score("--recipe", recipe_path, "--input", tmp_path / "a.jsonl", "--output", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert [r["reward"] for r in output_rows(out)[1]] == [float(i + 1) for i in range(6)]
+
+
+def test_resume_rescores_a_group_a_torn_write_cut_short_as_a_whole_group(tmp_path):
+    rows = [{"id": f"g{g}-{k}", "g": f"g{g}", "response": "x" * (k + 1)} for g in range(3) for k in range(4)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    journal, out = tmp_path / "journal", tmp_path / "out.jsonl"
+    args = ["--recipe", probe_recipe(tmp_path / "r.json", journal), "--input", tmp_path / "in.jsonl"]
+    assert score(*args, "--output", out, "--group-column", "g", "--batch-size", "4").returncode == 0
+    header, *lines = out.read_text().splitlines(keepends=True)
+    out.write_text(header + "".join(lines[:6]) + lines[6][:10])  # a group and a half, then a torn line
+    journal.unlink()
+    resumed = score(*args, "--output", out, "--group-column", "g", "--batch-size", "4", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert [r["id"] for r in output_rows(out)[1]] == [r["id"] for r in rows]
+    assert [ids for _, ids in journal_calls(str(journal))] == [[f"g{g}-{k}" for k in range(4)] for g in (1, 2)]
+
+
+def test_rows_a_reward_item_would_refuse_are_named_by_line_before_any_child_starts(tmp_path):
+    recipe_path = probe_recipe(tmp_path / "r.json", tmp_path / "journal")
+    good = {"id": "a", "response": "x", "g": "1"}
+    cases = {
+        "prompt": ({**good, "id": "c", "prompt": [{"role": "user", "content": "hi"}]}, []),
+        "finite": ({**good, "id": "c", "reference": float("nan")}, []),
+        "column 'g' must hold a group": ({"id": "b", "response": "y"}, ["--group-column", "g"]),
+        "group '1' began on line 1": ({**good, "id": "c"}, ["--group-column", "g"]),
+    }
+    for message, (row, extra) in cases.items():
+        lines = [good, {"id": "z", "response": "z", "g": "2"}, row]
+        (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        done = score("--recipe", recipe_path, "--input", tmp_path / "in.jsonl", "--output", tmp_path / "o", *extra)
+        assert done.returncode == 2 and "in.jsonl:3: " in done.stderr and message in done.stderr, (message, done.stderr)
+        assert not (tmp_path / "o").exists() and not (tmp_path / "journal").exists()

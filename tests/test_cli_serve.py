@@ -56,13 +56,19 @@ def test_serve_outlives_its_launcher_scores_for_another_process_and_stops_on_sig
     token_file, ready = tmp_path / "token", tmp_path / "ready.json"
     command = " ".join([*SERVE, "--scorer", "math_verify", "--env", "math", "--token-file", str(token_file)])
     # launched in the background by a shell that exits at once: a managed child would die with it
-    subprocess.run(["sh", "-c", f"{command} > {ready} 2> {tmp_path / 'log'} &"], check=True, timeout=30)
+    launcher_env = {**os.environ, "MANAGED_SCORERS_TOKEN": "v" * 32}  # present, but the file is the token
+    subprocess.run(
+        ["sh", "-c", f"{command} > {ready} 2> {tmp_path / 'log'} &"], check=True, timeout=30, env=launcher_env
+    )
     info = wait_ready(ready)
     server = info["pid"]
     try:
         assert info["scorer"] == "math_verify" and info["port"] > 0
         assert oct(token_file.stat().st_mode & 0o777) == "0o600"
         assert psutil.Process(server).ppid() != os.getpid()  # nobody of ours is its parent
+        assert "MANAGED_SCORERS_TOKEN" not in psutil.Process(server).environ()  # the token variable stays behind
+        fds = {fd: os.readlink(f"/proc/{server}/fd/{fd}") for fd in map(int, os.listdir(f"/proc/{server}/fd"))}
+        assert fds[0] == "/dev/null" and not any("memfd" in target for target in fds.values()), fds
         done = subprocess.run(
             [sys.executable, "-c", CLIENT, f"http://127.0.0.1:{info['port']}", str(token_file)],
             capture_output=True,

@@ -130,6 +130,8 @@ def test_a_scorer_env_by_name_or_the_one_the_scorer_declares(monkeypatch, tmp_pa
     assert declared.process.python_executable == math and declared.env == "math"
     invalid({"env": "nosuch", "scorer": {"name": "exact_match"}}, "no scorer env 'nosuch'", "no spec of that name")
     invalid(spec_dict(env="math"), "not both")
+    assert ManagedScorerProcessSpec.model_validate(declared.model_dump()) == declared  # a dump reads back
+    assert ManagedScorerProcessSpec.model_validate_json(declared.model_dump_json()) == declared
     monkeypatch.setenv(scorer_envs.ROOT_VARIABLE, str(tmp_path))
     invalid({"env": "image", "scorer": {"name": "exact_match"}}, "is not built", "managed-scorers envs build image")
 

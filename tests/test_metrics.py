@@ -77,7 +77,7 @@ def test_parent_side_counters_for_prometheus_client(managed, trainer_python, ima
 
     def value(name: str, backend, **labels: str) -> float:
         found = registry.get_sample_value(
-            name, {"scorer": backend.spec.scorer.name, "backend": f"{id(backend):x}", **labels}
+            name, {"scorer": backend.spec.scorer.name, "backend": backend.metrics_id, **labels}
         )
         assert found is not None, (name, labels, generate_latest(registry).decode())
         return found

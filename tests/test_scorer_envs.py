@@ -74,7 +74,18 @@ def test_unknown_names_and_bad_flag_combinations_fail_in_words(tmp_path, capsys)
     spec = tmp_path / "spec.txt"
     spec.write_text("\n")
     assert main(["envs", "build", "x", "--requirements", str(spec), "--dir", str(precious)]) == 2
-    assert "is not a venv" in capsys.readouterr().err and (precious / "notes").is_dir()
+    assert "was not made by managed-scorers envs build" in capsys.readouterr().err and (precious / "notes").is_dir()
+    (precious / "pyvenv.cfg").write_text("home = /usr/bin\n")  # someone else's venv is not ours to wipe either
+    assert main(["envs", "build", "x", "--requirements", str(spec), "--dir", str(precious)]) == 2
+    assert (precious / "notes").is_dir()
+    assert main(["envs", "build", "x", "--requirements", str(spec), "--dir", sys.prefix]) == 2
+    assert "the environment running this command" in capsys.readouterr().err
+    built = fake_env(tmp_path, "image", scorer_envs.spec_hash(scorer_envs.spec_path("image")))
+    bad_python = ["envs", "build", "image", "--root", str(tmp_path), "--force", "--python", "/nonexistent/python3"]
+    assert main(bad_python) == 2
+    assert (
+        "is not an executable: nothing was changed" in capsys.readouterr().err and (built / "bin" / "python").exists()
+    )
 
 
 @pytest.mark.slow
