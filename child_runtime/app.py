@@ -50,16 +50,22 @@ class BearerAuth:
     its connection through the gate (which bounds connections that never authenticate).
     """
 
-    def __init__(self, app: ASGIApp, token: str, gate: ConnectionGate | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, token: str, gate: ConnectionGate | None = None, metrics: ChildMetrics | None = None
+    ) -> None:
         self.app = app
         self._expected = f"Bearer {token}".encode()
         self._gate = gate
+        self._metrics = metrics  # a refused token is counted too: a remote server's failed logins show
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             raise RuntimeError(f"{scope['type']} connections are not served")  # no websockets, no lifespan
         supplied = dict(scope["headers"]).get(b"authorization", b"")
         if not hmac.compare_digest(supplied, self._expected):
+            if self._metrics is not None:
+                self._metrics.request(scope.get("path", ""), 401, 0.0)
+                self._metrics.error("unauthorized")
             await JSONResponse(
                 {"error": "missing or wrong bearer token", "kind": "unauthorized"},
                 status_code=401,
@@ -314,4 +320,4 @@ def build_app(
     ]
     app = Starlette(routes=routes)
     app.router.redirect_slashes = False  # '/score/' is an unknown path (404), not a redirect
-    return BearerAuth(app, token, gate)
+    return BearerAuth(app, token, gate, metrics)

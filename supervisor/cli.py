@@ -72,7 +72,9 @@ def _score(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
     rows = read_rows(args.input, columns, needs_text=args.image_column is None)  # before any child starts
-    plan = plan_output(args.output, rows, columns, args.resume)  # likewise: a bad output costs no boot
+    if args.retry_errors and not args.resume:
+        raise ConfigError("--retry-errors goes with --resume (it scores the error rows of an existing output again)")
+    plan = plan_output(args.output, rows, columns, args.resume, args.retry_errors)  # likewise: no boot wasted
     train, validation = build_panels(recipe)
     panel = validation if args.validation and validation is not None else train
     with contextlib.ExitStack() as stack:
@@ -180,6 +182,9 @@ def parser() -> argparse.ArgumentParser:
     score.add_argument("--input", type=_folder, required=True, help="JSONL, one object per row")
     score.add_argument("--output", type=_folder, required=True, help="JSONL: a header line, then one row per input row")
     score.add_argument("--resume", action="store_true", help="keep the rows already in --output, score the rest")
+    score.add_argument(
+        "--retry-errors", action="store_true", help="with --resume: score rows written with errors again"
+    )
     score.add_argument("--validation", action="store_true", help="use the recipe's validation panel")
     score.add_argument("--batch-size", type=int, default=64, help="rows per request (whole groups)")
     score.add_argument("--id-column", default="id", help="default: id (else line-N)")

@@ -74,6 +74,7 @@ class ResumePlan:
     header: dict[str, Any] | None = None
     done: int = 0
     truncate_at: int = 0
+    retry: list[int] = field(default_factory=list)  # rows already written with an error, to score again
 
 
 @dataclass
@@ -81,6 +82,7 @@ class Summary:
     total: int
     skipped: int  # already in the output (resume)
     scored: int = 0
+    retried: int = 0  # rows written with an error before, scored again (--retry-errors)
     errors: int = 0
     reward_sum: float = 0.0
     diagnostics: dict[str, Any] = field(default_factory=dict)
@@ -90,7 +92,9 @@ class Summary:
         ok = self.scored - self.errors
         mean = f"{self.reward_sum / ok:.4f}" if ok else "-"
         return (
-            f"{self.scored} rows scored ({self.errors} with errors), {self.skipped} already done, "
+            f"{self.scored} rows scored ({self.errors} with errors), {self.skipped} already done"
+            + (f" ({self.retried} of them scored again)" if self.retried else "")
+            + ", "
             f"mean reward {mean}, {self.seconds:.1f} s"
         )
 
@@ -181,8 +185,8 @@ def header_for(panel: RewardPanel, recipe: str, columns: Columns) -> dict[str, A
     }
 
 
-def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str]], list[int], int]:
-    """(header, (id, input_sha) per row, each row's end offset, the header's end offset).
+def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str, bool]], list[int], int]:
+    """(header, (id, input_sha, has a reward) per row, each row's end offset, the header's end offset).
 
     A torn last row (a kill mid-write) is left out; a file with no whole managed-scorers header
     line, or with anything else that is not a row, is refused: it is not an output of this command."""
@@ -211,12 +215,14 @@ def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str]], list
         if not isinstance(record, dict) or "id" not in record or "input_sha" not in record:
             raise ResumeRefused(f"{path}:{index} is not a row: {not_ours}")
         offset += len(raw) + 1
-        rows.append((str(record["id"]), str(record["input_sha"])))
+        rows.append((str(record["id"]), str(record["input_sha"]), record.get("reward") is not None))
         ends.append(offset)
     return header, rows, ends, header_end
 
 
-def plan_output(output: Path, rows: Sequence[Row], columns: Columns, resume: bool) -> ResumePlan:
+def plan_output(
+    output: Path, rows: Sequence[Row], columns: Columns, resume: bool, retry_errors: bool = False
+) -> ResumePlan:
     """Checked before any child starts: may this output be written, and from which input row on."""
     if not output.parent.is_dir():
         raise ConfigError(f"{output.parent} does not exist: create it, or choose another output")
@@ -229,7 +235,7 @@ def plan_output(output: Path, rows: Sequence[Row], columns: Columns, resume: boo
         raise ResumeRefused(f"{output} was written with columns {header.get('columns')}, not {asdict(columns)}")
     if len(written) > len(rows):
         raise ResumeRefused(f"{output} holds {len(written)} rows, this input only {len(rows)}: another input")
-    for index, (row_id, sha) in enumerate(written):
+    for index, (row_id, sha, _) in enumerate(written):
         row = rows[index]
         if (row.id, row.digest) != (row_id, sha):
             raise ResumeRefused(
@@ -240,7 +246,11 @@ def plan_output(output: Path, rows: Sequence[Row], columns: Columns, resume: boo
     if columns.group is not None:  # never finish a group that a torn write cut short with fewer candidates
         while 0 < done < len(rows) and _group_of(rows[done - 1], columns) == _group_of(rows[done], columns):
             done -= 1
-    return ResumePlan(header, done, ends[done - 1] if done else header_end)
+    retry: list[int] = []
+    if retry_errors:  # rows written with `reward: null`, each with its whole group
+        failed = {_group_of(rows[i], columns) or f"row:{rows[i].id}" for i in range(done) if not written[i][2]}
+        retry = [i for i in range(done) if (_group_of(rows[i], columns) or f"row:{rows[i].id}") in failed]
+    return ResumePlan(header, done, ends[done - 1] if done else header_end, retry)
 
 
 def _check_resumable(old: dict[str, Any] | None, new: dict[str, Any], path: Path) -> None:
@@ -329,6 +339,8 @@ def score_dataset(
     summary = Summary(total=len(rows), skipped=plan.done)
     advance = progress(summary.total, summary.skipped) if progress is not None else None
     failed_in_a_row = 0
+    if plan.retry:
+        plan = _retry_errors(panel, rows, output, columns, input_dir, plan, batch_size, summary)
     with open(output, "r+" if plan.header is not None else "w", encoding="utf-8") as out:
         if plan.header is None:
             _write(out, [header])
@@ -336,21 +348,7 @@ def score_dataset(
             out.truncate(plan.truncate_at)  # a torn last line, or a group cut short, goes
             out.seek(plan.truncate_at)
         for batch in micro_batches(todo, batch_size, lambda row: _group_of(row, columns)):
-            items = [_item(row, columns, input_dir) for row in batch]
-            written = []
-            for record, diagnostics in _results(panel, items):
-                written.append(record)
-                if diagnostics:
-                    summary.diagnostics = merge_term_reports([summary.diagnostics, diagnostics])
-            if [r["id"] for r in written] != [row.id for row in batch]:
-                raise RuntimeError("scored rows came back out of input order")  # never written misaligned
-            units = _unit_failures(batch, written, columns)
-            failed_in_a_row = _consecutive_failures(failed_in_a_row, units)
-            if (len(units) > 1 and all(units)) or failed_in_a_row >= STOP_AFTER_FAILED_UNITS:
-                first = next(r["error"] for r in written if r["reward"] is None)
-                raise ScorerRequestError(f"{failed_in_a_row} rows or groups in a row failed on their own, e.g. {first}")
-            for record, row in zip(written, batch, strict=True):
-                record["input_sha"] = row.digest
+            written, failed_in_a_row = _score_batch(panel, batch, columns, input_dir, summary, failed_in_a_row)
             _write(out, written)
             summary.scored += len(written)
             summary.errors += sum(r["reward"] is None for r in written)
@@ -359,6 +357,64 @@ def score_dataset(
                 advance(len(written))
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _score_batch(
+    panel: RewardPanel,
+    batch: Sequence[Row],
+    columns: Columns,
+    input_dir: Path,
+    summary: Summary,
+    failed_in_a_row: int,
+) -> tuple[list[dict[str, Any]], int]:
+    """The output records of one batch, in input order; raises instead when the failures look systemic."""
+    items = [_item(row, columns, input_dir) for row in batch]
+    written = []
+    for record, diagnostics in _results(panel, items):
+        written.append(record)
+        if diagnostics:
+            summary.diagnostics = merge_term_reports([summary.diagnostics, diagnostics])
+    if [r["id"] for r in written] != [row.id for row in batch]:
+        raise RuntimeError("scored rows came back out of input order")  # never written misaligned
+    units = _unit_failures(batch, written, columns)
+    failed_in_a_row = _consecutive_failures(failed_in_a_row, units)
+    if (len(units) > 1 and all(units)) or failed_in_a_row >= STOP_AFTER_FAILED_UNITS:
+        first = next(r["error"] for r in written if r["reward"] is None)
+        raise ScorerRequestError(f"{failed_in_a_row} rows or groups in a row failed on their own, e.g. {first}")
+    for record, row in zip(written, batch, strict=True):
+        record["input_sha"] = row.digest
+    return written, failed_in_a_row
+
+
+def _retry_errors(
+    panel: RewardPanel,
+    rows: Sequence[Row],
+    output: Path,
+    columns: Columns,
+    input_dir: Path,
+    plan: ResumePlan,
+    batch_size: int,
+    summary: Summary,
+) -> ResumePlan:
+    """Score the written error rows again and put their new records in place: the file is rewritten
+    whole under a temporary name, then renamed over the output (a kill meanwhile leaves the old one)."""
+    again = [rows[i] for i in plan.retry]
+    fresh: dict[str, str] = {}
+    for batch in micro_batches(again, batch_size, lambda row: _group_of(row, columns)):
+        written, _ = _score_batch(panel, batch, columns, input_dir, summary, 0)
+        fresh.update({record["id"]: json.dumps(record, allow_nan=False) + "\n" for record in written})
+        summary.retried += len(written)
+        summary.errors += sum(r["reward"] is None for r in written)
+    with open(output, "rb") as handle:
+        lines = handle.read()[: plan.truncate_at].decode("utf-8").splitlines(keepends=True)
+    rewritten = [lines[0]] + [fresh.get(rows[i].id, line) for i, line in enumerate(lines[1:])]
+    temporary = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    with open(temporary, "w", encoding="utf-8") as out:
+        out.write("".join(rewritten))
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, output)
+    return ResumePlan(plan.header, plan.done, sum(len(line.encode()) for line in rewritten))
 
 
 def _unit_failures(batch: Sequence[Row], written: list[dict[str, Any]], columns: Columns) -> list[bool]:

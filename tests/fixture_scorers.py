@@ -465,14 +465,21 @@ class RefusesText(Scorer):
     """len(text), but an item whose text is `poison` is refused (bad input) with the whole batch; 'offloads'."""
 
     spec = ScorerSpec(
-        name="refuses_text", input_kind="text", terms=("refuses_text",), env="image", supports_offload=True
+        name="refuses_text",
+        input_kind="text",
+        terms=("refuses_text",),
+        env="image",
+        supports_offload=True,
+        nonsemantic_params=("while_exists",),
     )
 
-    def __init__(self, poison: str = "poison") -> None:
+    def __init__(self, poison: str = "poison", while_exists: str | None = None) -> None:
         self.poison = poison
+        self.while_exists = while_exists  # a transient failure: refused only while this file exists
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        active = self.while_exists is None or os.path.exists(self.while_exists)
         for item in items:
-            if item.text == self.poison:
+            if active and item.text == self.poison:
                 raise ScoreInputError(f"item {item.id!r} is poison")
         return ScoreResult(terms={"refuses_text": [float(len(item.text or "")) for item in items]})

@@ -267,3 +267,29 @@ def test_rows_a_reward_item_would_refuse_are_named_by_line_before_any_child_star
         done = score("--recipe", recipe_path, "--input", tmp_path / "in.jsonl", "--output", tmp_path / "o", *extra)
         assert done.returncode == 2 and "in.jsonl:3: " in done.stderr and message in done.stderr, (message, done.stderr)
         assert not (tmp_path / "o").exists() and not (tmp_path / "journal").exists()
+
+
+def test_retry_errors_scores_the_error_rows_again_in_place(tmp_path):
+    texts = ["a", "poison", "ccc", "dd"]
+    (tmp_path / "in.jsonl").write_text(
+        "".join(json.dumps({"id": f"t{i}", "response": t}) + "\n" for i, t in enumerate(texts))
+    )
+    outage = tmp_path / "outage"
+    outage.write_text("the scorer refuses 'poison' while this file exists")
+    params = {"poison": "poison", "while_exists": str(outage)}
+    models = {"m": {"backend": "local", "scorer": "tests.fixture_scorers:RefusesText", "params": params}}
+    recipe_path = tmp_path / "r.json"
+    recipe_path.write_text(json.dumps({"reward": {"models": models, "reward_functions": {"len": {"model": "m"}}}}))
+    out, args = tmp_path / "out.jsonl", ["--recipe", recipe_path, "--input", tmp_path / "in.jsonl"]
+    first = score(*args, "--output", out)
+    assert first.returncode == 1 and [r["reward"] for r in output_rows(out)[1]] == [1.0, None, 3.0, 2.0]
+    alone = score(*args, "--output", out, "--retry-errors")
+    assert alone.returncode == 2 and "goes with --resume" in alone.stderr
+    plain = score(*args, "--output", out, "--resume")  # a plain resume keeps the error row as it is
+    assert plain.returncode == 0 and output_rows(out)[1][1]["reward"] is None
+    outage.unlink()  # the transient failure is over
+    again = score(*args, "--output", out, "--resume", "--retry-errors")
+    assert again.returncode == 0 and "1 of them scored again" in again.stderr, again.stderr
+    header, rows = output_rows(out)
+    assert [r["id"] for r in rows] == ["t0", "t1", "t2", "t3"] and [r["reward"] for r in rows] == [1.0, 6.0, 3.0, 2.0]
+    assert not list(tmp_path.glob(".out.jsonl.*.tmp"))

@@ -55,10 +55,15 @@ def test_child_metrics_count_requests_items_errors_latency_and_residency(managed
 
 
 @pytest.mark.slow
-def test_metrics_need_the_token(managed, trainer_python):
+def test_metrics_need_the_token_and_count_refused_tokens(managed, trainer_python):
     backend = managed(trainer_python, SCORER)
     answer = httpx.get(f"http://127.0.0.1:{backend._child.port}/metrics")
     assert answer.status_code == 401
+    httpx.post(f"http://127.0.0.1:{backend._child.port}/no/such/path", headers={"authorization": "Bearer wrong"})
+    samples = scrape(backend)
+    assert samples[("managed_scorers_child_requests_total", (("endpoint", "/metrics"), ("status", "401")))] == 1
+    assert samples[("managed_scorers_child_requests_total", (("endpoint", "other"), ("status", "401")))] == 1
+    assert samples[("managed_scorers_child_errors_total", (("kind", "unauthorized"),))] == 2
 
 
 @pytest.mark.slow
