@@ -48,6 +48,7 @@ class BootConfig:
     graceful_timeout_s: float = 5.0
     limits: Limits = field(default_factory=Limits)
     shared_fd: int | None = None  # the parent's sealed memfd, when it offers a shared data plane
+    rank: int = 0  # the trainer rank that owns this child: a label on its metrics
 
 
 def read_boot_config(data: dict[str, Any]) -> BootConfig:
@@ -228,6 +229,7 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
         limits=config.limits,
         segment=segment,
         gate=gate,
+        rank=config.rank,
     )
     # loop/http "auto": uvloop and httptools where the env has them. The parent is our own
     # and reconnects only when it must, so idle keep-alive connections are never reaped.

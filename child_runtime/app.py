@@ -212,6 +212,7 @@ def build_app(
     segment: ChildSegment | None = None,
     gate: ConnectionGate | None = None,
     answers: AnswerCache | None = None,
+    rank: int = 0,
 ) -> ASGIApp:
     ledger = RequestLedger()
     cache = answers if answers is not None else AnswerCache()
@@ -226,7 +227,7 @@ def build_app(
 
     spec = host.scorer.spec
     packages = package_versions(spec.report_packages)
-    metrics = ChildMetrics(spec.name)
+    metrics = ChildMetrics(spec.name, rank)
 
     async def health(request: Request) -> Response:
         return JSONResponse(

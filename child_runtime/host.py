@@ -55,6 +55,7 @@ class ScorerHost:
             "diagnostics": list(spec.diagnostics),
             "groupwise": spec.groupwise,
             "ragged_groups": spec.ragged_groups,
+            "required_fields": list(spec.required_fields),
         }
 
     def _become(self, state: str) -> None:

@@ -54,8 +54,9 @@ class Histogram:
 class ChildMetrics:
     """Counted by the app as requests pass; rendered on scrape. Thread-safe (the scorer runs in a worker)."""
 
-    def __init__(self, scorer: str) -> None:
+    def __init__(self, scorer: str, rank: int = 0) -> None:
         self.scorer = scorer
+        self.rank = rank  # the owning trainer rank: with `scorer`, on every series
         self._lock = threading.Lock()
         self.requests: Counter[tuple[str, int]] = Counter()
         self.errors: Counter[str] = Counter()
@@ -88,7 +89,7 @@ class ChildMetrics:
         transitions: Counter[str],
         rss_bytes: Callable[[], int | None] = lambda: resident_bytes(),
     ) -> str:
-        scorer = (("scorer", self.scorer),)
+        scorer = (("scorer", self.scorer), ("rank", str(self.rank)))
         lines: list[str] = []
 
         def family(name: str, kind: str, help_text: str) -> str:

@@ -46,6 +46,7 @@ class ScorerShape:
     identity_hash: str | None = None
     revision: str | None = None
     diagnostics: tuple[str, ...] = ()
+    required_fields: tuple[str, ...] = ()  # what it reads of an item (what a group rebuilt across ranks carries)
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any]) -> ScorerShape:
@@ -58,6 +59,7 @@ class ScorerShape:
             identity_hash=entry.get("identity_hash"),
             revision=entry.get("revision"),
             diagnostics=tuple(entry.get("diagnostics", ())),
+            required_fields=tuple(entry.get("required_fields", ())),
         )
 
 

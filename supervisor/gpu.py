@@ -12,11 +12,13 @@ def child_visible_devices(
     local_rank: int | None,
     explicit: str | None = None,
     allow_multiple: bool = False,
+    launcher_gpus: tuple[str, ...] | None = None,
 ) -> str:
     """CUDA_VISIBLE_DEVICES for the child: this rank's one GPU, never the whole node.
 
-    `explicit` wins; otherwise the rank (`local_rank`, else $LOCAL_RANK, else 0)
-    picks one entry of the parent's list (or the device index when the parent sees all).
+    `explicit` wins; then a configured `local_rank`; then the GPUs the launcher gave this
+    rank (a Ray actor's, `supervisor.ranks`), all of them; otherwise the rank ($LOCAL_RANK,
+    else 0) picks one entry of the parent's list (or the device index when the parent sees all).
     """
     if explicit is not None:
         entries = [e for e in explicit.split(",") if e.strip()]
@@ -26,6 +28,13 @@ def child_visible_devices(
                 "(set allow_multiple_gpus: true to override)"
             )
         return ",".join(e.strip() for e in entries)
+    if launcher_gpus is not None and local_rank is None:
+        if len(launcher_gpus) > 1 and not allow_multiple:
+            raise ConfigError(
+                f"this Ray worker holds GPUs {list(launcher_gpus)}; one child serves one rank's GPU: give the "
+                "actor num_gpus=1, set process.visible_devices, or set allow_multiple_gpus: true"
+            )
+        return ",".join(launcher_gpus)
     if local_rank is not None:
         rank = local_rank
     else:

@@ -66,6 +66,7 @@ class LocalRewardBackend(RewardBackend):
             identity_hash=identity,
             revision=spec.revision,
             diagnostics=spec.diagnostics,
+            required_fields=spec.required_fields,
         )
         check_pins(self.shape, revision, identity_hash)
         self.weights = dict(weights or {})

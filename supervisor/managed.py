@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from child_runtime.exit_codes import is_boot_failure
-from supervisor import prometheus
+from supervisor import prometheus, ranks
 from supervisor.backend import RewardBackend, ScorerShape, check_reward_names, score_in_chunks
 from supervisor.client import ScorerClient
 from supervisor.config import RESERVED_ENV, ManagedScorerProcessSpec
@@ -108,11 +108,12 @@ def launch_plan(
     boot config. Shared by the managed backend and `managed-scorers serve`."""
     process, scorer = spec.process, spec.scorer
     name = scorer.name.lower().replace(".", "_").replace(":", "_")
+    placed = ranks.current()
     try:
         root = import_root(state_dir())
     except OSError as exc:
         raise ScorerStartupError(
-            f"cannot prepare the child's import directory: {exc}", ChildRecord(name, None, rank=process.local_rank)
+            f"cannot prepare the child's import directory: {exc}", ChildRecord(name, None, rank=placed.rank)
         ) from exc
     env = {k: v for k, v in os.environ.items() if k not in RESERVED_ENV}
     if not any(key in process.env for key in _MALLOC_ENV):
@@ -126,7 +127,7 @@ def launch_plan(
             "PYTHONNOUSERSITE": "1",
             "PYTHONUNBUFFERED": "1",
             "CUDA_VISIBLE_DEVICES": child_visible_devices(
-                os.environ, process.local_rank, process.visible_devices, process.allow_multiple_gpus
+                os.environ, process.local_rank, process.visible_devices, process.allow_multiple_gpus, placed.gpus
             ),
         }
     )
@@ -145,6 +146,7 @@ def launch_plan(
         "graceful_timeout_s": max(0.1, process.shutdown_timeout / 2),
         "limits": spec.limits.model_dump(),
         "shared_fd": segment.child_fd if segment else None,
+        "rank": placed.rank,
     }
     return LaunchPlan(
         name=name,
@@ -154,7 +156,7 @@ def launch_plan(
         cwd=_working_directory(),
         log_dir=process.log_dir,
         keep_logs=process.keep_logs,
-        rank=process.local_rank,
+        rank=placed.rank,
         startup_timeout=process.startup_timeout,
         pass_fds=(segment.child_fd,) if segment else (),
     )

@@ -14,6 +14,8 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from supervisor import ranks
+
 if TYPE_CHECKING:
     from supervisor.managed import ManagedScorerProcessBackend
 
@@ -38,20 +40,23 @@ class BackendCollector:
         from prometheus_client.core import CounterMetricFamily
 
         restarts = CounterMetricFamily(
-            "managed_scorers_restarts", "Child restarts that count against the policy.", labels=["scorer", "backend"]
+            "managed_scorers_restarts",
+            "Child restarts that count against the policy.",
+            labels=["scorer", "backend", "rank"],
         )
         timeouts = CounterMetricFamily(
             "managed_scorers_timeouts",
             "Calls past their deadline (the child was killed).",
-            labels=["scorer", "backend"],
+            labels=["scorer", "backend", "rank"],
         )
         transport = CounterMetricFamily(
-            "managed_scorers_transport_bytes", "Request bytes by path.", labels=["scorer", "backend", "path"]
+            "managed_scorers_transport_bytes", "Request bytes by path.", labels=["scorer", "backend", "rank", "path"]
         )
         with _LOCK:
             live = list(_LIVE)
+        rank = str(ranks.current().rank)  # this trainer rank (torchrun's RANK; 0 alone)
         for backend in live:
-            labels = [backend.spec.scorer.name, backend.metrics_id]
+            labels = [backend.spec.scorer.name, backend.metrics_id, rank]
             restarts.add_metric(labels, backend.restarts)
             timeouts.add_metric(labels, backend.timeouts)
             for path in ("in_band", "shared_copied", "shared_in_place"):

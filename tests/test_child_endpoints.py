@@ -55,6 +55,7 @@ def test_health_reports_identity(managed, trainer_python):
         "diagnostics": ["calls"],
         "groupwise": False,
         "ragged_groups": False,
+        "required_fields": [],
         "pid": backend.pid,
         "in_flight": 0,
         "residency": "resident",

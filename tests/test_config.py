@@ -454,3 +454,31 @@ def test_config_error_is_a_value_error():
 def test_bad_local_rank_env_var_is_a_config_error(env):
     with pytest.raises(ConfigError, match="LOCAL_RANK|local rank"):
         child_visible_devices(env, None)
+
+
+def test_a_ray_actors_gpus_are_its_childs_whatever_its_local_rank():
+    # Ray hands an actor physical GPU ids (and may leave LOCAL_RANK at anything, or unset)
+    env = {"CUDA_VISIBLE_DEVICES": "2", "LOCAL_RANK": "5"}
+    assert child_visible_devices(env, None, launcher_gpus=("2",)) == "2"
+    assert child_visible_devices({}, None, launcher_gpus=()) == ""  # a CPU actor's child sees no GPU
+    with pytest.raises(ConfigError, match=r"this Ray worker holds GPUs \['2', '3'\]; one child serves one rank's GPU"):
+        child_visible_devices({}, None, launcher_gpus=("2", "3"))
+    assert child_visible_devices({}, None, allow_multiple=True, launcher_gpus=("2", "3")) == "2,3"
+    # a configured local_rank or visible_devices still wins
+    assert child_visible_devices({"CUDA_VISIBLE_DEVICES": "2,3"}, 1, launcher_gpus=("2", "3")) == "3"
+    assert child_visible_devices({}, None, "7", launcher_gpus=("2",)) == "7"
+
+
+# -- the rank a launcher gave this process (supervisor.ranks) ----------------------------------
+def test_rank_from_torchrun_variables():
+    from supervisor import ranks
+
+    env = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "x"}
+    assert ranks.current(env) == ranks.RankInfo("torchrun", 5, 1, 8)
+    assert ranks.current({}) == ranks.RankInfo("none", 0, 0, 1)
+    with pytest.raises(ConfigError, match="RANK='x' is not an integer"):
+        ranks.current({"RANK": "x"})
+    with pytest.raises(ConfigError, match="RANK=8 is not below WORLD_SIZE=8"):
+        ranks.current({"RANK": "8", "WORLD_SIZE": "8"})
+    with pytest.raises(ConfigError, match="LOCAL_RANK='-1' is negative"):
+        ranks.current({"LOCAL_RANK": "-1"})

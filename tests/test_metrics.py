@@ -12,7 +12,7 @@ SCORER = "tests.fixture_scorers:RefusesText"
 
 
 def scrape(backend) -> dict[tuple[str, tuple], float]:
-    """Every sample as {(name, sorted labels without `scorer`): value}, via the child's bearer-guarded page."""
+    """Every sample as {(name, sorted labels without `scorer` and `rank`): value}, via the child's bearer-guarded page."""
     child = backend._child
     answer = httpx.get(f"http://127.0.0.1:{child.port}/metrics", headers={"authorization": f"Bearer {child.token}"})
     assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain; version=0.0.4")
@@ -21,6 +21,7 @@ def scrape(backend) -> dict[tuple[str, tuple], float]:
         for sample in family.samples:
             labels = dict(sample.labels)
             assert labels.pop("scorer") == "refuses_text"
+            assert labels.pop("rank") == "0"  # no launcher: rank 0 (the torchrun test checks other ranks)
             samples[(sample.name, tuple(sorted(labels.items())))] = sample.value
     return samples
 
@@ -82,7 +83,7 @@ def test_parent_side_counters_for_prometheus_client(managed, trainer_python, ima
 
     def value(name: str, backend, **labels: str) -> float:
         found = registry.get_sample_value(
-            name, {"scorer": backend.spec.scorer.name, "backend": backend.metrics_id, **labels}
+            name, {"scorer": backend.spec.scorer.name, "backend": backend.metrics_id, "rank": "0", **labels}
         )
         assert found is not None, (name, labels, generate_latest(registry).decode())
         return found
