@@ -13,10 +13,12 @@ from supervisor.config import (
     PanelConfig,
     ProcessConfig,
     RemoteBackendConfig,
+    ReplicasConfig,
     RestartPolicy,
     ScorerConfig,
     TermConfig,
 )
+from supervisor.distributed import DistributedRewards, RankFailed, RankLost
 from supervisor.errors import (
     BackendNotOwned,
     ChildRecord,
@@ -37,6 +39,7 @@ from supervisor.panel import BackendPool, PanelTerm, RewardPanel
 from supervisor.preflight import PreflightError, PreflightReport, preflight
 from supervisor.recipes import Recipe, build_panel, build_panels, load_recipe
 from supervisor.remote import RemoteRewardBackend
+from supervisor.replicas import ReplicatedBackend
 from supervisor.service import MissingTokenCountError, PrecomputedRewardError, RewardService
 from supervisor.submit import SubmissionQueueFull
 from supervisor.types import RewardItem, RewardRequest, RewardResponse, TermFailure
@@ -68,6 +71,11 @@ __all__ = [
     "ConfigError",
     "LimitsConfig",
     "RestartPolicy",
+    "DistributedRewards",
+    "RankFailed",
+    "RankLost",
+    "ReplicasConfig",
+    "ReplicatedBackend",
     "LocalRewardBackend",
     "ManagedScorerProcessBackend",
     "ManagedScorerProcessSpec",

@@ -167,6 +167,30 @@ class LimitsConfig(_Model):
     pending_connection_timeout_s: float = Field(default=10.0, gt=0)
 
 
+class ReplicasConfig(_Model):
+    """Children of one scorer behind one term: one per listed device, or `count` of them narrowed
+    like a single child (N on CPU). A batch is split across them, never splitting a group:
+    `even` cuts it into equal runs, `least_loaded` gives each group to the replica with the
+    fewest items in flight (calls from several threads)."""
+
+    count: int = Field(default=1, ge=1, le=256)
+    devices: list[str] = Field(default_factory=list)
+    split: Literal["even", "least_loaded"] = "even"
+
+    @model_validator(mode="after")
+    def _devices(self) -> ReplicasConfig:
+        if self.devices:
+            if self.count not in (1, len(self.devices)):
+                raise ValueError(f"count {self.count} != {len(self.devices)} devices: give one or the other")
+            if len(set(self.devices)) != len(self.devices) or any("," in d or not d.strip() for d in self.devices):
+                raise ValueError(f"devices must be distinct single GPUs, got {self.devices}")
+        return self
+
+    @property
+    def size(self) -> int:
+        return len(self.devices) or self.count
+
+
 class ManagedScorerProcessSpec(_Model):
     """Process ownership, scorer construction and client semantics, kept apart.
 
@@ -182,6 +206,7 @@ class ManagedScorerProcessSpec(_Model):
     gpu_residency: Literal["resident", "per_call"] = "resident"
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    replicas: ReplicasConfig = Field(default_factory=ReplicasConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -25,6 +25,7 @@ from scorers.diagnostics import merge_term_reports
 from scorers.groups import COMMON_INPUTS
 from supervisor.backend import RewardBackend, ScorerShape
 from supervisor.errors import ConfigError, RewardContractError, ScorerError, ScorerRequestError
+from supervisor.joined import join_rows, rows_by_id
 from supervisor.segment import HeapArena, SharedArena
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
@@ -242,18 +243,15 @@ class DistributedRewards(RewardBackend):
             error = RankFailed(f"reward step failed on rank(s) {sorted(failed)} of {self.world_size}: {lines}", failed)
             cause, self._local_error = self._local_error, None
             raise error from cause
-        rows: dict[str, tuple[RewardResponse, int]] = {}
         responses = [RewardResponse.model_validate(a["response"]) for a in answers if a["response"] is not None]
-        for response in responses:
-            for index, item_id in enumerate(response.ids):
-                rows[item_id] = (response, index)
+        rows = rows_by_id(responses)
         world_ids = [item_id for item_id, _group, _rank in layout["order"]]
         missing = [item_id for item_id in world_ids if item_id not in rows]
         if missing:
             raise RewardContractError(f"no reward came back for ids {missing[:8]} (of {len(missing)})")
-        self.world_response = _select(world_ids, rows, merge_term_reports(r.diagnostics for r in responses))
+        self.world_response = join_rows(world_ids, rows, merge_term_reports(r.diagnostics for r in responses))
         mine = RewardResponse.model_validate(outcome["response"]) if outcome["response"] is not None else None
-        return _select(request.ids, rows, mine.diagnostics if mine is not None else {})
+        return join_rows(request.ids, rows, mine.diagnostics if mine is not None else {})
 
     # -- the rest of the backend interface goes to the wrapped backend ------------------------
     def onload(self) -> dict[str, Any]:
@@ -278,34 +276,3 @@ class DistributedRewards(RewardBackend):
         """Closes the wrapped backend (the gloo group goes with the trainer's process group)."""
         self._stop_submissions()
         self.backend.close()
-
-
-def _select(ids: list[str], rows: dict[str, tuple[RewardResponse, int]], diagnostics: dict[str, Any]) -> RewardResponse:
-    """The rows of `ids`, taken from the responses that scored them."""
-    sources = [rows[item_id] for item_id in ids]
-    terms = list(sources[0][0].component_rewards)
-    for response, _ in sources:
-        if list(response.component_rewards) != terms:
-            raise RewardContractError(
-                f"ranks answered with different terms: {terms} and {list(response.component_rewards)}"
-            )
-    masks = list(sources[0][0].applicable)
-    failures: dict[tuple[str, str, str], list[str]] = {}
-    for item_id, (response, _) in zip(ids, sources, strict=True):
-        for failure in response.term_failures:
-            if item_id in failure.ids:
-                failures.setdefault((failure.term, failure.error, failure.kind), []).append(item_id)
-    return RewardResponse(
-        ids=ids,
-        rewards=[r.rewards[i] for r, i in sources],
-        component_rewards={t: [r.component_rewards[t][i] for r, i in sources] for t in terms},
-        successes=[r.successes[i] for r, i in sources],
-        errors=[r.errors[i] for r, i in sources],
-        applicable={t: [r.applicable[t][i] if t in r.applicable else True for r, i in sources] for t in masks},
-        term_failures=[
-            {"term": term, "ids": failed, "error": error, "kind": kind}
-            for (term, error, kind), failed in failures.items()
-        ],
-        diagnostics=diagnostics,
-        identity_hash=sources[0][0].identity_hash,
-    )

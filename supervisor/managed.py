@@ -32,6 +32,7 @@ from supervisor.errors import (
     BackendNotOwned,
     BadAnswer,
     ChildRecord,
+    ConfigError,
     ConnectFailed,
     ConnectionLost,
     ErrorStatus,
@@ -180,6 +181,11 @@ class ManagedScorerProcessBackend(RewardBackend):
         self.spec = (
             spec if isinstance(spec, ManagedScorerProcessSpec) else ManagedScorerProcessSpec.model_validate(spec)
         )
+        if self.spec.replicas.size > 1:
+            raise ConfigError(
+                f"spec asks for {self.spec.replicas.size} replicas: build it with supervisor.replicas.ReplicatedBackend "
+                "(or recipes.make_backend), which starts one child per replica"
+            )
         self._owner_pid = os.getpid()
         self._gen: _Generation | None = None
         self._dead: ScorerError | None = None
@@ -202,6 +208,10 @@ class ManagedScorerProcessBackend(RewardBackend):
             self.start()
 
     # -- lifecycle -------------------------------------------------------------------------
+    def owned_here(self) -> bool:
+        """Whether this process created the backend (a fork of it may not use its child)."""
+        return os.getpid() == self._owner_pid
+
     def _check_owner(self) -> None:
         if os.getpid() != self._owner_pid:
             raise BackendNotOwned(

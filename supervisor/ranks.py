@@ -57,8 +57,8 @@ def current(env: Mapping[str, str] | None = None) -> RankInfo:
     env = os.environ if env is None else env
     rank = _int(env, "RANK", 0)
     local_rank = _int(env, "LOCAL_RANK", 0)
-    world_size = _int(env, "WORLD_SIZE", 1)
-    if world_size and rank >= world_size:
+    world_size = _int(env, "WORLD_SIZE", max(1, rank + 1))  # a Ray worker may carry RANK alone
+    if rank >= world_size:
         raise ConfigError(f"RANK={rank} is not below WORLD_SIZE={world_size}")
     gpus = ray_gpus()
     if gpus is not None:

@@ -258,9 +258,10 @@ def make_backend(config: ManagedScorerProcessSpec | LocalBackendConfig | RemoteB
     from supervisor.local import LocalRewardBackend
     from supervisor.managed import ManagedScorerProcessBackend
     from supervisor.remote import RemoteRewardBackend
+    from supervisor.replicas import ReplicatedBackend
 
     if isinstance(config, ManagedScorerProcessSpec):
-        return ManagedScorerProcessBackend(config)
+        return ReplicatedBackend(config) if config.replicas.size > 1 else ManagedScorerProcessBackend(config)
     if isinstance(config, LocalBackendConfig):
         scorer, client = config.scorer, config.client
         return LocalRewardBackend(

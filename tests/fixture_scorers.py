@@ -483,3 +483,17 @@ class RefusesText(Scorer):
             if active and item.text == self.poison:
                 raise ScoreInputError(f"item {item.id!r} is poison")
         return ScoreResult(terms={"refuses_text": [float(len(item.text or "")) for item in items]})
+
+
+class WhereScored(Scorer):
+    """Which child scored each item: its pid, and the GPU it was narrowed to (-1: none) (replicas)."""
+
+    spec = ScorerSpec(name="where_scored", input_kind="text", terms=("pid", "device"), env="image")
+
+    def __init__(self, sleep_s: float = 0.0) -> None:
+        self.sleep_s = sleep_s
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        time.sleep(self.sleep_s)
+        device = float(os.environ.get("CUDA_VISIBLE_DEVICES") or -1)
+        return ScoreResult(terms={"pid": [float(os.getpid())] * len(items), "device": [device] * len(items)})

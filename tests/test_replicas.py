@@ -1,0 +1,125 @@
+"""Replicas of one scorer: N children behind one term, each narrowed to its device; a batch is split
+across them without cutting a group, and a replica's failure names the replica."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import psutil
+import pytest
+
+from supervisor import ConfigError, ManagedScorerProcessSpec, ReplicatedBackend, RewardItem, RewardRequest
+from supervisor.errors import ScorerProcessDied
+from supervisor.managed import ManagedScorerProcessBackend
+from supervisor.recipes import make_backend
+from tests.conftest import REPO_ROOT, wait_until_gone
+
+pytestmark = pytest.mark.slow
+
+
+def spec(python, replicas: dict, params: dict | None = None) -> ManagedScorerProcessSpec:
+    return ManagedScorerProcessSpec(
+        process={"python_executable": str(python), "startup_timeout": 60, "extra_import_paths": [str(REPO_ROOT)]},
+        scorer={"name": "tests.fixture_scorers:WhereScored", "params": params or {}},
+        restart={"backoff_s": 0},
+        replicas=replicas,
+    )
+
+
+def grouped(groups: int, size: int, prefix: str = "i") -> RewardRequest:
+    items = [
+        RewardItem(id=f"{prefix}{g}-{m}", group_id=f"{prefix}{g}", text="x") for g in range(groups) for m in range(size)
+    ]
+    return RewardRequest(items=items, group_size=size)
+
+
+@pytest.fixture
+def replicated():
+    made = []
+
+    def make(*args, **kwargs):
+        backend = ReplicatedBackend(spec(*args, **kwargs))
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+def test_one_child_per_device_a_batch_split_evenly_and_no_group_cut(replicated, trainer_python):
+    backend = replicated(trainer_python, {"devices": ["4", "6", "9"]})
+    pids = backend.pids
+    assert len(set(pids)) == 3
+    for pid, device in zip(pids, ["4", "6", "9"], strict=True):
+        assert psutil.Process(pid).environ()["CUDA_VISIBLE_DEVICES"] == device
+    created = [psutil.Process(pid).create_time() for pid in pids]  # started together, not one after another
+    ready = [c + r.timings["spawn_to_ready_s"] for c, r in zip(created, backend.replicas, strict=True)]
+    assert max(created) < min(ready), (created, ready)
+
+    request = grouped(6, 4)
+    response = backend.compute_rewards(request)
+    assert response.ids == request.ids
+    by_item = dict(zip(response.ids, response.component_rewards["pid"], strict=True))
+    device_of = dict(zip(pids, [4.0, 6.0, 9.0], strict=True))
+    for item_id, pid, device in zip(
+        response.ids, response.component_rewards["pid"], response.component_rewards["device"], strict=True
+    ):
+        assert device == device_of[int(pid)], item_id  # each item's row is its own replica's answer
+    for g in range(6):  # a group is scored by one replica
+        assert len({by_item[f"i{g}-{m}"] for m in range(4)}) == 1
+    counts = sorted(list(by_item.values()).count(float(pid)) for pid in pids)
+    assert counts == [8, 8, 8]
+    assert response.diagnostics["where_scored"]["sample_count"] == 24
+
+
+def test_least_loaded_sends_a_concurrent_call_to_the_idle_replica(replicated, trainer_python):
+    backend = replicated(trainer_python, {"count": 2, "split": "least_loaded"}, {"sleep_s": 1.0})
+    assert [psutil.Process(pid).environ()["CUDA_VISIBLE_DEVICES"] for pid in backend.pids] == ["0", "0"]
+    answers = {}
+
+    def call(name: str) -> None:
+        answers[name] = backend.compute_rewards(grouped(1, 4, name)).component_rewards["pid"]
+
+    first = threading.Thread(target=call, args=("a",))
+    first.start()
+    while not any(backend._load):  # the first call's group is in flight
+        pass
+    call("b")
+    first.join(30)
+    assert len(set(answers["a"])) == 1 and len(set(answers["b"])) == 1
+    assert answers["a"][0] != answers["b"][0]  # `even` would have put both on replica 0
+
+
+def test_a_failed_replica_fails_its_share_naming_it_and_is_restarted_alone(replicated, trainer_python):
+    backend = replicated(trainer_python, {"count": 2})
+    survivor, victim = backend.pids
+    os.kill(victim, signal.SIGKILL)
+    assert wait_until_gone([victim], 10) == []
+    with pytest.raises(ScorerProcessDied) as caught:
+        backend.compute_rewards(grouped(4, 2))
+    message = str(caught.value)
+    assert f"replica 1/2 of 'where_scored' (pid {victim})" in message, message
+    assert "share of 4 ids from 'i2-0'" in message, message
+    assert caught.value.replica == 1
+    response = backend.compute_rewards(grouped(4, 2))  # replica 1 restarted; replica 0 untouched
+    assert backend.pids[0] == survivor and backend.pids[1] not in (None, victim)
+    assert set(response.component_rewards["pid"]) == {float(p) for p in backend.pids}
+
+
+def test_replica_config_is_checked_and_make_backend_builds_replicas(trainer_python):
+    with pytest.raises(ValueError, match="count 2 != 3 devices"):
+        spec(trainer_python, {"count": 2, "devices": ["0", "1", "2"]})
+    with pytest.raises(ValueError, match="distinct single GPUs"):
+        spec(trainer_python, {"devices": ["0", "0"]})
+    with pytest.raises(ConfigError, match="asks for 2 replicas: build it with supervisor.replicas.ReplicatedBackend"):
+        ManagedScorerProcessBackend(spec(trainer_python, {"count": 2}), start=False)
+    backend = make_backend(spec(trainer_python, {"count": 2}))
+    try:
+        assert isinstance(backend, ReplicatedBackend) and len(set(backend.pids)) == 2
+        pids = backend.pids
+    finally:
+        backend.close()
+    assert wait_until_gone(pids, 10) == []
