@@ -37,7 +37,11 @@ class RewardRank:
     def __init__(self, rank: int) -> None:
         os.environ["RANK"] = str(rank)  # what a Ray trainer (verl) sets for its workers: the label on logs and metrics
         self.backend = ManagedScorerProcessBackend(
-            {"env": "math", "scorer": {"name": "math_verify", "params": {"jobs": 1}}, "process": {"request_timeout": 60}}
+            {
+                "env": "math",
+                "scorer": {"name": "math_verify", "params": {"jobs": 1}},
+                "process": {"request_timeout": 60},
+            }
         )
 
     def child(self) -> dict[str, Any]:
