@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import jpeg_json_peer, math_throughput, overlap, panel, verl_coalesce
+from bench import jpeg_json_peer, math_throughput, overlap, panel, startup, verl_coalesce
 from bench.handles import client_of, pid_of
 from bench.workloads import WORKLOADS
 from child_runtime import wire
@@ -307,6 +307,7 @@ LINES: list[Callable[[], str]] = [
     panel.main_line,
     overlap.main_line,
     verl_coalesce.main_line,
+    startup.main_line,
     *[lambda env=env: bench_cold_start(env) for env in ("image", "math", "embed", "ocr")],
     bench_shutdown,
 ]

@@ -8,7 +8,7 @@ token_f1 (groupwise: a candidate's reward depends on its whole group, envs/image
 
 Steps: 1 scores and (rank 0) checks the gathered rewards against the same panel run on every
 item in one process; 2 fails a required term on the last rank (`--fail`) or kills the last rank
-(`--die`); 3 scores again.
+(`--die`); 3 scores again; then TRL's reward-function shape over the judge alone.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import psutil
 import torch.distributed as dist
 
 from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest
+from supervisor.adapters.trl import TRLRewardFunction
 from supervisor.distributed import DistributedRewards
 from supervisor.panel import PanelTerm, RewardPanel
 
@@ -106,6 +107,11 @@ def main() -> int:
     shard = everything[rank * PER_RANK : (rank + 1) * PER_RANK]
     rewards, backends = panel(str(args.out / "logs"))
     scorer = DistributedRewards(rewards, timeout_s=args.timeout)
+    # TRL's shape: a reward function per process over its slice, groups of num_generations laid out
+    # process-major (TRL passes no group ids): the judge alone, through the TRL adapter
+    trl = TRLRewardFunction(
+        DistributedRewards(backends[1], timeout_s=args.timeout), num_generations=GROUP, close_at_exit=False
+    )
     report["children"] = {b.spec.scorer.name: child_facts(b) for b in backends}
     save()
     dist.barrier()
@@ -134,7 +140,12 @@ def main() -> int:
                 if type(exc).__name__ == "RankLost":
                     break
                 continue
-            record: dict[str, Any] = {"ids": response.ids, "rewards": response.rewards}
+            record: dict[str, Any] = {
+                "ids": response.ids,
+                "rewards": response.rewards,
+                "seconds": time.monotonic() - began,
+                "exchanged_bytes": scorer.exchanged_bytes,  # received so far, all exchanges
+            }
             if rank == 0:
                 world_response = scorer.world_response
                 assert world_response is not None
@@ -143,6 +154,22 @@ def main() -> int:
                 record["alone"] = alone.model_dump(exclude={"diagnostics"})
                 record["world_samples"] = {t: r["sample_count"] for t, r in world_response.diagnostics.items()}
             report["steps"][step] = record
+            save()
+        else:  # every step ran: the TRL step
+            columns = {
+                "prompts": [item.prompt for item in shard],
+                "completions": [item.text for item in shard],
+                "solution": [item.reference for item in shard],
+            }
+            report["trl"] = trl(**columns)
+            if rank == 0:  # the same batch as one TRL process would score it
+                os.environ["WORLD_SIZE"] = "1"
+                alone = TRLRewardFunction(backends[1], num_generations=GROUP, close_at_exit=False)
+                report["trl_alone"] = alone(
+                    prompts=[i.prompt for i in everything],
+                    completions=[i.text for i in everything],
+                    solution=[i.reference for i in everything],
+                )
             save()
     finally:
         rewards.close()

@@ -46,3 +46,11 @@ def test_every_hardening_scenario_runs(image_python):
     for name, scenario in SCENARIOS:
         line = scenario()
         assert line and "?" not in line and "booted" not in line, (name, line)
+
+
+@pytest.mark.slow
+def test_bench_startup_line_runs(math_python):
+    from bench import startup
+
+    line = startup.main_line(counts=(1, 2))
+    assert " 2 children: all ready in" in line and "PSS" in line

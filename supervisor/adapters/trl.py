@@ -21,6 +21,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from supervisor.backend import RewardBackend
+from supervisor.distributed import DistributedRewards
 from supervisor.errors import ConfigError
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
@@ -86,15 +87,16 @@ class TRLRewardFunction:
             raise KeyError(f"TRL passed no dataset column {column!r} (columns: {sorted(columns)})")
         golds = columns[column] if column is not None else [None] * len(completions)
         groups: list[str | None] = [None] * len(completions)
-        size = self._group_size(prompts, training) if self.groupwise else None
+        offset = self._offset(len(completions))
+        size = self._group_size(prompts, training, offset) if self.groupwise else None
         if size is not None:
-            groups = [f"trl{call}-g{i // size}" for i in range(len(completions))]
+            groups = [f"trl{call}-g{(offset + i) // size}" for i in range(len(completions))]
         if completion_ids is not None and len(completion_ids) != len(completions):
             raise ValueError(f"{len(completion_ids)} completion_ids for {len(completions)} completions")
         sources = columns.get("data_source", [None] * len(completions))
         items = [
             RewardItem(
-                id=f"trl{call}-{i}",
+                id=f"trl{call}-{offset + i}",  # unique over processes: the global position
                 group_id=groups[i],
                 prompt=completion_text(prompts[i]) if not isinstance(prompts[i], str) else prompts[i],
                 text=completion_text(completions[i]),
@@ -106,23 +108,38 @@ class TRLRewardFunction:
         ]
         return RewardRequest(items=items, group_size=size)
 
-    def _group_size(self, prompts: Sequence[Any], training: bool | None) -> int:
-        """The group size of this call from TRL's layout: each prompt's completions side by side, in
-        runs of `num_generations` (training) or `num_generations_eval` (evaluation), checked on the
-        whole prompt (every message). When both sizes fit, the trainer's mode decides; unknown: refused."""
-        assert self.num_generations is not None
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    def _offset(self, count: int) -> int:
+        """Where this process's completions start in TRL's global order (process-major, equal slices):
+        under DistributedRewards a group may span processes and is rebuilt whole on one of them."""
+        if isinstance(self.backend, DistributedRewards):
+            return self.backend.rank * count
+        if self.groupwise and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ConfigError(
                 "a groupwise scorer under several TRL processes: a group can span processes and TRL passes "
-                "no group ids; gather groups across ranks (issue 13) or use a pointwise scorer"
+                "no group ids; wrap the backend in supervisor.DistributedRewards (it rebuilds such groups)"
             )
+        return 0
+
+    def _group_size(self, prompts: Sequence[Any], training: bool | None, offset: int) -> int:
+        """The group size of this call from TRL's layout: each prompt's completions side by side, in
+        runs of `num_generations` (training) or `num_generations_eval` (evaluation), counted from
+        `offset` in the global order and checked on the whole prompt (every message). When both sizes
+        fit, the trainer's mode decides; unknown: refused. Alone, a call must hold whole runs; a slice
+        of a distributed batch may cut runs at its edges (the ranks check the groups together)."""
+        assert self.num_generations is not None
         keys = [p if isinstance(p, str) else json.dumps(p, sort_keys=True, default=str) for p in prompts]
         sizes = {"train": self.num_generations, "eval": self.num_generations_eval or self.num_generations}
-        fitting = {
-            mode: size
-            for mode, size in sizes.items()
-            if len(keys) % size == 0 and all(len(set(keys[i : i + size])) == 1 for i in range(0, len(keys), size))
-        }
+        alone = not isinstance(self.backend, DistributedRewards)
+
+        def fits(size: int) -> bool:
+            if alone and len(keys) % size:
+                return False
+            runs: dict[int, set[str]] = {}
+            for i, key in enumerate(keys):
+                runs.setdefault((offset + i) // size, set()).add(key)
+            return all(len(run) == 1 for run in runs.values())
+
+        fitting = {mode: size for mode, size in sizes.items() if fits(size)}
         if len(set(fitting.values())) == 1:
             return next(iter(fitting.values()))
         if not fitting:
