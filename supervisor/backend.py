@@ -133,6 +133,11 @@ class RewardBackend(ABC):
     @abstractmethod
     def compute_rewards(self, request: RewardRequest) -> RewardResponse: ...
 
+    def start(self) -> Any:
+        """Start what the backend runs, if it was made with `start=False` (a managed child); a
+        backend with nothing to start is ready when made."""
+        return None
+
     def onload(self) -> dict[str, Any]:
         return {}
 

@@ -253,15 +253,20 @@ def _from_catalog(data: Mapping[str, Any]) -> Recipe:
     return Recipe(train, panel(data.get("validation"), "validation"), style="catalog")
 
 
-def make_backend(config: ManagedScorerProcessSpec | LocalBackendConfig | RemoteBackendConfig) -> RewardBackend:
-    """One backend from its config (a managed child starts here)."""
+def make_backend(
+    config: ManagedScorerProcessSpec | LocalBackendConfig | RemoteBackendConfig, start: bool = True
+) -> RewardBackend:
+    """One backend from its config; a managed child starts here unless `start=False` (then `start()`
+    starts it: panels start their children together)."""
     from supervisor.local import LocalRewardBackend
     from supervisor.managed import ManagedScorerProcessBackend
     from supervisor.remote import RemoteRewardBackend
     from supervisor.replicas import ReplicatedBackend
 
     if isinstance(config, ManagedScorerProcessSpec):
-        return ReplicatedBackend(config) if config.replicas.size > 1 else ManagedScorerProcessBackend(config)
+        if config.replicas.size > 1:
+            return ReplicatedBackend(config, start=start)
+        return ManagedScorerProcessBackend(config, start=start)
     if isinstance(config, LocalBackendConfig):
         scorer, client = config.scorer, config.client
         return LocalRewardBackend(
@@ -298,16 +303,17 @@ def build_panel(config: PanelConfig, pool: BackendPool | None = None) -> RewardP
     """A panel whose backends come from `pool` (a private one by default): terms with the same
     backend configuration share one backend, whatever their weights."""
     pool = pool if pool is not None else BackendPool()
-    acquired: list[RewardBackend] = []
+    acquired = pool.acquire_all(
+        [
+            (term.backend.model_dump(mode="json"), lambda t=term: make_backend(t.backend, start=False))  # type: ignore[misc]
+            for term in config.terms
+        ]
+    )
     try:
-        terms = []
-        for term in config.terms:
-            backend = pool.acquire(term.backend.model_dump(mode="json"), lambda t=term: make_backend(t.backend))  # type: ignore[misc]
-            acquired.append(backend)
-            terms.append(_panel_term(term, backend))
+        terms = [_panel_term(term, backend) for term, backend in zip(config.terms, acquired, strict=True)]
         return RewardPanel(terms, release=lambda: _release_all(pool, acquired), group_size=config.group_size)
     except BaseException:
-        _release_all(pool, acquired)
+        _release_all(pool, list(acquired))
         raise
 
 

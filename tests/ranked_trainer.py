@@ -80,6 +80,7 @@ def child_facts(backend: ManagedScorerProcessBackend) -> dict[str, Any]:
     return {
         "pid": child.pid,
         "tree": [child.pid, *(p.pid for p in process.children(recursive=True))],
+        "python": process.cmdline()[0],  # every rank's child runs the one shared scorer env
         "cuda_visible_devices": process.environ().get("CUDA_VISIBLE_DEVICES"),
         "metrics_rank": sorted(
             {line.split('rank="')[1].split('"')[0] for line in metrics.splitlines() if 'rank="' in line}

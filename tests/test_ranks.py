@@ -57,6 +57,7 @@ def test_torchrun_ranks_score_their_shards_agree_with_one_process_and_fail_toget
             assert child["cuda_visible_devices"] == VISIBLE[rank], (name, child)
             assert child["metrics_rank"] == [str(rank)], (name, child)
             assert f"-rank{rank}-" in child["log"], (name, child)
+            assert child["python"] == str(env_python("math" if name == "math_verify" else "image"))
     assert len({pid for report in found for pid in child_trees([report])}) == len(child_trees(found))
 
     first = found[0]["steps"]["1"]

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from supervisor import ConfigError, ManagedScorerProcessSpec, ReplicatedBackend, RewardItem, RewardRequest
-from supervisor.errors import ScorerProcessDied
+from supervisor.errors import ScorerProcessDied, ScorerStartupError
 from supervisor.managed import ManagedScorerProcessBackend
 from supervisor.recipes import make_backend
 from tests.conftest import REPO_ROOT, wait_until_gone
@@ -123,3 +123,40 @@ def test_replica_config_is_checked_and_make_backend_builds_replicas(trainer_pyth
     finally:
         backend.close()
     assert wait_until_gone(pids, 10) == []
+
+
+def test_a_panels_children_start_together_and_a_failed_start_leaves_none(trainer_python):
+    from supervisor import PanelConfig, build_panel
+
+    def term(name: str, scorer: str, params: dict | None = None) -> dict:
+        return {
+            "name": name,
+            "backend": spec(trainer_python, {}).model_dump(mode="json")
+            | {"scorer": {"name": scorer, "params": params or {}}},
+        }
+
+    config = PanelConfig(
+        terms=[
+            term("a", "tests.fixture_scorers:WhereScored"),
+            term("b", "tests.fixture_scorers:WhereScored", {"sleep_s": 0.01}),
+            term("c", "tests.fixture_scorers:Probe"),
+        ]
+    )
+    panel = build_panel(config)
+    try:
+        backends = panel.backends
+        created = [psutil.Process(b.pid).create_time() for b in backends]
+        ready = [c + b.timings["spawn_to_ready_s"] for c, b in zip(created, backends, strict=True)]
+        assert len(backends) == 3 and max(created) < min(ready), (created, ready)  # not one after another
+        pids = [b.pid for b in backends]
+    finally:
+        panel.close()
+    assert wait_until_gone(pids, 10) == []
+
+    broken = PanelConfig(
+        terms=[term("a", "tests.fixture_scorers:WhereScored"), term("b", "tests.fixture_scorers:LoadFails")]
+    )
+    before = {p.pid for p in psutil.Process().children()}
+    with pytest.raises(ScorerStartupError, match="missing.safetensors not found"):
+        build_panel(broken)
+    assert wait_until_gone(list({p.pid for p in psutil.Process().children()} - before), 10) == []
