@@ -68,6 +68,7 @@ class RewardBackend(ABC):
     usable as a context manager."""
 
     shape: ScorerShape | None = None  # the scorer behind it, once known (None for a panel)
+    group_size: int | None = None  # configured: every group of every request must have this size
     max_pending: int = DEFAULT_MAX_PENDING  # submissions that may wait (see supervisor.submit)
     max_queue_wait_s: float = 600.0  # how long compute_rewards_async waits for room in that queue
     _submitter: Submitter | None = None

@@ -122,6 +122,21 @@ class BackendNotOwned(ScorerError):
     """A forked copy of the trainer called a backend whose child belongs to the process that forked."""
 
 
+class RankFailed(ScorerError):
+    """A reward step failed on one or more trainer ranks (`DistributedRewards`). Every rank raises
+    this, with the same message; `failures` maps each failed rank to its error's type and first
+    line. On a failed rank the original error is the `__cause__`."""
+
+    def __init__(self, message: str, failures: dict[int, dict[str, str]]) -> None:
+        self.failures = failures
+        super().__init__(message)
+
+
+class RankLost(ScorerError):
+    """A peer rank did not take part in a step's exchange within `timeout_s` (killed, stuck, or
+    slower than the bound), or the ranks are out of step. The exchange is broken for good."""
+
+
 class ConfigError(ValueError):
     """A configuration cannot work (e.g. several GPUs for one child)."""
 

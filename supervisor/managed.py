@@ -208,6 +208,10 @@ class ManagedScorerProcessBackend(RewardBackend):
             self.start()
 
     # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def group_size(self) -> int | None:  # type: ignore[override]  # from the config
+        return self.spec.client.group_size
+
     def owned_here(self) -> bool:
         """Whether this process created the backend (a fork of it may not use its child)."""
         return os.getpid() == self._owner_pid

@@ -22,6 +22,8 @@ from supervisor.backend import RewardBackend
 from supervisor.errors import (
     BackendNotOwned,
     ConfigError,
+    RankFailed,
+    RankLost,
     RewardContractError,
     ScorerCrashLoop,
     ScorerError,
@@ -31,7 +33,15 @@ from supervisor.errors import (
 from supervisor.types import RewardItem, RewardRequest, RewardResponse, TermFailure
 
 # Failures that say the backend cannot serve at all, not that one batch could not be scored.
-LIFECYCLE_ERRORS: tuple[type[BaseException], ...] = (ScorerStartupError, ScorerCrashLoop, BackendNotOwned, ConfigError)
+# Never an optional term's recorded failure, never retried on a narrower share: fatal to the call.
+LIFECYCLE_ERRORS: tuple[type[BaseException], ...] = (
+    ScorerStartupError,
+    ScorerCrashLoop,
+    BackendNotOwned,
+    ConfigError,
+    RankFailed,  # a retry would be a collective only some ranks enter
+    RankLost,
+)
 ANY_DATASET = "*"
 log = logging.getLogger(__name__)
 

@@ -98,6 +98,10 @@ class ReplicatedBackend(RewardBackend):
         return self.replicas[0].shape
 
     @property
+    def group_size(self) -> int | None:  # type: ignore[override]  # from the config
+        return self.spec.client.group_size
+
+    @property
     def combination(self) -> dict[str, Any]:
         return self.replicas[0].combination
 

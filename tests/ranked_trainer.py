@@ -14,12 +14,14 @@ item in one process; 2 fails a required term on the last rank (`--fail`) or kill
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -162,7 +164,9 @@ def main() -> int:
                 "completions": [item.text for item in shard],
                 "solution": [item.reference for item in shard],
             }
-            report["trl"] = trl(**columns)
+            state = SimpleNamespace(global_step=4)  # TRL passes its TrainerState: the step is checked across ranks
+            report["trl"] = trl(**columns, trainer_state=state)
+            report["trl_async"] = asyncio.run(trl.as_async()(**columns, trainer_state=state))
             if rank == 0:  # the same batch as one TRL process would score it
                 os.environ["WORLD_SIZE"] = "1"
                 alone = TRLRewardFunction(backends[1], num_generations=GROUP, close_at_exit=False)

@@ -78,8 +78,9 @@ def test_torchrun_ranks_score_their_shards_agree_with_one_process_and_fail_toget
     assert f"failed on rank(s) [{last}] of {ranks}" in failed[0]["message"] and "limit 1000" in failed[0]["message"]
     assert [f["cause"] for f in failed] == [None] * last + ["ScorerRequestError"]
     assert max(f["at"] for f in failed) - min(f["at"] for f in failed) < TIMEOUT_S
-    trl = [reward for report in found for reward in report["trl"]]  # TRL's per-process calls, groups rebuilt
-    assert trl == found[0]["trl_alone"] and len(set(trl)) > 1
+    for form in ("trl", "trl_async"):  # TRL's per-process calls, sync and async, groups rebuilt
+        trl = [reward for report in found for reward in report[form]]
+        assert trl == found[0]["trl_alone"] and len(set(trl)) > 1, form
     assert not wait_until_gone(child_trees(found), 10.0)
 
 

@@ -13,6 +13,7 @@ at interpreter exit unless the caller closes it first.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import itertools
 import json
@@ -164,14 +165,30 @@ class TRLRewardFunction:
         self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any = None, **columns: Any
     ) -> list[float]:
         log_metric = columns.pop("log_metric", None)
-        columns.pop("trainer_state", None)
+        step = getattr(columns.pop("trainer_state", None), "global_step", None)
         columns.pop("log_extra", None)
-        return self._rewards(
-            self.backend.compute_rewards(
-                self._request(prompts, completions, completion_ids, columns, _training(log_metric))
-            ),
-            log_metric,
-        )
+        request = self._built(prompts, completions, completion_ids, columns, _training(log_metric), step)
+        if isinstance(self.backend, DistributedRewards):  # the trainer's step: a process out of step is caught
+            return self._rewards(self.backend.compute_rewards(request, step=step), log_metric)
+        return self._rewards(self.backend.compute_rewards(request), log_metric)
+
+    def _built(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        completion_ids: Any,
+        columns: dict[str, Any],
+        training: bool | None,
+        step: int | None,
+    ) -> RewardRequest:
+        """The request; under DistributedRewards a refusal here still takes part in the step (the other
+        processes raise the same RankFailed instead of waiting for this one)."""
+        try:
+            return self._request(prompts, completions, completion_ids, columns, training)
+        except Exception as exc:
+            if isinstance(self.backend, DistributedRewards):
+                self.backend.fail_step(exc, step)
+            raise
 
     def as_async(self) -> Callable[..., Coroutine[Any, Any, list[float]]]:
         """A coroutine function (TRL awaits those together on its event-loop thread)."""
@@ -180,9 +197,17 @@ class TRLRewardFunction:
             prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any = None, **columns: Any
         ) -> list[float]:
             log_metric = columns.pop("log_metric", None)
-            columns.pop("trainer_state", None)
+            step = getattr(columns.pop("trainer_state", None), "global_step", None)
             columns.pop("log_extra", None)
-            request = self._request(prompts, completions, completion_ids, columns, _training(log_metric))
+            if isinstance(self.backend, DistributedRewards):  # every exchange off the event loop
+                distributed = self.backend
+
+                def score() -> RewardResponse:
+                    built = self._built(prompts, completions, completion_ids, columns, _training(log_metric), step)
+                    return distributed.compute_rewards(built, step=step)
+
+                return self._rewards(await asyncio.to_thread(score), log_metric)
+            request = self._built(prompts, completions, completion_ids, columns, _training(log_metric), step)
             return self._rewards(await self.backend.compute_rewards_async(request), log_metric)
 
         reward.__name__ = self.__name__
