@@ -107,7 +107,9 @@ class DistributedRewards(RewardBackend):
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
-            raise ConfigError("DistributedRewards needs torch.distributed initialised (torchrun, or init_process_group)")
+            raise ConfigError(
+                "DistributedRewards needs torch.distributed initialised (torchrun, or init_process_group)"
+            )
         slowest = slowest_call_s(backend)
         if timeout_s is None:
             timeout_s = slowest + MARGIN_S if slowest is not None else FALLBACK_TIMEOUT_S
@@ -245,9 +247,7 @@ class DistributedRewards(RewardBackend):
         import torch
 
         stamped = {k: v for k, v in document.items() if not k.startswith("_")}
-        stamped.update(
-            {"call": self._calls, "step": self._trainer_step, "phase": phase, "signature": self._signature}
-        )
+        stamped.update({"call": self._calls, "step": self._trainer_step, "phase": phase, "signature": self._signature})
         payload = json.dumps(stamped, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
         try:
             size = torch.tensor([len(payload)], dtype=torch.int64)
