@@ -75,10 +75,17 @@ def batch(size: int) -> tuple[list[dict[str, Any]], list[float]]:
     return items, expected
 
 
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def gone(pids: list[int], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids):
+        if not any(alive(pid) for pid in pids):
             return True
         time.sleep(0.05)
     return False

@@ -134,10 +134,15 @@ class RewardBackend(ABC):
     @abstractmethod
     def compute_rewards(self, request: RewardRequest) -> RewardResponse: ...
 
+    needs_start: bool = False  # made with start=False and not started yet (a managed child's backend)
+
     def start(self) -> Any:
         """Start what the backend runs, if it was made with `start=False` (a managed child); a
         backend with nothing to start is ready when made."""
         return None
+
+    def abort_start(self) -> None:  # noqa: B027 - optional: only a backend that boots a child can abort it
+        """From another thread: kill what `start()` is booting, so that it fails at once (Ctrl-C)."""
 
     def onload(self) -> dict[str, Any]:
         return {}

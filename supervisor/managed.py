@@ -188,6 +188,7 @@ class ManagedScorerProcessBackend(RewardBackend):
             )
         self._owner_pid = os.getpid()
         self._gen: _Generation | None = None
+        self._launching: ChildProcess | None = None  # the child being booted (abort_start kills it)
         self._dead: ScorerError | None = None
         self._failed_at = 0.0
         self._restarts: list[float] = []
@@ -211,6 +212,16 @@ class ManagedScorerProcessBackend(RewardBackend):
     @property
     def group_size(self) -> int | None:  # type: ignore[override]  # from the config
         return self.spec.client.group_size
+
+    @property
+    def needs_start(self) -> bool:  # type: ignore[override]
+        return self._gen is None and not self._closed
+
+    def abort_start(self) -> None:
+        """Kill the child `start()` (or a restart) is booting, from another thread: the boot fails at once."""
+        child = self._launching
+        if child is not None:
+            child.abort()
 
     def owned_here(self) -> bool:
         """Whether this process created the backend (a fork of it may not use its child)."""
@@ -239,12 +250,14 @@ class ManagedScorerProcessBackend(RewardBackend):
         """Spawn a child and wait until it serves; nothing is installed until it does."""
         segment = self._offer_segment()
         try:
-            child = ChildProcess(self._plan(segment))
+            child = self._launching = ChildProcess(self._plan(segment))
             info = child.start()
         except BaseException:
             if segment is not None:
                 segment.close()
             raise
+        finally:
+            self._launching = None
         if segment is not None and not info.get("shared_memory"):
             log.warning(
                 "child %s refused the shared-memory data plane (%s); arrays travel in-band",

@@ -30,6 +30,7 @@ from supervisor.errors import (
     ScorerRequestError,
     ScorerStartupError,
 )
+from supervisor.fanout import build_all
 from supervisor.types import RewardItem, RewardRequest, RewardResponse, TermFailure
 
 # Failures that say the backend cannot serve at all, not that one batch could not be scored.
@@ -364,31 +365,6 @@ def _check_term(term: PanelTerm) -> None:
         )
 
 
-def start_concurrently(backends: Sequence[RewardBackend]) -> None:
-    """`start()` every backend at once, each in its own thread; raises the first failure (in order)
-    after all have finished, so nothing is left starting behind the caller."""
-    if len(backends) <= 1:
-        for backend in backends:
-            backend.start()
-        return
-    errors: list[BaseException | None] = [None] * len(backends)
-
-    def run(index: int) -> None:
-        try:
-            backends[index].start()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
-            errors[index] = exc
-
-    threads = [threading.Thread(target=run, args=(i,), name=f"start-{i}") for i in range(len(backends))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()  # each start() is bounded by its own startup_timeout
-    for error in errors:
-        if error is not None:
-            raise error
-
-
 class BackendPool:
     """One backend per configuration, shared by every term and panel that names it (train and
     validation panels included); closed when its last user releases it."""
@@ -397,24 +373,22 @@ class BackendPool:
         self._lock = threading.Lock()
         self._backends: dict[bytes, tuple[RewardBackend, int]] = {}
 
+    def acquire(self, config: Any, build: Callable[[], RewardBackend]) -> RewardBackend:
+        """The backend for `config`: the pool's, or a new one from `build` (started if it waits to be)."""
+        return self.acquire_all([(config, build)])[0]
+
     def acquire_all(self, entries: Sequence[tuple[Any, Callable[[], RewardBackend]]]) -> list[RewardBackend]:
-        """The backend of each (config, build): an existing one, or a new one from `build`, which
-        returns it not yet started. The new ones start at once (a panel's children boot
-        concurrently, not one after another), under the lock, so two panels never start the
-        same child twice and nobody sees one half started. If any fails, none is kept."""
+        """The backend of each (config, build): the pool's, or a new one from `build`. The new ones are
+        made and started at once (a panel's children boot together, its local models load together),
+        under the lock, so two panels never start the same child twice and nobody sees one half
+        started. If any fails (or Ctrl-C), none of the new ones is kept."""
         with self._lock:
             keys = [canonical_json(config) for config, _ in entries]
-            fresh: dict[bytes, RewardBackend] = {}
-            try:
-                for key, (_, build) in zip(keys, entries, strict=True):
-                    if key not in self._backends and key not in fresh:
-                        fresh[key] = build()
-                start_concurrently(list(fresh.values()))
-            except BaseException:
-                for backend in fresh.values():
-                    backend.close()  # bounded; waits for a launch in progress, then stops its child
-                raise
-            for key, backend in fresh.items():
+            builds: dict[bytes, Callable[[], RewardBackend]] = {}
+            for key, (_, build) in zip(keys, entries, strict=True):
+                if key not in self._backends and key not in builds:
+                    builds[key] = build
+            for key, backend in zip(builds, build_all(list(builds.values())), strict=True):
                 self._backends[key] = (backend, 0)
             found = []
             for key in keys:

@@ -165,6 +165,7 @@ class ChildProcess:
         self._reaped = False  # by us or by anyone: from then on its pid may belong to another process
         self._at_exit: weakref.finalize | None = None
         self._lock = threading.Lock()  # a signal and the reap never interleave: no pid reuse
+        self._aborted = False  # abort() was called: a child spawned after it is killed at once
 
     @property
     def pid(self) -> int | None:
@@ -284,6 +285,8 @@ class ChildProcess:
             ) from exc
         finally:
             os.close(log_fd)
+        if self._aborted:  # abort() came while Popen ran: the boot it wanted stopped never starts
+            self.signal_group(signal.SIGKILL)
         self._at_exit = weakref.finalize(self, _kill_group_at_exit, self._proc.pid, self.owner_pid)
         try:
             self._pidfd = os.pidfd_open(self._proc.pid)
@@ -349,6 +352,11 @@ class ChildProcess:
         return self.finish()
 
     # -- stopping ---------------------------------------------------------------------------
+    def abort(self) -> None:
+        """From another thread, during start(): kill the child so the readiness wait ends at once."""
+        self._aborted = True  # first: a spawn that has not happened yet sees it
+        self.signal_group(signal.SIGKILL)
+
     def signal_group(self, signum: int) -> None:
         """Signal the child's whole process group (its forkservers and workers too). Only in the
         owning process, and only while the leader's pid is reserved for it (not reaped by us)."""

@@ -27,6 +27,7 @@ class RankInfo:
     local_rank: int  # on this node: picks the GPU when the launcher left all of them visible
     world_size: int
     gpus: tuple[str, ...] | None = None  # the GPUs the launcher gave this rank (Ray); None: pick by local_rank
+    local_world_size: int = 1  # ranks on this node (torchrun's LOCAL_WORLD_SIZE)
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -60,8 +61,9 @@ def current(env: Mapping[str, str] | None = None) -> RankInfo:
     world_size = _int(env, "WORLD_SIZE", max(1, rank + 1))  # a Ray worker may carry RANK alone
     if rank >= world_size:
         raise ConfigError(f"RANK={rank} is not below WORLD_SIZE={world_size}")
+    local_world_size = _int(env, "LOCAL_WORLD_SIZE", 1)
     gpus = ray_gpus()
     if gpus is not None:
-        return RankInfo("ray", rank, local_rank, world_size, gpus)
+        return RankInfo("ray", rank, local_rank, world_size, gpus, local_world_size)
     launcher: Launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env else "none"
-    return RankInfo(launcher, rank, local_rank, world_size)
+    return RankInfo(launcher, rank, local_rank, world_size, None, local_world_size)

@@ -108,6 +108,11 @@ def serve(
     spec: ManagedScorerProcessSpec, host: str, port: int, token: str, allow_remote: bool, token_env: str | None = None
 ) -> NoReturn:
     """Become the server (exec); returns only by raising, before the exec."""
+    if spec.replicas.size > 1:
+        raise ConfigError(
+            f"serve runs one child; the spec asks for {spec.replicas.size} replicas: serve each on its own port "
+            "(process.visible_devices narrows each to its GPU)"
+        )
     listener = bind(host, port, allow_remote)
     plan = launch_plan(spec, segment=None)
     env = {key: value for key, value in plan.env.items() if key != token_env}  # the token reaches it on stdin only

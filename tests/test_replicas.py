@@ -14,7 +14,7 @@ from supervisor import ConfigError, ManagedScorerProcessSpec, ReplicatedBackend,
 from supervisor.errors import ScorerProcessDied, ScorerStartupError
 from supervisor.managed import ManagedScorerProcessBackend
 from supervisor.recipes import make_backend
-from tests.conftest import REPO_ROOT, wait_until_gone
+from tests.conftest import REPO_ROOT, eventually, wait_until_gone
 
 pytestmark = pytest.mark.slow
 
@@ -49,11 +49,12 @@ def replicated():
         backend.close()
 
 
-def test_one_child_per_device_a_batch_split_evenly_and_no_group_cut(replicated, trainer_python):
-    backend = replicated(trainer_python, {"devices": ["4", "6", "9"]})
+def test_one_child_per_device_a_batch_split_evenly_and_no_group_cut(replicated, trainer_python, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "10,11,12,13,14,15,16,17,18,19")  # what the launcher gave us
+    backend = replicated(trainer_python, {"devices": ["4", "6", "cuda:9"]})  # CUDA ordinals, as this process sees
     pids = backend.pids
     assert len(set(pids)) == 3
-    for pid, device in zip(pids, ["4", "6", "9"], strict=True):
+    for pid, device in zip(pids, ["14", "16", "19"], strict=True):
         assert psutil.Process(pid).environ()["CUDA_VISIBLE_DEVICES"] == device
     created = [psutil.Process(pid).create_time() for pid in pids]  # started together, not one after another
     ready = [c + r.timings["spawn_to_ready_s"] for c, r in zip(created, backend.replicas, strict=True)]
@@ -63,7 +64,7 @@ def test_one_child_per_device_a_batch_split_evenly_and_no_group_cut(replicated, 
     response = backend.compute_rewards(request)
     assert response.ids == request.ids
     by_item = dict(zip(response.ids, response.component_rewards["pid"], strict=True))
-    device_of = dict(zip(pids, [4.0, 6.0, 9.0], strict=True))
+    device_of = dict(zip(pids, [14.0, 16.0, 19.0], strict=True))
     for item_id, pid, device in zip(
         response.ids, response.component_rewards["pid"], response.component_rewards["device"], strict=True
     ):
@@ -85,8 +86,7 @@ def test_least_loaded_sends_a_concurrent_call_to_the_idle_replica(replicated, tr
 
     first = threading.Thread(target=call, args=("a",))
     first.start()
-    while not any(backend._load):  # the first call's group is in flight
-        pass
+    assert eventually(lambda: any(backend._load), 10.0)  # the first call's group is in flight
     call("b")
     first.join(30)
     assert len(set(answers["a"])) == 1 and len(set(answers["b"])) == 1
@@ -101,9 +101,9 @@ def test_a_failed_replica_fails_its_share_naming_it_and_is_restarted_alone(repli
     with pytest.raises(ScorerProcessDied) as caught:
         backend.compute_rewards(grouped(4, 2))
     message = str(caught.value)
-    assert f"replica 1/2 of 'where_scored' (pid {victim})" in message, message
-    assert "share of 4 ids from 'i2-0'" in message, message
-    assert caught.value.replica == 1
+    assert message.startswith(f"replica 1/2 of 'where_scored' (pid {victim}), share of 4 ids from 'i2-0': ")
+    assert f"pid={victim} status=signal SIGKILL" in message  # the child's record is still there
+    assert isinstance(caught.value.__cause__, ScorerProcessDied) and "replica" not in str(caught.value.__cause__)
     response = backend.compute_rewards(grouped(4, 2))  # replica 1 restarted; replica 0 untouched
     assert backend.pids[0] == survivor and backend.pids[1] not in (None, victim)
     assert set(response.component_rewards["pid"]) == {float(p) for p in backend.pids}
@@ -159,4 +159,46 @@ def test_a_panels_children_start_together_and_a_failed_start_leaves_none(trainer
     before = {p.pid for p in psutil.Process().children()}
     with pytest.raises(ScorerStartupError, match="missing.safetensors not found"):
         build_panel(broken)
+    assert wait_until_gone(list({p.pid for p in psutil.Process().children()} - before), 10) == []
+
+
+def test_devices_are_this_processes_cuda_ordinals_and_replicas_split_sensibly(trainer_python):
+    from supervisor.config import ReplicasConfig
+    from supervisor.replicas import replica_devices
+
+    config = ReplicasConfig(devices=["0", "cuda:1"])
+    assert replica_devices(config, {}) == ["0", "1"]
+    assert replica_devices(config, {"CUDA_VISIBLE_DEVICES": "4,5,6"}) == ["4", "5"]
+    with pytest.raises(ConfigError, match=r"entry 'cuda:1': this process was given only GPUs \['4'\]"):
+        replica_devices(config, {"CUDA_VISIBLE_DEVICES": "4"})
+    with pytest.raises(ConfigError, match="under torchrun with 8 ranks on this node"):
+        replica_devices(config, {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8", "WORLD_SIZE": "8"})
+    assert replica_devices(config, {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "8"}) == ["0", "1"]
+    with pytest.raises(ConfigError, match="not a CUDA ordinal"):
+        replica_devices(ReplicasConfig(devices=["gpu0"]), {})
+
+    backend = ReplicatedBackend(spec(trainer_python, {"count": 2}), start=False)
+    sizes = [1, 1, 1, 100]  # a big group last: it goes to the second replica, not after the small ones
+    items = [RewardItem(id=f"g{g}-{m}", group_id=f"g{g}", text="x") for g, n in enumerate(sizes) for m in range(n)]
+    assert [len(share) for share in backend._split(RewardRequest(items=items), None)] == [3, 100]
+    backend.close()
+
+
+def test_ctrl_c_while_replicas_boot_kills_them_at_once(trainer_python):
+    import time
+
+    config = spec(trainer_python, {"count": 2}).model_copy(
+        update={
+            "scorer": spec(trainer_python, {}).scorer.model_copy(update={"name": "tests.fixture_scorers:LoadHangs"})
+        }
+    )
+    before = {p.pid for p in psutil.Process().children()}
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    began = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        ReplicatedBackend(config)  # both children hang in load(); startup_timeout is 60 s
+    elapsed = time.monotonic() - began
+    timer.join()
+    assert elapsed < 6.0, elapsed  # not the 60 s boot deadline
     assert wait_until_gone(list({p.pid for p in psutil.Process().children()} - before), 10) == []
