@@ -168,8 +168,9 @@ class LimitsConfig(_Model):
 
 
 class ReplicasConfig(_Model):
-    """Children of one scorer behind one term: one per listed device, or `count` of them narrowed
-    like a single child (N on CPU). A batch is split across them, never splitting a group:
+    """Children of one scorer behind one term: one per listed device (CUDA ordinals as this process
+    sees them: `0` is the first GPU its launcher gave it), or `count` of them narrowed like a
+    single child (N on CPU). A batch is split across them, never splitting a group:
     `even` cuts it into equal runs, `least_loaded` gives each group to the replica with the
     fewest items in flight (calls from several threads)."""
 
