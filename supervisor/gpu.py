@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from supervisor.errors import ConfigError
+from supervisor.ranks import env_int
 
 
 def child_visible_devices(
@@ -35,14 +36,7 @@ def child_visible_devices(
                 "actor num_gpus=1, set process.visible_devices, or set allow_multiple_gpus: true"
             )
         return ",".join(launcher_gpus)
-    if local_rank is not None:
-        rank = local_rank
-    else:
-        raw = parent_env.get("LOCAL_RANK", "0")
-        try:
-            rank = int(raw)
-        except ValueError:
-            raise ConfigError(f"LOCAL_RANK={raw!r} is not an integer") from None
+    rank = local_rank if local_rank is not None else env_int(parent_env, "LOCAL_RANK", 0)
     if rank < 0:
         raise ConfigError(f"local rank {rank} is negative")
     parent = parent_env.get("CUDA_VISIBLE_DEVICES")

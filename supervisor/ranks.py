@@ -30,7 +30,8 @@ class RankInfo:
     local_world_size: int = 1  # ranks on this node (torchrun's LOCAL_WORLD_SIZE)
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
+def env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    """A launcher's non-negative integer variable (RANK, LOCAL_RANK...); ConfigError naming it otherwise."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -56,12 +57,12 @@ def ray_gpus() -> tuple[str, ...] | None:
 def current(env: Mapping[str, str] | None = None) -> RankInfo:
     """This process's rank (rank 0 of 1 when nothing launched it as a rank)."""
     env = os.environ if env is None else env
-    rank = _int(env, "RANK", 0)
-    local_rank = _int(env, "LOCAL_RANK", 0)
-    world_size = _int(env, "WORLD_SIZE", max(1, rank + 1))  # a Ray worker may carry RANK alone
+    rank = env_int(env, "RANK", 0)
+    local_rank = env_int(env, "LOCAL_RANK", 0)
+    world_size = env_int(env, "WORLD_SIZE", max(1, rank + 1))  # a Ray worker may carry RANK alone
     if rank >= world_size:
         raise ConfigError(f"RANK={rank} is not below WORLD_SIZE={world_size}")
-    local_world_size = _int(env, "LOCAL_WORLD_SIZE", 1)
+    local_world_size = env_int(env, "LOCAL_WORLD_SIZE", 1)
     gpus = ray_gpus()
     if gpus is not None:
         return RankInfo("ray", rank, local_rank, world_size, gpus, local_world_size)
