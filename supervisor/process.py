@@ -210,12 +210,15 @@ class ChildProcess:
             self._status = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
     def wait_exit(self, timeout: float) -> bool:
-        """True once the child has exited (still unreaped); waits on its pidfd, not by polling."""
+        """True once the child has exited (still unreaped); waits on its pidfd (polls only where there is none)."""
         if self._proc is None or self.exited():
             return True
-        if self._pidfd is None:
-            return False
-        _wait_fd(self._pidfd, selectors.EVENT_READ, time.monotonic() + timeout)
+        deadline = time.monotonic() + timeout
+        if self._pidfd is None:  # no pidfd (a sandbox without pidfd_open, like gVisor's older ones): poll
+            while not self.exited() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return self.exited()
+        _wait_fd(self._pidfd, selectors.EVENT_READ, deadline)
         return self.exited()
 
     def record(self) -> ChildRecord:
@@ -293,6 +296,8 @@ class ChildProcess:
             weakref.finalize(self, os.close, self._pidfd)  # never earlier: another thread may be waiting on it
         except ProcessLookupError:
             pass  # already exited and reaped by the kernel (SIGCHLD ignored): its status is lost
+        except OSError as exc:  # ENOSYS: no pidfd_open here; exits are then observed by waitid polling
+            log.warning("no pidfd for child %s pid %s (%s): its exit is polled", self.plan.name, self._proc.pid, exc)
         self._boot = {
             **self.plan.boot,
             "token": self.token,

@@ -262,3 +262,28 @@ def test_log_file_is_private_and_in_a_private_directory(managed, trainer_python,
     assert log_file.parent == log_dir
     assert stat.S_IMODE(log_file.stat().st_mode) == 0o600
     assert stat.S_IMODE(log_dir.stat().st_mode) == 0o700 and log_dir.stat().st_uid == os.getuid()
+
+
+@pytest.mark.slow
+def test_without_pidfd_open_exits_are_polled(managed, trainer_python, monkeypatch):
+    """A sandbox without pidfd_open (ENOSYS: gVisor's older kernels, where GPU machines run): the child
+    still boots, a kill -9 is still noticed with its status, and close() still ends it."""
+    import errno
+
+    from supervisor import process
+
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(process.os, "pidfd_open", no_pidfd)
+    backend = managed(trainer_python, "tests.fixture_scorers:Probe", restart={"backoff_s": 0})
+    request = RewardRequest(items=[RewardItem(id="a", text="abc")])
+    assert backend.compute_rewards(request).rewards == [3.0]
+    first = backend.pid
+    os.kill(first, signal.SIGKILL)
+    with pytest.raises(ScorerProcessDied, match="SIGKILL"):
+        backend.compute_rewards(request)
+    assert backend.compute_rewards(request).rewards == [3.0] and backend.pid != first  # restarted
+    second = backend.pid
+    backend.close()
+    assert wait_until_gone([first, second], 5.0) == []
