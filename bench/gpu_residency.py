@@ -26,6 +26,7 @@ device's `mem_get_info` where it says so):
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib.util
 import os
 import shutil
@@ -59,6 +60,7 @@ class Check:
         self.cuda = device.startswith("cuda")
         self.rows: list[Row] = []
         self.failed = False
+        self.floor = 0  # the device's used bytes before any child (the parent's own context included)
         self.live: list[ManagedScorerProcessBackend] = []
 
     def backend(self, scorer: str, params: dict[str, Any], residency: str = "resident") -> ManagedScorerProcessBackend:
@@ -67,8 +69,8 @@ class Check:
                 "process": {
                     "python_executable": str(self.python),
                     "extra_import_paths": [str(self.site)] if self.site else [],
-                    "startup_timeout": 600,
-                    "request_timeout": 300,
+                    "startup_timeout": 120,
+                    "request_timeout": 60,
                 },
                 "scorer": {"name": scorer, "params": params, "device": self.device},
                 "gpu_residency": residency,
@@ -140,8 +142,16 @@ class Check:
         self.close(per_call)
         self.close(resident)
 
+    def settle(self, used: Callable[[], int]) -> int:
+        """The device's used bytes once the children closed before have given theirs back (the driver
+        may free a process's memory a little after it is reaped): within 64 MiB of the floor, or 10 s."""
+        began = time.monotonic()
+        while used() - self.floor > 64 * MIB and time.monotonic() - began < 10:
+            time.sleep(0.05)
+        return used()
+
     def two_children(self, mib: int, used: Callable[[], int] | None) -> None:
-        base = used() if used else 0
+        base = self.settle(used) if used else 0
         first = self.backend("torch_probe", {"param_mib": mib, "seed": 1})
         second = self.backend("torch_probe", {"param_mib": mib, "seed": 2})
         for backend in (first, second):
@@ -181,9 +191,10 @@ class Check:
         from bench.handles import child_of
 
         child = child_of(backend)
-        text = httpx.get(
-            f"http://127.0.0.1:{child.port}/metrics", headers={"authorization": f"Bearer {child.token}"}, timeout=30
-        ).text
+        with httpx.Client(trust_env=False, timeout=30) as client:  # never through a proxy
+            text = client.get(
+                f"http://127.0.0.1:{child.port}/metrics", headers={"authorization": f"Bearer {child.token}"}
+            ).text
         found = {"allocated": 0, "reserved": 0, "rss": 0}
         names = {
             "managed_scorers_child_cuda_allocated_bytes": "allocated",
@@ -194,6 +205,8 @@ class Check:
             name = line.split("{")[0]
             if name in names:
                 found[names[name]] = int(float(line.rsplit(" ", 1)[1]))
+        if self.cuda and not found["allocated"]:
+            raise RuntimeError(f"child pid {child.pid} reports no CUDA allocator figures on /metrics")
         return found
 
     def text_similarity(self) -> None:
@@ -225,8 +238,14 @@ class Check:
 
         victim = self.backend("torch_probe", {"param_mib": mib})
         victim.offload()
+        self.settle(lambda: int(torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]))
         free, _ = torch.cuda.mem_get_info()
-        filler = torch.empty(max(0, free - mib * MIB // 2), dtype=torch.uint8, device="cuda")  # leaves half a probe
+        try:
+            filler = torch.empty(max(0, free - mib * MIB // 2), dtype=torch.uint8, device="cuda")  # half a probe free
+        except torch.OutOfMemoryError as exc:
+            self.row(f"filling the GPU to {mib // 2} MiB free", f"failed: {exc}".splitlines()[0], "not run", True)
+            self.close(victim)
+            return
         try:
             try:
                 victim.onload()
@@ -261,7 +280,7 @@ class Check:
     def killed_child(self, mib: int, used: Callable[[], int]) -> None:
         from bench.handles import pid_of
 
-        base = used()
+        base = self.settle(used)
         victim = self.backend("torch_probe", {"param_mib": mib})
         holding = used() - base
         pid = pid_of(victim)
@@ -288,19 +307,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--site", type=Path, help="a directory of carried packages, on the children's path too")
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu: every step on the CPU")
     parser.add_argument("--sizes", default="1024,8192", help="torch_probe sizes in MiB")
+    parser.add_argument("--require-gpu", action="store_true", help="exit 2 (not 0) when there is no CUDA device")
+    parser.add_argument("--deadline-s", type=float, default=170.0, help="dump every thread's stack and exit past it")
     args = parser.parse_args(argv)
+    began = time.monotonic()
+    faulthandler.dump_traceback_later(args.deadline_s, exit=True)  # a stuck step never eats the device time
     python = Path(shutil.which(args.python) or args.python)
     sizes = [int(s) for s in args.sizes.split(",")]
     used: Callable[[], int] | None = None
     if args.device.startswith("cuda"):
         if importlib.util.find_spec("torch") is None:
             print("gpu_residency: SKIPPED - no torch in this interpreter; run it with a CUDA torch's python")
-            return 0
+            return 2 if args.require_gpu else 0
         import torch
 
         if not torch.cuda.is_available():
             print("gpu_residency: SKIPPED - no CUDA device visible here (use --device cpu for a dry run)")
-            return 0
+            return 2 if args.require_gpu else 0
         torch.cuda.init()
 
         def used() -> int:
@@ -311,7 +334,12 @@ def main(argv: list[str] | None = None) -> int:
             f"device: {torch.cuda.get_device_name()}, {torch.cuda.mem_get_info()[1] / 2**30:.0f} GiB, torch {torch.__version__}"
         )
     check = Check(python, args.site, args.device)
-    began = time.monotonic()
+    if used is not None:
+        check.floor = used()
+        settings = {
+            k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG", "CUDA_MODULE_LOADING")
+        }
+        print(f"settings the children inherit: {settings}")
     print(f"children: {python}{f' + {args.site}' if args.site else ''}; device {args.device}; probe sizes {sizes} MiB")
     print("| what | figure | verdict |\n|---|---|---|")
     try:
@@ -329,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for backend in list(check.live):
             backend.close()
-    print(f"gpu_residency: done in {time.monotonic() - began:.1f} s")
+    faulthandler.cancel_dump_traceback_later()
+    print(f"gpu_residency: done in {time.monotonic() - began:.1f} s (from the start, imports and CUDA init included)")
     return 1 if check.failed else 0
 
 

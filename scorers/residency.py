@@ -15,18 +15,22 @@ import time
 from typing import Any
 
 
+def _libc() -> Any:
+    name = ctypes.util.find_library("c")  # runs ldconfig: once, at import, never inside a timed move
+    return ctypes.CDLL(name) if name is not None else None
+
+
+_LIBC = _libc()
+
+
 def release_free_heap() -> None:
     """Give freed heap pages back to the OS (glibc malloc_trim), so RSS shows what a move freed.
 
     Managed children keep freed heap for reuse between requests (see supervisor.managed's
     malloc settings); a residency change is the moment to return it. No-op off glibc.
     """
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    libc = ctypes.CDLL(name)
-    if hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
 
 
 def process_rss_bytes() -> int:
@@ -57,9 +61,12 @@ def move_module(module: Any, target: str, figures_device: str) -> dict[str, Any]
     if figures_device.startswith("cuda"):
         torch.cuda.synchronize(figures_device)
         if target == "cpu":
+            clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear is not None:  # cuBLAS keeps a workspace (32 MiB on Hopper) in the caching allocator
+                clear()
             torch.cuda.empty_cache()
-    release_free_heap()
     elapsed = time.perf_counter() - started
+    release_free_heap()
     return {"device": target, "seconds": round(elapsed, 6), "before": before, "after": memory_figures(figures_device)}
 
 
