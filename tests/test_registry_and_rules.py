@@ -28,6 +28,7 @@ REGISTERED = {
     "token_f1": "scorers.rules:TokenF1",
     "pairwise_judge": "scorers.pairwise:PairwiseJudge",
     "text_similarity": "scorers.text_similarity:TextSimilarity",
+    "torch_probe": "scorers.torch_probe:TorchProbe",
     "ocr": "scorers.ocr:OcrScorer",
     "video": "scorers.video:VideoScorer",
 }
