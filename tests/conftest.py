@@ -25,6 +25,12 @@ def env_python(name: str) -> Path:
     return python
 
 
+def launcher_free_env(**extra: str) -> dict[str, str]:
+    """This environment without a launcher's rank variables or PYTHONPATH: what a trainer rank starts from."""
+    drop = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "PYTHONPATH"}
+    return {k: v for k, v in os.environ.items() if k not in drop} | extra
+
+
 @pytest.fixture
 def math_python() -> Path:
     return env_python("math")

@@ -4,13 +4,12 @@ tests/distributed_cases.py in envs/trl, then one test per case on what each rank
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO_ROOT, env_python
+from tests.conftest import REPO_ROOT, env_python, launcher_free_env
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +17,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
     out = tmp_path_factory.mktemp("cases")
-    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "PYTHONPATH"}}
+    env = launcher_free_env()
     command = [str(env_python("trl")), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     done = subprocess.run(
         [*command, str(REPO_ROOT / "tests" / "distributed_cases.py"), str(out)],

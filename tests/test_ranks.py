@@ -6,7 +6,6 @@ shared scorer envs."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import time
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO_ROOT, env_python, wait_until_gone
+from tests.conftest import REPO_ROOT, env_python, launcher_free_env, wait_until_gone
 
 TRAINER = REPO_ROOT / "tests" / "ranked_trainer.py"
 TIMEOUT_S = 20.0  # DistributedRewards' bound in the ranks: every wait on a peer ends within it
@@ -25,9 +24,7 @@ pytestmark = pytest.mark.slow
 
 
 def run_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "PYTHONPATH"}}
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(VISIBLE)
-    return env
+    return launcher_free_env(CUDA_VISIBLE_DEVICES=",".join(VISIBLE))
 
 
 def torchrun(ranks: int, out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
