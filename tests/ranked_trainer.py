@@ -103,8 +103,10 @@ def main() -> int:
     report: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "steps": {}}
     out = args.out / f"rank{rank}.json"
 
-    def save() -> None:
-        out.write_text(json.dumps(report))
+    def save() -> None:  # atomic: torchrun may SIGTERM this rank mid-write when a peer dies
+        partial = out.with_suffix(".partial")
+        partial.write_text(json.dumps(report))
+        os.replace(partial, out)
 
     everything = dataset(world)
     shard = everything[rank * PER_RANK : (rank + 1) * PER_RANK]
