@@ -9,14 +9,25 @@ groups of any size and items without a group (each its own group).
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from scorers.base import ScoreItem, Scorer, ScorerContractError, ScoreResult, ScorerSpec
 from scorers.groups import GroupContext
 from scorers.identity import jsonable
 
-CandidateFn = Callable[..., float | Mapping[str, float]]
+
+@dataclass(frozen=True)
+class Verdict:
+    """A candidate's score plus the declared diagnostics it counts (a malformed answer, no answer)."""
+
+    value: float | Mapping[str, float]
+    counts: Mapping[str, int] = field(default_factory=dict)
+
+
+CandidateFn = Callable[..., float | Mapping[str, float] | Verdict]
 
 
 def map_candidates(
@@ -29,11 +40,15 @@ def map_candidates(
     required_fields: Sequence[str] = (),
     identity: Any = None,
     env: str = "image",
+    diagnostics: Sequence[str] = (),
+    check_params: Callable[..., None] | None = None,
 ) -> type[Scorer]:
     """A Scorer class that scores each candidate as `fn(candidate, context, **params)`.
 
-    `fn` returns a float (one term, named `name` unless `terms` says otherwise) or a mapping
-    with every declared term. Params given to the class go to `fn` and count in its identity.
+    `fn` returns a float (one term, named `name` unless `terms` says otherwise), a mapping
+    with every declared term, or a `Verdict` that also counts declared `diagnostics` (summed
+    over the group). Params given to the class go to `fn` and count in its identity;
+    `check_params(**params)` refuses bad ones (a regex that does not compile) at construction.
     """
     spec = ScorerSpec(
         name=name,
@@ -43,6 +58,7 @@ def map_candidates(
         revision=revision,
         env=env,
         identity=identity,
+        diagnostics=tuple(diagnostics),
         groupwise=True,
         ragged_groups=True,
     )
@@ -57,6 +73,8 @@ def map_candidates(
                 signature.bind(None, None, **params)
             except TypeError as exc:
                 raise TypeError(f"{name}: {exc}") from exc
+            if check_params is not None:
+                check_params(**params)
             self.params = params
 
         def identity_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -64,8 +82,12 @@ def map_candidates(
 
         def score_group(self, candidates: Sequence[ScoreItem], context: GroupContext) -> ScoreResult:
             scores: dict[str, list[float]] = {term: [] for term in term_names}
+            counts: Counter[str] = Counter({diagnostic: 0 for diagnostic in spec.diagnostics})
             for candidate in candidates:
                 value = fn(candidate, context, **self.params)
+                if isinstance(value, Verdict):
+                    counts.update(value.counts)  # undeclared names are refused by score_checked
+                    value = value.value
                 if isinstance(value, Mapping):
                     if set(value) != set(term_names):
                         raise ScorerContractError(
@@ -77,7 +99,7 @@ def map_candidates(
                     scores[term_names[0]].append(value)
                 else:
                     raise ScorerContractError(f"{name}: declares terms {list(term_names)}; return a mapping of them")
-            return ScoreResult(terms=scores)
+            return ScoreResult(terms=scores, diagnostics=dict(counts))
 
     Mapped.spec = spec
     # named after the scorer (token_f1 -> TokenF1): its `module:Class` path is where it is assigned
