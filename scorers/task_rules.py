@@ -104,14 +104,10 @@ def tagged(text: str, tag: str | None) -> str | None:
 def _countdown_task(item: ScoreItem, reference: Any) -> tuple[Fraction, list[Fraction]]:
     if isinstance(reference, Mapping):
         target = as_fraction(reference.get("target"))
-        numbers = reference.get("numbers", reference.get("nums"))
-        if (
-            target is not None
-            and isinstance(numbers, (list, tuple))
-            and numbers
-            and all(as_fraction(n) is not None for n in numbers)
-        ):
-            return target, sorted(as_fraction(n) for n in numbers)  # type: ignore[type-var]
+        given = reference.get("numbers", reference.get("nums"))
+        numbers = [as_fraction(n) for n in given] if isinstance(given, (list, tuple)) else []
+        if target is not None and numbers and None not in numbers:
+            return target, sorted(n for n in numbers if n is not None)
     raise ScoreInputError(
         f"item {item.id!r}: countdown needs a reference like {{'target': 24, 'numbers': [4, 6, 1, 1]}} "
         f"(or 'nums'), got {reference!r}"
