@@ -28,6 +28,7 @@ BUILTINS: dict[str, str] = {
     "arithmetic": "scorers.task_rules:Arithmetic",
     "format_reward": "scorers.task_rules:FormatReward",
     "pairwise_judge": "scorers.pairwise:PairwiseJudge",
+    "llm_judge": "scorers.llm_judge:LlmJudge",
     "text_similarity": "scorers.text_similarity:TextSimilarity",
     "torch_probe": "scorers.torch_probe:TorchProbe",
     "ocr": "scorers.ocr:OcrScorer",

@@ -31,6 +31,7 @@ REGISTERED = {
     "arithmetic": "scorers.task_rules:Arithmetic",
     "format_reward": "scorers.task_rules:FormatReward",
     "pairwise_judge": "scorers.pairwise:PairwiseJudge",
+    "llm_judge": "scorers.llm_judge:LlmJudge",
     "text_similarity": "scorers.text_similarity:TextSimilarity",
     "torch_probe": "scorers.torch_probe:TorchProbe",
     "ocr": "scorers.ocr:OcrScorer",

@@ -1,0 +1,155 @@
+"""A fake OpenAI-compatible chat-completions server on loopback, for the judge's failure matrix.
+
+The behaviour is asked for inside the judged text, so one server serves a whole matrix:
+`[[score:7]]` answers "Score: 7" (default: a score derived from the text), `[[choice:A]]`
+answers "Verdict: A", `[[slow:3]]` waits 3 s first, `[[status:429]]` answers that status,
+`[[malformed]]` a truncated JSON body, `[[drop]]` closes the connection without an answer,
+`[[unparsable]]` a reply with no score, `[[trickle:0.5]]` sends the body a byte every 0.5 s,
+`[[echo_auth]]` a 401 that repeats the Authorization header it got.
+`xN` after a directive limits it to the first N attempts of that exact request body
+(`[[status:500x2]]`), so a retry that changes the request would be seen. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+DIRECTIVE = re.compile(r"\[\[([a-z_]+)(?::([^\]x]*))?(?:x(\d+))?\]\]")
+
+
+@dataclass(frozen=True)
+class Seen:
+    at: float
+    body: bytes
+    authorization: str | None
+
+
+class FakeOpenAI:
+    """`with FakeOpenAI() as server:` serves on 127.0.0.1 at `server.base_url` until the block ends."""
+
+    def __init__(self) -> None:
+        self.requests: list[Seen] = []
+        self.attempts: Counter[str] = Counter()
+        self.in_flight = self.max_in_flight = 0
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        self._server.block_on_close = False
+        self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-openai", daemon=True)
+
+    def __enter__(self) -> FakeOpenAI:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+    def seen(self, body: bytes) -> int:
+        with self._lock:
+            key = hashlib.sha256(body).hexdigest()
+            self.attempts[key] += 1
+            return self.attempts[key]
+
+    def bodies_with(self, marker: str) -> list[bytes]:
+        """Every request body received whose text contains `marker` (retries included)."""
+        return [seen.body for seen in self.requests if marker.encode() in seen.body]
+
+
+def _directives(text: str, attempt: int) -> dict[str, str]:
+    """The directives in force for this attempt: `name -> argument` ('' when it has none)."""
+    return {
+        name: argument or "" for name, argument, limit in DIRECTIVE.findall(text) if not limit or attempt <= int(limit)
+    }
+
+
+def default_score(text: str) -> int:
+    return sum(text.encode()) % 11
+
+
+def _handler(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+            """Quiet: the tests read what the server recorded instead."""
+
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            with server._lock:
+                server.requests.append(Seen(time.monotonic(), body, self.headers.get("authorization")))
+                server.in_flight += 1
+                server.max_in_flight = max(server.max_in_flight, server.in_flight)
+            try:
+                self._answer(body)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up at its deadline: expected
+                self.close_connection = True
+            finally:
+                with server._lock:
+                    server.in_flight -= 1
+
+        def _answer(self, body: bytes) -> None:
+            if self.path != "/v1/chat/completions":
+                self._send(404, b'{"error": {"message": "no such route"}}')
+                return
+            attempt = server.seen(body)
+            request = json.loads(body)
+            text = request["messages"][-1]["content"]
+            does = _directives(text, attempt)
+            if "slow" in does:
+                time.sleep(float(does["slow"]))
+            if "drop" in does:
+                self.connection.shutdown(socket.SHUT_RDWR)
+                self.close_connection = True
+                return
+            if "echo_auth" in does:  # a careless server that repeats the credential in its error
+                self._send(401, json.dumps({"error": f"bad key {self.headers.get('authorization')}"}).encode())
+                return
+            if "status" in does:
+                headers = {"retry-after": does["retry_after"]} if "retry_after" in does else {}
+                self._send(int(does["status"]), b'{"error": {"message": "fake failure"}}', headers)
+                return
+            if "malformed" in does:
+                self._send(200, b'{"choices": [{"message": {"content": "Score: 1')
+                return
+            if "unparsable" in does:
+                reply = "I would rather not say."
+            elif "choice" in does:
+                reply = f"Both are fine.\nVerdict: {does['choice']}"
+            else:
+                reply = f"A fair answer.\nScore: {does.get('score') or default_score(text)}"
+            answer = {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "model": request.get("model"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+            }
+            self._send(200, json.dumps(answer).encode(), trickle=float(does["trickle"]) if "trickle" in does else 0.0)
+
+        def _send(self, status: int, payload: bytes, headers: dict[str, str] | None = None, trickle: float = 0) -> None:
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(payload)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            if not trickle:
+                self.wfile.write(payload)
+                return
+            for byte in payload:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(trickle)
+
+    return Handler

@@ -1,0 +1,381 @@
+"""llm_judge: a reward from any OpenAI-compatible chat-completions endpoint.
+
+Each item becomes one chat request built from a prompt template; the judge's reply is
+parsed into a number in a declared range (normalised to [0, 1]) or one of declared
+choices. A reply that cannot be parsed, or a number outside the range, is that item's
+error, never a 0: the call raises naming every failed item, and the panel decides by the
+term's `required` flag. Calls run concurrently up to `concurrency`; each attempt has a
+deadline; transient failures (connect errors, timeouts, dropped connections, 408/429/5xx,
+a malformed body) are retried with the same request bytes under capped exponential backoff,
+all inside the batch's absolute deadline. The API key is read from the environment
+variable that `api_key_env` names: the name is identity, the secret never appears in
+identity, logs or errors.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import os
+import re
+import string
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
+from scorers.diagnostics import mean
+
+DEFAULT_TEMPLATE = (
+    "Rate how well the response answers the question, from 0 (wrong or useless) to 10 (fully correct "
+    "and helpful).\n\nQuestion:\n{prompt}\n\nResponse:\n{completion}\n\n"
+    "Give a one-sentence reason, then end with a line of the form 'Score: N'."
+)
+PLACEHOLDERS = ("prompt", "completion", "reference")
+PARSERS = ("number", "choice")
+NUMBER_PATTERN = r"(?i)\bscore\s*[:=]?\s*\**\s*(-?\d+(?:\.\d+)?)"
+CHOICE_PATTERN = r"(?i)\b(?:verdict|answer|choice)\s*[:=]?\s*\**\s*\[*\(?([A-Za-z0-9_]+)"
+MAX_ANSWER_BYTES = 1 << 20  # a chat completion is kilobytes; more is a broken or hostile server
+RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+class JudgeError(RuntimeError):
+    """Items the judge could not score (after the retries their failure allowed), each named."""
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class _Final(Exception):
+    """No retry helps: a 4xx the request caused, a reply that does not parse."""
+
+    def __init__(self, message: str, counted: str | None = None) -> None:
+        super().__init__(message)
+        self.counted = counted
+
+
+@dataclass
+class _Outcome:
+    value: float | None = None
+    error: str | None = None
+    attempts: int = 0
+    counted: str | None = None
+    seconds: float = 0.0
+
+
+def _positive(name: str, value: Any, integer: bool = False) -> None:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"llm_judge: {name} must be a positive {'int' if integer else 'number'}, got {value!r}")
+
+
+def _template_fields(template: Any) -> set[str]:
+    if not isinstance(template, str) or not template.strip():
+        raise ValueError("llm_judge: prompt_template must be a non-empty string")
+    fields = set()
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValueError(
+            f"llm_judge: prompt_template does not parse ({exc}); write literal braces as {{{{ }}}}"
+        ) from exc
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if name not in PLACEHOLDERS or spec or conversion:
+            raise ValueError(f"llm_judge: prompt_template placeholder {{{name}}} is not one of {list(PLACEHOLDERS)}")
+        fields.add(name)
+    if "completion" not in fields:
+        raise ValueError("llm_judge: prompt_template must contain {completion}")
+    return fields
+
+
+def _is_loopback(host: str | None) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class LlmJudge(Scorer):
+    """A judge model's verdict on each completion, from an OpenAI-compatible endpoint."""
+
+    spec = ScorerSpec(
+        name="llm_judge",
+        input_kind="text",
+        required_fields=("text",),
+        terms=("llm_judge",),
+        revision="1",
+        env="image",
+        report_packages=("httpx",),
+        requires_modules=("httpx",),
+        diagnostics=("attempts", "retries", "latency_s"),
+    )
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        prompt_template: str = DEFAULT_TEMPLATE,
+        system_prompt: str | None = None,
+        parser: str = "number",
+        score_range: Sequence[float] = (0, 10),
+        choices: Mapping[str, float] | None = None,
+        answer_pattern: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 256,
+        extra_body: Mapping[str, Any] | None = None,
+        api_key_env: str | None = None,
+        concurrency: int = 8,
+        request_timeout_s: float = 60.0,
+        max_attempts: int = 3,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 8.0,
+        batch_timeout_s: float = 300.0,
+    ) -> None:
+        url = urlsplit(base_url) if isinstance(base_url, str) else None
+        if url is None or url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"llm_judge: base_url must be an http(s) URL like 'http://host:8000/v1', got {base_url!r}")
+        if url.username or url.password:
+            raise ValueError("llm_judge: base_url must not carry credentials; name an env var in api_key_env")
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"llm_judge: model must be a non-empty string, got {model!r}")
+        self.fields = _template_fields(prompt_template)
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise ValueError("llm_judge: system_prompt must be a string or None")
+        if parser not in PARSERS:
+            raise ValueError(f"llm_judge: parser must be one of {list(PARSERS)}, got {parser!r}")
+        if parser == "number":
+            if (
+                isinstance(score_range, (str, bytes))
+                or not isinstance(score_range, Sequence)
+                or len(score_range) != 2
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in score_range)
+                or not math.isfinite(score_range[0])
+                or not math.isfinite(score_range[1])
+                or score_range[0] >= score_range[1]
+            ):
+                raise ValueError(f"llm_judge: score_range must be [low, high] with low < high, got {score_range!r}")
+        elif not (
+            isinstance(choices, Mapping)
+            and choices
+            and all(isinstance(k, str) and k for k in choices)
+            and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in choices.values()
+            )
+        ):
+            raise ValueError(f"llm_judge: parser 'choice' needs choices like {{'A': 1.0, 'B': 0.0}}, got {choices!r}")
+        pattern = answer_pattern or (NUMBER_PATTERN if parser == "number" else CHOICE_PATTERN)
+        try:
+            self.pattern = re.compile(pattern)
+        except (re.error, TypeError) as exc:
+            raise ValueError(f"llm_judge: answer_pattern {answer_pattern!r} does not compile: {exc}") from exc
+        if self.pattern.groups != 1:
+            raise ValueError(f"llm_judge: answer_pattern must have exactly one group, got {answer_pattern!r}")
+        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not 0 <= temperature <= 2:
+            raise ValueError(f"llm_judge: temperature must be in [0, 2], got {temperature!r}")
+        if extra_body is not None and not isinstance(extra_body, Mapping):
+            raise ValueError("llm_judge: extra_body must be a mapping (merged into each request body)")
+        if api_key_env is not None and not (
+            isinstance(api_key_env, str) and re.fullmatch(r"[A-Za-z_]\w*", api_key_env)
+        ):
+            raise ValueError(f"llm_judge: api_key_env must name an environment variable, got {api_key_env!r}")
+        for name, value in (("request_timeout_s", request_timeout_s), ("backoff_s", backoff_s)):
+            _positive(name, value)
+        for name, value in (("backoff_max_s", backoff_max_s), ("batch_timeout_s", batch_timeout_s)):
+            _positive(name, value)
+        for name, value in (("max_tokens", max_tokens), ("concurrency", concurrency), ("max_attempts", max_attempts)):
+            _positive(name, value, integer=True)
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.host = url.hostname
+        self.model, self.template, self.system_prompt = model, prompt_template, system_prompt
+        self.parser, self.range, self.choices = parser, tuple(score_range), dict(choices or {})
+        self.temperature, self.max_tokens, self.extra_body = temperature, max_tokens, dict(extra_body or {})
+        self.api_key_env, self.concurrency = api_key_env, concurrency
+        self.request_timeout_s, self.max_attempts = float(request_timeout_s), max_attempts
+        self.backoff_s, self.backoff_max_s, self.batch_timeout_s = (
+            float(backoff_s),
+            float(backoff_max_s),
+            float(batch_timeout_s),
+        )
+        self._secret: str | None = None
+        self._client: Any = None
+
+    def load(self, device: str = "cpu") -> None:
+        import httpx
+
+        if self.api_key_env is not None:
+            self._secret = os.environ.get(self.api_key_env)
+            if not self._secret:
+                raise RuntimeError(f"llm_judge: environment variable {self.api_key_env} (api_key_env) is not set")
+        # a loopback judge never goes through a proxy; a remote one follows the environment's
+        self._client = httpx.Client(
+            limits=httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency),
+            trust_env=not _is_loopback(self.host),
+        )
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # -- requests ---------------------------------------------------------------------------
+    def _request(self, item: ScoreItem) -> bytes:
+        """The exact bytes sent on every attempt for this item (a retry never changes the request)."""
+        values = {"completion": item.required_text()}
+        if "prompt" in self.fields:
+            if item.prompt is None:
+                raise ScoreInputError(f"item {item.id!r}: field 'prompt' is required by the judge's prompt_template")
+            values["prompt"] = item.prompt
+        if "reference" in self.fields:
+            if item.reference is None:
+                raise ScoreInputError(f"item {item.id!r}: a reference is required by the judge's prompt_template")
+            reference = item.reference
+            values["reference"] = reference if isinstance(reference, str) else json.dumps(reference, sort_keys=True)
+        messages = [{"role": "user", "content": self.template.format(**values)}]
+        if self.system_prompt is not None:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        body = {
+            **self.extra_body,
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
+        return json.dumps(body, ensure_ascii=False).encode()
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._secret, "***") if self._secret else text
+
+    def _attempt(self, body: bytes, deadline: float) -> str:
+        """One POST within min(request_timeout_s, what the batch has left); the reply's message text."""
+        import httpx
+
+        attempt_deadline = min(deadline, time.monotonic() + self.request_timeout_s)
+        headers = {"content-type": "application/json"}
+        if self._secret:
+            headers["authorization"] = f"Bearer {self._secret}"
+        received = bytearray()
+        try:
+            timeout = httpx.Timeout(max(attempt_deadline - time.monotonic(), 0.001))
+            with self._client.stream("POST", self.url, content=body, headers=headers, timeout=timeout) as response:
+                for chunk in response.iter_bytes():  # bounded in size and in time, however the server trickles
+                    received += chunk
+                    if len(received) > MAX_ANSWER_BYTES:
+                        raise _Final(f"answer longer than {MAX_ANSWER_BYTES} bytes")
+                    if time.monotonic() > attempt_deadline:
+                        raise _Retryable("answer still arriving at the attempt's deadline")
+                status, retry_after = response.status_code, response.headers.get("retry-after")
+        except httpx.TimeoutException as exc:
+            raise _Retryable(f"no answer within {self.request_timeout_s:g} s ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+        excerpt = self._scrub(bytes(received[:200]).decode("utf-8", "replace"))
+        if status != 200:
+            message = f"HTTP {status}: {excerpt}"
+            if status in RETRY_STATUSES:
+                raise _Retryable(message, _seconds(retry_after))
+            raise _Final(message)
+        try:
+            content = json.loads(received)["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise _Retryable(f"malformed chat completion ({type(exc).__name__}): {excerpt!r}") from exc
+        if not isinstance(content, str):
+            raise _Retryable(f"malformed chat completion: message content is {type(content).__name__}")
+        return content
+
+    def _verdict(self, content: str) -> float:
+        found = self.pattern.findall(content)
+        answer = found[-1] if found else content.strip().strip(".*").strip()
+        shown = self._scrub(content[-160:])
+        if self.parser == "choice":
+            if answer not in self.choices:
+                raise _Final(f"unparsable verdict (expected one of {sorted(self.choices)}): {shown!r}", "unparsable")
+            return float(self.choices[answer])
+        try:
+            number = float(answer)
+        except ValueError:
+            raise _Final(f"unparsable score (no 'Score: N'): {shown!r}", "unparsable") from None
+        low, high = self.range
+        if not (math.isfinite(number) and low <= number <= high):
+            raise _Final(f"score {number:g} outside score_range [{low:g}, {high:g}]: {shown!r}", "out_of_range")
+        return (number - low) / (high - low)
+
+    def _judge(self, body: bytes, deadline: float) -> _Outcome:
+        outcome, began, delay = _Outcome(), time.monotonic(), self.backoff_s
+        while True:
+            outcome.attempts += 1
+            try:
+                outcome.value = self._verdict(self._attempt(body, deadline))
+                break
+            except _Final as exc:
+                outcome.error, outcome.counted = str(exc), exc.counted
+                break
+            except _Retryable as exc:
+                wait = min(self.backoff_max_s, max(delay, exc.retry_after or 0.0))
+                delay = min(self.backoff_max_s, delay * 2)
+                if outcome.attempts >= self.max_attempts:
+                    outcome.error = f"{outcome.attempts} attempts failed; last: {exc}"
+                    break
+                if time.monotonic() + wait >= deadline:
+                    outcome.error = (
+                        f"batch deadline ({self.batch_timeout_s:g} s) leaves no time for attempt "
+                        f"{outcome.attempts + 1}; last: {exc}"
+                    )
+                    break
+                time.sleep(wait)
+        outcome.seconds = time.monotonic() - began
+        return outcome
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        if self._client is None:
+            raise RuntimeError("llm_judge: score() before load()")
+        bodies = [self._request(item) for item in items]  # refusals before any call
+        deadline = time.monotonic() + self.batch_timeout_s
+        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(items)) or 1, thread_name_prefix="llm_judge")
+        try:
+            futures = [pool.submit(self._judge, body, deadline) for body in bodies]
+            outcomes = []
+            for future in futures:  # every attempt ends by its deadline; the margin covers a thread's wake-up
+                try:
+                    outcomes.append(future.result(timeout=max(deadline - time.monotonic(), 0.0) + 5.0))
+                except FutureTimeout:
+                    outcomes.append(_Outcome(error=f"no verdict {self.batch_timeout_s:g} s after the batch began"))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        failed = [(item, o) for item, o in zip(items, outcomes, strict=True) if o.error is not None]
+        if failed:
+            listed = "; ".join(f"item {item.id!r} ({o.attempts} attempts): {o.error}" for item, o in failed[:8])
+            more = f"; and {len(failed) - 8} more" if len(failed) > 8 else ""
+            kinds = sorted({o.counted for _, o in failed if o.counted})
+            raise JudgeError(
+                f"llm_judge: {len(failed)} of {len(items)} items got no verdict from {self.url} "
+                f"(model {self.model!r}{', ' + '/'.join(kinds) if kinds else ''}): {listed}{more}"
+            )
+        attempts = sum(o.attempts for o in outcomes)
+        return ScoreResult(
+            terms={"llm_judge": [float(o.value) for o in outcomes if o.value is not None]},
+            diagnostics={
+                "attempts": attempts,
+                "retries": attempts - len(outcomes),
+                "latency_s": mean(sum(o.seconds for o in outcomes), len(outcomes)),
+            },
+        )
+
+
+def _seconds(retry_after: str | None) -> float | None:
+    """Retry-After in seconds (the HTTP-date form is ignored: backoff applies)."""
+    try:
+        return max(float(retry_after), 0.0) if retry_after is not None else None
+    except ValueError:
+        return None

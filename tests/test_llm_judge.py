@@ -1,0 +1,203 @@
+"""llm_judge against a fake OpenAI-compatible server on loopback (bench/fake_openai.py): the failure
+matrix, retries that resend the same bytes, the credential kept out of identity, logs and errors,
+refusals naming the item, the term under a panel, and the same verdicts in a managed child."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.fake_openai import FakeOpenAI, default_score
+from bench.judge_matrix import CASES, PARAMS, Case, closed_port, run
+from supervisor import (
+    LocalRewardBackend,
+    PanelTerm,
+    RewardItem,
+    RewardPanel,
+    RewardRequest,
+    ScorerRequestError,
+    ScorerStartupError,
+)
+from tests.conftest import env_python
+
+SECRET = "sk-test-0123456789abcdef"
+
+
+@pytest.fixture
+def server():
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+def judge_params(server: FakeOpenAI, **extra) -> dict:
+    return {**PARAMS, "base_url": server.base_url, **extra}
+
+
+def items(*texts: str, prompt: str | None = "What is 6 x 7?", reference=None) -> list[RewardItem]:
+    return [RewardItem(id=f"i{n}", prompt=prompt, text=t, reference=reference) for n, t in enumerate(texts)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_failure_matrix(case: Case):
+    outcome = run(case)
+    assert outcome.seconds < case.within_s, outcome
+    if case.error:
+        assert outcome.rewards is None and outcome.error is not None
+        assert case.error in outcome.error and "item 'i0'" in outcome.error, outcome.error
+        assert "/v1/chat/completions" in outcome.error and "fake-judge" in outcome.error
+    elif case.reward is not None:
+        assert outcome.rewards == [case.reward], outcome
+    else:  # the concurrency row: every item judged, never more than `concurrency` requests at once
+        assert outcome.rewards == [(n % 11) / 10 for n in range(16)]
+        assert outcome.max_in_flight == case.params["concurrency"]
+    assert outcome.attempts == [case.attempts] * len(case.texts), outcome
+    assert all(d == (1 if a else 0) for d, a in zip(outcome.distinct, outcome.attempts, strict=True)), outcome
+
+
+def test_the_key_is_sent_but_stays_out_of_identity_and_errors(server, monkeypatch):
+    monkeypatch.setenv("JUDGE_KEY", SECRET)
+    params = judge_params(server, api_key_env="JUDGE_KEY")
+    with LocalRewardBackend("llm_judge", params=params) as judge:
+        assert judge.compute_rewards(RewardRequest(items=items("[[score:9]]"))).rewards == [0.9]
+        assert server.requests[-1].authorization == f"Bearer {SECRET}"
+        with pytest.raises(ScorerRequestError) as info:
+            judge.compute_rewards(RewardRequest(items=items("[[echo_auth]]")))
+        assert "HTTP 401" in str(info.value) and "Bearer ***" in str(info.value)
+        assert SECRET not in str(info.value) and SECRET not in repr(info.value.__cause__)
+        shown = repr(judge.shape) + str(judge.identity_hash)
+    assert SECRET not in shown
+    monkeypatch.setenv("JUDGE_KEY", "another-secret")  # the reference is identity; the secret never is
+    with LocalRewardBackend("llm_judge", params=params) as again:
+        assert again.identity_hash == LocalRewardBackend("llm_judge", params=params).identity_hash
+
+
+def test_an_unset_key_variable_refuses_to_start(server, monkeypatch):
+    monkeypatch.delenv("JUDGE_KEY", raising=False)
+    with pytest.raises(RuntimeError, match="environment variable JUDGE_KEY \\(api_key_env\\) is not set"):
+        with LocalRewardBackend("llm_judge", params=judge_params(server, api_key_env="JUDGE_KEY")) as judge:
+            judge.compute_rewards(RewardRequest(items=items("[[score:1]]")))
+
+
+def test_choice_parser(server):
+    params = judge_params(server, parser="choice", choices={"A": 1.0, "B": 0.0, "tie": 0.5})
+    with LocalRewardBackend("llm_judge", params=params) as judge:
+        got = judge.compute_rewards(RewardRequest(items=items("[[choice:A]]", "[[choice:tie]]", "[[choice:B]]")))
+        assert got.rewards == [1.0, 0.5, 0.0]
+        assert got.diagnostics["llm_judge"]["values"]["attempts"] == 3
+        with pytest.raises(ScorerRequestError, match="item 'i1'.*unparsable verdict \\(expected one of"):
+            judge.compute_rewards(RewardRequest(items=items("[[choice:A]]", "[[choice:C]]")))
+
+
+def test_the_template_fills_prompt_completion_and_reference(server):
+    template = "Q: {prompt}\nGold: {reference}\nA: {completion}\nScore: 0-10"
+    params = judge_params(server, prompt_template=template, system_prompt="You grade.", score_range=[0, 20])
+    with LocalRewardBackend("llm_judge", params=params) as judge:
+        got = judge.compute_rewards(RewardRequest(items=items("[[score:5]] 42", reference={"answer": 42})))
+    assert got.rewards == [0.25]
+    body = server.requests[-1].body.decode()
+    assert '"role": "system", "content": "You grade."' in body
+    assert 'Q: What is 6 x 7?\\nGold: {\\"answer\\": 42}\\nA: [[score:5]] 42' in body
+
+
+def test_a_default_score_is_parsed_from_a_free_reply(server):
+    with LocalRewardBackend("llm_judge", params=judge_params(server)) as judge:
+        got = judge.compute_rewards(RewardRequest(items=items("a plain answer")))
+    sent = json.loads(server.requests[-1].body)["messages"][-1]["content"]
+    assert got.rewards == [pytest.approx(default_score(sent) / 10)]
+
+
+# -- refusals ----------------------------------------------------------------------------------
+def test_missing_inputs_are_refused_naming_the_item_before_any_call(server):
+    with_reference = judge_params(server, prompt_template="{completion} vs {reference}")
+    with LocalRewardBackend("llm_judge", params=with_reference) as judge:
+        with pytest.raises(ScorerRequestError, match="item 'i1': a reference is required") as info:
+            judge.compute_rewards(
+                RewardRequest(items=[RewardItem(id="i0", text="x", reference="y"), RewardItem(id="i1", text="x")])
+            )
+        assert info.value.kind == "bad_input"
+    with LocalRewardBackend("llm_judge", params=judge_params(server)) as judge:
+        with pytest.raises(ScorerRequestError, match="item 'i0': field 'prompt' is required"):
+            judge.compute_rewards(RewardRequest(items=items("x", prompt=None)))
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"answer_pattern": "(unclosed"}, "answer_pattern '\\(unclosed' does not compile"),
+        ({"answer_pattern": "no group"}, "exactly one group"),
+        ({"prompt_template": "{completion} {secret}"}, "placeholder {secret} is not one of"),
+        ({"prompt_template": "{prompt} only"}, "must contain {completion}"),
+        ({"base_url": "http://user:pw@judge:8000/v1"}, "must not carry credentials"),
+        ({"base_url": "judge:8000"}, "base_url must be an http"),
+        ({"parser": "choice"}, "needs choices like"),
+        ({"score_range": [10, 0]}, "low < high"),
+        ({"api_key_env": "sk-abc"}, "must name an environment variable"),
+        ({"concurrency": 0}, "concurrency must be a positive int"),
+        ({"api_key": SECRET}, "unexpected keyword argument 'api_key'"),
+    ],
+)
+def test_bad_params_are_refused_at_construction(server, extra, message):
+    with pytest.raises((ValueError, TypeError), match=message) as info:
+        LocalRewardBackend("llm_judge", params=judge_params(server, **extra))
+    assert SECRET not in str(info.value)
+
+
+# -- under a panel: optional or required like any other term ------------------------------------
+def test_a_failing_judge_term_is_recorded_when_optional_and_fatal_when_required(server):
+    request = RewardRequest(
+        items=[RewardItem(id=f"i{n}", prompt="1?", text=f"[[status:500]] #### {n}", reference="1") for n in range(2)]
+    )
+    for required in (False, True):
+        terms = [
+            PanelTerm("gsm8k", LocalRewardBackend("gsm8k")),
+            PanelTerm("judge", LocalRewardBackend("llm_judge", params=judge_params(server)), required=required),
+        ]
+        with RewardPanel(terms) as panel:
+            if required:
+                with pytest.raises(ScorerRequestError, match="item 'i0'.*HTTP 500"):
+                    panel.compute_rewards(request)
+                continue
+            got = panel.compute_rewards(request)
+        assert got.rewards == [0.0, 1.0] and got.component_rewards["judge"] == [None, None]
+        (failure,) = got.term_failures
+        assert failure.term == "judge" and failure.ids == ["i0", "i1"] and "HTTP 500" in failure.error
+
+
+# -- a managed child (envs/image) --------------------------------------------------------------
+@pytest.mark.slow
+def test_managed_judge_matches_in_process_keeps_the_secret_out_of_its_log_and_names_failed_items(
+    managed, server, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("JUDGE_KEY", SECRET)
+    params = judge_params(server, api_key_env="JUDGE_KEY")
+    request = RewardRequest(items=items("[[score:3]]", "[[slow:1.5x1]][[score:8]]", "[[status:503x1]][[score:10]]"))
+    with LocalRewardBackend("llm_judge", params=params) as local:
+        expected = local.compute_rewards(request)
+    backend = managed(env_python("image"), "llm_judge", params=params, process={"log_dir": str(tmp_path)})
+    got = backend.compute_rewards(request)
+    assert got.rewards == expected.rewards == [0.3, 0.8, 1.0]
+    assert got.identity_hash == expected.identity_hash
+    assert backend.health()["packages"]["httpx"] == "0.28.1"
+    with pytest.raises(ScorerRequestError) as info:
+        backend.compute_rewards(RewardRequest(items=items("[[score:2]]", "[[score:11]]", "[[echo_auth]]")))
+    message = str(info.value)
+    assert info.value.kind == "scorer_error" and "2 of 3 items got no verdict" in message
+    assert "item 'i1'" in message and "out_of_range" in message and "item 'i2'" in message
+    assert SECRET not in message
+    assert backend.compute_rewards(RewardRequest(items=items("[[score:4]]"))).rewards == [0.4]  # still serving
+    logs = Path(backend.log_path).read_text(errors="replace")
+    assert SECRET not in logs  # the child's whole log (its boot config carries the variable's name only)
+
+
+@pytest.mark.slow
+def test_managed_unreachable_judge_and_unset_key(managed, monkeypatch):
+    params = {**PARAMS, "base_url": f"http://127.0.0.1:{closed_port()}/v1"}
+    backend = managed(env_python("image"), "llm_judge", params=params)
+    with pytest.raises(ScorerRequestError, match="item 'i0' \\(3 attempts\\): .*ConnectError"):
+        backend.compute_rewards(RewardRequest(items=items("[[score:1]]")))
+    monkeypatch.delenv("JUDGE_KEY", raising=False)
+    with pytest.raises(ScorerStartupError, match="JUDGE_KEY \\(api_key_env\\) is not set"):
+        managed(env_python("image"), "llm_judge", params={**params, "api_key_env": "JUDGE_KEY"})
