@@ -36,7 +36,10 @@ def _prune(directory: Path, prefix: str, keep: int) -> None:
     logs = []
     for entry in os.scandir(directory):
         if entry.name.startswith(prefix) and entry.name.endswith(".log") and entry.is_file(follow_symlinks=False):
-            logs.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
+            try:
+                logs.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
+            except FileNotFoundError:
+                continue  # a concurrent launch (another term's child, another rank) pruned it between listing and stat
     excess = len(logs) - keep
     for _, name in sorted(logs):
         if excess <= 0:

@@ -137,3 +137,40 @@ def test_a_clean_child_leaves_no_log_and_a_failed_one_keeps_it(managed, trainer_
     with pytest.raises(ScorerStartupError) as info:
         managed(trainer_python, "tests.fixture_scorers:LoadFails", process={"log_dir": str(log_dir)})
     assert Path(info.value.record.log_path).exists()
+
+
+def test_a_log_pruned_by_a_concurrent_launch_between_listing_and_stat_is_skipped(tmp_path, monkeypatch):
+    """Two children of one scorer and rank starting at once (a panel's terms, replicas) prune the
+    same prefix: one may remove a log the other has listed but not yet stat'ed."""
+    import supervisor.logs as logs
+
+    for n in range(3):
+        (tmp_path / f"s-rank0-pid999999{n}-20260101-000000-00000{n}.log").write_text("old")
+    real_scandir = os.scandir
+
+    class Vanishing:
+        def __init__(self, entry: os.DirEntry) -> None:
+            self.entry, self.name = entry, entry.name
+
+        def is_file(self, follow_symlinks: bool = True) -> bool:
+            return self.entry.is_file(follow_symlinks=follow_symlinks)
+
+        def stat(self, follow_symlinks: bool = True) -> os.stat_result:
+            os.unlink(self.entry.path)  # the other launch's prune wins the race
+            return self.entry.stat(follow_symlinks=follow_symlinks)
+
+    class Listing(list):
+        def __enter__(self) -> Listing:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    def scandir(path):
+        entries = sorted(real_scandir(path), key=lambda entry: entry.name)
+        return Listing([Vanishing(entries[0]), *entries[1:]] if str(path) == str(tmp_path) else entries)
+
+    monkeypatch.setattr(logs.os, "scandir", scandir)
+    fd, path = logs.open_child_log(tmp_path, "s", 0, keep=2)
+    os.close(fd)
+    assert path.exists() and len(list(tmp_path.glob("s-rank0-*.log"))) == 2
