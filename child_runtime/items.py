@@ -200,9 +200,13 @@ def items_from_wire(meta: Any, limits: Limits = Limits(), copy_media: bool = Fal
 
 
 def response_to_wire(items: Sequence[ScoreItem], result: ScoreResult) -> dict[str, Any]:
-    """Echo ids in order; scores travel as float64 arrays (exact, never JSON floats)."""
-    return {
+    """Echo ids in order; scores travel as float64 arrays (exact, never JSON floats); items the
+    scorer could not score are named with why (their scores are NaN)."""
+    answer = {
         "ids": [item.id for item in items],
         "terms": {name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()},
         "diagnostics": result.diagnostics,
     }
+    if result.failed:
+        answer["failed"] = {items[position].id: why for position, why in sorted(result.failed.items())}
+    return answer

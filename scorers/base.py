@@ -102,10 +102,16 @@ class ScoreItem:
 
 @dataclass
 class ScoreResult:
-    """Per-term scores in item order, plus diagnostics (counts, timings)."""
+    """Per-term scores in item order, plus diagnostics (counts, timings).
+
+    `failed` maps the position of an item the scorer could not score (a judge reply that does
+    not parse) to why: its values are ignored and the item gets no reward from this scorer;
+    a panel records it like an optional term's failure, anything else raises naming it.
+    """
 
     terms: dict[str, list[float]]
     diagnostics: dict[str, Any] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 class Scorer:
@@ -191,7 +197,7 @@ def score_checked(scorer: Scorer, items: Sequence[ScoreItem], group_size: int | 
     if not spec.groupwise:
         return _checked_result(spec, scorer.score(items), items)
     scores = {term: [0.0] * len(items) for term in spec.term_names()}
-    reports = []
+    reports, failed = [], {}
     for members in groups:
         candidates = tuple(replace(items[i], reference=freeze(items[i].reference)) for i in members)
         part = _checked_result(spec, scorer.score_group(candidates, context_of(items, members)), candidates)
@@ -199,7 +205,8 @@ def score_checked(scorer: Scorer, items: Sequence[ScoreItem], group_size: int | 
             for index, value in zip(members, values, strict=True):
                 scores[term][index] = value
         reports.append(part.diagnostics)
-    return ScoreResult(terms=scores, diagnostics=merge_values(reports))
+        failed.update({members[position]: why for position, why in part.failed.items()})
+    return ScoreResult(terms=scores, diagnostics=merge_values(reports), failed=failed)
 
 
 def _checked_result(spec: ScorerSpec, result: Any, items: Sequence[ScoreItem]) -> ScoreResult:
@@ -210,18 +217,28 @@ def _checked_result(spec: ScorerSpec, result: Any, items: Sequence[ScoreItem]) -
         raise ScorerContractError(
             f"scorer {spec.name!r} returned terms {sorted(result.terms)}, declared {sorted(expected)}"
         )
+    if not isinstance(result.failed, dict) or not all(
+        isinstance(k, int) and 0 <= k < len(items) and isinstance(v, str) and v for k, v in result.failed.items()
+    ):
+        raise ScorerContractError(
+            f"scorer {spec.name!r}: failed must map item positions (0..{len(items) - 1}) to reasons, "
+            f"got {result.failed!r}"
+        )
     for term, values in result.terms.items():
         if len(values) != len(items):
             raise ScorerContractError(
                 f"scorer {spec.name!r} term {term!r}: {len(values)} scores for {len(items)} items"
             )
         for index, value in enumerate(values):
+            if index in result.failed:
+                continue
             if not isinstance(value, (int, float, np.floating, np.integer)) or not math.isfinite(value):
                 raise ScorerContractError(
                     f"scorer {spec.name!r} term {term!r}: non-finite score {value!r} "
                     f"for items[{index}] (id={items[index].id!r})"
                 )
-        result.terms[term] = [float(v) for v in values]
+        # a failed item's value never travels as a number: NaN, refused anywhere it is not marked failed
+        result.terms[term] = [math.nan if i in result.failed else float(v) for i, v in enumerate(values)]
     try:
         result.diagnostics = check_values(spec.name, spec.diagnostics, result.diagnostics)
     except DiagnosticsError as exc:

@@ -16,7 +16,13 @@ import numpy as np
 
 from scorers.diagnostics import merge_reports, report
 from scorers.groups import GroupInputError, pack_chunks, partition
-from supervisor.errors import ConfigError, RewardContractError, ScorerRequestError, ScorerUnavailable
+from supervisor.errors import (
+    ConfigError,
+    RewardContractError,
+    ScorerItemsFailed,
+    ScorerRequestError,
+    ScorerUnavailable,
+)
 from supervisor.segment import HeapArena, SharedArena
 from supervisor.submit import DEFAULT_MAX_PENDING, SubmissionQueueFull, Submitter
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
@@ -31,8 +37,9 @@ def _fresh_submitter_lock() -> None:
 
 
 os.register_at_fork(after_in_child=_fresh_submitter_lock)
-# (chunk, group_size) -> (terms, diagnostics): one exchange with the scorer, whatever runs it.
-ChunkScorer = Callable[[Sequence[RewardItem], int | None], tuple[Mapping[str, np.ndarray], Mapping[str, Any]]]
+# what one exchange with the scorer answers, whatever runs it: terms, diagnostics, failed ids -> why
+ChunkAnswer = tuple[Mapping[str, np.ndarray], Mapping[str, Any], Mapping[str, str]]
+ChunkScorer = Callable[[Sequence[RewardItem], int | None], ChunkAnswer]
 
 
 @dataclass(frozen=True)
@@ -224,19 +231,45 @@ def score_in_chunks(
         raise ScorerRequestError(str(exc), kind="bad_input") from exc
     merged: dict[str, np.ndarray] = {}
     reports = []
+    failed: dict[str, str] = {}
     for chunk in pack_chunks(groups, size):
-        terms, values = score_chunk([request.items[i] for i in chunk], group_size)
+        terms, values, chunk_failed = score_chunk([request.items[i] for i in chunk], group_size)
         for name, scores in terms.items():
             merged.setdefault(name, np.full(len(request.items), np.nan))[chunk] = scores
         reports.append(report(len(chunk), values))
+        failed.update(chunk_failed)
+    scored = np.array([item_id not in failed for item_id in request.ids], dtype=bool)
     for name, scores in merged.items():  # a term some chunk lacked is never filled in with zeros
-        unfilled = np.flatnonzero(np.isnan(scores))
+        unfilled = np.flatnonzero(np.isnan(scores) & scored)
         if unfilled.size:
             raise RewardContractError(
                 f"scorer {shape.name!r} term {name!r}: no score for id {request.items[int(unfilled[0])].id!r}"
             )
     diagnostics = {shape.name: merge_reports(reports)}
-    return assemble_response(request.ids, merged, required, weights, diagnostics, shape.identity_hash)
+    if not failed:
+        return assemble_response(request.ids, merged, required, weights, diagnostics, shape.identity_hash)
+    kept = np.flatnonzero(scored)
+    partial = assemble_response(
+        [request.ids[i] for i in kept],
+        {name: scores[kept] for name, scores in merged.items()},
+        required,
+        weights,
+        diagnostics,
+        shape.identity_hash,
+    )
+    raise items_failed(shape.name, len(request.items), failed, partial)
+
+
+def items_failed(scorer: str, total: int, failed: Mapping[str, str], partial: RewardResponse) -> ScorerItemsFailed:
+    """The error for items a scorer could not score, each named with why; `partial` holds the rest."""
+    listed = "; ".join(f"{item_id!r}: {why}" for item_id, why in list(failed.items())[:8])
+    more = f"; and {len(failed) - 8} more" if len(failed) > 8 else ""
+    return ScorerItemsFailed(
+        f"scorer {scorer!r} could not score {len(failed)} of {total} items: {listed}{more}",
+        kind="items_failed",
+        failed=dict(failed),
+        partial=partial,
+    )
 
 
 def assemble_response(

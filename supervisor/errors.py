@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from child_runtime.exit_codes import describe, signal_name
 
@@ -108,6 +109,25 @@ class ScorerRequestError(ScorerError):
         self.status = status
         self.kind = kind
         super().__init__(message, record)
+
+
+class ScorerItemsFailed(ScorerRequestError):
+    """The scorer answered, but could not score some items (`failed`: id -> why). `partial` is the
+    response for the other items: a panel keeps it when the term is optional; a trainer calling
+    the backend alone gets this error, never a reward standing in for the missing ones."""
+
+    def __init__(
+        self,
+        message: str,
+        record: ChildRecord | None = None,
+        status: int | None = None,
+        kind: str | None = "items_failed",
+        failed: dict[str, str] | None = None,
+        partial: Any = None,
+    ) -> None:
+        self.failed = dict(failed or {})
+        self.partial = partial  # a RewardResponse over the scored ids (types imports this module)
+        super().__init__(message, record, status, kind)
 
 
 class ScorerUnavailable(ScorerError):

@@ -12,7 +12,7 @@ from child_runtime.items import RequestError, request_from_wire
 from scorers.base import ScoreInputError, Scorer, ScorerContractError, score_checked
 from scorers.identity import scorer_identity_hash
 from scorers.registry import resolve_scorer
-from supervisor.backend import RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
+from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
 from supervisor.errors import ConfigError, RewardContractError, ScorerRequestError
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
@@ -83,9 +83,7 @@ class LocalRewardBackend(RewardBackend):
     def combination(self) -> dict[str, Any]:
         return {"required": list(self.required), "weights": dict(sorted(self.weights.items()))}
 
-    def _score_chunk(
-        self, chunk: Sequence[RewardItem], group_size: int | None
-    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def _score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
         try:
             items, group_size = request_from_wire(
                 {"items": [item.to_wire() for item in chunk], "group_size": group_size},
@@ -98,7 +96,8 @@ class LocalRewardBackend(RewardBackend):
             raise RewardContractError(str(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - the scorer's own bug: typed as a managed child's 500 is
             raise ScorerRequestError(f"{type(exc).__name__}: {exc}", kind="scorer_error") from exc
-        return {name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()}, result.diagnostics
+        terms = {name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()}
+        return terms, result.diagnostics, {chunk[position].id: why for position, why in result.failed.items()}
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         with self._serial:

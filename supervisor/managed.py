@@ -21,11 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-
 from child_runtime.exit_codes import is_boot_failure
 from supervisor import prometheus, ranks
-from supervisor.backend import RewardBackend, ScorerShape, check_reward_names, score_in_chunks
+from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_reward_names, score_in_chunks
 from supervisor.client import ScorerClient
 from supervisor.config import RESERVED_ENV, ManagedScorerProcessSpec
 from supervisor.errors import (
@@ -540,9 +538,7 @@ class ManagedScorerProcessBackend(RewardBackend):
         self._mark_dead(gen, error)
         return error
 
-    def _score_chunk(
-        self, chunk: Sequence[RewardItem], group_size: int | None
-    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def _score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
         frame = encode_chunk(chunk, group_size, self.max_request_bytes)
         gen = self._serving(restart=True)
         answer = self._exchange(gen, "score", gen.client.score, frame, uuid.uuid4().hex)

@@ -27,6 +27,7 @@ from supervisor.errors import (
     RewardContractError,
     ScorerCrashLoop,
     ScorerError,
+    ScorerItemsFailed,
     ScorerRequestError,
     ScorerStartupError,
 )
@@ -179,6 +180,9 @@ class RewardPanel(RewardBackend):
         diagnostics: dict[str, Any] = {}
         fatal: list[tuple[str, str, BaseException]] = []
         for call, outcome in zip(calls, outcomes, strict=True):
+            if isinstance(outcome, ScorerItemsFailed) and outcome.partial is not None and not _any_required(call):
+                self._take_partial(call, outcome, request, values, diagnostics, failures)
+                continue
             if isinstance(outcome, ScorerError) and not isinstance(outcome, LIFECYCLE_ERRORS):
                 narrowed = self._required_share(call, request)
                 if narrowed is not None:  # optional terms brought items of their own: never let them sink the rest
@@ -209,6 +213,8 @@ class RewardPanel(RewardBackend):
         if fatal:
             terms, why, error = fatal[0]
             error.add_note(f"panel term(s) {terms}: {why}")
+            if isinstance(error, ScorerItemsFailed):
+                error.partial = None  # the term's own rewards, not this panel's: nothing above may take them
             raise error
         rewards = []
         for i in range(n):
@@ -284,6 +290,26 @@ class RewardPanel(RewardBackend):
             raise
         return outcomes
 
+    def _take_partial(
+        self,
+        call: _Call,
+        error: ScorerItemsFailed,
+        request: RewardRequest,
+        values: dict[str, list[float | None]],
+        diagnostics: dict[str, Any],
+        failures: list[TermFailure],
+    ) -> None:
+        """Optional terms whose backend could not score some items: those items get nothing from
+        them (recorded by id), the others keep their values."""
+        missing = [p for p in call.positions if request.items[p].id in error.failed]
+        scored = _Call(call.backend, call.terms, [p for p in call.positions if p not in set(missing)])
+        self._take(scored, error.partial, request, values, diagnostics, failures)
+        for term in call.terms:
+            ids = [request.items[p].id for p in missing if term.applies(request.items[p])]
+            if ids:
+                log.warning("optional reward term %r: %d items got no value from it: %s", term.name, len(ids), error)
+                failures.append(TermFailure(term=term.name, ids=ids, error=str(error), kind=type(error).__name__))
+
     def _take(
         self,
         call: _Call,
@@ -346,6 +372,10 @@ class RewardPanel(RewardBackend):
                     errors.append(exc)
             if errors:
                 raise errors[0]
+
+
+def _any_required(call: _Call) -> bool:
+    return any(term.required for term in call.terms)
 
 
 def _check_term(term: PanelTerm) -> None:

@@ -15,9 +15,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-import numpy as np
-
-from supervisor.backend import RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
+from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
 from supervisor.client import ScorerClient
 from supervisor.errors import (
     ConnectFailed,
@@ -119,9 +117,7 @@ class RemoteRewardBackend(RewardBackend):
                 raise ScorerUnavailable(f"{what} at {self.base_url}: the backend was interrupted or closed")
             pause = min(pause * 2, self.retry_backoff_cap_s)
 
-    def _score_chunk(
-        self, chunk: Sequence[RewardItem], group_size: int | None
-    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def _score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
         frame = encode_chunk(chunk, group_size, self.max_request_bytes)
         key = uuid.uuid4().hex  # the same on every try: a re-send is answered, not scored again
         answer = self._exchange(

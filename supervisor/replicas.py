@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from scorers.diagnostics import merge_term_reports
 from scorers.groups import GroupInputError, partition
 from supervisor import ranks
-from supervisor.backend import RewardBackend, ScorerShape, request_group_size
+from supervisor.backend import RewardBackend, ScorerShape, items_failed, request_group_size
 from supervisor.config import ManagedScorerProcessSpec, ReplicasConfig
-from supervisor.errors import ConfigError, ScorerError, ScorerProcessDied, ScorerRequestError
+from supervisor.errors import ConfigError, ScorerError, ScorerItemsFailed, ScorerProcessDied, ScorerRequestError
 from supervisor.fanout import build_all, on_each
 from supervisor.joined import join_rows, rows_by_id
 from supervisor.managed import ManagedScorerProcessBackend
@@ -197,12 +197,35 @@ class ReplicatedBackend(RewardBackend):
                 if share and index not in futures:  # never sent: its load goes now
                     self._answered(index, len(share))
         failed = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
+        if failed and all(isinstance(o, ScorerItemsFailed) and o.partial is not None for _, o in failed):
+            raise self._items_failed(request, outcomes)
         if failed:
             index, error = failed[0]
             ids = [request.items[p].id for p in shares[index]]
             raise self._named(index, error, f"share of {len(ids)} ids from {ids[0]!r}", len(failed) - 1) from error
         responses = [o for o in outcomes if isinstance(o, RewardResponse)]
         return join_rows(request.ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
+
+    def _items_failed(self, request: RewardRequest, outcomes: Sequence[Any]) -> ScorerItemsFailed:
+        """Replicas that each could not score some items: one error over the whole request, its
+        partial joined from every replica's scored rows (as one backend's would be)."""
+        failed: dict[str, str] = {}
+        responses = []
+        for outcome in outcomes:
+            if isinstance(outcome, ScorerItemsFailed):
+                failed.update(outcome.failed)
+                responses.append(outcome.partial)
+            elif isinstance(outcome, RewardResponse):
+                responses.append(outcome)
+        kept = [item_id for item_id in request.ids if item_id not in failed]
+        diagnostics = merge_term_reports(r.diagnostics for r in responses)
+        # every item failed: each partial is empty, and any of them has the terms an empty response needs
+        partial = (
+            join_rows(kept, rows_by_id(responses), diagnostics)
+            if kept
+            else responses[0].model_copy(update={"diagnostics": diagnostics})
+        )
+        return items_failed(self.shape.name, len(request.items), failed, partial)
 
     def _answered(self, index: int, items: int) -> None:
         with self._lock:

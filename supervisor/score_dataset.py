@@ -27,7 +27,7 @@ from typing import IO, Any
 import numpy as np
 
 from scorers.diagnostics import merge_term_reports, to_metrics
-from supervisor.errors import ConfigError, ScorerRequestError
+from supervisor.errors import ConfigError, ScorerItemsFailed, ScorerRequestError
 from supervisor.overlap import micro_batches
 from supervisor.panel import RewardPanel
 from supervisor.types import RewardItem, RewardRequest
@@ -296,6 +296,19 @@ def _results(panel: RewardPanel, items: list[RewardItem]) -> Iterator[tuple[dict
     """Rows for `items`; a refused batch is split (whole groups) until the refused rows are isolated."""
     try:
         response = panel.compute_rewards(RewardRequest(items=items, group_size=panel.group_size))
+    except ScorerItemsFailed as exc:  # a required term could not score these rows: they fail, the rest is rescored
+        failed = [item for item in items if item.id in exc.failed]
+        if not failed:
+            raise
+        scored = [item for item in items if item.id not in exc.failed]
+        rest = iter(list(_results(panel, scored)) if scored else [])
+        for item in items:  # in input order
+            if item.id in exc.failed:
+                error = f"{type(exc).__name__}: {exc.failed[item.id]}"
+                yield {"id": item.id, "reward": None, "components": {}, "error": error}, None
+            else:
+                yield next(rest)
+        return
     except ScorerRequestError as exc:
         if exc.kind not in PER_ROW_KINDS:
             raise

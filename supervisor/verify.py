@@ -40,10 +40,11 @@ def verify_score_answer(
     required: Sequence[str],
     record: Callable[[], ChildRecord | None] = lambda: None,
     declared: ScorerShape | None = None,
-) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Same ids in the same order, every required term, one finite float64 per item; with the
-    scorer's `declared` shape, exactly its terms and only its diagnostics (a server redeployed
-    with another scorer, or one that does not keep the contract, never fills a reward)."""
+) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, str]]:
+    """Same ids in the same order, every required term, one finite float64 per item except the
+    items the answer names as failed (id -> why); with the scorer's `declared` shape, exactly its
+    terms and only its diagnostics (a server redeployed with another scorer, or one that does not
+    keep the contract, never fills a reward)."""
 
     def fail(message: str) -> RewardContractError:
         return RewardContractError(message, record())
@@ -53,12 +54,19 @@ def verify_score_answer(
     ids = answer.get("ids")
     if not isinstance(ids, list) or ids != list(expected_ids):
         raise fail(_id_mismatch(ids, expected_ids))
+    failed = answer.get("failed") or {}
+    if not isinstance(failed, dict) or not all(isinstance(why, str) and why for why in failed.values()):
+        raise fail(f"answer's 'failed' must map ids to reasons, got {failed!r}")
+    unknown = sorted(set(failed) - set(expected_ids))
+    if unknown:
+        raise fail(f"answer names failed ids {unknown[:5]} that were not in the request")
+    scored = np.array([item_id not in failed for item_id in expected_ids], dtype=bool)
     terms: dict[str, np.ndarray] = {}
     for name, values in answer["terms"].items():
         if not isinstance(values, np.ndarray) or values.dtype != np.float64 or values.shape != (len(expected_ids),):
             shape = getattr(values, "shape", type(values).__name__)
             raise fail(f"term {name!r}: expected {len(expected_ids)} float64 scores, got {shape}")
-        bad = np.flatnonzero(~np.isfinite(values))
+        bad = np.flatnonzero(~np.isfinite(values) & scored)
         if bad.size:
             index = int(bad[0])
             raise fail(f"term {name!r}: non-finite score {values[index]} for id {expected_ids[index]!r}")
@@ -68,11 +76,11 @@ def verify_score_answer(
         raise fail(f"required rewards {missing} missing from the answer (got {sorted(terms)})")
     diagnostics = answer.get("diagnostics") or {}
     if declared is None or not declared.terms:
-        return terms, diagnostics if isinstance(diagnostics, dict) else {}
+        return terms, diagnostics if isinstance(diagnostics, dict) else {}, failed
     if set(terms) != set(declared.terms):
         raise fail(f"answer has terms {sorted(terms)}; scorer {declared.name!r} declared {sorted(declared.terms)}")
     try:
-        return terms, check_values(declared.name, declared.diagnostics, diagnostics)
+        return terms, check_values(declared.name, declared.diagnostics, diagnostics), failed
     except DiagnosticsError as exc:
         raise fail(str(exc)) from exc
 

@@ -497,3 +497,20 @@ class WhereScored(Scorer):
         time.sleep(self.sleep_s)
         device = float(os.environ.get("CUDA_VISIBLE_DEVICES") or -1)
         return ScoreResult(terms={"pid": [float(os.getpid())] * len(items), "device": [device] * len(items)})
+
+
+class FailsMarked(Scorer):
+    """len(text), except items whose text contains "fail": those it cannot score (ScoreResult.failed).
+    With `bad_position`, it names a position outside the batch (a contract violation)."""
+
+    spec = ScorerSpec(name="fails_marked", input_kind="text", terms=("fails_marked",), env="image")
+
+    def __init__(self, bad_position: bool = False) -> None:
+        self.bad_position = bad_position
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        failed = {i: f"no score for {item.text!r}" for i, item in enumerate(items) if "fail" in (item.text or "")}
+        if self.bad_position:
+            failed[len(items)] = "out of the batch"
+        values = [float("nan") if i in failed else float(len(item.text or "")) for i, item in enumerate(items)]
+        return ScoreResult(terms={"fails_marked": values}, failed=failed)
