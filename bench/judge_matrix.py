@@ -141,7 +141,7 @@ def main() -> None:
                 f" (at most {outcome.max_in_flight} in flight)" if len(outcome.rewards) > 1 else ""
             )
         else:
-            reason = re.split(r"\(\d+ attempts\): ", outcome.error or "", maxsplit=1)[-1]
+            reason = re.sub(r" \(\d+ attempts at .*", "", (outcome.error or "").split("'i0': ", 1)[-1])
             verdict = "raises: " + reason[:100].replace("|", "/").replace("\n", " ")
         print(
             f"| {case.name} | {case.server} | {verdict} | {max(outcome.attempts)} | {outcome.seconds:.2f} s |",

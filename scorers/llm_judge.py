@@ -2,9 +2,9 @@
 
 Each item becomes one chat request built from a prompt template; the judge's reply is
 parsed into a number in a declared range (normalised to [0, 1]) or one of declared
-choices. A reply that cannot be parsed, or a number outside the range, is that item's
-error, never a 0: the call raises naming every failed item, and the panel decides by the
-term's `required` flag. Calls run concurrently up to `concurrency`; each attempt has a
+choices. A reply that cannot be parsed, a number outside the range, or a call that failed
+after its retries is that item's failure (`ScoreResult.failed`), never a 0: a panel gives
+those items nothing from an optional term and raises for a required one, naming them. Calls run concurrently up to `concurrency`; each attempt has a
 deadline; transient failures (connect errors, timeouts, dropped connections, 408/429/5xx,
 a malformed body) are retried with the same request bytes under capped exponential backoff,
 all inside the batch's absolute deadline. The API key is read from the environment
@@ -21,6 +21,7 @@ import os
 import re
 import string
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -42,10 +43,6 @@ NUMBER_PATTERN = r"(?i)\bscore\s*[:=]?\s*\**\s*(-?\d+(?:\.\d+)?)"
 CHOICE_PATTERN = r"(?i)\b(?:verdict|answer|choice)\s*[:=]?\s*\**\s*\[*\(?([A-Za-z0-9_]+)"
 MAX_ANSWER_BYTES = 1 << 20  # a chat completion is kilobytes; more is a broken or hostile server
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
-
-
-class JudgeError(RuntimeError):
-    """Items the judge could not score (after the retries their failure allowed), each named."""
 
 
 class _Retryable(Exception):
@@ -119,7 +116,7 @@ class LlmJudge(Scorer):
         env="image",
         report_packages=("httpx",),
         requires_modules=("httpx",),
-        diagnostics=("attempts", "retries", "latency_s"),
+        diagnostics=("attempts", "retries", "failed", "unparsable", "out_of_range", "latency_s"),
     )
 
     def __init__(
@@ -353,22 +350,22 @@ class LlmJudge(Scorer):
                     outcomes.append(_Outcome(error=f"no verdict {self.batch_timeout_s:g} s after the batch began"))
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
-        failed = [(item, o) for item, o in zip(items, outcomes, strict=True) if o.error is not None]
-        if failed:
-            listed = "; ".join(f"item {item.id!r} ({o.attempts} attempts): {o.error}" for item, o in failed[:8])
-            more = f"; and {len(failed) - 8} more" if len(failed) > 8 else ""
-            kinds = sorted({o.counted for _, o in failed if o.counted})
-            raise JudgeError(
-                f"llm_judge: {len(failed)} of {len(items)} items got no verdict from {self.url} "
-                f"(model {self.model!r}{', ' + '/'.join(kinds) if kinds else ''}): {listed}{more}"
-            )
         attempts = sum(o.attempts for o in outcomes)
+        counted = Counter(o.counted for o in outcomes if o.counted)
         return ScoreResult(
-            terms={"llm_judge": [float(o.value) for o in outcomes if o.value is not None]},
+            terms={"llm_judge": [math.nan if o.value is None else o.value for o in outcomes]},
             diagnostics={
                 "attempts": attempts,
                 "retries": attempts - len(outcomes),
+                "failed": sum(o.error is not None for o in outcomes),
+                "unparsable": counted["unparsable"],
+                "out_of_range": counted["out_of_range"],
                 "latency_s": mean(sum(o.seconds for o in outcomes), len(outcomes)),
+            },
+            failed={
+                position: f"{o.error} ({o.attempts} attempts at {self.url}, model {self.model!r})"
+                for position, o in enumerate(outcomes)
+                if o.error is not None
             },
         )
 

@@ -17,6 +17,7 @@ from supervisor import (
     RewardItem,
     RewardPanel,
     RewardRequest,
+    ScorerItemsFailed,
     ScorerRequestError,
     ScorerStartupError,
 )
@@ -45,7 +46,7 @@ def test_failure_matrix(case: Case):
     assert outcome.seconds < case.within_s, outcome
     if case.error:
         assert outcome.rewards is None and outcome.error is not None
-        assert case.error in outcome.error and "item 'i0'" in outcome.error, outcome.error
+        assert case.error in outcome.error and "could not score 1 of 1 items: 'i0': " in outcome.error, outcome.error
         assert "/v1/chat/completions" in outcome.error and "fake-judge" in outcome.error
     elif case.reward is not None:
         assert outcome.rewards == [case.reward], outcome
@@ -86,8 +87,12 @@ def test_choice_parser(server):
         got = judge.compute_rewards(RewardRequest(items=items("[[choice:A]]", "[[choice:tie]]", "[[choice:B]]")))
         assert got.rewards == [1.0, 0.5, 0.0]
         assert got.diagnostics["llm_judge"]["values"]["attempts"] == 3
-        with pytest.raises(ScorerRequestError, match="item 'i1'.*unparsable verdict \\(expected one of"):
+        with pytest.raises(ScorerItemsFailed, match="'i1': unparsable verdict \\(expected one of") as info:
             judge.compute_rewards(RewardRequest(items=items("[[choice:A]]", "[[choice:C]]")))
+        assert (
+            info.value.partial.rewards == [1.0]
+            and info.value.partial.diagnostics["llm_judge"]["values"]["unparsable"] == 1
+        )
 
 
 def test_the_template_fills_prompt_completion_and_reference(server):
@@ -146,9 +151,10 @@ def test_bad_params_are_refused_at_construction(server, extra, message):
 
 
 # -- under a panel: optional or required like any other term ------------------------------------
-def test_a_failing_judge_term_is_recorded_when_optional_and_fatal_when_required(server):
+def test_items_the_judge_fails_get_nothing_from_an_optional_term_and_fail_a_required_one(server):
+    texts = ["[[score:5]] #### 1", "[[status:500]] #### 1", "[[score:10]] #### 2"]
     request = RewardRequest(
-        items=[RewardItem(id=f"i{n}", prompt="1?", text=f"[[status:500]] #### {n}", reference="1") for n in range(2)]
+        items=[RewardItem(id=f"i{n}", prompt="1?", text=text, reference="1") for n, text in enumerate(texts)]
     )
     for required in (False, True):
         terms = [
@@ -157,13 +163,15 @@ def test_a_failing_judge_term_is_recorded_when_optional_and_fatal_when_required(
         ]
         with RewardPanel(terms) as panel:
             if required:
-                with pytest.raises(ScorerRequestError, match="item 'i0'.*HTTP 500"):
+                with pytest.raises(ScorerItemsFailed, match="could not score 1 of 3 items: 'i1': 3 attempts failed"):
                     panel.compute_rewards(request)
                 continue
             got = panel.compute_rewards(request)
-        assert got.rewards == [0.0, 1.0] and got.component_rewards["judge"] == [None, None]
+        assert got.component_rewards["judge"] == [0.5, None, 1.0]
+        assert got.rewards == [1.5, 1.0, 1.0]
         (failure,) = got.term_failures
-        assert failure.term == "judge" and failure.ids == ["i0", "i1"] and "HTTP 500" in failure.error
+        assert failure.term == "judge" and failure.ids == ["i1"] and "HTTP 500" in failure.error
+        assert got.diagnostics["judge"]["values"]["failed"] == 1
 
 
 # -- a managed child (envs/image) --------------------------------------------------------------
@@ -184,8 +192,12 @@ def test_managed_judge_matches_in_process_keeps_the_secret_out_of_its_log_and_na
     with pytest.raises(ScorerRequestError) as info:
         backend.compute_rewards(RewardRequest(items=items("[[score:2]]", "[[score:11]]", "[[echo_auth]]")))
     message = str(info.value)
-    assert info.value.kind == "scorer_error" and "2 of 3 items got no verdict" in message
-    assert "item 'i1'" in message and "out_of_range" in message and "item 'i2'" in message
+    assert isinstance(info.value, ScorerItemsFailed) and "could not score 2 of 3 items" in message
+    assert "'i1': score 11 outside score_range" in message and "'i2': HTTP 401" in message
+    assert (
+        info.value.partial.rewards == [0.2]
+        and info.value.partial.diagnostics["llm_judge"]["values"]["out_of_range"] == 1
+    )
     assert SECRET not in message
     assert backend.compute_rewards(RewardRequest(items=items("[[score:4]]"))).rewards == [0.4]  # still serving
     logs = Path(backend.log_path).read_text(errors="replace")
@@ -196,7 +208,7 @@ def test_managed_judge_matches_in_process_keeps_the_secret_out_of_its_log_and_na
 def test_managed_unreachable_judge_and_unset_key(managed, monkeypatch):
     params = {**PARAMS, "base_url": f"http://127.0.0.1:{closed_port()}/v1"}
     backend = managed(env_python("image"), "llm_judge", params=params)
-    with pytest.raises(ScorerRequestError, match="item 'i0' \\(3 attempts\\): .*ConnectError"):
+    with pytest.raises(ScorerItemsFailed, match="'i0': 3 attempts failed; last: ConnectError"):
         backend.compute_rewards(RewardRequest(items=items("[[score:1]]")))
     monkeypatch.delenv("JUDGE_KEY", raising=False)
     with pytest.raises(ScorerStartupError, match="JUDGE_KEY \\(api_key_env\\) is not set"):
