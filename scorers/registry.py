@@ -30,6 +30,7 @@ BUILTINS: dict[str, str] = {
     "pairwise_judge": "scorers.pairwise:PairwiseJudge",
     "llm_judge": "scorers.llm_judge:LlmJudge",
     "text_similarity": "scorers.text_similarity:TextSimilarity",
+    "clip_preference": "scorers.clip_preference:ClipPreference",
     "torch_probe": "scorers.torch_probe:TorchProbe",
     "ocr": "scorers.ocr:OcrScorer",
     "video": "scorers.video:VideoScorer",

@@ -33,11 +33,17 @@ REGISTERED = {
     "pairwise_judge": "scorers.pairwise:PairwiseJudge",
     "llm_judge": "scorers.llm_judge:LlmJudge",
     "text_similarity": "scorers.text_similarity:TextSimilarity",
+    "clip_preference": "scorers.clip_preference:ClipPreference",
     "torch_probe": "scorers.torch_probe:TorchProbe",
     "ocr": "scorers.ocr:OcrScorer",
     "video": "scorers.video:VideoScorer",
 }
-CONSTRUCTION_PARAMS = {"video": {"inner": "jpeg_compressibility"}, "pairwise_judge": {"inner": "token_f1"}}
+CONSTRUCTION_PARAMS = {
+    "video": {"inner": "jpeg_compressibility"},
+    "pairwise_judge": {"inner": "token_f1"},
+    "llm_judge": {"base_url": "http://127.0.0.1:9/v1", "model": "judge"},
+    "clip_preference": {"model_dir": "/nonexistent/clip"},
+}
 HEAVY = ("math_verify", "sympy", "torch", "transformers", "PIL", "latex2sympy2_extended")
 
 

@@ -34,7 +34,7 @@ def test_the_package_ships_a_spec_for_every_env_a_builtin_scorer_declares():
     declared = {resolve_scorer(name).spec.env for name in BUILTINS} - {None}
     assert declared <= set(scorer_envs.spec_names()) == {"embed", "image", "math", "ocr"}
     assert "antlr4-python3-runtime==4.13.2" in scorer_envs.requirement_lines(scorer_envs.spec_path("math"))
-    assert scorer_envs.key_packages(scorer_envs.spec_path("image")) == ["pillow", "numpy"]
+    assert scorer_envs.key_packages(scorer_envs.spec_path("image")) == ["pillow", "numpy", "httpx"]
 
 
 def test_the_stamp_ignores_comments_and_follows_an_editable_projects_pyproject(tmp_path):
