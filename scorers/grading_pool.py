@@ -10,6 +10,20 @@ worker sentinels, so a worker that dies is noticed at once, not at a timeout.
 Workers fork from a forkserver that has already imported the heavy modules
 (`preload`), so starting or replacing one costs a fork, not an import.
 
+A task still running at its soft deadline (well under its timeout) stops holding
+one of the `jobs` ordinary slots: its worker becomes an overflow worker (at most
+`overflow` of them) and a fresh worker takes the slot. While ordinary tasks remain,
+overflow workers are stopped (SIGSTOP), so ordinary grading keeps every core, and
+their clocks stop with them; once the ordinary tasks are done they continue
+(SIGCONT) and finish or are killed when they have run for their timeout. A slow
+task thus gets its whole timeout of running time, never a starved share of it,
+and the batch costs its ordinary work plus at most about one timeout. An
+overflow worker is retired after its task. Each worker's address space is
+capped (a task past `memory_cap_bytes` fails with MemoryError: outcome "memory",
+the worker exits) and each task's CPU time is capped by the kernel (RLIMIT_CPU,
+outcome "cpu"), a backstop to the timeout. A worker whose memory grew while
+grading is replaced, so the pool returns to its size after a hostile batch.
+
 Liveness chain: the owner holds the forkserver's "alive" pipe; workers drop
 their inherited copy of it, so when the owner dies the forkserver sees EOF and
 exits, and every worker dies with it through PR_SET_PDEATHSIG -- even one stuck
@@ -23,6 +37,8 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import os
+import signal
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -39,6 +55,9 @@ log = logging.getLogger(__name__)
 _STARTUP_TIMEOUT_S = 60.0
 _REAP_TIMEOUT_S = 2.0
 _DEATH_STATUS_WAIT_S = 1.0
+DEFAULT_SOFT_TIMEOUT_S = 0.25  # an ordinary math_verify item takes milliseconds
+DEFAULT_MEMORY_CAP_BYTES = 512 * 2**20  # beyond what a freshly forked worker maps
+RECYCLE_GROWTH_BYTES = 64 * 2**20  # a worker this much above its start RSS is replaced after its task
 
 
 class GradingPoolError(RuntimeError):
@@ -63,9 +82,10 @@ class GradingTaskError(GradingPoolError):
 class GradeOutcome:
     """One task's outcome: `value` is grade_fn's result when status is "ok", else None."""
 
-    status: str  # "ok" | "timeout"
+    status: str  # "ok" | "timeout" | "memory" (past the memory cap) | "cpu" (past the CPU-time cap)
     value: Any
     elapsed_s: float
+    overflowed: bool = False  # it passed the soft deadline and finished (or not) in an overflow worker
 
 
 @dataclass(eq=False)
@@ -78,6 +98,14 @@ class _Worker:
     since: float
     state: str = "starting"  # starting | idle | busy
     task_index: int = -1
+    role: str = "ordinary"  # ordinary (one of the `jobs` slots) | overflow (one slow task, then retired)
+    start_rss: int = 0
+    stopped_at: float | None = None  # an overflow worker held back (SIGSTOP) while ordinary tasks remain
+    stopped_s: float = 0.0  # how long its task has been held back: not counted against its timeout
+
+    def deadline(self, timeout_s: float) -> float:
+        """When its task has run for `timeout_s`; never while it is stopped."""
+        return math.inf if self.stopped_at is not None else self.since + self.stopped_s + timeout_s
 
     def doing(self) -> str:
         if self.state == "busy":
@@ -121,13 +149,31 @@ class GradingPool:
         timeout_s: float,
         grade_fn: str,
         preload: Sequence[str] = (),
+        soft_timeout_s: float | None = None,
+        overflow: int | None = None,
+        memory_cap_bytes: int | None = DEFAULT_MEMORY_CAP_BYTES,
     ) -> None:
+        """`soft_timeout_s`: None = min(0.25 s, timeout_s / 2). `overflow`: the most tasks moved out of
+        the ordinary slots at once; None = 4 x jobs, 0 = never move one. `memory_cap_bytes`: None = no cap."""
         if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
             raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
             raise TypeError(f"timeout_s must be a number, got {type(timeout_s).__name__}")
         if not (math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"timeout_s must be finite and > 0, got {timeout_s!r}")
+        if soft_timeout_s is None:
+            soft_timeout_s = min(DEFAULT_SOFT_TIMEOUT_S, timeout_s / 2)
+        if isinstance(soft_timeout_s, bool) or not isinstance(soft_timeout_s, (int, float)):
+            raise TypeError(f"soft_timeout_s must be a number, got {type(soft_timeout_s).__name__}")
+        if not 0 < soft_timeout_s < timeout_s:
+            raise ValueError(f"soft_timeout_s must be > 0 and below timeout_s={timeout_s}, got {soft_timeout_s!r}")
+        overflow = 4 * jobs if overflow is None else overflow
+        if not isinstance(overflow, int) or isinstance(overflow, bool) or overflow < 0:
+            raise ValueError(f"overflow must be an int >= 0, got {overflow!r}")
+        if memory_cap_bytes is not None and (
+            not isinstance(memory_cap_bytes, int) or isinstance(memory_cap_bytes, bool) or memory_cap_bytes < 2**20
+        ):
+            raise ValueError(f"memory_cap_bytes must be an int >= 1 MiB or None, got {memory_cap_bytes!r}")
         module_name, sep, attr = grade_fn.partition(":") if isinstance(grade_fn, str) else ("", "", "")
         if not (module_name and sep and attr):
             raise ValueError(f"grade_fn must be 'module:function', got {grade_fn!r}")
@@ -135,6 +181,9 @@ class GradingPool:
             raise TypeError(f"preload must be a sequence of module names, got {preload!r}")
         self.jobs = jobs
         self.timeout_s = float(timeout_s)
+        self.soft_timeout_s = float(soft_timeout_s)
+        self.overflow = overflow
+        self.memory_cap_bytes = memory_cap_bytes
         self.grade_fn = grade_fn
         self.preload = tuple(preload)
         self._batch_slack_s = 60.0
@@ -236,11 +285,11 @@ class GradingPool:
         raise GradingPoolError("grading pool is not started" if self._state == "new" else "grading pool is closed")
 
     def _spawn(self) -> _Worker:
-        """Start one worker with its own duplex pipe; the owner keeps one end only."""
+        """Start one ordinary worker with its own duplex pipe; the owner keeps one end only."""
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
             target=worker_main,
-            args=(child_conn, self.grade_fn, forkserver_pid()),
+            args=(child_conn, self.grade_fn, forkserver_pid(), self.memory_cap_bytes, self.timeout_s + 1.0),
             name="grading-worker",
             daemon=True,
         )
@@ -262,7 +311,7 @@ class GradingPool:
         for worker in self._workers:
             if not batch.pending:
                 return
-            if worker.state != "idle":
+            if worker.state != "idle" or worker.role != "ordinary":
                 continue
             index = batch.pending[0]
             try:
@@ -291,15 +340,19 @@ class GradingPool:
             if obj is owners[obj].conn:
                 self._receive(owners[obj], batch)
         for obj in ready:
-            if obj is not owners[obj].conn:
-                raise self._died(owners[obj], "exited unexpectedly")
+            worker = owners[obj]
+            if obj is not worker.conn and worker in self._workers:  # not retired by its own reply
+                self._exited(worker, batch, "exited unexpectedly")
         self._expire(batch, deadline, label)
 
     def _nearest_deadline(self, cap: float) -> float:
         deadlines = [cap]
+        can_move = self._overflowing() < self.overflow
         for worker in self._workers:
             if worker.state == "busy":
-                deadlines.append(worker.since + self.timeout_s)
+                deadlines.append(worker.deadline(self.timeout_s))
+                if can_move and worker.role == "ordinary":
+                    deadlines.append(worker.since + self.soft_timeout_s)
             elif worker.state == "starting":
                 deadlines.append(worker.since + _STARTUP_TIMEOUT_S)
         return min(deadlines)
@@ -309,10 +362,11 @@ class GradingPool:
         try:
             message = worker.conn.recv()
         except (EOFError, OSError) as exc:
-            raise self._died(worker, f"result pipe broke ({type(exc).__name__})") from exc
+            self._exited(worker, batch, f"result pipe broke ({type(exc).__name__})")
+            return
         kind = message[0]
         if kind == "ready" and worker.state == "starting":
-            worker.state, worker.since = "idle", time.monotonic()
+            worker.state, worker.since, worker.start_rss = "idle", time.monotonic(), _rss(worker.pid)
             return
         if kind == "fatal":
             raise GradingPoolError(f"grading worker pid {worker.pid} cannot load {self.grade_fn!r}: {message[1]}")
@@ -320,8 +374,16 @@ class GradingPool:
             raise GradingPoolError(f"grading worker pid {worker.pid} sent {kind!r} {worker.doing()} (protocol error)")
         index, elapsed = worker.task_index, time.monotonic() - worker.since
         worker.state = "idle"
+        moved = worker.role == "overflow"
         if kind == "ok":
-            batch.outcomes[index] = GradeOutcome("ok", message[1], elapsed)
+            batch.outcomes[index] = GradeOutcome("ok", message[1], elapsed, moved)
+            if moved or _rss(worker.pid) > worker.start_rss + RECYCLE_GROWTH_BYTES:
+                self._retire(worker)  # an overflow worker served its one task; a grown one gives memory back
+            return
+        if kind == "memory":
+            batch.outcomes[index] = GradeOutcome("memory", None, elapsed, moved)
+            log.info("grading task %d passed the memory cap in worker pid %d (%s)", index, worker.pid, message[1])
+            self._retire(worker)  # it exits after reporting
             return
         raise GradingTaskError(
             f"grade_fn {self.grade_fn!r} raised in worker pid {worker.pid} on task {index}: {message[2]}",
@@ -331,13 +393,24 @@ class GradingPool:
         )
 
     def _expire(self, batch: _Batch | None, deadline: float, label: str) -> None:
-        """Kill workers past their task timeout (replacing them); raise past the hard caps."""
+        """Kill workers past their task timeout (replacing them); move tasks past the soft deadline
+        to overflow; raise past the hard caps."""
         now = time.monotonic()
         for worker in list(self._workers):
-            if worker.state == "busy" and batch is not None and now >= worker.since + self.timeout_s:
+            if worker.state == "busy" and batch is not None and now >= worker.deadline(self.timeout_s):
                 self._time_out(worker, batch, now)
+            elif (
+                worker.state == "busy"
+                and batch is not None
+                and worker.role == "ordinary"
+                and now >= worker.since + self.soft_timeout_s
+                and self._overflowing() < self.overflow
+            ):
+                self._overflow(worker)
             elif worker.state == "starting" and now >= worker.since + _STARTUP_TIMEOUT_S:
                 raise GradingPoolError(f"grading worker pid {worker.pid} not ready after {_STARTUP_TIMEOUT_S:.0f}s")
+        if batch is not None:
+            self._continue_overflow(batch)
         if now >= deadline:
             raise GradingPoolError(
                 f"{label} exceeded its deadline (timeout_s={self.timeout_s}, jobs={self.jobs}); "
@@ -345,17 +418,65 @@ class GradingPool:
             )
 
     def _time_out(self, worker: _Worker, batch: _Batch, now: float) -> None:
-        """Record the task as timed out, SIGKILL and reap exactly its worker, start a replacement."""
-        self._workers.remove(worker)
-        _kill_and_reap([worker], _REAP_TIMEOUT_S)
-        batch.outcomes[worker.task_index] = GradeOutcome("timeout", None, now - worker.since)
+        """Record the task as timed out, SIGKILL and reap exactly its worker (replaced if it held a slot)."""
+        batch.outcomes[worker.task_index] = GradeOutcome("timeout", None, now - worker.since, worker.role == "overflow")
         log.info(
             "grading task %d timed out after %.1fs; killed worker pid %d",
             worker.task_index,
             now - worker.since,
             worker.pid,
         )
+        self._retire(worker)
+
+    def _overflowing(self) -> int:
+        return sum(worker.role == "overflow" for worker in self._workers)
+
+    def _overflow(self, worker: _Worker) -> None:
+        """The slow task leaves the `jobs` slots for later; a fresh worker takes its slot now."""
+        worker.role = "overflow"
+        self._signal(worker, signal.SIGSTOP)
+        worker.stopped_at = time.monotonic()
+        log.info(
+            "grading task %d passed the soft deadline: held in overflow worker pid %d", worker.task_index, worker.pid
+        )
         self._spawn()
+
+    def _continue_overflow(self, batch: _Batch) -> None:
+        """Once no ordinary task is left to grade, the held-back slow tasks run (their clocks resume)."""
+        if batch.pending or any(w.state == "busy" and w.role == "ordinary" for w in self._workers):
+            return
+        now = time.monotonic()
+        for worker in self._workers:
+            if worker.stopped_at is not None:
+                worker.stopped_s += now - worker.stopped_at
+                worker.stopped_at = None
+                self._signal(worker, signal.SIGCONT)
+
+    @staticmethod
+    def _signal(worker: _Worker, signum: int) -> None:
+        try:
+            os.kill(worker.pid, signum)  # our child, not yet reaped (we reap only in _kill_and_reap)
+        except ProcessLookupError:
+            pass  # it exited on its own: its sentinel reports that on the next wait
+
+    def _retire(self, worker: _Worker) -> None:
+        """SIGKILL and reap a worker that is done with (or past) its task; an ordinary one is replaced."""
+        self._workers.remove(worker)
+        _kill_and_reap([worker], _REAP_TIMEOUT_S)
+        if worker.role == "ordinary":
+            self._spawn()
+
+    def _exited(self, worker: _Worker, batch: _Batch | None, what: str) -> None:
+        """A worker exited on its own: past its task's CPU-time cap is that task's outcome; anything
+        else (a crash, a kill from outside) breaks the batch."""
+        worker.process.join(_DEATH_STATUS_WAIT_S)
+        if worker.state == "busy" and batch is not None and worker.process.exitcode == -signal.SIGXCPU:
+            elapsed = time.monotonic() - worker.since
+            batch.outcomes[worker.task_index] = GradeOutcome("cpu", None, elapsed, worker.role == "overflow")
+            log.info("grading task %d passed its CPU-time cap in worker pid %d", worker.task_index, worker.pid)
+            self._retire(worker)
+            return
+        raise self._died(worker, what)
 
     def _died(self, worker: _Worker, what: str) -> GradingPoolError:
         """Build the error for a worker that failed on its own; wait briefly for its exit status."""
@@ -371,8 +492,9 @@ class GradingPool:
             for worker in busy:
                 self._workers.remove(worker)
             _kill_and_reap(busy, _REAP_TIMEOUT_S)
-            for _ in busy:
-                self._spawn()
+            for worker in busy:
+                if worker.role == "ordinary":
+                    self._spawn()
         except BaseException as exc:
             self._fail(exc)
             raise
@@ -389,6 +511,15 @@ class GradingPool:
             self._state = "broken"
         workers, self._workers = self._workers, []
         _kill_and_reap(workers, _REAP_TIMEOUT_S)
+
+
+def _rss(pid: int) -> int:
+    """Resident bytes of a worker, from /proc (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
 
 
 def _kill_and_reap(workers: Sequence[_Worker], budget_s: float) -> None:

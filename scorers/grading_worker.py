@@ -1,14 +1,17 @@
 """Code that runs inside a grading worker (forked from the forkserver).
 
 A worker arms PR_SET_PDEATHSIG so it dies with the forkserver even when stuck
-in C code, drops its copy of the forkserver's "alive" pipe, announces
-readiness, then grades one task at a time until its pipe closes.
+in C code, drops its copy of the forkserver's "alive" pipe, caps its address
+space (RLIMIT_AS), announces readiness, then grades one task at a time, each
+under a CPU-time limit (RLIMIT_CPU), until its pipe closes.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import os
+import resource
 import signal
 import traceback
 from collections.abc import Callable
@@ -57,8 +60,55 @@ def _format_exception(exc: BaseException) -> str:
     return f"{head}\n{frames[-_ERROR_TRACEBACK_CHARS:]}".rstrip()
 
 
-def worker_main(conn: Any, grade_fn: str, expected_ppid: int) -> None:
-    """Worker entry point: arm the death signal, announce readiness, serve tasks."""
+def _address_space() -> int:
+    """This process's mapped address space in bytes (VmSize), what RLIMIT_AS limits."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_address_space() -> int:
+    """The most address space this process has mapped (VmPeak), in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmPeak:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _cap_memory(memory_cap_bytes: int | None) -> int | None:
+    """Let one task map at most `memory_cap_bytes` beyond what the worker maps now: past it, an
+    allocation fails with MemoryError (the task is scored as over the cap) instead of growing the
+    worker until the machine's OOM killer picks a victim."""
+    if memory_cap_bytes is None:
+        return None
+    limit = _address_space() + memory_cap_bytes
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    return limit
+
+
+def _cap_cpu(cpu_limit_s: float | None) -> None:
+    """The kernel's backstop to the owner's wall-clock timeout: SIGXCPU once this task has used
+    `cpu_limit_s` CPU seconds (the soft limit only: an unprivileged process cannot raise a hard one)."""
+    if cpu_limit_s is None:
+        return
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    used = usage.ru_utime + usage.ru_stime
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = math.ceil(used + cpu_limit_s)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+
+
+def worker_main(
+    conn: Any,
+    grade_fn: str,
+    expected_ppid: int,
+    memory_cap_bytes: int | None = None,
+    cpu_limit_s: float | None = None,
+) -> None:
+    """Worker entry point: arm the death signal, cap memory, announce readiness, serve tasks."""
     set_parent_death_signal(signal.SIGKILL)
     if expected_ppid and os.getppid() != expected_ppid:
         # The forkserver died before prctl took effect: the signal will never come.
@@ -67,15 +117,22 @@ def worker_main(conn: Any, grade_fn: str, expected_ppid: int) -> None:
     _drop_forkserver_alive_fd()
     try:
         fn = _resolve(grade_fn)
+        limit = _cap_memory(memory_cap_bytes)
     except Exception as exc:  # noqa: BLE001 - sent to the owner, which raises
         conn.send(("fatal", _format_exception(exc)))
         return
     conn.send(("ready", os.getpid()))
-    _serve(conn, fn)
+    _serve(conn, fn, cpu_limit_s, limit)
 
 
-def _serve(conn: Any, fn: Callable[..., Any]) -> None:
-    """One task at a time until the owner closes the pipe (EOF -> quiet exit)."""
+# within this of the cap, the task's allocations were (nearly) refused even if it caught the MemoryError
+_NEAR_CAP_BYTES = 32 * 2**20
+
+
+def _serve(conn: Any, fn: Callable[..., Any], cpu_limit_s: float | None, limit: int | None) -> None:
+    """One task at a time until the owner closes the pipe (EOF -> quiet exit). A task that ran out
+    of memory (a MemoryError, or an address space that reached the cap) is reported and the worker
+    exits: its heap is not worth keeping."""
     while True:
         try:
             task = conn.recv()
@@ -83,7 +140,13 @@ def _serve(conn: Any, fn: Callable[..., Any]) -> None:
             return
         reply: tuple[Any, ...]
         try:
+            _cap_cpu(cpu_limit_s)
             reply = ("ok", fn(*task))
+            if limit is not None and _peak_address_space() >= limit - _NEAR_CAP_BYTES:
+                raise MemoryError(f"the task's address space reached the cap ({limit} bytes)")
+        except MemoryError as exc:
+            conn.send(("memory", f"MemoryError: {str(exc)[:_ERROR_HEAD_CHARS]}"))
+            return
         except Exception as exc:  # noqa: BLE001 - sent to the owner, which raises
             reply = ("error", type(exc).__name__, _format_exception(exc))
         try:

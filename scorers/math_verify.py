@@ -1,9 +1,11 @@
 """math_verify reward: 1.0 when the answer in the text equals the gold answer.
 
 Grading runs in a GradingPool (forkserver workers that preload math_verify),
-because sympy can hang on pathological input: a per-item timeout SIGKILLs the
-stuck worker and scores the item 0.0, counted in diagnostics (`on_timeout="raise"`
-fails the batch instead). Worker, IPC and batch-cap failures raise; the next call
+because sympy can hang on pathological input (`\\boxed{9^{9^{9^{9}}}}`): an item
+past a soft deadline moves out of its slot to a niced overflow worker, a per-item
+timeout SIGKILLs it there, and a memory cap stops one that allocates gigabytes; such
+an item scores 0.0, counted in diagnostics (`on_timeout="raise"` fails the batch
+instead). Worker, IPC and batch-cap failures raise; the next call
 then gets a fresh pool. An unparsable gold answer is a ScoreInputError.
 Nothing here imports math_verify in the owner process.
 """
@@ -23,6 +25,9 @@ log = logging.getLogger(__name__)
 TIMEOUT_ENV = "MATH_VERIFY_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 10.0
 GRADE_FN = "scorers.math_verify_grade:grade"
+WARM_MODULE = "scorers.math_verify_warm"  # preloaded: workers fork from a warmed-up forkserver
+# outcomes of an item that passed a bound (scored 0 unless on_timeout="raise") -> their diagnostic
+BOUNDS = {"timeout": "timeouts", "memory": "memory_exceeded", "cpu": "cpu_exceeded"}
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -67,8 +72,8 @@ class MathVerifyScorer(Scorer):
         revision="math-verify-0.9.0",
         env="math",
         report_packages=("math-verify", "antlr4-python3-runtime", "sympy"),
-        diagnostics=("timeouts",),
-        nonsemantic_params=("jobs",),
+        diagnostics=("timeouts", "memory_exceeded", "cpu_exceeded", "overflowed"),
+        nonsemantic_params=("jobs", "soft_timeout_s", "overflow"),
         requires_modules=("math_verify", "sympy"),
     )
 
@@ -81,10 +86,20 @@ class MathVerifyScorer(Scorer):
         numeric_precision: int = 15,
         strict: bool = True,
         on_timeout: str = "zero",
+        soft_timeout_s: float | None = None,
+        overflow: int | None = None,
+        memory_cap_mb: int | None = 512,
     ) -> None:
+        """`soft_timeout_s` (default min(0.25 s, timeout_s / 2)): an item still grading then leaves its
+        slot for an overflow worker (at most `overflow`, default 4 x jobs; 0: never), so ordinary items
+        keep flowing. `memory_cap_mb`: what one item may map beyond a fresh worker (None: no cap)."""
         super().__init__()
         self.jobs = len(os.sched_getaffinity(0)) if jobs is None else _check_int("jobs", jobs, 1)
         self.timeout_s = _resolve_timeout(timeout_s)
+        self.soft_timeout_s, self.overflow = soft_timeout_s, overflow
+        self.memory_cap_mb = None if memory_cap_mb is None else _check_int("memory_cap_mb", memory_cap_mb, 16)
+        # checked here, not at load(): a bad soft deadline or bound is the config's fault
+        GradingPool(self.jobs, self.timeout_s, GRADE_FN, soft_timeout_s=soft_timeout_s, overflow=overflow)
         self.float_rounding = _check_int("float_rounding", float_rounding, 0)
         self.numeric_precision = _check_int("numeric_precision", numeric_precision, 1)
         if not isinstance(strict, bool):
@@ -104,7 +119,15 @@ class MathVerifyScorer(Scorer):
         """Start the grading workers (CPU only; `device` is ignored)."""
         if self._pool is not None:
             return
-        pool = GradingPool(self.jobs, self.timeout_s, GRADE_FN, preload=["math_verify"])
+        pool = GradingPool(
+            self.jobs,
+            self.timeout_s,
+            GRADE_FN,
+            preload=["math_verify", WARM_MODULE],
+            soft_timeout_s=self.soft_timeout_s,
+            overflow=self.overflow,
+            memory_cap_bytes=None if self.memory_cap_mb is None else self.memory_cap_mb * 2**20,
+        )
         try:
             pool.start()
         except BaseException:
@@ -130,15 +153,26 @@ class MathVerifyScorer(Scorer):
                     f"items[{exc.task_index}] (id={item.id!r}): {exc.remote_text.splitlines()[0]}"
                 ) from exc
             raise
-        timeout_ids = [item.id for item, outcome in zip(items, outcomes, strict=True) if outcome.status == "timeout"]
-        if timeout_ids and self.on_timeout == "raise":
+        bounded = {
+            status: [i.id for i, o in zip(items, outcomes, strict=True) if o.status == status] for status in BOUNDS
+        }
+        over = [item_id for ids in bounded.values() for item_id in ids]
+        if over and self.on_timeout == "raise":
             raise MathGradeTimeout(
-                f"math_verify: {len(timeout_ids)} items passed timeout_s={self.timeout_s}: {timeout_ids[:10]}"
+                f"math_verify: {len(over)} items passed their bounds (timeout_s={self.timeout_s}, "
+                f"memory_cap_mb={self.memory_cap_mb}): "
+                + "; ".join(f"{status}: {ids[:10]}" for status, ids in bounded.items() if ids)
             )
-        scores = [0.0 if outcome.status == "timeout" else float(outcome.value) for outcome in outcomes]
-        if timeout_ids:
-            log.warning("math_verify: %d items timed out and scored 0: %s", len(timeout_ids), timeout_ids[:20])
-        return ScoreResult(terms={"math_verify": scores}, diagnostics={"timeouts": len(timeout_ids)})
+        scores = [float(outcome.value) if outcome.status == "ok" else 0.0 for outcome in outcomes]
+        if over:
+            log.warning("math_verify: %d items passed their bounds and scored 0: %s", len(over), over[:20])
+        return ScoreResult(
+            terms={"math_verify": scores},
+            diagnostics={
+                **{name: len(bounded[status]) for status, name in BOUNDS.items()},
+                "overflowed": sum(outcome.overflowed for outcome in outcomes),
+            },
+        )
 
     def close(self) -> None:
         """Kill the grading workers (bounded, idempotent)."""

@@ -25,8 +25,26 @@ class _DropTimeoutDisabledWarning(logging.Filter):
         return "Timeout is disabled" not in record.getMessage()
 
 
+class _MemoryErrorSeen(logging.Filter):
+    """math_verify catches every exception, MemoryError too, and returns "no answer" or "not
+    equal": its debug records are the only trace. This notes a MemoryError among them (so `grade`
+    can say the item passed the worker's memory cap) and drops every debug record."""
+
+    seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.INFO:
+            return True
+        if record.exc_info and isinstance(record.exc_info[1], MemoryError):
+            _MemoryErrorSeen.seen = True
+        return False
+
+
 for _name in ("math_verify.parser", "math_verify.grader"):
-    logging.getLogger(_name).addFilter(_DropTimeoutDisabledWarning())
+    _logger = logging.getLogger(_name)
+    _logger.addFilter(_DropTimeoutDisabledWarning())
+    _logger.addFilter(_MemoryErrorSeen())
+    _logger.setLevel(logging.DEBUG)  # its debug records reach the filter, which drops them
 
 
 _DELIMITERS = ("$", "\\boxed", "\\(", "\\[")
@@ -75,6 +93,7 @@ def grade(prediction: str, gold: str, float_rounding: int, numeric_precision: in
     """1.0 if the prediction's answer equals the gold answer, else 0.0 (unparsable -> 0.0)."""
     if not isinstance(prediction, str) or not isinstance(gold, str):
         raise TypeError(f"prediction and gold must be str, got {type(prediction).__name__} and {type(gold).__name__}")
+    _MemoryErrorSeen.seen = False
     gold_parsed = parse_gold(gold)
     pred_parsed = parse(prediction, parsing_timeout=None)
     ok = verify(
@@ -85,4 +104,6 @@ def grade(prediction: str, gold: str, float_rounding: int, numeric_precision: in
         strict=strict,
         timeout_seconds=None,
     )
+    if _MemoryErrorSeen.seen:  # the verdict came from a computation cut short by the memory cap
+        raise MemoryError("math_verify ran out of memory and caught it")
     return 1.0 if ok else 0.0

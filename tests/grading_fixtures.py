@@ -105,3 +105,44 @@ def wait_gone(pids, timeout_s: float) -> list[int]:
         time.sleep(0.05)
         survivors = [pid for pid in survivors if not is_gone(pid)]
     return survivors
+
+
+def spin(cpu_seconds: float, value: object = None) -> object:
+    """Burn CPU until this process has used `cpu_seconds` more: progress only while it runs."""
+    until = time.process_time() + cpu_seconds
+    while time.process_time() < until:
+        pass
+    return value
+
+
+def allocate(mib: int) -> int:
+    """One allocation of `mib` MiB at once (a memory bomb)."""
+    return len(bytearray(mib * 2**20))
+
+
+_LEAKED: list[bytearray] = []
+
+
+def allocate_caught(mib: int, step_mib: int = 8) -> float:
+    """Grow in steps until `mib` MiB, catching the MemoryError as math_verify does (its verdict: 0)."""
+    held = []
+    try:
+        for _ in range(mib // step_mib):
+            held.append(bytearray(step_mib * 2**20))
+    except MemoryError:
+        return 0.0
+    return 1.0
+
+
+def leak(mib: int) -> int:
+    """Keep `mib` MiB for the rest of the worker's life (a grader whose caches grow)."""
+    _LEAKED.append(bytearray(mib * 2**20))
+    for page in range(0, len(_LEAKED[-1]), 4096):  # touch every page: resident, not just mapped
+        _LEAKED[-1][page] = 1
+    return mib
+
+
+def cpu_limit_signal() -> None:
+    """As the kernel does when a task passes RLIMIT_CPU."""
+    os.kill(os.getpid(), signal.SIGXCPU)
+    time.sleep(5)

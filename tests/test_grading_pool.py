@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -27,8 +28,8 @@ def make_pool():
     """Build (and by default start) pools on a fixtures function; close them all afterwards."""
     pools: list[GradingPool] = []
 
-    def factory(fn: str, jobs: int = 2, timeout_s: float = 10.0, start: bool = True) -> GradingPool:
-        pool = GradingPool(jobs, timeout_s, f"{FIXTURES}:{fn}")
+    def factory(fn: str, jobs: int = 2, timeout_s: float = 10.0, start: bool = True, **options: Any) -> GradingPool:
+        pool = GradingPool(jobs, timeout_s, f"{FIXTURES}:{fn}", **options)
         pools.append(pool)
         if start:
             pool.start()
@@ -232,7 +233,8 @@ OWNER_SCRIPT = textwrap.dedent(
     def main():
         pool = GradingPool(2, 300.0, "tests.grading_fixtures:touch_then_sleep")
         pool.start()
-        pool.grade([(sys.argv[1], 300.0)])
+        # the first tasks pass the soft deadline: their workers are held back (stopped) in overflow
+        pool.grade([(sys.argv[1] + ".a", 300.0), (sys.argv[1] + ".b", 300.0), (sys.argv[1], 300.0)])
 
     if __name__ == "__main__":
         main()
@@ -254,7 +256,9 @@ def test_sigkill_of_the_owner_takes_forkserver_and_workers_down(tmp_path):
         assert marker.exists(), f"owner never started grading (exit {owner.poll()})"
         busy_pid = int(marker.read_text())
         family = [p.pid for p in psutil.Process(owner.pid).children(recursive=True)]
-        assert busy_pid in family and len(family) >= 4  # forkserver, resource tracker, 2 workers
+        held = [int(Path(f"{marker}.{x}").read_text()) for x in "ab"]
+        assert {psutil.Process(pid).status() for pid in held} == {psutil.STATUS_STOPPED}
+        assert busy_pid in family and set(held) <= set(family) and len(family) >= 6  # + 2 replacements
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait(10)
@@ -271,3 +275,88 @@ def test_workers_die_with_the_forkserver(make_pool):
     with pytest.raises(GradingPoolError, match=r"grading worker pid \d+ .*(255|SIGKILL)"):
         pool.grade([(1,)])
     assert pool.worker_pids() == []
+
+
+# -- slow tasks leave their slots; bounds on memory and CPU time -------------------------------
+@pytest.mark.slow
+def test_a_slow_task_leaves_its_slot_and_its_clock_stops_while_ordinary_tasks_run(make_pool):
+    """jobs=1: the slow task (1 s of CPU) is held back at the soft deadline while 40 ordinary tasks
+    (2 s) take its slot; it then runs to completion: held-back time never counts against its 2 s."""
+    pool = make_pool("spin", jobs=1, timeout_s=2.0, soft_timeout_s=0.25)
+    (first,) = pool.worker_pids()
+    outcomes = pool.grade([(1.0, "slow"), *[(0.05, n) for n in range(40)]])
+    slow, ordinary = outcomes[0], outcomes[1:]
+    assert slow.status == "ok" and slow.value == "slow" and slow.overflowed
+    assert slow.elapsed_s > 2.0  # wall time from its start: more than its timeout, yet not timed out
+    assert [o.value for o in ordinary] == list(range(40)) and not any(o.overflowed for o in ordinary)
+    assert is_gone(first) and len(pool.worker_pids()) == 1  # retired after its task; its slot refilled
+
+
+@pytest.mark.slow
+def test_a_slow_task_is_killed_at_its_own_timeout_in_overflow(make_pool):
+    pool = make_pool("sleep_for", jobs=2, timeout_s=1.0)
+    pids = set(pool.worker_pids())
+    outcomes = pool.grade([(60.0, "stuck"), *[(0.01, n) for n in range(20)]])
+    assert outcomes[0].status == "timeout" and outcomes[0].overflowed and 1.0 <= outcomes[0].elapsed_s < 1.0 + SLACK_S
+    assert [o.value for o in outcomes[1:]] == list(range(20))
+    assert len(pool.worker_pids()) == 2 and not wait_gone(list(pids - set(pool.worker_pids())), 5.0)
+
+
+@pytest.mark.slow
+def test_overflow_is_bounded_past_it_a_slow_task_keeps_its_slot(make_pool):
+    pool = make_pool("spin", jobs=1, timeout_s=1.0, overflow=1)
+    outcomes = pool.grade([(30.0, "a"), (30.0, "b"), (0.0, "c")])
+    assert [(o.status, o.overflowed) for o in outcomes] == [("timeout", True), ("timeout", False), ("ok", False)]
+
+
+def test_overflow_zero_never_moves_a_task_and_bad_options_are_refused(make_pool):
+    pool = make_pool("sleep_for", jobs=1, timeout_s=0.6, overflow=0)
+    (outcome,) = pool.grade([(0.4, "x")])
+    assert outcome.status == "ok" and not outcome.overflowed
+    for options, message in (
+        ({"soft_timeout_s": 0.6}, "soft_timeout_s must be > 0 and below timeout_s"),
+        ({"overflow": -1}, "overflow must be an int >= 0"),
+        ({"memory_cap_bytes": 10}, "memory_cap_bytes must be an int >= 1 MiB"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            GradingPool(1, 0.6, f"{FIXTURES}:square", **options)
+
+
+def test_a_memory_bomb_is_its_own_outcome_and_the_pool_keeps_serving(make_pool):
+    pool = make_pool("allocate", jobs=1, memory_cap_bytes=256 * 2**20)
+    (before,) = pool.worker_pids()
+    bomb, small = pool.grade([(4096,), (16,)])
+    assert bomb.status == "memory" and bomb.value is None
+    assert small.status == "ok" and small.value == 16 * 2**20
+    assert before not in pool.worker_pids() and is_gone(before)  # the bombed worker exited, replaced
+
+
+def test_a_memory_error_the_grader_caught_is_still_seen(make_pool):
+    """math_verify catches MemoryError and answers 0: a worker whose address space reached the cap
+    reports the task as over the cap anyway."""
+    pool = make_pool("allocate_caught", jobs=1, memory_cap_bytes=128 * 2**20)
+    bomb, small = pool.grade([(4096,), (16,)])
+    assert (bomb.status, small.status, small.value) == ("memory", "ok", 1.0)
+
+
+def test_the_cpu_time_cap_is_its_own_outcome(make_pool):
+    pool = make_pool("cpu_limit_signal", jobs=1)
+    (outcome,) = pool.grade([()])
+    assert outcome.status == "cpu" and len(pool.worker_pids()) == 1
+
+
+def test_the_cpu_time_cap_is_set_by_the_kernel_per_task():
+    script = "import time\nfrom scorers.grading_worker import _cap_cpu\n_cap_cpu(0.5)\nwhile True:\n    pass\n"
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=30)
+    assert done.returncode == -signal.SIGXCPU
+
+
+def test_a_worker_that_grew_is_replaced_so_memory_returns(make_pool):
+    pool = make_pool("leak", jobs=2)
+    before = pool.worker_pids()
+    rss_before = sum(psutil.Process(pid).memory_info().rss for pid in before)
+    assert [o.value for o in pool.grade([(8,), (200,)])] == [8, 200]
+    after = pool.worker_pids()
+    assert len(set(before) - set(after)) == 1  # only the one that grew past the threshold
+    rss_after = sum(psutil.Process(pid).memory_info().rss for pid in after)
+    assert rss_after < rss_before + 64 * 2**20, (rss_before, rss_after)

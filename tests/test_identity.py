@@ -234,6 +234,7 @@ def test_a_verdict_changing_param_changes_the_hash(name, params, catalog):
 
 def test_a_nonsemantic_param_does_not_change_the_hash():
     hashes = {identity("math_verify", {"jobs": jobs}) for jobs in (1, 2, 8)} | {identity("math_verify")}
+    hashes |= {identity("math_verify", {"soft_timeout_s": 0.5, "overflow": 0})}
     assert len(hashes) == 1
     assert "jobs" not in scorer_document(resolve_scorer("math_verify")(jobs=3), {"jobs": 3})["params"]
 
@@ -246,6 +247,7 @@ def test_every_verdict_changing_param_is_in_the_document():
         "numeric_precision": 15,
         "strict": True,
         "on_timeout": "zero",
+        "memory_cap_mb": 512,  # an item past it scores 0; soft_timeout_s and overflow only move work
     }
 
 
