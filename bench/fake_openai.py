@@ -5,7 +5,8 @@ The behaviour is asked for inside the judged text, so one server serves a whole 
 answers "Verdict: A", `[[slow:3]]` waits 3 s first, `[[status:429]]` answers that status,
 `[[malformed]]` a truncated JSON body, `[[drop]]` closes the connection without an answer,
 `[[unparsable]]` a reply with no score, `[[trickle:0.5]]` sends the body a byte every 0.5 s,
-`[[echo_auth]]` a 401 that repeats the Authorization header it got.
+`[[echo_auth]]` a 401 that repeats the Authorization header it got, `[[trickle_headers:0.3]]` a
+status line and headers a byte every 0.3 s that never end.
 `xN` after a directive limits it to the first N attempts of that exact request body
 (`[[status:500x2]]`), so a retry that changes the request would be seen. Stdlib only.
 """
@@ -85,6 +86,8 @@ def _handler(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
             """Quiet: the tests read what the server recorded instead."""
 
+        _does: dict[str, str] = {}
+
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
             body = self.rfile.read(int(self.headers.get("content-length", "0")))
             with server._lock:
@@ -106,7 +109,7 @@ def _handler(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             attempt = server.seen(body)
             request = json.loads(body)
             text = request["messages"][-1]["content"]
-            does = _directives(text, attempt)
+            does = self._does = _directives(text, attempt)
             if "slow" in does:
                 time.sleep(float(does["slow"]))
             if "drop" in does:
@@ -138,6 +141,11 @@ def _handler(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             self._send(200, json.dumps(answer).encode(), trickle=float(does["trickle"]) if "trickle" in does else 0.0)
 
         def _send(self, status: int, payload: bytes, headers: dict[str, str] | None = None, trickle: float = 0) -> None:
+            if "trickle_headers" in self._does:  # a byte of the status line every so often, never finishing
+                for byte in b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-slow: " + b"a" * 10_000:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(float(self._does["trickle_headers"]))
             self.send_response(status)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(payload)))

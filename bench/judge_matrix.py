@@ -76,6 +76,14 @@ CASES = (
         attempts=3,
         within_s=5,
     ),
+    Case(
+        "trickled headers",
+        "headers a byte every 0.3 s, never ending",
+        ("[[trickle_headers:0.3]]",),
+        error="no verdict by the batch deadline (2 s): the server held its attempt open",
+        within_s=3.6,
+        params={"batch_timeout_s": 2.0},
+    ),
     Case("unreachable", "nothing listening", ("[[score:1]]",), error="ConnectError", attempts=0, unreachable=True),
     Case(
         "batch deadline 2 s",
@@ -104,6 +112,7 @@ class Outcome:
     seconds: float
     attempts: list[int]  # requests the server saw, per item
     distinct: list[int]  # distinct request bodies among them, per item (a retry resends the same bytes)
+    gaps: list[list[float]]  # seconds between an item's requests
     max_in_flight: int
 
 
@@ -125,8 +134,16 @@ def run(case: Case) -> Outcome:
                 rewards, error = None, str(exc)
             seconds = time.monotonic() - began
         bodies = [server.bodies_with(text) for text in case.texts]
+        times = [[seen.at for seen in server.requests if text.encode() in seen.body] for text in case.texts]
+        gaps = [[later - earlier for earlier, later in zip(at, at[1:], strict=False)] for at in times]
         return Outcome(
-            rewards, error, seconds, [len(b) for b in bodies], [len(set(b)) for b in bodies], server.max_in_flight
+            rewards,
+            error,
+            seconds,
+            [len(b) for b in bodies],
+            [len(set(b)) for b in bodies],
+            gaps,
+            server.max_in_flight,
         )
 
 

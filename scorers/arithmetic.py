@@ -119,18 +119,25 @@ def evaluate(text: str, unary_minus: bool = False) -> Evaluated:
     return Evaluated(value, tuple(parser.literals))
 
 
-# A number as answers write it: sign, optional currency, digits grouped by commas or not, decimals.
-NUMBER = re.compile(r"(?<![\w.])(-|−)?\s?\$?\s?(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:\s?/\s?(\d+))?")
+# A number as answers write it: sign, optional currency, digits grouped by commas (exactly three
+# per group) or not, decimals. A number in e-notation (`1e5`) is not read as one: never as 1.
+NUMBER = re.compile(
+    r"(?<![\w.])(?<![eE][-+])(-|−)?\s?\$?\s?(\d{1,3}(?:,\d{3})+(?![\d,])|\d+)(\.\d+)?(?:\s?/\s?(\d+))?(?![\d.]*[eE][-+]?\d)"
+)
+_OPERAND_END = re.compile(r"[\d)\]}]\s*$")  # what a binary minus follows: `10 - 7` has no -7 in it
 
 
 def numbers_in(text: str, fractions: bool = False) -> list[Fraction]:
     """Every number in `text`, normalised: commas and currency dropped, `42.0` == `42`, units ignored.
 
-    With `fractions`, `a/b` (digits both sides) is one number; otherwise it is two.
+    With `fractions`, `a/b` (digits both sides) is one number; otherwise it is two. A minus after
+    a number or a closing bracket is an operator, not a sign.
     """
     found = []
     for match in NUMBER.finditer(text):
         sign, whole, decimals, denominator = match.groups()
+        if sign and _OPERAND_END.search(text, 0, match.start()):
+            sign = None
         try:
             value = Fraction(Decimal(whole.replace(",", "") + (decimals or "")))
         except InvalidOperation as exc:  # the pattern admits only digits: a parse failure is a bug

@@ -18,13 +18,13 @@ import ipaddress
 import json
 import math
 import os
+import queue
 import re
 import string
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,8 +39,9 @@ DEFAULT_TEMPLATE = (
 )
 PLACEHOLDERS = ("prompt", "completion", "reference")
 PARSERS = ("number", "choice")
-NUMBER_PATTERN = r"(?i)\bscore\s*[:=]?\s*\**\s*(-?\d+(?:\.\d+)?)"
-CHOICE_PATTERN = r"(?i)\b(?:verdict|answer|choice)\s*[:=]?\s*\**\s*\[*\(?([A-Za-z0-9_]+)"
+NUMBER_PATTERN = r"(?i)\bscore\s*[:=]?\s*\**\s*(-?\d+(?:\.\d+)?)(?![\w]|\.\d)"  # `1e1` is not 1
+CHOICE_LEAD = r"(?i)\b(?:verdict|answer|choice)\b(?:\s*(?:[:=]|is))?\s*\**\s*[\[(]?\s*"  # then a choice label
+WAKE_MARGIN_S = 1.0  # past the batch deadline, how long score() waits for a worker thread to notice it
 MAX_ANSWER_BYTES = 1 << 20  # a chat completion is kilobytes; more is a broken or hostile server
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
@@ -172,7 +173,11 @@ class LlmJudge(Scorer):
             )
         ):
             raise ValueError(f"llm_judge: parser 'choice' needs choices like {{'A': 1.0, 'B': 0.0}}, got {choices!r}")
-        pattern = answer_pattern or (NUMBER_PATTERN if parser == "number" else CHOICE_PATTERN)
+        if parser == "choice" and len({label.casefold() for label in choices or {}}) != len(choices or {}):
+            raise ValueError(f"llm_judge: choices must differ other than by case, got {sorted(choices or {})}")
+        labels = "|".join(re.escape(label) for label in sorted(choices or {}, key=len, reverse=True))
+        default = NUMBER_PATTERN if parser == "number" else rf"{CHOICE_LEAD}({labels})(?!\w)"
+        pattern = answer_pattern or default
         try:
             self.pattern = re.compile(pattern)
         except (re.error, TypeError) as exc:
@@ -206,25 +211,34 @@ class LlmJudge(Scorer):
             float(batch_timeout_s),
         )
         self._secret: str | None = None
-        self._client: Any = None
+        self._loaded = False
 
     def load(self, device: str = "cpu") -> None:
-        import httpx
+        import httpx  # noqa: F401 - refused at start, not at the first batch, where it is missing
 
         if self.api_key_env is not None:
-            self._secret = os.environ.get(self.api_key_env)
-            if not self._secret:
+            secret = os.environ.get(self.api_key_env)
+            if not secret:
                 raise RuntimeError(f"llm_judge: environment variable {self.api_key_env} (api_key_env) is not set")
-        # a loopback judge never goes through a proxy; a remote one follows the environment's
-        self._client = httpx.Client(
+            if not re.fullmatch(r"[\x21-\x7e]+", secret):  # never echoed: it may be most of the key
+                raise RuntimeError(
+                    f"llm_judge: the value of {self.api_key_env} (api_key_env) has whitespace, control or "
+                    "non-ASCII characters (a trailing newline from a mounted secret?); it cannot be a bearer token"
+                )
+            self._secret = secret
+        self._loaded = True
+
+    def close(self) -> None:
+        self._loaded = False
+
+    def _client(self) -> Any:
+        """A client for one batch: a connection a stuck attempt still holds never serves the next one."""
+        import httpx
+
+        return httpx.Client(  # a loopback judge never goes through a proxy; a remote one follows the environment's
             limits=httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency),
             trust_env=not _is_loopback(self.host),
         )
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
     # -- requests ---------------------------------------------------------------------------
     def _request(self, item: ScoreItem) -> bytes:
@@ -249,12 +263,16 @@ class LlmJudge(Scorer):
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
-        return json.dumps(body, ensure_ascii=False).encode()
+        return json.dumps(body).encode()  # ASCII escapes: a lone surrogate in a completion cannot fail it
 
     def _scrub(self, text: str) -> str:
-        return text.replace(self._secret, "***") if self._secret else text
+        """The text with the key blanked, however it was quoted; call it before cutting text short."""
+        if self._secret:
+            for form in {self._secret, json.dumps(self._secret)[1:-1], repr(self._secret)[1:-1]}:
+                text = text.replace(form, "***")
+        return text
 
-    def _attempt(self, body: bytes, deadline: float) -> str:
+    def _attempt(self, client: Any, body: bytes, deadline: float) -> str:
         """One POST within min(request_timeout_s, what the batch has left); the reply's message text."""
         import httpx
 
@@ -265,7 +283,7 @@ class LlmJudge(Scorer):
         received = bytearray()
         try:
             timeout = httpx.Timeout(max(attempt_deadline - time.monotonic(), 0.001))
-            with self._client.stream("POST", self.url, content=body, headers=headers, timeout=timeout) as response:
+            with client.stream("POST", self.url, content=body, headers=headers, timeout=timeout) as response:
                 for chunk in response.iter_bytes():  # bounded in size and in time, however the server trickles
                     received += chunk
                     if len(received) > MAX_ANSWER_BYTES:
@@ -275,9 +293,11 @@ class LlmJudge(Scorer):
                 status, retry_after = response.status_code, response.headers.get("retry-after")
         except httpx.TimeoutException as exc:
             raise _Retryable(f"no answer within {self.request_timeout_s:g} s ({type(exc).__name__})") from exc
+        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:  # our request: a retry cannot help
+            raise _Final(self._scrub(f"{type(exc).__name__}: {exc}")) from exc
         except httpx.TransportError as exc:
-            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
-        excerpt = self._scrub(bytes(received[:200]).decode("utf-8", "replace"))
+            raise _Retryable(self._scrub(f"{type(exc).__name__}: {exc}")) from exc
+        excerpt = self._scrub(bytes(received).decode("utf-8", "replace"))[:200]
         if status != 200:
             message = f"HTTP {status}: {excerpt}"
             if status in RETRY_STATUSES:
@@ -294,11 +314,12 @@ class LlmJudge(Scorer):
     def _verdict(self, content: str) -> float:
         found = self.pattern.findall(content)
         answer = found[-1] if found else content.strip().strip(".*").strip()
-        shown = self._scrub(content[-160:])
+        shown = self._scrub(content)[-160:]
         if self.parser == "choice":
-            if answer not in self.choices:
+            folded = {label.casefold(): value for label, value in self.choices.items()}
+            if answer.casefold() not in folded:
                 raise _Final(f"unparsable verdict (expected one of {sorted(self.choices)}): {shown!r}", "unparsable")
-            return float(self.choices[answer])
+            return float(folded[answer.casefold()])
         try:
             number = float(answer)
         except ValueError:
@@ -308,12 +329,17 @@ class LlmJudge(Scorer):
             raise _Final(f"score {number:g} outside score_range [{low:g}, {high:g}]: {shown!r}", "out_of_range")
         return (number - low) / (high - low)
 
-    def _judge(self, body: bytes, deadline: float) -> _Outcome:
+    def _judge(self, client: Any, body: bytes, deadline: float) -> _Outcome:
         outcome, began, delay = _Outcome(), time.monotonic(), self.backoff_s
         while True:
+            if deadline - time.monotonic() < 0.05:  # an item that waited for a free slot past the deadline
+                outcome.error = (
+                    f"the batch deadline ({self.batch_timeout_s:g} s) passed before attempt {outcome.attempts + 1}"
+                )
+                break
             outcome.attempts += 1
             try:
-                outcome.value = self._verdict(self._attempt(body, deadline))
+                outcome.value = self._verdict(self._attempt(client, body, deadline))
                 break
             except _Final as exc:
                 outcome.error, outcome.counted = str(exc), exc.counted
@@ -335,21 +361,36 @@ class LlmJudge(Scorer):
         return outcome
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
-        if self._client is None:
+        if not self._loaded:
             raise RuntimeError("llm_judge: score() before load()")
         bodies = [self._request(item) for item in items]  # refusals before any call
         deadline = time.monotonic() + self.batch_timeout_s
-        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(items)) or 1, thread_name_prefix="llm_judge")
-        try:
-            futures = [pool.submit(self._judge, body, deadline) for body in bodies]
-            outcomes = []
-            for future in futures:  # every attempt ends by its deadline; the margin covers a thread's wake-up
+        results: list[_Outcome | None] = [None] * len(items)
+        work: queue.SimpleQueue[tuple[int, bytes]] = queue.SimpleQueue()
+        for index, body in enumerate(bodies):
+            work.put((index, body))
+        finished = threading.Semaphore(0)
+        client = self._client()
+
+        def judge_until_empty() -> None:
+            while True:
                 try:
-                    outcomes.append(future.result(timeout=max(deadline - time.monotonic(), 0.0) + 5.0))
-                except FutureTimeout:
-                    outcomes.append(_Outcome(error=f"no verdict {self.batch_timeout_s:g} s after the batch began"))
+                    index, body = work.get_nowait()
+                except queue.Empty:
+                    return
+                results[index] = self._judge(client, body, deadline)
+                finished.release()
+
+        for n in range(min(self.concurrency, len(items))):  # daemon threads: a stuck one never holds up exit
+            threading.Thread(target=judge_until_empty, name=f"llm_judge-{n}", daemon=True).start()
+        try:
+            for _ in items:  # one deadline for the batch, whatever the attempts do
+                if not finished.acquire(timeout=max(deadline - time.monotonic(), 0.0) + WAKE_MARGIN_S):
+                    break
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            client.close()  # the batch's connections end here; an attempt still on one fails at once
+        late = f"no verdict by the batch deadline ({self.batch_timeout_s:g} s): the server held its attempt open"
+        outcomes = [outcome if outcome is not None else _Outcome(error=late) for outcome in list(results)]
         attempts = sum(o.attempts for o in outcomes)
         counted = Counter(o.counted for o in outcomes if o.counted)
         return ScoreResult(
@@ -363,7 +404,7 @@ class LlmJudge(Scorer):
                 "latency_s": mean(sum(o.seconds for o in outcomes), len(outcomes)),
             },
             failed={
-                position: f"{o.error} ({o.attempts} attempts at {self.url}, model {self.model!r})"
+                position: f"{o.error} ({f'{o.attempts} attempts ' if o.attempts else ''}at {self.url}, model {self.model!r})"
                 for position, o in enumerate(outcomes)
                 if o.error is not None
             },

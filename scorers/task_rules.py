@@ -87,18 +87,18 @@ Gsm8k = map_candidates(
 
 
 # -- countdown --------------------------------------------------------------------------------
-_TAGGED: dict[str, re.Pattern[str]] = {}  # tag -> compiled pattern, built once per tag
 
 
 def tagged(text: str, tag: str | None) -> str | None:
-    """The content of the last `<tag>...</tag>`, or the whole text when `tag` is None."""
+    """The content of the last `<tag>...</tag>`, or the whole text when `tag` is None.
+
+    Found from the end with `rfind`, in linear time: a lazy regex rescans the rest of the text
+    from every unclosed `<tag>` (minutes on a few hundred KB of them)."""
     if tag is None:
         return text
-    pattern = _TAGGED.get(tag)
-    if pattern is None:
-        pattern = _TAGGED[tag] = re.compile(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", re.DOTALL)
-    found = pattern.findall(text)
-    return found[-1] if found else None
+    end = text.rfind(f"</{tag}>")
+    start = text.rfind(f"<{tag}>", 0, end) if end >= 0 else -1
+    return text[start + len(tag) + 2 : end] if start >= 0 else None
 
 
 def _countdown_task(item: ScoreItem, reference: Any) -> tuple[Fraction, list[Fraction]]:
@@ -181,16 +181,33 @@ def _boxed(text: str) -> str | None:
     return None
 
 
-_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+_FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
+_LATEX_NOISE = re.compile(r"\\left|\\right|\\[,;!: ]|\$|\s")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
+def boxed_value(content: str) -> Fraction | None:
+    """The exact value of a boxed answer that is a number or + - * / arithmetic on numbers
+    (`\\frac{a}{b}`, `\\cdot`, `\\times`, thousands commas understood); None for anything else
+    (`2^{10}`, `x+1`): a boxed answer is taken whole, never by its first number."""
+    text = _LATEX_NOISE.sub("", content)
+    for _ in range(8):  # nested fractions, innermost first
+        text, count = _FRAC.subn(r"(\1)/(\2)", text)
+        if not count:
+            break
+    text = _THOUSANDS.sub("", text.replace("\\cdot", "*").replace("\\times", "*").replace("\\div", "/"))
+    try:
+        return evaluate(text.rstrip("."), unary_minus=True).value
+    except ExpressionError:
+        return None
 
 
 def final_number(text: str) -> Fraction | None:
-    """The answer a completion commits to: the number in the last `\\boxed{}` (`\\frac{a}{b}` and
-    `a/b` are fractions), else the first number after the last `####`, else the last number."""
+    """The answer a completion commits to: the value of the last `\\boxed{}` (see `boxed_value`),
+    else the first number after the last `####`, else the last number (`a/b` a fraction)."""
     boxed = _boxed(text)
     if boxed is not None:
-        found = numbers_in(_FRAC.sub(r"\1/\2", boxed), fractions=True)
-        return found[0] if found else None
+        return boxed_value(boxed)
     if _HASH in text:
         found = numbers_in(text.rsplit(_HASH, 1)[1], fractions=True)
         return found[0] if found else None
@@ -245,8 +262,8 @@ Arithmetic = map_candidates(
 
 
 # -- format -----------------------------------------------------------------------------------
-# each tag exactly once: `.*?` alone would accept `<think>a</think><think>b</think><answer>..`
-THINK_ANSWER = r"<think>(?:(?!</?think>).)*</think>\s*<answer>(?:(?!</?answer>).)*</answer>"
+# each tag exactly once, neither inside the other: `.*?` alone would accept `<think>a</think><think>b..`
+THINK_ANSWER = r"<think>(?:(?!</?(?:think|answer)>).)*</think>\s*<answer>(?:(?!</?(?:think|answer)>).)*</answer>"
 THINK_ANSWER_PARTS = ("<think>", "</think>", "<answer>", "</answer>")
 _FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE}
 

@@ -297,15 +297,28 @@ def _results(panel: RewardPanel, items: list[RewardItem]) -> Iterator[tuple[dict
     try:
         response = panel.compute_rewards(RewardRequest(items=items, group_size=panel.group_size))
     except ScorerItemsFailed as exc:  # a required term could not score these rows: they fail, the rest is rescored
-        failed = [item for item in items if item.id in exc.failed]
-        if not failed:
+        if not any(item.id in exc.failed for item in items):
             raise
-        scored = [item for item in items if item.id not in exc.failed]
+        # a failed row takes its whole group down: its siblings' group-relative rewards would be wrong
+        groups = {item.group_id for item in items if item.id in exc.failed and item.group_id is not None}
+        reasons = {
+            item.id: exc.failed.get(item.id, "a member of its group could not be scored")
+            for item in items
+            if item.id in exc.failed or item.group_id in groups
+        }
+        scored = [item for item in items if item.id not in reasons]
         rest = iter(list(_results(panel, scored)) if scored else [])
         for item in items:  # in input order
-            if item.id in exc.failed:
-                error = f"{type(exc).__name__}: {exc.failed[item.id]}"
-                yield {"id": item.id, "reward": None, "components": {}, "error": error}, None
+            if item.id in reasons:
+                yield (
+                    {
+                        "id": item.id,
+                        "reward": None,
+                        "components": {},
+                        "error": f"{type(exc).__name__}: {reasons[item.id]}",
+                    },
+                    None,
+                )
             else:
                 yield next(rest)
         return

@@ -149,3 +149,15 @@ def test_score_dataset_writes_failed_rows_with_their_error_and_scores_the_rest(t
     assert [r["id"] for r in rows] == [f"t{i}" for i in range(5)]
     assert [r["reward"] for r in rows] == [2.0, None, 5.0, None, 4.0]
     assert "ScorerItemsFailed: no score for 'fail here'" in rows[1]["error"] and rows[0]["error"] is None
+    # grouped rows: a failed row takes its group down (its siblings' group-relative rewards would be wrong)
+    grouped = [{"id": f"g{i}", "response": t, "group": f"q{i // 2}"} for i, t in enumerate(["ok", "fail", "aa", "bbb"])]
+    (tmp_path / "g.jsonl").write_text("".join(json.dumps(row) + "\n" for row in grouped))
+    command = [*command[:6], "--input", str(tmp_path / "g.jsonl"), "--output", str(tmp_path / "g-out.jsonl")]
+    command += ["--group-column", "group"]
+    done = subprocess.run(
+        command, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stderr
+    _, *rows = (json.loads(line) for line in (tmp_path / "g-out.jsonl").read_text().splitlines())
+    assert [r["reward"] for r in rows] == [None, None, 2.0, 3.0]
+    assert "a member of its group could not be scored" in rows[0]["error"]

@@ -5,6 +5,7 @@ refusals naming the item, the term under a panel, and the same verdicts in a man
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,7 @@ def test_failure_matrix(case: Case):
     if case.error:
         assert outcome.rewards is None and outcome.error is not None
         assert case.error in outcome.error and "could not score 1 of 1 items: 'i0': " in outcome.error, outcome.error
+        assert "0 attempts" not in outcome.error
         assert "/v1/chat/completions" in outcome.error and "fake-judge" in outcome.error
     elif case.reward is not None:
         assert outcome.rewards == [case.reward], outcome
@@ -54,6 +56,8 @@ def test_failure_matrix(case: Case):
         assert outcome.rewards == [(n % 11) / 10 for n in range(16)]
         assert outcome.max_in_flight == case.params["concurrency"]
     assert outcome.attempts == [case.attempts] * len(case.texts), outcome
+    if case.name == "429 twice":  # Retry-After (0.3 s) outweighs the backoff (0.1 s, then 0.2 s)
+        assert min(outcome.gaps[0]) >= 0.3, outcome.gaps
     assert all(d == (1 if a else 0) for d, a in zip(outcome.distinct, outcome.attempts, strict=True)), outcome
 
 
@@ -213,3 +217,46 @@ def test_managed_unreachable_judge_and_unset_key(managed, monkeypatch):
     monkeypatch.delenv("JUDGE_KEY", raising=False)
     with pytest.raises(ScorerStartupError, match="JUDGE_KEY \\(api_key_env\\) is not set"):
         managed(env_python("image"), "llm_judge", params={**params, "api_key_env": "JUDGE_KEY"})
+
+
+def test_many_items_behind_a_stuck_server_end_at_the_batch_deadline(server):
+    """Three items, one connection, a server that trickles headers forever: the batch returns at its
+    deadline (plus the wake margin), the items that never got a turn are not sent late, and the
+    stuck attempt's thread does not hold up the next batch."""
+    params = judge_params(server, concurrency=1, batch_timeout_s=2.0)
+    with LocalRewardBackend("llm_judge", params=params) as judge:
+        began = time.monotonic()
+        with pytest.raises(ScorerItemsFailed) as info:
+            judge.compute_rewards(RewardRequest(items=items(*[f"[[trickle_headers:0.3]] {n}" for n in range(3)])))
+        assert time.monotonic() - began < 2.0 + 1.0 + 0.6
+        assert set(info.value.failed) == {"i0", "i1", "i2"} and len(server.requests) == 1
+        assert judge.compute_rewards(RewardRequest(items=items("[[score:6]]"))).rewards == [0.6]
+
+
+def test_a_key_with_a_trailing_newline_is_refused_without_echoing_it(server, monkeypatch):
+    monkeypatch.setenv("JUDGE_KEY", SECRET + "\n")
+    with pytest.raises(RuntimeError, match="whitespace, control or non-ASCII") as info:
+        with LocalRewardBackend("llm_judge", params=judge_params(server, api_key_env="JUDGE_KEY")) as judge:
+            judge.compute_rewards(RewardRequest(items=items("[[score:1]]")))
+    assert SECRET not in str(info.value)
+
+
+def test_default_parsers_read_what_judges_write(server):
+    choice = judge_params(server, parser="choice", choices={"A": 1.0, "B": 0.0})
+    with LocalRewardBackend("llm_judge", params=choice) as judge:
+        got = judge.compute_rewards(RewardRequest(items=items("[[choice:b]]", "[[choice:A]]")))
+    assert got.rewards == [0.0, 1.0]  # labels match whatever the case
+    from scorers.llm_judge import LlmJudge
+
+    number = LlmJudge(base_url=server.base_url, model="m")
+    assert number._verdict("Reasoning...\nScore: 7/10") == 0.7
+    with pytest.raises(Exception, match="unparsable score"):
+        number._verdict("Score: 1e1")
+    lettered = LlmJudge(base_url=server.base_url, model="m", parser="choice", choices={"A": 1.0, "B": 0.0})
+    assert lettered._verdict("The answer is A.") == 1.0 and lettered._verdict("Verdict: [B]") == 0.0
+
+
+def test_a_completion_with_a_lone_surrogate_is_sent_escaped(server):
+    with LocalRewardBackend("llm_judge", params=judge_params(server)) as judge:
+        got = judge.compute_rewards(RewardRequest(items=items("[[score:2]] x\ud800y")))
+    assert got.rewards == [0.2]

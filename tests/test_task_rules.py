@@ -56,8 +56,11 @@ def test_numbers_are_normalised():
         50,
         -7,
     ]
-    assert numbers_in("5-3") == [5, 3]  # a binary minus is not a sign
+    assert numbers_in("5-3") == [5, 3] and numbers_in("total is 10 - 7") == [10, 7]  # a binary minus
+    assert numbers_in("the answer is -7") == [-7] and numbers_in("x = (2) - 4") == [2, 4]
     assert numbers_in("7/2", fractions=True) == [Fraction(7, 2)]
+    assert numbers_in("#### 1,0000")[0] == 1  # not 10000: a comma group has exactly three digits
+    assert numbers_in("about 1e5 or 2.5E-3 apples") == []  # e-notation is never read as its mantissa
 
 
 # -- gsm8k -------------------------------------------------------------------------------------
@@ -106,7 +109,17 @@ TASK = {"target": 24, "numbers": [4, 6, 1, 1]}
 def test_countdown(completion, reward, counted):
     rewards, counts = score("countdown", [item(completion, TASK)])
     assert rewards == [reward]
+    assert set(counts) == {"no_answer", "malformed", "division_by_zero", "wrong_numbers", "wrong_value"}
     assert counts == {name: int(name == counted) for name in counts}
+
+
+def test_countdown_is_linear_in_a_hostile_completion():
+    import time
+
+    began = time.monotonic()
+    rewards, counts = score("countdown", [item("<answer>" * 40_000, TASK), item("</answer>" * 40_000, TASK, 1)])
+    assert rewards == [0.0, 0.0] and counts["no_answer"] == 2
+    assert time.monotonic() - began < 2.0  # a lazy regex took minutes on these 320 KB
 
 
 def test_countdown_options_and_refusals():
@@ -133,6 +146,18 @@ def test_arithmetic_compares_the_final_number_with_the_exact_result():
     ]
     rewards, counts = score("arithmetic", items)
     assert rewards == [1.0, 1.0, 1.0, 0.0, 1.0, 0.0] and counts == {"no_answer": 1, "wrong_answer": 1}
+    boxed = [
+        (r"\boxed{\frac{-1}{2}}", "-1/2", 1.0),
+        (r"\boxed{\frac{-1}{2}}", "-1", 0.0),  # the whole box, never its first number
+        (r"\boxed{2^{10}}", "2", 0.0),
+        (r"\boxed{10^3}", "10", 0.0),
+        (r"\boxed{\frac{1}{2}+1}", "3/2", 1.0),
+        (r"\boxed{\frac{1}{2}+1}", "1/2", 0.0),
+        (r"\boxed{1,000}", "1000", 1.0),
+        (r"\boxed{\dfrac{\frac{1}{2}}{3}}", {"expression": "1/6"}, 1.0),
+    ]
+    got, _ = score("arithmetic", [item(text, gold, n) for n, (text, gold, _) in enumerate(boxed)])
+    assert got == [want for _, _, want in boxed]
     assert score("arithmetic", items[3:4], rel_tol=1e-3)[0] == [1.0]
     with pytest.raises(ScorerRequestError, match="item 'i0': arithmetic reference '1/0' is not computable"):
         score("arithmetic", [item("1", {"expression": "1/0"})])
@@ -146,6 +171,8 @@ def test_format_reward_full_and_partial_credit():
         item("42", None, 2),
         item("<think>a</think><think>b</think><answer>1</answer>", None, 3),
     ]
+    nested = item("<think>x <answer>y</answer></think><answer>b</answer>", None, 9)
+    assert score("format_reward", [nested])[0] == [0.0]  # a tag inside the other is not the format
     assert score("format_reward", items) == ([1.0, 0.0, 0.0, 0.0], {"no_match": 3})
     partial, _ = score("format_reward", items, partial_credit=True)
     assert partial == [1.0, 0.25, 0.0, 0.25]  # 2 of 4 tags once -> 0.5 * 2/4; duplicated think tags don't count
