@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import jpeg_json_peer, math_throughput, overlap, panel, startup, verl_coalesce
+from bench import hostile_math, jpeg_json_peer, math_throughput, overlap, panel, startup, verl_coalesce
 from bench.handles import client_of, pid_of
 from bench.workloads import WORKLOADS
 from child_runtime import wire
@@ -302,6 +302,7 @@ LINES: list[Callable[[], str]] = [
     bench_jpeg_batch,
     lambda: bench_env_batch("math", "math", 15),
     math_throughput.main_line,
+    hostile_math.main_line,
     lambda: bench_env_batch("embed", "embed", 15),
     lambda: bench_env_batch("ocr", "ocr", 5),
     panel.main_line,

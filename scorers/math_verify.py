@@ -90,7 +90,7 @@ class MathVerifyScorer(Scorer):
         overflow: int | None = None,
         memory_cap_mb: int | None = 512,
     ) -> None:
-        """`soft_timeout_s` (default min(0.25 s, timeout_s / 2)): an item still grading then leaves its
+        """`soft_timeout_s` (default min(0.15 s, timeout_s / 2)): an item still grading then leaves its
         slot for an overflow worker (at most `overflow`, default 4 x jobs; 0: never), so ordinary items
         keep flowing. `memory_cap_mb`: what one item may map beyond a fresh worker (None: no cap)."""
         super().__init__()

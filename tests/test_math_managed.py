@@ -195,3 +195,44 @@ def test_plain_number_golds_grade_as_math_verify_does(managed, math_python):
     )
     got = dict(zip(request.ids, backend.compute_rewards(request).rewards, strict=True))
     assert got == {name: expected for name, (_, _, expected) in cases.items()}
+
+
+# -- hostile completions: a slow item does not hold a slot; memory is bounded and returns ------
+HOSTILE = ("\\boxed{9^{9^{9^{9}}}}", "\\boxed{(10^{9})!}", "\\boxed{(x+1)^{100000}}")
+
+
+def child_tree_rss(pid: int) -> int:
+    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    return sum(p.memory_info().rss for p in tree if p.is_running())
+
+
+@pytest.mark.slow
+def test_pathological_neighbours_change_no_ordinary_verdict_and_memory_returns(managed, math_python):
+    from bench.math_throughput import workload
+
+    backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 2})
+    ordinary = [RewardItem(id=f"o{i}", text=t, reference=g) for i, (t, g) in enumerate(workload(0, 60))]
+    clean = backend.compute_rewards(RewardRequest(items=ordinary))
+    memory_before = child_tree_rss(backend.pid)
+    hostile = list(ordinary)
+    for k, text in enumerate(HOSTILE):  # spread through the batch
+        hostile.insert(5 + 20 * k, RewardItem(id=f"p{k}", text=text, reference="1"))
+    response = backend.compute_rewards(RewardRequest(items=hostile))
+    got = dict(zip(response.ids, response.rewards, strict=True))
+    assert [got[item.id] for item in ordinary] == clean.rewards and len(set(clean.rewards)) == 2
+    assert [got[f"p{k}"] for k in range(3)] == [0.0, 0.0, 0.0]
+    values = response.diagnostics["math_verify"]["values"]
+    assert values["overflowed"] >= 3 and values["timeouts"] + values["memory_exceeded"] == 3, values
+    assert child_tree_rss(backend.pid) < memory_before + 64 * 2**20  # the overflow workers are gone
+    assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
+
+
+@pytest.mark.slow
+def test_a_memory_bomb_scores_zero_counted_and_the_child_keeps_serving(managed, math_python):
+    backend = managed(math_python, "math_verify", params={"jobs": 1, "timeout_s": 10, "memory_cap_mb": 64})
+    pid = backend.pid
+    bomb = RewardItem(id="bomb", text="\\boxed{(x+1)^{100000}}", reference="1")
+    response = backend.compute_rewards(RewardRequest(items=[bomb, PERCENT]))
+    assert response.rewards == [0.0, 1.0]
+    assert response.diagnostics["math_verify"]["values"]["memory_exceeded"] == 1
+    assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0] and backend.pid == pid
