@@ -20,13 +20,8 @@ from __future__ import annotations
 import os
 import random
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-MATH_PYTHON = ROOT / "envs" / "math" / ".venv" / "bin" / "python"
 JOBS, TIMEOUT_S, ORDINARY = 2, 5.0, 512
 CLEAN_ROUNDS = 4
 PATHOLOGICAL = (
@@ -118,20 +113,10 @@ def _measure() -> str:
 
 
 def main_line() -> str:
-    """The bench line; measured under the math env's python, whatever runs this."""
-    if Path(sys.prefix).resolve() == MATH_PYTHON.parent.parent.resolve():
-        return _measure()
-    done = subprocess.run(
-        [str(MATH_PYTHON), "-m", "bench.hostile_math"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"bench.hostile_math failed ({done.returncode}): {done.stderr[-2000:]}")
-    return done.stdout.strip().splitlines()[-1]
+    """The bench line, measured under the math env's python."""
+    from bench.math_throughput import in_math_env
+
+    return in_math_env("bench.hostile_math", _measure)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -134,12 +135,13 @@ def _measure() -> str:
     )
 
 
-def main_line() -> str:
-    """The bench line; measured under the math env's python (antlr 4.13.2), whatever runs this."""
+def in_math_env(module: str, measure: Callable[[], str]) -> str:
+    """`measure()` here when this is the math env's python (antlr 4.13.2), else `python -m module`
+    run there; its last line."""
     if Path(sys.prefix).resolve() == MATH_PYTHON.parent.parent.resolve():
-        return _measure()
+        return measure()
     done = subprocess.run(
-        [str(MATH_PYTHON), "-m", "bench.math_throughput"],
+        [str(MATH_PYTHON), "-m", module],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -147,8 +149,13 @@ def main_line() -> str:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     if done.returncode != 0:
-        raise RuntimeError(f"bench.math_throughput failed ({done.returncode}): {done.stderr[-2000:]}")
+        raise RuntimeError(f"{module} failed ({done.returncode}): {done.stderr[-2000:]}")
     return done.stdout.strip().splitlines()[-1]
+
+
+def main_line() -> str:
+    """The bench line, measured under the math env's python."""
+    return in_math_env("bench.math_throughput", _measure)
 
 
 if __name__ == "__main__":
