@@ -12,9 +12,10 @@ Workers fork from a forkserver that has already imported the heavy modules
 
 A task still running at its soft deadline (well under its timeout) stops holding
 one of the `jobs` ordinary slots: its worker becomes an overflow worker (at most
-`overflow` of them) and a fresh worker takes the slot. While ordinary tasks remain,
-overflow workers are stopped (SIGSTOP), so ordinary grading keeps every core, and
-their clocks stop with them; once the ordinary tasks are done they continue
+`overflow` of them) and a spare worker, started ahead, takes the slot at once
+(then the next spare forks). While ordinary tasks remain, overflow workers are
+stopped (SIGSTOP), so ordinary grading keeps every core, and their clocks stop
+with them; once the ordinary tasks are done they continue
 (SIGCONT) and finish or are killed when they have run for their timeout. A slow
 task thus gets its whole timeout of running time, never a starved share of it,
 and the batch costs its ordinary work plus at most about one timeout. An
@@ -99,7 +100,9 @@ class _Worker:
     since: float
     state: str = "starting"  # starting | idle | busy
     task_index: int = -1
-    role: str = "ordinary"  # ordinary (one of the `jobs` slots) | overflow (one slow task, then retired)
+    # ordinary (one of the `jobs` slots) | overflow (one slow task, then retired) | spare (takes the slot
+    # of the next task moved to overflow at once, instead of after a fork)
+    role: str = "ordinary"
     start_rss: int = 0
     stopped_at: float | None = None  # an overflow worker held back (SIGSTOP) while ordinary tasks remain
     stopped_s: float = 0.0  # how long its task has been held back: not counted against its timeout
@@ -209,6 +212,8 @@ class GradingPool:
         try:
             for _ in range(self.jobs):
                 self._spawn()
+            if self.overflow:
+                self._spawn("spare")
             deadline = time.monotonic() + _STARTUP_TIMEOUT_S
             while any(w.state == "starting" for w in self._workers):
                 self._step(None, deadline, "worker startup")
@@ -250,8 +255,11 @@ class GradingPool:
         return self._state == "broken"
 
     def worker_pids(self) -> list[int]:
-        """Pids of the current workers (for tests and diagnostics)."""
-        return [w.pid for w in self._workers]
+        """Pids of the workers holding or waiting on tasks, not the spare (for tests and diagnostics)."""
+        return [w.pid for w in self._workers if w.role != "spare"]
+
+    def spare_pids(self) -> list[int]:
+        return [w.pid for w in self._workers if w.role == "spare"]
 
     def close(self) -> None:
         """SIGKILL and reap every worker; the last pool also stops the helpers. Bounded, idempotent."""
@@ -285,8 +293,8 @@ class GradingPool:
             raise GradingPoolError(f"grading pool is broken: {self._broken}") from self._broken
         raise GradingPoolError("grading pool is not started" if self._state == "new" else "grading pool is closed")
 
-    def _spawn(self) -> _Worker:
-        """Start one ordinary worker with its own duplex pipe; the owner keeps one end only."""
+    def _spawn(self, role: str = "ordinary") -> _Worker:
+        """Start one worker with its own duplex pipe; the owner keeps one end only."""
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
             target=worker_main,
@@ -303,7 +311,7 @@ class GradingPool:
             child_conn.close()  # else a dead worker's pipe would never read EOF
         if process.pid is None:  # start() returned, so it has one; the type does not say so
             raise GradingPoolError("grading worker started without a pid")
-        worker = _Worker(process, parent_conn, process.pid, since=time.monotonic())
+        worker = _Worker(process, parent_conn, process.pid, since=time.monotonic(), role=role)
         self._workers.append(worker)
         return worker
 
@@ -433,14 +441,19 @@ class GradingPool:
         return sum(worker.role == "overflow" for worker in self._workers)
 
     def _overflow(self, worker: _Worker) -> None:
-        """The slow task leaves the `jobs` slots for later; a fresh worker takes its slot now."""
+        """The slow task leaves the `jobs` slots for later; the spare takes its slot now."""
         worker.role = "overflow"
         self._signal(worker, signal.SIGSTOP)
         worker.stopped_at = time.monotonic()
         log.info(
             "grading task %d passed the soft deadline: held in overflow worker pid %d", worker.task_index, worker.pid
         )
-        self._spawn()
+        spare = next((w for w in self._workers if w.role == "spare"), None)
+        if spare is None:
+            self._spawn()
+            return
+        spare.role = "ordinary"  # the slot is served now; the next spare forks meanwhile
+        self._spawn("spare")
 
     def _continue_overflow(self, batch: _Batch) -> None:
         """Once no ordinary task is left to grade, the held-back slow tasks run (their clocks resume)."""

@@ -360,3 +360,12 @@ def test_a_worker_that_grew_is_replaced_so_memory_returns(make_pool):
     assert len(set(before) - set(after)) == 1  # only the one that grew past the threshold
     rss_after = sum(psutil.Process(pid).memory_info().rss for pid in after)
     assert rss_after < rss_before + 64 * 2**20, (rss_before, rss_after)
+
+
+def test_a_spare_takes_the_slot_of_a_task_moved_to_overflow(make_pool):
+    pool = make_pool("sleep_for", jobs=1, timeout_s=1.0)
+    (spare,) = pool.spare_pids()
+    outcomes = pool.grade([(30.0, "stuck"), (0.0, "next")])
+    assert [o.status for o in outcomes] == ["timeout", "ok"]
+    assert pool.worker_pids() == [spare] and len(pool.spare_pids()) == 1 and pool.spare_pids() != [spare]
+    assert make_pool("square", jobs=1, overflow=0).spare_pids() == []  # nothing ever moves: no spare

@@ -138,7 +138,7 @@ def test_killed_grading_worker_fails_one_call_then_the_pool_is_rebuilt(managed, 
     backend.compute_rewards(RewardRequest(items=[PERCENT]))
     members = set(group_members(backend.pid))
     workers = [pid for pid in members if pid != backend.pid and psutil.Process(pid).ppid() != backend.pid]
-    assert len(workers) == 2, f"expected 2 workers (children of the forkserver), got {workers}"
+    assert len(workers) == 3, f"expected 2 workers and a spare (children of the forkserver), got {workers}"
     os.kill(workers[0], signal.SIGKILL)
     with pytest.raises(ScorerRequestError) as info:
         backend.compute_rewards(RewardRequest(items=math_items()[:2]))
