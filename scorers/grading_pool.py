@@ -133,6 +133,22 @@ _WORKER_EXIT_MEANINGS = {
 }
 
 
+def overflow_options(
+    jobs: int, timeout_s: float, soft_timeout_s: float | None, overflow: int | None
+) -> tuple[float, int]:
+    """The soft deadline and overflow bound with their defaults applied; a bad one is refused."""
+    if soft_timeout_s is None:
+        soft_timeout_s = min(DEFAULT_SOFT_TIMEOUT_S, timeout_s / 2)
+    if isinstance(soft_timeout_s, bool) or not isinstance(soft_timeout_s, (int, float)):
+        raise TypeError(f"soft_timeout_s must be a number, got {type(soft_timeout_s).__name__}")
+    if not 0 < soft_timeout_s < timeout_s:
+        raise ValueError(f"soft_timeout_s must be > 0 and below timeout_s={timeout_s}, got {soft_timeout_s!r}")
+    overflow = 4 * jobs if overflow is None else overflow
+    if not isinstance(overflow, int) or isinstance(overflow, bool) or overflow < 0:
+        raise ValueError(f"overflow must be an int >= 0, got {overflow!r}")
+    return float(soft_timeout_s), overflow
+
+
 def describe_exitcode(code: int | None) -> str:
     """A worker's multiprocessing exitcode in words (negative means killed by a signal)."""
     if code is None:
@@ -165,15 +181,7 @@ class GradingPool:
             raise TypeError(f"timeout_s must be a number, got {type(timeout_s).__name__}")
         if not (math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"timeout_s must be finite and > 0, got {timeout_s!r}")
-        if soft_timeout_s is None:
-            soft_timeout_s = min(DEFAULT_SOFT_TIMEOUT_S, timeout_s / 2)
-        if isinstance(soft_timeout_s, bool) or not isinstance(soft_timeout_s, (int, float)):
-            raise TypeError(f"soft_timeout_s must be a number, got {type(soft_timeout_s).__name__}")
-        if not 0 < soft_timeout_s < timeout_s:
-            raise ValueError(f"soft_timeout_s must be > 0 and below timeout_s={timeout_s}, got {soft_timeout_s!r}")
-        overflow = 4 * jobs if overflow is None else overflow
-        if not isinstance(overflow, int) or isinstance(overflow, bool) or overflow < 0:
-            raise ValueError(f"overflow must be an int >= 0, got {overflow!r}")
+        soft_timeout_s, overflow = overflow_options(jobs, timeout_s, soft_timeout_s, overflow)
         if memory_cap_bytes is not None and (
             not isinstance(memory_cap_bytes, int) or isinstance(memory_cap_bytes, bool) or memory_cap_bytes < 2**20
         ):

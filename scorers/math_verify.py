@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, reference_answer
-from scorers.grading_pool import GradingPool, GradingTaskError
+from scorers.grading_pool import GradingPool, GradingTaskError, overflow_options
 
 log = logging.getLogger(__name__)
 TIMEOUT_ENV = "MATH_VERIFY_TIMEOUT_S"
@@ -96,10 +96,9 @@ class MathVerifyScorer(Scorer):
         super().__init__()
         self.jobs = len(os.sched_getaffinity(0)) if jobs is None else _check_int("jobs", jobs, 1)
         self.timeout_s = _resolve_timeout(timeout_s)
-        self.soft_timeout_s, self.overflow = soft_timeout_s, overflow
-        self.memory_cap_mb = None if memory_cap_mb is None else _check_int("memory_cap_mb", memory_cap_mb, 16)
         # checked here, not at load(): a bad soft deadline or bound is the config's fault
-        GradingPool(self.jobs, self.timeout_s, GRADE_FN, soft_timeout_s=soft_timeout_s, overflow=overflow)
+        self.soft_timeout_s, self.overflow = overflow_options(self.jobs, self.timeout_s, soft_timeout_s, overflow)
+        self.memory_cap_mb = None if memory_cap_mb is None else _check_int("memory_cap_mb", memory_cap_mb, 16)
         self.float_rounding = _check_int("float_rounding", float_rounding, 0)
         self.numeric_precision = _check_int("numeric_precision", numeric_precision, 1)
         if not isinstance(strict, bool):
