@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -149,6 +150,10 @@ def test_a_trainer_out_of_descriptors_does_not_condemn_its_child(managed, traine
     pid = backend.pid
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     held = []
+    # An earlier test's unreachable socket, finalised by a collection during the call, would hand the
+    # call a descriptor (seen twice under CI load): collect first, and no collection until the end.
+    gc.collect()
+    gc.disable()
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
         while True:
@@ -159,6 +164,7 @@ def test_a_trainer_out_of_descriptors_does_not_condemn_its_child(managed, traine
         with pytest.raises(ScorerUnavailable, match="in this process.*left serving"):
             backend.compute_rewards(REQUEST)
     finally:
+        gc.enable()
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
