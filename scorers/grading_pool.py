@@ -10,20 +10,21 @@ worker sentinels, so a worker that dies is noticed at once, not at a timeout.
 Workers fork from a forkserver that has already imported the heavy modules
 (`preload`), so starting or replacing one costs a fork, not an import.
 
-A task still running at its soft deadline (well under its timeout) stops holding
-one of the `jobs` ordinary slots: its worker becomes an overflow worker (at most
-`overflow` of them) and a spare worker, started ahead, takes the slot at once
-(then the next spare forks). While ordinary tasks remain, overflow workers are
-stopped (SIGSTOP), so ordinary grading keeps every core, and their clocks stop
-with them; once the ordinary tasks are done they continue
-(SIGCONT) and finish or are killed when they have run for their timeout. A slow
-task thus gets its whole timeout of running time, never a starved share of it,
-and the batch costs its ordinary work plus at most about one timeout. An
-overflow worker is retired after its task. Each worker's address space is
-capped (a task past `memory_cap_bytes` fails with MemoryError: outcome "memory",
-the worker exits) and each task's CPU time is capped by the kernel (RLIMIT_CPU,
-outcome "cpu"), a backstop to the timeout. A worker whose memory grew while
-grading is replaced, so the pool returns to its size after a hostile batch.
+A task that has used its soft deadline (well under its timeout) in CPU time stops holding
+one of the `jobs` ordinary slots. CPU time, so that a busy or shared machine, which slows
+every task alike, moves no ordinary one; a task that waits rather than computes moves once
+it has held its slot for `WAIT_FACTOR` soft deadlines. Its worker becomes an overflow worker
+(at most `overflow` of them) and a spare worker, started ahead, takes the slot at once (then
+the next spare forks). While ordinary tasks remain, overflow workers are stopped (SIGSTOP),
+so ordinary grading keeps every core, and their clocks stop with them; once the ordinary
+tasks are done they continue (SIGCONT) and finish or are killed when they have run for their
+timeout. A slow task thus gets its whole timeout of running time, never a starved share of
+it, and the batch costs its ordinary work plus about one timeout. An overflow worker is
+retired after its task; retired workers are killed at once and reaped together before
+grade() returns. Each worker's address space is capped (a task past `memory_cap_bytes` fails
+with MemoryError: outcome "memory", the worker exits) and each task's CPU time is capped by
+the kernel (RLIMIT_CPU, outcome "cpu"), a backstop to the timeout. A worker whose memory grew
+while grading is replaced, so the pool returns to its size after a hostile batch.
 
 Liveness chain: the owner holds the forkserver's "alive" pipe; workers drop
 their inherited copy of it, so when the owner dies the forkserver sees EOF and
@@ -56,7 +57,13 @@ log = logging.getLogger(__name__)
 _STARTUP_TIMEOUT_S = 60.0
 _REAP_TIMEOUT_S = 2.0
 _DEATH_STATUS_WAIT_S = 1.0
-DEFAULT_SOFT_TIMEOUT_S = 0.15  # a warm ordinary item takes milliseconds, the slowest about 0.1 s
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+_CPU_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+DEFAULT_SOFT_TIMEOUT_S = 0.15  # CPU time: a warm ordinary item takes milliseconds, the slowest about 0.1 s
+# held tasks are stopped and cost only memory (each under the cap); a small pool keeps room for a few
+# ordinary items that pass the soft deadline beside its pathological ones
+MIN_OVERFLOW = 16
+WAIT_FACTOR = 4  # a task holding its slot this many soft deadlines moves whatever CPU time it used
 DEFAULT_MEMORY_CAP_BYTES = 512 * 2**20  # beyond what a freshly forked worker maps
 RECYCLE_GROWTH_BYTES = 64 * 2**20  # a worker this much above its start RSS is replaced after its task
 
@@ -104,6 +111,8 @@ class _Worker:
     # of the next task moved to overflow at once, instead of after a fork)
     role: str = "ordinary"
     start_rss: int = 0
+    cpu_base: float = 0.0  # its CPU seconds when it last became idle: a task's CPU time is counted from it
+    soft_check_at: float = math.inf  # when its task's CPU time is next compared with the soft deadline
     stopped_at: float | None = None  # an overflow worker held back (SIGSTOP) while ordinary tasks remain
     stopped_s: float = 0.0  # how long its task has been held back: not counted against its timeout
 
@@ -143,7 +152,7 @@ def overflow_options(
         raise TypeError(f"soft_timeout_s must be a number, got {type(soft_timeout_s).__name__}")
     if not 0 < soft_timeout_s < timeout_s:
         raise ValueError(f"soft_timeout_s must be > 0 and below timeout_s={timeout_s}, got {soft_timeout_s!r}")
-    overflow = 4 * jobs if overflow is None else overflow
+    overflow = max(MIN_OVERFLOW, 4 * jobs) if overflow is None else overflow
     if not isinstance(overflow, int) or isinstance(overflow, bool) or overflow < 0:
         raise ValueError(f"overflow must be an int >= 0, got {overflow!r}")
     return float(soft_timeout_s), overflow
@@ -174,7 +183,7 @@ class GradingPool:
         memory_cap_bytes: int | None = DEFAULT_MEMORY_CAP_BYTES,
     ) -> None:
         """`soft_timeout_s`: None = min(0.15 s, timeout_s / 2). `overflow`: the most tasks moved out of
-        the ordinary slots at once; None = 4 x jobs, 0 = never move one. `memory_cap_bytes`: None = no cap."""
+        the ordinary slots at once; None = max(16, 4 x jobs), 0 = never move one. `memory_cap_bytes`: None = no cap."""
         if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
             raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
@@ -204,6 +213,7 @@ class GradingPool:
         self._state = "new"  # new | running | broken | closed
         self._broken: GradingPoolError | None = None
         self._holds_helpers = False
+        self._retired: list[_Worker] = []  # killed, to be reaped before grade() returns
 
     # ---------------------------------------------------------------- public
 
@@ -251,6 +261,8 @@ class GradingPool:
         except BaseException as exc:
             self._fail(exc)
             raise
+        finally:
+            self._reap_retired()
         return list(batch.outcomes)  # type: ignore[arg-type]
 
     def batch_cap_s(self, n_tasks: int) -> float:
@@ -275,7 +287,8 @@ class GradingPool:
             return
         self._state = "closed"
         workers, self._workers = self._workers, []
-        _kill_and_reap(workers, _REAP_TIMEOUT_S)
+        _kill(workers)
+        self._reap_retired(workers)
         if self._holds_helpers:
             self._holds_helpers = False
             release_helpers(_REAP_TIMEOUT_S)
@@ -344,6 +357,7 @@ class GradingPool:
                 ) from exc
             batch.pending.popleft()
             worker.state, worker.task_index, worker.since = "busy", index, time.monotonic()
+            worker.soft_check_at = worker.since + self.soft_timeout_s  # CPU time cannot outrun wall time
 
     def _step(self, batch: _Batch | None, deadline: float, label: str) -> None:
         """Wait once (pipes + sentinels, until the nearest deadline), then act on what happened."""
@@ -369,7 +383,7 @@ class GradingPool:
             if worker.state == "busy":
                 deadlines.append(worker.deadline(self.timeout_s))
                 if can_move and worker.role == "ordinary":
-                    deadlines.append(worker.since + self.soft_timeout_s)
+                    deadlines.append(worker.soft_check_at)
             elif worker.state == "starting":
                 deadlines.append(worker.since + _STARTUP_TIMEOUT_S)
         return min(deadlines)
@@ -383,7 +397,8 @@ class GradingPool:
             return
         kind = message[0]
         if kind == "ready" and worker.state == "starting":
-            worker.state, worker.since, worker.start_rss = "idle", time.monotonic(), _rss(worker.pid)
+            worker.state, worker.since = "idle", time.monotonic()
+            worker.start_rss, worker.cpu_base = _usage(worker.pid)
             return
         if kind == "fatal":
             raise GradingPoolError(f"grading worker pid {worker.pid} cannot load {self.grade_fn!r}: {message[1]}")
@@ -394,14 +409,19 @@ class GradingPool:
         moved = worker.role == "overflow"
         if kind == "ok":
             batch.outcomes[index] = GradeOutcome("ok", message[1], elapsed, moved)
-            if moved or _rss(worker.pid) > worker.start_rss + RECYCLE_GROWTH_BYTES:
-                self._retire(worker)  # an overflow worker served its one task; a grown one gives memory back
+            if moved:
+                self._retire(worker)  # an overflow worker served its one task
+                return
+            rss, worker.cpu_base = _usage(worker.pid)
+            if rss > worker.start_rss + RECYCLE_GROWTH_BYTES:
+                self._retire(worker)  # a grown worker gives its memory back
             return
         if kind == "memory":
             batch.outcomes[index] = GradeOutcome("memory", None, elapsed, moved)
             log.info("grading task %d passed the memory cap in worker pid %d (%s)", index, worker.pid, message[1])
             self._retire(worker)  # it exits after reporting
             return
+        worker.cpu_base = _usage(worker.pid)[1]  # it stays, idle: its next task's CPU time starts here
         raise GradingTaskError(
             f"grade_fn {self.grade_fn!r} raised in worker pid {worker.pid} on task {index}: {message[2]}",
             task_index=index,
@@ -413,19 +433,23 @@ class GradingPool:
         """Kill workers past their task timeout (replacing them); move tasks past the soft deadline
         to overflow; raise past the hard caps."""
         now = time.monotonic()
+        expired: list[_Worker] = []
         for worker in list(self._workers):
             if worker.state == "busy" and batch is not None and now >= worker.deadline(self.timeout_s):
-                self._time_out(worker, batch, now)
+                expired.append(worker)
             elif (
                 worker.state == "busy"
                 and batch is not None
                 and worker.role == "ordinary"
-                and now >= worker.since + self.soft_timeout_s
+                and now >= worker.soft_check_at
                 and self._overflowing() < self.overflow
+                and self._past_soft_deadline(worker, now)
             ):
                 self._overflow(worker)
             elif worker.state == "starting" and now >= worker.since + _STARTUP_TIMEOUT_S:
                 raise GradingPoolError(f"grading worker pid {worker.pid} not ready after {_STARTUP_TIMEOUT_S:.0f}s")
+        if expired and batch is not None:
+            self._time_out(expired, batch, now)
         if batch is not None:
             self._continue_overflow(batch)
         if now >= deadline:
@@ -434,16 +458,26 @@ class GradingPool:
                 f"busy workers: {[(w.pid, w.task_index) for w in self._workers if w.state == 'busy']}"
             )
 
-    def _time_out(self, worker: _Worker, batch: _Batch, now: float) -> None:
-        """Record the task as timed out, SIGKILL and reap exactly its worker (replaced if it held a slot)."""
-        batch.outcomes[worker.task_index] = GradeOutcome("timeout", None, now - worker.since, worker.role == "overflow")
-        log.info(
-            "grading task %d timed out after %.1fs; killed worker pid %d",
-            worker.task_index,
-            now - worker.since,
-            worker.pid,
-        )
-        self._retire(worker)
+    def _time_out(self, workers: list[_Worker], batch: _Batch, now: float) -> None:
+        """Record each task as timed out, then SIGKILL and reap exactly their workers, all at once
+        (the held-back slow tasks of a batch share one deadline: reaping them one by one adds up)."""
+        for worker in workers:
+            elapsed = now - worker.since
+            batch.outcomes[worker.task_index] = GradeOutcome("timeout", None, elapsed, worker.role == "overflow")
+            log.info(
+                "grading task %d timed out after %.1fs; killed worker pid %d", worker.task_index, elapsed, worker.pid
+            )
+        self._retire(*workers)
+
+    def _past_soft_deadline(self, worker: _Worker, now: float) -> bool:
+        """Has its task used the soft deadline in CPU time (or held its slot WAIT_FACTOR times that)?
+        If not, when to look again: no sooner than it could have."""
+        used = _usage(worker.pid)[1] - worker.cpu_base
+        if used >= self.soft_timeout_s or now >= worker.since + WAIT_FACTOR * self.soft_timeout_s:
+            return True
+        next_check = now + max(self.soft_timeout_s - used, _CPU_TICK_S)
+        worker.soft_check_at = min(next_check, worker.since + WAIT_FACTOR * self.soft_timeout_s)
+        return False
 
     def _overflowing(self) -> int:
         return sum(worker.role == "overflow" for worker in self._workers)
@@ -477,16 +511,26 @@ class GradingPool:
     @staticmethod
     def _signal(worker: _Worker, signum: int) -> None:
         try:
-            os.kill(worker.pid, signum)  # our child, not yet reaped (we reap only in _kill_and_reap)
+            os.kill(worker.pid, signum)  # our child, not yet reaped (we reap only in _reap)
         except ProcessLookupError:
             pass  # it exited on its own: its sentinel reports that on the next wait
 
-    def _retire(self, worker: _Worker) -> None:
-        """SIGKILL and reap a worker that is done with (or past) its task; an ordinary one is replaced."""
-        self._workers.remove(worker)
-        _kill_and_reap([worker], _REAP_TIMEOUT_S)
-        if worker.role == "ordinary":
-            self._spawn()
+    def _retire(self, *workers: _Worker) -> None:
+        """SIGKILL workers done with (or past) their tasks; an ordinary one is replaced. They are reaped
+        before grade() returns, all together: waiting for each here would hold up the deadlines of the
+        others (a dying worker with a large heap, on cores its busy neighbours keep, takes 0.1-0.3 s)."""
+        for worker in workers:
+            self._workers.remove(worker)
+        _kill(workers)
+        self._retired.extend(workers)
+        for worker in workers:
+            if worker.role == "ordinary":
+                self._spawn()
+
+    def _reap_retired(self, also: Sequence[_Worker] = ()) -> None:
+        """Reap the retired workers (and `also`, already killed) against one shared deadline."""
+        workers, self._retired = [*self._retired, *also], []
+        _reap(workers, _REAP_TIMEOUT_S)
 
     def _exited(self, worker: _Worker, batch: _Batch | None, what: str) -> None:
         """A worker exited on its own: past its task's CPU-time cap is that task's outcome; anything
@@ -513,7 +557,8 @@ class GradingPool:
         try:
             for worker in busy:
                 self._workers.remove(worker)
-            _kill_and_reap(busy, _REAP_TIMEOUT_S)
+            _kill(busy)
+            self._retired.extend(busy)
             for worker in busy:
                 if worker.role == "ordinary":
                     self._spawn()
@@ -532,20 +577,23 @@ class GradingPool:
         if self._state == "running":
             self._state = "broken"
         workers, self._workers = self._workers, []
-        _kill_and_reap(workers, _REAP_TIMEOUT_S)
+        _kill(workers)
+        self._reap_retired(workers)
 
 
-def _rss(pid: int) -> int:
-    """Resident bytes of a worker, from /proc (0 once it is gone)."""
+def _usage(pid: int) -> tuple[int, float]:
+    """A worker's resident bytes and CPU seconds (user + system), from /proc; (0, 0.0) once it is gone."""
     try:
-        with open(f"/proc/{pid}/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
     except (FileNotFoundError, ProcessLookupError):
-        return 0
+        return 0, 0.0
+    # fields[0] is the state (field 3 of proc(5)): utime, stime are fields 14, 15; rss (pages) field 24
+    return int(fields[21]) * _PAGE_SIZE, (int(fields[11]) + int(fields[12])) * _CPU_TICK_S
 
 
-def _kill_and_reap(workers: Sequence[_Worker], budget_s: float) -> None:
-    """SIGKILL each worker, then join each against one shared deadline; log any survivor."""
+def _kill(workers: Sequence[_Worker]) -> None:
+    """SIGKILL each worker that is not yet known to be gone, and close our end of its pipe."""
     for worker in workers:
         worker.conn.close()
         try:
@@ -553,6 +601,10 @@ def _kill_and_reap(workers: Sequence[_Worker], budget_s: float) -> None:
                 worker.process.kill()
         except (OSError, ValueError):
             pass
+
+
+def _reap(workers: Sequence[_Worker], budget_s: float) -> None:
+    """Join each killed worker against one shared deadline; log any survivor."""
     deadline = time.monotonic() + budget_s
     for worker in workers:
         try:

@@ -90,9 +90,9 @@ class MathVerifyScorer(Scorer):
         overflow: int | None = None,
         memory_cap_mb: int | None = 512,
     ) -> None:
-        """`soft_timeout_s` (default min(0.15 s, timeout_s / 2)): an item still grading then leaves its
-        slot for an overflow worker (at most `overflow`, default 4 x jobs; 0: never), so ordinary items
-        keep flowing. `memory_cap_mb`: what one item may map beyond a fresh worker (None: no cap)."""
+        """`soft_timeout_s` (default min(0.15 s, timeout_s / 2)): an item that has used that much CPU time
+        (or held its slot 4x as long) leaves its slot for an overflow worker (at most `overflow`, default
+        max(16, 4 x jobs); 0: never), so ordinary items keep flowing. `memory_cap_mb`: what one item may map beyond a fresh worker (None: no cap)."""
         super().__init__()
         self.jobs = len(os.sched_getaffinity(0)) if jobs is None else _check_int("jobs", jobs, 1)
         self.timeout_s = _resolve_timeout(timeout_s)

@@ -293,6 +293,38 @@ def test_a_slow_task_leaves_its_slot_and_its_clock_stops_while_ordinary_tasks_ru
 
 
 @pytest.mark.slow
+def test_the_soft_deadline_counts_cpu_time_so_a_busy_machine_moves_no_ordinary_task(make_pool):
+    """The worker shares one CPU with three spinning processes: a task of 0.05 s CPU takes about four times
+    that in wall time, past the 0.1 s soft deadline, yet keeps its slot; a task of 0.3 s CPU moves."""
+    pool = make_pool("spin", jobs=1, timeout_s=10.0, soft_timeout_s=0.1)
+    (worker,) = pool.worker_pids()
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    hog = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); print(flush=True)\nwhile True: pass"
+    hogs = [subprocess.Popen([sys.executable, "-c", hog, str(cpu)], stdout=subprocess.PIPE) for _ in range(3)]
+    try:
+        for process in hogs:
+            assert process.stdout is not None and process.stdout.readline() == b"\n"  # pinned, spinning
+        os.sched_setaffinity(worker, {cpu})
+        short, long_ = pool.grade([(0.05, "short"), (0.3, "long")])
+    finally:
+        for process in hogs:
+            process.kill()
+            process.wait(5)
+    assert short.status == "ok" and not short.overflowed and short.elapsed_s > 0.1  # starved, not slow
+    assert long_.status == "ok" and long_.overflowed
+
+
+@pytest.mark.slow
+def test_a_task_that_waits_moves_once_it_held_its_slot_for_wait_factor_soft_deadlines(make_pool):
+    from scorers.grading_pool import WAIT_FACTOR
+
+    pool = make_pool("sleep_for", jobs=1, timeout_s=10.0, soft_timeout_s=0.1)
+    brief, waits = pool.grade([(0.1 * WAIT_FACTOR / 2, "brief"), (30.0, "waits"), *[(0.0, n) for n in range(5)]])[:2]
+    assert brief.status == "ok" and not brief.overflowed  # waited past 0.1 s, under 0.4 s: kept its slot
+    assert waits.status == "timeout" and waits.overflowed
+
+
+@pytest.mark.slow
 def test_a_slow_task_is_killed_at_its_own_timeout_in_overflow(make_pool):
     pool = make_pool("sleep_for", jobs=2, timeout_s=1.0)
     pids = set(pool.worker_pids())
