@@ -459,8 +459,8 @@ class GradingPool:
             )
 
     def _time_out(self, workers: list[_Worker], batch: _Batch, now: float) -> None:
-        """Record each task as timed out, then SIGKILL and reap exactly their workers, all at once
-        (the held-back slow tasks of a batch share one deadline: reaping them one by one adds up)."""
+        """Record each task as timed out, then SIGKILL exactly their workers, together (the held-back
+        slow tasks of a batch share one deadline); they are reaped before grade() returns."""
         for worker in workers:
             elapsed = now - worker.since
             batch.outcomes[worker.task_index] = GradeOutcome("timeout", None, elapsed, worker.role == "overflow")
