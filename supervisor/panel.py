@@ -302,7 +302,8 @@ class RewardPanel(RewardBackend):
         """Optional terms whose backend could not score some items: those items get nothing from
         them (recorded by id), the others keep their values."""
         missing = [p for p in call.positions if request.items[p].id in error.failed]
-        scored = _Call(call.backend, call.terms, [p for p in call.positions if p not in set(missing)])
+        gone = set(missing)
+        scored = _Call(call.backend, call.terms, [p for p in call.positions if p not in gone])
         self._take(scored, error.partial, request, values, diagnostics, failures)
         for term in call.terms:
             ids = [request.items[p].id for p in missing if term.applies(request.items[p])]
