@@ -8,7 +8,8 @@ SIGKILLed worker; and (as in loky) the parent waits on result pipes *and*
 worker sentinels, so a worker that dies is noticed at once, not at a timeout.
 
 Workers fork from a forkserver that has already imported the heavy modules
-(`preload`), so starting or replacing one costs a fork, not an import.
+(`preload`), so starting or replacing one costs a fork, not an import; what the preload
+built is frozen (gc.freeze), so no worker's full collection walks it.
 
 A task that has used its soft deadline (well under its timeout) in CPU time stops holding
 one of the `jobs` ordinary slots. CPU time, so that a busy or shared machine, which slows
@@ -20,8 +21,8 @@ so ordinary grading keeps every core, and their clocks stop with them; once the 
 tasks are done they continue (SIGCONT) and finish or are killed when they have run for their
 timeout. A slow task thus gets its whole timeout of running time, never a starved share of
 it, and the batch costs its ordinary work plus about one timeout. An overflow worker is
-retired after its task; retired workers are killed at once and reaped together before
-grade() returns. Each worker's address space is capped (a task past `memory_cap_bytes` fails
+retired after its task; retired workers are killed at once, and reaped once gone: those still
+exiting when grade() returns (a large heap takes 0.1 s to free) by the next grade() or close(). Each worker's address space is capped (a task past `memory_cap_bytes` fails
 with MemoryError: outcome "memory", the worker exits) and each task's CPU time is capped by
 the kernel (RLIMIT_CPU, outcome "cpu"), a backstop to the timeout. A worker whose memory grew
 while grading is replaced, so the pool returns to its size after a hostile batch.
@@ -59,13 +60,16 @@ _REAP_TIMEOUT_S = 2.0
 _DEATH_STATUS_WAIT_S = 1.0
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _CPU_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-DEFAULT_SOFT_TIMEOUT_S = 0.15  # CPU time: a warm ordinary item takes milliseconds, the slowest about 0.1 s
+# CPU time: with the forkserver's heap frozen (no 60 ms full collections mid-item), an ordinary item
+# takes milliseconds, the slowest of 3,000 about 0.06 s
+DEFAULT_SOFT_TIMEOUT_S = 0.1
 # held tasks are stopped and cost only memory (each under the cap); a small pool keeps room for a few
 # ordinary items that pass the soft deadline beside its pathological ones
 MIN_OVERFLOW = 16
 WAIT_FACTOR = 4  # a task holding its slot this many soft deadlines moves whatever CPU time it used
 DEFAULT_MEMORY_CAP_BYTES = 512 * 2**20  # beyond what a freshly forked worker maps
 RECYCLE_GROWTH_BYTES = 64 * 2**20  # a worker this much above its start RSS is replaced after its task
+_FREEZE_MODULE = "scorers.forkserver_gc"  # preloaded last: workers never collect the preloaded heap
 
 
 class GradingPoolError(RuntimeError):
@@ -182,7 +186,7 @@ class GradingPool:
         overflow: int | None = None,
         memory_cap_bytes: int | None = DEFAULT_MEMORY_CAP_BYTES,
     ) -> None:
-        """`soft_timeout_s`: None = min(0.15 s, timeout_s / 2). `overflow`: the most tasks moved out of
+        """`soft_timeout_s`: None = min(0.1 s, timeout_s / 2). `overflow`: the most tasks moved out of
         the ordinary slots at once; None = max(16, 4 x jobs), 0 = never move one. `memory_cap_bytes`: None = no cap."""
         if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
             raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
@@ -213,7 +217,7 @@ class GradingPool:
         self._state = "new"  # new | running | broken | closed
         self._broken: GradingPoolError | None = None
         self._holds_helpers = False
-        self._retired: list[_Worker] = []  # killed, to be reaped before grade() returns
+        self._retired: list[_Worker] = []  # killed; reaped when gone, at the latest by the next grade() or close()
 
     # ---------------------------------------------------------------- public
 
@@ -224,7 +228,7 @@ class GradingPool:
         self._state = "running"
         acquire_helpers()
         self._holds_helpers = True
-        modules = [*self.preload, self.grade_fn.partition(":")[0]]
+        modules = [*self.preload, self.grade_fn.partition(":")[0], _FREEZE_MODULE]
         # Only effective if this process's forkserver is not running yet (process-global).
         self._ctx.set_forkserver_preload(list(dict.fromkeys(modules)))
         try:
@@ -248,6 +252,7 @@ class GradingPool:
                 raise TypeError(f"tasks[{index}] must be a tuple of args, got {type(task).__name__}")
         if not tasks:
             return []
+        self._reap_retired()  # the last batch's killed workers, gone by now: their pipes and sentinels close
         cap_s = self.batch_cap_s(len(tasks))
         batch = _Batch(tasks, time.monotonic() + cap_s, [None] * len(tasks), deque(range(len(tasks))))
         label = f"batch of {len(tasks)} tasks (hard cap {cap_s:.0f}s)"
@@ -262,7 +267,7 @@ class GradingPool:
             self._fail(exc)
             raise
         finally:
-            self._reap_retired()
+            self._reap_retired(wait=False)  # a killed worker with a large heap takes 0.1 s to exit: not ours to wait
         return list(batch.outcomes)  # type: ignore[arg-type]
 
     def batch_cap_s(self, n_tasks: int) -> float:
@@ -460,7 +465,7 @@ class GradingPool:
 
     def _time_out(self, workers: list[_Worker], batch: _Batch, now: float) -> None:
         """Record each task as timed out, then SIGKILL exactly their workers, together (the held-back
-        slow tasks of a batch share one deadline); they are reaped before grade() returns."""
+        slow tasks of a batch share one deadline); see _retire for when they are reaped."""
         for worker in workers:
             elapsed = now - worker.since
             batch.outcomes[worker.task_index] = GradeOutcome("timeout", None, elapsed, worker.role == "overflow")
@@ -517,8 +522,8 @@ class GradingPool:
 
     def _retire(self, *workers: _Worker) -> None:
         """SIGKILL workers done with (or past) their tasks; an ordinary one is replaced. They are reaped
-        before grade() returns, all together: waiting for each here would hold up the deadlines of the
-        others (a dying worker with a large heap, on cores its busy neighbours keep, takes 0.1-0.3 s)."""
+        later, together: waiting for each here would hold up the deadlines of the others (a dying worker
+        with a large heap, on cores its busy neighbours keep, takes 0.1-0.3 s to exit)."""
         for worker in workers:
             self._workers.remove(worker)
         _kill(workers)
@@ -527,10 +532,11 @@ class GradingPool:
             if worker.role == "ordinary":
                 self._spawn()
 
-    def _reap_retired(self, also: Sequence[_Worker] = ()) -> None:
-        """Reap the retired workers (and `also`, already killed) against one shared deadline."""
-        workers, self._retired = [*self._retired, *also], []
-        _reap(workers, _REAP_TIMEOUT_S)
+    def _reap_retired(self, also: Sequence[_Worker] = (), wait: bool = True) -> None:
+        """Reap the retired workers (and `also`, already killed) against one shared deadline; without
+        `wait`, only those already gone (the others stay retired, to be reaped later)."""
+        workers = [*self._retired, *also]
+        self._retired = _reap(workers, _REAP_TIMEOUT_S if wait else 0.0)
 
     def _exited(self, worker: _Worker, batch: _Batch | None, what: str) -> None:
         """A worker exited on its own: past its task's CPU-time cap is that task's outcome; anything
@@ -603,15 +609,20 @@ def _kill(workers: Sequence[_Worker]) -> None:
             pass
 
 
-def _reap(workers: Sequence[_Worker], budget_s: float) -> None:
-    """Join each killed worker against one shared deadline; log any survivor."""
+def _reap(workers: Sequence[_Worker], budget_s: float) -> list[_Worker]:
+    """Join each killed worker against one shared deadline; return those still running (logged
+    unless the budget was 0: a poll)."""
     deadline = time.monotonic() + budget_s
+    running = []
     for worker in workers:
         try:
             worker.process.join(max(0.0, deadline - time.monotonic()))
             if worker.process.exitcode is None:
-                log.warning("grading worker pid %d still alive %.1fs after SIGKILL; leaving it", worker.pid, budget_s)
+                running.append(worker)
+                if budget_s:
+                    log.warning("grading worker pid %d alive %.1fs after SIGKILL; leaving it", worker.pid, budget_s)
             else:
                 worker.process.close()
         except ValueError:  # already closed
             pass
+    return running

@@ -90,7 +90,7 @@ class MathVerifyScorer(Scorer):
         overflow: int | None = None,
         memory_cap_mb: int | None = 512,
     ) -> None:
-        """`soft_timeout_s` (default min(0.15 s, timeout_s / 2)): an item that has used that much CPU time
+        """`soft_timeout_s` (default min(0.1 s, timeout_s / 2)): an item that has used that much CPU time
         (or held its slot 4x as long) leaves its slot for an overflow worker (at most `overflow`, default
         max(16, 4 x jobs); 0: never), so ordinary items keep flowing. `memory_cap_mb`: what one item may map beyond a fresh worker (None: no cap)."""
         super().__init__()

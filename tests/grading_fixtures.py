@@ -58,6 +58,13 @@ def unpicklable_result() -> object:
     return lambda: None
 
 
+def frozen_objects() -> int:
+    """How many objects this worker's collector never walks (frozen in the forkserver)."""
+    import gc
+
+    return gc.get_freeze_count()
+
+
 def fail_if(value: object) -> object:
     """Echo `value`, but raise ValueError when it is "bad" (a worker that stays healthy)."""
     if value == "bad":
