@@ -21,10 +21,11 @@ so ordinary grading keeps every core, and their clocks stop with them; once the 
 tasks are done they continue (SIGCONT) and finish or are killed when they have run for their
 timeout. A slow task thus gets its whole timeout of running time, never a starved share of
 it, and the batch costs its ordinary work plus about one timeout. An overflow worker is
-retired after its task; retired workers are killed at once, and reaped once gone: those still
-exiting when grade() returns (a large heap takes 0.1 s to free) by the next grade() or close(). Each worker's address space is capped (a task past `memory_cap_bytes` fails
-with MemoryError: outcome "memory", the worker exits) and each task's CPU time is capped by
-the kernel (RLIMIT_CPU, outcome "cpu"), a backstop to the timeout. A worker whose memory grew
+retired after its task; retired workers are killed at once and reaped once gone (those still
+exiting when grade() returns, as a large heap takes 0.1 s to free, by the next grade() or
+close()). Each worker's address space is capped (a task past `memory_cap_bytes` fails with
+MemoryError: outcome "memory", the worker exits) and each task's CPU time is capped by the
+kernel (RLIMIT_CPU, outcome "cpu"), a backstop to the timeout. A worker whose memory grew
 while grading is replaced, so the pool returns to its size after a hostile batch.
 
 Liveness chain: the owner holds the forkserver's "alive" pipe; workers drop
