@@ -223,7 +223,12 @@ def test_pathological_neighbours_change_no_ordinary_verdict_and_memory_returns(m
     assert [got[f"p{k}"] for k in range(3)] == [0.0, 0.0, 0.0]
     values = response.diagnostics["math_verify"]["values"]
     assert values["overflowed"] >= 3 and values["timeouts"] + values["memory_exceeded"] == 3, values
-    assert child_tree_rss(backend.pid) < memory_before + 64 * 2**20  # the overflow workers are gone
+    # the overflow workers are killed before the response; those with large heaps may still be
+    # exiting when it arrives (the pool reaps them once gone), so their memory returns within moments
+    settle = time.monotonic() + 5.0
+    while child_tree_rss(backend.pid) >= memory_before + 64 * 2**20 and time.monotonic() < settle:
+        time.sleep(0.05)
+    assert child_tree_rss(backend.pid) < memory_before + 64 * 2**20
     assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
 
 
