@@ -15,12 +15,11 @@ the workers that saw it). Measured in one run, on warm workers, medians of inter
   through our pool, alternating which of the two slices is the hostile one;
 - a hostile batch once through the slot-per-item design.
 Targets: the hostile batch costs at most timeout_s + 1 s more than the clean one (the median
-of the rounds' differences), and the
-throughput on ordinary items drops by at most 5 % against the slot-per-item design (the median
-of the rounds' ratios). When the
-512 ordinary items of the hostile batch were all done, and how many ordinary items were moved
-to overflow, are printed too. Verdicts on the ordinary items must equal the clean batch's in
-every round; the pool's resident memory after a hostile batch is printed beside its memory
+of the rounds' differences), and the throughput on ordinary items drops by at most 5 % against
+the slot-per-item design (the median of the rounds' ratios). When the 512 ordinary items of
+the hostile batch were all done, and how many ordinary items were moved to overflow, are
+printed too. Verdicts on a hostile batch's ordinary items must equal the slot-per-item pool's
+on the same items in every round; the pool's resident memory after a hostile batch is printed beside its memory
 before (the highest of the rounds).
 """
 
