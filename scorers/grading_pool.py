@@ -9,7 +9,10 @@ worker sentinels, so a worker that dies is noticed at once, not at a timeout.
 
 Workers fork from a forkserver that has already imported the heavy modules
 (`preload`), so starting or replacing one costs a fork, not an import; what the preload
-built is frozen (gc.freeze), so no worker's full collection walks it.
+built is frozen (gc.freeze), so no worker's full collection walks it. With `warm_replay`,
+they fork instead from a template (a child of the forkserver) that replays some of each
+batch's ordinary tasks once the batch is done, so a worker started mid-batch (a spare, a
+replacement) has the grader's caches of a veteran (scorers/grading_template.py).
 
 A task that has used its soft deadline (well under its timeout) in CPU time stops holding
 one of the `jobs` ordinary slots. CPU time, so that a busy or shared machine, which slows
@@ -31,7 +34,7 @@ while grading is replaced, so the pool returns to its size after a hostile batch
 Liveness chain: the owner holds the forkserver's "alive" pipe; workers drop
 their inherited copy of it, so when the owner dies the forkserver sees EOF and
 exits, and every worker dies with it through PR_SET_PDEATHSIG -- even one stuck
-in C code.
+in C code (a template's workers die with the template, which dies with the forkserver).
 
 Not thread-safe: call `grade()` and `close()` from one thread.
 """
@@ -51,6 +54,7 @@ from multiprocessing import connection as mp_connection
 from typing import Any
 
 from child_runtime.exit_codes import describe
+from scorers.grading_template_owner import CloneProcess, GradingTemplate, TemplateError, pidfds_supported
 from scorers.grading_worker import ORPHANED_EXIT_CODE, worker_main
 from scorers.mp_helpers import acquire_helpers, forkserver_pid, release_helpers
 
@@ -58,6 +62,7 @@ log = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT_S = 60.0
 _REAP_TIMEOUT_S = 2.0
+_FORK_TIMEOUT_S = 10.0  # the template answers between two replayed tasks
 _DEATH_STATUS_WAIT_S = 1.0
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _CPU_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -186,9 +191,12 @@ class GradingPool:
         soft_timeout_s: float | None = None,
         overflow: int | None = None,
         memory_cap_bytes: int | None = DEFAULT_MEMORY_CAP_BYTES,
+        warm_replay: int = 0,
     ) -> None:
         """`soft_timeout_s`: None = min(0.1 s, timeout_s / 2). `overflow`: the most tasks moved out of
-        the ordinary slots at once; None = max(16, 4 x jobs), 0 = never move one. `memory_cap_bytes`: None = no cap."""
+        the ordinary slots at once; None = max(16, 4 x jobs), 0 = never move one. `memory_cap_bytes`: None = no cap.
+        `warm_replay`: workers fork from a template that replays up to this many of each batch's ordinary
+        tasks once the batch is done (grade_fn must be free of side effects); 0 = they fork from the forkserver."""
         if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
             raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
@@ -205,6 +213,8 @@ class GradingPool:
             raise ValueError(f"grade_fn must be 'module:function', got {grade_fn!r}")
         if isinstance(preload, str) or not all(isinstance(m, str) and m for m in preload):
             raise TypeError(f"preload must be a sequence of module names, got {preload!r}")
+        if not isinstance(warm_replay, int) or isinstance(warm_replay, bool) or warm_replay < 0:
+            raise ValueError(f"warm_replay must be an int >= 0, got {warm_replay!r}")
         self.jobs = jobs
         self.timeout_s = float(timeout_s)
         self.soft_timeout_s = float(soft_timeout_s)
@@ -212,6 +222,7 @@ class GradingPool:
         self.memory_cap_bytes = memory_cap_bytes
         self.grade_fn = grade_fn
         self.preload = tuple(preload)
+        self.warm_replay = warm_replay
         self._batch_slack_s = 60.0
         self._ctx = multiprocessing.get_context("forkserver")
         self._workers: list[_Worker] = []
@@ -219,6 +230,7 @@ class GradingPool:
         self._broken: GradingPoolError | None = None
         self._holds_helpers = False
         self._retired: list[_Worker] = []  # killed; reaped when gone, at the latest by the next grade() or close()
+        self._template: GradingTemplate | None = None
 
     # ---------------------------------------------------------------- public
 
@@ -233,11 +245,13 @@ class GradingPool:
         # Only effective if this process's forkserver is not running yet (process-global).
         self._ctx.set_forkserver_preload(list(dict.fromkeys(modules)))
         try:
+            deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+            if self.warm_replay:
+                self._start_template(deadline)
             for _ in range(self.jobs):
                 self._spawn()
             if self.overflow:
                 self._spawn("spare")
-            deadline = time.monotonic() + _STARTUP_TIMEOUT_S
             while any(w.state == "starting" for w in self._workers):
                 self._step(None, deadline, "worker startup")
         except BaseException as exc:
@@ -258,6 +272,9 @@ class GradingPool:
         batch = _Batch(tasks, time.monotonic() + cap_s, [None] * len(tasks), deque(range(len(tasks))))
         label = f"batch of {len(tasks)} tasks (hard cap {cap_s:.0f}s)"
         try:
+            if self._template is not None:  # what it did while we were idle, then: the cores are the batch's
+                self._from_template(mp_connection.wait([self._template.conn, self._template.process.sentinel], 0))
+                self._template.halt()
             while batch.pending or any(w.state == "busy" for w in self._workers):
                 self._dispatch(batch)
                 self._step(batch, batch.deadline, label)
@@ -269,7 +286,21 @@ class GradingPool:
             raise
         finally:
             self._reap_retired(wait=False)  # a killed worker with a large heap takes 0.1 s to exit: not ours to wait
+        if self._template is not None:
+            self._template.warm(self._replay_sample(batch))
         return list(batch.outcomes)  # type: ignore[arg-type]
+
+    def settle(self, timeout_s: float = 30.0) -> bool:
+        """Wait (bounded) until the template has replayed the last batch; True if it has (or there is none).
+        A trainer never needs this (the replay runs while it generates); a benchmark does, to time batches
+        on an otherwise idle machine."""
+        self._check_usable()
+        if self._template is None:
+            return True
+        try:
+            return self._template.settle(time.monotonic() + timeout_s) and self._template.state != "gone"
+        except TemplateError as exc:
+            raise self._template_failed(str(exc)) from exc
 
     def batch_cap_s(self, n_tasks: int) -> float:
         """Hard cap on one grade() call: every round of tasks may take 3x its timeout."""
@@ -287,6 +318,10 @@ class GradingPool:
     def spare_pids(self) -> list[int]:
         return [w.pid for w in self._workers if w.role == "spare"]
 
+    def template_pid(self) -> int | None:
+        """The process workers fork from when `warm_replay` is on (None: they fork from the forkserver)."""
+        return None if self._template is None else self._template.pid
+
     def close(self) -> None:
         """SIGKILL and reap every worker; the last pool also stops the helpers. Bounded, idempotent."""
         if self._state == "closed":
@@ -295,6 +330,7 @@ class GradingPool:
         workers, self._workers = self._workers, []
         _kill(workers)
         self._reap_retired(workers)
+        self._close_template()
         if self._holds_helpers:
             self._holds_helpers = False
             release_helpers(_REAP_TIMEOUT_S)
@@ -321,7 +357,20 @@ class GradingPool:
         raise GradingPoolError("grading pool is not started" if self._state == "new" else "grading pool is closed")
 
     def _spawn(self, role: str = "ordinary") -> _Worker:
-        """Start one worker with its own duplex pipe; the owner keeps one end only."""
+        """Start one worker with its own duplex pipe (forked by the template if there is one, else by the
+        forkserver); the owner keeps one end only."""
+        if self._template is not None:
+            try:
+                process, parent_conn = self._template.fork(time.monotonic() + _FORK_TIMEOUT_S)
+            except TemplateError as exc:
+                raise self._template_failed(str(exc)) from exc
+        else:
+            process, parent_conn = self._fork_from_forkserver()
+        worker = _Worker(process, parent_conn, process.pid, since=time.monotonic(), role=role)
+        self._workers.append(worker)
+        return worker
+
+    def _fork_from_forkserver(self) -> tuple[Any, Any]:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
             target=worker_main,
@@ -338,9 +387,61 @@ class GradingPool:
             child_conn.close()  # else a dead worker's pipe would never read EOF
         if process.pid is None:  # start() returned, so it has one; the type does not say so
             raise GradingPoolError("grading worker started without a pid")
-        worker = _Worker(process, parent_conn, process.pid, since=time.monotonic(), role=role)
-        self._workers.append(worker)
-        return worker
+        return process, parent_conn
+
+    def _start_template(self, deadline: float) -> None:
+        """Start the template the workers fork from and wait (bounded) until it has loaded grade_fn."""
+        if not pidfds_supported():
+            log.warning("grading pool: this kernel has no pidfd_open (Linux < 5.3); workers fork from the forkserver")
+            return
+        template = GradingTemplate(
+            self._ctx, self.grade_fn, forkserver_pid(), self.memory_cap_bytes, self.timeout_s + 1.0
+        )
+        self._template = template
+        while template.state == "starting":
+            ready = mp_connection.wait(
+                [template.conn, template.process.sentinel], max(0.0, deadline - time.monotonic())
+            )
+            if not ready:
+                raise self._template_failed(f"not ready after {_STARTUP_TIMEOUT_S:.0f}s")
+            self._from_template(ready)
+
+    def _from_template(self, ready: list[Any]) -> None:
+        """Act on the template's messages and on its death, if they are among `ready`."""
+        template = self._template
+        if template is None:
+            return
+        try:
+            if template.conn in ready:
+                template.receive()
+        except TemplateError as exc:
+            raise self._template_failed(str(exc)) from exc
+        if template.process.sentinel in ready or template.state == "gone":
+            raise self._template_failed("exited unexpectedly (its workers die with it)")
+
+    def _template_failed(self, what: str) -> GradingPoolError:
+        template = self._template
+        assert template is not None
+        if template.state == "gone" or not template.process.is_alive():
+            template.process.join(_DEATH_STATUS_WAIT_S)  # it is exiting: its status is moments away
+        return GradingPoolError(
+            f"grading template pid {template.pid} {what}: {describe_exitcode(template.process.exitcode)}"
+        )
+
+    def _close_template(self) -> None:
+        template, self._template = self._template, None
+        if template is not None:
+            template.close(_REAP_TIMEOUT_S)
+
+    def _replay_sample(self, batch: _Batch) -> list[tuple]:
+        """Up to `warm_replay` of the batch's tasks that graded fast in an ordinary slot, spread through it."""
+        fast = [
+            batch.tasks[i]
+            for i, outcome in enumerate(batch.outcomes)
+            if outcome is not None and outcome.status == "ok" and not outcome.overflowed
+        ]
+        step = max(1, len(fast) // self.warm_replay) if self.warm_replay else 0
+        return fast[::step][: self.warm_replay] if step else []
 
     def _dispatch(self, batch: _Batch) -> None:
         """Hand pending tasks to idle workers, one each."""
@@ -371,8 +472,13 @@ class GradingPool:
         for worker in self._workers:
             owners[worker.conn] = worker
             owners[worker.process.sentinel] = worker
+        watched: list[Any] = list(owners)
+        if self._template is not None:
+            watched += [self._template.conn, self._template.process.sentinel]
         timeout = max(0.0, self._nearest_deadline(deadline) - time.monotonic())
-        ready = mp_connection.wait(list(owners), timeout)
+        ready = mp_connection.wait(watched, timeout)
+        self._from_template(ready)  # first: a worker's exit status may be among its reports
+        ready = [obj for obj in ready if obj in owners]
         for obj in ready:  # replies first: a result that made it counts
             if obj is owners[obj].conn:
                 self._receive(owners[obj], batch)
@@ -516,6 +622,9 @@ class GradingPool:
 
     @staticmethod
     def _signal(worker: _Worker, signum: int) -> None:
+        if isinstance(worker.process, CloneProcess):
+            worker.process.send_signal(signum)  # through its pidfd
+            return
         try:
             os.kill(worker.pid, signum)  # our child, not yet reaped (we reap only in _reap)
         except ProcessLookupError:
@@ -586,6 +695,7 @@ class GradingPool:
         workers, self._workers = self._workers, []
         _kill(workers)
         self._reap_retired(workers)
+        self._close_template()
 
 
 def _usage(pid: int) -> tuple[int, float]:
@@ -618,7 +728,7 @@ def _reap(workers: Sequence[_Worker], budget_s: float) -> list[_Worker]:
     for worker in workers:
         try:
             worker.process.join(max(0.0, deadline - time.monotonic()))
-            if worker.process.exitcode is None:
+            if worker.process.is_alive():
                 running.append(worker)
                 if budget_s:
                     log.warning("grading worker pid %d alive %.1fs after SIGKILL; leaving it", worker.pid, budget_s)

@@ -89,7 +89,7 @@ def _cap_memory(memory_cap_bytes: int | None) -> int | None:
     return limit
 
 
-def _cap_cpu(cpu_limit_s: float | None) -> None:
+def cap_cpu(cpu_limit_s: float | None) -> None:
     """The kernel's backstop to the owner's wall-clock timeout: SIGXCPU once this task has used
     `cpu_limit_s` CPU seconds (the soft limit only: an unprivileged process cannot raise a hard one)."""
     if cpu_limit_s is None:
@@ -101,6 +101,25 @@ def _cap_cpu(cpu_limit_s: float | None) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
 
+def enter_worker(expected_ppid: int) -> None:
+    """What every grading process does first: die with its parent (armed, then checked: the parent
+    may have died before prctl took effect), leave ^C to the owner, drop the forkserver's pipe."""
+    set_parent_death_signal(signal.SIGKILL)
+    if expected_ppid and os.getppid() != expected_ppid:
+        os._exit(ORPHANED_EXIT_CODE)  # the signal will never come
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C is the owner's to handle; it kills us
+    _drop_forkserver_alive_fd()
+
+
+def load_grader(conn: Any, grade_fn: str, memory_cap_bytes: int | None) -> tuple[Callable[..., Any], int | None] | None:
+    """Resolve grade_fn and cap memory; on failure tell the owner ("fatal") and return None."""
+    try:
+        return _resolve(grade_fn), _cap_memory(memory_cap_bytes)
+    except Exception as exc:  # noqa: BLE001 - sent to the owner, which raises
+        conn.send(("fatal", _format_exception(exc)))
+        return None
+
+
 def worker_main(
     conn: Any,
     grade_fn: str,
@@ -109,27 +128,19 @@ def worker_main(
     cpu_limit_s: float | None = None,
 ) -> None:
     """Worker entry point: arm the death signal, cap memory, announce readiness, serve tasks."""
-    set_parent_death_signal(signal.SIGKILL)
-    if expected_ppid and os.getppid() != expected_ppid:
-        # The forkserver died before prctl took effect: the signal will never come.
-        os._exit(ORPHANED_EXIT_CODE)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C is the owner's to handle; it kills us
-    _drop_forkserver_alive_fd()
-    try:
-        fn = _resolve(grade_fn)
-        limit = _cap_memory(memory_cap_bytes)
-    except Exception as exc:  # noqa: BLE001 - sent to the owner, which raises
-        conn.send(("fatal", _format_exception(exc)))
+    enter_worker(expected_ppid)
+    loaded = load_grader(conn, grade_fn, memory_cap_bytes)
+    if loaded is None:
         return
     conn.send(("ready", os.getpid()))
-    _serve(conn, fn, cpu_limit_s, limit)
+    serve(conn, loaded[0], cpu_limit_s, loaded[1])
 
 
 # within this of the cap, the task's allocations were (nearly) refused even if it caught the MemoryError
 _NEAR_CAP_BYTES = 32 * 2**20
 
 
-def _serve(conn: Any, fn: Callable[..., Any], cpu_limit_s: float | None, limit: int | None) -> None:
+def serve(conn: Any, fn: Callable[..., Any], cpu_limit_s: float | None, limit: int | None) -> None:
     """One task at a time until the owner closes the pipe (EOF -> quiet exit). A task that ran out
     of memory (a MemoryError, or an address space that reached the cap) is reported and the worker
     exits: its heap is not worth keeping."""
@@ -140,7 +151,7 @@ def _serve(conn: Any, fn: Callable[..., Any], cpu_limit_s: float | None, limit: 
             return
         reply: tuple[Any, ...]
         try:
-            _cap_cpu(cpu_limit_s)
+            cap_cpu(cpu_limit_s)
             reply = ("ok", fn(*task))
             if limit is not None and _peak_address_space() >= limit - _NEAR_CAP_BYTES:
                 raise MemoryError(f"the task's address space reached the cap ({limit} bytes)")

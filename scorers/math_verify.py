@@ -2,10 +2,11 @@
 
 Grading runs in a GradingPool (forkserver workers that preload math_verify),
 because sympy can hang on pathological input (`\\boxed{9^{9^{9^{9}}}}`): an item
-past a soft deadline moves out of its slot to a niced overflow worker, a per-item
+past a soft deadline moves out of its slot to a held-back overflow worker, a per-item
 timeout SIGKILLs it there, and a memory cap stops one that allocates gigabytes; such
 an item scores 0.0, counted in diagnostics (`on_timeout="raise"` fails the batch
-instead). Worker, IPC and batch-cap failures raise; the next call
+instead). The worker that takes the freed slot forks from a template that replays some
+of each call's items while the trainer generates, so it starts with warm caches. Worker, IPC and batch-cap failures raise; the next call
 then gets a fresh pool. An unparsable gold answer is a ScoreInputError.
 Nothing here imports math_verify in the owner process.
 """
@@ -26,6 +27,7 @@ TIMEOUT_ENV = "MATH_VERIFY_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 10.0
 GRADE_FN = "scorers.math_verify_grade:grade"
 WARM_MODULE = "scorers.math_verify_warm"  # preloaded: workers fork from a warmed-up forkserver
+DEFAULT_WARM_REPLAY = 64  # about 0.8 s of one core per call, while the trainer generates
 # outcomes of an item that passed a bound (scored 0 unless on_timeout="raise") -> their diagnostic
 BOUNDS = {"timeout": "timeouts", "memory": "memory_exceeded", "cpu": "cpu_exceeded"}
 
@@ -73,7 +75,7 @@ class MathVerifyScorer(Scorer):
         env="math",
         report_packages=("math-verify", "antlr4-python3-runtime", "sympy"),
         diagnostics=("timeouts", "memory_exceeded", "cpu_exceeded", "overflowed"),
-        nonsemantic_params=("jobs", "soft_timeout_s", "overflow"),
+        nonsemantic_params=("jobs", "soft_timeout_s", "overflow", "warm_replay"),
         requires_modules=("math_verify", "sympy"),
     )
 
@@ -89,15 +91,19 @@ class MathVerifyScorer(Scorer):
         soft_timeout_s: float | None = None,
         overflow: int | None = None,
         memory_cap_mb: int | None = 512,
+        warm_replay: int = DEFAULT_WARM_REPLAY,
     ) -> None:
         """`soft_timeout_s` (default min(0.1 s, timeout_s / 2)): an item that has used that much CPU time
         (or held its slot 4x as long) leaves its slot for an overflow worker (at most `overflow`, default
-        max(16, 4 x jobs); 0: never), so ordinary items keep flowing. `memory_cap_mb`: what one item may map beyond a fresh worker (None: no cap)."""
+        max(16, 4 x jobs); 0: never), so ordinary items keep flowing. `memory_cap_mb`: what one item may map beyond a fresh worker (None: no cap).
+        `warm_replay`: workers fork from a template that replays this many of each call's items while the
+        pool is idle, so a worker started mid-batch grades as fast as a veteran (0: they fork cold)."""
         super().__init__()
         self.jobs = len(os.sched_getaffinity(0)) if jobs is None else _check_int("jobs", jobs, 1)
         self.timeout_s = _resolve_timeout(timeout_s)
         # checked here, not at load(): a bad soft deadline or bound is the config's fault
         self.soft_timeout_s, self.overflow = overflow_options(self.jobs, self.timeout_s, soft_timeout_s, overflow)
+        self.warm_replay = _check_int("warm_replay", warm_replay, 0)
         self.memory_cap_mb = None if memory_cap_mb is None else _check_int("memory_cap_mb", memory_cap_mb, 16)
         self.float_rounding = _check_int("float_rounding", float_rounding, 0)
         self.numeric_precision = _check_int("numeric_precision", numeric_precision, 1)
@@ -126,6 +132,7 @@ class MathVerifyScorer(Scorer):
             soft_timeout_s=self.soft_timeout_s,
             overflow=self.overflow,
             memory_cap_bytes=None if self.memory_cap_mb is None else self.memory_cap_mb * 2**20,
+            warm_replay=self.warm_replay,
         )
         try:
             pool.start()

@@ -153,3 +153,13 @@ def cpu_limit_signal() -> None:
     """As the kernel does when a task passes RLIMIT_CPU."""
     os.kill(os.getpid(), signal.SIGXCPU)
     time.sleep(5)
+
+
+_SEEN: set = set()
+
+
+def remember(value: object) -> bool:
+    """Whether this process, or the one it was forked from, graded `value` before (a grader's cache)."""
+    seen = value in _SEEN
+    _SEEN.add(value)
+    return seen

@@ -21,6 +21,8 @@ from tests.grading_fixtures import multiprocessing_helpers, wait_gone
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = "tests.grading_fixtures"
 SLACK_S = 1.5  # a noisy 2-core box: kill + reap + replacement on top of the timeout
+# workers fork from the forkserver (warm_replay=0) or from the pool's template (as the math scorer's do)
+FORKED_FROM = pytest.mark.parametrize("replay", [0, 4], ids=["forkserver", "template"])
 
 
 @pytest.fixture
@@ -156,8 +158,9 @@ def test_worker_stuck_in_c_code_is_killed(make_pool):
     assert pool.worker_pids() != [old_pid] and len(pool.worker_pids()) == 1
 
 
-def test_worker_exit_raises_and_breaks_the_pool(make_pool):
-    pool = make_pool("crash_if", jobs=2)
+@FORKED_FROM
+def test_worker_exit_raises_and_breaks_the_pool(make_pool, replay):
+    pool = make_pool("crash_if", jobs=2, warm_replay=replay)
     pids = pool.worker_pids()
     with pytest.raises(GradingPoolError) as caught:
         pool.grade([("a",), ("crash",), ("b",)])
@@ -175,8 +178,9 @@ def test_worker_exit_raises_and_breaks_the_pool(make_pool):
     assert pool.worker_pids() == []  # refused from its record: no worker was started to find out
 
 
-def test_worker_killed_by_signal_names_the_signal(make_pool):
-    pool = make_pool("kill_self", jobs=1)
+@FORKED_FROM
+def test_worker_killed_by_signal_names_the_signal(make_pool, replay):
+    pool = make_pool("kill_self", jobs=1, warm_replay=replay)
     (pid,) = pool.worker_pids()
     with pytest.raises(GradingPoolError, match=rf"pid {pid}.*task 0.*SIGKILL"):
         pool.grade([()])
@@ -201,12 +205,13 @@ def test_unpicklable_result_is_a_task_error(make_pool):
         pool.grade([()])
 
 
-def test_close_leaves_no_worker_alive_and_is_idempotent(make_pool):
-    pool = make_pool("square", jobs=2)
+@FORKED_FROM
+def test_close_leaves_no_worker_alive_and_is_idempotent(make_pool, replay):
+    pool = make_pool("square", jobs=2, warm_replay=replay)
     pool.grade([(1,), (2,)])
-    pids = pool.worker_pids()
+    pids = pool.worker_pids() + pool.spare_pids() + ([pool.template_pid()] if replay else [])
     helpers = [p.pid for p in multiprocessing_helpers()]
-    assert len(pids) == 2 and all(psutil.pid_exists(pid) for pid in pids)
+    assert len(pids) == 3 + bool(replay) and all(psutil.pid_exists(pid) for pid in pids)
     assert len(helpers) == 2  # forkserver + resource tracker, launched for this pool
     started = time.monotonic()
     pool.close()
@@ -238,7 +243,7 @@ OWNER_SCRIPT = textwrap.dedent(
     from scorers.grading_pool import GradingPool
 
     def main():
-        pool = GradingPool(2, 300.0, "tests.grading_fixtures:touch_then_sleep")
+        pool = GradingPool(2, 300.0, "tests.grading_fixtures:touch_then_sleep", warm_replay=int(sys.argv[2]))
         pool.start()
         # the first tasks pass the soft deadline: their workers are held back (stopped) in overflow
         pool.grade([(sys.argv[1] + ".a", 300.0), (sys.argv[1] + ".b", 300.0), (sys.argv[1], 300.0)])
@@ -250,11 +255,12 @@ OWNER_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_sigkill_of_the_owner_takes_forkserver_and_workers_down(tmp_path):
+@FORKED_FROM
+def test_sigkill_of_the_owner_takes_forkserver_and_workers_down(tmp_path, replay):
     script, marker = tmp_path / "owner.py", tmp_path / "started"
     script.write_text(OWNER_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    owner = subprocess.Popen([sys.executable, str(script), str(marker)], cwd=REPO, env=env)
+    owner = subprocess.Popen([sys.executable, str(script), str(marker), str(replay)], cwd=REPO, env=env)
     family: list[int] = []
     try:
         deadline = time.monotonic() + 60.0
@@ -265,7 +271,8 @@ def test_sigkill_of_the_owner_takes_forkserver_and_workers_down(tmp_path):
         family = [p.pid for p in psutil.Process(owner.pid).children(recursive=True)]
         held = [int(Path(f"{marker}.{x}").read_text()) for x in "ab"]
         assert {psutil.Process(pid).status() for pid in held} == {psutil.STATUS_STOPPED}
-        assert busy_pid in family and set(held) <= set(family) and len(family) >= 6  # + 2 replacements
+        # the helpers, the template if any, the 3 workers holding tasks and at least one more
+        assert busy_pid in family and set(held) <= set(family) and len(family) >= 6 + bool(replay)
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait(10)
@@ -361,8 +368,9 @@ def test_overflow_zero_never_moves_a_task_and_bad_options_are_refused(make_pool)
             GradingPool(1, 0.6, f"{FIXTURES}:square", **options)
 
 
-def test_a_memory_bomb_is_its_own_outcome_and_the_pool_keeps_serving(make_pool):
-    pool = make_pool("allocate", jobs=1, memory_cap_bytes=256 * 2**20)
+@FORKED_FROM
+def test_a_memory_bomb_is_its_own_outcome_and_the_pool_keeps_serving(make_pool, replay):
+    pool = make_pool("allocate", jobs=1, memory_cap_bytes=256 * 2**20, warm_replay=replay)
     (before,) = pool.worker_pids()
     bomb, small = pool.grade([(4096,), (16,)])
     assert bomb.status == "memory" and bomb.value is None
@@ -378,14 +386,15 @@ def test_a_memory_error_the_grader_caught_is_still_seen(make_pool):
     assert (bomb.status, small.status, small.value) == ("memory", "ok", 1.0)
 
 
-def test_the_cpu_time_cap_is_its_own_outcome(make_pool):
-    pool = make_pool("cpu_limit_signal", jobs=1)
+@FORKED_FROM
+def test_the_cpu_time_cap_is_its_own_outcome(make_pool, replay):
+    pool = make_pool("cpu_limit_signal", jobs=1, warm_replay=replay)
     (outcome,) = pool.grade([()])
     assert outcome.status == "cpu" and len(pool.worker_pids()) == 1
 
 
 def test_the_cpu_time_cap_is_set_by_the_kernel_per_task():
-    script = "import time\nfrom scorers.grading_worker import _cap_cpu\n_cap_cpu(0.5)\nwhile True:\n    pass\n"
+    script = "import time\nfrom scorers.grading_worker import cap_cpu\ncap_cpu(0.5)\nwhile True:\n    pass\n"
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=30)
     assert done.returncode == -signal.SIGXCPU
 
@@ -401,10 +410,77 @@ def test_a_worker_that_grew_is_replaced_so_memory_returns(make_pool):
     assert rss_after < rss_before + 64 * 2**20, (rss_before, rss_after)
 
 
-def test_a_spare_takes_the_slot_of_a_task_moved_to_overflow(make_pool):
-    pool = make_pool("sleep_for", jobs=1, timeout_s=1.0)
+@FORKED_FROM
+def test_a_spare_takes_the_slot_of_a_task_moved_to_overflow(make_pool, replay):
+    pool = make_pool("sleep_for", jobs=1, timeout_s=1.0, warm_replay=replay)
     (spare,) = pool.spare_pids()
     outcomes = pool.grade([(30.0, "stuck"), (0.0, "next")])
     assert [o.status for o in outcomes] == ["timeout", "ok"]
     assert pool.worker_pids() == [spare] and len(pool.spare_pids()) == 1 and pool.spare_pids() != [spare]
     assert make_pool("square", jobs=1, overflow=0).spare_pids() == []  # nothing ever moves: no spare
+
+
+# -- the template: workers fork warm ------------------------------------------------------------
+def parent_of(pid: int) -> int:
+    return psutil.Process(pid).ppid()
+
+
+@pytest.mark.parametrize("replay", [0, 4])
+def test_a_worker_forked_after_a_batch_starts_with_what_the_template_replayed(make_pool, replay):
+    """A grader's caches (here: which values it has seen) reach a worker started after the batch, as
+    if it had graded the batch itself; without the template it starts empty."""
+    pool = make_pool("remember", jobs=1, warm_replay=replay)
+    if replay:
+        (forkserver,) = [p.pid for p in multiprocessing_helpers() if "forkserver" in " ".join(p.cmdline())]
+        assert parent_of(pool.template_pid()) == forkserver
+        assert {parent_of(pid) for pid in pool.worker_pids() + pool.spare_pids()} == {pool.template_pid()}
+    else:
+        assert pool.template_pid() is None
+    assert [o.value for o in pool.grade([(n,) for n in range(4)])] == [False] * 4
+    assert pool.settle(10.0)
+    (veteran,) = pool.worker_pids()
+    pool._retire(pool._workers[0])  # as after a memory bomb: the slot is refilled by a fresh fork
+    (fresh,) = pool.worker_pids()
+    assert fresh != veteran
+    assert [o.value for o in pool.grade([(n,) for n in range(4)])] == [bool(replay)] * 4
+
+
+def test_the_template_stops_replaying_when_a_batch_starts(make_pool):
+    """Replays use idle cores only: the next batch halts them after the task in hand."""
+    pool = make_pool("spin", jobs=1, warm_replay=40)
+    pool.grade([(0.05, n) for n in range(40)])  # the template now replays 40 x 0.05 s of CPU
+    template = psutil.Process(pool.template_pid())
+    time.sleep(0.2)
+    before = template.cpu_times()
+    pool.grade([(0.05, n) for n in range(20)])  # 1 s of CPU on the worker
+    after = template.cpu_times()
+    used = (after.user + after.system) - (before.user + before.system)
+    assert used < 0.3, f"the template kept replaying during the batch ({used:.2f} CPU-s)"
+    assert pool.settle(10.0)
+
+
+def test_the_template_dying_breaks_the_pool_with_its_name_and_leaves_nothing(make_pool):
+    pool = make_pool("square", jobs=2, warm_replay=4)
+    template, workers = pool.template_pid(), pool.worker_pids() + pool.spare_pids()
+    os.kill(template, signal.SIGKILL)
+    assert not wait_gone(workers, 5.0), "the template's workers outlived it"
+    with pytest.raises(GradingPoolError, match=rf"grading template pid {template} .*SIGKILL"):
+        pool.grade([(2,)])
+    with pytest.raises(GradingPoolError, match="template"):
+        pool.grade([(2,)])
+    pool.close()
+    assert not wait_gone([template, *workers], 5.0)
+
+
+def test_a_template_its_replays_grew_stops_replaying(make_pool):
+    """Every worker forked from the template starts as big as it is: replays stop once they grew it
+    by MAX_GROWTH_BYTES (a grader whose caches leak)."""
+    pool = make_pool("leak", jobs=1, warm_replay=4)
+    template = psutil.Process(pool.template_pid())
+    rss_before = template.memory_info().rss
+    pool.grade([(30,), (30,), (30,)])
+    assert pool.settle(10.0) and not pool._template.can_warm
+    grown = template.memory_info().rss - rss_before
+    assert 64 * 2**20 < grown < 100 * 2**20, grown
+    pool.grade([(30,)])
+    assert pool.settle(10.0) and template.memory_info().rss - rss_before < grown + 8 * 2**20  # nothing replayed

@@ -137,8 +137,12 @@ def test_killed_grading_worker_fails_one_call_then_the_pool_is_rebuilt(managed, 
     backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 10})
     backend.compute_rewards(RewardRequest(items=[PERCENT]))
     members = set(group_members(backend.pid))
-    workers = [pid for pid in members if pid != backend.pid and psutil.Process(pid).ppid() != backend.pid]
-    assert len(workers) == 3, f"expected 2 workers and a spare (children of the forkserver), got {workers}"
+    helpers = {pid for pid in members if psutil.Process(pid).ppid() == backend.pid}  # forkserver, tracker
+    workers = [pid for pid in members if pid != backend.pid and pid not in helpers]
+    templates = [pid for pid in workers if psutil.Process(pid).ppid() in helpers]  # the forkserver's child
+    workers = [pid for pid in workers if pid not in templates]
+    assert len(templates) == 1, f"expected one template (the forkserver's child), got {templates}"
+    assert len(workers) == 3, f"expected 2 workers and a spare (children of the template), got {workers}"
     os.kill(workers[0], signal.SIGKILL)
     with pytest.raises(ScorerRequestError) as info:
         backend.compute_rewards(RewardRequest(items=math_items()[:2]))

@@ -259,8 +259,9 @@ def test_200_timed_out_items_leave_no_zombie(managed, math_python):
     child = backend.pid
     before = _process_table(child)
     workers_before = {pid for pid in before["tree"] if psutil.Process(pid).ppid() != child and pid != child}
-    assert len(before["live_group"]) == 6 and len(workers_before) == 3, (
-        f"expected child, forkserver, tracker, 2 workers and a spare: {[_describe(p) for p in before['live_group']]}"
+    assert len(before["live_group"]) == 7 and len(workers_before) == 4, (
+        "expected child, forkserver, tracker, the template, 2 workers and a spare: "
+        f"{[_describe(p) for p in before['live_group']]}"
     )
 
     started = time.monotonic()
@@ -301,11 +302,13 @@ def test_200_timed_out_items_leave_no_zombie(managed, math_python):
     # parent is someone else's live process) belongs to whoever else uses this machine; it is
     # reported above, not failed on. Any other new zombie fails.
     assert new_ours == {}, f"new zombies of ours: {[_describe(p) for p in new_ours]}"
-    assert len(after["live_group"]) == len(before["live_group"]) == 6, (
+    assert len(after["live_group"]) == len(before["live_group"]) == 7, (
         f"group changed: {before['live_group']} -> {[_describe(p) for p in after['live_group']]}"
     )
-    assert len(workers_after) == 3 and not workers_after & workers_before, (
-        f"workers should all be replacements: {workers_before} -> {workers_after}"
+    helpers = {pid for pid in after["tree"] if psutil.Process(pid).ppid() == child}  # forkserver, tracker
+    templates = {pid for pid in workers_after if psutil.Process(pid).ppid() in helpers}  # the forkserver's child
+    assert len(workers_after) == 4 and workers_after & workers_before == templates and len(templates) == 1, (
+        f"workers should all be replacements, forked by the same template: {workers_before} -> {workers_after}"
     )
     assert set(after["live_group"]) == set(after["tree"]), "group and descendant tree disagree"
 
