@@ -10,8 +10,9 @@ pool's recent ordinary tasks (results thrown away), then freezes what that built
 A fork request carries the new worker's end of its pipe (SCM_RIGHTS). The template reaps its
 clones and reports each exit status, the only place a non-child's status can come from; a
 clone dies with the template (PR_SET_PDEATHSIG), as the template dies with the forkserver.
-A replayed task runs under the same memory and CPU-time caps as a graded one; one that passes
-a cap (it should not: only tasks that graded fast are replayed) ends the warming.
+A replayed task runs under the same memory and CPU-time caps as a graded one, and is dropped
+after `REPLAY_CPU_S` (only tasks that graded fast are replayed, but a task is not bound to be
+as fast twice); one that passes the memory cap ends the warming.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from child_runtime.lifeline import set_parent_death_signal
 from scorers.grading_worker import ORPHANED_EXIT_CODE, cap_cpu, enter_worker, load_grader, serve
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+REPLAY_CPU_S = 1.0  # a replay taking this much CPU time is dropped (SIGPROF): the template must stay free to fork
 # a template whose replays grew it this much stops replaying: every worker forked from it starts that much bigger
 MAX_GROWTH_BYTES = 64 * 2**20
 
@@ -45,6 +47,7 @@ def template_main(
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # the wake-up byte is what matters
+    signal.signal(signal.SIGPROF, _drop_replay)
     conn.send(("ready", os.getpid()))
     _Template(conn, grade_fn, memory_cap_bytes, cpu_limit_s, loaded[0], (wake_r, wake_w)).run()
 
@@ -102,14 +105,20 @@ class _Template:
             raise ValueError(f"grading template: unknown request {kind!r}")
 
     def _replay_one(self) -> None:
+        global _replaying
         task = self.replay.popleft()
         try:
             cap_cpu(self.cpu_limit_s)
+            _replaying = True
+            signal.setitimer(signal.ITIMER_PROF, REPLAY_CPU_S)
             self.fn(*task)
         except MemoryError:
             self.can_warm = False
-        except Exception:  # noqa: BLE001 - the pool graded this task already; a replay only warms caches
+        except (Exception, _ReplayTooSlow):  # noqa: BLE001 - the pool graded this task already; a replay only warms
             self.failed += 1
+        finally:
+            _replaying = False
+            signal.setitimer(signal.ITIMER_PROF, 0)
         self.replayed += 1
         if not self.replay:
             self._finish_warming()
@@ -140,6 +149,7 @@ class _Template:
         try:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGPROF, signal.SIG_DFL)  # interval timers are not inherited; the handler is
             for own in self.wake:
                 os.close(own)
             set_parent_death_signal(signal.SIGKILL)
@@ -154,6 +164,18 @@ class _Template:
                 code = 0
         finally:
             os._exit(code)
+
+
+class _ReplayTooSlow(BaseException):
+    """Raised in a replay past REPLAY_CPU_S; a BaseException, so a grader's `except Exception` cannot keep it running."""
+
+
+_replaying = False  # set only around a replay: a SIGPROF that lands after it is ignored
+
+
+def _drop_replay(signum: int, frame: Any) -> None:
+    if _replaying:
+        raise _ReplayTooSlow
 
 
 def _rss() -> int:

@@ -163,3 +163,12 @@ def remember(value: object) -> bool:
     seen = value in _SEEN
     _SEEN.add(value)
     return seen
+
+
+def fast_once(path: str) -> str:
+    """Fast the first time any process grades `path`, 3 s of CPU every time after (a replay that is slow)."""
+    try:
+        Path(path).touch(exist_ok=False)
+    except FileExistsError:
+        spin(3.0)
+    return path

@@ -484,3 +484,16 @@ def test_a_template_its_replays_grew_stops_replaying(make_pool):
     assert 64 * 2**20 < grown < 100 * 2**20, grown
     pool.grade([(30,)])
     assert pool.settle(10.0) and template.memory_info().rss - rss_before < grown + 8 * 2**20  # nothing replayed
+
+
+def test_a_replay_slower_than_its_task_was_is_dropped(make_pool, tmp_path):
+    """The template must stay free to fork: a replay past REPLAY_CPU_S is dropped, the template lives."""
+    pool = make_pool("fast_once", jobs=1, warm_replay=4)
+    template = psutil.Process(pool.template_pid())
+    paths = [str(tmp_path / str(n)) for n in range(2)]
+    assert [o.value for o in pool.grade([(p,) for p in paths])] == paths
+    started = time.monotonic()
+    assert pool.settle(10.0)
+    assert time.monotonic() - started < 2 * 1.0 + SLACK_S  # two replays, each dropped at 1 s of CPU
+    assert template.is_running() and pool._template.can_warm
+    assert [o.value for o in pool.grade([(paths[0] + "x",)])] == [paths[0] + "x"]
