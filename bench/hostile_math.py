@@ -11,7 +11,7 @@ completions twice; a repeated batch would be served partly from sympy's caches, 
 the workers that saw it). Measured in one run, on warm workers, medians of interleaved rounds:
 - ordinary throughput: a clean batch through our pool and the same batch through the
   slot-per-item design (`overflow: 0`: every slow item keeps its slot until its timeout, the
-  design before the soft deadline), 6 rounds, alternating who goes first;
+  design before the soft deadline), 8 rounds, alternating who goes first;
 - the cost of pathological items: 5 rounds of a clean batch and a hostile one (another 512
   ordinary items with the 8 pathological ones spread through them at fixed positions), both
   through our pool, alternating which of the two slices is the hostile one;
@@ -33,7 +33,7 @@ import statistics
 import time
 
 JOBS, TIMEOUT_S, ORDINARY = 2, 5.0, 512
-CLEAN_ROUNDS, HOSTILE_ROUNDS = 6, 5
+CLEAN_ROUNDS, HOSTILE_ROUNDS = 8, 5
 FIRST_ITEM = 10_000  # slices of the workload from here on: every number in them has 5 digits
 PATHOLOGICAL = (
     "\\boxed{9^{9^{9^{9}}}}",
