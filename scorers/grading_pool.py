@@ -54,6 +54,7 @@ from multiprocessing import connection as mp_connection
 from typing import Any
 
 from child_runtime.exit_codes import describe
+from scorers.grading_errors import GradingPoolError, GradingTaskError
 from scorers.grading_template_owner import CloneProcess, GradingTemplate, TemplateError, pidfds_supported
 from scorers.grading_worker import ORPHANED_EXIT_CODE, worker_main
 from scorers.mp_helpers import acquire_helpers, forkserver_pid, release_helpers
@@ -76,24 +77,6 @@ WAIT_FACTOR = 4  # a task holding its slot this many soft deadlines moves whatev
 DEFAULT_MEMORY_CAP_BYTES = 512 * 2**20  # beyond what a freshly forked worker maps
 RECYCLE_GROWTH_BYTES = 64 * 2**20  # a worker this much above its start RSS is replaced after its task
 _FREEZE_MODULE = "scorers.forkserver_gc"  # preloaded last: workers never collect the preloaded heap
-
-
-class GradingPoolError(RuntimeError):
-    """The pool cannot give a trustworthy outcome (worker death, IPC failure, batch cap)."""
-
-
-class GradingTaskError(GradingPoolError):
-    """`grade_fn` raised for one task; the batch is aborted but the pool stays usable.
-
-    Kept distinct so a caller can turn a bad input (e.g. an unparsable gold
-    answer) into a 4xx instead of tearing the pool down.
-    """
-
-    def __init__(self, message: str, *, task_index: int, remote_type: str, remote_text: str) -> None:
-        super().__init__(message)
-        self.task_index = task_index
-        self.remote_type = remote_type
-        self.remote_text = remote_text
 
 
 @dataclass(frozen=True)
@@ -300,7 +283,7 @@ class GradingPool:
         try:
             return self._template.settle(time.monotonic() + timeout_s) and self._template.state != "gone"
         except TemplateError as exc:
-            raise self._template_failed(str(exc)) from exc
+            raise self._template_failed(exc.what) from exc
 
     def batch_cap_s(self, n_tasks: int) -> float:
         """Hard cap on one grade() call: every round of tasks may take 3x its timeout."""
@@ -363,7 +346,7 @@ class GradingPool:
             try:
                 process, parent_conn = self._template.fork(time.monotonic() + _FORK_TIMEOUT_S)
             except TemplateError as exc:
-                raise self._template_failed(str(exc)) from exc
+                raise self._template_failed(exc.what) from exc
         else:
             process, parent_conn = self._fork_from_forkserver()
         worker = _Worker(process, parent_conn, process.pid, since=time.monotonic(), role=role)
@@ -415,7 +398,7 @@ class GradingPool:
             if template.conn in ready:
                 template.receive()
         except TemplateError as exc:
-            raise self._template_failed(str(exc)) from exc
+            raise self._template_failed(exc.what) from exc
         if template.process.sentinel in ready or template.state == "gone":
             raise self._template_failed("exited unexpectedly (its workers die with it)")
 

@@ -16,13 +16,18 @@ from multiprocessing import connection as mp_connection
 from multiprocessing import reduction
 from typing import Any
 
+from scorers.grading_errors import GradingPoolError
 from scorers.grading_template import template_main
 
 log = logging.getLogger(__name__)
 
 
-class TemplateError(RuntimeError):
-    """The template failed to start, to fork, or to keep to its protocol (the pool turns this into its own error)."""
+class TemplateError(GradingPoolError):
+    """The template failed to start, to fork, or to keep to its protocol; the pool adds its exit status."""
+
+    def __init__(self, pid: int, what: str) -> None:
+        super().__init__(f"grading template pid {pid} {what}")
+        self.what = what
 
 
 def pidfds_supported() -> bool:
@@ -91,9 +96,9 @@ class GradingTemplate:
             _, self.replayed, failed, self.rss, self.can_warm = message
             log.debug("grading template pid %d replayed %d tasks (%d raised)", self.pid, self.replayed, failed)
         elif kind == "fatal":
-            raise TemplateError(f"cannot load the grader: {message[1]}")
+            raise TemplateError(self.pid, f"cannot load the grader: {message[1]}")
         else:
-            raise TemplateError(f"sent {kind!r} while {self.state} (protocol error)")
+            raise TemplateError(self.pid, f"sent {kind!r} while {self.state} (protocol error)")
 
     def fork(self, deadline: float) -> tuple[CloneProcess, Any]:
         """A new worker and our end of its pipe; it announces itself ("ready") on that pipe."""
@@ -102,6 +107,9 @@ class GradingTemplate:
             try:
                 self.conn.send(("fork",))
                 reduction.send_handle(self.conn, child_conn.fileno(), self.pid)
+            except OSError as exc:
+                self.state = "gone"
+                raise TemplateError(self.pid, f"pipe broke while forking a worker ({type(exc).__name__})") from exc
             finally:
                 child_conn.close()
             pid = self._await_fork(deadline)
@@ -114,12 +122,12 @@ class GradingTemplate:
     def _await_fork(self, deadline: float) -> int:
         while True:
             if not mp_connection.wait([self.conn], max(0.0, deadline - time.monotonic())):
-                raise TemplateError("did not fork a worker in time")
+                raise TemplateError(self.pid, "did not fork a worker in time")
             try:
                 message = self.conn.recv()
             except (EOFError, OSError) as exc:
                 self.state = "gone"
-                raise TemplateError(f"pipe broke while forking a worker ({type(exc).__name__})") from exc
+                raise TemplateError(self.pid, f"pipe broke while forking a worker ({type(exc).__name__})") from exc
             if message[0] == "forked":
                 return message[1]
             self._apply(message)
@@ -190,7 +198,7 @@ class CloneProcess:
         try:
             self.sentinel = os.pidfd_open(pid)
         except ProcessLookupError as exc:  # it exited, and was reaped, before we could watch it
-            raise TemplateError(f"forked worker pid {pid} was gone before it could be watched") from exc
+            raise TemplateError(template.pid, f"forked worker pid {pid}, gone before it could be watched") from exc
 
     @property
     def exitcode(self) -> int | None:
