@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 _STARTUP_TIMEOUT_S = 60.0
 _REAP_TIMEOUT_S = 2.0
 _FORK_TIMEOUT_S = 10.0  # the template answers between two replayed tasks
-_DEATH_STATUS_WAIT_S = 1.0
+_DEATH_STATUS_WAIT_S = 2.0  # a template reports a worker's status between two replayed tasks (<= 1 s each)
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _CPU_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 # CPU time: with the forkserver's heap frozen (no 60 ms full collections mid-item), an ordinary item
@@ -228,18 +228,22 @@ class GradingPool:
         # Only effective if this process's forkserver is not running yet (process-global).
         self._ctx.set_forkserver_preload(list(dict.fromkeys(modules)))
         try:
-            deadline = time.monotonic() + _STARTUP_TIMEOUT_S
-            if self.warm_replay:
-                self._start_template(deadline)
-            for _ in range(self.jobs):
-                self._spawn()
-            if self.overflow:
-                self._spawn("spare")
-            while any(w.state == "starting" for w in self._workers):
-                self._step(None, deadline, "worker startup")
+            self._start_workers()
         except BaseException as exc:
             self._fail(exc)
             raise
+
+    def _start_workers(self) -> None:
+        """The template (with `warm_replay`), `jobs` workers and the spare, ready within the startup timeout."""
+        deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+        if self.warm_replay:
+            self._start_template(deadline)
+        for _ in range(self.jobs):
+            self._spawn()
+        if self.overflow:
+            self._spawn("spare")
+        while any(w.state == "starting" for w in self._workers):
+            self._step(None, deadline, "worker startup")
 
     def grade(self, tasks: Sequence[tuple]) -> list[GradeOutcome]:
         """Grade every task; "timeout" outcomes for tasks past timeout_s; raise on failure."""
@@ -255,9 +259,8 @@ class GradingPool:
         batch = _Batch(tasks, time.monotonic() + cap_s, [None] * len(tasks), deque(range(len(tasks))))
         label = f"batch of {len(tasks)} tasks (hard cap {cap_s:.0f}s)"
         try:
-            if self._template is not None:  # what it did while we were idle, then: the cores are the batch's
-                self._from_template(mp_connection.wait([self._template.conn, self._template.process.sentinel], 0))
-                self._template.halt()
+            if self._template is not None:
+                self._template_between_batches()
             while batch.pending or any(w.state == "busy" for w in self._workers):
                 self._dispatch(batch)
                 self._step(batch, batch.deadline, label)
@@ -410,6 +413,26 @@ class GradingPool:
         return GradingPoolError(
             f"grading template pid {template.pid} {what}: {describe_exitcode(template.process.exitcode)}"
         )
+
+    def _template_between_batches(self) -> None:
+        """Read what the template reported while we were idle; replace it if a replay left it tainted;
+        then halt its replay: the cores are the batch's."""
+        template = self._template
+        assert template is not None
+        try:
+            template.drain()
+        except TemplateError as exc:
+            raise self._template_failed(exc.what) from exc
+        if template.state == "gone" or not template.process.is_alive():
+            raise self._template_failed("exited unexpectedly (its workers die with it)")
+        if template.tainted:
+            workers, self._workers = self._workers, []  # all idle: forked from the tainted template
+            _kill(workers)
+            self._reap_retired(workers)
+            self._close_template()
+            self._start_workers()
+        else:
+            template.halt()
 
     def _close_template(self) -> None:
         template, self._template = self._template, None

@@ -7,18 +7,22 @@ is a worker that never takes a task: while the pool is idle it replays a sample 
 pool's recent ordinary tasks (results thrown away), then freezes what that built
 (gc.freeze), so every worker forked from it afterwards starts as warm as a veteran.
 
-A fork request carries the new worker's end of its pipe (SCM_RIGHTS). The template reaps its
-clones and reports each exit status, the only place a non-child's status can come from; a
-clone dies with the template (PR_SET_PDEATHSIG), as the template dies with the forkserver.
-A replayed task runs under the same memory and CPU-time caps as a graded one, and is dropped
-after `REPLAY_CPU_S` (only tasks that graded fast are replayed, but a task is not bound to be
-as fast twice); one that passes the memory cap ends the warming.
+A fork request carries the new worker's end of its pipe (SCM_RIGHTS); the answer carries a
+pidfd the template opened before it could reap the clone, so the owner never watches a reused
+pid. The template reaps its clones and reports each exit status, the only place a non-child's
+status can come from; a clone dies with the template (PR_SET_PDEATHSIG), as the template dies
+with the forkserver. Each warm request gets exactly one "warmed" answer (done, halted, or
+ignored). A replayed task runs under the memory cap and is dropped after `REPLAY_CPU_S` of CPU
+time (only tasks that graded fast are replayed, but a task is not bound to be as fast twice).
+A dropped replay, or one that ran out of memory, was stopped at an arbitrary point of the
+grader's code: the template reports itself tainted and the pool replaces it before the next batch.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import resource
 import signal
 from collections import deque
 from collections.abc import Callable
@@ -65,8 +69,10 @@ class _Template:
         self.conn, self.grade_fn, self.fn, self.wake = conn, grade_fn, fn, wake
         self.memory_cap_bytes, self.cpu_limit_s = memory_cap_bytes, cpu_limit_s
         self.replay: deque[tuple] = deque()
+        self.replaying = 0  # the warm request being served (its number), 0: none
         self.replayed = self.failed = 0
-        self.can_warm = True  # until a replayed task passes a cap, or the replays grew the template too much
+        self.can_warm = True  # until the replays grew the template too much, or tainted it
+        self.tainted = False
         self.start_rss = _rss()
 
     def run(self) -> None:
@@ -94,12 +100,20 @@ class _Template:
             if pid == 0:
                 self._become_worker(fd, template_pid)  # never returns
             os.close(fd)
-            self.conn.send(("forked", pid))
+            pidfd = os.pidfd_open(pid)  # before we could reap it: it is this child, whatever happens next
+            try:
+                self.conn.send(("forked", pid))
+                reduction.send_handle(self.conn, pidfd, 0)
+            finally:
+                os.close(pidfd)
         elif kind == "warm":
+            self.replaying = request[1]
             if self.can_warm:
-                self.replay.extend(request[1])
+                self.replay.extend(request[2])
+            if not self.replay:
+                self._finish_warming()
         elif kind == "halt":
-            if self.replay:
+            if self.replaying:
                 self._finish_warming()
         else:
             raise ValueError(f"grading template: unknown request {kind!r}")
@@ -107,31 +121,36 @@ class _Template:
     def _replay_one(self) -> None:
         global _replaying
         task = self.replay.popleft()
+        cpu_limits = resource.getrlimit(resource.RLIMIT_CPU)
         try:
-            cap_cpu(self.cpu_limit_s)
-            _replaying = True
-            signal.setitimer(signal.ITIMER_PROF, REPLAY_CPU_S)
-            self.fn(*task)
-        except MemoryError:
-            self.can_warm = False
-        except (Exception, _ReplayTooSlow):  # noqa: BLE001 - the pool graded this task already; a replay only warms
+            try:
+                cap_cpu(self.cpu_limit_s)  # the backstop, should the grader be stuck in C code
+                _replaying = True
+                signal.setitimer(signal.ITIMER_PROF, REPLAY_CPU_S, 0.1)  # again and again, should a grader swallow it
+                self.fn(*task)
+            finally:
+                _replaying = False  # first: a SIGPROF handled from here on is ignored
+                signal.setitimer(signal.ITIMER_PROF, 0)
+                resource.setrlimit(resource.RLIMIT_CPU, cpu_limits)  # forks and reaping count after this
+        except (MemoryError, _ReplayTooSlow):
+            self.tainted, self.can_warm = True, False
+        except Exception:  # noqa: BLE001 - the pool graded this task already; a replay only warms caches
             self.failed += 1
-        finally:
-            _replaying = False
-            signal.setitimer(signal.ITIMER_PROF, 0)
         self.replayed += 1
-        if not self.replay:
+        if not self.replay or self.tainted:
             self._finish_warming()
 
     def _finish_warming(self) -> None:
-        """Drop what is left to replay; keep what the replays built out of every clone's collections."""
+        """Answer the warm request; drop what is left to replay; keep what the replays built out of
+        every clone's collections."""
         self.replay.clear()
         gc.collect()
         gc.freeze()
         rss = _rss()
         if rss > self.start_rss + MAX_GROWTH_BYTES:
             self.can_warm = False
-        self.conn.send(("warmed", self.replayed, self.failed, rss, self.can_warm))
+        number, self.replaying = self.replaying, 0
+        self.conn.send(("warmed", number, self.replayed, self.failed, rss, self.can_warm, self.tainted))
 
     def _reap(self) -> None:
         while True:

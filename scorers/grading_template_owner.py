@@ -69,9 +69,11 @@ class GradingTemplate:
         self.conn = parent_conn
         self.pid: int = self.process.pid or 0
         self.state = "starting"  # starting | idle | gone
-        self.warming = False  # replaying tasks now
-        self.can_warm = True  # until a replay passed a cap
+        self.warming = False  # a warm request is unanswered (at most one is)
+        self.can_warm = True  # until its replays grew it too much, or tainted it
+        self.tainted = False  # a replay was stopped part way: fork no more workers from it
         self.replayed = 0
+        self._requests = 0  # warm requests sent: each is answered by one "warmed" with its number
         self.rss = 0  # resident bytes after its last warming
         self._statuses: dict[int, int | None] = {}  # clones we watch -> exit code once reported
 
@@ -92,9 +94,11 @@ class GradingTemplate:
         elif kind == "ready" and self.state == "starting":
             self.state = "idle"
         elif kind == "warmed":
-            self.warming = False
-            _, self.replayed, failed, self.rss, self.can_warm = message
+            _, number, self.replayed, failed, self.rss, self.can_warm, self.tainted = message
+            self.warming = number != self._requests
             log.debug("grading template pid %d replayed %d tasks (%d raised)", self.pid, self.replayed, failed)
+            if self.tainted:
+                log.warning("grading template pid %d: a replay was stopped part way; it will be replaced", self.pid)
         elif kind == "fatal":
             raise TemplateError(self.pid, f"cannot load the grader: {message[1]}")
         else:
@@ -112,14 +116,14 @@ class GradingTemplate:
                 raise TemplateError(self.pid, f"pipe broke while forking a worker ({type(exc).__name__})") from exc
             finally:
                 child_conn.close()
-            pid = self._await_fork(deadline)
+            pid, pidfd = self._await_fork(deadline)
             self._statuses[pid] = None
-            return CloneProcess(pid, self), parent_conn
+            return CloneProcess(pid, pidfd, self), parent_conn
         except BaseException:
             parent_conn.close()
             raise
 
-    def _await_fork(self, deadline: float) -> int:
+    def _await_fork(self, deadline: float) -> tuple[int, int]:
         while True:
             if not mp_connection.wait([self.conn], max(0.0, deadline - time.monotonic())):
                 raise TemplateError(self.pid, "did not fork a worker in time")
@@ -129,13 +133,18 @@ class GradingTemplate:
                 self.state = "gone"
                 raise TemplateError(self.pid, f"pipe broke while forking a worker ({type(exc).__name__})") from exc
             if message[0] == "forked":
-                return message[1]
+                try:
+                    return message[1], reduction.recv_handle(self.conn)  # sent right behind it
+                except (EOFError, OSError) as exc:
+                    self.state = "gone"
+                    raise TemplateError(self.pid, f"pipe broke while forking a worker ({type(exc).__name__})") from exc
             self._apply(message)
 
     def warm(self, tasks: list[tuple]) -> None:
-        """Replay these tasks while nothing else is asked of the template."""
-        if tasks and self.can_warm and self.state == "idle":
-            self.warming = self._notify(("warm", tasks))
+        """Replay these tasks while nothing else is asked of the template (unless it is still at the last ones)."""
+        if tasks and self.can_warm and not self.warming and self.state == "idle":
+            self._requests += 1
+            self.warming = self._notify(("warm", self._requests, tasks))
 
     def halt(self) -> None:
         """Stop replaying (after the task in hand): the cores are the batch's now."""
@@ -163,12 +172,22 @@ class GradingTemplate:
     def status_of(self, pid: int) -> int | None:
         return self._statuses.get(pid)
 
+    def drain(self) -> None:
+        """Act on every message already waiting."""
+        while self.state != "gone" and mp_connection.wait([self.conn], 0):
+            self.receive()
+
     def await_status(self, pid: int, deadline: float) -> None:
-        """Read the template's reports until it has told `pid`'s exit status, it is gone, or time is up."""
+        """Read the template's reports until it has told `pid`'s exit status, it is gone, or time is up.
+        Used while reaping, so it never raises: a template that broke its protocol is given up on."""
         while self._statuses.get(pid) is None and self.state != "gone":
             if not mp_connection.wait([self.conn], max(0.0, deadline - time.monotonic())):
                 return
-            self.receive()
+            try:
+                self.receive()
+            except TemplateError as exc:
+                log.error("%s; no longer reading it", exc)
+                self.state = "gone"
 
     def forget(self, pid: int) -> None:
         self._statuses.pop(pid, None)
@@ -192,13 +211,10 @@ class GradingTemplate:
 class CloneProcess:
     """A worker the template forked: the `multiprocessing.Process` surface the pool uses, over a pidfd."""
 
-    def __init__(self, pid: int, template: GradingTemplate) -> None:
+    def __init__(self, pid: int, pidfd: int, template: GradingTemplate) -> None:
         self.pid = pid
+        self.sentinel = pidfd  # opened by the template before it could reap the clone
         self._template = template
-        try:
-            self.sentinel = os.pidfd_open(pid)
-        except ProcessLookupError as exc:  # it exited, and was reaped, before we could watch it
-            raise TemplateError(template.pid, f"forked worker pid {pid}, gone before it could be watched") from exc
 
     @property
     def exitcode(self) -> int | None:
