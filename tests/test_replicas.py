@@ -193,9 +193,7 @@ def test_ctrl_c_while_replicas_boot_kills_them_at_once(trainer_python):
         }
     )
     before = {p.pid for p in psutil.Process().children()}
-    # to the main thread, as a terminal's ^C is handled: sent to the process, the kernel may hand it to
-    # any thread, and then the main thread's wait is not interrupted (one CI run waited out the 60 s)
-    timer = threading.Timer(1.5, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
     began = time.monotonic()
     timer.start()
     with pytest.raises(KeyboardInterrupt):
