@@ -313,9 +313,7 @@ class GradingPool:
         if self._state == "closed":
             return
         self._state = "closed"
-        workers, self._workers = self._workers, []
-        _kill(workers)
-        self._reap_retired(workers)
+        self._kill_workers()
         self._close_template()
         if self._holds_helpers:
             self._holds_helpers = False
@@ -423,16 +421,19 @@ class GradingPool:
             template.drain()
         except TemplateError as exc:
             raise self._template_failed(exc.what) from exc
-        if template.state == "gone" or not template.process.is_alive():
-            raise self._template_failed("exited unexpectedly (its workers die with it)")
+        self._from_template(mp_connection.wait([template.process.sentinel], 0))
         if template.tainted:
-            workers, self._workers = self._workers, []  # all idle: forked from the tainted template
-            _kill(workers)
-            self._reap_retired(workers)
+            self._kill_workers()  # all idle, all forked from the tainted template
             self._close_template()
             self._start_workers()
         else:
             template.halt()
+
+    def _kill_workers(self) -> None:
+        """SIGKILL every worker and reap them (and the retired ones) against one bounded deadline."""
+        workers, self._workers = self._workers, []
+        _kill(workers)
+        self._reap_retired(workers)
 
     def _close_template(self) -> None:
         template, self._template = self._template, None
@@ -446,8 +447,7 @@ class GradingPool:
             for i, outcome in enumerate(batch.outcomes)
             if outcome is not None and outcome.status == "ok" and not outcome.overflowed
         ]
-        step = max(1, len(fast) // self.warm_replay) if self.warm_replay else 0
-        return fast[::step][: self.warm_replay] if step else []
+        return fast[:: max(1, len(fast) // self.warm_replay)][: self.warm_replay]
 
     def _dispatch(self, batch: _Batch) -> None:
         """Hand pending tasks to idle workers, one each."""
@@ -698,9 +698,7 @@ class GradingPool:
             )
         if self._state == "running":
             self._state = "broken"
-        workers, self._workers = self._workers, []
-        _kill(workers)
-        self._reap_retired(workers)
+        self._kill_workers()
         self._close_template()
 
 

@@ -111,33 +111,27 @@ class GradingTemplate:
             try:
                 self.conn.send(("fork",))
                 reduction.send_handle(self.conn, child_conn.fileno(), self.pid)
-            except OSError as exc:
-                self.state = "gone"
-                raise TemplateError(self.pid, f"pipe broke while forking a worker ({type(exc).__name__})") from exc
             finally:
                 child_conn.close()
             pid, pidfd = self._await_fork(deadline)
-            self._statuses[pid] = None
-            return CloneProcess(pid, pidfd, self), parent_conn
+        except (EOFError, OSError) as exc:
+            parent_conn.close()
+            self.state = "gone"
+            raise TemplateError(self.pid, f"pipe broke while forking a worker ({type(exc).__name__})") from exc
         except BaseException:
             parent_conn.close()
             raise
+        self._statuses[pid] = None
+        return CloneProcess(pid, pidfd, self), parent_conn
 
     def _await_fork(self, deadline: float) -> tuple[int, int]:
+        """Read (acting on other reports meanwhile) until the answer: the pid, then the pidfd right behind it."""
         while True:
             if not mp_connection.wait([self.conn], max(0.0, deadline - time.monotonic())):
                 raise TemplateError(self.pid, "did not fork a worker in time")
-            try:
-                message = self.conn.recv()
-            except (EOFError, OSError) as exc:
-                self.state = "gone"
-                raise TemplateError(self.pid, f"pipe broke while forking a worker ({type(exc).__name__})") from exc
+            message = self.conn.recv()
             if message[0] == "forked":
-                try:
-                    return message[1], reduction.recv_handle(self.conn)  # sent right behind it
-                except (EOFError, OSError) as exc:
-                    self.state = "gone"
-                    raise TemplateError(self.pid, f"pipe broke while forking a worker ({type(exc).__name__})") from exc
+                return message[1], reduction.recv_handle(self.conn)
             self._apply(message)
 
     def warm(self, tasks: list[tuple]) -> None:

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from scorers.grading_pool import GradeOutcome, GradingPool, GradingPoolError, GradingTaskError
+from tests.conftest import eventually
 from tests.grading_fixtures import multiprocessing_helpers, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
@@ -451,9 +452,8 @@ def test_the_template_stops_replaying_when_a_batch_starts(make_pool):
     template = psutil.Process(pool.template_pid())
     pool.grade([(0.05, n) for n in range(40)])  # the template now replays 40 x 0.05 s of CPU
     idle = cpu_s(template)
-    time.sleep(0.3)
+    assert eventually(lambda: cpu_s(template) - idle > 0.1, 5.0), "the template did not replay while the pool was idle"
     before = cpu_s(template)
-    assert before - idle > 0.1, "the template did not replay while the pool was idle"
     pool.grade([(0.05, n) for n in range(20)])  # 1 s of CPU on the worker
     used = cpu_s(template) - before
     assert used < 0.3, f"the template kept replaying during the batch ({used:.2f} CPU-s)"
@@ -522,9 +522,10 @@ def test_a_replay_slower_than_its_task_was_is_dropped_and_the_template_replaced(
 
 def test_a_fork_asked_for_during_a_replay_is_served_between_two_replayed_tasks(make_pool):
     pool = make_pool("spin", jobs=1, warm_replay=40)
+    template = psutil.Process(pool.template_pid())
     pool.grade([(0.05, n) for n in range(40)])  # the template now replays 40 x 0.05 s of CPU
-    time.sleep(0.1)
-    assert pool._template.warming
+    idle = cpu_s(template)
+    assert eventually(lambda: cpu_s(template) - idle > 0.05, 5.0) and pool._template.warming
     started = time.monotonic()
     pool._retire(pool._workers[0])  # forks the replacement from the replaying template
     assert time.monotonic() - started < 0.5
