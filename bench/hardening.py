@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -201,6 +202,85 @@ def forks_during_launch(hold_s: float = 60.0) -> Iterator[list[int]]:
             os.waitpid(pid, 0)
 
 
+@contextlib.contextmanager
+def forking_thread(every_s: float = 0.01, live_s: float = 8.0) -> Iterator[list[int]]:
+    """Inside the block, another thread of this process forks a worker every `every_s` that lives
+    `live_s` (a DataLoader's workers, a checkpoint writer); the workers' pids are listed and all
+    of them are killed and reaped on exit."""
+    forks: list[int] = []
+    stop = threading.Event()
+
+    def fork_loop() -> None:
+        while not stop.wait(every_s):
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(live_s)
+                os._exit(0)
+            forks.append(pid)
+
+    thread = threading.Thread(target=fork_loop, name="forking-thread", daemon=True)
+    thread.start()
+    try:
+        yield forks
+    finally:
+        stop.set()
+        thread.join(5)
+        for pid in forks:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+@contextlib.contextmanager
+def fork_after_every_pipe(live_s: float = 8.0) -> Iterator[list[int]]:
+    """Inside the block, each `os.pipe()` in this process is followed by a fork that lives `live_s`
+    holding both ends: the worst moment another thread's fork can land during a launch (Popen's
+    exec-status pipe among them). The forks' pids are listed; they are killed and reaped on exit."""
+    forks: list[int] = []
+    make_pipe = os.pipe
+
+    def pipe_then_fork() -> tuple[int, int]:
+        ends = make_pipe()
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(live_s)
+            os._exit(0)
+        forks.append(pid)
+        return ends
+
+    os.pipe = pipe_then_fork
+    try:
+        yield forks
+    finally:
+        os.pipe = make_pipe
+        for pid in forks:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def launches_beside_a_forking_thread(launches: int = 10, startup_timeout: float = 2.0) -> tuple[list[float], int]:
+    """Spawn-to-ready of `launches` children while another thread forks 8 s workers every 10 ms;
+    how many of them failed to start within `startup_timeout`."""
+    times, failed = [], 0
+    with forking_thread():
+        for _ in range(launches):
+            started = time.monotonic()
+            try:
+                backend("constant", process={"startup_timeout": startup_timeout}).close()
+            except ScorerStartupError:
+                failed += 1
+            times.append(time.monotonic() - started)
+    return times, failed
+
+
+def forking_thread_during_launch() -> str:
+    times, failed = launches_beside_a_forking_thread()
+    return (
+        f"10 launches (startup_timeout 2 s) while another thread forks an 8 s worker every 10 ms: "
+        f"{failed} failed; construct-to-closed median {sorted(times)[len(times) // 2]:.2f} s, "
+        f"slowest {max(times):.2f} s"
+    )
+
+
 def fork_during_launch() -> str:
     with forks_during_launch():
         owner = backend("constant", process={"startup_timeout": 30})
@@ -318,6 +398,7 @@ SCENARIOS = [
     ("large request, then idle (Shmem)", large_request_then_idle),
     ("offload, then a crash", offload_then_crash),
     ("fork during launch", fork_during_launch),
+    ("a thread forking during launches", forking_thread_during_launch),
     ("Ctrl-C mid-batch", ctrl_c),
     ("full log disk", full_log_disk),
     ("SIGCHLD ignored", sigchld_ignored),

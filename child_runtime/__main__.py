@@ -49,6 +49,7 @@ class BootConfig:
     limits: Limits = field(default_factory=Limits)
     shared_fd: int | None = None  # the parent's sealed memfd, when it offers a shared data plane
     rank: int = 0  # the trainer rank that owns this child: a label on its metrics
+    cwd: str | None = None  # the trainer's working directory (a spawn cannot set it)
 
 
 def read_boot_config(data: dict[str, Any]) -> BootConfig:
@@ -157,6 +158,17 @@ def _check_pins(config: BootConfig, name: str, revision: str, identity_hash: str
             f"identity_hash pin {config.identity_hash} refused: scorer {name!r} with these params has identity "
             f"{identity_hash} (its revision, terms, diagnostics or verdict-changing params differ)",
         )
+
+
+def _enter(cwd: str | None) -> None:
+    """The trainer's working directory, as Popen(cwd=...) gave it; "/" when it is gone."""
+    if cwd is None:
+        return
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        _log(f"child_runtime: cannot enter the trainer's directory {cwd!r} ({exc}); running in /")
+        os.chdir("/")
 
 
 def _import_server_in_background() -> threading.Thread:
@@ -276,6 +288,11 @@ def main() -> None:
             exit_codes.BAD_CONFIG,
             f"spawned by pid {config.parent_pid}, which was gone before it could be watched",
         )
+    if not standalone:
+        boot.close_strays(
+            {config.listen_fd, config.ready_fd, *([] if config.shared_fd is None else [config.shared_fd])}
+        )
+        _enter(config.cwd)
     pipe = os.fdopen(config.ready_fd, "wb", buffering=0)
     server_imports = _import_server_in_background()
     host = _build_host(config, pipe)

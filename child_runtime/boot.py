@@ -49,3 +49,18 @@ def read_frame(fd: int) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise ValueError(f"boot config is a {type(config).__name__}, not an object")
     return config
+
+
+def close_strays(keep: set[int]) -> None:
+    """Close every inheritable descriptor above 2 that is not in `keep`: what the trainer left open
+    without close-on-exec (posix_spawn, unlike Popen's close_fds, passes those on). This process opens
+    its own descriptors close-on-exec, so an inheritable one came from the parent."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd <= 2 or fd in keep:
+            continue
+        try:
+            if os.get_inheritable(fd):
+                os.close(fd)
+        except OSError:  # the listing's own descriptor, closed by now
+            continue

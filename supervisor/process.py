@@ -1,6 +1,7 @@
 """ChildProcess: the one owner of one scorer child (spawn, readiness, signals, reaping).
 
-The parent binds 127.0.0.1:0 itself and hands the listening fd to the child, so
+The child is started by posix_spawn (`supervisor.spawn`: no pipe a fork of the trainer
+can hold). The parent binds 127.0.0.1:0 itself and hands the listening fd to the child, so
 there is no port race; the boot config goes framed on stdin; readiness arrives
 as one JSON line on a pipe, and EOF on that pipe means the child died while
 starting. Exit is observed through a pidfd without reaping, so the process group
@@ -14,7 +15,7 @@ never called close().
 
 Exit statuses come from waitid, or, when the trainer ignores SIGCHLD and the
 kernel reaps the child at once, from its pidfd (Linux 6.15+ keeps it there);
-never from Popen, which reports a child reaped elsewhere as "exit 0". A child
+never from a wait that reports a child reaped elsewhere as "exit 0". A child
 reaped elsewhere is never signalled again (its pid may be reused at once); the
 rest of its group dies through its own lifelines.
 """
@@ -30,7 +31,6 @@ import selectors
 import signal
 import socket
 import struct
-import subprocess
 import threading
 import time
 import weakref
@@ -41,6 +41,7 @@ from typing import Any
 from child_runtime import boot
 from supervisor.errors import ChildRecord, ScorerStartupError
 from supervisor.logs import open_child_log, read_tail
+from supervisor.spawn import spawn_child
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,8 @@ class ChildProcess:
         self.port: int | None = None
         self.ready_info: dict[str, Any] = {}
         self.spawned_at: float | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None
+        self._stdin: int | None = None  # our end of the child's stdin until the boot config is written
         self._pidfd: int | None = None
         self._exited = False
         self._status: int | None = None  # Popen-style returncode once known
@@ -169,7 +171,7 @@ class ChildProcess:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+        return self._pid
 
     @property
     def owned(self) -> bool:
@@ -188,13 +190,13 @@ class ChildProcess:
         return self._exited
 
     def _observe(self) -> None:
-        if self._exited or self._proc is None:
+        if self._exited or self._pid is None:
             return
         with self._lock:
             if self._exited:
                 return
             try:
-                info = os.waitid(os.P_PID, self._proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                info = os.waitid(os.P_PID, self._pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:  # already reaped: SIGCHLD is ignored here, or someone else waited
                 if self._pidfd is None or _wait_fd(self._pidfd, selectors.EVENT_READ, 0):
                     # its pid is free for reuse: never signal that group again; what is left of the
@@ -211,7 +213,7 @@ class ChildProcess:
 
     def wait_exit(self, timeout: float) -> bool:
         """True once the child has exited (still unreaped); waits on its pidfd (polls only where there is none)."""
-        if self._proc is None or self.exited():
+        if self._pid is None or self.exited():
             return True
         deadline = time.monotonic() + timeout
         if self._pidfd is None:  # no pidfd (a sandbox without pidfd_open, like gVisor's older ones): poll
@@ -235,7 +237,7 @@ class ChildProcess:
     # -- starting ---------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
         """Spawn and wait for readiness; on any failure the child's group is killed and reaped."""
-        if self._proc is not None:
+        if self._pid is not None:
             raise RuntimeError(f"child {self.plan.name!r} was already started (pid {self.pid})")
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         ready_r, ready_w = os.pipe()
@@ -253,6 +255,9 @@ class ChildProcess:
             raise
         finally:
             listener.close()  # the child has its own copy; ours would keep a dead port connectable
+            if self._stdin is not None:  # the boot config was never written
+                os.close(self._stdin)
+                self._stdin = None
             os.close(ready_r)
             if ready_w >= 0:
                 os.close(ready_w)
@@ -268,16 +273,11 @@ class ChildProcess:
             ) from exc
         try:
             self.spawned_at = time.monotonic()
-            self._proc = subprocess.Popen(
+            self._pid, self._stdin, numbers = spawn_child(
                 [str(self.plan.python_executable), "-X", "faulthandler", "-m", "child_runtime"],
-                stdin=subprocess.PIPE,
-                stdout=log_fd,
-                stderr=subprocess.STDOUT,
-                cwd=self.plan.cwd,
-                env=self.plan.env,
-                start_new_session=True,
-                pass_fds=(listen_fd, ready_w, *self.plan.pass_fds),
-                close_fds=True,
+                self.plan.env,
+                log_fd,
+                (listen_fd, ready_w, *self.plan.pass_fds),
             )
         except OSError as exc:
             raise ScorerStartupError(
@@ -288,40 +288,44 @@ class ChildProcess:
             ) from exc
         finally:
             os.close(log_fd)
-        if self._aborted:  # abort() came while Popen ran: the boot it wanted stopped never starts
+        if self._aborted:  # abort() came while the spawn ran: the boot it wanted stopped never starts
             self.signal_group(signal.SIGKILL)
-        self._at_exit = weakref.finalize(self, _kill_group_at_exit, self._proc.pid, self.owner_pid)
+        self._at_exit = weakref.finalize(self, _kill_group_at_exit, self._pid, self.owner_pid)
         try:
-            self._pidfd = os.pidfd_open(self._proc.pid)
+            self._pidfd = os.pidfd_open(self._pid)
             weakref.finalize(self, os.close, self._pidfd)  # never earlier: another thread may be waiting on it
         except ProcessLookupError:
             pass  # already exited and reaped by the kernel (SIGCHLD ignored): its status is lost
         except OSError as exc:  # ENOSYS: no pidfd_open here; exits are then observed by waitid polling
-            log.warning("no pidfd for child %s pid %s (%s): its exit is polled", self.plan.name, self._proc.pid, exc)
+            log.warning("no pidfd for child %s pid %s (%s): its exit is polled", self.plan.name, self._pid, exc)
+        shared = self.plan.boot.get("shared_fd")
         self._boot = {
             **self.plan.boot,
             "token": self.token,
-            "listen_fd": listen_fd,
-            "ready_fd": ready_w,
+            "listen_fd": numbers[listen_fd],
+            "ready_fd": numbers[ready_w],
+            "shared_fd": None if shared is None else numbers[shared],
             "parent_pid": os.getpid(),
+            "cwd": str(self.plan.cwd),  # posix_spawn cannot chdir: the child does, first thing
         }
 
     def _send_boot_config(self) -> None:
-        assert self._proc is not None and self._proc.stdin is not None and self.spawned_at is not None
+        assert self._stdin is not None and self.spawned_at is not None
         try:
             data = boot.frame(self._boot)
         except ValueError as exc:
             raise ScorerStartupError(str(exc), self._killed_record()) from exc
         deadline = self.spawned_at + self.plan.startup_timeout
         try:
-            _write_all(self._proc.stdin.fileno(), data, deadline)  # a dead reader is reported by readiness
+            _write_all(self._stdin, data, deadline)  # a dead reader is reported by readiness
         except TimeoutError:
             raise ScorerStartupError(
                 f"child did not read its boot config within startup_timeout={self.plan.startup_timeout} s",
                 self._killed_record(),
             ) from None
         finally:
-            self._proc.stdin.close()
+            os.close(self._stdin)
+            self._stdin = None
 
     def _await_ready(self, ready_r: int) -> dict[str, Any]:
         assert self.spawned_at is not None
@@ -365,19 +369,19 @@ class ChildProcess:
     def signal_group(self, signum: int) -> None:
         """Signal the child's whole process group (its forkservers and workers too). Only in the
         owning process, and only while the leader's pid is reserved for it (not reaped by us)."""
-        if not self.owned or self._proc is None:
+        if not self.owned or self._pid is None:
             return
         with self._lock:
             if self._reaped:  # its pid may belong to someone else now
                 return
             try:
-                os.killpg(self._proc.pid, signum)
+                os.killpg(self._pid, signum)
             except ProcessLookupError:
                 pass
 
     def finish(self) -> ChildRecord:
         """SIGKILL whatever is left of the group, then reap. Bounded; a no-op in a fork."""
-        if self._proc is None or not self.owned:
+        if self._pid is None or not self.owned:
             return self.record()
         self.signal_group(signal.SIGKILL)
         if not self.wait_exit(REAP_GRACE_S):
@@ -387,21 +391,20 @@ class ChildProcess:
         return self.record()
 
     def _reap(self) -> None:
-        assert self._proc is not None
+        assert self._pid is not None
         with self._lock:
             if not self._reaped:
                 try:
-                    os.waitid(os.P_PID, self._proc.pid, os.WEXITED)  # it has exited: returns at once
+                    os.waitid(os.P_PID, self._pid, os.WEXITED)  # it has exited: returns at once
                 except ChildProcessError:
                     pass  # reaped by the kernel meanwhile (SIGCHLD ignored)
                 self._reaped = True
-            self._proc.returncode = self._status if self._status is not None else -1  # Popen must not wait
             if self._at_exit is not None:
                 self._at_exit.detach()  # its pid may be reused now: never killpg it at exit
 
     def stop(self, graceful_s: float, term_s: float = 2.0) -> ChildRecord:
         """Bounded escalation after a graceful request: wait, SIGTERM the group, wait, finish."""
-        if self._proc is None or not self.owned:
+        if self._pid is None or not self.owned:
             return self.record()
         if not self.wait_exit(graceful_s):
             self.signal_group(signal.SIGTERM)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from bench.hardening import forks_during_launch
+from bench.hardening import fork_after_every_pipe, forks_during_launch
 from supervisor import RewardItem, RewardRequest, ScorerProcessDied, ScorerStartupError, ScorerUnavailable
 from supervisor.process import pidfd_exit_status
 from tests.conftest import REPO_ROOT, alive, wait_until_gone
@@ -213,3 +213,15 @@ def test_a_constructor_that_raises_is_reported_on_the_pipe(managed, trainer_pyth
     with pytest.raises(ScorerStartupError) as info:
         managed(trainer_python, "tests.fixture_scorers:ConstructorRaises")
     assert info.value.boot_code == 6 and "no GPU driver loaded" in str(info.value)
+
+
+def test_a_launch_is_not_held_up_by_a_fork_that_holds_its_pipes(managed, trainer_python):
+    """A worker forked by another thread while the child spawns (here: after every pipe the launch
+    opens, the worst moment) lives 8 s holding copies of those pipes. The spawn does not wait for it
+    (Popen read its exec-status pipe until the fork exited), so the launch fits a 2 s startup_timeout."""
+    with fork_after_every_pipe() as forks:
+        started = time.monotonic()
+        backend = managed(trainer_python, "constant", process={"startup_timeout": 2})
+        launched_s = time.monotonic() - started
+    assert forks and launched_s < 2.0
+    assert backend.compute_rewards(REQUEST).rewards == [1.0]
