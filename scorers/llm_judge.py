@@ -233,12 +233,10 @@ class LlmJudge(Scorer):
 
     def _client(self) -> Any:
         """A client for one batch: a connection a stuck attempt still holds never serves the next one."""
-        import httpx
+        from scorers import bounded_http
 
-        return httpx.Client(  # a loopback judge never goes through a proxy; a remote one follows the environment's
-            limits=httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency),
-            trust_env=not _is_loopback(self.host),
-        )
+        # a loopback judge never goes through a proxy; a remote one follows the environment's
+        return bounded_http.client(self.url, trust_env=not _is_loopback(self.host), max_connections=self.concurrency)
 
     # -- requests ---------------------------------------------------------------------------
     def _request(self, item: ScoreItem) -> bytes:
@@ -273,38 +271,36 @@ class LlmJudge(Scorer):
         return text
 
     def _attempt(self, client: Any, body: bytes, deadline: float) -> str:
-        """One POST within min(request_timeout_s, what the batch has left); the reply's message text."""
+        """One POST, answered in whole by min(request_timeout_s, what the batch has left); the reply's text."""
         import httpx
+
+        from scorers import bounded_http
 
         attempt_deadline = min(deadline, time.monotonic() + self.request_timeout_s)
         headers = {"content-type": "application/json"}
         if self._secret:
             headers["authorization"] = f"Bearer {self._secret}"
-        received = bytearray()
-        try:
-            timeout = httpx.Timeout(max(attempt_deadline - time.monotonic(), 0.001))
-            with client.stream("POST", self.url, content=body, headers=headers, timeout=timeout) as response:
-                for chunk in response.iter_bytes():  # bounded in size and in time, however the server trickles
-                    received += chunk
-                    if len(received) > MAX_ANSWER_BYTES:
-                        raise _Final(f"answer longer than {MAX_ANSWER_BYTES} bytes")
-                    if time.monotonic() > attempt_deadline:
-                        raise _Retryable("answer still arriving at the attempt's deadline")
-                status, retry_after = response.status_code, response.headers.get("retry-after")
+        try:  # bounded in time and in size, however the server trickles or compresses
+            answer = bounded_http.exchange(
+                client, "POST", self.url, attempt_deadline, MAX_ANSWER_BYTES, content=body, headers=headers
+            )
         except httpx.TimeoutException as exc:
-            raise _Retryable(f"no answer within {self.request_timeout_s:g} s ({type(exc).__name__})") from exc
+            raise _Retryable(f"no whole answer within {self.request_timeout_s:g} s ({type(exc).__name__})") from exc
+        except bounded_http.AnswerRefused as exc:
+            raise _Final(str(exc)) from exc
         except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:  # our request: a retry cannot help
             raise _Final(self._scrub(f"{type(exc).__name__}: {exc}")) from exc
         except httpx.TransportError as exc:
             raise _Retryable(self._scrub(f"{type(exc).__name__}: {exc}")) from exc
-        excerpt = self._scrub(bytes(received).decode("utf-8", "replace"))[:200]
+        status, retry_after = answer.status, answer.headers.get("retry-after")
+        excerpt = self._scrub(answer.body.decode("utf-8", "replace"))[:200]
         if status != 200:
             message = f"HTTP {status}: {excerpt}"
             if status in RETRY_STATUSES:
                 raise _Retryable(message, _seconds(retry_after))
             raise _Final(message)
         try:
-            content = json.loads(received)["choices"][0]["message"]["content"]
+            content = json.loads(answer.body)["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise _Retryable(f"malformed chat completion ({type(exc).__name__}): {excerpt!r}") from exc
         if not isinstance(content, str):

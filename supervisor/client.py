@@ -10,6 +10,7 @@ Non-2xx answers raise `ErrorStatus`; what a failure means is the backend's call.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -17,11 +18,14 @@ import httpx
 
 from child_runtime import wire
 from child_runtime.idempotency import KEY_HEADER, REPLAY_HEADER
+from scorers import bounded_http
 from supervisor.errors import BadAnswer, ConnectFailed, ConnectionLost, ErrorStatus, NoAnswer
 from supervisor.loopback_http import LoopbackHTTP
 from supervisor.segment import ParentSegment
 
 Body = Sequence[bytes | memoryview]
+# what a remote server's answer may hold once read (scores of a chunk are kilobytes; /health a few)
+DEFAULT_MAX_ANSWER_BYTES = 64 * 2**20
 
 
 class Transport(Protocol):
@@ -48,38 +52,33 @@ def _raise_for_status(status: int, content: bytes | bytearray) -> None:
 
 
 class HttpxTransport:
-    """For servers someone else started: full HTTP (TLS, redirects refused, chunked answers)."""
+    """For servers someone else started: full HTTP (TLS, chunked answers; redirects refused), each
+    exchange within one absolute deadline and its answer capped (`scorers.bounded_http`)."""
 
-    def __init__(self, base_url: str, headers: dict[str, str], control_timeout: float) -> None:
-        self._http = httpx.Client(
-            base_url=base_url,
-            headers=headers,
-            trust_env=False,
-            timeout=httpx.Timeout(control_timeout, connect=min(control_timeout, 10.0)),
-            limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
-        )
+    def __init__(self, base_url: str, headers: dict[str, str], max_answer_bytes: int) -> None:
+        self._http = bounded_http.client(base_url, headers, base_url=True)
+        self.max_answer_bytes = max_answer_bytes
 
     def request(
         self, method: str, path: str, timeout: float, body: Body, headers: dict[str, str]
     ) -> tuple[int, dict[str, str], bytes]:
         content = b"".join(body) if body else None
+        deadline = time.monotonic() + timeout
         try:
-            response = self._http.request(
-                method,
-                path,
-                content=content,
-                headers=headers,
-                timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            answer = bounded_http.exchange(
+                self._http, method, path, deadline, self.max_answer_bytes, content=content, headers=headers
             )
         except httpx.TimeoutException as exc:
-            raise NoAnswer(f"{method} {path}: no answer within {timeout} s ({exc!r})") from exc
+            raise NoAnswer(f"{method} {path}: no whole answer within {timeout:.3g} s ({exc!r})") from exc
         except httpx.ConnectError as exc:
             raise ConnectFailed(f"{method} {path}: {exc!r}") from exc
         except httpx.TransportError as exc:
             raise ConnectionLost(f"{method} {path}: {exc!r}") from exc
-        except (httpx.HTTPError, RuntimeError) as exc:  # e.g. DecodingError, or a client closed meanwhile
+        except bounded_http.AnswerRefused as exc:
+            raise BadAnswer(f"{method} {path}: {exc}") from exc
+        except (httpx.HTTPError, RuntimeError) as exc:  # e.g. a client closed meanwhile
             raise BadAnswer(f"{method} {path}: {exc!r}") from exc
-        return response.status_code, dict(response.headers), response.content
+        return answer.status, dict(answer.headers), answer.body
 
     def close(self) -> None:
         self._http.close()
@@ -122,9 +121,11 @@ class ScorerClient:
         self.in_band_bytes = 0  # /score bodies sent over the socket (arrays included when not shared)
 
     @classmethod
-    def remote(cls, base_url: str, token: str | None, request_timeout: float) -> ScorerClient:
+    def remote(
+        cls, base_url: str, token: str | None, request_timeout: float, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+    ) -> ScorerClient:
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        return cls(HttpxTransport(base_url, headers, 30.0), request_timeout)
+        return cls(HttpxTransport(base_url, headers, max_answer_bytes), request_timeout)
 
     @classmethod
     def loopback(

@@ -278,7 +278,8 @@ class RemoteBackendConfig(_Model):
     kind: Literal["remote"] = "remote"
     base_url: str = Field(min_length=1)
     token_env: str | None = None
-    request_timeout: float = Field(default=600.0, gt=0)
+    request_timeout: float = Field(default=600.0, gt=0)  # each exchange as a whole, retries included
+    max_answer_bytes: int = Field(default=64 * 2**20, ge=1024)  # an answer past this (read, never decoded) fails
     revision: str | None = None
     identity_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     client: ClientConfig = Field(default_factory=ClientConfig)

@@ -290,6 +290,7 @@ def make_backend(
         config.base_url,
         token,
         request_timeout=config.request_timeout,
+        max_answer_bytes=config.max_answer_bytes,
         request_batch_size=config.client.request_batch_size,
         required_rewards=config.client.required_rewards,
         weights=config.client.weights,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
-from supervisor.client import ScorerClient
+from supervisor.client import DEFAULT_MAX_ANSWER_BYTES, ScorerClient
 from supervisor.errors import (
     ConnectFailed,
     ConnectionLost,
@@ -69,9 +69,14 @@ class RemoteRewardBackend(RewardBackend):
         max_retries: int = 3,
         retry_backoff_s: float = 0.1,
         retry_backoff_cap_s: float = 2.0,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
+        """`request_timeout` bounds each exchange as a whole (connect, send, wait, read, and its retries),
+        however the server sends; an answer over `max_answer_bytes`, or compressed, is refused."""
         if request_batch_size <= 0:
             raise ValueError("request_batch_size must be > 0")
+        if max_answer_bytes < 1024:
+            raise ValueError("max_answer_bytes must be >= 1024")
         if max_retries < 0 or not 0 < retry_backoff_s <= retry_backoff_cap_s:
             raise ValueError("need max_retries >= 0 and 0 < retry_backoff_s <= retry_backoff_cap_s")
         self.max_retries = max_retries  # tries after the first, for operations that are idempotent
@@ -83,7 +88,7 @@ class RemoteRewardBackend(RewardBackend):
         self.weights = dict(weights or {})
         self.max_request_bytes = max_request_bytes  # refuse before sending what the server would refuse
         self._stopped = threading.Event()
-        self._client = ScorerClient.remote(base_url, token, request_timeout)
+        self._client = ScorerClient.remote(base_url, token, request_timeout, max_answer_bytes)
         try:
             self.server = self.health()
             self.shape = ScorerShape.from_entry(self.server)

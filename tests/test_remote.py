@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
+from bench.misbehaving_server import MisbehavingServer
 from supervisor import (
     RemoteRewardBackend,
+    RewardContractError,
     RewardItem,
     RewardRequest,
     ScorerRequestError,
+    ScorerTimeout,
     ScorerUnavailable,
 )
 from supervisor.errors import ConfigError
@@ -54,3 +58,35 @@ def test_remote_that_is_not_listening_is_unavailable():
         port = probe.getsockname()[1]  # closed again before the client connects: refused
     with pytest.raises(ScorerUnavailable, match=f"127.0.0.1:{port}"):
         RemoteRewardBackend(f"http://127.0.0.1:{port}", token="x" * 20)
+
+
+def test_a_trickled_answer_ends_the_call_at_request_timeout(managed, trainer_python):
+    """A server that sends a valid answer one byte every 50 ms: httpx's per-read timeout never fires,
+    the exchange's own deadline does (ScorerTimeout at request_timeout, retries included)."""
+    server = managed(trainer_python, "tests.fixture_scorers:Probe")
+    with MisbehavingServer(url(server), "trickle", trickle_s=0.05) as slow:
+        with RemoteRewardBackend(slow.url, token=server._child.token, request_timeout=1.0) as remote:
+            began = time.monotonic()
+            with pytest.raises(ScorerTimeout, match="no whole answer within"):
+                remote.compute_rewards(REQUEST)
+            assert time.monotonic() - began < 1.5
+
+
+def test_a_compressed_answer_is_refused_before_it_is_decoded(managed, trainer_python):
+    """64 MiB of zeros in 64 KB of gzip: the client asked for identity, so the answer is refused as it
+    stands, never inflated in the trainer."""
+    server = managed(trainer_python, "tests.fixture_scorers:Probe")
+    with MisbehavingServer(url(server), "gzip_bomb", gzip_mib=64) as bomb:
+        with RemoteRewardBackend(bomb.url, token=server._child.token) as remote:
+            with pytest.raises(RewardContractError, match="compressed \\('gzip'\\)"):
+                remote.compute_rewards(REQUEST)
+    assert bomb.accept_encodings and set(bomb.accept_encodings) == {"identity"}
+
+
+def test_an_answer_over_the_cap_is_refused(managed, trainer_python):
+    server = managed(trainer_python, "tests.fixture_scorers:Probe")
+    many = RewardRequest(items=[RewardItem(id=f"item-{i}", text="x") for i in range(200)])
+    with RemoteRewardBackend(url(server), token=server._child.token, max_answer_bytes=1024) as remote:
+        assert remote.server["scorer"] == "probe"  # /health fits
+        with pytest.raises(RewardContractError, match="exceeds the cap of 1024"):
+            remote.compute_rewards(many)

@@ -1,0 +1,98 @@
+"""A scorer server that answers like a broken or hostile one, in front of a real scorer server.
+
+`/health` is relayed as it is; a `/score` answer is relayed in the chosen way: `trickle`
+sends the real (valid) answer one byte every `trickle_s`; `gzip_bomb` answers with
+`gzip_mib` MiB of zeros compressed to a few hundred KB, marked `content-encoding: gzip`
+whatever the client asked for. Each request's `accept-encoding` is recorded. Stdlib plus
+httpx (to reach the real server).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+
+
+def gzip_of_zeros(mib: int) -> bytes:
+    """`mib` MiB of zero bytes in the gzip format, compressed a MiB at a time."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zeros = bytes(2**20)
+    return b"".join(packer.compress(zeros) for _ in range(mib)) + packer.flush()
+
+
+class MisbehavingServer:
+    """`with MisbehavingServer(upstream_url, mode) as server:` serves on `server.url` until the block ends."""
+
+    def __init__(self, upstream: str, mode: str, trickle_s: float = 0.05, gzip_mib: int = 512) -> None:
+        self.upstream, self.mode, self.trickle_s = upstream, mode, trickle_s
+        self.bomb = gzip_of_zeros(gzip_mib) if mode == "gzip_bomb" else b""
+        self.accept_encodings: list[str | None] = []
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        self._server.block_on_close = False
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="misbehaving", daemon=True)
+
+    def __enter__(self) -> MisbehavingServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+
+def _handler(server: MisbehavingServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+            """Quiet."""
+
+        def _relay(self, method: str) -> httpx.Response:
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            server.accept_encodings.append(self.headers.get("accept-encoding"))
+            headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
+            headers.update({k: v for k, v in self.headers.items() if k.lower().startswith("x-managed-scorers")})
+            return httpx.request(method, server.upstream + self.path, content=body, headers=headers, timeout=60)
+
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            answer = self._relay("GET")
+            self._send(answer.status_code, answer.headers.get("content-type", ""), answer.content)
+
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            answer = self._relay("POST")
+            try:
+                if self.path != "/score" or server.mode == "plain":
+                    self._send(answer.status_code, answer.headers.get("content-type", ""), answer.content)
+                elif server.mode == "gzip_bomb":
+                    self._send(200, answer.headers["content-type"], server.bomb, {"content-encoding": "gzip"})
+                else:
+                    self._send(200, answer.headers["content-type"], answer.content, trickle=server.trickle_s)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up: what it should do
+                self.close_connection = True
+
+        def _send(
+            self, status: int, kind: str, payload: bytes, headers: dict[str, str] | None = None, trickle: float = 0
+        ) -> None:
+            self.send_response(status)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(payload)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            if not trickle:
+                self.wfile.write(payload)
+                return
+            for byte in payload:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(trickle)
+
+    return Handler

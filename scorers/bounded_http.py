@@ -1,0 +1,229 @@
+"""HTTP exchanges with one absolute deadline and a cap on the answer, over httpx.
+
+httpx's timeouts apply to each socket operation, not to the exchange: a server that sends
+a byte every 0.5 s holds a call with `timeout=2` for as long as it likes, and a 520 KB
+gzip body decodes to 512 MiB in the caller. Here every connect, TLS handshake, write
+and read of an exchange gets what is left of one deadline (a network backend wrapped
+around httpcore's, through the connection pool httpx itself uses), the answer is read
+raw and capped in bytes, and compression is refused: the request asks for
+`Accept-Encoding: identity` and an answer in any other encoding fails.
+
+The one mechanism both HTTP clients of this project use: the remote backend's
+(`supervisor.client`) and the LLM judge's. Importing it needs httpx.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpcore
+import httpx
+
+_WRITE_SLICE = 64 * 1024  # a write is sent in slices, each with what is left of the deadline
+_HTTPCORE_ERRORS = (
+    httpcore.TimeoutException,
+    httpcore.NetworkError,
+    httpcore.ProtocolError,
+    httpcore.ProxyError,
+    httpcore.UnsupportedProtocol,
+)
+_call = threading.local()  # the deadline of the exchange this thread is in (httpx's sync client runs in it)
+
+
+class AnswerRefused(Exception):
+    """The answer is larger than the cap, or compressed: nothing of it is decoded."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+
+def _left(timeout: float | None, timed_out: type[httpcore.TimeoutException]) -> float | None:
+    """`timeout`, shortened to what is left of this thread's deadline; raises once it has passed."""
+    deadline = getattr(_call, "deadline", None)
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise timed_out("the exchange's deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        view = memoryview(buffer)
+        for start in range(0, len(view), _WRITE_SLICE):
+            self._inner.write(bytes(view[start : start + _WRITE_SLICE]), _left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+        return _DeadlineStream(
+            self._inner.start_tls(ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout))
+        )
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.NetworkStream:
+        left = _left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.connect_tcp(host, port, left, local_address, socket_options))
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore.NetworkStream:
+        left = _left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.connect_unix_socket(path, left, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@contextmanager
+def _httpx_errors(request: httpx.Request) -> Iterator[None]:
+    """httpcore's exceptions as httpx's own (every httpcore error has an httpx class of its name)."""
+    try:
+        yield
+    except _HTTPCORE_ERRORS as exc:
+        mapped = getattr(httpx, type(exc).__name__, httpx.TransportError)
+        raise mapped(str(exc) or type(exc).__name__, request=request) from exc
+
+
+class _Body(httpx.SyncByteStream):
+    def __init__(self, stream: Any, request: httpx.Request) -> None:
+        self._stream, self._request = stream, request
+
+    def __iter__(self) -> Iterator[bytes]:
+        with _httpx_errors(self._request):
+            yield from self._stream
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class _DeadlineTransport(httpx.BaseTransport):
+    """httpx's own HTTP/1.1 connection pool, over the deadline network backend."""
+
+    def __init__(self, proxy: str | None, max_connections: int, verify: bool) -> None:
+        common: dict[str, Any] = {
+            "ssl_context": httpx.create_ssl_context(verify=verify),
+            "max_connections": max_connections,
+            "max_keepalive_connections": max_connections,
+            "network_backend": _DeadlineBackend(),
+        }
+        if proxy is None:
+            self._pool: httpcore.ConnectionPool = httpcore.ConnectionPool(**common)
+            return
+        url = httpx.URL(proxy)
+        if url.scheme not in ("http", "https"):
+            raise ValueError(f"proxy {proxy!r}: only http and https proxies are supported")
+        target = httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path)
+        self._pool = httpcore.HTTPProxy(proxy_url=target, **common)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        core = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        with _httpx_errors(request):
+            answer = self._pool.handle_request(core)
+        return httpx.Response(
+            answer.status, headers=answer.headers, stream=_Body(answer.stream, request), extensions=answer.extensions
+        )
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _proxy_for(url: str) -> str | None:
+    """The environment's proxy for `url` (http_proxy / https_proxy, minus no_proxy), as httpx's trust_env."""
+    parsed = httpx.URL(url)
+    if urllib.request.proxy_bypass(parsed.host):
+        return None
+    return urllib.request.getproxies().get(parsed.scheme)
+
+
+def client(
+    url: str,
+    headers: Mapping[str, str] | None = None,
+    trust_env: bool = False,
+    max_connections: int = 16,
+    base_url: bool = False,
+    verify: bool = True,
+) -> httpx.Client:
+    """A client whose exchanges `exchange` bounds; with `trust_env`, through the environment's proxy for
+    `url`. With `base_url`, request paths are relative to `url`. Redirects are never followed."""
+    return httpx.Client(
+        base_url=url if base_url else "",
+        headers=dict(headers or {}),
+        trust_env=False,  # the proxy, if any, is resolved here: an env-mounted transport would bypass the deadline
+        transport=_DeadlineTransport(_proxy_for(url) if trust_env else None, max_connections, verify),
+        follow_redirects=False,
+    )
+
+
+def exchange(
+    http: httpx.Client,
+    method: str,
+    url: str,
+    deadline: float,
+    max_bytes: int,
+    content: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Answer:
+    """One request and its whole answer by `deadline` (time.monotonic): httpx.TimeoutException once it
+    passes, whatever the server does; AnswerRefused for an answer over `max_bytes` or compressed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise httpx.ReadTimeout("the exchange's deadline passed before it began")
+    previous = getattr(_call, "deadline", None)
+    _call.deadline = deadline
+    try:
+        sent = {**(headers or {}), "accept-encoding": "identity"}
+        with http.stream(method, url, content=content, headers=sent, timeout=httpx.Timeout(left)) as response:
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                raise AnswerRefused(f"answer is compressed ({encoding!r}) although identity was asked for")
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_bytes:
+                raise AnswerRefused(f"answer of {declared} bytes exceeds the cap of {max_bytes}")
+            body = bytearray()
+            for chunk in response.iter_raw():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise AnswerRefused(f"answer exceeds the cap of {max_bytes} bytes")
+            return Answer(response.status_code, response.headers, bytes(body))
+    finally:
+        _call.deadline = previous
