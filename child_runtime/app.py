@@ -217,10 +217,10 @@ def build_app(
     ledger = RequestLedger()
     cache = answers if answers is not None else AnswerCache()
     state = {"value": "ready"}
-    # One thread does all scorer work (the host serialises it anyway): a plain executor hands
-    # off in ~60 us where anyio's to_thread takes ~130 us, and the event loop stays free for
-    # /health and /drain while a batch runs.
-    worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="scorer")
+    # One thread per call the host runs at once (one, unless the scorer declares concurrent calls):
+    # a plain executor hands off in ~60 us where anyio's to_thread takes ~130 us, and the event loop
+    # stays free for /health and /drain while a batch runs.
+    worker = concurrent.futures.ThreadPoolExecutor(max_workers=host.concurrent_calls, thread_name_prefix="scorer")
 
     async def in_worker(fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(worker, fn, *args)

@@ -1,7 +1,9 @@
 """ScorerHost: the one owner of the scorer inside the child.
 
-Scoring and residency changes are serialised under one lock, so an offload can
-never pull weights out from under a running batch.
+Residency changes exclude scoring, so an offload can never pull weights out from under a
+running batch. Scoring itself is serialised too, except for a resident scorer that declares
+`concurrent_calls` > 1: up to that many of its calls run at once (a residency change waits
+for them, and new calls wait for a residency change that is waiting).
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from scorers.base import ScoreItem, Scorer, ScoreResult, score_checked
@@ -23,6 +26,50 @@ GPU_RESIDENCY_MODES = (RESIDENT, PER_CALL)
 
 class ResidencyConflict(RuntimeError):
     """A score arrived for a `resident` scorer that is offloaded (answered 409)."""
+
+
+class _ScoringLock:
+    """Up to `calls` scorers' calls at once, or one residency change alone; a waiting change goes
+    before calls that arrive after it."""
+
+    def __init__(self, calls: int) -> None:
+        self._calls = calls
+        self._scoring = 0
+        self._changing = False
+        self._changes_waiting = 0
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def scoring(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(
+                lambda: not self._changing and not self._changes_waiting and self._scoring < self._calls
+            )
+            self._scoring += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._scoring -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self, timeout_s: float | None = None) -> Iterator[None]:
+        """Alone; TimeoutError when `timeout_s` passes first."""
+        with self._cond:
+            self._changes_waiting += 1
+            try:
+                if not self._cond.wait_for(lambda: not self._changing and not self._scoring, timeout_s):
+                    raise TimeoutError
+            finally:
+                self._changes_waiting -= 1
+            self._changing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._changing = False
+                self._cond.notify_all()
 
 
 class ScorerHost:
@@ -41,7 +88,9 @@ class ScorerHost:
         self.residency = "offloaded"
         self.transitions: Counter[str] = Counter()  # residency changes, by the state reached (for /metrics)
         self.load_s = 0.0  # the scorer's load() (and boot onload), for the readiness line
-        self._lock = threading.Lock()
+        # per_call residency changes residency around every call: its calls are one at a time
+        self.concurrent_calls = max(1, scorer.spec.concurrent_calls) if gpu_residency == RESIDENT else 1
+        self._lock = _ScoringLock(self.concurrent_calls)
 
     def catalog_entry(self) -> dict[str, Any]:
         """What this child serves, on the readiness line and /health: the parent checks it."""
@@ -56,6 +105,7 @@ class ScorerHost:
             "groupwise": spec.groupwise,
             "ragged_groups": spec.ragged_groups,
             "required_fields": list(spec.required_fields),
+            "concurrent_calls": self.concurrent_calls,
         }
 
     def _become(self, state: str) -> None:
@@ -88,25 +138,23 @@ class ScorerHost:
         return {"changed": True, **figures}
 
     def onload(self) -> dict[str, Any]:
-        with self._lock:
+        with self._lock.exclusive():
             return self._onload_locked()
 
     def offload(self) -> dict[str, Any]:
-        with self._lock:
+        with self._lock.exclusive():
             return self._offload_locked()
 
     def close(self, timeout_s: float) -> None:
         """Close the scorer once no batch is running; past the bound, leave it to the group kill."""
-        if not self._lock.acquire(timeout=timeout_s):
-            log.warning("scorer %s still busy after %.1f s; exiting without close()", self.scorer.spec.name, timeout_s)
-            return
         try:
-            self.scorer.close()
-        finally:
-            self._lock.release()
+            with self._lock.exclusive(timeout_s):
+                self.scorer.close()
+        except TimeoutError:
+            log.warning("scorer %s still busy after %.1f s; exiting without close()", self.scorer.spec.name, timeout_s)
 
     def score(self, items: Sequence[ScoreItem], group_size: int | None = None) -> ScoreResult:
-        with self._lock:
+        with self._lock.scoring():
             if self.gpu_residency == PER_CALL:
                 try:
                     self._onload_locked()

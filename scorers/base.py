@@ -56,6 +56,10 @@ class ScorerSpec:
     nonsemantic_params: tuple[str, ...] = ()
     # Top-level modules the scorer imports from its env (preflight looks for them there).
     requires_modules: tuple[str, ...] = ()
+    # How many score() calls it takes at once (the chunks of one request are sent together, up to
+    # this many): more than 1 only for a scorer whose score() is thread-safe and whose calls gain from
+    # overlapping (math_verify's pool shares its workers, so the chunks' slow items share one timeout).
+    concurrent_calls: int = 1
 
     def term_names(self) -> tuple[str, ...]:
         return self.terms or (self.name,)

@@ -36,7 +36,12 @@ their inherited copy of it, so when the owner dies the forkserver sees EOF and
 exits, and every worker dies with it through PR_SET_PDEATHSIG -- even one stuck
 in C code (a template's workers die with the template, which dies with the forkserver).
 
-Not thread-safe: call `grade()` and `close()` from one thread.
+`grade()` may be called from several threads at once (a managed child scores the chunks of one
+call concurrently): their batches share the workers, and a slow task of one batch is held
+back while ordinary tasks of any batch remain, so the call's chunks pay one timeout between
+them, not one each. Whichever caller holds the pool's drive lock runs the event loop for
+every batch in flight and hands it on when its own batch is done (leader/follower), so
+the pool's state is only ever touched by one thread. Call `close()` when no grade() runs.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import math
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -63,7 +69,8 @@ log = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT_S = 60.0
 _REAP_TIMEOUT_S = 2.0
-_FORK_TIMEOUT_S = 10.0  # the template answers between two replayed tasks
+_FORK_TIMEOUT_S = 10.0
+_DRIVE_SLACK_S = 30.0  # past a batch's hard cap, how long its caller waits for the thread driving the pool  # the template answers between two replayed tasks
 _DEATH_STATUS_WAIT_S = 2.0  # a template reports a worker's status between two replayed tasks (<= 1 s each)
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _CPU_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -100,6 +107,7 @@ class _Worker:
     since: float
     state: str = "starting"  # starting | idle | busy
     task_index: int = -1
+    batch: _Batch | None = None  # the batch its task belongs to, while busy
     # ordinary (one of the `jobs` slots) | overflow (one slow task, then retired) | spare (takes the slot
     # of the next task moved to overflow at once, instead of after a fork)
     role: str = "ordinary"
@@ -119,14 +127,18 @@ class _Worker:
         return "while starting" if self.state == "starting" else "while idle"
 
 
-@dataclass
+@dataclass(eq=False)
 class _Batch:
     """One grade() call in flight."""
 
     tasks: list[tuple]
     deadline: float
+    label: str
     outcomes: list[GradeOutcome | None]
     pending: deque[int] = field(default_factory=deque)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None  # why it failed (set before `done`)
+    cancelled: bool = False  # its caller gave up (Ctrl-C) while another thread drove the pool
 
 
 _WORKER_EXIT_MEANINGS = {
@@ -214,6 +226,14 @@ class GradingPool:
         self._holds_helpers = False
         self._retired: list[_Worker] = []  # killed; reaped when gone, at the latest by the next grade() or close()
         self._template: GradingTemplate | None = None
+        self._batches: list[_Batch] = []  # in flight, oldest first (touched only by the drive lock's holder)
+        self._arriving: list[_Batch] = []  # handed in by grade() callers, adopted by the driver
+        self._intake = threading.Lock()  # guards _arriving
+        self._drive = threading.Lock()  # its holder runs the event loop for every batch
+        self._sample: list[tuple] = []  # what the template replays once the pool is idle
+        self._wake_r, self._wake_w = os.pipe()  # a batch handed in wakes the driver's wait
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
 
     # ---------------------------------------------------------------- public
 
@@ -243,10 +263,11 @@ class GradingPool:
         if self.overflow:
             self._spawn("spare")
         while any(w.state == "starting" for w in self._workers):
-            self._step(None, deadline, "worker startup")
+            self._step(deadline, "worker startup")
 
     def grade(self, tasks: Sequence[tuple]) -> list[GradeOutcome]:
-        """Grade every task; "timeout" outcomes for tasks past timeout_s; raise on failure."""
+        """Grade every task; "timeout" outcomes for tasks past timeout_s; raise on failure. Several
+        threads may grade at once: their batches share the workers (see the module docstring)."""
         self._check_usable()
         tasks = list(tasks)
         for index, task in enumerate(tasks):
@@ -254,39 +275,118 @@ class GradingPool:
                 raise TypeError(f"tasks[{index}] must be a tuple of args, got {type(task).__name__}")
         if not tasks:
             return []
-        self._reap_retired()  # the last batch's killed workers, gone by now: their pipes and sentinels close
         cap_s = self.batch_cap_s(len(tasks))
-        batch = _Batch(tasks, time.monotonic() + cap_s, [None] * len(tasks), deque(range(len(tasks))))
         label = f"batch of {len(tasks)} tasks (hard cap {cap_s:.0f}s)"
+        batch = _Batch(tasks, time.monotonic() + cap_s, label, [None] * len(tasks), deque(range(len(tasks))))
+        with self._intake:
+            self._arriving.append(batch)
+        self._wake()
         try:
-            if self._template is not None:
-                self._template_between_batches()
-            while batch.pending or any(w.state == "busy" for w in self._workers):
-                self._dispatch(batch)
-                self._step(batch, batch.deadline, label)
-        except GradingTaskError:
-            self._abort_in_flight()
+            while not batch.done.is_set():
+                # the driver wakes at every deadline it holds, so the lock comes free well before this one
+                if not self._drive.acquire(timeout=max(0.0, batch.deadline + _DRIVE_SLACK_S - time.monotonic())):
+                    raise GradingPoolError(f"{label}: unfinished at its hard cap, and the pool's driver is stuck")
+                try:
+                    self._drive_until(batch)
+                finally:
+                    self._drive.release()
+        except BaseException:
+            if not batch.done.is_set():  # another thread drives: it drops the batch at its next look
+                batch.cancelled = True
+                self._wake()
             raise
-        except BaseException as exc:
-            self._fail(exc)
-            raise
-        finally:
-            self._reap_retired(wait=False)  # a killed worker with a large heap takes 0.1 s to exit: not ours to wait
-        if self._template is not None:
-            self._template.warm(self._replay_sample(batch))
+        if batch.error is not None:
+            raise batch.error
         return list(batch.outcomes)  # type: ignore[arg-type]
+
+    def _drive_until(self, batch: _Batch) -> None:
+        """The event loop for every batch in flight, until `batch` is done. Holds the drive lock."""
+        try:
+            while True:
+                self._adopt()
+                if batch.done.is_set():
+                    return
+                self._dispatch()
+                self._step(min(b.deadline for b in self._batches), "grading")
+                self._settle_batches()
+        except BaseException as exc:
+            self._fail(exc)  # every batch in flight fails with the pool
+            raise
+
+    def _adopt(self) -> None:
+        """Take in the batches handed over since the last look; drop those their callers gave up on."""
+        with self._intake:
+            arriving, self._arriving = self._arriving, []
+        for batch in arriving:
+            if self._state != "running":
+                self._finish(batch, self._broken or GradingPoolError("grading pool is closed"))
+                continue
+            if not self._batches:  # the pool was idle: its last killed workers go, the template stops
+                self._reap_retired()
+                if self._template is not None:
+                    self._template_between_batches()
+            self._batches.append(batch)
+        for batch in [b for b in self._batches if b.cancelled]:
+            self._abort_batch(batch, GradingPoolError(f"{batch.label}: its caller gave up"))
+
+    def _settle_batches(self) -> None:
+        """Hand back each batch with nothing left to grade; once none is left, the template replays."""
+        finished = [
+            b
+            for b in self._batches
+            if not b.pending and not any(w.batch is b for w in self._workers if w.state == "busy")
+        ]
+        for batch in finished:
+            if self._template is not None:
+                self._sample = self._replay_sample(batch)
+            self._finish(batch)
+        if finished and not self._batches:
+            self._reap_retired(wait=False)  # a killed worker with a large heap takes 0.1 s to exit: not ours to wait
+            with self._intake:
+                idle = not self._arriving
+            if idle and self._template is not None and self._sample:
+                self._template.warm(self._sample)
+                self._sample = []
+
+    def _finish(self, batch: _Batch, error: BaseException | None = None) -> None:
+        if batch in self._batches:
+            self._batches.remove(batch)
+        if error is not None:
+            batch.pending.clear()
+            batch.error = error
+        batch.done.set()
+
+    def _abort_batch(self, batch: _Batch, error: BaseException) -> None:
+        """One batch fails (a task raised, its caller gave up): its workers in flight are replaced
+        (their replies would be read as another task's), the other batches go on."""
+        busy = [w for w in self._workers if w.state == "busy" and w.batch is batch]
+        for worker in busy:
+            self._workers.remove(worker)
+        _kill(busy)
+        self._retired.extend(busy)
+        for worker in busy:
+            if worker.role == "ordinary":
+                self._spawn()
+        self._finish(batch, error)
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):  # already awake (pipe full), or the pool is closed
+            pass
 
     def settle(self, timeout_s: float = 30.0) -> bool:
         """Wait (bounded) until the template has replayed the last batch; True if it has (or there is none).
         A trainer never needs this (the replay runs while it generates); a benchmark does, to time batches
         on an otherwise idle machine."""
         self._check_usable()
-        if self._template is None:
-            return True
-        try:
-            return self._template.settle(time.monotonic() + timeout_s) and self._template.state != "gone"
-        except TemplateError as exc:
-            raise self._template_failed(exc.what) from exc
+        with self._drive:
+            if self._template is None:
+                return True
+            try:
+                return self._template.settle(time.monotonic() + timeout_s) and self._template.state != "gone"
+            except TemplateError as exc:
+                raise self._template_failed(exc.what) from exc
 
     def batch_cap_s(self, n_tasks: int) -> float:
         """Hard cap on one grade() call: every round of tasks may take 3x its timeout."""
@@ -315,6 +415,8 @@ class GradingPool:
         self._state = "closed"
         self._kill_workers()
         self._close_template()
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
         if self._holds_helpers:
             self._holds_helpers = False
             release_helpers(_REAP_TIMEOUT_S)
@@ -449,50 +551,67 @@ class GradingPool:
         ]
         return fast[:: max(1, len(fast) // self.warm_replay)][: self.warm_replay]
 
-    def _dispatch(self, batch: _Batch) -> None:
-        """Hand pending tasks to idle workers, one each."""
-        for worker in self._workers:
-            if not batch.pending:
-                return
-            if worker.state != "idle" or worker.role != "ordinary":
-                continue
-            index = batch.pending[0]
-            try:
-                worker.conn.send(batch.tasks[index])
-            except (OSError, EOFError) as exc:
-                raise self._died(worker, f"task pipe broke ({type(exc).__name__}: {exc}) sending task {index}") from exc
-            except Exception as exc:  # pickling failed before anything was written
-                raise GradingTaskError(
-                    f"task {index} could not be sent to a worker: {type(exc).__name__}: {exc}",
-                    task_index=index,
-                    remote_type=type(exc).__name__,
-                    remote_text=str(exc),
-                ) from exc
-            batch.pending.popleft()
-            worker.state, worker.task_index, worker.since = "busy", index, time.monotonic()
-            worker.soft_check_at = worker.since + self.soft_timeout_s  # CPU time cannot outrun wall time
+    def _dispatch(self) -> None:
+        """Hand pending tasks to idle workers, one each, oldest batch first."""
+        idle = [w for w in self._workers if w.state == "idle" and w.role == "ordinary"]
+        for batch in list(self._batches):
+            while batch.pending and idle:
+                worker, index = idle.pop(0), batch.pending[0]
+                try:
+                    worker.conn.send(batch.tasks[index])
+                except (OSError, EOFError) as exc:
+                    raise self._died(
+                        worker, f"task pipe broke ({type(exc).__name__}: {exc}) sending task {index}"
+                    ) from exc
+                except Exception as exc:  # noqa: BLE001 - pickling failed before anything was written: the batch's error
+                    error = GradingTaskError(
+                        f"task {index} could not be sent to a worker: {type(exc).__name__}: {exc}",
+                        task_index=index,
+                        remote_type=type(exc).__name__,
+                        remote_text=str(exc),
+                    )
+                    error.__cause__ = exc
+                    idle.insert(0, worker)
+                    self._abort_batch(batch, error)
+                    break
+                batch.pending.popleft()
+                worker.state, worker.task_index, worker.batch = "busy", index, batch
+                worker.since = time.monotonic()
+                worker.soft_check_at = worker.since + self.soft_timeout_s  # CPU time cannot outrun wall time
 
-    def _step(self, batch: _Batch | None, deadline: float, label: str) -> None:
-        """Wait once (pipes + sentinels, until the nearest deadline), then act on what happened."""
+    def _step(self, cap: float, label: str) -> None:
+        """Wait once (pipes + sentinels + the wake pipe, until the nearest deadline), then act on what happened."""
         owners: dict[Any, _Worker] = {}
         for worker in self._workers:
             owners[worker.conn] = worker
             owners[worker.process.sentinel] = worker
-        watched: list[Any] = list(owners)
+        watched: list[Any] = [*owners, self._wake_r]
         if self._template is not None:
             watched += [self._template.conn, self._template.process.sentinel]
-        timeout = max(0.0, self._nearest_deadline(deadline) - time.monotonic())
+        timeout = max(0.0, self._nearest_deadline(cap) - time.monotonic())
         ready = mp_connection.wait(watched, timeout)
+        if self._wake_r in ready:
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
         self._from_template(ready)  # first: a worker's exit status may be among its reports
         ready = [obj for obj in ready if obj in owners]
         for obj in ready:  # replies first: a result that made it counts
-            if obj is owners[obj].conn:
-                self._receive(owners[obj], batch)
+            worker = owners[obj]
+            if obj is worker.conn:
+                batch = worker.batch
+                try:
+                    self._receive(worker)
+                except GradingTaskError as exc:
+                    assert batch is not None  # a task error comes only from a busy worker
+                    self._abort_batch(batch, exc)
         for obj in ready:
             worker = owners[obj]
             if obj is not worker.conn and worker in self._workers:  # not retired by its own reply
-                self._exited(worker, batch, "exited unexpectedly")
-        self._expire(batch, deadline, label)
+                self._exited(worker, "exited unexpectedly")
+        self._expire(cap, label)
 
     def _nearest_deadline(self, cap: float) -> float:
         deadlines = [cap]
@@ -506,12 +625,12 @@ class GradingPool:
                 deadlines.append(worker.since + _STARTUP_TIMEOUT_S)
         return min(deadlines)
 
-    def _receive(self, worker: _Worker, batch: _Batch | None) -> None:
-        """Read one message from a worker and update its state / the batch."""
+    def _receive(self, worker: _Worker) -> None:
+        """Read one message from a worker and update its state / its batch."""
         try:
             message = worker.conn.recv()
         except (EOFError, OSError) as exc:
-            self._exited(worker, batch, f"result pipe broke ({type(exc).__name__})")
+            self._exited(worker, f"result pipe broke ({type(exc).__name__})")
             return
         kind = message[0]
         if kind == "ready" and worker.state == "starting":
@@ -520,10 +639,11 @@ class GradingPool:
             return
         if kind == "fatal":
             raise GradingPoolError(f"grading worker pid {worker.pid} cannot load {self.grade_fn!r}: {message[1]}")
+        batch = worker.batch
         if worker.state != "busy" or batch is None:
             raise GradingPoolError(f"grading worker pid {worker.pid} sent {kind!r} {worker.doing()} (protocol error)")
         index, elapsed = worker.task_index, time.monotonic() - worker.since
-        worker.state = "idle"
+        worker.state, worker.batch = "idle", None
         moved = worker.role == "overflow"
         if kind == "ok":
             batch.outcomes[index] = GradeOutcome("ok", message[1], elapsed, moved)
@@ -547,17 +667,16 @@ class GradingPool:
             remote_text=message[2],
         )
 
-    def _expire(self, batch: _Batch | None, deadline: float, label: str) -> None:
+    def _expire(self, cap: float, label: str) -> None:
         """Kill workers past their task timeout (replacing them); move tasks past the soft deadline
-        to overflow; raise past the hard caps."""
+        to overflow; raise past the hard caps (a batch's, or `cap` for what `label` names)."""
         now = time.monotonic()
         expired: list[_Worker] = []
         for worker in list(self._workers):
-            if worker.state == "busy" and batch is not None and now >= worker.deadline(self.timeout_s):
+            if worker.state == "busy" and now >= worker.deadline(self.timeout_s):
                 expired.append(worker)
             elif (
                 worker.state == "busy"
-                and batch is not None
                 and worker.role == "ordinary"
                 and now >= worker.soft_check_at
                 and self._overflowing() < self.overflow
@@ -566,22 +685,24 @@ class GradingPool:
                 self._overflow(worker)
             elif worker.state == "starting" and now >= worker.since + _STARTUP_TIMEOUT_S:
                 raise GradingPoolError(f"grading worker pid {worker.pid} not ready after {_STARTUP_TIMEOUT_S:.0f}s")
-        if expired and batch is not None:
-            self._time_out(expired, batch, now)
-        if batch is not None:
-            self._continue_overflow(batch)
-        if now >= deadline:
+        if expired:
+            self._time_out(expired, now)
+        if self._batches:
+            self._continue_overflow()
+        late = next((b.label for b in self._batches if now >= b.deadline), label if now >= cap else None)
+        if late is not None:
             raise GradingPoolError(
-                f"{label} exceeded its deadline (timeout_s={self.timeout_s}, jobs={self.jobs}); "
+                f"{late} exceeded its deadline (timeout_s={self.timeout_s}, jobs={self.jobs}); "
                 f"busy workers: {[(w.pid, w.task_index) for w in self._workers if w.state == 'busy']}"
             )
 
-    def _time_out(self, workers: list[_Worker], batch: _Batch, now: float) -> None:
+    def _time_out(self, workers: list[_Worker], now: float) -> None:
         """Record each task as timed out, then SIGKILL exactly their workers, together (the held-back
-        slow tasks of a batch share one deadline); see _retire for when they are reaped."""
+        slow tasks share one deadline); see _retire for when they are reaped."""
         for worker in workers:
             elapsed = now - worker.since
-            batch.outcomes[worker.task_index] = GradeOutcome("timeout", None, elapsed, worker.role == "overflow")
+            assert worker.batch is not None  # busy
+            worker.batch.outcomes[worker.task_index] = GradeOutcome("timeout", None, elapsed, worker.role == "overflow")
             log.info(
                 "grading task %d timed out after %.1fs; killed worker pid %d", worker.task_index, elapsed, worker.pid
             )
@@ -615,9 +736,12 @@ class GradingPool:
         spare.role = "ordinary"  # the slot is served now; the next spare forks meanwhile
         self._spawn("spare")
 
-    def _continue_overflow(self, batch: _Batch) -> None:
-        """Once no ordinary task is left to grade, the held-back slow tasks run (their clocks resume)."""
-        if batch.pending or any(w.state == "busy" and w.role == "ordinary" for w in self._workers):
+    def _continue_overflow(self) -> None:
+        """Once no ordinary task of any batch is left to grade, the held-back slow tasks run (their clocks
+        resume)."""
+        if any(b.pending for b in self._batches) or any(
+            w.state == "busy" and w.role == "ordinary" for w in self._workers
+        ):
             return
         now = time.monotonic()
         for worker in self._workers:
@@ -654,10 +778,11 @@ class GradingPool:
         workers = [*self._retired, *also]
         self._retired = _reap(workers, _REAP_TIMEOUT_S if wait else 0.0)
 
-    def _exited(self, worker: _Worker, batch: _Batch | None, what: str) -> None:
+    def _exited(self, worker: _Worker, what: str) -> None:
         """A worker exited on its own: past its task's CPU-time cap is that task's outcome; anything
-        else (a crash, a kill from outside) breaks the batch."""
+        else (a crash, a kill from outside) breaks the pool."""
         worker.process.join(_DEATH_STATUS_WAIT_S)
+        batch = worker.batch
         if worker.state == "busy" and batch is not None and worker.process.exitcode == -signal.SIGXCPU:
             elapsed = time.monotonic() - worker.since
             batch.outcomes[worker.task_index] = GradeOutcome("cpu", None, elapsed, worker.role == "overflow")
@@ -673,21 +798,6 @@ class GradingPool:
             f"grading worker pid {worker.pid} {what} {worker.doing()}: {describe_exitcode(worker.process.exitcode)}"
         )
 
-    def _abort_in_flight(self) -> None:
-        """After a task error: replace busy workers (their replies would leak into the next batch)."""
-        busy = [w for w in self._workers if w.state == "busy"]
-        try:
-            for worker in busy:
-                self._workers.remove(worker)
-            _kill(busy)
-            self._retired.extend(busy)
-            for worker in busy:
-                if worker.role == "ordinary":
-                    self._spawn()
-        except BaseException as exc:
-            self._fail(exc)
-            raise
-
     def _fail(self, exc: BaseException) -> None:
         """Kill every worker (their state may be bad) and remember why the pool broke."""
         if self._broken is None:
@@ -698,6 +808,10 @@ class GradingPool:
             )
         if self._state == "running":
             self._state = "broken"
+        with self._intake:
+            arriving, self._arriving = self._arriving, []
+        for batch in [*self._batches, *arriving]:
+            self._finish(batch, self._broken)
         self._kill_workers()
         self._close_template()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ DEFAULT_TIMEOUT_S = 10.0
 GRADE_FN = "scorers.math_verify_grade:grade"
 WARM_MODULE = "scorers.math_verify_warm"  # preloaded: workers fork from a warmed-up forkserver
 DEFAULT_WARM_REPLAY = 64  # about 0.8 s of one core per call, while the trainer generates
+CONCURRENT_CALLS = 64  # chunks graded at once: a request of up to 64 chunks pays one timeout, however chunked
 # outcomes of an item that passed a bound (scored 0 unless on_timeout="raise") -> their diagnostic
 BOUNDS = {"timeout": "timeouts", "memory": "memory_exceeded", "cpu": "cpu_exceeded"}
 
@@ -77,6 +79,8 @@ class MathVerifyScorer(Scorer):
         diagnostics=("timeouts", "memory_exceeded", "cpu_exceeded", "overflowed"),
         nonsemantic_params=("jobs", "soft_timeout_s", "overflow", "warm_replay"),
         requires_modules=("math_verify", "sympy"),
+        # the chunks of one request share the pool, so their pathological items share one timeout
+        concurrent_calls=CONCURRENT_CALLS,
     )
 
     def __init__(
@@ -115,6 +119,7 @@ class MathVerifyScorer(Scorer):
         self.on_timeout = on_timeout
         self.pool_restarts = 0
         self._pool: GradingPool | None = None
+        self._pool_lock = threading.Lock()  # concurrent score() calls replace a broken pool once
 
     def identity_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The timeout as resolved (the param, else $MATH_VERIFY_TIMEOUT_S): it changes verdicts."""
@@ -141,17 +146,25 @@ class MathVerifyScorer(Scorer):
             raise
         self._pool = pool
 
+    def _working_pool(self) -> GradingPool:
+        """The pool, replaced first if an earlier call broke it (that call raised; this one gets fresh workers)."""
+        with self._pool_lock:
+            if self._pool is None:
+                raise RuntimeError("MathVerifyScorer.score() called before load() (or after close())")
+            if self._pool.broken:
+                log.warning("math_verify: grading pool broke on an earlier call; starting a new one")
+                self.close()
+                self.load()
+                self.pool_restarts += 1
+            assert self._pool is not None
+            return self._pool
+
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
-        if self._pool is None:
-            raise RuntimeError("MathVerifyScorer.score() called before load() (or after close())")
-        if self._pool.broken:  # the call that broke it raised; this one gets fresh workers
-            log.warning("math_verify: grading pool broke on an earlier call; starting a new one")
-            self.close()
-            self.load()
-            self.pool_restarts += 1
+        """Thread-safe: calls at once share the pool's workers."""
         tasks = [self._task(index, item) for index, item in enumerate(items)]
+        pool = self._working_pool()
         try:
-            outcomes = self._pool.grade(tasks)
+            outcomes = pool.grade(tasks)
         except GradingTaskError as exc:
             if exc.remote_type == "UnparsableGoldError":
                 item = items[exc.task_index]

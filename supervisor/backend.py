@@ -23,8 +23,9 @@ from supervisor.errors import (
     ScorerRequestError,
     ScorerUnavailable,
 )
+from supervisor.fanout import on_each
 from supervisor.segment import HeapArena, SharedArena
-from supervisor.submit import DEFAULT_MAX_PENDING, SubmissionQueueFull, Submitter
+from supervisor.submit import DEFAULT_MAX_PENDING, Submission, SubmissionQueueFull, Submitter
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 _SUBMITTER_LOCK = threading.Lock()
@@ -54,6 +55,7 @@ class ScorerShape:
     revision: str | None = None
     diagnostics: tuple[str, ...] = ()
     required_fields: tuple[str, ...] = ()  # what it reads of an item (what a group rebuilt across ranks carries)
+    concurrent_calls: int = 1  # chunks of one request it takes at once (see ScorerSpec.concurrent_calls)
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any]) -> ScorerShape:
@@ -67,6 +69,7 @@ class ScorerShape:
             revision=entry.get("revision"),
             diagnostics=tuple(entry.get("diagnostics", ())),
             required_fields=tuple(entry.get("required_fields", ())),
+            concurrent_calls=max(1, int(entry.get("concurrent_calls", 1))),
         )
 
 
@@ -91,7 +94,9 @@ class RewardBackend(ABC):
             if self._submitter is None or not self._submitter.owned_here():
                 # none yet, or a fork's copy of its parent's (whose worker thread did not fork with it):
                 # a backend any process may use gets a submitter of this process's own
-                self._submitter = Submitter(self.compute_rewards, type(self).__name__, self.max_pending)
+                self._submitter = Submitter(
+                    self.compute_rewards, type(self).__name__, self.max_pending, interrupt=self.interrupt
+                )
             submitter = self._submitter
         return submitter.submit(request)
 
@@ -112,7 +117,12 @@ class RewardBackend(ABC):
                     raise
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 0.05)
-        return await asyncio.wrap_future(future)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:  # Ctrl-C in asyncio.run, or the caller's own cancel: nobody will read it
+            if isinstance(future, Submission):
+                future.abandon()
+            raise
 
     def _check_owner(self) -> None:
         """Raise BackendNotOwned in a process that may not use this backend (a fork of its owner).
@@ -211,6 +221,38 @@ def request_group_size(request: RewardRequest, configured: int | None) -> int | 
     return request.group_size if request.group_size is not None else configured
 
 
+def score_chunks(
+    chunks: Sequence[Sequence[RewardItem]],
+    score_chunk: ChunkScorer,
+    group_size: int | None,
+    at_once: int,
+    interrupt: Callable[[], None],
+) -> list[ChunkAnswer]:
+    """Every chunk's answer, in order. Up to `at_once` chunks are in flight together (a scorer that
+    takes concurrent calls: a request costs about its slowest chunk, not the sum of them). One failure
+    fails the request: once every chunk has ended (each bounds itself), the earliest failure is raised,
+    the cause the others' failures may follow from. Ctrl-C while waiting calls `interrupt` first."""
+    if at_once <= 1 or len(chunks) == 1:
+        return [score_chunk(chunk, group_size) for chunk in chunks]
+    failures: list[tuple[float, int, BaseException]] = []
+
+    def one(index: int) -> ChunkAnswer:
+        try:
+            return score_chunk(chunks[index], group_size)
+        except BaseException as exc:
+            failures.append((time.monotonic(), index, exc))
+            raise
+
+    try:
+        outcomes = on_each(range(len(chunks)), one, "chunk", limit=at_once)
+    except BaseException:  # Ctrl-C while the chunks are in flight: end them, then go
+        interrupt()
+        raise
+    if failures:
+        raise min(failures, key=lambda failure: failure[:2])[2]
+    return outcomes  # type: ignore[return-value]  # no failure: every outcome is an answer
+
+
 def score_in_chunks(
     request: RewardRequest,
     size: int,
@@ -219,9 +261,11 @@ def score_in_chunks(
     weights: Mapping[str, float],
     shape: ScorerShape,
     group_size: int | None = None,
+    interrupt: Callable[[], None] = lambda: None,
 ) -> RewardResponse:
     """Cut the request into chunks of at most `size` items that never split a group, score them
-    in order, and assemble one response. Groups are checked before anything is sent."""
+    (together, up to the scorer's `concurrent_calls`, see `score_chunks`), and assemble one response.
+    Groups are checked before anything is sent."""
     group_size = request_group_size(request, group_size)
     try:
         groups = partition(
@@ -232,8 +276,15 @@ def score_in_chunks(
     merged: dict[str, np.ndarray] = {}
     reports = []
     failed: dict[str, str] = {}
-    for chunk in pack_chunks(groups, size):
-        terms, values, chunk_failed = score_chunk([request.items[i] for i in chunk], group_size)
+    chunks = list(pack_chunks(groups, size))
+    answers = score_chunks(
+        [[request.items[i] for i in chunk] for chunk in chunks],
+        score_chunk,
+        group_size,
+        shape.concurrent_calls,
+        interrupt,
+    )
+    for chunk, (terms, values, chunk_failed) in zip(chunks, answers, strict=True):
         for name, scores in terms.items():
             merged.setdefault(name, np.full(len(request.items), np.nan))[chunk] = scores
         reports.append(report(len(chunk), values))

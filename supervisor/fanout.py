@@ -1,5 +1,6 @@
-"""One call per backend, all at once, each in its own daemon thread: starting a panel's or a
-term's children together (not one after another), closing them under one deadline.
+"""One call per backend (or per chunk), all at once, each in its own daemon thread: starting a
+panel's or a term's children together (not one after another), closing them under one deadline,
+sending the chunks of a request to a scorer that takes concurrent calls.
 
 Why daemon threads and not an executor: an executor's threads are joined at interpreter exit,
 so a trainer interrupted while children boot would wait for every boot first. Here Ctrl-C
@@ -10,31 +11,42 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from supervisor.backend import RewardBackend
+if TYPE_CHECKING:
+    from supervisor.backend import RewardBackend
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-def on_each(items: Sequence[T], call: Callable[[T], R], name: str = "fanout") -> list[R | BaseException]:
-    """`call(item)` for every item at once; each one's result or exception, in order. Each call must
-    bound itself (the backends' own deadlines): this waits for all of them."""
+def on_each(
+    items: Sequence[T], call: Callable[[T], R], name: str = "fanout", limit: int | None = None
+) -> list[R | BaseException]:
+    """`call(item)` for every item at once (at most `limit` at a time); each one's result or exception,
+    in order. Each call must bound itself (the backends' own deadlines): this waits for all of them."""
     if len(items) == 1:
         try:
             return [call(items[0])]
         except Exception as exc:  # noqa: BLE001 - handed back like the threaded ones
             return [exc]
     outcomes: list[R | BaseException | None] = [None] * len(items)
+    indexes = iter(range(len(items)))
+    taking = threading.Lock()
 
-    def run(index: int) -> None:
-        try:
-            outcomes[index] = call(items[index])
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises or records it
-            outcomes[index] = exc
+    def run() -> None:
+        while True:
+            with taking:
+                index = next(indexes, None)
+            if index is None:
+                return
+            try:
+                outcomes[index] = call(items[index])
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises or records it
+                outcomes[index] = exc
 
-    threads = [threading.Thread(target=run, args=(i,), name=f"{name}-{i}", daemon=True) for i in range(len(items))]
+    count = len(items) if limit is None else max(1, min(limit, len(items)))
+    threads = [threading.Thread(target=run, name=f"{name}-{i}", daemon=True) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:

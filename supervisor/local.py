@@ -67,6 +67,7 @@ class LocalRewardBackend(RewardBackend):
             revision=spec.revision,
             diagnostics=spec.diagnostics,
             required_fields=spec.required_fields,
+            concurrent_calls=max(1, spec.concurrent_calls),
         )
         check_pins(self.shape, revision, identity_hash)
         self.weights = dict(weights or {})

@@ -93,6 +93,27 @@ class _Generation:
             self.segment.close()
 
 
+def _once(make: Callable[[], T]) -> Callable[[], T]:
+    """`make()` on the first call, from whichever thread; its result (or its error) on every call."""
+    lock = threading.Lock()
+    made: list[T] = []
+    failed: list[BaseException] = []
+
+    def get() -> T:
+        with lock:
+            if failed:
+                raise failed[0]
+            if not made:
+                try:
+                    made.append(make())
+                except BaseException as exc:
+                    failed.append(exc)
+                    raise
+            return made[0]
+
+    return get
+
+
 def _working_directory() -> Path:
     try:
         return Path.cwd()
@@ -538,9 +559,11 @@ class ManagedScorerProcessBackend(RewardBackend):
         self._mark_dead(gen, error)
         return error
 
-    def _score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
+    def _score_chunk(
+        self, serving: Callable[[], _Generation], chunk: Sequence[RewardItem], group_size: int | None
+    ) -> ChunkAnswer:
         frame = encode_chunk(chunk, group_size, self.max_request_bytes)
-        gen = self._serving(restart=True)
+        gen = serving()
         answer = self._exchange(gen, "score", gen.client.score, frame, uuid.uuid4().hex)
         try:
             return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, declared=self.shape)
@@ -548,16 +571,20 @@ class ManagedScorerProcessBackend(RewardBackend):
             raise self._failure(gen, "score", exc) from exc
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+        """Every chunk of one call goes to the same child: one that dies mid-call fails the call (its
+        other chunks are never sent to a replacement behind the caller's back)."""
         self._check_owner()
         with self._serial:
+            serving = _once(lambda: self._serving(restart=True))
             return score_in_chunks(
                 request,
                 self.spec.client.request_batch_size,
-                self._score_chunk,
+                lambda chunk, group_size: self._score_chunk(serving, chunk, group_size),
                 self.required_rewards,
                 self.spec.client.weights,
                 self.shape,
                 self.spec.client.group_size,
+                interrupt=self.interrupt,
             )
 
     def onload(self) -> dict[str, Any]:

@@ -403,10 +403,11 @@ class ChildProcess:
                 self._at_exit.detach()  # its pid may be reused now: never killpg it at exit
 
     def stop(self, graceful_s: float, term_s: float = 2.0) -> ChildRecord:
-        """Bounded escalation after a graceful request: wait, SIGTERM the group, wait, finish."""
+        """Bounded escalation after a graceful request: wait, SIGTERM the group, wait, finish. With no
+        time for SIGTERM (`term_s` 0: an abandoned child), straight to SIGKILL, and nothing to warn about."""
         if self._pid is None or not self.owned:
             return self.record()
-        if not self.wait_exit(graceful_s):
+        if not self.wait_exit(graceful_s) and term_s > 0:
             self.signal_group(signal.SIGTERM)
             if not self.wait_exit(term_s):
                 log.warning("child %s pid %s ignored SIGTERM; sending SIGKILL", self.plan.name, self.pid)

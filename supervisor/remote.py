@@ -139,6 +139,7 @@ class RemoteRewardBackend(RewardBackend):
             self.weights,
             self.shape,
             self.group_size,
+            interrupt=self.interrupt,
         )
 
     @property

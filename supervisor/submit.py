@@ -25,11 +25,41 @@ class SubmissionQueueFull(ScorerError):
     """More submissions are waiting than the backend's bound: the trainer outpaces the scorer."""
 
 
+class Submission(Future[Any]):
+    """A submitted request's future. Ctrl-C while waiting on its result abandons the call, as Ctrl-C in
+    a plain call does: a request still queued is never sent, the one in flight is interrupted (a managed
+    child is killed at once, so the trainer's exit does not wait for it)."""
+
+    def __init__(self, interrupt: Callable[[], None]) -> None:
+        super().__init__()
+        self._interrupt = interrupt
+
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            return super().result(timeout)
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and not self.done():  # raised while waiting (Ctrl-C)
+                self.abandon()
+            raise
+
+    def abandon(self) -> None:
+        """Nobody will read this answer."""
+        if not self.cancel() and not self.done():  # running: only interrupting the backend ends it
+            self._interrupt()
+
+
 class Submitter:
     """The worker behind `RewardBackend.submit`: started on first use, stopped by the backend's close()."""
 
-    def __init__(self, call: Callable[[Any], Any], name: str, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+    def __init__(
+        self,
+        call: Callable[[Any], Any],
+        name: str,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        interrupt: Callable[[], None] = lambda: None,
+    ) -> None:
         self._call = call
+        self._interrupt = interrupt
         self._name = name
         self._owner_pid = os.getpid()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
@@ -39,10 +69,10 @@ class Submitter:
         self._thread = threading.Thread(target=self._run, name=f"submit-{name}", daemon=True)
         self._thread.start()
 
-    def submit(self, request: Any) -> Future[Any]:
+    def submit(self, request: Any) -> Submission:
         if os.getpid() != self._owner_pid:
             raise BackendNotOwned(f"submissions to {self._name} belong to pid {self._owner_pid}; this is a fork of it")
-        future: Future[Any] = Future()
+        future = Submission(self._interrupt)
         with self._lock:
             if self._closed:
                 raise ScorerUnavailable(f"{self._name} is closed: nothing more can be submitted")

@@ -172,3 +172,10 @@ def fast_once(path: str) -> str:
     except FileExistsError:
         spin(3.0)
     return path
+
+
+def echo_or_raise(value: object) -> object:
+    """Echo `value`, but raise ValueError when it is "raise"."""
+    if value == "raise":
+        raise ValueError("asked to raise")
+    return value

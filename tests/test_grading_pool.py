@@ -530,3 +530,42 @@ def test_a_fork_asked_for_during_a_replay_is_served_between_two_replayed_tasks(m
     pool._retire(pool._workers[0])  # forks the replacement from the replaying template
     assert time.monotonic() - started < 0.5
     assert [o.value for o in pool.grade([(0.0, "after")])] == ["after"]
+
+
+def _grade_from_threads(pool: GradingPool, batches: list[list[tuple]]) -> list[Any]:
+    """Each batch graded by its own thread, all at once; each thread's outcomes or exception, in order."""
+    from supervisor.fanout import on_each
+
+    return on_each(batches, pool.grade, "grader")
+
+
+@FORKED_FROM
+def test_batches_graded_from_several_threads_at_once_each_get_their_own_results(make_pool, replay):
+    pool = make_pool("echo", jobs=2, warm_replay=replay)
+    batches = [[(f"b{b}-{i}",) for i in range(30 + b)] for b in range(6)]
+    results = _grade_from_threads(pool, batches)
+    for batch, outcomes in zip(batches, results, strict=True):
+        assert [o.value for o in outcomes] == batch
+
+
+@pytest.mark.slow
+def test_slow_tasks_of_concurrent_batches_share_one_timeout(make_pool):
+    """Four batches at once, a stuck task in each: the four are held back together while every batch's
+    ordinary tasks run, then time out together: about one timeout for all, not one per batch."""
+    pool = make_pool("sleep_for", jobs=2, timeout_s=1.0)
+    batches = [[(60.0, "stuck"), *[(0.01, n) for n in range(10)]] for _ in range(4)]
+    began = time.monotonic()
+    results = _grade_from_threads(pool, batches)
+    took = time.monotonic() - began
+    for outcomes in results:
+        assert outcomes[0].status == "timeout" and outcomes[0].overflowed
+        assert [o.value for o in outcomes[1:]] == list(range(10))
+    assert took < 1.0 + SLACK_S + 0.5, took  # one after another: over 4 s
+
+
+def test_a_task_error_fails_only_its_own_batch(make_pool):
+    pool = make_pool("echo_or_raise", jobs=2)
+    results = _grade_from_threads(pool, [[(n,) for n in range(20)], [(0,), ("raise",), (2,)], [(7,)] * 15])
+    assert [o.value for o in results[0]] == list(range(20)) and [o.value for o in results[2]] == [7] * 15
+    assert isinstance(results[1], GradingTaskError) and results[1].task_index == 1
+    assert pool.grade([(5,)])[0].value == 5 and not pool.broken

@@ -245,3 +245,54 @@ def test_a_memory_bomb_scores_zero_counted_and_the_child_keeps_serving(managed, 
     assert response.rewards == [0.0, 1.0]
     assert response.diagnostics["math_verify"]["values"]["memory_exceeded"] == 1
     assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0] and backend.pid == pid
+
+
+@pytest.mark.slow
+def test_the_hostile_tail_is_paid_once_per_call_however_it_is_chunked(managed, math_python):
+    """256 ordinary items and 4 pathological ones in different chunks of the default
+    request_batch_size (64): the chunks go to the child together and share its pool, so the
+    call pays about one timeout (bench.hostile_math: the +1 s figure), not one per chunk (+8 s
+    here before). Through the managed backend, a remote client of the same child, a panel term
+    and two replicas."""
+    from bench.math_throughput import workload
+    from supervisor import PanelTerm, RemoteRewardBackend, ReplicatedBackend, RewardPanel
+
+    timeout_s = 2.0
+    params = {"jobs": 2, "timeout_s": timeout_s}
+    backend = managed(math_python, "math_verify", params=params)
+    remote = RemoteRewardBackend(f"http://127.0.0.1:{backend._child.port}", token=backend._child.token)
+    panel = RewardPanel([PanelTerm("math", backend)], owns_backends=False)
+    replicas = ReplicatedBackend(
+        {**backend.spec.model_dump(mode="json"), "replicas": {"count": 2}, "client": {"input_kind": "text"}}
+    )
+    start = 0
+
+    def batch(hazards: int) -> RewardRequest:
+        nonlocal start
+        items = [RewardItem(id=f"o{start + i}", text=t, reference=g) for i, (t, g) in enumerate(workload(start, 256))]
+        start += 256
+        for k in range(hazards):  # one in each of the first `hazards` chunks of 64
+            items.insert(64 * k + 10, RewardItem(id=f"p{start}-{k}", text=HOSTILE[k % len(HOSTILE)], reference="1"))
+        return RewardRequest(items=items)
+
+    try:
+        for through in (backend, remote, panel, replicas):
+            through.compute_rewards(batch(0))  # warm: every worker has graded
+            clean_s = timed(lambda: through.compute_rewards(batch(0)))  # noqa: B023 - called at once
+            hostile = batch(4)
+            began = time.monotonic()
+            response = through.compute_rewards(hostile)
+            hostile_s = time.monotonic() - began
+            got = dict(zip(response.ids, response.rewards, strict=True))
+            assert [got[item.id] for item in hostile.items if item.id.startswith("p")] == [0.0] * 4
+            assert hostile_s - clean_s < 2 * timeout_s, (type(through).__name__, clean_s, hostile_s)
+    finally:
+        remote.close()
+        panel.close()
+        replicas.close()
+
+
+def timed(call) -> float:
+    began = time.monotonic()
+    call()
+    return time.monotonic() - began

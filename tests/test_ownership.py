@@ -53,13 +53,26 @@ def test_a_fork_during_launch_does_not_stall_boot(managed, trainer_python):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["backend", "panel", "panel-local"])
-def test_ctrl_c_mid_batch_exits_at_once_with_one_clean_traceback(trainer_python, mode):
+@pytest.mark.parametrize(
+    "mode, via",
+    [
+        ("backend", "call"),
+        ("panel", "call"),
+        ("panel-local", "call"),
+        ("backend", "submit"),
+        ("backend", "async"),
+        ("panel", "submit"),
+        ("replicas", "async"),
+    ],
+)
+def test_ctrl_c_mid_batch_exits_at_once_with_one_clean_traceback(trainer_python, mode, via):
     """One SIGINT while the child works on a 60 s batch: the abandoned call kills the child, and
     close() (shutdown_timeout 10 s) skips the graceful path that would wait for it. A panel whose
     two children score concurrently (from its threads) does the same for both, and does not wait for
-    an in-process term's call, which nothing can stop early."""
-    extra = [f"--{mode}"] if mode != "backend" else []
+    an in-process term's call, which nothing can stop early. The same when the trainer waits in
+    `submit(...).result()` or `asyncio.run(compute_rewards_async(...))`: the call sits in the
+    submission worker, and the wait that Ctrl-C ends abandons it."""
+    extra = ([f"--{mode}"] if mode != "backend" else []) + ["--via", via]
     trainer = subprocess.Popen(
         [sys.executable, "-m", "tests.interrupted_trainer", str(trainer_python), *extra],
         cwd=REPO_ROOT,
@@ -80,10 +93,13 @@ def test_ctrl_c_mid_batch_exits_at_once_with_one_clean_traceback(trainer_python,
         trainer.wait()
         trainer.stdout.close()
         trainer.stderr.close()
-    assert len(children) == (2 if mode == "panel" else 1)
+    assert len(children) == (2 if mode in ("panel", "replicas") else 1)
     assert wait_until_gone(children, 5) == []
-    assert stderr.count("Traceback (most recent call last)") == 1, stderr
-    assert stderr.rstrip().endswith("KeyboardInterrupt") and "During handling" not in stderr, stderr
+    if via == "async":  # asyncio.run cancels the coroutine, then raises KeyboardInterrupt from the cancellation
+        assert stderr.count("Traceback (most recent call last)") == 2 and "CancelledError" in stderr, stderr
+    else:
+        assert stderr.count("Traceback (most recent call last)") == 1 and "During handling" not in stderr, stderr
+    assert stderr.rstrip().endswith("KeyboardInterrupt") and "ignored SIGTERM" not in stderr, stderr
     assert to_exit < 2.0, f"Ctrl-C took {to_exit:.2f} s to exit"
 
 
