@@ -2,6 +2,9 @@
 
 Each subcommand is a thin layer over the library call that does the job; errors the user can
 fix (a missing env, a failed pip) print one line naming the fix and exit 2, never a traceback.
+Exit status: 0 done and clean; 1 done, but not clean (`score`: rows with an error or a failed
+optional term; `doctor`: a check failed) or a scorer failed; 2 the configuration or the input is
+wrong (nothing was scored); 130 interrupted (`score` leaves a resumable output).
 """
 
 from __future__ import annotations
@@ -103,10 +106,10 @@ def _score(args: argparse.Namespace) -> int:
         for bar in bars:
             bar.close()
     print(f"{args.output}: {summary.line()}", file=sys.stderr)
-    metrics = metrics_line(summary)
+    metrics = metrics_line(summary, "val" if args.validation else "train")
     if metrics:
         print(f"diagnostics: {metrics}", file=sys.stderr)
-    return 1 if summary.errors else 0
+    return 0 if summary.clean else 1
 
 
 def _serve(args: argparse.Namespace) -> int:

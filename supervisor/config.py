@@ -317,6 +317,8 @@ class PanelConfig(_Model):
 
     terms: list[TermConfig] = Field(min_length=1)
     group_size: int | None = Field(default=None, gt=0)
+    # an optional term failing on some members of a group: fails for the whole group, or refuses the call
+    group_failures: Literal["whole_group", "raise"] = "whole_group"
 
     @model_validator(mode="after")
     def _unique_names(self) -> PanelConfig:

@@ -35,7 +35,9 @@ from supervisor.fanout import build_all
 from supervisor.types import RewardItem, RewardRequest, RewardResponse, TermFailure
 
 # Failures that say the backend cannot serve at all, not that one batch could not be scored.
-# Never an optional term's recorded failure, never retried on a narrower share: fatal to the call.
+# Never an optional term's recorded failure: fatal to the call. Only a scorer's own refusal
+# (ScorerRequestError) is retried on a narrower share; a death, a timeout or a lost transport
+# fails the shared call once, as the backend alone would (a poison item is never sent twice).
 LIFECYCLE_ERRORS: tuple[type[BaseException], ...] = (
     ScorerStartupError,
     ScorerCrashLoop,
@@ -45,6 +47,7 @@ LIFECYCLE_ERRORS: tuple[type[BaseException], ...] = (
     RankLost,
 )
 ANY_DATASET = "*"
+GROUP_FAILURES = ("whole_group", "raise")
 log = logging.getLogger(__name__)
 
 
@@ -115,9 +118,16 @@ class RewardPanel(RewardBackend):
         owns_backends: bool = True,
         release: Callable[[], None] | None = None,
         group_size: int | None = None,
+        group_failures: str = "whole_group",
     ) -> None:
+        """`group_failures`: an optional term that fails on some members of a group fails for the whole
+        group ("whole_group": a group-relative advantage never compares members scored by different
+        terms), or the call is refused ("raise")."""
         if not terms:
             raise ConfigError("a panel needs at least one term")
+        if group_failures not in GROUP_FAILURES:
+            raise ConfigError(f"group_failures must be one of {GROUP_FAILURES}, got {group_failures!r}")
+        self.group_failures = group_failures
         seen: set[str] = set()
         for term in terms:
             try:
@@ -142,7 +152,10 @@ class RewardPanel(RewardBackend):
     @property
     def identity_hash(self) -> str:
         """Its terms' scorer identities, weights, required flags and applicability."""
-        return digest({"panel": [term.describe() for term in self.terms]})
+        described: dict[str, Any] = {"panel": [term.describe() for term in self.terms]}
+        if self.group_failures != "whole_group":  # the default leaves the identities of earlier panels as they were
+            described["group_failures"] = self.group_failures
+        return digest(described)
 
     def _plan(self, request: RewardRequest) -> tuple[list[_Call], dict[str, list[float | None]]]:
         """Who scores what, and every item's weights: refusals happen here, before any scoring."""
@@ -183,7 +196,7 @@ class RewardPanel(RewardBackend):
             if isinstance(outcome, ScorerItemsFailed) and outcome.partial is not None and not _any_required(call):
                 self._take_partial(call, outcome, request, values, diagnostics, failures)
                 continue
-            if isinstance(outcome, ScorerError) and not isinstance(outcome, LIFECYCLE_ERRORS):
+            if isinstance(outcome, ScorerRequestError):  # the scorer's own refusal: perhaps of an optional item
                 narrowed = self._required_share(call, request)
                 if narrowed is not None:  # optional terms brought items of their own: never let them sink the rest
                     (retry,) = self._score_concurrently(request, [narrowed])
@@ -216,6 +229,7 @@ class RewardPanel(RewardBackend):
             if isinstance(error, ScorerItemsFailed):
                 error.partial = None  # the term's own rewards, not this panel's: nothing above may take them
             raise error
+        failures = self._whole_groups(request, failures, values)
         rewards = []
         for i in range(n):
             total = 0.0
@@ -230,13 +244,50 @@ class RewardPanel(RewardBackend):
             ids=request.ids,
             rewards=rewards,
             component_rewards=values,
-            successes=[True] * n,
-            errors=[None] * n,
+            **_per_item(request.ids, failures),
             applicable={t.name: [w is not None for w in weights[t.name]] for t in self.terms},
             term_failures=failures,
             diagnostics=diagnostics,
             identity_hash=self.identity_hash,
         )
+
+    def _whole_groups(
+        self, request: RewardRequest, failures: list[TermFailure], values: dict[str, list[float | None]]
+    ) -> list[TermFailure]:
+        """Each failure of one of this panel's terms widened to every member of the groups it touches
+        (those members lose that term's value too), or the call refused (`group_failures` "raise").
+        A nested panel's failures arrive widened already."""
+        members: dict[str, list[int]] = {}
+        for position, item in enumerate(request.items):
+            if item.group_id is not None:
+                members.setdefault(item.group_id, []).append(position)
+        if not members:
+            return failures
+        position_of = {item.id: position for position, item in enumerate(request.items)}
+        terms = {term.name: term for term in self.terms}
+        widened = []
+        for failure in failures:
+            term = terms.get(failure.term)
+            if term is None:
+                widened.append(failure)
+                continue
+            touched = sorted({g for i in failure.ids if (g := request.items[position_of[i]].group_id) is not None})
+            whole = [p for g in touched for p in members[g] if term.applies(request.items[p])]
+            already = set(failure.ids)
+            extra = [request.items[p].id for p in whole if request.items[p].id not in already]
+            if extra and self.group_failures == "raise":
+                raise ScorerItemsFailed(
+                    f"optional term {term.name!r} failed on {len(failure.ids)} members of groups {touched[:5]} "
+                    f"but not on {extra[:5]}: the panel refuses partial groups (group_failures='raise'): "
+                    f"{failure.error}",
+                    kind="partial_group",
+                    failed={item_id: failure.error for item_id in [*failure.ids, *extra]},
+                )
+            for position in whole:
+                values[term.name][position] = None
+            ids = [*failure.ids, *extra]
+            widened.append(failure.model_copy(update={"ids": ids}) if extra else failure)
+        return widened
 
     @staticmethod
     def _required_share(call: _Call, request: RewardRequest) -> _Call | None:
@@ -373,6 +424,19 @@ class RewardPanel(RewardBackend):
                     errors.append(exc)
             if errors:
                 raise errors[0]
+
+
+def _per_item(ids: list[str], failures: list[TermFailure]) -> dict[str, list[Any]]:
+    """`successes` and `errors` of a panel's response, their one writer: an item whose reward lacks an
+    optional term that failed for it is not a success, and its error names each such term and why."""
+    why: dict[str, list[str]] = {}
+    for failure in failures:
+        for item_id in failure.ids:
+            why.setdefault(item_id, []).append(f"term {failure.term!r} failed ({failure.kind}: {failure.error})")
+    return {
+        "successes": [item_id not in why for item_id in ids],
+        "errors": ["; ".join(why[item_id]) if item_id in why else None for item_id in ids],
+    }
 
 
 def _any_required(call: _Call) -> bool:

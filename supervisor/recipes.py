@@ -312,7 +312,12 @@ def build_panel(config: PanelConfig, pool: BackendPool | None = None) -> RewardP
     )
     try:
         terms = [_panel_term(term, backend) for term, backend in zip(config.terms, acquired, strict=True)]
-        return RewardPanel(terms, release=lambda: _release_all(pool, acquired), group_size=config.group_size)
+        return RewardPanel(
+            terms,
+            release=lambda: _release_all(pool, acquired),
+            group_size=config.group_size,
+            group_failures=config.group_failures,
+        )
     except BaseException:
         _release_all(pool, list(acquired))
         raise

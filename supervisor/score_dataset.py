@@ -1,7 +1,11 @@
 """Score a JSONL dataset through a panel: one output row per input row, in input order, resumable.
 
 The output starts with a header line (the panel's identity hash and each term's scorer and
-revision); every other line is one input row's result: `id`, `reward`, `components`, `error`.
+revision); every other line is one input row's result: `id`, `reward` (null when the row could
+not be scored), `components` (null where a term does not apply, or failed), `failed_terms`
+(optional terms that failed for this row, and why: its reward lacks them) and `error` (why
+there is no reward). A row with an error or a failed term is not clean: it is counted,
+`--retry-errors` scores it again, and the run's exit status says so.
 Each row also carries `input_sha`, a digest of its input row. Rows are written a whole batch
 at a time, flushed, so an interrupted run (Ctrl-C, a kill) leaves a valid prefix; `resume`
 keeps the rows that are a prefix of this input (same ids, same digests, same columns, else it
@@ -83,18 +87,22 @@ class Summary:
     skipped: int  # already in the output (resume)
     scored: int = 0
     retried: int = 0  # rows written with an error before, scored again (--retry-errors)
-    errors: int = 0
+    errors: int = 0  # rows with no reward
+    partial: int = 0  # rows whose reward lacks an optional term that failed for them
     reward_sum: float = 0.0
     diagnostics: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+
+    @property
+    def clean(self) -> bool:
+        return not self.errors and not self.partial
 
     def line(self) -> str:
         ok = self.scored - self.errors
         mean = f"{self.reward_sum / ok:.4f}" if ok else "-"
         return (
-            f"{self.scored} rows scored ({self.errors} with errors), {self.skipped} already done"
-            + (f" ({self.retried} of them scored again)" if self.retried else "")
-            + ", "
+            f"{self.scored} rows scored ({self.errors} with errors, {self.partial} missing a failed optional term), "
+            f"{self.skipped} already done" + (f" ({self.retried} of them scored again)" if self.retried else "") + ", "
             f"mean reward {mean}, {self.seconds:.1f} s"
         )
 
@@ -186,7 +194,7 @@ def header_for(panel: RewardPanel, recipe: str, columns: Columns) -> dict[str, A
 
 
 def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str, bool]], list[int], int]:
-    """(header, (id, input_sha, has a reward) per row, each row's end offset, the header's end offset).
+    """(header, (id, input_sha, clean) per row, each row's end offset, the header's end offset).
 
     A torn last row (a kill mid-write) is left out; a file with no whole managed-scorers header
     line, or with anything else that is not a row, is refused: it is not an output of this command."""
@@ -215,7 +223,8 @@ def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str, bool]]
         if not isinstance(record, dict) or "id" not in record or "input_sha" not in record:
             raise ResumeRefused(f"{path}:{index} is not a row: {not_ours}")
         offset += len(raw) + 1
-        rows.append((str(record["id"]), str(record["input_sha"]), record.get("reward") is not None))
+        clean = record.get("reward") is not None and not record.get("failed_terms")
+        rows.append((str(record["id"]), str(record["input_sha"]), clean))
         ends.append(offset)
     return header, rows, ends, header_end
 
@@ -247,7 +256,7 @@ def plan_output(
         while 0 < done < len(rows) and _group_of(rows[done - 1], columns) == _group_of(rows[done], columns):
             done -= 1
     retry: list[int] = []
-    if retry_errors:  # rows written with `reward: null`, each with its whole group
+    if retry_errors:  # rows written with an error or a failed term, each with its whole group
         failed = {_group_of(rows[i], columns) or f"row:{rows[i].id}" for i in range(done) if not written[i][2]}
         retry = [i for i in range(done) if (_group_of(rows[i], columns) or f"row:{rows[i].id}") in failed]
     return ResumePlan(header, done, ends[done - 1] if done else header_end, retry)
@@ -310,15 +319,7 @@ def _results(panel: RewardPanel, items: list[RewardItem]) -> Iterator[tuple[dict
         rest = iter(list(_results(panel, scored)) if scored else [])
         for item in items:  # in input order
             if item.id in reasons:
-                yield (
-                    {
-                        "id": item.id,
-                        "reward": None,
-                        "components": {},
-                        "error": f"{type(exc).__name__}: {reasons[item.id]}",
-                    },
-                    None,
-                )
+                yield _failed_row(item.id, f"{type(exc).__name__}: {reasons[item.id]}"), None
             else:
                 yield next(rest)
         return
@@ -328,23 +329,33 @@ def _results(panel: RewardPanel, items: list[RewardItem]) -> Iterator[tuple[dict
         units = micro_batches(items, 1, lambda item: item.group_id)  # single rows, or whole groups
         if len(units) == 1:
             for item in items:
-                yield {"id": item.id, "reward": None, "components": {}, "error": f"{type(exc).__name__}: {exc}"}, None
+                yield _failed_row(item.id, f"{type(exc).__name__}: {exc}"), None
             return
         half = len(units) // 2
         for part in ([i for unit in units[:half] for i in unit], [i for unit in units[half:] for i in unit]):
             yield from _results(panel, part)
         return
+    failed_terms: dict[str, dict[str, str]] = {}
+    for failure in response.term_failures:
+        for item_id in failure.ids:
+            failed_terms.setdefault(item_id, {})[failure.term] = f"{failure.kind}: {failure.error}"
     for index, item_id in enumerate(response.ids):
-        ok = response.successes[index]
+        partial = failed_terms.get(item_id, {})
+        failed = not response.successes[index] and not partial  # not a success, and not for an optional term
         yield (
             {
                 "id": item_id,
-                "reward": response.rewards[index] if ok else None,
+                "reward": None if failed else response.rewards[index],
                 "components": {name: values[index] for name, values in response.component_rewards.items()},
-                "error": response.errors[index],
+                "failed_terms": partial,
+                "error": response.errors[index] if failed else None,
             },
             response.diagnostics if index == 0 else None,
         )
+
+
+def _failed_row(item_id: str, error: str) -> dict[str, Any]:
+    return {"id": item_id, "reward": None, "components": {}, "failed_terms": {}, "error": error}
 
 
 def score_dataset(
@@ -378,6 +389,7 @@ def score_dataset(
             _write(out, written)
             summary.scored += len(written)
             summary.errors += sum(r["reward"] is None for r in written)
+            summary.partial += sum(bool(r["failed_terms"]) for r in written)
             summary.reward_sum += sum(r["reward"] for r in written if r["reward"] is not None)
             if advance is not None:
                 advance(len(written))
@@ -431,6 +443,7 @@ def _retry_errors(
         fresh.update({record["id"]: json.dumps(record, allow_nan=False) + "\n" for record in written})
         summary.retried += len(written)
         summary.errors += sum(r["reward"] is None for r in written)
+        summary.partial += sum(bool(r["failed_terms"]) for r in written)
     with open(output, "rb") as handle:
         lines = handle.read()[: plan.truncate_at].decode("utf-8").splitlines(keepends=True)
     rewritten = [lines[0]] + [fresh.get(rows[i].id, line) for i, line in enumerate(lines[1:])]
@@ -465,6 +478,8 @@ def _write(out: IO[str], records: list[dict[str, Any]]) -> None:
     os.fsync(out.fileno())
 
 
-def metrics_line(summary: Summary) -> str:
-    metrics = to_metrics(summary.diagnostics, "val") if summary.diagnostics else {}
+def metrics_line(summary: Summary, namespace: str = "train") -> str:
+    """The run's diagnostics as metrics, named as a trainer logs them: `train/...`, or `val/...` for the
+    validation panel."""
+    metrics = to_metrics(summary.diagnostics, namespace) if summary.diagnostics else {}
     return "  ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if math.isfinite(v))

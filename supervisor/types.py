@@ -168,6 +168,10 @@ class RewardResponse(BaseModel):
     A component is None exactly where its term does not apply to the item (`applicable`
     says so; a term missing there applies to every item) or where an optional term failed
     (`term_failures` names the term, the ids and the error): never a fake 0 or NaN.
+    `successes[i]` False says item i's reward is not whole, and `errors[i]` says why (None
+    exactly for a success). A panel writes it for an item that an optional term failed for (the
+    item is in `term_failures`; its reward is the other terms' finite sum, as configured);
+    anything else not a success is a failed item, which a trainer must never use.
     `diagnostics` maps a term to its report (`scorers.diagnostics`); `metrics()` flattens them.
     """
 
@@ -195,6 +199,9 @@ class RewardResponse(BaseModel):
         for index, (ok, reward) in enumerate(zip(self.successes, self.rewards, strict=True)):
             if ok and not math.isfinite(reward):
                 raise ValueError(f"rewards[{index}] (id={self.ids[index]!r}) is {reward} but marked a success")
+        for index, (ok, error) in enumerate(zip(self.successes, self.errors, strict=True)):
+            if ok == (error is not None):
+                raise ValueError(f"item {self.ids[index]!r}: success {ok} with error {error!r} (one says the other)")
         failed = {(failure.term, item_id) for failure in self.term_failures for item_id in failure.ids}
         for term, values in self.component_rewards.items():
             mask = self.applicable.get(term)

@@ -78,7 +78,8 @@ def test_a_thousand_rows_scored_in_input_order_with_a_header(tmp_path):
     assert [r["id"] for r in out] == [r["id"] for r in rows]
     assert [r["reward"] for r in out] == [0.0 if i % 3 == 0 else 1.0 for i in range(1000)]
     assert all(r["error"] is None and r["components"] == {"correct": r["reward"]} for r in out)
-    assert "1000 rows scored (0 with errors)" in done.stderr
+    assert "1000 rows scored (0 with errors, 0 missing a failed optional term)" in done.stderr
+    assert "train/reward/correct/sample_count=1000" in done.stderr  # the training panel: train/, not val/
 
 
 @pytest.mark.slow
@@ -293,3 +294,34 @@ def test_retry_errors_scores_the_error_rows_again_in_place(tmp_path):
     header, rows = output_rows(out)
     assert [r["id"] for r in rows] == ["t0", "t1", "t2", "t3"] and [r["reward"] for r in rows] == [1.0, 6.0, 3.0, 2.0]
     assert not list(tmp_path.glob(".out.jsonl.*.tmp"))
+
+
+def test_a_failed_optional_term_is_recorded_counted_retried_and_not_a_clean_exit(tmp_path):
+    """The optional term fails for the batch: each row keeps the reward of the other terms, says which
+    term it lacks and why (its null component is not "not applicable"), the run exits 1, and
+    --retry-errors scores those rows again once the term works."""
+    (tmp_path / "in.jsonl").write_text(
+        "".join(json.dumps({"id": f"t{i}", "response": t}) + "\n" for i, t in enumerate(["a", "poison", "ccc"]))
+    )
+    outage = tmp_path / "outage"
+    outage.write_text("the optional term refuses 'poison' while this file exists")
+    models = {
+        "len": {"backend": "local", "scorer": "tests.fixture_scorers:Probe"},
+        "picky": {
+            "backend": "local",
+            "scorer": "tests.fixture_scorers:RefusesText",
+            "params": {"while_exists": str(outage)},
+        },
+    }
+    functions = {"len": {"model": "len"}, "picky": {"model": "picky", "required": False, "weight": 10.0}}
+    (tmp_path / "r.json").write_text(json.dumps({"reward": {"models": models, "reward_functions": functions}}))
+    out, args = tmp_path / "out.jsonl", ["--recipe", tmp_path / "r.json", "--input", tmp_path / "in.jsonl"]
+    first = score(*args, "--output", out)
+    assert first.returncode == 1 and "3 missing a failed optional term" in first.stderr, first.stderr
+    rows = output_rows(out)[1]
+    assert [r["reward"] for r in rows] == [1.0, 6.0, 3.0] and all(r["error"] is None for r in rows)
+    assert all(r["components"]["picky"] is None and "is poison" in r["failed_terms"]["picky"] for r in rows)
+    outage.unlink()
+    again = score(*args, "--output", out, "--resume", "--retry-errors")
+    assert again.returncode == 0 and "3 of them scored again" in again.stderr, again.stderr
+    assert [(r["reward"], r["failed_terms"]) for r in output_rows(out)[1]] == [(11.0, {}), (66.0, {}), (33.0, {})]

@@ -31,8 +31,10 @@ from supervisor import (
     RewardRequest,
     RewardResponse,
     ScorerCrashLoop,
+    ScorerItemsFailed,
     ScorerRequestError,
     ScorerStartupError,
+    ScorerTimeout,
     TermFailure,
     build_panel,
     build_panels,
@@ -294,7 +296,9 @@ def test_an_optional_term_failure_is_recorded_with_exactly_its_ids_and_adds_noth
         assert response.component_rewards["flaky"] == [None] * 4  # none of it was attached
         assert response.applicable["flaky"] == [True, True, False, True]
         assert response.rewards == [salted_value(1, i.id) for i in items]
-        assert "flaky" not in response.diagnostics and response.successes == [True] * 4
+        assert "flaky" not in response.diagnostics and response.successes == [False, False, True, False]
+        assert all("term 'flaky' failed" in e for e in (response.errors[0], response.errors[1], response.errors[3]))
+        assert response.errors[2] is None  # the optional term does not apply to it: its reward is whole
         # the failure belongs to that call only
         clean = panel.compute_rewards(RewardRequest(items=items[:3]))
     assert clean.term_failures == []
@@ -591,3 +595,54 @@ def test_diagnostics_merge_across_chunks_and_name_metrics_per_term():
     assert merged["cue"] == {"sample_count": 7, "values": {"empties": 1, "length": {"sum": 19.0, "count": 7}}}
     assert merged["len"] == {"sample_count": 7, "values": {"calls": 4}}
     assert to_metrics(merged, "train")["train/reward/cue/length"] == pytest.approx(19 / 7)
+
+
+def test_a_shared_call_that_times_out_is_not_sent_again_for_the_required_terms_items(managed, trainer_python):
+    """A required and an optional term on one child; the call hangs past request_timeout. Narrowing to the
+    required term's items is for a scorer's refusal of some items: a timeout fails the call once (one
+    timeout, one killed child), never a second send to a restarted child."""
+    shared = managed(trainer_python, "tests.fixture_scorers:Flaky", process={"request_timeout": 1.5})
+    panel = RewardPanel(
+        [
+            PanelTerm("chat", shared, applicable_datasets=["chat"]),
+            PanelTerm("code", shared, applicable_datasets=["code"], required=False),
+        ],
+        owns_backends=False,
+    )
+    request = RewardRequest(items=[item("h0", text="slow", data_source="chat"), item("c0", data_source="code")])
+    began = time.monotonic()
+    with pytest.raises(ScorerTimeout):
+        panel.compute_rewards(request)
+    assert time.monotonic() - began < 1.5 + 1.5  # one timeout (re-sent: two, and a restart)
+    assert shared.restarts == 0 and shared.timeouts == 1
+
+
+def test_an_optional_term_that_fails_on_one_member_fails_for_its_whole_group():
+    """GRPO compares the members of a group: a term missing for one member only would skew every
+    advantage of the group. Member g0-1's judge fails: the judge is dropped for all of g0 (recorded so),
+    g1 keeps it; with group_failures="raise" the call is refused instead."""
+    items = [
+        item(f"g{g}-{m}", text="fail" if (g, m) == (0, 1) else f"ok{g}{m}", group_id=f"g{g}")
+        for g in (0, 1)
+        for m in range(4)
+    ]
+    request = RewardRequest(items=items, group_size=4)
+
+    def panel(**options) -> RewardPanel:
+        return RewardPanel(
+            [
+                PanelTerm("base", salted(1)),
+                PanelTerm("judge", LocalRewardBackend("tests.fixture_scorers:FailsMarked"), required=False),
+            ],
+            **options,
+        )
+
+    with panel() as whole:
+        response = whole.compute_rewards(request)
+    g0 = [f"g0-{m}" for m in range(4)]
+    assert [(f.term, sorted(f.ids)) for f in response.term_failures] == [("judge", g0)]
+    assert response.component_rewards["judge"][:4] == [None] * 4 and None not in response.component_rewards["judge"][4:]
+    assert response.rewards[:4] == [salted_value(1, i) for i in g0]
+    assert response.successes == [False] * 4 + [True] * 4 and "term 'judge' failed" in response.errors[0]
+    with panel(group_failures="raise") as refusing, pytest.raises(ScorerItemsFailed, match="refuses partial groups"):
+        refusing.compute_rewards(request)
