@@ -58,7 +58,15 @@ def _folder(value: str) -> Path:
 
 def _score(args: argparse.Namespace) -> int:
     from supervisor.recipes import build_panels, load_recipe
-    from supervisor.score_dataset import Columns, header_for, metrics_line, plan_output, read_rows, score_dataset
+    from supervisor.score_dataset import (
+        Columns,
+        OutputClaim,
+        header_for,
+        metrics_line,
+        plan_output,
+        read_rows,
+        score_dataset,
+    )
 
     columns = Columns(
         id=args.id_column,
@@ -74,13 +82,17 @@ def _score(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.recipe} has no validation panel (--validation)")
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
-    rows = read_rows(args.input, columns, needs_text=args.image_column is None)  # before any child starts
+    chosen = recipe.validation if args.validation and recipe.validation is not None else recipe.train
+    # before any child starts
+    rows = read_rows(args.input, columns, needs_text=args.image_column is None, group_size=chosen.group_size)
     if args.retry_errors and not args.resume:
         raise ConfigError("--retry-errors goes with --resume (it scores the error rows of an existing output again)")
-    plan = plan_output(args.output, rows, columns, args.resume, args.retry_errors)  # likewise: no boot wasted
-    train, validation = build_panels(recipe)
-    panel = validation if args.validation and validation is not None else train
     with contextlib.ExitStack() as stack:
+        claim = OutputClaim(args.output)  # this run's alone until it ends: a second run is refused
+        stack.callback(claim.close)
+        plan = plan_output(claim, rows, columns, args.resume, args.retry_errors)  # likewise: no boot wasted
+        train, validation = build_panels(recipe)
+        panel = validation if args.validation and validation is not None else train
         stack.callback(train.close)
         if validation is not None:
             stack.callback(validation.close)
@@ -96,7 +108,7 @@ def _score(args: argparse.Namespace) -> int:
 
         try:
             summary = score_dataset(
-                panel, rows, args.output, header, columns, args.input.parent, plan, args.batch_size, progress
+                panel, rows, claim, header, columns, args.input.parent, plan, args.batch_size, progress
             )
         except KeyboardInterrupt:
             for bar in bars:

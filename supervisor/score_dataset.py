@@ -18,10 +18,13 @@ when every unit of a batch fails on its own, or 10 units in a row do, the run st
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -31,6 +34,7 @@ from typing import IO, Any
 import numpy as np
 
 from scorers.diagnostics import merge_term_reports, to_metrics
+from scorers.groups import COMMON_INPUTS, strict_key
 from supervisor.errors import ConfigError, ScorerItemsFailed, ScorerRequestError
 from supervisor.overlap import micro_batches
 from supervisor.panel import RewardPanel
@@ -40,6 +44,72 @@ HEADER_KEY = "managed_scorers_output"
 FORMAT_VERSION = 1
 PER_ROW_KINDS = ("bad_input", "scorer_error")  # what a row can cause; anything else stops the run
 STOP_AFTER_FAILED_UNITS = 10  # rows or groups failing one after another: the scorer, not the data
+
+
+class OutputClaim:
+    """The output file, held by one run: created exclusively when new, never opened through a symbolic
+    link, and locked (flock) for the whole run, so a second run on it is refused, not interleaved.
+    A rewrite (`replace`) goes to an exclusively created temporary file, locked before it is renamed
+    over the output, so the lock never lapses. A file this claim created and left empty is removed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        if not path.parent.is_dir():
+            raise ConfigError(f"{path.parent} does not exist: create it, or choose another output")
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags)
+            self.created = False
+        except FileNotFoundError:
+            fd = self._create(path, flags)
+        except OSError as exc:
+            raise self._refused(exc) from exc
+        self.file = self._locked(fd)
+
+    def _create(self, path: Path, flags: int) -> int:
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError as exc:
+            raise ConfigError(f"{path} was created by another run meanwhile: choose another output") from exc
+        except OSError as exc:
+            raise self._refused(exc) from exc
+        self.created = True
+        return fd
+
+    def _refused(self, exc: OSError) -> ConfigError:
+        if exc.errno == errno.ELOOP:
+            return ConfigError(f"{self.path} is a symbolic link: give the file it points to as --output")
+        return ConfigError(f"cannot open {self.path}: {exc.strerror}")
+
+    def _locked(self, fd: int) -> IO[str]:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(f"{self.path} is being written by another managed-scorers score run") from None
+        return os.fdopen(fd, "r+", encoding="utf-8")
+
+    def replace(self, content: str) -> None:
+        """Put `content` in place of the output whole: a kill meanwhile leaves the old file."""
+        fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        try:
+            handle = self._locked(fd)
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+            os.fchmod(handle.fileno(), os.fstat(self.file.fileno()).st_mode & 0o777)
+            os.replace(temporary, self.path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+        self.file.close()
+        self.file = handle
+
+    def close(self) -> None:
+        empty = self.created and os.fstat(self.file.fileno()).st_size == 0
+        if empty:
+            self.path.unlink(missing_ok=True)  # still ours: unlinked before the lock goes
+        self.file.close()
 
 
 class InputRowError(ConfigError):
@@ -107,21 +177,28 @@ class Summary:
         )
 
 
-def read_rows(path: Path, columns: Columns, needs_text: bool) -> list[Row]:
-    """Every row, checked before anything is scored or started: JSON objects, unique ids, the needed
-    fields, a valid item (types, finite numbers), images that open, groups whole and contiguous."""
+def read_rows(path: Path, columns: Columns, needs_text: bool, group_size: int | None = None) -> list[Row]:
+    """Every row, checked before anything is scored or started: UTF-8 JSON objects, unique ids, the
+    needed fields, a valid item (types, finite numbers), images that open, groups contiguous, of
+    `group_size` when one is declared, and sharing their prompt, reference and data source."""
     rows: list[Row] = []
     seen: dict[str, int] = {}
     group_starts: dict[str, int] = {}
-    with open(path, encoding="utf-8") as handle:
-        for number, raw in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for number, encoded in enumerate(handle, start=1):
             where = f"{path}:{number}"
+            try:
+                raw = encoded.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputRowError(f"{where}: not UTF-8 (byte {exc.start + 1}: {exc.reason})") from exc
             if not raw.strip():
                 continue
             try:
                 fields = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise InputRowError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from exc
+            except (ValueError, RecursionError) as exc:  # a 5,000-digit number; brackets nested 100,000 deep
+                raise InputRowError(f"{where}: not readable JSON ({type(exc).__name__}: {str(exc)[:120]})") from exc
             if not isinstance(fields, dict):
                 raise InputRowError(f"{where}: a row must be a JSON object, got {type(fields).__name__}")
             row_id = fields.get(columns.id, f"line-{number}")
@@ -148,11 +225,37 @@ def read_rows(path: Path, columns: Columns, needs_text: bool) -> list[Row]:
             canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
             row = Row(number, row_id, fields, hashlib.sha256(canonical.encode()).hexdigest()[:16])
             try:
-                _item(row, columns, path.parent, load_image=False)
+                _item(row, columns)
             except ValueError as exc:  # pydantic's ValidationError: a type, an empty id, a NaN
                 raise InputRowError(f"{where}: {_first_error(exc)}") from exc
             rows.append(row)
+    if columns.group is not None:
+        _check_groups(path, rows, columns, group_size)
     return rows
+
+
+def _check_groups(path: Path, rows: Sequence[Row], columns: Columns, group_size: int | None) -> None:
+    """Each group of `group_size` rows (when declared), whose prompt, reference and data source are
+    the same (type-strictly): what the scorers would refuse after boot, named by line before it."""
+    groups: dict[str, list[Row]] = {}
+    for row in rows:
+        groups.setdefault(_group_of(row, columns) or "", []).append(row)
+    names = {"prompt": columns.prompt, "reference": columns.reference, "data_source": columns.data_source}
+    for group, members in groups.items():
+        if group_size is not None and len(members) != group_size:
+            raise InputRowError(
+                f"{path}:{members[0].line}: group {group!r} has {len(members)} rows (lines "
+                f"{', '.join(str(r.line) for r in members[:8])}), the recipe's group_size is {group_size}"
+            )
+        for common in COMMON_INPUTS:
+            column = names[common]
+            expected = strict_key(members[0].fields.get(column))
+            for row in members[1:]:
+                if strict_key(row.fields.get(column)) != expected:
+                    raise InputRowError(
+                        f"{path}:{row.line}: column {column!r} differs from line {members[0].line}, the first of "
+                        f"group {group!r}: the rows of a group share their {common} (a missing one differs too)"
+                    )
 
 
 def _first_error(exc: ValueError) -> str:
@@ -171,8 +274,8 @@ def _check_image(value: Any, base: Path, column: str, where: str) -> None:
     try:
         with Image.open(base / value):  # the header only: a file that is not an image fails here, not mid-run
             pass
-    except (UnidentifiedImageError, OSError) as exc:
-        raise InputRowError(f"{where}: {value} is not a readable image ({exc})") from exc
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+        raise InputRowError(f"{where}: {value} is not a readable image ({type(exc).__name__}: {exc})") from exc
 
 
 def header_for(panel: RewardPanel, recipe: str, columns: Columns) -> dict[str, Any]:
@@ -230,12 +333,11 @@ def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str, bool]]
 
 
 def plan_output(
-    output: Path, rows: Sequence[Row], columns: Columns, resume: bool, retry_errors: bool = False
+    claim: OutputClaim, rows: Sequence[Row], columns: Columns, resume: bool, retry_errors: bool = False
 ) -> ResumePlan:
     """Checked before any child starts: may this output be written, and from which input row on."""
-    if not output.parent.is_dir():
-        raise ConfigError(f"{output.parent} does not exist: create it, or choose another output")
-    if not output.exists() or output.stat().st_size == 0:
+    output = claim.path
+    if os.fstat(claim.file.fileno()).st_size == 0:
         return ResumePlan()
     if not resume:
         raise ConfigError(f"{output} exists: pass --resume to continue it, or choose another output")
@@ -278,14 +380,18 @@ def _check_resumable(old: dict[str, Any] | None, new: dict[str, Any], path: Path
     )
 
 
-def _item(row: Row, columns: Columns, base: Path, load_image: bool = True) -> RewardItem:
-    fields = row.fields
-    image = None
-    if columns.image is not None and load_image:
-        from PIL import Image
+def _decoded_image(row: Row, columns: Columns, base: Path) -> np.ndarray | None:
+    """The row's image as RGB pixels (OSError, SyntaxError or DecompressionBombError: it does not decode)."""
+    if columns.image is None:
+        return None
+    from PIL import Image
 
-        with Image.open(base / fields[columns.image]) as opened:
-            image = np.asarray(opened.convert("RGB"))
+    with Image.open(base / row.fields[columns.image]) as opened:
+        return np.asarray(opened.convert("RGB"))
+
+
+def _item(row: Row, columns: Columns, image: np.ndarray | None = None) -> RewardItem:
+    fields = row.fields
     return RewardItem(
         id=row.id,
         prompt=fields.get(columns.prompt),
@@ -295,6 +401,27 @@ def _item(row: Row, columns: Columns, base: Path, load_image: bool = True) -> Re
         group_id=_group_of(row, columns),
         data_source=fields.get(columns.data_source),
     )
+
+
+def _items(batch: Sequence[Row], columns: Columns, input_dir: Path) -> tuple[list[RewardItem], dict[str, str]]:
+    """The batch's items, and why each row that cannot become one failed: an image that opened at the
+    check but does not decode (cut short, corrupt). Such a row takes its whole group with it."""
+    from PIL import Image
+
+    items, unreadable, broken = [], {}, set()
+    for row in batch:
+        try:
+            image = _decoded_image(row, columns, input_dir)
+        except (OSError, SyntaxError, Image.DecompressionBombError) as exc:  # cut short; a broken chunk; too large
+            unreadable[row.id] = f"input line {row.line}: cannot decode its image ({type(exc).__name__}: {exc})"
+            broken.add(_group_of(row, columns))
+            continue
+        items.append(_item(row, columns, image))
+    broken.discard(None)
+    for row in batch:
+        if row.id not in unreadable and _group_of(row, columns) in broken:
+            unreadable[row.id] = f"input line {row.line}: a member of its group has an image that cannot be decoded"
+    return [item for item in items if item.id not in unreadable], unreadable
 
 
 def _group_of(row: Row, columns: Columns) -> str | None:
@@ -361,7 +488,7 @@ def _failed_row(item_id: str, error: str) -> dict[str, Any]:
 def score_dataset(
     panel: RewardPanel,
     rows: Sequence[Row],
-    output: Path,
+    claim: OutputClaim,
     header: dict[str, Any],
     columns: Columns,
     input_dir: Path,
@@ -371,28 +498,29 @@ def score_dataset(
 ) -> Summary:
     """Score `rows[plan.done:]` into `output` (see the module docstring); KeyboardInterrupt leaves it resumable."""
     started = time.monotonic()
-    _check_resumable(plan.header, header, output)
+    _check_resumable(plan.header, header, claim.path)
     todo = rows[plan.done :]
     summary = Summary(total=len(rows), skipped=plan.done)
     advance = progress(summary.total, summary.skipped) if progress is not None else None
     failed_in_a_row = 0
     if plan.retry:
-        plan = _retry_errors(panel, rows, output, columns, input_dir, plan, batch_size, summary)
-    with open(output, "r+" if plan.header is not None else "w", encoding="utf-8") as out:
-        if plan.header is None:
-            _write(out, [header])
-        else:
-            out.truncate(plan.truncate_at)  # a torn last line, or a group cut short, goes
-            out.seek(plan.truncate_at)
-        for batch in micro_batches(todo, batch_size, lambda row: _group_of(row, columns)):
-            written, failed_in_a_row = _score_batch(panel, batch, columns, input_dir, summary, failed_in_a_row)
-            _write(out, written)
-            summary.scored += len(written)
-            summary.errors += sum(r["reward"] is None for r in written)
-            summary.partial += sum(bool(r["failed_terms"]) for r in written)
-            summary.reward_sum += sum(r["reward"] for r in written if r["reward"] is not None)
-            if advance is not None:
-                advance(len(written))
+        plan = _retry_errors(panel, rows, claim, columns, input_dir, plan, batch_size, summary)
+    out = claim.file
+    if plan.header is None:
+        out.truncate(0)
+        _write(out, [header])
+    else:
+        out.truncate(plan.truncate_at)  # a torn last line, or a group cut short, goes
+        out.seek(plan.truncate_at)
+    for batch in micro_batches(todo, batch_size, lambda row: _group_of(row, columns)):
+        written, failed_in_a_row = _score_batch(panel, batch, columns, input_dir, summary, failed_in_a_row)
+        _write(out, written)
+        summary.scored += len(written)
+        summary.errors += sum(r["reward"] is None for r in written)
+        summary.partial += sum(bool(r["failed_terms"]) for r in written)
+        summary.reward_sum += sum(r["reward"] for r in written if r["reward"] is not None)
+        if advance is not None:
+            advance(len(written))
     summary.seconds = time.monotonic() - started
     return summary
 
@@ -406,9 +534,14 @@ def _score_batch(
     failed_in_a_row: int,
 ) -> tuple[list[dict[str, Any]], int]:
     """The output records of one batch, in input order; raises instead when the failures look systemic."""
-    items = [_item(row, columns, input_dir) for row in batch]
+    built, unreadable = _items(batch, columns, input_dir)
+    scored = iter(_results(panel, built) if built else [])
     written = []
-    for record, diagnostics in _results(panel, items):
+    for row in batch:
+        if row.id in unreadable:
+            written.append(_failed_row(row.id, unreadable[row.id]))
+            continue
+        record, diagnostics = next(scored)
         written.append(record)
         if diagnostics:
             summary.diagnostics = merge_term_reports([summary.diagnostics, diagnostics])
@@ -427,7 +560,7 @@ def _score_batch(
 def _retry_errors(
     panel: RewardPanel,
     rows: Sequence[Row],
-    output: Path,
+    claim: OutputClaim,
     columns: Columns,
     input_dir: Path,
     plan: ResumePlan,
@@ -436,6 +569,7 @@ def _retry_errors(
 ) -> ResumePlan:
     """Score the written error rows again and put their new records in place: the file is rewritten
     whole under a temporary name, then renamed over the output (a kill meanwhile leaves the old one)."""
+    output = claim.path
     again = [rows[i] for i in plan.retry]
     fresh: dict[str, str] = {}
     for batch in micro_batches(again, batch_size, lambda row: _group_of(row, columns)):
@@ -447,12 +581,7 @@ def _retry_errors(
     with open(output, "rb") as handle:
         lines = handle.read()[: plan.truncate_at].decode("utf-8").splitlines(keepends=True)
     rewritten = [lines[0]] + [fresh.get(rows[i].id, line) for i, line in enumerate(lines[1:])]
-    temporary = output.with_name(f".{output.name}.{os.getpid()}.tmp")
-    with open(temporary, "w", encoding="utf-8") as out:
-        out.write("".join(rewritten))
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, output)
+    claim.replace("".join(rewritten))
     return ResumePlan(plan.header, plan.done, sum(len(line.encode()) for line in rewritten))
 
 

@@ -325,3 +325,99 @@ def test_a_failed_optional_term_is_recorded_counted_retried_and_not_a_clean_exit
     again = score(*args, "--output", out, "--resume", "--retry-errors")
     assert again.returncode == 0 and "3 of them scored again" in again.stderr, again.stderr
     assert [(r["reward"], r["failed_terms"]) for r in output_rows(out)[1]] == [(11.0, {}), (66.0, {}), (33.0, {})]
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header says width x height, with no pixels after it."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
+
+
+def local_recipe(path: Path, scorer: str = "tests.fixture_scorers:Probe", kind: str = "text", **panel) -> Path:
+    models = {"m": {"backend": "local", "scorer": scorer, "input_kind": kind}}
+    path.write_text(json.dumps({"reward": {"models": models, "reward_functions": {"t": {"model": "m"}}, **panel}}))
+    return path
+
+
+def test_input_that_would_break_the_run_is_named_by_line_before_anything_starts(tmp_path):
+    """Exit 2 naming file:line, no output written: bytes that are not UTF-8, a number past Python's
+    digit limit, brackets nested past the recursion limit, a PNG header claiming 20000 x 20000, and the
+    groups the scorers would refuse after boot (one of 2 rows where 4 are declared, a reference
+    missing from one row of a group)."""
+    (tmp_path / "huge.png").write_bytes(png_claiming(20000, 20000))
+    good = json.dumps({"id": "a", "response": "x", "image": "huge.png", "g": "1", "reference": "1"})
+    cases = {
+        "not UTF-8": (b'{"id": "b", "response": "\xff\xfe"}', {}),
+        "not readable JSON (ValueError": (b'{"id": "b", "response": "x", "n": ' + b"9" * 5000 + b"}", {}),
+        "not readable JSON (RecursionError": (b'{"id": "b", "response": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {}),
+        "DecompressionBombError": (good.replace('"a"', '"b"').encode(), {"image": True}),
+        "group '1' has 2 rows": (
+            json.dumps({"id": "b", "response": "y", "g": "1", "reference": "1"}).encode(),
+            {"size": 4},
+        ),
+        "column 'reference' differs from line 1": (json.dumps({"id": "b", "response": "y", "g": "1"}).encode(), {}),
+    }
+    for message, (line, how) in cases.items():
+        first = good if how.get("image") else good.replace(', "image": "huge.png"', "")
+        (tmp_path / "in.jsonl").write_bytes(first.encode() + b"\n" + line + b"\n")
+        options = {"group_size": how["size"]} if "size" in how else {}
+        args = ["--recipe", local_recipe(tmp_path / "r.json", **options), "--input", tmp_path / "in.jsonl"]
+        args += ["--group-column", "g"] + (["--image-column", "image"] if how.get("image") else [])
+        done = score(*args, "--output", tmp_path / "o")
+        line_no = 1 if how.get("image") or "size" in how else 2
+        assert done.returncode == 2 and f"in.jsonl:{line_no}: " in done.stderr and message in done.stderr, (
+            message,
+            done.stderr,
+        )
+        assert "Traceback" not in done.stderr and not (tmp_path / "o").exists()
+
+
+def test_an_image_that_opens_but_does_not_decode_fails_its_row_and_resume_gets_past_it(tmp_path):
+    from PIL import Image
+
+    Image.fromarray(np.full((64, 64, 3), 90, np.uint8)).save(tmp_path / "ok.png")
+    whole = (tmp_path / "ok.png").read_bytes()
+    (tmp_path / "cut.png").write_bytes(whole[: len(whole) // 2])  # its header opens; its pixels are cut short
+    rows = [{"id": f"r{i}", "image": "cut.png" if i == 1 else "ok.png"} for i in range(4)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    recipe_path = local_recipe(tmp_path / "r.json", "mean_intensity", "image")
+    args = ["--recipe", recipe_path, "--input", tmp_path / "in.jsonl", "--image-column", "image"]
+    done = score(*args, "--output", tmp_path / "out.jsonl")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    out = output_rows(tmp_path / "out.jsonl")[1]
+    assert [r["reward"] is None for r in out] == [False, True, False, False]
+    assert "input line 2: cannot decode its image" in out[1]["error"]
+    again = score(*args, "--output", tmp_path / "out.jsonl", "--resume")
+    assert again.returncode == 0 and "0 rows scored" in again.stderr, again.stderr
+
+
+def test_a_second_run_on_the_same_output_is_refused_and_a_symlinked_output_too(tmp_path):
+    (tmp_path / "in.jsonl").write_text(
+        "".join(json.dumps({"id": f"t{i}", "response": "x" * i}) + "\n" for i in range(6))
+    )
+    models = {"m": {"backend": "local", "scorer": "tests.fixture_scorers:Probe", "params": {"sleep_s": 0.4}}}
+    (tmp_path / "r.json").write_text(
+        json.dumps({"reward": {"models": models, "reward_functions": {"t": {"model": "m"}}}})
+    )
+    out, args = tmp_path / "out.jsonl", ["--recipe", tmp_path / "r.json", "--input", tmp_path / "in.jsonl"]
+    first = start(*args, "--output", out, "--batch-size", "1")
+    try:
+        wait_for_rows(out, 1, first)
+        for extra in ([], ["--resume"]):
+            second = score(*args, "--output", out, *extra)
+            assert second.returncode == 2, second.stderr
+            assert "being written by another managed-scorers score run" in second.stderr or "exists" in second.stderr
+        assert first.wait(60) == 0, first.communicate()
+    finally:
+        first.kill()
+        first.communicate()
+    assert [r["reward"] for r in output_rows(out)[1]] == [float(i) for i in range(6)]  # none lost, none twice
+    (tmp_path / "link.jsonl").symlink_to(out)
+    linked = score(*args, "--output", tmp_path / "link.jsonl", "--resume")
+    assert linked.returncode == 2 and "is a symbolic link" in linked.stderr, linked.stderr
