@@ -31,6 +31,7 @@ import os
 import random
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -164,6 +165,50 @@ def _measure() -> str:
     )
 
 
+def tree_memory(pid: int) -> tuple[int, int]:
+    """(PSS, RSS) summed over a process and its descendants: PSS shares each page among the processes
+    that map it (forked workers share their preloaded heap), RSS counts it in each."""
+    import psutil
+
+    pss = rss = 0
+    try:
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0, 0
+    for process in tree:
+        try:
+            with open(f"/proc/{process.pid}/smaps_rollup") as rollup:
+                for line in rollup:
+                    if line.startswith(("Pss:", "Rss:")):
+                        kib = int(line.split()[1]) << 10
+                        pss, rss = (pss + kib, rss) if line.startswith("Pss:") else (pss, rss + kib)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return pss, rss
+
+
+class PeakMemory:
+    """Samples a process tree's memory every 50 ms inside the block; `peak_pss` and `peak_rss` after it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak_pss, self.peak_rss = pid, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            pss, rss = tree_memory(self.pid)
+            self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 MANAGED_ROUNDS = 3
 GENERATION_S = 1.5  # between calls, as a trainer generates: the child's template replays meanwhile
 
@@ -186,7 +231,8 @@ def _through_managed() -> str:
 
     with ManagedScorerProcessBackend(spec) as backend:
         backend.compute_rewards(request(next(fresh)))
-        extras, cleans = [], []
+        extras, cleans, peaks = [], [], []
+        assert backend.pid is not None
         for round_ in range(MANAGED_ROUNDS):
             first, second = next(fresh), next(fresh)
             clean, ordinary = (first, second) if round_ % 2 == 0 else (second, first)
@@ -194,8 +240,11 @@ def _through_managed() -> str:
             for name, tasks in (("clean", clean), ("hostile", with_hazards(ordinary)[0])):
                 time.sleep(GENERATION_S)
                 began = time.monotonic()
-                backend.compute_rewards(request(tasks))
+                with PeakMemory(backend.pid) as memory:
+                    backend.compute_rewards(request(tasks))
                 took[name] = time.monotonic() - began
+                if name == "hostile":
+                    peaks.append(memory)
             extras.append(took["hostile"] - took["clean"])
             cleans.append(took["clean"])
         chunks = -(-(ORDINARY + len(PATHOLOGICAL)) // backend.spec.client.request_batch_size)
@@ -204,7 +253,8 @@ def _through_managed() -> str:
         f"  through a managed child (default client config: {chunks} chunks of "
         f"{backend.spec.client.request_batch_size}): clean {statistics.median(cleans):5.2f} s, +8 pathological "
         f"+{extra:.2f} s (median of rounds {'/'.join(f'{e:+.2f}' for e in extras)}, target <= {TIMEOUT_S + 1:g}: "
-        f"{'met' if extra <= TIMEOUT_S + 1 else 'MISSED'})"
+        f"{'met' if extra <= TIMEOUT_S + 1 else 'MISSED'}); the child's process tree during a hostile call: "
+        f"peak PSS {max(p.peak_pss for p in peaks) / 2**30:.2f} GiB (summed RSS {max(p.peak_rss for p in peaks) / 2**30:.2f})"
     )
 
 

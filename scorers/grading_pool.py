@@ -26,7 +26,9 @@ timeout. A slow task thus gets its whole timeout of running time, never a starve
 it, and the batch costs its ordinary work plus about one timeout. An overflow worker is
 retired after its task; retired workers are killed at once and reaped once gone (those still
 exiting when grade() returns, as a large heap takes 0.1 s to free, by the next grade() or
-close()). Each worker's address space is capped (a task past `memory_cap_bytes` fails with
+close()). The held tasks together may keep at most `memory_budget_bytes` of private memory
+(each one's own cap times the overflow bound would allow 8 GiB): past it, the largest are
+killed, outcome "budget". Each worker's address space is capped (a task past `memory_cap_bytes` fails with
 MemoryError: outcome "memory", the worker exits) and each task's CPU time is capped by the
 kernel (RLIMIT_CPU, outcome "cpu"), a backstop to the timeout. A worker whose memory grew
 while grading is replaced, so the pool returns to its size after a hostile batch.
@@ -54,7 +56,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import connection as mp_connection
 from typing import Any
@@ -82,6 +84,9 @@ DEFAULT_SOFT_TIMEOUT_S = 0.1
 MIN_OVERFLOW = 16
 WAIT_FACTOR = 4  # a task holding its slot this many soft deadlines moves whatever CPU time it used
 DEFAULT_MEMORY_CAP_BYTES = 512 * 2**20  # beyond what a freshly forked worker maps
+# the private memory of all held tasks together: one item at its cap, whatever the overflow bound
+DEFAULT_MEMORY_BUDGET_BYTES = DEFAULT_MEMORY_CAP_BYTES
+_BUDGET_CHECK_S = 0.05  # how often the held tasks' memory is read while there are any
 RECYCLE_GROWTH_BYTES = 64 * 2**20  # a worker this much above its start RSS is replaced after its task
 _FREEZE_MODULE = "scorers.forkserver_gc"  # preloaded last: workers never collect the preloaded heap
 
@@ -90,7 +95,9 @@ _FREEZE_MODULE = "scorers.forkserver_gc"  # preloaded last: workers never collec
 class GradeOutcome:
     """One task's outcome: `value` is grade_fn's result when status is "ok", else None."""
 
-    status: str  # "ok" | "timeout" | "memory" (past the memory cap) | "cpu" (past the CPU-time cap)
+    # "ok" | "timeout" | "memory" (past the memory cap) | "cpu" (past the CPU-time cap) | "budget" (held
+    # tasks together past the pool's memory budget)
+    status: str
     value: Any
     elapsed_s: float
     overflowed: bool = False  # it passed the soft deadline and finished (or not) in an overflow worker
@@ -187,6 +194,7 @@ class GradingPool:
         overflow: int | None = None,
         memory_cap_bytes: int | None = DEFAULT_MEMORY_CAP_BYTES,
         warm_replay: int = 0,
+        memory_budget_bytes: int | None = DEFAULT_MEMORY_BUDGET_BYTES,
     ) -> None:
         """`soft_timeout_s`: None = min(0.1 s, timeout_s / 2). `overflow`: the most tasks moved out of
         the ordinary slots at once; None = max(16, 4 x jobs), 0 = never move one. `memory_cap_bytes`: None = no cap.
@@ -203,6 +211,12 @@ class GradingPool:
             not isinstance(memory_cap_bytes, int) or isinstance(memory_cap_bytes, bool) or memory_cap_bytes < 2**20
         ):
             raise ValueError(f"memory_cap_bytes must be an int >= 1 MiB or None, got {memory_cap_bytes!r}")
+        if memory_budget_bytes is not None and (
+            not isinstance(memory_budget_bytes, int)
+            or isinstance(memory_budget_bytes, bool)
+            or memory_budget_bytes < 2**20
+        ):
+            raise ValueError(f"memory_budget_bytes must be an int >= 1 MiB or None, got {memory_budget_bytes!r}")
         module_name, sep, attr = grade_fn.partition(":") if isinstance(grade_fn, str) else ("", "", "")
         if not (module_name and sep and attr):
             raise ValueError(f"grade_fn must be 'module:function', got {grade_fn!r}")
@@ -215,6 +229,8 @@ class GradingPool:
         self.soft_timeout_s = float(soft_timeout_s)
         self.overflow = overflow
         self.memory_cap_bytes = memory_cap_bytes
+        self.memory_budget_bytes = memory_budget_bytes
+        self._budget_check_at = 0.0
         self.grade_fn = grade_fn
         self.preload = tuple(preload)
         self.warm_replay = warm_replay
@@ -623,7 +639,38 @@ class GradingPool:
                     deadlines.append(worker.soft_check_at)
             elif worker.state == "starting":
                 deadlines.append(worker.since + _STARTUP_TIMEOUT_S)
+        if self.memory_budget_bytes is not None and any(self._held()):
+            deadlines.append(self._budget_check_at)
         return min(deadlines)
+
+    def _held(self) -> Iterator[_Worker]:
+        """Tasks moved to overflow workers, running or stopped: they keep their memory either way."""
+        return (w for w in self._workers if w.role == "overflow" and w.state == "busy")
+
+    def _keep_to_budget(self, now: float) -> None:
+        """Past the memory budget, the held tasks with the most private memory are killed (outcome
+        "budget") until the rest fit. Stopped ones count: they keep their memory."""
+        self._budget_check_at = now + _BUDGET_CHECK_S
+        held = list(self._held())
+        sizes = {worker: _private_bytes(worker.pid) for worker in held}
+        total, over = sum(sizes.values()), []
+        for worker in sorted(held, key=lambda w: sizes[w], reverse=True):
+            if self.memory_budget_bytes is None or total <= self.memory_budget_bytes:
+                break
+            over.append(worker)
+            total -= sizes[worker]
+        for worker in over:
+            assert worker.batch is not None  # busy
+            elapsed = now - worker.since
+            worker.batch.outcomes[worker.task_index] = GradeOutcome("budget", None, elapsed, True)
+            log.info(
+                "grading task %d killed in overflow worker pid %d: held tasks past the pool's memory budget (%d MiB)",
+                worker.task_index,
+                worker.pid,
+                (self.memory_budget_bytes or 0) >> 20,
+            )
+        if over:
+            self._retire(*over)
 
     def _receive(self, worker: _Worker) -> None:
         """Read one message from a worker and update its state / its batch."""
@@ -687,6 +734,8 @@ class GradingPool:
                 raise GradingPoolError(f"grading worker pid {worker.pid} not ready after {_STARTUP_TIMEOUT_S:.0f}s")
         if expired:
             self._time_out(expired, now)
+        if self.memory_budget_bytes is not None and now >= self._budget_check_at and any(self._held()):
+            self._keep_to_budget(now)
         if self._batches:
             self._continue_overflow()
         late = next((b.label for b in self._batches if now >= b.deadline), label if now >= cap else None)
@@ -825,6 +874,17 @@ def _usage(pid: int) -> tuple[int, float]:
         return 0, 0.0
     # fields[0] is the state (field 3 of proc(5)): utime, stime are fields 14, 15; rss (pages) field 24
     return int(fields[21]) * _PAGE_SIZE, (int(fields[11]) + int(fields[12])) * _CPU_TICK_S
+
+
+def _private_bytes(pid: int) -> int:
+    """What killing the process would free: its private pages (USS), from /proc; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            lines = rollup.read().splitlines()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return 0
+    fields = dict(line.split(":", 1) for line in lines if line.startswith("Private_"))
+    return sum(int(value.split()[0]) for value in fields.values()) << 10
 
 
 def _kill(workers: Sequence[_Worker]) -> None:

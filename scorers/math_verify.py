@@ -31,7 +31,7 @@ WARM_MODULE = "scorers.math_verify_warm"  # preloaded: workers fork from a warme
 DEFAULT_WARM_REPLAY = 64  # about 0.8 s of one core per call, while the trainer generates
 CONCURRENT_CALLS = 64  # chunks graded at once: a request of up to 64 chunks pays one timeout, however chunked
 # outcomes of an item that passed a bound (scored 0 unless on_timeout="raise") -> their diagnostic
-BOUNDS = {"timeout": "timeouts", "memory": "memory_exceeded", "cpu": "cpu_exceeded"}
+BOUNDS = {"timeout": "timeouts", "memory": "memory_exceeded", "cpu": "cpu_exceeded", "budget": "memory_budget_exceeded"}
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -76,7 +76,7 @@ class MathVerifyScorer(Scorer):
         revision="math-verify-0.9.0",
         env="math",
         report_packages=("math-verify", "antlr4-python3-runtime", "sympy"),
-        diagnostics=("timeouts", "memory_exceeded", "cpu_exceeded", "overflowed"),
+        diagnostics=("timeouts", "memory_exceeded", "cpu_exceeded", "memory_budget_exceeded", "overflowed"),
         nonsemantic_params=("jobs", "soft_timeout_s", "overflow", "warm_replay"),
         requires_modules=("math_verify", "sympy"),
         # the chunks of one request share the pool, so their pathological items share one timeout
@@ -96,12 +96,15 @@ class MathVerifyScorer(Scorer):
         overflow: int | None = None,
         memory_cap_mb: int | None = 512,
         warm_replay: int = DEFAULT_WARM_REPLAY,
+        memory_budget_mb: int | None = 512,
     ) -> None:
         """`soft_timeout_s` (default min(0.1 s, timeout_s / 2)): an item that has used that much CPU time
         (or held its slot 4x as long) leaves its slot for an overflow worker (at most `overflow`, default
         max(16, 4 x jobs); 0: never), so ordinary items keep flowing. `memory_cap_mb`: what one item may map beyond a fresh worker (None: no cap).
         `warm_replay`: workers fork from a template that replays this many of each call's items while the
-        pool is idle, so a worker started mid-batch grades as fast as a veteran (0: they fork cold)."""
+        pool is idle, so a worker started mid-batch grades as fast as a veteran (0: they fork cold).
+        `memory_budget_mb`: the private memory all held items together may keep; past it the largest
+        are killed and score 0 (`memory_budget_exceeded`; None: no budget)."""
         super().__init__()
         self.jobs = len(os.sched_getaffinity(0)) if jobs is None else _check_int("jobs", jobs, 1)
         self.timeout_s = _resolve_timeout(timeout_s)
@@ -109,6 +112,9 @@ class MathVerifyScorer(Scorer):
         self.soft_timeout_s, self.overflow = overflow_options(self.jobs, self.timeout_s, soft_timeout_s, overflow)
         self.warm_replay = _check_int("warm_replay", warm_replay, 0)
         self.memory_cap_mb = None if memory_cap_mb is None else _check_int("memory_cap_mb", memory_cap_mb, 16)
+        self.memory_budget_mb = (
+            None if memory_budget_mb is None else _check_int("memory_budget_mb", memory_budget_mb, 16)
+        )
         self.float_rounding = _check_int("float_rounding", float_rounding, 0)
         self.numeric_precision = _check_int("numeric_precision", numeric_precision, 1)
         if not isinstance(strict, bool):
@@ -138,6 +144,7 @@ class MathVerifyScorer(Scorer):
             overflow=self.overflow,
             memory_cap_bytes=None if self.memory_cap_mb is None else self.memory_cap_mb * 2**20,
             warm_replay=self.warm_replay,
+            memory_budget_bytes=None if self.memory_budget_mb is None else self.memory_budget_mb * 2**20,
         )
         try:
             pool.start()

@@ -179,3 +179,10 @@ def echo_or_raise(value: object) -> object:
     if value == "raise":
         raise ValueError("asked to raise")
     return value
+
+
+def hold_memory(mib: int, seconds: float) -> int:
+    """Touch `mib` MiB of private memory, then wait `seconds` holding it."""
+    held = bytearray(mib * 2**20)
+    time.sleep(seconds)
+    return len(held)

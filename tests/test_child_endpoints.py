@@ -56,6 +56,7 @@ def test_health_reports_identity(managed, trainer_python):
         "groupwise": False,
         "ragged_groups": False,
         "required_fields": [],
+        "concurrent_calls": 1,
         "pid": backend.pid,
         "in_flight": 0,
         "residency": "resident",

@@ -50,8 +50,21 @@ def score(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProces
     return subprocess.run([*CLI, *map(str, args)], env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
+# the CLI as a terminal runs it: with Python's Ctrl-C handler even when this test's launcher ignored
+# SIGINT (a background job of a non-interactive shell does, and children inherit it)
+INTERRUPTIBLE = [
+    sys.executable,
+    "-c",
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from supervisor.cli import main; sys.exit(main())",
+    "score",
+]
+
+
 def start(*args: str | Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([*CLI, *map(str, args)], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*INTERRUPTIBLE, *map(str, args)], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def wait_for_rows(path: Path, at_least: int, proc: subprocess.Popen[str], deadline_s: float = 120) -> int:

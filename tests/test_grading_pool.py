@@ -569,3 +569,16 @@ def test_a_task_error_fails_only_its_own_batch(make_pool):
     assert [o.value for o in results[0]] == list(range(20)) and [o.value for o in results[2]] == [7] * 15
     assert isinstance(results[1], GradingTaskError) and results[1].task_index == 1
     assert pool.grade([(5,)])[0].value == 5 and not pool.broken
+
+
+@pytest.mark.slow
+def test_held_tasks_together_stay_within_the_pool_memory_budget(make_pool):
+    """Four tasks of 150 MiB each wait long enough to move to overflow: under their own 512 MiB cap, 600 MiB
+    together. With a 200 MiB budget the three largest are killed ("budget"), the one that fits finishes."""
+    pool = make_pool("hold_memory", jobs=2, timeout_s=10.0, memory_budget_bytes=200 * 2**20)
+    outcomes = pool.grade([*[(150, 1.5) for _ in range(4)], *[(1, 0.0) for _ in range(6)]])
+    held = outcomes[:4]
+    assert sorted(o.status for o in held) == ["budget", "budget", "budget", "ok"], held
+    assert all(o.overflowed for o in held) and all(o.status == "ok" for o in outcomes[4:])
+    with pytest.raises(ValueError, match="memory_budget_bytes"):
+        GradingPool(1, 1.0, f"{FIXTURES}:square", memory_budget_bytes=1024)

@@ -62,7 +62,7 @@ def test_pathological_item_costs_its_timeout_only(managed, math_python):
         "junk": 0.0,
         "sqrt": 1.0,
     }
-    values = {"timeouts": 1, "memory_exceeded": 0, "cpu_exceeded": 0, "overflowed": 1}
+    values = {"timeouts": 1, "memory_exceeded": 0, "cpu_exceeded": 0, "memory_budget_exceeded": 0, "overflowed": 1}
     assert response.diagnostics["math_verify"] == {"sample_count": len(response.ids), "values": values}
     assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
 

@@ -50,7 +50,13 @@ def test_correct_wrong_and_unparsable_answers(make_scorer):
     ]
     result = score_checked(scorer, items)
     assert result.terms == {"math_verify": [1.0, 0.0, 0.0, 1.0, 1.0]}
-    assert result.diagnostics == {"timeouts": 0, "memory_exceeded": 0, "cpu_exceeded": 0, "overflowed": 0}
+    assert result.diagnostics == {
+        "timeouts": 0,
+        "memory_exceeded": 0,
+        "cpu_exceeded": 0,
+        "memory_budget_exceeded": 0,
+        "overflowed": 0,
+    }
 
 
 def test_plain_number_golds_grade_as_math_verify_grades_them(make_scorer):
@@ -91,7 +97,13 @@ def test_pathological_item_costs_one_timeout_and_spares_its_neighbours(make_scor
     result = score_checked(scorer, items)
     wall_s = time.monotonic() - started
     assert result.terms == {"math_verify": [1.0, 0.0, 0.0, 1.0]}
-    assert result.diagnostics == {"timeouts": 1, "memory_exceeded": 0, "cpu_exceeded": 0, "overflowed": 1}
+    assert result.diagnostics == {
+        "timeouts": 1,
+        "memory_exceeded": 0,
+        "cpu_exceeded": 0,
+        "memory_budget_exceeded": 0,
+        "overflowed": 1,
+    }
     assert wall_s < timeout_s + SLACK_S
     # The replacement worker serves the next call normally.
     again = score_checked(scorer, [item("d", "\\boxed{5}", "5")])

@@ -194,11 +194,16 @@ def test_ctrl_c_while_replicas_boot_kills_them_at_once(trainer_python):
     )
     before = {p.pid for p in psutil.Process().children()}
     timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
-    began = time.monotonic()
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        ReplicatedBackend(config)  # both children hang in load(); startup_timeout is 60 s
-    elapsed = time.monotonic() - began
-    timer.join()
+    # the Ctrl-C handler this relies on, whatever the launcher left (a background job ignores SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        began = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            ReplicatedBackend(config)  # both children hang in load(); startup_timeout is 60 s
+        elapsed = time.monotonic() - began
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert elapsed < 6.0, elapsed  # not the 60 s boot deadline
     assert wait_until_gone(list({p.pid for p in psutil.Process().children()} - before), 10) == []
