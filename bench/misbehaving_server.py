@@ -3,7 +3,7 @@
 `/health` is relayed as it is; a `/score` answer is relayed in the chosen way: `trickle`
 sends the real (valid) answer one byte every `trickle_s`; `gzip_bomb` answers with
 `gzip_mib` MiB of zeros compressed to a few hundred KB, marked `content-encoding: gzip`
-whatever the client asked for. Each request's `accept-encoding` is recorded. Stdlib plus
+whatever the client asked for; `bare_health` answers /health without saying what it serves. Each request's `accept-encoding` is recorded. Stdlib plus
 httpx (to reach the real server).
 """
 
@@ -64,6 +64,9 @@ def _handler(server: MisbehavingServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
             answer = self._relay("GET")
+            if server.mode == "bare_health":  # a server that is up, but not a scorer server
+                self._send(200, "application/json", b'{"state": "ready"}')
+                return
             self._send(answer.status_code, answer.headers.get("content-type", ""), answer.content)
 
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name

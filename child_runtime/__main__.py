@@ -22,10 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, NoReturn
 
 from child_runtime import boot, exit_codes, lifeline
-from child_runtime.gate import ConnectionGate, gated
-from child_runtime.host import GPU_RESIDENCY_MODES, ScorerHost
-from child_runtime.items import Limits
-from child_runtime.shared_segment import ChildSegment
+
+try:  # what the runtime needs beyond the stdlib (numpy): a missing package is said on the readiness pipe
+    from child_runtime.gate import ConnectionGate, gated
+    from child_runtime.host import GPU_RESIDENCY_MODES, ScorerHost
+    from child_runtime.items import Limits
+    from child_runtime.shared_segment import ChildSegment
+except ImportError as _missing:
+    _RUNTIME_IMPORT_ERROR: ImportError | None = _missing
+else:
+    _RUNTIME_IMPORT_ERROR = None
 
 KEEP_ALIVE_S = 7 * 24 * 3600
 
@@ -46,7 +52,7 @@ class BootConfig:
     boot_offloaded: bool = False  # a restart after the trainer offloaded boots offloaded
     device: str = "cpu"
     graceful_timeout_s: float = 5.0
-    limits: Limits = field(default_factory=Limits)
+    limits: Limits = field(default_factory=lambda: Limits())  # resolved when made: the import may have failed
     shared_fd: int | None = None  # the parent's sealed memfd, when it offers a shared data plane
     rank: int = 0  # the trainer rank that owns this child: a label on its metrics
     cwd: str | None = None  # the trainer's working directory (a spawn cannot set it)
@@ -84,6 +90,25 @@ def _fail(pipe: BinaryIO | None, code: int, message: str) -> NoReturn:
             pass  # the parent is gone or gave up: the exit code still says why
     _log(f"child_runtime: {exit_codes.describe(code)}: {message}")
     os._exit(code)
+
+
+def _pipe_of(raw: dict[str, Any]) -> BinaryIO | None:
+    """The readiness pipe named by a boot config not read further (so its failure can be said there)."""
+    fd = raw.get("ready_fd")
+    try:
+        return os.fdopen(fd, "wb", buffering=0) if isinstance(fd, int) else None
+    except OSError:
+        return None
+
+
+def _missing_package(exc: ImportError) -> str:
+    """Which package this interpreter lacks, and how to get an env that has it."""
+    name = exc.name or str(exc)
+    return (
+        f"the scorer env's python {sys.executable} cannot run the child runtime: it lacks {name!r} "
+        f"({type(exc).__name__}: {exc}). Build a scorer env (`managed-scorers envs build NAME`, then "
+        '`"env": "NAME"` in the spec), or install numpy, starlette and uvicorn into this one.'
+    )
 
 
 def _log(line: str) -> None:
@@ -208,8 +233,8 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
         from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
         from child_runtime.app import build_app
-    except ImportError:  # the scorer env lacks the child runtime's packages: it will not boot on a retry
-        _fail(pipe, exit_codes.BAD_CONFIG, "the scorer env cannot run the child runtime:\n" + traceback.format_exc())
+    except ImportError as exc:  # the scorer env lacks the child runtime's packages: it will not boot on a retry
+        _fail(pipe, exit_codes.BAD_CONFIG, _missing_package(exc))
 
     segment, segment_error = _open_segment(config)
     gate = ConnectionGate(config.limits.max_pending_connections, config.limits.pending_connection_timeout_s)
@@ -273,7 +298,13 @@ def main() -> None:
     if not standalone:
         lifeline.install(parent)  # before anything that can block, reading the boot config included
     try:
-        config = read_boot_config(boot.read_frame(sys.stdin.fileno()))
+        raw = boot.read_frame(sys.stdin.fileno())
+    except (ValueError, KeyError, TypeError) as exc:
+        _fail(None, exit_codes.BAD_CONFIG, f"cannot read boot config from stdin: {exc!r}")
+    if _RUNTIME_IMPORT_ERROR is not None:
+        _fail(_pipe_of(raw), exit_codes.BAD_CONFIG, _missing_package(_RUNTIME_IMPORT_ERROR))
+    try:
+        config = read_boot_config(raw)
     except (ValueError, KeyError, TypeError) as exc:
         _fail(None, exit_codes.BAD_CONFIG, f"cannot read boot config from stdin: {exc!r}")
     if standalone:  # stdin is the memfd that held the token: nothing here, nor a subprocess, may read it again

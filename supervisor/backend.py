@@ -58,8 +58,24 @@ class ScorerShape:
     concurrent_calls: int = 1  # chunks of one request it takes at once (see ScorerSpec.concurrent_calls)
 
     @classmethod
-    def from_entry(cls, entry: Mapping[str, Any]) -> ScorerShape:
-        """From a child's readiness line or a server's /health (`ScorerHost.catalog_entry`)."""
+    def from_entry(cls, entry: Any, where: str = "the scorer") -> ScorerShape:
+        """From a child's readiness line or a server's /health (`ScorerHost.catalog_entry`); one that
+        does not say what it serves is a RewardContractError naming `where` (not a scorer server)."""
+        terms = entry.get("terms") if isinstance(entry, Mapping) else None
+        calls = entry.get("concurrent_calls", 1) if isinstance(entry, Mapping) else None
+        if (
+            not isinstance(entry, Mapping)
+            or not isinstance(entry.get("scorer"), str)
+            or not isinstance(terms, list)
+            or not all(isinstance(term, str) for term in terms)
+            or isinstance(calls, bool)
+            or not isinstance(calls, int)
+        ):
+            fields = sorted(entry)[:12] if isinstance(entry, Mapping) else type(entry).__name__
+            raise RewardContractError(
+                f"{where} does not say what it serves (a 'scorer' name, its 'terms', an int 'concurrent_calls'; "
+                f"got {fields}): is it a managed-scorers server?"
+            )
         return cls(
             name=str(entry["scorer"]),
             terms=tuple(entry["terms"]),
@@ -69,7 +85,7 @@ class ScorerShape:
             revision=entry.get("revision"),
             diagnostics=tuple(entry.get("diagnostics", ())),
             required_fields=tuple(entry.get("required_fields", ())),
-            concurrent_calls=max(1, int(entry.get("concurrent_calls", 1))),
+            concurrent_calls=max(1, calls),
         )
 
 

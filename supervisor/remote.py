@@ -91,7 +91,7 @@ class RemoteRewardBackend(RewardBackend):
         self._client = ScorerClient.remote(base_url, token, request_timeout, max_answer_bytes)
         try:
             self.server = self.health()
-            self.shape = ScorerShape.from_entry(self.server)
+            self.shape = ScorerShape.from_entry(self.server, f"/health at {base_url}")
             check_pins(self.shape, revision, identity_hash)
             self.required_rewards = check_reward_names(
                 self.server["scorer"], self.server["terms"], required_rewards, self.weights

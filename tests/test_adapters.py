@@ -17,6 +17,7 @@ from supervisor import (
     RewardRequest,
     ScorerRequestError,
 )
+from supervisor.adapters import items as adapter_items
 from supervisor.adapters.ddpo import DDPORewardFn
 from supervisor.adapters.images import to_uint8_hwc
 from supervisor.adapters.trl import TRLRewardFunction, completion_text
@@ -134,8 +135,33 @@ def test_completion_text_plain_and_conversational():
     assert completion_text([{"role": "assistant", "content": "chat"}]) == "chat"
     parts = [{"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert completion_text(parts) == "ab"
-    with pytest.raises(TypeError):
+    with pytest.raises(ScorerRequestError, match="must be a string or a list of chat messages"):
         completion_text(42)
+
+
+def test_what_a_trainer_hands_over_that_cannot_be_scored_is_a_typed_error_naming_the_item():
+    """TRL: a tool call's message (content None) and an empty message list; DDPO: no images at all;
+    verl's parquet rows give numpy ground truths, which are plain values, not an error."""
+    tool_call = [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "search"}}]}]
+    with LocalRewardBackend("exact_match") as backend:
+        reward = TRLRewardFunction(backend, close_at_exit=False)
+        for completion, message in (
+            (tool_call, "TRL completion 1: .* NoneType \\(a tool call\\)"),
+            ([], "TRL completion 1 is an empty list"),
+        ):
+            with pytest.raises(ScorerRequestError, match=message) as info:
+                reward(prompts=["p", "p"], completions=["x", completion])
+            assert info.value.kind == "bad_input"
+        compute_score = VerlComputeScore(backend)
+        assert compute_score("gsm8k", "42", np.str_("42"))["score"] == 1.0
+        assert compute_score("gsm8k", "7", np.int64(7))["score"] == 1.0
+        accepted = adapter_items.item("x", id="x", text="42", reference={"answers": np.array(["42", "forty-two"])})
+        assert accepted.reference == {"answers": ["42", "forty-two"]}
+        with pytest.raises(ScorerRequestError, match="verl item .*: reference"):
+            compute_score("gsm8k", "7", {1, 2})
+    with LocalRewardBackend("jpeg_compressibility") as backend:
+        with pytest.raises(ScorerRequestError, match="ddpo reward_fn was called with no items"):
+            DDPORewardFn(backend, output_range="zero_one")(np.zeros((0, 3, 8, 8), np.float32), [], [])
 
 
 @pytest.mark.parametrize("conversational", [False, True])

@@ -287,3 +287,18 @@ def test_without_pidfd_open_exits_are_polled(managed, trainer_python, monkeypatc
     second = backend.pid
     backend.close()
     assert wait_until_gone([first, second], 5.0) == []
+
+
+def test_an_interpreter_without_the_runtimes_packages_is_told_which_and_how_to_get_an_env(managed, tmp_path):
+    """A bare venv (no numpy): the child says on its readiness pipe which package it lacks and how to
+    build an env, instead of dying at import with exit 1."""
+    import subprocess
+    import venv
+
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "bare")
+    bare = tmp_path / "bare" / "bin" / "python"
+    assert subprocess.run([str(bare), "-c", "import numpy"], capture_output=True).returncode != 0
+    with pytest.raises(ScorerStartupError) as info:
+        managed(bare, "constant")
+    message = str(info.value)
+    assert info.value.boot_code == 3 and "lacks 'numpy'" in message and "managed-scorers envs build" in message

@@ -90,3 +90,10 @@ def test_an_answer_over_the_cap_is_refused(managed, trainer_python):
         assert remote.server["scorer"] == "probe"  # /health fits
         with pytest.raises(RewardContractError, match="exceeds the cap of 1024"):
             remote.compute_rewards(many)
+
+
+def test_a_server_whose_health_does_not_say_what_it_serves_is_refused_typed(managed, trainer_python):
+    server = managed(trainer_python, "tests.fixture_scorers:Probe")
+    with MisbehavingServer(url(server), "bare_health") as bare:
+        with pytest.raises(RewardContractError, match="does not say what it serves .*'state'"):
+            RemoteRewardBackend(bare.url, token=server._child.token)

@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from supervisor.adapters import items as adapter_items
 from supervisor.adapters.images import Layout, OutputRange, to_uint8_hwc
 from supervisor.backend import RewardBackend
-from supervisor.types import RewardItem, RewardRequest
 
 _CALLS = itertools.count()
 
@@ -53,7 +53,8 @@ class DDPORewardFn:
             if len(prompts) != len(batch) or (metadata is not None and len(metadata) != len(batch)):
                 raise ValueError(f"{len(batch)} images, {len(prompts)} prompts, {len(metadata or [])} metadata")
             items = [
-                RewardItem(
+                adapter_items.item(
+                    f"{self.style} image {i}",
                     id=f"ddpo{call}-{i}",
                     image=batch[i],
                     prompt=prompts[i],
@@ -61,7 +62,7 @@ class DDPORewardFn:
                 )
                 for i in range(len(batch))
             ]
-            response = self.backend.compute_rewards(RewardRequest(items=items))
+            response = self.backend.compute_rewards(adapter_items.request(f"{self.style} reward_fn", items))
         if self.style == "flow_grpo":  # the weighted total is "avg"; each term's scores beside it
             nan = float("nan")  # a term with no value for an item (see verl's _scores): NaN in its log column
             details: dict[str, list[Any]] = {

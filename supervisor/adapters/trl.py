@@ -21,26 +21,36 @@ import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from supervisor.adapters import items as adapter_items
 from supervisor.backend import RewardBackend
 from supervisor.distributed import DistributedRewards
-from supervisor.errors import ConfigError
-from supervisor.types import RewardItem, RewardRequest, RewardResponse
+from supervisor.errors import ConfigError, ScorerRequestError
+from supervisor.types import RewardRequest, RewardResponse
 
 GOLD_COLUMNS = ("answer", "solution", "ground_truth", "reference", "gold")
 _CALLS = itertools.count()
 
 
-def completion_text(completion: Any) -> str:
-    """A plain completion, or the last message's content in the conversational format."""
+def completion_text(completion: Any, where: str = "completion") -> str:
+    """A plain completion, or the last message's content in the conversational format; else a
+    ScorerRequestError naming `where` (a tool call's message has no text, an empty list no message)."""
     if isinstance(completion, str):
         return completion
-    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], dict):
+    if isinstance(completion, Sequence) and not completion:
+        raise ScorerRequestError(f"{where} is an empty list of chat messages: no text to score", kind="bad_input")
+    if isinstance(completion, Sequence) and isinstance(completion[-1], dict):
         content = completion[-1].get("content")
         if isinstance(content, str):
             return content
         if isinstance(content, list):  # multimodal parts: the text ones
             return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    raise TypeError(f"a completion must be a string or a list of chat messages, got {type(completion).__name__}")
+        calls = " (a tool call)" if completion[-1].get("tool_calls") else ""
+        raise ScorerRequestError(
+            f"{where}: its last message's content is {type(content).__name__}{calls}, not text", kind="bad_input"
+        )
+    raise ScorerRequestError(
+        f"{where} must be a string or a list of chat messages, got {type(completion).__name__}", kind="bad_input"
+    )
 
 
 def _training(log_metric: Any) -> bool | None:
@@ -96,18 +106,19 @@ class TRLRewardFunction:
             raise ValueError(f"{len(completion_ids)} completion_ids for {len(completions)} completions")
         sources = columns.get("data_source", [None] * len(completions))
         items = [
-            RewardItem(
+            adapter_items.item(
+                f"TRL completion {i}",
                 id=f"trl{call}-{offset + i}",  # unique over processes: the global position
                 group_id=groups[i],
-                prompt=completion_text(prompts[i]) if not isinstance(prompts[i], str) else prompts[i],
-                text=completion_text(completions[i]),
+                prompt=prompts[i] if isinstance(prompts[i], str) else completion_text(prompts[i], f"TRL prompt {i}"),
+                text=completion_text(completions[i], f"TRL completion {i}"),
                 reference=golds[i],
                 data_source=sources[i],
                 completion_tokens=len(completion_ids[i]) if completion_ids is not None else None,
             )
             for i in range(len(completions))
         ]
-        return RewardRequest(items=items, group_size=size)
+        return adapter_items.request("TRL's reward function", items, size)
 
     def _offset(self, count: int) -> int:
         """Where this process's completions start in TRL's global order (process-major, equal slices):

@@ -14,6 +14,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from supervisor.adapters import items as adapter_items
 from supervisor.backend import RewardBackend
 from supervisor.coalesce import Coalescer
 from supervisor.errors import ConfigError, ScorerRequestError
@@ -41,7 +42,10 @@ def _item(
                 f"solution_image must be one CHW image, got shape {list(getattr(chw, 'shape', []))}", kind="bad_input"
             )
         image = chw.transpose(1, 2, 0)
-    return RewardItem(id=item_id, text=solution_str, image=image, reference=ground_truth, data_source=data_source)
+    where = f"verl item {item_id!r} (data_source {data_source!r})"
+    return adapter_items.item(
+        where, id=item_id, text=solution_str, image=image, reference=ground_truth, data_source=data_source
+    )
 
 
 def _scores(response: RewardResponse) -> list[dict[str, Any]]:
