@@ -13,6 +13,7 @@ import asyncio
 import faulthandler
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -285,6 +286,9 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
     )
     server = _Server(uv_config)
     listener = socket.socket(fileno=config.listen_fd)
+    if config.parent_pid is None:  # `managed-scorers serve`: a SIGTERM is a graceful stop, exit 0
+        # uvicorn drains, restores this handler and raises the signal it caught again: here it ends the wait
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
     server.run(sockets=[listener])  # not asyncio.run(): that would ignore the loop factory
 
 

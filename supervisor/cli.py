@@ -16,8 +16,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from supervisor import scorer_envs
-from supervisor.errors import ConfigError, ScorerError
+from supervisor.errors import ConfigError, ScorerError, validation_message
 
 
 def _envs_build(args: argparse.Namespace) -> int:
@@ -153,7 +155,7 @@ def _serve(args: argparse.Namespace) -> int:
             {"env": args.env, "process": process, "scorer": scorer, "client": {"input_kind": kind}}
         )
     except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+        raise ConfigError(validation_message(exc)) from exc
     serve(spec, args.host, args.port, read_token(args.token_env, args.token_file), args.allow_remote, args.token_env)
 
 
@@ -242,6 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ScorerError) as exc:
         print(f"managed-scorers {args.command}: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
+    except ValidationError as exc:  # a config model refused something no caller translated: still one line
+        print(f"managed-scorers {args.command}: {validation_message(exc)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

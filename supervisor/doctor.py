@@ -145,7 +145,7 @@ def _check_backend(term: str, config: BackendConfig, group_size: int | None, say
                 Check(
                     f"{where}: one {kind} sample scores",
                     finite,
-                    f"reward {reward}" if finite else f"no reward: {response.errors[0]}",
+                    f"reward {reward}" if finite else f"not a whole reward ({reward}): {response.errors[0]}",
                     "the scorer fails on a plain sample: run it in-process (LocalRewardBackend) to debug",
                 )
             )
@@ -185,10 +185,15 @@ def doctor(recipe: str | Path, say: Callable[[Check], None]) -> bool:
         say(Check("preflight", False, problem, "fix the recipe or build the env it names"))
     if report.problems:
         return False
-    say(Check(f"recipe {recipe} passes preflight", True, f"{len(report.scorers)} term(s)"))
+    parsed = load_recipe(recipe)
+    terms = len(parsed.train.terms)  # remote terms too: preflight checks only what runs from an env here
+    say(
+        Check(
+            f"recipe {recipe} passes preflight", True, f"{terms} term(s), {len(report.scorers)} checked in their envs"
+        )
+    )
     for note in report.notes:
         say(Check("note", True, note))
-    parsed = load_recipe(recipe)
     backends = _backends([parsed.train, parsed.validation]).values()
     results = [_check_backend(term, config, group_size, say) for term, config, group_size in backends]
     return all(results)

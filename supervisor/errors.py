@@ -162,6 +162,18 @@ class ConfigError(ValueError):
 
 
 # -- transport facts, raised by the HTTP clients ----------------------------------------------
+def validation_message(exc: ValueError) -> str:
+    """A pydantic ValidationError (any ValueError) in one line: where, then what, for the first error."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors) or not errors():
+        return str(exc)
+    first = errors()[0]
+    where = ".".join(map(str, first.get("loc", ())))
+    more = f" (and {len(errors()) - 1} more)" if len(errors()) > 1 else ""
+    message = str(first.get("msg", "")).removeprefix("Value error, ")  # a validator's own message, as it wrote it
+    return f"{where + ': ' if where else ''}{message}{more}"
+
+
 class TransportError(Exception):
     """No usable answer came back."""
 

@@ -301,9 +301,7 @@ class RewardPanel(RewardBackend):
     @staticmethod
     def _failed(term: PanelTerm, call: _Call, request: RewardRequest, error: BaseException) -> TermFailure:
         ids = [request.items[p].id for p in call.positions if term.applies(request.items[p])]
-        log.warning(
-            "optional reward term %r failed for %d items (they get nothing from it): %s", term.name, len(ids), error
-        )
+        _warn_repeatedly(term.name, str(error), "failed for %d items (they get nothing from it)", len(ids))
         return TermFailure(term=term.name, ids=ids, error=str(error), kind=type(error).__name__)
 
     def _score_concurrently(self, request: RewardRequest, calls: list[_Call]) -> list[Any]:
@@ -359,7 +357,7 @@ class RewardPanel(RewardBackend):
         for term in call.terms:
             ids = [request.items[p].id for p in missing if term.applies(request.items[p])]
             if ids:
-                log.warning("optional reward term %r: %d items got no value from it: %s", term.name, len(ids), error)
+                _warn_repeatedly(term.name, str(error), "%d items got no value from it", len(ids))
                 failures.append(TermFailure(term=term.name, ids=ids, error=str(error), kind=type(error).__name__))
 
     def _take(
@@ -424,6 +422,25 @@ class RewardPanel(RewardBackend):
                     errors.append(exc)
             if errors:
                 raise errors[0]
+
+
+_WARNED: dict[tuple[str, str], int] = {}
+_WARNED_LOCK = threading.Lock()
+_WARN_EVERY = 100  # after the first, every 100th identical warning, with its count
+
+
+def _warn_repeatedly(term: str, error: str, what: str, count: int) -> None:
+    """An optional term's failure, warned the first time and then every 100th time it recurs word for
+    word (a term that fails on every batch of a long run says so once, not once per batch)."""
+    with _WARNED_LOCK:
+        seen = _WARNED[(term, error)] = _WARNED.get((term, error), 0) + 1
+        if len(_WARNED) > 1024:  # many distinct errors: forget the oldest
+            del _WARNED[next(iter(_WARNED))]
+    if seen == 1 or seen % _WARN_EVERY == 0:
+        again = f" (the same failure {seen} times so far)" if seen > 1 else ""
+        log.warning(f"optional reward term %r {what}: %s{again}", term, count, error)
+    else:
+        log.debug(f"optional reward term %r {what}: %s", term, count, error)
 
 
 def _per_item(ids: list[str], failures: list[TermFailure]) -> dict[str, list[Any]]:

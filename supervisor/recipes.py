@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from scorers.registry import import_dotted
 from supervisor.backend import RewardBackend
@@ -32,7 +32,7 @@ from supervisor.config import (
     RemoteBackendConfig,
     TermConfig,
 )
-from supervisor.errors import ConfigError
+from supervisor.errors import ConfigError, validation_message
 from supervisor.panel import BackendPool, PanelTerm, RewardPanel
 
 TARGET = "_target_"
@@ -83,8 +83,16 @@ def instantiate(node: Any) -> Any:
 
 
 def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any]) -> Recipe:
-    """Parse a recipe of any supported style into panel configs; starts nothing."""
-    data = _read(source)
+    """Parse a recipe of any supported style into panel configs; starts nothing. What the config
+    models refuse is a ConfigError naming the recipe (one line, never a pydantic traceback)."""
+    try:
+        return _parse(_read(source))
+    except ValidationError as exc:
+        where = "the recipe" if isinstance(source, Mapping) else str(source)
+        raise ConfigError(f"{where}: {validation_message(exc)}") from exc
+
+
+def _parse(data: dict[str, Any]) -> Recipe:
     reward = data.get("reward")
     if reward is not None and not isinstance(reward, (Mapping, str)):
         raise ConfigError(f"recipe `reward:` must be a mapping, got {type(reward).__name__}")
@@ -137,7 +145,7 @@ def _verl_model(name: str, model: Mapping[str, Any], group_size: int | None) -> 
     if "request_batch_size" in model:
         client["request_batch_size"] = model["request_batch_size"]
     if kind == "remote":
-        remote_keys = {"base_url", "token_env", "request_timeout", "revision", "identity_hash"}
+        remote_keys = {"base_url", "token_env", "request_timeout", "max_answer_bytes", "revision", "identity_hash"}
         unknown = set(model) - remote_keys - {"backend", "client", "request_batch_size", "input_kind"}
         if unknown:
             raise ConfigError(f"reward.models.{name}: unknown keys {sorted(unknown)} for a remote model")

@@ -35,7 +35,7 @@ import numpy as np
 
 from scorers.diagnostics import merge_term_reports, to_metrics
 from scorers.groups import COMMON_INPUTS, strict_key
-from supervisor.errors import ConfigError, ScorerItemsFailed, ScorerRequestError
+from supervisor.errors import ConfigError, ScorerItemsFailed, ScorerRequestError, validation_message
 from supervisor.overlap import micro_batches
 from supervisor.panel import RewardPanel
 from supervisor.types import RewardItem, RewardRequest
@@ -227,7 +227,7 @@ def read_rows(path: Path, columns: Columns, needs_text: bool, group_size: int | 
             try:
                 _item(row, columns)
             except ValueError as exc:  # pydantic's ValidationError: a type, an empty id, a NaN
-                raise InputRowError(f"{where}: {_first_error(exc)}") from exc
+                raise InputRowError(f"{where}: {validation_message(exc)}") from exc
             rows.append(row)
     if columns.group is not None:
         _check_groups(path, rows, columns, group_size)
@@ -256,14 +256,6 @@ def _check_groups(path: Path, rows: Sequence[Row], columns: Columns, group_size:
                         f"{path}:{row.line}: column {column!r} differs from line {members[0].line}, the first of "
                         f"group {group!r}: the rows of a group share their {common} (a missing one differs too)"
                     )
-
-
-def _first_error(exc: ValueError) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        first = errors()[0]
-        return f"{'.'.join(map(str, first['loc'])) or 'row'}: {first['msg']}"
-    return str(exc)
 
 
 def _check_image(value: Any, base: Path, column: str, where: str) -> None:

@@ -57,3 +57,12 @@ def test_failures_are_named_with_their_fix(tmp_path):
         fail_lines = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
         assert fail_lines and failed in fail_lines[0], (failed, done.stdout)
         assert fix in done.stdout and "some checks failed" in done.stdout, done.stdout
+
+
+def test_a_remote_recipe_counts_its_terms_and_scores_a_sample(tmp_path, managed, trainer_python):
+    server = managed(trainer_python, "tests.fixture_scorers:Probe")
+    model = {"backend": "remote", "base_url": f"http://127.0.0.1:{server._child.port}", "token_env": "PROBE_TOKEN"}
+    recipe = {"models": {"m": model}, "reward_functions": {"t": {"model": "m"}}}
+    done = doctor(recipe, tmp_path, PROBE_TOKEN=server._child.token)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 term(s), 0 checked in their envs" in done.stdout and "one text sample scores: reward" in done.stdout

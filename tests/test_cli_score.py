@@ -434,3 +434,18 @@ def test_a_second_run_on_the_same_output_is_refused_and_a_symlinked_output_too(t
     (tmp_path / "link.jsonl").symlink_to(out)
     linked = score(*args, "--output", tmp_path / "link.jsonl", "--resume")
     assert linked.returncode == 2 and "is a symbolic link" in linked.stderr, linked.stderr
+
+
+def test_a_recipe_whose_env_is_not_built_is_one_line_and_exit_2(tmp_path):
+    write_rows(tmp_path / "in.jsonl", 3)
+    args = ["--recipe", recipe(tmp_path / "r.json"), "--input", tmp_path / "in.jsonl", "--output", tmp_path / "o"]
+    done = subprocess.run(
+        [*CLI, *map(str, args)],
+        env={**ENV, "MANAGED_SCORERS_ENVS": str(tmp_path / "no-envs")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "scorer env 'math' is not built" in done.stderr and "managed-scorers envs build math" in done.stderr
+    assert not (tmp_path / "o").exists()

@@ -114,3 +114,23 @@ def test_serve_refuses_remote_binds_loose_token_files_no_token_and_a_taken_port(
         port = taken.getsockname()[1]
         busy = run_serve("--port", str(port), env={"MANAGED_SCORERS_TOKEN": "t" * 32})
     assert busy.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in busy.stderr
+
+
+def test_serve_stops_gracefully_on_sigterm_with_exit_status_0(tmp_path):
+    ready = tmp_path / "ready.json"
+    with open(ready, "w") as out:
+        server = subprocess.Popen(
+            [*SERVE, "--scorer", "exact_match", "--env", "image"],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "MANAGED_SCORERS_TOKEN": "t" * 32},
+        )
+    try:
+        wait_ready(ready)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(15) == 0, server.stderr.read() if server.stderr else ""  # not 143
+    finally:
+        server.kill()
+        server.wait()
+        if server.stderr:
+            server.stderr.close()

@@ -646,3 +646,13 @@ def test_an_optional_term_that_fails_on_one_member_fails_for_its_whole_group():
     assert response.successes == [False] * 4 + [True] * 4 and "term 'judge' failed" in response.errors[0]
     with panel(group_failures="raise") as refusing, pytest.raises(ScorerItemsFailed, match="refuses partial groups"):
         refusing.compute_rewards(request)
+
+
+def test_an_optional_term_that_fails_on_every_call_warns_once_not_every_call(caplog):
+    with RewardPanel(
+        [PanelTerm("base", salted(1)), PanelTerm("warns_once", salted(3, poison=["m0"]), required=False)]
+    ) as panel:
+        with caplog.at_level("WARNING", logger="supervisor.panel"):
+            for _ in range(5):
+                assert panel.compute_rewards(RewardRequest(items=[item("m0")])).term_failures
+    assert len([r for r in caplog.records if "warns_once" in r.getMessage()]) == 1

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from supervisor.errors import ScorerRequestError
+from supervisor.errors import ScorerRequestError, validation_message
 from supervisor.types import RewardItem, RewardRequest
 
 
@@ -36,19 +36,10 @@ def item(where: str, **fields: Any) -> RewardItem:
     try:
         return RewardItem(**fields)
     except ValueError as exc:  # pydantic's ValidationError
-        raise ScorerRequestError(f"{where}: {_first_error(exc)}", kind="bad_input") from exc
+        raise ScorerRequestError(f"{where}: {validation_message(exc)}", kind="bad_input") from exc
 
 
 def request(what: str, items: list[RewardItem], group_size: int | None = None) -> RewardRequest:
     if not items:
         raise ScorerRequestError(f"{what} was called with no items: nothing to score", kind="bad_input")
     return RewardRequest(items=items, group_size=group_size)
-
-
-def _first_error(exc: ValueError) -> str:
-    errors = getattr(exc, "errors", None)
-    if not callable(errors):
-        return str(exc)
-    first = errors()[0]
-    where = ".".join(map(str, first.get("loc", ()))) or "item"
-    return f"{where}: {first.get('msg')} (got {type(first.get('input')).__name__})"
