@@ -1,6 +1,6 @@
 """DDPO / flow-GRPO style: the JPEG-compressibility reward of generated images, from a managed child.
 
-    python examples/ddpo_jpeg.py --image-python envs/image/.venv/bin/python
+    python examples/ddpo_jpeg.py    # the image env by name (make env-image); --image-python PATH for another
 
 A stand-in pipeline "samples" float NCHW images in [0, 1], what a VAE decode with
 `output_type="pt"` hands over (torch CPU tensors work the same). As flow_grpo's training loop
@@ -32,10 +32,11 @@ def sample(seed: int, batch: int, size: int = 64) -> np.ndarray:
     return np.clip(smooth[None] + noise_levels[:, None, None, None] * noise, 0.0, 1.0)
 
 
-def run(image_python: str, batches: int, batch: int) -> dict[str, list]:
+def run(image_python: str | None, batches: int, batch: int) -> dict[str, list]:
+    where: dict = {"process": {"python_executable": image_python}} if image_python else {"env": "image"}
     backend = ManagedScorerProcessBackend(
         {
-            "process": {"python_executable": image_python},
+            **where,
             "scorer": {"name": "jpeg_compressibility", "input_kind": "image"},
             "client": {"input_kind": "image"},
         }
@@ -53,7 +54,7 @@ def run(image_python: str, batches: int, batch: int) -> dict[str, list]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--image-python", required=True, help="python of the image scorer env (envs/image)")
+    parser.add_argument("--image-python", help="python of the image scorer env (default: the built `image` env)")
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--report", type=Path)

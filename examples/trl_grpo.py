@@ -3,8 +3,8 @@
 Fully offline: a tiny random-weight Llama built from a config and a word-level tokenizer
 trained on the fly. Run it from the trainer env `make env-trl` builds:
 
-    envs/trl/.venv/bin/python examples/trl_grpo.py --math-python envs/math/.venv/bin/python
-    envs/trl/.venv/bin/python examples/trl_grpo.py --math-python envs/math/.venv/bin/python --async
+    envs/trl/.venv/bin/python examples/trl_grpo.py            # the math env by name (make env-math)
+    envs/trl/.venv/bin/python examples/trl_grpo.py --async    # or --math-python PATH: another env
 
 A random model never solves a problem, so `--force-golds` appends `\\boxed{gold}` to a scattered
 3 in 7 of the completions and a wrong boxed answer to 1 in 7 before they are scored (a
@@ -95,18 +95,18 @@ def forcing_golds(
     return chosen
 
 
-def train(math_python: str, use_async: bool, steps: int, force_golds: bool, seed: int) -> dict[str, Any]:
+def train(math_python: str | None, use_async: bool, steps: int, force_golds: bool, seed: int) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     model, tokenizer = build_model_and_tokenizer(seed)
     dataset = Dataset.from_list([{"prompt": f"what is {a} + {b} ?", "answer": str(a + b)} for a, b in PROBLEMS])
-    backend = ManagedScorerProcessBackend(
-        {
-            "process": {"python_executable": math_python, "request_timeout": 120},
-            "scorer": {"name": "math_verify", "params": {"jobs": 1}},
-        }
+    process: dict[str, Any] = {"request_timeout": 120}
+    if math_python is not None:
+        process["python_executable"] = math_python
+    backend = ManagedScorerProcessBackend(  # without a python, math_verify's declared env: `math`
+        {"process": process, "scorer": {"name": "math_verify", "params": {"jobs": 1}}}
     )
     # The reward function closes its backend at interpreter exit; `with` closes it sooner.
     reward = TRLRewardFunction(backend)  # gold from the `answer` column, ids and groups made for TRL
@@ -162,7 +162,7 @@ def train(math_python: str, use_async: bool, steps: int, force_golds: bool, seed
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--math-python", required=True, help="python of the math scorer env (envs/math)")
+    parser.add_argument("--math-python", help="python of the math scorer env (default: the built `math` env)")
     parser.add_argument("--async", dest="use_async", action="store_true", help="TRL's async reward function form")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--force-golds", action="store_true", help="scatter right and wrong boxed answers")

@@ -12,8 +12,9 @@ Point verl at this file (verl loads it by path in each reward worker):
 Each worker process builds its own child on its first call (a backend belongs to the process
 that made it: a forked worker builds a new one, never shares its parent's), off the event
 loop, and closes it at exit. A child that fails to start fails every call of that process at
-once with the same error (no task waits out another boot). MATH_PYTHON names the math env's
-python; by default the one beside this checkout.
+once with the same error (no task waits out another boot). The child runs in the built `math`
+scorer env (`managed-scorers envs build math`; MANAGED_SCORERS_ENVS says where envs live), or in
+the python MATH_PYTHON names.
 """
 
 from __future__ import annotations
@@ -23,13 +24,11 @@ import atexit
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from supervisor import ManagedScorerProcessBackend
 from supervisor.adapters.verl import VerlComputeScore
 
-DEFAULT_MATH_PYTHON = Path(__file__).resolve().parent.parent / "envs" / "math" / ".venv" / "bin" / "python"
 _LOCK = threading.Lock()
 _BY_PROCESS: dict[int, VerlComputeScore] = {}
 _FAILED: dict[int, Exception] = {}
@@ -43,11 +42,10 @@ def scorer() -> VerlComputeScore:
             raise _FAILED[pid]
         if pid not in _BY_PROCESS:
             try:
+                python = os.environ.get("MATH_PYTHON")
+                where: dict[str, Any] = {"process": {"python_executable": python}} if python else {"env": "math"}
                 backend = ManagedScorerProcessBackend(
-                    {
-                        "process": {"python_executable": os.environ.get("MATH_PYTHON", str(DEFAULT_MATH_PYTHON))},
-                        "scorer": {"name": "math_verify", "params": {"jobs": 2, "timeout_s": 10}},
-                    }
+                    {**where, "scorer": {"name": "math_verify", "params": {"jobs": 2, "timeout_s": 10}}}
                 )
             except Exception as exc:
                 _FAILED[pid] = exc

@@ -159,6 +159,18 @@ def _serve(args: argparse.Namespace) -> int:
     serve(spec, args.host, args.port, read_token(args.token_env, args.token_file), args.allow_remote, args.token_env)
 
 
+def _recipes(args: argparse.Namespace) -> int:
+    from supervisor.recipes import example_recipe, example_recipes
+
+    if args.name is None:
+        for name, path in example_recipes().items():
+            print(f"{name:<16} {path.read_text().splitlines()[0].lstrip('# ')}")
+        print("print one with `managed-scorers recipes NAME > reward.yaml`, then edit it")
+        return 0
+    sys.stdout.write(example_recipe(args.name).read_text())
+    return 0
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from supervisor.doctor import doctor
 
@@ -230,6 +242,10 @@ def parser() -> argparse.ArgumentParser:
     server.add_argument("--catalog", help="a custom catalog factory, module:name")
     server.add_argument("--extra-import-path", type=_folder, action="append", help="a folder of your scorer modules")
     server.set_defaults(run=_serve)
+
+    examples = commands.add_parser("recipes", help="the example recipes that ship with the package: list, or print one")
+    examples.add_argument("name", nargs="?", metavar="NAME", help="print this one (a YAML recipe to start from)")
+    examples.set_defaults(run=_recipes)
 
     checkup = commands.add_parser("doctor", help="check a recipe end to end: envs, boot, one sample, shared memory")
     checkup.add_argument("recipe", type=_folder, help="a reward recipe (YAML)")

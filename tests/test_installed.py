@@ -112,3 +112,23 @@ def test_an_installed_package_builds_a_scorer_env_by_name_and_scores_from_elsewh
     report = json.loads(run(str(installed_trainer), "-c", USE_BY_NAME).stdout.splitlines()[-1])
     assert report["python"] == str(root / "image" / ".venv" / "bin" / "python")
     assert report["reward"] < 0 and report["samples"] is True
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_example_recipes_that_name_their_envs(installed_trainer, tmp_path):
+    """`managed-scorers recipes` lists the recipes the package ships; one printed from another directory
+    parses there against the envs by name (no path into a checkout)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["MANAGED_SCORERS_ENVS"] = str(REPO_ROOT / "envs")
+    cli = [str(installed_trainer), "-m", "supervisor.cli", "recipes"]
+    listed = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and "verl_omni" in listed.stdout and "unirl_targets" in listed.stdout, listed.stderr
+    for name in ("verl_omni", "unirl_targets"):
+        text = subprocess.run([*cli, name], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert text.returncode == 0, text.stderr
+        (tmp_path / f"{name}.yaml").write_text(text.stdout)
+        check = "import sys; from supervisor import load_recipe; print(len(load_recipe(sys.argv[1]).train.terms))"
+        parsed = subprocess.run(
+            [str(installed_trainer), "-c", check, f"{name}.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert parsed.returncode == 0 and int(parsed.stdout) >= 2, parsed.stderr

@@ -12,7 +12,8 @@ from supervisor import ConfigError, RewardItem, RewardRequest, build_panels, loa
 from supervisor.recipes import instantiate
 from tests.conftest import REPO_ROOT
 
-RECIPES = REPO_ROOT / "examples" / "recipes"
+RECIPES = REPO_ROOT / "supervisor" / "example_recipes"  # shipped with the package
+POSTTRAIN = REPO_ROOT / "examples" / "recipes" / "posttrain_catalog.yaml"  # names a catalog module of the repo
 pytestmark = pytest.mark.slow  # managed children in the math and image envs
 
 
@@ -101,7 +102,7 @@ def test_verl_omni_recipe_shares_models_between_terms_and_panels():
 
 
 def test_posttrain_catalog_recipe():
-    recipe = load_recipe(RECIPES / "posttrain_catalog.yaml")
+    recipe = load_recipe(POSTTRAIN)
     assert recipe.style == "catalog"
     report = preflight(recipe)
     assert report.scorers["fits"]["scorer"] == "within_budget"
