@@ -21,8 +21,10 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from bench.loopback_server import LoopbackServer, send_answer
 
 DIRECTIVE = re.compile(r"\[\[([a-z_]+)(?::([^\]x]*))?(?:x(\d+))?\]\]")
 
@@ -34,7 +36,7 @@ class Seen:
     authorization: str | None
 
 
-class FakeOpenAI:
+class FakeOpenAI(LoopbackServer):
     """`with FakeOpenAI() as server:` serves on 127.0.0.1 at `server.base_url` until the block ends."""
 
     def __init__(self) -> None:
@@ -42,20 +44,8 @@ class FakeOpenAI:
         self.attempts: Counter[str] = Counter()
         self.in_flight = self.max_in_flight = 0
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        self._server.block_on_close = False
-        self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-openai", daemon=True)
-
-    def __enter__(self) -> FakeOpenAI:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+        super().__init__(_handler(self), "fake-openai")
+        self.base_url = f"{self.url}/v1"
 
     def seen(self, body: bytes) -> int:
         with self._lock:
@@ -146,18 +136,6 @@ def _handler(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                     self.wfile.write(bytes([byte]))
                     self.wfile.flush()
                     time.sleep(float(self._does["trickle_headers"]))
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(payload)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            if not trickle:
-                self.wfile.write(payload)
-                return
-            for byte in payload:
-                self.wfile.write(bytes([byte]))
-                self.wfile.flush()
-                time.sleep(trickle)
+            send_answer(self, status, "application/json", payload, headers, trickle)
 
     return Handler

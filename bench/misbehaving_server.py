@@ -9,13 +9,13 @@ httpx (to reach the real server).
 
 from __future__ import annotations
 
-import threading
-import time
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
+
+from bench.loopback_server import LoopbackServer, send_answer
 
 
 def gzip_of_zeros(mib: int) -> bytes:
@@ -25,27 +25,14 @@ def gzip_of_zeros(mib: int) -> bytes:
     return b"".join(packer.compress(zeros) for _ in range(mib)) + packer.flush()
 
 
-class MisbehavingServer:
+class MisbehavingServer(LoopbackServer):
     """`with MisbehavingServer(upstream_url, mode) as server:` serves on `server.url` until the block ends."""
 
     def __init__(self, upstream: str, mode: str, trickle_s: float = 0.05, gzip_mib: int = 512) -> None:
         self.upstream, self.mode, self.trickle_s = upstream, mode, trickle_s
         self.bomb = gzip_of_zeros(gzip_mib) if mode == "gzip_bomb" else b""
         self.accept_encodings: list[str | None] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        self._server.block_on_close = False
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="misbehaving", daemon=True)
-
-    def __enter__(self) -> MisbehavingServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+        super().__init__(_handler(self), "misbehaving")
 
 
 def _handler(server: MisbehavingServer) -> type[BaseHTTPRequestHandler]:
@@ -84,18 +71,6 @@ def _handler(server: MisbehavingServer) -> type[BaseHTTPRequestHandler]:
         def _send(
             self, status: int, kind: str, payload: bytes, headers: dict[str, str] | None = None, trickle: float = 0
         ) -> None:
-            self.send_response(status)
-            self.send_header("content-type", kind)
-            self.send_header("content-length", str(len(payload)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            if not trickle:
-                self.wfile.write(payload)
-                return
-            for byte in payload:
-                self.wfile.write(bytes([byte]))
-                self.wfile.flush()
-                time.sleep(trickle)
+            send_answer(self, status, kind, payload, headers, trickle)
 
     return Handler

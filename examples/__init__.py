@@ -1,1 +1,2 @@
-"""Runnable examples: reward recipes in each seed style (see examples/recipes/)."""
+"""Runnable examples: trainers rewarded through managed children, and a Posttrain-style catalog with its recipe
+(examples/recipes/; the other example recipes ship in supervisor/example_recipes/)."""

@@ -375,14 +375,7 @@ class GradingPool:
     def _abort_batch(self, batch: _Batch, error: BaseException) -> None:
         """One batch fails (a task raised, its caller gave up): its workers in flight are replaced
         (their replies would be read as another task's), the other batches go on."""
-        busy = [w for w in self._workers if w.state == "busy" and w.batch is batch]
-        for worker in busy:
-            self._workers.remove(worker)
-        _kill(busy)
-        self._retired.extend(busy)
-        for worker in busy:
-            if worker.role == "ordinary":
-                self._spawn()
+        self._retire(*[w for w in self._workers if w.state == "busy" and w.batch is batch])
         self._finish(batch, error)
 
     def _wake(self) -> None:

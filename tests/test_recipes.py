@@ -1,4 +1,4 @@
-"""The example recipe of each seed style (examples/recipes/) runs end to end: parsed, preflighted,
+"""The example recipe of each seed style (supervisor/example_recipes/, examples/recipes/) runs end to end: parsed, preflighted,
 built into panels (one child per distinct model, shared by train and validation), scored."""
 
 from __future__ import annotations
