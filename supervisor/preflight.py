@@ -58,10 +58,12 @@ def preflight(
     report = PreflightReport()
     try:
         parsed = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
-    except ValidationError as exc:
-        report.problems.extend(_validation_problems(exc, _term_places(recipe)))
     except ConfigError as exc:
-        report.problems.append(str(exc))
+        cause = exc.__cause__  # load_recipe's one-line error over what the models refused: each, by term
+        if isinstance(cause, ValidationError):
+            report.problems.extend(_validation_problems(cause, _term_places(recipe)))
+        else:
+            report.problems.append(str(exc))
     else:
         for where, panel in (("reward", parsed.train), ("validation", parsed.validation)):
             if panel is not None:

@@ -248,6 +248,7 @@ def test_every_verdict_changing_param_is_in_the_document():
         "strict": True,
         "on_timeout": "zero",
         "memory_cap_mb": 512,  # an item past it scores 0; soft_timeout_s and overflow only move work
+        "memory_budget_mb": 512,  # held items past it together: the largest score 0
     }
 
 
