@@ -42,7 +42,8 @@ try:
     remote.compute_rewards(RewardRequest(items=[RewardItem(id=f"r{i}", text="x" * i) for i in range(5)]))
     outcome = "scored"
 except Exception as exc:
-    outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:70]}"
+    first = str(exc).splitlines()[0]
+    outcome = f"{type(exc).__name__}: ...{first[-90:]}" if len(first) > 90 else f"{type(exc).__name__}: {first}"
 print(json.dumps({"s": time.monotonic() - began, "outcome": outcome, "rss": [before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]}))
 """
 
@@ -172,7 +173,7 @@ def score_optional_failure() -> str:
         rows = [{"id": f"t{i}", "response": text} for i, text in enumerate(["a", "poison", "ccc"])]
         done = _score(Path(folder), {"models": models, "reward_functions": functions}, rows)
         first = json.loads((Path(folder) / "out.jsonl").read_text().splitlines()[1])
-    summary = done.stderr.strip().splitlines()[-1].split(": ", 1)[-1][:80]
+    summary = next((line for line in done.stderr.splitlines() if "rows scored" in line), "?").split(": ", 1)[-1][:90]
     return f"exit {done.returncode}; '{summary}'; a row: {json.dumps({k: first.get(k) for k in ('components', 'failed_terms', 'error')})}"
 
 

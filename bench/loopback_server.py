@@ -3,17 +3,25 @@ benches talk to (a fake OpenAI judge, a misbehaving scorer server) are one each 
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Self
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that hangs up (what a bounded client does at its deadline or cap) is not an error."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
 class LoopbackServer:
     """Serves `handler` at `self.url` (http://127.0.0.1:PORT) from entering the block until it ends."""
 
     def __init__(self, handler: type[BaseHTTPRequestHandler], name: str) -> None:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = _QuietServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         self._server.block_on_close = False
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"

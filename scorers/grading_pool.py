@@ -27,8 +27,8 @@ it, and the batch costs its ordinary work plus about one timeout. An overflow wo
 retired after its task; retired workers are killed at once and reaped once gone (those still
 exiting when grade() returns, as a large heap takes 0.1 s to free, by the next grade() or
 close()). The held tasks together may keep at most `memory_budget_bytes` of private memory
-(each one's own cap times the overflow bound would allow 8 GiB): past it, the largest are
-killed, outcome "budget". Each worker's address space is capped (a task past `memory_cap_bytes` fails with
+(each one's own cap times the overflow bound would allow 8 GiB; a task's memory is its worker's
+growth since it was ready): past it, the largest are killed, outcome "budget". Each worker's address space is capped (a task past `memory_cap_bytes` fails with
 MemoryError: outcome "memory", the worker exits) and each task's CPU time is capped by the
 kernel (RLIMIT_CPU, outcome "cpu"), a backstop to the timeout. A worker whose memory grew
 while grading is replaced, so the pool returns to its size after a hostile batch.
@@ -641,11 +641,14 @@ class GradingPool:
         return (w for w in self._workers if w.role == "overflow" and w.state == "busy")
 
     def _keep_to_budget(self, now: float) -> None:
-        """Past the memory budget, the held tasks with the most private memory are killed (outcome
-        "budget") until the rest fit. Stopped ones count: they keep their memory."""
+        """Past the memory budget, the held tasks that grew the most are killed (outcome "budget") until
+        the rest fit. A task's memory is its worker's growth over its resident size when it was ready
+        (what the task allocated, or copied from the heap it shares with the forkserver): read from
+        /proc/PID/stat in constant time (smaps would walk every page, 8 times every 50 ms). Stopped
+        ones count: they keep their memory."""
         self._budget_check_at = now + _BUDGET_CHECK_S
         held = list(self._held())
-        sizes = {worker: _private_bytes(worker.pid) for worker in held}
+        sizes = {worker: max(0, _usage(worker.pid)[0] - worker.start_rss) for worker in held}
         total, over = sum(sizes.values()), []
         for worker in sorted(held, key=lambda w: sizes[w], reverse=True):
             if self.memory_budget_bytes is None or total <= self.memory_budget_bytes:
@@ -867,17 +870,6 @@ def _usage(pid: int) -> tuple[int, float]:
         return 0, 0.0
     # fields[0] is the state (field 3 of proc(5)): utime, stime are fields 14, 15; rss (pages) field 24
     return int(fields[21]) * _PAGE_SIZE, (int(fields[11]) + int(fields[12])) * _CPU_TICK_S
-
-
-def _private_bytes(pid: int) -> int:
-    """What killing the process would free: its private pages (USS), from /proc; 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            lines = rollup.read().splitlines()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return 0
-    fields = dict(line.split(":", 1) for line in lines if line.startswith("Private_"))
-    return sum(int(value.split()[0]) for value in fields.values()) << 10
 
 
 def _kill(workers: Sequence[_Worker]) -> None:
