@@ -42,8 +42,9 @@ in C code (a template's workers die with the template, which dies with the forks
 call concurrently): their batches share the workers, and a slow task of one batch is held
 back while ordinary tasks of any batch remain, so the call's chunks pay one timeout between
 them, not one each. Whichever caller holds the pool's drive lock runs the event loop for
-every batch in flight and hands it on when its own batch is done (leader/follower), so
-the pool's state is only ever touched by one thread. Call `close()` when no grade() runs.
+every batch in flight and hands it on when its own batch is done (leader/follower): a
+caller whose batch the driver finished returns at once, and the pool's state is only ever
+touched by one thread. Call `close()` when no grade() runs.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ log = logging.getLogger(__name__)
 _STARTUP_TIMEOUT_S = 60.0
 _REAP_TIMEOUT_S = 2.0
 _FORK_TIMEOUT_S = 10.0
-_DRIVE_SLACK_S = 30.0  # past a batch's hard cap, how long its caller waits for the thread driving the pool  # the template answers between two replayed tasks
+_DRIVE_SLACK_S = 30.0  # past a batch's hard cap, how long its caller waits for the thread driving the pool
+_HANDOFF_S = 0.02  # how often a caller that does not drive looks whether the drive lock came free  # the template answers between two replayed tasks
 _DEATH_STATUS_WAIT_S = 2.0  # a template reports a worker's status between two replayed tasks (<= 1 s each)
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _CPU_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -299,13 +301,16 @@ class GradingPool:
         self._wake()
         try:
             while not batch.done.is_set():
-                # the driver wakes at every deadline it holds, so the lock comes free well before this one
-                if not self._drive.acquire(timeout=max(0.0, batch.deadline + _DRIVE_SLACK_S - time.monotonic())):
+                if self._drive.acquire(blocking=False):
+                    try:
+                        self._drive_until(batch)
+                    finally:
+                        self._drive.release()
+                    continue
+                # another caller drives: it finishes this batch too (set at once), or hands the loop on
+                # when its own is done (taken here within _HANDOFF_S)
+                if not batch.done.wait(_HANDOFF_S) and time.monotonic() > batch.deadline + _DRIVE_SLACK_S:
                     raise GradingPoolError(f"{label}: unfinished at its hard cap, and the pool's driver is stuck")
-                try:
-                    self._drive_until(batch)
-                finally:
-                    self._drive.release()
         except BaseException:
             if not batch.done.is_set():  # another thread drives: it drops the batch at its next look
                 batch.cancelled = True
@@ -609,7 +614,7 @@ class GradingPool:
         ready = [obj for obj in ready if obj in owners]
         for obj in ready:  # replies first: a result that made it counts
             worker = owners[obj]
-            if obj is worker.conn:
+            if obj is worker.conn and worker in self._workers:  # not retired meanwhile (its batch aborted)
                 batch = worker.batch
                 try:
                     self._receive(worker)

@@ -24,9 +24,10 @@ class LocalRewardBackend(RewardBackend):
     is refused before it loads. A scorer given as an instance has no identity (its params are
     unknown here) and cannot be pinned: give it by name and params for that.
 
-    Calls are serialised, as a managed child's are: scorers are not thread-safe (the math
-    grading pool hands results to whichever batch the calling thread holds), and one backend
-    may serve several panels (training and validation) from their threads.
+    Calls are serialised, as a managed child's are: one backend may serve several panels
+    (training and validation) from their threads, and most scorers are not thread-safe.
+    Within a call, the chunks go to the scorer together only when it declares
+    `concurrent_calls` (math_verify's pool takes batches from several threads).
     """
 
     shape: ScorerShape  # what the scorer declared (its child's readiness line or /health)
