@@ -14,6 +14,8 @@ The one mechanism both HTTP clients of this project use: the remote backend's
 
 from __future__ import annotations
 
+import socket
+import ssl
 import threading
 import time
 import urllib.request
@@ -25,7 +27,7 @@ from typing import Any
 import httpcore
 import httpx
 
-_WRITE_SLICE = 64 * 1024  # a write is sent in slices, each with what is left of the deadline
+_WRITE_SLICE = 16 * 1024  # a TLS write is sent in slices, each with what is left of the deadline
 _HTTPCORE_ERRORS = (
     httpcore.TimeoutException,
     httpcore.NetworkError,
@@ -66,7 +68,17 @@ class _DeadlineStream(httpcore.NetworkStream):
         return self._inner.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        view = memoryview(buffer)
+        sock = self._inner.get_extra_info("socket")
+        if isinstance(sock, socket.socket) and not isinstance(sock, ssl.SSLSocket):
+            try:  # sendall's timeout bounds the whole send (Python 3.5+), however slowly the peer reads
+                sock.settimeout(_left(timeout, httpcore.WriteTimeout))
+                sock.sendall(buffer)
+            except TimeoutError as exc:
+                raise httpcore.WriteTimeout(str(exc) or "write timed out") from exc
+            except OSError as exc:
+                raise httpcore.WriteError(str(exc)) from exc
+            return
+        view = memoryview(buffer)  # TLS: each send waits at most what was left when its slice began
         for start in range(0, len(view), _WRITE_SLICE):
             self._inner.write(bytes(view[start : start + _WRITE_SLICE]), _left(timeout, httpcore.WriteTimeout))
 
@@ -94,8 +106,14 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         local_address: str | None = None,
         socket_options: Any = None,
     ) -> httpcore.NetworkStream:
-        left = _left(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(self._inner.connect_tcp(host, port, left, local_address, socket_options))
+        last: Exception | None = None
+        for address in _resolve(host, port, _left(timeout, httpcore.ConnectTimeout)):
+            try:  # one address at a time, each with what is left (not the whole timeout for every one)
+                left = _left(timeout, httpcore.ConnectTimeout)
+                return _DeadlineStream(self._inner.connect_tcp(address, port, left, local_address, socket_options))
+            except httpcore.ConnectError as exc:
+                last = exc
+        raise last or httpcore.ConnectError(f"no address for {host}")
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Any = None
@@ -105,6 +123,28 @@ class _DeadlineBackend(httpcore.NetworkBackend):
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+
+def _resolve(host: str, port: int, left: float | None) -> list[str]:
+    """The addresses of `host`, within `left` seconds: the resolver's own waits are not bounded, so it
+    runs in a daemon thread that is left behind at the deadline."""
+    found: list[Any] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            found.extend(info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            found.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=lookup, name="bounded-http-resolve", daemon=True).start()
+    if not done.wait(left):
+        raise httpcore.ConnectTimeout(f"resolving {host!r} took longer than the exchange's deadline")
+    if found and isinstance(found[0], OSError):
+        raise httpcore.ConnectError(f"cannot resolve {host!r}: {found[0]}")
+    return list(dict.fromkeys(found))
 
 
 @contextmanager
@@ -144,9 +184,12 @@ class _DeadlineTransport(httpx.BaseTransport):
             return
         url = httpx.URL(proxy)
         if url.scheme not in ("http", "https"):
-            raise ValueError(f"proxy {proxy!r}: only http and https proxies are supported")
+            raise ValueError(
+                f"proxy {url.copy_with(username=None, password=None)}: only http and https proxies work here"
+            )
         target = httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path)
-        self._pool = httpcore.HTTPProxy(proxy_url=target, **common)
+        auth = (url.username, url.password) if url.username else None  # user:password@ in the proxy's URL
+        self._pool = httpcore.HTTPProxy(proxy_url=target, proxy_auth=auth, **common)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
@@ -172,7 +215,8 @@ def _proxy_for(url: str) -> str | None:
     parsed = httpx.URL(url)
     if urllib.request.proxy_bypass(parsed.host):
         return None
-    return urllib.request.getproxies().get(parsed.scheme)
+    proxies = urllib.request.getproxies()
+    return proxies.get(parsed.scheme) or proxies.get("all")
 
 
 def client(

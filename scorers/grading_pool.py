@@ -72,9 +72,10 @@ log = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT_S = 60.0
 _REAP_TIMEOUT_S = 2.0
-_FORK_TIMEOUT_S = 10.0
+_FORK_TIMEOUT_S = 10.0  # the template answers between two replayed tasks
 _DRIVE_SLACK_S = 30.0  # past a batch's hard cap, how long its caller waits for the thread driving the pool
-_HANDOFF_S = 0.02  # how often a caller that does not drive looks whether the drive lock came free  # the template answers between two replayed tasks
+_HANDOFF_S = 0.02  # how often a caller that does not drive looks whether the drive lock came free
+_CLOSE_WAIT_S = 5.0  # how long close() waits for a grade() in flight to see the pool closed
 _DEATH_STATUS_WAIT_S = 2.0  # a template reports a worker's status between two replayed tasks (<= 1 s each)
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _CPU_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -327,6 +328,10 @@ class GradingPool:
                 self._adopt()
                 if batch.done.is_set():
                     return
+                if self._state != "running" or not self._batches:  # closed under us (or a bug): never spin
+                    for pending in [*self._batches, batch]:
+                        self._finish(pending, self._broken or GradingPoolError("grading pool was closed"))
+                    return
                 self._dispatch()
                 self._step(min(b.deadline for b in self._batches), "grading")
                 self._settle_batches()
@@ -338,15 +343,21 @@ class GradingPool:
         """Take in the batches handed over since the last look; drop those their callers gave up on."""
         with self._intake:
             arriving, self._arriving = self._arriving, []
-        for batch in arriving:
-            if self._state != "running":
+        if self._state != "running":
+            for batch in arriving:
                 self._finish(batch, self._broken or GradingPoolError("grading pool is closed"))
-                continue
-            if not self._batches:  # the pool was idle: its last killed workers go, the template stops
-                self._reap_retired()
-                if self._template is not None:
-                    self._template_between_batches()
+            return
+        was_idle = not self._batches
+        now = time.monotonic()
+        for batch in arriving:  # in the list at once: a failure below (the template) fails them with the rest
+            # its hard cap counts the work queued ahead of it: it shares the workers with the other batches
+            ahead = sum(len(b.pending) for b in self._batches) + sum(w.state == "busy" for w in self._workers)
+            batch.deadline = now + self.batch_cap_s(ahead + len(batch.tasks))
             self._batches.append(batch)
+        if arriving and was_idle:  # the pool was idle: its last killed workers go, the template stops
+            self._reap_retired()
+            if self._template is not None:
+                self._template_between_batches()
         for batch in [b for b in self._batches if b.cancelled]:
             self._abort_batch(batch, GradingPoolError(f"{batch.label}: its caller gave up"))
 
@@ -384,10 +395,13 @@ class GradingPool:
         self._finish(batch, error)
 
     def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except (BlockingIOError, OSError):  # already awake (pipe full), or the pool is closed
-            pass
+        with self._intake:  # never a write to a closed pipe's number, which another file may have taken
+            if self._wake_w < 0:
+                return
+            try:
+                os.write(self._wake_w, b"x")
+            except BlockingIOError:  # already awake: the pipe is full
+                pass
 
     def settle(self, timeout_s: float = 30.0) -> bool:
         """Wait (bounded) until the template has replayed the last batch; True if it has (or there is none).
@@ -427,10 +441,20 @@ class GradingPool:
         if self._state == "closed":
             return
         self._state = "closed"
-        self._kill_workers()
-        self._close_template()
-        for fd in (self._wake_r, self._wake_w):
-            os.close(fd)
+        self._wake()  # a grade() in flight sees the pool closed at its next look, and lets go of it
+        driving = self._drive.acquire(timeout=_CLOSE_WAIT_S)
+        try:
+            if not driving:
+                log.warning("grading pool: a grade() still runs after %.0f s; closing under it", _CLOSE_WAIT_S)
+            self._kill_workers()
+            self._close_template()
+            with self._intake:
+                fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)
+            for fd in fds:
+                os.close(fd)
+        finally:
+            if driving:
+                self._drive.release()
         if self._holds_helpers:
             self._holds_helpers = False
             release_helpers(_REAP_TIMEOUT_S)

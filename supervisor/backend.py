@@ -278,10 +278,11 @@ def score_in_chunks(
     shape: ScorerShape,
     group_size: int | None = None,
     interrupt: Callable[[], None] = lambda: None,
+    max_in_flight: int | None = None,
 ) -> RewardResponse:
     """Cut the request into chunks of at most `size` items that never split a group, score them
-    (together, up to the scorer's `concurrent_calls`, see `score_chunks`), and assemble one response.
-    Groups are checked before anything is sent."""
+    (together, up to the scorer's `concurrent_calls` and the transport's `max_in_flight`, see
+    `score_chunks`), and assemble one response. Groups are checked before anything is sent."""
     group_size = request_group_size(request, group_size)
     try:
         groups = partition(
@@ -297,7 +298,7 @@ def score_in_chunks(
         [[request.items[i] for i in chunk] for chunk in chunks],
         score_chunk,
         group_size,
-        shape.concurrent_calls,
+        shape.concurrent_calls if max_in_flight is None else min(shape.concurrent_calls, max_in_flight),
         interrupt,
     )
     for chunk, (terms, values, chunk_failed) in zip(chunks, answers, strict=True):

@@ -26,12 +26,15 @@ from supervisor.segment import ParentSegment
 Body = Sequence[bytes | memoryview]
 # what a remote server's answer may hold once read (scores of a chunk are kilobytes; /health a few)
 DEFAULT_MAX_ANSWER_BYTES = 64 * 2**20
+MAX_CONNECTIONS = 16  # to one remote server: also the most chunks of a request in flight to it
 
 
 class Transport(Protocol):
     def request(
         self, method: str, path: str, timeout: float, body: Body, headers: dict[str, str]
     ) -> tuple[int, dict[str, str], bytes | bytearray]: ...
+
+    def reset(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -56,7 +59,8 @@ class HttpxTransport:
     exchange within one absolute deadline and its answer capped (`scorers.bounded_http`)."""
 
     def __init__(self, base_url: str, headers: dict[str, str], max_answer_bytes: int) -> None:
-        self._http = bounded_http.client(base_url, headers, base_url=True)
+        self._base_url, self._headers = base_url, headers
+        self._http = bounded_http.client(base_url, headers, base_url=True, max_connections=MAX_CONNECTIONS)
         self.max_answer_bytes = max_answer_bytes
 
     def request(
@@ -76,9 +80,19 @@ class HttpxTransport:
             raise ConnectionLost(f"{method} {path}: {exc!r}") from exc
         except bounded_http.AnswerRefused as exc:
             raise BadAnswer(f"{method} {path}: {exc}") from exc
-        except (httpx.HTTPError, RuntimeError) as exc:  # e.g. a client closed meanwhile
+        except RuntimeError as exc:  # its client was closed meanwhile (an interrupt, a close): nothing came back
+            raise ConnectionLost(f"{method} {path}: {exc}") from exc
+        except httpx.HTTPError as exc:  # e.g. a malformed answer
             raise BadAnswer(f"{method} {path}: {exc!r}") from exc
         return answer.status, dict(answer.headers), answer.body
+
+    def reset(self) -> None:
+        """Drop every connection (an exchange on one fails at once); the next request opens new ones."""
+        old, self._http = (
+            self._http,
+            bounded_http.client(self._base_url, self._headers, base_url=True, max_connections=MAX_CONNECTIONS),
+        )
+        old.close()
 
     def close(self) -> None:
         self._http.close()
@@ -95,6 +109,9 @@ class LoopbackTransport:
     ) -> tuple[int, dict[str, str], bytearray]:
         answer = self.http.request(method, path, timeout, body, headers)
         return answer.status, answer.headers, answer.body
+
+    def reset(self) -> None:
+        self.http.drop_idle()
 
     def close(self) -> None:
         self.http.close()

@@ -279,7 +279,7 @@ class ChildProcess:
                 log_fd,
                 (listen_fd, ready_w, *self.plan.pass_fds),
             )
-        except OSError as exc:
+        except (OSError, NotImplementedError) as exc:  # NotImplementedError: no POSIX_SPAWN_SETSID (glibc < 2.26)
             raise ScorerStartupError(
                 f"cannot execute {self.plan.python_executable} in {self.plan.cwd}: {exc}",
                 ChildRecord(

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
-from supervisor.client import DEFAULT_MAX_ANSWER_BYTES, ScorerClient
+from supervisor.client import DEFAULT_MAX_ANSWER_BYTES, MAX_CONNECTIONS, ScorerClient
 from supervisor.errors import (
     ConnectFailed,
     ConnectionLost,
@@ -87,7 +87,8 @@ class RemoteRewardBackend(RewardBackend):
         self.group_size = group_size
         self.weights = dict(weights or {})
         self.max_request_bytes = max_request_bytes  # refuse before sending what the server would refuse
-        self._stopped = threading.Event()
+        self._stopped = threading.Event()  # closed: no call retries, none starts
+        self._interrupted = threading.Event()  # set (then replaced) by interrupt(): the calls in flight end
         self._client = ScorerClient.remote(base_url, token, request_timeout, max_answer_bytes)
         try:
             self.server = self.health()
@@ -105,20 +106,24 @@ class RemoteRewardBackend(RewardBackend):
         would reach the deadline `budget_s` after the first try began."""
         deadline = time.monotonic() + budget_s
         pause, attempt = self.retry_backoff_s, 0
+        interrupted = self._interrupted  # this call's: a later interrupt() replaces it for later calls
+        if self._stopped.is_set():
+            raise ScorerUnavailable(f"{what} at {self.base_url}: the backend is closed")
         while True:
             attempt += 1
             try:
                 return call(max(deadline - time.monotonic(), 0.001))
             except (TransportError, ErrorStatus) as exc:
                 left = deadline - time.monotonic()
-                stopped = self._stopped.is_set()  # interrupted or closed: no retry behind the caller's back
+                # interrupted or closed: no retry behind the caller's back
+                stopped = self._stopped.is_set() or interrupted.is_set()
                 if stopped or not _retryable(exc) or attempt > self.max_retries or pause >= left:
                     tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
                     raise scorer_error(exc, f"{what} at {self.base_url} after {tries}") from exc
                 log.warning(
                     "%s at %s: attempt %d failed (%s); retrying in %.2f s", what, self.base_url, attempt, exc, pause
                 )
-            if self._stopped.wait(pause):
+            if interrupted.wait(pause) or self._stopped.is_set():
                 raise ScorerUnavailable(f"{what} at {self.base_url}: the backend was interrupted or closed")
             pause = min(pause * 2, self.retry_backoff_cap_s)
 
@@ -140,6 +145,7 @@ class RemoteRewardBackend(RewardBackend):
             self.shape,
             self.group_size,
             interrupt=self.interrupt,
+            max_in_flight=MAX_CONNECTIONS,  # a chunk waiting for a connection would spend its deadline there
         )
 
     @property
@@ -162,12 +168,16 @@ class RemoteRewardBackend(RewardBackend):
         )
 
     def interrupt(self) -> None:
-        """Ctrl-C in a caller that fanned calls out: close the connections (which ends a call waiting
-        on one) and stop retrying. The backend is closed: the server is someone else's, and stays."""
-        self.close()
+        """Give up on the calls in flight (Ctrl-C, a cancelled coroutine): their connections are dropped
+        (which ends a call waiting on one) and they are not retried. The backend stays usable: the
+        next call opens new connections."""
+        interrupted, self._interrupted = self._interrupted, threading.Event()
+        interrupted.set()
+        self._client.transport.reset()
 
     def close(self) -> None:
         """Closes connections only: the server belongs to whoever started it."""
         self._stop_submissions()
         self._stopped.set()
+        self._interrupted.set()
         self._client.close()

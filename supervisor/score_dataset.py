@@ -81,10 +81,14 @@ class OutputClaim:
             return ConfigError(f"{self.path} is a symbolic link: give the file it points to as --output")
         return ConfigError(f"cannot open {self.path}: {exc.strerror}")
 
-    def _locked(self, fd: int) -> IO[str]:
+    def _locked(self, fd: int, check_path: bool = True) -> IO[str]:
+        """`fd` locked, or refused: another run holds it, or (`check_path`) the path no longer names it
+        (another run's rewrite renamed a new file over it while this one waited to open it)."""
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            if check_path and os.stat(self.path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+                raise BlockingIOError
+        except (BlockingIOError, FileNotFoundError):
             os.close(fd)
             raise ConfigError(f"{self.path} is being written by another managed-scorers score run") from None
         return os.fdopen(fd, "r+", encoding="utf-8")
@@ -92,14 +96,17 @@ class OutputClaim:
     def replace(self, content: str) -> None:
         """Put `content` in place of the output whole: a kill meanwhile leaves the old file."""
         fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        handle: IO[str] | None = None
         try:
-            handle = self._locked(fd)
+            handle = self._locked(fd, check_path=False)  # not yet at the path: it will be, locked
             handle.write(content)
             handle.flush()
             os.fsync(handle.fileno())
             os.fchmod(handle.fileno(), os.fstat(self.file.fileno()).st_mode & 0o777)
             os.replace(temporary, self.path)
         except BaseException:
+            if handle is not None:
+                handle.close()
             os.unlink(temporary)
             raise
         self.file.close()
@@ -398,13 +405,11 @@ def _item(row: Row, columns: Columns, image: np.ndarray | None = None) -> Reward
 def _items(batch: Sequence[Row], columns: Columns, input_dir: Path) -> tuple[list[RewardItem], dict[str, str]]:
     """The batch's items, and why each row that cannot become one failed: an image that opened at the
     check but does not decode (cut short, corrupt). Such a row takes its whole group with it."""
-    from PIL import Image
-
     items, unreadable, broken = [], {}, set()
     for row in batch:
         try:
             image = _decoded_image(row, columns, input_dir)
-        except (OSError, SyntaxError, Image.DecompressionBombError) as exc:  # cut short; a broken chunk; too large
+        except Exception as exc:  # noqa: BLE001 - whatever the decoder raises (OSError cut short, SyntaxError, ValueError, zlib.error, DecompressionBombError...) is this row's input fault
             unreadable[row.id] = f"input line {row.line}: cannot decode its image ({type(exc).__name__}: {exc})"
             broken.add(_group_of(row, columns))
             continue
@@ -539,7 +544,10 @@ def _score_batch(
             summary.diagnostics = merge_term_reports([summary.diagnostics, diagnostics])
     if [r["id"] for r in written] != [row.id for row in batch]:
         raise RuntimeError("scored rows came back out of input order")  # never written misaligned
-    units = _unit_failures(batch, written, columns)
+    # rows whose input would not decode are the data's fault, not the scorer's: they never stop the run
+    units = _unit_failures(
+        [r for r in batch if r.id not in unreadable], [w for w in written if w["id"] not in unreadable], columns
+    )
     failed_in_a_row = _consecutive_failures(failed_in_a_row, units)
     if (len(units) > 1 and all(units)) or failed_in_a_row >= STOP_AFTER_FAILED_UNITS:
         first = next(r["error"] for r in written if r["reward"] is None)

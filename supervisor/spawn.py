@@ -39,18 +39,20 @@ def spawn_child(
 ) -> tuple[int, int, dict[int, int]]:
     """Spawn `argv` in a new session with stdin a new pipe, stdout and stderr on `log_fd`, and
     `pass_fds` inherited. Returns the pid, the pipe's write end (the caller's to close), and the
-    number each passed descriptor has in the child (its own, unless it was one of 0-2)."""
+    number each passed descriptor has in the child (the boot config must say those)."""
     made: list[int] = []
     stdin_r, stdin_w = os.pipe()
     try:
         source_in, source_log = _above_std(stdin_r, made), _above_std(log_fd, made)
-        numbers = {fd: _above_std(fd, made) for fd in pass_fds}
+        # each passed descriptor onto a new number above every source: dup2 clears close-on-exec on
+        # the copy (onto itself it would only from glibc 2.29), and no action overwrites a later source
+        base = max([source_in, source_log, *pass_fds]) + 1
+        numbers = {fd: base + i for i, fd in enumerate(pass_fds)}
         actions = [
+            *((os.POSIX_SPAWN_DUP2, fd, number) for fd, number in numbers.items()),  # first: one may be 0-2
             (os.POSIX_SPAWN_DUP2, source_in, 0),
             (os.POSIX_SPAWN_DUP2, source_log, 1),
             (os.POSIX_SPAWN_DUP2, source_log, 2),
-            # onto itself: glibc (2.29+) clears close-on-exec, so exactly these cross the exec
-            *((os.POSIX_SPAWN_DUP2, fd, fd) for fd in numbers.values()),
         ]
         pid = os.posix_spawn(
             argv[0],

@@ -30,7 +30,7 @@ class Submission(Future[Any]):
     a plain call does: a request still queued is never sent, the one in flight is interrupted (a managed
     child is killed at once, so the trainer's exit does not wait for it)."""
 
-    def __init__(self, interrupt: Callable[[], None]) -> None:
+    def __init__(self, interrupt: Callable[[Submission], None]) -> None:
         super().__init__()
         self._interrupt = interrupt
 
@@ -45,7 +45,7 @@ class Submission(Future[Any]):
     def abandon(self) -> None:
         """Nobody will read this answer."""
         if not self.cancel() and not self.done():  # running: only interrupting the backend ends it
-            self._interrupt()
+            self._interrupt(self)
 
 
 class Submitter:
@@ -60,6 +60,8 @@ class Submitter:
     ) -> None:
         self._call = call
         self._interrupt = interrupt
+        self._running: Submission | None = None  # the submission whose call is in flight
+        self._running_lock = threading.Lock()
         self._name = name
         self._owner_pid = os.getpid()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
@@ -72,7 +74,7 @@ class Submitter:
     def submit(self, request: Any) -> Submission:
         if os.getpid() != self._owner_pid:
             raise BackendNotOwned(f"submissions to {self._name} belong to pid {self._owner_pid}; this is a fork of it")
-        future = Submission(self._interrupt)
+        future = Submission(self._interrupt_if_running)
         with self._lock:
             if self._closed:
                 raise ScorerUnavailable(f"{self._name} is closed: nothing more can be submitted")
@@ -99,10 +101,26 @@ class Submitter:
             request, future = entry
             if not future.set_running_or_notify_cancel():
                 continue  # cancelled while it waited: never sent
+            with self._running_lock:
+                self._running = future
             try:
-                future.set_result(self._call(request))
+                answer = self._call(request)
             except BaseException as exc:  # noqa: BLE001 - the caller gets it from its own future
+                self._ran()
                 future.set_exception(exc)
+            else:
+                self._ran()
+                future.set_result(answer)
+
+    def _ran(self) -> None:
+        with self._running_lock:
+            self._running = None
+
+    def _interrupt_if_running(self, future: Submission) -> None:
+        """Interrupt the backend only while `future`'s own call is in flight (never the next one's)."""
+        with self._running_lock:
+            if self._running is future:
+                self._interrupt()
 
     def close(self) -> None:
         """Fail what still waits (never sent) and stop the worker; the call in flight ends with the

@@ -97,3 +97,17 @@ def test_a_server_whose_health_does_not_say_what_it_serves_is_refused_typed(mana
     with MisbehavingServer(url(server), "bare_health") as bare:
         with pytest.raises(RewardContractError, match="does not say what it serves .*'state'"):
             RemoteRewardBackend(bare.url, token=server._child.token)
+
+
+def test_a_cancelled_call_ends_but_leaves_the_remote_backend_usable(managed, trainer_python):
+    """asyncio.wait_for gives up on a call in flight: the call's connection is dropped (nothing retries
+    behind the caller), and the backend serves the next call; only close() ends it for good."""
+    import asyncio
+
+    server = managed(trainer_python, "tests.fixture_scorers:Probe", params={"sleep_s": 1.0})
+    with RemoteRewardBackend(url(server), token=server._child.token) as remote:
+        with pytest.raises(TimeoutError):
+            asyncio.run(asyncio.wait_for(remote.compute_rewards_async(REQUEST), 0.3))
+        assert remote.compute_rewards(REQUEST).rewards == [0.0, 1.0, 2.0, 3.0, 4.0]
+    with pytest.raises(ScorerUnavailable):
+        remote.compute_rewards(REQUEST)
