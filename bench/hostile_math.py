@@ -144,6 +144,7 @@ def _measure() -> str:
     finally:
         for pool in pools.values():
             pool.close()
+    in_process_s, in_process_peak = _in_the_main_thread(with_hazards(next(fresh))[0])
     bad = sorted({o.status for i, o in enumerate(outcomes) if i not in kept})
     # ordinary throughput, ours against the slot-per-item design: the median of the rounds' own
     # ratios (the two batches of a round ran back to back, so they saw the machine at the same speed)
@@ -162,7 +163,42 @@ def _measure() -> str:
         f" slot-per-item design {slots_s:5.2f} s)  pathological: {'/'.join(bad)}"
         f"  ordinary items moved {sum(moved)} of {len(moved) * ORDINARY}"
         f"  pool RSS {memory_before / 2**20:.0f} -> {memory_after / 2**20:.0f} MiB"
+        f"  peer, TRL's accuracy reward in the main thread (math_verify's own 5 s timeouts): hostile batch "
+        f"{in_process_s:5.2f} s, peak RSS {in_process_peak / 2**30:.2f} GiB"
     )
+
+
+def _in_the_main_thread(tasks: list[tuple]) -> tuple[float, int]:
+    """The hostile batch graded as TRL's accuracy reward does (parse the gold, parse the completion,
+    verify, in the trainer's main thread, math_verify's signal timeouts), in a fresh process of this
+    env: (seconds, that process's peak RSS)."""
+    import json
+    import subprocess
+
+    code = (
+        "import json, resource, sys, time\n"
+        "from math_verify import LatexExtractionConfig, parse, verify\n"
+        "from latex2sympy2_extended import NormalizationConfig\n"
+        "tasks = json.load(sys.stdin)\n"
+        "answer = [LatexExtractionConfig(normalization_config=NormalizationConfig(nits=False, malformed_operators=False,"
+        " basic_latex=True, boxed='all', units=True), boxed_match_priority=0, try_extract_without_anchor=False)]\n"
+        "began = time.monotonic()\n"
+        "for text, gold in tasks:\n"
+        "    gold_parsed = parse(gold, extraction_mode='first_match')\n"
+        "    verify(gold_parsed, parse(text, extraction_config=answer, extraction_mode='first_match'))\n"
+        "print(json.dumps([time.monotonic() - began, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps([[t[0], t[1]] for t in tasks]),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the in-process peer failed: {done.stderr[-2000:]}")
+    seconds, peak_kib = json.loads(done.stdout.splitlines()[-1])
+    return seconds, peak_kib << 10
 
 
 def tree_memory(pid: int) -> tuple[int, int]:
