@@ -584,17 +584,18 @@ def test_held_tasks_together_stay_within_the_pool_memory_budget(make_pool):
         GradingPool(1, 1.0, f"{FIXTURES}:square", memory_budget_bytes=1024)
 
 
-def test_a_batch_done_under_another_callers_drive_returns_without_waiting_for_that_callers_batch(make_pool):
+def test_a_batch_done_under_another_callers_drive_returns_without_waiting_for_that_callers_batch(make_pool, tmp_path):
     """Two callers: a slow batch (one 2 s task) and a quick one submitted while the slow one drives. The
     quick one returns as soon as its tasks are done, not when the driver's own batch is."""
     import threading
 
-    pool = make_pool("sleep_for", jobs=2, timeout_s=10.0, overflow=0)
-    slow = threading.Thread(target=pool.grade, args=([(2.0, "slow")],))
+    pool = make_pool("touch_then_sleep", jobs=2, timeout_s=10.0, overflow=0)
+    started = tmp_path / "slow-started"
+    slow = threading.Thread(target=pool.grade, args=([(str(started), 2.0)],))
     slow.start()
-    time.sleep(0.3)  # the slow caller holds the drive lock, its task running
+    assert eventually(started.exists, 10)  # the slow caller drives, its task running
     began = time.monotonic()
-    quick = pool.grade([(0.0, n) for n in range(4)])
+    quick = pool.grade([(str(tmp_path / f"quick-{n}"), 0.0) for n in range(4)])
     took = time.monotonic() - began
     slow.join(10)
-    assert [o.value for o in quick] == [0, 1, 2, 3] and took < 1.0, took
+    assert [o.status for o in quick] == ["ok"] * 4 and took < 1.0, took
