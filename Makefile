@@ -24,16 +24,16 @@ $(VENV)/.installed: pyproject.toml
 # Scorer envs are built by the same code as `managed-scorers envs build` (specs in supervisor/env_specs/),
 # into envs/NAME/.venv, and only when their pins changed.
 $(addprefix env-,$(SCORER_ENVS)): env-%: install
-	$(VPY) -m supervisor.cli envs build $* --python $(PYTHON)
+	$(VPY) -m supervisor envs build $* --python $(PYTHON)
 
 env-trl: install
-	$(VPY) -m supervisor.cli envs build trl --requirements envs/trl/requirements.txt --dir envs/trl/.venv --python $(PYTHON)
+	$(VPY) -m supervisor envs build trl --requirements envs/trl/requirements.txt --dir envs/trl/.venv --python $(PYTHON)
 
 # Ray is optional for this project: where it cannot be installed (no wheel for this platform or
 # Python), the build's reason goes to envs/ray/UNAVAILABLE and the Ray test skips, saying it.
 env-ray: install
 	rm -f envs/ray/UNAVAILABLE
-	if ! $(VPY) -m supervisor.cli envs build ray --requirements envs/ray/requirements.txt --dir envs/ray/.venv \
+	if ! $(VPY) -m supervisor envs build ray --requirements envs/ray/requirements.txt --dir envs/ray/.venv \
 			--python $(PYTHON) 2> envs/ray/.build-stderr; then \
 		cat envs/ray/.build-stderr >&2; tail -c 4000 envs/ray/.build-stderr > envs/ray/UNAVAILABLE; \
 		echo "envs/ray could not be built: the Ray test will skip, citing envs/ray/UNAVAILABLE" >&2; \
@@ -44,7 +44,7 @@ envs: $(addprefix env-,$(ENVS))
 scorer-envs: $(addprefix env-,$(SCORER_ENVS))
 
 demo: install scorer-envs
-	$(VPY) -m supervisor.demo
+	$(VPY) -m supervisor.ops.demo
 
 test: install envs lint
 	$(VPY) -m pytest -q $(PYTEST_ARGS)

@@ -23,7 +23,7 @@ import numpy as np
 from bench import hostile_math, jpeg_json_peer, math_throughput, overlap, panel, startup, verl_coalesce
 from bench.handles import client_of, pid_of
 from bench.workloads import WORKLOADS
-from child_runtime import wire
+from child_runtime.protocol import wire
 from supervisor import LocalRewardBackend, ManagedScorerProcessBackend, RewardBackend, RewardItem, RewardRequest
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from supervisor import ManagedScorerProcessBackend, RewardBackend
-from supervisor.client import ScorerClient
-from supervisor.process import ChildProcess
-from supervisor.segment import ParentSegment
+from supervisor.child.client import ScorerClient
+from supervisor.child.process import ChildProcess
+from supervisor.child.segment import ParentSegment
 
 
 def managed_of(backend: RewardBackend) -> ManagedScorerProcessBackend:

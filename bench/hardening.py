@@ -33,8 +33,8 @@ from supervisor import (
     ScorerStartupError,
     ScorerUnavailable,
 )
-from supervisor import process as process_module
-from supervisor.process import ChildProcess
+from supervisor.child import process as process_module
+from supervisor.child.process import ChildProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER = sys.executable

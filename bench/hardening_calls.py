@@ -156,7 +156,7 @@ def ctrl_c_submit() -> str:
 def _score(folder: Path, recipe: dict, rows: list[dict], *extra: str) -> subprocess.CompletedProcess[str]:
     (folder / "r.json").write_text(json.dumps({"reward": recipe}))
     (folder / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    command = [TRAINER, "-m", "supervisor.cli", "score", "--recipe", str(folder / "r.json")]
+    command = [TRAINER, "-m", "supervisor", "score", "--recipe", str(folder / "r.json")]
     command += ["--input", str(folder / "in.jsonl"), "--output", str(folder / "out.jsonl"), *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
@@ -221,7 +221,7 @@ def two_runs_one_output() -> str:
         (folder / "in.jsonl").write_text(
             "".join(json.dumps({"id": f"t{i}", "response": "x" * i}) + "\n" for i in range(8))
         )
-        command = [TRAINER, "-m", "supervisor.cli", "score", "--recipe", str(folder / "r.json")]
+        command = [TRAINER, "-m", "supervisor", "score", "--recipe", str(folder / "r.json")]
         command += ["--input", str(folder / "in.jsonl"), "--output", str(folder / "out.jsonl"), "--batch-size", "1"]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

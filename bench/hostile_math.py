@@ -80,7 +80,7 @@ def pool_rss(pool) -> int:
 
 def _measure() -> str:
     from bench.math_throughput import workload
-    from scorers.grading_pool import GradingPool
+    from scorers.grading.pool import GradingPool
     from scorers.math_verify import DEFAULT_WARM_REPLAY, GRADE_FN, WARM_MODULE
 
     fresh = slices()

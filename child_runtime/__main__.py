@@ -22,13 +22,14 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, NoReturn
 
-from child_runtime import boot, exit_codes, lifeline
+from child_runtime import lifeline
+from child_runtime.protocol import boot, exit_codes
 
 try:  # what the runtime needs beyond the stdlib (numpy): a missing package is said on the readiness pipe
     from child_runtime.gate import ConnectionGate, gated
     from child_runtime.host import GPU_RESIDENCY_MODES, ScorerHost
-    from child_runtime.items import Limits
-    from child_runtime.shared_segment import ChildSegment
+    from child_runtime.protocol.items import Limits
+    from child_runtime.protocol.shared_segment import ChildSegment
 except ImportError as _missing:
     _RUNTIME_IMPORT_ERROR: ImportError | None = _missing
 else:

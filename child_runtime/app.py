@@ -21,22 +21,21 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from child_runtime import wire
-from child_runtime.gate import EVICTED_HEADER, EVICTION_BODY, ConnectionGate
+from child_runtime.gate import EVICTION_BODY, ConnectionGate
 from child_runtime.host import ResidencyConflict, ScorerHost
 from child_runtime.idempotency import (
-    KEY_HEADER,
-    REPLAY_HEADER,
     AnswerCache,
     BadKey,
     IdempotencyConflict,
     body_digest,
     check_key,
 )
-from child_runtime.items import Limits, RequestError, request_from_wire, response_to_wire
 from child_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from child_runtime.metrics import ChildMetrics
-from child_runtime.shared_segment import ChildSegment
+from child_runtime.protocol import wire
+from child_runtime.protocol.headers import EVICTED_HEADER, KEY_HEADER, REPLAY_HEADER
+from child_runtime.protocol.items import Limits, RequestError, request_from_wire, response_to_wire
+from child_runtime.protocol.shared_segment import ChildSegment
 from scorers.base import ScoreInputError, ScorerContractError
 
 DEFAULT_DRAIN_TIMEOUT_S = 600.0

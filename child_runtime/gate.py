@@ -21,7 +21,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-EVICTED_HEADER = "x-managed-scorers-evicted"
+from child_runtime.protocol.headers import EVICTED_HEADER
+
 EVICTION_BODY = json.dumps({"error": "connection closed before it authenticated", "kind": "evicted"}).encode()
 EVICTION = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"

@@ -16,8 +16,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-KEY_HEADER = "idempotency-key"
-REPLAY_HEADER = "idempotent-replay"
+from child_runtime.protocol.headers import KEY_HEADER
+
 MAX_KEY_CHARS = 200
 HASH_IN_THREAD_BYTES = 1 << 20  # hashlib drops the GIL: keep the event loop free for a large body
 

@@ -8,12 +8,12 @@ in C code and cannot run Python signal handlers.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import threading
 
-PR_SET_PDEATHSIG = 1
+from scorers.grading.processes import set_parent_death_signal
+
 LIFELINE_SIGNAL = signal.SIGUSR2
 POLL_INTERVAL_S = 0.2
 
@@ -32,14 +32,6 @@ def _watchdog(expected_ppid: int) -> None:
     stop = threading.Event()
     while not stop.wait(POLL_INTERVAL_S):
         _check(expected_ppid)
-
-
-def set_parent_death_signal(signum: int) -> None:
-    """Ask the kernel to send `signum` when the parent (its spawning thread) exits."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno)}")
 
 
 def install(expected_ppid: int) -> None:

@@ -9,7 +9,7 @@ raw and capped in bytes, and compression is refused: the request asks for
 `Accept-Encoding: identity` and an answer in any other encoding fails.
 
 The one mechanism both HTTP clients of this project use: the remote backend's
-(`supervisor.client`) and the LLM judge's. Importing it needs httpx.
+(`supervisor.child.client`) and the LLM judge's. Importing it needs httpx.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, reference_answer
-from scorers.grading_pool import GradingPool, GradingTaskError, overflow_options
+from scorers.grading.pool import GradingPool, GradingTaskError, overflow_options
 
 log = logging.getLogger(__name__)
 TIMEOUT_ENV = "MATH_VERIFY_TIMEOUT_S"

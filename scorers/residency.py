@@ -26,7 +26,7 @@ _LIBC = _libc()
 def release_free_heap() -> None:
     """Give freed heap pages back to the OS (glibc malloc_trim), so RSS shows what a move freed.
 
-    Managed children keep freed heap for reuse between requests (see supervisor.managed's
+    Managed children keep freed heap for reuse between requests (see supervisor.backends.managed's
     malloc settings); a residency change is the moment to return it. No-op off glibc.
     """
     if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):

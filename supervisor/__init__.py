@@ -5,6 +5,13 @@ Note: `supervisor` is also supervisord's import name; never install both in one 
 """
 
 from supervisor.backend import RewardBackend
+from supervisor.backends.local import LocalRewardBackend
+from supervisor.backends.managed import ManagedScorerProcessBackend
+from supervisor.backends.remote import RemoteRewardBackend
+from supervisor.compose.distributed import DistributedRewards, RankFailed, RankLost
+from supervisor.compose.overlap import OverlappedScoring, micro_batches, score_while_generating
+from supervisor.compose.panel import BackendPool, PanelTerm, RewardPanel
+from supervisor.compose.replicas import ReplicatedBackend
 from supervisor.config import (
     ClientConfig,
     LimitsConfig,
@@ -18,7 +25,6 @@ from supervisor.config import (
     ScorerConfig,
     TermConfig,
 )
-from supervisor.distributed import DistributedRewards, RankFailed, RankLost
 from supervisor.errors import (
     BackendNotOwned,
     ChildRecord,
@@ -33,14 +39,8 @@ from supervisor.errors import (
     ScorerTimeout,
     ScorerUnavailable,
 )
-from supervisor.local import LocalRewardBackend
-from supervisor.managed import ManagedScorerProcessBackend
-from supervisor.overlap import OverlappedScoring, micro_batches, score_while_generating
-from supervisor.panel import BackendPool, PanelTerm, RewardPanel
-from supervisor.preflight import PreflightError, PreflightReport, preflight
-from supervisor.recipes import Recipe, build_panel, build_panels, load_recipe
-from supervisor.remote import RemoteRewardBackend
-from supervisor.replicas import ReplicatedBackend
+from supervisor.ops.preflight import PreflightError, PreflightReport, preflight
+from supervisor.ops.recipes import Recipe, build_panel, build_panels, load_recipe
 from supervisor.service import MissingTokenCountError, PrecomputedRewardError, RewardService
 from supervisor.submit import SubmissionQueueFull
 from supervisor.types import RewardItem, RewardRequest, RewardResponse, TermFailure

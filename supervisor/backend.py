@@ -16,6 +16,7 @@ import numpy as np
 
 from scorers.diagnostics import merge_reports, report
 from scorers.groups import GroupInputError, pack_chunks, partition
+from supervisor.arena import Arena, HeapArena
 from supervisor.errors import (
     ConfigError,
     RewardContractError,
@@ -24,7 +25,6 @@ from supervisor.errors import (
     ScorerUnavailable,
 )
 from supervisor.fanout import on_each
-from supervisor.segment import HeapArena, SharedArena
 from supervisor.submit import DEFAULT_MAX_PENDING, Submission, SubmissionQueueFull, Submitter
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
@@ -186,7 +186,7 @@ class RewardBackend(ABC):
     def drain(self) -> dict[str, Any]:
         return {}
 
-    def arena(self) -> SharedArena | HeapArena:
+    def arena(self) -> Arena:
         """Where to build large input arrays before scoring them. A managed child's arena is in
         its shared segment, so those arrays reach the scorer without a copy; elsewhere it is
         ordinary memory. Arrays are valid until the arena is closed (use it as a context manager)."""

@@ -14,7 +14,7 @@ from scorers.registry import resolve_scorer
 from supervisor import scorer_envs
 
 InputKind = Literal["text", "image", "image_edit", "video"]
-# What decides the child's import path: set only by managed-scorers (see supervisor.import_root).
+# What decides the child's import path: set only by managed-scorers (see supervisor.child.import_root).
 RESERVED_ENV = frozenset(
     {
         "PYTHONPATH",

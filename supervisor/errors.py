@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from child_runtime.exit_codes import describe, signal_name
+from child_runtime.protocol.exit_codes import describe
+from scorers.grading.processes import signal_name
 
 
 @dataclass(frozen=True)

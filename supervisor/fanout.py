@@ -1,20 +1,17 @@
-"""One call per backend (or per chunk), all at once, each in its own daemon thread: starting a
-panel's or a term's children together (not one after another), closing them under one deadline,
-sending the chunks of a request to a scorer that takes concurrent calls.
+"""One call per item, all at once, each in its own daemon thread: starting a panel's or a term's
+children together (not one after another), closing them under one deadline, sending the chunks
+of a request to a scorer that takes concurrent calls, scoring a panel's terms.
 
 Why daemon threads and not an executor: an executor's threads are joined at interpreter exit,
-so a trainer interrupted while children boot would wait for every boot first. Here Ctrl-C
-kills what is booting (`abort_start`), waits for the threads (now quick) and re-raises.
+so a trainer interrupted while children boot would wait for every boot first. With these,
+Ctrl-C kills what is booting (`compose.build.build_all`), waits for the threads (now quick) and re-raises.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
-
-if TYPE_CHECKING:
-    from supervisor.backend import RewardBackend
+from typing import TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -52,36 +49,3 @@ def on_each(
     for thread in threads:
         thread.join()
     return outcomes  # type: ignore[return-value]  # every slot was filled by its thread
-
-
-def build_all(builds: Sequence[Callable[[], RewardBackend]]) -> list[RewardBackend]:
-    """Make each backend and start it (when it waits to be started), all at once. If any fails, or
-    Ctrl-C arrives, what is booting is killed, every backend made is closed, and the (first) error
-    is raised: nothing is left running."""
-    made: list[RewardBackend | None] = [None] * len(builds)
-
-    def build_and_start(index: int) -> RewardBackend:
-        backend = made[index] = builds[index]()
-        if backend.needs_start:
-            backend.start()
-        return backend
-
-    try:
-        outcomes = on_each(range(len(builds)), build_and_start, "start")
-    except BaseException:  # Ctrl-C while joining: stop the boots, then wait for their threads to see it
-        _abandon(made)
-        raise
-    errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
-    if errors:
-        _abandon(made)
-        raise errors[0]
-    return [backend for backend in made if backend is not None]
-
-
-def _abandon(made: list[RewardBackend | None]) -> None:
-    for backend in made:
-        if backend is not None:
-            backend.abort_start()
-    for backend in made:
-        if backend is not None:
-            backend.close()

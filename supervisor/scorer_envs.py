@@ -1,29 +1,15 @@
-"""Scorer envs by name: the specs this package ships, where they live, and how they are built.
+"""Scorer envs by name: the specs this package ships and where their envs live.
 
-A spec is a pinned requirements file shipped in the package (`supervisor/env_specs/NAME.txt`),
-so an installed managed-scorers can build its envs anywhere; a `# key: a b` line names the
-packages `envs list` reports. The env NAME lives at ROOT/NAME/.venv, ROOT being
-$MANAGED_SCORERS_ENVS, else the checkout's envs/ when this package runs from one, else
-$XDG_DATA_HOME/managed-scorers/envs (~/.local/share/...).
-A build is `python -m venv` plus pip (pip's own configuration applies: index, find-links,
-constraints), run from the spec's folder so relative paths in it mean the same from anywhere.
-The stamp (the hash of the spec's requirement lines, plus the pyproject.toml of any `-e`
-project) is written last: an interrupted or failed build is redone, never taken as built.
+A spec is a pinned requirements file shipped in the package (`supervisor/env_specs/NAME.txt`).
+The env NAME lives at ROOT/NAME/.venv, ROOT being $MANAGED_SCORERS_ENVS, else the checkout's
+envs/ when this package runs from one, else $XDG_DATA_HOME/managed-scorers/envs
+(~/.local/share/...). An env counts as built once its stamp is written (the builder,
+`supervisor.ops.env_builder`, writes it last). Config reads this to turn `env: NAME` into a Python.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
-import importlib.metadata
 import os
-import shutil
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from supervisor.errors import ConfigError
@@ -35,8 +21,6 @@ CHECKOUT_ENVS = _SOURCE / "envs" if (_SOURCE / "pyproject.toml").is_file() and (
 STAMP = ".requirements.sha256"
 MARKER = ".managed-scorers-env"  # written right after the venv is made: a folder this builder may remove
 ROOT_VARIABLE = "MANAGED_SCORERS_ENVS"
-PIP_TAIL_CHARS = 4000
-STEP_TIMEOUT_S = 3600.0  # one venv or pip step (the embed env downloads ~1.5 GB on a cold cache)
 
 
 class EnvError(ConfigError):
@@ -83,151 +67,3 @@ def env_python(name: str, root: Path | None = None) -> Path:
             + (f" (with {ROOT_VARIABLE}={venv.parent.parent})" if root is None and ROOT_VARIABLE in os.environ else "")
         )
     return python
-
-
-def requirement_lines(requirements: Path) -> list[str]:
-    lines = (line.split("#", 1)[0].strip() for line in requirements.read_text().splitlines())
-    return [line for line in lines if line]
-
-
-def key_packages(requirements: Path) -> list[str]:
-    for line in requirements.read_text().splitlines():
-        if line.startswith("# key:"):
-            return line.removeprefix("# key:").split()
-    return []
-
-
-def spec_hash(requirements: Path) -> str:
-    """What a build depends on: the requirement lines (comments aside) and each `-e` project's pyproject."""
-    digest = hashlib.sha256()
-    for line in requirement_lines(requirements):
-        digest.update(line.encode() + b"\n")
-        if line.startswith("-e "):
-            pyproject = (requirements.parent / line[3:].strip()) / "pyproject.toml"
-            digest.update(pyproject.read_bytes() if pyproject.is_file() else b"")
-    return digest.hexdigest()
-
-
-@dataclass
-class EnvStatus:
-    name: str
-    venv: Path
-    built: bool
-    pins_changed: bool  # built from other pins than the spec now says: rebuild
-    packages: dict[str, str | None] = field(default_factory=dict)  # key package -> installed version
-
-
-def installed_versions(venv: Path, names: list[str]) -> dict[str, str | None]:
-    """Versions installed in `venv`, read from its metadata (no process started)."""
-    sites = sorted(venv.glob("lib/python*/site-packages"))
-    found: dict[str, str] = {}
-    for dist in importlib.metadata.distributions(path=[str(site) for site in sites]):
-        found.setdefault(_normal(dist.metadata["Name"] or ""), dist.version)
-    return {name: found.get(_normal(name)) for name in names}
-
-
-def _normal(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
-
-
-def status(name: str, root: Path | None = None) -> EnvStatus:
-    spec = spec_path(name)
-    venv = env_dir(name, root)
-    stamp = venv / STAMP
-    built = stamp.is_file() and (venv / "bin" / "python").exists()
-    changed = built and stamp.read_text().strip() != spec_hash(spec)
-    packages = installed_versions(venv, key_packages(spec)) if built else {}
-    return EnvStatus(name, venv, built, changed, packages)
-
-
-def build(
-    requirements: Path,
-    venv: Path,
-    python: str | None = None,
-    force: bool = False,
-    say: Callable[[str], None] = print,
-) -> bool:
-    """Build `venv` from `requirements` unless it is built from the same pins; True if it built.
-
-    `python` makes the venv (default: the interpreter running this, outside any venv). One build
-    of a folder at a time (a lock beside it); only a folder this builder made is ever removed."""
-    base: str = python or getattr(sys, "_base_executable", None) or sys.executable
-    if shutil.which(base) is None:
-        raise EnvError(f"--python {base} is not an executable: nothing was changed")
-    if venv.resolve() == Path(sys.prefix).resolve():
-        raise EnvError(f"{venv} is the environment running this command: choose another folder")
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with _build_lock(venv):
-        want = spec_hash(requirements)
-        stamp = venv / STAMP
-        if not force and stamp.is_file() and stamp.read_text().strip() == want and (venv / "bin" / "python").exists():
-            say(f"{venv}: up to date")
-            return False
-        say(f"{venv}: building from {requirements}")
-        _remove_own(venv)
-        _run([base, "-m", "venv", str(venv)], requirements.parent, f"creating the venv {venv} with {base}")
-        (venv / MARKER).write_text("made by managed-scorers envs build\n")
-        pip = [str(venv / "bin" / "python"), "-m", "pip"]
-        _run([*pip, "install", "-q", "--no-input", "-r", str(requirements)], requirements.parent, "pip install")
-        _run([*pip, "check"], requirements.parent, "pip check")
-        stamp.write_text(want + "\n")
-    return True
-
-
-def _remove_own(venv: Path) -> None:
-    """Remove an env this builder made (stamped or marked), or an empty folder; refuse anything else."""
-    if not venv.exists():
-        return
-    if not venv.is_dir():
-        raise EnvError(f"{venv} is a file, not a folder for an env")
-    ours = (venv / STAMP).exists() or (venv / MARKER).exists()
-    if not ours and any(venv.iterdir()):
-        raise EnvError(
-            f"{venv} exists and was not made by managed-scorers envs build: remove it or choose another folder"
-        )
-    try:
-        shutil.rmtree(venv)
-    except OSError as exc:
-        raise EnvError(f"cannot remove the old env {venv}: {exc}") from exc
-
-
-@contextlib.contextmanager
-def _build_lock(venv: Path) -> Iterator[None]:
-    """An exclusive lock on `venv`'s build, waited for up to one build step's deadline."""
-    with open(venv.parent / f".{venv.name}.build-lock", "w") as handle:
-        deadline = time.monotonic() + STEP_TIMEOUT_S
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise EnvError(f"another build of {venv} held its lock for {STEP_TIMEOUT_S:.0f} s") from None
-                time.sleep(0.5)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _clean_environment() -> dict[str, str]:
-    """This process's environment without what would make pip see other packages as installed."""
-    dropped = {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PIP_USER", "PIP_TARGET", "PIP_PREFIX", "VIRTUAL_ENV"}
-    env = {key: value for key, value in os.environ.items() if key not in dropped}
-    env["PYTHONNOUSERSITE"] = "1"
-    return env
-
-
-def _run(command: list[str], cwd: Path, what: str) -> None:
-    try:
-        done = subprocess.run(
-            command, cwd=cwd, env=_clean_environment(), capture_output=True, text=True, timeout=STEP_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise EnvError(f"{what} took longer than {STEP_TIMEOUT_S:.0f} s and was stopped") from exc
-    except OSError as exc:
-        raise EnvError(f"{what}: cannot run {command[0]}: {exc}") from exc
-    noise = "WARNING: Location"  # pip's note on each missing local index folder
-    output = "\n".join(line for line in (done.stdout + done.stderr).splitlines() if not line.startswith(noise))
-    if done.returncode != 0:
-        raise EnvError(f"{what} failed (exit {done.returncode}): {output[-PIP_TAIL_CHARS:]}")

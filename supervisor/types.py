@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, model_validator
 
-from child_runtime.items import check_media
+from child_runtime.protocol.items import check_media
 from scorers.base import is_length_verdict
 from scorers.diagnostics import to_metrics
 from supervisor.tensors import numpy_view

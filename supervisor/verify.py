@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from child_runtime import wire
+from child_runtime.protocol import wire
 from scorers.diagnostics import DiagnosticsError, check_values
 from supervisor.backend import ScorerShape
 from supervisor.errors import ChildRecord, RewardContractError, ScorerRequestError

@@ -20,7 +20,7 @@ import signal
 import sys
 
 from supervisor import ManagedScorerProcessBackend
-from supervisor.process import ChildProcess
+from supervisor.child.process import ChildProcess
 from tests.conftest import REPO_ROOT
 
 

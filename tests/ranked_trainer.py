@@ -30,8 +30,8 @@ import torch.distributed as dist
 
 from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest
 from supervisor.adapters.trl import TRLRewardFunction
-from supervisor.distributed import DistributedRewards
-from supervisor.panel import PanelTerm, RewardPanel
+from supervisor.compose.distributed import DistributedRewards
+from supervisor.compose.panel import PanelTerm, RewardPanel
 
 GROUP, PER_RANK = 4, 6
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from bench.fault_matrix import rogue_python
-from child_runtime import wire
+from child_runtime.protocol import wire
 from supervisor import RewardContractError, RewardItem, RewardRequest, ScorerRequestError
 from tests.conftest import wait_in_flight
 from tests.fixture_scorers import journal_calls

@@ -19,7 +19,7 @@ def doctor(recipe: dict, tmp_path: Path, **env: str) -> subprocess.CompletedProc
     path = tmp_path / "recipe.json"
     path.write_text(json.dumps({"reward": recipe}))
     return subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", "doctor", str(path)],
+        [sys.executable, "-m", "supervisor", "doctor", str(path)],
         env={**ENV, **env},
         capture_output=True,
         text=True,

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.fixture_scorers import journal_calls
 
-CLI = [sys.executable, "-m", "supervisor.cli", "score"]
+CLI = [sys.executable, "-m", "supervisor", "score"]
 ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}  # the recipes name fixture scorers from tests/
 
 
@@ -56,7 +56,7 @@ INTERRUPTIBLE = [
     sys.executable,
     "-c",
     "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "from supervisor.cli import main; sys.exit(main())",
+    "from supervisor.ops.cli import main; sys.exit(main())",
     "score",
 ]
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import env_python, wait_until_gone
 
-SERVE = [sys.executable, "-m", "supervisor.cli", "serve"]
+SERVE = [sys.executable, "-m", "supervisor", "serve"]
 
 CLIENT = """
 import json, sys

@@ -9,7 +9,7 @@ import pytest
 
 from supervisor import LocalRewardBackend, ScorerRequestError
 from supervisor.adapters.verl import VerlComputeScore
-from supervisor.coalesce import Coalescer
+from supervisor.compose.coalesce import Coalescer
 
 
 class Recorder:

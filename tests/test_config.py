@@ -19,7 +19,7 @@ from supervisor import (
     ProcessConfig,
     ScorerConfig,
 )
-from supervisor.gpu import child_visible_devices
+from supervisor.child.gpu import child_visible_devices
 
 PY = sys.executable
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -469,9 +469,9 @@ def test_a_ray_actors_gpus_are_its_childs_whatever_its_local_rank():
     assert child_visible_devices({}, None, "7", launcher_gpus=("2",)) == "7"
 
 
-# -- the rank a launcher gave this process (supervisor.ranks) ----------------------------------
+# -- the rank a launcher gave this process (supervisor.child.ranks) ----------------------------------
 def test_rank_from_torchrun_variables():
-    from supervisor import ranks
+    from supervisor.child import ranks
 
     env = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "x"}
     assert ranks.current(env) == ranks.RankInfo("torchrun", 5, 1, 8)

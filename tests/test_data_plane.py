@@ -16,11 +16,11 @@ import numpy as np
 import psutil
 import pytest
 
-from child_runtime import wire
-from child_runtime.shared_segment import SEGMENT_NAME, ChildSegment, SharedSegmentUnavailable
+from child_runtime.protocol import wire
+from child_runtime.protocol.shared_segment import SEGMENT_NAME, ChildSegment, SharedSegmentUnavailable
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
+from supervisor.child.segment import ParentSegment, SharedArena, _close_fds
 from supervisor.errors import ScorerProcessDied, ScorerRequestError
-from supervisor.segment import ParentSegment, SharedArena, _close_fds
 from tests.conftest import REPO_ROOT, run_in_threads, wait_in_flight, wait_until_gone
 
 FIXTURES = "tests.fixture_scorers"
@@ -116,7 +116,7 @@ class _UnsealedSegment(ParentSegment):
 
 
 def test_a_child_that_refuses_the_segment_is_served_in_band(managed, image_python, monkeypatch):
-    monkeypatch.setattr("supervisor.managed.ParentSegment", _UnsealedSegment)
+    monkeypatch.setattr("supervisor.backends.managed.ParentSegment", _UnsealedSegment)
     backend = managed(image_python, "mean_intensity", "image")
     assert backend.ready_info["shared_memory"] is False
     assert "not sealed against shrinking" in backend.ready_info["shared_memory_error"]

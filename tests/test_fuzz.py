@@ -27,8 +27,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from child_runtime import wire
-from child_runtime.items import ITEM_FIELDS, RequestError, request_from_wire
+from child_runtime.protocol import wire
+from child_runtime.protocol.items import ITEM_FIELDS, RequestError, request_from_wire
 from scorers.base import ScoreInputError, check_required_fields
 from scorers.groups import GroupInputError, partition
 from supervisor import ManagedScorerProcessBackend, ManagedScorerProcessSpec, RewardItem, RewardRequest

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from scorers.grading_pool import GradeOutcome, GradingPool, GradingPoolError, GradingTaskError
+from scorers.grading.pool import GradeOutcome, GradingPool, GradingPoolError, GradingTaskError
 from tests.conftest import eventually
 from tests.grading_fixtures import multiprocessing_helpers, wait_gone
 
@@ -241,7 +241,7 @@ def test_batch_cap_raises_and_breaks_the_pool(make_pool):
 OWNER_SCRIPT = textwrap.dedent(
     """
     import sys
-    from scorers.grading_pool import GradingPool
+    from scorers.grading.pool import GradingPool
 
     def main():
         pool = GradingPool(2, 300.0, "tests.grading_fixtures:touch_then_sleep", warm_replay=int(sys.argv[2]))
@@ -331,7 +331,7 @@ def test_the_soft_deadline_counts_cpu_time_so_a_busy_machine_moves_no_ordinary_t
 
 @pytest.mark.slow
 def test_a_task_that_waits_moves_once_it_held_its_slot_for_wait_factor_soft_deadlines(make_pool):
-    from scorers.grading_pool import WAIT_FACTOR
+    from scorers.grading.pool import WAIT_FACTOR
 
     pool = make_pool("sleep_for", jobs=1, timeout_s=10.0, soft_timeout_s=0.1)
     brief, waits = pool.grade([(0.1 * WAIT_FACTOR / 2, "brief"), (30.0, "waits"), *[(0.0, n) for n in range(5)]])[:2]
@@ -395,7 +395,7 @@ def test_the_cpu_time_cap_is_its_own_outcome(make_pool, replay):
 
 
 def test_the_cpu_time_cap_is_set_by_the_kernel_per_task():
-    script = "import time\nfrom scorers.grading_worker import cap_cpu\ncap_cpu(0.5)\nwhile True:\n    pass\n"
+    script = "import time\nfrom scorers.grading.worker import cap_cpu\ncap_cpu(0.5)\nwhile True:\n    pass\n"
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=30)
     assert done.returncode == -signal.SIGXCPU
 

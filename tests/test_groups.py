@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from child_runtime import wire
+from child_runtime.protocol import wire
 from scorers.base import ScoreItem, score_checked
 from scorers.groups import GroupInputError, freeze, partition, strict_key
 from scorers.pointwise import map_candidates

@@ -14,10 +14,10 @@ import httpx
 import numpy as np
 import pytest
 
-from child_runtime import wire
 from child_runtime.idempotency import AnswerCache, IdempotencyConflict
+from child_runtime.protocol import wire
 from supervisor import RemoteRewardBackend, RewardItem, RewardRequest, ScorerError, ScorerRequestError
-from supervisor.client import ScorerClient
+from supervisor.child.client import ScorerClient
 from supervisor.errors import ErrorStatus
 from tests.conftest import run_in_threads, wait_in_flight
 

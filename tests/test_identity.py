@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from child_runtime import exit_codes
+from child_runtime.protocol import exit_codes
 from scorers.base import Scorer
 from scorers.identity import canonical_json, scorer_document, scorer_identity_hash
 from scorers.math_verify import TIMEOUT_ENV

@@ -120,7 +120,7 @@ def test_the_wheel_ships_example_recipes_that_name_their_envs(installed_trainer,
     parses there against the envs by name (no path into a checkout)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["MANAGED_SCORERS_ENVS"] = str(REPO_ROOT / "envs")
-    cli = [str(installed_trainer), "-m", "supervisor.cli", "recipes"]
+    cli = [str(installed_trainer), "-m", "supervisor", "recipes"]
     listed = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0 and "verl_omni" in listed.stdout and "unirl_targets" in listed.stdout, listed.stderr
     for name in ("verl_omni", "unirl_targets"):

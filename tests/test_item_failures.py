@@ -139,7 +139,7 @@ def test_score_dataset_writes_failed_rows_with_their_error_and_scores_the_rest(t
         "reward": {"models": {"m": {"backend": "local", "scorer": FAILS}}, "reward_functions": {"len": {"model": "m"}}}
     }
     (tmp_path / "r.json").write_text(json.dumps(recipe))
-    command = [sys.executable, "-m", "supervisor.cli", "score", "--recipe", str(tmp_path / "r.json")]
+    command = [sys.executable, "-m", "supervisor", "score", "--recipe", str(tmp_path / "r.json")]
     command += ["--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl")]
     done = subprocess.run(
         command, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=120

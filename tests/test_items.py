@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from child_runtime.items import RequestError, items_from_wire, response_to_wire
-from child_runtime.wire import decode, encode
+from child_runtime.protocol.items import RequestError, items_from_wire, response_to_wire
+from child_runtime.protocol.wire import decode, encode
 from scorers.base import ScoreItem, ScoreResult
 
 

@@ -270,7 +270,7 @@ def test_without_pidfd_open_exits_are_polled(managed, trainer_python, monkeypatc
     still boots, a kill -9 is still noticed with its status, and close() still ends it."""
     import errno
 
-    from supervisor import process
+    from supervisor.child import process
 
     def no_pidfd(pid: int, flags: int = 0) -> int:
         raise OSError(errno.ENOSYS, "Function not implemented")

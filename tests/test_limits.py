@@ -6,7 +6,7 @@ import httpx
 import numpy as np
 import pytest
 
-from child_runtime import wire
+from child_runtime.protocol import wire
 from supervisor import RewardItem, RewardRequest, ScorerRequestError
 
 LIMITS = {"max_request_bytes": 4096, "max_items": 3, "max_text_chars": 10, "max_media_bytes": 100}

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import RewardItem, RewardRequest, ScorerStartupError, userdirs
-from supervisor import process as process_module
+from supervisor import RewardItem, RewardRequest, ScorerStartupError
+from supervisor.child import process as process_module
+from supervisor.child import userdirs
 
 REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
 
@@ -102,7 +103,7 @@ def test_another_user_cannot_block_default_launches_by_creating_the_default_dir(
         os.chown(squatted, 65534, 65534)
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     monkeypatch.setattr(userdirs, "_fallback", None)
-    with caplog.at_level(logging.WARNING, logger="supervisor.userdirs"):
+    with caplog.at_level(logging.WARNING, logger="supervisor.child.userdirs"):
         backend = managed(trainer_python, "constant", process={"keep_clean_logs": True})
     assert backend.compute_rewards(REQUEST).rewards == [1.0]
     log_dir = Path(backend.log_path).parent
@@ -142,7 +143,7 @@ def test_a_clean_child_leaves_no_log_and_a_failed_one_keeps_it(managed, trainer_
 def test_a_log_pruned_by_a_concurrent_launch_between_listing_and_stat_is_skipped(tmp_path, monkeypatch):
     """Two children of one scorer and rank starting at once (a panel's terms, replicas) prune the
     same prefix: one may remove a log the other has listed but not yet stat'ed."""
-    import supervisor.logs as logs
+    import supervisor.child.logs as logs
 
     for n in range(3):
         (tmp_path / f"s-rank0-pid999999{n}-20260101-000000-00000{n}.log").write_text("old")

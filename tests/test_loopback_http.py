@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from child_runtime.gate import EVICTION
+from supervisor.child.loopback_http import LoopbackHTTP
 from supervisor.errors import BadAnswer, ConnectFailed, ConnectionLost, NoAnswer
-from supervisor.loopback_http import LoopbackHTTP
 from tests.conftest import run_in_threads
 
 

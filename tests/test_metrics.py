@@ -72,7 +72,7 @@ def test_parent_side_counters_for_prometheus_client(managed, trainer_python, ima
     import numpy as np
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from supervisor import prometheus
+    from supervisor.backends import prometheus
 
     registry = CollectorRegistry()
     prometheus.register(registry)

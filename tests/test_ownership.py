@@ -14,7 +14,7 @@ import pytest
 
 from bench.hardening import fork_after_every_pipe, forks_during_launch
 from supervisor import RewardItem, RewardRequest, ScorerProcessDied, ScorerStartupError, ScorerUnavailable
-from supervisor.process import pidfd_exit_status
+from supervisor.child.process import pidfd_exit_status
 from tests.conftest import REPO_ROOT, alive, wait_until_gone
 
 REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])

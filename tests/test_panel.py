@@ -652,7 +652,7 @@ def test_an_optional_term_that_fails_on_every_call_warns_once_not_every_call(cap
     with RewardPanel(
         [PanelTerm("base", salted(1)), PanelTerm("warns_once", salted(3, poison=["m0"]), required=False)]
     ) as panel:
-        with caplog.at_level("WARNING", logger="supervisor.panel"):
+        with caplog.at_level("WARNING", logger="supervisor.compose.panel"):
             for _ in range(5):
                 assert panel.compute_rewards(RewardRequest(items=[item("m0")])).term_failures
     assert len([r for r in caplog.records if "warns_once" in r.getMessage()]) == 1

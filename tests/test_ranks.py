@@ -126,8 +126,8 @@ def test_torchrun_tears_down_every_rank_and_child_when_one_is_killed(tmp_path):
 
 def test_distributed_rewards_needs_an_initialised_process_group():
     script = (
-        "from supervisor.distributed import DistributedRewards\n"
-        "from supervisor.local import LocalRewardBackend\n"
+        "from supervisor.compose.distributed import DistributedRewards\n"
+        "from supervisor.backends.local import LocalRewardBackend\n"
         "try:\n"
         "    DistributedRewards(LocalRewardBackend('exact_match'))\n"
         "except Exception as exc:\n"

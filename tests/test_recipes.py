@@ -8,8 +8,9 @@ import os
 import psutil
 import pytest
 
-from supervisor import ConfigError, RewardItem, RewardRequest, build_panels, load_recipe, preflight
-from supervisor.recipes import instantiate
+from supervisor import ConfigError, RewardItem, RewardRequest, build_panels, load_recipe
+from supervisor.ops import preflight
+from supervisor.ops.recipes import instantiate
 from tests.conftest import REPO_ROOT
 
 RECIPES = REPO_ROOT / "supervisor" / "example_recipes"  # shipped with the package

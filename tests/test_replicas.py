@@ -11,9 +11,9 @@ import psutil
 import pytest
 
 from supervisor import ConfigError, ManagedScorerProcessSpec, ReplicatedBackend, RewardItem, RewardRequest
+from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.errors import ScorerProcessDied, ScorerStartupError
-from supervisor.managed import ManagedScorerProcessBackend
-from supervisor.recipes import make_backend
+from supervisor.ops.recipes import make_backend
 from tests.conftest import REPO_ROOT, eventually, wait_until_gone
 
 pytestmark = pytest.mark.slow
@@ -114,7 +114,9 @@ def test_replica_config_is_checked_and_make_backend_builds_replicas(trainer_pyth
         spec(trainer_python, {"count": 2, "devices": ["0", "1", "2"]})
     with pytest.raises(ValueError, match="distinct single GPUs"):
         spec(trainer_python, {"devices": ["0", "0"]})
-    with pytest.raises(ConfigError, match="asks for 2 replicas: build it with supervisor.replicas.ReplicatedBackend"):
+    with pytest.raises(
+        ConfigError, match="asks for 2 replicas: build it with supervisor.compose.replicas.ReplicatedBackend"
+    ):
         ManagedScorerProcessBackend(spec(trainer_python, {"count": 2}), start=False)
     backend = make_backend(spec(trainer_python, {"count": 2}))
     try:
@@ -163,8 +165,8 @@ def test_a_panels_children_start_together_and_a_failed_start_leaves_none(trainer
 
 
 def test_devices_are_this_processes_cuda_ordinals_and_replicas_split_sensibly(trainer_python):
+    from supervisor.compose.replicas import replica_devices
     from supervisor.config import ReplicasConfig
-    from supervisor.replicas import replica_devices
 
     config = ReplicasConfig(devices=["0", "cuda:1"])
     assert replica_devices(config, {}) == ["0", "1"]

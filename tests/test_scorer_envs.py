@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from supervisor import scorer_envs
-from supervisor.cli import main
+from supervisor.ops import env_builder
+from supervisor.ops.cli import main
 
-CLI = [sys.executable, "-m", "supervisor.cli"]
+CLI = [sys.executable, "-m", "supervisor"]
 
 
 def fake_env(root: Path, name: str, stamp: str | None) -> Path:
@@ -33,8 +34,8 @@ def test_the_package_ships_a_spec_for_every_env_a_builtin_scorer_declares():
 
     declared = {resolve_scorer(name).spec.env for name in BUILTINS} - {None}
     assert declared <= set(scorer_envs.spec_names()) == {"embed", "image", "math", "ocr"}
-    assert "antlr4-python3-runtime==4.13.2" in scorer_envs.requirement_lines(scorer_envs.spec_path("math"))
-    assert scorer_envs.key_packages(scorer_envs.spec_path("image")) == ["pillow", "numpy", "httpx"]
+    assert "antlr4-python3-runtime==4.13.2" in env_builder.requirement_lines(scorer_envs.spec_path("math"))
+    assert env_builder.key_packages(scorer_envs.spec_path("image")) == ["pillow", "numpy", "httpx"]
 
 
 def test_the_stamp_ignores_comments_and_follows_an_editable_projects_pyproject(tmp_path):
@@ -42,15 +43,15 @@ def test_the_stamp_ignores_comments_and_follows_an_editable_projects_pyproject(t
     (tmp_path / "proj" / "pyproject.toml").write_text("[project]\nname='a'\n")
     spec = tmp_path / "spec.txt"
     spec.write_text("# a comment\nfoo==1.0  # why\n-e proj\n")
-    first = scorer_envs.spec_hash(spec)
+    first = env_builder.spec_hash(spec)
     spec.write_text("# another comment\nfoo==1.0\n\n-e proj\n")
-    assert scorer_envs.spec_hash(spec) == first
+    assert env_builder.spec_hash(spec) == first
     (tmp_path / "proj" / "pyproject.toml").write_text("[project]\nname='a'\ndependencies=['x']\n")
-    assert scorer_envs.spec_hash(spec) != first
+    assert env_builder.spec_hash(spec) != first
 
 
 def test_envs_list_tells_built_not_built_and_changed_pins(tmp_path, capsys):
-    fake_env(tmp_path, "image", scorer_envs.spec_hash(scorer_envs.spec_path("image")))
+    fake_env(tmp_path, "image", env_builder.spec_hash(scorer_envs.spec_path("image")))
     fake_env(tmp_path, "math", "0" * 64)  # built from other pins
     assert main(["envs", "list", "--root", str(tmp_path)]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
@@ -80,7 +81,7 @@ def test_unknown_names_and_bad_flag_combinations_fail_in_words(tmp_path, capsys)
     assert (precious / "notes").is_dir()
     assert main(["envs", "build", "x", "--requirements", str(spec), "--dir", sys.prefix]) == 2
     assert "the environment running this command" in capsys.readouterr().err
-    built = fake_env(tmp_path, "image", scorer_envs.spec_hash(scorer_envs.spec_path("image")))
+    built = fake_env(tmp_path, "image", env_builder.spec_hash(scorer_envs.spec_path("image")))
     bad_python = ["envs", "build", "image", "--root", str(tmp_path), "--force", "--python", "/nonexistent/python3"]
     assert main(bad_python) == 2
     assert (
@@ -110,11 +111,11 @@ def test_a_build_is_skipped_when_the_pins_did_not_change_and_redone_when_they_di
     spec.write_text("# nothing to install: a bare venv\n")
     venv = tmp_path / "tiny" / ".venv"
     messages: list[str] = []
-    assert scorer_envs.build(spec, venv, say=messages.append) is True
-    assert (venv / scorer_envs.STAMP).read_text().strip() == scorer_envs.spec_hash(spec)
-    assert scorer_envs.build(spec, venv, say=messages.append) is False and messages[-1].endswith("up to date")
+    assert env_builder.build(spec, venv, say=messages.append) is True
+    assert (venv / scorer_envs.STAMP).read_text().strip() == env_builder.spec_hash(spec)
+    assert env_builder.build(spec, venv, say=messages.append) is False and messages[-1].endswith("up to date")
     marker = venv / "marker"
     marker.write_text("from the first build")
     spec.write_text("# nothing to install\n--no-index\n")  # the pins changed: rebuilt from scratch
-    assert scorer_envs.build(spec, venv, say=messages.append) is True and not marker.exists()
+    assert env_builder.build(spec, venv, say=messages.append) is True and not marker.exists()
     assert os.access(venv / "bin" / "python", os.X_OK)

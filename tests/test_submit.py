@@ -19,7 +19,7 @@ from supervisor import (
     ScorerRequestError,
     ScorerUnavailable,
 )
-from supervisor.overlap import OverlappedScoring, micro_batches, score_while_generating
+from supervisor.compose.overlap import OverlappedScoring, micro_batches, score_while_generating
 from supervisor.submit import SubmissionQueueFull
 from tests.conftest import eventually, wait_until_gone
 

@@ -9,8 +9,8 @@ import struct
 import numpy as np
 import pytest
 
-from child_runtime import wire
-from child_runtime.wire import ALIGN, MAGIC, WireError, decode, encode, prepare
+from child_runtime.protocol import wire
+from child_runtime.protocol.wire import ALIGN, MAGIC, WireError, decode, encode, prepare
 
 PREFIX = len(MAGIC) + 4
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from supervisor.adapters import items as adapter_items
 from supervisor.backend import RewardBackend
-from supervisor.distributed import DistributedRewards
+from supervisor.compose.distributed import DistributedRewards
 from supervisor.errors import ConfigError, ScorerRequestError
 from supervisor.types import RewardRequest, RewardResponse
 

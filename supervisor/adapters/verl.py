@@ -16,7 +16,7 @@ from typing import Any
 
 from supervisor.adapters import items as adapter_items
 from supervisor.backend import RewardBackend
-from supervisor.coalesce import Coalescer
+from supervisor.compose.coalesce import Coalescer
 from supervisor.errors import ConfigError, ScorerRequestError
 from supervisor.tensors import numpy_view
 from supervisor.types import RewardItem, RewardRequest, RewardResponse

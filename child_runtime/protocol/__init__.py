@@ -1,0 +1,6 @@
+"""The protocol the trainer and the child share: the boot frame, wire frames and the shared
+segment, item checks, reserved exit codes, headers.
+
+May import: the stdlib, numpy and the scorer contract (`scorers.base`, `scorers.grading.processes`).
+The trainer side imports `child_runtime` only through here.
+"""

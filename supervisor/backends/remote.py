@@ -1,0 +1,183 @@
+"""RemoteRewardBackend: a scorer server someone else started, same contract and checks.
+
+The network between here and there may drop a connection or a proxy may answer 502/503:
+every operation here is idempotent (score carries an idempotency key, the same on every
+try, so the server answers a re-send from its cache instead of scoring twice), so a
+failed try is repeated with capped exponential backoff, within the first try's deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
+from supervisor.child.client import DEFAULT_MAX_ANSWER_BYTES, MAX_CONNECTIONS, ScorerClient
+from supervisor.errors import (
+    ConnectFailed,
+    ConnectionLost,
+    ErrorStatus,
+    NoAnswer,
+    ScorerUnavailable,
+    TransportError,
+    scorer_error,
+)
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
+from supervisor.verify import encode_chunk, verify_score_answer
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def _retryable(exc: TransportError | ErrorStatus) -> bool:
+    """Nothing usable came back, or the server (or a proxy) says try later. Any other 4xx is final,
+    and so is an answer that is not the protocol, and a scorer server's own verdict that its
+    scorer failed (a 500 of kind scorer_error or contract: the same request fails again)."""
+    if isinstance(exc, ErrorStatus):
+        if exc.status == 500 and exc.kind in ("scorer_error", "contract"):
+            return False
+        return exc.status == 429 or exc.status >= 500
+    return isinstance(exc, (ConnectFailed, ConnectionLost, NoAnswer))
+
+
+class RemoteRewardBackend(RewardBackend):
+    """HTTP client for a running scorer server (e.g. `python -m child_runtime` on another host).
+
+    The server's identity and terms are read from /health at construction, so a
+    wrong URL or token fails there, not in the first training step. The server is not
+    ours: a failure never stops or restarts it.
+    """
+
+    shape: ScorerShape  # what the scorer declared (its child's readiness line or /health)
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        request_timeout: float = 600.0,
+        request_batch_size: int = 64,
+        required_rewards: Sequence[str] = (),
+        weights: Mapping[str, float] | None = None,
+        max_request_bytes: int | None = None,
+        group_size: int | None = None,
+        revision: str | None = None,
+        identity_hash: str | None = None,
+        max_retries: int = 3,
+        retry_backoff_s: float = 0.1,
+        retry_backoff_cap_s: float = 2.0,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+    ) -> None:
+        """`request_timeout` bounds each exchange as a whole (connect, send, wait, read, and its retries),
+        however the server sends; an answer over `max_answer_bytes`, or compressed, is refused."""
+        if request_batch_size <= 0:
+            raise ValueError("request_batch_size must be > 0")
+        if max_answer_bytes < 1024:
+            raise ValueError("max_answer_bytes must be >= 1024")
+        if max_retries < 0 or not 0 < retry_backoff_s <= retry_backoff_cap_s:
+            raise ValueError("need max_retries >= 0 and 0 < retry_backoff_s <= retry_backoff_cap_s")
+        self.max_retries = max_retries  # tries after the first, for operations that are idempotent
+        self.retry_backoff_s = retry_backoff_s
+        self.retry_backoff_cap_s = retry_backoff_cap_s
+        self.base_url = base_url
+        self.request_batch_size = request_batch_size
+        self.group_size = group_size
+        self.weights = dict(weights or {})
+        self.max_request_bytes = max_request_bytes  # refuse before sending what the server would refuse
+        self._stopped = threading.Event()  # closed: no call retries, none starts
+        self._interrupted = threading.Event()  # set (then replaced) by interrupt(): the calls in flight end
+        self._client = ScorerClient.remote(base_url, token, request_timeout, max_answer_bytes)
+        try:
+            self.server = self.health()
+            self.shape = ScorerShape.from_entry(self.server, f"/health at {base_url}")
+            check_pins(self.shape, revision, identity_hash)
+            self.required_rewards = check_reward_names(
+                self.server["scorer"], self.server["terms"], required_rewards, self.weights
+            )
+        except BaseException:
+            self._client.close()
+            raise
+
+    def _exchange(self, what: str, call: Callable[[float], T], budget_s: float) -> T:
+        """`call(seconds_left)` until it succeeds, fails for good, tries run out, or the next pause
+        would reach the deadline `budget_s` after the first try began."""
+        deadline = time.monotonic() + budget_s
+        pause, attempt = self.retry_backoff_s, 0
+        interrupted = self._interrupted  # this call's: a later interrupt() replaces it for later calls
+        if self._stopped.is_set():
+            raise ScorerUnavailable(f"{what} at {self.base_url}: the backend is closed")
+        while True:
+            attempt += 1
+            try:
+                return call(max(deadline - time.monotonic(), 0.001))
+            except (TransportError, ErrorStatus) as exc:
+                left = deadline - time.monotonic()
+                # interrupted or closed: no retry behind the caller's back
+                stopped = self._stopped.is_set() or interrupted.is_set()
+                if stopped or not _retryable(exc) or attempt > self.max_retries or pause >= left:
+                    tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
+                    raise scorer_error(exc, f"{what} at {self.base_url} after {tries}") from exc
+                log.warning(
+                    "%s at %s: attempt %d failed (%s); retrying in %.2f s", what, self.base_url, attempt, exc, pause
+                )
+            if interrupted.wait(pause) or self._stopped.is_set():
+                raise ScorerUnavailable(f"{what} at {self.base_url}: the backend was interrupted or closed")
+            pause = min(pause * 2, self.retry_backoff_cap_s)
+
+    def _score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
+        frame = encode_chunk(chunk, group_size, self.max_request_bytes)
+        key = uuid.uuid4().hex  # the same on every try: a re-send is answered, not scored again
+        answer = self._exchange(
+            "score", lambda left: self._client.score(frame, key, left), self._client.request_timeout
+        )
+        return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, declared=self.shape)
+
+    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+        return score_in_chunks(
+            request,
+            self.request_batch_size,
+            self._score_chunk,
+            self.required_rewards,
+            self.weights,
+            self.shape,
+            self.group_size,
+            interrupt=self.interrupt,
+            max_in_flight=MAX_CONNECTIONS,  # a chunk waiting for a connection would spend its deadline there
+        )
+
+    @property
+    def combination(self) -> dict[str, Any]:
+        return {"required": list(self.required_rewards), "weights": dict(sorted(self.weights.items()))}
+
+    def health(self) -> dict[str, Any]:
+        return self._exchange("health", self._client.health, self._client.control_timeout)
+
+    def onload(self) -> dict[str, Any]:
+        return self._exchange("onload", self._client.onload, self._client.request_timeout)
+
+    def offload(self) -> dict[str, Any]:
+        return self._exchange("offload", self._client.offload, self._client.request_timeout)
+
+    def drain(self, timeout_s: float = 600.0) -> dict[str, Any]:
+        control = self._client.control_timeout  # a later try waits for what is left of the first one's wait
+        return self._exchange(
+            "drain", lambda left: self._client.drain(max(left - control, 0.01), left), timeout_s + control
+        )
+
+    def interrupt(self) -> None:
+        """Give up on the calls in flight (Ctrl-C, a cancelled coroutine): their connections are dropped
+        (which ends a call waiting on one) and they are not retried. The backend stays usable: the
+        next call opens new connections."""
+        interrupted, self._interrupted = self._interrupted, threading.Event()
+        interrupted.set()
+        self._client.transport.reset()
+
+    def close(self) -> None:
+        """Closes connections only: the server belongs to whoever started it."""
+        self._stop_submissions()
+        self._stopped.set()
+        self._interrupted.set()
+        self._client.close()

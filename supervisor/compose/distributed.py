@@ -1,0 +1,386 @@
+"""Scoring across trainer ranks: each rank scores its own shard with its own children, and the
+ranks agree on every step's outcome in bounded exchanges of JSON.
+
+Why: under torchrun every rank scores what it generated. Without an agreement, a rank whose
+required term fails raises while the others walk into the trainer's next collective and wait
+there for the backend's default timeout (30 minutes for gloo and NCCL). And a group whose
+candidates were generated on several ranks (TRL and flow_grpo spread a prompt's samples over
+ranks) would be judged, checked or failed piecemeal.
+
+`DistributedRewards` wraps any backend (managed, local, remote, replicated, a panel). Each call
+is a collective: every rank calls it once per step, in the same order, as trainers call their
+reward functions (a rank with nothing to score passes None; one that cannot build its request
+calls `fail_step`). A step is two or three exchanges over a gloo group of its own, each bounded
+by `timeout_s`: members (ids, group ids), then, when a group spans ranks and must be scored
+whole, the fields of its candidates, then results. Every document carries the call number,
+the phase and the backend's signature, so ranks out of step are caught, never mixed. What
+travels are JSON documents as byte tensors: never pickles, never media.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, NoReturn
+
+from scorers.diagnostics import merge_term_reports
+from supervisor.arena import Arena
+from supervisor.backend import RewardBackend, ScorerShape
+from supervisor.compose.joined import join_rows, rows_by_id
+from supervisor.errors import ConfigError, RankFailed, RankLost, RewardContractError, ScorerRequestError
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
+
+log = logging.getLogger(__name__)
+# What a rebuilt item carries: every field that can travel as JSON. Media cannot.
+JSON_FIELDS = ("prompt", "text", "reference", "metadata", "finish_reason", "completion_tokens", "data_source")
+MARGIN_S = 60.0  # over the slowest call a backend allows (boot plus one request), for the default bound
+FALLBACK_TIMEOUT_S = 600.0  # when no backend states its deadlines
+
+
+def _backends(backend: RewardBackend) -> list[RewardBackend]:
+    """The backends inside a panel or a replicated backend, else itself."""
+    inner = getattr(backend, "backends", None) or getattr(backend, "replicas", None)
+    return list(inner) if inner else [backend]
+
+
+def needs_whole_groups(backend: RewardBackend) -> bool:
+    """Whether scoring a group's candidates apart could change a reward or refuse a call: a
+    groupwise (or unknown) scorer, a configured group size, or a panel's optional term (its
+    failure must cover a group whole, never part of one)."""
+    terms = getattr(backend, "terms", None)
+    if terms is not None:  # a panel, nested ones too
+        return backend.group_size is not None or any(
+            not term.required or needs_whole_groups(term.backend) for term in terms
+        )
+    if backend.group_size is not None:
+        return True
+    return any(b.shape is None or b.shape.groupwise for b in _backends(backend))
+
+
+def _shapes(backend: RewardBackend) -> list[ScorerShape | None]:
+    terms = getattr(backend, "terms", None)
+    if terms is not None:
+        return [shape for term in terms for shape in _shapes(term.backend)]
+    return [backend.shape]
+
+
+def slowest_call_s(backend: RewardBackend) -> float | None:
+    """The longest one call may take by the backends' own deadlines (a restart's boot plus a request)."""
+    inner = _backends(backend)
+    if inner != [backend] or getattr(backend, "terms", None) is not None:
+        found = [s for s in (slowest_call_s(b) for b in inner) if s is not None]
+        return max(found, default=None)
+    process = getattr(getattr(backend, "spec", None), "process", None)
+    if process is not None:
+        return float(process.startup_timeout + process.request_timeout)
+    timeout = getattr(backend, "request_timeout", None)
+    return float(timeout) if isinstance(timeout, (int, float)) else None
+
+
+def _describe(exc: BaseException) -> dict[str, str]:
+    text = str(exc)
+    return {"type": type(exc).__name__, "message": text.splitlines()[0] if text else ""}
+
+
+def _has_media(item: RewardItem) -> bool:
+    return item.image is not None or item.video is not None or bool(item.condition_images or item.condition_videos)
+
+
+class DistributedRewards(RewardBackend):
+    """`backend` on every rank, scored as one step: a failure anywhere raises everywhere.
+
+    `compute_rewards(request)` takes this rank's items (None: none this step) and returns
+    theirs; `compute_world_rewards` also returns every rank's, in rank order (the same on every
+    rank). A group whose candidates are on several ranks is scored whole on one of them when the
+    scoring needs whole groups (`needs_whole_groups`), else where each candidate is. Calls are
+    serialised. torch.distributed must be initialised; constructing this is a collective too
+    (a new gloo group). `timeout_s` bounds every wait on a peer; the default is the slowest call
+    the backend's own deadlines allow plus a minute: it must exceed the spread between the ranks'
+    arrivals (generation) plus their scoring.
+    """
+
+    def __init__(self, backend: RewardBackend, *, timeout_s: float | None = None) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise ConfigError(
+                "DistributedRewards needs torch.distributed initialised (torchrun, or init_process_group)"
+            )
+        slowest = slowest_call_s(backend)
+        if timeout_s is None:
+            timeout_s = slowest + MARGIN_S if slowest is not None else FALLBACK_TIMEOUT_S
+        elif not timeout_s > 0:
+            raise ConfigError(f"timeout_s must be > 0, got {timeout_s!r}")
+        elif slowest is not None and timeout_s < slowest:
+            log.warning(
+                "DistributedRewards timeout_s=%g is below the %g s one call may take by the backend's deadlines: a "
+                "slow (not stuck) rank will break the exchange",
+                timeout_s,
+                slowest,
+            )
+        self.backend = backend
+        self.timeout_s = float(timeout_s)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self._dist = dist
+        self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s))
+        self._lock = threading.Lock()
+        self._calls = 0
+        self._trainer_step: int | None = None
+        self._broken: RankLost | None = None
+        self._whole_groups = needs_whole_groups(backend)
+        self._signature = hashlib.sha256(
+            json.dumps([self._whole_groups, [repr(s) for s in _shapes(backend)]]).encode()
+        ).hexdigest()[:16]
+        self.world_response: RewardResponse | None = None  # the last successful call's, every rank's
+        self.exchanged_bytes = 0  # what this rank received in exchanges, all calls together
+
+    @property
+    def shape(self) -> ScorerShape | None:  # type: ignore[override]  # the wrapped backend's
+        return self.backend.shape
+
+    @property
+    def identity_hash(self) -> str | None:
+        return self.backend.identity_hash
+
+    # -- the calls -------------------------------------------------------------------------
+    def compute_rewards(self, request: RewardRequest | None, step: int | None = None) -> RewardResponse:
+        return self.compute_world_rewards(request, step)[0]
+
+    def compute_world_rewards(
+        self, request: RewardRequest | None, step: int | None = None
+    ) -> tuple[RewardResponse, RewardResponse]:
+        """(this rank's response, every rank's response in rank order). `step`, the trainer's step, is
+        checked against the other ranks': a rank that skipped a call is caught at its next one
+        (without it, only when the call counts diverge)."""
+        items = list(request.items) if request is not None else []
+        return self._step(items, request.group_size if request is not None else None, None, step)
+
+    def fail_step(self, error: Exception, step: int | None = None) -> NoReturn:
+        """Take part in this step while failing it (this rank could not build its request): every
+        rank raises the same RankFailed, as if its scoring had failed, and stays in step."""
+        self._step([], None, error, step)
+        raise AssertionError("unreachable: a failed step always raises")
+
+    def _step(
+        self, items: list[RewardItem], group_size: int | None, failure: Exception | None, step: int | None
+    ) -> tuple[RewardResponse, RewardResponse]:
+        with self._lock:
+            self._calls += 1
+            self._trainer_step = step
+            self.world_response = None
+            members = [[item.id, item.group_id, _has_media(item)] for item in items]
+            gathered = self._exchange(
+                "members",
+                {"members": members, "group_size": group_size, "failed": _describe(failure) if failure else None},
+            )
+            failed = {rank: g["failed"] for rank, g in enumerate(gathered) if g["failed"] is not None}
+            if failed:
+                raise self._rank_failed(failed, failure)
+            layout = _layout(gathered)
+            rebuild = layout.spanning and (self._whole_groups or layout.group_size is not None)
+            if rebuild:
+                media = [m[0] for g in gathered for m in g["members"] if m[1] in layout.spanning and m[2]]
+                if media:  # the same verdict on every rank: it comes from the exchange
+                    raise ConfigError(
+                        f"groups span ranks and must be scored whole here, but their items carry media, which do "
+                        f"not travel between ranks (ids {media[:4]}): keep each group on one rank"
+                    )
+                mine = [self._portable(item) for item in items if item.group_id in layout.spanning]
+                shipped = self._exchange("fields", {"items": mine})
+                outcome = self._score(lambda: self._assigned(items, layout, shipped), group_size)
+            else:
+                outcome = self._score(lambda: items, group_size)
+            answers = self._exchange("results", outcome)
+            local_error = outcome.pop("_error", None)
+            return self._finish([item.id for item in items], answers, layout, local_error)
+
+    def _assigned(self, items: list[RewardItem], layout: _Layout, shipped: list[dict[str, Any]]) -> list[RewardItem]:
+        """What this rank scores: its groups that stay on it, and the spanning groups it owns, whole."""
+        own = {item.id: item for item in items}
+        rebuilt = {}
+        for rank, document in enumerate(shipped):
+            if rank != self.rank:
+                for fields in document["items"]:
+                    if layout.spanning.get(fields.get("group_id")) == self.rank:
+                        rebuilt[fields["id"]] = RewardItem.model_validate(fields)
+        chosen = []
+        for item_id, group_id, _rank in layout.order:  # global order: a group's members as one process sees them
+            if group_id in layout.spanning:
+                if layout.spanning[group_id] == self.rank:
+                    chosen.append(own[item_id] if item_id in own else rebuilt[item_id])
+            elif item_id in own:
+                chosen.append(own[item_id])
+        return chosen
+
+    @staticmethod
+    def _portable(item: RewardItem) -> dict[str, Any]:
+        document: dict[str, Any] = {"id": item.id, "group_id": item.group_id}
+        for name in JSON_FIELDS:
+            value = getattr(item, name)
+            if value is not None and not (name == "metadata" and not value):
+                document[name] = value
+        return document
+
+    def _score(self, build: Callable[[], Sequence[RewardItem]], group_size: int | None) -> dict[str, Any]:
+        """Score what `build` gives; any error is reported to the other ranks, never raised before the exchange."""
+        try:
+            items = list(build())
+            if not items:
+                return {"ok": True, "response": None}
+            response = self.backend.compute_rewards(RewardRequest(items=items, group_size=group_size))
+            document = json.loads(response.model_dump_json())  # plain JSON: what the exchange can carry
+        except Exception as exc:  # noqa: BLE001 - every rank raises it, after the exchange
+            return {"ok": False, "error": _describe(exc), "_error": exc}
+        return {"ok": True, "response": document}
+
+    # -- the exchange ----------------------------------------------------------------------
+    def _exchange(self, phase: str, document: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every rank's `document` for this phase of this call, in rank order. RankLost when a peer does
+        not answer within timeout_s, or answers for another call or phase."""
+        if self._broken is not None:
+            raise self._broken
+        import torch
+
+        stamped = {k: v for k, v in document.items() if not k.startswith("_")}
+        stamped.update({"call": self._calls, "step": self._trainer_step, "phase": phase, "signature": self._signature})
+        payload = json.dumps(stamped, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
+        try:
+            size = torch.tensor([len(payload)], dtype=torch.int64)
+            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+            self._dist.all_gather(sizes, size, group=self._group)
+            longest = max(int(s.item()) for s in sizes)
+            mine = torch.zeros(longest, dtype=torch.uint8)
+            mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            buffers = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world_size)]
+            self._dist.all_gather(buffers, mine, group=self._group)
+        except RuntimeError as exc:  # gloo: a peer closed its connection, or the group's timeout passed
+            self._broken = RankLost(
+                f"rank {self.rank}: the {phase} exchange of call {self._calls} ({self.world_size} ranks) failed "
+                f"within timeout_s={self.timeout_s:g}: a peer rank was killed, is stuck, or is slower than the "
+                f"bound ({str(exc).splitlines()[0]}); this exchange is broken for good"
+            )
+            raise self._broken from exc
+        self.exchanged_bytes += sum(int(s.item()) for s in sizes)
+        gathered = [json.loads(bytes(b[: int(s.item())].numpy())) for b, s in zip(buffers, sizes, strict=True)]
+        seen = {(g["call"], g["phase"], g["signature"]) for g in gathered}
+        steps = {g["step"] for g in gathered if g["step"] is not None}
+        if len(seen) > 1 or len(steps) > 1:
+            where = "; ".join(
+                f"rank {r}: call {g['call']} step {g['step']} {g['phase']}" for r, g in enumerate(gathered)
+            )
+            self._broken = RankLost(
+                f"ranks are out of step ({where}; backend signatures "
+                f"{sorted({g['signature'] for g in gathered})}): a rank skipped a call (call fail_step instead), "
+                "or the ranks wrap different backends; this exchange is broken for good"
+            )
+            raise self._broken
+        return gathered
+
+    def _rank_failed(self, failed: dict[int, dict[str, str]], cause: BaseException | None) -> RankFailed:
+        lines = "; ".join(f"rank {r}: {e['type']}: {e['message']}" for r, e in sorted(failed.items()))
+        error = RankFailed(f"reward step failed on rank(s) {sorted(failed)} of {self.world_size}: {lines}", failed)
+        error.__cause__ = cause
+        return error
+
+    def _finish(
+        self, my_ids: list[str], answers: list[dict[str, Any]], layout: _Layout, local_error: Exception | None
+    ) -> tuple[RewardResponse, RewardResponse]:
+        failed = {rank: answer["error"] for rank, answer in enumerate(answers) if not answer["ok"]}
+        if failed:
+            raise self._rank_failed(failed, local_error)
+        responses = [RewardResponse.model_validate(a["response"]) for a in answers if a["response"] is not None]
+        rows = rows_by_id(responses)
+        world_ids = [item_id for item_id, _group, _rank in layout.order]
+        missing = [item_id for item_id in world_ids if item_id not in rows]
+        if missing:
+            raise RewardContractError(f"no reward came back for ids {missing[:8]} (of {len(missing)})")
+        try:
+            diagnostics = merge_term_reports(r.diagnostics for r in responses)
+        except (TypeError, ValueError, KeyError) as exc:  # the same data on every rank: the same error
+            raise RewardContractError(f"the ranks' diagnostics cannot be merged: {exc!r}") from exc
+        world = join_rows(world_ids, rows, diagnostics) if world_ids else _empty()
+        mine_scored = answers[self.rank]["response"]
+        mine = join_rows(my_ids, rows, mine_scored["diagnostics"] if mine_scored else {}) if my_ids else _empty()
+        self.world_response = world
+        return mine, world
+
+    # -- the rest of the backend interface goes to the wrapped backend ------------------------
+    def onload(self) -> dict[str, Any]:
+        return self.backend.onload()
+
+    def offload(self) -> dict[str, Any]:
+        return self.backend.offload()
+
+    def drain(self) -> dict[str, Any]:
+        return self.backend.drain()
+
+    def arena(self) -> Arena:
+        return self.backend.arena()
+
+    def interrupt(self) -> None:
+        self.backend.interrupt()
+
+    def _check_owner(self) -> None:
+        self.backend._check_owner()
+
+    def close(self) -> None:
+        """Closes the wrapped backend (the gloo group goes with the trainer's process group)."""
+        self._stop_submissions()
+        self.backend.close()
+
+
+def _empty() -> RewardResponse:
+    return RewardResponse(ids=[], rewards=[], component_rewards={}, successes=[], errors=[])
+
+
+class _Layout:
+    """Who has which item, and which groups span ranks, from the members exchange alone: every rank
+    computes the same, so a refusal here is raised by every rank alike."""
+
+    def __init__(self, order: list[tuple[str, str | None, int]], spanning: dict[str, int], group_size: int | None):
+        self.order = order
+        self.spanning = spanning  # group id -> the rank that scores it whole
+        self.group_size = group_size
+
+
+def _layout(gathered: list[dict[str, Any]]) -> _Layout:
+    sizes = {g["group_size"] for g in gathered if g["members"]}
+    if len(sizes) > 1:
+        raise ScorerRequestError(f"ranks declare different group sizes: {sorted(sizes, key=str)}", kind="bad_input")
+    group_size = sizes.pop() if sizes else None
+    holder: dict[str, int] = {}
+    order: list[tuple[str, str | None, int]] = []
+    counts: dict[str, int] = {}
+    ranks_of: dict[str, list[int]] = {}
+    for rank, document in enumerate(gathered):
+        for item_id, group_id, _media in document["members"]:
+            if item_id in holder:
+                raise ScorerRequestError(
+                    f"item id {item_id!r} is on rank {holder[item_id]} and rank {rank}: ids must be unique across "
+                    "ranks, so that every reward reaches its own sample",
+                    kind="bad_input",
+                )
+            holder[item_id] = rank
+            order.append((item_id, group_id, rank))
+            if group_id is not None:
+                counts[group_id] = counts.get(group_id, 0) + 1
+                held = ranks_of.setdefault(group_id, [])
+                if rank not in held:
+                    held.append(rank)
+    if group_size is not None:
+        for group_id, count in counts.items():
+            if count != group_size:
+                raise ScorerRequestError(
+                    f"group {group_id!r} has {count} items over ranks {ranks_of[group_id]}, expected group_size "
+                    f"{group_size}: incomplete groups are never scored",
+                    kind="bad_input",
+                )
+    spanning_groups = [g for g, held in ranks_of.items() if len(held) > 1]
+    # each spanning group is scored by one of its ranks, in turn, so no rank scores them all
+    spanning = {g: ranks_of[g][n % len(ranks_of[g])] for n, g in enumerate(spanning_groups)}
+    return _Layout(order, spanning, group_size)

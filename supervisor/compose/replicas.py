@@ -1,0 +1,292 @@
+"""ReplicatedBackend: one term backed by N children of one scorer, each narrowed to its own device.
+
+Why: a rank with more devices than its policy needs (or a CPU scorer slower than generation)
+scores faster with the batch spread over several children. Each replica is an ordinary
+ManagedScorerProcessBackend (its own restarts, deadlines, metrics and submission worker); this
+class only splits a request along group boundaries, hands each share to its replica's own
+worker (so calls from several threads never queue behind another replica) and joins the answers.
+A replica's failure fails the call with its own typed error, naming the replica and its share.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from scorers.diagnostics import merge_term_reports
+from scorers.groups import GroupInputError, partition
+from supervisor.backend import RewardBackend, ScorerShape, items_failed, request_group_size
+from supervisor.backends.managed import ManagedScorerProcessBackend
+from supervisor.child import ranks
+from supervisor.compose.build import build_all
+from supervisor.compose.joined import join_rows, rows_by_id
+from supervisor.config import ManagedScorerProcessSpec, ReplicasConfig
+from supervisor.errors import ConfigError, ScorerError, ScorerItemsFailed, ScorerProcessDied, ScorerRequestError
+from supervisor.fanout import on_each
+from supervisor.types import RewardRequest, RewardResponse
+
+
+def replica_devices(config: ReplicasConfig, env: Mapping[str, str] | None = None) -> list[str | None]:
+    """The GPU each replica is narrowed to. Listed devices are CUDA ordinals as this process sees
+    them (`cuda:0` is the first GPU it was given: a Ray actor's, or the first of its
+    CUDA_VISIBLE_DEVICES); None: narrowed like a single child (N on CPU)."""
+    if not config.devices:
+        return [None] * config.count
+    env = os.environ if env is None else env
+    placed = ranks.current(env)
+    if placed.gpus is not None:
+        given: list[str] | None = list(placed.gpus)
+    else:
+        if placed.launcher == "torchrun" and placed.local_world_size > 1:
+            raise ConfigError(
+                f"replicas.devices {config.devices} under torchrun with {placed.local_world_size} ranks on this "
+                "node: each rank owns one GPU, so replicas of every rank would share the same ones; use "
+                "replicas.count, or one rank per node that owns its GPUs"
+            )
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        given = [e.strip() for e in visible.split(",") if e.strip()] if visible is not None else None
+    found: list[str | None] = []
+    for device in config.devices:
+        ordinal = device.removeprefix("cuda:")
+        if not ordinal.isdigit():
+            raise ConfigError(f"replicas.devices entry {device!r} is not a CUDA ordinal (0, 1, ... or cuda:N)")
+        if given is None:
+            found.append(ordinal)
+        elif int(ordinal) < len(given):
+            found.append(given[int(ordinal)])
+        else:
+            raise ConfigError(f"replicas.devices entry {device!r}: this process was given only GPUs {given}")
+    return found
+
+
+def replica_specs(spec: ManagedScorerProcessSpec) -> list[ManagedScorerProcessSpec]:
+    """One spec per replica: the same scorer, each narrowed to its device (if listed)."""
+    single = ReplicasConfig()
+    specs = []
+    for device in replica_devices(spec.replicas):
+        process = spec.process
+        if device is not None:
+            process = process.model_copy(update={"visible_devices": device, "allow_multiple_gpus": False})
+        specs.append(spec.model_copy(update={"replicas": single, "process": process}))
+    return specs
+
+
+class ReplicatedBackend(RewardBackend):
+    """`spec.replicas.size` managed children of one scorer, started concurrently; thread-safe."""
+
+    def __init__(self, spec: ManagedScorerProcessSpec | Mapping[str, Any], start: bool = True) -> None:
+        self.spec = (
+            spec if isinstance(spec, ManagedScorerProcessSpec) else ManagedScorerProcessSpec.model_validate(spec)
+        )
+        self.devices = replica_devices(self.spec.replicas)
+        self.replicas = [ManagedScorerProcessBackend(s, start=False) for s in replica_specs(self.spec)]
+        self._load = [0] * len(self.replicas)  # items sent and not answered, per replica (least_loaded)
+        self._lock = threading.Lock()
+        self._started = False
+        self._closed = False
+        self._close_done = threading.Event()
+        if start:
+            self.start()
+
+    @property
+    def needs_start(self) -> bool:  # type: ignore[override]
+        return not self._started and not self._closed
+
+    def start(self) -> None:
+        """Start every replica at once; if any cannot start (or Ctrl-C), none is left running."""
+        with self._lock:
+            if self._started:
+                raise RuntimeError(f"replicated backend of {self.shape.name!r} already started")
+            if self._closed:
+                raise ScorerProcessDied("backend is closed")
+            self._started = True
+        try:
+            build_all([lambda replica=replica: replica for replica in self.replicas])  # type: ignore[misc]
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def shape(self) -> ScorerShape:  # type: ignore[override]  # every replica runs the same scorer
+        return self.replicas[0].shape
+
+    @property
+    def group_size(self) -> int | None:  # type: ignore[override]  # from the config
+        return self.spec.client.group_size
+
+    @property
+    def combination(self) -> dict[str, Any]:
+        return self.replicas[0].combination
+
+    @property
+    def required_rewards(self) -> list[str]:
+        return self.replicas[0].required_rewards
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [replica.pid for replica in self.replicas]
+
+    def _check_owner(self) -> None:
+        self.replicas[0]._check_owner()
+
+    def describe(self, index: int, error: BaseException | None = None) -> str:
+        record = getattr(error, "record", None)
+        pid = record.pid if record is not None else self.replicas[index].pid
+        device = f", device {self.devices[index]}" if self.devices[index] is not None else ""
+        return f"replica {index}/{len(self.replicas)} of {self.shape.name!r} (pid {pid}{device})"
+
+    # -- scoring ---------------------------------------------------------------------------
+    def _split(self, request: RewardRequest, group_size: int | None) -> list[list[int]]:
+        """Item positions per replica, never cutting a group; the shares' loads are counted here,
+        in the same critical section that reads them (least_loaded)."""
+        shape = self.shape
+        try:
+            groups = partition(
+                request.items, group_size, scorer=shape.name, groupwise=shape.groupwise, ragged=shape.ragged_groups
+            )
+        except GroupInputError as exc:
+            raise ScorerRequestError(str(exc), kind="bad_input") from exc
+        count = len(self.replicas)
+        shares: list[list[int]] = [[] for _ in range(count)]
+        with self._lock:
+            if self.spec.replicas.split == "least_loaded":
+                load = list(self._load)
+                for members in sorted(groups, key=len, reverse=True):
+                    target = min(range(count), key=lambda i: (load[i], i))
+                    shares[target].extend(members)
+                    load[target] += len(members)
+            else:  # runs in request order, cut between groups nearest the equal shares
+                per, filled, target = len(request.items) / count, 0, 0
+                for members in groups:
+                    while target < count - 1 and filled + len(members) / 2 > per * (target + 1):
+                        target += 1
+                    shares[target].extend(members)
+                    filled += len(members)
+            for index, share in enumerate(shares):
+                self._load[index] += len(share)
+        return [sorted(share) for share in shares]
+
+    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+        self._check_owner()
+        if self._closed:
+            raise ScorerProcessDied(f"replicated backend of {self.shape.name!r} is closed")
+        group_size = request_group_size(request, self.spec.client.group_size)
+        shares = self._split(request, group_size)
+        futures: dict[int, Future[RewardResponse]] = {}
+        try:
+            for index, share in enumerate(shares):
+                if share:
+                    items = [request.items[p] for p in share]
+                    future = self.replicas[index].submit(RewardRequest(items=items, group_size=group_size))
+                    futures[index] = future  # on the replica's own worker: in order, never behind another replica
+                    future.add_done_callback(self._unload(index, len(share)))
+            outcomes: list[RewardResponse | BaseException | None] = []
+            for index in range(len(shares)):
+                sent = futures.get(index)
+                error = sent.exception() if sent is not None else None  # bounded by the request deadline
+                outcomes.append(error if error is not None else sent.result() if sent is not None else None)
+        except BaseException:  # Ctrl-C while the shares run: never leave them scoring behind the caller
+            for sent in futures.values():
+                sent.cancel()
+            self.interrupt()
+            raise
+        finally:
+            for index, share in enumerate(shares):
+                if share and index not in futures:  # never sent: its load goes now
+                    self._answered(index, len(share))
+        failed = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
+        if failed and all(isinstance(o, ScorerItemsFailed) and o.partial is not None for _, o in failed):
+            raise self._items_failed(request, outcomes)
+        if failed:
+            index, error = failed[0]
+            ids = [request.items[p].id for p in shares[index]]
+            raise self._named(index, error, f"share of {len(ids)} ids from {ids[0]!r}", len(failed) - 1) from error
+        responses = [o for o in outcomes if isinstance(o, RewardResponse)]
+        return join_rows(request.ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
+
+    def _items_failed(self, request: RewardRequest, outcomes: Sequence[Any]) -> ScorerItemsFailed:
+        """Replicas that each could not score some items: one error over the whole request, its
+        partial joined from every replica's scored rows (as one backend's would be)."""
+        failed: dict[str, str] = {}
+        responses = []
+        for outcome in outcomes:
+            if isinstance(outcome, ScorerItemsFailed):
+                failed.update(outcome.failed)
+                responses.append(outcome.partial)
+            elif isinstance(outcome, RewardResponse):
+                responses.append(outcome)
+        kept = [item_id for item_id in request.ids if item_id not in failed]
+        diagnostics = merge_term_reports(r.diagnostics for r in responses)
+        # every item failed: each partial is empty, and any of them has the terms an empty response needs
+        partial = (
+            join_rows(kept, rows_by_id(responses), diagnostics)
+            if kept
+            else responses[0].model_copy(update={"diagnostics": diagnostics})
+        )
+        return items_failed(self.shape.name, len(request.items), failed, partial)
+
+    def _answered(self, index: int, items: int) -> None:
+        with self._lock:
+            self._load[index] -= items
+
+    def _unload(self, index: int, items: int) -> Callable[[Future[RewardResponse]], None]:
+        return lambda _future: self._answered(index, items)
+
+    def _named(self, index: int, error: BaseException, what: str, others: int) -> BaseException:
+        """`error` as a new exception of the same type (the replica's own stays as it was), its message
+        prefixed with the replica: panels and trainers classify it as before."""
+        if not isinstance(error, ScorerError):
+            return error
+        also = f"; {others} other replica(s) failed too" if others else ""
+        named = type(error).__new__(type(error))
+        named.__dict__.update(error.__dict__)
+        named.args = (f"{self.describe(index, error)}, {what}{also}: {error.args[0]}", *error.args[1:])
+        return named
+
+    # -- residency and lifecycle: every replica --------------------------------------------
+    def _all(self, what: str, call: Callable[[ManagedScorerProcessBackend], dict[str, Any]]) -> dict[str, Any]:
+        outcomes = on_each(self.replicas, call)
+        for index, outcome in enumerate(outcomes):
+            if isinstance(outcome, BaseException):
+                raise self._named(index, outcome, what, 0) from outcome
+        return {"replicas": outcomes}
+
+    def onload(self) -> dict[str, Any]:
+        return self._all("onload", lambda replica: replica.onload())
+
+    def offload(self) -> dict[str, Any]:
+        return self._all("offload", lambda replica: replica.offload())
+
+    def drain(self) -> dict[str, Any]:
+        return self._all("drain", lambda replica: replica.drain())
+
+    def interrupt(self) -> None:
+        for replica in self.replicas:
+            replica.interrupt()
+
+    def abort_start(self) -> None:
+        for replica in self.replicas:
+            replica.abort_start()
+
+    def close(self) -> None:
+        """Closes every replica at once (one shutdown deadline for all, not N); a second caller waits
+        for the first. In a fork of the owner it only marks the replicas closed."""
+        if not self.replicas[0].owned_here():  # before any lock: one held at the fork stays held here
+            self._closed = True
+            for replica in self.replicas:
+                replica.close()
+            return
+        self._stop_submissions()
+        with self._lock:
+            first = not self._closed
+            self._closed = True
+        if not first:
+            self._close_done.wait()
+            return
+        try:
+            on_each(self.replicas, lambda replica: replica.close())
+        finally:
+            self._close_done.set()

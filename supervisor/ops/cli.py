@@ -1,0 +1,268 @@
+"""`managed-scorers`: scorer envs, scoring a JSONL dataset, serving a scorer, checking a recipe.
+
+Each subcommand is a thin layer over the library call that does the job; errors the user can
+fix (a missing env, a failed pip) print one line naming the fix and exit 2, never a traceback.
+Exit status: 0 done and clean; 1 done, but not clean (`score`: rows with an error or a failed
+optional term; `doctor`: a check failed) or a scorer failed; 2 the configuration or the input is
+wrong (nothing was scored); 130 interrupted (`score` leaves a resumable output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from supervisor import scorer_envs
+from supervisor.errors import ConfigError, ScorerError, validation_message
+from supervisor.ops import env_builder
+
+
+def _envs_build(args: argparse.Namespace) -> int:
+    if args.requirements is not None:  # a custom env (the repo's trainer env, say): explicit spec and folder
+        if args.dir is None or len(args.names) != 1:
+            raise ConfigError("--requirements builds one env: give one NAME and --dir")
+        env_builder.build(args.requirements, args.dir, args.python, args.force)
+        return 0
+    if args.dir is not None and len(args.names) != 1:
+        raise ConfigError("--dir names the folder of one env: give one NAME")
+    names = args.names or scorer_envs.spec_names()
+    for name in names:
+        spec = scorer_envs.spec_path(name)  # unknown names fail before anything is built
+        venv = args.dir if args.dir is not None else scorer_envs.env_dir(name, args.root)
+        env_builder.build(spec, venv, args.python, args.force)
+    return 0
+
+
+def _envs_list(args: argparse.Namespace) -> int:
+    print(f"scorer envs under {args.root or scorer_envs.envs_root()}")
+    for name in scorer_envs.spec_names():
+        status = env_builder.status(name, args.root)
+        state = "pins changed: rebuild" if status.pins_changed else "built" if status.built else "not built"
+        packages = "  ".join(f"{k}=={v or '?'}" for k, v in status.packages.items())
+        python = status.venv / "bin" / "python" if status.built else f"(managed-scorers envs build {name})"
+        print(f"  {name:<6} {state:<22} {python}  {packages}".rstrip())
+    return 0
+
+
+def _envs_path(args: argparse.Namespace) -> int:
+    print(scorer_envs.env_python(args.name, args.root))
+    return 0
+
+
+def _folder(value: str) -> Path:
+    return Path(value).expanduser().absolute()
+
+
+def _score(args: argparse.Namespace) -> int:
+    from supervisor.ops.recipes import build_panels, load_recipe
+    from supervisor.ops.score_dataset import (
+        Columns,
+        OutputClaim,
+        header_for,
+        metrics_line,
+        plan_output,
+        read_rows,
+        score_dataset,
+    )
+
+    columns = Columns(
+        id=args.id_column,
+        prompt=args.prompt_column,
+        response=args.response_column,
+        reference=args.reference_column,
+        image=args.image_column,
+        group=args.group_column,
+        data_source=args.data_source_column,
+    )
+    recipe = load_recipe(args.recipe)
+    if args.validation and recipe.validation is None:
+        raise ConfigError(f"{args.recipe} has no validation panel (--validation)")
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
+    chosen = recipe.validation if args.validation and recipe.validation is not None else recipe.train
+    # before any child starts
+    rows = read_rows(args.input, columns, needs_text=args.image_column is None, group_size=chosen.group_size)
+    if args.retry_errors and not args.resume:
+        raise ConfigError("--retry-errors goes with --resume (it scores the error rows of an existing output again)")
+    with contextlib.ExitStack() as stack:
+        claim = OutputClaim(args.output)  # this run's alone until it ends: a second run is refused
+        stack.callback(claim.close)
+        plan = plan_output(claim, rows, columns, args.resume, args.retry_errors)  # likewise: no boot wasted
+        train, validation = build_panels(recipe)
+        panel = validation if args.validation and validation is not None else train
+        stack.callback(train.close)
+        if validation is not None:
+            stack.callback(validation.close)
+        header = header_for(panel, str(args.recipe), columns)
+        bars: list[Any] = []
+
+        def progress(total: int, skipped: int) -> Callable[[int], None]:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, initial=skipped, unit="row", disable=not sys.stderr.isatty(), dynamic_ncols=True)
+            bars.append(bar)
+            return bar.update
+
+        try:
+            summary = score_dataset(
+                panel, rows, claim, header, columns, args.input.parent, plan, args.batch_size, progress
+            )
+        except KeyboardInterrupt:
+            for bar in bars:
+                bar.close()
+            print(f"interrupted: {args.output} holds every row finished so far; rerun with --resume", file=sys.stderr)
+            return 130
+        for bar in bars:
+            bar.close()
+    print(f"{args.output}: {summary.line()}", file=sys.stderr)
+    metrics = metrics_line(summary, "val" if args.validation else "train")
+    if metrics:
+        print(f"diagnostics: {metrics}", file=sys.stderr)
+    return 0 if summary.clean else 1
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import json
+
+    from scorers.registry import resolve_scorer
+    from supervisor.config import ManagedScorerProcessSpec
+    from supervisor.ops.serve import read_token, serve
+
+    kind = args.input_kind
+    if kind is None:
+        try:
+            kind = resolve_scorer(args.scorer, args.catalog).spec.input_kind
+        except (LookupError, ImportError) as exc:
+            raise ConfigError(
+                f"cannot tell scorer {args.scorer!r}'s input kind here ({exc}): pass --input-kind"
+            ) from exc
+    try:
+        params = json.loads(args.params)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--params must be a JSON object: {exc}") from exc
+    scorer = {"name": args.scorer, "input_kind": kind, "params": params, "device": args.device}
+    scorer.update({k: v for k, v in (("revision", args.revision), ("catalog", args.catalog)) if v is not None})
+    process: dict[str, Any] = {"python_executable": str(args.python)} if args.python is not None else {}
+    if args.extra_import_path:
+        process["extra_import_paths"] = [str(path) for path in args.extra_import_path]
+    try:
+        spec = ManagedScorerProcessSpec.model_validate(
+            {"env": args.env, "process": process, "scorer": scorer, "client": {"input_kind": kind}}
+        )
+    except ValueError as exc:
+        raise ConfigError(validation_message(exc)) from exc
+    serve(spec, args.host, args.port, read_token(args.token_env, args.token_file), args.allow_remote, args.token_env)
+
+
+def _recipes(args: argparse.Namespace) -> int:
+    from supervisor.ops.recipes import example_recipe, example_recipes
+
+    if args.name is None:
+        for name, path in example_recipes().items():
+            print(f"{name:<16} {path.read_text().splitlines()[0].lstrip('# ')}")
+        print("print one with `managed-scorers recipes NAME > reward.yaml`, then edit it")
+        return 0
+    sys.stdout.write(example_recipe(args.name).read_text())
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from supervisor.ops.doctor import doctor
+
+    def say(check: Any) -> None:
+        print("\n".join(check.lines()), flush=True)
+
+    healthy = doctor(args.recipe, say)
+    print("all checks passed" if healthy else "some checks failed: see the fix lines above")
+    return 0 if healthy else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="managed-scorers", description=__doc__.splitlines()[0])
+    commands = top.add_subparsers(dest="command", required=True)
+
+    envs = commands.add_parser("envs", help="scorer envs: build, list, path").add_subparsers(
+        dest="envs_command", required=True
+    )
+    root_help = f"where envs live (default ${scorer_envs.ROOT_VARIABLE}, else ~/.local/share/managed-scorers/envs)"
+    build = envs.add_parser("build", help="build scorer envs (all when no NAME), only if their pins changed")
+    build.add_argument("names", nargs="*", metavar="NAME", help=f"one of {', '.join(scorer_envs.spec_names())}")
+    build.add_argument("--root", type=_folder, help=root_help)
+    build.add_argument("--dir", type=_folder, help="the venv folder of this one env (instead of ROOT/NAME/.venv)")
+    build.add_argument("--requirements", type=_folder, help="build from this requirements file instead of a spec")
+    build.add_argument("--python", help="the interpreter that makes the venv (default: this one's base)")
+    build.add_argument("--force", action="store_true", help="rebuild even when the pins did not change")
+    build.set_defaults(run=_envs_build)
+    listing = envs.add_parser("list", help="each env: built or not, its python, key package versions")
+    listing.add_argument("--root", type=_folder, help=root_help)
+    listing.set_defaults(run=_envs_list)
+    path = envs.add_parser("path", help="the python of a built env")
+    path.add_argument("name", metavar="NAME")
+    path.add_argument("--root", type=_folder, help=root_help)
+    path.set_defaults(run=_envs_path)
+
+    score = commands.add_parser("score", help="score a JSONL dataset through a recipe's panel into a JSONL output")
+    score.add_argument(
+        "--recipe", type=_folder, required=True, help="a reward recipe (YAML), see supervisor.ops.recipes"
+    )
+    score.add_argument("--input", type=_folder, required=True, help="JSONL, one object per row")
+    score.add_argument("--output", type=_folder, required=True, help="JSONL: a header line, then one row per input row")
+    score.add_argument("--resume", action="store_true", help="keep the rows already in --output, score the rest")
+    score.add_argument(
+        "--retry-errors", action="store_true", help="with --resume: score rows written with errors again"
+    )
+    score.add_argument("--validation", action="store_true", help="use the recipe's validation panel")
+    score.add_argument("--batch-size", type=int, default=64, help="rows per request (whole groups)")
+    score.add_argument("--id-column", default="id", help="default: id (else line-N)")
+    score.add_argument("--prompt-column", default="prompt")
+    score.add_argument("--response-column", default="response")
+    score.add_argument("--reference-column", default="reference")
+    score.add_argument("--image-column", help="a column of image paths, relative to the input file")
+    score.add_argument("--group-column", help="rows of one group share this value (and sit together)")
+    score.add_argument("--data-source-column", default="data_source")
+    score.set_defaults(run=_score)
+
+    server = commands.add_parser("serve", help="serve one scorer over HTTP for RemoteRewardBackend (until SIGTERM)")
+    server.add_argument("--scorer", required=True, help="a built-in name, a catalog name or module:Class")
+    server.add_argument("--params", default="{}", help="the scorer's params, a JSON object")
+    where = server.add_mutually_exclusive_group()
+    where.add_argument("--env", help="a scorer env by name (default: the one the scorer declares)")
+    where.add_argument("--python", type=_folder, help="the scorer env's python, by path")
+    server.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1; others need --allow-remote")
+    server.add_argument("--port", type=int, default=0, help="default 0: any free port (printed when ready)")
+    server.add_argument("--token-env", default="MANAGED_SCORERS_TOKEN", help="the variable holding the token")
+    server.add_argument("--token-file", type=_folder, help="a 0600 file holding the token (made if missing)")
+    server.add_argument("--allow-remote", action="store_true", help="listen on a non-loopback address")
+    server.add_argument("--input-kind", choices=["text", "image", "image_edit", "video"])
+    server.add_argument("--device", default="cpu")
+    server.add_argument("--revision", help="a pin: refuse to serve another revision of the scorer")
+    server.add_argument("--catalog", help="a custom catalog factory, module:name")
+    server.add_argument("--extra-import-path", type=_folder, action="append", help="a folder of your scorer modules")
+    server.set_defaults(run=_serve)
+
+    examples = commands.add_parser("recipes", help="the example recipes that ship with the package: list, or print one")
+    examples.add_argument("name", nargs="?", metavar="NAME", help="print this one (a YAML recipe to start from)")
+    examples.set_defaults(run=_recipes)
+
+    checkup = commands.add_parser("doctor", help="check a recipe end to end: envs, boot, one sample, shared memory")
+    checkup.add_argument("recipe", type=_folder, help="a reward recipe (YAML)")
+    checkup.set_defaults(run=_doctor)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except (ConfigError, ScorerError) as exc:
+        print(f"managed-scorers {args.command}: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    except ValidationError as exc:  # a config model refused something no caller translated: still one line
+        print(f"managed-scorers {args.command}: {validation_message(exc)}", file=sys.stderr)
+        return 2

@@ -1,0 +1,381 @@
+"""Reward recipes in the styles users of the four seed systems already write, all built into
+one `PanelConfig` and one `RewardPanel` (one runtime, several authoring styles):
+
+- UniRL / Hydra: a `_target_` tree of config classes (`supervisor.PanelConfig`, ...);
+- verl-omni: `reward.models` (deployments) and `reward.reward_functions` (terms that bind a
+  model by name, with `weight` and `required`);
+- Posttrain: a zero-argument catalog factory (`catalog:`) and `reward:` / `validation:`
+  selecting a provider from it by name.
+
+`load_recipe` only parses and validates: it imports config classes and catalog factories
+but starts nothing. `build_panels` starts the backends (one per distinct configuration,
+shared by every term and panel through one `BackendPool`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from scorers.registry import import_dotted
+from supervisor.backend import RewardBackend
+from supervisor.compose.panel import BackendPool, PanelTerm, RewardPanel
+from supervisor.config import (
+    LocalBackendConfig,
+    ManagedScorerProcessSpec,
+    PanelConfig,
+    RemoteBackendConfig,
+    TermConfig,
+)
+from supervisor.errors import ConfigError, validation_message
+
+TARGET = "_target_"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A training panel and, optionally, a validation panel (which shares its backends)."""
+
+    train: PanelConfig
+    validation: PanelConfig | None = None
+    style: str = "panel"
+
+
+def _read(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(source, Mapping):
+        return dict(source)
+    path = Path(source)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read recipe {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {path} must be a mapping at the top level")
+    return data
+
+
+def instantiate(node: Any) -> Any:
+    """Hydra's `_target_` convention, depth first (what `hydra.utils.instantiate` builds too), for
+    config classes only (pydantic models): parsing a recipe never runs anything else."""
+    if isinstance(node, Mapping):
+        values = {key: instantiate(value) for key, value in node.items() if key != TARGET}
+        if TARGET not in node:
+            return values
+        target = import_dotted(str(node[TARGET]), f"_target_ {node[TARGET]!r}", ConfigError)
+        if not (isinstance(target, type) and issubclass(target, BaseModel)):
+            raise ConfigError(
+                f"_target_ {node[TARGET]!r} is not a config class; a recipe builds supervisor.PanelConfig, "
+                "TermConfig, ManagedScorerProcessSpec, ... (build backends from them with build_panels)"
+            )
+        try:
+            return target(**values)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{node[TARGET]}: {exc}") from exc
+    if isinstance(node, list):
+        return [instantiate(value) for value in node]
+    return node
+
+
+EXAMPLES = Path(__file__).resolve().parent / "example_recipes"
+
+
+def example_recipes() -> dict[str, Path]:
+    """The recipes that ship with the package, by name (`managed-scorers recipes NAME` prints one): a
+    verl-omni recipe and a UniRL `_target_` tree, each naming its scorer envs, so they run installed."""
+    return {path.stem: path for path in sorted(EXAMPLES.glob("*.yaml"))}
+
+
+def example_recipe(name: str) -> Path:
+    recipes = example_recipes()
+    if name not in recipes:
+        raise ConfigError(f"no example recipe named {name!r} (there are: {', '.join(recipes)})")
+    return recipes[name]
+
+
+def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any]) -> Recipe:
+    """Parse a recipe of any supported style into panel configs; starts nothing. What the config
+    models refuse is a ConfigError naming the recipe (one line, never a pydantic traceback)."""
+    try:
+        return _parse(_read(source))
+    except ValidationError as exc:
+        where = "the recipe" if isinstance(source, Mapping) else str(source)
+        raise ConfigError(f"{where}: {validation_message(exc)}") from exc
+
+
+def _parse(data: dict[str, Any]) -> Recipe:
+    reward = data.get("reward")
+    if reward is not None and not isinstance(reward, (Mapping, str)):
+        raise ConfigError(f"recipe `reward:` must be a mapping, got {type(reward).__name__}")
+    if TARGET in data or (isinstance(reward, Mapping) and TARGET in reward):
+        return _from_targets(data)
+    if isinstance(reward, Mapping) and ("models" in reward or "reward_functions" in reward):
+        return _from_verl_omni(reward)
+    if "catalog" in data:
+        return _from_catalog(data)
+    if "terms" in data:
+        return Recipe(PanelConfig.model_validate(data))
+    raise ConfigError(
+        "unrecognised recipe: expected a `_target_` tree, `reward.models` + `reward.reward_functions`, "
+        "a `catalog:` with `reward:`, or a `terms:` list"
+    )
+
+
+def _as_panel(value: Any, where: str) -> PanelConfig | None:
+    if value is None or isinstance(value, PanelConfig):
+        return value
+    raise ConfigError(f"{where}: the `_target_` tree must build a supervisor.PanelConfig, got {type(value).__name__}")
+
+
+def _from_targets(data: Mapping[str, Any]) -> Recipe:
+    if TARGET in data:
+        return Recipe(_as_panel(instantiate(data), "recipe") or _missing("recipe"), style="targets")
+    train = _as_panel(instantiate(data["reward"]), "reward")
+    validation = _as_panel(instantiate(data.get("validation")), "validation")
+    return Recipe(train or _missing("reward"), validation, style="targets")
+
+
+def _missing(where: str) -> PanelConfig:
+    raise ConfigError(f"{where} is empty")
+
+
+MODEL_KEYS = {"backend", "scorer", "params", "revision", "identity_hash", "catalog", "device", "input_kind"}
+
+
+def _verl_model(name: str, model: Mapping[str, Any], group_size: int | None) -> dict[str, Any]:
+    """A verl-omni named model -> a backend config (`backend: managed | local | remote`)."""
+    kind = model.get("backend", "managed")
+    scorer = {
+        key: model[key]
+        for key in ("params", "revision", "identity_hash", "catalog", "device", "input_kind")
+        if key in model
+    }
+    scorer["name"] = model.get("scorer", name)
+    client = dict(model.get("client", {}))
+    client.setdefault("input_kind", scorer.get("input_kind", "text"))
+    if "request_batch_size" in model:
+        client["request_batch_size"] = model["request_batch_size"]
+    if kind == "remote":
+        remote_keys = {"base_url", "token_env", "request_timeout", "max_answer_bytes", "revision", "identity_hash"}
+        unknown = set(model) - remote_keys - {"backend", "client", "request_batch_size", "input_kind"}
+        if unknown:
+            raise ConfigError(f"reward.models.{name}: unknown keys {sorted(unknown)} for a remote model")
+        return {"kind": "remote", "client": client, **{k: model[k] for k in remote_keys if k in model}}
+    unknown = set(model) - MODEL_KEYS - {"client", "request_batch_size", "process", "offload", "python_executable"}
+    unknown -= {"restart", "limits", "env", "extra_import_paths"}
+    if unknown:
+        raise ConfigError(f"reward.models.{name}: unknown keys {sorted(unknown)}")
+    if kind == "local":
+        return {"kind": "local", "scorer": scorer, "client": client}
+    if kind != "managed":
+        raise ConfigError(f"reward.models.{name}.backend must be managed, local or remote, got {kind!r}")
+    process = dict(model.get("process", {}))
+    for key in ("python_executable", "extra_import_paths"):
+        if key in model:
+            process[key] = model[key]
+    named_env = model.get("env")
+    if isinstance(named_env, Mapping):  # environment variables for the child
+        process["env"] = named_env
+    managed: dict[str, Any] = {
+        "kind": "managed",
+        "env": named_env if isinstance(named_env, str) else None,  # a scorer env by name
+        "process": process,
+        "scorer": scorer,
+        "client": client,
+        "gpu_residency": "per_call" if model.get("offload", False) else "resident",
+    }
+    for key in ("restart", "limits"):
+        if key in model:
+            managed[key] = model[key]
+    return managed
+
+
+def _from_verl_omni(reward: Mapping[str, Any]) -> Recipe:
+    models = reward.get("models") or {}
+    if not isinstance(models, Mapping):
+        raise ConfigError("reward.models must be a mapping of named models")
+    group_size = reward.get("group_size")
+    backends = {name: _verl_model(name, model, group_size) for name, model in models.items()}
+
+    def panel(functions: Mapping[str, Any] | None, where: str) -> PanelConfig | None:
+        if not functions:
+            return None
+        terms = []
+        for name, fn in functions.items():
+            fn = fn if fn is not None else {}
+            if not isinstance(fn, Mapping):
+                raise ConfigError(f"{where}.{name} must be a mapping (model, weight, required, ...)")
+            if "path" in fn or "name" in fn:
+                raise ConfigError(
+                    f"{where}.{name}: `path`/`name` (a Python scoring function) is verl-omni's; here a reward "
+                    "function binds a model's scorer term (`model:`, `component:`). Put Python scorers in a "
+                    "catalog or pass their dotted path as the model's `scorer:`"
+                )
+            bound = fn.get("model", name)  # a term uses the model of its own name unless it binds another
+            if bound not in backends:
+                raise ConfigError(f"{where}.{name}: model {bound!r} is not in reward.models ({sorted(backends)})")
+            term = {k: v for k, v in fn.items() if k != "model"}
+            terms.append({"name": name, "backend": backends[bound], **term})
+        return PanelConfig.model_validate({"terms": terms, "group_size": group_size})
+
+    train = panel(reward.get("reward_functions"), "reward.reward_functions")
+    if train is None:
+        raise ConfigError("reward.reward_functions is empty")
+    return Recipe(train, panel(reward.get("val_reward_functions"), "reward.val_reward_functions"), style="verl-omni")
+
+
+def _from_catalog(data: Mapping[str, Any]) -> Recipe:
+    catalog = data["catalog"]
+    execution = data.get("execution", {"kind": "local"})
+
+    def panel(selection: Any, where: str) -> PanelConfig | None:
+        if selection is None:
+            return None
+        if isinstance(selection, str):
+            selection = {"provider": selection}
+        provider = selection.get("provider")
+        if not provider:
+            raise ConfigError(f"{where}.provider names the catalog entry to use")
+        scorer = {"name": provider, "catalog": catalog}
+        for key in ("params", "revision", "identity_hash", "input_kind"):
+            if key in selection:
+                scorer[key] = selection[key]
+        kind = execution.get("kind", "local")
+        client = {"input_kind": scorer.get("input_kind", "text")}
+        backend: dict[str, Any] = {"kind": kind, "scorer": scorer, "client": client}
+        if kind == "managed":
+            backend["process"] = {k: v for k, v in execution.items() if k != "kind"}
+            if isinstance(backend["process"].get("env"), str):  # a scorer env by name, not variables
+                backend["env"] = backend["process"].pop("env")
+        elif kind != "local":
+            raise ConfigError(f"execution.kind must be local or managed, got {kind!r}")
+        weights = selection.get("weights") or {}
+        terms = selection.get("terms") or list(weights) or [None]
+        return PanelConfig.model_validate(
+            {
+                "group_size": data.get("group_size"),
+                "terms": [
+                    {
+                        "name": term or provider,
+                        "backend": backend,
+                        "component": term,
+                        "weight": weights.get(term, 1.0) if term else 1.0,
+                    }
+                    for term in terms
+                ],
+            }
+        )
+
+    train = panel(data.get("reward"), "reward")
+    if train is None:
+        raise ConfigError("reward: selects the training provider from the catalog")
+    return Recipe(train, panel(data.get("validation"), "validation"), style="catalog")
+
+
+def make_backend(
+    config: ManagedScorerProcessSpec | LocalBackendConfig | RemoteBackendConfig, start: bool = True
+) -> RewardBackend:
+    """One backend from its config; a managed child starts here unless `start=False` (then `start()`
+    starts it: panels start their children together)."""
+    from supervisor.backends.local import LocalRewardBackend
+    from supervisor.backends.managed import ManagedScorerProcessBackend
+    from supervisor.backends.remote import RemoteRewardBackend
+    from supervisor.compose.replicas import ReplicatedBackend
+
+    if isinstance(config, ManagedScorerProcessSpec):
+        if config.replicas.size > 1:
+            return ReplicatedBackend(config, start=start)
+        return ManagedScorerProcessBackend(config, start=start)
+    if isinstance(config, LocalBackendConfig):
+        scorer, client = config.scorer, config.client
+        return LocalRewardBackend(
+            scorer.name,
+            scorer.params,
+            device=scorer.device,
+            required_rewards=client.required_rewards,
+            weights=client.weights,
+            request_batch_size=client.request_batch_size,
+            group_size=client.group_size,
+            revision=scorer.revision,
+            identity_hash=scorer.identity_hash,
+            catalog=scorer.catalog,
+        )
+    token = None
+    if config.token_env is not None:
+        token = os.environ.get(config.token_env)
+        if not token:
+            raise ConfigError(f"remote backend {config.base_url}: environment variable {config.token_env} is not set")
+    return RemoteRewardBackend(
+        config.base_url,
+        token,
+        request_timeout=config.request_timeout,
+        max_answer_bytes=config.max_answer_bytes,
+        request_batch_size=config.client.request_batch_size,
+        required_rewards=config.client.required_rewards,
+        weights=config.client.weights,
+        group_size=config.client.group_size,
+        revision=config.revision,
+        identity_hash=config.identity_hash,
+    )
+
+
+def build_panel(config: PanelConfig, pool: BackendPool | None = None) -> RewardPanel:
+    """A panel whose backends come from `pool` (a private one by default): terms with the same
+    backend configuration share one backend, whatever their weights."""
+    pool = pool if pool is not None else BackendPool()
+    acquired = pool.acquire_all(
+        [
+            (term.backend.model_dump(mode="json"), lambda t=term: make_backend(t.backend, start=False))  # type: ignore[misc]
+            for term in config.terms
+        ]
+    )
+    try:
+        terms = [_panel_term(term, backend) for term, backend in zip(config.terms, acquired, strict=True)]
+        return RewardPanel(
+            terms,
+            release=lambda: _release_all(pool, acquired),
+            group_size=config.group_size,
+            group_failures=config.group_failures,
+        )
+    except BaseException:
+        _release_all(pool, list(acquired))
+        raise
+
+
+def _panel_term(term: TermConfig, backend: RewardBackend) -> PanelTerm:
+    return PanelTerm(
+        name=term.name,
+        backend=backend,
+        weight=term.weight,
+        required=term.required,
+        applicable_datasets=term.applicable_datasets,
+        component=term.component,
+    )
+
+
+def _release_all(pool: BackendPool, backends: list[RewardBackend]) -> None:
+    errors = []
+    while backends:
+        try:
+            pool.release(backends.pop())
+        except Exception as exc:  # noqa: BLE001 - every backend is released; the first error is raised
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+def build_panels(recipe: Recipe, pool: BackendPool | None = None) -> tuple[RewardPanel, RewardPanel | None]:
+    """The training panel and the validation panel (or None), sharing backends through `pool`."""
+    pool = pool if pool is not None else BackendPool()
+    train = build_panel(recipe.train, pool)
+    try:
+        validation = build_panel(recipe.validation, pool) if recipe.validation is not None else None
+    except BaseException:
+        train.close()
+        raise
+    return train, validation

@@ -1,0 +1,134 @@
+"""`managed-scorers serve`: the child runtime as a standalone server for `RemoteRewardBackend`.
+
+Everything is resolved here, as for a managed child (`launch_plan`: the env's python, an
+import path with nothing of this environment, the boot config), and the socket is bound here
+(an address in use is reported before anything starts). Then this process becomes the server:
+it execs the scorer env's python running the child runtime in standalone mode, with no
+parent-death watch (it lives until SIGTERM or Ctrl-C, then shuts down gracefully) and the same
+limits and endpoints as a managed child. The token comes from an environment variable or a
+0600 file, never argv, and the variable is not passed on; the boot config reaches the runtime
+in a memfd on stdin, which the runtime closes once read; the readiness line (JSON: port, pid,
+scorer, identity) is printed on stdout.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import socket
+import stat
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from child_runtime.protocol import boot
+from supervisor.backends.managed import launch_plan
+from supervisor.config import ManagedScorerProcessSpec
+from supervisor.errors import ConfigError
+
+LOOPBACK_NAMES = ("localhost",)
+MIN_TOKEN_CHARS = 16
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(token_env: str | None, token_file: Path | None) -> str:
+    """From the named environment variable, or a file only this user can read (made, with a fresh
+    token, when it does not exist yet); never from the command line."""
+    if token_file is not None:
+        token = _token_from_file(token_file)
+    elif token_env is not None and os.environ.get(token_env):
+        token = os.environ[token_env]
+    else:
+        raise ConfigError(f"no token: set ${token_env} or pass --token-file (a 0600 file; made if missing)")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(f"the token must have at least {MIN_TOKEN_CHARS} characters")
+    return token
+
+
+def _token_from_file(path: Path) -> str:
+    """Read through one descriptor, never a symlink, checked with fstat on that same descriptor; a new
+    file is written whole under a temporary name, then linked into place (no reader sees it empty)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return _new_token_file(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot open the token file {path}: {exc.strerror} (a symlink is refused)") from exc
+    with os.fdopen(fd) as handle:
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid() or info.st_mode & 0o077 or not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"{path} must be a file of this user's that nobody else can read or write (chmod 600)")
+        return handle.read().strip()
+
+
+def _new_token_file(path: Path) -> str:
+    token = secrets.token_urlsafe(32)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(token + "\n")
+        try:
+            os.link(temporary, path)  # fails if another serve made it meanwhile: then that one is the token
+        except FileExistsError:
+            return _token_from_file(path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return token
+
+
+def bind(host: str, port: int, allow_remote: bool) -> socket.socket:
+    if not is_loopback(host) and not allow_remote:
+        raise ConfigError(
+            f"{host} is not a loopback address: serving beyond this machine needs --allow-remote "
+            "(the token is then all that guards the scorer: put TLS in front of it)"
+        )
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    listener.listen(1024)
+    return listener
+
+
+def serve(
+    spec: ManagedScorerProcessSpec, host: str, port: int, token: str, allow_remote: bool, token_env: str | None = None
+) -> NoReturn:
+    """Become the server (exec); returns only by raising, before the exec."""
+    if spec.replicas.size > 1:
+        raise ConfigError(
+            f"serve runs one child; the spec asks for {spec.replicas.size} replicas: serve each on its own port "
+            "(process.visible_devices narrows each to its GPU)"
+        )
+    listener = bind(host, port, allow_remote)
+    plan = launch_plan(spec, segment=None)
+    env = {key: value for key, value in plan.env.items() if key != token_env}  # the token reaches it on stdin only
+    listener.set_inheritable(True)
+    ready_fd = os.dup(sys.stdout.fileno())  # the runtime closes its readiness pipe; stdout stays open
+    os.set_inheritable(ready_fd, True)
+    config = {**plan.boot, "token": token, "listen_fd": listener.fileno(), "ready_fd": ready_fd, "parent_pid": None}
+    stdin = os.memfd_create("managed-scorers-boot", os.MFD_CLOEXEC)  # only its dup on fd 0 crosses the exec
+    os.write(stdin, boot.frame(config))
+    os.lseek(stdin, 0, os.SEEK_SET)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(stdin, 0)
+    os.chdir(plan.cwd)
+    argv = [str(plan.python_executable), "-X", "faulthandler", "-m", "child_runtime", "--standalone"]
+    try:
+        os.execve(argv[0], argv, env)
+    except OSError as exc:
+        raise ConfigError(f"cannot execute {argv[0]}: {exc}") from exc
