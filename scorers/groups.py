@@ -152,16 +152,67 @@ def context_of(items: Sequence[Grouped], members: Sequence[int]) -> GroupContext
     return GroupContext(first.group_id, len(members), first.prompt, freeze(first.reference))
 
 
-def pack_chunks(groups: Sequence[Sequence[int]], size: int) -> list[list[int]]:
-    """Whole groups, in order, into chunks of at most `size` items; a group larger than
-    `size` travels alone (a group is never split)."""
+class NotContiguous(GroupInputError):
+    """A group's items are not side by side (`position`: the first item that comes back to it)."""
+
+    def __init__(self, group: str, position: int, started: int) -> None:
+        super().__init__(f"group {group!r} is not contiguous (item {position}; it began at item {started})")
+        self.group, self.position, self.started = group, position, started
+
+
+def contiguous_runs(keys: Sequence[str | None]) -> list[list[int]]:
+    """Positions grouped by key, in order, for groups laid out side by side (as GRPO samplers lay
+    them out); a None key is a group of its own. NotContiguous when a group comes back."""
+    runs: list[list[int]] = []
+    started: dict[str, int] = {}
+    for position, key in enumerate(keys):
+        if key is not None and position and keys[position - 1] == key:
+            runs[-1].append(position)
+            continue
+        if key is not None:
+            if key in started:
+                raise NotContiguous(key, position, started[key])
+            started[key] = position
+        runs.append([position])
+    return runs
+
+
+def pack_chunks(groups: Sequence[Sequence[int]], size: int, at_least: bool = False) -> list[list[int]]:
+    """Whole groups, in order, into chunks; a group is never split. By default a chunk holds at
+    most `size` items (a larger group travels alone); `at_least`: a chunk closes once it holds
+    `size` or more (it ends at the end of a group)."""
     chunks: list[list[int]] = []
     current: list[int] = []
     for members in groups:
-        if current and len(current) + len(members) > size:
+        if current and not at_least and len(current) + len(members) > size:
             chunks.append(current)
             current = []
         current.extend(members)
+        if at_least and len(current) >= size:
+            chunks.append(current)
+            current = []
     if current:
         chunks.append(current)
     return chunks
+
+
+def share_groups(groups: Sequence[Sequence[int]], load: Sequence[int], least_loaded: bool) -> list[list[int]]:
+    """Whole groups over `len(load)` workers, never cutting one: each to the least loaded worker
+    (counting `load`, largest groups first), or, in request order, cut between groups nearest
+    equal shares. Each share's positions are sorted."""
+    count = len(load)
+    shares: list[list[int]] = [[] for _ in range(count)]
+    if least_loaded:
+        counted = list(load)
+        for members in sorted(groups, key=len, reverse=True):
+            target = min(range(count), key=lambda i: (counted[i], i))
+            shares[target].extend(members)
+            counted[target] += len(members)
+    else:
+        per, filled, target = sum(len(members) for members in groups) / count, 0, 0
+        for members in groups:
+            while target < count - 1 and filled + len(members) / 2 > per * (target + 1):
+                target += 1
+            shares[target].extend(members)
+            filled += len(members)
+    return [sorted(share) for share in shares]

@@ -16,12 +16,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def canonical_json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+def canonical_json(value: Any, allow_nan: bool = False) -> bytes:
+    """The one canonical JSON of the project: sorted keys, no spaces, UTF-8 (hashed, compared)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan).encode()
 
 
-def digest(document: Any) -> str:
-    return hashlib.sha256(canonical_json(document)).hexdigest()
+def digest(document: Any, allow_nan: bool = False) -> str:
+    """sha256 of the canonical JSON: identities, a dataset row's content, the ranks' signature."""
+    return hashlib.sha256(canonical_json(document, allow_nan)).hexdigest()
 
 
 def jsonable(value: Any) -> Any:

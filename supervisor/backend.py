@@ -167,6 +167,43 @@ class RewardBackend(ABC):
     @abstractmethod
     def compute_rewards(self, request: RewardRequest) -> RewardResponse: ...
 
+    # -- what a composite holds, and what follows from it --------------------------------------
+    def members(self) -> Sequence[RewardBackend]:
+        """The backends this one holds (a panel's, its replicas, the one it wraps); a leaf holds none."""
+        return ()
+
+    def leaves(self) -> list[RewardBackend]:
+        """The backends that score, below every composite (itself, for a leaf)."""
+        members = self.members()
+        return [leaf for member in members for leaf in member.leaves()] if members else [self]
+
+    def needs_whole_groups(self) -> bool:
+        """Whether scoring a group's candidates apart could change a reward or refuse a call: a
+        configured group size, or a groupwise (or unknown) scorer anywhere inside."""
+        if self.group_size is not None:
+            return True
+        members = self.members()
+        if members:
+            return any(member.needs_whole_groups() for member in members)
+        return self.shape is None or self.shape.groupwise
+
+    @property
+    def call_bound_s(self) -> float | None:
+        """The longest one call may take by the backends' own deadlines (a restart's boot plus a
+        request); None where no backend inside states one."""
+        bounds = [bound for bound in (member.call_bound_s for member in self.members()) if bound is not None]
+        return max(bounds, default=None)
+
+    # -- scoring across ranks (only DistributedRewards spans more than one) -------------------
+    @property
+    def scoring_world(self) -> tuple[int, int]:
+        """(this rank, how many ranks) one call is scored over: (0, 1) for a backend scoring alone."""
+        return (0, 1)
+
+    def fail_step(self, error: Exception, step: int | None = None) -> None:  # noqa: B027 - only across ranks
+        """The caller could not build its request for `step` and is about to raise `error`. Alone,
+        there is nobody to tell; across ranks, every rank raises the same RankFailed instead."""
+
     needs_start: bool = False  # made with start=False and not started yet (a managed child's backend)
 
     def start(self) -> Any:
@@ -259,11 +296,7 @@ def score_chunks(
             failures.append((time.monotonic(), index, exc))
             raise
 
-    try:
-        outcomes = on_each(range(len(chunks)), one, "chunk", limit=at_once)
-    except BaseException:  # Ctrl-C while the chunks are in flight: end them, then go
-        interrupt()
-        raise
+    outcomes = on_each(range(len(chunks)), one, "chunk", limit=at_once, on_interrupt=interrupt)
     if failures:
         raise min(failures, key=lambda failure: failure[:2])[2]
     return outcomes  # type: ignore[return-value]  # no failure: every outcome is an answer
@@ -284,16 +317,7 @@ def score_in_chunks(
     (together, up to the scorer's `concurrent_calls` and the transport's `max_in_flight`, see
     `score_chunks`), and assemble one response. Groups are checked before anything is sent."""
     group_size = request_group_size(request, group_size)
-    try:
-        groups = partition(
-            request.items, group_size, scorer=shape.name, groupwise=shape.groupwise, ragged=shape.ragged_groups
-        )
-    except GroupInputError as exc:
-        raise ScorerRequestError(str(exc), kind="bad_input") from exc
-    merged: dict[str, np.ndarray] = {}
-    reports = []
-    failed: dict[str, str] = {}
-    chunks = list(pack_chunks(groups, size))
+    chunks = pack_chunks(request_groups(request, shape, group_size), size)
     answers = score_chunks(
         [[request.items[i] for i in chunk] for chunk in chunks],
         score_chunk,
@@ -301,11 +325,7 @@ def score_in_chunks(
         shape.concurrent_calls if max_in_flight is None else min(shape.concurrent_calls, max_in_flight),
         interrupt,
     )
-    for chunk, (terms, values, chunk_failed) in zip(chunks, answers, strict=True):
-        for name, scores in terms.items():
-            merged.setdefault(name, np.full(len(request.items), np.nan))[chunk] = scores
-        reports.append(report(len(chunk), values))
-        failed.update(chunk_failed)
+    merged, reports, failed = _merged(len(request.items), chunks, answers)
     scored = np.array([item_id not in failed for item_id in request.ids], dtype=bool)
     for name, scores in merged.items():  # a term some chunk lacked is never filled in with zeros
         unfilled = np.flatnonzero(np.isnan(scores) & scored)
@@ -326,6 +346,32 @@ def score_in_chunks(
         shape.identity_hash,
     )
     raise items_failed(shape.name, len(request.items), failed, partial)
+
+
+def request_groups(request: RewardRequest, shape: ScorerShape, group_size: int | None) -> list[list[int]]:
+    """The request's groups as the scorer takes them (positions), checked: the one place a
+    GroupInputError becomes the caller's ScorerRequestError."""
+    try:
+        return partition(
+            request.items, group_size, scorer=shape.name, groupwise=shape.groupwise, ragged=shape.ragged_groups
+        )
+    except GroupInputError as exc:
+        raise ScorerRequestError(str(exc), kind="bad_input") from exc
+
+
+def _merged(
+    count: int, chunks: Sequence[Sequence[int]], answers: Sequence[ChunkAnswer]
+) -> tuple[dict[str, np.ndarray], list[dict[str, Any]], dict[str, str]]:
+    """The chunks' scores in request order (NaN where none came), their reports, the failed ids."""
+    merged: dict[str, np.ndarray] = {}
+    reports = []
+    failed: dict[str, str] = {}
+    for chunk, (terms, values, chunk_failed) in zip(chunks, answers, strict=True):
+        for name, scores in terms.items():
+            merged.setdefault(name, np.full(count, np.nan))[list(chunk)] = scores
+        reports.append(report(len(chunk), values))
+        failed.update(chunk_failed)
+    return merged, reports, failed
 
 
 def items_failed(scorer: str, total: int, failed: Mapping[str, str], partial: RewardResponse) -> ScorerItemsFailed:
@@ -352,17 +398,10 @@ def assemble_response(
     rewards = np.zeros(len(ids), dtype=np.float64)
     for term in required:
         rewards += weights.get(term, 1.0) * terms[term]
-    bad = np.flatnonzero(~np.isfinite(rewards))
-    if bad.size:
-        raise RewardContractError(
-            f"weighted reward for id {ids[int(bad[0])]!r} is {rewards[int(bad[0])]} (weights {dict(weights)})"
-        )
-    return RewardResponse(
+    return RewardResponse.checked(  # a weighted sum that overflows is caught there
         ids=ids,
         rewards=rewards.tolist(),
         component_rewards={name: np.asarray(values, dtype=np.float64).tolist() for name, values in terms.items()},
-        successes=[True] * len(ids),
-        errors=[None] * len(ids),
         diagnostics=dict(diagnostics),
         identity_hash=identity_hash,
     )

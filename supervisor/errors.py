@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from child_runtime.protocol.exit_codes import describe
 from scorers.grading.processes import signal_name
@@ -210,16 +210,43 @@ class ErrorStatus(Exception):
         super().__init__(f"HTTP {status} {kind}: {message}")
 
 
+# What became of a managed child after a failed exchange (the backend decides; see managed._failure).
+Fate = Literal["serving", "gone", "died", "killed"]
+
+
+def _killed_note(exc: Exception) -> str:
+    if isinstance(exc, (BadAnswer, RewardContractError)):
+        return "child killed, its answers cannot be trusted"
+    if isinstance(exc, NoAnswer):
+        return "child killed, its state is unknown"
+    return "transport failed with the child alive; child killed"
+
+
 def scorer_error(
-    exc: TransportError | ErrorStatus, what: str, record: ChildRecord | None = None, note: str = ""
+    exc: TransportError | ErrorStatus | RewardContractError,
+    what: str,
+    record: ChildRecord | None = None,
+    fate: Fate | None = None,
 ) -> ScorerError:
-    """The trainer-facing error for a failed exchange. `record` is the managed child's (None for a
-    server someone else started); a lost connection means it died when it has exited."""
-    text = f"{what}: {exc}" + (f"; {note}" if note else "")
-    if isinstance(exc, ErrorStatus):
+    """The one translation of a failed exchange into the trainer-facing error. `record` is the
+    managed child's, `fate` what became of it: left serving (nothing reached it), gone (closed or
+    replaced during the call), died, or killed by us; None for a server someone else started."""
+    if isinstance(exc, ErrorStatus):  # it answered: it keeps serving
         return ScorerRequestError(
             f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}", record, status=exc.status, kind=exc.kind
         )
+    if fate == "serving":
+        return ScorerUnavailable(f"{what}: {exc}; the child was left serving", record)
+    if fate == "gone":
+        return ScorerProcessDied(
+            f"{what}: the backend was closed, or the child replaced or failed, during the call ({exc})", record
+        )
+    if fate == "died":
+        return ScorerProcessDied(f"child died during {what} ({exc})", record)
+    note = _killed_note(exc) if fate == "killed" else ""
+    if isinstance(exc, RewardContractError):
+        return RewardContractError(f"{str(exc).splitlines()[0]}; {note}", record)
+    text = f"{what}: {exc}" + (f"; {note}" if note else "")
     if isinstance(exc, BadAnswer):
         return RewardContractError(text, record)
     if isinstance(exc, NoAnswer):

@@ -18,10 +18,16 @@ R = TypeVar("R")
 
 
 def on_each(
-    items: Sequence[T], call: Callable[[T], R], name: str = "fanout", limit: int | None = None
+    items: Sequence[T],
+    call: Callable[[T], R],
+    name: str = "fanout",
+    limit: int | None = None,
+    on_interrupt: Callable[[], None] = lambda: None,
 ) -> list[R | BaseException]:
     """`call(item)` for every item at once (at most `limit` at a time); each one's result or exception,
-    in order. Each call must bound itself (the backends' own deadlines): this waits for all of them."""
+    in order. Each call must bound itself (the backends' own deadlines): this waits for all of them.
+    Interrupted while waiting (Ctrl-C), it runs `on_interrupt` (end the calls that can be ended) and
+    re-raises: nobody will read their outcomes."""
     if len(items) == 1:
         try:
             return [call(items[0])]
@@ -44,8 +50,12 @@ def on_each(
 
     count = len(items) if limit is None else max(1, min(limit, len(items)))
     threads = [threading.Thread(target=run, name=f"{name}-{i}", daemon=True) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        on_interrupt()
+        raise
     return outcomes  # type: ignore[return-value]  # every slot was filled by its thread

@@ -12,7 +12,7 @@ from typing import Literal
 
 from supervisor.backend import RewardBackend
 from supervisor.errors import ConfigError, RewardContractError
-from supervisor.types import RewardItem, RewardRequest, RewardResponse
+from supervisor.types import RewardItem, RewardRequest, RewardResponse, first_non_finite
 
 TruncationPolicy = Literal["zero", "keep", "soft"]
 
@@ -125,9 +125,6 @@ def check_response(request: RewardRequest, response: RewardResponse) -> None:
     for i, item_id in enumerate(request.ids):
         if not response.successes[i] and item_id not in optional:  # failed, not short of an optional term
             raise RewardContractError(f"sample {item_id!r} (index {i}) failed: {response.errors[i]}")
-        if not math.isfinite(response.rewards[i]):
-            raise RewardContractError(f"sample {item_id!r} (index {i}) has non-finite reward {response.rewards[i]}")
-        for name, values in response.component_rewards.items():
-            value = values[i]
-            if value is not None and not math.isfinite(value):
-                raise RewardContractError(f"sample {item_id!r} (index {i}) term {name!r} is {value}")
+    problem = first_non_finite(response)
+    if problem is not None:
+        raise RewardContractError(problem)

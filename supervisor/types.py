@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, model_validator
 
-from child_runtime.protocol.items import check_media
+from child_runtime.protocol.items import MEDIA_FIELDS, OMITTED_WHEN_EMPTY, WIRE_FIELDS, check_media
 from scorers.base import is_length_verdict
 from scorers.diagnostics import to_metrics
+from supervisor.errors import RewardContractError, validation_message
 from supervisor.tensors import numpy_view
 
 
@@ -58,6 +60,11 @@ Images = Annotated[Any, BeforeValidator(_as_images)]
 Videos = Annotated[Any, BeforeValidator(_as_videos)]
 
 
+def _is_empty(value: Any) -> bool:
+    """An empty dict or tuple (never an array: its truth value is not defined)."""
+    return isinstance(value, (dict, tuple, list)) and not value
+
+
 class RewardItem(BaseModel):
     """One rollout to score. `reward` stays None until RewardService attaches one.
 
@@ -101,28 +108,18 @@ class RewardItem(BaseModel):
 
     def to_wire(self) -> dict[str, Any]:
         """The child's item schema: only what a scorer reads."""
-        wire: dict[str, Any] = {"id": self.id}
-        for key in (
-            "group_id",
-            "prompt",
-            "text",
-            "image",
-            "video",
-            "reference",
-            "finish_reason",
-            "completion_tokens",
-            "data_source",
-        ):
+        wire: dict[str, Any] = {}
+        for key in WIRE_FIELDS:
             value = getattr(self, key)
-            if value is not None:
-                wire[key] = value
-        if self.metadata:
-            wire["metadata"] = self.metadata
-        if self.condition_images:
-            wire["condition_images"] = list(self.condition_images)
-        if self.condition_videos:
-            wire["condition_videos"] = list(self.condition_videos)
+            if value is None or (key in OMITTED_WHEN_EMPTY and _is_empty(value)):
+                continue
+            wire[key] = list(value) if isinstance(value, tuple) else value
         return wire
+
+    @property
+    def has_media(self) -> bool:
+        """Arrays, which travel only through the wire's array frames (never as JSON)."""
+        return any(getattr(self, key) is not None and not _is_empty(getattr(self, key)) for key in MEDIA_FIELDS)
 
 
 class RewardRequest(BaseModel):
@@ -130,12 +127,15 @@ class RewardRequest(BaseModel):
 
     `group_size`: how many candidates each group (items sharing a `group_id`) has; when
     set here or in the backend's config, a group of another size is refused.
+    `step`: the trainer's step this batch belongs to, when the trainer says. It never reaches a
+    scorer; DistributedRewards checks it against the other ranks' (a rank out of step is caught).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     items: list[RewardItem] = Field(min_length=1)
     group_size: int | None = Field(default=None, gt=0)
+    step: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _unique_ids(self) -> RewardRequest:
@@ -162,6 +162,35 @@ class TermFailure(BaseModel):
     kind: str
 
 
+def per_item(ids: list[str], failures: Sequence[TermFailure]) -> tuple[list[bool], list[str | None]]:
+    """`successes` and `errors` of a response: an item whose reward lacks an optional term that
+    failed for it is not a success, and its error names each such term and why."""
+    why: dict[str, list[str]] = {}
+    for failure in failures:
+        for item_id in failure.ids:
+            why.setdefault(item_id, []).append(f"term {failure.term!r} failed ({failure.kind}: {failure.error})")
+    return [item_id not in why for item_id in ids], ["; ".join(why[i]) if i in why else None for i in ids]
+
+
+def first_non_finite(response: RewardResponse) -> str | None:
+    """The one finiteness rule of a response: a reward a trainer may use is finite, and so are its
+    components (a success's, and an item's that is short of an optional term only). The model
+    checks it when built, RewardService again at the end (a response built without validation);
+    what is wrong, or None."""
+    optional = {item_id for failure in response.term_failures for item_id in failure.ids}
+    for index, (ok, reward) in enumerate(zip(response.successes, response.rewards, strict=True)):
+        if not ok and response.ids[index] not in optional:
+            continue
+        if not math.isfinite(reward):
+            state = "marked a success" if ok else "short of an optional term only"
+            return f"rewards[{index}] (id={response.ids[index]!r}) is {reward} but {state}"
+        for term, values in response.component_rewards.items():
+            value = values[index]
+            if value is not None and not math.isfinite(value):
+                return f"component_rewards[{term!r}][{index}] (id={response.ids[index]!r}) is {value}"
+    return None
+
+
 class RewardResponse(BaseModel):
     """Rewards in request order, with per-term components and per-item success.
 
@@ -169,9 +198,10 @@ class RewardResponse(BaseModel):
     says so; a term missing there applies to every item) or where an optional term failed
     (`term_failures` names the term, the ids and the error): never a fake 0 or NaN.
     `successes[i]` False says item i's reward is not whole, and `errors[i]` says why (None
-    exactly for a success). A panel writes it for an item that an optional term failed for (the
-    item is in `term_failures`; its reward is the other terms' finite sum, as configured);
-    anything else not a success is a failed item, which a trainer must never use.
+    exactly for a success). Left out, both follow from `term_failures` (`per_item`, their one
+    writer): an item an optional term failed for is not a success (its reward is the other
+    terms' finite sum, as configured). A backend that states them otherwise (a server's answer)
+    marks failed items, which a trainer must never use.
     `diagnostics` maps a term to its report (`scorers.diagnostics`); `metrics()` flattens them.
     """
 
@@ -180,12 +210,22 @@ class RewardResponse(BaseModel):
     ids: list[str]
     rewards: list[float]
     component_rewards: dict[str, list[float | None]]
-    successes: list[bool]
-    errors: list[str | None]
+    successes: list[bool] = Field(default_factory=list)  # left out: derived from term_failures (per_item)
+    errors: list[str | None] = Field(default_factory=list)
     applicable: dict[str, list[bool]] = Field(default_factory=dict)
     term_failures: list[TermFailure] = Field(default_factory=list)
     diagnostics: dict[str, Any] = Field(default_factory=dict)
     identity_hash: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _per_item(cls, data: Any) -> Any:
+        """`successes` and `errors` have one writer: when left out, they follow from term_failures."""
+        if isinstance(data, dict) and "successes" not in data and "errors" not in data and "ids" in data:
+            failures = [TermFailure.model_validate(f) for f in data.get("term_failures", ())]
+            successes, errors = per_item(list(data["ids"]), failures)
+            data = {**data, "successes": successes, "errors": errors}
+        return data
 
     @model_validator(mode="after")
     def _aligned(self) -> RewardResponse:
@@ -196,9 +236,9 @@ class RewardResponse(BaseModel):
         for name, length in lengths.items():
             if length != n:
                 raise ValueError(f"{name} has {length} entries for {n} ids")
-        for index, (ok, reward) in enumerate(zip(self.successes, self.rewards, strict=True)):
-            if ok and not math.isfinite(reward):
-                raise ValueError(f"rewards[{index}] (id={self.ids[index]!r}) is {reward} but marked a success")
+        problem = first_non_finite(self)
+        if problem is not None:
+            raise ValueError(problem)
         for index, (ok, error) in enumerate(zip(self.successes, self.errors, strict=True)):
             if ok == (error is not None):
                 raise ValueError(f"item {self.ids[index]!r}: success {ok} with error {error!r} (one says the other)")
@@ -212,9 +252,16 @@ class RewardResponse(BaseModel):
                         f"component_rewards[{term!r}][{index}] (id={self.ids[index]!r}) is {value!r}, but the term "
                         f"{'does not apply or failed' if expected_none else 'applies and succeeded'}"
                     )
-                if value is not None and self.successes[index] and not math.isfinite(value):
-                    raise ValueError(f"component_rewards[{term!r}][{index}] (id={self.ids[index]!r}) is {value}")
         return self
+
+    @classmethod
+    def checked(cls, **fields: Any) -> RewardResponse:
+        """Build one from combined values (a panel's sums, a backend's weighted terms): a value
+        that breaks the contract (a non-finite sum) raises RewardContractError, never a NaN reward."""
+        try:
+            return cls(**fields)
+        except ValueError as exc:  # pydantic's ValidationError
+            raise RewardContractError(validation_message(exc)) from exc
 
     def metrics(self, namespace: str = "train") -> dict[str, float]:
         """Diagnostics as `<namespace>/reward/<term>/<diagnostic>` plus each term's sample_count."""

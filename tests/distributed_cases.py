@@ -146,10 +146,10 @@ def an_empty_shard_takes_part():
 def a_skipped_call_is_caught_not_mixed():
     scorer = DistributedRewards(LocalRewardBackend("exact_match"), timeout_s=30)
     calls = []
-    request = RewardRequest(items=shard(items()))
+    at = {step: RewardRequest(items=shard(items()), step=step) for step in (1, 2)}
     if RANK == 0:  # rank 1 raised before its step-1 call (a trainer error) and went on to step 2
-        calls.append(outcome(lambda: scorer.compute_rewards(request, step=1).rewards))
-    calls.append(outcome(lambda: scorer.compute_rewards(request, step=2).rewards))
+        calls.append(outcome(lambda: scorer.compute_rewards(at[1]).rewards))
+    calls.append(outcome(lambda: scorer.compute_rewards(at[2]).rewards))
     return {"calls": calls}
 
 

@@ -26,6 +26,7 @@ from supervisor import (
     Recipe,
     RemoteRewardBackend,
     RewardBackend,
+    RewardContractError,
     RewardItem,
     RewardPanel,
     RewardRequest,
@@ -656,3 +657,13 @@ def test_an_optional_term_that_fails_on_every_call_warns_once_not_every_call(cap
             for _ in range(5):
                 assert panel.compute_rewards(RewardRequest(items=[item("m0")])).term_failures
     assert len([r for r in caplog.records if "warns_once" in r.getMessage()]) == 1
+
+
+def test_a_weighted_sum_that_overflows_is_a_contract_error_not_an_inf_reward():
+    exact = LocalRewardBackend("exact_match")
+    panel = RewardPanel([PanelTerm("a", exact, weight=1e308), PanelTerm("b", exact, weight=1e308)], owns_backends=False)
+    request = RewardRequest(items=[RewardItem(id="x", text="1", reference="1")])
+    with pytest.raises(RewardContractError, match=r"rewards\[0\] \(id='x'\) is inf but marked a success"):
+        panel.compute_rewards(request)
+    weighted = LocalRewardBackend("exact_match", weights={"exact_match": 1e308})
+    assert weighted.compute_rewards(request).rewards == [1e308]

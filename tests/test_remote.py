@@ -32,6 +32,7 @@ def test_remote_scores_like_managed_and_leaves_the_server_running(managed, train
     server = managed(trainer_python, "tests.fixture_scorers:Probe", params={"journal": journal})
     with RemoteRewardBackend(url(server), token=server._child.token, request_batch_size=2) as remote:
         assert remote.server["scorer"] == "probe" and remote.required_rewards == ["probe"]
+        assert remote.call_bound_s == 600.0  # request_timeout: what DistributedRewards' default bound adds to
         response = remote.compute_rewards(REQUEST)
     assert response.rewards == server.compute_rewards(REQUEST).rewards == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert [len(ids) for _, ids in journal_calls(journal)] == [2, 2, 1, 5]  # remote's chunks, then managed's

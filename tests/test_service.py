@@ -210,7 +210,7 @@ def test_non_finite_component_marked_success_raises():
         errors=[None, None],
     )
     backend = FakeBackend(lambda r: unchecked)
-    with pytest.raises(RewardContractError, match=re.escape("sample 's1' (index 1) term 'u' is inf")):
+    with pytest.raises(RewardContractError, match=re.escape("component_rewards['u'][1] (id='s1') is inf")):
         RewardService(backend).score_and_attach(items_with_texts("a", "b"))
 
 

@@ -14,23 +14,26 @@ import numpy as np
 
 from scorers.base import ScoreItem, ScoreResult
 
-ITEM_FIELDS = frozenset(
-    [
-        "id",
-        "group_id",
-        "prompt",
-        "text",
-        "image",
-        "video",
-        "reference",
-        "metadata",
-        "finish_reason",
-        "completion_tokens",
-        "data_source",
-        "condition_images",
-        "condition_videos",
-    ]
+# The wire item, in the order the trainer writes it (supervisor.types.RewardItem.to_wire). The one
+# list of its fields: the trainer writes these, the child accepts only these.
+WIRE_FIELDS = (
+    "id",
+    "group_id",
+    "prompt",
+    "text",
+    "image",
+    "video",
+    "reference",
+    "metadata",
+    "finish_reason",
+    "completion_tokens",
+    "data_source",
+    "condition_images",
+    "condition_videos",
 )
+ITEM_FIELDS = frozenset(WIRE_FIELDS)
+MEDIA_FIELDS = frozenset(["image", "video", "condition_images", "condition_videos"])  # arrays: never JSON
+OMITTED_WHEN_EMPTY = frozenset(["metadata", "condition_images", "condition_videos"])  # {} or (): not sent
 MEDIA_LAYOUTS = {"image": "HWC", "video": "THWC"}
 REQUEST_FIELDS = frozenset(["items", "group_size"])
 MAX_CONDITION_MEDIA = 16  # per item and kind

@@ -39,7 +39,9 @@ def item(where: str, **fields: Any) -> RewardItem:
         raise ScorerRequestError(f"{where}: {validation_message(exc)}", kind="bad_input") from exc
 
 
-def request(what: str, items: list[RewardItem], group_size: int | None = None) -> RewardRequest:
+def request(
+    what: str, items: list[RewardItem], group_size: int | None = None, step: int | None = None
+) -> RewardRequest:
     if not items:
         raise ScorerRequestError(f"{what} was called with no items: nothing to score", kind="bad_input")
-    return RewardRequest(items=items, group_size=group_size)
+    return RewardRequest(items=items, group_size=group_size, step=step)

@@ -23,7 +23,6 @@ from typing import Any
 
 from supervisor.adapters import items as adapter_items
 from supervisor.backend import RewardBackend
-from supervisor.compose.distributed import DistributedRewards
 from supervisor.errors import ConfigError, ScorerRequestError
 from supervisor.types import RewardRequest, RewardResponse
 
@@ -91,6 +90,7 @@ class TRLRewardFunction:
         completion_ids: Any,
         columns: dict[str, Any],
         training: bool | None = None,
+        step: int | None = None,
     ) -> RewardRequest:
         call = next(_CALLS)
         column = self.reference_column or next((c for c in GOLD_COLUMNS if c in columns), None)
@@ -118,13 +118,14 @@ class TRLRewardFunction:
             )
             for i in range(len(completions))
         ]
-        return adapter_items.request("TRL's reward function", items, size)
+        return adapter_items.request("TRL's reward function", items, size, step)
 
     def _offset(self, count: int) -> int:
         """Where this process's completions start in TRL's global order (process-major, equal slices):
         under DistributedRewards a group may span processes and is rebuilt whole on one of them."""
-        if isinstance(self.backend, DistributedRewards):
-            return self.backend.rank * count
+        rank, ranks = self.backend.scoring_world
+        if ranks > 1:
+            return rank * count
         if self.groupwise and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ConfigError(
                 "a groupwise scorer under several TRL processes: a group can span processes and TRL passes "
@@ -141,7 +142,7 @@ class TRLRewardFunction:
         assert self.num_generations is not None
         keys = [p if isinstance(p, str) else json.dumps(p, sort_keys=True, default=str) for p in prompts]
         sizes = {"train": self.num_generations, "eval": self.num_generations_eval or self.num_generations}
-        alone = not isinstance(self.backend, DistributedRewards)
+        alone = self.backend.scoring_world[1] == 1
 
         def fits(size: int) -> bool:
             if alone and len(keys) % size:
@@ -178,28 +179,12 @@ class TRLRewardFunction:
         log_metric = columns.pop("log_metric", None)
         step = getattr(columns.pop("trainer_state", None), "global_step", None)
         columns.pop("log_extra", None)
-        request = self._built(prompts, completions, completion_ids, columns, _training(log_metric), step)
-        if isinstance(self.backend, DistributedRewards):  # the trainer's step: a process out of step is caught
-            return self._rewards(self.backend.compute_rewards(request, step=step), log_metric)
-        return self._rewards(self.backend.compute_rewards(request), log_metric)
-
-    def _built(
-        self,
-        prompts: Sequence[Any],
-        completions: Sequence[Any],
-        completion_ids: Any,
-        columns: dict[str, Any],
-        training: bool | None,
-        step: int | None,
-    ) -> RewardRequest:
-        """The request; under DistributedRewards a refusal here still takes part in the step (the other
-        processes raise the same RankFailed instead of waiting for this one)."""
         try:
-            return self._request(prompts, completions, completion_ids, columns, training)
+            request = self._request(prompts, completions, completion_ids, columns, _training(log_metric), step)
         except Exception as exc:
-            if isinstance(self.backend, DistributedRewards):
-                self.backend.fail_step(exc, step)
+            self.backend.fail_step(exc, step)  # across ranks, the others raise the same RankFailed
             raise
+        return self._rewards(self.backend.compute_rewards(request), log_metric)
 
     def as_async(self) -> Callable[..., Coroutine[Any, Any, list[float]]]:
         """A coroutine function (TRL awaits those together on its event-loop thread)."""
@@ -210,15 +195,11 @@ class TRLRewardFunction:
             log_metric = columns.pop("log_metric", None)
             step = getattr(columns.pop("trainer_state", None), "global_step", None)
             columns.pop("log_extra", None)
-            if isinstance(self.backend, DistributedRewards):  # every exchange off the event loop
-                distributed = self.backend
-
-                def score() -> RewardResponse:
-                    built = self._built(prompts, completions, completion_ids, columns, _training(log_metric), step)
-                    return distributed.compute_rewards(built, step=step)
-
-                return self._rewards(await asyncio.to_thread(score), log_metric)
-            request = self._built(prompts, completions, completion_ids, columns, _training(log_metric), step)
+            try:
+                request = self._request(prompts, completions, completion_ids, columns, _training(log_metric), step)
+            except Exception as exc:
+                await asyncio.to_thread(self.backend.fail_step, exc, step)  # an exchange: off the event loop
+                raise
             return self._rewards(await self.backend.compute_rewards_async(request), log_metric)
 
         reward.__name__ = self.__name__

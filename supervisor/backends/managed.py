@@ -32,7 +32,7 @@ from supervisor.child.import_root import import_root
 from supervisor.child.process import ChildProcess, LaunchPlan
 from supervisor.child.segment import ParentSegment, SharedArena
 from supervisor.child.userdirs import state_dir
-from supervisor.config import RESERVED_ENV, ManagedScorerProcessSpec
+from supervisor.config import RESERVED_ENV, ManagedScorerProcessSpec, ProcessConfig
 from supervisor.errors import (
     BackendNotOwned,
     BadAnswer,
@@ -48,7 +48,6 @@ from supervisor.errors import (
     ScorerProcessDied,
     ScorerStartupError,
     ScorerTimeout,
-    ScorerUnavailable,
     TransportError,
     scorer_error,
 )
@@ -137,23 +136,47 @@ def launch_plan(
         raise ScorerStartupError(
             f"cannot prepare the child's import directory: {exc}", ChildRecord(name, None, rank=placed.rank)
         ) from exc
+    return LaunchPlan(
+        name=name,
+        python_executable=process.python_executable,
+        boot=_boot_config(spec, segment, boot_offloaded, placed.rank),
+        env=_child_env(process, root, placed.gpus),
+        cwd=_working_directory(),
+        log_dir=process.log_dir,
+        keep_logs=process.keep_logs,
+        rank=placed.rank,
+        startup_timeout=process.startup_timeout,
+        pass_fds=(segment.child_fd,) if segment else (),
+    )
+
+
+def _child_env(process: ProcessConfig, root: Path, gpus: tuple[str, ...] | None) -> dict[str, str]:
+    """The trainer's environment less what would steer the child, plus the spec's; its import path is
+    the scorer env, our own packages, and what the spec opts into: nothing of the trainer's."""
     env = {k: v for k, v in os.environ.items() if k not in RESERVED_ENV}
     if not any(key in process.env for key in _MALLOC_ENV):
         env.update(_MALLOC_ENV)
     env.update(process.env)
     env.update(
         {
-            # the scorer env, our own packages, and what the spec opts into: nothing of the trainer's env
             "PYTHONPATH": os.pathsep.join([str(root), *map(str, process.extra_import_paths)]),
             "PYTHONSAFEPATH": "1",  # no working directory on sys.path, in the child or its subprocesses
             "PYTHONNOUSERSITE": "1",
             "PYTHONUNBUFFERED": "1",
             "CUDA_VISIBLE_DEVICES": child_visible_devices(
-                os.environ, process.local_rank, process.visible_devices, process.allow_multiple_gpus, placed.gpus
+                os.environ, process.local_rank, process.visible_devices, process.allow_multiple_gpus, gpus
             ),
         }
     )
-    boot = {
+    return env
+
+
+def _boot_config(
+    spec: ManagedScorerProcessSpec, segment: ParentSegment | None, boot_offloaded: bool, rank: int
+) -> dict[str, Any]:
+    """What the child reads on stdin before anything else (child_runtime.protocol.boot)."""
+    process, scorer = spec.process, spec.scorer
+    return {
         "scorer": {
             "name": scorer.name,
             "params": scorer.params,
@@ -168,20 +191,8 @@ def launch_plan(
         "graceful_timeout_s": max(0.1, process.shutdown_timeout / 2),
         "limits": spec.limits.model_dump(),
         "shared_fd": segment.child_fd if segment else None,
-        "rank": placed.rank,
+        "rank": rank,
     }
-    return LaunchPlan(
-        name=name,
-        python_executable=process.python_executable,
-        boot=boot,
-        env=env,
-        cwd=_working_directory(),
-        log_dir=process.log_dir,
-        keep_logs=process.keep_logs,
-        rank=placed.rank,
-        startup_timeout=process.startup_timeout,
-        pass_fds=(segment.child_fd,) if segment else (),
-    )
 
 
 class ManagedScorerProcessBackend(RewardBackend):
@@ -543,25 +554,16 @@ class ManagedScorerProcessBackend(RewardBackend):
         if isinstance(exc, ConnectFailed) and not child.exited():
             # nothing reached the scorer (this process is out of descriptors, or another local process
             # floods the child's port): the child is not to blame and keeps serving
-            return ScorerUnavailable(f"{what}: {exc}; the child was left serving", child.record())
+            return scorer_error(exc, what, child.record(), "serving")
         if self._closed or gen is not self._gen or self._dead is not None:
-            return ScorerProcessDied(
-                f"{what}: the backend was closed, or the child replaced or failed, during the call ({exc})",
-                child.record(),
-            )
+            return scorer_error(exc, what, child.record(), "gone")
         if isinstance(exc, (BadAnswer, RewardContractError)):
-            died, note = False, "child killed, its answers cannot be trusted"
+            died = False
         elif isinstance(exc, NoAnswer):
-            died, note = child.exited(), "child killed, its state is unknown"
+            died = child.exited()
         else:  # the connection broke, or none could be had
-            died, note = child.wait_exit(DEATH_CONFIRM_S), "transport failed with the child alive; child killed"
-        record = child.finish()
-        if died:
-            error: ScorerError = ScorerProcessDied(f"child died during {what} ({exc})", record)
-        elif isinstance(exc, RewardContractError):
-            error = RewardContractError(f"{str(exc).splitlines()[0]}; {note}", record)
-        else:
-            error = scorer_error(exc, what, record, note)
+            died = child.wait_exit(DEATH_CONFIRM_S)
+        error = scorer_error(exc, what, child.finish(), "died" if died else "killed")
         self._mark_dead(gen, error)
         return error
 
@@ -610,6 +612,11 @@ class ManagedScorerProcessBackend(RewardBackend):
             figures = self._exchange(gen, "offload", gen.client.offload)
             self._want_offloaded = figures.get("residency") == "offloaded"
             return figures
+
+    @property
+    def call_bound_s(self) -> float:
+        """A restart's boot plus one request."""
+        return float(self.spec.process.startup_timeout + self.spec.process.request_timeout)
 
     def arena(self) -> Arena:
         """Arrays in the current child's shared segment (scored in place); ordinary memory when

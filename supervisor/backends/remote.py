@@ -152,6 +152,10 @@ class RemoteRewardBackend(RewardBackend):
     def combination(self) -> dict[str, Any]:
         return {"required": list(self.required_rewards), "weights": dict(sorted(self.weights.items()))}
 
+    @property
+    def call_bound_s(self) -> float:
+        return float(self._client.request_timeout)
+
     def health(self) -> dict[str, Any]:
         return self._exchange("health", self._client.health, self._client.control_timeout)
 

@@ -19,7 +19,6 @@ travels are JSON documents as byte tensors: never pickles, never media.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import threading
@@ -27,7 +26,9 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, NoReturn
 
+from child_runtime.protocol.items import MEDIA_FIELDS, WIRE_FIELDS
 from scorers.diagnostics import merge_term_reports
+from scorers.identity import digest
 from supervisor.arena import Arena
 from supervisor.backend import RewardBackend, ScorerShape
 from supervisor.compose.joined import join_rows, rows_by_id
@@ -35,59 +36,15 @@ from supervisor.errors import ConfigError, RankFailed, RankLost, RewardContractE
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 log = logging.getLogger(__name__)
-# What a rebuilt item carries: every field that can travel as JSON. Media cannot.
-JSON_FIELDS = ("prompt", "text", "reference", "metadata", "finish_reason", "completion_tokens", "data_source")
+# What a rebuilt item carries: every wire field that can travel as JSON. Media cannot.
+JSON_FIELDS = tuple(name for name in WIRE_FIELDS if name not in MEDIA_FIELDS)
 MARGIN_S = 60.0  # over the slowest call a backend allows (boot plus one request), for the default bound
 FALLBACK_TIMEOUT_S = 600.0  # when no backend states its deadlines
-
-
-def _backends(backend: RewardBackend) -> list[RewardBackend]:
-    """The backends inside a panel or a replicated backend, else itself."""
-    inner = getattr(backend, "backends", None) or getattr(backend, "replicas", None)
-    return list(inner) if inner else [backend]
-
-
-def needs_whole_groups(backend: RewardBackend) -> bool:
-    """Whether scoring a group's candidates apart could change a reward or refuse a call: a
-    groupwise (or unknown) scorer, a configured group size, or a panel's optional term (its
-    failure must cover a group whole, never part of one)."""
-    terms = getattr(backend, "terms", None)
-    if terms is not None:  # a panel, nested ones too
-        return backend.group_size is not None or any(
-            not term.required or needs_whole_groups(term.backend) for term in terms
-        )
-    if backend.group_size is not None:
-        return True
-    return any(b.shape is None or b.shape.groupwise for b in _backends(backend))
-
-
-def _shapes(backend: RewardBackend) -> list[ScorerShape | None]:
-    terms = getattr(backend, "terms", None)
-    if terms is not None:
-        return [shape for term in terms for shape in _shapes(term.backend)]
-    return [backend.shape]
-
-
-def slowest_call_s(backend: RewardBackend) -> float | None:
-    """The longest one call may take by the backends' own deadlines (a restart's boot plus a request)."""
-    inner = _backends(backend)
-    if inner != [backend] or getattr(backend, "terms", None) is not None:
-        found = [s for s in (slowest_call_s(b) for b in inner) if s is not None]
-        return max(found, default=None)
-    process = getattr(getattr(backend, "spec", None), "process", None)
-    if process is not None:
-        return float(process.startup_timeout + process.request_timeout)
-    timeout = getattr(backend, "request_timeout", None)
-    return float(timeout) if isinstance(timeout, (int, float)) else None
 
 
 def _describe(exc: BaseException) -> dict[str, str]:
     text = str(exc)
     return {"type": type(exc).__name__, "message": text.splitlines()[0] if text else ""}
-
-
-def _has_media(item: RewardItem) -> bool:
-    return item.image is not None or item.video is not None or bool(item.condition_images or item.condition_videos)
 
 
 class DistributedRewards(RewardBackend):
@@ -110,7 +67,7 @@ class DistributedRewards(RewardBackend):
             raise ConfigError(
                 "DistributedRewards needs torch.distributed initialised (torchrun, or init_process_group)"
             )
-        slowest = slowest_call_s(backend)
+        slowest = backend.call_bound_s
         if timeout_s is None:
             timeout_s = slowest + MARGIN_S if slowest is not None else FALLBACK_TIMEOUT_S
         elif not timeout_s > 0:
@@ -132,10 +89,8 @@ class DistributedRewards(RewardBackend):
         self._calls = 0
         self._trainer_step: int | None = None
         self._broken: RankLost | None = None
-        self._whole_groups = needs_whole_groups(backend)
-        self._signature = hashlib.sha256(
-            json.dumps([self._whole_groups, [repr(s) for s in _shapes(backend)]]).encode()
-        ).hexdigest()[:16]
+        self._whole_groups = backend.needs_whole_groups()
+        self._signature = digest([self._whole_groups, [repr(leaf.shape) for leaf in backend.leaves()]])[:16]
         self.world_response: RewardResponse | None = None  # the last successful call's, every rank's
         self.exchanged_bytes = 0  # what this rank received in exchanges, all calls together
 
@@ -147,18 +102,28 @@ class DistributedRewards(RewardBackend):
     def identity_hash(self) -> str | None:
         return self.backend.identity_hash
 
+    def members(self) -> list[RewardBackend]:
+        return [self.backend]
+
+    @property
+    def scoring_world(self) -> tuple[int, int]:
+        return (self.rank, self.world_size)
+
     # -- the calls -------------------------------------------------------------------------
-    def compute_rewards(self, request: RewardRequest | None, step: int | None = None) -> RewardResponse:
-        return self.compute_world_rewards(request, step)[0]
+    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+        """This rank's rewards; `request.step` (the trainer's step) is checked against the other ranks'."""
+        return self.compute_world_rewards(request)[0]
 
     def compute_world_rewards(
         self, request: RewardRequest | None, step: int | None = None
     ) -> tuple[RewardResponse, RewardResponse]:
-        """(this rank's response, every rank's response in rank order). `step`, the trainer's step, is
-        checked against the other ranks': a rank that skipped a call is caught at its next one
-        (without it, only when the call counts diverge)."""
-        items = list(request.items) if request is not None else []
-        return self._step(items, request.group_size if request is not None else None, None, step)
+        """(this rank's response, every rank's response in rank order); None: this rank has nothing to
+        score this step, but takes part. The trainer's step (`step`, else `request.step`) is checked
+        against the other ranks': a rank that skipped a call is caught at its next one (without it,
+        only when the call counts diverge)."""
+        if request is None:
+            return self._step([], None, None, step)
+        return self._step(list(request.items), request.group_size, None, request.step if step is None else step)
 
     def fail_step(self, error: Exception, step: int | None = None) -> NoReturn:
         """Take part in this step while failing it (this rank could not build its request): every
@@ -173,7 +138,7 @@ class DistributedRewards(RewardBackend):
             self._calls += 1
             self._trainer_step = step
             self.world_response = None
-            members = [[item.id, item.group_id, _has_media(item)] for item in items]
+            members = [[item.id, item.group_id, item.has_media] for item in items]
             gathered = self._exchange(
                 "members",
                 {"members": members, "group_size": group_size, "failed": _describe(failure) if failure else None},
@@ -219,11 +184,8 @@ class DistributedRewards(RewardBackend):
 
     @staticmethod
     def _portable(item: RewardItem) -> dict[str, Any]:
-        document: dict[str, Any] = {"id": item.id, "group_id": item.group_id}
-        for name in JSON_FIELDS:
-            value = getattr(item, name)
-            if value is not None and not (name == "metadata" and not value):
-                document[name] = value
+        document = {name: value for name, value in item.to_wire().items() if name in JSON_FIELDS}
+        document.setdefault("group_id", None)
         return document
 
     def _score(self, build: Callable[[], Sequence[RewardItem]], group_size: int | None) -> dict[str, Any]:
@@ -232,7 +194,9 @@ class DistributedRewards(RewardBackend):
             items = list(build())
             if not items:
                 return {"ok": True, "response": None}
-            response = self.backend.compute_rewards(RewardRequest(items=items, group_size=group_size))
+            response = self.backend.compute_rewards(
+                RewardRequest(items=items, group_size=group_size, step=self._trainer_step)
+            )
             document = json.loads(response.model_dump_json())  # plain JSON: what the exchange can carry
         except Exception as exc:  # noqa: BLE001 - every rank raises it, after the exchange
             return {"ok": False, "error": _describe(exc), "_error": exc}
@@ -335,7 +299,7 @@ class DistributedRewards(RewardBackend):
 
 
 def _empty() -> RewardResponse:
-    return RewardResponse(ids=[], rewards=[], component_rewards={}, successes=[], errors=[])
+    return RewardResponse(ids=[], rewards=[], component_rewards={})
 
 
 class _Layout:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Self, TypeVar
 
+from scorers.groups import NotContiguous, contiguous_runs, pack_chunks
 from supervisor.backend import RewardBackend
 from supervisor.errors import ScorerRequestError
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
@@ -25,23 +26,13 @@ def micro_batches(items: Sequence[T], micro_size: int, group_of: Callable[[T], s
     contiguous, as GRPO samplers lay them out); an ungrouped row is its own group."""
     if micro_size < 1:
         raise ValueError(f"micro_size must be >= 1, got {micro_size}")
-    seen: set[str] = set()
-    for index, item in enumerate(items):
-        group = group_of(item)
-        if group is not None and group in seen and group_of(items[index - 1]) != group:
-            raise ScorerRequestError(f"group {group!r} is not contiguous in the shard (row {index})", kind="bad_input")
-        if group is not None:
-            seen.add(group)
-    micros: list[list[T]] = []
-    start = 0
-    while start < len(items):
-        end = min(start + micro_size, len(items))
-        last = group_of(items[end - 1])
-        while end < len(items) and last is not None and group_of(items[end]) == last:
-            end += 1
-        micros.append(list(items[start:end]))
-        start = end
-    return micros
+    try:
+        runs = contiguous_runs([group_of(item) for item in items])
+    except NotContiguous as exc:
+        raise ScorerRequestError(
+            f"group {exc.group!r} is not contiguous in the shard (row {exc.position})", kind="bad_input"
+        ) from exc
+    return [[items[position] for position in chunk] for chunk in pack_chunks(runs, micro_size, at_least=True)]
 
 
 class OverlappedScoring:

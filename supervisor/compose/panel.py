@@ -32,6 +32,7 @@ from supervisor.errors import (
     ScorerRequestError,
     ScorerStartupError,
 )
+from supervisor.fanout import on_each
 from supervisor.types import RewardItem, RewardRequest, RewardResponse, TermFailure
 
 # Failures that say the backend cannot serve at all, not that one batch could not be scored.
@@ -105,6 +106,27 @@ class _Call:
     backend: RewardBackend
     terms: list[PanelTerm]
     positions: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Gathered:
+    """What a panel's backends answered, term by term, as their outcomes are settled."""
+
+    values: dict[str, list[float | None]]
+    failures: list[TermFailure] = field(default_factory=list)
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    fatal: list[tuple[str, str, BaseException]] = field(default_factory=list)  # (terms, why, error)
+
+
+def _fatal_reason(call: _Call, error: BaseException) -> str | None:
+    """Why a backend's failure fails the panel's call, or None: only its optional terms lose their values."""
+    if isinstance(error, LIFECYCLE_ERRORS):
+        return "setup failure"
+    if any(term.required for term in call.terms):
+        return "required"
+    if not isinstance(error, ScorerError):
+        return "not a scorer error"
+    return None
 
 
 class RewardPanel(RewardBackend):
@@ -184,72 +206,67 @@ class RewardPanel(RewardBackend):
         if self._closed:
             raise RuntimeError("RewardPanel is closed")
         if request.group_size is None and self.group_size is not None:
-            request = RewardRequest(items=request.items, group_size=self.group_size)
+            request = RewardRequest(items=request.items, group_size=self.group_size, step=request.step)
         calls, weights = self._plan(request)
         outcomes = self._score_concurrently(request, calls)
-        n = len(request.items)
-        values: dict[str, list[float | None]] = {t.name: [None] * n for t in self.terms}
-        failures: list[TermFailure] = []
-        diagnostics: dict[str, Any] = {}
-        fatal: list[tuple[str, str, BaseException]] = []
+        got = _Gathered({t.name: [None] * len(request.items) for t in self.terms})
         for call, outcome in zip(calls, outcomes, strict=True):
-            if isinstance(outcome, ScorerItemsFailed) and outcome.partial is not None and not _any_required(call):
-                self._take_partial(call, outcome, request, values, diagnostics, failures)
-                continue
-            if isinstance(outcome, ScorerRequestError):  # the scorer's own refusal: perhaps of an optional item
-                narrowed = self._required_share(call, request)
-                if narrowed is not None:  # optional terms brought items of their own: never let them sink the rest
-                    (retry,) = self._score_concurrently(request, [narrowed])
-                    if not isinstance(retry, BaseException):
-                        for term in call.terms:
-                            if not term.required:
-                                failures.append(self._failed(term, call, request, outcome))
-                        self._take(narrowed, retry, request, values, diagnostics, failures)
-                        continue
-                    outcome = retry  # the required terms' own items fail too
-            if isinstance(outcome, BaseException):
-                required = [t.name for t in call.terms if t.required]
-                if isinstance(outcome, LIFECYCLE_ERRORS) or required or not isinstance(outcome, ScorerError):
-                    why = (
-                        "setup failure"
-                        if isinstance(outcome, LIFECYCLE_ERRORS)
-                        else "required"
-                        if required
-                        else "not a scorer error"
-                    )
-                    fatal.append((", ".join(t.name for t in call.terms), why, outcome))
-                    continue
-                for term in call.terms:
-                    failures.append(self._failed(term, call, request, outcome))
-                continue
-            self._take(call, outcome, request, values, diagnostics, failures)
-        if fatal:
-            terms, why, error = fatal[0]
+            self._settle(call, outcome, request, got)
+        if got.fatal:
+            terms, why, error = got.fatal[0]
             error.add_note(f"panel term(s) {terms}: {why}")
             if isinstance(error, ScorerItemsFailed):
                 error.partial = None  # the term's own rewards, not this panel's: nothing above may take them
             raise error
-        failures = self._whole_groups(request, failures, values)
+        failures = self._whole_groups(request, got.failures, got.values)
+        return RewardResponse.checked(  # a weighted sum that overflows is caught there
+            ids=request.ids,
+            rewards=self._weighted(got.values, weights, len(request.items)),
+            component_rewards=got.values,
+            applicable={t.name: [w is not None for w in weights[t.name]] for t in self.terms},
+            term_failures=failures,
+            diagnostics=got.diagnostics,
+            identity_hash=self.identity_hash,
+        )
+
+    def _settle(
+        self, call: _Call, outcome: RewardResponse | BaseException, request: RewardRequest, got: _Gathered
+    ) -> None:
+        """One backend's outcome into `got`: its values, its optional terms' failure, or a fatal error."""
+        if isinstance(outcome, ScorerItemsFailed) and outcome.partial is not None and not _any_required(call):
+            self._take_partial(call, outcome, request, got.values, got.diagnostics, got.failures)
+            return
+        if isinstance(outcome, ScorerRequestError):  # the scorer's own refusal: perhaps of an optional item
+            narrowed = self._required_share(call, request)
+            if narrowed is not None:  # optional terms brought items of their own: never let them sink the rest
+                (retry,) = self._score_concurrently(request, [narrowed])
+                if not isinstance(retry, BaseException):
+                    got.failures.extend(self._failed(t, call, request, outcome) for t in call.terms if not t.required)
+                    self._take(narrowed, retry, request, got.values, got.diagnostics, got.failures)
+                    return
+                outcome = retry  # the required terms' own items fail too
+        if not isinstance(outcome, BaseException):
+            self._take(call, outcome, request, got.values, got.diagnostics, got.failures)
+            return
+        why = _fatal_reason(call, outcome)
+        if why is not None:
+            got.fatal.append((", ".join(t.name for t in call.terms), why, outcome))
+        else:
+            got.failures.extend(self._failed(term, call, request, outcome) for term in call.terms)
+
+    def _weighted(
+        self, values: dict[str, list[float | None]], weights: dict[str, list[float | None]], count: int
+    ) -> list[float]:
+        """Each item's reward: the sum of weight * value over the terms that apply and gave one."""
         rewards = []
-        for i in range(n):
+        for i in range(count):
             total = 0.0
             for term in self.terms:
                 value, weight = values[term.name][i], weights[term.name][i]
                 if value is not None and weight is not None:
                     total += weight * value
-            if not math.isfinite(total):
-                raise RewardContractError(f"weighted reward for id {request.items[i].id!r} is {total}")
             rewards.append(total)
-        return RewardResponse(
-            ids=request.ids,
-            rewards=rewards,
-            component_rewards=values,
-            **_per_item(request.ids, failures),
-            applicable={t.name: [w is not None for w in weights[t.name]] for t in self.terms},
-            term_failures=failures,
-            diagnostics=diagnostics,
-            identity_hash=self.identity_hash,
-        )
+        return rewards
 
     def _whole_groups(
         self, request: RewardRequest, failures: list[TermFailure], values: dict[str, list[float | None]]
@@ -309,35 +326,16 @@ class RewardPanel(RewardBackend):
 
         def one(call: _Call) -> RewardResponse:
             share = [request.items[p] for p in call.positions]
-            return call.backend.compute_rewards(RewardRequest(items=share, group_size=request.group_size))
+            return call.backend.compute_rewards(
+                RewardRequest(items=share, group_size=request.group_size, step=request.step)
+            )
 
-        if len(calls) == 1:
-            try:
-                return [one(calls[0])]
-            except Exception as exc:  # noqa: BLE001 - classified by the caller, never dropped
-                return [exc]
-        # Daemon threads, one per backend, not an executor: an executor's threads are joined at
-        # interpreter exit, so a Ctrl-C would wait for every backend's call (an in-process scorer
-        # cannot be stopped). Here the trainer exits; `interrupt()` ends what can be ended.
-        outcomes: list[Any] = [None] * len(calls)
-
-        def run(index: int) -> None:
-            try:
-                outcomes[index] = one(calls[index])
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller, which classifies it
-                outcomes[index] = exc
-
-        threads = [threading.Thread(target=run, args=(i,), name="panel", daemon=True) for i in range(len(calls))]
-        try:
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()  # each backend's call has its own deadline
-        except BaseException:  # Ctrl-C while the backends score: nobody will read their answers
+        def interrupt() -> None:  # Ctrl-C while the backends score: end what can be ended
             for call in calls:
                 call.backend.interrupt()
-            raise
-        return outcomes
+
+        # Daemon threads, one per backend (see fanout): a Ctrl-C never waits for an in-process scorer.
+        return on_each(calls, one, "panel", on_interrupt=interrupt)
 
     def _take_partial(
         self,
@@ -392,6 +390,13 @@ class RewardPanel(RewardBackend):
         for term in self.terms:
             term.backend._check_owner()
 
+    def members(self) -> list[RewardBackend]:
+        return list(self.backends)
+
+    def needs_whole_groups(self) -> bool:
+        """Also when a term is optional: its failure must cover a group whole, never part of one."""
+        return super().needs_whole_groups() or any(not term.required for term in self.terms)
+
     def onload(self) -> dict[str, Any]:
         return {str(i): backend.onload() for i, backend in enumerate(self.backends)}
 
@@ -441,19 +446,6 @@ def _warn_repeatedly(term: str, error: str, what: str, count: int) -> None:
         log.warning(f"optional reward term %r {what}: %s{again}", term, count, error)
     else:
         log.debug(f"optional reward term %r {what}: %s", term, count, error)
-
-
-def _per_item(ids: list[str], failures: list[TermFailure]) -> dict[str, list[Any]]:
-    """`successes` and `errors` of a panel's response, their one writer: an item whose reward lacks an
-    optional term that failed for it is not a success, and its error names each such term and why."""
-    why: dict[str, list[str]] = {}
-    for failure in failures:
-        for item_id in failure.ids:
-            why.setdefault(item_id, []).append(f"term {failure.term!r} failed ({failure.kind}: {failure.error})")
-    return {
-        "successes": [item_id not in why for item_id in ids],
-        "errors": ["; ".join(why[item_id]) if item_id in why else None for item_id in ids],
-    }
 
 
 def _any_required(call: _Call) -> bool:

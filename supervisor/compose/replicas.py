@@ -17,14 +17,14 @@ from concurrent.futures import Future
 from typing import Any
 
 from scorers.diagnostics import merge_term_reports
-from scorers.groups import GroupInputError, partition
-from supervisor.backend import RewardBackend, ScorerShape, items_failed, request_group_size
+from scorers.groups import share_groups
+from supervisor.backend import RewardBackend, ScorerShape, items_failed, request_group_size, request_groups
 from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.child import ranks
 from supervisor.compose.build import build_all
 from supervisor.compose.joined import join_rows, rows_by_id
 from supervisor.config import ManagedScorerProcessSpec, ReplicasConfig
-from supervisor.errors import ConfigError, ScorerError, ScorerItemsFailed, ScorerProcessDied, ScorerRequestError
+from supervisor.errors import ConfigError, ScorerError, ScorerItemsFailed, ScorerProcessDied
 from supervisor.fanout import on_each
 from supervisor.types import RewardRequest, RewardResponse
 
@@ -142,32 +142,12 @@ class ReplicatedBackend(RewardBackend):
     def _split(self, request: RewardRequest, group_size: int | None) -> list[list[int]]:
         """Item positions per replica, never cutting a group; the shares' loads are counted here,
         in the same critical section that reads them (least_loaded)."""
-        shape = self.shape
-        try:
-            groups = partition(
-                request.items, group_size, scorer=shape.name, groupwise=shape.groupwise, ragged=shape.ragged_groups
-            )
-        except GroupInputError as exc:
-            raise ScorerRequestError(str(exc), kind="bad_input") from exc
-        count = len(self.replicas)
-        shares: list[list[int]] = [[] for _ in range(count)]
+        groups = request_groups(request, self.shape, group_size)
         with self._lock:
-            if self.spec.replicas.split == "least_loaded":
-                load = list(self._load)
-                for members in sorted(groups, key=len, reverse=True):
-                    target = min(range(count), key=lambda i: (load[i], i))
-                    shares[target].extend(members)
-                    load[target] += len(members)
-            else:  # runs in request order, cut between groups nearest the equal shares
-                per, filled, target = len(request.items) / count, 0, 0
-                for members in groups:
-                    while target < count - 1 and filled + len(members) / 2 > per * (target + 1):
-                        target += 1
-                    shares[target].extend(members)
-                    filled += len(members)
+            shares = share_groups(groups, self._load, self.spec.replicas.split == "least_loaded")
             for index, share in enumerate(shares):
                 self._load[index] += len(share)
-        return [sorted(share) for share in shares]
+        return shares
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         self._check_owner()
@@ -180,7 +160,9 @@ class ReplicatedBackend(RewardBackend):
             for index, share in enumerate(shares):
                 if share:
                     items = [request.items[p] for p in share]
-                    future = self.replicas[index].submit(RewardRequest(items=items, group_size=group_size))
+                    future = self.replicas[index].submit(
+                        RewardRequest(items=items, group_size=group_size, step=request.step)
+                    )
                     futures[index] = future  # on the replica's own worker: in order, never behind another replica
                     future.add_done_callback(self._unload(index, len(share)))
             outcomes: list[RewardResponse | BaseException | None] = []
@@ -253,6 +235,9 @@ class ReplicatedBackend(RewardBackend):
             if isinstance(outcome, BaseException):
                 raise self._named(index, outcome, what, 0) from outcome
         return {"replicas": outcomes}
+
+    def members(self) -> list[ManagedScorerProcessBackend]:
+        return list(self.replicas)
 
     def onload(self) -> dict[str, Any]:
         return self._all("onload", lambda replica: replica.onload())

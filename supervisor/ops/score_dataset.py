@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import math
 import os
@@ -34,11 +33,12 @@ from typing import IO, Any
 import numpy as np
 
 from scorers.diagnostics import merge_term_reports, to_metrics
-from scorers.groups import COMMON_INPUTS, strict_key
+from scorers.groups import COMMON_INPUTS, NotContiguous, contiguous_runs, strict_key
+from scorers.identity import digest
 from supervisor.compose.overlap import micro_batches
 from supervisor.compose.panel import RewardPanel
 from supervisor.errors import ConfigError, ScorerItemsFailed, ScorerRequestError, validation_message
-from supervisor.types import RewardItem, RewardRequest
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 HEADER_KEY = "managed_scorers_output"
 FORMAT_VERSION = 1
@@ -190,55 +190,75 @@ def read_rows(path: Path, columns: Columns, needs_text: bool, group_size: int | 
     `group_size` when one is declared, and sharing their prompt, reference and data source."""
     rows: list[Row] = []
     seen: dict[str, int] = {}
-    group_starts: dict[str, int] = {}
     with open(path, "rb") as handle:
         for number, encoded in enumerate(handle, start=1):
             where = f"{path}:{number}"
-            try:
-                raw = encoded.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputRowError(f"{where}: not UTF-8 (byte {exc.start + 1}: {exc.reason})") from exc
-            if not raw.strip():
+            fields = _decoded(encoded, where)
+            if fields is None:
                 continue
-            try:
-                fields = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise InputRowError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from exc
-            except (ValueError, RecursionError) as exc:  # a 5,000-digit number; brackets nested 100,000 deep
-                raise InputRowError(f"{where}: not readable JSON ({type(exc).__name__}: {str(exc)[:120]})") from exc
-            if not isinstance(fields, dict):
-                raise InputRowError(f"{where}: a row must be a JSON object, got {type(fields).__name__}")
-            row_id = fields.get(columns.id, f"line-{number}")
-            if not isinstance(row_id, (str, int)) or isinstance(row_id, bool):
-                raise InputRowError(f"{where}: {columns.id!r} must be a string or an integer, got {row_id!r}")
-            row_id = str(row_id)
-            if row_id in seen:
-                raise InputRowError(f"{where}: id {row_id!r} was already used on line {seen[row_id]}")
-            seen[row_id] = number
-            if needs_text and not isinstance(fields.get(columns.response), str):
-                raise InputRowError(f"{where}: no text in column {columns.response!r} (--response-column)")
-            if columns.image is not None:
-                _check_image(fields.get(columns.image), path.parent, columns.image, where)
-            if columns.group is not None:
-                group = fields.get(columns.group)
-                if not isinstance(group, (str, int)) or isinstance(group, bool):
-                    raise InputRowError(f"{where}: column {columns.group!r} must hold a group (string or integer)")
-                key = str(group)
-                if key in group_starts and rows and _group_of(rows[-1], columns) != key:
-                    raise InputRowError(
-                        f"{where}: group {key!r} began on line {group_starts[key]}: groups must be contiguous"
-                    )
-                group_starts.setdefault(key, number)
-            canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-            row = Row(number, row_id, fields, hashlib.sha256(canonical.encode()).hexdigest()[:16])
-            try:
-                _item(row, columns)
-            except ValueError as exc:  # pydantic's ValidationError: a type, an empty id, a NaN
-                raise InputRowError(f"{where}: {validation_message(exc)}") from exc
+            row = Row(number, _row_id(fields, columns, number, where), fields, digest(fields, allow_nan=True)[:16])
+            if row.id in seen:
+                raise InputRowError(f"{where}: id {row.id!r} was already used on line {seen[row.id]}")
+            seen[row.id] = number
+            _check_fields(row, columns, needs_text, path.parent, where)
             rows.append(row)
     if columns.group is not None:
+        _check_contiguous(path, rows, columns)
         _check_groups(path, rows, columns, group_size)
     return rows
+
+
+def _decoded(encoded: bytes, where: str) -> dict[str, Any] | None:
+    """One line's JSON object (None for a blank line)."""
+    try:
+        raw = encoded.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputRowError(f"{where}: not UTF-8 (byte {exc.start + 1}: {exc.reason})") from exc
+    if not raw.strip():
+        return None
+    try:
+        fields = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InputRowError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from exc
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit number; brackets nested 100,000 deep
+        raise InputRowError(f"{where}: not readable JSON ({type(exc).__name__}: {str(exc)[:120]})") from exc
+    if not isinstance(fields, dict):
+        raise InputRowError(f"{where}: a row must be a JSON object, got {type(fields).__name__}")
+    return fields
+
+
+def _row_id(fields: dict[str, Any], columns: Columns, number: int, where: str) -> str:
+    row_id = fields.get(columns.id, f"line-{number}")
+    if not isinstance(row_id, (str, int)) or isinstance(row_id, bool):
+        raise InputRowError(f"{where}: {columns.id!r} must be a string or an integer, got {row_id!r}")
+    return str(row_id)
+
+
+def _check_fields(row: Row, columns: Columns, needs_text: bool, base: Path, where: str) -> None:
+    """The row's own fields: text, image, group key, and a valid item (types, finite numbers)."""
+    fields = row.fields
+    if needs_text and not isinstance(fields.get(columns.response), str):
+        raise InputRowError(f"{where}: no text in column {columns.response!r} (--response-column)")
+    if columns.image is not None:
+        _check_image(fields.get(columns.image), base, columns.image, where)
+    if columns.group is not None:
+        group = fields.get(columns.group)
+        if not isinstance(group, (str, int)) or isinstance(group, bool):
+            raise InputRowError(f"{where}: column {columns.group!r} must hold a group (string or integer)")
+    try:
+        _item(row, columns)
+    except ValueError as exc:  # pydantic's ValidationError: a type, an empty id, a NaN
+        raise InputRowError(f"{where}: {validation_message(exc)}") from exc
+
+
+def _check_contiguous(path: Path, rows: Sequence[Row], columns: Columns) -> None:
+    try:
+        contiguous_runs([_group_of(row, columns) for row in rows])
+    except NotContiguous as exc:
+        raise InputRowError(
+            f"{path}:{rows[exc.position].line}: group {exc.group!r} began on line {rows[exc.started].line}: "
+            "groups must be contiguous"
+        ) from exc
 
 
 def _check_groups(path: Path, rows: Sequence[Row], columns: Columns, group_size: int | None) -> None:
@@ -432,33 +452,52 @@ def _results(panel: RewardPanel, items: list[RewardItem]) -> Iterator[tuple[dict
     except ScorerItemsFailed as exc:  # a required term could not score these rows: they fail, the rest is rescored
         if not any(item.id in exc.failed for item in items):
             raise
-        # a failed row takes its whole group down: its siblings' group-relative rewards would be wrong
-        groups = {item.group_id for item in items if item.id in exc.failed and item.group_id is not None}
-        reasons = {
-            item.id: exc.failed.get(item.id, "a member of its group could not be scored")
-            for item in items
-            if item.id in exc.failed or item.group_id in groups
-        }
-        scored = [item for item in items if item.id not in reasons]
-        rest = iter(list(_results(panel, scored)) if scored else [])
-        for item in items:  # in input order
-            if item.id in reasons:
-                yield _failed_row(item.id, f"{type(exc).__name__}: {reasons[item.id]}"), None
-            else:
-                yield next(rest)
+        yield from _without_failed(panel, items, exc)
         return
     except ScorerRequestError as exc:
         if exc.kind not in PER_ROW_KINDS:
             raise
-        units = micro_batches(items, 1, lambda item: item.group_id)  # single rows, or whole groups
-        if len(units) == 1:
-            for item in items:
-                yield _failed_row(item.id, f"{type(exc).__name__}: {exc}"), None
-            return
-        half = len(units) // 2
-        for part in ([i for unit in units[:half] for i in unit], [i for unit in units[half:] for i in unit]):
-            yield from _results(panel, part)
+        yield from _bisected(panel, items, exc)
         return
+    yield from _scored_rows(response)
+
+
+def _without_failed(
+    panel: RewardPanel, items: list[RewardItem], exc: ScorerItemsFailed
+) -> Iterator[tuple[dict[str, Any], Any]]:
+    """The failed rows as failed, the rest rescored, in input order. A failed row takes its whole
+    group down: its siblings' group-relative rewards would be wrong."""
+    groups = {item.group_id for item in items if item.id in exc.failed and item.group_id is not None}
+    reasons = {
+        item.id: exc.failed.get(item.id, "a member of its group could not be scored")
+        for item in items
+        if item.id in exc.failed or item.group_id in groups
+    }
+    scored = [item for item in items if item.id not in reasons]
+    rest = iter(list(_results(panel, scored)) if scored else [])
+    for item in items:
+        if item.id in reasons:
+            yield _failed_row(item.id, f"{type(exc).__name__}: {reasons[item.id]}"), None
+        else:
+            yield next(rest)
+
+
+def _bisected(
+    panel: RewardPanel, items: list[RewardItem], exc: ScorerRequestError
+) -> Iterator[tuple[dict[str, Any], Any]]:
+    """A refused batch split in halves (whole groups) until the refused rows stand alone."""
+    units = micro_batches(items, 1, lambda item: item.group_id)  # single rows, or whole groups
+    if len(units) == 1:
+        for item in items:
+            yield _failed_row(item.id, f"{type(exc).__name__}: {exc}"), None
+        return
+    half = len(units) // 2
+    for part in ([i for unit in units[:half] for i in unit], [i for unit in units[half:] for i in unit]):
+        yield from _results(panel, part)
+
+
+def _scored_rows(response: RewardResponse) -> Iterator[tuple[dict[str, Any], Any]]:
+    """One output row per item (the first carries the batch's diagnostics)."""
     failed_terms: dict[str, dict[str, str]] = {}
     for failure in response.term_failures:
         for item_id in failure.ids:

@@ -1,0 +1,50 @@
+"""What every backend answers about what it holds: members, leaves, whole groups, the call bound,
+the ranks it scores over. One interface for leaves and composites, no attribute probing."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor import LocalRewardBackend, PanelTerm, RewardItem, RewardPanel, RewardRequest
+
+
+class Bounded(LocalRewardBackend):
+    """An in-process scorer that states a call bound, as a managed or remote backend does."""
+
+    def __init__(self, bound_s: float) -> None:
+        super().__init__("exact_match")
+        self.bound_s = bound_s
+
+    @property
+    def call_bound_s(self) -> float:
+        return self.bound_s
+
+
+def test_a_leaf_holds_nothing_and_scores_alone():
+    leaf = LocalRewardBackend("exact_match")
+    assert leaf.members() == () and leaf.leaves() == [leaf]
+    assert leaf.scoring_world == (0, 1) and leaf.call_bound_s is None
+    assert leaf.needs_whole_groups() is False  # a pointwise scorer, no group size
+    assert LocalRewardBackend("exact_match", group_size=4).needs_whole_groups() is True
+    assert leaf.fail_step(ValueError("bad prompt"), step=3) is None  # alone: nobody to tell
+
+
+def test_a_panel_lists_its_backends_once_and_answers_for_them():
+    exact, groupwise = LocalRewardBackend("exact_match"), LocalRewardBackend("token_f1")
+    slow, quick = Bounded(7.5), Bounded(2.0)
+    panel = RewardPanel(
+        [PanelTerm("a", exact), PanelTerm("b", exact, weight=0.5), PanelTerm("c", slow, required=False)]
+        + [PanelTerm("d", quick)],
+        owns_backends=False,
+    )
+    assert panel.members() == [exact, slow, quick]  # exact scores two terms: held once
+    assert panel.leaves() == [exact, slow, quick]
+    assert panel.call_bound_s == 7.5  # the slowest bound inside
+    assert panel.needs_whole_groups() is True  # an optional term's failure must cover whole groups
+    inner = RewardPanel([PanelTerm("x", exact)], owns_backends=False)
+    nested = RewardPanel([PanelTerm("inner", inner)], owns_backends=False)
+    assert nested.members() == [inner] and nested.leaves() == [exact] and nested.needs_whole_groups() is False
+    grouped = RewardPanel([PanelTerm("inner", inner), PanelTerm("f1", groupwise)], owns_backends=False)
+    assert grouped.leaves() == [exact, groupwise] and grouped.needs_whole_groups() is True  # token_f1 is groupwise
+    with pytest.raises(ValueError, match="step"):
+        RewardRequest(items=[RewardItem(id="a", text="1")], step=-1)
