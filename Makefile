@@ -46,8 +46,9 @@ scorer-envs: $(addprefix env-,$(SCORER_ENVS))
 demo: install scorer-envs
 	$(VPY) -m supervisor.ops.demo
 
+# --durations: CI prints the 25 slowest tests, so a test that grew slow is seen where it runs
 test: install envs lint
-	$(VPY) -m pytest -q $(PYTEST_ARGS)
+	$(VPY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 lint: install
 	$(VPY) -m ruff check .

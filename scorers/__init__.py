@@ -1,6 +1,31 @@
-"""Scorer implementations and their registry; heavy imports happen in `load()`."""
+"""The scorer contract and catalog (`base`, `registry`), the built-in scorers, and `grading/`.
 
-from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec
-from scorers.registry import registered_names, resolve_scorer
+The names below load on first use (PEP 562), not when the package is imported: the child
+arms its parent-death watch from `scorers.grading.processes` (stdlib only) before anything
+heavy, and an interpreter without numpy must still reach the child's own diagnosis.
+"""
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec
+    from scorers.registry import registered_names, resolve_scorer
+
+_WHERE = {
+    "ScoreItem": "scorers.base",
+    "ScoreResult": "scorers.base",
+    "Scorer": "scorers.base",
+    "ScorerSpec": "scorers.base",
+    "registered_names": "scorers.registry",
+    "resolve_scorer": "scorers.registry",
+}
 __all__ = ["ScoreItem", "ScoreResult", "Scorer", "ScorerSpec", "resolve_scorer", "registered_names"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'scorers' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)

@@ -84,7 +84,7 @@ with ManagedScorerProcessBackend(spec) as backend:  # no python given: the env t
     flat = np.full((64, 64, 3), 128, np.uint8)
     reward = backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=flat)])).rewards[0]
     python = str(backend.spec.process.python_executable)
-samples = importlib.resources.files("supervisor").joinpath("demo_samples.json").is_file()
+samples = importlib.resources.files("supervisor.ops").joinpath("demo_samples.json").is_file()
 print(json.dumps({"reward": reward, "python": python, "samples": samples}))
 """
 

@@ -24,9 +24,8 @@ import pytest
 from scorers.identity import scorer_identity_hash
 from scorers.math_verify import TIMEOUT_ENV, MathVerifyScorer
 from scorers.rules import ExactMatch
-from supervisor import LocalRewardBackend, PreflightError, PreflightReport, load_recipe
+from supervisor import LocalRewardBackend, PreflightError, PreflightReport, load_recipe, preflight
 from supervisor.backends.managed import ManagedScorerProcessBackend
-from supervisor.ops import preflight
 from supervisor.ops.preflight import CHILD_RUNTIME_MODULES
 from tests import fixture_scorers
 from tests.conftest import REPO_ROOT, env_python

@@ -1,4 +1,4 @@
-"""The example recipe of each seed style (supervisor/example_recipes/, examples/recipes/) runs end to end: parsed, preflighted,
+"""The example recipe of each seed style (supervisor/ops/example_recipes/, examples/recipes/) runs end to end: parsed, preflighted,
 built into panels (one child per distinct model, shared by train and validation), scored."""
 
 from __future__ import annotations
@@ -8,12 +8,11 @@ import os
 import psutil
 import pytest
 
-from supervisor import ConfigError, RewardItem, RewardRequest, build_panels, load_recipe
-from supervisor.ops import preflight
+from supervisor import ConfigError, RewardItem, RewardRequest, build_panels, load_recipe, preflight
 from supervisor.ops.recipes import instantiate
 from tests.conftest import REPO_ROOT
 
-RECIPES = REPO_ROOT / "supervisor" / "example_recipes"  # shipped with the package
+RECIPES = REPO_ROOT / "supervisor" / "ops" / "example_recipes"  # shipped with the package
 POSTTRAIN = REPO_ROOT / "examples" / "recipes" / "posttrain_catalog.yaml"  # names a catalog module of the repo
 pytestmark = pytest.mark.slow  # managed children in the math and image envs
 

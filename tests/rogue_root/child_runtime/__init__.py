@@ -1,6 +1,6 @@
 """A child runtime that answers for the wrong ids, to prove the parent refuses it.
 
-Every module comes from the real child_runtime except `items`, whose
+Every module comes from the real child_runtime except `protocol.items`, whose
 response_to_wire rotates the echoed ids by one.
 """
 
