@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
 from scorers.diagnostics import mean
+from scorers.retry import Retry
 
 DEFAULT_TEMPLATE = (
     "Rate how well the response answers the question, from 0 (wrong or useless) to 10 (fully correct "
@@ -58,6 +59,10 @@ class _Final(Exception):
     def __init__(self, message: str, counted: str | None = None) -> None:
         super().__init__(message)
         self.counted = counted
+
+
+class _Late(Exception):
+    """The batch deadline passed before this item's next attempt could begin."""
 
 
 @dataclass
@@ -326,33 +331,38 @@ class LlmJudge(Scorer):
         return (number - low) / (high - low)
 
     def _judge(self, client: Any, body: bytes, deadline: float) -> _Outcome:
-        outcome, began, delay = _Outcome(), time.monotonic(), self.backoff_s
-        while True:
+        outcome, began = _Outcome(), time.monotonic()
+
+        def attempt() -> float:
             if deadline - time.monotonic() < 0.05:  # an item that waited for a free slot past the deadline
-                outcome.error = (
+                raise _Late(
                     f"the batch deadline ({self.batch_timeout_s:g} s) passed before attempt {outcome.attempts + 1}"
                 )
-                break
             outcome.attempts += 1
-            try:
-                outcome.value = self._verdict(self._attempt(client, body, deadline))
-                break
-            except _Final as exc:
-                outcome.error, outcome.counted = str(exc), exc.counted
-                break
-            except _Retryable as exc:
-                wait = min(self.backoff_max_s, max(delay, exc.retry_after or 0.0))
-                delay = min(self.backoff_max_s, delay * 2)
-                if outcome.attempts >= self.max_attempts:
-                    outcome.error = f"{outcome.attempts} attempts failed; last: {exc}"
-                    break
-                if time.monotonic() + wait >= deadline:
-                    outcome.error = (
-                        f"batch deadline ({self.batch_timeout_s:g} s) leaves no time for attempt "
-                        f"{outcome.attempts + 1}; last: {exc}"
-                    )
-                    break
-                time.sleep(wait)
+            return self._verdict(self._attempt(client, body, deadline))
+
+        retrying = Retry(
+            deadline,
+            self.backoff_s,
+            self.backoff_max_s,
+            retry_on=(_Retryable,),
+            max_tries=self.max_attempts,
+            asked_pause=lambda exc: (exc.retry_after or 0.0) if isinstance(exc, _Retryable) else 0.0,
+        )
+        try:
+            outcome.value = retrying.call(attempt)
+        except _Late as exc:
+            outcome.error = str(exc)
+        except _Final as exc:
+            outcome.error, outcome.counted = str(exc), exc.counted
+        except _Retryable as exc:
+            if retrying.gave_up == "tries":
+                outcome.error = f"{outcome.attempts} attempts failed; last: {exc}"
+            else:
+                outcome.error = (
+                    f"batch deadline ({self.batch_timeout_s:g} s) leaves no time for attempt "
+                    f"{outcome.attempts + 1}; last: {exc}"
+                )
         outcome.seconds = time.monotonic() - began
         return outcome
 
