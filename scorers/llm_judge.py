@@ -230,11 +230,8 @@ class LlmJudge(Scorer):
         self.temperature, self.max_tokens, self.extra_body = temperature, max_tokens, dict(extra_body or {})
         self.api_key_env, self.concurrency = api_key_env, concurrency
         self.request_timeout_s, self.max_attempts = float(request_timeout_s), max_attempts
-        self.backoff_s, self.backoff_max_s, self.batch_timeout_s = (
-            float(backoff_s),
-            float(backoff_max_s),
-            float(batch_timeout_s),
-        )
+        self.backoff_s, self.backoff_max_s = float(backoff_s), float(backoff_max_s)
+        self.batch_timeout_s = float(batch_timeout_s)
         self._secret: str | None = None
         self._loaded = False
 
