@@ -19,8 +19,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, NoReturn
+from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 
 from child_runtime import lifeline
 from child_runtime.protocol import boot, exit_codes
@@ -34,6 +35,10 @@ except ImportError as _missing:
     _RUNTIME_IMPORT_ERROR: ImportError | None = _missing
 else:
     _RUNTIME_IMPORT_ERROR = None
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.types import ASGIApp
 
 KEEP_ALIVE_S = 7 * 24 * 3600
 
@@ -231,8 +236,8 @@ def _open_segment(config: BootConfig) -> tuple[ChildSegment | None, str | None]:
 
 def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[str, float]) -> None:
     try:
-        import uvicorn
-        from uvicorn.protocols.http.auto import AutoHTTPProtocol
+        import uvicorn  # noqa: F401 - here, so that a missing package is a boot failure said on the pipe
+        import uvicorn.protocols.http.auto  # noqa: F401
 
         from child_runtime.app import build_app
     except ImportError as exc:  # the scorer env lacks the child runtime's packages: it will not boot on a retry
@@ -241,26 +246,18 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
     segment, segment_error = _open_segment(config)
     gate = ConnectionGate(config.limits.max_pending_connections, config.limits.pending_connection_timeout_s)
 
-    class _Server(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=sockets)
-            sock = listener  # the one socket we pass to run()
-            _say(
-                pipe,
-                {
-                    "ready": True,
-                    "pid": os.getpid(),
-                    "port": sock.getsockname()[1],
-                    **host.catalog_entry(),
-                    "shared_memory": segment is not None,
-                    "shared_memory_error": segment_error,
-                    "event_loop": type(asyncio.get_running_loop()).__module__,
-                    **timings,
-                },
-            )
-            pipe.close()
+    def ready() -> dict[str, Any]:
+        return {
+            "ready": True,
+            "pid": os.getpid(),
+            "port": listener.getsockname()[1],
+            **host.catalog_entry(),
+            "shared_memory": segment is not None,
+            "shared_memory_error": segment_error,
+            "event_loop": type(asyncio.get_running_loop()).__module__,
+            **timings,
+        }
 
-    server: _Server
     app = build_app(
         host,
         config.token,
@@ -270,9 +267,21 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
         gate=gate,
         rank=config.rank,
     )
-    # loop/http "auto": uvloop and httptools where the env has them. The parent is our own
-    # and reconnects only when it must, so idle keep-alive connections are never reaped.
-    uv_config = uvicorn.Config(
+    server = _announcing_server(_uvicorn_config(app, gate, config.graceful_timeout_s), pipe, ready)
+    listener = socket.socket(fileno=config.listen_fd)  # the one socket we pass to run()
+    if config.parent_pid is None:  # `managed-scorers serve`: a SIGTERM is a graceful stop, exit 0
+        # uvicorn drains, restores this handler and raises the signal it caught again: here it ends the wait
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    server.run(sockets=[listener])  # not asyncio.run(): that would ignore the loop factory
+
+
+def _uvicorn_config(app: ASGIApp, gate: ConnectionGate, graceful_timeout_s: float) -> uvicorn.Config:
+    """uvicorn's settings for our own parent: loop/http "auto" (uvloop and httptools where the env has
+    them); the parent reconnects only when it must, so idle keep-alive connections are never reaped."""
+    import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    return uvicorn.Config(
         app,
         lifespan="off",
         log_level="warning",
@@ -282,15 +291,24 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
         proxy_headers=False,
         server_header=False,
         date_header=False,
-        timeout_graceful_shutdown=config.graceful_timeout_s,  # type: ignore[arg-type]  # used as a float timeout
+        timeout_graceful_shutdown=graceful_timeout_s,  # type: ignore[arg-type]  # used as a float timeout
         timeout_keep_alive=KEEP_ALIVE_S,
     )
-    server = _Server(uv_config)
-    listener = socket.socket(fileno=config.listen_fd)
-    if config.parent_pid is None:  # `managed-scorers serve`: a SIGTERM is a graceful stop, exit 0
-        # uvicorn drains, restores this handler and raises the signal it caught again: here it ends the wait
-        signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    server.run(sockets=[listener])  # not asyncio.run(): that would ignore the loop factory
+
+
+def _announcing_server(
+    uv_config: uvicorn.Config, pipe: BinaryIO, ready: Callable[[], dict[str, Any]]
+) -> uvicorn.Server:
+    """A uvicorn server that says `ready()` on the readiness pipe, then closes it, once it listens."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            _say(pipe, ready())
+            pipe.close()
+
+    return _Server(uv_config)
 
 
 def main() -> None:
@@ -302,6 +320,26 @@ def main() -> None:
     parent = os.getppid()
     if not standalone:
         lifeline.install(parent)  # before anything that can block, reading the boot config included
+    config = _read_config(standalone, parent)
+    if not standalone:
+        boot.close_strays(
+            {config.listen_fd, config.ready_fd, *([] if config.shared_fd is None else [config.shared_fd])}
+        )
+        _enter(config.cwd)
+    pipe = os.fdopen(config.ready_fd, "wb", buffering=0)
+    server_imports = _import_server_in_background()
+    host = _build_host(config, pipe)
+    server_imports.join()  # imports are local and bounded; a failure re-raises in _serve's import
+    timings = {"boot_s": round(time.monotonic() - started, 4), "load_s": round(host.load_s, 4)}
+    try:
+        _serve(config, host, pipe, timings)
+    finally:
+        host.close(config.graceful_timeout_s)
+    _exit_without_teardown()
+
+
+def _read_config(standalone: bool, parent: int) -> BootConfig:
+    """The boot config from stdin, checked against how this child was started; a bad one exits."""
     try:
         raw = boot.read_frame(sys.stdin.fileno())
     except (ValueError, KeyError, TypeError) as exc:
@@ -324,21 +362,11 @@ def main() -> None:
             exit_codes.BAD_CONFIG,
             f"spawned by pid {config.parent_pid}, which was gone before it could be watched",
         )
-    if not standalone:
-        boot.close_strays(
-            {config.listen_fd, config.ready_fd, *([] if config.shared_fd is None else [config.shared_fd])}
-        )
-        _enter(config.cwd)
-    pipe = os.fdopen(config.ready_fd, "wb", buffering=0)
-    server_imports = _import_server_in_background()
-    host = _build_host(config, pipe)
-    server_imports.join()  # imports are local and bounded; a failure re-raises in _serve's import
-    timings = {"boot_s": round(time.monotonic() - started, 4), "load_s": round(host.load_s, 4)}
-    try:
-        _serve(config, host, pipe, timings)
-    finally:
-        host.close(config.graceful_timeout_s)
-    # Everything this child owns is closed: skip interpreter teardown (a second with torch loaded).
+    return config
+
+
+def _exit_without_teardown() -> NoReturn:
+    """Everything this child owns is closed: skip interpreter teardown (a second with torch loaded)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

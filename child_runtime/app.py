@@ -203,6 +203,137 @@ def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
     return versions
 
 
+class _Endpoints:
+    """The child's endpoint handlers and the state they share: one per app."""
+
+    def __init__(
+        self,
+        host: ScorerHost,
+        request_exit: Callable[[], None],
+        limits: Limits,
+        segment: ChildSegment | None,
+        gate: ConnectionGate | None,
+        answers: AnswerCache | None,
+        rank: int,
+    ) -> None:
+        self.host, self.request_exit, self.limits, self.segment, self.gate = host, request_exit, limits, segment, gate
+        self.ledger = RequestLedger()
+        self.cache = answers if answers is not None else AnswerCache()
+        self.state = "ready"
+        # One thread per call the host runs at once (one, unless the scorer declares concurrent calls):
+        # a plain executor hands off in ~60 us where anyio's to_thread takes ~130 us, and the event loop
+        # stays free for /health and /drain while a batch runs.
+        self.worker = concurrent.futures.ThreadPoolExecutor(
+            max_workers=host.concurrent_calls, thread_name_prefix="scorer"
+        )
+        self.spec = host.scorer.spec
+        self.packages = package_versions(self.spec.report_packages)
+        self.metrics = ChildMetrics(self.spec.name, rank)
+
+    async def in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
+
+    def routes(self) -> list[Route]:
+        metrics = self.metrics
+        return [
+            Route("/health", _guarded(self.health, metrics), methods=["GET"]),
+            Route("/metrics", _guarded(self.metrics_page), methods=["GET"]),
+            Route("/score", _guarded(self.score, metrics), methods=["POST"]),
+            Route("/onload", _guarded(self.onload, metrics), methods=["POST"]),
+            Route("/offload", _guarded(self.offload, metrics), methods=["POST"]),
+            Route("/drain", _guarded(self.drain, metrics), methods=["POST"]),
+            Route("/shutdown", _guarded(self.shutdown, metrics), methods=["POST"]),
+        ]
+
+    async def health(self, request: Request) -> Response:
+        host, gate = self.host, self.gate
+        return JSONResponse(
+            {
+                "state": self.state,
+                **host.catalog_entry(),
+                "pid": os.getpid(),
+                "in_flight": self.ledger.in_flight,
+                "residency": host.residency,
+                "gpu_residency": host.gpu_residency,
+                "packages": self.packages,
+                "python": sys.executable,
+                "sys_path": sys.path,
+                "connections": {"pending": gate.pending, "evicted": gate.evicted} if gate else None,
+                "idempotency": {"entries": self.cache.entries, "replays": self.cache.replays},
+            }
+        )
+
+    async def score(self, request: Request) -> Response:
+        ticket = self.ledger.begin()
+        try:
+            return await self._score(request)
+        finally:
+            self.ledger.end(ticket)
+
+    async def _score(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        key = request.headers.get(KEY_HEADER)
+        key = None if key is None else check_key(key)  # before the body is read: a bad key costs nothing
+        body = await read_body(request, self.limits.max_request_bytes)
+        phases = [("receive", t0, time.perf_counter())]
+        if key is None:
+            answer, replayed = await self._produce(body, phases), False
+        else:
+            answer, replayed = await self.cache.answer(
+                key, await body_digest(body), lambda: self._produce(body, phases)
+            )
+        headers = {"server-timing": ", ".join(f"{name};dur={1e3 * (end - start):.3f}" for name, start, end in phases)}
+        if replayed:
+            headers[REPLAY_HEADER] = "1"
+        return Response(answer, media_type=wire.CONTENT_TYPE, headers=headers)
+
+    async def _produce(self, body: bytes, phases: list[tuple[str, float, float]]) -> bytes:
+        """Decode, score and encode one request's body; each phase's times go into `phases`."""
+        t1 = time.perf_counter()
+        shared = self.segment.view if self.segment else None
+        items, group_size = request_from_wire(
+            wire.decode(body, shared=shared), self.limits, copy_media=self.spec.writable_inputs
+        )
+        t2 = time.perf_counter()
+        result = await self.in_worker(self.host.score, items, group_size)
+        t3 = time.perf_counter()
+        self.metrics.scored(len(items), t3 - t2)
+        answer = wire.encode(response_to_wire(items, result))
+        phases.extend((("decode", t1, t2), ("score", t2, t3), ("encode", t3, time.perf_counter())))
+        return answer
+
+    async def onload(self, request: Request) -> Response:
+        figures = await self.in_worker(self.host.onload)
+        return JSONResponse({**figures, "residency": self.host.residency})
+
+    async def offload(self, request: Request) -> Response:
+        """Waits for a running score (the host lock), then moves the weights off the device."""
+        figures = await self.in_worker(self.host.offload)
+        return JSONResponse({**figures, "residency": self.host.residency})
+
+    async def drain(self, request: Request) -> Response:
+        """A barrier, not a state: later requests are still served."""
+        timeout_s = _timeout_param(request)
+        limit = self.ledger.begin()  # tickets below this one were accepted before the drain
+        self.ledger.end(limit)
+        try:
+            waited = await self.ledger.wait_before(limit, timeout_s)
+        except TimeoutError:
+            return _error(504, "drain_timeout", f"requests still in flight after {timeout_s} s")
+        return JSONResponse({"drained": waited})
+
+    async def metrics_page(self, request: Request) -> Response:
+        gate, host = self.gate, self.host
+        page = self.metrics.render(
+            self.ledger.in_flight, gate.pending if gate else None, host.residency, host.transitions
+        )
+        return Response(page, media_type=METRICS_CONTENT_TYPE)
+
+    async def shutdown(self, request: Request) -> Response:
+        self.state = "stopping"
+        return JSONResponse({"state": "stopping"}, background=BackgroundTask(self.request_exit))
+
+
 def build_app(
     host: ScorerHost,
     token: str,
@@ -213,111 +344,8 @@ def build_app(
     answers: AnswerCache | None = None,
     rank: int = 0,
 ) -> ASGIApp:
-    ledger = RequestLedger()
-    cache = answers if answers is not None else AnswerCache()
-    state = {"value": "ready"}
-    # One thread per call the host runs at once (one, unless the scorer declares concurrent calls):
-    # a plain executor hands off in ~60 us where anyio's to_thread takes ~130 us, and the event loop
-    # stays free for /health and /drain while a batch runs.
-    worker = concurrent.futures.ThreadPoolExecutor(max_workers=host.concurrent_calls, thread_name_prefix="scorer")
-
-    async def in_worker(fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(worker, fn, *args)
-
-    spec = host.scorer.spec
-    packages = package_versions(spec.report_packages)
-    metrics = ChildMetrics(spec.name, rank)
-
-    async def health(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "state": state["value"],
-                **host.catalog_entry(),
-                "pid": os.getpid(),
-                "in_flight": ledger.in_flight,
-                "residency": host.residency,
-                "gpu_residency": host.gpu_residency,
-                "packages": packages,
-                "python": sys.executable,
-                "sys_path": sys.path,
-                "connections": {"pending": gate.pending, "evicted": gate.evicted} if gate else None,
-                "idempotency": {"entries": cache.entries, "replays": cache.replays},
-            }
-        )
-
-    async def score(request: Request) -> Response:
-        ticket = ledger.begin()
-        try:
-            return await _score(request)
-        finally:
-            ledger.end(ticket)
-
-    async def _score(request: Request) -> Response:
-        t0 = time.perf_counter()
-        key = request.headers.get(KEY_HEADER)
-        key = None if key is None else check_key(key)  # before the body is read: a bad key costs nothing
-        body = await read_body(request, limits.max_request_bytes)
-        phases = [("receive", t0, time.perf_counter())]
-
-        async def produce() -> bytes:
-            t1 = time.perf_counter()
-            items, group_size = request_from_wire(
-                wire.decode(body, shared=segment.view if segment else None), limits, copy_media=spec.writable_inputs
-            )
-            t2 = time.perf_counter()
-            result = await in_worker(host.score, items, group_size)
-            t3 = time.perf_counter()
-            metrics.scored(len(items), t3 - t2)
-            answer = wire.encode(response_to_wire(items, result))
-            phases.extend((("decode", t1, t2), ("score", t2, t3), ("encode", t3, time.perf_counter())))
-            return answer
-
-        if key is None:
-            answer, replayed = await produce(), False
-        else:
-            answer, replayed = await cache.answer(key, await body_digest(body), produce)
-        headers = {"server-timing": ", ".join(f"{name};dur={1e3 * (end - start):.3f}" for name, start, end in phases)}
-        if replayed:
-            headers[REPLAY_HEADER] = "1"
-        return Response(answer, media_type=wire.CONTENT_TYPE, headers=headers)
-
-    async def onload(request: Request) -> Response:
-        figures = await in_worker(host.onload)
-        return JSONResponse({**figures, "residency": host.residency})
-
-    async def offload(request: Request) -> Response:
-        """Waits for a running score (the host lock), then moves the weights off the device."""
-        figures = await in_worker(host.offload)
-        return JSONResponse({**figures, "residency": host.residency})
-
-    async def drain(request: Request) -> Response:
-        """A barrier, not a state: later requests are still served."""
-        timeout_s = _timeout_param(request)
-        limit = ledger.begin()  # tickets below this one were accepted before the drain
-        ledger.end(limit)
-        try:
-            waited = await ledger.wait_before(limit, timeout_s)
-        except TimeoutError:
-            return _error(504, "drain_timeout", f"requests still in flight after {timeout_s} s")
-        return JSONResponse({"drained": waited})
-
-    async def metrics_page(request: Request) -> Response:
-        page = metrics.render(ledger.in_flight, gate.pending if gate else None, host.residency, host.transitions)
-        return Response(page, media_type=METRICS_CONTENT_TYPE)
-
-    async def shutdown(request: Request) -> Response:
-        state["value"] = "stopping"
-        return JSONResponse({"state": "stopping"}, background=BackgroundTask(request_exit))
-
-    routes = [
-        Route("/health", _guarded(health, metrics), methods=["GET"]),
-        Route("/metrics", _guarded(metrics_page), methods=["GET"]),
-        Route("/score", _guarded(score, metrics), methods=["POST"]),
-        Route("/onload", _guarded(onload, metrics), methods=["POST"]),
-        Route("/offload", _guarded(offload, metrics), methods=["POST"]),
-        Route("/drain", _guarded(drain, metrics), methods=["POST"]),
-        Route("/shutdown", _guarded(shutdown, metrics), methods=["POST"]),
-    ]
-    app = Starlette(routes=routes)
+    """The child's ASGI app: its endpoints behind the bearer token and the connection gate."""
+    endpoints = _Endpoints(host, request_exit, limits, segment, gate, answers, rank)
+    app = Starlette(routes=endpoints.routes())
     app.router.redirect_slashes = False  # '/score/' is an unknown path (404), not a redirect
-    return BearerAuth(app, token, gate, metrics)
+    return BearerAuth(app, token, gate, endpoints.metrics)

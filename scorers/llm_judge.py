@@ -27,10 +27,11 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
 from scorers.diagnostics import mean
+from scorers.retry import Retry
 
 DEFAULT_TEMPLATE = (
     "Rate how well the response answers the question, from 0 (wrong or useless) to 10 (fully correct "
@@ -58,6 +59,10 @@ class _Final(Exception):
     def __init__(self, message: str, counted: str | None = None) -> None:
         super().__init__(message)
         self.counted = counted
+
+
+class _Late(Exception):
+    """The batch deadline passed before this item's next attempt could begin."""
 
 
 @dataclass
@@ -105,6 +110,68 @@ def _is_loopback(host: str | None) -> bool:
         return False
 
 
+def _checked_url(base_url: Any) -> SplitResult:
+    """`base_url` split, once it is known to be an http(s) URL that carries no credentials."""
+    url = urlsplit(base_url) if isinstance(base_url, str) else None
+    if url is None or url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError(f"llm_judge: base_url must be an http(s) URL like 'http://host:8000/v1', got {base_url!r}")
+    if url.username or url.password:
+        raise ValueError("llm_judge: base_url must not carry credentials; name an env var in api_key_env")
+    return url
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_parser(parser: Any, score_range: Any, choices: Any) -> None:
+    """The parser is known, and what it maps a verdict with (a range, or choices) makes sense."""
+    if parser not in PARSERS:
+        raise ValueError(f"llm_judge: parser must be one of {list(PARSERS)}, got {parser!r}")
+    if parser == "number":
+        if (
+            isinstance(score_range, (str, bytes))
+            or not isinstance(score_range, Sequence)
+            or len(score_range) != 2
+            or not all(_is_real(v) for v in score_range)
+            or not math.isfinite(score_range[0])
+            or not math.isfinite(score_range[1])
+            or score_range[0] >= score_range[1]
+        ):
+            raise ValueError(f"llm_judge: score_range must be [low, high] with low < high, got {score_range!r}")
+    elif not (
+        isinstance(choices, Mapping)
+        and choices
+        and all(isinstance(k, str) and k for k in choices)
+        and all(_is_real(v) and math.isfinite(v) for v in choices.values())
+    ):
+        raise ValueError(f"llm_judge: parser 'choice' needs choices like {{'A': 1.0, 'B': 0.0}}, got {choices!r}")
+    if parser == "choice" and len({label.casefold() for label in choices or {}}) != len(choices or {}):
+        raise ValueError(f"llm_judge: choices must differ other than by case, got {sorted(choices or {})}")
+
+
+def _answer_pattern(parser: str, choices: Mapping[str, float] | None, answer_pattern: str | None) -> re.Pattern[str]:
+    """The pattern whose one group is the verdict: the caller's, or the parser's default."""
+    labels = "|".join(re.escape(label) for label in sorted(choices or {}, key=len, reverse=True))
+    default = NUMBER_PATTERN if parser == "number" else rf"{CHOICE_LEAD}({labels})(?!\w)"
+    try:
+        pattern = re.compile(answer_pattern or default)
+    except (re.error, TypeError) as exc:
+        raise ValueError(f"llm_judge: answer_pattern {answer_pattern!r} does not compile: {exc}") from exc
+    if pattern.groups != 1:
+        raise ValueError(f"llm_judge: answer_pattern must have exactly one group, got {answer_pattern!r}")
+    return pattern
+
+
+def _check_request_options(temperature: Any, extra_body: Any, api_key_env: Any) -> None:
+    if not _is_real(temperature) or not 0 <= temperature <= 2:
+        raise ValueError(f"llm_judge: temperature must be in [0, 2], got {temperature!r}")
+    if extra_body is not None and not isinstance(extra_body, Mapping):
+        raise ValueError("llm_judge: extra_body must be a mapping (merged into each request body)")
+    if api_key_env is not None and not (isinstance(api_key_env, str) and re.fullmatch(r"[A-Za-z_]\w*", api_key_env)):
+        raise ValueError(f"llm_judge: api_key_env must name an environment variable, got {api_key_env!r}")
+
+
 class LlmJudge(Scorer):
     """A judge model's verdict on each completion, from an OpenAI-compatible endpoint."""
 
@@ -141,57 +208,15 @@ class LlmJudge(Scorer):
         backoff_max_s: float = 8.0,
         batch_timeout_s: float = 300.0,
     ) -> None:
-        url = urlsplit(base_url) if isinstance(base_url, str) else None
-        if url is None or url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"llm_judge: base_url must be an http(s) URL like 'http://host:8000/v1', got {base_url!r}")
-        if url.username or url.password:
-            raise ValueError("llm_judge: base_url must not carry credentials; name an env var in api_key_env")
+        url = _checked_url(base_url)
         if not isinstance(model, str) or not model:
             raise ValueError(f"llm_judge: model must be a non-empty string, got {model!r}")
         self.fields = _template_fields(prompt_template)
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError("llm_judge: system_prompt must be a string or None")
-        if parser not in PARSERS:
-            raise ValueError(f"llm_judge: parser must be one of {list(PARSERS)}, got {parser!r}")
-        if parser == "number":
-            if (
-                isinstance(score_range, (str, bytes))
-                or not isinstance(score_range, Sequence)
-                or len(score_range) != 2
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in score_range)
-                or not math.isfinite(score_range[0])
-                or not math.isfinite(score_range[1])
-                or score_range[0] >= score_range[1]
-            ):
-                raise ValueError(f"llm_judge: score_range must be [low, high] with low < high, got {score_range!r}")
-        elif not (
-            isinstance(choices, Mapping)
-            and choices
-            and all(isinstance(k, str) and k for k in choices)
-            and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in choices.values()
-            )
-        ):
-            raise ValueError(f"llm_judge: parser 'choice' needs choices like {{'A': 1.0, 'B': 0.0}}, got {choices!r}")
-        if parser == "choice" and len({label.casefold() for label in choices or {}}) != len(choices or {}):
-            raise ValueError(f"llm_judge: choices must differ other than by case, got {sorted(choices or {})}")
-        labels = "|".join(re.escape(label) for label in sorted(choices or {}, key=len, reverse=True))
-        default = NUMBER_PATTERN if parser == "number" else rf"{CHOICE_LEAD}({labels})(?!\w)"
-        pattern = answer_pattern or default
-        try:
-            self.pattern = re.compile(pattern)
-        except (re.error, TypeError) as exc:
-            raise ValueError(f"llm_judge: answer_pattern {answer_pattern!r} does not compile: {exc}") from exc
-        if self.pattern.groups != 1:
-            raise ValueError(f"llm_judge: answer_pattern must have exactly one group, got {answer_pattern!r}")
-        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not 0 <= temperature <= 2:
-            raise ValueError(f"llm_judge: temperature must be in [0, 2], got {temperature!r}")
-        if extra_body is not None and not isinstance(extra_body, Mapping):
-            raise ValueError("llm_judge: extra_body must be a mapping (merged into each request body)")
-        if api_key_env is not None and not (
-            isinstance(api_key_env, str) and re.fullmatch(r"[A-Za-z_]\w*", api_key_env)
-        ):
-            raise ValueError(f"llm_judge: api_key_env must name an environment variable, got {api_key_env!r}")
+        _check_parser(parser, score_range, choices)
+        self.pattern = _answer_pattern(parser, choices, answer_pattern)
+        _check_request_options(temperature, extra_body, api_key_env)
         for name, value in (("request_timeout_s", request_timeout_s), ("backoff_s", backoff_s)):
             _positive(name, value)
         for name, value in (("backoff_max_s", backoff_max_s), ("batch_timeout_s", batch_timeout_s)):
@@ -205,11 +230,8 @@ class LlmJudge(Scorer):
         self.temperature, self.max_tokens, self.extra_body = temperature, max_tokens, dict(extra_body or {})
         self.api_key_env, self.concurrency = api_key_env, concurrency
         self.request_timeout_s, self.max_attempts = float(request_timeout_s), max_attempts
-        self.backoff_s, self.backoff_max_s, self.batch_timeout_s = (
-            float(backoff_s),
-            float(backoff_max_s),
-            float(batch_timeout_s),
-        )
+        self.backoff_s, self.backoff_max_s = float(backoff_s), float(backoff_max_s)
+        self.batch_timeout_s = float(batch_timeout_s)
         self._secret: str | None = None
         self._loaded = False
 
@@ -326,33 +348,38 @@ class LlmJudge(Scorer):
         return (number - low) / (high - low)
 
     def _judge(self, client: Any, body: bytes, deadline: float) -> _Outcome:
-        outcome, began, delay = _Outcome(), time.monotonic(), self.backoff_s
-        while True:
+        outcome, began = _Outcome(), time.monotonic()
+
+        def attempt() -> float:
             if deadline - time.monotonic() < 0.05:  # an item that waited for a free slot past the deadline
-                outcome.error = (
+                raise _Late(
                     f"the batch deadline ({self.batch_timeout_s:g} s) passed before attempt {outcome.attempts + 1}"
                 )
-                break
             outcome.attempts += 1
-            try:
-                outcome.value = self._verdict(self._attempt(client, body, deadline))
-                break
-            except _Final as exc:
-                outcome.error, outcome.counted = str(exc), exc.counted
-                break
-            except _Retryable as exc:
-                wait = min(self.backoff_max_s, max(delay, exc.retry_after or 0.0))
-                delay = min(self.backoff_max_s, delay * 2)
-                if outcome.attempts >= self.max_attempts:
-                    outcome.error = f"{outcome.attempts} attempts failed; last: {exc}"
-                    break
-                if time.monotonic() + wait >= deadline:
-                    outcome.error = (
-                        f"batch deadline ({self.batch_timeout_s:g} s) leaves no time for attempt "
-                        f"{outcome.attempts + 1}; last: {exc}"
-                    )
-                    break
-                time.sleep(wait)
+            return self._verdict(self._attempt(client, body, deadline))
+
+        retrying = Retry(
+            deadline,
+            self.backoff_s,
+            self.backoff_max_s,
+            retry_on=(_Retryable,),
+            max_tries=self.max_attempts,
+            asked_pause=lambda exc: (exc.retry_after or 0.0) if isinstance(exc, _Retryable) else 0.0,
+        )
+        try:
+            outcome.value = retrying.call(attempt)
+        except _Late as exc:
+            outcome.error = str(exc)
+        except _Final as exc:
+            outcome.error, outcome.counted = str(exc), exc.counted
+        except _Retryable as exc:
+            if retrying.gave_up == "tries":
+                outcome.error = f"{outcome.attempts} attempts failed; last: {exc}"
+            else:
+                outcome.error = (
+                    f"batch deadline ({self.batch_timeout_s:g} s) leaves no time for attempt "
+                    f"{outcome.attempts + 1}; last: {exc}"
+                )
         outcome.seconds = time.monotonic() - began
         return outcome
 

@@ -12,7 +12,7 @@ import inspect
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from scorers.base import ScoreItem, Scorer, ScorerContractError, ScoreResult, ScorerSpec
 from scorers.groups import GroupContext
@@ -62,50 +62,71 @@ def map_candidates(
         groupwise=True,
         ragged_groups=True,
     )
-    term_names = spec.term_names()
-    signature = inspect.signature(fn)
 
-    class Mapped(Scorer):
+    class Mapped(_MappedScorer):
         __doc__ = fn.__doc__
 
-        def __init__(self, **params: Any) -> None:
-            try:
-                signature.bind(None, None, **params)
-            except TypeError as exc:
-                raise TypeError(f"{name}: {exc}") from exc
-            if check_params is not None:
-                check_params(**params)
-            self.params = params
-
-        def identity_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
-            return _fn_defaults(signature, params)
-
-        def score_group(self, candidates: Sequence[ScoreItem], context: GroupContext) -> ScoreResult:
-            scores: dict[str, list[float]] = {term: [] for term in term_names}
-            counts: Counter[str] = Counter({diagnostic: 0 for diagnostic in spec.diagnostics})
-            for candidate in candidates:
-                value = fn(candidate, context, **self.params)
-                if isinstance(value, Verdict):
-                    counts.update(value.counts)  # undeclared names are refused by score_checked
-                    value = value.value
-                if isinstance(value, Mapping):
-                    if set(value) != set(term_names):
-                        raise ScorerContractError(
-                            f"{name}: candidate {candidate.id!r} got terms {sorted(value)}, declared {list(term_names)}"
-                        )
-                    for term in term_names:
-                        scores[term].append(value[term])
-                elif len(term_names) == 1:
-                    scores[term_names[0]].append(value)
-                else:
-                    raise ScorerContractError(f"{name}: declares terms {list(term_names)}; return a mapping of them")
-            return ScoreResult(terms=scores, diagnostics=dict(counts))
-
     Mapped.spec = spec
+    Mapped.per_candidate = _PerCandidate(fn, inspect.signature(fn), check_params, name, spec.term_names())
     # named after the scorer (token_f1 -> TokenF1): its `module:Class` path is where it is assigned
     Mapped.__name__ = Mapped.__qualname__ = "".join(part[:1].upper() + part[1:] for part in name.split("_"))
     Mapped.__module__ = getattr(fn, "__module__", __name__)
     return Mapped
+
+
+@dataclass(frozen=True)
+class _PerCandidate:
+    """What one `map_candidates` class maps: the function, how its params are checked, its terms."""
+
+    fn: CandidateFn
+    signature: inspect.Signature
+    check_params: Callable[..., None] | None
+    name: str
+    term_names: tuple[str, ...]
+
+
+class _MappedScorer(Scorer):
+    """The group scorer every `map_candidates` class is: `per_candidate.fn` over each group, in order."""
+
+    per_candidate: ClassVar[_PerCandidate]
+
+    def __init__(self, **params: Any) -> None:
+        how = self.per_candidate
+        try:
+            how.signature.bind(None, None, **params)
+        except TypeError as exc:
+            raise TypeError(f"{how.name}: {exc}") from exc
+        if how.check_params is not None:
+            how.check_params(**params)
+        self.params = params
+
+    def identity_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return _fn_defaults(self.per_candidate.signature, params)
+
+    def score_group(self, candidates: Sequence[ScoreItem], context: GroupContext) -> ScoreResult:
+        how = self.per_candidate
+        scores: dict[str, list[float]] = {term: [] for term in how.term_names}
+        counts: Counter[str] = Counter({diagnostic: 0 for diagnostic in self.spec.diagnostics})
+        for candidate in candidates:
+            value = how.fn(candidate, context, **self.params)
+            if isinstance(value, Verdict):
+                counts.update(value.counts)  # undeclared names are refused by score_checked
+                value = value.value
+            if isinstance(value, Mapping):
+                if set(value) != set(how.term_names):
+                    raise ScorerContractError(
+                        f"{how.name}: candidate {candidate.id!r} got terms {sorted(value)}, "
+                        f"declared {list(how.term_names)}"
+                    )
+                for term in how.term_names:
+                    scores[term].append(value[term])
+            elif len(how.term_names) == 1:
+                scores[how.term_names[0]].append(value)
+            else:
+                raise ScorerContractError(
+                    f"{how.name}: declares terms {list(how.term_names)}; return a mapping of them"
+                )
+        return ScoreResult(terms=scores, diagnostics=dict(counts))
 
 
 def _fn_defaults(signature: inspect.Signature, params: Mapping[str, Any]) -> dict[str, Any]:

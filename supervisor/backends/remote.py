@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from scorers.retry import Retry
 from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
 from supervisor.child.client import DEFAULT_MAX_ANSWER_BYTES, MAX_CONNECTIONS, ScorerClient
 from supervisor.errors import (
@@ -33,7 +34,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-def _retryable(exc: TransportError | ErrorStatus) -> bool:
+def _retryable(exc: Exception) -> bool:
     """Nothing usable came back, or the server (or a proxy) says try later. Any other 4xx is final,
     and so is an answer that is not the protocol, and a scorer server's own verdict that its
     scorer failed (a 500 of kind scorer_error or contract: the same request fails again)."""
@@ -104,28 +105,35 @@ class RemoteRewardBackend(RewardBackend):
     def _exchange(self, what: str, call: Callable[[float], T], budget_s: float) -> T:
         """`call(seconds_left)` until it succeeds, fails for good, tries run out, or the next pause
         would reach the deadline `budget_s` after the first try began."""
-        deadline = time.monotonic() + budget_s
-        pause, attempt = self.retry_backoff_s, 0
         interrupted = self._interrupted  # this call's: a later interrupt() replaces it for later calls
         if self._stopped.is_set():
             raise ScorerUnavailable(f"{what} at {self.base_url}: the backend is closed")
-        while True:
-            attempt += 1
-            try:
-                return call(max(deadline - time.monotonic(), 0.001))
-            except (TransportError, ErrorStatus) as exc:
-                left = deadline - time.monotonic()
-                # interrupted or closed: no retry behind the caller's back
-                stopped = self._stopped.is_set() or interrupted.is_set()
-                if stopped or not _retryable(exc) or attempt > self.max_retries or pause >= left:
-                    tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
-                    raise scorer_error(exc, f"{what} at {self.base_url} after {tries}") from exc
-                log.warning(
-                    "%s at %s: attempt %d failed (%s); retrying in %.2f s", what, self.base_url, attempt, exc, pause
-                )
-            if interrupted.wait(pause) or self._stopped.is_set():
+
+        def pause(seconds: float) -> None:
+            if interrupted.wait(seconds) or self._stopped.is_set():
                 raise ScorerUnavailable(f"{what} at {self.base_url}: the backend was interrupted or closed")
-            pause = min(pause * 2, self.retry_backoff_cap_s)
+
+        def log_retry(exc: Exception, attempt: int, seconds: float) -> None:
+            log.warning(
+                "%s at %s: attempt %d failed (%s); retrying in %.2f s", what, self.base_url, attempt, exc, seconds
+            )
+
+        retrying = Retry(
+            time.monotonic() + budget_s,
+            self.retry_backoff_s,
+            self.retry_backoff_cap_s,
+            retry_on=(TransportError, ErrorStatus),
+            retry_if=_retryable,
+            max_tries=self.max_retries + 1,
+            go_on=lambda: not (self._stopped.is_set() or interrupted.is_set()),  # no retry behind the caller's back
+            on_retry=log_retry,
+            sleep=pause,
+        )
+        try:
+            return retrying.call(lambda: call(max(retrying.deadline - time.monotonic(), 0.001)))
+        except (TransportError, ErrorStatus) as exc:
+            tries = f"{retrying.tries} attempt{'s' if retrying.tries > 1 else ''}"
+            raise scorer_error(exc, f"{what} at {self.base_url} after {tries}") from exc
 
     def _score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
         frame = encode_chunk(chunk, group_size, self.max_request_bytes)

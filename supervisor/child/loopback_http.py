@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from child_runtime.protocol.headers import EVICTED_HEADER
+from scorers.retry import Retry
 from supervisor.errors import BadAnswer, ConnectFailed, ConnectionLost, NoAnswer
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -27,6 +28,10 @@ _CRLF2 = b"\r\n\r\n"
 RETRY_BACKOFF_S = (0.005, 0.2)  # first and largest pause between tries that sent nothing usable
 CONNECT_TRY_S = 1.0  # a dropped SYN is resent after 1 s: try again rather than wait for it
 _LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+class _Evicted(ConnectionLost):
+    """The child's gate closed this connection before reading the request: a try worth repeating."""
 
 
 @dataclass
@@ -202,25 +207,35 @@ class LoopbackHTTP:
         length = sum(memoryview(b).nbytes for b in body)
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         head = f"{method} {target} HTTP/1.1\r\n{self._fixed}{extra}content-length: {length}\r\n\r\n".encode("latin-1")
-        pause = RETRY_BACKOFF_S[0]
-        while True:
-            try:
-                answer = self._once(head, body, deadline, method, target)
-                if answer.status != 503 or EVICTED_HEADER not in answer.headers:
-                    return answer
-                failure: Exception = ConnectionLost(f"{method} {target}: evicted by the child's connection gate")
-            except ConnectFailed as exc:
-                if exc.local:  # waiting will not give this process descriptors back
-                    raise
-                failure = exc
-            if not self._peer_alive() or time.monotonic() + pause >= deadline.at:
-                raise ConnectFailed(
-                    f"{method} {target}: no connection served within {timeout} s, nothing was "
-                    f"read by the server ({failure})"
-                ) from failure
-            self.retries += 1
-            time.sleep(pause)
-            pause = min(pause * 2, RETRY_BACKOFF_S[1])
+        retrying = Retry(
+            deadline.at,
+            *RETRY_BACKOFF_S,
+            retry_on=(ConnectFailed, _Evicted),
+            retry_if=lambda exc: not (isinstance(exc, ConnectFailed) and exc.local),  # waiting gives no fds back
+            go_on=self._peer_alive,
+            on_retry=self._count_retry,
+        )
+        try:
+            return retrying.call(lambda: self._unevicted(head, body, deadline, method, target))
+        except (ConnectFailed, _Evicted) as failure:
+            if retrying.gave_up == "refused":
+                raise
+            raise ConnectFailed(
+                f"{method} {target}: no connection served within {timeout} s, nothing was "
+                f"read by the server ({failure})"
+            ) from failure
+
+    def _count_retry(self, failure: Exception, tries: int, pause: float) -> None:
+        self.retries += 1
+
+    def _unevicted(
+        self, head: bytes, body: Sequence[bytes | memoryview], deadline: _Deadline, method: str, target: str
+    ) -> Answer:
+        """One try's answer; an eviction by the child's connection gate (nothing was read) raises."""
+        answer = self._once(head, body, deadline, method, target)
+        if answer.status == 503 and EVICTED_HEADER in answer.headers:
+            raise _Evicted(f"{method} {target}: evicted by the child's connection gate")
+        return answer
 
     def _once(
         self, head: bytes, body: Sequence[bytes | memoryview], deadline: _Deadline, method: str, target: str

@@ -14,13 +14,18 @@ import contextlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
 from supervisor import scorer_envs
 from supervisor.errors import ConfigError, ScorerError, validation_message
 from supervisor.ops import env_builder
+
+if TYPE_CHECKING:
+    from supervisor.ops.score_dataset import Columns
+
+T = TypeVar("T")
 
 
 def _envs_build(args: argparse.Namespace) -> int:
@@ -62,7 +67,6 @@ def _folder(value: str) -> Path:
 def _score(args: argparse.Namespace) -> int:
     from supervisor.ops.recipes import build_panels, load_recipe
     from supervisor.ops.score_dataset import (
-        Columns,
         OutputClaim,
         header_for,
         metrics_line,
@@ -71,15 +75,7 @@ def _score(args: argparse.Namespace) -> int:
         score_dataset,
     )
 
-    columns = Columns(
-        id=args.id_column,
-        prompt=args.prompt_column,
-        response=args.response_column,
-        reference=args.reference_column,
-        image=args.image_column,
-        group=args.group_column,
-        data_source=args.data_source_column,
-    )
+    columns = _columns(args)
     recipe = load_recipe(args.recipe)
     if args.validation and recipe.validation is None:
         raise ConfigError(f"{args.recipe} has no validation panel (--validation)")
@@ -100,31 +96,57 @@ def _score(args: argparse.Namespace) -> int:
         if validation is not None:
             stack.callback(validation.close)
         header = header_for(panel, str(args.recipe), columns)
-        bars: list[Any] = []
-
-        def progress(total: int, skipped: int) -> Callable[[int], None]:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, initial=skipped, unit="row", disable=not sys.stderr.isatty(), dynamic_ncols=True)
-            bars.append(bar)
-            return bar.update
-
         try:
-            summary = score_dataset(
-                panel, rows, claim, header, columns, args.input.parent, plan, args.batch_size, progress
+            summary = _with_progress_bars(
+                lambda progress: score_dataset(
+                    panel, rows, claim, header, columns, args.input.parent, plan, args.batch_size, progress
+                )
             )
         except KeyboardInterrupt:
-            for bar in bars:
-                bar.close()
             print(f"interrupted: {args.output} holds every row finished so far; rerun with --resume", file=sys.stderr)
             return 130
-        for bar in bars:
-            bar.close()
     print(f"{args.output}: {summary.line()}", file=sys.stderr)
     metrics = metrics_line(summary, "val" if args.validation else "train")
     if metrics:
         print(f"diagnostics: {metrics}", file=sys.stderr)
     return 0 if summary.clean else 1
+
+
+def _columns(args: argparse.Namespace) -> Columns:
+    from supervisor.ops.score_dataset import Columns
+
+    return Columns(
+        id=args.id_column,
+        prompt=args.prompt_column,
+        response=args.response_column,
+        reference=args.reference_column,
+        image=args.image_column,
+        group=args.group_column,
+        data_source=args.data_source_column,
+    )
+
+
+def _with_progress_bars(run: Callable[[Callable[[int, int], Callable[[int], None]]], T]) -> T:
+    """`run(progress)`, where each `progress(total, skipped)` opens a tqdm bar (drawn on a terminal only)
+    and returns its update; the bars are closed when `run` returns or is interrupted."""
+    bars: list[Any] = []
+
+    def progress(total: int, skipped: int) -> Callable[[int], None]:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, initial=skipped, unit="row", disable=not sys.stderr.isatty(), dynamic_ncols=True)
+        bars.append(bar)
+        return bar.update
+
+    try:
+        result = run(progress)
+    except KeyboardInterrupt:
+        for bar in bars:
+            bar.close()
+        raise
+    for bar in bars:
+        bar.close()
+    return result
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -186,7 +208,19 @@ def _doctor(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="managed-scorers", description=__doc__.splitlines()[0])
     commands = top.add_subparsers(dest="command", required=True)
+    _add_envs(commands)
+    _add_score(commands)
+    _add_serve(commands)
+    examples = commands.add_parser("recipes", help="the example recipes that ship with the package: list, or print one")
+    examples.add_argument("name", nargs="?", metavar="NAME", help="print this one (a YAML recipe to start from)")
+    examples.set_defaults(run=_recipes)
+    checkup = commands.add_parser("doctor", help="check a recipe end to end: envs, boot, one sample, shared memory")
+    checkup.add_argument("recipe", type=_folder, help="a reward recipe (YAML)")
+    checkup.set_defaults(run=_doctor)
+    return top
 
+
+def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     envs = commands.add_parser("envs", help="scorer envs: build, list, path").add_subparsers(
         dest="envs_command", required=True
     )
@@ -207,6 +241,8 @@ def parser() -> argparse.ArgumentParser:
     path.add_argument("--root", type=_folder, help=root_help)
     path.set_defaults(run=_envs_path)
 
+
+def _add_score(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     score = commands.add_parser("score", help="score a JSONL dataset through a recipe's panel into a JSONL output")
     score.add_argument(
         "--recipe", type=_folder, required=True, help="a reward recipe (YAML), see supervisor.ops.recipes"
@@ -228,6 +264,8 @@ def parser() -> argparse.ArgumentParser:
     score.add_argument("--data-source-column", default="data_source")
     score.set_defaults(run=_score)
 
+
+def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     server = commands.add_parser("serve", help="serve one scorer over HTTP for RemoteRewardBackend (until SIGTERM)")
     server.add_argument("--scorer", required=True, help="a built-in name, a catalog name or module:Class")
     server.add_argument("--params", default="{}", help="the scorer's params, a JSON object")
@@ -245,15 +283,6 @@ def parser() -> argparse.ArgumentParser:
     server.add_argument("--catalog", help="a custom catalog factory, module:name")
     server.add_argument("--extra-import-path", type=_folder, action="append", help="a folder of your scorer modules")
     server.set_defaults(run=_serve)
-
-    examples = commands.add_parser("recipes", help="the example recipes that ship with the package: list, or print one")
-    examples.add_argument("name", nargs="?", metavar="NAME", help="print this one (a YAML recipe to start from)")
-    examples.set_defaults(run=_recipes)
-
-    checkup = commands.add_parser("doctor", help="check a recipe end to end: envs, boot, one sample, shared memory")
-    checkup.add_argument("recipe", type=_folder, help="a reward recipe (YAML)")
-    checkup.set_defaults(run=_doctor)
-    return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:

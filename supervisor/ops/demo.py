@@ -107,6 +107,27 @@ def grpo_panel(samples: dict) -> None:
 
 def main() -> None:
     samples = json.loads(SAMPLES.read_text())
+    math_info = math_versus_in_process(samples)
+    image_info = jpeg_images(samples)
+    ocr_info = ocr_renders(samples)
+    text_info = text_similarities(samples)
+    grpo_panel(samples)
+    print("\nlifecycle (seconds)")
+    print(f"  {'child':<24} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}  shared-memory data plane")
+    for name, info in (
+        ("math_verify (math)", math_info),
+        ("jpeg (image)", image_info),
+        ("ocr (ocr)", ocr_info),
+        ("text_similarity (embed)", text_info),
+    ):
+        print(
+            f"  {name:<24} {info['spawn_to_ready_s']:>12.3f} {info['score_s']:>8.3f} {info['shutdown_s']:>9.3f}  "
+            f"{'negotiated' if info['shared_memory'] else 'in-band'}"
+        )
+
+
+def math_versus_in_process(samples: dict) -> dict:
+    """The math samples graded in the trainer env and in the math child, side by side; the child's info."""
     math_request = RewardRequest(items=[RewardItem(**s) for s in samples["math"]])
     params = {"timeout_s": MATH_TIMEOUT_S}
     managed_math, math_info = run_managed("math_verify", "math", "text", params, math_request)
@@ -124,7 +145,10 @@ def main() -> None:
         print(f"  {item.id:<8} {item.text:<34} {item.reference:<5} {here:>10.1f} {there:>8.1f}{flag}")
     timeouts = math_info["diagnostics"]["math_verify"]["values"]["timeouts"]
     print(f"  timeouts: {timeouts} (per-item timeout {MATH_TIMEOUT_S} s)")
+    return math_info
 
+
+def jpeg_images(samples: dict) -> dict:
     image_request = RewardRequest(
         items=[RewardItem(id=s["id"], image=make_image(s["kind"])) for s in samples["images"]]
     )
@@ -132,7 +156,10 @@ def main() -> None:
     print("\njpeg_compressibility (minus JPEG q95 kB) in a managed child (envs/image)")
     for item, value in zip(image_request.items, jpeg, strict=True):
         print(f"  {item.id:<10} {value:>9.3f}")
+    return image_info
 
+
+def ocr_renders(samples: dict) -> dict:
     ocr_request = RewardRequest(
         items=[RewardItem(id=s["id"], image=render_text(s["render"]), reference=s["target"]) for s in samples["ocr"]]
     )
@@ -140,27 +167,16 @@ def main() -> None:
     print("\nocr (1 - normalized edit distance to the target) in a managed child (envs/ocr)")
     for item, value in zip(ocr_request.items, ocr, strict=True):
         print(f"  {item.id:<10} target {item.reference!r:<18} {value:>6.3f}")
+    return ocr_info
 
+
+def text_similarities(samples: dict) -> dict:
     text_request = RewardRequest(items=[RewardItem(**s) for s in samples["text"]])
     similarity, text_info = run_managed("text_similarity", "embed", "text", {}, text_request)
     print("\ntext_similarity (MiniLM cosine) in a managed child (envs/embed, torch)")
     for item, value in zip(text_request.items, similarity, strict=True):
         print(f"  {item.id:<11} {item.text!r:<44} vs {item.reference!r:<30} {value:>6.3f}")
-
-    grpo_panel(samples)
-
-    print("\nlifecycle (seconds)")
-    print(f"  {'child':<24} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}  shared-memory data plane")
-    for name, info in (
-        ("math_verify (math)", math_info),
-        ("jpeg (image)", image_info),
-        ("ocr (ocr)", ocr_info),
-        ("text_similarity (embed)", text_info),
-    ):
-        print(
-            f"  {name:<24} {info['spawn_to_ready_s']:>12.3f} {info['score_s']:>8.3f} {info['shutdown_s']:>9.3f}  "
-            f"{'negotiated' if info['shared_memory'] else 'in-band'}"
-        )
+    return text_info
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from child_runtime.protocol import exit_codes
+from supervisor.backend import RewardBackend
 from supervisor.config import BackendConfig, ManagedScorerProcessSpec, PanelConfig, RemoteBackendConfig
 from supervisor.errors import ConfigError, ScorerStartupError
 from supervisor.ops.preflight import preflight
@@ -112,54 +113,15 @@ def _boot_fix(exc: ScorerStartupError) -> str:
 
 def _check_backend(term: str, config: BackendConfig, group_size: int | None, say: Callable[[Check], None]) -> bool:
     where = f"[{term}] {config.kind} {getattr(getattr(config, 'scorer', None), 'name', '')}".rstrip()
-    if isinstance(config, ManagedScorerProcessSpec):
-        check = _python_runs(config)
-        say(Check(f"{where}: {check.what}", check.ok, check.detail, check.fix))
-        if not check.ok:
-            return False
-    try:
-        backend = make_backend(config)
-    except ScorerStartupError as exc:
-        say(Check(f"{where}: child boots", False, str(exc).splitlines()[0], _boot_fix(exc)))
+    backend = _started_backend(where, config, say)
+    if backend is None:
         return False
-    except Exception as exc:  # noqa: BLE001 - any failure to start is one failed check; the others still run
-        fix = (
-            "is the server running, and the token in the named variable?"
-            if isinstance(config, RemoteBackendConfig)
-            else "see the message"
-        )
-        say(Check(f"{where}: backend starts", False, f"{type(exc).__name__}: {exc}".splitlines()[0], fix))
-        return False
-    ok = True
     with backend:
         ready: dict[str, Any] = getattr(backend, "ready_info", {}) or {}
         if isinstance(config, ManagedScorerProcessSpec):
             boot_s = getattr(backend, "timings", {}).get("spawn_to_ready_s")
             say(Check(f"{where}: child boots", True, f"pid {ready.get('pid')}, ready in {boot_s or 0:.2f} s"))
-        kind = config.client.input_kind
-        try:
-            response = backend.compute_rewards(sample_request(kind, group_size))
-            reward = response.rewards[0]
-            finite = response.successes[0] and math.isfinite(reward)
-            say(
-                Check(
-                    f"{where}: one {kind} sample scores",
-                    finite,
-                    f"reward {reward}" if finite else f"not a whole reward ({reward}): {response.errors[0]}",
-                    "the scorer fails on a plain sample: run it in-process (LocalRewardBackend) to debug",
-                )
-            )
-            ok = finite
-        except Exception as exc:  # noqa: BLE001 - reported as this check's failure, with its type
-            say(
-                Check(
-                    f"{where}: one {kind} sample scores",
-                    False,
-                    f"{type(exc).__name__}: {exc}".splitlines()[0],
-                    "see the message; the child's log tail is in the error",
-                )
-            )
-            ok = False
+        ok = _sample_scores(where, backend, config.client.input_kind, group_size, say)
         if isinstance(config, ManagedScorerProcessSpec) and config.client.shared_memory_min_bytes is not None:
             shared = bool(ready.get("shared_memory"))
             say(
@@ -172,6 +134,52 @@ def _check_backend(term: str, config: BackendConfig, group_size: int | None, say
             )
             ok = ok and shared
     return ok
+
+
+def _started_backend(where: str, config: BackendConfig, say: Callable[[Check], None]) -> RewardBackend | None:
+    """The backend, started; None once a failed check (its python, its boot, its start) is said."""
+    if isinstance(config, ManagedScorerProcessSpec):
+        check = _python_runs(config)
+        say(Check(f"{where}: {check.what}", check.ok, check.detail, check.fix))
+        if not check.ok:
+            return None
+    try:
+        return make_backend(config)
+    except ScorerStartupError as exc:
+        say(Check(f"{where}: child boots", False, str(exc).splitlines()[0], _boot_fix(exc)))
+        return None
+    except Exception as exc:  # noqa: BLE001 - any failure to start is one failed check; the others still run
+        fix = (
+            "is the server running, and the token in the named variable?"
+            if isinstance(config, RemoteBackendConfig)
+            else "see the message"
+        )
+        say(Check(f"{where}: backend starts", False, f"{type(exc).__name__}: {exc}".splitlines()[0], fix))
+        return None
+
+
+def _sample_scores(
+    where: str, backend: RewardBackend, kind: str, group_size: int | None, say: Callable[[Check], None]
+) -> bool:
+    """One sample of `kind` scores to a finite reward (said as one check, failed or not)."""
+    what = f"{where}: one {kind} sample scores"
+    try:
+        response = backend.compute_rewards(sample_request(kind, group_size))
+        reward = response.rewards[0]
+        finite = response.successes[0] and math.isfinite(reward)
+        say(
+            Check(
+                what,
+                finite,
+                f"reward {reward}" if finite else f"not a whole reward ({reward}): {response.errors[0]}",
+                "the scorer fails on a plain sample: run it in-process (LocalRewardBackend) to debug",
+            )
+        )
+        return finite
+    except Exception as exc:  # noqa: BLE001 - reported as this check's failure, with its type
+        detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        say(Check(what, False, detail, "see the message; the child's log tail is in the error"))
+        return False
 
 
 def doctor(recipe: str | Path, say: Callable[[Check], None]) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from scorers.base import ScorerSpec
 from scorers.identity import scorer_identity_hash
 from scorers.registry import CatalogError, UnknownScorerError, resolve_scorer
 from supervisor.child.import_root import CHILD_PACKAGES
@@ -132,6 +133,28 @@ def _check_scorer(
     search: list[str] | None = None,
 ) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """The scorer's terms and the modules it needs from its env; None (and a problem) if unusable."""
+    built = _build_scorer(backend, place, report, search)
+    if built is None:
+        return None
+    spec, identity = built
+    where, _, term = place.partition(".")
+    report.scorers[term if where == "reward" else place] = {
+        "scorer": spec.name,
+        "revision": spec.revision,
+        "identity_hash": identity,
+    }
+    _check_against_config(backend, spec, identity, place, report)
+    return spec.term_names(), spec.requires_modules
+
+
+def _build_scorer(
+    backend: LocalBackendConfig | ManagedScorerProcessSpec,
+    place: str,
+    report: PreflightReport,
+    search: list[str] | None,
+) -> tuple[ScorerSpec, str] | None:
+    """The scorer's spec and identity hash, built here as its child would build it; None (with a
+    problem, or a note when only its env can import it) when it cannot be built here."""
     config = backend.scorer
     process = backend.process if isinstance(backend, ManagedScorerProcessSpec) else None
     extra = [str(p) for p in process.extra_import_paths] if process else []
@@ -163,13 +186,18 @@ def _check_scorer(
     finally:
         for path in added:
             sys.path.remove(path)
-    spec = scorer.spec
-    where, _, term = place.partition(".")
-    report.scorers[term if where == "reward" else place] = {
-        "scorer": spec.name,
-        "revision": spec.revision,
-        "identity_hash": identity,
-    }
+    return scorer.spec, identity
+
+
+def _check_against_config(
+    backend: LocalBackendConfig | ManagedScorerProcessSpec,
+    spec: ScorerSpec,
+    identity: str,
+    place: str,
+    report: PreflightReport,
+) -> None:
+    """The config's pins, input kind and residency, held against the scorer as it was built."""
+    config = backend.scorer
     if config.revision is not None and config.revision != spec.revision:
         report.problems.append(
             f"{place}: revision pin {config.revision!r}, but scorer {spec.name!r} is {spec.revision!r}"
@@ -188,7 +216,6 @@ def _check_scorer(
                 f"{place}: gpu_residency per_call (offload: true) needs a scorer that can offload; "
                 f"{spec.name!r} cannot (use resident)"
             )
-    return spec.term_names(), spec.requires_modules
 
 
 @contextlib.contextmanager
