@@ -16,6 +16,7 @@ import numpy as np
 
 from scorers.diagnostics import merge_reports, report
 from scorers.groups import GroupInputError, pack_chunks, partition
+from scorers.retry import Retry
 from supervisor.arena import Arena, HeapArena
 from supervisor.errors import (
     ConfigError,
@@ -122,17 +123,8 @@ class RewardBackend(ABC):
         When `max_pending` submissions already wait, the coroutine waits for room (up to
         `max_queue_wait_s`) instead of failing: a loop of per-item tasks (verl's) is
         backpressure, not an error. `submit()` itself never waits."""
-        deadline = time.monotonic() + self.max_queue_wait_s
-        delay = 0.001
-        while True:
-            try:
-                future = self.submit(request)
-                break
-            except SubmissionQueueFull:
-                if time.monotonic() + delay > deadline:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 0.05)
+        room = Retry(time.monotonic() + self.max_queue_wait_s, 0.001, 0.05, retry_on=(SubmissionQueueFull,))
+        future = await room.call_async(lambda: self.submit(request))  # the last SubmissionQueueFull, past the wait
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:  # Ctrl-C in asyncio.run, or the caller's own cancel: nobody will read it
