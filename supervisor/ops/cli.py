@@ -23,7 +23,7 @@ from supervisor.errors import ConfigError, ScorerError, validation_message
 from supervisor.ops import env_builder
 
 if TYPE_CHECKING:
-    from supervisor.ops.score_dataset import Columns
+    from supervisor.ops.dataset_rows import Columns
 
 T = TypeVar("T")
 
@@ -65,15 +65,10 @@ def _folder(value: str) -> Path:
 
 
 def _score(args: argparse.Namespace) -> int:
+    from supervisor.ops.dataset_output import OutputClaim, header_for, plan_output
+    from supervisor.ops.dataset_rows import read_rows
     from supervisor.ops.recipes import build_panels, load_recipe
-    from supervisor.ops.score_dataset import (
-        OutputClaim,
-        header_for,
-        metrics_line,
-        plan_output,
-        read_rows,
-        score_dataset,
-    )
+    from supervisor.ops.score_dataset import metrics_line, score_dataset
 
     columns = _columns(args)
     recipe = load_recipe(args.recipe)
@@ -113,7 +108,7 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def _columns(args: argparse.Namespace) -> Columns:
-    from supervisor.ops.score_dataset import Columns
+    from supervisor.ops.dataset_rows import Columns
 
     return Columns(
         id=args.id_column,

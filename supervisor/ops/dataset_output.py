@@ -1,0 +1,213 @@
+"""The output of `managed-scorers score`: its header (the panel's identity), claiming the file, and
+what a resumed run keeps of an earlier output (a prefix of this input, scored by the same identity).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from supervisor.compose.panel import RewardPanel
+from supervisor.errors import ConfigError
+from supervisor.ops.dataset_rows import Columns, Row, group_of
+
+HEADER_KEY = "managed_scorers_output"
+
+
+FORMAT_VERSION = 1
+
+
+class OutputClaim:
+    """The output file, held by one run: created exclusively when new, never opened through a symbolic
+    link, and locked (flock) for the whole run, so a second run on it is refused, not interleaved.
+    A rewrite (`replace`) goes to an exclusively created temporary file, locked before it is renamed
+    over the output, so the lock never lapses. A file this claim created and left empty is removed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        if not path.parent.is_dir():
+            raise ConfigError(f"{path.parent} does not exist: create it, or choose another output")
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags)
+            self.created = False
+        except FileNotFoundError:
+            fd = self._create(path, flags)
+        except OSError as exc:
+            raise self._refused(exc) from exc
+        self.file = self._locked(fd)
+
+    def _create(self, path: Path, flags: int) -> int:
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError as exc:
+            raise ConfigError(f"{path} was created by another run meanwhile: choose another output") from exc
+        except OSError as exc:
+            raise self._refused(exc) from exc
+        self.created = True
+        return fd
+
+    def _refused(self, exc: OSError) -> ConfigError:
+        if exc.errno == errno.ELOOP:
+            return ConfigError(f"{self.path} is a symbolic link: give the file it points to as --output")
+        return ConfigError(f"cannot open {self.path}: {exc.strerror}")
+
+    def _locked(self, fd: int, check_path: bool = True) -> IO[str]:
+        """`fd` locked, or refused: another run holds it, or (`check_path`) the path no longer names it
+        (another run's rewrite renamed a new file over it while this one waited to open it)."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if check_path and os.stat(self.path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+                raise BlockingIOError
+        except (BlockingIOError, FileNotFoundError):
+            os.close(fd)
+            raise ConfigError(f"{self.path} is being written by another managed-scorers score run") from None
+        return os.fdopen(fd, "r+", encoding="utf-8")
+
+    def replace(self, content: str) -> None:
+        """Put `content` in place of the output whole: a kill meanwhile leaves the old file."""
+        fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        handle: IO[str] | None = None
+        try:
+            handle = self._locked(fd, check_path=False)  # not yet at the path: it will be, locked
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+            os.fchmod(handle.fileno(), os.fstat(self.file.fileno()).st_mode & 0o777)
+            os.replace(temporary, self.path)
+        except BaseException:
+            if handle is not None:
+                handle.close()
+            os.unlink(temporary)
+            raise
+        self.file.close()
+        self.file = handle
+
+    def close(self) -> None:
+        empty = self.created and os.fstat(self.file.fileno()).st_size == 0
+        if empty:
+            self.path.unlink(missing_ok=True)  # still ours: unlinked before the lock goes
+        self.file.close()
+
+
+class ResumeRefused(ConfigError):
+    """The output file was written by another scorer identity, or is not a managed-scorers output."""
+
+
+@dataclass
+class ResumePlan:
+    """What an existing output holds: its header, how many leading input rows it covers, where to cut it."""
+
+    header: dict[str, Any] | None = None
+    done: int = 0
+    truncate_at: int = 0
+    retry: list[int] = field(default_factory=list)  # rows already written with an error, to score again
+
+
+def header_for(panel: RewardPanel, recipe: str, columns: Columns) -> dict[str, Any]:
+    terms = {}
+    for term in panel.terms:
+        shape = term.backend.shape
+        terms[term.name] = {
+            "scorer": shape.name if shape else None,
+            "revision": shape.revision if shape else None,
+            "identity_hash": term.backend.identity_hash,
+        }
+    return {
+        HEADER_KEY: FORMAT_VERSION,
+        "identity_hash": panel.identity_hash,
+        "terms": terms,
+        "recipe": recipe,
+        "columns": asdict(columns),
+    }
+
+
+def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str, bool]], list[int], int]:
+    """(header, (id, input_sha, clean) per row, each row's end offset, the header's end offset).
+
+    A torn last row (a kill mid-write) is left out; a file with no whole managed-scorers header
+    line, or with anything else that is not a row, is refused: it is not an output of this command."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    lines = data.split(b"\n")
+    complete, torn = lines[:-1], lines[-1]
+    not_ours = f"{path} is not an output of managed-scorers score"
+    if not complete:
+        raise ResumeRefused(f"{not_ours} (no whole header line)")
+    try:
+        header = json.loads(complete[0])
+    except json.JSONDecodeError as exc:
+        raise ResumeRefused(f"{not_ours} (its first line is not JSON)") from exc
+    if not isinstance(header, dict) or header.get(HEADER_KEY) != FORMAT_VERSION or "identity_hash" not in header:
+        raise ResumeRefused(f"{not_ours} (no managed-scorers header)")
+    offset = len(complete[0]) + 1
+    header_end, rows, ends = offset, [], []
+    for index, raw in enumerate(complete[1:], start=2):
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            if index == len(complete) and not torn:  # the last line, cut short before its newline was lost
+                break
+            raise ResumeRefused(f"{path}:{index} is not JSON: {not_ours}") from exc
+        if not isinstance(record, dict) or "id" not in record or "input_sha" not in record:
+            raise ResumeRefused(f"{path}:{index} is not a row: {not_ours}")
+        offset += len(raw) + 1
+        clean = record.get("reward") is not None and not record.get("failed_terms")
+        rows.append((str(record["id"]), str(record["input_sha"]), clean))
+        ends.append(offset)
+    return header, rows, ends, header_end
+
+
+def plan_output(
+    claim: OutputClaim, rows: Sequence[Row], columns: Columns, resume: bool, retry_errors: bool = False
+) -> ResumePlan:
+    """Checked before any child starts: may this output be written, and from which input row on."""
+    output = claim.path
+    if os.fstat(claim.file.fileno()).st_size == 0:
+        return ResumePlan()
+    if not resume:
+        raise ConfigError(f"{output} exists: pass --resume to continue it, or choose another output")
+    header, written, ends, header_end = read_output(output)
+    if header.get("columns") != asdict(columns):
+        raise ResumeRefused(f"{output} was written with columns {header.get('columns')}, not {asdict(columns)}")
+    if len(written) > len(rows):
+        raise ResumeRefused(f"{output} holds {len(written)} rows, this input only {len(rows)}: another input")
+    for index, (row_id, sha, _) in enumerate(written):
+        row = rows[index]
+        if (row.id, row.digest) != (row_id, sha):
+            raise ResumeRefused(
+                f"{output} row {index + 1} ({row_id!r}) is not input line {row.line} ({row.id!r}) as it is now: "
+                "the input changed, or is another one; write to a new output"
+            )
+    done = len(written)
+    if columns.group is not None:  # never finish a group that a torn write cut short with fewer candidates
+        while 0 < done < len(rows) and group_of(rows[done - 1], columns) == group_of(rows[done], columns):
+            done -= 1
+    retry: list[int] = []
+    if retry_errors:  # rows written with an error or a failed term, each with its whole group
+        failed = {group_of(rows[i], columns) or f"row:{rows[i].id}" for i in range(done) if not written[i][2]}
+        retry = [i for i in range(done) if (group_of(rows[i], columns) or f"row:{rows[i].id}") in failed]
+    return ResumePlan(header, done, ends[done - 1] if done else header_end, retry)
+
+
+def check_resumable(old: dict[str, Any] | None, new: dict[str, Any], path: Path) -> None:
+    if old is None:
+        return
+    if old["identity_hash"] == new["identity_hash"]:
+        return
+    changed = [
+        f"{name}: {old['terms'].get(name)} -> {terms}"
+        for name, terms in new["terms"].items()
+        if old["terms"].get(name) != terms
+    ] + [f"{name}: removed" for name in old["terms"] if name not in new["terms"]]
+    raise ResumeRefused(
+        f"{path} was scored by identity {old['identity_hash'][:12]}, this recipe is {new['identity_hash'][:12]} "
+        f"({'; '.join(changed) or 'weights, required flags or applicability changed'}): write to a new output"
+    )

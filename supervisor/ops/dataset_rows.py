@@ -1,0 +1,203 @@
+"""The input of `managed-scorers score`: JSONL rows read and checked before anything is scored or
+started (UTF-8 JSON objects, unique ids, the needed fields, valid items, images that open, groups
+contiguous and whole), each with a digest of its content; and the RewardItems made of them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scorers.groups import COMMON_INPUTS, NotContiguous, contiguous_runs, strict_key
+from scorers.identity import digest
+from supervisor.errors import ConfigError, validation_message
+from supervisor.types import RewardItem
+
+
+class InputRowError(ConfigError):
+    """An input row cannot be read or lacks a field the panel needs (names the file and line)."""
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which input fields hold what. `image` holds a path (relative to the input file's folder)."""
+
+    id: str = "id"
+    prompt: str = "prompt"
+    response: str = "response"
+    reference: str = "reference"
+    image: str | None = None
+    group: str | None = None
+    data_source: str = "data_source"
+
+
+@dataclass(frozen=True)
+class Row:
+    line: int
+    id: str
+    fields: dict[str, Any]
+    digest: str  # of the whole input row: a resumed output must have been made from this very row
+
+
+def read_rows(path: Path, columns: Columns, needs_text: bool, group_size: int | None = None) -> list[Row]:
+    """Every row, checked before anything is scored or started: UTF-8 JSON objects, unique ids, the
+    needed fields, a valid item (types, finite numbers), images that open, groups contiguous, of
+    `group_size` when one is declared, and sharing their prompt, reference and data source."""
+    rows: list[Row] = []
+    seen: dict[str, int] = {}
+    with open(path, "rb") as handle:
+        for number, encoded in enumerate(handle, start=1):
+            where = f"{path}:{number}"
+            fields = _decoded(encoded, where)
+            if fields is None:
+                continue
+            row = Row(number, _row_id(fields, columns, number, where), fields, digest(fields, allow_nan=True)[:16])
+            if row.id in seen:
+                raise InputRowError(f"{where}: id {row.id!r} was already used on line {seen[row.id]}")
+            seen[row.id] = number
+            _check_fields(row, columns, needs_text, path.parent, where)
+            rows.append(row)
+    if columns.group is not None:
+        _check_contiguous(path, rows, columns)
+        _check_groups(path, rows, columns, group_size)
+    return rows
+
+
+def _decoded(encoded: bytes, where: str) -> dict[str, Any] | None:
+    """One line's JSON object (None for a blank line)."""
+    try:
+        raw = encoded.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputRowError(f"{where}: not UTF-8 (byte {exc.start + 1}: {exc.reason})") from exc
+    if not raw.strip():
+        return None
+    try:
+        fields = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InputRowError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from exc
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit number; brackets nested 100,000 deep
+        raise InputRowError(f"{where}: not readable JSON ({type(exc).__name__}: {str(exc)[:120]})") from exc
+    if not isinstance(fields, dict):
+        raise InputRowError(f"{where}: a row must be a JSON object, got {type(fields).__name__}")
+    return fields
+
+
+def _row_id(fields: dict[str, Any], columns: Columns, number: int, where: str) -> str:
+    row_id = fields.get(columns.id, f"line-{number}")
+    if not isinstance(row_id, (str, int)) or isinstance(row_id, bool):
+        raise InputRowError(f"{where}: {columns.id!r} must be a string or an integer, got {row_id!r}")
+    return str(row_id)
+
+
+def _check_fields(row: Row, columns: Columns, needs_text: bool, base: Path, where: str) -> None:
+    """The row's own fields: text, image, group key, and a valid item (types, finite numbers)."""
+    fields = row.fields
+    if needs_text and not isinstance(fields.get(columns.response), str):
+        raise InputRowError(f"{where}: no text in column {columns.response!r} (--response-column)")
+    if columns.image is not None:
+        _check_image(fields.get(columns.image), base, columns.image, where)
+    if columns.group is not None:
+        group = fields.get(columns.group)
+        if not isinstance(group, (str, int)) or isinstance(group, bool):
+            raise InputRowError(f"{where}: column {columns.group!r} must hold a group (string or integer)")
+    try:
+        _item(row, columns)
+    except ValueError as exc:  # pydantic's ValidationError: a type, an empty id, a NaN
+        raise InputRowError(f"{where}: {validation_message(exc)}") from exc
+
+
+def _check_contiguous(path: Path, rows: Sequence[Row], columns: Columns) -> None:
+    try:
+        contiguous_runs([group_of(row, columns) for row in rows])
+    except NotContiguous as exc:
+        raise InputRowError(
+            f"{path}:{rows[exc.position].line}: group {exc.group!r} began on line {rows[exc.started].line}: "
+            "groups must be contiguous"
+        ) from exc
+
+
+def _check_groups(path: Path, rows: Sequence[Row], columns: Columns, group_size: int | None) -> None:
+    """Each group of `group_size` rows (when declared), whose prompt, reference and data source are
+    the same (type-strictly): what the scorers would refuse after boot, named by line before it."""
+    groups: dict[str, list[Row]] = {}
+    for row in rows:
+        groups.setdefault(group_of(row, columns) or "", []).append(row)
+    names = {"prompt": columns.prompt, "reference": columns.reference, "data_source": columns.data_source}
+    for group, members in groups.items():
+        if group_size is not None and len(members) != group_size:
+            raise InputRowError(
+                f"{path}:{members[0].line}: group {group!r} has {len(members)} rows (lines "
+                f"{', '.join(str(r.line) for r in members[:8])}), the recipe's group_size is {group_size}"
+            )
+        for common in COMMON_INPUTS:
+            column = names[common]
+            expected = strict_key(members[0].fields.get(column))
+            for row in members[1:]:
+                if strict_key(row.fields.get(column)) != expected:
+                    raise InputRowError(
+                        f"{path}:{row.line}: column {column!r} differs from line {members[0].line}, the first of "
+                        f"group {group!r}: the rows of a group share their {common} (a missing one differs too)"
+                    )
+
+
+def _check_image(value: Any, base: Path, column: str, where: str) -> None:
+    from PIL import Image, UnidentifiedImageError
+
+    if not isinstance(value, str) or not (base / value).is_file():
+        raise InputRowError(f"{where}: column {column!r} must name an image file, got {value!r}")
+    try:
+        with Image.open(base / value):  # the header only: a file that is not an image fails here, not mid-run
+            pass
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+        raise InputRowError(f"{where}: {value} is not a readable image ({type(exc).__name__}: {exc})") from exc
+
+
+def _decoded_image(row: Row, columns: Columns, base: Path) -> np.ndarray | None:
+    """The row's image as RGB pixels (OSError, SyntaxError or DecompressionBombError: it does not decode)."""
+    if columns.image is None:
+        return None
+    from PIL import Image
+
+    with Image.open(base / row.fields[columns.image]) as opened:
+        return np.asarray(opened.convert("RGB"))
+
+
+def _item(row: Row, columns: Columns, image: np.ndarray | None = None) -> RewardItem:
+    fields = row.fields
+    return RewardItem(
+        id=row.id,
+        prompt=fields.get(columns.prompt),
+        text=fields.get(columns.response),
+        image=image,
+        reference=fields.get(columns.reference),
+        group_id=group_of(row, columns),
+        data_source=fields.get(columns.data_source),
+    )
+
+
+def items_of(batch: Sequence[Row], columns: Columns, input_dir: Path) -> tuple[list[RewardItem], dict[str, str]]:
+    """The batch's items, and why each row that cannot become one failed: an image that opened at the
+    check but does not decode (cut short, corrupt). Such a row takes its whole group with it."""
+    items, unreadable, broken = [], {}, set()
+    for row in batch:
+        try:
+            image = _decoded_image(row, columns, input_dir)
+        except Exception as exc:  # noqa: BLE001 - whatever the decoder raises (OSError cut short, SyntaxError, ValueError, zlib.error, DecompressionBombError...) is this row's input fault
+            unreadable[row.id] = f"input line {row.line}: cannot decode its image ({type(exc).__name__}: {exc})"
+            broken.add(group_of(row, columns))
+            continue
+        items.append(_item(row, columns, image))
+    broken.discard(None)
+    for row in batch:
+        if row.id not in unreadable and group_of(row, columns) in broken:
+            unreadable[row.id] = f"input line {row.line}: a member of its group has an image that cannot be decoded"
+    return [item for item in items if item.id not in unreadable], unreadable
+
+
+def group_of(row: Row, columns: Columns) -> str | None:
+    return None if columns.group is None else str(row.fields.get(columns.group))
