@@ -227,7 +227,7 @@ def test_close_leaves_no_worker_alive_and_is_idempotent(make_pool, replay):
 @pytest.mark.slow
 def test_batch_cap_raises_and_breaks_the_pool(make_pool):
     pool = make_pool("sleep_for", jobs=1, timeout_s=1.0)
-    pool._batch_slack_s = -2.5  # cap = 3 * 1 * 1 - 2.5 = 0.5 s, below the item timeout
+    pool._tasks.batch_slack_s = -2.5  # cap = 3 * 1 * 1 - 2.5 = 0.5 s, below the item timeout
     pids = pool.worker_pids()
     started = time.monotonic()
     with pytest.raises(GradingPoolError, match="exceeded its deadline"):
@@ -440,7 +440,7 @@ def test_a_worker_forked_after_a_batch_starts_with_what_the_template_replayed(ma
     assert [o.value for o in pool.grade([(n,) for n in range(4)])] == [False] * 4
     assert pool.settle(10.0)
     (veteran,) = pool.worker_pids()
-    pool._retire(pool._workers[0])  # as after a memory bomb: the slot is refilled by a fresh fork
+    pool._workers.retire(pool._workers.workers[0])  # as after a memory bomb: the slot is refilled by a fresh fork
     (fresh,) = pool.worker_pids()
     assert fresh != veteran
     assert [o.value for o in pool.grade([(n,) for n in range(4)])] == [bool(replay)] * 4
@@ -470,7 +470,7 @@ def test_the_template_is_left_with_no_cpu_time_cap_after_a_replay(make_pool):
     and a leftover cap would kill it (SIGXCPU) a few thousand forks later."""
     pool = make_pool("square", jobs=1, warm_replay=4)
     pool.grade([(n,) for n in range(4)])
-    assert pool.settle(10.0) and pool._template.replayed == 4
+    assert pool.settle(10.0) and pool._workers.template.replayed == 4
     with open(f"/proc/{pool.template_pid()}/limits") as limits:
         (line,) = [line for line in limits if line.startswith("Max cpu time")]
     assert line.split()[3:5] == ["unlimited", "unlimited"], line
@@ -496,7 +496,7 @@ def test_a_template_its_replays_grew_stops_replaying(make_pool):
     template = psutil.Process(pool.template_pid())
     rss_before = template.memory_info().rss
     pool.grade([(30,), (30,), (30,)])
-    assert pool.settle(10.0) and not pool._template.can_warm
+    assert pool.settle(10.0) and not pool._workers.template.can_warm
     grown = template.memory_info().rss - rss_before
     assert 64 * 2**20 < grown < 100 * 2**20, grown
     pool.grade([(30,)])
@@ -513,7 +513,9 @@ def test_a_replay_slower_than_its_task_was_is_dropped_and_the_template_replaced(
     paths = [str(tmp_path / str(n)) for n in range(2)]
     assert [o.value for o in pool.grade([(p,) for p in paths])] == paths
     started = time.monotonic()
-    assert pool.settle(10.0) and pool._template.tainted and pool._template.replayed == 1  # the second never ran
+    assert (
+        pool.settle(10.0) and pool._workers.template.tainted and pool._workers.template.replayed == 1
+    )  # the second never ran
     assert 1.0 <= cpu_s(psutil.Process(old_template)) and time.monotonic() - started < 1.0 + SLACK_S
     assert [o.value for o in pool.grade([(paths[0] + "x",)])] == [paths[0] + "x"]
     assert pool.template_pid() != old_template and not wait_gone([old_template, *old_workers], 5.0)
@@ -525,9 +527,9 @@ def test_a_fork_asked_for_during_a_replay_is_served_between_two_replayed_tasks(m
     template = psutil.Process(pool.template_pid())
     pool.grade([(0.05, n) for n in range(40)])  # the template now replays 40 x 0.05 s of CPU
     idle = cpu_s(template)
-    assert eventually(lambda: cpu_s(template) - idle > 0.05, 5.0) and pool._template.warming
+    assert eventually(lambda: cpu_s(template) - idle > 0.05, 5.0) and pool._workers.template.warming
     started = time.monotonic()
-    pool._retire(pool._workers[0])  # forks the replacement from the replaying template
+    pool._workers.retire(pool._workers.workers[0])  # forks the replacement from the replaying template
     assert time.monotonic() - started < 0.5
     assert [o.value for o in pool.grade([(0.0, "after")])] == ["after"]
 

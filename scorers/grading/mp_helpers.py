@@ -9,10 +9,10 @@ This is the one place that touches multiprocessing's private attributes.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 from typing import Any
+
+from scorers.grading.handles import HelperProcess
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +83,7 @@ def _stop_helper(name: str, helper: Any, budget_s: float) -> None:
     thread.join(budget_s)
     if thread.is_alive():
         log.warning("multiprocessing %s pid %d did not exit within %.1fs; sending SIGKILL", name, pid, budget_s)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        thread.join(budget_s)
-        if thread.is_alive():
+        process = HelperProcess(pid, thread)
+        process.kill()
+        if not process.reap(budget_s):
             log.warning("multiprocessing %s pid %d still not reaped; leaving it", name, pid)

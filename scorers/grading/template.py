@@ -11,7 +11,7 @@ A fork request carries the new worker's end of its pipe (SCM_RIGHTS); the answer
 pidfd the template opened before it could reap the clone, so the owner never watches a reused
 pid. The template reaps its clones and reports each exit status, the only place a non-child's
 status can come from; a clone dies with the template (PR_SET_PDEATHSIG), as the template dies
-with the forkserver. Each warm request gets exactly one "warmed" answer (done, halted, or
+with the forkserver. Each warm request gets exactly one `Warmed` answer (done, halted, or
 ignored). A replayed task runs under the memory cap and is dropped after `REPLAY_CPU_S` of CPU
 time (only tasks that graded fast are replayed, but a task is not bound to be as fast twice).
 A dropped replay, or one that ran out of memory, was stopped at an arbitrary point of the
@@ -30,6 +30,7 @@ from multiprocessing import connection as mp_connection
 from multiprocessing import reduction
 from typing import Any
 
+from scorers.grading.messages import CloneExited, Fork, Forked, Halt, Ready, Warm, Warmed
 from scorers.grading.processes import set_parent_death_signal
 from scorers.grading.worker import ORPHANED_EXIT_CODE, cap_cpu, enter_worker, load_grader, serve
 
@@ -52,7 +53,7 @@ def template_main(
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # the wake-up byte is what matters
     signal.signal(signal.SIGPROF, _drop_replay)
-    conn.send(("ready", os.getpid()))
+    conn.send(Ready(os.getpid()))
     _Template(conn, grade_fn, memory_cap_bytes, cpu_limit_s, loaded[0], (wake_r, wake_w)).run()
 
 
@@ -91,32 +92,35 @@ class _Template:
             elif self.replay:
                 self._replay_one()
 
-    def _handle(self, request: tuple) -> None:
-        kind = request[0]
-        if kind == "fork":
-            fd = reduction.recv_handle(self.conn)
-            template_pid = os.getpid()
-            pid = os.fork()
-            if pid == 0:
-                self._become_worker(fd, template_pid)  # never returns
-            os.close(fd)
-            pidfd = os.pidfd_open(pid)  # before we could reap it: it is this child, whatever happens next
-            try:
-                self.conn.send(("forked", pid))
-                reduction.send_handle(self.conn, pidfd, 0)
-            finally:
-                os.close(pidfd)
-        elif kind == "warm":
-            self.replaying = request[1]
+    def _handle(self, request: Fork | Warm | Halt) -> None:
+        if isinstance(request, Fork):
+            self._fork()
+        elif isinstance(request, Warm):
+            self.replaying = request.number
             if self.can_warm:
-                self.replay.extend(request[2])
+                self.replay.extend(request.tasks)
             if not self.replay:
                 self._finish_warming()
-        elif kind == "halt":
+        elif isinstance(request, Halt):
             if self.replaying:
                 self._finish_warming()
         else:
-            raise ValueError(f"grading template: unknown request {kind!r}")
+            raise ValueError(f"grading template: unknown request {request!r}")
+
+    def _fork(self) -> None:
+        """Fork a worker onto the pipe end that follows the request; answer its pid, then its pidfd."""
+        fd = reduction.recv_handle(self.conn)
+        template_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            self._become_worker(fd, template_pid)  # never returns
+        os.close(fd)
+        pidfd = os.pidfd_open(pid)  # before we could reap it: it is this child, whatever happens next
+        try:
+            self.conn.send(Forked(pid))
+            reduction.send_handle(self.conn, pidfd, 0)
+        finally:
+            os.close(pidfd)
 
     def _replay_one(self) -> None:
         global _replaying
@@ -150,7 +154,7 @@ class _Template:
         if rss > self.start_rss + MAX_GROWTH_BYTES:
             self.can_warm = False
         number, self.replaying = self.replaying, 0
-        self.conn.send(("warmed", number, self.replayed, self.failed, rss, self.can_warm, self.tainted))
+        self.conn.send(Warmed(number, self.replayed, self.failed, rss, self.can_warm, self.tainted))
 
     def _reap(self) -> None:
         while True:
@@ -160,7 +164,7 @@ class _Template:
                 return
             if pid == 0:
                 return
-            self.conn.send(("exited", pid, os.waitstatus_to_exitcode(status)))
+            self.conn.send(CloneExited(pid, os.waitstatus_to_exitcode(status)))
 
     def _become_worker(self, fd: int, template_pid: int) -> None:
         """In the fresh clone: drop the template's pipes and handlers, then serve like any worker."""
@@ -178,7 +182,7 @@ class _Template:
             conn = mp_connection.Connection(fd)
             loaded = load_grader(conn, self.grade_fn, self.memory_cap_bytes)
             if loaded is not None:
-                conn.send(("ready", os.getpid()))
+                conn.send(Ready(os.getpid()))
                 serve(conn, loaded[0], self.cpu_limit_s, loaded[1])
                 code = 0
         finally:

@@ -1,8 +1,8 @@
 """The pool's side of its template process (scorers/grading/template.py) and of the workers forked from it.
 
-A worker forked by the template is not our child: we watch it through a pidfd (poll it as its
-sentinel, signal it without racing pid reuse) and learn its exit status from the template,
-which reaps it. `CloneProcess` offers the part of `multiprocessing.Process` the pool uses.
+Why apart from the pool: the template speaks its own protocol (fork, warm, halt; forked, warmed,
+exited), and the workers it forks are not our children: each is a `ClonedProcess` (handles.py)
+whose exit status only the template can tell. This module is the one reader of those reports.
 """
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import signal
 import time
 from multiprocessing import connection as mp_connection
 from multiprocessing import reduction
 from typing import Any
 
 from scorers.grading.errors import GradingPoolError
+from scorers.grading.handles import ClonedProcess, SpawnedProcess
+from scorers.grading.messages import CloneExited, Fatal, Fork, Forked, Halt, Ready, Warm, Warmed
 from scorers.grading.template import template_main
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ def pidfds_supported() -> bool:
 
 class GradingTemplate:
     """Owner of one template process: forks workers from it, hands it tasks to replay while the pool
-    is idle, and collects its clones' exit statuses."""
+    is idle, and collects its clones' exit statuses (the `CloneReaper` of each `ClonedProcess`)."""
 
     def __init__(
         self,
@@ -53,21 +54,22 @@ class GradingTemplate:
         cpu_limit_s: float | None,
     ) -> None:
         parent_conn, child_conn = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(
+        process = ctx.Process(
             target=template_main,
             args=(child_conn, grade_fn, expected_ppid, memory_cap_bytes, cpu_limit_s),
             name="grading-template",
             daemon=True,
         )
         try:
-            self.process.start()
+            process.start()
+            self.process = SpawnedProcess(process)
         except BaseException:
             parent_conn.close()
             raise
         finally:
             child_conn.close()
         self.conn = parent_conn
-        self.pid: int = self.process.pid or 0
+        self.pid: int = self.process.pid
         self.state = "starting"  # starting | idle | gone
         self.warming = False  # a warm request is unanswered (at most one is)
         self.can_warm = True  # until its replays grew it too much, or tainted it
@@ -86,30 +88,37 @@ class GradingTemplate:
             return
         self._apply(message)
 
-    def _apply(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == "exited":
-            if message[1] in self._statuses:
-                self._statuses[message[1]] = message[2]
-        elif kind == "ready" and self.state == "starting":
+    def _apply(self, message: object) -> None:
+        if isinstance(message, CloneExited):
+            if message.pid in self._statuses:
+                self._statuses[message.pid] = message.exitcode
+        elif isinstance(message, Ready) and self.state == "starting":
             self.state = "idle"
-        elif kind == "warmed":
-            _, number, self.replayed, failed, self.rss, self.can_warm, self.tainted = message
-            self.warming = number != self._requests
-            log.debug("grading template pid %d replayed %d tasks (%d raised)", self.pid, self.replayed, failed)
-            if self.tainted:
-                log.warning("grading template pid %d: a replay was stopped part way; it will be replaced", self.pid)
-        elif kind == "fatal":
-            raise TemplateError(self.pid, f"cannot load the grader: {message[1]}")
+        elif isinstance(message, Warmed):
+            self._warmed(message)
+        elif isinstance(message, Fatal):
+            raise TemplateError(self.pid, f"cannot load the grader: {message.text}")
         else:
-            raise TemplateError(self.pid, f"sent {kind!r} while {self.state} (protocol error)")
+            raise TemplateError(self.pid, f"sent {type(message).__name__} while {self.state} (protocol error)")
 
-    def fork(self, deadline: float) -> tuple[CloneProcess, Any]:
-        """A new worker and our end of its pipe; it announces itself ("ready") on that pipe."""
+    def _warmed(self, message: Warmed) -> None:
+        self.replayed, self.rss, self.can_warm, self.tainted = (
+            message.replayed,
+            message.rss,
+            message.can_warm,
+            message.tainted,
+        )
+        self.warming = message.number != self._requests
+        log.debug("grading template pid %d replayed %d tasks (%d raised)", self.pid, self.replayed, message.failed)
+        if self.tainted:
+            log.warning("grading template pid %d: a replay was stopped part way; it will be replaced", self.pid)
+
+    def fork(self, deadline: float) -> tuple[ClonedProcess, Any]:
+        """A new worker and our end of its pipe; it announces itself (`Ready`) on that pipe."""
         parent_conn, child_conn = multiprocessing.Pipe(duplex=True)
         try:
             try:
-                self.conn.send(("fork",))
+                self.conn.send(Fork())
                 reduction.send_handle(self.conn, child_conn.fileno(), self.pid)
             finally:
                 child_conn.close()
@@ -122,30 +131,30 @@ class GradingTemplate:
             parent_conn.close()
             raise
         self._statuses[pid] = None
-        return CloneProcess(pid, pidfd, self), parent_conn
+        return ClonedProcess(pid, pidfd, self), parent_conn
 
     def _await_fork(self, deadline: float) -> tuple[int, int]:
-        """Read (acting on other reports meanwhile) until the answer: the pid, then the pidfd right behind it."""
+        """Read (acting on other reports meanwhile) until the answer: `Forked`, then the pidfd right behind it."""
         while True:
             if not mp_connection.wait([self.conn], max(0.0, deadline - time.monotonic())):
                 raise TemplateError(self.pid, "did not fork a worker in time")
             message = self.conn.recv()
-            if message[0] == "forked":
-                return message[1], reduction.recv_handle(self.conn)
+            if isinstance(message, Forked):
+                return message.pid, reduction.recv_handle(self.conn)
             self._apply(message)
 
     def warm(self, tasks: list[tuple]) -> None:
         """Replay these tasks while nothing else is asked of the template (unless it is still at the last ones)."""
         if tasks and self.can_warm and not self.warming and self.state == "idle":
             self._requests += 1
-            self.warming = self._notify(("warm", self._requests, tasks))
+            self.warming = self._notify(Warm(self._requests, tasks))
 
     def halt(self) -> None:
         """Stop replaying (after the task in hand): the cores are the batch's now."""
         if self.warming and self.state == "idle":
-            self._notify(("halt",))
+            self._notify(Halt())
 
-    def _notify(self, message: tuple) -> bool:
+    def _notify(self, message: Warm | Halt) -> bool:
         """Send a message that needs no answer. A broken pipe means the template died: its state
         says so, and the pool's next look at it (every wait, every grade()) raises with its status."""
         try:
@@ -190,54 +199,6 @@ class GradingTemplate:
         """Close its pipe (it exits on EOF, its clones with it), SIGKILL it, reap it; bounded."""
         self.conn.close()
         self.state = "gone"
-        try:
-            if self.process.exitcode is None:
-                self.process.kill()
-            self.process.join(budget_s)
-            if self.process.exitcode is None:
-                log.warning("grading template pid %d alive %.1fs after SIGKILL; leaving it", self.pid, budget_s)
-            else:
-                self.process.close()
-        except ValueError:  # already closed
-            pass
-
-
-class CloneProcess:
-    """A worker the template forked: the `multiprocessing.Process` surface the pool uses, over a pidfd."""
-
-    def __init__(self, pid: int, pidfd: int, template: GradingTemplate) -> None:
-        self.pid = pid
-        self.sentinel = pidfd  # opened by the template before it could reap the clone
-        self._template = template
-
-    @property
-    def exitcode(self) -> int | None:
-        if self.sentinel < 0:
-            raise ValueError("process object is closed")
-        return self._template.status_of(self.pid)
-
-    def is_alive(self) -> bool:
-        if self.sentinel < 0:
-            raise ValueError("process object is closed")
-        return not mp_connection.wait([self.sentinel], 0)  # poll(2): a pidfd may be numbered past select's 1024
-
-    def send_signal(self, signum: int) -> None:
-        try:
-            signal.pidfd_send_signal(self.sentinel, signum)
-        except ProcessLookupError:
-            pass  # it exited on its own: its sentinel says so on the next wait
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def join(self, timeout: float) -> None:
-        """Wait until it has exited and the template has told its exit status (both bounded by `timeout`)."""
-        deadline = time.monotonic() + timeout
-        if mp_connection.wait([self.sentinel], timeout):
-            self._template.await_status(self.pid, deadline)
-
-    def close(self) -> None:
-        if self.sentinel >= 0:
-            os.close(self.sentinel)
-            self.sentinel = -1
-            self._template.forget(self.pid)
+        self.process.kill()
+        if not self.process.reap(budget_s):
+            log.warning("grading template pid %d alive %.1fs after SIGKILL; leaving it", self.pid, budget_s)

@@ -17,6 +17,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from scorers.grading.messages import Fatal, Graded, OverMemory, Raised, Ready, Task, WorkerReply
 from scorers.grading.processes import set_parent_death_signal
 
 ORPHANED_EXIT_CODE = 70
@@ -112,11 +113,11 @@ def enter_worker(expected_ppid: int) -> None:
 
 
 def load_grader(conn: Any, grade_fn: str, memory_cap_bytes: int | None) -> tuple[Callable[..., Any], int | None] | None:
-    """Resolve grade_fn and cap memory; on failure tell the owner ("fatal") and return None."""
+    """Resolve grade_fn and cap memory; on failure tell the owner (`Fatal`) and return None."""
     try:
         return _resolve(grade_fn), _cap_memory(memory_cap_bytes)
     except Exception as exc:  # noqa: BLE001 - sent to the owner, which raises
-        conn.send(("fatal", _format_exception(exc)))
+        conn.send(Fatal(_format_exception(exc)))
         return None
 
 
@@ -132,7 +133,7 @@ def worker_main(
     loaded = load_grader(conn, grade_fn, memory_cap_bytes)
     if loaded is None:
         return
-    conn.send(("ready", os.getpid()))
+    conn.send(Ready(os.getpid()))
     serve(conn, loaded[0], cpu_limit_s, loaded[1])
 
 
@@ -146,23 +147,23 @@ def serve(conn: Any, fn: Callable[..., Any], cpu_limit_s: float | None, limit: i
     exits: its heap is not worth keeping."""
     while True:
         try:
-            task = conn.recv()
+            task: Task = conn.recv()
         except (EOFError, OSError):
             return
-        reply: tuple[Any, ...]
+        reply: WorkerReply
         try:
             cap_cpu(cpu_limit_s)
-            reply = ("ok", fn(*task))
+            reply = Graded(fn(*task.args))
             if limit is not None and _peak_address_space() >= limit - _NEAR_CAP_BYTES:
                 raise MemoryError(f"the task's address space reached the cap ({limit} bytes)")
         except MemoryError as exc:
-            conn.send(("memory", f"MemoryError: {str(exc)[:_ERROR_HEAD_CHARS]}"))
+            conn.send(OverMemory(f"MemoryError: {str(exc)[:_ERROR_HEAD_CHARS]}"))
             return
         except Exception as exc:  # noqa: BLE001 - sent to the owner, which raises
-            reply = ("error", type(exc).__name__, _format_exception(exc))
+            reply = Raised(type(exc).__name__, _format_exception(exc))
         try:
             conn.send(reply)
         except OSError:
             return
         except Exception as exc:  # noqa: BLE001 - the result would not pickle; nothing was written
-            conn.send(("error", type(exc).__name__, "result could not be sent: " + _format_exception(exc)))
+            conn.send(Raised(type(exc).__name__, "result could not be sent: " + _format_exception(exc)))
