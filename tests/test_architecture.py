@@ -11,6 +11,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("scorers", "child_runtime", "supervisor")
 # supervisor's floors, lowest first: a folder imports its own floor and those below, never above.
@@ -22,6 +24,7 @@ SUPERVISOR_FLOORS = (
     "supervisor.adapters",
 )
 FACADES = {"supervisor", "supervisor.__main__"}  # the package's public face may import anything of it
+MAX_FUNCTION_LINES = 50  # a reader holds a function whole: longer ones are split by what they do
 
 
 def _modules() -> dict[str, Path]:
@@ -164,3 +167,17 @@ def test_no_import_cycle_between_modules_or_folders():
     for a, targets in modules.items():
         packages[a.split(".")[0]].update(b.split(".")[0] for b in targets if b.split(".")[0] != a.split(".")[0])
     assert cycles(modules) == [] and cycles(folders) == [] and cycles(packages) == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_product_function_fits_on_a_screen(package):
+    long = []
+    for module, path in MODULES.items():
+        if module.split(".")[0] != package:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    assert long == []
