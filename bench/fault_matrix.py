@@ -1,7 +1,7 @@
 """The fault matrix: each fault, the typed error it raises, and how fast service comes back.
 
 `.venv/bin/python -m bench.fault_matrix` prints the table kept in docs/reliability.md;
-tests/test_fault_matrix.py runs the same scenarios and asserts on them.
+tests/lifecycle/test_fault_matrix.py runs the same scenarios and asserts on them.
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ def items(*texts: str) -> list[RewardItem]:
 
 
 def rogue_python(directory: Path, python: str | Path) -> Path:
-    """A `python` that puts tests/rogue_root first on the child's path: its child_runtime answers
+    """A `python` that puts tests/helpers/rogue_root first on the child's path: its child_runtime answers
     for the wrong ids, to show that the parent refuses such answers."""
     wrapper = directory / "rogue-python"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{ROOT / "tests" / "rogue_root"}:$PYTHONPATH" exec "{python}" "$@"\n')
+    wrapper.write_text(
+        f'#!/bin/sh\nPYTHONPATH="{ROOT / "tests" / "helpers" / "rogue_root"}:$PYTHONPATH" exec "{python}" "$@"\n'
+    )
     wrapper.chmod(0o755)
     return wrapper
 
@@ -104,8 +106,8 @@ def _warm_then_kill_worker(b: ManagedScorerProcessBackend) -> None:
     _kill_worker(b)
 
 
-PROBE = "tests.fixture_scorers:Probe"
-FLAKY = "tests.fixture_scorers:Flaky"
+PROBE = "tests.helpers.fixture_scorers:Probe"
+FLAKY = "tests.helpers.fixture_scorers:Flaky"
 FAULTS = [
     Fault(
         "kill -9 child before a request",

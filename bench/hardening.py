@@ -75,7 +75,7 @@ def gone(pid: int, timeout: float = 5.0) -> bool:
 
 def fork_of_the_trainer() -> str:
     done = subprocess.run(
-        [TRAINER, "-m", "tests.forking_trainer", TRAINER],
+        [TRAINER, "-m", "tests.helpers.forking_trainer", TRAINER],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -100,7 +100,7 @@ def connection_flood() -> str:
     try:
         baseline = len(os.listdir(f"/proc/{pid_of(owner)}/fd"))
         flood = subprocess.Popen(
-            [TRAINER, "-m", "tests.flood_connections", "hold", str(port_of(owner)), "5000"],
+            [TRAINER, "-m", "tests.helpers.flood_connections", "hold", str(port_of(owner)), "5000"],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -295,7 +295,7 @@ def fork_during_launch() -> str:
 
 def ctrl_c() -> str:
     trainer = subprocess.Popen(
-        [TRAINER, "-m", "tests.interrupted_trainer", TRAINER],
+        [TRAINER, "-m", "tests.helpers.interrupted_trainer", TRAINER],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -365,7 +365,7 @@ def sigchld_ignored() -> str:
 def sustained_flood() -> str:
     owner = backend("constant", process={"request_timeout": 3}, limits={"max_pending_connections": 8})
     try:
-        churn = [TRAINER, "-m", "tests.flood_connections", "churn", str(port_of(owner)), "15"]
+        churn = [TRAINER, "-m", "tests.helpers.flood_connections", "churn", str(port_of(owner)), "15"]
         floods = [subprocess.Popen(churn, cwd=ROOT) for _ in range(2)]
         served, unavailable, waits = 0, 0, []
         try:

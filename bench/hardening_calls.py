@@ -64,7 +64,7 @@ def _remote_client(url: str, token: str, timeout: float) -> dict:
 
 def remote_trickle() -> str:
     """Item 1: a server that sends a valid answer a byte every 50 ms, request_timeout=2."""
-    with ManagedScorerProcessBackend(_spec("tests.fixture_scorers:Probe")) as server:
+    with ManagedScorerProcessBackend(_spec("tests.helpers.fixture_scorers:Probe")) as server:
         with MisbehavingServer(f"http://127.0.0.1:{port_of(server)}", "trickle", trickle_s=0.05) as slow:
             got = _remote_client(slow.url, child_of(server).token, 2.0)
     return f"request_timeout 2 s, a valid answer trickled a byte every 50 ms: {got['outcome']} after {got['s']:.1f} s"
@@ -72,7 +72,7 @@ def remote_trickle() -> str:
 
 def remote_gzip_bomb() -> str:
     """Item 1: a 512 MiB gzip bomb answer (about 520 KB on the wire)."""
-    with ManagedScorerProcessBackend(_spec("tests.fixture_scorers:Probe")) as server:
+    with ManagedScorerProcessBackend(_spec("tests.helpers.fixture_scorers:Probe")) as server:
         with MisbehavingServer(f"http://127.0.0.1:{port_of(server)}", "gzip_bomb", gzip_mib=512) as bomb:
             got = _remote_client(bomb.url, child_of(server).token, 60.0)
     before, after = (kib / 2**10 for kib in got["rss"])
@@ -111,7 +111,7 @@ def hostile_tail_default_config() -> str:
 
 def panel_shared_timeout() -> str:
     """Item 4: a required and an optional term on one child that hangs (request_timeout 2 s)."""
-    shared = ManagedScorerProcessBackend(_spec("tests.fixture_scorers:Flaky", process={"request_timeout": 2}))
+    shared = ManagedScorerProcessBackend(_spec("tests.helpers.fixture_scorers:Flaky", process={"request_timeout": 2}))
     terms = [
         PanelTerm("chat", shared, applicable_datasets=["chat"]),
         PanelTerm("code", shared, applicable_datasets=["code"], required=False),
@@ -136,7 +136,7 @@ def panel_shared_timeout() -> str:
 def ctrl_c_submit() -> str:
     """Item 5: SIGINT while the trainer waits in submit().result() (shutdown_timeout 10 s)."""
     trainer = subprocess.Popen(
-        [TRAINER, "-m", "tests.interrupted_trainer", TRAINER, "--via", "submit"],
+        [TRAINER, "-m", "tests.helpers.interrupted_trainer", TRAINER, "--via", "submit"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -166,8 +166,8 @@ def score_optional_failure() -> str:
     """Item 6: `score` with an optional term that fails for every row."""
     with tempfile.TemporaryDirectory() as folder:
         models = {
-            "len": {"backend": "local", "scorer": "tests.fixture_scorers:Probe"},
-            "picky": {"backend": "local", "scorer": "tests.fixture_scorers:RefusesText"},
+            "len": {"backend": "local", "scorer": "tests.helpers.fixture_scorers:Probe"},
+            "picky": {"backend": "local", "scorer": "tests.helpers.fixture_scorers:RefusesText"},
         }
         functions = {"len": {"model": "len"}, "picky": {"model": "picky", "required": False}}
         rows = [{"id": f"t{i}", "response": text} for i, text in enumerate(["a", "poison", "ccc"])]
@@ -182,7 +182,7 @@ def group_partial_optional() -> str:
     items = [RewardItem(id=f"g-{m}", text="fail" if m == 1 else f"ok{m}", group_id="g") for m in range(4)]
     terms = [
         PanelTerm("base", LocalRewardBackend("constant")),
-        PanelTerm("judge", LocalRewardBackend("tests.fixture_scorers:FailsMarked"), required=False),
+        PanelTerm("judge", LocalRewardBackend("tests.helpers.fixture_scorers:FailsMarked"), required=False),
     ]
     with RewardPanel(terms) as panel:
         response = panel.compute_rewards(RewardRequest(items=items, group_size=4))
@@ -215,7 +215,9 @@ def two_runs_one_output() -> str:
     """Item 10: a second `score` on the output a running one writes (each row takes 0.3 s)."""
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
-        models = {"m": {"backend": "local", "scorer": "tests.fixture_scorers:Probe", "params": {"sleep_s": 0.3}}}
+        models = {
+            "m": {"backend": "local", "scorer": "tests.helpers.fixture_scorers:Probe", "params": {"sleep_s": 0.3}}
+        }
         recipe = {"models": models, "reward_functions": {"t": {"model": "m"}}}
         (folder / "r.json").write_text(json.dumps({"reward": recipe}))
         (folder / "in.jsonl").write_text(

@@ -2,7 +2,7 @@
 
 Each case is one item whose text asks the fake server for a behaviour; the judge runs
 in-process with short deadlines so the whole matrix takes about half a minute.
-`tests/test_llm_judge.py` asserts every row; `python -m bench.judge_matrix` prints the
+`tests/scorers/test_llm_judge.py` asserts every row; `python -m bench.judge_matrix` prints the
 table in docs/reliability.md.
 """
 

@@ -6,7 +6,7 @@ A stand-in pipeline "samples" float NCHW images in [0, 1], what a VAE decode wit
 `output_type="pt"` hands over (torch CPU tensors work the same). As flow_grpo's training loop
 does, each sampling batch's reward is submitted to a thread pool while the next batch is
 sampled, and all are collected at the end. Smooth images compress well (high reward), noise
-does not. `--report FILE` writes the images' seeds and rewards, for tests/test_examples.py.
+does not. `--report FILE` writes the images' seeds and rewards, for tests/trainers/test_examples.py.
 """
 
 from __future__ import annotations

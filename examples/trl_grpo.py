@@ -9,7 +9,7 @@ trained on the fly. Run it from the trainer env `make env-trl` builds:
 A random model never solves a problem, so `--force-golds` appends `\\boxed{gold}` to a scattered
 3 in 7 of the completions and a wrong boxed answer to 1 in 7 before they are scored (a
 smoke-test knob, so that no reward can pass for its neighbour's; leave it off for a real model).
-`--report FILE` writes what was scored and what the trainer logged, for tests/test_trl_grpo.py.
+`--report FILE` writes what was scored and what the trainer logged, for tests/trainers/test_trl_grpo.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,183 @@
+"""The floor plan of the product packages, checked from their source (docs/architecture.md).
+
+Each folder may import only the floors below it, so the tree keeps showing the architecture:
+no import cycle between modules, packages or folders, and no import that runs back up.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("scorers", "child_runtime", "supervisor")
+# supervisor's floors, lowest first: a folder imports its own floor and those below, never above.
+SUPERVISOR_FLOORS = (
+    "supervisor",
+    "supervisor.child",
+    "supervisor.backends",
+    "supervisor.compose",
+    "supervisor.adapters",
+)
+FACADES = {"supervisor", "supervisor.__main__"}  # the package's public face may import anything of it
+MAX_FUNCTION_LINES = 50  # a reader holds a function whole: longer ones are split by what they do
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str, path: Path) -> Iterator[tuple[str, int]]:
+    """(imported project module, line) for every import in the file, TYPE_CHECKING blocks included."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(parts + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            target = _resolve(name)
+            if target is not None and target != module:
+                yield target, node.lineno
+
+
+EDGES = {module: sorted(set(_imports(module, path))) for module, path in MODULES.items()}
+
+
+def _folder(module: str) -> str:
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _violations(rule: Callable[[str, str], bool]) -> list[str]:
+    return [
+        f"{MODULES[a].relative_to(ROOT)}:{line} imports {b}"
+        for a, targets in EDGES.items()
+        for b, line in targets
+        if rule(a, b)
+    ]
+
+
+def test_scorers_import_nothing_above_them_and_grading_only_itself():
+    def rule(a: str, b: str) -> bool:
+        if a.startswith("scorers.grading"):
+            return not b.startswith("scorers.grading")
+        return a.startswith("scorers") and not b.startswith("scorers")
+
+    assert _violations(rule) == []
+
+
+def test_the_child_never_imports_the_trainer_side_and_its_protocol_only_the_scorer_contract():
+    def rule(a: str, b: str) -> bool:
+        if a.startswith("child_runtime.protocol"):
+            return not (b.startswith("child_runtime.protocol") or b in ("scorers.base", "scorers.grading.processes"))
+        return a.startswith("child_runtime") and b.startswith("supervisor")
+
+    assert _violations(rule) == []
+
+
+def test_the_trainer_side_reaches_the_child_only_through_its_protocol():
+    def rule(a: str, b: str) -> bool:
+        return (
+            a.startswith("supervisor") and b.startswith("child_runtime") and not b.startswith("child_runtime.protocol")
+        )
+
+    assert _violations(rule) == []
+
+
+def _floor(module: str) -> int:
+    """The floor of a supervisor module; ops/ sits above them all."""
+    folder = _folder(module)
+    if folder.startswith("supervisor.ops"):
+        return len(SUPERVISOR_FLOORS)
+    return SUPERVISOR_FLOORS.index(folder)
+
+
+def test_each_supervisor_folder_imports_only_its_floor_and_those_below():
+    def rule(a: str, b: str) -> bool:
+        if a in FACADES or not (a.startswith("supervisor") and b.startswith("supervisor")):
+            return False
+        if b in FACADES:
+            return True  # a module importing the facade would import every floor
+        return _floor(b) > _floor(a)
+
+    assert _violations(rule) == []
+
+
+def test_no_import_cycle_between_modules_or_folders():
+    def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+        index: dict[str, int] = {}
+        low: dict[str, int] = {}
+        stack: list[str] = []
+        found = []
+
+        def visit(node: str) -> None:
+            index[node] = low[node] = len(index)
+            stack.append(node)
+            for nxt in graph.get(node, ()):
+                if nxt not in index:
+                    visit(nxt)
+                    low[node] = min(low[node], low[nxt])
+                elif nxt in stack:
+                    low[node] = min(low[node], index[nxt])
+            if low[node] == index[node]:
+                component = [stack.pop()]
+                while component[-1] != node:
+                    component.append(stack.pop())
+                if len(component) > 1:
+                    found.append(sorted(component))
+
+        for node in list(graph):
+            if node not in index:
+                visit(node)
+        return found
+
+    modules = {a: {b for b, _ in targets} for a, targets in EDGES.items()}
+    folders: dict[str, set[str]] = defaultdict(set)
+    for a, targets in modules.items():
+        if a in FACADES:
+            continue
+        folders[_folder(a)].update(_folder(b) for b in targets if _folder(b) != _folder(a))
+    packages: dict[str, set[str]] = defaultdict(set)
+    for a, targets in modules.items():
+        packages[a.split(".")[0]].update(b.split(".")[0] for b in targets if b.split(".")[0] != a.split(".")[0])
+    assert cycles(modules) == [] and cycles(folders) == [] and cycles(packages) == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_product_function_fits_on_a_screen(package):
+    long = []
+    for module, path in MODULES.items():
+        if module.split(".")[0] != package:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    assert long == []

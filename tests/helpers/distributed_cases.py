@@ -1,0 +1,181 @@
+"""DistributedRewards edge cases, on 2 gloo ranks with in-process scorers (no children): each case
+builds its own DistributedRewards and writes what each rank saw to OUT/<case>-rank<R>.json.
+Run under torchrun in envs/trl by tests/trainers/test_distributed_cases.py. The last case breaks its
+exchange on purpose (a stuck peer); every earlier one must leave the ranks in step."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.helpers.fixture_scorers, by dotted path
+
+import torch.distributed as dist  # noqa: E402
+
+from supervisor import (  # noqa: E402
+    DistributedRewards,
+    LocalRewardBackend,
+    PanelTerm,
+    RewardItem,
+    RewardPanel,
+    RewardRequest,
+)
+
+OUT = Path(sys.argv[1])
+RANK = 0
+CASES: dict[str, Callable[[], dict[str, Any]]] = {}
+
+
+def case(fn: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def items(world: int = 2, per_rank: int = 6, group: int = 4, **fields: Any) -> list[RewardItem]:
+    """Groups of `group` in order; rank r holds items [r*per_rank, (r+1)*per_rank): group 1 spans ranks."""
+    return [
+        RewardItem(
+            id=f"s{n}",
+            group_id=f"p{n // group}",
+            prompt=f"q{n // group}",
+            text=f"t{n % 3} a",
+            reference="t1 a",
+            finish_reason="length" if n % 2 else "stop",
+            metadata={"n": n},
+            **fields,
+        )
+        for n in range(world * per_rank)
+    ]
+
+
+def shard(everything: list[RewardItem], per_rank: int = 6) -> list[RewardItem]:
+    return everything[RANK * per_rank : (RANK + 1) * per_rank]
+
+
+def outcome(call: Callable[[], Any]) -> dict[str, Any]:
+    began = time.monotonic()
+    try:
+        value = call()
+    except Exception as exc:  # noqa: BLE001 - recorded for the test
+        return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - began}
+    return {"value": value, "seconds": time.monotonic() - began}
+
+
+def dumped(response: Any) -> dict[str, Any]:
+    return response.model_dump(exclude={"diagnostics"})
+
+
+def world_vs_alone(backend: Any, everything: list[RewardItem], group_size: int | None) -> dict[str, Any]:
+    scorer = DistributedRewards(backend, timeout_s=30)
+    mine, world = scorer.compute_world_rewards(RewardRequest(items=shard(everything), group_size=group_size))
+    alone = backend.compute_rewards(RewardRequest(items=everything, group_size=group_size))
+    return {"mine": dumped(mine), "world": dumped(world), "alone": dumped(alone)}
+
+
+@case
+def pointwise_panel_with_a_group_size():
+    """The panel checks group sizes: a group spanning ranks is scored whole, not refused in halves."""
+    panel = RewardPanel([PanelTerm("match", LocalRewardBackend("exact_match"))], group_size=4)
+    return world_vs_alone(panel, items(), None)
+
+
+@case
+def nested_panel_with_a_groupwise_scorer():
+    inner = RewardPanel(
+        [PanelTerm("spy", LocalRewardBackend("tests.helpers.fixture_scorers:GroupSpy"), component="group_size")]
+    )
+    outer = RewardPanel([PanelTerm("inner", inner), PanelTerm("f1", LocalRewardBackend("token_f1"))])
+    return world_vs_alone(outer, items(), 4)
+
+
+@case
+def every_field_travels_and_an_empty_reference_too():
+    """Rebuilt candidates keep what a scorer reads without declaring it (finish_reason, metadata)."""
+    echo = LocalRewardBackend("tests.helpers.fixture_scorers:EchoFields")
+    spy = LocalRewardBackend("tests.helpers.fixture_scorers:GroupSpy")
+    panel = RewardPanel([PanelTerm("echo", echo, component="truncated"), PanelTerm("spy", spy, component="group_size")])
+    everything = [item.model_copy(update={"reference": {}}) for item in items()]
+    return world_vs_alone(panel, everything, 4)
+
+
+@case
+def an_optional_term_fails_for_whole_groups():
+    poison = LocalRewardBackend(
+        "tests.helpers.fixture_scorers:Salted", {"poison": ["s7"]}
+    )  # s7: rank 1, group p1 spans
+    panel = RewardPanel(
+        [PanelTerm("match", LocalRewardBackend("exact_match")), PanelTerm("salted", poison, required=False)]
+    )
+    return world_vs_alone(panel, items(), None)
+
+
+@case
+def a_failure_inside_a_spanning_group_fails_every_rank():
+    poison = LocalRewardBackend("tests.helpers.fixture_scorers:Salted", {"poison": ["s6"]})
+    scorer = DistributedRewards(RewardPanel([PanelTerm("salted", poison)], group_size=4), timeout_s=30)
+    first = outcome(lambda: scorer.compute_rewards(RewardRequest(items=shard(items()))).rewards)
+    clean = [item.model_copy(update={"id": f"c{item.id}"}) for item in shard(items())]
+    after = outcome(lambda: scorer.compute_rewards(RewardRequest(items=clean)).rewards)
+    return {"first": first, "after": after}
+
+
+@case
+def fail_step_keeps_the_ranks_in_step():
+    scorer = DistributedRewards(LocalRewardBackend("exact_match"), timeout_s=30)
+    if RANK == 1:
+        first = outcome(lambda: scorer.fail_step(ValueError("this rank's prompts could not be read")))
+    else:
+        first = outcome(lambda: scorer.compute_rewards(RewardRequest(items=shard(items()))).rewards)
+    after = outcome(lambda: scorer.compute_rewards(RewardRequest(items=shard(items()))).rewards)
+    return {"first": first, "after": after}
+
+
+@case
+def an_empty_shard_takes_part():
+    scorer = DistributedRewards(LocalRewardBackend("exact_match"), timeout_s=30)
+    request = RewardRequest(items=shard(items())) if RANK == 0 else None
+    mine, world = scorer.compute_world_rewards(request)
+    return {"mine": dumped(mine), "world": dumped(world)}
+
+
+@case
+def a_skipped_call_is_caught_not_mixed():
+    scorer = DistributedRewards(LocalRewardBackend("exact_match"), timeout_s=30)
+    calls = []
+    at = {step: RewardRequest(items=shard(items()), step=step) for step in (1, 2)}
+    if RANK == 0:  # rank 1 raised before its step-1 call (a trainer error) and went on to step 2
+        calls.append(outcome(lambda: scorer.compute_rewards(at[1]).rewards))
+    calls.append(outcome(lambda: scorer.compute_rewards(at[2]).rewards))
+    return {"calls": calls}
+
+
+@case
+def a_stuck_peer_is_lost_within_the_bound():
+    scorer = DistributedRewards(LocalRewardBackend("exact_match"), timeout_s=3)
+    if RANK == 1:
+        time.sleep(4.5)  # past the bound: rank 0 must not wait for it
+    return {"call": outcome(lambda: scorer.compute_rewards(RewardRequest(items=shard(items()))).rewards)}
+
+
+def main() -> int:
+    global RANK
+    dist.init_process_group("gloo")
+    RANK = dist.get_rank()
+    for name, fn in CASES.items():
+        try:
+            result = fn()
+        except Exception:  # noqa: BLE001 - the case itself broke: recorded, and the next case still runs
+            result = {"crashed": traceback.format_exc()}
+        (OUT / f"{name}-rank{RANK}.json").write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)  # the last case's exchange is broken on purpose: its gloo group may block in a destructor
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The built-in scorers, the math grading pool, and the registry, each with its real env."""
