@@ -77,26 +77,29 @@ class Retry:
     def call(self, attempt: Callable[[], T]) -> T:
         """`attempt()`'s result, from the first try that succeeds."""
         while True:
-            self.tries += 1
-            try:
-                return attempt()
-            except self.retry_on as exc:
-                pause = self._pause_after(exc)
-                if pause is None:
-                    raise
-            self.sleep(pause)  # outside the handler: an error it raises is not chained to the try's
+            outcome = self._try(attempt)
+            if isinstance(outcome, tuple):
+                return outcome[0]
+            self.sleep(outcome)  # outside the handler: an error it raises is not chained to the try's
 
     async def call_async(self, attempt: Callable[[], T]) -> T:
         """`call` for a coroutine: the pauses are `asyncio.sleep` (not `sleep`), the event loop stays free."""
         while True:
-            self.tries += 1
-            try:
-                return attempt()
-            except self.retry_on as exc:
-                pause = self._pause_after(exc)
-                if pause is None:
-                    raise
-            await asyncio.sleep(pause)
+            outcome = self._try(attempt)
+            if isinstance(outcome, tuple):
+                return outcome[0]
+            await asyncio.sleep(outcome)
+
+    def _try(self, attempt: Callable[[], T]) -> tuple[T] | float:
+        """One try: (its result,), or the pause before the next; the try's error when the loop gives up."""
+        self.tries += 1
+        try:
+            return (attempt(),)
+        except self.retry_on as exc:
+            pause = self._pause_after(exc)
+            if pause is None:
+                raise
+        return pause
 
     def _pause_after(self, exc: Exception) -> float | None:
         """The pause before the next try, or None (and `gave_up` set) when there is none."""

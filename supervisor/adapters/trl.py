@@ -52,6 +52,14 @@ def completion_text(completion: Any, where: str = "completion") -> str:
     )
 
 
+def _trl_extras(columns: dict[str, Any]) -> tuple[Callable[[str, float], None] | None, int | None]:
+    """What TRL passes beside the dataset's columns, taken out of them: its metric logger and its step."""
+    log_metric = columns.pop("log_metric", None)
+    step = getattr(columns.pop("trainer_state", None), "global_step", None)
+    columns.pop("log_extra", None)
+    return log_metric, step
+
+
 def _training(log_metric: Any) -> bool | None:
     """Whether TRL is training (not evaluating): its `log_metric` is a method of the trainer."""
     model = getattr(getattr(log_metric, "__self__", None), "model", None)
@@ -176,9 +184,7 @@ class TRLRewardFunction:
     def __call__(
         self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any = None, **columns: Any
     ) -> list[float]:
-        log_metric = columns.pop("log_metric", None)
-        step = getattr(columns.pop("trainer_state", None), "global_step", None)
-        columns.pop("log_extra", None)
+        log_metric, step = _trl_extras(columns)
         try:
             request = self._request(prompts, completions, completion_ids, columns, _training(log_metric), step)
         except Exception as exc:
@@ -192,9 +198,7 @@ class TRLRewardFunction:
         async def reward(
             prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any = None, **columns: Any
         ) -> list[float]:
-            log_metric = columns.pop("log_metric", None)
-            step = getattr(columns.pop("trainer_state", None), "global_step", None)
-            columns.pop("log_extra", None)
+            log_metric, step = _trl_extras(columns)
             try:
                 request = self._request(prompts, completions, completion_ids, columns, _training(log_metric), step)
             except Exception as exc:
