@@ -121,9 +121,8 @@ def check_response(request: RewardRequest, response: RewardResponse) -> None:
     """Independent of the backend: ids, success flags and finiteness, per sample."""
     if response.ids != request.ids:
         raise RewardContractError(f"backend answered for ids {response.ids[:5]}..., expected {request.ids[:5]}...")
-    optional = {item_id for failure in response.term_failures for item_id in failure.ids}
-    for i, item_id in enumerate(request.ids):
-        if not response.successes[i] and item_id not in optional:  # failed, not short of an optional term
+    for i, (item_id, usable) in enumerate(zip(request.ids, response.usable(), strict=True)):
+        if not usable:  # failed, not short of an optional term
             raise RewardContractError(f"sample {item_id!r} (index {i}) failed: {response.errors[i]}")
     problem = first_non_finite(response)
     if problem is not None:

@@ -177,9 +177,10 @@ def first_non_finite(response: RewardResponse) -> str | None:
     components (a success's, and an item's that is short of an optional term only). The model
     checks it when built, RewardService again at the end (a response built without validation);
     what is wrong, or None."""
-    optional = {item_id for failure in response.term_failures for item_id in failure.ids}
-    for index, (ok, reward) in enumerate(zip(response.successes, response.rewards, strict=True)):
-        if not ok and response.ids[index] not in optional:
+    for index, (ok, usable, reward) in enumerate(
+        zip(response.successes, response.usable(), response.rewards, strict=True)
+    ):
+        if not usable:
             continue
         if not math.isfinite(reward):
             state = "marked a success" if ok else "short of an optional term only"
@@ -253,6 +254,11 @@ class RewardResponse(BaseModel):
                         f"{'does not apply or failed' if expected_none else 'applies and succeeded'}"
                     )
         return self
+
+    def usable(self) -> list[bool]:
+        """Per item, whether a trainer may use its reward: a success, or short of an optional term only."""
+        optional = {item_id for failure in self.term_failures for item_id in failure.ids}
+        return [ok or item_id in optional for ok, item_id in zip(self.successes, self.ids, strict=True)]
 
     @classmethod
     def checked(cls, **fields: Any) -> RewardResponse:

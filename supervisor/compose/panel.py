@@ -234,7 +234,7 @@ class RewardPanel(RewardBackend):
     ) -> None:
         """One backend's outcome into `got`: its values, its optional terms' failure, or a fatal error."""
         if isinstance(outcome, ScorerItemsFailed) and outcome.partial is not None and not _any_required(call):
-            self._take_partial(call, outcome, request, got.values, got.diagnostics, got.failures)
+            self._take_partial(call, outcome, request, got)
             return
         if isinstance(outcome, ScorerRequestError):  # the scorer's own refusal: perhaps of an optional item
             narrowed = self._required_share(call, request)
@@ -242,11 +242,11 @@ class RewardPanel(RewardBackend):
                 (retry,) = self._score_concurrently(request, [narrowed])
                 if not isinstance(retry, BaseException):
                     got.failures.extend(self._failed(t, call, request, outcome) for t in call.terms if not t.required)
-                    self._take(narrowed, retry, request, got.values, got.diagnostics, got.failures)
+                    self._take(narrowed, retry, request, got)
                     return
                 outcome = retry  # the required terms' own items fail too
         if not isinstance(outcome, BaseException):
-            self._take(call, outcome, request, got.values, got.diagnostics, got.failures)
+            self._take(call, outcome, request, got)
             return
         why = _fatal_reason(call, outcome)
         if why is not None:
@@ -337,54 +337,41 @@ class RewardPanel(RewardBackend):
         # Daemon threads, one per backend (see fanout): a Ctrl-C never waits for an in-process scorer.
         return on_each(calls, one, "panel", on_interrupt=interrupt)
 
-    def _take_partial(
-        self,
-        call: _Call,
-        error: ScorerItemsFailed,
-        request: RewardRequest,
-        values: dict[str, list[float | None]],
-        diagnostics: dict[str, Any],
-        failures: list[TermFailure],
-    ) -> None:
+    def _take_partial(self, call: _Call, error: ScorerItemsFailed, request: RewardRequest, got: _Gathered) -> None:
         """Optional terms whose backend could not score some items: those items get nothing from
         them (recorded by id), the others keep their values."""
         missing = [p for p in call.positions if request.items[p].id in error.failed]
         gone = set(missing)
         scored = _Call(call.backend, call.terms, [p for p in call.positions if p not in gone])
-        self._take(scored, error.partial, request, values, diagnostics, failures)
+        self._take(scored, error.partial, request, got)
         for term in call.terms:
             ids = [request.items[p].id for p in missing if term.applies(request.items[p])]
             if ids:
                 _warn_repeatedly(term.name, str(error), "%d items got no value from it", len(ids))
-                failures.append(TermFailure(term=term.name, ids=ids, error=str(error), kind=type(error).__name__))
+                got.failures.append(TermFailure(term=term.name, ids=ids, error=str(error), kind=type(error).__name__))
 
-    def _take(
-        self,
-        call: _Call,
-        response: RewardResponse,
-        request: RewardRequest,
-        values: dict[str, list[float | None]],
-        diagnostics: dict[str, Any],
-        failures: list[TermFailure],
-    ) -> None:
+    def _take(self, call: _Call, response: RewardResponse, request: RewardRequest, got: _Gathered) -> None:
+        """A backend's answer for its terms: their values at the call's positions, nested failures, reports."""
         expected = [request.items[p].id for p in call.positions]
         if response.ids != expected:  # a backend answered for other samples: never attach
             raise RewardContractError(f"backend for terms {[t.name for t in call.terms]} answered for other ids")
+        usable = response.usable()  # and so finite: the response's own rule (types.first_non_finite)
         for term in call.terms:
             source = response.rewards if term.component is None else response.component_rewards[term.component]
             for j, position in enumerate(call.positions):
                 if term.applies(request.items[position]):
                     value = source[j]
-                    if value is None or not math.isfinite(value):
-                        raise RewardContractError(f"term {term.name!r}: no finite value for id {expected[j]!r}")
-                    values[term.name][position] = value
+                    if value is None or not usable[j]:
+                        why = response.errors[j] or "no value"
+                        raise RewardContractError(f"term {term.name!r}: no usable value for id {expected[j]!r} ({why})")
+                    got.values[term.name][position] = value
             for inner in response.term_failures:  # a panel inside a panel: its optional terms' failures
-                failures.append(inner.model_copy(update={"term": f"{term.name}.{inner.term}"}))
+                got.failures.append(inner.model_copy(update={"term": f"{term.name}.{inner.term}"}))
             reports = response.diagnostics
             if len(reports) == 1:
-                diagnostics[term.name] = next(iter(reports.values()))
+                got.diagnostics[term.name] = next(iter(reports.values()))
             else:  # a panel inside a panel: its terms' reports, named under this term
-                diagnostics.update({f"{term.name}.{inner}": rep for inner, rep in reports.items()})
+                got.diagnostics.update({f"{term.name}.{inner}": rep for inner, rep in reports.items()})
 
     def _check_owner(self) -> None:
         for term in self.terms:
