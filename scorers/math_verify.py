@@ -21,7 +21,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, reference_answer
-from scorers.grading.pool import GradingPool, GradingTaskError, overflow_options
+from scorers.grading.config import overflow_options
+from scorers.grading.errors import GradingTaskError
+from scorers.grading.pool import GradingPool
 
 log = logging.getLogger(__name__)
 TIMEOUT_ENV = "MATH_VERIFY_TIMEOUT_S"

@@ -1,6 +1,12 @@
 """Trainer side of managed-scorers: one RewardBackend interface over in-process,
 managed-child and remote scorers.
 
+This module is the facade: every public name, `from supervisor import X`. The modules at the
+top of the folder are the trainer contract (types, errors, backend, service, verify, config,
+submit, fanout, arena, tensors, scorer_envs) and import no folder of the package; the folders
+sit on floors above them, child/ < backends/ < compose/ < adapters/, with ops/ on top
+(docs/architecture.md; tests/contract/test_architecture.py checks it).
+
 Note: `supervisor` is also supervisord's import name; never install both in one env.
 """
 

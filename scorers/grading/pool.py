@@ -57,33 +57,14 @@ from typing import Any
 from scorers.grading.config import (
     DEFAULT_MEMORY_BUDGET_BYTES,
     DEFAULT_MEMORY_CAP_BYTES,
-    DEFAULT_SOFT_TIMEOUT_S,
-    MIN_OVERFLOW,
-    WAIT_FACTOR,
     PoolConfig,
     build_config,
-    overflow_options,
 )
-from scorers.grading.errors import GradingPoolError, GradingTaskError
+from scorers.grading.errors import GradingPoolError
 from scorers.grading.mp_helpers import acquire_helpers, release_helpers
 from scorers.grading.outcomes import GradeOutcome
 from scorers.grading.tasks import TaskManager
-from scorers.grading.workers import REAP_TIMEOUT_S, RECYCLE_GROWTH_BYTES, WorkerManager, describe_exitcode
-
-__all__ = [
-    "DEFAULT_MEMORY_BUDGET_BYTES",
-    "DEFAULT_MEMORY_CAP_BYTES",
-    "DEFAULT_SOFT_TIMEOUT_S",
-    "MIN_OVERFLOW",
-    "RECYCLE_GROWTH_BYTES",
-    "WAIT_FACTOR",
-    "GradeOutcome",
-    "GradingPool",
-    "GradingPoolError",
-    "GradingTaskError",
-    "describe_exitcode",
-    "overflow_options",
-]
+from scorers.grading.workers import REAP_TIMEOUT_S, WorkerManager
 
 log = logging.getLogger(__name__)
 

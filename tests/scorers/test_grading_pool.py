@@ -15,7 +15,9 @@ from typing import Any
 import psutil
 import pytest
 
-from scorers.grading.pool import GradeOutcome, GradingPool, GradingPoolError, GradingTaskError
+from scorers.grading.errors import GradingPoolError, GradingTaskError
+from scorers.grading.outcomes import GradeOutcome
+from scorers.grading.pool import GradingPool
 from tests.conftest import eventually
 from tests.helpers.grading_fixtures import multiprocessing_helpers, wait_gone
 
@@ -331,7 +333,7 @@ def test_the_soft_deadline_counts_cpu_time_so_a_busy_machine_moves_no_ordinary_t
 
 @pytest.mark.slow
 def test_a_task_that_waits_moves_once_it_held_its_slot_for_wait_factor_soft_deadlines(make_pool):
-    from scorers.grading.pool import WAIT_FACTOR
+    from scorers.grading.config import WAIT_FACTOR
 
     pool = make_pool("sleep_for", jobs=1, timeout_s=10.0, soft_timeout_s=0.1)
     brief, waits = pool.grade([(0.1 * WAIT_FACTOR / 2, "brief"), (30.0, "waits"), *[(0.0, n) for n in range(5)]])[:2]
