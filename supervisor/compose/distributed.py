@@ -19,6 +19,7 @@ travels are JSON documents as byte tensors: never pickles, never media.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -113,6 +114,12 @@ class DistributedRewards(RewardBackend):
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         """This rank's rewards; `request.step` (the trainer's step) is checked against the other ranks'."""
         return self.compute_world_rewards(request)[0]
+
+    async def compute_rewards_async(self, request: RewardRequest) -> RewardResponse:
+        """In a thread of its own, outside the submission queue: a step is a collective that every
+        rank must finish, so a cancelled coroutine neither drops it while queued nor interrupts it
+        midway (the thread completes the step; nobody reads its answer)."""
+        return await asyncio.to_thread(self.compute_rewards, request)
 
     def compute_world_rewards(
         self, request: RewardRequest | None, step: int | None = None

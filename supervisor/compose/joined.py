@@ -31,10 +31,12 @@ def join_rows(
         for failure in response.term_failures:
             if item_id in failure.ids:
                 failures.setdefault((failure.term, failure.error, failure.kind), []).append(item_id)
-    return RewardResponse(
+    return RewardResponse.checked(  # each row keeps its own success and error, as its backend stated them
         ids=ids,
         rewards=[r.rewards[i] for r, i in sources],
         component_rewards={t: [r.component_rewards[t][i] for r, i in sources] for t in terms},
+        successes=[r.successes[i] for r, i in sources],
+        errors=[r.errors[i] for r, i in sources],
         applicable={t: [r.applicable[t][i] if t in r.applicable else True for r, i in sources] for t in masks},
         term_failures=[
             {"term": term, "ids": failed, "error": error, "kind": kind}
