@@ -15,12 +15,12 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from child_runtime.protocol import exit_codes
 from supervisor.backend import RewardBackend
+from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.config import BackendConfig, ManagedScorerProcessSpec, PanelConfig, RemoteBackendConfig
 from supervisor.errors import ConfigError, ScorerStartupError
 from supervisor.ops.preflight import preflight
@@ -117,12 +117,17 @@ def _check_backend(term: str, config: BackendConfig, group_size: int | None, say
     if backend is None:
         return False
     with backend:
-        ready: dict[str, Any] = getattr(backend, "ready_info", {}) or {}
-        if isinstance(config, ManagedScorerProcessSpec):
-            boot_s = getattr(backend, "timings", {}).get("spawn_to_ready_s")
+        managed = backend if isinstance(backend, ManagedScorerProcessBackend) else None
+        ready = managed.ready_info if managed is not None else {}
+        if managed is not None:
+            boot_s = managed.timings.get("spawn_to_ready_s")
             say(Check(f"{where}: child boots", True, f"pid {ready.get('pid')}, ready in {boot_s or 0:.2f} s"))
         ok = _sample_scores(where, backend, config.client.input_kind, group_size, say)
-        if isinstance(config, ManagedScorerProcessSpec) and config.client.shared_memory_min_bytes is not None:
+        if (
+            managed is not None
+            and isinstance(config, ManagedScorerProcessSpec)
+            and config.client.shared_memory_min_bytes is not None
+        ):
             shared = bool(ready.get("shared_memory"))
             say(
                 Check(
