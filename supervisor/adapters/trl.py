@@ -6,8 +6,8 @@ overlong shaping), and every dataset column (one entry per completion; `data_sou
 passed on for per-dataset weights), plus `log_metric`. It passes no ids and no group ids: ids are made here; a
 groupwise scorer gets groups rebuilt from TRL's layout (each prompt's `num_generations`
 completions side by side, `num_generations_eval` when evaluating, checked on the whole prompt)
-in a single process, and is refused under several processes,
-where a group can span them (never guessed). TRL has no cleanup hook: the backend is closed
+in a single process (a panel with a groupwise term alike), and is refused under several
+processes, where a group can span them (never guessed), unless DistributedRewards rebuilds them. TRL has no cleanup hook: the backend is closed
 at interpreter exit unless the caller closes it first.
 """
 
@@ -82,7 +82,8 @@ class TRLRewardFunction:
         self.backend = backend
         self.reference_column = reference_column
         shape = backend.shape
-        self.groupwise = bool(shape and shape.groupwise)
+        # a groupwise scorer anywhere inside (a panel's term too) gets groups rebuilt from TRL's layout
+        self.groupwise = any(leaf.shape is not None and leaf.shape.groupwise for leaf in backend.leaves())
         if self.groupwise and num_generations is None:
             raise ConfigError("a groupwise scorer needs num_generations (TRL passes no group ids)")
         self.num_generations = num_generations

@@ -257,3 +257,28 @@ def test_trl_eval_groups_use_num_generations_eval_checked_on_the_whole_prompt():
             log_metric=_Trainer(False)._log_metric,
         )
         assert pairs == [1.0, 0.0, 1.0, 0.0] and one_group != pairs
+
+
+def test_trl_panel_with_a_groupwise_term_gets_groups_like_a_groupwise_scorer():
+    """A panel's groupwise term gets TRL's groups rebuilt too; its rewards are the terms' own, summed."""
+    exact, judge = LocalRewardBackend("exact_match"), LocalRewardBackend("pairwise_judge", {"inner": "token_f1"})
+    panel = RewardPanel([PanelTerm("exact", exact), PanelTerm("judge", judge, weight=0.5)], owns_backends=False)
+    with exact, judge:
+        with pytest.raises(ConfigError, match="needs num_generations"):
+            TRLRewardFunction(panel, close_at_exit=False)
+        reward = TRLRewardFunction(panel, num_generations=2, close_at_exit=False)
+        prompts, completions, golds = ["p", "p", "q", "q"], ["a b", "a", "c", "d"], ["a b"] * 2 + ["c"] * 2
+        got = reward(prompts=prompts, completions=completions, solution=golds)
+        items = [
+            RewardItem(id=f"x{i}", group_id=f"g{i // 2}", text=c, reference=g)
+            for i, (c, g) in enumerate(zip(completions, golds, strict=True))
+        ]
+        direct = [
+            e + 0.5 * j
+            for e, j in zip(
+                exact.compute_rewards(RewardRequest(items=items, group_size=2)).rewards,
+                judge.compute_rewards(RewardRequest(items=items, group_size=2)).rewards,
+                strict=True,
+            )
+        ]
+        assert got == direct == [1.5, 0.0, 1.5, 0.0]
