@@ -17,6 +17,7 @@ from supervisor.backends.remote import RemoteRewardBackend
 from supervisor.compose.distributed import DistributedRewards, RankFailed, RankLost
 from supervisor.compose.overlap import OverlappedScoring, micro_batches, score_while_generating
 from supervisor.compose.panel import BackendPool, PanelTerm, RewardPanel
+from supervisor.compose.recipes import Recipe, build_panel, build_panels, load_recipe
 from supervisor.compose.replicas import ReplicatedBackend
 from supervisor.config import (
     ClientConfig,
@@ -46,7 +47,6 @@ from supervisor.errors import (
     ScorerUnavailable,
 )
 from supervisor.ops.preflight import PreflightError, PreflightReport, preflight
-from supervisor.ops.recipes import Recipe, build_panel, build_panels, load_recipe
 from supervisor.service import MissingTokenCountError, PrecomputedRewardError, RewardService
 from supervisor.submit import SubmissionQueueFull
 from supervisor.types import RewardItem, RewardRequest, RewardResponse, TermFailure

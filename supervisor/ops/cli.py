@@ -65,9 +65,9 @@ def _folder(value: str) -> Path:
 
 
 def _score(args: argparse.Namespace) -> int:
+    from supervisor.compose.recipes import build_panels, load_recipe
     from supervisor.ops.dataset_output import OutputClaim, header_for, plan_output
     from supervisor.ops.dataset_rows import read_rows
-    from supervisor.ops.recipes import build_panels, load_recipe
     from supervisor.ops.score_dataset import metrics_line, score_dataset
 
     columns = _columns(args)
@@ -178,7 +178,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _recipes(args: argparse.Namespace) -> int:
-    from supervisor.ops.recipes import example_recipe, example_recipes
+    from supervisor.ops.shipped_recipes import example_recipe, example_recipes
 
     if args.name is None:
         for name, path in example_recipes().items():
@@ -240,7 +240,7 @@ def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 def _add_score(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     score = commands.add_parser("score", help="score a JSONL dataset through a recipe's panel into a JSONL output")
     score.add_argument(
-        "--recipe", type=_folder, required=True, help="a reward recipe (YAML), see supervisor.ops.recipes"
+        "--recipe", type=_folder, required=True, help="a reward recipe (YAML), see supervisor.compose.recipes"
     )
     score.add_argument("--input", type=_folder, required=True, help="JSONL, one object per row")
     score.add_argument("--output", type=_folder, required=True, help="JSONL: a header line, then one row per input row")

@@ -15,8 +15,8 @@ import numpy as np
 
 from supervisor.backends.local import LocalRewardBackend
 from supervisor.backends.managed import ManagedScorerProcessBackend
+from supervisor.compose.recipes import build_panels, load_recipe
 from supervisor.ops.preflight import preflight
-from supervisor.ops.recipes import build_panels, load_recipe
 from supervisor.types import RewardItem, RewardRequest
 
 SAMPLES = Path(__file__).with_name("demo_samples.json")

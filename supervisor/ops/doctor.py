@@ -21,10 +21,10 @@ import numpy as np
 from child_runtime.protocol import exit_codes
 from supervisor.backend import RewardBackend
 from supervisor.backends.managed import ManagedScorerProcessBackend
+from supervisor.compose.recipes import load_recipe, make_backend
 from supervisor.config import BackendConfig, ManagedScorerProcessSpec, PanelConfig, RemoteBackendConfig
 from supervisor.errors import ConfigError, ScorerStartupError
 from supervisor.ops.preflight import preflight
-from supervisor.ops.recipes import load_recipe, make_backend
 from supervisor.types import RewardItem, RewardRequest
 
 PYTHON_RUN_TIMEOUT_S = 60.0

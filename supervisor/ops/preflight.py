@@ -26,9 +26,9 @@ from scorers.base import ScorerSpec
 from scorers.identity import scorer_identity_hash
 from scorers.registry import CatalogError, UnknownScorerError, resolve_scorer
 from supervisor.child.import_root import CHILD_PACKAGES
+from supervisor.compose.recipes import Recipe, load_recipe
 from supervisor.config import LocalBackendConfig, ManagedScorerProcessSpec, PanelConfig, RemoteBackendConfig
 from supervisor.errors import ConfigError
-from supervisor.ops.recipes import Recipe, load_recipe
 
 CHILD_RUNTIME_MODULES = ("numpy", "starlette", "uvicorn")
 

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from supervisor import ConfigError, RewardItem, RewardRequest, build_panels, load_recipe, preflight
-from supervisor.ops.recipes import instantiate
+from supervisor.compose.recipes import instantiate
 from tests.conftest import REPO_ROOT
 
 RECIPES = REPO_ROOT / "supervisor" / "ops" / "example_recipes"  # shipped with the package

@@ -12,8 +12,8 @@ import pytest
 
 from supervisor import ConfigError, ManagedScorerProcessSpec, ReplicatedBackend, RewardItem, RewardRequest
 from supervisor.backends.managed import ManagedScorerProcessBackend
+from supervisor.compose.recipes import make_backend
 from supervisor.errors import ScorerProcessDied, ScorerStartupError
-from supervisor.ops.recipes import make_backend
 from tests.conftest import REPO_ROOT, eventually, wait_until_gone
 
 pytestmark = pytest.mark.slow

@@ -82,22 +82,6 @@ def instantiate(node: Any) -> Any:
     return node
 
 
-EXAMPLES = Path(__file__).resolve().parent / "example_recipes"
-
-
-def example_recipes() -> dict[str, Path]:
-    """The recipes that ship with the package, by name (`managed-scorers recipes NAME` prints one): a
-    verl-omni recipe and a UniRL `_target_` tree, each naming its scorer envs, so they run installed."""
-    return {path.stem: path for path in sorted(EXAMPLES.glob("*.yaml"))}
-
-
-def example_recipe(name: str) -> Path:
-    recipes = example_recipes()
-    if name not in recipes:
-        raise ConfigError(f"no example recipe named {name!r} (there are: {', '.join(recipes)})")
-    return recipes[name]
-
-
 def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any]) -> Recipe:
     """Parse a recipe of any supported style into panel configs; starts nothing. What the config
     models refuse is a ConfigError naming the recipe (one line, never a pydantic traceback)."""
