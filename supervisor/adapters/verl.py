@@ -10,13 +10,18 @@ coalesces the per-item tasks verl's reward loop makes into one request (`max_bat
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import itertools
+import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from supervisor.adapters import items as adapter_items
 from supervisor.backend import RewardBackend
 from supervisor.compose.coalesce import Coalescer
+from supervisor.compose.recipes import build_panels, load_recipe
 from supervisor.errors import ConfigError, ScorerRequestError
 from supervisor.tensors import numpy_view
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
@@ -119,3 +124,97 @@ class VerlComputeScore:
             raise ValueError("data_sources, solution_strs, ground_truths and extra_infos differ in length")
         items = [_item(*row) for row in zip(data_sources, solution_strs, ground_truths, extras, strict=True)]
         return _scores(self.backend.compute_rewards(RewardRequest(items=items)))
+
+
+# -- installed use, no file to copy -----------------------------------------------------------
+# reward.custom_reward_function: {path: pkg://supervisor.adapters.verl, name: compute_score,
+#                                 reward_kwargs: {recipe: /path/reward.yaml}}
+# verl loads the function by module (so its partial pickles by reference: the `remote` manager
+# ships it to other workers) and passes reward_kwargs on every call. Each process builds one
+# panel per recipe on its first call, off the event loop, and closes it at exit; a process made
+# by fork builds its own (a backend belongs to the process that made it).
+RECIPE_VARIABLE = "MANAGED_SCORERS_RECIPE"  # the recipe when reward_kwargs names none
+_SCORERS: dict[tuple[int, str, str], VerlComputeScore] = {}
+_FAILED: dict[tuple[int, str, str], Exception] = {}
+_BUILDING = threading.Lock()
+
+
+def _key(recipe: str | None, panel: str) -> tuple[int, str, str]:
+    path = recipe or os.environ.get(RECIPE_VARIABLE)
+    if not path:
+        raise ConfigError(
+            f"no reward recipe: give reward_kwargs: {{recipe: /path/reward.yaml}} to verl's custom_reward_function, "
+            f"or set ${RECIPE_VARIABLE}"
+        )
+    if panel not in ("train", "validation"):
+        raise ConfigError(f"panel must be 'train' or 'validation', got {panel!r}")
+    return os.getpid(), os.path.realpath(path), panel
+
+
+def scorer_for(recipe: str | None = None, panel: str = "train") -> VerlComputeScore:
+    """This process's `VerlComputeScore` over the recipe's panel, built on first use. A build that
+    failed fails every later call of this process with the same error (no call waits out a boot)."""
+    key = _key(recipe, panel)
+    with _BUILDING:
+        if key in _FAILED:
+            raise _FAILED[key]
+        if key not in _SCORERS:
+            try:
+                train, validation = build_panels(load_recipe(key[1]))
+            except Exception as exc:
+                _FAILED[key] = exc
+                raise
+            chosen = train if panel == "train" else validation
+            if chosen is None:
+                train.close()
+                raise ConfigError(f"{key[1]} has no validation panel")
+            atexit.register(train.close)
+            if validation is not None:
+                atexit.register(validation.close)
+            _SCORERS[key] = VerlComputeScore(chosen)
+        return _SCORERS[key]
+
+
+async def compute_score(
+    data_source: str | None,
+    solution_str: str | None = None,
+    ground_truth: Any = None,
+    extra_info: Mapping[str, Any] | None = None,
+    *,
+    recipe: str | None = None,
+    panel: str = "train",
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """verl's reward loop (every manager, async): one call per rollout, coalesced into requests."""
+    ready = _SCORERS.get(_key(recipe, panel))
+    if ready is None:  # the first call of this process: the boot runs off the event loop
+        ready = await asyncio.to_thread(scorer_for, recipe, panel)
+    return await ready.acompute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+
+
+def compute_score_sync(
+    data_source: str | None,
+    solution_str: str | None = None,
+    ground_truth: Any = None,
+    extra_info: Mapping[str, Any] | None = None,
+    *,
+    recipe: str | None = None,
+    panel: str = "train",
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """The same for a caller that wants a plain function (verl runs it in an executor)."""
+    return scorer_for(recipe, panel)(data_source, solution_str, ground_truth, extra_info, **kwargs)
+
+
+def compute_score_batch(
+    data_sources: Sequence[str | None],
+    solution_strs: Sequence[str],
+    ground_truths: Sequence[Any],
+    extra_infos: Sequence[Mapping[str, Any] | None] | None = None,
+    *,
+    recipe: str | None = None,
+    panel: str = "train",
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    """verl's legacy batch form: lists in, one dict per item out."""
+    return scorer_for(recipe, panel).compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos)
