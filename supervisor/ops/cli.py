@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -189,6 +190,18 @@ def _recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+INTEGRATIONS = {"openrlhf": "supervisor.adapters.openrlhf"}  # a file the framework loads by path
+
+
+def _integrations(args: argparse.Namespace) -> int:
+    """The path of the file a framework loads by path (found, not imported: ops never drives an adapter)."""
+    spec = importlib.util.find_spec(INTEGRATIONS[args.framework])
+    if spec is None or spec.origin is None:
+        raise ConfigError(f"{INTEGRATIONS[args.framework]} is not installed with this package")
+    print(spec.origin)
+    return 0
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from supervisor.ops.doctor import doctor
 
@@ -209,6 +222,11 @@ def parser() -> argparse.ArgumentParser:
     examples = commands.add_parser("recipes", help="the example recipes that ship with the package: list, or print one")
     examples.add_argument("name", nargs="?", metavar="NAME", help="print this one (a YAML recipe to start from)")
     examples.set_defaults(run=_recipes)
+    integrations = commands.add_parser(
+        "integrations", help="the file a framework loads by path (OpenRLHF's reward_func)"
+    )
+    integrations.add_argument("framework", choices=sorted(INTEGRATIONS))
+    integrations.set_defaults(run=_integrations)
     checkup = commands.add_parser("doctor", help="check a recipe end to end: envs, boot, one sample, shared memory")
     checkup.add_argument("recipe", type=_folder, help="a reward recipe (YAML)")
     checkup.set_defaults(run=_doctor)
