@@ -91,6 +91,7 @@ class _Scorer:
 
 
 _SCORERS: dict[tuple[int, str], _Scorer] = {}
+_FAILED: dict[tuple[int, str], Exception] = {}  # a failed build fails every later call at once (no reboot per call)
 _BUILDING = threading.Lock()
 
 
@@ -100,8 +101,14 @@ def scorer_for(recipe: str | None = None) -> _Scorer:
         raise ConfigError(f"no reward recipe: set ${RECIPE_VARIABLE} to the recipe OpenRLHF's rewards come from")
     key = (os.getpid(), os.path.realpath(path))
     with _BUILDING:
+        if key in _FAILED:
+            raise _FAILED[key]
         if key not in _SCORERS:
-            _SCORERS[key] = _Scorer(key[1])
+            try:
+                _SCORERS[key] = _Scorer(key[1])
+            except Exception as exc:
+                _FAILED[key] = exc
+                raise
         return _SCORERS[key]
 
 
