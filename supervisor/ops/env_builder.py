@@ -2,7 +2,11 @@
 
 A build is `python -m venv` plus pip (pip's own configuration applies: index, find-links,
 constraints), run from the spec's folder so relative paths in it mean the same from anywhere.
-A `# key: a b` line in a spec names the packages `envs list` reports.
+A `# key: a b` line in a spec names the packages `envs list` reports. A `# no-deps: a==1 b==2` line
+installs those after the rest with `--no-deps --ignore-requires-python`: a framework whose published
+metadata pins what its reward path never imports (a CUDA stack, another transformers) is installed
+as its users do, with the few packages that path imports listed as ordinary lines; `pip check`
+then ignores only what those packages declare.
 The stamp (the hash of the spec's requirement lines, plus the pyproject.toml of any `-e`
 project) is written last: an interrupted or failed build is redone, never taken as built.
 """
@@ -14,6 +18,7 @@ import fcntl
 import hashlib
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +45,15 @@ def key_packages(requirements: Path) -> list[str]:
     return []
 
 
+def no_deps_lines(requirements: Path) -> list[str]:
+    """The requirements a `# no-deps:` line names (installed without their declared dependencies)."""
+    found: list[str] = []
+    for line in requirements.read_text().splitlines():
+        if line.startswith("# no-deps:"):
+            found += line.removeprefix("# no-deps:").split()
+    return found
+
+
 def spec_hash(requirements: Path) -> str:
     """What a build depends on: the requirement lines (comments aside) and each `-e` project's pyproject."""
     digest = hashlib.sha256()
@@ -48,6 +62,8 @@ def spec_hash(requirements: Path) -> str:
         if line.startswith("-e "):
             pyproject = (requirements.parent / line[3:].strip()) / "pyproject.toml"
             digest.update(pyproject.read_bytes() if pyproject.is_file() else b"")
+    for line in no_deps_lines(requirements):
+        digest.update(b"no-deps " + line.encode() + b"\n")
     return digest.hexdigest()
 
 
@@ -112,9 +128,22 @@ def build(
         (venv / MARKER).write_text("made by managed-scorers envs build\n")
         pip = [str(venv / "bin" / "python"), "-m", "pip"]
         _run([*pip, "install", "-q", "--no-input", "-r", str(requirements)], requirements.parent, "pip install")
-        _run([*pip, "check"], requirements.parent, "pip check")
+        unpinned = no_deps_lines(requirements)
+        if unpinned:
+            flags = ["--no-deps", "--ignore-requires-python"]
+            _run([*pip, "install", "-q", "--no-input", *flags, *unpinned], requirements.parent, "pip install --no-deps")
+        _check(pip, requirements.parent, {_normal(re.split(r"[=<>!~\[ ]", line, maxsplit=1)[0]) for line in unpinned})
         stamp.write_text(want + "\n")
     return True
+
+
+def _check(pip: list[str], cwd: Path, exempt: set[str]) -> None:
+    """`pip check`, except for what the packages installed without their dependencies declare."""
+
+    def others(output: str) -> bool:
+        return any(_normal(line.split(" ", 1)[0]) not in exempt for line in output.splitlines() if line.strip())
+
+    _run([*pip, "check"], cwd, "pip check", fails=others)
 
 
 def _remove_own(venv: Path) -> None:
@@ -161,7 +190,8 @@ def _clean_environment() -> dict[str, str]:
     return env
 
 
-def _run(command: list[str], cwd: Path, what: str) -> None:
+def _run(command: list[str], cwd: Path, what: str, fails: Callable[[str], bool] = lambda output: True) -> None:
+    """Run one build step; a non-zero exit is an EnvError with pip's tail unless `fails(output)` forgives it."""
     try:
         done = subprocess.run(
             command, cwd=cwd, env=_clean_environment(), capture_output=True, text=True, timeout=STEP_TIMEOUT_S
@@ -172,5 +202,5 @@ def _run(command: list[str], cwd: Path, what: str) -> None:
         raise EnvError(f"{what}: cannot run {command[0]}: {exc}") from exc
     noise = "WARNING: Location"  # pip's note on each missing local index folder
     output = "\n".join(line for line in (done.stdout + done.stderr).splitlines() if not line.startswith(noise))
-    if done.returncode != 0:
+    if done.returncode != 0 and fails(output):
         raise EnvError(f"{what} failed (exit {done.returncode}): {output[-PIP_TAIL_CHARS:]}")

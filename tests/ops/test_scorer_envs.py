@@ -12,6 +12,8 @@ import pytest
 from supervisor import scorer_envs
 from supervisor.ops import env_builder
 from supervisor.ops.cli import main
+from supervisor.scorer_envs import EnvError
+from tests.conftest import REPO_ROOT
 
 CLI = [sys.executable, "-m", "supervisor"]
 
@@ -48,6 +50,23 @@ def test_the_stamp_ignores_comments_and_follows_an_editable_projects_pyproject(t
     assert env_builder.spec_hash(spec) == first
     (tmp_path / "proj" / "pyproject.toml").write_text("[project]\nname='a'\ndependencies=['x']\n")
     assert env_builder.spec_hash(spec) != first
+
+
+def test_a_no_deps_line_is_part_of_the_stamp_and_names_what_pip_check_may_excuse():
+    """The trainer env installs verl, OpenRLHF and UniRL without their declared dependencies."""
+    trainer_spec = REPO_ROOT / "envs" / "trl" / "requirements.txt"
+    assert env_builder.no_deps_lines(trainer_spec) == ["verl==0.9.1", "openrlhf==0.11.2", "unirl==0.2.0"]
+    assert not any(
+        line.startswith(("verl", "openrlhf", "unirl")) for line in env_builder.requirement_lines(trainer_spec)
+    )
+
+
+def test_pip_check_is_excused_only_for_the_packages_installed_without_dependencies(tmp_path):
+    complain = "import sys; print('verl 0.9.1 requires peft, which is not installed.'); print(sys.argv[1]); sys.exit(1)"
+    fake_pip = [sys.executable, "-c", complain]
+    env_builder._check([*fake_pip, "unirl 0.2.0 requires diffusers"], tmp_path, {"verl", "unirl"})
+    with pytest.raises(EnvError, match="trl 1.16.0 requires"):
+        env_builder._check([*fake_pip, "trl 1.16.0 requires accelerate"], tmp_path, {"verl", "unirl"})
 
 
 def test_envs_list_tells_built_not_built_and_changed_pins(tmp_path, capsys):
