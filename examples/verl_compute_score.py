@@ -14,51 +14,40 @@ that made it: a forked worker builds a new one, never shares its parent's), off 
 loop, and closes it at exit. A child that fails to start fails every call of that process at
 once with the same error (no task waits out another boot). The child runs in the built `math`
 scorer env (`managed-scorers envs build math`; MANAGED_SCORERS_ENVS says where envs live), or in
-the python MATH_PYTHON names.
+the python MATH_PYTHON names. The file holds no lock or client of its own (the per-process cache
+is `supervisor.adapters.verl.process_scorer`), so verl's `remote` manager can pickle what it loads.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from supervisor import ManagedScorerProcessBackend
-from supervisor.adapters.verl import VerlComputeScore
+from supervisor.adapters.verl import VerlComputeScore, process_scorer, ready_scorer
 
-_LOCK = threading.Lock()
-_BY_PROCESS: dict[int, VerlComputeScore] = {}
-_FAILED: dict[int, Exception] = {}
+KEY = ("examples/verl_compute_score.py",)
+
+
+def _math_child() -> ManagedScorerProcessBackend:
+    python = os.environ.get("MATH_PYTHON")
+    where: dict[str, Any] = {"process": {"python_executable": python}} if python else {"env": "math"}
+    return ManagedScorerProcessBackend(
+        {**where, "scorer": {"name": "math_verify", "params": {"jobs": 2, "timeout_s": 10}}}
+    )
 
 
 def scorer() -> VerlComputeScore:
     """This process's `VerlComputeScore` over its own managed math child (made on first use)."""
-    pid = os.getpid()
-    with _LOCK:
-        if pid in _FAILED:
-            raise _FAILED[pid]
-        if pid not in _BY_PROCESS:
-            try:
-                python = os.environ.get("MATH_PYTHON")
-                where: dict[str, Any] = {"process": {"python_executable": python}} if python else {"env": "math"}
-                backend = ManagedScorerProcessBackend(
-                    {**where, "scorer": {"name": "math_verify", "params": {"jobs": 2, "timeout_s": 10}}}
-                )
-            except Exception as exc:
-                _FAILED[pid] = exc
-                raise
-            atexit.register(backend.close)
-            _BY_PROCESS[pid] = VerlComputeScore(backend)
-        return _BY_PROCESS[pid]
+    return process_scorer(KEY, _math_child)
 
 
 async def compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None = None, **kwargs: Any
 ) -> dict[str, Any]:
-    ready = _BY_PROCESS.get(os.getpid()) or await asyncio.to_thread(scorer)  # a boot never blocks the loop
+    ready = ready_scorer(KEY) or await asyncio.to_thread(scorer)  # a boot never blocks the loop
     return await ready.acompute_score(data_source, solution_str, ground_truth, extra_info)
 
 

@@ -15,13 +15,13 @@ import atexit
 import itertools
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from supervisor.adapters import items as adapter_items
 from supervisor.backend import RewardBackend
 from supervisor.compose.coalesce import Coalescer
-from supervisor.compose.recipes import build_panels, load_recipe
+from supervisor.compose.recipes import build_panel, load_recipe
 from supervisor.errors import ConfigError, ScorerRequestError
 from supervisor.tensors import numpy_view
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
@@ -53,6 +53,18 @@ def _item(
     )
 
 
+class VerlScore(dict[str, Any]):
+    """One item's answer: `{"score": reward, <term>: value, ...}`, which every reward-loop manager
+    reads. verl's legacy `prime` manager reads `float(result[0])` instead (and turns the KeyError a
+    plain dict gives into a silent 0.0 for the whole batch): index 0 answers the score, as a key
+    that is never listed, so the reward loop's logged keys stay `score` and the terms."""
+
+    def __missing__(self, key: Any) -> Any:
+        if key == 0 and "score" in self:
+            return self["score"]
+        raise KeyError(key)
+
+
 def _scores(response: RewardResponse) -> list[dict[str, Any]]:
     """One dict per item with the same keys on every item (verl reads the keys of the first one):
     `score`, then each term; a term with no value for an item (not applicable to its dataset, or
@@ -61,10 +73,10 @@ def _scores(response: RewardResponse) -> list[dict[str, Any]]:
         raise ConfigError("a term named 'score' would hide the reward verl trains on: rename the term")
     nan = float("nan")
     return [
-        {
-            "score": reward,
+        VerlScore(
+            score=reward,
             **{name: nan if values[i] is None else values[i] for name, values in response.component_rewards.items()},
-        }
+        )
         for i, reward in enumerate(response.rewards)
     ]
 
@@ -134,12 +146,37 @@ class VerlComputeScore:
 # panel per recipe on its first call, off the event loop, and closes it at exit; a process made
 # by fork builds its own (a backend belongs to the process that made it).
 RECIPE_VARIABLE = "MANAGED_SCORERS_RECIPE"  # the recipe when reward_kwargs names none
-_SCORERS: dict[tuple[int, str, str], VerlComputeScore] = {}
-_FAILED: dict[tuple[int, str, str], Exception] = {}
+_SCORERS: dict[tuple[Any, ...], VerlComputeScore] = {}
+_FAILED: dict[tuple[Any, ...], Exception] = {}
 _BUILDING = threading.Lock()
 
 
-def _key(recipe: str | None, panel: str) -> tuple[int, str, str]:
+def process_scorer(key: tuple[str, ...], build: Callable[[], RewardBackend]) -> VerlComputeScore:
+    """This process's `VerlComputeScore` under `key`, over the backend `build()` makes on first use
+    and closes at exit. A build that failed fails every later call of this process with the same
+    error (no call waits out a boot). The cache lives here, in an importable module, so a reward
+    file that uses it holds no lock of its own and pickles (verl's `remote` manager ships it)."""
+    cached = (os.getpid(), *key)
+    with _BUILDING:
+        if cached in _FAILED:
+            raise _FAILED[cached]
+        if cached not in _SCORERS:
+            try:
+                backend = build()
+            except Exception as exc:
+                _FAILED[cached] = exc
+                raise
+            atexit.register(backend.close)
+            _SCORERS[cached] = VerlComputeScore(backend)
+        return _SCORERS[cached]
+
+
+def ready_scorer(key: tuple[str, ...]) -> VerlComputeScore | None:
+    """The scorer `process_scorer` built for `key` in this process, or None before its first call."""
+    return _SCORERS.get((os.getpid(), *key))
+
+
+def _key(recipe: str | None, panel: str) -> tuple[str, str]:
     path = recipe or os.environ.get(RECIPE_VARIABLE)
     if not path:
         raise ConfigError(
@@ -148,31 +185,22 @@ def _key(recipe: str | None, panel: str) -> tuple[int, str, str]:
         )
     if panel not in ("train", "validation"):
         raise ConfigError(f"panel must be 'train' or 'validation', got {panel!r}")
-    return os.getpid(), os.path.realpath(path), panel
+    return os.path.realpath(path), panel
+
+
+def _recipe_panel(path: str, panel: str) -> RewardBackend:
+    """Only the panel this process scores with is started (a validation worker boots no training terms)."""
+    recipe = load_recipe(path)
+    spec = recipe.train if panel == "train" else recipe.validation
+    if spec is None:
+        raise ConfigError(f"{path} has no validation panel")
+    return build_panel(spec)
 
 
 def scorer_for(recipe: str | None = None, panel: str = "train") -> VerlComputeScore:
-    """This process's `VerlComputeScore` over the recipe's panel, built on first use. A build that
-    failed fails every later call of this process with the same error (no call waits out a boot)."""
+    """This process's `VerlComputeScore` over the recipe's panel (`train` or `validation`), built on first use."""
     key = _key(recipe, panel)
-    with _BUILDING:
-        if key in _FAILED:
-            raise _FAILED[key]
-        if key not in _SCORERS:
-            try:
-                train, validation = build_panels(load_recipe(key[1]))
-            except Exception as exc:
-                _FAILED[key] = exc
-                raise
-            chosen = train if panel == "train" else validation
-            if chosen is None:
-                train.close()
-                raise ConfigError(f"{key[1]} has no validation panel")
-            atexit.register(train.close)
-            if validation is not None:
-                atexit.register(validation.close)
-            _SCORERS[key] = VerlComputeScore(chosen)
-        return _SCORERS[key]
+    return process_scorer(key, lambda: _recipe_panel(*key))
 
 
 async def compute_score(
@@ -186,7 +214,7 @@ async def compute_score(
     **kwargs: Any,
 ) -> dict[str, Any]:
     """verl's reward loop (every manager, async): one call per rollout, coalesced into requests."""
-    ready = _SCORERS.get(_key(recipe, panel))
+    ready = ready_scorer(_key(recipe, panel))
     if ready is None:  # the first call of this process: the boot runs off the event loop
         ready = await asyncio.to_thread(scorer_for, recipe, panel)
     return await ready.acompute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)

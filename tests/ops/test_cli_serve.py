@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import env_python, wait_until_gone
+from tests.conftest import wait_until_gone
+from tests.helpers.math_env import math_env_processes_since
 
 SERVE = [sys.executable, "-m", "supervisor", "serve"]
 
@@ -27,17 +28,6 @@ with RemoteRewardBackend(url, token=token) as backend:
     items = [RewardItem(id="a", text="so \\\\boxed{10\\\\%}", reference="0.1"), RewardItem(id="b", text="7", reference="8")]
     print(json.dumps(backend.compute_rewards(RewardRequest(items=items)).rewards))
 """
-
-
-def math_env_processes_since(start: float) -> list[int]:
-    root = str(env_python("math").parent.parent)
-    found = []
-    for proc in psutil.process_iter(["cmdline", "create_time", "status"]):
-        info = proc.info
-        if (info["create_time"] or 0) >= start and info["status"] != psutil.STATUS_ZOMBIE:
-            if any(root in part for part in info["cmdline"] or ()):
-                found.append(proc.pid)
-    return found
 
 
 def wait_ready(path: Path, deadline_s: float = 60) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -93,6 +94,10 @@ def test_verl_dicts_have_the_same_keys_on_every_item_and_a_score_term_is_refused
     assert [sorted(row) for row in batch] == [["exact", "math_only", "score"]] * 2
     assert batch[0]["score"] == 2.0 and math.isnan(batch[0]["math_only"])  # not applicable: NaN in the log column
     assert batch[1] == {"score": 1.0, "exact": 0.0, "math_only": 1.0}
+    # verl's legacy prime manager reads float(result[0]); index 0 is the score, never a listed key
+    assert batch[1][0] == 1.0 and 0 not in batch[1] and pickle.loads(pickle.dumps(batch[1]))[0] == 1.0
+    with pytest.raises(KeyError):
+        batch[1]["missing"]
     with RewardPanel([PanelTerm("score", LocalRewardBackend("exact_match"), weight=2.0)]) as panel:
         with pytest.raises(ConfigError, match="a term named 'score' would hide the reward"):
             VerlComputeScore(panel)("gsm8k", "1", "1")

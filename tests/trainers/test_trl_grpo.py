@@ -8,43 +8,10 @@ import json
 import subprocess
 import time
 
-import psutil
 import pytest
 
 from tests.conftest import REPO_ROOT, env_python
-
-GRADE = """
-import json, sys
-from math_verify import parse, verify
-rows = json.load(sys.stdin)
-print(json.dumps([1.0 if verify(parse("$" + gold + "$"), parse(text)) else 0.0 for text, gold in rows]))
-"""
-
-
-def independent_grades(texts: list[str], golds: list[str]) -> list[float]:
-    done = subprocess.run(
-        [str(env_python("math")), "-c", GRADE],
-        input=json.dumps(list(zip(texts, golds, strict=True))),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return json.loads(done.stdout)
-
-
-def math_env_processes_since(start: float) -> list[psutil.Process]:
-    """Processes running the math env's python that started after `start` (the run's scorer child and its
-    graders), still alive."""
-    math_root = str(env_python("math").parent.parent)
-    found = []
-    for proc in psutil.process_iter(["cmdline", "create_time", "status"]):
-        info = proc.info
-        if info["create_time"] is None or info["create_time"] < start or info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        if any(math_root in part for part in info["cmdline"] or ()):
-            found.append(proc)
-    return found
+from tests.helpers.math_env import independent_grades, math_env_processes_since
 
 
 @pytest.mark.slow
