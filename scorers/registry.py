@@ -22,6 +22,7 @@ BUILTINS: dict[str, str] = {
     "nonempty": "scorers.rules:NonEmpty",
     "constant": "scorers.rules:Constant",
     "mean_intensity": "scorers.rules:MeanIntensity",
+    "edit_fidelity": "scorers.image_edit:EditFidelity",
     "token_f1": "scorers.rules:TokenF1",
     "gsm8k": "scorers.task_rules:Gsm8k",
     "countdown": "scorers.task_rules:Countdown",

@@ -23,6 +23,7 @@ REGISTERED = {
     "jpeg_incompressibility": "scorers.jpeg:JpegIncompressibility",
     "exact_match": "scorers.rules:ExactMatch",
     "mean_intensity": "scorers.rules:MeanIntensity",
+    "edit_fidelity": "scorers.image_edit:EditFidelity",
     "nonempty": "scorers.rules:NonEmpty",
     "constant": "scorers.rules:Constant",
     "token_f1": "scorers.rules:TokenF1",
@@ -371,6 +372,24 @@ def test_mean_intensity_is_the_mean_pixel_in_unit_range():
         assert local.compute_rewards(request).rewards == [0.0, 1.0, 0.5]
         with pytest.raises(ScorerRequestError, match="image"):
             local.compute_rewards(RewardRequest(items=[RewardItem(id="t", text="no image")]))
+
+
+def test_edit_fidelity_is_the_share_of_the_source_the_edit_kept_and_needs_the_source():
+    source = np.zeros((2, 2, 3), np.uint8)
+    one_white = source.copy()
+    one_white[0, 0] = 255  # a quarter of the pixels changed all the way
+    items = [
+        RewardItem(id="same", image=source, condition_images=[source]),
+        RewardItem(id="quarter", image=one_white, condition_images=[source]),
+        RewardItem(id="inverted", image=np.full((2, 2, 3), 255, np.uint8), condition_images=[source]),
+    ]
+    with LocalRewardBackend("edit_fidelity") as local:
+        assert local.compute_rewards(RewardRequest(items=items)).rewards == [1.0, 0.75, 0.0]
+        with pytest.raises(ScorerRequestError, match="needs the source image in condition_images"):
+            local.compute_rewards(RewardRequest(items=[RewardItem(id="alone", image=source)]))
+        with pytest.raises(ScorerRequestError, match="not comparable"):
+            small = np.zeros((1, 2, 3), np.uint8)
+            local.compute_rewards(RewardRequest(items=[RewardItem(id="odd", image=small, condition_images=[source])]))
 
 
 def test_video_passes_on_the_inner_scorers_writable_inputs():

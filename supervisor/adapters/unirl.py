@@ -1,0 +1,201 @@
+"""UniRL 0.2.0: `ManagedScorerProcessBackend` and `RewardPanel`, UniRL reward backends of this project.
+
+A UniRL recipe changes only its top `_target_` (`unirl.reward.managed_process.ManagedScorerProcessBackend`
+-> `supervisor.adapters.unirl.ManagedScorerProcessBackend`): `config=` (UniRL's own spec, or a mapping
+of its fields) and `base_device=` are read by adapters/unirl_config into this project's managed
+backend. `RewardPanel` takes one of our panel recipes (UniRL's remote multi-reward role).
+
+This module imports without UniRL. The two classes are made on first access (PEP 562 `__getattr__`):
+when UniRL is importable they subclass `unirl.reward.base.RewardBackend`, so UniRL's RewardService and
+RewardStack take them as their own; without UniRL they are plain classes with the same methods.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+from supervisor.adapters.unirl_config import UniRLOptions, managed_spec, panel_config
+from supervisor.adapters.unirl_io import contributions, reward_request, unirl_response
+from supervisor.backend import RewardBackend
+from supervisor.backends.managed import ManagedScorerProcessBackend as _OurManagedBackend
+from supervisor.compose.panel import RewardPanel as _OurPanel
+from supervisor.compose.recipes import build_panel
+from supervisor.errors import ScorerError
+from supervisor.types import RewardRequest, RewardResponse
+
+log = logging.getLogger(__name__)
+_BUILT: dict[str, type] = {}
+_BUILDING = threading.Lock()
+
+
+def unirl_base() -> type | None:
+    """UniRL's RewardBackend, or None when UniRL is not installed (a broken install raises)."""
+    try:
+        from unirl.reward.base import RewardBackend as UniRLRewardBackend
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.split(".")[0] == "unirl":
+            return None
+        raise
+    return UniRLRewardBackend
+
+
+class _UniRLFace:
+    """What UniRL's RewardBackend base offers (and RewardService calls), over one backend of ours."""
+
+    backend: RewardBackend
+    input_kind = "image"
+
+    def _set_base(self, options: UniRLOptions, backend: RewardBackend) -> None:
+        """UniRL's base attributes (its __init__ sets only these), then the backend, closed at exit."""
+        self.model_name, self.batch_size, self.timeout = options.model_name, options.batch_size, options.timeout
+        self.prompt_source, self.input_kind, self.reference_key = (
+            options.prompt_source,
+            options.input_kind,
+            options.reference_key,
+        )
+        self.backend = backend
+        atexit.register(backend.close)  # idempotent; dispose() unregisters it
+
+    def get_model_name(self) -> str:
+        return self.model_name
+
+    @property
+    def preferred_input_kind(self) -> str:
+        """The generated media it scores: image (image_edit too), video or text."""
+        return self.input_kind
+
+    def prompts(self, request: Any) -> list[str]:
+        """The original or the generation prompt of each row, by `prompt_source` (UniRL's rule)."""
+        prompt = request.original_prompt if self.prompt_source == "original" else request.generation_prompt
+        return [] if prompt is None else list(prompt.texts)
+
+    def compute_rewards(self, request: Any) -> Any:
+        """UniRL's RewardRequest -> UniRL's RewardResponse; a failure raises its typed error (UniRL fails
+        the step on it either way), never zeros marked failed."""
+        started = time.perf_counter()
+        with self.backend.arena() as arena:
+            ours = reward_request(request, self.input_kind, self.prompts(request), self.reference_key, arena.empty)
+            response = self.backend.compute_rewards(ours)
+        return unirl_response(response, self._components(ours, response), started)
+
+    def _components(self, request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
+        raise NotImplementedError
+
+    def is_available(self) -> bool:
+        """Whether every child behind it answers /health (UniRL polls this; it never raises)."""
+        try:
+            for leaf in self.backend.leaves():
+                health = getattr(leaf, "health", None)
+                if health is not None:
+                    health()
+        except ScorerError as exc:
+            log.warning("%s is not available: %s", self.model_name, str(exc).splitlines()[0])
+            return False
+        return True
+
+    def covers_prompt_video(self) -> bool:
+        """For a video reward, whether a scorer behind it reads the prompt (UniRL's RewardService refuses
+        a training reward that does not); a reward of another media kind has nothing to cover."""
+        if self.input_kind != "video":
+            return True
+        return any(leaf.shape is not None and "prompt" in leaf.shape.required_fields for leaf in self.backend.leaves())
+
+    def onload(self) -> None:
+        self.backend.onload()
+
+    def offload(self) -> None:
+        self.backend.offload()
+
+    def dispose(self) -> None:
+        """Close the children (bounded); UniRL's RewardService.shutdown calls this."""
+        atexit.unregister(self.backend.close)
+        self.backend.close()
+
+
+class _ManagedBackend(_UniRLFace):
+    """One scorer child (this project's managed backend) from UniRL's managed-process recipe.
+
+    `config`: UniRL's ManagedScorerProcessSpec, or a mapping of its fields (`history_kind: text` or
+    `video` too, which UniRL's own dataclass refuses). The base arguments, when given, override
+    what the recipe's `client` says. `component_rewards` is `{scorer.name: rewards}`, as UniRL's."""
+
+    def __init__(
+        self,
+        *,
+        config: Any,
+        base_device: str | None = "cpu",
+        model_name: str | None = None,
+        batch_size: int | None = None,
+        timeout: float | None = None,
+        prompt_source: str | None = None,
+        reference_key: str = "reference",
+        start: bool = True,
+    ) -> None:
+        spec, options = managed_spec(config, base_device)
+        given: dict[str, Any] = {"model_name": model_name, "batch_size": batch_size, "timeout": timeout}
+        given["prompt_source"] = prompt_source
+        options = replace(options, reference_key=reference_key, **{k: v for k, v in given.items() if v is not None})
+        self.spec = spec
+        self._set_base(options, _OurManagedBackend(spec, start=start))
+
+    def _components(self, request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
+        return {self.spec.scorer.name: list(response.rewards)}
+
+
+class _PanelBackend(_UniRLFace):
+    """A panel of this project's (a recipe of any style load_recipe reads, or a PanelConfig) as one UniRL
+    reward: `config` is UniRL's RemoteRewardSpec (or a mapping of its fields), whose `required_rewards`
+    picks terms of the recipe's training panel. `component_rewards[term]` is what the term added to
+    each reward: weight x value, 0.0 where it does not apply or an optional term failed (an item's
+    contributions sum to its reward; never a None or a NaN, which UniRL's tensors cannot take)."""
+
+    def __init__(
+        self,
+        *,
+        recipe: Any,
+        config: Any = None,
+        base_device: str | None = "cpu",
+        model_name: str | None = None,
+        batch_size: int | None = None,
+        timeout: float | None = None,
+        prompt_source: str | None = None,
+        input_kind: str | None = None,
+        reference_key: str = "reference",
+    ) -> None:
+        del base_device  # each term's backend names its own device in the recipe
+        panel, options = panel_config(recipe, config, model_name)
+        given: dict[str, Any] = {"batch_size": batch_size, "timeout": timeout, "input_kind": input_kind}
+        given["prompt_source"] = prompt_source
+        options = replace(options, reference_key=reference_key, **{k: v for k, v in given.items() if v is not None})
+        self.panel_config = panel
+        self._set_base(options, build_panel(panel))
+
+    @property
+    def panel(self) -> _OurPanel:
+        assert isinstance(self.backend, _OurPanel)
+        return self.backend
+
+    def _components(self, request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
+        return contributions(self.panel.terms, request, response)
+
+
+_CORES: dict[str, type[_UniRLFace]] = {"ManagedScorerProcessBackend": _ManagedBackend, "RewardPanel": _PanelBackend}
+__all__ = ["ManagedScorerProcessBackend", "RewardPanel", "unirl_base"]  # noqa: F822 - made by __getattr__
+
+
+def __getattr__(name: str) -> type:
+    """The public classes, made once: `core` first (its methods win), UniRL's RewardBackend after it."""
+    core = _CORES.get(name)
+    if core is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _BUILDING:
+        if name not in _BUILT:
+            base = unirl_base()
+            bases = (core,) if base is None else (core, base)
+            _BUILT[name] = type(name, bases, {"__module__": __name__, "__qualname__": name, "__doc__": core.__doc__})
+        return _BUILT[name]

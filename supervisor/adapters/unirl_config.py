@@ -1,0 +1,243 @@
+"""UniRL 0.2.0's managed-backend recipe, read into this project's own configs (supervisor.config).
+
+A UniRL recipe hands `config=` as UniRL's own `ManagedScorerProcessSpec` (Hydra builds its nested
+dataclasses: `process`, `scorer`, `client: RemoteRewardSpec`) or as a mapping with the same field
+names. Both are read here field by field (duck-typed: UniRL need not be importable) into one
+`ManagedScorerProcessSpec` of ours, so the child is launched, pinned and bounded the one way this
+project does it. A field that has no meaning here is named in the README; one that cannot be
+honoured (`transport: cuda_ipc`, a second reward for one scorer) is a ConfigError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from supervisor.compose.recipes import load_recipe
+from supervisor.config import ManagedScorerProcessSpec, PanelConfig
+from supervisor.errors import ConfigError, validation_message
+
+log = logging.getLogger(__name__)
+TARGET = "_target_"
+TOP_FIELDS = frozenset({"process", "scorer", "client", "gpu_residency", "idempotency_cache_size", "transport"})
+PROCESS_FIELDS = frozenset(
+    {
+        "python_executable",
+        "service_root",
+        "startup_timeout",
+        "shutdown_timeout",
+        "log_dir",
+        "offline",
+        "allow_multiple_visible_devices",
+        "transport",
+    }
+)
+SCORER_FIELDS = frozenset({"name", "history_kind", "params", "version"})
+CLIENT_FIELDS = frozenset(  # UniRL's RemoteRewardSpec
+    {
+        "base_url",
+        "required_rewards",
+        "reward_weights",
+        "batch_size",
+        "timeout",
+        "max_retries",
+        "retry_delay",
+        "request_batch_size",
+        "require_identity_echo",
+        "expected_scorer_version",
+        "sub_metric_reduce",
+        "aggregation_method",
+        "image_format",
+        "image_quality",
+        "video_fps",
+        "input_kind",
+        "raise_on_failure",
+        "prompt_source",
+    }
+)
+# history_kind -> (our scorer input kind, the media UniRL's frontier generated for it)
+HISTORY_KINDS = {"image": ("image", "image"), "image_edit": ("image_edit", "image"), "text": ("text", "text")}
+HISTORY_KINDS["video"] = ("video", "video")
+TRANSPORTS = ("auto", "http")  # both: the loopback data plane (shared memory for large arrays)
+PROMPT_SOURCES = ("original", "generation")
+
+
+@dataclass(frozen=True)
+class UniRLOptions:
+    """What UniRL's RewardBackend base holds (model_name, batch_size, timeout, prompt_source), the
+    media kind UniRL hands over (`input_kind`: image, video or text) and the metadata key of the gold."""
+
+    model_name: str
+    batch_size: int = 8
+    timeout: float = 300.0
+    prompt_source: str = "generation"
+    input_kind: str = "image"
+    reference_key: str = "reference"
+
+    def __post_init__(self) -> None:
+        if self.prompt_source not in PROMPT_SOURCES:
+            raise ConfigError(f"prompt_source must be 'original' or 'generation', got {self.prompt_source!r}")
+        if self.input_kind not in ("image", "video", "text"):
+            raise ConfigError(f"input_kind must be image, video or text, got {self.input_kind!r}")
+
+
+def plain(value: Any) -> Any:
+    """OmegaConf containers and tuples as dicts and lists (a dataclass is left as it is)."""
+    if isinstance(value, Mapping):
+        return {str(key): plain(item) for key, item in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [plain(item) for item in value]
+    return value
+
+
+def fields_of(node: Any, where: str, known: frozenset[str]) -> dict[str, Any]:
+    """A UniRL config node's fields, from its dataclass or a mapping; an unknown name is refused."""
+    if node is None:
+        return {}
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        values = {field.name: getattr(node, field.name) for field in dataclasses.fields(node)}
+    elif isinstance(node, Mapping):
+        values = {str(key): value for key, value in node.items() if key != TARGET}
+    else:
+        raise ConfigError(f"{where} must be a mapping or UniRL's dataclass for it, got {type(node).__name__}")
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {unknown}; UniRL's are {sorted(known)}")
+    return {key: value if dataclasses.is_dataclass(value) else plain(value) for key, value in values.items()}
+
+
+def check_transport(transport: Any) -> None:
+    if transport == "cuda_ipc":
+        raise ConfigError(
+            "transport 'cuda_ipc' is not available here: there is no CUDA IPC data plane yet. Use 'http' or "
+            "'auto' (loopback HTTP, arrays of 64 KiB or more through a shared-memory segment)"
+        )
+    if transport not in TRANSPORTS:
+        raise ConfigError(f"transport must be one of {[*TRANSPORTS, 'cuda_ipc']}, got {transport!r}")
+
+
+def _history_kind(scorer: Mapping[str, Any]) -> tuple[str, str]:
+    kind = scorer.get("history_kind", "image")
+    if kind not in HISTORY_KINDS:
+        raise ConfigError(f"config.scorer.history_kind must be one of {sorted(HISTORY_KINDS)}, got {kind!r}")
+    return HISTORY_KINDS[kind]
+
+
+def _check_client(client: Mapping[str, Any], name: str, media: str, version: Any) -> None:
+    """UniRL's own checks for one managed scorer: it serves exactly its own reward, of its media kind."""
+    required = list(client.get("required_rewards") or [name])
+    if required != [name]:
+        raise ConfigError(
+            f"config.client.required_rewards is {required}, but a managed scorer serves one reward: [{name!r}] "
+            "(as UniRL checks). Several rewards: supervisor.adapters.unirl.RewardPanel over a recipe"
+        )
+    given = client.get("input_kind")
+    if given is not None and given != media:
+        raise ConfigError(f"config.client.input_kind {given!r} != {media!r}, the media of the scorer's history_kind")
+    expected = client.get("expected_scorer_version")
+    if expected is not None and version is not None and expected != version:
+        raise ConfigError(
+            f"config.client.expected_scorer_version {expected!r} != config.scorer.version {version!r}: one pin"
+        )
+
+
+def _process(process: Mapping[str, Any], client: Mapping[str, Any]) -> dict[str, Any]:
+    """Our ProcessConfig from UniRL's ManagedProcessConfig (and the client's per-request timeout)."""
+    if process.get("service_root"):
+        log.warning(
+            "config.process.service_root %r is ignored: the child runs this project's runtime "
+            "(python -m child_runtime) from python_executable, not unirl-reward-service",
+            process["service_root"],
+        )
+    out: dict[str, Any] = {}
+    if process.get("python_executable"):  # empty or absent: the env the scorer declares (supervisor.config)
+        out["python_executable"] = os.fspath(process["python_executable"])
+    for key in ("startup_timeout", "shutdown_timeout", "log_dir"):
+        if process.get(key) is not None:
+            out[key] = process[key]
+    if client.get("timeout") is not None:
+        out["request_timeout"] = client["timeout"]
+    out["allow_multiple_gpus"] = bool(process.get("allow_multiple_visible_devices", False))
+    if process.get("offline", True):  # UniRL's default: the child never reaches the Hub
+        out["env"] = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return out
+
+
+def _scorer(scorer: Mapping[str, Any], kind: str, base_device: str | None, client: Mapping[str, Any]) -> dict:
+    """Our ScorerConfig: UniRL's `params.device` is ours `device` (a scorer gets it in load())."""
+    params = dict(scorer.get("params") or {})
+    device = params.pop("device", None) or base_device or "cpu"
+    revision = scorer.get("version") if scorer.get("version") is not None else client.get("expected_scorer_version")
+    return {"name": scorer["name"], "input_kind": kind, "params": params, "revision": revision, "device": device}
+
+
+def managed_spec(config: Any, base_device: str | None) -> tuple[ManagedScorerProcessSpec, UniRLOptions]:
+    """UniRL's ManagedScorerProcessSpec (or a mapping of its fields) -> ours, and the base options."""
+    top = fields_of(config, "config", TOP_FIELDS)
+    process = fields_of(top.get("process"), "config.process", PROCESS_FIELDS)
+    scorer = fields_of(top.get("scorer"), "config.scorer", SCORER_FIELDS)
+    client = fields_of(top.get("client"), "config.client", CLIENT_FIELDS)
+    check_transport(top.get("transport", process.get("transport", "auto")))
+    name = scorer.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"config.scorer.name must name a scorer, got {name!r}")
+    kind, media = _history_kind(scorer)
+    _check_client(client, name, media, scorer.get("version"))
+    size = top.get("idempotency_cache_size", 1024)  # the child's replay cache has its own bounds
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"config.idempotency_cache_size must be a positive int, got {size!r}")
+    ours: dict[str, Any] = {
+        "process": _process(process, client),
+        "scorer": _scorer(scorer, kind, base_device, client),
+        "client": {"input_kind": kind},
+        "gpu_residency": top.get("gpu_residency", "resident"),
+    }
+    if client.get("request_batch_size") is not None:  # None (UniRL's default): our default chunk size
+        ours["client"]["request_batch_size"] = client["request_batch_size"]
+    try:
+        spec = ManagedScorerProcessSpec.model_validate(ours)
+    except ValidationError as exc:
+        raise ConfigError(f"UniRL managed scorer {name!r}: {validation_message(exc)}") from exc
+    return spec, _options(client, name, media)
+
+
+def _options(client: Mapping[str, Any], name: str, media: str, **overrides: Any) -> UniRLOptions:
+    values = {
+        "model_name": name,
+        "batch_size": client.get("batch_size") or 8,
+        "timeout": client.get("timeout") or 300.0,
+        "prompt_source": client.get("prompt_source") or "generation",
+        "input_kind": client.get("input_kind") or media,
+    }
+    return UniRLOptions(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
+
+
+def panel_config(recipe: Any, config: Any, model_name: str | None) -> tuple[PanelConfig, UniRLOptions]:
+    """The recipe's training panel, narrowed to `client.required_rewards` (term names) when given, and
+    the base options. The weights are the recipe's (sum of weight x term, not normalised): UniRL's
+    `reward_weights` and another `aggregation_method` are refused rather than half-honoured."""
+    client = fields_of(config, "config", CLIENT_FIELDS)
+    if client.get("reward_weights"):
+        raise ConfigError("reward_weights: a panel's weights are its recipe's terms' `weight` (sum of weight x term)")
+    if client.get("aggregation_method", "weighted_sum") != "weighted_sum":
+        raise ConfigError(f"aggregation_method {client['aggregation_method']!r}: a panel sums weight x term")
+    if client.get("request_batch_size") is not None:
+        raise ConfigError("request_batch_size: set it per backend in the recipe (client.request_batch_size)")
+    if isinstance(recipe, PanelConfig):
+        panel = recipe
+    else:
+        panel = load_recipe(plain(recipe) if isinstance(recipe, Mapping) else recipe).train
+    wanted = list(client.get("required_rewards") or [])
+    names = [term.name for term in panel.terms]
+    missing = [name for name in wanted if name not in names]
+    if missing:
+        raise ConfigError(f"config.client.required_rewards {missing} are not terms of the panel (terms: {names})")
+    if wanted:
+        panel = panel.model_copy(update={"terms": [term for term in panel.terms if term.name in wanted]})
+    return panel, _options(client, model_name or "reward_panel", "image", model_name=model_name)

@@ -1,0 +1,201 @@
+"""UniRL 0.2.0 drop-in: `supervisor.adapters.unirl.ManagedScorerProcessBackend` and `RewardPanel`.
+
+UniRL's own code (RewardService.score_and_attach on real Samples, Hydra's instantiate of the seed's
+managed-backend recipe with only the top `_target_` changed, RewardStack with overlap) runs in envs/trl,
+where the published UniRL, hydra-core and antlr 4.9.3 are installed: tests/helpers/unirl_trainer.py,
+one process booting each child once. Here (the suite's venv, no UniRL): the module imports without it,
+and bad configs are refused with typed errors before any child starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from supervisor import LocalRewardBackend, RewardItem, RewardRequest
+from supervisor.adapters import unirl
+from supervisor.adapters.unirl_config import managed_spec, panel_config
+from supervisor.adapters.unirl_io import contributions
+from supervisor.compose.panel import PanelTerm, RewardPanel
+from supervisor.errors import ConfigError
+from tests.conftest import REPO_ROOT, env_python, launcher_free_env, wait_until_gone
+
+CHECKS = [
+    "is a UniRL RewardBackend",
+    "model name",
+    "mean_intensity by hand",
+    "stack rewards in row order",
+    "stack components aligned",
+    "stack scored on its thread",
+    "dispose ends the child",
+    "edit_fidelity by hand",
+    "no source refused",
+    "math_verify graded (antlr 4.13.2 in its child)",
+    "math components",
+    "the trainer keeps its own antlr",
+    "video does not cover the prompt",
+    "RewardService refuses it",
+    "video by hand",
+    "panel components",
+    "panel rewards",
+]
+
+
+@pytest.fixture(scope="module")
+def driven(tmp_path_factory):
+    """The driver's report: every check it passed and the pid of every child it started."""
+    workdir = tmp_path_factory.mktemp("unirl")
+    (workdir / "service_root").mkdir()  # UniRL's spec insists the directory exists; we ignore it
+    args = {
+        "image_python": str(env_python("image")),
+        "math_python": str(env_python("math")),
+        "recipe": str(REPO_ROOT / "tests" / "trainers" / "fixtures" / "unirl_managed_backend.yaml"),
+        "service_root": str(workdir / "service_root"),
+        "workdir": str(workdir),
+    }
+    done = subprocess.run(
+        [str(env_python("trl")), "-m", "tests.helpers.unirl_trainer", json.dumps(args)],
+        cwd=REPO_ROOT,  # this checkout's packages, whatever the env has installed
+        env=launcher_free_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.splitlines()[-1]), done.stderr
+
+
+@pytest.mark.slow
+def test_unirls_own_service_recipes_and_stack_score_through_the_drop_in_as_computed_by_hand(driven):
+    report, stderr = driven
+    assert report["passed"] == CHECKS
+    assert "service_root" in stderr and "is ignored" in stderr  # said, not silently dropped
+
+
+@pytest.mark.slow
+def test_no_scorer_process_is_left_after_the_unirl_trainer_exits(driven):
+    report, _ = driven
+    assert len(report["pids"]) == 6  # mean_intensity, edit_fidelity, math_verify, video, the panel's two
+    assert wait_until_gone(report["pids"], 10) == []
+
+
+def test_the_module_imports_without_unirl_and_its_classes_are_plain_then():
+    assert importlib.util.find_spec("unirl") is None  # the suite's venv has no UniRL
+    assert unirl.unirl_base() is None and "unirl" not in sys.modules
+    backend_class = unirl.ManagedScorerProcessBackend
+    assert (
+        backend_class.__module__ == "supervisor.adapters.unirl" and backend_class is unirl.ManagedScorerProcessBackend
+    )
+    assert [c.__name__ for c in backend_class.__mro__] == [
+        "ManagedScorerProcessBackend",
+        "_ManagedBackend",
+        "_UniRLFace",
+        "object",
+    ]
+    with pytest.raises(AttributeError):
+        unirl.NoSuchThing  # noqa: B018 - the module's __getattr__ knows only its two classes
+
+
+def _config(**top):
+    base = {"process": {"python_executable": sys.executable}, "scorer": {"name": "mean_intensity"}}
+    return {**base, **top}
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        (_config(transport="cuda_ipc"), "no CUDA IPC data plane yet"),
+        (_config(process={"python_executable": sys.executable, "transport": "cuda_ipc"}), "cuda_ipc"),
+        (_config(transport="grpc"), "transport must be one of"),
+        (_config(client={"required_rewards": ["mean_intensity", "clip"]}), r"serves one reward: \['mean_intensity'\]"),
+        (_config(client={"required_rewards": ["editreward"]}), "as UniRL checks"),
+        (_config(client={"input_kind": "video"}), "input_kind 'video' != 'image'"),
+        (_config(scorer={"name": "mean_intensity", "history_kind": "audio"}), "history_kind must be one of"),
+        (
+            _config(scorer={"name": "mean_intensity", "version": "1"}, client={"expected_scorer_version": "2"}),
+            "one pin",
+        ),
+        (_config(gpu_residency="sometimes"), "gpu_residency"),
+        (_config(idempotency_cache_size=0), "positive int"),
+        (_config(process={"python_executable": "/nonexistent/python"}), "not an executable file"),
+        (_config(scorer={"name": "mean_intensity", "sampler": "x"}), r"unknown field\(s\) \['sampler'\]"),
+        ("editreward", "must be a mapping or UniRL's dataclass"),
+    ],
+)
+def test_a_config_unirl_would_refuse_or_we_cannot_honour_is_a_config_error_before_any_child(config, match):
+    with pytest.raises(ConfigError, match=match):
+        unirl.ManagedScorerProcessBackend(config=config)
+
+
+def test_unirl_fields_map_onto_the_one_managed_config_and_service_root_is_ignored_aloud(caplog):
+    config = _config(
+        process={
+            "python_executable": sys.executable,
+            "service_root": "/workspace/UniRL/unirl-reward-service",
+            "startup_timeout": 30,
+            "shutdown_timeout": 5,
+            "allow_multiple_visible_devices": True,
+        },
+        scorer={"name": "mean_intensity", "params": {"device": "cuda"}, "version": "1"},
+        client={"required_rewards": ["mean_intensity"], "timeout": 12.5, "request_batch_size": 4, "batch_size": 3},
+        gpu_residency="per_call",
+        transport="auto",
+    )
+    with caplog.at_level(logging.WARNING):
+        spec, options = managed_spec(config, "cpu")
+    assert "service_root" in caplog.text and "ignored" in caplog.text
+    assert (spec.process.startup_timeout, spec.process.shutdown_timeout, spec.process.request_timeout) == (30, 5, 12.5)
+    assert spec.process.allow_multiple_gpus and spec.process.env["HF_HUB_OFFLINE"] == "1"  # UniRL's offline default
+    assert (spec.scorer.device, spec.scorer.params, spec.scorer.revision) == ("cuda", {}, "1")  # a pin
+    assert (spec.client.request_batch_size, spec.gpu_residency) == (4, "per_call")
+    assert (options.model_name, options.batch_size, options.timeout, options.input_kind) == (
+        "mean_intensity",
+        3,
+        12.5,
+        "image",
+    )
+    edit, edit_options = managed_spec(_config(scorer={"name": "edit_fidelity", "history_kind": "image_edit"}), None)
+    assert (edit.scorer.input_kind, edit_options.input_kind, edit.scorer.device) == ("image_edit", "image", "cpu")
+
+
+def test_a_panel_config_picks_terms_by_required_rewards_and_refuses_unirls_own_weighting():
+    recipe = {
+        "terms": [
+            {"name": "a", "backend": {"kind": "local", "scorer": {"name": "nonempty"}}},
+            {"name": "b", "backend": {"kind": "local", "scorer": {"name": "nonempty"}}, "weight": 2.0},
+        ]
+    }
+    panel, options = panel_config(recipe, {"required_rewards": ["b"], "input_kind": "text"}, None)
+    assert [t.name for t in panel.terms] == ["b"] and (options.model_name, options.input_kind) == (
+        "reward_panel",
+        "text",
+    )
+    for config, match in [
+        ({"required_rewards": ["c"]}, r"\['c'\] are not terms of the panel"),
+        ({"reward_weights": {"a": 1.0}}, "a panel's weights are its recipe's"),
+        ({"aggregation_method": "mean"}, "a panel sums weight x term"),
+        ({"request_batch_size": 8}, "per backend in the recipe"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            unirl.RewardPanel(recipe=recipe, config=config)
+
+
+def test_a_term_that_does_not_apply_reaches_unirl_as_the_zero_it_added_and_components_sum_to_the_reward():
+    terms = [
+        PanelTerm("long", LocalRewardBackend("nonempty"), weight=3.0, applicable_datasets=["chat"]),
+        PanelTerm("any", LocalRewardBackend("nonempty"), weight=0.5),
+    ]
+    request = RewardRequest(
+        items=[RewardItem(id="c", text="hi", data_source="chat"), RewardItem(id="m", text="x", data_source="math")]
+    )
+    with RewardPanel(terms) as panel:
+        response = panel.compute_rewards(request)
+        assert response.component_rewards["long"] == [1.0, None]  # ours: not applicable
+        added = contributions(panel.terms, request, response)
+    assert added == {"long": [3.0, 0.0], "any": [0.5, 0.5]}  # UniRL's: floats only
+    assert [added["long"][i] + added["any"][i] for i in range(2)] == response.rewards == [3.5, 0.5]
