@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from supervisor.adapters.openrlhf import response_of
-from supervisor.errors import ScorerRequestError
-from tests.conftest import wait_until_gone
+from child_runtime.protocol.items import RequestError
+from child_runtime.protocol.openrlhf import response_of
+from tests.conftest import REPO_ROOT, wait_until_gone
 
 # What OpenRLHF's SingleTurnAgentExecutor does with a .py remote_url (openrlhf/utils/agent.py).
 DRIVER = """
@@ -46,7 +46,8 @@ def run_driver(tmp_path, models: dict) -> subprocess.CompletedProcess[str]:
     where = subprocess.run(
         [sys.executable, "-m", "supervisor", "integrations", "openrlhf"], capture_output=True, text=True, check=True
     ).stdout.strip()
-    env = {**os.environ, "MANAGED_SCORERS_RECIPE": str(recipe)}
+    # this checkout's packages, whatever an installed copy says (the driver runs in tmp_path)
+    env = {**os.environ, "MANAGED_SCORERS_RECIPE": str(recipe), "PYTHONPATH": str(REPO_ROOT)}
     return subprocess.run(
         [sys.executable, "-c", DRIVER, where], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
     )
@@ -80,5 +81,5 @@ def test_the_response_is_the_query_less_its_prompt_and_the_special_tokens_at_its
     assert response_of(prompt + " so \\boxed{3}<|im_end|></s>", prompt) == "so \\boxed{3}"
     assert response_of("Q: 1+1? A: <b>2</b></s><pad><pad>", "Q: 1+1?") == "A: <b>2</b>"  # only tokens, only at the ends
     assert response_of("<s>sys</s>Q: x? 7<|endoftext|>", "Q: x?") == "7"  # the prompt found inside the query
-    with pytest.raises(ScorerRequestError, match="does not contain its prompt"):
+    with pytest.raises(RequestError, match="does not contain its prompt"):
         response_of("something else", "Q: x?")
