@@ -145,6 +145,9 @@ def _with_progress_bars(run: Callable[[Callable[[int, int], Callable[[int], None
     return result
 
 
+OPENRLHF_PENDING_CONNECTIONS = 1024
+
+
 def _serve(args: argparse.Namespace) -> int:
     import json
 
@@ -162,9 +165,12 @@ def _serve(args: argparse.Namespace) -> int:
     process: dict[str, Any] = {"python_executable": str(args.python)} if args.python is not None else {}
     if args.extra_import_path:
         process["extra_import_paths"] = [str(path) for path in args.extra_import_path]
+    # OpenRLHF opens a connection per sample, and a rollout's samples end in bursts: room for them
+    pending = args.max_pending_connections or (OPENRLHF_PENDING_CONNECTIONS if secret is not None else None)
+    limits = {} if pending is None else {"max_pending_connections": pending}
     try:
         spec = ManagedScorerProcessSpec.model_validate(
-            {"env": args.env, "process": process, "scorer": scorer, "client": {"input_kind": kind}}
+            {"env": args.env, "process": process, "scorer": scorer, "client": {"input_kind": kind}, "limits": limits}
         )
     except ValueError as exc:
         raise ConfigError(validation_message(exc)) from exc
@@ -314,6 +320,12 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--openrlhf-secret-file",
         type=_folder,
         help="also serve OpenRLHF's --reward.remote_url at /openrlhf/<the secret in this 0600 file> (made if missing)",
+    )
+    server.add_argument(
+        "--max-pending-connections",
+        type=int,
+        help=f"connections that have not yet sent an authenticated request (default 64; {OPENRLHF_PENDING_CONNECTIONS} "
+        "with the OpenRLHF route: a connection per sample); more are refused with a 503",
     )
     server.set_defaults(run=_serve)
 

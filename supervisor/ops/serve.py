@@ -21,6 +21,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import resource
 import secrets
 import socket
 import stat
@@ -35,6 +36,7 @@ from supervisor.errors import ConfigError
 
 LOOPBACK_NAMES = ("localhost",)
 MIN_TOKEN_CHARS = 16
+DESCRIPTOR_MARGIN = 256  # the server's own: the scorer's files, its grader pipes, the log
 
 
 def is_loopback(host: str) -> bool:
@@ -121,6 +123,20 @@ def bind(host: str, port: int, allow_remote: bool) -> socket.socket:
     return listener
 
 
+def enough_descriptors(max_pending: int) -> None:
+    """Room for every connection the gate lets wait (and as many lingering after eviction) and the
+    server's own files: the soft RLIMIT_NOFILE raised toward the hard one, which the exec keeps."""
+    needed = 2 * max_pending + DESCRIPTOR_MARGIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise ConfigError(
+                f"{max_pending} pending connections need {needed} file descriptors; this process may open at most "
+                f"{hard} (ulimit -Hn): lower --max-pending-connections or raise the limit"
+            )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 def serve(
     spec: ManagedScorerProcessSpec,
     host: str,
@@ -141,6 +157,7 @@ def serve(
             f"serve runs one child; the spec asks for {spec.replicas.size} replicas: serve each on its own port "
             "(process.visible_devices narrows each to its GPU)"
         )
+    enough_descriptors(spec.limits.max_pending_connections)
     listener = bind(host, port, allow_remote)
     plan = launch_plan(spec, segment=None)
     env = {key: value for key, value in plan.env.items() if key != token_env}  # the token reaches it on stdin only

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -137,12 +138,24 @@ def test_serve_stops_gracefully_on_sigterm_with_exit_status_0(tmp_path):
             server.stderr.close()
 
 
-def start_serve(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.Popen, Path, Path]:
-    """A `serve` process of ours (its readiness line in NAME.json, its log in NAME.log), not yet waited for."""
+def start_serve(
+    tmp_path: Path, name: str, *args: str, open_files: int | None = None
+) -> tuple[subprocess.Popen, Path, Path]:
+    """A `serve` process of ours (its readiness line in NAME.json, its log in NAME.log), not yet waited for;
+    `open_files`: its soft RLIMIT_NOFILE when it starts."""
+
+    def limit() -> None:
+        if open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
     ready, log = tmp_path / f"{name}.json", tmp_path / f"{name}.log"
     with open(ready, "w") as out, open(log, "w") as err:
         server = subprocess.Popen(
-            [*SERVE, *args], stdout=out, stderr=err, env={**os.environ, "MANAGED_SCORERS_TOKEN": "t" * 32}
+            [*SERVE, *args],
+            stdout=out,
+            stderr=err,
+            env={**os.environ, "MANAGED_SCORERS_TOKEN": "t" * 32},
+            preexec_fn=limit,
         )
     return server, ready, log
 
@@ -164,10 +177,14 @@ FLAKY += ["--extra-import-path", str(Path(__file__).resolve().parents[2])]
 
 def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal_in_the_log(tmp_path):
     secret_file = tmp_path / "openrlhf-secret"
-    server, ready, log = start_serve(tmp_path, "flaky", *FLAKY, "--openrlhf-secret-file", str(secret_file))
+    server, ready, log = start_serve(
+        tmp_path, "flaky", *FLAKY, "--openrlhf-secret-file", str(secret_file), open_files=1024
+    )
     try:
         info = wait_ready(ready)
         assert info["openrlhf_route"] is True and oct(secret_file.stat().st_mode & 0o777) == "0o600"
+        # room for the 1024 connections OpenRLHF's bursts may open before any is read (a connection per sample)
+        assert psutil.Process(server.pid).rlimit(psutil.RLIMIT_NOFILE)[0] >= 2 * 1024 + 256
         base, secret = f"http://127.0.0.1:{info['port']}", secret_file.read_text().strip()
 
         def post(path: str, body: object) -> httpx.Response:
@@ -228,6 +245,15 @@ def test_serve_refuses_a_groupwise_scorer_on_the_openrlhf_route_and_a_secret_equ
         *FLAKY, "--token-file", str(tmp_path / "same"), "--openrlhf-secret-file", str(tmp_path / "same")
     )
     assert same.returncode == 2 and "must differ from the token" in same.stderr
+    cramped = subprocess.run(
+        [*SERVE, *FLAKY, "--openrlhf-secret-file", str(secret_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "MANAGED_SCORERS_TOKEN": "t" * 32},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)),
+    )
+    assert cramped.returncode == 2 and "need 2304 file descriptors" in cramped.stderr
 
 
 def run_serve_args(*args: str) -> subprocess.CompletedProcess[str]:

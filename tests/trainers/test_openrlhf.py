@@ -98,6 +98,8 @@ ROWS = [
     [f"<|im_start|>user\nProblem {n}: solve it.<|im_end|>\n<|im_start|>assistant\n", text, gold]
     for n, (text, gold) in enumerate(CASES * 3)
 ]
+BURST = [[f"<|im_start|>user\nBurst {n}<|im_end|>\n", "x" * (n % 7), None] for n in range(400)]
+BEARER = {"authorization": "Bearer " + "t" * 32}
 EXPECTED = [1.0, 0.0, 1.0] * 3  # 10\\% is 0.1 under the math env's antlr 4.13.2, not the trainer env's 4.9.3
 
 
@@ -125,7 +127,7 @@ def check_graded(outputs: list[dict], rows: list[list]) -> None:
 
 
 def openrlhf_answers(port: int) -> int:
-    page = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"authorization": "Bearer " + "t" * 32}, timeout=10)
+    page = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=BEARER, timeout=10)
     key = 'endpoint="/openrlhf",status="200"}'
     return sum(int(line.rsplit(" ", 1)[1]) for line in page.text.splitlines() if key in line)
 
@@ -151,6 +153,7 @@ def test_openrlhfs_executor_scores_through_serve_on_two_urls_and_loses_nothing_s
             {"remote_url": ",".join(urls[:2]), "rows": ROWS},  # two serve processes: OpenRLHF rotates its calls
             {"remote_url": f"http://127.0.0.1:{ports[0]}/openrlhf/{secret[::-1]}", "rows": ROWS[:2]},
             {"remote_url": urls[2], "rows": flaky_rows},
+            {"remote_url": urls[2], "rows": BURST},  # at once: more than 64 pending connections x 5 tries
         ]
         report, openrlhf_log = run_executor(tmp_path, jobs, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
         assert report["antlr"] == "4.9.3"  # the trainer env's: it grades 10\\% wrong in-process
@@ -159,6 +162,9 @@ def test_openrlhfs_executor_scores_through_serve_on_two_urls_and_loses_nothing_s
         assert min(answered) > 0 and sum(answered) == len(ROWS), answered  # both URLs used, each sample once
         assert [out["reward"] for out in report["jobs"][1]] == [None, None]  # a wrong secret: 401, five times
         assert [out["reward"] for out in report["jobs"][2]] == [None, 4.0]  # a scorer failure: 500, five times
+        assert [out["reward"] for out in report["jobs"][3]] == [float(len(text)) for _, text, _ in BURST]
+        flaky_health = httpx.get(f"http://127.0.0.1:{ports[2]}/health", headers=BEARER, timeout=10).json()
+        assert flaky_health["connections"]["evicted"] == 0  # the burst was let wait, not turned away
         assert "Failed to fetch reward from remote RM" in openrlhf_log  # OpenRLHF's own word on it, at INFO
         assert [stop_serve(server) for server, _, _ in servers] == [0, 0, 0]
     finally:
