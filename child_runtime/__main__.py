@@ -30,6 +30,7 @@ try:  # what the runtime needs beyond the stdlib (numpy): a missing package is s
     from child_runtime.gate import ConnectionGate, gated
     from child_runtime.host import GPU_RESIDENCY_MODES, ScorerHost
     from child_runtime.protocol.items import Limits
+    from child_runtime.protocol.openrlhf import groupwise_refusal
     from child_runtime.protocol.shared_segment import ChildSegment
 except ImportError as _missing:
     _RUNTIME_IMPORT_ERROR: ImportError | None = _missing
@@ -63,6 +64,7 @@ class BootConfig:
     shared_fd: int | None = None  # the parent's sealed memfd, when it offers a shared data plane
     rank: int = 0  # the trainer rank that owns this child: a label on its metrics
     cwd: str | None = None  # the trainer's working directory (a spawn cannot set it)
+    openrlhf_secret: str | None = None  # `serve --openrlhf-secret-file`: OpenRLHF's route at /openrlhf/<secret>
 
 
 def read_boot_config(data: dict[str, Any]) -> BootConfig:
@@ -79,6 +81,8 @@ def read_boot_config(data: dict[str, Any]) -> BootConfig:
     )
     if len(config.token) < 16:
         raise ValueError("token is too short")
+    if config.openrlhf_secret is not None and len(config.openrlhf_secret) < 16:
+        raise ValueError("the OpenRLHF route's secret is too short")
     if config.gpu_residency not in GPU_RESIDENCY_MODES:
         raise ValueError(f"gpu_residency must be one of {GPU_RESIDENCY_MODES}")
     return config
@@ -142,6 +146,8 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
         _fail(pipe, exit_codes.BAD_CONFIG, f"scorer {config.scorer_name!r} params: {exc}")
     except Exception:  # noqa: BLE001 - a constructor must be cheap; whatever it raised is reported in full
         _fail(pipe, exit_codes.SCORER_LOAD_FAILED, traceback.format_exc())
+    if config.openrlhf_secret is not None and scorer.spec.groupwise:  # before any weights load
+        _fail(pipe, exit_codes.BAD_CONFIG, f"the OpenRLHF route refuses: {groupwise_refusal([scorer.spec.name])}")
     identity_hash = _identity(scorer, config, pipe)
     _check_pins(config, scorer.spec.name, scorer.spec.revision, identity_hash, pipe)
     try:
@@ -254,6 +260,7 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
             **host.catalog_entry(),
             "shared_memory": segment is not None,
             "shared_memory_error": segment_error,
+            "openrlhf_route": config.openrlhf_secret is not None,
             "event_loop": type(asyncio.get_running_loop()).__module__,
             **timings,
         }
@@ -266,6 +273,7 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
         segment=segment,
         gate=gate,
         rank=config.rank,
+        openrlhf_secret=config.openrlhf_secret,
     )
     server = _announcing_server(_uvicorn_config(app, gate, config.graceful_timeout_s), pipe, ready)
     listener = socket.socket(fileno=config.listen_fd)  # the one socket we pass to run()

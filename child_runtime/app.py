@@ -32,7 +32,8 @@ from child_runtime.idempotency import (
 )
 from child_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from child_runtime.metrics import ChildMetrics
-from child_runtime.protocol import wire
+from child_runtime.openrlhf_route import CapabilityPath, loud
+from child_runtime.protocol import openrlhf, wire
 from child_runtime.protocol.headers import EVICTED_HEADER, KEY_HEADER, REPLAY_HEADER
 from child_runtime.protocol.items import Limits, RequestError, request_from_wire, response_to_wire
 from child_runtime.protocol.shared_segment import ChildSegment
@@ -43,33 +44,39 @@ DEFAULT_LIMITS = Limits()
 
 
 class BearerAuth:
-    """Pure ASGI middleware: every request needs `Authorization: Bearer <token>`.
+    """Pure ASGI middleware: every request needs `Authorization: Bearer <token>`, but those to the
+    OpenRLHF route, which carry its secret in the path instead (`capability`, when it is served).
 
-    A wrong or missing token gets a 401 and the connection is closed; a right one admits
+    A wrong or missing token or secret gets a 401 and the connection is closed; a right one admits
     its connection through the gate (which bounds connections that never authenticate).
     """
 
     def __init__(
-        self, app: ASGIApp, token: str, gate: ConnectionGate | None = None, metrics: ChildMetrics | None = None
+        self,
+        app: ASGIApp,
+        token: str,
+        gate: ConnectionGate | None = None,
+        metrics: ChildMetrics | None = None,
+        capability: CapabilityPath | None = None,
     ) -> None:
         self.app = app
         self._expected = f"Bearer {token}".encode()
         self._gate = gate
         self._metrics = metrics  # a refused token is counted too: a remote server's failed logins show
+        self._capability = capability
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             raise RuntimeError(f"{scope['type']} connections are not served")  # no websockets, no lifespan
-        supplied = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(supplied, self._expected):
-            if self._metrics is not None:
-                self._metrics.request(scope.get("path", ""), 401, 0.0)
-                self._metrics.error("unauthorized")
-            await JSONResponse(
-                {"error": "missing or wrong bearer token", "kind": "unauthorized"},
-                status_code=401,
-                headers={"connection": "close"},
-            )(scope, receive, send)
+        capability, path = self._capability, scope.get("path", "")
+        if capability is not None and capability.claims(path):
+            if not capability.admits(path):
+                capability.refused(scope.get("client"))
+                await self._refuse(scope, receive, send, openrlhf.ROUTE, "missing or wrong secret in the path")
+                return
+            scope = {**scope, "path": openrlhf.ROUTE, "raw_path": openrlhf.ROUTE.encode()}  # the secret stops here
+        elif not hmac.compare_digest(dict(scope["headers"]).get(b"authorization", b""), self._expected):
+            await self._refuse(scope, receive, send, path, "missing or wrong bearer token")
             return
         if self._gate is not None and not self._gate.admit(scope.get("client")):
             await Response(
@@ -80,6 +87,13 @@ class BearerAuth:
             )(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, path: str, why: str) -> None:
+        if self._metrics is not None:
+            self._metrics.request(path, 401, 0.0)
+            self._metrics.error("unauthorized")
+        refusal = JSONResponse({"error": why, "kind": "unauthorized"}, status_code=401, headers={"connection": "close"})
+        await refusal(scope, receive, send)
 
 
 class RequestLedger:
@@ -174,6 +188,8 @@ def _guarded(handler: Handler, metrics: ChildMetrics | None = None) -> Handler:
             return _error(409, "offloaded", str(exc))
         except ScorerContractError as exc:
             return _error(500, "contract", str(exc))
+        except openrlhf.ItemsFailed as exc:
+            return _error(500, "item_failed", str(exc))
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises
             tail = "".join(traceback.format_exception(exc)[-6:])
             return _error(500, "scorer_error", f"{type(exc).__name__}: {exc}\n{tail}")
@@ -215,8 +231,10 @@ class _Endpoints:
         gate: ConnectionGate | None,
         answers: AnswerCache | None,
         rank: int,
+        serve_openrlhf: bool = False,
     ) -> None:
         self.host, self.request_exit, self.limits, self.segment, self.gate = host, request_exit, limits, segment, gate
+        self.serve_openrlhf = serve_openrlhf
         self.ledger = RequestLedger()
         self.cache = answers if answers is not None else AnswerCache()
         self.state = "ready"
@@ -235,6 +253,7 @@ class _Endpoints:
 
     def routes(self) -> list[Route]:
         metrics = self.metrics
+        extra = [Route(openrlhf.ROUTE, loud(_guarded(self.openrlhf_score, metrics)), methods=["POST"])]
         return [
             Route("/health", _guarded(self.health, metrics), methods=["GET"]),
             Route("/metrics", _guarded(self.metrics_page), methods=["GET"]),
@@ -243,6 +262,7 @@ class _Endpoints:
             Route("/offload", _guarded(self.offload, metrics), methods=["POST"]),
             Route("/drain", _guarded(self.drain, metrics), methods=["POST"]),
             Route("/shutdown", _guarded(self.shutdown, metrics), methods=["POST"]),
+            *(extra if self.serve_openrlhf else []),
         ]
 
     async def health(self, request: Request) -> Response:
@@ -302,6 +322,19 @@ class _Endpoints:
         phases.extend((("decode", t1, t2), ("score", t2, t3), ("encode", t3, time.perf_counter())))
         return answer
 
+    async def openrlhf_score(self, request: Request) -> Response:
+        """OpenRLHF's JSON request, checked and scored as /score's would be (and counted for /drain)."""
+        ticket = self.ledger.begin()
+        try:
+            body = await read_body(request, self.limits.max_request_bytes)
+            items, _ = request_from_wire(openrlhf.wire_request(openrlhf.samples_from_json(body)), self.limits)
+            started = time.perf_counter()
+            result = await self.in_worker(self.host.score, items, None)
+            self.metrics.scored(len(items), time.perf_counter() - started)
+            return JSONResponse(openrlhf.answer_of(result, self.spec.term_names()))
+        finally:
+            self.ledger.end(ticket)
+
     async def onload(self, request: Request) -> Response:
         figures = await self.in_worker(self.host.onload)
         return JSONResponse({**figures, "residency": self.host.residency})
@@ -343,9 +376,12 @@ def build_app(
     gate: ConnectionGate | None = None,
     answers: AnswerCache | None = None,
     rank: int = 0,
+    openrlhf_secret: str | None = None,
 ) -> ASGIApp:
-    """The child's ASGI app: its endpoints behind the bearer token and the connection gate."""
-    endpoints = _Endpoints(host, request_exit, limits, segment, gate, answers, rank)
+    """The child's ASGI app: its endpoints behind the bearer token and the connection gate; with an
+    `openrlhf_secret`, OpenRLHF's route too, behind that secret in its path."""
+    endpoints = _Endpoints(host, request_exit, limits, segment, gate, answers, rank, openrlhf_secret is not None)
     app = Starlette(routes=endpoints.routes())
     app.router.redirect_slashes = False  # '/score/' is an unknown path (404), not a redirect
-    return BearerAuth(app, token, gate, endpoints.metrics)
+    capability = CapabilityPath(openrlhf_secret) if openrlhf_secret is not None else None
+    return BearerAuth(app, token, gate, endpoints.metrics, capability)

@@ -19,7 +19,7 @@ PREFIX = "managed_scorers_child"
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 RESIDENCY_STATES = ("resident", "offloaded", "unknown")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-ENDPOINTS = frozenset({"/health", "/metrics", "/score", "/onload", "/offload", "/drain", "/shutdown"})
+ENDPOINTS = frozenset({"/health", "/metrics", "/score", "/onload", "/offload", "/drain", "/shutdown", "/openrlhf"})
 
 
 def _escape(value: str) -> str:

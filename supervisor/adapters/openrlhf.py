@@ -5,12 +5,9 @@ once per sample from `asyncio.to_thread`, many at once. Here those calls are coa
 batched requests (the verl coalescer, on an event loop of this module's own), scored by the
 training panel of the recipe `$MANAGED_SCORERS_RECIPE` names, built once per process.
 
-What OpenRLHF hands over: `query` is prompt + response decoded with special tokens kept. The
-response is the query with its prompt (`prompts[i]`) cut from the front (else from its last
-occurrence; a query without it is refused), then with special tokens such as `</s>`,
-`<|im_end|>` or `<|endoftext|>` stripped from both ends (tokens written `<...>` or `<|...|>`,
-repeated; none inside the text is touched). The label is the reference. OpenRLHF passes no
-group id, so a groupwise term is refused when the panel is built.
+What OpenRLHF hands over, and how the response is cut from its query, is one rule shared with
+`managed-scorers serve`'s OpenRLHF route: `child_runtime.protocol.openrlhf`. The label is the
+reference. OpenRLHF passes no group id, so a groupwise term is refused when the panel is built.
 
 OpenRLHF turns any exception of a reward function into `reward=None` at INFO level: every
 failure here is logged at ERROR with its typed error first, then raised.
@@ -23,11 +20,12 @@ import atexit
 import itertools
 import logging
 import os
-import re
 import threading
 from collections.abc import Sequence
 from typing import Any
 
+from child_runtime.protocol import openrlhf
+from child_runtime.protocol.items import RequestError
 from supervisor.adapters.verl import RECIPE_VARIABLE
 from supervisor.compose.coalesce import Coalescer
 from supervisor.compose.panel import RewardPanel
@@ -37,23 +35,7 @@ from supervisor.types import RewardItem, RewardRequest
 
 log = logging.getLogger("supervisor.adapters.openrlhf")
 CALL_TIMEOUT_S = 900.0  # one sample's wait for its batch: the panel's own deadlines end it sooner
-# <|im_end|>, <|endoftext|>, <|eot_id|> ...; </s>, <s>; <eos>, <bos>, <pad>, <unk>, <end_of_turn> ...
-_SPECIAL_TOKEN = r"(?:<\|[^<>|\s]{1,40}\|>|</?s>|<(?:eos|bos|pad|unk|eot|end_of_turn|start_of_turn)>)"
-_AT_ENDS = re.compile(rf"^(?:\s*{_SPECIAL_TOKEN})+|(?:{_SPECIAL_TOKEN}\s*)+$")
 _ITEMS = itertools.count()
-
-
-def response_of(query: str, prompt: str) -> str:
-    """The response inside OpenRLHF's query: the prompt cut off, special tokens stripped at both ends."""
-    if query.startswith(prompt):
-        response = query[len(prompt) :]
-    elif prompt and prompt in query:
-        response = query[query.rindex(prompt) + len(prompt) :]
-    else:
-        raise ScorerRequestError(
-            "the query does not contain its prompt: cannot tell the response apart", kind="bad_input"
-        )
-    return _AT_ENDS.sub("", response).strip()
 
 
 class _Scorer:
@@ -66,9 +48,7 @@ class _Scorer:
         groupwise = [leaf.shape.name for leaf in train.leaves() if leaf.shape is not None and leaf.shape.groupwise]
         if groupwise:
             train.close()
-            raise ConfigError(
-                f"OpenRLHF sends one sample per call and no group id: the groupwise scorer(s) {groupwise} cannot score"
-            )
+            raise ConfigError(openrlhf.groupwise_refusal(groupwise))
         self.panel: RewardPanel = train
         self.coalescer: Coalescer[RewardItem, dict[str, Any]] = Coalescer(self._score, max_batch=256, max_wait_s=0.005)
         self._loop = asyncio.new_event_loop()
@@ -112,22 +92,27 @@ def scorer_for(recipe: str | None = None) -> _Scorer:
         return _SCORERS[key]
 
 
+def _samples(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> list[openrlhf.Sample]:
+    """OpenRLHF's lists cut into samples (the rule `serve`'s OpenRLHF route uses); a bad one is bad input."""
+    try:
+        return openrlhf.samples(queries, prompts, labels)
+    except RequestError as exc:
+        raise ScorerRequestError(str(exc), kind="bad_input") from exc
+
+
 def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> dict[str, Any]:
     """OpenRLHF's reward function: `rewards` and `scores` (floats for its one-sample calls, lists
     otherwise) and `extra_logs` (each term's value)."""
     try:
-        if not len(queries) == len(prompts) == len(labels):
-            raise ScorerRequestError(
-                f"{len(queries)} queries, {len(prompts)} prompts, {len(labels)} labels", kind="bad_input"
-            )
+        samples = _samples(queries, prompts, labels)
         scorer = scorer_for()
         rows = [
             scorer.score(
                 RewardItem(
-                    id=f"openrlhf-{os.getpid()}-{next(_ITEMS)}", prompt=p, text=response_of(q, p), reference=label
+                    id=f"openrlhf-{os.getpid()}-{next(_ITEMS)}", prompt=s.prompt, text=s.response, reference=s.label
                 )
             )
-            for q, p, label in zip(queries, prompts, labels, strict=True)
+            for s in samples
         ]
     except Exception as exc:
         log.error(
@@ -136,13 +121,6 @@ def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence
             exc,
         )
         raise
-    rewards = [row["reward"] for row in rows]
     terms = sorted({name for row in rows for name in row["terms"]})
     logs = {name: [row["terms"].get(name, float("nan")) for row in rows] for name in terms}
-    if len(rows) == 1:
-        return {
-            "rewards": rewards[0],
-            "scores": rewards[0],
-            "extra_logs": {name: values[0] for name, values in logs.items()},
-        }
-    return {"rewards": rewards, "scores": rewards, "extra_logs": logs}
+    return openrlhf.answer([row["reward"] for row in rows], logs)

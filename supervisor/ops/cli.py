@@ -145,21 +145,17 @@ def _with_progress_bars(run: Callable[[Callable[[int, int], Callable[[int], None
     return result
 
 
+OPENRLHF_PENDING_CONNECTIONS = 1024
+
+
 def _serve(args: argparse.Namespace) -> int:
     import json
 
-    from scorers.registry import resolve_scorer
     from supervisor.config import ManagedScorerProcessSpec
-    from supervisor.ops.serve import read_token, serve
+    from supervisor.ops.serve import read_secret, read_token, serve
 
-    kind = args.input_kind
-    if kind is None:
-        try:
-            kind = resolve_scorer(args.scorer, args.catalog).spec.input_kind
-        except (LookupError, ImportError) as exc:
-            raise ConfigError(
-                f"cannot tell scorer {args.scorer!r}'s input kind here ({exc}): pass --input-kind"
-            ) from exc
+    secret = None if args.openrlhf_secret_file is None else read_secret(args.openrlhf_secret_file)
+    kind = _served_kind(args, refuse_groupwise=secret is not None)
     try:
         params = json.loads(args.params)
     except json.JSONDecodeError as exc:
@@ -169,13 +165,38 @@ def _serve(args: argparse.Namespace) -> int:
     process: dict[str, Any] = {"python_executable": str(args.python)} if args.python is not None else {}
     if args.extra_import_path:
         process["extra_import_paths"] = [str(path) for path in args.extra_import_path]
+    # OpenRLHF opens a connection per sample, and a rollout's samples end in bursts: room for them
+    pending = args.max_pending_connections or (OPENRLHF_PENDING_CONNECTIONS if secret is not None else None)
+    limits = {} if pending is None else {"max_pending_connections": pending}
     try:
         spec = ManagedScorerProcessSpec.model_validate(
-            {"env": args.env, "process": process, "scorer": scorer, "client": {"input_kind": kind}}
+            {"env": args.env, "process": process, "scorer": scorer, "client": {"input_kind": kind}, "limits": limits}
         )
     except ValueError as exc:
         raise ConfigError(validation_message(exc)) from exc
-    serve(spec, args.host, args.port, read_token(args.token_env, args.token_file), args.allow_remote, args.token_env)
+    token = read_token(args.token_env, args.token_file)
+    serve(spec, args.host, args.port, token, args.allow_remote, args.token_env, secret)
+
+
+def _served_kind(args: argparse.Namespace, refuse_groupwise: bool) -> str:
+    """The scorer's input kind (from --input-kind, else its class); for the OpenRLHF route, a groupwise
+    scorer refused here when its class imports in this env (else the server refuses it when it boots)."""
+    from child_runtime.protocol.openrlhf import groupwise_refusal
+    from scorers.registry import resolve_scorer
+
+    if args.input_kind is not None and not refuse_groupwise:
+        return str(args.input_kind)  # the class is not imported here (a user's module may not import in this env)
+    try:
+        spec = resolve_scorer(args.scorer, args.catalog).spec
+    except (LookupError, ImportError) as exc:
+        if args.input_kind is None:
+            raise ConfigError(
+                f"cannot tell scorer {args.scorer!r}'s input kind here ({exc}): pass --input-kind"
+            ) from exc
+        return str(args.input_kind)
+    if refuse_groupwise and spec.groupwise:
+        raise ConfigError(f"the OpenRLHF route refuses: {groupwise_refusal([spec.name])}")
+    return str(args.input_kind or spec.input_kind)
 
 
 def _recipes(args: argparse.Namespace) -> int:
@@ -295,6 +316,17 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     server.add_argument("--revision", help="a pin: refuse to serve another revision of the scorer")
     server.add_argument("--catalog", help="a custom catalog factory, module:name")
     server.add_argument("--extra-import-path", type=_folder, action="append", help="a folder of your scorer modules")
+    server.add_argument(
+        "--openrlhf-secret-file",
+        type=_folder,
+        help="also serve OpenRLHF's --reward.remote_url at /openrlhf/<the secret in this 0600 file> (made if missing)",
+    )
+    server.add_argument(
+        "--max-pending-connections",
+        type=int,
+        help=f"connections that have not yet sent an authenticated request (default 64; {OPENRLHF_PENDING_CONNECTIONS} "
+        "with the OpenRLHF route: a connection per sample); more are refused with a 503",
+    )
     server.set_defaults(run=_serve)
 
 

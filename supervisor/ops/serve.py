@@ -9,12 +9,19 @@ limits and endpoints as a managed child. The token comes from an environment var
 0600 file, never argv, and the variable is not passed on; the boot config reaches the runtime
 in a memfd on stdin, which the runtime closes once read; the readiness line (JSON: port, pid,
 scorer, identity) is printed on stdout.
+
+With an OpenRLHF secret (`--openrlhf-secret-file`), the server also speaks OpenRLHF's protocol at
+`/openrlhf/<secret>`: OpenRLHF's client sends no header, so the secret rides in the URL. It is a
+second secret, never the token: a URL ends up in command lines and logs, and this one can only
+score (no /shutdown, /offload or /drain). A groupwise scorer is refused there, at boot.
 """
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import os
+import resource
 import secrets
 import socket
 import stat
@@ -29,6 +36,7 @@ from supervisor.errors import ConfigError
 
 LOOPBACK_NAMES = ("localhost",)
 MIN_TOKEN_CHARS = 16
+DESCRIPTOR_MARGIN = 256  # the server's own: the scorer's files, its grader pipes, the log
 
 
 def is_loopback(host: str) -> bool:
@@ -52,6 +60,17 @@ def read_token(token_env: str | None, token_file: Path | None) -> str:
     if len(token) < MIN_TOKEN_CHARS:
         raise ConfigError(f"the token must have at least {MIN_TOKEN_CHARS} characters")
     return token
+
+
+def read_secret(path: Path) -> str:
+    """The OpenRLHF route's secret: a file only this user can read, made with a fresh one when missing."""
+    secret = _token_from_file(path)
+    if len(secret) < MIN_TOKEN_CHARS or not all(c.isalnum() or c in "-_" for c in secret):
+        raise ConfigError(
+            f"the secret in {path} must have at least {MIN_TOKEN_CHARS} characters, all letters, digits, '-' or '_' "
+            "(it goes into a URL as it is)"
+        )
+    return secret
 
 
 def _token_from_file(path: Path) -> str:
@@ -104,15 +123,41 @@ def bind(host: str, port: int, allow_remote: bool) -> socket.socket:
     return listener
 
 
+def enough_descriptors(max_pending: int) -> None:
+    """Room for every connection the gate lets wait (and as many lingering after eviction) and the
+    server's own files: the soft RLIMIT_NOFILE raised toward the hard one, which the exec keeps."""
+    needed = 2 * max_pending + DESCRIPTOR_MARGIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise ConfigError(
+                f"{max_pending} pending connections need {needed} file descriptors; this process may open at most "
+                f"{hard} (ulimit -Hn): lower --max-pending-connections or raise the limit"
+            )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 def serve(
-    spec: ManagedScorerProcessSpec, host: str, port: int, token: str, allow_remote: bool, token_env: str | None = None
+    spec: ManagedScorerProcessSpec,
+    host: str,
+    port: int,
+    token: str,
+    allow_remote: bool,
+    token_env: str | None = None,
+    openrlhf_secret: str | None = None,
 ) -> NoReturn:
     """Become the server (exec); returns only by raising, before the exec."""
+    if openrlhf_secret is not None and hmac.compare_digest(openrlhf_secret, token):
+        raise ConfigError(
+            "the OpenRLHF secret must differ from the token: the URL that carries it is seen in command lines "
+            "and logs, and the token drives every endpoint"
+        )
     if spec.replicas.size > 1:
         raise ConfigError(
             f"serve runs one child; the spec asks for {spec.replicas.size} replicas: serve each on its own port "
             "(process.visible_devices narrows each to its GPU)"
         )
+    enough_descriptors(spec.limits.max_pending_connections)
     listener = bind(host, port, allow_remote)
     plan = launch_plan(spec, segment=None)
     env = {key: value for key, value in plan.env.items() if key != token_env}  # the token reaches it on stdin only
@@ -120,6 +165,8 @@ def serve(
     ready_fd = os.dup(sys.stdout.fileno())  # the runtime closes its readiness pipe; stdout stays open
     os.set_inheritable(ready_fd, True)
     config = {**plan.boot, "token": token, "listen_fd": listener.fileno(), "ready_fd": ready_fd, "parent_pid": None}
+    if openrlhf_secret is not None:
+        config["openrlhf_secret"] = openrlhf_secret
     stdin = os.memfd_create("managed-scorers-boot", os.MFD_CLOEXEC)  # only its dup on fd 0 crosses the exec
     os.write(stdin, boot.frame(config))
     os.lseek(stdin, 0, os.SEEK_SET)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -124,3 +126,126 @@ def test_serve_stops_gracefully_on_sigterm_with_exit_status_0(tmp_path):
         server.wait()
         if server.stderr:
             server.stderr.close()
+
+
+def start_serve(
+    tmp_path: Path, name: str, *args: str, open_files: int | None = None
+) -> tuple[subprocess.Popen, Path, Path]:
+    """A `serve` process of ours (its readiness line in NAME.json, its log in NAME.log), not yet waited for;
+    `open_files`: its soft RLIMIT_NOFILE when it starts."""
+
+    def limit() -> None:
+        if open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    ready, log = tmp_path / f"{name}.json", tmp_path / f"{name}.log"
+    with open(ready, "w") as out, open(log, "w") as err:
+        server = subprocess.Popen(
+            [*SERVE, *args],
+            stdout=out,
+            stderr=err,
+            env={**os.environ, "MANAGED_SCORERS_TOKEN": "t" * 32},
+            preexec_fn=limit,
+        )
+    return server, ready, log
+
+
+def stop_serve(server: subprocess.Popen) -> int | None:
+    """SIGTERM, then its exit status within 15 s (None if it had to be killed)."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        return server.wait(15)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+        return None
+
+
+FLAKY = ["--scorer", "tests.helpers.fixture_scorers:Flaky", "--python", sys.executable, "--input-kind", "text"]
+FLAKY += ["--extra-import-path", str(Path(__file__).resolve().parents[2])]
+
+
+def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal_in_the_log(tmp_path):
+    secret_file = tmp_path / "openrlhf-secret"
+    server, ready, log = start_serve(
+        tmp_path, "flaky", *FLAKY, "--openrlhf-secret-file", str(secret_file), open_files=1024
+    )
+    try:
+        info = wait_ready(ready)
+        assert info["openrlhf_route"] is True and oct(secret_file.stat().st_mode & 0o777) == "0o600"
+        # room for the 1024 connections OpenRLHF's bursts may open before any is read (a connection per sample)
+        assert psutil.Process(server.pid).rlimit(psutil.RLIMIT_NOFILE)[0] >= 2 * 1024 + 256
+        base, secret = f"http://127.0.0.1:{info['port']}", secret_file.read_text().strip()
+
+        def post(path: str, body: object) -> httpx.Response:
+            content = body if isinstance(body, bytes) else json.dumps(body).encode()
+            return httpx.post(base + path, content=content, timeout=10)
+
+        one = post(f"/openrlhf/{secret}", {"query": ["Q: x? four</s>"], "prompts": ["Q: x?"], "labels": [None]})
+        assert one.status_code == 200 and one.json() == {"rewards": 4.0, "scores": 4.0, "extra_logs": {"flaky": 4.0}}
+        two = post(
+            f"/openrlhf/{secret}", {"query": ["P ab", "P abc<|im_end|>"], "prompts": ["P", "P"], "labels": [1, 2]}
+        )
+        assert two.json() == {"rewards": [2.0, 3.0], "scores": [2.0, 3.0], "extra_logs": {"flaky": [2.0, 3.0]}}
+        for path in (f"/openrlhf/{secret[:-1]}", "/openrlhf", f"/openrlhf/{secret}/x", "/openrlhf/"):
+            assert post(path, {}).status_code == 401, path
+        assert httpx.get(f"{base}/health", timeout=10).status_code == 401  # the secret opens no other endpoint
+        refusals = {
+            b"{not json": "the body is not JSON",
+            json.dumps({"query": ["P a"], "prompts": ["P", "P"], "labels": [1]}).encode(): "lengths differ",
+            json.dumps({"query": ["a b"], "prompts": ["Q"], "labels": [1]}).encode(): "does not contain its prompt",
+            json.dumps({"query": "P a", "prompts": ["P"]}).encode(): "must be lists",
+        }
+        for body, why in refusals.items():
+            answer = post(f"/openrlhf/{secret}", body)
+            assert answer.status_code == 400 and why in answer.json()["error"], answer.text
+        failed = post(f"/openrlhf/{secret}", {"query": ["P raise"], "prompts": ["P"], "labels": [None]})
+        assert failed.status_code == 500 and "ZeroDivisionError: scorer bug on cue" in failed.json()["error"]
+        nan = post(f"/openrlhf/{secret}", {"query": ["P nan"], "prompts": ["P"], "labels": [None]})
+        assert nan.status_code == 500 and nan.json()["kind"] == "contract"  # never a NaN reward
+        assert stop_serve(server) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    lines = log.read_text().splitlines()
+    assert len([line for line in lines if " WARNING child_runtime.openrlhf: 401 for 1 request(s)" in line]) == 1
+    errors = [line for line in lines if " ERROR child_runtime.openrlhf: answered " in line]
+    assert len(errors) == 6 and "reward=None): ZeroDivisionError: scorer bug on cue" in errors[4]
+    assert all("trains on reward=None" in line for line in errors) and secret not in log.read_text()
+
+
+def test_serve_refuses_a_groupwise_scorer_on_the_openrlhf_route_and_a_secret_equal_to_the_token(tmp_path):
+    secret_file = tmp_path / "openrlhf-secret"
+    group_spy = ["--scorer", "tests.helpers.fixture_scorers:GroupSpy", *FLAKY[2:]]
+    here = run_serve_args(*group_spy, "--openrlhf-secret-file", str(secret_file))
+    assert here.returncode == 2 and "no group id: the groupwise scorer(s) ['group_spy'] cannot score" in here.stderr
+    # a scorer this env cannot import: the server refuses it when it boots, before any weights load
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "my_judge.py").write_text(
+        "from tests.helpers.fixture_scorers import GroupSpy\n\nclass Judge(GroupSpy):\n    pass\n"
+    )
+    mine = ["--scorer", "my_judge:Judge", *FLAKY[2:], "--extra-import-path", str(tmp_path / "mine")]
+    booted = run_serve_args(*mine, "--openrlhf-secret-file", str(secret_file))
+    said = json.loads(booted.stdout.splitlines()[0])
+    assert booted.returncode == 3 and said["ready"] is False and "['group_spy'] cannot score" in said["error"]
+    (tmp_path / "same").write_text("s" * 32 + "\n")
+    (tmp_path / "same").chmod(0o600)
+    same = run_serve_args(
+        *FLAKY, "--token-file", str(tmp_path / "same"), "--openrlhf-secret-file", str(tmp_path / "same")
+    )
+    assert same.returncode == 2 and "must differ from the token" in same.stderr
+    cramped = subprocess.run(
+        [*SERVE, *FLAKY, "--openrlhf-secret-file", str(secret_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "MANAGED_SCORERS_TOKEN": "t" * 32},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)),
+    )
+    assert cramped.returncode == 2 and "need 2304 file descriptors" in cramped.stderr
+
+
+def run_serve_args(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MANAGED_SCORERS_TOKEN": "t" * 32}
+    return subprocess.run([*SERVE, *args], capture_output=True, text=True, timeout=60, env=env)
