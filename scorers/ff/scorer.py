@@ -127,7 +127,7 @@ class FfModelScorer(Scorer):
             extra_kwargs=dict(self.params),
         )
         self._instance = self.model_cls(config, LocalAccelerator(device=config.device))
-        if self.workers > 1:
+        if self.workers > 1 and not self.spec.groupwise:  # groups overlap across requests (concurrent_calls)
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="ff-reward")
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
