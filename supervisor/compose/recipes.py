@@ -5,7 +5,9 @@ one `PanelConfig` and one `RewardPanel` (one runtime, several authoring styles):
 - verl-omni: `reward.models` (deployments) and `reward.reward_functions` (terms that bind a
   model by name, with `weight` and `required`);
 - Posttrain: a zero-argument catalog factory (`catalog:`) and `reward:` / `validation:`
-  selecting a provider from it by name.
+  selecting a provider from it by name;
+- FF: a `rewards:` list (and `eval_rewards:`) of model classes or registered scorers
+  (`compose/ff_recipe`).
 
 `load_recipe` only parses and validates: it imports config classes and catalog factories
 but starts nothing. `build_panels` starts the backends (one per distinct configuration,
@@ -25,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from scorers.registry import import_dotted
 from supervisor.backend import RewardBackend
+from supervisor.compose.ff_recipe import ff_panels
 from supervisor.compose.panel import BackendPool, PanelTerm, RewardPanel
 from supervisor.config import (
     LocalBackendConfig,
@@ -102,11 +105,13 @@ def _parse(data: dict[str, Any]) -> Recipe:
         return _from_verl_omni(reward)
     if "catalog" in data:
         return _from_catalog(data)
+    if "rewards" in data:
+        return Recipe(*ff_panels(data), style="ff")
     if "terms" in data:
         return Recipe(PanelConfig.model_validate(data))
     raise ConfigError(
         "unrecognised recipe: expected a `_target_` tree, `reward.models` + `reward.reward_functions`, "
-        "a `catalog:` with `reward:`, or a `terms:` list"
+        "a `catalog:` with `reward:`, an FF `rewards:` list, or a `terms:` list"
     )
 
 

@@ -1,0 +1,244 @@
+"""FF-style reward models (scorers.ff) run by dotted path in managed children, from an FF `rewards:`
+recipe: the chunks, fields and media kinds the model sees, gating, weights, and the contract checks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from scorers.base import ScoreItem, ScorerContractError, score_checked
+from scorers.ff import RewardModelConfigError, RewardModelError
+from scorers.ff.scorer import FfModelScorer
+from supervisor import (
+    ConfigError,
+    ManagedScorerProcessBackend,
+    RewardItem,
+    RewardRequest,
+    ScorerRequestError,
+    build_panels,
+    load_recipe,
+)
+from tests.conftest import REPO_ROOT, env_python, launcher_free_env
+from tests.helpers.ff_models import SlowBrightness, brightness, group_images
+
+HELPERS = "tests.helpers.ff_models"
+WEIGHTS = {"a": 2.0, "b": 0.5}
+
+
+def _items() -> list[RewardItem]:
+    """Seven items the FF model applies to (datasets a, b) and two it does not (c), interleaved."""
+    rng = np.random.default_rng(3)
+    sources = ["a", "b", "c", "a", "b", "a", "c", "b", "a"]
+    return [
+        RewardItem(
+            id=f"i{i}",
+            prompt=f"prompt {i}",
+            image=rng.integers(0, 256, (8, 6, 3), dtype=np.uint8),
+            condition_images=[rng.integers(0, 256, (4 + k, 5, 3), dtype=np.uint8) for k in range(i % 3 + 1)],
+            metadata={"bonus": i / 100},
+            data_source=source,
+        )
+        for i, source in enumerate(sources)
+    ]
+
+
+def _hand(item: RewardItem) -> float:
+    return brightness(item.image) + 0.1 * len(item.condition_images) + float(item.metadata["bonus"])
+
+
+def _recipe(tmp_path: Path) -> Path:
+    brightness_model = {"reward_model": f"{HELPERS}:Brightness", "batch_size": 3, "dtype": "float32"}
+    recipe = {
+        "rewards": [
+            {
+                "name": "brightness",
+                **brightness_model,
+                "env": "image",
+                "extra_import_paths": [str(REPO_ROOT)],
+                "applicable_datasets": ["a", "b"],
+                "weight": WEIGHTS,
+                "journal": str(tmp_path / "managed.jsonl"),
+            },
+            {"name": "intensity", "reward_model": "mean_intensity", "backend": "local", "weight": 1.0},
+        ],
+        "eval_rewards": [
+            {
+                "name": "brightness_here",
+                **brightness_model,
+                "backend": "local",
+                "journal": str(tmp_path / "local.jsonl"),
+            }
+        ],
+    }
+    path = tmp_path / "ff.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def _journal(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_an_ff_pointwise_model_in_its_env_scores_as_in_process_with_chunks_gating_and_weights(tmp_path):
+    recipe = load_recipe(_recipe(tmp_path))
+    assert recipe.style == "ff" and recipe.validation is not None
+    items = _items()
+    request = RewardRequest(items=items)
+    train, validation = build_panels(recipe)
+    try:
+        got = train.compute_rewards(request)
+        child = train.terms[0].backend
+        assert isinstance(child, ManagedScorerProcessBackend) and "envs/image/" in str(
+            child.spec.process.python_executable
+        )
+        here = validation.compute_rewards(request)  # the same class in the trainer's process
+        applies = [item.data_source in WEIGHTS for item in items]
+        managed = got.component_rewards["brightness"]
+        assert [value is not None for value in managed] == applies  # gated by applicable_datasets
+        assert managed == [
+            h if a else None for h, a in zip(here.component_rewards["brightness_here"], applies, strict=True)
+        ]
+        assert managed == [pytest.approx(_hand(it)) if a else None for it, a in zip(items, applies, strict=True)]
+        intensity = [float(it.image.mean()) / 255 for it in items]
+        expected = [WEIGHTS.get(it.data_source, 0.0) * _hand(it) + v for it, v in zip(items, intensity, strict=True)]
+        assert got.rewards == pytest.approx(expected)  # per-dataset weight on one term, a scalar on the other
+        seen = _journal(tmp_path / "managed.jsonl")
+        assert [call["n"] for call in seen] == [3, 3, 1]  # at most batch_size, the tail smaller
+        gated = [it for it in items if it.data_source in WEIGHTS]
+        assert [p for call in seen for p in call["prompts"]] == [it.prompt for it in gated]  # in order
+        assert [n for call in seen for n in call["conditions"]] == [len(it.condition_images) for it in gated]
+        assert {call["device"] for call in seen} == {"cpu"}  # a str: the image env has no torch
+        assert [call["n"] for call in _journal(tmp_path / "local.jsonl")] == [3, 3, 3]
+        poisoned = RewardItem(id="nan", prompt="p", image=items[0].image, condition_images=items[0].condition_images,
+                              metadata={"nan": True}, data_source="a")  # fmt: skip
+        with pytest.raises(ScorerRequestError, match=r"\(contract\).*ff_models:Brightness'.*non-finite reward nan"):
+            train.compute_rewards(RewardRequest(items=[poisoned]))
+        assert train.compute_rewards(request).rewards == got.rewards  # the child keeps serving
+    finally:
+        train.close()
+        validation.close()
+
+
+IN_PROCESS = textwrap.dedent(
+    """
+    import json, sys
+    from scorers.base import ScoreItem, score_checked
+    from scorers.ff.scorer import FfModelScorer
+    from tests.helpers.ff_models import group_images
+    groups = json.loads(sys.argv[2])
+    scorer = FfModelScorer(model="tests.helpers.ff_models:GroupRank", model_path=sys.argv[1], dtype="bfloat16")
+    scorer.load("cpu")
+    items = [ScoreItem(id=f"g{i}", group_id=g, image=image) for i, (g, image) in enumerate(zip(groups, group_images(len(groups))))]
+    print(json.dumps(score_checked(scorer, items).terms["ff_model"]))
+    """
+)
+
+
+@pytest.mark.slow
+def test_an_ff_groupwise_tensor_model_gets_whole_groups_and_matches_in_process(tmp_path):
+    offset = tmp_path / "offset.txt"
+    offset.write_text("0.25")
+    groups = ["x", "y", "x", "z", "y", "x", "z", "y", "x", "y", "z"]  # 4 + 4 + 3, interleaved
+    entry = {
+        "name": "rank",
+        "reward_model": f"{HELPERS}:GroupRank",
+        "model_path": str(offset),
+        "dtype": "bfloat16",
+        "env": "embed",
+        "extra_import_paths": [str(REPO_ROOT)],
+        "journal": str(tmp_path / "groups.jsonl"),
+    }
+    train, validation = build_panels(load_recipe({"rewards": [entry]}))
+    assert validation is None
+    images = group_images(len(groups))
+    request = RewardRequest(
+        items=[
+            RewardItem(id=f"g{i}", group_id=g, image=img) for i, (g, img) in enumerate(zip(groups, images, strict=True))
+        ]
+    )
+    try:
+        got = train.compute_rewards(request).rewards
+    finally:
+        train.close()
+    calls = _journal(tmp_path / "groups.jsonl")
+    assert sorted(call["n"] for call in calls) == [3, 4, 4] and {c["dtype"] for c in calls} == {"torch.bfloat16"}
+    hand = []
+    for i, group in enumerate(groups):
+        members = [j for j, g in enumerate(groups) if g == group]
+        means = [float(images[j].astype(np.float64).mean()) for j in members]
+        hand.append(sorted(means).index(means[members.index(i)]) / (len(members) - 1) + 0.25)
+    assert got == pytest.approx(hand)
+    done = subprocess.run(
+        [str(env_python("embed")), "-c", IN_PROCESS, str(offset), json.dumps(groups)],
+        cwd=tmp_path,
+        env=launcher_free_env(PYTHONPATH=str(REPO_ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert got == json.loads(done.stdout.splitlines()[-1])
+
+
+def _score_items(count: int) -> list[ScoreItem]:
+    return [
+        ScoreItem(id=f"s{i}", prompt="p", image=item.image, condition_images=item.condition_images, metadata={})
+        for i, item in enumerate((_items() * 2)[:count])
+    ]
+
+
+def test_a_model_that_is_not_thread_safe_refuses_more_than_one_worker():
+    with pytest.raises(RewardModelConfigError, match=r"UnsafeBrightness.*thread_safe = False.*num_workers"):
+        FfModelScorer(model=f"{HELPERS}:UnsafeBrightness", async_reward=True, num_workers=2)
+    FfModelScorer(model=f"{HELPERS}:UnsafeBrightness", num_workers=1)
+
+
+def test_async_workers_run_a_requests_chunks_at_once_in_order():
+    scorer = FfModelScorer(model=f"{HELPERS}:SlowBrightness", batch_size=2, async_reward=True, num_workers=2)
+    assert scorer.spec.concurrent_calls == 2
+    scorer.load("cpu")
+    try:
+        items = _score_items(7)
+        result = score_checked(scorer, items)
+    finally:
+        scorer.close()
+    assert SlowBrightness.most == 2
+    assert result.terms["ff_model"] == pytest.approx([_hand_score(it) for it in items])
+
+
+def _hand_score(item: ScoreItem) -> float:
+    return brightness(item.image) + 0.1 * len(item.condition_images)
+
+
+def test_audio_and_unknown_fields_are_refused_naming_the_model_and_issue():
+    with pytest.raises(RewardModelConfigError, match=r"AudioModel.*issue 27, item 3"):
+        FfModelScorer(model=f"{HELPERS}:AudioModel")
+    with pytest.raises(RewardModelConfigError, match="not a PointwiseRewardModel"):
+        FfModelScorer(model="tests.helpers.ff_models:brightness")
+
+
+def test_wrong_length_is_a_contract_error_naming_the_model():
+    scorer = FfModelScorer(model=f"{HELPERS}:WrongLength", batch_size=4)
+    scorer.load("cpu")
+    with pytest.raises(RewardModelError, match=r"WrongLength.*shape \[4\] for 3 inputs") as info:
+        score_checked(scorer, _score_items(3))
+    assert isinstance(info.value, ScorerContractError)
+
+
+def test_an_ff_model_class_must_say_where_it_runs_and_registered_scorers_refuse_model_keys():
+    with pytest.raises(ConfigError, match=r"rewards\[0\] \(m\): say where the model runs"):
+        load_recipe({"rewards": [{"name": "m", "reward_model": f"{HELPERS}:Brightness"}]})
+    with pytest.raises(ConfigError, match=r"\['model_path'\] configure a model class"):
+        load_recipe({"rewards": [{"name": "m", "reward_model": "mean_intensity", "model_path": "/x"}]})
+    recipe = load_recipe(
+        {"rewards": {"name": "m", "reward_model": f"{HELPERS}:Brightness", "env": "image", "threshold": 0.5}}
+    )
+    (term,) = recipe.train.terms
+    assert term.backend.scorer.params == {"model": f"{HELPERS}:Brightness", "params": {"threshold": 0.5}}
