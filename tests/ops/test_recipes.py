@@ -125,8 +125,11 @@ def test_posttrain_catalog_recipe():
 
 def test_a_recipe_of_no_known_style_is_refused(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text("rewards: [1, 2]\n")
+    path.write_text("scorers: [1, 2]\n")
     with pytest.raises(ConfigError, match="unrecognised recipe"):
+        load_recipe(path)
+    path.write_text("rewards: [1, 2]\n")  # FF's list: its entries are named
+    with pytest.raises(ConfigError, match=r"rewards\[0\]: a reward is a mapping with a `name` and a `reward_model`"):
         load_recipe(path)
 
 
