@@ -82,6 +82,8 @@ class ScoreItem:
     data_source: str | None = None  # the dataset tag (verl's data_source)
     condition_images: tuple[np.ndarray, ...] = ()  # e.g. an edit reward's source image(s)
     condition_videos: tuple[np.ndarray, ...] = ()
+    audio: np.ndarray | None = None  # float32 (channels, samples), every sample finite
+    audio_sample_rate: int | None = None  # Hz; set exactly when audio is
 
     @property
     def is_length_truncated(self) -> bool:
@@ -97,6 +99,10 @@ class ScoreItem:
 
     def required_video(self) -> np.ndarray:
         return self._required("video", self.video)
+
+    def required_audio(self) -> tuple[np.ndarray, int]:
+        """The waveform and its sample rate (the wire checks guarantee the rate comes with it)."""
+        return self._required("audio", self.audio), self._required("audio_sample_rate", self.audio_sample_rate)
 
     def _required(self, name: str, value: Any) -> Any:
         if value is None:
@@ -160,7 +166,13 @@ class Scorer:
         """Release helpers (processes, memory). Must be bounded and idempotent."""
 
 
-_COMPLETION_FIELDS = {"text": ("text",), "image": ("image",), "image_edit": ("image",), "video": ("video",)}
+_COMPLETION_FIELDS = {
+    "text": ("text",),
+    "image": ("image",),
+    "image_edit": ("image",),
+    "video": ("video",),
+    "audio": ("audio",),
+}
 
 
 def check_required_fields(spec: ScorerSpec, items: Sequence[ScoreItem]) -> None:

@@ -35,6 +35,7 @@ BUILTINS: dict[str, str] = {
     "torch_probe": "scorers.torch_probe:TorchProbe",
     "ocr": "scorers.ocr:OcrScorer",
     "video": "scorers.video:VideoScorer",
+    "audio_loudness": "scorers.audio:AudioLoudness",
 }
 
 

@@ -13,7 +13,7 @@ from scorers.diagnostics import NAME as METRIC_NAME
 from scorers.registry import resolve_scorer
 from supervisor import scorer_envs
 
-InputKind = Literal["text", "image", "image_edit", "video"]
+InputKind = Literal["text", "image", "image_edit", "video", "audio"]
 # What decides the child's import path: set only by managed-scorers (see supervisor.child.import_root).
 RESERVED_ENV = frozenset(
     {

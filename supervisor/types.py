@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, StrictInt, model_validator
 
-from child_runtime.protocol.items import MEDIA_FIELDS, OMITTED_WHEN_EMPTY, WIRE_FIELDS, check_media
+from child_runtime.protocol.items import MEDIA_FIELDS, OMITTED_WHEN_EMPTY, WIRE_FIELDS, check_audio, check_media
 from scorers.base import is_length_verdict
 from scorers.diagnostics import to_metrics
 from supervisor.errors import RewardContractError, validation_message
@@ -36,8 +36,18 @@ def _as_video(value: Any) -> np.ndarray | None:
     return None if value is None else check_media(numpy_view(value), "video", "item")
 
 
+def _as_audio(value: Any) -> np.ndarray | None:
+    """A float32 ndarray or torch CPU tensor (viewed, not copied), (channels, samples); a 1-D one is
+    mono, viewed as (1, samples). Checked with its sample rate and named by id in `_audio`."""
+    value = numpy_view(value)
+    if value is None or not isinstance(value, np.ndarray):
+        return value
+    return value.reshape(1, -1) if value.ndim == 1 else value
+
+
 Image = Annotated[Any, BeforeValidator(_as_image)]
 Video = Annotated[Any, BeforeValidator(_as_video)]
+Audio = Annotated[Any, BeforeValidator(_as_audio)]
 
 
 def _as_images(value: Any) -> tuple[np.ndarray, ...]:
@@ -71,7 +81,9 @@ class RewardItem(BaseModel):
     `finish_reason` is the generation engine's verbatim verdict; `completion_tokens` the
     completion's length in tokens (the soft overlong penalty needs it); `data_source` the
     dataset tag that per-dataset weights and applicability match on; `condition_images`
-    and `condition_videos` the conditioning media (an edit reward's source image).
+    and `condition_videos` the conditioning media (an edit reward's source image); `audio` a
+    float32 waveform (channels, samples; a 1-D one is mono) with its `audio_sample_rate` in Hz,
+    which it requires.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
@@ -89,6 +101,8 @@ class RewardItem(BaseModel):
     data_source: str | None = None
     condition_images: Images = ()
     condition_videos: Videos = ()
+    audio: Audio = None
+    audio_sample_rate: StrictInt | None = None
     reward: float | None = None
     component_rewards: dict[str, float | None] | None = None
 
@@ -104,6 +118,12 @@ class RewardItem(BaseModel):
                 json.dumps(getattr(self, name), allow_nan=False)
             except ValueError as exc:
                 raise ValueError(f"{name} must be finite JSON: {exc}") from exc
+        return self
+
+    @model_validator(mode="after")
+    def _audio(self) -> RewardItem:
+        """The wire's own audio check (dtype, shape, finite, the rate with it), naming the item."""
+        check_audio(self.audio, self.audio_sample_rate, f"item {self.id!r}")
         return self
 
     def to_wire(self) -> dict[str, Any]:

@@ -30,13 +30,17 @@ WIRE_FIELDS = (
     "data_source",
     "condition_images",
     "condition_videos",
+    "audio",
+    "audio_sample_rate",
 )
 ITEM_FIELDS = frozenset(WIRE_FIELDS)
-MEDIA_FIELDS = frozenset(["image", "video", "condition_images", "condition_videos"])  # arrays: never JSON
+MEDIA_FIELDS = frozenset(["image", "video", "condition_images", "condition_videos", "audio"])  # arrays: never JSON
 OMITTED_WHEN_EMPTY = frozenset(["metadata", "condition_images", "condition_videos"])  # {} or (): not sent
 MEDIA_LAYOUTS = {"image": "HWC", "video": "THWC"}
 REQUEST_FIELDS = frozenset(["items", "group_size"])
 MAX_CONDITION_MEDIA = 16  # per item and kind
+# More would be a (samples, channels) array handed over transposed: 22.2 surround has 24.
+MAX_AUDIO_CHANNELS = 32
 
 
 MAX_ID_CHARS = 1024
@@ -95,12 +99,35 @@ def check_media(value: Any, name: str, where: str) -> np.ndarray:
     return value
 
 
-def _media(item: dict, name: str, where: str, limit: int, copy: bool) -> np.ndarray | None:
-    """Read-only view (zero-copy from the wire or the shared segment) unless the scorer writes to its inputs."""
-    value = item.get(name)
-    if value is None:
+def check_audio(audio: Any, sample_rate: Any, where: str) -> np.ndarray | None:
+    """`audio` is float32 (channels, samples), 1..MAX_AUDIO_CHANNELS channels, at least one sample, every
+    sample finite; `audio_sample_rate` a positive int exactly when audio is present. Both sides run this."""
+    if audio is None:
+        if sample_rate is not None:
+            raise RequestError(f"{where}.audio_sample_rate is {sample_rate!r}, but the item has no audio")
         return None
-    media = check_media(value, name, where)
+    if not isinstance(audio, np.ndarray) or audio.dtype != np.float32 or audio.ndim != 2:
+        got = f"{audio.dtype} {list(audio.shape)}" if isinstance(audio, np.ndarray) else type(audio).__name__
+        raise RequestError(f"{where}.audio must be float32 (channels, samples), got {got}")
+    channels, samples = audio.shape
+    if not 1 <= channels <= MAX_AUDIO_CHANNELS or samples < 1:
+        raise RequestError(
+            f"{where}.audio has shape {list(audio.shape)}: (channels, samples) with 1..{MAX_AUDIO_CHANNELS} "
+            "channels and at least one sample (a (samples, channels) array must be transposed)"
+        )
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1:
+        raise RequestError(f"{where}.audio_sample_rate must be a positive int (Hz) with audio, got {sample_rate!r}")
+    finite = np.isfinite(audio)
+    if not finite.all():
+        channel, sample = (int(i) for i in np.argwhere(~finite)[0])
+        raise RequestError(
+            f"{where}.audio has a non-finite sample ({audio[channel, sample]} at channel {channel}, sample {sample})"
+        )
+    return audio
+
+
+def _limited(media: np.ndarray, name: str, where: str, limit: int, copy: bool) -> np.ndarray:
+    """Read-only view (zero-copy from the wire or the shared segment) unless the scorer writes to its inputs."""
     if media.nbytes > limit:
         raise RequestError(f"{where}.{name} has {media.nbytes} bytes (limit {limit})")
     if copy:
@@ -108,6 +135,19 @@ def _media(item: dict, name: str, where: str, limit: int, copy: bool) -> np.ndar
     view = media.view()
     view.flags.writeable = False  # in-process, too: a scorer never writes into the trainer's arrays
     return view
+
+
+def _media(item: dict, name: str, where: str, limit: int, copy: bool) -> np.ndarray | None:
+    value = item.get(name)
+    return None if value is None else _limited(check_media(value, name, where), name, where, limit, copy)
+
+
+def _audio(item: dict, where: str, limit: int, copy: bool) -> tuple[np.ndarray | None, int | None]:
+    """The waveform (checked, limited like any media) and its sample rate."""
+    audio = check_audio(item.get("audio"), item.get("audio_sample_rate"), where)
+    if audio is None:
+        return None, None
+    return _limited(audio, "audio", where, limit, copy), item["audio_sample_rate"]
 
 
 def _condition_media(item: dict, name: str, kind: str, where: str, limit: int, copy: bool) -> tuple[np.ndarray, ...]:
@@ -150,6 +190,7 @@ def item_from_wire(raw: Any, index: int, limits: Limits = Limits(), copy_media: 
         raise RequestError(f"{where}.metadata must be an object")
     _check_strings(raw.get("reference"), f"{where}.reference", limits.max_text_chars)
     _check_strings(metadata, f"{where}.metadata", limits.max_text_chars)
+    audio, sample_rate = _audio(raw, f"{where} (id={item_id!r})", limits.max_media_bytes, copy_media)
     return ScoreItem(
         id=item_id,
         group_id=_optional_str(raw, "group_id", where, MAX_ID_CHARS),
@@ -164,6 +205,8 @@ def item_from_wire(raw: Any, index: int, limits: Limits = Limits(), copy_media: 
         data_source=_optional_str(raw, "data_source", where, MAX_ID_CHARS),
         condition_images=_condition_media(raw, "condition_images", "image", where, limits.max_media_bytes, copy_media),
         condition_videos=_condition_media(raw, "condition_videos", "video", where, limits.max_media_bytes, copy_media),
+        audio=audio,
+        audio_sample_rate=sample_rate,
     )
 
 

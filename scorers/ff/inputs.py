@@ -1,6 +1,8 @@
 """Items -> the keyword lists an FF-style reward model is called with: only its declared fields,
 media as PIL (`use_tensor_inputs` False) or as float tensors in [0, 1] (True; torch imported only
-then), condition media nested per sample, metadata as one JSON string the model parses itself."""
+then), audio as float32 (channels, samples) NumPy arrays or tensors (its rate, in Hz, is the field
+`audio_sample_rate`, our addition: FF names none), condition media nested per sample, metadata as one
+JSON string the model parses itself."""
 
 from __future__ import annotations
 
@@ -14,9 +16,8 @@ from scorers.base import ScoreItem
 from scorers.ff.models import RewardModelConfigError
 
 TEXT_FIELDS = ("prompt", "text")
-MEDIA_FIELDS = ("image", "video", "condition_images", "condition_videos")
-FIELDS = (*TEXT_FIELDS, *MEDIA_FIELDS, "metadata")
-AUDIO_LATER = "audio is not an input kind here yet (issue 27, item 3): no model can declare it"
+MEDIA_FIELDS = ("image", "video", "condition_images", "condition_videos", "audio")
+FIELDS = (*TEXT_FIELDS, *MEDIA_FIELDS, "audio_sample_rate", "metadata")
 
 
 def check_fields(model: str, fields: Any) -> tuple[str, ...]:
@@ -24,8 +25,6 @@ def check_fields(model: str, fields: Any) -> tuple[str, ...]:
     if isinstance(fields, str) or not isinstance(fields, (tuple, list)) or not fields:
         raise RewardModelConfigError(f"reward model {model}: required_fields must be a non-empty tuple of names")
     for name in fields:
-        if name == "audio":
-            raise RewardModelConfigError(f"reward model {model}: {AUDIO_LATER}")
         if name not in FIELDS:
             raise RewardModelConfigError(
                 f"reward model {model}: required_fields has {name!r}; the fields are {', '.join(FIELDS)}"
@@ -42,6 +41,8 @@ def model_inputs(items: Sequence[ScoreItem], fields: Sequence[str], tensors: boo
             inputs[name] = [getattr(item, name) for item in items]
         elif name == "metadata":
             inputs[name] = [json.dumps(item.metadata, sort_keys=True) for item in items]
+        elif name in ("audio", "audio_sample_rate"):
+            inputs[name] = [_audio(item, name, tensors) for item in items]
         elif name == "image":
             inputs[name] = [convert(item.required_image(), False) for item in items]
         elif name == "video":
@@ -51,6 +52,18 @@ def model_inputs(items: Sequence[ScoreItem], fields: Sequence[str], tensors: boo
         else:
             inputs[name] = [_nested(item.condition_videos, convert, True, tensors) for item in items]
     return inputs
+
+
+def _audio(item: ScoreItem, name: str, tensors: bool) -> Any:
+    """The waveform as a private float32 (channels, samples) copy, NumPy or a tensor; or its rate."""
+    audio, rate = item.required_audio()
+    if name == "audio_sample_rate":
+        return rate
+    if not tensors:
+        return np.array(audio, dtype=np.float32)
+    import torch
+
+    return torch.from_numpy(np.array(audio, dtype=np.float32))
 
 
 def _nested(media: Sequence[np.ndarray], convert: Any, video: bool, tensors: bool) -> Any:

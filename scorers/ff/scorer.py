@@ -57,7 +57,8 @@ def _model_class(model: str) -> type[BaseRewardModel]:
 
 
 def _input_kind(fields: Sequence[str]) -> str:
-    return "image" if "image" in fields else "video" if "video" in fields else "text"
+    """The completion a model reads: image, else video, else audio, else text."""
+    return next((kind for kind in ("image", "video", "audio") if kind in fields), "text")
 
 
 class FfModelScorer(Scorer):

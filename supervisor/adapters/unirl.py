@@ -66,8 +66,10 @@ class _UniRLFace:
 
     @property
     def preferred_input_kind(self) -> str:
-        """The generated media it scores: image (image_edit too), video or text."""
-        return self.input_kind
+        """The generated media it scores: image (image_edit too), video or text. An audio reward says
+        video: UniRL's RewardService takes only those three, and its audio comes beside a video (a
+        text-to-audio-video model's frontier); the backend reads the audio, not the frames."""
+        return "video" if self.input_kind == "audio" else self.input_kind
 
     def prompts(self, request: Any) -> list[str]:
         """The original or the generation prompt of each row, by `prompt_source` (UniRL's rule)."""
@@ -100,8 +102,9 @@ class _UniRLFace:
 
     def covers_prompt_video(self) -> bool:
         """For a video reward, whether a scorer behind it reads the prompt (UniRL's RewardService refuses
-        a training reward that does not); a reward of another media kind has nothing to cover."""
-        if self.input_kind != "video":
+        a training reward that does not: an audio reward is one, it scores a video's frontier); a reward
+        of another media kind has nothing to cover."""
+        if self.preferred_input_kind != "video":
             return True
         return any(leaf.shape is not None and "prompt" in leaf.shape.required_fields for leaf in self.backend.leaves())
 

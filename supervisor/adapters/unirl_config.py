@@ -64,6 +64,7 @@ CLIENT_FIELDS = frozenset(  # UniRL's RemoteRewardSpec
 # history_kind -> (our scorer input kind, the media UniRL's frontier generated for it)
 HISTORY_KINDS = {"image": ("image", "image"), "image_edit": ("image_edit", "image"), "text": ("text", "text")}
 HISTORY_KINDS["video"] = ("video", "video")
+HISTORY_KINDS["audio"] = ("audio", "audio")  # an extension: UniRL's spec knows image kinds only
 TRANSPORTS = ("auto", "http")  # both: the loopback data plane (shared memory for large arrays)
 PROMPT_SOURCES = ("original", "generation")
 
@@ -71,7 +72,7 @@ PROMPT_SOURCES = ("original", "generation")
 @dataclass(frozen=True)
 class UniRLOptions:
     """What UniRL's RewardBackend base holds (model_name, batch_size, timeout, prompt_source), the
-    media kind UniRL hands over (`input_kind`: image, video or text) and the metadata key of the gold."""
+    media kind UniRL hands over (`input_kind`: image, video, text or audio) and the metadata key of the gold."""
 
     model_name: str
     batch_size: int = 8
@@ -83,8 +84,8 @@ class UniRLOptions:
     def __post_init__(self) -> None:
         if self.prompt_source not in PROMPT_SOURCES:
             raise ConfigError(f"prompt_source must be 'original' or 'generation', got {self.prompt_source!r}")
-        if self.input_kind not in ("image", "video", "text"):
-            raise ConfigError(f"input_kind must be image, video or text, got {self.input_kind!r}")
+        if self.input_kind not in ("image", "video", "text", "audio"):
+            raise ConfigError(f"input_kind must be image, video, text or audio, got {self.input_kind!r}")
 
 
 def plain(value: Any) -> Any:

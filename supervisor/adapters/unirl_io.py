@@ -3,9 +3,11 @@
 UniRL hands one column per field: `generated` media by modality (float CHW images and TCHW videos
 in [0, 1], as torch tensors; `Texts`), `conditioning` media (an edit's source image), the prompts
 (`original_prompt` / `generation_prompt`, picked by the backend's `prompt_source`), `metadata`,
-`sample_ids`, `group_ids`. Media are quantised once (adapters/images: clamp, scale, round half up)
-straight into the backend's arena. Read duck-typed: nothing of UniRL is imported here but its
-RewardResponse, when one is built.
+`sample_ids`, `group_ids`, and `audio_sample_rate` (one for the batch). Media are quantised once
+(adapters/images: clamp, scale, round half up) straight into the backend's arena. Generated audio
+(`[L]` or `[C, L]` waveforms) travels with any kind, as float32 (channels, samples) with the rate,
+which it then requires. Read duck-typed: nothing of UniRL is imported here but its RewardResponse,
+when one is built.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import numpy as np
 from supervisor.adapters import items as adapter_items
 from supervisor.adapters.images import Allocate, to_uint8_hwc
 from supervisor.errors import ConfigError, ScorerRequestError
+from supervisor.tensors import is_tensor
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 _CALLS = itertools.count()
-MEDIA_FIELD = {"image": "image", "video": "video", "text": "text"}
+MEDIA_FIELD = {"image": "image", "video": "video", "text": "text", "audio": "audio"}
 
 
 def _images(primitive: Any, allocate: Allocate) -> list[np.ndarray]:
@@ -36,10 +39,39 @@ def _videos(primitive: Any, allocate: Allocate) -> list[np.ndarray]:
     return [to_uint8_hwc(video.frames, "zero_one", "NCHW", allocate=allocate) for video in primitive.to_list()]
 
 
+def _waveform(value: Any) -> Any:
+    """A UniRL waveform as float32 on the host: a view when it is a CPU float32 tensor already (its
+    shape and values are RewardItem's to check: 1-D is mono)."""
+    if is_tensor(value):
+        return value.detach().float().cpu().numpy()
+    return value
+
+
 def _column(primitive: Any, kind: str, allocate: Allocate) -> list[Any]:
     if kind == "text":
         return list(primitive.texts)
+    if kind == "audio":
+        return [_waveform(audio.waveform) for audio in primitive.to_list()]
     return _images(primitive, allocate) if kind == "image" else _videos(primitive, allocate)
+
+
+def _audio(request: Any, kind: str, media: list[Any], allocate: Allocate) -> list[dict[str, Any]]:
+    """Per item, `audio` and `audio_sample_rate` when UniRL generated audio (the primary column when the
+    backend scores audio); nothing otherwise."""
+    primitive = (getattr(request, "generated", None) or {}).get("audio")
+    if primitive is None:
+        return [{} for _ in media]
+    waveforms = media if kind == "audio" else _column(primitive, "audio", allocate)
+    if len(waveforms) != len(media):
+        raise ScorerRequestError(f"UniRL generated {len(waveforms)} audio for {len(media)} items", kind="bad_input")
+    rate = getattr(request, "audio_sample_rate", None)
+    if rate is None:
+        raise ScorerRequestError(
+            "UniRL generated audio without a sample rate (request.audio_sample_rate is None: the frontier's "
+            "primitive_metadata['audio'] has no 'sample_rate')",
+            kind="bad_input",
+        )
+    return [{"audio": waveform, "audio_sample_rate": rate} for waveform in waveforms]
 
 
 def _generated(request: Any, kind: str, allocate: Allocate) -> list[Any]:
@@ -86,6 +118,7 @@ def reward_request(
     media = _generated(request, kind, allocate)
     count = len(media)
     conditions = _conditions(request, count, allocate)
+    sounds = _audio(request, kind, media, allocate)
     ids = _column_or_none(getattr(request, "sample_ids", None), count, "sample_ids")
     groups = _column_or_none(getattr(request, "group_ids", None), count, "group_ids")
     metadata = _column_or_none(getattr(request, "metadata", None), count, "metadata")
@@ -96,7 +129,7 @@ def reward_request(
             ids[i] if ids[i] is not None else f"unirl{call}-{i}",
             groups[i],
             texts[i],
-            {MEDIA_FIELD[kind]: media[i], **{field: column[i] for field, column in conditions.items()}},
+            {MEDIA_FIELD[kind]: media[i], **sounds[i], **{field: column[i] for field, column in conditions.items()}},
             metadata[i],
             reference_key,
         )

@@ -79,7 +79,8 @@ def _score(args: argparse.Namespace) -> int:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
     chosen = recipe.validation if args.validation and recipe.validation is not None else recipe.train
     # before any child starts
-    rows = read_rows(args.input, columns, needs_text=args.image_column is None, group_size=chosen.group_size)
+    needs_text = args.image_column is None and args.audio_column is None
+    rows = read_rows(args.input, columns, needs_text=needs_text, group_size=chosen.group_size)
     if args.retry_errors and not args.resume:
         raise ConfigError("--retry-errors goes with --resume (it scores the error rows of an existing output again)")
     with contextlib.ExitStack() as stack:
@@ -119,6 +120,7 @@ def _columns(args: argparse.Namespace) -> Columns:
         image=args.image_column,
         group=args.group_column,
         data_source=args.data_source_column,
+        audio=args.audio_column,
     )
 
 
@@ -294,6 +296,7 @@ def _add_score(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     score.add_argument("--response-column", default="response")
     score.add_argument("--reference-column", default="reference")
     score.add_argument("--image-column", help="a column of image paths, relative to the input file")
+    score.add_argument("--audio-column", help="a column of PCM WAV paths, relative to the input file")
     score.add_argument("--group-column", help="rows of one group share this value (and sit together)")
     score.add_argument("--data-source-column", default="data_source")
     score.set_defaults(run=_score)
@@ -311,7 +314,7 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     server.add_argument("--token-env", default="MANAGED_SCORERS_TOKEN", help="the variable holding the token")
     server.add_argument("--token-file", type=_folder, help="a 0600 file holding the token (made if missing)")
     server.add_argument("--allow-remote", action="store_true", help="listen on a non-loopback address")
-    server.add_argument("--input-kind", choices=["text", "image", "image_edit", "video"])
+    server.add_argument("--input-kind", choices=["text", "image", "image_edit", "video", "audio"])
     server.add_argument("--device", default="cpu")
     server.add_argument("--revision", help="a pin: refuse to serve another revision of the scorer")
     server.add_argument("--catalog", help="a custom catalog factory, module:name")

@@ -10,7 +10,7 @@ import json
 import os
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -125,7 +125,7 @@ def header_for(panel: RewardPanel, recipe: str, columns: Columns) -> dict[str, A
         "identity_hash": panel.identity_hash,
         "terms": terms,
         "recipe": recipe,
-        "columns": asdict(columns),
+        "columns": columns.record(),
     }
 
 
@@ -175,8 +175,8 @@ def plan_output(
     if not resume:
         raise ConfigError(f"{output} exists: pass --resume to continue it, or choose another output")
     header, written, ends, header_end = read_output(output)
-    if header.get("columns") != asdict(columns):
-        raise ResumeRefused(f"{output} was written with columns {header.get('columns')}, not {asdict(columns)}")
+    if header.get("columns") != columns.record():
+        raise ResumeRefused(f"{output} was written with columns {header.get('columns')}, not {columns.record()}")
     if len(written) > len(rows):
         raise ResumeRefused(f"{output} holds {len(written)} rows, this input only {len(rows)}: another input")
     for index, (row_id, sha, _) in enumerate(written):

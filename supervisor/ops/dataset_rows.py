@@ -1,21 +1,23 @@
 """The input of `managed-scorers score`: JSONL rows read and checked before anything is scored or
-started (UTF-8 JSON objects, unique ids, the needed fields, valid items, images that open, groups
-contiguous and whole), each with a digest of its content; and the RewardItems made of them.
+started (UTF-8 JSON objects, unique ids, the needed fields, valid items, images and WAVs that open,
+groups contiguous and whole), each with a digest of its content; and the RewardItems made of them.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from child_runtime.protocol.items import MAX_AUDIO_CHANNELS
 from scorers.groups import COMMON_INPUTS, NotContiguous, contiguous_runs, strict_key
 from scorers.identity import digest
 from supervisor.errors import ConfigError, validation_message
+from supervisor.ops.wav import WavError, read_wav, wav_header
 from supervisor.types import RewardItem
 
 
@@ -25,7 +27,8 @@ class InputRowError(ConfigError):
 
 @dataclass(frozen=True)
 class Columns:
-    """Which input fields hold what. `image` holds a path (relative to the input file's folder)."""
+    """Which input fields hold what. `image` and `audio` hold a path (relative to the input file's
+    folder): an image PIL opens, a PCM WAV (supervisor.ops.wav)."""
 
     id: str = "id"
     prompt: str = "prompt"
@@ -34,6 +37,12 @@ class Columns:
     image: str | None = None
     group: str | None = None
     data_source: str = "data_source"
+    audio: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        """As an output's header names them; no audio column is left out, so an output written before
+        there was one still resumes."""
+        return {key: value for key, value in asdict(self).items() if not (key == "audio" and value is None)}
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,8 @@ def _check_fields(row: Row, columns: Columns, needs_text: bool, base: Path, wher
         raise InputRowError(f"{where}: no text in column {columns.response!r} (--response-column)")
     if columns.image is not None:
         _check_image(fields.get(columns.image), base, columns.image, where)
+    if columns.audio is not None:
+        _check_audio(fields.get(columns.audio), base, columns.audio, where)
     if columns.group is not None:
         group = fields.get(columns.group)
         if not isinstance(group, (str, int)) or isinstance(group, bool):
@@ -157,6 +168,21 @@ def _check_image(value: Any, base: Path, column: str, where: str) -> None:
         raise InputRowError(f"{where}: {value} is not a readable image ({type(exc).__name__}: {exc})") from exc
 
 
+def _check_audio(value: Any, base: Path, column: str, where: str) -> None:
+    """A WAV whose header reads and that a RewardItem takes (a file that is not one fails here, not mid-run)."""
+    if not isinstance(value, str) or not (base / value).is_file():
+        raise InputRowError(f"{where}: column {column!r} must name a WAV file, got {value!r}")
+    try:
+        channels, width, frames, _ = wav_header(base / value)
+    except WavError as exc:
+        raise InputRowError(f"{where}: {exc}") from exc
+    if width not in (1, 2, 3, 4) or frames < 1 or not 1 <= channels <= MAX_AUDIO_CHANNELS:
+        raise InputRowError(
+            f"{where}: {value} has {channels} channels of {frames} {8 * width}-bit samples: audio here is 8, 16, "
+            f"24 or 32-bit PCM, 1..{MAX_AUDIO_CHANNELS} channels, at least one sample"
+        )
+
+
 def _decoded_image(row: Row, columns: Columns, base: Path) -> np.ndarray | None:
     """The row's image as RGB pixels (OSError, SyntaxError or DecompressionBombError: it does not decode)."""
     if columns.image is None:
@@ -167,13 +193,22 @@ def _decoded_image(row: Row, columns: Columns, base: Path) -> np.ndarray | None:
         return np.asarray(opened.convert("RGB"))
 
 
-def _item(row: Row, columns: Columns, image: np.ndarray | None = None) -> RewardItem:
+def _decoded_audio(row: Row, columns: Columns, base: Path) -> dict[str, Any]:
+    """The row's audio and its rate as RewardItem fields (WavError: it does not decode)."""
+    if columns.audio is None:
+        return {}
+    audio, rate = read_wav(base / row.fields[columns.audio])
+    return {"audio": audio, "audio_sample_rate": rate}
+
+
+def _item(row: Row, columns: Columns, image: np.ndarray | None = None, **audio: Any) -> RewardItem:
     fields = row.fields
     return RewardItem(
         id=row.id,
         prompt=fields.get(columns.prompt),
         text=fields.get(columns.response),
         image=image,
+        **audio,
         reference=fields.get(columns.reference),
         group_id=group_of(row, columns),
         data_source=fields.get(columns.data_source),
@@ -181,21 +216,26 @@ def _item(row: Row, columns: Columns, image: np.ndarray | None = None) -> Reward
 
 
 def items_of(batch: Sequence[Row], columns: Columns, input_dir: Path) -> tuple[list[RewardItem], dict[str, str]]:
-    """The batch's items, and why each row that cannot become one failed: an image that opened at the
-    check but does not decode (cut short, corrupt). Such a row takes its whole group with it."""
+    """The batch's items, and why each row that cannot become one failed: an image or a WAV that opened
+    at the check but does not decode (cut short, corrupt). Such a row takes its whole group with it."""
     items, unreadable, broken = [], {}, set()
     for row in batch:
         try:
+            audio = _decoded_audio(row, columns, input_dir)
             image = _decoded_image(row, columns, input_dir)
+        except WavError as exc:
+            unreadable[row.id] = f"input line {row.line}: cannot decode its audio ({exc})"
+            broken.add(group_of(row, columns))
+            continue
         except Exception as exc:  # noqa: BLE001 - whatever the decoder raises (OSError cut short, SyntaxError, ValueError, zlib.error, DecompressionBombError...) is this row's input fault
             unreadable[row.id] = f"input line {row.line}: cannot decode its image ({type(exc).__name__}: {exc})"
             broken.add(group_of(row, columns))
             continue
-        items.append(_item(row, columns, image))
+        items.append(_item(row, columns, image, **audio))
     broken.discard(None)
     for row in batch:
         if row.id not in unreadable and group_of(row, columns) in broken:
-            unreadable[row.id] = f"input line {row.line}: a member of its group has an image that cannot be decoded"
+            unreadable[row.id] = f"input line {row.line}: a member of its group has media that cannot be decoded"
     return [item for item in items if item.id not in unreadable], unreadable
 
 

@@ -43,7 +43,7 @@ class Check:
 
 
 def sample_request(input_kind: str, group_size: int | None = None) -> RewardRequest:
-    """One plausible item of each input kind (a gradient image, a short clip, a math answer); with a
+    """One plausible item of each input kind (a gradient image, a short clip, a tone, a math answer); with a
     group size, a group of that many candidates for the one prompt."""
     ramp = np.linspace(0, 255, 64, dtype=np.float64)
     image = np.stack([np.add.outer(ramp, ramp) / 2] * 3, axis=-1).astype(np.uint8)
@@ -53,6 +53,9 @@ def sample_request(input_kind: str, group_size: int | None = None) -> RewardRequ
         item = RewardItem(id="doctor", image=image, condition_images=[image[::-1].copy()], prompt="flip it")
     elif input_kind == "video":
         item = RewardItem(id="doctor", video=np.stack([image] * 4), prompt="a still gradient")
+    elif input_kind == "audio":  # a 440 Hz tone at half scale, 0.1 s of 16 kHz stereo
+        tone = (0.5 * np.sin(2 * np.pi * 440 * np.arange(1600) / 16000)).astype(np.float32)
+        item = RewardItem(id="doctor", audio=np.stack([tone, tone]), audio_sample_rate=16000, prompt="a tone")
     else:
         item = RewardItem(id="doctor", prompt="What is 1 + 1?", text="1 + 1 = \\boxed{2}", reference="2")
     if group_size is None:

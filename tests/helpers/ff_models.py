@@ -98,7 +98,24 @@ class WrongLength(Brightness):
 
 
 class AudioModel(PointwiseRewardModel):
-    required_fields = ("prompt", "audio")
+    """Seconds of audio per input plus a tenth per channel, from what FF hands over without tensors:
+    a private, writable float32 NumPy array (channels, samples) and the rate."""
+
+    required_fields = ("audio", "audio_sample_rate")
+
+    def __call__(self, audio: list[Any], audio_sample_rate: list[int], **kwargs: Any) -> RewardModelOutput:
+        for wave in audio:
+            if not (
+                isinstance(wave, np.ndarray) and wave.dtype == np.float32 and wave.ndim == 2 and wave.flags.writeable
+            ):
+                raise TypeError(f"audio arrived as {type(wave).__name__} {getattr(wave, 'dtype', '')}")
+        return RewardModelOutput(
+            rewards=[w.shape[1] / rate + 0.1 * w.shape[0] for w, rate in zip(audio, audio_sample_rate, strict=True)]
+        )
+
+
+class Unknown(PointwiseRewardModel):
+    required_fields = ("prompt", "speech")
 
     def __call__(self, **kwargs: Any) -> RewardModelOutput:
         return RewardModelOutput(rewards=[])

@@ -200,17 +200,17 @@ class OnloadFailsOnce(Scorer):
         return ScoreResult(terms={"onload_fails_once": [1.0] * len(items)})
 
 
-def _image_inputs(items: Sequence[ScoreItem]) -> dict:
-    """How the child handed the arrays over: writable? backed by what?"""
+def _array_inputs(items: Sequence[ScoreItem], field: str = "image") -> dict:
+    """How the child handed the arrays of `field` over: writable? backed by what?"""
     bases = []
     for item in items:
-        base = item.image
+        base = getattr(item, field)
         while getattr(base, "base", None) is not None and not isinstance(base, (bytes, bytearray, memoryview)):
             base = base.base
         obj = base.obj if isinstance(base, memoryview) else base
         bases.append(type(obj).__name__)
     return {
-        "writeable": sum(bool(item.image.flags.writeable) for item in items),
+        "writeable": sum(bool(getattr(item, field).flags.writeable) for item in items),
         "mmap_backed": bases.count("mmap"),
         "bytes_backed": bases.count("bytes"),
     }
@@ -237,7 +237,7 @@ class InputProbe(Scorer):
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         time.sleep(self.sleep_s)
         return ScoreResult(
-            terms={"input_probe": [float(item.image.mean()) for item in items]}, diagnostics=_image_inputs(items)
+            terms={"input_probe": [float(item.image.mean()) for item in items]}, diagnostics=_array_inputs(items)
         )
 
 
@@ -257,7 +257,7 @@ class WritesInputs(InputProbe):
         for item in items:
             item.image[...] = 0
         return ScoreResult(
-            terms={"writes_inputs": [float(item.image.mean()) for item in items]}, diagnostics=_image_inputs(items)
+            terms={"writes_inputs": [float(item.image.mean()) for item in items]}, diagnostics=_array_inputs(items)
         )
 
 
@@ -514,3 +514,33 @@ class FailsMarked(Scorer):
             failed[len(items)] = "out of the batch"
         values = [float("nan") if i in failed else float(len(item.text or "")) for i, item in enumerate(items)]
         return ScoreResult(terms={"fails_marked": values}, failed=failed)
+
+
+class AudioEcho(Scorer):
+    """Echoes each item's audio as terms: a checksum of its bytes (the first 6 bytes of their sha256,
+    exact as a float), its channels, samples and sample rate; diagnostics say what backs the arrays."""
+
+    spec = ScorerSpec(
+        name="audio_echo",
+        input_kind="audio",
+        required_fields=("audio",),
+        terms=("checksum", "channels", "samples", "rate"),
+        diagnostics=_INPUT_DIAGNOSTICS,
+    )
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        waves = [item.required_audio() for item in items]
+        return ScoreResult(
+            terms={
+                "checksum": [audio_checksum(audio) for audio, _ in waves],
+                "channels": [float(audio.shape[0]) for audio, _ in waves],
+                "samples": [float(audio.shape[1]) for audio, _ in waves],
+                "rate": [float(rate) for _, rate in waves],
+            },
+            diagnostics=_array_inputs(items, "audio"),
+        )
+
+
+def audio_checksum(audio) -> float:
+    """The first 6 bytes of the sha256 of the waveform's float32 bytes, as an exact float."""
+    return float(int.from_bytes(hashlib.sha256(audio.tobytes()).digest()[:6], "big"))

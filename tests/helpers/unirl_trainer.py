@@ -10,6 +10,7 @@ expected values are computed here by hand from the uint8 pixels. Prints one JSON
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 from pathlib import Path
@@ -23,7 +24,7 @@ from omegaconf import OmegaConf
 from unirl.reward.base import RewardBackend as UniRLRewardBackend
 from unirl.reward.service import RewardService
 from unirl.reward.stack import RewardStack
-from unirl.types.primitives import Images, Texts, Video, Videos
+from unirl.types.primitives import Audio, Audios, Images, Texts, Video, Videos
 from unirl.types.sample import Part, Sample
 from unirl.types.sampling import ARSamplingParams, DiffusionSamplingParams
 
@@ -280,9 +281,33 @@ def video_scorer(args: dict[str, Any]) -> None:
     backend.dispose()
 
 
+def audio_scorer(args: dict[str, Any]) -> None:
+    """An audio reward on a text-to-audio-video frontier (UniRL's service asks for the video): the drop-in
+    reads the generated audio and its rate from the frontier's metadata; loudness by hand."""
+    config = {
+        "process": {"python_executable": args["image_python"], "log_dir": args["workdir"]},
+        "scorer": {"name": "audio_loudness", "history_kind": "audio", "params": {"target_dbfs": -20.0}},
+    }
+    backend = hydra.utils.instantiate(
+        {"_target_": "supervisor.adapters.unirl.ManagedScorerProcessBackend", "config": config}
+    )
+    report["pids"].append(backend.backend.pid)
+    levels = [0.5, 0.25]  # constant waveforms: 20 log10(level) dBFS
+    root = Part.input(["t0", "t1"], primitives={"text": Texts(texts=["a hum"] * 2)})
+    shell = root.fork(1, sampling_params=DiffusionSamplingParams())
+    clips = Videos.from_list([Video(frames=torch.zeros(2, 3, 8, 8)) for _ in levels])
+    sounds = Audios.from_list([Audio(waveform=torch.full((800,), level)) for level in levels])
+    filled = shell.fill(
+        primitives={"video": clips, "audio": sounds}, primitive_metadata={"audio": {"sample_rate": 16000}}
+    )
+    rewards, _ = scored(RewardService(backend, require_prompt_video=False), Sample(parts=[root, filled]))
+    check("audio loudness by hand", rewards == f32([-abs(20 * math.log10(v) + 20) for v in levels]), rewards)
+    backend.dispose()
+
+
 def main() -> None:
     args = json.loads(sys.argv[1])
-    for step in (image_scorer, image_edit_scorer, text_scorer, video_scorer, panel):
+    for step in (image_scorer, image_edit_scorer, text_scorer, video_scorer, audio_scorer, panel):
         step(args)
     print(json.dumps(report))
 

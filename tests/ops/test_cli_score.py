@@ -449,3 +449,55 @@ def test_a_recipe_whose_env_is_not_built_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
     assert "scorer env 'math' is not built" in done.stderr and "managed-scorers envs build math" in done.stderr
     assert not (tmp_path / "o").exists()
+
+
+def write_wav(path: Path, frames: np.ndarray, width: int, rate: int = 16000) -> Path:
+    """PCM samples (frames, channels) of `width` bytes, written by the stdlib as any tool would."""
+    import wave
+
+    if width == 3:  # little-endian 24-bit: the low three bytes of each int32
+        data = frames.astype("<i4").reshape(-1, 1).view(np.uint8)[:, :3].tobytes()
+    else:
+        data = frames.astype({1: "u1", 2: "<i2", 4: "<i4"}[width]).tobytes()
+    with wave.open(str(path), "wb") as handle:
+        handle.setnchannels(frames.shape[1])
+        handle.setsampwidth(width)
+        handle.setframerate(rate)
+        handle.writeframes(data)
+    return path
+
+
+def float_wav(path: Path) -> Path:
+    """An IEEE float WAV (format 3), which the stdlib does not read: a RIFF header written by hand."""
+    import struct
+
+    samples = np.zeros(4, "<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", 3, 1, 16000, 64000, 4, 32)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(samples)) + samples
+    path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+    return path
+
+
+def test_an_audio_column_of_wav_files_is_scored_by_hand_and_a_float_wav_is_refused_by_line(tmp_path):
+    write_wav(tmp_path / "s16.wav", np.full((800, 2), 1 << 14), 2)  # 0.5 on both channels: -6.02 dBFS
+    write_wav(tmp_path / "s24.wav", np.full((800, 1), -(1 << 21)), 3)  # -0.25: -12.04 dBFS
+    write_wav(tmp_path / "u8.wav", np.full((80, 1), 128 + 64), 1)  # 0.5: -6.02 dBFS
+    write_wav(tmp_path / "s32.wav", np.zeros((8, 3), np.int64), 4)  # silence: the -100 dBFS floor
+    whole = (tmp_path / "s16.wav").read_bytes()
+    (tmp_path / "cut.wav").write_bytes(whole[: len(whole) // 2])  # its header reads; its samples are cut short
+    names = ["s16.wav", "s24.wav", "u8.wav", "s32.wav", "cut.wav"]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": n, "wav": n}) + "\n" for n in names))
+    recipe_path = local_recipe(tmp_path / "r.json", "audio_loudness", "audio")
+    args = ["--recipe", recipe_path, "--input", tmp_path / "in.jsonl", "--audio-column", "wav"]
+    done = score(*args, "--output", tmp_path / "out.jsonl")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr  # the cut row has an error
+    header, out = output_rows(tmp_path / "out.jsonl")
+    assert header["columns"]["audio"] == "wav"
+    half, quarter = -abs(20 * np.log10(0.5) + 20), -abs(20 * np.log10(0.25) + 20)
+    assert [r["reward"] for r in out[:4]] == pytest.approx([half, quarter, half, -80.0], abs=1e-9)
+    assert out[4]["reward"] is None and "input line 5: cannot decode its audio" in out[4]["error"]
+    assert "cut short" in out[4]["error"]
+    float_wav(tmp_path / "f32.wav")
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": "f", "wav": "f32.wav"}) + "\n")
+    refused = score(*args, "--output", tmp_path / "o2.jsonl")
+    assert refused.returncode == 2 and "in.jsonl:1:" in refused.stderr and "IEEE float" in refused.stderr

@@ -217,9 +217,50 @@ def _hand_score(item: ScoreItem) -> float:
     return brightness(item.image) + 0.1 * len(item.condition_images)
 
 
-def test_audio_and_unknown_fields_are_refused_naming_the_model_and_issue():
-    with pytest.raises(RewardModelConfigError, match=r"AudioModel.*issue 27, item 3"):
-        FfModelScorer(model=f"{HELPERS}:AudioModel")
+def test_an_audio_model_gets_float32_numpy_channels_by_samples_and_the_rate():
+    scorer = FfModelScorer(model=f"{HELPERS}:AudioModel", batch_size=2)
+    assert (scorer.spec.input_kind, scorer.spec.required_fields) == ("audio", ("audio",))
+    waves = [np.zeros((1, 800), np.float32), np.ones((2, 16000), np.float32), np.zeros((6, 4000), np.float32)]
+    items = [ScoreItem(id=f"a{i}", audio=w, audio_sample_rate=16000) for i, w in enumerate(waves)]
+    scorer.load("cpu")
+    try:
+        result = score_checked(scorer, items)
+    finally:
+        scorer.close()
+    assert result.terms["ff_model"] == pytest.approx([0.05 + 0.1, 1.0 + 0.2, 0.25 + 0.6])
+
+
+@pytest.mark.slow
+def test_with_tensor_inputs_audio_arrives_as_a_private_float32_tensor_in_an_env_with_torch():
+    code = textwrap.dedent(
+        """
+        import numpy as np, torch
+        from scorers.base import ScoreItem
+        from scorers.ff.inputs import model_inputs
+        wave = np.arange(6, dtype=np.float32).reshape(2, 3)
+        wave.flags.writeable = False  # as the child hands it over: a read-only view
+        got = model_inputs([ScoreItem(id="a", audio=wave, audio_sample_rate=8000)], ("audio", "audio_sample_rate"), True)
+        tensor = got["audio"][0]
+        assert isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32 and tuple(tensor.shape) == (2, 3)
+        assert tensor.numpy().tobytes() == wave.tobytes() and not np.shares_memory(tensor.numpy(), wave)
+        assert got["audio_sample_rate"] == [8000]
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [str(env_python("embed")), "-c", code],
+        cwd=REPO_ROOT,
+        env=launcher_free_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_unknown_fields_and_classes_are_refused_naming_the_model():
+    with pytest.raises(RewardModelConfigError, match=r"Unknown.*has 'speech'"):
+        FfModelScorer(model=f"{HELPERS}:Unknown")
     with pytest.raises(RewardModelConfigError, match="not a PointwiseRewardModel"):
         FfModelScorer(model="tests.helpers.ff_models:brightness")
 

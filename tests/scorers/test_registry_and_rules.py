@@ -38,6 +38,7 @@ REGISTERED = {
     "torch_probe": "scorers.torch_probe:TorchProbe",
     "ocr": "scorers.ocr:OcrScorer",
     "video": "scorers.video:VideoScorer",
+    "audio_loudness": "scorers.audio:AudioLoudness",
 }
 CONSTRUCTION_PARAMS = {
     "video": {"inner": "jpeg_compressibility"},

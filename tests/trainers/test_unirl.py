@@ -14,15 +14,17 @@ import json
 import logging
 import subprocess
 import sys
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 from supervisor.adapters import unirl
 from supervisor.adapters.unirl_config import managed_spec, panel_config
-from supervisor.adapters.unirl_io import contributions
+from supervisor.adapters.unirl_io import contributions, reward_request
 from supervisor.compose.panel import PanelTerm, RewardPanel
-from supervisor.errors import ConfigError
+from supervisor.errors import ConfigError, ScorerRequestError
 from tests.conftest import REPO_ROOT, env_python, launcher_free_env, wait_until_gone
 
 CHECKS = [
@@ -41,6 +43,7 @@ CHECKS = [
     "video does not cover the prompt",
     "RewardService refuses it",
     "video by hand",
+    "audio loudness by hand",
     "panel components",
     "panel rewards",
 ]
@@ -80,7 +83,7 @@ def test_unirls_own_service_recipes_and_stack_score_through_the_drop_in_as_compu
 @pytest.mark.slow
 def test_no_scorer_process_is_left_after_the_unirl_trainer_exits(driven):
     report, _ = driven
-    assert len(report["pids"]) == 6  # mean_intensity, edit_fidelity, math_verify, video, the panel's two
+    assert len(report["pids"]) == 7  # mean_intensity, edit_fidelity, math_verify, video, audio, the panel's two
     assert wait_until_gone(report["pids"], 10) == []
 
 
@@ -115,7 +118,7 @@ def _config(**top):
         (_config(client={"required_rewards": ["mean_intensity", "clip"]}), r"serves one reward: \['mean_intensity'\]"),
         (_config(client={"required_rewards": ["editreward"]}), "as UniRL checks"),
         (_config(client={"input_kind": "video"}), "input_kind 'video' != 'image'"),
-        (_config(scorer={"name": "mean_intensity", "history_kind": "audio"}), "history_kind must be one of"),
+        (_config(scorer={"name": "mean_intensity", "history_kind": "speech"}), "history_kind must be one of"),
         (
             _config(scorer={"name": "mean_intensity", "version": "1"}, client={"expected_scorer_version": "2"}),
             "one pin",
@@ -199,3 +202,56 @@ def test_a_term_that_does_not_apply_reaches_unirl_as_the_zero_it_added_and_compo
         added = contributions(panel.terms, request, response)
     assert added == {"long": [3.0, 0.0], "any": [0.5, 0.5]}  # UniRL's: floats only
     assert [added["long"][i] + added["any"][i] for i in range(2)] == response.rewards == [3.5, 0.5]
+
+
+def _unirl_request(generated: dict, rate: int | None = 16000) -> SimpleNamespace:
+    """UniRL's RewardRequest, duck-typed: `generated` maps a modality to its per-sample objects."""
+    columns = {kind: SimpleNamespace(to_list=lambda values=values: values) for kind, values in generated.items()}
+    return SimpleNamespace(generated=columns, audio_sample_rate=rate, sample_ids=["s0", "s1"], metadata=None)
+
+
+def _waves() -> list[np.ndarray]:
+    rng = np.random.default_rng(8)
+    return [rng.standard_normal(300).astype(np.float32), rng.standard_normal((2, 50)).astype(np.float32)]
+
+
+def _allocate(shape: tuple[int, ...]) -> np.ndarray:
+    return np.empty(shape, np.uint8)
+
+
+def test_unirl_audio_becomes_float32_channels_by_samples_with_the_batchs_rate():
+    waves = _waves()
+    audio = [SimpleNamespace(waveform=w) for w in waves]
+    ours = reward_request(_unirl_request({"audio": audio}), "audio", [], "reference", _allocate)
+    assert [item.audio.shape for item in ours.items] == [(1, 300), (2, 50)]  # UniRL's [L] is mono
+    assert [item.audio.tobytes() for item in ours.items] == [w.tobytes() for w in waves]
+    assert [item.audio_sample_rate for item in ours.items] == [16000, 16000]
+    # beside another kind (a text-to-audio-video frontier), the audio travels too
+    frames = [SimpleNamespace(frames=np.full((2, 3, 4, 4), 0.5, np.float32)) for _ in range(2)]
+    both = reward_request(_unirl_request({"video": frames, "audio": audio}), "video", [], "reference", _allocate)
+    assert [item.video.shape for item in both.items] == [(2, 4, 4, 3)] * 2
+    assert [item.audio.tobytes() for item in both.items] == [w.tobytes() for w in waves]
+
+
+def test_unirl_audio_without_a_rate_or_with_a_nan_is_a_typed_error_naming_the_item():
+    audio = [SimpleNamespace(waveform=w) for w in _waves()]
+    with pytest.raises(ScorerRequestError, match="without a sample rate") as info:
+        reward_request(_unirl_request({"audio": audio}, rate=None), "audio", [], "reference", _allocate)
+    assert info.value.kind == "bad_input"
+    audio[1].waveform[1, 7] = np.nan
+    with pytest.raises(ScorerRequestError, match=r"UniRL item 1 \(sample_id 's1'\).*non-finite.*channel 1, sample 7"):
+        reward_request(_unirl_request({"audio": audio}), "audio", [], "reference", _allocate)
+    with pytest.raises(ScorerRequestError, match="scores 'audio'"):
+        reward_request(_unirl_request({"video": []}), "audio", [], "reference", _allocate)
+
+
+def test_an_audio_history_kind_is_our_audio_scorer_and_says_video_to_unirls_service():
+    config = _config(scorer={"name": "audio_loudness", "history_kind": "audio"})
+    spec, options = managed_spec(config, "cpu")
+    assert (spec.scorer.input_kind, spec.client.input_kind, options.input_kind) == ("audio", "audio", "audio")
+    backend = unirl.ManagedScorerProcessBackend(config=config, start=False)
+    try:
+        assert backend.preferred_input_kind == "video"  # UniRL's RewardService takes image, video, text
+        assert backend.covers_prompt_video() is False  # a loudness reward does not read the prompt
+    finally:
+        backend.dispose()
