@@ -11,6 +11,7 @@ Note: `supervisor` is also supervisord's import name; never install both in one 
 """
 
 from supervisor.backend import RewardBackend
+from supervisor.backends.jobs import JobRewardBackend
 from supervisor.backends.local import LocalRewardBackend
 from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.backends.remote import RemoteRewardBackend
@@ -36,6 +37,13 @@ from supervisor.errors import (
     BackendNotOwned,
     ChildRecord,
     ConfigError,
+    JobDeadline,
+    JobEnqueueUncertain,
+    JobError,
+    JobItemsFailed,
+    JobProtocolError,
+    JobRejected,
+    JobServiceUnavailable,
     RewardContractError,
     ScorerCrashLoop,
     ScorerError,
@@ -90,6 +98,14 @@ __all__ = [
     "ProcessConfig",
     "RewardBackend",
     "RemoteRewardBackend",
+    "JobRewardBackend",
+    "JobDeadline",
+    "JobEnqueueUncertain",
+    "JobError",
+    "JobItemsFailed",
+    "JobProtocolError",
+    "JobRejected",
+    "JobServiceUnavailable",
     "RewardContractError",
     "RewardItem",
     "RewardRequest",
