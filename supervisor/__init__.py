@@ -22,6 +22,7 @@ from supervisor.compose.recipes import Recipe, build_panel, build_panels, load_r
 from supervisor.compose.replicas import ReplicatedBackend
 from supervisor.config import (
     ClientConfig,
+    JobBackendConfig,
     LimitsConfig,
     LocalBackendConfig,
     ManagedScorerProcessSpec,
@@ -73,6 +74,7 @@ __all__ = [
     "PreflightReport",
     "Recipe",
     "RemoteBackendConfig",
+    "JobBackendConfig",
     "RewardPanel",
     "TermConfig",
     "TermFailure",

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from supervisor.backends.jobs import JobRewardBackend
+from supervisor.compose.recipes import build_panel
+from supervisor.config import PanelConfig
 from supervisor.errors import (
     JobDeadline,
     JobEnqueueUncertain,
@@ -216,3 +218,13 @@ def test_closing_removes_the_spool_directory(service, tmp_path):
     assert math.isfinite(backend.compute_rewards(request(1)).rewards[0])
     backend.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_panel_term_names_a_job_service_by_its_config(service, tmp_path, monkeypatch):
+    monkeypatch.setenv("JOB_TOKEN", TOKEN)
+    backend = {"kind": "jobs", "base_url": service.url, "token_env": "JOB_TOKEN", "spool_dir": str(tmp_path), **FAST}
+    config = PanelConfig.model_validate({"terms": [{"name": "video", "backend": backend, "weight": 2.0}]})
+    with build_panel(config) as panel:
+        response = panel.compute_rewards(request(1))
+    assert response.rewards == pytest.approx([2.0 * float(video(1).mean())])
+    assert service.uploads[0].fields["video_infos"] == b'{"fps": 16.0}' and list(tmp_path.iterdir()) == []
