@@ -246,9 +246,12 @@ def exchange(
     max_bytes: int,
     content: bytes | None = None,
     headers: Mapping[str, str] | None = None,
+    data: Mapping[str, str] | None = None,
+    files: Mapping[str, Any] | None = None,
 ) -> Answer:
     """One request and its whole answer by `deadline` (time.monotonic): httpx.TimeoutException once it
-    passes, whatever the server does; AnswerRefused for an answer over `max_bytes` or compressed."""
+    passes, whatever the server does; AnswerRefused for an answer over `max_bytes` or compressed.
+    `data` and `files` make a multipart form, each file read from its open file as it is sent."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise httpx.ReadTimeout("the exchange's deadline passed before it began")
@@ -256,7 +259,9 @@ def exchange(
     _call.deadline = deadline
     try:
         sent = {**(headers or {}), "accept-encoding": "identity"}
-        with http.stream(method, url, content=content, headers=sent, timeout=httpx.Timeout(left)) as response:
+        with http.stream(
+            method, url, content=content, data=data, files=files, headers=sent, timeout=httpx.Timeout(left)
+        ) as response:
             encoding = response.headers.get("content-encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
                 raise AnswerRefused(f"answer is compressed ({encoding!r}) although identity was asked for")

@@ -11,6 +11,7 @@ Note: `supervisor` is also supervisord's import name; never install both in one 
 """
 
 from supervisor.backend import RewardBackend
+from supervisor.backends.jobs import JobRewardBackend
 from supervisor.backends.local import LocalRewardBackend
 from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.backends.remote import RemoteRewardBackend
@@ -21,6 +22,7 @@ from supervisor.compose.recipes import Recipe, build_panel, build_panels, load_r
 from supervisor.compose.replicas import ReplicatedBackend
 from supervisor.config import (
     ClientConfig,
+    JobBackendConfig,
     LimitsConfig,
     LocalBackendConfig,
     ManagedScorerProcessSpec,
@@ -36,6 +38,13 @@ from supervisor.errors import (
     BackendNotOwned,
     ChildRecord,
     ConfigError,
+    JobDeadline,
+    JobEnqueueUncertain,
+    JobError,
+    JobItemsFailed,
+    JobProtocolError,
+    JobRejected,
+    JobServiceUnavailable,
     RewardContractError,
     ScorerCrashLoop,
     ScorerError,
@@ -65,6 +74,7 @@ __all__ = [
     "PreflightReport",
     "Recipe",
     "RemoteBackendConfig",
+    "JobBackendConfig",
     "RewardPanel",
     "TermConfig",
     "TermFailure",
@@ -90,6 +100,14 @@ __all__ = [
     "ProcessConfig",
     "RewardBackend",
     "RemoteRewardBackend",
+    "JobRewardBackend",
+    "JobDeadline",
+    "JobEnqueueUncertain",
+    "JobError",
+    "JobItemsFailed",
+    "JobProtocolError",
+    "JobRejected",
+    "JobServiceUnavailable",
     "RewardContractError",
     "RewardItem",
     "RewardRequest",

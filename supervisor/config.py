@@ -285,6 +285,34 @@ class RemoteBackendConfig(_Model):
     client: ClientConfig = Field(default_factory=ClientConfig)
 
 
+class JobBackendConfig(_Model):
+    """An asynchronous job service (JobRewardBackend): one enqueue per item, pulled until done. The
+    token is read from the environment variable `token_env`, as for a remote server."""
+
+    kind: Literal["jobs"] = "jobs"
+    base_url: str = Field(min_length=1)
+    token_env: str | None = None
+    media_type: Literal["video", "image"] = "video"
+    fps: float | None = Field(default=None, gt=0)  # required for video: sent with every enqueue
+    name: str = "job_service"
+    term: str = "score"
+    revision: str | None = None
+    request_timeout: float = Field(default=600.0, gt=0)  # one absolute deadline for a whole request
+    enqueue_timeout: float = Field(default=120.0, gt=0)
+    pull_timeout: float = Field(default=30.0, gt=0)
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    poll_backoff_cap_s: float = Field(default=5.0, gt=0)
+    max_concurrency: int = Field(default=8, ge=1, le=16)
+    spool_dir: str | None = None  # None: the platform's temporary directory
+    enqueue_path: str = "/enqueue"
+    result_path: str = "/result/{uuid}"
+    score_key: str = "scores"
+
+    @property
+    def input_kind(self) -> InputKind:
+        return self.media_type
+
+
 def _backend_kind(value: Any) -> str:
     if isinstance(value, Mapping):
         return str(value.get("kind") or ("managed" if "process" in value else "local"))
@@ -294,7 +322,8 @@ def _backend_kind(value: Any) -> str:
 BackendConfig = Annotated[
     Annotated[ManagedScorerProcessSpec, Tag("managed")]
     | Annotated[LocalBackendConfig, Tag("local")]
-    | Annotated[RemoteBackendConfig, Tag("remote")],
+    | Annotated[RemoteBackendConfig, Tag("remote")]
+    | Annotated[JobBackendConfig, Tag("jobs")],
     Discriminator(_backend_kind),
 ]
 

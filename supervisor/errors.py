@@ -158,6 +158,81 @@ class RankLost(ScorerError):
     slower than the bound), or the ranks are out of step. The exchange is broken for good."""
 
 
+class JobError(ScorerError):
+    """One item's call to a job service (enqueue, then pulls) failed. Says where (`service_url`,
+    `item_id`, `job_id` once the service gave one), what came back (`status`, a `body` excerpt),
+    at which `stage`, and whether remote work may be `orphaned`: the enqueue has no idempotency key
+    and the service no cancellation, so an enqueue that may have reached it is never sent again."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        service_url: str,
+        item_id: str,
+        stage: Literal["enqueue", "pull"],
+        job_id: str | None = None,
+        status: int | None = None,
+        body: bytes | str = b"",
+        orphaned: bool = False,
+    ) -> None:
+        self.service_url, self.item_id, self.stage, self.job_id = service_url, item_id, stage, job_id
+        self.status, self.orphaned = status, orphaned
+        self.body = excerpt(body)
+        job = f"job {job_id}" if job_id else "no job id"
+        answer = f"; HTTP {status}" if status is not None else ""
+        said = f"; body: {self.body!r}" if self.body else ""
+        why = (
+            "it is never sent again (no idempotency key)"
+            if stage == "enqueue"
+            else "it may still run (no cancellation)"
+        )
+        note = f"; remote work may be orphaned: {why}" if orphaned else ""
+        ScorerError.__init__(
+            self, f"job service {service_url}: item {item_id!r} ({job}), {stage}: {message}{answer}{said}{note}"
+        )
+
+
+class JobEnqueueUncertain(JobError, ScorerUnavailable):
+    """The enqueue may have reached the service (a 5xx, a lost connection, no answer in time): it may
+    be running there with nobody to pull it. Always `orphaned`."""
+
+
+class JobServiceUnavailable(JobError, ScorerUnavailable):
+    """Nothing reached the service (no connection opened), or the backend was closed meanwhile."""
+
+
+class JobRejected(JobError, ScorerRequestError):
+    """The service refused the call for good: a 4xx that is not a pending answer (a 401 included)."""
+
+    kind = "rejected"
+
+
+class JobProtocolError(JobError, RewardContractError):
+    """An answer outside the protocol: a 202 for another job, an enqueue answer without a job id, a
+    200 that is not exactly one finite score."""
+
+
+class JobDeadline(JobError, ScorerTimeout):
+    """The request's absolute deadline passed before this item's score came back; a score arriving
+    later is not taken."""
+
+
+class JobItemsFailed(ScorerItemsFailed):
+    """Some items of a request to a job service failed: `errors` maps each to its typed JobError
+    (`failed` to its message, `partial` the response for the others, as for any backend)."""
+
+    def __init__(self, message: str, errors: dict[str, JobError], partial: Any) -> None:
+        self.errors = dict(errors)
+        super().__init__(message, failed={i: str(e) for i, e in errors.items()}, partial=partial)
+
+
+def excerpt(body: bytes | str, limit: int = 300) -> str:
+    """The start of an answer's body, as text, for an error message."""
+    text = body if isinstance(body, str) else bytes(body[: limit * 4]).decode("utf-8", "replace")
+    return text[:limit] + ("..." if len(text) > limit else "")
+
+
 class ConfigError(ValueError):
     """A configuration cannot work (e.g. several GPUs for one child)."""
 

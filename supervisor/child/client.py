@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import httpx
@@ -54,6 +55,25 @@ def _raise_for_status(status: int, content: bytes | bytearray) -> None:
     raise ErrorStatus(status, kind, message)
 
 
+@contextmanager
+def _transport_facts(method: str, path: str, timeout: float) -> Iterator[None]:
+    """httpx's exceptions (and the cap's refusal) as transport facts: the one mapping for remote servers."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise NoAnswer(f"{method} {path}: no whole answer within {timeout:.3g} s ({exc!r})") from exc
+    except httpx.ConnectError as exc:
+        raise ConnectFailed(f"{method} {path}: {exc!r}") from exc
+    except httpx.TransportError as exc:
+        raise ConnectionLost(f"{method} {path}: {exc!r}") from exc
+    except bounded_http.AnswerRefused as exc:
+        raise BadAnswer(f"{method} {path}: {exc}") from exc
+    except RuntimeError as exc:  # its client was closed meanwhile (an interrupt, a close): nothing came back
+        raise ConnectionLost(f"{method} {path}: {exc}") from exc
+    except httpx.HTTPError as exc:  # e.g. a malformed answer
+        raise BadAnswer(f"{method} {path}: {exc!r}") from exc
+
+
 class HttpxTransport:
     """For servers someone else started: full HTTP (TLS, chunked answers; redirects refused), each
     exchange within one absolute deadline and its answer capped (`scorers.bounded_http`)."""
@@ -68,22 +88,21 @@ class HttpxTransport:
     ) -> tuple[int, dict[str, str], bytes]:
         content = b"".join(body) if body else None
         deadline = time.monotonic() + timeout
-        try:
+        with _transport_facts(method, path, timeout):
             answer = bounded_http.exchange(
                 self._http, method, path, deadline, self.max_answer_bytes, content=content, headers=headers
             )
-        except httpx.TimeoutException as exc:
-            raise NoAnswer(f"{method} {path}: no whole answer within {timeout:.3g} s ({exc!r})") from exc
-        except httpx.ConnectError as exc:
-            raise ConnectFailed(f"{method} {path}: {exc!r}") from exc
-        except httpx.TransportError as exc:
-            raise ConnectionLost(f"{method} {path}: {exc!r}") from exc
-        except bounded_http.AnswerRefused as exc:
-            raise BadAnswer(f"{method} {path}: {exc}") from exc
-        except RuntimeError as exc:  # its client was closed meanwhile (an interrupt, a close): nothing came back
-            raise ConnectionLost(f"{method} {path}: {exc}") from exc
-        except httpx.HTTPError as exc:  # e.g. a malformed answer
-            raise BadAnswer(f"{method} {path}: {exc!r}") from exc
+        return answer.status, dict(answer.headers), answer.body
+
+    def upload(
+        self, path: str, timeout: float, fields: Mapping[str, str], files: Mapping[str, Any]
+    ) -> tuple[int, dict[str, str], bytes]:
+        """POST a multipart form whose files are streamed from their open files (never read whole)."""
+        deadline = time.monotonic() + timeout
+        with _transport_facts("POST", path, timeout):
+            answer = bounded_http.exchange(
+                self._http, "POST", path, deadline, self.max_answer_bytes, data=fields, files=files
+            )
         return answer.status, dict(answer.headers), answer.body
 
     def reset(self) -> None:

@@ -30,6 +30,7 @@ from supervisor.backend import RewardBackend
 from supervisor.compose.ff_recipe import ff_panels
 from supervisor.compose.panel import BackendPool, PanelTerm, RewardPanel
 from supervisor.config import (
+    JobBackendConfig,
     LocalBackendConfig,
     ManagedScorerProcessSpec,
     PanelConfig,
@@ -267,10 +268,11 @@ def _from_catalog(data: Mapping[str, Any]) -> Recipe:
 
 
 def make_backend(
-    config: ManagedScorerProcessSpec | LocalBackendConfig | RemoteBackendConfig, start: bool = True
+    config: ManagedScorerProcessSpec | LocalBackendConfig | RemoteBackendConfig | JobBackendConfig, start: bool = True
 ) -> RewardBackend:
     """One backend from its config; a managed child starts here unless `start=False` (then `start()`
     starts it: panels start their children together)."""
+    from supervisor.backends.jobs import JobRewardBackend
     from supervisor.backends.local import LocalRewardBackend
     from supervisor.backends.managed import ManagedScorerProcessBackend
     from supervisor.backends.remote import RemoteRewardBackend
@@ -294,11 +296,9 @@ def make_backend(
             identity_hash=scorer.identity_hash,
             catalog=scorer.catalog,
         )
-    token = None
-    if config.token_env is not None:
-        token = os.environ.get(config.token_env)
-        if not token:
-            raise ConfigError(f"remote backend {config.base_url}: environment variable {config.token_env} is not set")
+    token = _token(config)
+    if isinstance(config, JobBackendConfig):
+        return JobRewardBackend(config.base_url, token, **config.model_dump(exclude={"kind", "base_url", "token_env"}))
     return RemoteRewardBackend(
         config.base_url,
         token,
@@ -311,6 +311,18 @@ def make_backend(
         revision=config.revision,
         identity_hash=config.identity_hash,
     )
+
+
+def _token(config: RemoteBackendConfig | JobBackendConfig) -> str | None:
+    """The bearer token from the variable the config names (its name is configuration, its value never)."""
+    if config.token_env is None:
+        return None
+    token = os.environ.get(config.token_env)
+    if not token:
+        raise ConfigError(
+            f"{config.kind} backend {config.base_url}: environment variable {config.token_env} is not set"
+        )
+    return token
 
 
 def build_panel(config: PanelConfig, pool: BackendPool | None = None) -> RewardPanel:

@@ -22,7 +22,13 @@ from child_runtime.protocol import exit_codes
 from supervisor.backend import RewardBackend
 from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.compose.recipes import load_recipe, make_backend
-from supervisor.config import BackendConfig, ManagedScorerProcessSpec, PanelConfig, RemoteBackendConfig
+from supervisor.config import (
+    BackendConfig,
+    JobBackendConfig,
+    ManagedScorerProcessSpec,
+    PanelConfig,
+    RemoteBackendConfig,
+)
 from supervisor.errors import ConfigError, ScorerStartupError
 from supervisor.ops.preflight import preflight
 from supervisor.types import RewardItem, RewardRequest
@@ -125,7 +131,8 @@ def _check_backend(term: str, config: BackendConfig, group_size: int | None, say
         if managed is not None:
             boot_s = managed.timings.get("spawn_to_ready_s")
             say(Check(f"{where}: child boots", True, f"pid {ready.get('pid')}, ready in {boot_s or 0:.2f} s"))
-        ok = _sample_scores(where, backend, config.client.input_kind, group_size, say)
+        kind = config.input_kind if isinstance(config, JobBackendConfig) else config.client.input_kind
+        ok = _sample_scores(where, backend, kind, group_size, say)
         if (
             managed is not None
             and isinstance(config, ManagedScorerProcessSpec)
@@ -159,7 +166,7 @@ def _started_backend(where: str, config: BackendConfig, say: Callable[[Check], N
     except Exception as exc:  # noqa: BLE001 - any failure to start is one failed check; the others still run
         fix = (
             "is the server running, and the token in the named variable?"
-            if isinstance(config, RemoteBackendConfig)
+            if isinstance(config, (RemoteBackendConfig, JobBackendConfig))
             else "see the message"
         )
         say(Check(f"{where}: backend starts", False, f"{type(exc).__name__}: {exc}".splitlines()[0], fix))

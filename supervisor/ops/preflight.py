@@ -27,7 +27,13 @@ from scorers.identity import scorer_identity_hash
 from scorers.registry import CatalogError, UnknownScorerError, resolve_scorer
 from supervisor.child.import_root import CHILD_PACKAGES
 from supervisor.compose.recipes import Recipe, load_recipe
-from supervisor.config import LocalBackendConfig, ManagedScorerProcessSpec, PanelConfig, RemoteBackendConfig
+from supervisor.config import (
+    JobBackendConfig,
+    LocalBackendConfig,
+    ManagedScorerProcessSpec,
+    PanelConfig,
+    RemoteBackendConfig,
+)
 from supervisor.errors import ConfigError
 
 CHILD_RUNTIME_MODULES = ("numpy", "starlette", "uvicorn")
@@ -106,7 +112,7 @@ def _check_panel(panel: PanelConfig, where: str, report: PreflightReport) -> Non
     for term in panel.terms:
         place = f"{where}.{term.name}"
         backend = term.backend
-        if isinstance(backend, RemoteBackendConfig):
+        if isinstance(backend, (RemoteBackendConfig, JobBackendConfig)):  # nothing of ours to check but the token
             if backend.token_env is not None and not os.environ.get(backend.token_env):
                 report.problems.append(f"{place}: environment variable {backend.token_env} (the token) is not set")
             continue

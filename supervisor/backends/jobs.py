@@ -1,0 +1,374 @@
+"""JobRewardBackend: a reward service that answers an enqueue with a job id and is pulled until done.
+
+Posttrain's video reward service is one: it takes one candidate per request, gives back a job id
+(its "uuid"), and is asked for the score until it has one. It offers no idempotency key and no
+cancellation, and it does not echo the candidate's identity, so: the enqueue is sent once and never
+again (an ambiguous failure may leave work running there, and the error says so); only pulls are
+repeated (transport failures, 5xx, 429, and pending answers), with capped backoff, until the
+request's one absolute deadline; a score is taken only from the pull of its own job id, only before
+that deadline, and only as one finite number.
+
+The exchanges (paths configurable; `{uuid}` is the job id, percent-quoted):
+  POST {base_url}{enqueue_path}         multipart form: `file` (the item's .npy, uint8 video [1,3,T,H,W]
+                                        or image [1,H,W,3]), `media_type` ("video" | "image"),
+                                        `video_infos` (video only: JSON {"fps": FPS})
+                                        -> 2xx {"uuid": "<job id>"}
+  GET  {base_url}{result_path}          -> 200 {"<score_key>": [<one finite number>]} and nothing else
+                                        -> 202 {"uuid": "<the same job id>", "status": "pending"}
+                                        -> 400 "Not found scores for <job id>" (legacy pending: the body,
+                                           or the one value of a one-field JSON object)
+The bearer token goes on every exchange. Errors: `supervisor.errors.JobError` and its kinds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from scorers.diagnostics import report
+from scorers.identity import digest
+from scorers.retry import Retry
+from supervisor.backend import RewardBackend, ScorerShape, assemble_response, items_failed
+from supervisor.backends.spool import Spool
+from supervisor.child import ranks
+from supervisor.child.client import MAX_CONNECTIONS, HttpxTransport
+from supervisor.errors import (
+    ConnectFailed,
+    ConnectionLost,
+    ErrorStatus,
+    JobDeadline,
+    JobEnqueueUncertain,
+    JobError,
+    JobItemsFailed,
+    JobProtocolError,
+    JobRejected,
+    JobServiceUnavailable,
+    NoAnswer,
+    ScorerRequestError,
+    TransportError,
+    excerpt,
+)
+from supervisor.fanout import on_each
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
+
+log = logging.getLogger(__name__)
+MediaType = Literal["video", "image"]
+LEGACY_PENDING = "Not found scores for {uuid}"
+
+
+class _Pending(Exception):
+    """The job is not done yet: pull again (after the backoff's pause, within the deadline)."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status, self.body = status, body
+        super().__init__(f"HTTP {status}: pending")
+
+
+def _retryable(exc: Exception) -> bool:
+    """Pending, nothing usable came back, or the service (or a proxy) says try later."""
+    if isinstance(exc, ErrorStatus):
+        return exc.status == 429 or exc.status >= 500
+    return isinstance(exc, (_Pending, ConnectFailed, ConnectionLost, NoAnswer))
+
+
+def service_array(item: RewardItem, media_type: MediaType) -> np.ndarray:
+    """The array the service reads, as a view of the item's (no copy): an RGB uint8 video THWC as
+    [1,3,T,H,W]; an image HWC as [1,H,W,3] (the seed's image contract). Anything else is refused."""
+    media = item.video if media_type == "video" else item.image
+    if media is None or media.shape[-1] != 3:
+        got = "none" if media is None else f"{media.shape[-1]} channels"
+        raise ScorerRequestError(
+            f"item {item.id!r}: the job service takes an RGB {media_type}, got {got}", kind="bad_input"
+        )
+    return media.transpose(3, 0, 1, 2)[None] if media_type == "video" else media[None]
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def is_legacy_pending(body: bytes, job_id: str) -> bool:
+    """The one 400 that means pending: exactly "Not found scores for <job id>", as the whole body or
+    as the one value of a one-field JSON object (a web framework's {"detail": ...})."""
+    message = LEGACY_PENDING.format(uuid=job_id)
+    parsed = _json(body)
+    if isinstance(parsed, dict) and len(parsed) == 1:
+        return next(iter(parsed.values())) == message
+    return body.decode("utf-8", "replace").strip() == message
+
+
+def singleton_score(body: bytes, key: str) -> float | None:
+    """The one finite score of a 200 that holds nothing else ({key: [score]}); None otherwise."""
+    parsed = _json(body)
+    if not isinstance(parsed, dict) or list(parsed) != [key]:
+        return None
+    values = parsed[key]
+    if not isinstance(values, list) or len(values) != 1:
+        return None
+    score = values[0]
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+        return None
+    return float(score)
+
+
+class JobRewardBackend(RewardBackend):
+    """One candidate, one job: each item of a request is enqueued and pulled on its own, up to
+    `max_concurrency` at once, all under one deadline (`request_timeout` from the call's start).
+    A request with a failed item raises `JobItemsFailed` (each item's typed JobError in `errors`,
+    the others' rewards in `partial`, which only an optional panel term takes)."""
+
+    shape: ScorerShape
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        media_type: MediaType = "video",
+        fps: float | None = None,
+        name: str = "job_service",
+        term: str = "score",
+        revision: str | None = None,
+        request_timeout: float = 600.0,
+        enqueue_timeout: float = 120.0,
+        pull_timeout: float = 30.0,
+        poll_interval_s: float = 0.5,
+        poll_backoff_cap_s: float = 5.0,
+        max_concurrency: int = 8,
+        spool_dir: str | None = None,
+        enqueue_path: str = "/enqueue",
+        result_path: str = "/result/{uuid}",
+        score_key: str = "scores",
+        max_answer_bytes: int = 2**20,
+    ) -> None:
+        """`enqueue_timeout` and `pull_timeout` bound one exchange each (connect, send, wait, read), never
+        past the request's deadline; pulls pause `poll_interval_s`, doubling up to `poll_backoff_cap_s`."""
+        _check(media_type, fps, request_timeout, enqueue_timeout, pull_timeout, poll_interval_s, poll_backoff_cap_s)
+        if not 1 <= max_concurrency <= MAX_CONNECTIONS:
+            raise ValueError(f"max_concurrency must be in 1..{MAX_CONNECTIONS} (the connections to one service)")
+        if not enqueue_path.startswith("/") or not result_path.startswith("/") or "{uuid}" not in result_path:
+            raise ValueError("enqueue_path and result_path start with '/', and result_path holds '{uuid}'")
+        self.base_url, self.media_type, self.fps, self.term = base_url, media_type, fps, term
+        self.request_timeout, self.enqueue_timeout, self.pull_timeout = request_timeout, enqueue_timeout, pull_timeout
+        self.poll_interval_s, self.poll_backoff_cap_s = poll_interval_s, poll_backoff_cap_s
+        self.max_concurrency, self.score_key = max_concurrency, score_key
+        self.enqueue_path, self.result_path = enqueue_path, result_path
+        identity: dict[str, Any] = {
+            "backend": "jobs",
+            "service": name,
+            "revision": revision,
+            "media_type": media_type,
+            "fps": fps,
+        }
+        identity |= {"term": term, "paths": [enqueue_path, result_path], "score_key": score_key}
+        identity |= {"bounds": [request_timeout, enqueue_timeout, pull_timeout, poll_interval_s, poll_backoff_cap_s]}
+        self.shape = ScorerShape(name, (term,), identity_hash=digest(identity), revision=revision)
+        self._stopped = threading.Event()  # closed: nothing starts, nothing is pulled again
+        self._interrupted = threading.Event()  # set (then replaced) by interrupt(): the calls in flight end
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._transport = HttpxTransport(base_url, headers, max_answer_bytes)
+        self.spool = Spool(spool_dir, ranks.current().rank)
+
+    @property
+    def combination(self) -> dict[str, Any]:
+        return {"required": [self.term], "weights": {}}
+
+    @property
+    def call_bound_s(self) -> float:
+        return self.request_timeout
+
+    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+        deadline = time.monotonic() + self.request_timeout
+        arrays = [service_array(item, self.media_type) for item in request.items]  # bad input: nothing is sent
+        outcomes = on_each(
+            list(zip(request.items, arrays, strict=True)),
+            lambda pair: self._score_item(pair[0].id, pair[1], deadline),
+            "job",
+            limit=self.max_concurrency,
+            on_interrupt=self.interrupt,
+        )
+        return self._response(request, outcomes)
+
+    def _response(self, request: RewardRequest, outcomes: Sequence[float | BaseException]) -> RewardResponse:
+        """Every item's score, or JobItemsFailed naming each failed item (never a partial reward as a whole)."""
+        errors: dict[str, JobError] = {}
+        scores: dict[str, float] = {}
+        for item_id, outcome in zip(request.ids, outcomes, strict=True):
+            if isinstance(outcome, JobError):
+                errors[item_id] = outcome
+            elif isinstance(outcome, BaseException):
+                raise outcome  # not a job's failure (a bug, an interrupt): as it is
+            else:
+                scores[item_id] = outcome
+        ids = [item_id for item_id in request.ids if item_id in scores]
+        response = assemble_response(
+            ids,
+            {self.term: np.array([scores[item_id] for item_id in ids], dtype=np.float64)},
+            [self.term],
+            {},
+            {self.shape.name: report(len(ids), {})},
+            self.shape.identity_hash,
+        )
+        if not errors:
+            return response
+        failed = {item_id: str(error) for item_id, error in errors.items()}
+        message = str(items_failed(self.shape.name, len(request.items), failed, response))
+        raise JobItemsFailed(message, errors, response) from next(iter(errors.values()))
+
+    def _score_item(self, item_id: str, array: np.ndarray, deadline: float) -> float:
+        return self._pull(item_id, self._enqueue(item_id, array, deadline), deadline)
+
+    def _enqueue(self, item_id: str, array: np.ndarray, deadline: float) -> str:
+        """Send the item once; its job id. Never repeated, whatever fails."""
+        where: dict[str, Any] = {"service_url": self.base_url, "item_id": item_id, "stage": "enqueue"}
+        left = deadline - time.monotonic()
+        if self._stopped.is_set() or self._interrupted.is_set():
+            raise JobServiceUnavailable("the backend was closed or interrupted; nothing was sent", **where)
+        if left <= 0:
+            raise JobDeadline("the request's deadline passed before this item was sent; nothing was sent", **where)
+        fields: dict[str, str] = {"media_type": self.media_type}
+        if self.media_type == "video":
+            fields["video_infos"] = json.dumps({"fps": self.fps})
+        with self.spool.payload(array) as file:
+            upload = {"file": (f"{self.media_type}.npy", file, "application/octet-stream")}
+            try:
+                status, _, body = self._transport.upload(
+                    self.enqueue_path, min(self.enqueue_timeout, left), fields, upload
+                )
+            except ConnectFailed as exc:
+                raise JobServiceUnavailable(f"no connection opened, nothing was sent ({exc})", **where) from exc
+            except TransportError as exc:
+                raise JobEnqueueUncertain(f"sent, but no usable answer ({exc})", orphaned=True, **where) from exc
+        return _job_id(status, body, where)
+
+    def _pull(self, item_id: str, job_id: str, deadline: float) -> float:
+        """Pull the job until it holds a score, a terminal answer comes, or the deadline passes."""
+        where: dict[str, Any] = {"service_url": self.base_url, "item_id": item_id, "stage": "pull", "job_id": job_id}
+        interrupted = self._interrupted  # this call's: a later interrupt() replaces it for later calls
+        path = self.result_path.replace("{uuid}", urllib.parse.quote(job_id, safe=""))
+
+        def pause(seconds: float) -> None:
+            if interrupted.wait(seconds) or self._stopped.is_set():
+                raise JobServiceUnavailable("the backend was closed or interrupted", orphaned=True, **where)
+
+        def log_retry(exc: Exception, attempt: int, seconds: float) -> None:
+            if not isinstance(exc, _Pending):
+                log.warning(
+                    "pull %s at %s: attempt %d failed (%s); again in %.2f s",
+                    job_id,
+                    self.base_url,
+                    attempt,
+                    exc,
+                    seconds,
+                )
+
+        retrying = Retry(
+            deadline,
+            self.poll_interval_s,
+            self.poll_backoff_cap_s,
+            retry_on=(TransportError, ErrorStatus, _Pending),
+            retry_if=_retryable,
+            go_on=lambda: not (self._stopped.is_set() or interrupted.is_set()),
+            on_retry=log_retry,
+            sleep=pause,
+        )
+        try:
+            return retrying.call(lambda: self._pull_once(path, job_id, deadline, where))
+        except (TransportError, ErrorStatus, _Pending) as exc:
+            raise self._pull_failed(exc, retrying, where) from exc
+
+    def _pull_once(self, path: str, job_id: str, deadline: float, where: dict[str, Any]) -> float:
+        """One pull: the score, or _Pending, a transport fact, ErrorStatus, JobProtocolError."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise NoAnswer("the request's deadline passed")
+        status, _, body = self._transport.request("GET", path, min(self.pull_timeout, left), (), {})
+        if time.monotonic() >= deadline:
+            raise NoAnswer(f"HTTP {status} came after the request's deadline: not taken")
+        if status == 200:
+            score = singleton_score(body, self.score_key)
+            if score is None:
+                expected = f'{{"{self.score_key}": [<one finite number>]}} and nothing else'
+                raise JobProtocolError(f"a 200 must hold {expected}", status=status, body=body, **where)
+            return score
+        if status == 202:
+            parsed = _json(body)
+            if not isinstance(parsed, dict) or parsed.get("uuid") != job_id or parsed.get("status") != "pending":
+                expected = f'{{"uuid": "{job_id}", "status": "pending"}}'
+                raise JobProtocolError(f"a 202 must be {expected} (this job's id)", status=status, body=body, **where)
+            raise _Pending(status, body)
+        if status == 400 and is_legacy_pending(body, job_id):
+            raise _Pending(status, body)
+        raise ErrorStatus(status, "error", excerpt(body))
+
+    def _pull_failed(self, exc: Exception, retrying: Retry, where: dict[str, Any]) -> JobError:
+        """The typed error for pulls that ended without a score."""
+        status = getattr(exc, "status", None)
+        body = exc.body if isinstance(exc, _Pending) else exc.message if isinstance(exc, ErrorStatus) else b""
+        tries = f"after {retrying.tries} pull{'s' if retrying.tries > 1 else ''}"
+        if retrying.gave_up == "stopped":
+            return JobServiceUnavailable(f"the backend was closed or interrupted {tries}", orphaned=True, **where)
+        if retrying.gave_up == "deadline":
+            last = f"last: {exc}" if not isinstance(exc, _Pending) else "still pending"
+            message = f"no score within the request's deadline ({self.request_timeout:g} s) {tries}, {last}"
+            return JobDeadline(message, status=status, body=body, orphaned=True, **where)
+        if isinstance(exc, ErrorStatus) and 400 <= exc.status < 500:
+            return JobRejected(f"refused {tries}; not pulled again", status=status, body=body, **where)
+        return JobProtocolError(f"an answer outside the protocol {tries} ({exc})", status=status, body=body, **where)
+
+    def interrupt(self) -> None:
+        """Give up on the calls in flight (Ctrl-C): their connections are dropped, nothing is retried."""
+        interrupted, self._interrupted = self._interrupted, threading.Event()
+        interrupted.set()
+        self._transport.reset()
+
+    def close(self) -> None:
+        """Connections and the spool directory; the service belongs to whoever runs it."""
+        self._stop_submissions()
+        self._stopped.set()
+        self._interrupted.set()
+        self._transport.close()
+        self.spool.close()
+
+
+def _job_id(status: int, body: bytes, where: dict[str, Any]) -> str:
+    """The job id of an enqueue's answer, or the typed error of that answer."""
+    if 400 <= status < 500:
+        raise JobRejected("the service refused the enqueue (it is never sent again)", status=status, body=body, **where)
+    if not 200 <= status < 300:
+        raise JobEnqueueUncertain(
+            "the enqueue failed on the service's side", status=status, body=body, orphaned=True, **where
+        )
+    parsed = _json(body)
+    job_id = parsed.get("uuid") if isinstance(parsed, dict) else None
+    if not isinstance(job_id, str) or not job_id:
+        raise JobProtocolError(
+            "the enqueue's answer holds no job id (a non-empty 'uuid')",
+            status=status,
+            body=body,
+            orphaned=True,
+            **where,
+        )
+    return job_id
+
+
+def _check(
+    media_type: str, fps: float | None, request: float, enqueue: float, pull: float, poll: float, cap: float
+) -> None:
+    if media_type not in ("video", "image"):
+        raise ValueError(f"media_type must be video or image, got {media_type!r}")
+    if media_type == "video" and (fps is None or not fps > 0):
+        raise ValueError("a video service needs an explicit fps > 0")
+    if not (request > 0 and enqueue > 0 and pull > 0 and 0 < poll <= cap):
+        raise ValueError("need timeouts > 0 and 0 < poll_interval_s <= poll_backoff_cap_s")

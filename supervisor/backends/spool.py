@@ -1,0 +1,49 @@
+"""A private spool directory for payloads a service reads as files (the job backend's videos).
+
+Why a file: a decoded video is hundreds of MiB (121x704x1280x3 uint8 is about 312 MiB); written
+once with `numpy.save(..., allow_pickle=False)` it is streamed to the service from disk instead of
+being held as a second copy in memory while the upload runs. The directory is this process's own
+(0700, made by `tempfile.mkdtemp`), each file readable by this user only (0600, `mkstemp`), and a
+file lives only for the `with` block that sends it. A process killed with -9 leaves its directory
+behind: put `spool_dir` on storage the operator cleans (its name says the rank and the pid).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
+
+import numpy as np
+
+
+class Spool:
+    """`with spool.payload(array) as file:` a private .npy file of `array`, open at its start, and
+    removed when the block ends, whatever happens in it."""
+
+    def __init__(self, root: str | None, rank: int) -> None:
+        self.dir = tempfile.mkdtemp(prefix=f"managed-scorers-jobs-rank{rank}-pid{os.getpid()}-", dir=root)
+
+    @contextmanager
+    def payload(self, array: np.ndarray) -> Iterator[BinaryIO]:
+        fd, path = tempfile.mkstemp(suffix=".npy", dir=self.dir)
+        try:
+            with os.fdopen(fd, "w+b") as file:
+                np.save(file, array, allow_pickle=False)  # a strided view is written in chunks, not copied whole
+                file.flush()
+                file.seek(0)
+                yield file
+        finally:
+            os.unlink(path)
+
+    def files(self) -> list[str]:
+        """The payloads in the spool now (none between requests)."""
+        return sorted(os.listdir(self.dir)) if os.path.isdir(self.dir) else []
+
+    def close(self) -> None:
+        """Remove the directory (and anything a failed unlink left in it)."""
+        if os.path.isdir(self.dir):
+            shutil.rmtree(self.dir)

@@ -1,0 +1,230 @@
+"""The job backend (enqueue, then pull until done) against a fake job service on a real socket:
+what reaches the service, what is retried and what never is, and each way the service can fail."""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from supervisor.backends.jobs import JobRewardBackend
+from supervisor.compose.recipes import build_panel
+from supervisor.config import PanelConfig
+from supervisor.errors import (
+    JobDeadline,
+    JobEnqueueUncertain,
+    JobItemsFailed,
+    JobProtocolError,
+    JobRejected,
+    ScorerRequestError,
+)
+from supervisor.types import RewardItem, RewardRequest
+from tests.conftest import eventually
+from tests.helpers.fake_jobs import FakeJobService, Upload
+
+TOKEN = "job-token"
+FAST = {"poll_interval_s": 0.02, "poll_backoff_cap_s": 0.1, "fps": 16.0}
+
+
+def video(seed: int, frames: int = 3) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (frames, 8, 10, 3), dtype=np.uint8)
+
+
+def request(*seeds: int) -> RewardRequest:
+    return RewardRequest(items=[RewardItem(id=f"v{seed}", video=video(seed)) for seed in seeds])
+
+
+@pytest.fixture(autouse=True)
+def no_thread_left() -> Iterator[None]:
+    """The backend's and the fake's threads all end with the test."""
+    before = set(threading.enumerate())
+    yield
+    assert eventually(lambda: set(threading.enumerate()) <= before, timeout=5), set(threading.enumerate()) - before
+
+
+@pytest.fixture
+def service() -> Iterator[FakeJobService]:
+    with FakeJobService(TOKEN) as fake:
+        yield fake
+
+
+@pytest.fixture
+def backend(service: FakeJobService, tmp_path: Path) -> Iterator[JobRewardBackend]:
+    with JobRewardBackend(service.url, TOKEN, spool_dir=str(tmp_path), request_timeout=5.0, **FAST) as made:
+        yield made
+
+
+def only_error(excinfo: pytest.ExceptionInfo[JobItemsFailed], item_id: str = "v1") -> Exception:
+    assert list(excinfo.value.errors) == [item_id] and excinfo.value.partial.ids == []
+    return excinfo.value.errors[item_id]
+
+
+def test_each_video_reaches_the_service_as_its_array_from_a_private_spool_file(service, backend, tmp_path):
+    seen_in_spool = []
+
+    def look(upload: Upload) -> None:
+        (name,) = os.listdir(backend.spool.dir)  # the file being streamed is there, and private
+        path = Path(backend.spool.dir, name)
+        modes = stat.S_IMODE(path.stat().st_mode), stat.S_IMODE(Path(backend.spool.dir).stat().st_mode)
+        seen_in_spool.append((path.stat().st_size, modes))
+
+    service.on_enqueue = look
+    backend.max_concurrency = 1  # one upload at a time: one spool file to look at
+    response = backend.compute_rewards(request(1, 2))
+    by_id = {f"v{seed}": video(seed) for seed in (1, 2)}
+    assert [u.array.shape for u in service.uploads] == [(1, 3, 3, 8, 10)] * 2 and service.enqueues == 2
+    for upload, item_id in zip(service.uploads, ("v1", "v2"), strict=True):
+        assert np.array_equal(upload.array, by_id[item_id].transpose(3, 0, 1, 2)[None])
+        assert upload.array.dtype == np.uint8
+        assert upload.fields["media_type"] == b"video" and upload.fields["video_infos"] == b'{"fps": 16.0}'
+    assert response.rewards == pytest.approx([float(by_id[i].mean()) for i in ("v1", "v2")])
+    assert all(size > 3 * 3 * 8 * 10 and modes == (0o600, 0o700) for size, modes in seen_in_spool)
+    assert backend.spool.files() == [] and Path(backend.spool.dir).parent == tmp_path
+    calls = [u.authorization for u in service.uploads] + [p.authorization for p in service.pulls]
+    assert calls and set(calls) == {f"Bearer {TOKEN}"}
+
+
+@pytest.mark.parametrize("pending", ["202", "legacy 400"])
+def test_a_pending_answer_is_pulled_again_until_the_score(service, backend, pending):
+    def pull(job_id: str, n: int):
+        if n > 2:
+            return None
+        return (
+            (202, {"uuid": job_id, "status": "pending"})
+            if pending == "202"
+            else (400, f"Not found scores for {job_id}")
+        )
+
+    service.on_pull = pull
+    response = backend.compute_rewards(request(1))
+    assert response.rewards == pytest.approx([float(video(1).mean())]) and len(service.pulls) == 3
+
+
+def test_another_400_is_terminal_and_pulled_once(service, backend):
+    service.on_pull = lambda job_id, n: (400, {"detail": f"Not found scores for {job_id}x"})
+    with pytest.raises(JobItemsFailed) as excinfo:
+        backend.compute_rewards(request(1))
+    error = only_error(excinfo)
+    assert isinstance(error, JobRejected) and error.status == 400 and len(service.pulls) == 1
+    assert error.job_id == service.uploads[0].job_id and error.job_id in str(error) and service.url in str(error)
+    assert "v1" in str(error) and "scores for" in error.body and not error.orphaned
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_5xx_and_429_are_retried_with_backoff(service, backend, status):
+    service.on_pull = lambda job_id, n: (status, "busy") if n <= 3 else None
+    response = backend.compute_rewards(request(1))
+    assert response.rewards == pytest.approx([float(video(1).mean())]) and service.enqueues == 1
+    gaps = np.diff([pull.at for pull in service.pulls])
+    assert len(gaps) == 3 and gaps[0] >= 0.015 and gaps[2] > gaps[0]  # 0.02, 0.04, 0.08: doubling
+
+
+def test_a_202_for_another_job_is_a_protocol_error(service, backend):
+    service.on_pull = lambda job_id, n: (202, {"uuid": "someone-else", "status": "pending"})
+    with pytest.raises(JobItemsFailed) as excinfo:
+        backend.compute_rewards(request(1))
+    error = only_error(excinfo)
+    assert isinstance(error, JobProtocolError) and error.status == 202 and len(service.pulls) == 1
+
+
+@pytest.mark.parametrize(
+    "body", ['{"scores": [NaN]}', '{"scores": [Infinity]}', {"scores": [1.0], "uuid": "x"}, {"scores": [1.0, 2.0]}, {}]
+)
+def test_a_200_that_is_not_one_finite_score_is_a_protocol_error(service, backend, body):
+    service.on_pull = lambda job_id, n: (200, body)
+    with pytest.raises(JobItemsFailed) as excinfo:
+        backend.compute_rewards(request(1))
+    error = only_error(excinfo)
+    assert isinstance(error, JobProtocolError) and error.status == 200 and len(service.pulls) == 1
+
+
+@pytest.mark.parametrize("failure", ["500", "drop"])
+def test_a_failed_enqueue_is_never_sent_again_and_says_work_may_be_orphaned(service, backend, failure):
+    service.on_enqueue = lambda upload: (500, "boom") if failure == "500" else "drop"
+    with pytest.raises(JobItemsFailed) as excinfo:
+        backend.compute_rewards(request(1))
+    error = only_error(excinfo)
+    assert isinstance(error, JobEnqueueUncertain) and error.orphaned and "orphaned" in str(error)
+    assert service.enqueues == 1 and service.pulls == [] and backend.spool.files() == []
+    assert error.status == (500 if failure == "500" else None) and error.stage == "enqueue"
+
+
+def test_a_score_after_the_deadline_is_not_taken(service, tmp_path):
+    started = time.monotonic()
+    service.on_pull = lambda job_id, n: (
+        (202, {"uuid": job_id, "status": "pending"}) if time.monotonic() < started + 1.2 else None
+    )
+    with JobRewardBackend(service.url, TOKEN, spool_dir=str(tmp_path), request_timeout=0.8, **FAST) as backend:
+        with pytest.raises(JobItemsFailed) as excinfo:
+            backend.compute_rewards(request(1))
+    error = only_error(excinfo)
+    assert isinstance(error, JobDeadline) and error.orphaned and "still pending" in str(error)
+    assert time.monotonic() - started < 1.2
+
+
+def test_a_service_that_hangs_is_bounded_by_the_deadline(service, tmp_path):
+    service.on_pull = lambda job_id, n: ("hang", 10.0)
+    started = time.monotonic()
+    with JobRewardBackend(service.url, TOKEN, spool_dir=str(tmp_path), request_timeout=0.6, **FAST) as backend:
+        with pytest.raises(JobItemsFailed) as excinfo:
+            backend.compute_rewards(request(1))
+    assert isinstance(only_error(excinfo), JobDeadline) and time.monotonic() - started < 1.5
+
+
+@pytest.mark.parametrize("token", [None, "wrong"])
+def test_a_missing_or_wrong_token_is_a_401(service, tmp_path, token):
+    with JobRewardBackend(service.url, token, spool_dir=str(tmp_path), request_timeout=5.0, **FAST) as backend:
+        with pytest.raises(JobItemsFailed) as excinfo:
+            backend.compute_rewards(request(1))
+        assert backend.spool.files() == []
+    error = only_error(excinfo)
+    assert isinstance(error, JobRejected) and error.status == 401 and error.stage == "enqueue"
+    assert service.enqueues == 1 and not error.orphaned and "bad or missing token" in error.body
+
+
+def test_one_failed_item_fails_the_request_and_names_it_the_others_are_only_partial(service, backend):
+    second = video(2).transpose(3, 0, 1, 2)[None]
+    service.on_pull = lambda job_id, n: (400, "no") if np.array_equal(service.upload_of(job_id).array, second) else None
+    with pytest.raises(JobItemsFailed) as excinfo:
+        backend.compute_rewards(request(1, 2, 3))
+    assert list(excinfo.value.errors) == ["v2"] and isinstance(excinfo.value.errors["v2"], JobRejected)
+    assert excinfo.value.partial.ids == ["v1", "v3"] and "v2" in str(excinfo.value)
+    assert excinfo.value.__cause__ is excinfo.value.errors["v2"]
+
+
+def test_items_go_concurrently_up_to_the_bound(service, tmp_path):
+    service.on_enqueue = lambda upload: time.sleep(0.2)
+    with JobRewardBackend(service.url, TOKEN, spool_dir=str(tmp_path), max_concurrency=2, **FAST) as backend:
+        started = time.monotonic()
+        assert len(backend.compute_rewards(request(1, 2, 3, 4)).rewards) == 4
+    assert service.max_in_flight == 2 and time.monotonic() - started < 0.8
+
+
+def test_an_item_without_an_rgb_video_is_refused_before_anything_is_sent(service, backend):
+    with pytest.raises(ScorerRequestError, match="RGB video"):
+        backend.compute_rewards(RewardRequest(items=[RewardItem(id="t", text="no video")]))
+    assert service.enqueues == 0
+
+
+def test_closing_removes_the_spool_directory(service, tmp_path):
+    backend = JobRewardBackend(service.url, TOKEN, spool_dir=str(tmp_path), **FAST)
+    assert math.isfinite(backend.compute_rewards(request(1)).rewards[0])
+    backend.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_panel_term_names_a_job_service_by_its_config(service, tmp_path, monkeypatch):
+    monkeypatch.setenv("JOB_TOKEN", TOKEN)
+    backend = {"kind": "jobs", "base_url": service.url, "token_env": "JOB_TOKEN", "spool_dir": str(tmp_path), **FAST}
+    config = PanelConfig.model_validate({"terms": [{"name": "video", "backend": backend, "weight": 2.0}]})
+    with build_panel(config) as panel:
+        response = panel.compute_rewards(request(1))
+    assert response.rewards == pytest.approx([2.0 * float(video(1).mean())])
+    assert service.uploads[0].fields["video_infos"] == b'{"fps": 16.0}' and list(tmp_path.iterdir()) == []
