@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from child_runtime.protocol.wire import RESIDENCY_FAILED
 from scorers.diagnostics import check_name
 from scorers.identity import canonical_json, digest
 from supervisor.backend import RewardBackend
@@ -122,6 +123,8 @@ def _fatal_reason(call: _Call, error: BaseException) -> str | None:
     """Why a backend's failure fails the panel's call, or None: only its optional terms lose their values."""
     if isinstance(error, LIFECYCLE_ERRORS):
         return "setup failure"
+    if isinstance(error, ScorerRequestError) and error.kind == RESIDENCY_FAILED:
+        return "lifecycle failure"  # a model that could not wake or sleep: never an optional term's loss
     if any(term.required for term in call.terms):
         return "required"
     if not isinstance(error, ScorerError):
