@@ -22,7 +22,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from child_runtime.gate import EVICTION_BODY, ConnectionGate
-from child_runtime.host import ResidencyConflict, ScorerHost
+from child_runtime.host import ResidencyConflict, ResidencyFailed, ScorerHost
 from child_runtime.idempotency import (
     AnswerCache,
     BadKey,
@@ -186,6 +186,9 @@ def _guarded(handler: Handler, metrics: ChildMetrics | None = None) -> Handler:
             return _error(422, "idempotency_conflict", str(exc))
         except ResidencyConflict as exc:
             return _error(409, "offloaded", str(exc))
+        except ResidencyFailed as exc:
+            tail = "".join(traceback.format_exception(exc)[-6:])
+            return _error(500, wire.RESIDENCY_FAILED, f"{exc}\n{tail}")
         except ScorerContractError as exc:
             return _error(500, "contract", str(exc))
         except openrlhf.ItemsFailed as exc:

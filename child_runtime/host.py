@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,6 +26,11 @@ GPU_RESIDENCY_MODES = (RESIDENT, PER_CALL)
 
 class ResidencyConflict(RuntimeError):
     """A score arrived for a `resident` scorer that is offloaded (answered 409)."""
+
+
+class ResidencyFailed(RuntimeError):
+    """A per-call wake (onload) or sleep (offload) around a score failed: a lifecycle failure,
+    answered with its own kind so the parent never takes it for one batch's scoring error."""
 
 
 class _ScoringLock:
@@ -137,6 +142,12 @@ class ScorerHost:
         self._become("offloaded")
         return {"changed": True, **figures}
 
+    def _residency_change(self, change: Callable[[], dict[str, Any]], what: str) -> None:
+        try:
+            change()
+        except Exception as exc:
+            raise ResidencyFailed(f"per-call {what} of scorer {self.scorer.spec.name!r} failed: {exc!r}") from exc
+
     def onload(self) -> dict[str, Any]:
         with self._lock.exclusive():
             return self._onload_locked()
@@ -157,10 +168,10 @@ class ScorerHost:
         with self._lock.scoring():
             if self.gpu_residency == PER_CALL:
                 try:
-                    self._onload_locked()
+                    self._residency_change(self._onload_locked, "onload")
                     return score_checked(self.scorer, items, group_size)
-                finally:
-                    self._offload_locked()  # also after a failed onload: nothing stays half on the device
+                finally:  # also after a failed onload: nothing stays half on the device
+                    self._residency_change(self._offload_locked, "offload")
             if self.residency == "unknown":
                 raise ResidencyConflict(
                     f"scorer {self.scorer.spec.name!r} residency is unknown after a failed "

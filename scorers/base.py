@@ -117,11 +117,14 @@ class ScoreResult:
     `failed` maps the position of an item the scorer could not score (a judge reply that does
     not parse) to why: its values are ignored and the item gets no reward from this scorer;
     a panel records it like an optional term's failure, anything else raises naming it.
+    `term_failed` is the same for one term only (`{term: {position: why}}`): the item keeps its
+    other terms (a scorer computing several independent functions, one of which failed).
     """
 
     terms: dict[str, list[float]]
     diagnostics: dict[str, Any] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
+    term_failed: dict[str, dict[int, str]] = field(default_factory=dict)
 
 
 class Scorer:
@@ -214,6 +217,7 @@ def score_checked(scorer: Scorer, items: Sequence[ScoreItem], group_size: int | 
         return _checked_result(spec, scorer.score(items), items)
     scores = {term: [0.0] * len(items) for term in spec.term_names()}
     reports, failed = [], {}
+    term_failed: dict[str, dict[int, str]] = {}
     for members in groups:
         candidates = tuple(replace(items[i], reference=freeze(items[i].reference)) for i in members)
         part = _checked_result(spec, scorer.score_group(candidates, context_of(items, members)), candidates)
@@ -222,7 +226,9 @@ def score_checked(scorer: Scorer, items: Sequence[ScoreItem], group_size: int | 
                 scores[term][index] = value
         reports.append(part.diagnostics)
         failed.update({members[position]: why for position, why in part.failed.items()})
-    return ScoreResult(terms=scores, diagnostics=merge_values(reports), failed=failed)
+        for term, whys in part.term_failed.items():
+            term_failed.setdefault(term, {}).update({members[position]: why for position, why in whys.items()})
+    return ScoreResult(terms=scores, diagnostics=merge_values(reports), failed=failed, term_failed=term_failed)
 
 
 def _checked_result(spec: ScorerSpec, result: Any, items: Sequence[ScoreItem]) -> ScoreResult:
@@ -233,20 +239,19 @@ def _checked_result(spec: ScorerSpec, result: Any, items: Sequence[ScoreItem]) -
         raise ScorerContractError(
             f"scorer {spec.name!r} returned terms {sorted(result.terms)}, declared {sorted(expected)}"
         )
-    if not isinstance(result.failed, dict) or not all(
-        isinstance(k, int) and 0 <= k < len(items) and isinstance(v, str) and v for k, v in result.failed.items()
-    ):
-        raise ScorerContractError(
-            f"scorer {spec.name!r}: failed must map item positions (0..{len(items) - 1}) to reasons, "
-            f"got {result.failed!r}"
-        )
+    _check_failed(spec, "failed", result.failed, len(items))
+    if not isinstance(result.term_failed, dict) or set(result.term_failed) - expected:
+        raise ScorerContractError(f"scorer {spec.name!r}: term_failed must map its terms to failures")
+    for term, whys in result.term_failed.items():
+        _check_failed(spec, f"term_failed[{term!r}]", whys, len(items))
     for term, values in result.terms.items():
         if len(values) != len(items):
             raise ScorerContractError(
                 f"scorer {spec.name!r} term {term!r}: {len(values)} scores for {len(items)} items"
             )
+        unscored = result.failed.keys() | result.term_failed.get(term, {}).keys()
         for index, value in enumerate(values):
-            if index in result.failed:
+            if index in unscored:
                 continue
             if not isinstance(value, (int, float, np.floating, np.integer)) or not math.isfinite(value):
                 raise ScorerContractError(
@@ -254,12 +259,21 @@ def _checked_result(spec: ScorerSpec, result: Any, items: Sequence[ScoreItem]) -
                     f"for items[{index}] (id={items[index].id!r})"
                 )
         # a failed item's value never travels as a number: NaN, refused anywhere it is not marked failed
-        result.terms[term] = [math.nan if i in result.failed else float(v) for i, v in enumerate(values)]
+        result.terms[term] = [math.nan if i in unscored else float(v) for i, v in enumerate(values)]
     try:
         result.diagnostics = check_values(spec.name, spec.diagnostics, result.diagnostics)
     except DiagnosticsError as exc:
         raise ScorerContractError(str(exc)) from exc
     return result
+
+
+def _check_failed(spec: ScorerSpec, what: str, failed: Any, count: int) -> None:
+    if not isinstance(failed, dict) or not all(
+        isinstance(k, int) and 0 <= k < count and isinstance(v, str) and v for k, v in failed.items()
+    ):
+        raise ScorerContractError(
+            f"scorer {spec.name!r}: {what} must map item positions (0..{count - 1}) to reasons, got {failed!r}"
+        )
 
 
 def reference_answer(reference: Any) -> str | None:

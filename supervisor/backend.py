@@ -39,8 +39,9 @@ def _fresh_submitter_lock() -> None:
 
 
 os.register_at_fork(after_in_child=_fresh_submitter_lock)
-# what one exchange with the scorer answers, whatever runs it: terms, diagnostics, failed ids -> why
-ChunkAnswer = tuple[Mapping[str, np.ndarray], Mapping[str, Any], Mapping[str, str]]
+# what one exchange with the scorer answers, whatever runs it: terms, diagnostics, failed ids -> why,
+# and per term the ids that term alone failed for -> why
+ChunkAnswer = tuple[Mapping[str, np.ndarray], Mapping[str, Any], Mapping[str, str], Mapping[str, Mapping[str, str]]]
 ChunkScorer = Callable[[Sequence[RewardItem], int | None], ChunkAnswer]
 
 
@@ -317,17 +318,18 @@ def score_in_chunks(
         shape.concurrent_calls if max_in_flight is None else min(shape.concurrent_calls, max_in_flight),
         interrupt,
     )
-    merged, reports, failed = _merged(len(request.items), chunks, answers)
+    merged, reports, failed, term_failed = _merged(len(request.items), chunks, answers)
     scored = np.array([item_id not in failed for item_id in request.ids], dtype=bool)
     for name, scores in merged.items():  # a term some chunk lacked is never filled in with zeros
-        unfilled = np.flatnonzero(np.isnan(scores) & scored)
-        if unfilled.size:
+        alone = term_failed.get(name, {})
+        unfilled = [i for i in np.flatnonzero(np.isnan(scores) & scored) if request.ids[i] not in alone]
+        if unfilled:
             raise RewardContractError(
                 f"scorer {shape.name!r} term {name!r}: no score for id {request.items[int(unfilled[0])].id!r}"
             )
     diagnostics = {shape.name: merge_reports(reports)}
     if not failed:
-        return assemble_response(request.ids, merged, required, weights, diagnostics, shape.identity_hash)
+        return assemble_response(request.ids, merged, required, weights, diagnostics, shape.identity_hash, term_failed)
     kept = np.flatnonzero(scored)
     partial = assemble_response(
         [request.ids[i] for i in kept],
@@ -336,6 +338,7 @@ def score_in_chunks(
         weights,
         diagnostics,
         shape.identity_hash,
+        term_failed,
     )
     raise items_failed(shape.name, len(request.items), failed, partial)
 
@@ -353,17 +356,21 @@ def request_groups(request: RewardRequest, shape: ScorerShape, group_size: int |
 
 def _merged(
     count: int, chunks: Sequence[Sequence[int]], answers: Sequence[ChunkAnswer]
-) -> tuple[dict[str, np.ndarray], list[dict[str, Any]], dict[str, str]]:
-    """The chunks' scores in request order (NaN where none came), their reports, the failed ids."""
+) -> tuple[dict[str, np.ndarray], list[dict[str, Any]], dict[str, str], dict[str, dict[str, str]]]:
+    """The chunks' scores in request order (NaN where none came), their reports, the failed ids,
+    and the ids each term alone failed for."""
     merged: dict[str, np.ndarray] = {}
     reports = []
     failed: dict[str, str] = {}
-    for chunk, (terms, values, chunk_failed) in zip(chunks, answers, strict=True):
+    term_failed: dict[str, dict[str, str]] = {}
+    for chunk, (terms, values, chunk_failed, chunk_term_failed) in zip(chunks, answers, strict=True):
         for name, scores in terms.items():
             merged.setdefault(name, np.full(count, np.nan))[list(chunk)] = scores
         reports.append(report(len(chunk), values))
         failed.update(chunk_failed)
-    return merged, reports, failed
+        for name, whys in chunk_term_failed.items():
+            term_failed.setdefault(name, {}).update(whys)
+    return merged, reports, failed, term_failed
 
 
 def items_failed(scorer: str, total: int, failed: Mapping[str, str], partial: RewardResponse) -> ScorerItemsFailed:
@@ -385,15 +392,29 @@ def assemble_response(
     weights: Mapping[str, float],
     diagnostics: Mapping[str, Any],
     identity_hash: str | None = None,
+    term_failed: Mapping[str, Mapping[str, str]] | None = None,
 ) -> RewardResponse:
-    """final = sum(weight * term) over the required terms; every item a success or we raised."""
+    """final = sum(weight * term) over the required terms; every item a success or we raised. A term
+    the scorer says failed alone for an item (`term_failed`) is that item's TermFailure, as an optional
+    panel term's is: no value (None), nothing added, the item not a success."""
     rewards = np.zeros(len(ids), dtype=np.float64)
+    alone = {name: [item_id in whys for item_id in ids] for name, whys in (term_failed or {}).items()}
     for term in required:
-        rewards += weights.get(term, 1.0) * terms[term]
+        values = np.asarray(terms[term], dtype=np.float64)
+        rewards += weights.get(term, 1.0) * np.where(alone.get(term, False), 0.0, values)
+    failures = [
+        {"term": name, "ids": [i for i in ids if whys.get(i) == why], "error": why, "kind": "term_failed"}
+        for name, whys in (term_failed or {}).items()
+        for why in dict.fromkeys(whys[i] for i in ids if i in whys)
+    ]
     return RewardResponse.checked(  # a weighted sum that overflows is caught there
         ids=ids,
         rewards=rewards.tolist(),
-        component_rewards={name: np.asarray(values, dtype=np.float64).tolist() for name, values in terms.items()},
+        component_rewards={
+            name: [None if name in alone and alone[name][i] else float(v) for i, v in enumerate(values)]
+            for name, values in terms.items()
+        },
+        term_failures=failures,
         diagnostics=dict(diagnostics),
         identity_hash=identity_hash,
     )

@@ -40,11 +40,11 @@ def verify_score_answer(
     required: Sequence[str],
     record: Callable[[], ChildRecord | None] = lambda: None,
     declared: ScorerShape | None = None,
-) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, str]]:
+) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, str], dict[str, dict[str, str]]]:
     """Same ids in the same order, every required term, one finite float64 per item except the
-    items the answer names as failed (id -> why); with the scorer's `declared` shape, exactly its
-    terms and only its diagnostics (a server redeployed with another scorer, or one that does not
-    keep the contract, never fills a reward)."""
+    items the answer names as failed (id -> why) and, per term, those it names in `term_failed`;
+    with the scorer's `declared` shape, exactly its terms and only its diagnostics (a server
+    redeployed with another scorer, or one that does not keep the contract, never fills a reward)."""
 
     def fail(message: str) -> RewardContractError:
         return RewardContractError(message, record())
@@ -54,18 +54,15 @@ def verify_score_answer(
     ids = answer.get("ids")
     if not isinstance(ids, list) or ids != list(expected_ids):
         raise fail(_id_mismatch(ids, expected_ids))
-    failed = answer.get("failed") or {}
-    if not isinstance(failed, dict) or not all(isinstance(why, str) and why for why in failed.values()):
-        raise fail(f"answer's 'failed' must map ids to reasons, got {failed!r}")
-    unknown = sorted(set(failed) - set(expected_ids))
-    if unknown:
-        raise fail(f"answer names failed ids {unknown[:5]} that were not in the request")
-    scored = np.array([item_id not in failed for item_id in expected_ids], dtype=bool)
+    failed = _failures(answer.get("failed"), "'failed'", expected_ids, fail)
+    term_failed = _term_failures(answer, expected_ids, fail)
     terms: dict[str, np.ndarray] = {}
     for name, values in answer["terms"].items():
         if not isinstance(values, np.ndarray) or values.dtype != np.float64 or values.shape != (len(expected_ids),):
             shape = getattr(values, "shape", type(values).__name__)
             raise fail(f"term {name!r}: expected {len(expected_ids)} float64 scores, got {shape}")
+        unscored = failed.keys() | term_failed.get(name, {}).keys()
+        scored = np.array([item_id not in unscored for item_id in expected_ids], dtype=bool)
         bad = np.flatnonzero(~np.isfinite(values) & scored)
         if bad.size:
             index = int(bad[0])
@@ -74,15 +71,40 @@ def verify_score_answer(
     missing = [name for name in required if name not in terms]
     if missing:
         raise fail(f"required rewards {missing} missing from the answer (got {sorted(terms)})")
+    if set(term_failed) - set(terms):
+        raise fail(f"answer names failures of terms {sorted(set(term_failed) - set(terms))} it has no values for")
     diagnostics = answer.get("diagnostics") or {}
     if declared is None or not declared.terms:
-        return terms, diagnostics if isinstance(diagnostics, dict) else {}, failed
+        return terms, diagnostics if isinstance(diagnostics, dict) else {}, failed, term_failed
     if set(terms) != set(declared.terms):
         raise fail(f"answer has terms {sorted(terms)}; scorer {declared.name!r} declared {sorted(declared.terms)}")
     try:
-        return terms, check_values(declared.name, declared.diagnostics, diagnostics), failed
+        return terms, check_values(declared.name, declared.diagnostics, diagnostics), failed, term_failed
     except DiagnosticsError as exc:
         raise fail(str(exc)) from exc
+
+
+def _term_failures(
+    answer: dict[str, Any], expected_ids: Sequence[str], fail: Callable[[str], RewardContractError]
+) -> dict[str, dict[str, str]]:
+    """The answer's `term_failed` ({term: {id: why}}), checked like `failed`."""
+    found = answer.get("term_failed") or {}
+    if not isinstance(found, dict):
+        raise fail(f"answer's 'term_failed' must map terms to failed ids, got {found!r}")
+    return {term: _failures(whys, f"'term_failed'[{term!r}]", expected_ids, fail) for term, whys in found.items()}
+
+
+def _failures(
+    given: Any, what: str, expected_ids: Sequence[str], fail: Callable[[str], RewardContractError]
+) -> dict[str, str]:
+    """Failed ids -> why, each id one of the request's."""
+    failed = given or {}
+    if not isinstance(failed, dict) or not all(isinstance(why, str) and why for why in failed.values()):
+        raise fail(f"answer's {what} must map ids to reasons, got {failed!r}")
+    unknown = sorted(set(failed) - set(expected_ids))
+    if unknown:
+        raise fail(f"answer's {what} names failed ids {unknown[:5]} that were not in the request")
+    return failed
 
 
 def _id_mismatch(ids: Any, expected: Sequence[str]) -> str:

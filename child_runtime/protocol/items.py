@@ -255,4 +255,9 @@ def response_to_wire(items: Sequence[ScoreItem], result: ScoreResult) -> dict[st
     }
     if result.failed:
         answer["failed"] = {items[position].id: why for position, why in sorted(result.failed.items())}
+    if result.term_failed:  # one term's failures: the item's other terms stand
+        answer["term_failed"] = {
+            term: {items[position].id: why for position, why in sorted(whys.items())}
+            for term, whys in result.term_failed.items()
+        }
     return answer

@@ -105,6 +105,9 @@ def answer_of(result: ScoreResult, terms: Sequence[str]) -> dict[str, Any]:
     if result.failed:
         reasons = "; ".join(f"sample {position}: {why}" for position, why in sorted(result.failed.items()))
         raise ItemsFailed(f"the scorer could not score {len(result.failed)} sample(s): {reasons}")
+    for term, whys in result.term_failed.items():  # the reward is every term's sum: none may be missing
+        reasons = "; ".join(f"sample {position}: {why}" for position, why in sorted(whys.items()))
+        raise ItemsFailed(f"term {term!r} failed for {len(whys)} sample(s): {reasons}")
     values = {name: [float(v) for v in result.terms[name]] for name in terms}
     rewards = [math.fsum(column) for column in zip(*values.values(), strict=True)]
     return answer(rewards, values)

@@ -31,6 +31,9 @@ ALLOWED_DTYPES = frozenset(["|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_NDIM = 8
 MAX_DIM = 2**62  # well inside intp; larger dims cannot name a real buffer
+# The error kind a child answers when a per-call wake or sleep of its scorer failed (a lifecycle
+# failure: the parent never treats it as an optional term's loss).
+RESIDENCY_FAILED = "residency_failed"
 
 
 class WireError(ValueError):

@@ -99,7 +99,12 @@ class LocalRewardBackend(RewardBackend):
         except Exception as exc:  # noqa: BLE001 - the scorer's own bug: typed as a managed child's 500 is
             raise ScorerRequestError(f"{type(exc).__name__}: {exc}", kind="scorer_error") from exc
         terms = {name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()}
-        return terms, result.diagnostics, {chunk[position].id: why for position, why in result.failed.items()}
+        term_failed = {
+            name: {chunk[position].id: why for position, why in whys.items()}
+            for name, whys in result.term_failed.items()
+        }
+        failed = {chunk[position].id: why for position, why in result.failed.items()}
+        return terms, result.diagnostics, failed, term_failed
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         with self._serial:

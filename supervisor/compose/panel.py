@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from child_runtime.protocol.wire import RESIDENCY_FAILED
 from scorers.diagnostics import check_name
 from scorers.identity import canonical_json, digest
 from supervisor.backend import RewardBackend
@@ -122,6 +123,8 @@ def _fatal_reason(call: _Call, error: BaseException) -> str | None:
     """Why a backend's failure fails the panel's call, or None: only its optional terms lose their values."""
     if isinstance(error, LIFECYCLE_ERRORS):
         return "setup failure"
+    if isinstance(error, ScorerRequestError) and error.kind == RESIDENCY_FAILED:
+        return "lifecycle failure"  # a model that could not wake or sleep: never an optional term's loss
     if any(term.required for term in call.terms):
         return "required"
     if not isinstance(error, ScorerError):
@@ -357,7 +360,10 @@ class RewardPanel(RewardBackend):
             raise RewardContractError(f"backend for terms {[t.name for t in call.terms]} answered for other ids")
         usable = response.usable()  # and so finite: the response's own rule (types.first_non_finite)
         for term in call.terms:
-            source = response.rewards if term.component is None else response.component_rewards[term.component]
+            if term.component is not None:
+                self._take_component(term, call, response, request, got, usable)
+                continue
+            source = response.rewards
             for j, position in enumerate(call.positions):
                 if term.applies(request.items[position]):
                     value = source[j]
@@ -367,11 +373,54 @@ class RewardPanel(RewardBackend):
                     got.values[term.name][position] = value
             for inner in response.term_failures:  # a panel inside a panel: its optional terms' failures
                 got.failures.append(inner.model_copy(update={"term": f"{term.name}.{inner.term}"}))
-            reports = response.diagnostics
-            if len(reports) == 1:
-                got.diagnostics[term.name] = next(iter(reports.values()))
-            else:  # a panel inside a panel: its terms' reports, named under this term
-                got.diagnostics.update({f"{term.name}.{inner}": rep for inner, rep in reports.items()})
+            self._take_reports(term, response, got)
+
+    @staticmethod
+    def _take_reports(term: PanelTerm, response: RewardResponse, got: _Gathered) -> None:
+        reports = response.diagnostics
+        if len(reports) == 1:
+            got.diagnostics[term.name] = next(iter(reports.values()))
+        else:  # a panel inside a panel: its terms' reports, named under this term
+            got.diagnostics.update({f"{term.name}.{inner}": rep for inner, rep in reports.items()})
+
+    def _take_component(
+        self,
+        term: PanelTerm,
+        call: _Call,
+        response: RewardResponse,
+        request: RewardRequest,
+        got: _Gathered,
+        usable: list[bool],
+    ) -> None:
+        """One of the backend's own terms: where the backend says that term alone failed for an item
+        (a TermFailure of the component), an optional term records it and adds nothing; a required
+        one raises naming the term and the ids."""
+        failed = {i: f for f in response.term_failures if f.term == term.component for i in f.ids}
+        values = response.component_rewards[str(term.component)]
+        lost: dict[tuple[str, str], list[str]] = {}
+        for j, position in enumerate(call.positions):
+            item_id = response.ids[j]
+            if not term.applies(request.items[position]):
+                continue
+            if item_id in failed:
+                lost.setdefault((failed[item_id].error, failed[item_id].kind), []).append(item_id)
+                continue
+            value = values[j]
+            if value is None or not usable[j]:
+                why = response.errors[j] or "no value"
+                raise RewardContractError(f"term {term.name!r}: no usable value for id {item_id!r} ({why})")
+            got.values[term.name][position] = value
+        if lost and term.required:
+            whys = {item_id: error for (error, _), group in lost.items() for item_id in group}
+            raise ScorerItemsFailed(
+                f"required term {term.name!r} failed for {len(whys)} items: {next(iter(whys.values()))}",
+                kind="term_failed",
+                failed=whys,
+            )
+        for (error, kind), ids in lost.items():
+            _warn_repeatedly(term.name, error, "failed for %d items (they get nothing from it)", len(ids))
+            got.failures.append(TermFailure(term=term.name, ids=ids, error=error, kind=kind))
+        self._take_reports(term, response, got)
 
     def _check_owner(self) -> None:
         for term in self.terms:

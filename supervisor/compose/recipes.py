@@ -3,7 +3,8 @@ one `PanelConfig` and one `RewardPanel` (one runtime, several authoring styles):
 
 - UniRL / Hydra: a `_target_` tree of config classes (`supervisor.PanelConfig`, ...);
 - verl-omni: `reward.models` (deployments) and `reward.reward_functions` (terms that bind a
-  model by name, with `weight` and `required`);
+  model by name, with `weight` and `required`); a `backend: native` model runs its class and
+  the score functions bound to it in its own children (`compose/native_recipe`);
 - Posttrain: a zero-argument catalog factory (`catalog:`) and `reward:` / `validation:`
   selecting a provider from it by name;
 - FF: a `rewards:` list (and `eval_rewards:`) of model classes or registered scorers
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from scorers.registry import import_dotted
 from supervisor.backend import RewardBackend
 from supervisor.compose.ff_recipe import ff_panels
+from supervisor.compose.native_recipe import is_native, native_terms
 from supervisor.compose.panel import BackendPool, PanelTerm, RewardPanel
 from supervisor.config import (
     JobBackendConfig,
@@ -190,16 +192,22 @@ def _from_verl_omni(reward: Mapping[str, Any]) -> Recipe:
     if not isinstance(models, Mapping):
         raise ConfigError("reward.models must be a mapping of named models")
     group_size = reward.get("group_size")
-    backends = {name: _verl_model(name, model, group_size) for name, model in models.items()}
+    backends = {name: _verl_model(name, model, group_size) for name, model in models.items() if not is_native(model)}
+    native = {name: model for name, model in models.items() if is_native(model)}
 
     def panel(functions: Mapping[str, Any] | None, where: str) -> PanelConfig | None:
         if not functions:
             return None
-        terms = []
-        for name, fn in functions.items():
-            fn = fn if fn is not None else {}
+        entries = [(name, fn if fn is not None else {}) for name, fn in functions.items()]
+        for name, fn in entries:
             if not isinstance(fn, Mapping):
                 raise ConfigError(f"{where}.{name} must be a mapping (model, weight, required, ...)")
+        on_native = native_terms(native, [(n, fn) for n, fn in entries if fn.get("model", n) in native], where)
+        terms = []
+        for name, fn in entries:
+            if name in on_native:
+                terms.append(on_native[name])
+                continue
             if "path" in fn or "name" in fn:
                 raise ConfigError(
                     f"{where}.{name}: `path`/`name` (a Python scoring function) is verl-omni's; here a reward "
@@ -208,7 +216,7 @@ def _from_verl_omni(reward: Mapping[str, Any]) -> Recipe:
                 )
             bound = fn.get("model", name)  # a term uses the model of its own name unless it binds another
             if bound not in backends:
-                raise ConfigError(f"{where}.{name}: model {bound!r} is not in reward.models ({sorted(backends)})")
+                raise ConfigError(f"{where}.{name}: model {bound!r} is not in reward.models ({sorted(models)})")
             term = {k: v for k, v in fn.items() if k != "model"}
             terms.append({"name": name, "backend": backends[bound], **term})
         return PanelConfig.model_validate({"terms": terms, "group_size": group_size})
@@ -279,7 +287,7 @@ def make_backend(
     from supervisor.compose.replicas import ReplicatedBackend
 
     if isinstance(config, ManagedScorerProcessSpec):
-        if config.replicas.size > 1:
+        if config.replicas.size > 1 or config.replicas.devices:  # one listed device: narrowed to it too
             return ReplicatedBackend(config, start=start)
         return ManagedScorerProcessBackend(config, start=start)
     if isinstance(config, LocalBackendConfig):

@@ -101,7 +101,7 @@ def test_an_answer_must_carry_exactly_the_declared_terms_and_diagnostics():
 
 
 def test_a_term_one_chunk_left_out_is_never_zero_filled():
-    calls = iter([({"a": np.ones(2), "b": np.ones(2)}, {}, {}), ({"a": np.ones(2)}, {}, {})])
+    calls = iter([({"a": np.ones(2), "b": np.ones(2)}, {}, {}, {}), ({"a": np.ones(2)}, {}, {}, {})])
     request = RewardRequest(items=[RewardItem(id=f"i{k}", text="t") for k in range(4)])
     with pytest.raises(RewardContractError, match="term 'b': no score for id 'i2'"):
         score_in_chunks(request, 2, lambda chunk, size: next(calls), ["a"], {}, DECLARED)
