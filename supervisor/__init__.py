@@ -52,6 +52,7 @@ from supervisor.errors import (
     ScorerProcessDied,
     ScorerRequestError,
     ScorerStartupError,
+    ScorerTermsFailed,
     ScorerTimeout,
     ScorerUnavailable,
 )
@@ -118,6 +119,7 @@ __all__ = [
     "ScorerError",
     "ScorerProcessDied",
     "ScorerItemsFailed",
+    "ScorerTermsFailed",
     "ScorerRequestError",
     "ScorerStartupError",
     "ScorerTimeout",

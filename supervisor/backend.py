@@ -23,11 +23,12 @@ from supervisor.errors import (
     RewardContractError,
     ScorerItemsFailed,
     ScorerRequestError,
+    ScorerTermsFailed,
     ScorerUnavailable,
 )
 from supervisor.fanout import on_each
 from supervisor.submit import DEFAULT_MAX_PENDING, Submission, SubmissionQueueFull, Submitter
-from supervisor.types import RewardItem, RewardRequest, RewardResponse
+from supervisor.types import SCORER_TERM_FAILED, RewardItem, RewardRequest, RewardResponse
 
 _SUBMITTER_LOCK = threading.Lock()
 
@@ -328,10 +329,8 @@ def score_in_chunks(
                 f"scorer {shape.name!r} term {name!r}: no score for id {request.items[int(unfilled[0])].id!r}"
             )
     diagnostics = {shape.name: merge_reports(reports)}
-    if not failed:
-        return assemble_response(request.ids, merged, required, weights, diagnostics, shape.identity_hash, term_failed)
-    kept = np.flatnonzero(scored)
-    partial = assemble_response(
+    kept = np.flatnonzero(scored)  # every item but those the scorer could not score
+    response = assemble_response(
         [request.ids[i] for i in kept],
         {name: scores[kept] for name, scores in merged.items()},
         required,
@@ -340,7 +339,11 @@ def score_in_chunks(
         shape.identity_hash,
         term_failed,
     )
-    raise items_failed(shape.name, len(request.items), failed, partial)
+    if failed:  # the rest's response is the partial (its own term failures kept, for a panel)
+        raise items_failed(shape.name, len(request.items), failed, response)
+    if term_failed:
+        raise terms_failed(shape.name, term_failed, response)
+    return response
 
 
 def request_groups(request: RewardRequest, shape: ScorerShape, group_size: int | None) -> list[list[int]]:
@@ -385,6 +388,18 @@ def items_failed(scorer: str, total: int, failed: Mapping[str, str], partial: Re
     )
 
 
+def terms_failed(
+    scorer: str, term_failed: Mapping[str, Mapping[str, str]], response: RewardResponse
+) -> ScorerTermsFailed:
+    """The error for terms a scorer failed alone for some items; `response` keeps every item's other terms."""
+    whys = {item_id: f"term {name!r}: {why}" for name, failed in term_failed.items() for item_id, why in failed.items()}
+    listed = "; ".join(f"{item_id!r}: {why}" for item_id, why in list(whys.items())[:8])
+    more = f"; and {len(whys) - 8} more" if len(whys) > 8 else ""
+    return ScorerTermsFailed(
+        f"scorer {scorer!r} failed terms {sorted(term_failed)} for {len(whys)} items: {listed}{more}", whys, response
+    )
+
+
 def assemble_response(
     ids: list[str],
     terms: Mapping[str, np.ndarray],
@@ -395,15 +410,15 @@ def assemble_response(
     term_failed: Mapping[str, Mapping[str, str]] | None = None,
 ) -> RewardResponse:
     """final = sum(weight * term) over the required terms; every item a success or we raised. A term
-    the scorer says failed alone for an item (`term_failed`) is that item's TermFailure, as an optional
-    panel term's is: no value (None), nothing added, the item not a success."""
+    the scorer says failed alone for an item (`term_failed`) is that item's TermFailure of kind
+    SCORER_TERM_FAILED: no value (None), the item neither a success nor usable (the caller raises)."""
     rewards = np.zeros(len(ids), dtype=np.float64)
     alone = {name: [item_id in whys for item_id in ids] for name, whys in (term_failed or {}).items()}
     for term in required:
         values = np.asarray(terms[term], dtype=np.float64)
         rewards += weights.get(term, 1.0) * np.where(alone.get(term, False), 0.0, values)
     failures = [
-        {"term": name, "ids": [i for i in ids if whys.get(i) == why], "error": why, "kind": "term_failed"}
+        {"term": name, "ids": [i for i in ids if whys.get(i) == why], "error": why, "kind": SCORER_TERM_FAILED}
         for name, whys in (term_failed or {}).items()
         for why in dict.fromkeys(whys[i] for i in ids if i in whys)
     ]

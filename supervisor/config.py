@@ -312,6 +312,12 @@ class JobBackendConfig(_Model):
     def input_kind(self) -> InputKind:
         return self.media_type
 
+    @model_validator(mode="after")
+    def _video_has_fps(self) -> JobBackendConfig:
+        if self.media_type == "video" and self.fps is None:
+            raise ValueError("a video job service needs fps (sent with every enqueue)")
+        return self
+
 
 def _backend_kind(value: Any) -> str:
     if isinstance(value, Mapping):

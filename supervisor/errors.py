@@ -131,6 +131,19 @@ class ScorerItemsFailed(ScorerRequestError):
         super().__init__(message, record, status, kind)
 
 
+class ScorerTermsFailed(ScorerRequestError):
+    """The scorer answered every item, but failed some of its terms for some of them
+    (`ScoreResult.term_failed`; `failed`: id -> why). `response` holds every item, those terms None
+    there and named in its term_failures. Nothing below a panel knows whether such a term is optional:
+    a trainer calling the backend alone gets this error, never a reward summed without the term; a
+    panel term bound to that component records it when optional and raises when required."""
+
+    def __init__(self, message: str, failed: dict[str, str], response: Any, record: ChildRecord | None = None) -> None:
+        self.failed = dict(failed)
+        self.response = response  # a RewardResponse over every id (types imports this module)
+        super().__init__(message, record, None, "term_failed")
+
+
 class ScorerUnavailable(ScorerError):
     """A remote scorer server cannot be reached (refused, reset, DNS)."""
 

@@ -171,8 +171,13 @@ class RewardRequest(BaseModel):
         return [item.id for item in self.items]
 
 
+SCORER_TERM_FAILED = "scorer_term_failed"  # a scorer's own term failure: whether the term was optional is unknown
+
+
 class TermFailure(BaseModel):
-    """An optional panel term that failed for these ids: they got no value from it (it added zero)."""
+    """A term that failed for these ids: they got no value from it (it added zero). An optional panel
+    term's (any kind), or, with kind SCORER_TERM_FAILED, a scorer's own term in a backend's response,
+    which only a panel may turn into an optional term's failure: it leaves the reward unusable."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -276,8 +281,10 @@ class RewardResponse(BaseModel):
         return self
 
     def usable(self) -> list[bool]:
-        """Per item, whether a trainer may use its reward: a success, or short of an optional term only."""
-        optional = {item_id for failure in self.term_failures for item_id in failure.ids}
+        """Per item, whether a trainer may use its reward: a success, or short of an optional term only
+        (a scorer's own term failure is not one: nobody said the term was optional)."""
+        unknown = {item_id for f in self.term_failures if f.kind == SCORER_TERM_FAILED for item_id in f.ids}
+        optional = {item_id for f in self.term_failures for item_id in f.ids} - unknown
         return [ok or item_id in optional for ok, item_id in zip(self.successes, self.ids, strict=True)]
 
     @classmethod

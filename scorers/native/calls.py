@@ -37,7 +37,6 @@ class ScoreFunction:
     term: str
     function: Callable[..., Any]
     extra: Mapping[str, Any] = field(default_factory=dict)
-    required: bool = False
     log_keys: tuple[str, ...] = ()
 
     @property
@@ -45,16 +44,14 @@ class ScoreFunction:
         return inspect.iscoroutinefunction(self.function)
 
 
-def bind(
-    term: str, function: Any, extra: Mapping[str, Any], required: bool, log_keys: tuple[str, ...]
-) -> ScoreFunction:
+def bind(term: str, function: Any, extra: Mapping[str, Any], log_keys: tuple[str, ...]) -> ScoreFunction:
     """The function with its extra keys filtered to its signature (all of them if it takes **kwargs)."""
     if not callable(function):
         raise NativeSetupError(f"reward function {term!r}: {function!r} is not callable")
     parameters = inspect.signature(function).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         extra = {key: value for key, value in extra.items() if key in parameters}
-    return ScoreFunction(term, function, dict(extra), required, log_keys)
+    return ScoreFunction(term, function, dict(extra), log_keys)
 
 
 class ModelHandle:

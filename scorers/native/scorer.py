@@ -1,9 +1,9 @@
 """`native_model`: a verl-omni named native model and the score functions bound to it, run in one
 child of the model's env. One request computes every bound term: each function is called once per
 item beside the model (`reward_model.infer(...)` is a local call), all of them concurrently on one
-event loop. A required function's failure fails the request (the trainer's error names the term,
-the child and its pid); an optional one's is that term's failure alone (`term_failed`): the item
-keeps its other terms. Wake (onload) is a new instance from `__init__`; sleep (offload) is
+event loop. A function's failure is that term's failure alone for that item (`term_failed`): the
+item keeps its other terms, and the panel decides, as it knows the term's `required` and where it
+applies (required: the step fails naming the term and the item; optional: it adds nothing). Wake (onload) is a new instance from `__init__`; sleep (offload) is
 `close()`, the instance dropped, garbage collected and the accelerator's cache emptied.
 """
 
@@ -32,11 +32,7 @@ from scorers.residency import process_rss_bytes, resolve_device
 
 NAME = "native_model"
 SLEEP_DIAGNOSTICS = ("slept_instance_alive", "slept_param_bytes", "slept_param_bytes_alive", "rss_bytes")
-FUNCTION_KEYS = {"term", "path", "name", "required", "kwargs", "log_keys"}
-
-
-class NativeTermFailed(RuntimeError):
-    """A required reward function failed: the whole request fails, naming the term and the item."""
+FUNCTION_KEYS = {"term", "path", "name", "kwargs", "log_keys"}
 
 
 def _functions(functions: Any) -> list[dict[str, Any]]:
@@ -44,9 +40,7 @@ def _functions(functions: Any) -> list[dict[str, Any]]:
         raise NativeSetupError(f"{NAME}: functions must be a non-empty list of reward functions")
     for entry in functions:
         if not isinstance(entry, Mapping) or set(entry) - FUNCTION_KEYS or not isinstance(entry.get("term"), str):
-            raise NativeSetupError(
-                f"{NAME}: a function is {{term, path, name, required, kwargs, log_keys}}, got {entry!r}"
-            )
+            raise NativeSetupError(f"{NAME}: a function is {{term, path, name, kwargs, log_keys}}, got {entry!r}")
     return [dict(entry) for entry in functions]
 
 
@@ -100,16 +94,23 @@ class NativeModelScorer(Scorer):
         self._loop = asyncio.new_event_loop()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="native-reward")
         self._slot = ModelSlot(cls, kwargs, device, self._loop.run_until_complete)
+        self._stuck: str | None = None  # a call that timed out: its sync functions may still run on the model
 
     @staticmethod
     def _bind(entry: Mapping[str, Any]) -> ScoreFunction:
         term = entry["term"]
         function = load_attribute(str(entry.get("path")), str(entry.get("name")), f"reward function {term!r}")
         log_keys = tuple(entry.get("log_keys", ()))
-        return bind(term, function, entry.get("kwargs", {}), bool(entry.get("required", False)), log_keys)
+        return bind(term, function, entry.get("kwargs", {}), log_keys)
 
     def onload(self) -> dict[str, Any]:
+        self._refuse_if_stuck()
         return self._awake_slot().wake()
+
+    def _refuse_if_stuck(self) -> None:
+        """Never a second instance under threads still running in the first (a timed-out call's)."""
+        if self._stuck is not None:
+            raise RuntimeError(f"{self._stuck}; this child scores no more: restart it")
 
     def offload(self) -> dict[str, Any]:
         return self._slot.sleep() if self._slot is not None else {"changed": False}
@@ -120,6 +121,7 @@ class NativeModelScorer(Scorer):
         return self._slot
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        self._refuse_if_stuck()
         slot = self._awake_slot()
         if slot.instance is None or self._loop is None or self._pool is None:
             raise RuntimeError(f"{NAME}: score() while the model sleeps (the host wakes it first)")
@@ -133,8 +135,6 @@ class NativeModelScorer(Scorer):
         for (fn, index), outcome in zip(self._pairs(items), outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 why = f"reward function {fn.term!r} failed on item {items[index].id!r}: {type(outcome).__name__}: {outcome}"
-                if fn.required:
-                    raise NativeTermFailed(why) from outcome
                 term_failed.setdefault(fn.term, {})[index] = why
                 continue
             terms[fn.term][index], extra = outcome
@@ -153,10 +153,11 @@ class NativeModelScorer(Scorer):
         try:
             return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), self.call_timeout_s)
         except TimeoutError as exc:
-            raise TimeoutError(
+            self._stuck = (
                 f"{NAME} {self.model!r}: {len(calls)} reward function calls did not finish within "
                 f"call_timeout_s={self.call_timeout_s}"
-            ) from exc
+            )
+            raise TimeoutError(self._stuck) from exc
 
     async def _one(
         self, fn: ScoreFunction, item: ScoreItem, image: Any, handles: tuple[ModelHandle, BlockingHandle]

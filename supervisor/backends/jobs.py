@@ -117,9 +117,13 @@ def singleton_score(body: bytes, key: str) -> float | None:
     if not isinstance(values, list) or len(values) != 1:
         return None
     score = values[0]
-    if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+    if isinstance(score, bool) or not isinstance(score, (int, float)):
         return None
-    return float(score)
+    try:
+        value = float(score)  # a JSON integer too large for a float overflows: not a score
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 class JobRewardBackend(RewardBackend):
@@ -190,10 +194,11 @@ class JobRewardBackend(RewardBackend):
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         deadline = time.monotonic() + self.request_timeout
+        interrupted = self._interrupted  # this call's: interrupt() sets it (and replaces it for later calls)
         arrays = [service_array(item, self.media_type) for item in request.items]  # bad input: nothing is sent
         outcomes = on_each(
             list(zip(request.items, arrays, strict=True)),
-            lambda pair: self._score_item(pair[0].id, pair[1], deadline),
+            lambda pair: self._score_item(pair[0].id, pair[1], deadline, interrupted),
             "job",
             limit=self.max_concurrency,
             on_interrupt=self.interrupt,
@@ -226,14 +231,15 @@ class JobRewardBackend(RewardBackend):
         message = str(items_failed(self.shape.name, len(request.items), failed, response))
         raise JobItemsFailed(message, errors, response) from next(iter(errors.values()))
 
-    def _score_item(self, item_id: str, array: np.ndarray, deadline: float) -> float:
-        return self._pull(item_id, self._enqueue(item_id, array, deadline), deadline)
+    def _score_item(self, item_id: str, array: np.ndarray, deadline: float, interrupted: threading.Event) -> float:
+        """One candidate; after an interrupt of its call, an item not yet sent is never sent."""
+        return self._pull(item_id, self._enqueue(item_id, array, deadline, interrupted), deadline, interrupted)
 
-    def _enqueue(self, item_id: str, array: np.ndarray, deadline: float) -> str:
+    def _enqueue(self, item_id: str, array: np.ndarray, deadline: float, interrupted: threading.Event) -> str:
         """Send the item once; its job id. Never repeated, whatever fails."""
         where: dict[str, Any] = {"service_url": self.base_url, "item_id": item_id, "stage": "enqueue"}
         left = deadline - time.monotonic()
-        if self._stopped.is_set() or self._interrupted.is_set():
+        if self._stopped.is_set() or interrupted.is_set():
             raise JobServiceUnavailable("the backend was closed or interrupted; nothing was sent", **where)
         if left <= 0:
             raise JobDeadline("the request's deadline passed before this item was sent; nothing was sent", **where)
@@ -252,10 +258,9 @@ class JobRewardBackend(RewardBackend):
                 raise JobEnqueueUncertain(f"sent, but no usable answer ({exc})", orphaned=True, **where) from exc
         return _job_id(status, body, where)
 
-    def _pull(self, item_id: str, job_id: str, deadline: float) -> float:
+    def _pull(self, item_id: str, job_id: str, deadline: float, interrupted: threading.Event) -> float:
         """Pull the job until it holds a score, a terminal answer comes, or the deadline passes."""
         where: dict[str, Any] = {"service_url": self.base_url, "item_id": item_id, "stage": "pull", "job_id": job_id}
-        interrupted = self._interrupted  # this call's: a later interrupt() replaces it for later calls
         path = self.result_path.replace("{uuid}", urllib.parse.quote(job_id, safe=""))
 
         def pause(seconds: float) -> None:

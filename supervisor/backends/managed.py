@@ -47,6 +47,7 @@ from supervisor.errors import (
     ScorerError,
     ScorerProcessDied,
     ScorerStartupError,
+    ScorerTermsFailed,
     ScorerTimeout,
     TransportError,
     scorer_error,
@@ -584,16 +585,19 @@ class ManagedScorerProcessBackend(RewardBackend):
         self._check_owner()
         with self._serial:
             serving = _once(lambda: self._serving(restart=True))
-            return score_in_chunks(
-                request,
-                self.spec.client.request_batch_size,
-                lambda chunk, group_size: self._score_chunk(serving, chunk, group_size),
-                self.required_rewards,
-                self.spec.client.weights,
-                self.shape,
-                self.spec.client.group_size,
-                interrupt=self.interrupt,
-            )
+            try:
+                return score_in_chunks(
+                    request,
+                    self.spec.client.request_batch_size,
+                    lambda chunk, group_size: self._score_chunk(serving, chunk, group_size),
+                    self.required_rewards,
+                    self.spec.client.weights,
+                    self.shape,
+                    self.spec.client.group_size,
+                    interrupt=self.interrupt,
+                )
+            except ScorerTermsFailed as exc:  # named with the child that failed the terms
+                raise ScorerTermsFailed(str(exc), exc.failed, exc.response, self._record()) from None
 
     def onload(self) -> dict[str, Any]:
         """Restarts a dead child (booting it resident), then onloads; waits for a running score."""

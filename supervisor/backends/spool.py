@@ -10,6 +10,7 @@ behind: put `spool_dir` on storage the operator cleans (its name says the rank a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -37,7 +38,8 @@ class Spool:
                 file.seek(0)
                 yield file
         finally:
-            os.unlink(path)
+            with contextlib.suppress(FileNotFoundError):  # close() may have removed the directory meanwhile
+                os.unlink(path)
 
     def files(self) -> list[str]:
         """The payloads in the spool now (none between requests)."""

@@ -87,7 +87,7 @@ def _function(term: str, fn: Mapping[str, Any]) -> dict[str, Any]:
     kwargs = {k: v for k, v in fn.items() if k not in TERM_KEYS | FUNCTION_KEYS}
     path = str(fn.get("path", ""))
     entry: dict[str, Any] = {"term": term, "path": _absolute(path), "name": fn.get("name"), "kwargs": kwargs}
-    entry.update(required=bool(fn.get("required", False)), log_keys=list(fn.get("log_keys", ())))
+    entry["log_keys"] = list(fn.get("log_keys", ()))  # `required` is the panel term's alone
     return entry
 
 

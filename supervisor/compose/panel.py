@@ -32,9 +32,10 @@ from supervisor.errors import (
     ScorerItemsFailed,
     ScorerRequestError,
     ScorerStartupError,
+    ScorerTermsFailed,
 )
 from supervisor.fanout import on_each
-from supervisor.types import RewardItem, RewardRequest, RewardResponse, TermFailure
+from supervisor.types import SCORER_TERM_FAILED, RewardItem, RewardRequest, RewardResponse, TermFailure
 
 # Failures that say the backend cannot serve at all, not that one batch could not be scored.
 # Never an optional term's recorded failure: fatal to the call. Only a scorer's own refusal
@@ -236,6 +237,9 @@ class RewardPanel(RewardBackend):
         self, call: _Call, outcome: RewardResponse | BaseException, request: RewardRequest, got: _Gathered
     ) -> None:
         """One backend's outcome into `got`: its values, its optional terms' failure, or a fatal error."""
+        if isinstance(outcome, ScorerTermsFailed):  # every item answered, some terms failed alone: each term decides
+            self._take(call, outcome.response, request, got, outcome.record)
+            return
         if isinstance(outcome, ScorerItemsFailed) and outcome.partial is not None and not _any_required(call):
             self._take_partial(call, outcome, request, got)
             return
@@ -353,26 +357,34 @@ class RewardPanel(RewardBackend):
                 _warn_repeatedly(term.name, str(error), "%d items got no value from it", len(ids))
                 got.failures.append(TermFailure(term=term.name, ids=ids, error=str(error), kind=type(error).__name__))
 
-    def _take(self, call: _Call, response: RewardResponse, request: RewardRequest, got: _Gathered) -> None:
+    def _take(
+        self, call: _Call, response: RewardResponse, request: RewardRequest, got: _Gathered, record: Any = None
+    ) -> None:
         """A backend's answer for its terms: their values at the call's positions, nested failures, reports."""
         expected = [request.items[p].id for p in call.positions]
         if response.ids != expected:  # a backend answered for other samples: never attach
             raise RewardContractError(f"backend for terms {[t.name for t in call.terms]} answered for other ids")
-        usable = response.usable()  # and so finite: the response's own rule (types.first_non_finite)
-        for term in call.terms:
+        scorer_lost = {i: f for f in response.term_failures if f.kind == SCORER_TERM_FAILED for i in f.ids}
+        usable = [ok or i in scorer_lost for ok, i in zip(response.usable(), response.ids, strict=True)]
+        for term in call.terms:  # usable: finite, by the response's own rule (types.first_non_finite)
             if term.component is not None:
-                self._take_component(term, call, response, request, got, usable)
+                self._take_component(term, call, response, request, got, usable, record)
                 continue
-            source = response.rewards
+            lost: dict[str, TermFailure] = {}  # the scorer failed a term of the reward: the item has none
             for j, position in enumerate(call.positions):
                 if term.applies(request.items[position]):
-                    value = source[j]
-                    if value is None or not usable[j]:
+                    value = response.rewards[j]
+                    if expected[j] in scorer_lost:
+                        lost[expected[j]] = scorer_lost[expected[j]]
+                    elif value is None or not usable[j]:
                         why = response.errors[j] or "no value"
                         raise RewardContractError(f"term {term.name!r}: no usable value for id {expected[j]!r} ({why})")
-                    got.values[term.name][position] = value
+                    else:
+                        got.values[term.name][position] = value
+            self._lose(term, lost, got, record)
             for inner in response.term_failures:  # a panel inside a panel: its optional terms' failures
-                got.failures.append(inner.model_copy(update={"term": f"{term.name}.{inner.term}"}))
+                if inner.kind != SCORER_TERM_FAILED:
+                    got.failures.append(inner.model_copy(update={"term": f"{term.name}.{inner.term}"}))
             self._take_reports(term, response, got)
 
     @staticmethod
@@ -391,36 +403,47 @@ class RewardPanel(RewardBackend):
         request: RewardRequest,
         got: _Gathered,
         usable: list[bool],
+        record: Any = None,
     ) -> None:
         """One of the backend's own terms: where the backend says that term alone failed for an item
         (a TermFailure of the component), an optional term records it and adds nothing; a required
         one raises naming the term and the ids."""
         failed = {i: f for f in response.term_failures if f.term == term.component for i in f.ids}
         values = response.component_rewards[str(term.component)]
-        lost: dict[tuple[str, str], list[str]] = {}
+        lost: dict[str, TermFailure] = {}
         for j, position in enumerate(call.positions):
             item_id = response.ids[j]
             if not term.applies(request.items[position]):
                 continue
             if item_id in failed:
-                lost.setdefault((failed[item_id].error, failed[item_id].kind), []).append(item_id)
+                lost[item_id] = failed[item_id]
                 continue
             value = values[j]
             if value is None or not usable[j]:
                 why = response.errors[j] or "no value"
                 raise RewardContractError(f"term {term.name!r}: no usable value for id {item_id!r} ({why})")
             got.values[term.name][position] = value
+        self._lose(term, lost, got, record)
+        self._take_reports(term, response, got)
+
+    @staticmethod
+    def _lose(term: PanelTerm, lost: Mapping[str, TermFailure], got: _Gathered, record: Any = None) -> None:
+        """Items that got no value from `term` because its scorer failed it for them: a required term
+        raises naming them (and the child, `record`, when known); an optional one records them."""
         if lost and term.required:
-            whys = {item_id: error for (error, _), group in lost.items() for item_id in group}
+            whys = {item_id: failure.error for item_id, failure in lost.items()}
             raise ScorerItemsFailed(
                 f"required term {term.name!r} failed for {len(whys)} items: {next(iter(whys.values()))}",
+                record,
                 kind="term_failed",
                 failed=whys,
             )
-        for (error, kind), ids in lost.items():
+        grouped: dict[str, list[str]] = {}
+        for item_id, failure in lost.items():
+            grouped.setdefault(failure.error, []).append(item_id)
+        for error, ids in grouped.items():
             _warn_repeatedly(term.name, error, "failed for %d items (they get nothing from it)", len(ids))
-            got.failures.append(TermFailure(term=term.name, ids=ids, error=error, kind=kind))
-        self._take_reports(term, response, got)
+            got.failures.append(TermFailure(term=term.name, ids=ids, error=error, kind="term_failed"))
 
     def _check_owner(self) -> None:
         for term in self.terms:

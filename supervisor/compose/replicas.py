@@ -24,7 +24,7 @@ from supervisor.child import ranks
 from supervisor.compose.build import build_all
 from supervisor.compose.joined import join_rows, rows_by_id
 from supervisor.config import ManagedScorerProcessSpec, ReplicasConfig
-from supervisor.errors import ConfigError, ScorerError, ScorerItemsFailed, ScorerProcessDied
+from supervisor.errors import ConfigError, ScorerError, ScorerItemsFailed, ScorerProcessDied, ScorerTermsFailed
 from supervisor.fanout import on_each
 from supervisor.types import RewardRequest, RewardResponse
 
@@ -180,6 +180,8 @@ class ReplicatedBackend(RewardBackend):
                 if share and index not in futures:  # never sent: its load goes now
                     self._answered(index, len(share))
         failed = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
+        if failed and all(isinstance(o, ScorerTermsFailed) for _, o in failed):
+            raise self._terms_failed(request, outcomes)
         if failed and all(isinstance(o, ScorerItemsFailed) and o.partial is not None for _, o in failed):
             raise self._items_failed(request, outcomes)
         if failed:
@@ -188,6 +190,25 @@ class ReplicatedBackend(RewardBackend):
             raise self._named(index, error, f"share of {len(ids)} ids from {ids[0]!r}", len(failed) - 1) from error
         responses = [o for o in outcomes if isinstance(o, RewardResponse)]
         return join_rows(request.ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
+
+    def _terms_failed(self, request: RewardRequest, outcomes: Sequence[Any]) -> ScorerTermsFailed:
+        """Replicas that answered every item but failed some terms alone: one error over the whole
+        request, its response joined from every replica's (each term's failures kept by id)."""
+        failed: dict[str, str] = {}
+        responses = []
+        for outcome in outcomes:
+            if isinstance(outcome, ScorerTermsFailed):
+                failed.update(outcome.failed)
+                responses.append(outcome.response)
+            elif isinstance(outcome, RewardResponse):
+                responses.append(outcome)
+        joined = join_rows(request.ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
+        first = next(iter(failed.items()))
+        return ScorerTermsFailed(
+            f"scorer {self.shape.name!r} failed terms for {len(failed)} items across its replicas: {first[0]!r}: {first[1]}",
+            failed,
+            joined,
+        )
 
     def _items_failed(self, request: RewardRequest, outcomes: Sequence[Any]) -> ScorerItemsFailed:
         """Replicas that each could not score some items: one error over the whole request, its

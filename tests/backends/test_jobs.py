@@ -228,3 +228,26 @@ def test_a_panel_term_names_a_job_service_by_its_config(service, tmp_path, monke
         response = panel.compute_rewards(request(1))
     assert response.rewards == pytest.approx([2.0 * float(video(1).mean())])
     assert service.uploads[0].fields["video_infos"] == b'{"fps": 16.0}' and list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupt_ends_the_call_and_sends_no_item_that_was_not_yet_sent(service, backend):
+    """Ctrl-C while the first job is pending: its pulls stop, and the items queued behind it are never
+    enqueued (no new remote work after the interrupt)."""
+    service.on_pull = lambda job_id, n: (202, {"uuid": job_id, "status": "pending"})
+    backend.max_concurrency = 1
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            backend.compute_rewards(request(1, 2, 3, 4))
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert eventually(lambda: len(service.pulls) >= 2, timeout=5)
+    backend.interrupt()
+    caller.join(timeout=5)
+    assert not caller.is_alive() and len(outcome) == 1
+    assert service.enqueues == 1  # the three items queued behind the first were never sent
+    assert isinstance(outcome[0], JobItemsFailed) and "interrupted" in str(outcome[0])

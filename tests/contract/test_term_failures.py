@@ -9,8 +9,10 @@ from collections.abc import Sequence
 import pytest
 
 from scorers.base import ScoreItem, Scorer, ScorerContractError, ScoreResult, ScorerSpec, score_checked
-from supervisor import LocalRewardBackend, RewardItem, RewardPanel, RewardRequest, ScorerItemsFailed
+from supervisor import LocalRewardBackend, RewardItem, RewardPanel, RewardRequest, RewardService, ScorerItemsFailed
 from supervisor.compose.panel import PanelTerm
+from supervisor.errors import ScorerTermsFailed
+from supervisor.types import SCORER_TERM_FAILED
 
 
 class TwoTerms(Scorer):
@@ -27,13 +29,39 @@ def _request() -> RewardRequest:
     return RewardRequest(items=[RewardItem(id="x0", text="ok"), RewardItem(id="x1", text="bad")])
 
 
-def test_a_backend_reports_one_terms_failure_and_keeps_the_items_other_terms():
+def test_a_backend_alone_raises_a_terms_failure_never_a_reward_summed_without_the_term():
+    """Nothing below a panel knows whether the term was optional: the caller gets the error, whose
+    response keeps every item's other terms (for a panel to take)."""
     with LocalRewardBackend(TwoTerms()) as backend:
-        got = backend.compute_rewards(_request())
-    assert got.component_rewards == {"a": [1.0, 1.0], "b": [2.0, None]}
-    assert got.rewards == [3.0, 1.0]  # the failed term adds nothing
-    assert [(f.term, f.ids, f.error, f.kind) for f in got.term_failures] == [("b", ["x1"], "b broke", "term_failed")]
-    assert got.successes == [True, False] and "term 'b' failed" in str(got.errors[1])
+        with pytest.raises(
+            ScorerTermsFailed, match=r"failed terms \['b'\] for 1 items: 'x1': term 'b': b broke"
+        ) as caught:
+            backend.compute_rewards(_request())
+        with pytest.raises(ScorerTermsFailed):  # RewardService is no way around it
+            RewardService(backend).score_and_attach(_request().items)
+    got = caught.value.response
+    assert got.component_rewards == {"a": [1.0, 1.0], "b": [2.0, None]} and caught.value.failed == {
+        "x1": "term 'b': b broke"
+    }
+    assert [(f.term, f.ids, f.error, f.kind) for f in got.term_failures] == [
+        ("b", ["x1"], "b broke", SCORER_TERM_FAILED)
+    ]
+    assert got.usable() == [True, False]  # a scorer's own term failure is not an optional term's
+
+
+def test_a_panel_term_on_the_whole_reward_of_such_a_backend_records_it_if_optional_and_raises_if_required():
+    backend = LocalRewardBackend(TwoTerms())
+    terms = [PanelTerm("ok", LocalRewardBackend("constant"), 1.0, True), PanelTerm("both", backend, 1.0, False)]
+    with RewardPanel(terms, owns_backends=False) as panel:
+        got = panel.compute_rewards(_request())
+    assert got.component_rewards == {"ok": [1.0, 1.0], "both": [3.0, None]} and got.rewards == [4.0, 1.0]
+    assert [(f.term, f.ids, f.kind) for f in got.term_failures] == [("both", ["x1"], "term_failed")]
+    assert got.usable() == [True, True]  # short of an optional panel term only
+    with RewardPanel([terms[0], PanelTerm("both", backend, 1.0, True)], owns_backends=False) as panel:
+        with pytest.raises(ScorerItemsFailed, match=r"required term 'both' failed for 1 items: b broke"):
+            panel.compute_rewards(_request())
+    terms[0].backend.close()
+    backend.close()
 
 
 def test_a_panel_term_on_the_failed_component_records_it_if_optional_and_raises_if_required():

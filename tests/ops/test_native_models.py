@@ -19,6 +19,7 @@ from supervisor import (
     ManagedScorerProcessBackend,
     RewardItem,
     RewardRequest,
+    ScorerItemsFailed,
     ScorerRequestError,
     build_panels,
     load_recipe,
@@ -143,7 +144,10 @@ def test_native_models_score_beside_their_functions_as_in_process(in_process, tm
         assert second.rewards == first.rewards
         _check_residency(second.diagnostics, offload)
         poisoned = RewardItem(id="p0", image=images(1)[0], metadata={"uid": "p0", "poison": True}, data_source="d")
-        with pytest.raises(ScorerRequestError, match=r"reward function 'quality' failed on item 'p0'.*poisoned") as e:
+        with pytest.raises(
+            ScorerItemsFailed,
+            match=r"required term .quality. failed for 1 items: reward function .quality. failed on item .p0.*poisoned",
+        ) as e:
             train.compute_rewards(RewardRequest(items=[poisoned]))
         assert e.value.pid == quality.pid and f"pid={quality.pid}" in str(e.value)
         assert train.compute_rewards(request).rewards == first.rewards  # the child keeps serving
