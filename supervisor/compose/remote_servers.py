@@ -196,7 +196,7 @@ class MultiRemoteRewardBackend(RewardBackend):
         for index, health in enumerate(outcomes):
             url = self.servers[index].base_url
             if isinstance(health, ScorerError):
-                down.append(f"{url}: {health}")
+                down.append(str(health).splitlines()[0])  # it names the URL
             elif isinstance(health, BaseException):
                 raise health
             elif health.get("identity_hash") != self.identity_hash:

@@ -6,6 +6,7 @@ calls; a share is re-sent once to a healthy server, or the call raises naming th
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from supervisor import (
     ConfigError,
     MultiRemoteRewardBackend,
     RemoteRewardBackend,
+    RewardContractError,
     RewardItem,
     RewardRequest,
     ScorerUnavailable,
@@ -39,16 +41,19 @@ REQUEST = RewardRequest(
     group_size=SIZE,
 )
 EXPECTED = [float(i) for i in range(GROUPS * SIZE)]
-PROBE, SLOW = ("Probe", 0.0), ("Probe", 0.5)  # the slow one has another identity: its params differ
+PROBE, SLOW = ("Probe", 0.0), ("Probe", 0.5)
+NAMES = (
+    itertools.count()
+)  # each serve's readiness and log files  # the slow one has another identity: its params differ
 
 
-def serve_many(tmp_path: Path, specs: list[tuple[str, float]]) -> list[tuple[subprocess.Popen, str]]:
+def serve_many(tmp_path: Path, specs: list, extra: tuple[str, ...] = ()) -> list[tuple[subprocess.Popen, str]]:
     """A serve process per (probe class, sleep_s), started together; (process, url) each, once ready."""
     started = []
-    for n, (scorer, sleep_s) in enumerate(specs):
+    for scorer, sleep_s in specs:
         args = ["--scorer", f"tests.helpers.fixture_scorers:{scorer}", "--python", sys.executable, "--input-kind"]
-        args += ["text", "--extra-import-path", ROOT, "--params", json.dumps({"sleep_s": sleep_s})]
-        started.append(start_serve(tmp_path, f"{scorer}-{n}", *args))
+        args += ["text", "--extra-import-path", ROOT, "--params", json.dumps({"sleep_s": sleep_s}), *extra]
+        started.append(start_serve(tmp_path, f"{scorer}-{next(NAMES)}", *args))
     try:
         return [(process, f"http://127.0.0.1:{wait_ready(ready)['port']}") for process, ready, _ in started]
     except BaseException:
@@ -62,9 +67,11 @@ def servers(tmp_path: Path) -> Iterator[Callable[..., list[tuple[subprocess.Pope
     """serve_many; every process stopped, and checked gone (psutil), when the test ends."""
     made: list[tuple[subprocess.Popen, str]] = []
 
-    def make(*specs: tuple[str, float]) -> list[tuple[subprocess.Popen, str]]:
-        made.extend(serve_many(tmp_path, list(specs)))
-        return made[-len(specs) :]
+    def make(*specs: tuple[str, float] | str) -> list[tuple[subprocess.Popen, str]]:
+        """`make(PROBE, SLOW, ...)`, then any strings: serve arguments for all of them."""
+        kinds = [spec for spec in specs if isinstance(spec, tuple)]
+        made.extend(serve_many(tmp_path, kinds, tuple(spec for spec in specs if isinstance(spec, str))))
+        return made[-len(kinds) :]
 
     yield make
     for process, _ in made:
@@ -133,6 +140,18 @@ def test_servers_of_another_revision_or_params_are_refused_at_construction_namin
     with RemoteRewardBackend(probe, token=TOKEN) as a, RemoteRewardBackend(slow, token=TOKEN) as b:
         assert a.identity_hash != b.identity_hash
         assert a.identity_hash in str(other.value) and b.identity_hash in str(other.value)
+
+
+def test_a_server_restarted_under_another_revision_stops_the_next_call_naming_it(servers):
+    (_, first), (second, second_url) = servers(PROBE, PROBE)
+    with MultiRemoteRewardBackend([first, second_url], token=TOKEN, request_batch_size=SIZE) as many:
+        assert many.compute_rewards(REQUEST).rewards == EXPECTED
+        assert stop_serve(second) == 0
+        port = second_url.rsplit(":", 1)[1]
+        servers(("ProbeV2", 0.0), "--port", port)  # the same URL, another version of the scorer
+        with pytest.raises(RewardContractError) as info:
+            many.compute_rewards(REQUEST)
+        assert second_url in str(info.value) and "'probe-v2'" in str(info.value)
 
 
 def test_a_server_killed_mid_batch_has_its_share_re_sent_once_to_a_healthy_one(servers):
