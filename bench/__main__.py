@@ -28,6 +28,7 @@ from bench import (
     openrlhf_calls,
     overlap,
     panel,
+    remote_servers,
     startup,
     verl_coalesce,
 )
@@ -320,6 +321,7 @@ LINES: list[Callable[[], str]] = [
     overlap.main_line,
     verl_coalesce.main_line,
     openrlhf_calls.main_line,
+    remote_servers.main_line,
     startup.main_line,
     *[lambda env=env: bench_cold_start(env) for env in ("image", "math", "embed", "ocr")],
     bench_shutdown,

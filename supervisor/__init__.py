@@ -19,6 +19,7 @@ from supervisor.compose.distributed import DistributedRewards, RankFailed, RankL
 from supervisor.compose.overlap import OverlappedScoring, micro_batches, score_while_generating
 from supervisor.compose.panel import BackendPool, PanelTerm, RewardPanel
 from supervisor.compose.recipes import Recipe, build_panel, build_panels, load_recipe
+from supervisor.compose.remote_servers import MultiRemoteRewardBackend
 from supervisor.compose.replicas import ReplicatedBackend
 from supervisor.config import (
     ClientConfig,
@@ -101,6 +102,7 @@ __all__ = [
     "ProcessConfig",
     "RewardBackend",
     "RemoteRewardBackend",
+    "MultiRemoteRewardBackend",
     "JobRewardBackend",
     "JobDeadline",
     "JobEnqueueUncertain",

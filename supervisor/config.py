@@ -276,13 +276,30 @@ class RemoteBackendConfig(_Model):
     environment variable `token_env`: the variable's name is configuration, its value never is."""
 
     kind: Literal["remote"] = "remote"
-    base_url: str = Field(min_length=1)
+    # one server, or several of one scorer (`base_urls` is the same list): MultiRemoteRewardBackend
+    base_url: (
+        Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    )
     token_env: str | None = None
     request_timeout: float = Field(default=600.0, gt=0)  # each exchange as a whole, retries included
     max_answer_bytes: int = Field(default=64 * 2**20, ge=1024)  # an answer past this (read, never decoded) fails
     revision: str | None = None
     identity_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     client: ClientConfig = Field(default_factory=ClientConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _base_urls(cls, data: Any) -> Any:
+        """`base_urls: [..]` is another spelling of `base_url: [..]`."""
+        if isinstance(data, Mapping) and "base_urls" in data:
+            if "base_url" in data:
+                raise ValueError("give base_url or base_urls, not both")
+            data = {("base_url" if key == "base_urls" else key): value for key, value in data.items()}
+        return data
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
 
 
 class JobBackendConfig(_Model):

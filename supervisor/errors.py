@@ -310,6 +310,18 @@ def _killed_note(exc: Exception) -> str:
     return "transport failed with the child alive; child killed"
 
 
+def prefixed(error: BaseException, prefix: str) -> BaseException:
+    """`error` as a new exception of the same type and fields (the original stays as it was), its
+    message prefixed with who failed (a replica, a server of several): callers classify it as before.
+    Anything but a ScorerError is handed back as it is."""
+    if not isinstance(error, ScorerError):
+        return error
+    named = type(error).__new__(type(error))
+    named.__dict__.update(error.__dict__)
+    named.args = (f"{prefix}: {error.args[0]}", *error.args[1:])
+    return named
+
+
 def scorer_error(
     exc: TransportError | ErrorStatus | RewardContractError,
     what: str,

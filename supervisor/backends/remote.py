@@ -34,7 +34,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-def _retryable(exc: Exception) -> bool:
+def retryable(exc: Exception) -> bool:
     """Nothing usable came back, or the server (or a proxy) says try later. Any other 4xx is final,
     and so is an answer that is not the protocol, and a scorer server's own verdict that its
     scorer failed (a 500 of kind scorer_error or contract: the same request fails again)."""
@@ -74,6 +74,8 @@ class RemoteRewardBackend(RewardBackend):
     ) -> None:
         """`request_timeout` bounds each exchange as a whole (connect, send, wait, read, and its retries),
         however the server sends; an answer over `max_answer_bytes`, or compressed, is refused."""
+        if not isinstance(base_url, str):
+            raise TypeError("RemoteRewardBackend takes one URL (several of one scorer: MultiRemoteRewardBackend)")
         if request_batch_size <= 0:
             raise ValueError("request_batch_size must be > 0")
         if max_answer_bytes < 1024:
@@ -123,7 +125,7 @@ class RemoteRewardBackend(RewardBackend):
             self.retry_backoff_s,
             self.retry_backoff_cap_s,
             retry_on=(TransportError, ErrorStatus),
-            retry_if=_retryable,
+            retry_if=retryable,
             max_tries=self.max_retries + 1,
             go_on=lambda: not (self._stopped.is_set() or interrupted.is_set()),  # no retry behind the caller's back
             on_retry=log_retry,
@@ -136,12 +138,28 @@ class RemoteRewardBackend(RewardBackend):
             raise scorer_error(exc, f"{what} at {self.base_url} after {tries}") from exc
 
     def _score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
-        frame = encode_chunk(chunk, group_size, self.max_request_bytes)
         key = uuid.uuid4().hex  # the same on every try: a re-send is answered, not scored again
-        answer = self._exchange(
-            "score", lambda left: self._client.score(frame, key, left), self._client.request_timeout
-        )
+        return self.score_chunk(chunk, group_size, key, self._client.request_timeout)
+
+    def score_chunk(
+        self, chunk: Sequence[RewardItem], group_size: int | None, key: str, budget_s: float
+    ) -> ChunkAnswer:
+        """One chunk under idempotency key `key`, every try within `budget_s`, the answer verified
+        against the chunk's ids. Public for a client over several servers: a chunk it re-sends to
+        another server keeps its key and spends what is left of the same deadline."""
+        frame = encode_chunk(chunk, group_size, self.max_request_bytes)
+        answer = self._exchange("score", lambda left: self._client.score(frame, key, left), budget_s)
         return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, declared=self.shape)
+
+    def probe(self, timeout_s: float) -> dict[str, Any]:
+        """/health, one try within `timeout_s`: for a client choosing among servers, one that does
+        not answer at once is passed over for this call, not waited for."""
+        if self._stopped.is_set():
+            raise ScorerUnavailable(f"health at {self.base_url}: the backend is closed")
+        try:
+            return self._client.health(min(timeout_s, self._client.control_timeout))
+        except (TransportError, ErrorStatus) as exc:
+            raise scorer_error(exc, f"health at {self.base_url}") from exc
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         return score_in_chunks(

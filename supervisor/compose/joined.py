@@ -1,11 +1,13 @@
-"""Responses of several backends (replicas) or ranks, joined by item id into one response."""
+"""Responses of several backends (replicas, servers) or ranks, joined by item id into one response."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from supervisor.errors import RewardContractError
+from scorers.diagnostics import merge_term_reports
+from supervisor.backend import items_failed
+from supervisor.errors import RewardContractError, ScorerItemsFailed, ScorerTermsFailed
 from supervisor.types import RewardResponse
 
 
@@ -44,4 +46,44 @@ def join_rows(
         ],
         diagnostics=diagnostics,
         identity_hash=sources[0][0].identity_hash,
+    )
+
+
+def join_failures(scorer: str, ids: list[str], outcomes: Sequence[Any]) -> ScorerItemsFailed:
+    """Shares (replicas', servers') that each could not score some items: one error over the whole
+    request, its partial joined from every share's scored rows (as one backend's would be)."""
+    failed: dict[str, str] = {}
+    responses = []
+    for outcome in outcomes:
+        if isinstance(outcome, ScorerItemsFailed):
+            failed.update(outcome.failed)
+            responses.append(outcome.partial)
+        elif isinstance(outcome, RewardResponse):
+            responses.append(outcome)
+    kept = [item_id for item_id in ids if item_id not in failed]
+    diagnostics = merge_term_reports(r.diagnostics for r in responses)
+    # every item failed: each partial is empty, and any of them has the terms an empty response needs
+    partial = (
+        join_rows(kept, rows_by_id(responses), diagnostics)
+        if kept
+        else responses[0].model_copy(update={"diagnostics": diagnostics})
+    )
+    return items_failed(scorer, len(ids), failed, partial)
+
+
+def join_term_failures(scorer: str, ids: list[str], outcomes: Sequence[Any]) -> ScorerTermsFailed:
+    """Shares that answered every item but failed some terms alone: one error over the whole request,
+    its response joined from every share's (each term's failures kept by id), as one backend's would be."""
+    failed: dict[str, str] = {}
+    responses = []
+    for outcome in outcomes:
+        if isinstance(outcome, ScorerTermsFailed):
+            failed.update(outcome.failed)
+            responses.append(outcome.response)
+        elif isinstance(outcome, RewardResponse):
+            responses.append(outcome)
+    joined = join_rows(ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
+    first_id, why = next(iter(failed.items()))
+    return ScorerTermsFailed(
+        f"scorer {scorer!r} failed terms for {len(failed)} items: {first_id!r}: {why}", failed, joined
     )

@@ -139,6 +139,9 @@ def _missing(where: str) -> PanelConfig:
 MODEL_KEYS = {"backend", "scorer", "params", "revision", "identity_hash", "catalog", "device", "input_kind"}
 
 
+REMOTE_KEYS = {"base_url", "base_urls", "token_env", "request_timeout", "max_answer_bytes", "revision", "identity_hash"}
+
+
 def _verl_model(name: str, model: Mapping[str, Any], group_size: int | None) -> dict[str, Any]:
     """A verl-omni named model -> a backend config (`backend: managed | local | remote`)."""
     kind = model.get("backend", "managed")
@@ -153,11 +156,10 @@ def _verl_model(name: str, model: Mapping[str, Any], group_size: int | None) -> 
     if "request_batch_size" in model:
         client["request_batch_size"] = model["request_batch_size"]
     if kind == "remote":
-        remote_keys = {"base_url", "token_env", "request_timeout", "max_answer_bytes", "revision", "identity_hash"}
-        unknown = set(model) - remote_keys - {"backend", "client", "request_batch_size", "input_kind"}
+        unknown = set(model) - REMOTE_KEYS - {"backend", "client", "request_batch_size", "input_kind"}
         if unknown:
             raise ConfigError(f"reward.models.{name}: unknown keys {sorted(unknown)} for a remote model")
-        return {"kind": "remote", "client": client, **{k: model[k] for k in remote_keys if k in model}}
+        return {"kind": "remote", "client": client, **{k: model[k] for k in REMOTE_KEYS if k in model}}
     unknown = set(model) - MODEL_KEYS - {"client", "request_batch_size", "process", "offload", "python_executable"}
     unknown -= {"restart", "limits", "env", "extra_import_paths"}
     if unknown:
@@ -284,6 +286,7 @@ def make_backend(
     from supervisor.backends.local import LocalRewardBackend
     from supervisor.backends.managed import ManagedScorerProcessBackend
     from supervisor.backends.remote import RemoteRewardBackend
+    from supervisor.compose.remote_servers import MultiRemoteRewardBackend
     from supervisor.compose.replicas import ReplicatedBackend
 
     if isinstance(config, ManagedScorerProcessSpec):
@@ -307,9 +310,13 @@ def make_backend(
     token = _token(config)
     if isinstance(config, JobBackendConfig):
         return JobRewardBackend(config.base_url, token, **config.model_dump(exclude={"kind", "base_url", "token_env"}))
-    return RemoteRewardBackend(
-        config.base_url,
-        token,
+    if len(config.urls) > 1:
+        return MultiRemoteRewardBackend(config.urls, token, **_remote_options(config))
+    return RemoteRewardBackend(config.urls[0], token, **_remote_options(config))
+
+
+def _remote_options(config: RemoteBackendConfig) -> dict[str, Any]:
+    return dict(
         request_timeout=config.request_timeout,
         max_answer_bytes=config.max_answer_bytes,
         request_batch_size=config.client.request_batch_size,

@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
 from scorers.diagnostics import merge_term_reports
 from scorers.groups import share_groups
-from supervisor.backend import RewardBackend, ScorerShape, items_failed, request_group_size, request_groups
+from supervisor.backend import RewardBackend, ScorerShape, request_group_size, request_groups
 from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.child import ranks
 from supervisor.compose.build import build_all
-from supervisor.compose.joined import join_rows, rows_by_id
+from supervisor.compose.joined import join_failures, join_rows, join_term_failures, rows_by_id
 from supervisor.config import ManagedScorerProcessSpec, ReplicasConfig
-from supervisor.errors import ConfigError, ScorerError, ScorerItemsFailed, ScorerProcessDied, ScorerTermsFailed
+from supervisor.errors import ConfigError, ScorerItemsFailed, ScorerProcessDied, ScorerTermsFailed, prefixed
 from supervisor.fanout import on_each
 from supervisor.types import RewardRequest, RewardResponse
 
@@ -181,55 +181,15 @@ class ReplicatedBackend(RewardBackend):
                     self._answered(index, len(share))
         failed = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
         if failed and all(isinstance(o, ScorerTermsFailed) for _, o in failed):
-            raise self._terms_failed(request, outcomes)
+            raise join_term_failures(self.shape.name, request.ids, outcomes)
         if failed and all(isinstance(o, ScorerItemsFailed) and o.partial is not None for _, o in failed):
-            raise self._items_failed(request, outcomes)
+            raise join_failures(self.shape.name, request.ids, outcomes)
         if failed:
             index, error = failed[0]
             ids = [request.items[p].id for p in shares[index]]
             raise self._named(index, error, f"share of {len(ids)} ids from {ids[0]!r}", len(failed) - 1) from error
         responses = [o for o in outcomes if isinstance(o, RewardResponse)]
         return join_rows(request.ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
-
-    def _terms_failed(self, request: RewardRequest, outcomes: Sequence[Any]) -> ScorerTermsFailed:
-        """Replicas that answered every item but failed some terms alone: one error over the whole
-        request, its response joined from every replica's (each term's failures kept by id)."""
-        failed: dict[str, str] = {}
-        responses = []
-        for outcome in outcomes:
-            if isinstance(outcome, ScorerTermsFailed):
-                failed.update(outcome.failed)
-                responses.append(outcome.response)
-            elif isinstance(outcome, RewardResponse):
-                responses.append(outcome)
-        joined = join_rows(request.ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
-        first = next(iter(failed.items()))
-        return ScorerTermsFailed(
-            f"scorer {self.shape.name!r} failed terms for {len(failed)} items across its replicas: {first[0]!r}: {first[1]}",
-            failed,
-            joined,
-        )
-
-    def _items_failed(self, request: RewardRequest, outcomes: Sequence[Any]) -> ScorerItemsFailed:
-        """Replicas that each could not score some items: one error over the whole request, its
-        partial joined from every replica's scored rows (as one backend's would be)."""
-        failed: dict[str, str] = {}
-        responses = []
-        for outcome in outcomes:
-            if isinstance(outcome, ScorerItemsFailed):
-                failed.update(outcome.failed)
-                responses.append(outcome.partial)
-            elif isinstance(outcome, RewardResponse):
-                responses.append(outcome)
-        kept = [item_id for item_id in request.ids if item_id not in failed]
-        diagnostics = merge_term_reports(r.diagnostics for r in responses)
-        # every item failed: each partial is empty, and any of them has the terms an empty response needs
-        partial = (
-            join_rows(kept, rows_by_id(responses), diagnostics)
-            if kept
-            else responses[0].model_copy(update={"diagnostics": diagnostics})
-        )
-        return items_failed(self.shape.name, len(request.items), failed, partial)
 
     def _answered(self, index: int, items: int) -> None:
         with self._lock:
@@ -239,15 +199,9 @@ class ReplicatedBackend(RewardBackend):
         return lambda _future: self._answered(index, items)
 
     def _named(self, index: int, error: BaseException, what: str, others: int) -> BaseException:
-        """`error` as a new exception of the same type (the replica's own stays as it was), its message
-        prefixed with the replica: panels and trainers classify it as before."""
-        if not isinstance(error, ScorerError):
-            return error
+        """`error` prefixed with the replica (see errors.prefixed)."""
         also = f"; {others} other replica(s) failed too" if others else ""
-        named = type(error).__new__(type(error))
-        named.__dict__.update(error.__dict__)
-        named.args = (f"{self.describe(index, error)}, {what}{also}: {error.args[0]}", *error.args[1:])
-        return named
+        return prefixed(error, f"{self.describe(index, error)}, {what}{also}")
 
     # -- residency and lifecycle: every replica --------------------------------------------
     def _all(self, what: str, call: Callable[[ManagedScorerProcessBackend], dict[str, Any]]) -> dict[str, Any]:

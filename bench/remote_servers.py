@@ -1,0 +1,112 @@
+"""One remote term over 1, 2 and 4 `managed-scorers serve` servers of the LLM judge.
+
+`python -m bench.remote_servers`: four judge servers (`serve --scorer llm_judge`, concurrency 4),
+all asking one fake OpenAI endpoint in this process that waits 100 ms before each verdict. A
+64-item request in groups of 8 (chunks of 8) goes to one server (RemoteRewardBackend) and to 2
+and 4 of them (MultiRemoteRewardBackend); p50 of interleaved rounds, rewards asserted equal. The
+judge waits rather than computes, so on a 2-core machine this measures the client's fan-out
+(split, concurrent shares, join), not more compute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from bench.fake_openai import FakeOpenAI
+from supervisor import MultiRemoteRewardBackend, RemoteRewardBackend, RewardBackend, RewardItem, RewardRequest
+
+ROUNDS = 3
+TOKEN = "b" * 32
+WAIT_S = 0.1
+COUNTS = (1, 2, 4)
+
+
+def request(n: int = 64, group: int = 8) -> RewardRequest:
+    items = [
+        RewardItem(
+            id=f"j{i}", group_id=f"q{i // group}", prompt=f"question {i // group}", text=f"[[slow:{WAIT_S}]] {i}"
+        )
+        for i in range(n)
+    ]
+    return RewardRequest(items=items, group_size=group)
+
+
+@contextmanager
+def judge_servers(count: int, base_url: str) -> Iterator[list[str]]:
+    """`count` serve processes of the judge, started together; their URLs once every one is ready."""
+    params = {"base_url": base_url, "model": "fake-judge", "concurrency": 4, "request_timeout_s": 10.0}
+    command = [sys.executable, "-m", "supervisor", "serve", "--scorer", "llm_judge", "--python", sys.executable]
+    command += ["--params", json.dumps(params)]
+    with tempfile.TemporaryDirectory(prefix="bench-servers-") as folder:
+        processes, lines = [], [Path(folder) / f"{n}.json" for n in range(count)]
+        try:
+            for line in lines:
+                with open(line, "w") as out:
+                    env = {**os.environ, "MANAGED_SCORERS_TOKEN": TOKEN}
+                    processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, env=env))
+            yield [f"http://127.0.0.1:{_ready(line)['port']}" for line in lines]
+        finally:
+            for process in processes:
+                process.send_signal(signal.SIGTERM)
+            for process in processes:
+                try:
+                    process.wait(15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(5)
+
+
+def _ready(path: Path, deadline_s: float = 60.0) -> dict:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        text = path.read_text()
+        if text.endswith("\n"):
+            return json.loads(text.splitlines()[0])
+        time.sleep(0.05)
+    raise TimeoutError(f"no readiness line in {path} after {deadline_s} s")
+
+
+def _scoring(backend: RewardBackend, batch: RewardRequest) -> Callable[[], object]:
+    return lambda: backend.compute_rewards(batch)
+
+
+def main_line(rounds: int = ROUNDS) -> str:
+    batch = request()
+    with FakeOpenAI() as fake, judge_servers(max(COUNTS), fake.base_url) as urls:
+        backends: dict[int, RewardBackend] = {1: RemoteRewardBackend(urls[0], TOKEN, request_batch_size=8)}
+        try:
+            for count in COUNTS[1:]:
+                backends[count] = MultiRemoteRewardBackend(urls[:count], TOKEN, request_batch_size=8)
+            calls = {n: _scoring(backend, batch) for n, backend in backends.items()}
+            samples: dict[int, list[float]] = {n: [] for n in calls}
+            rewards = {n: backend.compute_rewards(batch).rewards for n, backend in backends.items()}  # warm
+            assert all(r == rewards[1] for r in rewards.values()), "servers disagree"
+            for _ in range(rounds):  # interleaved: machine drift hits every count alike
+                for n, call in calls.items():
+                    started = time.perf_counter()
+                    call()
+                    samples[n].append(time.perf_counter() - started)
+        finally:
+            for backend in backends.values():
+                backend.close()
+    p50 = {n: statistics.median(values) for n, values in samples.items()}
+    figures = "  ".join(f"{n} server{'s' if n > 1 else ''} {p50[n] * 1e3:7.1f} ms" for n in COUNTS)
+    ratios = "  ".join(f"{n}: x{p50[1] / p50[n]:4.2f}" for n in COUNTS[1:])
+    return (
+        f"{len(batch.items)}-item llm_judge over remote servers (fake OpenAI, {WAIT_S * 1e3:.0f} ms per verdict) p50 "
+        f"{figures}  throughput vs 1 server {ratios}"
+    )
+
+
+if __name__ == "__main__":
+    print(main_line())

@@ -1,0 +1,291 @@
+"""MultiRemoteRewardBackend: one term served by several `managed-scorers serve` servers of one scorer.
+
+Why: a scorer that waits (an LLM judge behind an API) or one server's GPU is the step's bottleneck;
+OpenRLHF shards a batch across several reward URLs the same way. Each server is an ordinary
+RemoteRewardBackend (its /health identity at construction, its retries and idempotency keys);
+this class checks they all serve the same identity, splits a request by whole groups across the
+servers that answer /health now (by their queue depth), sends the shares concurrently and joins
+the answers by item id.
+
+Failover: a chunk whose server fails for a reason another server could fix (unreachable,
+connection lost, a 5xx that is not the scorer's own verdict) is re-sent once to another healthy
+server, with the same idempotency key, within the call's one deadline. That is safe: the other
+server never saw the key, so it scores the chunk once (and answers its own retries from its
+cache); whatever the first server may have scored is never read; the answer is checked against
+the chunk's ids as every answer is, and joined by id. A chunk that fails twice, or with nowhere
+to go, raises its typed error naming the server(s).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from scorers.diagnostics import merge_term_reports
+from scorers.groups import share_groups
+from supervisor.backend import (
+    ChunkAnswer,
+    ChunkScorer,
+    RewardBackend,
+    ScorerShape,
+    request_group_size,
+    request_groups,
+    score_in_chunks,
+)
+from supervisor.backends.remote import RemoteRewardBackend, retryable
+from supervisor.child.client import MAX_CONNECTIONS
+from supervisor.compose.joined import join_failures, join_rows, join_term_failures, rows_by_id
+from supervisor.errors import (
+    ConfigError,
+    ErrorStatus,
+    RewardContractError,
+    ScorerError,
+    ScorerItemsFailed,
+    ScorerTermsFailed,
+    ScorerUnavailable,
+    TransportError,
+    prefixed,
+)
+from supervisor.fanout import on_each
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
+
+
+def same_identity(servers: Sequence[RemoteRewardBackend]) -> None:
+    """Every server reports the first one's identity hash, or ConfigError naming both servers and
+    hashes: servers of different scorer versions (revision, params) never mix rewards."""
+    first = servers[0]
+    for other in servers[1:]:
+        if first.identity_hash is None or other.identity_hash != first.identity_hash:
+            raise ConfigError(
+                f"{other.base_url} serves {other.shape.name!r} revision {other.shape.revision!r} identity "
+                f"{other.identity_hash}, but {first.base_url} serves {first.shape.name!r} revision "
+                f"{first.shape.revision!r} identity {first.identity_hash}: servers of different scorer versions "
+                "never mix rewards"
+            )
+
+
+def _queue_depth(health: Mapping[str, Any]) -> int | None:
+    """Requests a server is scoring or holding (/health's `in_flight` and pending connections);
+    None when it does not say."""
+    in_flight = health.get("in_flight")
+    connections = health.get("connections")
+    pending = connections.get("pending", 0) if isinstance(connections, Mapping) else 0
+    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or not isinstance(pending, int):
+        return None
+    return in_flight + pending
+
+
+class _Call:
+    """One call's servers: those that answered its /health, those that failed during it, its deadline."""
+
+    def __init__(self, servers: Sequence[RemoteRewardBackend], healthy: list[int], deadline: float) -> None:
+        self.servers, self.healthy, self.deadline = servers, healthy, deadline
+        self.failed: set[int] = set()
+        self._lock = threading.Lock()
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def scorer(self, index: int) -> ChunkScorer:
+        """Chunks of server `index`'s share; each re-sent once elsewhere if that server fails."""
+
+        def score(chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
+            key = uuid.uuid4().hex  # travels with the chunk to a second server
+            try:
+                return self.servers[index].score_chunk(chunk, group_size, key, self.left())
+            except ScorerError as exc:
+                other, why = self._fallback(index, exc, chunk), str(exc).splitlines()[0]
+            try:
+                return self.servers[other].score_chunk(chunk, group_size, key, self.left())
+            except ScorerError as again:
+                first = self.servers[index].base_url
+                raise prefixed(again, f"{self._what(chunk)} re-sent once from {first} (which failed: {why})") from again
+
+        return score
+
+    def _fallback(self, index: int, exc: ScorerError, chunk: Sequence[RewardItem]) -> int:
+        """Where a chunk that failed on server `index` goes next, or `exc` named and raised."""
+        cause = exc.__cause__
+        fixable = isinstance(cause, (TransportError, ErrorStatus)) and retryable(cause)
+        with self._lock:
+            if fixable:
+                self.failed.add(index)
+            others = [i for i in self.healthy if i not in self.failed and i != index]
+        why = None
+        if not fixable:
+            why = "not a fault of that server another one could fix"
+        elif not others:
+            why = "no other healthy server"
+        elif self.left() <= 0.01:
+            why = "the deadline is spent"
+        if why is not None:
+            raise prefixed(exc, f"{self._what(chunk)} on {self.servers[index].base_url}, not re-sent ({why})") from exc
+        later = [i for i in others if i > index]  # the next one round the ring: failures spread, not piled
+        return (later or others)[0]
+
+    @staticmethod
+    def _what(chunk: Sequence[RewardItem]) -> str:
+        return f"chunk of {len(chunk)} ids from {chunk[0].id!r}"
+
+
+class MultiRemoteRewardBackend(RewardBackend):
+    """Several scorer servers of one identity as one backend; thread-safe. `options`: every option of
+    RemoteRewardBackend (token, request_timeout, request_batch_size, pins, ...), the same for each."""
+
+    def __init__(
+        self, base_urls: Sequence[str], token: str | None = None, probe_timeout_s: float = 2.0, **options: Any
+    ) -> None:
+        """`probe_timeout_s`: how long each call waits for a server's /health before passing it over."""
+        if probe_timeout_s <= 0:
+            raise ValueError("probe_timeout_s must be > 0")
+        self.probe_timeout_s = probe_timeout_s
+        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        if not urls or len(set(urls)) != len(urls):
+            raise ValueError(f"base_urls must be distinct URLs, at least one: got {urls}")
+        outcomes = on_each(urls, lambda url: RemoteRewardBackend(url, token, **options), "remote-connect")
+        built = [o for o in outcomes if isinstance(o, RemoteRewardBackend)]
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        try:
+            if failed:
+                raise failed[0]  # each names its URL
+            same_identity(built)
+        except BaseException:
+            for server in built:
+                server.close()
+            raise
+        self.servers = built
+        self._stopped = threading.Event()
+
+    @property
+    def shape(self) -> ScorerShape:  # type: ignore[override]  # every server serves the same identity
+        return self.servers[0].shape
+
+    @property
+    def group_size(self) -> int | None:  # type: ignore[override]
+        return self.servers[0].group_size
+
+    @property
+    def required_rewards(self) -> list[str]:
+        return self.servers[0].required_rewards
+
+    @property
+    def base_urls(self) -> list[str]:
+        return [server.base_url for server in self.servers]
+
+    @property
+    def combination(self) -> dict[str, Any]:
+        return self.servers[0].combination
+
+    @property
+    def call_bound_s(self) -> float:
+        return self.servers[0].call_bound_s  # one deadline for a call, failover included
+
+    def members(self) -> list[RewardBackend]:
+        return list(self.servers)
+
+    def _healthy(self) -> tuple[list[int], list[int] | None]:
+        """The servers that answer /health now with our identity, and each one's load in items (its
+        queue depth in requests of request_batch_size), None if one does not report it."""
+        probe = self.probe_timeout_s
+        outcomes = on_each(
+            self.servers, lambda server: server.probe(probe), "remote-health", on_interrupt=self.interrupt
+        )
+        healthy, depths, down = [], [], []
+        for index, health in enumerate(outcomes):
+            url = self.servers[index].base_url
+            if isinstance(health, ScorerError):
+                down.append(str(health).splitlines()[0])  # it names the URL
+            elif isinstance(health, BaseException):
+                raise health
+            elif health.get("identity_hash") != self.identity_hash:
+                raise RewardContractError(
+                    f"{url} now reports identity {health.get('identity_hash')} (revision {health.get('revision')!r}), "
+                    f"not {self.identity_hash} as when this client was made: restarted with another scorer version?"
+                )
+            elif health.get("state") != "ready":
+                down.append(f"{url}: state {health.get('state')!r}")
+            else:
+                healthy.append(index)
+                depths.append(_queue_depth(health))
+        if not healthy:
+            raise ScorerUnavailable(f"no server of {self.shape.name!r} is healthy: " + "; ".join(down))
+        counted = [d for d in depths if d is not None]
+        size = self.servers[0].request_batch_size
+        return healthy, [d * size for d in counted] if len(counted) == len(depths) else None
+
+    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+        if self._stopped.is_set():
+            raise ScorerUnavailable(f"remote backend of {self.shape.name!r} at {self.base_urls} is closed")
+        deadline = time.monotonic() + self.call_bound_s
+        group_size = request_group_size(request, self.group_size)
+        groups = request_groups(request, self.shape, group_size)  # checked before anything is sent
+        healthy, loads = self._healthy()
+        shares = share_groups(groups, loads or [0] * len(healthy), least_loaded=loads is not None)
+        call = _Call(self.servers, healthy, deadline)
+        sent = [(healthy[i], share) for i, share in enumerate(shares) if share]
+
+        def score_share(target: tuple[int, list[int]]) -> RewardResponse:
+            index, share = target
+            part = RewardRequest(items=[request.items[p] for p in share], group_size=group_size, step=request.step)
+            server = self.servers[index]
+            return score_in_chunks(
+                part,
+                server.request_batch_size,
+                call.scorer(index),
+                server.required_rewards,
+                server.weights,
+                server.shape,
+                group_size,
+                interrupt=self.interrupt,
+                max_in_flight=MAX_CONNECTIONS,
+            )
+
+        outcomes = on_each(sent, score_share, "remote-share", on_interrupt=self.interrupt)
+        return self._joined(request, outcomes)
+
+    def _joined(self, request: RewardRequest, outcomes: Sequence[RewardResponse | BaseException]) -> RewardResponse:
+        """The shares' answers joined by id, or the first failure (each names its server)."""
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed and all(isinstance(o, ScorerTermsFailed) for o in failed):
+            raise join_term_failures(self.shape.name, request.ids, outcomes)
+        if failed and all(isinstance(o, ScorerItemsFailed) and o.partial is not None for o in failed):
+            raise join_failures(self.shape.name, request.ids, outcomes)
+        if failed:
+            also = f"; {len(failed) - 1} other share(s) failed too" if len(failed) > 1 else ""
+            raise prefixed(failed[0], f"{self.shape.name!r} over {len(self.servers)} servers{also}") from failed[0]
+        responses = [o for o in outcomes if isinstance(o, RewardResponse)]
+        return join_rows(request.ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
+
+    # -- residency and lifecycle: every server ------------------------------------------------
+    def _all(self, what: str, call: Callable[[RemoteRewardBackend], dict[str, Any]]) -> dict[str, Any]:
+        outcomes = on_each(self.servers, call, f"remote-{what}", on_interrupt=self.interrupt)
+        for server, outcome in zip(self.servers, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                raise prefixed(outcome, f"{what} of {server.base_url}") from outcome
+        return {"servers": dict(zip(self.base_urls, outcomes, strict=True))}
+
+    def health(self) -> dict[str, Any]:
+        return self._all("health", lambda server: server.health())
+
+    def onload(self) -> dict[str, Any]:
+        return self._all("onload", lambda server: server.onload())
+
+    def offload(self) -> dict[str, Any]:
+        return self._all("offload", lambda server: server.offload())
+
+    def drain(self) -> dict[str, Any]:
+        return self._all("drain", lambda server: server.drain())
+
+    def interrupt(self) -> None:
+        for server in self.servers:
+            server.interrupt()
+
+    def close(self) -> None:
+        """Closes connections only: the servers belong to whoever started them."""
+        self._stop_submissions()
+        self._stopped.set()
+        for server in self.servers:
+            server.close()

@@ -1,0 +1,195 @@
+"""MultiRemoteRewardBackend over real `managed-scorers serve` processes on real sockets.
+
+The scorer is the probe (len(text) per item, an optional sleep per call): every id's reward is its
+own index, so a reward landing on another id shows. Servers are SIGKILLed mid-batch or between
+calls; a share is re-sent once to a healthy server, or the call raises naming the dead one."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor import (
+    ConfigError,
+    MultiRemoteRewardBackend,
+    RemoteRewardBackend,
+    RewardContractError,
+    RewardItem,
+    RewardRequest,
+    ScorerUnavailable,
+    build_panel,
+    load_recipe,
+)
+from tests.conftest import wait_until_gone
+from tests.ops.test_cli_serve import start_serve, stop_serve, wait_ready
+
+pytestmark = pytest.mark.slow
+TOKEN = "t" * 32
+ROOT = str(Path(__file__).resolve().parents[2])
+GROUPS, SIZE = 6, 4
+REQUEST = RewardRequest(
+    items=[RewardItem(id=f"r{i}", group_id=f"g{i // SIZE}", text="x" * i) for i in range(GROUPS * SIZE)],
+    group_size=SIZE,
+)
+EXPECTED = [float(i) for i in range(GROUPS * SIZE)]
+PROBE, SLOW = ("Probe", 0.0), ("Probe", 0.5)
+NAMES = (
+    itertools.count()
+)  # each serve's readiness and log files  # the slow one has another identity: its params differ
+
+
+def serve_many(tmp_path: Path, specs: list, extra: tuple[str, ...] = ()) -> list[tuple[subprocess.Popen, str]]:
+    """A serve process per (probe class, sleep_s), started together; (process, url) each, once ready."""
+    started = []
+    for scorer, sleep_s in specs:
+        args = ["--scorer", f"tests.helpers.fixture_scorers:{scorer}", "--python", sys.executable, "--input-kind"]
+        args += ["text", "--extra-import-path", ROOT, "--params", json.dumps({"sleep_s": sleep_s}), *extra]
+        started.append(start_serve(tmp_path, f"{scorer}-{next(NAMES)}", *args))
+    try:
+        return [(process, f"http://127.0.0.1:{wait_ready(ready)['port']}") for process, ready, _ in started]
+    except BaseException:
+        for process, _, _ in started:
+            stop_serve(process)
+        raise
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[Callable[..., list[tuple[subprocess.Popen, str]]]]:
+    """serve_many; every process stopped, and checked gone (psutil), when the test ends."""
+    made: list[tuple[subprocess.Popen, str]] = []
+
+    def make(*specs: tuple[str, float] | str) -> list[tuple[subprocess.Popen, str]]:
+        """`make(PROBE, SLOW, ...)`, then any strings: serve arguments for all of them."""
+        kinds = [spec for spec in specs if isinstance(spec, tuple)]
+        made.extend(serve_many(tmp_path, kinds, tuple(spec for spec in specs if isinstance(spec, str))))
+        return made[-len(kinds) :]
+
+    yield make
+    for process, _ in made:
+        if process.poll() is None:
+            assert stop_serve(process) == 0
+    assert wait_until_gone([process.pid for process, _ in made], 10) == []
+
+
+def score_while(backend: MultiRemoteRewardBackend, during: Callable[[], None]) -> object:
+    """compute_rewards in a thread while `during()` runs here; its response or its exception."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(backend.compute_rewards(REQUEST))
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    during()
+    thread.join(30)
+    assert not thread.is_alive() and len(outcome) == 1
+    return outcome[0]
+
+
+def scored_keys(url: str) -> int:
+    """Requests a server scored (its idempotency cache's entries: one per chunk it was sent)."""
+    with RemoteRewardBackend(url, token=TOKEN) as one:
+        return one.health()["idempotency"]["entries"]
+
+
+def test_two_and_three_servers_score_a_grouped_batch_equal_to_one_server(servers, monkeypatch):
+    urls = [url for _, url in servers(PROBE, PROBE, PROBE)]
+    with RemoteRewardBackend(urls[0], token=TOKEN, request_batch_size=SIZE) as one:
+        alone = one.compute_rewards(REQUEST)
+    assert alone.rewards == EXPECTED
+    before = [scored_keys(url) for url in urls]
+    for count in (2, 3):
+        with MultiRemoteRewardBackend(urls[:count], token=TOKEN, request_batch_size=SIZE) as many:
+            response = many.compute_rewards(REQUEST)
+        assert response.ids == alone.ids and response.rewards == alone.rewards
+        assert response.component_rewards == alone.component_rewards
+        assert response.diagnostics["probe"]["sample_count"] == GROUPS * SIZE
+    # 6 groups: 3 + 3 chunks on two servers, then 2 + 2 + 2 on three (whole groups, none cut)
+    assert [scored_keys(url) - b for url, b in zip(urls, before, strict=True)] == [3 + 2, 3 + 2, 2]
+    # a recipe term: `base_urls: [..]` (or `base_url: [..]`) is one backend over every server
+    monkeypatch.setenv("PROBE_TOKEN", TOKEN)
+    remote = {"kind": "remote", "base_urls": urls, "token_env": "PROBE_TOKEN", "client": {"request_batch_size": SIZE}}
+    with build_panel(load_recipe({"terms": [{"name": "probe", "backend": remote}]}).train) as panel:
+        (backend,) = panel.backends
+        assert isinstance(backend, MultiRemoteRewardBackend) and backend.base_urls == urls
+        assert panel.compute_rewards(REQUEST).rewards == EXPECTED
+    with pytest.raises(ConfigError, match="base_url or base_urls, not both"):
+        load_recipe({"terms": [{"name": "probe", "backend": {**remote, "base_url": urls[0]}}]})
+
+
+def test_servers_of_another_revision_or_params_are_refused_at_construction_naming_both(servers):
+    (_, probe), (_, v2), (_, slow) = servers(PROBE, ("ProbeV2", 0.0), SLOW)
+    with pytest.raises(ConfigError) as info:
+        MultiRemoteRewardBackend([probe, v2], token=TOKEN)
+    said = str(info.value)
+    assert probe in said and v2 in said and "'probe-v2'" in said and "never mix rewards" in said
+    with pytest.raises(ConfigError) as other:
+        MultiRemoteRewardBackend([probe, slow], token=TOKEN)
+    with RemoteRewardBackend(probe, token=TOKEN) as a, RemoteRewardBackend(slow, token=TOKEN) as b:
+        assert a.identity_hash != b.identity_hash
+        assert a.identity_hash in str(other.value) and b.identity_hash in str(other.value)
+
+
+def test_a_server_restarted_under_another_revision_stops_the_next_call_naming_it(servers):
+    (_, first), (second, second_url) = servers(PROBE, PROBE)
+    with MultiRemoteRewardBackend([first, second_url], token=TOKEN, request_batch_size=SIZE) as many:
+        assert many.compute_rewards(REQUEST).rewards == EXPECTED
+        assert stop_serve(second) == 0
+        port = second_url.rsplit(":", 1)[1]
+        servers(("ProbeV2", 0.0), "--port", port)  # the same URL, another version of the scorer
+        with pytest.raises(RewardContractError) as info:
+            many.compute_rewards(REQUEST)
+        assert second_url in str(info.value) and "'probe-v2'" in str(info.value)
+
+
+def test_a_server_killed_mid_batch_has_its_share_re_sent_once_to_a_healthy_one(servers):
+    made = servers(SLOW, SLOW, SLOW)
+    victim = made[1][0]
+    with MultiRemoteRewardBackend([url for _, url in made], token=TOKEN, request_batch_size=SIZE) as many:
+
+        def kill_mid_batch() -> None:
+            time.sleep(0.25)  # every server is scoring its share's first chunk
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(5)
+
+        began = time.monotonic()
+        response = score_while(many, kill_mid_batch)
+        assert not isinstance(response, BaseException), response
+        assert response.ids == REQUEST.ids and response.rewards == EXPECTED  # every reward on its own id
+        assert time.monotonic() - began < 10
+        # the other two scored all 6 chunks: their own 2 each and the dead one's 2, re-sent
+        assert sum(scored_keys(url) for _, url in (made[0], made[2])) == GROUPS
+        # between calls: the dead server does not answer /health, the others take the whole batch
+        assert many.compute_rewards(REQUEST).rewards == EXPECTED
+    assert victim.poll() == -signal.SIGKILL
+
+
+def test_with_every_other_server_gone_the_error_names_the_dead_server(servers):
+    (first, first_url), (second, second_url) = servers(SLOW, SLOW)
+    with MultiRemoteRewardBackend([first_url, second_url], token=TOKEN, request_batch_size=SIZE) as many:
+        second.send_signal(signal.SIGKILL)  # between calls: only the first answers /health now
+        second.wait(5)
+
+        def kill_mid_batch() -> None:
+            time.sleep(0.25)
+            first.send_signal(signal.SIGKILL)
+            first.wait(5)
+
+        error = score_while(many, kill_mid_batch)
+        assert isinstance(error, ScorerUnavailable), error
+        assert first_url in str(error) and "not re-sent (no other healthy server)" in str(error)
+        with pytest.raises(ScorerUnavailable) as none:  # nobody answers /health: named, each one
+            many.compute_rewards(REQUEST)
+        assert first_url in str(none.value) and second_url in str(none.value)
