@@ -58,6 +58,7 @@ class ScorerShape:
     diagnostics: tuple[str, ...] = ()
     required_fields: tuple[str, ...] = ()  # what it reads of an item (what a group rebuilt across ranks carries)
     concurrent_calls: int = 1  # chunks of one request it takes at once (see ScorerSpec.concurrent_calls)
+    reward_term: str | None = None  # the term that is its reward by itself (a served panel, see reward_terms)
 
     @classmethod
     def from_entry(cls, entry: Any, where: str = "the scorer") -> ScorerShape:
@@ -88,6 +89,7 @@ class ScorerShape:
             diagnostics=tuple(entry.get("diagnostics", ())),
             required_fields=tuple(entry.get("required_fields", ())),
             concurrent_calls=max(1, calls),
+            reward_term=entry.get("reward_term") if isinstance(entry.get("reward_term"), str) else None,
         )
 
 
@@ -256,6 +258,27 @@ def check_reward_names(
             f"required_rewards/weights {unknown} are not terms of scorer {scorer!r} (it has {list(terms)})"
         )
     return required
+
+
+def reward_terms(
+    shape: ScorerShape, required: Sequence[str], weights: Mapping[str, float]
+) -> tuple[list[str], list[str] | None]:
+    """The terms that make the reward, and the terms a request asks the server for (None: all). A
+    scorer whose reward is one of its terms (`reward_term`: a served panel's weighted reward) weighs
+    its terms itself: `required` then names the terms wanted, the server's reward sums only those,
+    and client-side weights are refused (they would weigh the panel's reward again)."""
+    reward_term = shape.reward_term
+    if reward_term is None:
+        return check_reward_names(shape.name, shape.terms, required, weights), None
+    if weights:
+        raise ConfigError(
+            f"scorer {shape.name!r} weighs its own terms into {reward_term!r} (a served panel: its recipe's "
+            f"weights); give no client weights ({sorted(weights)})"
+        )
+    if reward_term not in shape.terms:
+        raise RewardContractError(f"scorer {shape.name!r} names reward term {reward_term!r}, not one of its terms")
+    wanted = [term for term in check_reward_names(shape.name, shape.terms, required, {}) if term != reward_term]
+    return [reward_term], ([*wanted, reward_term] if required and wanted else None)
 
 
 def request_group_size(request: RewardRequest, configured: int | None) -> int | None:
