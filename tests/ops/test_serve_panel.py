@@ -187,3 +187,40 @@ def test_serve_refuses_a_bad_recipe_and_scorer_options_beside_one(tmp_path):
     mixed, _, log = start_serve(tmp_path, "mixed", "--recipe", str(good), "--env", "image")
     assert mixed.wait(30) == 2 and "belong to --scorer" in log.read_text()
     assert time.monotonic() - started < 30
+
+
+def test_the_panel_scorer_scores_only_the_terms_asked_for_and_keeps_optional_failures_per_term(tmp_path):
+    """In-process (local terms, no children): what the server runs for each request."""
+    from scorers.base import ScoreInputError, ScoreItem, score_checked
+    from supervisor.ops.panel_scorer import PanelScorer
+
+    journal = tmp_path / "journal"
+    local = {
+        "kind": "local",
+        "scorer": {"name": "tests.helpers.fixture_scorers:Journal", "params": {"path": str(journal)}},
+    }
+    flaky = {"kind": "local", "scorer": {"name": "tests.helpers.fixture_scorers:Raises"}}
+    recipe = tmp_path / "reward.yaml"
+    terms = [
+        {"name": "logged", "weight": 3.0, "backend": local},
+        {"name": "maths", "backend": flaky, "required": False, "applicable_datasets": ["math"]},
+    ]
+    recipe.write_text(yaml.safe_dump({"terms": terms}))
+    scorer = PanelScorer(str(recipe))
+    scorer.load()
+    try:
+        items = [ScoreItem(id="a", text="x", data_source="chat"), ScoreItem(id="b", text="y", data_source="math")]
+        whole = score_checked(scorer, items)
+        assert whole.terms["weighted_reward"] == [3.0, 3.0] and whole.terms["logged"] == [1.0, 1.0]
+        assert list(whole.term_failed) == ["maths"] and list(whole.term_failed["maths"]) == [1]  # "a": not applicable
+        assert whole.terms["maths"][0] == 0.0
+        journal.unlink()
+        narrowed = score_checked(scorer, items[1:], terms=["maths", "weighted_reward"])
+        assert not journal.exists()  # the term not asked for was never scored
+        assert list(narrowed.terms) == ["maths", "weighted_reward"] and narrowed.terms["weighted_reward"] == [0.0]
+        assert list(narrowed.term_failed["maths"]) == [0]
+        with pytest.raises(ScoreInputError, match="no term of the panel applies to item 'a'"):  # a 422, as in-process
+            score_checked(scorer, items, terms=["maths"])
+        assert scorer.spec.identity["panel"] == scorer.panel.identity_hash
+    finally:
+        scorer.close()
