@@ -224,3 +224,20 @@ def test_the_panel_scorer_scores_only_the_terms_asked_for_and_keeps_optional_fai
         assert scorer.spec.identity["panel"] == scorer.panel.identity_hash
     finally:
         scorer.close()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_panel_server_gracefully_too(tmp_path):
+    recipe = tmp_path / "reward.yaml"
+    recipe.write_text(yaml.safe_dump({"terms": [RECIPE["terms"][1]]}))
+    server, ready, log = start_serve(tmp_path, "one", "--recipe", str(recipe))
+    try:
+        assert wait_ready(ready, 60).get("ready") is True, log.read_text()[-3000:]
+        children = descendants(server.pid)
+        server.send_signal(signal.SIGINT)
+        assert server.wait(15) == 0, log.read_text()[-3000:]
+        assert wait_until_gone(children, 10) == []
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
