@@ -169,7 +169,17 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
     except Exception:  # noqa: BLE001 - any load failure is a boot failure, reported in full
         _fail(pipe, exit_codes.SCORER_LOAD_FAILED, traceback.format_exc())
     host.load_s = time.monotonic() - started
+    _loaded_identity(host, config, pipe)
     return host
+
+
+def _loaded_identity(host: ScorerHost, config: BootConfig, pipe: BinaryIO) -> None:
+    """A scorer whose identity is known only once loaded (a served panel: its terms' identities come
+    from their children) sets its spec in load(): hashed again then, and the pins checked again."""
+    loaded = _identity(host.scorer, config, pipe)
+    if loaded != host.identity_hash:
+        _check_pins(config, host.scorer.spec.name, host.scorer.spec.revision, loaded, pipe)
+        host.identity_hash = loaded
 
 
 def _identity(scorer: Any, config: BootConfig, pipe: BinaryIO) -> str:
@@ -277,9 +287,10 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
     )
     server = _announcing_server(_uvicorn_config(app, gate, config.graceful_timeout_s), pipe, ready)
     listener = socket.socket(fileno=config.listen_fd)  # the one socket we pass to run()
-    if config.parent_pid is None:  # `managed-scorers serve`: a SIGTERM is a graceful stop, exit 0
+    if config.parent_pid is None:  # `managed-scorers serve`: a SIGTERM or Ctrl-C is a graceful stop, exit 0
         # uvicorn drains, restores this handler and raises the signal it caught again: here it ends the wait
-        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        for stop in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(stop, lambda signum, frame: None)
     server.run(sockets=[listener])  # not asyncio.run(): that would ignore the loop factory
 
 

@@ -35,7 +35,7 @@ from child_runtime.metrics import ChildMetrics
 from child_runtime.openrlhf_route import CapabilityPath, loud
 from child_runtime.protocol import openrlhf, wire
 from child_runtime.protocol.headers import EVICTED_HEADER, KEY_HEADER, REPLAY_HEADER
-from child_runtime.protocol.items import Limits, RequestError, request_from_wire, response_to_wire
+from child_runtime.protocol.items import Limits, RequestError, request_from_wire, request_terms, response_to_wire
 from child_runtime.protocol.shared_segment import ChildSegment
 from scorers.base import ScoreInputError, ScorerContractError
 
@@ -314,11 +314,11 @@ class _Endpoints:
         """Decode, score and encode one request's body; each phase's times go into `phases`."""
         t1 = time.perf_counter()
         shared = self.segment.view if self.segment else None
-        items, group_size = request_from_wire(
-            wire.decode(body, shared=shared), self.limits, copy_media=self.spec.writable_inputs
-        )
+        meta = wire.decode(body, shared=shared)
+        items, group_size = request_from_wire(meta, self.limits, copy_media=self.spec.writable_inputs)
+        terms = request_terms(meta)
         t2 = time.perf_counter()
-        result = await self.in_worker(self.host.score, items, group_size)
+        result = await self.in_worker(self.host.score, items, group_size, terms)
         t3 = time.perf_counter()
         self.metrics.scored(len(items), t3 - t2)
         answer = wire.encode(response_to_wire(items, result))
@@ -334,7 +334,7 @@ class _Endpoints:
             started = time.perf_counter()
             result = await self.in_worker(self.host.score, items, None)
             self.metrics.scored(len(items), time.perf_counter() - started)
-            return JSONResponse(openrlhf.answer_of(result, self.spec.term_names()))
+            return JSONResponse(openrlhf.answer_of(result, self.spec.term_names(), self.spec.reward_term))
         finally:
             self.ledger.end(ticket)
 

@@ -111,6 +111,8 @@ class ScorerHost:
             "ragged_groups": spec.ragged_groups,
             "required_fields": list(spec.required_fields),
             "concurrent_calls": self.concurrent_calls,
+            "reward_term": spec.reward_term,
+            "identity": spec.identity,  # what the hash covers beyond names (a served panel: each term's identity)
         }
 
     def _become(self, state: str) -> None:
@@ -164,12 +166,15 @@ class ScorerHost:
         except TimeoutError:
             log.warning("scorer %s still busy after %.1f s; exiting without close()", self.scorer.spec.name, timeout_s)
 
-    def score(self, items: Sequence[ScoreItem], group_size: int | None = None) -> ScoreResult:
+    def score(
+        self, items: Sequence[ScoreItem], group_size: int | None = None, terms: Sequence[str] | None = None
+    ) -> ScoreResult:
+        """`terms`: the ones the request wants (None: all)."""
         with self._lock.scoring():
             if self.gpu_residency == PER_CALL:
                 try:
                     self._residency_change(self._onload_locked, "onload")
-                    return score_checked(self.scorer, items, group_size)
+                    return score_checked(self.scorer, items, group_size, terms)
                 finally:  # also after a failed onload: nothing stays half on the device
                     self._residency_change(self._offload_locked, "offload")
             if self.residency == "unknown":
@@ -182,4 +187,4 @@ class ScorerHost:
                     f"scorer {self.scorer.spec.name!r} is offloaded; POST /onload first "
                     "(gpu_residency=resident never onloads implicitly)"
                 )
-            return score_checked(self.scorer, items, group_size)
+            return score_checked(self.scorer, items, group_size, terms)

@@ -60,6 +60,9 @@ class ScorerSpec:
     # this many): more than 1 only for a scorer whose score() is thread-safe and whose calls gain from
     # overlapping (math_verify's pool shares its workers, so the chunks' slow items share one timeout).
     concurrent_calls: int = 1
+    # The term that is the scorer's reward by itself (a served panel's weighted reward); None: the
+    # reward is its terms' sum (weighted by the client).
+    reward_term: str | None = None
 
     def term_names(self) -> tuple[str, ...]:
         return self.terms or (self.name,)
@@ -161,6 +164,11 @@ class Scorer:
     def score_group(self, candidates: Sequence[ScoreItem], context: GroupContext) -> ScoreResult:
         raise NotImplementedError(f"{type(self).__name__} declares groupwise but has no score_group")
 
+    def score_terms(self, items: Sequence[ScoreItem], terms: tuple[str, ...]) -> ScoreResult:
+        """Only `terms` are wanted (a request named them): a scorer that can skip the others' work (a
+        served panel) overrides this; by default every term is scored and the others dropped."""
+        return self.score(items)
+
     def identity_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The params as they decide verdicts (defaults applied); override to add resolved ones."""
         return effective_params(type(self), params)
@@ -201,20 +209,28 @@ def check_required_fields(spec: ScorerSpec, items: Sequence[ScoreItem]) -> None:
                 )
 
 
-def score_checked(scorer: Scorer, items: Sequence[ScoreItem], group_size: int | None = None) -> ScoreResult:
+def score_checked(
+    scorer: Scorer, items: Sequence[ScoreItem], group_size: int | None = None, terms: Sequence[str] | None = None
+) -> ScoreResult:
     """The one way scorer code runs: inputs checked first, then one finite float per item and term.
 
     Groups are checked (and, for a groupwise scorer, scored one complete group per call)
-    before any scorer code runs; see `scorers.groups.partition`.
+    before any scorer code runs; see `scorers.groups.partition`. `terms`: only these of the
+    scorer's terms are wanted (the result holds exactly them); None: all.
     """
     spec = scorer.spec
+    wanted = wanted_terms(spec, terms)
     try:
         groups = partition(items, group_size, scorer=spec.name, groupwise=spec.groupwise, ragged=spec.ragged_groups)
     except GroupInputError as exc:
         raise ScoreInputError(str(exc)) from exc
     check_required_fields(spec, items)
     if not spec.groupwise:
-        return _checked_result(spec, scorer.score(items), items)
+        if wanted is None:
+            return _checked_result(spec, scorer.score(items), items)
+        return _selected(_checked_result(spec, scorer.score_terms(items, wanted), items, wanted), wanted)
+    if wanted is not None:
+        return _selected(score_checked(scorer, items, group_size), wanted)
     scores = {term: [0.0] * len(items) for term in spec.term_names()}
     reports, failed = [], {}
     term_failed: dict[str, dict[int, str]] = {}
@@ -231,13 +247,39 @@ def score_checked(scorer: Scorer, items: Sequence[ScoreItem], group_size: int | 
     return ScoreResult(terms=scores, diagnostics=merge_values(reports), failed=failed, term_failed=term_failed)
 
 
-def _checked_result(spec: ScorerSpec, result: Any, items: Sequence[ScoreItem]) -> ScoreResult:
+def wanted_terms(spec: ScorerSpec, terms: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The terms a request names, checked against the scorer's (None: all of them)."""
+    if terms is None:
+        return None
+    declared = spec.term_names()
+    unknown = [term for term in terms if term not in declared]
+    if unknown or not terms or len(set(terms)) != len(terms):
+        raise ScoreInputError(
+            f"terms {list(terms)} asked of scorer {spec.name!r}: name some of its terms {list(declared)}, each once"
+        )
+    return tuple(terms)
+
+
+def _selected(result: ScoreResult, wanted: tuple[str, ...]) -> ScoreResult:
+    """The result narrowed to the wanted terms (a checked result: every one of them is there)."""
+    return replace(
+        result,
+        terms={term: result.terms[term] for term in wanted},
+        term_failed={term: whys for term, whys in result.term_failed.items() if term in wanted},
+    )
+
+
+def _checked_result(
+    spec: ScorerSpec, result: Any, items: Sequence[ScoreItem], wanted: tuple[str, ...] | None = None
+) -> ScoreResult:
+    """A result that keeps the contract; with `wanted`, it may leave out the terms nobody asked for."""
     if not isinstance(result, ScoreResult):
         raise ScorerContractError(f"scorer {spec.name!r} returned {type(result).__name__}, expected ScoreResult")
     expected = set(spec.term_names())
-    if set(result.terms) != expected:
+    if not (set(wanted or expected) <= set(result.terms) <= expected):
         raise ScorerContractError(
             f"scorer {spec.name!r} returned terms {sorted(result.terms)}, declared {sorted(expected)}"
+            + (f" (asked for {list(wanted)})" if wanted else "")
         )
     _check_failed(spec, "failed", result.failed, len(items))
     if not isinstance(result.term_failed, dict) or set(result.term_failed) - expected:

@@ -59,6 +59,7 @@ class ScorerShape:
     diagnostics: tuple[str, ...] = ()
     required_fields: tuple[str, ...] = ()  # what it reads of an item (what a group rebuilt across ranks carries)
     concurrent_calls: int = 1  # chunks of one request it takes at once (see ScorerSpec.concurrent_calls)
+    reward_term: str | None = None  # the term that is its reward by itself (a served panel, see reward_terms)
 
     @classmethod
     def from_entry(cls, entry: Any, where: str = "the scorer") -> ScorerShape:
@@ -89,6 +90,7 @@ class ScorerShape:
             diagnostics=tuple(entry.get("diagnostics", ())),
             required_fields=tuple(entry.get("required_fields", ())),
             concurrent_calls=max(1, calls),
+            reward_term=entry.get("reward_term") if isinstance(entry.get("reward_term"), str) else None,
         )
 
 
@@ -259,6 +261,27 @@ def check_reward_names(
     return required
 
 
+def reward_terms(
+    shape: ScorerShape, required: Sequence[str], weights: Mapping[str, float]
+) -> tuple[list[str], list[str] | None]:
+    """The terms that make the reward, and the terms a request asks the server for (None: all). A
+    scorer whose reward is one of its terms (`reward_term`: a served panel's weighted reward) weighs
+    its terms itself: `required` then names the terms wanted, the server's reward sums only those,
+    and client-side weights are refused (they would weigh the panel's reward again)."""
+    reward_term = shape.reward_term
+    if reward_term is None:
+        return check_reward_names(shape.name, shape.terms, required, weights), None
+    if weights:
+        raise ConfigError(
+            f"scorer {shape.name!r} weighs its own terms into {reward_term!r} (a served panel: its recipe's "
+            f"weights); give no client weights ({sorted(weights)})"
+        )
+    if reward_term not in shape.terms:
+        raise RewardContractError(f"scorer {shape.name!r} names reward term {reward_term!r}, not one of its terms")
+    wanted = [term for term in check_reward_names(shape.name, shape.terms, required, {}) if term != reward_term]
+    return [reward_term], ([*wanted, reward_term] if required and wanted else None)
+
+
 def request_group_size(request: RewardRequest, configured: int | None) -> int | None:
     """The group size declared by the request or the config; two different ones are refused."""
     if request.group_size is not None and configured is not None and request.group_size != configured:
@@ -341,7 +364,7 @@ def score_in_chunks(
     )
     if failed:  # the rest's response is the partial (its own term failures kept, for a panel)
         raise items_failed(shape.name, len(request.items), failed, response)
-    if term_failed:
+    if any(name in required for name in term_failed):  # the reward lacks a term: only a panel may decide
         raise terms_failed(shape.name, term_failed, response)
     return response
 
@@ -410,15 +433,22 @@ def assemble_response(
     term_failed: Mapping[str, Mapping[str, str]] | None = None,
 ) -> RewardResponse:
     """final = sum(weight * term) over the required terms; every item a success or we raised. A term
-    the scorer says failed alone for an item (`term_failed`) is that item's TermFailure of kind
-    SCORER_TERM_FAILED: no value (None), the item neither a success nor usable (the caller raises)."""
+    the scorer says failed alone for an item (`term_failed`) is that item's TermFailure: no value
+    (None), the item not a success. For a term of the reward, of kind SCORER_TERM_FAILED: the item's
+    reward is not usable (the caller raises); for another term (a served panel's optional
+    component), of kind term_failed: the reward stands without it."""
     rewards = np.zeros(len(ids), dtype=np.float64)
     alone = {name: [item_id in whys for item_id in ids] for name, whys in (term_failed or {}).items()}
     for term in required:
         values = np.asarray(terms[term], dtype=np.float64)
         rewards += weights.get(term, 1.0) * np.where(alone.get(term, False), 0.0, values)
     failures = [
-        {"term": name, "ids": [i for i in ids if whys.get(i) == why], "error": why, "kind": SCORER_TERM_FAILED}
+        {
+            "term": name,
+            "ids": [i for i in ids if whys.get(i) == why],
+            "error": why,
+            "kind": SCORER_TERM_FAILED if name in required else "term_failed",
+        }
         for name, whys in (term_failed or {}).items()
         for why in dict.fromkeys(whys[i] for i in ids if i in whys)
     ]

@@ -15,11 +15,19 @@ from supervisor.errors import ChildRecord, RewardContractError, ScorerRequestErr
 from supervisor.types import RewardItem
 
 
-def encode_chunk(chunk: Sequence[RewardItem], group_size: int | None, max_request_bytes: int | None) -> wire.Frame:
-    """The chunk as a frame, refused before sending what the server would refuse."""
+def encode_chunk(
+    chunk: Sequence[RewardItem],
+    group_size: int | None,
+    max_request_bytes: int | None,
+    terms: Sequence[str] | None = None,
+) -> wire.Frame:
+    """The chunk as a frame, refused before sending what the server would refuse; `terms`: the
+    scorer's terms wanted (None: all, and the field is not sent: servers before it refuse it)."""
     meta: dict[str, Any] = {"items": [item.to_wire() for item in chunk]}
     if group_size is not None:
         meta["group_size"] = group_size
+    if terms is not None:
+        meta["terms"] = list(terms)
     try:
         frame = wire.prepare(meta)
     except wire.WireError as exc:
@@ -40,11 +48,13 @@ def verify_score_answer(
     required: Sequence[str],
     record: Callable[[], ChildRecord | None] = lambda: None,
     declared: ScorerShape | None = None,
+    asked: Sequence[str] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, str], dict[str, dict[str, str]]]:
     """Same ids in the same order, every required term, one finite float64 per item except the
     items the answer names as failed (id -> why) and, per term, those it names in `term_failed`;
-    with the scorer's `declared` shape, exactly its terms and only its diagnostics (a server
-    redeployed with another scorer, or one that does not keep the contract, never fills a reward)."""
+    with the scorer's `declared` shape, exactly its terms (those `asked` for, when the request named
+    some) and only its diagnostics (a server redeployed with another scorer, or one that does not
+    keep the contract, never fills a reward)."""
 
     def fail(message: str) -> RewardContractError:
         return RewardContractError(message, record())
@@ -56,8 +66,35 @@ def verify_score_answer(
         raise fail(_id_mismatch(ids, expected_ids))
     failed = _failures(answer.get("failed"), "'failed'", expected_ids, fail)
     term_failed = _term_failures(answer, expected_ids, fail)
+    terms = _term_values(answer["terms"], expected_ids, failed, term_failed, fail)
+    missing = [name for name in required if name not in terms]
+    if missing:
+        raise fail(f"required rewards {missing} missing from the answer (got {sorted(terms)})")
+    if set(term_failed) - set(terms):
+        raise fail(f"answer names failures of terms {sorted(set(term_failed) - set(terms))} it has no values for")
+    diagnostics = answer.get("diagnostics") or {}
+    if declared is None or not declared.terms:
+        return terms, diagnostics if isinstance(diagnostics, dict) else {}, failed, term_failed
+    expected = set(declared.terms) if asked is None else set(asked)
+    if set(terms) != expected:
+        said = "declared" if asked is None else "was asked for"
+        raise fail(f"answer has terms {sorted(terms)}; scorer {declared.name!r} {said} {sorted(expected)}")
+    try:
+        return terms, check_values(declared.name, declared.diagnostics, diagnostics), failed, term_failed
+    except DiagnosticsError as exc:
+        raise fail(str(exc)) from exc
+
+
+def _term_values(
+    given: dict[str, Any],
+    expected_ids: Sequence[str],
+    failed: dict[str, str],
+    term_failed: dict[str, dict[str, str]],
+    fail: Callable[[str], RewardContractError],
+) -> dict[str, np.ndarray]:
+    """Each term's scores: float64, one per item, finite but where the answer says it failed."""
     terms: dict[str, np.ndarray] = {}
-    for name, values in answer["terms"].items():
+    for name, values in given.items():
         if not isinstance(values, np.ndarray) or values.dtype != np.float64 or values.shape != (len(expected_ids),):
             shape = getattr(values, "shape", type(values).__name__)
             raise fail(f"term {name!r}: expected {len(expected_ids)} float64 scores, got {shape}")
@@ -68,20 +105,7 @@ def verify_score_answer(
             index = int(bad[0])
             raise fail(f"term {name!r}: non-finite score {values[index]} for id {expected_ids[index]!r}")
         terms[name] = values
-    missing = [name for name in required if name not in terms]
-    if missing:
-        raise fail(f"required rewards {missing} missing from the answer (got {sorted(terms)})")
-    if set(term_failed) - set(terms):
-        raise fail(f"answer names failures of terms {sorted(set(term_failed) - set(terms))} it has no values for")
-    diagnostics = answer.get("diagnostics") or {}
-    if declared is None or not declared.terms:
-        return terms, diagnostics if isinstance(diagnostics, dict) else {}, failed, term_failed
-    if set(terms) != set(declared.terms):
-        raise fail(f"answer has terms {sorted(terms)}; scorer {declared.name!r} declared {sorted(declared.terms)}")
-    try:
-        return terms, check_values(declared.name, declared.diagnostics, diagnostics), failed, term_failed
-    except DiagnosticsError as exc:
-        raise fail(str(exc)) from exc
+    return terms
 
 
 def _term_failures(

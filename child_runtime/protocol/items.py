@@ -37,7 +37,7 @@ ITEM_FIELDS = frozenset(WIRE_FIELDS)
 MEDIA_FIELDS = frozenset(["image", "video", "condition_images", "condition_videos", "audio"])  # arrays: never JSON
 OMITTED_WHEN_EMPTY = frozenset(["metadata", "condition_images", "condition_videos"])  # {} or (): not sent
 MEDIA_LAYOUTS = {"image": "HWC", "video": "THWC"}
-REQUEST_FIELDS = frozenset(["items", "group_size"])
+REQUEST_FIELDS = frozenset(["items", "group_size", "terms"])  # terms: the ones wanted (absent: all)
 MAX_CONDITION_MEDIA = 16  # per item and kind
 # More would be a (samples, channels) array handed over transposed: 22.2 surround has 24.
 MAX_AUDIO_CHANNELS = 32
@@ -219,6 +219,17 @@ def request_from_wire(
     if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
         raise RequestError(f"request.group_size must be a positive int or null, got {group_size!r}")
     return items, group_size
+
+
+def request_terms(meta: Any) -> list[str] | None:
+    """The terms a request wants (`"terms": [...]`, checked against the scorer by `score_checked`);
+    None when it does not say: all of them."""
+    terms = meta.get("terms") if isinstance(meta, dict) else None
+    if terms is None:
+        return None
+    if not isinstance(terms, list) or not all(isinstance(term, str) and term for term in terms):
+        raise RequestError(f"request.terms must be a list of term names, got {terms!r}"[:300])
+    return terms
 
 
 def items_from_wire(meta: Any, limits: Limits = Limits(), copy_media: bool = False) -> list[ScoreItem]:

@@ -100,14 +100,17 @@ def answer(rewards: Sequence[float], logs: Mapping[str, Sequence[float]]) -> dic
     return {"rewards": list(rewards), "scores": list(rewards), "extra_logs": {k: list(v) for k, v in logs.items()}}
 
 
-def answer_of(result: ScoreResult, terms: Sequence[str]) -> dict[str, Any]:
-    """One scorer's result: the reward is the sum of its terms (a client's default weights)."""
+def answer_of(result: ScoreResult, terms: Sequence[str], reward_term: str | None = None) -> dict[str, Any]:
+    """One scorer's result: the reward is the sum of its terms (a client's default weights), or its
+    `reward_term` (a served panel's weighted reward; then the other terms are the logs)."""
     if result.failed:
         reasons = "; ".join(f"sample {position}: {why}" for position, why in sorted(result.failed.items()))
         raise ItemsFailed(f"the scorer could not score {len(result.failed)} sample(s): {reasons}")
     for term, whys in result.term_failed.items():  # the reward is every term's sum: none may be missing
         reasons = "; ".join(f"sample {position}: {why}" for position, why in sorted(whys.items()))
         raise ItemsFailed(f"term {term!r} failed for {len(whys)} sample(s): {reasons}")
-    values = {name: [float(v) for v in result.terms[name]] for name in terms}
+    values = {name: [float(v) for v in result.terms[name]] for name in terms if name != reward_term}
+    if reward_term is not None:
+        return answer([float(v) for v in result.terms[reward_term]], values)
     rewards = [math.fsum(column) for column in zip(*values.values(), strict=True)]
     return answer(rewards, values)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from scorers.retry import Retry
-from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
+from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_pins, reward_terms, score_in_chunks
 from supervisor.child.client import DEFAULT_MAX_ANSWER_BYTES, MAX_CONNECTIONS, ScorerClient
 from supervisor.errors import (
     ConnectFailed,
@@ -97,9 +97,8 @@ class RemoteRewardBackend(RewardBackend):
             self.server = self.health()
             self.shape = ScorerShape.from_entry(self.server, f"/health at {base_url}")
             check_pins(self.shape, revision, identity_hash)
-            self.required_rewards = check_reward_names(
-                self.server["scorer"], self.server["terms"], required_rewards, self.weights
-            )
+            # a served panel (its reward one of its terms): the terms named are asked of it
+            self.required_rewards, self.asked = reward_terms(self.shape, required_rewards, self.weights)
         except BaseException:
             self._client.close()
             raise
@@ -145,11 +144,13 @@ class RemoteRewardBackend(RewardBackend):
         self, chunk: Sequence[RewardItem], group_size: int | None, key: str, budget_s: float
     ) -> ChunkAnswer:
         """One chunk under idempotency key `key`, every try within `budget_s`, the answer verified
-        against the chunk's ids. Public for a client over several servers: a chunk it re-sends to
-        another server keeps its key and spends what is left of the same deadline."""
-        frame = encode_chunk(chunk, group_size, self.max_request_bytes)
+        against the chunk's ids (and the terms asked of a served panel). Public for a client over
+        several servers: a chunk it re-sends to another server keeps its key and spends what is left
+        of the same deadline."""
+        frame = encode_chunk(chunk, group_size, self.max_request_bytes, self.asked)
         answer = self._exchange("score", lambda left: self._client.score(frame, key, left), budget_s)
-        return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, declared=self.shape)
+        ids = [item.id for item in chunk]
+        return verify_score_answer(answer, ids, self.required_rewards, declared=self.shape, asked=self.asked)
 
     def probe(self, timeout_s: float) -> dict[str, Any]:
         """/health, one try within `timeout_s`: for a client choosing among servers, one that does
@@ -176,7 +177,8 @@ class RemoteRewardBackend(RewardBackend):
 
     @property
     def combination(self) -> dict[str, Any]:
-        return {"required": list(self.required_rewards), "weights": dict(sorted(self.weights.items()))}
+        asked = {} if self.asked is None else {"asked": list(self.asked)}  # a served panel's terms asked of it
+        return {"required": list(self.required_rewards), "weights": dict(sorted(self.weights.items())), **asked}
 
     @property
     def call_bound_s(self) -> float:

@@ -154,9 +154,24 @@ def _serve(args: argparse.Namespace) -> int:
     import json
 
     from supervisor.config import ManagedScorerProcessSpec
-    from supervisor.ops.serve import read_secret, read_token, serve
+    from supervisor.ops.serve import panel_spec, read_secret, read_token, serve
 
     secret = None if args.openrlhf_secret_file is None else read_secret(args.openrlhf_secret_file)
+    # OpenRLHF opens a connection per sample, and a rollout's samples end in bursts: room for them
+    pending = args.max_pending_connections or (OPENRLHF_PENDING_CONNECTIONS if secret is not None else None)
+    limits = {} if pending is None else {"max_pending_connections": pending}
+    if args.recipe is not None:
+        _no_scorer_options(args)
+        spec = panel_spec(args.recipe, limits)
+        serve(
+            spec,
+            args.host,
+            args.port,
+            read_token(args.token_env, args.token_file),
+            args.allow_remote,
+            args.token_env,
+            secret,
+        )
     kind = _served_kind(args, refuse_groupwise=secret is not None)
     try:
         params = json.loads(args.params)
@@ -167,9 +182,6 @@ def _serve(args: argparse.Namespace) -> int:
     process: dict[str, Any] = {"python_executable": str(args.python)} if args.python is not None else {}
     if args.extra_import_path:
         process["extra_import_paths"] = [str(path) for path in args.extra_import_path]
-    # OpenRLHF opens a connection per sample, and a rollout's samples end in bursts: room for them
-    pending = args.max_pending_connections or (OPENRLHF_PENDING_CONNECTIONS if secret is not None else None)
-    limits = {} if pending is None else {"max_pending_connections": pending}
     try:
         spec = ManagedScorerProcessSpec.model_validate(
             {"env": args.env, "process": process, "scorer": scorer, "client": {"input_kind": kind}, "limits": limits}
@@ -178,6 +190,18 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError(validation_message(exc)) from exc
     token = read_token(args.token_env, args.token_file)
     serve(spec, args.host, args.port, token, args.allow_remote, args.token_env, secret)
+
+
+def _no_scorer_options(args: argparse.Namespace) -> None:
+    """A recipe says where and how each term runs: one scorer's options would be silently ignored."""
+    given = [f"--{name.replace('_', '-')}" for name in SCORER_OPTIONS if getattr(args, name) not in (None, [], "{}")]
+    if given:
+        raise ConfigError(
+            f"--recipe serves the recipe's panel: {', '.join(given)} belong to --scorer (set them in the recipe)"
+        )
+
+
+SCORER_OPTIONS = ("params", "env", "python", "input_kind", "revision", "catalog", "extra_import_path")
 
 
 def _served_kind(args: argparse.Namespace, refuse_groupwise: bool) -> str:
@@ -303,8 +327,12 @@ def _add_score(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    server = commands.add_parser("serve", help="serve one scorer over HTTP for RemoteRewardBackend (until SIGTERM)")
-    server.add_argument("--scorer", required=True, help="a built-in name, a catalog name or module:Class")
+    server = commands.add_parser(
+        "serve", help="serve one scorer, or a recipe's whole panel, over HTTP for RemoteRewardBackend (until SIGTERM)"
+    )
+    what = server.add_mutually_exclusive_group(required=True)
+    what.add_argument("--scorer", help="a built-in name, a catalog name or module:Class")
+    what.add_argument("--recipe", type=_folder, help="a reward recipe (YAML): serve its training panel, every term")
     server.add_argument("--params", default="{}", help="the scorer's params, a JSON object")
     where = server.add_mutually_exclusive_group()
     where.add_argument("--env", help="a scorer env by name (default: the one the scorer declares)")

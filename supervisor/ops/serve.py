@@ -14,6 +14,11 @@ With an OpenRLHF secret (`--openrlhf-secret-file`), the server also speaks OpenR
 `/openrlhf/<secret>`: OpenRLHF's client sends no header, so the secret rides in the URL. It is a
 second secret, never the token: a URL ends up in command lines and logs, and this one can only
 score (no /shutdown, /offload or /drain). A groupwise scorer is refused there, at boot.
+
+With `--recipe`, the server serves a whole panel (`panel_spec`): the same runtime, in this project's
+own python, over `ops/panel_scorer.PanelScorer`, whose load() starts every term's children together.
+Those children are the server's: a graceful stop closes them, and its death (even SIGKILL) ends them
+through their lifeline. Its reward is the panel's weighted reward; each term travels as a component.
 """
 
 from __future__ import annotations
@@ -27,13 +32,15 @@ import socket
 import stat
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from child_runtime.protocol import boot
 from supervisor.backends.managed import launch_plan
+from supervisor.compose.recipes import load_recipe
 from supervisor.config import ManagedScorerProcessSpec
 from supervisor.errors import ConfigError
 
+PANEL_SCORER = "supervisor.ops.panel_scorer:PanelScorer"  # imported by the server, never here
 LOOPBACK_NAMES = ("localhost",)
 MIN_TOKEN_CHARS = 16
 DESCRIPTOR_MARGIN = 256  # the server's own: the scorer's files, its grader pipes, the log
@@ -137,6 +144,31 @@ def enough_descriptors(max_pending: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
+def panel_spec(recipe: Path, limits: dict[str, Any]) -> ManagedScorerProcessSpec:
+    """A panel server as a child spec: the panel scorer (`ops/panel_scorer`) in this very python (the
+    trainer env's: the panel's own children get their envs), our packages on its path. The
+    recipe is read here too, so that a bad one is refused before anything is bound or started."""
+    path = recipe.resolve()
+    load_recipe(path)
+    project = Path(__file__).resolve().parents[2]  # where supervisor/, child_runtime/ and scorers/ lie
+    return ManagedScorerProcessSpec.model_validate(
+        {
+            "process": {"python_executable": sys.executable, "extra_import_paths": [str(project)]},
+            "scorer": {"name": PANEL_SCORER, "params": {"recipe": str(path)}},
+            "limits": limits,
+        }
+    )
+
+
+def _as_panel_server(config: dict[str, Any], env: dict[str, str]) -> None:
+    """A panel's input kind is its terms' (each backend checks its own), and the server sees this
+    machine's GPUs as serve does: each term's children are narrowed by their own config."""
+    config["scorer"] = {**config["scorer"], "input_kind": None}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+
+
 def serve(
     spec: ManagedScorerProcessSpec,
     host: str,
@@ -165,6 +197,8 @@ def serve(
     ready_fd = os.dup(sys.stdout.fileno())  # the runtime closes its readiness pipe; stdout stays open
     os.set_inheritable(ready_fd, True)
     config = {**plan.boot, "token": token, "listen_fd": listener.fileno(), "ready_fd": ready_fd, "parent_pid": None}
+    if spec.scorer.name == PANEL_SCORER:
+        _as_panel_server(config, env)
     if openrlhf_secret is not None:
         config["openrlhf_secret"] = openrlhf_secret
     stdin = os.memfd_create("managed-scorers-boot", os.MFD_CLOEXEC)  # only its dup on fd 0 crosses the exec

@@ -26,6 +26,13 @@ def test_bench_panel_line_runs(math_python):
 
 
 @pytest.mark.slow
+def test_bench_panel_server_line_runs(math_python, image_python):
+    from bench import panel_server
+
+    assert "overhead" in panel_server.main_line(rounds=1)
+
+
+@pytest.mark.slow
 def test_bench_overlap_line_runs(math_python):
     from bench import overlap
 

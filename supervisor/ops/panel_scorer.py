@@ -1,0 +1,173 @@
+"""A whole reward panel as one Scorer, so `managed-scorers serve --recipe` is the child runtime's own
+server (token, limits, gate, /health, /metrics, graceful stop, OpenRLHF's route) over a panel.
+
+It runs in the trainer env's python (the server process), never in a scorer env: `load()` builds the
+recipe's training panel, whose children (each in its own env) start together and are the server's
+own (their lifeline watches it). Its terms are the panel's terms (each item's value of that term,
+unweighted) and `WEIGHTED` (the panel's weighted reward, `spec.reward_term`). A request naming
+terms (`"terms"` on the wire) gets a panel of those terms only: the others are not scored and the
+weighted reward sums only them (UniRL's `required_rewards`). Its identity is known once loaded (its
+terms' identities come from their children): `load()` sets it, the runtime hashes it then.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
+from supervisor.compose.panel import RewardPanel
+from supervisor.compose.recipes import build_panel, load_recipe
+from supervisor.config import PanelConfig
+from supervisor.errors import ConfigError, ScorerRequestError
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
+
+NAME = "panel"
+WEIGHTED = "weighted_reward"  # the term that carries the panel's own reward
+CONCURRENT_CALLS = 4  # a request's chunks overlap: each backend serialises its own calls anyway
+
+
+def _input_kind(config: PanelConfig) -> str:
+    """The kind every term takes, or "mixed" (then no completion field is required up front: each
+    term's backend checks its own)."""
+    kinds = {getattr(getattr(term.backend, "client", None), "input_kind", "text") for term in config.terms}
+    return str(kinds.pop()) if len(kinds) == 1 else "mixed"
+
+
+def reward_item(item: ScoreItem) -> RewardItem:
+    """A decoded wire item back as the trainer's item (the panel's backends take those)."""
+    return RewardItem(
+        id=item.id,
+        group_id=item.group_id,
+        prompt=item.prompt,
+        text=item.text,
+        image=item.image,
+        video=item.video,
+        reference=item.reference,
+        metadata=item.metadata,
+        finish_reason=item.finish_reason,
+        completion_tokens=item.completion_tokens,
+        data_source=item.data_source,
+        condition_images=item.condition_images,
+        condition_videos=item.condition_videos,
+        audio=item.audio,
+        audio_sample_rate=item.audio_sample_rate,
+    )
+
+
+class PanelScorer(Scorer):
+    """The training panel of the recipe at `recipe` (a path), served as one scorer."""
+
+    def __init__(self, recipe: str) -> None:
+        self.recipe = str(Path(recipe).resolve())
+        try:
+            self.config = load_recipe(self.recipe).train  # parses only: nothing starts here
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+        names = tuple(term.name for term in self.config.terms)
+        if WEIGHTED in names:
+            raise ValueError(f"a served panel's term may not be named {WEIGHTED!r}: that name carries its reward")
+        self.spec = ScorerSpec(
+            name=NAME,
+            input_kind=_input_kind(self.config),
+            terms=(*names, WEIGHTED),
+            revision="panel-1",
+            env="trainer",
+            supports_offload=True,
+            nonsemantic_params=("recipe",),  # where the recipe lies is not what it means: the identity is
+            concurrent_calls=CONCURRENT_CALLS,
+            reward_term=WEIGHTED,
+        )
+        self.panel: RewardPanel | None = None
+        self._subsets: dict[tuple[str, ...], RewardPanel] = {}
+        self._lock = threading.Lock()
+        self._offloaded = False
+
+    def load(self, device: str = "cpu") -> None:
+        """Start every term's backend (children together); then the identity is known."""
+        panel = self.panel = build_panel(self.config)
+        described = [term.describe() for term in panel.terms]
+        self.spec = replace(self.spec, identity={"panel": panel.identity_hash, "terms": described})
+
+    def _serving(self) -> RewardPanel:
+        if self.panel is None:
+            raise RuntimeError("the panel scorer is not loaded")
+        return self.panel
+
+    def _subset(self, terms: tuple[str, ...]) -> RewardPanel:
+        """The panel of only `terms`, on the same backends (made once per subset asked for)."""
+        panel = self._serving()
+        wanted = tuple(term for term in terms if term != WEIGHTED)
+        if not wanted or set(wanted) == {term.name for term in panel.terms}:
+            return panel
+        with self._lock:
+            if wanted not in self._subsets:
+                kept = [term for term in panel.terms if term.name in wanted]
+                self._subsets[wanted] = RewardPanel(
+                    kept, owns_backends=False, group_size=panel.group_size, group_failures=panel.group_failures
+                )
+            return self._subsets[wanted]
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        return self._score(self._serving(), items)
+
+    def score_terms(self, items: Sequence[ScoreItem], terms: tuple[str, ...]) -> ScoreResult:
+        return self._score(self._subset(terms), items)
+
+    def _score(self, panel: RewardPanel, items: Sequence[ScoreItem]) -> ScoreResult:
+        try:
+            request = RewardRequest(items=[reward_item(item) for item in items])
+        except ValueError as exc:
+            raise ScoreInputError(f"an item the panel cannot take: {exc}") from exc
+        try:
+            response = panel.compute_rewards(request)
+        except ScorerRequestError as exc:
+            if exc.kind == "bad_input":  # the request's fault (no term applies, a group broken): a 422
+                raise ScoreInputError(str(exc)) from exc
+            raise
+        return as_result(response, [term.name for term in panel.terms])
+
+    def onload(self) -> dict[str, Any]:
+        """At boot a no-op (load() left each backend as its config says); after an offload, wakes them."""
+        if not self._offloaded:
+            return {}
+        figures = self._serving().onload()
+        self._offloaded = False
+        return figures
+
+    def offload(self) -> dict[str, Any]:
+        figures = self._serving().offload()
+        self._offloaded = True
+        return figures
+
+    def close(self) -> None:
+        """Every term's backend closed: the panel's children stopped (bounded by their shutdown)."""
+        panel, self.panel = self.panel, None
+        if panel is not None:
+            panel.close()
+
+
+def as_result(response: RewardResponse, names: Sequence[str]) -> ScoreResult:
+    """The panel's response as its scorer's result: each term's values (a term that does not apply to an
+    item is 0.0 there: the wire has no "not applicable"), its optional failures as that term's
+    `term_failed`, and the weighted reward."""
+    position = {item_id: index for index, item_id in enumerate(response.ids)}
+    term_failed: dict[str, dict[int, str]] = {}
+    for failure in response.term_failures:
+        if failure.term in names:
+            term_failed.setdefault(failure.term, {}).update(
+                {position[i]: failure.error or failure.kind for i in failure.ids}
+            )
+    terms: dict[str, list[float]] = {}
+    for name in names:
+        failed = term_failed.get(name, {})
+        terms[name] = [
+            math.nan if index in failed else (0.0 if value is None else value)
+            for index, value in enumerate(response.component_rewards[name])
+        ]
+    terms[WEIGHTED] = list(response.rewards)
+    return ScoreResult(terms=terms, term_failed=term_failed)

@@ -1,0 +1,243 @@
+"""`managed-scorers serve --recipe`: a whole panel behind one server, scored through RemoteRewardBackend
+as the same panel scores in-process; real processes and sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from supervisor import RemoteRewardBackend, RewardItem, RewardPanel, RewardRequest
+from supervisor.compose.recipes import build_panel, load_recipe
+from supervisor.errors import ConfigError
+from tests.conftest import wait_until_gone
+from tests.ops.test_cli_serve import start_serve, stop_serve, wait_ready
+
+TOKEN = "t" * 32  # start_serve's
+RECIPE = {
+    "terms": [
+        {
+            "name": "correct",
+            "weight": 1.0,
+            "backend": {"kind": "managed", "env": "math", "scorer": {"name": "math_verify", "params": {"jobs": 1}}},
+        },
+        {
+            "name": "exact",
+            "weight": 0.5,
+            "required": False,
+            "backend": {"kind": "managed", "env": "image", "scorer": {"name": "exact_match"}},
+        },
+        {"name": "f1", "weight": 0.25, "backend": {"kind": "managed", "env": "image", "scorer": {"name": "token_f1"}}},
+    ]
+}
+TEXTS = ["so \\boxed{4}", "4", "five", "the answer is 4", "\\boxed{6}", "six", "6 it is", "7"]
+
+
+def grpo_request() -> RewardRequest:
+    """Two groups of four completions, one gold answer per group."""
+    items = [
+        RewardItem(
+            id=f"r{i}", group_id=f"q{i // 4}", prompt=f"question {i // 4}", text=text, reference="4" if i < 4 else "6"
+        )
+        for i, text in enumerate(TEXTS)
+    ]
+    return RewardRequest(items=items)
+
+
+def descendants(pid: int) -> list[int]:
+    return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """One panel server (with OpenRLHF's route) and the same panel built in this process."""
+    tmp = tmp_path_factory.mktemp("panel")
+    recipe = tmp / "reward.yaml"
+    recipe.write_text(yaml.safe_dump(RECIPE))
+    server, ready, log = start_serve(
+        tmp, "panel", "--recipe", str(recipe), "--openrlhf-secret-file", str(tmp / "secret")
+    )
+    local = build_panel(load_recipe(recipe).train)  # its children boot while the server's do
+    try:
+        info = wait_ready(ready, 90)
+        assert info.get("ready") is True, (info, log.read_text()[-3000:])
+        yield {"server": server, "info": info, "local": local, "tmp": tmp, "log": log, "recipe": recipe}
+    finally:
+        local.close()
+        if server.poll() is None:
+            stop_serve(server)
+
+
+@pytest.mark.slow
+def test_a_served_panel_scores_a_grpo_batch_as_the_same_panel_in_process(served):
+    info, local = served["info"], served["local"]
+    url = f"http://127.0.0.1:{info['port']}"
+    request = grpo_request()
+    expected = local.compute_rewards(request)
+    with RemoteRewardBackend(url, token=TOKEN, request_batch_size=4) as remote:  # two chunks, whole groups
+        got = remote.compute_rewards(request)
+        health = remote.health()
+    assert got.ids == expected.ids and got.rewards == expected.rewards
+    parts = zip(*(expected.component_rewards[t] for t in ("correct", "exact", "f1")), strict=True)
+    assert expected.rewards == pytest.approx([c + 0.5 * e + 0.25 * f for c, e, f in parts])  # weighted
+    assert len(set(expected.rewards)) > 2  # a batch that tells the terms apart
+    for term in ("correct", "exact", "f1"):
+        assert got.component_rewards[term] == expected.component_rewards[term], term
+    assert got.component_rewards["weighted_reward"] == expected.rewards
+    # /health: the panel's identity (the in-process panel's), each term's scorer identity, the reward term
+    assert health["reward_term"] == "weighted_reward" and got.identity_hash == health["identity_hash"]
+    assert health["identity"]["panel"] == local.identity_hash
+    assert [t["scorer"] for t in health["identity"]["terms"]] == [t.backend.identity_hash for t in local.terms]
+    assert all(len(t["scorer"]) == 64 for t in health["identity"]["terms"])
+    metrics = httpx.get(f"{url}/metrics", headers={"authorization": f"Bearer {TOKEN}"}, timeout=10).text
+    assert 'managed_scorers_child_items_total{scorer="panel",rank="0"} 8' in metrics, metrics
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 401  # the same token guards it
+
+
+@pytest.mark.slow
+def test_required_rewards_asks_the_server_for_those_terms_and_their_weighted_sum(served):
+    info, local = served["info"], served["local"]
+    url = f"http://127.0.0.1:{info['port']}"
+    request = grpo_request()
+    subset = RewardPanel([t for t in local.terms if t.name in ("correct", "f1")], owns_backends=False)
+    with RemoteRewardBackend(url, token=TOKEN, required_rewards=["correct", "f1"]) as remote:
+        got = remote.compute_rewards(request)
+    assert set(got.component_rewards) == {"correct", "f1", "weighted_reward"}  # exact was never scored
+    assert got.rewards == subset.compute_rewards(request).rewards
+    with pytest.raises(ConfigError, match="weighs its own terms"):
+        RemoteRewardBackend(url, token=TOKEN, weights={"correct": 2.0})
+    with pytest.raises(ConfigError, match="not terms of scorer"):
+        RemoteRewardBackend(url, token=TOKEN, required_rewards=["nope"])
+
+
+@pytest.mark.slow
+def test_a_recipe_term_on_a_remote_panel_server_and_the_openrlhf_route(served, monkeypatch):
+    info, local, tmp = served["info"], served["local"], served["tmp"]
+    url = f"http://127.0.0.1:{info['port']}"
+    request = grpo_request()
+    monkeypatch.setenv("PANEL_TOKEN", TOKEN)
+    outer = {
+        "terms": [
+            {
+                "name": "served",
+                "weight": 2.0,
+                "backend": {"kind": "remote", "base_url": url, "token_env": "PANEL_TOKEN"},
+            }
+        ]
+    }
+    with build_panel(load_recipe(outer).train) as panel:
+        got = panel.compute_rewards(request)
+    assert got.rewards == [2.0 * r for r in local.compute_rewards(request).rewards]
+    secret = (tmp / "secret").read_text().strip()
+    body = {"query": ["P so \\boxed{4}", "P five"], "prompts": ["P", "P"], "labels": ["4", "4"]}
+    answer = httpx.post(f"{url}/openrlhf/{secret}", content=json.dumps(body), timeout=60).json()
+    plain = RewardRequest(
+        items=[
+            RewardItem(id=str(i), prompt="P", text=t, reference="4") for i, t in enumerate(["so \\boxed{4}", "five"])
+        ]
+    )
+    expected = local.compute_rewards(plain)
+    assert answer["rewards"] == expected.rewards and answer["scores"] == expected.rewards
+    assert answer["extra_logs"] == {term: expected.component_rewards[term] for term in ("correct", "exact", "f1")}
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_panel_server_and_every_child_it_started(served):
+    server = served["server"]
+    children = descendants(server.pid)
+    assert len([c for c in children if "child_runtime" in " ".join(psutil.Process(c).cmdline())]) == 3
+    assert stop_serve(server) == 0
+    assert wait_until_gone(children, 10) == []
+    assert "Traceback" not in served["log"].read_text()
+
+
+@pytest.mark.slow
+def test_a_sigkilled_panel_server_takes_its_children_with_it(tmp_path):
+    recipe = tmp_path / "reward.yaml"
+    recipe.write_text(yaml.safe_dump({"terms": [RECIPE["terms"][1]]}))
+    server, ready, log = start_serve(tmp_path, "one", "--recipe", str(recipe))
+    try:
+        assert wait_ready(ready, 60).get("ready") is True, log.read_text()[-3000:]
+        children = descendants(server.pid)
+        assert children
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(10)
+        assert wait_until_gone(children, 10) == []  # their lifeline saw the server go
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def test_serve_refuses_a_bad_recipe_and_scorer_options_beside_one(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("terms: []\n")
+    started = time.monotonic()
+    server, _, log = start_serve(tmp_path, "bad", "--recipe", str(bad))
+    assert server.wait(30) == 2 and "terms" in log.read_text()
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump({"terms": [RECIPE["terms"][1]]}))
+    mixed, _, log = start_serve(tmp_path, "mixed", "--recipe", str(good), "--env", "image")
+    assert mixed.wait(30) == 2 and "belong to --scorer" in log.read_text()
+    assert time.monotonic() - started < 30
+
+
+def test_the_panel_scorer_scores_only_the_terms_asked_for_and_keeps_optional_failures_per_term(tmp_path):
+    """In-process (local terms, no children): what the server runs for each request."""
+    from scorers.base import ScoreInputError, ScoreItem, score_checked
+    from supervisor.ops.panel_scorer import PanelScorer
+
+    journal = tmp_path / "journal"
+    local = {
+        "kind": "local",
+        "scorer": {"name": "tests.helpers.fixture_scorers:Journal", "params": {"path": str(journal)}},
+    }
+    flaky = {"kind": "local", "scorer": {"name": "tests.helpers.fixture_scorers:Raises"}}
+    recipe = tmp_path / "reward.yaml"
+    terms = [
+        {"name": "logged", "weight": 3.0, "backend": local},
+        {"name": "maths", "backend": flaky, "required": False, "applicable_datasets": ["math"]},
+    ]
+    recipe.write_text(yaml.safe_dump({"terms": terms}))
+    scorer = PanelScorer(str(recipe))
+    scorer.load()
+    try:
+        items = [ScoreItem(id="a", text="x", data_source="chat"), ScoreItem(id="b", text="y", data_source="math")]
+        whole = score_checked(scorer, items)
+        assert whole.terms["weighted_reward"] == [3.0, 3.0] and whole.terms["logged"] == [1.0, 1.0]
+        assert list(whole.term_failed) == ["maths"] and list(whole.term_failed["maths"]) == [1]  # "a": not applicable
+        assert whole.terms["maths"][0] == 0.0
+        journal.unlink()
+        narrowed = score_checked(scorer, items[1:], terms=["maths", "weighted_reward"])
+        assert not journal.exists()  # the term not asked for was never scored
+        assert list(narrowed.terms) == ["maths", "weighted_reward"] and narrowed.terms["weighted_reward"] == [0.0]
+        assert list(narrowed.term_failed["maths"]) == [0]
+        with pytest.raises(ScoreInputError, match="no term of the panel applies to item 'a'"):  # a 422, as in-process
+            score_checked(scorer, items, terms=["maths"])
+        assert scorer.spec.identity["panel"] == scorer.panel.identity_hash
+    finally:
+        scorer.close()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_panel_server_gracefully_too(tmp_path):
+    recipe = tmp_path / "reward.yaml"
+    recipe.write_text(yaml.safe_dump({"terms": [RECIPE["terms"][1]]}))
+    server, ready, log = start_serve(tmp_path, "one", "--recipe", str(recipe))
+    try:
+        assert wait_ready(ready, 60).get("ready") is True, log.read_text()[-3000:]
+        children = descendants(server.pid)
+        server.send_signal(signal.SIGINT)
+        assert server.wait(15) == 0, log.read_text()[-3000:]
+        assert wait_until_gone(children, 10) == []
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
