@@ -92,3 +92,12 @@ def test_term_failed_may_name_only_declared_terms_and_real_positions():
 
     with pytest.raises(ScorerContractError, match=r"term_failed\['b'\] must map item positions"):
         score_checked(Outside(), [ScoreItem(id="x", text="t")])
+
+
+def test_a_failed_term_outside_the_reward_leaves_the_reward_usable():
+    """A served panel's optional component, say: the reward (here `a` alone) stands without it."""
+    with LocalRewardBackend(TwoTerms(), required_rewards=["a"]) as backend:
+        got = backend.compute_rewards(_request())
+    assert got.rewards == [1.0, 1.0] and got.component_rewards["b"] == [2.0, None]
+    assert [(f.term, f.ids, f.kind) for f in got.term_failures] == [("b", ["x1"], "term_failed")]
+    assert got.usable() == [True, True] and got.successes == [True, False]
