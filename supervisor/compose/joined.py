@@ -1,11 +1,14 @@
-"""Responses of several backends (replicas) or ranks, joined by item id into one response."""
+"""Responses of several backends (replicas, a Ray pool's actors) or ranks, joined by item id into one
+response; and the errors of the shares, joined or named the same way wherever a request was split."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from supervisor.errors import RewardContractError
+from scorers.diagnostics import merge_term_reports
+from supervisor.backend import items_failed
+from supervisor.errors import RewardContractError, ScorerError, ScorerItemsFailed
 from supervisor.types import RewardResponse
 
 
@@ -45,3 +48,36 @@ def join_rows(
         diagnostics=diagnostics,
         identity_hash=sources[0][0].identity_hash,
     )
+
+
+def joined_items_failed(scorer: str, ids: list[str], outcomes: Sequence[Any]) -> ScorerItemsFailed:
+    """Shares that each could not score some items: one error over the whole request (`ids`), its
+    partial joined from every share's scored rows (as one backend's would be)."""
+    failed: dict[str, str] = {}
+    responses = []
+    for outcome in outcomes:
+        if isinstance(outcome, ScorerItemsFailed):
+            failed.update(outcome.failed)
+            responses.append(outcome.partial)
+        elif isinstance(outcome, RewardResponse):
+            responses.append(outcome)
+    kept = [item_id for item_id in ids if item_id not in failed]
+    diagnostics = merge_term_reports(r.diagnostics for r in responses)
+    # every item failed: each partial is empty, and any of them has the terms an empty response needs
+    partial = (
+        join_rows(kept, rows_by_id(responses), diagnostics)
+        if kept
+        else responses[0].model_copy(update={"diagnostics": diagnostics})
+    )
+    return items_failed(scorer, len(ids), failed, partial)
+
+
+def renamed(error: BaseException, where: str) -> BaseException:
+    """`error` as a new exception of the same type (the original stays as it was), its message
+    prefixed with `where` (which replica, which actor): panels and trainers classify it as before."""
+    if not isinstance(error, ScorerError):
+        return error
+    named = type(error).__new__(type(error))
+    named.__dict__.update(error.__dict__)
+    named.args = (f"{where}: {error.args[0]}", *error.args[1:])
+    return named

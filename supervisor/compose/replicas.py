@@ -18,13 +18,13 @@ from typing import Any
 
 from scorers.diagnostics import merge_term_reports
 from scorers.groups import share_groups
-from supervisor.backend import RewardBackend, ScorerShape, items_failed, request_group_size, request_groups
+from supervisor.backend import RewardBackend, ScorerShape, request_group_size, request_groups
 from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.child import ranks
 from supervisor.compose.build import build_all
-from supervisor.compose.joined import join_rows, rows_by_id
+from supervisor.compose.joined import join_rows, joined_items_failed, renamed, rows_by_id
 from supervisor.config import ManagedScorerProcessSpec, ReplicasConfig
-from supervisor.errors import ConfigError, ScorerError, ScorerItemsFailed, ScorerProcessDied
+from supervisor.errors import ConfigError, ScorerItemsFailed, ScorerProcessDied
 from supervisor.fanout import on_each
 from supervisor.types import RewardRequest, RewardResponse
 
@@ -190,25 +190,7 @@ class ReplicatedBackend(RewardBackend):
         return join_rows(request.ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
 
     def _items_failed(self, request: RewardRequest, outcomes: Sequence[Any]) -> ScorerItemsFailed:
-        """Replicas that each could not score some items: one error over the whole request, its
-        partial joined from every replica's scored rows (as one backend's would be)."""
-        failed: dict[str, str] = {}
-        responses = []
-        for outcome in outcomes:
-            if isinstance(outcome, ScorerItemsFailed):
-                failed.update(outcome.failed)
-                responses.append(outcome.partial)
-            elif isinstance(outcome, RewardResponse):
-                responses.append(outcome)
-        kept = [item_id for item_id in request.ids if item_id not in failed]
-        diagnostics = merge_term_reports(r.diagnostics for r in responses)
-        # every item failed: each partial is empty, and any of them has the terms an empty response needs
-        partial = (
-            join_rows(kept, rows_by_id(responses), diagnostics)
-            if kept
-            else responses[0].model_copy(update={"diagnostics": diagnostics})
-        )
-        return items_failed(self.shape.name, len(request.items), failed, partial)
+        return joined_items_failed(self.shape.name, request.ids, outcomes)
 
     def _answered(self, index: int, items: int) -> None:
         with self._lock:
@@ -218,15 +200,9 @@ class ReplicatedBackend(RewardBackend):
         return lambda _future: self._answered(index, items)
 
     def _named(self, index: int, error: BaseException, what: str, others: int) -> BaseException:
-        """`error` as a new exception of the same type (the replica's own stays as it was), its message
-        prefixed with the replica: panels and trainers classify it as before."""
-        if not isinstance(error, ScorerError):
-            return error
+        """`error` renamed with the replica (see `joined.renamed`)."""
         also = f"; {others} other replica(s) failed too" if others else ""
-        named = type(error).__new__(type(error))
-        named.__dict__.update(error.__dict__)
-        named.args = (f"{self.describe(index, error)}, {what}{also}: {error.args[0]}", *error.args[1:])
-        return named
+        return renamed(error, f"{self.describe(index, error)}, {what}{also}")
 
     # -- residency and lifecycle: every replica --------------------------------------------
     def _all(self, what: str, call: Callable[[ManagedScorerProcessBackend], dict[str, Any]]) -> dict[str, Any]:
