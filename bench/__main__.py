@@ -28,6 +28,7 @@ from bench import (
     openrlhf_calls,
     overlap,
     panel,
+    ray_pool,
     startup,
     verl_coalesce,
 )
@@ -317,6 +318,7 @@ LINES: list[Callable[[], str]] = [
     lambda: bench_env_batch("embed", "embed", 15),
     lambda: bench_env_batch("ocr", "ocr", 5),
     panel.main_line,
+    ray_pool.main_line,
     overlap.main_line,
     verl_coalesce.main_line,
     openrlhf_calls.main_line,
