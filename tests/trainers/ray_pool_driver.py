@@ -47,6 +47,16 @@ def scored(pool: RayPoolBackend, seed: int) -> dict[str, Any]:
     return {"equal": got.rewards == expected, "ids": got.ids == request.ids, "n": len(request.items)}
 
 
+def refused(pool: RayPoolBackend) -> dict[str, Any]:
+    """An item the scorer cannot take (text, no image): the actor's own typed error, named with it."""
+    try:
+        items = [RewardItem(id=f"bad{n}", group_id="b", text="no image") for n in range(GROUP)]
+        pool.compute_rewards(RewardRequest(items=items))
+    except supervisor.ScorerError as exc:
+        return {"type": type(exc).__name__, "message": str(exc).splitlines()[0]}
+    return {}
+
+
 def create(pool_name: str, seed: int) -> dict[str, Any]:
     pool = RayPoolBackend.create(
         {
@@ -102,7 +112,7 @@ def main() -> int:
         else:
             pool = RayPoolBackend.connect(pool_name, timeout_s=120, call_timeout_s=60)
             if step == "score":
-                report.update({"actors": pool.actors(), **scored(pool, seed)})
+                report.update({"actors": pool.actors(), "refused": refused(pool), **scored(pool, seed)})
             elif step == "kill-actor":
                 report.update(kill_actor(pool, seed))
             elif step == "kill-pool":

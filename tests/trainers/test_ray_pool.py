@@ -170,6 +170,9 @@ def test_a_pool_on_reward_nodes_serves_two_drivers_survives_an_actor_kill_and_di
         report = _report(process, tmp_path, "score", seed)
         assert report["equal"] and report["ids"], report
         assert [a["pid"] for a in report["actors"]] == [a["pid"] for a in actors]  # the same pool
+        refused = report["refused"]  # raised in the actor: its own typed error, prefixed with the actor
+        assert refused["type"] in ("ScorerRequestError", "ScorerItemsFailed"), refused
+        assert refused["message"].startswith("Ray pool 'rewards' actor 0/2 (node "), refused
 
     killed = _run(cluster, tmp_path, "kill-actor", 3)
     victim = killed["before"][0]
