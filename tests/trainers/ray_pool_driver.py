@@ -4,6 +4,7 @@ first on PYTHONPATH: one step of the test per run, its findings as one JSON file
     python ray_pool_driver.py STEP ADDRESS POOL OUT [SEED]
 
 create: start the pool (2 actors on `reward_node`, detached so later drivers find it) and score;
+create-job: a 1-actor pool with `lifetime: job`, scored, then the driver exits without closing it;
 score: connect by name and score; kill-actor: freeze actor 0, send a call, SIGKILL the actor, then
 score again; kill-pool: connect and kill every actor.
 """
@@ -57,14 +58,14 @@ def refused(pool: RayPoolBackend) -> dict[str, Any]:
     return {}
 
 
-def create(pool_name: str, seed: int) -> dict[str, Any]:
+def create(pool_name: str, seed: int, lifetime: str = "detached", actors: int = 2) -> dict[str, Any]:
     pool = RayPoolBackend.create(
         {
             "name": pool_name,
-            "actors": 2,
+            "actors": actors,
             "num_cpus": 1,
             "resources": {"reward_node": 1},
-            "lifetime": "detached",
+            "lifetime": lifetime,
             "max_restarts": 2,
             "start_timeout_s": 120,
             "call_timeout_s": 60,
@@ -109,6 +110,8 @@ def main() -> int:
     try:
         if step == "create":
             report.update(create(pool_name, seed))
+        elif step == "create-job":  # and exit without closing it: Ray ends it with this driver
+            report.update(create(pool_name, seed, lifetime="job", actors=1))
         else:
             pool = RayPoolBackend.connect(pool_name, timeout_s=120, call_timeout_s=60)
             if step == "score":

@@ -4,7 +4,7 @@ raylet carrying `reward_node`; driver processes from envs/ray (the checkout firs
 Shown: the pool's actors are placed on the second raylet; two driver processes score through the same
 named pool at once, equal to in-process; a killed actor's in-flight call gets PoolActorDied naming its
 node and pid, Ray restarts the actor and the next call is served; the killed pool leaves no scorer
-process (psutil). The cluster is ended by its own processes (found by the marker every process of it
+process (psutil); a `lifetime: job` pool ends, children included, with the driver that made it. The cluster is ended by its own processes (found by the marker every process of it
 inherits), not `ray stop`, which would end every Ray on the machine.
 """
 
@@ -118,9 +118,11 @@ def cluster():
         print(f"test cluster stopped ({killed} processes needed SIGKILL)")
 
 
-def _driver(cluster: dict[str, Any], tmp_path: Path, step: str, seed: int = 0) -> subprocess.Popen[str]:
+def _driver(
+    cluster: dict[str, Any], tmp_path: Path, step: str, seed: int = 0, pool: str = POOL
+) -> subprocess.Popen[str]:
     out = tmp_path / f"{step}-{seed}.json"
-    command = [cluster["python"], str(DRIVER), step, cluster["address"], POOL, str(out), str(seed)]
+    command = [cluster["python"], str(DRIVER), step, cluster["address"], pool, str(out), str(seed)]
     return subprocess.Popen(command, env=cluster["env"], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
 
 
@@ -137,8 +139,8 @@ def _report(process: subprocess.Popen[str], tmp_path: Path, step: str, seed: int
     return report
 
 
-def _run(cluster: dict[str, Any], tmp_path: Path, step: str, seed: int = 0) -> dict[str, Any]:
-    return _report(_driver(cluster, tmp_path, step, seed), tmp_path, step, seed)
+def _run(cluster: dict[str, Any], tmp_path: Path, step: str, seed: int = 0, pool: str = POOL) -> dict[str, Any]:
+    return _report(_driver(cluster, tmp_path, step, seed, pool), tmp_path, step, seed)
 
 
 def _scorer_children(cluster: dict[str, Any]) -> list[psutil.Process]:
@@ -195,6 +197,11 @@ def test_a_pool_on_reward_nodes_serves_two_drivers_survives_an_actor_kill_and_di
     while _scorer_children(cluster) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _scorer_children(cluster) == []
+
+    job = _run(cluster, tmp_path, "create-job", 4, pool="jobpool")  # lifetime job: ends with its driver
+    assert job["equal"], job
+    (only,) = job["actors"]
+    assert not wait_until_gone([only["pid"], only["child_pid"]], 15.0), "a job pool outlived its driver"
 
 
 def test_without_ray_the_pool_says_what_it_needs():
