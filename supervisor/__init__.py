@@ -18,6 +18,7 @@ from supervisor.backends.remote import RemoteRewardBackend
 from supervisor.compose.distributed import DistributedRewards, RankFailed, RankLost
 from supervisor.compose.overlap import OverlappedScoring, micro_batches, score_while_generating
 from supervisor.compose.panel import BackendPool, PanelTerm, RewardPanel
+from supervisor.compose.ray_pool import RayPoolBackend, RayPoolConfig
 from supervisor.compose.recipes import Recipe, build_panel, build_panels, load_recipe
 from supervisor.compose.remote_servers import MultiRemoteRewardBackend
 from supervisor.compose.replicas import ReplicatedBackend
@@ -46,6 +47,7 @@ from supervisor.errors import (
     JobProtocolError,
     JobRejected,
     JobServiceUnavailable,
+    PoolActorDied,
     RewardContractError,
     ScorerCrashLoop,
     ScorerError,
@@ -94,6 +96,8 @@ __all__ = [
     "RankFailed",
     "RankLost",
     "ReplicasConfig",
+    "RayPoolBackend",
+    "RayPoolConfig",
     "ReplicatedBackend",
     "LocalRewardBackend",
     "ManagedScorerProcessBackend",
@@ -119,6 +123,7 @@ __all__ = [
     "ScorerConfig",
     "ScorerCrashLoop",
     "ScorerError",
+    "PoolActorDied",
     "ScorerProcessDied",
     "ScorerItemsFailed",
     "ScorerTermsFailed",

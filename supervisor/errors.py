@@ -93,6 +93,23 @@ class ScorerProcessDied(ScorerError):
     """The child is gone (crash, kill, OOM) while it was expected to serve."""
 
 
+class PoolActorDied(ScorerProcessDied):
+    """An actor of a Ray reward pool (`compose.ray_pool`) died while it held a share of a call: killed,
+    out of memory, or its node lost. Names the actor, its node and its pid. Ray restarts it under the
+    pool's `max_restarts`; the share is not re-sent unless the pool's `max_task_retries` allows it."""
+
+    def __init__(
+        self,
+        message: str,
+        actor: str = "",
+        node_id: str | None = None,
+        node_ip: str | None = None,
+        actor_pid: int | None = None,
+    ) -> None:
+        self.actor, self.node_id, self.node_ip, self.actor_pid = actor, node_id, node_ip, actor_pid
+        super().__init__(message)
+
+
 class ScorerCrashLoop(ScorerProcessDied):
     """The child kept dying: more restarts in the policy window than it allows."""
 
@@ -138,8 +155,14 @@ class ScorerTermsFailed(ScorerRequestError):
     a trainer calling the backend alone gets this error, never a reward summed without the term; a
     panel term bound to that component records it when optional and raises when required."""
 
-    def __init__(self, message: str, failed: dict[str, str], response: Any, record: ChildRecord | None = None) -> None:
-        self.failed = dict(failed)
+    def __init__(
+        self,
+        message: str,
+        failed: dict[str, str] | None = None,
+        response: Any = None,
+        record: ChildRecord | None = None,
+    ) -> None:  # defaults: an exception is unpickled as cls(*args), then its fields (a Ray actor's, say)
+        self.failed = dict(failed or {})
         self.response = response  # a RewardResponse over every id (types imports this module)
         super().__init__(message, record, None, "term_failed")
 

@@ -1,4 +1,5 @@
-"""Responses of several backends (replicas, servers) or ranks, joined by item id into one response."""
+"""Responses of several backends (replicas, servers, a Ray pool's actors) or ranks, joined by item id
+into one response; and the errors of the shares, joined the same way wherever a request was split."""
 
 from __future__ import annotations
 

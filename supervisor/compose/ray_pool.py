@@ -1,0 +1,358 @@
+"""RayPoolBackend: one scorer served by a pool of Ray actors placed by resources, used from any
+process of a Ray cluster as one backend.
+
+Why: a trainer already on Ray (verl, NeMo-RL, OpenRLHF) puts its reward workers on resources of
+their own (GPUs, or nodes tagged with a custom resource such as `reward_node`). Each actor of the
+pool owns one managed child (`ManagedScorerProcessBackend`) started from its own node's scorer
+env; any driver or actor of the cluster addresses the actors as one `RewardBackend`. Ray places,
+names and restarts the actors (`max_restarts`, `max_task_retries`: Ray's policy, not one of
+ours); this module splits a request by whole groups, hands each share to an actor through the
+object store (`ray.put` of the share once, the actor reads its arrays from there without a
+pickled copy per call) and joins the answers by id.
+
+Lifetime: `RayPoolBackend.create` starts the named actors `<name>.<index>` in `namespace` and
+owns them: its `close()`, or `kill()` by anyone, ends them, and their children with them (a
+child's lifeline watches its actor process, however that dies). With `lifetime: job` (the
+default) Ray also ends them with the driver that created them; `detached` keeps them until
+killed or the cluster stops. `RayPoolBackend.connect(name)`, from any other process, uses them
+and never ends them. Ray is imported on first use: nothing here needs it at import time.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from scorers.diagnostics import merge_term_reports
+from scorers.groups import share_groups
+from supervisor.backend import RewardBackend, ScorerShape, request_group_size, request_groups
+from supervisor.backends.managed import ManagedScorerProcessBackend
+from supervisor.compose.joined import join_failures, join_rows, join_term_failures, rows_by_id
+from supervisor.errors import (
+    ConfigError,
+    PoolActorDied,
+    RewardContractError,
+    ScorerError,
+    ScorerItemsFailed,
+    ScorerStartupError,
+    ScorerTermsFailed,
+    ScorerTimeout,
+    ScorerUnavailable,
+    prefixed,
+)
+from supervisor.types import RewardRequest, RewardResponse
+
+log = logging.getLogger(__name__)
+# Threads of one actor: a second driver's call, or `info`, is taken while another call scores (the
+# managed backend scores one call at a time anyway, so a deadline still measures service time).
+ACTOR_THREADS = 4
+CLOSE_TIMEOUT_S = 30.0  # the actors' graceful close (their children's shutdown), then ray.kill
+
+
+class RayPoolConfig(BaseModel):
+    """Where the pool's actors go, how Ray restarts them, and the scorer each one runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_-]+$")
+    namespace: str = "managed-scorers"
+    actors: int = Field(default=2, ge=1)
+    num_cpus: float = Field(default=1.0, ge=0)
+    num_gpus: float = Field(default=0.0, ge=0)
+    resources: dict[str, float] = Field(default_factory=dict)  # e.g. {"reward_node": 1}
+    lifetime: Literal["job", "detached"] = "job"
+    max_restarts: int = Field(default=3, ge=-1)  # Ray's: -1 restarts for ever
+    # Ray's: a share in flight when its actor died is run again on the restarted actor. 0 (the
+    # default): the trainer gets PoolActorDied, never a call re-sent behind its back.
+    max_task_retries: int = Field(default=0, ge=-1)
+    start_timeout_s: float = Field(default=300.0, gt=0)
+    call_timeout_s: float = Field(default=600.0, gt=0)
+    scorer: dict[str, Any]  # a ManagedScorerProcessSpec, read on each actor's node (its envs)
+
+
+def actor_name(pool: str, index: int) -> str:
+    return f"{pool}.{index}"
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(f"a Ray reward pool needs Ray in this environment (pip install ray): {exc}") from exc
+    if not ray.is_initialized():
+        raise ConfigError("a Ray reward pool is used from a Ray driver or actor: call ray.init(address=...) first")
+    return ray
+
+
+class PoolActor:
+    """One actor of the pool: its managed child runs from this node's scorer env and dies with it."""
+
+    def __init__(self, scorer: Mapping[str, Any], index: int, count: int, policy: Mapping[str, int]) -> None:
+        self.index, self.count, self.policy = index, count, dict(policy)
+        self.backend = ManagedScorerProcessBackend(scorer)
+
+    def info(self) -> dict[str, Any]:
+        """Where this actor is and what it serves: the driver names it in errors with this."""
+        import ray
+
+        return {
+            "index": self.index,
+            "count": self.count,
+            "policy": self.policy,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+            "child_pid": self.backend.pid,
+            "shape": self.backend.shape,
+            "group_size": self.backend.group_size,
+            "combination": self.backend.combination,
+        }
+
+    def score(self, request: RewardRequest) -> RewardResponse:
+        return self.backend.compute_rewards(request)
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+@functools.cache
+def _actor_class() -> Any:
+    return _ray().remote(PoolActor)
+
+
+def _placement(config: RayPoolConfig) -> dict[str, Any]:
+    """The actor options Ray places and restarts an actor by."""
+    return {
+        "namespace": config.namespace,
+        "lifetime": "detached" if config.lifetime == "detached" else None,
+        "num_cpus": config.num_cpus,
+        "num_gpus": config.num_gpus,
+        "resources": dict(config.resources),
+        "max_restarts": config.max_restarts,
+        "max_task_retries": config.max_task_retries,
+        "max_concurrency": ACTOR_THREADS,
+    }
+
+
+@dataclass
+class _Member:
+    index: int
+    handle: Any
+    info: dict[str, Any] | None = None  # None: not known yet, or its actor died (Ray may restart it)
+    last: dict[str, Any] | None = None  # the last info known: what an error names while it restarts
+
+
+class RayPoolBackend(RewardBackend):
+    """The pool's actors as one backend; thread-safe, usable from any process of the cluster."""
+
+    def __init__(
+        self, config: RayPoolConfig | None, name: str, namespace: str, handles: Sequence[Any], owned: bool
+    ) -> None:
+        """Use `create` or `connect`."""
+        self.config, self.name, self.namespace, self.owned = config, name, namespace, owned
+        self._pool = [_Member(index, handle) for index, handle in enumerate(handles)]
+        self.call_timeout_s = config.call_timeout_s if config is not None else 600.0
+        self._lock = threading.Lock()
+        self._closed = False
+        self.shape: ScorerShape = ScorerShape(name, ())
+
+    @classmethod
+    def create(cls, config: RayPoolConfig | Mapping[str, Any]) -> RayPoolBackend:
+        """Start the pool's named actors (each boots its child) and wait until every one serves; if
+        one cannot, the pool is killed and the error names it."""
+        config = config if isinstance(config, RayPoolConfig) else RayPoolConfig.model_validate(config)
+        remote = _actor_class()
+        policy = {"max_restarts": config.max_restarts, "max_task_retries": config.max_task_retries}
+        pool = cls(config, config.name, config.namespace, [], owned=True)
+        try:
+            for index in range(config.actors):
+                name = actor_name(config.name, index)
+                try:
+                    handle = remote.options(name=name, **_placement(config)).remote(
+                        dict(config.scorer), index, config.actors, policy
+                    )
+                except ValueError as exc:  # Ray: the name is taken in this namespace
+                    raise ConfigError(
+                        f"cannot create Ray pool {config.name!r} in namespace {config.namespace!r} ({exc}): "
+                        "connect to it (RayPoolBackend.connect) or kill it first"
+                    ) from exc
+                pool._pool.append(_Member(index, handle))
+            pool._learn(config.start_timeout_s)
+        except BaseException:
+            pool.kill()
+            raise
+        return pool
+
+    @classmethod
+    def connect(
+        cls, name: str, namespace: str = "managed-scorers", timeout_s: float = 300.0, call_timeout_s: float = 600.0
+    ) -> RayPoolBackend:
+        """The pool another process created, by name; this backend never ends its actors."""
+        ray = _ray()
+        try:
+            first = ray.get_actor(actor_name(name, 0), namespace=namespace)
+        except ValueError as exc:
+            raise ConfigError(f"no Ray reward pool {name!r} in namespace {namespace!r}: {exc}") from exc
+        pool = cls(None, name, namespace, [first], owned=False)
+        pool.call_timeout_s = call_timeout_s
+        count = pool._infos(time.monotonic() + timeout_s, "connect")[0]["count"]
+        handles = [first, *(ray.get_actor(actor_name(name, i), namespace=namespace) for i in range(1, count))]
+        pool._pool = [_Member(index, handle) for index, handle in enumerate(handles)]
+        pool._learn(timeout_s)
+        return pool
+
+    # -- what the actors are ----------------------------------------------------------------
+    def _learn(self, timeout_s: float) -> None:
+        """Every actor's info; they must all serve the same scorer (one identity hash), whatever
+        their node's env holds: rewards of different scorer versions never mix."""
+        infos = self._infos(time.monotonic() + timeout_s, "start")
+        hashes = {info["shape"].identity_hash for info in infos}
+        if len(hashes) > 1:
+            found = ", ".join(f"{self.describe(m)}: {m.info['shape'].identity_hash}" for m in self._pool if m.info)
+            raise ConfigError(f"Ray pool {self.name!r}: its actors serve different scorers ({found})")
+        self.shape = infos[0]["shape"]
+        self.group_size = infos[0]["group_size"]
+        self._combination = infos[0]["combination"]
+
+    def _infos(self, deadline: float, what: str) -> list[dict[str, Any]]:
+        """Each member's info, asked again where it is not known (Ray waits for a restarting actor)."""
+        missing = [m for m in self._pool if m.info is None]
+        refs = [m.handle.info.remote() for m in missing]
+        for member, outcome in zip(missing, self._outcomes(missing, refs, deadline, what), strict=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
+            member.info = member.last = outcome
+        return [m.info for m in self._pool if m.info is not None]
+
+    def actors(self, timeout_s: float = 300.0) -> list[dict[str, Any]]:
+        """Where each actor runs now (node id and ip, actor and child pids), asked again after a death."""
+        return self._infos(time.monotonic() + timeout_s, "info")
+
+    def describe(self, member: _Member) -> str:
+        info = member.info or member.last or {}
+        where = f"node {info['node_id']} ({info['node_ip']}), pid {info['pid']}" if info else "not reached yet"
+        return f"Ray pool {self.name!r} actor {member.index}/{len(self._pool)} ({where})"
+
+    @property
+    def combination(self) -> dict[str, Any] | None:
+        return getattr(self, "_combination", None)
+
+    @property
+    def call_bound_s(self) -> float:
+        return self.call_timeout_s
+
+    # -- scoring ---------------------------------------------------------------------------
+    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+        """Whole groups to each actor, each share put once in the object store, all sent at once;
+        one deadline for the whole call. A failed share fails the call with its own typed error."""
+        if self._closed:
+            raise ScorerUnavailable(f"Ray pool {self.name!r} backend is closed")
+        ray = _ray()
+        group_size = request_group_size(request, self.group_size)
+        groups = request_groups(request, self.shape, group_size)
+        shares = share_groups(groups, [0] * len(self._pool), False)
+        deadline = time.monotonic() + self.call_timeout_s
+        self._infos(deadline, "coming back after a restart")  # an actor that died: wait for Ray's restart
+        sent = [(m, share) for m, share in zip(self._pool, shares, strict=True) if share]
+        refs = []
+        for _member, share in sent:
+            part = RewardRequest(items=[request.items[p] for p in share], group_size=group_size, step=request.step)
+            refs.append(_member.handle.score.remote(ray.put(part)))  # the actor reads its arrays from the store
+        whats = [f"scoring its share of {len(share)} ids from {request.items[share[0]].id!r}" for _, share in sent]
+        outcomes = self._outcomes([m for m, _ in sent], refs, deadline, whats)
+        for (member, share), outcome in zip(sent, outcomes, strict=True):
+            ids = [request.items[p].id for p in share]
+            if isinstance(outcome, RewardResponse) and outcome.ids != ids:
+                raise RewardContractError(
+                    f"{self.describe(member)} answered for ids {outcome.ids[:4]}... where its share was {ids[:4]}..."
+                )
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed and all(isinstance(o, ScorerTermsFailed) for o in failed):
+            raise join_term_failures(self.shape.name, request.ids, outcomes)
+        if failed and all(isinstance(o, ScorerItemsFailed) and o.partial is not None for o in failed):
+            raise join_failures(self.shape.name, request.ids, outcomes)
+        if failed:
+            raise failed[0]
+        responses = [o for o in outcomes if isinstance(o, RewardResponse)]
+        return join_rows(request.ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
+
+    def _outcomes(
+        self, members: Sequence[_Member], refs: Sequence[Any], deadline: float, what: str | Sequence[str]
+    ) -> list[Any]:
+        """Each ref's value, or its failure as this project's typed error; every wait ends at `deadline`.
+        `what`: what each call was doing (one for all, or one per call), for the error."""
+        ray = _ray()
+        whats = [what] * len(refs) if isinstance(what, str) else list(what)
+        outcomes: list[Any] = []
+        for member, ref, doing in zip(members, refs, whats, strict=True):
+            try:
+                outcomes.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+            except Exception as exc:  # noqa: BLE001 - translated here, raised or joined by the caller
+                outcomes.append(self._translated(exc, member, doing))
+        return outcomes
+
+    def _translated(self, exc: Exception, member: _Member, what: str) -> Exception:
+        """The one place a Ray failure becomes this project's error, naming the actor, node and pid."""
+        errors = _ray().exceptions
+        where = self.describe(member)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, errors.RayActorError):
+            info, member.info = member.last or {}, None  # asked again next time: Ray may restart it elsewhere
+            if exc.actor_init_failed:
+                return ScorerStartupError(f"{where}: the actor could not start its scorer: {exc}")
+            policy = info.get("policy", {})
+            return PoolActorDied(
+                f"{where} died while {what} ({type(exc).__name__}: {first}); Ray restarts it while its "
+                f"max_restarts ({policy.get('max_restarts', '?')}) allow, and this share was "
+                f"{'re-sent by Ray up to max_task_retries times' if policy.get('max_task_retries') else 'not re-sent'}",
+                actor=actor_name(self.name, member.index),
+                node_id=info.get("node_id"),
+                node_ip=info.get("node_ip"),
+                actor_pid=info.get("pid"),
+            )
+        if isinstance(exc, errors.GetTimeoutError):
+            return ScorerTimeout(f"{where}: no answer while {what} within the call's {self.call_timeout_s} s deadline")
+        if isinstance(exc, errors.RayTaskError):  # raised inside the actor: its own typed error, named
+            cause = exc.cause
+            if isinstance(cause, ScorerError):
+                return prefixed(cause, where)  # type: ignore[return-value]  # a ScorerError stays one
+            return ScorerError(f"{where}: {what} raised {type(cause).__name__}: {cause}")
+        if isinstance(exc, errors.RayError):  # an object lost, an owner gone, a node lost
+            return ScorerUnavailable(f"{where}: Ray failed while {what}: {type(exc).__name__}: {first}")
+        return exc
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def kill(self) -> None:
+        """End every actor now (SIGKILL; no restart); their children go with them. Any process may."""
+        ray = _ray()
+        self._closed = True
+        for member in self._pool:
+            ray.kill(member.handle, no_restart=True)
+
+    def close(self) -> None:
+        """A pool this backend created: each actor closes its child (bounded), then the actors are
+        killed. A connected one only stops using the pool."""
+        self._stop_submissions()
+        with self._lock:
+            first, self._closed = not self._closed, True
+        if not first or not self.owned:
+            return
+        ray = _ray()
+        refs = [m.handle.close.remote() for m in self._pool]
+        for member, outcome in zip(
+            self._pool, self._outcomes(self._pool, refs, time.monotonic() + CLOSE_TIMEOUT_S, "closing"), strict=True
+        ):
+            if isinstance(outcome, BaseException):
+                log.warning(
+                    "%s: its child's graceful close failed (%s); killing the actor", self.describe(member), outcome
+                )
+        for member in self._pool:
+            ray.kill(member.handle, no_restart=True)

@@ -1,0 +1,132 @@
+"""A Ray driver process for tests/trainers/test_ray_pool.py, run by envs/ray's python with the checkout
+first on PYTHONPATH: one step of the test per run, its findings as one JSON file.
+
+    python ray_pool_driver.py STEP ADDRESS POOL OUT [SEED]
+
+create: start the pool (2 actors on `reward_node`, detached so later drivers find it) and score;
+create-job: a 1-actor pool with `lifetime: job`, scored, then the driver exits without closing it;
+score: connect by name and score; kill-actor: freeze actor 0, send a call, SIGKILL the actor, then
+score again; kill-pool: connect and kill every actor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+import supervisor
+from supervisor import LocalRewardBackend, RewardItem, RewardRequest
+from supervisor.compose.ray_pool import RayPoolBackend
+
+GROUP = 4
+
+
+def batch(seed: int, groups: int = 6) -> RewardRequest:
+    """Groups of 4 images, some large enough (76.8 KB) for the actor's shared segment."""
+    rng = np.random.default_rng(seed)
+    items = []
+    for n in range(groups * GROUP):
+        side = 160 if n % 3 == 0 else 32
+        image = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+        items.append(RewardItem(id=f"s{seed}-{n}", group_id=f"g{n // GROUP}", image=image))
+    return RewardRequest(items=items, group_size=GROUP)
+
+
+def scored(pool: RayPoolBackend, seed: int) -> dict[str, Any]:
+    request = batch(seed)
+    with LocalRewardBackend("mean_intensity") as local:
+        expected = local.compute_rewards(request).rewards
+    got = pool.compute_rewards(request)
+    return {"equal": got.rewards == expected, "ids": got.ids == request.ids, "n": len(request.items)}
+
+
+def refused(pool: RayPoolBackend) -> dict[str, Any]:
+    """An item the scorer cannot take (text, no image): the actor's own typed error, named with it."""
+    try:
+        items = [RewardItem(id=f"bad{n}", group_id="b", text="no image") for n in range(GROUP)]
+        pool.compute_rewards(RewardRequest(items=items))
+    except supervisor.ScorerError as exc:
+        return {"type": type(exc).__name__, "message": str(exc).splitlines()[0]}
+    return {}
+
+
+def create(pool_name: str, seed: int, lifetime: str = "detached", actors: int = 2) -> dict[str, Any]:
+    pool = RayPoolBackend.create(
+        {
+            "name": pool_name,
+            "actors": actors,
+            "num_cpus": 1,
+            "resources": {"reward_node": 1},
+            "lifetime": lifetime,
+            "max_restarts": 2,
+            "start_timeout_s": 120,
+            "call_timeout_s": 60,
+            "scorer": {
+                "env": "image",
+                "scorer": {"name": "mean_intensity", "input_kind": "image"},
+                "client": {"group_size": GROUP, "input_kind": "image"},
+            },
+        }
+    )
+    reward_nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "reward_node" in n["Resources"]]
+    return {"actors": pool.actors(), "reward_nodes": reward_nodes, **scored(pool, seed)}
+
+
+def kill_actor(pool: RayPoolBackend, seed: int) -> dict[str, Any]:
+    before = pool.actors()
+    victim = before[0]
+    os.kill(victim["pid"], signal.SIGSTOP)  # the call is sure to be in flight when the actor dies
+    future = pool.submit(batch(seed))
+    time.sleep(1.0)
+    os.kill(victim["pid"], signal.SIGKILL)
+    error: dict[str, Any] = {}
+    try:
+        future.result(timeout=60)
+    except supervisor.ScorerError as exc:
+        error = {
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "node_id": getattr(exc, "node_id", None),
+            "actor_pid": getattr(exc, "actor_pid", None),
+        }
+    began = time.monotonic()
+    after = {"served": scored(pool, seed + 1), "s": time.monotonic() - began}
+    return {"before": before, "error": error, "after": after, "actors": pool.actors()}
+
+
+def main() -> int:
+    step, address, pool_name, out = sys.argv[1:5]
+    seed = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+    ray.init(address=address, namespace="managed-scorers", log_to_driver=False)
+    report: dict[str, Any] = {"supervisor": supervisor.__file__, "driver_pid": os.getpid()}
+    try:
+        if step == "create":
+            report.update(create(pool_name, seed))
+        elif step == "create-job":  # and exit without closing it: Ray ends it with this driver
+            report.update(create(pool_name, seed, lifetime="job", actors=1))
+        else:
+            pool = RayPoolBackend.connect(pool_name, timeout_s=120, call_timeout_s=60)
+            if step == "score":
+                report.update({"actors": pool.actors(), "refused": refused(pool), **scored(pool, seed)})
+            elif step == "kill-actor":
+                report.update(kill_actor(pool, seed))
+            elif step == "kill-pool":
+                report["actors"] = pool.actors()
+                pool.kill()
+            pool.close()
+    finally:
+        Path(out).write_text(json.dumps(report, default=str))  # a ScorerShape as text
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

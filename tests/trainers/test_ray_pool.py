@@ -1,0 +1,218 @@
+"""The Ray reward pool on a real two-raylet cluster made on this machine: a head node and a second
+raylet carrying `reward_node`; driver processes from envs/ray (the checkout first on PYTHONPATH).
+
+Shown: the pool's actors are placed on the second raylet; two driver processes score through the same
+named pool at once, equal to in-process; a killed actor's in-flight call gets PoolActorDied naming its
+node and pid, Ray restarts the actor and the next call is served; the killed pool leaves no scorer
+process (psutil); a `lifetime: job` pool ends, children included, with the driver that made it. The cluster is ended by its own processes (found by the marker every process of it
+inherits), not `ray stop`, which would end every Ray on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from bench.peers import MARKER, ray_processes
+from tests.conftest import REPO_ROOT, launcher_free_env, wait_until_gone
+from tests.trainers.test_ray_actor import ray_python
+
+DRIVER = Path(__file__).with_name("ray_pool_driver.py")
+POOL = "rewards"
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _node_ports() -> list[str]:
+    """Every port a raylet opens, its own: two raylets on one machine must not collide."""
+    names = ("node-manager", "object-manager", "runtime-env-agent", "dashboard-agent-grpc",
+             "dashboard-agent-listen", "metrics-export")  # fmt: skip
+    return [f"--{name}-port={port}" for name, port in zip(names, _free_ports(len(names)), strict=True)]
+
+
+def _cluster_processes(temp_dir: str) -> list[psutil.Process]:
+    """This cluster's processes: those carrying its marker, their descendants (Ray's agents retitle
+    themselves and zero their environ block), and any process holding a file under its temp dir."""
+    found = {proc.pid: proc for proc in ray_processes(temp_dir)}
+    for proc in list(found.values()):
+        try:
+            found.update({child.pid: child for child in proc.children(recursive=True)})
+        except psutil.NoSuchProcess:
+            continue
+    for proc in psutil.process_iter():
+        if proc.pid in found or proc.pid == os.getpid():
+            continue
+        try:
+            held = any(f.path.startswith(temp_dir) for f in proc.open_files())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if held:
+            found[proc.pid] = proc
+    return list(found.values())
+
+
+def _stop(temp_dir: str) -> int:
+    """`ray stop` for this cluster alone: SIGTERM its processes, SIGKILL what is left after 5 s;
+    returns how many needed SIGKILL."""
+    procs = _cluster_processes(temp_dir)
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):  # gone on its own meanwhile: what we wanted
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=5.0)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=10.0)
+    return len(alive)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    python = ray_python()
+    temp_dir = tempfile.mkdtemp(prefix="msrp")  # short: Ray's socket paths live under it
+    env = launcher_free_env(HOME=temp_dir, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO_ROOT))
+    env[MARKER] = temp_dir
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    ray = str(python.parent / "ray")
+    (gcs_port,) = _free_ports(1)
+    address = f"127.0.0.1:{gcs_port}"
+    # worker ports 0: random, as ray.cluster_utils starts several nodes on one machine
+    common = ["--node-ip-address=127.0.0.1", "--num-cpus=2", "--object-store-memory=100000000",
+              "--disable-usage-stats", f"--temp-dir={temp_dir}", "--min-worker-port=0", "--max-worker-port=0"]  # fmt: skip
+    try:
+        for extra in (
+            ["--head", f"--port={gcs_port}", "--include-dashboard=false", "--resources", '{"head": 1}'],
+            [f"--address={address}", "--resources", '{"reward_node": 2}'],
+        ):  # fmt: skip
+            log = Path(temp_dir) / "ray-start.log"  # a file, not a pipe: the daemons it starts inherit it
+            with log.open("a") as out:
+                done = subprocess.run(
+                    [ray, "start", *common, *_node_ports(), *extra], env=env, stdout=out, stderr=out, timeout=120
+                )
+            assert done.returncode == 0, log.read_text()[-4000:]
+        yield {"address": address, "env": env, "python": str(python), "temp_dir": temp_dir}
+    finally:
+        killed = _stop(temp_dir)
+        assert not _cluster_processes(temp_dir), "processes of the test cluster survived"
+        shutil.rmtree(temp_dir, ignore_errors=True)  # its logs and sockets, once nothing of it is left
+        print(f"test cluster stopped ({killed} processes needed SIGKILL)")
+
+
+def _driver(
+    cluster: dict[str, Any], tmp_path: Path, step: str, seed: int = 0, pool: str = POOL
+) -> subprocess.Popen[str]:
+    out = tmp_path / f"{step}-{seed}.json"
+    command = [cluster["python"], str(DRIVER), step, cluster["address"], pool, str(out), str(seed)]
+    return subprocess.Popen(command, env=cluster["env"], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+
+
+def _report(process: subprocess.Popen[str], tmp_path: Path, step: str, seed: int = 0) -> dict[str, Any]:
+    try:
+        _, stderr = process.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, stderr = process.communicate(timeout=10)
+        pytest.fail(f"driver {step} passed 150 s:\n{stderr[-3000:]}")
+    assert process.returncode == 0, f"driver {step} failed:\n{stderr[-4000:]}"
+    report = json.loads((tmp_path / f"{step}-{seed}.json").read_text())
+    assert report["supervisor"].startswith(str(REPO_ROOT)), report["supervisor"]  # this checkout's code
+    return report
+
+
+def _run(cluster: dict[str, Any], tmp_path: Path, step: str, seed: int = 0, pool: str = POOL) -> dict[str, Any]:
+    return _report(_driver(cluster, tmp_path, step, seed, pool), tmp_path, step, seed)
+
+
+def _scorer_children(cluster: dict[str, Any]) -> list[psutil.Process]:
+    """This cluster's scorer processes: the image env's python running child_runtime."""
+    venv = REPO_ROOT / "envs" / "image" / ".venv"
+    pythons = {str(venv / "bin" / "python"), str(venv.resolve() / "bin" / "python")}
+    found = []
+    for proc in ray_processes(cluster["temp_dir"]):
+        try:
+            cmdline = proc.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if cmdline[:1] and cmdline[0] in pythons and "child_runtime" in cmdline:
+            found.append(proc)
+    return found
+
+
+@pytest.mark.slow
+def test_a_pool_on_reward_nodes_serves_two_drivers_survives_an_actor_kill_and_dies_whole(cluster, tmp_path):
+    created = _run(cluster, tmp_path, "create")
+    assert created["equal"] and created["ids"], created
+    (reward_node,) = created["reward_nodes"]
+    actors = created["actors"]
+    assert [a["node_id"] for a in actors] == [reward_node, reward_node], actors  # placed on the second raylet
+    assert len({a["pid"] for a in actors}) == 2 and all(a["child_pid"] for a in actors), actors
+
+    drivers = {seed: _driver(cluster, tmp_path, "score", seed) for seed in (1, 2)}  # two drivers at once
+    for seed, process in drivers.items():
+        report = _report(process, tmp_path, "score", seed)
+        assert report["equal"] and report["ids"], report
+        assert [a["pid"] for a in report["actors"]] == [a["pid"] for a in actors]  # the same pool
+        refused = report["refused"]  # raised in the actor: its own typed error, prefixed with the actor
+        assert refused["type"] in ("ScorerRequestError", "ScorerItemsFailed"), refused
+        assert refused["message"].startswith("Ray pool 'rewards' actor 0/2 (node "), refused
+
+    killed = _run(cluster, tmp_path, "kill-actor", 3)
+    victim = killed["before"][0]
+    error = killed["error"]
+    assert error["type"] == "PoolActorDied", killed
+    assert error["node_id"] == reward_node and error["actor_pid"] == victim["pid"], error
+    assert reward_node in error["message"] and f"pid {victim['pid']}" in error["message"], error["message"]
+    assert killed["after"]["served"]["equal"], killed  # Ray restarted the actor: the next call is served
+    restarted = killed["actors"][0]
+    assert restarted["pid"] != victim["pid"] and restarted["node_id"] == reward_node, restarted
+    assert not wait_until_gone([victim["child_pid"]], 10.0), "the killed actor's child outlived it"
+
+    before = _scorer_children(cluster)
+    assert len(before) == 2, before
+    ended = _run(cluster, tmp_path, "kill-pool")
+    child_pids = [a["child_pid"] for a in ended["actors"]]
+    assert sorted(child_pids) == sorted(p.pid for p in before)
+    assert not wait_until_gone(child_pids, 10.0), "a scorer child outlived the killed pool"
+    deadline = time.monotonic() + 10.0
+    while _scorer_children(cluster) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _scorer_children(cluster) == []
+
+    job = _run(cluster, tmp_path, "create-job", 4, pool="jobpool")  # lifetime job: ends with its driver
+    assert job["equal"], job
+    (only,) = job["actors"]
+    assert not wait_until_gone([only["pid"], only["child_pid"]], 15.0), "a job pool outlived its driver"
+
+
+def test_without_ray_the_pool_says_what_it_needs():
+    """The trainer env has no Ray: the pool refuses with the fix, and nothing imported it before."""
+    import importlib.util
+
+    from supervisor import ConfigError, RayPoolBackend
+
+    if importlib.util.find_spec("ray") is not None:
+        pytest.skip("Ray is installed in this environment")
+    with pytest.raises(ConfigError, match="pip install ray"):
+        RayPoolBackend.create(
+            {"name": "p", "scorer": {"env": "image", "scorer": {"name": "mean_intensity", "input_kind": "image"}}}
+        )
