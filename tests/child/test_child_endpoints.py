@@ -66,6 +66,8 @@ def test_health_reports_identity(managed, trainer_python):
         "python": str(trainer_python),
         "connections": {"pending": 0, "evicted": 0},
         "idempotency": {"entries": 0, "replays": 0},
+        "reward_term": None,  # a served panel's weighted reward: a plain scorer has none
+        "identity": None,  # what a served panel's identity covers (its terms'); None for a plain scorer
     }
     assert psutil.Process(backend.pid).exe() == str(Path(trainer_python).resolve()) or psutil.Process(
         backend.pid
