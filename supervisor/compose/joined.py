@@ -8,7 +8,7 @@ from typing import Any
 
 from scorers.diagnostics import merge_term_reports
 from supervisor.backend import items_failed
-from supervisor.errors import RewardContractError, ScorerItemsFailed, ScorerTermsFailed
+from supervisor.errors import RewardContractError, ScorerError, ScorerItemsFailed, ScorerTermsFailed
 from supervisor.types import RewardResponse
 
 
@@ -50,17 +50,33 @@ def join_rows(
     )
 
 
-def join_failures(scorer: str, ids: list[str], outcomes: Sequence[Any]) -> ScorerItemsFailed:
-    """Shares (replicas', servers') that each could not score some items: one error over the whole
-    request, its partial joined from every share's scored rows (as one backend's would be)."""
+def shares_failed(scorer: str, ids: list[str], outcomes: Sequence[Any]) -> ScorerError | None:
+    """The one error over a split request whose failed shares each failed only some items (their
+    partials joined) or only some terms (their responses joined), as one backend's would be; None
+    when no share failed, or one failed otherwise (the caller names that share)."""
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    if failed and all(isinstance(o, ScorerTermsFailed) for o in failed):
+        return _join_term_failures(scorer, ids, outcomes)
+    if failed and all(isinstance(o, ScorerItemsFailed) and o.partial is not None for o in failed):
+        return _join_item_failures(scorer, ids, outcomes)
+    return None
+
+
+def _gathered(outcomes: Sequence[Any], kind: type[Any], answer: str) -> tuple[dict[str, str], list[RewardResponse]]:
+    """The failed ids of every share of `kind`, and every share's response (its `answer` when it failed)."""
     failed: dict[str, str] = {}
     responses = []
     for outcome in outcomes:
-        if isinstance(outcome, ScorerItemsFailed):
+        if isinstance(outcome, kind):
             failed.update(outcome.failed)
-            responses.append(outcome.partial)
+            responses.append(getattr(outcome, answer))
         elif isinstance(outcome, RewardResponse):
             responses.append(outcome)
+    return failed, responses
+
+
+def _join_item_failures(scorer: str, ids: list[str], outcomes: Sequence[Any]) -> ScorerItemsFailed:
+    failed, responses = _gathered(outcomes, ScorerItemsFailed, "partial")
     kept = [item_id for item_id in ids if item_id not in failed]
     diagnostics = merge_term_reports(r.diagnostics for r in responses)
     # every item failed: each partial is empty, and any of them has the terms an empty response needs
@@ -72,17 +88,8 @@ def join_failures(scorer: str, ids: list[str], outcomes: Sequence[Any]) -> Score
     return items_failed(scorer, len(ids), failed, partial)
 
 
-def join_term_failures(scorer: str, ids: list[str], outcomes: Sequence[Any]) -> ScorerTermsFailed:
-    """Shares that answered every item but failed some terms alone: one error over the whole request,
-    its response joined from every share's (each term's failures kept by id), as one backend's would be."""
-    failed: dict[str, str] = {}
-    responses = []
-    for outcome in outcomes:
-        if isinstance(outcome, ScorerTermsFailed):
-            failed.update(outcome.failed)
-            responses.append(outcome.response)
-        elif isinstance(outcome, RewardResponse):
-            responses.append(outcome)
+def _join_term_failures(scorer: str, ids: list[str], outcomes: Sequence[Any]) -> ScorerTermsFailed:
+    failed, responses = _gathered(outcomes, ScorerTermsFailed, "response")
     joined = join_rows(ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
     first_id, why = next(iter(failed.items()))
     return ScorerTermsFailed(

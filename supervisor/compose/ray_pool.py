@@ -35,15 +35,13 @@ from scorers.diagnostics import merge_term_reports
 from scorers.groups import share_groups
 from supervisor.backend import RewardBackend, ScorerShape, request_group_size, request_groups
 from supervisor.backends.managed import ManagedScorerProcessBackend
-from supervisor.compose.joined import join_failures, join_rows, join_term_failures, rows_by_id
+from supervisor.compose.joined import join_rows, rows_by_id, shares_failed
 from supervisor.errors import (
     ConfigError,
     PoolActorDied,
     RewardContractError,
     ScorerError,
-    ScorerItemsFailed,
     ScorerStartupError,
-    ScorerTermsFailed,
     ScorerTimeout,
     ScorerUnavailable,
     prefixed,
@@ -275,10 +273,9 @@ class RayPoolBackend(RewardBackend):
                     f"{self.describe(member)} answered for ids {outcome.ids[:4]}... where its share was {ids[:4]}..."
                 )
         failed = [o for o in outcomes if isinstance(o, BaseException)]
-        if failed and all(isinstance(o, ScorerTermsFailed) for o in failed):
-            raise join_term_failures(self.shape.name, request.ids, outcomes)
-        if failed and all(isinstance(o, ScorerItemsFailed) and o.partial is not None for o in failed):
-            raise join_failures(self.shape.name, request.ids, outcomes)
+        joined = shares_failed(self.shape.name, request.ids, outcomes)
+        if joined is not None:
+            raise joined
         if failed:
             raise failed[0]
         responses = [o for o in outcomes if isinstance(o, RewardResponse)]

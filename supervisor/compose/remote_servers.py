@@ -37,14 +37,12 @@ from supervisor.backend import (
 )
 from supervisor.backends.remote import RemoteRewardBackend, retryable
 from supervisor.child.client import MAX_CONNECTIONS
-from supervisor.compose.joined import join_failures, join_rows, join_term_failures, rows_by_id
+from supervisor.compose.joined import join_rows, rows_by_id, shares_failed
 from supervisor.errors import (
     ConfigError,
     ErrorStatus,
     RewardContractError,
     ScorerError,
-    ScorerItemsFailed,
-    ScorerTermsFailed,
     ScorerUnavailable,
     TransportError,
     prefixed,
@@ -249,10 +247,9 @@ class MultiRemoteRewardBackend(RewardBackend):
     def _joined(self, request: RewardRequest, outcomes: Sequence[RewardResponse | BaseException]) -> RewardResponse:
         """The shares' answers joined by id, or the first failure (each names its server)."""
         failed = [o for o in outcomes if isinstance(o, BaseException)]
-        if failed and all(isinstance(o, ScorerTermsFailed) for o in failed):
-            raise join_term_failures(self.shape.name, request.ids, outcomes)
-        if failed and all(isinstance(o, ScorerItemsFailed) and o.partial is not None for o in failed):
-            raise join_failures(self.shape.name, request.ids, outcomes)
+        joined = shares_failed(self.shape.name, request.ids, outcomes)
+        if joined is not None:
+            raise joined
         if failed:
             also = f"; {len(failed) - 1} other share(s) failed too" if len(failed) > 1 else ""
             raise prefixed(failed[0], f"{self.shape.name!r} over {len(self.servers)} servers{also}") from failed[0]

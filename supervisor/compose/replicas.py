@@ -22,9 +22,9 @@ from supervisor.backend import RewardBackend, ScorerShape, request_group_size, r
 from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.child import ranks
 from supervisor.compose.build import build_all
-from supervisor.compose.joined import join_failures, join_rows, join_term_failures, rows_by_id
+from supervisor.compose.joined import join_rows, rows_by_id, shares_failed
 from supervisor.config import ManagedScorerProcessSpec, ReplicasConfig
-from supervisor.errors import ConfigError, ScorerItemsFailed, ScorerProcessDied, ScorerTermsFailed, prefixed
+from supervisor.errors import ConfigError, ScorerProcessDied, prefixed
 from supervisor.fanout import on_each
 from supervisor.types import RewardRequest, RewardResponse
 
@@ -180,10 +180,9 @@ class ReplicatedBackend(RewardBackend):
                 if share and index not in futures:  # never sent: its load goes now
                     self._answered(index, len(share))
         failed = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
-        if failed and all(isinstance(o, ScorerTermsFailed) for _, o in failed):
-            raise join_term_failures(self.shape.name, request.ids, outcomes)
-        if failed and all(isinstance(o, ScorerItemsFailed) and o.partial is not None for _, o in failed):
-            raise join_failures(self.shape.name, request.ids, outcomes)
+        joined = shares_failed(self.shape.name, request.ids, outcomes)
+        if joined is not None:
+            raise joined
         if failed:
             index, error = failed[0]
             ids = [request.items[p].id for p in shares[index]]
