@@ -122,12 +122,15 @@ class ScoreResult:
     a panel records it like an optional term's failure, anything else raises naming it.
     `term_failed` is the same for one term only (`{term: {position: why}}`): the item keeps its
     other terms (a scorer computing several independent functions, one of which failed).
+    `not_applicable` names, per term, the positions that term does not apply to (a served panel's
+    term limited to some data sources): no value there, and no failure either.
     """
 
     terms: dict[str, list[float]]
     diagnostics: dict[str, Any] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     term_failed: dict[str, dict[int, str]] = field(default_factory=dict)
+    not_applicable: dict[str, set[int]] = field(default_factory=dict)
 
 
 class Scorer:
@@ -168,6 +171,14 @@ class Scorer:
         """Only `terms` are wanted (a request named them): a scorer that can skip the others' work (a
         served panel) overrides this; by default every term is scored and the others dropped."""
         return self.score(items)
+
+    def score_request(
+        self, items: Sequence[ScoreItem], group_size: int | None, terms: tuple[str, ...] | None
+    ) -> ScoreResult:
+        """What a pointwise scorer is called with (groups already checked): `score`, or `score_terms`
+        when the request named terms. A scorer that needs the request's declared group size (a served
+        panel, whose own groupwise terms regroup the items) overrides this."""
+        return self.score(items) if terms is None else self.score_terms(items, terms)
 
     def identity_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The params as they decide verdicts (defaults applied); override to add resolved ones."""
@@ -226,14 +237,14 @@ def score_checked(
         raise ScoreInputError(str(exc)) from exc
     check_required_fields(spec, items)
     if not spec.groupwise:
-        if wanted is None:
-            return _checked_result(spec, scorer.score(items), items)
-        return _selected(_checked_result(spec, scorer.score_terms(items, wanted), items, wanted), wanted)
+        result = _checked_result(spec, scorer.score_request(items, group_size, wanted), items, wanted)
+        return result if wanted is None else _selected(result, wanted)
     if wanted is not None:
         return _selected(score_checked(scorer, items, group_size), wanted)
     scores = {term: [0.0] * len(items) for term in spec.term_names()}
     reports, failed = [], {}
     term_failed: dict[str, dict[int, str]] = {}
+    not_applicable: dict[str, set[int]] = {}
     for members in groups:
         candidates = tuple(replace(items[i], reference=freeze(items[i].reference)) for i in members)
         part = _checked_result(spec, scorer.score_group(candidates, context_of(items, members)), candidates)
@@ -244,7 +255,9 @@ def score_checked(
         failed.update({members[position]: why for position, why in part.failed.items()})
         for term, whys in part.term_failed.items():
             term_failed.setdefault(term, {}).update({members[position]: why for position, why in whys.items()})
-    return ScoreResult(terms=scores, diagnostics=merge_values(reports), failed=failed, term_failed=term_failed)
+        for term, positions in part.not_applicable.items():
+            not_applicable.setdefault(term, set()).update(members[position] for position in positions)
+    return ScoreResult(scores, merge_values(reports), failed, term_failed, not_applicable)
 
 
 def wanted_terms(spec: ScorerSpec, terms: Sequence[str] | None) -> tuple[str, ...] | None:
@@ -266,6 +279,7 @@ def _selected(result: ScoreResult, wanted: tuple[str, ...]) -> ScoreResult:
         result,
         terms={term: result.terms[term] for term in wanted},
         term_failed={term: whys for term, whys in result.term_failed.items() if term in wanted},
+        not_applicable={term: where for term, where in result.not_applicable.items() if term in wanted},
     )
 
 
@@ -286,12 +300,15 @@ def _checked_result(
         raise ScorerContractError(f"scorer {spec.name!r}: term_failed must map its terms to failures")
     for term, whys in result.term_failed.items():
         _check_failed(spec, f"term_failed[{term!r}]", whys, len(items))
+    _check_not_applicable(spec, result.not_applicable, len(items))
     for term, values in result.terms.items():
         if len(values) != len(items):
             raise ScorerContractError(
                 f"scorer {spec.name!r} term {term!r}: {len(values)} scores for {len(items)} items"
             )
-        unscored = result.failed.keys() | result.term_failed.get(term, {}).keys()
+        unscored = (
+            result.failed.keys() | result.term_failed.get(term, {}).keys() | result.not_applicable.get(term, set())
+        )
         for index, value in enumerate(values):
             if index in unscored:
                 continue
@@ -307,6 +324,21 @@ def _checked_result(
     except DiagnosticsError as exc:
         raise ScorerContractError(str(exc)) from exc
     return result
+
+
+def _check_not_applicable(spec: ScorerSpec, given: Any, count: int) -> None:
+    """Positions per declared term; never the scorer's reward term (a reward always applies)."""
+    terms = set(spec.term_names())
+    if not isinstance(given, dict) or set(given) - terms or spec.reward_term in given:
+        raise ScorerContractError(f"scorer {spec.name!r}: not_applicable must map its terms (not its reward) to items")
+    for term, positions in given.items():
+        if not isinstance(positions, (set, frozenset, list, tuple)) or not all(
+            isinstance(p, int) and 0 <= p < count for p in positions
+        ):
+            raise ScorerContractError(
+                f"scorer {spec.name!r}: not_applicable[{term!r}] must hold item positions (0..{count - 1})"
+            )
+        given[term] = set(positions)
 
 
 def _check_failed(spec: ScorerSpec, what: str, failed: Any, count: int) -> None:

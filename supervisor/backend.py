@@ -10,7 +10,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Self
+from types import MappingProxyType
+from typing import Any, NamedTuple, Self
 
 import numpy as np
 
@@ -40,9 +41,18 @@ def _fresh_submitter_lock() -> None:
 
 
 os.register_at_fork(after_in_child=_fresh_submitter_lock)
-# what one exchange with the scorer answers, whatever runs it: terms, diagnostics, failed ids -> why,
-# and per term the ids that term alone failed for -> why
-ChunkAnswer = tuple[Mapping[str, np.ndarray], Mapping[str, Any], Mapping[str, str], Mapping[str, Mapping[str, str]]]
+
+
+class ChunkAnswer(NamedTuple):
+    """What one exchange with the scorer answers, whatever runs it."""
+
+    terms: Mapping[str, np.ndarray]
+    diagnostics: Mapping[str, Any]
+    failed: Mapping[str, str]  # ids the scorer could not score -> why
+    term_failed: Mapping[str, Mapping[str, str]]  # per term, the ids that term alone failed for -> why
+    not_applicable: Mapping[str, frozenset[str]] = MappingProxyType({})  # per term, the ids it does not apply to
+
+
 ChunkScorer = Callable[[Sequence[RewardItem], int | None], ChunkAnswer]
 
 
@@ -342,15 +352,9 @@ def score_in_chunks(
         shape.concurrent_calls if max_in_flight is None else min(shape.concurrent_calls, max_in_flight),
         interrupt,
     )
-    merged, reports, failed, term_failed = _merged(len(request.items), chunks, answers)
+    merged, reports, failed, term_failed, not_applicable = _merged(len(request.items), chunks, answers)
     scored = np.array([item_id not in failed for item_id in request.ids], dtype=bool)
-    for name, scores in merged.items():  # a term some chunk lacked is never filled in with zeros
-        alone = term_failed.get(name, {})
-        unfilled = [i for i in np.flatnonzero(np.isnan(scores) & scored) if request.ids[i] not in alone]
-        if unfilled:
-            raise RewardContractError(
-                f"scorer {shape.name!r} term {name!r}: no score for id {request.items[int(unfilled[0])].id!r}"
-            )
+    _check_filled(shape.name, request.ids, required, merged, scored, term_failed, not_applicable)
     diagnostics = {shape.name: merge_reports(reports)}
     kept = np.flatnonzero(scored)  # every item but those the scorer could not score
     response = assemble_response(
@@ -361,12 +365,37 @@ def score_in_chunks(
         diagnostics,
         shape.identity_hash,
         term_failed,
+        not_applicable,
     )
     if failed:  # the rest's response is the partial (its own term failures kept, for a panel)
         raise items_failed(shape.name, len(request.items), failed, response)
     if any(name in required for name in term_failed):  # the reward lacks a term: only a panel may decide
         raise terms_failed(shape.name, term_failed, response)
     return response
+
+
+def _check_filled(
+    scorer: str,
+    ids: Sequence[str],
+    required: Sequence[str],
+    merged: Mapping[str, np.ndarray],
+    scored: np.ndarray,
+    term_failed: Mapping[str, Mapping[str, str]],
+    not_applicable: Mapping[str, set[str]],
+) -> None:
+    """A term some chunk lacked is never filled in with zeros, and a term of the reward applies to every
+    item: an answer that says otherwise breaks the contract."""
+    inapplicable = sorted(set(not_applicable) & set(required))
+    if inapplicable:
+        raise RewardContractError(
+            f"scorer {scorer!r} says terms {inapplicable} of the reward do not apply to some items: a reward "
+            "applies to every item"
+        )
+    for name, scores in merged.items():
+        alone = term_failed.get(name, {}).keys() | not_applicable.get(name, set())
+        unfilled = [i for i in np.flatnonzero(np.isnan(scores) & scored) if ids[int(i)] not in alone]
+        if unfilled:
+            raise RewardContractError(f"scorer {scorer!r} term {name!r}: no score for id {ids[int(unfilled[0])]!r}")
 
 
 def request_groups(request: RewardRequest, shape: ScorerShape, group_size: int | None) -> list[list[int]]:
@@ -382,21 +411,24 @@ def request_groups(request: RewardRequest, shape: ScorerShape, group_size: int |
 
 def _merged(
     count: int, chunks: Sequence[Sequence[int]], answers: Sequence[ChunkAnswer]
-) -> tuple[dict[str, np.ndarray], list[dict[str, Any]], dict[str, str], dict[str, dict[str, str]]]:
+) -> tuple[dict[str, np.ndarray], list[dict[str, Any]], dict[str, str], dict[str, dict[str, str]], dict[str, set[str]]]:
     """The chunks' scores in request order (NaN where none came), their reports, the failed ids,
-    and the ids each term alone failed for."""
+    the ids each term alone failed for, and those each term does not apply to."""
     merged: dict[str, np.ndarray] = {}
     reports = []
     failed: dict[str, str] = {}
     term_failed: dict[str, dict[str, str]] = {}
-    for chunk, (terms, values, chunk_failed, chunk_term_failed) in zip(chunks, answers, strict=True):
-        for name, scores in terms.items():
+    not_applicable: dict[str, set[str]] = {}
+    for chunk, answer in zip(chunks, answers, strict=True):
+        for name, scores in answer.terms.items():
             merged.setdefault(name, np.full(count, np.nan))[list(chunk)] = scores
-        reports.append(report(len(chunk), values))
-        failed.update(chunk_failed)
-        for name, whys in chunk_term_failed.items():
+        reports.append(report(len(chunk), answer.diagnostics))
+        failed.update(answer.failed)
+        for name, whys in answer.term_failed.items():
             term_failed.setdefault(name, {}).update(whys)
-    return merged, reports, failed, term_failed
+        for name, ids in answer.not_applicable.items():
+            not_applicable.setdefault(name, set()).update(ids)
+    return merged, reports, failed, term_failed, not_applicable
 
 
 def items_failed(scorer: str, total: int, failed: Mapping[str, str], partial: RewardResponse) -> ScorerItemsFailed:
@@ -431,14 +463,18 @@ def assemble_response(
     diagnostics: Mapping[str, Any],
     identity_hash: str | None = None,
     term_failed: Mapping[str, Mapping[str, str]] | None = None,
+    not_applicable: Mapping[str, set[str] | frozenset[str]] | None = None,
 ) -> RewardResponse:
     """final = sum(weight * term) over the required terms; every item a success or we raised. A term
     the scorer says failed alone for an item (`term_failed`) is that item's TermFailure: no value
     (None), the item not a success. For a term of the reward, of kind SCORER_TERM_FAILED: the item's
     reward is not usable (the caller raises); for another term (a served panel's optional
-    component), of kind term_failed: the reward stands without it."""
+    component), of kind term_failed: the reward stands without it. A term that does not apply to an
+    item (`not_applicable`, a served panel's term limited to some data sources) is None there, and
+    `applicable` says so; a term of the reward always applies (the answer was checked for it)."""
     rewards = np.zeros(len(ids), dtype=np.float64)
     alone = {name: [item_id in whys for item_id in ids] for name, whys in (term_failed or {}).items()}
+    applicable = {name: [i not in where for i in ids] for name, where in (not_applicable or {}).items()}
     for term in required:
         values = np.asarray(terms[term], dtype=np.float64)
         rewards += weights.get(term, 1.0) * np.where(alone.get(term, False), 0.0, values)
@@ -456,9 +492,15 @@ def assemble_response(
         ids=ids,
         rewards=rewards.tolist(),
         component_rewards={
-            name: [None if name in alone and alone[name][i] else float(v) for i, v in enumerate(values)]
+            name: [
+                None
+                if (name in alone and alone[name][i]) or (name in applicable and not applicable[name][i])
+                else float(v)
+                for i, v in enumerate(values)
+            ]
             for name, values in terms.items()
         },
+        applicable={name: mask for name, mask in applicable.items() if name in terms},
         term_failures=failures,
         diagnostics=dict(diagnostics),
         identity_hash=identity_hash,

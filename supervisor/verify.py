@@ -10,7 +10,7 @@ import numpy as np
 
 from child_runtime.protocol import wire
 from scorers.diagnostics import DiagnosticsError, check_values
-from supervisor.backend import ScorerShape
+from supervisor.backend import ChunkAnswer, ScorerShape
 from supervisor.errors import ChildRecord, RewardContractError, ScorerRequestError
 from supervisor.types import RewardItem
 
@@ -49,9 +49,10 @@ def verify_score_answer(
     record: Callable[[], ChildRecord | None] = lambda: None,
     declared: ScorerShape | None = None,
     asked: Sequence[str] | None = None,
-) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, str], dict[str, dict[str, str]]]:
+) -> ChunkAnswer:
     """Same ids in the same order, every required term, one finite float64 per item except the
-    items the answer names as failed (id -> why) and, per term, those it names in `term_failed`;
+    items the answer names as failed (id -> why) and, per term, those it names in `term_failed` or
+    `not_applicable`;
     with the scorer's `declared` shape, exactly its terms (those `asked` for, when the request named
     some) and only its diagnostics (a server redeployed with another scorer, or one that does not
     keep the contract, never fills a reward)."""
@@ -66,23 +67,27 @@ def verify_score_answer(
         raise fail(_id_mismatch(ids, expected_ids))
     failed = _failures(answer.get("failed"), "'failed'", expected_ids, fail)
     term_failed = _term_failures(answer, expected_ids, fail)
-    terms = _term_values(answer["terms"], expected_ids, failed, term_failed, fail)
+    not_applicable = _not_applicable(answer, expected_ids, fail)
+    terms = _term_values(answer["terms"], expected_ids, failed, term_failed, not_applicable, fail)
     missing = [name for name in required if name not in terms]
     if missing:
         raise fail(f"required rewards {missing} missing from the answer (got {sorted(terms)})")
-    if set(term_failed) - set(terms):
-        raise fail(f"answer names failures of terms {sorted(set(term_failed) - set(terms))} it has no values for")
+    for what, named in (("failures", term_failed), ("inapplicable items", not_applicable)):
+        if set(named) - set(terms):
+            raise fail(f"answer names {what} of terms {sorted(set(named) - set(terms))} it has no values for")
     diagnostics = answer.get("diagnostics") or {}
     if declared is None or not declared.terms:
-        return terms, diagnostics if isinstance(diagnostics, dict) else {}, failed, term_failed
+        plain = diagnostics if isinstance(diagnostics, dict) else {}
+        return ChunkAnswer(terms, plain, failed, term_failed, not_applicable)
     expected = set(declared.terms) if asked is None else set(asked)
     if set(terms) != expected:
         said = "declared" if asked is None else "was asked for"
         raise fail(f"answer has terms {sorted(terms)}; scorer {declared.name!r} {said} {sorted(expected)}")
     try:
-        return terms, check_values(declared.name, declared.diagnostics, diagnostics), failed, term_failed
+        checked = check_values(declared.name, declared.diagnostics, diagnostics)
     except DiagnosticsError as exc:
         raise fail(str(exc)) from exc
+    return ChunkAnswer(terms, checked, failed, term_failed, not_applicable)
 
 
 def _term_values(
@@ -90,6 +95,7 @@ def _term_values(
     expected_ids: Sequence[str],
     failed: dict[str, str],
     term_failed: dict[str, dict[str, str]],
+    not_applicable: dict[str, frozenset[str]],
     fail: Callable[[str], RewardContractError],
 ) -> dict[str, np.ndarray]:
     """Each term's scores: float64, one per item, finite but where the answer says it failed."""
@@ -98,7 +104,7 @@ def _term_values(
         if not isinstance(values, np.ndarray) or values.dtype != np.float64 or values.shape != (len(expected_ids),):
             shape = getattr(values, "shape", type(values).__name__)
             raise fail(f"term {name!r}: expected {len(expected_ids)} float64 scores, got {shape}")
-        unscored = failed.keys() | term_failed.get(name, {}).keys()
+        unscored = failed.keys() | term_failed.get(name, {}).keys() | not_applicable.get(name, frozenset())
         scored = np.array([item_id not in unscored for item_id in expected_ids], dtype=bool)
         bad = np.flatnonzero(~np.isfinite(values) & scored)
         if bad.size:
@@ -116,6 +122,24 @@ def _term_failures(
     if not isinstance(found, dict):
         raise fail(f"answer's 'term_failed' must map terms to failed ids, got {found!r}")
     return {term: _failures(whys, f"'term_failed'[{term!r}]", expected_ids, fail) for term, whys in found.items()}
+
+
+def _not_applicable(
+    answer: dict[str, Any],
+    expected_ids: Sequence[str],
+    fail: Callable[[str], RewardContractError],
+) -> dict[str, frozenset[str]]:
+    """The answer's `not_applicable` ({term: [ids]}), each id one of the request's (that no term of
+    the reward is among them is score_in_chunks' check, for every backend)."""
+    found = answer.get("not_applicable") or {}
+    if not isinstance(found, dict) or not all(isinstance(ids, list) for ids in found.values()):
+        raise fail(f"answer's 'not_applicable' must map terms to lists of ids, got {found!r}")
+    known = set(expected_ids)
+    for term, ids in found.items():
+        unknown = [i for i in ids if i not in known]
+        if unknown:
+            raise fail(f"answer's 'not_applicable'[{term!r}] names ids {unknown[:5]} that were not in the request")
+    return {term: frozenset(ids) for term, ids in found.items()}
 
 
 def _failures(

@@ -271,4 +271,8 @@ def response_to_wire(items: Sequence[ScoreItem], result: ScoreResult) -> dict[st
             term: {items[position].id: why for position, why in sorted(whys.items())}
             for term, whys in result.term_failed.items()
         }
+    if result.not_applicable:  # a term that does not apply to an item: no value, no failure
+        answer["not_applicable"] = {
+            term: [items[position].id for position in sorted(where)] for term, where in result.not_applicable.items()
+        }
     return answer

@@ -109,7 +109,12 @@ def answer_of(result: ScoreResult, terms: Sequence[str], reward_term: str | None
     for term, whys in result.term_failed.items():  # the reward is every term's sum: none may be missing
         reasons = "; ".join(f"sample {position}: {why}" for position, why in sorted(whys.items()))
         raise ItemsFailed(f"term {term!r} failed for {len(whys)} sample(s): {reasons}")
-    values = {name: [float(v) for v in result.terms[name]] for name in terms if name != reward_term}
+    where = result.not_applicable  # a served panel's term that does not apply to a sample logs 0.0 there
+    values = {
+        name: [0.0 if i in where.get(name, ()) else float(v) for i, v in enumerate(result.terms[name])]
+        for name in terms
+        if name != reward_term
+    }
     if reward_term is not None:
         return answer([float(v) for v in result.terms[reward_term]], values)
     rewards = [math.fsum(column) for column in zip(*values.values(), strict=True)]

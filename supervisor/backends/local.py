@@ -104,7 +104,10 @@ class LocalRewardBackend(RewardBackend):
             for name, whys in result.term_failed.items()
         }
         failed = {chunk[position].id: why for position, why in result.failed.items()}
-        return terms, result.diagnostics, failed, term_failed
+        not_applicable = {
+            name: frozenset(chunk[position].id for position in where) for name, where in result.not_applicable.items()
+        }
+        return ChunkAnswer(terms, result.diagnostics, failed, term_failed, not_applicable)
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         with self._serial:

@@ -113,14 +113,19 @@ class PanelScorer(Scorer):
             return self._subsets[wanted]
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
-        return self._score(self._serving(), items)
+        return self.score_request(items, None, None)
 
     def score_terms(self, items: Sequence[ScoreItem], terms: tuple[str, ...]) -> ScoreResult:
-        return self._score(self._subset(terms), items)
+        return self.score_request(items, None, terms)
 
-    def _score(self, panel: RewardPanel, items: Sequence[ScoreItem]) -> ScoreResult:
+    def score_request(
+        self, items: Sequence[ScoreItem], group_size: int | None, terms: tuple[str, ...] | None
+    ) -> ScoreResult:
+        """The request's group size goes to the panel (its groupwise terms check and regroup by it; the
+        recipe's own `group_size` refuses a request declaring another)."""
+        panel = self._serving() if terms is None else self._subset(terms)
         try:
-            request = RewardRequest(items=[reward_item(item) for item in items])
+            request = RewardRequest(items=[reward_item(item) for item in items], group_size=group_size)
         except ValueError as exc:
             raise ScoreInputError(f"an item the panel cannot take: {exc}") from exc
         try:
@@ -152,8 +157,8 @@ class PanelScorer(Scorer):
 
 
 def as_result(response: RewardResponse, names: Sequence[str]) -> ScoreResult:
-    """The panel's response as its scorer's result: each term's values (a term that does not apply to an
-    item is 0.0 there: the wire has no "not applicable"), its optional failures as that term's
+    """The panel's response as its scorer's result: each term's values, the items it does not apply to
+    (`not_applicable`: None on the client's side too), its optional failures as that term's
     `term_failed`, and the weighted reward."""
     position = {item_id: index for index, item_id in enumerate(response.ids)}
     term_failed: dict[str, dict[int, str]] = {}
@@ -163,11 +168,11 @@ def as_result(response: RewardResponse, names: Sequence[str]) -> ScoreResult:
                 {position[i]: failure.error or failure.kind for i in failure.ids}
             )
     terms: dict[str, list[float]] = {}
+    not_applicable: dict[str, set[int]] = {}
     for name in names:
-        failed = term_failed.get(name, {})
-        terms[name] = [
-            math.nan if index in failed else (0.0 if value is None else value)
-            for index, value in enumerate(response.component_rewards[name])
-        ]
+        mask = response.applicable.get(name)
+        if mask is not None and not all(mask):
+            not_applicable[name] = {index for index, applies in enumerate(mask) if not applies}
+        terms[name] = [math.nan if value is None else value for value in response.component_rewards[name]]
     terms[WEIGHTED] = list(response.rewards)
-    return ScoreResult(terms=terms, term_failed=term_failed)
+    return ScoreResult(terms=terms, term_failed=term_failed, not_applicable=not_applicable)

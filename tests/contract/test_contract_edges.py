@@ -22,7 +22,7 @@ from supervisor import (
     load_recipe,
     preflight,
 )
-from supervisor.backend import ScorerShape, score_in_chunks
+from supervisor.backend import ChunkAnswer, ScorerShape, score_in_chunks
 from supervisor.verify import verify_score_answer
 from tests.conftest import env_python
 from tests.helpers.fixture_scorers import Exclusive
@@ -101,10 +101,32 @@ def test_an_answer_must_carry_exactly_the_declared_terms_and_diagnostics():
 
 
 def test_a_term_one_chunk_left_out_is_never_zero_filled():
-    calls = iter([({"a": np.ones(2), "b": np.ones(2)}, {}, {}, {}), ({"a": np.ones(2)}, {}, {}, {})])
+    calls = iter(
+        [ChunkAnswer({"a": np.ones(2), "b": np.ones(2)}, {}, {}, {}), ChunkAnswer({"a": np.ones(2)}, {}, {}, {})]
+    )
     request = RewardRequest(items=[RewardItem(id=f"i{k}", text="t") for k in range(4)])
     with pytest.raises(RewardContractError, match="term 'b': no score for id 'i2'"):
         score_in_chunks(request, 2, lambda chunk, size: next(calls), ["a"], {}, DECLARED)
+
+
+def test_a_term_that_does_not_apply_is_none_and_never_a_reward_term():
+    """`not_applicable` on the wire: that term's component is None there (applicable False), the item
+    a success; the same mark on a term of the reward breaks the contract, and so does an unknown id."""
+    values = {"a": np.array([1.0, 2.0]), "b": np.array([0.5, np.nan])}
+    answer = {"ids": ["x", "y"], "terms": values, "not_applicable": {"b": ["y"]}}
+    checked = verify_score_answer(answer, ["x", "y"], ["a"], declared=DECLARED)
+    assert checked.not_applicable == {"b": frozenset({"y"})}
+    request = RewardRequest(items=[RewardItem(id=i, text="t") for i in ("x", "y")])
+    response = score_in_chunks(request, 2, lambda chunk, size: checked, ["a"], {}, DECLARED)
+    assert response.rewards == [1.0, 2.0] and response.component_rewards["b"] == [0.5, None]
+    assert response.applicable == {"b": [True, False]} and response.usable() == [True, True]
+    assert response.successes == [True, True]
+    with pytest.raises(RewardContractError, match=r"terms \['b'\] of the reward do not apply"):
+        score_in_chunks(request, 2, lambda chunk, size: checked, ["a", "b"], {}, DECLARED)
+    with pytest.raises(RewardContractError, match="non-finite score nan for id 'y'"):
+        verify_score_answer({**answer, "not_applicable": {"b": ["x"]}}, ["x", "y"], ["a"], declared=DECLARED)
+    with pytest.raises(RewardContractError, match="names ids \\['z'\\]"):
+        verify_score_answer({**answer, "not_applicable": {"b": ["y", "z"]}}, ["x", "y"], ["a"], declared=DECLARED)
 
 
 def test_a_remote_scorer_failure_is_not_retried(managed, trainer_python, tmp_path):

@@ -4,6 +4,7 @@ as the same panel scores in-process; real processes and sockets."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import time
@@ -16,7 +17,7 @@ import yaml
 
 from supervisor import RemoteRewardBackend, RewardItem, RewardPanel, RewardRequest
 from supervisor.compose.recipes import build_panel, load_recipe
-from supervisor.errors import ConfigError
+from supervisor.errors import ConfigError, ScorerRequestError
 from tests.conftest import wait_until_gone
 from tests.ops.test_cli_serve import start_serve, stop_serve, wait_ready
 
@@ -213,7 +214,8 @@ def test_the_panel_scorer_scores_only_the_terms_asked_for_and_keeps_optional_fai
         whole = score_checked(scorer, items)
         assert whole.terms["weighted_reward"] == [3.0, 3.0] and whole.terms["logged"] == [1.0, 1.0]
         assert list(whole.term_failed) == ["maths"] and list(whole.term_failed["maths"]) == [1]  # "a": not applicable
-        assert whole.terms["maths"][0] == 0.0
+        assert whole.not_applicable == {"maths": {0}}  # marked, never a 0.0 that a client would read
+        assert math.isnan(whole.terms["maths"][0])
         journal.unlink()
         narrowed = score_checked(scorer, items[1:], terms=["maths", "weighted_reward"])
         assert not journal.exists()  # the term not asked for was never scored
@@ -241,3 +243,40 @@ def test_ctrl_c_stops_a_panel_server_gracefully_too(tmp_path):
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def test_a_served_panel_takes_the_requests_group_size_and_marks_terms_that_do_not_apply(tmp_path):
+    """Local terms only (no children): a groupwise term needs the group size the request declares (the
+    recipe gives none), and a term limited to `math` items reaches the client as None elsewhere (its
+    `applicable` False), the item's reward whole; the weighted reward is the in-process panel's."""
+    spy = {"kind": "local", "scorer": {"name": "tests.helpers.fixture_scorers:GroupSpy"}}
+    length = {"kind": "local", "scorer": {"name": "tests.helpers.fixture_scorers:Probe"}}
+    terms = [
+        {"name": "sized", "weight": 1.0, "backend": spy, "component": "group_size"},
+        {"name": "long", "weight": 0.5, "backend": length, "applicable_datasets": ["math"]},
+    ]
+    recipe = tmp_path / "reward.yaml"
+    recipe.write_text(yaml.safe_dump({"terms": terms}))
+    sources = ["math", "math", "chat", "chat"]  # a group shares its data source
+    items = [
+        RewardItem(id=f"r{i}", group_id=f"q{i // 2}", prompt="p", text="x" * (i + 1), data_source=source)
+        for i, source in enumerate(sources)
+    ]
+    server, ready, log = start_serve(tmp_path, "local", "--recipe", str(recipe))
+    try:
+        info = wait_ready(ready, 60)
+        assert info.get("ready") is True, log.read_text()[-3000:]
+        with (
+            RemoteRewardBackend(f"http://127.0.0.1:{info['port']}", token=TOKEN) as remote,
+            build_panel(load_recipe(recipe).train) as local,
+        ):
+            request = RewardRequest(items=items, group_size=2)
+            got, expected = remote.compute_rewards(request), local.compute_rewards(request)
+            assert got.rewards == expected.rewards == [2.5, 3.0, 2.0, 2.0]  # 2 + 0.5 x length where it applies
+            assert got.component_rewards["long"] == expected.component_rewards["long"] == [1.0, 2.0, None, None]
+            assert got.applicable["long"] == [True, True, False, False] and all(got.usable())
+            assert got.successes == [True] * 4
+            with pytest.raises(ScorerRequestError, match="declare group_size"):  # the panel's own check
+                remote.compute_rewards(RewardRequest(items=items))
+    finally:
+        assert stop_serve(server) == 0
