@@ -3,7 +3,8 @@
 A UniRL recipe changes only its top `_target_` (`unirl.reward.managed_process.ManagedScorerProcessBackend`
 -> `supervisor.adapters.unirl.ManagedScorerProcessBackend`): `config=` (UniRL's own spec, or a mapping
 of its fields) and `base_device=` are read by adapters/unirl_config into this project's managed
-backend. `RewardPanel` takes one of our panel recipes (UniRL's remote multi-reward role).
+backend. `RewardPanel` takes one of our panel recipes (UniRL's remote multi-reward role, run here);
+`RemoteRewardBackend` is UniRL's remote backend's drop-in for a server of ours (a served panel).
 
 This module imports without UniRL. The two classes are made on first access (PEP 562 `__getattr__`):
 when UniRL is importable they subclass `unirl.reward.base.RewardBackend`, so UniRL's RewardService and
@@ -19,12 +20,12 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from supervisor.adapters.unirl_config import UniRLOptions, managed_spec, panel_config
+from supervisor.adapters.unirl_config import UniRLOptions, managed_spec, panel_config, remote_config
 from supervisor.adapters.unirl_io import contributions, reward_request, unirl_response
 from supervisor.backend import RewardBackend
 from supervisor.backends.managed import ManagedScorerProcessBackend as _OurManagedBackend
 from supervisor.compose.panel import RewardPanel as _OurPanel
-from supervisor.compose.recipes import build_panel
+from supervisor.compose.recipes import build_panel, make_backend
 from supervisor.errors import ScorerError
 from supervisor.types import RewardRequest, RewardResponse
 
@@ -187,8 +188,47 @@ class _PanelBackend(_UniRLFace):
         return contributions(self.panel.terms, request, response)
 
 
-_CORES: dict[str, type[_UniRLFace]] = {"ManagedScorerProcessBackend": _ManagedBackend, "RewardPanel": _PanelBackend}
-__all__ = ["ManagedScorerProcessBackend", "RewardPanel", "unirl_base"]  # noqa: F822 - made by __getattr__
+class _RemoteBackend(_UniRLFace):
+    """A managed-scorers server someone started (`serve --recipe`: a whole panel; `serve --scorer`: one
+    scorer), from UniRL's remote recipe: `config` is UniRL's RemoteRewardSpec (or its fields) with
+    `base_url` the server's URL (or a list of servers of one identity), `required_rewards` the terms
+    wanted (the server scores only those, and a served panel's reward sums only them). The bearer token
+    is read from the variable `token_env` (serve's default). `component_rewards[term]` is the term's
+    value, as UniRL's own remote backend gives (0.0 where it does not apply or an optional term failed);
+    the reward is the server's (a served panel's weighted reward)."""
+
+    def __init__(
+        self,
+        *,
+        config: Any,
+        base_device: str | None = "cpu",
+        token_env: str | None = "MANAGED_SCORERS_TOKEN",
+        model_name: str | None = None,
+        batch_size: int | None = None,
+        timeout: float | None = None,
+        prompt_source: str | None = None,
+        reference_key: str = "reference",
+    ) -> None:
+        del base_device  # the server's scorers have their own devices
+        remote, options, self.wanted = remote_config(config, token_env)
+        given: dict[str, Any] = {"model_name": model_name, "batch_size": batch_size, "timeout": timeout}
+        given["prompt_source"] = prompt_source
+        options = replace(options, reference_key=reference_key, **{k: v for k, v in given.items() if v is not None})
+        self._set_base(options, make_backend(remote))
+
+    def _components(self, request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
+        shape = self.backend.shape
+        reward_term = None if shape is None else shape.reward_term
+        names = self.wanted or [name for name in response.component_rewards if name != reward_term]
+        return {name: [0.0 if value is None else value for value in response.component_rewards[name]] for name in names}
+
+
+_CORES: dict[str, type[_UniRLFace]] = {
+    "ManagedScorerProcessBackend": _ManagedBackend,
+    "RewardPanel": _PanelBackend,
+    "RemoteRewardBackend": _RemoteBackend,
+}
+__all__ = ["ManagedScorerProcessBackend", "RemoteRewardBackend", "RewardPanel", "unirl_base"]  # noqa: F822
 
 
 def __getattr__(name: str) -> type:

@@ -3,7 +3,8 @@
 A UniRL recipe hands `config=` as UniRL's own `ManagedScorerProcessSpec` (Hydra builds its nested
 dataclasses: `process`, `scorer`, `client: RemoteRewardSpec`) or as a mapping with the same field
 names. Both are read here field by field (duck-typed: UniRL need not be importable) into one
-`ManagedScorerProcessSpec` of ours, so the child is launched, pinned and bounded the one way this
+`ManagedScorerProcessSpec` of ours (a `RemoteRewardSpec` alone, for servers of ours: our remote
+backend's config), so the child is launched, pinned and bounded the one way this
 project does it. A field that has no meaning here is named in the README; one that cannot be
 honoured (`transport: cuda_ipc`, a second reward for one scorer) is a ConfigError.
 """
@@ -20,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from supervisor.compose.recipes import load_recipe
-from supervisor.config import ManagedScorerProcessSpec, PanelConfig
+from supervisor.config import ManagedScorerProcessSpec, PanelConfig, RemoteBackendConfig
 from supervisor.errors import ConfigError, validation_message
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,16 @@ def check_transport(transport: Any) -> None:
         raise ConfigError(f"transport must be one of {[*TRANSPORTS, 'cuda_ipc']}, got {transport!r}")
 
 
+def check_raises(client: Mapping[str, Any]) -> None:
+    """UniRL's `raise_on_failure: false` turns a failed call into zero rewards marked failed; here a bad
+    reward always stops the step (typed), so asking for the zeros is refused, not ignored."""
+    if client.get("raise_on_failure", True) is not True:
+        raise ConfigError(
+            "config.client.raise_on_failure must be true: a failed reward call raises its typed error here, "
+            "never zero rewards"
+        )
+
+
 def _history_kind(scorer: Mapping[str, Any]) -> tuple[str, str]:
     kind = scorer.get("history_kind", "image")
     if kind not in HISTORY_KINDS:
@@ -132,6 +143,7 @@ def _history_kind(scorer: Mapping[str, Any]) -> tuple[str, str]:
 
 def _check_client(client: Mapping[str, Any], name: str, media: str, version: Any) -> None:
     """UniRL's own checks for one managed scorer: it serves exactly its own reward, of its media kind."""
+    check_raises(client)
     required = list(client.get("required_rewards") or [name])
     if required != [name]:
         raise ConfigError(
@@ -224,6 +236,7 @@ def panel_config(recipe: Any, config: Any, model_name: str | None) -> tuple[Pane
     the base options. The weights are the recipe's (sum of weight x term, not normalised): UniRL's
     `reward_weights` and another `aggregation_method` are refused rather than half-honoured."""
     client = fields_of(config, "config", CLIENT_FIELDS)
+    check_raises(client)
     if client.get("reward_weights"):
         raise ConfigError("reward_weights: a panel's weights are its recipe's terms' `weight` (sum of weight x term)")
     if client.get("aggregation_method", "weighted_sum") != "weighted_sum":
@@ -242,3 +255,38 @@ def panel_config(recipe: Any, config: Any, model_name: str | None) -> tuple[Pane
     if wanted:
         panel = panel.model_copy(update={"terms": [term for term in panel.terms if term.name in wanted]})
     return panel, _options(client, model_name or "reward_panel", "image", model_name=model_name)
+
+
+def remote_config(config: Any, token_env: str | None) -> tuple[RemoteBackendConfig, UniRLOptions, list[str]]:
+    """UniRL's RemoteRewardSpec (or its fields), pointed at servers of ours (`serve --recipe` or
+    `serve --scorer`; one URL or a list of servers of one identity), as our remote backend's config,
+    the base options, and the rewards whose values UniRL gets as components (`required_rewards`;
+    empty: every term the server serves). Weights are the server's: a served panel's are its recipe's,
+    so `reward_weights` and another `aggregation_method` are refused rather than half-honoured."""
+    client = fields_of(config, "config", CLIENT_FIELDS)
+    check_raises(client)
+    urls = client.get("base_url")
+    listed = [urls] if isinstance(urls, str) else list(urls or [])
+    if not listed or not all(isinstance(url, str) and url.startswith(("http://", "https://")) for url in listed):
+        raise ConfigError(
+            f"config.base_url must be the http(s) URL of a managed-scorers server (or a list of them), got {urls!r} "
+            "(managed://: supervisor.adapters.unirl.ManagedScorerProcessBackend)"
+        )
+    if client.get("reward_weights"):
+        raise ConfigError("reward_weights: the server weighs its terms (a served panel: its recipe's `weight`s)")
+    if client.get("aggregation_method", "weighted_sum") != "weighted_sum":
+        raise ConfigError(f"aggregation_method {client['aggregation_method']!r}: a served panel sums weight x term")
+    wanted = [str(name) for name in client.get("required_rewards") or []]
+    remote: dict[str, Any] = {"base_url": listed[0] if len(listed) == 1 else listed, "token_env": token_env}
+    remote["client"] = {"required_rewards": wanted}
+    if client.get("request_batch_size") is not None:
+        remote["client"]["request_batch_size"] = client["request_batch_size"]
+    if client.get("timeout") is not None:
+        remote["request_timeout"] = client["timeout"]
+    if client.get("expected_scorer_version") is not None:
+        remote["revision"] = client["expected_scorer_version"]
+    try:
+        parsed = RemoteBackendConfig.model_validate(remote)
+    except ValidationError as exc:
+        raise ConfigError(f"UniRL remote reward at {urls!r}: {validation_message(exc)}") from exc
+    return parsed, _options(client, "reward_service", "image"), wanted

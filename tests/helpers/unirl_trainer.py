@@ -1,7 +1,8 @@
 """UniRL 0.2.0's own reward code driving the drop-in; run by tests/trainers/test_unirl.py in envs/trl.
 
 Run as `python -m tests.helpers.unirl_trainer ARGS_JSON` from the repository root (so this checkout's
-packages are the ones imported). ARGS_JSON: image_python, math_python, recipe (the seed's managed-backend
+packages are the ones imported). ARGS_JSON: image_python, math_python, serve_python (one that runs `serve`),
+recipe (the seed's managed-backend
 recipe, top `_target_` changed), service_root (an existing directory, which UniRL's spec demands), workdir.
 Every check builds real UniRL `Sample`s and scores them through UniRL's RewardService / RewardStack; the
 expected values are computed here by hand from the uint8 pixels. Prints one JSON report line.
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -251,6 +254,55 @@ def panel(args: dict[str, Any]) -> None:
     check("panel components", components == {"brightness": f32(brightness), "kept": f32(kept)}, components)
     check("panel rewards", rewards == f32([b + k for b, k in zip(brightness, kept, strict=True)]), rewards)
     backend.dispose()
+    served_panel(args, recipe, sample, rewards)
+
+
+def served_panel(args: dict[str, Any], recipe: Path, sample: Sample, in_process: list[float]) -> None:
+    """The same recipe behind `serve --recipe`, through UniRL's remote recipe with only the top `_target_`
+    changed: the in-process panel's rewards; components each term's value (0.0 where it does not apply,
+    as UniRL's remote backend gives); `required_rewards: [kept]` scores and sums that term only."""
+    token = "u" * 32
+    log = open(Path(args["workdir"]) / "served_panel.log", "w")  # noqa: SIM115 - closed with the server
+    server = subprocess.Popen(
+        [args["serve_python"], "-m", "supervisor", "serve", "--recipe", str(recipe)],  # not a trainer: its own python
+        stdout=subprocess.PIPE,
+        stderr=log,
+        env={**os.environ, "MANAGED_SCORERS_TOKEN": token},
+        text=True,
+    )
+    report["pids"].append(server.pid)
+    try:
+        ready = json.loads(server.stdout.readline())  # its readiness line (the server bounds its own start)
+        url = f"http://127.0.0.1:{ready['port']}"
+        report["pids"].extend(child.pid for child in psutil.Process(server.pid).children(recursive=True))
+        os.environ["PANEL_TOKEN"] = token
+        rewards = {}
+        for wanted in (["brightness", "kept"], ["kept"]):
+            cfg = {
+                "_target_": "supervisor.adapters.unirl.RemoteRewardBackend",
+                "base_device": "cpu",
+                "token_env": "PANEL_TOKEN",
+                "config": {
+                    "_target_": "unirl.reward.remote.RemoteRewardSpec",
+                    "base_url": url,
+                    "required_rewards": wanted,
+                    "input_kind": "image",
+                },
+            }
+            remote = hydra.utils.instantiate(OmegaConf.create(cfg))
+            check(f"remote {wanted} is a UniRL RewardBackend", isinstance(remote, UniRLRewardBackend))
+            rewards[tuple(wanted)], components = scored(RewardService(remote), sample)
+            if wanted == ["brightness", "kept"]:
+                raw = [v / 255 if s == "bright" else 0.0 for v, s in zip(LEVELS, ["bright", "dim"] * 2, strict=True)]
+                expected = {"brightness": f32(raw), "kept": f32([1 - v / 255 for v in LEVELS])}
+                check("served panel components", components == expected, components)
+            remote.dispose()
+        check("served panel rewards", rewards[("brightness", "kept")] == in_process, rewards)
+        check("served subset rewards", rewards[("kept",)] == f32([1 - v / 255 for v in LEVELS]), rewards)
+    finally:
+        server.terminate()
+        server.wait(20)
+        log.close()
 
 
 def video_scorer(args: dict[str, Any]) -> None:

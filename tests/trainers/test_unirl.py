@@ -21,7 +21,7 @@ import pytest
 
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 from supervisor.adapters import unirl
-from supervisor.adapters.unirl_config import managed_spec, panel_config
+from supervisor.adapters.unirl_config import managed_spec, panel_config, remote_config
 from supervisor.adapters.unirl_io import contributions, reward_request
 from supervisor.compose.panel import PanelTerm, RewardPanel
 from supervisor.errors import ConfigError, ScorerRequestError
@@ -46,6 +46,11 @@ CHECKS = [
     "audio loudness by hand",
     "panel components",
     "panel rewards",
+    "remote ['brightness', 'kept'] is a UniRL RewardBackend",
+    "served panel components",
+    "remote ['kept'] is a UniRL RewardBackend",
+    "served panel rewards",
+    "served subset rewards",
 ]
 
 
@@ -57,6 +62,7 @@ def driven(tmp_path_factory):
     args = {
         "image_python": str(env_python("image")),
         "math_python": str(env_python("math")),
+        "serve_python": sys.executable,  # a panel server runs the child runtime: this venv has it
         "recipe": str(REPO_ROOT / "tests" / "trainers" / "fixtures" / "unirl_managed_backend.yaml"),
         "service_root": str(workdir / "service_root"),
         "workdir": str(workdir),
@@ -83,7 +89,8 @@ def test_unirls_own_service_recipes_and_stack_score_through_the_drop_in_as_compu
 @pytest.mark.slow
 def test_no_scorer_process_is_left_after_the_unirl_trainer_exits(driven):
     report, _ = driven
-    assert len(report["pids"]) == 7  # mean_intensity, edit_fidelity, math_verify, video, audio, the panel's two
+    # mean_intensity, edit_fidelity, math_verify, video, audio, the panel's two; the panel server and its two
+    assert len(report["pids"]) >= 10
     assert wait_until_gone(report["pids"], 10) == []
 
 
@@ -101,7 +108,7 @@ def test_the_module_imports_without_unirl_and_its_classes_are_plain_then():
         "object",
     ]
     with pytest.raises(AttributeError):
-        unirl.NoSuchThing  # noqa: B018 - the module's __getattr__ knows only its two classes
+        unirl.NoSuchThing  # noqa: B018 - the module's __getattr__ knows only its three classes
 
 
 def _config(**top):
@@ -124,6 +131,7 @@ def _config(**top):
             "one pin",
         ),
         (_config(gpu_residency="sometimes"), "gpu_residency"),
+        (_config(client={"raise_on_failure": False}), "never zero rewards"),
         (_config(idempotency_cache_size=0), "positive int"),
         (_config(process={"python_executable": "/nonexistent/python"}), "not an executable file"),
         (_config(scorer={"name": "mean_intensity", "sampler": "x"}), r"unknown field\(s\) \['sampler'\]"),
@@ -183,9 +191,37 @@ def test_a_panel_config_picks_terms_by_required_rewards_and_refuses_unirls_own_w
         ({"reward_weights": {"a": 1.0}}, "a panel's weights are its recipe's"),
         ({"aggregation_method": "mean"}, "a panel sums weight x term"),
         ({"request_batch_size": 8}, "per backend in the recipe"),
+        ({"raise_on_failure": False}, "never zero rewards"),
     ]:
         with pytest.raises(ConfigError, match=match):
             unirl.RewardPanel(recipe=recipe, config=config)
+
+
+def test_a_remote_config_points_at_our_servers_only_and_keeps_their_weights():
+    """Refused before any connection: a managed:// or empty URL, UniRL's own weighting, zeros on failure."""
+    url = "http://127.0.0.1:9"
+    remote, options, wanted = remote_config(
+        {"base_url": url, "required_rewards": ["b"], "timeout": 7, "request_batch_size": 4}, "PANEL_TOKEN"
+    )
+    assert (remote.urls, remote.token_env, remote.request_timeout, remote.client.request_batch_size) == (
+        [url],
+        "PANEL_TOKEN",
+        7,
+        4,
+    )
+    assert (wanted, remote.client.required_rewards, options.model_name) == (["b"], ["b"], "reward_service")
+    several, _, _ = remote_config({"base_url": [url, "http://127.0.0.1:10"]}, None)
+    assert several.urls == [url, "http://127.0.0.1:10"]
+    for config, match in [
+        ({"base_url": "managed://rank-affine"}, "http\\(s\\) URL of a managed-scorers server"),
+        ({"base_url": ""}, "http\\(s\\) URL"),
+        ({"base_url": url, "reward_weights": {"b": 2.0}}, "the server weighs its terms"),
+        ({"base_url": url, "aggregation_method": "max"}, "a served panel sums"),
+        ({"base_url": url, "raise_on_failure": False}, "never zero rewards"),
+        ({"base_url": url, "retries": 2}, r"unknown field\(s\) \['retries'\]"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            unirl.RemoteRewardBackend(config=config)
 
 
 def test_a_term_that_does_not_apply_reaches_unirl_as_the_zero_it_added_and_components_sum_to_the_reward():
