@@ -24,6 +24,7 @@ import gc
 import os
 import resource
 import signal
+import time
 from collections import deque
 from collections.abc import Callable
 from multiprocessing import connection as mp_connection
@@ -36,6 +37,9 @@ from scorers.grading.worker import ORPHANED_EXIT_CODE, cap_cpu, enter_worker, lo
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 REPLAY_CPU_S = 1.0  # a replay taking this much CPU time is dropped (SIGPROF): the template must stay free to fork
+# a replay starts only once the pool has stayed idle this long: batches back to back (a scorer-bound
+# stream's windows) never pay for a replay and its halt between them; a trainer generating does not notice
+REPLAY_IDLE_S = 0.05
 # a template whose replays grew it this much stops replaying: every worker forked from it starts that much bigger
 MAX_GROWTH_BYTES = 64 * 2**20
 
@@ -70,7 +74,9 @@ class _Template:
         self.conn, self.grade_fn, self.fn, self.wake = conn, grade_fn, fn, wake
         self.memory_cap_bytes, self.cpu_limit_s = memory_cap_bytes, cpu_limit_s
         self.replay: deque[tuple] = deque()
+        self.replay_from = 0.0  # monotonic time the first replay of the warm request in hand may start
         self.replaying = 0  # the warm request being served (its number), 0: none
+        self.replayed_now = 0  # replays done for the warm request in hand
         self.replayed = self.failed = 0
         self.can_warm = True  # until the replays grew the template too much, or tainted it
         self.tainted = False
@@ -79,7 +85,8 @@ class _Template:
     def run(self) -> None:
         """Until the owner closes the pipe: requests first, then reaping, then one replayed task."""
         while True:
-            ready = mp_connection.wait([self.conn, self.wake[0]], 0 if self.replay else None)
+            wait = max(self.replay_from - time.monotonic(), 0.0) if self.replay else None
+            ready = mp_connection.wait([self.conn, self.wake[0]], wait)
             if self.wake[0] in ready:
                 os.read(self.wake[0], 4096)
                 self._reap()
@@ -89,14 +96,15 @@ class _Template:
                 except (EOFError, OSError):
                     return  # the owner is done: our clones die with us
                 self._handle(request)
-            elif self.replay:
+            elif self.replay and time.monotonic() >= self.replay_from:
                 self._replay_one()
 
     def _handle(self, request: Fork | Warm | Halt) -> None:
         if isinstance(request, Fork):
             self._fork()
         elif isinstance(request, Warm):
-            self.replaying = request.number
+            self.replaying, self.replayed_now = request.number, 0
+            self.replay_from = time.monotonic() + REPLAY_IDLE_S
             if self.can_warm:
                 self.replay.extend(request.tasks)
             if not self.replay:
@@ -141,15 +149,17 @@ class _Template:
         except Exception:  # noqa: BLE001 - the pool graded this task already; a replay only warms caches
             self.failed += 1
         self.replayed += 1
+        self.replayed_now += 1
         if not self.replay or self.tainted:
             self._finish_warming()
 
     def _finish_warming(self) -> None:
         """Answer the warm request; drop what is left to replay; keep what the replays built out of
-        every clone's collections."""
+        every clone's collections (no replay ran: nothing to collect, the next batch keeps the cores)."""
         self.replay.clear()
-        gc.collect()
-        gc.freeze()
+        if self.replayed_now:
+            gc.collect()
+            gc.freeze()
         rss = _rss()
         if rss > self.start_rss + MAX_GROWTH_BYTES:
             self.can_warm = False

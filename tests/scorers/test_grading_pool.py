@@ -462,6 +462,19 @@ def test_the_template_stops_replaying_when_a_batch_starts(make_pool):
     assert pool.settle(10.0)  # the halted request was answered; the next one is done too
 
 
+def test_batches_back_to_back_never_start_a_replay_between_them(make_pool):
+    """A replay waits until the pool has stayed idle (REPLAY_IDLE_S): a stream's windows sent back to back
+    keep both cores (no replay, no halt, no collection between two batches)."""
+    pool = make_pool("spin", jobs=1, warm_replay=40)
+    template = psutil.Process(pool.template_pid())
+    before = cpu_s(template)
+    for _ in range(10):  # each batch's replay would cost the template 0.05 s of CPU at once
+        pool.grade([(0.05, n) for n in range(2)])
+    assert cpu_s(template) - before < 0.1, "the template replayed between batches sent back to back"
+    assert pool._workers.template.replayed == 0
+    assert pool.settle(10.0)  # idle now: the last batch's replay runs and pool._workers.template.replayed == 2
+
+
 def cpu_s(process: psutil.Process) -> float:
     times = process.cpu_times()
     return times.user + times.system
