@@ -71,7 +71,7 @@ def main_line() -> str:
                 took, theirs = _rollouts(one_request_each)
                 alone.append(took)
                 assert ours == theirs, "coalesced and per-sample rewards differ"
-            batches = list(module.scorer_for().coalescer.batch_sizes)[-4:]
+            batches = list(module.scorer_for().stream.window_sizes)[-4:]
         finally:
             plain.close()
             module.scorer_for().close()

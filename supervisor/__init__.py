@@ -22,6 +22,7 @@ from supervisor.compose.ray_pool import RayPoolBackend, RayPoolConfig
 from supervisor.compose.recipes import Recipe, build_panel, build_panels, load_recipe
 from supervisor.compose.remote_servers import MultiRemoteRewardBackend
 from supervisor.compose.replicas import ReplicatedBackend
+from supervisor.compose.stream import ItemReward, RewardStream
 from supervisor.config import (
     ClientConfig,
     JobBackendConfig,
@@ -66,6 +67,8 @@ from supervisor.types import RewardItem, RewardRequest, RewardResponse, TermFail
 
 __all__ = [
     "OverlappedScoring",
+    "ItemReward",
+    "RewardStream",
     "SubmissionQueueFull",
     "micro_batches",
     "score_while_generating",

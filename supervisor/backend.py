@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, NamedTuple, Self
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from supervisor.errors import (
 from supervisor.fanout import on_each
 from supervisor.submit import DEFAULT_MAX_PENDING, Submission, SubmissionQueueFull, Submitter
 from supervisor.types import SCORER_TERM_FAILED, RewardItem, RewardRequest, RewardResponse
+
+if TYPE_CHECKING:
+    from supervisor.compose.stream import RewardStream
 
 _SUBMITTER_LOCK = threading.Lock()
 
@@ -130,6 +133,14 @@ class RewardBackend(ABC):
                 )
             submitter = self._submitter
         return submitter.submit(request)
+
+    def stream(self, group_size: int | None = None, **options: Any) -> RewardStream:
+        """Score items as they finish (see supervisor.compose.stream): `add` them one by one or in runs,
+        collect the step's rewards at `results()`. Options: window, max_wait_s, max_pending,
+        max_block_s, collect."""
+        from supervisor.compose.stream import RewardStream
+
+        return RewardStream(self, group_size, **options)
 
     async def compute_rewards_async(self, request: RewardRequest) -> RewardResponse:
         """`compute_rewards` for a coroutine: the event loop is free while the request is scored.

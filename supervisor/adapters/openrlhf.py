@@ -1,8 +1,8 @@
 """OpenRLHF: `--reward.remote_url <this file>` (`managed-scorers integrations openrlhf` prints its path).
 
 OpenRLHF 0.11.2 loads `reward_func(queries, prompts, labels)` from a file by path and calls it
-once per sample from `asyncio.to_thread`, many at once. Here those calls are coalesced into
-batched requests (the verl coalescer, on an event loop of this module's own), scored by the
+once per sample from `asyncio.to_thread`, many at once. Here those calls feed one stream
+(`backend.stream`), which scores the samples that arrive together in one window, by the
 training panel of the recipe `$MANAGED_SCORERS_RECIPE` names, built once per process.
 
 What OpenRLHF hands over, and how the response is cut from its query, is one rule shared with
@@ -15,7 +15,6 @@ failure here is logged at ERROR with its typed error first, then raised.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import itertools
 import logging
@@ -27,11 +26,10 @@ from typing import Any
 from child_runtime.protocol import openrlhf
 from child_runtime.protocol.items import RequestError
 from supervisor.adapters.verl import RECIPE_VARIABLE
-from supervisor.compose.coalesce import Coalescer
 from supervisor.compose.panel import RewardPanel
 from supervisor.compose.recipes import build_panels, load_recipe
 from supervisor.errors import ConfigError, ScorerRequestError
-from supervisor.types import RewardItem, RewardRequest
+from supervisor.types import RewardItem
 
 log = logging.getLogger("supervisor.adapters.openrlhf")
 CALL_TIMEOUT_S = 900.0  # one sample's wait for its batch: the panel's own deadlines end it sooner
@@ -39,7 +37,8 @@ _ITEMS = itertools.count()
 
 
 class _Scorer:
-    """The panel of one recipe, with a coalescer on a private event loop fed from OpenRLHF's threads."""
+    """The panel of one recipe, with a stream fed from OpenRLHF's threads (one call per sample): the
+    samples that arrive together are scored in one window."""
 
     def __init__(self, recipe: str) -> None:
         train, validation = build_panels(load_recipe(recipe))
@@ -50,24 +49,19 @@ class _Scorer:
             train.close()
             raise ConfigError(openrlhf.groupwise_refusal(groupwise))
         self.panel: RewardPanel = train
-        self.coalescer: Coalescer[RewardItem, dict[str, Any]] = Coalescer(self._score, max_batch=256, max_wait_s=0.005)
-        self._loop = asyncio.new_event_loop()
-        threading.Thread(target=self._loop.run_forever, name="openrlhf-coalescer", daemon=True).start()
+        self.stream = train.stream(window=256, max_wait_s=0.005, collect=False)
         atexit.register(self.close)
 
-    async def _score(self, items: list[RewardItem]) -> list[dict[str, Any]]:
-        response = await self.panel.compute_rewards_async(RewardRequest(items=items))
+    def score(self, items: list[RewardItem]) -> list[dict[str, Any]]:
+        """Each item's reward and the terms that have a value for it."""
+        rows = [row.result(CALL_TIMEOUT_S) for row in self.stream.add(items)]
         return [
-            {"reward": reward, "terms": {t: v[i] for t, v in response.component_rewards.items() if v[i] is not None}}
-            for i, reward in enumerate(response.rewards)
+            {"reward": row.reward, "terms": {t: v for t, v in row.components.items() if v is not None}} for row in rows
         ]
 
-    def score(self, item: RewardItem) -> dict[str, Any]:
-        return asyncio.run_coroutine_threadsafe(self.coalescer(item), self._loop).result(CALL_TIMEOUT_S)
-
     def close(self) -> None:
+        self.stream.close()
         self.panel.close()
-        self._loop.call_soon_threadsafe(self._loop.stop)
 
 
 _SCORERS: dict[tuple[int, str], _Scorer] = {}
@@ -106,14 +100,14 @@ def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence
     try:
         samples = _samples(queries, prompts, labels)
         scorer = scorer_for()
-        rows = [
-            scorer.score(
+        rows = scorer.score(
+            [
                 RewardItem(
                     id=f"openrlhf-{os.getpid()}-{next(_ITEMS)}", prompt=s.prompt, text=s.response, reference=s.label
                 )
-            )
-            for s in samples
-        ]
+                for s in samples
+            ]
+        )
     except Exception as exc:
         log.error(
             "managed-scorers reward_func failed (OpenRLHF logs only at INFO, then trains on None): %s: %s",

@@ -4,7 +4,7 @@ verl calls the per-item form once per rollout; the batch form (`BatchRewardManag
 lists. Both return `{"score": reward, <term>: value, ...}` (verl logs the other keys).
 An item's id comes from `extra_info["index"]` (or `"uid"`) when present. verl-omni's visual
 reward manager passes `solution_image` (a uint8 CHW tensor) instead of `solution_str`. The async form
-coalesces the per-item tasks verl's reward loop makes into one request (`max_batch`,
+feeds the per-item tasks verl's reward loop makes into the backend's stream, which scores those that arrive together in one window (`max_batch`,
 `max_wait_s`; `coalesce=False` sends one request per item).
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import itertools
+import math
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -20,8 +21,8 @@ from typing import Any
 
 from supervisor.adapters import items as adapter_items
 from supervisor.backend import RewardBackend
-from supervisor.compose.coalesce import Coalescer
 from supervisor.compose.recipes import build_panel, load_recipe
+from supervisor.compose.stream import ItemReward, RewardStream
 from supervisor.errors import ConfigError, ScorerRequestError
 from supervisor.tensors import numpy_view
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
@@ -69,16 +70,20 @@ def _scores(response: RewardResponse) -> list[dict[str, Any]]:
     """One dict per item with the same keys on every item (verl reads the keys of the first one):
     `score`, then each term; a term with no value for an item (not applicable to its dataset, or
     an optional panel term that failed) logs NaN there. The reward itself is never NaN."""
-    if "score" in response.component_rewards:
-        raise ConfigError("a term named 'score' would hide the reward verl trains on: rename the term")
-    nan = float("nan")
     return [
-        VerlScore(
-            score=reward,
-            **{name: nan if values[i] is None else values[i] for name, values in response.component_rewards.items()},
-        )
+        _score(reward, {name: values[i] for name, values in response.component_rewards.items()})
         for i, reward in enumerate(response.rewards)
     ]
+
+
+def _score(reward: float, components: Mapping[str, float | None]) -> VerlScore:
+    if "score" in components:
+        raise ConfigError("a term named 'score' would hide the reward verl trains on: rename the term")
+    return VerlScore(score=reward, **{name: math.nan if v is None else v for name, v in components.items()})
+
+
+def _row_score(row: ItemReward) -> VerlScore:
+    return _score(row.reward, row.components)
 
 
 class VerlComputeScore:
@@ -90,12 +95,17 @@ class VerlComputeScore:
     ) -> None:
         self.backend = backend
         self.__name__ = "compute_score"
-        self.coalescer: Coalescer[RewardItem, dict[str, Any]] | None = (
-            Coalescer(self._score_async, max_batch, max_wait_s) if coalesce else None
-        )
+        self.coalesce, self.max_batch, self.max_wait_s = coalesce, max_batch, max_wait_s
+        self._stream: RewardStream | None = None  # made on the first async call (the sync paths need none)
+        self._making = threading.Lock()
 
-    async def _score_async(self, items: list[RewardItem]) -> list[dict[str, Any]]:
-        return _scores(await self.backend.compute_rewards_async(RewardRequest(items=items)))
+    @property
+    def stream(self) -> RewardStream:
+        """The per-item calls' stream: the items that arrive together are scored in one window."""
+        with self._making:
+            if self._stream is None:
+                self._stream = self.backend.stream(window=self.max_batch, max_wait_s=self.max_wait_s, collect=False)
+            return self._stream
 
     def __call__(
         self,
@@ -119,9 +129,10 @@ class VerlComputeScore:
         **_: Any,
     ) -> dict[str, Any]:
         item = _item(data_source, solution_str, ground_truth, extra_info, solution_image)
-        if self.coalescer is not None:
-            return await self.coalescer(item)
-        return (await self._score_async([item]))[0]
+        if self.coalesce:
+            (row,) = self.stream.add(item)
+            return _row_score(await asyncio.wrap_future(row))
+        return _scores(await self.backend.compute_rewards_async(RewardRequest(items=[item])))[0]
 
     def compute_score_batch(
         self,

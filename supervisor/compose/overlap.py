@@ -9,6 +9,7 @@ never silently.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Self, TypeVar
@@ -16,9 +17,10 @@ from typing import Self, TypeVar
 from scorers.groups import NotContiguous, contiguous_runs, pack_chunks
 from supervisor.backend import RewardBackend
 from supervisor.errors import ScorerRequestError
-from supervisor.types import RewardItem, RewardRequest, RewardResponse
+from supervisor.types import RewardItem, RewardResponse
 
 T = TypeVar("T")
+UNBOUNDED = 2**62
 
 
 def micro_batches(items: Sequence[T], micro_size: int, group_of: Callable[[T], str | None]) -> list[list[T]]:
@@ -36,7 +38,9 @@ def micro_batches(items: Sequence[T], micro_size: int, group_of: Callable[[T], s
 
 
 class OverlappedScoring:
-    """Submit each micro's items as they are generated; collect the responses in micro order.
+    """Submit each micro's items as they are generated; collect the responses in micro order. A thin
+    use of the backend's stream: each micro is added, then flushed as one window (a group a micro
+    left incomplete waits in the stream for the rest of it).
 
     Use as a context manager: leaving it early (an exception, Ctrl-C) cancels what was not sent.
     """
@@ -44,12 +48,18 @@ class OverlappedScoring:
     def __init__(self, backend: RewardBackend, group_size: int | None = None) -> None:
         self.backend = backend
         self.group_size = group_size
+        # windows as large as a micro, cut only at a micro boundary (the trainer paces it); each micro's
+        # response is its window's, so the stream keeps nothing for a barrier
+        self._stream = backend.stream(
+            group_size, window=UNBOUNDED, max_wait_s=math.inf, max_pending=UNBOUNDED, collect=False
+        )
         self._futures: list[Future[RewardResponse]] = []
 
     def add(self, items: Sequence[RewardItem]) -> None:
-        """A micro boundary: raise a failure already known, then submit this micro."""
+        """A micro boundary: raise a failure already known, then send this micro."""
         self.raise_if_failed()
-        self._futures.append(self.backend.submit(RewardRequest(items=list(items), group_size=self.group_size)))
+        self._stream.add(items)
+        self._futures.extend(self._stream.flush())
 
     def raise_if_failed(self) -> None:
         for index, future in enumerate(self._futures):
@@ -66,6 +76,7 @@ class OverlappedScoring:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self._stream.close()
         for future in self._futures:
             future.cancel()  # only what still waits: a request in flight ends with its own deadline
 

@@ -2,7 +2,8 @@
 
 Prints one JSON line with the child's pid once the batch is in flight, then waits
 for SIGINT inside compute_rewards under `with backend:`, as a training loop would
-(`--via submit`: in `submit(...).result()`; `--via async`: in `asyncio.run(compute_rewards_async(...))`).
+(`--via submit`: in `submit(...).result()`; `--via async`: in `asyncio.run(compute_rewards_async(...))`;
+`--via stream`: at a stream's barrier, `results()`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ def call(backend, request: RewardRequest) -> None:
         backend.submit(request).result()
     elif via == "async":
         asyncio.run(backend.compute_rewards_async(request))
+    elif via == "stream":  # items added as they finish, Ctrl-C at the step's barrier
+        with backend.stream() as stream:
+            stream.add(request.items)
+            stream.results()
     else:
         backend.compute_rewards(request)
 

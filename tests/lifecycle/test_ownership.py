@@ -63,6 +63,7 @@ def test_a_fork_during_launch_does_not_stall_boot(managed, trainer_python):
         ("backend", "async"),
         ("panel", "submit"),
         ("replicas", "async"),
+        ("backend", "stream"),
     ],
 )
 def test_ctrl_c_mid_batch_exits_at_once_with_one_clean_traceback(trainer_python, mode, via):

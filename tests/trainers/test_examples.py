@@ -32,7 +32,7 @@ sync = module.compute_score_sync("math", "\\\\boxed{2}", "2", {"index": 0})
 batch = module.compute_score_batch(["math"] * 3, [t for t, _ in rows[:3]], [g for _, g in rows[:3]])
 scorer = module.scorer()
 print(json.dumps({"per_item": [r["score"] for r in per_item], "sync": sync["score"],
-                  "batch": [r["score"] for r in batch], "batches": list(scorer.coalescer.batch_sizes),
+                  "batch": [r["score"] for r in batch], "batches": list(scorer.stream.window_sizes),
                   "child": scorer.backend.pid}))
 """
 
@@ -78,7 +78,7 @@ batch = loaded("compute_score_batch")(["math"] * 3, [t for t, _ in rows[:3]], [g
 scorer = module.scorer_for(recipe)
 child = scorer.backend.terms[0].backend.pid
 print(json.dumps({"per_item": [r["score"] for r in per_item], "sync": sync["score"], "terms": sorted(per_item[0]),
-                  "batch": [r["score"] for r in batch], "batches": list(scorer.coalescer.batch_sizes), "child": child}))
+                  "batch": [r["score"] for r in batch], "batches": list(scorer.stream.window_sizes), "child": child}))
 """
 
 

@@ -41,7 +41,7 @@ if failed:
     sys.exit(0)
 scorer = module.scorer_for()
 print(json.dumps({"rewards": [r["rewards"] for r in results], "scores": [r["scores"] for r in results],
-                  "logs": results[0]["extra_logs"], "batches": list(scorer.coalescer.batch_sizes),
+                  "logs": results[0]["extra_logs"], "batches": list(scorer.stream.window_sizes),
                   "child": scorer.panel.terms[0].backend.pid}))
 """
 
