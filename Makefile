@@ -10,7 +10,7 @@ TRAINER_ENVS := trl ray
 ENVS := $(SCORER_ENVS) $(TRAINER_ENVS)
 PYTEST_ARGS ?=
 
-.PHONY: install envs scorer-envs demo test test-fast lint bench bench-peers gpu-check clean $(addprefix env-,$(ENVS))
+.PHONY: install envs scorer-envs demo test test-fast lint bench bench-peers gpu-check clean env-trlbench $(addprefix env-,$(ENVS))
 
 install: $(VENV)/.installed
 
@@ -28,6 +28,11 @@ $(addprefix env-,$(SCORER_ENVS)): env-%: install
 
 env-trl: install
 	$(VPY) -m supervisor envs build trl --requirements envs/trl/requirements.txt --dir envs/trl/.venv --python $(PYTHON)
+
+# bench only: TRL with its in-process graders where they grade right (antlr 4.13.2), for bench/trl_step.py
+env-trlbench: install
+	$(VPY) -m supervisor envs build trlbench --requirements envs/trlbench/requirements.txt --dir envs/trlbench/.venv \
+		--python $(PYTHON)
 
 # Ray is optional for this project: where it cannot be installed (no wheel for this platform or
 # Python), the build's reason goes to envs/ray/UNAVAILABLE and the Ray test skips, saying it.
@@ -58,7 +63,7 @@ lint: install
 test-fast: install envs
 	$(VPY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
-bench: install scorer-envs
+bench: install scorer-envs env-trlbench
 	$(VPY) -m bench
 
 bench-peers: install env-image
@@ -68,5 +73,5 @@ gpu-check: install env-embed
 	$(VPY) -m bench.gpu_residency
 
 clean:
-	rm -rf $(VENV) $(addprefix envs/,$(addsuffix /.venv,$(ENVS))) envs/ray/UNAVAILABLE envs/ray/.build-stderr bench/.peers-venv build *.egg-info
+	rm -rf $(VENV) $(addprefix envs/,$(addsuffix /.venv,$(ENVS) trlbench)) envs/ray/UNAVAILABLE envs/ray/.build-stderr bench/.peers-venv build *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

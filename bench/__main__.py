@@ -32,6 +32,7 @@ from bench import (
     ray_pool,
     remote_servers,
     startup,
+    trl_step,
     verl_coalesce,
 )
 from bench.handles import client_of, pid_of
@@ -323,6 +324,7 @@ LINES: list[Callable[[], str]] = [
     panel_server.main_line,
     ray_pool.main_line,
     overlap.main_line,
+    trl_step.main_line,
     verl_coalesce.main_line,
     openrlhf_calls.main_line,
     remote_servers.main_line,

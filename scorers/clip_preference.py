@@ -311,7 +311,7 @@ class ClipPreference(Scorer):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         import torch
-        from transformers import AutoTokenizer, CLIPModel  # type: ignore[import-not-found]
+        from transformers import AutoTokenizer, CLIPModel
 
         self.device = resolve_device(device)
         _require_model_dir(self.model_dir)

@@ -1,0 +1,54 @@
+"""What a reward costs inside a real training step: TRL's GRPOTrainer, three rewards, one run.
+
+`python -m bench.trl_step` (a line of `make bench`, which builds envs/trlbench): runs
+bench/trl_step_driver.py in envs/trlbench (TRL with antlr 4.13.2, where TRL's own accuracy_reward
+grades right) and reports each reward's share of a step: a constant reward, TRL's
+`accuracy_reward` in-process, and the managed math grader (math_verify in its child, envs/math,
+`jobs: 2`). Before the figures count, each grader's rewards on the other's texts must equal the
+other's (the same work). Target (issue 29): the managed grader's share no larger than TRL's own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+STEPS = 6
+ROUNDS = 3
+MATH_PARAMS = {"jobs": 2}  # the managed grader as a user configures it
+
+
+def main_line(steps: int = STEPS, rounds: int = ROUNDS, params: dict | None = None) -> str:
+    from bench.__main__ import ROOT, env_python  # bench.__main__ imports this module for its line list
+
+    done = subprocess.run(
+        [
+            env_python("trlbench"),
+            "-m",
+            "bench.trl_step_driver",
+            str(steps),
+            str(rounds),
+            env_python("math"),
+            json.dumps(params if params is not None else MATH_PARAMS),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"bench/trl_step_driver.py failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if report["mismatches"]:
+        raise RuntimeError(f"TRL's accuracy_reward and the managed grader disagree on {report['mismatches']} rewards")
+    share, ms = report["share"], report["reward_ms"]
+    return (
+        f"TRL GRPO step ({report['items_per_step']} completions, {report['steps']['managed']} steps each, "
+        f"{report['right']:.0%} right): reward share of the step  constant {share['constant']:5.1%}  "
+        f"TRL accuracy_reward in-process {share['trl']:5.1%} ({ms['trl']:.1f} ms)  managed math_verify "
+        f"{share['managed']:5.1%} ({ms['managed']:.1f} ms)  managed/TRL {share['managed'] / share['trl']:5.3f}"
+    )
+
+
+if __name__ == "__main__":
+    print(main_line())
