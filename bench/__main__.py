@@ -34,6 +34,7 @@ from bench import (
     startup,
     trl_step,
     verl_coalesce,
+    verl_step,
 )
 from bench.handles import client_of, pid_of
 from bench.workloads import WORKLOADS
@@ -325,6 +326,7 @@ LINES: list[Callable[[], str]] = [
     ray_pool.main_line,
     overlap.main_line,
     trl_step.main_line,
+    verl_step.main_line,
     verl_coalesce.main_line,
     openrlhf_calls.main_line,
     remote_servers.main_line,

@@ -40,6 +40,14 @@ def test_bench_overlap_line_runs(math_python):
 
 
 @pytest.mark.slow
+def test_bench_verl_step_line_runs(math_python):
+    """verl's own reward loop in envs/trl, both graders on a small batch, their rewards equal."""
+    from bench import verl_step
+
+    assert "ratio" in verl_step.main_line(items=16, rounds=1)
+
+
+@pytest.mark.slow
 def test_bench_verl_coalesce_line_runs(math_python):
     from bench import verl_coalesce
 

@@ -1,0 +1,79 @@
+"""Runs in envs/trl (verl 0.9.1): verl's reward loop on one fixed batch, graded two ways, interleaved.
+Printed as one JSON line; bench/verl_step.py makes the line of `make bench` from it.
+
+One `RewardLoopWorker` (verl's in-process reward loop, naive manager, one task per item) per way:
+- managed: the shipped entry point, examples/verl_compute_score.py's `compute_score` (math_verify
+  in its managed child, envs/math, `jobs: 2`; the per-item tasks coalesced by the backend's stream);
+- verl: verl's own `math_verify.compute_score` (bench/verl_own_math_verify.py), in this env, whose
+  antlr is 4.9.3 (hydra-core and omegaconf pin it: verl's config cannot load without them).
+The batch is the math throughput mix without its percent answers, which antlr 4.9.3 grades wrong
+in-process; how many rewards verl's own grader gets wrong on the whole mix is reported beside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.math_throughput import workload
+from tests.helpers.verl_reward_loop import batch, config, tokenizer_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+PATHS = {
+    "managed": str(ROOT / "examples" / "verl_compute_score.py"),
+    "verl": str(ROOT / "bench" / "verl_own_math_verify.py"),
+}
+
+
+def rewards_of(worker: Any, data: Any) -> tuple[list[float], float]:
+    started = time.perf_counter()
+    outputs = worker.loop.run_until_complete(worker.compute_score_batch(data))
+    return [float(o["reward_score"]) for o in outputs], time.perf_counter() - started
+
+
+def run(items: int, rounds: int) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+    from verl.experimental.reward_loop import RewardLoopWorker
+
+    mix = workload(1000, items * 9 // 8 + 9)
+    mix = [(text, gold.strip("$")) for text, gold in mix]  # verl boxes the gold itself: a bare expression
+    rows = [[text, gold] for text, gold in mix if "\\%" not in text][:items]
+    whole = [[text, gold] for text, gold in mix[:items]]
+    with tempfile.TemporaryDirectory() as out:
+        tok = tokenizer_dir(rows + whole, Path(out) / "tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(tok)
+        data, everything = batch(rows, tokenizer), batch(whole, tokenizer)
+        workers = {
+            name: RewardLoopWorker(config("naive", "compute_score", 1, "unused", tok, path))
+            for name, path in PATHS.items()
+        }
+        got: dict[str, list[float]] = {}
+        seconds: dict[str, list[float]] = {name: [] for name in workers}
+        for name, worker in workers.items():
+            got[name], _ = rewards_of(worker, data)  # warm: the child boots, verl's pool spawns
+        for _ in range(rounds):
+            for name, worker in workers.items():
+                rewards, took = rewards_of(worker, data)
+                if rewards != got[name]:
+                    raise RuntimeError(f"{name}: rewards changed between rounds")
+                seconds[name].append(took)
+        on_all = {name: rewards_of(worker, everything)[0] for name, worker in workers.items()}
+    return {
+        "items": len(rows),
+        "seconds": {name: statistics.median(values) for name, values in seconds.items()},
+        "mismatches": sum(a != b for a, b in zip(got["managed"], got["verl"], strict=True)),
+        "right": sum(got["managed"]) / len(rows),
+        "whole_mix": len(whole),
+        "whole_mix_disagree": sum(a != b for a, b in zip(on_all["managed"], on_all["verl"], strict=True)),
+    }
+
+
+if __name__ == "__main__":
+    os.environ["MATH_PYTHON"] = sys.argv[3]
+    print(json.dumps(run(int(sys.argv[1]), int(sys.argv[2]))))
