@@ -81,7 +81,8 @@ def pool_rss(pool) -> int:
 def _measure() -> str:
     from bench.math_throughput import workload
     from scorers.grading.pool import GradingPool
-    from scorers.math_verify import DEFAULT_WARM_REPLAY, GRADE_FN, WARM_MODULE
+    from scorers.math_verify import DEFAULT_WARM_REPLAY
+    from scorers.math_verify_boot import GRADE_FN, WARM_MODULE
 
     fresh = slices()
     warm = [(text, gold, 6, 15, True) for text, gold in workload(0, 64)]

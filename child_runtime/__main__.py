@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 
 from child_runtime import lifeline
 from child_runtime.protocol import boot, exit_codes
+from scorers import early
+
+early.run_from_argv(sys.argv)  # before the imports below: a scorer's helper starts meanwhile (scorers/early.py)
 
 try:  # what the runtime needs beyond the stdlib (numpy): a missing package is said on the readiness pipe
     from child_runtime.gate import ConnectionGate, gated

@@ -24,12 +24,11 @@ from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, Scorer
 from scorers.grading.config import overflow_options
 from scorers.grading.errors import GradingTaskError
 from scorers.grading.pool import GradingPool
+from scorers.math_verify_boot import GRADE_FN, PRELOAD
 
 log = logging.getLogger(__name__)
 TIMEOUT_ENV = "MATH_VERIFY_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 10.0
-GRADE_FN = "scorers.math_verify_grade:grade"
-WARM_MODULE = "scorers.math_verify_warm"  # preloaded: workers fork from a warmed-up forkserver
 DEFAULT_WARM_REPLAY = 64  # about 0.8 s of one core per call, while the trainer generates
 CONCURRENT_CALLS = 64  # chunks graded at once: a request of up to 64 chunks pays one timeout, however chunked
 # outcomes of an item that passed a bound (scored 0 unless on_timeout="raise") -> their diagnostic
@@ -141,7 +140,7 @@ class MathVerifyScorer(Scorer):
             self.jobs,
             self.timeout_s,
             GRADE_FN,
-            preload=["math_verify", WARM_MODULE],
+            preload=list(PRELOAD),
             soft_timeout_s=self.soft_timeout_s,
             overflow=self.overflow,
             memory_cap_bytes=None if self.memory_cap_mb is None else self.memory_cap_mb * 2**20,

@@ -22,7 +22,6 @@ from supervisor.compose.ray_pool import RayPoolBackend, RayPoolConfig
 from supervisor.compose.recipes import Recipe, build_panel, build_panels, load_recipe
 from supervisor.compose.remote_servers import MultiRemoteRewardBackend
 from supervisor.compose.replicas import ReplicatedBackend
-from supervisor.compose.stream import ItemReward, RewardStream
 from supervisor.config import (
     ClientConfig,
     JobBackendConfig,
@@ -62,6 +61,7 @@ from supervisor.errors import (
 )
 from supervisor.ops.preflight import PreflightError, PreflightReport, preflight
 from supervisor.service import MissingTokenCountError, PrecomputedRewardError, RewardService
+from supervisor.stream import ItemReward, RewardStream
 from supervisor.submit import SubmissionQueueFull
 from supervisor.types import RewardItem, RewardRequest, RewardResponse, TermFailure
 

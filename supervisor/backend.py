@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple, Self
+from typing import Any, NamedTuple, Self
 
 import numpy as np
 
@@ -22,17 +22,15 @@ from supervisor.arena import Arena, HeapArena
 from supervisor.errors import (
     ConfigError,
     RewardContractError,
-    ScorerItemsFailed,
     ScorerRequestError,
     ScorerTermsFailed,
     ScorerUnavailable,
 )
 from supervisor.fanout import on_each
+from supervisor.joined import items_failed
+from supervisor.stream import RewardStream
 from supervisor.submit import DEFAULT_MAX_PENDING, Submission, SubmissionQueueFull, Submitter
 from supervisor.types import SCORER_TERM_FAILED, RewardItem, RewardRequest, RewardResponse
-
-if TYPE_CHECKING:
-    from supervisor.compose.stream import RewardStream
 
 _SUBMITTER_LOCK = threading.Lock()
 
@@ -135,11 +133,9 @@ class RewardBackend(ABC):
         return submitter.submit(request)
 
     def stream(self, group_size: int | None = None, **options: Any) -> RewardStream:
-        """Score items as they finish (see supervisor.compose.stream): `add` them one by one or in runs,
+        """Score items as they finish (see supervisor.stream): `add` them one by one or in runs,
         collect the step's rewards at `results()`. Options: window, max_wait_s, max_pending,
         max_block_s, collect."""
-        from supervisor.compose.stream import RewardStream
-
         return RewardStream(self, group_size, **options)
 
     async def compute_rewards_async(self, request: RewardRequest) -> RewardResponse:
@@ -440,18 +436,6 @@ def _merged(
         for name, ids in answer.not_applicable.items():
             not_applicable.setdefault(name, set()).update(ids)
     return merged, reports, failed, term_failed, not_applicable
-
-
-def items_failed(scorer: str, total: int, failed: Mapping[str, str], partial: RewardResponse) -> ScorerItemsFailed:
-    """The error for items a scorer could not score, each named with why; `partial` holds the rest."""
-    listed = "; ".join(f"{item_id!r}: {why}" for item_id, why in list(failed.items())[:8])
-    more = f"; and {len(failed) - 8} more" if len(failed) > 8 else ""
-    return ScorerItemsFailed(
-        f"scorer {scorer!r} could not score {len(failed)} of {total} items: {listed}{more}",
-        kind="items_failed",
-        failed=dict(failed),
-        partial=partial,
-    )
 
 
 def terms_failed(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from scorers.grading.handles import HelperProcess
@@ -28,6 +29,30 @@ def forkserver_pid() -> int:
 _helpers_lock = threading.Lock()
 _live_pools = 0
 _owned_helpers: list[str] = []
+_started_early: list[str] | None = None  # helpers start_forkserver_early launched, for the first pool to own
+FREEZE_MODULE = "scorers.grading.forkserver_gc"  # preloaded last: workers never collect the preloaded heap
+
+
+def forkserver_modules(preload: Sequence[str], grade_fn: str) -> list[str]:
+    """What a pool's forkserver preloads: its modules, the grade function's, then the heap freeze."""
+    return list(dict.fromkeys([*preload, grade_fn.partition(":")[0], FREEZE_MODULE]))
+
+
+def start_forkserver_early(modules: Sequence[str]) -> None:
+    """Launch the forkserver (and the resource tracker) now, preloading `modules`, without waiting for
+    it: a child that starts it before its own imports overlaps the two (the preload is the slow part
+    of a math child's start). The first pool started afterwards owns what this launched, as if it had
+    launched them itself; a forkserver already running is left as it is."""
+    global _started_early
+    from multiprocessing import forkserver
+
+    with _helpers_lock:
+        if _live_pools or _started_early is not None:
+            return
+        fresh = [n for n, h in _helper_objects().items() if h is not None and _helper_pid(h) is None]
+        forkserver.set_forkserver_preload(list(modules))
+        forkserver.ensure_running()
+        _started_early = fresh
 
 
 def _helper_objects() -> dict[str, Any]:
@@ -44,11 +69,16 @@ def _helper_pid(helper: Any) -> int | None:
 
 
 def acquire_helpers() -> None:
-    """Count a live pool; the first one notes which helpers it is about to launch."""
-    global _live_pools
+    """Count a live pool; the first one notes which helpers it is about to launch (or which were
+    launched early for it)."""
+    global _live_pools, _started_early
     with _helpers_lock:
         if _live_pools == 0:
-            _owned_helpers[:] = [n for n, h in _helper_objects().items() if h is not None and _helper_pid(h) is None]
+            if _started_early is not None:
+                _owned_helpers[:], _started_early = _started_early, None
+            else:
+                fresh = [n for n, h in _helper_objects().items() if h is not None and _helper_pid(h) is None]
+                _owned_helpers[:] = fresh
         _live_pools += 1
 
 

@@ -61,7 +61,7 @@ from scorers.grading.config import (
     build_config,
 )
 from scorers.grading.errors import GradingPoolError
-from scorers.grading.mp_helpers import acquire_helpers, release_helpers
+from scorers.grading.mp_helpers import acquire_helpers, forkserver_modules, release_helpers
 from scorers.grading.outcomes import GradeOutcome
 from scorers.grading.tasks import TaskManager
 from scorers.grading.workers import REAP_TIMEOUT_S, WorkerManager
@@ -69,7 +69,6 @@ from scorers.grading.workers import REAP_TIMEOUT_S, WorkerManager
 log = logging.getLogger(__name__)
 
 _CLOSE_WAIT_S = 5.0  # how long close() waits for a grade() in flight to see the pool closed
-_FREEZE_MODULE = "scorers.grading.forkserver_gc"  # preloaded last: workers never collect the preloaded heap
 
 
 class GradingPool:
@@ -123,9 +122,8 @@ class GradingPool:
         self._tasks.state = "running"
         acquire_helpers()
         self._holds_helpers = True
-        modules = [*self.config.preload, self.config.grade_fn.partition(":")[0], _FREEZE_MODULE]
         # Only effective if this process's forkserver is not running yet (process-global).
-        self._ctx.set_forkserver_preload(list(dict.fromkeys(modules)))
+        self._ctx.set_forkserver_preload(forkserver_modules(self.config.preload, self.config.grade_fn))
         try:
             self._workers.start()
         except BaseException as exc:

@@ -22,8 +22,8 @@ from typing import Any
 from supervisor.adapters import items as adapter_items
 from supervisor.backend import RewardBackend
 from supervisor.compose.recipes import build_panel, load_recipe
-from supervisor.compose.stream import ItemReward, RewardStream
 from supervisor.errors import ConfigError, ScorerRequestError
+from supervisor.stream import ItemReward, RewardStream
 from supervisor.tensors import numpy_view
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 

@@ -36,7 +36,7 @@ import numpy as np
 from scorers.diagnostics import report
 from scorers.identity import digest
 from scorers.retry import Retry
-from supervisor.backend import RewardBackend, ScorerShape, assemble_response, items_failed
+from supervisor.backend import RewardBackend, ScorerShape, assemble_response
 from supervisor.backends.spool import Spool
 from supervisor.child import ranks
 from supervisor.child.client import MAX_CONNECTIONS, HttpxTransport
@@ -57,6 +57,7 @@ from supervisor.errors import (
     excerpt,
 )
 from supervisor.fanout import on_each
+from supervisor.joined import items_failed
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 log = logging.getLogger(__name__)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from child_runtime.protocol import boot
+from scorers.early import early_args
 from supervisor.child.logs import open_child_log, read_tail
 from supervisor.child.spawn import spawn_child
 from supervisor.errors import ChildRecord, ScorerStartupError
@@ -274,7 +275,11 @@ class ChildProcess:
         try:
             self.spawned_at = time.monotonic()
             self._pid, self._stdin, numbers = spawn_child(
-                [str(self.plan.python_executable), "-X", "faulthandler", "-m", "child_runtime"],
+                [
+                    str(self.plan.python_executable),
+                    *("-X", "faulthandler", "-m", "child_runtime"),
+                    *early_args(str((self.plan.boot.get("scorer") or {}).get("name", ""))),
+                ],
                 self.plan.env,
                 log_fd,
                 (listen_fd, ready_w, *self.plan.pass_fds),

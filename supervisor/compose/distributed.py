@@ -32,8 +32,8 @@ from scorers.diagnostics import merge_term_reports
 from scorers.identity import digest
 from supervisor.arena import Arena
 from supervisor.backend import RewardBackend, ScorerShape
-from supervisor.compose.joined import join_rows, rows_by_id
 from supervisor.errors import ConfigError, RankFailed, RankLost, RewardContractError, ScorerRequestError
+from supervisor.joined import join_rows, rows_by_id
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,6 @@ from scorers.diagnostics import merge_term_reports
 from scorers.groups import share_groups
 from supervisor.backend import RewardBackend, ScorerShape, request_group_size, request_groups
 from supervisor.backends.managed import ManagedScorerProcessBackend
-from supervisor.compose.joined import join_rows, rows_by_id, shares_failed
 from supervisor.errors import (
     ConfigError,
     PoolActorDied,
@@ -46,6 +45,7 @@ from supervisor.errors import (
     ScorerUnavailable,
     prefixed,
 )
+from supervisor.joined import join_rows, rows_by_id, shares_failed
 from supervisor.types import RewardRequest, RewardResponse
 
 log = logging.getLogger(__name__)

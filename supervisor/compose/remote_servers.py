@@ -37,7 +37,6 @@ from supervisor.backend import (
 )
 from supervisor.backends.remote import RemoteRewardBackend, retryable
 from supervisor.child.client import MAX_CONNECTIONS
-from supervisor.compose.joined import join_rows, rows_by_id, shares_failed
 from supervisor.errors import (
     ConfigError,
     ErrorStatus,
@@ -48,6 +47,7 @@ from supervisor.errors import (
     prefixed,
 )
 from supervisor.fanout import on_each
+from supervisor.joined import join_rows, rows_by_id, shares_failed
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 

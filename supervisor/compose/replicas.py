@@ -22,10 +22,10 @@ from supervisor.backend import RewardBackend, ScorerShape, request_group_size, r
 from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.child import ranks
 from supervisor.compose.build import build_all
-from supervisor.compose.joined import join_rows, rows_by_id, shares_failed
 from supervisor.config import ManagedScorerProcessSpec, ReplicasConfig
 from supervisor.errors import ConfigError, ScorerProcessDied, prefixed
 from supervisor.fanout import on_each
+from supervisor.joined import join_rows, rows_by_id, shares_failed
 from supervisor.types import RewardRequest, RewardResponse
 
 

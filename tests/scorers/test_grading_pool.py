@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -616,3 +617,48 @@ def test_a_batch_done_under_another_callers_drive_returns_without_waiting_for_th
     took = time.monotonic() - began
     slow.join(10)
     assert [o.status for o in quick] == ["ok"] * 4 and took < 1.0, took
+
+
+EARLY_SCRIPT = textwrap.dedent(
+    """
+    import json, psutil
+    from tests.helpers.grading_fixtures import wait_gone
+    from scorers.grading.mp_helpers import forkserver_modules, forkserver_pid, start_forkserver_early
+    from scorers.grading.pool import GradingPool
+
+    if __name__ == "__main__":
+        fn = "tests.helpers.grading_fixtures:square"
+        start_forkserver_early(forkserver_modules([], fn))  # returns at once: the preload runs meanwhile
+        early = forkserver_pid()
+        pool = GradingPool(1, 10.0, fn, warm_replay=0)
+        pool.start()
+        values = [o.value for o in pool.grade([(3,), (4,)])]
+        parents = {psutil.Process(pid).ppid() for pid in pool.worker_pids() + pool.spare_pids()}
+        pool.close()
+        alive = wait_gone([early], 5.0)  # while this process lives: only the pool's close can stop it
+        print(json.dumps({"early": early, "parents": sorted(parents), "values": values, "alive": alive}))
+    """
+)
+
+
+def test_a_forkserver_started_early_serves_the_pool_and_is_stopped_with_it(tmp_path):
+    """A child starts its pool's forkserver before its own imports (scorers/early.py): the pool forks
+    its workers from that one, owns it as if it had launched it, and stops it when it closes."""
+    script = tmp_path / "early.py"
+    script.write_text(EARLY_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["values"] == [9, 16] and report["parents"] == [report["early"]]
+    assert report["alive"] == []  # owned: stopped at the pool's close, not left to the process's exit
+
+
+def test_an_early_start_that_fails_is_said_and_skipped(capsys):
+    """An optimisation only: the child goes on (load() starts the same helper and reports its failure)."""
+    from scorers import early
+
+    assert early.early_args("math_verify") == ["--early", "math_verify"] and early.early_args("constant") == []
+    early.run_from_argv(["child_runtime", "--early", "no_such_scorer"])
+    early.run_from_argv(["child_runtime"])  # nothing named: nothing runs
+    assert capsys.readouterr().err.count("early start 'no_such_scorer' skipped: KeyError") == 1

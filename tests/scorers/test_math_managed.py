@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -73,6 +74,9 @@ def test_shutdown_takes_forkserver_and_workers(managed, math_python):
     backend.compute_rewards(RewardRequest(items=[PERCENT]))
     members = group_members(backend.pid)
     assert len(members) >= 4, f"expected child, forkserver and 2 workers, got {members}"
+    # the forkserver was started before the child's own imports (scorers/early.py), and is the child's
+    assert psutil.Process(backend.pid).cmdline()[-2:] == ["--early", "math_verify"]
+    assert backend.log_path is not None and "early start" not in Path(backend.log_path).read_text()  # not skipped
     backend.close()
     assert backend._child.returncode() == 0
     assert wait_until_gone(members, 5) == []

@@ -24,16 +24,25 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Protocol, Self
 
 from scorers.diagnostics import merge_term_reports
-from supervisor.backend import RewardBackend
-from supervisor.compose.joined import join_rows, rows_by_id, shares_failed
 from supervisor.errors import BackendNotOwned, ConfigError, ScorerError, ScorerItemsFailed, ScorerRequestError
+from supervisor.joined import join_rows, rows_by_id, shares_failed
 from supervisor.submit import Submission, SubmissionQueueFull
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 WAKE_S = 0.5  # the worker's longest sleep without news (every change notifies it anyway)
+
+
+class Streamed(Protocol):
+    """What a stream needs of its backend (a RewardBackend, which makes streams of itself)."""
+
+    group_size: int | None
+
+    def needs_whole_groups(self) -> bool: ...
+
+    def submit(self, request: RewardRequest) -> Future[RewardResponse]: ...
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,7 @@ class RewardStream:
 
     def __init__(
         self,
-        backend: RewardBackend,
+        backend: Streamed,
         group_size: int | None = None,
         window: int = 64,
         max_wait_s: float = 0.01,
@@ -388,7 +397,7 @@ def _outcome(window: _Window) -> RewardResponse | BaseException:
 
 
 def _joined(
-    backend: RewardBackend, windows: list[_Window], outcomes: list[RewardResponse | BaseException], order: list[str]
+    backend: Streamed, windows: list[_Window], outcomes: list[RewardResponse | BaseException], order: list[str]
 ) -> RewardResponse:
     """One response in add order; or one error naming every item the failed windows cost."""
     name = type(backend).__name__

@@ -7,9 +7,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scorers.diagnostics import merge_term_reports
-from supervisor.backend import items_failed
 from supervisor.errors import RewardContractError, ScorerError, ScorerItemsFailed, ScorerTermsFailed
 from supervisor.types import RewardResponse
+
+
+def items_failed(scorer: str, total: int, failed: Mapping[str, str], partial: RewardResponse) -> ScorerItemsFailed:
+    """The error for items a scorer could not score, each named with why; `partial` holds the rest."""
+    listed = "; ".join(f"{item_id!r}: {why}" for item_id, why in list(failed.items())[:8])
+    more = f"; and {len(failed) - 8} more" if len(failed) > 8 else ""
+    return ScorerItemsFailed(
+        f"scorer {scorer!r} could not score {len(failed)} of {total} items: {listed}{more}",
+        kind="items_failed",
+        failed=dict(failed),
+        partial=partial,
+    )
 
 
 def rows_by_id(responses: Sequence[RewardResponse]) -> dict[str, tuple[RewardResponse, int]]:
