@@ -29,7 +29,7 @@ from supervisor import (
     build_panel,
     load_recipe,
 )
-from tests.conftest import wait_until_gone
+from tests.conftest import eventually, wait_until_gone
 from tests.ops.test_cli_serve import start_serve, stop_serve, wait_ready
 
 pytestmark = pytest.mark.slow
@@ -98,6 +98,16 @@ def score_while(backend: MultiRemoteRewardBackend, during: Callable[[], None]) -
     return outcome[0]
 
 
+def scoring(urls: list[str], timeout_s: float = 10.0) -> None:
+    """Wait until every server has a request in flight (its own /health says so)."""
+    clients = [RemoteRewardBackend(url, token=TOKEN) for url in urls]
+    try:
+        assert eventually(lambda: all(c.health()["in_flight"] > 0 for c in clients), timeout_s), "not all scoring"
+    finally:
+        for client in clients:
+            client.close()
+
+
 def scored_keys(url: str) -> int:
     """Requests a server scored (its idempotency cache's entries: one per chunk it was sent)."""
     with RemoteRewardBackend(url, token=TOKEN) as one:
@@ -160,7 +170,7 @@ def test_a_server_killed_mid_batch_has_its_share_re_sent_once_to_a_healthy_one(s
     with MultiRemoteRewardBackend([url for _, url in made], token=TOKEN, request_batch_size=SIZE) as many:
 
         def kill_mid_batch() -> None:
-            time.sleep(0.25)  # every server is scoring its share's first chunk
+            scoring([url for _, url in made])  # every server is scoring its share's first chunk
             victim.send_signal(signal.SIGKILL)
             victim.wait(5)
 
@@ -183,7 +193,7 @@ def test_with_every_other_server_gone_the_error_names_the_dead_server(servers):
         second.wait(5)
 
         def kill_mid_batch() -> None:
-            time.sleep(0.25)
+            scoring([first_url])
             first.send_signal(signal.SIGKILL)
             first.wait(5)
 
