@@ -60,6 +60,16 @@ def env_python(name: str) -> str:
     return str(ROOT / "envs" / name / ".venv" / "bin" / "python")
 
 
+def run_driver(env: str, module: str, *args: str, timeout_s: float = 900) -> dict:
+    """A bench driver module run by env's python from the checkout; its JSON report (last stdout line)."""
+    done = subprocess.run(
+        [env_python(env), "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{module} failed in envs/{env} (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def timed(fn: Callable[[], object], repeats: int, warmup: int = 3) -> list[float]:
     for _ in range(warmup):
         fn()

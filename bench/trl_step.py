@@ -11,7 +11,6 @@ other's (the same work). Target (issue 29): the managed grader's share no larger
 from __future__ import annotations
 
 import json
-import subprocess
 
 STEPS = 6
 ROUNDS = 3
@@ -19,26 +18,10 @@ MATH_PARAMS = {"jobs": 2}  # the managed grader as a user configures it
 
 
 def main_line(steps: int = STEPS, rounds: int = ROUNDS, params: dict | None = None) -> str:
-    from bench.__main__ import ROOT, env_python  # bench.__main__ imports this module for its line list
+    from bench.__main__ import env_python, run_driver  # bench.__main__ imports this module for its line list
 
-    done = subprocess.run(
-        [
-            env_python("trlbench"),
-            "-m",
-            "bench.trl_step_driver",
-            str(steps),
-            str(rounds),
-            env_python("math"),
-            json.dumps(params if params is not None else MATH_PARAMS),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"bench/trl_step_driver.py failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    chosen = json.dumps(params if params is not None else MATH_PARAMS)
+    report = run_driver("trlbench", "bench.trl_step_driver", str(steps), str(rounds), env_python("math"), chosen)
     if report["mismatches"]:
         raise RuntimeError(f"TRL's accuracy_reward and the managed grader disagree on {report['mismatches']} rewards")
     share, ms = report["share"], report["reward_ms"]

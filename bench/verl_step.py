@@ -11,26 +11,14 @@ disagrees with the managed grader (antlr 4.13.2 in its child).
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 ITEMS = 128
 ROUNDS = 5
 
 
 def main_line(items: int = ITEMS, rounds: int = ROUNDS) -> str:
-    from bench.__main__ import ROOT, env_python  # bench.__main__ imports this module for its line list
+    from bench.__main__ import env_python, run_driver  # bench.__main__ imports this module for its line list
 
-    done = subprocess.run(
-        [env_python("trl"), "-m", "bench.verl_step_driver", str(items), str(rounds), env_python("math")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"bench/verl_step_driver.py failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = run_driver("trl", "bench.verl_step_driver", str(items), str(rounds), env_python("math"))
     if report["mismatches"]:
         raise RuntimeError(f"verl's own grader and the managed one disagree on {report['mismatches']} rewards")
     managed, own = report["seconds"]["managed"], report["seconds"]["verl"]

@@ -45,6 +45,11 @@ def unirl_base() -> type | None:
     return UniRLRewardBackend
 
 
+def overridden(options: UniRLOptions, reference_key: str, given: dict[str, Any]) -> UniRLOptions:
+    """The recipe's options with the base arguments that were given (not None) in their place."""
+    return replace(options, reference_key=reference_key, **{k: v for k, v in given.items() if v is not None})
+
+
 class _UniRLFace:
     """What UniRL's RewardBackend base offers (and RewardService calls), over one backend of ours."""
 
@@ -141,9 +146,8 @@ class _ManagedBackend(_UniRLFace):
         start: bool = True,
     ) -> None:
         spec, options = managed_spec(config, base_device)
-        given: dict[str, Any] = {"model_name": model_name, "batch_size": batch_size, "timeout": timeout}
-        given["prompt_source"] = prompt_source
-        options = replace(options, reference_key=reference_key, **{k: v for k, v in given.items() if v is not None})
+        given = {"model_name": model_name, "batch_size": batch_size, "timeout": timeout, "prompt_source": prompt_source}
+        options = overridden(options, reference_key, given)
         self.spec = spec
         self._set_base(options, _OurManagedBackend(spec, start=start))
 
@@ -173,9 +177,8 @@ class _PanelBackend(_UniRLFace):
     ) -> None:
         del base_device  # each term's backend names its own device in the recipe
         panel, options = panel_config(recipe, config, model_name)
-        given: dict[str, Any] = {"batch_size": batch_size, "timeout": timeout, "input_kind": input_kind}
-        given["prompt_source"] = prompt_source
-        options = replace(options, reference_key=reference_key, **{k: v for k, v in given.items() if v is not None})
+        given = {"batch_size": batch_size, "timeout": timeout, "input_kind": input_kind, "prompt_source": prompt_source}
+        options = overridden(options, reference_key, given)
         self.panel_config = panel
         self._set_base(options, build_panel(panel))
 
@@ -211,9 +214,8 @@ class _RemoteBackend(_UniRLFace):
     ) -> None:
         del base_device  # the server's scorers have their own devices
         remote, options, self.wanted = remote_config(config, token_env)
-        given: dict[str, Any] = {"model_name": model_name, "batch_size": batch_size, "timeout": timeout}
-        given["prompt_source"] = prompt_source
-        options = replace(options, reference_key=reference_key, **{k: v for k, v in given.items() if v is not None})
+        given = {"model_name": model_name, "batch_size": batch_size, "timeout": timeout, "prompt_source": prompt_source}
+        options = overridden(options, reference_key, given)
         self._set_base(options, make_backend(remote))
 
     def _components(self, request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
