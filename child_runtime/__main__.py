@@ -9,6 +9,10 @@ before anything is written to the log (a full disk must not hide them).
 
 from __future__ import annotations
 
+import gc
+
+gc.disable()  # for the boot's imports, resumed before the scorer loads: see _import_server
+
 import asyncio
 import faulthandler
 import json
@@ -16,7 +20,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -222,24 +225,25 @@ def _enter(cwd: str | None) -> None:
         os.chdir("/")
 
 
-def _import_server_in_background() -> threading.Thread:
-    """Import the HTTP stack while the scorer loads: a scorer that waits on its own
-    subprocesses (math_verify's forkserver preloading sympy) leaves this process idle,
-    and on two cores the imports then cost no wall time (~60 ms of spawn-to-ready)."""
+def _import_server(pipe: BinaryIO) -> None:
+    """Import the HTTP stack, then freeze what the boot's imports built and resume the collector.
 
-    def work() -> None:
-        try:
-            import uvicorn  # noqa: F401
-            import uvicorn.loops.auto  # noqa: F401
-            import uvicorn.protocols.http.auto  # noqa: F401
+    Paused, the collector runs none of the full collections the imports would trigger (each walks
+    every object made so far): about a quarter of their CPU time, which 8 children booting on two
+    cores feel. Frozen, the boot's modules are never walked again. Resumed before the scorer loads,
+    so that a load() making cyclic garbage (model weights in a traceback's frames) frees it as usual.
+    A scorer's helper started early (scorers/early.py) does its own imports meanwhile."""
+    try:
+        import uvicorn  # noqa: F401
+        import uvicorn.loops.auto  # noqa: F401
+        import uvicorn.protocols.http.auto  # noqa: F401
 
-            import child_runtime.app  # noqa: F401
-        except ImportError:
-            pass  # _serve imports them again and reports the error properly
-
-    thread = threading.Thread(target=work, name="server-imports", daemon=True)
-    thread.start()
-    return thread
+        import child_runtime.app  # noqa: F401
+    except ImportError as exc:  # the scorer env lacks the child runtime's packages: it will not boot on a retry
+        _fail(pipe, exit_codes.BAD_CONFIG, _missing_package(exc))
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 def _open_segment(config: BootConfig) -> tuple[ChildSegment | None, str | None]:
@@ -254,13 +258,7 @@ def _open_segment(config: BootConfig) -> tuple[ChildSegment | None, str | None]:
 
 
 def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[str, float]) -> None:
-    try:
-        import uvicorn  # noqa: F401 - here, so that a missing package is a boot failure said on the pipe
-        import uvicorn.protocols.http.auto  # noqa: F401
-
-        from child_runtime.app import build_app
-    except ImportError as exc:  # the scorer env lacks the child runtime's packages: it will not boot on a retry
-        _fail(pipe, exit_codes.BAD_CONFIG, _missing_package(exc))
+    from child_runtime.app import build_app  # imported by _import_server, which says a missing package
 
     segment, segment_error = _open_segment(config)
     gate = ConnectionGate(config.limits.max_pending_connections, config.limits.pending_connection_timeout_s)
@@ -349,9 +347,8 @@ def main() -> None:
         )
         _enter(config.cwd)
     pipe = os.fdopen(config.ready_fd, "wb", buffering=0)
-    server_imports = _import_server_in_background()
+    _import_server(pipe)
     host = _build_host(config, pipe)
-    server_imports.join()  # imports are local and bounded; a failure re-raises in _serve's import
     timings = {"boot_s": round(time.monotonic() - started, 4), "load_s": round(host.load_s, 4)}
     try:
         _serve(config, host, pipe, timings)

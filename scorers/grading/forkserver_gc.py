@@ -4,7 +4,8 @@ Every grading worker is a fork of the forkserver. Unfrozen, the preloaded heap (
 with sympy: about 100,000 tracked objects) is walked by each full collection in every worker:
 a 50-60 ms pause that lands on whichever item happens to be grading, making ordinary items
 look slow next to a soft deadline, and writing to pages the fork shared (copy-on-write
-faults in each fresh worker). Frozen, a collection walks only the objects made since.
+faults in each fresh worker). Frozen, a collection walks only the objects made since. The
+collector, paused for the preload by `forkserver_gc_off`, resumes here.
 """
 
 from __future__ import annotations
@@ -13,3 +14,4 @@ import gc
 
 gc.collect()
 gc.freeze()
+gc.enable()

@@ -30,12 +30,14 @@ _helpers_lock = threading.Lock()
 _live_pools = 0
 _owned_helpers: list[str] = []
 _started_early: list[str] | None = None  # helpers start_forkserver_early launched, for the first pool to own
+PAUSE_MODULE = "scorers.grading.forkserver_gc_off"  # preloaded first: no collections during the preload
 FREEZE_MODULE = "scorers.grading.forkserver_gc"  # preloaded last: workers never collect the preloaded heap
 
 
 def forkserver_modules(preload: Sequence[str], grade_fn: str) -> list[str]:
-    """What a pool's forkserver preloads: its modules, the grade function's, then the heap freeze."""
-    return list(dict.fromkeys([*preload, grade_fn.partition(":")[0], FREEZE_MODULE]))
+    """What a pool's forkserver preloads: the collector's pause, its modules, the grade function's,
+    then the heap freeze (which resumes the collector)."""
+    return list(dict.fromkeys([PAUSE_MODULE, *preload, grade_fn.partition(":")[0], FREEZE_MODULE]))
 
 
 def start_forkserver_early(modules: Sequence[str]) -> None:
