@@ -8,11 +8,14 @@ an item scores 0.0, counted in diagnostics (`on_timeout="raise"` fails the batch
 instead). The worker that takes the freed slot forks from a template that replays some
 of each call's items while the trainer generates, so it starts with warm caches. Worker, IPC and batch-cap failures raise; the next call
 then gets a fresh pool. An unparsable gold answer is a ScoreInputError.
+load() starts the pool without waiting for it (its forkserver's import and warm-up are most of a
+math child's start): the child says ready sooner, and the first call waits for the workers.
 Nothing here imports math_verify in the owner process.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
@@ -133,9 +136,15 @@ class MathVerifyScorer(Scorer):
         return {**super().identity_params(params), "timeout_s": self.timeout_s}
 
     def load(self, device: str = "cpu") -> None:
-        """Start the grading workers (CPU only; `device` is ignored)."""
+        """Start the grading workers (CPU only; `device` is ignored), without waiting for them: the
+        forkserver's preload and warm-up (most of a math child's start) then overlap the trainer's own
+        start, and the first score() waits for them (and raises their start's failure). A package the
+        grader imports that is missing fails here, as a boot failure."""
         if self._pool is not None:
             return
+        missing = [name for name in self.spec.requires_modules if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ModuleNotFoundError(f"math_verify: this Python lacks {', '.join(missing)} (use the math env)")
         pool = GradingPool(
             self.jobs,
             self.timeout_s,
@@ -148,7 +157,7 @@ class MathVerifyScorer(Scorer):
             memory_budget_bytes=None if self.memory_budget_mb is None else self.memory_budget_mb * 2**20,
         )
         try:
-            pool.start()
+            pool.start(wait=False)
         except BaseException:
             pool.close()
             raise

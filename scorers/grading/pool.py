@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,6 +104,7 @@ class GradingPool:
         self._workers = WorkerManager(self.config, self._ctx)
         self._tasks = TaskManager(self.config, self._workers)
         self._holds_helpers = False
+        self._starter: threading.Thread | None = None
 
     # the options, with their defaults applied
     jobs = property(lambda self: self.config.jobs)
@@ -115,8 +117,13 @@ class GradingPool:
     preload = property(lambda self: self.config.preload)
     warm_replay = property(lambda self: self.config.warm_replay)
 
-    def start(self) -> None:
-        """Start the workers and wait (bounded) until each has loaded grade_fn."""
+    def start(self, wait: bool = True) -> None:
+        """Start the workers and wait (bounded) until each has loaded grade_fn.
+
+        `wait=False`: they start in a thread that holds the drive lock, and this returns at once. The
+        first grade() waits for them (its hard cap counts from its call) and raises the start's failure
+        as its own; close() waits (bounded) for the start to end. A managed child says it is ready
+        meanwhile, so the forkserver's preload and warm-up overlap the trainer's own start."""
         if self._tasks.state != "new":
             raise GradingPoolError(f"GradingPool.start() called twice (pool is {self._tasks.state})")
         self._tasks.state = "running"
@@ -124,11 +131,37 @@ class GradingPool:
         self._holds_helpers = True
         # Only effective if this process's forkserver is not running yet (process-global).
         self._ctx.set_forkserver_preload(forkserver_modules(self.config.preload, self.config.grade_fn))
+        if wait:
+            self._start_workers()
+            return
+        self._tasks.drive.acquire()  # taken here, so that no grade() can drive before the workers exist
+        self._starter = threading.Thread(target=self._start_in_background, name="grading-pool-start", daemon=True)
+        try:
+            self._starter.start()
+        except BaseException:
+            self._tasks.drive.release()
+            raise
+
+    def _start_workers(self) -> None:
         try:
             self._workers.start()
         except BaseException as exc:
             self._tasks.fail(exc)
             raise
+
+    def _start_in_background(self) -> None:
+        """The workers' start, holding the drive lock start() took; a failure breaks the pool (its
+        error is the next grade()'s). A close() that gave up waiting has killed what it saw: what this
+        started afterwards is killed here."""
+        try:
+            self._start_workers()
+        except BaseException as exc:  # noqa: BLE001 - remembered as the pool's broken_error, raised by grade()
+            log.warning("grading pool: the workers' start failed: %s", exc)
+        finally:
+            if self._tasks.state == "closed":
+                self._workers.kill_all()
+                self._workers.close_template()
+            self._tasks.drive.release()
 
     def grade(self, tasks: Sequence[tuple]) -> list[GradeOutcome]:
         """Grade every task; "timeout" outcomes for tasks past timeout_s; raise on failure. Several
@@ -175,7 +208,10 @@ class GradingPool:
         driving = self._tasks.drive.acquire(timeout=_CLOSE_WAIT_S)
         try:
             if not driving:
-                log.warning("grading pool: a grade() still runs after %.0f s; closing under it", _CLOSE_WAIT_S)
+                log.warning(
+                    "grading pool: a grade() or the workers' start still runs after %.0f s; closing under it",
+                    _CLOSE_WAIT_S,
+                )
             self._workers.kill_all()
             self._workers.close_template()
             self._tasks.close_wake_pipe()

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from supervisor import RewardItem, RewardRequest
-from tests.conftest import REPO_ROOT, alive, group_members
+from tests.conftest import REPO_ROOT, alive, eventually, group_members
 
 TOWER = "\\boxed{9^{9^{9^{9}}}}"  # sympy never finishes comparing this with "1"
 DEATH_BOUND_S = 5.0
@@ -256,6 +256,7 @@ def _process_table(child: int) -> dict:
 def test_200_timed_out_items_leave_no_zombie(managed, math_python):
     backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 0.2})
     child = backend.pid
+    eventually(lambda: len(group_members(child)) == 7, 30)  # the grading workers start after ready
     before = _process_table(child)
     workers_before = {pid for pid in before["tree"] if psutil.Process(pid).ppid() != child and pid != child}
     assert len(before["live_group"]) == 7 and len(workers_before) == 4, (

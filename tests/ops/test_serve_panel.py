@@ -69,6 +69,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     try:
         info = wait_ready(ready, 90)
         assert info.get("ready") is True, (info, log.read_text()[-3000:])
+        # a math child's grading workers start after it says ready: one call each brings them up, so
+        # that they are this fixture's processes, not new ones of the first test
+        local.compute_rewards(grpo_request())
+        with RemoteRewardBackend(f"http://127.0.0.1:{info['port']}", token=TOKEN) as remote:
+            remote.compute_rewards(grpo_request())
         yield {"server": server, "info": info, "local": local, "tmp": tmp, "log": log, "recipe": recipe}
     finally:
         local.close()
@@ -98,7 +103,8 @@ def test_a_served_panel_scores_a_grpo_batch_as_the_same_panel_in_process(served)
     assert [t["scorer"] for t in health["identity"]["terms"]] == [t.backend.identity_hash for t in local.terms]
     assert all(len(t["scorer"]) == 64 for t in health["identity"]["terms"])
     metrics = httpx.get(f"{url}/metrics", headers={"authorization": f"Bearer {TOKEN}"}, timeout=10).text
-    assert 'managed_scorers_child_items_total{scorer="panel",rank="0"} 8' in metrics, metrics
+    # 8 items of the fixture's first call, 8 of this test's
+    assert 'managed_scorers_child_items_total{scorer="panel",rank="0"} 16' in metrics, metrics
     assert httpx.get(f"{url}/health", timeout=10).status_code == 401  # the same token guards it
 
 

@@ -662,3 +662,55 @@ def test_an_early_start_that_fails_is_said_and_skipped(capsys):
     early.run_from_argv(["child_runtime", "--early", "no_such_scorer"])
     early.run_from_argv(["child_runtime"])  # nothing named: nothing runs
     assert capsys.readouterr().err.count("early start 'no_such_scorer' skipped: KeyError") == 1
+
+
+UNWAITED_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, threading, time
+    from pathlib import Path
+    import psutil
+    from scorers.grading.pool import GradingPool
+
+    if __name__ == "__main__":
+        gate = Path(os.environ["GRADING_GATE"])
+        pool = GradingPool(1, 10.0, "tests.helpers.grading_fixtures:square", preload=["tests.helpers.grading_gate"])
+        pool.start(wait=False)  # returns with the forkserver's preload still held at the gate
+        returned_gated = not gate.exists()
+        graded = []
+        caller = threading.Thread(target=lambda: graded.append([o.value for o in pool.grade([(3,), (4,)])]))
+        caller.start()
+        caller.join(0.3)
+        waited = caller.is_alive() and not graded  # the first grade() waits for the workers
+        gate.touch()
+        caller.join(30)
+        closing = GradingPool(1, 10.0, "tests.helpers.grading_fixtures:square")
+        closing.start(wait=False)
+        closing.close()  # at once: waits for its start, then kills what it started
+        pool.close()
+        left = [p.pid for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"]
+        print(json.dumps({"returned_gated": returned_gated, "waited": waited, "graded": graded, "left": left}))
+    """
+)
+
+
+def test_a_pool_started_without_waiting_serves_its_first_grade_once_up_and_leaves_nothing(tmp_path):
+    """start(wait=False), as the math scorer's load() does: it returns while the forkserver still
+    preloads; the first grade() waits for the workers, then grades; a close() right after such a
+    start leaves no process."""
+    script = tmp_path / "unwaited.py"
+    script.write_text(UNWAITED_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GRADING_GATE": str(tmp_path / "gate")}
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report == {"returned_gated": True, "waited": True, "graded": [[9, 16]], "left": []}
+
+
+def test_a_start_not_waited_for_that_fails_is_the_first_grades_error(make_pool):
+    pool = make_pool("no_such_function", jobs=1, start=False)
+    pool.start(wait=False)
+    with pytest.raises(GradingPoolError, match="cannot load 'tests.helpers.grading_fixtures:no_such_function'"):
+        pool.grade([(1,)])
+    assert pool.broken
+    with pytest.raises(GradingPoolError, match="broken: .*no_such_function"):
+        pool.grade([(1,)])

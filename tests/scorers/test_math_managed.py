@@ -100,9 +100,18 @@ def test_kill_9_of_math_child_mid_batch_takes_its_descendants(managed, math_pyth
     assert wait_until_gone(members, 5) == []
 
 
-def _spawn_orphan_parent(python, scorer: str, params: dict, mode: str) -> tuple[subprocess.Popen, dict]:
+def _spawn_orphan_parent(python, scorer: str, params: dict, mode: str, members: int) -> tuple[subprocess.Popen, dict]:
     parent = subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.orphan_parent", str(python), scorer, json.dumps(params), mode],
+        [
+            sys.executable,
+            "-m",
+            "tests.helpers.orphan_parent",
+            str(python),
+            scorer,
+            json.dumps(params),
+            mode,
+            str(members),
+        ],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -119,9 +128,10 @@ def _spawn_orphan_parent(python, scorer: str, params: dict, mode: str) -> tuple[
 @pytest.mark.slow
 def test_kill_9_of_the_idle_trainer_leaves_no_process(math_python):
     """The mid-batch version, 20 trials, is tests/lifecycle/test_orphans.py."""
-    parent, info = _spawn_orphan_parent(math_python, "math_verify", {"jobs": 2, "timeout_s": 60}, "idle")
+    # child, forkserver, tracker, template, 2 workers and the spare: the workers start after ready
+    parent, info = _spawn_orphan_parent(math_python, "math_verify", {"jobs": 2, "timeout_s": 60}, "idle", 7)
     try:
-        assert info["child"] in info["group"] and len(info["group"]) >= 4, info
+        assert info["child"] in info["group"] and len(info["group"]) == 7, info
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
         survivors = wait_until_gone(info["group"], 5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -176,3 +177,15 @@ def test_on_timeout_raise_fails_the_batch_instead_of_scoring_zero(make_scorer):
 def test_on_timeout_must_be_known():
     with pytest.raises(ValueError, match="on_timeout"):
         MathVerifyScorer(on_timeout="ignore")
+
+
+def test_a_missing_grader_package_fails_load_not_the_first_call():
+    """load() does not wait for the pool, so a missing package is checked before it starts: a boot failure."""
+
+    class Lacking(MathVerifyScorer):
+        spec = dataclasses.replace(MathVerifyScorer.spec, requires_modules=("math_verify", "no_such_package_xyz"))
+
+    scorer = Lacking(jobs=1, timeout_s=5.0)
+    with pytest.raises(ModuleNotFoundError, match="lacks no_such_package_xyz"):
+        scorer.load()
+    assert scorer._pool is None
