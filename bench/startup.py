@@ -1,9 +1,10 @@
 """Start-up at scale: 1, 2, 4 and 8 children of one node started at once, and what each costs.
 
 `python -m bench.startup` (and a line of `make bench`): for each N, N math_verify children
-(jobs=1: the child and its grading forkserver and worker) are started concurrently, as the
-replicas of one term are, and as N ranks of a node start theirs. It reports the wall time until
-all serve, and per child (its whole process tree) RSS, PSS (shared pages divided among the
+(jobs=1: the child and its grading forkserver, template, worker and spare) are started concurrently,
+as the replicas of one term are, and as N ranks of a node start theirs. It reports the wall time until
+all say ready, until all have their grading workers up (a math child says ready before they are),
+and until each has answered its first 64-item request; the boot CPU by phase; and per child (its whole process tree) RSS, PSS (shared pages divided among the
 processes sharing them: the interpreter and libraries of the one shared, read-only scorer env
 count once) and open descriptors, plus the parent's descriptors per child. docs/scale.md
 multiplies these out.
@@ -16,19 +17,60 @@ import os
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 
-from supervisor import ReplicatedBackend
+from bench.workloads import math_items
+from supervisor import ReplicatedBackend, RewardItem, RewardRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 COUNTS = (1, 2, 4, 8)
 
 
+PROCESSES_PER_CHILD = 6  # jobs=1: the child, its grading forkserver and resource tracker, the template, worker, spare
+FIRST_BATCH = 64
+
+
 def tree(pid: int) -> list[psutil.Process]:
     root = psutil.Process(pid)
     return [root, *root.children(recursive=True)]
+
+
+def whole_tree(pid: int, deadline: float) -> list[psutil.Process]:
+    """The child's tree once its grading workers are up (they start after the child says ready)."""
+    procs = tree(pid)
+    while len(procs) < PROCESSES_PER_CHILD and time.monotonic() < deadline:
+        time.sleep(0.005)
+        procs = tree(pid)
+    if len(procs) < PROCESSES_PER_CHILD:
+        raise RuntimeError(f"child pid {pid}: {len(procs)} processes after 60 s, not {PROCESSES_PER_CHILD}")
+    return procs
+
+
+def boot_cpu(procs: list[psutil.Process]) -> dict[str, float]:
+    """User + system CPU of one child's boot, by phase: the child (its imports, its server), the
+    forkserver (math_verify's import and the warm-up), the forks (template, worker, spare), the tracker."""
+    child, forkserver = procs[0], next(p for p in procs[1:] if "forkserver" in " ".join(p.cmdline()))
+    phases = {"child": 0.0, "forkserver": 0.0, "forks": 0.0, "tracker": 0.0}
+    for proc in procs:
+        phase = (
+            "child" if proc.pid == child.pid
+            else "forkserver" if proc.pid == forkserver.pid
+            else "forks" if proc.ppid() != child.pid
+            else "tracker"
+        )  # fmt: skip
+        phases[phase] += sum(proc.cpu_times()[:2])
+    return phases
+
+
+def first_batches(backend: ReplicatedBackend) -> None:
+    """One 64-item request to each child at once (each child's first)."""
+    request = RewardRequest(items=[RewardItem(**raw) for raw in math_items(FIRST_BATCH)])
+    with ThreadPoolExecutor(len(backend.replicas)) as pool:
+        for response in pool.map(lambda replica: replica.compute_rewards(request), backend.replicas):
+            assert len(response.rewards) == FIRST_BATCH
 
 
 def measure(count: int) -> dict[str, float]:
@@ -43,28 +85,27 @@ def measure(count: int) -> dict[str, float]:
         }
     )
     try:
-        wall = time.perf_counter() - began
+        ready = time.perf_counter() - began
+        trees = [whole_tree(pid, time.monotonic() + 60) for pid in backend.pids if pid is not None]
+        up = time.perf_counter() - began
+        cpu = [boot_cpu(procs) for procs in trees]  # before any grading
+        first_batches(backend)
+        first = time.perf_counter() - began
         time.sleep(0.5)  # let the graders' workers settle before reading memory
-        rss, pss, fds, processes, cpu = [], [], [], [], []
-        for pid in backend.pids:
-            assert pid is not None
-            procs = tree(pid)
-            infos = [p.memory_full_info() for p in procs]
-            rss.append(sum(i.rss for i in infos))
-            pss.append(sum(i.pss for i in infos))
-            fds.append(sum(p.num_fds() for p in procs))
-            processes.append(len(procs))
-            cpu.append(sum(sum(p.cpu_times()[:2]) for p in procs))  # user + system of the boot, whole tree
+        infos = [[p.memory_full_info() for p in procs] for procs in trees]
         boots = [r.timings["spawn_to_ready_s"] for r in backend.replicas]
         return {
             "children": count,
-            "wall_s": wall,
+            "wall_s": ready,
+            "up_s": up,
+            "first_batch_s": first,
             "boot_s_median": statistics.median(boots),
-            "boot_cpu_s": statistics.mean(cpu),
-            "rss_mib": statistics.mean(rss) / 2**20,
-            "pss_mib": statistics.mean(pss) / 2**20,
-            "fds_per_child": statistics.mean(fds),
-            "processes_per_child": statistics.mean(processes),
+            "boot_cpu_s": statistics.mean(sum(phases.values()) for phases in cpu),
+            **{f"cpu_{phase}_s": statistics.mean(phases[phase] for phases in cpu) for phase in cpu[0]},
+            "rss_mib": statistics.mean(sum(i.rss for i in tree_infos) for tree_infos in infos) / 2**20,
+            "pss_mib": statistics.mean(sum(i.pss for i in tree_infos) for tree_infos in infos) / 2**20,
+            "fds_per_child": statistics.mean(sum(p.num_fds() for p in procs) for procs in trees),
+            "processes_per_child": statistics.mean(len(procs) for procs in trees),
             "parent_fds_per_child": (psutil.Process().num_fds() - parent_fds) / count,
         }
     finally:
@@ -76,14 +117,20 @@ def run(counts: tuple[int, ...] = COUNTS) -> list[dict[str, float]]:
 
 
 def render(rows: list[dict[str, float]]) -> str:
-    one = rows[0]["wall_s"]
-    lines = ["children started at once (math_verify, jobs=1; per child = its process tree)"]
+    one = rows[0]["up_s"]
+    lines = [
+        "children started at once (math_verify, jobs=1; per child = its process tree; ready: said so; "
+        "up: its grading workers too; first: its first 64 rewards back)"
+    ]
     for row in rows:
         lines.append(
-            f"  {row['children']:>2} children: all ready in {row['wall_s']:5.2f} s ({row['wall_s'] / one:4.2f}x one; "
-            f"serial would be {row['children']:.0f}x)  RSS {row['rss_mib']:5.1f} MiB  PSS {row['pss_mib']:5.1f} MiB  "
+            f"  {row['children']:>2} children: all ready in {row['wall_s']:5.2f} s, up in {row['up_s']:5.2f} s "
+            f"({row['up_s'] / one:4.2f}x one; serial would be {row['children']:.0f}x), first 64 rewards each in "
+            f"{row['first_batch_s']:5.2f} s  boot CPU {row['boot_cpu_s']:.2f} s (child {row['cpu_child_s']:.2f}, "
+            f"forkserver {row['cpu_forkserver_s']:.2f}, forks {row['cpu_forks_s']:.2f}, tracker "
+            f"{row['cpu_tracker_s']:.2f})  RSS {row['rss_mib']:5.1f} MiB  PSS {row['pss_mib']:5.1f} MiB  "
             f"fds {row['fds_per_child']:.0f} (+{row['parent_fds_per_child']:.0f} in the parent)  "
-            f"processes {row['processes_per_child']:.0f}  boot CPU {row['boot_cpu_s']:.2f} s"
+            f"processes {row['processes_per_child']:.0f}"
         )
     return "\n".join(lines)
 
