@@ -15,6 +15,7 @@ gc.disable()  # for the boot's imports, resumed before the scorer loads: see _im
 
 import asyncio
 import faulthandler
+import importlib.util
 import json
 import os
 import signal
@@ -33,6 +34,8 @@ from scorers import early
 early.run_from_argv(sys.argv)  # before the imports below: a scorer's helper starts meanwhile (scorers/early.py)
 
 try:  # what the runtime needs beyond the stdlib (numpy): a missing package is said on the readiness pipe
+    if importlib.util.find_spec("numpy") is None:  # imported only where an array is met, but part of the contract
+        raise ModuleNotFoundError("No module named 'numpy'", name="numpy")
     from child_runtime.gate import ConnectionGate, gated
     from child_runtime.host import GPU_RESIDENCY_MODES, ScorerHost
     from child_runtime.protocol.items import Limits

@@ -2,21 +2,38 @@
 
 A scorer turns a batch of `ScoreItem`s (pointwise) or one complete group
 (groupwise) into one finite float per item for each of its terms. Everything here is stdlib + numpy so any scorer env can import it
-through the import root the parent gives it, without installing managed-scorers.
+through the import root the parent gives it, without installing managed-scorers. numpy is imported
+by what handles arrays, not here: a child that scores text never imports it.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from scorers.diagnostics import DiagnosticsError, check_values, merge_values
 from scorers.groups import GroupContext, GroupInputError, context_of, freeze, partition
 from scorers.identity import effective_params
+
+
+def numpy_if_imported() -> ModuleType | None:
+    """numpy, if this process has imported it: only then can an object be one of its arrays or scalars."""
+    return sys.modules.get("numpy")
+
+
+def _is_number(value: Any) -> bool:
+    """A Python or numpy real number (bools are ints)."""
+    if isinstance(value, (int, float)):
+        return True
+    numpy = numpy_if_imported()
+    return numpy is not None and isinstance(value, (numpy.floating, numpy.integer))
 
 
 def is_length_verdict(finish_reason: str | None) -> bool:
@@ -312,7 +329,7 @@ def _checked_result(
         for index, value in enumerate(values):
             if index in unscored:
                 continue
-            if not isinstance(value, (int, float, np.floating, np.integer)) or not math.isfinite(value):
+            if not _is_number(value) or not math.isfinite(value):
                 raise ScorerContractError(
                     f"scorer {spec.name!r} term {term!r}: non-finite score {value!r} "
                     f"for items[{index}] (id={items[index].id!r})"

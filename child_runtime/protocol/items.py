@@ -6,13 +6,15 @@ backend runs the very same conversion so local and managed scoring cannot drift.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from scorers.base import ScoreItem, ScoreResult, numpy_if_imported
 
-from scorers.base import ScoreItem, ScoreResult
+if TYPE_CHECKING:
+    import numpy as np
 
 # The wire item, in the order the trainer writes it (supervisor.types.RewardItem.to_wire). The one
 # list of its fields: the trainer writes these, the child accepts only these.
@@ -90,9 +92,10 @@ def _check_strings(value: Any, where: str, limit: int) -> None:
 def check_media(value: Any, name: str, where: str) -> np.ndarray:
     """`image` is uint8 HWC, `video` uint8 THWC, with 1, 3 or 4 channels; anything else is refused."""
     layout = MEDIA_LAYOUTS[name]
-    if not isinstance(value, np.ndarray):
+    numpy = numpy_if_imported()  # an array exists only once numpy is imported
+    if numpy is None or not isinstance(value, numpy.ndarray):
         raise RequestError(f"{where}.{name} must be an array, got {type(value).__name__}")
-    if value.dtype != np.uint8 or value.ndim != len(layout) or value.shape[-1] not in (1, 3, 4):
+    if value.dtype != numpy.uint8 or value.ndim != len(layout) or value.shape[-1] not in (1, 3, 4):
         raise RequestError(
             f"{where}.{name} must be uint8 {layout} with 1, 3 or 4 channels, got {value.dtype} {list(value.shape)}"
         )
@@ -106,8 +109,9 @@ def check_audio(audio: Any, sample_rate: Any, where: str) -> np.ndarray | None:
         if sample_rate is not None:
             raise RequestError(f"{where}.audio_sample_rate is {sample_rate!r}, but the item has no audio")
         return None
-    if not isinstance(audio, np.ndarray) or audio.dtype != np.float32 or audio.ndim != 2:
-        got = f"{audio.dtype} {list(audio.shape)}" if isinstance(audio, np.ndarray) else type(audio).__name__
+    numpy = numpy_if_imported()  # an array exists only once numpy is imported
+    if numpy is None or not isinstance(audio, numpy.ndarray) or audio.dtype != numpy.float32 or audio.ndim != 2:
+        got = f"{audio.dtype} {list(audio.shape)}" if hasattr(audio, "dtype") else type(audio).__name__
         raise RequestError(f"{where}.audio must be float32 (channels, samples), got {got}")
     channels, samples = audio.shape
     if not 1 <= channels <= MAX_AUDIO_CHANNELS or samples < 1:
@@ -117,9 +121,9 @@ def check_audio(audio: Any, sample_rate: Any, where: str) -> np.ndarray | None:
         )
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1:
         raise RequestError(f"{where}.audio_sample_rate must be a positive int (Hz) with audio, got {sample_rate!r}")
-    finite = np.isfinite(audio)
+    finite = numpy.isfinite(audio)
     if not finite.all():
-        channel, sample = (int(i) for i in np.argwhere(~finite)[0])
+        channel, sample = (int(i) for i in numpy.argwhere(~finite)[0])
         raise RequestError(
             f"{where}.audio has a non-finite sample ({audio[channel, sample]} at channel {channel}, sample {sample})"
         )
@@ -257,11 +261,12 @@ def items_from_wire(meta: Any, limits: Limits = Limits(), copy_media: bool = Fal
 
 
 def response_to_wire(items: Sequence[ScoreItem], result: ScoreResult) -> dict[str, Any]:
-    """Echo ids in order; scores travel as float64 arrays (exact, never JSON floats); items the
-    scorer could not score are named with why (their scores are NaN)."""
+    """Echo ids in order; scores travel as float64 arrays (exact, never JSON floats: stdlib arrays, so that
+    a text scorer's child never imports numpy); items the scorer could not score are named with why
+    (their scores are NaN)."""
     answer = {
         "ids": [item.id for item in items],
-        "terms": {name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()},
+        "terms": {name: array("d", values) for name, values in result.terms.items()},
         "diagnostics": result.diagnostics,
     }
     if result.failed:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -202,7 +203,9 @@ class ScorerClient:
         segment = self.segment
         if segment is None or segment.fd < 0 or frame.array_bytes > segment.capacity or not frame.arrays:
             return False
-        return frame.array_bytes >= self.shared_min_bytes or any(segment.locate(a) is not None for a in frame.arrays)
+        return frame.array_bytes >= self.shared_min_bytes or any(
+            not isinstance(a, array) and segment.locate(a) is not None for a in frame.arrays
+        )  # a stdlib array (a child's scores) is never in an arena
 
     def score(self, frame: wire.Frame, idempotency_key: str | None = None, timeout: float | None = None) -> Any:
         """POST a framed request (arrays in-band or through the segment); returns the decoded answer.

@@ -568,3 +568,16 @@ def test_shared_frame_past_the_segment():
     _, view, _ = _segment(512)
     with pytest.raises(WireError, match="the segment has 512"):
         decode(frame.shared_body(_placer(bytearray(frame.array_bytes))), shared=view)
+
+
+def test_stdlib_float64_arrays_travel_as_float64_ndarrays_and_other_typecodes_are_refused():
+    """A text scorer's child answers its scores as array("d") (it never imports numpy): the same bytes."""
+    from array import array
+
+    scores = array("d", [0.5, float("nan"), -1.0])
+    assert encode({"s": scores}) == encode({"s": np.array(scores.tolist())})
+    back = decode(encode({"s": scores, "n": [array("d")]}))
+    assert back["s"].dtype == np.float64 and back["s"][0] == 0.5 and np.isnan(back["s"][1])
+    assert back["n"][0].shape == (0,)
+    with pytest.raises(WireError, match="typecode 'd'\\), got 'i'"):
+        encode({"s": array("i", [1])})

@@ -77,6 +77,8 @@ def test_shutdown_takes_forkserver_and_workers(managed, math_python):
     # the forkserver was started before the child's own imports (scorers/early.py), and is the child's
     assert psutil.Process(backend.pid).cmdline()[-2:] == ["--early", "math_verify"]
     assert backend.log_path is not None and "early start" not in Path(backend.log_path).read_text()  # not skipped
+    # text in, float64 scores out as stdlib arrays: the child never loads numpy (0.12 CPU-s of its start)
+    assert "_multiarray_umath" not in Path(f"/proc/{backend.pid}/maps").read_text()
     backend.close()
     assert backend._child.returncode() == 0
     assert wait_until_gone(members, 5) == []
