@@ -6,12 +6,15 @@ a 50-60 ms pause that lands on whichever item happens to be grading, making ordi
 look slow next to a soft deadline, and writing to pages the fork shared (copy-on-write
 faults in each fresh worker). Frozen, a collection walks only the objects made since. The
 collector, paused for the preload by `forkserver_gc_off`, resumes here.
+
+No collection runs before the freeze: it would walk the whole preloaded heap once (about 50 ms,
+6 % of a math child's boot CPU) to free the preload's cyclic garbage, about 2,400 objects and
+0.3 MB that stay frozen instead, on pages every fork shares and none writes.
 """
 
 from __future__ import annotations
 
 import gc
 
-gc.collect()
 gc.freeze()
 gc.enable()
