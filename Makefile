@@ -7,10 +7,12 @@ VPY := $(VENV)/bin/python
 SCORER_ENVS := math image embed ocr
 # trainer envs: the GRPO and torchrun tests run in envs/trl (TRL + torch CPU + this project), the Ray test in envs/ray
 TRAINER_ENVS := trl ray
-ENVS := $(SCORER_ENVS) $(TRAINER_ENVS)
+# bench envs: what `make bench` runs beyond the scorer envs; `make test` builds them too, for the bench's smoke tests
+BENCH_ENVS := trlbench
+ENVS := $(SCORER_ENVS) $(TRAINER_ENVS) $(BENCH_ENVS)
 PYTEST_ARGS ?=
 
-.PHONY: install envs scorer-envs demo test test-fast lint bench bench-peers gpu-check clean env-trlbench $(addprefix env-,$(ENVS))
+.PHONY: install envs scorer-envs demo test test-fast lint bench bench-peers gpu-check clean $(addprefix env-,$(ENVS))
 
 install: $(VENV)/.installed
 
@@ -29,7 +31,7 @@ $(addprefix env-,$(SCORER_ENVS)): env-%: install
 env-trl: install
 	$(VPY) -m supervisor envs build trl --requirements envs/trl/requirements.txt --dir envs/trl/.venv --python $(PYTHON)
 
-# bench only: TRL with its in-process graders where they grade right (antlr 4.13.2), for bench/trl_step.py
+# for bench/trl_step.py (and its smoke test): TRL with its in-process graders where they grade right (antlr 4.13.2)
 env-trlbench: install
 	$(VPY) -m supervisor envs build trlbench --requirements envs/trlbench/requirements.txt --dir envs/trlbench/.venv \
 		--python $(PYTHON)
@@ -73,5 +75,5 @@ gpu-check: install env-embed
 	$(VPY) -m bench.gpu_residency
 
 clean:
-	rm -rf $(VENV) $(addprefix envs/,$(addsuffix /.venv,$(ENVS) trlbench)) envs/ray/UNAVAILABLE envs/ray/.build-stderr bench/.peers-venv build *.egg-info
+	rm -rf $(VENV) $(addprefix envs/,$(addsuffix /.venv,$(ENVS))) envs/ray/UNAVAILABLE envs/ray/.build-stderr bench/.peers-venv build *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.__main__ import bench_cold_start, bench_jpeg_batch, bench_shutdown, bench_tiny_round_trip, bench_transport
+from tests.conftest import env_python
 
 
 @pytest.mark.slow
@@ -45,6 +46,16 @@ def test_bench_verl_step_line_runs(math_python):
     from bench import verl_step
 
     assert "ratio" in verl_step.main_line(items=16, rounds=1)
+
+
+@pytest.mark.slow
+def test_bench_trl_step_line_runs(math_python):
+    """TRL's GRPOTrainer in envs/trlbench, three rewards, one timed step each; the line is refused
+    unless TRL's accuracy_reward and the managed grader give the same rewards on the same texts."""
+    env_python("trlbench")
+    from bench import trl_step
+
+    assert "managed/TRL" in trl_step.main_line(steps=2, rounds=1)
 
 
 @pytest.mark.slow
