@@ -276,6 +276,7 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
             "shared_memory_error": segment_error,
             "openrlhf_route": config.openrlhf_secret is not None,
             "event_loop": type(asyncio.get_running_loop()).__module__,
+            "warming": host.scorer.warming(),  # the first request waits for what load() left starting
             **timings,
         }
 

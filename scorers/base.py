@@ -172,6 +172,12 @@ class Scorer:
     def load(self, device: str = "cpu") -> None:
         """Load weights / start helpers. Called once before the first score."""
 
+    def warming(self) -> bool:
+        """True while something load() started in the background is not up yet (a math grader's workers):
+        the first score() waits for it, so a managed child's parent gives that request what is left of the
+        start-up budget, not just the request timeout. Read once, when the child says it is ready."""
+        return False
+
     def onload(self) -> dict[str, Any]:
         return {}
 

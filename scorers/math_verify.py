@@ -163,6 +163,11 @@ class MathVerifyScorer(Scorer):
             raise
         self._pool = pool
 
+    def warming(self) -> bool:
+        """The grading workers load() started are not up yet."""
+        pool = self._pool
+        return pool is not None and pool.starting
+
     def _working_pool(self) -> GradingPool:
         """The pool, replaced first if an earlier call broke it (that call raised; this one gets fresh workers)."""
         with self._pool_lock:

@@ -36,6 +36,9 @@ class WrappingScorer(Scorer):
     def load(self, device: str = "cpu") -> None:
         self.inner.load(device)
 
+    def warming(self) -> bool:
+        return self.inner.warming()
+
     def onload(self) -> dict[str, Any]:
         return self.inner.onload()
 

@@ -19,6 +19,6 @@ Modules, owner side:
 Modules, child side:
 - `worker`: a worker's main loop (caps, death signal, one task at a time);
 - `template`: the template's main loop (forks workers, replays tasks while idle);
-- `forkserver_gc_off`, `forkserver_gc`: preloaded first and last: the collector paused for the preload,
+- `forkserver_enter`, `forkserver_gc`: preloaded first and last: ^C ignored and the collector paused for the preload,
   then the forkserver's heap frozen and the collector resumed.
 """

@@ -5,7 +5,7 @@ with sympy: about 100,000 tracked objects) is walked by each full collection in 
 a 50-60 ms pause that lands on whichever item happens to be grading, making ordinary items
 look slow next to a soft deadline, and writing to pages the fork shared (copy-on-write
 faults in each fresh worker). Frozen, a collection walks only the objects made since. The
-collector, paused for the preload by `forkserver_gc_off`, resumes here.
+collector, paused for the preload by `forkserver_enter`, resumes here.
 
 No collection runs before the freeze: it would walk the whole preloaded heap once (about 50 ms,
 6 % of a math child's boot CPU) to free the preload's cyclic garbage, about 2,400 objects and

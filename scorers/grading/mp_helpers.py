@@ -9,35 +9,62 @@ This is the one place that touches multiprocessing's private attributes.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from scorers.grading.handles import HelperProcess
+from scorers.grading.processes import describe
 
 log = logging.getLogger(__name__)
 
+_CAUSE_CHARS = 2000  # of a failed import's traceback: its end, where the exception is
 
-def forkserver_pid() -> int:
-    """Pid of the running forkserver (started if needed), or 0 if multiprocessing hides it."""
+
+def forkserver_pid(ensure: bool = True) -> int:
+    """Pid of the forkserver (started first if needed, unless not `ensure`), or 0 if multiprocessing hides it
+    (or none was started)."""
     from multiprocessing import forkserver
 
-    forkserver.ensure_running()
+    if ensure:
+        forkserver.ensure_running()
     return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None) or 0
+
+
+def preload_failure(modules: Sequence[str], timeout_s: float) -> str:
+    """What importing `modules` raises in a fresh interpreter of this Python and sys.path (bounded):
+    why a forkserver that preloads them died, said where its own traceback is only in its log."""
+    code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
+    argv = [sys.executable, "-c", code, *modules]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        return f"importing its preload {list(modules)} afresh did not end within {timeout_s:.0f} s"
+    except OSError as exc:
+        return f"its preload could not be imported afresh to say why ({exc})"
+    if done.returncode == 0:
+        return f"its preload {list(modules)} imports afresh without error: it was killed, or failed only there"
+    return f"importing its preload afresh fails ({describe(done.returncode)}): {done.stderr.strip()[-_CAUSE_CHARS:]}"
 
 
 _helpers_lock = threading.Lock()
 _live_pools = 0
 _owned_helpers: list[str] = []
 _started_early: list[str] | None = None  # helpers start_forkserver_early launched, for the first pool to own
-PAUSE_MODULE = "scorers.grading.forkserver_gc_off"  # preloaded first: no collections during the preload
+ENTER_MODULE = "scorers.grading.forkserver_enter"  # preloaded first: no ^C and no collections during the preload
 FREEZE_MODULE = "scorers.grading.forkserver_gc"  # preloaded last: workers never collect the preloaded heap
 
 
 def forkserver_modules(preload: Sequence[str], grade_fn: str) -> list[str]:
-    """What a pool's forkserver preloads: the collector's pause, its modules, the grade function's,
+    """What a pool's forkserver preloads: ^C ignored and the collector paused, its modules, the grade function's,
     then the heap freeze (which resumes the collector)."""
-    return list(dict.fromkeys([PAUSE_MODULE, *preload, grade_fn.partition(":")[0], FREEZE_MODULE]))
+    return list(dict.fromkeys([ENTER_MODULE, *preload, grade_fn.partition(":")[0], FREEZE_MODULE]))
 
 
 def start_forkserver_early(modules: Sequence[str]) -> None:

@@ -52,6 +52,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -173,10 +174,22 @@ class GradingPool:
     def settle(self, timeout_s: float = 30.0) -> bool:
         """Wait (bounded) until the template has replayed the last batch; True if it has (or there is none).
         A trainer never needs this (the replay runs while it generates); a benchmark does, to time batches
-        on an otherwise idle machine."""
+        on an otherwise idle machine. False if the workers' start (or a grade()) holds the pool past
+        `timeout_s`; a start that failed meanwhile raises, as grade() would."""
         self._check_usable()
-        with self._tasks.drive:
-            return self._workers.settle_template(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        if not self._tasks.drive.acquire(timeout=timeout_s):
+            return False
+        try:
+            self._check_usable()
+            return self._workers.settle_template(max(0.0, deadline - time.monotonic()))
+        finally:
+            self._tasks.drive.release()
+
+    @property
+    def starting(self) -> bool:
+        """The workers' start (`start(wait=False)`) is still running: the first grade() will wait for it."""
+        return self._starter is not None and self._starter.is_alive()
 
     def batch_cap_s(self, n_tasks: int) -> float:
         """Hard cap on one grade() call: every round of tasks may take 3x its timeout."""

@@ -111,7 +111,7 @@ def enter_worker(expected_ppid: int) -> None:
         os._exit(ORPHANED_EXIT_CODE)  # the signal will never come
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C is the owner's to handle; it kills us
     _drop_forkserver_alive_fd()
-    gc.enable()  # paused for the forkserver's preload (forkserver_gc_off); resumed there too, unless it failed
+    gc.enable()  # paused for the forkserver's preload (forkserver_enter); resumed there too, unless it failed
 
 
 def load_grader(conn: Any, grade_fn: str, memory_cap_bytes: int | None) -> tuple[Callable[..., Any], int | None] | None:

@@ -24,7 +24,7 @@ from scorers.grading.config import PoolConfig
 from scorers.grading.errors import GradingPoolError
 from scorers.grading.handles import SpawnedProcess, WorkerProcess
 from scorers.grading.messages import Fatal, Ready
-from scorers.grading.mp_helpers import forkserver_pid
+from scorers.grading.mp_helpers import forkserver_modules, forkserver_pid, preload_failure
 from scorers.grading.outcomes import Batch
 from scorers.grading.processes import describe
 from scorers.grading.template_owner import GradingTemplate, TemplateError, pidfds_supported
@@ -115,7 +115,20 @@ class WorkerManager:
     # -- starting ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """The template (with `warm_replay`), `jobs` workers and the spare, ready within the startup timeout."""
+        """The template (with `warm_replay`), `jobs` workers and the spare, ready within the startup timeout.
+        A forkserver that ended before it forked (its preload raised: a broken grader package) is said
+        with what its preload raises when imported afresh, the cause that its own log alone would hold."""
+        try:
+            self._start_all()
+        except (EOFError, ConnectionError) as exc:
+            pid = forkserver_pid(ensure=False)
+            modules = forkserver_modules(self.config.preload, self.config.grade_fn)
+            raise GradingPoolError(
+                f"the grading forkserver (pid {pid or '?'}) ended before it forked a worker "
+                f"({type(exc).__name__}: {exc}); {preload_failure(modules, STARTUP_TIMEOUT_S)}"
+            ) from exc
+
+    def _start_all(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         if self.config.warm_replay:
             self._start_template(deadline)

@@ -80,6 +80,14 @@ class _Generation:
     segment: ParentSegment | None = None
     abandoned: bool = False  # a call on it was interrupted (Ctrl-C): the child was killed at once
     retired: bool = False  # its transport bytes moved into the backend's retired counts
+    # the child said ready while still warming (a math grader's workers): until a score is answered, a
+    # request may take until this (its start-up deadline), as the start it waits for was the boot's
+    warm_until: float | None = None
+
+    def score_timeout(self, request_timeout: float) -> float:
+        if self.warm_until is None:
+            return request_timeout
+        return max(request_timeout, self.warm_until - time.monotonic())
 
     def transport_bytes(self) -> Counter[str]:
         """Request bytes by path: in-band, copied into the shared segment, sent in place from an arena."""
@@ -309,7 +317,9 @@ class ManagedScorerProcessBackend(RewardBackend):
             self.spec.client.shared_memory_min_bytes or 0,
         )
         self.timings["spawn_to_ready_s"] = info["spawn_to_ready_s"]
-        return _Generation(child, client, segment), info
+        assert child.spawned_at is not None
+        warm_until = child.spawned_at + self.spec.process.startup_timeout if info.get("warming") else None
+        return _Generation(child, client, segment, warm_until=warm_until), info
 
     def start(self) -> dict[str, Any]:
         """Spawn the child and wait until it serves; raises ScorerStartupError otherwise."""
@@ -573,7 +583,9 @@ class ManagedScorerProcessBackend(RewardBackend):
     ) -> ChunkAnswer:
         frame = encode_chunk(chunk, group_size, self.max_request_bytes)
         gen = serving()
-        answer = self._exchange(gen, "score", gen.client.score, frame, uuid.uuid4().hex)
+        timeout = gen.score_timeout(self.spec.process.request_timeout)
+        answer = self._exchange(gen, "score", gen.client.score, frame, uuid.uuid4().hex, timeout)
+        gen.warm_until = None  # answered: the child is warm
         try:
             return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, declared=self.shape)
         except RewardContractError as exc:

@@ -668,8 +668,15 @@ UNWAITED_SCRIPT = textwrap.dedent(
     """
     import json, os, sys, threading, time
     from pathlib import Path
+    import signal
     import psutil
+    from scorers.grading.mp_helpers import forkserver_pid
     from scorers.grading.pool import GradingPool
+
+    def ignores_sigint(pid):
+        with open(f"/proc/{pid}/status") as status:
+            mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigIgn:"))
+        return bool(mask & (1 << (signal.SIGINT - 1)))
 
     if __name__ == "__main__":
         gate = Path(os.environ["GRADING_GATE"])
@@ -681,6 +688,15 @@ UNWAITED_SCRIPT = textwrap.dedent(
         caller.start()
         caller.join(0.3)
         waited = caller.is_alive() and not graded  # the first grade() waits for the workers
+        began = time.monotonic()
+        settled = pool.settle(0.3)  # bounded while the start holds the pool
+        settle_bounded = not settled and time.monotonic() - began < 2.0
+        # a terminal's ^C reaches the forkserver mid-preload: it ignores it, as it does once preloaded
+        server = forkserver_pid(ensure=False)
+        until = time.monotonic() + 10
+        while not ignores_sigint(server) and time.monotonic() < until:
+            time.sleep(0.01)
+        os.kill(server, signal.SIGINT)
         gate.touch()
         caller.join(30)
         closing = GradingPool(1, 10.0, "tests.helpers.grading_fixtures:square")
@@ -688,22 +704,26 @@ UNWAITED_SCRIPT = textwrap.dedent(
         closing.close()  # at once: waits for its start, then kills what it started
         pool.close()
         left = [p.pid for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"]
-        print(json.dumps({"returned_gated": returned_gated, "waited": waited, "graded": graded, "left": left}))
+        report = {"returned_gated": returned_gated, "waited": waited, "settle_bounded": settle_bounded}
+        print(json.dumps({**report, "graded": graded, "left": left}))
     """
 )
 
 
 def test_a_pool_started_without_waiting_serves_its_first_grade_once_up_and_leaves_nothing(tmp_path):
     """start(wait=False), as the math scorer's load() does: it returns while the forkserver still
-    preloads; the first grade() waits for the workers, then grades; a close() right after such a
-    start leaves no process."""
+    preloads; the first grade() waits for the workers, then grades; settle() meanwhile keeps its
+    bound; a ^C at the preloading forkserver does not kill it; a close() right after such a start
+    leaves no process."""
     script = tmp_path / "unwaited.py"
     script.write_text(UNWAITED_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO), "GRADING_GATE": str(tmp_path / "gate")}
     done = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
-    assert report == {"returned_gated": True, "waited": True, "graded": [[9, 16]], "left": []}
+    assert report == {
+        "returned_gated": True, "waited": True, "settle_bounded": True, "graded": [[9, 16]], "left": []
+    }  # fmt: skip
 
 
 def test_a_start_not_waited_for_that_fails_is_the_first_grades_error(make_pool):

@@ -48,6 +48,40 @@ def test_isolation_fixes_the_antlr_conflict(managed, math_python):
 
 
 @pytest.mark.slow
+def test_the_first_request_waits_for_the_grading_workers_past_a_short_request_timeout(managed, math_python):
+    """A math child says ready while its grading workers still start (about 0.5 s more here), so its
+    first request gets what is left of the boot's start-up budget, not the 0.1 s request timeout a
+    warm child is held to (which killed and restarted the child at every first call)."""
+    backend = managed(math_python, "math_verify", params={"jobs": 1}, process={"request_timeout": 0.1})
+    assert backend.ready_info["warming"] is True
+    began = time.monotonic()
+    assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
+    assert time.monotonic() - began > 0.1 and backend.restarts == 0  # it did wait past the request timeout
+    assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
+
+
+@pytest.mark.slow
+def test_a_grader_broken_at_import_fails_the_first_request_with_its_own_error(managed, math_python, tmp_path):
+    """math_verify present (find_spec passes at load) but raising at import: the preloading forkserver
+    dies, and the first request's error says what the import raised, ahead of the child's log tail
+    (which holds the forkserver's traceback too, but is cut to its last lines), not just an EOF."""
+    fake = tmp_path / "fake" / "math_verify"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise RuntimeError("math_verify broken at import: incompatible sympy")\n')
+    backend = managed(
+        math_python,
+        "math_verify",
+        params={"jobs": 1},
+        process={"extra_import_paths": [str(fake.parent), str(REPO_ROOT)]},
+    )
+    with pytest.raises(ScorerRequestError) as raised:
+        backend.compute_rewards(RewardRequest(items=[PERCENT]))
+    said = str(raised.value).split("--- log tail ---")[0]
+    assert "the grading forkserver (pid" in said, said
+    assert "RuntimeError: math_verify broken at import: incompatible sympy" in said, said
+
+
+@pytest.mark.slow
 def test_pathological_item_costs_its_timeout_only(managed, math_python):
     backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 2})
     backend.compute_rewards(RewardRequest(items=[PERCENT]))  # warm the workers
