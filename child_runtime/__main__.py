@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
 KEEP_ALIVE_S = 7 * 24 * 3600
+STANDALONE_WARM_WAIT_S = 120.0  # a backstop: the math grader bounds its own workers' start at 60 s
 
 
 @dataclass
@@ -179,7 +180,18 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
         _fail(pipe, exit_codes.SCORER_LOAD_FAILED, traceback.format_exc())
     host.load_s = time.monotonic() - started
     _loaded_identity(host, config, pipe)
+    if config.parent_pid is None:
+        _await_warm(host.scorer)
     return host
+
+
+def _await_warm(scorer: Any) -> None:
+    """`managed-scorers serve` says ready only once what load() left starting is up (or has failed,
+    which the first request then says): no trainer's start overlaps a standalone server's, and its
+    remote clients neither see the ready line's `warming` nor give a first request more time."""
+    deadline = time.monotonic() + STANDALONE_WARM_WAIT_S
+    while scorer.warming() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _loaded_identity(host: ScorerHost, config: BootConfig, pipe: BinaryIO) -> None:

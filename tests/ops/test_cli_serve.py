@@ -56,6 +56,7 @@ def test_serve_outlives_its_launcher_scores_for_another_process_and_stops_on_sig
     server = info["pid"]
     try:
         assert info["scorer"] == "math_verify" and info["port"] > 0
+        assert info["warming"] is False  # a standalone server says ready once its grading workers are up
         assert oct(token_file.stat().st_mode & 0o777) == "0o600"
         assert psutil.Process(server).ppid() != os.getpid()  # nobody of ours is its parent
         assert "MANAGED_SCORERS_TOKEN" not in psutil.Process(server).environ()  # the token variable stays behind
