@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 TIMEOUT_ENV = "MATH_VERIFY_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_WARM_REPLAY = 64  # about 0.8 s of one core per call, while the trainer generates
+START_WAIT_S = 90.0  # a backstop: the pool bounds its workers' start at 60 s
 CONCURRENT_CALLS = 64  # chunks graded at once: a request of up to 64 chunks pays one timeout, however chunked
 # outcomes of an item that passed a bound (scored 0 unless on_timeout="raise") -> their diagnostic
 BOUNDS = {"timeout": "timeouts", "memory": "memory_exceeded", "cpu": "cpu_exceeded", "budget": "memory_budget_exceeded"}
@@ -182,7 +183,12 @@ class MathVerifyScorer(Scorer):
             return self._pool
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
-        """Thread-safe: calls at once share the pool's workers."""
+        """Thread-safe: calls at once share the pool's workers. The workers' start that load() left
+        running is waited for first, so that every answer, an input error too, comes from a warm child
+        (its parent then holds the next request to its request timeout)."""
+        started = self._pool
+        if started is not None:
+            started.wait_started(START_WAIT_S)
         tasks = [self._task(index, item) for index, item in enumerate(items)]
         pool = self._working_pool()
         try:

@@ -177,6 +177,7 @@ class GradingPool:
         on an otherwise idle machine. False if the workers' start (or a grade()) holds the pool past
         `timeout_s`; a start that failed meanwhile raises, as grade() would."""
         self._check_usable()
+        timeout_s = max(0.0, timeout_s)  # a lock's timeout of -1 would mean none
         deadline = time.monotonic() + timeout_s
         if not self._tasks.drive.acquire(timeout=timeout_s):
             return False
@@ -190,6 +191,11 @@ class GradingPool:
     def starting(self) -> bool:
         """The workers' start (`start(wait=False)`) is still running: the first grade() will wait for it."""
         return self._starter is not None and self._starter.is_alive()
+
+    def wait_started(self, timeout_s: float) -> None:
+        """Wait (bounded) until the workers' start has ended, up or failed (grade() raises the failure)."""
+        if self._starter is not None:
+            self._starter.join(timeout_s)
 
     def batch_cap_s(self, n_tasks: int) -> float:
         """Hard cap on one grade() call: every round of tasks may take 3x its timeout."""

@@ -80,8 +80,8 @@ class _Generation:
     segment: ParentSegment | None = None
     abandoned: bool = False  # a call on it was interrupted (Ctrl-C): the child was killed at once
     retired: bool = False  # its transport bytes moved into the backend's retired counts
-    # the child said ready while still warming (a math grader's workers): until a score is answered, a
-    # request may take until this (its start-up deadline), as the start it waits for was the boot's
+    # the child said ready while still warming (a math grader's workers): until it answers a request (a
+    # score or an error), one may take until this (its start-up deadline), as the start it waits for was the boot's
     warm_until: float | None = None
 
     def score_timeout(self, request_timeout: float) -> float:
@@ -560,7 +560,8 @@ class ManagedScorerProcessBackend(RewardBackend):
     ) -> ScorerError:
         """What a failed exchange means for the child, and the typed error for the caller."""
         child = gen.child
-        if isinstance(exc, ErrorStatus):  # the child answered: it keeps serving
+        if isinstance(exc, ErrorStatus):  # the child answered: it keeps serving, and is no longer warming
+            gen.warm_until = None
             return scorer_error(exc, what, child.record())
         if isinstance(exc, ConnectFailed) and not child.exited():
             # nothing reached the scorer (this process is out of descriptors, or another local process
@@ -585,7 +586,7 @@ class ManagedScorerProcessBackend(RewardBackend):
         gen = serving()
         timeout = gen.score_timeout(self.spec.process.request_timeout)
         answer = self._exchange(gen, "score", gen.client.score, frame, uuid.uuid4().hex, timeout)
-        gen.warm_until = None  # answered: the child is warm
+        gen.warm_until = None  # answered: the child is warm (an error answer clears it in _failure)
         try:
             return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, declared=self.shape)
         except RewardContractError as exc:

@@ -678,7 +678,11 @@ UNWAITED_SCRIPT = textwrap.dedent(
             mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigIgn:"))
         return bool(mask & (1 << (signal.SIGINT - 1)))
 
+    def say_sigint(conn):
+        conn.send(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+
     if __name__ == "__main__":
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # what a terminal's trainer has (CI ignores it)
         gate = Path(os.environ["GRADING_GATE"])
         pool = GradingPool(1, 10.0, "tests.helpers.grading_fixtures:square", preload=["tests.helpers.grading_gate"])
         pool.start(wait=False)  # returns with the forkserver's preload still held at the gate
@@ -699,12 +703,20 @@ UNWAITED_SCRIPT = textwrap.dedent(
         os.kill(server, signal.SIGINT)
         gate.touch()
         caller.join(30)
+        # the trainer's own forkserver processes get its ^C handler, not the preload's ignore
+        import multiprocessing
+        mine, theirs = multiprocessing.Pipe()
+        own = multiprocessing.get_context("forkserver").Process(target=say_sigint, args=(theirs,))
+        own.start()
+        own_sigint = mine.recv() if mine.poll(30) else None
+        own.join(30)
         closing = GradingPool(1, 10.0, "tests.helpers.grading_fixtures:square")
         closing.start(wait=False)
         closing.close()  # at once: waits for its start, then kills what it started
         pool.close()
         left = [p.pid for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"]
         report = {"returned_gated": returned_gated, "waited": waited, "settle_bounded": settle_bounded}
+        report["own_sigint"] = own_sigint
         print(json.dumps({**report, "graded": graded, "left": left}))
     """
 )
@@ -722,7 +734,8 @@ def test_a_pool_started_without_waiting_serves_its_first_grade_once_up_and_leave
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
     assert report == {
-        "returned_gated": True, "waited": True, "settle_bounded": True, "graded": [[9, 16]], "left": []
+        "returned_gated": True, "waited": True, "settle_bounded": True, "own_sigint": True, "graded": [[9, 16]],
+        "left": [],
     }  # fmt: skip
 
 

@@ -15,7 +15,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor import LocalRewardBackend, RewardItem, RewardRequest, ScorerProcessDied, ScorerRequestError
+from supervisor import (
+    LocalRewardBackend,
+    RewardItem,
+    RewardRequest,
+    ScorerProcessDied,
+    ScorerRequestError,
+    ScorerTimeout,
+)
 from tests.conftest import REPO_ROOT, group_members, wait_in_flight, wait_until_gone
 
 PERCENT = RewardItem(id="pct", text="So the rate is \\boxed{10\\%}.", reference="0.1")
@@ -58,6 +65,22 @@ def test_the_first_request_waits_for_the_grading_workers_past_a_short_request_ti
     assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
     assert time.monotonic() - began > 0.1 and backend.restarts == 0  # it did wait past the request timeout
     assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
+
+
+@pytest.mark.slow
+def test_an_error_answer_shows_the_child_warm_and_ends_the_first_requests_grace(managed, math_python):
+    """An input error is answered only once the workers are up (score() waits for their start first),
+    so any answer shows the child warm: a child that hangs after it is killed at the 0.5 s request
+    timeout, not at its start-up deadline (60 s here)."""
+    backend = managed(math_python, "math_verify", params={"jobs": 1}, process={"request_timeout": 0.5})
+    no_gold = RewardItem(id="g", text="\\boxed{2}", reference={"answer": None})
+    with pytest.raises(ScorerRequestError, match="needs a reference answer"):
+        backend.compute_rewards(RewardRequest(items=[no_gold]))
+    os.kill(backend.pid, signal.SIGSTOP)  # hung from here on
+    began = time.monotonic()
+    with pytest.raises(ScorerTimeout):
+        backend.compute_rewards(RewardRequest(items=[PERCENT]))
+    assert time.monotonic() - began < 10
 
 
 @pytest.mark.slow
