@@ -47,7 +47,8 @@ def descendants(pids: list[int]) -> dict[int, int]:
     for pid in pids:
         count, todo = 0, [pid]
         while todo:
-            count, todo = count + 1, todo[:-1] + children.get(todo[-1], [])
+            count += 1
+            todo.extend(children.get(todo.pop(), []))
         counts[pid] = count
     return counts
 

@@ -175,7 +175,8 @@ class Scorer:
     def warming(self) -> bool:
         """True while something load() started in the background is not up yet (a math grader's workers):
         the first score() waits for it, so a managed child's parent gives that request what is left of the
-        start-up budget, not just the request timeout. Read once, when the child says it is ready."""
+        start-up budget, not just the request timeout. Read when the child says it is ready (and polled
+        before that by `managed-scorers serve`, which says ready only once it is False)."""
         return False
 
     def onload(self) -> dict[str, Any]:

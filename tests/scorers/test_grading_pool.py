@@ -716,8 +716,7 @@ UNWAITED_SCRIPT = textwrap.dedent(
         pool.close()
         left = [p.pid for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"]
         report = {"returned_gated": returned_gated, "waited": waited, "settle_bounded": settle_bounded}
-        report["own_sigint"] = own_sigint
-        print(json.dumps({**report, "graded": graded, "left": left}))
+        print(json.dumps({**report, "own_sigint": own_sigint, "graded": graded, "left": left}))
     """
 )
 
