@@ -15,6 +15,8 @@ httpx, so `scorers.bounded_http` is no home for it). Nobody jitters today, so ne
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import math
 import time
 from collections.abc import Callable
 from typing import Literal, TypeVar
@@ -39,6 +41,25 @@ def _nothing(exc: Exception, tries: int, pause: float) -> None:
     return None
 
 
+def retry_after_s(value: str | None) -> float | None:
+    """An HTTP Retry-After in seconds from now: its delta-seconds, or its HTTP-date less the wall
+    clock (0 once past); None when absent or unreadable (the caller's own schedule applies)."""
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None  # an HTTP-date is always GMT: one without a zone is not one
+        seconds = when.timestamp() - time.time()
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
+
+
 class Retry:
     """The bounds of one call's retries, and how that call's retries ended.
 
@@ -48,7 +69,9 @@ class Retry:
     ("deadline"), or `go_on()` is false ("stopped"), in that order. Otherwise it calls
     `on_retry(error, tries, pause)`, then `sleep(pause)`: a `sleep` may raise to stop the loop.
     A pause is the doubling schedule, or what the error asks for (`asked_pause`, a Retry-After) when
-    that is longer, never more than `max_pause_s`. Errors of other types propagate at once.
+    that is longer, never more than `max_pause_s` (or `max_asked_pause_s` for an asked pause: a
+    caller that honours Retry-After in full passes `math.inf`, and the deadline still bounds it).
+    Errors of other types propagate at once.
     """
 
     def __init__(
@@ -62,12 +85,14 @@ class Retry:
         max_tries: int | None = None,
         go_on: Callable[[], bool] = _forever,
         asked_pause: Callable[[Exception], float] = _no_pause,
+        max_asked_pause_s: float | None = None,
         on_retry: Callable[[Exception, int, float], None] = _nothing,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not 0 < first_pause_s or not 0 < max_pause_s or (max_tries is not None and max_tries < 1):
             raise ValueError("need first_pause_s > 0, max_pause_s > 0 and max_tries >= 1 (or None)")
         self.deadline, self.max_pause_s, self.max_tries = deadline, max_pause_s, max_tries
+        self.max_asked_pause_s = max_pause_s if max_asked_pause_s is None else max_asked_pause_s
         self.retry_on, self.retry_if, self.go_on = retry_on, retry_if, go_on
         self.asked_pause, self.on_retry, self.sleep = asked_pause, on_retry, sleep
         self._scheduled = first_pause_s
@@ -103,7 +128,7 @@ class Retry:
 
     def _pause_after(self, exc: Exception) -> float | None:
         """The pause before the next try, or None (and `gave_up` set) when there is none."""
-        pause = min(self.max_pause_s, max(self._scheduled, self.asked_pause(exc)))
+        pause = max(min(self.max_pause_s, self._scheduled), min(self.max_asked_pause_s, self.asked_pause(exc)))
         self._scheduled = min(self.max_pause_s, self._scheduled * 2)
         if not self.retry_if(exc):
             self.gave_up = "refused"
