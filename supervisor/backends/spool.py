@@ -6,6 +6,8 @@ being held as a second copy in memory while the upload runs. The directory is th
 (0700, made by `tempfile.mkdtemp`), each file readable by this user only (0600, `mkstemp`), and a
 file lives only for the `with` block that sends it. A process killed with -9 leaves its directory
 behind: put `spool_dir` on storage the operator cleans (its name says the rank and the pid).
+A payload that cannot be written (a full disk, a file-size limit, the directory gone) raises
+`SpoolWriteFailed`, naming the file: a bare ENOSPC or EFBIG from `write` names nothing.
 """
 
 from __future__ import annotations
@@ -16,27 +18,50 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 
 
+class SpoolWriteFailed(OSError):
+    """Writing a payload into the spool failed: the OSError's errno and text, and the file (or, when
+    no file could be made, the directory) as its `filename`. The backend names the item."""
+
+
+class Spooled(NamedTuple):
+    """A payload in the spool: its file, open, and its path (for an error that names it)."""
+
+    file: BinaryIO
+    path: str
+
+
 class Spool:
-    """`with spool.payload(array) as file:` a private .npy file of `array`, open at its start, and
-    removed when the block ends, whatever happens in it."""
+    """`with spool.payload(array) as spooled:` a private .npy file of `array`, open at its start,
+    and removed when the block ends, whatever happens in it."""
 
     def __init__(self, root: str | None, rank: int) -> None:
         self.dir = tempfile.mkdtemp(prefix=f"managed-scorers-jobs-rank{rank}-pid{os.getpid()}-", dir=root)
 
     @contextmanager
-    def payload(self, array: np.ndarray) -> Iterator[BinaryIO]:
-        fd, path = tempfile.mkstemp(suffix=".npy", dir=self.dir)
+    def payload(self, array: np.ndarray) -> Iterator[Spooled]:
+        try:
+            fd, path = tempfile.mkstemp(suffix=".npy", dir=self.dir)
+        except OSError as exc:
+            said = exc.strerror or str(exc)
+            raise SpoolWriteFailed(exc.errno, f"no spool file could be made: {said}", self.dir) from exc
         try:
             with os.fdopen(fd, "w+b") as file:
-                np.save(file, array, allow_pickle=False)  # a strided view is written in chunks, not copied whole
-                file.flush()
+                try:
+                    np.save(file, array, allow_pickle=False)  # a strided view is written in chunks, not copied whole
+                    file.flush()
+                except OSError as exc:
+                    written = f"{os.fstat(file.fileno()).st_size} bytes on disk of a {array.nbytes}-byte array"
+                    with contextlib.suppress(OSError):  # its buffered rest fails again: the same error, said once
+                        file.close()
+                    said = exc.strerror or str(exc)
+                    raise SpoolWriteFailed(exc.errno, f"{said} ({written})", path) from exc
                 file.seek(0)
-                yield file
+                yield Spooled(file, path)
         finally:
             with contextlib.suppress(FileNotFoundError):  # close() may have removed the directory meanwhile
                 os.unlink(path)

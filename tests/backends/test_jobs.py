@@ -3,6 +3,7 @@ what reaches the service, what is retried and what never is, and each way the se
 
 from __future__ import annotations
 
+import email.utils
 import math
 import os
 import stat
@@ -14,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scorers.retry import retry_after_s
+from supervisor.backends.job_ids import JobIds
 from supervisor.backends.jobs import JobRewardBackend
 from supervisor.compose.recipes import build_panel
 from supervisor.config import PanelConfig
@@ -23,6 +26,7 @@ from supervisor.errors import (
     JobItemsFailed,
     JobProtocolError,
     JobRejected,
+    JobServiceUnavailable,
     ScorerRequestError,
 )
 from supervisor.types import RewardItem, RewardRequest
@@ -251,3 +255,149 @@ def test_an_interrupt_ends_the_call_and_sends_no_item_that_was_not_yet_sent(serv
     assert not caller.is_alive() and len(outcome) == 1
     assert service.enqueues == 1  # the three items queued behind the first were never sent
     assert isinstance(outcome[0], JobItemsFailed) and "interrupted" in str(outcome[0])
+
+
+def images(*means: int) -> RewardRequest:
+    """Flat images whose true means are `means` (a service that mixes them up is seen at once)."""
+    return RewardRequest(
+        items=[RewardItem(id=f"i{mean}", image=np.full((4, 5, 3), mean, dtype=np.uint8)) for mean in means]
+    )
+
+
+def pending(job_id: str) -> tuple[int, dict[str, str]]:
+    return 202, {"uuid": job_id, "status": "pending"}
+
+
+def test_one_job_id_for_several_enqueues_fails_every_item_that_got_it(service, tmp_path):
+    """Issue 37 item 2: a service answering "job-1" to every enqueue gave every item one upload's
+    score. Now each item fails as a protocol error naming the other holder and the URL."""
+    service.job_id = "job-1"
+    with JobRewardBackend(
+        service.url, TOKEN, media_type="image", spool_dir=str(tmp_path), request_timeout=5.0, **FAST
+    ) as backend:
+        with pytest.raises(JobItemsFailed) as excinfo:
+            backend.compute_rewards(images(0, 100, 200))
+    errors = excinfo.value.errors
+    assert sorted(errors) == ["i0", "i100", "i200"] and excinfo.value.partial.ids == []
+    for item_id, error in errors.items():
+        others = {"i0", "i100", "i200"} - {item_id}
+        assert isinstance(error, JobProtocolError) and error.job_id == "job-1" and error.orphaned
+        assert service.url in str(error) and repr(item_id) in str(error)
+        assert any(repr(other) in str(error) for other in others), str(error)
+    assert service.enqueues == 3 and {pull.job_id for pull in service.pulls} <= {"job-1"}
+
+
+def test_a_job_id_given_again_in_a_later_call_is_refused(service, backend):
+    """A job id this backend already took a score for is not pulled for another item."""
+    service.job_id = "job-1"
+    assert backend.compute_rewards(request(1)).rewards == pytest.approx([float(video(1).mean())])
+    with pytest.raises(JobItemsFailed) as excinfo:
+        backend.compute_rewards(request(2))
+    error = only_error(excinfo, "v2")
+    assert isinstance(error, JobProtocolError) and error.stage == "enqueue" and error.job_id == "job-1"
+    assert "item 'v1' of an earlier call, its pull ended" in str(error) and len(service.pulls) == 1
+    service.job_id = None  # a service that behaves again is served again
+    assert backend.compute_rewards(request(3)).rewards == pytest.approx([float(video(3).mean())])
+
+
+def test_a_job_id_still_pulled_by_another_call_fails_both(service, backend):
+    """Two calls at once (submit): the later one's enqueue gets the id the earlier one is pulling.
+    Neither takes a score: the earlier one's next pull sees the id contested."""
+    service.job_id = "job-1"
+    release = threading.Event()
+    service.on_pull = lambda job_id, n: None if release.is_set() else pending(job_id)
+    earlier = backend.submit(request(1))
+    assert eventually(lambda: len(service.pulls) >= 1, timeout=5)
+    with pytest.raises(JobItemsFailed) as later:
+        backend.compute_rewards(request(2))
+    assert "item 'v1' of an earlier call, still pulled" in str(only_error(later, "v2"))
+    release.set()
+    with pytest.raises(JobItemsFailed) as excinfo:
+        earlier.result(timeout=5)
+    error = only_error(excinfo, "v1")
+    assert isinstance(error, JobProtocolError) and "item 'v2' of a later call" in str(error)
+
+
+def test_the_job_ids_remembered_are_bounded():
+    job_ids = JobIds(remembered=2)
+    claims = [job_ids.claim(f"job-{n}", f"v{n}", call=1)[0] for n in range(3)]
+    assert len(job_ids) == 3  # in flight: all kept
+    for claim in claims:
+        job_ids.end(claim)
+    assert len(job_ids) == 2 and job_ids.claim("job-0", "again", call=2)[1] is None
+    assert job_ids.claim("job-2", "again", call=2)[1] is claims[2] and claims[2].contested
+
+
+def test_an_enqueue_answered_429_is_sent_again_after_its_retry_after(service, backend):
+    """Issue 37 item 9: a 429 to an enqueue was a final rejection. The service took nothing, so the
+    same upload goes again, no sooner than its Retry-After (longer than the backoff's cap here)."""
+    service.on_enqueue = lambda upload: (429, "busy", {"retry-after": "0.3"}) if service.enqueues <= 2 else None
+    response = backend.compute_rewards(request(1))
+    assert response.rewards == pytest.approx([float(video(1).mean())]) and service.enqueues == 3
+    assert all(np.array_equal(upload.array, service.uploads[0].array) for upload in service.uploads)
+    assert all(gap >= 0.3 for gap in np.diff([upload.at for upload in service.uploads]))
+    assert len(service.pulls) == 1 and service.pulls[0].job_id == service.uploads[2].job_id
+    assert backend.spool.files() == []
+
+
+def test_an_enqueue_whose_retry_after_passes_the_deadline_fails_at_once_and_took_nothing(service, backend):
+    service.on_enqueue = lambda upload: (429, "busy", {"retry-after": "30"})
+    started = time.monotonic()
+    with pytest.raises(JobItemsFailed) as excinfo:
+        backend.compute_rewards(request(1))
+    error = only_error(excinfo)
+    assert isinstance(error, JobDeadline) and error.status == 429 and error.stage == "enqueue"
+    assert not error.orphaned and "after 30 s" in str(error) and "nothing was taken" in str(error)
+    assert service.enqueues == 1 and time.monotonic() - started < 5.0  # not the 5 s deadline, nor 30 s
+
+
+def test_an_interrupt_while_an_enqueue_waits_out_a_429_sends_it_no_more(service, backend):
+    service.on_enqueue = lambda upload: (429, "busy", {"retry-after": "3"})
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            backend.compute_rewards(request(1))
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert eventually(lambda: service.enqueues == 1, timeout=5)
+    backend.interrupt()
+    caller.join(timeout=5)
+    assert not caller.is_alive() and len(outcome) == 1 and isinstance(outcome[0], JobItemsFailed)
+    error = outcome[0].errors["v1"]
+    assert isinstance(error, JobServiceUnavailable) and not error.orphaned and service.enqueues == 1
+
+
+@pytest.mark.parametrize("answer", ["429", "503", "202"])
+def test_a_pull_waits_out_the_retry_after_it_is_given(service, backend, answer):
+    """Pulls ignored Retry-After (a 429, a 503, a pending 202 with one came back after the backoff)."""
+
+    def pull(job_id: str, n: int):
+        if n > 1:
+            return None
+        headers = {"retry-after": "0.3"}
+        return (*pending(job_id), headers) if answer == "202" else (int(answer), "later", headers)
+
+    service.on_pull = pull
+    response = backend.compute_rewards(request(1))
+    assert response.rewards == pytest.approx([float(video(1).mean())]) and len(service.pulls) == 2
+    assert service.pulls[1].at - service.pulls[0].at >= 0.3
+
+
+def test_a_pull_whose_retry_after_passes_the_deadline_ends_at_once(service, backend):
+    service.on_pull = lambda job_id, n: (*pending(job_id), {"retry-after": "60"})
+    with pytest.raises(JobItemsFailed) as excinfo:
+        backend.compute_rewards(request(1))
+    error = only_error(excinfo)
+    assert isinstance(error, JobDeadline) and error.orphaned and "after 60 s" in str(error)
+    assert len(service.pulls) == 1
+
+
+def test_retry_after_is_read_in_seconds_or_as_an_http_date():
+    assert retry_after_s("2") == 2.0 and retry_after_s(" 0.5 ") == 0.5 and retry_after_s("-3") == 0.0
+    assert retry_after_s(None) is None and retry_after_s("soon") is None and retry_after_s("nan") is None
+    in_ten = email.utils.formatdate(time.time() + 10, usegmt=True)
+    assert 5 < (retry_after_s(in_ten) or 0) <= 10 and retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0

@@ -4,9 +4,10 @@ backend's failure matrix. Real HTTP on a real socket (`bench.loopback_server`); 
 By default it behaves: the bearer token is checked on every call (401 otherwise), an enqueue's
 multipart form is parsed and recorded (the .npy loaded with allow_pickle=False), and a pull answers
 200 {"scores": [the array's mean]}. A test changes one step: `on_enqueue(upload)` may return an
-answer (status, body) or "drop" (close the connection once the whole request is read);
-`on_pull(job_id, n)` (n: that job's pulls so far, from 1) may return an answer, "drop", or
-("hang", seconds). None keeps the default.
+answer (status, body) or (status, body, headers), or "drop" (close the connection once the whole
+request is read); `on_pull(job_id, n)` (n: that job's pulls so far, from 1) may return an answer,
+"drop", or ("hang", seconds). None keeps the default. `job_id`, when set, is the id of every upload
+(a broken service): a pull of it scores the last upload that got it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 
 from bench.loopback_server import LoopbackServer, send_answer
 
-Reply = Any  # (status, body) | "drop" | ("hang", seconds) | None
+Reply = Any  # (status, body) | (status, body, headers) | "drop" | ("hang", seconds) | None
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Upload:
     fields: dict[str, bytes]
     array: np.ndarray
     authorization: str | None
+    at: float = 0.0  # when it arrived (time.monotonic())
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class FakeJobService(LoopbackServer):
         self.pulls: list[Pull] = []
         self.on_enqueue: Callable[[Upload], Reply] = lambda upload: None
         self.on_pull: Callable[[str, int], Reply] = lambda job_id, n: None
+        self.job_id: str | None = None  # every upload's id, when set
         self.in_flight = self.max_in_flight = 0
         self.closing = threading.Event()  # a hanging answer ends when the service does
         self._lock = threading.Lock()
@@ -77,8 +80,9 @@ class FakeJobService(LoopbackServer):
         super().__exit__(*exc)
 
     def upload_of(self, job_id: str) -> Upload:
+        """The last upload that got `job_id` (the only one, unless `job_id` is fixed)."""
         with self._lock:
-            return next(upload for upload in self.uploads if upload.job_id == job_id)
+            return next(upload for upload in reversed(self.uploads) if upload.job_id == job_id)
 
     def pulls_of(self, job_id: str) -> list[Pull]:
         return [pull for pull in self.pulls if pull.job_id == job_id]
@@ -107,7 +111,8 @@ def _handler(service: FakeJobService) -> type[BaseHTTPRequestHandler]:
                 if self.path == "/enqueue" and self._authorized():
                     fields = multipart(self.headers["content-type"], body)
                     array = np.load(io.BytesIO(fields["file"]), allow_pickle=False)
-                    upload = Upload(uuid.uuid4().hex, fields, array, self.headers.get("authorization"))
+                    job_id = service.job_id or uuid.uuid4().hex
+                    upload = Upload(job_id, fields, array, self.headers.get("authorization"), time.monotonic())
                     with service._lock:
                         service.uploads.append(upload)
                     self._reply(service.on_enqueue(upload) or (200, {"uuid": upload.job_id}))
@@ -133,8 +138,8 @@ def _handler(service: FakeJobService) -> type[BaseHTTPRequestHandler]:
             if reply[0] == "hang":
                 service.closing.wait(reply[1])
                 reply = (200, {"scores": [0.0]})
-            status, body = reply
+            status, body, *headers = reply
             payload = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-            send_answer(self, status, "application/json", payload)
+            send_answer(self, status, "application/json", payload, headers[0] if headers else None)
 
     return Handler
