@@ -13,6 +13,11 @@ response; a failure raises there, naming the items it cost (only the failed wind
 window that failed alone takes no other item with it). `add` returns one future per item (its
 `ItemReward`) for callers that await items one by one (the verl and OpenRLHF adapters). Memory
 is bounded: `add` waits (at most `max_block_s`) while `max_pending` items are unscored.
+
+`add` is all or nothing: it checks everything (the items, their ids, their groups, room) before it
+takes any of them, so an add that raises leaves the stream as it was and its items may be added
+again. Every window that is cut is sent or fails (an interrupted flush fails what it did not send),
+and every window that ends gives its room back, whatever its outcome.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Self
 
 from scorers.diagnostics import merge_term_reports
+from scorers.groups import GroupInputError, partition
 from supervisor.errors import BackendNotOwned, ConfigError, ScorerError, ScorerItemsFailed, ScorerRequestError
 from supervisor.joined import join_rows, rows_by_id, shares_failed
 from supervisor.submit import Submission, SubmissionQueueFull
@@ -93,16 +99,20 @@ class RewardStream:
                 f"{type(backend).__name__} scores whole groups: give the stream group_size, so it knows when a "
                 "group is complete"
             )
+        if size is not None and size > max_pending:
+            raise ValueError(f"max_pending {max_pending} is less than a group ({size}): no group could complete")
         self.backend, self.group_size, self.window, self.max_wait_s = backend, size, window, max_wait_s
         self.max_pending, self.max_block_s, self.collect = max_pending, max_block_s, collect
         self.window_sizes: deque[int] = deque(maxlen=1024)  # the latest windows cut, in order (tests, benches)
         self._owner = os.getpid()
         self._cond = threading.Condition()
-        self._groups = _Groups(size) if size is not None and backend.needs_whole_groups() else None
+        # every window declares the size, so a backend refuses a window with part of a group: hold them whole
+        self._groups = _Groups(size) if size is not None else None
         self._ready: list[tuple[RewardItem, Future[ItemReward]]] = []
         self._ready_since: float | None = None  # when the oldest ready item became ready
         self._order: list[str] = []  # ids since the last barrier, in add order
         self._seen: set[str] = set()
+        self._grouped: set[str] = set()  # groups completed since the last barrier (collect only)
         self._windows: list[_Window] = []  # sent since the last barrier (collect only)
         self._in_flight = 0
         self._pending = 0  # added, not yet scored
@@ -112,31 +122,23 @@ class RewardStream:
 
     # -- the producer's side ------------------------------------------------------------------
     def add(self, items: RewardItem | Sequence[RewardItem]) -> list[Future[ItemReward]]:
-        """Items that finished; one future per item. Waits for room while `max_pending` are unscored."""
-        batch = [items] if isinstance(items, RewardItem) else list(items)
-        rows: list[Future[ItemReward]] = []
-        for _ in batch:
-            row: Future[ItemReward] = Future()
-            row.set_running_or_notify_cancel()  # a cancelled awaiter never cancels the row: its window still runs
-            rows.append(row)
+        """Items that finished; one future per item. Waits for room while `max_pending` are unscored.
+        All or nothing: every check (and the wait for room) comes before the stream takes any item."""
+        batch = _items_of(items)
         deadline = time.monotonic() + self.max_block_s
         self._check_owner()
         with self._cond:
-            self._check_usable()
-            self._check_new(batch)
-            while self._pending + len(batch) > self.max_pending and self._pending > 0:
+            while True:  # checked again after each wait: other producers, or a barrier, may have come meanwhile
+                self._check_usable()
+                self._check_new(batch)
+                if self._pending == 0 or self._pending + len(batch) <= self.max_pending:
+                    break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise SubmissionQueueFull(
-                        f"stream over {type(self.backend).__name__}: {self._pending} items still unscored after "
-                        f"{self.max_block_s:.0f} s (max_pending {self.max_pending}): the scorer does not keep up"
-                    )
+                    raise self._no_room()
                 self._cond.wait(min(left, WAKE_S))
-                self._check_usable()
-            for item, row in zip(batch, rows, strict=True):
-                self._hold(item, row)
-            self._pending += len(batch)
-            self._start_worker()
+            self._start_worker()  # before anything is taken: a thread that cannot start leaves nothing behind
+            rows = self._take(batch)
             self._cond.notify_all()
         return rows
 
@@ -148,7 +150,7 @@ class RewardStream:
             cut = []
             while self._ready:
                 cut.append(self._cut(len(self._ready)))
-        return [self._send(window) for window in cut]
+        return self._send_all(cut)
 
     def raise_if_failed(self) -> None:
         """Raise a window's failure already known (at a micro boundary: never later than the barrier)."""
@@ -199,7 +201,7 @@ class RewardStream:
                 self._cond.wait(WAKE_S)
                 self._check_usable()
             windows, order = self._windows, self._order
-            self._windows, self._order, self._seen = [], [], set()
+            self._windows, self._order, self._seen, self._grouped = [], [], set(), set()
             self._barrier = False
         return windows, order, incomplete
 
@@ -214,7 +216,8 @@ class RewardStream:
                 return
             self._closed = True
             unsent = [*self._ready, *self._held()]
-            self._ready, self._pending = [], 0
+            self._ready = []
+            self._pending -= len(unsent)  # the windows in flight give theirs back as they end
             if self._groups is not None:
                 self._groups.open.clear()
             self._cond.notify_all()
@@ -256,31 +259,84 @@ class RewardStream:
         if self._closed:
             raise ScorerError(f"the stream over {type(self.backend).__name__} is closed")
 
+    def _no_room(self) -> SubmissionQueueFull:
+        held = len(self._held())
+        if held == self._pending:
+            why = "all held in incomplete groups, which only their other members free"
+        else:
+            why = f"{held} of them held in incomplete groups; " * bool(held) + "the scorer does not keep up"
+        return SubmissionQueueFull(
+            f"stream over {type(self.backend).__name__}: {self._pending} items still unscored after "
+            f"{self.max_block_s:.2f} s (max_pending {self.max_pending}): {why}"
+        )
+
     def _check_new(self, batch: list[RewardItem]) -> None:
+        """Whether the stream may take `batch` now; changes nothing."""
         ids = [item.id for item in batch]
         again = [i for i in ids if i in self._seen] or [i for i in set(ids) if ids.count(i) > 1]
         if again:
             raise ScorerRequestError(f"item ids {sorted(again)[:5]} were already added to this step", kind="bad_input")
+        if self._groups is not None:
+            self._check_groups(batch, self._groups)
+
+    def _check_groups(self, batch: list[RewardItem], groups: _Groups) -> None:
+        """Each item joins an open or a new group of this step, which it fits (size, common inputs)."""
+        loose = next((item for item in batch if item.group_id is None), None)
+        if loose is not None:
+            raise ScorerRequestError(
+                f"item {loose.id!r} has no group_id, but the stream keeps groups of {groups.size} whole",
+                kind="bad_input",
+            )
+        touched = list(dict.fromkeys(item.group_id for item in batch if item.group_id is not None))
+        members = {group: list(groups.open.get(group, ([], []))[0]) for group in touched}
+        for item in batch:
+            members[str(item.group_id)].append(item)
+        for group, joined in members.items():
+            ids = [item.id for item in joined][:8]
+            if group in self._grouped:
+                raise ScorerRequestError(
+                    f"group {group!r} is complete already: a group id names one group of {groups.size} until the "
+                    f"barrier (ids {ids} came for it)",
+                    kind="bad_input",
+                )
+            if len(joined) > groups.size:
+                raise ScorerRequestError(
+                    f"group {group!r} would have {len(joined)} items, more than {groups.size} (ids {ids})",
+                    kind="bad_input",
+                )
+        try:  # what a window's request would refuse, refused here: for the items that break it, not their window
+            partition([item for joined in members.values() for item in joined], None, scorer="stream")
+        except GroupInputError as exc:
+            raise ScorerRequestError(f"stream over {type(self.backend).__name__}: {exc}", kind="bad_input") from exc
+
+    def _take(self, batch: list[RewardItem]) -> list[Future[ItemReward]]:
+        """The commit of a checked add: nothing here can refuse."""
+        rows: list[Future[ItemReward]] = []
+        for _ in batch:
+            row: Future[ItemReward] = Future()
+            row.set_running_or_notify_cancel()  # a cancelled awaiter never cancels the row: its window still runs
+            rows.append(row)
         if self.collect:
-            self._order.extend(ids)
-            self._seen.update(ids)
+            self._order.extend(item.id for item in batch)
+            self._seen.update(item.id for item in batch)
+        for item, row in zip(batch, rows, strict=True):
+            self._hold(item, row)
+        self._pending += len(batch)
+        return rows
 
     def _hold(self, item: RewardItem, row: Future[ItemReward]) -> None:
         """Ready now, or held until its group is complete."""
         groups = self._groups
-        if groups is None:
+        if groups is None or item.group_id is None:
             self._make_ready([item], [row])
             return
-        if item.group_id is None:
-            raise ScorerRequestError(
-                f"item {item.id!r} has no group_id, but the stream keeps groups of {groups.size} whole",
-                kind="bad_input",
-            )
         members, rows = groups.open.setdefault(item.group_id, ([], []))
         members.append(item)
         rows.append(row)
         if len(members) == groups.size:
             del groups.open[item.group_id]
+            if self.collect:
+                self._grouped.add(item.group_id)
             self._make_ready(members, rows)
 
     def _make_ready(self, items: list[RewardItem], rows: list[Future[ItemReward]]) -> None:
@@ -334,8 +390,9 @@ class RewardStream:
     # -- the worker ---------------------------------------------------------------------------
     def _start_worker(self) -> None:
         if self._worker is None:
-            self._worker = threading.Thread(target=self._run, name="reward-stream", daemon=True)
-            self._worker.start()
+            worker = threading.Thread(target=self._run, name="reward-stream", daemon=True)
+            worker.start()
+            self._worker = worker  # only once it runs: a start that failed is tried again
 
     def _run(self) -> None:
         while True:
@@ -347,31 +404,63 @@ class RewardStream:
                 window = self._cut(self.window)
             self._send(window)
 
+    def _send_all(self, windows: list[_Window]) -> list[Future[RewardResponse]]:
+        """Each window cut sent; interrupted (Ctrl-C), the ones not sent fail, as close() fails what
+        was never sent: a window cut always ends, so the barrier and the producers never wait on it."""
+        try:
+            return [self._send(window) for window in windows]
+        finally:
+            for window in windows:
+                if window.future is None:
+                    self._ended(window, _failed(ScorerError("the stream's flush was interrupted before it was sent")))
+
     def _send(self, window: _Window) -> Future[RewardResponse]:
         try:
             future = self.backend.submit(RewardRequest(items=window.items, group_size=self.group_size))
         except Exception as exc:  # noqa: BLE001 - a refused submission fails its window's items, typed
-            future = Future()
-            future.set_exception(exc)
+            future = _failed(exc)
+        return self._ended(window, future)
+
+    def _ended(self, window: _Window, future: Future[RewardResponse]) -> Future[RewardResponse]:
+        """The window's outcome is `future`'s: its items and its room are settled when it ends."""
         window.future = future
         future.add_done_callback(lambda _: self._settle(window))
         return future
 
     def _settle(self, window: _Window) -> None:
-        """A window's outcome to its items' futures; its room back to the producers."""
-        outcome = _outcome(window)
-        error = outcome if isinstance(outcome, BaseException) else None
-        response = outcome if error is None else getattr(error, "partial", None)
-        rows = _rows(response) if isinstance(response, RewardResponse) else {}
-        for item, row in zip(window.items, window.rows, strict=True):
-            if item.id in rows:
-                row.set_result(rows[item.id])
-            else:
-                row.set_exception(error or ScorerError(f"item {item.id!r} is missing from its window's response"))
-        with self._cond:
-            self._in_flight -= 1
-            self._pending -= len(window.items)
-            self._cond.notify_all()
+        """A window's outcome to its items' futures; its room back to the producers (whatever happens)."""
+        try:
+            outcome = _outcome(window)
+            error = outcome if isinstance(outcome, BaseException) else None
+            response = outcome if error is None else getattr(error, "partial", None)
+            rows = _rows(response) if isinstance(response, RewardResponse) else {}
+            for item, row in zip(window.items, window.rows, strict=True):
+                if item.id in rows:
+                    row.set_result(rows[item.id])
+                else:
+                    row.set_exception(error or ScorerError(f"item {item.id!r} is missing from its window's response"))
+        finally:
+            with self._cond:
+                self._in_flight -= 1
+                self._pending -= len(window.items)
+                self._cond.notify_all()
+
+
+def _items_of(items: RewardItem | Sequence[RewardItem]) -> list[RewardItem]:
+    """What `add` was given, as a list of RewardItems, or a typed refusal naming what is not one."""
+    batch = [items] if isinstance(items, RewardItem) else list(items)
+    for index, item in enumerate(batch):
+        if not isinstance(item, RewardItem):
+            raise ScorerRequestError(
+                f"a stream takes RewardItems: items[{index}] is a {type(item).__name__}", kind="bad_input"
+            )
+    return batch
+
+
+def _failed(error: BaseException) -> Future[RewardResponse]:
+    future: Future[RewardResponse] = Future()
+    future.set_exception(error)
+    return future
 
 
 def _rows(response: RewardResponse) -> dict[str, ItemReward]:

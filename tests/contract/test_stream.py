@@ -175,3 +175,99 @@ def test_a_kill_mid_stream_fails_only_the_window_in_flight(managed, trainer_pyth
     assert info.value.partial is not None and info.value.partial.rewards == [3.0, 4.0]  # served by the restart
     assert backend.pid != doomed and wait_until_gone([doomed], 5) == []
     stream.close()
+
+
+def test_an_add_that_raises_takes_none_of_its_items_and_they_may_be_added_again():
+    with (
+        RewardPanel([PanelTerm("size", LocalRewardBackend(SPY), component="group_size")]) as panel,
+        panel.stream(group_size=2, window=2, max_wait_s=0.0, max_pending=2, max_block_s=0.05) as stream,
+    ):
+        stream.add(item("a0", "x", "a"))  # held until its group is complete: it never drains by itself
+        with pytest.raises(SubmissionQueueFull, match="1 items still unscored") as full:
+            stream.add([item("c0", "x", "c"), item("c1", "x", "c")])  # no room in time
+        with pytest.raises(ScorerRequestError, match=r"takes RewardItems: items\[1\] is a dict"):
+            stream.add([item("c0", "x", "c"), {"id": "d", "text": "x"}])  # type: ignore[list-item]
+        stream.max_block_s = 30.0  # the barrier's bound too: time for a window to be scored
+        stream.add(item("a1", "x", "a"))
+        assert stream.results().ids == ["a0", "a1"]  # only what was taken: no id of a refused add
+        stream.add([item("c0", "x", "c"), item("c1", "x", "c")])  # a refused add's ids are free
+        assert stream.results().rewards == [2.0, 2.0] and stream._pending == 0
+    assert "all held in incomplete groups" in str(full.value)  # the producer's own groups filled it, not the scorer
+
+
+def test_a_grouped_add_refused_half_way_holds_nothing_back():
+    with (
+        RewardPanel([PanelTerm("size", LocalRewardBackend(SPY), component="group_size")]) as panel,
+        panel.stream(group_size=2, window=2, max_wait_s=0.0) as stream,
+    ):
+        stream.add(item("a0", "x", "a"))
+        with pytest.raises(ScorerRequestError, match="'loose' has no group_id"):
+            stream.add([item("a1", "x", "a"), item("loose", "x")])
+        with pytest.raises(ScorerRequestError, match="'a1' has a different prompt"):
+            stream.add(RewardItem(id="a1", text="x", group_id="a", prompt="another"))  # its window would refuse it
+        with pytest.raises(ScorerRequestError, match="group 'a' would have 3 items, more than 2"):
+            stream.add([item("a1", "x", "a"), item("a2", "x", "a")])
+        assert stream._pending == 1  # a0 alone is held
+        stream.add([item("a1", "x", "a"), item("b0", "x", "b"), item("b1", "x", "b")])
+        with pytest.raises(ScorerRequestError, match="group 'b' is complete already"):
+            stream.add(item("b2", "x", "b"))  # a group id is one group of a step
+        response = stream.results()
+        assert response.ids == ["a0", "a1", "b0", "b1"] and response.rewards == [2.0] * 4
+        assert stream._pending == 0
+        stream.add([item("b2", "x", "b"), item("b3", "x", "b")])  # the next step may use it again
+        assert stream.results().rewards == [2.0, 2.0]
+
+
+def test_ctrl_c_while_an_add_waits_for_room_takes_none_of_its_items():
+    with LocalRewardBackend(PROBE, {"sleep_s": 0.3}) as backend:
+        stream = backend.stream(window=1, max_wait_s=0.0, max_pending=1, max_block_s=30)
+        stream.add(item("a", "x"))
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background shell ignores SIGINT
+        ctrl_c = threading.Timer(0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+        try:
+            ctrl_c.start()
+            with pytest.raises(KeyboardInterrupt):
+                stream.add(item("b", "xx"))
+        finally:
+            ctrl_c.cancel()
+            signal.signal(signal.SIGINT, previous)
+        assert stream.results().ids == ["a"]
+        stream.add(item("b", "xx"))
+        assert stream.results().rewards == [2.0] and stream._pending == 0
+        stream.close()
+
+
+class InterruptedSubmit(LocalRewardBackend):
+    """Ctrl-C lands in the next submit (as it may in a trainer's flush)."""
+
+    interrupt_next = False
+
+    def submit(self, request):  # type: ignore[no-untyped-def]
+        if self.interrupt_next:
+            self.interrupt_next = False
+            raise KeyboardInterrupt
+        return super().submit(request)
+
+
+def test_a_flush_interrupted_fails_the_windows_it_did_not_send_and_the_barrier_does_not_wait():
+    with InterruptedSubmit(PROBE) as backend:
+        stream = backend.stream(window=1, max_wait_s=float("inf"), max_block_s=2)  # only a flush cuts
+        stream.add([item("a", "x"), item("b", "xx")])
+        backend.interrupt_next = True
+        with pytest.raises(KeyboardInterrupt):
+            stream.flush()  # two windows cut: the first send is interrupted, the second never made
+        with pytest.raises(ScorerItemsFailed, match="interrupted before it was sent") as info:
+            stream.results()
+        assert set(info.value.failed) == {"a", "b"} and stream._pending == 0
+        stream.add(item("c", "xxx"))
+        assert stream.results().rewards == [3.0]
+        stream.close()
+
+
+def test_a_declared_group_size_keeps_groups_whole_over_any_backend():
+    with LocalRewardBackend(PROBE) as backend, backend.stream(group_size=2, window=3, max_wait_s=0.0) as stream:
+        stream.add([item(f"{group}{n}", "x", group) for group in "abc" for n in range(2)])
+        assert stream.results().ids == ["a0", "a1", "b0", "b1", "c0", "c1"]  # its windows declare the size
+        assert all(size % 2 == 0 for size in stream.window_sizes)
+        with pytest.raises(ValueError, match="less than a group"):
+            backend.stream(group_size=8, window=4, max_pending=4)
