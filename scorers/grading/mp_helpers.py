@@ -57,6 +57,8 @@ _helpers_lock = threading.Lock()
 _live_pools = 0
 _owned_helpers: list[str] = []
 _started_early: list[str] | None = None  # helpers start_forkserver_early launched, for the first pool to own
+_preloaded: dict[int, tuple[str, ...]] = {}  # forkserver pid -> what it preloads, for those launched here
+_pool_children: set[int] = set()  # the forkserver's children that pools asked for (workers, templates)
 ENTER_MODULE = "scorers.grading.forkserver_enter"  # preloaded first: no ^C and no collections during the preload
 FREEZE_MODULE = "scorers.grading.forkserver_gc"  # preloaded last: workers never collect the preloaded heap
 
@@ -73,15 +75,50 @@ def start_forkserver_early(modules: Sequence[str]) -> None:
     of a math child's start). The first pool started afterwards owns what this launched, as if it had
     launched them itself; a forkserver already running is left as it is."""
     global _started_early
-    from multiprocessing import forkserver
-
     with _helpers_lock:
         if _live_pools or _started_early is not None:
             return
         fresh = [n for n, h in _helper_objects().items() if h is not None and _helper_pid(h) is None]
-        forkserver.set_forkserver_preload(list(modules))
-        forkserver.ensure_running()
+        _ensure_preloading(modules)
         _started_early = fresh
+
+
+def serving_forkserver(modules: Sequence[str]) -> bool:
+    """Make sure the forkserver runs, launched now with `modules` preloaded if none does; True if the one
+    that runs preloads them (it was launched so by a pool, or by `start_forkserver_early`).
+
+    A pool calls this before anything of it runs in a thread: the launch is then over before the caller's
+    next line, and a `set_forkserver_preload` the caller makes afterwards cannot slip in first (it
+    changes only what a forkserver launched later preloads). The caller's own preload list is put back,
+    so a forkserver multiprocessing launches for the caller once the pools stopped this one preloads
+    what the caller asked for. False (a forkserver someone else launched, preloading other modules):
+    the pool forks its workers from a template that imports the modules itself."""
+    with _helpers_lock:
+        return _ensure_preloading(modules)
+
+
+def _ensure_preloading(modules: Sequence[str]) -> bool:
+    from multiprocessing import forkserver
+
+    server = _helper_objects()["forkserver"]
+    before = _helper_pid(server)
+    theirs = list(getattr(server, "_preload_modules", ["__main__"]))
+    forkserver.set_forkserver_preload(list(modules))
+    try:
+        forkserver.ensure_running()
+    finally:
+        forkserver.set_forkserver_preload(theirs)
+    pid = _helper_pid(server)
+    if pid is not None and pid != before:
+        _preloaded[pid] = tuple(modules)
+    return pid is not None and set(modules) <= set(_preloaded.get(pid, ()))
+
+
+def note_pool_child(pid: int) -> None:
+    """A worker or template a pool asked the forkserver for: not a process of the caller's own, when the
+    last pool decides whether the forkserver it launched still serves someone else."""
+    with _helpers_lock:
+        _pool_children.add(pid)
 
 
 def _helper_objects() -> dict[str, Any]:
@@ -112,7 +149,10 @@ def acquire_helpers() -> None:
 
 
 def release_helpers(budget_s: float) -> None:
-    """Uncount a pool; the last one stops the helpers the pools launched."""
+    """Uncount a pool; the last one stops the helpers the pools launched, but for a forkserver that still
+    serves the caller's own processes (the caller forked from it meanwhile: stopping it now would make
+    multiprocessing report each of them as exit 255). That one is left to end with this process, as
+    multiprocessing's own helpers do."""
     global _live_pools
     with _helpers_lock:  # held while stopping, so a pool starting meanwhile can't use a dying helper
         _live_pools -= 1
@@ -120,8 +160,37 @@ def release_helpers(budget_s: float) -> None:
             return
         owned, _owned_helpers[:] = list(_owned_helpers), []
         helpers = _helper_objects()
+        server_pid = _helper_pid(helpers["forkserver"])
+        if "forkserver" in owned and server_pid is not None:
+            others = _children(server_pid) - _pool_children
+            if others:
+                log.info(
+                    "multiprocessing forkserver pid %d left running: it serves pids %s", server_pid, sorted(others)
+                )
+                owned = []  # the tracker stays with it (the forkserver's processes may use it)
+        _pool_children.clear()
         for name in owned:  # forkserver first: its exit releases the tracker's pipe
+            if name == "forkserver" and server_pid is not None:
+                _preloaded.pop(server_pid, None)
             _stop_helper(name, helpers[name], budget_s)
+
+
+def _children(pid: int) -> set[int]:
+    """The live children of `pid` (zombies, already dead, left out), from /proc."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as listing:
+            pids = {int(word) for word in listing.read().split()}
+    except (FileNotFoundError, ProcessLookupError):
+        return set()
+    return {child for child in pids if _state(child) not in ("Z", "X", "")}
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return ""
 
 
 def _stop_helper(name: str, helper: Any, budget_s: float) -> None:

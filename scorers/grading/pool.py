@@ -9,7 +9,11 @@ worker sentinels, so a worker that dies is noticed at once, not at a timeout.
 
 Workers fork from a forkserver that has already imported the heavy modules
 (`preload`), so starting or replacing one costs a fork, not an import; what the preload
-built is frozen (gc.freeze), so no worker's full collection walks it. With `warm_replay`,
+built is frozen (gc.freeze), so no worker's full collection walks it. multiprocessing keeps
+one forkserver per process: `start()` launches it with the pool's preload before it returns
+(a caller's later `set_forkserver_preload` cannot race it). Where the caller's own forkserver
+already runs, preloading other modules, the workers fork from a template that imported the
+pool's preload itself, so they grade as warm as ever, and the caller's forkserver is left alone. With `warm_replay`,
 they fork instead from a template (a child of the forkserver) that replays some of each
 batch's ordinary tasks once the batch is done, so a worker started mid-batch (a spare, a
 replacement) has the grader's caches of a veteran (scorers/grading/template.py).
@@ -63,7 +67,7 @@ from scorers.grading.config import (
     build_config,
 )
 from scorers.grading.errors import GradingPoolError
-from scorers.grading.mp_helpers import acquire_helpers, forkserver_modules, release_helpers
+from scorers.grading.mp_helpers import acquire_helpers, forkserver_modules, release_helpers, serving_forkserver
 from scorers.grading.outcomes import GradeOutcome
 from scorers.grading.tasks import TaskManager
 from scorers.grading.workers import REAP_TIMEOUT_S, WorkerManager
@@ -130,8 +134,9 @@ class GradingPool:
         self._tasks.state = "running"
         acquire_helpers()
         self._holds_helpers = True
-        # Only effective if this process's forkserver is not running yet (process-global).
-        self._ctx.set_forkserver_preload(forkserver_modules(self.config.preload, self.config.grade_fn))
+        # here, not in the thread: the forkserver that will fork the workers is settled before start() returns
+        modules = forkserver_modules(self.config.preload, self.config.grade_fn)
+        self._workers.server_preloads = serving_forkserver(modules)
         if wait:
             self._start_workers()
             return

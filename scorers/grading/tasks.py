@@ -153,7 +153,7 @@ class TaskManager:
         busy_batches = {id(w.batch) for w in self.workers.busy()}
         finished = [b for b in self._batches if not b.pending and id(b) not in busy_batches]
         for batch in finished:
-            if self.workers.template is not None:
+            if self.workers.template is not None and self.config.warm_replay:
                 self._sample = self._replay_sample(batch)
             self._finish(batch)
         if finished and not self._batches:

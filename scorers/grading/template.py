@@ -45,11 +45,17 @@ MAX_GROWTH_BYTES = 64 * 2**20
 
 
 def template_main(
-    conn: Any, grade_fn: str, expected_ppid: int, memory_cap_bytes: int | None, cpu_limit_s: float | None
+    conn: Any,
+    grade_fn: str,
+    expected_ppid: int,
+    memory_cap_bytes: int | None,
+    cpu_limit_s: float | None,
+    preload: tuple[str, ...] = (),
 ) -> None:
-    """Template entry point: load the grader like a worker, then serve fork and warm requests."""
+    """Template entry point: load the grader like a worker (the pool's preload too, where the forkserver
+    lacks it), then serve fork and warm requests."""
     enter_worker(expected_ppid)
-    loaded = load_grader(conn, grade_fn, memory_cap_bytes)
+    loaded = load_grader(conn, grade_fn, memory_cap_bytes, preload)
     if loaded is None:
         return
     wake_r, wake_w = os.pipe()

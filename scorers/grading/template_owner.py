@@ -52,11 +52,12 @@ class GradingTemplate:
         expected_ppid: int,
         memory_cap_bytes: int | None,
         cpu_limit_s: float | None,
+        preload: tuple[str, ...] = (),
     ) -> None:
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         process = ctx.Process(
             target=template_main,
-            args=(child_conn, grade_fn, expected_ppid, memory_cap_bytes, cpu_limit_s),
+            args=(child_conn, grade_fn, expected_ppid, memory_cap_bytes, cpu_limit_s, preload),
             name="grading-template",
             daemon=True,
         )

@@ -14,8 +14,9 @@ import math
 import os
 import resource
 import signal
+import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from scorers.grading.messages import Fatal, Graded, OverMemory, Raised, Ready, Task, WorkerReply
@@ -114,9 +115,30 @@ def enter_worker(expected_ppid: int) -> None:
     gc.enable()  # paused for the forkserver's preload (forkserver_enter); resumed there too, unless it failed
 
 
-def load_grader(conn: Any, grade_fn: str, memory_cap_bytes: int | None) -> tuple[Callable[..., Any], int | None] | None:
-    """Resolve grade_fn and cap memory; on failure tell the owner (`Fatal`) and return None."""
+def import_preload(modules: Sequence[str]) -> None:
+    """Import the pool's preload modules this process lacks, the collector paused, then freeze what they
+    built: a template forked from a forkserver the pool did not launch (the caller's own, preloading other
+    modules) then forks workers as warm as the pool's forkserver would. A no-op where the forkserver
+    preloaded them."""
+    missing = [name for name in modules if name not in sys.modules]
+    if not missing:
+        return
+    gc.disable()
     try:
+        for name in missing:
+            importlib.import_module(name)
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
+def load_grader(
+    conn: Any, grade_fn: str, memory_cap_bytes: int | None, preload: Sequence[str] = ()
+) -> tuple[Callable[..., Any], int | None] | None:
+    """Import the preload and resolve grade_fn, then cap memory; on failure tell the owner (`Fatal`) and
+    return None."""
+    try:
+        import_preload(preload)
         return _resolve(grade_fn), _cap_memory(memory_cap_bytes)
     except Exception as exc:  # noqa: BLE001 - sent to the owner, which raises
         conn.send(Fatal(_format_exception(exc)))
@@ -129,10 +151,11 @@ def worker_main(
     expected_ppid: int,
     memory_cap_bytes: int | None = None,
     cpu_limit_s: float | None = None,
+    preload: Sequence[str] = (),
 ) -> None:
     """Worker entry point: arm the death signal, cap memory, announce readiness, serve tasks."""
     enter_worker(expected_ppid)
-    loaded = load_grader(conn, grade_fn, memory_cap_bytes)
+    loaded = load_grader(conn, grade_fn, memory_cap_bytes, preload)
     if loaded is None:
         return
     conn.send(Ready(os.getpid()))

@@ -24,7 +24,7 @@ from scorers.grading.config import PoolConfig
 from scorers.grading.errors import GradingPoolError
 from scorers.grading.handles import SpawnedProcess, WorkerProcess
 from scorers.grading.messages import Fatal, Ready
-from scorers.grading.mp_helpers import forkserver_modules, forkserver_pid, preload_failure
+from scorers.grading.mp_helpers import forkserver_modules, forkserver_pid, note_pool_child, preload_failure
 from scorers.grading.outcomes import Batch
 from scorers.grading.processes import describe
 from scorers.grading.template_owner import GradingTemplate, TemplateError, pidfds_supported
@@ -111,11 +111,14 @@ class WorkerManager:
         self.workers: list[Worker] = []
         self.retired: list[Worker] = []  # killed; reaped when gone, at the latest by the next grade() or close()
         self.template: GradingTemplate | None = None
+        # the forkserver preloads the pool's modules (GradingPool.start finds out); if not, workers fork from a template
+        self.server_preloads = True
 
     # -- starting ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """The template (with `warm_replay`), `jobs` workers and the spare, ready within the startup timeout.
+        """The template (with `warm_replay`, or where the forkserver lacks the pool's preload), `jobs` workers and
+        the spare, ready within the startup timeout.
         A forkserver that ended before it forked (its preload raised: a broken grader package) is said
         with what its preload raises when imported afresh, the cause that its own log alone would hold."""
         try:
@@ -130,7 +133,7 @@ class WorkerManager:
 
     def _start_all(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        if self.config.warm_replay:
+        if self.config.warm_replay or not self.server_preloads:
             self._start_template(deadline)
         for _ in range(self.config.jobs):
             self.spawn()
@@ -195,11 +198,13 @@ class WorkerManager:
         process = self._ctx.Process(
             target=worker_main,
             args=(child_conn, config.grade_fn, forkserver_pid(), config.memory_cap_bytes, config.cpu_limit_s),
+            kwargs={"preload": config.preload},
             name="grading-worker",
             daemon=True,
         )
         try:
             process.start()
+            note_pool_child(process.pid)
             return SpawnedProcess(process), parent_conn
         except BaseException:
             parent_conn.close()
@@ -216,8 +221,9 @@ class WorkerManager:
             return
         config = self.config
         template = GradingTemplate(
-            self._ctx, config.grade_fn, forkserver_pid(), config.memory_cap_bytes, config.cpu_limit_s
+            self._ctx, config.grade_fn, forkserver_pid(), config.memory_cap_bytes, config.cpu_limit_s, config.preload
         )
+        note_pool_child(template.pid)
         self.template = template
         while template.state == "starting":
             ready = mp_connection.wait(
