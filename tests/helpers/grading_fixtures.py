@@ -58,6 +58,14 @@ def unpicklable_result() -> object:
     return lambda: None
 
 
+def preload_state(*modules: str) -> dict:
+    """Which of `modules` this worker has loaded, and how many objects it has frozen: what it was forked from."""
+    import gc
+    import sys
+
+    return {"loaded": [name in sys.modules for name in modules], "frozen": gc.get_freeze_count()}
+
+
 def frozen_objects() -> int:
     """How many objects this worker's collector never walks (frozen in the forkserver)."""
     import gc
@@ -163,6 +171,13 @@ def remember(value: object) -> bool:
     seen = value in _SEEN
     _SEEN.add(value)
     return seen
+
+
+def spin_then_sleep(cpu_seconds: float, sleep_seconds: float, value: object = None) -> object:
+    """Burn `cpu_seconds` of CPU, then sleep `sleep_seconds`: work that computes and work that waits."""
+    spin(cpu_seconds)
+    time.sleep(sleep_seconds)
+    return value
 
 
 def fast_once(path: str) -> str:

@@ -19,12 +19,15 @@ import pytest
 from scorers.grading.errors import GradingPoolError, GradingTaskError
 from scorers.grading.outcomes import GradeOutcome
 from scorers.grading.pool import GradingPool
+from supervisor.fanout import on_each
 from tests.conftest import eventually
 from tests.helpers.grading_fixtures import multiprocessing_helpers, wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = "tests.helpers.grading_fixtures"
-SLACK_S = 1.5  # a noisy 2-core box: kill + reap + replacement on top of the timeout
+# kill + reap + replacement on top of a timeout, on a loaded 2-core box. Each bound it sets proves a deadline
+# was kept against a task that would run 30-60 s (or minutes in C) without it: generous, never a speed
+SLACK_S = 5.0
 # workers fork from the forkserver (warm_replay=0) or from the pool's template (as the math scorer's do)
 FORKED_FROM = pytest.mark.parametrize("replay", [0, 4], ids=["forkserver", "template"])
 
@@ -220,7 +223,7 @@ def test_close_leaves_no_worker_alive_and_is_idempotent(make_pool, replay):
     started = time.monotonic()
     pool.close()
     pool.close()
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 10.0  # bounded (a reap per process at most REAP_TIMEOUT_S)
     assert not wait_gone(pids + helpers, 5.0)
     assert pool.worker_pids() == []
     with pytest.raises(GradingPoolError, match="closed"):
@@ -298,22 +301,30 @@ def test_workers_die_with_the_forkserver(make_pool):
 # -- slow tasks leave their slots; bounds on memory and CPU time -------------------------------
 @pytest.mark.slow
 def test_a_slow_task_leaves_its_slot_and_its_clock_stops_while_ordinary_tasks_run(make_pool):
-    """jobs=1: the slow task (1 s of CPU) is held back at the soft deadline while 40 ordinary tasks
-    (2 s) take its slot; it then runs to completion: held-back time never counts against its 2 s."""
-    pool = make_pool("spin", jobs=1, timeout_s=2.0, soft_timeout_s=0.25)
+    """jobs=1: the slow task (0.3 s of CPU) is held back at the soft deadline while 40 ordinary tasks
+    (4 s of waiting) take its slot; it then runs to completion: held-back time never counts against its
+    3 s. The ordinary tasks wait rather than compute, so that a loaded machine stretches neither them
+    past WAIT_FACTOR soft deadlines nor the slow task's remaining 0.2 s of CPU past its 3 s."""
+    pool = make_pool("spin_then_sleep", jobs=1, timeout_s=3.0, soft_timeout_s=0.1)
     (first,) = pool.worker_pids()
-    outcomes = pool.grade([(1.0, "slow"), *[(0.05, n) for n in range(40)]])
+    outcomes = pool.grade([(0.3, 0.0, "slow"), *[(0.0, 0.1, n) for n in range(40)]])
     slow, ordinary = outcomes[0], outcomes[1:]
     assert slow.status == "ok" and slow.value == "slow" and slow.overflowed
-    assert slow.elapsed_s > 2.0  # wall time from its start: more than its timeout, yet not timed out
+    assert slow.elapsed_s > 4.0  # wall time from its start: more than its timeout, yet not timed out
     assert [o.value for o in ordinary] == list(range(40)) and not any(o.overflowed for o in ordinary)
     assert not wait_gone([first], 2.0) and len(pool.worker_pids()) == 1  # retired after its task; slot refilled
 
 
 @pytest.mark.slow
-def test_the_soft_deadline_counts_cpu_time_so_a_busy_machine_moves_no_ordinary_task(make_pool):
+def test_the_soft_deadline_counts_cpu_time_so_a_busy_machine_moves_no_ordinary_task(make_pool, monkeypatch):
     """The worker shares one CPU with three spinning processes: a task of 0.05 s CPU takes about four times
-    that in wall time, past the 0.1 s soft deadline, yet keeps its slot; a task of 0.3 s CPU moves."""
+    that in wall time, past the 0.1 s soft deadline, yet keeps its slot; a task of 0.3 s CPU moves. The
+    wait rule (a task holding its slot WAIT_FACTOR soft deadlines moves, whatever its CPU time: its own
+    test below) is set out of reach, so that a machine loaded beyond the three spinners cannot move the
+    short task by it: only the CPU rule is under test here."""
+    from scorers.grading import tasks
+
+    monkeypatch.setattr(tasks, "WAIT_FACTOR", 10_000)
     pool = make_pool("spin", jobs=1, timeout_s=10.0, soft_timeout_s=0.1)
     (worker,) = pool.worker_pids()
     cpu = sorted(os.sched_getaffinity(0))[0]
@@ -528,11 +539,11 @@ def test_a_replay_slower_than_its_task_was_is_dropped_and_the_template_replaced(
     old_workers = pool.worker_pids() + pool.spare_pids()
     paths = [str(tmp_path / str(n)) for n in range(2)]
     assert [o.value for o in pool.grade([(p,) for p in paths])] == paths
-    started = time.monotonic()
     assert (
-        pool.settle(10.0) and pool._workers.template.tainted and pool._workers.template.replayed == 1
+        pool.settle(30.0) and pool._workers.template.tainted and pool._workers.template.replayed == 1
     )  # the second never ran
-    assert 1.0 <= cpu_s(psutil.Process(old_template)) and time.monotonic() - started < 1.0 + SLACK_S
+    # dropped: the replay would spin 3 s of CPU (CPU time, which a loaded machine does not stretch)
+    assert cpu_s(psutil.Process(old_template)) < 3.0
     assert [o.value for o in pool.grade([(paths[0] + "x",)])] == [paths[0] + "x"]
     assert pool.template_pid() != old_template and not wait_gone([old_template, *old_workers], 5.0)
     assert {parent_of(pid) for pid in pool.worker_pids() + pool.spare_pids()} == {pool.template_pid()}
@@ -546,14 +557,12 @@ def test_a_fork_asked_for_during_a_replay_is_served_between_two_replayed_tasks(m
     assert eventually(lambda: cpu_s(template) - idle > 0.05, 5.0) and pool._workers.template.warming
     started = time.monotonic()
     pool._workers.retire(pool._workers.workers[0])  # forks the replacement from the replaying template
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 1.5  # not after the 40 replays (2 s of CPU): between two of them
     assert [o.value for o in pool.grade([(0.0, "after")])] == ["after"]
 
 
 def _grade_from_threads(pool: GradingPool, batches: list[list[tuple]]) -> list[Any]:
     """Each batch graded by its own thread, all at once; each thread's outcomes or exception, in order."""
-    from supervisor.fanout import on_each
-
     return on_each(batches, pool.grade, "grader")
 
 
@@ -569,16 +578,18 @@ def test_batches_graded_from_several_threads_at_once_each_get_their_own_results(
 @pytest.mark.slow
 def test_slow_tasks_of_concurrent_batches_share_one_timeout(make_pool):
     """Four batches at once, a stuck task in each: the four are held back together while every batch's
-    ordinary tasks run, then time out together: about one timeout for all, not one per batch."""
+    ordinary tasks run, then time out together: about one timeout for all, not one per batch. Shown by
+    when each ran (its batch's return, less its elapsed time), not by a wall time that load stretches:
+    all four stuck tasks were running at one moment."""
     pool = make_pool("sleep_for", jobs=2, timeout_s=1.0)
     batches = [[(60.0, "stuck"), *[(0.01, n) for n in range(10)]] for _ in range(4)]
-    began = time.monotonic()
-    results = _grade_from_threads(pool, batches)
-    took = time.monotonic() - began
-    for outcomes in results:
+    results = on_each(batches, lambda batch: (pool.grade(batch), time.monotonic()), "grader")
+    spans = []
+    for outcomes, returned in results:
         assert outcomes[0].status == "timeout" and outcomes[0].overflowed
         assert [o.value for o in outcomes[1:]] == list(range(10))
-    assert took < 1.0 + SLACK_S + 0.5, took  # one after another: over 4 s
+        spans.append((returned - outcomes[0].elapsed_s, returned))  # the stuck task ends its batch
+    assert max(start for start, _ in spans) < min(end for _, end in spans), spans  # one after another: disjoint
 
 
 def test_a_task_error_fails_only_its_own_batch(make_pool):
@@ -616,7 +627,7 @@ def test_a_batch_done_under_another_callers_drive_returns_without_waiting_for_th
     quick = pool.grade([(str(tmp_path / f"quick-{n}"), 0.0) for n in range(4)])
     took = time.monotonic() - began
     slow.join(10)
-    assert [o.status for o in quick] == ["ok"] * 4 and took < 1.0, took
+    assert [o.status for o in quick] == ["ok"] * 4 and took < 1.5, took  # the slow batch ends at 2 s
 
 
 EARLY_SCRIPT = textwrap.dedent(
@@ -694,7 +705,7 @@ UNWAITED_SCRIPT = textwrap.dedent(
         waited = caller.is_alive() and not graded  # the first grade() waits for the workers
         began = time.monotonic()
         settled = pool.settle(0.3)  # bounded while the start holds the pool
-        settle_bounded = not settled and time.monotonic() - began < 2.0
+        settle_bounded = not settled and time.monotonic() - began < 10.0  # the gate holds it 30 s
         # a terminal's ^C reaches the forkserver mid-preload: it ignores it, as it does once preloaded
         server = forkserver_pid(ensure=False)
         until = time.monotonic() + 10
@@ -746,3 +757,70 @@ def test_a_start_not_waited_for_that_fails_is_the_first_grades_error(make_pool):
     assert pool.broken
     with pytest.raises(GradingPoolError, match="broken: .*no_such_function"):
         pool.grade([(1,)])
+
+
+# -- the forkserver is process-global: the pool's and the caller's -----------------------------
+FORKSERVER_SCRIPT = textwrap.dedent(
+    """
+    import json, multiprocessing, os, sys
+    from scorers.grading.mp_helpers import forkserver_pid
+    from scorers.grading.pool import GradingPool
+    from tests.helpers.grading_fixtures import sleep_for
+
+    PRELOADED = "tests.helpers.grading_preloaded"
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    if __name__ == "__main__":
+        ctx = multiprocessing.get_context("forkserver")
+        pool = GradingPool(1, 10.0, "tests.helpers.grading_fixtures:preload_state", preload=[PRELOADED])
+        trainer_first = sys.argv[1] == "trainer-first"
+        if trainer_first:  # the caller's own forkserver runs first, preloading its own modules
+            ctx.set_forkserver_preload(["json"])
+            own = ctx.Process(target=sleep_for, args=(2.0,))
+            own.start()
+            server = forkserver_pid(ensure=False)
+            pool.start(wait=False)
+        else:  # the pool first, then the caller sets its preload at once, as bench.math_throughput did
+            pool.start(wait=False)
+            ctx.set_forkserver_preload(["json"])
+            server = forkserver_pid(ensure=False)
+            own = ctx.Process(target=sleep_for, args=(2.0,))  # the caller forks from the pool's forkserver
+            own.start()
+        state = pool.grade([(PRELOADED,)])[0].value
+        pool.close()
+        own.join(30)
+        again = ctx.Process(target=sleep_for, args=(0.0,))  # the caller's next process
+        again.start()
+        again.join(30)
+        report = {"state": state, "own_exit": own.exitcode, "again_exit": again.exitcode}
+        report["server_kept"] = alive(server) and forkserver_pid(ensure=False) == server
+        print(json.dumps(report))
+    """
+)
+
+
+@pytest.mark.parametrize("order", ["pool-first", "trainer-first"])
+def test_workers_have_the_pools_preload_whoever_set_the_forkserver_and_the_callers_processes_survive(tmp_path, order):
+    """multiprocessing keeps one forkserver per process. pool-first: the caller's `set_forkserver_preload`
+    right after `start(wait=False)` cannot make the pool's workers fork cold (it raced the start's thread);
+    trainer-first: the workers fork from a template that ran the pool's preload, the caller's forkserver
+    untouched. Either way the caller's own forkserver processes end with their own exit status, not 255,
+    when the pool closes under them."""
+    script = tmp_path / "forkserver.py"
+    script.write_text(FORKSERVER_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, str(script), order], cwd=REPO, env=env, capture_output=True, text=True, timeout=90
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["state"]["loaded"] == [True] and report["state"]["frozen"] > 1000, report
+    assert report["own_exit"] == 0 and report["again_exit"] == 0, report
+    if order == "trainer-first":
+        assert report["server_kept"], report  # the caller's forkserver: never the pool's to stop
