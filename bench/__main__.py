@@ -2,10 +2,16 @@
 
 Every line is a ratio or a difference against a baseline measured in the same
 run, so a noisy shared machine moves both sides together.
+
+`python -m bench --smoke` runs every line with its smallest sizes instead (each `Line`'s `smoke`
+keyword arguments: one round, a few items): every step and check of the line runs, its figures mean
+nothing. CI does the same, one test per line (tests/ops/test_bench_smoke.py), so no line can rot
+unseen between two full runs. `--only NAME ...` runs some lines (names: `--list`).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -15,7 +21,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -106,7 +113,7 @@ def managed(env: str, scorer: str, kind: str, params: dict, **client: object) ->
     )
 
 
-def bench_tiny_round_trip() -> str:
+def bench_tiny_round_trip(rounds: int = 1500, warmup: int = 50) -> str:
     """Also splits the managed time: an HTTP exchange that does nothing (GET /health), the
     same /score frame sent raw (adds the child's handler: codec, scorer-thread handoff), and
     the whole compute_rewards (adds the parent's request building and answer checks)."""
@@ -121,8 +128,8 @@ def bench_tiny_round_trip() -> str:
                 "health": client.health,
                 "raw score": lambda: client.score(frame),
             },
-            rounds=1500,
-            warmup=50,
+            rounds=rounds,
+            warmup=warmup,
         )
     return (
         f"tiny request round trip         managed p50 {times['managed'] * 1e3:7.3f} ms  in-process p50 "
@@ -170,8 +177,9 @@ def in_arena(backend: RewardBackend, request: RewardRequest) -> Iterator[RewardR
         )
 
 
-def bench_transport() -> str:
-    """8x512x512x3 uint8 through a scorer that only averages pixels: the transport is what differs."""
+def bench_transport(rounds: int = 30, samples: int = 15) -> str:
+    """8x512x512x3 uint8 through a scorer that only averages pixels: the transport is what differs.
+    `samples`: the child-side phase timings and the JPEG peer's repeats."""
     request = image_request()
     images = [item.image for item in request.items]
     with transport_trio(request) as trio, in_arena(trio["shared"], request) as arena_request:
@@ -183,11 +191,11 @@ def bench_transport() -> str:
                 **{name: scoring(backend, request) for name, backend in trio.items()},
                 "arena": lambda: trio["shared"].compute_rewards(arena_request),
             },
-            rounds=30,
+            rounds=rounds,
         )
-        phases = {name: server_phases(trio[name], request) for name in ("shared", "in-band")}
-        phases["arena"] = server_phases(trio["shared"], arena_request)
-    peer = jpeg_json_peer.measure(images, repeats=15)
+        phases = {name: server_phases(trio[name], request, samples) for name in ("shared", "in-band")}
+        phases["arena"] = server_phases(trio["shared"], arena_request, samples)
+    peer = jpeg_json_peer.measure(images, repeats=samples)
     base = times["in-process"]
     lines = [f"8x512x512x3 uint8 (6.3 MB)      in-process p50 {base * 1e3:6.2f} ms (mean_intensity)"]
     for name in ("shared", "arena", "in-band"):
@@ -204,10 +212,10 @@ def bench_transport() -> str:
     return "\n".join(lines)
 
 
-def server_phases(backend: RewardBackend, request: RewardRequest) -> str:
+def server_phases(backend: RewardBackend, request: RewardRequest, calls: int = 15) -> str:
     """Where the managed time goes, from the child's Server-Timing header (receive = HTTP body read)."""
     samples: dict[str, list[float]] = {}
-    for _ in range(15):
+    for _ in range(calls):
         backend.compute_rewards(request)
         for part in (client_of(backend).last_server_timing or "").split(", "):
             name, dur = part.split(";dur=")
@@ -215,7 +223,7 @@ def server_phases(backend: RewardBackend, request: RewardRequest) -> str:
     return "  ".join(f"{name} {p50(values):.2f}" for name, values in samples.items())
 
 
-def bench_jpeg_batch() -> str:
+def bench_jpeg_batch(rounds: int = 20) -> str:
     request = image_request()
     with (
         managed("image", "jpeg_compressibility", "image", {}) as backend,
@@ -230,7 +238,7 @@ def bench_jpeg_batch() -> str:
                 "arena": lambda: backend.compute_rewards(arena_request),
                 "local": lambda: local.compute_rewards(request),
             },
-            rounds=20,
+            rounds=rounds,
         )
     return (
         f"8x512x512 jpeg_compressibility  in-process p50 {times['local'] * 1e3:7.2f} ms  managed p50 "
@@ -252,11 +260,11 @@ def bare_import_s(env: str, repeats: int = 5) -> float:
     return p50(samples)
 
 
-def bench_cold_start(env: str) -> str:
+def bench_cold_start(env: str, repeats: int = 5) -> str:
     scorer, kind, params = ENV_SCORER[env]
-    bare = bare_import_s(env)
+    bare = bare_import_s(env, repeats)
     spawn, load = [], []
-    for _ in range(5):
+    for _ in range(repeats):
         with managed(env, scorer, kind, params) as backend:
             spawn.append(backend.timings["spawn_to_ready_s"])
             load.append(backend.ready_info["load_s"])
@@ -266,10 +274,10 @@ def bench_cold_start(env: str) -> str:
     )
 
 
-def bench_shutdown() -> str:
+def bench_shutdown(graceful_repeats: int = 5, forced_repeats: int = 3) -> str:
     """Graceful: close() of an idle child. Forced: a frozen child, killed at close()'s deadline."""
     graceful = []
-    for _ in range(5):
+    for _ in range(graceful_repeats):
         backend = managed("image", "constant", "text", {})
         started = time.perf_counter()
         backend.close()
@@ -279,7 +287,7 @@ def bench_shutdown() -> str:
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # the escalation warnings are expected here
     try:
-        for _ in range(3):
+        for _ in range(forced_repeats):
             backend = ManagedScorerProcessBackend(
                 {
                     "process": {"python_executable": env_python("image"), "shutdown_timeout": 1.0},
@@ -298,15 +306,26 @@ def bench_shutdown() -> str:
     )
 
 
-def bench_env_batch(env: str, workload: str, repeats: int) -> str:
-    """Managed child vs the same scorer in-process in its own env (the trainer env lacks its packages)."""
+def bench_env_batch(env: str, workload: str, repeats: int, items: int | None = None) -> str:
+    """Managed child vs the same scorer in-process in its own env (the trainer env lacks its packages).
+    `items`: the workload's size (None: its default)."""
     scorer, kind, params = ENV_SCORER[env]
-    request = RewardRequest(items=[RewardItem(**raw) for raw in WORKLOADS[workload]()])
+    sizes = () if items is None else (items,)
+    request = RewardRequest(items=[RewardItem(**raw) for raw in WORKLOADS[workload](*sizes)])
     with managed(env, scorer, kind, params) as backend:
         remote = timed(lambda: backend.compute_rewards(request), repeats, warmup=1)
         managed_rewards = backend.compute_rewards(request).rewards
     out = subprocess.run(
-        [env_python(env), "-m", "bench.inprocess", scorer, json.dumps(params), workload, str(repeats)],
+        [
+            env_python(env),
+            "-m",
+            "bench.inprocess",
+            scorer,
+            json.dumps(params),
+            workload,
+            str(repeats),
+            *map(str, sizes),
+        ],
         check=True,
         cwd=ROOT,
         capture_output=True,
@@ -321,38 +340,92 @@ def bench_env_batch(env: str, workload: str, repeats: int) -> str:
     )
 
 
-LINES: list[Callable[[], str]] = [
-    bench_tiny_round_trip,
-    health_under_load.main_line,
-    bench_transport,
-    bench_jpeg_batch,
-    lambda: bench_env_batch("math", "math", 15),
-    math_throughput.main_line,
-    hostile_math.main_line,
-    lambda: bench_env_batch("embed", "embed", 15),
-    lambda: bench_env_batch("ocr", "ocr", 5),
-    panel.main_line,
-    panel_server.main_line,
-    ray_pool.main_line,
-    overlap.main_line,
-    trl_step.main_line,
-    verl_step.main_line,
-    verl_coalesce.main_line,
-    openrlhf_calls.main_line,
-    remote_servers.main_line,
-    startup.main_line,
-    *[lambda env=env: bench_cold_start(env) for env in ("image", "math", "embed", "ocr")],
-    bench_shutdown,
+@dataclass(frozen=True)
+class Line:
+    """One line of `make bench`: `run(**sizes)` returns its text. `smoke`: the smallest sizes that still
+    run every step and check of the line (one round, a few items; never zero of anything a check loops
+    over); `shows`: texts its every rendering holds; `envs`: the envs it runs in beside the trainer's."""
+
+    name: str
+    run: Callable[..., str]
+    shows: tuple[str, ...]
+    smoke: Mapping[str, object] = field(default_factory=dict)
+    envs: tuple[str, ...] = ("image",)
+
+    def __call__(self, smoke: bool = False) -> str:
+        return self.run(**(self.smoke if smoke else {}))
+
+
+def _env_batch(env: str, repeats: int, smoke_items: int) -> Line:
+    def line(repeats: int = repeats, items: int | None = None) -> str:
+        return bench_env_batch(env, env, repeats, items)
+
+    return Line(f"{env}_batch", line, ("ratio",), {"repeats": 1, "items": smoke_items}, (env,))
+
+
+def _cold_start(env: str) -> Line:
+    def line(repeats: int = 5) -> str:
+        return bench_cold_start(env, repeats)
+
+    return Line(f"cold_start_{env}", line, ("difference", "bare import"), {"repeats": 1}, (env,))
+
+
+LINES: list[Line] = [
+    Line("tiny", bench_tiny_round_trip, ("overhead", "GET /health"), {"rounds": 2, "warmup": 1}),
+    Line(
+        "health_under_load", health_under_load.main_line, ("p99 ratio",), {"clients": 2, "requests": 5, "idle_polls": 5}
+    ),
+    Line(
+        "transport",
+        bench_transport,
+        ("managed, shared", "managed, arena", "managed, in-band", "child-side p50 ms: receive", "JPEG"),
+        {"rounds": 1, "samples": 1},
+    ),
+    Line("jpeg_batch", bench_jpeg_batch, ("ratio", "built in the arena"), {"rounds": 1}),
+    _env_batch("math", 15, smoke_items=8),
+    Line("math_throughput", math_throughput.main_line, ("one-child-per-batch",), {"items": 16, "warmup": 2}, ("math",)),
+    Line(
+        "hostile_math",
+        hostile_math.main_line,
+        ("pathological:", "through a managed child"),
+        hostile_math.SMOKE,
+        ("math",),
+    ),
+    _env_batch("embed", 15, smoke_items=8),
+    _env_batch("ocr", 5, smoke_items=1),
+    Line("panel", panel.main_line, ("ratio",), {"rounds": 1}, ("math", "embed")),
+    Line("panel_server", panel_server.main_line, ("overhead",), {"rounds": 1}, ("math", "image")),
+    Line("ray_pool", ray_pool.main_line, ("Ray pool",), {"rounds": 1, "groups": 1}, ("image",)),
+    Line("overlap", overlap.main_line, ("generation-bound", "scorer-bound", "hidden"), {"rounds": 1}, ("math",)),
+    Line("trl_step", trl_step.main_line, ("managed/TRL",), {"steps": 2, "rounds": 1}, ("trlbench", "math")),
+    Line("verl_step", verl_step.main_line, ("ratio",), {"items": 16, "rounds": 1}, ("trl", "math")),
+    Line("verl_coalesce", verl_coalesce.main_line, ("ratio",), {"rounds": 1, "n": 32}, ("math",)),
+    Line("openrlhf_calls", openrlhf_calls.main_line, ("ratio",), {"calls": 8, "rounds": 1}, ("math",)),
+    Line(
+        "remote_servers", remote_servers.main_line, ("vs 1 server",), {"rounds": 1, "counts": (1, 2), "items": 16}, ()
+    ),
+    Line("startup", startup.main_line, (" 2 children: all ready in", "PSS"), {"counts": (1, 2)}, ("math",)),
+    *[_cold_start(env) for env in ("image", "math", "embed", "ocr")],
+    Line("shutdown", bench_shutdown, ("past the deadline",), {"graceful_repeats": 1, "forced_repeats": 1}),
 ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="each line with its smallest sizes: runs, not figures")
+    parser.add_argument("--only", nargs="+", metavar="NAME", choices=[line.name for line in LINES], help="these lines")
+    parser.add_argument("--list", action="store_true", help="print the lines' names and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(line.name for line in LINES))
+        return
     print(
         f"managed-scorers bench  python {sys.version.split()[0]}  cores {len(os.sched_getaffinity(0))}  "
-        f"numpy {np.__version__}"
+        f"numpy {np.__version__}" + ("  SMOKE: smallest sizes, figures mean nothing" if args.smoke else "")
     )
     for line in LINES:
-        print(line(), flush=True)
+        if args.only is None or line.name in args.only:
+            print(line(smoke=args.smoke), flush=True)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ IDLE_POLLS = 300
 
 
 def _poll(http: httpx.Client, stop: threading.Event, limit: int | None) -> list[float]:
+    """At least one poll, then until `stop` or `limit` (a short load may end before the first)."""
     latencies: list[float] = []
-    while not stop.is_set() and (limit is None or len(latencies) < limit):
+    while not latencies or (not stop.is_set() and (limit is None or len(latencies) < limit)):
         started = time.perf_counter()
         http.get("/health").raise_for_status()
         latencies.append(time.perf_counter() - started)
@@ -32,8 +33,8 @@ def _poll(http: httpx.Client, stop: threading.Event, limit: int | None) -> list[
     return latencies
 
 
-def _load(remote: RemoteRewardBackend, client: int) -> None:
-    for request_no in range(REQUESTS_PER_CLIENT):
+def _load(remote: RemoteRewardBackend, client: int, requests: int) -> None:
+    for request_no in range(requests):
         count = 1 + (client + request_no) % 3
         items = [RewardItem(id=f"c{client}-{request_no}-{k}", text="x") for k in range(count)]
         remote.compute_rewards(RewardRequest(items=items))
@@ -44,7 +45,7 @@ def _figures(latencies: list[float]) -> tuple[float, float, float]:
     return float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), float(ms.max())
 
 
-def main_line() -> str:
+def main_line(clients: int = CLIENTS, requests: int = REQUESTS_PER_CLIENT, idle_polls: int = IDLE_POLLS) -> str:
     from bench.__main__ import managed  # bench.__main__ imports this module for its line list
     from bench.handles import child_of, port_of
 
@@ -54,11 +55,13 @@ def main_line() -> str:
         headers = {"authorization": f"Bearer {token}"}
         with httpx.Client(base_url=url, trust_env=False, timeout=10, headers=headers) as http:
             http.get("/health").raise_for_status()  # connection set up, untimed
-            idle = _poll(http, threading.Event(), IDLE_POLLS)
-            remotes = [RemoteRewardBackend(url, token=token, request_timeout=60) for _ in range(CLIENTS)]
+            idle = _poll(http, threading.Event(), idle_polls)
+            remotes = [RemoteRewardBackend(url, token=token, request_timeout=60) for _ in range(clients)]
             stop, loaded = threading.Event(), []
             poller = threading.Thread(target=lambda: loaded.extend(_poll(http, stop, None)), name="health")
-            workers = [threading.Thread(target=_load, args=(r, c), name=f"load-{c}") for c, r in enumerate(remotes)]
+            workers = [
+                threading.Thread(target=_load, args=(r, c, requests), name=f"load-{c}") for c, r in enumerate(remotes)
+            ]
             poller.start()
             for worker in workers:
                 worker.start()
@@ -70,7 +73,7 @@ def main_line() -> str:
                 remote.close()
     (i50, i99, imax), (l50, l99, lmax) = _figures(idle), _figures(loaded)
     return (
-        f"/health under {CLIENTS}-client load  idle p50/p99/max {i50:.2f}/{i99:.2f}/{imax:.2f} ms  loaded "
+        f"/health under {clients}-client load  idle p50/p99/max {i50:.2f}/{i99:.2f}/{imax:.2f} ms  loaded "
         f"{l50:.2f}/{l99:.2f}/{lmax:.2f} ms ({len(loaded)} polls)  p99 ratio {l99 / i99:.2f}"
     )
 

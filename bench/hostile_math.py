@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 JOBS, TIMEOUT_S, ORDINARY = 2, 5.0, 512
 CLEAN_ROUNDS, HOSTILE_ROUNDS = 8, 5
@@ -50,23 +51,38 @@ PATHOLOGICAL = (
 )
 
 
-def slices():
-    """Fresh slices of ordinary tasks, ORDINARY items each, never seen by a worker."""
+# `make bench --smoke` (and CI): every step and check of the line, on the smallest sizes
+SMOKE: dict[str, Any] = {
+    "ordinary": 16,
+    "hazards": 1,
+    "timeout_s": 1.0,
+    "clean_rounds": 1,
+    "hostile_rounds": 1,
+    "managed_rounds": 1,
+    "generation_s": 0.0,
+    "peer_timeout_s": 1,
+    "warm": 4,
+}
+
+
+def slices(ordinary: int = ORDINARY):
+    """Fresh slices of ordinary tasks, `ordinary` items each, never seen by a worker."""
     from bench.math_throughput import workload
 
     start = FIRST_ITEM
     while True:
-        yield [(text, gold, 6, 15, True) for text, gold in workload(start, ORDINARY)]
-        start += ORDINARY
+        yield [(text, gold, 6, 15, True) for text, gold in workload(start, ordinary)]
+        start += ordinary
 
 
-def with_hazards(ordinary: list[tuple]) -> tuple[list[tuple], list[int]]:
-    """The ordinary tasks with the pathological ones spread through them (fixed seed), and where
-    the ordinary ones sit."""
-    spots = set(random.Random(0).sample(range(ORDINARY + len(PATHOLOGICAL)), len(PATHOLOGICAL)))
-    tasks, hazards, rest = [], iter(PATHOLOGICAL), iter(ordinary)
-    for position in range(ORDINARY + len(PATHOLOGICAL)):
-        tasks.append((next(hazards), "1", 6, 15, True) if position in spots else next(rest))
+def with_hazards(ordinary: list[tuple], hazards: int = len(PATHOLOGICAL)) -> tuple[list[tuple], list[int]]:
+    """The ordinary tasks with the first `hazards` pathological ones spread through them (fixed
+    seed), and where the ordinary ones sit."""
+    size = len(ordinary) + hazards
+    spots = set(random.Random(0).sample(range(size), hazards))
+    tasks, pathological, rest = [], iter(PATHOLOGICAL[:hazards]), iter(ordinary)
+    for position in range(size):
+        tasks.append((next(pathological), "1", 6, 15, True) if position in spots else next(rest))
     return tasks, [i for i in range(len(tasks)) if i not in spots]
 
 
@@ -78,17 +94,25 @@ def pool_rss(pool) -> int:
     return total
 
 
-def _measure() -> str:
+def _measure(
+    ordinary: int = ORDINARY,
+    hazards: int = len(PATHOLOGICAL),
+    timeout_s: float = TIMEOUT_S,
+    clean_rounds: int = CLEAN_ROUNDS,
+    hostile_rounds: int = HOSTILE_ROUNDS,
+    peer_timeout_s: int = 5,
+    warm: int = 64,
+) -> str:
     from bench.math_throughput import workload
     from scorers.grading.pool import GradingPool
     from scorers.math_verify import DEFAULT_WARM_REPLAY
     from scorers.math_verify_boot import GRADE_FN, WARM_MODULE
 
-    fresh = slices()
-    warm = [(text, gold, 6, 15, True) for text, gold in workload(0, 64)]
+    fresh = slices(ordinary)
+    warmup = [(text, gold, 6, 15, True) for text, gold in workload(0, warm)]
     pools = {
         name: GradingPool(
-            JOBS, TIMEOUT_S, GRADE_FN, preload=["math_verify", WARM_MODULE], overflow=overflow, warm_replay=replay
+            JOBS, timeout_s, GRADE_FN, preload=["math_verify", WARM_MODULE], overflow=overflow, warm_replay=replay
         )
         for name, overflow, replay in (("ours", None, DEFAULT_WARM_REPLAY), ("slots", 0, 0))
     }
@@ -105,24 +129,24 @@ def _measure() -> str:
     try:
         for pool in pools.values():
             pool.start()
-            pool.grade(warm)
+            pool.grade(warmup)
             pool.settle()
         ours, slots = pools["ours"], pools["slots"]
         took: dict[str, list[float]] = {"ours": [], "slots": [], "clean": [], "hostile": []}
         done_at: list[float] = []
         moved: list[int] = []  # ordinary items our pool moved to overflow (clean and hostile batches)
         memory: list[tuple[int, int]] = []
-        for round_ in range(CLEAN_ROUNDS):  # one clean batch through both designs, alternating who goes first
+        for round_ in range(clean_rounds):  # one clean batch through both designs, alternating who goes first
             batch = next(fresh)
             for name in ("ours", "slots") if round_ % 2 == 0 else ("slots", "ours"):
                 graded, took_s = grade(name, batch)
                 took[name].append(took_s)
                 if name == "ours":
                     moved.append(sum(o.overflowed for o in graded))
-        for round_ in range(HOSTILE_ROUNDS):  # a clean and a hostile batch through ours, slices alternating
+        for round_ in range(hostile_rounds):  # a clean and a hostile batch through ours, slices alternating
             first, second = next(fresh), next(fresh)
-            clean, ordinary = (first, second) if round_ % 2 == 0 else (second, first)
-            hostile, kept = with_hazards(ordinary)
+            clean, beside = (first, second) if round_ % 2 == 0 else (second, first)
+            hostile, kept = with_hazards(beside, hazards)
             graded, took_s = grade("ours", clean)
             moved.append(sum(o.overflowed for o in graded))
             took["clean"].append(took_s)
@@ -133,19 +157,19 @@ def _measure() -> str:
             done_at.append(max(outcomes[i].finished_at for i in kept) - began)
             memory.append((before, pool_rss(ours)))
             moved.append(sum(outcomes[i].overflowed for i in kept))
-            if [outcomes[i].value for i in kept] != [o.value for o in slots.grade(ordinary)]:
+            if [outcomes[i].value for i in kept] != [o.value for o in slots.grade(beside)]:
                 raise AssertionError("verdicts on the ordinary items changed next to the pathological ones")
         ours_s, slots_clean_s = statistics.median(took["ours"]), statistics.median(took["slots"])
         clean_s, hostile_s = statistics.median(took["clean"]), statistics.median(took["hostile"])
         last_ordinary = statistics.median(done_at)
         memory_before, memory_after = max(b for b, _ in memory), max(a for _, a in memory)
         began = time.monotonic()
-        slots.grade(with_hazards(next(fresh))[0])
+        slots.grade(with_hazards(next(fresh), hazards)[0])
         slots_s = time.monotonic() - began
     finally:
         for pool in pools.values():
             pool.close()
-    in_process_s, in_process_peak = _in_the_main_thread(with_hazards(next(fresh))[0])
+    in_process_s, in_process_peak = _in_the_main_thread(with_hazards(next(fresh), hazards)[0], peer_timeout_s)
     bad = sorted({o.status for i, o in enumerate(outcomes) if i not in kept})
     # ordinary throughput, ours against the slot-per-item design: the median of the rounds' own
     # ratios (the two batches of a round ran back to back, so they saw the machine at the same speed)
@@ -154,25 +178,25 @@ def _measure() -> str:
     extras = [h - c for h, c in zip(took["hostile"], took["clean"], strict=True)]  # each round's own clean batch
     extra = statistics.median(extras)
     return (
-        f"hostile math ({JOBS} jobs, timeout {TIMEOUT_S:g} s)   clean {ORDINARY} items {ours_s:5.2f} s"
-        f" ({ORDINARY / ours_s:.0f} items/s; slot-per-item design {ORDINARY / slots_clean_s:.0f}, "
+        f"hostile math ({JOBS} jobs, timeout {timeout_s:g} s)   clean {ordinary} items {ours_s:5.2f} s"
+        f" ({ordinary / ours_s:.0f} items/s; slot-per-item design {ordinary / slots_clean_s:.0f}, "
         f"{-100 * drop:+.1f} %, median of rounds {'/'.join(f'{-100 * d:+.0f}' for d in drops)}, "
         f"target >= -5 %: {'met' if drop <= 0.05 else 'MISSED'})"
-        f"  clean {clean_s:5.2f} s, +8 pathological {hostile_s:5.2f} s (+{extra:.2f} s, median of rounds "
-        f"{'/'.join(f'{e:+.2f}' for e in extras)}, target <= {TIMEOUT_S + 1:g}: "
-        f"{'met' if extra <= TIMEOUT_S + 1 else 'MISSED'}; the 512 done at {last_ordinary:.2f} s;"
+        f"  clean {clean_s:5.2f} s, +{hazards} pathological {hostile_s:5.2f} s (+{extra:.2f} s, median of rounds "
+        f"{'/'.join(f'{e:+.2f}' for e in extras)}, target <= {timeout_s + 1:g}: "
+        f"{'met' if extra <= timeout_s + 1 else 'MISSED'}; the {ordinary} done at {last_ordinary:.2f} s;"
         f" slot-per-item design {slots_s:5.2f} s)  pathological: {'/'.join(bad)}"
-        f"  ordinary items moved {sum(moved)} of {len(moved) * ORDINARY}"
+        f"  ordinary items moved {sum(moved)} of {len(moved) * ordinary}"
         f"  pool RSS {memory_before / 2**20:.0f} -> {memory_after / 2**20:.0f} MiB"
-        f"  peer, TRL's accuracy reward in the main thread (math_verify's own 5 s timeouts): hostile batch "
+        f"  peer, TRL's accuracy reward in the main thread (math_verify's own {peer_timeout_s} s timeouts): hostile batch "
         f"{in_process_s:5.2f} s, peak RSS {in_process_peak / 2**30:.2f} GiB"
     )
 
 
-def _in_the_main_thread(tasks: list[tuple]) -> tuple[float, int]:
+def _in_the_main_thread(tasks: list[tuple], timeout_s: int = 5) -> tuple[float, int]:
     """The hostile batch graded as TRL's accuracy reward does (parse the gold, parse the completion,
-    verify, in the trainer's main thread, math_verify's signal timeouts), in a fresh process of this
-    env: (seconds, that process's peak RSS)."""
+    verify, in the trainer's main thread, math_verify's signal timeouts: 5 s, its default, but in a
+    smoke run), in a fresh process of this env: (seconds, that process's peak RSS)."""
     import json
     import subprocess
 
@@ -186,7 +210,8 @@ def _in_the_main_thread(tasks: list[tuple]) -> tuple[float, int]:
         "began = time.monotonic()\n"
         "for text, gold in tasks:\n"
         "    gold_parsed = parse(gold, extraction_mode='first_match')\n"
-        "    verify(gold_parsed, parse(text, extraction_config=answer, extraction_mode='first_match'))\n"
+        f"    verify(gold_parsed, parse(text, extraction_config=answer, extraction_mode='first_match',"
+        f" parsing_timeout={timeout_s}), timeout_seconds={timeout_s})\n"
         "print(json.dumps([time.monotonic() - began, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))\n"
     )
     done = subprocess.run(
@@ -250,7 +275,13 @@ MANAGED_ROUNDS = 3
 GENERATION_S = 1.5  # between calls, as a trainer generates: the child's template replays meanwhile
 
 
-def _through_managed() -> str:
+def _through_managed(
+    ordinary: int = ORDINARY,
+    hazards: int = len(PATHOLOGICAL),
+    timeout_s: float = TIMEOUT_S,
+    managed_rounds: int = MANAGED_ROUNDS,
+    generation_s: float = GENERATION_S,
+) -> str:
     """The same workload through a managed math_verify child with the default client config
     (`request_batch_size` 64: the 520 items go as 9 chunks), clean and hostile calls interleaved."""
     from bench.math_throughput import MATH_PYTHON
@@ -258,10 +289,10 @@ def _through_managed() -> str:
 
     spec = {
         "process": {"python_executable": str(MATH_PYTHON)},
-        "scorer": {"name": "math_verify", "params": {"jobs": JOBS, "timeout_s": TIMEOUT_S}},
+        "scorer": {"name": "math_verify", "params": {"jobs": JOBS, "timeout_s": timeout_s}},
         "client": {"input_kind": "text"},
     }
-    fresh = slices()
+    fresh = slices(ordinary)
 
     def request(tasks: list[tuple]) -> RewardRequest:
         return RewardRequest(items=[RewardItem(id=str(i), text=t[0], reference=t[1]) for i, t in enumerate(tasks)])
@@ -270,12 +301,12 @@ def _through_managed() -> str:
         backend.compute_rewards(request(next(fresh)))
         extras, cleans, peaks = [], [], []
         assert backend.pid is not None
-        for round_ in range(MANAGED_ROUNDS):
+        for round_ in range(managed_rounds):
             first, second = next(fresh), next(fresh)
-            clean, ordinary = (first, second) if round_ % 2 == 0 else (second, first)
+            clean, beside = (first, second) if round_ % 2 == 0 else (second, first)
             took = {}
-            for name, tasks in (("clean", clean), ("hostile", with_hazards(ordinary)[0])):
-                time.sleep(GENERATION_S)
+            for name, tasks in (("clean", clean), ("hostile", with_hazards(beside, hazards)[0])):
+                time.sleep(generation_s)
                 began = time.monotonic()
                 with PeakMemory(backend.pid) as memory:
                     backend.compute_rewards(request(tasks))
@@ -284,27 +315,48 @@ def _through_managed() -> str:
                     peaks.append(memory)
             extras.append(took["hostile"] - took["clean"])
             cleans.append(took["clean"])
-        chunks = -(-(ORDINARY + len(PATHOLOGICAL)) // backend.spec.client.request_batch_size)
+        chunks = -(-(ordinary + hazards) // backend.spec.client.request_batch_size)
     extra = statistics.median(extras)
     return (
         f"  through a managed child (default client config: {chunks} chunks of "
-        f"{backend.spec.client.request_batch_size}): clean {statistics.median(cleans):5.2f} s, +8 pathological "
-        f"+{extra:.2f} s (median of rounds {'/'.join(f'{e:+.2f}' for e in extras)}, target <= {TIMEOUT_S + 1:g}: "
-        f"{'met' if extra <= TIMEOUT_S + 1 else 'MISSED'}); the child's process tree during a hostile call: "
+        f"{backend.spec.client.request_batch_size}): clean {statistics.median(cleans):5.2f} s, +{hazards} pathological "
+        f"+{extra:.2f} s (median of rounds {'/'.join(f'{e:+.2f}' for e in extras)}, target <= {timeout_s + 1:g}: "
+        f"{'met' if extra <= timeout_s + 1 else 'MISSED'}); the child's process tree during a hostile call: "
         f"peak PSS {max(p.peak_pss for p in peaks) / 2**30:.2f} GiB (summed RSS {max(p.peak_rss for p in peaks) / 2**30:.2f})"
     )
 
 
-def main_line() -> str:
+def main_line(
+    ordinary: int = ORDINARY,
+    hazards: int = len(PATHOLOGICAL),
+    timeout_s: float = TIMEOUT_S,
+    clean_rounds: int = CLEAN_ROUNDS,
+    hostile_rounds: int = HOSTILE_ROUNDS,
+    managed_rounds: int = MANAGED_ROUNDS,
+    generation_s: float = GENERATION_S,
+    peer_timeout_s: int = 5,
+    warm: int = 64,
+) -> str:
     """The bench line: the pool measured under the math env's python, then (from the trainer's env) a
-    managed child."""
+    managed child. The defaults are the bench's; `SMOKE` the smallest sizes."""
     from bench.math_throughput import MATH_PYTHON, in_math_env
 
-    pool_line = in_math_env("bench.hostile_math", _measure)
+    sizes: dict[str, Any] = {"ordinary": ordinary, "hazards": hazards, "timeout_s": timeout_s}
+    pool_line = in_math_env(
+        "bench.hostile_math",
+        _measure,
+        **sizes,
+        clean_rounds=clean_rounds,
+        hostile_rounds=hostile_rounds,
+        peer_timeout_s=peer_timeout_s,
+        warm=warm,
+    )
     if Path(sys.prefix).resolve() == MATH_PYTHON.parent.parent.resolve():
         return pool_line  # the math env runs only the pool part, for the trainer env's main_line
-    return pool_line + _through_managed()
+    return pool_line + _through_managed(**sizes, managed_rounds=managed_rounds, generation_s=generation_s)
 
 
 if __name__ == "__main__":
-    print(main_line())
+    from bench.math_throughput import sizes_of_argv
+
+    print(main_line(**sizes_of_argv()))

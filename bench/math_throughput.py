@@ -16,6 +16,7 @@ The line also splits the baseline's batch into the child's (cold) grading and st
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -90,28 +91,28 @@ def _one_child(ctx, tasks: list[tuple]) -> tuple[list[float], float]:
             child.join(5.0)
 
 
-def _measure() -> str:
+def _measure(items: int = N_ITEMS, warmup: int = WARMUP_ITEMS) -> str:
     from scorers.base import ScoreItem, score_checked
     from scorers.math_verify import MathVerifyScorer
 
     cores = len(os.sched_getaffinity(0))
     scorer = MathVerifyScorer(jobs=cores)
     params = (scorer.float_rounding, scorer.numeric_precision, scorer.strict)
-    pairs = workload(0, N_ITEMS)
-    batches = [pairs[i : i + BATCH] for i in range(0, N_ITEMS, BATCH)]
+    pairs = workload(0, items)
+    batches = [pairs[i : i + BATCH] for i in range(0, items, BATCH)]
     elapsed, child_grading_s = {"pool": 0.0, "base": 0.0}, 0.0
     try:
         scorer.load("cpu")  # starts the forkserver (preload: math_verify + the grade module) and the workers
         ctx = get_context("forkserver")
         ctx.set_forkserver_preload(["math_verify", GRADE_MODULE])  # a no-op now: the same server serves both
-        warm = workload(N_ITEMS, WARMUP_ITEMS)
+        warm = workload(items, warmup)
         score_checked(scorer, [ScoreItem(id=f"w{i}", text=t, reference=g) for i, (t, g) in enumerate(warm)])
         _one_child(ctx, [(t, g, *params) for t, g in warm[:2]])  # first forkserver child, untimed
         for b, batch in enumerate(batches):
-            items = [ScoreItem(id=f"b{b}i{i}", text=t, reference=g) for i, (t, g) in enumerate(batch)]
+            graded = [ScoreItem(id=f"b{b}i{i}", text=t, reference=g) for i, (t, g) in enumerate(batch)]
             tasks = [(t, g, *params) for t, g in batch]
             runs = {
-                "pool": lambda items=items: score_checked(scorer, items).terms["math_verify"],
+                "pool": lambda graded=graded: score_checked(scorer, graded).terms["math_verify"],
                 "base": lambda tasks=tasks: _one_child(ctx, tasks),
             }
             out: dict[str, Any] = {}
@@ -126,7 +127,7 @@ def _measure() -> str:
     finally:
         scorer.close()  # kills the workers; the last pool also stops the forkserver it started
     pool_s, base_s = elapsed["pool"], elapsed["base"]
-    pool, base = N_ITEMS / pool_s, N_ITEMS / base_s
+    pool, base = items / pool_s, items / base_s
     per_batch = 1000 / len(batches)
     return (
         f"math throughput ({cores} cores)       pool {pool:7.1f} items/s  one-child-per-batch {base:7.1f} items/s"
@@ -135,13 +136,13 @@ def _measure() -> str:
     )
 
 
-def in_math_env(module: str, measure: Callable[[], str]) -> str:
-    """`measure()` here when this is the math env's python (antlr 4.13.2), else `python -m module`
-    run there; its last line."""
+def in_math_env(module: str, measure: Callable[..., str], **sizes: Any) -> str:
+    """`measure(**sizes)` here when this is the math env's python (antlr 4.13.2), else
+    `python -m module SIZES_JSON` run there (its `sizes_of_argv()`); its last line."""
     if Path(sys.prefix).resolve() == MATH_PYTHON.parent.parent.resolve():
-        return measure()
+        return measure(**sizes)
     done = subprocess.run(
-        [str(MATH_PYTHON), "-m", module],
+        [str(MATH_PYTHON), "-m", module, json.dumps(sizes)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -153,10 +154,15 @@ def in_math_env(module: str, measure: Callable[[], str]) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def main_line() -> str:
+def sizes_of_argv() -> dict[str, Any]:
+    """The sizes `in_math_env` passed (a JSON object as the first argument), or none: the defaults."""
+    return json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+
+
+def main_line(items: int = N_ITEMS, warmup: int = WARMUP_ITEMS) -> str:
     """The bench line, measured under the math env's python."""
-    return in_math_env("bench.math_throughput", _measure)
+    return in_math_env("bench.math_throughput", _measure, items=items, warmup=warmup)
 
 
 if __name__ == "__main__":
-    print(main_line())
+    print(main_line(**sizes_of_argv()))

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from child_runtime.protocol.openrlhf import response_of
 from supervisor import RewardItem, RewardRequest, build_panels, load_recipe
 
 CALLS = 256
@@ -28,20 +29,20 @@ PROMPT = "<|im_start|>user what is it?<|im_end|><|im_start|>assistant\n"
 ROWS = [("so \\boxed{10\\%}", "0.1"), ("\\boxed{3}", "4"), ("the answer is $\\frac{1}{2}$", "0.5")]
 
 
-def _rollouts(reward_func: Callable[..., dict[str, Any]]) -> tuple[float, list[float]]:
-    rows = [ROWS[i % len(ROWS)] for i in range(CALLS)]
+def _rollouts(reward_func: Callable[..., dict[str, Any]], calls: int) -> tuple[float, list[float]]:
+    rows = [ROWS[i % len(ROWS)] for i in range(calls)]
 
-    async def calls() -> list[dict[str, Any]]:
+    async def at_once() -> list[dict[str, Any]]:
         return await asyncio.gather(
             *(asyncio.to_thread(reward_func, [PROMPT + t + "<|im_end|>"], [PROMPT], [g]) for t, g in rows)
         )
 
     started = time.perf_counter()
-    results = asyncio.run(calls())
+    results = asyncio.run(at_once())
     return time.perf_counter() - started, [float(r["rewards"]) for r in results]
 
 
-def main_line() -> str:
+def main_line(calls: int = CALLS, rounds: int = ROUNDS) -> str:
     with tempfile.TemporaryDirectory() as folder:
         recipe = Path(folder) / "reward.yaml"
         math = {"backend": "managed", "scorer": "math_verify", "env": "math", "params": {"jobs": 2}}
@@ -58,17 +59,17 @@ def main_line() -> str:
         plain, _ = build_panels(load_recipe(recipe))
 
         def one_request_each(queries: list[str], prompts: list[str], labels: list[str]) -> dict[str, Any]:
-            text = module.response_of(queries[0], prompts[0])
+            text = response_of(queries[0], prompts[0])  # what the reward_func file cuts, as it cuts it
             item = RewardItem(id=f"s{time.perf_counter_ns()}-{os.getpid()}", text=text, reference=labels[0])
             return {"rewards": plain.compute_rewards(RewardRequest(items=[item])).rewards[0]}
 
         try:
-            _rollouts(module.reward_func), _rollouts(one_request_each)  # warm: both children booted
+            _rollouts(module.reward_func, calls), _rollouts(one_request_each, calls)  # warm: both children booted
             coalesced, alone = [], []
-            for _ in range(ROUNDS):
-                took, ours = _rollouts(module.reward_func)
+            for _ in range(rounds):
+                took, ours = _rollouts(module.reward_func, calls)
                 coalesced.append(took)
-                took, theirs = _rollouts(one_request_each)
+                took, theirs = _rollouts(one_request_each, calls)
                 alone.append(took)
                 assert ours == theirs, "coalesced and per-sample rewards differ"
             batches = list(module.scorer_for().stream.window_sizes)[-4:]
@@ -77,7 +78,7 @@ def main_line() -> str:
             module.scorer_for().close()
     c, a = statistics.median(coalesced), statistics.median(alone)
     return (
-        f"OpenRLHF reward_func, {CALLS} concurrent one-sample calls, math_verify: coalesced {c * 1e3:7.1f} ms"
+        f"OpenRLHF reward_func, {calls} concurrent one-sample calls, math_verify: coalesced {c * 1e3:7.1f} ms"
         f"  one request per sample {a * 1e3:7.1f} ms  ratio {c / a:.3f}  (latest batches {batches})"
     )
 

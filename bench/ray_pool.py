@@ -43,7 +43,7 @@ def grpo_images(groups: int = 8, group: int = 4, side: int = 256) -> RewardReque
     return RewardRequest(items=items, group_size=group)
 
 
-def ray_side(temp_dir: str) -> dict:
+def ray_side(temp_dir: str, rounds: int = ROUNDS, groups: int = 8) -> dict:
     """Both backends in one Ray driver, measured interleaved; Ray always shut down."""
     import ray
 
@@ -55,7 +55,7 @@ def ray_side(temp_dir: str) -> dict:
         "scorer": {"name": "mean_intensity", "input_kind": "image"},
         "client": {"group_size": 4, "input_kind": "image"},
     }
-    request = grpo_images()
+    request = grpo_images(groups)
     ray.init(
         num_cpus=2,
         resources={"reward_node": 2},
@@ -79,7 +79,7 @@ def ray_side(temp_dir: str) -> dict:
                         "pool": lambda: pool.compute_rewards(request),
                         "children": lambda: children.compute_rewards(request),
                     },
-                    ROUNDS,
+                    rounds,
                 )
             finally:
                 pool.close()
@@ -88,7 +88,7 @@ def ray_side(temp_dir: str) -> dict:
         ray.shutdown()
 
 
-def main_line() -> str:
+def main_line(rounds: int = ROUNDS, groups: int = 8) -> str:
     label = "Ray pool vs managed children in the trainer"
     unavailable = ROOT / "envs" / "ray" / "UNAVAILABLE"
     if unavailable.exists() or not RAY_PYTHON.exists():
@@ -96,7 +96,7 @@ def main_line() -> str:
     temp_dir = tempfile.mkdtemp(prefix="msrb")  # short: Ray's socket paths live under it
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HOME": temp_dir, MARKER: temp_dir}
     proc = subprocess.Popen(
-        [str(RAY_PYTHON), "-m", "bench.ray_pool", "ray", temp_dir],
+        [str(RAY_PYTHON), "-m", "bench.ray_pool", "ray", temp_dir, json.dumps({"rounds": rounds, "groups": groups})],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -125,6 +125,6 @@ def main_line() -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["ray"]:
-        print(json.dumps(ray_side(sys.argv[2])))
+        print(json.dumps(ray_side(sys.argv[2], **json.loads(sys.argv[3]))))
     else:
         print(main_line())

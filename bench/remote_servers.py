@@ -80,12 +80,13 @@ def _scoring(backend: RewardBackend, batch: RewardRequest) -> Callable[[], objec
     return lambda: backend.compute_rewards(batch)
 
 
-def main_line(rounds: int = ROUNDS) -> str:
-    batch = request()
-    with FakeOpenAI() as fake, judge_servers(max(COUNTS), fake.base_url) as urls:
+def main_line(rounds: int = ROUNDS, counts: tuple[int, ...] = COUNTS, items: int = 64) -> str:
+    """`counts`: 1 first (the baseline); `items`: a multiple of the group (8)."""
+    batch = request(items)
+    with FakeOpenAI() as fake, judge_servers(max(counts), fake.base_url) as urls:
         backends: dict[int, RewardBackend] = {1: RemoteRewardBackend(urls[0], TOKEN, request_batch_size=8)}
         try:
-            for count in COUNTS[1:]:
+            for count in counts[1:]:
                 backends[count] = MultiRemoteRewardBackend(urls[:count], TOKEN, request_batch_size=8)
             calls = {n: _scoring(backend, batch) for n, backend in backends.items()}
             samples: dict[int, list[float]] = {n: [] for n in calls}
@@ -100,8 +101,8 @@ def main_line(rounds: int = ROUNDS) -> str:
             for backend in backends.values():
                 backend.close()
     p50 = {n: statistics.median(values) for n, values in samples.items()}
-    figures = "  ".join(f"{n} server{'s' if n > 1 else ''} {p50[n] * 1e3:7.1f} ms" for n in COUNTS)
-    ratios = "  ".join(f"{n}: x{p50[1] / p50[n]:4.2f}" for n in COUNTS[1:])
+    figures = "  ".join(f"{n} server{'s' if n > 1 else ''} {p50[n] * 1e3:7.1f} ms" for n in counts)
+    ratios = "  ".join(f"{n}: x{p50[1] / p50[n]:4.2f}" for n in counts[1:])
     return (
         f"{len(batch.items)}-item llm_judge over remote servers (fake OpenAI, {WAIT_S * 1e3:.0f} ms per verdict) p50 "
         f"{figures}  throughput vs 1 server {ratios}"
