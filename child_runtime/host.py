@@ -4,6 +4,10 @@ Residency changes exclude scoring, so an offload can never pull weights out from
 running batch. Scoring itself is serialised too, except for a resident scorer that declares
 `concurrent_calls` > 1: up to that many of its calls run at once (a residency change waits
 for them, and new calls wait for a residency change that is waiting).
+
+A scorer that raises `ScorerWedged` (a call left work running past its deadline on a thread it
+cannot stop) is never called again: every later call, wake or sleep is refused at once as never
+started, until the parent restarts the child.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from scorers.base import ScoreItem, Scorer, ScoreResult, score_checked
+from scorers.base import CloseFailed, ScoreItem, Scorer, ScoreResult, ScorerWedged, score_checked
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +97,7 @@ class ScorerHost:
         self.residency = "offloaded"
         self.transitions: Counter[str] = Counter()  # residency changes, by the state reached (for /metrics)
         self.load_s = 0.0  # the scorer's load() (and boot onload), for the readiness line
+        self.wedged: str | None = None  # why the scorer can serve no more (the first ScorerWedged it raised)
         # per_call residency changes residency around every call: its calls are one at a time
         self.concurrent_calls = max(1, scorer.spec.concurrent_calls) if gpu_residency == RESIDENT else 1
         self._lock = _ScoringLock(self.concurrent_calls)
@@ -138,6 +143,9 @@ class ScorerHost:
             return {"changed": False}
         try:
             figures = dict(self.scorer.offload() or {})
+        except CloseFailed:  # the model's close() raised, but it was released: offloaded all the same
+            self._become("offloaded")
+            raise
         except BaseException:
             self._become("unknown")
             raise
@@ -147,19 +155,43 @@ class ScorerHost:
     def _residency_change(self, change: Callable[[], dict[str, Any]], what: str) -> None:
         try:
             change()
+        except CloseFailed:  # not a failed residency change: the model's own error, answered as such
+            raise
         except Exception as exc:
             raise ResidencyFailed(f"per-call {what} of scorer {self.scorer.spec.name!r} failed: {exc!r}") from exc
 
+    def _refuse_if_wedged(self, what: str) -> None:
+        if self.wedged is not None:
+            raise ScorerWedged(
+                f"{what} of scorer {self.scorer.spec.name!r} never started: the scorer is wedged ({self.wedged}); "
+                "this child must be restarted",
+                timed_out=False,
+            )
+
+    def _scored(self, items: Sequence[ScoreItem], group_size: int | None, terms: Sequence[str] | None) -> ScoreResult:
+        try:
+            return score_checked(self.scorer, items, group_size, terms)
+        except ScorerWedged as exc:
+            if self.wedged is None:
+                self.wedged = str(exc).splitlines()[0]
+            raise
+
     def onload(self) -> dict[str, Any]:
         with self._lock.exclusive():
+            self._refuse_if_wedged("onload")
             return self._onload_locked()
 
     def offload(self) -> dict[str, Any]:
         with self._lock.exclusive():
+            self._refuse_if_wedged("offload")
             return self._offload_locked()
 
     def close(self, timeout_s: float) -> None:
-        """Close the scorer once no batch is running; past the bound, leave it to the group kill."""
+        """Close the scorer once no batch is running; past the bound, leave it to the group kill. A
+        wedged scorer is not closed: its stuck threads may hold what close() would wait for."""
+        if self.wedged is not None:
+            log.warning("scorer %s is wedged (%s); exiting without close()", self.scorer.spec.name, self.wedged)
+            return
         try:
             with self._lock.exclusive(timeout_s):
                 self.scorer.close()
@@ -171,12 +203,14 @@ class ScorerHost:
     ) -> ScoreResult:
         """`terms`: the ones the request wants (None: all)."""
         with self._lock.scoring():
+            self._refuse_if_wedged("score")
             if self.gpu_residency == PER_CALL:
                 try:
                     self._residency_change(self._onload_locked, "onload")
-                    return score_checked(self.scorer, items, group_size, terms)
-                finally:  # also after a failed onload: nothing stays half on the device
-                    self._residency_change(self._offload_locked, "offload")
+                    return self._scored(items, group_size, terms)
+                finally:  # also after a failed onload: nothing stays half on the device (unless wedged)
+                    if self.wedged is None:
+                        self._residency_change(self._offload_locked, "offload")
             if self.residency == "unknown":
                 raise ResidencyConflict(
                     f"scorer {self.scorer.spec.name!r} residency is unknown after a failed "
@@ -187,4 +221,4 @@ class ScorerHost:
                     f"scorer {self.scorer.spec.name!r} is offloaded; POST /onload first "
                     "(gpu_residency=resident never onloads implicitly)"
                 )
-            return score_checked(self.scorer, items, group_size, terms)
+            return self._scored(items, group_size, terms)

@@ -49,6 +49,29 @@ class ScoreInputError(ValueError):
     """An item lacks what the scorer needs (answered 4xx by the child)."""
 
 
+class ScorerWedged(RuntimeError):
+    """This process can score no more: a call passed its deadline with work still running on a thread
+    the scorer cannot stop. `timed_out`: this call's own deadline passed (False: it never started, queued
+    behind that work or arriving after it). A child answers 503 `wedged` / `wedged_queued`; its managed
+    parent kills it and the next call restarts it under the restart policy, as after a crash."""
+
+    def __init__(self, message: str, timed_out: bool = True) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class ServerFault(RuntimeError):
+    """The scorer could not score for a fault of this server, not of the request (a child it runs died,
+    timed out, cannot start or wake): answered 503 `server_fault`, which a client of several servers
+    fails over on. A scorer's own refusal stays a 500 `scorer_error` (the same request fails anywhere)."""
+
+
+class CloseFailed(RuntimeError):
+    """A model's close() raised as it was put to sleep, but the model was released all the same: the
+    offload happened (the host records the scorer offloaded) and the answer is 500 `close_failed`, the
+    model's error, not a failed residency change."""
+
+
 @dataclass(frozen=True)
 class ScorerSpec:
     """What a scorer is and what it needs; read before any weights load."""

@@ -43,6 +43,17 @@ MAX_DIM = 2**62  # well inside intp; larger dims cannot name a real buffer
 # The error kind a child answers when a per-call wake or sleep of its scorer failed (a lifecycle
 # failure: the parent never treats it as an optional term's loss).
 RESIDENCY_FAILED = "residency_failed"
+# The kinds a child answers when its scorer is wedged (scorers.base.ScorerWedged: a call left work
+# running past its deadline on a thread it cannot stop): its managed parent kills it and restarts it
+# under the restart policy. WEDGED: this call timed out; WEDGED_QUEUED: this call never started.
+WEDGED = "wedged"
+WEDGED_QUEUED = "wedged_queued"
+RESTART_KINDS = (WEDGED, WEDGED_QUEUED)
+# A served scorer's failure that is its server's, not the request's (scorers.base.ServerFault): a 503
+# another server of the same identity may not have.
+SERVER_FAULT = "server_fault"
+# A model's close() raised, but it was released (scorers.base.CloseFailed): offloaded all the same.
+CLOSE_FAILED = "close_failed"
 
 
 class WireError(ValueError):

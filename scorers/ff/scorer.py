@@ -5,6 +5,11 @@ applicability left out, make them smaller); groupwise ones one complete group pe
 the groupwise Scorer contract. `async_reward` with `num_workers` runs a request's chunks on that
 many threads and lets the parent send that many requests at once (`concurrent_calls`), as FF's
 async workers do; a model whose `thread_safe` is False refuses more than one worker.
+
+A request on the workers has one deadline, `call_timeout_s`. A thread cannot be stopped: a call whose
+chunks still run past it leaves the scorer wedged (`ScorerWedged`: its child is restarted), and the
+chunks queued behind them never start (those calls say so: queued, not timed out). A call whose chunks
+only queued behind other calls' work, none of them started, times out as queued.
 """
 
 from __future__ import annotations
@@ -12,13 +17,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
 
-from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec
+from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec, ScorerWedged
 from scorers.ff.inputs import MEDIA_FIELDS, TEXT_FIELDS, check_fields, model_inputs
 from scorers.ff.models import (
     BaseRewardModel,
@@ -97,6 +102,7 @@ class FfModelScorer(Scorer):
         self.spec = self._spec()
         self._instance: BaseRewardModel | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._wedged: str | None = None  # a call's chunks still run past its deadline on the workers
 
     def _spec(self) -> ScorerSpec:
         groupwise = bool(getattr(self.model_cls, "groupwise", False))
@@ -132,6 +138,7 @@ class FfModelScorer(Scorer):
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="ff-reward")
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        self._refuse_if_wedged()
         chunks = [items[start : start + self.batch_size] for start in range(0, len(items), self.batch_size)]
         if self._pool is None or len(chunks) == 1:
             scores = [value for chunk in chunks for value in self._call(chunk)]
@@ -142,23 +149,59 @@ class FfModelScorer(Scorer):
     def score_group(self, candidates: Sequence[ScoreItem], context: GroupContext) -> ScoreResult:
         return ScoreResult(terms={NAME: self._call(candidates)})
 
+    def _refuse_if_wedged(self) -> None:
+        if self._wedged is not None:
+            raise ScorerWedged(f"this call never started: {self._wedged}", timed_out=False)
+
     def _in_workers(self, pool: ThreadPoolExecutor, chunks: list[Sequence[ScoreItem]]) -> list[float]:
         """The chunks on the worker threads, results in item order, within one deadline for all."""
         deadline = time.monotonic() + self.call_timeout_s
-        futures: list[Future[list[float]]] = [pool.submit(self._call, chunk) for chunk in chunks]
+        try:
+            futures: list[Future[list[float]]] = [pool.submit(self._call, chunk) for chunk in chunks]
+        except RuntimeError:  # the pool was shut down meanwhile: another call wedged it
+            self._refuse_if_wedged()
+            raise
         scores: list[float] = []
         try:
             for future in futures:
                 scores.extend(future.result(timeout=max(0.0, deadline - time.monotonic())))
         except FutureTimeout as exc:
-            raise RewardModelTimeout(
-                f"reward model {self.model!r}: {len(chunks)} calls on {self.workers} workers did not finish "
-                f"within call_timeout_s={self.call_timeout_s}"
+            failure = self._past_deadline(pool, futures)
+            if failure is not None:
+                raise failure from exc
+            scores = [value for future in futures for value in future.result()]  # all ended at the deadline
+        except CancelledError as exc:  # another call wedged the workers and cancelled what queued
+            queued = sum(future.cancelled() for future in futures)
+            why = self._wedged or "the workers were shut down"
+            raise ScorerWedged(
+                f"{queued} of this call's {len(futures)} chunks never started (queued behind another call): {why}",
+                timed_out=False,
             ) from exc
         finally:
             for future in futures:
                 future.cancel()
         return scores
+
+    def _past_deadline(self, pool: ThreadPoolExecutor, futures: list[Future[list[float]]]) -> Exception | None:
+        """What a call whose deadline passed raises: wedged when its own chunks still run on the workers
+        (the pool is shut down, whatever queued behind them cancelled), timed out while queued when none
+        of them started; None when every chunk ended just as the deadline passed."""
+        queued = sum(future.cancel() for future in futures)  # a chunk not yet started cancels; a running one not
+        running = sum(not future.done() for future in futures)
+        where = f"reward model {self.model!r}: of {len(futures)} chunks on {self.workers} workers"
+        if running:
+            self._wedged = (
+                f"{where}, {running} still ran after call_timeout_s={self.call_timeout_s} "
+                f"({queued} never started, queued); a thread cannot be stopped: this process must be restarted"
+            )
+            pool.shutdown(wait=False, cancel_futures=True)  # other calls' queued chunks fail at once, as queued
+            return ScorerWedged(self._wedged, timed_out=True)
+        if not queued:
+            return None
+        return RewardModelTimeout(
+            f"{where}, {queued} never started within call_timeout_s={self.call_timeout_s}: queued behind other "
+            "calls on the workers"
+        )
 
     def _call(self, items: Sequence[ScoreItem]) -> list[float]:
         if self._instance is None:

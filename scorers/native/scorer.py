@@ -5,6 +5,10 @@ event loop. A function's failure is that term's failure alone for that item (`te
 item keeps its other terms, and the panel decides, as it knows the term's `required` and where it
 applies (required: the step fails naming the term and the item; optional: it adds nothing). Wake (onload) is a new instance from `__init__`; sleep (offload) is
 `close()`, the instance dropped, garbage collected and the accelerator's cache emptied.
+
+A request has one deadline, `call_timeout_s`. A sync function's thread cannot be stopped: past it the
+scorer is wedged (`ScorerWedged`), and its child is restarted; it never wakes a second instance under
+threads still running in the first.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec
+from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec, ScorerWedged
 from scorers.diagnostics import mean
 from scorers.native.calls import (
     BlockingHandle,
@@ -110,7 +114,7 @@ class NativeModelScorer(Scorer):
     def _refuse_if_stuck(self) -> None:
         """Never a second instance under threads still running in the first (a timed-out call's)."""
         if self._stuck is not None:
-            raise RuntimeError(f"{self._stuck}; this child scores no more: restart it")
+            raise ScorerWedged(f"this call never started: {self._stuck}", timed_out=False)
 
     def offload(self) -> dict[str, Any]:
         return self._slot.sleep() if self._slot is not None else {"changed": False}
@@ -155,9 +159,9 @@ class NativeModelScorer(Scorer):
         except TimeoutError as exc:
             self._stuck = (
                 f"{NAME} {self.model!r}: {len(calls)} reward function calls did not finish within "
-                f"call_timeout_s={self.call_timeout_s}"
+                f"call_timeout_s={self.call_timeout_s}; their threads cannot be stopped: this process must be restarted"
             )
-            raise TimeoutError(self._stuck) from exc
+            raise ScorerWedged(self._stuck, timed_out=True) from exc
 
     async def _one(
         self, fn: ScoreFunction, item: ScoreItem, image: Any, handles: tuple[ModelHandle, BlockingHandle]

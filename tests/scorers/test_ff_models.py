@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from supervisor import (
     build_panels,
     load_recipe,
 )
-from tests.conftest import REPO_ROOT, env_python, launcher_free_env
+from tests.conftest import REPO_ROOT, env_python, eventually, launcher_free_env, wait_until_gone
 from tests.helpers.ff_models import SlowBrightness, brightness, group_images
 
 HELPERS = "tests.helpers.ff_models"
@@ -283,3 +284,80 @@ def test_an_ff_model_class_must_say_where_it_runs_and_registered_scorers_refuse_
     )
     (term,) = recipe.train.terms
     assert term.backend.scorer.params == {"model": f"{HELPERS}:Brightness", "params": {"threshold": 0.5}}
+
+
+def _hang_items(hangs: list[bool], prefix: str = "h") -> list[ScoreItem]:
+    return [
+        ScoreItem(id=f"{prefix}{i}", prompt="p" * (i + 1), text="t", metadata={"hang": hang})
+        for i, hang in enumerate(hangs)
+    ]
+
+
+def test_a_call_past_its_deadline_wedges_the_workers_and_calls_queued_behind_it_say_queued():
+    """Two workers stuck in a call's chunks past call_timeout_s: that call is wedged (its own deadline
+    passed), a concurrent call whose chunks queued behind them fails at once as never started, not at
+    its own deadline as a timeout, and so does every later call (item 4)."""
+    from scorers.base import ScorerWedged
+    from tests.helpers.term_faults import Hangs
+
+    Hangs.release.clear()
+    scorer = FfModelScorer(
+        model="tests.helpers.term_faults:Hangs", batch_size=1, async_reward=True, num_workers=2, call_timeout_s=1.0
+    )
+    scorer.load("cpu")
+    outcomes: dict[str, BaseException | None] = {}
+
+    def call(name: str, items: list[ScoreItem]) -> None:
+        try:
+            scorer.score(items)
+            outcomes[name] = None
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            outcomes[name] = exc
+
+    try:
+        first = threading.Thread(target=call, args=("first", _hang_items([True, True, False, False])))
+        first.start()
+        assert eventually(lambda: Hangs.running == 2)  # both workers are in the first call's hanging chunks
+        queued = threading.Thread(target=call, args=("queued", _hang_items([False, False], "q")))
+        queued.start()
+        first.join(30)
+        queued.join(30)
+        wedged, behind = outcomes["first"], outcomes["queued"]
+        assert isinstance(wedged, ScorerWedged) and wedged.timed_out, repr(wedged)
+        assert "2 still ran after call_timeout_s=1.0 (2 never started, queued)" in str(wedged)
+        assert isinstance(behind, ScorerWedged) and not behind.timed_out, repr(behind)
+        assert "2 of this call's 2 chunks never started (queued behind another call)" in str(behind)
+        with pytest.raises(ScorerWedged, match="this call never started") as later:
+            scorer.score(_hang_items([False, False], "l"))
+        assert not later.value.timed_out
+    finally:
+        Hangs.release.set()  # the stuck threads end; in a child they die with it
+        scorer.close()
+
+
+def test_a_wedged_child_is_restarted_under_the_policy_and_the_next_call_is_served(managed, trainer_python):
+    """An FF model on async workers whose call passes call_timeout_s with chunks still running: the call
+    fails once, typed (ScorerTimeout, kind `wedged`, its queued chunks said queued), the child is killed
+    with its stuck threads, and the next call gets a restarted child, counted by the restart policy
+    (item 4: every later call used to fail at call_timeout_s on the same child)."""
+    from supervisor import ScorerTimeout
+
+    params = {"model": "tests.helpers.term_faults:Hangs", "batch_size": 1, "async_reward": True}
+    scorer = "scorers.ff.scorer:FfModelScorer"
+    backend = managed(trainer_python, scorer, params={**params, "num_workers": 2, "call_timeout_s": 0.5})
+    stuck = backend.pid
+
+    def request(hangs: list[bool]) -> RewardRequest:
+        return RewardRequest(
+            items=[
+                RewardItem(id=f"r{i}", prompt="p" * (i + 1), text="t", metadata={"hang": h})
+                for i, h in enumerate(hangs)
+            ]
+        )
+
+    with pytest.raises(ScorerTimeout, match=r"\(wedged\).*2 still ran after call_timeout_s=0.5 \(1 never started") as e:
+        backend.compute_rewards(request([True, True, False]))
+    assert e.value.pid == stuck and backend.timeouts == 1
+    assert wait_until_gone([stuck], 10) == []  # killed, its stuck threads with it
+    assert backend.compute_rewards(request([False, False, False])).rewards == [1.0, 2.0, 3.0]
+    assert backend.pid != stuck and backend.restarts == 1
