@@ -190,6 +190,12 @@ class RewardBackend(ABC):
         members = self.members()
         return [leaf for member in members for leaf in member.leaves()] if members else [self]
 
+    def warming(self) -> bool:
+        """Whether something it started is still coming up after it said ready (a math child's grading
+        workers): a server over it (`serve --recipe`) says ready only once none is. A composite asks its
+        members."""
+        return any(member.warming() for member in self.members())
+
     def needs_whole_groups(self) -> bool:
         """Whether scoring a group's candidates apart could change a reward or refuse a call: a
         configured group size, or a groupwise (or unknown) scorer anywhere inside."""

@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from scorers.base import CloseFailed
 from scorers.native.loading import NativeSetupError
 from scorers.residency import memory_figures, release_free_heap
 
@@ -52,7 +53,9 @@ class ModelSlot:
 
     def sleep(self) -> dict[str, Any]:
         """`close()` if it has one, the instance dropped, garbage collected, the accelerator's cache
-        emptied and free heap returned; figures before and after."""
+        emptied and free heap returned; figures before and after. A close() that raised is CloseFailed
+        when the instance was released all the same (asleep: the error is the model's), and a plain
+        error when it is still alive (the sleep failed)."""
         if self.instance is None:
             return {"changed": False}
         before = memory_figures(self.device)
@@ -60,17 +63,38 @@ class ModelSlot:
         self._slept_params = parameter_refs(instance)
         self._slept = weakref.ref(instance)
         try:
-            closer = getattr(instance, "close", None)
-            if callable(closer):
-                result = closer()
-                if inspect.isawaitable(result):
-                    self.run(result)
+            closed = self._close(instance)
         finally:
             del instance
             gc.collect()
             _empty_accelerator_cache(self.device)
             release_free_heap()
-        return {"before": before, "after": memory_figures(self.device), **self.released()}
+        figures = {"before": before, "after": memory_figures(self.device), **self.released()}
+        if closed is not None:
+            name = f"model {self.cls.__qualname__}"
+            if figures["slept_instance_alive"]:
+                raise RuntimeError(f"{name}: close() raised {closed} and the instance is still referenced")
+            raise CloseFailed(
+                f"{name}: close() raised {closed}; the instance was released all the same (asleep: "
+                f"{figures['slept_param_bytes_alive']} of {figures['slept_param_bytes']} parameter bytes still alive)"
+            )
+        return figures
+
+    def _close(self, instance: Any) -> str | None:
+        """Call the instance's close(), if any: what it raised, as text (the exception itself is dropped
+        here, as its traceback's frames hold the instance), or None."""
+        closer = getattr(instance, "close", None)
+        if not callable(closer):
+            return None
+        try:
+            result = closer()
+            if inspect.isawaitable(result):
+                self.run(result)
+        except Exception as exc:  # noqa: BLE001 - reported by sleep(), once the instance is dropped
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            del closer
+        return None
 
     def released(self) -> dict[str, int]:
         """What the last sleep left alive: the instance (0 or 1) and its parameters' bytes."""

@@ -8,6 +8,11 @@ unweighted) and `WEIGHTED` (the panel's weighted reward, `spec.reward_term`). A 
 terms (`"terms"` on the wire) gets a panel of those terms only: the others are not scored and the
 weighted reward sums only them (UniRL's `required_rewards`). Its identity is known once loaded (its
 terms' identities come from their children): `load()` sets it, the runtime hashes it then.
+
+A term's failure is answered as what it is: the request's fault (a 422), the scorer's own refusal (a
+500 a client never retries elsewhere), or this server's fault (a term's child that died, timed out,
+cannot start or wake its model: `ServerFault`, a 503 a client of several servers fails over on). It
+is warming while any term's backend is (a math child's grading workers), so serve says ready after.
 """
 
 from __future__ import annotations
@@ -19,16 +24,28 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
+from child_runtime.protocol.wire import RESIDENCY_FAILED
+from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, ServerFault
 from supervisor.compose.panel import RewardPanel
 from supervisor.compose.recipes import build_panel, load_recipe
 from supervisor.config import PanelConfig
-from supervisor.errors import ConfigError, ScorerRequestError
+from supervisor.errors import (
+    ConfigError,
+    ScorerProcessDied,
+    ScorerRequestError,
+    ScorerStartupError,
+    ScorerTimeout,
+    ScorerUnavailable,
+)
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 NAME = "panel"
 WEIGHTED = "weighted_reward"  # the term that carries the panel's own reward
 CONCURRENT_CALLS = 4  # a request's chunks overlap: each backend serialises its own calls anyway
+# A term's failure that is this server's: its child died (a crash loop too), passed its deadline, cannot
+# start, or a server it calls cannot be reached. Another server of the panel may score the request.
+SERVER_FAULTS = (ScorerProcessDied, ScorerTimeout, ScorerStartupError, ScorerUnavailable)
+UPSTREAM_RETRY_STATUSES = (429, 502, 503, 504)  # a remote term's server said: try later or elsewhere
 
 
 def _input_kind(config: PanelConfig) -> str:
@@ -93,6 +110,11 @@ class PanelScorer(Scorer):
         described = [term.describe() for term in panel.terms]
         self.spec = replace(self.spec, identity={"panel": panel.identity_hash, "terms": described})
 
+    def warming(self) -> bool:
+        """Any term's backend still warming (a math child's grading workers): serve says ready after."""
+        panel = self.panel
+        return panel is not None and panel.warming()
+
     def _serving(self) -> RewardPanel:
         if self.panel is None:
             raise RuntimeError("the panel scorer is not loaded")
@@ -133,7 +155,11 @@ class PanelScorer(Scorer):
         except ScorerRequestError as exc:
             if exc.kind == "bad_input":  # the request's fault (no term applies, a group broken): a 422
                 raise ScoreInputError(str(exc)) from exc
+            if server_fault(exc):
+                raise ServerFault(_failed_term(exc)) from exc
             raise
+        except SERVER_FAULTS as exc:
+            raise ServerFault(_failed_term(exc)) from exc
         return as_result(response, [term.name for term in panel.terms])
 
     def onload(self) -> dict[str, Any]:
@@ -154,6 +180,18 @@ class PanelScorer(Scorer):
         panel, self.panel = self.panel, None
         if panel is not None:
             panel.close()
+
+
+def server_fault(error: ScorerRequestError) -> bool:
+    """A term's answered failure that is this server's, not the request's: a model its child could not
+    wake or put to sleep, or a server the term calls that said try later or elsewhere."""
+    return error.kind == RESIDENCY_FAILED or error.status in UPSTREAM_RETRY_STATUSES
+
+
+def _failed_term(error: BaseException) -> str:
+    """The panel's note (which term, why it is fatal) and the term's error, for the client."""
+    notes = "; ".join(getattr(error, "__notes__", ()))
+    return f"a term of the panel failed on this server ({notes}): {type(error).__name__}: {error}"
 
 
 def as_result(response: RewardResponse, names: Sequence[str]) -> ScoreResult:

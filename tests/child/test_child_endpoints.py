@@ -61,6 +61,8 @@ def test_health_reports_identity(managed, trainer_python):
         "in_flight": 0,
         "residency": "resident",
         "gpu_residency": "resident",
+        "warming": False,  # nothing load() started is still coming up
+        "wedged": None,  # why the scorer can serve no more (a call left a thread running past its deadline)
         "packages": {},
         "terms": ["probe"],
         "python": str(trainer_python),

@@ -6,6 +6,7 @@ optional and required failures, and the lifecycle failure that is always fatal."
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections import defaultdict
 from pathlib import Path
@@ -21,11 +22,12 @@ from supervisor import (
     RewardRequest,
     ScorerItemsFailed,
     ScorerRequestError,
+    ScorerTimeout,
     build_panels,
     load_recipe,
 )
 from supervisor.compose.replicas import ReplicatedBackend
-from tests.conftest import REPO_ROOT, env_python, launcher_free_env
+from tests.conftest import REPO_ROOT, env_python, launcher_free_env, wait_until_gone
 from tests.helpers.native_models import images
 
 HELPER = REPO_ROOT / "tests" / "helpers" / "native_models.py"
@@ -224,3 +226,79 @@ def test_a_native_model_recipe_reads_verl_omnis_defaults_and_refuses_what_it_can
     missing["reward"]["reward_functions"]["q"] = {"weight": 1.0}
     with pytest.raises(ConfigError, match=r"needs `path` and `name`"):
         load_recipe(missing)
+
+
+FAULTS = REPO_ROOT / "tests" / "helpers" / "term_faults.py"
+
+
+def _faulty(model: str, function: str, **changes: Any) -> dict[str, Any]:
+    """One native model of tests/helpers/term_faults.py (env embed, one cpu replica) and one function."""
+    native = {"backend": "native", "env": "embed", "placement": {"devices": ["cpu"]}, "executor": {"model": model}}
+    native["extra_import_paths"] = [str(REPO_ROOT)]
+    return {**native, **changes, "function": {"path": str(FAULTS), "name": function}}
+
+
+def _faulty_recipe(**models: dict[str, Any]) -> dict[str, Any]:
+    functions = {
+        name: {**model.pop("function"), "required": model.pop("required", False)} for name, model in models.items()
+    }
+    return {"reward": {"models": models, "reward_functions": functions}}
+
+
+def _image_items(prefix: str, **metadata: Any) -> list[RewardItem]:
+    return [
+        RewardItem(id=f"{prefix}{i}", image=image, metadata=dict(metadata), data_source="d")
+        for i, image in enumerate(images(2))
+    ]
+
+
+@pytest.mark.slow
+def test_a_native_call_past_its_deadline_restarts_the_child_and_the_next_call_is_served():
+    """A sync score function stuck on its thread past call_timeout_s: the call fails once, typed
+    (ScorerTimeout: the child answered `wedged`), the child is killed with the stuck thread, and the
+    next call is served by a restarted child (item 4: every later call failed at once, same pid)."""
+    hang = _faulty("pkg://tests.helpers.term_faults:Tiny", "hanging_score", call_timeout_s=1.0, required=True)
+    train, _ = build_panels(load_recipe(_faulty_recipe(hang=hang)))
+    try:
+        backend = train.terms[0].backend
+        stuck = backend.pid
+        with pytest.raises(ScorerTimeout, match=r"\(wedged\).*did not finish within call_timeout_s=1.0") as e:
+            train.compute_rewards(RewardRequest(items=_image_items("h", hang=True)))
+        assert e.value.pid == stuck
+        assert wait_until_gone([stuck], 10) == []
+        served = train.compute_rewards(RewardRequest(items=_image_items("s")))
+        assert len(served.rewards) == 2 and served.successes == [True, True]
+        assert backend.pid != stuck and backend.restarts == 1
+    finally:
+        train.close()
+
+
+@pytest.mark.slow
+def test_a_close_that_raises_after_releasing_the_model_is_a_failed_close_not_a_failed_offload():
+    """A model whose close() raises once it let go of its weights (item 11): per call, the optional term
+    records `close_failed` and the step goes on (a failed residency change would be fatal), the child
+    says offloaded, not unknown, and wakes a new instance for the next call; resident, an explicit
+    offload raises `close_failed`, and the child is offloaded and onloads again."""
+    per_call = _faulty("pkg://tests.helpers.term_faults:ClosesBadly", "hanging_score")
+    resident = _faulty("pkg://tests.helpers.term_faults:ClosesBadly", "hanging_score", offload=False)
+    train, _ = build_panels(load_recipe(_faulty_recipe(per_call=per_call, resident=resident)))
+    try:
+        per_call_backend, resident_backend = (term.backend for term in train.terms)
+        for _ in range(2):  # each call wakes a new instance; each sleep's close() raises
+            got = train.compute_rewards(RewardRequest(items=_image_items("c")))
+            (failure,) = got.term_failures
+            assert failure.term == "per_call" and failure.kind == "ScorerRequestError", failure
+            assert "(close_failed)" in failure.error and "released all the same" in failure.error, failure.error
+            assert re.search(r"asleep: 0 of 4004032 parameter bytes still alive", failure.error), failure.error
+            assert got.component_rewards["resident"][0] is not None
+            assert per_call_backend.health()["residency"] == "offloaded"
+        with pytest.raises(ScorerRequestError, match=r"\(close_failed\).*close\(\) broke after it released") as e:
+            resident_backend.offload()
+        assert e.value.kind == "close_failed" and resident_backend.health()["residency"] == "offloaded"
+        resident_backend.onload()
+        assert (
+            train.compute_rewards(RewardRequest(items=_image_items("r"))).component_rewards["resident"][1] is not None
+        )
+        assert per_call_backend.restarts == resident_backend.restarts == 0
+    finally:
+        train.close()

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 
@@ -18,7 +19,7 @@ import yaml
 from supervisor import RemoteRewardBackend, RewardItem, RewardPanel, RewardRequest
 from supervisor.compose.recipes import build_panel, load_recipe
 from supervisor.errors import ConfigError, ScorerRequestError
-from tests.conftest import wait_until_gone
+from tests.conftest import REPO_ROOT, group_members, wait_until_gone
 from tests.ops.test_cli_serve import start_serve, stop_serve, wait_ready
 
 TOKEN = "t" * 32  # start_serve's
@@ -286,3 +287,63 @@ def test_a_served_panel_takes_the_requests_group_size_and_marks_terms_that_do_no
                 remote.compute_rewards(RewardRequest(items=items))
     finally:
         assert stop_serve(server) == 0
+
+
+def _term_children(server: int) -> list[int]:
+    return [pid for pid in descendants(server) if "child_runtime" in " ".join(psutil.Process(pid).cmdline())]
+
+
+@pytest.mark.slow
+def test_a_served_panel_says_ready_once_its_math_terms_grading_workers_are_up(tmp_path):
+    """serve --recipe says ready only when every term is warm (item 11: PanelScorer did not forward
+    warming(), so the server said ready while its math child's grading workers still started): at the
+    readiness line, the math child's process group already holds what it holds once it has scored."""
+    recipe = tmp_path / "reward.yaml"
+    recipe.write_text(yaml.safe_dump({"terms": [RECIPE["terms"][0]]}))
+    server, ready, log = start_serve(tmp_path, "math", "--recipe", str(recipe))
+    try:
+        info = wait_ready(ready, 90)
+        assert info.get("ready") is True and info["warming"] is False, log.read_text()[-3000:]
+        (child,) = _term_children(server.pid)
+        at_ready = group_members(child)
+        with RemoteRewardBackend(f"http://127.0.0.1:{info['port']}", token=TOKEN) as remote:
+            assert remote.compute_rewards(grpo_request()).rewards[:2] == [1.0, 1.0]
+        assert len(at_ready) == len(group_members(child)), at_ready  # its workers were all up at ready
+    finally:
+        assert stop_serve(server) == 0
+
+
+@pytest.mark.slow
+def test_a_required_terms_crash_is_a_server_fault_that_a_client_of_several_servers_fails_over_on(tmp_path):
+    """A served panel whose required term's child is gone answers 503 `server_fault` (item 11: 500
+    `scorer_error`, the scorer's own verdict, which no client re-sends elsewhere), so that a client of
+    several panel servers re-sends that share to another server and the call succeeds."""
+    from supervisor import MultiRemoteRewardBackend
+
+    process = {"python_executable": sys.executable, "extra_import_paths": [str(REPO_ROOT)]}
+    probe = {"kind": "managed", "process": process, "scorer": {"name": "tests.helpers.fixture_scorers:Probe"}}
+    probe["restart"] = {"max_restarts": 0}  # a child that dies stays dead: every call finds the term down
+    recipe = tmp_path / "reward.yaml"
+    recipe.write_text(yaml.safe_dump({"terms": [{"name": "probe", "backend": probe}]}))
+    servers = [start_serve(tmp_path, name, "--recipe", str(recipe)) for name in ("a", "b")]
+    try:
+        urls = []
+        for _server, ready, log in servers:
+            info = wait_ready(ready, 60)
+            assert info.get("ready") is True, log.read_text()[-3000:]
+            urls.append(f"http://127.0.0.1:{info['port']}")
+        (term,) = _term_children(servers[0][0].pid)
+        os.kill(term, signal.SIGKILL)
+        assert wait_until_gone([term], 10) == []
+        request = RewardRequest(items=[RewardItem(id=f"i{i}", text="x" * (i + 1)) for i in range(4)])
+        with RemoteRewardBackend(urls[0], token=TOKEN, max_retries=0) as alone:
+            for _ in range(2):  # the child found dead, then the crash loop the policy declares
+                with pytest.raises(ScorerRequestError) as e:
+                    alone.compute_rewards(request)
+                assert (e.value.status, e.value.kind) == (503, "server_fault"), e.value
+                assert "panel term(s) probe" in str(e.value) and "Scorer" in str(e.value)
+        with MultiRemoteRewardBackend(urls, token=TOKEN, max_retries=0) as both:
+            assert both.compute_rewards(request).rewards == [1.0, 2.0, 3.0, 4.0]
+    finally:
+        for server, _, _ in servers:
+            assert stop_serve(server) == 0
