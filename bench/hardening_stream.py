@@ -84,9 +84,9 @@ class _InterruptedSubmit(LocalRewardBackend):
 
 
 def flush_interrupted() -> str:
-    """Ctrl-C in a flush's first send (two windows cut), then the barrier (max_block_s 2)."""
+    """Ctrl-C in a flush's send, then the barrier (max_block_s 2)."""
     with _InterruptedSubmit(PROBE) as backend:
-        stream = backend.stream(window=1, max_wait_s=float("inf"), max_block_s=2)
+        stream = backend.stream(window=4, max_wait_s=float("inf"), max_block_s=2)  # only a flush cuts
         stream.add([_item("a"), _item("b")])
         backend.interrupt_next = True
         try:

@@ -402,7 +402,7 @@ class RewardStream:
                 if self._closed:
                     return
                 window = self._cut(self.window)
-            self._send(window)
+            self._send_all([window])
 
     def _send_all(self, windows: list[_Window]) -> list[Future[RewardResponse]]:
         """Each window cut sent; interrupted (Ctrl-C), the ones not sent fail, as close() fails what

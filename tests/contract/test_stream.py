@@ -251,11 +251,11 @@ class InterruptedSubmit(LocalRewardBackend):
 
 def test_a_flush_interrupted_fails_the_windows_it_did_not_send_and_the_barrier_does_not_wait():
     with InterruptedSubmit(PROBE) as backend:
-        stream = backend.stream(window=1, max_wait_s=float("inf"), max_block_s=2)  # only a flush cuts
+        stream = backend.stream(window=4, max_wait_s=float("inf"), max_block_s=2)  # only a flush cuts
         stream.add([item("a", "x"), item("b", "xx")])
         backend.interrupt_next = True
         with pytest.raises(KeyboardInterrupt):
-            stream.flush()  # two windows cut: the first send is interrupted, the second never made
+            stream.flush()  # its window's send is interrupted
         with pytest.raises(ScorerItemsFailed, match="interrupted before it was sent") as info:
             stream.results()
         assert set(info.value.failed) == {"a", "b"} and stream._pending == 0
