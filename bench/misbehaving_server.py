@@ -3,7 +3,8 @@
 `/health` is relayed as it is; a `/score` answer is relayed in the chosen way: `trickle`
 sends the real (valid) answer one byte every `trickle_s`; `gzip_bomb` answers with
 `gzip_mib` MiB of zeros compressed to a few hundred KB, marked `content-encoding: gzip`
-whatever the client asked for; `bare_health` answers /health without saying what it serves. Each request's `accept-encoding` is recorded. Stdlib plus
+whatever the client asked for; `bare_health` answers /health without saying what it serves;
+`anonymous` relays every answer without the scorer's identity header (a server older than it). Each request's `accept-encoding` is recorded. Stdlib plus
 httpx (to reach the real server).
 """
 
@@ -58,13 +59,17 @@ def _handler(server: MisbehavingServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
             answer = self._relay("POST")
+            ours = {k: v for k, v in answer.headers.items() if k.lower().startswith("x-managed-scorers")}  # identity
+            if server.mode == "anonymous":
+                ours = {}
             try:
-                if self.path != "/score" or server.mode == "plain":
-                    self._send(answer.status_code, answer.headers.get("content-type", ""), answer.content)
+                if self.path != "/score" or server.mode in ("plain", "anonymous"):
+                    self._send(answer.status_code, answer.headers.get("content-type", ""), answer.content, ours)
                 elif server.mode == "gzip_bomb":
-                    self._send(200, answer.headers["content-type"], server.bomb, {"content-encoding": "gzip"})
+                    bomb = {"content-encoding": "gzip", **ours}
+                    self._send(200, answer.headers["content-type"], server.bomb, bomb)
                 else:
-                    self._send(200, answer.headers["content-type"], answer.content, trickle=server.trickle_s)
+                    self._send(200, answer.headers["content-type"], answer.content, ours, trickle=server.trickle_s)
             except (BrokenPipeError, ConnectionResetError):  # the client gave up: what it should do
                 self.close_connection = True
 

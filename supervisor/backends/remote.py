@@ -23,6 +23,7 @@ from supervisor.errors import (
     ConnectionLost,
     ErrorStatus,
     NoAnswer,
+    RewardContractError,
     ScorerUnavailable,
     TransportError,
     scorer_error,
@@ -45,12 +46,21 @@ def retryable(exc: Exception) -> bool:
     return isinstance(exc, (ConnectFailed, ConnectionLost, NoAnswer))
 
 
+def answered_by(shape: ScorerShape, base_url: str) -> str:
+    """The identity every answer of the server at `base_url` must name: the one its /health reports."""
+    if not isinstance(shape.identity_hash, str) or not shape.identity_hash:
+        raise RewardContractError(f"/health at {base_url} names no identity_hash: is it a managed-scorers server?")
+    return shape.identity_hash
+
+
 class RemoteRewardBackend(RewardBackend):
     """HTTP client for a running scorer server (e.g. `python -m child_runtime` on another host).
 
     The server's identity and terms are read from /health at construction, so a
-    wrong URL or token fails there, not in the first training step. The server is not
-    ours: a failure never stops or restarts it.
+    wrong URL or token fails there, not in the first training step. Every answer must then
+    come from that identity (or the `identity_hash` pin): a server restarted under another
+    revision or params fails the call with `ScorerIdentityChanged`, never retried. The server
+    is not ours: a failure never stops or restarts it.
     """
 
     shape: ScorerShape  # what the scorer declared (its child's readiness line or /health)
@@ -97,6 +107,7 @@ class RemoteRewardBackend(RewardBackend):
             self.server = self.health()
             self.shape = ScorerShape.from_entry(self.server, f"/health at {base_url}")
             check_pins(self.shape, revision, identity_hash)
+            self._client.identity = answered_by(self.shape, base_url)  # every answer must come from it
             # a served panel (its reward one of its terms): the terms named are asked of it
             self.required_rewards, self.asked = reward_terms(self.shape, required_rewards, self.weights)
         except BaseException:

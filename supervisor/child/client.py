@@ -19,11 +19,11 @@ from typing import Any, Protocol
 import httpx
 
 from child_runtime.protocol import wire
-from child_runtime.protocol.headers import KEY_HEADER, REPLAY_HEADER
+from child_runtime.protocol.headers import IDENTITY_HEADER, KEY_HEADER, REPLAY_HEADER
 from scorers import bounded_http
 from supervisor.child.loopback_http import LoopbackHTTP
 from supervisor.child.segment import ParentSegment
-from supervisor.errors import BadAnswer, ConnectFailed, ConnectionLost, ErrorStatus, NoAnswer
+from supervisor.errors import BadAnswer, ConnectFailed, ConnectionLost, ErrorStatus, IdentityMismatch, NoAnswer
 
 Body = Sequence[bytes | memoryview]
 # what a remote server's answer may hold once read (scores of a chunk are kilobytes; /health a few)
@@ -138,7 +138,12 @@ class LoopbackTransport:
 
 
 class ScorerClient:
-    """One scorer server. With a `segment`, arrays of at least `shared_min_bytes` travel through it."""
+    """One scorer server at `url`. With a `segment`, arrays of at least `shared_min_bytes` travel through it.
+
+    Once its backend sets `identity` (the scorer identity hash it was made for), every /score answer
+    must name that identity (`IDENTITY_HEADER`): one of another, or a successful one of none, raises
+    `IdentityMismatch` before anything of it is read; an error answer of none (a proxy's) is an error
+    answer as before. The one check for managed, remote and multi-server clients alike."""
 
     def __init__(
         self,
@@ -147,8 +152,11 @@ class ScorerClient:
         control_timeout: float = 30.0,
         segment: ParentSegment | None = None,
         shared_min_bytes: int = 64 * 1024,
+        url: str = "",
     ) -> None:
         self.transport = transport
+        self.url = url
+        self.identity: str | None = None  # what every /score answer must name, once the backend knows it
         self.request_timeout = request_timeout
         self.control_timeout = control_timeout
         self.segment = segment
@@ -162,7 +170,7 @@ class ScorerClient:
         cls, base_url: str, token: str | None, request_timeout: float, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
     ) -> ScorerClient:
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        return cls(HttpxTransport(base_url, headers, max_answer_bytes), request_timeout)
+        return cls(HttpxTransport(base_url, headers, max_answer_bytes), request_timeout, url=base_url)
 
     @classmethod
     def loopback(
@@ -175,17 +183,30 @@ class ScorerClient:
         shared_min_bytes: int,
     ) -> ScorerClient:
         transport = LoopbackTransport(port, {"authorization": f"Bearer {token}"}, peer_alive)
-        return cls(transport, request_timeout, segment=segment, shared_min_bytes=shared_min_bytes)
+        return cls(
+            transport,
+            request_timeout,
+            segment=segment,
+            shared_min_bytes=shared_min_bytes,
+            url=f"http://127.0.0.1:{port}",
+        )
 
     def _send(
         self, method: str, path: str, timeout: float, body: Body = (), headers: dict[str, str] | None = None
     ) -> bytes | bytearray:
         status, answer_headers, content = self.transport.request(method, path, timeout, body, headers or {})
+        if path == "/score":
+            self._check_identity(status, answer_headers.get(IDENTITY_HEADER))
         _raise_for_status(status, content)
         if path == "/score":
             self.last_server_timing = answer_headers.get("server-timing")
             self.last_replayed = answer_headers.get(REPLAY_HEADER) == "1"
         return content
+
+    def _check_identity(self, status: int, named: str | None) -> None:
+        expected = self.identity
+        if expected is not None and named != expected and (named is not None or 200 <= status < 300):
+            raise IdentityMismatch(self.url, expected, named)
 
     def _json(self, method: str, path: str, timeout: float) -> dict[str, Any]:
         content = self._send(method, path, timeout)

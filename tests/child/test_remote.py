@@ -13,6 +13,7 @@ from supervisor import (
     RewardContractError,
     RewardItem,
     RewardRequest,
+    ScorerIdentityChanged,
     ScorerRequestError,
     ScorerTimeout,
     ScorerUnavailable,
@@ -98,6 +99,18 @@ def test_a_server_whose_health_does_not_say_what_it_serves_is_refused_typed(mana
     with MisbehavingServer(url(server), "bare_health") as bare:
         with pytest.raises(RewardContractError, match="does not say what it serves .*'state'"):
             RemoteRewardBackend(bare.url, token=server._child.token)
+
+
+def test_an_answer_that_names_no_identity_is_refused_as_a_version_mismatch(managed, trainer_python):
+    """A server older than the identity header (its answers name none): its rewards are refused, said
+    as a version mismatch, not retried; /health alone is not enough to trust an answer."""
+    server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe")
+    with MisbehavingServer(url(server), "anonymous") as older:
+        with RemoteRewardBackend(older.url, token=server._child.token) as remote:
+            with pytest.raises(ScorerIdentityChanged, match="version mismatch") as info:
+                remote.compute_rewards(REQUEST)
+    assert info.value.url == older.url and info.value.got is None
+    assert info.value.expected == server.identity_hash and "after 1 attempt" in str(info.value)
 
 
 def test_a_cancelled_call_ends_but_leaves_the_remote_backend_usable(managed, trainer_python):
