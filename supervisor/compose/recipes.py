@@ -311,7 +311,8 @@ def make_backend(
     if isinstance(config, JobBackendConfig):
         return JobRewardBackend(config.base_url, token, **config.model_dump(exclude={"kind", "base_url", "token_env"}))
     if len(config.urls) > 1:
-        return MultiRemoteRewardBackend(config.urls, token, **_remote_options(config))
+        probes = {"probe_timeout_s": config.probe_timeout_s, "probe_interval_s": config.probe_interval_s}
+        return MultiRemoteRewardBackend(config.urls, token, **probes, **_remote_options(config))
     return RemoteRewardBackend(config.urls[0], token, **_remote_options(config))
 
 

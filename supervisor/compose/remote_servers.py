@@ -14,10 +14,19 @@ server never saw the key, so it scores the chunk once (and answers its own retri
 cache); whatever the first server may have scored is never read; the answer is checked against
 the chunk's ids as every answer is, and joined by id. A chunk that fails twice, or with nowhere
 to go, raises its typed error naming the server(s).
+
+A server that fails its /health probe, or a chunk for a reason another server could fix, is passed
+over by later calls without being asked (a stopped server would cost every call the probe's
+timeout) until a probe in the background, one every `probe_interval_s`, finds it ready again.
+
+Identity: every answer is checked against the identity all servers reported at construction (the
+client's check, `ScorerClient`), before it is joined; a server restarted under another one fails
+the call with `ScorerIdentityChanged`, never re-sent elsewhere: no call mixes two identities.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -40,8 +49,8 @@ from supervisor.child.client import MAX_CONNECTIONS
 from supervisor.errors import (
     ConfigError,
     ErrorStatus,
-    RewardContractError,
     ScorerError,
+    ScorerIdentityChanged,
     ScorerUnavailable,
     TransportError,
     prefixed,
@@ -49,6 +58,8 @@ from supervisor.errors import (
 from supervisor.fanout import on_each
 from supervisor.joined import join_rows, rows_by_id, shares_failed
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
+
+log = logging.getLogger(__name__)
 
 
 def same_identity(servers: Sequence[RemoteRewardBackend]) -> None:
@@ -79,8 +90,14 @@ def _queue_depth(health: Mapping[str, Any]) -> int | None:
 class _Call:
     """One call's servers: those that answered its /health, those that failed during it, its deadline."""
 
-    def __init__(self, servers: Sequence[RemoteRewardBackend], healthy: list[int], deadline: float) -> None:
-        self.servers, self.healthy, self.deadline = servers, healthy, deadline
+    def __init__(
+        self,
+        servers: Sequence[RemoteRewardBackend],
+        healthy: list[int],
+        deadline: float,
+        went_down: Callable[[int, str], None],
+    ) -> None:
+        self.servers, self.healthy, self.deadline, self.went_down = servers, healthy, deadline, went_down
         self.failed: set[int] = set()
         self._lock = threading.Lock()
 
@@ -112,8 +129,12 @@ class _Call:
             if fixable:
                 self.failed.add(index)
             others = [i for i in self.healthy if i not in self.failed and i != index]
+        if fixable:
+            self.went_down(index, str(exc).splitlines()[0])
         why = None
-        if not fixable:
+        if isinstance(exc, ScorerIdentityChanged):
+            why = "an answer of another scorer identity: nothing more of that call is taken"
+        elif not fixable:
             why = "not a fault of that server another one could fix"
         elif not others:
             why = "no other healthy server"
@@ -134,12 +155,18 @@ class MultiRemoteRewardBackend(RewardBackend):
     RemoteRewardBackend (token, request_timeout, request_batch_size, pins, ...), the same for each."""
 
     def __init__(
-        self, base_urls: Sequence[str], token: str | None = None, probe_timeout_s: float = 2.0, **options: Any
+        self,
+        base_urls: Sequence[str],
+        token: str | None = None,
+        probe_timeout_s: float = 2.0,
+        probe_interval_s: float = 1.0,
+        **options: Any,
     ) -> None:
-        """`probe_timeout_s`: how long each call waits for a server's /health before passing it over."""
-        if probe_timeout_s <= 0:
-            raise ValueError("probe_timeout_s must be > 0")
-        self.probe_timeout_s = probe_timeout_s
+        """`probe_timeout_s`: how long a call waits for a server's /health before passing it over;
+        `probe_interval_s`: how often a server passed over is asked again, in the background."""
+        if probe_timeout_s <= 0 or probe_interval_s <= 0:
+            raise ValueError("probe_timeout_s and probe_interval_s must be > 0")
+        self.probe_timeout_s, self.probe_interval_s = probe_timeout_s, probe_interval_s
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls or len(set(urls)) != len(urls):
             raise ValueError(f"base_urls must be distinct URLs, at least one: got {urls}")
@@ -156,6 +183,10 @@ class MultiRemoteRewardBackend(RewardBackend):
             raise
         self.servers = built
         self._stopped = threading.Event()
+        self._standing_lock = threading.Lock()
+        self._down: dict[int, str] = {}  # servers passed over without a probe, and why
+        self._changed: dict[int, ScorerIdentityChanged] = {}  # what a background probe found
+        self._watchers: dict[int, threading.Thread] = {}  # the background probe of each server down
 
     @property
     def shape(self) -> ScorerShape:  # type: ignore[override]  # every server serves the same identity
@@ -186,33 +217,117 @@ class MultiRemoteRewardBackend(RewardBackend):
 
     def _healthy(self) -> tuple[list[int], list[int] | None]:
         """The servers that answer /health now with our identity, and each one's load in items (its
-        queue depth in requests of request_batch_size), None if one does not report it."""
-        probe = self.probe_timeout_s
-        outcomes = on_each(
-            self.servers, lambda server: server.probe(probe), "remote-health", on_interrupt=self.interrupt
-        )
-        healthy, depths, down = [], [], []
-        for index, health in enumerate(outcomes):
-            url = self.servers[index].base_url
-            if isinstance(health, ScorerError):
-                down.append(str(health).splitlines()[0])  # it names the URL
-            elif isinstance(health, BaseException):
-                raise health
-            elif health.get("identity_hash") != self.identity_hash:
-                raise RewardContractError(
-                    f"{url} now reports identity {health.get('identity_hash')} (revision {health.get('revision')!r}), "
-                    f"not {self.identity_hash} as when this client was made: restarted with another scorer version?"
-                )
-            elif health.get("state") != "ready":
-                down.append(f"{url}: state {health.get('state')!r}")
-            else:
-                healthy.append(index)
-                depths.append(_queue_depth(health))
+        queue depth in requests of request_batch_size), None if one does not report it. Servers down
+        are not asked (their background probe is), unless no other answers: then they are."""
+        with self._standing_lock:
+            changed = next(iter(self._changed.values()), None)
+            down = dict(self._down)
+        if changed is not None:  # a new exception each call: the stored one keeps its own traceback
+            raise prefixed(changed, "found by the background probe") from changed
+        asked = [i for i in range(len(self.servers)) if i not in down]
+        healthy, depths, failures = self._probe(asked)
+        if not healthy and down:  # nowhere else to go: the servers down are worth the wait now
+            healthy, depths, failures = self._probe(sorted(down))
+        self._watch_down()
         if not healthy:
-            raise ScorerUnavailable(f"no server of {self.shape.name!r} is healthy: " + "; ".join(down))
+            why = [failures.get(i) or down.get(i, "?") for i in range(len(self.servers))]
+            raise ScorerUnavailable(f"no server of {self.shape.name!r} is healthy: " + "; ".join(why))
         counted = [d for d in depths if d is not None]
         size = self.servers[0].request_batch_size
         return healthy, [d * size for d in counted] if len(counted) == len(depths) else None
+
+    def _probe(self, indexes: list[int]) -> tuple[list[int], list[int | None], dict[int, str]]:
+        """/health of each server in `indexes` at once: those ready (marked up), their queue depths, and
+        why each other one is not (marked down); another identity raises ScorerIdentityChanged."""
+        if not indexes:
+            return [], [], {}
+        probe = self.probe_timeout_s
+        outcomes = on_each(
+            [self.servers[i] for i in indexes],
+            lambda server: server.probe(probe),
+            "remote-health",
+            on_interrupt=self.interrupt,
+        )
+        healthy, depths, failures = [], [], {}
+        for index, outcome in zip(indexes, outcomes, strict=True):
+            why = self._verdict(index, outcome)
+            if why is None:
+                assert isinstance(outcome, Mapping)
+                healthy.append(index)
+                depths.append(_queue_depth(outcome))
+            else:
+                failures[index] = why
+                self._went_down(index, why)
+        return healthy, depths, failures
+
+    def _verdict(self, index: int, outcome: Mapping[str, Any] | BaseException) -> str | None:
+        """None when server `index`'s probe found it ready with our identity (it is marked up), else
+        why not; another identity raises ScorerIdentityChanged, an error that is not a ScorerError
+        is raised as it is."""
+        url = self.servers[index].base_url
+        if isinstance(outcome, ScorerError):
+            return str(outcome).splitlines()[0]  # it names the URL
+        if isinstance(outcome, BaseException):
+            raise outcome
+        named = outcome.get("identity_hash")
+        if named != self.identity_hash:
+            raise ScorerIdentityChanged(
+                f"{url} now reports identity {named} (revision {outcome.get('revision')!r}), not {self.identity_hash} "
+                "as when this client was made: restarted with another scorer version or params?",
+                url=url,
+                expected=self.identity_hash,
+                got=named if isinstance(named, str) else None,
+            )
+        if outcome.get("state") != "ready":
+            return f"{url}: state {outcome.get('state')!r}"
+        with self._standing_lock:
+            self._down.pop(index, None)
+            self._changed.pop(index, None)
+        return None
+
+    def _went_down(self, index: int, why: str) -> None:
+        """Server `index` failed a probe or a chunk: later calls pass it over until it is ready again."""
+        with self._standing_lock:
+            if index not in self._down:
+                log.warning("%s passed over until a probe finds it ready again: %s", self.servers[index].base_url, why)
+            self._down[index] = why
+        self._watch_down()
+
+    def _watch_down(self) -> None:
+        """A background probe for every server down that has none alive in this process (a fork's
+        copy of this backend has none of its parent's threads)."""
+        with self._standing_lock:
+            for index in self._down:
+                watcher = self._watchers.get(index)
+                if self._stopped.is_set() or (watcher is not None and watcher.is_alive()):
+                    continue
+                watcher = threading.Thread(target=self._watch, args=(index,), name=f"remote-probe-{index}", daemon=True)
+                self._watchers[index] = watcher
+                watcher.start()
+
+    def _watch(self, index: int) -> None:
+        """Ask server `index` every probe_interval_s (one probe at a time) until it is ready again or
+        the backend closes; one of another identity is what the next call raises."""
+        server = self.servers[index]
+        while not self._stopped.wait(self.probe_interval_s):
+            with self._standing_lock:
+                if index not in self._down:
+                    return
+            try:
+                outcome: Mapping[str, Any] | BaseException = server.probe(self.probe_timeout_s)
+            except ScorerError as exc:
+                outcome = exc
+            try:
+                why = self._verdict(index, outcome)
+            except ScorerIdentityChanged as exc:
+                with self._standing_lock:
+                    self._changed[index] = exc
+                continue
+            if why is None:
+                log.warning("%s is ready again: calls use it", server.base_url)
+                return
+            with self._standing_lock:
+                self._down[index] = why
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         if self._stopped.is_set():
@@ -222,7 +337,7 @@ class MultiRemoteRewardBackend(RewardBackend):
         groups = request_groups(request, self.shape, group_size)  # checked before anything is sent
         healthy, loads = self._healthy()
         shares = share_groups(groups, loads or [0] * len(healthy), least_loaded=loads is not None)
-        call = _Call(self.servers, healthy, deadline)
+        call = _Call(self.servers, healthy, deadline, self._went_down)
         sent = [(healthy[i], share) for i, share in enumerate(shares) if share]
 
         def score_share(target: tuple[int, list[int]]) -> RewardResponse:

@@ -25,6 +25,8 @@ from supervisor import (
     RewardContractError,
     RewardItem,
     RewardRequest,
+    ScorerIdentityChanged,
+    ScorerTimeout,
     ScorerUnavailable,
     build_panel,
     load_recipe,
@@ -131,9 +133,11 @@ def test_two_and_three_servers_score_a_grouped_batch_equal_to_one_server(servers
     # a recipe term: `base_urls: [..]` (or `base_url: [..]`) is one backend over every server
     monkeypatch.setenv("PROBE_TOKEN", TOKEN)
     remote = {"kind": "remote", "base_urls": urls, "token_env": "PROBE_TOKEN", "client": {"request_batch_size": SIZE}}
+    remote["probe_interval_s"] = 0.5
     with build_panel(load_recipe({"terms": [{"name": "probe", "backend": remote}]}).train) as panel:
         (backend,) = panel.backends
         assert isinstance(backend, MultiRemoteRewardBackend) and backend.base_urls == urls
+        assert backend.probe_interval_s == 0.5 and backend.probe_timeout_s == 2.0
         assert panel.compute_rewards(REQUEST).rewards == EXPECTED
     with pytest.raises(ConfigError, match="base_url or base_urls, not both"):
         load_recipe({"terms": [{"name": "probe", "backend": {**remote, "base_url": urls[0]}}]})
@@ -153,15 +157,25 @@ def test_servers_of_another_revision_or_params_are_refused_at_construction_namin
 
 
 def test_a_server_restarted_under_another_revision_stops_the_next_call_naming_it(servers):
+    """Stopped, it is passed over; back under another revision, its background probe finds it and the
+    next call raises naming it (a server up when it changes: the next call's own probe, see below)."""
     (_, first), (second, second_url) = servers(PROBE, PROBE)
     with MultiRemoteRewardBackend([first, second_url], token=TOKEN, request_batch_size=SIZE) as many:
         assert many.compute_rewards(REQUEST).rewards == EXPECTED
         assert stop_serve(second) == 0
-        port = second_url.rsplit(":", 1)[1]
-        servers(("ProbeV2", 0.0), "--port", port)  # the same URL, another version of the scorer
-        with pytest.raises(RewardContractError) as info:
-            many.compute_rewards(REQUEST)
-        assert second_url in str(info.value) and "'probe-v2'" in str(info.value)
+        assert many.compute_rewards(REQUEST).rewards == EXPECTED  # the stopped one passed over
+        servers(("ProbeV2", 0.0), "--port", second_url.rsplit(":", 1)[1])  # the same URL, another version
+        found: list[RewardContractError] = []
+
+        def refused() -> bool:
+            try:
+                assert many.compute_rewards(REQUEST).rewards == EXPECTED  # until then: the first one alone
+            except ScorerIdentityChanged as exc:
+                found.append(exc)
+            return bool(found)
+
+        assert eventually(refused, 15)
+        assert second_url in str(found[0]) and "'probe-v2'" in str(found[0])
 
 
 def test_a_server_killed_mid_batch_has_its_share_re_sent_once_to_a_healthy_one(servers):
@@ -203,3 +217,79 @@ def test_with_every_other_server_gone_the_error_names_the_dead_server(servers):
         with pytest.raises(ScorerUnavailable) as none:  # nobody answers /health: named, each one
             many.compute_rewards(REQUEST)
         assert first_url in str(none.value) and second_url in str(none.value)
+
+
+def test_a_server_restarted_mid_call_under_another_identity_is_never_trusted(servers):
+    """Issue 37 item 1: B is SIGKILLed while it scores and restarted on its port with other params
+    (another identity) while its chunks are in their retries. Neither a RemoteRewardBackend pinned to
+    B's identity nor a MultiRemoteRewardBackend over A and B takes one answer of the new identity:
+    both calls raise ScorerIdentityChanged naming B's URL and both hashes (never retried, never
+    joined with A's rewards), and so does every later call."""
+    (_, a), (b_process, b) = servers(SLOW, SLOW)
+    patient = {"request_batch_size": SIZE, "request_timeout": 60, "max_retries": 1000, "retry_backoff_cap_s": 0.2}
+    with RemoteRewardBackend(b, token=TOKEN) as first:
+        old = first.identity_hash
+    assert old is not None
+    outcomes: dict[str, object] = {}
+
+    def call(name: str, backend: RemoteRewardBackend | MultiRemoteRewardBackend) -> None:
+        try:
+            outcomes[name] = backend.compute_rewards(REQUEST)
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            outcomes[name] = exc
+
+    with (
+        RemoteRewardBackend(b, token=TOKEN, identity_hash=old, **patient) as one,
+        MultiRemoteRewardBackend([a, b], token=TOKEN, **patient) as many,
+    ):
+        calls = [threading.Thread(target=call, args=("many", many))]
+        calls[0].start()
+        scoring([a, b])  # the multi-server call's shares are on both servers
+        calls.append(threading.Thread(target=call, args=("one", one)))
+        calls[1].start()
+        b_process.send_signal(signal.SIGKILL)
+        b_process.wait(5)
+        servers(PROBE, "--port", b.rsplit(":", 1)[1])  # the same URL, other params: another identity
+        with RemoteRewardBackend(b, token=TOKEN) as restarted:
+            new = restarted.identity_hash
+        assert new is not None and new != old
+        for thread in calls:
+            thread.join(60)
+            assert not thread.is_alive()
+        for name, backend in (("one", one), ("many", many)):
+            error = outcomes[name]
+            assert isinstance(error, ScorerIdentityChanged), (name, error)
+            assert (error.url, error.expected, error.got) == (b, old, new), name
+            assert all(part in str(error) for part in (b, old, new)), name
+            with pytest.raises(ScorerIdentityChanged) as later:  # the next call too, before anything is joined
+                backend.compute_rewards(REQUEST)
+            assert (later.value.url, later.value.expected, later.value.got) == (b, old, new), name
+
+
+def test_a_stopped_server_is_passed_over_without_waiting_for_its_probe_until_it_answers_again(servers):
+    """Issue 37 item 10: B is SIGSTOPped while it scores (its chunk spends the call's deadline:
+    re-sending a hung chunk elsewhere is another issue's). Later calls do not ask B: each is done
+    within request_timeout (4 s) although B's probe may take 30 s. After SIGCONT, B answers its
+    background probe and takes a share again."""
+    (_, a), (b_process, b) = servers(SLOW, SLOW)
+    options = {"request_batch_size": GROUPS * SIZE, "request_timeout": 4, "probe_timeout_s": 30}
+    with MultiRemoteRewardBackend([a, b], token=TOKEN, **options) as many:
+        try:
+
+            def stop_b_mid_batch() -> None:
+                scoring([a, b])
+                b_process.send_signal(signal.SIGSTOP)
+
+            error = score_while(many, stop_b_mid_batch)
+            assert isinstance(error, ScorerTimeout) and b in str(error), error
+            for _ in range(2):  # asking B would spend 30 s of a 4 s deadline
+                assert many.compute_rewards(REQUEST).rewards == EXPECTED
+        finally:
+            b_process.send_signal(signal.SIGCONT)
+        used = scored_keys(b)  # B answers again (the stopped chunk done)
+
+        def b_takes_a_share() -> bool:
+            assert many.compute_rewards(REQUEST).rewards == EXPECTED
+            return scored_keys(b) > used
+
+        assert eventually(b_takes_a_share, 15), "B was not used again after SIGCONT"
