@@ -10,6 +10,15 @@ ours); this module splits a request by whole groups, hands each share to an acto
 object store (`ray.put` of the share once, the actor reads its arrays from there without a
 pickled copy per call) and joins the answers by id.
 
+Deadline: a share not answered by the call's deadline is cancelled (`ray.cancel`): one Ray had
+not handed over yet never runs; the actor stops one it holds where it is (queued behind another
+share: it leaves the queue; scoring: its child is killed and the next share starts a new one),
+and says which. A hung share so costs one failed call, never the calls queued behind it.
+
+Identity: every actor's answer is signed with the identity of the child that produced it, and
+where that runs; the pool joins nothing of an answer whose identity is not the pool's (an actor
+Ray restarted on a node whose scorer env changed): `PoolIdentityChanged`.
+
 Lifetime: `RayPoolBackend.create` starts the named actors `<name>.<index>` in `namespace` and
 owns them: its `close()`, or `kill()` by anyone, ends them, and their children with them (a
 child's lifeline watches its actor process, however that dies). With `lifetime: job` (the
@@ -26,6 +35,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,6 +48,7 @@ from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.errors import (
     ConfigError,
     PoolActorDied,
+    PoolIdentityChanged,
     RewardContractError,
     ScorerError,
     ScorerStartupError,
@@ -53,6 +64,11 @@ log = logging.getLogger(__name__)
 # managed backend scores one call at a time anyway, so a deadline still measures service time).
 ACTOR_THREADS = 4
 CLOSE_TIMEOUT_S = 30.0  # the actors' graceful close (their children's shutdown), then ray.kill
+CANCEL_POLL_S = 0.05  # how often a share waiting in its actor looks for its cancel
+KILLED_SHARE_S = 3.0  # a scoring share, its child killed at its cancel, ends within this (the exchange breaks)
+# the actor's answer to a cancel (queued or scoring) comes back within this after the call's deadline
+CANCEL_GRACE_S = KILLED_SHARE_S + 2.0
+RESTART_POLL_S = 0.2  # how often an actor Ray is restarting is asked again for its info
 
 
 class RayPoolConfig(BaseModel):
@@ -90,34 +106,116 @@ def _ray() -> Any:
     return ray
 
 
+@dataclass(frozen=True)
+class ShareAnswer:
+    """An actor's answer to one share, signed by what produced it: the identity of the child that
+    scored it and where the actor runs now. The pool checks the identity before it joins anything.
+    A share stopped at its cancel is raised instead (it carries no reward)."""
+
+    outcome: RewardResponse | ScorerError
+    identity_hash: str | None
+    where: dict[str, Any]  # node_id, node_ip, pid, child_pid
+
+
 class PoolActor:
-    """One actor of the pool: its managed child runs from this node's scorer env and dies with it."""
+    """One actor of the pool: its managed child runs from this node's scorer env and dies with it.
+
+    Shares score one at a time, in the order they came; the others wait in `_turns`, where the
+    pool's cancel (its call's deadline) reaches them: the actor owns the child, so the actor is
+    where a share past its deadline is stopped."""
 
     def __init__(self, scorer: Mapping[str, Any], index: int, count: int, policy: Mapping[str, int]) -> None:
         self.index, self.count, self.policy = index, count, dict(policy)
         self.backend = ManagedScorerProcessBackend(scorer)
+        self._turns = ThreadPoolExecutor(max_workers=1, thread_name_prefix="share")
+        self._held = 0  # shares queued or scoring here
+        self._held_lock = threading.Lock()
 
-    def info(self) -> dict[str, Any]:
-        """Where this actor is and what it serves: the driver names it in errors with this."""
+    def where(self) -> dict[str, Any]:
         import ray
 
         return {
-            "index": self.index,
-            "count": self.count,
-            "policy": self.policy,
             "node_id": ray.get_runtime_context().get_node_id(),
             "node_ip": ray.util.get_node_ip_address(),
             "pid": os.getpid(),
             "child_pid": self.backend.pid,
+        }
+
+    def info(self) -> dict[str, Any]:
+        """Where this actor is and what it serves: the driver names it in errors with this."""
+        return {
+            "index": self.index,
+            "count": self.count,
+            "policy": self.policy,
+            **self.where(),
             "shape": self.backend.shape,
             "group_size": self.backend.group_size,
             "combination": self.backend.combination,
         }
 
-    def score(self, request: RewardRequest) -> RewardResponse:
-        return self.backend.compute_rewards(request)
+    def score(self, request: RewardRequest) -> ShareAnswer:
+        """The share's rewards, or its typed error, signed; waits its turn, and stops where it is when
+        the pool cancels it (`ray.cancel` at the call's deadline)."""
+        import ray
+
+        context = ray.get_runtime_context()
+        share = f"its share of {len(request.items)} ids from {request.items[0].id!r}" if request.items else "its share"
+        began: list[float] = []
+        with self._held_lock:
+            ahead, self._held = self._held, self._held + 1
+
+        def scoring() -> RewardResponse:
+            began.append(time.monotonic())
+            return self.backend.compute_rewards(request)
+
+        turn = self._turns.submit(scoring)
+        turn.add_done_callback(self._released)
+        while not wait([turn], timeout=CANCEL_POLL_S).done:
+            if context.is_canceled():  # raised: Ray answers a cancelled task's return with TaskCancelledError
+                raise self._stopped(turn, share, ahead, began)
+        return self._signed(self._answer(turn))
+
+    def _released(self, _turn: Future[RewardResponse]) -> None:
+        with self._held_lock:
+            self._held -= 1
+
+    def _answer(self, turn: Future[RewardResponse]) -> RewardResponse | ScorerError:
+        error = turn.exception()
+        if error is None:
+            return turn.result()
+        if isinstance(error, ScorerError):
+            return error
+        raise error  # not ours: Ray hands it to the pool as a RayTaskError
+
+    def _stopped(self, turn: Future[RewardResponse], share: str, ahead: int, began: list[float]) -> ScorerTimeout:
+        """The share's call passed its deadline. Queued: it leaves the queue, never scored. Scoring: its
+        child is killed (the next share starts a new one: `interrupt`), so nothing queues behind a hang."""
+        if turn.cancel():
+            return ScorerTimeout(
+                f"{share} was still queued when the call's deadline passed (it came behind {ahead} other "
+                "share(s) of this actor): cancelled, never scored"
+            )
+        if turn.done():
+            return ScorerTimeout(f"{share} ended just as the call's deadline passed: its answer came too late")
+        child = self.backend.pid
+        self.backend.interrupt()  # kills the child serving the share
+        self.backend.abort_start()  # or the one a restart is booting for it
+        try:
+            turn.exception(timeout=KILLED_SHARE_S)
+            ended = "ended"
+        except TimeoutError:
+            ended = f"has not ended {KILLED_SHARE_S} s after that (shares behind it wait)"
+        scored_s = time.monotonic() - began[0] if began else 0.0
+        return ScorerTimeout(
+            f"{share} was scoring ({scored_s:.1f} s) when the call's deadline passed: its child (pid {child}) "
+            f"was killed and the share {ended}; the next share starts a new child"
+        )
+
+    def _signed(self, outcome: RewardResponse | ScorerError) -> ShareAnswer:
+        return ShareAnswer(outcome, self.backend.identity_hash, self.where())
 
     def close(self) -> None:
+        self._turns.shutdown(wait=False, cancel_futures=True)
         self.backend.close()
 
 
@@ -221,13 +319,26 @@ class RayPoolBackend(RewardBackend):
         self._combination = infos[0]["combination"]
 
     def _infos(self, deadline: float, what: str) -> list[dict[str, Any]]:
-        """Each member's info, asked again where it is not known (Ray waits for a restarting actor)."""
+        """Each member's info, asked again where it is not known; an actor Ray is restarting (whose
+        calls Ray fails meanwhile) is asked again until it answers or `deadline` passes."""
+        restarting = _ray().exceptions.ActorUnavailableError
         missing = [m for m in self._pool if m.info is None]
-        refs = [m.handle.info.remote() for m in missing]
-        for member, outcome in zip(missing, self._outcomes(missing, refs, deadline, what), strict=True):
-            if isinstance(outcome, BaseException):
-                raise outcome
-            member.info = member.last = outcome
+        while missing:
+            refs = [m.handle.info.remote() for m in missing]
+            outcomes = self._outcomes(missing, refs, deadline, what, keep=(restarting,))
+            again = []
+            for member, outcome in zip(missing, outcomes, strict=True):
+                if isinstance(outcome, restarting):
+                    if time.monotonic() + RESTART_POLL_S < deadline:
+                        again.append(member)
+                        continue
+                    outcome = self._translated(outcome, member, what)
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                member.info = member.last = outcome
+            missing = again
+            if missing:
+                time.sleep(RESTART_POLL_S)
         return [m.info for m in self._pool if m.info is not None]
 
     def actors(self, timeout_s: float = 300.0) -> list[dict[str, Any]]:
@@ -245,12 +356,14 @@ class RayPoolBackend(RewardBackend):
 
     @property
     def call_bound_s(self) -> float:
-        return self.call_timeout_s
+        """The call's deadline, then the actors' answers to the cancel of what was late."""
+        return self.call_timeout_s + CANCEL_GRACE_S
 
     # -- scoring ---------------------------------------------------------------------------
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         """Whole groups to each actor, each share put once in the object store, all sent at once;
-        one deadline for the whole call. A failed share fails the call with its own typed error."""
+        one deadline for the whole call, past which unanswered shares are cancelled. A failed share
+        fails the call with its own typed error; an answer of another identity fails it first."""
         if self._closed:
             raise ScorerUnavailable(f"Ray pool {self.name!r} backend is closed")
         ray = _ray()
@@ -265,14 +378,16 @@ class RayPoolBackend(RewardBackend):
             part = RewardRequest(items=[request.items[p] for p in share], group_size=group_size, step=request.step)
             refs.append(_member.handle.score.remote(ray.put(part)))  # the actor reads its arrays from the store
         whats = [f"scoring its share of {len(share)} ids from {request.items[share[0]].id!r}" for _, share in sent]
-        outcomes = self._outcomes([m for m, _ in sent], refs, deadline, whats)
-        for (member, share), outcome in zip(sent, outcomes, strict=True):
-            ids = [request.items[p].id for p in share]
-            if isinstance(outcome, RewardResponse) and outcome.ids != ids:
-                raise RewardContractError(
-                    f"{self.describe(member)} answered for ids {outcome.ids[:4]}... where its share was {ids[:4]}..."
-                )
-        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        answers = self._outcomes([m for m, _ in sent], refs, deadline, whats)
+        outcomes = [
+            self._accepted(member, answer, [request.items[p].id for p in share])
+            for (member, share), answer in zip(sent, answers, strict=True)
+        ]
+        failed = sorted(
+            (o for o in outcomes if isinstance(o, BaseException)), key=lambda o: not isinstance(o, PoolIdentityChanged)
+        )
+        if any(isinstance(o, PoolIdentityChanged) for o in failed):
+            raise failed[0]  # nothing of another identity is joined, not even a partial
         joined = shares_failed(self.shape.name, request.ids, outcomes)
         if joined is not None:
             raise joined
@@ -281,19 +396,62 @@ class RayPoolBackend(RewardBackend):
         responses = [o for o in outcomes if isinstance(o, RewardResponse)]
         return join_rows(request.ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
 
+    def _accepted(self, member: _Member, answer: Any, ids: list[str]) -> Any:
+        """A share's outcome once its signature is checked: the pool's identity, and its own ids."""
+        if not isinstance(answer, ShareAnswer):
+            return answer  # a Ray failure, already translated
+        member.last = {**(member.last or {}), **answer.where}  # what errors name: the actor as it answered
+        if member.info is not None:
+            member.info = {**member.info, **answer.where}
+        where = self.describe(member)
+        if answer.identity_hash != self.shape.identity_hash:
+            return PoolIdentityChanged(
+                f"{where} answered from child pid {answer.where.get('child_pid')} of scorer identity "
+                f"{answer.identity_hash}, not the pool's {self.shape.identity_hash}: Ray restarted or replaced the "
+                "actor, and its node's scorer env now serves another revision or params; refused (fix that env, "
+                "or create the pool anew)",
+                actor=actor_name(self.name, member.index),
+                node_id=answer.where.get("node_id"),
+                node_ip=answer.where.get("node_ip"),
+                actor_pid=answer.where.get("pid"),
+                expected=self.shape.identity_hash,
+                got=answer.identity_hash,
+            )
+        outcome = answer.outcome
+        if isinstance(outcome, ScorerError):
+            return prefixed(outcome, where)
+        if outcome.ids != ids:
+            return RewardContractError(
+                f"{where} answered for ids {outcome.ids[:4]}... where its share was {ids[:4]}..."
+            )
+        return outcome
+
     def _outcomes(
-        self, members: Sequence[_Member], refs: Sequence[Any], deadline: float, what: str | Sequence[str]
+        self,
+        members: Sequence[_Member],
+        refs: Sequence[Any],
+        deadline: float,
+        what: str | Sequence[str],
+        keep: tuple[type[Exception], ...] = (),
     ) -> list[Any]:
-        """Each ref's value, or its failure as this project's typed error; every wait ends at `deadline`.
-        `what`: what each call was doing (one for all, or one per call), for the error."""
+        """Each ref's value, or its failure as this project's typed error (those of `keep`: as Ray
+        raised them). At `deadline` every call not answered is cancelled, and its actor's answer to
+        the cancel waited for `CANCEL_GRACE_S` more. `what`: what each call was doing (one for all,
+        or one per call), for the error."""
         ray = _ray()
         whats = [what] * len(refs) if isinstance(what, str) else list(what)
+        late: list[Any] = []
+        if refs:
+            _, late = ray.wait(list(refs), num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
+        for ref in late:
+            ray.cancel(ref)  # not handed over yet: never runs; held by the actor: it stops it (PoolActor.score)
+        grace = time.monotonic() + CANCEL_GRACE_S
         outcomes: list[Any] = []
         for member, ref, doing in zip(members, refs, whats, strict=True):
             try:
-                outcomes.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+                outcomes.append(ray.get(ref, timeout=max(0.0, grace - time.monotonic())))
             except Exception as exc:  # noqa: BLE001 - translated here, raised or joined by the caller
-                outcomes.append(self._translated(exc, member, doing))
+                outcomes.append(exc if isinstance(exc, keep) else self._translated(exc, member, doing))
         return outcomes
 
     def _translated(self, exc: Exception, member: _Member, what: str) -> Exception:
@@ -315,9 +473,18 @@ class RayPoolBackend(RewardBackend):
                 node_ip=info.get("node_ip"),
                 actor_pid=info.get("pid"),
             )
+        if isinstance(exc, errors.TaskCancelledError):  # cancelled at the deadline before the actor took it up
+            return ScorerTimeout(
+                f"{where}: {what}: still queued for the actor in Ray when the call's {self.call_timeout_s} s "
+                "deadline passed: cancelled, never scored"
+            )
         if isinstance(exc, errors.GetTimeoutError):
-            return ScorerTimeout(f"{where}: no answer while {what} within the call's {self.call_timeout_s} s deadline")
-        if isinstance(exc, errors.RayTaskError):  # raised inside the actor: its own typed error, named
+            return ScorerTimeout(
+                f"{where}: no answer while {what} within the call's {self.call_timeout_s} s deadline, nor to its "
+                f"cancel {CANCEL_GRACE_S} s after it: the actor is not answering (stopped, stuck, or its node "
+                "unreachable), so whether the share was queued or scoring is unknown"
+            )
+        if isinstance(exc, errors.RayTaskError):  # raised inside the actor, not by its scorer: named
             cause = exc.cause
             if isinstance(cause, ScorerError):
                 return prefixed(cause, where)  # type: ignore[return-value]  # a ScorerError stays one

@@ -6,7 +6,10 @@ first on PYTHONPATH: one step of the test per run, its findings as one JSON file
 create: start the pool (2 actors on `reward_node`, detached so later drivers find it) and score;
 create-job: a 1-actor pool with `lifetime: job`, scored, then the driver exits without closing it;
 score: connect by name and score; kill-actor: freeze actor 0, send a call, SIGKILL the actor, then
-score again; kill-pool: connect and kill every actor.
+score again; kill-pool: connect and kill every actor; late-then-restamped: a 2-actor pool of
+`Stamped` scorers whose share hangs past the call's deadline while a shorter call queues behind it,
+then the next call; then actor 0 SIGKILLed after its node's stamp changed (Ray restarts it under
+another identity) and a call.
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ import ray
 
 import supervisor
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
-from supervisor.compose.ray_pool import RayPoolBackend
+from supervisor.compose.ray_pool import RayPoolBackend, actor_name
 
 GROUP = 4
+ROOT = Path(supervisor.__file__).resolve().parent.parent
+LATE_CALL_S = 4.0  # the stamped pool's call deadline: its hung share is cancelled there
+QUEUED_CALL_S = 1.0  # a second backend's, shorter: its share is still queued behind the hang at its deadline
 
 
 def batch(seed: int, groups: int = 6) -> RewardRequest:
@@ -102,6 +108,94 @@ def kill_actor(pool: RayPoolBackend, seed: int) -> dict[str, Any]:
     return {"before": before, "error": error, "after": after, "actors": pool.actors()}
 
 
+def texts(prefix: str, hang: bool = False) -> RewardRequest:
+    """Two groups of 2 (one share for each actor); with `hang`, the first group's share hangs."""
+    items = [
+        RewardItem(id=f"{prefix}{n}", group_id=f"{prefix}g{n // 2}", text="hang" if hang and n == 0 else "ok")
+        for n in range(4)
+    ]
+    return RewardRequest(items=items, group_size=2)
+
+
+def attempt(call: Any) -> dict[str, Any]:
+    """The call's rewards, or its error with the fields a pool error names."""
+    try:
+        return {"rewards": call().rewards}
+    except supervisor.ScorerError as exc:
+        fields = ("actor", "node_id", "actor_pid", "expected", "got")
+        return {
+            "error": {"type": type(exc).__name__, "message": str(exc), **{f: getattr(exc, f, None) for f in fields}}
+        }
+
+
+def waited(check: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise TimeoutError(f"{what}: not within {timeout_s} s")
+
+
+def late_then_restamped(pool_name: str) -> dict[str, Any]:
+    stamp, mark = Path("stamp").resolve(), Path("hanging").resolve()
+    stamp.write_text("1")
+    params = {"stamp_file": str(stamp), "hang_s": 120.0, "hang_mark": str(mark)}
+    pool = RayPoolBackend.create(
+        {
+            "name": pool_name,
+            "actors": 2,
+            "num_cpus": 0,
+            "lifetime": "job",
+            "max_restarts": 2,
+            "start_timeout_s": 120,
+            "call_timeout_s": LATE_CALL_S,
+            "scorer": {
+                "env": "image",
+                "process": {"extra_import_paths": [str(ROOT)]},
+                "scorer": {"name": "tests.helpers.stamped_scorer:Stamped", "params": params},
+            },
+        }
+    )
+    report: dict[str, Any] = {"identity": pool.identity_hash, "children": [a["child_pid"] for a in pool.actors()]}
+    try:
+        short = RayPoolBackend.connect(pool_name, timeout_s=60, call_timeout_s=QUEUED_CALL_S)
+        hung = pool.submit(texts("h", hang=True))
+        waited(mark.exists, 60, "the hanging share to reach its scorer")
+        report["queued"] = attempt(lambda: short.compute_rewards(texts("q")))
+        report["hung"] = attempt(lambda: hung.result(timeout=120))
+        began = time.monotonic()
+        report["next"] = attempt(lambda: pool.compute_rewards(texts("n")))
+        report["next_s"] = time.monotonic() - began
+
+        handles = [ray.get_actor(actor_name(pool_name, i), namespace="managed-scorers") for i in range(2)]
+        victim = ray.get(handles[0].info.remote(), timeout=60)
+        stamp.write_text("2")  # the node's scorer env changes: a new child of actor 0 has another identity
+        os.kill(victim["pid"], signal.SIGKILL)
+
+        def restarted() -> dict[str, Any] | None:
+            try:
+                info = ray.get(handles[0].info.remote(), timeout=30)
+            except ray.exceptions.RayActorError:
+                return None
+            return info if info["pid"] != victim["pid"] else None
+
+        again = waited(restarted, 90, "Ray to restart actor 0")
+        report["victim"] = {"pid": victim["pid"], "child_pid": victim["child_pid"]}
+        report["restarted"] = {
+            "pid": again["pid"],
+            "node_id": again["node_id"],
+            "child_pid": again["child_pid"],
+            "identity": again["shape"].identity_hash,
+        }
+        report["mixed"] = attempt(lambda: pool.compute_rewards(texts("m")))
+        report["children"] += [ray.get(h.info.remote(), timeout=60)["child_pid"] for h in handles]
+    finally:
+        pool.kill()
+    return report
+
+
 def main() -> int:
     step, address, pool_name, out = sys.argv[1:5]
     seed = int(sys.argv[5]) if len(sys.argv) > 5 else 0
@@ -112,6 +206,8 @@ def main() -> int:
             report.update(create(pool_name, seed))
         elif step == "create-job":  # and exit without closing it: Ray ends it with this driver
             report.update(create(pool_name, seed, lifetime="job", actors=1))
+        elif step == "late-then-restamped":
+            report.update(late_then_restamped(pool_name))
         else:
             pool = RayPoolBackend.connect(pool_name, timeout_s=120, call_timeout_s=60)
             if step == "score":

@@ -4,8 +4,11 @@ raylet carrying `reward_node`; driver processes from envs/ray (the checkout firs
 Shown: the pool's actors are placed on the second raylet; two driver processes score through the same
 named pool at once, equal to in-process; a killed actor's in-flight call gets PoolActorDied naming its
 node and pid, Ray restarts the actor and the next call is served; the killed pool leaves no scorer
-process (psutil); a `lifetime: job` pool ends, children included, with the driver that made it. The cluster is ended by its own processes (found by the marker every process of it
-inherits), not `ray stop`, which would end every Ray on the machine.
+process (psutil); a `lifetime: job` pool ends, children included, with the driver that made it; a
+share hung past the call's deadline is cancelled where it is (queued or scoring, said so) and costs
+that call alone; an actor Ray restarted under another identity is refused, never joined. The
+cluster is ended by its own processes (found by the marker every process of it inherits), not
+`ray stop`, which would end every Ray on the machine.
 """
 
 from __future__ import annotations
@@ -216,3 +219,34 @@ def test_without_ray_the_pool_says_what_it_needs():
         RayPoolBackend.create(
             {"name": "p", "scorer": {"env": "image", "scorer": {"name": "mean_intensity", "input_kind": "image"}}}
         )
+
+
+@pytest.mark.slow
+def test_a_late_share_is_cancelled_where_it_is_and_an_answer_of_another_identity_is_refused(cluster, tmp_path):
+    """A share hung past the call's deadline costs that call alone: its child is killed, the next call is
+    served; a call queued behind it says so. An actor Ray restarted under another identity (its node's
+    scorer changed) contributes nothing to a call, and the error names it, its node and pid, both hashes."""
+    found = _run(cluster, tmp_path, "late-then-restamped", pool="stamped")
+    queued, hung = found["queued"]["error"], found["hung"]["error"]
+    assert queued["type"] == "ScorerTimeout", queued
+    assert (
+        "was still queued when the call's deadline passed" in queued["message"] and "scoring" not in queued["message"]
+    ), queued
+    assert hung["type"] == "ScorerTimeout" and "was scoring" in hung["message"], hung
+    assert hung["message"].startswith("Ray pool 'stamped' actor 0/2 (node "), hung
+    assert found["next"] == {"rewards": [1.0] * 4}, found["next"]  # the hang cost one call, not the next
+
+    victim, restarted = found["victim"], found["restarted"]
+    assert restarted["identity"] != found["identity"], found
+    mixed = found["mixed"]["error"]  # never [2.0, 2.0, 1.0, 1.0]: two identities in one call
+    assert mixed["type"] == "PoolIdentityChanged", found["mixed"]
+    assert (mixed["actor"], mixed["node_id"], mixed["actor_pid"]) == (
+        "stamped.0",
+        restarted["node_id"],
+        restarted["pid"],
+    )
+    assert (mixed["expected"], mixed["got"]) == (found["identity"], restarted["identity"]), mixed
+    assert found["identity"] in mixed["message"] and restarted["identity"] in mixed["message"], mixed
+    assert f"pid {restarted['pid']}" in mixed["message"], mixed
+    children = {victim["child_pid"], *found["children"]}
+    assert not wait_until_gone(sorted(children), 15.0), "a child of the stamped pool outlived it"
