@@ -2,8 +2,10 @@
 
 OpenRLHF's client posts to the URL exactly as configured and sends no header, so the only secret
 it can carry is the URL itself: the route is `/openrlhf/<secret>`. Its own failure handling is
-quiet (five tries, then one INFO line and `reward=None`), so this side logs every refusal and
-every failed answer on the server's log, with the typed error text.
+quiet (five tries, then one INFO line and `reward=None`), so this side says every refusal and
+every failed answer on the server's log, with the typed error text: the first of a kind at once, then
+at most one line per LOG_EVERY_S with how many there were (`Throttled`), so that a flood of bad
+requests cannot fill the log.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from child_runtime.protocol.openrlhf import ROUTE
 
-REFUSAL_LOG_EVERY_S = 10.0  # a flood of wrong secrets costs one log line per this many seconds
+LOG_EVERY_S = 10.0  # a flood of refusals or failed answers costs one log line of each kind per this many seconds
 OPENRLHF_FATE = "OpenRLHF retries 5 times, then logs at INFO only and trains on reward=None"
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -36,14 +38,31 @@ def log(level: str, message: str) -> None:
         pass  # the answer still carries the error to the client
 
 
+class Throttled:
+    """One kind of event said on the log: the first at once, then at most once per `every_s`, with
+    the count of those since the last line (the ones between are counted, not said)."""
+
+    def __init__(self, every_s: float = LOG_EVERY_S) -> None:
+        self.every_s = every_s
+        self._count = 0
+        self._said_at = -every_s
+
+    def happened(self, say: Callable[[int], None]) -> None:
+        """Count one; call `say(count)` when a line is due."""
+        self._count += 1
+        now = time.monotonic()
+        if now - self._said_at >= self.every_s:
+            say(self._count)
+            self._said_at, self._count = now, 0
+
+
 class CapabilityPath:
     """`/openrlhf/<secret>`: whoever knows the path may score, nothing more (no other endpoint)."""
 
     def __init__(self, secret: str) -> None:
         self.prefix = ROUTE + "/"
         self._expected = hashlib.sha256((self.prefix + secret).encode()).digest()
-        self._refused = 0
-        self._said_at = -REFUSAL_LOG_EVERY_S
+        self._refusals = Throttled()
 
     def claims(self, path: str) -> bool:
         return path == ROUTE or path.startswith(self.prefix)
@@ -54,28 +73,31 @@ class CapabilityPath:
         return hmac.compare_digest(supplied, self._expected)
 
     def refused(self, client: Any) -> None:
-        """Count a wrong or missing secret; say so at once, then at most once per REFUSAL_LOG_EVERY_S."""
-        self._refused += 1
-        now = time.monotonic()
-        if now - self._said_at >= REFUSAL_LOG_EVERY_S:
-            peer = f"{client[0]}:{client[1]}" if client else "unknown"
-            log(
+        """Count a wrong or missing secret; said at once, then at most once per LOG_EVERY_S."""
+        peer = f"{client[0]}:{client[1]}" if client else "unknown"
+        self._refusals.happened(
+            lambda count: log(
                 "WARNING",
-                f"401 for {self._refused} request(s) to {ROUTE}/<secret> with a wrong or missing secret "
+                f"401 for {count} request(s) to {ROUTE}/<secret> with a wrong or missing secret "
                 f"(the last from {peer}): check the secret in --reward.remote_url",
             )
-            self._said_at, self._refused = now, 0
+        )
 
 
 def loud(handler: Handler) -> Handler:
-    """Log each error answer (4xx or 5xx, with its kind and text) at ERROR before OpenRLHF hides it."""
+    """Say each error answer (4xx or 5xx, with its kind and text) at ERROR before OpenRLHF hides it: each
+    status and kind at once, then at most once per LOG_EVERY_S with how many there were."""
+    kinds: dict[tuple[int, str], Throttled] = {}
 
     async def run(request: Request) -> Response:
         response = await handler(request)
         if response.status_code >= 400:
             detail = json.loads(bytes(response.body)) if isinstance(response, JSONResponse) else {}
             kind, error = detail.get("kind", "unknown"), detail.get("error", "")
-            log("ERROR", f"answered {response.status_code} {kind} ({OPENRLHF_FATE}): {error}")
+            status = response.status_code
+            kinds.setdefault((status, kind), Throttled()).happened(
+                lambda count: log("ERROR", f"answered {status} {kind} x{count} ({OPENRLHF_FATE}): {error}")
+            )
         return response
 
     return run

@@ -12,7 +12,6 @@ Stdlib only (plus the wire's item checks): the child and the trainer side both i
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -64,12 +63,9 @@ def samples(queries: Sequence[Any], prompts: Sequence[Any], labels: Sequence[Any
     return found
 
 
-def samples_from_json(body: bytes) -> list[Sample]:
-    """OpenRLHF's request body: `labels` may be left out (None each); other keys are ignored."""
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestError(f"the body is not JSON: {exc}") from exc
+def samples_of(payload: Any) -> list[Sample]:
+    """OpenRLHF's request body, parsed (`protocol/bounded_json`): `labels` may be left out (None each);
+    other keys are ignored."""
     if not isinstance(payload, dict):
         raise RequestError('the body must be a JSON object {"query": [...], "prompts": [...], "labels": [...]}')
     queries, prompts = payload.get("query"), payload.get("prompts")

@@ -159,7 +159,9 @@ def _serve(args: argparse.Namespace) -> int:
     secret = None if args.openrlhf_secret_file is None else read_secret(args.openrlhf_secret_file)
     # OpenRLHF opens a connection per sample, and a rollout's samples end in bursts: room for them
     pending = args.max_pending_connections or (OPENRLHF_PENDING_CONNECTIONS if secret is not None else None)
-    limits = {} if pending is None else {"max_pending_connections": pending}
+    limits: dict[str, int] = {} if pending is None else {"max_pending_connections": pending}
+    if args.openrlhf_max_request_bytes is not None:
+        limits["openrlhf_max_request_bytes"] = args.openrlhf_max_request_bytes
     if args.recipe is not None:
         _no_scorer_options(args)
         spec = panel_spec(args.recipe, limits)
@@ -351,6 +353,12 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--openrlhf-secret-file",
         type=_folder,
         help="also serve OpenRLHF's --reward.remote_url at /openrlhf/<the secret in this 0600 file> (made if missing)",
+    )
+    server.add_argument(
+        "--openrlhf-max-request-bytes",
+        type=int,
+        help="the OpenRLHF route's body cap (default 16 MiB: one sample of a 128k-token context; its JSON parse "
+        "may take 4x this); a larger body is refused with a 413 before it is read",
     )
     server.add_argument(
         "--max-pending-connections",

@@ -174,7 +174,8 @@ def test_openrlhfs_executor_scores_through_serve_on_two_urls_and_loses_nothing_s
                 server.wait()
     assert " WARNING child_runtime.openrlhf: 401 for 1 request(s)" in servers[0][2].read_text()
     flaky_log = servers[2][2].read_text()
-    assert flaky_log.count(" ERROR child_runtime.openrlhf: answered 500 scorer_error") == 5
+    # OpenRLHF's five tries, 1 s apart: one line at once, the rest counted in the next line (10 s later)
+    assert flaky_log.count(" ERROR child_runtime.openrlhf: answered 500 scorer_error x1 (") == 1
     assert "ZeroDivisionError: scorer bug on cue" in flaky_log
     assert wait_until_gone(math_env_processes_since(start), 10) == []  # the servers' graders went with them
 
