@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 import psutil
 import yaml
 
+from bench.handles import managed_of, pid_of
 from supervisor import (
     ManagedScorerProcessBackend,
     MultiRemoteRewardBackend,
@@ -77,11 +79,11 @@ def native_timeout() -> str:
     train, _ = build_panels(load_recipe(recipe))
     try:
         backend = train.terms[0].backend
-        pids = [backend.pid]
+        pids = [pid_of(backend)]
         outcomes = [_outcome(lambda: train.compute_rewards(_images("h", hang=True)))]
         for n in range(3):
-            outcomes.append(_outcome(lambda n=n: train.compute_rewards(_images(f"s{n}"))))
-            pids.append(backend.pid)
+            outcomes.append(_outcome(partial(train.compute_rewards, _images(f"s{n}"))))
+            pids.append(pid_of(backend))
     finally:
         train.close()
     return _calls("call_timeout_s 1, a hang then 3 calls", outcomes) + f"; child pids {len(set(pids))} distinct"
@@ -106,7 +108,7 @@ def ff_async_timeout() -> str:
         pids = [backend.pid]
         outcomes = [_outcome(lambda: backend.compute_rewards(_ff_request("h", [True, True, False])))]
         for n in range(4):
-            outcomes.append(_outcome(lambda n=n: backend.compute_rewards(_ff_request(f"s{n}", [False, False]))))
+            outcomes.append(_outcome(partial(backend.compute_rewards, _ff_request(f"s{n}", [False, False]))))
             pids.append(backend.pid)
     return _calls("a hang then 4 calls", outcomes) + f"; child pids {len(set(pids))} distinct"
 
@@ -125,7 +127,7 @@ def native_close_raises() -> str:
                 said.append(f"served, term failure '{failure}'")
             except ScorerError as exc:
                 said.append(f"{type(exc).__name__} ({getattr(exc, 'kind', None)})")
-        residency = train.terms[0].backend.health()["residency"]
+        residency = managed_of(train.terms[0].backend).health()["residency"]
     finally:
         train.close()
     return f"two calls: {'; '.join(said)}; the child's residency after: {residency}"
