@@ -113,6 +113,40 @@ def test_an_answer_that_names_no_identity_is_refused_as_a_version_mismatch(manag
     assert info.value.expected == server.identity_hash and "after 1 attempt" in str(info.value)
 
 
+def test_every_score_answer_is_checked_against_the_identity_an_error_answer_too():
+    """The one check (ScorerClient): another identity is refused, an error answer included; a
+    success that names none is refused; an error that names none (a proxy's 503) stays an error."""
+    from child_runtime.protocol import wire
+    from child_runtime.protocol.headers import IDENTITY_HEADER
+    from supervisor.child.client import ScorerClient
+    from supervisor.errors import ErrorStatus, IdentityMismatch
+
+    ours, theirs = "a" * 64, "b" * 64
+    ok = bytes(b"".join(wire.prepare({"ids": [], "terms": {}}).body_parts()))
+    busy = b'{"error": "later", "kind": "unavailable"}'
+
+    class Canned:
+        def __init__(self, status: int, named: str | None, body: bytes) -> None:
+            self.answer = (status, {IDENTITY_HEADER: named} if named else {}, body)
+
+        def request(self, *args: object) -> tuple[int, dict[str, str], bytes]:
+            return self.answer
+
+    def score(status: int, named: str | None, body: bytes) -> object:
+        client = ScorerClient(Canned(status, named, body), 5.0, url="http://server")
+        client.identity = ours
+        return client.score(wire.prepare({"items": []}))
+
+    assert score(200, ours, ok) == {"ids": [], "terms": {}}
+    for status, named, body in ((200, theirs, ok), (200, None, ok), (503, theirs, busy)):
+        with pytest.raises(IdentityMismatch) as info:
+            score(status, named, body)
+        assert (info.value.url, info.value.expected, info.value.got) == ("http://server", ours, named)
+    with pytest.raises(ErrorStatus) as error:
+        score(503, None, busy)
+    assert error.value.status == 503
+
+
 def test_a_cancelled_call_ends_but_leaves_the_remote_backend_usable(managed, trainer_python):
     """asyncio.wait_for gives up on a call in flight: the call's connection is dropped (nothing retries
     behind the caller), and the backend serves the next call; only close() ends it for good."""
