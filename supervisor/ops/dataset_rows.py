@@ -1,6 +1,7 @@
 """The input of `managed-scorers score`: JSONL rows read and checked before anything is scored or
-started (UTF-8 JSON objects, unique ids, the needed fields, valid items, images and WAVs that open,
-groups contiguous and whole), each with a digest of its content; and the RewardItems made of them.
+started (UTF-8 JSON objects, unique ids, the needed fields, valid items, images that open and WAVs
+whose every frame reads, groups contiguous and whole), each with a digest of its content; and the
+RewardItems made of them, a row whose media do not decode then failing alone.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from child_runtime.protocol.items import MAX_AUDIO_CHANNELS
 from scorers.groups import COMMON_INPUTS, NotContiguous, contiguous_runs, strict_key
 from scorers.identity import digest
 from supervisor.errors import ConfigError, validation_message
-from supervisor.ops.wav import WavError, read_wav, wav_header
+from supervisor.ops.wav import WavError, check_wav, read_wav
 from supervisor.types import RewardItem
 
 
@@ -104,21 +104,21 @@ def _row_id(fields: dict[str, Any], columns: Columns, number: int, where: str) -
 
 
 def _check_fields(row: Row, columns: Columns, needs_text: bool, base: Path, where: str) -> None:
-    """The row's own fields: text, image, group key, and a valid item (types, finite numbers)."""
+    """The row's own fields: text, image, group key, and a valid item (types, finite numbers), its audio
+    standing in as a waveform of the file's channels and rate: what the item checks of it is checked now."""
     fields = row.fields
     if needs_text and not isinstance(fields.get(columns.response), str):
         raise InputRowError(f"{where}: no text in column {columns.response!r} (--response-column)")
     if columns.image is not None:
         _check_image(fields.get(columns.image), base, columns.image, where)
-    if columns.audio is not None:
-        _check_audio(fields.get(columns.audio), base, columns.audio, where)
+    audio = {} if columns.audio is None else _check_audio(fields.get(columns.audio), base, columns.audio, where)
     if columns.group is not None:
         group = fields.get(columns.group)
         if not isinstance(group, (str, int)) or isinstance(group, bool):
             raise InputRowError(f"{where}: column {columns.group!r} must hold a group (string or integer)")
     try:
-        _item(row, columns)
-    except ValueError as exc:  # pydantic's ValidationError: a type, an empty id, a NaN
+        _item(row, columns, **audio)
+    except ValueError as exc:  # pydantic's ValidationError: a type, an empty id, a NaN, audio it refuses
         raise InputRowError(f"{where}: {validation_message(exc)}") from exc
 
 
@@ -168,19 +168,16 @@ def _check_image(value: Any, base: Path, column: str, where: str) -> None:
         raise InputRowError(f"{where}: {value} is not a readable image ({type(exc).__name__}: {exc})") from exc
 
 
-def _check_audio(value: Any, base: Path, column: str, where: str) -> None:
-    """A WAV whose header reads and that a RewardItem takes (a file that is not one fails here, not mid-run)."""
+def _check_audio(value: Any, base: Path, column: str, where: str) -> dict[str, Any]:
+    """A WAV whose every frame reads as a waveform (`wav.check_wav`: a file that is not one fails here, not
+    mid-run), and the item's audio fields standing in for it: one silent sample of its channels, its rate."""
     if not isinstance(value, str) or not (base / value).is_file():
         raise InputRowError(f"{where}: column {column!r} must name a WAV file, got {value!r}")
     try:
-        channels, width, frames, _ = wav_header(base / value)
+        header = check_wav(base / value)
     except WavError as exc:
         raise InputRowError(f"{where}: {exc}") from exc
-    if width not in (1, 2, 3, 4) or frames < 1 or not 1 <= channels <= MAX_AUDIO_CHANNELS:
-        raise InputRowError(
-            f"{where}: {value} has {channels} channels of {frames} {8 * width}-bit samples: audio here is 8, 16, "
-            f"24 or 32-bit PCM, 1..{MAX_AUDIO_CHANNELS} channels, at least one sample"
-        )
+    return {"audio": np.zeros((header.channels, 1), np.float32), "audio_sample_rate": header.rate}
 
 
 def _decoded_image(row: Row, columns: Columns, base: Path) -> np.ndarray | None:
@@ -216,27 +213,40 @@ def _item(row: Row, columns: Columns, image: np.ndarray | None = None, **audio: 
 
 
 def items_of(batch: Sequence[Row], columns: Columns, input_dir: Path) -> tuple[list[RewardItem], dict[str, str]]:
-    """The batch's items, and why each row that cannot become one failed: an image or a WAV that opened
-    at the check but does not decode (cut short, corrupt). Such a row takes its whole group with it."""
+    """The batch's items, and why each row that cannot become one failed: an image or a WAV that passed the
+    check but does not decode (changed since, corrupt), or whose decoded media its item refuses. Such a
+    row gets that error and takes its whole group with it; the run goes on."""
     items, unreadable, broken = [], {}, set()
     for row in batch:
         try:
-            audio = _decoded_audio(row, columns, input_dir)
-            image = _decoded_image(row, columns, input_dir)
-        except WavError as exc:
-            unreadable[row.id] = f"input line {row.line}: cannot decode its audio ({exc})"
+            items.append(_decoded_item(row, columns, input_dir))
+        except UndecodedRow as exc:
+            unreadable[row.id] = f"input line {row.line}: {exc}"
             broken.add(group_of(row, columns))
-            continue
-        except Exception as exc:  # noqa: BLE001 - whatever the decoder raises (OSError cut short, SyntaxError, ValueError, zlib.error, DecompressionBombError...) is this row's input fault
-            unreadable[row.id] = f"input line {row.line}: cannot decode its image ({type(exc).__name__}: {exc})"
-            broken.add(group_of(row, columns))
-            continue
-        items.append(_item(row, columns, image, **audio))
     broken.discard(None)
     for row in batch:
         if row.id not in unreadable and group_of(row, columns) in broken:
             unreadable[row.id] = f"input line {row.line}: a member of its group has media that cannot be decoded"
     return [item for item in items if item.id not in unreadable], unreadable
+
+
+class UndecodedRow(ValueError):
+    """A row's media did not decode, or its item refused them: that row's error, never the run's."""
+
+
+def _decoded_item(row: Row, columns: Columns, base: Path) -> RewardItem:
+    try:
+        audio = _decoded_audio(row, columns, base)
+    except WavError as exc:
+        raise UndecodedRow(f"cannot decode its audio ({exc})") from exc
+    try:
+        image = _decoded_image(row, columns, base)
+    except Exception as exc:  # noqa: BLE001 - whatever the decoder raises (OSError cut short, SyntaxError, ValueError, zlib.error, DecompressionBombError...) is this row's input fault
+        raise UndecodedRow(f"cannot decode its image ({type(exc).__name__}: {exc})") from exc
+    try:
+        return _item(row, columns, image, **audio)
+    except ValueError as exc:  # pydantic's ValidationError: the decoded media are not what an item takes
+        raise UndecodedRow(f"its decoded media are refused ({validation_message(exc)})") from exc
 
 
 def group_of(row: Row, columns: Columns) -> str | None:

@@ -9,10 +9,14 @@ stdlib reads: they are refused naming the file and what to convert them to, neve
 from __future__ import annotations
 
 import wave
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
+SAMPLE_WIDTHS = (1, 2, 3, 4)  # bytes: 8-bit unsigned, 16, 24 and 32-bit signed PCM
 UNREADABLE_HINT = (
     "format 3 is IEEE float and 65534 WAVE_FORMAT_EXTENSIBLE, which the stdlib reads from Python 3.12 on: "
     "convert it to plain PCM, e.g. `ffmpeg -i in.wav -c:a pcm_s16le out.wav`"
@@ -23,31 +27,59 @@ class WavError(ValueError):
     """A file is not a WAV this reader takes, or it is cut short (names the file and why)."""
 
 
-def wav_header(path: Path) -> tuple[int, int, int, int]:
-    """(channels, sample width in bytes, frames, sample rate), read from the header alone."""
-    try:
-        with wave.open(str(path), "rb") as handle:
-            return handle.getnchannels(), handle.getsampwidth(), handle.getnframes(), handle.getframerate()
-    except wave.Error as exc:
-        hint = f"; {UNREADABLE_HINT}" if "unknown format" in str(exc) else ""
-        raise WavError(f"{path} is not a PCM WAV the stdlib reads ({exc}){hint}") from exc
-    except (EOFError, OSError) as exc:
-        raise WavError(f"{path} is not a readable WAV ({type(exc).__name__}: {exc})") from exc
+class WavHeader(NamedTuple):
+    channels: int
+    width: int  # bytes a sample
+    frames: int
+    rate: int  # Hz
+
+
+def check_wav(path: Path) -> WavHeader:
+    """The header, checked for everything `read_wav` will need (PCM of 8 to 32 bits, a rate, a channel,
+    a frame), and the last frame the header claims read: a file cut short fails here, not mid-run."""
+    with _opened(path) as handle:
+        header = _header(handle, path)
+        handle.setpos(header.frames - 1)
+        last = handle.readframes(1)
+    if len(last) != header.channels * header.width:
+        raise WavError(f"{path} is cut short: its header says {header.frames} frames, the last one is missing")
+    return header
 
 
 def read_wav(path: Path) -> tuple[np.ndarray, int]:
     """The waveform as float32 (channels, samples) and its sample rate in Hz."""
-    channels, width, frames, rate = wav_header(path)
-    try:
-        with wave.open(str(path), "rb") as handle:
-            data = handle.readframes(frames)
-    except (wave.Error, EOFError, OSError) as exc:
-        raise WavError(f"{path}: its samples do not read ({type(exc).__name__}: {exc})") from exc
+    with _opened(path) as handle:
+        channels, width, frames, rate = _header(handle, path)
+        data = handle.readframes(frames)
     if len(data) != frames * channels * width:
         raise WavError(
             f"{path} is cut short: {len(data)} bytes of samples, the header says {frames * channels * width}"
         )
     return pcm_to_float32(data, width).reshape(frames, channels).T.copy(), rate
+
+
+@contextmanager
+def _opened(path: Path) -> Iterator[wave.Wave_read]:
+    """The file open for reading; whatever the stdlib raises, opening or reading it, as a WavError."""
+    try:
+        with wave.open(str(path), "rb") as handle:
+            yield handle
+    except wave.Error as exc:
+        hint = f"; {UNREADABLE_HINT}" if "unknown format" in str(exc) else ""
+        raise WavError(f"{path} is not a PCM WAV the stdlib reads ({exc}){hint}") from exc
+    except (EOFError, OSError, RuntimeError) as exc:  # RuntimeError: a chunk's seek past its end
+        raise WavError(f"{path} is not a readable WAV ({type(exc).__name__}: {exc})") from exc
+
+
+def _header(handle: wave.Wave_read, path: Path) -> WavHeader:
+    """(channels, width, frames, rate), refused unless a waveform can be made of them."""
+    header = WavHeader(handle.getnchannels(), handle.getsampwidth(), handle.getnframes(), handle.getframerate())
+    if header.width not in SAMPLE_WIDTHS or header.channels < 1 or header.frames < 1 or header.rate < 1:
+        raise WavError(
+            f"{path} has {header.channels} channel(s) of {header.frames} {8 * header.width}-bit samples at "
+            f"{header.rate} Hz: audio here is 8, 16, 24 or 32-bit PCM with at least one channel, one sample and 1 Hz"
+        )
+    return header
 
 
 def pcm_to_float32(data: bytes, width: int) -> np.ndarray:

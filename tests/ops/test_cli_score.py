@@ -483,21 +483,84 @@ def test_an_audio_column_of_wav_files_is_scored_by_hand_and_a_float_wav_is_refus
     write_wav(tmp_path / "s24.wav", np.full((800, 1), -(1 << 21)), 3)  # -0.25: -12.04 dBFS
     write_wav(tmp_path / "u8.wav", np.full((80, 1), 128 + 64), 1)  # 0.5: -6.02 dBFS
     write_wav(tmp_path / "s32.wav", np.zeros((8, 3), np.int64), 4)  # silence: the -100 dBFS floor
-    whole = (tmp_path / "s16.wav").read_bytes()
-    (tmp_path / "cut.wav").write_bytes(whole[: len(whole) // 2])  # its header reads; its samples are cut short
-    names = ["s16.wav", "s24.wav", "u8.wav", "s32.wav", "cut.wav"]
+    names = ["s16.wav", "s24.wav", "u8.wav", "s32.wav"]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": n, "wav": n}) + "\n" for n in names))
     recipe_path = local_recipe(tmp_path / "r.json", "audio_loudness", "audio")
     args = ["--recipe", recipe_path, "--input", tmp_path / "in.jsonl", "--audio-column", "wav"]
     done = score(*args, "--output", tmp_path / "out.jsonl")
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr  # the cut row has an error
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     header, out = output_rows(tmp_path / "out.jsonl")
     assert header["columns"]["audio"] == "wav"
     half, quarter = -abs(20 * np.log10(0.5) + 20), -abs(20 * np.log10(0.25) + 20)
-    assert [r["reward"] for r in out[:4]] == pytest.approx([half, quarter, half, -80.0], abs=1e-9)
-    assert out[4]["reward"] is None and "input line 5: cannot decode its audio" in out[4]["error"]
-    assert "cut short" in out[4]["error"]
+    assert [r["reward"] for r in out] == pytest.approx([half, quarter, half, -80.0], abs=1e-9)
     float_wav(tmp_path / "f32.wav")
     (tmp_path / "in.jsonl").write_text(json.dumps({"id": "f", "wav": "f32.wav"}) + "\n")
     refused = score(*args, "--output", tmp_path / "o2.jsonl")
     assert refused.returncode == 2 and "in.jsonl:1:" in refused.stderr and "IEEE float" in refused.stderr
+
+
+def pcm_by_hand(path: Path, rate: int, channels: int = 1, frames: int = 80, cut: bool = False) -> Path:
+    """A 16-bit PCM WAV whose header says what it is given (the stdlib's writer refuses a 0 Hz rate);
+    `cut`: the last frame the header claims is missing."""
+    import struct
+
+    samples = b"\x00\x10" * frames * channels
+    fmt = struct.pack("<HHIIHH", 1, channels, rate, rate * channels * 2, channels * 2, 16)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(samples)) + samples
+    whole = b"RIFF" + struct.pack("<I", len(body)) + body
+    path.write_bytes(whole[: -2 * channels] if cut else whole)
+    return path
+
+
+def audio_rows(tmp_path: Path, odd: dict[int, str]) -> list[str | Path]:
+    """Five rows of `ok.wav` but those `odd` names, and the arguments that score them."""
+    pcm_by_hand(tmp_path / "ok.wav", 16000)
+    wavs = [odd.get(i, "ok.wav") for i in range(5)]
+    (tmp_path / "in.jsonl").write_text(
+        "".join(json.dumps({"id": f"r{i}", "wav": w}) + "\n" for i, w in enumerate(wavs))
+    )
+    recipe_path = local_recipe(tmp_path / "r.json", "audio_loudness", "audio")
+    return ["--recipe", recipe_path, "--input", tmp_path / "in.jsonl", "--audio-column", "wav", "--batch-size", "1"]
+
+
+@pytest.mark.slow
+def test_a_wav_whose_header_reads_but_whose_audio_would_not_is_refused_by_line_before_anything_starts(tmp_path):
+    """What decoding and the item will need, checked before any row is scored: a rate, the frames the
+    header claims, what an item takes (at most 32 channels)."""
+    cases = {
+        "at 0 Hz": pcm_by_hand(tmp_path / "zero.wav", 0),
+        "is cut short": pcm_by_hand(tmp_path / "cut.wav", 16000, cut=True),
+        "(channels, samples) with 1..32 channels": pcm_by_hand(tmp_path / "wide.wav", 16000, channels=33),
+    }
+    for message, wav in cases.items():
+        args = audio_rows(tmp_path, {3: wav.name})
+        done = score(*args, "--output", tmp_path / "o")
+        assert done.returncode == 2 and "in.jsonl:4: " in done.stderr and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and not (tmp_path / "o").exists(), message
+
+
+# The pre-check skipped, as for files replaced between the check and their decoding.
+UNCHECKED = [
+    sys.executable,
+    "-c",
+    "import sys; import supervisor.ops.dataset_rows as rows; rows._check_audio = lambda *args: {}; "
+    "from supervisor.ops.cli import main; sys.exit(main())",
+    "score",
+]
+
+
+def test_audio_that_fails_to_decode_while_scoring_fails_its_row_the_run_goes_on_and_resume_gets_past_it(tmp_path):
+    pcm_by_hand(tmp_path / "zero.wav", 0)
+    pcm_by_hand(tmp_path / "cut.wav", 16000, cut=True)
+    pcm_by_hand(tmp_path / "wide.wav", 16000, channels=33)  # a WAV, but no item's audio
+    args = [*UNCHECKED, *map(str, audio_rows(tmp_path, {1: "zero.wav", 2: "wide.wav", 3: "cut.wav"}))]
+    output = ["--output", str(tmp_path / "out.jsonl")]
+    done = subprocess.run([*args, *output], env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    rows = output_rows(tmp_path / "out.jsonl")[1]
+    assert [r["reward"] is None for r in rows] == [False, True, True, True, False]
+    assert "input line 2: cannot decode its audio" in rows[1]["error"] and "at 0 Hz" in rows[1]["error"]
+    assert "input line 3: its decoded media are refused" in rows[2]["error"] and "1..32 channels" in rows[2]["error"]
+    assert "input line 4: cannot decode its audio" in rows[3]["error"] and "cut short" in rows[3]["error"]
+    again = subprocess.run([*args, *output, "--resume"], env=ENV, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "0 rows scored" in again.stderr, again.stderr
