@@ -127,7 +127,9 @@ def test_5xx_and_429_are_retried_with_backoff(service, backend, status):
     response = backend.compute_rewards(request(1))
     assert response.rewards == pytest.approx([float(video(1).mean())]) and service.enqueues == 1
     gaps = np.diff([pull.at for pull in service.pulls])
-    assert len(gaps) == 3 and gaps[0] >= 0.015 and gaps[2] > gaps[0]  # 0.02, 0.04, 0.08: doubling
+    # each pull came at least its pause after the one before (0.02, 0.04, 0.08: doubling); a loaded
+    # machine only adds to a gap, so these are bounds from below, never a comparison of two gaps
+    assert len(gaps) == 3 and all(gap >= pause for gap, pause in zip(gaps, (0.02, 0.04, 0.08), strict=True)), gaps
 
 
 def test_a_202_for_another_job_is_a_protocol_error(service, backend):
@@ -161,16 +163,22 @@ def test_a_failed_enqueue_is_never_sent_again_and_says_work_may_be_orphaned(serv
 
 
 def test_a_score_after_the_deadline_is_not_taken(service, tmp_path):
-    started = time.monotonic()
-    service.on_pull = lambda job_id, n: (
-        (202, {"uuid": job_id, "status": "pending"}) if time.monotonic() < started + 1.2 else None
-    )
+    """The job is pending until the request's deadline has surely passed (0.8 s after its enqueue
+    arrived: the call started before that), then it has a score: the backend never takes it, whenever
+    its last pull went out or its answer came on a loaded machine."""
+
+    def on_pull(job_id: str, n: int) -> object:
+        if time.monotonic() < service.upload_of(job_id).at + 0.8:
+            return (202, {"uuid": job_id, "status": "pending"})
+        return None  # the score
+
+    service.on_pull = on_pull
     with JobRewardBackend(service.url, TOKEN, spool_dir=str(tmp_path), request_timeout=0.8, **FAST) as backend:
         with pytest.raises(JobItemsFailed) as excinfo:
             backend.compute_rewards(request(1))
     error = only_error(excinfo)
-    assert isinstance(error, JobDeadline) and error.orphaned and "still pending" in str(error)
-    assert time.monotonic() - started < 1.2
+    assert isinstance(error, JobDeadline) and error.orphaned
+    assert "no score within the request's deadline (0.8 s)" in str(error), error
 
 
 def test_a_service_that_hangs_is_bounded_by_the_deadline(service, tmp_path):
@@ -179,7 +187,8 @@ def test_a_service_that_hangs_is_bounded_by_the_deadline(service, tmp_path):
     with JobRewardBackend(service.url, TOKEN, spool_dir=str(tmp_path), request_timeout=0.6, **FAST) as backend:
         with pytest.raises(JobItemsFailed) as excinfo:
             backend.compute_rewards(request(1))
-    assert isinstance(only_error(excinfo), JobDeadline) and time.monotonic() - started < 1.5
+    # the answer would come after 10 s: the call ends at its 0.6 s deadline (the bound leaves a loaded machine room)
+    assert isinstance(only_error(excinfo), JobDeadline) and time.monotonic() - started < 5.0
 
 
 @pytest.mark.parametrize("token", [None, "wrong"])
@@ -204,11 +213,17 @@ def test_one_failed_item_fails_the_request_and_names_it_the_others_are_only_part
 
 
 def test_items_go_concurrently_up_to_the_bound(service, tmp_path):
-    service.on_enqueue = lambda upload: time.sleep(0.2)
+    """Each enqueue is answered only once another is in flight beside it: items sent one at a time
+    would break the barrier (an error); more than two at once would show in max_in_flight."""
+    pair = threading.Barrier(2, timeout=10)
+
+    def in_pairs(upload: object) -> None:
+        pair.wait()  # the default answer once two are here
+
+    service.on_enqueue = in_pairs
     with JobRewardBackend(service.url, TOKEN, spool_dir=str(tmp_path), max_concurrency=2, **FAST) as backend:
-        started = time.monotonic()
         assert len(backend.compute_rewards(request(1, 2, 3, 4)).rewards) == 4
-    assert service.max_in_flight == 2 and time.monotonic() - started < 0.8
+    assert service.max_in_flight == 2
 
 
 def test_an_item_without_an_rgb_video_is_refused_before_anything_is_sent(service, backend):

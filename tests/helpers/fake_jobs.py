@@ -107,6 +107,7 @@ def _handler(service: FakeJobService) -> type[BaseHTTPRequestHandler]:
                 service.enqueues += 1
                 service.in_flight += 1
                 service.max_in_flight = max(service.max_in_flight, service.in_flight)
+            reply: Reply = None
             try:
                 if self.path == "/enqueue" and self._authorized():
                     fields = multipart(self.headers["content-type"], body)
@@ -115,10 +116,12 @@ def _handler(service: FakeJobService) -> type[BaseHTTPRequestHandler]:
                     upload = Upload(job_id, fields, array, self.headers.get("authorization"), time.monotonic())
                     with service._lock:
                         service.uploads.append(upload)
-                    self._reply(service.on_enqueue(upload) or (200, {"uuid": upload.job_id}))
+                    reply = service.on_enqueue(upload) or (200, {"uuid": upload.job_id})
             finally:
-                with service._lock:
+                with service._lock:  # out of flight before the answer goes: the client may send its next at once
                     service.in_flight -= 1
+            if reply is not None:
+                self._reply(reply)
 
         def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
             job_id = self.path.rpartition("/")[2]
