@@ -1,12 +1,16 @@
-"""scorers.retry on a real clock: the bounds every retrying caller relies on."""
+"""scorers.retry on a real clock: the bounds every retrying caller relies on. Its deadline decisions
+("would this pause reach the deadline?") are checked on a fake clock, where they are exact: on a real
+one a loaded machine moves every reading taken around them."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from scorers import retry as retry_module
 from scorers.retry import Retry
 
 
@@ -41,16 +45,43 @@ def test_retries_until_a_try_succeeds_with_doubling_capped_pauses():
         assert gap >= pause
 
 
-def test_the_deadline_is_absolute_and_no_pause_reaches_it():
-    attempt, began = failing(1000)
-    start = time.monotonic()
-    retrying = Retry(start + 0.3, 0.05, 0.1, retry_on=(Flaky,))
+class FakeClock:
+    """The clock `scorers.retry` reads, moved only by the loop's own pauses."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.pauses: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.now += seconds
+
+    async def async_sleep(self, seconds: float) -> None:
+        self.sleep(seconds)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(retry_module, "time", SimpleNamespace(monotonic=fake.monotonic, time=time.time))
+    monkeypatch.setattr(retry_module, "asyncio", SimpleNamespace(sleep=fake.async_sleep))
+    return fake
+
+
+def test_the_deadline_is_absolute_and_no_pause_reaches_it(clock):
+    attempt, _ = failing(1000)
+    start = clock.now
+    retrying = Retry(start + 0.3, 0.05, 0.1, retry_on=(Flaky,), sleep=clock.sleep)
     with pytest.raises(Flaky) as info:
         retrying.call(attempt)
     assert retrying.gave_up == "deadline"
     assert str(info.value) == f"try {retrying.tries}"  # the last try's own error, as it was raised
-    assert time.monotonic() < start + 0.3  # it gave up instead of sleeping past the deadline
-    assert began[-1] - start < 0.3
+    # tries at 0, 0.05, 0.15 and 0.25: the next pause (0.1) would reach the deadline, so it gave up
+    # instead of sleeping past it
+    assert clock.pauses == [0.05, 0.1, 0.1] and retrying.tries == 4 and clock.now < start + 0.3
 
 
 def test_a_deadline_already_past_gives_one_try():
@@ -142,16 +173,20 @@ def test_call_async_leaves_the_loop_free_while_it_pauses():
             task.cancel()
 
     assert asyncio.run(run()) == "ok"
-    assert sum(began[0] < tick < began[-1] for tick in ticks) >= 3  # ticks ran between the tries
+    # the ticker ran in every pause (its 5 ms timer falls due before the pause's own, however late
+    # the loop wakes): a pause that blocked the loop would have none
+    pauses = zip(began, began[1:], strict=False)
+    assert len(began) == 4 and all(any(a < tick < b for tick in ticks) for a, b in pauses), ticks
 
 
-def test_call_async_gives_up_at_the_deadline_with_the_last_error():
+def test_call_async_gives_up_at_the_deadline_with_the_last_error(clock):
     attempt, _ = failing(1000)
-    start = time.monotonic()
+    start = clock.now
     retrying = Retry(start + 0.2, 0.01, 0.05, retry_on=(Flaky,))
-    with pytest.raises(Flaky):
+    with pytest.raises(Flaky, match=r"try 6$"):
         asyncio.run(retrying.call_async(attempt))
-    assert retrying.gave_up == "deadline" and time.monotonic() < start + 0.2
+    assert retrying.gave_up == "deadline" and clock.now < start + 0.2
+    assert clock.pauses == pytest.approx([0.01, 0.02, 0.04, 0.05, 0.05])  # the next would reach 0.22
 
 
 def test_bad_bounds_are_refused():
