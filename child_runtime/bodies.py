@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
 from child_runtime.protocol import bounded_json
 from child_runtime.protocol.items import RequestError
 
+T = TypeVar("T")
 PARSES_AT_ONCE = 1  # per route: what one parse may build, never several times over
 PARSE_WAIT_S = 60.0  # a body waits at most this long for the parse before it (a parse is bounded: ~1 s)
 
@@ -48,7 +50,8 @@ async def read_body(request: Request, limit: int, setting: str = "max_request_by
 
 class JsonBodies:
     """One JSON route's bodies: read under `bounds.max_bytes` (named `setting` in a refusal), then
-    parsed by `bounded_json.loads` in this route's worker thread, PARSES_AT_ONCE at a time."""
+    parsed by `bounded_json.loads` and made into the route's request in this route's worker thread,
+    PARSES_AT_ONCE at a time."""
 
     def __init__(self, bounds: bounded_json.JsonBounds, setting: str) -> None:
         self.bounds, self.setting = bounds, setting
@@ -56,17 +59,23 @@ class JsonBodies:
         self._slots = asyncio.Semaphore(PARSES_AT_ONCE)
         self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=PARSES_AT_ONCE, thread_name_prefix="json")
 
-    async def read(self, request: Request) -> Any:
-        """The body's JSON value; PayloadTooLarge, JsonTooLarge, JsonTooDeep, RequestError or ParsesBusy."""
+    async def read(self, request: Request, made: Callable[[Any], T]) -> T:
+        """What `made` makes of the body's JSON value (the route's request, checked), both in this route's
+        thread: a large value is walked off the event loop too. PayloadTooLarge, JsonTooLarge, JsonTooDeep,
+        RequestError, ParsesBusy, or whatever `made` raises."""
         body = await read_body(request, self.bounds.max_bytes, self.setting)
         try:
             async with asyncio.timeout(PARSE_WAIT_S):
                 await self._slots.acquire()
         except TimeoutError as exc:
             raise ParsesBusy(f"no parse of this route came free within {PARSE_WAIT_S:g} s: try again") from exc
+
+        def parsed() -> T:
+            return made(bounded_json.loads(body, self.bounds))
+
         self.parsing += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._thread, bounded_json.loads, body, self.bounds)
+            return await asyncio.get_running_loop().run_in_executor(self._thread, parsed)
         finally:
             self.parsing -= 1
             self._slots.release()
