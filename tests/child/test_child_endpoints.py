@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -121,22 +120,20 @@ def test_per_call_residency_ends_offloaded(managed, trainer_python):
     assert backend.health()["residency"] == "offloaded"
 
 
-def test_drain_waits_for_requests_accepted_before_it(managed, trainer_python):
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", params={"sleep_s": 1.0})
-    finished = {}
-
-    def score():
-        backend.compute_rewards(text_request("slow"))
-        finished["score"] = time.monotonic()
-
-    worker = threading.Thread(target=score)
+def test_drain_waits_for_requests_accepted_before_it(managed, trainer_python, tmp_path):
+    journal = tmp_path / "calls"  # the scorer journals a call as it ends: the order, read in the child
+    params = {"sleep_s": 1.0, "journal": str(journal)}
+    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", params=params)
+    scored: list[list[float]] = []
+    worker = threading.Thread(target=lambda: scored.append(backend.compute_rewards(text_request("slow")).rewards))
     worker.start()
     wait_in_flight(backend)
     result = backend.drain(timeout_s=30)
-    drained_at = time.monotonic()
+    ended = journal_calls(str(journal)) if journal.exists() else []  # read the moment drain returned
     worker.join(timeout=30)
     assert result == {"drained": 1}
-    assert finished["score"] <= drained_at + 0.05  # drain returned only after the score finished
+    assert len(ended) == 1, "drain returned before the score finished"
+    assert scored == [[4.0]]
     assert backend.drain(timeout_s=5) == {"drained": 0}
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import pytest
 
 from supervisor import RewardItem, RewardRequest, ScorerProcessDied, ScorerRequestError, ScorerStartupError
 from tests.conftest import wait_in_flight, wait_until_gone
+from tests.helpers.fixture_scorers import journal_calls
 
 REQUEST = RewardRequest(items=[RewardItem(id="a", text="abcd")])
 
@@ -92,24 +92,21 @@ def test_a_restarted_child_boots_offloaded_only_after_a_real_offload(managed, tr
 
 
 @pytest.mark.parametrize("operation", ["offload", "drain"])
-def test_offload_and_drain_wait_for_the_running_score(managed, trainer_python, operation):
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", params={"sleep_s": 1.5})
-    finished = {}
-
-    def score() -> None:
-        backend.compute_rewards(REQUEST)
-        finished["at"] = time.monotonic()
-
-    worker = threading.Thread(target=score)
+def test_offload_and_drain_wait_for_the_running_score(managed, trainer_python, tmp_path, operation):
+    """The scorer journals its call as the call ends (after its 1.5 s): the line is there when offload
+    or drain returns. The order is read in the child, not from two threads' clocks in the trainer."""
+    journal = tmp_path / "calls"
+    params = {"sleep_s": 1.5, "journal": str(journal)}
+    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", params=params)
+    scored: list[list[float]] = []
+    worker = threading.Thread(target=lambda: scored.append(backend.compute_rewards(REQUEST).rewards))
     worker.start()
     wait_in_flight(backend)
-    started = time.monotonic()
     result = getattr(backend, operation)()
-    returned = time.monotonic()
+    ended = journal_calls(str(journal)) if journal.exists() else []  # read the moment it returned
     worker.join(timeout=30)
-    assert "at" in finished
-    assert returned >= finished["at"] - 0.05, "returned while the score was still running"
-    assert returned - started > 0.5
+    assert [ids for _, ids in ended] == [["a"]], "returned while the score was still running"
+    assert scored == [[4.0]]
     if operation == "offload":
         assert result == {"residency": "offloaded", "changed": True}
     else:
