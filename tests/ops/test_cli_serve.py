@@ -168,9 +168,8 @@ FLAKY += ["--extra-import-path", str(Path(__file__).resolve().parents[2])]
 
 def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal_in_the_log(tmp_path):
     secret_file = tmp_path / "openrlhf-secret"
-    server, ready, log = start_serve(
-        tmp_path, "flaky", *FLAKY, "--openrlhf-secret-file", str(secret_file), open_files=1024
-    )
+    route = ["--openrlhf-secret-file", str(secret_file), "--openrlhf-max-request-bytes", "4096"]
+    server, ready, log = start_serve(tmp_path, "flaky", *FLAKY, *route, open_files=1024)
     try:
         info = wait_ready(ready)
         assert info["openrlhf_route"] is True and oct(secret_file.stat().st_mode & 0o777) == "0o600"
@@ -200,6 +199,8 @@ def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal
         for body, why in refusals.items():
             answer = post(f"/openrlhf/{secret}", body)
             assert answer.status_code == 400 and why in answer.json()["error"], answer.text
+        big = post(f"/openrlhf/{secret}", {"query": ["P a"], "prompts": ["P"], "labels": ["x" * 4096]})
+        assert big.status_code == 413 and "exceeds openrlhf_max_request_bytes=4096" in big.json()["error"]
         failed = post(f"/openrlhf/{secret}", {"query": ["P raise"], "prompts": ["P"], "labels": [None]})
         assert failed.status_code == 500 and "ZeroDivisionError: scorer bug on cue" in failed.json()["error"]
         nan = post(f"/openrlhf/{secret}", {"query": ["P nan"], "prompts": ["P"], "labels": [None]})
@@ -215,10 +216,11 @@ def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal
     # each status and kind said once per 10 s (the four 400s in one line), with the count of its answers
     assert [line.split(" answered ")[1].split(" (")[0] for line in errors] == [
         "400 bad_request x1",
+        "413 too_large x1",
         "500 scorer_error x1",
         "500 contract x1",
     ]
-    assert "reward=None): ZeroDivisionError: scorer bug on cue" in errors[1]
+    assert "reward=None): ZeroDivisionError: scorer bug on cue" in errors[2]
     assert all("trains on reward=None" in line for line in errors) and secret not in log.read_text()
 
 
@@ -242,6 +244,8 @@ def test_serve_refuses_a_groupwise_scorer_on_the_openrlhf_route_and_a_secret_equ
         *FLAKY, "--token-file", str(tmp_path / "same"), "--openrlhf-secret-file", str(tmp_path / "same")
     )
     assert same.returncode == 2 and "must differ from the token" in same.stderr
+    none = run_serve_args(*FLAKY, "--openrlhf-secret-file", str(secret_file), "--openrlhf-max-request-bytes", "0")
+    assert none.returncode == 2 and "openrlhf_max_request_bytes" in none.stderr and "Traceback" not in none.stderr
     cramped = subprocess.run(
         [*SERVE, *FLAKY, "--openrlhf-secret-file", str(secret_file)],
         capture_output=True,
