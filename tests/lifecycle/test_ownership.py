@@ -101,7 +101,8 @@ def test_ctrl_c_mid_batch_exits_at_once_with_one_clean_traceback(trainer_python,
     else:
         assert stderr.count("Traceback (most recent call last)") == 1 and "During handling" not in stderr, stderr
     assert stderr.rstrip().endswith("KeyboardInterrupt") and "ignored SIGTERM" not in stderr, stderr
-    assert to_exit < 2.0, f"Ctrl-C took {to_exit:.2f} s to exit"
+    # the graceful path it must skip would take 10 s (shutdown_timeout); the bound leaves a loaded machine room
+    assert to_exit < 5.0, f"Ctrl-C took {to_exit:.2f} s to exit"
 
 
 def test_an_interrupted_call_kills_the_child_and_the_next_call_gets_a_new_one(managed, trainer_python, monkeypatch):
@@ -237,10 +238,10 @@ def test_a_constructor_that_raises_is_reported_on_the_pipe(managed, trainer_pyth
 def test_a_launch_is_not_held_up_by_a_fork_that_holds_its_pipes(managed, trainer_python):
     """A worker forked by another thread while the child spawns (here: after every pipe the launch
     opens, the worst moment) lives 8 s holding copies of those pipes. The spawn does not wait for it
-    (Popen read its exec-status pipe until the fork exited), so the launch fits a 2 s startup_timeout."""
+    (Popen read its exec-status pipe until the fork exited): the launch is back while every fork
+    still holds its pipes (an order, not a time a loaded machine could stretch)."""
     with fork_after_every_pipe() as forks:
-        started = time.monotonic()
-        backend = managed(trainer_python, "constant", process={"startup_timeout": 2})
-        launched_s = time.monotonic() - started
-    assert forks and launched_s < 2.0
+        backend = managed(trainer_python, "constant", process={"startup_timeout": 30})
+        holding = [pid for pid in forks if alive(pid)]
+    assert forks and holding == forks
     assert backend.compute_rewards(REQUEST).rewards == [1.0]
