@@ -58,6 +58,7 @@ def test_health_reports_identity(managed, trainer_python):
         "concurrent_calls": 1,
         "pid": backend.pid,
         "in_flight": 0,
+        "json_parsing": 0,  # JSON bodies being parsed now (serve's OpenRLHF route), off the event loop
         "residency": "resident",
         "gpu_residency": "resident",
         "warming": False,  # nothing load() started is still coming up
