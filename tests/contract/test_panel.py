@@ -616,8 +616,10 @@ def test_a_shared_call_that_times_out_is_not_sent_again_for_the_required_terms_i
     began = time.monotonic()
     with pytest.raises(ScorerTimeout):
         panel.compute_rewards(request)
-    assert time.monotonic() - began < 1.5 + 1.5  # one timeout (re-sent: two, and a restart)
+    # one timeout (re-sent: two, and a restart), counted; and at its deadline, not at the 30 s hang's end
+    # (a bound that leaves a loaded machine room)
     assert shared.restarts == 0 and shared.timeouts == 1
+    assert time.monotonic() - began < 15
 
 
 def test_an_optional_term_that_fails_on_one_member_fails_for_its_whole_group():

@@ -358,7 +358,9 @@ def test_the_hostile_tail_is_paid_once_per_call_however_it_is_chunked(managed, m
             hostile_s = time.monotonic() - began
             got = dict(zip(response.ids, response.rewards, strict=True))
             assert [got[item.id] for item in hostile.items if item.id.startswith("p")] == [0.0] * 4
-            assert hostile_s - clean_s < 2 * timeout_s, (type(through).__name__, clean_s, hostile_s)
+            # one timeout per chunk would cost 4 (8 s); the bound leaves room for the load to differ
+            # between the two calls on a shared machine
+            assert hostile_s - clean_s < 3 * timeout_s, (type(through).__name__, clean_s, hostile_s)
     finally:
         remote.close()
         panel.close()
