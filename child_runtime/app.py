@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from child_runtime.bodies import JsonBodies, ParsesBusy, PayloadTooLarge, read_body
 from child_runtime.gate import EVICTION_BODY, ConnectionGate
 from child_runtime.host import ResidencyConflict, ResidencyFailed, ScorerHost
 from child_runtime.idempotency import (
@@ -34,10 +35,11 @@ from child_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from child_runtime.metrics import ChildMetrics
 from child_runtime.openrlhf_route import CapabilityPath, loud
 from child_runtime.protocol import openrlhf, wire
-from child_runtime.protocol.headers import EVICTED_HEADER, KEY_HEADER, REPLAY_HEADER
+from child_runtime.protocol.bounded_json import JsonBounds, JsonTooLarge
+from child_runtime.protocol.headers import EVICTED_HEADER, IDENTITY_HEADER, KEY_HEADER, REPLAY_HEADER
 from child_runtime.protocol.items import Limits, RequestError, request_from_wire, request_terms, response_to_wire
 from child_runtime.protocol.shared_segment import ChildSegment
-from scorers.base import ScoreInputError, ScorerContractError
+from scorers.base import CloseFailed, ScoreInputError, ScoreItem, ScorerContractError, ScorerWedged, ServerFault
 
 DEFAULT_DRAIN_TIMEOUT_S = 600.0
 DEFAULT_LIMITS = Limits()
@@ -128,27 +130,6 @@ class RequestLedger:
         return waited
 
 
-class PayloadTooLarge(ValueError):
-    """The body is over the configured request size (answered 413 before it is read in full)."""
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused as soon as it is known to exceed `limit` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise RequestError(f"content-length {declared[:40]!r} is not a byte count")
-        if int(declared) > limit:
-            raise PayloadTooLarge(f"request body of {declared} bytes exceeds max_request_bytes={limit}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds max_request_bytes={limit}")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _error(status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse({"error": message, "kind": kind}, status_code=status)
 
@@ -176,8 +157,10 @@ def _guarded(handler: Handler, metrics: ChildMetrics | None = None) -> Handler:
     async def _answer(request: Request) -> Response:
         try:
             return await handler(request)
-        except PayloadTooLarge as exc:
+        except (PayloadTooLarge, JsonTooLarge) as exc:
             return _error(413, "too_large", str(exc))
+        except ParsesBusy as exc:
+            return _error(503, "busy", str(exc))
         except (wire.WireError, RequestError, BadKey) as exc:
             return _error(400, "bad_request", str(exc))
         except ScoreInputError as exc:
@@ -189,6 +172,12 @@ def _guarded(handler: Handler, metrics: ChildMetrics | None = None) -> Handler:
         except ResidencyFailed as exc:
             tail = "".join(traceback.format_exception(exc)[-6:])
             return _error(500, wire.RESIDENCY_FAILED, f"{exc}\n{tail}")
+        except ScorerWedged as exc:  # the parent restarts this child (wire.RESTART_KINDS)
+            return _error(503, wire.WEDGED if exc.timed_out else wire.WEDGED_QUEUED, str(exc))
+        except ServerFault as exc:  # this server's fault, not the request's: a client fails over
+            return _error(503, wire.SERVER_FAULT, str(exc))
+        except CloseFailed as exc:
+            return _error(500, wire.CLOSE_FAILED, str(exc))
         except ScorerContractError as exc:
             return _error(500, "contract", str(exc))
         except openrlhf.ItemsFailed as exc:
@@ -240,6 +229,7 @@ class _Endpoints:
     ) -> None:
         self.host, self.request_exit, self.limits, self.segment, self.gate = host, request_exit, limits, segment, gate
         self.serve_openrlhf = serve_openrlhf
+        self.openrlhf_bodies = JsonBodies(JsonBounds(limits.openrlhf_max_request_bytes), "openrlhf_max_request_bytes")
         self.ledger = RequestLedger()
         self.cache = answers if answers is not None else AnswerCache()
         self.state = "ready"
@@ -266,13 +256,25 @@ class _Endpoints:
         return [
             Route("/health", _guarded(self.health, metrics), methods=["GET"]),
             Route("/metrics", _guarded(self.metrics_page), methods=["GET"]),
-            Route("/score", _guarded(self.score, metrics), methods=["POST"]),
+            Route("/score", self.signed(_guarded(self.score, metrics)), methods=["POST"]),
             Route("/onload", _guarded(self.onload, metrics), methods=["POST"]),
             Route("/offload", _guarded(self.offload, metrics), methods=["POST"]),
             Route("/drain", _guarded(self.drain, metrics), methods=["POST"]),
             Route("/shutdown", _guarded(self.shutdown, metrics), methods=["POST"]),
             *(extra if self.serve_openrlhf else []),
         ]
+
+    def signed(self, handler: Handler) -> Handler:
+        """Every answer of `handler`, an error too, names the identity of the scorer that made it: a
+        client refuses one of another identity (a server restarted with other params) or of none."""
+
+        async def run(request: Request) -> Response:
+            response = await handler(request)
+            if self.host.identity_hash:  # a served panel's is known once it is loaded
+                response.headers[IDENTITY_HEADER] = self.host.identity_hash
+            return response
+
+        return run
 
     async def health(self, request: Request) -> Response:
         host, gate = self.host, self.gate
@@ -282,8 +284,12 @@ class _Endpoints:
                 **host.catalog_entry(),
                 "pid": os.getpid(),
                 "in_flight": self.ledger.in_flight,
+                "json_parsing": self.openrlhf_bodies.parsing,  # JSON bodies being parsed now (off the loop)
                 "residency": host.residency,
                 "gpu_residency": host.gpu_residency,
+                # off the event loop: a served panel asks its terms' children
+                "warming": await asyncio.to_thread(host.scorer.warming),
+                "wedged": host.wedged,
                 "packages": self.packages,
                 "python": sys.executable,
                 "sys_path": sys.path,
@@ -335,14 +341,17 @@ class _Endpoints:
         """OpenRLHF's JSON request, checked and scored as /score's would be (and counted for /drain)."""
         ticket = self.ledger.begin()
         try:
-            body = await read_body(request, self.limits.max_request_bytes)
-            items, _ = request_from_wire(openrlhf.wire_request(openrlhf.samples_from_json(body)), self.limits)
+            items = await self.openrlhf_bodies.read(request, self._openrlhf_items)
             started = time.perf_counter()
             result = await self.in_worker(self.host.score, items, None)
             self.metrics.scored(len(items), time.perf_counter() - started)
             return JSONResponse(openrlhf.answer_of(result, self.spec.term_names(), self.spec.reward_term))
         finally:
             self.ledger.end(ticket)
+
+    def _openrlhf_items(self, payload: Any) -> list[ScoreItem]:
+        """OpenRLHF's parsed body as checked items (in the route's parse thread: a large label is walked there)."""
+        return request_from_wire(openrlhf.wire_request(openrlhf.samples_of(payload)), self.limits)[0]
 
     async def onload(self, request: Request) -> Response:
         figures = await self.in_worker(self.host.onload)

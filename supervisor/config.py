@@ -161,6 +161,12 @@ class LimitsConfig(_Model):
     max_items: int = Field(default=4096, gt=0)
     max_text_chars: int = Field(default=1 << 20, gt=0)
     max_media_bytes: int = Field(default=512 << 20, gt=0)
+    # The body cap of serve's OpenRLHF route (JSON; its parse may build 4x this, see
+    # child_runtime/protocol/bounded_json). OpenRLHF 0.11.2 posts one sample per call: a query of
+    # at most its --data.max_len tokens, its prompt again, a label. 128k tokens of ~4 characters,
+    # each \uXXXX-escaped (6 bytes: aiohttp's json.dumps writes ASCII), twice: ~6 MiB; 16 MiB leaves
+    # room for a large label; serve --openrlhf-max-request-bytes sets it.
+    openrlhf_max_request_bytes: int = Field(default=16 << 20, gt=0)
     # Connections that have not sent an authenticated request: how many may wait, and for how
     # long, before the child closes them (another local user cannot exhaust its descriptors).
     max_pending_connections: int = Field(default=64, gt=0)
@@ -286,6 +292,10 @@ class RemoteBackendConfig(_Model):
     revision: str | None = None
     identity_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     client: ClientConfig = Field(default_factory=ClientConfig)
+    # several servers only: how long a call waits for a server's /health before passing it over, and
+    # how often a server passed over (a failed probe or chunk) is asked again, in the background
+    probe_timeout_s: float = Field(default=2.0, gt=0)
+    probe_interval_s: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -324,6 +334,7 @@ class JobBackendConfig(_Model):
     enqueue_path: str = "/enqueue"
     result_path: str = "/result/{uuid}"
     score_key: str = "scores"
+    remembered_job_ids: int = Field(default=16384, ge=0)  # ended items' job ids kept to refuse one given twice
 
     @property
     def input_kind(self) -> InputKind:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from child_runtime.protocol.exit_codes import describe
+from child_runtime.protocol.headers import IDENTITY_HEADER
+from child_runtime.protocol.wire import WEDGED
 from scorers.grading.processes import signal_name
 
 
@@ -175,6 +177,45 @@ class RewardContractError(ScorerError):
     """Rewards broke the contract: wrong ids or order, wrong count, non-finite, missing term."""
 
 
+class ScorerIdentityChanged(RewardContractError):
+    """An answer of another scorer identity than the backend was made for (its /health, its child's
+    readiness line, or its `identity_hash` pin), or of none: a server restarted or redeployed with
+    another revision or params, or one older than the identity header (a version mismatch). Never
+    retried nor re-sent elsewhere: no reward of another identity enters a call. `url`, and both
+    hashes: `expected`, `got` (None: the answer named none)."""
+
+    def __init__(
+        self,
+        message: str,
+        record: ChildRecord | None = None,
+        url: str = "",
+        expected: str | None = None,
+        got: str | None = None,
+    ) -> None:  # defaults: an exception is unpickled as cls(*args), then its fields
+        self.url, self.expected, self.got = url, expected, got
+        super().__init__(message, record)
+
+
+class PoolIdentityChanged(ScorerIdentityChanged):
+    """An actor of a Ray reward pool answered from a child of another scorer identity than the pool's:
+    Ray restarted (or someone replaced) the actor on a node whose scorer env now holds another
+    revision or params. Names the actor, its node and pid, and both hashes; nothing of the call is
+    joined, the other actors' answers included."""
+
+    def __init__(
+        self,
+        message: str,
+        actor: str = "",
+        node_id: str | None = None,
+        node_ip: str | None = None,
+        actor_pid: int | None = None,
+        expected: str | None = None,
+        got: str | None = None,
+    ) -> None:
+        self.actor, self.node_id, self.node_ip, self.actor_pid = actor, node_id, node_ip, actor_pid
+        super().__init__(message, expected=expected, got=got)
+
+
 class BackendNotOwned(ScorerError):
     """A forked copy of the trainer called a backend whose child belongs to the process that forked."""
 
@@ -238,6 +279,17 @@ class JobServiceUnavailable(JobError, ScorerUnavailable):
     """Nothing reached the service (no connection opened), or the backend was closed meanwhile."""
 
 
+class JobSpoolFailed(JobError, ScorerUnavailable):
+    """The item's payload could not be written to the spool (a full disk, a file-size limit, the
+    spool directory gone): nothing was sent. Or it failed to read back while it was being sent:
+    the upload was cut, `orphaned`. `spool_path` is the file (or the directory when no file could
+    be made), `errno` the OSError's (ENOSPC, EFBIG, EDQUOT, EIO...)."""
+
+    def __init__(self, message: str, *, spool_path: str, errno: int | None, **where: Any) -> None:
+        self.spool_path, self.errno = spool_path, errno
+        JobError.__init__(self, message, **where)
+
+
 class JobRejected(JobError, ScorerRequestError):
     """The service refused the call for good: a 4xx that is not a pending answer (a 401 included)."""
 
@@ -246,7 +298,8 @@ class JobRejected(JobError, ScorerRequestError):
 
 class JobProtocolError(JobError, RewardContractError):
     """An answer outside the protocol: a 202 for another job, an enqueue answer without a job id, a
-    200 that is not exactly one finite score."""
+    200 that is not exactly one finite score, a job id the service already gave another item (both
+    items fail: nobody can tell whose upload that job's score is)."""
 
 
 class JobDeadline(JobError, ScorerTimeout):
@@ -311,6 +364,25 @@ class BadAnswer(TransportError):
     """The answer is not the protocol: bad HTTP, a body that is not a frame or JSON."""
 
 
+class IdentityMismatch(BadAnswer):
+    """A /score answer (an error answer too) names another scorer identity than the client expects,
+    or a successful one names none (a server older than the identity header)."""
+
+    def __init__(self, url: str, expected: str, got: str | None) -> None:
+        self.url, self.expected, self.got = url, expected, got
+        if got is None:
+            said = (
+                f"carries no scorer identity ({IDENTITY_HEADER}): the server is older than this client "
+                "(version mismatch: run the same managed-scorers release on both sides)"
+            )
+        else:
+            said = f"comes from scorer identity {got}"
+        super().__init__(f"{url}: the /score answer {said}, not from {expected} as expected; refused")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str | None]]:
+        return type(self), (self.url, self.expected, self.got)
+
+
 class ErrorStatus(Exception):
     """The server answered with a non-2xx status: `kind` and `message` from its JSON body."""
 
@@ -354,6 +426,9 @@ def scorer_error(
     """The one translation of a failed exchange into the trainer-facing error. `record` is the
     managed child's, `fate` what became of it: left serving (nothing reached it), gone (closed or
     replaced during the call), died, or killed by us; None for a server someone else started."""
+    if isinstance(exc, ErrorStatus) and fate == "killed":  # it answered that it is wedged (wire.RESTART_KINDS)
+        text = f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}; child killed, restarted next call"
+        return ScorerTimeout(text, record) if exc.kind == WEDGED else ScorerProcessDied(text, record)
     if isinstance(exc, ErrorStatus):  # it answered: it keeps serving
         return ScorerRequestError(
             f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}", record, status=exc.status, kind=exc.kind
@@ -370,6 +445,8 @@ def scorer_error(
     if isinstance(exc, RewardContractError):
         return RewardContractError(f"{str(exc).splitlines()[0]}; {note}", record)
     text = f"{what}: {exc}" + (f"; {note}" if note else "")
+    if isinstance(exc, IdentityMismatch):
+        return ScorerIdentityChanged(text, record, url=exc.url, expected=exc.expected, got=exc.got)
     if isinstance(exc, BadAnswer):
         return RewardContractError(text, record)
     if isinstance(exc, NoAnswer):

@@ -4,7 +4,9 @@ A call reads top to bottom: compute_rewards -> score_in_chunks -> _score_chunk -
 _serving (a dead child is restarted first) -> _exchange(client.score) -> verify.
 A failed exchange is handled in one place, `_failure`: it decides what the failure
 means for the child (kill it; mark it dead so that the next call restarts it) and
-returns the typed error. `ChildProcess` alone signals, kills and reaps the child.
+returns the typed error. A child that answers it is wedged (`wire.RESTART_KINDS`: a call
+left work running past its deadline on a thread its scorer cannot stop) is killed and
+restarted as after a crash. `ChildProcess` alone signals, kills and reaps the child.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from child_runtime.protocol.exit_codes import is_boot_failure
+from child_runtime.protocol.wire import CLOSE_FAILED, RESTART_KINDS
 from supervisor.arena import Arena, HeapArena
 from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_reward_names, score_in_chunks
 from supervisor.backends import prometheus
@@ -46,6 +49,7 @@ from supervisor.errors import (
     ScorerCrashLoop,
     ScorerError,
     ScorerProcessDied,
+    ScorerRequestError,
     ScorerStartupError,
     ScorerTermsFailed,
     ScorerTimeout,
@@ -62,6 +66,7 @@ T = TypeVar("T")
 DEATH_CONFIRM_S = 2.0
 SHUTDOWN_REQUEST_S = 2.0
 TERM_GRACE_S = 1.0  # between SIGTERM and SIGKILL, inside close()'s deadline
+WARM_ASK_S = 0.05  # warming() asks a warming child's /health at most this often (a server polls it)
 # glibc returns every freed block over 128 KiB (or at the heap top) to the OS, so each
 # in-band body (a few MB, copied 2-3 times by uvicorn and starlette) comes back as fresh
 # pages that fault on first touch: 9 ms of a 6.3 MB receive on this VM, 3 ms with these.
@@ -83,6 +88,7 @@ class _Generation:
     # the child said ready while still warming (a math grader's workers): until it answers a request (a
     # score or an error), one may take until this (its start-up deadline), as the start it waits for was the boot's
     warm_until: float | None = None
+    warm_asked: float = 0.0  # when warming() last asked the child's /health
 
     def score_timeout(self, request_timeout: float) -> float:
         if self.warm_until is None:
@@ -316,6 +322,8 @@ class ManagedScorerProcessBackend(RewardBackend):
             segment,
             self.spec.client.shared_memory_min_bytes or 0,
         )
+        # every answer comes from the identity of the first child (a restart under another is refused)
+        client.identity = self.shape.identity_hash or info.get("identity_hash")
         self.timings["spawn_to_ready_s"] = info["spawn_to_ready_s"]
         assert child.spawned_at is not None
         warm_until = child.spawned_at + self.spec.process.startup_timeout if info.get("warming") else None
@@ -560,9 +568,13 @@ class ManagedScorerProcessBackend(RewardBackend):
     ) -> ScorerError:
         """What a failed exchange means for the child, and the typed error for the caller."""
         child = gen.child
-        if isinstance(exc, ErrorStatus):  # the child answered: it keeps serving, and is no longer warming
+        if isinstance(exc, ErrorStatus):  # the child answered: it is no longer warming
             gen.warm_until = None
-            return scorer_error(exc, what, child.record())
+            if exc.kind not in RESTART_KINDS:  # it keeps serving
+                return scorer_error(exc, what, child.record())
+            error = scorer_error(exc, what, child.finish(), "killed")  # wedged: restarted as after a crash
+            self._mark_dead(gen, error)
+            return error
         if isinstance(exc, ConnectFailed) and not child.exited():
             # nothing reached the scorer (this process is out of descriptors, or another local process
             # floods the child's port): the child is not to blame and keeps serving
@@ -626,7 +638,12 @@ class ManagedScorerProcessBackend(RewardBackend):
         self._check_owner()
         with self._serial:
             gen = self._serving(restart=False)
-            figures = self._exchange(gen, "offload", gen.client.offload)
+            try:
+                figures = self._exchange(gen, "offload", gen.client.offload)
+            except ScorerRequestError as exc:
+                if exc.kind == CLOSE_FAILED:  # the model's close() raised, but it was released: offloaded
+                    self._want_offloaded = True
+                raise
             self._want_offloaded = figures.get("residency") == "offloaded"
             return figures
 
@@ -646,6 +663,25 @@ class ManagedScorerProcessBackend(RewardBackend):
     def health(self) -> dict[str, Any]:
         gen = self._serving(restart=False)
         return self._exchange(gen, "health", gen.client.health)
+
+    def warming(self) -> bool:
+        """The child said ready while still warming (a math grader's workers) and its /health does not
+        say yet that it is warm. A child that cannot answer is not warming: its failure is recorded
+        (the next call restarts it and says why) and logged here."""
+        gen = self._gen
+        if gen is None or gen.warm_until is None:
+            return False
+        if time.monotonic() - gen.warm_asked < WARM_ASK_S:
+            return True
+        gen.warm_asked = time.monotonic()
+        try:
+            warm = not self.health().get("warming", False)
+        except ScorerError as exc:
+            log.warning("child %s: /health failed while warming: %s", self.spec.scorer.name, str(exc).splitlines()[0])
+            return False
+        if warm:
+            gen.warm_until = None  # no longer a start the next request must wait for
+        return not warm
 
     def drain(self, timeout_s: float | None = None) -> dict[str, Any]:
         bound = timeout_s if timeout_s is not None else self.spec.process.request_timeout
