@@ -23,7 +23,15 @@ from typing import IO
 
 import numpy as np
 
-from bench import hardening_calls
+from bench import (
+    hardening_bodies,
+    hardening_calls,
+    hardening_identity,
+    hardening_jobs,
+    hardening_ray,
+    hardening_stream,
+    hardening_terms,
+)
 from bench.handles import child_of, client_of, pid_of, port_of, segment_of
 from supervisor import (
     ManagedScorerProcessBackend,
@@ -407,6 +415,9 @@ SCENARIOS = [
 
 
 SCENARIOS += hardening_calls.SCENARIOS
+# issue 37: the serving surface (identity, several servers, jobs, bodies, streams, wedged terms, the Ray pool)
+for _module in (hardening_identity, hardening_jobs, hardening_bodies, hardening_stream, hardening_terms, hardening_ray):
+    SCENARIOS += _module.SCENARIOS
 
 
 def main(argv: list[str] | None = None) -> None:

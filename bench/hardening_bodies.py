@@ -224,11 +224,3 @@ SCENARIOS = [
     ("score: a 0 Hz WAV (item 7)", zero_hz_wav),
     ("score: audio undecodable at scoring time (item 7)", undecodable_while_scoring),
 ]
-
-
-if __name__ == "__main__":
-    wanted = sys.argv[1:]
-    print("| scenario | measured |\n|---|---|")
-    for name, scenario in SCENARIOS:
-        if not wanted or any(word in name for word in wanted):
-            print(f"| {name} | {scenario()} |", flush=True)

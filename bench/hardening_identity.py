@@ -179,7 +179,3 @@ SCENARIOS = [
     ("several servers: one restarted mid-call under other params (issue 37 item 1)", multi_restarted_mid_call),
     ("several servers: one SIGSTOPped (issue 37 item 10)", multi_one_stopped),
 ]
-
-if __name__ == "__main__":
-    for name, scenario in SCENARIOS:
-        print(f"| {name} | {scenario()} |", flush=True)

@@ -138,8 +138,3 @@ SCENARIOS = [
     ("jobs: pull answered 503 + Retry-After (item 9)", pull_with_retry_after),
     ("jobs: pull's Retry-After past the deadline (item 9)", pull_retry_after_past_the_deadline),
 ]
-
-
-if __name__ == "__main__":
-    for name, scenario in SCENARIOS:
-        print(f"| {name} | {scenario()} |", flush=True)

@@ -238,16 +238,3 @@ SCENARIOS = [
     ("served panel: a math term's workers at ready (item 11)", served_math_warming),
     ("native model: close() raises after releasing (item 11)", native_close_raises),
 ]
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Every row, or those whose name holds one of the arguments."""
-    wanted = sys.argv[1:] if argv is None else argv
-    print("| scenario | measured |\n|---|---|")
-    for name, scenario in SCENARIOS:
-        if not wanted or any(word in name for word in wanted):
-            print(f"| {name} | {scenario()} |", flush=True)
-
-
-if __name__ == "__main__":
-    main()
