@@ -398,7 +398,7 @@ LINES: list[Line] = [
     Line("ray_pool", ray_pool.main_line, ("Ray pool",), {"rounds": 1, "groups": 1}, ("image",)),
     Line("overlap", overlap.main_line, ("generation-bound", "scorer-bound", "hidden"), {"rounds": 1}, ("math",)),
     Line("trl_step", trl_step.main_line, ("managed/TRL",), {"steps": 2, "rounds": 1}, ("trlbench", "math")),
-    Line("verl_step", verl_step.main_line, ("ratio",), {"items": 16, "rounds": 1}, ("trl", "math")),
+    Line("verl_step", verl_step.main_line, ("ratio",), {"items": 16, "rounds": 2}, ("trl", "math")),
     Line("verl_coalesce", verl_coalesce.main_line, ("ratio",), {"rounds": 1, "n": 32}, ("math",)),
     Line("openrlhf_calls", openrlhf_calls.main_line, ("ratio",), {"calls": 8, "rounds": 1}, ("math",)),
     Line(
