@@ -146,7 +146,7 @@ def in_math_env(module: str, measure: Callable[..., str], **sizes: Any) -> str:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,  # a backstop against a hang, as bench.__main__.run_driver's: hostile_math's full run takes 300 s loaded
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     if done.returncode != 0:
