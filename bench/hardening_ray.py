@@ -13,16 +13,11 @@ import functools
 import json
 import os
 import re
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-from bench.peers import MARKER, reap
 
 ROOT = Path(__file__).resolve().parent.parent
 RAY_PYTHON = ROOT / "envs" / "ray" / ".venv" / "bin" / "python"
@@ -137,29 +132,9 @@ def _measured() -> dict[str, Any] | str:
     """The Ray side's findings, run once for both rows; a string says why there are none."""
     if (ROOT / "envs" / "ray" / "UNAVAILABLE").exists() or not RAY_PYTHON.exists():
         return "SKIPPED (envs/ray is not built here: `make env-ray`)"
-    temp_dir = tempfile.mkdtemp(prefix="mshr")  # short: Ray's socket paths live under it
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HOME": temp_dir, MARKER: temp_dir}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.Popen(
-        [str(RAY_PYTHON), "-m", "bench.hardening_ray", "ray", temp_dir],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        if proc.poll() is None:  # past the deadline, or interrupted
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-        reap(temp_dir)
-        shutil.rmtree(temp_dir, ignore_errors=True)
-    if proc.returncode:
-        raise RuntimeError(f"the Ray hardening side failed (rc={proc.returncode}):\n{err[-4000:]}")
-    found: dict[str, Any] = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    from bench.peers import run_ray_side  # the trainer's side only: the Ray side runs in envs/ray
+
+    found, _ = run_ray_side(RAY_PYTHON, "bench.hardening_ray", "the Ray hardening side", TIMEOUT_S)
     return found
 
 

@@ -233,13 +233,16 @@ def ray_named_alive() -> int:
     )
 
 
-def run_peer() -> tuple[dict, int]:
-    """Run ray_peer in the scratch venv under a deadline, then reap; return (figures, processes killed)."""
-    temp_dir = tempfile.mkdtemp(prefix="rayp")  # short: Ray's socket paths live under it
-    # HOME: Ray 2.60 writes its default auth token to ~/.ray/auth_token; keep it in temp_dir, removed below
+def run_ray_side(python: Path, module: str, what: str, timeout_s: float, *extra: str) -> tuple[dict, int]:
+    """`python -m MODULE ray TEMP_DIR EXTRA...` (a driver that starts a local Ray) in its own session and scratch
+    directory, under a deadline, then every Ray process it left reaped; its last JSON line and the number of
+    processes killed. The temp dir is short (Ray's socket paths live under it) and is HOME too: Ray 2.60
+    writes its default auth token to ~/.ray/auth_token."""
+    temp_dir = tempfile.mkdtemp(prefix="msray")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HOME": temp_dir, MARKER: temp_dir}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
     proc = subprocess.Popen(
-        [str(VENV_PYTHON), "-m", "bench.peers", "ray", temp_dir],
+        [str(python), "-m", module, "ray", temp_dir, *extra],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -248,7 +251,7 @@ def run_peer() -> tuple[dict, int]:
         start_new_session=True,
     )
     try:
-        out, err = proc.communicate(timeout=PEER_TIMEOUT_S)
+        out, err = proc.communicate(timeout=timeout_s)
     finally:
         if proc.poll() is None:  # past the deadline, or we were interrupted
             os.killpg(proc.pid, signal.SIGKILL)
@@ -256,8 +259,14 @@ def run_peer() -> tuple[dict, int]:
         killed = reap(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
     if proc.returncode:
-        raise RuntimeError(f"the Ray peer failed (rc={proc.returncode}):\n{err[-4000:]}")
-    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1]), killed
+        raise RuntimeError(f"{what} failed (rc={proc.returncode}):\n{err[-4000:]}")
+    found: dict = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    return found, killed
+
+
+def run_peer() -> tuple[dict, int]:
+    """Run ray_peer in the scratch venv under a deadline, then reap; return (figures, processes killed)."""
+    return run_ray_side(VENV_PYTHON, "bench.peers", "the Ray peer", PEER_TIMEOUT_S)
 
 
 def measure_ours() -> dict:

@@ -14,18 +14,13 @@ asserted equal. Both have 2 children: the difference is the pool's hop (object s
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.peers import MARKER, p50_interleaved, reap
+from bench.peers import p50_interleaved, run_ray_side
 from supervisor import RewardItem, RewardRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,28 +88,9 @@ def main_line(rounds: int = ROUNDS, groups: int = 8) -> str:
     unavailable = ROOT / "envs" / "ray" / "UNAVAILABLE"
     if unavailable.exists() or not RAY_PYTHON.exists():
         return f"{label}: SKIPPED (envs/ray is not built here: `make env-ray`)"
-    temp_dir = tempfile.mkdtemp(prefix="msrb")  # short: Ray's socket paths live under it
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HOME": temp_dir, MARKER: temp_dir}
-    proc = subprocess.Popen(
-        [str(RAY_PYTHON), "-m", "bench.ray_pool", "ray", temp_dir, json.dumps({"rounds": rounds, "groups": groups})],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    found, _ = run_ray_side(
+        RAY_PYTHON, "bench.ray_pool", "the Ray pool bench", TIMEOUT_S, json.dumps({"rounds": rounds, "groups": groups})
     )
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        if proc.poll() is None:  # past the deadline, or interrupted
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-        reap(temp_dir)
-        shutil.rmtree(temp_dir, ignore_errors=True)
-    if proc.returncode:
-        raise RuntimeError(f"the Ray pool bench failed (rc={proc.returncode}):\n{err[-4000:]}")
-    found = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     pool, children = found["times"]["pool"], found["times"]["children"]
     return (
         f"{found['items']}x256x256x3 mean_intensity, groups of 4  {label} (2 each, local Ray, one raylet): "
