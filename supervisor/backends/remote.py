@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from child_runtime.protocol import wire
 from scorers.retry import Retry
 from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_pins, reward_terms, score_in_chunks
 from supervisor.child.client import DEFAULT_MAX_ANSWER_BYTES, MAX_CONNECTIONS, ScorerClient
@@ -35,15 +36,28 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+# A server at fault that another server may serve the request for, but that must not be sent it again:
+# a served panel's term that died or passed its deadline (each try here would restart that term's child,
+# and the tries would crash-loop it), a scorer wedged on a thread it cannot stop (it refuses every call)
+FAIL_OVER_ONLY = (wire.SERVER_FAULT, *wire.RESTART_KINDS)
+
+
 def retryable(exc: Exception) -> bool:
-    """Nothing usable came back, or the server (or a proxy) says try later. Any other 4xx is final,
-    and so is an answer that is not the protocol, and a scorer server's own verdict that its
-    scorer failed (a 500 of kind scorer_error or contract: the same request fails again)."""
+    """Worth sending to the same server again: nothing usable came back, or the server (or a proxy)
+    says try later. Any other 4xx is final, and so is an answer that is not the protocol, a scorer
+    server's own verdict that its scorer failed (a 500 of kind scorer_error or contract: the same
+    request fails again), and a fault of that server's (`FAIL_OVER_ONLY`)."""
     if isinstance(exc, ErrorStatus):
-        if exc.status == 500 and exc.kind in ("scorer_error", "contract"):
+        if exc.status == 500 and exc.kind in ("scorer_error", "contract") or exc.kind in FAIL_OVER_ONLY:
             return False
         return exc.status == 429 or exc.status >= 500
     return isinstance(exc, (ConnectFailed, ConnectionLost, NoAnswer))
+
+
+def fixable_elsewhere(exc: Exception) -> bool:
+    """Another server of the same identity may serve what failed here: what is retryable, and a
+    fault of this server's that sending it here again would repeat."""
+    return retryable(exc) or (isinstance(exc, ErrorStatus) and exc.kind in FAIL_OVER_ONLY)
 
 
 def answered_by(shape: ScorerShape, base_url: str) -> str:

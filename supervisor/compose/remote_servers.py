@@ -44,7 +44,7 @@ from supervisor.backend import (
     request_groups,
     score_in_chunks,
 )
-from supervisor.backends.remote import RemoteRewardBackend, retryable
+from supervisor.backends.remote import RemoteRewardBackend, fixable_elsewhere
 from supervisor.child.client import MAX_CONNECTIONS
 from supervisor.errors import (
     ConfigError,
@@ -124,7 +124,7 @@ class _Call:
     def _fallback(self, index: int, exc: ScorerError, chunk: Sequence[RewardItem]) -> int:
         """Where a chunk that failed on server `index` goes next, or `exc` named and raised."""
         cause = exc.__cause__
-        fixable = isinstance(cause, (TransportError, ErrorStatus)) and retryable(cause)
+        fixable = isinstance(cause, (TransportError, ErrorStatus)) and fixable_elsewhere(cause)
         with self._lock:
             if fixable:
                 self.failed.add(index)

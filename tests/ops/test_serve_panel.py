@@ -336,12 +336,20 @@ def test_a_required_terms_crash_is_a_server_fault_that_a_client_of_several_serve
         os.kill(term, signal.SIGKILL)
         assert wait_until_gone([term], 10) == []
         request = RewardRequest(items=[RewardItem(id=f"i{i}", text="x" * (i + 1)) for i in range(4)])
-        with RemoteRewardBackend(urls[0], token=TOKEN, max_retries=0) as alone:
+        with RemoteRewardBackend(urls[0], token=TOKEN, max_retries=2) as alone:
             for _ in range(2):  # the child found dead, then the crash loop the policy declares
                 with pytest.raises(ScorerRequestError) as e:
                     alone.compute_rewards(request)
                 assert (e.value.status, e.value.kind) == (503, "server_fault"), e.value
                 assert "panel term(s) probe" in str(e.value) and "Scorer" in str(e.value)
+        # never sent to the same server again (each try would restart the term's child: a crash loop), only elsewhere
+        metrics = httpx.get(f"{urls[0]}/metrics", headers={"authorization": f"Bearer {TOKEN}"}, timeout=10).text
+        faults = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("managed_scorers_child_errors_total") and "server_fault" in line
+        ]
+        assert len(faults) == 1 and faults[0].endswith(" 2"), faults
         with MultiRemoteRewardBackend(urls, token=TOKEN, max_retries=0) as both:
             assert both.compute_rewards(request).rewards == [1.0, 2.0, 3.0, 4.0]
     finally:
