@@ -45,7 +45,7 @@ class Claim:
 
 
 class JobIds:
-    """The claims of one backend: those in flight, and the last `remembered` that ended."""
+    """The claims of one backend: those of the calls in flight, and the last `remembered` that ended."""
 
     def __init__(self, remembered: int) -> None:
         if remembered < 0:
@@ -67,17 +67,24 @@ class JobIds:
             self._live[job_id] = claim
             return claim, None
 
-    def end(self, claim: Claim) -> None:
-        """The claim's pull ended: remembered among the last `remembered` ids."""
+    def pulled(self, claim: Claim) -> None:
+        """The claim's pull ended (a score taken, or its error). It stays held until its whole call
+        ends (`end_call`): an id given to a later item of the same call is caught however many ids
+        that call holds, whatever `remembered` is."""
         with self._lock:
             claim.done = True
-            if self._live.get(claim.job_id) is not claim:
-                return  # refused at its claim: never registered
-            del self._live[claim.job_id]
-            if self.remembered:
-                self._ended[claim.job_id] = claim
-                while len(self._ended) > self.remembered:
-                    self._ended.popitem(last=False)
+
+    def end_call(self, call: int) -> None:
+        """Call `call` has its response: its claims are remembered among the last `remembered` ids."""
+        with self._lock:
+            ended = [claim for claim in self._live.values() if claim.call == call]
+            for claim in ended:
+                claim.done = True
+                del self._live[claim.job_id]
+                if self.remembered:
+                    self._ended[claim.job_id] = claim
+            while len(self._ended) > self.remembered:
+                self._ended.popitem(last=False)
 
     def __len__(self) -> int:
         with self._lock:

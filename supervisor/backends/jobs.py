@@ -188,7 +188,7 @@ class JobRewardBackend(RewardBackend):
         """`enqueue_timeout` and `pull_timeout` bound one exchange each (connect, send, wait, read), never
         past the request's deadline; pulls (and enqueues answered 429) pause `poll_interval_s`, doubling
         up to `poll_backoff_cap_s`, or longer when the answer's Retry-After asks it. The job ids of the
-        last `remembered_job_ids` items (and those in flight) are kept to refuse one given twice."""
+        last `remembered_job_ids` items (and every item of the calls in flight) are kept to refuse one given twice."""
         _check(media_type, fps, request_timeout, enqueue_timeout, pull_timeout, poll_interval_s, poll_backoff_cap_s)
         if not 1 <= max_concurrency <= MAX_CONNECTIONS:
             raise ValueError(f"max_concurrency must be in 1..{MAX_CONNECTIONS} (the connections to one service)")
@@ -224,14 +224,17 @@ class JobRewardBackend(RewardBackend):
         interrupted = self._interrupted  # this call's: interrupt() sets it (and replaces it for later calls)
         call = new_call()
         arrays = [service_array(item, self.media_type) for item in request.items]  # bad input: nothing is sent
-        outcomes = on_each(
-            list(zip(request.items, arrays, strict=True)),
-            lambda pair: self._score_item(pair[0].id, pair[1], deadline, call, interrupted),
-            "job",
-            limit=self.max_concurrency,
-            on_interrupt=self.interrupt,
-        )
-        return self._response(request, outcomes)
+        try:
+            outcomes = on_each(
+                list(zip(request.items, arrays, strict=True)),
+                lambda pair: self._score_item(pair[0].id, pair[1], deadline, call, interrupted),
+                "job",
+                limit=self.max_concurrency,
+                on_interrupt=self.interrupt,
+            )
+            return self._response(request, outcomes)
+        finally:
+            self._job_ids.end_call(call)  # after the response's last check of the call's claims
 
     def _response(
         self, request: RewardRequest, outcomes: Sequence[tuple[Claim, float] | BaseException]
@@ -278,7 +281,7 @@ class JobRewardBackend(RewardBackend):
         try:
             return claim, self._pull(claim, deadline, interrupted)
         finally:
-            self._job_ids.end(claim)
+            self._job_ids.pulled(claim)
 
     def _enqueue(
         self, item_id: str, array: np.ndarray, deadline: float, call: int, interrupted: threading.Event

@@ -333,14 +333,19 @@ def test_a_job_id_still_pulled_by_another_call_fails_both(service, backend):
     assert isinstance(error, JobProtocolError) and "item 'v2' of a later call" in str(error)
 
 
-def test_the_job_ids_remembered_are_bounded():
-    job_ids = JobIds(remembered=2)
+@pytest.mark.parametrize("remembered", [0, 2])
+def test_the_job_ids_remembered_are_bounded_but_a_call_keeps_all_of_its_own(remembered):
+    """An item whose pull ended keeps its id while its call runs: an id given again to a later item of
+    the same call is caught whatever `remembered` is (it bounds only what is kept across calls)."""
+    job_ids = JobIds(remembered=remembered)
     claims = [job_ids.claim(f"job-{n}", f"v{n}", call=1)[0] for n in range(3)]
-    assert len(job_ids) == 3  # in flight: all kept
     for claim in claims:
-        job_ids.end(claim)
-    assert len(job_ids) == 2 and job_ids.claim("job-0", "again", call=2)[1] is None
-    assert job_ids.claim("job-2", "again", call=2)[1] is claims[2] and claims[2].contested
+        job_ids.pulled(claim)
+    assert len(job_ids) == 3  # the call is in flight: all kept
+    assert job_ids.claim("job-0", "v3", call=1)[1] is claims[0] and claims[0].contested
+    job_ids.end_call(1)
+    assert len(job_ids) == remembered and job_ids.claim("job-0", "again", call=2)[1] is None
+    assert (job_ids.claim("job-2", "again", call=2)[1] is claims[2]) == bool(remembered)
 
 
 def test_an_enqueue_answered_429_is_sent_again_after_its_retry_after(service, backend):
