@@ -280,7 +280,9 @@ class _Endpoints:
         host, gate = self.host, self.gate
         return JSONResponse(
             {
-                "state": self.state,
+                # a wedged scorer refuses every call: not ready, so a probe passes this server over (and a
+                # standalone server's supervisor can restart it: nothing here can stop its stuck thread)
+                "state": "wedged" if host.wedged is not None and self.state == "ready" else self.state,
                 **host.catalog_entry(),
                 "pid": os.getpid(),
                 "in_flight": self.ledger.in_flight,
