@@ -328,6 +328,8 @@ class MultiRemoteRewardBackend(RewardBackend):
                 return
             with self._standing_lock:
                 self._down[index] = why
+                # the server of another identity is gone (stopped, say): passed over again, not an error
+                self._changed.pop(index, None)
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
         if self._stopped.is_set():

@@ -158,13 +158,14 @@ def test_servers_of_another_revision_or_params_are_refused_at_construction_namin
 
 def test_a_server_restarted_under_another_revision_stops_the_next_call_naming_it(servers):
     """Stopped, it is passed over; back under another revision, its background probe finds it and the
-    next call raises naming it (a server up when it changes: the next call's own probe, see below)."""
+    next call raises naming it (a server up when it changes: the next call's own probe, see below).
+    Stopped again, it is passed over again: the others serve."""
     (_, first), (second, second_url) = servers(PROBE, PROBE)
     with MultiRemoteRewardBackend([first, second_url], token=TOKEN, request_batch_size=SIZE) as many:
         assert many.compute_rewards(REQUEST).rewards == EXPECTED
         assert stop_serve(second) == 0
         assert many.compute_rewards(REQUEST).rewards == EXPECTED  # the stopped one passed over
-        servers(("ProbeV2", 0.0), "--port", second_url.rsplit(":", 1)[1])  # the same URL, another version
+        ((changed, _),) = servers(("ProbeV2", 0.0), "--port", second_url.rsplit(":", 1)[1])  # same URL, other version
         found: list[RewardContractError] = []
 
         def refused() -> bool:
@@ -176,6 +177,15 @@ def test_a_server_restarted_under_another_revision_stops_the_next_call_naming_it
 
         assert eventually(refused, 15)
         assert second_url in str(found[0]) and "'probe-v2'" in str(found[0])
+        assert stop_serve(changed) == 0
+
+        def served() -> bool:
+            try:
+                return many.compute_rewards(REQUEST).rewards == EXPECTED
+            except ScorerIdentityChanged:
+                return False
+
+        assert eventually(served, 15)
 
 
 def test_a_server_killed_mid_batch_has_its_share_re_sent_once_to_a_healthy_one(servers):
