@@ -121,6 +121,12 @@ def note_pool_child(pid: int) -> None:
         _pool_children.add(pid)
 
 
+def forget_pool_child(pid: int) -> None:
+    """The pool reaped it: its pid may be the caller's next (the set holds only what is alive)."""
+    with _helpers_lock:
+        _pool_children.discard(pid)
+
+
 def _helper_objects() -> dict[str, Any]:
     from multiprocessing import forkserver, resource_tracker
 

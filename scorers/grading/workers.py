@@ -24,7 +24,13 @@ from scorers.grading.config import PoolConfig
 from scorers.grading.errors import GradingPoolError
 from scorers.grading.handles import SpawnedProcess, WorkerProcess
 from scorers.grading.messages import Fatal, Ready
-from scorers.grading.mp_helpers import forkserver_modules, forkserver_pid, note_pool_child, preload_failure
+from scorers.grading.mp_helpers import (
+    forget_pool_child,
+    forkserver_modules,
+    forkserver_pid,
+    note_pool_child,
+    preload_failure,
+)
 from scorers.grading.outcomes import Batch
 from scorers.grading.processes import describe
 from scorers.grading.template_owner import GradingTemplate, TemplateError, pidfds_supported
@@ -291,6 +297,7 @@ class WorkerManager:
         template, self.template = self.template, None
         if template is not None:
             template.close(REAP_TIMEOUT_S)
+            forget_pool_child(template.pid)
 
     # -- tracking ---------------------------------------------------------------------------------
 
@@ -389,10 +396,12 @@ class WorkerManager:
         deadline = time.monotonic() + budget_s
         running = []
         for worker in [*self.retired, *also]:
-            if not worker.process.reap(max(0.0, deadline - time.monotonic())):
-                running.append(worker)
-                if budget_s:
-                    log.warning("grading worker pid %d alive %.1fs after SIGKILL; leaving it", worker.pid, budget_s)
+            if worker.process.reap(max(0.0, deadline - time.monotonic())):
+                forget_pool_child(worker.pid)
+                continue
+            running.append(worker)
+            if budget_s:
+                log.warning("grading worker pid %d alive %.1fs after SIGKILL; leaving it", worker.pid, budget_s)
         self.retired = running
 
     def kill_all(self) -> None:
