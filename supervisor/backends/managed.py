@@ -48,6 +48,7 @@ from supervisor.errors import (
     RewardContractError,
     ScorerCrashLoop,
     ScorerError,
+    ScorerIdentityChanged,
     ScorerProcessDied,
     ScorerRequestError,
     ScorerStartupError,
@@ -353,6 +354,10 @@ class ManagedScorerProcessBackend(RewardBackend):
         policy = self.spec.restart
         if isinstance(cause, ScorerCrashLoop):
             raise ScorerCrashLoop(cause.args[0].splitlines()[0], cause.record)
+        if isinstance(cause, ScorerIdentityChanged):  # another start would boot the same other identity
+            raise ScorerIdentityChanged(
+                cause.args[0].splitlines()[0], cause.record, url=cause.url, expected=cause.expected, got=cause.got
+            )
         if isinstance(cause, ScorerStartupError) and is_boot_failure(
             cause.boot_code if cause.boot_code is not None else cause.returncode
         ):
@@ -389,7 +394,7 @@ class ManagedScorerProcessBackend(RewardBackend):
         self._retire(old)
         old.release()
         try:
-            new, _ = self._launch()
+            new, info = self._launch()
         except BaseException as exc:
             error = exc if isinstance(exc, ScorerError) else ScorerStartupError(f"restart failed: {exc!r}")
             with self._life:
@@ -397,11 +402,16 @@ class ManagedScorerProcessBackend(RewardBackend):
             if error is exc or not isinstance(exc, Exception):  # never turn Ctrl-C into a scorer error
                 raise
             raise error from exc
+        changed = self._changed_identity(new, info)
         with self._life:
-            if self._closed:  # close() ran while we launched: this child must not outlive it
+            if self._closed or changed is not None:  # close() ran meanwhile, or nothing it answers may be taken
                 record = new.child.stop(graceful_s=0.0)
                 new.release()
-                raise ScorerProcessDied("backend closed during a restart", record)
+                if changed is None:
+                    raise ScorerProcessDied("backend closed during a restart", record)
+                changed.record = record
+                self._dead = changed  # for good: every later start boots the same other identity
+                raise changed
             self._gen, self._dead = new, None
         self.timings["last_restart_s"] = time.monotonic() - began
         log.warning(
@@ -412,6 +422,20 @@ class ManagedScorerProcessBackend(RewardBackend):
             len(self._restarts),
         )
         return new
+
+    def _changed_identity(self, new: _Generation, info: dict[str, Any]) -> ScorerIdentityChanged | None:
+        """A restarted child of another identity than the first (its env rebuilt with another revision,
+        a file its params read changed): refused before it scores anything."""
+        expected, got = self.shape.identity_hash, info.get("identity_hash")
+        if expected is None or got == expected:
+            return None
+        return ScorerIdentityChanged(
+            f"child {self.spec.scorer.name} restarted (pid {new.child.pid}) under scorer identity {got}, not "
+            f"{expected} as before: its env or what its params read changed; not started again",
+            url=f"http://127.0.0.1:{new.child.port}",
+            expected=expected,
+            got=got if isinstance(got, str) else None,
+        )
 
     @property
     def combination(self) -> dict[str, Any]:

@@ -231,3 +231,32 @@ def test_a_crash_loop_stops_for_good_not_for_one_window(managed, trainer_python)
     with pytest.raises(ScorerCrashLoop):
         backend.compute_rewards(REQUEST)
     assert backend.restarts == 0
+
+
+def test_a_child_restarted_under_another_identity_is_refused_before_it_scores_and_never_again(
+    managed, trainer_python, tmp_path
+):
+    """A restart that boots another scorer identity (its env rebuilt, a file its params read changed)
+    is stopped at its readiness line, before it scores anything, and the backend stays down with
+    `ScorerIdentityChanged`: every later start would boot the same other identity."""
+    from supervisor import ScorerIdentityChanged
+
+    stamp = tmp_path / "stamp"
+    stamp.write_text("1.0")
+    mark = tmp_path / "scored"  # touched by any call of an item "hang" (hang_s 0: it does not hang)
+    backend = managed(
+        trainer_python, "tests.helpers.stamped_scorer:Stamped", params={"stamp_file": str(stamp), "hang_mark": str(mark)},
+        restart={"backoff_s": 0},
+    )  # fmt: skip
+    assert backend.compute_rewards(REQUEST).rewards == [1.0]
+    expected = backend.identity_hash
+    stamp.write_text("2.0")
+    crash(backend)
+    with pytest.raises(ScorerIdentityChanged) as changed:
+        backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="hang")]))
+    assert not mark.exists()  # the restarted child never scored it
+    assert changed.value.expected == expected and changed.value.got not in (None, expected)
+    restarted = changed.value.record.pid if changed.value.record is not None else None
+    with pytest.raises(ScorerIdentityChanged):  # not started again
+        backend.compute_rewards(REQUEST)
+    assert backend.restarts == 1 and (restarted is None or not alive(restarted))
