@@ -581,6 +581,19 @@ class ManagedScorerProcessBackend(RewardBackend):
         if gen is not None and os.getpid() == self._owner_pid and not gen.child.exited():
             self._abandon(gen)
 
+    def kill_late_call(self) -> None:
+        """The caller's deadline passed while the child still scores its call (a Ray pool's actor
+        cancelling a late share): kill the child at once. Unlike `interrupt`, this counts against the
+        restart policy, as a timeout of our own does: a scorer that hangs on every call ends in
+        `ScorerCrashLoop`, not in a restart per call."""
+        gen = self._gen
+        if gen is not None and os.getpid() == self._owner_pid and not gen.child.exited():
+            gen.child.signal_group(signal.SIGKILL)
+            self.timeouts += 1
+            self._mark_dead(
+                gen, ScorerTimeout("the caller's deadline passed mid-call; its child was killed", gen.child.record())
+            )
+
     def _abandon(self, gen: _Generation) -> None:
         """Kill the child at once (no waiting here); close() and the next call need no graceful path."""
         gen.abandoned = True

@@ -130,6 +130,8 @@ class PoolActor:
         self._turns = ThreadPoolExecutor(max_workers=1, thread_name_prefix="share")
         self._held = 0  # shares queued or scoring here
         self._held_lock = threading.Lock()
+        self._scoring: object | None = None  # the token of the share scoring now
+        self._scoring_lock = threading.Lock()
 
     def where(self) -> dict[str, Any]:
         import ray
@@ -165,14 +167,22 @@ class PoolActor:
             ahead, self._held = self._held, self._held + 1
 
         def scoring() -> RewardResponse:
+            with self._scoring_lock:
+                self._scoring = turn_token
             began.append(time.monotonic())
-            return self.backend.compute_rewards(request)
+            try:
+                return self.backend.compute_rewards(request)
+            finally:
+                with self._scoring_lock:
+                    self._scoring = None
+
+        turn_token = object()
 
         turn = self._turns.submit(scoring)
         turn.add_done_callback(self._released)
         while not wait([turn], timeout=CANCEL_POLL_S).done:
             if context.is_canceled():  # raised: Ray answers a cancelled task's return with TaskCancelledError
-                raise self._stopped(turn, share, ahead, began)
+                raise self._stopped(turn, turn_token, share, ahead, began)
         return self._signed(self._answer(turn))
 
     def _released(self, _turn: Future[RewardResponse]) -> None:
@@ -187,19 +197,27 @@ class PoolActor:
             return error
         raise error  # not ours: Ray hands it to the pool as a RayTaskError
 
-    def _stopped(self, turn: Future[RewardResponse], share: str, ahead: int, began: list[float]) -> ScorerTimeout:
+    def _stopped(
+        self, turn: Future[RewardResponse], token: object, share: str, ahead: int, began: list[float]
+    ) -> ScorerTimeout:
         """The share's call passed its deadline. Queued: it leaves the queue, never scored. Scoring: its
-        child is killed (the next share starts a new one: `interrupt`), so nothing queues behind a hang."""
+        child is killed (the next share starts a new one, counted against the restart policy), so nothing
+        queues behind a hang. The kill happens only while this share is the one scoring: a share that
+        ended meanwhile never costs the next one its child."""
         if turn.cancel():
             return ScorerTimeout(
                 f"{share} was still queued when the call's deadline passed (it came behind {ahead} other "
                 "share(s) of this actor): cancelled, never scored"
             )
-        if turn.done():
-            return ScorerTimeout(f"{share} ended just as the call's deadline passed: its answer came too late")
-        child = self.backend.pid
-        self.backend.interrupt()  # kills the child serving the share
-        self.backend.abort_start()  # or the one a restart is booting for it
+        started_by = time.monotonic() + KILLED_SHARE_S  # the turn left the queue: it is starting or has ended
+        while self._scoring is not token and not turn.done() and time.monotonic() < started_by:
+            time.sleep(CANCEL_POLL_S / 5)
+        with self._scoring_lock:
+            if self._scoring is not token:
+                return ScorerTimeout(f"{share} ended just as the call's deadline passed: its answer came too late")
+            child = self.backend.pid
+            self.backend.kill_late_call()  # kills the child serving the share
+            self.backend.abort_start()  # or the one a restart is booting for it
         try:
             turn.exception(timeout=KILLED_SHARE_S)
             ended = "ended"

@@ -16,12 +16,13 @@ from supervisor import (
     RewardItem,
     RewardRequest,
     ScorerCrashLoop,
+    ScorerError,
     ScorerProcessDied,
     ScorerRequestError,
     ScorerStartupError,
     ScorerTimeout,
 )
-from tests.conftest import REPO_ROOT, alive, group_members, wait_until_gone
+from tests.conftest import REPO_ROOT, alive, eventually, group_members, wait_until_gone
 
 REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
 
@@ -260,3 +261,36 @@ def test_a_child_restarted_under_another_identity_is_refused_before_it_scores_an
     with pytest.raises(ScorerIdentityChanged):  # not started again
         backend.compute_rewards(REQUEST)
     assert backend.restarts == 1 and (restarted is None or not alive(restarted))
+
+
+def test_a_late_call_killed_by_its_caller_counts_against_the_restart_policy(managed, trainer_python, tmp_path):
+    """`kill_late_call` (a Ray pool's actor cancelling a share past its call's deadline) kills the
+    child as a timeout of our own does: the restart counts, so a scorer that hangs on every call ends
+    in `ScorerCrashLoop`, not in a restart per call (`interrupt`, for a caller that gave up, does not count)."""
+    journal = tmp_path / "journal"
+    backend = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Journal", params={"path": str(journal), "sleep_s": 60},
+        restart={"backoff_s": 0, "max_restarts": 1},
+    )  # fmt: skip
+
+    def late_call_killed(n: int) -> None:
+        failed: list[ScorerError] = []
+
+        def call() -> None:
+            with pytest.raises(ScorerError) as raised:
+                backend.compute_rewards(RewardRequest(items=[RewardItem(id=f"slow{n}", text="slow")]))
+            failed.append(raised.value)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        assert eventually(lambda: journal.exists() and f"slow{n}" in journal.read_text(), 30)  # it is scoring
+        victim = backend.pid
+        backend.kill_late_call()
+        caller.join(30)
+        assert failed and wait_until_gone([victim], 5) == []
+
+    late_call_killed(0)
+    assert backend.compute_rewards(REQUEST).rewards == [1.0] and backend.restarts == 1
+    late_call_killed(1)
+    with pytest.raises(ScorerCrashLoop):
+        backend.compute_rewards(REQUEST)
