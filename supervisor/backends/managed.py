@@ -90,6 +90,7 @@ class _Generation:
     # score or an error), one may take until this (its start-up deadline), as the start it waits for was the boot's
     warm_until: float | None = None
     warm_asked: float = 0.0  # when warming() last asked the child's /health
+    warming_said: bool = True  # what that /health said (False: it did not answer), until the next ask
 
     def score_timeout(self, request_timeout: float) -> float:
         if self.warm_until is None:
@@ -709,15 +710,20 @@ class ManagedScorerProcessBackend(RewardBackend):
         if gen is None or gen.warm_until is None:
             return False
         if time.monotonic() - gen.warm_asked < WARM_ASK_S:
-            return True
+            return gen.warming_said
         gen.warm_asked = time.monotonic()
         try:
             warm = not self.health().get("warming", False)
         except ScorerError as exc:
-            log.warning("child %s: /health failed while warming: %s", self.spec.scorer.name, str(exc).splitlines()[0])
+            if gen.warming_said:  # once per failure, not at every poll
+                log.warning(
+                    "child %s: /health failed while warming: %s", self.spec.scorer.name, str(exc).splitlines()[0]
+                )
+            gen.warming_said = False
             return False
         if warm:
             gen.warm_until = None  # no longer a start the next request must wait for
+        gen.warming_said = not warm
         return not warm
 
     def drain(self, timeout_s: float | None = None) -> dict[str, Any]:
