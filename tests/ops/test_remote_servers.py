@@ -202,9 +202,10 @@ def test_a_server_killed_mid_batch_has_its_share_re_sent_once_to_a_healthy_one(s
         response = score_while(many, kill_mid_batch)
         assert not isinstance(response, BaseException), response
         assert response.ids == REQUEST.ids and response.rewards == EXPECTED  # every reward on its own id
-        assert time.monotonic() - began < 10
-        # the other two scored all 6 chunks: their own 2 each and the dead one's 2, re-sent
-        assert sum(scored_keys(url) for _, url in (made[0], made[2])) == GROUPS
+        assert time.monotonic() - began < 30  # not the call's 600 s deadline: re-sent at once
+        # the other two scored their own 2 chunks each and what the dead one had not answered, re-sent once:
+        # both of its chunks, or only its second when load let it answer its first before the kill
+        assert GROUPS - 2 < sum(scored_keys(url) for _, url in (made[0], made[2])) <= GROUPS
         # between calls: the dead server does not answer /health, the others take the whole batch
         assert many.compute_rewards(REQUEST).rewards == EXPECTED
     assert victim.poll() == -signal.SIGKILL
