@@ -20,13 +20,12 @@ is `supervisor.adapters.verl.process_scorer`), so verl's `remote` manager can pi
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from supervisor import ManagedScorerProcessBackend
-from supervisor.adapters.verl import VerlComputeScore, process_scorer, ready_scorer
+from supervisor.adapters.verl import VerlComputeScore, aprocess_scorer, process_scorer
 
 KEY = ("examples/verl_compute_score.py",)
 
@@ -47,7 +46,7 @@ def scorer() -> VerlComputeScore:
 async def compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None = None, **kwargs: Any
 ) -> dict[str, Any]:
-    ready = ready_scorer(KEY) or await asyncio.to_thread(scorer)  # a boot never blocks the loop
+    ready = await aprocess_scorer(KEY, _math_child)  # one boot, off the loop; the step's tasks wait on it
     return await ready.acompute_score(data_source, solution_str, ground_truth, extra_info)
 
 

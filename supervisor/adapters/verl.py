@@ -187,6 +187,27 @@ def ready_scorer(key: tuple[str, ...]) -> VerlComputeScore | None:
     return _SCORERS.get((os.getpid(), *key))
 
 
+_BOOTS: dict[tuple[Any, ...], asyncio.Future[VerlComputeScore]] = {}
+
+
+async def aprocess_scorer(key: tuple[str, ...], build: Callable[[], RewardBackend]) -> VerlComputeScore:
+    """`process_scorer` for the async reward loop: the boot runs off the event loop, once per loop.
+    The step's first tasks all wait on that one boot and resume in the same loop turn, so they
+    reach the stream together (one window), instead of returning in waves from a thread each
+    (and holding every executor thread while the boot runs). A cancelled waiter leaves the boot
+    to the others; a failed boot fails every waiter, as `process_scorer` fails every later call."""
+    ready = ready_scorer(key)
+    if ready is not None:
+        return ready
+    loop = asyncio.get_running_loop()
+    slot = (os.getpid(), id(loop), *key)
+    boot = _BOOTS.get(slot)
+    if boot is None or boot.get_loop() is not loop:
+        boot = _BOOTS[slot] = asyncio.ensure_future(asyncio.to_thread(process_scorer, key, build))
+        boot.add_done_callback(lambda done: _BOOTS.pop(slot, None) if _BOOTS.get(slot) is done else None)
+    return await asyncio.shield(boot)
+
+
 def _key(recipe: str | None, panel: str) -> tuple[str, str]:
     path = recipe or os.environ.get(RECIPE_VARIABLE)
     if not path:
@@ -225,9 +246,8 @@ async def compute_score(
     **kwargs: Any,
 ) -> dict[str, Any]:
     """verl's reward loop (every manager, async): one call per rollout, coalesced into requests."""
-    ready = ready_scorer(_key(recipe, panel))
-    if ready is None:  # the first call of this process: the boot runs off the event loop
-        ready = await asyncio.to_thread(scorer_for, recipe, panel)
+    key = _key(recipe, panel)
+    ready = await aprocess_scorer(key, lambda: _recipe_panel(*key))
     return await ready.acompute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
 
 

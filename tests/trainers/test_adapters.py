@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -132,6 +133,50 @@ def test_verl_compute_score_per_item_async_and_batch():
         assert [r["score"] for r in batch] == [1.0, 0.0]
         with pytest.raises(ValueError, match="differ in length"):
             compute_score.compute_score_batch(["a"], ["x", "y"], ["x", "z"])
+
+
+def test_verl_first_step_boots_once_on_one_thread_and_every_task_resumes_together():
+    """18 rollouts of the step that boots: one build, on one executor thread (the loop's other
+    to_thread work still runs meanwhile), and all 18 resume in one loop turn, so they reach the
+    stream as one window however slowly a loaded machine runs the threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from supervisor.adapters.verl import aprocess_scorer
+
+    release, builds = threading.Event(), []
+
+    def build() -> LocalRewardBackend:
+        builds.append(threading.get_ident())
+        assert release.wait(10), "the test never released the boot"
+        return LocalRewardBackend("exact_match")
+
+    async def step() -> list[int]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=2))
+        turns = 0
+
+        async def ticker() -> None:
+            nonlocal turns
+            while True:
+                await asyncio.sleep(0)
+                turns += 1
+
+        async def rollout(i: int) -> tuple[int, dict]:
+            scorer = await aprocess_scorer(("test-boot", str(id(release))), build)
+            return turns, await scorer.acompute_score("gsm8k", str(i % 2), "0", {"index": i})
+
+        ticking = asyncio.create_task(ticker())
+        rollouts = asyncio.gather(*(rollout(i) for i in range(18)))
+        # the boot blocks one thread: another thread job of this loop still runs
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: 7), 5) == 7
+        release.set()
+        done = await asyncio.wait_for(rollouts, 30)
+        ticking.cancel()
+        assert [row["score"] for _, row in done] == [1.0, 0.0] * 9
+        return [turn for turn, _ in done]
+
+    resumed = asyncio.run(step())
+    assert len(builds) == 1 and len(set(resumed)) == 1, (builds, resumed)
 
 
 # -- TRL --------------------------------------------------------------------------------------------
