@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import struct
 import subprocess
 import sys
@@ -24,6 +23,8 @@ from pathlib import Path
 
 import httpx
 import psutil
+
+from bench.serve_processes import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER = sys.executable
@@ -70,12 +71,7 @@ def _served(folder: Path) -> Iterator[Served]:
         served.health_s()  # the first reads the scorer's package versions: not part of any row
         yield served
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)
 
 
 def _post_measured(served: Served, body: bytes) -> dict:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench.serve_processes import readiness, stop
 from supervisor import MultiRemoteRewardBackend, RemoteRewardBackend, RewardItem, RewardRequest, RewardResponse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,21 +49,16 @@ class Servers:
             with open(line, "w") as out:
                 env = {**os.environ, "MANAGED_SCORERS_TOKEN": TOKEN}
                 started.append((subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, env=env), line))
-        ready = [(process, f"http://127.0.0.1:{_ready(line)['port']}") for process, line in started]
+        try:
+            ready = [(process, f"http://127.0.0.1:{readiness(line, process, 60)['port']}") for process, line in started]
+        except BaseException:
+            stop(*(process for process, _ in started))
+            raise
         self.made.extend(ready)
         return ready
 
     def stop(self) -> None:
-        for process, _ in self.made:
-            if process.poll() is None:
-                process.send_signal(signal.SIGCONT)
-                process.send_signal(signal.SIGTERM)
-        for process, _ in self.made:
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
+        stop(*(process for process, _ in self.made))
 
 
 @contextmanager
@@ -73,16 +69,6 @@ def servers() -> Iterator[Servers]:
             yield made
         finally:
             made.stop()
-
-
-def _ready(path: Path, deadline_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        text = path.read_text()
-        if text.endswith("\n"):
-            return json.loads(text.splitlines()[0])
-        time.sleep(0.05)
-    raise TimeoutError(f"no readiness line in {path} after {deadline_s} s")
 
 
 def _health(url: str) -> dict:

@@ -7,7 +7,6 @@ Public API only (and tests/helpers/term_faults.py's models), so the same file me
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ import psutil
 import yaml
 
 from bench.handles import managed_of, pid_of
+from bench.serve_processes import readiness, stop
 from supervisor import (
     ManagedScorerProcessBackend,
     MultiRemoteRewardBackend,
@@ -141,25 +141,11 @@ def _serve(recipe: Path, ready: Path) -> tuple[subprocess.Popen[bytes], dict[str
             stderr=subprocess.DEVNULL,
             env={**os.environ, "MANAGED_SCORERS_TOKEN": TOKEN},
         )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        text = ready.read_text()
-        if text.endswith("\n"):
-            return server, json.loads(text.splitlines()[0])
-        if server.poll() is not None:
-            raise RuntimeError(f"serve exited with {server.returncode} before it was ready")
-        time.sleep(0.01)
-    _stop(server)
-    raise TimeoutError("no readiness line from serve after 120 s")
-
-
-def _stop(server: subprocess.Popen[bytes]) -> None:
-    server.send_signal(signal.SIGTERM)
     try:
-        server.wait(30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
+        return server, readiness(ready, server)
+    except BaseException:
+        stop(server)
+        raise
 
 
 def _term_child(server: int) -> int:
@@ -204,7 +190,7 @@ def served_required_term_crash() -> str:
                 said, seconds = _outcome(lambda: both.compute_rewards(request))
         finally:
             for server, _ in servers:
-                _stop(server)
+                stop(server, grace_s=30)
     return f"the server answers {answered}; a client of both servers: {said} in {seconds:.2f} s"
 
 
@@ -224,7 +210,7 @@ def served_math_warming() -> str:
                 said, seconds = _outcome(lambda: remote.compute_rewards(request))
             after = _group(child)
         finally:
-            _stop(server)
+            stop(server, grace_s=30)
     return (
         f"math child's processes at the ready line: {at_ready}, after a first call: {after} "
         f"(first call {said} in {seconds:.2f} s)"

@@ -12,9 +12,7 @@ chunks, sent together: the panel server takes 4 calls at once) is shown beside i
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -26,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from bench.panel import grpo_request
+from bench.serve_processes import readiness, stop
 from supervisor import RemoteRewardBackend
 from supervisor.compose.recipes import build_panel, load_recipe
 
@@ -59,29 +58,14 @@ def _started(recipe: Path, ready: Path, deadline_s: float = 120) -> tuple[subpro
             stdout=out,
             env={**os.environ, "MANAGED_SCORERS_TOKEN": TOKEN},
         )
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        text = ready.read_text()
-        if text.endswith("\n"):
-            info = json.loads(text.splitlines()[0])
-            if info.get("ready") is not True:
-                raise RuntimeError(f"the panel server did not start: {info}")
-            return server, info
-        if server.poll() is not None:
-            raise RuntimeError(f"the panel server exited with {server.returncode} before it was ready")
-        time.sleep(0.05)
-    server.kill()
-    server.wait()
-    raise TimeoutError(f"no readiness line from the panel server after {deadline_s} s")
-
-
-def _stopped(server: subprocess.Popen[bytes]) -> None:
-    server.send_signal(signal.SIGTERM)
     try:
-        server.wait(30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
+        info = readiness(ready, server, deadline_s)
+        if info.get("ready") is not True:
+            raise RuntimeError(f"the panel server did not start: {info}")
+    except BaseException:
+        stop(server)
+        raise
+    return server, info
 
 
 def main_line(rounds: int = ROUNDS) -> str:
@@ -106,7 +90,7 @@ def main_line(rounds: int = ROUNDS) -> str:
                 expected = local.compute_rewards(request).rewards
                 assert whole.compute_rewards(request).rewards == expected == chunked.compute_rewards(request).rewards
         finally:
-            _stopped(server)
+            stop(server, grace_s=30)
     served_s, local_s, chunked_s = (statistics.median(samples[k]) for k in ("served", "in_process", "chunked"))
     return (
         f"{len(request.items)}-item GRPO panel served (serve --recipe: math_verify + exact_match + token_f1) "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.fake_openai import FakeOpenAI
+from bench.serve_processes import readiness, stop
 from supervisor import MultiRemoteRewardBackend, RemoteRewardBackend, RewardBackend, RewardItem, RewardRequest
 
 ROUNDS = 3
@@ -54,26 +54,12 @@ def judge_servers(count: int, base_url: str) -> Iterator[list[str]]:
                 with open(line, "w") as out:
                     env = {**os.environ, "MANAGED_SCORERS_TOKEN": TOKEN}
                     processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, env=env))
-            yield [f"http://127.0.0.1:{_ready(line)['port']}" for line in lines]
+            yield [
+                f"http://127.0.0.1:{readiness(line, process, 60)['port']}"
+                for process, line in zip(processes, lines, strict=True)
+            ]
         finally:
-            for process in processes:
-                process.send_signal(signal.SIGTERM)
-            for process in processes:
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(5)
-
-
-def _ready(path: Path, deadline_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        text = path.read_text()
-        if text.endswith("\n"):
-            return json.loads(text.splitlines()[0])
-        time.sleep(0.05)
-    raise TimeoutError(f"no readiness line in {path} after {deadline_s} s")
+            stop(*processes)
 
 
 def _scoring(backend: RewardBackend, batch: RewardRequest) -> Callable[[], object]:
