@@ -12,7 +12,7 @@ BENCH_ENVS := trlbench
 ENVS := $(SCORER_ENVS) $(TRAINER_ENVS) $(BENCH_ENVS)
 PYTEST_ARGS ?=
 
-.PHONY: install envs scorer-envs demo test test-fast lint bench bench-peers gpu-check clean $(addprefix env-,$(ENVS))
+.PHONY: install envs scorer-envs demo test test-fast lint docs bench bench-peers gpu-check clean $(addprefix env-,$(ENVS))
 
 install: $(VENV)/.installed
 
@@ -54,8 +54,13 @@ demo: install scorer-envs
 	$(VPY) -m supervisor.ops.demo
 
 # --durations: CI prints the 25 slowest tests, so a test that grew slow is seen where it runs
-test: install envs lint
+test: install envs lint docs
 	$(VPY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+
+# The docs site, built strictly: a broken link, a missing page or a reference page that no longer
+# generates (docs/gen_reference.py) fails it. The snippets in the pages run in pytest (tests/docs).
+docs: install
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VPY) -m mkdocs build --strict --site-dir site
 
 lint: install
 	$(VPY) -m ruff check .
