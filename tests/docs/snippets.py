@@ -302,11 +302,18 @@ def console_commands(code: str) -> str:
 
 
 def _untracked(root: Path) -> set[str]:
-    """Untracked files git does not ignore (what a block may leave behind in the repo)."""
+    """Untracked files in the repo root itself that git does not ignore: where a block that writes to its
+    working directory leaves them (`reward.yaml`, a log). Deeper folders are left out: a file someone
+    adds there while a block runs is not the block's."""
     done = subprocess.run(
-        ["git", "ls-files", "--others", "--exclude-standard", "-z"], cwd=root, capture_output=True, check=False
+        ["git", "ls-files", "--others", "--exclude-standard", "--directory", "-z"],
+        cwd=root,
+        capture_output=True,
+        check=False,
     )
-    return set(done.stdout.decode(errors="replace").split("\0")) - {""} if done.returncode == 0 else set()
+    if done.returncode != 0:
+        return set()
+    return {path for path in done.stdout.decode(errors="replace").split("\0") if path and "/" not in path.rstrip("/")}
 
 
 @contextlib.contextmanager

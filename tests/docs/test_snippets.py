@@ -4,6 +4,7 @@ fail on broken examples, each failure naming its file and line."""
 
 from __future__ import annotations
 
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -34,12 +35,17 @@ def _param(block: Block) -> object:
 
 @pytest.mark.parametrize("block", [_param(block) for block in BLOCKS])
 def test_snippet(block: Block, tmp_path: Path) -> None:
+    skipped = failed = None
     try:
         check(block, tmp_path)
-    except SnippetSkipped as skipped:
-        pytest.skip(str(skipped))
-    except SnippetFailed as failed:
-        pytest.fail(str(failed), pytrace=False)
+    except SnippetSkipped as exc:
+        skipped = str(exc)
+    except SnippetFailed as exc:
+        failed = str(exc)
+    if failed is not None:  # outside the except clause: the report shows the block's error, not a chain
+        pytest.fail(failed, pytrace=False)
+    if skipped is not None:
+        pytest.skip(skipped)
 
 
 def test_the_docs_have_blocks_to_check() -> None:
@@ -96,20 +102,26 @@ time.sleep(30)
 import subprocess, sys
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
 ```
+
+```bash
+echo "a result" > left-behind.txt
+```
 """
 
 
 def test_the_runner_fails_on_broken_examples(tmp_path: Path) -> None:
-    page = tmp_path / "docs" / "broken.md"
-    page.parent.mkdir()
+    root = tmp_path / "repo"  # a git repo: a shell block runs in its root, and must leave no file there
+    page = root / "docs" / "broken.md"
+    page.parent.mkdir(parents=True)
     page.write_text(BROKEN)
-    blocks = blocks_of(page, tmp_path)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    blocks = blocks_of(page, root)
     outcomes: dict[str, str] = {}
     for block in blocks:
         workdir = tmp_path / f"run-{block.line}"
         workdir.mkdir()
         try:
-            outcomes[block.id] = "ok: " + check(block, workdir, root=tmp_path, python_deadline_s=3.0)
+            outcomes[block.id] = "ok: " + check(block, workdir, root=root, python_deadline_s=3.0)
         except SnippetSkipped as skipped:
             outcomes[block.id] = f"skipped: {skipped}"
         except SnippetFailed as failed:
@@ -128,6 +140,7 @@ def test_the_runner_fails_on_broken_examples(tmp_path: Path) -> None:
         "docs/broken.md:35": "ok: not run (text)",
         "docs/broken.md:39": "failed: docs/broken.md:39: python block ran past its 3 s deadline",
         "docs/broken.md:44": "failed: docs/broken.md:44: processes outlived the block by 5 s (killed): pid",
+        "docs/broken.md:49": "failed: docs/broken.md:49: the block left files in the repo: left-behind.txt",
     }
     assert set(said) == set(expected), said
     for where, start in expected.items():
