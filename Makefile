@@ -19,7 +19,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install -q --no-input -e '.[child]' -r requirements-dev.txt 2>&1 | { grep -v "^WARNING: Location" || true; }
+	$(VPY) -m pip install -q --no-input -e '.[serving,metrics]' -r requirements-dev.txt 2>&1 | { grep -v "^WARNING: Location" || true; }
 	$(VPY) -m pip check
 	touch $@
 

@@ -527,11 +527,13 @@ def http_page() -> str:
         handler = _handler_of(route.endpoint, child_app._Endpoints)
         status, kind, body, _ = answers[route.path]
         shown_path = f"{route.path}/<secret>" if route.path == "/openrlhf" else route.path
+        methods = sorted(route.methods - {"HEAD"})
+        section = "-".join(["", *(m.lower() for m in methods), route.path.strip("/")])[1:]
         rows.append(
             [
                 code(shown_path),
-                ", ".join(sorted(route.methods - {"HEAD"})),
-                cell(doc(handler).split("\n\n")[0]) or f"`_Endpoints.{handler.__name__}`",
+                ", ".join(methods),
+                cell(doc(handler).split("\n\n")[0]) or f"see [its answer](#{section})",
                 f"{status} {code(kind.split(';')[0])}",
             ]
         )
@@ -673,7 +675,6 @@ def scorers_page() -> str:
                 code(spec.input_kind),
                 code(spec.env),
                 "yes" if spec.groupwise else "",
-                ", ".join(f"`{term}`" for term in spec.term_names()),
                 cell(summary),
             ]
         )
@@ -703,7 +704,7 @@ def scorers_page() -> str:
         facts.append("- params: " + (", ".join(_param_text(p) for p in params) if params else "none"))
         section.extend([*facts, ""])
         sections.extend(section)
-    lines.extend(table(["Name", "Input", "Env", "Groupwise", "Terms", "What it scores"], rows))
+    lines.extend(table(["Name", "Input", "Env", "Groupwise", "What it scores"], rows))
     pins = {
         env: [
             line.strip()
