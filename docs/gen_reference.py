@@ -109,7 +109,8 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[list[str]]:
         if isinstance(action, argparse._AppendAction):
             notes.append("repeatable")
         default = action.default
-        shown_default = "" if default in (None, False, argparse.SUPPRESS) or action.nargs in ("*", "+") else default
+        hidden = default is None or default is False or default == argparse.SUPPRESS  # 0 is a default to show
+        shown_default = "" if hidden or action.nargs in ("*", "+") else default
         rows.append(
             [
                 code(shown),

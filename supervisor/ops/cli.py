@@ -1,4 +1,4 @@
-"""`managed-scorers`: scorer envs, scoring a JSONL dataset, serving a scorer, checking a recipe.
+"""`managed-scorers`: scorer envs, scoring a JSONL dataset, serving a scorer, checking a recipe, the demo.
 
 Each subcommand is a thin layer over the library call that does the job; errors the user can
 fix (a missing env, a failed pip) print one line naming the fix and exit 2, never a traceback.
@@ -16,6 +16,14 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+try:  # first, for every command: supervisord's files in our `supervisor` package (scorers/install.py)
+    import scorers  # noqa: F401
+except ImportError as _refusal:
+    if not getattr(_refusal, "supervisord_clash", False):
+        raise
+    print(f"managed-scorers: {_refusal}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 from pydantic import ValidationError
 
@@ -71,6 +79,8 @@ def _score(args: argparse.Namespace) -> int:
     from supervisor.ops.dataset_rows import read_rows
     from supervisor.ops.score_dataset import metrics_line, score_dataset
 
+    if args.image_column is not None:  # the rows' images are read here, before any child starts
+        _needs_extra("serving", "--image-column", ("PIL",))
     columns = _columns(args)
     recipe = load_recipe(args.recipe)
     if args.validation and recipe.validation is None:
@@ -164,6 +174,7 @@ def _serve(args: argparse.Namespace) -> int:
         limits["openrlhf_max_request_bytes"] = args.openrlhf_max_request_bytes
     if args.recipe is not None:
         _no_scorer_options(args)
+        _needs_extra("serving", "--recipe (the panel server runs in this python)", ("starlette", "uvicorn"))
         spec = panel_spec(args.recipe, limits)
         serve(
             spec,
@@ -192,6 +203,15 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError(validation_message(exc)) from exc
     token = read_token(args.token_env, args.token_file)
     serve(spec, args.host, args.port, token, args.allow_remote, args.token_env, secret)
+
+
+def _needs_extra(extra: str, command: str, modules: tuple[str, ...]) -> None:
+    """A command that needs an extra this install lacks: one line naming it (exit 2), not a traceback."""
+    from scorers import install
+
+    missing = install.missing_extra(extra, command, modules)
+    if missing is not None:
+        raise ConfigError(missing)
 
 
 def _no_scorer_options(args: argparse.Namespace) -> None:
@@ -251,6 +271,12 @@ def _integrations(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from supervisor.ops import demo
+
+    return demo.run(tour=args.tour, build=not args.no_build)
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from supervisor.ops.doctor import doctor
 
@@ -279,6 +305,12 @@ def parser() -> argparse.ArgumentParser:
     checkup = commands.add_parser("doctor", help="check a recipe end to end: envs, boot, one sample, shared memory")
     checkup.add_argument("recipe", type=_folder, help="a reward recipe (YAML)")
     checkup.set_defaults(run=_doctor)
+    show = commands.add_parser(
+        "demo", help="a math grader in a managed child and in this process (hydra's antlr pin); builds the math env"
+    )
+    show.add_argument("--tour", action="store_true", help="add the image, OCR and MiniLM (torch) envs, a GRPO panel")
+    show.add_argument("--no-build", action="store_true", help="build no env: name the command that would (exit 2)")
+    show.set_defaults(run=_demo)
     return top
 
 
