@@ -5,4 +5,11 @@ idempotency, metrics, lifeline) runs only in the child. Imports `scorers` and it
 protocol, never `supervisor`.
 
 Never imports torch at import time; scorer modules load their own heavy deps in `load()`.
+
+Importing it refuses, in one line, where supervisord's files share our `supervisor` package
+(`scorers.install`); in a scorer child that check ends at one stat.
 """
+
+from scorers import install
+
+install.refuse_supervisord_clash()

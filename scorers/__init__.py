@@ -3,12 +3,20 @@
 The names below load on first use (PEP 562), not when the package is imported: the child
 arms its parent-death watch from `scorers.grading.processes` (stdlib only) before anything
 heavy, and an interpreter without numpy must still reach the child's own diagnosis.
+
+Importing it refuses, with `scorers.install.SupervisordClash` (an ImportError of one line), where
+supervisord's files share our `supervisor` package: that install is broken, and every import of
+this project says so before anything fails elsewhere.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from scorers import install
+
+install.refuse_supervisord_clash()  # a scorer child returns at one stat: its path holds no `supervisor`
 
 if TYPE_CHECKING:
     from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec

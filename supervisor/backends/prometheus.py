@@ -14,7 +14,9 @@ import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
+from scorers import install
 from supervisor.child import ranks
+from supervisor.errors import ConfigError
 
 
 class Counted(Protocol):
@@ -78,7 +80,11 @@ class BackendCollector:
 
 
 def register(registry: Any = None) -> BackendCollector:
-    """Add the collector to `registry` (default: prometheus-client's global one), once per registry."""
+    """Add the collector to `registry` (default: prometheus-client's global one), once per registry.
+    Without prometheus-client, a ConfigError naming the `metrics` extra."""
+    missing = install.missing_extra("metrics", "supervisor.backends.prometheus.register()")
+    if missing is not None:
+        raise ConfigError(missing)
     from prometheus_client import REGISTRY
 
     target = REGISTRY if registry is None else registry

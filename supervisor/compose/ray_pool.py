@@ -100,7 +100,7 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise ConfigError(f"a Ray reward pool needs Ray in this environment (pip install ray): {exc}") from exc
+        raise ConfigError(f"a Ray reward pool needs Ray here: pip install 'managed-scorers[ray]' ({exc})") from exc
     if not ray.is_initialized():
         raise ConfigError("a Ray reward pool is used from a Ray driver or actor: call ray.init(address=...) first")
     return ray

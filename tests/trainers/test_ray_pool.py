@@ -215,7 +215,7 @@ def test_without_ray_the_pool_says_what_it_needs():
 
     if importlib.util.find_spec("ray") is not None:
         pytest.skip("Ray is installed in this environment")
-    with pytest.raises(ConfigError, match="pip install ray"):
+    with pytest.raises(ConfigError, match=r"pip install 'managed-scorers\[ray\]'"):
         RayPoolBackend.create(
             {"name": "p", "scorer": {"env": "image", "scorer": {"name": "mean_intensity", "input_kind": "image"}}}
         )
