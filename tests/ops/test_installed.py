@@ -132,3 +132,20 @@ def test_the_wheel_ships_example_recipes_that_name_their_envs(installed_trainer,
             [str(installed_trainer), "-c", check, f"{name}.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True
         )
         assert parsed.returncode == 0 and int(parsed.stdout) >= 2, parsed.stderr
+
+
+@pytest.mark.slow
+def test_the_installed_demo_grades_in_the_child_and_says_what_it_did_not_measure(installed_trainer, tmp_path):
+    """`managed-scorers demo` from the wheel, elsewhere: the child's verdicts; this venv has antlr 4.9.3 but
+    no math-verify, so the in-process column is not measured and the demo says so, with the way to measure it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["MANAGED_SCORERS_ENVS"] = str(REPO_ROOT / "envs")  # the math env make test built
+    cli = installed_trainer.parent / "managed-scorers"
+    done = subprocess.run([str(cli), "demo"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    pct = next(line.split() for line in done.stdout.splitlines() if line.startswith("  pct "))
+    assert pct[-3:] == ["0.1", "1.0", "-"]  # gold, the child's verdict, nothing pretended in-process
+    said = " ".join(done.stdout.split())
+    assert f"managed child: {REPO_ROOT / 'envs' / 'math' / '.venv'}: math-verify 0.9.0" in said
+    assert f"in-process: not measured: this python ({installed_trainer}" in said
+    assert "`pip install hydra-core==1.3.2 math-verify==0.9.0`" in said
