@@ -128,7 +128,8 @@ def _missing_package(exc: ImportError) -> str:
     return (
         f"the scorer env's python {sys.executable} cannot run the child runtime: it lacks {name!r} "
         f"({type(exc).__name__}: {exc}). Build a scorer env (`managed-scorers envs build NAME`, then "
-        '`"env": "NAME"` in the spec), or install numpy, starlette and uvicorn into this one.'
+        '`"env": "NAME"` in the spec), or install numpy, starlette and uvicorn into this one (where '
+        "managed-scorers itself is installed: pip install 'managed-scorers[serving]')."
     )
 
 

@@ -1,6 +1,9 @@
 """`managed-scorers doctor RECIPE`: check a recipe end to end and say what is wrong, with the fix.
 
-In order, stopping a backend's checks at its first failure: the recipe parses and passes
+First, this install: its version, where it lives, and which extras it has (a command that needs a
+missing one names it). supervisord sharing our `supervisor` package never gets this far: the CLI
+refuses it before any command runs (scorers/install.py). Then, in order, stopping a backend's checks
+at its first failure: the recipe parses and passes
 preflight (envs, imports, pins, panels, without starting anything); then for each distinct
 backend: its python runs, its child boots (the child's own exit code and log tail say why
 not), one sample of its input kind scores to a finite reward, and a managed child took the
@@ -9,6 +12,7 @@ shared-memory data plane. Every check is one line; a failed one gets a `fix:` li
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import subprocess
@@ -19,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from child_runtime.protocol import exit_codes
+from scorers import install
 from supervisor.backend import RewardBackend
 from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.compose.recipes import load_recipe, make_backend
@@ -197,8 +202,22 @@ def _sample_scores(
         return False
 
 
+def install_check() -> Check:
+    """This install: managed-scorers' version and folder, and which extras this python has (informational)."""
+    try:
+        version = importlib.metadata.version("managed-scorers")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(not installed: a checkout)"
+    where = Path(__file__).resolve().parents[2]
+    extras = ", ".join(
+        f"{extra} {'no' if install.missing_extra(extra, 'doctor') else 'yes'}" for extra in install.EXTRAS
+    )
+    return Check(f"managed-scorers {version} at {where}", True, f"extras: {extras}")
+
+
 def doctor(recipe: str | Path, say: Callable[[Check], None]) -> bool:
     """Run every check, reporting each through `say`; True when all passed."""
+    say(install_check())
     try:
         report = preflight(recipe, raise_on_problems=False)
     except ConfigError as exc:

@@ -210,6 +210,11 @@ def test_a_base_install_names_the_extra_each_command_needs(built, tmp_path):
     ):  # fmt: skip
         done = _run(built, "managed-scorers", *command, cwd=tmp_path)
         assert done.returncode == 2 and f"pip install 'managed-scorers[{extra}]'" in _one_line(done), done.stderr
+    recipe.write_text("terms:\n  - name: f1\n    backend: {kind: local, scorer: {name: token_f1}}\n")
+    done = _run(built, "managed-scorers", "doctor", str(recipe))  # its first line: this install and its extras
+    first = done.stdout.splitlines()[0]
+    assert done.returncode == 0 and first.startswith("ok    managed-scorers 0.1.0 at "), done.stdout
+    assert first.endswith("site-packages: extras: serving no, metrics no, ray no"), first
     code = "from supervisor.backends import prometheus\nprometheus.register()"
     done = _run(built, str(built["python"]), "-c", code)
     assert "ConfigError: supervisor.backends.prometheus.register() needs the 'metrics' extra" in done.stderr
