@@ -12,13 +12,13 @@ sit on floors above them, child/ < backends/ < compose/ < adapters/, with ops/ o
 says so and names the fix (scorers/install.py); the CLI says it and exits 2.
 """
 
-import os
+import os as _os
 from typing import TYPE_CHECKING, Any
 
 __distribution__ = "managed-scorers"  # scorers/install.py tells this facade from supervisord's by this line
 
 try:
-    import scorers  # noqa: F401 - refuses (SupervisordClash, one line) where supervisord shares this package
+    import scorers as _scorers  # noqa: F401 - refuses (SupervisordClash) where supervisord shares this package
 except ImportError as _refusal:
     if not getattr(_refusal, "supervisord_clash", False):
         raise
@@ -166,7 +166,7 @@ if not TYPE_CHECKING:  # a type checker still sees every name, and a typo as an 
         A submodule's name is left to the import system, so supervisord's own `from supervisor import states`
         still works where our files came last."""
         if _CLASH is not None and not any(
-            os.path.exists(os.path.join(folder, name)) or os.path.exists(os.path.join(folder, f"{name}.py"))
+            _os.path.exists(_os.path.join(folder, name)) or _os.path.exists(_os.path.join(folder, f"{name}.py"))
             for folder in __path__
         ):
             raise type(_CLASH)(str(_CLASH), name="supervisor")
