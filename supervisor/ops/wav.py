@@ -1,25 +1,30 @@
-"""WAV files for the CLI's audio column, read with the stdlib `wave` module (no new dependency).
+"""WAV files for the CLI's audio column: a small RIFF reader (stdlib `struct` and numpy, no new dependency).
 
-PCM of 8 (unsigned), 16, 24 or 32 bits becomes float32 (channels, samples) in [-1, 1): a sample
-divided by 2 ** (bits - 1), exact for 8, 16 and 24 bits (32-bit PCM keeps float32's 24 bits).
-IEEE float WAVs (format 3), and WAVE_FORMAT_EXTENSIBLE ones before Python 3.12, are not PCM the
-stdlib reads: they are refused naming the file and what to convert them to, never guessed at.
+It takes what torchaudio, soundfile and TTS pipelines write: PCM (format 1) of 8 (unsigned), 16, 24 or
+32 bits, IEEE float (format 3) of 32 or 64 bits, and WAVE_FORMAT_EXTENSIBLE (0xFFFE) whose subformat
+is either of those (the container width counts: 24 valid bits in 32 are read as 32-bit PCM, which is
+what the format says). The waveform comes back as float32 (channels, samples): PCM divided by
+2 ** (bits - 1), exact for 8, 16 and 24 bits; float samples as written (not clipped), refused when
+one is NaN or infinite. Anything else (A-law, ADPCM, RF64, big-endian RIFX) is refused naming the
+file and what to convert it to, never guessed at.
 """
 
 from __future__ import annotations
 
-import wave
-from collections.abc import Iterator
-from contextlib import contextmanager
+import struct
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 
-SAMPLE_WIDTHS = (1, 2, 3, 4)  # bytes: 8-bit unsigned, 16, 24 and 32-bit signed PCM
-UNREADABLE_HINT = (
-    "format 3 is IEEE float and 65534 WAVE_FORMAT_EXTENSIBLE, which the stdlib reads from Python 3.12 on: "
-    "convert it to plain PCM, e.g. `ffmpeg -i in.wav -c:a pcm_s16le out.wav`"
+FORMAT_PCM, FORMAT_FLOAT, FORMAT_EXTENSIBLE = 1, 3, 0xFFFE
+# The 16-byte subformat GUID of WAVE_FORMAT_EXTENSIBLE is the format code then these 14 bytes (KSDATAFORMAT).
+GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
+PCM_WIDTHS = (1, 2, 3, 4)  # bytes: 8-bit unsigned, 16, 24 and 32-bit signed
+FLOAT_WIDTHS = (4, 8)
+CONVERT_HINT = (
+    "audio here is 8, 16, 24 or 32-bit PCM or 32/64-bit IEEE float, plain or WAVE_FORMAT_EXTENSIBLE: "
+    "convert it, e.g. `ffmpeg -i in.wav -c:a pcm_s16le out.wav`"
 )
 
 
@@ -32,16 +37,23 @@ class WavHeader(NamedTuple):
     width: int  # bytes a sample
     frames: int
     rate: int  # Hz
+    floating: bool = False  # IEEE float samples, else PCM
+
+
+class _Layout(NamedTuple):
+    header: WavHeader
+    offset: int  # where the samples start in the file
 
 
 def check_wav(path: Path) -> WavHeader:
-    """The header, checked for everything `read_wav` will need (PCM of 8 to 32 bits, a rate, a channel,
+    """The header, checked for everything `read_wav` will need (a format read here, a rate, a channel,
     a frame), and the last frame the header claims read: a file cut short fails here, not mid-run."""
     with _opened(path) as handle:
-        header = _header(handle, path)
-        handle.setpos(header.frames - 1)
-        last = handle.readframes(1)
-    if len(last) != header.channels * header.width:
+        header, offset = _layout(handle, path)
+        frame = header.channels * header.width
+        handle.seek(offset + (header.frames - 1) * frame)
+        last = handle.read(frame)
+    if len(last) != frame:
         raise WavError(f"{path} is cut short: its header says {header.frames} frames, the last one is missing")
     return header
 
@@ -49,35 +61,79 @@ def check_wav(path: Path) -> WavHeader:
 def read_wav(path: Path) -> tuple[np.ndarray, int]:
     """The waveform as float32 (channels, samples) and its sample rate in Hz."""
     with _opened(path) as handle:
-        channels, width, frames, rate = _header(handle, path)
-        data = handle.readframes(frames)
-    if len(data) != frames * channels * width:
-        raise WavError(
-            f"{path} is cut short: {len(data)} bytes of samples, the header says {frames * channels * width}"
-        )
-    return pcm_to_float32(data, width).reshape(frames, channels).T.copy(), rate
+        header, offset = _layout(handle, path)
+        handle.seek(offset)
+        size = header.frames * header.channels * header.width
+        data = handle.read(size)
+    if len(data) != size:
+        raise WavError(f"{path} is cut short: {len(data)} bytes of samples, the header says {size}")
+    if header.floating:
+        samples = np.frombuffer(data, f"<f{header.width}").astype(np.float32)
+        if not np.isfinite(samples).all():
+            raise WavError(f"{path} holds NaN or infinite float samples")
+    else:
+        samples = pcm_to_float32(data, header.width)
+    return samples.reshape(header.frames, header.channels).T.copy(), header.rate
 
 
-@contextmanager
-def _opened(path: Path) -> Iterator[wave.Wave_read]:
-    """The file open for reading; whatever the stdlib raises, opening or reading it, as a WavError."""
+def _opened(path: Path) -> BinaryIO:
     try:
-        with wave.open(str(path), "rb") as handle:
-            yield handle
-    except wave.Error as exc:
-        hint = f"; {UNREADABLE_HINT}" if "unknown format" in str(exc) else ""
-        raise WavError(f"{path} is not a PCM WAV the stdlib reads ({exc}){hint}") from exc
-    except (EOFError, OSError, RuntimeError) as exc:  # RuntimeError: a chunk's seek past its end
+        return open(path, "rb")
+    except OSError as exc:
         raise WavError(f"{path} is not a readable WAV ({type(exc).__name__}: {exc})") from exc
 
 
-def _header(handle: wave.Wave_read, path: Path) -> WavHeader:
-    """(channels, width, frames, rate), refused unless a waveform can be made of them."""
-    header = WavHeader(handle.getnchannels(), handle.getsampwidth(), handle.getnframes(), handle.getframerate())
-    if header.width not in SAMPLE_WIDTHS or header.channels < 1 or header.frames < 1 or header.rate < 1:
+def _layout(handle: BinaryIO, path: Path) -> _Layout:
+    """The fmt chunk's header and where the data chunk's samples start (chunks between are skipped)."""
+    riff = handle.read(12)
+    if len(riff) < 12 or riff[:4] != b"RIFF" or riff[8:12] != b"WAVE":
+        kind = {b"RIFX": "a big-endian RIFX", b"RF64": "an RF64"}.get(riff[:4], "not a RIFF/WAVE")
+        raise WavError(f"{path} is {kind} file; {CONVERT_HINT}")
+    header: WavHeader | None = None
+    while True:
+        chunk = handle.read(8)
+        if len(chunk) < 8:
+            raise WavError(f"{path} is cut short: no {'data' if header else 'fmt'} chunk")
+        name, size = chunk[:4], struct.unpack("<I", chunk[4:])[0]
+        if name == b"data":
+            if header is None:
+                raise WavError(f"{path} has its data chunk before its fmt chunk")
+            frames = size // (header.channels * header.width)
+            return _Layout(_usable(header._replace(frames=frames), path), handle.tell())
+        if name == b"fmt ":
+            body = handle.read(size)
+            if len(body) < size:
+                raise WavError(f"{path} is cut short in its fmt chunk")
+            header = _format(body, path)
+            handle.seek(size & 1, 1)
+        else:
+            handle.seek(size + (size & 1), 1)  # LIST, fact, PEAK...: chunks are padded to an even size
+
+
+def _format(body: bytes, path: Path) -> WavHeader:
+    """The fmt chunk: format code (the subformat's for EXTENSIBLE), channels, rate, sample width."""
+    if len(body) < 16:
+        raise WavError(f"{path} has a fmt chunk of {len(body)} bytes (16 at least)")
+    code, channels, rate, _, _, bits = struct.unpack("<HHIIHH", body[:16])
+    if code == FORMAT_EXTENSIBLE:
+        if len(body) < 40 or body[26:40] != GUID_TAIL:
+            raise WavError(f"{path} is WAVE_FORMAT_EXTENSIBLE with a subformat not read here; {CONVERT_HINT}")
+        code = struct.unpack("<H", body[24:26])[0]
+    width, floating = bits // 8, code == FORMAT_FLOAT
+    widths = FLOAT_WIDTHS if floating else PCM_WIDTHS
+    if code not in (FORMAT_PCM, FORMAT_FLOAT) or bits % 8 or width not in widths:
+        kind = "IEEE float" if floating else "PCM" if code == FORMAT_PCM else f"format {code:#x}"
+        raise WavError(f"{path} is {bits}-bit {kind}; {CONVERT_HINT}")
+    return WavHeader(channels, width, 0, rate, floating)
+
+
+def _usable(header: WavHeader, path: Path) -> WavHeader:
+    """Refused unless a waveform can be made of it: a channel, a frame, a rate."""
+    if header.channels < 1 or header.frames < 1 or header.rate < 1:
+        kind = "float" if header.floating else "PCM"
         raise WavError(
-            f"{path} has {header.channels} channel(s) of {header.frames} {8 * header.width}-bit samples at "
-            f"{header.rate} Hz: audio here is 8, 16, 24 or 32-bit PCM with at least one channel, one sample and 1 Hz"
+            f"{path} has {header.channels} channel(s) of {header.frames} {8 * header.width}-bit {kind} samples at "
+            f"{header.rate} Hz: audio here has at least one channel, one sample and 1 Hz"
         )
     return header
 

@@ -467,23 +467,25 @@ def write_wav(path: Path, frames: np.ndarray, width: int, rate: int = 16000) -> 
     return path
 
 
-def float_wav(path: Path) -> Path:
-    """An IEEE float WAV (format 3), which the stdlib does not read: a RIFF header written by hand."""
+def float_wav(path: Path, code: int = 3, bits: int = 32) -> Path:
+    """A mono WAV whose header is written by hand: IEEE float (format 3) of 0.5 by default, as torchaudio
+    writes; `code` 2 is ADPCM, which is not read."""
     import struct
 
-    samples = np.zeros(4, "<f4").tobytes()
-    fmt = struct.pack("<HHIIHH", 3, 1, 16000, 64000, 4, 32)
+    samples = np.full(4, 0.5, "<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", code, 1, 16000, 16000 * bits // 8, bits // 8, bits)
     body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(samples)) + samples
     path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
     return path
 
 
-def test_an_audio_column_of_wav_files_is_scored_by_hand_and_a_float_wav_is_refused_by_line(tmp_path):
+def test_an_audio_column_of_pcm_and_float_wavs_is_scored_by_hand_and_an_adpcm_wav_is_refused_by_line(tmp_path):
     write_wav(tmp_path / "s16.wav", np.full((800, 2), 1 << 14), 2)  # 0.5 on both channels: -6.02 dBFS
     write_wav(tmp_path / "s24.wav", np.full((800, 1), -(1 << 21)), 3)  # -0.25: -12.04 dBFS
     write_wav(tmp_path / "u8.wav", np.full((80, 1), 128 + 64), 1)  # 0.5: -6.02 dBFS
     write_wav(tmp_path / "s32.wav", np.zeros((8, 3), np.int64), 4)  # silence: the -100 dBFS floor
-    names = ["s16.wav", "s24.wav", "u8.wav", "s32.wav"]
+    float_wav(tmp_path / "f32.wav")  # 0.5: -6.02 dBFS
+    names = ["s16.wav", "s24.wav", "u8.wav", "s32.wav", "f32.wav"]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": n, "wav": n}) + "\n" for n in names))
     recipe_path = local_recipe(tmp_path / "r.json", "audio_loudness", "audio")
     args = ["--recipe", recipe_path, "--input", tmp_path / "in.jsonl", "--audio-column", "wav"]
@@ -492,11 +494,11 @@ def test_an_audio_column_of_wav_files_is_scored_by_hand_and_a_float_wav_is_refus
     header, out = output_rows(tmp_path / "out.jsonl")
     assert header["columns"]["audio"] == "wav"
     half, quarter = -abs(20 * np.log10(0.5) + 20), -abs(20 * np.log10(0.25) + 20)
-    assert [r["reward"] for r in out] == pytest.approx([half, quarter, half, -80.0], abs=1e-9)
-    float_wav(tmp_path / "f32.wav")
-    (tmp_path / "in.jsonl").write_text(json.dumps({"id": "f", "wav": "f32.wav"}) + "\n")
+    assert [r["reward"] for r in out] == pytest.approx([half, quarter, half, -80.0, half], abs=1e-9)
+    float_wav(tmp_path / "adpcm.wav", code=2, bits=4)
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": "a", "wav": "adpcm.wav"}) + "\n")
     refused = score(*args, "--output", tmp_path / "o2.jsonl")
-    assert refused.returncode == 2 and "in.jsonl:1:" in refused.stderr and "IEEE float" in refused.stderr
+    assert refused.returncode == 2 and "in.jsonl:1:" in refused.stderr and "format 0x2" in refused.stderr
 
 
 def pcm_by_hand(path: Path, rate: int, channels: int = 1, frames: int = 80, cut: bool = False) -> Path:
