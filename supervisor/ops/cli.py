@@ -38,18 +38,29 @@ T = TypeVar("T")
 
 
 def _envs_build(args: argparse.Namespace) -> int:
+    def build(spec: Path, venv: Path) -> None:
+        env_builder.build(spec, venv, args.python, args.force, installer=args.installer, verbosity=args.verbose)
+
     if args.requirements is not None:  # a custom env (the repo's trainer env, say): explicit spec and folder
-        if args.dir is None or len(args.names) != 1:
+        if args.dir is None or len(args.names) != 1 or args.all:
             raise ConfigError("--requirements builds one env: give one NAME and --dir")
-        env_builder.build(args.requirements, args.dir, args.python, args.force)
+        build(args.requirements, args.dir)
         return 0
+    if not args.names and not args.all:
+        raise ConfigError(f"name the env(s) to build: {', '.join(scorer_envs.spec_names())}; or --all for every one")
+    if args.names and args.all:
+        raise ConfigError("--all builds every env: give no NAME with it")
     if args.dir is not None and len(args.names) != 1:
         raise ConfigError("--dir names the folder of one env: give one NAME")
     names = args.names or scorer_envs.spec_names()
-    for name in names:
-        spec = scorer_envs.spec_path(name)  # unknown names fail before anything is built
-        venv = args.dir if args.dir is not None else scorer_envs.env_dir(name, args.root)
-        env_builder.build(spec, venv, args.python, args.force)
+    specs = [scorer_envs.spec_path(name) for name in names]  # unknown names fail before anything is built
+    for name, spec in zip(names, specs, strict=True):
+        build(spec, args.dir if args.dir is not None else scorer_envs.env_dir(name, args.root))
+    return 0
+
+
+def _envs_remove(args: argparse.Namespace) -> int:
+    env_builder.remove(args.name, args.root)
     return 0
 
 
@@ -60,7 +71,8 @@ def _envs_list(args: argparse.Namespace) -> int:
         state = "pins changed: rebuild" if status.pins_changed else "built" if status.built else "not built"
         packages = "  ".join(f"{k}=={v or '?'}" for k, v in status.packages.items())
         python = status.venv / "bin" / "python" if status.built else f"(managed-scorers envs build {name})"
-        print(f"  {name:<6} {state:<22} {python}  {packages}".rstrip())
+        version = f"  Python {status.python.version}" if status.python is not None else ""
+        print(f"  {name:<6} {state:<22} {python}{version}  {packages}".rstrip())
     return 0
 
 
@@ -315,17 +327,33 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    envs = commands.add_parser("envs", help="scorer envs: build, list, path").add_subparsers(
+    envs = commands.add_parser("envs", help="scorer envs: build, list, path, remove").add_subparsers(
         dest="envs_command", required=True
     )
     root_help = f"where envs live (default ${scorer_envs.ROOT_VARIABLE}, else ~/.local/share/managed-scorers/envs)"
-    build = envs.add_parser("build", help="build scorer envs (all when no NAME), only if their pins changed")
+    build = envs.add_parser(
+        "build", help="build scorer envs, only if their pins or their interpreter changed (progress on stderr)"
+    )
     build.add_argument("names", nargs="*", metavar="NAME", help=f"one of {', '.join(scorer_envs.spec_names())}")
+    build.add_argument("--all", action="store_true", help="build every env the package has a spec for (torch too)")
     build.add_argument("--root", type=_folder, help=root_help)
     build.add_argument("--dir", type=_folder, help="the venv folder of this one env (instead of ROOT/NAME/.venv)")
     build.add_argument("--requirements", type=_folder, help="build from this requirements file instead of a spec")
-    build.add_argument("--python", help="the interpreter that makes the venv (default: this one's base)")
+    build.add_argument(
+        "--python",
+        help="the interpreter that makes the venv (default: the one it was built with, else this one's base); "
+        "another one than it was built with rebuilds it",
+    )
     build.add_argument("--force", action="store_true", help="rebuild even when the pins did not change")
+    build.add_argument(
+        "--installer",
+        choices=env_builder.INSTALLERS,
+        default="pip",
+        help="pip (default), or uv where it is installed; pip's config (index, constraints) applies either way",
+    )
+    build.add_argument(
+        "-v", "--verbose", action="count", default=0, help="pass the installer's output on (-vv: its verbose output)"
+    )
     build.set_defaults(run=_envs_build)
     listing = envs.add_parser("list", help="each env: built or not, its python, key package versions")
     listing.add_argument("--root", type=_folder, help=root_help)
@@ -334,6 +362,10 @@ def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     path.add_argument("name", metavar="NAME")
     path.add_argument("--root", type=_folder, help=root_help)
     path.set_defaults(run=_envs_path)
+    remove = envs.add_parser("remove", help="remove a built env (ROOT/NAME/.venv, only one this builder made)")
+    remove.add_argument("name", metavar="NAME")
+    remove.add_argument("--root", type=_folder, help=root_help)
+    remove.set_defaults(run=_envs_remove)
 
 
 def _add_score(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -354,7 +386,7 @@ def _add_score(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     score.add_argument("--response-column", default="response")
     score.add_argument("--reference-column", default="reference")
     score.add_argument("--image-column", help="a column of image paths, relative to the input file")
-    score.add_argument("--audio-column", help="a column of PCM WAV paths, relative to the input file")
+    score.add_argument("--audio-column", help="a column of WAV paths (PCM or IEEE float), relative to the input file")
     score.add_argument("--group-column", help="rows of one group share this value (and sit together)")
     score.add_argument("--data-source-column", default="data_source")
     score.set_defaults(run=_score)

@@ -108,7 +108,7 @@ def test_an_installed_package_builds_a_scorer_env_by_name_and_scores_from_elsewh
     listing = {line.split()[0]: line for line in run(str(cli), "envs", "list").stdout.splitlines()[1:]}
     assert "built" in listing["image"] and "pillow==13.0.0" in listing["image"]
     assert "not built" in listing["math"]
-    assert "up to date" in run(str(cli), "envs", "build", "image").stdout  # pins unchanged: nothing rebuilt
+    assert "up to date" in run(str(cli), "envs", "build", "image").stderr  # pins unchanged: nothing rebuilt
     report = json.loads(run(str(installed_trainer), "-c", USE_BY_NAME).stdout.splitlines()[-1])
     assert report["python"] == str(root / "image" / ".venv" / "bin" / "python")
     assert report["reward"] < 0 and report["samples"] is True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import scorer_envs
-from supervisor.ops import env_builder
+from supervisor.ops import build_step, env_builder
 from supervisor.ops.cli import main
 from supervisor.scorer_envs import EnvError
 from tests.conftest import REPO_ROOT
@@ -124,17 +125,111 @@ def test_a_failed_install_fails_the_build_and_writes_no_stamp(tmp_path):
     assert not (venv / scorer_envs.STAMP).exists()
 
 
+def other_interpreter() -> str | None:
+    """A python of another version than this one's, if this machine has one (pyenv's, or on PATH)."""
+    mine = f"{sys.version_info.major}.{sys.version_info.minor}"
+    candidates = sorted(Path.home().glob(".pyenv/versions/3.1[0-9]*/bin/python3.1[0-9]"))
+    candidates += [Path(found) for v in ("3.12", "3.13", "3.10") if (found := shutil.which(f"python{v}"))]
+    for candidate in candidates:
+        version = subprocess.run(
+            [str(candidate), "-c", "import sys; print(sys.version)"], capture_output=True, text=True
+        )
+        if version.returncode == 0 and not version.stdout.startswith(mine) and version.stdout >= "3.10":
+            return str(candidate)
+    return None
+
+
 @pytest.mark.slow
-def test_a_build_is_skipped_when_the_pins_did_not_change_and_redone_when_they_did(tmp_path):
+def test_a_build_says_its_phases_and_is_redone_when_its_pins_or_its_interpreter_change_and_then_removed(tmp_path):
+    """A bare venv (nothing to download), built three times: first, for new pins, for another interpreter
+    (a second python here, else the stamp's recorded one rewritten); skipped in between; then removed."""
     spec = tmp_path / "tiny.txt"
     spec.write_text("# nothing to install: a bare venv\n")
     venv = tmp_path / "tiny" / ".venv"
-    messages: list[str] = []
-    assert env_builder.build(spec, venv, say=messages.append) is True
-    assert (venv / scorer_envs.STAMP).read_text().strip() == env_builder.spec_hash(spec)
-    assert env_builder.build(spec, venv, say=messages.append) is False and messages[-1].endswith("up to date")
+    said: list[str] = []
+    assert env_builder.build(spec, venv, say=said.append) is True
+    assert said[0].endswith(": not built") and said[1].startswith("  creating the venv with ")
+    assert said[-2] == "  checking the installed packages (pip check)" and " built in " in said[-1]
+    digest, python = env_builder.read_stamp(venv)
+    assert digest == env_builder.spec_hash(spec) and python is not None
+    assert python.version == sys.version.split()[0] and python.path == os.path.realpath(sys._base_executable)
+    assert env_builder.build(spec, venv, say=said.append) is False and "up to date, built with Python" in said[-1]
     marker = venv / "marker"
     marker.write_text("from the first build")
     spec.write_text("# nothing to install\n--no-index\n")  # the pins changed: rebuilt from scratch
-    assert env_builder.build(spec, venv, say=messages.append) is True and not marker.exists()
-    assert os.access(venv / "bin" / "python", os.X_OK)
+    said.clear()
+    assert env_builder.build(spec, venv, say=said.append) is True and not marker.exists()
+    assert said[0].endswith(": its pins changed") and "  installing 1 requirement line(s) with pip" in said
+    other = other_interpreter()
+    if other is None:  # no second python here: the stamp says another one built it
+        stamp = venv / scorer_envs.STAMP
+        stamp.write_text(stamp.read_text().replace(f"python {python.version} ", "python 3.99.0 "))
+    said.clear()
+    assert env_builder.build(spec, venv, python=other or sys._base_executable, say=said.append) is True
+    assert f"it was built with Python {'3.99.0' if other is None else python.version}" in said[0]
+    rebuilt = env_builder.read_stamp(venv)[1]
+    assert rebuilt is not None and rebuilt.path == os.path.realpath(other or sys._base_executable)
+    assert env_builder.build(spec, venv, say=said.append) is False  # no --python: the one it was built with
+    assert main(["envs", "remove", "tiny", "--root", str(tmp_path)]) == 0
+    assert not venv.exists() and spec.is_file()
+
+
+def test_envs_build_with_no_name_refuses_listing_the_envs_and_all_builds_every_one(tmp_path, capsys, monkeypatch):
+    assert main(["envs", "build", "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "name the env(s) to build: embed, image, math, ocr; or --all" in err
+    assert main(["envs", "build", "math", "--all", "--root", str(tmp_path)]) == 2
+    assert "--all builds every env: give no NAME" in capsys.readouterr().err
+    built: list[Path] = []
+    monkeypatch.setattr(env_builder, "build", lambda spec, venv, *args, **options: built.append(venv))
+    assert main(["envs", "build", "--all", "--root", str(tmp_path)]) == 0
+    assert built == [scorer_envs.env_dir(name, tmp_path) for name in ("embed", "image", "math", "ocr")]
+
+
+def test_envs_remove_removes_only_an_env_this_builder_made_under_the_root(tmp_path, capsys):
+    root = tmp_path / "root"
+    image = fake_env(root, "image", "0" * 64)
+    custom = fake_env(root, "mine", "0" * 64)  # built with --dir into the root: removable by its name
+    assert main(["envs", "remove", "nosuch", "--root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no env named 'nosuch'" in err and "embed, image, math, mine, ocr" in err
+    assert main(["envs", "remove", "..", "--root", str(root)]) == 2
+    assert main(["envs", "remove", "math", "--root", str(root)]) == 0
+    assert "not built, nothing to remove" in capsys.readouterr().err
+    assert main(["envs", "remove", "image", "--root", str(root)]) == 0 and not image.exists()
+    assert main(["envs", "remove", "mine", "--root", str(root)]) == 0 and not custom.exists()
+    outside = fake_env(tmp_path / "outside", "ocr", "0" * 64)  # an env elsewhere, linked into the root
+    (root / "ocr").mkdir()
+    (root / "ocr" / ".venv").symlink_to(outside)
+    (root / "embed").symlink_to(outside.parent)
+    for name in ("ocr", "embed"):
+        assert main(["envs", "remove", name, "--root", str(root)]) == 2
+        assert "is a symbolic link: not removed" in capsys.readouterr().err
+    assert (outside / "bin" / "python").is_symlink() and (outside / scorer_envs.STAMP).is_file()
+    foreign = root / "math" / ".venv"  # not made by the builder: refused
+    (foreign / "bin").mkdir(parents=True)
+    assert main(["envs", "remove", "math", "--root", str(root)]) == 2 and (foreign / "bin").is_dir()
+    assert "was not made by managed-scorers envs build" in capsys.readouterr().err
+
+
+def test_an_old_stamp_takes_its_interpreter_from_pyvenv_cfg(tmp_path):
+    venv = fake_env(tmp_path, "image", "a" * 64)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.7\nexecutable = /usr/bin/python3.11\n")
+    digest, python = env_builder.read_stamp(venv)
+    assert digest == "a" * 64 and python == env_builder.Interpreter("3.11.7", os.path.realpath("/usr/bin/python3.11"))
+    (venv / scorer_envs.STAMP).write_text("b" * 64 + "\npython 3.12.1 /opt/python3.12\n")
+    assert env_builder.read_stamp(venv) == ("b" * 64, env_builder.Interpreter("3.12.1", "/opt/python3.12"))
+
+
+def test_a_step_that_runs_long_says_so_with_its_last_line_or_passes_its_output_on(tmp_path):
+    child = [sys.executable, "-c", "import time; print('Collecting torch==2.13.0', flush=True); time.sleep(1.5)"]
+    said: list[str] = []
+    build_step.run_step(child, tmp_path, "pip install", said.append, heartbeat_s=0.3)
+    assert said and all(line.startswith("  pip install: still running after ") for line in said)
+    assert said[-1].endswith(": Collecting torch==2.13.0")
+    said.clear()
+    output = build_step.run_step(child, tmp_path, "pip install", said.append, verbosity=1, heartbeat_s=0.3)
+    assert said == ["Collecting torch==2.13.0"] and output == "Collecting torch==2.13.0"
+    failing = [sys.executable, "-c", "print('ERROR: no matching distribution'); raise SystemExit(1)"]
+    with pytest.raises(EnvError, match=r"pip install failed \(exit 1\): ERROR: no matching distribution"):
+        build_step.run_step(failing, tmp_path, "pip install", said.append)
