@@ -222,13 +222,13 @@ def test_an_old_stamp_takes_its_interpreter_from_pyvenv_cfg(tmp_path):
 
 
 def test_a_step_that_runs_long_says_so_with_its_last_line_or_passes_its_output_on(tmp_path):
-    child = [sys.executable, "-c", "import time; print('Collecting torch==2.13.0', flush=True); time.sleep(1.5)"]
+    child = [sys.executable, "-c", "import time; print('Collecting torch==2.13.0', flush=True); time.sleep(0.8)"]
     said: list[str] = []
-    build_step.run_step(child, tmp_path, "pip install", said.append, heartbeat_s=0.3)
+    build_step.run_step(child, tmp_path, "pip install", said.append, heartbeat_s=0.2)
     assert said and all(line.startswith("  pip install: still running after ") for line in said)
     assert said[-1].endswith(": Collecting torch==2.13.0")
     said.clear()
-    output = build_step.run_step(child, tmp_path, "pip install", said.append, verbosity=1, heartbeat_s=0.3)
+    output = build_step.run_step(child, tmp_path, "pip install", said.append, verbosity=1, heartbeat_s=0.2)
     assert said == ["Collecting torch==2.13.0"] and output == "Collecting torch==2.13.0"
     failing = [sys.executable, "-c", "print('ERROR: no matching distribution'); raise SystemExit(1)"]
     with pytest.raises(EnvError, match=r"pip install failed \(exit 1\): ERROR: no matching distribution"):
