@@ -212,11 +212,13 @@ def test_envs_remove_removes_only_an_env_this_builder_made_under_the_root(tmp_pa
     assert "was not made by managed-scorers envs build" in capsys.readouterr().err
 
 
-def test_an_old_stamp_takes_its_interpreter_from_pyvenv_cfg(tmp_path):
+def test_an_old_stamp_takes_its_interpreter_from_pyvenv_cfg_and_list_shows_it(tmp_path, capsys):
     venv = fake_env(tmp_path, "image", "a" * 64)
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.7\nexecutable = /usr/bin/python3.11\n")
     digest, python = env_builder.read_stamp(venv)
     assert digest == "a" * 64 and python == env_builder.Interpreter("3.11.7", os.path.realpath("/usr/bin/python3.11"))
+    assert main(["envs", "list", "--root", str(tmp_path)]) == 0
+    assert "  Python 3.11.7  pillow==13.0.0" in capsys.readouterr().out
     (venv / scorer_envs.STAMP).write_text("b" * 64 + "\npython 3.12.1 /opt/python3.12\n")
     assert env_builder.read_stamp(venv) == ("b" * 64, env_builder.Interpreter("3.12.1", "/opt/python3.12"))
 
