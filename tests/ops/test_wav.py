@@ -103,16 +103,19 @@ WRITE_WITH_SCIPY = """
 import sys, numpy as np
 from scipy.io import wavfile
 wave = np.array([[0.5, 0.0], [-0.25, 0.125], [1.5, -0.5], [-1.0, 0.75]], np.float32)
-wavfile.write(sys.argv[1], 22050, wave)  # float32: format 3
+wavfile.write(sys.argv[1], 22050, wave)  # float32: format 3, with a cbSize and a fact chunk
 wavfile.write(sys.argv[2], 22050, np.repeat((wave * 16000).astype(np.int16), 2, axis=1))  # 4 channels of PCM
+wavfile.write(sys.argv[3], 8000, wave.astype(np.float64))  # 64-bit float
 """
 
 
 @pytest.mark.skipif(not SCIPY.exists(), reason="envs/embed (which has scipy) is not built: `make env-embed`")
 def test_wavs_that_scipy_writes_read_back(tmp_path):
-    floats, pcm = tmp_path / "scipy-f32.wav", tmp_path / "scipy-s16.wav"
-    subprocess.run([str(SCIPY), "-c", WRITE_WITH_SCIPY, str(floats), str(pcm)], check=True, timeout=120)
+    floats, pcm, doubles = tmp_path / "scipy-f32.wav", tmp_path / "scipy-s16.wav", tmp_path / "scipy-f64.wav"
+    subprocess.run([str(SCIPY), "-c", WRITE_WITH_SCIPY, *map(str, (floats, pcm, doubles))], check=True, timeout=120)
     audio, rate = read_wav(floats)
     assert rate == 22050 and np.array_equal(audio, WAVE)
+    audio, rate = read_wav(doubles)
+    assert rate == 8000 and check_wav(doubles).width == 8 and np.array_equal(audio, WAVE)
     audio, rate = read_wav(pcm)
     assert audio.shape == (4, 4) and np.array_equal(audio[::2], (WAVE * 16000).astype(np.int16) / 32768)
