@@ -8,11 +8,13 @@ through the same catalog path, so both sides mean the same scorer by a name.
 
 from __future__ import annotations
 
+import difflib
 import importlib
-from collections.abc import Mapping
+import inspect
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from scorers.base import Scorer
+from scorers.base import Scorer, ScorerSpec
 
 BUILTINS: dict[str, str] = {
     "math_verify": "scorers.math_verify:MathVerifyScorer",
@@ -49,6 +51,45 @@ class CatalogError(LookupError):
 
 def registered_names() -> list[str]:
     return sorted(BUILTINS)
+
+
+def nearest(name: str, choices: Iterable[str]) -> str:
+    """ " (did you mean 'x'?)" for the closest of `choices` to a misspelt `name` (difflib), else ""."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def declared_spec(name: str, catalog: str | None = None) -> ScorerSpec | None:
+    """The spec a scorer class declares, where the name resolves here; None where only its env can
+    import it (its child then says). What the parent infers from it (env, input kind) is a default."""
+    try:
+        cls = resolve_scorer(name, catalog)
+    except (LookupError, ImportError):
+        return None
+    spec = inspect.getattr_static(cls, "spec", None)  # not a property's value: that would build nothing here
+    return spec if isinstance(spec, ScorerSpec) else None  # a spec made per instance is the instance's to say
+
+
+def param_names(cls: type[Scorer]) -> list[str] | None:
+    """The params a scorer's constructor takes by name; None when it takes any (`**kwargs`)."""
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]  # past self
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in parameters if p.kind in named]
+
+
+def unknown_params(cls: type[Scorer], params: Mapping[str, Any]) -> str | None:
+    """What is wrong with `params`' names for `cls` (each unknown one, its nearest, the valid ones), or None."""
+    accepted = param_names(cls)
+    if accepted is None:
+        return None
+    unknown = [key for key in params if key not in accepted]
+    if not unknown:
+        return None
+    named = ", ".join(f"{key!r}{nearest(key, accepted)}" for key in unknown)
+    valid = ", ".join(accepted) if accepted else "none"
+    return f"unknown param{'s' if len(unknown) > 1 else ''} {named}; its params: {valid}"
 
 
 def import_dotted(path: str, what: str, error: type[Exception]) -> Any:
@@ -99,7 +140,7 @@ def resolve_scorer(name: str, catalog: str | None = None) -> type[Scorer]:
         if "." not in name and ":" not in name:
             where = f", catalog {catalog!r}" if catalog else ""
             raise UnknownScorerError(
-                f"unknown scorer {name!r}; registered: {', '.join(registered_names())}{where}; "
+                f"unknown scorer {name!r}{nearest(name, [*BUILTINS, *custom])}; registered: {', '.join(registered_names())}{where}; "
                 "or give a dotted path like 'my_pkg.rewards:MyScorer'"
             )
         entry = name

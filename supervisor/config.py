@@ -9,8 +9,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, field_validator, model_validator
 
+from scorers.base import ScorerSpec
 from scorers.diagnostics import NAME as METRIC_NAME
-from scorers.registry import resolve_scorer
+from scorers.registry import declared_spec
 from supervisor import scorer_envs
 
 InputKind = Literal["text", "image", "image_edit", "video", "audio"]
@@ -114,12 +115,23 @@ class ScorerConfig(_Model):
     """
 
     name: str = Field(min_length=1)
-    input_kind: InputKind = "text"
+    input_kind: InputKind = "text"  # when not given: the scorer's own, where it resolves here (else text)
     params: dict[str, JsonValue] = Field(default_factory=dict)
     revision: str | None = None
     identity_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     catalog: str | None = None
     device: str = "cpu"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declared_kind(cls, data: Any) -> Any:
+        """An image scorer named without `input_kind` is an image scorer, not a text one that cannot boot."""
+        data = _plain(data)
+        if isinstance(data, Mapping) and "input_kind" not in data:
+            kind = _scorer_kind(data)
+            if kind is not None:
+                return {**data, "input_kind": kind}
+        return data
 
 
 class ClientConfig(_Model):
@@ -167,6 +179,12 @@ class LimitsConfig(_Model):
     # each \uXXXX-escaped (6 bytes: aiohttp's json.dumps writes ASCII), twice: ~6 MiB; 16 MiB leaves
     # room for a large label; serve --openrlhf-max-request-bytes sets it.
     openrlhf_max_request_bytes: int = Field(default=16 << 20, gt=0)
+    # The body cap of /score's JSON form (UniRL's protocol: images as base64, 4/3 of their bytes). A
+    # 1024x1024 JPEG at UniRL's quality 95 is 0.75-1.6 MiB as base64 (measured: smooth to pure noise), a
+    # PNG 3-4 MiB: 128 MiB carries a 64-image DP shard of worst-case JPEGs (UniRL posts one shard per
+    # call unless request_batch_size says less) or 32 PNGs. Base64 parses at ~2 bytes a byte, well
+    # within the parse's 4x; the decoded pixels count against max_request_bytes, as a frame's do.
+    json_max_request_bytes: int = Field(default=128 << 20, gt=0)
     # Connections that have not sent an authenticated request: how many may wait, and for how
     # long, before the child closes them (another local user cannot exhaust its descriptors).
     max_pending_connections: int = Field(default=64, gt=0)
@@ -218,7 +236,9 @@ class ManagedScorerProcessSpec(_Model):
     @model_validator(mode="before")
     @classmethod
     def _named_env(cls, data: Any) -> Any:
-        """Fill `process.python_executable` from the named (or the scorer's declared) scorer env."""
+        """Fill `process.python_executable` from the named (or the scorer's declared) scorer env, and
+        the client's input kind from the scorer's."""
+        data = _client_of_scorer_kind(_plain(data))
         if not isinstance(data, Mapping):
             return data
         process = data.get("process")
@@ -247,18 +267,46 @@ class ManagedScorerProcessSpec(_Model):
         return self
 
 
-def _declared_env(scorer: Any) -> str | None:
-    """The env a built-in (or catalog) scorer declares, if the scorer can be named here."""
+def _declared(scorer: Any) -> ScorerSpec | None:
+    """The spec a built-in (or catalog) scorer declares, if the scorer can be named here (a scorer
+    only the child can import says nothing: it must name its env and input kind)."""
     if isinstance(scorer, ScorerConfig):
-        name, catalog = scorer.name, scorer.catalog
-    elif isinstance(scorer, Mapping) and isinstance(scorer.get("name"), str):
-        name, catalog = scorer["name"], scorer.get("catalog")
-    else:
-        return None
-    try:
-        return resolve_scorer(name, catalog).spec.env
-    except (LookupError, ImportError):  # a scorer only the child can import: it must name its env
-        return None
+        return declared_spec(scorer.name, scorer.catalog)
+    if isinstance(scorer, Mapping) and isinstance(scorer.get("name"), str):
+        catalog = scorer.get("catalog")
+        return declared_spec(scorer["name"], catalog if isinstance(catalog, str) else None)
+    return None
+
+
+def _declared_env(scorer: Any) -> str | None:
+    spec = _declared(scorer)
+    return None if spec is None else spec.env
+
+
+def _client_of_scorer_kind(data: Any) -> Any:
+    """A client without its own `input_kind` takes the scorer's (given, or declared by it)."""
+    if not isinstance(data, Mapping) or "scorer" not in data:
+        return data
+    client = data.get("client")
+    if isinstance(client, ClientConfig):
+        if "input_kind" in client.model_fields_set:
+            return data
+        client = client.model_dump(exclude={"input_kind"}, exclude_unset=True)
+    client = dict(client or {})
+    if "input_kind" in client:
+        return data
+    kind = _scorer_kind(data["scorer"])
+    return data if kind is None else {**data, "client": {**client, "input_kind": kind}}
+
+
+def _scorer_kind(scorer: Any) -> Any:
+    """The input kind a scorer config gives, else the one its scorer declares; None when neither says."""
+    if isinstance(scorer, ScorerConfig):
+        return scorer.input_kind
+    if isinstance(scorer, Mapping) and "input_kind" in scorer:
+        return scorer["input_kind"]
+    spec = _declared(scorer)
+    return None if spec is None else spec.input_kind
 
 
 class LocalBackendConfig(_Model):
@@ -267,6 +315,11 @@ class LocalBackendConfig(_Model):
     kind: Literal["local"] = "local"
     scorer: ScorerConfig
     client: ClientConfig = Field(default_factory=ClientConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _client_kind(cls, data: Any) -> Any:
+        return _client_of_scorer_kind(_plain(data))
 
     @model_validator(mode="after")
     def _kinds_agree(self) -> LocalBackendConfig:

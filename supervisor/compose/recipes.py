@@ -152,7 +152,8 @@ def _verl_model(name: str, model: Mapping[str, Any], group_size: int | None) -> 
     }
     scorer["name"] = model.get("scorer", name)
     client = dict(model.get("client", {}))
-    client.setdefault("input_kind", scorer.get("input_kind", "text"))
+    if "input_kind" in scorer:  # else the scorer's own (ScorerConfig), or text for a remote one
+        client.setdefault("input_kind", scorer["input_kind"])
     if "request_batch_size" in model:
         client["request_batch_size"] = model["request_batch_size"]
     if kind == "remote":
@@ -246,7 +247,7 @@ def _from_catalog(data: Mapping[str, Any]) -> Recipe:
             if key in selection:
                 scorer[key] = selection[key]
         kind = execution.get("kind", "local")
-        client = {"input_kind": scorer.get("input_kind", "text")}
+        client = {"input_kind": scorer["input_kind"]} if "input_kind" in scorer else {}  # else the scorer's own
         backend: dict[str, Any] = {"kind": kind, "scorer": scorer, "client": client}
         if kind == "managed":
             backend["process"] = {k: v for k, v in execution.items() if k != "kind"}

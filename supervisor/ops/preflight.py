@@ -24,10 +24,11 @@ from pydantic import ValidationError
 
 from scorers.base import ScorerSpec
 from scorers.identity import scorer_identity_hash
-from scorers.registry import CatalogError, UnknownScorerError, resolve_scorer
+from scorers.registry import CatalogError, UnknownScorerError, resolve_scorer, unknown_params
 from supervisor.child.import_root import CHILD_PACKAGES
 from supervisor.compose.recipes import Recipe, load_recipe
 from supervisor.config import (
+    BackendConfig,
     JobBackendConfig,
     LocalBackendConfig,
     ManagedScorerProcessSpec,
@@ -53,6 +54,7 @@ class PreflightReport:
     notes: list[str] = field(default_factory=list)  # what only the child can check (a module in its env alone)
     # term -> scorer, revision, identity hash (validation terms as `validation.<term>`)
     scorers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    specs: dict[str, ScorerSpec] = field(default_factory=dict)  # place -> the spec its scorer declared here
 
     @property
     def ok(self) -> bool:
@@ -110,26 +112,35 @@ def _validation_problems(exc: ValidationError, places: list[str]) -> list[str]:
 
 def _check_panel(panel: PanelConfig, where: str, report: PreflightReport) -> None:
     for term in panel.terms:
-        place = f"{where}.{term.name}"
-        backend = term.backend
-        if isinstance(backend, (RemoteBackendConfig, JobBackendConfig)):  # nothing of ours to check but the token
-            if backend.token_env is not None and not os.environ.get(backend.token_env):
-                report.problems.append(f"{place}: environment variable {backend.token_env} (the token) is not set")
-            continue
-        search = _env_search(backend, place, report) if isinstance(backend, ManagedScorerProcessSpec) else None
-        checked = _check_scorer(backend, place, report, search)
-        if checked is None:
-            continue
-        terms, requires = checked
-        if term.component is not None and term.component not in terms:
-            report.problems.append(f"{place}: component {term.component!r} is not a term of the scorer ({list(terms)})")
-        unknown = sorted((set(backend.client.required_rewards) | set(backend.client.weights)) - set(terms))
-        if unknown:
-            report.problems.append(
-                f"{place}: required_rewards/weights {unknown} are not terms of the scorer ({list(terms)})"
-            )
-        if isinstance(backend, ManagedScorerProcessSpec) and search is not None:
-            _check_env_modules(backend, place, report, requires, search)
+        _check_backend(term.backend, f"{where}.{term.name}", report, term.component)
+
+
+def check_backend(backend: BackendConfig, place: str) -> PreflightReport:
+    """One backend's checks (`serve --scorer`'s spec), its problems named by `place`; never raises."""
+    report = PreflightReport()
+    _check_backend(backend, place, report)
+    return report
+
+
+def _check_backend(backend: BackendConfig, place: str, report: PreflightReport, component: str | None = None) -> None:
+    if isinstance(backend, (RemoteBackendConfig, JobBackendConfig)):  # nothing of ours to check but the token
+        if backend.token_env is not None and not os.environ.get(backend.token_env):
+            report.problems.append(f"{place}: environment variable {backend.token_env} (the token) is not set")
+        return
+    search = _env_search(backend, place, report) if isinstance(backend, ManagedScorerProcessSpec) else None
+    checked = _check_scorer(backend, place, report, search)
+    if checked is None:
+        return
+    terms, requires = checked
+    if component is not None and component not in terms:
+        report.problems.append(f"{place}: component {component!r} is not a term of the scorer ({list(terms)})")
+    unknown = sorted((set(backend.client.required_rewards) | set(backend.client.weights)) - set(terms))
+    if unknown:
+        report.problems.append(
+            f"{place}: required_rewards/weights {unknown} are not terms of the scorer ({list(terms)})"
+        )
+    if isinstance(backend, ManagedScorerProcessSpec) and search is not None:
+        _check_env_modules(backend, place, report, requires, search)
 
 
 def _check_scorer(
@@ -143,6 +154,7 @@ def _check_scorer(
     if built is None:
         return None
     spec, identity = built
+    report.specs[place] = spec
     where, _, term = place.partition(".")
     report.scorers[term if where == "reward" else place] = {
         "scorer": spec.name,
@@ -171,6 +183,10 @@ def _build_scorer(
         # environment, such as $MATH_VERIFY_TIMEOUT_S, may be set for the child in process.env)
         with _environ(process.env if process else {}):
             cls = resolve_scorer(config.name, config.catalog)
+            unknown = unknown_params(cls, config.params)  # named with the valid ones, not a TypeError's words
+            if unknown is not None:
+                report.problems.append(f"{place}: scorer {config.name!r} params: {unknown}")
+                return None
             scorer = cls(**config.params)
             identity = scorer_identity_hash(scorer, config.params)
     except (UnknownScorerError, CatalogError) as exc:

@@ -170,7 +170,7 @@ def test_gpu_residency_must_be_known():
 
 
 def test_input_kind_must_be_known():
-    invalid(spec_dict(scorer={"input_kind": "audio"}), "scorer.input_kind")
+    invalid(spec_dict(scorer={"input_kind": "smell"}), "scorer.input_kind")
 
 
 def test_input_kind_mismatch_between_client_and_scorer():
@@ -178,10 +178,15 @@ def test_input_kind_mismatch_between_client_and_scorer():
         spec_dict(scorer={"input_kind": "image"}, client={"input_kind": "text"}),
         "client.input_kind 'text' != scorer.input_kind 'image'",
     )
-    invalid(
-        spec_dict(scorer={"input_kind": "video"}),  # client defaults to text
-        "client.input_kind 'text' != scorer.input_kind 'video'",
-    )
+    follows = ManagedScorerProcessSpec(**spec_dict(scorer={"input_kind": "video"}))  # no client kind: the scorer's
+    assert follows.client.input_kind == "video"
+
+
+def test_input_kind_defaults_to_the_one_the_scorer_declares():
+    image = ManagedScorerProcessSpec(**spec_dict(scorer={"name": "jpeg_compressibility"}))
+    assert image.scorer.input_kind == "image" and image.client.input_kind == "image"
+    unknown_here = ManagedScorerProcessSpec(**spec_dict(scorer={"name": "only_in_its_env:Scorer"}))
+    assert unknown_here.scorer.input_kind == "text"  # a class this python cannot import: text, unless given
 
 
 def test_weights_must_name_required_rewards():

@@ -148,7 +148,7 @@ def test_unknown_scorer_name(no_process):
 @pytest.mark.parametrize(
     ("params", "fragment"),
     [
-        ({"case_sensitiv": True}, "case_sensitiv"),  # a typo: the constructor's TypeError
+        ({"case_sensitiv": True}, "did you mean 'case_sensitive'?"),  # a typo: the nearest, the valid ones
         ({"case_sensitive": "yes"}, "case_sensitive must be a bool"),  # a TypeError of the scorer's own
     ],
 )
