@@ -206,9 +206,10 @@ def build(
 def _default_interpreter(recorded: Interpreter | None) -> Interpreter:
     """The interpreter the env was built with while it is still there (same version), else this one's base."""
     if recorded is not None and recorded.path is not None and os.access(recorded.path, os.X_OK):
-        current = interpreter(recorded.path)
-        if current.version == recorded.version:
-            return current
+        with contextlib.suppress(EnvError):  # it no longer runs: this one's base builds it again
+            current = interpreter(recorded.path)
+            if current.version == recorded.version:
+                return current
     return interpreter(getattr(sys, "_base_executable", None) or sys.executable)
 
 

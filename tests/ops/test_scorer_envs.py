@@ -235,3 +235,13 @@ def test_a_step_that_runs_long_says_so_with_its_last_line_or_passes_its_output_o
     failing = [sys.executable, "-c", "print('ERROR: no matching distribution'); raise SystemExit(1)"]
     with pytest.raises(EnvError, match=r"pip install failed \(exit 1\): ERROR: no matching distribution"):
         build_step.run_step(failing, tmp_path, "pip install", said.append)
+
+
+def test_without_python_an_env_keeps_its_interpreter_while_it_runs_else_takes_this_ones_base(tmp_path):
+    base = env_builder.interpreter(sys._base_executable)
+    assert env_builder._default_interpreter(base) == base
+    broken = tmp_path / "python3.11"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    assert env_builder._default_interpreter(env_builder.Interpreter("3.11.7", str(broken))) == base
+    assert env_builder._default_interpreter(env_builder.Interpreter("3.99.0", base.path)) == base  # upgraded in place
