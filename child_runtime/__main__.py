@@ -274,12 +274,16 @@ def _open_segment(config: BootConfig) -> tuple[ChildSegment | None, str | None]:
 
 
 def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[str, float]) -> None:
+    from child_runtime import access_log
     from child_runtime.app import build_app  # imported by _import_server, which says a missing package
 
+    standalone = config.parent_pid is None  # `managed-scorers serve`: a person reads its stderr
     segment, segment_error = _open_segment(config)
     gate = ConnectionGate(config.limits.max_pending_connections, config.limits.pending_connection_timeout_s)
 
     def ready() -> dict[str, Any]:
+        if standalone:  # the readiness line goes to stdout, unchanged; the person reads stderr
+            access_log.listening(listener)
         return {
             "ready": True,
             "pid": os.getpid(),
@@ -303,6 +307,8 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
         rank=config.rank,
         openrlhf_secret=config.openrlhf_secret,
     )
+    if standalone:
+        app = access_log.AccessLog(app)
     server = _announcing_server(_uvicorn_config(app, gate, config.graceful_timeout_s), pipe, ready)
     listener = socket.socket(fileno=config.listen_fd)  # the one socket we pass to run()
     if config.parent_pid is None:  # `managed-scorers serve`: a SIGTERM or Ctrl-C is a graceful stop, exit 0

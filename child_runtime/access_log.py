@@ -1,0 +1,60 @@
+"""What a standalone server (`managed-scorers serve`) says on stderr for the person running it: where it
+listens, once ready, and one line per request (client, method, path, status, duration).
+
+A managed child says none of this: its parent owns it and its log file holds its failures. The
+OpenRLHF route's path carries a secret, so that path is logged with the secret left out; query strings
+are never logged.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+PREFIX = "managed-scorers serve:"
+SECRET_ROUTE = "/openrlhf/"
+
+
+def say(line: str) -> None:
+    print(f"{PREFIX} {line}", file=sys.stderr, flush=True)
+
+
+def listening(listener: socket.socket) -> None:
+    """The URL clients use: the bound address and port (an IPv6 address in brackets)."""
+    host, port = listener.getsockname()[:2]
+    say(f"listening on http://{f'[{host}]' if ':' in host else host}:{port}")
+
+
+def _shown_path(path: str) -> str:
+    return SECRET_ROUTE + "<secret>" if path.startswith(SECRET_ROUTE) else path
+
+
+class AccessLog:
+    """ASGI middleware: one stderr line per HTTP request, written when its answer ends (or it fails)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status: list[Any] = ["-"]  # no answer began: the client went away, or the server is stopping
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            client = scope.get("client")
+            peer = f"{client[0]}:{client[1]}" if client else "-"
+            took_ms = (time.monotonic() - started) * 1000
+            say(f'{peer} "{scope["method"]} {_shown_path(scope["path"])}" {status[0]} {took_ms:.1f} ms')
