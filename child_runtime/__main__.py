@@ -75,6 +75,7 @@ class BootConfig:
     rank: int = 0  # the trainer rank that owns this child: a label on its metrics
     cwd: str | None = None  # the trainer's working directory (a spawn cannot set it)
     openrlhf_secret: str | None = None  # `serve --openrlhf-secret-file`: OpenRLHF's route at /openrlhf/<secret>
+    metrics_token: str | None = None  # `serve --metrics-token-file`: a token for GET /metrics only
 
 
 def read_boot_config(data: dict[str, Any]) -> BootConfig:
@@ -93,6 +94,8 @@ def read_boot_config(data: dict[str, Any]) -> BootConfig:
         raise ValueError("token is too short")
     if config.openrlhf_secret is not None and len(config.openrlhf_secret) < 16:
         raise ValueError("the OpenRLHF route's secret is too short")
+    if config.metrics_token is not None and len(config.metrics_token) < 16:
+        raise ValueError("the metrics token is too short")
     if config.gpu_residency not in GPU_RESIDENCY_MODES:
         raise ValueError(f"gpu_residency must be one of {GPU_RESIDENCY_MODES}")
     return config
@@ -306,6 +309,7 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
         gate=gate,
         rank=config.rank,
         openrlhf_secret=config.openrlhf_secret,
+        metrics_token=config.metrics_token,
     )
     if standalone:
         app = access_log.AccessLog(app)

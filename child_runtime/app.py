@@ -17,7 +17,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -34,7 +34,7 @@ from child_runtime.idempotency import (
 from child_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from child_runtime.metrics import ChildMetrics
 from child_runtime.openrlhf_route import CapabilityPath, loud
-from child_runtime.protocol import openrlhf, wire
+from child_runtime.protocol import openrlhf, unirl, wire
 from child_runtime.protocol.bounded_json import JsonBounds, JsonTooLarge
 from child_runtime.protocol.headers import EVICTED_HEADER, IDENTITY_HEADER, KEY_HEADER, REPLAY_HEADER
 from child_runtime.protocol.items import Limits, RequestError, request_from_wire, request_terms, response_to_wire
@@ -43,14 +43,21 @@ from scorers.base import CloseFailed, ScoreInputError, ScoreItem, ScorerContract
 
 DEFAULT_DRAIN_TIMEOUT_S = 600.0
 DEFAULT_LIMITS = Limits()
+LIVEZ = "/livez"  # open: 200 while the event loop answers, and nothing else
+METRICS = "/metrics"  # the scoring token, or the metrics token when one is set (`serve --metrics-token-file`)
+JSON_TYPE = "application/json"  # /score's JSON form (UniRL's protocol); any other type is the binary frame
 
 
 class BearerAuth:
     """Pure ASGI middleware: every request needs `Authorization: Bearer <token>`, but those to the
-    OpenRLHF route, which carry its secret in the path instead (`capability`, when it is served).
+    OpenRLHF route, which carry its secret in the path instead (`capability`, when it is served),
+    `GET /livez`, which is open and says nothing but 200 (a liveness probe carries no secret), and
+    `GET /metrics`, which also takes the metrics token when one is set (a Prometheus scrape
+    that holds only that token can read the metrics and nothing else).
 
     A wrong or missing token or secret gets a 401 and the connection is closed; a right one admits
-    its connection through the gate (which bounds connections that never authenticate).
+    its connection through the gate (which bounds connections that never authenticate; a /livez
+    request admits nothing).
     """
 
     def __init__(
@@ -60,9 +67,11 @@ class BearerAuth:
         gate: ConnectionGate | None = None,
         metrics: ChildMetrics | None = None,
         capability: CapabilityPath | None = None,
+        metrics_token: str | None = None,
     ) -> None:
         self.app = app
         self._expected = f"Bearer {token}".encode()
+        self._metrics_expected = None if metrics_token is None else f"Bearer {metrics_token}".encode()
         self._gate = gate
         self._metrics = metrics  # a refused token is counted too: a remote server's failed logins show
         self._capability = capability
@@ -71,13 +80,16 @@ class BearerAuth:
         if scope["type"] != "http":
             raise RuntimeError(f"{scope['type']} connections are not served")  # no websockets, no lifespan
         capability, path = self._capability, scope.get("path", "")
+        if path == LIVEZ:
+            await self.app(scope, receive, send)
+            return
         if capability is not None and capability.claims(path):
             if not capability.admits(path):
                 capability.refused(scope.get("client"))
                 await self._refuse(scope, receive, send, openrlhf.ROUTE, "missing or wrong secret in the path")
                 return
             scope = {**scope, "path": openrlhf.ROUTE, "raw_path": openrlhf.ROUTE.encode()}  # the secret stops here
-        elif not hmac.compare_digest(dict(scope["headers"]).get(b"authorization", b""), self._expected):
+        elif not self._authorized(dict(scope["headers"]).get(b"authorization", b""), path):
             await self._refuse(scope, receive, send, path, "missing or wrong bearer token")
             return
         if self._gate is not None and not self._gate.admit(scope.get("client")):
@@ -89,6 +101,12 @@ class BearerAuth:
             )(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    def _authorized(self, given: bytes, path: str) -> bool:
+        if hmac.compare_digest(given, self._expected):
+            return True
+        metrics = self._metrics_expected
+        return metrics is not None and path == METRICS and hmac.compare_digest(given, metrics)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, path: str, why: str) -> None:
         if self._metrics is not None:
@@ -147,46 +165,50 @@ def _guarded(handler: Handler, metrics: ChildMetrics | None = None) -> Handler:
 
     async def run(request: Request) -> Response:
         started = time.perf_counter()
-        response = await _answer(request)
+        response = await _answered(handler, request)
         if metrics is not None:
             metrics.request(request.url.path, response.status_code, time.perf_counter() - started)
             if response.status_code >= 400 and isinstance(response, JSONResponse):
                 metrics.error(json.loads(bytes(response.body)).get("kind", "unknown"))
         return response
 
-    async def _answer(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except (PayloadTooLarge, JsonTooLarge) as exc:
-            return _error(413, "too_large", str(exc))
-        except ParsesBusy as exc:
-            return _error(503, "busy", str(exc))
-        except (wire.WireError, RequestError, BadKey) as exc:
-            return _error(400, "bad_request", str(exc))
-        except ScoreInputError as exc:
-            return _error(422, "bad_input", str(exc))
-        except IdempotencyConflict as exc:
-            return _error(422, "idempotency_conflict", str(exc))
-        except ResidencyConflict as exc:
-            return _error(409, "offloaded", str(exc))
-        except ResidencyFailed as exc:
-            tail = "".join(traceback.format_exception(exc)[-6:])
-            return _error(500, wire.RESIDENCY_FAILED, f"{exc}\n{tail}")
-        except ScorerWedged as exc:  # the parent restarts this child (wire.RESTART_KINDS)
-            return _error(503, wire.WEDGED if exc.timed_out else wire.WEDGED_QUEUED, str(exc))
-        except ServerFault as exc:  # this server's fault, not the request's: a client fails over
-            return _error(503, wire.SERVER_FAULT, str(exc))
-        except CloseFailed as exc:
-            return _error(500, wire.CLOSE_FAILED, str(exc))
-        except ScorerContractError as exc:
-            return _error(500, "contract", str(exc))
-        except openrlhf.ItemsFailed as exc:
-            return _error(500, "item_failed", str(exc))
-        except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises
-            tail = "".join(traceback.format_exception(exc)[-6:])
-            return _error(500, "scorer_error", f"{type(exc).__name__}: {exc}\n{tail}")
-
     return run
+
+
+async def _answered(handler: Handler, request: Request) -> Response:
+    """What `handler` answers, or the JSON error its exception maps to."""
+    try:
+        return await handler(request)
+    except unirl.IdentityMismatch as exc:
+        return _error(409, "identity_mismatch", str(exc))
+    except (PayloadTooLarge, JsonTooLarge) as exc:
+        return _error(413, "too_large", str(exc))
+    except ParsesBusy as exc:
+        return _error(503, "busy", str(exc))
+    except (wire.WireError, RequestError, BadKey) as exc:
+        return _error(400, "bad_request", str(exc))
+    except ScoreInputError as exc:
+        return _error(422, "bad_input", str(exc))
+    except IdempotencyConflict as exc:
+        return _error(422, "idempotency_conflict", str(exc))
+    except ResidencyConflict as exc:
+        return _error(409, "offloaded", str(exc))
+    except ResidencyFailed as exc:
+        tail = "".join(traceback.format_exception(exc)[-6:])
+        return _error(500, wire.RESIDENCY_FAILED, f"{exc}\n{tail}")
+    except ScorerWedged as exc:  # the parent restarts this child (wire.RESTART_KINDS)
+        return _error(503, wire.WEDGED if exc.timed_out else wire.WEDGED_QUEUED, str(exc))
+    except ServerFault as exc:  # this server's fault, not the request's: a client fails over
+        return _error(503, wire.SERVER_FAULT, str(exc))
+    except CloseFailed as exc:
+        return _error(500, wire.CLOSE_FAILED, str(exc))
+    except ScorerContractError as exc:
+        return _error(500, "contract", str(exc))
+    except openrlhf.ItemsFailed as exc:
+        return _error(500, "item_failed", str(exc))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises
+        tail = "".join(traceback.format_exception(exc)[-6:])
+        return _error(500, "scorer_error", f"{type(exc).__name__}: {exc}\n{tail}")
 
 
 def _timeout_param(request: Request) -> float:
@@ -230,6 +252,7 @@ class _Endpoints:
         self.host, self.request_exit, self.limits, self.segment, self.gate = host, request_exit, limits, segment, gate
         self.serve_openrlhf = serve_openrlhf
         self.openrlhf_bodies = JsonBodies(JsonBounds(limits.openrlhf_max_request_bytes), "openrlhf_max_request_bytes")
+        self.json_bodies = JsonBodies(JsonBounds(limits.json_max_request_bytes), "json_max_request_bytes")
         self.ledger = RequestLedger()
         self.cache = answers if answers is not None else AnswerCache()
         self.state = "ready"
@@ -254,8 +277,9 @@ class _Endpoints:
         metrics = self.metrics
         extra = [Route(openrlhf.ROUTE, loud(_guarded(self.openrlhf_score, metrics)), methods=["POST"])]
         return [
+            Route(LIVEZ, self.livez, methods=["GET"]),
             Route("/health", _guarded(self.health, metrics), methods=["GET"]),
-            Route("/metrics", _guarded(self.metrics_page), methods=["GET"]),
+            Route(METRICS, _guarded(self.metrics_page), methods=["GET"]),
             Route("/score", self.signed(_guarded(self.score, metrics)), methods=["POST"]),
             Route("/onload", _guarded(self.onload, metrics), methods=["POST"]),
             Route("/offload", _guarded(self.offload, metrics), methods=["POST"]),
@@ -286,7 +310,8 @@ class _Endpoints:
                 **host.catalog_entry(),
                 "pid": os.getpid(),
                 "in_flight": self.ledger.in_flight,
-                "json_parsing": self.openrlhf_bodies.parsing,  # JSON bodies being parsed now (off the loop)
+                # JSON bodies being parsed now (off the loop)
+                "json_parsing": self.openrlhf_bodies.parsing + self.json_bodies.parsing,
                 "residency": host.residency,
                 "gpu_residency": host.gpu_residency,
                 # off the event loop: a served panel asks its terms' children
@@ -300,7 +325,18 @@ class _Endpoints:
             }
         )
 
+    async def livez(self, request: Request) -> Response:
+        """Open (no token): 200 while the server's event loop answers; it says nothing of the scorer (its
+        state, readiness and identity are /health's, behind the token)."""
+        return PlainTextResponse("ok\n")
+
     async def score(self, request: Request) -> Response:
+        """Scores a request: the binary frame, or with `content-type: application/json` UniRL's
+        reward-service JSON (`unirl_score`)."""
+        if request.headers.get("content-type", "").split(";")[0].strip().lower() == JSON_TYPE:
+            if KEY_HEADER in request.headers:
+                raise RequestError(f"{KEY_HEADER} is the binary frame's: a JSON request's idempotency_key is echoed")
+            return await self.unirl_score(request)
         ticket = self.ledger.begin()
         try:
             return await self._score(request)
@@ -351,6 +387,25 @@ class _Endpoints:
         finally:
             self.ledger.end(ticket)
 
+    async def unirl_score(self, request: Request) -> Response:
+        """UniRL's reward-service request (JSON, `child_runtime.protocol.unirl`), parsed off the event loop
+        under `json_max_request_bytes`, checked and scored as /score's frame would be (and counted for
+        /drain); its answer is UniRL's `results`, `errors` and `identities`."""
+        ticket = self.ledger.begin()
+        try:
+            parsed, items = await self.json_bodies.read(request, self._unirl_items)
+            started = time.perf_counter()
+            result = await self.in_worker(self.host.score, items, None, parsed.terms)
+            self.metrics.scored(len(items), time.perf_counter() - started)
+            return JSONResponse(unirl.answer(result, parsed, self.spec))
+        finally:
+            self.ledger.end(ticket)
+
+    def _unirl_items(self, payload: Any) -> tuple[unirl.Parsed, list[ScoreItem]]:
+        """UniRL's parsed body as checked items (in the route's parse thread: images are decoded there)."""
+        parsed = unirl.parse(payload, self.spec, self.host.identity_hash, self.limits)
+        return parsed, request_from_wire(parsed.wire, self.limits, copy_media=self.spec.writable_inputs)[0]
+
     def _openrlhf_items(self, payload: Any) -> list[ScoreItem]:
         """OpenRLHF's parsed body as checked items (in the route's parse thread: a large label is walked there)."""
         return request_from_wire(openrlhf.wire_request(openrlhf.samples_of(payload)), self.limits)[0]
@@ -397,11 +452,13 @@ def build_app(
     answers: AnswerCache | None = None,
     rank: int = 0,
     openrlhf_secret: str | None = None,
+    metrics_token: str | None = None,
 ) -> ASGIApp:
     """The child's ASGI app: its endpoints behind the bearer token and the connection gate; with an
-    `openrlhf_secret`, OpenRLHF's route too, behind that secret in its path."""
+    `openrlhf_secret`, OpenRLHF's route too, behind that secret in its path; with a `metrics_token`,
+    /metrics for that token too."""
     endpoints = _Endpoints(host, request_exit, limits, segment, gate, answers, rank, openrlhf_secret is not None)
     app = Starlette(routes=endpoints.routes())
     app.router.redirect_slashes = False  # '/score/' is an unknown path (404), not a redirect
     capability = CapabilityPath(openrlhf_secret) if openrlhf_secret is not None else None
-    return BearerAuth(app, token, gate, endpoints.metrics, capability)
+    return BearerAuth(app, token, gate, endpoints.metrics, capability, metrics_token)

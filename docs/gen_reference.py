@@ -392,6 +392,7 @@ def _live_answers(app: Any) -> dict[str, Any]:
 
     auth = {"authorization": f"Bearer {TOKEN}"}
     frame = wire.encode({"items": [{"id": "a", "text": "an answer"}, {"id": "b", "text": "another"}]})
+    unirl = {"protocol_version": "1", "requests": [{"history": [{"text": "an answer"}], "request_id": "a"}]}
     one_sample = {"query": ["What is 2+2? 4"], "prompts": ["What is 2+2?"], "labels": ["4"]}
 
     async def call_all() -> dict[str, httpx.Response]:
@@ -400,9 +401,11 @@ def _live_answers(app: Any) -> dict[str, Any]:
             return {
                 "/health": await client.get("/health", headers=auth),
                 "/metrics": await client.get("/metrics", headers=auth),
+                "/livez": await client.get("/livez"),
                 "/score": await client.post(
                     "/score", content=frame, headers={**auth, "content-type": wire.CONTENT_TYPE}
                 ),
+                "/score json": await client.post("/score", json=unirl, headers=auth),
                 "/onload": await client.post("/onload", headers=auth),
                 "/offload": await client.post("/offload", headers=auth),
                 "/drain": await client.post("/drain", headers=auth),
@@ -424,6 +427,23 @@ def _live_answers(app: Any) -> dict[str, Any]:
             raise RuntimeError(f"{path} answered {response.status_code}: {body}")
         answers[path] = (response.status_code, kind, body, dict(response.headers))
     return answers
+
+
+def _json_score_section(answer: tuple[int, str, Any, dict[str, str]]) -> list[str]:
+    """/score's JSON form: UniRL's protocol, what it is read as, and the keys of a live answer."""
+    from child_runtime.app import JSON_TYPE
+    from child_runtime.protocol import unirl
+    from child_runtime.protocol.headers import IDENTITY_HEADER
+
+    status, kind, body, headers = answer
+    lines = [f"#### The JSON form (`content-type: {JSON_TYPE}`)", "", doc(unirl), ""]
+    lines.extend([f"Status {status}, `{kind.split(';')[0]}`, with these keys:", ""])
+    lines.extend(table(["Key", "Kind of value"], [[code(key), _shape(value)] for key, value in body.items()]))
+    example = json.dumps({k: v[:1] if isinstance(v, list) else v for k, v in body.items()})
+    lines.extend([f"For example `{example}`; `{IDENTITY_HEADER}` is on it as on a frame's answer.", ""])
+    if IDENTITY_HEADER not in headers:
+        raise RuntimeError(f"/score's JSON answer lacks {IDENTITY_HEADER}")
+    return lines
 
 
 def _shape(value: Any) -> str:
@@ -530,12 +550,13 @@ def http_page() -> str:
         shown_path = f"{route.path}/<secret>" if route.path == "/openrlhf" else route.path
         methods = sorted(route.methods - {"HEAD"})
         section = "-".join(["", *(m.lower() for m in methods), route.path.strip("/")])[1:]
+        types = [kind] + ([answers["/score json"][1]] if route.path == "/score" else [])
         rows.append(
             [
                 code(shown_path),
                 ", ".join(methods),
                 cell(doc(handler).split("\n\n")[0]) or f"see [its answer](#{section})",
-                f"{status} {code(kind.split(';')[0])}",
+                f"{status} " + " or ".join(code(t.split(";")[0]) for t in types),
             ]
         )
     lines.extend(table(["Path", "Method", "What it does", "Answer (status, type)"], rows))
@@ -552,6 +573,8 @@ def http_page() -> str:
             lines.extend(table(["Key", "Kind of value"], rows))
         elif isinstance(body, list):
             lines.extend([f"Status {status}, `{kind.split(';')[0]}`: a list, one entry per sample.", ""])
+        elif not body.startswith("# HELP"):
+            lines.extend([f"Status {status}, `{kind.split(';')[0]}`: `{body.strip()}`.", ""])
         else:
             names = [line.split()[2] for line in body.splitlines() if line.startswith("# HELP")]
             helps = {
@@ -571,6 +594,7 @@ def http_page() -> str:
             timing = answer_headers.get("server-timing", "")
             phases = ", ".join(part.split(";")[0].strip() for part in timing.split(","))
             lines.extend([f"Each answer carries a `server-timing` header with its phases: {phases}.", ""])
+            lines.extend(_json_score_section(answers["/score json"]))
     lines.extend(["## Headers", ""])
     header_rows = [
         [code(getattr(headers, name)), cell(comment)]

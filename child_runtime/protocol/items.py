@@ -61,6 +61,7 @@ class Limits:
     max_text_chars: int = 1 << 20
     max_media_bytes: int = 512 << 20
     openrlhf_max_request_bytes: int = 16 << 20  # serve's OpenRLHF route (JSON): see LimitsConfig
+    json_max_request_bytes: int = 128 << 20  # /score's JSON form (UniRL's, base64 media): see LimitsConfig
     # connections that have not sent an authenticated request (see child_runtime.gate)
     max_pending_connections: int = 64
     pending_connection_timeout_s: float = 10.0
