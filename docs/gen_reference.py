@@ -132,6 +132,9 @@ def cli_page() -> str:
 
     top = cli.parser()
     lines = ["# CLI: managed-scorers", "", GENERATED, "", doc(cli), "", "```text", _usage(top), "```", ""]
+    lines.extend(table(["Global option (before the subcommand)", "What it does", "Default"], _option_rows(top)))
+    if top.epilog:  # the exit statuses, as `--help` ends with them
+        lines.extend(["```text", top.epilog, "```", ""])
 
     def walk(parser: argparse.ArgumentParser, path: list[str], help_text: str) -> None:
         subs = list(_subcommands(parser))

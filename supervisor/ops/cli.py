@@ -179,11 +179,14 @@ def _serve(args: argparse.Namespace) -> int:
     from supervisor.ops.serve import panel_spec, read_secret, read_token, serve
 
     secret = None if args.openrlhf_secret_file is None else read_secret(args.openrlhf_secret_file)
+    metrics = None if args.metrics_token_file is None else read_secret(args.metrics_token_file)
     # OpenRLHF opens a connection per sample, and a rollout's samples end in bursts: room for them
     pending = args.max_pending_connections or (OPENRLHF_PENDING_CONNECTIONS if secret is not None else None)
     limits: dict[str, int] = {} if pending is None else {"max_pending_connections": pending}
     if args.openrlhf_max_request_bytes is not None:
         limits["openrlhf_max_request_bytes"] = args.openrlhf_max_request_bytes
+    if args.json_max_request_bytes is not None:
+        limits["json_max_request_bytes"] = args.json_max_request_bytes
     if args.recipe is not None:
         _no_scorer_options(args)
         _needs_extra("serving", "--recipe (the panel server runs in this python)", ("starlette", "uvicorn"))
@@ -196,6 +199,7 @@ def _serve(args: argparse.Namespace) -> int:
             args.allow_remote,
             args.token_env,
             secret,
+            metrics,
         )
     kind = _served_kind(args, refuse_groupwise=secret is not None)
     try:
@@ -214,7 +218,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(validation_message(exc)) from exc
     token = read_token(args.token_env, args.token_file)
-    serve(spec, args.host, args.port, token, args.allow_remote, args.token_env, secret)
+    serve(spec, args.host, args.port, token, args.allow_remote, args.token_env, secret, metrics)
 
 
 def _needs_extra(extra: str, command: str, modules: tuple[str, ...]) -> None:
@@ -424,6 +428,7 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the OpenRLHF route's body cap (default 16 MiB: one sample of a 128k-token context; its JSON parse "
         "may take 4x this); a larger body is refused with a 413 before it is read",
     )
+    _add_json_and_metrics(server)
     server.add_argument(
         "--max-pending-connections",
         type=int,
@@ -431,6 +436,21 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "with the OpenRLHF route: a connection per sample); more are refused with a 503",
     )
     server.set_defaults(run=_serve)
+
+
+def _add_json_and_metrics(server: argparse.ArgumentParser) -> None:
+    server.add_argument(
+        "--json-max-request-bytes",
+        type=int,
+        help="the body cap of /score's JSON form (UniRL's protocol, base64 images; default 128 MiB: a 64-image "
+        "shard of 1024x1024 JPEGs); a larger body is refused with a 413 before it is read",
+    )
+    server.add_argument(
+        "--metrics-token-file",
+        type=_folder,
+        help="a second token, in this 0600 file (made if missing), that opens GET /metrics only: for a Prometheus "
+        "scrape (authorization credentials_file) that must not hold the scoring token",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,6 +15,12 @@ With an OpenRLHF secret (`--openrlhf-secret-file`), the server also speaks OpenR
 second secret, never the token: a URL ends up in command lines and logs, and this one can only
 score (no /shutdown, /offload or /drain). A groupwise scorer is refused there, at boot.
 
+`GET /livez` needs no token and answers 200 while the server runs, nothing more. A Prometheus scrape
+of `/metrics` need not hold the token either: `--metrics-token-file` names a second token (a 0600
+file, made if missing) that opens `GET /metrics` and nothing else; Prometheus reads it from a file
+(`authorization: {credentials_file: ...}`). The metrics stay behind a secret: their labels name the
+scorer, and their counts say how busy it is.
+
 With `--recipe`, the server serves a whole panel (`panel_spec`): the same runtime, in this project's
 own python, over `ops/panel_scorer.PanelScorer`, whose load() starts every term's children together.
 Those children are the server's: a graceful stop closes them, and its death (even SIGKILL) ends them
@@ -169,6 +175,19 @@ def _as_panel_server(config: dict[str, Any], env: dict[str, str]) -> None:
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
 
 
+def _distinct_secrets(token: str, openrlhf_secret: str | None, metrics_token: str | None) -> None:
+    """The OpenRLHF secret and the metrics token each differ from the token, which drives every endpoint."""
+    if openrlhf_secret is not None and hmac.compare_digest(openrlhf_secret, token):
+        raise ConfigError(
+            "the OpenRLHF secret must differ from the token: the URL that carries it is seen in command lines "
+            "and logs, and the token drives every endpoint"
+        )
+    if metrics_token is not None and hmac.compare_digest(metrics_token, token):
+        raise ConfigError(
+            "the metrics token must differ from the token: it is handed to a scraper, which may only read"
+        )
+
+
 def serve(
     spec: ManagedScorerProcessSpec,
     host: str,
@@ -177,13 +196,10 @@ def serve(
     allow_remote: bool,
     token_env: str | None = None,
     openrlhf_secret: str | None = None,
+    metrics_token: str | None = None,
 ) -> NoReturn:
     """Become the server (exec); returns only by raising, before the exec."""
-    if openrlhf_secret is not None and hmac.compare_digest(openrlhf_secret, token):
-        raise ConfigError(
-            "the OpenRLHF secret must differ from the token: the URL that carries it is seen in command lines "
-            "and logs, and the token drives every endpoint"
-        )
+    _distinct_secrets(token, openrlhf_secret, metrics_token)
     if spec.replicas.size > 1:
         raise ConfigError(
             f"serve runs one child; the spec asks for {spec.replicas.size} replicas: serve each on its own port "
@@ -201,6 +217,8 @@ def serve(
         _as_panel_server(config, env)
     if openrlhf_secret is not None:
         config["openrlhf_secret"] = openrlhf_secret
+    if metrics_token is not None:
+        config["metrics_token"] = metrics_token
     stdin = os.memfd_create("managed-scorers-boot", os.MFD_CLOEXEC)  # only its dup on fd 0 crosses the exec
     os.write(stdin, boot.frame(config))
     os.lseek(stdin, 0, os.SEEK_SET)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from supervisor.errors import ConfigError
@@ -20,3 +21,13 @@ def example_recipe(name: str) -> Path:
     if name not in recipes:
         raise ConfigError(f"no example recipe named {name!r} (there are: {', '.join(recipes)})")
     return recipes[name]
+
+
+def description(path: Path) -> str:
+    """A recipe's first sentence, from the comment block it opens with, on one line (never cut)."""
+    comments = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        comments.append(line.lstrip("#").strip())
+    return re.split(r"(?<=\.)\s", " ".join(comments), maxsplit=1)[0]
