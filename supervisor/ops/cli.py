@@ -1,10 +1,8 @@
 """`managed-scorers`: scorer envs, scoring a JSONL dataset, serving a scorer, checking a recipe, the demo.
 
 Each subcommand is a thin layer over the library call that does the job; errors the user can
-fix (a missing env, a failed pip) print one line naming the fix and exit 2, never a traceback.
-Exit status: 0 done and clean; 1 done, but not clean (`score`: rows with an error or a failed
-optional term; `doctor`: a check failed) or a scorer failed; 2 the configuration or the input is
-wrong (nothing was scored); 130 interrupted (`score` leaves a resumable output).
+fix (a missing env, a misspelt scorer, an unknown param, a missing column) print one line naming
+the file and line or the flag, and exit 2, never a traceback. The exit statuses are listed below.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -87,6 +86,7 @@ def _folder(value: str) -> Path:
 
 def _score(args: argparse.Namespace) -> int:
     from supervisor.compose.recipes import build_panels, load_recipe
+    from supervisor.ops import precheck
     from supervisor.ops.dataset_output import OutputClaim, header_for, plan_output
     from supervisor.ops.dataset_rows import read_rows
     from supervisor.ops.score_dataset import metrics_line, score_dataset
@@ -101,8 +101,14 @@ def _score(args: argparse.Namespace) -> int:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
     chosen = recipe.validation if args.validation and recipe.validation is not None else recipe.train
     # before any child starts
+    report = precheck.check_recipe(recipe, args.recipe)  # names, params, envs: what a child's boot would refuse
     needs_text = args.image_column is None and args.audio_column is None
-    rows = read_rows(args.input, columns, needs_text=needs_text, group_size=chosen.group_size)
+    try:
+        rows = read_rows(args.input, columns, needs_text=needs_text, group_size=chosen.group_size)
+    except OSError as exc:  # missing, a folder, unreadable: the flag and the reason, not a traceback
+        raise ConfigError(f"--input {args.input}: {exc.strerror or exc}") from exc
+    place = "validation" if args.validation else "reward"
+    precheck.check_rows(chosen, place, report, rows, columns, lambda line: f"{args.input}:{line}")
     if args.retry_errors and not args.resume:
         raise ConfigError("--retry-errors goes with --resume (it scores the error rows of an existing output again)")
     with contextlib.ExitStack() as stack:
@@ -176,6 +182,7 @@ def _serve(args: argparse.Namespace) -> int:
     import json
 
     from supervisor.config import ManagedScorerProcessSpec
+    from supervisor.ops import precheck
     from supervisor.ops.serve import panel_spec, read_secret, read_token, serve
 
     secret = None if args.openrlhf_secret_file is None else read_secret(args.openrlhf_secret_file)
@@ -206,17 +213,19 @@ def _serve(args: argparse.Namespace) -> int:
         params = json.loads(args.params)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--params must be a JSON object: {exc}") from exc
-    scorer = {"name": args.scorer, "input_kind": kind, "params": params, "device": args.device}
+    scorer = {"name": args.scorer, "params": params, "device": args.device}
+    scorer.update({} if kind is None else {"input_kind": kind})
     scorer.update({k: v for k, v in (("revision", args.revision), ("catalog", args.catalog)) if v is not None})
     process: dict[str, Any] = {"python_executable": str(args.python)} if args.python is not None else {}
     if args.extra_import_path:
         process["extra_import_paths"] = [str(path) for path in args.extra_import_path]
     try:
         spec = ManagedScorerProcessSpec.model_validate(
-            {"env": args.env, "process": process, "scorer": scorer, "client": {"input_kind": kind}, "limits": limits}
+            {"env": args.env, "process": process, "scorer": scorer, "limits": limits}
         )
     except ValueError as exc:
         raise ConfigError(validation_message(exc)) from exc
+    precheck.check_served(spec, f"--scorer {args.scorer}")  # name, params, env: here, not at the child's boot
     token = read_token(args.token_env, args.token_file)
     serve(spec, args.host, args.port, token, args.allow_remote, args.token_env, secret, metrics)
 
@@ -242,33 +251,39 @@ def _no_scorer_options(args: argparse.Namespace) -> None:
 SCORER_OPTIONS = ("params", "env", "python", "input_kind", "revision", "catalog", "extra_import_path")
 
 
-def _served_kind(args: argparse.Namespace, refuse_groupwise: bool) -> str:
-    """The scorer's input kind (from --input-kind, else its class); for the OpenRLHF route, a groupwise
+def _served_kind(args: argparse.Namespace, refuse_groupwise: bool) -> str | None:
+    """The scorer's input kind: --input-kind, else None where its class resolves here (ScorerConfig then
+    takes the kind the class declares, as for a recipe's model); for the OpenRLHF route, a groupwise
     scorer refused here when its class imports in this env (else the server refuses it when it boots)."""
     from child_runtime.protocol.openrlhf import groupwise_refusal
-    from scorers.registry import resolve_scorer
+    from scorers.registry import declared_spec, resolve_scorer
+    from supervisor.ops.precheck import check_name
 
+    check_name(args.scorer, args.catalog)  # a misspelt name: the nearest, before the kind is asked for
     if args.input_kind is not None and not refuse_groupwise:
         return str(args.input_kind)  # the class is not imported here (a user's module may not import in this env)
     try:
-        spec = resolve_scorer(args.scorer, args.catalog).spec
+        resolve_scorer(args.scorer, args.catalog)
     except (LookupError, ImportError) as exc:
         if args.input_kind is None:
             raise ConfigError(
                 f"cannot tell scorer {args.scorer!r}'s input kind here ({exc}): pass --input-kind"
             ) from exc
         return str(args.input_kind)
-    if refuse_groupwise and spec.groupwise:
+    spec = declared_spec(args.scorer, args.catalog)  # the same default a recipe's model gets (ScorerConfig)
+    if spec is None and args.input_kind is None:
+        raise ConfigError(f"scorer {args.scorer!r} makes its spec per instance: pass --input-kind")
+    if refuse_groupwise and spec is not None and spec.groupwise:
         raise ConfigError(f"the OpenRLHF route refuses: {groupwise_refusal([spec.name])}")
-    return str(args.input_kind or spec.input_kind)
+    return None if args.input_kind is None else str(args.input_kind)
 
 
 def _recipes(args: argparse.Namespace) -> int:
-    from supervisor.ops.shipped_recipes import example_recipe, example_recipes
+    from supervisor.ops.shipped_recipes import description, example_recipe, example_recipes
 
     if args.name is None:
         for name, path in example_recipes().items():
-            print(f"{name:<16} {path.read_text().splitlines()[0].lstrip('# ')}")
+            print(f"{name:<16} {description(path)}")
         print("print one with `managed-scorers recipes NAME > reward.yaml`, then edit it")
         return 0
     sys.stdout.write(example_recipe(args.name).read_text())
@@ -304,8 +319,69 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
+EXIT_STATUS = (
+    ("0", "done and clean; `serve`: stopped by SIGTERM or Ctrl-C, gracefully"),
+    (
+        "1",
+        "done, but not clean (`score`: rows with an error or a failed optional term; `doctor`: a check "
+        "failed), or a scorer failed (a child that would not boot or died: its log tail is printed)",
+    ),
+    (
+        "2",
+        "the configuration or the input is wrong, nothing was run: one line naming the file and line or the "
+        "flag (an unknown flag or a missing argument: argparse's usage and error lines)",
+    ),
+    (
+        "3",
+        "`serve` only, the server could not boot: a bad boot config that only the scorer's env can see "
+        "(params of a scorer this python cannot import; what this python can check exits 2 first)",
+    ),
+    ("4", "`serve` only: the scorer's module does not import in its env"),
+    ("6", "`serve` only: the scorer's load() failed (weights, memory)"),
+    ("130", "interrupted by Ctrl-C (`score` leaves an output that --resume finishes)"),
+)
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("managed-scorers")
+    except PackageNotFoundError:  # a checkout on sys.path, never pip-installed: said, not guessed
+        return "(not installed: run `pip install -e .`)"
+
+
+def _epilog() -> str:
+    import textwrap
+
+    rows = [
+        textwrap.fill(meaning, 78, initial_indent=f"  {code:>3}  ", subsequent_indent=" " * 7)
+        for code, meaning in EXIT_STATUS
+    ]
+    return "\n".join(["exit status:", *rows])
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="managed-scorers", description=__doc__.splitlines()[0])
+    top = argparse.ArgumentParser(
+        prog="managed-scorers",
+        description=__doc__.splitlines()[0],
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    top.add_argument(
+        "--version",
+        action="version",
+        version=f"managed-scorers {_version()}",
+        help="the installed distribution's version",
+    )
+    top.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="warning",
+        help="the level of this process's own log lines on stderr (supervisor, scorers: restarts, retries, "
+        "timeouts); children log to their own files, and other libraries stay at warning",
+    )
     commands = top.add_subparsers(dest="command", required=True)
     _add_envs(commands)
     _add_score(commands)
@@ -438,6 +514,13 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     server.set_defaults(run=_serve)
 
 
+def _logging(level: str) -> None:
+    """Our packages' loggers at `level`, everything else at warning, one stderr handler for both."""
+    logging.basicConfig(level=logging.WARNING, format="managed-scorers %(levelname)s %(name)s: %(message)s")
+    for package in ("supervisor", "scorers", "child_runtime"):
+        logging.getLogger(package).setLevel(level.upper())
+
+
 def _add_json_and_metrics(server: argparse.ArgumentParser) -> None:
     server.add_argument(
         "--json-max-request-bytes",
@@ -455,6 +538,7 @@ def _add_json_and_metrics(server: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    _logging(args.log_level)
     try:
         return int(args.run(args))
     except (ConfigError, ScorerError) as exc:
@@ -463,3 +547,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:  # a config model refused something no caller translated: still one line
         print(f"managed-scorers {args.command}: {validation_message(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # `score` says what it leaves itself; every other command just stops
+        print(f"managed-scorers {args.command}: interrupted", file=sys.stderr)
+        return 130

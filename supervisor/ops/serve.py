@@ -45,6 +45,7 @@ from supervisor.backends.managed import launch_plan
 from supervisor.compose.recipes import load_recipe
 from supervisor.config import ManagedScorerProcessSpec
 from supervisor.errors import ConfigError
+from supervisor.ops.precheck import check_recipe
 
 PANEL_SCORER = "supervisor.ops.panel_scorer:PanelScorer"  # imported by the server, never here
 LOOPBACK_NAMES = ("localhost",)
@@ -153,9 +154,10 @@ def enough_descriptors(max_pending: int) -> None:
 def panel_spec(recipe: Path, limits: dict[str, Any]) -> ManagedScorerProcessSpec:
     """A panel server as a child spec: the panel scorer (`ops/panel_scorer`) in this very python (the
     trainer env's: the panel's own children get their envs), our packages on its path. The
-    recipe is read here too, so that a bad one is refused before anything is bound or started."""
+    recipe is read and preflighted here too (names, params, envs), so that a bad one is refused before
+    anything is bound or started."""
     path = recipe.resolve()
-    load_recipe(path)
+    check_recipe(load_recipe(path), recipe)
     project = Path(__file__).resolve().parents[2]  # where supervisor/, child_runtime/ and scorers/ lie
     return ManagedScorerProcessSpec.model_validate(
         {
