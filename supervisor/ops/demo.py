@@ -198,13 +198,7 @@ def math_story(samples: dict, hostile: bool = False) -> tuple[dict, bool]:
         )
         with LocalRewardBackend("math_verify", params=params) as backend:
             local = backend.compute_rewards(request).rewards
-    say()
-    say(f"  {'id':<6} {'completion':<32} {'gold':<5} {'managed':>7} {'in-process':>10}")
-    for i, item in enumerate(request.items):
-        here = "-" if local is None else f"{local[i]:.1f}"
-        flag = "  <- wrong in-process" if local is not None and local[i] != managed[i] else ""
-        say(f"  {item.id:<6} {item.text:<32} {item.reference!s:<5} {managed[i]:>7.1f} {here:>10}{flag}")
-    say()
+    print_verdicts(request, managed, local)
     timeouts = info["diagnostics"]["math_verify"]["values"]["timeouts"]
     stopped = f"; {timeouts} item(s) stopped at the {MATH_TIMEOUT_S:g} s timeout, scored 0" if timeouts else ""
     tell(
@@ -212,7 +206,24 @@ def math_story(samples: dict, hostile: bool = False) -> tuple[dict, bool]:
         f"{info['spawn_to_ready_s']:.2f} s, the call {info['score_s']:.2f} s{stopped})"
     )
     percent = [item.id for item in request.items].index("pct")
-    if local is None:
+    tell_in_process(local[percent] if local is not None else None, cannot, antlr)
+    return info, managed[percent] == 1.0
+
+
+def print_verdicts(request: RewardRequest, managed: list[float], local: list[float] | None) -> None:
+    """One row per sample: the child's reward beside this process's, flagged where they differ."""
+    say()
+    say(f"  {'id':<6} {'completion':<32} {'gold':<5} {'managed':>7} {'in-process':>10}")
+    for i, item in enumerate(request.items):
+        here = "-" if local is None else f"{local[i]:.1f}"
+        flag = "  <- wrong in-process" if local is not None and local[i] != managed[i] else ""
+        say(f"  {item.id:<6} {item.text:<32} {item.reference!s:<5} {managed[i]:>7.1f} {here:>10}{flag}")
+    say()
+
+
+def tell_in_process(percent_local: float | None, cannot: str | None, antlr: str | None) -> None:
+    """What the in-process column means: measured under hydra's pin, under another antlr, or not at all."""
+    if percent_local is None:
         tell(
             f"in-process: not measured: {cannot}. A trainer's own grader under hydra-core 1.3.2's pin ({ANTLR} "
             f"{HYDRA_ANTLR}) with math-verify 0.9.0 grades `pct` 0.0: `make demo` in the project's checkout "
@@ -221,7 +232,7 @@ def math_story(samples: dict, hostile: bool = False) -> tuple[dict, bool]:
         )
     elif antlr == HYDRA_ANTLR:
         tell(
-            f"in-process under hydra's antlr pin, `pct` (a correct 10% for 0.1) got {local[percent]:.1f}, with no "
+            f"in-process under hydra's antlr pin, `pct` (a correct 10% for 0.1) got {percent_local:.1f}, with no "
             "error: the trainer would learn from a wrong reward. The managed child grades it with its own antlr."
         )
     else:
@@ -229,7 +240,6 @@ def math_story(samples: dict, hostile: bool = False) -> tuple[dict, bool]:
             f"this python's antlr is {antlr}, not hydra's {HYDRA_ANTLR}: its column is this env's grader, not a "
             "hydra trainer's (`make demo` in the project's checkout shows one)."
         )
-    return info, managed[percent] == 1.0
 
 
 def run(tour: bool = False, build: bool = True) -> int:
@@ -264,17 +274,6 @@ def run(tour: bool = False, build: bool = True) -> int:
             f"{'negotiated' if info['shared_memory'] else 'in-band'}"
         )
     return 0 if right else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m supervisor.ops.demo [--tour] [--no-build]`: the same as `managed-scorers demo`."""
-    from supervisor.ops.cli import main as cli
-
-    return cli(["demo", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
 
 
 def jpeg_images(samples: dict) -> dict:

@@ -47,10 +47,10 @@ def test_make_demos_command_shows_the_in_process_grader_wrong_and_the_child_righ
     assert "first managed reward" in done.stdout
 
 
-def test_python_m_demo_without_an_env_names_the_command_that_builds_it(tmp_path):
+def test_demo_without_an_env_names_the_command_that_builds_it(tmp_path):
     """`--no-build` where the math env is missing: one line with the command, exit 2, nothing built."""
     done = subprocess.run(
-        [sys.executable, "-m", "supervisor.ops.demo", "--no-build"],
+        [sys.executable, "-m", "supervisor", "demo", "--no-build"],
         cwd=tmp_path,
         env=launcher_free_env(MANAGED_SCORERS_ENVS=str(tmp_path / "envs")),
         capture_output=True,
