@@ -14,9 +14,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 from supervisor.compose.recipes import load_recipe
 from supervisor.ops import cli
@@ -133,31 +135,35 @@ def test_version_is_the_distributions_and_unknown_flags_exit_2():
     assert bad.returncode == 2 and "--log-level" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_log_level_sets_our_loggers_and_leaves_the_others_at_warning():
+@pytest.fixture
+def loggers_restored() -> Iterator[None]:
+    """cli.main sets our packages' logger levels: this pytest process gets them back as they were."""
     saved = {name: logging.getLogger(name).level for name in ("supervisor", "scorers", "child_runtime", "httpx")}
-    try:
-        cli._logging("debug")
-        assert logging.getLogger("supervisor.backends.managed").getEffectiveLevel() == logging.DEBUG
-        assert logging.getLogger("scorers.grading.pool").getEffectiveLevel() == logging.DEBUG
-        assert logging.getLogger("httpx").getEffectiveLevel() >= logging.WARNING
-    finally:
-        for name, level in saved.items():
-            logging.getLogger(name).setLevel(level)
+    yield
+    for name, level in saved.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def test_log_level_sets_our_loggers_and_leaves_the_others_at_warning(loggers_restored):
+    cli._logging("debug")
+    assert logging.getLogger("supervisor.backends.managed").getEffectiveLevel() == logging.DEBUG
+    assert logging.getLogger("scorers.grading.pool").getEffectiveLevel() == logging.DEBUG
+    assert logging.getLogger("httpx").getEffectiveLevel() >= logging.WARNING
 
 
 def test_every_exit_status_is_documented_in_the_help_and_on_the_operating_page():
     page = (REPO_ROOT / "docs" / "operating.md").read_text()
-    helped = run("--help").stdout
+    helped = cli.parser().format_help()
     for code, _ in cli.EXIT_STATUS:
         assert re.search(rf"^\|\s*`?{code}`?\s*\|", page, re.MULTILINE), f"exit {code} is not in docs/operating.md"
         assert re.search(rf"^\s+{code}\s", helped, re.MULTILINE), f"exit {code} is not in --help"
 
 
-def test_the_shipped_recipes_list_whole_sentences_naming_modules_that_import():
-    done = run("recipes")
-    assert done.returncode == 0, done.stderr
+def test_the_shipped_recipes_list_whole_sentences_naming_modules_that_import(capsys, loggers_restored):
+    assert cli.main(["recipes"]) == 0
+    listed = capsys.readouterr().out
     for name, path in example_recipes().items():
-        line = next(line for line in done.stdout.splitlines() if line.startswith(name))
+        line = next(line for line in listed.splitlines() if line.startswith(name))
         assert line.endswith(".") and description(path) in line, line
     for path in sorted(EXAMPLES.glob("*.yaml")):
         for dotted in re.findall(r"\b((?:supervisor|scorers|child_runtime)(?:\.\w+)+)", path.read_text()):
