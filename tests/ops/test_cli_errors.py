@@ -92,6 +92,7 @@ def test_a_misspelt_scorer_suggests_the_nearest_in_a_recipe_and_in_serve(tmp_pat
     refused(done, str(recipe), "reward.m", "unknown scorer 'math_verfy' (did you mean 'math_verify'?)")
     for kind in ([], ["--input-kind", "text"]):
         refused(run("serve", "--scorer", "math_verfy", *kind), "did you mean 'math_verify'?")
+    refused(run("serve", "--recipe", recipe), str(recipe), "did you mean 'math_verify'?")  # before any bind
 
 
 def test_serve_refuses_an_unknown_param_here_listing_the_valid_ones():
