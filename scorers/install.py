@@ -103,6 +103,8 @@ EXTRAS = {
     "serving": ("starlette", "uvicorn", "PIL"),
     "metrics": ("prometheus_client",),
     "ray": ("ray",),
+    "parquet": ("pyarrow",),
+    "datasets": ("datasets",),
 }
 
 

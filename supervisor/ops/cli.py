@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from supervisor import scorer_envs
 from supervisor.errors import ConfigError, ScorerError, validation_message
 from supervisor.ops import env_builder
+from supervisor.ops.dataset_presets import PRESETS
 
 if TYPE_CHECKING:
     from supervisor.ops.dataset_rows import Columns
@@ -87,32 +88,30 @@ def _folder(value: str) -> Path:
 def _score(args: argparse.Namespace) -> int:
     from supervisor.compose.recipes import build_panels, load_recipe
     from supervisor.ops import precheck
-    from supervisor.ops.dataset_output import OutputClaim, header_for, plan_output
+    from supervisor.ops.dataset_output import header_for, plan_output
     from supervisor.ops.dataset_rows import read_rows
+    from supervisor.ops.dataset_sinks import STDOUT, open_output, refuse_unresumable
+    from supervisor.ops.dataset_sources import source_of
     from supervisor.ops.score_dataset import metrics_line, score_dataset
 
-    if args.image_column is not None:  # the rows' images are read here, before any child starts
-        _needs_extra("serving", "--image-column", ("PIL",))
     columns = _columns(args)
+    refuse_unresumable(args.output, args.resume)
+    source = source_of(args.input)
     recipe = load_recipe(args.recipe)
-    if args.validation and recipe.validation is None:
-        raise ConfigError(f"{args.recipe} has no validation panel (--validation)")
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
+    _check_score_flags(args, recipe)
     chosen = recipe.validation if args.validation and recipe.validation is not None else recipe.train
     # before any child starts
     report = precheck.check_recipe(recipe, args.recipe)  # names, params, envs: what a child's boot would refuse
     needs_text = args.image_column is None and args.audio_column is None
     try:
-        rows = read_rows(args.input, columns, needs_text=needs_text, group_size=chosen.group_size)
-    except OSError as exc:  # missing, a folder, unreadable: the flag and the reason, not a traceback
+        rows = read_rows(source, columns, needs_text=needs_text, group_size=chosen.group_size)
+    except OSError as exc:  # unreadable: the flag and the reason, not a traceback
         raise ConfigError(f"--input {args.input}: {exc.strerror or exc}") from exc
     place = "validation" if args.validation else "reward"
-    precheck.check_rows(chosen, place, report, rows, columns, lambda line: f"{args.input}:{line}")
-    if args.retry_errors and not args.resume:
-        raise ConfigError("--retry-errors goes with --resume (it scores the error rows of an existing output again)")
+    precheck.check_rows(chosen, place, report, rows, columns, source.where)
+    name = "stdout" if args.output == STDOUT else args.output
     with contextlib.ExitStack() as stack:
-        claim = OutputClaim(args.output)  # this run's alone until it ends: a second run is refused
+        claim = open_output(args.output, args.resume)  # this run's alone until it ends: a second run is refused
         stack.callback(claim.close)
         plan = plan_output(claim, rows, columns, args.resume, args.retry_errors)  # likewise: no boot wasted
         train, validation = build_panels(recipe)
@@ -124,23 +123,35 @@ def _score(args: argparse.Namespace) -> int:
         try:
             summary = _with_progress_bars(
                 lambda progress: score_dataset(
-                    panel, rows, claim, header, columns, args.input.parent, plan, args.batch_size, progress
+                    panel, rows, claim, header, columns, source.base, plan, args.batch_size, progress
                 )
             )
         except KeyboardInterrupt:
-            print(f"interrupted: {args.output} holds every row finished so far; rerun with --resume", file=sys.stderr)
+            print(f"interrupted: {claim.interrupted}", file=sys.stderr)
             return 130
-    print(f"{args.output}: {summary.line()}", file=sys.stderr)
+    print(f"{name}: {summary.line()}", file=sys.stderr)
     metrics = metrics_line(summary, "val" if args.validation else "train")
     if metrics:
         print(f"diagnostics: {metrics}", file=sys.stderr)
     return 0 if summary.clean else 1
 
 
-def _columns(args: argparse.Namespace) -> Columns:
-    from supervisor.ops.dataset_rows import Columns
+def _check_score_flags(args: argparse.Namespace, recipe: Any) -> None:
+    if args.image_column is not None:  # the rows' images are read here, before any child starts
+        _needs_extra("serving", "--image-column", ("PIL",))
+    if args.retry_errors and not args.resume:
+        raise ConfigError("--retry-errors goes with --resume (it scores the error rows of an existing output again)")
+    if args.validation and recipe.validation is None:
+        raise ConfigError(f"{args.recipe} has no validation panel (--validation)")
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
 
-    return Columns(
+
+def _columns(args: argparse.Namespace) -> Columns:
+    from supervisor.ops.dataset_rows import columns_for
+
+    return columns_for(
+        args.preset,
         id=args.id_column,
         prompt=args.prompt_column,
         response=args.response_column,
@@ -449,27 +460,65 @@ def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _add_score(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    score = commands.add_parser("score", help="score a JSONL dataset through a recipe's panel into a JSONL output")
+    score = commands.add_parser(
+        "score",
+        help="score a dataset (JSONL, JSON, Parquet, a save_to_disk folder) through a recipe's panel into JSONL or "
+        "Parquet",
+        description="Score a dataset through a recipe's panel: one output record per input row, in input order. "
+        "A column may be a dotted path into nested records (reward_model.ground_truth). A prompt or a completion "
+        "stored as chat messages is scored as text: the completion's last assistant message's content, the "
+        "prompt's last message's content (a scorer never sees the whole conversation: render it to one string "
+        "column for that). The run's metadata (identity hash, terms, revisions) goes to OUTPUT.meta.json.",
+    )
     score.add_argument(
         "--recipe", type=_folder, required=True, help="a reward recipe (YAML), see supervisor.compose.recipes"
     )
-    score.add_argument("--input", type=_folder, required=True, help="JSONL, one object per row")
-    score.add_argument("--output", type=_folder, required=True, help="JSONL: a header line, then one row per input row")
-    score.add_argument("--resume", action="store_true", help="keep the rows already in --output, score the rest")
+    score.add_argument(
+        "--input",
+        type=_path_or_dash,
+        required=True,
+        help="JSONL (- reads it from stdin); .json: a list of records (or JSONL); .parquet (the 'parquet' extra); "
+        "a folder written by datasets' save_to_disk (the 'datasets' extra)",
+    )
+    score.add_argument(
+        "--output",
+        type=_path_or_dash,
+        required=True,
+        help="JSONL, one record per input row, its metadata in OUTPUT.meta.json; - writes the JSONL to stdout "
+        "(nothing else goes there); .parquet: written whole when the run ends (the 'parquet' extra)",
+    )
+    score.add_argument(
+        "--resume", action="store_true", help="keep the rows already in --output (a JSONL file), score the rest"
+    )
     score.add_argument(
         "--retry-errors", action="store_true", help="with --resume: score rows written with errors again"
     )
     score.add_argument("--validation", action="store_true", help="use the recipe's validation panel")
     score.add_argument("--batch-size", type=int, default=64, help="rows per request (whole groups)")
-    score.add_argument("--id-column", default="id", help="default: id (else line-N)")
-    score.add_argument("--prompt-column", default="prompt")
-    score.add_argument("--response-column", default="response")
-    score.add_argument("--reference-column", default="reference")
+    _add_columns(score)
+    score.set_defaults(run=_score)
+
+
+def _add_columns(score: argparse.ArgumentParser) -> None:
+    score.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="the frameworks' column names in one flag (a column flag still overrides): "
+        + "; ".join(f"{name}: " + ", ".join(f"{k}={v}" for k, v in cols.items()) for name, cols in PRESETS.items()),
+    )
+    score.add_argument("--id-column", help="default: id (else line-N, or row-N for the other forms)")
+    score.add_argument("--prompt-column", help="default: prompt; a string or chat messages")
+    score.add_argument("--response-column", help="default: response; a string, chat messages or a one-element list")
+    score.add_argument("--reference-column", help="default: reference")
     score.add_argument("--image-column", help="a column of image paths, relative to the input file")
     score.add_argument("--audio-column", help="a column of WAV paths (PCM or IEEE float), relative to the input file")
     score.add_argument("--group-column", help="rows of one group share this value (and sit together)")
-    score.add_argument("--data-source-column", default="data_source")
-    score.set_defaults(run=_score)
+    score.add_argument("--data-source-column", help="default: data_source")
+
+
+def _path_or_dash(value: str) -> Path:
+    """`-` (stdin or stdout) as it is; any other path made absolute."""
+    return Path("-") if value == "-" else _folder(value)
 
 
 def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -514,13 +563,6 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     server.set_defaults(run=_serve)
 
 
-def _logging(level: str) -> None:
-    """Our packages' loggers at `level`, everything else at warning, one stderr handler for both."""
-    logging.basicConfig(level=logging.WARNING, format="managed-scorers %(levelname)s %(name)s: %(message)s")
-    for package in ("supervisor", "scorers", "child_runtime"):
-        logging.getLogger(package).setLevel(level.upper())
-
-
 def _add_json_and_metrics(server: argparse.ArgumentParser) -> None:
     server.add_argument(
         "--json-max-request-bytes",
@@ -534,6 +576,13 @@ def _add_json_and_metrics(server: argparse.ArgumentParser) -> None:
         help="a second token, in this 0600 file (made if missing), that opens GET /metrics only: for a Prometheus "
         "scrape (authorization credentials_file) that must not hold the scoring token",
     )
+
+
+def _logging(level: str) -> None:
+    """Our packages' loggers at `level`, everything else at warning, one stderr handler for both."""
+    logging.basicConfig(level=logging.WARNING, format="managed-scorers %(levelname)s %(name)s: %(message)s")
+    for package in ("supervisor", "scorers", "child_runtime"):
+        logging.getLogger(package).setLevel(level.upper())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

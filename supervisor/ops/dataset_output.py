@@ -1,9 +1,13 @@
-"""The output of `managed-scorers score`: its header (the panel's identity), claiming the file, and
-what a resumed run keeps of an earlier output (a prefix of this input, scored by the same identity).
+"""The output of `managed-scorers score`: claiming the file, its sidecar `OUT.meta.json` (the panel's
+identity hash, each term's scorer and revision, the recipe and the columns: what once was a header
+line, kept out of the rows so that pandas and `datasets` read exactly one record per input row), and
+what a resumed run keeps of an earlier output (a prefix of this input, scored by the same identity,
+as its sidecar says). Outputs to stdout and to Parquet: `dataset_sinks`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -12,7 +16,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from supervisor.compose.panel import RewardPanel
 from supervisor.errors import ConfigError
@@ -21,17 +25,60 @@ from supervisor.ops.dataset_rows import Columns, Row, group_of
 HEADER_KEY = "managed_scorers_output"
 
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: the metadata was the output's first line; 2: it is the sidecar
+SIDECAR_SUFFIX = ".meta.json"
+
+
+def sidecar_of(path: Path) -> Path:
+    return path.with_name(path.name + SIDECAR_SUFFIX)
+
+
+def write_sidecar(path: Path, header: dict[str, Any]) -> None:
+    """The run's metadata beside `path`, whole or not at all (a temporary file renamed over it)."""
+    target = sidecar_of(path)
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(header, indent=2) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):  # renamed already: nothing left to remove
+            os.unlink(temporary)
+        raise
+
+
+class Sink(Protocol):
+    """Where `score_dataset` writes records: a JSONL file (OutputClaim), stdout, a Parquet file."""
+
+    path: Path
+    interrupted: str  # what an interrupted run left, for its last line
+
+    def start(self, header: dict[str, Any]) -> None: ...  # a new output: empty it, say its metadata
+
+    def cut(self, at: int) -> None: ...  # a resumed one: drop what follows byte `at`, append from there
+
+    def write(self, text: str) -> None: ...  # whole lines, durable before it returns where the form allows
+
+    def replace(self, content: str) -> None: ...  # the whole JSONL content at once (--retry-errors)
+
+    def finish(self, header: dict[str, Any]) -> None: ...  # every row is written
+
+    def close(self) -> None: ...
 
 
 class OutputClaim:
     """The output file, held by one run: created exclusively when new, never opened through a symbolic
     link, and locked (flock) for the whole run, so a second run on it is refused, not interleaved.
     A rewrite (`replace`) goes to an exclusively created temporary file, locked before it is renamed
-    over the output, so the lock never lapses. A file this claim created and left empty is removed."""
+    over the output, so the lock never lapses. A file this claim created and left empty is removed,
+    with its sidecar."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.interrupted = f"{path} holds every row finished so far; rerun with --resume"
         if not path.parent.is_dir():
             raise ConfigError(f"{path.parent} does not exist: create it, or choose another output")
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -90,10 +137,28 @@ class OutputClaim:
         self.file.close()
         self.file = handle
 
+    def start(self, header: dict[str, Any]) -> None:
+        self.file.truncate(0)
+        write_sidecar(self.path, header)
+
+    def cut(self, at: int) -> None:
+        self.file.truncate(at)  # a torn last line, or a group cut short, goes
+        self.file.seek(at)
+
+    def write(self, text: str) -> None:
+        """Whole lines, flushed together: a kill leaves at most one torn line, which resume drops."""
+        self.file.write(text)
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def finish(self, header: dict[str, Any]) -> None:
+        """Nothing left to do: the sidecar was written when the output began."""
+
     def close(self) -> None:
         empty = self.created and os.fstat(self.file.fileno()).st_size == 0
         if empty:
             self.path.unlink(missing_ok=True)  # still ours: unlinked before the lock goes
+            sidecar_of(self.path).unlink(missing_ok=True)
         self.file.close()
 
 
@@ -129,27 +194,19 @@ def header_for(panel: RewardPanel, recipe: str, columns: Columns) -> dict[str, A
     }
 
 
-def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str, bool]], list[int], int]:
-    """(header, (id, input_sha, clean) per row, each row's end offset, the header's end offset).
+def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str, bool]], list[int]]:
+    """(its sidecar's metadata, (id, input_sha, clean) per row, each row's end offset).
 
-    A torn last row (a kill mid-write) is left out; a file with no whole managed-scorers header
-    line, or with anything else that is not a row, is refused: it is not an output of this command."""
+    A torn last row (a kill mid-write) is left out; an output with no managed-scorers sidecar beside it,
+    or with anything that is not a row, is refused: it is not an output of this command."""
+    not_ours = f"{path} is not an output of managed-scorers score"
     with open(path, "rb") as handle:
         data = handle.read()
+    header = _sidecar(path, not_ours, data)
     lines = data.split(b"\n")
     complete, torn = lines[:-1], lines[-1]
-    not_ours = f"{path} is not an output of managed-scorers score"
-    if not complete:
-        raise ResumeRefused(f"{not_ours} (no whole header line)")
-    try:
-        header = json.loads(complete[0])
-    except json.JSONDecodeError as exc:
-        raise ResumeRefused(f"{not_ours} (its first line is not JSON)") from exc
-    if not isinstance(header, dict) or header.get(HEADER_KEY) != FORMAT_VERSION or "identity_hash" not in header:
-        raise ResumeRefused(f"{not_ours} (no managed-scorers header)")
-    offset = len(complete[0]) + 1
-    header_end, rows, ends = offset, [], []
-    for index, raw in enumerate(complete[1:], start=2):
+    offset, rows, ends = 0, [], []
+    for index, raw in enumerate(complete, start=1):
         try:
             record = json.loads(raw)
         except json.JSONDecodeError as exc:
@@ -162,19 +219,38 @@ def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str, bool]]
         clean = record.get("reward") is not None and not record.get("failed_terms")
         rows.append((str(record["id"]), str(record["input_sha"]), clean))
         ends.append(offset)
-    return header, rows, ends, header_end
+    return header, rows, ends
+
+
+def _sidecar(path: Path, not_ours: str, data: bytes) -> dict[str, Any]:
+    sidecar = sidecar_of(path)
+    if not sidecar.is_file():
+        if data.startswith(b'{"' + HEADER_KEY.encode()):
+            raise ResumeRefused(
+                f"{path} was written by an earlier managed-scorers (its metadata is its first line, not "
+                f"{sidecar.name}): write to a new output"
+            )
+        raise ResumeRefused(f"{not_ours} (no {sidecar.name} beside it)")
+    try:
+        header = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ResumeRefused(f"{sidecar} is not JSON: {not_ours}") from exc
+    if not isinstance(header, dict) or header.get(HEADER_KEY) != FORMAT_VERSION or "identity_hash" not in header:
+        raise ResumeRefused(f"{sidecar} is not a managed-scorers sidecar: {not_ours}")
+    return header
 
 
 def plan_output(
-    claim: OutputClaim, rows: Sequence[Row], columns: Columns, resume: bool, retry_errors: bool = False
+    claim: Sink, rows: Sequence[Row], columns: Columns, resume: bool, retry_errors: bool = False
 ) -> ResumePlan:
-    """Checked before any child starts: may this output be written, and from which input row on."""
+    """Checked before any child starts: may this output be written, and from which input row on (stdout
+    and Parquet outputs start new: `dataset_sinks`)."""
     output = claim.path
-    if os.fstat(claim.file.fileno()).st_size == 0:
+    if not isinstance(claim, OutputClaim) or os.fstat(claim.file.fileno()).st_size == 0:
         return ResumePlan()
     if not resume:
         raise ConfigError(f"{output} exists: pass --resume to continue it, or choose another output")
-    header, written, ends, header_end = read_output(output)
+    header, written, ends = read_output(output)
     if header.get("columns") != columns.record():
         raise ResumeRefused(f"{output} was written with columns {header.get('columns')}, not {columns.record()}")
     if len(written) > len(rows):
@@ -194,7 +270,7 @@ def plan_output(
     if retry_errors:  # rows written with an error or a failed term, each with its whole group
         failed = {group_of(rows[i], columns) or f"row:{rows[i].id}" for i in range(done) if not written[i][2]}
         retry = [i for i in range(done) if (group_of(rows[i], columns) or f"row:{rows[i].id}") in failed]
-    return ResumePlan(header, done, ends[done - 1] if done else header_end, retry)
+    return ResumePlan(header, done, ends[done - 1] if done else 0, retry)
 
 
 def check_resumable(old: dict[str, Any] | None, new: dict[str, Any], path: Path) -> None:

@@ -1,11 +1,13 @@
-"""The input of `managed-scorers score`: JSONL rows read and checked before anything is scored or
-started (UTF-8 JSON objects, unique ids, the needed fields, valid items, images that open and WAVs
+"""The input of `managed-scorers score`: rows (from any form `dataset_sources` reads) checked before
+anything is scored or started (unique ids, the needed fields, valid items, images that open and WAVs
 whose every frame reads, groups contiguous and whole), each with a digest of its content; and the
-RewardItems made of them, a row whose media do not decode then failing alone.
+RewardItems made of them, a row whose media do not decode then failing alone. Columns may name nested
+cells by dotted path, and prompts and completions may be chat messages (`dataset_cells`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -15,20 +17,21 @@ from typing import Any
 import numpy as np
 
 from scorers.groups import COMMON_INPUTS, NotContiguous, contiguous_runs, strict_key
-from scorers.identity import digest
-from supervisor.errors import ConfigError, validation_message
+from supervisor.errors import validation_message
+from supervisor.ops.dataset_cells import NoText, cell, text_of
+from supervisor.ops.dataset_presets import PRESETS
+from supervisor.ops.dataset_sources import InputRowError, Source, records
 from supervisor.ops.wav import WavError, check_wav, read_wav
 from supervisor.types import RewardItem
 
-
-class InputRowError(ConfigError):
-    """An input row cannot be read or lacks a field the panel needs (names the file and line)."""
+__all__ = ["Columns", "InputRowError", "Row", "group_of", "items_of", "read_rows"]
 
 
 @dataclass(frozen=True)
 class Columns:
-    """Which input fields hold what. `image` and `audio` hold a path (relative to the input file's
-    folder): an image PIL opens, a PCM WAV (supervisor.ops.wav)."""
+    """Which input fields hold what, each a column name or a dotted path into nested records. `image`
+    and `audio` hold a path (relative to the input file's folder): an image PIL opens, a PCM WAV
+    (supervisor.ops.wav)."""
 
     id: str = "id"
     prompt: str = "prompt"
@@ -45,59 +48,61 @@ class Columns:
         return {key: value for key, value in asdict(self).items() if not (key == "audio" and value is None)}
 
 
+def columns_for(preset: str | None, **given: str | None) -> Columns:
+    """Today's defaults, then the preset's names, then each column given explicitly."""
+    chosen = {**(PRESETS[preset] if preset is not None else {}), **{k: v for k, v in given.items() if v is not None}}
+    return Columns(**chosen)
+
+
 @dataclass(frozen=True)
 class Row:
     line: int
     id: str
     fields: dict[str, Any]
     digest: str  # of the whole input row: a resumed output must have been made from this very row
+    unit: str = "line"  # what `line` counts: lines (JSONL) or rows (the other forms)
 
 
-def read_rows(path: Path, columns: Columns, needs_text: bool, group_size: int | None = None) -> list[Row]:
-    """Every row, checked before anything is scored or started: UTF-8 JSON objects, unique ids, the
+def read_rows(source: Source, columns: Columns, needs_text: bool, group_size: int | None = None) -> list[Row]:
+    """Every row, checked before anything is scored or started: readable records, unique ids, the
     needed fields, a valid item (types, finite numbers), images that open, groups contiguous, of
     `group_size` when one is declared, and sharing their prompt, reference and data source."""
     rows: list[Row] = []
     seen: dict[str, int] = {}
-    with open(path, "rb") as handle:
-        for number, encoded in enumerate(handle, start=1):
-            where = f"{path}:{number}"
-            fields = _decoded(encoded, where)
-            if fields is None:
-                continue
-            row = Row(number, _row_id(fields, columns, number, where), fields, digest(fields, allow_nan=True)[:16])
-            if row.id in seen:
-                raise InputRowError(f"{where}: id {row.id!r} was already used on line {seen[row.id]}")
-            seen[row.id] = number
-            _check_fields(row, columns, needs_text, path.parent, where)
-            rows.append(row)
+    for number, fields in records(source):
+        if fields is None:
+            continue
+        where = source.where(number)
+        row_id = _row_id(fields, columns, f"{source.unit}-{number}", where)
+        row = Row(number, row_id, fields, _digest(fields), source.unit)
+        if row.id in seen:
+            raise InputRowError(f"{where}: id {row.id!r} was already used on {source.unit} {seen[row.id]}")
+        seen[row.id] = number
+        _check_fields(row, columns, needs_text, source.base, where)
+        rows.append(row)
     if columns.group is not None:
-        _check_contiguous(path, rows, columns)
-        _check_groups(path, rows, columns, group_size)
+        _check_contiguous(source, rows, columns)
+        _check_groups(source, rows, columns, group_size)
     return rows
 
 
-def _decoded(encoded: bytes, where: str) -> dict[str, Any] | None:
-    """One line's JSON object (None for a blank line)."""
-    try:
-        raw = encoded.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputRowError(f"{where}: not UTF-8 (byte {exc.start + 1}: {exc.reason})") from exc
-    if not raw.strip():
-        return None
-    try:
-        fields = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise InputRowError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from exc
-    except (ValueError, RecursionError) as exc:  # a 5,000-digit number; brackets nested 100,000 deep
-        raise InputRowError(f"{where}: not readable JSON ({type(exc).__name__}: {str(exc)[:120]})") from exc
-    if not isinstance(fields, dict):
-        raise InputRowError(f"{where}: a row must be a JSON object, got {type(fields).__name__}")
-    return fields
+def _digest(fields: dict[str, Any]) -> str:
+    """The row's content digest: its canonical JSON (scorers.identity), with what JSON cannot hold (a
+    Parquet row's bytes, timestamps, decimals) by the hash of its bytes or its repr."""
+    canonical = json.dumps(
+        fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True, default=_stand_in
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def _row_id(fields: dict[str, Any], columns: Columns, number: int, where: str) -> str:
-    row_id = fields.get(columns.id, f"line-{number}")
+def _stand_in(value: Any) -> str:
+    return f"bytes:{hashlib.sha256(value).hexdigest()}" if isinstance(value, bytes) else repr(value)
+
+
+def _row_id(fields: dict[str, Any], columns: Columns, default: str, where: str) -> str:
+    row_id = cell(fields, columns.id)
+    if row_id is None and columns.id not in fields:
+        row_id = default
     if not isinstance(row_id, (str, int)) or isinstance(row_id, bool):
         raise InputRowError(f"{where}: {columns.id!r} must be a string or an integer, got {row_id!r}")
     return str(row_id)
@@ -107,13 +112,17 @@ def _check_fields(row: Row, columns: Columns, needs_text: bool, base: Path, wher
     """The row's own fields: text, image, group key, and a valid item (types, finite numbers), its audio
     standing in as a waveform of the file's channels and rate: what the item checks of it is checked now."""
     fields = row.fields
-    if needs_text and not isinstance(fields.get(columns.response), str):
+    try:
+        texts = _texts(row, columns)
+    except NoText as exc:
+        raise InputRowError(f"{where}: {exc}") from exc
+    if needs_text and not isinstance(texts["text"], str):
         raise InputRowError(f"{where}: no text in column {columns.response!r} (--response-column)")
     if columns.image is not None:
-        _check_image(fields.get(columns.image), base, columns.image, where)
-    audio = {} if columns.audio is None else _check_audio(fields.get(columns.audio), base, columns.audio, where)
+        _check_image(cell(fields, columns.image), base, columns.image, where)
+    audio = {} if columns.audio is None else _check_audio(cell(fields, columns.audio), base, columns.audio, where)
     if columns.group is not None:
-        group = fields.get(columns.group)
+        group = cell(fields, columns.group)
         if not isinstance(group, (str, int)) or isinstance(group, bool):
             raise InputRowError(f"{where}: column {columns.group!r} must hold a group (string or integer)")
     try:
@@ -122,17 +131,17 @@ def _check_fields(row: Row, columns: Columns, needs_text: bool, base: Path, wher
         raise InputRowError(f"{where}: {validation_message(exc)}") from exc
 
 
-def _check_contiguous(path: Path, rows: Sequence[Row], columns: Columns) -> None:
+def _check_contiguous(source: Source, rows: Sequence[Row], columns: Columns) -> None:
     try:
         contiguous_runs([group_of(row, columns) for row in rows])
     except NotContiguous as exc:
         raise InputRowError(
-            f"{path}:{rows[exc.position].line}: group {exc.group!r} began on line {rows[exc.started].line}: "
-            "groups must be contiguous"
+            f"{source.where(rows[exc.position].line)}: group {exc.group!r} began on {source.unit} "
+            f"{rows[exc.started].line}: groups must be contiguous"
         ) from exc
 
 
-def _check_groups(path: Path, rows: Sequence[Row], columns: Columns, group_size: int | None) -> None:
+def _check_groups(source: Source, rows: Sequence[Row], columns: Columns, group_size: int | None) -> None:
     """Each group of `group_size` rows (when declared), whose prompt, reference and data source are
     the same (type-strictly): what the scorers would refuse after boot, named by line before it."""
     groups: dict[str, list[Row]] = {}
@@ -142,16 +151,17 @@ def _check_groups(path: Path, rows: Sequence[Row], columns: Columns, group_size:
     for group, members in groups.items():
         if group_size is not None and len(members) != group_size:
             raise InputRowError(
-                f"{path}:{members[0].line}: group {group!r} has {len(members)} rows (lines "
+                f"{source.where(members[0].line)}: group {group!r} has {len(members)} rows ({source.unit}s "
                 f"{', '.join(str(r.line) for r in members[:8])}), the recipe's group_size is {group_size}"
             )
         for common in COMMON_INPUTS:
             column = names[common]
-            expected = strict_key(members[0].fields.get(column))
+            expected = strict_key(cell(members[0].fields, column))
             for row in members[1:]:
-                if strict_key(row.fields.get(column)) != expected:
+                if strict_key(cell(row.fields, column)) != expected:
                     raise InputRowError(
-                        f"{path}:{row.line}: column {column!r} differs from line {members[0].line}, the first of "
+                        f"{source.where(row.line)}: column {column!r} differs from {source.unit} {members[0].line}, "
+                        "the first of "
                         f"group {group!r}: the rows of a group share their {common} (a missing one differs too)"
                     )
 
@@ -186,7 +196,7 @@ def _decoded_image(row: Row, columns: Columns, base: Path) -> np.ndarray | None:
         return None
     from PIL import Image
 
-    with Image.open(base / row.fields[columns.image]) as opened:
+    with Image.open(base / cell(row.fields, columns.image)) as opened:
         return np.asarray(opened.convert("RGB"))
 
 
@@ -194,21 +204,34 @@ def _decoded_audio(row: Row, columns: Columns, base: Path) -> dict[str, Any]:
     """The row's audio and its rate as RewardItem fields (WavError: it does not decode)."""
     if columns.audio is None:
         return {}
-    audio, rate = read_wav(base / row.fields[columns.audio])
+    audio, rate = read_wav(base / cell(row.fields, columns.audio))
     return {"audio": audio, "audio_sample_rate": rate}
+
+
+def _texts(row: Row, columns: Columns) -> dict[str, Any]:
+    """The row's prompt and text as an item takes them (NoText: a cell holds messages with no text)."""
+    fields = row.fields
+    try:
+        prompt = text_of(cell(fields, columns.prompt), completion=False)
+    except NoText as exc:
+        raise NoText(f"column {columns.prompt!r} {exc} (--prompt-column)") from exc
+    try:
+        text = text_of(cell(fields, columns.response), completion=True)
+    except NoText as exc:
+        raise NoText(f"column {columns.response!r} {exc} (--response-column)") from exc
+    return {"prompt": prompt, "text": text}
 
 
 def _item(row: Row, columns: Columns, image: np.ndarray | None = None, **audio: Any) -> RewardItem:
     fields = row.fields
     return RewardItem(
         id=row.id,
-        prompt=fields.get(columns.prompt),
-        text=fields.get(columns.response),
+        **_texts(row, columns),
         image=image,
         **audio,
-        reference=fields.get(columns.reference),
+        reference=cell(fields, columns.reference),
         group_id=group_of(row, columns),
-        data_source=fields.get(columns.data_source),
+        data_source=cell(fields, columns.data_source),
     )
 
 
@@ -221,12 +244,12 @@ def items_of(batch: Sequence[Row], columns: Columns, input_dir: Path) -> tuple[l
         try:
             items.append(_decoded_item(row, columns, input_dir))
         except UndecodedRow as exc:
-            unreadable[row.id] = f"input line {row.line}: {exc}"
+            unreadable[row.id] = f"input {row.unit} {row.line}: {exc}"
             broken.add(group_of(row, columns))
     broken.discard(None)
     for row in batch:
         if row.id not in unreadable and group_of(row, columns) in broken:
-            unreadable[row.id] = f"input line {row.line}: a member of its group has media that cannot be decoded"
+            unreadable[row.id] = f"input {row.unit} {row.line}: a member of its group has media that cannot be decoded"
     return [item for item in items if item.id not in unreadable], unreadable
 
 
@@ -250,4 +273,4 @@ def _decoded_item(row: Row, columns: Columns, base: Path) -> RewardItem:
 
 
 def group_of(row: Row, columns: Columns) -> str | None:
-    return None if columns.group is None else str(row.fields.get(columns.group))
+    return None if columns.group is None else str(cell(row.fields, columns.group))

@@ -1,7 +1,7 @@
-"""Score a JSONL dataset through a panel: one output row per input row, in input order, resumable.
+"""Score a dataset through a panel: one output row per input row, in input order, resumable.
 
-The output starts with a header line (the panel's identity hash and each term's scorer and
-revision); every other line is one input row's result: `id`, `reward` (null when the row could
+The run's metadata (the panel's identity hash, each term's scorer and revision) goes to a sidecar
+beside the output (`OUT.meta.json`); each output line is one input row's result: `id`, `reward` (null when the row could
 not be scored), `components` (null where a term does not apply, or failed), `failed_terms`
 (optional terms that failed for this row, and why: its reward lacks them) and `error` (why
 there is no reward). A row with an error or a failed term is not clean: it is counted,
@@ -14,25 +14,25 @@ identity (a changed revision, params or weights). Malformed input fails before a
 scored or started, naming the file and line. A batch the scorer refuses is split until the
 refused rows (or groups) are isolated: each gets `reward: null` and its error, never a reward;
 when every unit of a batch fails on its own, or 10 units in a row do, the run stops instead.
-Reading and checking the input: `dataset_rows`; the output file, its header and resume: `dataset_output`.
+Reading and checking the input: `dataset_rows`; the output file, its sidecar and resume: `dataset_output`
+(stdout and Parquet: `dataset_sinks`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from scorers.diagnostics import merge_term_reports, to_metrics
 from supervisor.compose.overlap import micro_batches
 from supervisor.compose.panel import RewardPanel
 from supervisor.errors import ScorerItemsFailed, ScorerRequestError
-from supervisor.ops.dataset_output import OutputClaim, ResumePlan, check_resumable
+from supervisor.ops.dataset_output import ResumePlan, Sink, check_resumable
 from supervisor.ops.dataset_rows import Columns, Row, group_of, items_of
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
@@ -147,7 +147,7 @@ def _failed_row(item_id: str, error: str) -> dict[str, Any]:
 def score_dataset(
     panel: RewardPanel,
     rows: Sequence[Row],
-    claim: OutputClaim,
+    claim: Sink,
     header: dict[str, Any],
     columns: Columns,
     input_dir: Path,
@@ -164,22 +164,20 @@ def score_dataset(
     failed_in_a_row = 0
     if plan.retry:
         plan = _retry_errors(panel, rows, claim, columns, input_dir, plan, batch_size, summary)
-    out = claim.file
     if plan.header is None:
-        out.truncate(0)
-        _write(out, [header])
+        claim.start(header)
     else:
-        out.truncate(plan.truncate_at)  # a torn last line, or a group cut short, goes
-        out.seek(plan.truncate_at)
+        claim.cut(plan.truncate_at)  # a torn last line, or a group cut short, goes
     for batch in micro_batches(todo, batch_size, lambda row: group_of(row, columns)):
         written, failed_in_a_row = _score_batch(panel, batch, columns, input_dir, summary, failed_in_a_row)
-        _write(out, written)
+        claim.write(_lines(written))
         summary.scored += len(written)
         summary.errors += sum(r["reward"] is None for r in written)
         summary.partial += sum(bool(r["failed_terms"]) for r in written)
         summary.reward_sum += sum(r["reward"] for r in written if r["reward"] is not None)
         if advance is not None:
             advance(len(written))
+    claim.finish(header)
     summary.seconds = time.monotonic() - started
     return summary
 
@@ -222,7 +220,7 @@ def _score_batch(
 def _retry_errors(
     panel: RewardPanel,
     rows: Sequence[Row],
-    claim: OutputClaim,
+    claim: Sink,
     columns: Columns,
     input_dir: Path,
     plan: ResumePlan,
@@ -242,7 +240,7 @@ def _retry_errors(
         summary.partial += sum(bool(r["failed_terms"]) for r in written)
     with open(output, "rb") as handle:
         lines = handle.read()[: plan.truncate_at].decode("utf-8").splitlines(keepends=True)
-    rewritten = [lines[0]] + [fresh.get(rows[i].id, line) for i, line in enumerate(lines[1:])]
+    rewritten = [fresh.get(rows[i].id, line) for i, line in enumerate(lines)]
     claim.replace("".join(rewritten))
     return ResumePlan(plan.header, plan.done, sum(len(line.encode()) for line in rewritten))
 
@@ -262,11 +260,9 @@ def _consecutive_failures(count: int, units: list[bool]) -> int:
     return count
 
 
-def _write(out: IO[str], records: list[dict[str, Any]]) -> None:
-    """Whole lines, flushed together: a kill leaves at most one torn line, which resume drops."""
-    out.write("".join(json.dumps(record, allow_nan=False) + "\n" for record in records))
-    out.flush()
-    os.fsync(out.fileno())
+def _lines(records: list[dict[str, Any]]) -> str:
+    """Whole lines, written together: a kill leaves at most one torn line, which resume drops."""
+    return "".join(json.dumps(record, allow_nan=False) + "\n" for record in records)
 
 
 def metrics_line(summary: Summary, namespace: str = "train") -> str:

@@ -17,19 +17,25 @@ class Probe(Scorer):
     """len(text) per item; counts its calls; optional sleep per call; 'offloads'.
 
     With `journal`, appends one line per call to that file: its pid, then the batch's ids
-    (so tests see how a request was cut into calls, and by which process)."""
+    (so tests see how a request was cut into calls, and by which process). With `hold`, every call
+    after the first waits while that file exists (a run the test keeps going until it says so)."""
 
     spec = ScorerSpec(
         name="probe", input_kind="text", terms=("probe",), env="image", supports_offload=True, diagnostics=("calls",)
     )
 
-    def __init__(self, sleep_s: float = 0.0, journal: str | None = None) -> None:
+    def __init__(self, sleep_s: float = 0.0, journal: str | None = None, hold: str | None = None) -> None:
         self.sleep_s = sleep_s
         self.journal = journal
+        self.hold = hold
+        self.calls = 0
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         if self.sleep_s:
             time.sleep(self.sleep_s)
+        self.calls += 1
+        while self.hold is not None and self.calls > 1 and os.path.exists(self.hold):
+            time.sleep(0.01)
         if self.journal is not None:
             with open(self.journal, "a") as handle:
                 handle.write(" ".join([str(os.getpid()), *(item.id for item in items)]) + "\n")

@@ -42,8 +42,9 @@ def recipe(path: Path, journal: Path | None = None, probe: str = "Probe", sleep_
 
 
 def output_rows(path: Path) -> tuple[dict, list[dict]]:
-    header, *rows = (json.loads(line) for line in path.read_text().splitlines())
-    return header, rows
+    """The run's metadata (its sidecar) and the output's records."""
+    header = json.loads(path.with_name(path.name + ".meta.json").read_text())
+    return header, [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def score(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -72,7 +73,7 @@ def wait_for_rows(path: Path, at_least: int, proc: subprocess.Popen[str], deadli
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
         if path.exists():
-            written = path.read_text().count("\n") - 1
+            written = path.read_text().count("\n")
             if written >= at_least:
                 return written
         time.sleep(0.02)
@@ -80,7 +81,7 @@ def wait_for_rows(path: Path, at_least: int, proc: subprocess.Popen[str], deadli
 
 
 @pytest.mark.slow
-def test_a_thousand_rows_scored_in_input_order_with_a_header(tmp_path):
+def test_a_thousand_rows_scored_in_input_order_with_a_sidecar(tmp_path):
     rows = write_rows(tmp_path / "in.jsonl", 1000)
     done = score(
         "--recipe", recipe(tmp_path / "r.json"), "--input", tmp_path / "in.jsonl", "--output", tmp_path / "out.jsonl"
@@ -190,7 +191,8 @@ def test_a_refused_row_gets_its_error_and_no_reward_while_its_batch_mates_are_sc
     )
     stopped = score("--recipe", tmp_path / "r.json", "--input", tmp_path / "all.jsonl", "--output", tmp_path / "o2")
     assert stopped.returncode == 1 and "rows or groups in a row failed on their own" in stopped.stderr
-    assert output_rows(tmp_path / "o2")[1] == []  # the run stopped: no row of that batch written
+    assert not (tmp_path / "o2").exists()  # the run stopped before any row: no output, no sidecar
+    assert not (tmp_path / "o2.meta.json").exists()
 
 
 def test_image_paths_are_read_relative_to_the_input_file(tmp_path):
@@ -228,8 +230,8 @@ def test_resume_refuses_another_input_other_columns_and_files_it_did_not_write(t
     (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     recipe_path, out = probe_recipe(tmp_path / "r.json", tmp_path / "journal"), tmp_path / "out.jsonl"
     assert score("--recipe", recipe_path, "--input", tmp_path / "a.jsonl", "--output", out).returncode == 0
-    header, *lines = out.read_text().splitlines(keepends=True)
-    out.write_text(header + "".join(lines[:3]))  # as if stopped after three rows
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:3]))  # as if stopped after three rows
     changed = rows[:1] + [{"response": "other"}] + rows[2:]
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in changed))
     refused = score("--recipe", recipe_path, "--input", tmp_path / "b.jsonl", "--output", out, "--resume")
@@ -238,7 +240,7 @@ def test_resume_refuses_another_input_other_columns_and_files_it_did_not_write(t
         "--recipe", recipe_path, "--input", tmp_path / "a.jsonl", "--output", out, "--resume", "--prompt-column", "q"
     )
     assert other_columns.returncode == 2 and "was written with columns" in other_columns.stderr
-    assert out.read_text() == header + "".join(lines[:3])  # untouched by both
+    assert out.read_text() == "".join(lines[:3])  # untouched by both
     for name, content in {"single.json": '{"important": "data"}', "notes.txt": "hello world\n"}.items():
         (tmp_path / name).write_text(content)
         stranger = score(
@@ -257,8 +259,8 @@ def test_resume_rescores_a_group_a_torn_write_cut_short_as_a_whole_group(tmp_pat
     journal, out = tmp_path / "journal", tmp_path / "out.jsonl"
     args = ["--recipe", probe_recipe(tmp_path / "r.json", journal), "--input", tmp_path / "in.jsonl"]
     assert score(*args, "--output", out, "--group-column", "g", "--batch-size", "4").returncode == 0
-    header, *lines = out.read_text().splitlines(keepends=True)
-    out.write_text(header + "".join(lines[:6]) + lines[6][:10])  # a group and a half, then a torn line
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:6]) + lines[6][:10])  # a group and a half, then a torn line
     journal.unlink()
     resumed = score(*args, "--output", out, "--group-column", "g", "--batch-size", "4", "--resume")
     assert resumed.returncode == 0, resumed.stderr
@@ -270,7 +272,7 @@ def test_rows_a_reward_item_would_refuse_are_named_by_line_before_any_child_star
     recipe_path = probe_recipe(tmp_path / "r.json", tmp_path / "journal")
     good = {"id": "a", "response": "x", "g": "1"}
     cases = {
-        "prompt": ({**good, "id": "c", "prompt": [{"role": "user", "content": "hi"}]}, []),
+        "prompt": ({**good, "id": "c", "prompt": 3}, []),  # chat messages are read (test_cli_score_formats.py)
         "finite": ({**good, "id": "c", "reference": float("nan")}, []),
         "column 'g' must hold a group": ({"id": "b", "response": "y"}, ["--group-column", "g"]),
         "group '1' began on line 1": ({**good, "id": "c"}, ["--group-column", "g"]),
@@ -414,7 +416,9 @@ def test_a_second_run_on_the_same_output_is_refused_and_a_symlinked_output_too(t
     (tmp_path / "in.jsonl").write_text(
         "".join(json.dumps({"id": f"t{i}", "response": "x" * i}) + "\n" for i in range(6))
     )
-    models = {"m": {"backend": "local", "scorer": "tests.helpers.fixture_scorers:Probe", "params": {"sleep_s": 0.4}}}
+    hold = tmp_path / "hold"  # the first run waits after its first row while this file exists
+    hold.touch()
+    models = {"m": {"backend": "local", "scorer": "tests.helpers.fixture_scorers:Probe", "params": {"hold": str(hold)}}}
     (tmp_path / "r.json").write_text(
         json.dumps({"reward": {"models": models, "reward_functions": {"t": {"model": "m"}}}})
     )
@@ -426,6 +430,7 @@ def test_a_second_run_on_the_same_output_is_refused_and_a_symlinked_output_too(t
             second = score(*args, "--output", out, *extra)
             assert second.returncode == 2, second.stderr
             assert "being written by another managed-scorers score run" in second.stderr or "exists" in second.stderr
+        hold.unlink()
         assert first.wait(60) == 0, first.communicate()
     finally:
         first.kill()
