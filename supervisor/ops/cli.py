@@ -507,9 +507,18 @@ def _add_columns(score: argparse.ArgumentParser) -> None:
         + "; ".join(f"{name}: " + ", ".join(f"{k}={v}" for k, v in cols.items()) for name, cols in PRESETS.items()),
     )
     score.add_argument("--id-column", help="default: id (else line-N, or row-N for the other forms)")
-    score.add_argument("--prompt-column", help="default: prompt; a string or chat messages")
-    score.add_argument("--response-column", help="default: response; a string, chat messages or a one-element list")
-    score.add_argument("--reference-column", help="default: reference")
+    score.add_argument(
+        "--prompt-column", help="default: prompt; a string, or chat messages (their last message's content)"
+    )
+    score.add_argument(
+        "--response-column",
+        help="default: response; a string, a one-element list of one, or chat messages: the text scored is the "
+        "last assistant message's content (a scorer never sees the whole conversation: render it to a string "
+        "column for that)",
+    )
+    score.add_argument(
+        "--reference-column", help="default: reference; any column may be a dotted path (reward_model.ground_truth)"
+    )
     score.add_argument("--image-column", help="a column of image paths, relative to the input file")
     score.add_argument("--audio-column", help="a column of WAV paths (PCM or IEEE float), relative to the input file")
     score.add_argument("--group-column", help="rows of one group share this value (and sit together)")
