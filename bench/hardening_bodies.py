@@ -185,7 +185,7 @@ def _score_audio(folder: Path, odd: dict[int, str], unchecked: bool = False) -> 
     for extra in ([], ["--resume"]):
         done = subprocess.run([*cli, *extra], cwd=ROOT, capture_output=True, text=True, timeout=300)
         out = folder / "out.jsonl"
-        rows = [json.loads(line) for line in out.read_text().splitlines()[1:]] if out.exists() else []
+        rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
         errors = sum(row["reward"] is None for row in rows)
         last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
         last = last.replace(str(folder) + "/", "")

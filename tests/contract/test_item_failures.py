@@ -145,7 +145,7 @@ def test_score_dataset_writes_failed_rows_with_their_error_and_scores_the_rest(t
         command, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 1, done.stderr  # rows with errors: not a clean run
-    _, *rows = (json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines())
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == [f"t{i}" for i in range(5)]
     assert [r["reward"] for r in rows] == [2.0, None, 5.0, None, 4.0]
     assert "ScorerItemsFailed: no score for 'fail here'" in rows[1]["error"] and rows[0]["error"] is None
