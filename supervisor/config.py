@@ -401,8 +401,9 @@ class JobBackendConfig(_Model):
 
 
 def _backend_kind(value: Any) -> str:
+    """No `kind`: a backend that names a process or a scorer env is managed (a child); else local."""
     if isinstance(value, Mapping):
-        return str(value.get("kind") or ("managed" if "process" in value else "local"))
+        return str(value.get("kind") or ("managed" if "process" in value or "env" in value else "local"))
     return str(getattr(value, "kind", "local"))
 
 

@@ -31,6 +31,7 @@ from supervisor.backend import RewardBackend
 from supervisor.compose.ff_recipe import ff_panels
 from supervisor.compose.native_recipe import is_native, native_terms
 from supervisor.compose.panel import BackendPool, PanelTerm, RewardPanel
+from supervisor.compose.recipe_lines import line_of, line_of_message
 from supervisor.config import (
     JobBackendConfig,
     LocalBackendConfig,
@@ -53,17 +54,20 @@ class Recipe:
     style: str = "panel"
 
 
-def _read(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(source, Mapping):
-        return dict(source)
-    path = Path(source)
+def _mapping(text: str, path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read recipe {path}: {exc}") from exc
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:  # its str() spans lines: the mark and the problem make one
+        mark = getattr(exc, "problem_mark", None)
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ConfigError(f"{_at(path, mark.line + 1 if mark else None)}: not YAML: {problem}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path} must be a mapping at the top level")
     return data
+
+
+def _at(path: Path, line: int | None) -> str:
+    return f"{path}:{line}" if line is not None else str(path)
 
 
 def instantiate(node: Any) -> Any:
@@ -89,13 +93,28 @@ def instantiate(node: Any) -> Any:
 
 
 def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any]) -> Recipe:
-    """Parse a recipe of any supported style into panel configs; starts nothing. What the config
-    models refuse is a ConfigError naming the recipe (one line, never a pydantic traceback)."""
+    """Parse a recipe of any supported style into panel configs; starts nothing. What the parsers
+    or the config models refuse is a ConfigError of one line, never a pydantic traceback; from a
+    file, it starts with `file:line` (recipe_lines finds the line in the YAML's own marks)."""
+    if isinstance(source, Mapping):
+        try:
+            return _parse(dict(source))
+        except ValidationError as exc:
+            raise ConfigError(f"the recipe: {validation_message(exc)}") from exc
+    path = Path(source)
     try:
-        return _parse(_read(source))
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read recipe {path}: {exc}") from exc
+    try:
+        return _parse(_mapping(text, path))
     except ValidationError as exc:
-        where = "the recipe" if isinstance(source, Mapping) else str(source)
-        raise ConfigError(f"{where}: {validation_message(exc)}") from exc
+        line = line_of(text, exc.errors()[0].get("loc", ()))
+        raise ConfigError(f"{_at(path, line)}: {validation_message(exc)}") from exc
+    except ConfigError as exc:
+        if str(exc).startswith((str(path), f"recipe {path} ")):
+            raise
+        raise ConfigError(f"{_at(path, line_of_message(text, str(exc)))}: {exc}") from exc
 
 
 def _parse(data: dict[str, Any]) -> Recipe:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from scorers.base import ScorerSpec
 from scorers.registry import UnknownScorerError, resolve_scorer
+from supervisor.compose.recipe_lines import line_of_term
 from supervisor.compose.recipes import Recipe
 from supervisor.config import BackendConfig, PanelConfig
 from supervisor.errors import ConfigError
@@ -36,8 +37,23 @@ def check_recipe(recipe: Recipe, path: Path) -> PreflightReport:
     each problem's term on one line, else the report (its `specs` by place, e.g. `reward.correct`)."""
     report = preflight(recipe, raise_on_problems=False)
     if report.problems:
-        raise ConfigError(f"{path}: {'; '.join(report.problems)}")
+        raise ConfigError(_located(path, report.problems))
     return report
+
+
+def _located(path: Path, problems: list[str]) -> str:
+    """`file:line: problem`, the line of the first problem's term; with several, each says its own."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):  # read a moment ago by load_recipe: gone now, it has no lines
+        text = ""
+    lines = [line_of_term(text, problem.partition(":")[0]) for problem in problems]
+    head = f"{path}:{lines[0]}" if lines[0] is not None else str(path)
+    rest = [
+        f"{problem} (line {line})" if line is not None else problem
+        for problem, line in zip(problems, lines, strict=True)
+    ]
+    return f"{head}: {'; '.join([problems[0], *rest[1:]])}"
 
 
 def check_served(spec: BackendConfig, place: str) -> None:

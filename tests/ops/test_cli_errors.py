@@ -21,7 +21,9 @@ import httpx
 import pytest
 
 from supervisor.compose.recipes import load_recipe
+from supervisor.errors import ConfigError
 from supervisor.ops import cli
+from supervisor.ops.precheck import check_recipe
 from supervisor.ops.preflight import preflight
 from supervisor.ops.shipped_recipes import EXAMPLES, description, example_recipes
 from tests.conftest import REPO_ROOT
@@ -227,3 +229,36 @@ def test_preflight_names_unknown_params_with_the_valid_ones():
     assert report.problems == [
         "reward.m: scorer 'constant' params: unknown param 'valeu' (did you mean 'value'?); its params: value"
     ]
+
+
+def test_a_recipe_error_names_the_line_it_is_on_in_each_style(tmp_path):
+    """The YAML's own marks give the line: of a field the models refuse, of a parser's dotted path, of
+    a term preflight refuses (found by its name), of a YAML syntax error. One line each."""
+
+    def refusal(name: str, text: str) -> str:
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError) as raised:
+            check_recipe(load_recipe(tmp_path / name), tmp_path / name)
+        assert "\n" not in str(raised.value)
+        return str(raised.value).removeprefix(f"{tmp_path / name}:")
+
+    native = (
+        "terms:\n  - name: ok\n    backend: {kind: local, scorer: {name: nonempty}}\n  - name: w\n    weight: abc\n"
+    )
+    assert refusal("weight.yaml", native + "    backend: {kind: local, scorer: {name: nonempty}}\n").startswith(
+        "5: terms.1.weight"
+    )
+    verl_omni = (
+        "reward:\n  models:\n    j: {backend: local, scorer: nonempty}\n  reward_functions:\n    c: {model: k}\n"
+    )
+    assert refusal("omni.yaml", verl_omni).startswith("5: reward.reward_functions.c: model 'k' is not in")
+    assert refusal("syntax.yaml", "terms:\n  - name: a\n   backend: [\n").startswith("3: not YAML: expected")
+    two = native.replace("weight: abc", "backend: {kind: local, scorer: {name: nonempty, params: {jbos: 2}}}")
+    said = refusal("terms.yaml", two.replace("name: nonempty}", "name: nonemty}", 1))
+    assert said.startswith("2: reward.ok: unknown scorer 'nonemty' (did you mean 'nonempty'?)"), said
+    assert said.endswith("NonEmpty takes no params, got ['jbos'] (line 4)"), said
+
+
+def test_a_backend_that_names_a_scorer_env_is_a_managed_child():
+    recipe = load_recipe({"terms": [{"name": "c", "backend": {"env": "math", "scorer": {"name": "math_verify"}}}]})
+    assert recipe.train.terms[0].backend.kind == "managed"
