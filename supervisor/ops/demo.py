@@ -64,7 +64,7 @@ def ensure_envs(names: Sequence[str], build: bool) -> None:
         heavy = " (torch: about 1.5 GB on a cold pip cache)" if name == "embed" else ""
         say(f"building the {name} env{heavy}, as `managed-scorers envs build {name}` does, into {venv}")
         began = time.monotonic()
-        env_builder.build(scorer_envs.spec_path(name), venv, say=lambda line: None)
+        env_builder.build(scorer_envs.spec_path(name), venv)  # its phase lines and progress on stderr
         say(f"  built in {time.monotonic() - began:.1f} s (once: later runs reuse it until its pins change)")
 
 
