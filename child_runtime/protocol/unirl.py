@@ -36,6 +36,7 @@ import base64
 import binascii
 import io
 import math
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -218,7 +219,8 @@ class _Pixels:
                 width, height = image.size
                 self._charge(3 * width * height, where)
                 return numpy.asarray(image.convert("RGB"))
-        except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        except (OSError, ValueError, SyntaxError, zlib.error, Image.DecompressionBombError) as exc:
+            # PIL raises SyntaxError for a broken PNG chunk and lets zlib's errors through: the client's bytes
             raise RequestError(f"{where} is not a readable image: {exc}"[:300]) from exc
 
     def _charge(self, size: int, where: str) -> None:
@@ -236,7 +238,9 @@ def answer(result: ScoreResult, parsed: Parsed, spec: ScorerSpec) -> dict[str, A
         values: dict[str, dict[str, float]] = {}
         whys: dict[str, str] = {}
         for reward in parsed.rewards:
-            why = _failure(result, position, _terms_of(reward, spec))
+            why = _failure(result, position, _terms_of(reward, spec)) or _inapplicable(
+                result, position, _terms_of(reward, spec)
+            )
             if why is not None:
                 whys[reward] = why
             else:
@@ -262,8 +266,15 @@ def _failure(result: ScoreResult, position: int, terms: Sequence[str]) -> str | 
     return "; ".join(f"term {term!r}: {why}" for term, why in failed) or None
 
 
+def _inapplicable(result: ScoreResult, position: int, terms: Sequence[str]) -> str | None:
+    """A reward none of whose terms applies to the item (its data source) has no value: said, never 0.0."""
+    if terms and all(position in result.not_applicable.get(term, ()) for term in terms):
+        return f"no term of {list(terms)} applies to this item's data source"
+    return None
+
+
 def _value(result: ScoreResult, term: str, position: int) -> float:
-    return 0.0 if position in result.not_applicable.get(term, ()) else float(result.terms[term][position])
+    return float(result.terms[term][position])
 
 
 def _sub_metrics(result: ScoreResult, position: int, reward: str, spec: ScorerSpec) -> dict[str, float]:
@@ -274,7 +285,9 @@ def _sub_metrics(result: ScoreResult, position: int, reward: str, spec: ScorerSp
     terms: Mapping[str, float] = {
         term: _value(result, term, position)
         for term in spec.term_names()
-        if term != spec.reward_term and position not in result.term_failed.get(term, {})
+        if term != spec.reward_term
+        and position not in result.term_failed.get(term, {})
+        and position not in result.not_applicable.get(term, ())
     }
     total = _value(result, spec.reward_term, position) if spec.reward_term else math.fsum(terms.values())
     return {reward: total, **terms}

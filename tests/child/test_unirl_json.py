@@ -142,14 +142,26 @@ def test_the_scorers_reward_is_its_terms_sum_first_and_a_failure_is_an_error_not
     assert out["errors"] == [{}, {"judge": "the judge's reply did not parse"}, {"judge": "term 'format': no tags"}]
 
 
-def test_named_terms_are_rewards_of_their_own_and_a_term_that_does_not_apply_is_zero():
+def test_named_terms_are_rewards_of_their_own_and_a_term_that_does_not_apply_has_no_value():
+    """DESIGN: a term that does not apply is no value, never 0.0: asked for by name, it is the item's error;
+    inside a scorer's reward it is left out of the sub-metrics, as a failed optional term is."""
     parsed = parse(requests_for("correct", "format", count=2), TWO_TERMS, IDENTITY, Limits())
     assert parsed.terms == ["correct", "format"]
     result = ScoreResult(terms={"correct": [1.0, 0.0], "format": [0.25, 9.0]}, not_applicable={"format": {1}})
-    assert answer(result, parsed, TWO_TERMS)["results"] == [
-        {"correct": {"correct": 1.0}, "format": {"format": 0.25}},
-        {"correct": {"correct": 0.0}, "format": {"format": 0.0}},
-    ]
+    out = answer(result, parsed, TWO_TERMS)
+    assert out["results"] == [{"correct": {"correct": 1.0}, "format": {"format": 0.25}}, {"correct": {"correct": 0.0}}]
+    assert out["errors"] == [{}, {"format": "no term of ['format'] applies to this item's data source"}]
+    whole = answer(result, parse(requests_for(count=2), TWO_TERMS, IDENTITY, Limits()), TWO_TERMS)
+    assert whole["results"][1] == {"judge": {"judge": 0.0, "correct": 0.0}} and whole["errors"] == [{}, {}]
+
+
+def test_a_broken_png_is_the_clients_bad_request_not_a_scorer_error():
+    whole = base64.b64decode(png(7, (16, 16)))
+    broken = whole[:36] + b"\x00" + whole[37:]  # IDAT's length byte: PIL reads a broken chunk (SyntaxError)
+    request = {"history": [{"image_b64": base64.b64encode(broken).decode()}], "request_id": "a"}
+    image = ScorerSpec(name="mean_intensity", input_kind="image", terms=("mean_intensity",))
+    with pytest.raises(RequestError, match="is not a readable image"):
+        parse(call(request), image, IDENTITY, Limits())
 
 
 def test_a_served_panels_reward_is_its_weighted_reward_and_an_optional_terms_failure_leaves_it():
