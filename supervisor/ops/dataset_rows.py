@@ -8,7 +8,9 @@ cells by dotted path, and prompts and completions may be chat messages (`dataset
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import reprlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +25,10 @@ from supervisor.ops.dataset_presets import PRESETS
 from supervisor.ops.dataset_sources import InputRowError, Source, records
 from supervisor.ops.wav import WavError, check_wav, read_wav
 from supervisor.types import RewardItem
+
+SHOWN = reprlib.Repr()  # Python 3.11's takes no keywords
+SHOWN.maxstring = SHOWN.maxother = 80
+SHOWN.maxlevel, SHOWN.maxdict, SHOWN.maxlist = 2, 4, 4
 
 __all__ = ["Columns", "InputRowError", "Row", "group_of", "items_of", "read_rows"]
 
@@ -74,7 +80,7 @@ def read_rows(source: Source, columns: Columns, needs_text: bool, group_size: in
             continue
         where = source.where(number)
         row_id = _row_id(fields, columns, f"{source.unit}-{number}", where)
-        row = Row(number, row_id, fields, _digest(fields), source.unit)
+        row = Row(number, row_id, _read_by(fields, columns), _digest(fields), source.unit)
         if row.id in seen:
             raise InputRowError(f"{where}: id {row.id!r} was already used on {source.unit} {seen[row.id]}")
         seen[row.id] = number
@@ -84,6 +90,19 @@ def read_rows(source: Source, columns: Columns, needs_text: bool, group_size: in
         _check_contiguous(source, rows, columns)
         _check_groups(source, rows, columns, group_size)
     return rows
+
+
+def _read_by(fields: dict[str, Any], columns: Columns) -> dict[str, Any]:
+    """Only the fields the columns read (a dotted path's top key too): the rest of a row (a verl parquet's
+    extra_info, long unused texts) is in its digest, not held for the whole run."""
+    paths = [path for path in asdict(columns).values() if path]
+    wanted = {*paths, *(path.split(".")[0] for path in paths)}
+    return {key: value for key, value in fields.items() if key in wanted}
+
+
+def _shown(value: Any) -> str:
+    """A cell as an error line quotes it: its repr, cut short (an image's bytes would be megabytes)."""
+    return SHOWN.repr(value)
 
 
 def _digest(fields: dict[str, Any]) -> str:
@@ -104,7 +123,7 @@ def _row_id(fields: dict[str, Any], columns: Columns, default: str, where: str) 
     if row_id is None and columns.id not in fields:
         row_id = default
     if not isinstance(row_id, (str, int)) or isinstance(row_id, bool):
-        raise InputRowError(f"{where}: {columns.id!r} must be a string or an integer, got {row_id!r}")
+        raise InputRowError(f"{where}: {columns.id!r} must be a string or an integer, got {_shown(row_id)}")
     return str(row_id)
 
 
@@ -166,23 +185,45 @@ def _check_groups(source: Source, rows: Sequence[Row], columns: Columns, group_s
                     )
 
 
+def _image_file(value: Any, base: Path) -> Path | io.BytesIO | None:
+    """Where an image cell's bytes are: a file path (relative to the input's folder), or a Hugging Face
+    `datasets` Image cell (`{bytes, path}`: its bytes, else its file); None when it names neither."""
+    if isinstance(value, dict):
+        if isinstance(value.get("bytes"), bytes):
+            return io.BytesIO(value["bytes"])
+        value = value.get("path")
+    return base / value if isinstance(value, str) and _is_file(base / value) else None
+
+
+def _is_file(path: Path) -> bool:
+    """Whether a cell names a file; a name no file can have (too long, a NUL in it) names none."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def _check_image(value: Any, base: Path, column: str, where: str) -> None:
     from PIL import Image, UnidentifiedImageError
 
-    if not isinstance(value, str) or not (base / value).is_file():
-        raise InputRowError(f"{where}: column {column!r} must name an image file, got {value!r}")
+    image = _image_file(value, base)
+    if image is None:
+        raise InputRowError(
+            f"{where}: column {column!r} must name an image file or hold a datasets Image, got {_shown(value)}"
+        )
     try:
-        with Image.open(base / value):  # the header only: a file that is not an image fails here, not mid-run
+        with Image.open(image):  # the header only: a file that is not an image fails here, not mid-run
             pass
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
-        raise InputRowError(f"{where}: {value} is not a readable image ({type(exc).__name__}: {exc})") from exc
+        named = value if isinstance(value, str) else f"column {column!r}'s image"
+        raise InputRowError(f"{where}: {named} is not a readable image ({type(exc).__name__}: {exc})") from exc
 
 
 def _check_audio(value: Any, base: Path, column: str, where: str) -> dict[str, Any]:
     """A WAV whose every frame reads as a waveform (`wav.check_wav`: a file that is not one fails here, not
     mid-run), and the item's audio fields standing in for it: one silent sample of its channels, its rate."""
-    if not isinstance(value, str) or not (base / value).is_file():
-        raise InputRowError(f"{where}: column {column!r} must name a WAV file, got {value!r}")
+    if not isinstance(value, str) or not _is_file(base / value):
+        raise InputRowError(f"{where}: column {column!r} must name a WAV file, got {_shown(value)}")
     try:
         header = check_wav(base / value)
     except WavError as exc:
@@ -196,7 +237,10 @@ def _decoded_image(row: Row, columns: Columns, base: Path) -> np.ndarray | None:
         return None
     from PIL import Image
 
-    with Image.open(base / cell(row.fields, columns.image)) as opened:
+    image = _image_file(cell(row.fields, columns.image), base)
+    if image is None:  # it was there when the rows were checked
+        raise FileNotFoundError(f"the image of column {columns.image!r} is gone")
+    with Image.open(image) as opened:
         return np.asarray(opened.convert("RGB"))
 
 

@@ -188,6 +188,38 @@ def test_a_verl_parquet_and_a_save_to_disk_folder_scored_into_parquet_and_jsonl_
         assert not (tmp_path / "x.parquet").exists()
 
 
+# a `datasets` Image column, saved with `save_to_disk`: each cell is stored as `{bytes, path}`
+IMAGES = """
+import sys, datasets, numpy
+from PIL import Image
+rows = [{"id": f"i{v}", "image": Image.fromarray(numpy.full((8, 8, 3), v, numpy.uint8))} for v in (0, 51, 255)]
+features = datasets.Features({"id": datasets.Value("string"), "image": datasets.Image()})
+datasets.Dataset.from_list(rows, features=features).save_to_disk(sys.argv[1])
+"""
+
+
+@pytest.mark.slow
+def test_a_datasets_image_column_is_scored_and_a_cell_that_is_no_image_is_quoted_short(tmp_path):
+    folder, trl = tmp_path / "images", env_python("trl")
+    env = {**ENV, "HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    made = subprocess.run([str(trl), "-c", IMAGES, folder], env=env, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-3000:]
+    recipe = tmp_path / "r.json"
+    models = {"m": {"backend": "local", "scorer": "mean_intensity"}}
+    recipe.write_text(json.dumps({"reward": {"models": models, "reward_functions": {"bright": {"model": "m"}}}}))
+    done = run(trl, "--recipe", recipe, "--input", folder, "--output", tmp_path / "o.jsonl", "--image-column", "image")
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert [(row["id"], row["reward"]) for row in rows] == [("i0", 0.0), ("i51", 0.2), ("i255", 1.0)]
+    big = tmp_path / "big.jsonl"  # a cell of 1 MB that names no file: the error quotes it cut short
+    big.write_text(json.dumps({"id": "a", "image": "x" * 1_000_000}) + "\n")
+    refused = run(
+        sys.executable, "--recipe", recipe, "--input", big, "--output", tmp_path / "b.jsonl", "--image-column", "image"
+    )
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr[:500]
+    assert "must name an image file or hold a datasets Image, got 'xxx" in refused.stderr and len(refused.stderr) < 400
+
+
 def _dataset_dict(split: Path) -> Path:
     """A folder as DatasetDict.save_to_disk leaves it: dataset_dict.json and one folder per split."""
     folder = split.parent / "dict"
