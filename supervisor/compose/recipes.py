@@ -17,6 +17,7 @@ shared by every term and panel through one `BackendPool`).
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -209,7 +210,15 @@ def _verl_model(name: str, model: Mapping[str, Any], group_size: int | None) -> 
     return managed
 
 
+# what this style reads of verl-omni's `reward:`; its other keys (reward_manager, reward_model, ...) are verl's
+VERL_OMNI_KEYS = ("models", "reward_functions", "val_reward_functions", "group_size")
+
+
 def _from_verl_omni(reward: Mapping[str, Any]) -> Recipe:
+    for key in reward:
+        near = difflib.get_close_matches(str(key), VERL_OMNI_KEYS, n=1, cutoff=0.8)
+        if key not in VERL_OMNI_KEYS and near:  # a misspelt key of ours would be ignored: said instead
+            raise ConfigError(f"reward.{key}: not a key this recipe reads (did you mean {near[0]!r}?)")
     models = reward.get("models") or {}
     if not isinstance(models, Mapping):
         raise ConfigError("reward.models must be a mapping of named models")

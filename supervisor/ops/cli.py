@@ -100,14 +100,19 @@ def _score(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
     _check_score_flags(args, recipe)
     chosen = recipe.validation if args.validation and recipe.validation is not None else recipe.train
+    if chosen.group_size is not None and columns.group is None:  # else every row fails in its child
+        raise ConfigError(
+            f"{args.recipe} declares groups of {chosen.group_size}: name each row's group (--group-column)"
+        )
     # before any child starts
     report = precheck.check_recipe(recipe, args.recipe)  # names, params, envs: what a child's boot would refuse
+    place = "validation" if args.validation else "reward"
+    precheck.check_columns(chosen, place, report, columns)  # an image term without --image-column, before rows
     needs_text = args.image_column is None and args.audio_column is None
     try:
         rows = read_rows(source, columns, needs_text=needs_text, group_size=chosen.group_size)
     except OSError as exc:  # unreadable: the flag and the reason, not a traceback
         raise ConfigError(f"--input {args.input}: {exc.strerror or exc}") from exc
-    place = "validation" if args.validation else "reward"
     precheck.check_rows(chosen, place, report, rows, columns, source.where)
     name = "stdout" if args.output == STDOUT else args.output
     with contextlib.ExitStack() as stack:

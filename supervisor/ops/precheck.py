@@ -73,6 +73,18 @@ def check_name(name: str, catalog: str | None) -> None:
         raise ConfigError(str(exc)) from exc
 
 
+def check_columns(panel: PanelConfig, where: str, report: PreflightReport, columns: Columns) -> None:
+    """Each term whose scorer reads media has its column flag (`--image-column`, ...): said before any row is
+    read, so a row is never blamed for lacking a text the scorer does not read."""
+    for term in panel.terms:
+        spec = report.specs.get(f"{where}.{term.name}")
+        if spec is None:  # a remote term, or a scorer only its env imports: its server or child says
+            continue
+        for field in _needed(spec):
+            if field in MEDIA_FIELDS or field == "video":
+                _check_media_column(field, columns, spec, term.name)
+
+
 def check_rows(
     panel: PanelConfig,
     where: str,

@@ -81,7 +81,7 @@ def test_a_missing_reference_column_is_named_by_line_before_any_child_starts(tmp
 
 
 def test_an_image_scorer_without_an_image_column_names_the_flag(tmp_path):
-    data = rows(tmp_path / "in.jsonl", {"response": "a"})
+    data = rows(tmp_path / "in.jsonl", {"image": "a.png"})  # no text: the term reads none, the flag is what lacks
     recipe = local_recipe(tmp_path / "r.json", "jpeg_compressibility")
     done = run("score", "--recipe", recipe, "--input", data, "--output", tmp_path / "o.jsonl")
     refused(done, "'jpeg_compressibility'", "--image-column")
@@ -262,3 +262,21 @@ def test_a_recipe_error_names_the_line_it_is_on_in_each_style(tmp_path):
 def test_a_backend_that_names_a_scorer_env_is_a_managed_child():
     recipe = load_recipe({"terms": [{"name": "c", "backend": {"env": "math", "scorer": {"name": "math_verify"}}}]})
     assert recipe.train.terms[0].backend.kind == "managed"
+
+
+def test_a_misspelt_verl_omni_key_and_groups_without_a_group_column_are_refused(tmp_path, capsys, loggers_restored):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "reward:\n  group_sise: 4\n  reward_manager: {name: MultiVisualRewardManager}\n"
+        "  models:\n    j: {backend: local, scorer: nonempty}\n  reward_functions:\n    j: {}\n"
+    )
+    with pytest.raises(ConfigError, match=r"r.yaml:2: reward.group_sise: not a key .* \(did you mean 'group_size'\?\)"):
+        load_recipe(recipe)
+    recipe.write_text(recipe.read_text().replace("group_sise", "group_size"))
+    assert load_recipe(recipe).train.group_size == 4  # verl-omni's own keys (reward_manager) are its, not ours
+    data = rows(tmp_path / "in.jsonl", {"response": "a"})
+    assert (
+        cli.main(["score", "--recipe", str(recipe), "--input", str(data), "--output", str(tmp_path / "o.jsonl")]) == 2
+    )
+    assert "declares groups of 4: name each row's group (--group-column)" in capsys.readouterr().err
+    assert not (tmp_path / "o.jsonl").exists()
