@@ -5,12 +5,14 @@ It takes what torchaudio, soundfile and TTS pipelines write: PCM (format 1) of 8
 is either of those (the container width counts: 24 valid bits in 32 are read as 32-bit PCM, which is
 what the format says). The waveform comes back as float32 (channels, samples): PCM divided by
 2 ** (bits - 1), exact for 8, 16 and 24 bits; float samples as written (not clipped), refused when
-one is NaN or infinite. Anything else (A-law, ADPCM, RF64, big-endian RIFX) is refused naming the
+one is NaN or infinite. A data chunk of unknown size (0xFFFFFFFF, what a writer to a pipe leaves) runs
+to the end of the file. Anything else (A-law, ADPCM, RF64, big-endian RIFX) is refused naming the
 file and what to convert it to, never guessed at.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -22,6 +24,7 @@ FORMAT_PCM, FORMAT_FLOAT, FORMAT_EXTENSIBLE = 1, 3, 0xFFFE
 GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
 PCM_WIDTHS = (1, 2, 3, 4)  # bytes: 8-bit unsigned, 16, 24 and 32-bit signed
 FLOAT_WIDTHS = (4, 8)
+UNKNOWN_SIZE = 0xFFFFFFFF  # the data size a writer that cannot seek back leaves (ffmpeg to a pipe)
 CONVERT_HINT = (
     "audio here is 8, 16, 24 or 32-bit PCM or 32/64-bit IEEE float, plain or WAVE_FORMAT_EXTENSIBLE: "
     "convert it, e.g. `ffmpeg -i in.wav -c:a pcm_s16le out.wav`"
@@ -98,6 +101,8 @@ def _layout(handle: BinaryIO, path: Path) -> _Layout:
         if name == b"data":
             if header is None:
                 raise WavError(f"{path} has its data chunk before its fmt chunk")
+            if size == UNKNOWN_SIZE:  # a streaming writer (ffmpeg to a pipe, sox): samples run to the end
+                size = os.fstat(handle.fileno()).st_size - handle.tell()
             frames = size // (header.channels * header.width)
             return _Layout(_usable(header._replace(frames=frames), path), handle.tell())
         if name == b"fmt ":

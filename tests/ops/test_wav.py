@@ -52,6 +52,16 @@ def test_ieee_float_wavs_32_and_64_bit_read_as_written(tmp_path):
         assert rate == RATE and audio.dtype == np.float32 and np.array_equal(audio, WAVE)  # 1.5 kept: not clipped
 
 
+def test_a_wav_streamed_to_a_pipe_runs_to_the_end_of_the_file(tmp_path):
+    """ffmpeg writing to a pipe cannot seek back: its RIFF and data sizes stay 0xFFFFFFFF."""
+    path = riff(tmp_path / "piped.wav", fmt_chunk(3, 2, 32), interleaved("<f4"))
+    raw = bytearray(path.read_bytes())
+    raw[4:8] = raw[raw.index(b"data") + 4 : raw.index(b"data") + 8] = b"\xff\xff\xff\xff"
+    path.write_bytes(bytes(raw))
+    assert check_wav(path) == (2, 4, 4, RATE, True)
+    assert np.array_equal(read_wav(path)[0], WAVE)
+
+
 def test_extensible_wavs_of_float_and_pcm_subformats_with_a_list_chunk_before_the_data(tmp_path):
     listing = b"LIST" + struct.pack("<I", 5) + b"INFOx" + b"\x00"  # an odd size: padded to even
     ext_float = riff(tmp_path / "ef.wav", extensible(3, 2, 32), interleaved("<f4"), listing)
