@@ -10,14 +10,14 @@ left to its child, which refuses a bad config at boot with its own exit code (3)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from scorers.base import ScorerSpec
 from scorers.registry import UnknownScorerError, resolve_scorer
 from supervisor.compose.recipe_lines import line_of_term
 from supervisor.compose.recipes import Recipe
-from supervisor.config import BackendConfig, PanelConfig
+from supervisor.config import BackendConfig, PanelConfig, TermConfig
 from supervisor.errors import ConfigError
 from supervisor.ops.dataset_rows import Columns, InputRowError, Row, _item
 from supervisor.ops.preflight import PreflightReport, check_backend, preflight
@@ -73,16 +73,23 @@ def check_name(name: str, catalog: str | None) -> None:
         raise ConfigError(str(exc)) from exc
 
 
+def _term_fields(
+    panel: PanelConfig, where: str, report: PreflightReport
+) -> Iterator[tuple[TermConfig, ScorerSpec, str]]:
+    """Each term checked here, with its scorer's spec, and each field that scorer needs of an item; a
+    remote term, or a scorer only its env imports, is left to its server or child."""
+    for term in panel.terms:
+        spec = report.specs.get(f"{where}.{term.name}")
+        if spec is not None:
+            yield from ((term, spec, field) for field in _needed(spec))
+
+
 def check_columns(panel: PanelConfig, where: str, report: PreflightReport, columns: Columns) -> None:
     """Each term whose scorer reads media has its column flag (`--image-column`, ...): said before any row is
     read, so a row is never blamed for lacking a text the scorer does not read."""
-    for term in panel.terms:
-        spec = report.specs.get(f"{where}.{term.name}")
-        if spec is None:  # a remote term, or a scorer only its env imports: its server or child says
-            continue
-        for field in _needed(spec):
-            if field in MEDIA_FIELDS or field == "video":
-                _check_media_column(field, columns, spec, term.name)
+    for term, spec, field in _term_fields(panel, where, report):
+        if field in MEDIA_FIELDS or field == "video":
+            _check_media_column(field, columns, spec, term.name)
 
 
 def check_rows(
@@ -93,28 +100,21 @@ def check_rows(
     columns: Columns,
     at: Callable[[int], str],
 ) -> None:
-    """Each row holds what each term's scorer requires (a term applies to the rows of its datasets
-    only); InputRowError naming the row (`at(row.line)`: `file:line`) and the column's flag for the
-    first row that does not. `where` is the panel's place in the report: `reward` or `validation`."""
-    items = [_item(row, columns) for row in rows]  # text fields only: media are checked by column
-    for term in panel.terms:
-        spec = report.specs.get(f"{where}.{term.name}")
-        if spec is None:  # a remote term, or a scorer only its env imports: its server or child says
-            continue
-        for field in _needed(spec):
-            if field in MEDIA_FIELDS or field == "video":
-                _check_media_column(field, columns, spec, term.name)
-                continue
-            if field not in TEXT_FIELDS:
-                continue  # no column of `score` fills it (condition_images): its child says, per row
-            attribute, flag = TEXT_FIELDS[field]
-            for row, item in zip(rows, items, strict=True):
-                applies = term.applicable_datasets is None or item.data_source in term.applicable_datasets
-                if applies and getattr(item, field) is None:
-                    raise InputRowError(
-                        f"{at(row.line)}: no {field} in column {getattr(columns, attribute)!r} ({flag}): "
-                        f"term {term.name!r} (scorer {spec.name!r}) requires it"
-                    )
+    """Each row holds the texts each term's scorer requires (a term applies to the rows of its datasets
+    only; media are check_columns'); InputRowError naming the row (`at(row.line)`: `file:line`) and the
+    column's flag for the first row that does not. `where` is the panel's place: `reward` or `validation`."""
+    items = [_item(row, columns) for row in rows]
+    for term, spec, field in _term_fields(panel, where, report):
+        if field not in TEXT_FIELDS:
+            continue  # media: check_columns; no column of `score` fills it (condition_images): its child says
+        attribute, flag = TEXT_FIELDS[field]
+        for row, item in zip(rows, items, strict=True):
+            applies = term.applicable_datasets is None or item.data_source in term.applicable_datasets
+            if applies and getattr(item, field) is None:
+                raise InputRowError(
+                    f"{at(row.line)}: no {field} in column {getattr(columns, attribute)!r} ({flag}): "
+                    f"term {term.name!r} (scorer {spec.name!r}) requires it"
+                )
 
 
 def _needed(spec: ScorerSpec) -> list[str]:
