@@ -158,6 +158,6 @@ def test_score_dataset_writes_failed_rows_with_their_error_and_scores_the_rest(t
         command, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 1, done.stderr
-    _, *rows = (json.loads(line) for line in (tmp_path / "g-out.jsonl").read_text().splitlines())
+    rows = [json.loads(line) for line in (tmp_path / "g-out.jsonl").read_text().splitlines()]
     assert [r["reward"] for r in rows] == [None, None, 2.0, 3.0]
     assert "a member of its group could not be scored" in rows[0]["error"]
