@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import numpy as np
@@ -187,6 +187,9 @@ class Scorer:
     """
 
     spec: ScorerSpec  # a class attribute, or set per instance by wrappers (video)
+    # True where `spec` is set per instance (from params: a wrapped scorer, an FF or native model) and the
+    # class attribute is a placeholder: the parent then infers nothing from it (env, input kind)
+    spec_per_instance: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         if params:

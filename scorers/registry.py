@@ -66,8 +66,10 @@ def declared_spec(name: str, catalog: str | None = None) -> ScorerSpec | None:
         cls = resolve_scorer(name, catalog)
     except (LookupError, ImportError):
         return None
+    if getattr(cls, "spec_per_instance", False):  # its class spec is a placeholder: the instance's is made from params
+        return None
     spec = inspect.getattr_static(cls, "spec", None)  # not a property's value: that would build nothing here
-    return spec if isinstance(spec, ScorerSpec) else None  # a spec made per instance is the instance's to say
+    return spec if isinstance(spec, ScorerSpec) else None
 
 
 def param_names(cls: type[Scorer]) -> list[str] | None:

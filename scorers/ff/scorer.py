@@ -69,6 +69,7 @@ def _input_kind(fields: Sequence[str]) -> str:
 class FfModelScorer(Scorer):
     """An FF-style reward model by dotted path; FF's config keys are its params."""
 
+    spec_per_instance = True
     spec = ScorerSpec(name=NAME, input_kind="image", terms=(NAME,))  # per instance, from the model class
 
     def __init__(

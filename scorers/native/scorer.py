@@ -51,6 +51,7 @@ def _functions(functions: Any) -> list[dict[str, Any]]:
 class NativeModelScorer(Scorer):
     """One native model (`executor.model`) and its reward functions; verl-omni's keys are its params."""
 
+    spec_per_instance = True
     spec = ScorerSpec(name=NAME, input_kind="image", terms=(NAME,))  # per instance, from the functions
 
     def __init__(
