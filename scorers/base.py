@@ -187,8 +187,8 @@ class Scorer:
     """
 
     spec: ScorerSpec  # a class attribute, or set per instance by wrappers (video)
-    # True where `spec` is set per instance (from params: a wrapped scorer, an FF or native model) and the
-    # class attribute is a placeholder: the parent then infers nothing from it (env, input kind)
+    # True where `spec` is set per instance from params (an FF or native model's, from its model class) and
+    # the class attribute is a placeholder: the parent then infers nothing from it (env, input kind)
     spec_per_instance: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:

@@ -21,7 +21,6 @@ from scorers.wrapping import WrappingScorer
 class PairwiseJudge(WrappingScorer):
     """Win rate of each candidate against the rest of its group, judged by `inner`'s score."""
 
-    spec_per_instance = True
     spec = ScorerSpec(name="pairwise_judge", input_kind="text", groupwise=True, terms=("win_rate",))  # per instance
 
     def __init__(self, inner: str, inner_params: Mapping[str, Any] | None = None, margin: float = 0.0) -> None:

@@ -32,6 +32,7 @@ from supervisor.ops import env_builder
 from supervisor.ops.dataset_presets import PRESETS
 
 if TYPE_CHECKING:
+    from supervisor.config import PanelConfig
     from supervisor.ops.dataset_rows import Columns
 
 T = TypeVar("T")
@@ -98,12 +99,7 @@ def _score(args: argparse.Namespace) -> int:
     refuse_unresumable(args.output, args.resume)
     source = source_of(args.input)
     recipe = load_recipe(args.recipe)
-    _check_score_flags(args, recipe)
-    chosen = recipe.validation if args.validation and recipe.validation is not None else recipe.train
-    if chosen.group_size is not None and columns.group is None:  # else every row fails in its child
-        raise ConfigError(
-            f"{args.recipe} declares groups of {chosen.group_size}: name each row's group (--group-column)"
-        )
+    chosen = _chosen_panel(args, recipe, columns)
     # before any child starts
     report = precheck.check_recipe(recipe, args.recipe)  # names, params, envs: what a child's boot would refuse
     place = "validation" if args.validation else "reward"
@@ -141,7 +137,8 @@ def _score(args: argparse.Namespace) -> int:
     return 0 if summary.clean else 1
 
 
-def _check_score_flags(args: argparse.Namespace, recipe: Any) -> None:
+def _chosen_panel(args: argparse.Namespace, recipe: Any, columns: Columns) -> PanelConfig:
+    """The panel this run scores with, once the flags agree with the recipe (ConfigError: they do not)."""
     if args.image_column is not None:  # the rows' images are read here, before any child starts
         _needs_extra("serving", "--image-column", ("PIL",))
     if args.retry_errors and not args.resume:
@@ -150,6 +147,12 @@ def _check_score_flags(args: argparse.Namespace, recipe: Any) -> None:
         raise ConfigError(f"{args.recipe} has no validation panel (--validation)")
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
+    chosen: PanelConfig = recipe.validation if args.validation else recipe.train
+    if chosen.group_size is not None and columns.group is None:  # else every row fails in its child
+        raise ConfigError(
+            f"{args.recipe} declares groups of {chosen.group_size}: name each row's group (--group-column)"
+        )
+    return chosen
 
 
 def _columns(args: argparse.Namespace) -> Columns:

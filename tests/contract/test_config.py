@@ -490,11 +490,11 @@ def test_rank_from_torchrun_variables():
 
 
 def test_a_spec_made_per_instance_gives_the_parent_no_default():
-    """An FF or native model, a wrapper: the class spec is a placeholder (FF's says image), so the parent
-    infers no input kind from it; a class spec (jpeg_compressibility) still gives its kind."""
+    """An FF or native model: the class spec is a placeholder (FF's says image), so the parent infers no
+    input kind from it; a class spec (jpeg_compressibility) still gives its kind."""
     from scorers.registry import declared_spec
 
-    assert declared_spec("scorers.ff.scorer:FfModelScorer") is None and declared_spec("pairwise_judge") is None
+    assert declared_spec("scorers.ff.scorer:FfModelScorer") is None
     assert declared_spec("jpeg_compressibility").input_kind == "image"
     ff = ScorerConfig(name="scorers.ff.scorer:FfModelScorer", params={"model": "tests.helpers.term_faults:Hangs"})
     assert ff.input_kind == "text"
