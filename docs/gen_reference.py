@@ -192,10 +192,7 @@ def field_comments(model: type[BaseModel]) -> dict[str, str]:
     except (OSError, TypeError):
         return {}
     lines = source.splitlines()
-    trailing = {}
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT:
-            trailing.setdefault(token.start[0], token.string.lstrip("#").strip())
+    trailing = _comments_by_line(source)
     found = {}
     body = ast.parse(source).body[0]
     assert isinstance(body, ast.ClassDef)
@@ -630,14 +627,20 @@ def http_page() -> str:
     return "\n".join(lines)
 
 
+def _comments_by_line(source: str) -> dict[int, str]:
+    """Each line's first comment, without its `#`: what a field or a constant says beside it."""
+    trailing: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            trailing.setdefault(token.start[0], token.string.lstrip("#").strip())
+    return trailing
+
+
 def _module_comments(module: types.ModuleType) -> dict[str, str]:
     """Module-level NAME = ... assignments and their comments (above and trailing)."""
     source = inspect.getsource(module)
     lines = source.splitlines()
-    trailing = {}
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT:
-            trailing.setdefault(token.start[0], token.string.lstrip("#").strip())
+    trailing = _comments_by_line(source)
     found = {}
     for node in ast.parse(source).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
