@@ -44,10 +44,6 @@ WAKE_S = 0.5  # the worker's longest sleep without news (every change notifies i
 class Streamed(Protocol):
     """What a stream needs of its backend (a RewardBackend, which makes streams of itself)."""
 
-    group_size: int | None
-
-    def needs_whole_groups(self) -> bool: ...
-
     def submit(self, request: RewardRequest) -> Future[RewardResponse]: ...
 
 
@@ -89,12 +85,14 @@ class RewardStream:
         max_pending: int = 4096,
         max_block_s: float = 600.0,
         collect: bool = True,
+        whole_groups: bool = True,
     ) -> None:
-        """`collect=False`: no barrier, items are only read through their futures (nothing is kept)."""
+        """`collect=False`: no barrier, items are only read through their futures (nothing is kept).
+        `whole_groups`: the backend scores whole groups only, so the stream needs `group_size`."""
         if window < 1 or max_pending < window or not (max_wait_s >= 0 and max_block_s > 0):
             raise ValueError("need window >= 1, max_pending >= window, max_wait_s >= 0 and max_block_s > 0")
-        size = group_size if group_size is not None else backend.group_size
-        if size is None and backend.needs_whole_groups():
+        size = group_size
+        if size is None and whole_groups:
             raise ConfigError(
                 f"{type(backend).__name__} scores whole groups: give the stream group_size, so it knows when a "
                 "group is complete"

@@ -10,8 +10,9 @@ import numpy as np
 
 from child_runtime.protocol import wire
 from scorers.diagnostics import DiagnosticsError, check_values
-from supervisor.backend import ChunkAnswer, ScorerShape
+from supervisor.chunks import ChunkAnswer
 from supervisor.errors import ChildRecord, RewardContractError, ScorerRequestError
+from supervisor.shape import ScorerShape
 from supervisor.types import RewardItem
 
 

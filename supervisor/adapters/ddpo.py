@@ -19,6 +19,7 @@ import numpy as np
 from supervisor.adapters import items as adapter_items
 from supervisor.adapters.images import Layout, OutputRange, to_uint8_hwc
 from supervisor.backend import RewardBackend
+from supervisor.composition import component
 
 _CALLS = itertools.count()
 
@@ -42,7 +43,8 @@ class DDPORewardFn:
         self.output_range = output_range
         self.layout = layout
         self.reference_key = reference_key
-        self.__name__ = name or (backend.shape.name if backend.shape else "reward")
+        shape = component(backend).shape
+        self.__name__ = name or (shape.name if shape else "reward")
 
     def __call__(
         self, images: Any, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]] | None = None, **_: Any

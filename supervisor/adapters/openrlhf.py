@@ -28,6 +28,7 @@ from child_runtime.protocol.items import RequestError
 from supervisor.adapters.verl import RECIPE_VARIABLE
 from supervisor.compose.panel import RewardPanel
 from supervisor.compose.recipes import build_panels, load_recipe
+from supervisor.composition import leaf_shapes
 from supervisor.errors import ConfigError, ScorerRequestError
 from supervisor.types import RewardItem
 
@@ -44,7 +45,7 @@ class _Scorer:
         train, validation = build_panels(load_recipe(recipe))
         if validation is not None:
             validation.close()
-        groupwise = [leaf.shape.name for leaf in train.leaves() if leaf.shape is not None and leaf.shape.groupwise]
+        groupwise = [shape.name for shape in leaf_shapes(train) if shape.groupwise]
         if groupwise:
             train.close()
             raise ConfigError(openrlhf.groupwise_refusal(groupwise))

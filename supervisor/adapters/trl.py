@@ -23,6 +23,7 @@ from typing import Any
 
 from supervisor.adapters import items as adapter_items
 from supervisor.backend import RewardBackend
+from supervisor.composition import component, leaf_shapes
 from supervisor.errors import ConfigError, ScorerRequestError
 from supervisor.types import RewardRequest, RewardResponse
 
@@ -81,9 +82,9 @@ class TRLRewardFunction:
     ) -> None:
         self.backend = backend
         self.reference_column = reference_column
-        shape = backend.shape
+        shape = component(backend).shape
         # a groupwise scorer anywhere inside (a panel's term too) gets groups rebuilt from TRL's layout
-        self.groupwise = any(leaf.shape is not None and leaf.shape.groupwise for leaf in backend.leaves())
+        self.groupwise = any(shape.groupwise for shape in leaf_shapes(backend))
         if self.groupwise and num_generations is None:
             raise ConfigError("a groupwise scorer needs num_generations (TRL passes no group ids)")
         self.num_generations = num_generations
@@ -132,7 +133,7 @@ class TRLRewardFunction:
     def _offset(self, count: int) -> int:
         """Where this process's completions start in TRL's global order (process-major, equal slices):
         under DistributedRewards a group may span processes and is rebuilt whole on one of them."""
-        rank, ranks = self.backend.scoring_world
+        rank, ranks = component(self.backend).scoring_world
         if ranks > 1:
             return rank * count
         if self.groupwise and int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -151,7 +152,7 @@ class TRLRewardFunction:
         assert self.num_generations is not None
         keys = [p if isinstance(p, str) else json.dumps(p, sort_keys=True, default=str) for p in prompts]
         sizes = {"train": self.num_generations, "eval": self.num_generations_eval or self.num_generations}
-        alone = self.backend.scoring_world[1] == 1
+        alone = component(self.backend).scoring_world[1] == 1
 
         def fits(size: int) -> bool:
             if alone and len(keys) % size:

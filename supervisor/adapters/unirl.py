@@ -26,6 +26,7 @@ from supervisor.backend import RewardBackend
 from supervisor.backends.managed import ManagedScorerProcessBackend as _OurManagedBackend
 from supervisor.compose.panel import RewardPanel as _OurPanel
 from supervisor.compose.recipes import build_panel, make_backend
+from supervisor.composition import component, leaf_shapes
 from supervisor.errors import ScorerError
 from supervisor.types import RewardRequest, RewardResponse
 
@@ -97,7 +98,7 @@ class _UniRLFace:
     def is_available(self) -> bool:
         """Whether every child behind it answers /health (UniRL polls this; it never raises)."""
         try:
-            for leaf in self.backend.leaves():
+            for leaf in component(self.backend).leaves():
                 health = getattr(leaf, "health", None)
                 if health is not None:
                     health()
@@ -112,7 +113,7 @@ class _UniRLFace:
         of another media kind has nothing to cover."""
         if self.preferred_input_kind != "video":
             return True
-        return any(leaf.shape is not None and "prompt" in leaf.shape.required_fields for leaf in self.backend.leaves())
+        return any("prompt" in shape.required_fields for shape in leaf_shapes(self.backend))
 
     def onload(self) -> None:
         self.backend.onload()
@@ -219,7 +220,7 @@ class _RemoteBackend(_UniRLFace):
         self._set_base(options, make_backend(remote))
 
     def _components(self, request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
-        shape = self.backend.shape
+        shape = component(self.backend).shape
         reward_term = None if shape is None else shape.reward_term
         names = self.wanted or [name for name in response.component_rewards if name != reward_term]
         return {name: [0.0 if value is None else value for value in response.component_rewards[name]] for name in names}

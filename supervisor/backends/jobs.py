@@ -39,11 +39,12 @@ import numpy as np
 from scorers.diagnostics import report
 from scorers.identity import digest
 from scorers.retry import Retry, retry_after_s
-from supervisor.backend import RewardBackend, ScorerShape, assemble_response
+from supervisor.assembly import assemble_response
 from supervisor.backends.job_ids import Claim, JobIds, new_call
 from supervisor.backends.spool import Spool, Spooled, SpoolWriteFailed
 from supervisor.child import ranks
 from supervisor.child.client import MAX_CONNECTIONS, HttpxTransport
+from supervisor.composition import Component
 from supervisor.errors import (
     ConnectFailed,
     ConnectionLost,
@@ -63,6 +64,7 @@ from supervisor.errors import (
 )
 from supervisor.fanout import on_each
 from supervisor.joined import items_failed
+from supervisor.shape import ScorerShape
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 log = logging.getLogger(__name__)
@@ -154,7 +156,7 @@ def singleton_score(body: bytes, key: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-class JobRewardBackend(RewardBackend):
+class JobRewardBackend(Component):
     """One candidate, one job: each item of a request is enqueued and pulled on its own, up to
     `max_concurrency` at once, all under one deadline (`request_timeout` from the call's start).
     A request with a failed item raises `JobItemsFailed` (each item's typed JobError in `errors`,

@@ -12,12 +12,14 @@ from child_runtime.protocol.items import RequestError, request_from_wire
 from scorers.base import ScoreInputError, Scorer, ScorerContractError, score_checked
 from scorers.identity import scorer_identity_hash
 from scorers.registry import resolve_scorer
-from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
+from supervisor.chunks import CallPlan, ChunkAnswer, score_in_chunks
+from supervisor.composition import Component
 from supervisor.errors import ConfigError, RewardContractError, ScorerRequestError
+from supervisor.shape import ScorerShape, check_pins, check_reward_names
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 
-class LocalRewardBackend(RewardBackend):
+class LocalRewardBackend(Component):
     """Builds and loads the scorer at construction; scoring runs the child's validation path.
 
     `revision` and `identity_hash` are pins, as for a managed child: a scorer that differs
@@ -85,7 +87,8 @@ class LocalRewardBackend(RewardBackend):
     def combination(self) -> dict[str, Any]:
         return {"required": list(self.required), "weights": dict(sorted(self.weights.items()))}
 
-    def _score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
+    def score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
+        """One chunk through the child's own validation path (this backend is its ChunkScorer)."""
         try:
             items, group_size = request_from_wire(
                 {"items": [item.to_wire() for item in chunk], "group_size": group_size},
@@ -114,15 +117,8 @@ class LocalRewardBackend(RewardBackend):
             if self._closed:
                 raise RuntimeError("LocalRewardBackend is closed")
             try:
-                return score_in_chunks(
-                    request,
-                    self.request_batch_size,
-                    self._score_chunk,
-                    self.required,
-                    self.weights,
-                    self.shape,
-                    self.group_size,
-                )
+                plan = CallPlan(self.shape, self.request_batch_size, self.required, self.weights, self.group_size)
+                return score_in_chunks(request, plan, self)
             finally:
                 if self._closed:  # close() came from another thread meanwhile and left this to us
                     self._close_scorer()

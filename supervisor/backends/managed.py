@@ -1,6 +1,6 @@
 """ManagedScorerProcessBackend: one scorer child per rank, from an explicit venv python.
 
-A call reads top to bottom: compute_rewards -> score_in_chunks -> _score_chunk ->
+A call reads top to bottom: compute_rewards -> score_in_chunks -> _ChildChunks.score_chunk ->
 _serving (a dead child is restarted first) -> _exchange(client.score) -> verify.
 A failed exchange is handled in one place, `_failure`: it decides what the failure
 means for the child (kill it; mark it dead so that the next call restarts it) and
@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 from child_runtime.protocol.exit_codes import is_boot_failure
 from child_runtime.protocol.wire import CLOSE_FAILED, RESTART_KINDS
 from supervisor.arena import Arena, HeapArena
-from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_reward_names, score_in_chunks
 from supervisor.backends import prometheus
 from supervisor.child import ranks
 from supervisor.child.client import ScorerClient
@@ -35,6 +34,8 @@ from supervisor.child.import_root import import_root
 from supervisor.child.process import ChildProcess, LaunchPlan
 from supervisor.child.segment import ParentSegment, SharedArena
 from supervisor.child.userdirs import state_dir
+from supervisor.chunks import CallPlan, ChunkAnswer, score_in_chunks
+from supervisor.composition import Component
 from supervisor.config import RESERVED_ENV, ManagedScorerProcessSpec, ProcessConfig
 from supervisor.errors import (
     BackendNotOwned,
@@ -57,6 +58,7 @@ from supervisor.errors import (
     TransportError,
     scorer_error,
 )
+from supervisor.shape import ScorerShape, check_reward_names
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 from supervisor.verify import encode_chunk, verify_score_answer
 
@@ -212,7 +214,21 @@ def _boot_config(
     }
 
 
-class ManagedScorerProcessBackend(RewardBackend):
+@dataclass(frozen=True)
+class _ChildChunks:
+    """The ChunkScorer of one call: every chunk goes to the child that serves the call (`serving`)."""
+
+    backend: ManagedScorerProcessBackend
+    serving: Callable[[], _Generation]
+
+    def score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
+        return self.backend._score_chunk(self.serving, chunk, group_size)
+
+    def interrupt(self) -> None:
+        self.backend.interrupt()
+
+
+class ManagedScorerProcessBackend(Component):
     """Starts its child on construction (unless `start=False`); `close()` always ends it.
 
     Thread-safe. Scoring, onload and offload are serialised per backend (the child does
@@ -649,16 +665,11 @@ class ManagedScorerProcessBackend(RewardBackend):
         with self._serial:
             serving = _once(lambda: self._serving(restart=True))
             try:
-                return score_in_chunks(
-                    request,
-                    self.spec.client.request_batch_size,
-                    lambda chunk, group_size: self._score_chunk(serving, chunk, group_size),
-                    self.required_rewards,
-                    self.spec.client.weights,
-                    self.shape,
-                    self.spec.client.group_size,
-                    interrupt=self.interrupt,
+                client = self.spec.client
+                plan = CallPlan(
+                    self.shape, client.request_batch_size, self.required_rewards, client.weights, client.group_size
                 )
+                return score_in_chunks(request, plan, _ChildChunks(self, serving))
             except ScorerTermsFailed as exc:  # named with the child that failed the terms
                 raise ScorerTermsFailed(str(exc), exc.failed, exc.response, self._record()) from None
 

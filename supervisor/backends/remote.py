@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 
 from child_runtime.protocol import wire
 from scorers.retry import Retry
-from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_pins, reward_terms, score_in_chunks
 from supervisor.child.client import DEFAULT_MAX_ANSWER_BYTES, MAX_CONNECTIONS, ScorerClient
+from supervisor.chunks import CallPlan, ChunkAnswer, score_in_chunks
+from supervisor.composition import Component
 from supervisor.errors import (
     ConnectFailed,
     ConnectionLost,
@@ -29,6 +30,7 @@ from supervisor.errors import (
     TransportError,
     scorer_error,
 )
+from supervisor.shape import ScorerShape, check_pins, reward_terms
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 from supervisor.verify import encode_chunk, verify_score_answer
 
@@ -67,7 +69,7 @@ def answered_by(shape: ScorerShape, base_url: str) -> str:
     return shape.identity_hash
 
 
-class RemoteRewardBackend(RewardBackend):
+class RemoteRewardBackend(Component):
     """HTTP client for a running scorer server (e.g. `python -m child_runtime` on another host).
 
     The server's identity and terms are read from /health at construction, so a
@@ -161,13 +163,12 @@ class RemoteRewardBackend(RewardBackend):
             tries = f"{retrying.tries} attempt{'s' if retrying.tries > 1 else ''}"
             raise scorer_error(exc, f"{what} at {self.base_url} after {tries}") from exc
 
-    def _score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
+    def score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
+        """One chunk of this backend's own call (it is its ChunkScorer), under a fresh key."""
         key = uuid.uuid4().hex  # the same on every try: a re-send is answered, not scored again
-        return self.score_chunk(chunk, group_size, key, self._client.request_timeout)
+        return self.send_chunk(chunk, group_size, key, self._client.request_timeout)
 
-    def score_chunk(
-        self, chunk: Sequence[RewardItem], group_size: int | None, key: str, budget_s: float
-    ) -> ChunkAnswer:
+    def send_chunk(self, chunk: Sequence[RewardItem], group_size: int | None, key: str, budget_s: float) -> ChunkAnswer:
         """One chunk under idempotency key `key`, every try within `budget_s`, the answer verified
         against the chunk's ids (and the terms asked of a served panel). Public for a client over
         several servers: a chunk it re-sends to another server keeps its key and spends what is left
@@ -188,15 +189,17 @@ class RemoteRewardBackend(RewardBackend):
             raise scorer_error(exc, f"health at {self.base_url}") from exc
 
     def compute_rewards(self, request: RewardRequest) -> RewardResponse:
-        return score_in_chunks(
-            request,
+        return score_in_chunks(request, self.plan(self.group_size), self)
+
+    def plan(self, group_size: int | None) -> CallPlan:
+        """How a call to this server is cut: `group_size` is the call's (a client over several servers
+        sends each share with the size of the whole request)."""
+        return CallPlan(
+            self.shape,
             self.request_batch_size,
-            self._score_chunk,
             self.required_rewards,
             self.weights,
-            self.shape,
-            self.group_size,
-            interrupt=self.interrupt,
+            group_size,
             max_in_flight=MAX_CONNECTIONS,  # a chunk waiting for a connection would spend its deadline there
         )
 

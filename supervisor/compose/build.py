@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from supervisor.backend import RewardBackend
+from supervisor.composition import component
 from supervisor.fanout import on_each
 
 
@@ -16,8 +17,8 @@ def build_all(builds: Sequence[Callable[[], RewardBackend]]) -> list[RewardBacke
 
     def build_and_start(index: int) -> RewardBackend:
         backend = made[index] = builds[index]()
-        if backend.needs_start:
-            backend.start()
+        if component(backend).needs_start:
+            component(backend).start()
         return backend
 
     try:
@@ -35,7 +36,7 @@ def build_all(builds: Sequence[Callable[[], RewardBackend]]) -> list[RewardBacke
 def _abandon(made: list[RewardBackend | None]) -> None:
     for backend in made:
         if backend is not None:
-            backend.abort_start()
+            component(backend).abort_start()
     for backend in made:
         if backend is not None:
             backend.close()

@@ -31,9 +31,11 @@ from child_runtime.protocol.items import MEDIA_FIELDS, WIRE_FIELDS
 from scorers.diagnostics import merge_term_reports
 from scorers.identity import digest
 from supervisor.arena import Arena
-from supervisor.backend import RewardBackend, ScorerShape
+from supervisor.backend import RewardBackend
+from supervisor.composition import Component, component
 from supervisor.errors import ConfigError, RankFailed, RankLost, RewardContractError, ScorerRequestError
 from supervisor.joined import join_rows, rows_by_id
+from supervisor.shape import ScorerShape
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ def _describe(exc: BaseException) -> dict[str, str]:
     return {"type": type(exc).__name__, "message": text.splitlines()[0] if text else ""}
 
 
-class DistributedRewards(RewardBackend):
+class DistributedRewards(Component):
     """`backend` on every rank, scored as one step: a failure anywhere raises everywhere.
 
     `compute_rewards(request)` takes this rank's items (None: none this step) and returns
@@ -68,7 +70,7 @@ class DistributedRewards(RewardBackend):
             raise ConfigError(
                 "DistributedRewards needs torch.distributed initialised (torchrun, or init_process_group)"
             )
-        slowest = backend.call_bound_s
+        slowest = component(backend).call_bound_s
         if timeout_s is None:
             timeout_s = slowest + MARGIN_S if slowest is not None else FALLBACK_TIMEOUT_S
         elif not timeout_s > 0:
@@ -90,18 +92,19 @@ class DistributedRewards(RewardBackend):
         self._calls = 0
         self._trainer_step: int | None = None
         self._broken: RankLost | None = None
-        self._whole_groups = backend.needs_whole_groups()
-        self._signature = digest([self._whole_groups, [repr(leaf.shape) for leaf in backend.leaves()]])[:16]
+        self._whole_groups = component(backend).needs_whole_groups()
+        leaves = component(backend).leaves()
+        self._signature = digest([self._whole_groups, [repr(component(leaf).shape) for leaf in leaves]])[:16]
         self.world_response: RewardResponse | None = None  # the last successful call's, every rank's
         self.exchanged_bytes = 0  # what this rank received in exchanges, all calls together
 
     @property
     def shape(self) -> ScorerShape | None:  # type: ignore[override]  # the wrapped backend's
-        return self.backend.shape
+        return component(self.backend).shape
 
     @property
     def identity_hash(self) -> str | None:
-        return self.backend.identity_hash
+        return component(self.backend).identity_hash
 
     def members(self) -> list[RewardBackend]:
         return [self.backend]
@@ -294,7 +297,7 @@ class DistributedRewards(RewardBackend):
         return self.backend.arena()
 
     def interrupt(self) -> None:
-        self.backend.interrupt()
+        component(self.backend).interrupt()
 
     def _check_owner(self) -> None:
         self.backend._check_owner()

@@ -21,6 +21,7 @@ from scorers.diagnostics import check_name
 from scorers.identity import canonical_json, digest
 from supervisor.backend import RewardBackend
 from supervisor.compose.build import build_all
+from supervisor.composition import Component, component
 from supervisor.errors import (
     BackendNotOwned,
     ConfigError,
@@ -91,9 +92,9 @@ class PanelTerm:
         weight = dict(sorted(self.weight.items())) if isinstance(self.weight, Mapping) else float(self.weight)
         return {
             "name": self.name,
-            "scorer": self.backend.identity_hash,
+            "scorer": component(self.backend).identity_hash,
             # the backend's own reward is its required terms, weighted: part of what this term means
-            "combination": self.backend.combination if self.component is None else None,
+            "combination": component(self.backend).combination if self.component is None else None,
             "component": self.component,
             "weight": weight,
             "required": self.required,
@@ -133,7 +134,7 @@ def _fatal_reason(call: _Call, error: BaseException) -> str | None:
     return None
 
 
-class RewardPanel(RewardBackend):
+class RewardPanel(Component):
     """A RewardBackend over named terms. Closing it closes the backends it owns (or returns them
     to the `BackendPool` they came from)."""
 
@@ -339,7 +340,7 @@ class RewardPanel(RewardBackend):
 
         def interrupt() -> None:  # Ctrl-C while the backends score: end what can be ended
             for call in calls:
-                call.backend.interrupt()
+                component(call.backend).interrupt()
 
         # Daemon threads, one per backend (see fanout): a Ctrl-C never waits for an in-process scorer.
         return on_each(calls, one, "panel", on_interrupt=interrupt)
@@ -467,7 +468,7 @@ class RewardPanel(RewardBackend):
 
     def interrupt(self) -> None:
         for backend in self.backends:
-            backend.interrupt()
+            component(backend).interrupt()
 
     def close(self) -> None:
         self._stop_submissions()
@@ -520,7 +521,7 @@ def _check_term(term: PanelTerm) -> None:
         raise ConfigError(f"term {term.name!r}: applicable_datasets must be a list of tags, not one string")
     if term.applicable_datasets is not None and not term.applicable_datasets:
         raise ConfigError(f"term {term.name!r}: applicable_datasets is empty (it would never apply)")
-    shape = term.backend.shape
+    shape = component(term.backend).shape
     if term.component is not None and shape is not None and shape.terms and term.component not in shape.terms:
         raise ConfigError(
             f"term {term.name!r}: component {term.component!r} is not a term of scorer {shape.name!r} "

@@ -43,8 +43,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scorers.diagnostics import merge_term_reports
 from scorers.groups import share_groups
-from supervisor.backend import RewardBackend, ScorerShape, request_group_size, request_groups
 from supervisor.backends.managed import ManagedScorerProcessBackend
+from supervisor.chunks import request_group_size, request_groups
+from supervisor.composition import Component
 from supervisor.errors import (
     ConfigError,
     PoolActorDied,
@@ -57,6 +58,7 @@ from supervisor.errors import (
     prefixed,
 )
 from supervisor.joined import join_rows, rows_by_id, shares_failed
+from supervisor.shape import ScorerShape
 from supervisor.types import RewardRequest, RewardResponse
 
 log = logging.getLogger(__name__)
@@ -264,7 +266,7 @@ class _Member:
     last: dict[str, Any] | None = None  # the last info known: what an error names while it restarts
 
 
-class RayPoolBackend(RewardBackend):
+class RayPoolBackend(Component):
     """The pool's actors as one backend; thread-safe, usable from any process of the cluster."""
 
     def __init__(

@@ -31,21 +31,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from scorers.diagnostics import merge_term_reports
 from scorers.groups import share_groups
-from supervisor.backend import (
-    ChunkAnswer,
-    ChunkScorer,
-    RewardBackend,
-    ScorerShape,
-    request_group_size,
-    request_groups,
-    score_in_chunks,
-)
+from supervisor.backend import RewardBackend
 from supervisor.backends.remote import RemoteRewardBackend, fixable_elsewhere
-from supervisor.child.client import MAX_CONNECTIONS
+from supervisor.chunks import ChunkAnswer, request_group_size, request_groups, score_in_chunks
+from supervisor.composition import Component
 from supervisor.errors import (
     ConfigError,
     ErrorStatus,
@@ -57,6 +51,7 @@ from supervisor.errors import (
 )
 from supervisor.fanout import on_each
 from supervisor.joined import join_rows, rows_by_id, shares_failed
+from supervisor.shape import ScorerShape
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 log = logging.getLogger(__name__)
@@ -87,6 +82,18 @@ def _queue_depth(health: Mapping[str, Any]) -> int | None:
     return in_flight + pending
 
 
+@dataclass(frozen=True)
+class _ShareChunks:
+    """The ChunkScorer of server `index`'s share of one call."""
+
+    call: _Call
+    index: int
+    interrupt: Callable[[], None]
+
+    def score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
+        return self.call.score_chunk(self.index, chunk, group_size)
+
+
 class _Call:
     """One call's servers: those that answered its /health, those that failed during it, its deadline."""
 
@@ -104,22 +111,18 @@ class _Call:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def scorer(self, index: int) -> ChunkScorer:
-        """Chunks of server `index`'s share; each re-sent once elsewhere if that server fails."""
-
-        def score(chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
-            key = uuid.uuid4().hex  # travels with the chunk to a second server
-            try:
-                return self.servers[index].score_chunk(chunk, group_size, key, self.left())
-            except ScorerError as exc:
-                other, why = self._fallback(index, exc, chunk), str(exc).splitlines()[0]
-            try:
-                return self.servers[other].score_chunk(chunk, group_size, key, self.left())
-            except ScorerError as again:
-                first = self.servers[index].base_url
-                raise prefixed(again, f"{self._what(chunk)} re-sent once from {first} (which failed: {why})") from again
-
-        return score
+    def score_chunk(self, index: int, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
+        """A chunk of server `index`'s share; re-sent once elsewhere if that server fails."""
+        key = uuid.uuid4().hex  # travels with the chunk to a second server
+        try:
+            return self.servers[index].send_chunk(chunk, group_size, key, self.left())
+        except ScorerError as exc:
+            other, why = self._fallback(index, exc, chunk), str(exc).splitlines()[0]
+        try:
+            return self.servers[other].send_chunk(chunk, group_size, key, self.left())
+        except ScorerError as again:
+            first = self.servers[index].base_url
+            raise prefixed(again, f"{self._what(chunk)} re-sent once from {first} (which failed: {why})") from again
 
     def _fallback(self, index: int, exc: ScorerError, chunk: Sequence[RewardItem]) -> int:
         """Where a chunk that failed on server `index` goes next, or `exc` named and raised."""
@@ -150,7 +153,7 @@ class _Call:
         return f"chunk of {len(chunk)} ids from {chunk[0].id!r}"
 
 
-class MultiRemoteRewardBackend(RewardBackend):
+class MultiRemoteRewardBackend(Component):
     """Several scorer servers of one identity as one backend; thread-safe. `options`: every option of
     RemoteRewardBackend (token, request_timeout, request_batch_size, pins, ...), the same for each."""
 
@@ -346,17 +349,7 @@ class MultiRemoteRewardBackend(RewardBackend):
             index, share = target
             part = RewardRequest(items=[request.items[p] for p in share], group_size=group_size, step=request.step)
             server = self.servers[index]
-            return score_in_chunks(
-                part,
-                server.request_batch_size,
-                call.scorer(index),
-                server.required_rewards,
-                server.weights,
-                server.shape,
-                group_size,
-                interrupt=self.interrupt,
-                max_in_flight=MAX_CONNECTIONS,
-            )
+            return score_in_chunks(part, server.plan(group_size), _ShareChunks(call, index, self.interrupt))
 
         outcomes = on_each(sent, score_share, "remote-share", on_interrupt=self.interrupt)
         return self._joined(request, outcomes)

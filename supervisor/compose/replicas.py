@@ -18,14 +18,16 @@ from typing import Any
 
 from scorers.diagnostics import merge_term_reports
 from scorers.groups import share_groups
-from supervisor.backend import RewardBackend, ScorerShape, request_group_size, request_groups
 from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.child import ranks
+from supervisor.chunks import request_group_size, request_groups
 from supervisor.compose.build import build_all
+from supervisor.composition import Component
 from supervisor.config import ManagedScorerProcessSpec, ReplicasConfig
 from supervisor.errors import ConfigError, ScorerProcessDied, prefixed
 from supervisor.fanout import on_each
 from supervisor.joined import join_rows, rows_by_id, shares_failed
+from supervisor.shape import ScorerShape
 from supervisor.types import RewardRequest, RewardResponse
 
 
@@ -74,7 +76,7 @@ def replica_specs(spec: ManagedScorerProcessSpec) -> list[ManagedScorerProcessSp
     return specs
 
 
-class ReplicatedBackend(RewardBackend):
+class ReplicatedBackend(Component):
     """`spec.replicas.size` managed children of one scorer, started concurrently; thread-safe."""
 
     def __init__(self, spec: ManagedScorerProcessSpec | Mapping[str, Any], start: bool = True) -> None:

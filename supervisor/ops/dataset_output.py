@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from supervisor.compose.panel import RewardPanel
+from supervisor.composition import component
 from supervisor.errors import ConfigError
 from supervisor.ops.dataset_rows import Columns, Row, group_of
 
@@ -179,11 +180,11 @@ class ResumePlan:
 def header_for(panel: RewardPanel, recipe: str, columns: Columns) -> dict[str, Any]:
     terms = {}
     for term in panel.terms:
-        shape = term.backend.shape
+        shape = component(term.backend).shape
         terms[term.name] = {
             "scorer": shape.name if shape else None,
             "revision": shape.revision if shape else None,
-            "identity_hash": term.backend.identity_hash,
+            "identity_hash": component(term.backend).identity_hash,
         }
     return {
         HEADER_KEY: FORMAT_VERSION,

@@ -3,9 +3,20 @@ the ranks it scores over. One interface for leaves and composites, no attribute 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from supervisor import LocalRewardBackend, PanelTerm, RewardItem, RewardPanel, RewardRequest
+from supervisor import (
+    LocalRewardBackend,
+    PanelTerm,
+    RewardBackend,
+    RewardItem,
+    RewardPanel,
+    RewardRequest,
+    RewardResponse,
+)
+from supervisor.composition import component, leaf_shapes
 
 
 class Bounded(LocalRewardBackend):
@@ -48,3 +59,22 @@ def test_a_panel_lists_its_backends_once_and_answers_for_them():
     assert grouped.leaves() == [exact, groupwise] and grouped.needs_whole_groups() is True  # token_f1 is groupwise
     with pytest.raises(ValueError, match="step"):
         RewardRequest(items=[RewardItem(id="a", text="1")], step=-1)
+
+
+def test_the_trainer_contract_has_ten_names_and_the_docs_list_each():
+    names = sorted(name for name in dir(RewardBackend) if not name.startswith("_"))
+    assert len(names) <= 10, names
+    concepts = (Path(__file__).resolve().parents[2] / "docs" / "concepts.md").read_text()
+    assert [name for name in names if f"`{name}(" not in concepts and f"`await {name}(" not in concepts] == []
+
+
+def test_a_trainers_own_backend_answers_as_a_leaf_of_an_unknown_scorer():
+    class Own(RewardBackend):
+        def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+            raise NotImplementedError
+
+    own = Own()
+    seen = component(own)
+    assert seen.leaves() == [own] and seen.shape is None and seen.identity_hash is None
+    assert seen.needs_whole_groups() is True  # its scorer may be groupwise
+    assert leaf_shapes(own) == [] and seen.scoring_world == (0, 1)

@@ -4,6 +4,8 @@ what a panel term means, recipes that would run code, and scorers that live only
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -22,7 +24,8 @@ from supervisor import (
     load_recipe,
     preflight,
 )
-from supervisor.backend import ChunkAnswer, ScorerShape, score_in_chunks
+from supervisor.chunks import CallPlan, ChunkAnswer, score_in_chunks
+from supervisor.shape import ScorerShape
 from supervisor.verify import verify_score_answer
 from tests.conftest import env_python
 from tests.helpers.fixture_scorers import Exclusive
@@ -100,13 +103,26 @@ def test_an_answer_must_carry_exactly_the_declared_terms_and_diagnostics():
         verify_score_answer(bad, ["x", "y"], ["a"], declared=DECLARED)
 
 
+@dataclass(frozen=True)
+class Answering:
+    """A ChunkScorer whose every chunk gets `answer()`."""
+
+    answer: Callable[[], ChunkAnswer]
+
+    def score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
+        return self.answer()
+
+    def interrupt(self) -> None:
+        return None
+
+
 def test_a_term_one_chunk_left_out_is_never_zero_filled():
     calls = iter(
         [ChunkAnswer({"a": np.ones(2), "b": np.ones(2)}, {}, {}, {}), ChunkAnswer({"a": np.ones(2)}, {}, {}, {})]
     )
     request = RewardRequest(items=[RewardItem(id=f"i{k}", text="t") for k in range(4)])
     with pytest.raises(RewardContractError, match="term 'b': no score for id 'i2'"):
-        score_in_chunks(request, 2, lambda chunk, size: next(calls), ["a"], {}, DECLARED)
+        score_in_chunks(request, CallPlan(DECLARED, 2, ["a"]), Answering(lambda: next(calls)))
 
 
 def test_a_term_that_does_not_apply_is_none_and_never_a_reward_term():
@@ -117,12 +133,12 @@ def test_a_term_that_does_not_apply_is_none_and_never_a_reward_term():
     checked = verify_score_answer(answer, ["x", "y"], ["a"], declared=DECLARED)
     assert checked.not_applicable == {"b": frozenset({"y"})}
     request = RewardRequest(items=[RewardItem(id=i, text="t") for i in ("x", "y")])
-    response = score_in_chunks(request, 2, lambda chunk, size: checked, ["a"], {}, DECLARED)
+    response = score_in_chunks(request, CallPlan(DECLARED, 2, ["a"]), Answering(lambda: checked))
     assert response.rewards == [1.0, 2.0] and response.component_rewards["b"] == [0.5, None]
     assert response.applicable == {"b": [True, False]} and response.usable() == [True, True]
     assert response.successes == [True, True]
     with pytest.raises(RewardContractError, match=r"terms \['b'\] of the reward do not apply"):
-        score_in_chunks(request, 2, lambda chunk, size: checked, ["a", "b"], {}, DECLARED)
+        score_in_chunks(request, CallPlan(DECLARED, 2, ["a", "b"]), Answering(lambda: checked))
     with pytest.raises(RewardContractError, match="non-finite score nan for id 'y'"):
         verify_score_answer({**answer, "not_applicable": {"b": ["x"]}}, ["x", "y"], ["a"], declared=DECLARED)
     with pytest.raises(RewardContractError, match="names ids \\['z'\\]"):

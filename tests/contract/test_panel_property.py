@@ -38,9 +38,9 @@ class RecordingBackend(LocalRewardBackend):
         self.calls.append([])
         return super().compute_rewards(request)
 
-    def _score_chunk(self, chunk, group_size):  # type: ignore[no-untyped-def]
+    def score_chunk(self, chunk, group_size):  # type: ignore[no-untyped-def]
         self.calls[-1].append([item.id for item in chunk])
-        return super()._score_chunk(chunk, group_size)
+        return super().score_chunk(chunk, group_size)
 
 
 @dataclass(frozen=True)

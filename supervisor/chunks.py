@@ -1,0 +1,175 @@
+"""The chunking engine: a request cut into chunks that never split a group, each scored by the
+backend's `ChunkScorer`, the answers merged into one response.
+
+A call reads: `score_in_chunks(request, plan, scorer)` -> `score_chunks` (in order, or up to the
+plan's concurrency at once) -> `scorer.score_chunk(items, group_size)` for each chunk ->
+`Merged.of(...)` -> `assemble_response`. The backend states what it knows once, in its `CallPlan`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from scorers.diagnostics import merge_reports, report
+from scorers.groups import GroupInputError, pack_chunks, partition
+from supervisor.assembly import assemble_response, terms_failed
+from supervisor.errors import RewardContractError, ScorerRequestError
+from supervisor.fanout import on_each
+from supervisor.joined import items_failed
+from supervisor.shape import ScorerShape
+from supervisor.types import RewardItem, RewardRequest, RewardResponse
+
+
+class ChunkAnswer(NamedTuple):
+    """What one exchange with the scorer answers, whatever runs it."""
+
+    terms: Mapping[str, np.ndarray]
+    diagnostics: Mapping[str, Any]
+    failed: Mapping[str, str]  # ids the scorer could not score -> why
+    term_failed: Mapping[str, Mapping[str, str]]  # per term, the ids that term alone failed for -> why
+    not_applicable: Mapping[str, frozenset[str]] = MappingProxyType({})  # per term, the ids it does not apply to
+
+
+class ChunkScorer(Protocol):
+    """What scores one chunk for a backend (the backend itself, or one call's view of it)."""
+
+    def score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer: ...
+
+    def interrupt(self) -> None:
+        """Give up on chunks in flight (Ctrl-C while the engine waits for them)."""
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """What a backend states once about how its calls are cut and their reward made."""
+
+    shape: ScorerShape
+    batch_size: int  # at most this many items a chunk
+    required: Sequence[str]  # the terms that make the reward
+    weights: Mapping[str, float] = field(default_factory=dict)
+    group_size: int | None = None  # configured: every group of every request has this size
+    max_in_flight: int | None = None  # the transport's own bound on chunks at once (None: the scorer's)
+
+    @property
+    def at_once(self) -> int:
+        calls = self.shape.concurrent_calls
+        return calls if self.max_in_flight is None else min(calls, self.max_in_flight)
+
+
+def request_group_size(request: RewardRequest, configured: int | None) -> int | None:
+    """The group size declared by the request or the config; two different ones are refused."""
+    if request.group_size is not None and configured is not None and request.group_size != configured:
+        raise ScorerRequestError(
+            f"request declares group_size {request.group_size}, the backend's config {configured}", kind="bad_input"
+        )
+    return request.group_size if request.group_size is not None else configured
+
+
+def request_groups(request: RewardRequest, shape: ScorerShape, group_size: int | None) -> list[list[int]]:
+    """The request's groups as the scorer takes them (positions), checked: the one place a
+    GroupInputError becomes the caller's ScorerRequestError."""
+    try:
+        return partition(
+            request.items, group_size, scorer=shape.name, groupwise=shape.groupwise, ragged=shape.ragged_groups
+        )
+    except GroupInputError as exc:
+        raise ScorerRequestError(str(exc), kind="bad_input") from exc
+
+
+def score_in_chunks(request: RewardRequest, plan: CallPlan, scorer: ChunkScorer) -> RewardResponse:
+    """Cut the request into chunks of at most `plan.batch_size` items that never split a group,
+    score them (together, up to `plan.at_once`, see `score_chunks`), and assemble one response.
+    Groups are checked before anything is sent."""
+    group_size = request_group_size(request, plan.group_size)
+    chunks = pack_chunks(request_groups(request, plan.shape, group_size), plan.batch_size)
+    answers = score_chunks([[request.items[i] for i in chunk] for chunk in chunks], scorer, group_size, plan.at_once)
+    merged = Merged.of(len(request.items), chunks, answers)
+    scored = np.array([item_id not in merged.failed for item_id in request.ids], dtype=bool)
+    merged.check_filled(plan.shape.name, request.ids, plan.required, scored)
+    kept = np.flatnonzero(scored)  # every item but those the scorer could not score
+    response = assemble_response(
+        [request.ids[i] for i in kept],
+        {name: scores[kept] for name, scores in merged.scores.items()},
+        plan.required,
+        plan.weights,
+        {plan.shape.name: merge_reports(merged.reports)},
+        plan.shape.identity_hash,
+        merged.term_failed,
+        merged.not_applicable,
+    )
+    if merged.failed:  # the rest's response is the partial (its own term failures kept, for a panel)
+        raise items_failed(plan.shape.name, len(request.items), merged.failed, response)
+    if any(name in plan.required for name in merged.term_failed):  # the reward lacks a term: a panel decides
+        raise terms_failed(plan.shape.name, merged.term_failed, response)
+    return response
+
+
+def score_chunks(
+    chunks: Sequence[Sequence[RewardItem]], scorer: ChunkScorer, group_size: int | None, at_once: int
+) -> list[ChunkAnswer]:
+    """Every chunk's answer, in order. Up to `at_once` chunks are in flight together (a scorer that
+    takes concurrent calls: a request costs about its slowest chunk, not the sum of them). One failure
+    fails the request: once every chunk has ended (each bounds itself), the earliest failure is raised,
+    the cause the others' failures may follow from. Ctrl-C while waiting interrupts the scorer first."""
+    if at_once <= 1 or len(chunks) == 1:
+        return [scorer.score_chunk(chunk, group_size) for chunk in chunks]
+    failures: list[tuple[float, int, BaseException]] = []
+
+    def one(index: int) -> ChunkAnswer:
+        try:
+            return scorer.score_chunk(chunks[index], group_size)
+        except BaseException as exc:
+            failures.append((time.monotonic(), index, exc))
+            raise
+
+    outcomes = on_each(range(len(chunks)), one, "chunk", limit=at_once, on_interrupt=scorer.interrupt)
+    if failures:
+        raise min(failures, key=lambda failure: failure[:2])[2]
+    return outcomes  # type: ignore[return-value]  # no failure: every outcome is an answer
+
+
+@dataclass
+class Merged:
+    """The chunks' answers in request order: scores (NaN where none came), reports, the failed ids,
+    the ids each term alone failed for, and those each term does not apply to."""
+
+    scores: dict[str, np.ndarray] = field(default_factory=dict)
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    term_failed: dict[str, dict[str, str]] = field(default_factory=dict)
+    not_applicable: dict[str, set[str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, count: int, chunks: Sequence[Sequence[int]], answers: Sequence[ChunkAnswer]) -> Merged:
+        merged = cls()
+        for chunk, answer in zip(chunks, answers, strict=True):
+            for name, scores in answer.terms.items():
+                merged.scores.setdefault(name, np.full(count, np.nan))[list(chunk)] = scores
+            merged.reports.append(report(len(chunk), answer.diagnostics))
+            merged.failed.update(answer.failed)
+            for name, whys in answer.term_failed.items():
+                merged.term_failed.setdefault(name, {}).update(whys)
+            for name, ids in answer.not_applicable.items():
+                merged.not_applicable.setdefault(name, set()).update(ids)
+        return merged
+
+    def check_filled(self, scorer: str, ids: Sequence[str], required: Sequence[str], scored: np.ndarray) -> None:
+        """A term some chunk lacked is never filled in with zeros, and a term of the reward applies to
+        every item: an answer that says otherwise breaks the contract."""
+        inapplicable = sorted(set(self.not_applicable) & set(required))
+        if inapplicable:
+            raise RewardContractError(
+                f"scorer {scorer!r} says terms {inapplicable} of the reward do not apply to some items: a "
+                "reward applies to every item"
+            )
+        for name, scores in self.scores.items():
+            alone = self.term_failed.get(name, {}).keys() | self.not_applicable.get(name, set())
+            unfilled = [i for i in np.flatnonzero(np.isnan(scores) & scored) if ids[int(i)] not in alone]
+            if unfilled:
+                raise RewardContractError(f"scorer {scorer!r} term {name!r}: no score for id {ids[int(unfilled[0])]!r}")

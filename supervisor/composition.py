@@ -1,0 +1,138 @@
+"""What the library asks of a backend it holds, beyond the trainer's ten names.
+
+A panel, a replica set, a multi-server client, a Ray pool and `DistributedRewards` hold backends
+and ask each one: what it scores (`shape`, `identity_hash`, `combination`), the group size it was
+configured with, what it holds (`members`, `leaves`), whether a call must keep groups whole and how
+long one may take, how many ranks score a call, and how to start, warm or interrupt it. Every
+built-in backend is a `Component` and answers for itself; a trainer's own `RewardBackend` is seen
+through `component()` as a leaf that says nothing of its scorer, so it can stand in a panel as is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from supervisor.backend import RewardBackend
+from supervisor.shape import ScorerShape
+from supervisor.types import RewardRequest, RewardResponse
+
+
+class Component(RewardBackend):
+    """A RewardBackend the library can hold: the trainer's contract plus the composition questions,
+    each with the answer of a leaf that scores alone. Composites override `members`."""
+
+    shape: ScorerShape | None = None  # the scorer behind it, once known (None for a panel)
+    group_size: int | None = None  # configured: every group of every request must have this size
+    needs_start: bool = False  # made with start=False and not started yet (a managed child's backend)
+
+    @property
+    def identity_hash(self) -> str | None:
+        """The catalog identity of what this backend scores (see scorers.identity)."""
+        return self.shape.identity_hash if self.shape else None
+
+    @property
+    def combination(self) -> dict[str, Any] | None:
+        """How its own reward combines its scorer's terms (required terms, weights): part of a
+        panel's identity when a term takes that reward."""
+        return None
+
+    @property
+    def max_pending(self) -> int:
+        """Submissions that may wait (see supervisor.submit)."""
+        return self._max_pending
+
+    @max_pending.setter
+    def max_pending(self, value: int) -> None:
+        self._max_pending = value
+
+    @property
+    def max_queue_wait_s(self) -> float:
+        """How long `compute_rewards_async` waits for room in the submission queue."""
+        return self._max_queue_wait_s
+
+    @max_queue_wait_s.setter
+    def max_queue_wait_s(self, value: float) -> None:
+        self._max_queue_wait_s = value
+
+    # -- what it holds, and what follows from it -------------------------------------------------
+    def members(self) -> Sequence[RewardBackend]:
+        """The backends this one holds (a panel's, its replicas, the one it wraps); a leaf holds none."""
+        return ()
+
+    def leaves(self) -> list[RewardBackend]:
+        """The backends that score, below every composite (itself, for a leaf)."""
+        members = self.members()
+        return [leaf for member in members for leaf in component(member).leaves()] if members else [self]
+
+    def warming(self) -> bool:
+        """Whether something it started is still coming up after it said ready (a math child's grading
+        workers): a server over it (`serve --recipe`) says ready only once none is."""
+        return any(component(member).warming() for member in self.members())
+
+    def needs_whole_groups(self) -> bool:
+        """Whether scoring a group's candidates apart could change a reward or refuse a call: a
+        configured group size, or a groupwise (or unknown) scorer anywhere inside."""
+        if self.group_size is not None:
+            return True
+        members = self.members()
+        if members:
+            return any(component(member).needs_whole_groups() for member in members)
+        return self.shape is None or self.shape.groupwise
+
+    @property
+    def call_bound_s(self) -> float | None:
+        """The longest one call may take by the backends' own deadlines (a restart's boot plus a
+        request); None where no backend inside states one."""
+        bounds = [component(member).call_bound_s for member in self.members()]
+        return max((bound for bound in bounds if bound is not None), default=None)
+
+    @property
+    def scoring_world(self) -> tuple[int, int]:
+        """(this rank, how many ranks) one call is scored over: (0, 1) for a backend scoring alone
+        (only DistributedRewards spans more than one)."""
+        return (0, 1)
+
+    # -- lifecycle beyond the trainer's: start, abort, interrupt ---------------------------------
+    def start(self) -> Any:
+        """Start what the backend runs, if it was made with `start=False` (a managed child); a
+        backend with nothing to start is ready when made."""
+        return None
+
+    def abort_start(self) -> None:
+        """From another thread: kill what `start()` is booting, so that it fails at once (Ctrl-C)."""
+        return None
+
+    def interrupt(self) -> None:
+        """Give up on calls in flight from other threads (Ctrl-C in a caller that fanned them out)."""
+        return None
+
+    def _interrupt(self) -> None:
+        self.interrupt()
+
+    def _grouping(self) -> tuple[int | None, bool]:
+        return self.group_size, self.needs_whole_groups()
+
+
+class _Plain(Component):
+    """A trainer's own RewardBackend as the library sees it: a leaf of an unknown scorer."""
+
+    def __init__(self, backend: RewardBackend) -> None:
+        self.backend = backend
+
+    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+        return self.backend.compute_rewards(request)
+
+    def leaves(self) -> list[RewardBackend]:
+        return [self.backend]
+
+
+def component(backend: RewardBackend) -> Component:
+    """`backend` as the library asks it its composition questions (itself, for a built-in one)."""
+    return backend if isinstance(backend, Component) else _Plain(backend)
+
+
+def leaf_shapes(backend: RewardBackend) -> list[ScorerShape]:
+    """The scorers below `backend`, those whose backends know them (a trainer's own says nothing)."""
+    shapes = (component(leaf).shape for leaf in component(backend).leaves())
+    return [shape for shape in shapes if shape is not None]
