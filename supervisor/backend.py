@@ -19,6 +19,7 @@ from typing import Any, Self
 from scorers.retry import Retry
 from supervisor.arena import Arena, HeapArena
 from supervisor.errors import ScorerUnavailable
+from supervisor.outcome import Outcome
 from supervisor.stream import RewardStream
 from supervisor.submit import DEFAULT_MAX_PENDING, Submission, SubmissionQueueFull, Submitter
 from supervisor.types import RewardRequest, RewardResponse
@@ -58,7 +59,7 @@ class RewardBackend(ABC):
                 # none yet, or a fork's copy of its parent's (whose worker thread did not fork with it):
                 # a backend any process may use gets a submitter of this process's own
                 self._submitter = Submitter(
-                    self.compute_rewards, type(self).__name__, self._max_pending, interrupt=self._interrupt
+                    self._outcome, type(self).__name__, self._max_pending, interrupt=self._interrupt
                 )
             submitter = self._submitter
         return submitter.submit(request)
@@ -128,6 +129,10 @@ class RewardBackend(ABC):
     def _interrupt(self) -> None:
         """Give up on calls in flight from other threads (Ctrl-C in a caller of `submit`)."""
         return None
+
+    def _outcome(self, request: RewardRequest) -> Outcome:
+        """What a submission runs: this backend's answer as a value (see supervisor.outcome)."""
+        return Outcome.scored(self.compute_rewards(request))
 
     def _grouping(self) -> tuple[int | None, bool]:
         """The group size it was configured with, and whether it scores whole groups only: a backend

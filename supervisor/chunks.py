@@ -22,8 +22,9 @@ from supervisor.assembly import assemble_response, terms_failed
 from supervisor.errors import RewardContractError, ScorerRequestError
 from supervisor.fanout import on_each
 from supervisor.joined import items_failed
+from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape
-from supervisor.types import RewardItem, RewardRequest, RewardResponse
+from supervisor.types import RewardItem, RewardRequest
 
 
 class ChunkAnswer(NamedTuple):
@@ -82,10 +83,11 @@ def request_groups(request: RewardRequest, shape: ScorerShape, group_size: int |
         raise ScorerRequestError(str(exc), kind="bad_input") from exc
 
 
-def score_in_chunks(request: RewardRequest, plan: CallPlan, scorer: ChunkScorer) -> RewardResponse:
+def score_in_chunks(request: RewardRequest, plan: CallPlan, scorer: ChunkScorer) -> Outcome:
     """Cut the request into chunks of at most `plan.batch_size` items that never split a group,
-    score them (together, up to `plan.at_once`, see `score_chunks`), and assemble one response.
-    Groups are checked before anything is sent."""
+    score them (together, up to `plan.at_once`, see `score_chunks`), and assemble one outcome: the
+    response, or the items or terms the scorer failed beside what it scored. Groups are checked
+    before anything is sent; a failure of a whole chunk is raised."""
     group_size = request_group_size(request, plan.group_size)
     chunks = pack_chunks(request_groups(request, plan.shape, group_size), plan.batch_size)
     answers = score_chunks([[request.items[i] for i in chunk] for chunk in chunks], scorer, group_size, plan.at_once)
@@ -104,10 +106,12 @@ def score_in_chunks(request: RewardRequest, plan: CallPlan, scorer: ChunkScorer)
         merged.not_applicable,
     )
     if merged.failed:  # the rest's response is the partial (its own term failures kept, for a panel)
-        raise items_failed(plan.shape.name, len(request.items), merged.failed, response)
+        return Outcome.items_failed(
+            items_failed(plan.shape.name, len(request.items), merged.failed, response), response
+        )
     if any(name in plan.required for name in merged.term_failed):  # the reward lacks a term: a panel decides
-        raise terms_failed(plan.shape.name, merged.term_failed, response)
-    return response
+        return Outcome.terms_failed(terms_failed(plan.shape.name, merged.term_failed, response), response)
+    return Outcome.scored(response)
 
 
 def score_chunks(

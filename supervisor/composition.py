@@ -10,21 +10,32 @@ through `component()` as a leaf that says nothing of its scorer, so it can stand
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
 from supervisor.backend import RewardBackend
+from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape
 from supervisor.types import RewardRequest, RewardResponse
 
 
 class Component(RewardBackend):
     """A RewardBackend the library can hold: the trainer's contract plus the composition questions,
-    each with the answer of a leaf that scores alone. Composites override `members`."""
+    each with the answer of a leaf that scores alone. Composites override `members`. A component
+    scores in `score`, which answers an `Outcome` (a value); `compute_rewards` raises from it."""
 
     shape: ScorerShape | None = None  # the scorer behind it, once known (None for a panel)
     group_size: int | None = None  # configured: every group of every request must have this size
     needs_start: bool = False  # made with start=False and not started yet (a managed child's backend)
+
+    @abstractmethod
+    def score(self, request: RewardRequest) -> Outcome:
+        """What this backend scored of `request` and what failed; a failure of the whole call may be
+        raised (composites take it as that member's outcome, see `outcome_of`)."""
+
+    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+        return self.score(request).result()
 
     @property
     def identity_hash(self) -> str | None:
@@ -113,6 +124,9 @@ class Component(RewardBackend):
     def _grouping(self) -> tuple[int | None, bool]:
         return self.group_size, self.needs_whole_groups()
 
+    def _outcome(self, request: RewardRequest) -> Outcome:
+        return self.score(request)
+
 
 class _Plain(Component):
     """A trainer's own RewardBackend as the library sees it: a leaf of an unknown scorer."""
@@ -120,8 +134,8 @@ class _Plain(Component):
     def __init__(self, backend: RewardBackend) -> None:
         self.backend = backend
 
-    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
-        return self.backend.compute_rewards(request)
+    def score(self, request: RewardRequest) -> Outcome:
+        return Outcome.scored(self.backend.compute_rewards(request))
 
     def leaves(self) -> list[RewardBackend]:
         return [self.backend]
@@ -136,3 +150,12 @@ def leaf_shapes(backend: RewardBackend) -> list[ScorerShape]:
     """The scorers below `backend`, those whose backends know them (a trainer's own says nothing)."""
     shapes = (component(leaf).shape for leaf in component(backend).leaves())
     return [shape for shape in shapes if shape is not None]
+
+
+def outcome_of(backend: RewardBackend, request: RewardRequest) -> Outcome:
+    """What `backend` makes of `request`, any failure included, as a value: what a composite
+    combines. Ctrl-C (not an Exception) still ends the call."""
+    try:
+        return component(backend).score(request)
+    except Exception as exc:  # noqa: BLE001 - a member's failure is its outcome: the composite decides
+        return Outcome.raised(exc)

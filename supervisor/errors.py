@@ -4,7 +4,37 @@ The HTTP clients raise *transport facts* (`TransportError` and its kinds, or
 `ErrorStatus` for a non-2xx answer), mapped once from OSError/httpx at their
 boundary. Backends decide what a fact means for the child (kill it? restart
 later?) and raise the trainer-facing `ScorerError` built by `scorer_error`.
-Where a child is involved, the error carries its failure record.
+Where a child is involved, the error carries its failure record. Inside the
+library a backend's answer is a value (`supervisor.outcome.Outcome`); these are
+raised once, at the trainer's boundary. Every class has one parent:
+
+    ScorerError                     what a trainer catches (`record`: the child, when one is involved)
+    +-- ScorerStartupError          the child did not become ready
+    +-- ScorerProcessDied           the child is gone
+    |   +-- ScorerCrashLoop         ... and kept dying
+    |   +-- PoolActorDied           a Ray pool's actor died holding a share
+    +-- ScorerTimeout               a call passed its deadline (its child killed)
+    +-- ScorerRequestError          the scorer answered an error (`kind`)
+    |   +-- ScorerItemsFailed       some items not scored (`failed`; read-only `partial`: the others)
+    |   |   +-- JobItemsFailed      ... by a job service (`errors`: each item's JobError)
+    |   +-- ScorerTermsFailed       some terms failed alone (read-only `response`: every item)
+    +-- ScorerUnavailable           a remote server cannot be reached
+    +-- RewardContractError         rewards broke the contract
+    |   +-- ScorerIdentityChanged   an answer of another scorer identity
+    |       +-- PoolIdentityChanged ... from a Ray pool's actor
+    +-- BackendNotOwned             a fork called its parent's backend
+    +-- RankFailed                  a step failed on some rank (DistributedRewards)
+    +-- RankLost                    a peer rank left the exchange
+    +-- JobError                    one item's call to a job service (where, what came back)
+        +-- JobEnqueueUncertain     the enqueue may have reached it (orphaned)
+        +-- JobServiceUnavailable   nothing reached it
+        +-- JobSpoolFailed          the payload could not be spooled
+        +-- JobRejected             a 4xx for good
+        +-- JobProtocolError        an answer outside the protocol
+        +-- JobDeadline             the deadline passed first
+
+    ConfigError(ValueError)         a configuration cannot work
+    TransportError, ErrorStatus     transport facts: never reach a trainer
 """
 
 from __future__ import annotations
@@ -270,16 +300,16 @@ class JobError(ScorerError):
         )
 
 
-class JobEnqueueUncertain(JobError, ScorerUnavailable):
+class JobEnqueueUncertain(JobError):
     """The enqueue may have reached the service (a 5xx, a lost connection, no answer in time): it may
     be running there with nobody to pull it. Always `orphaned`."""
 
 
-class JobServiceUnavailable(JobError, ScorerUnavailable):
+class JobServiceUnavailable(JobError):
     """Nothing reached the service (no connection opened), or the backend was closed meanwhile."""
 
 
-class JobSpoolFailed(JobError, ScorerUnavailable):
+class JobSpoolFailed(JobError):
     """The item's payload could not be written to the spool (a full disk, a file-size limit, the
     spool directory gone): nothing was sent. Or it failed to read back while it was being sent:
     the upload was cut, `orphaned`. `spool_path` is the file (or the directory when no file could
@@ -290,19 +320,19 @@ class JobSpoolFailed(JobError, ScorerUnavailable):
         JobError.__init__(self, message, **where)
 
 
-class JobRejected(JobError, ScorerRequestError):
+class JobRejected(JobError):
     """The service refused the call for good: a 4xx that is not a pending answer (a 401 included)."""
 
     kind = "rejected"
 
 
-class JobProtocolError(JobError, RewardContractError):
+class JobProtocolError(JobError):
     """An answer outside the protocol: a 202 for another job, an enqueue answer without a job id, a
     200 that is not exactly one finite score, a job id the service already gave another item (both
     items fail: nobody can tell whose upload that job's score is)."""
 
 
-class JobDeadline(JobError, ScorerTimeout):
+class JobDeadline(JobError):
     """The request's absolute deadline passed before this item's score came back; a score arriving
     later is not taken."""
 

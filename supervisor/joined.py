@@ -3,11 +3,12 @@ into one response; and the errors of the shares, joined the same way wherever a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from scorers.diagnostics import merge_term_reports
-from supervisor.errors import RewardContractError, ScorerError, ScorerItemsFailed, ScorerTermsFailed
+from supervisor.errors import RewardContractError, ScorerItemsFailed, ScorerTermsFailed
+from supervisor.outcome import Outcome
 from supervisor.types import RewardResponse
 
 
@@ -61,33 +62,28 @@ def join_rows(
     )
 
 
-def shares_failed(scorer: str, ids: list[str], outcomes: Sequence[Any]) -> ScorerError | None:
-    """The one error over a split request whose failed shares each failed only some items (their
+def shares_failed(scorer: str, ids: list[str], outcomes: Sequence[Outcome]) -> Outcome | None:
+    """The one outcome of a split request whose failed shares each failed only some items (their
     partials joined) or only some terms (their responses joined), as one backend's would be; None
     when no share failed, or one failed otherwise (the caller names that share)."""
-    failed = [o for o in outcomes if isinstance(o, BaseException)]
-    if failed and all(isinstance(o, ScorerTermsFailed) for o in failed):
+    kinds = {outcome.kind for outcome in outcomes if not outcome.ok}
+    if kinds == {"terms_failed"}:
         return _join_term_failures(scorer, ids, outcomes)
-    if failed and all(isinstance(o, ScorerItemsFailed) and o.partial is not None for o in failed):
+    if kinds == {"items_failed"}:
         return _join_item_failures(scorer, ids, outcomes)
     return None
 
 
-def _gathered(outcomes: Sequence[Any], kind: type[Any], answer: str) -> tuple[dict[str, str], list[RewardResponse]]:
-    """The failed ids of every share of `kind`, and every share's response (its `answer` when it failed)."""
+def _gathered(outcomes: Sequence[Outcome]) -> tuple[dict[str, str], list[RewardResponse]]:
+    """The failed ids of every share, and every share's response (a failed share's partial)."""
     failed: dict[str, str] = {}
-    responses = []
     for outcome in outcomes:
-        if isinstance(outcome, kind):
-            failed.update(outcome.failed)
-            responses.append(getattr(outcome, answer))
-        elif isinstance(outcome, RewardResponse):
-            responses.append(outcome)
-    return failed, responses
+        failed.update(outcome.failed)
+    return failed, [outcome.response for outcome in outcomes if outcome.response is not None]
 
 
-def _join_item_failures(scorer: str, ids: list[str], outcomes: Sequence[Any]) -> ScorerItemsFailed:
-    failed, responses = _gathered(outcomes, ScorerItemsFailed, "partial")
+def _join_item_failures(scorer: str, ids: list[str], outcomes: Sequence[Outcome]) -> Outcome:
+    failed, responses = _gathered(outcomes)
     kept = [item_id for item_id in ids if item_id not in failed]
     diagnostics = merge_term_reports(r.diagnostics for r in responses)
     # every item failed: each partial is empty, and any of them has the terms an empty response needs
@@ -96,13 +92,34 @@ def _join_item_failures(scorer: str, ids: list[str], outcomes: Sequence[Any]) ->
         if kept
         else responses[0].model_copy(update={"diagnostics": diagnostics})
     )
-    return items_failed(scorer, len(ids), failed, partial)
+    return Outcome.items_failed(items_failed(scorer, len(ids), failed, partial), partial)
 
 
-def _join_term_failures(scorer: str, ids: list[str], outcomes: Sequence[Any]) -> ScorerTermsFailed:
-    failed, responses = _gathered(outcomes, ScorerTermsFailed, "response")
+def _join_term_failures(scorer: str, ids: list[str], outcomes: Sequence[Outcome]) -> Outcome:
+    failed, responses = _gathered(outcomes)
     joined = join_rows(ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
     first_id, why = next(iter(failed.items()))
-    return ScorerTermsFailed(
+    error = ScorerTermsFailed(
         f"scorer {scorer!r} failed terms for {len(failed)} items: {first_id!r}: {why}", failed, joined
     )
+    return Outcome.terms_failed(error, joined)
+
+
+def join_shares(
+    scorer: str, ids: list[str], outcomes: Sequence[Outcome], named: Callable[[int, BaseException, int], BaseException]
+) -> Outcome:
+    """The outcome of a request split in shares (over replicas, servers, a pool's actors): their
+    responses joined by id; their item or term failures joined (`shares_failed`); or the first
+    share's failure, as `named(index, error, how many others failed)` names it."""
+    joined = shares_failed(scorer, ids, outcomes)
+    if joined is not None:
+        return joined
+    failed = [(index, outcome.error) for index, outcome in enumerate(outcomes) if outcome.error is not None]
+    if failed:
+        index, error = failed[0]
+        named_error = named(index, error, len(failed) - 1)
+        if named_error is not error:
+            named_error.__cause__ = error  # as `raise named from error`
+        return Outcome.raised(named_error)
+    responses = [outcome.response for outcome in outcomes if outcome.response is not None]
+    return Outcome.scored(join_rows(ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses)))

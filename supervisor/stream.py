@@ -35,6 +35,7 @@ from scorers.diagnostics import merge_term_reports
 from scorers.groups import GroupInputError, partition
 from supervisor.errors import BackendNotOwned, ConfigError, ScorerError, ScorerItemsFailed, ScorerRequestError
 from supervisor.joined import join_rows, rows_by_id, shares_failed
+from supervisor.outcome import Outcome
 from supervisor.submit import Submission, SubmissionQueueFull
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
@@ -157,8 +158,8 @@ class RewardStream:
             windows = list(self._windows)
         for index, window in enumerate(windows):
             ended = window.future is not None and window.future.done()
-            error = _outcome(window) if ended else None
-            if isinstance(error, BaseException):
+            error = _outcome(window).error if ended else None
+            if error is not None:
                 error.add_note(f"while scoring stream window {index} ({len(window.items)} items)")
                 raise error
 
@@ -429,9 +430,10 @@ class RewardStream:
         """A window's outcome to its items' futures; its room back to the producers (whatever happens)."""
         try:
             outcome = _outcome(window)
-            error = outcome if isinstance(outcome, BaseException) else None
-            response = outcome if error is None else getattr(error, "partial", None)
-            rows = _rows(response) if isinstance(response, RewardResponse) else {}
+            error = outcome.error
+            # what was scored, item by item (a window whose terms failed gives its items its error)
+            taken = outcome.response if outcome.kind in ("scored", "items_failed") else None
+            rows = _rows(taken) if taken is not None else {}
             for item, row in zip(window.items, window.rows, strict=True):
                 if item.id in rows:
                     row.set_result(rows[item.id])
@@ -475,32 +477,34 @@ def _rows(response: RewardResponse) -> dict[str, ItemReward]:
     }
 
 
-def _outcome(window: _Window) -> RewardResponse | BaseException:
-    """An ended window's response or error."""
-    assert window.future is not None and window.future.done()  # the barrier waited for it
-    if window.future.cancelled():
-        return ScorerError("the stream's window was cancelled before it was sent")
-    return window.future.exception() or window.future.result()
+def _outcome(window: _Window) -> Outcome:
+    """An ended window's outcome (a submission keeps its own; another future's is read from it)."""
+    future = window.future
+    assert future is not None and future.done()  # the barrier waited for it
+    if isinstance(future, Submission) and future.outcome is not None:
+        return future.outcome
+    if future.cancelled():
+        return Outcome.raised(ScorerError("the stream's window was cancelled before it was sent"))
+    error = future.exception()
+    return Outcome.raised(error) if error is not None else Outcome.scored(future.result())
 
 
-def _joined(
-    backend: Streamed, windows: list[_Window], outcomes: list[RewardResponse | BaseException], order: list[str]
-) -> RewardResponse:
+def _joined(backend: Streamed, windows: list[_Window], outcomes: list[Outcome], order: list[str]) -> RewardResponse:
     """One response in add order; or one error naming every item the failed windows cost."""
     name = type(backend).__name__
-    responses = [outcome for outcome in outcomes if isinstance(outcome, RewardResponse)]
+    responses = [outcome.response for outcome in outcomes if outcome.ok and outcome.response is not None]
     diagnostics = merge_term_reports(response.diagnostics for response in responses)
     if len(responses) == len(outcomes):
         return join_rows(order, rows_by_id(responses), diagnostics) if order else _empty()
     joined = shares_failed(f"stream over {name}", order, outcomes)
     if joined is not None:
-        raise joined
+        return joined.result()  # raises: the windows' item or term failures, joined
     failed: dict[str, str] = {}
     first: BaseException | None = None
     for window, outcome in zip(windows, outcomes, strict=True):
-        if isinstance(outcome, BaseException):
-            first = first or outcome
-            why = str(outcome).splitlines()[0] if str(outcome) else type(outcome).__name__
+        if outcome.error is not None:
+            first = first or outcome.error
+            why = str(outcome.error).splitlines()[0] if str(outcome.error) else type(outcome.error).__name__
             failed.update({item.id: why for item in window.items})
     kept = [item_id for item_id in order if item_id not in failed]
     partial = join_rows(kept, rows_by_id(responses), diagnostics) if kept else None

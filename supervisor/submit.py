@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from supervisor.errors import BackendNotOwned, ScorerError, ScorerUnavailable
+from supervisor.outcome import Outcome
 
 DEFAULT_MAX_PENDING = 64
 _STOP = object()
@@ -33,6 +34,15 @@ class Submission(Future[Any]):
     def __init__(self, interrupt: Callable[[Submission], None]) -> None:
         super().__init__()
         self._interrupt = interrupt
+        self.outcome: Outcome | None = None  # the call's outcome as a value, once it ended
+
+    def settle(self, outcome: Outcome) -> None:
+        """End with `outcome`: its response, or its error (what `result()` raises)."""
+        self.outcome = outcome
+        if outcome.error is not None:
+            self.set_exception(outcome.error)
+        else:
+            self.set_result(outcome.response)
 
     def result(self, timeout: float | None = None) -> Any:
         try:
@@ -53,7 +63,7 @@ class Submitter:
 
     def __init__(
         self,
-        call: Callable[[Any], Any],
+        call: Callable[[Any], Outcome],
         name: str,
         max_pending: int = DEFAULT_MAX_PENDING,
         interrupt: Callable[[], None] = lambda: None,
@@ -104,13 +114,11 @@ class Submitter:
             with self._running_lock:
                 self._running = future
             try:
-                answer = self._call(request)
+                outcome = self._call(request)
             except BaseException as exc:  # noqa: BLE001 - the caller gets it from its own future
-                self._ran()
-                future.set_exception(exc)
-            else:
-                self._ran()
-                future.set_result(answer)
+                outcome = Outcome.raised(exc)
+            self._ran()
+            future.settle(outcome)
 
     def _ran(self) -> None:
         with self._running_lock:
@@ -135,5 +143,6 @@ class Submitter:
             except queue.Empty:
                 break
             if entry is not _STOP and entry[1].set_running_or_notify_cancel():
-                entry[1].set_exception(ScorerUnavailable(f"{self._name} was closed before this request was sent"))
+                closed = ScorerUnavailable(f"{self._name} was closed before this request was sent")
+                entry[1].settle(Outcome.raised(closed))
         self._queue.put(_STOP)

@@ -64,8 +64,9 @@ from supervisor.errors import (
 )
 from supervisor.fanout import on_each
 from supervisor.joined import items_failed
+from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape
-from supervisor.types import RewardItem, RewardRequest, RewardResponse
+from supervisor.types import RewardItem, RewardRequest
 
 log = logging.getLogger(__name__)
 MediaType = Literal["video", "image"]
@@ -221,7 +222,7 @@ class JobRewardBackend(Component):
     def call_bound_s(self) -> float:
         return self.request_timeout
 
-    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+    def score(self, request: RewardRequest) -> Outcome:
         deadline = time.monotonic() + self.request_timeout
         interrupted = self._interrupted  # this call's: interrupt() sets it (and replaces it for later calls)
         call = new_call()
@@ -238,9 +239,7 @@ class JobRewardBackend(Component):
         finally:
             self._job_ids.end_call(call)  # after the response's last check of the call's claims
 
-    def _response(
-        self, request: RewardRequest, outcomes: Sequence[tuple[Claim, float] | BaseException]
-    ) -> RewardResponse:
+    def _response(self, request: RewardRequest, outcomes: Sequence[tuple[Claim, float] | BaseException]) -> Outcome:
         """Every item's score, or JobItemsFailed naming each failed item (never a partial reward as a whole).
         A score whose job id the service gave another item meanwhile is not taken (the last check:
         every item of the call has its job id by now)."""
@@ -265,10 +264,12 @@ class JobRewardBackend(Component):
             self.shape.identity_hash,
         )
         if not errors:
-            return response
+            return Outcome.scored(response)
         failed = {item_id: str(error) for item_id, error in errors.items()}
         message = str(items_failed(self.shape.name, len(request.items), failed, response))
-        raise JobItemsFailed(message, errors, response) from next(iter(errors.values()))
+        error = JobItemsFailed(message, errors, response)
+        error.__cause__ = next(iter(errors.values()))  # as `raise ... from` the first item's
+        return Outcome.items_failed(error, response)
 
     def _where(self, item_id: str, stage: str, job_id: str | None = None) -> dict[str, Any]:
         where = {"service_url": self.base_url, "item_id": item_id, "stage": stage}

@@ -15,8 +15,9 @@ from scorers.registry import resolve_scorer
 from supervisor.chunks import CallPlan, ChunkAnswer, score_in_chunks
 from supervisor.composition import Component
 from supervisor.errors import ConfigError, RewardContractError, ScorerRequestError
+from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape, check_pins, check_reward_names
-from supervisor.types import RewardItem, RewardRequest, RewardResponse
+from supervisor.types import RewardItem, RewardRequest
 
 
 class LocalRewardBackend(Component):
@@ -112,7 +113,7 @@ class LocalRewardBackend(Component):
         }
         return ChunkAnswer(terms, result.diagnostics, failed, term_failed, not_applicable)
 
-    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+    def score(self, request: RewardRequest) -> Outcome:
         with self._serial:
             if self._closed:
                 raise RuntimeError("LocalRewardBackend is closed")

@@ -58,8 +58,9 @@ from supervisor.errors import (
     TransportError,
     scorer_error,
 )
+from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape, check_reward_names
-from supervisor.types import RewardItem, RewardRequest, RewardResponse
+from supervisor.types import RewardItem, RewardRequest
 from supervisor.verify import encode_chunk, verify_score_answer
 
 log = logging.getLogger(__name__)
@@ -658,20 +659,21 @@ class ManagedScorerProcessBackend(Component):
         except RewardContractError as exc:
             raise self._failure(gen, "score", exc) from exc
 
-    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+    def score(self, request: RewardRequest) -> Outcome:
         """Every chunk of one call goes to the same child: one that dies mid-call fails the call (its
         other chunks are never sent to a replacement behind the caller's back)."""
         self._check_owner()
         with self._serial:
             serving = _once(lambda: self._serving(restart=True))
-            try:
-                client = self.spec.client
-                plan = CallPlan(
-                    self.shape, client.request_batch_size, self.required_rewards, client.weights, client.group_size
-                )
-                return score_in_chunks(request, plan, _ChildChunks(self, serving))
-            except ScorerTermsFailed as exc:  # named with the child that failed the terms
-                raise ScorerTermsFailed(str(exc), exc.failed, exc.response, self._record()) from None
+            client = self.spec.client
+            plan = CallPlan(
+                self.shape, client.request_batch_size, self.required_rewards, client.weights, client.group_size
+            )
+            outcome = score_in_chunks(request, plan, _ChildChunks(self, serving))
+            if outcome.kind == "terms_failed" and outcome.response is not None:  # named with the child
+                named = ScorerTermsFailed(str(outcome.error), dict(outcome.failed), outcome.response, self._record())
+                return Outcome.terms_failed(named, outcome.response)
+            return outcome
 
     def onload(self) -> dict[str, Any]:
         """Restarts a dead child (booting it resident), then onloads; waits for a running score."""

@@ -30,8 +30,9 @@ from supervisor.errors import (
     TransportError,
     scorer_error,
 )
+from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape, check_pins, reward_terms
-from supervisor.types import RewardItem, RewardRequest, RewardResponse
+from supervisor.types import RewardItem, RewardRequest
 from supervisor.verify import encode_chunk, verify_score_answer
 
 T = TypeVar("T")
@@ -188,7 +189,7 @@ class RemoteRewardBackend(Component):
         except (TransportError, ErrorStatus) as exc:
             raise scorer_error(exc, f"health at {self.base_url}") from exc
 
-    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+    def score(self, request: RewardRequest) -> Outcome:
         return score_in_chunks(request, self.plan(self.group_size), self)
 
     def plan(self, group_size: int | None) -> CallPlan:

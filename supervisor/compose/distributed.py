@@ -35,6 +35,7 @@ from supervisor.backend import RewardBackend
 from supervisor.composition import Component, component
 from supervisor.errors import ConfigError, RankFailed, RankLost, RewardContractError, ScorerRequestError
 from supervisor.joined import join_rows, rows_by_id
+from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
@@ -114,9 +115,10 @@ class DistributedRewards(Component):
         return (self.rank, self.world_size)
 
     # -- the calls -------------------------------------------------------------------------
-    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
-        """This rank's rewards; `request.step` (the trainer's step) is checked against the other ranks'."""
-        return self.compute_world_rewards(request)[0]
+    def score(self, request: RewardRequest) -> Outcome:
+        """This rank's rewards; `request.step` (the trainer's step) is checked against the other ranks'.
+        A failure is every rank's, raised (a collective: see `_step`)."""
+        return Outcome.scored(self.compute_world_rewards(request)[0])
 
     async def compute_rewards_async(self, request: RewardRequest) -> RewardResponse:
         """In a thread of its own, outside the submission queue: a step is a collective that every

@@ -9,6 +9,7 @@ the term. Backends are scored concurrently; terms bound to one backend share one
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import threading
@@ -21,7 +22,7 @@ from scorers.diagnostics import check_name
 from scorers.identity import canonical_json, digest
 from supervisor.backend import RewardBackend
 from supervisor.compose.build import build_all
-from supervisor.composition import Component, component
+from supervisor.composition import Component, component, outcome_of
 from supervisor.errors import (
     BackendNotOwned,
     ConfigError,
@@ -33,9 +34,9 @@ from supervisor.errors import (
     ScorerItemsFailed,
     ScorerRequestError,
     ScorerStartupError,
-    ScorerTermsFailed,
 )
 from supervisor.fanout import on_each
+from supervisor.outcome import Outcome, as_outcomes
 from supervisor.types import SCORER_TERM_FAILED, RewardItem, RewardRequest, RewardResponse, TermFailure
 
 # Failures that say the backend cannot serve at all, not that one batch could not be scored.
@@ -207,7 +208,7 @@ class RewardPanel(Component):
             call.terms = [t for t in call.terms if any(t.applies(request.items[p]) for p in call.positions)]
         return [call for call in calls if call.positions], weights
 
-    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+    def score(self, request: RewardRequest) -> Outcome:
         if self._closed:
             raise RuntimeError("RewardPanel is closed")
         if request.group_size is None and self.group_size is not None:
@@ -219,12 +220,11 @@ class RewardPanel(Component):
             self._settle(call, outcome, request, got)
         if got.fatal:
             terms, why, error = got.fatal[0]
+            error = _without_partial(error)  # the term's own rewards, not this panel's: nothing above takes them
             error.add_note(f"panel term(s) {terms}: {why}")
-            if isinstance(error, ScorerItemsFailed):
-                error.partial = None  # the term's own rewards, not this panel's: nothing above may take them
-            raise error
+            return Outcome.raised(error)
         failures = self._whole_groups(request, got.failures, got.values)
-        return RewardResponse.checked(  # a weighted sum that overflows is caught there
+        response = RewardResponse.checked(  # a weighted sum that overflows is caught there
             ids=request.ids,
             rewards=self._weighted(got.values, weights, len(request.items)),
             component_rewards=got.values,
@@ -233,34 +233,37 @@ class RewardPanel(Component):
             diagnostics=got.diagnostics,
             identity_hash=self.identity_hash,
         )
+        return Outcome.scored(response)
 
-    def _settle(
-        self, call: _Call, outcome: RewardResponse | BaseException, request: RewardRequest, got: _Gathered
-    ) -> None:
+    def _settle(self, call: _Call, outcome: Outcome, request: RewardRequest, got: _Gathered) -> None:
         """One backend's outcome into `got`: its values, its optional terms' failure, or a fatal error."""
-        if isinstance(outcome, ScorerTermsFailed):  # every item answered, some terms failed alone: each term decides
-            self._take(call, outcome.response, request, got, outcome.record)
+        if outcome.kind == "terms_failed" and outcome.response is not None:  # each term decides
+            record = outcome.error.record if isinstance(outcome.error, ScorerError) else None
+            self._take(call, outcome.response, request, got, record)
             return
-        if isinstance(outcome, ScorerItemsFailed) and outcome.partial is not None and not _any_required(call):
+        if outcome.kind == "items_failed" and outcome.response is not None and not _any_required(call):
             self._take_partial(call, outcome, request, got)
             return
-        if isinstance(outcome, ScorerRequestError):  # the scorer's own refusal: perhaps of an optional item
+        if isinstance(outcome.error, ScorerRequestError):  # the scorer's own refusal: perhaps of an optional item
             narrowed = self._required_share(call, request)
             if narrowed is not None:  # optional terms brought items of their own: never let them sink the rest
                 (retry,) = self._score_concurrently(request, [narrowed])
-                if not isinstance(retry, BaseException):
-                    got.failures.extend(self._failed(t, call, request, outcome) for t in call.terms if not t.required)
-                    self._take(narrowed, retry, request, got)
+                if retry.ok and retry.response is not None:
+                    refused = outcome.error
+                    got.failures.extend(self._failed(t, call, request, refused) for t in call.terms if not t.required)
+                    self._take(narrowed, retry.response, request, got)
                     return
                 outcome = retry  # the required terms' own items fail too
-        if not isinstance(outcome, BaseException):
-            self._take(call, outcome, request, got)
+        if outcome.error is None and outcome.response is not None:
+            self._take(call, outcome.response, request, got)
             return
-        why = _fatal_reason(call, outcome)
+        error = outcome.error
+        assert error is not None  # not scored: a failure by construction
+        why = _fatal_reason(call, error)
         if why is not None:
-            got.fatal.append((", ".join(t.name for t in call.terms), why, outcome))
+            got.fatal.append((", ".join(t.name for t in call.terms), why, error))
         else:
-            got.failures.extend(self._failed(term, call, request, outcome) for term in call.terms)
+            got.failures.extend(self._failed(term, call, request, error) for term in call.terms)
 
     def _weighted(
         self, values: dict[str, list[float | None]], weights: dict[str, list[float | None]], count: int
@@ -329,13 +332,13 @@ class RewardPanel(Component):
         _warn_repeatedly(term.name, str(error), "failed for %d items (they get nothing from it)", len(ids))
         return TermFailure(term=term.name, ids=ids, error=str(error), kind=type(error).__name__)
 
-    def _score_concurrently(self, request: RewardRequest, calls: list[_Call]) -> list[Any]:
-        """Each backend's share at the same time; an outcome is a response or the exception it raised."""
+    def _score_concurrently(self, request: RewardRequest, calls: list[_Call]) -> list[Outcome]:
+        """Each backend's share at the same time, each one's outcome (what it raised included)."""
 
-        def one(call: _Call) -> RewardResponse:
+        def one(call: _Call) -> Outcome:
             share = [request.items[p] for p in call.positions]
-            return call.backend.compute_rewards(
-                RewardRequest(items=share, group_size=request.group_size, step=request.step)
+            return outcome_of(
+                call.backend, RewardRequest(items=share, group_size=request.group_size, step=request.step)
             )
 
         def interrupt() -> None:  # Ctrl-C while the backends score: end what can be ended
@@ -343,15 +346,17 @@ class RewardPanel(Component):
                 component(call.backend).interrupt()
 
         # Daemon threads, one per backend (see fanout): a Ctrl-C never waits for an in-process scorer.
-        return on_each(calls, one, "panel", on_interrupt=interrupt)
+        return as_outcomes(on_each(calls, one, "panel", on_interrupt=interrupt))
 
-    def _take_partial(self, call: _Call, error: ScorerItemsFailed, request: RewardRequest, got: _Gathered) -> None:
+    def _take_partial(self, call: _Call, outcome: Outcome, request: RewardRequest, got: _Gathered) -> None:
         """Optional terms whose backend could not score some items: those items get nothing from
         them (recorded by id), the others keep their values."""
-        missing = [p for p in call.positions if request.items[p].id in error.failed]
+        assert outcome.response is not None and outcome.error is not None  # items_failed: both by construction
+        error = outcome.error
+        missing = [p for p in call.positions if request.items[p].id in outcome.failed]
         gone = set(missing)
         scored = _Call(call.backend, call.terms, [p for p in call.positions if p not in gone])
-        self._take(scored, error.partial, request, got)
+        self._take(scored, outcome.response, request, got)
         for term in call.terms:
             ids = [request.items[p].id for p in missing if term.applies(request.items[p])]
             if ids:
@@ -576,3 +581,14 @@ class BackendPool:
 
     def __len__(self) -> int:
         return len(self._backends)
+
+
+def _without_partial(error: BaseException) -> BaseException:
+    """A term's ScorerItemsFailed as the panel raises it: a copy without the term's own rewards (its
+    `partial` is that term's, never the panel's). Any other error as it is."""
+    if not isinstance(error, ScorerItemsFailed):
+        return error
+    bare = copy.copy(error)
+    bare.partial = None
+    bare.__cause__, bare.__traceback__ = error.__cause__, error.__traceback__
+    return bare

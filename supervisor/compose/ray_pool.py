@@ -41,7 +41,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scorers.diagnostics import merge_term_reports
 from scorers.groups import share_groups
 from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.chunks import request_group_size, request_groups
@@ -57,9 +56,10 @@ from supervisor.errors import (
     ScorerUnavailable,
     prefixed,
 )
-from supervisor.joined import join_rows, rows_by_id, shares_failed
+from supervisor.joined import join_shares
+from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape
-from supervisor.types import RewardRequest, RewardResponse
+from supervisor.types import RewardRequest
 
 log = logging.getLogger(__name__)
 # Threads of one actor: a second driver's call, or `info`, is taken while another call scores (the
@@ -114,7 +114,7 @@ class ShareAnswer:
     scored it and where the actor runs now. The pool checks the identity before it joins anything.
     A share stopped at its cancel is raised instead (it carries no reward)."""
 
-    outcome: RewardResponse | ScorerError
+    outcome: Outcome
     identity_hash: str | None
     where: dict[str, Any]  # node_id, node_ip, pid, child_pid
 
@@ -168,12 +168,12 @@ class PoolActor:
         with self._held_lock:
             ahead, self._held = self._held, self._held + 1
 
-        def scoring() -> RewardResponse:
+        def scoring() -> Outcome:
             with self._scoring_lock:
                 self._scoring = turn_token
             began.append(time.monotonic())
             try:
-                return self.backend.compute_rewards(request)
+                return self.backend.score(request)
             finally:
                 with self._scoring_lock:
                     self._scoring = None
@@ -187,20 +187,20 @@ class PoolActor:
                 raise self._stopped(turn, turn_token, share, ahead, began)
         return self._signed(self._answer(turn))
 
-    def _released(self, _turn: Future[RewardResponse]) -> None:
+    def _released(self, _turn: Future[Outcome]) -> None:
         with self._held_lock:
             self._held -= 1
 
-    def _answer(self, turn: Future[RewardResponse]) -> RewardResponse | ScorerError:
+    def _answer(self, turn: Future[Outcome]) -> Outcome:
         error = turn.exception()
         if error is None:
             return turn.result()
         if isinstance(error, ScorerError):
-            return error
+            return Outcome.raised(error)
         raise error  # not ours: Ray hands it to the pool as a RayTaskError
 
     def _stopped(
-        self, turn: Future[RewardResponse], token: object, share: str, ahead: int, began: list[float]
+        self, turn: Future[Outcome], token: object, share: str, ahead: int, began: list[float]
     ) -> ScorerTimeout:
         """The share's call passed its deadline. Queued: it leaves the queue, never scored. Scoring: its
         child is killed (the next share starts a new one, counted against the restart policy), so nothing
@@ -231,7 +231,7 @@ class PoolActor:
             f"was killed and the share {ended}; the next share starts a new child"
         )
 
-    def _signed(self, outcome: RewardResponse | ScorerError) -> ShareAnswer:
+    def _signed(self, outcome: Outcome) -> ShareAnswer:
         return ShareAnswer(outcome, self.backend.identity_hash, self.where())
 
     def close(self) -> None:
@@ -380,7 +380,7 @@ class RayPoolBackend(Component):
         return self.call_timeout_s + CANCEL_GRACE_S
 
     # -- scoring ---------------------------------------------------------------------------
-    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+    def score(self, request: RewardRequest) -> Outcome:
         """Whole groups to each actor, each share put once in the object store, all sent at once;
         one deadline for the whole call, past which unanswered shares are cancelled. A failed share
         fails the call with its own typed error; an answer of another identity fails it first."""
@@ -403,46 +403,42 @@ class RayPoolBackend(Component):
             self._accepted(member, answer, [request.items[p].id for p in share])
             for (member, share), answer in zip(sent, answers, strict=True)
         ]
-        failed = sorted(
-            (o for o in outcomes if isinstance(o, BaseException)), key=lambda o: not isinstance(o, PoolIdentityChanged)
-        )
-        if any(isinstance(o, PoolIdentityChanged) for o in failed):
-            raise failed[0]  # nothing of another identity is joined, not even a partial
-        joined = shares_failed(self.shape.name, request.ids, outcomes)
-        if joined is not None:
-            raise joined
-        if failed:
-            raise failed[0]
-        responses = [o for o in outcomes if isinstance(o, RewardResponse)]
-        return join_rows(request.ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
+        for outcome in outcomes:
+            if isinstance(outcome.error, PoolIdentityChanged):
+                return outcome  # nothing of another identity is joined, not even a partial
+        return join_shares(self.shape.name, request.ids, outcomes, lambda _index, error, _others: error)
 
-    def _accepted(self, member: _Member, answer: Any, ids: list[str]) -> Any:
+    def _accepted(self, member: _Member, answer: Any, ids: list[str]) -> Outcome:
         """A share's outcome once its signature is checked: the pool's identity, and its own ids."""
         if not isinstance(answer, ShareAnswer):
-            return answer  # a Ray failure, already translated
+            return Outcome.raised(answer)  # a Ray failure, already translated
         member.last = {**(member.last or {}), **answer.where}  # what errors name: the actor as it answered
         if member.info is not None:
             member.info = {**member.info, **answer.where}
         where = self.describe(member)
         if answer.identity_hash != self.shape.identity_hash:
-            return PoolIdentityChanged(
-                f"{where} answered from child pid {answer.where.get('child_pid')} of scorer identity "
-                f"{answer.identity_hash}, not the pool's {self.shape.identity_hash}: Ray restarted or replaced the "
-                "actor, and its node's scorer env now serves another revision or params; refused (fix that env, "
-                "or create the pool anew)",
-                actor=actor_name(self.name, member.index),
-                node_id=answer.where.get("node_id"),
-                node_ip=answer.where.get("node_ip"),
-                actor_pid=answer.where.get("pid"),
-                expected=self.shape.identity_hash,
-                got=answer.identity_hash,
+            return Outcome.raised(
+                PoolIdentityChanged(
+                    f"{where} answered from child pid {answer.where.get('child_pid')} of scorer identity "
+                    f"{answer.identity_hash}, not the pool's {self.shape.identity_hash}: Ray restarted or replaced the "
+                    "actor, and its node's scorer env now serves another revision or params; refused (fix that env, "
+                    "or create the pool anew)",
+                    actor=actor_name(self.name, member.index),
+                    node_id=answer.where.get("node_id"),
+                    node_ip=answer.where.get("node_ip"),
+                    actor_pid=answer.where.get("pid"),
+                    expected=self.shape.identity_hash,
+                    got=answer.identity_hash,
+                )
             )
         outcome = answer.outcome
-        if isinstance(outcome, ScorerError):
-            return prefixed(outcome, where)
-        if outcome.ids != ids:
-            return RewardContractError(
-                f"{where} answered for ids {outcome.ids[:4]}... where its share was {ids[:4]}..."
+        if outcome.kind == "failed" and outcome.error is not None:
+            return Outcome.raised(prefixed(outcome.error, where))
+        if outcome.kind == "scored" and outcome.response is not None and outcome.response.ids != ids:
+            return Outcome.raised(
+                RewardContractError(
+                    f"{where} answered for ids {outcome.response.ids[:4]}... where its share was {ids[:4]}..."
+                )
             )
         return outcome
 

@@ -34,7 +34,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scorers.diagnostics import merge_term_reports
 from scorers.groups import share_groups
 from supervisor.backend import RewardBackend
 from supervisor.backends.remote import RemoteRewardBackend, fixable_elsewhere
@@ -50,9 +49,10 @@ from supervisor.errors import (
     prefixed,
 )
 from supervisor.fanout import on_each
-from supervisor.joined import join_rows, rows_by_id, shares_failed
+from supervisor.joined import join_shares
+from supervisor.outcome import Outcome, as_outcomes
 from supervisor.shape import ScorerShape
-from supervisor.types import RewardItem, RewardRequest, RewardResponse
+from supervisor.types import RewardItem, RewardRequest
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +334,7 @@ class MultiRemoteRewardBackend(Component):
                 # the server of another identity is gone (stopped, say): passed over again, not an error
                 self._changed.pop(index, None)
 
-    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+    def score(self, request: RewardRequest) -> Outcome:
         if self._stopped.is_set():
             raise ScorerUnavailable(f"remote backend of {self.shape.name!r} at {self.base_urls} is closed")
         deadline = time.monotonic() + self.call_bound_s
@@ -345,26 +345,19 @@ class MultiRemoteRewardBackend(Component):
         call = _Call(self.servers, healthy, deadline, self._went_down)
         sent = [(healthy[i], share) for i, share in enumerate(shares) if share]
 
-        def score_share(target: tuple[int, list[int]]) -> RewardResponse:
+        def score_share(target: tuple[int, list[int]]) -> Outcome:
             index, share = target
             part = RewardRequest(items=[request.items[p] for p in share], group_size=group_size, step=request.step)
             server = self.servers[index]
             return score_in_chunks(part, server.plan(group_size), _ShareChunks(call, index, self.interrupt))
 
-        outcomes = on_each(sent, score_share, "remote-share", on_interrupt=self.interrupt)
-        return self._joined(request, outcomes)
+        outcomes = as_outcomes(on_each(sent, score_share, "remote-share", on_interrupt=self.interrupt))
 
-    def _joined(self, request: RewardRequest, outcomes: Sequence[RewardResponse | BaseException]) -> RewardResponse:
-        """The shares' answers joined by id, or the first failure (each names its server)."""
-        failed = [o for o in outcomes if isinstance(o, BaseException)]
-        joined = shares_failed(self.shape.name, request.ids, outcomes)
-        if joined is not None:
-            raise joined
-        if failed:
-            also = f"; {len(failed) - 1} other share(s) failed too" if len(failed) > 1 else ""
-            raise prefixed(failed[0], f"{self.shape.name!r} over {len(self.servers)} servers{also}") from failed[0]
-        responses = [o for o in outcomes if isinstance(o, RewardResponse)]
-        return join_rows(request.ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
+        def named(_index: int, error: BaseException, others: int) -> BaseException:  # each names its server
+            also = f"; {others} other share(s) failed too" if others else ""
+            return prefixed(error, f"{self.shape.name!r} over {len(self.servers)} servers{also}")
+
+        return join_shares(self.shape.name, request.ids, outcomes, named)
 
     # -- residency and lifecycle: every server ------------------------------------------------
     def _all(self, what: str, call: Callable[[RemoteRewardBackend], dict[str, Any]]) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from scorers.diagnostics import merge_term_reports
 from scorers.groups import share_groups
 from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.child import ranks
@@ -26,8 +25,10 @@ from supervisor.composition import Component
 from supervisor.config import ManagedScorerProcessSpec, ReplicasConfig
 from supervisor.errors import ConfigError, ScorerProcessDied, prefixed
 from supervisor.fanout import on_each
-from supervisor.joined import join_rows, rows_by_id, shares_failed
+from supervisor.joined import join_shares
+from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape
+from supervisor.submit import Submission
 from supervisor.types import RewardRequest, RewardResponse
 
 
@@ -151,7 +152,7 @@ class ReplicatedBackend(Component):
                 self._load[index] += len(share)
         return shares
 
-    def compute_rewards(self, request: RewardRequest) -> RewardResponse:
+    def score(self, request: RewardRequest) -> Outcome:
         self._check_owner()
         if self._closed:
             raise ScorerProcessDied(f"replicated backend of {self.shape.name!r} is closed")
@@ -167,11 +168,8 @@ class ReplicatedBackend(Component):
                     )
                     futures[index] = future  # on the replica's own worker: in order, never behind another replica
                     future.add_done_callback(self._unload(index, len(share)))
-            outcomes: list[RewardResponse | BaseException | None] = []
-            for index in range(len(shares)):
-                sent = futures.get(index)
-                error = sent.exception() if sent is not None else None  # bounded by the request deadline
-                outcomes.append(error if error is not None else sent.result() if sent is not None else None)
+            for future in futures.values():
+                future.exception()  # bounded by the request deadline
         except BaseException:  # Ctrl-C while the shares run: never leave them scoring behind the caller
             for sent in futures.values():
                 sent.cancel()
@@ -181,16 +179,14 @@ class ReplicatedBackend(Component):
             for index, share in enumerate(shares):
                 if share and index not in futures:  # never sent: its load goes now
                     self._answered(index, len(share))
-        failed = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
-        joined = shares_failed(self.shape.name, request.ids, outcomes)
-        if joined is not None:
-            raise joined
-        if failed:
-            index, error = failed[0]
-            ids = [request.items[p].id for p in shares[index]]
-            raise self._named(index, error, f"share of {len(ids)} ids from {ids[0]!r}", len(failed) - 1) from error
-        responses = [o for o in outcomes if isinstance(o, RewardResponse)]
-        return join_rows(request.ids, rows_by_id(responses), merge_term_reports(r.diagnostics for r in responses))
+        indexes = list(futures)
+        outcomes = [_ended(futures[index]) for index in indexes]
+
+        def named(position: int, error: BaseException, others: int) -> BaseException:
+            ids = [request.items[p].id for p in shares[indexes[position]]]
+            return self._named(indexes[position], error, f"share of {len(ids)} ids from {ids[0]!r}", others)
+
+        return join_shares(self.shape.name, request.ids, outcomes, named)
 
     def _answered(self, index: int, items: int) -> None:
         with self._lock:
@@ -251,3 +247,11 @@ class ReplicatedBackend(Component):
             on_each(self.replicas, lambda replica: replica.close())
         finally:
             self._close_done.set()
+
+
+def _ended(future: Future[RewardResponse]) -> Outcome:
+    """A replica's share as a value, once its submission ended (a submission keeps its outcome)."""
+    if isinstance(future, Submission) and future.outcome is not None:
+        return future.outcome
+    error = future.exception()
+    return Outcome.raised(error) if error is not None else Outcome.scored(future.result())

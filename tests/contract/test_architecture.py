@@ -221,3 +221,29 @@ def test_every_product_function_fits_on_a_screen(package):
                 if length > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
     assert long == []
+
+
+def test_the_error_tree_is_drawn_and_single_inheritance():
+    import inspect
+
+    import supervisor.errors as errors
+
+    drawn = errors.__doc__ or ""
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
+    assert [c.__name__ for c in classes if len(c.__bases__) > 1] == []
+    scorer_errors = [c for c in classes if issubclass(c, errors.ScorerError)]
+    assert [c.__name__ for c in scorer_errors if f" {c.__name__} " not in drawn] == []
+
+
+def test_no_result_is_read_back_from_an_exception_inside_the_library():
+    """Results travel as values (supervisor.outcome); `partial` is the trainer's read-only copy."""
+    reads = []
+    for module, path in MODULES.items():
+        if module == "supervisor.errors":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "partial" and isinstance(node.ctx, ast.Load):
+                owner = node.value.id if isinstance(node.value, ast.Name) else ""
+                if owner not in ("self", "summary"):  # score_dataset's count of partial rows, not an error's
+                    reads.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert reads == []

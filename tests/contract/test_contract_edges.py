@@ -133,7 +133,7 @@ def test_a_term_that_does_not_apply_is_none_and_never_a_reward_term():
     checked = verify_score_answer(answer, ["x", "y"], ["a"], declared=DECLARED)
     assert checked.not_applicable == {"b": frozenset({"y"})}
     request = RewardRequest(items=[RewardItem(id=i, text="t") for i in ("x", "y")])
-    response = score_in_chunks(request, CallPlan(DECLARED, 2, ["a"]), Answering(lambda: checked))
+    response = score_in_chunks(request, CallPlan(DECLARED, 2, ["a"]), Answering(lambda: checked)).result()
     assert response.rewards == [1.0, 2.0] and response.component_rewards["b"] == [0.5, None]
     assert response.applicable == {"b": [True, False]} and response.usable() == [True, True]
     assert response.successes == [True, True]

@@ -34,9 +34,9 @@ class RecordingBackend(LocalRewardBackend):
         self.calls: list[list[list[str]]] = []
         super().__init__(*args, **kwargs)
 
-    def compute_rewards(self, request):  # type: ignore[no-untyped-def]
+    def score(self, request):  # type: ignore[no-untyped-def]
         self.calls.append([])
-        return super().compute_rewards(request)
+        return super().score(request)
 
     def score_chunk(self, chunk, group_size):  # type: ignore[no-untyped-def]
         self.calls[-1].append([item.id for item in chunk])
