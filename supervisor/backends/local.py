@@ -13,8 +13,16 @@ from scorers.base import ScoreInputError, Scorer, ScorerContractError, score_che
 from scorers.identity import scorer_identity_hash
 from scorers.registry import resolve_scorer
 from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_pins, check_reward_names, score_in_chunks
+from supervisor.config import LocalBackendConfig, settings
 from supervisor.errors import ConfigError, RewardContractError, ScorerRequestError
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
+
+# What a LocalBackendConfig holds that is no setting of the backend's, and why
+NOT_SETTINGS = {
+    "kind": "the config union's tag",
+    "input_kind": "the scorer's own; the config's is for checks before anything starts (doctor, preflight)",
+    "shared_memory_min_bytes": "a managed child's data plane: nothing crosses a process here",
+}
 
 
 class LocalRewardBackend(RewardBackend):
@@ -80,6 +88,13 @@ class LocalRewardBackend(RewardBackend):
         self.scorer.load(device)
         self.scorer.onload()
         self._closed = False
+
+    @classmethod
+    def from_config(cls, config: LocalBackendConfig) -> LocalRewardBackend:
+        """The backend a recipe (or the CLI) describes, every setting passed by its name: the scorer's
+        (its `name` is `scorer`) and the client's."""
+        keywords = settings(config, flatten=("scorer", "client"), leave={*NOT_SETTINGS, "name"})
+        return cls(config.scorer.name, **keywords)
 
     @property
     def combination(self) -> dict[str, Any]:
