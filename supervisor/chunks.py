@@ -52,7 +52,7 @@ class CallPlan:
 
     shape: ScorerShape
     batch_size: int  # at most this many items a chunk
-    required: Sequence[str]  # the terms that make the reward
+    required_rewards: Sequence[str]  # the terms that make the reward
     weights: Mapping[str, float] = field(default_factory=dict)
     group_size: int | None = None  # configured: every group of every request has this size
     max_in_flight: int | None = None  # the transport's own bound on chunks at once (None: the scorer's)
@@ -93,12 +93,12 @@ def score_in_chunks(request: RewardRequest, plan: CallPlan, scorer: ChunkScorer)
     answers = score_chunks([[request.items[i] for i in chunk] for chunk in chunks], scorer, group_size, plan.at_once)
     merged = Merged.of(len(request.items), chunks, answers)
     scored = np.array([item_id not in merged.failed for item_id in request.ids], dtype=bool)
-    merged.check_filled(plan.shape.name, request.ids, plan.required, scored)
+    merged.check_filled(plan.shape.name, request.ids, plan.required_rewards, scored)
     kept = np.flatnonzero(scored)  # every item but those the scorer could not score
     response = assemble_response(
         [request.ids[i] for i in kept],
         {name: scores[kept] for name, scores in merged.scores.items()},
-        plan.required,
+        plan.required_rewards,
         plan.weights,
         {plan.shape.name: merge_reports(merged.reports)},
         plan.shape.identity_hash,
@@ -109,7 +109,7 @@ def score_in_chunks(request: RewardRequest, plan: CallPlan, scorer: ChunkScorer)
         return Outcome.items_failed(
             items_failed(plan.shape.name, len(request.items), merged.failed, response), response
         )
-    if any(name in plan.required for name in merged.term_failed):  # the reward lacks a term: a panel decides
+    if any(name in plan.required_rewards for name in merged.term_failed):  # the reward lacks a term: a panel decides
         return Outcome.terms_failed(terms_failed(plan.shape.name, merged.term_failed, response), response)
     return Outcome.scored(response)
 

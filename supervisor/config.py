@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -40,6 +40,25 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         return [_plain(v) for v in value]
     return value
+
+
+def settings(config: BaseModel, flatten: Collection[str] = (), leave: Collection[str] = ()) -> dict[str, Any]:
+    """A config model's fields by name, as keywords of the backend it describes (each setting is stated once,
+    in its model): the fields of the nested models named in `flatten` lifted beside the others, those named
+    in `leave` (not the backend's to take) left out. A name kept twice is refused: one name, one setting."""
+    found: dict[str, Any] = {}
+    for name in type(config).model_fields:
+        value = getattr(config, name)
+        nested = (
+            {inner: getattr(value, inner) for inner in type(value).model_fields} if name in flatten else {name: value}
+        )
+        for key, item in nested.items():
+            if key in leave:
+                continue
+            if key in found:
+                raise TypeError(f"{type(config).__name__}: {key!r} is both a field and a field of {name!r}")
+            found[key] = item
+    return found
 
 
 class _Model(BaseModel):
@@ -342,6 +361,10 @@ class RemoteBackendConfig(_Model):
     token_env: str | None = None
     request_timeout: float = Field(default=600.0, gt=0)  # each exchange as a whole, retries included
     max_answer_bytes: int = Field(default=64 * 2**20, ge=1024)  # an answer past this (read, never decoded) fails
+    max_request_bytes: int | None = Field(default=None, gt=0)  # refused before it is sent (None: the server judges)
+    max_retries: int = Field(default=3, ge=0)  # tries after the first, of idempotent exchanges only
+    retry_backoff_s: float = Field(default=0.1, gt=0)  # the first pause between tries, doubling up to the cap
+    retry_backoff_cap_s: float = Field(default=2.0, gt=0)
     revision: str | None = None
     identity_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     client: ClientConfig = Field(default_factory=ClientConfig)
@@ -359,6 +382,12 @@ class RemoteBackendConfig(_Model):
                 raise ValueError("give base_url or base_urls, not both")
             data = {("base_url" if key == "base_urls" else key): value for key, value in data.items()}
         return data
+
+    @model_validator(mode="after")
+    def _backoff(self) -> RemoteBackendConfig:
+        if self.retry_backoff_s > self.retry_backoff_cap_s:
+            raise ValueError(f"retry_backoff_s {self.retry_backoff_s} > retry_backoff_cap_s {self.retry_backoff_cap_s}")
+        return self
 
     @property
     def urls(self) -> list[str]:
@@ -387,6 +416,7 @@ class JobBackendConfig(_Model):
     enqueue_path: str = "/enqueue"
     result_path: str = "/result/{uuid}"
     score_key: str = "scores"
+    max_answer_bytes: int = Field(default=2**20, ge=1024)  # an answer past this (read, never decoded) fails
     remembered_job_ids: int = Field(default=16384, ge=0)  # ended items' job ids kept to refuse one given twice
 
     @property

@@ -45,6 +45,7 @@ from supervisor.backends.spool import Spool, Spooled, SpoolWriteFailed
 from supervisor.child import ranks
 from supervisor.child.client import MAX_CONNECTIONS, HttpxTransport
 from supervisor.composition import Component
+from supervisor.config import JobBackendConfig, settings
 from supervisor.errors import (
     ConnectFailed,
     ConnectionLost,
@@ -71,6 +72,11 @@ from supervisor.types import RewardItem, RewardRequest
 log = logging.getLogger(__name__)
 MediaType = Literal["video", "image"]
 LEGACY_PENDING = "Not found scores for {uuid}"
+# What a JobBackendConfig holds that is no setting of the backend's, and why
+NOT_SETTINGS = {
+    "kind": "the config union's tag",
+    "token_env": "the token's variable: its value is the runtime-only `token`",
+}
 
 
 class _Pending(Exception):
@@ -213,6 +219,12 @@ class JobRewardBackend(Component):
         self._transport = HttpxTransport(base_url, headers, max_answer_bytes)
         self.spool = Spool(spool_dir, ranks.current().rank)
         self._job_ids = JobIds(remembered_job_ids)
+
+    @classmethod
+    def from_config(cls, config: JobBackendConfig, token: str | None = None) -> JobRewardBackend:
+        """The backend a recipe (or the CLI) describes, every setting passed by its name; `token` is the
+        value of `config.token_env`."""
+        return cls(config.base_url, token, **settings(config, leave={*NOT_SETTINGS, "base_url"}))
 
     @property
     def combination(self) -> dict[str, Any]:

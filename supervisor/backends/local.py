@@ -14,10 +14,18 @@ from scorers.identity import scorer_identity_hash
 from scorers.registry import resolve_scorer
 from supervisor.chunks import CallPlan, ChunkAnswer, score_in_chunks
 from supervisor.composition import Component
+from supervisor.config import LocalBackendConfig, settings
 from supervisor.errors import ConfigError, RewardContractError, ScorerRequestError
 from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape, check_pins, check_reward_names
 from supervisor.types import RewardItem, RewardRequest
+
+# What a LocalBackendConfig holds that is no setting of the backend's, and why
+NOT_SETTINGS = {
+    "kind": "the config union's tag",
+    "input_kind": "the scorer's own; the config's is for checks before anything starts (doctor, preflight)",
+    "shared_memory_min_bytes": "a managed child's data plane: nothing crosses a process here",
+}
 
 
 class LocalRewardBackend(Component):
@@ -75,7 +83,7 @@ class LocalRewardBackend(Component):
         )
         check_pins(self.shape, revision, identity_hash)
         self.weights = dict(weights or {})
-        self.required = check_reward_names(spec.name, spec.term_names(), required_rewards or [], self.weights)
+        self.required_rewards = check_reward_names(spec.name, spec.term_names(), required_rewards or [], self.weights)
         self.request_batch_size = request_batch_size
         self.group_size = group_size
         self._serial = threading.RLock()
@@ -84,9 +92,16 @@ class LocalRewardBackend(Component):
         self.scorer.onload()
         self._closed = False
 
+    @classmethod
+    def from_config(cls, config: LocalBackendConfig) -> LocalRewardBackend:
+        """The backend a recipe (or the CLI) describes, every setting passed by its name: the scorer's
+        (its `name` is `scorer`) and the client's."""
+        keywords = settings(config, flatten=("scorer", "client"), leave={*NOT_SETTINGS, "name"})
+        return cls(config.scorer.name, **keywords)
+
     @property
     def combination(self) -> dict[str, Any]:
-        return {"required": list(self.required), "weights": dict(sorted(self.weights.items()))}
+        return {"required": list(self.required_rewards), "weights": dict(sorted(self.weights.items()))}
 
     def score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
         """One chunk through the child's own validation path (this backend is its ChunkScorer)."""
@@ -118,7 +133,9 @@ class LocalRewardBackend(Component):
             if self._closed:
                 raise RuntimeError("LocalRewardBackend is closed")
             try:
-                plan = CallPlan(self.shape, self.request_batch_size, self.required, self.weights, self.group_size)
+                plan = CallPlan(
+                    self.shape, self.request_batch_size, self.required_rewards, self.weights, self.group_size
+                )
                 return score_in_chunks(request, plan, self)
             finally:
                 if self._closed:  # close() came from another thread meanwhile and left this to us

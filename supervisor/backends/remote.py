@@ -20,6 +20,7 @@ from scorers.retry import Retry
 from supervisor.child.client import DEFAULT_MAX_ANSWER_BYTES, MAX_CONNECTIONS, ScorerClient
 from supervisor.chunks import CallPlan, ChunkAnswer, score_in_chunks
 from supervisor.composition import Component
+from supervisor.config import RemoteBackendConfig, settings
 from supervisor.errors import (
     ConnectFailed,
     ConnectionLost,
@@ -43,6 +44,16 @@ log = logging.getLogger(__name__)
 # a served panel's term that died or passed its deadline (each try here would restart that term's child,
 # and the tries would crash-loop it), a scorer wedged on a thread it cannot stop (it refuses every call)
 FAIL_OVER_ONLY = (wire.SERVER_FAULT, *wire.RESTART_KINDS)
+
+# What a RemoteBackendConfig holds that is no setting of one server's client, and why
+NOT_SETTINGS = {
+    "kind": "the config union's tag",
+    "token_env": "the token's variable: its value is the runtime-only `token`",
+    "input_kind": "the server's own kind; the config's is for checks before anything starts (doctor, preflight)",
+    "shared_memory_min_bytes": "a managed child's data plane: a server is reached over the network",
+    "probe_timeout_s": "several servers only (MultiRemoteRewardBackend)",
+    "probe_interval_s": "several servers only (MultiRemoteRewardBackend)",
+}
 
 
 def retryable(exc: Exception) -> bool:
@@ -130,6 +141,15 @@ class RemoteRewardBackend(Component):
         except BaseException:
             self._client.close()
             raise
+
+    @classmethod
+    def from_config(cls, config: RemoteBackendConfig, token: str | None = None) -> RemoteRewardBackend:
+        """The client a recipe (or the CLI) describes, every setting passed by its name (a setting added
+        to both is settable from a recipe at once); `token` is the value of `config.token_env`."""
+        if len(config.urls) != 1:
+            raise TypeError("a config of several servers builds a MultiRemoteRewardBackend")
+        keywords = settings(config, flatten=("client",), leave={*NOT_SETTINGS, "base_url"})
+        return cls(config.urls[0], token, **keywords)
 
     def _exchange(self, what: str, call: Callable[[float], T], budget_s: float) -> T:
         """`call(seconds_left)` until it succeeds, fails for good, tries run out, or the next pause

@@ -40,6 +40,7 @@ from supervisor.config import (
     PanelConfig,
     RemoteBackendConfig,
     TermConfig,
+    settings,
 )
 from supervisor.errors import ConfigError, validation_message
 
@@ -159,7 +160,8 @@ def _missing(where: str) -> PanelConfig:
 MODEL_KEYS = {"backend", "scorer", "params", "revision", "identity_hash", "catalog", "device", "input_kind"}
 
 
-REMOTE_KEYS = {"base_url", "base_urls", "token_env", "request_timeout", "max_answer_bytes", "revision", "identity_hash"}
+# a remote model's keys are its config's own (`client` too, below; `base_urls` is base_url's other spelling)
+REMOTE_KEYS = (set(RemoteBackendConfig.model_fields) - {"kind", "client"}) | {"base_urls"}
 
 
 def _verl_model(name: str, model: Mapping[str, Any], group_size: int | None) -> dict[str, Any]:
@@ -309,8 +311,9 @@ def _from_catalog(data: Mapping[str, Any]) -> Recipe:
 def make_backend(
     config: ManagedScorerProcessSpec | LocalBackendConfig | RemoteBackendConfig | JobBackendConfig, start: bool = True
 ) -> RewardBackend:
-    """One backend from its config; a managed child starts here unless `start=False` (then `start()`
-    starts it: panels start their children together)."""
+    """One backend from its config, each kind by its own `from_config` (every setting by its name, none
+    copied here); a managed child starts here unless `start=False` (then `start()` starts it: panels
+    start their children together)."""
     from supervisor.backends.jobs import JobRewardBackend
     from supervisor.backends.local import LocalRewardBackend
     from supervisor.backends.managed import ManagedScorerProcessBackend
@@ -323,39 +326,12 @@ def make_backend(
             return ReplicatedBackend(config, start=start)
         return ManagedScorerProcessBackend(config, start=start)
     if isinstance(config, LocalBackendConfig):
-        scorer, client = config.scorer, config.client
-        return LocalRewardBackend(
-            scorer.name,
-            scorer.params,
-            device=scorer.device,
-            required_rewards=client.required_rewards,
-            weights=client.weights,
-            request_batch_size=client.request_batch_size,
-            group_size=client.group_size,
-            revision=scorer.revision,
-            identity_hash=scorer.identity_hash,
-            catalog=scorer.catalog,
-        )
-    token = _token(config)
+        return LocalRewardBackend.from_config(config)
     if isinstance(config, JobBackendConfig):
-        return JobRewardBackend(config.base_url, token, **config.model_dump(exclude={"kind", "base_url", "token_env"}))
+        return JobRewardBackend.from_config(config, _token(config))
     if len(config.urls) > 1:
-        probes = {"probe_timeout_s": config.probe_timeout_s, "probe_interval_s": config.probe_interval_s}
-        return MultiRemoteRewardBackend(config.urls, token, **probes, **_remote_options(config))
-    return RemoteRewardBackend(config.urls[0], token, **_remote_options(config))
-
-
-def _remote_options(config: RemoteBackendConfig) -> dict[str, Any]:
-    return dict(
-        request_timeout=config.request_timeout,
-        max_answer_bytes=config.max_answer_bytes,
-        request_batch_size=config.client.request_batch_size,
-        required_rewards=config.client.required_rewards,
-        weights=config.client.weights,
-        group_size=config.client.group_size,
-        revision=config.revision,
-        identity_hash=config.identity_hash,
-    )
+        return MultiRemoteRewardBackend.from_config(config, _token(config))
+    return RemoteRewardBackend.from_config(config, _token(config))
 
 
 def _token(config: RemoteBackendConfig | JobBackendConfig) -> str | None:
@@ -382,26 +358,15 @@ def build_panel(config: PanelConfig, pool: BackendPool | None = None) -> RewardP
     )
     try:
         terms = [_panel_term(term, backend) for term, backend in zip(config.terms, acquired, strict=True)]
-        return RewardPanel(
-            terms,
-            release=lambda: _release_all(pool, acquired),
-            group_size=config.group_size,
-            group_failures=config.group_failures,
-        )
+        return RewardPanel(terms, release=lambda: _release_all(pool, acquired), **settings(config, leave={"terms"}))
     except BaseException:
         _release_all(pool, list(acquired))
         raise
 
 
 def _panel_term(term: TermConfig, backend: RewardBackend) -> PanelTerm:
-    return PanelTerm(
-        name=term.name,
-        backend=backend,
-        weight=term.weight,
-        required=term.required,
-        applicable_datasets=term.applicable_datasets,
-        component=term.component,
-    )
+    """The term its config describes, every field by its name, over the backend built from its config."""
+    return PanelTerm(backend=backend, **settings(term, leave={"backend"}))
 
 
 def _release_all(pool: BackendPool, backends: list[RewardBackend]) -> None:

@@ -36,9 +36,10 @@ from typing import Any
 
 from scorers.groups import share_groups
 from supervisor.backend import RewardBackend
-from supervisor.backends.remote import RemoteRewardBackend, fixable_elsewhere
+from supervisor.backends.remote import NOT_SETTINGS, RemoteRewardBackend, fixable_elsewhere
 from supervisor.chunks import ChunkAnswer, request_group_size, request_groups, score_in_chunks
 from supervisor.composition import Component
+from supervisor.config import RemoteBackendConfig, settings
 from supervisor.errors import (
     ConfigError,
     ErrorStatus,
@@ -190,6 +191,15 @@ class MultiRemoteRewardBackend(Component):
         self._down: dict[int, str] = {}  # servers passed over without a probe, and why
         self._changed: dict[int, ScorerIdentityChanged] = {}  # what a background probe found
         self._watchers: dict[int, threading.Thread] = {}  # the background probe of each server down
+
+    @classmethod
+    def from_config(cls, config: RemoteBackendConfig, token: str | None = None) -> MultiRemoteRewardBackend:
+        """The servers a recipe (or the CLI) describes, every setting passed by its name: the probes here,
+        the others to each server's client; `token` is the value of `config.token_env`."""
+        probes = {"probe_timeout_s", "probe_interval_s"}
+        return cls(
+            config.urls, token, **settings(config, flatten=("client",), leave={*NOT_SETTINGS, "base_url"} - probes)
+        )
 
     @property
     def shape(self) -> ScorerShape:  # type: ignore[override]  # every server serves the same identity
