@@ -110,7 +110,11 @@ class ScorerSpec:
 
 @dataclass
 class ScoreItem:
-    """One rollout as a scorer sees it (decoded from the wire or built locally)."""
+    """One rollout as a scorer sees it (decoded from the wire or built locally).
+
+    Its fields are those `scorers.item_fields` declares, in that order with those defaults: a dataclass
+    written out for type checkers and for pickling into grading workers, held to the declaration by
+    tests/contract/test_item_fields.py."""
 
     id: str
     group_id: str | None = None

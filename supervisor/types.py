@@ -75,6 +75,9 @@ def _is_empty(value: Any) -> bool:
     return isinstance(value, (dict, tuple, list)) and not value
 
 
+TRAINER_FIELDS = ("reward", "component_rewards")  # a RewardItem's fields beyond the item's: never sent
+
+
 class RewardItem(BaseModel):
     """One rollout to score. `reward` stays None until RewardService attaches one.
 
@@ -88,6 +91,8 @@ class RewardItem(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
+    # The item's fields as scorers.item_fields declares them (names, order, defaults: held to it by
+    # tests/contract/test_item_fields.py), then TRAINER_FIELDS, the trainer's own (never sent).
     id: str = Field(min_length=1)
     group_id: str | None = None
     prompt: str | None = None

@@ -11,34 +11,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from scorers import item_fields
 from scorers.base import ScoreItem, ScoreResult, numpy_if_imported
 
 if TYPE_CHECKING:
     import numpy as np
 
-# The wire item, in the order the trainer writes it (supervisor.types.RewardItem.to_wire). The one
-# list of its fields: the trainer writes these, the child accepts only these.
-WIRE_FIELDS = (
-    "id",
-    "group_id",
-    "prompt",
-    "text",
-    "image",
-    "video",
-    "reference",
-    "metadata",
-    "finish_reason",
-    "completion_tokens",
-    "data_source",
-    "condition_images",
-    "condition_videos",
-    "audio",
-    "audio_sample_rate",
-)
+# The wire item, in the order the trainer writes it (supervisor.types.RewardItem.to_wire): read from the one
+# declaration of an item's fields (scorers.item_fields). The trainer writes these, the child accepts only these.
+WIRE_FIELDS = item_fields.NAMES
 ITEM_FIELDS = frozenset(WIRE_FIELDS)
-MEDIA_FIELDS = frozenset(["image", "video", "condition_images", "condition_videos", "audio"])  # arrays: never JSON
-OMITTED_WHEN_EMPTY = frozenset(["metadata", "condition_images", "condition_videos"])  # {} or (): not sent
-MEDIA_LAYOUTS = {"image": "HWC", "video": "THWC"}
+MEDIA_FIELDS = frozenset(item_fields.MEDIA)  # arrays: never JSON
+OMITTED_WHEN_EMPTY = frozenset(item_fields.OMITTED_WHEN_EMPTY)  # {} or (): not sent
+# pixels: uint8 arrays, checked by `check_media` (audio, float32, by `check_audio`)
+MEDIA_LAYOUTS = {
+    field.name: field.layout
+    for field in item_fields.FIELDS
+    if field.kind == item_fields.ARRAY and field.dtype == "uint8"
+}
 REQUEST_FIELDS = frozenset(["items", "group_size", "terms"])  # terms: the ones wanted (absent: all)
 MAX_CONDITION_MEDIA = 16  # per item and kind
 # More would be a (samples, channels) array handed over transposed: 22.2 surround has 24.

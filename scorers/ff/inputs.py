@@ -12,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from scorers import item_fields
 from scorers.base import ScoreItem
 from scorers.ff.models import RewardModelConfigError
 
 TEXT_FIELDS = ("prompt", "text")
-MEDIA_FIELDS = ("image", "video", "condition_images", "condition_videos", "audio")
+MEDIA_FIELDS = item_fields.MEDIA  # image, video, condition_images, condition_videos, audio
 FIELDS = (*TEXT_FIELDS, *MEDIA_FIELDS, "audio_sample_rate", "metadata")
 
 

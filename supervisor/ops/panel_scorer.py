@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from child_runtime.protocol.wire import RESIDENCY_FAILED
+from scorers import item_fields
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, ServerFault
 from supervisor.compose.panel import RewardPanel
 from supervisor.compose.recipes import build_panel, load_recipe
@@ -56,24 +57,8 @@ def _input_kind(config: PanelConfig) -> str:
 
 
 def reward_item(item: ScoreItem) -> RewardItem:
-    """A decoded wire item back as the trainer's item (the panel's backends take those)."""
-    return RewardItem(
-        id=item.id,
-        group_id=item.group_id,
-        prompt=item.prompt,
-        text=item.text,
-        image=item.image,
-        video=item.video,
-        reference=item.reference,
-        metadata=item.metadata,
-        finish_reason=item.finish_reason,
-        completion_tokens=item.completion_tokens,
-        data_source=item.data_source,
-        condition_images=item.condition_images,
-        condition_videos=item.condition_videos,
-        audio=item.audio,
-        audio_sample_rate=item.audio_sample_rate,
-    )
+    """A decoded wire item back as the trainer's item (the panel's backends take those): every declared field."""
+    return RewardItem(**{name: getattr(item, name) for name in item_fields.NAMES})
 
 
 class PanelScorer(Scorer):

@@ -93,10 +93,15 @@ def test_scorers_import_nothing_above_them_and_grading_only_itself():
     assert _violations(rule) == []
 
 
+# Beyond itself, what the child's protocol may import: the scorer contract, the item's declared fields,
+# and the exit-status describer.
+PROTOCOL_MAY_IMPORT = ("scorers.base", "scorers.item_fields", "scorers.grading.processes")
+
+
 def test_the_child_never_imports_the_trainer_side_and_its_protocol_only_the_scorer_contract():
     def rule(a: str, b: str) -> bool:
         if a.startswith("child_runtime.protocol"):
-            return not (b.startswith("child_runtime.protocol") or b in ("scorers.base", "scorers.grading.processes"))
+            return not (b.startswith("child_runtime.protocol") or b in PROTOCOL_MAY_IMPORT)
         return a.startswith("child_runtime") and b.startswith("supervisor")
 
     assert _violations(rule) == []
