@@ -49,6 +49,32 @@ them, not one each. Whichever caller holds the pool's drive lock runs the event 
 every batch in flight and hands it on when its own batch is done (leader/follower): a
 caller whose batch the driver finished returns at once, and the pool's state is only ever
 touched by one thread. Call `close()` when no grade() runs.
+
+The map. One grade() call, and the loop its driver runs (tasks.TaskManager._drive_until):
+
+    grade(tasks) -> Batch --(drive lock free?)--> lead: run the loop   (else follow: wait for done)
+      loop, until this caller's batch is done:
+        _adopt       take batches other callers queued
+        _dispatch    pending task -> idle ordinary worker, oldest batch first
+        _step        one wait on result pipes + worker sentinels + the wake pipe, until the
+                     nearest deadline; then: results -> outcomes, exits -> "crash" or broken
+        _expire      deadlines: soft (CPU time) -> overflow; hard -> SIGKILL ("timeout");
+                     the held tasks past the memory budget -> SIGKILL ("budget")
+        _settle_batches  a batch whose every task has an outcome is done (its caller returns)
+
+A worker's states (workers.Worker.state, and its role):
+
+    spawn --> starting --Ready--> idle --task--> busy --result--> idle   (ordinary, or spare)
+                  |                               |
+                  | exits: pool broken            +-- soft deadline used --> overflow (role):
+                                                  |      SIGSTOP while ordinary tasks remain,
+                                                  |      SIGCONT after; a spare takes its slot
+                                                  +-- hard deadline / budget / grew --> retired:
+                                                         SIGKILL at once, reaped once gone
+
+A task's outcome (outcomes.GradeOutcome.status) is one of ok | timeout | memory | cpu | budget;
+a task that raised fails its batch (GradingTaskError), a worker that died otherwise breaks the
+pool (GradingPoolError): never a silent score.
 """
 
 from __future__ import annotations

@@ -252,19 +252,25 @@ class ManagedScorerProcessBackend(Component):
                 f"spec asks for {self.spec.replicas.size} replicas: build it with supervisor.compose.replicas.ReplicatedBackend "
                 "(or recipes.make_backend), which starts one child per replica"
             )
-        self._owner_pid = os.getpid()
-        self._gen: _Generation | None = None
-        self._launching: ChildProcess | None = None  # the child being booted (abort_start kills it)
-        self._dead: ScorerError | None = None
-        self._failed_at = 0.0
-        self._restarts: list[float] = []
-        self.timeouts = 0  # calls that passed their deadline (their child was killed)
-        self._retired_bytes: Counter[str] = Counter()  # transport bytes of replaced children
+        # Which lock guards which field. `_serial` is held for a whole call (score, onload, offload,
+        # drain): calls are serialised, so one thread at a time restarts a child. `_life` is held only
+        # briefly, to read or swap the child generation: close() and interrupt() come from other
+        # threads while a call holds `_serial`, so they never wait for it. Never take `_serial` while
+        # holding `_life`. `_bytes_lock` guards the byte counters a metrics scrape reads.
+        self._owner_pid = os.getpid()  # immutable
+        self._gen: _Generation | None = None  # guarded by _life (read without it by interrupt(): a snapshot)
+        self._launching: ChildProcess | None = None  # the child being booted; set by the booting thread,
+        # read by abort_start() from another (a snapshot: aborting a child that just became ready is harmless)
+        self._dead: ScorerError | None = None  # guarded by _life
+        self._failed_at = 0.0  # guarded by _life
+        self._restarts: list[float] = []  # guarded by _serial (only the restarting call appends)
+        self.timeouts = 0  # guarded by _serial: calls that passed their deadline (their child was killed)
+        self._retired_bytes: Counter[str] = Counter()  # guarded by _bytes_lock: bytes of replaced children
         self._bytes_lock = threading.Lock()
         self.metrics_id = prometheus.track(self)  # after the counters it reads exist
-        self._closed = False
-        self._closing = threading.Event()
-        self._want_offloaded = False  # what a restarted resident child should boot as
+        self._closed = False  # guarded by _life (set once; read without it as a hint)
+        self._closing = threading.Event()  # set by close() before it takes _life: wakes a restart's backoff
+        self._want_offloaded = False  # guarded by _serial: what a restarted resident child should boot as
         self._life = threading.RLock()
         self._serial = threading.RLock()
         self.timings: dict[str, float] = {}
