@@ -69,6 +69,32 @@ def default_score(text: str) -> int:
     return sum(text.encode()) % 11
 
 
+def _misbehaved(handler: Any, does: dict[str, str]) -> bool:
+    """Whatever a directive makes the server do instead of answering (drop, a status, garbage)."""
+    if "drop" in does:
+        handler.connection.shutdown(socket.SHUT_RDWR)
+        handler.close_connection = True
+    elif "echo_auth" in does:  # a careless server that repeats the credential in its error
+        handler._send(401, json.dumps({"error": f"bad key {handler.headers.get('authorization')}"}).encode())
+    elif "status" in does:
+        headers = {"retry-after": does["retry_after"]} if "retry_after" in does else {}
+        handler._send(int(does["status"]), b'{"error": {"message": "fake failure"}}', headers)
+    elif "malformed" in does:
+        handler._send(200, b'{"choices": [{"message": {"content": "Score: 1')
+    else:
+        return False
+    return True
+
+
+def _reply(does: dict[str, str], text: str) -> str:
+    """The judge's answer: a score, a verdict, or nothing it could parse."""
+    if "unparsable" in does:
+        return "I would rather not say."
+    if "choice" in does:
+        return f"Both are fine.\nVerdict: {does['choice']}"
+    return f"A fair answer.\nScore: {does.get('score') or default_score(text)}"
+
+
 def _handler(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -102,26 +128,9 @@ def _handler(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             does = self._does = _directives(text, attempt)
             if "slow" in does:
                 time.sleep(float(does["slow"]))
-            if "drop" in does:
-                self.connection.shutdown(socket.SHUT_RDWR)
-                self.close_connection = True
+            if _misbehaved(self, does):
                 return
-            if "echo_auth" in does:  # a careless server that repeats the credential in its error
-                self._send(401, json.dumps({"error": f"bad key {self.headers.get('authorization')}"}).encode())
-                return
-            if "status" in does:
-                headers = {"retry-after": does["retry_after"]} if "retry_after" in does else {}
-                self._send(int(does["status"]), b'{"error": {"message": "fake failure"}}', headers)
-                return
-            if "malformed" in does:
-                self._send(200, b'{"choices": [{"message": {"content": "Score: 1')
-                return
-            if "unparsable" in does:
-                reply = "I would rather not say."
-            elif "choice" in does:
-                reply = f"Both are fine.\nVerdict: {does['choice']}"
-            else:
-                reply = f"A fair answer.\nScore: {does.get('score') or default_score(text)}"
+            reply = _reply(does, text)
             answer = {
                 "id": "chatcmpl-fake",
                 "object": "chat.completion",

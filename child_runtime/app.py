@@ -175,8 +175,9 @@ def _guarded(handler: Handler, metrics: ChildMetrics | None = None) -> Handler:
     return run
 
 
-async def _answered(handler: Handler, request: Request) -> Response:
-    """What `handler` answers, or the JSON error its exception maps to."""
+async def _answered(handler: Handler, request: Request) -> Response:  # noqa: C901 - one clause per kind
+    """What `handler` answers, or the JSON error its exception maps to: the one place an exception
+    becomes an answer, one except clause per kind (docs/gen_reference.py reads them for the HTTP page)."""
     try:
         return await handler(request)
     except unirl.IdentityMismatch as exc:

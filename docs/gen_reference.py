@@ -462,56 +462,66 @@ def _error_kinds() -> list[list[str]]:
     """(status, kind, raised by) of every error answer in child_runtime/app.py, read from its source."""
     from child_runtime import app, gate
 
-    tree = ast.parse(inspect.getsource(app))
-    namespace = vars(app)
+    source = _AppSource(ast.parse(inspect.getsource(app)), vars(app))
+    rows = [row for node in ast.walk(source.tree) if isinstance(node, ast.Call) for row in source.answers(node)]
+    evicted = json.loads(gate.EVICTION_BODY)
+    rows.append(["503", code(evicted["kind"]), cell(f"the connection gate: {evicted['error']}")])
+    rows.sort(key=lambda row: (row[0], row[1]))
+    return rows
 
-    def values(node: ast.expr) -> list[Any]:
+
+class _AppSource:
+    """The child app's source: its `_error(...)` and `JSONResponse(...)` answers, and what raises them."""
+
+    def __init__(self, tree: ast.AST, namespace: dict[str, Any]) -> None:
+        self.tree, self.namespace = tree, namespace
+        self.parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def values(self, node: ast.expr) -> list[Any]:
         if isinstance(node, ast.IfExp):
-            return values(node.body) + values(node.orelse)
-        return [eval(compile(ast.Expression(node), "app.py", "eval"), namespace)]  # names and constants only
+            return self.values(node.body) + self.values(node.orelse)
+        return [eval(compile(ast.Expression(node), "app.py", "eval"), self.namespace)]  # names and constants only
 
-    def raised_by(handler: ast.ExceptHandler | None) -> str:
+    def raised_by(self, handler: ast.ExceptHandler | None) -> str:
         if handler is None or handler.type is None:
             return ""
         names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
         said = []
         for name in names:
-            exc = eval(compile(ast.Expression(name), "app.py", "eval"), namespace)
+            exc = eval(compile(ast.Expression(name), "app.py", "eval"), self.namespace)
             first = doc(exc).split("\n\n")[0] if exc.__module__ != "builtins" else ""
             said.append(f"`{exc.__name__}`" + (f": {cell(first)}" if first else ""))
         return "; ".join(said)
 
-    rows: list[list[str]] = []
-    parents: dict[int, ast.AST] = {}
-    for node in ast.walk(tree):
-        for child in ast.iter_child_nodes(node):
-            parents[id(child)] = node
-
-    def enclosing_handler(node: ast.AST) -> ast.ExceptHandler | None:
-        while id(node) in parents:
-            node = parents[id(node)]
+    def enclosing_handler(self, node: ast.AST) -> ast.ExceptHandler | None:
+        while id(node) in self.parents:
+            node = self.parents[id(node)]
             if isinstance(node, ast.ExceptHandler):
                 return node
         return None
 
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        if isinstance(node.func, ast.Name) and node.func.id == "_error" and len(node.args) >= 2:
-            for status in values(node.args[0]):
-                for kind in values(node.args[1]):
-                    rows.append([str(status), code(kind), raised_by(enclosing_handler(node)) or "the handler"])
-        elif isinstance(node.func, ast.Name) and node.func.id == "JSONResponse" and node.args:
-            body = node.args[0]
-            status = next((k.value for k in node.keywords if k.arg == "status_code"), None)  # an expression
-            if isinstance(body, ast.Dict) and isinstance(status, ast.Constant):
-                for key, value in zip(body.keys, body.values, strict=True):
-                    if isinstance(key, ast.Constant) and key.value == "kind" and isinstance(value, ast.Constant):
-                        rows.append([str(values(status)[0]), code(values(value)[0]), "`BearerAuth`: the token check"])
-    evicted = json.loads(gate.EVICTION_BODY)
-    rows.append(["503", code(evicted["kind"]), cell(f"the connection gate: {evicted['error']}")])
-    rows.sort(key=lambda row: (row[0], row[1]))
-    return rows
+    def answers(self, node: ast.Call) -> list[list[str]]:
+        """The rows of one call: an `_error(status, kind, ...)`, or the token check's JSONResponse."""
+        if not isinstance(node.func, ast.Name):
+            return []
+        if node.func.id == "_error" and len(node.args) >= 2:
+            by = self.raised_by(self.enclosing_handler(node)) or "the handler"
+            return [
+                [str(status), code(kind), by]
+                for status in self.values(node.args[0])
+                for kind in self.values(node.args[1])
+            ]
+        if node.func.id != "JSONResponse" or not node.args:
+            return []
+        body = node.args[0]
+        status = next((k.value for k in node.keywords if k.arg == "status_code"), None)  # an expression
+        if not (isinstance(body, ast.Dict) and isinstance(status, ast.Constant)):
+            return []
+        return [
+            [str(self.values(status)[0]), code(self.values(value)[0]), "`BearerAuth`: the token check"]
+            for key, value in zip(body.keys, body.values, strict=True)
+            if isinstance(key, ast.Constant) and key.value == "kind" and isinstance(value, ast.Constant)
+        ]
 
 
 def http_page() -> str:

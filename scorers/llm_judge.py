@@ -187,7 +187,7 @@ class LlmJudge(Scorer):
         diagnostics=("attempts", "retries", "failed", "unparsable", "out_of_range", "latency_s"),
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - its params, each a recipe `params:` key (they make its identity)
         self,
         base_url: str,
         model: str,

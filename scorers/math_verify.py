@@ -88,7 +88,7 @@ class MathVerifyScorer(Scorer):
         concurrent_calls=CONCURRENT_CALLS,
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - its params, each a recipe `params:` key (they make its identity)
         self,
         *,
         jobs: int | None = None,

@@ -74,7 +74,7 @@ class Retry:
     Errors of other types propagate at once.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - one retry policy: each caller names the few it sets
         self,
         deadline: float,
         first_pause_s: float,

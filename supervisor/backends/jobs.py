@@ -171,7 +171,7 @@ class JobRewardBackend(Component):
 
     shape: ScorerShape
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - every keyword is a field of JobBackendConfig (test_settings_once)
         self,
         base_url: str,
         token: str | None = None,

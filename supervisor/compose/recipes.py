@@ -167,17 +167,7 @@ REMOTE_KEYS = (set(RemoteBackendConfig.model_fields) - {"kind", "client"}) | {"b
 def _verl_model(name: str, model: Mapping[str, Any], group_size: int | None) -> dict[str, Any]:
     """A verl-omni named model -> a backend config (`backend: managed | local | remote`)."""
     kind = model.get("backend", "managed")
-    scorer = {
-        key: model[key]
-        for key in ("params", "revision", "identity_hash", "catalog", "device", "input_kind")
-        if key in model
-    }
-    scorer["name"] = model.get("scorer", name)
-    client = dict(model.get("client", {}))
-    if "input_kind" in scorer:  # else the scorer's own (ScorerConfig), or text for a remote one
-        client.setdefault("input_kind", scorer["input_kind"])
-    if "request_batch_size" in model:
-        client["request_batch_size"] = model["request_batch_size"]
+    scorer, client = _verl_scorer_and_client(name, model)
     if kind == "remote":
         unknown = set(model) - REMOTE_KEYS - {"backend", "client", "request_batch_size", "input_kind"}
         if unknown:
@@ -191,6 +181,24 @@ def _verl_model(name: str, model: Mapping[str, Any], group_size: int | None) -> 
         return {"kind": "local", "scorer": scorer, "client": client}
     if kind != "managed":
         raise ConfigError(f"reward.models.{name}.backend must be managed, local or remote, got {kind!r}")
+    return _verl_managed(model, scorer, client)
+
+
+def _verl_scorer_and_client(name: str, model: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A named model's scorer config (its name defaults to the model's) and client config."""
+    keys = ("params", "revision", "identity_hash", "catalog", "device", "input_kind")
+    scorer = {key: model[key] for key in keys if key in model}
+    scorer["name"] = model.get("scorer", name)
+    client = dict(model.get("client", {}))
+    if "input_kind" in scorer:  # else the scorer's own (ScorerConfig), or text for a remote one
+        client.setdefault("input_kind", scorer["input_kind"])
+    if "request_batch_size" in model:
+        client["request_batch_size"] = model["request_batch_size"]
+    return scorer, client
+
+
+def _verl_managed(model: Mapping[str, Any], scorer: dict[str, Any], client: dict[str, Any]) -> dict[str, Any]:
+    """A named model's managed-child config: its process keys, its env (a name, or variables)."""
     process = dict(model.get("process", {}))
     for key in ("python_executable", "extra_import_paths"):
         if key in model:
@@ -227,37 +235,49 @@ def _from_verl_omni(reward: Mapping[str, Any]) -> Recipe:
     group_size = reward.get("group_size")
     backends = {name: _verl_model(name, model, group_size) for name, model in models.items() if not is_native(model)}
     native = {name: model for name, model in models.items() if is_native(model)}
+    named = _VerlModels(models, backends, native, group_size)
+    train = named.panel(reward.get("reward_functions"), "reward.reward_functions")
+    if train is None:
+        raise ConfigError("reward.reward_functions is empty")
+    return Recipe(
+        train, named.panel(reward.get("val_reward_functions"), "reward.val_reward_functions"), style="verl-omni"
+    )
 
-    def panel(functions: Mapping[str, Any] | None, where: str) -> PanelConfig | None:
+
+@dataclass(frozen=True)
+class _VerlModels:
+    """A verl-omni recipe's named models, as its reward functions bind them."""
+
+    models: Mapping[str, Any]
+    backends: Mapping[str, dict[str, Any]]  # managed, local or remote models: their backend configs
+    native: Mapping[str, Any]  # `backend: native` models: their entries
+    group_size: int | None
+
+    def panel(self, functions: Mapping[str, Any] | None, where: str) -> PanelConfig | None:
+        """The panel of `functions` (`reward_functions` or `val_reward_functions`); None: none given."""
         if not functions:
             return None
         entries = [(name, fn if fn is not None else {}) for name, fn in functions.items()]
         for name, fn in entries:
             if not isinstance(fn, Mapping):
                 raise ConfigError(f"{where}.{name} must be a mapping (model, weight, required, ...)")
-        on_native = native_terms(native, [(n, fn) for n, fn in entries if fn.get("model", n) in native], where)
-        terms = []
-        for name, fn in entries:
-            if name in on_native:
-                terms.append(on_native[name])
-                continue
-            if "path" in fn or "name" in fn:
-                raise ConfigError(
-                    f"{where}.{name}: `path`/`name` (a Python scoring function) is verl-omni's; here a reward "
-                    "function binds a model's scorer term (`model:`, `component:`). Put Python scorers in a "
-                    "catalog or pass their dotted path as the model's `scorer:`"
-                )
-            bound = fn.get("model", name)  # a term uses the model of its own name unless it binds another
-            if bound not in backends:
-                raise ConfigError(f"{where}.{name}: model {bound!r} is not in reward.models ({sorted(models)})")
-            term = {k: v for k, v in fn.items() if k != "model"}
-            terms.append({"name": name, "backend": backends[bound], **term})
-        return PanelConfig.model_validate({"terms": terms, "group_size": group_size})
+        bound_native = [(n, fn) for n, fn in entries if fn.get("model", n) in self.native]
+        on_native = native_terms(self.native, bound_native, where)
+        terms = [on_native[name] if name in on_native else self._term(name, fn, where) for name, fn in entries]
+        return PanelConfig.model_validate({"terms": terms, "group_size": self.group_size})
 
-    train = panel(reward.get("reward_functions"), "reward.reward_functions")
-    if train is None:
-        raise ConfigError("reward.reward_functions is empty")
-    return Recipe(train, panel(reward.get("val_reward_functions"), "reward.val_reward_functions"), style="verl-omni")
+    def _term(self, name: str, fn: Mapping[str, Any], where: str) -> dict[str, Any]:
+        if "path" in fn or "name" in fn:
+            raise ConfigError(
+                f"{where}.{name}: `path`/`name` (a Python scoring function) is verl-omni's; here a reward "
+                "function binds a model's scorer term (`model:`, `component:`). Put Python scorers in a "
+                "catalog or pass their dotted path as the model's `scorer:`"
+            )
+        bound = fn.get("model", name)  # a term uses the model of its own name unless it binds another
+        if bound not in self.backends:
+            raise ConfigError(f"{where}.{name}: model {bound!r} is not in reward.models ({sorted(self.models)})")
+        term = {k: v for k, v in fn.items() if k != "model"}
+        return {"name": name, "backend": self.backends[bound], **term}
 
 
 def _from_catalog(data: Mapping[str, Any]) -> Recipe:
