@@ -1,7 +1,7 @@
 """The scorer contract and catalog (`base`, `registry`), the built-in scorers, and `grading/`.
 
 The names below load on first use (PEP 562), not when the package is imported: the child
-arms its parent-death watch from `scorers.grading.processes` (stdlib only) before anything
+arms its parent-death watch from `scorers.common.processes` (stdlib only) before anything
 heavy, and an interpreter without numpy must still reach the child's own diagnosis.
 
 Importing it refuses, with `scorers.install.SupervisordClash` (an ImportError of one line), where

@@ -15,9 +15,9 @@ from typing import Any, NamedTuple, Self
 
 import numpy as np
 
+from scorers.common.retry import Retry
 from scorers.diagnostics import merge_reports, report
 from scorers.groups import GroupInputError, pack_chunks, partition
-from scorers.retry import Retry
 from supervisor.arena import Arena, HeapArena
 from supervisor.errors import (
     ConfigError,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from child_runtime.protocol import wire
-from scorers.retry import Retry
+from scorers.common.retry import Retry
 from supervisor.backend import ChunkAnswer, RewardBackend, ScorerShape, check_pins, reward_terms, score_in_chunks
 from supervisor.child.client import DEFAULT_MAX_ANSWER_BYTES, MAX_CONNECTIONS, ScorerClient
 from supervisor.errors import (
