@@ -104,9 +104,9 @@ def _measure(
     warm: int = 64,
 ) -> str:
     from bench.math_throughput import workload
+    from scorers.builtin.math_verify import DEFAULT_WARM_REPLAY
+    from scorers.builtin.math_verify_boot import GRADE_FN, WARM_MODULE
     from scorers.grading.pool import GradingPool
-    from scorers.math_verify import DEFAULT_WARM_REPLAY
-    from scorers.math_verify_boot import GRADE_FN, WARM_MODULE
 
     fresh = slices(ordinary)
     warmup = [(text, gold, 6, 15, True) for text, gold in workload(0, warm)]

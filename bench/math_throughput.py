@@ -5,7 +5,7 @@
 Why: MathVerifyScorer keeps a GradingPool of warm forkserver workers (one per usable
 core) alive across calls. The simpler design starts a fresh process for every batch.
 Both sides here grade the same distinct items (each seen once, batches of 16, a GRPO
-group) with the same function (`scorers.math_verify_grade.grade`) and the same params,
+group) with the same function (`scorers.builtin.math_verify_grade.grade`) and the same params,
 and fork from the same forkserver, which preloads math_verify and is started before
 timing. The baseline pays what that design pays per batch: process start, grading the
 batch sequentially in the new child (whose lazily built state -- antlr's prediction
@@ -32,7 +32,7 @@ BATCH = 16
 N_ITEMS = 128
 WARMUP_ITEMS = 32  # graded by the pool before timing (a different range of items)
 BATCH_TIMEOUT_S = 120.0
-GRADE_MODULE = "scorers.math_verify_grade"
+GRADE_MODULE = "scorers.builtin.math_verify_grade"
 
 
 def workload(start: int, n: int) -> list[tuple[str, str]]:
@@ -58,7 +58,7 @@ def workload(start: int, n: int) -> list[tuple[str, str]]:
 
 def _grade_batch(conn, tasks: list[tuple]) -> None:
     """Baseline child: grade the batch sequentially, send the rewards back, exit."""
-    from scorers.math_verify_grade import grade  # preloaded in the forkserver: no import cost
+    from scorers.builtin.math_verify_grade import grade  # preloaded in the forkserver: no import cost
 
     started = time.perf_counter()
     rewards = [grade(*task) for task in tasks]
@@ -93,7 +93,7 @@ def _one_child(ctx, tasks: list[tuple]) -> tuple[list[float], float]:
 
 def _measure(items: int = N_ITEMS, warmup: int = WARMUP_ITEMS) -> str:
     from scorers.base import ScoreItem, score_checked
-    from scorers.math_verify import MathVerifyScorer
+    from scorers.builtin.math_verify import MathVerifyScorer
 
     cores = len(os.sched_getaffinity(0))
     scorer = MathVerifyScorer(jobs=cores)

@@ -45,7 +45,7 @@ EMPTY_ROUNDS = 200
 
 
 def rewards_of(images: list[np.ndarray]) -> list[float]:
-    """Exactly what scorers.rules.MeanIntensity computes, so equality can be asserted."""
+    """Exactly what scorers.builtin.rules.MeanIntensity computes, so equality can be asserted."""
     return [float(a.mean(dtype=np.float64)) / 255.0 for a in images]
 
 

@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("scorers", "child_runtime", "supervisor")
 FLOOR = "scorers.common"  # the shared low-level helpers: every side may import them, they import nothing of ours
+BUILTIN = "scorers.builtin"  # the scorers users pick by name, apart from the contract they implement
 # supervisor's floors, lowest first: a folder imports its own floor and those below, never above.
 SUPERVISOR_FLOORS = (
     "supervisor",
@@ -104,6 +105,12 @@ def test_scorers_import_nothing_above_them_and_grading_only_itself_and_the_floor
     assert _violations(rule) == []
 
 
+def test_the_scorer_contract_never_imports_a_built_in_scorer():
+    """The top of `scorers/` stands alone: the built-ins (`scorers.builtin`) import it, never the reverse."""
+    assert any(_in(module, BUILTIN) for module in MODULES)
+    assert _violations(lambda a, b: a.startswith("scorers") and not _in(a, BUILTIN) and _in(b, BUILTIN)) == []
+
+
 def test_the_child_never_imports_the_trainer_side_and_its_protocol_only_the_scorer_contract():
     def rule(a: str, b: str) -> bool:
         if a.startswith("child_runtime.protocol"):
@@ -141,7 +148,10 @@ THIRD_PARTY = {
     "child_runtime": {"numpy", "starlette", "uvicorn"},
     "supervisor": {"numpy", "pydantic", "httpx", "psutil", "yaml"},
 }
-IMPORTS_ITS_GRADER = {"scorers.math_verify_grade": {"math_verify"}, "scorers.math_verify_warm": {"math_verify"}}
+IMPORTS_ITS_GRADER = {
+    "scorers.builtin.math_verify_grade": {"math_verify"},
+    "scorers.builtin.math_verify_warm": {"math_verify"},
+}
 
 
 def _module_level_imports(path: Path) -> Iterator[tuple[str, int]]:
