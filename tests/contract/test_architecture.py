@@ -30,9 +30,9 @@ FACADES = {"supervisor", "supervisor.__main__"}  # the package's public face may
 MAX_FUNCTION_LINES = 50  # a reader holds a function whole: longer ones are split by what they do
 
 
-def _modules() -> dict[str, Path]:
+def _modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
+    for package in packages:
         for path in (ROOT / package).rglob("*.py"):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -42,16 +42,26 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
+BENCH_MODULES = _modules(("bench",))  # not a product package, but held to no cycle all the same
+# what the bench lines share (`bench.common`), their inputs and typed handles, and the fake peers they talk to
+BENCH_HELPERS = {
+    "bench.common",
+    "bench.workloads",
+    "bench.handles",
+    "bench.loopback_server",
+    "bench.fake_openai",
+    "bench.misbehaving_server",
+}
 
 
-def _resolve(name: str) -> str | None:
-    while name and name not in MODULES:
+def _resolve(name: str, known: dict[str, Path] = MODULES) -> str | None:
+    while name and name not in known:
         name = name.rpartition(".")[0]
     return name or None
 
 
-def _imports(module: str, path: Path) -> Iterator[tuple[str, int]]:
-    """(imported project module, line) for every import in the file, TYPE_CHECKING blocks included."""
+def _imports(module: str, path: Path, known: dict[str, Path] = MODULES) -> Iterator[tuple[str, int]]:
+    """(imported module of `known`, line) for every import in the file, TYPE_CHECKING blocks included."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -61,16 +71,17 @@ def _imports(module: str, path: Path) -> Iterator[tuple[str, int]]:
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(parts + ([base] if base else []))
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         else:
             continue
         for name in names:
-            target = _resolve(name)
+            target = _resolve(name, known)
             if target is not None and target != module:
                 yield target, node.lineno
 
 
 EDGES = {module: sorted(set(_imports(module, path))) for module, path in MODULES.items()}
+BENCH_EDGES = {module: sorted(set(_imports(module, path, BENCH_MODULES))) for module, path in BENCH_MODULES.items()}
 
 
 def _folder(module: str) -> str:
@@ -191,34 +202,35 @@ def test_each_supervisor_folder_imports_only_its_floor_and_those_below():
     assert _violations(rule) == []
 
 
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = [stack.pop()]
+            while component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in list(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
 def test_no_import_cycle_between_modules_or_folders():
-    def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-        index: dict[str, int] = {}
-        low: dict[str, int] = {}
-        stack: list[str] = []
-        found = []
-
-        def visit(node: str) -> None:
-            index[node] = low[node] = len(index)
-            stack.append(node)
-            for nxt in graph.get(node, ()):
-                if nxt not in index:
-                    visit(nxt)
-                    low[node] = min(low[node], low[nxt])
-                elif nxt in stack:
-                    low[node] = min(low[node], index[nxt])
-            if low[node] == index[node]:
-                component = [stack.pop()]
-                while component[-1] != node:
-                    component.append(stack.pop())
-                if len(component) > 1:
-                    found.append(sorted(component))
-
-        for node in list(graph):
-            if node not in index:
-                visit(node)
-        return found
-
     modules = {a: {b for b, _ in targets} for a, targets in EDGES.items()}
     folders: dict[str, set[str]] = defaultdict(set)
     for a, targets in modules.items():
@@ -228,7 +240,21 @@ def test_no_import_cycle_between_modules_or_folders():
     packages: dict[str, set[str]] = defaultdict(set)
     for a, targets in modules.items():
         packages[a.split(".")[0]].update(b.split(".")[0] for b in targets if b.split(".")[0] != a.split(".")[0])
-    assert cycles(modules) == [] and cycles(folders) == [] and cycles(packages) == []
+    bench = {a: {b for b, _ in targets} for a, targets in BENCH_EDGES.items()}
+    assert _cycles(modules) == [] and _cycles(folders) == [] and _cycles(packages) == [] and _cycles(bench) == []
+
+
+def test_bench_lines_import_only_the_shared_helpers_and_never_the_entry():
+    """`python -m bench` imports its lines; a line imports `bench.common` and the other helpers, never
+    `bench.__main__` or another line; a helper imports only helpers."""
+    lines = {b for b, _ in BENCH_EDGES["bench.__main__"]} - BENCH_HELPERS
+    wrong = [
+        f"{BENCH_MODULES[a].relative_to(ROOT)}:{line} imports {b}"
+        for a, targets in BENCH_EDGES.items()
+        for b, line in targets
+        if b == "bench.__main__" or (a in lines | BENCH_HELPERS and b not in BENCH_HELPERS)
+    ]
+    assert lines and BENCH_HELPERS <= set(BENCH_MODULES) and wrong == []
 
 
 @pytest.mark.parametrize("package", PACKAGES)
