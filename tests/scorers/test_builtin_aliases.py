@@ -119,3 +119,14 @@ def test_from_scorers_import_an_old_name_works():
     from scorers import jpeg, rules  # type: ignore[attr-defined]
 
     assert jpeg is sys.modules["scorers.builtin.jpeg"] and rules is sys.modules["scorers.builtin.rules"]
+
+
+def test_a_managed_child_loads_a_scorer_by_its_old_dotted_name(managed, image_python):
+    """The child imports from a root linking only `scorers` and `child_runtime`: the old name resolves there
+    too, to the same scorer and identity as its registry name."""
+    from supervisor import RewardItem, RewardRequest
+
+    request = RewardRequest(items=[RewardItem(id="a", text="x", reference="x")])
+    old, by_name = managed(image_python, OLD_PATHS["exact_match"]), managed(image_python, "exact_match")
+    assert old.compute_rewards(request).rewards == by_name.compute_rewards(request).rewards == [1.0]
+    assert old.identity_hash == by_name.identity_hash
