@@ -17,13 +17,11 @@ import json
 import logging
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -43,12 +41,12 @@ from bench import (
     verl_coalesce,
     verl_step,
 )
+from bench.common import ROOT, env_python, interleaved, managed, p50, scoring, timed, transport_trio
 from bench.handles import client_of, pid_of
-from bench.workloads import WORKLOADS
+from bench.workloads import WORKLOADS, image_request
 from child_runtime.protocol import wire
 from supervisor import LocalRewardBackend, ManagedScorerProcessBackend, RewardBackend, RewardItem, RewardRequest
 
-ROOT = Path(__file__).resolve().parent.parent
 ENV_IMPORTS = {
     "image": "import numpy, starlette, uvicorn, PIL.Image",
     "math": "import numpy, starlette, uvicorn, math_verify",
@@ -61,56 +59,6 @@ ENV_SCORER = {
     "embed": ("text_similarity", "text", {}),
     "ocr": ("ocr", "image", {}),
 }
-
-
-def env_python(name: str) -> str:
-    return str(ROOT / "envs" / name / ".venv" / "bin" / "python")
-
-
-def run_driver(env: str, module: str, *args: str, timeout_s: float = 900) -> dict:
-    """A bench driver module run by env's python from the checkout; its JSON report (last stdout line)."""
-    done = subprocess.run(
-        [env_python(env), "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{module} failed in envs/{env} (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def timed(fn: Callable[[], object], repeats: int, warmup: int = 3) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
-    return samples
-
-
-def interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 2) -> dict[str, float]:
-    """p50 of each fn, measured in alternation so machine drift hits all of them alike."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():
-        timed(fn, 0, warmup)
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name] += timed(fn, 1, warmup=0)
-    return {name: p50(values) for name, values in samples.items()}
-
-
-def p50(samples: list[float]) -> float:
-    return statistics.median(samples)
-
-
-def managed(env: str, scorer: str, kind: str, params: dict, **client: object) -> ManagedScorerProcessBackend:
-    return ManagedScorerProcessBackend(
-        {
-            "process": {"python_executable": env_python(env)},
-            "scorer": {"name": scorer, "input_kind": kind, "params": params},
-            "client": {"input_kind": kind, "request_batch_size": 64, **client},
-        }
-    )
 
 
 def bench_tiny_round_trip(rounds: int = 1500, warmup: int = 50) -> str:
@@ -137,32 +85,6 @@ def bench_tiny_round_trip(rounds: int = 1500, warmup: int = 50) -> str:
         f"  of which: an HTTP exchange doing nothing (GET /health) {times['health'] * 1e3:.3f} ms, "
         f"the /score frame alone {times['raw score'] * 1e3:.3f} ms"
     )
-
-
-def image_request() -> RewardRequest:
-    return RewardRequest(items=[RewardItem(**raw) for raw in WORKLOADS["image"]()])
-
-
-@contextlib.contextmanager
-def transport_trio(request: RewardRequest) -> Iterator[dict[str, RewardBackend]]:
-    """`mean_intensity` in-process, managed over shared memory and managed in-band; equal rewards asserted."""
-    with (
-        managed("image", "mean_intensity", "image", {}) as shared,
-        managed("image", "mean_intensity", "image", {}, shared_memory_min_bytes=None) as in_band,
-        LocalRewardBackend("mean_intensity") as local,
-    ):
-        expected = local.compute_rewards(request).rewards
-        assert shared.compute_rewards(request).rewards == expected == in_band.compute_rewards(request).rewards
-        assert shared.ready_info["shared_memory"] and not in_band.ready_info["shared_memory"]
-        yield {"in-process": local, "shared": shared, "in-band": in_band}
-
-
-def scoring(backend: RewardBackend, request: RewardRequest) -> Callable[[], object]:
-    return lambda: backend.compute_rewards(request)
-
-
-def time_backends(backends: dict[str, RewardBackend], request: RewardRequest, rounds: int) -> dict[str, float]:
-    return interleaved({name: scoring(backend, request) for name, backend in backends.items()}, rounds=rounds)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from bench.serve_processes import stop
+from bench.common import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER = sys.executable

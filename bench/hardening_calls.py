@@ -15,9 +15,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import PeakMemory
 from bench.handles import child_of, port_of
-from bench.hostile_math import PeakMemory, slices, with_hazards
 from bench.misbehaving_server import MisbehavingServer
+from bench.workloads import slices, with_hazards
 from supervisor import (
     LocalRewardBackend,
     ManagedScorerProcessBackend,

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.serve_processes import readiness, stop
+from bench.common import readiness, stop
 from supervisor import MultiRemoteRewardBackend, RemoteRewardBackend, RewardItem, RewardRequest, RewardResponse
 
 ROOT = Path(__file__).resolve().parent.parent

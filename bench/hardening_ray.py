@@ -132,7 +132,7 @@ def _measured() -> dict[str, Any] | str:
     """The Ray side's findings, run once for both rows; a string says why there are none."""
     if (ROOT / "envs" / "ray" / "UNAVAILABLE").exists() or not RAY_PYTHON.exists():
         return "SKIPPED (envs/ray is not built here: `make env-ray`)"
-    from bench.peers import run_ray_side  # the trainer's side only: the Ray side runs in envs/ray
+    from bench.common import run_ray_side  # the trainer's side only: the Ray side runs in envs/ray
 
     found, _ = run_ray_side(RAY_PYTHON, "bench.hardening_ray", "the Ray hardening side", TIMEOUT_S)
     return found

@@ -22,8 +22,8 @@ import numpy as np
 import psutil
 import yaml
 
+from bench.common import readiness, stop
 from bench.handles import managed_of, pid_of
-from bench.serve_processes import readiness, stop
 from supervisor import (
     ManagedScorerProcessBackend,
     MultiRemoteRewardBackend,

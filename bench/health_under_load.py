@@ -46,7 +46,7 @@ def _figures(latencies: list[float]) -> tuple[float, float, float]:
 
 
 def main_line(clients: int = CLIENTS, requests: int = REQUESTS_PER_CLIENT, idle_polls: int = IDLE_POLLS) -> str:
-    from bench.__main__ import managed  # bench.__main__ imports this module for its line list
+    from bench.common import managed
     from bench.handles import child_of, port_of
 
     with managed("image", "constant", "text", {}) as backend:

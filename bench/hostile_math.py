@@ -28,27 +28,17 @@ before (the highest of the rounds).
 from __future__ import annotations
 
 import os
-import random
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import PeakMemory
+from bench.workloads import PATHOLOGICAL, slices, with_hazards
+
 JOBS, TIMEOUT_S, ORDINARY = 2, 5.0, 512
 CLEAN_ROUNDS, HOSTILE_ROUNDS = 8, 5
-FIRST_ITEM = 10_000  # slices of the workload from here on: every number in them has 5 digits
-PATHOLOGICAL = (
-    "\\boxed{9^{9^{9^{9}}}}",
-    "\\boxed{(10^{9})!}",
-    "\\boxed{(x+1)^{100000}}",
-    "\\boxed{10^{10^{10}}}",
-    "\\boxed{8^{8^{8^{8}}}}",
-    "\\boxed{(10^{8})!}",
-    "\\boxed{(x+2)^{100000}}",
-    "\\boxed{2^{2^{36}}}",
-)
 
 
 # `make bench --smoke` (and CI): every step and check of the line, on the smallest sizes
@@ -63,27 +53,6 @@ SMOKE: dict[str, Any] = {
     "peer_timeout_s": 1,
     "warm": 4,
 }
-
-
-def slices(ordinary: int = ORDINARY):
-    """Fresh slices of ordinary tasks, `ordinary` items each, never seen by a worker."""
-    from bench.math_throughput import workload
-
-    start = FIRST_ITEM
-    while True:
-        yield [(text, gold, 6, 15, True) for text, gold in workload(start, ordinary)]
-        start += ordinary
-
-
-def with_hazards(ordinary: list[tuple], hazards: int = len(PATHOLOGICAL)) -> tuple[list[tuple], list[int]]:
-    """The ordinary tasks with the first `hazards` pathological ones spread through them (fixed
-    seed), and where the ordinary ones sit."""
-    size = len(ordinary) + hazards
-    spots = set(random.Random(0).sample(range(size), hazards))
-    tasks, pathological, rest = [], iter(PATHOLOGICAL[:hazards]), iter(ordinary)
-    for position in range(size):
-        tasks.append((next(pathological), "1", 6, 15, True) if position in spots else next(rest))
-    return tasks, [i for i in range(len(tasks)) if i not in spots]
 
 
 def pool_rss(pool) -> int:
@@ -103,10 +72,10 @@ def _measure(
     peer_timeout_s: int = 5,
     warm: int = 64,
 ) -> str:
-    from bench.math_throughput import workload
+    from bench.common import workload
+    from scorers.builtin.math_verify import DEFAULT_WARM_REPLAY
+    from scorers.builtin.math_verify_boot import GRADE_FN, WARM_MODULE
     from scorers.grading.pool import GradingPool
-    from scorers.math_verify import DEFAULT_WARM_REPLAY
-    from scorers.math_verify_boot import GRADE_FN, WARM_MODULE
 
     fresh = slices(ordinary)
     warmup = [(text, gold, 6, 15, True) for text, gold in workload(0, warm)]
@@ -227,50 +196,6 @@ def _in_the_main_thread(tasks: list[tuple], timeout_s: int = 5) -> tuple[float, 
     return seconds, peak_kib << 10
 
 
-def tree_memory(pid: int) -> tuple[int, int]:
-    """(PSS, RSS) summed over a process and its descendants: PSS shares each page among the processes
-    that map it (forked workers share their preloaded heap), RSS counts it in each."""
-    import psutil
-
-    pss = rss = 0
-    try:
-        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0, 0
-    for process in tree:
-        try:
-            with open(f"/proc/{process.pid}/smaps_rollup") as rollup:
-                for line in rollup:
-                    if line.startswith(("Pss:", "Rss:")):
-                        kib = int(line.split()[1]) << 10
-                        pss, rss = (pss + kib, rss) if line.startswith("Pss:") else (pss, rss + kib)
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return pss, rss
-
-
-class PeakMemory:
-    """Samples a process tree's memory every 50 ms inside the block; `peak_pss` and `peak_rss` after it."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak_pss, self.peak_rss = pid, 0, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.05):
-            pss, rss = tree_memory(self.pid)
-            self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
-
-    def __enter__(self) -> PeakMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
 MANAGED_ROUNDS = 3
 GENERATION_S = 1.5  # between calls, as a trainer generates: the child's template replays meanwhile
 
@@ -284,7 +209,7 @@ def _through_managed(
 ) -> str:
     """The same workload through a managed math_verify child with the default client config
     (`request_batch_size` 64: the 520 items go as 9 chunks), clean and hostile calls interleaved."""
-    from bench.math_throughput import MATH_PYTHON
+    from bench.common import MATH_PYTHON
     from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest
 
     spec = {
@@ -339,7 +264,7 @@ def main_line(
 ) -> str:
     """The bench line: the pool measured under the math env's python, then (from the trainer's env) a
     managed child. The defaults are the bench's; `SMOKE` the smallest sizes."""
-    from bench.math_throughput import MATH_PYTHON, in_math_env
+    from bench.common import MATH_PYTHON, in_math_env
 
     sizes: dict[str, Any] = {"ordinary": ordinary, "hazards": hazards, "timeout_s": timeout_s}
     pool_line = in_math_env(
@@ -357,6 +282,6 @@ def main_line(
 
 
 if __name__ == "__main__":
-    from bench.math_throughput import sizes_of_argv
+    from bench.common import sizes_of_argv
 
     print(main_line(**sizes_of_argv()))

@@ -25,7 +25,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from bench.panel import grpo_request
+from bench.workloads import grpo_request
 from supervisor import RewardItem, RewardRequest, micro_batches, score_while_generating
 
 SEED = 29
@@ -95,7 +95,7 @@ def regime_line(backend: object, items: list[RewardItem], reward_s: float, facto
 
 
 def main_line(rounds: int = 3) -> str:
-    from bench.__main__ import managed  # bench.__main__ imports this module for its line list
+    from bench.common import managed
 
     items = grpo_request(128, 8).items
     backend = managed("math", "math_verify", "text", {"jobs": 2})  # pointwise: the stream holds no group back

@@ -12,31 +12,16 @@ import statistics
 import time
 from collections.abc import Callable
 
-from bench.workloads import math_items
-from supervisor import PanelTerm, RewardItem, RewardPanel, RewardRequest
+from bench.workloads import grpo_request
+from supervisor import PanelTerm, RewardPanel
 from supervisor.backend import RewardBackend
 
 ROUNDS = 7
 
 
-def grpo_request(n: int = 128, group: int = 8) -> RewardRequest:
-    raw = math_items(n)
-    items = [
-        RewardItem(
-            id=r["id"],
-            group_id=f"q{i // group}",
-            prompt=f"question {i // group}",
-            text=r["text"],
-            reference=raw[(i // group) * group]["reference"],  # one gold answer per group
-        )
-        for i, r in enumerate(raw)
-    ]
-    return RewardRequest(items=items, group_size=group)
-
-
 def main_line(rounds: int = ROUNDS) -> str:
     request = grpo_request()
-    from bench.__main__ import managed  # bench.__main__ imports this module for its line list
+    from bench.common import managed
 
     math = managed("math", "math_verify", "text", {"jobs": 1}, group_size=8)
     embed = managed("embed", "text_similarity", "text", {}, group_size=8)

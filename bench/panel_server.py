@@ -23,8 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from bench.panel import grpo_request
-from bench.serve_processes import readiness, stop
+from bench.common import readiness, stop
+from bench.workloads import grpo_request
 from supervisor import RemoteRewardBackend
 from supervisor.compose.recipes import build_panel, load_recipe
 

@@ -14,7 +14,7 @@ install it, the target prints one SKIPPED line and exits 0: it is optional.
     .venv/bin/python -m bench.peers                    # trainer side (this is what make runs)
     bench/.peers-venv/bin/python -m bench.peers ray DIR  # the Ray side; prints one JSON line
 
-Module-level imports are stdlib + numpy only, since both venvs import this file.
+Module-level imports are stdlib + numpy only (and `bench.common`, stdlib only), since both venvs import this file.
 """
 
 from __future__ import annotations
@@ -23,44 +23,26 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / "bench" / ".peers-venv"
+from bench.common import PEERS_VENV, ROOT, interleaved, run_ray_side
+
+VENV = PEERS_VENV
 VENV_PYTHON = VENV / "bin" / "python"
 REQUIREMENTS = "ray[serve]==2.60.0\nnumpy==2.4.6\n"
 INSTALL_TIMEOUT_S = 900
 PEER_TIMEOUT_S = 300
-MARKER = "MANAGED_SCORERS_BENCH_PEERS"  # in the Ray side's environment, so every Ray process can be found
 BATCH_ROUNDS = 30
 EMPTY_ROUNDS = 200
 
 
 def rewards_of(images: list[np.ndarray]) -> list[float]:
-    """Exactly what scorers.rules.MeanIntensity computes, so equality can be asserted."""
+    """Exactly what scorers.builtin.rules.MeanIntensity computes, so equality can be asserted."""
     return [float(a.mean(dtype=np.float64)) / 255.0 for a in images]
-
-
-def p50_interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 3) -> dict[str, float]:
-    """p50 of each fn, called in alternation so drift hits all alike (bench.__main__ is not importable here)."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            started = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - started)
-    return {name: float(np.median(values)) for name, values in samples.items()}
 
 
 # --- Ray side (runs in bench/.peers-venv) ----------------------------------------------
@@ -128,14 +110,15 @@ def ray_peer(temp_dir: str) -> dict:
 
         assert post(body) == expected, "Ray Serve rewards differ"
         assert post(b"") == []
-        empty = p50_interleaved(
+        empty = interleaved(
             {"actor": lambda: ray.get(actor.empty.remote(), timeout=60), "serve": lambda: post(b"")},
             EMPTY_ROUNDS,
             warmup=20,
         )
-        batch = p50_interleaved(
+        batch = interleaved(
             {"actor": lambda: ray.get(actor.score.remote(images), timeout=60), "serve": lambda: post(body)},
             BATCH_ROUNDS,
+            warmup=3,
         )
         conn.close()
         return {
@@ -188,40 +171,6 @@ def build_venv() -> str | None:
     return None
 
 
-def ray_processes(temp_dir: str) -> list:
-    """This run's Ray processes. Workers and agents retitle themselves `ray::X`, so their command
-    lines no longer name the venv: they are found by the MARKER or HOME (both temp_dir) they inherit.
-    setproctitle zeroes the start of the environ block, so it is read raw (psutil's environ() is empty)."""
-    import psutil
-
-    wanted = {f"{MARKER}={temp_dir}".encode(), f"HOME={temp_dir}".encode()}
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            marked = bool(wanted & set(Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")))
-        except OSError:  # gone, or not ours to read
-            marked = False
-        text = " ".join(proc.info["cmdline"] or [])
-        if proc.pid != os.getpid() and (marked or str(VENV) in text or temp_dir in text):
-            found.append(proc)
-    return found
-
-
-def reap(temp_dir: str, grace_s: float = 5.0) -> int:
-    """Give this run's Ray processes grace_s to exit after ray.shutdown(), SIGKILL the rest; return how many."""
-    import psutil
-
-    _, alive = psutil.wait_procs(ray_processes(temp_dir), timeout=grace_s)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=10)
-    assert not ray_processes(temp_dir), "Ray processes survived SIGKILL"
-    return len(alive)
-
-
 def ray_named_alive() -> int:
     """Processes named like Ray's anywhere on the machine (the `ps` check: nothing else here runs Ray)."""
     import psutil
@@ -233,37 +182,6 @@ def ray_named_alive() -> int:
     )
 
 
-def run_ray_side(python: Path, module: str, what: str, timeout_s: float, *extra: str) -> tuple[dict, int]:
-    """`python -m MODULE ray TEMP_DIR EXTRA...` (a driver that starts a local Ray) in its own session and scratch
-    directory, under a deadline, then every Ray process it left reaped; its last JSON line and the number of
-    processes killed. The temp dir is short (Ray's socket paths live under it) and is HOME too: Ray 2.60
-    writes its default auth token to ~/.ray/auth_token."""
-    temp_dir = tempfile.mkdtemp(prefix="msray")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HOME": temp_dir, MARKER: temp_dir}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.Popen(
-        [str(python), "-m", module, "ray", temp_dir, *extra],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    finally:
-        if proc.poll() is None:  # past the deadline, or we were interrupted
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-        killed = reap(temp_dir)
-        shutil.rmtree(temp_dir, ignore_errors=True)
-    if proc.returncode:
-        raise RuntimeError(f"{what} failed (rc={proc.returncode}):\n{err[-4000:]}")
-    found: dict = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
-    return found, killed
-
-
 def run_peer() -> tuple[dict, int]:
     """Run ray_peer in the scratch venv under a deadline, then reap; return (figures, processes killed)."""
     return run_ray_side(VENV_PYTHON, "bench.peers", "the Ray peer", PEER_TIMEOUT_S)
@@ -271,8 +189,9 @@ def run_peer() -> tuple[dict, int]:
 
 def measure_ours() -> dict:
     """Our side on the same batch: in-process, managed child over shared memory and in-band; tiny request."""
-    from bench.__main__ import image_request, managed, p50, time_backends, timed, transport_trio
+    from bench.common import managed, p50, time_backends, timed, transport_trio
     from bench.handles import managed_of
+    from bench.workloads import image_request
     from supervisor import RewardItem, RewardRequest
 
     request = image_request()

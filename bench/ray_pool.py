@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.peers import p50_interleaved, run_ray_side
+from bench.common import interleaved, run_ray_side
 from supervisor import RewardItem, RewardRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,12 +69,13 @@ def ray_side(temp_dir: str, rounds: int = ROUNDS, groups: int = 8) -> dict:
             try:
                 expected = children.compute_rewards(request).rewards
                 assert pool.compute_rewards(request).rewards == expected, "pool and children rewards differ"
-                times = p50_interleaved(
+                times = interleaved(
                     {
                         "pool": lambda: pool.compute_rewards(request),
                         "children": lambda: children.compute_rewards(request),
                     },
                     rounds,
+                    warmup=3,
                 )
             finally:
                 pool.close()

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench.common import readiness, stop
 from bench.fake_openai import FakeOpenAI
-from bench.serve_processes import readiness, stop
 from supervisor import MultiRemoteRewardBackend, RemoteRewardBackend, RewardBackend, RewardItem, RewardRequest
 
 ROUNDS = 3

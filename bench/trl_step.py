@@ -18,7 +18,7 @@ MATH_PARAMS = {"jobs": 2}  # the managed grader as a user configures it
 
 
 def main_line(steps: int = STEPS, rounds: int = ROUNDS, params: dict | None = None) -> str:
-    from bench.__main__ import env_python, run_driver  # bench.__main__ imports this module for its line list
+    from bench.common import env_python, run_driver
 
     chosen = json.dumps(params if params is not None else MATH_PARAMS)
     report = run_driver("trlbench", "bench.trl_step_driver", str(steps), str(rounds), env_python("math"), chosen)

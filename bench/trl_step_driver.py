@@ -28,7 +28,7 @@ from typing import Any
 Grader = Callable[[list[str], list[str], list[str]], list[float]]  # prompts, texts, golds -> rewards
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench.math_throughput import workload  # noqa: E402
+from bench.common import workload  # noqa: E402
 from examples.trl_grpo import PROBLEMS, build_model_and_tokenizer  # noqa: E402
 from supervisor import ManagedScorerProcessBackend  # noqa: E402
 from supervisor.adapters.trl import TRLRewardFunction  # noqa: E402

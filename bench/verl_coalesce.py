@@ -19,7 +19,7 @@ N = 256
 
 
 def main_line(rounds: int = 5, n: int = N) -> str:
-    from bench.__main__ import managed  # bench.__main__ imports this module for its line list
+    from bench.common import managed
 
     rows = math_items(n)
     backend = managed("math", "math_verify", "text", {"jobs": 2})

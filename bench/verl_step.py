@@ -16,7 +16,7 @@ ROUNDS = 5
 
 
 def main_line(items: int = ITEMS, rounds: int = ROUNDS) -> str:
-    from bench.__main__ import env_python, run_driver  # bench.__main__ imports this module for its line list
+    from bench.common import env_python, run_driver
 
     report = run_driver("trl", "bench.verl_step_driver", str(items), str(rounds), env_python("math"))
     if report["mismatches"]:

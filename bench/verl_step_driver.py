@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.math_throughput import workload
+from bench.common import workload
 from tests.helpers.verl_reward_loop import batch, config, tokenizer_dir
 
 ROOT = Path(__file__).resolve().parent.parent

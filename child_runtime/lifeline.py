@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 
-from scorers.grading.processes import set_parent_death_signal
+from scorers.common.processes import set_parent_death_signal
 
 LIFELINE_SIGNAL = signal.SIGUSR2
 POLL_INTERVAL_S = 0.2

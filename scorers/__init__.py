@@ -1,7 +1,7 @@
-"""The scorer contract and catalog (`base`, `registry`), the built-in scorers, and `grading/`.
+"""The scorer contract and catalog (`base`, `registry`), the built-in scorers (`builtin/`), `grading/` and `common/`.
 
 The names below load on first use (PEP 562), not when the package is imported: the child
-arms its parent-death watch from `scorers.grading.processes` (stdlib only) before anything
+arms its parent-death watch from `scorers.common.processes` (stdlib only) before anything
 heavy, and an interpreter without numpy must still reach the child's own diagnosis.
 
 Importing it refuses, with `scorers.install.SupervisordClash` (an ImportError of one line), where
@@ -14,9 +14,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from scorers import install
+from scorers import aliases, install
 
 install.refuse_supervisord_clash()  # a scorer child returns at one stat: its path holds no `supervisor`
+aliases.install()  # `scorers.math_verify` and the other built-ins' old names: the modules of `scorers.builtin`
 
 if TYPE_CHECKING:
     from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec

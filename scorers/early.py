@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-HOOKS = {"math_verify": "scorers.math_verify_boot:start_early"}
+HOOKS = {"math_verify": "scorers.builtin.math_verify_boot:start_early"}
 FLAG = "--early"
 
 

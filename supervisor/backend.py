@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from typing import Any, Self
 
-from scorers.retry import Retry
+from scorers.common.retry import Retry
 from supervisor.arena import Arena, HeapArena
 from supervisor.errors import ScorerUnavailable
 from supervisor.outcome import Outcome

@@ -46,7 +46,7 @@ from typing import Any, Literal
 from child_runtime.protocol.exit_codes import describe
 from child_runtime.protocol.headers import IDENTITY_HEADER
 from child_runtime.protocol.wire import WEDGED
-from scorers.grading.processes import signal_name
+from scorers.common.processes import signal_name
 
 
 @dataclass(frozen=True)

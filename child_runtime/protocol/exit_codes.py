@@ -1,11 +1,11 @@
-"""Reserved exit codes of a scorer child (the describer itself is `scorers.grading.processes.describe`).
+"""Reserved exit codes of a scorer child (the describer itself is `scorers.common.processes.describe`).
 
 A child that cannot boot says why with a reserved code and is never restarted.
 """
 
 from __future__ import annotations
 
-from scorers.grading import processes
+from scorers.common import processes
 
 OK = 0
 BAD_CONFIG = 3

@@ -1,8 +1,8 @@
 """The math grading pool: graders run in forkserver-started worker processes, one item at a time,
 SIGKILLed at their deadline or memory budget, replaced from a warm template.
 
-May import: the stdlib and this folder's own modules. Nothing of `child_runtime`, `supervisor` or
-the rest of `scorers`.
+May import: the stdlib, this folder's own modules and `scorers.common` (the shared low-level helpers).
+Nothing of `child_runtime`, `supervisor` or the rest of `scorers`.
 
 Modules, owner side:
 - `pool`: `GradingPool`, the facade (options, start, grade, settle, close) composing the two managers;
@@ -14,8 +14,7 @@ Modules, owner side:
 - `outcomes`: `Batch` and `GradeOutcome`;
 - `messages`: the frozen dataclasses sent on every pipe;
 - `errors`: `GradingPoolError`, `GradingTaskError`;
-- `mp_helpers`: ownership of multiprocessing's forkserver and resource tracker;
-- `processes`: exit-status describer and parent-death signal (used by other packages too).
+- `mp_helpers`: ownership of multiprocessing's forkserver and resource tracker.
 Modules, child side:
 - `worker`: a worker's main loop (caps, death signal, one task at a time);
 - `template`: the template's main loop (forks workers, replays tasks while idle);

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from scorers.common.processes import describe
 from scorers.grading.handles import HelperProcess
-from scorers.grading.processes import describe
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from multiprocessing import connection as mp_connection
 from multiprocessing import reduction
 from typing import Any
 
+from scorers.common.processes import set_parent_death_signal
 from scorers.grading.messages import CloneExited, Fork, Forked, Halt, Ready, Warm, Warmed
-from scorers.grading.processes import set_parent_death_signal
 from scorers.grading.worker import ORPHANED_EXIT_CODE, cap_cpu, enter_worker, load_grader, serve
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")

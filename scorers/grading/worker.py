@@ -19,8 +19,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from scorers.common.processes import set_parent_death_signal
 from scorers.grading.messages import Fatal, Graded, OverMemory, Raised, Ready, Task, WorkerReply
-from scorers.grading.processes import set_parent_death_signal
 
 ORPHANED_EXIT_CODE = 70
 _ERROR_HEAD_CHARS = 1000

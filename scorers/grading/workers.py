@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from multiprocessing import connection as mp_connection
 from typing import Any
 
+from scorers.common.processes import describe
 from scorers.grading.config import PoolConfig
 from scorers.grading.errors import GradingPoolError
 from scorers.grading.handles import SpawnedProcess, WorkerProcess
@@ -32,7 +33,6 @@ from scorers.grading.mp_helpers import (
     preload_failure,
 )
 from scorers.grading.outcomes import Batch
-from scorers.grading.processes import describe
 from scorers.grading.template_owner import GradingTemplate, TemplateError, pidfds_supported
 from scorers.grading.worker import ORPHANED_EXIT_CODE, worker_main
 

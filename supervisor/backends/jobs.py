@@ -36,9 +36,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from scorers.common.retry import Retry, retry_after_s
 from scorers.diagnostics import report
 from scorers.identity import digest
-from scorers.retry import Retry, retry_after_s
 from supervisor.assembly import assemble_response
 from supervisor.backends.job_ids import Claim, JobIds, new_call
 from supervisor.backends.spool import Spool, Spooled, SpoolWriteFailed

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from child_runtime.protocol import wire
-from scorers.retry import Retry
+from scorers.common.retry import Retry
 from supervisor.child.client import DEFAULT_MAX_ANSWER_BYTES, MAX_CONNECTIONS, ScorerClient
 from supervisor.chunks import CallPlan, ChunkAnswer, score_in_chunks
 from supervisor.composition import Component

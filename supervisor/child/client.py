@@ -20,7 +20,7 @@ import httpx
 
 from child_runtime.protocol import wire
 from child_runtime.protocol.headers import IDENTITY_HEADER, KEY_HEADER, REPLAY_HEADER
-from scorers import bounded_http
+from scorers.common import bounded_http
 from supervisor.child.loopback_http import LoopbackHTTP
 from supervisor.child.segment import ParentSegment
 from supervisor.errors import BadAnswer, ConnectFailed, ConnectionLost, ErrorStatus, IdentityMismatch, NoAnswer
@@ -77,7 +77,7 @@ def _transport_facts(method: str, path: str, timeout: float) -> Iterator[None]:
 
 class HttpxTransport:
     """For servers someone else started: full HTTP (TLS, chunked answers; redirects refused), each
-    exchange within one absolute deadline and its answer capped (`scorers.bounded_http`)."""
+    exchange within one absolute deadline and its answer capped (`scorers.common.bounded_http`)."""
 
     def __init__(self, base_url: str, headers: dict[str, str], max_answer_bytes: int) -> None:
         self._base_url, self._headers = base_url, headers

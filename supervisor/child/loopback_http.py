@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from child_runtime.protocol.headers import EVICTED_HEADER
-from scorers.retry import Retry
+from scorers.common.retry import Retry
 from supervisor.errors import BadAnswer, ConnectFailed, ConnectionLost, NoAnswer
 
 MAX_HEAD_BYTES = 64 * 1024

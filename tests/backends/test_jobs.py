@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scorers.retry import retry_after_s
+from scorers.common.retry import retry_after_s
 from supervisor.backends.job_ids import JobIds
 from supervisor.backends.jobs import JobRewardBackend
 from supervisor.compose.recipes import build_panel

@@ -16,6 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("scorers", "child_runtime", "supervisor")
+FLOOR = "scorers.common"  # the shared low-level helpers: every side may import them, they import nothing of ours
+BUILTIN = "scorers.builtin"  # the scorers users pick by name, apart from the contract they implement
 # supervisor's floors, lowest first: a folder imports its own floor and those below, never above.
 SUPERVISOR_FLOORS = (
     "supervisor",
@@ -28,9 +30,9 @@ FACADES = {"supervisor", "supervisor.__main__"}  # the package's public face may
 MAX_FUNCTION_LINES = 50  # a reader holds a function whole: longer ones are split by what they do
 
 
-def _modules() -> dict[str, Path]:
+def _modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
+    for package in packages:
         for path in (ROOT / package).rglob("*.py"):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -40,16 +42,26 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
+BENCH_MODULES = _modules(("bench",))  # not a product package, but held to no cycle all the same
+# what the bench lines share (`bench.common`), their inputs and typed handles, and the fake peers they talk to
+BENCH_HELPERS = {
+    "bench.common",
+    "bench.workloads",
+    "bench.handles",
+    "bench.loopback_server",
+    "bench.fake_openai",
+    "bench.misbehaving_server",
+}
 
 
-def _resolve(name: str) -> str | None:
-    while name and name not in MODULES:
+def _resolve(name: str, known: dict[str, Path] = MODULES) -> str | None:
+    while name and name not in known:
         name = name.rpartition(".")[0]
     return name or None
 
 
-def _imports(module: str, path: Path) -> Iterator[tuple[str, int]]:
-    """(imported project module, line) for every import in the file, TYPE_CHECKING blocks included."""
+def _imports(module: str, path: Path, known: dict[str, Path] = MODULES) -> Iterator[tuple[str, int]]:
+    """(imported module of `known`, line) for every import in the file, TYPE_CHECKING blocks included."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -59,16 +71,17 @@ def _imports(module: str, path: Path) -> Iterator[tuple[str, int]]:
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(parts + ([base] if base else []))
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         else:
             continue
         for name in names:
-            target = _resolve(name)
+            target = _resolve(name, known)
             if target is not None and target != module:
                 yield target, node.lineno
 
 
 EDGES = {module: sorted(set(_imports(module, path))) for module, path in MODULES.items()}
+BENCH_EDGES = {module: sorted(set(_imports(module, path, BENCH_MODULES))) for module, path in BENCH_MODULES.items()}
 
 
 def _folder(module: str) -> str:
@@ -84,24 +97,40 @@ def _violations(rule: Callable[[str, str], bool]) -> list[str]:
     ]
 
 
-def test_scorers_import_nothing_above_them_and_grading_only_itself():
+def _in(module: str, folder: str) -> bool:
+    return module == folder or module.startswith(folder + ".")
+
+
+def test_the_floor_imports_nothing_of_the_project():
+    """`scorers.common`, the shared low-level helpers every side imports, imports only its own modules."""
+    assert any(_in(module, FLOOR) for module in MODULES)
+    assert _violations(lambda a, b: _in(a, FLOOR) and not _in(b, FLOOR)) == []
+
+
+def test_scorers_import_nothing_above_them_and_grading_only_itself_and_the_floor():
     def rule(a: str, b: str) -> bool:
-        if a.startswith("scorers.grading"):
-            return not b.startswith("scorers.grading")
+        if _in(a, "scorers.grading"):
+            return not (_in(b, "scorers.grading") or _in(b, FLOOR))
         return a.startswith("scorers") and not b.startswith("scorers")
 
     assert _violations(rule) == []
 
 
-# Beyond itself, what the child's protocol may import: the scorer contract, the item's declared fields,
-# and the exit-status describer.
-PROTOCOL_MAY_IMPORT = ("scorers.base", "scorers.item_fields", "scorers.grading.processes")
+def test_the_scorer_contract_never_imports_a_built_in_scorer():
+    """The top of `scorers/` stands alone: the built-ins (`scorers.builtin`) import it, never the reverse."""
+    assert any(_in(module, BUILTIN) for module in MODULES)
+    assert _violations(lambda a, b: a.startswith("scorers") and not _in(a, BUILTIN) and _in(b, BUILTIN)) == []
+
+
+# Beyond itself and the floor, what the child's protocol may import: the scorer contract and the item's
+# declared fields.
+PROTOCOL_MAY_IMPORT = ("scorers.base", "scorers.item_fields")
 
 
 def test_the_child_never_imports_the_trainer_side_and_its_protocol_only_the_scorer_contract():
     def rule(a: str, b: str) -> bool:
         if a.startswith("child_runtime.protocol"):
-            return not (b.startswith("child_runtime.protocol") or b in PROTOCOL_MAY_IMPORT)
+            return not (b.startswith("child_runtime.protocol") or b in PROTOCOL_MAY_IMPORT or _in(b, FLOOR))
         return a.startswith("child_runtime") and b.startswith("supervisor")
 
     assert _violations(rule) == []
@@ -128,13 +157,17 @@ def _floor(module: str) -> int:
 # `load()` or a function): longest prefix wins. The two math_verify modules run in grading workers,
 # whose whole job is that import.
 THIRD_PARTY = {
+    "scorers.common": {"httpx", "httpcore"},  # bounded_http only: processes and retry are stdlib only
     "scorers.grading": set(),
-    "scorers": {"numpy", "httpx", "httpcore"},
+    "scorers": {"numpy"},
     "child_runtime.protocol": {"numpy"},
     "child_runtime": {"numpy", "starlette", "uvicorn"},
     "supervisor": {"numpy", "pydantic", "httpx", "psutil", "yaml"},
 }
-IMPORTS_ITS_GRADER = {"scorers.math_verify_grade": {"math_verify"}, "scorers.math_verify_warm": {"math_verify"}}
+IMPORTS_ITS_GRADER = {
+    "scorers.builtin.math_verify_grade": {"math_verify"},
+    "scorers.builtin.math_verify_warm": {"math_verify"},
+}
 
 
 def _module_level_imports(path: Path) -> Iterator[tuple[str, int]]:
@@ -174,34 +207,35 @@ def test_each_supervisor_folder_imports_only_its_floor_and_those_below():
     assert _violations(rule) == []
 
 
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = [stack.pop()]
+            while component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in list(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
 def test_no_import_cycle_between_modules_or_folders():
-    def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-        index: dict[str, int] = {}
-        low: dict[str, int] = {}
-        stack: list[str] = []
-        found = []
-
-        def visit(node: str) -> None:
-            index[node] = low[node] = len(index)
-            stack.append(node)
-            for nxt in graph.get(node, ()):
-                if nxt not in index:
-                    visit(nxt)
-                    low[node] = min(low[node], low[nxt])
-                elif nxt in stack:
-                    low[node] = min(low[node], index[nxt])
-            if low[node] == index[node]:
-                component = [stack.pop()]
-                while component[-1] != node:
-                    component.append(stack.pop())
-                if len(component) > 1:
-                    found.append(sorted(component))
-
-        for node in list(graph):
-            if node not in index:
-                visit(node)
-        return found
-
     modules = {a: {b for b, _ in targets} for a, targets in EDGES.items()}
     folders: dict[str, set[str]] = defaultdict(set)
     for a, targets in modules.items():
@@ -211,7 +245,21 @@ def test_no_import_cycle_between_modules_or_folders():
     packages: dict[str, set[str]] = defaultdict(set)
     for a, targets in modules.items():
         packages[a.split(".")[0]].update(b.split(".")[0] for b in targets if b.split(".")[0] != a.split(".")[0])
-    assert cycles(modules) == [] and cycles(folders) == [] and cycles(packages) == []
+    bench = {a: {b for b, _ in targets} for a, targets in BENCH_EDGES.items()}
+    assert _cycles(modules) == [] and _cycles(folders) == [] and _cycles(packages) == [] and _cycles(bench) == []
+
+
+def test_bench_lines_import_only_the_shared_helpers_and_never_the_entry():
+    """`python -m bench` imports its lines; a line imports `bench.common` and the other helpers, never
+    `bench.__main__` or another line; a helper imports only helpers."""
+    lines = {b for b, _ in BENCH_EDGES["bench.__main__"]} - BENCH_HELPERS
+    wrong = [
+        f"{BENCH_MODULES[a].relative_to(ROOT)}:{line} imports {b}"
+        for a, targets in BENCH_EDGES.items()
+        for b, line in targets
+        if b == "bench.__main__" or (a in lines | BENCH_HELPERS and b not in BENCH_HELPERS)
+    ]
+    assert lines and BENCH_HELPERS <= set(BENCH_MODULES) and wrong == []
 
 
 @pytest.mark.parametrize("package", PACKAGES)

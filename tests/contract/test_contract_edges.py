@@ -53,7 +53,7 @@ def test_a_local_backend_serialises_callers_from_several_threads():
 
 
 def test_a_scorer_instance_has_no_identity_and_cannot_be_pinned():
-    from scorers.rules import ExactMatch
+    from scorers.builtin.rules import ExactMatch
 
     with LocalRewardBackend(ExactMatch(case_sensitive=True)) as backend:
         assert backend.identity_hash is None

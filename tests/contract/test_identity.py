@@ -21,11 +21,11 @@ import pytest
 
 from child_runtime.protocol import exit_codes
 from scorers.base import Scorer
+from scorers.builtin.math_verify import TIMEOUT_ENV
+from scorers.builtin.rules import ExactMatch
 from scorers.identity import canonical_json, scorer_document, scorer_identity_hash
-from scorers.math_verify import TIMEOUT_ENV
 from scorers.pointwise import map_candidates
 from scorers.registry import CatalogError, UnknownScorerError, load_catalog, resolve_scorer
-from scorers.rules import ExactMatch
 from supervisor import (
     ConfigError,
     LocalRewardBackend,

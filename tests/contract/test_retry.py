@@ -1,4 +1,4 @@
-"""scorers.retry on a real clock: the bounds every retrying caller relies on. Its deadline decisions
+"""scorers.common.retry on a real clock: the bounds every retrying caller relies on. Its deadline decisions
 ("would this pause reach the deadline?") are checked on a fake clock, where they are exact: on a real
 one a loaded machine moves every reading taken around them."""
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from scorers import retry as retry_module
-from scorers.retry import Retry
+from scorers.common import retry as retry_module
+from scorers.common.retry import Retry
 
 
 class Flaky(Exception):
@@ -46,7 +46,7 @@ def test_retries_until_a_try_succeeds_with_doubling_capped_pauses():
 
 
 class FakeClock:
-    """The clock `scorers.retry` reads, moved only by the loop's own pauses."""
+    """The clock `scorers.common.retry` reads, moved only by the loop's own pauses."""
 
     def __init__(self) -> None:
         self.now = 100.0

@@ -21,9 +21,9 @@ from typing import Any
 import psutil
 import pytest
 
+from scorers.builtin.math_verify import TIMEOUT_ENV, MathVerifyScorer
+from scorers.builtin.rules import ExactMatch
 from scorers.identity import scorer_identity_hash
-from scorers.math_verify import TIMEOUT_ENV, MathVerifyScorer
-from scorers.rules import ExactMatch
 from supervisor import LocalRewardBackend, PreflightError, PreflightReport, load_recipe, preflight
 from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.ops.preflight import CHILD_RUNTIME_MODULES

@@ -141,7 +141,7 @@ def test_a_verl_function_bound_to_a_missing_model_is_named():
 def test_catalog_names_cannot_override_builtins(tmp_path):
     module = tmp_path / "override_catalog.py"
     module.write_text(
-        "from scorers.rules import ExactMatch\n\ndef catalog():\n    return {'exact_match': ExactMatch}\n"
+        "from scorers.builtin.rules import ExactMatch\n\ndef catalog():\n    return {'exact_match': ExactMatch}\n"
     )
     import sys
 

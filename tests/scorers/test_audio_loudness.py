@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from scorers.audio import AudioLoudness
+from scorers.builtin.audio import AudioLoudness
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 
 RATE = 16000

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scorers.clip_preference import ClipPreference
+from scorers.builtin.clip_preference import ClipPreference
 from scorers.identity import scorer_identity_hash
 from supervisor import RewardItem, RewardRequest, ScorerRequestError, ScorerStartupError
 from tests.conftest import REPO_ROOT, env_python, launcher_free_env
@@ -49,7 +49,7 @@ HAND_SCRIPT = r"""
 import json, sys
 import numpy as np, torch
 from transformers import AutoTokenizer, CLIPModel
-from scorers.clip_preference import ImageTransform
+from scorers.builtin.clip_preference import ImageTransform
 
 model_dir, cases = sys.argv[1], np.load(sys.argv[2])
 prompts = json.loads(sys.argv[3])
@@ -94,7 +94,7 @@ import json, sys
 import numpy as np, torch
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 from scorers.base import ScoreItem, score_checked
-from scorers.clip_preference import ClipPreference
+from scorers.builtin.clip_preference import ClipPreference
 
 model_dir, cases, prompts = sys.argv[1], np.load(sys.argv[2]), json.loads(sys.argv[3])
 images = [cases[f"image{i}"] for i in range(len(prompts))]

@@ -247,7 +247,7 @@ def test_default_parsers_read_what_judges_write(server):
     with LocalRewardBackend("llm_judge", params=choice) as judge:
         got = judge.compute_rewards(RewardRequest(items=items("[[choice:b]]", "[[choice:A]]")))
     assert got.rewards == [0.0, 1.0]  # labels match whatever the case
-    from scorers.llm_judge import LlmJudge, _Final  # _Final: an item's verdict that no retry can change
+    from scorers.builtin.llm_judge import LlmJudge, _Final  # _Final: an item's verdict that no retry can change
 
     number = LlmJudge(base_url=server.base_url, model="m")
     assert number._verdict("Reasoning...\nScore: 7/10") == 0.7

@@ -285,7 +285,7 @@ def child_tree_rss(pid: int) -> int:
 
 @pytest.mark.slow
 def test_pathological_neighbours_change_no_ordinary_verdict_and_memory_returns(managed, math_python):
-    from bench.math_throughput import workload
+    from bench.common import workload
 
     backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 2})
     ordinary = [RewardItem(id=f"o{i}", text=t, reference=g) for i, (t, g) in enumerate(workload(0, 60))]
@@ -327,7 +327,7 @@ def test_the_hostile_tail_is_paid_once_per_call_however_it_is_chunked(managed, m
     call pays about one timeout (bench.hostile_math: the +1 s figure), not one per chunk (+8 s
     here before). Through the managed backend, a remote client of the same child, a panel term
     and two replicas."""
-    from bench.math_throughput import workload
+    from bench.common import workload
     from supervisor import PanelTerm, RemoteRewardBackend, ReplicatedBackend, RewardPanel
 
     timeout_s = 2.0

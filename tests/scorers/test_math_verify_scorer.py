@@ -8,7 +8,7 @@ import time
 import pytest
 
 from scorers.base import ScoreInputError, ScoreItem, score_checked
-from scorers.math_verify import MathVerifyScorer
+from scorers.builtin.math_verify import MathVerifyScorer
 from scorers.registry import resolve_scorer
 
 # kill + reap + replacement + neighbours on a loaded 2-core box: the bound proves the item's deadline was kept
@@ -169,7 +169,7 @@ def test_params_are_validated(monkeypatch):
 
 @pytest.mark.slow
 def test_on_timeout_raise_fails_the_batch_instead_of_scoring_zero(make_scorer):
-    from scorers.math_verify import MathGradeTimeout
+    from scorers.builtin.math_verify import MathGradeTimeout
 
     scorer = make_scorer(jobs=2, timeout_s=1.0, on_timeout="raise")
     with pytest.raises(MathGradeTimeout, match=r"\['tower'\]"):

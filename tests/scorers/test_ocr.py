@@ -9,7 +9,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from scorers.base import ScoreInputError
-from scorers.ocr import (
+from scorers.builtin.ocr import (
     OcrScorer,
     levenshtein,
     normalize_ocr_text,

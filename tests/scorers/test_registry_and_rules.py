@@ -11,34 +11,34 @@ import pytest
 from PIL import Image
 
 from scorers.base import Scorer
-from scorers.jpeg import JpegCompressibility, JpegIncompressibility, jpeg_size_kb
+from scorers.builtin.jpeg import JpegCompressibility, JpegIncompressibility, jpeg_size_kb
+from scorers.builtin.rules import Constant, ExactMatch, NonEmpty, normalize_text
 from scorers.registry import UnknownScorerError, registered_names, resolve_scorer
-from scorers.rules import Constant, ExactMatch, NonEmpty, normalize_text
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest, ScorerRequestError
 from tests.helpers import fixture_scorers
 
 REGISTERED = {
-    "math_verify": "scorers.math_verify:MathVerifyScorer",
-    "jpeg_compressibility": "scorers.jpeg:JpegCompressibility",
-    "jpeg_incompressibility": "scorers.jpeg:JpegIncompressibility",
-    "exact_match": "scorers.rules:ExactMatch",
-    "mean_intensity": "scorers.rules:MeanIntensity",
-    "edit_fidelity": "scorers.image_edit:EditFidelity",
-    "nonempty": "scorers.rules:NonEmpty",
-    "constant": "scorers.rules:Constant",
-    "token_f1": "scorers.rules:TokenF1",
-    "gsm8k": "scorers.task_rules:Gsm8k",
-    "countdown": "scorers.task_rules:Countdown",
-    "arithmetic": "scorers.task_rules:Arithmetic",
-    "format_reward": "scorers.task_rules:FormatReward",
-    "pairwise_judge": "scorers.pairwise:PairwiseJudge",
-    "llm_judge": "scorers.llm_judge:LlmJudge",
-    "text_similarity": "scorers.text_similarity:TextSimilarity",
-    "clip_preference": "scorers.clip_preference:ClipPreference",
-    "torch_probe": "scorers.torch_probe:TorchProbe",
-    "ocr": "scorers.ocr:OcrScorer",
-    "video": "scorers.video:VideoScorer",
-    "audio_loudness": "scorers.audio:AudioLoudness",
+    "math_verify": "scorers.builtin.math_verify:MathVerifyScorer",
+    "jpeg_compressibility": "scorers.builtin.jpeg:JpegCompressibility",
+    "jpeg_incompressibility": "scorers.builtin.jpeg:JpegIncompressibility",
+    "exact_match": "scorers.builtin.rules:ExactMatch",
+    "mean_intensity": "scorers.builtin.rules:MeanIntensity",
+    "edit_fidelity": "scorers.builtin.image_edit:EditFidelity",
+    "nonempty": "scorers.builtin.rules:NonEmpty",
+    "constant": "scorers.builtin.rules:Constant",
+    "token_f1": "scorers.builtin.rules:TokenF1",
+    "gsm8k": "scorers.builtin.task_rules:Gsm8k",
+    "countdown": "scorers.builtin.task_rules:Countdown",
+    "arithmetic": "scorers.builtin.task_rules:Arithmetic",
+    "format_reward": "scorers.builtin.task_rules:FormatReward",
+    "pairwise_judge": "scorers.builtin.pairwise:PairwiseJudge",
+    "llm_judge": "scorers.builtin.llm_judge:LlmJudge",
+    "text_similarity": "scorers.builtin.text_similarity:TextSimilarity",
+    "clip_preference": "scorers.builtin.clip_preference:ClipPreference",
+    "torch_probe": "scorers.builtin.torch_probe:TorchProbe",
+    "ocr": "scorers.builtin.ocr:OcrScorer",
+    "video": "scorers.builtin.video:VideoScorer",
+    "audio_loudness": "scorers.builtin.audio:AudioLoudness",
 }
 CONSTRUCTION_PARAMS = {
     "video": {"inner": "jpeg_compressibility"},
@@ -92,8 +92,8 @@ def test_dotted_path_fallback(path):
 
 
 def test_dotted_path_for_a_registered_module_also_works():
-    assert resolve_scorer("scorers.rules:ExactMatch") is ExactMatch
-    assert resolve_scorer("scorers.jpeg.JpegIncompressibility") is JpegIncompressibility
+    assert resolve_scorer("scorers.builtin.rules:ExactMatch") is ExactMatch
+    assert resolve_scorer("scorers.builtin.jpeg.JpegIncompressibility") is JpegIncompressibility
 
 
 @pytest.mark.parametrize("name", ["exactmatch", "bleu", "Nope"])
@@ -394,7 +394,7 @@ def test_edit_fidelity_is_the_share_of_the_source_the_edit_kept_and_needs_the_so
 
 
 def test_video_passes_on_the_inner_scorers_writable_inputs():
-    from scorers.video import VideoScorer
+    from scorers.builtin.video import VideoScorer
 
     assert VideoScorer(inner="tests.helpers.fixture_scorers:WritesInputs").spec.writable_inputs
     assert not VideoScorer(inner="mean_intensity").spec.writable_inputs

@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from scorers.arithmetic import MAX_DEPTH, DivisionByZero, MalformedExpression, evaluate, numbers_in
+from scorers.builtin.arithmetic import MAX_DEPTH, DivisionByZero, MalformedExpression, evaluate, numbers_in
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest, ScorerRequestError
 from tests.conftest import env_python
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scorers.video import VideoScorer, frame_indices
+from scorers.builtin.video import VideoScorer, frame_indices
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 
 

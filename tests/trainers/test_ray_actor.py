@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from bench.peers import MARKER, reap
+from bench.common import MARKER, reap
 from tests.conftest import REPO_ROOT, env_python, wait_until_gone
 
 pytestmark = pytest.mark.slow

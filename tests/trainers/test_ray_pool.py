@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
-from bench.peers import MARKER, ray_processes
+from bench.common import MARKER, ray_processes
 from tests.conftest import REPO_ROOT, launcher_free_env, wait_until_gone
 from tests.trainers.test_ray_actor import ray_python
 

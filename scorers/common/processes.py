@@ -1,6 +1,6 @@
 """What every owner of worker processes shares: the exit-status describer and the parent-death signal.
 
-The lowest floor of the project (stdlib only): the grading pool's workers, the scorer child
+In the lowest floor of the project, `scorers.common` (stdlib only): the grading pool's workers, the scorer child
 and the trainer side all describe an exit the same way, and arm the same kernel hook.
 """
 

@@ -7,9 +7,9 @@ which errors are retried, what a pause may be interrupted by, what is raised onc
 So this loop never wraps an error: when it gives up it re-raises the last try's error as it is
 (traceback intact), and `gave_up` says why, for the caller to raise its own typed error from it.
 
-It lives in `scorers` because that is the lowest package: `supervisor` and `scorers` may both
-import it, and it imports nothing but the standard library (the loopback client must not load
-httpx, so `scorers.bounded_http` is no home for it). Nobody jitters today, so neither does this.
+It lives in `scorers.common`, the lowest floor: `supervisor` and `scorers` may both import it,
+and it imports nothing but the standard library (the loopback client must not load
+httpx, so `scorers.common.bounded_http` is no home for it). Nobody jitters today, so neither does this.
 """
 
 from __future__ import annotations

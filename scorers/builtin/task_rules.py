@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-from scorers.arithmetic import DivisionByZero, ExpressionError, as_fraction, evaluate, numbers_in
 from scorers.base import ScoreInputError, ScoreItem, reference_answer
+from scorers.builtin.arithmetic import DivisionByZero, ExpressionError, as_fraction, evaluate, numbers_in
 from scorers.groups import GroupContext
 from scorers.pointwise import Verdict, map_candidates
 

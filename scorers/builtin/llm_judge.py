@@ -30,8 +30,8 @@ from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
+from scorers.common.retry import Retry
 from scorers.diagnostics import mean
-from scorers.retry import Retry
 
 DEFAULT_TEMPLATE = (
     "Rate how well the response answers the question, from 0 (wrong or useless) to 10 (fully correct "
@@ -255,7 +255,7 @@ class LlmJudge(Scorer):
 
     def _client(self) -> Any:
         """A client for one batch: a connection a stuck attempt still holds never serves the next one."""
-        from scorers import bounded_http
+        from scorers.common import bounded_http
 
         # a loopback judge never goes through a proxy; a remote one follows the environment's
         return bounded_http.client(self.url, trust_env=not _is_loopback(self.host), max_connections=self.concurrency)
@@ -296,7 +296,7 @@ class LlmJudge(Scorer):
         """One POST, answered in whole by min(request_timeout_s, what the batch has left); the reply's text."""
         import httpx
 
-        from scorers import bounded_http
+        from scorers.common import bounded_http
 
         attempt_deadline = min(deadline, time.monotonic() + self.request_timeout_s)
         headers = {"content-type": "application/json"}

@@ -8,7 +8,7 @@ instead of up to half a second, and so does not itself pass the soft deadline.
 
 from __future__ import annotations
 
-from scorers.math_verify_grade import grade
+from scorers.builtin.math_verify_grade import grade
 
 # one of each shape the parsers and sympy see most: integer, fraction, percent, decimal,
 # polynomial, radical, set, and a wrong answer

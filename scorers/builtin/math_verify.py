@@ -24,10 +24,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, reference_answer
+from scorers.builtin.math_verify_boot import GRADE_FN, PRELOAD
 from scorers.grading.config import overflow_options
 from scorers.grading.errors import GradingTaskError
 from scorers.grading.pool import GradingPool
-from scorers.math_verify_boot import GRADE_FN, PRELOAD
 
 log = logging.getLogger(__name__)
 TIMEOUT_ENV = "MATH_VERIFY_TIMEOUT_S"

@@ -5,8 +5,8 @@ this first (see scorers/early.py); the pool that load() starts then finds it run
 
 from __future__ import annotations
 
-GRADE_FN = "scorers.math_verify_grade:grade"
-WARM_MODULE = "scorers.math_verify_warm"  # preloaded: workers fork from a warmed-up forkserver
+GRADE_FN = "scorers.builtin.math_verify_grade:grade"
+WARM_MODULE = "scorers.builtin.math_verify_warm"  # preloaded: workers fork from a warmed-up forkserver
 PRELOAD = ("math_verify", WARM_MODULE)
 
 
