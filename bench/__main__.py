@@ -89,7 +89,8 @@ def bench_tiny_round_trip(rounds: int = 1500, warmup: int = 50) -> str:
 
 @contextlib.contextmanager
 def in_arena(backend: RewardBackend, request: RewardRequest) -> Iterator[RewardRequest]:
-    """The request's images rebuilt in the backend's arena, as a trainer decoding straight into it would."""
+    """The request's images rebuilt in the backend's arena, as a trainer decoding straight into it
+    would."""
     with backend.arena() as arena:
         batch = arena.empty((len(request.items), *request.items[0].image.shape))
         for slot, item in zip(batch, request.items, strict=True):
@@ -135,7 +136,8 @@ def bench_transport(rounds: int = 30, samples: int = 15) -> str:
 
 
 def server_phases(backend: RewardBackend, request: RewardRequest, calls: int = 15) -> str:
-    """Where the managed time goes, from the child's Server-Timing header (receive = HTTP body read)."""
+    """Where the managed time goes, from the child's Server-Timing header (receive = HTTP body
+    read)."""
     samples: dict[str, list[float]] = {}
     for _ in range(calls):
         backend.compute_rewards(request)
@@ -216,7 +218,8 @@ def bench_shutdown(graceful_repeats: int = 5, forced_repeats: int = 3) -> str:
                     "scorer": {"name": "constant"},
                 }
             )
-            os.kill(pid_of(backend), signal.SIGSTOP)  # answers nothing, handles no signal but SIGKILL
+            # answers nothing, handles no signal but SIGKILL
+            os.kill(pid_of(backend), signal.SIGSTOP)
             started = time.perf_counter()
             backend.close()
             late.append(time.perf_counter() - started - 1.0)
@@ -229,8 +232,8 @@ def bench_shutdown(graceful_repeats: int = 5, forced_repeats: int = 3) -> str:
 
 
 def bench_env_batch(env: str, workload: str, repeats: int, items: int | None = None) -> str:
-    """Managed child vs the same scorer in-process in its own env (the trainer env lacks its packages).
-    `items`: the workload's size (None: its default)."""
+    """Managed child vs the same scorer in-process in its own env (the trainer env lacks its
+    packages). `items`: the workload's size (None: its default)."""
     scorer, kind, params = ENV_SCORER[env]
     sizes = () if items is None else (items,)
     request = RewardRequest(items=[RewardItem(**raw) for raw in WORKLOADS[workload](*sizes)])
@@ -264,9 +267,10 @@ def bench_env_batch(env: str, workload: str, repeats: int, items: int | None = N
 
 @dataclass(frozen=True)
 class Line:
-    """One line of `make bench`: `run(**sizes)` returns its text. `smoke`: the smallest sizes that still
-    run every step and check of the line (one round, a few items; never zero of anything a check loops
-    over); `shows`: texts its every rendering holds; `envs`: the envs it runs in beside the trainer's."""
+    """One line of `make bench`: `run(**sizes)` returns its text. `smoke`: the smallest sizes that
+    still run every step and check of the line (one round, a few items; never zero of anything a
+    check loops over); `shows`: texts its every rendering holds; `envs`: the envs it runs in beside
+    the trainer's."""
 
     name: str
     run: Callable[..., str]

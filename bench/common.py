@@ -1,6 +1,6 @@
-"""What the bench lines share, in one module: the envs' pythons and their drivers, timing in alternation,
-a managed backend and the transport trio, `serve` processes, the math workload, a process tree's peak
-memory, and a Ray side run and reaped.
+"""What the bench lines share, in one module: the envs' pythons and their drivers, timing in
+alternation, a managed backend and the transport trio, `serve` processes, the math workload, a
+process tree's peak memory, and a Ray side run and reaped.
 
 Every line imports its helpers from here (and the inputs from `bench.workloads`, the fake peers, the
 typed `bench.handles`), never `bench.__main__` or another line, so the bench has no import cycle.
@@ -31,10 +31,11 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 MATH_PYTHON = ROOT / "envs" / "math" / ".venv" / "bin" / "python"
 PEERS_VENV = ROOT / "bench" / ".peers-venv"  # the Ray peers' scratch venv (bench.peers builds it)
-MARKER = "MANAGED_SCORERS_BENCH_PEERS"  # in the Ray side's environment, so every Ray process can be found
+# in the Ray side's environment, so every Ray process can be found
+MARKER = "MANAGED_SCORERS_BENCH_PEERS"
 
 
-# -- the envs' pythons and their drivers ------------------------------------------------------------
+# -- the envs' pythons and their drivers -----------------------------------------------------------
 
 
 def env_python(name: str) -> str:
@@ -42,7 +43,8 @@ def env_python(name: str) -> str:
 
 
 def run_driver(env: str, module: str, *args: str, timeout_s: float = 900) -> dict:
-    """A bench driver module run by env's python from the checkout; its JSON report (last stdout line)."""
+    """A bench driver module run by env's python from the checkout; its JSON report (last stdout
+    line)."""
     done = subprocess.run(
         [env_python(env), "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
     )
@@ -61,7 +63,8 @@ def in_math_env(module: str, measure: Callable[..., str], **sizes: Any) -> str:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=900,  # a backstop against a hang, as run_driver's: hostile_math's full run takes 300 s loaded
+        # a backstop against a hang, as run_driver's: hostile_math's full run takes 300 s loaded
+        timeout=900,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     if done.returncode != 0:
@@ -70,11 +73,12 @@ def in_math_env(module: str, measure: Callable[..., str], **sizes: Any) -> str:
 
 
 def sizes_of_argv() -> dict[str, Any]:
-    """The sizes `in_math_env` passed (a JSON object as the first argument), or none: the defaults."""
+    """The sizes `in_math_env` passed (a JSON object as the first argument), or none: the
+    defaults."""
     return json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
 
 
-# -- timing ------------------------------------------------------------------------------------------
+# -- timing ----------------------------------------------------------------------------------------
 
 
 def timed(fn: Callable[[], object], repeats: int, warmup: int = 3) -> list[float]:
@@ -103,7 +107,7 @@ def p50(samples: list[float]) -> float:
     return statistics.median(samples)
 
 
-# -- managed backends --------------------------------------------------------------------------------
+# -- managed backends ------------------------------------------------------------------------------
 
 
 def managed(env: str, scorer: str, kind: str, params: dict, **client: object) -> ManagedScorerProcessBackend:
@@ -120,7 +124,8 @@ def managed(env: str, scorer: str, kind: str, params: dict, **client: object) ->
 
 @contextlib.contextmanager
 def transport_trio(request: RewardRequest) -> Iterator[dict[str, RewardBackend]]:
-    """`mean_intensity` in-process, managed over shared memory and managed in-band; equal rewards asserted."""
+    """`mean_intensity` in-process, managed over shared memory and managed in-band; equal rewards
+    asserted."""
     from supervisor import LocalRewardBackend
 
     with (
@@ -142,7 +147,7 @@ def time_backends(backends: dict[str, RewardBackend], request: RewardRequest, ro
     return interleaved({name: scoring(backend, request) for name, backend in backends.items()}, rounds=rounds)
 
 
-# -- `managed-scorers serve` processes --------------------------------------------------------------
+# -- `managed-scorers serve` processes -------------------------------------------------------------
 
 
 def readiness(ready: Path, server: subprocess.Popen[Any], deadline_s: float = 120.0) -> dict[str, Any]:
@@ -160,7 +165,8 @@ def readiness(ready: Path, server: subprocess.Popen[Any], deadline_s: float = 12
 
 
 def stop(*servers: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
-    """SIGTERM to each (SIGCONT first: a stopped server cannot act on it), then SIGKILL past `grace_s`."""
+    """SIGTERM to each (SIGCONT first: a stopped server cannot act on it), then SIGKILL past
+    `grace_s`."""
     for server in servers:
         if server.poll() is None:
             server.send_signal(signal.SIGCONT)
@@ -173,7 +179,7 @@ def stop(*servers: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
             server.wait(5)
 
 
-# -- the math workload -------------------------------------------------------------------------------
+# -- the math workload -----------------------------------------------------------------------------
 
 
 def workload(start: int, n: int) -> list[tuple[str, str]]:
@@ -197,12 +203,12 @@ def workload(start: int, n: int) -> list[tuple[str, str]]:
     return pairs
 
 
-# -- a process tree's memory ------------------------------------------------------------------------
+# -- a process tree's memory -----------------------------------------------------------------------
 
 
 def tree_memory(pid: int) -> tuple[int, int]:
-    """(PSS, RSS) summed over a process and its descendants: PSS shares each page among the processes
-    that map it (forked workers share their preloaded heap), RSS counts it in each."""
+    """(PSS, RSS) summed over a process and its descendants: PSS shares each page among the
+    processes that map it (forked workers share their preloaded heap), RSS counts it in each."""
     import psutil
 
     pss = rss = 0
@@ -223,7 +229,8 @@ def tree_memory(pid: int) -> tuple[int, int]:
 
 
 class PeakMemory:
-    """Samples a process tree's memory every 50 ms inside the block; `peak_pss` and `peak_rss` after it."""
+    """Samples a process tree's memory every 50 ms inside the block; `peak_pss` and `peak_rss` after
+    it."""
 
     def __init__(self, pid: int) -> None:
         self.pid, self.peak_pss, self.peak_rss = pid, 0, 0
@@ -244,13 +251,14 @@ class PeakMemory:
         self._thread.join(5)
 
 
-# -- a Ray side, run and reaped ---------------------------------------------------------------------
+# -- a Ray side, run and reaped --------------------------------------------------------------------
 
 
 def ray_processes(temp_dir: str) -> list:
     """This run's Ray processes. Workers and agents retitle themselves `ray::X`, so their command
-    lines no longer name the venv: they are found by the MARKER or HOME (both temp_dir) they inherit.
-    setproctitle zeroes the start of the environ block, so it is read raw (psutil's environ() is empty)."""
+    lines no longer name the venv: they are found by the MARKER or HOME (both temp_dir) they
+    inherit. setproctitle zeroes the start of the environ block, so it is read raw (psutil's
+    environ() is empty)."""
     import psutil
 
     wanted = {f"{MARKER}={temp_dir}".encode(), f"HOME={temp_dir}".encode()}
@@ -267,7 +275,8 @@ def ray_processes(temp_dir: str) -> list:
 
 
 def reap(temp_dir: str, grace_s: float = 5.0) -> int:
-    """Give this run's Ray processes grace_s to exit after ray.shutdown(), SIGKILL the rest; return how many."""
+    """Give this run's Ray processes grace_s to exit after ray.shutdown(), SIGKILL the rest; return
+    how many."""
     import psutil
 
     _, alive = psutil.wait_procs(ray_processes(temp_dir), timeout=grace_s)
@@ -282,10 +291,10 @@ def reap(temp_dir: str, grace_s: float = 5.0) -> int:
 
 
 def run_ray_side(python: Path, module: str, what: str, timeout_s: float, *extra: str) -> tuple[dict, int]:
-    """`python -m MODULE ray TEMP_DIR EXTRA...` (a driver that starts a local Ray) in its own session and scratch
-    directory, under a deadline, then every Ray process it left reaped; its last JSON line and the number of
-    processes killed. The temp dir is short (Ray's socket paths live under it) and is HOME too: Ray 2.60
-    writes its default auth token to ~/.ray/auth_token."""
+    """`python -m MODULE ray TEMP_DIR EXTRA...` (a driver that starts a local Ray) in its own
+    session and scratch directory, under a deadline, then every Ray process it left reaped; its last
+    JSON line and the number of processes killed. The temp dir is short (Ray's socket paths live
+    under it) and is HOME too: Ray 2.60 writes its default auth token to ~/.ray/auth_token."""
     temp_dir = tempfile.mkdtemp(prefix="msray")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HOME": temp_dir, MARKER: temp_dir}
     env.pop("CUDA_VISIBLE_DEVICES", None)

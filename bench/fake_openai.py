@@ -37,7 +37,8 @@ class Seen:
 
 
 class FakeOpenAI(LoopbackServer):
-    """`with FakeOpenAI() as server:` serves on 127.0.0.1 at `server.base_url` until the block ends."""
+    """`with FakeOpenAI() as server:` serves on 127.0.0.1 at `server.base_url` until the block
+    ends."""
 
     def __init__(self) -> None:
         self.requests: list[Seen] = []
@@ -112,7 +113,8 @@ def _handler(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 server.max_in_flight = max(server.max_in_flight, server.in_flight)
             try:
                 self._answer(body)
-            except (BrokenPipeError, ConnectionResetError):  # the client gave up at its deadline: expected
+            # the client gave up at its deadline: expected
+            except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
             finally:
                 with server._lock:
@@ -140,7 +142,8 @@ def _handler(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             self._send(200, json.dumps(answer).encode(), trickle=float(does["trickle"]) if "trickle" in does else 0.0)
 
         def _send(self, status: int, payload: bytes, headers: dict[str, str] | None = None, trickle: float = 0) -> None:
-            if "trickle_headers" in self._does:  # a byte of the status line every so often, never finishing
+            # a byte of the status line every so often, never finishing
+            if "trickle_headers" in self._does:
                 for byte in b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-slow: " + b"a" * 10_000:
                     self.wfile.write(bytes([byte]))
                     self.wfile.flush()

@@ -31,8 +31,8 @@ def items(*texts: str) -> list[RewardItem]:
 
 
 def rogue_python(directory: Path, python: str | Path) -> Path:
-    """A `python` that puts tests/helpers/rogue_root first on the child's path: its child_runtime answers
-    for the wrong ids, to show that the parent refuses such answers."""
+    """A `python` that puts tests/helpers/rogue_root first on the child's path: its child_runtime
+    answers for the wrong ids, to show that the parent refuses such answers."""
     wrapper = directory / "rogue-python"
     wrapper.write_text(
         f'#!/bin/sh\nPYTHONPATH="{ROOT / "tests" / "helpers" / "rogue_root"}:$PYTHONPATH" exec "{python}" "$@"\n'

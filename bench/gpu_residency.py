@@ -2,7 +2,8 @@
 
 Runs on any interpreter with CUDA torch, with no venv built and no index reached:
 
-    python3 -m bench.gpu_wheels .whl --python-version 3.12    # here, where pip works: the carried wheels
+    python3 -m bench.gpu_wheels .whl --python-version 3.12    # here, where pip works: the carried
+                                                              wheels
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl   # there
     PYTHONPATH=/tmp/site python3 -m bench.gpu_residency --python python3 --site /tmp/site
 
@@ -60,7 +61,8 @@ class Check:
         self.cuda = device.startswith("cuda")
         self.rows: list[Row] = []
         self.failed = False
-        self.floor = 0  # the device's used bytes before any child (the parent's own context included)
+        # the device's used bytes before any child (the parent's own context included)
+        self.floor = 0
         self.live: list[ManagedScorerProcessBackend] = []
 
     def backend(self, scorer: str, params: dict[str, Any], residency: str = "resident") -> ManagedScorerProcessBackend:
@@ -143,8 +145,9 @@ class Check:
         self.close(resident)
 
     def settle(self, used: Callable[[], int]) -> int:
-        """The device's used bytes once the children closed before have given theirs back (the driver
-        may free a process's memory a little after it is reaped): within 64 MiB of the floor, or 10 s."""
+        """The device's used bytes once the children closed before have given theirs back (the
+        driver may free a process's memory a little after it is reaped): within 64 MiB of the floor,
+        or 10 s."""
         began = time.monotonic()
         while used() - self.floor > 64 * MIB and time.monotonic() - began < 10:
             time.sleep(0.05)
@@ -241,7 +244,8 @@ class Check:
         self.settle(lambda: int(torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]))
         free, _ = torch.cuda.mem_get_info()
         try:
-            filler = torch.empty(max(0, free - mib * MIB // 2), dtype=torch.uint8, device="cuda")  # half a probe free
+            # half a probe free
+            filler = torch.empty(max(0, free - mib * MIB // 2), dtype=torch.uint8, device="cuda")
         except torch.OutOfMemoryError as exc:
             self.row(f"filling the GPU to {mib // 2} MiB free", f"failed: {exc}".splitlines()[0], "not run", True)
             self.close(victim)
@@ -311,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-s", type=float, default=170.0, help="dump every thread's stack and exit past it")
     args = parser.parse_args(argv)
     began = time.monotonic()
-    faulthandler.dump_traceback_later(args.deadline_s, exit=True)  # a stuck step never eats the device time
+    # a stuck step never eats the device time
+    faulthandler.dump_traceback_later(args.deadline_s, exit=True)
     python = Path(shutil.which(args.python) or args.python)
     sizes = [int(s) for s in args.sizes.split(",")]
     used: Callable[[], int] | None = None

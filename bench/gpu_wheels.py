@@ -24,7 +24,8 @@ def pins() -> list[str]:
 
 
 def download(dest: Path, python_version: str, platforms: tuple[str, ...] = PLATFORMS) -> list[Path]:
-    """The wheels of every pin, for that Python and platform, in `dest`; CalledProcessError if pip cannot."""
+    """The wheels of every pin, for that Python and platform, in `dest`; CalledProcessError if pip
+    cannot."""
     dest.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
     command += ["--python-version", python_version, "--implementation", "cp", "--dest", str(dest)]

@@ -187,9 +187,10 @@ def offload_then_crash() -> str:
 
 @contextlib.contextmanager
 def forks_during_launch(hold_s: float = 60.0) -> Iterator[list[int]]:
-    """Inside the block, right after each child's spawn the launching process forks a copy that lives
-    `hold_s` (holding the child's stdin, readiness pipe and listening socket), as a process that
-    another thread forks at that moment would. The copies' pids are listed; they die on exit."""
+    """Inside the block, right after each child's spawn the launching process forks a copy that
+    lives `hold_s` (holding the child's stdin, readiness pipe and listening socket), as a process
+    that another thread forks at that moment would. The copies' pids are listed; they die on
+    exit."""
     forks: list[int] = []
     spawn = ChildProcess._spawn
 
@@ -415,7 +416,8 @@ SCENARIOS = [
 
 
 SCENARIOS += hardening_calls.SCENARIOS
-# issue 37: the serving surface (identity, several servers, jobs, bodies, streams, wedged terms, the Ray pool)
+# issue 37: the serving surface (identity, several servers, jobs, bodies, streams, wedged terms, the
+# Ray pool)
 for _module in (hardening_identity, hardening_jobs, hardening_bodies, hardening_stream, hardening_terms, hardening_ray):
     SCENARIOS += _module.SCENARIOS
 

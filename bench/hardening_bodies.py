@@ -2,8 +2,8 @@
 column), measured: rows of bench.hardening.
 
 CLI and HTTP only (`serve`, `score`, the route, /health), so the same file measures an older tree
-("before": run it from that tree) and this one ("now"). A real `serve` of a test scorer (len(text)); its
-peak memory is the kernel's high-water mark (VmHWM), reset before each request.
+("before": run it from that tree) and this one ("now"). A real `serve` of a test scorer (len(text));
+its peak memory is the kernel's high-water mark (VmHWM), reset before each request.
 """
 
 from __future__ import annotations
@@ -202,7 +202,8 @@ def zero_hz_wav() -> str:
 
 
 def undecodable_while_scoring() -> str:
-    """WAVs replaced after the pre-check (it is skipped): 0 Hz, 33 channels, cut short, on rows 2-4."""
+    """WAVs replaced after the pre-check (it is skipped): 0 Hz, 33 channels, cut short, on rows
+    2-4."""
     with tempfile.TemporaryDirectory() as folder:
         _pcm(Path(folder) / "zero.wav", 0)
         _pcm(Path(folder) / "wide.wav", 16000, channels=33)

@@ -1,4 +1,5 @@
-"""Scenarios of issue 24 (a whole call's bounds, panels, the score CLI), measured: rows of bench.hardening.
+"""Scenarios of issue 24 (a whole call's bounds, panels, the score CLI), measured: rows of
+bench.hardening.
 
 Public API only, so the same file measures an older tree ("before") and this one ("now").
 Real children, servers, signals and CLI runs; each row says what it measured.
@@ -84,7 +85,8 @@ def remote_gzip_bomb() -> str:
 
 
 def hostile_tail_default_config() -> str:
-    """Items 3 and 9: 512 + 8 pathological items through a managed math child, default client config."""
+    """Items 3 and 9: 512 + 8 pathological items through a managed math child, default client
+    config."""
     spec = _spec("math_verify", MATH, scorer={"params": {"jobs": 2, "timeout_s": 5}}, client={"input_kind": "text"})
     fresh = slices()
 

@@ -104,9 +104,10 @@ def _said(outcome: object) -> str:
 def _restart_mid_call(
     backend: RemoteRewardBackend | MultiRemoteRewardBackend, made: Servers, watched: list[str]
 ) -> str:
-    """A call of `backend` in flight; the last server SIGKILLed once `watched` all score, then restarted
-    on its port with other params (another identity); what the call and the next one got, and how
-    many chunks the restarted server scored (each one taken, when the call returned rewards)."""
+    """A call of `backend` in flight; the last server SIGKILLed once `watched` all score, then
+    restarted on its port with other params (another identity); what the call and the next one got,
+    and how many chunks the restarted server scored (each one taken, when the call returned
+    rewards)."""
     victim, url = made.made[-1]
     outcome: list[object] = []
     caller = threading.Thread(target=lambda: outcome.append(_outcome(lambda: backend.compute_rewards(REQUEST))))
@@ -122,7 +123,8 @@ def _restart_mid_call(
 
 
 def remote_restarted_mid_call() -> str:
-    """Item 1: one server, identity_hash pinned, SIGKILLed mid-call and restarted with other params."""
+    """Item 1: one server, identity_hash pinned, SIGKILLed mid-call and restarted with other
+    params."""
     with servers() as made:
         ((_, url),) = made.start(0.5)
         pinned = _health(url)["identity_hash"]

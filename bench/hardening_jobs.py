@@ -65,7 +65,8 @@ def one_job_id_for_every_enqueue() -> str:
 
 
 def one_job_id_again_in_a_later_call() -> str:
-    """Item 2: a later call's enqueue answered the job id an earlier call already took a score for."""
+    """Item 2: a later call's enqueue answered the job id an earlier call already took a score
+    for."""
     with FakeJobService("t") as service, tempfile.TemporaryDirectory() as spool:
         _one_id_for_all(service)
         with _backend(service, spool) as backend:

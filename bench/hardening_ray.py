@@ -21,7 +21,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RAY_PYTHON = ROOT / "envs" / "ray" / ".venv" / "bin" / "python"
-HANG_S, CALL_S, SHORT_CALL_S = 9.0, 3.0, 1.0  # the issue's figures; a second backend's shorter deadline
+# the issue's figures; a second backend's shorter deadline
+HANG_S, CALL_S, SHORT_CALL_S = 9.0, 3.0, 1.0
 TIMEOUT_S = 300
 
 
@@ -110,7 +111,8 @@ def ray_side(temp_dir: str) -> dict[str, Any]:
 
         handle = ray.get_actor(actor_name("hardening", 0), namespace="managed-scorers")
         victim = ray.get(handle.info.remote(), timeout=60)["pid"]
-        stamp.write_text("2")  # the node's scorer changes: actor 0's next child has another identity
+        # the node's scorer changes: actor 0's next child has another identity
+        stamp.write_text("2")
         os.kill(victim, signal.SIGKILL)
 
         def restarted() -> bool:
@@ -139,7 +141,8 @@ def _measured() -> dict[str, Any] | str:
 
 
 def late_share() -> str:
-    """Item 5: one share hangs 9 s, call_timeout_s 3 s; a 1 s call queued behind it; then calls until one is served."""
+    """Item 5: one share hangs 9 s, call_timeout_s 3 s; a 1 s call queued behind it; then calls
+    until one is served."""
     found = _measured()
     if isinstance(found, str):
         return found
@@ -153,7 +156,8 @@ def late_share() -> str:
 
 
 def restarted_identity() -> str:
-    """Item 1 (Ray pool): actor 0 SIGKILLed after its node's scorer changed (stamp 1 -> 2), Ray restarts it; one call."""
+    """Item 1 (Ray pool): actor 0 SIGKILLed after its node's scorer changed (stamp 1 -> 2), Ray
+    restarts it; one call."""
     found = _measured()
     if isinstance(found, str):
         return found

@@ -1,5 +1,5 @@
-"""Scenarios of issue 37 items 4 and 11 (a term that times out, crashes, warms up or fails to close),
-measured: rows of bench.hardening.
+"""Scenarios of issue 37 items 4 and 11 (a term that times out, crashes, warms up or fails to
+close), measured: rows of bench.hardening.
 
 Public API only (and tests/helpers/term_faults.py's models), so the same file measures an older tree
 ("before") and this one ("now"). Real children, servers and signals; each row says what it measured.
@@ -74,7 +74,8 @@ def _native_recipe(model: str, function: str, required: bool = False, **changes:
 
 
 def native_timeout() -> str:
-    """Item 4: a native model's sync score function hangs past call_timeout_s=1, then 3 ordinary calls."""
+    """Item 4: a native model's sync score function hangs past call_timeout_s=1, then 3 ordinary
+    calls."""
     recipe = _native_recipe("pkg://tests.helpers.term_faults:Tiny", "hanging_score", call_timeout_s=1.0, required=True)
     train, _ = build_panels(load_recipe(recipe))
     try:
@@ -195,8 +196,8 @@ def served_required_term_crash() -> str:
 
 
 def served_math_warming() -> str:
-    """Item 11: serve --recipe with one math_verify term (jobs 1): the math child's process group at the
-    readiness line and after a first call."""
+    """Item 11: serve --recipe with one math_verify term (jobs 1): the math child's process group at
+    the readiness line and after a first call."""
     term = {"kind": "managed", "env": "math", "scorer": {"name": "math_verify", "params": {"jobs": 1}}}
     request = RewardRequest(items=[RewardItem(id="m", text="\\boxed{4}", reference="4")])
     with tempfile.TemporaryDirectory(prefix="bench-terms-") as scratch:

@@ -21,8 +21,8 @@ of the rounds' differences), and the throughput on ordinary items drops by at mo
 the slot-per-item design (the median of the rounds' ratios). When the 512 ordinary items of
 the hostile batch were all done, and how many ordinary items were moved to overflow, are
 printed too. Verdicts on a hostile batch's ordinary items must equal the slot-per-item pool's
-on the same items in every round; the pool's resident memory after a hostile batch is printed beside its memory
-before (the highest of the rounds).
+on the same items in every round; the pool's resident memory after a hostile batch is printed beside
+its memory before (the highest of the rounds).
 """
 
 from __future__ import annotations
@@ -87,7 +87,8 @@ def _measure(
     }
 
     def grade(name: str, tasks: list[tuple]) -> tuple[list, float]:
-        """One timed batch; then, untimed, our template replays some of it (a trainer generates meanwhile)."""
+        """One timed batch; then, untimed, our template replays some of it (a trainer generates
+        meanwhile)."""
         began = time.monotonic()
         graded = pools[name].grade(tasks)
         took_s = time.monotonic() - began
@@ -103,16 +104,19 @@ def _measure(
         ours, slots = pools["ours"], pools["slots"]
         took: dict[str, list[float]] = {"ours": [], "slots": [], "clean": [], "hostile": []}
         done_at: list[float] = []
-        moved: list[int] = []  # ordinary items our pool moved to overflow (clean and hostile batches)
+        # ordinary items our pool moved to overflow (clean and hostile batches)
+        moved: list[int] = []
         memory: list[tuple[int, int]] = []
-        for round_ in range(clean_rounds):  # one clean batch through both designs, alternating who goes first
+        # one clean batch through both designs, alternating who goes first
+        for round_ in range(clean_rounds):
             batch = next(fresh)
             for name in ("ours", "slots") if round_ % 2 == 0 else ("slots", "ours"):
                 graded, took_s = grade(name, batch)
                 took[name].append(took_s)
                 if name == "ours":
                     moved.append(sum(o.overflowed for o in graded))
-        for round_ in range(hostile_rounds):  # a clean and a hostile batch through ours, slices alternating
+        # a clean and a hostile batch through ours, slices alternating
+        for round_ in range(hostile_rounds):
             first, second = next(fresh), next(fresh)
             clean, beside = (first, second) if round_ % 2 == 0 else (second, first)
             hostile, kept = with_hazards(beside, hazards)
@@ -141,10 +145,12 @@ def _measure(
     in_process_s, in_process_peak = _in_the_main_thread(with_hazards(next(fresh), hazards)[0], peer_timeout_s)
     bad = sorted({o.status for i, o in enumerate(outcomes) if i not in kept})
     # ordinary throughput, ours against the slot-per-item design: the median of the rounds' own
-    # ratios (the two batches of a round ran back to back, so they saw the machine at the same speed)
+    # ratios (the two batches of a round ran back to back, so they saw the machine at the same
+    # speed)
     drops = [1 - s / o for o, s in zip(took["ours"], took["slots"], strict=True)]
     drop = statistics.median(drops)
-    extras = [h - c for h, c in zip(took["hostile"], took["clean"], strict=True)]  # each round's own clean batch
+    # each round's own clean batch
+    extras = [h - c for h, c in zip(took["hostile"], took["clean"], strict=True)]
     extra = statistics.median(extras)
     return (
         f"hostile math ({JOBS} jobs, timeout {timeout_s:g} s)   clean {ordinary} items {ours_s:5.2f} s"
@@ -262,8 +268,8 @@ def main_line(
     peer_timeout_s: int = 5,
     warm: int = 64,
 ) -> str:
-    """The bench line: the pool measured under the math env's python, then (from the trainer's env) a
-    managed child. The defaults are the bench's; `SMOKE` the smallest sizes."""
+    """The bench line: the pool measured under the math env's python, then (from the trainer's env)
+    a managed child. The defaults are the bench's; `SMOKE` the smallest sizes."""
     from bench.common import MATH_PYTHON, in_math_env
 
     sizes: dict[str, Any] = {"ordinary": ordinary, "hazards": hazards, "timeout_s": timeout_s}

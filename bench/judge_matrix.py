@@ -112,7 +112,8 @@ class Outcome:
     error: str | None
     seconds: float
     attempts: list[int]  # requests the server saw, per item
-    distinct: list[int]  # distinct request bodies among them, per item (a retry resends the same bytes)
+    # distinct request bodies among them, per item (a retry resends the same bytes)
+    distinct: list[int]
     gaps: list[list[float]]  # seconds between an item's requests
     max_in_flight: int
 

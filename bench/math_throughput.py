@@ -32,7 +32,8 @@ GRADE_MODULE = "scorers.builtin.math_verify_grade"
 
 def _grade_batch(conn, tasks: list[tuple]) -> None:
     """Baseline child: grade the batch sequentially, send the rewards back, exit."""
-    from scorers.builtin.math_verify_grade import grade  # preloaded in the forkserver: no import cost
+    # preloaded in the forkserver: no import cost
+    from scorers.builtin.math_verify_grade import grade
 
     started = time.perf_counter()
     rewards = [grade(*task) for task in tasks]
@@ -76,9 +77,11 @@ def _measure(items: int = N_ITEMS, warmup: int = WARMUP_ITEMS) -> str:
     batches = [pairs[i : i + BATCH] for i in range(0, items, BATCH)]
     elapsed, child_grading_s = {"pool": 0.0, "base": 0.0}, 0.0
     try:
-        scorer.load("cpu")  # starts the forkserver (preload: math_verify + the grade module) and the workers
+        # starts the forkserver (preload: math_verify + the grade module) and the workers
+        scorer.load("cpu")
         ctx = get_context("forkserver")
-        ctx.set_forkserver_preload(["math_verify", GRADE_MODULE])  # a no-op now: the same server serves both
+        # a no-op now: the same server serves both
+        ctx.set_forkserver_preload(["math_verify", GRADE_MODULE])
         warm = workload(items, warmup)
         score_checked(scorer, [ScoreItem(id=f"w{i}", text=t, reference=g) for i, (t, g) in enumerate(warm)])
         _one_child(ctx, [(t, g, *params) for t, g in warm[:2]])  # first forkserver child, untimed
@@ -90,7 +93,8 @@ def _measure(items: int = N_ITEMS, warmup: int = WARMUP_ITEMS) -> str:
                 "base": lambda tasks=tasks: _one_child(ctx, tasks),
             }
             out: dict[str, Any] = {}
-            for side in ("pool", "base") if b % 2 == 0 else ("base", "pool"):  # alternate who goes first
+            # alternate who goes first
+            for side in ("pool", "base") if b % 2 == 0 else ("base", "pool"):
                 started = time.perf_counter()
                 out[side] = runs[side]()
                 elapsed[side] += time.perf_counter() - started

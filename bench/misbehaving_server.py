@@ -4,8 +4,8 @@
 sends the real (valid) answer one byte every `trickle_s`; `gzip_bomb` answers with
 `gzip_mib` MiB of zeros compressed to a few hundred KB, marked `content-encoding: gzip`
 whatever the client asked for; `bare_health` answers /health without saying what it serves;
-`anonymous` relays every answer without the scorer's identity header (a server older than it). Each request's `accept-encoding` is recorded. Stdlib plus
-httpx (to reach the real server).
+`anonymous` relays every answer without the scorer's identity header (a server older than it). Each
+request's `accept-encoding` is recorded. Stdlib plus httpx (to reach the real server).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def gzip_of_zeros(mib: int) -> bytes:
 
 
 class MisbehavingServer(LoopbackServer):
-    """`with MisbehavingServer(upstream_url, mode) as server:` serves on `server.url` until the block ends."""
+    """`with MisbehavingServer(upstream_url, mode) as server:` serves on `server.url` until the
+    block ends."""
 
     def __init__(self, upstream: str, mode: str, trickle_s: float = 0.05, gzip_mib: int = 512) -> None:
         self.upstream, self.mode, self.trickle_s = upstream, mode, trickle_s
@@ -59,7 +60,8 @@ def _handler(server: MisbehavingServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
             answer = self._relay("POST")
-            ours = {k: v for k, v in answer.headers.items() if k.lower().startswith("x-managed-scorers")}  # identity
+            # identity
+            ours = {k: v for k, v in answer.headers.items() if k.lower().startswith("x-managed-scorers")}
             if server.mode == "anonymous":
                 ours = {}
             try:

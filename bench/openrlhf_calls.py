@@ -1,4 +1,5 @@
-"""OpenRLHF's one-sample-per-call pattern: 256 concurrent `reward_func` calls from threads, coalesced vs not.
+"""OpenRLHF's one-sample-per-call pattern: 256 concurrent `reward_func` calls from threads,
+coalesced vs not.
 
 `python -m bench.openrlhf_calls`: the file `managed-scorers integrations openrlhf` prints, loaded by
 path as OpenRLHF 0.11.2 loads it, called 256 times at once through `asyncio.to_thread` (as its
@@ -59,12 +60,14 @@ def main_line(calls: int = CALLS, rounds: int = ROUNDS) -> str:
         plain, _ = build_panels(load_recipe(recipe))
 
         def one_request_each(queries: list[str], prompts: list[str], labels: list[str]) -> dict[str, Any]:
-            text = response_of(queries[0], prompts[0])  # what the reward_func file cuts, as it cuts it
+            # what the reward_func file cuts, as it cuts it
+            text = response_of(queries[0], prompts[0])
             item = RewardItem(id=f"s{time.perf_counter_ns()}-{os.getpid()}", text=text, reference=labels[0])
             return {"rewards": plain.compute_rewards(RewardRequest(items=[item])).rewards[0]}
 
         try:
-            _rollouts(module.reward_func, calls), _rollouts(one_request_each, calls)  # warm: both children booted
+            # warm: both children booted
+            _rollouts(module.reward_func, calls), _rollouts(one_request_each, calls)
             coalesced, alone = [], []
             for _ in range(rounds):
                 took, ours = _rollouts(module.reward_func, calls)

@@ -13,9 +13,9 @@ time R measured first in the same run: generation-bound (generation lasts 3 R) a
 - bound: what a perfect schedule reaches, scoring each item the moment it finishes at the
   scorer's full throughput: max(generation end + R / 128, first completion + R).
 
-Reported per regime: the share of R hidden, (serial - way) / R, and the stream's time over the bound.
-Targets (issue 29): at least 90 % hidden when generation dominates; within 10 % of the bound when the
-scorer does.
+Reported per regime: the share of R hidden, (serial - way) / R, and the stream's time over the
+bound. Targets (issue 29): at least 90 % hidden when generation dominates; within 10 % of the bound
+when the scorer does.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def at(started: float, offset_s: float) -> None:
 
 
 def ways(backend: object, items: list[RewardItem], times: list[float]) -> dict[str, Callable[[], object]]:
-    """Each way of scoring the shard while it is generated; every call returns when all are scored."""
+    """Each way of scoring the shard while it is generated; every call returns when all are
+    scored."""
     micros = micro_batches(items, MICRO, lambda item: item.group_id)
     ends = [times[len([i for m in micros[: k + 1] for i in m]) - 1] for k in range(len(micros))]
 
@@ -98,7 +99,8 @@ def main_line(rounds: int = 3) -> str:
     from bench.common import managed
 
     items = grpo_request(128, 8).items
-    backend = managed("math", "math_verify", "text", {"jobs": 2})  # pointwise: the stream holds no group back
+    # pointwise: the stream holds no group back
+    backend = managed("math", "math_verify", "text", {"jobs": 2})
     try:
         whole = RewardRequest(items=items, group_size=8)
         backend.compute_rewards(whole)  # warm

@@ -14,7 +14,8 @@ install it, the target prints one SKIPPED line and exits 0: it is optional.
     .venv/bin/python -m bench.peers                    # trainer side (this is what make runs)
     bench/.peers-venv/bin/python -m bench.peers ray DIR  # the Ray side; prints one JSON line
 
-Module-level imports are stdlib + numpy only (and `bench.common`, stdlib only), since both venvs import this file.
+Module-level imports are stdlib + numpy only (and `bench.common`, stdlib only), since both venvs
+import this file.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def ray_peer(temp_dir: str) -> dict:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(HttpScorer.bind(), route_prefix="/")  # type: ignore[attr-defined]  # added by @serve.deployment
         startup_s = time.perf_counter() - started
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # keep-alive, like our httpx client
+        # keep-alive, like our httpx client
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 
         def post(payload: bytes) -> list[float]:
             conn.request("POST", "/", body=payload, headers={"content-type": "application/octet-stream"})
@@ -141,7 +143,8 @@ def ray_peer(temp_dir: str) -> dict:
 
 
 def build_venv() -> str | None:
-    """Build the scratch venv when missing or stale; return a skip reason, or None when it is ready."""
+    """Build the scratch venv when missing or stale; return a skip reason, or None when it is
+    ready."""
     want = hashlib.sha256(REQUIREMENTS.encode()).hexdigest()
     stamp = VENV / ".requirements.sha256"
     if VENV_PYTHON.exists() and stamp.exists() and stamp.read_text().strip() == want:
@@ -172,7 +175,8 @@ def build_venv() -> str | None:
 
 
 def ray_named_alive() -> int:
-    """Processes named like Ray's anywhere on the machine (the `ps` check: nothing else here runs Ray)."""
+    """Processes named like Ray's anywhere on the machine (the `ps` check: nothing else here runs
+    Ray)."""
     import psutil
 
     return sum(
@@ -183,12 +187,14 @@ def ray_named_alive() -> int:
 
 
 def run_peer() -> tuple[dict, int]:
-    """Run ray_peer in the scratch venv under a deadline, then reap; return (figures, processes killed)."""
+    """Run ray_peer in the scratch venv under a deadline, then reap; return (figures, processes
+    killed)."""
     return run_ray_side(VENV_PYTHON, "bench.peers", "the Ray peer", PEER_TIMEOUT_S)
 
 
 def measure_ours() -> dict:
-    """Our side on the same batch: in-process, managed child over shared memory and in-band; tiny request."""
+    """Our side on the same batch: in-process, managed child over shared memory and in-band; tiny
+    request."""
     from bench.common import managed, p50, time_backends, timed, transport_trio
     from bench.handles import managed_of
     from bench.workloads import image_request

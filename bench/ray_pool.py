@@ -3,10 +3,11 @@
 `python -m bench.ray_pool` (what `make bench` runs, from the trainer venv) starts the Ray side in
 envs/ray's python: a local Ray (`ray.init(num_cpus=2, resources={"reward_node": 2})`: one raylet,
 since a two-raylet cluster is too heavy for `make bench` on 2 cores; the test builds one) with a
-`RayPoolBackend` of 2 actors on `reward_node`, each owning a managed mean_intensity child (envs/image),
-and, in the driver itself, a `ReplicatedBackend` of 2 managed children of the same scorer. Both score
-the same 32 random 256x256x3 uint8 images in groups of 4 (6.3 MB), p50 of interleaved rounds; rewards
-asserted equal. Both have 2 children: the difference is the pool's hop (object store, actor call).
+`RayPoolBackend` of 2 actors on `reward_node`, each owning a managed mean_intensity child
+(envs/image), and, in the driver itself, a `ReplicatedBackend` of 2 managed children of the same
+scorer. Both score the same 32 random 256x256x3 uint8 images in groups of 4 (6.3 MB), p50 of
+interleaved rounds; rewards asserted equal. Both have 2 children: the difference is the pool's hop
+(object store, actor call).
 
     envs/ray/.venv/bin/python -m bench.ray_pool ray DIR   # the Ray side; prints one JSON line
 """

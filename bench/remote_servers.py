@@ -43,7 +43,8 @@ def request(n: int = 64, group: int = 8) -> RewardRequest:
 
 @contextmanager
 def judge_servers(count: int, base_url: str) -> Iterator[list[str]]:
-    """`count` serve processes of the judge, started together; their URLs once every one is ready."""
+    """`count` serve processes of the judge, started together; their URLs once every one is
+    ready."""
     params = {"base_url": base_url, "model": "fake-judge", "concurrency": 4, "request_timeout_s": 10.0}
     command = [sys.executable, "-m", "supervisor", "serve", "--scorer", "llm_judge", "--python", sys.executable]
     command += ["--params", json.dumps(params)]
@@ -76,7 +77,8 @@ def main_line(rounds: int = ROUNDS, counts: tuple[int, ...] = COUNTS, items: int
                 backends[count] = MultiRemoteRewardBackend(urls[:count], TOKEN, request_batch_size=8)
             calls = {n: _scoring(backend, batch) for n, backend in backends.items()}
             samples: dict[int, list[float]] = {n: [] for n in calls}
-            rewards = {n: backend.compute_rewards(batch).rewards for n, backend in backends.items()}  # warm
+            # warm
+            rewards = {n: backend.compute_rewards(batch).rewards for n, backend in backends.items()}
             assert all(r == rewards[1] for r in rewards.values()), "servers disagree"
             for _ in range(rounds):  # interleaved: machine drift hits every count alike
                 for n, call in calls.items():

@@ -2,12 +2,12 @@
 
 `python -m bench.startup` (and a line of `make bench`): for each N, N math_verify children
 (jobs=1: the child and its grading forkserver, template, worker and spare) are started concurrently,
-as the replicas of one term are, and as N ranks of a node start theirs. It reports the wall time until
-all say ready, until all have their grading workers up (a math child says ready before they are),
-and until each has answered its first 64-item request; the boot CPU by phase; and per child (its whole process tree) RSS, PSS (shared pages divided among the
-processes sharing them: the interpreter and libraries of the one shared, read-only scorer env
-count once) and open descriptors, plus the parent's descriptors per child. docs/scale.md
-multiplies these out.
+as the replicas of one term are, and as N ranks of a node start theirs. It reports the wall time
+until all say ready, until all have their grading workers up (a math child says ready before they
+are), and until each has answered its first 64-item request; the boot CPU by phase; and per child
+(its whole process tree) RSS, PSS (shared pages divided among the processes sharing them: the
+interpreter and libraries of the one shared, read-only scorer env count once) and open descriptors,
+plus the parent's descriptors per child. docs/scale.md multiplies these out.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 COUNTS = (1, 2, 4, 8)
 
 
-PROCESSES_PER_CHILD = 6  # jobs=1: the child, its grading forkserver and resource tracker, the template, worker, spare
+# jobs=1: the child, its grading forkserver and resource tracker, the template, worker, spare
+PROCESSES_PER_CHILD = 6
 FIRST_BATCH = 64
 
 
@@ -69,7 +70,8 @@ def whole_trees(pids: list[int], deadline: float) -> list[list[psutil.Process]]:
 
 def boot_cpu(procs: list[psutil.Process]) -> dict[str, float]:
     """User + system CPU of one child's boot, by phase: the child (its imports, its server), the
-    forkserver (math_verify's import and the warm-up), the forks (template, worker, spare), the tracker."""
+    forkserver (math_verify's import and the warm-up), the forks (template, worker, spare), the
+    tracker."""
     child, forkserver = procs[0], next(p for p in procs[1:] if "forkserver" in " ".join(p.cmdline()))
     phases = {"child": 0.0, "forkserver": 0.0, "forks": 0.0, "tracker": 0.0}
     for proc in procs:
@@ -106,7 +108,8 @@ def measure(count: int) -> dict[str, float]:
         ready = time.perf_counter() - began
         trees = whole_trees([pid for pid in backend.pids if pid is not None], time.monotonic() + 60)
         up = time.perf_counter() - began
-        parent_cpu = sum(psutil.Process().cpu_times()[:2]) - parent_cpu  # its share of the two cores meanwhile
+        # its share of the two cores meanwhile
+        parent_cpu = sum(psutil.Process().cpu_times()[:2]) - parent_cpu
         cpu = [boot_cpu(procs) for procs in trees]  # before any grading
         first_batches(backend)
         first = time.perf_counter() - began

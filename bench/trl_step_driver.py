@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-Grader = Callable[[list[str], list[str], list[str]], list[float]]  # prompts, texts, golds -> rewards
+# prompts, texts, golds -> rewards
+Grader = Callable[[list[str], list[str], list[str]], list[float]]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.common import workload  # noqa: E402
@@ -37,7 +38,8 @@ MIX = workload(1000, 144)  # distinct worked answers and their golds, 16 a step
 
 
 class Timed:
-    """A TRL reward function that appends the answers, times the inner call, and keeps what it scored."""
+    """A TRL reward function that appends the answers, times the inner call, and keeps what it
+    scored."""
 
     def __init__(self, name: str, inner: Grader) -> None:
         self.__name__ = name
@@ -58,7 +60,8 @@ class Timed:
 
 
 def trl_accuracy(prompts: list[str], texts: list[str], golds: list[str]) -> list[float]:
-    """TRL's accuracy_reward on plain-text completions (it reads conversational ones: one message each)."""
+    """TRL's accuracy_reward on plain-text completions (it reads conversational ones: one message
+    each)."""
     from trl.rewards import accuracy_reward
 
     rewards = accuracy_reward([[{"role": "assistant", "content": text}] for text in texts], golds)

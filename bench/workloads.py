@@ -64,7 +64,8 @@ def image_request() -> RewardRequest:
 
 
 def grpo_request(n: int = 128, group: int = 8) -> RewardRequest:
-    """n math completions in GRPO groups of `group`, one gold answer per group (the panel lines' step)."""
+    """n math completions in GRPO groups of `group`, one gold answer per group (the panel lines'
+    step)."""
     from supervisor import RewardItem, RewardRequest
 
     raw = math_items(n)

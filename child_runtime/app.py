@@ -44,8 +44,10 @@ from scorers.base import CloseFailed, ScoreInputError, ScoreItem, ScorerContract
 DEFAULT_DRAIN_TIMEOUT_S = 600.0
 DEFAULT_LIMITS = Limits()
 LIVEZ = "/livez"  # open: 200 while the event loop answers, and nothing else
-METRICS = "/metrics"  # the scoring token, or the metrics token when one is set (`serve --metrics-token-file`)
-JSON_TYPE = "application/json"  # /score's JSON form (UniRL's protocol); any other type is the binary frame
+# the scoring token, or the metrics token when one is set (`serve --metrics-token-file`)
+METRICS = "/metrics"
+# /score's JSON form (UniRL's protocol); any other type is the binary frame
+JSON_TYPE = "application/json"
 
 
 class BearerAuth:
@@ -73,12 +75,14 @@ class BearerAuth:
         self._expected = f"Bearer {token}".encode()
         self._metrics_expected = None if metrics_token is None else f"Bearer {metrics_token}".encode()
         self._gate = gate
-        self._metrics = metrics  # a refused token is counted too: a remote server's failed logins show
+        # a refused token is counted too: a remote server's failed logins show
+        self._metrics = metrics
         self._capability = capability
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            raise RuntimeError(f"{scope['type']} connections are not served")  # no websockets, no lifespan
+            # no websockets, no lifespan
+            raise RuntimeError(f"{scope['type']} connections are not served")
         capability, path = self._capability, scope.get("path", "")
         if path == LIVEZ:
             await self.app(scope, receive, send)
@@ -88,7 +92,8 @@ class BearerAuth:
                 capability.refused(scope.get("client"))
                 await self._refuse(scope, receive, send, openrlhf.ROUTE, "missing or wrong secret in the path")
                 return
-            scope = {**scope, "path": openrlhf.ROUTE, "raw_path": openrlhf.ROUTE.encode()}  # the secret stops here
+            # the secret stops here
+            scope = {**scope, "path": openrlhf.ROUTE, "raw_path": openrlhf.ROUTE.encode()}
         elif not self._authorized(dict(scope["headers"]).get(b"authorization", b""), path):
             await self._refuse(scope, receive, send, path, "missing or wrong bearer token")
             return
@@ -177,7 +182,8 @@ def _guarded(handler: Handler, metrics: ChildMetrics | None = None) -> Handler:
 
 async def _answered(handler: Handler, request: Request) -> Response:  # noqa: C901 - one clause per kind
     """What `handler` answers, or the JSON error its exception maps to: the one place an exception
-    becomes an answer, one except clause per kind (docs/gen_reference.py reads them for the HTTP page)."""
+    becomes an answer, one except clause per kind (docs/gen_reference.py reads them for the HTTP
+    page)."""
     try:
         return await handler(request)
     except unirl.IdentityMismatch as exc:
@@ -225,7 +231,8 @@ def _timeout_param(request: Request) -> float:
 
 def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
     """Installed versions of the distributions a scorer declares (None when absent)."""
-    import importlib.metadata  # here: its import and its scan of site-packages are ~30 ms of a start
+    # here: its import and its scan of site-packages are ~30 ms of a start
+    import importlib.metadata
 
     versions: dict[str, str | None] = {}
     for name in names:
@@ -257,9 +264,9 @@ class _Endpoints:
         self.ledger = RequestLedger()
         self.cache = answers if answers is not None else AnswerCache()
         self.state = "ready"
-        # One thread per call the host runs at once (one, unless the scorer declares concurrent calls):
-        # a plain executor hands off in ~60 us where anyio's to_thread takes ~130 us, and the event loop
-        # stays free for /health and /drain while a batch runs.
+        # One thread per call the host runs at once (one, unless the scorer declares concurrent
+        # calls): a plain executor hands off in ~60 us where anyio's to_thread takes ~130 us, and
+        # the event loop stays free for /health and /drain while a batch runs.
         self.worker = concurrent.futures.ThreadPoolExecutor(
             max_workers=host.concurrent_calls, thread_name_prefix="scorer"
         )
@@ -305,8 +312,9 @@ class _Endpoints:
         host, gate = self.host, self.gate
         return JSONResponse(
             {
-                # a wedged scorer refuses every call: not ready, so a probe passes this server over (and a
-                # standalone server's supervisor can restart it: nothing here can stop its stuck thread)
+                # a wedged scorer refuses every call: not ready, so a probe passes this server over
+                # (and a standalone server's supervisor can restart it: nothing here can stop its
+                # stuck thread)
                 "state": "wedged" if host.wedged is not None and self.state == "ready" else self.state,
                 **host.catalog_entry(),
                 "pid": os.getpid(),
@@ -327,8 +335,8 @@ class _Endpoints:
         )
 
     async def livez(self, request: Request) -> Response:
-        """Open (no token): 200 while the server's event loop answers; it says nothing of the scorer (its
-        state, readiness and identity are /health's, behind the token)."""
+        """Open (no token): 200 while the server's event loop answers; it says nothing of the scorer
+        (its state, readiness and identity are /health's, behind the token)."""
         return PlainTextResponse("ok\n")
 
     async def score(self, request: Request) -> Response:
@@ -347,7 +355,8 @@ class _Endpoints:
     async def _score(self, request: Request) -> Response:
         t0 = time.perf_counter()
         key = request.headers.get(KEY_HEADER)
-        key = None if key is None else check_key(key)  # before the body is read: a bad key costs nothing
+        # before the body is read: a bad key costs nothing
+        key = None if key is None else check_key(key)
         body = await read_body(request, self.limits.max_request_bytes)
         phases = [("receive", t0, time.perf_counter())]
         if key is None:
@@ -377,7 +386,8 @@ class _Endpoints:
         return answer
 
     async def openrlhf_score(self, request: Request) -> Response:
-        """OpenRLHF's JSON request, checked and scored as /score's would be (and counted for /drain)."""
+        """OpenRLHF's JSON request, checked and scored as /score's would be (and counted for
+        /drain)."""
         ticket = self.ledger.begin()
         try:
             items = await self.openrlhf_bodies.read(request, self._openrlhf_items)
@@ -389,9 +399,9 @@ class _Endpoints:
             self.ledger.end(ticket)
 
     async def unirl_score(self, request: Request) -> Response:
-        """UniRL's reward-service request (JSON, `child_runtime.protocol.unirl`), parsed off the event loop
-        under `json_max_request_bytes`, checked and scored as /score's frame would be (and counted for
-        /drain); its answer is UniRL's `results`, `errors` and `identities`."""
+        """UniRL's reward-service request (JSON, `child_runtime.protocol.unirl`), parsed off the
+        event loop under `json_max_request_bytes`, checked and scored as /score's frame would be
+        (and counted for /drain); its answer is UniRL's `results`, `errors` and `identities`."""
         ticket = self.ledger.begin()
         try:
             parsed, items = await self.json_bodies.read(request, self._unirl_items)
@@ -403,12 +413,14 @@ class _Endpoints:
             self.ledger.end(ticket)
 
     def _unirl_items(self, payload: Any) -> tuple[unirl.Parsed, list[ScoreItem]]:
-        """UniRL's parsed body as checked items (in the route's parse thread: images are decoded there)."""
+        """UniRL's parsed body as checked items (in the route's parse thread: images are decoded
+        there)."""
         parsed = unirl.parse(payload, self.spec, self.host.identity_hash, self.limits)
         return parsed, request_from_wire(parsed.wire, self.limits, copy_media=self.spec.writable_inputs)[0]
 
     def _openrlhf_items(self, payload: Any) -> list[ScoreItem]:
-        """OpenRLHF's parsed body as checked items (in the route's parse thread: a large label is walked there)."""
+        """OpenRLHF's parsed body as checked items (in the route's parse thread: a large label is
+        walked there)."""
         return request_from_wire(openrlhf.wire_request(openrlhf.samples_of(payload)), self.limits)[0]
 
     async def onload(self, request: Request) -> Response:

@@ -95,9 +95,11 @@ class ScorerHost:
         self.identity_hash = identity_hash
         self.gpu_residency = gpu_residency
         self.residency = "offloaded"
-        self.transitions: Counter[str] = Counter()  # residency changes, by the state reached (for /metrics)
+        # residency changes, by the state reached (for /metrics)
+        self.transitions: Counter[str] = Counter()
         self.load_s = 0.0  # the scorer's load() (and boot onload), for the readiness line
-        self.wedged: str | None = None  # why the scorer can serve no more (the first ScorerWedged it raised)
+        # why the scorer can serve no more (the first ScorerWedged it raised)
+        self.wedged: str | None = None
         # per_call residency changes residency around every call: its calls are one at a time
         self.concurrent_calls = max(1, scorer.spec.concurrent_calls) if gpu_residency == RESIDENT else 1
         self._lock = _ScoringLock(self.concurrent_calls)
@@ -117,11 +119,13 @@ class ScorerHost:
             "required_fields": list(spec.required_fields),
             "concurrent_calls": self.concurrent_calls,
             "reward_term": spec.reward_term,
-            "identity": spec.identity,  # what the hash covers beyond names (a served panel: each term's identity)
+            # what the hash covers beyond names (a served panel: each term's identity)
+            "identity": spec.identity,
         }
 
     def _become(self, state: str) -> None:
-        if state != self.residency:  # a new Counter each time: /metrics reads it from another thread
+        # a new Counter each time: /metrics reads it from another thread
+        if state != self.residency:
             self.transitions = self.transitions + Counter({state: 1})
         self.residency = state
 
@@ -143,7 +147,8 @@ class ScorerHost:
             return {"changed": False}
         try:
             figures = dict(self.scorer.offload() or {})
-        except CloseFailed:  # the model's close() raised, but it was released: offloaded all the same
+        # the model's close() raised, but it was released: offloaded all the same
+        except CloseFailed:
             self._become("offloaded")
             raise
         except BaseException:
@@ -155,7 +160,8 @@ class ScorerHost:
     def _residency_change(self, change: Callable[[], dict[str, Any]], what: str) -> None:
         try:
             change()
-        except CloseFailed:  # not a failed residency change: the model's own error, answered as such
+        # not a failed residency change: the model's own error, answered as such
+        except CloseFailed:
             raise
         except Exception as exc:
             raise ResidencyFailed(f"per-call {what} of scorer {self.scorer.spec.name!r} failed: {exc!r}") from exc
@@ -208,7 +214,8 @@ class ScorerHost:
                 try:
                     self._residency_change(self._onload_locked, "onload")
                     return self._scored(items, group_size, terms)
-                finally:  # also after a failed onload: nothing stays half on the device (unless wedged)
+                # also after a failed onload: nothing stays half on the device (unless wedged)
+                finally:
                     if self.wedged is None:
                         self._residency_change(self._offload_locked, "offload")
             if self.residency == "unknown":

@@ -82,7 +82,8 @@ class AnswerCache:
             else:  # shielded: a retry that gives up must not cancel the first
                 outcome = await asyncio.shield(entry.outcome)
             if isinstance(outcome, Exception):
-                raise outcome  # the answer the first request got: its failure is not cached for later retries
+                # the answer the first request got: its failure is not cached for later retries
+                raise outcome
             if outcome is not None:
                 self.replays += 1
                 return outcome, True

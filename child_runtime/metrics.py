@@ -1,4 +1,5 @@
-"""`GET /metrics` in the Prometheus text format (0.0.4), written here so scorer envs need no client library.
+"""`GET /metrics` in the Prometheus text format (0.0.4), written here so scorer envs need no client
+library.
 
 Counters: requests by endpoint and status, items scored, errors by kind, residency transitions.
 A histogram of score latency (the scorer's own time, and the whole request). Gauges read at
@@ -52,7 +53,8 @@ class Histogram:
 
 
 class ChildMetrics:
-    """Counted by the app as requests pass; rendered on scrape. Thread-safe (the scorer runs in a worker)."""
+    """Counted by the app as requests pass; rendered on scrape. Thread-safe (the scorer runs in a
+    worker)."""
 
     def __init__(self, scorer: str, rank: int = 0) -> None:
         self.scorer = scorer
@@ -65,7 +67,8 @@ class ChildMetrics:
         self.request_latency = Histogram()
 
     def request(self, endpoint: str, status: int, seconds: float) -> None:
-        if endpoint not in ENDPOINTS:  # a scanner's made-up paths must not grow the label set without bound
+        # a scanner's made-up paths must not grow the label set without bound
+        if endpoint not in ENDPOINTS:
             endpoint = "other"
         with self._lock:
             self.requests[(endpoint, status)] += 1

@@ -109,7 +109,8 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[list[str]]:
         if isinstance(action, argparse._AppendAction):
             notes.append("repeatable")
         default = action.default
-        hidden = default is None or default is False or default == argparse.SUPPRESS  # 0 is a default to show
+        # 0 is a default to show
+        hidden = default is None or default is False or default == argparse.SUPPRESS
         shown_default = "" if hidden or action.nargs in ("*", "+") else default
         rows.append(
             [
@@ -186,7 +187,8 @@ def nested_models(annotation: Any) -> Iterator[type[BaseModel]]:
 
 
 def field_comments(model: type[BaseModel]) -> dict[str, str]:
-    """Each field's comments in the class source: the lines just above it and its trailing comment."""
+    """Each field's comments in the class source: the lines just above it and its trailing
+    comment."""
     try:
         source = textwrap.dedent(inspect.getsource(model))
     except (OSError, TypeError):
@@ -275,7 +277,8 @@ def model_section(model: type[BaseModel], level: str = "###") -> list[str]:
 
 
 def walk_models(roots: list[type[BaseModel]]) -> list[type[BaseModel]]:
-    """Each root, then every model its fields hold (breadth first), before the next root; each once."""
+    """Each root, then every model its fields hold (breadth first), before the next root; each
+    once."""
     seen: list[type[BaseModel]] = []
     for root in roots:
         queue = [root]
@@ -382,7 +385,8 @@ def _handler_of(endpoint: Any, owner: type) -> Any:
 
 
 def _live_answers(app: Any) -> dict[str, Any]:
-    """Each route called once over the real app (in this process, through httpx's ASGI transport): what it answers."""
+    """Each route called once over the real app (in this process, through httpx's ASGI transport):
+    what it answers."""
     import asyncio
 
     import httpx
@@ -459,7 +463,8 @@ def _shape(value: Any) -> str:
 
 
 def _error_kinds() -> list[list[str]]:
-    """(status, kind, raised by) of every error answer in child_runtime/app.py, read from its source."""
+    """(status, kind, raised by) of every error answer in child_runtime/app.py, read from its
+    source."""
     from child_runtime import app, gate
 
     source = _AppSource(ast.parse(inspect.getsource(app)), vars(app))
@@ -471,7 +476,8 @@ def _error_kinds() -> list[list[str]]:
 
 
 class _AppSource:
-    """The child app's source: its `_error(...)` and `JSONResponse(...)` answers, and what raises them."""
+    """The child app's source: its `_error(...)` and `JSONResponse(...)` answers, and what raises
+    them."""
 
     def __init__(self, tree: ast.AST, namespace: dict[str, Any]) -> None:
         self.tree, self.namespace = tree, namespace
@@ -480,7 +486,8 @@ class _AppSource:
     def values(self, node: ast.expr) -> list[Any]:
         if isinstance(node, ast.IfExp):
             return self.values(node.body) + self.values(node.orelse)
-        return [eval(compile(ast.Expression(node), "app.py", "eval"), self.namespace)]  # names and constants only
+        # names and constants only
+        return [eval(compile(ast.Expression(node), "app.py", "eval"), self.namespace)]
 
     def raised_by(self, handler: ast.ExceptHandler | None) -> str:
         if handler is None or handler.type is None:
@@ -501,7 +508,8 @@ class _AppSource:
         return None
 
     def answers(self, node: ast.Call) -> list[list[str]]:
-        """The rows of one call: an `_error(status, kind, ...)`, or the token check's JSONResponse."""
+        """The rows of one call: an `_error(status, kind, ...)`, or the token check's
+        JSONResponse."""
         if not isinstance(node.func, ast.Name):
             return []
         if node.func.id == "_error" and len(node.args) >= 2:
@@ -514,7 +522,8 @@ class _AppSource:
         if node.func.id != "JSONResponse" or not node.args:
             return []
         body = node.args[0]
-        status = next((k.value for k in node.keywords if k.arg == "status_code"), None)  # an expression
+        # an expression
+        status = next((k.value for k in node.keywords if k.arg == "status_code"), None)
         if not (isinstance(body, ast.Dict) and isinstance(status, ast.Constant)):
             return []
         return [
@@ -668,7 +677,8 @@ def _module_comments(module: types.ModuleType) -> dict[str, str]:
 
 
 def _params(cls: type) -> list[inspect.Parameter]:
-    """The params a scorer takes: its constructor's, or a mapped function's after (candidate, context)."""
+    """The params a scorer takes: its constructor's, or a mapped function's after (candidate,
+    context)."""
     per_candidate = getattr(cls, "per_candidate", None)
     if per_candidate is not None:
         return list(per_candidate.signature.parameters.values())[2:]

@@ -1,6 +1,7 @@
 """DDPO / flow-GRPO style: the JPEG-compressibility reward of generated images, from a managed child.
 
-    python examples/ddpo_jpeg.py    # the image env by name (make env-image); --image-python PATH for another
+    python examples/ddpo_jpeg.py    # the image env by name (make env-image); --image-python PATH
+                                    for another
 
 A stand-in pipeline "samples" float NCHW images in [0, 1], what a VAE decode with
 `output_type="pt"` hands over (torch CPU tensors work the same). As flow_grpo's training loop
@@ -23,7 +24,8 @@ from supervisor.adapters.ddpo import DDPORewardFn
 
 
 def sample(seed: int, batch: int, size: int = 64) -> np.ndarray:
-    """`batch` images, float32 NCHW in [0, 1]: a smooth gradient plus noise that grows along the batch."""
+    """`batch` images, float32 NCHW in [0, 1]: a smooth gradient plus noise that grows along the
+    batch."""
     rng = np.random.default_rng(seed)
     ramp = np.linspace(0.0, 1.0, size, dtype=np.float32)
     smooth = np.broadcast_to(ramp[None, None, :], (3, size, size))

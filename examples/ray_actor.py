@@ -2,7 +2,8 @@
 own managed math_verify child (envs/math), narrowed to the actor's GPU.
 
     envs/ray/.venv/bin/python examples/ray_actor.py --ranks 2
-    envs/ray/.venv/bin/python examples/ray_actor.py --ranks 2 --logical-gpus 2 --kill-one --report out.json
+    envs/ray/.venv/bin/python examples/ray_actor.py --ranks 2 --logical-gpus 2 --kill-one --report
+    out.json
 
 The driver splits a batch over the actors and checks every reward against the answer key. With
 `--logical-gpus N` Ray is told the node has N GPUs (on a CPU machine too): each actor asks for
@@ -32,10 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @ray.remote(num_cpus=0)
 class RewardRank:
-    """One trainer rank's reward side: the actor owns its managed child and closes it with itself."""
+    """One trainer rank's reward side: the actor owns its managed child and closes it with
+    itself."""
 
     def __init__(self, rank: int) -> None:
-        os.environ["RANK"] = str(rank)  # what a Ray trainer (verl) sets for its workers: the label on logs and metrics
+        # what a Ray trainer (verl) sets for its workers: the label on logs and metrics
+        os.environ["RANK"] = str(rank)
         self.backend = ManagedScorerProcessBackend(
             {
                 "env": "math",

@@ -9,7 +9,8 @@ trained on the fly. Run it from the trainer env `make env-trl` builds:
 A random model never solves a problem, so `--force-golds` appends `\\boxed{gold}` to a scattered
 3 in 7 of the completions and a wrong boxed answer to 1 in 7 before they are scored (a
 smoke-test knob, so that no reward can pass for its neighbour's; leave it off for a real model).
-`--report FILE` writes what was scored and what the trainer logged, for tests/trainers/test_trl_grpo.py.
+`--report FILE` writes what was scored and what the trainer logged, for
+tests/trainers/test_trl_grpo.py.
 """
 
 from __future__ import annotations
@@ -109,13 +110,15 @@ def train(math_python: str | None, use_async: bool, steps: int, force_golds: boo
         {"process": process, "scorer": {"name": "math_verify", "params": {"jobs": 1}}}
     )
     # The reward function closes its backend at interpreter exit; `with` closes it sooner.
-    reward = TRLRewardFunction(backend)  # gold from the `answer` column, ids and groups made for TRL
+    # gold from the `answer` column, ids and groups made for TRL
+    reward = TRLRewardFunction(backend)
     scored: list[dict[str, Any]] = []
     reward_func = forcing_golds(reward, force_golds, use_async, scored)
 
     logged: list[dict[str, Any]] = []
 
-    class PerCompletionLog(TrainerCallback):  # what TRL's completions table shows at each logging step
+    # what TRL's completions table shows at each logging step
+    class PerCompletionLog(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
             table = trainer._logs  # private, but it is the per-completion record TRL logs
             logged.append(

@@ -5,7 +5,8 @@ Point verl at this file (verl loads it by path in each reward worker):
     reward:
       custom_reward_function:
         path: examples/verl_compute_score.py
-        name: compute_score        # the async reward loop: per-item tasks, coalesced into one request
+        name: compute_score        # the async reward loop: per-item tasks, coalesced into one
+                                   request
         # name: compute_score_sync   for the legacy naive reward manager (one call per item)
         # name: compute_score_batch  for the batch reward manager (lists)
 
@@ -46,7 +47,8 @@ def scorer() -> VerlComputeScore:
 async def compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None = None, **kwargs: Any
 ) -> dict[str, Any]:
-    ready = await aprocess_scorer(KEY, _math_child)  # one boot, off the loop; the step's tasks wait on it
+    # one boot, off the loop; the step's tasks wait on it
+    ready = await aprocess_scorer(KEY, _math_child)
     return await ready.acompute_score(data_source, solution_str, ground_truth, extra_info)
 
 

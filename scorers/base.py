@@ -1,9 +1,10 @@
 """The scorer authoring contract, shared by in-process and managed execution.
 
 A scorer turns a batch of `ScoreItem`s (pointwise) or one complete group
-(groupwise) into one finite float per item for each of its terms. Everything here is stdlib + numpy so any scorer env can import it
-through the import root the parent gives it, without installing managed-scorers. numpy is imported
-by what handles arrays, not here: a child that scores text never imports it.
+(groupwise) into one finite float per item for each of its terms. Everything here is stdlib + numpy
+so any scorer env can import it through the import root the parent gives it, without installing
+managed-scorers. numpy is imported by what handles arrays, not here: a child that scores text never
+imports it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from scorers.identity import effective_params
 
 
 def numpy_if_imported() -> ModuleType | None:
-    """numpy, if this process has imported it: only then can an object be one of its arrays or scalars."""
+    """numpy, if this process has imported it: only then can an object be one of its arrays or
+    scalars."""
     return sys.modules.get("numpy")
 
 
@@ -50,10 +52,11 @@ class ScoreInputError(ValueError):
 
 
 class ScorerWedged(RuntimeError):
-    """This process can score no more: a call passed its deadline with work still running on a thread
-    the scorer cannot stop. `timed_out`: this call's own deadline passed (False: it never started, queued
-    behind that work or arriving after it). A child answers 503 `wedged` / `wedged_queued`; its managed
-    parent kills it and the next call restarts it under the restart policy, as after a crash."""
+    """This process can score no more: a call passed its deadline with work still running on a
+    thread the scorer cannot stop. `timed_out`: this call's own deadline passed (False: it never
+    started, queued behind that work or arriving after it). A child answers 503 `wedged` /
+    `wedged_queued`; its managed parent kills it and the next call restarts it under the restart
+    policy, as after a crash."""
 
     def __init__(self, message: str, timed_out: bool = True) -> None:
         super().__init__(message)
@@ -61,15 +64,16 @@ class ScorerWedged(RuntimeError):
 
 
 class ServerFault(RuntimeError):
-    """The scorer could not score for a fault of this server, not of the request (a child it runs died,
-    timed out, cannot start or wake): answered 503 `server_fault`, which a client of several servers
-    fails over on. A scorer's own refusal stays a 500 `scorer_error` (the same request fails anywhere)."""
+    """The scorer could not score for a fault of this server, not of the request (a child it runs
+    died, timed out, cannot start or wake): answered 503 `server_fault`, which a client of several
+    servers fails over on. A scorer's own refusal stays a 500 `scorer_error` (the same request fails
+    anywhere)."""
 
 
 class CloseFailed(RuntimeError):
     """A model's close() raised as it was put to sleep, but the model was released all the same: the
-    offload happened (the host records the scorer offloaded) and the answer is 500 `close_failed`, the
-    model's error, not a failed residency change."""
+    offload happened (the host records the scorer offloaded) and the answer is 500 `close_failed`,
+    the model's error, not a failed residency change."""
 
 
 @dataclass(frozen=True)
@@ -92,13 +96,15 @@ class ScorerSpec:
     # Groupwise scorers get one complete group per call (`score_group`, see scorers.groups).
     groupwise: bool = False
     ragged_groups: bool = False  # a groupwise scorer that accepts groups of any size
-    # Params that never change a verdict or a failure (worker counts): left out of the identity hash.
+    # Params that never change a verdict or a failure (worker counts): left out of the identity
+    # hash.
     nonsemantic_params: tuple[str, ...] = ()
     # Top-level modules the scorer imports from its env (preflight looks for them there).
     requires_modules: tuple[str, ...] = ()
     # How many score() calls it takes at once (the chunks of one request are sent together, up to
-    # this many): more than 1 only for a scorer whose score() is thread-safe and whose calls gain from
-    # overlapping (math_verify's pool shares its workers, so the chunks' slow items share one timeout).
+    # this many): more than 1 only for a scorer whose score() is thread-safe and whose calls gain
+    # from overlapping (math_verify's pool shares its workers, so the chunks' slow items share one
+    # timeout).
     concurrent_calls: int = 1
     # The term that is the scorer's reward by itself (a served panel's weighted reward); None: the
     # reward is its terms' sum (weighted by the client).
@@ -112,9 +118,9 @@ class ScorerSpec:
 class ScoreItem:
     """One rollout as a scorer sees it (decoded from the wire or built locally).
 
-    Its fields are those `scorers.item_fields` declares, in that order with those defaults: a dataclass
-    written out for type checkers and for pickling into grading workers, held to the declaration by
-    tests/contract/test_item_fields.py."""
+    Its fields are those `scorers.item_fields` declares, in that order with those defaults: a
+    dataclass written out for type checkers and for pickling into grading workers, held to the
+    declaration by tests/contract/test_item_fields.py."""
 
     id: str
     group_id: str | None = None
@@ -124,7 +130,8 @@ class ScoreItem:
     video: np.ndarray | None = None  # uint8 THWC
     reference: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
-    finish_reason: str | None = None  # the generation engine's verbatim verdict ("stop", "length", ...)
+    # the generation engine's verbatim verdict ("stop", "length", ...)
+    finish_reason: str | None = None
     completion_tokens: int | None = None
     data_source: str | None = None  # the dataset tag (verl's data_source)
     condition_images: tuple[np.ndarray, ...] = ()  # e.g. an edit reward's source image(s)
@@ -191,8 +198,9 @@ class Scorer:
     """
 
     spec: ScorerSpec  # a class attribute, or set per instance by wrappers (video)
-    # True where `spec` is set per instance from params (an FF or native model's, from its model class) and
-    # the class attribute is a placeholder: the parent then infers nothing from it (env, input kind)
+    # True where `spec` is set per instance from params (an FF or native model's, from its model
+    # class) and the class attribute is a placeholder: the parent then infers nothing from it (env,
+    # input kind)
     spec_per_instance: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
@@ -203,10 +211,11 @@ class Scorer:
         """Load weights / start helpers. Called once before the first score."""
 
     def warming(self) -> bool:
-        """True while something load() started in the background is not up yet (a math grader's workers):
-        the first score() waits for it, so a managed child's parent gives that request what is left of the
-        start-up budget, not just the request timeout. Read when the child says it is ready (and polled
-        before that by `managed-scorers serve`, which says ready only once it is False)."""
+        """True while something load() started in the background is not up yet (a math grader's
+        workers): the first score() waits for it, so a managed child's parent gives that request
+        what is left of the start-up budget, not just the request timeout. Read when the child says
+        it is ready (and polled before that by `managed-scorers serve`, which says ready only once
+        it is False)."""
         return False
 
     def onload(self) -> dict[str, Any]:
@@ -222,16 +231,16 @@ class Scorer:
         raise NotImplementedError(f"{type(self).__name__} declares groupwise but has no score_group")
 
     def score_terms(self, items: Sequence[ScoreItem], terms: tuple[str, ...]) -> ScoreResult:
-        """Only `terms` are wanted (a request named them): a scorer that can skip the others' work (a
-        served panel) overrides this; by default every term is scored and the others dropped."""
+        """Only `terms` are wanted (a request named them): a scorer that can skip the others' work
+        (a served panel) overrides this; by default every term is scored and the others dropped."""
         return self.score(items)
 
     def score_request(
         self, items: Sequence[ScoreItem], group_size: int | None, terms: tuple[str, ...] | None
     ) -> ScoreResult:
-        """What a pointwise scorer is called with (groups already checked): `score`, or `score_terms`
-        when the request named terms. A scorer that needs the request's declared group size (a served
-        panel, whose own groupwise terms regroup the items) overrides this."""
+        """What a pointwise scorer is called with (groups already checked): `score`, or
+        `score_terms` when the request named terms. A scorer that needs the request's declared group
+        size (a served panel, whose own groupwise terms regroup the items) overrides this."""
         return self.score(items) if terms is None else self.score_terms(items, terms)
 
     def identity_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -340,7 +349,8 @@ def _selected(result: ScoreResult, wanted: tuple[str, ...]) -> ScoreResult:
 def _checked_result(
     spec: ScorerSpec, result: Any, items: Sequence[ScoreItem], wanted: tuple[str, ...] | None = None
 ) -> ScoreResult:
-    """A result that keeps the contract; with `wanted`, it may leave out the terms nobody asked for."""
+    """A result that keeps the contract; with `wanted`, it may leave out the terms nobody asked
+    for."""
     if not isinstance(result, ScoreResult):
         raise ScorerContractError(f"scorer {spec.name!r} returned {type(result).__name__}, expected ScoreResult")
     expected = set(spec.term_names())
@@ -371,7 +381,8 @@ def _checked_result(
                     f"scorer {spec.name!r} term {term!r}: non-finite score {value!r} "
                     f"for items[{index}] (id={items[index].id!r})"
                 )
-        # a failed item's value never travels as a number: NaN, refused anywhere it is not marked failed
+        # a failed item's value never travels as a number: NaN, refused anywhere it is not marked
+        # failed
         result.terms[term] = [math.nan if i in unscored else float(v) for i, v in enumerate(values)]
     try:
         result.diagnostics = check_values(spec.name, spec.diagnostics, result.diagnostics)

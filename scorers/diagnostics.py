@@ -1,4 +1,5 @@
-"""Diagnostics: reporting only, never part of a reward, and mergeable across chunks, terms and ranks.
+"""Diagnostics: reporting only, never part of a reward, and mergeable across chunks, terms and
+ranks.
 
 A scorer reports declared names, each either a count (a number; counts add up) or a mean
 carried as `{"sum": s, "count": n}` (sums and counts add up; the mean is taken at the end).
@@ -103,7 +104,8 @@ def merge_term_reports(parts: Iterable[Mapping[str, Mapping[str, Any]]]) -> dict
 
 
 def to_metrics(reports: Mapping[str, Mapping[str, Any]], namespace: str = "train") -> dict[str, float]:
-    """Flat metrics for a logger: counts as they are, means resolved (a mean of nothing is left out)."""
+    """Flat metrics for a logger: counts as they are, means resolved (a mean of nothing is left
+    out)."""
     if namespace not in ("train", "val"):
         raise DiagnosticsError(f"namespace must be 'train' or 'val', got {namespace!r}")
     metrics: dict[str, float] = {}

@@ -36,7 +36,8 @@ def jsonable(value: Any) -> Any:
 
 
 def effective_params(cls: Callable[..., Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """`params` bound to the constructor, defaults applied (so passing a default changes nothing)."""
+    """`params` bound to the constructor, defaults applied (so passing a default changes
+    nothing)."""
     try:
         bound = inspect.signature(cls).bind(**params)
     except (TypeError, ValueError):
@@ -53,7 +54,8 @@ def effective_params(cls: Callable[..., Any], params: Mapping[str, Any]) -> dict
 
 
 def scorer_document(scorer: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-    """What the identity hash covers, for a constructed scorer (wrappers set their spec per instance)."""
+    """What the identity hash covers, for a constructed scorer (wrappers set their spec per
+    instance)."""
     spec = scorer.spec
     semantic = {k: v for k, v in scorer.identity_params(params).items() if k not in spec.nonsemantic_params}
     return {

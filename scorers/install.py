@@ -1,4 +1,5 @@
-"""What this installation holds: supervisord sharing our `supervisor` package, and the extras a command needs.
+"""What this installation holds: supervisord sharing our `supervisor` package, and the extras a
+command needs.
 
 supervisord's distribution (`pip install supervisor`) ships a top-level `supervisor` package too.
 Installed after managed-scorers, its `supervisor/__init__.py` replaces our facade, and
@@ -33,7 +34,8 @@ class SupervisordClash(ImportError):
 
 
 def _supervisord_version(folder: str) -> str | None:
-    """The version of supervisord installed in `folder` (a site-packages), from its metadata folder's name."""
+    """The version of supervisord installed in `folder` (a site-packages), from its metadata
+    folder's name."""
     try:
         names = os.listdir(folder)
     except OSError:
@@ -47,7 +49,8 @@ def _supervisord_version(folder: str) -> str | None:
 
 
 def _facade_origin() -> str | None:
-    """The `__init__.py` that `import supervisor` runs here (found, not imported); None if none is found."""
+    """The `__init__.py` that `import supervisor` runs here (found, not imported); None if none is
+    found."""
     try:
         spec = importlib.util.find_spec("supervisor")
     except (ImportError, ValueError):  # a `supervisor` module without a spec: not ours
@@ -66,10 +69,12 @@ def _is_ours(origin: str) -> bool:
 
 
 def supervisord_clash() -> str | None:
-    """The one line that says supervisord shares our `supervisor` package here, and the fix; None if not.
+    """The one line that says supervisord shares our `supervisor` package here, and the fix; None if
+    not.
 
     Checked only where our `supervisor` package sits beside this `scorers` (a trainer's install or a
-    checkout); a clash is supervisord's metadata in that folder, or a `supervisor` facade that is not ours.
+    checkout); a clash is supervisord's metadata in that folder, or a `supervisor` facade that is
+    not ours.
     """
     home = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if not os.path.isdir(os.path.join(home, "supervisor")):
@@ -83,7 +88,8 @@ def supervisord_clash() -> str | None:
     who = f"supervisord {versions[0]} (pip package `supervisor`)" if versions else "supervisord"
     if not replaced:
         what = f"{who} is installed beside managed-scorers and both own the `supervisor` package here"
-    elif origin == "a namespace package":  # our __init__.py is gone: `pip uninstall supervisor` deletes it
+    # our __init__.py is gone: `pip uninstall supervisor` deletes it
+    elif origin == "a namespace package":
         what = f"managed-scorers' `supervisor/__init__.py` is missing (was {who} uninstalled after it?)"
     else:
         what = f"{who} owns the `supervisor` package here ({origin} is not managed-scorers'), "
@@ -92,13 +98,15 @@ def supervisord_clash() -> str | None:
 
 
 def refuse_supervisord_clash() -> None:
-    """Raise `SupervisordClash` (an ImportError) when supervisord shares our `supervisor` package here."""
+    """Raise `SupervisordClash` (an ImportError) when supervisord shares our `supervisor` package
+    here."""
     line = supervisord_clash()
     if line is not None:
         raise SupervisordClash(line, name="supervisor")
 
 
-# What each extra enables (pyproject.toml's optional dependencies) and the modules that tell it is installed.
+# What each extra enables (pyproject.toml's optional dependencies) and the modules that tell it is
+# installed.
 EXTRAS = {
     "serving": ("starlette", "uvicorn", "PIL"),
     "metrics": ("prometheus_client",),
@@ -109,7 +117,8 @@ EXTRAS = {
 
 
 def missing_extra(extra: str, needed_by: str, modules: tuple[str, ...] | None = None) -> str | None:
-    """None when this python has `extra`'s modules (or just `modules` of it); else one line naming the install."""
+    """None when this python has `extra`'s modules (or just `modules` of it); else one line naming
+    the install."""
     for module in modules if modules is not None else EXTRAS[extra]:
         if importlib.util.find_spec(module) is None:
             return (

@@ -21,7 +21,8 @@ from scorers.identity import jsonable
 
 @dataclass(frozen=True)
 class Verdict:
-    """A candidate's score plus the declared diagnostics it counts (a malformed answer, no answer)."""
+    """A candidate's score plus the declared diagnostics it counts (a malformed answer, no
+    answer)."""
 
     value: float | Mapping[str, float]
     counts: Mapping[str, int] = field(default_factory=dict)
@@ -86,7 +87,8 @@ class _PerCandidate:
 
 
 class _MappedScorer(Scorer):
-    """The group scorer every `map_candidates` class is: `per_candidate.fn` over each group, in order."""
+    """The group scorer every `map_candidates` class is: `per_candidate.fn` over each group, in
+    order."""
 
     per_candidate: ClassVar[_PerCandidate]
 
@@ -130,7 +132,8 @@ class _MappedScorer(Scorer):
 
 
 def _fn_defaults(signature: inspect.Signature, params: Mapping[str, Any]) -> dict[str, Any]:
-    """The function's keyword defaults, so passing a default explicitly leaves the identity alone."""
+    """The function's keyword defaults, so passing a default explicitly leaves the identity
+    alone."""
     defaults = {
         name: p.default
         for name, p in list(signature.parameters.items())[2:]

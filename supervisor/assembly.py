@@ -18,7 +18,8 @@ from supervisor.types import SCORER_TERM_FAILED, RewardResponse
 def terms_failed(
     scorer: str, term_failed: Mapping[str, Mapping[str, str]], response: RewardResponse
 ) -> ScorerTermsFailed:
-    """The error for terms a scorer failed alone for some items; `response` keeps every item's other terms."""
+    """The error for terms a scorer failed alone for some items; `response` keeps every item's other
+    terms."""
     whys = {item_id: f"term {name!r}: {why}" for name, failed in term_failed.items() for item_id, why in failed.items()}
     listed = "; ".join(f"{item_id!r}: {why}" for item_id, why in list(whys.items())[:8])
     more = f"; and {len(whys) - 8} more" if len(whys) > 8 else ""

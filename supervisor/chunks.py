@@ -33,8 +33,10 @@ class ChunkAnswer(NamedTuple):
     terms: Mapping[str, np.ndarray]
     diagnostics: Mapping[str, Any]
     failed: Mapping[str, str]  # ids the scorer could not score -> why
-    term_failed: Mapping[str, Mapping[str, str]]  # per term, the ids that term alone failed for -> why
-    not_applicable: Mapping[str, frozenset[str]] = MappingProxyType({})  # per term, the ids it does not apply to
+    # per term, the ids that term alone failed for -> why
+    term_failed: Mapping[str, Mapping[str, str]]
+    # per term, the ids it does not apply to
+    not_applicable: Mapping[str, frozenset[str]] = MappingProxyType({})
 
 
 class ChunkScorer(Protocol):
@@ -55,7 +57,8 @@ class CallPlan:
     required_rewards: Sequence[str]  # the terms that make the reward
     weights: Mapping[str, float] = field(default_factory=dict)
     group_size: int | None = None  # configured: every group of every request has this size
-    max_in_flight: int | None = None  # the transport's own bound on chunks at once (None: the scorer's)
+    # the transport's own bound on chunks at once (None: the scorer's)
+    max_in_flight: int | None = None
 
     @property
     def at_once(self) -> int:
@@ -105,11 +108,13 @@ def score_in_chunks(request: RewardRequest, plan: CallPlan, scorer: ChunkScorer)
         merged.term_failed,
         merged.not_applicable,
     )
-    if merged.failed:  # the rest's response is the partial (its own term failures kept, for a panel)
+    # the rest's response is the partial (its own term failures kept, for a panel)
+    if merged.failed:
         return Outcome.items_failed(
             items_failed(plan.shape.name, len(request.items), merged.failed, response), response
         )
-    if any(name in plan.required_rewards for name in merged.term_failed):  # the reward lacks a term: a panel decides
+    # the reward lacks a term: a panel decides
+    if any(name in plan.required_rewards for name in merged.term_failed):
         return Outcome.terms_failed(terms_failed(plan.shape.name, merged.term_failed, response), response)
     return Outcome.scored(response)
 
@@ -118,9 +123,10 @@ def score_chunks(
     chunks: Sequence[Sequence[RewardItem]], scorer: ChunkScorer, group_size: int | None, at_once: int
 ) -> list[ChunkAnswer]:
     """Every chunk's answer, in order. Up to `at_once` chunks are in flight together (a scorer that
-    takes concurrent calls: a request costs about its slowest chunk, not the sum of them). One failure
-    fails the request: once every chunk has ended (each bounds itself), the earliest failure is raised,
-    the cause the others' failures may follow from. Ctrl-C while waiting interrupts the scorer first."""
+    takes concurrent calls: a request costs about its slowest chunk, not the sum of them). One
+    failure fails the request: once every chunk has ended (each bounds itself), the earliest failure
+    is raised, the cause the others' failures may follow from. Ctrl-C while waiting interrupts the
+    scorer first."""
     if at_once <= 1 or len(chunks) == 1:
         return [scorer.score_chunk(chunk, group_size) for chunk in chunks]
     failures: list[tuple[float, int, BaseException]] = []
@@ -164,8 +170,8 @@ class Merged:
         return merged
 
     def check_filled(self, scorer: str, ids: Sequence[str], required: Sequence[str], scored: np.ndarray) -> None:
-        """A term some chunk lacked is never filled in with zeros, and a term of the reward applies to
-        every item: an answer that says otherwise breaks the contract."""
+        """A term some chunk lacked is never filled in with zeros, and a term of the reward applies
+        to every item: an answer that says otherwise breaks the contract."""
         inapplicable = sorted(set(self.not_applicable) & set(required))
         if inapplicable:
             raise RewardContractError(

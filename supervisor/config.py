@@ -15,7 +15,8 @@ from scorers.registry import declared_spec
 from supervisor import scorer_envs
 
 InputKind = Literal["text", "image", "image_edit", "video", "audio"]
-# What decides the child's import path: set only by managed-scorers (see supervisor.child.import_root).
+# What decides the child's import path: set only by managed-scorers (see
+# supervisor.child.import_root).
 RESERVED_ENV = frozenset(
     {
         "PYTHONPATH",
@@ -43,9 +44,10 @@ def _plain(value: Any) -> Any:
 
 
 def settings(config: BaseModel, flatten: Collection[str] = (), leave: Collection[str] = ()) -> dict[str, Any]:
-    """A config model's fields by name, as keywords of the backend it describes (each setting is stated once,
-    in its model): the fields of the nested models named in `flatten` lifted beside the others, those named
-    in `leave` (not the backend's to take) left out. A name kept twice is refused: one name, one setting."""
+    """A config model's fields by name, as keywords of the backend it describes (each setting is
+    stated once, in its model): the fields of the nested models named in `flatten` lifted beside the
+    others, those named in `leave` (not the backend's to take) left out. A name kept twice is
+    refused: one name, one setting."""
     found: dict[str, Any] = {}
     for name in type(config).model_fields:
         value = getattr(config, name)
@@ -134,7 +136,8 @@ class ScorerConfig(_Model):
     """
 
     name: str = Field(min_length=1)
-    input_kind: InputKind = "text"  # when not given: the scorer's own, where it resolves here (else text)
+    # when not given: the scorer's own, where it resolves here (else text)
+    input_kind: InputKind = "text"
     params: dict[str, JsonValue] = Field(default_factory=dict)
     revision: str | None = None
     identity_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
@@ -144,7 +147,8 @@ class ScorerConfig(_Model):
     @model_validator(mode="before")
     @classmethod
     def _declared_kind(cls, data: Any) -> Any:
-        """An image scorer named without `input_kind` is an image scorer, not a text one that cannot boot."""
+        """An image scorer named without `input_kind` is an image scorer, not a text one that cannot
+        boot."""
         data = _plain(data)
         if isinstance(data, Mapping) and "input_kind" not in data:
             kind = _scorer_kind(data)
@@ -160,7 +164,8 @@ class ClientConfig(_Model):
     weights: dict[str, float] = Field(default_factory=dict)
     input_kind: InputKind = "text"
     request_batch_size: int = Field(default=64, gt=0)
-    group_size: int | None = Field(default=None, gt=0)  # candidates per group; a request may declare it instead
+    # candidates per group; a request may declare it instead
+    group_size: int | None = Field(default=None, gt=0)
     # Arrays of a request totalling at least this many bytes travel through a shared-memory
     # segment (negotiated at start-up; in-band when the child or platform cannot). None: never.
     shared_memory_min_bytes: int | None = Field(default=64 * 1024, ge=0)
@@ -199,10 +204,11 @@ class LimitsConfig(_Model):
     # room for a large label; serve --openrlhf-max-request-bytes sets it.
     openrlhf_max_request_bytes: int = Field(default=16 << 20, gt=0)
     # The body cap of /score's JSON form (UniRL's protocol: images as base64, 4/3 of their bytes). A
-    # 1024x1024 JPEG at UniRL's quality 95 is 0.75-1.6 MiB as base64 (measured: smooth to pure noise), a
-    # PNG 3-4 MiB: 128 MiB carries a 64-image DP shard of worst-case JPEGs (UniRL posts one shard per
-    # call unless request_batch_size says less) or 32 PNGs. Base64 parses at ~2 bytes a byte, well
-    # within the parse's 4x; the decoded pixels count against max_request_bytes, as a frame's do.
+    # 1024x1024 JPEG at UniRL's quality 95 is 0.75-1.6 MiB as base64 (measured: smooth to pure
+    # noise), a PNG 3-4 MiB: 128 MiB carries a 64-image DP shard of worst-case JPEGs (UniRL posts
+    # one shard per call unless request_batch_size says less) or 32 PNGs. Base64 parses at ~2 bytes
+    # a byte, well within the parse's 4x; the decoded pixels count against max_request_bytes, as a
+    # frame's do.
     json_max_request_bytes: int = Field(default=128 << 20, gt=0)
     # Connections that have not sent an authenticated request: how many may wait, and for how
     # long, before the child closes them (another local user cannot exhaust its descriptors).
@@ -255,8 +261,8 @@ class ManagedScorerProcessSpec(_Model):
     @model_validator(mode="before")
     @classmethod
     def _named_env(cls, data: Any) -> Any:
-        """Fill `process.python_executable` from the named (or the scorer's declared) scorer env, and
-        the client's input kind from the scorer's."""
+        """Fill `process.python_executable` from the named (or the scorer's declared) scorer env,
+        and the client's input kind from the scorer's."""
         data = _client_of_scorer_kind(_plain(data))
         if not isinstance(data, Mapping):
             return data
@@ -265,7 +271,8 @@ class ManagedScorerProcessSpec(_Model):
         if process.get("python_executable") is not None:
             named = data.get("env")
             given = Path(os.path.abspath(process["python_executable"]))
-            if named is not None and given != scorer_envs.env_python(named):  # agreeing: a dumped spec read back
+            # agreeing: a dumped spec read back
+            if named is not None and given != scorer_envs.env_python(named):
                 raise ValueError("give process.python_executable or env (a scorer env by name), not both")
             return data
         name = data.get("env") or _declared_env(data.get("scorer"))
@@ -319,7 +326,8 @@ def _client_of_scorer_kind(data: Any) -> Any:
 
 
 def _scorer_kind(scorer: Any) -> Any:
-    """The input kind a scorer config gives, else the one its scorer declares; None when neither says."""
+    """The input kind a scorer config gives, else the one its scorer declares; None when neither
+    says."""
     if isinstance(scorer, ScorerConfig):
         return scorer.input_kind
     if isinstance(scorer, Mapping) and "input_kind" in scorer:
@@ -359,11 +367,15 @@ class RemoteBackendConfig(_Model):
         Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
     )
     token_env: str | None = None
-    request_timeout: float = Field(default=600.0, gt=0)  # each exchange as a whole, retries included
-    max_answer_bytes: int = Field(default=64 * 2**20, ge=1024)  # an answer past this (read, never decoded) fails
-    max_request_bytes: int | None = Field(default=None, gt=0)  # refused before it is sent (None: the server judges)
+    # each exchange as a whole, retries included
+    request_timeout: float = Field(default=600.0, gt=0)
+    # an answer past this (read, never decoded) fails
+    max_answer_bytes: int = Field(default=64 * 2**20, ge=1024)
+    # refused before it is sent (None: the server judges)
+    max_request_bytes: int | None = Field(default=None, gt=0)
     max_retries: int = Field(default=3, ge=0)  # tries after the first, of idempotent exchanges only
-    retry_backoff_s: float = Field(default=0.1, gt=0)  # the first pause between tries, doubling up to the cap
+    # the first pause between tries, doubling up to the cap
+    retry_backoff_s: float = Field(default=0.1, gt=0)
     retry_backoff_cap_s: float = Field(default=2.0, gt=0)
     revision: str | None = None
     identity_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
@@ -416,8 +428,10 @@ class JobBackendConfig(_Model):
     enqueue_path: str = "/enqueue"
     result_path: str = "/result/{uuid}"
     score_key: str = "scores"
-    max_answer_bytes: int = Field(default=2**20, ge=1024)  # an answer past this (read, never decoded) fails
-    remembered_job_ids: int = Field(default=16384, ge=0)  # ended items' job ids kept to refuse one given twice
+    # an answer past this (read, never decoded) fails
+    max_answer_bytes: int = Field(default=2**20, ge=1024)
+    # ended items' job ids kept to refuse one given twice
+    remembered_job_ids: int = Field(default=16384, ge=0)
 
     @property
     def input_kind(self) -> InputKind:
@@ -431,7 +445,8 @@ class JobBackendConfig(_Model):
 
 
 def _backend_kind(value: Any) -> str:
-    """No `kind`: a backend that names a process or a scorer env is managed (a child); else local."""
+    """No `kind`: a backend that names a process or a scorer env is managed (a child); else
+    local."""
     if isinstance(value, Mapping):
         return str(value.get("kind") or ("managed" if "process" in value or "env" in value else "local"))
     return str(getattr(value, "kind", "local"))
@@ -464,7 +479,8 @@ class PanelConfig(_Model):
 
     terms: list[TermConfig] = Field(min_length=1)
     group_size: int | None = Field(default=None, gt=0)
-    # an optional term failing on some members of a group: fails for the whole group, or refuses the call
+    # an optional term failing on some members of a group: fails for the whole group, or refuses the
+    # call
     group_failures: Literal["whole_group", "raise"] = "whole_group"
 
     @model_validator(mode="after")

@@ -1,5 +1,6 @@
-"""Responses of several backends (replicas, servers, a Ray pool's actors) or ranks, joined by item id
-into one response; and the errors of the shares, joined the same way wherever a request was split."""
+"""Responses of several backends (replicas, servers, a Ray pool's actors) or ranks, joined by item
+id into one response; and the errors of the shares, joined the same way wherever a request was
+split."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from supervisor.types import RewardResponse
 
 
 def items_failed(scorer: str, total: int, failed: Mapping[str, str], partial: RewardResponse) -> ScorerItemsFailed:
-    """The error for items a scorer could not score, each named with why; `partial` holds the rest."""
+    """The error for items a scorer could not score, each named with why; `partial` holds the
+    rest."""
     listed = "; ".join(f"{item_id!r}: {why}" for item_id, why in list(failed.items())[:8])
     more = f"; and {len(failed) - 8} more" if len(failed) > 8 else ""
     return ScorerItemsFailed(
@@ -46,7 +48,8 @@ def join_rows(
         for failure in response.term_failures:
             if item_id in failure.ids:
                 failures.setdefault((failure.term, failure.error, failure.kind), []).append(item_id)
-    return RewardResponse.checked(  # each row keeps its own success and error, as its backend stated them
+    # each row keeps its own success and error, as its backend stated them
+    return RewardResponse.checked(
         ids=ids,
         rewards=[r.rewards[i] for r, i in sources],
         component_rewards={t: [r.component_rewards[t][i] for r, i in sources] for t in terms},
@@ -86,7 +89,8 @@ def _join_item_failures(scorer: str, ids: list[str], outcomes: Sequence[Outcome]
     failed, responses = _gathered(outcomes)
     kept = [item_id for item_id in ids if item_id not in failed]
     diagnostics = merge_term_reports(r.diagnostics for r in responses)
-    # every item failed: each partial is empty, and any of them has the terms an empty response needs
+    # every item failed: each partial is empty, and any of them has the terms an empty response
+    # needs
     partial = (
         join_rows(kept, rows_by_id(responses), diagnostics)
         if kept

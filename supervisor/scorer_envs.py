@@ -19,12 +19,14 @@ _SOURCE = SPECS_DIR.parent.parent
 # Run from a source checkout (editable install included), envs live in its envs/ folder.
 CHECKOUT_ENVS = _SOURCE / "envs" if (_SOURCE / "pyproject.toml").is_file() and (_SOURCE / "envs").is_dir() else None
 STAMP = ".requirements.sha256"
-MARKER = ".managed-scorers-env"  # written right after the venv is made: a folder this builder may remove
+# written right after the venv is made: a folder this builder may remove
+MARKER = ".managed-scorers-env"
 ROOT_VARIABLE = "MANAGED_SCORERS_ENVS"
 
 
 class EnvError(ConfigError):
-    """A scorer env is unknown, not built, or failed to build (the message says which, and the fix)."""
+    """A scorer env is unknown, not built, or failed to build (the message says which, and the
+    fix)."""
 
 
 def spec_names() -> list[str]:

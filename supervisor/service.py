@@ -61,7 +61,8 @@ class RewardService:
         self.max_response_length = max_response_length
         self.overlong_buffer_len = overlong_buffer_len
         self.overlong_penalty_factor = overlong_penalty_factor
-        self.last_response: RewardResponse | None = None  # diagnostics and term failures of the last call
+        # diagnostics and term failures of the last call
+        self.last_response: RewardResponse | None = None
 
     def score_and_attach(self, items: Sequence[RewardItem], group_size: int | None = None) -> list[RewardItem]:
         """Score `items` and return new items with `reward` and `component_rewards` set.
@@ -112,7 +113,8 @@ class RewardService:
 
 
 def overlong_penalty(tokens: int, max_response_length: int, buffer_len: int, factor: float) -> float:
-    """DAPO's soft overlong punishment: 0 up to `max - buffer`, then linear down to `-factor` at `max`."""
+    """DAPO's soft overlong punishment: 0 up to `max - buffer`, then linear down to `-factor` at
+    `max`."""
     over = tokens - (max_response_length - buffer_len)
     return -factor * min(max(over / buffer_len, 0.0), 1.0)
 

@@ -1,4 +1,5 @@
-"""What a backend knows of its scorer (`ScorerShape`), and the checks of a configuration against it."""
+"""What a backend knows of its scorer (`ScorerShape`), and the checks of a configuration against
+it."""
 
 from __future__ import annotations
 
@@ -20,14 +21,18 @@ class ScorerShape:
     identity_hash: str | None = None
     revision: str | None = None
     diagnostics: tuple[str, ...] = ()
-    required_fields: tuple[str, ...] = ()  # what it reads of an item (what a group rebuilt across ranks carries)
-    concurrent_calls: int = 1  # chunks of one request it takes at once (see ScorerSpec.concurrent_calls)
-    reward_term: str | None = None  # the term that is its reward by itself (a served panel, see reward_terms)
+    # what it reads of an item (what a group rebuilt across ranks carries)
+    required_fields: tuple[str, ...] = ()
+    # chunks of one request it takes at once (see ScorerSpec.concurrent_calls)
+    concurrent_calls: int = 1
+    # the term that is its reward by itself (a served panel, see reward_terms)
+    reward_term: str | None = None
 
     @classmethod
     def from_entry(cls, entry: Any, where: str = "the scorer") -> ScorerShape:
-        """From a child's readiness line or a server's /health (`ScorerHost.catalog_entry`); one that
-        does not say what it serves is a RewardContractError naming `where` (not a scorer server)."""
+        """From a child's readiness line or a server's /health (`ScorerHost.catalog_entry`); one
+        that does not say what it serves is a RewardContractError naming `where` (not a scorer
+        server)."""
         terms = entry.get("terms") if isinstance(entry, Mapping) else None
         calls = entry.get("concurrent_calls", 1) if isinstance(entry, Mapping) else None
         if (
@@ -70,7 +75,8 @@ def check_pins(shape: ScorerShape, revision: str | None, identity_hash: str | No
 def check_reward_names(
     scorer: str, terms: Sequence[str], required: Sequence[str], weights: Mapping[str, float]
 ) -> list[str]:
-    """The terms that make the reward (default: all of the scorer's); unknown names are a ConfigError."""
+    """The terms that make the reward (default: all of the scorer's); unknown names are a
+    ConfigError."""
     required = list(required) or list(terms)
     unknown = sorted((set(required) | set(weights)) - set(terms))
     if unknown:

@@ -75,7 +75,8 @@ class _Groups:
 
 
 class RewardStream:
-    """Add items as they finish; collect the step's rewards at `results()`. Made by `backend.stream()`."""
+    """Add items as they finish; collect the step's rewards at `results()`. Made by
+    `backend.stream()`."""
 
     def __init__(
         self,
@@ -102,10 +103,12 @@ class RewardStream:
             raise ValueError(f"max_pending {max_pending} is less than a group ({size}): no group could complete")
         self.backend, self.group_size, self.window, self.max_wait_s = backend, size, window, max_wait_s
         self.max_pending, self.max_block_s, self.collect = max_pending, max_block_s, collect
-        self.window_sizes: deque[int] = deque(maxlen=1024)  # the latest windows cut, in order (tests, benches)
+        # the latest windows cut, in order (tests, benches)
+        self.window_sizes: deque[int] = deque(maxlen=1024)
         self._owner = os.getpid()
         self._cond = threading.Condition()
-        # every window declares the size, so a backend refuses a window with part of a group: hold them whole
+        # every window declares the size, so a backend refuses a window with part of a group: hold
+        # them whole
         self._groups = _Groups(size) if size is not None else None
         self._ready: list[tuple[RewardItem, Future[ItemReward]]] = []
         self._ready_since: float | None = None  # when the oldest ready item became ready
@@ -121,13 +124,15 @@ class RewardStream:
 
     # -- the producer's side ------------------------------------------------------------------
     def add(self, items: RewardItem | Sequence[RewardItem]) -> list[Future[ItemReward]]:
-        """Items that finished; one future per item. Waits for room while `max_pending` are unscored.
-        All or nothing: every check (and the wait for room) comes before the stream takes any item."""
+        """Items that finished; one future per item. Waits for room while `max_pending` are
+        unscored. All or nothing: every check (and the wait for room) comes before the stream takes
+        any item."""
         batch = _items_of(items)
         deadline = time.monotonic() + self.max_block_s
         self._check_owner()
         with self._cond:
-            while True:  # checked again after each wait: other producers, or a barrier, may have come meanwhile
+            # checked again after each wait: other producers, or a barrier, may have come meanwhile
+            while True:
                 self._check_usable()
                 self._check_new(batch)
                 if self._pending == 0 or self._pending + len(batch) <= self.max_pending:
@@ -136,7 +141,8 @@ class RewardStream:
                 if left <= 0:
                     raise self._no_room()
                 self._cond.wait(min(left, WAKE_S))
-            self._start_worker()  # before anything is taken: a thread that cannot start leaves nothing behind
+            # before anything is taken: a thread that cannot start leaves nothing behind
+            self._start_worker()
             rows = self._take(batch)
             self._cond.notify_all()
         return rows
@@ -152,7 +158,8 @@ class RewardStream:
         return self._send_all(cut)
 
     def raise_if_failed(self) -> None:
-        """Raise a window's failure already known (at a micro boundary: never later than the barrier)."""
+        """Raise a window's failure already known (at a micro boundary: never later than the
+        barrier)."""
         self._check_owner()
         with self._cond:
             windows = list(self._windows)
@@ -183,8 +190,8 @@ class RewardStream:
         return _joined(self.backend, windows, outcomes, order)
 
     def _drained(self) -> tuple[list[_Window], list[str], dict[str, int]]:
-        """Every ready item sent and every window ended (each bounds its own call; this wait is bounded
-        too), then the step's state handed over and reset."""
+        """Every ready item sent and every window ended (each bounds its own call; this wait is
+        bounded too), then the step's state handed over and reset."""
         deadline = time.monotonic() + self.max_block_s
         self._check_owner()
         with self._cond:
@@ -206,8 +213,8 @@ class RewardStream:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop cutting windows; items not yet sent fail (ScorerItemsFailed), windows sent end on their own.
-        In a fork, nothing here is the fork's to stop."""
+        """Stop cutting windows; items not yet sent fail (ScorerItemsFailed), windows sent end on
+        their own. In a fork, nothing here is the fork's to stop."""
         if os.getpid() != self._owner:
             return
         with self._cond:
@@ -242,7 +249,8 @@ class RewardStream:
         return self
 
     def __exit__(self, kind: object, *_: object) -> None:
-        """Leaving early (an exception, Ctrl-C) abandons what is unread; leaving after the barrier closes."""
+        """Leaving early (an exception, Ctrl-C) abandons what is unread; leaving after the barrier
+        closes."""
         if kind is None:
             self.close()
         else:
@@ -250,7 +258,8 @@ class RewardStream:
 
     # -- under the lock -----------------------------------------------------------------------
     def _check_owner(self) -> None:
-        """Before taking the lock: a fork may have copied it held (by the worker, which did not fork)."""
+        """Before taking the lock: a fork may have copied it held (by the worker, which did not
+        fork)."""
         if os.getpid() != self._owner:
             raise BackendNotOwned(f"this stream belongs to pid {self._owner}; this is a fork of it (make a new one)")
 
@@ -279,7 +288,8 @@ class RewardStream:
             self._check_groups(batch, self._groups)
 
     def _check_groups(self, batch: list[RewardItem], groups: _Groups) -> None:
-        """Each item joins an open or a new group of this step, which it fits (size, common inputs)."""
+        """Each item joins an open or a new group of this step, which it fits (size, common
+        inputs)."""
         loose = next((item for item in batch if item.group_id is None), None)
         if loose is not None:
             raise ScorerRequestError(
@@ -303,7 +313,9 @@ class RewardStream:
                     f"group {group!r} would have {len(joined)} items, more than {groups.size} (ids {ids})",
                     kind="bad_input",
                 )
-        try:  # what a window's request would refuse, refused here: for the items that break it, not their window
+        # what a window's request would refuse, refused here: for the items that break it, not their
+        # window
+        try:
             partition([item for joined in members.values() for item in joined], None, scorer="stream")
         except GroupInputError as exc:
             raise ScorerRequestError(f"stream over {type(self.backend).__name__}: {exc}", kind="bad_input") from exc
@@ -313,7 +325,8 @@ class RewardStream:
         rows: list[Future[ItemReward]] = []
         for _ in batch:
             row: Future[ItemReward] = Future()
-            row.set_running_or_notify_cancel()  # a cancelled awaiter never cancels the row: its window still runs
+            # a cancelled awaiter never cancels the row: its window still runs
+            row.set_running_or_notify_cancel()
             rows.append(row)
         if self.collect:
             self._order.extend(item.id for item in batch)
@@ -372,7 +385,8 @@ class RewardStream:
         return max(self._ready_since + self.max_wait_s - time.monotonic(), 0.0)
 
     def _cut(self, limit: int) -> _Window:
-        """Up to `limit` (at most `window`) ready items, whole groups (a group larger than that: alone)."""
+        """Up to `limit` (at most `window`) ready items, whole groups (a group larger than that:
+        alone)."""
         count = min(limit, self.window, len(self._ready))
         if self._groups is not None:
             size = self._groups.size
@@ -405,7 +419,8 @@ class RewardStream:
 
     def _send_all(self, windows: list[_Window]) -> list[Future[RewardResponse]]:
         """Each window cut sent; interrupted (Ctrl-C), the ones not sent fail, as close() fails what
-        was never sent: a window cut always ends, so the barrier and the producers never wait on it."""
+        was never sent: a window cut always ends, so the barrier and the producers never wait on
+        it."""
         try:
             return [self._send(window) for window in windows]
         finally:
@@ -427,7 +442,8 @@ class RewardStream:
         return future
 
     def _settle(self, window: _Window) -> None:
-        """A window's outcome to its items' futures; its room back to the producers (whatever happens)."""
+        """A window's outcome to its items' futures; its room back to the producers (whatever
+        happens)."""
         try:
             outcome = _outcome(window)
             error = outcome.error

@@ -27,9 +27,9 @@ class SubmissionQueueFull(ScorerError):
 
 
 class Submission(Future[Any]):
-    """A submitted request's future. Ctrl-C while waiting on its result abandons the call, as Ctrl-C in
-    a plain call does: a request still queued is never sent, the one in flight is interrupted (a managed
-    child is killed at once, so the trainer's exit does not wait for it)."""
+    """A submitted request's future. Ctrl-C while waiting on its result abandons the call, as Ctrl-C
+    in a plain call does: a request still queued is never sent, the one in flight is interrupted (a
+    managed child is killed at once, so the trainer's exit does not wait for it)."""
 
     def __init__(self, interrupt: Callable[[Submission], None]) -> None:
         super().__init__()
@@ -59,7 +59,8 @@ class Submission(Future[Any]):
 
 
 class Submitter:
-    """The worker behind `RewardBackend.submit`: started on first use, stopped by the backend's close()."""
+    """The worker behind `RewardBackend.submit`: started on first use, stopped by the backend's
+    close()."""
 
     def __init__(
         self,
@@ -77,7 +78,8 @@ class Submitter:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
         self._lock = threading.Lock()
         self._closed = False
-        # daemon: a trainer that exits (Ctrl-C) never waits here; its backends' close() ends the calls
+        # daemon: a trainer that exits (Ctrl-C) never waits here; its backends' close() ends the
+        # calls
         self._thread = threading.Thread(target=self._run, name=f"submit-{name}", daemon=True)
         self._thread.start()
 
@@ -125,7 +127,8 @@ class Submitter:
             self._running = None
 
     def _interrupt_if_running(self, future: Submission) -> None:
-        """Interrupt the backend only while `future`'s own call is in flight (never the next one's)."""
+        """Interrupt the backend only while `future`'s own call is in flight (never the next
+        one's)."""
         with self._running_lock:
             if self._running is future:
                 self._interrupt()

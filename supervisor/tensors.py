@@ -24,5 +24,6 @@ def numpy_view(value: Any) -> Any:
         raise ValueError(f"a tensor on {value.device} must be moved to the CPU first (.cpu())")
     try:
         return value.detach().numpy()
-    except (TypeError, RuntimeError) as exc:  # bfloat16 ("unsupported ScalarType"), a conj or neg bit set
+    # bfloat16 ("unsupported ScalarType"), a conj or neg bit set
+    except (TypeError, RuntimeError) as exc:
         raise ValueError(f"a {value.dtype} tensor has no numpy view ({exc}): convert it first") from exc

@@ -75,7 +75,8 @@ def _is_empty(value: Any) -> bool:
     return isinstance(value, (dict, tuple, list)) and not value
 
 
-TRAINER_FIELDS = ("reward", "component_rewards")  # a RewardItem's fields beyond the item's: never sent
+# a RewardItem's fields beyond the item's: never sent
+TRAINER_FIELDS = ("reward", "component_rewards")
 
 
 class RewardItem(BaseModel):
@@ -176,13 +177,15 @@ class RewardRequest(BaseModel):
         return [item.id for item in self.items]
 
 
-SCORER_TERM_FAILED = "scorer_term_failed"  # a scorer's own term failure: whether the term was optional is unknown
+# a scorer's own term failure: whether the term was optional is unknown
+SCORER_TERM_FAILED = "scorer_term_failed"
 
 
 class TermFailure(BaseModel):
-    """A term that failed for these ids: they got no value from it (it added zero). An optional panel
-    term's (any kind), or, with kind SCORER_TERM_FAILED, a scorer's own term in a backend's response,
-    which only a panel may turn into an optional term's failure: it leaves the reward unusable."""
+    """A term that failed for these ids: they got no value from it (it added zero). An optional
+    panel term's (any kind), or, with kind SCORER_TERM_FAILED, a scorer's own term in a backend's
+    response, which only a panel may turn into an optional term's failure: it leaves the reward
+    unusable."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -241,7 +244,8 @@ class RewardResponse(BaseModel):
     ids: list[str]
     rewards: list[float]
     component_rewards: dict[str, list[float | None]]
-    successes: list[bool] = Field(default_factory=list)  # left out: derived from term_failures (per_item)
+    # left out: derived from term_failures (per_item)
+    successes: list[bool] = Field(default_factory=list)
     errors: list[str | None] = Field(default_factory=list)
     applicable: dict[str, list[bool]] = Field(default_factory=dict)
     term_failures: list[TermFailure] = Field(default_factory=list)
@@ -251,7 +255,8 @@ class RewardResponse(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _per_item(cls, data: Any) -> Any:
-        """`successes` and `errors` have one writer: when left out, they follow from term_failures."""
+        """`successes` and `errors` have one writer: when left out, they follow from
+        term_failures."""
         if isinstance(data, dict) and "successes" not in data and "errors" not in data and "ids" in data:
             failures = [TermFailure.model_validate(f) for f in data.get("term_failures", ())]
             successes, errors = per_item(list(data["ids"]), failures)
@@ -286,8 +291,8 @@ class RewardResponse(BaseModel):
         return self
 
     def usable(self) -> list[bool]:
-        """Per item, whether a trainer may use its reward: a success, or short of an optional term only
-        (a scorer's own term failure is not one: nobody said the term was optional)."""
+        """Per item, whether a trainer may use its reward: a success, or short of an optional term
+        only (a scorer's own term failure is not one: nobody said the term was optional)."""
         unknown = {item_id for f in self.term_failures if f.kind == SCORER_TERM_FAILED for item_id in f.ids}
         optional = {item_id for f in self.term_failures for item_id in f.ids} - unknown
         return [ok or item_id in optional for ok, item_id in zip(self.successes, self.ids, strict=True)]
@@ -295,7 +300,8 @@ class RewardResponse(BaseModel):
     @classmethod
     def checked(cls, **fields: Any) -> RewardResponse:
         """Build one from combined values (a panel's sums, a backend's weighted terms): a value
-        that breaks the contract (a non-finite sum) raises RewardContractError, never a NaN reward."""
+        that breaks the contract (a non-finite sum) raises RewardContractError, never a NaN
+        reward."""
         try:
             return cls(**fields)
         except ValueError as exc:  # pydantic's ValidationError

@@ -40,7 +40,8 @@ def _read_exactly(fd: int, size: int, deadline: float) -> bytes:
 
 
 def read_frame(fd: int) -> dict[str, Any]:
-    """The config the parent framed; ValueError when it is short, late, too large or not a JSON object."""
+    """The config the parent framed; ValueError when it is short, late, too large or not a JSON
+    object."""
     deadline = time.monotonic() + READ_TIMEOUT_S
     (size,) = _LENGTH.unpack(_read_exactly(fd, _LENGTH.size, deadline))
     if size > MAX_BOOT_CONFIG_BYTES:
@@ -53,8 +54,8 @@ def read_frame(fd: int) -> dict[str, Any]:
 
 def close_strays(keep: set[int]) -> None:
     """Close every inheritable descriptor above 2 that is not in `keep`: what the trainer left open
-    without close-on-exec (posix_spawn, unlike Popen's close_fds, passes those on). This process opens
-    its own descriptors close-on-exec, so an inheritable one came from the parent."""
+    without close-on-exec (posix_spawn, unlike Popen's close_fds, passes those on). This process
+    opens its own descriptors close-on-exec, so an inheritable one came from the parent."""
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
         if fd <= 2 or fd in keep:

@@ -17,8 +17,9 @@ from scorers.base import ScoreItem, ScoreResult, numpy_if_imported
 if TYPE_CHECKING:
     import numpy as np
 
-# The wire item, in the order the trainer writes it (supervisor.types.RewardItem.to_wire): read from the one
-# declaration of an item's fields (scorers.item_fields). The trainer writes these, the child accepts only these.
+# The wire item, in the order the trainer writes it (supervisor.types.RewardItem.to_wire): read from
+# the one declaration of an item's fields (scorers.item_fields). The trainer writes these, the child
+# accepts only these.
 WIRE_FIELDS = item_fields.NAMES
 ITEM_FIELDS = frozenset(WIRE_FIELDS)
 MEDIA_FIELDS = frozenset(item_fields.MEDIA)  # arrays: never JSON
@@ -51,7 +52,8 @@ class Limits:
     max_text_chars: int = 1 << 20
     max_media_bytes: int = 512 << 20
     openrlhf_max_request_bytes: int = 16 << 20  # serve's OpenRLHF route (JSON): see LimitsConfig
-    json_max_request_bytes: int = 128 << 20  # /score's JSON form (UniRL's, base64 media): see LimitsConfig
+    # /score's JSON form (UniRL's, base64 media): see LimitsConfig
+    json_max_request_bytes: int = 128 << 20
     # connections that have not sent an authenticated request (see child_runtime.gate)
     max_pending_connections: int = 64
     pending_connection_timeout_s: float = 10.0
@@ -82,7 +84,8 @@ def _check_strings(value: Any, where: str, limit: int) -> None:
 
 
 def check_media(value: Any, name: str, where: str) -> np.ndarray:
-    """`image` is uint8 HWC, `video` uint8 THWC, with 1, 3 or 4 channels; anything else is refused."""
+    """`image` is uint8 HWC, `video` uint8 THWC, with 1, 3 or 4 channels; anything else is
+    refused."""
     layout = MEDIA_LAYOUTS[name]
     numpy = numpy_if_imported()  # an array exists only once numpy is imported
     if numpy is None or not isinstance(value, numpy.ndarray):
@@ -95,8 +98,9 @@ def check_media(value: Any, name: str, where: str) -> np.ndarray:
 
 
 def check_audio(audio: Any, sample_rate: Any, where: str) -> np.ndarray | None:
-    """`audio` is float32 (channels, samples), 1..MAX_AUDIO_CHANNELS channels, at least one sample, every
-    sample finite; `audio_sample_rate` a positive int exactly when audio is present. Both sides run this."""
+    """`audio` is float32 (channels, samples), 1..MAX_AUDIO_CHANNELS channels, at least one sample,
+    every sample finite; `audio_sample_rate` a positive int exactly when audio is present. Both
+    sides run this."""
     if audio is None:
         if sample_rate is not None:
             raise RequestError(f"{where}.audio_sample_rate is {sample_rate!r}, but the item has no audio")
@@ -123,7 +127,8 @@ def check_audio(audio: Any, sample_rate: Any, where: str) -> np.ndarray | None:
 
 
 def _limited(media: np.ndarray, name: str, where: str, limit: int, copy: bool) -> np.ndarray:
-    """Read-only view (zero-copy from the wire or the shared segment) unless the scorer writes to its inputs."""
+    """Read-only view (zero-copy from the wire or the shared segment) unless the scorer writes to
+    its inputs."""
     if media.nbytes > limit:
         raise RequestError(f"{where}.{name} has {media.nbytes} bytes (limit {limit})")
     if copy:
@@ -253,9 +258,9 @@ def items_from_wire(meta: Any, limits: Limits = Limits(), copy_media: bool = Fal
 
 
 def response_to_wire(items: Sequence[ScoreItem], result: ScoreResult) -> dict[str, Any]:
-    """Echo ids in order; scores travel as float64 arrays (exact, never JSON floats: stdlib arrays, so that
-    a text scorer's child never imports numpy); items the scorer could not score are named with why
-    (their scores are NaN)."""
+    """Echo ids in order; scores travel as float64 arrays (exact, never JSON floats: stdlib arrays,
+    so that a text scorer's child never imports numpy); items the scorer could not score are named
+    with why (their scores are NaN)."""
     answer = {
         "ids": [item.id for item in items],
         "terms": {name: array("d", values) for name, values in result.terms.items()},

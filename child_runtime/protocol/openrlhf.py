@@ -21,7 +21,8 @@ from child_runtime.protocol.items import RequestError
 from scorers.base import ScoreResult
 
 ROUTE = "/openrlhf"  # served at ROUTE/<secret>: the secret is checked before routing, then cut off
-# <|im_end|>, <|endoftext|>, <|eot_id|> ...; </s>, <s>; <eos>, <bos>, <pad>, <unk>, <end_of_turn> ...
+# <|im_end|>, <|endoftext|>, <|eot_id|> ...; </s>, <s>; <eos>, <bos>, <pad>, <unk>, <end_of_turn>
+# ...
 _SPECIAL_TOKEN = r"(?:<\|[^<>|\s]{1,40}\|>|</?s>|<(?:eos|bos|pad|unk|eot|end_of_turn|start_of_turn)>)"
 _AT_ENDS = re.compile(rf"^(?:\s*{_SPECIAL_TOKEN})+|(?:{_SPECIAL_TOKEN}\s*)+$")
 
@@ -33,7 +34,8 @@ class Sample(NamedTuple):
 
 
 class ItemsFailed(RuntimeError):
-    """The scorer could not score some items (a judge reply that does not parse): no reward for them."""
+    """The scorer could not score some items (a judge reply that does not parse): no reward for
+    them."""
 
 
 def groupwise_refusal(names: Sequence[str]) -> str:
@@ -41,7 +43,8 @@ def groupwise_refusal(names: Sequence[str]) -> str:
 
 
 def response_of(query: str, prompt: str) -> str:
-    """The response inside OpenRLHF's query: the prompt cut off, special tokens stripped at both ends."""
+    """The response inside OpenRLHF's query: the prompt cut off, special tokens stripped at both
+    ends."""
     if query.startswith(prompt):
         response = query[len(prompt) :]
     elif prompt and prompt in query:
@@ -64,8 +67,8 @@ def samples(queries: Sequence[Any], prompts: Sequence[Any], labels: Sequence[Any
 
 
 def samples_of(payload: Any) -> list[Sample]:
-    """OpenRLHF's request body, parsed (`protocol/bounded_json`): `labels` may be left out (None each);
-    other keys are ignored."""
+    """OpenRLHF's request body, parsed (`protocol/bounded_json`): `labels` may be left out (None
+    each); other keys are ignored."""
     if not isinstance(payload, dict):
         raise RequestError('the body must be a JSON object {"query": [...], "prompts": [...], "labels": [...]}')
     queries, prompts = payload.get("query"), payload.get("prompts")
@@ -102,10 +105,12 @@ def answer_of(result: ScoreResult, terms: Sequence[str], reward_term: str | None
     if result.failed:
         reasons = "; ".join(f"sample {position}: {why}" for position, why in sorted(result.failed.items()))
         raise ItemsFailed(f"the scorer could not score {len(result.failed)} sample(s): {reasons}")
-    for term, whys in result.term_failed.items():  # the reward is every term's sum: none may be missing
+    # the reward is every term's sum: none may be missing
+    for term, whys in result.term_failed.items():
         reasons = "; ".join(f"sample {position}: {why}" for position, why in sorted(whys.items()))
         raise ItemsFailed(f"term {term!r} failed for {len(whys)} sample(s): {reasons}")
-    where = result.not_applicable  # a served panel's term that does not apply to a sample logs 0.0 there
+    # a served panel's term that does not apply to a sample logs 0.0 there
+    where = result.not_applicable
     values = {
         name: [0.0 if i in where.get(name, ()) else float(v) for i, v in enumerate(result.terms[name])]
         for name in terms

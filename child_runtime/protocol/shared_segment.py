@@ -27,7 +27,8 @@ def available() -> bool:
 
 
 class ChildSegment:
-    """The child's read-only mapping of the parent's segment, mapped once: its size never changes."""
+    """The child's read-only mapping of the parent's segment, mapped once: its size never
+    changes."""
 
     def __init__(self, fd: int, max_bytes: int) -> None:
         try:
@@ -40,7 +41,8 @@ class ChildSegment:
             size = os.fstat(fd).st_size
             try:
                 self._map: mmap.mmap | None = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-            except (OSError, ValueError) as exc:  # e.g. ENOMEM, an address-space limit, an empty file
+            # e.g. ENOMEM, an address-space limit, an empty file
+            except (OSError, ValueError) as exc:
                 raise SharedSegmentUnavailable(f"cannot map the {size}-byte shared segment: {exc}") from exc
         finally:
             os.close(fd)  # the mapping keeps its own (read-only) duplicate

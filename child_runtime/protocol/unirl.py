@@ -10,18 +10,18 @@ UniRL 0.2.0's `RemoteRewardBackend` (unirl/reward/remote.py) posts
 and reads `{"protocol_version": "1", "results": [{reward: {sub_metric: value}}], "errors": [{reward:
 why}], "identities": [...]}`, one entry of each per request, in order. Read here as one item each:
 
-- `request_id` is the item's id; `group_id` its group (a number becomes its text); the other identity
-  fields are echoed as given, with `scorer_version` the server's identity hash (a request that pins
-  another is refused). `metadata` is the item's metadata; its `reference` and `data_source` keys are
-  the item's gold and dataset tag (as for UniRL's in-process adapter).
+- `request_id` is the item's id; `group_id` its group (a number becomes its text); the other
+  identity fields are echoed as given, with `scorer_version` the server's identity hash (a request
+  that pins another is refused). `metadata` is the item's metadata; its `reference` and
+  `data_source` keys are the item's gold and dataset tag (as for UniRL's in-process adapter).
 - `history` is the conversation, in order; its last turn is the one scored. A turn with `image_b64`
   (PNG, JPEG, ... decoded to RGB) is an image item: that turn's `text` is the prompt (UniRL sends it
   there), and each earlier turn's image is a condition image (UniRL's image-edit history). A last
   turn without media is a text item: its `text` is the text scored, and the turn before it (if any)
   holds the prompt. `video_b64` is refused (send video frames in the binary frame).
 - `required_rewards` names the scorer (its reward: a served panel's weighted reward, else its terms'
-  sum, first, then each term as a sub-metric) or some of its terms (`{term: {term: value}}` each); left
-  out or empty, the scorer. Every request of one call names the same ones.
+  sum, first, then each term as a sub-metric) or some of its terms (`{term: {term: value}}` each);
+  left out or empty, the scorer. Every request of one call names the same ones.
 - An item the scorer could not score, or a term that failed for it, is an `errors` entry for each
   reward left without a value (the answer is still 200, as UniRL's server answers); a term that does
   not apply to an item is 0.0 there (as this project's UniRL adapters give it).
@@ -74,7 +74,8 @@ class IdentityMismatch(RequestError):
 
 @dataclass(frozen=True)
 class Parsed:
-    """One JSON call: the items as a binary-frame request, what to echo per item, the rewards asked."""
+    """One JSON call: the items as a binary-frame request, what to echo per item, the rewards
+    asked."""
 
     wire: dict[str, Any]
     identities: list[dict[str, Any]]
@@ -83,7 +84,8 @@ class Parsed:
 
 
 def parse(payload: Any, spec: ScorerSpec, identity: str, limits: Limits) -> Parsed:
-    """UniRL's request body (parsed JSON) -> the items' wire request; RequestError names what is wrong."""
+    """UniRL's request body (parsed JSON) -> the items' wire request; RequestError names what is
+    wrong."""
     if not isinstance(payload, dict):
         raise RequestError('the body must be a JSON object {"protocol_version": "1", "requests": [...]}')
     unknown = sorted(set(payload) - TOP_FIELDS)
@@ -164,7 +166,8 @@ def _group(value: Any, where: str) -> str | None:
 
 
 def _history(history: Any, where: str, budget: _Pixels) -> dict[str, Any]:
-    """The item's prompt, text, image and condition images, from its turns (see the module docstring)."""
+    """The item's prompt, text, image and condition images, from its turns (see the module
+    docstring)."""
     if not isinstance(history, list) or not 1 <= len(history) <= MAX_TURNS:
         raise RequestError(f"{where}.history must be a list of 1 to {MAX_TURNS} turns")
     turns = [_turn(turn, f"{where}.history[{i}]") for i, turn in enumerate(history)]
@@ -220,7 +223,8 @@ class _Pixels:
                 self._charge(3 * width * height, where)
                 return numpy.asarray(image.convert("RGB"))
         except (OSError, ValueError, SyntaxError, zlib.error, Image.DecompressionBombError) as exc:
-            # PIL raises SyntaxError for a broken PNG chunk and lets zlib's errors through: the client's bytes
+            # PIL raises SyntaxError for a broken PNG chunk and lets zlib's errors through: the
+            # client's bytes
             raise RequestError(f"{where} is not a readable image: {exc}"[:300]) from exc
 
     def _charge(self, size: int, where: str) -> None:
@@ -232,7 +236,8 @@ class _Pixels:
 
 
 def answer(result: ScoreResult, parsed: Parsed, spec: ScorerSpec) -> dict[str, Any]:
-    """UniRL's ScoreResponse for a scored call: results, errors and identities, one each per request."""
+    """UniRL's ScoreResponse for a scored call: results, errors and identities, one each per
+    request."""
     results, errors = [], []
     for position in range(len(parsed.identities)):
         values: dict[str, dict[str, float]] = {}
@@ -267,7 +272,8 @@ def _failure(result: ScoreResult, position: int, terms: Sequence[str]) -> str | 
 
 
 def _inapplicable(result: ScoreResult, position: int, terms: Sequence[str]) -> str | None:
-    """A reward none of whose terms applies to the item (its data source) has no value: said, never 0.0."""
+    """A reward none of whose terms applies to the item (its data source) has no value: said, never
+    0.0."""
     if terms and all(position in result.not_applicable.get(term, ()) for term in terms):
         return f"no term of {list(terms)} applies to this item's data source"
     return None
@@ -278,8 +284,8 @@ def _value(result: ScoreResult, term: str, position: int) -> float:
 
 
 def _sub_metrics(result: ScoreResult, position: int, reward: str, spec: ScorerSpec) -> dict[str, float]:
-    """A term: `{term: value}`; the scorer: its reward first, then each of its terms (but one that failed
-    for the item: a served panel's optional term)."""
+    """A term: `{term: value}`; the scorer: its reward first, then each of its terms (but one that
+    failed for the item: a served panel's optional term)."""
     if reward in spec.term_names():
         return {reward: _value(result, reward, position)}
     terms: Mapping[str, float] = {

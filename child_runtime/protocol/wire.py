@@ -49,8 +49,8 @@ RESIDENCY_FAILED = "residency_failed"
 WEDGED = "wedged"
 WEDGED_QUEUED = "wedged_queued"
 RESTART_KINDS = (WEDGED, WEDGED_QUEUED)
-# A served scorer's failure that is its server's, not the request's (scorers.base.ServerFault): a 503
-# another server of the same identity may not have.
+# A served scorer's failure that is its server's, not the request's (scorers.base.ServerFault): a
+# 503 another server of the same identity may not have.
 SERVER_FAULT = "server_fault"
 # A model's close() raised, but it was released (scorers.base.CloseFailed): offloaded all the same.
 CLOSE_FAILED = "close_failed"
@@ -162,7 +162,8 @@ class Frame:
 
 
 def prepare(meta: Any) -> Frame:
-    """Lift every array out of `meta` (JSON-able otherwise); raises WireError on what cannot travel."""
+    """Lift every array out of `meta` (JSON-able otherwise); raises WireError on what cannot
+    travel."""
     arrays: list[Buffer] = []
     numpy = numpy_if_imported()
     return Frame(_lift_arrays(meta, arrays, None if numpy is None else numpy.ndarray), arrays)
@@ -196,7 +197,8 @@ def _parse_header(buf: memoryview) -> tuple[dict, int]:
         )
     except WireError:
         raise
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int past sys.get_int_max_str_digits()
+    # JSONDecodeError, UnicodeDecodeError, an int past sys.get_int_max_str_digits()
+    except ValueError as exc:
         raise WireError(f"header is not valid JSON: {exc}") from exc
     if (
         not isinstance(header, dict)

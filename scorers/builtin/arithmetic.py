@@ -128,7 +128,8 @@ _OPERAND_END = re.compile(r"[\d)\]}]\s*$")  # what a binary minus follows: `10 -
 
 
 def numbers_in(text: str, fractions: bool = False) -> list[Fraction]:
-    """Every number in `text`, normalised: commas and currency dropped, `42.0` == `42`, units ignored.
+    """Every number in `text`, normalised: commas and currency dropped, `42.0` == `42`, units
+    ignored.
 
     With `fractions`, `a/b` (digits both sides) is one number; otherwise it is two. A minus after
     a number or a closing bracket is an operator, not a sign.

@@ -36,7 +36,8 @@ PROCESSOR_FILES = (
     "special_tokens_map.json",
     "added_tokens.json",
 )
-CHUNK_BYTES = 8 * 2**20  # weights are hashed whole, read in chunks (about 1 GB/s: seconds for PickScore's 4 GB)
+# weights are hashed whole, read in chunks (about 1 GB/s: seconds for PickScore's 4 GB)
+CHUNK_BYTES = 8 * 2**20
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 RESAMPLE_MODES = {2: "bilinear", 3: "bicubic"}  # PIL codes as preprocessor_config.json stores them
@@ -47,7 +48,8 @@ def _sha256(data: bytes) -> str:
 
 
 def fingerprint(directory: str, names: Sequence[str], weights: bool) -> dict[str, Any]:
-    """Hashes of the named files and, with `weights`, of each weight file (whole, see `weights_digest`).
+    """Hashes of the named files and, with `weights`, of each weight file (whole, see
+    `weights_digest`).
 
     A directory that is not there (the identity may be computed where the model is not) gets a
     marker, not an error: `load()` is where a missing model fails.
@@ -71,7 +73,8 @@ _DIGESTS: dict[tuple[str, int, int, int], str] = {}  # (real path, inode, size, 
 
 def weights_digest(path: Path) -> str:
     """sha256 of the whole weight file, once per process for an unchanged file. Every byte counts: a
-    fine-tune may leave a file's first and last megabytes (frozen embeddings, a frozen head) as they were."""
+    fine-tune may leave a file's first and last megabytes (frozen embeddings, a frozen head) as they
+    were."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
     if key not in _DIGESTS:
@@ -163,7 +166,8 @@ class ImageTransform:
     def __call__(self, image: np.ndarray, item_id: str) -> Any:
         import torch
 
-        pixels = torch.tensor(rgb_uint8(image, item_id)).permute(2, 0, 1)[None]  # a copy: the input is read-only
+        # a copy: the input is read-only
+        pixels = torch.tensor(rgb_uint8(image, item_id)).permute(2, 0, 1)[None]
         height, width = pixels.shape[-2:]
         if self.resize_to is not None:
             target = self.resize_to
@@ -174,9 +178,10 @@ class ImageTransform:
         else:
             target = (height, width)
         if target != (height, width):
-            # On uint8, as the torchvision processor does on the CPU: torch's uint8 kernel rounds between its
-            # two passes like PIL, so this is within 1 level of the PIL processor PickScore was trained with
-            # (the float kernel differs by up to ~17 levels on detailed images).
+            # On uint8, as the torchvision processor does on the CPU: torch's uint8 kernel rounds
+            # between its two passes like PIL, so this is within 1 level of the PIL processor
+            # PickScore was trained with (the float kernel differs by up to ~17 levels on detailed
+            # images).
             pixels = torch.nn.functional.interpolate(
                 pixels, size=target, mode=self.mode, antialias=True, align_corners=False
             )
@@ -209,7 +214,8 @@ def rgb_uint8(image: np.ndarray, item_id: str) -> np.ndarray:
 
 
 def center_crop(pixels: Any, size: tuple[int, int]) -> Any:
-    """Crop N x C x H x W to `size` about the centre, zero-padding a smaller image first (torchvision's rule)."""
+    """Crop N x C x H x W to `size` about the centre, zero-padding a smaller image first
+    (torchvision's rule)."""
     import torch
 
     crop_h, crop_w = size
@@ -237,7 +243,8 @@ def _require_model_dir(directory: str) -> None:
 
 
 def _features(output: Any) -> Any:
-    """transformers 5 returns a model output with the projected embedding as pooler_output; 4.x a tensor."""
+    """transformers 5 returns a model output with the projected embedding as pooler_output; 4.x a
+    tensor."""
     import torch
 
     return output if isinstance(output, torch.Tensor) else output.pooler_output
@@ -268,8 +275,8 @@ class ClipPreference(Scorer):
         normalize_by: float = 26.0,
         model_revision: str | None = None,
     ) -> None:
-        """`model_revision`: a label of the user's (e.g. the hub commit the weights came from), kept in
-        the identity; the identity also fingerprints the files themselves."""
+        """`model_revision`: a label of the user's (e.g. the hub commit the weights came from), kept
+        in the identity; the identity also fingerprints the files themselves."""
         for name, value in (("model_dir", model_dir), ("processor_dir", processor_dir)):
             if (value is not None or name == "model_dir") and (
                 not isinstance(value, (str, os.PathLike)) or not str(value)
@@ -297,7 +304,8 @@ class ClipPreference(Scorer):
         self._max_tokens = 0
 
     def identity_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """The files, not their paths: the same weights elsewhere keep the identity, new ones change it."""
+        """The files, not their paths: the same weights elsewhere keep the identity, new ones change
+        it."""
         effective = super().identity_params(params)
         for key in ("model_dir", "processor_dir"):
             effective.pop(key, None)

@@ -4,12 +4,12 @@ Each item becomes one chat request built from a prompt template; the judge's rep
 parsed into a number in a declared range (normalised to [0, 1]) or one of declared
 choices. A reply that cannot be parsed, a number outside the range, or a call that failed
 after its retries is that item's failure (`ScoreResult.failed`), never a 0: a panel gives
-those items nothing from an optional term and raises for a required one, naming them. Calls run concurrently up to `concurrency`; each attempt has a
-deadline; transient failures (connect errors, timeouts, dropped connections, 408/429/5xx,
-a malformed body) are retried with the same request bytes under capped exponential backoff,
-all inside the batch's absolute deadline. The API key is read from the environment
-variable that `api_key_env` names: the name is identity, the secret never appears in
-identity, logs or errors.
+those items nothing from an optional term and raises for a required one, naming them. Calls run
+concurrently up to `concurrency`; each attempt has a deadline; transient failures (connect errors,
+timeouts, dropped connections, 408/429/5xx, a malformed body) are retried with the same request
+bytes under capped exponential backoff, all inside the batch's absolute deadline. The API key is
+read from the environment variable that `api_key_env` names: the name is identity, the secret never
+appears in identity, logs or errors.
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ DEFAULT_TEMPLATE = (
 PLACEHOLDERS = ("prompt", "completion", "reference")
 PARSERS = ("number", "choice")
 NUMBER_PATTERN = r"(?i)\bscore\s*[:=]?\s*\**\s*(-?\d+(?:\.\d+)?)(?![\w]|\.\d)"  # `1e1` is not 1
-CHOICE_LEAD = r"(?i)\b(?:verdict|answer|choice)\b(?:\s*(?:[:=]|is))?\s*\**\s*[\[(]?\s*"  # then a choice label
-WAKE_MARGIN_S = 1.0  # past the batch deadline, how long score() waits for a worker thread to notice it
+# then a choice label
+CHOICE_LEAD = r"(?i)\b(?:verdict|answer|choice)\b(?:\s*(?:[:=]|is))?\s*\**\s*[\[(]?\s*"
+# past the batch deadline, how long score() waits for a worker thread to notice it
+WAKE_MARGIN_S = 1.0
 MAX_ANSWER_BYTES = 1 << 20  # a chat completion is kilobytes; more is a broken or hostile server
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
@@ -254,7 +256,8 @@ class LlmJudge(Scorer):
         self._loaded = False
 
     def _client(self) -> Any:
-        """A client for one batch: a connection a stuck attempt still holds never serves the next one."""
+        """A client for one batch: a connection a stuck attempt still holds never serves the next
+        one."""
         from scorers.common import bounded_http
 
         # a loopback judge never goes through a proxy; a remote one follows the environment's
@@ -262,7 +265,8 @@ class LlmJudge(Scorer):
 
     # -- requests ---------------------------------------------------------------------------
     def _request(self, item: ScoreItem) -> bytes:
-        """The exact bytes sent on every attempt for this item (a retry never changes the request)."""
+        """The exact bytes sent on every attempt for this item (a retry never changes the
+        request)."""
         values = {"completion": item.required_text()}
         if "prompt" in self.fields:
             if item.prompt is None:
@@ -283,17 +287,20 @@ class LlmJudge(Scorer):
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
-        return json.dumps(body).encode()  # ASCII escapes: a lone surrogate in a completion cannot fail it
+        # ASCII escapes: a lone surrogate in a completion cannot fail it
+        return json.dumps(body).encode()
 
     def _scrub(self, text: str) -> str:
-        """The text with the key blanked, however it was quoted; call it before cutting text short."""
+        """The text with the key blanked, however it was quoted; call it before cutting text
+        short."""
         if self._secret:
             for form in {self._secret, json.dumps(self._secret)[1:-1], repr(self._secret)[1:-1]}:
                 text = text.replace(form, "***")
         return text
 
     def _attempt(self, client: Any, body: bytes, deadline: float) -> str:
-        """One POST, answered in whole by min(request_timeout_s, what the batch has left); the reply's text."""
+        """One POST, answered in whole by min(request_timeout_s, what the batch has left); the
+        reply's text."""
         import httpx
 
         from scorers.common import bounded_http
@@ -310,7 +317,8 @@ class LlmJudge(Scorer):
             raise _Retryable(f"no whole answer within {self.request_timeout_s:g} s ({type(exc).__name__})") from exc
         except bounded_http.AnswerRefused as exc:
             raise _Final(str(exc)) from exc
-        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:  # our request: a retry cannot help
+        # our request: a retry cannot help
+        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:
             raise _Final(self._scrub(f"{type(exc).__name__}: {exc}")) from exc
         except httpx.TransportError as exc:
             raise _Retryable(self._scrub(f"{type(exc).__name__}: {exc}")) from exc
@@ -351,7 +359,8 @@ class LlmJudge(Scorer):
         outcome, began = _Outcome(), time.monotonic()
 
         def attempt() -> float:
-            if deadline - time.monotonic() < 0.05:  # an item that waited for a free slot past the deadline
+            # an item that waited for a free slot past the deadline
+            if deadline - time.monotonic() < 0.05:
                 raise _Late(
                     f"the batch deadline ({self.batch_timeout_s:g} s) passed before attempt {outcome.attempts + 1}"
                 )
@@ -404,14 +413,16 @@ class LlmJudge(Scorer):
                 results[index] = self._judge(client, body, deadline)
                 finished.release()
 
-        for n in range(min(self.concurrency, len(items))):  # daemon threads: a stuck one never holds up exit
+        # daemon threads: a stuck one never holds up exit
+        for n in range(min(self.concurrency, len(items))):
             threading.Thread(target=judge_until_empty, name=f"llm_judge-{n}", daemon=True).start()
         try:
             for _ in items:  # one deadline for the batch, whatever the attempts do
                 if not finished.acquire(timeout=max(deadline - time.monotonic(), 0.0) + WAKE_MARGIN_S):
                     break
         finally:
-            client.close()  # the batch's connections end here; an attempt still on one fails at once
+            # the batch's connections end here; an attempt still on one fails at once
+            client.close()
         late = f"no verdict by the batch deadline ({self.batch_timeout_s:g} s): the server held its attempt open"
         outcomes = [outcome if outcome is not None else _Outcome(error=late) for outcome in list(results)]
         attempts = sum(o.attempts for o in outcomes)

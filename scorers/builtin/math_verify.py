@@ -6,11 +6,11 @@ past a soft deadline moves out of its slot to a held-back overflow worker, a per
 timeout SIGKILLs it there, and a memory cap stops one that allocates gigabytes; such
 an item scores 0.0, counted in diagnostics (`on_timeout="raise"` fails the batch
 instead). The worker that takes the freed slot forks from a template that replays some
-of each call's items while the trainer generates, so it starts with warm caches. Worker, IPC and batch-cap failures raise; the next call
-then gets a fresh pool. An unparsable gold answer is a ScoreInputError.
-load() starts the pool without waiting for it (its forkserver's import and warm-up are most of a
-math child's start): the child says ready sooner, and the first call waits for the workers.
-Nothing here imports math_verify in the owner process.
+of each call's items while the trainer generates, so it starts with warm caches. Worker, IPC and
+batch-cap failures raise; the next call then gets a fresh pool. An unparsable gold answer is a
+ScoreInputError. load() starts the pool without waiting for it (its forkserver's import and warm-up
+are most of a math child's start): the child says ready sooner, and the first call waits for the
+workers. Nothing here imports math_verify in the owner process.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ TIMEOUT_ENV = "MATH_VERIFY_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_WARM_REPLAY = 64  # about 0.8 s of one core per call, while the trainer generates
 START_WAIT_S = 90.0  # a backstop: the pool bounds its workers' start at 60 s
-CONCURRENT_CALLS = 64  # chunks graded at once: a request of up to 64 chunks pays one timeout, however chunked
+# chunks graded at once: a request of up to 64 chunks pays one timeout, however chunked
+CONCURRENT_CALLS = 64
 # outcomes of an item that passed a bound (scored 0 unless on_timeout="raise") -> their diagnostic
 BOUNDS = {"timeout": "timeouts", "memory": "memory_exceeded", "cpu": "cpu_exceeded", "budget": "memory_budget_exceeded"}
 
@@ -103,11 +104,12 @@ class MathVerifyScorer(Scorer):
         warm_replay: int = DEFAULT_WARM_REPLAY,
         memory_budget_mb: int | None = 512,
     ) -> None:
-        """`soft_timeout_s` (default min(0.1 s, timeout_s / 2)): an item that has used that much CPU time
-        (or held its slot 4x as long) leaves its slot for an overflow worker (at most `overflow`, default
-        max(16, 4 x jobs); 0: never), so ordinary items keep flowing. `memory_cap_mb`: what one item may map beyond a fresh worker (None: no cap).
-        `warm_replay`: workers fork from a template that replays this many of each call's items while the
-        pool is idle, so a worker started mid-batch grades as fast as a veteran (0: they fork cold).
+        """`soft_timeout_s` (default min(0.1 s, timeout_s / 2)): an item that has used that much CPU
+        time (or held its slot 4x as long) leaves its slot for an overflow worker (at most
+        `overflow`, default max(16, 4 x jobs); 0: never), so ordinary items keep flowing.
+        `memory_cap_mb`: what one item may map beyond a fresh worker (None: no cap). `warm_replay`:
+        workers fork from a template that replays this many of each call's items while the pool is
+        idle, so a worker started mid-batch grades as fast as a veteran (0: they fork cold).
         `memory_budget_mb`: the private memory all held items together may keep; past it the largest
         are killed and score 0 (`memory_budget_exceeded`; None: no budget)."""
         super().__init__()
@@ -138,9 +140,9 @@ class MathVerifyScorer(Scorer):
 
     def load(self, device: str = "cpu") -> None:
         """Start the grading workers (CPU only; `device` is ignored), without waiting for them: the
-        forkserver's preload and warm-up (most of a math child's start) then overlap the trainer's own
-        start, and the first score() waits for them (and raises their start's failure). A package the
-        grader imports that is missing fails here, as a boot failure."""
+        forkserver's preload and warm-up (most of a math child's start) then overlap the trainer's
+        own start, and the first score() waits for them (and raises their start's failure). A
+        package the grader imports that is missing fails here, as a boot failure."""
         if self._pool is not None:
             return
         missing = [name for name in self.spec.requires_modules if importlib.util.find_spec(name) is None]
@@ -170,7 +172,8 @@ class MathVerifyScorer(Scorer):
         return pool is not None and pool.starting
 
     def _working_pool(self) -> GradingPool:
-        """The pool, replaced first if an earlier call broke it (that call raised; this one gets fresh workers)."""
+        """The pool, replaced first if an earlier call broke it (that call raised; this one gets
+        fresh workers)."""
         with self._pool_lock:
             if self._pool is None:
                 raise RuntimeError("MathVerifyScorer.score() called before load() (or after close())")
@@ -184,8 +187,8 @@ class MathVerifyScorer(Scorer):
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         """Thread-safe: calls at once share the pool's workers. The workers' start that load() left
-        running is waited for first, so that every answer, an input error too, comes from a warm child
-        (its parent then holds the next request to its request timeout)."""
+        running is waited for first, so that every answer, an input error too, comes from a warm
+        child (its parent then holds the next request to its request timeout)."""
         started = self._pool
         if started is not None:
             started.wait_started(START_WAIT_S)

@@ -76,7 +76,8 @@ def parse_gold(gold: str) -> list:
     if any(d in gold for d in _DELIMITERS):
         candidates = [gold]
     elif _is_plain_number(gold):
-        candidates = [gold, "\\boxed{" + gold + "}"]  # the box only if math_verify reads nothing raw
+        # the box only if math_verify reads nothing raw
+        candidates = [gold, "\\boxed{" + gold + "}"]
     else:
         candidates = ["\\boxed{" + gold + "}", gold]
     parsed: list = []

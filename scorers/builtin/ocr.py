@@ -1,4 +1,5 @@
-"""Text-rendering reward for text-to-image RL: 1 - normalised edit distance between OCR'd and target text."""
+"""Text-rendering reward for text-to-image RL: 1 - normalised edit distance between OCR'd and target
+text."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ _TARGET_KEYS = ("text", "target", "answer")
 
 
 def normalize_ocr_text(text: str, case_sensitive: bool = False, ignore_spaces: bool = True) -> str:
-    """NFKC (full-width and ligatures fold), casefold, and drop or collapse whitespace, so layout is not scored."""
+    """NFKC (full-width and ligatures fold), casefold, and drop or collapse whitespace, so layout is
+    not scored."""
     text = unicodedata.normalize("NFKC", text)
     if not case_sensitive:
         text = text.casefold()
@@ -25,7 +27,8 @@ def normalize_ocr_text(text: str, case_sensitive: bool = False, ignore_spaces: b
 
 
 def levenshtein(a: str, b: str) -> int:
-    """Edit distance (insert, delete, substitute all cost 1); two rows, no dependency for short strings."""
+    """Edit distance (insert, delete, substitute all cost 1); two rows, no dependency for short
+    strings."""
     if len(a) < len(b):
         a, b = b, a
     previous = list(range(len(b) + 1))
@@ -44,7 +47,8 @@ def similarity(pred: str, target: str) -> float:
 
 
 def target_text(reference: Any) -> str:
-    """The text the image should show: a string, or a mapping with 'text' (preferred), 'target' or 'answer'."""
+    """The text the image should show: a string, or a mapping with 'text' (preferred), 'target' or
+    'answer'."""
     if isinstance(reference, Mapping):
         for key in _TARGET_KEYS:
             if key in reference:
@@ -55,7 +59,8 @@ def target_text(reference: Any) -> str:
 
 
 def reading_order(lines: Sequence[tuple[Sequence[Sequence[float]], str]]) -> str:
-    """Join detected lines top-to-bottom, then left-to-right; boxes within half a line height share a row."""
+    """Join detected lines top-to-bottom, then left-to-right; boxes within half a line height share
+    a row."""
     boxes = sorted(
         (
             (min(p[1] for p in box), min(p[0] for p in box), max(p[1] for p in box) - min(p[1] for p in box), text)
@@ -88,7 +93,8 @@ def to_bgr(image: np.ndarray) -> np.ndarray:
 
 
 class OcrScorer(Scorer):
-    """RapidOCR (PP-OCRv4 ONNX on CPU) reads the image; the score is how close its text is to the target."""
+    """RapidOCR (PP-OCRv4 ONNX on CPU) reads the image; the score is how close its text is to the
+    target."""
 
     spec = ScorerSpec(
         name="ocr",
@@ -140,8 +146,8 @@ class OcrScorer(Scorer):
             raise ValueError(f"scorer 'ocr' runs onnxruntime on CPU only; device {device!r} is not supported")
         from rapidocr_onnxruntime import RapidOCR
 
-        # RapidOCR ignores a thread count outside [1, cpu_count] (-1: onnxruntime's default), and with
-        # det_limit_type="max" it ignores det_limit_side_len (960/1500/2000 by image size).
+        # RapidOCR ignores a thread count outside [1, cpu_count] (-1: onnxruntime's default), and
+        # with det_limit_type="max" it ignores det_limit_side_len (960/1500/2000 by image size).
         self._engine = RapidOCR(
             det_limit_side_len=self.det_limit_side_len,
             det_limit_type=self.det_limit_type,
@@ -153,12 +159,14 @@ class OcrScorer(Scorer):
         """The image's text in reading order; '' when nothing is detected."""
         if self._engine is None:
             raise RuntimeError("OcrScorer.load() was not called")
-        # No other kwargs: any kwarg to __call__ resets text_score/box_thresh to RapidOCR's defaults.
+        # No other kwargs: any kwarg to __call__ resets text_score/box_thresh to RapidOCR's
+        # defaults.
         result, _ = self._engine(to_bgr(image), use_cls=self.use_cls)
         return reading_order([(line[0], line[1]) for line in result or []])
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
-        targets = [target_text(item.reference) for item in items]  # refuse bad references before any OCR
+        # refuse bad references before any OCR
+        targets = [target_text(item.reference) for item in items]
         texts = [self.recognise(item.required_image()) for item in items]
         norm = lambda s: normalize_ocr_text(s, self.case_sensitive, self.ignore_spaces)  # noqa: E731
         scores = [similarity(norm(text), norm(target)) for text, target in zip(texts, targets, strict=True)]

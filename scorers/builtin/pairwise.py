@@ -21,7 +21,8 @@ from scorers.wrapping import WrappingScorer
 class PairwiseJudge(WrappingScorer):
     """Win rate of each candidate against the rest of its group, judged by `inner`'s score."""
 
-    spec = ScorerSpec(name="pairwise_judge", input_kind="text", groupwise=True, terms=("win_rate",))  # per instance
+    # per instance
+    spec = ScorerSpec(name="pairwise_judge", input_kind="text", groupwise=True, terms=("win_rate",))
 
     def __init__(self, inner: str, inner_params: Mapping[str, Any] | None = None, margin: float = 0.0) -> None:
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin >= 0:

@@ -84,7 +84,8 @@ class Constant(Scorer):
 
 
 class MeanIntensity(Scorer):
-    """Mean pixel value in [0, 1] (brightness): a cheap image reward, and the transport bench's load.
+    """Mean pixel value in [0, 1] (brightness): a cheap image reward, and the transport bench's
+    load.
 
     Scoring costs one pass over the pixels, so managed vs in-process on it measures the data plane.
     """

@@ -131,8 +131,9 @@ def countdown(
     format_score: float = 0.0,
     use_all_numbers: bool = True,
 ) -> Verdict:
-    """1.0 when the equation in the last `<answer>` tag uses each given number exactly once (every one
-    of them, unless `use_all_numbers` is False) with + - * / and parentheses and equals the target.
+    """1.0 when the equation in the last `<answer>` tag uses each given number exactly once (every
+    one of them, unless `use_all_numbers` is False) with + - * / and parentheses and equals the
+    target.
 
     Text after an `=` is ignored (`(6-1)*4 = 20`). A well-formed equation with the wrong numbers or
     value scores `format_score`; division by zero or a malformed expression scores 0. Each outcome
@@ -262,7 +263,8 @@ Arithmetic = map_candidates(
 
 
 # -- format -----------------------------------------------------------------------------------
-# each tag exactly once, neither inside the other: `.*?` alone would accept `<think>a</think><think>b..`
+# each tag exactly once, neither inside the other: `.*?` alone would accept
+# `<think>a</think><think>b..`
 THINK_ANSWER = r"<think>(?:(?!</?(?:think|answer)>).)*</think>\s*<answer>(?:(?!</?(?:think|answer)>).)*</answer>"
 THINK_ANSWER_PARTS = ("<think>", "</think>", "<answer>", "</answer>")
 _FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE}

@@ -52,7 +52,8 @@ class TextSimilarity(Scorer):
 
     def __init__(self, batch_size: int = 64, max_seq_length: int = 256, on_overflow: str = "raise") -> None:
         """`on_overflow`: a text longer than max_seq_length tokens is refused ("raise"), or only its
-        first ("keep_start") or last ("keep_end") tokens count; either way it is counted in diagnostics."""
+        first ("keep_start") or last ("keep_end") tokens count; either way it is counted in
+        diagnostics."""
         for name, value in (("batch_size", batch_size), ("max_seq_length", max_seq_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"text_similarity: {name} must be a positive int, got {value!r}")

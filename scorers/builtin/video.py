@@ -49,7 +49,8 @@ class VideoScorer(WrappingScorer):
         super().__init__(inner, inner_params)
         if self.inner.spec.input_kind != "image":
             raise ValueError(f"video: inner scorer {inner!r} takes {self.inner.spec.input_kind!r}, not 'image'")
-        if len(self.inner.spec.term_names()) != 1:  # reducing one term would silently drop the others
+        # reducing one term would silently drop the others
+        if len(self.inner.spec.term_names()) != 1:
             raise ValueError(
                 f"video: inner scorer {inner!r} has terms {self.inner.spec.term_names()}; wrap a single-term scorer"
             )

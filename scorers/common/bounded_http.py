@@ -35,7 +35,8 @@ _HTTPCORE_ERRORS = (
     httpcore.ProxyError,
     httpcore.UnsupportedProtocol,
 )
-_call = threading.local()  # the deadline of the exchange this thread is in (httpx's sync client runs in it)
+# the deadline of the exchange this thread is in (httpx's sync client runs in it)
+_call = threading.local()
 
 
 class AnswerRefused(Exception):
@@ -70,7 +71,8 @@ class _DeadlineStream(httpcore.NetworkStream):
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         sock = self._inner.get_extra_info("socket")
         if isinstance(sock, socket.socket) and not isinstance(sock, ssl.SSLSocket):
-            try:  # sendall's timeout bounds the whole send (Python 3.5+), however slowly the peer reads
+            # sendall's timeout bounds the whole send (Python 3.5+), however slowly the peer reads
+            try:
                 sock.settimeout(_left(timeout, httpcore.WriteTimeout))
                 sock.sendall(buffer)
             except TimeoutError as exc:
@@ -108,7 +110,8 @@ class _DeadlineBackend(httpcore.NetworkBackend):
     ) -> httpcore.NetworkStream:
         last: Exception | None = None
         for address in _resolve(host, port, _left(timeout, httpcore.ConnectTimeout)):
-            try:  # one address at a time, each with what is left (not the whole timeout for every one)
+            # one address at a time, each with what is left (not the whole timeout for every one)
+            try:
                 left = _left(timeout, httpcore.ConnectTimeout)
                 return _DeadlineStream(self._inner.connect_tcp(address, port, left, local_address, socket_options))
             except httpcore.ConnectError as exc:
@@ -126,8 +129,8 @@ class _DeadlineBackend(httpcore.NetworkBackend):
 
 
 def _resolve(host: str, port: int, left: float | None) -> list[str]:
-    """The addresses of `host`, within `left` seconds: the resolver's own waits are not bounded, so it
-    runs in a daemon thread that is left behind at the deadline."""
+    """The addresses of `host`, within `left` seconds: the resolver's own waits are not bounded, so
+    it runs in a daemon thread that is left behind at the deadline."""
     found: list[Any] = []
     done = threading.Event()
 
@@ -149,7 +152,8 @@ def _resolve(host: str, port: int, left: float | None) -> list[str]:
 
 @contextmanager
 def _httpx_errors(request: httpx.Request) -> Iterator[None]:
-    """httpcore's exceptions as httpx's own (every httpcore error has an httpx class of its name)."""
+    """httpcore's exceptions as httpx's own (every httpcore error has an httpx class of its
+    name)."""
     try:
         yield
     except _HTTPCORE_ERRORS as exc:
@@ -188,7 +192,8 @@ class _DeadlineTransport(httpx.BaseTransport):
                 f"proxy {url.copy_with(username=None, password=None)}: only http and https proxies work here"
             )
         target = httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path)
-        auth = (url.username, url.password) if url.username else None  # user:password@ in the proxy's URL
+        # user:password@ in the proxy's URL
+        auth = (url.username, url.password) if url.username else None
         self._pool = httpcore.HTTPProxy(proxy_url=target, proxy_auth=auth, **common)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -211,7 +216,8 @@ class _DeadlineTransport(httpx.BaseTransport):
 
 
 def _proxy_for(url: str) -> str | None:
-    """The environment's proxy for `url` (http_proxy / https_proxy, minus no_proxy), as httpx's trust_env."""
+    """The environment's proxy for `url` (http_proxy / https_proxy, minus no_proxy), as httpx's
+    trust_env."""
     parsed = httpx.URL(url)
     if urllib.request.proxy_bypass(parsed.host):
         return None
@@ -227,12 +233,14 @@ def client(
     base_url: bool = False,
     verify: bool = True,
 ) -> httpx.Client:
-    """A client whose exchanges `exchange` bounds; with `trust_env`, through the environment's proxy for
-    `url`. With `base_url`, request paths are relative to `url`. Redirects are never followed."""
+    """A client whose exchanges `exchange` bounds; with `trust_env`, through the environment's proxy
+    for `url`. With `base_url`, request paths are relative to `url`. Redirects are never
+    followed."""
     return httpx.Client(
         base_url=url if base_url else "",
         headers=dict(headers or {}),
-        trust_env=False,  # the proxy, if any, is resolved here: an env-mounted transport would bypass the deadline
+        # the proxy, if any, is resolved here: an env-mounted transport would bypass the deadline
+        trust_env=False,
         transport=_DeadlineTransport(_proxy_for(url) if trust_env else None, max_connections, verify),
         follow_redirects=False,
     )
@@ -249,8 +257,8 @@ def exchange(
     data: Mapping[str, str] | None = None,
     files: Mapping[str, Any] | None = None,
 ) -> Answer:
-    """One request and its whole answer by `deadline` (time.monotonic): httpx.TimeoutException once it
-    passes, whatever the server does; AnswerRefused for an answer over `max_bytes` or compressed.
+    """One request and its whole answer by `deadline` (time.monotonic): httpx.TimeoutException once
+    it passes, whatever the server does; AnswerRefused for an answer over `max_bytes` or compressed.
     `data` and `files` make a multipart form, each file read from its open file as it is sent."""
     left = deadline - time.monotonic()
     if left <= 0:

@@ -1,4 +1,5 @@
-"""One retry loop: tries until one succeeds, under an absolute deadline and capped exponential backoff.
+"""One retry loop: tries until one succeeds, under an absolute deadline and capped exponential
+backoff.
 
 Every caller that repeats a failed try (the remote backend, the loopback client, the LLM judge, a
 coroutine waiting for queue room) needs the same bounds: a pause that doubles up to a cap, no pause
@@ -9,7 +10,8 @@ So this loop never wraps an error: when it gives up it re-raises the last try's 
 
 It lives in `scorers.common`, the lowest floor: `supervisor` and `scorers` may both import it,
 and it imports nothing but the standard library (the loopback client must not load
-httpx, so `scorers.common.bounded_http` is no home for it). Nobody jitters today, so neither does this.
+httpx, so `scorers.common.bounded_http` is no home for it). Nobody jitters today, so neither does
+this.
 """
 
 from __future__ import annotations
@@ -105,10 +107,12 @@ class Retry:
             outcome = self._try(attempt)
             if isinstance(outcome, tuple):
                 return outcome[0]
-            self.sleep(outcome)  # outside the handler: an error it raises is not chained to the try's
+            # outside the handler: an error it raises is not chained to the try's
+            self.sleep(outcome)
 
     async def call_async(self, attempt: Callable[[], T]) -> T:
-        """`call` for a coroutine: the pauses are `asyncio.sleep` (not `sleep`), the event loop stays free."""
+        """`call` for a coroutine: the pauses are `asyncio.sleep` (not `sleep`), the event loop
+        stays free."""
         while True:
             outcome = self._try(attempt)
             if isinstance(outcome, tuple):
@@ -116,7 +120,8 @@ class Retry:
             await asyncio.sleep(outcome)
 
     def _try(self, attempt: Callable[[], T]) -> tuple[T] | float:
-        """One try: (its result,), or the pause before the next; the try's error when the loop gives up."""
+        """One try: (its result,), or the pause before the next; the try's error when the loop gives
+        up."""
         self.tries += 1
         try:
             return (attempt(),)

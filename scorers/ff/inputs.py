@@ -1,8 +1,8 @@
 """Items -> the keyword lists an FF-style reward model is called with: only its declared fields,
 media as PIL (`use_tensor_inputs` False) or as float tensors in [0, 1] (True; torch imported only
 then), audio as float32 (channels, samples) NumPy arrays or tensors (its rate, in Hz, is the field
-`audio_sample_rate`, our addition: FF names none), condition media nested per sample, metadata as one
-JSON string the model parses itself."""
+`audio_sample_rate`, our addition: FF names none), condition media nested per sample, metadata as
+one JSON string the model parses itself."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def model_inputs(items: Sequence[ScoreItem], fields: Sequence[str], tensors: boo
 
 
 def _audio(item: ScoreItem, name: str, tensors: bool) -> Any:
-    """The waveform as a private float32 (channels, samples) copy, NumPy or a tensor; or its rate."""
+    """The waveform as a private float32 (channels, samples) copy, NumPy or a tensor; or its
+    rate."""
     audio, rate = item.required_audio()
     if name == "audio_sample_rate":
         return rate
@@ -68,7 +69,8 @@ def _audio(item: ScoreItem, name: str, tensors: bool) -> Any:
 
 
 def _nested(media: Sequence[np.ndarray], convert: Any, video: bool, tensors: bool) -> Any:
-    """One sample's condition media: a list (PIL); a stacked tensor when all share a shape, else a list."""
+    """One sample's condition media: a list (PIL); a stacked tensor when all share a shape, else a
+    list."""
     converted = [convert(array, video) for array in media]
     if tensors and converted and len({tuple(t.shape) for t in converted}) == 1:
         import torch
@@ -78,7 +80,8 @@ def _nested(media: Sequence[np.ndarray], convert: Any, video: bool, tensors: boo
 
 
 def _pil(array: np.ndarray, video: bool) -> Any:
-    """An HWC uint8 image -> a PIL image (RGB, or L for one channel); a THWC clip -> a list of frames."""
+    """An HWC uint8 image -> a PIL image (RGB, or L for one channel); a THWC clip -> a list of
+    frames."""
     from PIL import Image
 
     if video:
@@ -87,7 +90,8 @@ def _pil(array: np.ndarray, video: bool) -> Any:
 
 
 def _tensor(array: np.ndarray, video: bool) -> Any:
-    """An HWC image -> a float32 CHW tensor in [0, 1]; a THWC clip -> TCHW (a private copy either way)."""
+    """An HWC image -> a float32 CHW tensor in [0, 1]; a THWC clip -> TCHW (a private copy either
+    way)."""
     import torch
 
     values = torch.from_numpy(array.astype(np.float32) / 255.0)

@@ -6,10 +6,10 @@ the groupwise Scorer contract. `async_reward` with `num_workers` runs a request'
 many threads and lets the parent send that many requests at once (`concurrent_calls`), as FF's
 async workers do; a model whose `thread_safe` is False refuses more than one worker.
 
-A request on the workers has one deadline, `call_timeout_s`. A thread cannot be stopped: a call whose
-chunks still run past it leaves the scorer wedged (`ScorerWedged`: its child is restarted), and the
-chunks queued behind them never start (those calls say so: queued, not timed out). A call whose chunks
-only queued behind other calls' work, none of them started, times out as queued.
+A request on the workers has one deadline, `call_timeout_s`. A thread cannot be stopped: a call
+whose chunks still run past it leaves the scorer wedged (`ScorerWedged`: its child is restarted),
+and the chunks queued behind them never start (those calls say so: queued, not timed out). A call
+whose chunks only queued behind other calls' work, none of them started, times out as queued.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def _positive_int(name: str, value: Any) -> int:
 
 
 def _model_class(model: str) -> type[BaseRewardModel]:
-    """The class at `model`; an import failure is UnknownScorerError (preflight knows it: env-only)."""
+    """The class at `model`; an import failure is UnknownScorerError (preflight knows it:
+    env-only)."""
     if not isinstance(model, str) or not model:
         raise RewardModelConfigError(f"{NAME}: model must be a dotted path like 'my_pkg.rewards:MyReward'")
     cls = import_dotted(model, f"reward model {model!r}", UnknownScorerError)
@@ -70,7 +71,8 @@ class FfModelScorer(Scorer):
     """An FF-style reward model by dotted path; FF's config keys are its params."""
 
     spec_per_instance = True
-    spec = ScorerSpec(name=NAME, input_kind="image", terms=(NAME,))  # per instance, from the model class
+    # per instance, from the model class
+    spec = ScorerSpec(name=NAME, input_kind="image", terms=(NAME,))
 
     def __init__(
         self,
@@ -103,7 +105,8 @@ class FfModelScorer(Scorer):
         self.spec = self._spec()
         self._instance: BaseRewardModel | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._wedged: str | None = None  # a call's chunks still run past its deadline on the workers
+        # a call's chunks still run past its deadline on the workers
+        self._wedged: str | None = None
 
     def _spec(self) -> ScorerSpec:
         groupwise = bool(getattr(self.model_cls, "groupwise", False))
@@ -135,7 +138,8 @@ class FfModelScorer(Scorer):
             extra_kwargs=dict(self.params),
         )
         self._instance = self.model_cls(config, LocalAccelerator(device=config.device))
-        if self.workers > 1 and not self.spec.groupwise:  # groups overlap across requests (concurrent_calls)
+        # groups overlap across requests (concurrent_calls)
+        if self.workers > 1 and not self.spec.groupwise:
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="ff-reward")
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
@@ -170,7 +174,8 @@ class FfModelScorer(Scorer):
             failure = self._past_deadline(pool, futures)
             if failure is not None:
                 raise failure from exc
-            scores = [value for future in futures for value in future.result()]  # all ended at the deadline
+            # all ended at the deadline
+            scores = [value for future in futures for value in future.result()]
         except CancelledError as exc:  # another call wedged the workers and cancelled what queued
             queued = sum(future.cancelled() for future in futures)
             why = self._wedged or "the workers were shut down"
@@ -184,10 +189,12 @@ class FfModelScorer(Scorer):
         return scores
 
     def _past_deadline(self, pool: ThreadPoolExecutor, futures: list[Future[list[float]]]) -> Exception | None:
-        """What a call whose deadline passed raises: wedged when its own chunks still run on the workers
-        (the pool is shut down, whatever queued behind them cancelled), timed out while queued when none
-        of them started; None when every chunk ended just as the deadline passed."""
-        queued = sum(future.cancel() for future in futures)  # a chunk not yet started cancels; a running one not
+        """What a call whose deadline passed raises: wedged when its own chunks still run on the
+        workers (the pool is shut down, whatever queued behind them cancelled), timed out while
+        queued when none of them started; None when every chunk ended just as the deadline
+        passed."""
+        # a chunk not yet started cancels; a running one not
+        queued = sum(future.cancel() for future in futures)
         running = sum(not future.done() for future in futures)
         where = f"reward model {self.model!r}: of {len(futures)} chunks on {self.workers} workers"
         if running:
@@ -195,7 +202,8 @@ class FfModelScorer(Scorer):
                 f"{where}, {running} still ran after call_timeout_s={self.call_timeout_s} "
                 f"({queued} never started, queued); a thread cannot be stopped: this process must be restarted"
             )
-            pool.shutdown(wait=False, cancel_futures=True)  # other calls' queued chunks fail at once, as queued
+            # other calls' queued chunks fail at once, as queued
+            pool.shutdown(wait=False, cancel_futures=True)
             return ScorerWedged(self._wedged, timed_out=True)
         if not queued:
             return None
@@ -212,7 +220,8 @@ class FfModelScorer(Scorer):
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)  # bounded: a stuck call is not waited for
+            # bounded: a stuck call is not waited for
+            self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
         instance, self._instance = self._instance, None
         closer = getattr(instance, "close", None)

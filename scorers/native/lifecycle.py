@@ -53,9 +53,9 @@ class ModelSlot:
 
     def sleep(self) -> dict[str, Any]:
         """`close()` if it has one, the instance dropped, garbage collected, the accelerator's cache
-        emptied and free heap returned; figures before and after. A close() that raised is CloseFailed
-        when the instance was released all the same (asleep: the error is the model's), and a plain
-        error when it is still alive (the sleep failed)."""
+        emptied and free heap returned; figures before and after. A close() that raised is
+        CloseFailed when the instance was released all the same (asleep: the error is the model's),
+        and a plain error when it is still alive (the sleep failed)."""
         if self.instance is None:
             return {"changed": False}
         before = memory_figures(self.device)
@@ -81,8 +81,8 @@ class ModelSlot:
         return figures
 
     def _close(self, instance: Any) -> str | None:
-        """Call the instance's close(), if any: what it raised, as text (the exception itself is dropped
-        here, as its traceback's frames hold the instance), or None."""
+        """Call the instance's close(), if any: what it raised, as text (the exception itself is
+        dropped here, as its traceback's frames hold the instance), or None."""
         closer = getattr(instance, "close", None)
         if not callable(closer):
             return None

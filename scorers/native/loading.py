@@ -27,7 +27,8 @@ class NativeSetupError(RuntimeError):
 
 
 def split_reference(reference: str, what: str) -> tuple[str, str]:
-    """`module:Attr`, `pkg://module:Attr` or `path/to/file.py:Attr` -> (module or file, attribute)."""
+    """`module:Attr`, `pkg://module:Attr` or `path/to/file.py:Attr` -> (module or file,
+    attribute)."""
     if not isinstance(reference, str) or ":" not in reference.removeprefix(PKG):
         raise NativeSetupError(f"{what}: {reference!r} is not 'module:Class', 'pkg://module:Class' or 'file.py:Class'")
     where, _, attr = reference.removeprefix(PKG).rpartition(":")
@@ -39,7 +40,8 @@ def is_file(where: str) -> bool:
 
 
 def load_attribute(where: str, attr: str, what: str) -> Any:
-    """`attr` of the module `where` names: a dotted module (with or without pkg://) or a .py file."""
+    """`attr` of the module `where` names: a dotted module (with or without pkg://) or a .py
+    file."""
     if not attr:
         raise NativeSetupError(f"{what}: no name given to take from {where!r}")
     if not is_file(where):
@@ -52,7 +54,8 @@ def load_attribute(where: str, attr: str, what: str) -> Any:
 
 
 def _file_module(path: str, what: str) -> ModuleType:
-    """The module of one .py file, executed once per process however many names are taken from it."""
+    """The module of one .py file, executed once per process however many names are taken from
+    it."""
     absolute = os.path.abspath(path)
     with _FILES_LOCK:
         if absolute in _FILES:

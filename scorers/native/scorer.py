@@ -3,12 +3,13 @@ child of the model's env. One request computes every bound term: each function i
 item beside the model (`reward_model.infer(...)` is a local call), all of them concurrently on one
 event loop. A function's failure is that term's failure alone for that item (`term_failed`): the
 item keeps its other terms, and the panel decides, as it knows the term's `required` and where it
-applies (required: the step fails naming the term and the item; optional: it adds nothing). Wake (onload) is a new instance from `__init__`; sleep (offload) is
-`close()`, the instance dropped, garbage collected and the accelerator's cache emptied.
+applies (required: the step fails naming the term and the item; optional: it adds nothing). Wake
+(onload) is a new instance from `__init__`; sleep (offload) is `close()`, the instance dropped,
+garbage collected and the accelerator's cache emptied.
 
-A request has one deadline, `call_timeout_s`. A sync function's thread cannot be stopped: past it the
-scorer is wedged (`ScorerWedged`), and its child is restarted; it never wakes a second instance under
-threads still running in the first.
+A request has one deadline, `call_timeout_s`. A sync function's thread cannot be stopped: past it
+the scorer is wedged (`ScorerWedged`), and its child is restarted; it never wakes a second instance
+under threads still running in the first.
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ def _functions(functions: Any) -> list[dict[str, Any]]:
 
 
 class NativeModelScorer(Scorer):
-    """One native model (`executor.model`) and its reward functions; verl-omni's keys are its params."""
+    """One native model (`executor.model`) and its reward functions; verl-omni's keys are its
+    params."""
 
     spec_per_instance = True
-    spec = ScorerSpec(name=NAME, input_kind="image", terms=(NAME,))  # per instance, from the functions
+    # per instance, from the functions
+    spec = ScorerSpec(name=NAME, input_kind="image", terms=(NAME,))
 
     def __init__(
         self,
@@ -99,7 +102,8 @@ class NativeModelScorer(Scorer):
         self._loop = asyncio.new_event_loop()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="native-reward")
         self._slot = ModelSlot(cls, kwargs, device, self._loop.run_until_complete)
-        self._stuck: str | None = None  # a call that timed out: its sync functions may still run on the model
+        # a call that timed out: its sync functions may still run on the model
+        self._stuck: str | None = None
 
     @staticmethod
     def _bind(entry: Mapping[str, Any]) -> ScoreFunction:
@@ -152,7 +156,8 @@ class NativeModelScorer(Scorer):
         return [(fn, index) for index in range(len(items)) for fn in self._bound]
 
     async def _all(self, items: Sequence[ScoreItem], handles: tuple[ModelHandle, BlockingHandle]) -> list[Any]:
-        """Every (item, function) at once, within one deadline; an outcome is a value or its exception."""
+        """Every (item, function) at once, within one deadline; an outcome is a value or its
+        exception."""
         images = [solution_image(item) for item in items]
         calls = [self._one(fn, items[index], images[index], handles) for fn, index in self._pairs(items)]
         try:
@@ -177,7 +182,8 @@ class NativeModelScorer(Scorer):
         return value_of(fn, result)
 
     def close(self) -> None:
-        """Sleep the model if awake, then end the loop and the worker threads (a stuck one is not waited for)."""
+        """Sleep the model if awake, then end the loop and the worker threads (a stuck one is not
+        waited for)."""
         try:
             if self._slot is not None:
                 self._slot.sleep()

@@ -66,7 +66,8 @@ class DDPORewardFn:
             ]
             response = self.backend.compute_rewards(adapter_items.request(f"{self.style} reward_fn", items))
         if self.style == "flow_grpo":  # the weighted total is "avg"; each term's scores beside it
-            nan = float("nan")  # a term with no value for an item (see verl's _scores): NaN in its log column
+            # a term with no value for an item (see verl's _scores): NaN in its log column
+            nan = float("nan")
             details: dict[str, list[Any]] = {
                 name: [nan if v is None else v for v in values] for name, values in response.component_rewards.items()
             }

@@ -127,5 +127,6 @@ def _quantise_tensor(tensor: Any, output_range: str, layout: Layout, tolerance: 
     for index in range(len(finite)):
         _check_values(index, finite[index], lows[index], highs[index], output_range, tolerance)
     scaled = (values.clamp(low, high) - low) * (255.0 / (high - low))
-    torch.from_numpy(out).copy_(torch.floor(scaled + 0.5).to(torch.uint8))  # device -> host, into `out`
+    # device -> host, into `out`
+    torch.from_numpy(out).copy_(torch.floor(scaled + 0.5).to(torch.uint8))
     return out

@@ -30,7 +30,8 @@ def plain(value: Any) -> Any:
 
 
 def item(where: str, **fields: Any) -> RewardItem:
-    """A RewardItem, or ScorerRequestError (bad_input) saying which item and what is wrong with it."""
+    """A RewardItem, or ScorerRequestError (bad_input) saying which item and what is wrong with
+    it."""
     if "reference" in fields:
         fields["reference"] = plain(fields["reference"])
     try:

@@ -1,4 +1,5 @@
-"""OpenRLHF: `--reward.remote_url <this file>` (`managed-scorers integrations openrlhf` prints its path).
+"""OpenRLHF: `--reward.remote_url <this file>` (`managed-scorers integrations openrlhf` prints its
+path).
 
 OpenRLHF 0.11.2 loads `reward_func(queries, prompts, labels)` from a file by path and calls it
 once per sample from `asyncio.to_thread`, many at once. Here those calls feed one stream
@@ -66,7 +67,8 @@ class _Scorer:
 
 
 _SCORERS: dict[tuple[int, str], _Scorer] = {}
-_FAILED: dict[tuple[int, str], Exception] = {}  # a failed build fails every later call at once (no reboot per call)
+# a failed build fails every later call at once (no reboot per call)
+_FAILED: dict[tuple[int, str], Exception] = {}
 _BUILDING = threading.Lock()
 
 
@@ -88,7 +90,8 @@ def scorer_for(recipe: str | None = None) -> _Scorer:
 
 
 def _samples(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> list[openrlhf.Sample]:
-    """OpenRLHF's lists cut into samples (the rule `serve`'s OpenRLHF route uses); a bad one is bad input."""
+    """OpenRLHF's lists cut into samples (the rule `serve`'s OpenRLHF route uses); a bad one is bad
+    input."""
     try:
         return openrlhf.samples(queries, prompts, labels)
     except RequestError as exc:

@@ -3,12 +3,12 @@
 TRL calls reward functions with keywords: `prompts`, `completions` (strings, or chat messages
 in the conversational format), `completion_ids` (their lengths become `completion_tokens`, for
 overlong shaping), and every dataset column (one entry per completion; `data_source` is
-passed on for per-dataset weights), plus `log_metric`. It passes no ids and no group ids: ids are made here; a
-groupwise scorer gets groups rebuilt from TRL's layout (each prompt's `num_generations`
+passed on for per-dataset weights), plus `log_metric`. It passes no ids and no group ids: ids are
+made here; a groupwise scorer gets groups rebuilt from TRL's layout (each prompt's `num_generations`
 completions side by side, `num_generations_eval` when evaluating, checked on the whole prompt)
 in a single process (a panel with a groupwise term alike), and is refused under several
-processes, where a group can span them (never guessed), unless DistributedRewards rebuilds them. TRL has no cleanup hook: the backend is closed
-at interpreter exit unless the caller closes it first.
+processes, where a group can span them (never guessed), unless DistributedRewards rebuilds them. TRL
+has no cleanup hook: the backend is closed at interpreter exit unless the caller closes it first.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ _CALLS = itertools.count()
 
 def completion_text(completion: Any, where: str = "completion") -> str:
     """A plain completion, or the last message's content in the conversational format; else a
-    ScorerRequestError naming `where` (a tool call's message has no text, an empty list no message)."""
+    ScorerRequestError naming `where` (a tool call's message has no text, an empty list no
+    message)."""
     if isinstance(completion, str):
         return completion
     if isinstance(completion, Sequence) and not completion:
@@ -54,7 +55,8 @@ def completion_text(completion: Any, where: str = "completion") -> str:
 
 
 def _trl_extras(columns: dict[str, Any]) -> tuple[Callable[[str, float], None] | None, int | None]:
-    """What TRL passes beside the dataset's columns, taken out of them: its metric logger and its step."""
+    """What TRL passes beside the dataset's columns, taken out of them: its metric logger and its
+    step."""
     log_metric = columns.pop("log_metric", None)
     step = getattr(columns.pop("trainer_state", None), "global_step", None)
     columns.pop("log_extra", None)
@@ -83,12 +85,14 @@ class TRLRewardFunction:
         self.backend = backend
         self.reference_column = reference_column
         shape = component(backend).shape
-        # a groupwise scorer anywhere inside (a panel's term too) gets groups rebuilt from TRL's layout
+        # a groupwise scorer anywhere inside (a panel's term too) gets groups rebuilt from TRL's
+        # layout
         self.groupwise = any(shape.groupwise for shape in leaf_shapes(backend))
         if self.groupwise and num_generations is None:
             raise ConfigError("a groupwise scorer needs num_generations (TRL passes no group ids)")
         self.num_generations = num_generations
-        self.num_generations_eval = num_generations_eval  # TRL's GRPOConfig.num_generations_eval, if set
+        # TRL's GRPOConfig.num_generations_eval, if set
+        self.num_generations_eval = num_generations_eval
         self.__name__ = name or (shape.name if shape else "reward")
         if close_at_exit:  # idempotent: a backend the caller closed first is left as it is
             atexit.register(backend.close)
@@ -131,8 +135,9 @@ class TRLRewardFunction:
         return adapter_items.request("TRL's reward function", items, size, step)
 
     def _offset(self, count: int) -> int:
-        """Where this process's completions start in TRL's global order (process-major, equal slices):
-        under DistributedRewards a group may span processes and is rebuilt whole on one of them."""
+        """Where this process's completions start in TRL's global order (process-major, equal
+        slices): under DistributedRewards a group may span processes and is rebuilt whole on one of
+        them."""
         rank, ranks = component(self.backend).scoring_world
         if ranks > 1:
             return rank * count
@@ -146,9 +151,10 @@ class TRLRewardFunction:
     def _group_size(self, prompts: Sequence[Any], training: bool | None, offset: int) -> int:
         """The group size of this call from TRL's layout: each prompt's completions side by side, in
         runs of `num_generations` (training) or `num_generations_eval` (evaluation), counted from
-        `offset` in the global order and checked on the whole prompt (every message). When both sizes
-        fit, the trainer's mode decides; unknown: refused. Alone, a call must hold whole runs; a slice
-        of a distributed batch may cut runs at its edges (the ranks check the groups together)."""
+        `offset` in the global order and checked on the whole prompt (every message). When both
+        sizes fit, the trainer's mode decides; unknown: refused. Alone, a call must hold whole runs;
+        a slice of a distributed batch may cut runs at its edges (the ranks check the groups
+        together)."""
         assert self.num_generations is not None
         keys = [p if isinstance(p, str) else json.dumps(p, sort_keys=True, default=str) for p in prompts]
         sizes = {"train": self.num_generations, "eval": self.num_generations_eval or self.num_generations}
@@ -204,7 +210,8 @@ class TRLRewardFunction:
             try:
                 request = self._request(prompts, completions, completion_ids, columns, _training(log_metric), step)
             except Exception as exc:
-                await asyncio.to_thread(self.backend.fail_step, exc, step)  # an exchange: off the event loop
+                # an exchange: off the event loop
+                await asyncio.to_thread(self.backend.fail_step, exc, step)
                 raise
             return self._rewards(await self.backend.compute_rewards_async(request), log_metric)
 

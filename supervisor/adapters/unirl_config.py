@@ -73,7 +73,8 @@ PROMPT_SOURCES = ("original", "generation")
 @dataclass(frozen=True)
 class UniRLOptions:
     """What UniRL's RewardBackend base holds (model_name, batch_size, timeout, prompt_source), the
-    media kind UniRL hands over (`input_kind`: image, video, text or audio) and the metadata key of the gold."""
+    media kind UniRL hands over (`input_kind`: image, video, text or audio) and the metadata key of
+    the gold."""
 
     model_name: str
     batch_size: int = 8
@@ -125,8 +126,8 @@ def check_transport(transport: Any) -> None:
 
 
 def check_raises(client: Mapping[str, Any]) -> None:
-    """UniRL's `raise_on_failure: false` turns a failed call into zero rewards marked failed; here a bad
-    reward always stops the step (typed), so asking for the zeros is refused, not ignored."""
+    """UniRL's `raise_on_failure: false` turns a failed call into zero rewards marked failed; here a
+    bad reward always stops the step (typed), so asking for the zeros is refused, not ignored."""
     if client.get("raise_on_failure", True) is not True:
         raise ConfigError(
             "config.client.raise_on_failure must be true: a failed reward call raises its typed error here, "
@@ -142,7 +143,8 @@ def _history_kind(scorer: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _check_client(client: Mapping[str, Any], name: str, media: str, version: Any) -> None:
-    """UniRL's own checks for one managed scorer: it serves exactly its own reward, of its media kind."""
+    """UniRL's own checks for one managed scorer: it serves exactly its own reward, of its media
+    kind."""
     check_raises(client)
     required = list(client.get("required_rewards") or [name])
     if required != [name]:
@@ -161,7 +163,8 @@ def _check_client(client: Mapping[str, Any], name: str, media: str, version: Any
 
 
 def _process(process: Mapping[str, Any], client: Mapping[str, Any]) -> dict[str, Any]:
-    """Our ProcessConfig from UniRL's ManagedProcessConfig (and the client's per-request timeout)."""
+    """Our ProcessConfig from UniRL's ManagedProcessConfig (and the client's per-request
+    timeout)."""
     if process.get("service_root"):
         log.warning(
             "config.process.service_root %r is ignored: the child runs this project's runtime "
@@ -169,7 +172,8 @@ def _process(process: Mapping[str, Any], client: Mapping[str, Any]) -> dict[str,
             process["service_root"],
         )
     out: dict[str, Any] = {}
-    if process.get("python_executable"):  # empty or absent: the env the scorer declares (supervisor.config)
+    # empty or absent: the env the scorer declares (supervisor.config)
+    if process.get("python_executable"):
         out["python_executable"] = os.fspath(process["python_executable"])
     for key in ("startup_timeout", "shutdown_timeout", "log_dir"):
         if process.get(key) is not None:
@@ -191,7 +195,8 @@ def _scorer(scorer: Mapping[str, Any], kind: str, base_device: str | None, clien
 
 
 def managed_spec(config: Any, base_device: str | None) -> tuple[ManagedScorerProcessSpec, UniRLOptions]:
-    """UniRL's ManagedScorerProcessSpec (or a mapping of its fields) -> ours, and the base options."""
+    """UniRL's ManagedScorerProcessSpec (or a mapping of its fields) -> ours, and the base
+    options."""
     top = fields_of(config, "config", TOP_FIELDS)
     process = fields_of(top.get("process"), "config.process", PROCESS_FIELDS)
     scorer = fields_of(top.get("scorer"), "config.scorer", SCORER_FIELDS)
@@ -211,7 +216,8 @@ def managed_spec(config: Any, base_device: str | None) -> tuple[ManagedScorerPro
         "client": {"input_kind": kind},
         "gpu_residency": top.get("gpu_residency", "resident"),
     }
-    if client.get("request_batch_size") is not None:  # None (UniRL's default): our default chunk size
+    # None (UniRL's default): our default chunk size
+    if client.get("request_batch_size") is not None:
         ours["client"]["request_batch_size"] = client["request_batch_size"]
     try:
         spec = ManagedScorerProcessSpec.model_validate(ours)
@@ -232,9 +238,10 @@ def _options(client: Mapping[str, Any], name: str, media: str, **overrides: Any)
 
 
 def panel_config(recipe: Any, config: Any, model_name: str | None) -> tuple[PanelConfig, UniRLOptions]:
-    """The recipe's training panel, narrowed to `client.required_rewards` (term names) when given, and
-    the base options. The weights are the recipe's (sum of weight x term, not normalised): UniRL's
-    `reward_weights` and another `aggregation_method` are refused rather than half-honoured."""
+    """The recipe's training panel, narrowed to `client.required_rewards` (term names) when given,
+    and the base options. The weights are the recipe's (sum of weight x term, not normalised):
+    UniRL's `reward_weights` and another `aggregation_method` are refused rather than
+    half-honoured."""
     client = fields_of(config, "config", CLIENT_FIELDS)
     check_raises(client)
     if client.get("reward_weights"):
@@ -261,8 +268,9 @@ def remote_config(config: Any, token_env: str | None) -> tuple[RemoteBackendConf
     """UniRL's RemoteRewardSpec (or its fields), pointed at servers of ours (`serve --recipe` or
     `serve --scorer`; one URL or a list of servers of one identity), as our remote backend's config,
     the base options, and the rewards whose values UniRL gets as components (`required_rewards`;
-    empty: every term the server serves). Weights are the server's: a served panel's are its recipe's,
-    so `reward_weights` and another `aggregation_method` are refused rather than half-honoured."""
+    empty: every term the server serves). Weights are the server's: a served panel's are its
+    recipe's, so `reward_weights` and another `aggregation_method` are refused rather than
+    half-honoured."""
     client = fields_of(config, "config", CLIENT_FIELDS)
     check_raises(client)
     urls = client.get("base_url")

@@ -56,8 +56,8 @@ def _column(primitive: Any, kind: str, allocate: Allocate) -> list[Any]:
 
 
 def _audio(request: Any, kind: str, media: list[Any], allocate: Allocate) -> list[dict[str, Any]]:
-    """Per item, `audio` and `audio_sample_rate` when UniRL generated audio (the primary column when the
-    backend scores audio); nothing otherwise."""
+    """Per item, `audio` and `audio_sample_rate` when UniRL generated audio (the primary column when
+    the backend scores audio); nothing otherwise."""
     primitive = (getattr(request, "generated", None) or {}).get("audio")
     if primitive is None:
         return [{} for _ in media]
@@ -113,7 +113,8 @@ def reward_request(
     request: Any, kind: str, prompts: Sequence[str], reference_key: str, allocate: Allocate
 ) -> RewardRequest:
     """Our request for UniRL's: one item per row, ids from `sample_ids` (made when absent), the gold
-    from `metadata[i][reference_key]` (None when absent: the scorer decides whether it needs one)."""
+    from `metadata[i][reference_key]` (None when absent: the scorer decides whether it needs
+    one)."""
     call = next(_CALLS)
     media = _generated(request, kind, allocate)
     count = len(media)
@@ -166,8 +167,8 @@ def _item(
 
 
 def unirl_response(response: RewardResponse, components: Mapping[str, list[float]], started: float) -> Any:
-    """UniRL's RewardResponse: an item is a success when its reward may be used (a panel item short of
-    an optional term only is one: its `errors` entry still names the term)."""
+    """UniRL's RewardResponse: an item is a success when its reward may be used (a panel item short
+    of an optional term only is one: its `errors` entry still names the term)."""
     try:
         from unirl.types.reward import RewardResponse as UniRLResponse
     except ImportError as exc:
@@ -182,9 +183,10 @@ def unirl_response(response: RewardResponse, components: Mapping[str, list[float
 
 
 def contributions(terms: Sequence[Any], request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
-    """Per term, what it added to each item's reward: weight x value, 0.0 where it does not apply or an
-    optional term failed (it added nothing). An item's contributions sum (in term order) to its reward.
-    UniRL turns every component into a float tensor: a None there is a TypeError, a NaN is never sent."""
+    """Per term, what it added to each item's reward: weight x value, 0.0 where it does not apply or
+    an optional term failed (it added nothing). An item's contributions sum (in term order) to its
+    reward. UniRL turns every component into a float tensor: a None there is a TypeError, a NaN is
+    never sent."""
     out: dict[str, list[float]] = {}
     for term in terms:
         values = response.component_rewards[term.name]

@@ -3,9 +3,10 @@
 verl calls the per-item form once per rollout; the batch form (`BatchRewardManager`) gets
 lists. Both return `{"score": reward, <term>: value, ...}` (verl logs the other keys).
 An item's id comes from `extra_info["index"]` (or `"uid"`) when present. verl-omni's visual
-reward manager passes `solution_image` (a uint8 CHW tensor) instead of `solution_str`. The async form
-feeds the per-item tasks verl's reward loop makes into the backend's stream, which scores those that arrive together in one window (`max_batch`,
-`max_wait_s`; `coalesce=False` sends one request per item).
+reward manager passes `solution_image` (a uint8 CHW tensor) instead of `solution_str`. The async
+form feeds the per-item tasks verl's reward loop makes into the backend's stream, which scores those
+that arrive together in one window (`max_batch`, `max_wait_s`; `coalesce=False` sends one request
+per item).
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ def _row_score(row: ItemReward) -> VerlScore:
 
 
 class VerlComputeScore:
-    """`compute_score` for verl's reward loop (sync) with `compute_score_batch` for the batch manager,
-    and `acompute_score` for an async reward loop (the event loop stays free while it scores)."""
+    """`compute_score` for verl's reward loop (sync) with `compute_score_batch` for the batch
+    manager, and `acompute_score` for an async reward loop (the event loop stays free while it
+    scores)."""
 
     def __init__(
         self, backend: RewardBackend, coalesce: bool = True, max_batch: int = 256, max_wait_s: float = 0.005
@@ -96,7 +98,8 @@ class VerlComputeScore:
         self.backend = backend
         self.__name__ = "compute_score"
         self.coalesce, self.max_batch, self.max_wait_s = coalesce, max_batch, max_wait_s
-        self._stream: RewardStream | None = None  # made on the first async call (the sync paths need none)
+        # made on the first async call (the sync paths need none)
+        self._stream: RewardStream | None = None
         self._making = threading.Lock()
 
     @property
@@ -183,7 +186,8 @@ def process_scorer(key: tuple[str, ...], build: Callable[[], RewardBackend]) -> 
 
 
 def ready_scorer(key: tuple[str, ...]) -> VerlComputeScore | None:
-    """The scorer `process_scorer` built for `key` in this process, or None before its first call."""
+    """The scorer `process_scorer` built for `key` in this process, or None before its first
+    call."""
     return _SCORERS.get((os.getpid(), *key))
 
 
@@ -221,7 +225,8 @@ def _key(recipe: str | None, panel: str) -> tuple[str, str]:
 
 
 def _recipe_panel(path: str, panel: str) -> RewardBackend:
-    """Only the panel this process scores with is started (a validation worker boots no training terms)."""
+    """Only the panel this process scores with is started (a validation worker boots no training
+    terms)."""
     recipe = load_recipe(path)
     spec = recipe.train if panel == "train" else recipe.validation
     if spec is None:
@@ -230,7 +235,8 @@ def _recipe_panel(path: str, panel: str) -> RewardBackend:
 
 
 def scorer_for(recipe: str | None = None, panel: str = "train") -> VerlComputeScore:
-    """This process's `VerlComputeScore` over the recipe's panel (`train` or `validation`), built on first use."""
+    """This process's `VerlComputeScore` over the recipe's panel (`train` or `validation`), built on
+    first use."""
     key = _key(recipe, panel)
     return process_scorer(key, lambda: _recipe_panel(*key))
 

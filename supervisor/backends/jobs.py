@@ -1,4 +1,5 @@
-"""JobRewardBackend: a reward service that answers an enqueue with a job id and is pulled until done.
+"""JobRewardBackend: a reward service that answers an enqueue with a job id and is pulled until
+done.
 
 Posttrain's video reward service is one: it takes one candidate per request, gives back a job id
 (its "uuid"), and is asked for the score until it has one. It offers no idempotency key and no
@@ -11,13 +12,14 @@ pull of its own job id, only before that deadline, only as one finite number, an
 service gave that id to no other item (`job_ids`): one id for two uploads fails both items.
 
 The exchanges (paths configurable; `{uuid}` is the job id, percent-quoted):
-  POST {base_url}{enqueue_path}         multipart form: `file` (the item's .npy, uint8 video [1,3,T,H,W]
-                                        or image [1,H,W,3]), `media_type` ("video" | "image"),
-                                        `video_infos` (video only: JSON {"fps": FPS})
+  POST {base_url}{enqueue_path}         multipart form: `file` (the item's .npy, uint8 video
+                                        [1,3,T,H,W] or image [1,H,W,3]), `media_type` ("video" |
+                                        "image"), `video_infos` (video only: JSON {"fps": FPS})
                                         -> 2xx {"uuid": "<job id>"}; 429 (Retry-After): sent again
-  GET  {base_url}{result_path}          -> 200 {"<score_key>": [<one finite number>]} and nothing else
-                                        -> 202 {"uuid": "<the same job id>", "status": "pending"}
-                                        -> 400 "Not found scores for <job id>" (legacy pending: the body,
+  GET  {base_url}{result_path}          -> 200 {"<score_key>": [<one finite number>]} and nothing
+                                        else -> 202 {"uuid": "<the same job id>", "status":
+                                        "pending"} -> 400 "Not found scores for <job id>" (legacy
+                                        pending: the body,
                                            or the one value of a one-field JSON object)
 The bearer token goes on every exchange. Errors: `supervisor.errors.JobError` and its kinds.
 """
@@ -80,7 +82,8 @@ NOT_SETTINGS = {
 
 
 class _Pending(Exception):
-    """The job is not done yet: pull again (after the backoff's pause or its Retry-After, within the deadline)."""
+    """The job is not done yet: pull again (after the backoff's pause or its Retry-After, within the
+    deadline)."""
 
     def __init__(self, status: int, body: bytes, retry_after: float | None) -> None:
         self.status, self.body, self.retry_after = status, body, retry_after
@@ -96,7 +99,8 @@ class _Status(ErrorStatus):
 
 
 class _Busy(_Status):
-    """An enqueue's 429: the service took nothing, so the same enqueue goes again after the pause."""
+    """An enqueue's 429: the service took nothing, so the same enqueue goes again after the
+    pause."""
 
 
 def _retryable(exc: Exception) -> bool:
@@ -194,10 +198,11 @@ class JobRewardBackend(Component):
         max_answer_bytes: int = 2**20,
         remembered_job_ids: int = 16384,
     ) -> None:
-        """`enqueue_timeout` and `pull_timeout` bound one exchange each (connect, send, wait, read), never
-        past the request's deadline; pulls (and enqueues answered 429) pause `poll_interval_s`, doubling
-        up to `poll_backoff_cap_s`, or longer when the answer's Retry-After asks it. The job ids of the
-        last `remembered_job_ids` items (and every item of the calls in flight) are kept to refuse one given twice."""
+        """`enqueue_timeout` and `pull_timeout` bound one exchange each (connect, send, wait, read),
+        never past the request's deadline; pulls (and enqueues answered 429) pause
+        `poll_interval_s`, doubling up to `poll_backoff_cap_s`, or longer when the answer's
+        Retry-After asks it. The job ids of the last `remembered_job_ids` items (and every item of
+        the calls in flight) are kept to refuse one given twice."""
         _check(media_type, fps, request_timeout, enqueue_timeout, pull_timeout, poll_interval_s, poll_backoff_cap_s)
         if not 1 <= max_concurrency <= MAX_CONNECTIONS:
             raise ValueError(f"max_concurrency must be in 1..{MAX_CONNECTIONS} (the connections to one service)")
@@ -214,7 +219,8 @@ class JobRewardBackend(Component):
         identity |= {"bounds": [request_timeout, enqueue_timeout, pull_timeout, poll_interval_s, poll_backoff_cap_s]}
         self.shape = ScorerShape(name, (term,), identity_hash=digest(identity), revision=revision)
         self._stopped = threading.Event()  # closed: nothing starts, nothing is pulled again
-        self._interrupted = threading.Event()  # set (then replaced) by interrupt(): the calls in flight end
+        # set (then replaced) by interrupt(): the calls in flight end
+        self._interrupted = threading.Event()
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._transport = HttpxTransport(base_url, headers, max_answer_bytes)
         self.spool = Spool(spool_dir, ranks.current().rank)
@@ -222,8 +228,8 @@ class JobRewardBackend(Component):
 
     @classmethod
     def from_config(cls, config: JobBackendConfig, token: str | None = None) -> JobRewardBackend:
-        """The backend a recipe (or the CLI) describes, every setting passed by its name; `token` is the
-        value of `config.token_env`."""
+        """The backend a recipe (or the CLI) describes, every setting passed by its name; `token` is
+        the value of `config.token_env`."""
         return cls(config.base_url, token, **settings(config, leave={*NOT_SETTINGS, "base_url"}))
 
     @property
@@ -236,9 +242,11 @@ class JobRewardBackend(Component):
 
     def score(self, request: RewardRequest) -> Outcome:
         deadline = time.monotonic() + self.request_timeout
-        interrupted = self._interrupted  # this call's: interrupt() sets it (and replaces it for later calls)
+        # this call's: interrupt() sets it (and replaces it for later calls)
+        interrupted = self._interrupted
         call = new_call()
-        arrays = [service_array(item, self.media_type) for item in request.items]  # bad input: nothing is sent
+        # bad input: nothing is sent
+        arrays = [service_array(item, self.media_type) for item in request.items]
         try:
             outcomes = on_each(
                 list(zip(request.items, arrays, strict=True)),
@@ -252,9 +260,9 @@ class JobRewardBackend(Component):
             self._job_ids.end_call(call)  # after the response's last check of the call's claims
 
     def _response(self, request: RewardRequest, outcomes: Sequence[tuple[Claim, float] | BaseException]) -> Outcome:
-        """Every item's score, or JobItemsFailed naming each failed item (never a partial reward as a whole).
-        A score whose job id the service gave another item meanwhile is not taken (the last check:
-        every item of the call has its job id by now)."""
+        """Every item's score, or JobItemsFailed naming each failed item (never a partial reward as
+        a whole). A score whose job id the service gave another item meanwhile is not taken (the
+        last check: every item of the call has its job id by now)."""
         errors: dict[str, JobError] = {}
         scores: dict[str, float] = {}
         for item_id, outcome in zip(request.ids, outcomes, strict=True):
@@ -290,8 +298,8 @@ class JobRewardBackend(Component):
     def _score_item(
         self, item_id: str, array: np.ndarray, deadline: float, call: int, interrupted: threading.Event
     ) -> tuple[Claim, float]:
-        """One candidate: its claim on its job id, and the score pulled for it. After an interrupt of
-        its call, an item not yet sent is never sent."""
+        """One candidate: its claim on its job id, and the score pulled for it. After an interrupt
+        of its call, an item not yet sent is never sent."""
         claim = self._enqueue(item_id, array, deadline, call, interrupted)
         try:
             return claim, self._pull(claim, deadline, interrupted)
@@ -339,7 +347,8 @@ class JobRewardBackend(Component):
             raise JobServiceUnavailable(f"no connection opened, nothing was sent ({exc})", **where) from exc
         except TransportError as exc:
             raise JobEnqueueUncertain(f"sent, but no usable answer ({exc})", orphaned=True, **where) from exc
-        except OSError as exc:  # not a transport fact (those are typed): the file read back for the upload
+        # not a transport fact (those are typed): the file read back for the upload
+        except OSError as exc:
             raise _spool_failed(exc, spooled.path, where, sending=True) from exc
         if status == 429:
             raise _Busy(status, body, retry_after_s(headers.get("retry-after")))
@@ -403,8 +412,8 @@ class JobRewardBackend(Component):
             raise self._pull_failed(exc, retrying, where) from exc
 
     def _pull_once(self, path: str, claim: Claim, deadline: float, where: dict[str, Any]) -> float:
-        """One pull: the score, or _Pending, a transport fact, ErrorStatus, JobProtocolError (its job id
-        given to another item too, before this pull or during it, is one)."""
+        """One pull: the score, or _Pending, a transport fact, ErrorStatus, JobProtocolError (its
+        job id given to another item too, before this pull or during it, is one)."""
         job_id = claim.job_id
         left = deadline - time.monotonic()
         if left <= 0:
@@ -449,7 +458,8 @@ class JobRewardBackend(Component):
         return JobProtocolError(f"an answer outside the protocol {tries} ({exc})", status=status, body=body, **where)
 
     def interrupt(self) -> None:
-        """Give up on the calls in flight (Ctrl-C): their connections are dropped, nothing is retried."""
+        """Give up on the calls in flight (Ctrl-C): their connections are dropped, nothing is
+        retried."""
         interrupted, self._interrupted = self._interrupted, threading.Event()
         interrupted.set()
         self._transport.reset()
@@ -464,8 +474,9 @@ class JobRewardBackend(Component):
 
 
 def _spool_failed(exc: OSError, path: str, where: dict[str, Any], *, sending: bool) -> JobSpoolFailed:
-    """The item's spool file failed: written (nothing was sent), or read back while it was being sent
-    (the upload was cut midway: whether the service took it is unknown, so it is never sent again)."""
+    """The item's spool file failed: written (nothing was sent), or read back while it was being
+    sent (the upload was cut midway: whether the service took it is unknown, so it is never sent
+    again)."""
     code = f"{errno.errorcode.get(exc.errno, exc.errno)}: " if exc.errno else ""
     said = f"({code}{exc.strerror or exc})"
     if sending:
@@ -476,7 +487,8 @@ def _spool_failed(exc: OSError, path: str, where: dict[str, Any], *, sending: bo
 
 
 def _enqueue_failed(exc: _Busy, retrying: Retry, timeout: float, where: dict[str, Any]) -> JobError:
-    """The typed error for enqueues that the service answered 429 until they ended; it took nothing."""
+    """The typed error for enqueues that the service answered 429 until they ended; it took
+    nothing."""
     tries = f"{retrying.tries} enqueue{'s' if retrying.tries > 1 else ''}"
     body = excerpt(exc.message)
     if retrying.gave_up == "stopped":

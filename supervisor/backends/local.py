@@ -94,8 +94,8 @@ class LocalRewardBackend(Component):
 
     @classmethod
     def from_config(cls, config: LocalBackendConfig) -> LocalRewardBackend:
-        """The backend a recipe (or the CLI) describes, every setting passed by its name: the scorer's
-        (its `name` is `scorer`) and the client's."""
+        """The backend a recipe (or the CLI) describes, every setting passed by its name: the
+        scorer's (its `name` is `scorer`) and the client's."""
         keywords = settings(config, flatten=("scorer", "client"), leave={*NOT_SETTINGS, "name"})
         return cls(config.scorer.name, **keywords)
 

@@ -82,18 +82,21 @@ _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_"
 
 @dataclass(eq=False)
 class _Generation:
-    """One child, the client that talks to it and its data-plane segment; a restart makes a new one."""
+    """One child, the client that talks to it and its data-plane segment; a restart makes a new
+    one."""
 
     child: ChildProcess
     client: ScorerClient
     segment: ParentSegment | None = None
     abandoned: bool = False  # a call on it was interrupted (Ctrl-C): the child was killed at once
     retired: bool = False  # its transport bytes moved into the backend's retired counts
-    # the child said ready while still warming (a math grader's workers): until it answers a request (a
-    # score or an error), one may take until this (its start-up deadline), as the start it waits for was the boot's
+    # the child said ready while still warming (a math grader's workers): until it answers a request
+    # (a score or an error), one may take until this (its start-up deadline), as the start it waits
+    # for was the boot's
     warm_until: float | None = None
     warm_asked: float = 0.0  # when warming() last asked the child's /health
-    warming_said: bool = True  # what that /health said (False: it did not answer), until the next ask
+    # what that /health said (False: it did not answer), until the next ask
+    warming_said: bool = True
 
     def score_timeout(self, request_timeout: float) -> float:
         if self.warm_until is None:
@@ -101,7 +104,8 @@ class _Generation:
         return max(request_timeout, self.warm_until - time.monotonic())
 
     def transport_bytes(self) -> Counter[str]:
-        """Request bytes by path: in-band, copied into the shared segment, sent in place from an arena."""
+        """Request bytes by path: in-band, copied into the shared segment, sent in place from an
+        arena."""
         counts = Counter({"in_band": self.client.in_band_bytes})
         if self.segment is not None:
             counts.update({"shared_copied": self.segment.copied_bytes, "shared_in_place": self.segment.in_place_bytes})
@@ -115,7 +119,8 @@ class _Generation:
 
 
 def _once(make: Callable[[], T]) -> Callable[[], T]:
-    """`make()` on the first call, from whichever thread; its result (or its error) on every call."""
+    """`make()` on the first call, from whichever thread; its result (or its error) on every
+    call."""
     lock = threading.Lock()
     made: list[T] = []
     failed: list[BaseException] = []
@@ -145,8 +150,8 @@ def _working_directory() -> Path:
 def launch_plan(
     spec: ManagedScorerProcessSpec, segment: ParentSegment | None, boot_offloaded: bool = False
 ) -> LaunchPlan:
-    """How to start a child for `spec`: its python, environment (nothing of the trainer's import path) and
-    boot config. Shared by the managed backend and `managed-scorers serve`."""
+    """How to start a child for `spec`: its python, environment (nothing of the trainer's import
+    path) and boot config. Shared by the managed backend and `managed-scorers serve`."""
     process, scorer = spec.process, spec.scorer
     name = scorer.name.lower().replace(".", "_").replace(":", "_")
     placed = ranks.current()
@@ -171,8 +176,8 @@ def launch_plan(
 
 
 def _child_env(process: ProcessConfig, root: Path, gpus: tuple[str, ...] | None) -> dict[str, str]:
-    """The trainer's environment less what would steer the child, plus the spec's; its import path is
-    the scorer env, our own packages, and what the spec opts into: nothing of the trainer's."""
+    """The trainer's environment less what would steer the child, plus the spec's; its import path
+    is the scorer env, our own packages, and what the spec opts into: nothing of the trainer's."""
     env = {k: v for k, v in os.environ.items() if k not in RESERVED_ENV}
     if not any(key in process.env for key in _MALLOC_ENV):
         env.update(_MALLOC_ENV)
@@ -180,7 +185,8 @@ def _child_env(process: ProcessConfig, root: Path, gpus: tuple[str, ...] | None)
     env.update(
         {
             "PYTHONPATH": os.pathsep.join([str(root), *map(str, process.extra_import_paths)]),
-            "PYTHONSAFEPATH": "1",  # no working directory on sys.path, in the child or its subprocesses
+            # no working directory on sys.path, in the child or its subprocesses
+            "PYTHONSAFEPATH": "1",
             "PYTHONNOUSERSITE": "1",
             "PYTHONUNBUFFERED": "1",
             "CUDA_VISIBLE_DEVICES": child_visible_devices(
@@ -217,7 +223,8 @@ def _boot_config(
 
 @dataclass(frozen=True)
 class _ChildChunks:
-    """The ChunkScorer of one call: every chunk goes to the child that serves the call (`serving`)."""
+    """The ChunkScorer of one call: every chunk goes to the child that serves the call
+    (`serving`)."""
 
     backend: ManagedScorerProcessBackend
     serving: Callable[[], _Generation]
@@ -253,24 +260,32 @@ class ManagedScorerProcessBackend(Component):
                 "(or recipes.make_backend), which starts one child per replica"
             )
         # Which lock guards which field. `_serial` is held for a whole call (score, onload, offload,
-        # drain): calls are serialised, so one thread at a time restarts a child. `_life` is held only
-        # briefly, to read or swap the child generation: close() and interrupt() come from other
-        # threads while a call holds `_serial`, so they never wait for it. Never take `_serial` while
-        # holding `_life`. `_bytes_lock` guards the byte counters a metrics scrape reads.
+        # drain): calls are serialised, so one thread at a time restarts a child. `_life` is held
+        # only briefly, to read or swap the child generation: close() and interrupt() come from
+        # other threads while a call holds `_serial`, so they never wait for it. Never take
+        # `_serial` while holding `_life`. `_bytes_lock` guards the byte counters a metrics scrape
+        # reads.
         self._owner_pid = os.getpid()  # immutable
-        self._gen: _Generation | None = None  # guarded by _life (read without it by interrupt(): a snapshot)
-        self._launching: ChildProcess | None = None  # the child being booted; set by the booting thread,
-        # read by abort_start() from another (a snapshot: aborting a child that just became ready is harmless)
+        # guarded by _life (read without it by interrupt(): a snapshot)
+        self._gen: _Generation | None = None
+        # the child being booted; set by the booting thread,
+        self._launching: ChildProcess | None = None
+        # read by abort_start() from another (a snapshot: aborting a child that just became ready is
+        # harmless)
         self._dead: ScorerError | None = None  # guarded by _life
         self._failed_at = 0.0  # guarded by _life
         self._restarts: list[float] = []  # guarded by _serial (only the restarting call appends)
-        self.timeouts = 0  # guarded by _serial: calls that passed their deadline (their child was killed)
-        self._retired_bytes: Counter[str] = Counter()  # guarded by _bytes_lock: bytes of replaced children
+        # guarded by _serial: calls that passed their deadline (their child was killed)
+        self.timeouts = 0
+        # guarded by _bytes_lock: bytes of replaced children
+        self._retired_bytes: Counter[str] = Counter()
         self._bytes_lock = threading.Lock()
         self.metrics_id = prometheus.track(self)  # after the counters it reads exist
         self._closed = False  # guarded by _life (set once; read without it as a hint)
-        self._closing = threading.Event()  # set by close() before it takes _life: wakes a restart's backoff
-        self._want_offloaded = False  # guarded by _serial: what a restarted resident child should boot as
+        # set by close() before it takes _life: wakes a restart's backoff
+        self._closing = threading.Event()
+        # guarded by _serial: what a restarted resident child should boot as
+        self._want_offloaded = False
         self._life = threading.RLock()
         self._serial = threading.RLock()
         self.timings: dict[str, float] = {}
@@ -290,7 +305,8 @@ class ManagedScorerProcessBackend(Component):
         return self._gen is None and not self._closed
 
     def abort_start(self) -> None:
-        """Kill the child `start()` (or a restart) is booting, from another thread: the boot fails at once."""
+        """Kill the child `start()` (or a restart) is booting, from another thread: the boot fails
+        at once."""
         child = self._launching
         if child is not None:
             child.abort()
@@ -347,7 +363,8 @@ class ManagedScorerProcessBackend(Component):
             segment,
             self.spec.client.shared_memory_min_bytes or 0,
         )
-        # every answer comes from the identity of the first child (a restart under another is refused)
+        # every answer comes from the identity of the first child (a restart under another is
+        # refused)
         client.identity = self.shape.identity_hash or info.get("identity_hash")
         self.timings["spawn_to_ready_s"] = info["spawn_to_ready_s"]
         assert child.spawned_at is not None
@@ -378,7 +395,8 @@ class ManagedScorerProcessBackend(Component):
         policy = self.spec.restart
         if isinstance(cause, ScorerCrashLoop):
             raise ScorerCrashLoop(cause.args[0].splitlines()[0], cause.record)
-        if isinstance(cause, ScorerIdentityChanged):  # another start would boot the same other identity
+        # another start would boot the same other identity
+        if isinstance(cause, ScorerIdentityChanged):
             raise ScorerIdentityChanged(
                 cause.args[0].splitlines()[0], cause.record, url=cause.url, expected=cause.expected, got=cause.got
             )
@@ -404,7 +422,8 @@ class ManagedScorerProcessBackend(Component):
         return max(0.0, self._failed_at + policy.backoff_s - now)
 
     def _restart(self, old: _Generation, cause: ScorerError) -> _Generation:
-        """Replace a dead child. Runs under the serial lock (one restarter); launches outside `_life`.
+        """Replace a dead child. Runs under the serial lock (one restarter); launches outside
+        `_life`.
 
         A child killed because its caller was interrupted did not fail: it is replaced at once
         and does not count against the restart policy.
@@ -423,12 +442,14 @@ class ManagedScorerProcessBackend(Component):
             error = exc if isinstance(exc, ScorerError) else ScorerStartupError(f"restart failed: {exc!r}")
             with self._life:
                 self._dead, self._failed_at = error, time.monotonic()
-            if error is exc or not isinstance(exc, Exception):  # never turn Ctrl-C into a scorer error
+            # never turn Ctrl-C into a scorer error
+            if error is exc or not isinstance(exc, Exception):
                 raise
             raise error from exc
         changed = self._changed_identity(new, info)
         with self._life:
-            if self._closed or changed is not None:  # close() ran meanwhile, or nothing it answers may be taken
+            # close() ran meanwhile, or nothing it answers may be taken
+            if self._closed or changed is not None:
                 record = new.child.stop(graceful_s=0.0)
                 new.release()
                 if changed is None:
@@ -448,8 +469,8 @@ class ManagedScorerProcessBackend(Component):
         return new
 
     def _changed_identity(self, new: _Generation, info: dict[str, Any]) -> ScorerIdentityChanged | None:
-        """A restarted child of another identity than the first (its env rebuilt with another revision,
-        a file its params read changed): refused before it scores anything."""
+        """A restarted child of another identity than the first (its env rebuilt with another
+        revision, a file its params read changed): refused before it scores anything."""
         expected, got = self.shape.identity_hash, info.get("identity_hash")
         if expected is None or got == expected:
             return None
@@ -466,14 +487,16 @@ class ManagedScorerProcessBackend(Component):
         return {"required": list(self.required_rewards), "weights": dict(sorted(self.spec.client.weights.items()))}
 
     def transport_bytes(self) -> Counter[str]:
-        """Request bytes sent to this backend's children so far, by path (see `_Generation.transport_bytes`)."""
+        """Request bytes sent to this backend's children so far, by path (see
+        `_Generation.transport_bytes`)."""
         with self._bytes_lock:
             gen = self._gen
             live = gen.transport_bytes() if gen is not None and not gen.retired else Counter()
             return self._retired_bytes + live
 
     def _retire(self, gen: _Generation) -> None:
-        """Move a generation's bytes into the retired counts, once, so a scrape never counts them twice."""
+        """Move a generation's bytes into the retired counts, once, so a scrape never counts them
+        twice."""
         with self._bytes_lock:
             if not gen.retired:
                 self._retired_bytes.update(gen.transport_bytes())
@@ -538,7 +561,8 @@ class ManagedScorerProcessBackend(Component):
                             gen.child.pid,
                             exc,
                         )
-            except BaseException:  # Ctrl-C during /shutdown: no more waiting, but the child still goes
+            # Ctrl-C during /shutdown: no more waiting, but the child still goes
+            except BaseException:
                 graceful = False
                 raise
             finally:
@@ -591,7 +615,8 @@ class ManagedScorerProcessBackend(Component):
             if isinstance(error, ScorerTimeout):
                 self.timeouts += 1
             raise error from exc
-        except Exception as exc:  # a fault in this process mid-exchange (MemoryError, a bug): state unknown
+        # a fault in this process mid-exchange (MemoryError, a bug): state unknown
+        except Exception as exc:
             raise self._failure(gen, what, ConnectionLost(f"failed in this process: {exc!r}")) from exc
         except BaseException:  # Ctrl-C mid-call: the child is still busy with what nobody will read
             self._abandon(gen)
@@ -607,8 +632,8 @@ class ManagedScorerProcessBackend(Component):
 
     def kill_late_call(self) -> None:
         """The caller's deadline passed while the child still scores its call (a Ray pool's actor
-        cancelling a late share): kill the child at once. Unlike `interrupt`, this counts against the
-        restart policy, as a timeout of our own does: a scorer that hangs on every call ends in
+        cancelling a late share): kill the child at once. Unlike `interrupt`, this counts against
+        the restart policy, as a timeout of our own does: a scorer that hangs on every call ends in
         `ScorerCrashLoop`, not in a restart per call."""
         gen = self._gen
         if gen is not None and os.getpid() == self._owner_pid and not gen.child.exited():
@@ -619,7 +644,8 @@ class ManagedScorerProcessBackend(Component):
             )
 
     def _abandon(self, gen: _Generation) -> None:
-        """Kill the child at once (no waiting here); close() and the next call need no graceful path."""
+        """Kill the child at once (no waiting here); close() and the next call need no graceful
+        path."""
         gen.abandoned = True
         gen.child.signal_group(signal.SIGKILL)
         self._mark_dead(gen, ScorerProcessDied("a call was interrupted; its child was killed", gen.child.record()))
@@ -633,12 +659,13 @@ class ManagedScorerProcessBackend(Component):
             gen.warm_until = None
             if exc.kind not in RESTART_KINDS:  # it keeps serving
                 return scorer_error(exc, what, child.record())
-            error = scorer_error(exc, what, child.finish(), "killed")  # wedged: restarted as after a crash
+            # wedged: restarted as after a crash
+            error = scorer_error(exc, what, child.finish(), "killed")
             self._mark_dead(gen, error)
             return error
         if isinstance(exc, ConnectFailed) and not child.exited():
-            # nothing reached the scorer (this process is out of descriptors, or another local process
-            # floods the child's port): the child is not to blame and keeps serving
+            # nothing reached the scorer (this process is out of descriptors, or another local
+            # process floods the child's port): the child is not to blame and keeps serving
             return scorer_error(exc, what, child.record(), "serving")
         if self._closed or gen is not self._gen or self._dead is not None:
             return scorer_error(exc, what, child.record(), "gone")
@@ -666,8 +693,8 @@ class ManagedScorerProcessBackend(Component):
             raise self._failure(gen, "score", exc) from exc
 
     def score(self, request: RewardRequest) -> Outcome:
-        """Every chunk of one call goes to the same child: one that dies mid-call fails the call (its
-        other chunks are never sent to a replacement behind the caller's back)."""
+        """Every chunk of one call goes to the same child: one that dies mid-call fails the call
+        (its other chunks are never sent to a replacement behind the caller's back)."""
         self._check_owner()
         with self._serial:
             serving = _once(lambda: self._serving(restart=True))
@@ -676,7 +703,8 @@ class ManagedScorerProcessBackend(Component):
                 self.shape, client.request_batch_size, self.required_rewards, client.weights, client.group_size
             )
             outcome = score_in_chunks(request, plan, _ChildChunks(self, serving))
-            if outcome.kind == "terms_failed" and outcome.response is not None:  # named with the child
+            # named with the child
+            if outcome.kind == "terms_failed" and outcome.response is not None:
                 named = ScorerTermsFailed(str(outcome.error), dict(outcome.failed), outcome.response, self._record())
                 return Outcome.terms_failed(named, outcome.response)
             return outcome
@@ -698,7 +726,8 @@ class ManagedScorerProcessBackend(Component):
             try:
                 figures = self._exchange(gen, "offload", gen.client.offload)
             except ScorerRequestError as exc:
-                if exc.kind == CLOSE_FAILED:  # the model's close() raised, but it was released: offloaded
+                # the model's close() raised, but it was released: offloaded
+                if exc.kind == CLOSE_FAILED:
                     self._want_offloaded = True
                 raise
             self._want_offloaded = figures.get("residency") == "offloaded"
@@ -722,9 +751,9 @@ class ManagedScorerProcessBackend(Component):
         return self._exchange(gen, "health", gen.client.health)
 
     def warming(self) -> bool:
-        """The child said ready while still warming (a math grader's workers) and its /health does not
-        say yet that it is warm. A child that cannot answer is not warming: its failure is recorded
-        (the next call restarts it and says why) and logged here."""
+        """The child said ready while still warming (a math grader's workers) and its /health does
+        not say yet that it is warm. A child that cannot answer is not warming: its failure is
+        recorded (the next call restarts it and says why) and logged here."""
         gen = self._gen
         if gen is None or gen.warm_until is None:
             return False

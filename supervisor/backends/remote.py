@@ -40,9 +40,10 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-# A server at fault that another server may serve the request for, but that must not be sent it again:
-# a served panel's term that died or passed its deadline (each try here would restart that term's child,
-# and the tries would crash-loop it), a scorer wedged on a thread it cannot stop (it refuses every call)
+# A server at fault that another server may serve the request for, but that must not be sent it
+# again: a served panel's term that died or passed its deadline (each try here would restart that
+# term's child, and the tries would crash-loop it), a scorer wedged on a thread it cannot stop (it
+# refuses every call)
 FAIL_OVER_ONLY = (wire.SERVER_FAULT, *wire.RESTART_KINDS)
 
 # What a RemoteBackendConfig holds that is no setting of one server's client, and why
@@ -75,7 +76,8 @@ def fixable_elsewhere(exc: Exception) -> bool:
 
 
 def answered_by(shape: ScorerShape, base_url: str) -> str:
-    """The identity every answer of the server at `base_url` must name: the one its /health reports."""
+    """The identity every answer of the server at `base_url` must name: the one its /health
+    reports."""
     if not isinstance(shape.identity_hash, str) or not shape.identity_hash:
         raise RewardContractError(f"/health at {base_url} names no identity_hash: is it a managed-scorers server?")
     return shape.identity_hash
@@ -110,8 +112,9 @@ class RemoteRewardBackend(Component):
         retry_backoff_cap_s: float = 2.0,
         max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
-        """`request_timeout` bounds each exchange as a whole (connect, send, wait, read, and its retries),
-        however the server sends; an answer over `max_answer_bytes`, or compressed, is refused."""
+        """`request_timeout` bounds each exchange as a whole (connect, send, wait, read, and its
+        retries), however the server sends; an answer over `max_answer_bytes`, or compressed, is
+        refused."""
         if not isinstance(base_url, str):
             raise TypeError("RemoteRewardBackend takes one URL (several of one scorer: MultiRemoteRewardBackend)")
         if request_batch_size <= 0:
@@ -127,15 +130,18 @@ class RemoteRewardBackend(Component):
         self.request_batch_size = request_batch_size
         self.group_size = group_size
         self.weights = dict(weights or {})
-        self.max_request_bytes = max_request_bytes  # refuse before sending what the server would refuse
+        # refuse before sending what the server would refuse
+        self.max_request_bytes = max_request_bytes
         self._stopped = threading.Event()  # closed: no call retries, none starts
-        self._interrupted = threading.Event()  # set (then replaced) by interrupt(): the calls in flight end
+        # set (then replaced) by interrupt(): the calls in flight end
+        self._interrupted = threading.Event()
         self._client = ScorerClient.remote(base_url, token, request_timeout, max_answer_bytes)
         try:
             self.server = self.health()
             self.shape = ScorerShape.from_entry(self.server, f"/health at {base_url}")
             check_pins(self.shape, revision, identity_hash)
-            self._client.identity = answered_by(self.shape, base_url)  # every answer must come from it
+            # every answer must come from it
+            self._client.identity = answered_by(self.shape, base_url)
             # a served panel (its reward one of its terms): the terms named are asked of it
             self.required_rewards, self.asked = reward_terms(self.shape, required_rewards, self.weights)
         except BaseException:
@@ -144,8 +150,9 @@ class RemoteRewardBackend(Component):
 
     @classmethod
     def from_config(cls, config: RemoteBackendConfig, token: str | None = None) -> RemoteRewardBackend:
-        """The client a recipe (or the CLI) describes, every setting passed by its name (a setting added
-        to both is settable from a recipe at once); `token` is the value of `config.token_env`."""
+        """The client a recipe (or the CLI) describes, every setting passed by its name (a setting
+        added to both is settable from a recipe at once); `token` is the value of
+        `config.token_env`."""
         if len(config.urls) != 1:
             raise TypeError("a config of several servers builds a MultiRemoteRewardBackend")
         keywords = settings(config, flatten=("client",), leave={*NOT_SETTINGS, "base_url"})
@@ -154,7 +161,8 @@ class RemoteRewardBackend(Component):
     def _exchange(self, what: str, call: Callable[[float], T], budget_s: float) -> T:
         """`call(seconds_left)` until it succeeds, fails for good, tries run out, or the next pause
         would reach the deadline `budget_s` after the first try began."""
-        interrupted = self._interrupted  # this call's: a later interrupt() replaces it for later calls
+        # this call's: a later interrupt() replaces it for later calls
+        interrupted = self._interrupted
         if self._stopped.is_set():
             raise ScorerUnavailable(f"{what} at {self.base_url}: the backend is closed")
 
@@ -174,7 +182,8 @@ class RemoteRewardBackend(Component):
             retry_on=(TransportError, ErrorStatus),
             retry_if=retryable,
             max_tries=self.max_retries + 1,
-            go_on=lambda: not (self._stopped.is_set() or interrupted.is_set()),  # no retry behind the caller's back
+            # no retry behind the caller's back
+            go_on=lambda: not (self._stopped.is_set() or interrupted.is_set()),
             on_retry=log_retry,
             sleep=pause,
         )
@@ -213,20 +222,22 @@ class RemoteRewardBackend(Component):
         return score_in_chunks(request, self.plan(self.group_size), self)
 
     def plan(self, group_size: int | None) -> CallPlan:
-        """How a call to this server is cut: `group_size` is the call's (a client over several servers
-        sends each share with the size of the whole request)."""
+        """How a call to this server is cut: `group_size` is the call's (a client over several
+        servers sends each share with the size of the whole request)."""
         return CallPlan(
             self.shape,
             self.request_batch_size,
             self.required_rewards,
             self.weights,
             group_size,
-            max_in_flight=MAX_CONNECTIONS,  # a chunk waiting for a connection would spend its deadline there
+            # a chunk waiting for a connection would spend its deadline there
+            max_in_flight=MAX_CONNECTIONS,
         )
 
     @property
     def combination(self) -> dict[str, Any]:
-        asked = {} if self.asked is None else {"asked": list(self.asked)}  # a served panel's terms asked of it
+        # a served panel's terms asked of it
+        asked = {} if self.asked is None else {"asked": list(self.asked)}
         return {"required": list(self.required_rewards), "weights": dict(sorted(self.weights.items())), **asked}
 
     @property
@@ -243,15 +254,16 @@ class RemoteRewardBackend(Component):
         return self._exchange("offload", self._client.offload, self._client.request_timeout)
 
     def drain(self, timeout_s: float = 600.0) -> dict[str, Any]:
-        control = self._client.control_timeout  # a later try waits for what is left of the first one's wait
+        # a later try waits for what is left of the first one's wait
+        control = self._client.control_timeout
         return self._exchange(
             "drain", lambda left: self._client.drain(max(left - control, 0.01), left), timeout_s + control
         )
 
     def interrupt(self) -> None:
-        """Give up on the calls in flight (Ctrl-C, a cancelled coroutine): their connections are dropped
-        (which ends a call waiting on one) and they are not retried. The backend stays usable: the
-        next call opens new connections."""
+        """Give up on the calls in flight (Ctrl-C, a cancelled coroutine): their connections are
+        dropped (which ends a call waiting on one) and they are not retried. The backend stays
+        usable: the next call opens new connections."""
         interrupted, self._interrupted = self._interrupted, threading.Event()
         interrupted.set()
         self._client.transport.reset()

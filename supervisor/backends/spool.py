@@ -52,18 +52,21 @@ class Spool:
         try:
             with os.fdopen(fd, "w+b") as file:
                 try:
-                    np.save(file, array, allow_pickle=False)  # a strided view is written in chunks, not copied whole
+                    # a strided view is written in chunks, not copied whole
+                    np.save(file, array, allow_pickle=False)
                     file.flush()
                 except OSError as exc:
                     written = f"{os.fstat(file.fileno()).st_size} bytes on disk of a {array.nbytes}-byte array"
-                    with contextlib.suppress(OSError):  # its buffered rest fails again: the same error, said once
+                    # its buffered rest fails again: the same error, said once
+                    with contextlib.suppress(OSError):
                         file.close()
                     said = exc.strerror or str(exc)
                     raise SpoolWriteFailed(exc.errno, f"{said} ({written})", path) from exc
                 file.seek(0)
                 yield Spooled(file, path)
         finally:
-            with contextlib.suppress(FileNotFoundError):  # close() may have removed the directory meanwhile
+            # close() may have removed the directory meanwhile
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
     def files(self) -> list[str]:

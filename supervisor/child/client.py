@@ -58,7 +58,8 @@ def _raise_for_status(status: int, content: bytes | bytearray) -> None:
 
 @contextmanager
 def _transport_facts(method: str, path: str, timeout: float) -> Iterator[None]:
-    """httpx's exceptions (and the cap's refusal) as transport facts: the one mapping for remote servers."""
+    """httpx's exceptions (and the cap's refusal) as transport facts: the one mapping for remote
+    servers."""
     try:
         yield
     except httpx.TimeoutException as exc:
@@ -69,7 +70,8 @@ def _transport_facts(method: str, path: str, timeout: float) -> Iterator[None]:
         raise ConnectionLost(f"{method} {path}: {exc!r}") from exc
     except bounded_http.AnswerRefused as exc:
         raise BadAnswer(f"{method} {path}: {exc}") from exc
-    except RuntimeError as exc:  # its client was closed meanwhile (an interrupt, a close): nothing came back
+    # its client was closed meanwhile (an interrupt, a close): nothing came back
+    except RuntimeError as exc:
         raise ConnectionLost(f"{method} {path}: {exc}") from exc
     except httpx.HTTPError as exc:  # e.g. a malformed answer
         raise BadAnswer(f"{method} {path}: {exc!r}") from exc
@@ -98,7 +100,8 @@ class HttpxTransport:
     def upload(
         self, path: str, timeout: float, fields: Mapping[str, str], files: Mapping[str, Any]
     ) -> tuple[int, dict[str, str], bytes]:
-        """POST a multipart form whose files are streamed from their open files (never read whole)."""
+        """POST a multipart form whose files are streamed from their open files (never read
+        whole)."""
         deadline = time.monotonic() + timeout
         with _transport_facts("POST", path, timeout):
             answer = bounded_http.exchange(
@@ -107,7 +110,8 @@ class HttpxTransport:
         return answer.status, dict(answer.headers), answer.body
 
     def reset(self) -> None:
-        """Drop every connection (an exchange on one fails at once); the next request opens new ones."""
+        """Drop every connection (an exchange on one fails at once); the next request opens new
+        ones."""
         old, self._http = (
             self._http,
             bounded_http.client(self._base_url, self._headers, base_url=True, max_connections=MAX_CONNECTIONS),
@@ -138,12 +142,13 @@ class LoopbackTransport:
 
 
 class ScorerClient:
-    """One scorer server at `url`. With a `segment`, arrays of at least `shared_min_bytes` travel through it.
+    """One scorer server at `url`. With a `segment`, arrays of at least `shared_min_bytes` travel
+    through it.
 
     Once its backend sets `identity` (the scorer identity hash it was made for), every /score answer
     must name that identity (`IDENTITY_HEADER`): one of another, or a successful one of none, raises
-    `IdentityMismatch` before anything of it is read; an error answer of none (a proxy's) is an error
-    answer as before. The one check for managed, remote and multi-server clients alike."""
+    `IdentityMismatch` before anything of it is read; an error answer of none (a proxy's) is an
+    error answer as before. The one check for managed, remote and multi-server clients alike."""
 
     def __init__(
         self,
@@ -156,14 +161,17 @@ class ScorerClient:
     ) -> None:
         self.transport = transport
         self.url = url
-        self.identity: str | None = None  # what every /score answer must name, once the backend knows it
+        # what every /score answer must name, once the backend knows it
+        self.identity: str | None = None
         self.request_timeout = request_timeout
         self.control_timeout = control_timeout
         self.segment = segment
         self.shared_min_bytes = shared_min_bytes
         self.last_server_timing: str | None = None  # the child's phases for the last /score (ms)
-        self.last_replayed = False  # the last /score was answered from the child's idempotency cache
-        self.in_band_bytes = 0  # /score bodies sent over the socket (arrays included when not shared)
+        # the last /score was answered from the child's idempotency cache
+        self.last_replayed = False
+        # /score bodies sent over the socket (arrays included when not shared)
+        self.in_band_bytes = 0
 
     @classmethod
     def remote(
@@ -229,7 +237,8 @@ class ScorerClient:
         )  # a stdlib array (a child's scores) is never in an arena
 
     def score(self, frame: wire.Frame, idempotency_key: str | None = None, timeout: float | None = None) -> Any:
-        """POST a framed request (arrays in-band or through the segment); returns the decoded answer.
+        """POST a framed request (arrays in-band or through the segment); returns the decoded
+        answer.
 
         With an `idempotency_key`, re-sending the same frame with the same key is answered from the
         child's cache (or waits for the first send's scoring) instead of scoring it again."""
@@ -254,7 +263,8 @@ class ScorerClient:
         with self.segment.placement() as place:
             try:
                 body = frame.shared_body(place)
-            except (MemoryError, OSError):  # no extent free (arenas hold it), or no pages behind one
+            # no extent free (arenas hold it), or no pages behind one
+            except (MemoryError, OSError):
                 return None
             except ValueError as exc:  # the segment was closed meanwhile: the backend is closing
                 raise ConnectionLost(f"POST /score: shared segment: {exc!r}") from exc
@@ -270,7 +280,8 @@ class ScorerClient:
         return self._json("POST", "/offload", self.request_timeout if timeout is None else timeout)
 
     def drain(self, timeout_s: float, timeout: float | None = None) -> dict[str, Any]:
-        """The child waits up to `timeout_s`; the HTTP call up to `timeout` (default: that plus control)."""
+        """The child waits up to `timeout_s`; the HTTP call up to `timeout` (default: that plus
+        control)."""
         timeout = timeout_s + self.control_timeout if timeout is None else timeout
         return self._json("POST", f"/drain?timeout_s={timeout_s!r}", timeout)
 

@@ -1,4 +1,5 @@
-"""The directory a child imports this project from: links to our own child-side packages, nothing else.
+"""The directory a child imports this project from: links to our own child-side packages, nothing
+else.
 
 Why: the child's import path must hold the scorer env and this project's code, never
 the trainer's environment. Installed with pip, our packages sit in the trainer's

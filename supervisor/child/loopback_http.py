@@ -86,7 +86,8 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
 
 class _Connection:
     def __init__(self, address: tuple[str, int], deadline: _Deadline) -> None:
-        left = max(0.001, min(CONNECT_TRY_S, deadline.at - time.monotonic()))  # one try, not the whole deadline
+        # one try, not the whole deadline
+        left = max(0.001, min(CONNECT_TRY_S, deadline.at - time.monotonic()))
         self.sock = socket.create_connection(address, timeout=left)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buffer = bytearray()
@@ -170,7 +171,8 @@ class LoopbackHTTP:
         self._peer_alive = peer_alive
         self._lock = threading.Lock()
         self._closed = False
-        self.retries = 0  # tries repeated because nothing was sent or read (connect failure, eviction)
+        # tries repeated because nothing was sent or read (connect failure, eviction)
+        self.retries = 0
 
     def _take(self, deadline: _Deadline) -> _Connection:
         with self._lock:
@@ -183,7 +185,8 @@ class LoopbackHTTP:
                 conn.close()
         try:
             return _Connection(self.address, deadline)
-        except OSError as exc:  # refused, reset, a full backlog (timeout), or none left here (EMFILE)
+        # refused, reset, a full backlog (timeout), or none left here (EMFILE)
+        except OSError as exc:
             local = exc.errno in _LOCAL_ERRNOS
             where = "in this process" if local else f"to {self.address}"
             raise ConnectFailed(f"connect {where}: {exc!r}", local=local) from exc
@@ -211,7 +214,8 @@ class LoopbackHTTP:
             deadline.at,
             *RETRY_BACKOFF_S,
             retry_on=(ConnectFailed, _Evicted),
-            retry_if=lambda exc: not (isinstance(exc, ConnectFailed) and exc.local),  # waiting gives no fds back
+            # waiting gives no fds back
+            retry_if=lambda exc: not (isinstance(exc, ConnectFailed) and exc.local),
             go_on=self._peer_alive,
             on_retry=self._count_retry,
         )
@@ -231,7 +235,8 @@ class LoopbackHTTP:
     def _unevicted(
         self, head: bytes, body: Sequence[bytes | memoryview], deadline: _Deadline, method: str, target: str
     ) -> Answer:
-        """One try's answer; an eviction by the child's connection gate (nothing was read) raises."""
+        """One try's answer; an eviction by the child's connection gate (nothing was read)
+        raises."""
         answer = self._once(head, body, deadline, method, target)
         if answer.status == 503 and EVICTED_HEADER in answer.headers:
             raise _Evicted(f"{method} {target}: evicted by the child's connection gate")
@@ -244,7 +249,8 @@ class LoopbackHTTP:
         try:
             answer, reusable = conn.exchange(head, body, deadline)
         except BaseException as exc:
-            conn.close()  # mid-exchange (even on Ctrl-C) the connection's state is unknown: never reuse it
+            # mid-exchange (even on Ctrl-C) the connection's state is unknown: never reuse it
+            conn.close()
             if isinstance(exc, (ConnectionLost, NoAnswer, BadAnswer)):
                 raise
             if isinstance(exc, socket.timeout):

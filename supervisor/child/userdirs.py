@@ -21,7 +21,8 @@ _fallback: Path | None = None
 
 
 def ensure_private(path: Path) -> Path:
-    """Create `path` (mode 0700) if needed; OSError naming it unless it is a directory this user owns."""
+    """Create `path` (mode 0700) if needed; OSError naming it unless it is a directory this user
+    owns."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = path.lstat()
     if not stat.S_ISDIR(info.st_mode):

@@ -42,7 +42,8 @@ from supervisor.types import RewardItem, RewardRequest, RewardResponse
 log = logging.getLogger(__name__)
 # What a rebuilt item carries: every wire field that can travel as JSON. Media cannot.
 JSON_FIELDS = tuple(name for name in WIRE_FIELDS if name not in MEDIA_FIELDS)
-MARGIN_S = 60.0  # over the slowest call a backend allows (boot plus one request), for the default bound
+# over the slowest call a backend allows (boot plus one request), for the default bound
+MARGIN_S = 60.0
 FALLBACK_TIMEOUT_S = 600.0  # when no backend states its deadlines
 
 
@@ -96,7 +97,8 @@ class DistributedRewards(Component):
         self._whole_groups = component(backend).needs_whole_groups()
         leaves = component(backend).leaves()
         self._signature = digest([self._whole_groups, [repr(component(leaf).shape) for leaf in leaves]])[:16]
-        self.world_response: RewardResponse | None = None  # the last successful call's, every rank's
+        # the last successful call's, every rank's
+        self.world_response: RewardResponse | None = None
         self.exchanged_bytes = 0  # what this rank received in exchanges, all calls together
 
     @property
@@ -116,8 +118,8 @@ class DistributedRewards(Component):
 
     # -- the calls -------------------------------------------------------------------------
     def score(self, request: RewardRequest) -> Outcome:
-        """This rank's rewards; `request.step` (the trainer's step) is checked against the other ranks'.
-        A failure is every rank's, raised (a collective: see `_step`)."""
+        """This rank's rewards; `request.step` (the trainer's step) is checked against the other
+        ranks'. A failure is every rank's, raised (a collective: see `_step`)."""
         return Outcome.scored(self.compute_world_rewards(request)[0])
 
     async def compute_rewards_async(self, request: RewardRequest) -> RewardResponse:
@@ -129,10 +131,10 @@ class DistributedRewards(Component):
     def compute_world_rewards(
         self, request: RewardRequest | None, step: int | None = None
     ) -> tuple[RewardResponse, RewardResponse]:
-        """(this rank's response, every rank's response in rank order); None: this rank has nothing to
-        score this step, but takes part. The trainer's step (`step`, else `request.step`) is checked
-        against the other ranks': a rank that skipped a call is caught at its next one (without it,
-        only when the call counts diverge)."""
+        """(this rank's response, every rank's response in rank order); None: this rank has nothing
+        to score this step, but takes part. The trainer's step (`step`, else `request.step`) is
+        checked against the other ranks': a rank that skipped a call is caught at its next one
+        (without it, only when the call counts diverge)."""
         if request is None:
             return self._step([], None, None, step)
         return self._step(list(request.items), request.group_size, None, request.step if step is None else step)
@@ -177,7 +179,8 @@ class DistributedRewards(Component):
             return self._finish([item.id for item in items], answers, layout, local_error)
 
     def _assigned(self, items: list[RewardItem], layout: _Layout, shipped: list[dict[str, Any]]) -> list[RewardItem]:
-        """What this rank scores: its groups that stay on it, and the spanning groups it owns, whole."""
+        """What this rank scores: its groups that stay on it, and the spanning groups it owns,
+        whole."""
         own = {item.id: item for item in items}
         rebuilt = {}
         for rank, document in enumerate(shipped):
@@ -186,7 +189,8 @@ class DistributedRewards(Component):
                     if layout.spanning.get(fields.get("group_id")) == self.rank:
                         rebuilt[fields["id"]] = RewardItem.model_validate(fields)
         chosen = []
-        for item_id, group_id, _rank in layout.order:  # global order: a group's members as one process sees them
+        # global order: a group's members as one process sees them
+        for item_id, group_id, _rank in layout.order:
             if group_id in layout.spanning:
                 if layout.spanning[group_id] == self.rank:
                     chosen.append(own[item_id] if item_id in own else rebuilt[item_id])
@@ -201,7 +205,8 @@ class DistributedRewards(Component):
         return document
 
     def _score(self, build: Callable[[], Sequence[RewardItem]], group_size: int | None) -> dict[str, Any]:
-        """Score what `build` gives; any error is reported to the other ranks, never raised before the exchange."""
+        """Score what `build` gives; any error is reported to the other ranks, never raised before
+        the exchange."""
         try:
             items = list(build())
             if not items:
@@ -209,15 +214,16 @@ class DistributedRewards(Component):
             response = self.backend.compute_rewards(
                 RewardRequest(items=items, group_size=group_size, step=self._trainer_step)
             )
-            document = json.loads(response.model_dump_json())  # plain JSON: what the exchange can carry
+            # plain JSON: what the exchange can carry
+            document = json.loads(response.model_dump_json())
         except Exception as exc:  # noqa: BLE001 - every rank raises it, after the exchange
             return {"ok": False, "error": _describe(exc), "_error": exc}
         return {"ok": True, "response": document}
 
     # -- the exchange ----------------------------------------------------------------------
     def _exchange(self, phase: str, document: dict[str, Any]) -> list[dict[str, Any]]:
-        """Every rank's `document` for this phase of this call, in rank order. RankLost when a peer does
-        not answer within timeout_s, or answers for another call or phase."""
+        """Every rank's `document` for this phase of this call, in rank order. RankLost when a peer
+        does not answer within timeout_s, or answers for another call or phase."""
         if self._broken is not None:
             raise self._broken
         import torch
@@ -234,7 +240,8 @@ class DistributedRewards(Component):
             mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
             buffers = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world_size)]
             self._dist.all_gather(buffers, mine, group=self._group)
-        except RuntimeError as exc:  # gloo: a peer closed its connection, or the group's timeout passed
+        # gloo: a peer closed its connection, or the group's timeout passed
+        except RuntimeError as exc:
             self._broken = RankLost(
                 f"rank {self.rank}: the {phase} exchange of call {self._calls} ({self.world_size} ranks) failed "
                 f"within timeout_s={self.timeout_s:g}: a peer rank was killed, is stuck, or is slower than the "
@@ -277,7 +284,8 @@ class DistributedRewards(Component):
             raise RewardContractError(f"no reward came back for ids {missing[:8]} (of {len(missing)})")
         try:
             diagnostics = merge_term_reports(r.diagnostics for r in responses)
-        except (TypeError, ValueError, KeyError) as exc:  # the same data on every rank: the same error
+        # the same data on every rank: the same error
+        except (TypeError, ValueError, KeyError) as exc:
             raise RewardContractError(f"the ranks' diagnostics cannot be merged: {exc!r}") from exc
         world = join_rows(world_ids, rows, diagnostics) if world_ids else _empty()
         mine_scored = answers[self.rank]["response"]

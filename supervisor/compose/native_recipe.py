@@ -19,7 +19,8 @@ from supervisor.errors import ConfigError
 NATIVE_SCORER = "scorers.native.scorer:NativeModelScorer"
 MODEL_KEYS = {"backend", "model_path", "placement", "executor", "offload", "env", "python_executable"}
 MODEL_KEYS |= {"extra_import_paths", "request_batch_size", "process", "restart", "limits", "call_timeout_s"}
-TERM_KEYS = {"weight", "required", "applicable_datasets"}  # the panel's; `model`, `path`, `name` bind
+# the panel's; `model`, `path`, `name` bind
+TERM_KEYS = {"weight", "required", "applicable_datasets"}
 FUNCTION_KEYS = {"model", "path", "name", "log_keys"}
 DEFAULT_BATCH = 512  # one wake and one sleep per request of up to this many items (a chunk each)
 
@@ -102,8 +103,8 @@ def _absolute(reference: str) -> str:
 
 
 def placement(where: str, given: Any) -> tuple[str, dict[str, Any]]:
-    """`placement.devices` -> the child's device and the replicas: all GPU indices (one child narrowed
-    to each) or all `cpu` (that many CPU children)."""
+    """`placement.devices` -> the child's device and the replicas: all GPU indices (one child
+    narrowed to each) or all `cpu` (that many CPU children)."""
     devices = given.get("devices") if isinstance(given, Mapping) else None
     if not isinstance(devices, list) or not devices:
         raise ConfigError(f"{where}.placement.devices lists one entry per replica: GPU indices or cpu")
@@ -116,7 +117,8 @@ def placement(where: str, given: Any) -> tuple[str, dict[str, Any]]:
 
 
 def check_devices(models: Mapping[str, Any]) -> None:
-    """No GPU index is listed by two native models (verl-omni's rule: a device is one deployment's)."""
+    """No GPU index is listed by two native models (verl-omni's rule: a device is one
+    deployment's)."""
     owner: dict[int, str] = {}
     for name, model in models.items():
         given = model.get("placement") if is_native(model) else None

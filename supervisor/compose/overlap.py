@@ -48,8 +48,8 @@ class OverlappedScoring:
     def __init__(self, backend: RewardBackend, group_size: int | None = None) -> None:
         self.backend = backend
         self.group_size = group_size
-        # windows as large as a micro, cut only at a micro boundary (the trainer paces it); each micro's
-        # response is its window's, so the stream keeps nothing for a barrier
+        # windows as large as a micro, cut only at a micro boundary (the trainer paces it); each
+        # micro's response is its window's, so the stream keeps nothing for a barrier
         self._stream = backend.stream(
             group_size, window=UNBOUNDED, max_wait_s=math.inf, max_pending=UNBOUNDED, collect=False
         )

@@ -123,11 +123,13 @@ class _Gathered:
 
 
 def _fatal_reason(call: _Call, error: BaseException) -> str | None:
-    """Why a backend's failure fails the panel's call, or None: only its optional terms lose their values."""
+    """Why a backend's failure fails the panel's call, or None: only its optional terms lose their
+    values."""
     if isinstance(error, LIFECYCLE_ERRORS):
         return "setup failure"
     if isinstance(error, ScorerRequestError) and error.kind == RESIDENCY_FAILED:
-        return "lifecycle failure"  # a model that could not wake or sleep: never an optional term's loss
+        # a model that could not wake or sleep: never an optional term's loss
+        return "lifecycle failure"
     if any(term.required for term in call.terms):
         return "required"
     if not isinstance(error, ScorerError):
@@ -148,9 +150,9 @@ class RewardPanel(Component):
         group_size: int | None = None,
         group_failures: str = "whole_group",
     ) -> None:
-        """`group_failures`: an optional term that fails on some members of a group fails for the whole
-        group ("whole_group": a group-relative advantage never compares members scored by different
-        terms), or the call is refused ("raise")."""
+        """`group_failures`: an optional term that fails on some members of a group fails for the
+        whole group ("whole_group": a group-relative advantage never compares members scored by
+        different terms), or the call is refused ("raise")."""
         if not terms:
             raise ConfigError("a panel needs at least one term")
         if group_failures not in GROUP_FAILURES:
@@ -181,7 +183,8 @@ class RewardPanel(Component):
     def identity_hash(self) -> str:
         """Its terms' scorer identities, weights, required flags and applicability."""
         described: dict[str, Any] = {"panel": [term.describe() for term in self.terms]}
-        if self.group_failures != "whole_group":  # the default leaves the identities of earlier panels as they were
+        # the default leaves the identities of earlier panels as they were
+        if self.group_failures != "whole_group":
             described["group_failures"] = self.group_failures
         return digest(described)
 
@@ -204,7 +207,8 @@ class RewardPanel(Component):
             for call in calls:
                 if any(term.applies(item) for term in call.terms):
                     call.positions.append(position)
-        for call in calls:  # a term with nothing to score in this request takes no part in its backend's call
+        # a term with nothing to score in this request takes no part in its backend's call
+        for call in calls:
             call.terms = [t for t in call.terms if any(t.applies(request.items[p]) for p in call.positions)]
         return [call for call in calls if call.positions], weights
 
@@ -220,7 +224,8 @@ class RewardPanel(Component):
             self._settle(call, outcome, request, got)
         if got.fatal:
             terms, why, error = got.fatal[0]
-            error = _without_partial(error)  # the term's own rewards, not this panel's: nothing above takes them
+            # the term's own rewards, not this panel's: nothing above takes them
+            error = _without_partial(error)
             error.add_note(f"panel term(s) {terms}: {why}")
             return Outcome.raised(error)
         failures = self._whole_groups(request, got.failures, got.values)
@@ -236,7 +241,8 @@ class RewardPanel(Component):
         return Outcome.scored(response)
 
     def _settle(self, call: _Call, outcome: Outcome, request: RewardRequest, got: _Gathered) -> None:
-        """One backend's outcome into `got`: its values, its optional terms' failure, or a fatal error."""
+        """One backend's outcome into `got`: its values, its optional terms' failure, or a fatal
+        error."""
         if outcome.kind == "terms_failed" and outcome.response is not None:  # each term decides
             record = outcome.error.record if isinstance(outcome.error, ScorerError) else None
             self._take(call, outcome.response, request, got, record)
@@ -244,9 +250,11 @@ class RewardPanel(Component):
         if outcome.kind == "items_failed" and outcome.response is not None and not _any_required(call):
             self._take_partial(call, outcome, request, got)
             return
-        if isinstance(outcome.error, ScorerRequestError):  # the scorer's own refusal: perhaps of an optional item
+        # the scorer's own refusal: perhaps of an optional item
+        if isinstance(outcome.error, ScorerRequestError):
             narrowed = self._required_share(call, request)
-            if narrowed is not None:  # optional terms brought items of their own: never let them sink the rest
+            # optional terms brought items of their own: never let them sink the rest
+            if narrowed is not None:
                 (retry,) = self._score_concurrently(request, [narrowed])
                 if retry.ok and retry.response is not None:
                     refused = outcome.error
@@ -282,9 +290,9 @@ class RewardPanel(Component):
     def _whole_groups(
         self, request: RewardRequest, failures: list[TermFailure], values: dict[str, list[float | None]]
     ) -> list[TermFailure]:
-        """Each failure of one of this panel's terms widened to every member of the groups it touches
-        (those members lose that term's value too), or the call refused (`group_failures` "raise").
-        A nested panel's failures arrive widened already."""
+        """Each failure of one of this panel's terms widened to every member of the groups it
+        touches (those members lose that term's value too), or the call refused (`group_failures`
+        "raise"). A nested panel's failures arrive widened already."""
         members: dict[str, list[int]] = {}
         for position, item in enumerate(request.items):
             if item.group_id is not None:
@@ -345,13 +353,15 @@ class RewardPanel(Component):
             for call in calls:
                 component(call.backend).interrupt()
 
-        # Daemon threads, one per backend (see fanout): a Ctrl-C never waits for an in-process scorer.
+        # Daemon threads, one per backend (see fanout): a Ctrl-C never waits for an in-process
+        # scorer.
         return as_outcomes(on_each(calls, one, "panel", on_interrupt=interrupt))
 
     def _take_partial(self, call: _Call, outcome: Outcome, request: RewardRequest, got: _Gathered) -> None:
         """Optional terms whose backend could not score some items: those items get nothing from
         them (recorded by id), the others keep their values."""
-        assert outcome.response is not None and outcome.error is not None  # items_failed: both by construction
+        # items_failed: both by construction
+        assert outcome.response is not None and outcome.error is not None
         error = outcome.error
         missing = [p for p in call.positions if request.items[p].id in outcome.failed]
         gone = set(missing)
@@ -366,17 +376,20 @@ class RewardPanel(Component):
     def _take(
         self, call: _Call, response: RewardResponse, request: RewardRequest, got: _Gathered, record: Any = None
     ) -> None:
-        """A backend's answer for its terms: their values at the call's positions, nested failures, reports."""
+        """A backend's answer for its terms: their values at the call's positions, nested failures,
+        reports."""
         expected = [request.items[p].id for p in call.positions]
         if response.ids != expected:  # a backend answered for other samples: never attach
             raise RewardContractError(f"backend for terms {[t.name for t in call.terms]} answered for other ids")
         scorer_lost = {i: f for f in response.term_failures if f.kind == SCORER_TERM_FAILED for i in f.ids}
         usable = [ok or i in scorer_lost for ok, i in zip(response.usable(), response.ids, strict=True)]
-        for term in call.terms:  # usable: finite, by the response's own rule (types.first_non_finite)
+        # usable: finite, by the response's own rule (types.first_non_finite)
+        for term in call.terms:
             if term.component is not None:
                 self._take_component(term, call, response, request, got, usable, record)
                 continue
-            lost: dict[str, TermFailure] = {}  # the scorer failed a term of the reward: the item has none
+            # the scorer failed a term of the reward: the item has none
+            lost: dict[str, TermFailure] = {}
             for j, position in enumerate(call.positions):
                 if term.applies(request.items[position]):
                     value = response.rewards[j]
@@ -388,7 +401,8 @@ class RewardPanel(Component):
                     else:
                         got.values[term.name][position] = value
             self._lose(term, lost, got, record)
-            for inner in response.term_failures:  # a panel inside a panel: its optional terms' failures
+            # a panel inside a panel: its optional terms' failures
+            for inner in response.term_failures:
                 if inner.kind != SCORER_TERM_FAILED:
                     got.failures.append(inner.model_copy(update={"term": f"{term.name}.{inner.term}"}))
             self._take_reports(term, response, got)
@@ -434,8 +448,9 @@ class RewardPanel(Component):
 
     @staticmethod
     def _lose(term: PanelTerm, lost: Mapping[str, TermFailure], got: _Gathered, record: Any = None) -> None:
-        """Items that got no value from `term` because its scorer failed it for them: a required term
-        raises naming them (and the child, `record`, when known); an optional one records them."""
+        """Items that got no value from `term` because its scorer failed it for them: a required
+        term raises naming them (and the child, `record`, when known); an optional one records
+        them."""
         if lost and term.required:
             whys = {item_id: failure.error for item_id, failure in lost.items()}
             raise ScorerItemsFailed(
@@ -500,8 +515,8 @@ _WARN_EVERY = 100  # after the first, every 100th identical warning, with its co
 
 
 def _warn_repeatedly(term: str, error: str, what: str, count: int) -> None:
-    """An optional term's failure, warned the first time and then every 100th time it recurs word for
-    word (a term that fails on every batch of a long run says so once, not once per batch)."""
+    """An optional term's failure, warned the first time and then every 100th time it recurs word
+    for word (a term that fails on every batch of a long run says so once, not once per batch)."""
     with _WARNED_LOCK:
         seen = _WARNED[(term, error)] = _WARNED.get((term, error), 0) + 1
         if len(_WARNED) > 1024:  # many distinct errors: forget the oldest
@@ -543,14 +558,15 @@ class BackendPool:
         self._backends: dict[bytes, tuple[RewardBackend, int]] = {}
 
     def acquire(self, config: Any, build: Callable[[], RewardBackend]) -> RewardBackend:
-        """The backend for `config`: the pool's, or a new one from `build` (started if it waits to be)."""
+        """The backend for `config`: the pool's, or a new one from `build` (started if it waits to
+        be)."""
         return self.acquire_all([(config, build)])[0]
 
     def acquire_all(self, entries: Sequence[tuple[Any, Callable[[], RewardBackend]]]) -> list[RewardBackend]:
-        """The backend of each (config, build): the pool's, or a new one from `build`. The new ones are
-        made and started at once (a panel's children boot together, its local models load together),
-        under the lock, so two panels never start the same child twice and nobody sees one half
-        started. If any fails (or Ctrl-C), none of the new ones is kept."""
+        """The backend of each (config, build): the pool's, or a new one from `build`. The new ones
+        are made and started at once (a panel's children boot together, its local models load
+        together), under the lock, so two panels never start the same child twice and nobody sees
+        one half started. If any fails (or Ctrl-C), none of the new ones is kept."""
         with self._lock:
             keys = [canonical_json(config) for config, _ in entries]
             builds: dict[bytes, Callable[[], RewardBackend]] = {}

@@ -67,8 +67,10 @@ log = logging.getLogger(__name__)
 ACTOR_THREADS = 4
 CLOSE_TIMEOUT_S = 30.0  # the actors' graceful close (their children's shutdown), then ray.kill
 CANCEL_POLL_S = 0.05  # how often a share waiting in its actor looks for its cancel
-KILLED_SHARE_S = 3.0  # a scoring share, its child killed at its cancel, ends within this (the exchange breaks)
-# the actor's answer to a cancel (queued or scoring) comes back within this after the call's deadline
+# a scoring share, its child killed at its cancel, ends within this (the exchange breaks)
+KILLED_SHARE_S = 3.0
+# the actor's answer to a cancel (queued or scoring) comes back within this after the call's
+# deadline
 CANCEL_GRACE_S = KILLED_SHARE_S + 2.0
 RESTART_POLL_S = 0.2  # how often an actor Ray is restarting is asked again for its info
 
@@ -158,8 +160,8 @@ class PoolActor:
         }
 
     def score(self, request: RewardRequest) -> ShareAnswer:
-        """The share's rewards, or its typed error, signed; waits its turn, and stops where it is when
-        the pool cancels it (`ray.cancel` at the call's deadline)."""
+        """The share's rewards, or its typed error, signed; waits its turn, and stops where it is
+        when the pool cancels it (`ray.cancel` at the call's deadline)."""
         import ray
 
         context = ray.get_runtime_context()
@@ -183,7 +185,8 @@ class PoolActor:
         turn = self._turns.submit(scoring)
         turn.add_done_callback(self._released)
         while not wait([turn], timeout=CANCEL_POLL_S).done:
-            if context.is_canceled():  # raised: Ray answers a cancelled task's return with TaskCancelledError
+            # raised: Ray answers a cancelled task's return with TaskCancelledError
+            if context.is_canceled():
                 raise self._stopped(turn, turn_token, share, ahead, began)
         return self._signed(self._answer(turn))
 
@@ -202,16 +205,17 @@ class PoolActor:
     def _stopped(
         self, turn: Future[Outcome], token: object, share: str, ahead: int, began: list[float]
     ) -> ScorerTimeout:
-        """The share's call passed its deadline. Queued: it leaves the queue, never scored. Scoring: its
-        child is killed (the next share starts a new one, counted against the restart policy), so nothing
-        queues behind a hang. The kill happens only while this share is the one scoring: a share that
-        ended meanwhile never costs the next one its child."""
+        """The share's call passed its deadline. Queued: it leaves the queue, never scored. Scoring:
+        its child is killed (the next share starts a new one, counted against the restart policy),
+        so nothing queues behind a hang. The kill happens only while this share is the one scoring:
+        a share that ended meanwhile never costs the next one its child."""
         if turn.cancel():
             return ScorerTimeout(
                 f"{share} was still queued when the call's deadline passed (it came behind {ahead} other "
                 "share(s) of this actor): cancelled, never scored"
             )
-        started_by = time.monotonic() + KILLED_SHARE_S  # the turn left the queue: it is starting or has ended
+        # the turn left the queue: it is starting or has ended
+        started_by = time.monotonic() + KILLED_SHARE_S
         while self._scoring is not token and not turn.done() and time.monotonic() < started_by:
             time.sleep(CANCEL_POLL_S / 5)
         with self._scoring_lock:
@@ -262,7 +266,8 @@ def _placement(config: RayPoolConfig) -> dict[str, Any]:
 class _Member:
     index: int
     handle: Any
-    info: dict[str, Any] | None = None  # None: not known yet, or its actor died (Ray may restart it)
+    # None: not known yet, or its actor died (Ray may restart it)
+    info: dict[str, Any] | None = None
     last: dict[str, Any] | None = None  # the last info known: what an error names while it restarts
 
 
@@ -362,7 +367,8 @@ class RayPoolBackend(Component):
         return [m.info for m in self._pool if m.info is not None]
 
     def actors(self, timeout_s: float = 300.0) -> list[dict[str, Any]]:
-        """Where each actor runs now (node id and ip, actor and child pids), asked again after a death."""
+        """Where each actor runs now (node id and ip, actor and child pids), asked again after a
+        death."""
         return self._infos(time.monotonic() + timeout_s, "info")
 
     def describe(self, member: _Member) -> str:
@@ -391,12 +397,14 @@ class RayPoolBackend(Component):
         groups = request_groups(request, self.shape, group_size)
         shares = share_groups(groups, [0] * len(self._pool), False)
         deadline = time.monotonic() + self.call_timeout_s
-        self._infos(deadline, "coming back after a restart")  # an actor that died: wait for Ray's restart
+        # an actor that died: wait for Ray's restart
+        self._infos(deadline, "coming back after a restart")
         sent = [(m, share) for m, share in zip(self._pool, shares, strict=True) if share]
         refs = []
         for _member, share in sent:
             part = RewardRequest(items=[request.items[p] for p in share], group_size=group_size, step=request.step)
-            refs.append(_member.handle.score.remote(ray.put(part)))  # the actor reads its arrays from the store
+            # the actor reads its arrays from the store
+            refs.append(_member.handle.score.remote(ray.put(part)))
         whats = [f"scoring its share of {len(share)} ids from {request.items[share[0]].id!r}" for _, share in sent]
         answers = self._outcomes([m for m, _ in sent], refs, deadline, whats)
         outcomes = [
@@ -412,7 +420,8 @@ class RayPoolBackend(Component):
         """A share's outcome once its signature is checked: the pool's identity, and its own ids."""
         if not isinstance(answer, ShareAnswer):
             return Outcome.raised(answer)  # a Ray failure, already translated
-        member.last = {**(member.last or {}), **answer.where}  # what errors name: the actor as it answered
+        # what errors name: the actor as it answered
+        member.last = {**(member.last or {}), **answer.where}
         if member.info is not None:
             member.info = {**member.info, **answer.where}
         where = self.describe(member)
@@ -460,7 +469,8 @@ class RayPoolBackend(Component):
         if refs:
             _, late = ray.wait(list(refs), num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
         for ref in late:
-            ray.cancel(ref)  # not handed over yet: never runs; held by the actor: it stops it (PoolActor.score)
+            # not handed over yet: never runs; held by the actor: it stops it (PoolActor.score)
+            ray.cancel(ref)
         grace = time.monotonic() + CANCEL_GRACE_S
         outcomes: list[Any] = []
         for member, ref, doing in zip(members, refs, whats, strict=True):
@@ -471,12 +481,14 @@ class RayPoolBackend(Component):
         return outcomes
 
     def _translated(self, exc: Exception, member: _Member, what: str) -> Exception:
-        """The one place a Ray failure becomes this project's error, naming the actor, node and pid."""
+        """The one place a Ray failure becomes this project's error, naming the actor, node and
+        pid."""
         errors = _ray().exceptions
         where = self.describe(member)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if isinstance(exc, errors.RayActorError):
-            info, member.info = member.last or {}, None  # asked again next time: Ray may restart it elsewhere
+            # asked again next time: Ray may restart it elsewhere
+            info, member.info = member.last or {}, None
             if exc.actor_init_failed:
                 return ScorerStartupError(f"{where}: the actor could not start its scorer: {exc}")
             policy = info.get("policy", {})
@@ -489,7 +501,8 @@ class RayPoolBackend(Component):
                 node_ip=info.get("node_ip"),
                 actor_pid=info.get("pid"),
             )
-        if isinstance(exc, errors.TaskCancelledError):  # cancelled at the deadline before the actor took it up
+        # cancelled at the deadline before the actor took it up
+        if isinstance(exc, errors.TaskCancelledError):
             return ScorerTimeout(
                 f"{where}: {what}: still queued for the actor in Ray when the call's {self.call_timeout_s} s "
                 "deadline passed: cancelled, never scored"
@@ -500,7 +513,8 @@ class RayPoolBackend(Component):
                 f"cancel {CANCEL_GRACE_S} s after it: the actor is not answering (stopped, stuck, or its node "
                 "unreachable), so whether the share was queued or scoring is unknown"
             )
-        if isinstance(exc, errors.RayTaskError):  # raised inside the actor, not by its scorer: named
+        # raised inside the actor, not by its scorer: named
+        if isinstance(exc, errors.RayTaskError):
             cause = exc.cause
             if isinstance(cause, ScorerError):
                 return prefixed(cause, where)  # type: ignore[return-value]  # a ScorerError stays one
@@ -511,7 +525,8 @@ class RayPoolBackend(Component):
 
     # -- lifecycle -------------------------------------------------------------------------
     def kill(self) -> None:
-        """End every actor now (SIGKILL; no restart); their children go with them. Any process may."""
+        """End every actor now (SIGKILL; no restart); their children go with them. Any process
+        may."""
         ray = _ray()
         self._closed = True
         for member in self._pool:

@@ -160,7 +160,8 @@ def _missing(where: str) -> PanelConfig:
 MODEL_KEYS = {"backend", "scorer", "params", "revision", "identity_hash", "catalog", "device", "input_kind"}
 
 
-# a remote model's keys are its config's own (`client` too, below; `base_urls` is base_url's other spelling)
+# a remote model's keys are its config's own (`client` too, below; `base_urls` is base_url's other
+# spelling)
 REMOTE_KEYS = (set(RemoteBackendConfig.model_fields) - {"kind", "client"}) | {"base_urls"}
 
 
@@ -220,14 +221,16 @@ def _verl_managed(model: Mapping[str, Any], scorer: dict[str, Any], client: dict
     return managed
 
 
-# what this style reads of verl-omni's `reward:`; its other keys (reward_manager, reward_model, ...) are verl's
+# what this style reads of verl-omni's `reward:`; its other keys (reward_manager, reward_model, ...)
+# are verl's
 VERL_OMNI_KEYS = ("models", "reward_functions", "val_reward_functions", "group_size")
 
 
 def _from_verl_omni(reward: Mapping[str, Any]) -> Recipe:
     for key in reward:
         near = difflib.get_close_matches(str(key), VERL_OMNI_KEYS, n=1, cutoff=0.8)
-        if key not in VERL_OMNI_KEYS and near:  # a misspelt key of ours would be ignored: said instead
+        # a misspelt key of ours would be ignored: said instead
+        if key not in VERL_OMNI_KEYS and near:
             raise ConfigError(f"reward.{key}: not a key this recipe reads (did you mean {near[0]!r}?)")
     models = reward.get("models") or {}
     if not isinstance(models, Mapping):
@@ -254,7 +257,8 @@ class _VerlModels:
     group_size: int | None
 
     def panel(self, functions: Mapping[str, Any] | None, where: str) -> PanelConfig | None:
-        """The panel of `functions` (`reward_functions` or `val_reward_functions`); None: none given."""
+        """The panel of `functions` (`reward_functions` or `val_reward_functions`); None: none
+        given."""
         if not functions:
             return None
         entries = [(name, fn if fn is not None else {}) for name, fn in functions.items()]
@@ -273,7 +277,8 @@ class _VerlModels:
                 "function binds a model's scorer term (`model:`, `component:`). Put Python scorers in a "
                 "catalog or pass their dotted path as the model's `scorer:`"
             )
-        bound = fn.get("model", name)  # a term uses the model of its own name unless it binds another
+        # a term uses the model of its own name unless it binds another
+        bound = fn.get("model", name)
         if bound not in self.backends:
             raise ConfigError(f"{where}.{name}: model {bound!r} is not in reward.models ({sorted(self.models)})")
         term = {k: v for k, v in fn.items() if k != "model"}
@@ -297,11 +302,13 @@ def _from_catalog(data: Mapping[str, Any]) -> Recipe:
             if key in selection:
                 scorer[key] = selection[key]
         kind = execution.get("kind", "local")
-        client = {"input_kind": scorer["input_kind"]} if "input_kind" in scorer else {}  # else the scorer's own
+        # else the scorer's own
+        client = {"input_kind": scorer["input_kind"]} if "input_kind" in scorer else {}
         backend: dict[str, Any] = {"kind": kind, "scorer": scorer, "client": client}
         if kind == "managed":
             backend["process"] = {k: v for k, v in execution.items() if k != "kind"}
-            if isinstance(backend["process"].get("env"), str):  # a scorer env by name, not variables
+            # a scorer env by name, not variables
+            if isinstance(backend["process"].get("env"), str):
                 backend["env"] = backend["process"].pop("env")
         elif kind != "local":
             raise ConfigError(f"execution.kind must be local or managed, got {kind!r}")
@@ -331,9 +338,9 @@ def _from_catalog(data: Mapping[str, Any]) -> Recipe:
 def make_backend(
     config: ManagedScorerProcessSpec | LocalBackendConfig | RemoteBackendConfig | JobBackendConfig, start: bool = True
 ) -> RewardBackend:
-    """One backend from its config, each kind by its own `from_config` (every setting by its name, none
-    copied here); a managed child starts here unless `start=False` (then `start()` starts it: panels
-    start their children together)."""
+    """One backend from its config, each kind by its own `from_config` (every setting by its name,
+    none copied here); a managed child starts here unless `start=False` (then `start()` starts it:
+    panels start their children together)."""
     from supervisor.backends.jobs import JobRewardBackend
     from supervisor.backends.local import LocalRewardBackend
     from supervisor.backends.managed import ManagedScorerProcessBackend
@@ -342,7 +349,8 @@ def make_backend(
     from supervisor.compose.replicas import ReplicatedBackend
 
     if isinstance(config, ManagedScorerProcessSpec):
-        if config.replicas.size > 1 or config.replicas.devices:  # one listed device: narrowed to it too
+        # one listed device: narrowed to it too
+        if config.replicas.size > 1 or config.replicas.devices:
             return ReplicatedBackend(config, start=start)
         return ManagedScorerProcessBackend(config, start=start)
     if isinstance(config, LocalBackendConfig):
@@ -355,7 +363,8 @@ def make_backend(
 
 
 def _token(config: RemoteBackendConfig | JobBackendConfig) -> str | None:
-    """The bearer token from the variable the config names (its name is configuration, its value never)."""
+    """The bearer token from the variable the config names (its name is configuration, its value
+    never)."""
     if config.token_env is None:
         return None
     token = os.environ.get(config.token_env)
@@ -385,7 +394,8 @@ def build_panel(config: PanelConfig, pool: BackendPool | None = None) -> RewardP
 
 
 def _panel_term(term: TermConfig, backend: RewardBackend) -> PanelTerm:
-    """The term its config describes, every field by its name, over the backend built from its config."""
+    """The term its config describes, every field by its name, over the backend built from its
+    config."""
     return PanelTerm(backend=backend, **settings(term, leave={"backend"}))
 
 

@@ -1,4 +1,5 @@
-"""MultiRemoteRewardBackend: one term served by several `managed-scorers serve` servers of one scorer.
+"""MultiRemoteRewardBackend: one term served by several `managed-scorers serve` servers of one
+scorer.
 
 Why: a scorer that waits (an LLM judge behind an API) or one server's GPU is the step's bottleneck;
 OpenRLHF shards a batch across several reward URLs the same way. Each server is an ordinary
@@ -96,7 +97,8 @@ class _ShareChunks:
 
 
 class _Call:
-    """One call's servers: those that answered its /health, those that failed during it, its deadline."""
+    """One call's servers: those that answered its /health, those that failed during it, its
+    deadline."""
 
     def __init__(
         self,
@@ -146,7 +148,8 @@ class _Call:
             why = "the deadline is spent"
         if why is not None:
             raise prefixed(exc, f"{self._what(chunk)} on {self.servers[index].base_url}, not re-sent ({why})") from exc
-        later = [i for i in others if i > index]  # the next one round the ring: failures spread, not piled
+        # the next one round the ring: failures spread, not piled
+        later = [i for i in others if i > index]
         return (later or others)[0]
 
     @staticmethod
@@ -155,8 +158,9 @@ class _Call:
 
 
 class MultiRemoteRewardBackend(Component):
-    """Several scorer servers of one identity as one backend; thread-safe. `options`: every option of
-    RemoteRewardBackend (token, request_timeout, request_batch_size, pins, ...), the same for each."""
+    """Several scorer servers of one identity as one backend; thread-safe. `options`: every option
+    of RemoteRewardBackend (token, request_timeout, request_batch_size, pins, ...), the same for
+    each."""
 
     def __init__(
         self,
@@ -194,8 +198,8 @@ class MultiRemoteRewardBackend(Component):
 
     @classmethod
     def from_config(cls, config: RemoteBackendConfig, token: str | None = None) -> MultiRemoteRewardBackend:
-        """The servers a recipe (or the CLI) describes, every setting passed by its name: the probes here,
-        the others to each server's client; `token` is the value of `config.token_env`."""
+        """The servers a recipe (or the CLI) describes, every setting passed by its name: the probes
+        here, the others to each server's client; `token` is the value of `config.token_env`."""
         probes = {"probe_timeout_s", "probe_interval_s"}
         return cls(
             config.urls, token, **settings(config, flatten=("client",), leave={*NOT_SETTINGS, "base_url"} - probes)
@@ -250,8 +254,9 @@ class MultiRemoteRewardBackend(Component):
         return healthy, [d * size for d in counted] if len(counted) == len(depths) else None
 
     def _probe(self, indexes: list[int]) -> tuple[list[int], list[int | None], dict[int, str]]:
-        """/health of each server in `indexes` at once: those ready (marked up), their queue depths, and
-        why each other one is not (marked down); another identity raises ScorerIdentityChanged."""
+        """/health of each server in `indexes` at once: those ready (marked up), their queue depths,
+        and why each other one is not (marked down); another identity raises
+        ScorerIdentityChanged."""
         if not indexes:
             return [], [], {}
         probe = self.probe_timeout_s
@@ -299,7 +304,8 @@ class MultiRemoteRewardBackend(Component):
         return None
 
     def _went_down(self, index: int, why: str) -> None:
-        """Server `index` failed a probe or a chunk: later calls pass it over until it is ready again."""
+        """Server `index` failed a probe or a chunk: later calls pass it over until it is ready
+        again."""
         with self._standing_lock:
             if index not in self._down:
                 log.warning("%s passed over until a probe finds it ready again: %s", self.servers[index].base_url, why)
@@ -319,8 +325,8 @@ class MultiRemoteRewardBackend(Component):
                 watcher.start()
 
     def _watch(self, index: int) -> None:
-        """Ask server `index` every probe_interval_s (one probe at a time) until it is ready again or
-        the backend closes; one of another identity is what the next call raises."""
+        """Ask server `index` every probe_interval_s (one probe at a time) until it is ready again
+        or the backend closes; one of another identity is what the next call raises."""
         server = self.servers[index]
         while not self._stopped.wait(self.probe_interval_s):
             with self._standing_lock:
@@ -341,7 +347,8 @@ class MultiRemoteRewardBackend(Component):
                 return
             with self._standing_lock:
                 self._down[index] = why
-                # the server of another identity is gone (stopped, say): passed over again, not an error
+                # the server of another identity is gone (stopped, say): passed over again, not an
+                # error
                 self._changed.pop(index, None)
 
     def score(self, request: RewardRequest) -> Outcome:
@@ -363,7 +370,8 @@ class MultiRemoteRewardBackend(Component):
 
         outcomes = as_outcomes(on_each(sent, score_share, "remote-share", on_interrupt=self.interrupt))
 
-        def named(_index: int, error: BaseException, others: int) -> BaseException:  # each names its server
+        # each names its server
+        def named(_index: int, error: BaseException, others: int) -> BaseException:
             also = f"; {others} other share(s) failed too" if others else ""
             return prefixed(error, f"{self.shape.name!r} over {len(self.servers)} servers{also}")
 

@@ -86,7 +86,8 @@ class ReplicatedBackend(Component):
         )
         self.devices = replica_devices(self.spec.replicas)
         self.replicas = [ManagedScorerProcessBackend(s, start=False) for s in replica_specs(self.spec)]
-        self._load = [0] * len(self.replicas)  # items sent and not answered, per replica (least_loaded)
+        # items sent and not answered, per replica (least_loaded)
+        self._load = [0] * len(self.replicas)
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
@@ -166,11 +167,13 @@ class ReplicatedBackend(Component):
                     future = self.replicas[index].submit(
                         RewardRequest(items=items, group_size=group_size, step=request.step)
                     )
-                    futures[index] = future  # on the replica's own worker: in order, never behind another replica
+                    # on the replica's own worker: in order, never behind another replica
+                    futures[index] = future
                     future.add_done_callback(self._unload(index, len(share)))
             for future in futures.values():
                 future.exception()  # bounded by the request deadline
-        except BaseException:  # Ctrl-C while the shares run: never leave them scoring behind the caller
+        # Ctrl-C while the shares run: never leave them scoring behind the caller
+        except BaseException:
             for sent in futures.values():
                 sent.cancel()
             self.interrupt()
@@ -229,9 +232,10 @@ class ReplicatedBackend(Component):
             replica.abort_start()
 
     def close(self) -> None:
-        """Closes every replica at once (one shutdown deadline for all, not N); a second caller waits
-        for the first. In a fork of the owner it only marks the replicas closed."""
-        if not self.replicas[0].owned_here():  # before any lock: one held at the fork stays held here
+        """Closes every replica at once (one shutdown deadline for all, not N); a second caller
+        waits for the first. In a fork of the owner it only marks the replicas closed."""
+        # before any lock: one held at the fork stays held here
+        if not self.replicas[0].owned_here():
             self._closed = True
             for replica in self.replicas:
                 replica.close()

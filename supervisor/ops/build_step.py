@@ -1,4 +1,5 @@
-"""One step of an env build (venv, pip, uv) run as a child, watched: nothing goes silent for minutes.
+"""One step of an env build (venv, pip, uv) run as a child, watched: nothing goes silent for
+minutes.
 
 At verbosity 0 the step's output is kept (its tail goes into the error when it fails) and a line
 every HEARTBEAT_S says it still runs, with its last output line (what pip is collecting); at 1 and
@@ -83,7 +84,8 @@ def run_step(
 
 
 def _pump(child: subprocess.Popen[str], lines: list[str], echo: Callable[[str], None] | None) -> None:
-    """Collect the child's output lines (pip's local-index noise aside), passing each on when echoing."""
+    """Collect the child's output lines (pip's local-index noise aside), passing each on when
+    echoing."""
     if child.stdout is None:
         return
     for raw in child.stdout:

@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-try:  # first, for every command: supervisord's files in our `supervisor` package (scorers/install.py)
+# first, for every command: supervisord's files in our `supervisor` package (scorers/install.py)
+try:
     import scorers  # noqa: F401
 except ImportError as _refusal:
     if not getattr(_refusal, "supervisord_clash", False):
@@ -42,7 +43,8 @@ def _envs_build(args: argparse.Namespace) -> int:
     def build(spec: Path, venv: Path) -> None:
         env_builder.build(spec, venv, args.python, args.force, installer=args.installer, verbosity=args.verbose)
 
-    if args.requirements is not None:  # a custom env (the repo's trainer env, say): explicit spec and folder
+    # a custom env (the repo's trainer env, say): explicit spec and folder
+    if args.requirements is not None:
         if args.dir is None or len(args.names) != 1 or args.all:
             raise ConfigError("--requirements builds one env: give one NAME and --dir")
         build(args.requirements, args.dir)
@@ -54,7 +56,8 @@ def _envs_build(args: argparse.Namespace) -> int:
     if args.dir is not None and len(args.names) != 1:
         raise ConfigError("--dir names the folder of one env: give one NAME")
     names = args.names or scorer_envs.spec_names()
-    specs = [scorer_envs.spec_path(name) for name in names]  # unknown names fail before anything is built
+    # unknown names fail before anything is built
+    specs = [scorer_envs.spec_path(name) for name in names]
     for name, spec in zip(names, specs, strict=True):
         build(spec, args.dir if args.dir is not None else scorer_envs.env_dir(name, args.root))
     return 0
@@ -101,9 +104,11 @@ def _score(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
     chosen = _chosen_panel(args, recipe, columns)
     # before any child starts
-    report = precheck.check_recipe(recipe, args.recipe)  # names, params, envs: what a child's boot would refuse
+    # names, params, envs: what a child's boot would refuse
+    report = precheck.check_recipe(recipe, args.recipe)
     place = "validation" if args.validation else "reward"
-    precheck.check_columns(chosen, place, report, columns)  # an image term without --image-column, before rows
+    # an image term without --image-column, before rows
+    precheck.check_columns(chosen, place, report, columns)
     needs_text = args.image_column is None and args.audio_column is None
     try:
         rows = read_rows(source, columns, needs_text=needs_text, group_size=chosen.group_size)
@@ -112,9 +117,11 @@ def _score(args: argparse.Namespace) -> int:
     precheck.check_rows(chosen, place, report, rows, columns, source.where)
     name = "stdout" if args.output == STDOUT else args.output
     with contextlib.ExitStack() as stack:
-        claim = open_output(args.output, args.resume)  # this run's alone until it ends: a second run is refused
+        # this run's alone until it ends: a second run is refused
+        claim = open_output(args.output, args.resume)
         stack.callback(claim.close)
-        plan = plan_output(claim, rows, columns, args.resume, args.retry_errors)  # likewise: no boot wasted
+        # likewise: no boot wasted
+        plan = plan_output(claim, rows, columns, args.resume, args.retry_errors)
         train, validation = build_panels(recipe)
         panel = validation if args.validation and validation is not None else train
         stack.callback(train.close)
@@ -138,7 +145,8 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def _chosen_panel(args: argparse.Namespace, recipe: Any, columns: Columns) -> PanelConfig:
-    """The panel this run scores with, once the flags agree with the recipe (ConfigError: they do not)."""
+    """The panel this run scores with, once the flags agree with the recipe (ConfigError: they do
+    not)."""
     if args.image_column is not None:  # the rows' images are read here, before any child starts
         _needs_extra("serving", "--image-column", ("PIL",))
     if args.retry_errors and not args.resume:
@@ -172,8 +180,8 @@ def _columns(args: argparse.Namespace) -> Columns:
 
 
 def _with_progress_bars(run: Callable[[Callable[[int, int], Callable[[int], None]]], T]) -> T:
-    """`run(progress)`, where each `progress(total, skipped)` opens a tqdm bar (drawn on a terminal only)
-    and returns its update; the bars are closed when `run` returns or is interrupted."""
+    """`run(progress)`, where each `progress(total, skipped)` opens a tqdm bar (drawn on a terminal
+    only) and returns its update; the bars are closed when `run` returns or is interrupted."""
     bars: list[Any] = []
 
     def progress(total: int, skipped: int) -> Callable[[int], None]:
@@ -244,13 +252,15 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise ConfigError(validation_message(exc)) from exc
-    precheck.check_served(spec, f"--scorer {args.scorer}")  # name, params, env: here, not at the child's boot
+    # name, params, env: here, not at the child's boot
+    precheck.check_served(spec, f"--scorer {args.scorer}")
     token = read_token(args.token_env, args.token_file)
     serve(spec, args.host, args.port, token, args.allow_remote, args.token_env, secret, metrics)
 
 
 def _needs_extra(extra: str, command: str, modules: tuple[str, ...]) -> None:
-    """A command that needs an extra this install lacks: one line naming it (exit 2), not a traceback."""
+    """A command that needs an extra this install lacks: one line naming it (exit 2), not a
+    traceback."""
     from scorers import install
 
     missing = install.missing_extra(extra, command, modules)
@@ -259,7 +269,8 @@ def _needs_extra(extra: str, command: str, modules: tuple[str, ...]) -> None:
 
 
 def _no_scorer_options(args: argparse.Namespace) -> None:
-    """A recipe says where and how each term runs: one scorer's options would be silently ignored."""
+    """A recipe says where and how each term runs: one scorer's options would be silently
+    ignored."""
     given = [f"--{name.replace('_', '-')}" for name in SCORER_OPTIONS if getattr(args, name) not in (None, [], "{}")]
     if given:
         raise ConfigError(
@@ -271,16 +282,19 @@ SCORER_OPTIONS = ("params", "env", "python", "input_kind", "revision", "catalog"
 
 
 def _served_kind(args: argparse.Namespace, refuse_groupwise: bool) -> str | None:
-    """The scorer's input kind: --input-kind, else None where its class resolves here (ScorerConfig then
-    takes the kind the class declares, as for a recipe's model); for the OpenRLHF route, a groupwise
-    scorer refused here when its class imports in this env (else the server refuses it when it boots)."""
+    """The scorer's input kind: --input-kind, else None where its class resolves here (ScorerConfig
+    then takes the kind the class declares, as for a recipe's model); for the OpenRLHF route, a
+    groupwise scorer refused here when its class imports in this env (else the server refuses it
+    when it boots)."""
     from child_runtime.protocol.openrlhf import groupwise_refusal
     from scorers.registry import declared_spec, resolve_scorer
     from supervisor.ops.precheck import check_name
 
-    check_name(args.scorer, args.catalog)  # a misspelt name: the nearest, before the kind is asked for
+    # a misspelt name: the nearest, before the kind is asked for
+    check_name(args.scorer, args.catalog)
     if args.input_kind is not None and not refuse_groupwise:
-        return str(args.input_kind)  # the class is not imported here (a user's module may not import in this env)
+        # the class is not imported here (a user's module may not import in this env)
+        return str(args.input_kind)
     try:
         resolve_scorer(args.scorer, args.catalog)
     except (LookupError, ImportError) as exc:
@@ -289,7 +303,8 @@ def _served_kind(args: argparse.Namespace, refuse_groupwise: bool) -> str | None
                 f"cannot tell scorer {args.scorer!r}'s input kind here ({exc}): pass --input-kind"
             ) from exc
         return str(args.input_kind)
-    spec = declared_spec(args.scorer, args.catalog)  # the same default a recipe's model gets (ScorerConfig)
+    # the same default a recipe's model gets (ScorerConfig)
+    spec = declared_spec(args.scorer, args.catalog)
     if spec is None and args.input_kind is None:
         raise ConfigError(f"scorer {args.scorer!r} makes its spec per instance: pass --input-kind")
     if refuse_groupwise and spec is not None and spec.groupwise:
@@ -313,7 +328,8 @@ INTEGRATIONS = {"openrlhf": "supervisor.adapters.openrlhf"}  # a file the framew
 
 
 def _integrations(args: argparse.Namespace) -> int:
-    """The path of the file a framework loads by path (found, not imported: ops never drives an adapter)."""
+    """The path of the file a framework loads by path (found, not imported: ops never drives an
+    adapter)."""
     spec = importlib.util.find_spec(INTEGRATIONS[args.framework])
     if spec is None or spec.origin is None:
         raise ConfigError(f"{INTEGRATIONS[args.framework]} is not installed with this package")
@@ -610,7 +626,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ScorerError) as exc:
         print(f"managed-scorers {args.command}: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
-    except ValidationError as exc:  # a config model refused something no caller translated: still one line
+    # a config model refused something no caller translated: still one line
+    except ValidationError as exc:
         print(f"managed-scorers {args.command}: {validation_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # `score` says what it leaves itself; every other command just stops

@@ -1,11 +1,12 @@
-"""A dataset row's cells as `managed-scorers score` reads them: a column by name, or by a dotted path
-into nested records (`reward_model.ground_truth`, as verl stores its gold); and the text of a prompt or
-a completion that a framework stores as chat messages (TRL's conversational format, verl's prompts) or
-as a one-element list of responses (verl's generation output with one sample per prompt).
+"""A dataset row's cells as `managed-scorers score` reads them: a column by name, or by a dotted
+path into nested records (`reward_model.ground_truth`, as verl stores its gold); and the text of a
+prompt or a completion that a framework stores as chat messages (TRL's conversational format, verl's
+prompts) or as a one-element list of responses (verl's generation output with one sample per
+prompt).
 
-The text scored is the last assistant message's content; the prompt is the last message's content (the
-user's turn), as the TRL adapter passes them. Scorers take text, not conversations: to score a whole
-conversation, render it to one string column first (e.g. with the tokenizer's chat template).
+The text scored is the last assistant message's content; the prompt is the last message's content
+(the user's turn), as the TRL adapter passes them. Scorers take text, not conversations: to score a
+whole conversation, render it to one string column first (e.g. with the tokenizer's chat template).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ def cell(fields: dict[str, Any], column: str) -> Any:
 
 
 def text_of(value: Any, completion: bool) -> Any:
-    """A string as it is; chat messages as the text scored (a completion: the last assistant message's
-    content; a prompt: the last message's); a one-element list of strings as that string. Anything
-    else is returned unchanged, for the item's own checks (None: no such column)."""
+    """A string as it is; chat messages as the text scored (a completion: the last assistant
+    message's content; a prompt: the last message's); a one-element list of strings as that string.
+    Anything else is returned unchanged, for the item's own checks (None: no such column)."""
     if not isinstance(value, list):
         return value
     if value and all(isinstance(entry, str) for entry in value):

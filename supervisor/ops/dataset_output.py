@@ -1,8 +1,8 @@
-"""The output of `managed-scorers score`: claiming the file, its sidecar `OUT.meta.json` (the panel's
-identity hash, each term's scorer and revision, the recipe and the columns: what once was a header
-line, kept out of the rows so that pandas and `datasets` read exactly one record per input row), and
-what a resumed run keeps of an earlier output (a prefix of this input, scored by the same identity,
-as its sidecar says). Outputs to stdout and to Parquet: `dataset_sinks`.
+"""The output of `managed-scorers score`: claiming the file, its sidecar `OUT.meta.json` (the
+panel's identity hash, each term's scorer and revision, the recipe and the columns: what once was a
+header line, kept out of the rows so that pandas and `datasets` read exactly one record per input
+row), and what a resumed run keeps of an earlier output (a prefix of this input, scored by the same
+identity, as its sidecar says). Outputs to stdout and to Parquet: `dataset_sinks`.
 """
 
 from __future__ import annotations
@@ -59,9 +59,11 @@ class Sink(Protocol):
 
     def start(self, header: dict[str, Any]) -> None: ...  # a new output: empty it, say its metadata
 
-    def cut(self, at: int) -> None: ...  # a resumed one: drop what follows byte `at`, append from there
+    # a resumed one: drop what follows byte `at`, append from there
+    def cut(self, at: int) -> None: ...
 
-    def write(self, text: str) -> None: ...  # whole lines, durable before it returns where the form allows
+    # whole lines, durable before it returns where the form allows
+    def write(self, text: str) -> None: ...
 
     def replace(self, content: str) -> None: ...  # the whole JSONL content at once (--retry-errors)
 
@@ -71,11 +73,11 @@ class Sink(Protocol):
 
 
 class OutputClaim:
-    """The output file, held by one run: created exclusively when new, never opened through a symbolic
-    link, and locked (flock) for the whole run, so a second run on it is refused, not interleaved.
-    A rewrite (`replace`) goes to an exclusively created temporary file, locked before it is renamed
-    over the output, so the lock never lapses. A file this claim created and left empty is removed,
-    with its sidecar."""
+    """The output file, held by one run: created exclusively when new, never opened through a
+    symbolic link, and locked (flock) for the whole run, so a second run on it is refused, not
+    interleaved. A rewrite (`replace`) goes to an exclusively created temporary file, locked before
+    it is renamed over the output, so the lock never lapses. A file this claim created and left
+    empty is removed, with its sidecar."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -108,8 +110,8 @@ class OutputClaim:
         return ConfigError(f"cannot open {self.path}: {exc.strerror}")
 
     def _locked(self, fd: int, check_path: bool = True) -> IO[str]:
-        """`fd` locked, or refused: another run holds it, or (`check_path`) the path no longer names it
-        (another run's rewrite renamed a new file over it while this one waited to open it)."""
+        """`fd` locked, or refused: another run holds it, or (`check_path`) the path no longer names
+        it (another run's rewrite renamed a new file over it while this one waited to open it)."""
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if check_path and os.stat(self.path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
@@ -147,7 +149,8 @@ class OutputClaim:
         self.file.seek(at)
 
     def write(self, text: str) -> None:
-        """Whole lines, flushed together: a kill leaves at most one torn line, which resume drops."""
+        """Whole lines, flushed together: a kill leaves at most one torn line, which resume
+        drops."""
         self.file.write(text)
         self.file.flush()
         os.fsync(self.file.fileno())
@@ -164,17 +167,20 @@ class OutputClaim:
 
 
 class ResumeRefused(ConfigError):
-    """The output file was written by another scorer identity, or is not a managed-scorers output."""
+    """The output file was written by another scorer identity, or is not a managed-scorers
+    output."""
 
 
 @dataclass
 class ResumePlan:
-    """What an existing output holds: its header, how many leading input rows it covers, where to cut it."""
+    """What an existing output holds: its header, how many leading input rows it covers, where to
+    cut it."""
 
     header: dict[str, Any] | None = None
     done: int = 0
     truncate_at: int = 0
-    retry: list[int] = field(default_factory=list)  # rows already written with an error, to score again
+    # rows already written with an error, to score again
+    retry: list[int] = field(default_factory=list)
 
 
 def header_for(panel: RewardPanel, recipe: str, columns: Columns) -> dict[str, Any]:
@@ -198,8 +204,8 @@ def header_for(panel: RewardPanel, recipe: str, columns: Columns) -> dict[str, A
 def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str, bool]], list[int]]:
     """(its sidecar's metadata, (id, input_sha, clean) per row, each row's end offset).
 
-    A torn last row (a kill mid-write) is left out; an output with no managed-scorers sidecar beside it,
-    or with anything that is not a row, is refused: it is not an output of this command."""
+    A torn last row (a kill mid-write) is left out; an output with no managed-scorers sidecar beside
+    it, or with anything that is not a row, is refused: it is not an output of this command."""
     not_ours = f"{path} is not an output of managed-scorers score"
     with open(path, "rb") as handle:
         data = handle.read()
@@ -211,7 +217,8 @@ def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str, bool]]
         try:
             record = json.loads(raw)
         except json.JSONDecodeError as exc:
-            if index == len(complete) and not torn:  # the last line, cut short before its newline was lost
+            # the last line, cut short before its newline was lost
+            if index == len(complete) and not torn:
                 break
             raise ResumeRefused(f"{path}:{index} is not JSON: {not_ours}") from exc
         if not isinstance(record, dict) or "id" not in record or "input_sha" not in record:
@@ -244,8 +251,8 @@ def _sidecar(path: Path, not_ours: str, data: bytes) -> dict[str, Any]:
 def plan_output(
     claim: Sink, rows: Sequence[Row], columns: Columns, resume: bool, retry_errors: bool = False
 ) -> ResumePlan:
-    """Checked before any child starts: may this output be written, and from which input row on (stdout
-    and Parquet outputs start new: `dataset_sinks`)."""
+    """Checked before any child starts: may this output be written, and from which input row on
+    (stdout and Parquet outputs start new: `dataset_sinks`)."""
     output = claim.path
     if not isinstance(claim, OutputClaim) or os.fstat(claim.file.fileno()).st_size == 0:
         return ResumePlan()
@@ -264,7 +271,8 @@ def plan_output(
                 "the input changed, or is another one; write to a new output"
             )
     done = len(written)
-    if columns.group is not None:  # never finish a group that a torn write cut short with fewer candidates
+    # never finish a group that a torn write cut short with fewer candidates
+    if columns.group is not None:
         while 0 < done < len(rows) and group_of(rows[done - 1], columns) == group_of(rows[done], columns):
             done -= 1
     retry: list[int] = []

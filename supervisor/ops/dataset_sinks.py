@@ -1,12 +1,12 @@
 """The outputs of `managed-scorers score` other than a JSONL file: stdout (`--output -`) and Parquet
 (an output path ending in `.parquet`), and `open_output`, which picks one from the path.
 
-Stdout gets the JSONL rows and nothing else: while the run lasts, file descriptor 1 points at stderr,
-so what a child or an in-process scorer prints cannot land between rows; there is no sidecar (the
-identity hash is said on stderr) and no resume. A Parquet output is written whole when the run ends
-(one file, renamed into place, then its sidecar); the rows wait in an unnamed temporary file beside it,
-so an interrupted run leaves nothing, and `--resume` is refused for it: score to JSONL for a resumable
-run, and convert.
+Stdout gets the JSONL rows and nothing else: while the run lasts, file descriptor 1 points at
+stderr, so what a child or an in-process scorer prints cannot land between rows; there is no sidecar
+(the identity hash is said on stderr) and no resume. A Parquet output is written whole when the run
+ends (one file, renamed into place, then its sidecar); the rows wait in an unnamed temporary file
+beside it, so an interrupted run leaves nothing, and `--resume` is refused for it: score to JSONL
+for a resumable run, and convert.
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ class StdoutSink:
 
 
 class ParquetSink:
-    """Rows collected in an unnamed temporary file, written as one Parquet file when the run ends."""
+    """Rows collected in an unnamed temporary file, written as one Parquet file when the run
+    ends."""
 
     def __init__(self, path: Path) -> None:
         needs_extra("parquet", "pyarrow", f"--output {path} (Parquet)")
@@ -111,8 +112,9 @@ class ParquetSink:
         raise ConfigError("a Parquet output cannot be rewritten")
 
     def finish(self, header: dict[str, Any]) -> None:
-        """The rows as one Parquet file: `components` a struct of each term's value, `failed_terms` one of
-        each term's failure (null where none), so that pandas and `datasets` see one column per field."""
+        """The rows as one Parquet file: `components` a struct of each term's value, `failed_terms`
+        one of each term's failure (null where none), so that pandas and `datasets` see one column
+        per field."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 

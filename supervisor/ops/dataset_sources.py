@@ -1,10 +1,10 @@
-"""Where `managed-scorers score` reads its rows: JSON Lines (a file, or stdin for `-`), a JSON list of
-records, Parquet, or a Hugging Face `datasets` folder written by `save_to_disk`, told apart by the path
-(a folder, its extension) and, for `.json`, by its first character (`datasets`' `to_json` writes JSON
-Lines under that name). Rows come one at a time (Parquet and Arrow a batch at a time), each with its
-line or row number for the messages that name it; the cells are what JSON would hold (Arrow structs as
-dicts, lists as lists). Parquet needs the `parquet` extra (pyarrow), a `save_to_disk` folder the
-`datasets` extra: a missing one is one line naming it.
+"""Where `managed-scorers score` reads its rows: JSON Lines (a file, or stdin for `-`), a JSON list
+of records, Parquet, or a Hugging Face `datasets` folder written by `save_to_disk`, told apart by
+the path (a folder, its extension) and, for `.json`, by its first character (`datasets`' `to_json`
+writes JSON Lines under that name). Rows come one at a time (Parquet and Arrow a batch at a time),
+each with its line or row number for the messages that name it; the cells are what JSON would hold
+(Arrow structs as dicts, lists as lists). Parquet needs the `parquet` extra (pyarrow), a
+`save_to_disk` folder the `datasets` extra: a missing one is one line naming it.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ ARROW_BATCH_ROWS = 1024  # rows converted to Python at a time: memory stays one 
 
 
 class InputRowError(ConfigError):
-    """An input row cannot be read or lacks a field the panel needs (names the file and line or row)."""
+    """An input row cannot be read or lacks a field the panel needs (names the file and line or
+    row)."""
 
 
 @dataclass(frozen=True)
 class Source:
-    """An input and how it is read: `jsonl` (numbered by line), `json`, `parquet`, `save_to_disk` (by row,
-    from 1)."""
+    """An input and how it is read: `jsonl` (numbered by line), `json`, `parquet`, `save_to_disk`
+    (by row, from 1)."""
 
     path: Path
     form: str
@@ -114,7 +115,8 @@ def _parsed(raw: str, where: str) -> Any:
     except json.JSONDecodeError as exc:
         at = f"line {exc.lineno} " if exc.lineno > 1 else ""
         raise InputRowError(f"{where}: not JSON ({exc.msg} at {at}column {exc.colno})") from exc
-    except (ValueError, RecursionError) as exc:  # a 5,000-digit number; brackets nested 100,000 deep
+    # a 5,000-digit number; brackets nested 100,000 deep
+    except (ValueError, RecursionError) as exc:
         raise InputRowError(f"{where}: not readable JSON ({type(exc).__name__}: {str(exc)[:120]})") from exc
 
 
@@ -125,7 +127,8 @@ def _object(fields: Any, where: str) -> dict[str, Any]:
 
 
 def _json_list(source: Source) -> Iterator[tuple[int, dict[str, Any] | None]]:
-    """A JSON array of objects: parsed whole (the stdlib has no streaming parse), then row by row."""
+    """A JSON array of objects: parsed whole (the stdlib has no streaming parse), then row by
+    row."""
     try:
         text = source.path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -1,10 +1,11 @@
-"""`managed-scorers demo` (`make demo`): why this project exists, in one run, from a checkout or an install.
+"""`managed-scorers demo` (`make demo`): why this project exists, in one run, from a checkout or an
+install.
 
-math-verify reads `\\boxed{10\\%}` through antlr. hydra-core 1.3.2 pins antlr4-python3-runtime 4.9.*,
-and under 4.9.3 math-verify 0.9.0 grades a correct `10\\%` for a gold of 0.1 as 0.0, with no error.
-The demo grades the same samples in a managed child (the math env: antlr 4.13.2) and, where this
-python has math-verify, in this process, as a trainer's own grader would; where it has not, it says
-what that grader gives and where it is measured, and measures nothing it did not run.
+math-verify reads `\\boxed{10\\%}` through antlr. hydra-core 1.3.2 pins antlr4-python3-runtime
+4.9.*, and under 4.9.3 math-verify 0.9.0 grades a correct `10\\%` for a gold of 0.1 as 0.0, with no
+error. The demo grades the same samples in a managed child (the math env: antlr 4.13.2) and, where
+this python has math-verify, in this process, as a trainer's own grader would; where it has not, it
+says what that grader gives and where it is measured, and measures nothing it did not run.
 A scorer env that is not built is built first, by the builder `managed-scorers envs build` runs
 (`--no-build`: name the command instead). `--tour` adds the image, OCR and MiniLM envs (torch,
 about 1.5 GB) and a GRPO panel.
@@ -64,7 +65,8 @@ def ensure_envs(names: Sequence[str], build: bool) -> None:
         heavy = " (torch: about 1.5 GB on a cold pip cache)" if name == "embed" else ""
         say(f"building the {name} env{heavy}, as `managed-scorers envs build {name}` does, into {venv}")
         began = time.monotonic()
-        env_builder.build(scorer_envs.spec_path(name), venv)  # its phase lines and progress on stderr
+        # its phase lines and progress on stderr
+        env_builder.build(scorer_envs.spec_path(name), venv)
         say(f"  built in {time.monotonic() - began:.1f} s (once: later runs reuse it until its pins change)")
 
 
@@ -163,20 +165,22 @@ def in_process_grader() -> str | None:
 
 
 def antlr_pins() -> list[str]:
-    """The installed distributions that pin antlr to 4.9 (hydra-core 1.3, omegaconf 2.3), as `name version (pin)`."""
+    """The installed distributions that pin antlr to 4.9 (hydra-core 1.3, omegaconf 2.3), as `name
+    version (pin)`."""
     found = []
     for dist in importlib.metadata.distributions():
         for requirement in dist.requires or []:
             spec, _, marker = (part.strip() for part in requirement.partition(";"))
-            spec = re.sub(r"[\s()]", "", spec)  # hydra-core 1.3.2 writes `antlr4-python3-runtime (==4.9.*)`
+            # hydra-core 1.3.2 writes `antlr4-python3-runtime (==4.9.*)`
+            spec = re.sub(r"[\s()]", "", spec)
             if "extra" not in marker and re.fullmatch(rf"{ANTLR}==4\.9(\.\*|\.\d+)?", spec, re.IGNORECASE):
                 found.append(f"{dist.metadata['Name']} {dist.version} ({spec})")
     return sorted(set(found))
 
 
 def math_story(samples: dict, hostile: bool = False) -> tuple[dict, bool]:
-    """The math samples (and with `hostile`, an item no grader finishes) graded in the managed child and,
-    where this python can, in-process; True when the child graded the percent answer right."""
+    """The math samples (and with `hostile`, an item no grader finishes) graded in the managed child
+    and, where this python can, in-process; True when the child graded the percent answer right."""
     rows = samples["math"] + (samples["hostile"] if hostile else [])
     request = RewardRequest(items=[RewardItem(**s) for s in rows])
     params = {"timeout_s": MATH_TIMEOUT_S}
@@ -222,7 +226,8 @@ def print_verdicts(request: RewardRequest, managed: list[float], local: list[flo
 
 
 def tell_in_process(percent_local: float | None, cannot: str | None, antlr: str | None) -> None:
-    """What the in-process column means: measured under hydra's pin, under another antlr, or not at all."""
+    """What the in-process column means: measured under hydra's pin, under another antlr, or not at
+    all."""
     if percent_local is None:
         tell(
             f"in-process: not measured: {cannot}. A trainer's own grader under hydra-core 1.3.2's pin ({ANTLR} "
@@ -243,7 +248,8 @@ def tell_in_process(percent_local: float | None, cannot: str | None, antlr: str 
 
 
 def run(tour: bool = False, build: bool = True) -> int:
-    """The demo: math first; with `tour`, the other envs and a GRPO panel. 0 when the child graded `pct` right."""
+    """The demo: math first; with `tour`, the other envs and a GRPO panel. 0 when the child graded
+    `pct` right."""
     samples = json.loads(SAMPLES.read_text())
     say("managed-scorers demo: one math grader in a managed child, and in this process where it can be")
     ensure_envs(TOUR_ENVS if tour else ("math",), build)

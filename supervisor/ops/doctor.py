@@ -54,8 +54,8 @@ class Check:
 
 
 def sample_request(input_kind: str, group_size: int | None = None) -> RewardRequest:
-    """One plausible item of each input kind (a gradient image, a short clip, a tone, a math answer); with a
-    group size, a group of that many candidates for the one prompt."""
+    """One plausible item of each input kind (a gradient image, a short clip, a tone, a math
+    answer); with a group size, a group of that many candidates for the one prompt."""
     ramp = np.linspace(0, 255, 64, dtype=np.float64)
     image = np.stack([np.add.outer(ramp, ramp) / 2] * 3, axis=-1).astype(np.uint8)
     if input_kind == "image":
@@ -82,8 +82,8 @@ def sample_request(input_kind: str, group_size: int | None = None) -> RewardRequ
 
 
 def _backends(panels: list[PanelConfig | None]) -> dict[str, tuple[str, BackendConfig, int | None]]:
-    """Distinct backend configs (as a recipe's panels share them), each with the first term naming it
-    and its panel's group size."""
+    """Distinct backend configs (as a recipe's panels share them), each with the first term naming
+    it and its panel's group size."""
     found: dict[str, tuple[str, BackendConfig, int | None]] = {}
     for panel in panels:
         for term in panel.terms if panel is not None else ():
@@ -203,7 +203,8 @@ def _sample_scores(
 
 
 def install_check() -> Check:
-    """This install: managed-scorers' version and folder, and which extras this python has (informational)."""
+    """This install: managed-scorers' version and folder, and which extras this python has
+    (informational)."""
     try:
         version = importlib.metadata.version("managed-scorers")
     except importlib.metadata.PackageNotFoundError:
@@ -228,7 +229,8 @@ def doctor(recipe: str | Path, say: Callable[[Check], None]) -> bool:
     if report.problems:
         return False
     parsed = load_recipe(recipe)
-    terms = len(parsed.train.terms)  # remote terms too: preflight checks only what runs from an env here
+    # remote terms too: preflight checks only what runs from an env here
+    terms = len(parsed.train.terms)
     say(
         Check(
             f"recipe {recipe} passes preflight", True, f"{terms} term(s), {len(report.scorers)} checked in their envs"

@@ -48,7 +48,8 @@ def key_packages(requirements: Path) -> list[str]:
 
 
 def no_deps_lines(requirements: Path) -> list[str]:
-    """The requirements a `# no-deps:` line names (installed without their declared dependencies)."""
+    """The requirements a `# no-deps:` line names (installed without their declared
+    dependencies)."""
     found: list[str] = []
     for line in requirements.read_text().splitlines():
         if line.startswith("# no-deps:"):
@@ -57,7 +58,8 @@ def no_deps_lines(requirements: Path) -> list[str]:
 
 
 def spec_hash(requirements: Path) -> str:
-    """What a build depends on: the requirement lines (comments aside) and each `-e` project's pyproject."""
+    """What a build depends on: the requirement lines (comments aside) and each `-e` project's
+    pyproject."""
     digest = hashlib.sha256()
     for line in requirement_lines(requirements):
         digest.update(line.encode() + b"\n")
@@ -71,7 +73,8 @@ def spec_hash(requirements: Path) -> str:
 
 @dataclass(frozen=True)
 class Interpreter:
-    """The python an env is built with: its version and its real path (None: an old venv's unrecorded)."""
+    """The python an env is built with: its version and its real path (None: an old venv's
+    unrecorded)."""
 
     version: str
     path: str | None
@@ -89,7 +92,8 @@ class EnvStatus:
     venv: Path
     built: bool
     pins_changed: bool  # built from other pins than the spec now says: rebuild
-    packages: dict[str, str | None] = field(default_factory=dict)  # key package -> installed version
+    # key package -> installed version
+    packages: dict[str, str | None] = field(default_factory=dict)
     python: Interpreter | None = None  # what it was built with
 
 
@@ -107,8 +111,8 @@ def _normal(name: str) -> str:
 
 
 def read_stamp(venv: Path) -> tuple[str | None, Interpreter | None]:
-    """The stamp's pins hash and interpreter (a stamp from before interpreters were recorded: the venv's
-    pyvenv.cfg says it); (None, None) when there is no stamp."""
+    """The stamp's pins hash and interpreter (a stamp from before interpreters were recorded: the
+    venv's pyvenv.cfg says it); (None, None) when there is no stamp."""
     stamp = venv / STAMP
     if not stamp.is_file():
         return None, None
@@ -171,13 +175,14 @@ def build(
     installer: str = "pip",
     verbosity: int = 0,
 ) -> bool:
-    """Build `venv` from `requirements` unless it is built from the same pins and interpreter; True if it built.
+    """Build `venv` from `requirements` unless it is built from the same pins and interpreter; True
+    if it built.
 
-    `python` makes the venv (default: the one it was built with, while that one is still there, else the
-    interpreter running this, outside any venv); another interpreter than the one it was built with
-    rebuilds it. `say` gets the phase lines (stderr by default), and at `verbosity` 1 or more the
-    installer's own output. One build of a folder at a time (a lock beside it); only a folder this
-    builder made is ever removed."""
+    `python` makes the venv (default: the one it was built with, while that one is still there, else
+    the interpreter running this, outside any venv); another interpreter than the one it was built
+    with rebuilds it. `say` gets the phase lines (stderr by default), and at `verbosity` 1 or more
+    the installer's own output. One build of a folder at a time (a lock beside it); only a folder
+    this builder made is ever removed."""
     if installer not in INSTALLERS:
         raise EnvError(f"--installer {installer}: one of {', '.join(INSTALLERS)}")
     uv = find_uv() if installer == "uv" else None  # before anything changes
@@ -204,7 +209,8 @@ def build(
 
 
 def _default_interpreter(recorded: Interpreter | None) -> Interpreter:
-    """The interpreter the env was built with while it is still there (same version), else this one's base."""
+    """The interpreter the env was built with while it is still there (same version), else this
+    one's base."""
     if recorded is not None and recorded.path is not None and os.access(recorded.path, os.X_OK):
         with contextlib.suppress(EnvError):  # it no longer runs: this one's base builds it again
             current = interpreter(recorded.path)
@@ -227,7 +233,8 @@ def _stale(venv: Path, want: str, digest: str | None, recorded: Interpreter | No
 def _install(
     requirements: Path, venv: Path, target: Interpreter, uv: str | None, say: Callable[[str], None], verbosity: int
 ) -> None:
-    """The venv, then its requirements (pip, or uv under pip's settings), then `pip check`: each a phase line."""
+    """The venv, then its requirements (pip, or uv under pip's settings), then `pip check`: each a
+    phase line."""
     cwd = requirements.parent
 
     def step(command: list[str], what: str, env: dict[str, str] | None = None, echo: bool = True) -> str:
@@ -262,8 +269,9 @@ def _install(
 
 
 def remove(name: str, root: Path | None = None, say: Callable[[str], None] = _stderr) -> bool:
-    """Remove ROOT/NAME/.venv, an env this builder made; True if it was there. NAME is a spec's or an env's
-    under ROOT; a symbolic link on the way is refused (what it points to is never touched)."""
+    """Remove ROOT/NAME/.venv, an env this builder made; True if it was there. NAME is a spec's or
+    an env's under ROOT; a symbolic link on the way is refused (what it points to is never
+    touched)."""
     base = root or envs_root()
     built = {path.parent.name for path in base.glob("*/.venv")} if base.is_dir() else set()
     known = sorted(set(spec_names()) | built)
@@ -292,7 +300,8 @@ def _check(pip: list[str], cwd: Path, exempt: set[str]) -> None:
 
 
 def _remove_own(venv: Path) -> None:
-    """Remove an env this builder made (stamped or marked), or an empty folder; refuse anything else."""
+    """Remove an env this builder made (stamped or marked), or an empty folder; refuse anything
+    else."""
     if not venv.exists():
         return
     if not venv.is_dir():

@@ -51,10 +51,12 @@ class PreflightError(ConfigError):
 @dataclass
 class PreflightReport:
     problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what only the child can check (a module in its env alone)
+    # what only the child can check (a module in its env alone)
+    notes: list[str] = field(default_factory=list)
     # term -> scorer, revision, identity hash (validation terms as `validation.<term>`)
     scorers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    specs: dict[str, ScorerSpec] = field(default_factory=dict)  # place -> the spec its scorer declared here
+    # place -> the spec its scorer declared here
+    specs: dict[str, ScorerSpec] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -68,7 +70,8 @@ def preflight(
     try:
         parsed = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     except ConfigError as exc:
-        cause = exc.__cause__  # load_recipe's one-line error over what the models refused: each, by term
+        # load_recipe's one-line error over what the models refused: each, by term
+        cause = exc.__cause__
         if isinstance(cause, ValidationError):
             report.problems.extend(_validation_problems(cause, _term_places(recipe)))
         else:
@@ -84,7 +87,8 @@ def preflight(
 
 def _term_places(recipe: Any) -> list[str]:
     """`reward.<term name>` for each term of the training panel, where the recipe's own mapping says
-    so unambiguously (a `terms:` list; verl-omni `reward_functions` without validation functions)."""
+    so unambiguously (a `terms:` list; verl-omni `reward_functions` without validation
+    functions)."""
     if not isinstance(recipe, Mapping):
         return []
     terms, reward = recipe.get("terms"), recipe.get("reward")
@@ -98,7 +102,8 @@ def _term_places(recipe: Any) -> list[str]:
 
 
 def _validation_problems(exc: ValidationError, places: list[str]) -> list[str]:
-    """One problem per validation error, naming its term (`terms.<i>` -> `reward.<name>`) where known."""
+    """One problem per validation error, naming its term (`terms.<i>` -> `reward.<name>`) where
+    known."""
     problems = []
     for error in exc.errors():
         loc = [str(part) for part in error["loc"]]
@@ -116,14 +121,16 @@ def _check_panel(panel: PanelConfig, where: str, report: PreflightReport) -> Non
 
 
 def check_backend(backend: BackendConfig, place: str) -> PreflightReport:
-    """One backend's checks (`serve --scorer`'s spec), its problems named by `place`; never raises."""
+    """One backend's checks (`serve --scorer`'s spec), its problems named by `place`; never
+    raises."""
     report = PreflightReport()
     _check_backend(backend, place, report)
     return report
 
 
 def _check_backend(backend: BackendConfig, place: str, report: PreflightReport, component: str | None = None) -> None:
-    if isinstance(backend, (RemoteBackendConfig, JobBackendConfig)):  # nothing of ours to check but the token
+    # nothing of ours to check but the token
+    if isinstance(backend, (RemoteBackendConfig, JobBackendConfig)):
         if backend.token_env is not None and not os.environ.get(backend.token_env):
             report.problems.append(f"{place}: environment variable {backend.token_env} (the token) is not set")
         return
@@ -149,7 +156,8 @@ def _check_scorer(
     report: PreflightReport,
     search: list[str] | None = None,
 ) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """The scorer's terms and the modules it needs from its env; None (and a problem) if unusable."""
+    """The scorer's terms and the modules it needs from its env; None (and a problem) if
+    unusable."""
     built = _build_scorer(backend, place, report, search)
     if built is None:
         return None
@@ -177,13 +185,15 @@ def _build_scorer(
     process = backend.process if isinstance(backend, ManagedScorerProcessSpec) else None
     extra = [str(p) for p in process.extra_import_paths] if process else []
     added = [p for p in extra if p not in sys.path]
-    sys.path.extend(added)  # the child gets them too; the scorer's spec is read from the same modules
+    # the child gets them too; the scorer's spec is read from the same modules
+    sys.path.extend(added)
     try:
         # built and hashed in the environment its child will have (a param it resolves from the
         # environment, such as $MATH_VERIFY_TIMEOUT_S, may be set for the child in process.env)
         with _environ(process.env if process else {}):
             cls = resolve_scorer(config.name, config.catalog)
-            unknown = unknown_params(cls, config.params)  # named with the valid ones, not a TypeError's words
+            # named with the valid ones, not a TypeError's words
+            unknown = unknown_params(cls, config.params)
             if unknown is not None:
                 report.problems.append(f"{place}: scorer {config.name!r} params: {unknown}")
                 return None

@@ -1,10 +1,10 @@
 """Score a dataset through a panel: one output row per input row, in input order, resumable.
 
 The run's metadata (the panel's identity hash, each term's scorer and revision) goes to a sidecar
-beside the output (`OUT.meta.json`); each output line is one input row's result: `id`, `reward` (null when the row could
-not be scored), `components` (null where a term does not apply, or failed), `failed_terms`
-(optional terms that failed for this row, and why: its reward lacks them) and `error` (why
-there is no reward). A row with an error or a failed term is not clean: it is counted,
+beside the output (`OUT.meta.json`); each output line is one input row's result: `id`, `reward`
+(null when the row could not be scored), `components` (null where a term does not apply, or failed),
+`failed_terms` (optional terms that failed for this row, and why: its reward lacks them) and `error`
+(why there is no reward). A row with an error or a failed term is not clean: it is counted,
 `--retry-errors` scores it again, and the run's exit status says so.
 Each row also carries `input_sha`, a digest of its input row. Rows are written a whole batch
 at a time, flushed, so an interrupted run (Ctrl-C, a kill) leaves a valid prefix; `resume`
@@ -14,8 +14,8 @@ identity (a changed revision, params or weights). Malformed input fails before a
 scored or started, naming the file and line. A batch the scorer refuses is split until the
 refused rows (or groups) are isolated: each gets `reward: null` and its error, never a reward;
 when every unit of a batch fails on its own, or 10 units in a row do, the run stops instead.
-Reading and checking the input: `dataset_rows`; the output file, its sidecar and resume: `dataset_output`
-(stdout and Parquet: `dataset_sinks`).
+Reading and checking the input: `dataset_rows`; the output file, its sidecar and resume:
+`dataset_output` (stdout and Parquet: `dataset_sinks`).
 """
 
 from __future__ import annotations
@@ -69,10 +69,12 @@ class Summary:
 
 
 def _results(panel: RewardPanel, items: list[RewardItem]) -> Iterator[tuple[dict[str, Any], Any]]:
-    """Rows for `items`; a refused batch is split (whole groups) until the refused rows are isolated."""
+    """Rows for `items`; a refused batch is split (whole groups) until the refused rows are
+    isolated."""
     try:
         response = panel.compute_rewards(RewardRequest(items=items, group_size=panel.group_size))
-    except ScorerItemsFailed as exc:  # a required term could not score these rows: they fail, the rest is rescored
+    # a required term could not score these rows: they fail, the rest is rescored
+    except ScorerItemsFailed as exc:
         if not any(item.id in exc.failed for item in items):
             raise
         yield from _without_failed(panel, items, exc)
@@ -127,7 +129,8 @@ def _scored_rows(response: RewardResponse) -> Iterator[tuple[dict[str, Any], Any
             failed_terms.setdefault(item_id, {})[failure.term] = f"{failure.kind}: {failure.error}"
     for index, item_id in enumerate(response.ids):
         partial = failed_terms.get(item_id, {})
-        failed = not response.successes[index] and not partial  # not a success, and not for an optional term
+        # not a success, and not for an optional term
+        failed = not response.successes[index] and not partial
         yield (
             {
                 "id": item_id,
@@ -155,7 +158,8 @@ def score_dataset(
     batch_size: int = 64,
     progress: Callable[[int, int], Callable[[int], None]] | None = None,
 ) -> Summary:
-    """Score `rows[plan.done:]` into `output` (see the module docstring); KeyboardInterrupt leaves it resumable."""
+    """Score `rows[plan.done:]` into `output` (see the module docstring); KeyboardInterrupt leaves
+    it resumable."""
     started = time.monotonic()
     check_resumable(plan.header, header, claim.path)
     todo = rows[plan.done :]
@@ -190,7 +194,8 @@ def _score_batch(
     summary: Summary,
     failed_in_a_row: int,
 ) -> tuple[list[dict[str, Any]], int]:
-    """The output records of one batch, in input order; raises instead when the failures look systemic."""
+    """The output records of one batch, in input order; raises instead when the failures look
+    systemic."""
     built, unreadable = items_of(batch, columns, input_dir)
     scored = iter(_results(panel, built) if built else [])
     written = []
@@ -204,7 +209,8 @@ def _score_batch(
             summary.diagnostics = merge_term_reports([summary.diagnostics, diagnostics])
     if [r["id"] for r in written] != [row.id for row in batch]:
         raise RuntimeError("scored rows came back out of input order")  # never written misaligned
-    # rows whose input would not decode are the data's fault, not the scorer's: they never stop the run
+    # rows whose input would not decode are the data's fault, not the scorer's: they never stop the
+    # run
     units = _unit_failures(
         [r for r in batch if r.id not in unreadable], [w for w in written if w["id"] not in unreadable], columns
     )
@@ -228,7 +234,8 @@ def _retry_errors(
     summary: Summary,
 ) -> ResumePlan:
     """Score the written error rows again and put their new records in place: the file is rewritten
-    whole under a temporary name, then renamed over the output (a kill meanwhile leaves the old one)."""
+    whole under a temporary name, then renamed over the output (a kill meanwhile leaves the old
+    one)."""
     output = claim.path
     again = [rows[i] for i in plan.retry]
     fresh: dict[str, str] = {}
@@ -266,7 +273,7 @@ def _lines(records: list[dict[str, Any]]) -> str:
 
 
 def metrics_line(summary: Summary, namespace: str = "train") -> str:
-    """The run's diagnostics as metrics, named as a trainer logs them: `train/...`, or `val/...` for the
-    validation panel."""
+    """The run's diagnostics as metrics, named as a trainer logs them: `train/...`, or `val/...` for
+    the validation panel."""
     metrics = to_metrics(summary.diagnostics, namespace) if summary.diagnostics else {}
     return "  ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if math.isfinite(v))

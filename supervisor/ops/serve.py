@@ -77,7 +77,8 @@ def read_token(token_env: str | None, token_file: Path | None) -> str:
 
 
 def read_secret(path: Path) -> str:
-    """The OpenRLHF route's secret: a file only this user can read, made with a fresh one when missing."""
+    """The OpenRLHF route's secret: a file only this user can read, made with a fresh one when
+    missing."""
     secret = _token_from_file(path)
     if len(secret) < MIN_TOKEN_CHARS or not all(c.isalnum() or c in "-_" for c in secret):
         raise ConfigError(
@@ -88,8 +89,9 @@ def read_secret(path: Path) -> str:
 
 
 def _token_from_file(path: Path) -> str:
-    """Read through one descriptor, never a symlink, checked with fstat on that same descriptor; a new
-    file is written whole under a temporary name, then linked into place (no reader sees it empty)."""
+    """Read through one descriptor, never a symlink, checked with fstat on that same descriptor; a
+    new file is written whole under a temporary name, then linked into place (no reader sees it
+    empty)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -111,7 +113,8 @@ def _new_token_file(path: Path) -> str:
         with os.fdopen(fd, "w") as handle:
             handle.write(token + "\n")
         try:
-            os.link(temporary, path)  # fails if another serve made it meanwhile: then that one is the token
+            # fails if another serve made it meanwhile: then that one is the token
+            os.link(temporary, path)
         except FileExistsError:
             return _token_from_file(path)
     finally:
@@ -152,13 +155,14 @@ def enough_descriptors(max_pending: int) -> None:
 
 
 def panel_spec(recipe: Path, limits: dict[str, Any]) -> ManagedScorerProcessSpec:
-    """A panel server as a child spec: the panel scorer (`ops/panel_scorer`) in this very python (the
-    trainer env's: the panel's own children get their envs), our packages on its path. The
-    recipe is read and preflighted here too (names, params, envs), so that a bad one is refused before
-    anything is bound or started."""
+    """A panel server as a child spec: the panel scorer (`ops/panel_scorer`) in this very python
+    (the trainer env's: the panel's own children get their envs), our packages on its path. The
+    recipe is read and preflighted here too (names, params, envs), so that a bad one is refused
+    before anything is bound or started."""
     path = recipe.resolve()
     check_recipe(load_recipe(path), recipe)
-    project = Path(__file__).resolve().parents[2]  # where supervisor/, child_runtime/ and scorers/ lie
+    # where supervisor/, child_runtime/ and scorers/ lie
+    project = Path(__file__).resolve().parents[2]
     return ManagedScorerProcessSpec.model_validate(
         {
             "process": {"python_executable": sys.executable, "extra_import_paths": [str(project)]},
@@ -178,7 +182,8 @@ def _as_panel_server(config: dict[str, Any], env: dict[str, str]) -> None:
 
 
 def _distinct_secrets(token: str, openrlhf_secret: str | None, metrics_token: str | None) -> None:
-    """The OpenRLHF secret and the metrics token each differ from the token, which drives every endpoint."""
+    """The OpenRLHF secret and the metrics token each differ from the token, which drives every
+    endpoint."""
     if openrlhf_secret is not None and hmac.compare_digest(openrlhf_secret, token):
         raise ConfigError(
             "the OpenRLHF secret must differ from the token: the URL that carries it is seen in command lines "
@@ -210,9 +215,11 @@ def serve(
     enough_descriptors(spec.limits.max_pending_connections)
     listener = bind(host, port, allow_remote)
     plan = launch_plan(spec, segment=None)
-    env = {key: value for key, value in plan.env.items() if key != token_env}  # the token reaches it on stdin only
+    # the token reaches it on stdin only
+    env = {key: value for key, value in plan.env.items() if key != token_env}
     listener.set_inheritable(True)
-    ready_fd = os.dup(sys.stdout.fileno())  # the runtime closes its readiness pipe; stdout stays open
+    # the runtime closes its readiness pipe; stdout stays open
+    ready_fd = os.dup(sys.stdout.fileno())
     os.set_inheritable(ready_fd, True)
     config = {**plan.boot, "token": token, "listen_fd": listener.fileno(), "ready_fd": ready_fd, "parent_pid": None}
     if spec.scorer.name == PANEL_SCORER:
@@ -221,7 +228,8 @@ def serve(
         config["openrlhf_secret"] = openrlhf_secret
     if metrics_token is not None:
         config["metrics_token"] = metrics_token
-    stdin = os.memfd_create("managed-scorers-boot", os.MFD_CLOEXEC)  # only its dup on fd 0 crosses the exec
+    # only its dup on fd 0 crosses the exec
+    stdin = os.memfd_create("managed-scorers-boot", os.MFD_CLOEXEC)
     os.write(stdin, boot.frame(config))
     os.lseek(stdin, 0, os.SEEK_SET)
     sys.stdout.flush()

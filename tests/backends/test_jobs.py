@@ -164,8 +164,8 @@ def test_a_failed_enqueue_is_never_sent_again_and_says_work_may_be_orphaned(serv
 
 def test_a_score_after_the_deadline_is_not_taken(service, tmp_path):
     """The job is pending until the request's deadline has surely passed (0.8 s after its enqueue
-    arrived: the call started before that), then it has a score: the backend never takes it, whenever
-    its last pull went out or its answer came on a loaded machine."""
+    arrived: the call started before that), then it has a score: the backend never takes it,
+    whenever its last pull went out or its answer came on a loaded machine."""
 
     def on_pull(job_id: str, n: int) -> object:
         if time.monotonic() < service.upload_of(job_id).at + 0.8:
@@ -187,7 +187,8 @@ def test_a_service_that_hangs_is_bounded_by_the_deadline(service, tmp_path):
     with JobRewardBackend(service.url, TOKEN, spool_dir=str(tmp_path), request_timeout=0.6, **FAST) as backend:
         with pytest.raises(JobItemsFailed) as excinfo:
             backend.compute_rewards(request(1))
-    # the answer would come after 10 s: the call ends at its 0.6 s deadline (the bound leaves a loaded machine room)
+    # the answer would come after 10 s: the call ends at its 0.6 s deadline (the bound leaves a
+    # loaded machine room)
     assert isinstance(only_error(excinfo), JobDeadline) and time.monotonic() - started < 5.0
 
 
@@ -250,8 +251,8 @@ def test_a_panel_term_names_a_job_service_by_its_config(service, tmp_path, monke
 
 
 def test_an_interrupt_ends_the_call_and_sends_no_item_that_was_not_yet_sent(service, backend):
-    """Ctrl-C while the first job is pending: its pulls stop, and the items queued behind it are never
-    enqueued (no new remote work after the interrupt)."""
+    """Ctrl-C while the first job is pending: its pulls stop, and the items queued behind it are
+    never enqueued (no new remote work after the interrupt)."""
     service.on_pull = lambda job_id, n: (202, {"uuid": job_id, "status": "pending"})
     backend.max_concurrency = 1
     outcome: list[BaseException] = []
@@ -335,8 +336,9 @@ def test_a_job_id_still_pulled_by_another_call_fails_both(service, backend):
 
 @pytest.mark.parametrize("remembered", [0, 2])
 def test_the_job_ids_remembered_are_bounded_but_a_call_keeps_all_of_its_own(remembered):
-    """An item whose pull ended keeps its id while its call runs: an id given again to a later item of
-    the same call is caught whatever `remembered` is (it bounds only what is kept across calls)."""
+    """An item whose pull ended keeps its id while its call runs: an id given again to a later item
+    of the same call is caught whatever `remembered` is (it bounds only what is kept across
+    calls)."""
     job_ids = JobIds(remembered=remembered)
     claims = [job_ids.claim(f"job-{n}", f"v{n}", call=1)[0] for n in range(3)]
     for claim in claims:
@@ -361,7 +363,8 @@ def test_an_enqueue_answered_429_is_sent_again_after_its_retry_after(service, ba
 
 
 def test_an_enqueue_whose_retry_after_passes_the_deadline_fails_at_once_and_took_nothing(service, backend):
-    """A Retry-After the deadline (5 s) cannot honour ends the item at once: no pause, no second try."""
+    """A Retry-After the deadline (5 s) cannot honour ends the item at once: no pause, no second
+    try."""
     service.on_enqueue = lambda upload: (429, "busy", {"retry-after": "30"})
     with pytest.raises(JobItemsFailed) as excinfo:
         backend.compute_rewards(request(1))
@@ -393,7 +396,8 @@ def test_an_interrupt_while_an_enqueue_waits_out_a_429_sends_it_no_more(service,
 
 @pytest.mark.parametrize("answer", ["429", "503", "202"])
 def test_a_pull_waits_out_the_retry_after_it_is_given(service, backend, answer):
-    """Pulls ignored Retry-After (a 429, a 503, a pending 202 with one came back after the backoff)."""
+    """Pulls ignored Retry-After (a 429, a 503, a pending 202 with one came back after the
+    backoff)."""
 
     def pull(job_id: str, n: int):
         if n > 1:

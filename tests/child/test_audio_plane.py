@@ -1,5 +1,5 @@
-"""Audio as an input kind: float32 (channels, samples) with its sample rate, checked on both sides of
-the wire and carried losslessly (in-band and through the shared segment) to a managed child."""
+"""Audio as an input kind: float32 (channels, samples) with its sample rate, checked on both sides
+of the wire and carried losslessly (in-band and through the shared segment) to a managed child."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ RATES = [8000, 16000, 22050, 44100, 48000]
 
 
 def waveforms() -> list[np.ndarray]:
-    """Different lengths and channel counts, one of them 1-D (mono), every value a random float32."""
+    """Different lengths and channel counts, one of them 1-D (mono), every value a random
+    float32."""
     rng = np.random.default_rng(27)
     shapes = [(1, 100), (2, 40000), (6, 12345), (20000,), (1, 70001)]
     return [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
@@ -72,7 +73,8 @@ def test_the_child_side_refuses_what_a_client_other_than_ours_might_send():
         item_from_wire(wire.decode(wire.encode(bad)), 0)
     with pytest.raises(RequestError, match=r"audio_sample_rate must be a positive int"):
         item_from_wire({"id": "w", "audio": np.zeros((1, 2), np.float32)}, 0)
-    with pytest.raises(RequestError, match=r"has 8 bytes \(limit 4\)"):  # the media limit, as for images
+    # the media limit, as for images
+    with pytest.raises(RequestError, match=r"has 8 bytes \(limit 4\)"):
         item_from_wire(
             {"id": "w", "audio": np.zeros((1, 2), np.float32), "audio_sample_rate": 1}, 0, Limits(max_media_bytes=4)
         )
@@ -95,7 +97,8 @@ def test_audio_reaches_a_managed_child_bit_for_bit_in_band_and_through_the_segme
         assert response.component_rewards["samples"] == [float(item.audio.shape[1]) for item in req.items]
         assert response.component_rewards["rate"] == [float(item.audio_sample_rate) for item in req.items]
         assert response.diagnostics["audio_echo"]["values"][f"{backing}_backed"] == len(req.items)
-    # the checksum is of the trainer's own bytes: 1-D mono arrived as (1, samples) of the same floats
+    # the checksum is of the trainer's own bytes: 1-D mono arrived as (1, samples) of the same
+    # floats
     assert audio_checksum(request.items[3].audio) == float(
         int.from_bytes(hashlib.sha256(sent[3].tobytes()).digest()[:6], "big")
     )

@@ -58,18 +58,21 @@ def test_health_reports_identity(managed, trainer_python):
         "concurrent_calls": 1,
         "pid": backend.pid,
         "in_flight": 0,
-        "json_parsing": 0,  # JSON bodies being parsed now (serve's OpenRLHF route), off the event loop
+        # JSON bodies being parsed now (serve's OpenRLHF route), off the event loop
+        "json_parsing": 0,
         "residency": "resident",
         "gpu_residency": "resident",
         "warming": False,  # nothing load() started is still coming up
-        "wedged": None,  # why the scorer can serve no more (a call left a thread running past its deadline)
+        # why the scorer can serve no more (a call left a thread running past its deadline)
+        "wedged": None,
         "packages": {},
         "terms": ["probe"],
         "python": str(trainer_python),
         "connections": {"pending": 0, "evicted": 0},
         "idempotency": {"entries": 0, "replays": 0},
         "reward_term": None,  # a served panel's weighted reward: a plain scorer has none
-        "identity": None,  # what a served panel's identity covers (its terms'); None for a plain scorer
+        # what a served panel's identity covers (its terms'); None for a plain scorer
+        "identity": None,
     }
     assert psutil.Process(backend.pid).exe() == str(Path(trainer_python).resolve()) or psutil.Process(
         backend.pid
@@ -122,7 +125,8 @@ def test_per_call_residency_ends_offloaded(managed, trainer_python):
 
 
 def test_drain_waits_for_requests_accepted_before_it(managed, trainer_python, tmp_path):
-    journal = tmp_path / "calls"  # the scorer journals a call as it ends: the order, read in the child
+    # the scorer journals a call as it ends: the order, read in the child
+    journal = tmp_path / "calls"
     params = {"sleep_s": 1.0, "journal": str(journal)}
     backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", params=params)
     scored: list[list[float]] = []
@@ -130,7 +134,8 @@ def test_drain_waits_for_requests_accepted_before_it(managed, trainer_python, tm
     worker.start()
     wait_in_flight(backend)
     result = backend.drain(timeout_s=30)
-    ended = journal_calls(str(journal)) if journal.exists() else []  # read the moment drain returned
+    # read the moment drain returned
+    ended = journal_calls(str(journal)) if journal.exists() else []
     worker.join(timeout=30)
     assert result == {"drained": 1}
     assert len(ended) == 1, "drain returned before the score finished"

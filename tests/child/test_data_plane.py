@@ -90,7 +90,8 @@ def test_extents_are_reused_and_never_serve_stale_bytes(managed, image_python):
     for seed, side in enumerate([8, 64, 512, 64, 700, 8]):
         request = images([(side, side, 3), (side // 2 + 1, side, 4)], seed=seed)
         assert backend.compute_rewards(request).rewards == exact_means(request)
-        assert segment.free_bytes == segment.capacity  # each request's extents are freed after its answer
+        # each request's extents are freed after its answer
+        assert segment.free_bytes == segment.capacity
     assert backend._gen.segment is segment  # one segment for the child's life
     assert segment.copied_bytes > 0 and segment.in_place_bytes == 0
 
@@ -105,7 +106,8 @@ def test_in_band_when_the_parent_offers_no_segment(managed, image_python):
 
 
 class _UnsealedSegment(ParentSegment):
-    """Hands the child an unsealed memfd, which it must refuse: a shrink could make a read SIGBUS."""
+    """Hands the child an unsealed memfd, which it must refuse: a shrink could make a read
+    SIGBUS."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
@@ -246,7 +248,8 @@ time.sleep(600)
 
 
 def test_a_killed_trainer_leaves_no_segment_anywhere(image_python):
-    """kill -9 of the parent: the child dies with it, and with both gone the kernel frees the memfd."""
+    """kill -9 of the parent: the child dies with it, and with both gone the kernel frees the
+    memfd."""
     shm_before = shm_entries()
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT_SCRIPT, str(image_python)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
@@ -271,7 +274,8 @@ def test_the_child_gets_a_read_only_descriptor_it_cannot_reseal_or_resize():
     try:
         offset = segment.allocate(10_000)
         segment.array(offset, (3,), np.uint8)[:] = np.frombuffer(b"abc", np.uint8)
-        assert os.fstat(segment.fd).st_blocks * 512 >= 10_000  # the extent's pages are reserved: no SIGBUS later
+        # the extent's pages are reserved: no SIGBUS later
+        assert os.fstat(segment.fd).st_blocks * 512 >= 10_000
         with pytest.raises(PermissionError):
             import fcntl
 
@@ -331,7 +335,8 @@ def test_the_allocator_carves_aligned_extents_and_coalesces_them():
         segment.release(copy, 100)
         for offset in (a, 64, c):
             segment.release_arena(offset)
-        assert segment.free_bytes == 4096 and segment.allocate(4096) == 0  # coalesced back into one extent
+        # coalesced back into one extent
+        assert segment.free_bytes == 4096 and segment.allocate(4096) == 0
     finally:
         segment.close()
 
@@ -388,7 +393,8 @@ def test_a_full_segment_sends_in_band_and_a_restart_copies_old_arena_arrays(mana
         with pytest.raises(ScorerProcessDied):
             backend.compute_rewards(small)
         request = RewardRequest(items=[RewardItem(id="k", image=kept)])
-        assert backend.compute_rewards(request).rewards == [0.2]  # the new child's segment copies it
+        # the new child's segment copies it
+        assert backend.compute_rewards(request).rewards == [0.2]
         assert backend._gen.segment.copied_bytes == kept.nbytes
     del hog
 
@@ -415,7 +421,8 @@ def test_concurrent_requests_and_arenas_share_the_segment_safely(managed, image_
 
 
 def test_a_stale_arena_array_is_copied_never_overwritten_by_its_own_request(managed, image_python):
-    """Use after close is a bug, but it must not corrupt a neighbour: request copies come from the top."""
+    """Use after close is a bug, but it must not corrupt a neighbour: request copies come from the
+    top."""
     backend = managed(image_python, "mean_intensity", "image")
     with backend.arena() as arena:
         stale = arena.empty((256, 256, 3))
@@ -524,8 +531,8 @@ def rss_shmem_bytes(pid: int | str = "self") -> int:
 
 
 def test_a_large_request_gives_its_shared_memory_back(managed, image_python):
-    """One 192 MB request must not pin 192 MB of shared memory in both processes for the child's life:
-    freed extents beyond a small warm reserve give their pages back."""
+    """One 192 MB request must not pin 192 MB of shared memory in both processes for the child's
+    life: freed extents beyond a small warm reserve give their pages back."""
     backend = managed(image_python, "mean_intensity", input_kind="image")
     small = RewardRequest(items=[RewardItem(id=f"s{i}", image=np.full((512, 512, 3), i, np.uint8)) for i in range(8)])
     backend.compute_rewards(small)  # the steady state: a typical batch, its pages kept warm
@@ -540,7 +547,8 @@ def test_a_large_request_gives_its_shared_memory_back(managed, image_python):
     assert segment.backed_bytes <= segment.warm_reserve + (1 << 20)
     for side, (was, now) in zip(("trainer", "child"), zip(before, after, strict=True), strict=True):
         assert now - was < 4 << 20, f"{side}: RssShmem {was >> 20} MiB -> {now >> 20} MiB"
-    assert backend.compute_rewards(small).rewards == pytest.approx([i / 255 for i in range(8)])  # still correct
+    # still correct
+    assert backend.compute_rewards(small).rewards == pytest.approx([i / 255 for i in range(8)])
 
 
 def test_the_warm_reserve_keeps_steady_batches_from_faulting_fresh_pages():
@@ -562,8 +570,8 @@ def test_the_warm_reserve_keeps_steady_batches_from_faulting_fresh_pages():
 
 
 def _reopen_writable(fd: int, as_other_user: bool) -> str:
-    """Try to reopen `fd` read-write through /proc, as a process of another (non-root) uid when root:
-    root bypasses file modes, and the point is what an ordinary same-user process can do."""
+    """Try to reopen `fd` read-write through /proc, as a process of another (non-root) uid when
+    root: root bypasses file modes, and the point is what an ordinary same-user process can do."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -575,7 +583,8 @@ def _reopen_writable(fd: int, as_other_user: bool) -> str:
                 os.setgroups([])
                 os.setgid(65534)
                 os.setuid(65534)
-                ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/self stays ours after setuid
+                # PR_SET_DUMPABLE: /proc/self stays ours after setuid
+                ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
             try:
                 os.close(os.open(f"/proc/self/fd/{fd}", os.O_RDWR))
                 outcome = "opened"

@@ -1,13 +1,14 @@
 """Fuzzing one live child over real loopback HTTP, with the valid token (invariant 5).
 
-Four families of malformed traffic, well over 10,000 requests in all: random bytes, valid frames whose JSON
-header hypothesis mutates (meta, items, item fields, array descriptors), damaged frames (truncations, bit flips,
-splices, a wrong header length), and odd HTTP (content types, extra headers, wrong methods, unknown paths).
+Four families of malformed traffic, well over 10,000 requests in all: random bytes, valid frames
+whose JSON header hypothesis mutates (meta, items, item fields, array descriptors), damaged frames
+(truncations, bit flips, splices, a wrong header length), and odd HTTP (content types, extra
+headers, wrong methods, unknown paths).
 
-Every answer is a 4xx, or a 200 exactly when the body is a valid request (decided independently, in this process,
-with the same codec) -- then the answer carries the right ids and rewards. Never a 5xx, never a dropped
-connection; the child's pid is the same at the end and it still scores correctly. Run with -s to see the
-request count and status histogram.
+Every answer is a 4xx, or a 200 exactly when the body is a valid request (decided independently, in
+this process, with the same codec) -- then the answer carries the right ids and rewards. Never a
+5xx, never a dropped connection; the child's pid is the same at the end and it still scores
+correctly. Run with -s to see the request count and status histogram.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ ROUTES = {
     "/shutdown": {"POST"},
 }
 STANDARD_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "PROPFIND"]
-# Headers that define the HTTP framing or the connection itself: changing them breaks the client, not the server.
+# Headers that define the HTTP framing or the connection itself: changing them breaks the client,
+# not the server.
 FRAMING_HEADERS = {
     "host",
     "content-length",
@@ -94,7 +96,8 @@ class Live:
     pid: int
     sent: Counter = field(default_factory=Counter)  # category -> requests
     statuses: Counter = field(default_factory=Counter)  # status code -> requests
-    valid: Counter = field(default_factory=Counter)  # category -> bodies that were valid requests (200)
+    # category -> bodies that were valid requests (200)
+    valid: Counter = field(default_factory=Counter)
 
     @property
     def total(self) -> int:
@@ -106,8 +109,8 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[Live]:
-    """One child for the module: created before the first test's leak-guard snapshot, so the guard ignores it;
-    its own teardown proves it is gone."""
+    """One child for the module: created before the first test's leak-guard snapshot, so the guard
+    ignores it; its own teardown proves it is gone."""
     spec = ManagedScorerProcessSpec(
         process={
             "python_executable": sys.executable,
@@ -176,8 +179,9 @@ def still_serving(live: Live) -> None:
 
 # -- the oracle: is this body a valid request? ----------------------------------------------
 def local_verdict(body: bytes) -> tuple[list | None, str]:
-    """The items a body decodes to (None if it is invalid) and the reason it is not, decided in this process
-    by the same checks the child runs before the scorer (the probe needs each item's text)."""
+    """The items a body decodes to (None if it is invalid) and the reason it is not, decided in this
+    process by the same checks the child runs before the scorer (the probe needs each item's
+    text)."""
     try:
         items, group_size = request_from_wire(wire.decode(body))
         partition(items, group_size, scorer="probe")
@@ -188,7 +192,8 @@ def local_verdict(body: bytes) -> tuple[list | None, str]:
 
 
 def check_score_answer(live: Live, category: str, body: bytes, response: httpx.Response) -> None:
-    """4xx with a JSON error for an invalid body; 200 with the right ids and rewards for a valid one."""
+    """4xx with a JSON error for an invalid body; 200 with the right ids and rewards for a valid
+    one."""
     items, reason = local_verdict(body)
     status = response.status_code
     error = ""
@@ -197,8 +202,8 @@ def check_score_answer(live: Live, category: str, body: bytes, response: httpx.R
         payload = response.json()
         assert payload["kind"] in ("bad_request", "bad_input") and payload["error"], payload
         error = payload["error"]
-    # How deep a header may nest depends on the stack depth of the decoding thread, which differs between the
-    # child's event loop and this test; near that limit either answer is right.
+    # How deep a header may nest depends on the stack depth of the decoding thread, which differs
+    # between the child's event loop and this test; near that limit either answer is right.
     too_deep = "nests too deeply" in reason or "nests too deeply" in error
     if items is None:
         assert status != 200 or too_deep, f"{category}: invalid body ({reason}) was answered 200"
@@ -228,7 +233,8 @@ class Raw:
 
 
 def dumps(value: Any, ascii: bool = True) -> str:
-    """JSON text with Raw tokens spliced in; NaN / Infinity as JSON's non-standard tokens (fair game here)."""
+    """JSON text with Raw tokens spliced in; NaN / Infinity as JSON's non-standard tokens (fair game
+    here)."""
     if isinstance(value, Raw):
         return value.text
     if isinstance(value, dict):
@@ -392,7 +398,8 @@ def test_a_random_bytes(live):
 
 
 # -- (b) valid frames, mutated JSON header ----------------------------------------------------
-VARIANTS = 2  # damaged / mutated bodies sent per generated valid request (generation dominates the run time)
+# damaged / mutated bodies sent per generated valid request (generation dominates the run time)
+VARIANTS = 2
 
 
 def mutate(draw, header: dict, buffers: bytes) -> bytes:
@@ -401,7 +408,8 @@ def mutate(draw, header: dict, buffers: bytes) -> bytes:
         header = mutate_header(draw, header)
         if not isinstance(header, dict):
             break
-    # one in ten headers in raw utf-8 instead of \u escapes (a lone surrogate then makes invalid utf-8)
+    # one in ten headers in raw utf-8 instead of \u escapes (a lone surrogate then makes invalid
+    # utf-8)
     raw = dumps(header, ascii=draw(st.integers(0, 9)) > 0).encode("utf-8", "surrogatepass")
     if draw(st.integers(0, 9)) == 0:
         buffers = buffers + bytes(draw(st.sampled_from([1, 63, 64, 128])))
@@ -416,7 +424,8 @@ def mutated_frames(draw, variants: int = 1) -> list[bytes]:
 
 
 def fuzz_frames(live, kind: str, frames: st.SearchStrategy) -> None:
-    """POST every drawn batch of frame bodies to /score until `kind`'s quota is met; the child must survive."""
+    """POST every drawn batch of frame bodies to /score until `kind`'s quota is met; the child must
+    survive."""
 
     @fuzz_settings(QUOTAS[kind] // VARIANTS)
     @given(bodies=frames)
@@ -512,7 +521,8 @@ content_types = st.one_of(
             ";;;",
         ]
     ),
-    header_values.filter(lambda value: value.split(";")[0].strip().lower() != "application/json"),  # the JSON form
+    # the JSON form
+    header_values.filter(lambda value: value.split(";")[0].strip().lower() != "application/json"),
 )
 path_segments = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~", max_size=12)
 unknown_paths = (
@@ -593,7 +603,9 @@ def test_d_odd_http(live):
             assert response.status_code == 405, where
         elif expected == "404":
             assert response.status_code == 404, where
-        else:  # a token outside the HTTP parser's method table is refused by the parser (400), else by routing
+        # a token outside the HTTP parser's method table is refused by the parser (400), else by
+        # routing
+        else:
             assert response.status_code in ((400, 404) if path == "/nope" else (400, 405)), where
 
     run()

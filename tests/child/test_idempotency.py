@@ -66,7 +66,8 @@ def test_a_resent_score_with_the_same_key_is_answered_not_scored_again(managed, 
         client.score(frame("a", "b"))  # no key: always scored
         assert scored(path) == ["s0", "s1"] * 3
         assert backend.health()["idempotency"] == {"entries": 2, "replays": 1}
-        backend.compute_rewards(REQUEST)  # the managed backend's own loopback client sends a key too
+        # the managed backend's own loopback client sends a key too
+        backend.compute_rewards(REQUEST)
         assert backend.health()["idempotency"] == {"entries": 3, "replays": 1}
     finally:
         client.close()
@@ -231,7 +232,8 @@ class Proxy:
         requests, answers = conn.makefile("rb"), upstream.makefile("rb")
         try:
             self._relay(conn, requests, upstream, answers)
-        except OSError:  # either side closed or reset mid-message (close() does that): this connection is over
+        # either side closed or reset mid-message (close() does that): this connection is over
+        except OSError:
             pass
         finally:  # the files hold the descriptors too: close them for the FIN to go out now
             for each in (requests, answers, conn, upstream):
@@ -264,7 +266,8 @@ class Proxy:
             conn.sendall(answer[0])
 
     def close(self) -> None:
-        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close alone does not)
+        # wakes the accepting thread (close alone does not)
+        self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self._lock:
             for sock in self._sockets:
@@ -337,7 +340,8 @@ def test_retries_end_at_the_first_tries_deadline(managed, trainer_python, tmp_pa
     assert not isinstance(info.value, ScorerRequestError)
     attempts = len(broken.scores)
     assert f"after {attempts} attempt" in str(info.value)
-    if action == "drop":  # each try reached the child; it scored once and answered the rest from its cache
+    # each try reached the child; it scored once and answered the rest from its cache
+    if action == "drop":
         assert attempts >= 3 and scored(path) == ["r0", "r1", "r2"]
     else:  # one try took the whole deadline: no time left for another
         assert attempts == 1 and elapsed > 1.9 and scored(path) == []

@@ -19,7 +19,8 @@ REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
 
 @pytest.fixture
 def full_disk(monkeypatch, tmp_path):
-    """Every child writes its log to /dev/full (ENOSPC on each write); tails come from an empty file."""
+    """Every child writes its log to /dev/full (ENOSPC on each write); tails come from an empty
+    file."""
     tail = tmp_path / "unwritten.log"
     tail.touch()
 
@@ -119,8 +120,10 @@ def test_old_logs_of_gone_trainers_are_pruned_and_a_live_trainers_are_kept(manag
     gone = subprocess.Popen(["true"])
     gone.wait()  # a trainer pid that no longer runs
     old = [log_dir / f"constant-rank0-pid{gone.pid}-2026110{day}-000000-abcdef.log" for day in range(1, 5)]
-    live = log_dir / f"constant-rank0-pid{os.getpid()}-20261001-000000-abcdef.log"  # the oldest, but its
-    for age, path in enumerate([live, *old]):  # trainer (this process) may still have a child writing it
+    # the oldest, but its
+    live = log_dir / f"constant-rank0-pid{os.getpid()}-20261001-000000-abcdef.log"
+    # trainer (this process) may still have a child writing it
+    for age, path in enumerate([live, *old]):
         path.write_text("x")
         os.utime(path, (1_000_000 + age, 1_000_000 + age))
     other_scorer = log_dir / f"nonempty-rank0-pid{gone.pid}-20261101-000000-abcdef.log"

@@ -1,4 +1,5 @@
-"""LoopbackHTTP against real sockets: deadlines across the whole exchange, stale connections, framing."""
+"""LoopbackHTTP against real sockets: deadlines across the whole exchange, stale connections,
+framing."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class RawServer:
 
     def close(self) -> None:
         try:
-            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone does not
+            # wakes the blocked accept(); close() alone does not
+            self.listener.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self.listener.close()
@@ -130,7 +132,8 @@ def test_a_silent_server_times_out_at_the_deadline(serve):
 
 
 def test_the_deadline_spans_the_whole_answer_not_each_read(serve):
-    """A server dripping one byte every 0.1 s never lets a single recv time out; the deadline still holds."""
+    """A server dripping one byte every 0.1 s never lets a single recv time out; the deadline still
+    holds."""
 
     def drip(conn: socket.socket) -> None:
         read_request(conn)
@@ -173,7 +176,8 @@ def test_broken_answers_are_typed(serve, reply, error, message):
 
 
 def test_a_connection_the_server_closed_while_idle_is_replaced(serve):
-    """The server answers once per connection and hangs up without saying so: never reuse a dead socket."""
+    """The server answers once per connection and hangs up without saying so: never reuse a dead
+    socket."""
     hung_up = threading.Event()
 
     def one_shot(conn: socket.socket) -> None:
@@ -241,7 +245,8 @@ def test_a_refused_connect_to_a_live_peer_is_retried_until_the_deadline(serve):
 
 
 def test_an_eviction_by_the_childs_gate_is_retried_on_a_fresh_connection(serve):
-    """The gate answers 503 with its header before it reads the request: the request was not acted on."""
+    """The gate answers 503 with its header before it reads the request: the request was not acted
+    on."""
     evictions = []
 
     def evict_twice(conn: socket.socket) -> None:
@@ -268,8 +273,8 @@ def test_an_ordinary_503_is_an_answer_not_a_retry(serve):
 
 
 def test_an_eviction_while_a_large_body_is_still_being_sent_is_retried(serve):
-    """The gate answers before it reads anything and drains what keeps coming: the sender finishes its
-    body, reads the eviction, and sends again on a fresh connection (no reset mid-send)."""
+    """The gate answers before it reads anything and drains what keeps coming: the sender finishes
+    its body, reads the eviction, and sends again on a fresh connection (no reset mid-send)."""
     evicted = []
 
     def evict_then_drain(conn: socket.socket) -> None:

@@ -1,4 +1,5 @@
-"""`GET /metrics`: the child's own Prometheus text, parsed with prometheus-client's parser; counters move."""
+"""`GET /metrics`: the child's own Prometheus text, parsed with prometheus-client's parser; counters
+move."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ SCORER = "tests.helpers.fixture_scorers:RefusesText"
 
 
 def scrape(backend) -> dict[tuple[str, tuple], float]:
-    """Every sample as {(name, sorted labels without `scorer` and `rank`): value}, via the child's bearer-guarded page."""
+    """Every sample as {(name, sorted labels without `scorer` and `rank`): value}, via the child's
+    bearer-guarded page."""
     child = backend._child
     answer = httpx.get(f"http://127.0.0.1:{child.port}/metrics", headers={"authorization": f"Bearer {child.token}"})
     assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain; version=0.0.4")
@@ -21,7 +23,8 @@ def scrape(backend) -> dict[tuple[str, tuple], float]:
         for sample in family.samples:
             labels = dict(sample.labels)
             assert labels.pop("scorer") == "refuses_text"
-            assert labels.pop("rank") == "0"  # no launcher: rank 0 (the torchrun test checks other ranks)
+            # no launcher: rank 0 (the torchrun test checks other ranks)
+            assert labels.pop("rank") == "0"
             samples[(sample.name, tuple(sorted(labels.items())))] = sample.value
     return samples
 
@@ -43,7 +46,8 @@ def test_child_metrics_count_requests_items_errors_latency_and_residency(managed
         backend.compute_rewards(texts("x", "poison"))
     backend.offload()
     after = scrape(backend)
-    assert after[("managed_scorers_child_items_total", ())] == 5  # the refused request scored nothing
+    # the refused request scored nothing
+    assert after[("managed_scorers_child_items_total", ())] == 5
     assert after[("managed_scorers_child_requests_total", (("endpoint", "/score"), ("status", "200")))] == 2
     assert after[("managed_scorers_child_requests_total", (("endpoint", "/score"), ("status", "422")))] == 1
     assert after[("managed_scorers_child_errors_total", (("kind", "bad_input"),))] == 1
@@ -102,7 +106,9 @@ def test_parent_side_counters_for_prometheus_client(managed, trainer_python, ima
         placed[...] = 7
         images.compute_rewards(RewardRequest(items=[RewardItem(id="j", image=placed)]))
     assert value("managed_scorers_transport_bytes_total", images, path="shared_in_place") == big.nbytes
-    assert value("managed_scorers_transport_bytes_total", images, path="in_band") == 0  # both went shared
-    tiny = np.zeros((4, 4, 3), np.uint8)  # under shared_memory_min_bytes: the whole body travels in-band
+    # both went shared
+    assert value("managed_scorers_transport_bytes_total", images, path="in_band") == 0
+    # under shared_memory_min_bytes: the whole body travels in-band
+    tiny = np.zeros((4, 4, 3), np.uint8)
     images.compute_rewards(RewardRequest(items=[RewardItem(id="k", image=tiny)]))
     assert value("managed_scorers_transport_bytes_total", images, path="in_band") > tiny.nbytes

@@ -33,10 +33,12 @@ def test_remote_scores_like_managed_and_leaves_the_server_running(managed, train
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", params={"journal": journal})
     with RemoteRewardBackend(url(server), token=server._child.token, request_batch_size=2) as remote:
         assert remote.server["scorer"] == "probe" and remote.required_rewards == ["probe"]
-        assert remote.call_bound_s == 600.0  # request_timeout: what DistributedRewards' default bound adds to
+        # request_timeout: what DistributedRewards' default bound adds to
+        assert remote.call_bound_s == 600.0
         response = remote.compute_rewards(REQUEST)
     assert response.rewards == server.compute_rewards(REQUEST).rewards == [0.0, 1.0, 2.0, 3.0, 4.0]
-    assert [len(ids) for _, ids in journal_calls(journal)] == [2, 2, 1, 5]  # remote's chunks, then managed's
+    # remote's chunks, then managed's
+    assert [len(ids) for _, ids in journal_calls(journal)] == [2, 2, 1, 5]
     assert response.diagnostics == {"probe": {"sample_count": 5, "values": {"calls": 3}}}
     assert server.health()["state"] == "ready"
 
@@ -63,8 +65,8 @@ def test_remote_that_is_not_listening_is_unavailable():
 
 
 def test_a_trickled_answer_ends_the_call_at_request_timeout(managed, trainer_python):
-    """A server that sends a valid answer one byte every 50 ms: httpx's per-read timeout never fires,
-    the exchange's own deadline does (ScorerTimeout at request_timeout, retries included)."""
+    """A server that sends a valid answer one byte every 50 ms: httpx's per-read timeout never
+    fires, the exchange's own deadline does (ScorerTimeout at request_timeout, retries included)."""
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe")
     with MisbehavingServer(url(server), "trickle", trickle_s=0.05) as slow:
         with RemoteRewardBackend(slow.url, token=server._child.token, request_timeout=1.0) as remote:
@@ -75,8 +77,8 @@ def test_a_trickled_answer_ends_the_call_at_request_timeout(managed, trainer_pyt
 
 
 def test_a_compressed_answer_is_refused_before_it_is_decoded(managed, trainer_python):
-    """64 MiB of zeros in 64 KB of gzip: the client asked for identity, so the answer is refused as it
-    stands, never inflated in the trainer."""
+    """64 MiB of zeros in 64 KB of gzip: the client asked for identity, so the answer is refused as
+    it stands, never inflated in the trainer."""
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe")
     with MisbehavingServer(url(server), "gzip_bomb", gzip_mib=64) as bomb:
         with RemoteRewardBackend(bomb.url, token=server._child.token) as remote:
@@ -102,8 +104,8 @@ def test_a_server_whose_health_does_not_say_what_it_serves_is_refused_typed(mana
 
 
 def test_an_answer_that_names_no_identity_is_refused_as_a_version_mismatch(managed, trainer_python):
-    """A server older than the identity header (its answers name none): its rewards are refused, said
-    as a version mismatch, not retried; /health alone is not enough to trust an answer."""
+    """A server older than the identity header (its answers name none): its rewards are refused,
+    said as a version mismatch, not retried; /health alone is not enough to trust an answer."""
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe")
     with MisbehavingServer(url(server), "anonymous") as older:
         with RemoteRewardBackend(older.url, token=server._child.token) as remote:
@@ -148,8 +150,9 @@ def test_every_score_answer_is_checked_against_the_identity_an_error_answer_too(
 
 
 def test_a_cancelled_call_ends_but_leaves_the_remote_backend_usable(managed, trainer_python):
-    """asyncio.wait_for gives up on a call in flight: the call's connection is dropped (nothing retries
-    behind the caller), and the backend serves the next call; only close() ends it for good."""
+    """asyncio.wait_for gives up on a call in flight: the call's connection is dropped (nothing
+    retries behind the caller), and the backend serves the next call; only close() ends it for
+    good."""
     import asyncio
 
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", params={"sleep_s": 1.0})

@@ -1,6 +1,6 @@
-"""/score's JSON form, UniRL's reward-service protocol: its requests read as items, its answers built
-from a scorer's result (child_runtime.protocol.unirl), in process; the served route is tested in
-tests/ops/test_serve_json.py."""
+"""/score's JSON form, UniRL's reward-service protocol: its requests read as items, its answers
+built from a scorer's result (child_runtime.protocol.unirl), in process; the served route is tested
+in tests/ops/test_serve_json.py."""
 
 from __future__ import annotations
 
@@ -143,8 +143,9 @@ def test_the_scorers_reward_is_its_terms_sum_first_and_a_failure_is_an_error_not
 
 
 def test_named_terms_are_rewards_of_their_own_and_a_term_that_does_not_apply_has_no_value():
-    """DESIGN: a term that does not apply is no value, never 0.0: asked for by name, it is the item's error;
-    inside a scorer's reward it is left out of the sub-metrics, as a failed optional term is."""
+    """DESIGN: a term that does not apply is no value, never 0.0: asked for by name, it is the
+    item's error; inside a scorer's reward it is left out of the sub-metrics, as a failed optional
+    term is."""
     parsed = parse(requests_for("correct", "format", count=2), TWO_TERMS, IDENTITY, Limits())
     assert parsed.terms == ["correct", "format"]
     result = ScoreResult(terms={"correct": [1.0, 0.0], "format": [0.25, 9.0]}, not_applicable={"format": {1}})
@@ -157,7 +158,8 @@ def test_named_terms_are_rewards_of_their_own_and_a_term_that_does_not_apply_has
 
 def test_a_broken_png_is_the_clients_bad_request_not_a_scorer_error():
     whole = base64.b64decode(png(7, (16, 16)))
-    broken = whole[:36] + b"\x00" + whole[37:]  # IDAT's length byte: PIL reads a broken chunk (SyntaxError)
+    # IDAT's length byte: PIL reads a broken chunk (SyntaxError)
+    broken = whole[:36] + b"\x00" + whole[37:]
     request = {"history": [{"image_b64": base64.b64encode(broken).decode()}], "request_id": "a"}
     image = ScorerSpec(name="mean_intensity", input_kind="image", terms=("mean_intensity",))
     with pytest.raises(RequestError, match="is not a readable image"):

@@ -1,4 +1,5 @@
-"""The wire codec: exact round trips, zero-copy aligned views, and a typed error for every bad frame."""
+"""The wire codec: exact round trips, zero-copy aligned views, and a typed error for every bad
+frame."""
 
 from __future__ import annotations
 
@@ -247,7 +248,8 @@ def test_truncated_body():
     frame = encode({"x": np.arange(100, dtype=np.float64)})  # 800 bytes of data, padded to 832
     (n,) = struct.unpack_from("<I", frame, len(MAGIC))
     data_start = -(-(PREFIX + n) // ALIGN) * ALIGN
-    assert decode(frame[: data_start + 800])["x"].tolist() == list(range(100))  # padding is not needed
+    # padding is not needed
+    assert decode(frame[: data_start + 800])["x"].tolist() == list(range(100))
     with pytest.raises(WireError, match=r"arrays\[0\] \[0, \+800\) lies outside the body"):
         decode(frame[: data_start + 799])
     with pytest.raises(WireError, match=r"arrays\[0\].*outside the body"):
@@ -571,7 +573,8 @@ def test_shared_frame_past_the_segment():
 
 
 def test_stdlib_float64_arrays_travel_as_float64_ndarrays_and_other_typecodes_are_refused():
-    """A text scorer's child answers its scores as array("d") (it never imports numpy): the same bytes."""
+    """A text scorer's child answers its scores as array("d") (it never imports numpy): the same
+    bytes."""
     from array import array
 
     scores = array("d", [0.5, float("nan"), -1.0])

@@ -16,8 +16,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("scorers", "child_runtime", "supervisor")
-FLOOR = "scorers.common"  # the shared low-level helpers: every side may import them, they import nothing of ours
-BUILTIN = "scorers.builtin"  # the scorers users pick by name, apart from the contract they implement
+# the shared low-level helpers: every side may import them, they import nothing of ours
+FLOOR = "scorers.common"
+# the scorers users pick by name, apart from the contract they implement
+BUILTIN = "scorers.builtin"
 # supervisor's floors, lowest first: a folder imports its own floor and those below, never above.
 SUPERVISOR_FLOORS = (
     "supervisor",
@@ -26,7 +28,8 @@ SUPERVISOR_FLOORS = (
     "supervisor.compose",
     "supervisor.adapters",
 )
-FACADES = {"supervisor", "supervisor.__main__"}  # the package's public face may import anything of it
+# the package's public face may import anything of it
+FACADES = {"supervisor", "supervisor.__main__"}
 MAX_FUNCTION_LINES = 50  # a reader holds a function whole: longer ones are split by what they do
 
 
@@ -43,7 +46,8 @@ def _modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
 
 MODULES = _modules()
 BENCH_MODULES = _modules(("bench",))  # not a product package, but held to no cycle all the same
-# what the bench lines share (`bench.common`), their inputs and typed handles, and the fake peers they talk to
+# what the bench lines share (`bench.common`), their inputs and typed handles, and the fake peers
+# they talk to
 BENCH_HELPERS = {
     "bench.common",
     "bench.workloads",
@@ -61,7 +65,8 @@ def _resolve(name: str, known: dict[str, Path] = MODULES) -> str | None:
 
 
 def _imports(module: str, path: Path, known: dict[str, Path] = MODULES) -> Iterator[tuple[str, int]]:
-    """(imported module of `known`, line) for every import in the file, TYPE_CHECKING blocks included."""
+    """(imported module of `known`, line) for every import in the file, TYPE_CHECKING blocks
+    included."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -102,7 +107,8 @@ def _in(module: str, folder: str) -> bool:
 
 
 def test_the_floor_imports_nothing_of_the_project():
-    """`scorers.common`, the shared low-level helpers every side imports, imports only its own modules."""
+    """`scorers.common`, the shared low-level helpers every side imports, imports only its own
+    modules."""
     assert any(_in(module, FLOOR) for module in MODULES)
     assert _violations(lambda a, b: _in(a, FLOOR) and not _in(b, FLOOR)) == []
 
@@ -117,13 +123,14 @@ def test_scorers_import_nothing_above_them_and_grading_only_itself_and_the_floor
 
 
 def test_the_scorer_contract_never_imports_a_built_in_scorer():
-    """The top of `scorers/` stands alone: the built-ins (`scorers.builtin`) import it, never the reverse."""
+    """The top of `scorers/` stands alone: the built-ins (`scorers.builtin`) import it, never the
+    reverse."""
     assert any(_in(module, BUILTIN) for module in MODULES)
     assert _violations(lambda a, b: a.startswith("scorers") and not _in(a, BUILTIN) and _in(b, BUILTIN)) == []
 
 
-# Beyond itself and the floor, what the child's protocol may import: the scorer contract and the item's
-# declared fields.
+# Beyond itself and the floor, what the child's protocol may import: the scorer contract and the
+# item's declared fields.
 PROTOCOL_MAY_IMPORT = ("scorers.base", "scorers.item_fields")
 
 
@@ -157,7 +164,8 @@ def _floor(module: str) -> int:
 # `load()` or a function): longest prefix wins. The two math_verify modules run in grading workers,
 # whose whole job is that import.
 THIRD_PARTY = {
-    "scorers.common": {"httpx", "httpcore"},  # bounded_http only: processes and retry are stdlib only
+    # bounded_http only: processes and retry are stdlib only
+    "scorers.common": {"httpx", "httpcore"},
     "scorers.grading": set(),
     "scorers": {"numpy"},
     "child_runtime.protocol": {"numpy"},
@@ -171,7 +179,8 @@ IMPORTS_ITS_GRADER = {
 
 
 def _module_level_imports(path: Path) -> Iterator[tuple[str, int]]:
-    """Top-level package names imported when the module is (not inside a function), `TYPE_CHECKING` aside."""
+    """Top-level package names imported when the module is (not inside a function), `TYPE_CHECKING`
+    aside."""
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             continue
@@ -250,8 +259,8 @@ def test_no_import_cycle_between_modules_or_folders():
 
 
 def test_bench_lines_import_only_the_shared_helpers_and_never_the_entry():
-    """`python -m bench` imports its lines; a line imports `bench.common` and the other helpers, never
-    `bench.__main__` or another line; a helper imports only helpers."""
+    """`python -m bench` imports its lines; a line imports `bench.common` and the other helpers,
+    never `bench.__main__` or another line; a helper imports only helpers."""
     lines = {b for b, _ in BENCH_EDGES["bench.__main__"]} - BENCH_HELPERS
     wrong = [
         f"{BENCH_MODULES[a].relative_to(ROOT)}:{line} imports {b}"
@@ -297,6 +306,7 @@ def test_no_result_is_read_back_from_an_exception_inside_the_library():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "partial" and isinstance(node.ctx, ast.Load):
                 owner = node.value.id if isinstance(node.value, ast.Name) else ""
-                if owner not in ("self", "summary"):  # score_dataset's count of partial rows, not an error's
+                # score_dataset's count of partial rows, not an error's
+                if owner not in ("self", "summary"):
                     reads.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert reads == []

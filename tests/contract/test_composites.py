@@ -56,7 +56,8 @@ def test_a_panel_lists_its_backends_once_and_answers_for_them():
     nested = RewardPanel([PanelTerm("inner", inner)], owns_backends=False)
     assert nested.members() == [inner] and nested.leaves() == [exact] and nested.needs_whole_groups() is False
     grouped = RewardPanel([PanelTerm("inner", inner), PanelTerm("f1", groupwise)], owns_backends=False)
-    assert grouped.leaves() == [exact, groupwise] and grouped.needs_whole_groups() is True  # token_f1 is groupwise
+    # token_f1 is groupwise
+    assert grouped.leaves() == [exact, groupwise] and grouped.needs_whole_groups() is True
     with pytest.raises(ValueError, match="step"):
         RewardRequest(items=[RewardItem(id="a", text="1")], step=-1)
 

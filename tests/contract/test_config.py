@@ -126,11 +126,13 @@ def test_a_scorer_env_by_name_or_the_one_the_scorer_declares(monkeypatch, tmp_pa
 
     math = scorer_envs.env_python("math")  # the checkout's envs/ (make envs built it)
     assert ManagedScorerProcessSpec(env="math", scorer={"name": "math_verify"}).process.python_executable == math
-    declared = ManagedScorerProcessSpec(scorer={"name": "math_verify"})  # math_verify declares env "math"
+    # math_verify declares env "math"
+    declared = ManagedScorerProcessSpec(scorer={"name": "math_verify"})
     assert declared.process.python_executable == math and declared.env == "math"
     invalid({"env": "nosuch", "scorer": {"name": "exact_match"}}, "no scorer env 'nosuch'", "no spec of that name")
     invalid(spec_dict(env="math"), "not both")
-    assert ManagedScorerProcessSpec.model_validate(declared.model_dump()) == declared  # a dump reads back
+    # a dump reads back
+    assert ManagedScorerProcessSpec.model_validate(declared.model_dump()) == declared
     assert ManagedScorerProcessSpec.model_validate_json(declared.model_dump_json()) == declared
     monkeypatch.setenv(scorer_envs.ROOT_VARIABLE, str(tmp_path))
     invalid({"env": "image", "scorer": {"name": "exact_match"}}, "is not built", "managed-scorers envs build image")
@@ -178,7 +180,8 @@ def test_input_kind_mismatch_between_client_and_scorer():
         spec_dict(scorer={"input_kind": "image"}, client={"input_kind": "text"}),
         "client.input_kind 'text' != scorer.input_kind 'image'",
     )
-    follows = ManagedScorerProcessSpec(**spec_dict(scorer={"input_kind": "video"}))  # no client kind: the scorer's
+    # no client kind: the scorer's
+    follows = ManagedScorerProcessSpec(**spec_dict(scorer={"input_kind": "video"}))
     assert follows.client.input_kind == "video"
 
 
@@ -186,7 +189,8 @@ def test_input_kind_defaults_to_the_one_the_scorer_declares():
     image = ManagedScorerProcessSpec(**spec_dict(scorer={"name": "jpeg_compressibility"}))
     assert image.scorer.input_kind == "image" and image.client.input_kind == "image"
     unknown_here = ManagedScorerProcessSpec(**spec_dict(scorer={"name": "only_in_its_env:Scorer"}))
-    assert unknown_here.scorer.input_kind == "text"  # a class this python cannot import: text, unless given
+    # a class this python cannot import: text, unless given
+    assert unknown_here.scorer.input_kind == "text"
 
 
 def test_weights_must_name_required_rewards():
@@ -219,7 +223,8 @@ def test_env_cannot_change_the_childs_import_path(name):
 def test_a_relative_python_is_resolved_once_against_the_current_directory(tmp_path, monkeypatch):
     venv_bin = tmp_path / "env" / "bin"
     venv_bin.mkdir(parents=True)
-    (venv_bin / "python").symlink_to(PY)  # a venv's python is a symlink: it must be kept, not resolved
+    # a venv's python is a symlink: it must be kept, not resolved
+    (venv_bin / "python").symlink_to(PY)
     monkeypatch.chdir(tmp_path)
     spec = ManagedScorerProcessSpec(**spec_dict(process={"python_executable": "env/bin/python"}))
     assert spec.process.python_executable == venv_bin / "python"
@@ -465,7 +470,8 @@ def test_a_ray_actors_gpus_are_its_childs_whatever_its_local_rank():
     # Ray hands an actor physical GPU ids (and may leave LOCAL_RANK at anything, or unset)
     env = {"CUDA_VISIBLE_DEVICES": "2", "LOCAL_RANK": "5"}
     assert child_visible_devices(env, None, launcher_gpus=("2",)) == "2"
-    assert child_visible_devices({}, None, launcher_gpus=()) == ""  # a CPU actor's child sees no GPU
+    # a CPU actor's child sees no GPU
+    assert child_visible_devices({}, None, launcher_gpus=()) == ""
     with pytest.raises(ConfigError, match=r"this Ray worker holds GPUs \['2', '3'\]; one child serves one rank's GPU"):
         child_visible_devices({}, None, launcher_gpus=("2", "3"))
     assert child_visible_devices({}, None, allow_multiple=True, launcher_gpus=("2", "3")) == "2,3"
@@ -474,7 +480,7 @@ def test_a_ray_actors_gpus_are_its_childs_whatever_its_local_rank():
     assert child_visible_devices({}, None, "7", launcher_gpus=("2",)) == "7"
 
 
-# -- the rank a launcher gave this process (supervisor.child.ranks) ----------------------------------
+# -- the rank a launcher gave this process (supervisor.child.ranks) --------------------------------
 def test_rank_from_torchrun_variables():
     from supervisor.child import ranks
 
@@ -490,8 +496,8 @@ def test_rank_from_torchrun_variables():
 
 
 def test_a_spec_made_per_instance_gives_the_parent_no_default():
-    """An FF or native model: the class spec is a placeholder (FF's says image), so the parent infers no
-    input kind from it; a class spec (jpeg_compressibility) still gives its kind."""
+    """An FF or native model: the class spec is a placeholder (FF's says image), so the parent
+    infers no input kind from it; a class spec (jpeg_compressibility) still gives its kind."""
     from scorers.registry import declared_spec
 
     assert declared_spec("scorers.ff.scorer:FfModelScorer") is None

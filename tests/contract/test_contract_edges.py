@@ -79,7 +79,8 @@ def test_panel_identity_covers_how_a_backend_combines_its_own_terms():
             )
         ]
     )
-    assert component.identity_hash == other.identity_hash  # a component does not depend on the combination
+    # a component does not depend on the combination
+    assert component.identity_hash == other.identity_hash
     for p in (plain, weighted, required, component, other):
         p.close()
 
@@ -126,8 +127,9 @@ def test_a_term_one_chunk_left_out_is_never_zero_filled():
 
 
 def test_a_term_that_does_not_apply_is_none_and_never_a_reward_term():
-    """`not_applicable` on the wire: that term's component is None there (applicable False), the item
-    a success; the same mark on a term of the reward breaks the contract, and so does an unknown id."""
+    """`not_applicable` on the wire: that term's component is None there (applicable False), the
+    item a success; the same mark on a term of the reward breaks the contract, and so does an
+    unknown id."""
     values = {"a": np.array([1.0, 2.0]), "b": np.array([0.5, np.nan])}
     answer = {"ids": ["x", "y"], "terms": values, "not_applicable": {"b": ["y"]}}
     checked = verify_score_answer(answer, ["x", "y"], ["a"], declared=DECLARED)
@@ -146,7 +148,8 @@ def test_a_term_that_does_not_apply_is_none_and_never_a_reward_term():
 
 
 def test_a_remote_scorer_failure_is_not_retried(managed, trainer_python, tmp_path):
-    """A 500 of kind scorer_error is the scorer's verdict on this request: sending it again rescores it."""
+    """A 500 of kind scorer_error is the scorer's verdict on this request: sending it again rescores
+    it."""
     journal = tmp_path / "journal"
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Journal", params={"path": str(journal)})
     with RemoteRewardBackend(f"http://127.0.0.1:{server._child.port}", token=server._child.token) as remote:
@@ -199,7 +202,8 @@ def test_preflight_leaves_a_scorer_that_lives_only_in_its_env_to_the_child(tmp_p
     site = venv / "lib" / "python3.11" / "site-packages"
     site.mkdir(parents=True)
     real = env_python("image").parent.parent / "lib" / "python3.11" / "site-packages"
-    for module in ("numpy", "starlette", "uvicorn"):  # what the child runtime needs, as the env has it
+    # what the child runtime needs, as the env has it
+    for module in ("numpy", "starlette", "uvicorn"):
         (site / module).symlink_to(real / module)
     (site / "envonly_reward.py").write_text("raise ImportError('only importable in the env')\n")
     (venv / "bin").mkdir()

@@ -34,7 +34,7 @@ def both(managed, trainer_python, scorer, **kwargs):
     return [local, managed(trainer_python, scorer, params=kwargs.get("params"), client=client)]
 
 
-# -- refusals, each naming the offending id or group -------------------------------------------------
+# -- refusals, each naming the offending id or group -----------------------------------------------
 @pytest.mark.parametrize("where", ["local", "managed"])
 def test_an_incomplete_group_is_refused_naming_it(managed, trainer_python, where):
     backend = both(managed, trainer_python, SPY, group_size=3)[where == "managed"]
@@ -104,7 +104,8 @@ def test_candidates_with_different_common_inputs_are_refused(field, first, other
 
 def test_strict_keys_tell_json_types_apart():
     keys = [strict_key(v) for v in (1, True, 1.0, "1", [1], (1,), {"a": 1}, None)]
-    assert len(set(keys[:4])) == 4 and keys[4] == keys[5]  # a JSON list arrives as a list or a tuple
+    # a JSON list arrives as a list or a tuple
+    assert len(set(keys[:4])) == 4 and keys[4] == keys[5]
     assert strict_key({"a": 1, "b": 2}) == strict_key({"b": 2, "a": 1})
 
 
@@ -122,7 +123,7 @@ def test_common_inputs_reach_a_groupwise_scorer_deeply_frozen(managed, trainer_p
     assert reference == {"answer": "42", "steps": [{"n": 1}]}
 
 
-# -- chunking ---------------------------------------------------------------------------------------
+# -- chunking --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("where", ["local", "managed"])
 def test_chunking_never_splits_a_group(managed, trainer_python, tmp_path, where):
     """GRPO groups of 3 with request_batch_size 4: every call holds whole groups."""
@@ -171,7 +172,7 @@ def test_a_ragged_scorer_takes_groups_of_any_size():
     assert score_checked(ragged, items, group_size=2).terms == {"length": [0.0, 0.0, 1.0, 2.0]}
 
 
-# -- the comparative judge ------------------------------------------------------------------------------
+# -- the comparative judge -------------------------------------------------------------------------
 def test_pairwise_judge_in_process_and_managed(managed, trainer_python):
     answers = ["the cat sat on the mat", "the cat sat", "a dog", "the cat sat"]
     items = [
@@ -197,7 +198,7 @@ def test_pairwise_judge_refuses_an_inner_groupwise_scorer():
         LocalRewardBackend("pairwise_judge", {"inner": SPY})
 
 
-# -- item fields --------------------------------------------------------------------------------------
+# -- item fields -----------------------------------------------------------------------------------
 def test_truncation_is_exactly_the_length_verdict():
     verdicts = {"length": True, "stop": False, None: False, "LENGTH": False, "max_tokens": False, "abort": False}
     for reason, truncated in verdicts.items():
@@ -207,7 +208,8 @@ def test_truncation_is_exactly_the_length_verdict():
 
 def test_item_fields_and_conditioning_media_reach_the_scorer(managed, trainer_python):
     rng = np.random.default_rng(0)
-    source = rng.integers(0, 256, (256, 320, 3), dtype=np.uint8)  # 240 KiB: through the shared segment
+    # 240 KiB: through the shared segment
+    source = rng.integers(0, 256, (256, 320, 3), dtype=np.uint8)
     mask = rng.integers(0, 256, (32, 48, 1), dtype=np.uint8)
     clip = rng.integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
     items = [

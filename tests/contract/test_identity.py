@@ -1,4 +1,5 @@
-"""Catalog identity and pins, custom catalogs, and the diagnostics contract: in-process and in a child.
+"""Catalog identity and pins, custom catalogs, and the diagnostics contract: in-process and in a
+child.
 
 A configured revision or identity hash is a pin: a child whose scorer differs is refused at
 start with the BAD_CONFIG boot code and never restarted; a LocalRewardBackend refuses it
@@ -47,7 +48,8 @@ WRONG_HASH = "f" * 64
 
 
 def identity(scorer: str | type[Scorer], params: dict | None = None, catalog: str | None = None) -> str:
-    """The identity hash of a scorer (a name resolved through `catalog`, or a class) built with `params`."""
+    """The identity hash of a scorer (a name resolved through `catalog`, or a class) built with
+    `params`."""
     cls = resolve_scorer(scorer, catalog) if isinstance(scorer, str) else scorer
     params = dict(params or {})
     return scorer_identity_hash(cls(**params), params)
@@ -65,8 +67,8 @@ def descendants() -> set[int]:
 
 @pytest.fixture
 def child(trainer_python, tmp_path):
-    """start(scorer_config, process=...) -> a started ManagedScorerProcessBackend, closed at the end.
-    Every launch leaves one log file in `tmp_path / "logs"` (a failed boot keeps its log)."""
+    """start(scorer_config, process=...) -> a started ManagedScorerProcessBackend, closed at the
+    end. Every launch leaves one log file in `tmp_path / "logs"` (a failed boot keeps its log)."""
     made: list[ManagedScorerProcessBackend] = []
 
     def start(scorer: dict[str, Any], process: dict[str, Any] | None = None) -> ManagedScorerProcessBackend:
@@ -129,7 +131,8 @@ def test_matching_pins_start_and_health_reports_the_local_identity(child):
     assert (health["scorer"], health["revision"], health["identity_hash"]) == ("exact_match", "1", expected)
     assert backend.identity_hash == backend.ready_info["identity_hash"] == expected
     response = backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="Yes", reference="yes")]))
-    assert response.rewards == [0.0] and response.identity_hash == expected  # case-sensitive: the params arrived
+    # case-sensitive: the params arrived
+    assert response.rewards == [0.0] and response.identity_hash == expected
 
 
 # -- pins on a local backend ------------------------------------------------------------------
@@ -247,7 +250,8 @@ def test_every_verdict_changing_param_is_in_the_document():
         "numeric_precision": 15,
         "strict": True,
         "on_timeout": "zero",
-        "memory_cap_mb": 512,  # an item past it scores 0; soft_timeout_s and overflow only move work
+        # an item past it scores 0; soft_timeout_s and overflow only move work
+        "memory_cap_mb": 512,
         "memory_budget_mb": 512,  # held items past it together: the largest score 0
     }
 
@@ -257,8 +261,10 @@ def test_math_verify_timeout_env_var_is_resolved_into_the_hash(monkeypatch):
     monkeypatch.setenv(TIMEOUT_ENV, "3")
     from_env = identity("math_verify", {"jobs": 1})
     assert from_env != default
-    assert from_env == identity("math_verify", {"jobs": 1, "timeout_s": 3})  # same verdicts, same identity
-    assert identity("math_verify", {"jobs": 1, "timeout_s": 10.0}) == default  # an explicit param wins over it
+    # same verdicts, same identity
+    assert from_env == identity("math_verify", {"jobs": 1, "timeout_s": 3})
+    # an explicit param wins over it
+    assert identity("math_verify", {"jobs": 1, "timeout_s": 10.0}) == default
     monkeypatch.setenv(TIMEOUT_ENV, "10")
     assert identity("math_verify", {"jobs": 1}) == default
     monkeypatch.setenv(TIMEOUT_ENV, "  ")  # blank: not set
@@ -275,7 +281,8 @@ def test_what_the_spec_declares_is_part_of_the_hash(spec):
 
     base = map_candidates(always, name="always")
     changed = map_candidates(always, name="always", **spec)
-    assert identity(base) == identity(map_candidates(always, name="always"))  # the same declaration: the same hash
+    # the same declaration: the same hash
+    assert identity(base) == identity(map_candidates(always, name="always"))
     assert identity(changed) != identity(base)
 
 
@@ -293,7 +300,8 @@ def test_a_credential_reference_is_identity_but_the_secret_never_is(monkeypatch)
     document = canonical_json(scorer_document(Keyword(api_key_env="JUDGE_KEY_A"), {"api_key_env": "JUDGE_KEY_A"}))
     assert b"JUDGE_KEY_A" in document and SECRET.encode() not in document
     with LocalRewardBackend("keyword", {"api_key_env": "JUDGE_KEY_A"}, catalog=CATALOG) as backend:
-        response = backend.compute_rewards(texts("yes", "no"))  # the key is read when scoring, never hashed
+        # the key is read when scoring, never hashed
+        response = backend.compute_rewards(texts("yes", "no"))
         assert response.rewards == [1.0, 0.0] and response.identity_hash == by_a
 
 
@@ -322,7 +330,8 @@ def test_a_catalog_that_overrides_a_built_in_is_refused_whatever_name_is_asked(n
         ("tests.helpers.fixture_scorers:catalog_needing_args", "must take no arguments"),
         ("tests.helpers.fixture_scorers:catalog_not_a_mapping", "returned list, expected a mapping"),
         ("tests.helpers.fixture_scorers:catalog_of_a_non_scorer", "'keyword' must map to a Scorer subclass"),
-        ("tests.helpers.fixture_scorers:Keyword", "returned Keyword, expected a mapping"),  # a scorer is not a catalog
+        # a scorer is not a catalog
+        ("tests.helpers.fixture_scorers:Keyword", "returned Keyword, expected a mapping"),
         ("tests.helpers.fixture_scorers:SECRET_CATALOG", "has no 'SECRET_CATALOG'"),
         ("tests.fixture_scorers_missing:catalog", "cannot import module 'tests.fixture_scorers_missing'"),
         ("catalog", "is not a dotted path"),

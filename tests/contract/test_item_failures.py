@@ -1,6 +1,7 @@
-"""Items a scorer cannot score (`ScoreResult.failed`): named in a typed error with the others' rewards
-as its partial response, never a stand-in reward; an optional panel term keeps the scored items,
-a required one raises; chunks and replicas join their failures; the child's answer is checked."""
+"""Items a scorer cannot score (`ScoreResult.failed`): named in a typed error with the others'
+rewards as its partial response, never a stand-in reward; an optional panel term keeps the scored
+items, a required one raises; chunks and replicas join their failures; the child's answer is
+checked."""
 
 from __future__ import annotations
 
@@ -90,7 +91,8 @@ def test_an_optional_term_keeps_its_scored_items_and_a_required_one_raises():
     with panel(required=True) as strict:
         with pytest.raises(ScorerItemsFailed) as info:
             strict.compute_rewards(REQUEST)
-    assert info.value.partial is None  # the term's rewards are not the panel's: nothing above may take them
+    # the term's rewards are not the panel's: nothing above may take them
+    assert info.value.partial is None
     assert "'s1'" in str(info.value)
 
 
@@ -103,7 +105,8 @@ def test_a_panel_inside_a_panel_never_passes_its_term_s_partial_upward():
         ]
     ) as outer:
         got = outer.compute_rewards(REQUEST)
-    assert got.component_rewards["inner"] == [None] * 5  # the inner panel failed whole: its required term failed
+    # the inner panel failed whole: its required term failed
+    assert got.component_rewards["inner"] == [None] * 5
     assert got.term_failures[0].ids == [f"s{n}" for n in range(5)]
 
 
@@ -149,7 +152,8 @@ def test_score_dataset_writes_failed_rows_with_their_error_and_scores_the_rest(t
     assert [r["id"] for r in rows] == [f"t{i}" for i in range(5)]
     assert [r["reward"] for r in rows] == [2.0, None, 5.0, None, 4.0]
     assert "ScorerItemsFailed: no score for 'fail here'" in rows[1]["error"] and rows[0]["error"] is None
-    # grouped rows: a failed row takes its group down (its siblings' group-relative rewards would be wrong)
+    # grouped rows: a failed row takes its group down (its siblings' group-relative rewards would be
+    # wrong)
     grouped = [{"id": f"g{i}", "response": t, "group": f"q{i // 2}"} for i, t in enumerate(["ok", "fail", "aa", "bbb"])]
     (tmp_path / "g.jsonl").write_text("".join(json.dumps(row) + "\n" for row in grouped))
     command = [*command[:6], "--input", str(tmp_path / "g.jsonl"), "--output", str(tmp_path / "g-out.jsonl")]

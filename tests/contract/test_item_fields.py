@@ -1,6 +1,7 @@
-"""Every view of an item agrees with its one declaration (scorers.item_fields): the scorer's ScoreItem, the
-trainer's RewardItem and its to_wire, the wire's field sets, the decoder, and the places that map other
-protocols' fields onto an item's. A field added to one view only fails here."""
+"""Every view of an item agrees with its one declaration (scorers.item_fields): the scorer's
+ScoreItem, the trainer's RewardItem and its to_wire, the wire's field sets, the decoder, and the
+places that map other protocols' fields onto an item's. A field added to one view only fails
+here."""
 
 from __future__ import annotations
 
@@ -105,7 +106,8 @@ def test_to_wire_writes_every_declared_field_in_order_and_leaves_out_the_empty()
 
 @pytest.mark.parametrize("framed", [False, True], ids=["in-process", "framed"])
 def test_every_declared_field_survives_the_wire_and_the_panels_way_back(framed):
-    """The decoder builds each field (none accepted and then dropped), and a served panel rebuilds it."""
+    """The decoder builds each field (none accepted and then dropped), and a served panel rebuilds
+    it."""
     full = full_item()
     meta = {"items": [full.to_wire()]}
     [decoded] = wire_items.items_from_wire(decode(encode(meta)) if framed else meta)

@@ -42,7 +42,8 @@ def test_valid_request_builds_score_items_in_order():
     assert [i.id for i in items] == ["a", "b", "c"]
     a, b, c = items
     assert (a.group_id, a.prompt, a.text, a.reference, a.metadata) == ("g", "p", "t", {"answer": "42"}, {"k": [1, 2]})
-    assert np.shares_memory(a.image, image) and not a.image.flags.writeable  # a read-only view, not a copy
+    # a read-only view, not a copy
+    assert np.shares_memory(a.image, image) and not a.image.flags.writeable
     assert np.shares_memory(b.video, video) and not b.video.flags.writeable
     assert image.flags.writeable  # the caller's own array is untouched
     assert b.image is None and b.text is None and b.metadata == {} and b.reference is None

@@ -86,7 +86,7 @@ def my_children() -> set[int]:
     return {child.pid for child in psutil.Process().children()}
 
 
-# -- the weighted sum over applicable terms ------------------------------------------------------------
+# -- the weighted sum over applicable terms --------------------------------------------------------
 def test_final_is_the_weighted_sum_of_the_terms_that_apply(tmp_path):
     journal = tmp_path / "len"
     items = [
@@ -166,7 +166,7 @@ def test_a_panel_mixes_managed_remote_and_local_terms(managed, trainer_python, t
     assert server.health()["state"] == "ready"
 
 
-# -- applicability ------------------------------------------------------------------------------------
+# -- applicability ---------------------------------------------------------------------------------
 def test_items_a_term_does_not_apply_to_are_never_sent_to_it(tmp_path):
     math_journal, all_journal = tmp_path / "math", tmp_path / "all"
     items = [item(f"{tag}{n}", data_source=tag) for n in range(3) for tag in ("math", "code", "chat")]
@@ -181,7 +181,8 @@ def test_items_a_term_does_not_apply_to_are_never_sent_to_it(tmp_path):
     assert journal_ids(all_journal) == [[i.id for i in items[:4]], [i.id for i in items[4:8]], [items[8].id]]
     mask = [i.data_source == "math" for i in items]
     assert response.applicable["math_len"] == mask
-    assert response.component_rewards["math_len"] == [5.0 if m else None for m in mask]  # never a fake 0 or NaN
+    # never a fake 0 or NaN
+    assert response.component_rewards["math_len"] == [5.0 if m else None for m in mask]
     assert response.rewards == [5.0 if m else 0.0 for m in mask]
     assert response.diagnostics["math_len"]["sample_count"] == 3
 
@@ -199,7 +200,8 @@ def test_an_item_no_term_applies_to_is_refused_before_scoring(tmp_path):
             panel.compute_rewards(request)
         assert info.value.kind == "bad_input"
         assert not journal.exists()  # refused before any term was scored
-        with pytest.raises(ScorerRequestError, match="item 'y0'"):  # no data_source: matches no list
+        # no data_source: matches no list
+        with pytest.raises(ScorerRequestError, match="item 'y0'"):
             panel.compute_rewards(RewardRequest(items=[item("y0")]))
 
 
@@ -226,7 +228,7 @@ def test_terms_on_one_backend_share_its_call_and_each_takes_its_own_items(tmp_pa
             panel.compute_rewards(RewardRequest(items=items))
 
 
-# -- weights ------------------------------------------------------------------------------------------
+# -- weights ---------------------------------------------------------------------------------------
 def test_per_dataset_weights_fall_back_to_star():
     items = [item("m0", data_source="math"), item("c0", data_source="code"), item("n0")]
     with RewardPanel([PanelTerm("salt", salted(5), weight={"math": 2.0, "*": 0.5})]) as panel:
@@ -260,7 +262,7 @@ def test_a_weight_that_is_not_a_finite_number_fails_at_construction(weight):
         RewardPanel([PanelTerm("salt", salted(1), weight=weight)])
 
 
-# -- failures -----------------------------------------------------------------------------------------
+# -- failures --------------------------------------------------------------------------------------
 def test_a_required_term_failure_raises_its_typed_error():
     items = [item("a0", data_source="math"), item("b0", data_source="code")]
     with RewardPanel(
@@ -299,7 +301,8 @@ def test_an_optional_term_failure_is_recorded_with_exactly_its_ids_and_adds_noth
         assert response.rewards == [salted_value(1, i.id) for i in items]
         assert "flaky" not in response.diagnostics and response.successes == [False, False, True, False]
         assert all("term 'flaky' failed" in e for e in (response.errors[0], response.errors[1], response.errors[3]))
-        assert response.errors[2] is None  # the optional term does not apply to it: its reward is whole
+        # the optional term does not apply to it: its reward is whole
+        assert response.errors[2] is None
         # the failure belongs to that call only
         clean = panel.compute_rewards(RewardRequest(items=items[:3]))
     assert clean.term_failures == []
@@ -307,8 +310,8 @@ def test_an_optional_term_failure_is_recorded_with_exactly_its_ids_and_adds_noth
 
 
 def test_a_term_with_nothing_to_score_takes_no_part_in_a_failure_of_its_backend():
-    """A required term that applies to no item of the request is not failed by its backend's failure on
-    an optional term's items, and no empty failure is reported for it."""
+    """A required term that applies to no item of the request is not failed by its backend's failure
+    on an optional term's items, and no empty failure is reported for it."""
     shared = salted(2, poison=["c0"])
     with RewardPanel(
         [
@@ -326,7 +329,8 @@ def test_a_term_with_nothing_to_score_takes_no_part_in_a_failure_of_its_backend(
         )
         assert [(f.term, f.ids) for f in both.term_failures] == [("code", ["c0"])]
         assert both.component_rewards["chat"] == [None, salted_value(2, "h0")]
-        with pytest.raises(ScorerRequestError, match="'h0' is poison"):  # chat's own item fails: fatal
+        # chat's own item fails: fatal
+        with pytest.raises(ScorerRequestError, match="'h0' is poison"):
             chat_poison = salted(2, poison=["c0", "h0"])
             with RewardPanel(
                 [
@@ -419,9 +423,10 @@ def test_a_panel_whose_child_cannot_start_fails_to_build_and_leaves_nothing_runn
     assert wait_until_gone(list(my_children() - before), 5) == []
 
 
-# -- concurrency --------------------------------------------------------------------------------------
+# -- concurrency -----------------------------------------------------------------------------------
 class BarrierScorer(Scorer):
-    """Waits on a shared barrier before scoring: two of them finish only when scored at the same time."""
+    """Waits on a shared barrier before scoring: two of them finish only when scored at the same
+    time."""
 
     spec = ScorerSpec(name="barrier", input_kind="text", terms=("barrier",))
 
@@ -458,7 +463,7 @@ def test_a_managed_and_a_local_term_are_scored_concurrently(managed, trainer_pyt
     assert Path(there).read_text() == str(child.pid)
 
 
-# -- one backend per configuration ---------------------------------------------------------------------
+# -- one backend per configuration -----------------------------------------------------------------
 def test_train_and_validation_panels_share_one_child_and_closing_both_stops_it(trainer_python, tmp_path):
     journal = tmp_path / "calls"
     backend = managed_config(trainer_python, PROBE, {"journal": str(journal)}, request_batch_size=8)
@@ -487,7 +492,8 @@ def test_train_and_validation_panels_share_one_child_and_closing_both_stops_it(t
         assert train_panel.compute_rewards(RewardRequest(items=items)).rewards == [3.0, 6.0]
         assert val_panel.compute_rewards(RewardRequest(items=items)).rewards == [4.0, 8.0]
         calls = journal_calls(str(journal))
-        assert calls == [(pid, ["a0", "b0"]), (pid, ["a0", "b0"])]  # one call per panel, both terms in it
+        # one call per panel, both terms in it
+        assert calls == [(pid, ["a0", "b0"]), (pid, ["a0", "b0"])]
         train_panel.close()
         assert alive(pid) and len(pool) == 1  # validation still uses it
         assert val_panel.compute_rewards(RewardRequest(items=items[:1])).rewards == [4.0]
@@ -520,7 +526,7 @@ def test_local_terms_with_one_configuration_share_one_scorer_whatever_their_weig
     assert len(pool) == 0
 
 
-# -- construction --------------------------------------------------------------------------------------
+# -- construction ----------------------------------------------------------------------------------
 def test_term_name_collisions_fail_at_construction():
     with pytest.raises(ConfigError, match="term name 'len' is used twice"):
         RewardPanel([PanelTerm("len", salted(1)), PanelTerm("len", salted(2), weight=2.0)])
@@ -550,14 +556,15 @@ def test_panel_identity_covers_weights_required_applicability_and_term_order():
         panel(PanelTerm("a", one, weight={"math": 2.0, "*": 1.0}, applicable_datasets=["math"]), b),
         panel(a, PanelTerm("b", salted(3), weight=0.5, required=False)),  # another scorer identity
         panel(a, PanelTerm("renamed", two, weight=0.5, required=False)),
-        panel(b, a),  # term order is part of the identity (it is the order of the sum and of the metrics)
+        # term order is part of the identity (it is the order of the sum and of the metrics)
+        panel(b, a),
     ]
     assert len({base, *changed}) == len(changed) + 1
     with RewardPanel([a, b]) as owner:
         assert owner.compute_rewards(RewardRequest(items=[item("m0", data_source="math")])).identity_hash == base
 
 
-# -- diagnostics ----------------------------------------------------------------------------------------
+# -- diagnostics -----------------------------------------------------------------------------------
 def test_diagnostics_merge_across_chunks_and_name_metrics_per_term():
     texts = {"a0": "a", "a1": "bb", "b0": "ccc", "b1": "", "c0": "x" * 10}
     items = [item(i, t, group_id=i[0], data_source="math" if i[0] == "a" else "code") for i, t in texts.items()]
@@ -578,7 +585,8 @@ def test_diagnostics_merge_across_chunks_and_name_metrics_per_term():
         response = panel.compute_rewards(RewardRequest(items=items))
         again = panel.compute_rewards(RewardRequest(items=items[:2]))
     assert response.diagnostics == {
-        "len": {"sample_count": 5, "values": {"calls": 3}},  # chunks [a0 a1] [b0 b1] [c0]: groups never split
+        # chunks [a0 a1] [b0 b1] [c0]: groups never split
+        "len": {"sample_count": 5, "values": {"calls": 3}},
         # chunks [a0 a1] [b0 b1 c0]: counts add up, the mean travels as (sum, count)
         "cue": {"sample_count": 5, "values": {"empties": 1, "length": {"sum": 16.0, "count": 5}}},
         "math_cue": {"sample_count": 2, "values": {"empties": 0, "length": {"sum": 3.0, "count": 2}}},
@@ -594,16 +602,17 @@ def test_diagnostics_merge_across_chunks_and_name_metrics_per_term():
         "val/reward/math_cue/length": 1.5,
     }
     assert set(response.metrics()) == {name.replace("val/", "train/", 1) for name in response.metrics("val")}
-    merged = merge_term_reports([response.diagnostics, again.diagnostics])  # two steps, or two ranks
+    # two steps, or two ranks
+    merged = merge_term_reports([response.diagnostics, again.diagnostics])
     assert merged["cue"] == {"sample_count": 7, "values": {"empties": 1, "length": {"sum": 19.0, "count": 7}}}
     assert merged["len"] == {"sample_count": 7, "values": {"calls": 4}}
     assert to_metrics(merged, "train")["train/reward/cue/length"] == pytest.approx(19 / 7)
 
 
 def test_a_shared_call_that_times_out_is_not_sent_again_for_the_required_terms_items(managed, trainer_python):
-    """A required and an optional term on one child; the call hangs past request_timeout. Narrowing to the
-    required term's items is for a scorer's refusal of some items: a timeout fails the call once (one
-    timeout, one killed child), never a second send to a restarted child."""
+    """A required and an optional term on one child; the call hangs past request_timeout. Narrowing
+    to the required term's items is for a scorer's refusal of some items: a timeout fails the call
+    once (one timeout, one killed child), never a second send to a restarted child."""
     shared = managed(trainer_python, "tests.helpers.fixture_scorers:Flaky", process={"request_timeout": 1.5})
     panel = RewardPanel(
         [
@@ -616,16 +625,16 @@ def test_a_shared_call_that_times_out_is_not_sent_again_for_the_required_terms_i
     began = time.monotonic()
     with pytest.raises(ScorerTimeout):
         panel.compute_rewards(request)
-    # one timeout (re-sent: two, and a restart), counted; and at its deadline, not at the 30 s hang's end
-    # (a bound that leaves a loaded machine room)
+    # one timeout (re-sent: two, and a restart), counted; and at its deadline, not at the 30 s
+    # hang's end (a bound that leaves a loaded machine room)
     assert shared.restarts == 0 and shared.timeouts == 1
     assert time.monotonic() - began < 15
 
 
 def test_an_optional_term_that_fails_on_one_member_fails_for_its_whole_group():
     """GRPO compares the members of a group: a term missing for one member only would skew every
-    advantage of the group. Member g0-1's judge fails: the judge is dropped for all of g0 (recorded so),
-    g1 keeps it; with group_failures="raise" the call is refused instead."""
+    advantage of the group. Member g0-1's judge fails: the judge is dropped for all of g0 (recorded
+    so), g1 keeps it; with group_failures="raise" the call is refused instead."""
     items = [
         item(f"g{g}-{m}", text="fail" if (g, m) == (0, 1) else f"ok{g}{m}", group_id=f"g{g}")
         for g in (0, 1)

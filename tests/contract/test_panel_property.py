@@ -2,10 +2,10 @@
 term's own scorer says about that very item, whatever the groups, their order, the chunk sizes,
 the weights, the applicability and which terms fail.
 
-Every term is an in-process LocalRewardBackend over `tests.helpers.fixture_scorers:Salted`, whose value is a
-pure function of (salt, id) and which fails the whole call when its share of the request holds one
-of its `poison` ids. Terms may share a backend (one call for all of them), as terms with one backend
-configuration do. The expected answer is computed here from the scenario alone.
+Every term is an in-process LocalRewardBackend over `tests.helpers.fixture_scorers:Salted`, whose
+value is a pure function of (salt, id) and which fails the whole call when its share of the request
+holds one of its `poison` ids. Terms may share a backend (one call for all of them), as terms with
+one backend configuration do. The expected answer is computed here from the scenario alone.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ WEIGHTS = (-2.0, -0.5, 0.0, 0.25, 1.0, 1.5, 3.0)
 
 
 class RecordingBackend(LocalRewardBackend):
-    """A LocalRewardBackend that records, per call, the ids of every chunk it scores (before scoring it)."""
+    """A LocalRewardBackend that records, per call, the ids of every chunk it scores (before scoring
+    it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.calls: list[list[list[str]]] = []
@@ -154,8 +155,8 @@ def group_order(items: Sequence[Item]) -> list[list[str]]:
 
 
 def check_chunks(chunks: list[list[str]], sent: list[Item], batch: int, complete: bool) -> None:
-    """Chunks of at most `batch` items (a larger group alone), whole groups, in group order; together
-    exactly the items sent when the call completed, a prefix of them when it failed."""
+    """Chunks of at most `batch` items (a larger group alone), whole groups, in group order;
+    together exactly the items sent when the call completed, a prefix of them when it failed."""
     groups = group_order(sent)
     flat = [item_id for chunk in chunks for item_id in chunk]
     expected = [item_id for group in groups for item_id in group]
@@ -175,7 +176,8 @@ SHARED_FAILURE = Scenario(
         Term("t0", 0, 1.0, False, ("math",), None),
         Term("t1", 0, {"*": 0.5}, False, ("code",), "salted"),
         Term("t2", 1, -2.0, True, None, None),
-        Term("t3", 0, 1.0, True, ("chat",), None),  # required, but applies to nothing here: not fatal
+        # required, but applies to nothing here: not fatal
+        Term("t3", 0, 1.0, True, ("chat",), None),
     ],
 )
 
@@ -236,7 +238,8 @@ def test_panel_reward_is_each_items_own_weighted_terms(scenario: Scenario) -> No
         fatal = any(any(item.id in scenario.backends[b].poison for item in required_share(b)) for b in failed)
 
         def lost(term: Term) -> bool:
-            """The term got no values: its backend's call failed and it was not recovered by the retry."""
+            """The term got no values: its backend's call failed and it was not recovered by the
+            retry."""
             return term.backend in failed and not (term.required and term.backend in retried)
 
         event("fatal" if fatal else "optional failure recorded" if failed else "all scored")
@@ -248,7 +251,8 @@ def test_panel_reward_is_each_items_own_weighted_terms(scenario: Scenario) -> No
         else:
             response = panel.compute_rewards(request)
             assert response.ids == request.ids
-            short = [any(lost(t) and t.applies(item) for t in terms) for item in items]  # lacks an optional term
+            # lacks an optional term
+            short = [any(lost(t) and t.applies(item) for t in terms) for item in items]
             assert response.successes == [not lacks for lacks in short]
             assert [error is not None for error in response.errors] == short
             expected_failures = {

@@ -1,6 +1,6 @@
-"""scorers.common.retry on a real clock: the bounds every retrying caller relies on. Its deadline decisions
-("would this pause reach the deadline?") are checked on a fake clock, where they are exact: on a real
-one a loaded machine moves every reading taken around them."""
+"""scorers.common.retry on a real clock: the bounds every retrying caller relies on. Its deadline
+decisions ("would this pause reach the deadline?") are checked on a fake clock, where they are
+exact: on a real one a loaded machine moves every reading taken around them."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def test_retries_until_a_try_succeeds_with_doubling_capped_pauses():
     assert retrying.call(attempt) == "ok"
     assert retrying.tries == 5 and retrying.gave_up is None
     gaps = [b - a for a, b in zip(began, began[1:], strict=False)]
-    for gap, pause in zip(gaps, (0.02, 0.04, 0.05, 0.05), strict=True):  # doubled, then held at the cap
+    # doubled, then held at the cap
+    for gap, pause in zip(gaps, (0.02, 0.04, 0.05, 0.05), strict=True):
         assert gap >= pause
 
 
@@ -186,7 +187,8 @@ def test_call_async_gives_up_at_the_deadline_with_the_last_error(clock):
     with pytest.raises(Flaky, match=r"try 6$"):
         asyncio.run(retrying.call_async(attempt))
     assert retrying.gave_up == "deadline" and clock.now < start + 0.2
-    assert clock.pauses == pytest.approx([0.01, 0.02, 0.04, 0.05, 0.05])  # the next would reach 0.22
+    # the next would reach 0.22
+    assert clock.pauses == pytest.approx([0.01, 0.02, 0.04, 0.05, 0.05])
 
 
 def test_bad_bounds_are_refused():

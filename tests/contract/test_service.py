@@ -1,4 +1,5 @@
-"""RewardService fail-fast semantics, request/response types, local chunking and weights, answer checks."""
+"""RewardService fail-fast semantics, request/response types, local chunking and weights, answer
+checks."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Every backend setting is stated once: a constructor's keyword is a config field of the same name, and
-a config field reaches the constructor, so a setting added to a backend is settable from a recipe (the
-recipe, the Python API and the CLI all build through `from_config`, which passes fields by name)."""
+"""Every backend setting is stated once: a constructor's keyword is a config field of the same name,
+and a config field reaches the constructor, so a setting added to a backend is settable from a
+recipe (the recipe, the Python API and the CLI all build through `from_config`, which passes fields
+by name)."""
 
 from __future__ import annotations
 
@@ -44,9 +45,12 @@ class Case:
     builder: Callable[..., Any]
     model: type[BaseModel]
     flatten: tuple[str, ...] = ()  # nested models whose fields are the constructor's keywords
-    not_settings: Mapping[str, str] = field(default_factory=dict)  # config fields no constructor takes, and why
-    runtime: Mapping[str, str] = field(default_factory=dict)  # parameters that cannot be config, and why
-    renamed: Mapping[str, str] = field(default_factory=dict)  # parameter -> its field, where the names differ
+    # config fields no constructor takes, and why
+    not_settings: Mapping[str, str] = field(default_factory=dict)
+    # parameters that cannot be config, and why
+    runtime: Mapping[str, str] = field(default_factory=dict)
+    # parameter -> its field, where the names differ
+    renamed: Mapping[str, str] = field(default_factory=dict)
     options: Callable[..., Any] | None = None  # whose parameters a `**options` passes on
     whole: str | None = None  # the one parameter that takes the whole model
 
@@ -83,7 +87,8 @@ CASES = {
     ),
     "replicas": Case(ReplicatedBackend.__init__, ManagedScorerProcessSpec, runtime={"start": START}, whole="spec"),
     "ray_pool": Case(RayPoolBackend.create, RayPoolConfig, whole="config"),
-    "panel_term": Case(PanelTerm, TermConfig),  # its backend: the one built from the term's backend config
+    # its backend: the one built from the term's backend config
+    "panel_term": Case(PanelTerm, TermConfig),
     "panel": Case(
         RewardPanel.__init__,
         PanelConfig,
@@ -96,14 +101,16 @@ CASES = {
 
 
 def parameters(case: Case) -> dict[str, inspect.Parameter]:
-    """The constructor's named parameters; a `**options` stands for those of `case.options` it passes on."""
+    """The constructor's named parameters; a `**options` stands for those of `case.options` it
+    passes on."""
     found: dict[str, inspect.Parameter] = {}
     for name, parameter in inspect.signature(case.builder).parameters.items():
         if name in ("self", "cls"):
             continue
         if parameter.kind is inspect.Parameter.VAR_KEYWORD and case.options is not None:
             passed = parameters(Case(case.options, case.model))
-            found |= {k: p for k, p in passed.items() if k not in found and k != "base_url"}  # each server's own URL
+            # each server's own URL
+            found |= {k: p for k, p in passed.items() if k not in found and k != "base_url"}
         elif parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             found[name] = parameter
     return found
@@ -222,7 +229,8 @@ RECIPES = {
 
 @pytest.mark.parametrize("style", list(RECIPES))
 def test_a_recipe_sets_the_remote_backends_retries(style, monkeypatch):
-    monkeypatch.setattr(RemoteRewardBackend, "health", lambda self: dict(HEALTH))  # no server: its /health
+    # no server: its /health
+    monkeypatch.setattr(RemoteRewardBackend, "health", lambda self: dict(HEALTH))
     train, validation = build_panels(load_recipe(RECIPES[style]))
     try:
         backend = train.terms[0].backend

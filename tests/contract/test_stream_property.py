@@ -66,11 +66,13 @@ class Model:
     order: list[str] = field(default_factory=list)  # ids taken since the last barrier, in add order
     open: dict[str, list[str]] = field(default_factory=dict)  # group -> ids held
     complete: set[str] = field(default_factory=set)  # groups completed since the last barrier
-    unended: set[str] = field(default_factory=set)  # ids of completed groups whose window has not ended
+    # ids of completed groups whose window has not ended
+    unended: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)  # ids whose window failed, since the last barrier
     pending: int = 0
     fresh: int = 0
-    retry: list[str] = field(default_factory=list)  # ids of failed adds: never taken, free to add again
+    # ids of failed adds: never taken, free to add again
+    retry: list[str] = field(default_factory=list)
     rows: list[Future[Any]] = field(default_factory=list)
 
     def new_id(self) -> str:
@@ -96,7 +98,8 @@ def grouped(name: str, group: str, prompt: str | None = None) -> RewardItem:
 
 
 def good_batch(data: st.DataObject, model: Model, least: int) -> list[RewardItem]:
-    """Items that join open groups (never past their size) or new ones; ids fresh or of failed adds."""
+    """Items that join open groups (never past their size) or new ones; ids fresh or of failed
+    adds."""
     batch: list[RewardItem] = []
     room = {group: SIZE - len(ids) for group, ids in model.open.items()}
     for _ in range(data.draw(st.integers(least, 3))):
@@ -159,7 +162,8 @@ def barrier(data: st.DataObject, stream: RewardStream, gate: Gated, model: Model
     if model.open:
         with pytest.raises(ScorerRequestError, match="groups incomplete"):
             stream.results()
-        model.pending -= sum(len(ids) for ids in model.open.values())  # dropped: they fail, their room is back
+        # dropped: they fail, their room is back
+        model.pending -= sum(len(ids) for ids in model.open.values())
     elif failed:
         with pytest.raises(ScorerItemsFailed) as info:
             stream.results()
@@ -182,7 +186,8 @@ def test_an_add_is_all_or_nothing_whatever_is_interleaved(data: st.DataObject) -
         step = data.draw(st.sampled_from(["good", "good", "bad", "end", "barrier"]))
         if step == "good":
             batch = good_batch(data, model, 1)
-            if model.pending > 0 and model.pending + len(batch) > MAX_PENDING:  # nothing ends by itself: no room
+            # nothing ends by itself: no room
+            if model.pending > 0 and model.pending + len(batch) > MAX_PENDING:
                 with pytest.raises(SubmissionQueueFull):
                     stream.add(batch)
                 model.retry.extend(item.id for item in batch if item.id not in model.retry)
@@ -203,4 +208,5 @@ def test_an_add_is_all_or_nothing_whatever_is_interleaved(data: st.DataObject) -
     for ids, future in gate.unended():  # windows in flight end on their own after a close
         gate.end(ids, future, True)
     assert stream._pending == 0
-    assert all(row.done() for row in model.rows)  # every item taken was answered: scored, failed, or refused at close
+    # every item taken was answered: scored, failed, or refused at close
+    assert all(row.done() for row in model.rows)

@@ -94,7 +94,8 @@ def test_async_callers_wait_for_room_in_a_full_queue_within_their_bound(managed,
         responses = await asyncio.gather(*(backend.compute_rewards_async(texts(f"q{k}", "a" * k)) for k in range(n)))
         return [r.rewards for r in responses]
 
-    assert asyncio.run(burst(12)) == [[float(k)] for k in range(12)]  # 12 callers through a queue of 2
+    # 12 callers through a queue of 2
+    assert asyncio.run(burst(12)) == [[float(k)] for k in range(12)]
 
     slow = managed(trainer_python, PROBE, params={"sleep_s": 1.0})
     slow.max_pending, slow.max_queue_wait_s = 1, 0.2
@@ -138,7 +139,7 @@ def test_a_panel_submits_too():
     assert response.rewards == [5.0]
 
 
-# -- micro-batches ----------------------------------------------------------------------------------
+# -- micro-batches ---------------------------------------------------------------------------------
 def grouped(n_groups: int, size: int) -> list[RewardItem]:
     return [
         RewardItem(id=f"g{g}-{k}", group_id=f"g{g}", prompt=f"p{g}", text="x" * (g + 1))

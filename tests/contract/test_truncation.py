@@ -26,7 +26,8 @@ def backend():
 def test_zero_is_the_default_and_zeroes_only_the_length_verdict(backend):
     scored = RewardService(backend).score_and_attach(items(("length", 10), ("stop", 10), (None, 10), ("abort", 10)))
     assert [s.reward for s in scored] == [0.0, 4.0, 4.0, 4.0]
-    assert scored[0].component_rewards == {"probe": 4.0}  # what the scorer said is kept for inspection
+    # what the scorer said is kept for inspection
+    assert scored[0].component_rewards == {"probe": 4.0}
 
 
 def test_keep_leaves_the_reward(backend):

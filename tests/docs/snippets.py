@@ -59,7 +59,8 @@ class SnippetSkipped(Exception):
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced block (or, with `problem` set, a marker or fence that is wrong where it stands)."""
+    """One fenced block (or, with `problem` set, a marker or fence that is wrong where it
+    stands)."""
 
     path: Path  # relative to the root it was collected from
     line: int  # the opening fence's, 1-based
@@ -84,7 +85,8 @@ def markdown_files(root: Path) -> list[Path]:
 
 
 def _marker(line: str) -> tuple[str, str] | None:
-    """(kind, reason) of a marker line, ("malformed", line) for a line that looks like one but is not."""
+    """(kind, reason) of a marker line, ("malformed", line) for a line that looks like one but is
+    not."""
     text = line.strip()
     if match := NOT_RUN.match(text):
         return "not run", (match.group("reason") or "").strip()
@@ -146,7 +148,8 @@ def blocks_of(path: Path, root: Path) -> list[Block]:
 
 
 def _inside_block(index: int, blocks: list[Block]) -> bool:
-    """True when line `index` (0-based) lies inside a fenced block (a marker shown as an example)."""
+    """True when line `index` (0-based) lies inside a fenced block (a marker shown as an
+    example)."""
     return any(b.line <= index < b.line + b.code.count("\n") + 1 for b in blocks if b.problem is None)
 
 
@@ -156,8 +159,9 @@ def collect(root: Path = REPO_ROOT) -> list[Block]:
 
 # --- checking one block ------------------------------------------------------------------------
 
-# Runs a block's command as its child subreaper: the block's orphans come back here, so the ones that
-# outlive it are seen, killed and reported. argv: report path, deadline (s), grace (s), command...
+# Runs a block's command as its child subreaper: the block's orphans come back here, so the ones
+# that outlive it are seen, killed and reported. argv: report path, deadline (s), grace (s),
+# command...
 SUPERVISOR = r"""
 import ctypes, json, os, subprocess, sys, time
 import psutil
@@ -284,7 +288,8 @@ def _supervised(
 
 
 def console_commands(code: str) -> str:
-    """A console block's commands: its `$ ` lines (and their continuations); all of it without prompts."""
+    """A console block's commands: its `$ ` lines (and their continuations); all of it without
+    prompts."""
     lines = code.splitlines()
     if not any(line.startswith("$ ") for line in lines):
         return code
@@ -302,9 +307,9 @@ def console_commands(code: str) -> str:
 
 
 def _untracked(root: Path) -> set[str]:
-    """Untracked files in the repo root itself that git does not ignore: where a block that writes to its
-    working directory leaves them (`reward.yaml`, a log). Deeper folders are left out: a file someone
-    adds there while a block runs is not the block's."""
+    """Untracked files in the repo root itself that git does not ignore: where a block that writes
+    to its working directory leaves them (`reward.yaml`, a log). Deeper folders are left out: a file
+    someone adds there while a block runs is not the block's."""
     done = subprocess.run(
         ["git", "ls-files", "--others", "--exclude-standard", "--directory", "-z"],
         cwd=root,
@@ -332,7 +337,8 @@ def _recipe_context(root: Path) -> Iterator[None]:
 
 
 def check(block: Block, workdir: Path, root: Path = REPO_ROOT, python_deadline_s: float = PYTHON_DEADLINE_S) -> str:
-    """Check one block by its rule: returns what was done; raises SnippetFailed or SnippetSkipped."""
+    """Check one block by its rule: returns what was done; raises SnippetFailed or
+    SnippetSkipped."""
     if block.problem is not None:
         raise SnippetFailed(f"{block.id}: {block.problem}")
     if block.marker == "not run":

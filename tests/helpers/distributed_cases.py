@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.helpers.fixture_scorers, by dotted path
+# tests.helpers.fixture_scorers, by dotted path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch.distributed as dist  # noqa: E402
 
@@ -38,7 +39,8 @@ def case(fn: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
 
 
 def items(world: int = 2, per_rank: int = 6, group: int = 4, **fields: Any) -> list[RewardItem]:
-    """Groups of `group` in order; rank r holds items [r*per_rank, (r+1)*per_rank): group 1 spans ranks."""
+    """Groups of `group` in order; rank r holds items [r*per_rank, (r+1)*per_rank): group 1 spans
+    ranks."""
     return [
         RewardItem(
             id=f"s{n}",
@@ -80,7 +82,8 @@ def world_vs_alone(backend: Any, everything: list[RewardItem], group_size: int |
 
 @case
 def pointwise_panel_with_a_group_size():
-    """The panel checks group sizes: a group spanning ranks is scored whole, not refused in halves."""
+    """The panel checks group sizes: a group spanning ranks is scored whole, not refused in
+    halves."""
     panel = RewardPanel([PanelTerm("match", LocalRewardBackend("exact_match"))], group_size=4)
     return world_vs_alone(panel, items(), None)
 
@@ -96,7 +99,8 @@ def nested_panel_with_a_groupwise_scorer():
 
 @case
 def every_field_travels_and_an_empty_reference_too():
-    """Rebuilt candidates keep what a scorer reads without declaring it (finish_reason, metadata)."""
+    """Rebuilt candidates keep what a scorer reads without declaring it (finish_reason,
+    metadata)."""
     echo = LocalRewardBackend("tests.helpers.fixture_scorers:EchoFields")
     spy = LocalRewardBackend("tests.helpers.fixture_scorers:GroupSpy")
     panel = RewardPanel([PanelTerm("echo", echo, component="truncated"), PanelTerm("spy", spy, component="group_size")])
@@ -174,7 +178,8 @@ def main() -> int:
             result = {"crashed": traceback.format_exc()}
         (OUT / f"{name}-rank{RANK}.json").write_text(json.dumps(result))
     sys.stdout.flush()
-    os._exit(0)  # the last case's exchange is broken on purpose: its gloo group may block in a destructor
+    # the last case's exchange is broken on purpose: its gloo group may block in a destructor
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -118,7 +118,8 @@ def _handler(service: FakeJobService) -> type[BaseHTTPRequestHandler]:
                         service.uploads.append(upload)
                     reply = service.on_enqueue(upload) or (200, {"uuid": upload.job_id})
             finally:
-                with service._lock:  # out of flight before the answer goes: the client may send its next at once
+                # out of flight before the answer goes: the client may send its next at once
+                with service._lock:
                     service.in_flight -= 1
             if reply is not None:
                 self._reply(reply)

@@ -26,7 +26,8 @@ def _journal(config: RewardArguments, entry: dict[str, Any]) -> None:
 
 
 class Brightness(PointwiseRewardModel):
-    """Mean brightness of the PIL image in [0, 1], plus 0.1 per condition image and metadata's `bonus`.
+    """Mean brightness of the PIL image in [0, 1], plus 0.1 per condition image and metadata's
+    `bonus`.
 
     `metadata` {"nan": true} returns NaN for that input (the contract check must refuse it).
     """
@@ -123,7 +124,8 @@ class Unknown(PointwiseRewardModel):
 
 class GroupRank(GroupwiseRewardModel):
     """Each candidate's brightness rank in its group, scaled to [0, 1], from tensor inputs, plus an
-    offset read from `model_path` (a file holding one number) onto the device in the config's dtype."""
+    offset read from `model_path` (a file holding one number) onto the device in the config's
+    dtype."""
 
     required_fields = ("image",)
     use_tensor_inputs = True

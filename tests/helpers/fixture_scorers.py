@@ -92,7 +92,8 @@ class WrongCount(Scorer):
 
 
 class BadDiagnostics(Scorer):
-    """Diagnostics that JSON cannot carry: must be a typed contract error, not a dropped connection."""
+    """Diagnostics that JSON cannot carry: must be a typed contract error, not a dropped
+    connection."""
 
     spec = ScorerSpec(name="bad_diagnostics", input_kind="text", terms=("bad_diagnostics",), diagnostics=("mean",))
 
@@ -141,7 +142,8 @@ class Journal(Scorer):
 
 
 class BootsOnce(Scorer):
-    """Loads the first time; every later boot fails (a marker file remembers): a restart that cannot boot."""
+    """Loads the first time; every later boot fails (a marker file remembers): a restart that cannot
+    boot."""
 
     spec = _spec("boots_once")
 
@@ -159,7 +161,8 @@ class BootsOnce(Scorer):
 
 
 class Flaky(Scorer):
-    """len(text), except on cue: 'raise' raises, 'nan' returns NaN, 'count' one score too many, 'slow' sleeps 30 s."""
+    """len(text), except on cue: 'raise' raises, 'nan' returns NaN, 'count' one score too many,
+    'slow' sleeps 30 s."""
 
     spec = _spec("flaky")
 
@@ -189,7 +192,8 @@ class TwoTermImage(Scorer):
 
 
 class OnloadFailsOnce(Scorer):
-    """Offloadable; the first onload raises halfway: residency must become 'unknown', not stay a lie."""
+    """Offloadable; the first onload raises halfway: residency must become 'unknown', not stay a
+    lie."""
 
     spec = ScorerSpec(name="onload_fails_once", input_kind="text", terms=("onload_fails_once",), supports_offload=True)
 
@@ -248,7 +252,8 @@ class InputProbe(Scorer):
 
 
 class WritesInputs(InputProbe):
-    """Zeroes its input in place (so it declares writable_inputs), then scores the mean: always 0."""
+    """Zeroes its input in place (so it declares writable_inputs), then scores the mean: always
+    0."""
 
     spec = ScorerSpec(
         name="writes_inputs",
@@ -399,14 +404,15 @@ class GroupSpy(Scorer):
         )
 
 
-# -- panels (tests/contract/test_panel.py, tests/contract/test_panel_property.py) -----------------------------------
+# -- panels (tests/contract/test_panel.py, tests/contract/test_panel_property.py) ------------------
 import hashlib  # appended section: its own imports
 
 from scorers.base import ScoreInputError
 
 
 def salted_value(salt: int, item_id: str) -> float:
-    """A pure function of (salt, id): k / 1024 with |k| <= 2**20, so weighted sums of a few are exact."""
+    """A pure function of (salt, id): k / 1024 with |k| <= 2**20, so weighted sums of a few are
+    exact."""
     digest = hashlib.sha256(f"{salt}:{item_id}".encode()).digest()
     return (int.from_bytes(digest[:4], "big") % (1 << 21) - (1 << 20)) / 1024.0
 
@@ -468,7 +474,8 @@ class ProbeV2(Probe):
 
 
 class RefusesText(Scorer):
-    """len(text), but an item whose text is `poison` is refused (bad input) with the whole batch; 'offloads'."""
+    """len(text), but an item whose text is `poison` is refused (bad input) with the whole batch;
+    'offloads'."""
 
     spec = ScorerSpec(
         name="refuses_text",
@@ -492,7 +499,8 @@ class RefusesText(Scorer):
 
 
 class WhereScored(Scorer):
-    """Which child scored each item: its pid, and the GPU it was narrowed to (-1: none) (replicas)."""
+    """Which child scored each item: its pid, and the GPU it was narrowed to (-1: none)
+    (replicas)."""
 
     spec = ScorerSpec(name="where_scored", input_kind="text", terms=("pid", "device"), env="image")
 
@@ -506,8 +514,9 @@ class WhereScored(Scorer):
 
 
 class FailsMarked(Scorer):
-    """len(text), except items whose text contains "fail": those it cannot score (ScoreResult.failed).
-    With `bad_position`, it names a position outside the batch (a contract violation)."""
+    """len(text), except items whose text contains "fail": those it cannot score
+    (ScoreResult.failed). With `bad_position`, it names a position outside the batch (a contract
+    violation)."""
 
     spec = ScorerSpec(name="fails_marked", input_kind="text", terms=("fails_marked",), env="image")
 
@@ -523,8 +532,9 @@ class FailsMarked(Scorer):
 
 
 class AudioEcho(Scorer):
-    """Echoes each item's audio as terms: a checksum of its bytes (the first 6 bytes of their sha256,
-    exact as a float), its channels, samples and sample rate; diagnostics say what backs the arrays."""
+    """Echoes each item's audio as terms: a checksum of its bytes (the first 6 bytes of their
+    sha256, exact as a float), its channels, samples and sample rate; diagnostics say what backs the
+    arrays."""
 
     spec = ScorerSpec(
         name="audio_echo",

@@ -1,6 +1,8 @@
-"""Run from an installed managed-scorers (not the checkout): score `\\boxed{10\\%}` vs 0.1 in a math child.
+"""Run from an installed managed-scorers (not the checkout): score `\\boxed{10\\%}` vs 0.1 in a math
+child.
 
-Prints one JSON line: the reward, the child's sys.path and packages, and where `supervisor` came from.
+Prints one JSON line: the reward, the child's sys.path and packages, and where `supervisor` came
+from.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Prints one JSON line with the child's pid once the batch is in flight, then waits
 for SIGINT inside compute_rewards under `with backend:`, as a training loop would
-(`--via submit`: in `submit(...).result()`; `--via async`: in `asyncio.run(compute_rewards_async(...))`;
-`--via stream`: at a stream's barrier, `results()`).
+(`--via submit`: in `submit(...).result()`; `--via async`: in
+`asyncio.run(compute_rewards_async(...))`; `--via stream`: at a stream's barrier, `results()`).
 """
 
 from __future__ import annotations

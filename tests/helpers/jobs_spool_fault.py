@@ -1,8 +1,9 @@
-"""`python -m tests.helpers.jobs_spool_fault SPOOL_DIR MEDIA_TYPE LIMIT_KIB`: one item larger than the
-spool can hold, sent to a fake job service through a JobRewardBackend spooling under SPOOL_DIR; prints
-what the call raised as one JSON line. With LIMIT_KIB > 0 the process's RLIMIT_FSIZE is that (and
-SIGXFSZ ignored, so a write past it fails EFBIG instead of killing the process); run it on a tiny
-tmpfs for ENOSPC. A script of its own so that neither the limit nor the mount touches its caller."""
+"""`python -m tests.helpers.jobs_spool_fault SPOOL_DIR MEDIA_TYPE LIMIT_KIB`: one item larger than
+the spool can hold, sent to a fake job service through a JobRewardBackend spooling under SPOOL_DIR;
+prints what the call raised as one JSON line. With LIMIT_KIB > 0 the process's RLIMIT_FSIZE is that
+(and SIGXFSZ ignored, so a write past it fails EFBIG instead of killing the process); run it on a
+tiny tmpfs for ENOSPC. A script of its own so that neither the limit nor the mount touches its
+caller."""
 
 from __future__ import annotations
 

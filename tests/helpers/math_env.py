@@ -1,5 +1,6 @@
 """The math env seen from outside: grades made with math_verify called directly there (the expected
-value of every managed math reward), and the processes running its python (none may outlive a test)."""
+value of every managed math reward), and the processes running its python (none may outlive a
+test)."""
 
 from __future__ import annotations
 

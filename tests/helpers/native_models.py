@@ -41,7 +41,8 @@ def _features(images: list[Any]) -> Any:
 
 
 class QualityModel:
-    """Two logits per image; sync infer and close. `BUILT` counts the instances made in this process."""
+    """Two logits per image; sync infer and close. `BUILT` counts the instances made in this
+    process."""
 
     BUILT = 0
 
@@ -96,7 +97,8 @@ async def quality_score(data_source, solution_image, ground_truth, extra_info, r
 
 
 def semantic_score(data_source, solution_image, ground_truth, extra_info, reward_model, scale=1.0):  # type: ignore[no-untyped-def]
-    out = reward_model.infer(images=[solution_image])  # a sync function: the handle returns the value
+    # a sync function: the handle returns the value
+    out = reward_model.infer(images=[solution_image])
     return float(out[0, 1]) * scale + 0.01 * len(ground_truth or "")
 
 
@@ -132,7 +134,8 @@ class _Blocking(_Awaitable):
 
 
 def expected(out_dir: Path, arrays: list[np.ndarray], metadata: list[dict[str, Any]], references: list[str]) -> dict:
-    """Each term's value per item, calling the classes and functions directly (None where flaky fails)."""
+    """Each term's value per item, calling the classes and functions directly (None where flaky
+    fails)."""
     import torch
 
     cpu = torch.device("cpu")

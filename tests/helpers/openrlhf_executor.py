@@ -1,4 +1,5 @@
-"""OpenRLHF 0.11.2's own SingleTurnAgentExecutor, run as its rollout does, against --reward.remote_url values.
+"""OpenRLHF 0.11.2's own SingleTurnAgentExecutor, run as its rollout does, against
+--reward.remote_url values.
 
 Run with the trainer env's python (envs/trl: openrlhf, aiohttp, torch, transformers):
 
@@ -24,7 +25,8 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def tokenizer(corpus: list[str]) -> Any:
-    """A Qwen-style tokenizer: byte-level BPE (decodes exactly what it encoded), chat tokens added."""
+    """A Qwen-style tokenizer: byte-level BPE (decodes exactly what it encoded), chat tokens
+    added."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -43,7 +45,8 @@ def tokenizer(corpus: list[str]) -> Any:
 
 
 class FakeEngine:
-    """What the executor calls on vLLM's engine: `await generate(prompt_token_ids, params, multi_modal_data=)`."""
+    """What the executor calls on vLLM's engine: `await generate(prompt_token_ids, params,
+    multi_modal_data=)`."""
 
     def __init__(self, hf_tokenizer: Any, responses: dict[str, str]) -> None:
         self.tokenizer, self.responses = hf_tokenizer, responses
@@ -60,8 +63,10 @@ async def rollouts(remote_url: str, rows: list[list[Any]], hf_tokenizer: Any) ->
     from openrlhf.utils.agent import SingleTurnAgentExecutor
 
     engine = FakeEngine(hf_tokenizer, {prompt: response for prompt, response, _ in rows})
-    executor = SingleTurnAgentExecutor(remote_rm_url=remote_url.split(","))  # train_ppo_ray: .split(",")
-    params = SimpleNamespace(max_tokens=256, logprobs=None)  # the fields of vLLM's SamplingParams it reads
+    # train_ppo_ray: .split(",")
+    executor = SingleTurnAgentExecutor(remote_rm_url=remote_url.split(","))
+    # the fields of vLLM's SamplingParams it reads
+    params = SimpleNamespace(max_tokens=256, logprobs=None)
     calls = [executor.execute(prompt, label, params, 1024, hf_tokenizer, engine) for prompt, _, label in rows]
     outputs = await asyncio.gather(*calls)
     return [{key: out[key] for key in ("prompt", "label", "reward", "scores", "extra_logs")} for out in outputs]

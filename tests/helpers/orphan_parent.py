@@ -15,7 +15,8 @@ from tests.conftest import REPO_ROOT, group_members
 
 def main() -> None:
     python, scorer, params, mode = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
-    members = int(sys.argv[5]) if len(sys.argv) > 5 else 1  # the group to wait for before reporting it
+    # the group to wait for before reporting it
+    members = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     backend = ManagedScorerProcessBackend(
         {
             "process": {
@@ -37,7 +38,8 @@ def main() -> None:
 
 def _group_of_at_least(pgid: int, members: int, deadline: float) -> list[int]:
     """The child's process group once it holds `members` processes (a pool's forkserver, tracker and
-    workers start as the scorer loads), or as it is at the deadline: the test says what is missing."""
+    workers start as the scorer loads), or as it is at the deadline: the test says what is
+    missing."""
     group = group_members(pgid)
     while len(group) < members and time.monotonic() < deadline:
         time.sleep(0.01)

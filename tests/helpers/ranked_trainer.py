@@ -48,7 +48,8 @@ def dataset(world: int) -> list[RewardItem]:
                 id=f"s{n}",
                 group_id=f"p{g}",
                 prompt=f"what is {a} + {b} ?",
-                text=f"{words} {answer} so \\boxed{{{answer}}}",  # token_f1 varies with the words and the answer
+                # token_f1 varies with the words and the answer
+                text=f"{words} {answer} so \\boxed{{{answer}}}",
                 reference=str(a + b),
             )
         )
@@ -129,7 +130,8 @@ def main() -> int:
                     save()
                     os.kill(os.getpid(), signal.SIGKILL)
                 if args.fail:
-                    items = [*shard[:-1], shard[-1].model_copy(update={"text": "x" * 2000})]  # its group is all here
+                    # its group is all here
+                    items = [*shard[:-1], shard[-1].model_copy(update={"text": "x" * 2000})]
             began = time.monotonic()
             try:
                 response = scorer.compute_rewards(RewardRequest(items=items, group_size=GROUP))
@@ -166,7 +168,8 @@ def main() -> int:
                 "completions": [item.text for item in shard],
                 "solution": [item.reference for item in shard],
             }
-            state = SimpleNamespace(global_step=4)  # TRL passes its TrainerState: the step is checked across ranks
+            # TRL passes its TrainerState: the step is checked across ranks
+            state = SimpleNamespace(global_step=4)
             report["trl"] = trl(**columns, trainer_state=state)
             report["trl_async"] = asyncio.run(trl.as_async()(**columns, trainer_state=state))
             if rank == 0:  # the same batch as one TRL process would score it

@@ -1,4 +1,5 @@
-"""Torch CPU tensors wherever numpy arrays go; run by tests/trainers/test_torch_inputs.py in envs/trl (it has torch).
+"""Torch CPU tensors wherever numpy arrays go; run by tests/trainers/test_torch_inputs.py in
+envs/trl (it has torch).
 
 argv[1]: the image env's python (for a managed child). Exits non-zero on the first failed check;
 prints the names of the checks that passed, one JSON line.
@@ -49,7 +50,8 @@ def main() -> None:
         "bfloat16 images are quantised like their float32 values",
         (to_uint8_hwc(bf16, "zero_one") == to_uint8_hwc(bf16.float().numpy(), "zero_one")).all(),
     )
-    ties = torch.arange(0, 511, dtype=torch.float32).reshape(1, 1, 1, 511) / 510  # every .5 boundary
+    # every .5 boundary
+    ties = torch.arange(0, 511, dtype=torch.float32).reshape(1, 1, 1, 511) / 510
     for output_range, tensor in (("zero_one", ties), ("neg_one_to_one", ties * 2 - 1)):
         for layout, laid in (("NCHW", tensor), ("NHWC", tensor.permute(0, 2, 3, 1))):
             on_device = _quantise_tensor(laid, output_range, layout, 1e-3, lambda shape: np.empty(shape, np.uint8))

@@ -1,11 +1,13 @@
-"""UniRL 0.2.0's own reward code driving the drop-in; run by tests/trainers/test_unirl.py in envs/trl.
+"""UniRL 0.2.0's own reward code driving the drop-in; run by tests/trainers/test_unirl.py in
+envs/trl.
 
-Run as `python -m tests.helpers.unirl_trainer ARGS_JSON` from the repository root (so this checkout's
-packages are the ones imported). ARGS_JSON: image_python, math_python, serve_python (one that runs `serve`),
-recipe (the seed's managed-backend
-recipe, top `_target_` changed), service_root (an existing directory, which UniRL's spec demands), workdir.
-Every check builds real UniRL `Sample`s and scores them through UniRL's RewardService / RewardStack; the
-expected values are computed here by hand from the uint8 pixels. Prints one JSON report line.
+Run as `python -m tests.helpers.unirl_trainer ARGS_JSON` from the repository root (so this
+checkout's packages are the ones imported). ARGS_JSON: image_python, math_python, serve_python (one
+that runs `serve`), recipe (the seed's managed-backend
+recipe, top `_target_` changed), service_root (an existing directory, which UniRL's spec demands),
+workdir. Every check builds real UniRL `Sample`s and scores them through UniRL's RewardService /
+RewardStack; the expected values are computed here by hand from the uint8 pixels. Prints one JSON
+report line.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ def f32(values: list[float]) -> list[float]:
 
 
 def image_sample(edits: list[np.ndarray], source: np.ndarray | None, metadata: list[dict] | None = None) -> Sample:
-    """One prompt per edit (its root), each with one generated image; the source, when given, is every
-    root's input image (UniRL puts it in the request's `conditioning`)."""
+    """One prompt per edit (its root), each with one generated image; the source, when given, is
+    every root's input image (UniRL puts it in the request's `conditioning`)."""
     ids = [f"p{i}" for i in range(len(edits))]
     primitives: dict[str, Any] = {"text": Texts(texts=[f"make it level {i}" for i in range(len(edits))])}
     if source is not None:
@@ -85,7 +87,8 @@ def scored(service: RewardService, sample: Sample) -> tuple[list[float], dict[st
 
 
 def image_scorer(args: dict[str, Any]) -> None:
-    """The seed recipe for an image scorer (UniRL's own spec dataclasses), scored on a real Sample."""
+    """The seed recipe for an image scorer (UniRL's own spec dataclasses), scored on a real
+    Sample."""
     backend = instantiate(Path(args["recipe"]), recipe_overrides(args, "mean_intensity", "image"))
     check("is a UniRL RewardBackend", isinstance(backend, UniRLRewardBackend))
     check("model name", backend.get_model_name() == "mean_intensity" and backend.is_available())
@@ -173,8 +176,8 @@ def image_edit_scorer(args: dict[str, Any]) -> None:
 
 
 def text_scorer(args: dict[str, Any]) -> None:
-    """A mapping `config` (UniRL's spec allows image kinds only) for math_verify in the math env; the
-    gold from each root's metadata `reference`."""
+    """A mapping `config` (UniRL's spec allows image kinds only) for math_verify in the math env;
+    the gold from each root's metadata `reference`."""
     cfg = OmegaConf.create(
         {
             "_target_": "supervisor.adapters.unirl.ManagedScorerProcessBackend",
@@ -211,8 +214,9 @@ def antlr_version() -> str:
 
 
 def panel(args: dict[str, Any]) -> None:
-    """A panel through RewardPanel: `brightness` (2 x mean_intensity) applies to data_source `bright`
-    only, `kept` (edit_fidelity) to all; an item `brightness` does not apply to gets 0.0 there."""
+    """A panel through RewardPanel: `brightness` (2 x mean_intensity) applies to data_source
+    `bright` only, `kept` (edit_fidelity) to all; an item `brightness` does not apply to gets 0.0
+    there."""
     image = {"backend": "managed", "python_executable": args["image_python"], "process": {"log_dir": args["workdir"]}}
     recipe = Path(args["workdir"]) / "panel.yaml"
     recipe.write_text(
@@ -258,13 +262,15 @@ def panel(args: dict[str, Any]) -> None:
 
 
 def served_panel(args: dict[str, Any], recipe: Path, sample: Sample, in_process: list[float]) -> None:
-    """The same recipe behind `serve --recipe`, through UniRL's remote recipe with only the top `_target_`
-    changed: the in-process panel's rewards; components each term's value (0.0 where it does not apply,
-    as UniRL's remote backend gives); `required_rewards: [kept]` scores and sums that term only."""
+    """The same recipe behind `serve --recipe`, through UniRL's remote recipe with only the top
+    `_target_` changed: the in-process panel's rewards; components each term's value (0.0 where it
+    does not apply, as UniRL's remote backend gives); `required_rewards: [kept]` scores and sums
+    that term only."""
     token = "u" * 32
     log = open(Path(args["workdir"]) / "served_panel.log", "w")  # noqa: SIM115 - closed with the server
     server = subprocess.Popen(
-        [args["serve_python"], "-m", "supervisor", "serve", "--recipe", str(recipe)],  # not a trainer: its own python
+        # not a trainer: its own python
+        [args["serve_python"], "-m", "supervisor", "serve", "--recipe", str(recipe)],
         stdout=subprocess.PIPE,
         stderr=log,
         env={**os.environ, "MANAGED_SCORERS_TOKEN": token},
@@ -272,7 +278,8 @@ def served_panel(args: dict[str, Any], recipe: Path, sample: Sample, in_process:
     )
     report["pids"].append(server.pid)
     try:
-        ready = json.loads(server.stdout.readline())  # its readiness line (the server bounds its own start)
+        # its readiness line (the server bounds its own start)
+        ready = json.loads(server.stdout.readline())
         url = f"http://127.0.0.1:{ready['port']}"
         report["pids"].extend(child.pid for child in psutil.Process(server.pid).children(recursive=True))
         os.environ["PANEL_TOKEN"] = token
@@ -322,7 +329,8 @@ def video_scorer(args: dict[str, Any]) -> None:
         check("RewardService refuses it", False, "accepted")
     except ValueError as exc:
         check("RewardService refuses it", "prompt-to-video" in str(exc), exc)
-    clips = [np.stack([solid(0), solid(102)]), np.stack([solid(255), solid(51)])]  # THWC, two frames each
+    # THWC, two frames each
+    clips = [np.stack([solid(0), solid(102)]), np.stack([solid(255), solid(51)])]
     frames = [torch.from_numpy(c).permute(0, 3, 1, 2).float() / 255.0 for c in clips]
     root = Part.input(["v0", "v1"], primitives={"text": Texts(texts=["a clip"] * 2)})
     shell = root.fork(1, sampling_params=DiffusionSamplingParams())
@@ -334,8 +342,9 @@ def video_scorer(args: dict[str, Any]) -> None:
 
 
 def audio_scorer(args: dict[str, Any]) -> None:
-    """An audio reward on a text-to-audio-video frontier (UniRL's service asks for the video): the drop-in
-    reads the generated audio and its rate from the frontier's metadata; loudness by hand."""
+    """An audio reward on a text-to-audio-video frontier (UniRL's service asks for the video): the
+    drop-in reads the generated audio and its rate from the frontier's metadata; loudness by
+    hand."""
     config = {
         "process": {"python_executable": args["image_python"], "log_dir": args["workdir"]},
         "scorer": {"name": "audio_loudness", "history_kind": "audio", "params": {"target_dbfs": -20.0}},

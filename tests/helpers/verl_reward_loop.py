@@ -1,7 +1,9 @@
 """Drive verl 0.9.1's own reward code through `pkg://supervisor.adapters.verl` (run in envs/trl).
 
-Usage: python verl_reward_loop.py RECIPE WORKDIR ROWS_JSON  -> one JSON report on the last stdout line.
-MATH_PYTHON names the math env's python for the example file, which `remote` loads by path and pickles.
+Usage: python verl_reward_loop.py RECIPE WORKDIR ROWS_JSON  -> one JSON report on the last stdout
+                                                            line.
+MATH_PYTHON names the math env's python for the example file, which `remote` loads by path and
+pickles.
 
 verl's config is composed from its own `ppo_trainer.yaml` with the overrides a user types. Then, for
 each reward-loop manager (naive, dapo, gdpo, rate_limited, remote):
@@ -32,7 +34,8 @@ ENTRY = "pkg://supervisor.adapters.verl"
 
 
 def tokenizer_dir(rows: list[list[str]], where: Path) -> str:
-    """A byte-level BPE tokenizer (decodes any text exactly), saved as verl's hf_tokenizer loads it."""
+    """A byte-level BPE tokenizer (decodes any text exactly), saved as verl's hf_tokenizer loads
+    it."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -138,7 +141,8 @@ def main() -> None:
     tok_dir = tokenizer_dir(rows, workdir / "tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     data = batch(rows, tokenizer)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # remote: a loop worker + a compute worker
+    # remote: a loop worker + a compute worker
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     report: dict[str, Any] = {
         "decoded": [tokenizer.decode(r, skip_special_tokens=True) for r in data.batch["responses"]]
     }

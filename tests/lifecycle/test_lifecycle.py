@@ -84,7 +84,8 @@ def test_kill_9_mid_request_raises_process_died_at_once(managed, trainer_python)
     killer.start()
     started = time.monotonic()
     with pytest.raises(ScorerProcessDied) as info:
-        backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="slow")]))  # sleeps 30 s
+        # sleeps 30 s
+        backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="slow")]))
     elapsed = time.monotonic() - started
     killer.join()
     assert elapsed < 5, f"crash noticed after {elapsed:.1f} s (request timeout 120 s)"
@@ -266,8 +267,8 @@ def test_log_file_is_private_and_in_a_private_directory(managed, trainer_python,
 
 @pytest.mark.slow
 def test_without_pidfd_open_exits_are_polled(managed, trainer_python, monkeypatch):
-    """A sandbox without pidfd_open (ENOSYS: gVisor's older kernels, where GPU machines run): the child
-    still boots, a kill -9 is still noticed with its status, and close() still ends it."""
+    """A sandbox without pidfd_open (ENOSYS: gVisor's older kernels, where GPU machines run): the
+    child still boots, a kill -9 is still noticed with its status, and close() still ends it."""
     import errno
 
     from supervisor.child import process
@@ -290,8 +291,8 @@ def test_without_pidfd_open_exits_are_polled(managed, trainer_python, monkeypatc
 
 
 def test_an_interpreter_without_the_runtimes_packages_is_told_which_and_how_to_get_an_env(managed, tmp_path):
-    """A bare venv (no numpy): the child says on its readiness pipe which package it lacks and how to
-    build an env, instead of dying at import with exit 1."""
+    """A bare venv (no numpy): the child says on its readiness pipe which package it lacks and how
+    to build an env, instead of dying at import with exit 1."""
     import subprocess
     import venv
 

@@ -1,10 +1,12 @@
-"""One child under concurrent load: rewards reach their own samples, /health keeps answering, /drain is a barrier.
+"""One child under concurrent load: rewards reach their own samples, /health keeps answering, /drain
+is a barrier.
 
-Four trainer-like clients (each its own RemoteRewardBackend, so its own connections) hammer one child;
-every reward must come back for the id it was computed for (invariant 1), with no errors. A fifth thread
-polls /health the whole time and every poll must be answered, by this child. Then /drain under load must
-wait for every request the child accepted before it. Run with -s to see the latency and throughput figures;
-how fast /health answers under load is measured in `bench.health_under_load` (against the idle child).
+Four trainer-like clients (each its own RemoteRewardBackend, so its own connections) hammer one
+child; every reward must come back for the id it was computed for (invariant 1), with no errors. A
+fifth thread polls /health the whole time and every poll must be answered, by this child. Then
+/drain under load must wait for every request the child accepted before it. Run with -s to see the
+latency and throughput figures; how fast /health answers under load is measured in
+`bench.health_under_load` (against the idle child).
 """
 
 from __future__ import annotations
@@ -28,17 +30,18 @@ PROBE = "tests.helpers.fixture_scorers:Probe"
 CLIENTS = 4
 REQUESTS_PER_CLIENT = 1_000
 DRAIN_SLACK_S = 0.050
-ACCEPTED_BEFORE_DRAIN_S = 0.2  # a request sent this long before /drain has surely been accepted by the child
+# a request sent this long before /drain has surely been accepted by the child
+ACCEPTED_BEFORE_DRAIN_S = 0.2
 
 
 @contextlib.contextmanager
 def frozen_heap() -> Iterator[None]:
     """Keep this process's full GC collections small while timing.
 
-    A full collection walks pytest's whole heap and stalls every thread here -- the health poller and the
-    clients recording their end times -- for 10-35 ms on this machine: client-side time that the child is not
-    answerable for. Freezing the heap built so far leaves only what the test allocates to collect; the child's
-    own pauses are still in every measurement.
+    A full collection walks pytest's whole heap and stalls every thread here -- the health poller
+    and the clients recording their end times -- for 10-35 ms on this machine: client-side time that
+    the child is not answerable for. Freezing the heap built so far leaves only what the test
+    allocates to collect; the child's own pauses are still in every measurement.
     """
     gc.freeze()
     try:
@@ -54,7 +57,8 @@ def remote_for(backend) -> RemoteRewardBackend:
 
 
 def expected_length(client: int, request: int, item: int) -> int:
-    """Every item of the whole run gets its own text length, hence its own reward (Probe scores len(text))."""
+    """Every item of the whole run gets its own text length, hence its own reward (Probe scores
+    len(text))."""
     return (client * REQUESTS_PER_CLIENT + request) * 3 + item
 
 
@@ -67,7 +71,8 @@ class ClientLog:
     errors: list[str] = field(default_factory=list)
     misattributed: list[str] = field(default_factory=list)
     requests: int = 0
-    spans: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of every request, monotonic
+    # (start, end) of every request, monotonic
+    spans: list[tuple[float, float]] = field(default_factory=list)
 
 
 def score_many(remote: RemoteRewardBackend, client: int, log: ClientLog, start: threading.Barrier) -> None:
@@ -98,7 +103,8 @@ def poll_health(
     start: threading.Barrier,
 ) -> None:
     """(seconds since the load started, latency) of every /health call while the load runs."""
-    http.get("/health")  # warm-up, untimed: connection setup and httpx's lazy first-request work are not latency
+    # warm-up, untimed: connection setup and httpx's lazy first-request work are not latency
+    http.get("/health")
     start.wait(timeout=30)
     began = time.perf_counter()
     while not stop.is_set():
@@ -212,7 +218,8 @@ def test_drain_under_load_waits_for_everything_accepted_before_it(managed, train
             for worker in workers:
                 worker.start()
             deadline = time.monotonic() + 30
-            while sum(len(log.spans) for log in logs) < 40:  # ~1 s of steady load (one batch at a time, 20 ms each)
+            # ~1 s of steady load (one batch at a time, 20 ms each)
+            while sum(len(log.spans) for log in logs) < 40:
                 assert time.monotonic() < deadline, "load never got going"
                 time.sleep(0.01)
             in_flight_before = backend.health()["in_flight"]
@@ -237,7 +244,8 @@ def test_drain_under_load_waits_for_everything_accepted_before_it(managed, train
     assert not errors, f"{len(errors)} errors, first: {errors[:3]}"
     assert not misattributed, misattributed[:3]
     assert set(result) == {"drained"} and isinstance(result["drained"], int), result
-    assert 0 <= result["drained"] <= CLIENTS, result  # no more than the clients could have had in flight
+    # no more than the clients could have had in flight
+    assert 0 <= result["drained"] <= CLIENTS, result
     must_finish = [s for s in spans if s[0] < called - ACCEPTED_BEFORE_DRAIN_S]
     late = [s for s in must_finish if s[1] > returned + DRAIN_SLACK_S]
     in_flight_at_call = [s for s in spans if s[0] < called < s[1]]
@@ -249,9 +257,10 @@ def test_drain_under_load_waits_for_everything_accepted_before_it(managed, train
     )
     assert must_finish, "no request started before the drain"
     assert not late, [(round(s - called, 3), round(e - returned, 3)) for s, e in late[:5]]
-    # With 20 ms batches and 4 clients a request waits ~80 ms, so the rule above mostly checks requests that were
-    # long done. The sharper check: the `drained` requests were in flight at the call (accepted before the drain,
-    # answered after it arrived), so at least that many of those must have ended by the time the drain returned.
+    # With 20 ms batches and 4 clients a request waits ~80 ms, so the rule above mostly checks
+    # requests that were long done. The sharper check: the `drained` requests were in flight at the
+    # call (accepted before the drain, answered after it arrived), so at least that many of those
+    # must have ended by the time the drain returned.
     ended_in_time = [s for s in in_flight_at_call if s[1] <= returned + DRAIN_SLACK_S]
     assert len(ended_in_time) >= result["drained"], (
         result,

@@ -272,8 +272,8 @@ def test_200_timed_out_items_leave_no_zombie(managed, math_python):
         )
         assert response.rewards == [0.0] * 20, f"batch {batch}: {response.rewards}"
         values = response.diagnostics["math_verify"]["values"]
-        # every item timed out, however many moved to overflow first (at most the bound, max(16, 4 x jobs):
-        # how many do depends on how busy the machine is)
+        # every item timed out, however many moved to overflow first (at most the bound, max(16, 4 x
+        # jobs): how many do depends on how busy the machine is)
         assert values["timeouts"] == 20 and 0 <= values["overflowed"] <= 16, f"batch {batch}: {values}"
     wall = time.monotonic() - started
 
@@ -305,8 +305,10 @@ def test_200_timed_out_items_leave_no_zombie(managed, math_python):
     assert len(after["live_group"]) == len(before["live_group"]) == 7, (
         f"group changed: {before['live_group']} -> {[_describe(p) for p in after['live_group']]}"
     )
-    helpers = {pid for pid in after["tree"] if psutil.Process(pid).ppid() == child}  # forkserver, tracker
-    templates = {pid for pid in workers_after if psutil.Process(pid).ppid() in helpers}  # the forkserver's child
+    # forkserver, tracker
+    helpers = {pid for pid in after["tree"] if psutil.Process(pid).ppid() == child}
+    # the forkserver's child
+    templates = {pid for pid in workers_after if psutil.Process(pid).ppid() in helpers}
     assert len(workers_after) == 4 and workers_after & workers_before == templates and len(templates) == 1, (
         f"workers should all be replacements, forked by the same template: {workers_before} -> {workers_after}"
     )

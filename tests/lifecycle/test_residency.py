@@ -59,8 +59,9 @@ def test_offload_of_a_scorer_without_offload_support_says_so(managed, trainer_py
 
 
 def test_offload_then_a_crash_restarts_what_the_child_reported(managed, trainer_python, tmp_path):
-    """verl-style trainers offload around every step. A scorer that cannot offload stays resident, so
-    after a crash its restarted child must boot resident too: never offloaded, answering every score 409."""
+    """verl-style trainers offload around every step. A scorer that cannot offload stays resident,
+    so after a crash its restarted child must boot resident too: never offloaded, answering every
+    score 409."""
     backend = managed(
         trainer_python,
         "tests.helpers.fixture_scorers:NoOffloadMarksLoad",
@@ -93,8 +94,9 @@ def test_a_restarted_child_boots_offloaded_only_after_a_real_offload(managed, tr
 
 @pytest.mark.parametrize("operation", ["offload", "drain"])
 def test_offload_and_drain_wait_for_the_running_score(managed, trainer_python, tmp_path, operation):
-    """The scorer journals its call as the call ends (after its 1.5 s): the line is there when offload
-    or drain returns. The order is read in the child, not from two threads' clocks in the trainer."""
+    """The scorer journals its call as the call ends (after its 1.5 s): the line is there when
+    offload or drain returns. The order is read in the child, not from two threads' clocks in the
+    trainer."""
     journal = tmp_path / "calls"
     params = {"sleep_s": 1.5, "journal": str(journal)}
     backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", params=params)

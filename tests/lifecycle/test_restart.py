@@ -76,7 +76,8 @@ def test_max_restarts_zero_never_restarts(managed, trainer_python):
 
 
 def test_a_restart_that_fails_to_load_counts_against_the_policy(managed, trainer_python, tmp_path):
-    """A load failure on restart (exit 6) may be transient (OOM): retried, until the crash-loop bound."""
+    """A load failure on restart (exit 6) may be transient (OOM): retried, until the crash-loop
+    bound."""
     backend = managed(
         trainer_python,
         "tests.helpers.fixture_scorers:BootsOnce",
@@ -110,7 +111,8 @@ def test_a_restart_that_cannot_import_the_scorer_is_not_tried_again(managed, tra
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     with pytest.raises(ScorerStartupError, match="not restarting: the child cannot boot"):
         backend.compute_rewards(REQUEST)
-    assert {child.pid for child in psutil.Process().children(recursive=True)} <= before  # nothing spawned
+    # nothing spawned
+    assert {child.pid for child in psutil.Process().children(recursive=True)} <= before
 
 
 def test_a_restarted_child_keeps_the_residency_the_trainer_asked_for(managed, trainer_python):
@@ -125,7 +127,8 @@ def test_a_restarted_child_keeps_the_residency_the_trainer_asked_for(managed, tr
     kill_and_wait(backend.pid)
     with pytest.raises(ScorerProcessDied):
         backend.compute_rewards(REQUEST)
-    with pytest.raises(ScorerRequestError) as info:  # restarted offloaded, as the trainer left it: 409
+    # restarted offloaded, as the trainer left it: 409
+    with pytest.raises(ScorerRequestError) as info:
         backend.compute_rewards(REQUEST)
     assert info.value.status == 409
     assert backend.health()["residency"] == "offloaded"
@@ -237,9 +240,9 @@ def test_a_crash_loop_stops_for_good_not_for_one_window(managed, trainer_python)
 def test_a_child_restarted_under_another_identity_is_refused_before_it_scores_and_never_again(
     managed, trainer_python, tmp_path
 ):
-    """A restart that boots another scorer identity (its env rebuilt, a file its params read changed)
-    is stopped at its readiness line, before it scores anything, and the backend stays down with
-    `ScorerIdentityChanged`: every later start would boot the same other identity."""
+    """A restart that boots another scorer identity (its env rebuilt, a file its params read
+    changed) is stopped at its readiness line, before it scores anything, and the backend stays down
+    with `ScorerIdentityChanged`: every later start would boot the same other identity."""
     from supervisor import ScorerIdentityChanged
 
     stamp = tmp_path / "stamp"
@@ -265,8 +268,9 @@ def test_a_child_restarted_under_another_identity_is_refused_before_it_scores_an
 
 def test_a_late_call_killed_by_its_caller_counts_against_the_restart_policy(managed, trainer_python, tmp_path):
     """`kill_late_call` (a Ray pool's actor cancelling a share past its call's deadline) kills the
-    child as a timeout of our own does: the restart counts, so a scorer that hangs on every call ends
-    in `ScorerCrashLoop`, not in a restart per call (`interrupt`, for a caller that gave up, does not count)."""
+    child as a timeout of our own does: the restart counts, so a scorer that hangs on every call
+    ends in `ScorerCrashLoop`, not in a restart per call (`interrupt`, for a caller that gave up,
+    does not count)."""
     journal = tmp_path / "journal"
     backend = managed(
         trainer_python, "tests.helpers.fixture_scorers:Journal", params={"path": str(journal), "sleep_s": 60},
@@ -283,7 +287,8 @@ def test_a_late_call_killed_by_its_caller_counts_against_the_restart_policy(mana
 
         caller = threading.Thread(target=call)
         caller.start()
-        assert eventually(lambda: journal.exists() and f"slow{n}" in journal.read_text(), 30)  # it is scoring
+        # it is scoring
+        assert eventually(lambda: journal.exists() and f"slow{n}" in journal.read_text(), 30)
         victim = backend.pid
         backend.kill_late_call()
         caller.join(30)

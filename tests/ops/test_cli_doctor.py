@@ -1,4 +1,5 @@
-"""`managed-scorers doctor RECIPE`: each check on its own line; a failure says why and what to do."""
+"""`managed-scorers doctor RECIPE`: each check on its own line; a failure says why and what to
+do."""
 
 from __future__ import annotations
 

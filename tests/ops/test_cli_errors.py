@@ -1,6 +1,7 @@
-"""The CLI never traces back: each configuration or input error is one line on stderr naming the file
-and line or the flag, exit 2, found in this process before any child starts (the real CLI, run as a
-subprocess). Also `--version`, `--log-level`, `serve`'s stderr and the shipped recipes' descriptions."""
+"""The CLI never traces back: each configuration or input error is one line on stderr naming the
+file and line or the flag, exit 2, found in this process before any child starts (the real CLI, run
+as a subprocess). Also `--version`, `--log-level`, `serve`'s stderr and the shipped recipes'
+descriptions."""
 
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def test_a_missing_or_folder_input_is_one_line_naming_it(tmp_path):
 
 
 def test_a_missing_reference_column_is_named_by_line_before_any_child_starts(tmp_path):
-    # the first row has a reference, the second not: exact_match requires one (ScorerSpec.required_fields)
+    # the first row has a reference, the second not: exact_match requires one
+    # (ScorerSpec.required_fields)
     data = rows(tmp_path / "in.jsonl", {"response": "a", "reference": "a"}, {"response": "b", "answer": "b"})
     recipe = local_recipe(tmp_path / "r.json")
     done = run("score", "--recipe", recipe, "--input", data, "--output", tmp_path / "o.jsonl")
@@ -81,7 +83,8 @@ def test_a_missing_reference_column_is_named_by_line_before_any_child_starts(tmp
 
 
 def test_an_image_scorer_without_an_image_column_names_the_flag(tmp_path):
-    data = rows(tmp_path / "in.jsonl", {"image": "a.png"})  # no text: the term reads none, the flag is what lacks
+    # no text: the term reads none, the flag is what lacks
+    data = rows(tmp_path / "in.jsonl", {"image": "a.png"})
     recipe = local_recipe(tmp_path / "r.json", "jpeg_compressibility")
     done = run("score", "--recipe", recipe, "--input", data, "--output", tmp_path / "o.jsonl")
     refused(done, "'jpeg_compressibility'", "--image-column")
@@ -94,7 +97,8 @@ def test_a_misspelt_scorer_suggests_the_nearest_in_a_recipe_and_in_serve(tmp_pat
     refused(done, str(recipe), "reward.m", "unknown scorer 'math_verfy' (did you mean 'math_verify'?)")
     for kind in ([], ["--input-kind", "text"]):
         refused(run("serve", "--scorer", "math_verfy", *kind), "did you mean 'math_verify'?")
-    refused(run("serve", "--recipe", recipe), str(recipe), "did you mean 'math_verify'?")  # before any bind
+    # before any bind
+    refused(run("serve", "--recipe", recipe), str(recipe), "did you mean 'math_verify'?")
 
 
 def test_serve_refuses_an_unknown_param_here_listing_the_valid_ones():
@@ -140,7 +144,8 @@ def test_version_is_the_distributions_and_unknown_flags_exit_2():
 
 @pytest.fixture
 def loggers_restored() -> Iterator[None]:
-    """cli.main sets our packages' logger levels: this pytest process gets them back as they were."""
+    """cli.main sets our packages' logger levels: this pytest process gets them back as they
+    were."""
     saved = {name: logging.getLogger(name).level for name in ("supervisor", "scorers", "child_runtime", "httpx")}
     yield
     for name, level in saved.items():
@@ -209,7 +214,8 @@ def test_serve_says_where_it_listens_and_one_line_per_request_on_stderr_its_read
     assert re.search(r'127\.0\.0\.1:\d+ "GET /health" 200 [\d.]+ ms', said), said
     assert re.search(r'"GET /health" 401', said) and '"POST /openrlhf/<secret>" 400' in said, said
     assert secret not in said and TOKEN not in said
-    assert json.loads((tmp_path / "out").read_text().splitlines()[0])["ready"] is True  # stdout: the ready line only
+    # stdout: the ready line only
+    assert json.loads((tmp_path / "out").read_text().splitlines()[0])["ready"] is True
 
 
 def _ready(path: Path, server: subprocess.Popen[bytes], deadline_s: float = 60) -> dict:
@@ -232,8 +238,8 @@ def test_preflight_names_unknown_params_with_the_valid_ones():
 
 
 def test_a_recipe_error_names_the_line_it_is_on_in_each_style(tmp_path):
-    """The YAML's own marks give the line: of a field the models refuse, of a parser's dotted path, of
-    a term preflight refuses (found by its name), of a YAML syntax error. One line each."""
+    """The YAML's own marks give the line: of a field the models refuse, of a parser's dotted path,
+    of a term preflight refuses (found by its name), of a YAML syntax error. One line each."""
 
     def refusal(name: str, text: str) -> str:
         (tmp_path / name).write_text(text)
@@ -273,7 +279,8 @@ def test_a_misspelt_verl_omni_key_and_groups_without_a_group_column_are_refused(
     with pytest.raises(ConfigError, match=r"r.yaml:2: reward.group_sise: not a key .* \(did you mean 'group_size'\?\)"):
         load_recipe(recipe)
     recipe.write_text(recipe.read_text().replace("group_sise", "group_size"))
-    assert load_recipe(recipe).train.group_size == 4  # verl-omni's own keys (reward_manager) are its, not ours
+    # verl-omni's own keys (reward_manager) are its, not ours
+    assert load_recipe(recipe).train.group_size == 4
     data = rows(tmp_path / "in.jsonl", {"response": "a"})
     assert (
         cli.main(["score", "--recipe", str(recipe), "--input", str(data), "--output", str(tmp_path / "o.jsonl")]) == 2

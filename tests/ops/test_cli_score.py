@@ -1,4 +1,5 @@
-"""`managed-scorers score`: a JSONL dataset through a recipe, one output row per input row, resumable."""
+"""`managed-scorers score`: a JSONL dataset through a recipe, one output row per input row,
+resumable."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def write_rows(path: Path, n: int) -> list[dict]:
 
 
 def recipe(path: Path, journal: Path | None = None, probe: str = "Probe", sleep_s: float = 0.0) -> Path:
-    """The managed math term, plus (with a journal) an in-process probe that records every call's ids."""
+    """The managed math term, plus (with a journal) an in-process probe that records every call's
+    ids."""
     models: dict = {"math": {"backend": "managed", "scorer": "math_verify", "env": "math", "params": {"jobs": 2}}}
     functions: dict = {"correct": {"model": "math"}}
     if journal is not None:
@@ -93,7 +95,8 @@ def test_a_thousand_rows_scored_in_input_order_with_a_sidecar(tmp_path):
     assert [r["reward"] for r in out] == [0.0 if i % 3 == 0 else 1.0 for i in range(1000)]
     assert all(r["error"] is None and r["components"] == {"correct": r["reward"]} for r in out)
     assert "1000 rows scored (0 with errors, 0 missing a failed optional term)" in done.stderr
-    assert "train/reward/correct/sample_count=1000" in done.stderr  # the training panel: train/, not val/
+    # the training panel: train/, not val/
+    assert "train/reward/correct/sample_count=1000" in done.stderr
 
 
 @pytest.mark.slow
@@ -110,7 +113,8 @@ def test_killed_halfway_then_resumed_scores_every_row_once_but_the_batch_in_flig
     assert resumed.returncode == 0, resumed.stderr
     assert f"{len(before)} already done" in resumed.stderr
     _, after = output_rows(out)
-    assert [r["id"] for r in after] == [r["id"] for r in rows]  # one output row per input row, in order
+    # one output row per input row, in order
+    assert [r["id"] for r in after] == [r["id"] for r in rows]
     calls = [ids for _, ids in journal_calls(str(journal))]
     scored = [item for ids in calls for item in ids]
     twice = {item for item in scored if scored.count(item) > 1}
@@ -150,7 +154,8 @@ def test_resume_under_another_scorer_revision_is_refused(tmp_path):
     assert "was scored by identity" in refused.stderr and "probe-v2" in refused.stderr
     assert out.read_text() == before  # untouched
     again = score("--recipe", recipe(tmp_path / "a.json", journal), "--input", tmp_path / "in.jsonl", "--output", out)
-    assert again.returncode == 2 and "pass --resume" in again.stderr  # never overwritten by accident
+    # never overwritten by accident
+    assert again.returncode == 2 and "pass --resume" in again.stderr
 
 
 @pytest.mark.slow
@@ -272,7 +277,8 @@ def test_rows_a_reward_item_would_refuse_are_named_by_line_before_any_child_star
     recipe_path = probe_recipe(tmp_path / "r.json", tmp_path / "journal")
     good = {"id": "a", "response": "x", "g": "1"}
     cases = {
-        "prompt": ({**good, "id": "c", "prompt": 3}, []),  # chat messages are read (test_cli_score_formats.py)
+        # chat messages are read (test_cli_score_formats.py)
+        "prompt": ({**good, "id": "c", "prompt": 3}, []),
         "finite": ({**good, "id": "c", "reference": float("nan")}, []),
         "column 'g' must hold a group": ({"id": "b", "response": "y"}, ["--group-column", "g"]),
         "group '1' began on line 1": ({**good, "id": "c"}, ["--group-column", "g"]),
@@ -312,8 +318,8 @@ def test_retry_errors_scores_the_error_rows_again_in_place(tmp_path):
 
 
 def test_a_failed_optional_term_is_recorded_counted_retried_and_not_a_clean_exit(tmp_path):
-    """The optional term fails for the batch: each row keeps the reward of the other terms, says which
-    term it lacks and why (its null component is not "not applicable"), the run exits 1, and
+    """The optional term fails for the batch: each row keeps the reward of the other terms, says
+    which term it lacks and why (its null component is not "not applicable"), the run exits 1, and
     --retry-errors scores those rows again once the term works."""
     (tmp_path / "in.jsonl").write_text(
         "".join(json.dumps({"id": f"t{i}", "response": t}) + "\n" for i, t in enumerate(["a", "poison", "ccc"]))
@@ -362,8 +368,8 @@ def local_recipe(path: Path, scorer: str = "tests.helpers.fixture_scorers:Probe"
 
 def test_input_that_would_break_the_run_is_named_by_line_before_anything_starts(tmp_path):
     """Exit 2 naming file:line, no output written: bytes that are not UTF-8, a number past Python's
-    digit limit, brackets nested past the recursion limit, a PNG header claiming 20000 x 20000, and the
-    groups the scorers would refuse after boot (one of 2 rows where 4 are declared, a reference
+    digit limit, brackets nested past the recursion limit, a PNG header claiming 20000 x 20000, and
+    the groups the scorers would refuse after boot (one of 2 rows where 4 are declared, a reference
     missing from one row of a group)."""
     (tmp_path / "huge.png").write_bytes(png_claiming(20000, 20000))
     good = json.dumps({"id": "a", "response": "x", "image": "huge.png", "g": "1", "reference": "1"})
@@ -398,7 +404,8 @@ def test_an_image_that_opens_but_does_not_decode_fails_its_row_and_resume_gets_p
 
     Image.fromarray(np.full((64, 64, 3), 90, np.uint8)).save(tmp_path / "ok.png")
     whole = (tmp_path / "ok.png").read_bytes()
-    (tmp_path / "cut.png").write_bytes(whole[: len(whole) // 2])  # its header opens; its pixels are cut short
+    # its header opens; its pixels are cut short
+    (tmp_path / "cut.png").write_bytes(whole[: len(whole) // 2])
     rows = [{"id": f"r{i}", "image": "cut.png" if i == 1 else "ok.png"} for i in range(4)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     recipe_path = local_recipe(tmp_path / "r.json", "mean_intensity", "image")
@@ -435,7 +442,8 @@ def test_a_second_run_on_the_same_output_is_refused_and_a_symlinked_output_too(t
     finally:
         first.kill()
         first.communicate()
-    assert [r["reward"] for r in output_rows(out)[1]] == [float(i) for i in range(6)]  # none lost, none twice
+    # none lost, none twice
+    assert [r["reward"] for r in output_rows(out)[1]] == [float(i) for i in range(6)]
     (tmp_path / "link.jsonl").symlink_to(out)
     linked = score(*args, "--output", tmp_path / "link.jsonl", "--resume")
     assert linked.returncode == 2 and "is a symbolic link" in linked.stderr, linked.stderr
@@ -473,8 +481,8 @@ def write_wav(path: Path, frames: np.ndarray, width: int, rate: int = 16000) -> 
 
 
 def float_wav(path: Path, code: int = 3, bits: int = 32) -> Path:
-    """A mono WAV whose header is written by hand: IEEE float (format 3) of 0.5 by default, as torchaudio
-    writes; `code` 2 is ADPCM, which is not read."""
+    """A mono WAV whose header is written by hand: IEEE float (format 3) of 0.5 by default, as
+    torchaudio writes; `code` 2 is ADPCM, which is not read."""
     import struct
 
     samples = np.full(4, 0.5, "<f4").tobytes()
@@ -485,7 +493,8 @@ def float_wav(path: Path, code: int = 3, bits: int = 32) -> Path:
 
 
 def test_an_audio_column_of_pcm_and_float_wavs_is_scored_by_hand_and_an_adpcm_wav_is_refused_by_line(tmp_path):
-    write_wav(tmp_path / "s16.wav", np.full((800, 2), 1 << 14), 2)  # 0.5 on both channels: -6.02 dBFS
+    # 0.5 on both channels: -6.02 dBFS
+    write_wav(tmp_path / "s16.wav", np.full((800, 2), 1 << 14), 2)
     write_wav(tmp_path / "s24.wav", np.full((800, 1), -(1 << 21)), 3)  # -0.25: -12.04 dBFS
     write_wav(tmp_path / "u8.wav", np.full((80, 1), 128 + 64), 1)  # 0.5: -6.02 dBFS
     write_wav(tmp_path / "s32.wav", np.zeros((8, 3), np.int64), 4)  # silence: the -100 dBFS floor
@@ -507,8 +516,8 @@ def test_an_audio_column_of_pcm_and_float_wavs_is_scored_by_hand_and_an_adpcm_wa
 
 
 def pcm_by_hand(path: Path, rate: int, channels: int = 1, frames: int = 80, cut: bool = False) -> Path:
-    """A 16-bit PCM WAV whose header says what it is given (the stdlib's writer refuses a 0 Hz rate);
-    `cut`: the last frame the header claims is missing."""
+    """A 16-bit PCM WAV whose header says what it is given (the stdlib's writer refuses a 0 Hz
+    rate); `cut`: the last frame the header claims is missing."""
     import struct
 
     samples = b"\x00\x10" * frames * channels
@@ -532,8 +541,8 @@ def audio_rows(tmp_path: Path, odd: dict[int, str]) -> list[str | Path]:
 
 @pytest.mark.slow
 def test_a_wav_whose_header_reads_but_whose_audio_would_not_is_refused_by_line_before_anything_starts(tmp_path):
-    """What decoding and the item will need, checked before any row is scored: a rate, the frames the
-    header claims, what an item takes (at most 32 channels)."""
+    """What decoding and the item will need, checked before any row is scored: a rate, the frames
+    the header claims, what an item takes (at most 32 channels)."""
     cases = {
         "at 0 Hz": pcm_by_hand(tmp_path / "zero.wav", 0),
         "is cut short": pcm_by_hand(tmp_path / "cut.wav", 16000, cut=True),

@@ -54,7 +54,8 @@ print(json.dumps(seen))
 
 
 def read_back(tmp_path: Path, *outputs: Path) -> dict[str, dict]:
-    """What pandas and `datasets` see in each output (in envs/trl, offline, its cache in tmp_path)."""
+    """What pandas and `datasets` see in each output (in envs/trl, offline, its cache in
+    tmp_path)."""
     env = {**ENV, "HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
         [str(env_python("trl")), "-c", READ_BACK, *map(str, outputs)], env=env, capture_output=True, text=True,
@@ -68,7 +69,8 @@ def sidecar(path: Path) -> dict:
     return json.loads(path.with_name(path.name + ".meta.json").read_text())
 
 
-# TRL's conversational format: the prompt and the completion as chat messages, the gold in `solution`
+# TRL's conversational format: the prompt and the completion as chat messages, the gold in
+# `solution`
 TRL_ROWS = [
     {
         "prompt": [{"role": "system", "content": "Answer in a box."}, {"role": "user", "content": f"What is {i}?"}],
@@ -88,7 +90,8 @@ def test_a_trl_conversational_jsonl_and_stdin_to_stdout_read_back_one_record_per
     )
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["reward"] for r in rows] == [1.0, 0.0, 1.0, 0.0]  # the last assistant message against `solution`
+    # the last assistant message against `solution`
+    assert [r["reward"] for r in rows] == [1.0, 0.0, 1.0, 0.0]
     meta = sidecar(out)
     assert meta["columns"]["response"] == "completion" and meta["columns"]["reference"] == "solution"
     assert meta["terms"]["correct"]["scorer"] == "math_verify" and len(meta["identity_hash"]) == 64
@@ -97,7 +100,8 @@ def test_a_trl_conversational_jsonl_and_stdin_to_stdout_read_back_one_record_per
         stdin=(tmp_path / "trl.jsonl").read_text(),
     )  # fmt: skip
     assert piped.returncode == 0, piped.stderr
-    assert piped.stdout == out.read_text()  # the rows and nothing else; the identity is said on stderr
+    # the rows and nothing else; the identity is said on stderr
+    assert piped.stdout == out.read_text()
     assert meta["identity_hash"] in piped.stderr
     assert not (tmp_path / "-").exists() and not list(Path.cwd().glob("-*"))
     (tmp_path / "piped.jsonl").write_text(piped.stdout)
@@ -124,9 +128,10 @@ def test_a_trl_conversational_jsonl_and_stdin_to_stdout_read_back_one_record_per
     assert orphan.returncode == 2 and "no out.jsonl.meta.json beside it" in orphan.stderr, orphan.stderr
 
 
-# verl's generation output as pandas writes it (main_generation: `dataset.to_parquet`): prompts as chat
-# messages, `responses` (one per prompt here), the gold in `reward_model`; and a TRL dataset saved
-# with `save_to_disk`. argv: the verl rows (JSON), the TRL rows (JSON), then the three paths to write.
+# verl's generation output as pandas writes it (main_generation: `dataset.to_parquet`): prompts as
+# chat messages, `responses` (one per prompt here), the gold in `reward_model`; and a TRL dataset
+# saved with `save_to_disk`. argv: the verl rows (JSON), the TRL rows (JSON), then the three paths
+# to write.
 MAKE_FILES = """
 import json, sys
 import datasets, pandas
@@ -221,7 +226,8 @@ def test_a_datasets_image_column_is_scored_and_a_cell_that_is_no_image_is_quoted
 
 
 def _dataset_dict(split: Path) -> Path:
-    """A folder as DatasetDict.save_to_disk leaves it: dataset_dict.json and one folder per split."""
+    """A folder as DatasetDict.save_to_disk leaves it: dataset_dict.json and one folder per
+    split."""
     folder = split.parent / "dict"
     (folder / "train").mkdir(parents=True)
     (folder / "dataset_dict.json").write_text(json.dumps({"splits": ["train"]}))
@@ -255,8 +261,9 @@ def test_stdout_holds_the_rows_alone_even_when_a_scorer_prints(tmp_path):
 
 
 def test_nested_columns_chat_messages_and_json_lists_are_read_and_their_refusals_named_by_row(tmp_path):
-    """A dotted path, a preset with a column flag over it, a JSON list of records; a completion with no
-    assistant message refused by line; a Parquet or save_to_disk input without its extra: one line."""
+    """A dotted path, a preset with a column flag over it, a JSON list of records; a completion with
+    no assistant message refused by line; a Parquet or save_to_disk input without its extra: one
+    line."""
     rows = [
         {"id": "a", "q": {"text": [{"role": "user", "content": "hi"}]}, "r": [{"role": "assistant", "content": "xyz"}]},
         {"id": "b", "q": {"text": "hello"}, "r": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "pq"}]},

@@ -1,4 +1,5 @@
-"""`managed-scorers serve`: a standalone scorer server for RemoteRewardBackend, token from a 0600 file."""
+"""`managed-scorers serve`: a standalone scorer server for RemoteRewardBackend, token from a 0600
+file."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def test_serve_outlives_its_launcher_scores_for_another_process_and_stops_on_sig
     token_file, ready = tmp_path / "token", tmp_path / "ready.json"
     command = " ".join([*SERVE, "--scorer", "math_verify", "--env", "math", "--token-file", str(token_file)])
     # launched in the background by a shell that exits at once: a managed child would die with it
-    launcher_env = {**os.environ, "MANAGED_SCORERS_TOKEN": "v" * 32}  # present, but the file is the token
+    # present, but the file is the token
+    launcher_env = {**os.environ, "MANAGED_SCORERS_TOKEN": "v" * 32}
     subprocess.run(
         ["sh", "-c", f"{command} > {ready} 2> {tmp_path / 'log'} &"], check=True, timeout=30, env=launcher_env
     )
@@ -56,10 +58,12 @@ def test_serve_outlives_its_launcher_scores_for_another_process_and_stops_on_sig
     server = info["pid"]
     try:
         assert info["scorer"] == "math_verify" and info["port"] > 0
-        assert info["warming"] is False  # a standalone server says ready once its grading workers are up
+        # a standalone server says ready once its grading workers are up
+        assert info["warming"] is False
         assert oct(token_file.stat().st_mode & 0o777) == "0o600"
         assert psutil.Process(server).ppid() != os.getpid()  # nobody of ours is its parent
-        assert "MANAGED_SCORERS_TOKEN" not in psutil.Process(server).environ()  # the token variable stays behind
+        # the token variable stays behind
+        assert "MANAGED_SCORERS_TOKEN" not in psutil.Process(server).environ()
         fds = {fd: os.readlink(f"/proc/{server}/fd/{fd}") for fd in map(int, os.listdir(f"/proc/{server}/fd"))}
         assert fds[0] == "/dev/null" and not any("memfd" in target for target in fds.values()), fds
         done = subprocess.run(
@@ -132,8 +136,8 @@ def test_serve_stops_gracefully_on_sigterm_with_exit_status_0(tmp_path):
 def start_serve(
     tmp_path: Path, name: str, *args: str, open_files: int | None = None
 ) -> tuple[subprocess.Popen, Path, Path]:
-    """A `serve` process of ours (its readiness line in NAME.json, its log in NAME.log), not yet waited for;
-    `open_files`: its soft RLIMIT_NOFILE when it starts."""
+    """A `serve` process of ours (its readiness line in NAME.json, its log in NAME.log), not yet
+    waited for; `open_files`: its soft RLIMIT_NOFILE when it starts."""
 
     def limit() -> None:
         if open_files is not None:
@@ -173,7 +177,8 @@ def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal
     try:
         info = wait_ready(ready)
         assert info["openrlhf_route"] is True and oct(secret_file.stat().st_mode & 0o777) == "0o600"
-        # room for the 1024 connections OpenRLHF's bursts may open before any is read (a connection per sample)
+        # room for the 1024 connections OpenRLHF's bursts may open before any is read (a connection
+        # per sample)
         assert psutil.Process(server.pid).rlimit(psutil.RLIMIT_NOFILE)[0] >= 2 * 1024 + 256
         base, secret = f"http://127.0.0.1:{info['port']}", secret_file.read_text().strip()
 
@@ -189,7 +194,8 @@ def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal
         assert two.json() == {"rewards": [2.0, 3.0], "scores": [2.0, 3.0], "extra_logs": {"flaky": [2.0, 3.0]}}
         for path in (f"/openrlhf/{secret[:-1]}", "/openrlhf", f"/openrlhf/{secret}/x", "/openrlhf/"):
             assert post(path, {}).status_code == 401, path
-        assert httpx.get(f"{base}/health", timeout=10).status_code == 401  # the secret opens no other endpoint
+        # the secret opens no other endpoint
+        assert httpx.get(f"{base}/health", timeout=10).status_code == 401
         refusals = {
             b"{not json": "the body is not JSON",
             json.dumps({"query": ["P a"], "prompts": ["P", "P"], "labels": [1]}).encode(): "lengths differ",
@@ -213,7 +219,8 @@ def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal
     lines = log.read_text().splitlines()
     assert len([line for line in lines if " WARNING child_runtime.openrlhf: 401 for 1 request(s)" in line]) == 1
     errors = [line for line in lines if " ERROR child_runtime.openrlhf: answered " in line]
-    # each status and kind said once per 10 s (the four 400s in one line), with the count of its answers
+    # each status and kind said once per 10 s (the four 400s in one line), with the count of its
+    # answers
     assert [line.split(" answered ")[1].split(" (")[0] for line in errors] == [
         "400 bad_request x1",
         "413 too_large x1",

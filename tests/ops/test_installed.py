@@ -1,5 +1,5 @@
-"""Installed use keeps the isolation: `pip install .` into a trainer env that pins antlr 4.9.3, run from
-another directory, and the math child still grades `10\\%` as 0.1 with its own antlr 4.13.2."""
+"""Installed use keeps the isolation: `pip install .` into a trainer env that pins antlr 4.9.3, run
+from another directory, and the math child still grades `10\\%` as 0.1 with its own antlr 4.13.2."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from tests.conftest import REPO_ROOT, env_python
 
 @pytest.fixture(scope="session")
 def installed_trainer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with managed-scorers installed from its built wheel, and antlr 4.9.3 beside it."""
+    """A fresh venv with managed-scorers installed from its built wheel, and antlr 4.9.3 beside
+    it."""
     root = tmp_path_factory.mktemp("installed")
-    source = root / "source"  # a copy, so that nothing can be imported from the checkout by accident
+    # a copy, so that nothing can be imported from the checkout by accident
+    source = root / "source"
     shutil.copytree(
         REPO_ROOT,
         source,
@@ -60,14 +62,16 @@ def test_an_installed_trainer_hands_the_child_nothing_of_its_environment(install
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
     trainer_env = installed_trainer.parent.parent
-    assert Path(report["supervisor"]).is_relative_to(trainer_env)  # the installed copy, not the checkout
+    # the installed copy, not the checkout
+    assert Path(report["supervisor"]).is_relative_to(trainer_env)
     assert report["packages"]["antlr4-python3-runtime"] == "4.13.2"
     assert report["reward"] == 1.0
     root, *rest = (Path(entry) for entry in report["sys_path"])
     assert sorted(os.listdir(root)) == ["child_runtime", "scorers"]
     assert all((root / name).resolve().is_relative_to(trainer_env) for name in ("child_runtime", "scorers"))
     math_env = math_python.parent.parent
-    base = Path(os.path.realpath(math_python)).parent.parent  # the interpreter the math venv was made from
+    # the interpreter the math venv was made from
+    base = Path(os.path.realpath(math_python)).parent.parent
     for entry in rest:  # the math env, and the standard library of the interpreter it was made from
         assert entry.is_relative_to(math_env) or entry.is_relative_to(base), entry
         assert not entry.is_relative_to(trainer_env) and not entry.is_relative_to(elsewhere), entry
@@ -91,8 +95,9 @@ print(json.dumps({"reward": reward, "python": python, "samples": samples}))
 
 @pytest.mark.slow
 def test_an_installed_package_builds_a_scorer_env_by_name_and_scores_from_elsewhere(installed_trainer, tmp_path):
-    """`managed-scorers envs build image` from the installed package (its shipped spec), into a root of the
-    user's choosing; a spec that names no python then finds that env by the scorer's declared name."""
+    """`managed-scorers envs build image` from the installed package (its shipped spec), into a root
+    of the user's choosing; a spec that names no python then finds that env by the scorer's declared
+    name."""
     root, elsewhere = tmp_path / "scorer-envs", tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
@@ -108,7 +113,8 @@ def test_an_installed_package_builds_a_scorer_env_by_name_and_scores_from_elsewh
     listing = {line.split()[0]: line for line in run(str(cli), "envs", "list").stdout.splitlines()[1:]}
     assert "built" in listing["image"] and "pillow==13.0.0" in listing["image"]
     assert "not built" in listing["math"]
-    assert "up to date" in run(str(cli), "envs", "build", "image").stderr  # pins unchanged: nothing rebuilt
+    # pins unchanged: nothing rebuilt
+    assert "up to date" in run(str(cli), "envs", "build", "image").stderr
     report = json.loads(run(str(installed_trainer), "-c", USE_BY_NAME).stdout.splitlines()[-1])
     assert report["python"] == str(root / "image" / ".venv" / "bin" / "python")
     assert report["reward"] < 0 and report["samples"] is True
@@ -116,8 +122,8 @@ def test_an_installed_package_builds_a_scorer_env_by_name_and_scores_from_elsewh
 
 @pytest.mark.slow
 def test_the_wheel_ships_example_recipes_that_name_their_envs(installed_trainer, tmp_path):
-    """`managed-scorers recipes` lists the recipes the package ships; one printed from another directory
-    parses there against the envs by name (no path into a checkout)."""
+    """`managed-scorers recipes` lists the recipes the package ships; one printed from another
+    directory parses there against the envs by name (no path into a checkout)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["MANAGED_SCORERS_ENVS"] = str(REPO_ROOT / "envs")
     cli = [str(installed_trainer), "-m", "supervisor", "recipes"]
@@ -136,15 +142,17 @@ def test_the_wheel_ships_example_recipes_that_name_their_envs(installed_trainer,
 
 @pytest.mark.slow
 def test_the_installed_demo_grades_in_the_child_and_says_what_it_did_not_measure(installed_trainer, tmp_path):
-    """`managed-scorers demo` from the wheel, elsewhere: the child's verdicts; this venv has antlr 4.9.3 but
-    no math-verify, so the in-process column is not measured and the demo says so, with the way to measure it."""
+    """`managed-scorers demo` from the wheel, elsewhere: the child's verdicts; this venv has antlr
+    4.9.3 but no math-verify, so the in-process column is not measured and the demo says so, with
+    the way to measure it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["MANAGED_SCORERS_ENVS"] = str(REPO_ROOT / "envs")  # the math env make test built
     cli = installed_trainer.parent / "managed-scorers"
     done = subprocess.run([str(cli), "demo"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     pct = next(line.split() for line in done.stdout.splitlines() if line.startswith("  pct "))
-    assert pct[-3:] == ["0.1", "1.0", "-"]  # gold, the child's verdict, nothing pretended in-process
+    # gold, the child's verdict, nothing pretended in-process
+    assert pct[-3:] == ["0.1", "1.0", "-"]
     said = " ".join(done.stdout.split())
     assert f"managed child: {REPO_ROOT / 'envs' / 'math' / '.venv'}: math-verify 0.9.0" in said
     assert f"in-process: not measured: this python ({installed_trainer}" in said

@@ -1,7 +1,8 @@
-"""serve's OpenRLHF route parses its JSON bodies within bounds (child_runtime/protocol/bounded_json):
-a body cap refused before it is read, the parse off the event loop (/health answered meanwhile), peak
-memory at most (PARSE_FACTOR + 1) x the cap whatever the body holds, a 400 for nesting and invalid JSON
-with a short message, and error lines on the log said once per kind and interval, not once per request."""
+"""serve's OpenRLHF route parses its JSON bodies within bounds
+(child_runtime/protocol/bounded_json): a body cap refused before it is read, the parse off the event
+loop (/health answered meanwhile), peak memory at most (PARSE_FACTOR + 1) x the cap whatever the
+body holds, a 400 for nesting and invalid JSON with a short message, and error lines on the log said
+once per kind and interval, not once per request."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def request(label: Any, text: str = "P x") -> bytes:
 
 
 def repeated_to_the_bound(unit: bytes, head: bytes = b"[", tail: bytes = b"0]") -> bytes:
-    """`head + unit * n + tail` with the largest n whose price is within the route's parse budget."""
+    """`head + unit * n + tail` with the largest n whose price is within the route's parse
+    budget."""
     low, high = 1, CAP // len(unit)
     while low < high:
         middle = (low + high + 1) // 2
@@ -68,7 +70,8 @@ def repeated_to_the_bound(unit: bytes, head: bytes = b"[", tail: bytes = b"0]") 
         else:
             high = middle - 1
     body = head + unit * low + tail
-    assert bounded_json.price(body)[0] > BUDGET - bounded_json.UNIT_BYTES * 8  # at the bound, not below it
+    # at the bound, not below it
+    assert bounded_json.price(body)[0] > BUDGET - bounded_json.UNIT_BYTES * 8
     return body
 
 
@@ -83,8 +86,8 @@ def string_to_the_bound(ending: str, width: int) -> bytes:
 
 
 def peak_growth(served: Served, body: bytes) -> tuple[int, int]:
-    """(the server's peak RSS growth while it reads and parses `body`, the answer's status): the peak
-    from the kernel's high-water mark, reset just before."""
+    """(the server's peak RSS growth while it reads and parses `body`, the answer's status): the
+    peak from the kernel's high-water mark, reset just before."""
     Path(f"/proc/{served.pid}/clear_refs").write_text("5")  # VmHWM := the RSS now
     before = psutil.Process(served.pid).memory_info().rss
     status = served.post(body).status_code
@@ -123,16 +126,19 @@ def test_health_is_answered_while_a_big_body_is_parsed_off_the_event_loop(served
         seen_parsing = []
         while poster.is_alive() and len(seen_parsing) < 3:
             if served.health()["json_parsing"] == 1:
-                seen_parsing.append(True)  # /health answered while the parse of the body was running
+                # /health answered while the parse of the body was running
+                seen_parsing.append(True)
     finally:
         poster.join(120)
     assert len(seen_parsing) == 3
-    assert answered[0].status_code == 200 and answered[0].json()["rewards"] == 2.0  # then scored as usual
+    # then scored as usual
+    assert answered[0].status_code == 200 and answered[0].json()["rewards"] == 2.0
 
 
 def test_nesting_invalid_json_and_bodies_past_the_cap_are_refused_with_a_short_message(served):
     refusals = {
-        request(json.loads("[" * 63 + "]" * 63)): (400, "nests arrays and objects deeper than 64"),  # +2: the
+        # +2: the
+        request(json.loads("[" * 63 + "]" * 63)): (400, "nests arrays and objects deeper than 64"),
         # request object and its labels list
         b'{"query": ["P a"], "labels": [' + b"[" * 5000 + b"]" * 5000 + b"]}": (400, "deeper than 64"),
         b"{not json": (400, "the body is not JSON: Expecting property name"),
@@ -176,8 +182,10 @@ def test_error_answers_are_logged_once_per_kind_and_interval(served):
     for _ in range(12):
         assert served.post(b"[1,").status_code == 400
     assert served.post(request(None, "P raise")).status_code == 500
-    assert eventually(lambda: len(lines("500 scorer_error")) == said["500 scorer_error"] + 1)  # another kind: at once
-    assert len(lines("400 bad_request")) <= said["400 bad_request"] + 1  # 12 answers: at most one line
+    # another kind: at once
+    assert eventually(lambda: len(lines("500 scorer_error")) == said["500 scorer_error"] + 1)
+    # 12 answers: at most one line
+    assert len(lines("400 bad_request")) <= said["400 bad_request"] + 1
     assert "x1 (OpenRLHF retries 5 times" in lines("500 scorer_error")[-1]
 
 

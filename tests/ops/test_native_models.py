@@ -52,7 +52,8 @@ def _items() -> list[RewardItem]:
 
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[Any]]]:
-    """The weights (saved by the same helper) and each term's value, computed in env embed's python."""
+    """The weights (saved by the same helper) and each term's value, computed in env embed's
+    python."""
     out = tmp_path_factory.mktemp("native")
     arrays = {f"image{i}": image for i, image in enumerate(images(COUNT))}
     spec = json.dumps({"metadata": _metadata(), "references": _references()})
@@ -127,17 +128,20 @@ def test_native_models_score_beside_their_functions_as_in_process(in_process, tm
     train, _ = build_panels(recipe)
     try:
         quality, semantic, flaky, aesthetic = (term.backend for term in train.terms)
-        assert quality is semantic is flaky and isinstance(quality, ManagedScorerProcessBackend)  # one child
+        # one child
+        assert quality is semantic is flaky and isinstance(quality, ManagedScorerProcessBackend)
         assert isinstance(aesthetic, ReplicatedBackend) and len(aesthetic.replicas) == 2
         assert quality.spec.gpu_residency == ("per_call" if offload else "resident")
         request = RewardRequest(items=_items())
         first = train.compute_rewards(request)
-        assert {term: first.component_rewards[term] for term in WEIGHTS} == expected  # the same floats
+        # the same floats
+        assert {term: first.component_rewards[term] for term in WEIGHTS} == expected
         assert first.rewards == pytest.approx(_weighted(expected), rel=1e-12)
         (failure,) = first.term_failures  # the optional term alone, for its one item
         assert (failure.term, failure.ids) == ("flaky", ["i1"]) and "flaky item" in failure.error
         assert first.successes == [True, False, True, True] and first.component_rewards["flaky"][1] is None
-        seen = defaultdict(set)  # each replica of aesthetic got its half (its calls run concurrently)
+        # each replica of aesthetic got its half (its calls run concurrently)
+        seen = defaultdict(set)
         for line in (tmp_path / "trace.txt").read_text().splitlines():
             pid, uid = line.split()
             seen[int(pid)].add(uid)
@@ -166,9 +170,11 @@ def _check_residency(diagnostics: dict[str, Any], offload: bool) -> None:
     builds = values["quality.builds"]
     if offload:
         assert values["slept_instance_alive"] == 0 and values["slept_param_bytes_alive"] == 0
-        assert values["slept_param_bytes"] >= 8_000_000  # what the slept instance held: its ballast too
+        # what the slept instance held: its ballast too
+        assert values["slept_param_bytes"] >= 8_000_000
         assert replicas["slept_instance_alive"] == 0 and replicas["slept_param_bytes_alive"] == 0
-        assert builds["sum"] / builds["count"] == 2.0  # woken anew from __init__ for the second call
+        # woken anew from __init__ for the second call
+        assert builds["sum"] / builds["count"] == 2.0
     else:
         assert "slept_instance_alive" not in values and "slept_instance_alive" not in replicas
         assert builds["sum"] / builds["count"] == 1.0
@@ -207,7 +213,8 @@ def test_a_native_model_recipe_reads_verl_omnis_defaults_and_refuses_what_it_can
     (term,) = recipe.train.terms
     assert term.required is False and term.component == "q"  # verl-omni's default: optional
     backend = term.backend
-    assert backend.gpu_residency == "per_call" and backend.scorer.device == "cuda"  # offload: true by default
+    # offload: true by default
+    assert backend.gpu_residency == "per_call" and backend.scorer.device == "cuda"
     assert backend.replicas.devices == ["0"]
     assert load_recipe(_native(offload=False)).train.terms[0].backend.gpu_residency == "resident"
     with pytest.raises(ConfigError, match=r"all GPU indices .* or all cpu, not a mix"):
@@ -232,7 +239,8 @@ FAULTS = REPO_ROOT / "tests" / "helpers" / "term_faults.py"
 
 
 def _faulty(model: str, function: str, **changes: Any) -> dict[str, Any]:
-    """One native model of tests/helpers/term_faults.py (env embed, one cpu replica) and one function."""
+    """One native model of tests/helpers/term_faults.py (env embed, one cpu replica) and one
+    function."""
     native = {"backend": "native", "env": "embed", "placement": {"devices": ["cpu"]}, "executor": {"model": model}}
     native["extra_import_paths"] = [str(REPO_ROOT)]
     return {**native, **changes, "function": {"path": str(FAULTS), "name": function}}
@@ -275,10 +283,10 @@ def test_a_native_call_past_its_deadline_restarts_the_child_and_the_next_call_is
 
 @pytest.mark.slow
 def test_a_close_that_raises_after_releasing_the_model_is_a_failed_close_not_a_failed_offload():
-    """A model whose close() raises once it let go of its weights (item 11): per call, the optional term
-    records `close_failed` and the step goes on (a failed residency change would be fatal), the child
-    says offloaded, not unknown, and wakes a new instance for the next call; resident, an explicit
-    offload raises `close_failed`, and the child is offloaded and onloads again."""
+    """A model whose close() raises once it let go of its weights (item 11): per call, the optional
+    term records `close_failed` and the step goes on (a failed residency change would be fatal), the
+    child says offloaded, not unknown, and wakes a new instance for the next call; resident, an
+    explicit offload raises `close_failed`, and the child is offloaded and onloads again."""
     per_call = _faulty("pkg://tests.helpers.term_faults:ClosesBadly", "hanging_score")
     resident = _faulty("pkg://tests.helpers.term_faults:ClosesBadly", "hanging_score", offload=False)
     train, _ = build_panels(load_recipe(_faulty_recipe(per_call=per_call, resident=resident)))

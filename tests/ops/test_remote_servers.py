@@ -50,7 +50,8 @@ NAMES = (
 
 
 def serve_many(tmp_path: Path, specs: list, extra: tuple[str, ...] = ()) -> list[tuple[subprocess.Popen, str]]:
-    """A serve process per (probe class, sleep_s), started together; (process, url) each, once ready."""
+    """A serve process per (probe class, sleep_s), started together; (process, url) each, once
+    ready."""
     started = []
     for scorer, sleep_s in specs:
         args = ["--scorer", f"tests.helpers.fixture_scorers:{scorer}", "--python", sys.executable, "--input-kind"]
@@ -157,20 +158,22 @@ def test_servers_of_another_revision_or_params_are_refused_at_construction_namin
 
 
 def test_a_server_restarted_under_another_revision_stops_the_next_call_naming_it(servers):
-    """Stopped, it is passed over; back under another revision, its background probe finds it and the
-    next call raises naming it (a server up when it changes: the next call's own probe, see below).
-    Stopped again, it is passed over again: the others serve."""
+    """Stopped, it is passed over; back under another revision, its background probe finds it and
+    the next call raises naming it (a server up when it changes: the next call's own probe, see
+    below). Stopped again, it is passed over again: the others serve."""
     (_, first), (second, second_url) = servers(PROBE, PROBE)
     with MultiRemoteRewardBackend([first, second_url], token=TOKEN, request_batch_size=SIZE) as many:
         assert many.compute_rewards(REQUEST).rewards == EXPECTED
         assert stop_serve(second) == 0
         assert many.compute_rewards(REQUEST).rewards == EXPECTED  # the stopped one passed over
-        ((changed, _),) = servers(("ProbeV2", 0.0), "--port", second_url.rsplit(":", 1)[1])  # same URL, other version
+        # same URL, other version
+        ((changed, _),) = servers(("ProbeV2", 0.0), "--port", second_url.rsplit(":", 1)[1])
         found: list[RewardContractError] = []
 
         def refused() -> bool:
             try:
-                assert many.compute_rewards(REQUEST).rewards == EXPECTED  # until then: the first one alone
+                # until then: the first one alone
+                assert many.compute_rewards(REQUEST).rewards == EXPECTED
             except ScorerIdentityChanged as exc:
                 found.append(exc)
             return bool(found)
@@ -201,10 +204,12 @@ def test_a_server_killed_mid_batch_has_its_share_re_sent_once_to_a_healthy_one(s
         began = time.monotonic()
         response = score_while(many, kill_mid_batch)
         assert not isinstance(response, BaseException), response
-        assert response.ids == REQUEST.ids and response.rewards == EXPECTED  # every reward on its own id
+        # every reward on its own id
+        assert response.ids == REQUEST.ids and response.rewards == EXPECTED
         assert time.monotonic() - began < 30  # not the call's 600 s deadline: re-sent at once
-        # the other two scored their own 2 chunks each and what the dead one had not answered, re-sent once:
-        # both of its chunks, or only its second when load let it answer its first before the kill
+        # the other two scored their own 2 chunks each and what the dead one had not answered,
+        # re-sent once: both of its chunks, or only its second when load let it answer its first
+        # before the kill
         assert GROUPS - 2 < sum(scored_keys(url) for _, url in (made[0], made[2])) <= GROUPS
         # between calls: the dead server does not answer /health, the others take the whole batch
         assert many.compute_rewards(REQUEST).rewards == EXPECTED
@@ -232,10 +237,10 @@ def test_with_every_other_server_gone_the_error_names_the_dead_server(servers):
 
 def test_a_server_restarted_mid_call_under_another_identity_is_never_trusted(servers):
     """Issue 37 item 1: B is SIGKILLed while it scores and restarted on its port with other params
-    (another identity) while its chunks are in their retries. Neither a RemoteRewardBackend pinned to
-    B's identity nor a MultiRemoteRewardBackend over A and B takes one answer of the new identity:
-    both calls raise ScorerIdentityChanged naming B's URL and both hashes (never retried, never
-    joined with A's rewards), and so does every later call."""
+    (another identity) while its chunks are in their retries. Neither a RemoteRewardBackend pinned
+    to B's identity nor a MultiRemoteRewardBackend over A and B takes one answer of the new
+    identity: both calls raise ScorerIdentityChanged naming B's URL and both hashes (never retried,
+    never joined with A's rewards), and so does every later call."""
     (_, a), (b_process, b) = servers(SLOW, SLOW)
     patient = {"request_batch_size": SIZE, "request_timeout": 60, "max_retries": 1000, "retry_backoff_cap_s": 0.2}
     with RemoteRewardBackend(b, token=TOKEN) as first:
@@ -260,7 +265,8 @@ def test_a_server_restarted_mid_call_under_another_identity_is_never_trusted(ser
         calls[1].start()
         b_process.send_signal(signal.SIGKILL)
         b_process.wait(5)
-        servers(PROBE, "--port", b.rsplit(":", 1)[1])  # the same URL, other params: another identity
+        # the same URL, other params: another identity
+        servers(PROBE, "--port", b.rsplit(":", 1)[1])
         with RemoteRewardBackend(b, token=TOKEN) as restarted:
             new = restarted.identity_hash
         assert new is not None and new != old
@@ -272,7 +278,8 @@ def test_a_server_restarted_mid_call_under_another_identity_is_never_trusted(ser
             assert isinstance(error, ScorerIdentityChanged), (name, error)
             assert (error.url, error.expected, error.got) == (b, old, new), name
             assert all(part in str(error) for part in (b, old, new)), name
-            with pytest.raises(ScorerIdentityChanged) as later:  # the next call too, before anything is joined
+            # the next call too, before anything is joined
+            with pytest.raises(ScorerIdentityChanged) as later:
                 backend.compute_rewards(REQUEST)
             assert (later.value.url, later.value.expected, later.value.got) == (b, old, new), name
 

@@ -1,4 +1,5 @@
-"""Scorer envs by name: the shipped specs, `managed-scorers envs build/list/path`, stamps that never lie."""
+"""Scorer envs by name: the shipped specs, `managed-scorers envs build/list/path`, stamps that never
+lie."""
 
 from __future__ import annotations
 
@@ -96,7 +97,8 @@ def test_unknown_names_and_bad_flag_combinations_fail_in_words(tmp_path, capsys)
     spec.write_text("\n")
     assert main(["envs", "build", "x", "--requirements", str(spec), "--dir", str(precious)]) == 2
     assert "was not made by managed-scorers envs build" in capsys.readouterr().err and (precious / "notes").is_dir()
-    (precious / "pyvenv.cfg").write_text("home = /usr/bin\n")  # someone else's venv is not ours to wipe either
+    # someone else's venv is not ours to wipe either
+    (precious / "pyvenv.cfg").write_text("home = /usr/bin\n")
     assert main(["envs", "build", "x", "--requirements", str(spec), "--dir", str(precious)]) == 2
     assert (precious / "notes").is_dir()
     assert main(["envs", "build", "x", "--requirements", str(spec), "--dir", sys.prefix]) == 2
@@ -126,7 +128,8 @@ def test_a_failed_install_fails_the_build_and_writes_no_stamp(tmp_path):
 
 
 def other_interpreter() -> str | None:
-    """A python of another version than this one's, if this machine has one (pyenv's, or on PATH)."""
+    """A python of another version than this one's, if this machine has one (pyenv's, or on
+    PATH)."""
     mine = f"{sys.version_info.major}.{sys.version_info.minor}"
     candidates = sorted(Path.home().glob(".pyenv/versions/3.1[0-9]*/bin/python3.1[0-9]"))
     candidates += [Path(found) for v in ("3.12", "3.13", "3.10") if (found := shutil.which(f"python{v}"))]
@@ -141,8 +144,9 @@ def other_interpreter() -> str | None:
 
 @pytest.mark.slow
 def test_a_build_says_its_phases_and_is_redone_when_its_pins_or_its_interpreter_change_and_then_removed(tmp_path):
-    """A bare venv (nothing to download), built three times: first, for new pins, for another interpreter
-    (a second python here, else the stamp's recorded one rewritten); skipped in between; then removed."""
+    """A bare venv (nothing to download), built three times: first, for new pins, for another
+    interpreter (a second python here, else the stamp's recorded one rewritten); skipped in between;
+    then removed."""
     spec = tmp_path / "tiny.txt"
     spec.write_text("# nothing to install: a bare venv\n")
     venv = tmp_path / "tiny" / ".venv"
@@ -169,7 +173,8 @@ def test_a_build_says_its_phases_and_is_redone_when_its_pins_or_its_interpreter_
     assert f"it was built with Python {'3.99.0' if other is None else python.version}" in said[0]
     rebuilt = env_builder.read_stamp(venv)[1]
     assert rebuilt is not None and rebuilt.path == os.path.realpath(other or sys._base_executable)
-    assert env_builder.build(spec, venv, say=said.append) is False  # no --python: the one it was built with
+    # no --python: the one it was built with
+    assert env_builder.build(spec, venv, say=said.append) is False
     assert main(["envs", "remove", "tiny", "--root", str(tmp_path)]) == 0
     assert not venv.exists() and spec.is_file()
 
@@ -189,7 +194,8 @@ def test_envs_build_with_no_name_refuses_listing_the_envs_and_all_builds_every_o
 def test_envs_remove_removes_only_an_env_this_builder_made_under_the_root(tmp_path, capsys):
     root = tmp_path / "root"
     image = fake_env(root, "image", "0" * 64)
-    custom = fake_env(root, "mine", "0" * 64)  # built with --dir into the root: removable by its name
+    # built with --dir into the root: removable by its name
+    custom = fake_env(root, "mine", "0" * 64)
     assert main(["envs", "remove", "nosuch", "--root", str(root)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no env named 'nosuch'" in err and "embed, image, math, mine, ocr" in err
@@ -198,7 +204,8 @@ def test_envs_remove_removes_only_an_env_this_builder_made_under_the_root(tmp_pa
     assert "not built, nothing to remove" in capsys.readouterr().err
     assert main(["envs", "remove", "image", "--root", str(root)]) == 0 and not image.exists()
     assert main(["envs", "remove", "mine", "--root", str(root)]) == 0 and not custom.exists()
-    outside = fake_env(tmp_path / "outside", "ocr", "0" * 64)  # an env elsewhere, linked into the root
+    # an env elsewhere, linked into the root
+    outside = fake_env(tmp_path / "outside", "ocr", "0" * 64)
     (root / "ocr").mkdir()
     (root / "ocr" / ".venv").symlink_to(outside)
     (root / "embed").symlink_to(outside.parent)
@@ -244,4 +251,5 @@ def test_without_python_an_env_keeps_its_interpreter_while_it_runs_else_takes_th
     broken.write_text("#!/bin/sh\nexit 1\n")
     broken.chmod(0o755)
     assert env_builder._default_interpreter(env_builder.Interpreter("3.11.7", str(broken))) == base
-    assert env_builder._default_interpreter(env_builder.Interpreter("3.99.0", base.path)) == base  # upgraded in place
+    # upgraded in place
+    assert env_builder._default_interpreter(env_builder.Interpreter("3.99.0", base.path)) == base

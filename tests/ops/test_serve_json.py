@@ -1,6 +1,6 @@
-"""A served scorer's JSON `/score` (UniRL's protocol) with curl and with UniRL's own client, the open
-`/livez`, a `/metrics` scrape with the metrics token only, and the JSON form's limits: one `serve` of
-`mean_intensity` (the image env) for the module."""
+"""A served scorer's JSON `/score` (UniRL's protocol) with curl and with UniRL's own client, the
+open `/livez`, a `/metrics` scrape with the metrics token only, and the JSON form's limits: one
+`serve` of `mean_intensity` (the image env) for the module."""
 
 from __future__ import annotations
 
@@ -90,7 +90,8 @@ def test_curl_scores_unirl_json_and_the_frame_path_is_unchanged(served: Served, 
     ]
     assert answer["errors"] == [{}, {}] and [i["group_id"] for i in answer["identities"]] == [0, 1]
     assert {i["scorer_version"] for i in answer["identities"]} == {served.info["identity_hash"]}
-    pixels = np.full((6, 8, 3), 204, np.uint8)  # the same image in the binary frame, by this project's client
+    # the same image in the binary frame, by this project's client
+    pixels = np.full((6, 8, 3), 204, np.uint8)
     with RemoteRewardBackend(served.url, token=served.token) as remote:
         assert remote.compute_rewards(RewardRequest(items=[RewardItem(id="f", image=pixels)])).rewards == [0.8]
 
@@ -103,7 +104,8 @@ def test_livez_is_open_and_says_nothing_of_the_scorer(served: Served) -> None:
         for secret in ("mean_intensity", served.info["identity_hash"], IDENTITY_HEADER, "revision", "version"):
             assert secret not in said, secret
     assert httpx.post(f"{served.url}/livez", timeout=10).status_code == 405
-    assert httpx.get(f"{served.url}/health", timeout=10).status_code == 401  # the rest still needs the token
+    # the rest still needs the token
+    assert httpx.get(f"{served.url}/health", timeout=10).status_code == 401
 
 
 def test_the_metrics_token_reads_metrics_and_opens_nothing_else(served: Served) -> None:
@@ -130,7 +132,8 @@ def test_the_json_form_is_refused_over_its_cap_unparsable_or_of_another_protocol
     assert bad.json()["error"].startswith("the body is not JSON: ") and "\n" not in bad.json()["error"]
     other = post(json.dumps({**unirl_call(1), "protocol_version": "2"}).encode())
     assert other.status_code == 400 and 'protocol_version must be "1"' in other.json()["error"]
-    assert IDENTITY_HEADER in other.headers  # every answer names the scorer's identity, an error too
+    # every answer names the scorer's identity, an error too
+    assert IDENTITY_HEADER in other.headers
     assert post(json.dumps(unirl_call(102)).encode()).json()["results"] == [{"mean_intensity": {"mean_intensity": 0.4}}]
 
 
@@ -155,7 +158,8 @@ print(json.dumps([response.rewards, response.successes]))
 
 @pytest.mark.slow
 def test_unirls_own_remote_backend_scores_through_the_json_form(served: Served) -> None:
-    """UniRL 0.2.0's client code, unchanged (JPEG, an edit's condition image, identity echo, version pin)."""
+    """UniRL 0.2.0's client code, unchanged (JPEG, an edit's condition image, identity echo, version
+    pin)."""
     identity = served.info["identity_hash"]
     done = subprocess.run(
         [str(env_python("trl")), "-c", UNIRL_CLIENT, served.url, served.token, identity],

@@ -1,5 +1,6 @@
-"""`envs build --installer uv`: pip's settings carried to uv, a real uv build from a find-links folder under
-a pip constraint, and the refusals (no uv, a pip setting uv has no equivalent of), each one line, exit 2."""
+"""`envs build --installer uv`: pip's settings carried to uv, a real uv build from a find-links
+folder under a pip constraint, and the refusals (no uv, a pip setting uv has no equivalent of), each
+one line, exit 2."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ global.cert='/etc/ssl/certs/ca-certificates.crt'
 def test_pips_settings_become_uv_flags_and_variables_by_pips_precedence():
     settings = pip_settings(LISTING)
     assert settings["constraint"] == "/tmp/mine.txt"  # PIP_CONSTRAINT over the config file's
-    assert settings["no-index"] == "false" and settings["timeout"] == "180"  # [install] over [global]
+    # [install] over [global]
+    assert settings["no-index"] == "false" and settings["timeout"] == "180"
     flags, variables = uv_arguments(settings)
     assert flags == [
         "--index-strategy",
@@ -55,7 +57,8 @@ def test_pips_settings_become_uv_flags_and_variables_by_pips_precedence():
 
 
 def test_installer_uv_without_uv_refuses_in_one_line_before_anything_changes(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path))  # no uv on PATH; none beside the dev env's python either
+    # no uv on PATH; none beside the dev env's python either
+    monkeypatch.setenv("PATH", str(tmp_path))
     if (Path(sys.executable).parent / "uv").is_file():
         pytest.skip("this env has uv installed beside its python")
     spec = tmp_path / "spec.txt"
@@ -89,7 +92,8 @@ def tiny_wheel(folder: Path, version: str) -> Path:
 
 @pytest.fixture(scope="module")
 def uv_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """uv installed by pip into a scratch folder (its bin/ holds the uv binary); skipped where it cannot be."""
+    """uv installed by pip into a scratch folder (its bin/ holds the uv binary); skipped where it
+    cannot be."""
     target = tmp_path_factory.mktemp("uv")
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-input", "--target", str(target), "uv"],
@@ -125,6 +129,7 @@ def test_a_uv_build_takes_pips_find_links_and_constraint_and_says_its_phases(tmp
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "  installing 1 requirement line(s) with uv" in done.stderr and " built in " in done.stderr
-    assert env_builder.installed_versions(venv, ["ms_tiny"]) == {"ms_tiny": "1.0"}  # the pip constraint held
+    # the pip constraint held
+    assert env_builder.installed_versions(venv, ["ms_tiny"]) == {"ms_tiny": "1.0"}
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "up to date" in again.stderr, again.stderr

@@ -17,7 +17,8 @@ RATE = 24000
 
 
 def riff(path: Path, fmt: bytes, samples: bytes, extra: bytes = b"", head: bytes = b"RIFF") -> Path:
-    """A WAV: the fmt chunk given, any `extra` chunks, then the data chunk (padded to an even size)."""
+    """A WAV: the fmt chunk given, any `extra` chunks, then the data chunk (padded to an even
+    size)."""
     chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + extra + b"data" + struct.pack("<I", len(samples)) + samples
     body = b"WAVE" + chunks + b"\x00" * (len(samples) & 1)
     path.write_bytes(head + struct.pack("<I", len(body)) + body)
@@ -30,12 +31,14 @@ def fmt_chunk(code: int, channels: int, bits: int, rate: int = RATE) -> bytes:
 
 
 def extensible(sub: int, channels: int, bits: int, valid: int | None = None, tail: bytes = GUID_TAIL) -> bytes:
-    """WAVE_FORMAT_EXTENSIBLE (what soundfile and torchaudio write for more than two channels or 24 bits in 32)."""
+    """WAVE_FORMAT_EXTENSIBLE (what soundfile and torchaudio write for more than two channels or 24
+    bits in 32)."""
     guid = struct.pack("<H", sub) + tail
     return fmt_chunk(0xFFFE, channels, bits) + struct.pack("<HHI", 22, valid or bits, 0x3) + guid
 
 
-WAVE = np.array([[0.5, -0.25, 1.5, -1.0], [0.0, 0.125, -0.5, 0.75]], np.float32)  # (channels, samples)
+# (channels, samples)
+WAVE = np.array([[0.5, -0.25, 1.5, -1.0], [0.0, 0.125, -0.5, 0.75]], np.float32)
 
 
 def interleaved(dtype: str) -> bytes:
@@ -43,13 +46,16 @@ def interleaved(dtype: str) -> bytes:
 
 
 def test_ieee_float_wavs_32_and_64_bit_read_as_written(tmp_path):
-    fact = b"fact" + struct.pack("<II", 4, WAVE.shape[1])  # float writers add a fact chunk; it is skipped
-    f32 = riff(tmp_path / "f32.wav", fmt_chunk(3, 2, 32) + b"\x00\x00", interleaved("<f4"), fact)  # cbSize 0
+    # float writers add a fact chunk; it is skipped
+    fact = b"fact" + struct.pack("<II", 4, WAVE.shape[1])
+    # cbSize 0
+    f32 = riff(tmp_path / "f32.wav", fmt_chunk(3, 2, 32) + b"\x00\x00", interleaved("<f4"), fact)
     f64 = riff(tmp_path / "f64.wav", fmt_chunk(3, 2, 64), interleaved("<f8"))
     for path, width in ((f32, 4), (f64, 8)):
         assert check_wav(path) == (2, width, 4, RATE, True)
         audio, rate = read_wav(path)
-        assert rate == RATE and audio.dtype == np.float32 and np.array_equal(audio, WAVE)  # 1.5 kept: not clipped
+        # 1.5 kept: not clipped
+        assert rate == RATE and audio.dtype == np.float32 and np.array_equal(audio, WAVE)
 
 
 def test_a_wav_streamed_to_a_pipe_runs_to_the_end_of_the_file(tmp_path):
@@ -68,7 +74,8 @@ def test_extensible_wavs_of_float_and_pcm_subformats_with_a_list_chunk_before_th
     assert np.array_equal(read_wav(ext_float)[0], WAVE)
     pcm = (WAVE.clip(-1, 0.99) * (1 << 31)).astype(np.int64)
     pcm_bytes = pcm.T.astype("<i4").tobytes()
-    ext_pcm = riff(tmp_path / "ep.wav", extensible(1, 2, 32, valid=24), pcm_bytes)  # 24 valid bits in 32
+    # 24 valid bits in 32
+    ext_pcm = riff(tmp_path / "ep.wav", extensible(1, 2, 32, valid=24), pcm_bytes)
     assert check_wav(ext_pcm) == (2, 4, 4, RATE, False)
     assert np.allclose(read_wav(ext_pcm)[0], WAVE.clip(-1, 0.99), atol=1e-7)
 

@@ -1,5 +1,5 @@
-"""audio_loudness: RMS loudness in dBFS against a target, checked by hand, in-process and in a managed
-child from env `image` (numpy only)."""
+"""audio_loudness: RMS loudness in dBFS against a target, checked by hand, in-process and in a
+managed child from env `image` (numpy only)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def tones() -> tuple[RewardRequest, list[float]]:
     sine = (0.5 * np.sin(2 * np.pi * 1000 * t)).astype(np.float32)
     waves = {
         "half": np.full((2, 800), 0.5, np.float32),  # 20 log10(0.5) = -6.02 dBFS
-        "sine": np.stack([sine, -sine, sine]),  # RMS 0.5 / sqrt(2): -9.03 dBFS, whatever the channel's sign
+        # RMS 0.5 / sqrt(2): -9.03 dBFS, whatever the channel's sign
+        "sine": np.stack([sine, -sine, sine]),
         "silence": np.zeros((1, 10), np.float32),  # no power: the floor, -100
         "target": np.full((1, 5), 0.1, np.float32),  # -20 dBFS: the target
     }
@@ -60,5 +61,6 @@ def test_loudness_in_a_managed_child_of_env_image_equals_in_process(managed, ima
     assert backend.ready_info["input_kind"] == "audio" and backend.shape.required_fields == ("audio",)
     managed_rewards = backend.compute_rewards(request).rewards
     with LocalRewardBackend("audio_loudness") as local:
-        assert managed_rewards == local.compute_rewards(request).rewards  # the same float64 arithmetic
+        # the same float64 arithmetic
+        assert managed_rewards == local.compute_rewards(request).rewards
     assert managed_rewards == pytest.approx(expected, abs=1e-5)

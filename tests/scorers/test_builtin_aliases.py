@@ -1,5 +1,6 @@
-"""The built-in scorers moved to `scorers.builtin`; the dotted names the registry listed before still load
-the same modules, classes and identities (users' recipes, ports, catalogs and pickles name them)."""
+"""The built-in scorers moved to `scorers.builtin`; the dotted names the registry listed before
+still load the same modules, classes and identities (users' recipes, ports, catalogs and pickles
+name them)."""
 
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ def test_an_old_dotted_name_gives_the_same_class_and_module(name):
     assert resolve_scorer(OLD_PATHS[name]) is resolve_scorer(name) is resolve_scorer(BUILTINS[name])
     module = importlib.import_module(old_module)
     assert module is importlib.import_module(new_module) is sys.modules[old_module]
-    assert module.__name__ == module.__spec__.name == new_module  # the module keeps its own name and spec
+    # the module keeps its own name and spec
+    assert module.__name__ == module.__spec__.name == new_module
     assert resolve_scorer(name).__module__ == new_module
 
 
@@ -89,8 +91,9 @@ def test_the_grading_workers_old_grade_function_name_resolves_to_the_same_functi
 
 
 def test_identity_hashes_are_the_same_whichever_dotted_name_loaded_the_scorer():
-    """A fresh interpreter loads every scorer by its old name; this one by its new one. The params are the
-    same on both sides (a wrapper's inner scorer is a param: its string is part of the identity)."""
+    """A fresh interpreter loads every scorer by its old name; this one by its new one. The params
+    are the same on both sides (a wrapper's inner scorer is a param: its string is part of the
+    identity)."""
     fresh = subprocess.run(
         [sys.executable, "-c", _IDENTITIES, json.dumps(OLD_PATHS), json.dumps(PARAMS)],
         cwd=REPO_ROOT,
@@ -122,8 +125,8 @@ def test_from_scorers_import_an_old_name_works():
 
 
 def test_a_managed_child_loads_a_scorer_by_its_old_dotted_name(managed, image_python):
-    """The child imports from a root linking only `scorers` and `child_runtime`: the old name resolves there
-    too, to the same scorer and identity as its registry name."""
+    """The child imports from a root linking only `scorers` and `child_runtime`: the old name
+    resolves there too, to the same scorer and identity as its registry name."""
     from supervisor import RewardItem, RewardRequest
 
     request = RewardRequest(items=[RewardItem(id="a", text="x", reference="x")])

@@ -1,4 +1,5 @@
-"""clip_preference with a tiny random-weight CLIP built at test time (tests/helpers/tiny_clip.py), in envs/embed.
+"""clip_preference with a tiny random-weight CLIP built at test time (tests/helpers/tiny_clip.py),
+in envs/embed.
 
 This suite's env has no torch, so the reference figures come from scripts run elsewhere: the
 hand computation from CLIPModel's two towers in envs/embed, LocalRewardBackend in envs/trl (a
@@ -29,7 +30,8 @@ PROMPTS = ["a red cat", "a dog", "a red cat", "a dog", LONG_PROMPT]
 
 
 def _images() -> list[np.ndarray]:
-    """RGB, RGBA, grayscale, a 150 KB one (goes through the shared segment), a small one (padded by the crop)."""
+    """RGB, RGBA, grayscale, a 150 KB one (goes through the shared segment), a small one (padded by
+    the crop)."""
     rng = np.random.default_rng(7)
     shapes = [(40, 50, 3), (64, 48, 4), (36, 36, 1), (260, 200, 3), (20, 28, 3)]
     return [rng.integers(0, 256, shape, dtype=np.uint8) for shape in shapes]
@@ -87,8 +89,8 @@ with LocalRewardBackend(sys.argv[4], params=params) as backend:
 """
 
 
-# transformers' own pipeline, item by item: its image processor (the PIL one: envs/trl has pillow, not
-# torchvision) and CLIPModel.forward's logits_per_image, against the scorer run in process.
+# transformers' own pipeline, item by item: its image processor (the PIL one: envs/trl has pillow,
+# not torchvision) and CLIPModel.forward's logits_per_image, against the scorer run in process.
 PARITY_SCRIPT = r"""
 import json, sys
 import numpy as np, torch
@@ -185,8 +187,9 @@ def test_managed_scores_are_the_hand_computed_pickscore(managed, embed_python, t
 
 
 def test_matches_transformers_own_processor_and_forward(tiny_model, cases, tmp_path):
-    """The torch preprocessing is within one pixel level of transformers' PIL processor (PickScore's), on
-    under 1% of the values even on noise (resampling's worst case; a float bicubic is ~17 levels off)."""
+    """The torch preprocessing is within one pixel level of transformers' PIL processor
+    (PickScore's), on under 1% of the values even on noise (resampling's worst case; a float bicubic
+    is ~17 levels off)."""
     found = json.loads(
         run_in_env("trl", ["-c", PARITY_SCRIPT, str(tiny_model), str(cases), json.dumps(PROMPTS)], tmp_path)
     )
@@ -223,7 +226,8 @@ def test_identity_follows_the_files_not_the_path(tiny_model, tmp_path):
     weights.write_bytes(bytes(data))
     assert scorer_identity_hash(ClipPreference(model_dir=str(moved)), {"model_dir": str(moved)}) != base
     assert scorer_identity_hash(ClipPreference(**params), {**params, "normalize_by": 1.0}) != base
-    assert scorer_identity_hash(ClipPreference(**params), {**params, "batch_size": 3}) == base  # non-semantic
+    # non-semantic
+    assert scorer_identity_hash(ClipPreference(**params), {**params, "batch_size": 3}) == base
     missing = {"model_dir": str(tmp_path / "elsewhere")}
     assert ClipPreference(**missing).identity_params(missing)["model"] == {"missing": missing["model_dir"]}
 
@@ -236,7 +240,8 @@ def test_missing_model_dir_refuses_the_child_naming_the_path(managed, embed_pyth
 
 
 def test_processor_files_apart_from_the_weights(managed, embed_python, tiny_model, tmp_path):
-    """PickScore's layout: weights alone, the processor elsewhere; without processor_dir, a clear refusal."""
+    """PickScore's layout: weights alone, the processor elsewhere; without processor_dir, a clear
+    refusal."""
     weights_only = tmp_path / "weights_only"
     weights_only.mkdir()
     for name in ("config.json", "model.safetensors"):

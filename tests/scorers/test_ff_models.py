@@ -1,5 +1,6 @@
 """FF-style reward models (scorers.ff) run by dotted path in managed children, from an FF `rewards:`
-recipe: the chunks, fields and media kinds the model sees, gating, weights, and the contract checks."""
+recipe: the chunks, fields and media kinds the model sees, gating, weights, and the contract
+checks."""
 
 from __future__ import annotations
 
@@ -109,11 +110,13 @@ def test_an_ff_pointwise_model_in_its_env_scores_as_in_process_with_chunks_gatin
         assert managed == [pytest.approx(_hand(it)) if a else None for it, a in zip(items, applies, strict=True)]
         intensity = [float(it.image.mean()) / 255 for it in items]
         expected = [WEIGHTS.get(it.data_source, 0.0) * _hand(it) + v for it, v in zip(items, intensity, strict=True)]
-        assert got.rewards == pytest.approx(expected)  # per-dataset weight on one term, a scalar on the other
+        # per-dataset weight on one term, a scalar on the other
+        assert got.rewards == pytest.approx(expected)
         seen = _journal(tmp_path / "managed.jsonl")
         assert [call["n"] for call in seen] == [3, 3, 1]  # at most batch_size, the tail smaller
         gated = [it for it in items if it.data_source in WEIGHTS]
-        assert [p for call in seen for p in call["prompts"]] == [it.prompt for it in gated]  # in order
+        # in order
+        assert [p for call in seen for p in call["prompts"]] == [it.prompt for it in gated]
         assert [n for call in seen for n in call["conditions"]] == [len(it.condition_images) for it in gated]
         assert {call["device"] for call in seen} == {"cpu"}  # a str: the image env has no torch
         assert [call["n"] for call in _journal(tmp_path / "local.jsonl")] == [3, 3, 3]
@@ -294,9 +297,9 @@ def _hang_items(hangs: list[bool], prefix: str = "h") -> list[ScoreItem]:
 
 
 def test_a_call_past_its_deadline_wedges_the_workers_and_calls_queued_behind_it_say_queued():
-    """Two workers stuck in a call's chunks past call_timeout_s: that call is wedged (its own deadline
-    passed), a concurrent call whose chunks queued behind them fails at once as never started, not at
-    its own deadline as a timeout, and so does every later call (item 4)."""
+    """Two workers stuck in a call's chunks past call_timeout_s: that call is wedged (its own
+    deadline passed), a concurrent call whose chunks queued behind them fails at once as never
+    started, not at its own deadline as a timeout, and so does every later call (item 4)."""
     from scorers.base import ScorerWedged
     from tests.helpers.term_faults import Hangs
 
@@ -317,7 +320,8 @@ def test_a_call_past_its_deadline_wedges_the_workers_and_calls_queued_behind_it_
     try:
         first = threading.Thread(target=call, args=("first", _hang_items([True, True, False, False])))
         first.start()
-        assert eventually(lambda: Hangs.running == 2)  # both workers are in the first call's hanging chunks
+        # both workers are in the first call's hanging chunks
+        assert eventually(lambda: Hangs.running == 2)
         queued = threading.Thread(target=call, args=("queued", _hang_items([False, False], "q")))
         queued.start()
         first.join(30)
@@ -336,10 +340,10 @@ def test_a_call_past_its_deadline_wedges_the_workers_and_calls_queued_behind_it_
 
 
 def test_a_wedged_child_is_restarted_under_the_policy_and_the_next_call_is_served(managed, trainer_python):
-    """An FF model on async workers whose call passes call_timeout_s with chunks still running: the call
-    fails once, typed (ScorerTimeout, kind `wedged`, its queued chunks said queued), the child is killed
-    with its stuck threads, and the next call gets a restarted child, counted by the restart policy
-    (item 4: every later call used to fail at call_timeout_s on the same child)."""
+    """An FF model on async workers whose call passes call_timeout_s with chunks still running: the
+    call fails once, typed (ScorerTimeout, kind `wedged`, its queued chunks said queued), the child
+    is killed with its stuck threads, and the next call gets a restarted child, counted by the
+    restart policy (item 4: every later call used to fail at call_timeout_s on the same child)."""
     from supervisor import ScorerTimeout
 
     params = {"model": "tests.helpers.term_faults:Hangs", "batch_size": 1, "async_reward": True}

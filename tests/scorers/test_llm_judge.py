@@ -73,7 +73,8 @@ def test_the_key_is_sent_but_stays_out_of_identity_and_errors(server, monkeypatc
         assert SECRET not in str(info.value) and SECRET not in repr(info.value.__cause__)
         shown = repr(judge.shape) + str(judge.identity_hash)
     assert SECRET not in shown
-    monkeypatch.setenv("JUDGE_KEY", "another-secret")  # the reference is identity; the secret never is
+    # the reference is identity; the secret never is
+    monkeypatch.setenv("JUDGE_KEY", "another-secret")
     with LocalRewardBackend("llm_judge", params=params) as again:
         assert again.identity_hash == LocalRewardBackend("llm_judge", params=params).identity_hash
 
@@ -203,9 +204,11 @@ def test_managed_judge_matches_in_process_keeps_the_secret_out_of_its_log_and_na
         and info.value.partial.diagnostics["llm_judge"]["values"]["out_of_range"] == 1
     )
     assert SECRET not in message
-    assert backend.compute_rewards(RewardRequest(items=items("[[score:4]]"))).rewards == [0.4]  # still serving
+    # still serving
+    assert backend.compute_rewards(RewardRequest(items=items("[[score:4]]"))).rewards == [0.4]
     logs = Path(backend.log_path).read_text(errors="replace")
-    assert SECRET not in logs  # the child's whole log (its boot config carries the variable's name only)
+    # the child's whole log (its boot config carries the variable's name only)
+    assert SECRET not in logs
 
 
 @pytest.mark.slow
@@ -220,9 +223,9 @@ def test_managed_unreachable_judge_and_unset_key(managed, monkeypatch):
 
 
 def test_many_items_behind_a_stuck_server_end_at_the_batch_deadline(server):
-    """Three items, one connection, a server that trickles headers forever: each attempt ends at its own
-    deadline however the bytes trickle, the batch returns at its deadline, the items that never got a
-    turn are not sent late, and the stuck attempt's thread does not hold up the next batch."""
+    """Three items, one connection, a server that trickles headers forever: each attempt ends at its
+    own deadline however the bytes trickle, the batch returns at its deadline, the items that never
+    got a turn are not sent late, and the stuck attempt's thread does not hold up the next batch."""
     params = judge_params(server, concurrency=1, batch_timeout_s=2.0)
     with LocalRewardBackend("llm_judge", params=params) as judge:
         began = time.monotonic()
@@ -230,7 +233,8 @@ def test_many_items_behind_a_stuck_server_end_at_the_batch_deadline(server):
             judge.compute_rewards(RewardRequest(items=items(*[f"[[trickle_headers:0.3]] {n}" for n in range(3)])))
         assert time.monotonic() - began < 2.0 + 0.6
         assert set(info.value.failed) == {"i0", "i1", "i2"} and server.requests
-        assert len(server.bodies_with("]] 0")) == len(server.requests)  # only the first item was sent
+        # only the first item was sent
+        assert len(server.bodies_with("]] 0")) == len(server.requests)
         assert judge.compute_rewards(RewardRequest(items=items("[[score:6]]"))).rewards == [0.6]
 
 
@@ -247,7 +251,8 @@ def test_default_parsers_read_what_judges_write(server):
     with LocalRewardBackend("llm_judge", params=choice) as judge:
         got = judge.compute_rewards(RewardRequest(items=items("[[choice:b]]", "[[choice:A]]")))
     assert got.rewards == [0.0, 1.0]  # labels match whatever the case
-    from scorers.builtin.llm_judge import LlmJudge, _Final  # _Final: an item's verdict that no retry can change
+    # _Final: an item's verdict that no retry can change
+    from scorers.builtin.llm_judge import LlmJudge, _Final
 
     number = LlmJudge(base_url=server.base_url, model="m")
     assert number._verdict("Reasoning...\nScore: 7/10") == 0.7

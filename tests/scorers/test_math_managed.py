@@ -42,7 +42,8 @@ def math_items() -> list[RewardItem]:
 
 @pytest.mark.slow
 def test_isolation_fixes_the_antlr_conflict(managed, math_python):
-    """Same run: trainer env has antlr 4.9.3 and grades 10% wrong; the child has 4.13.2 and grades it right."""
+    """Same run: trainer env has antlr 4.9.3 and grades 10% wrong; the child has 4.13.2 and grades
+    it right."""
     assert importlib.metadata.version("antlr4-python3-runtime") == "4.9.3"
     assert importlib.metadata.version("hydra-core") == "1.3.2"
     backend = managed(math_python, "math_verify", params={"jobs": 1, "timeout_s": 10})
@@ -63,15 +64,16 @@ def test_the_first_request_waits_for_the_grading_workers_past_a_short_request_ti
     assert backend.ready_info["warming"] is True
     began = time.monotonic()
     assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
-    assert time.monotonic() - began > 0.1 and backend.restarts == 0  # it did wait past the request timeout
+    # it did wait past the request timeout
+    assert time.monotonic() - began > 0.1 and backend.restarts == 0
     assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
 
 
 @pytest.mark.slow
 def test_an_error_answer_shows_the_child_warm_and_ends_the_first_requests_grace(managed, math_python):
-    """An input error is answered only once the workers are up (score() waits for their start first),
-    so any answer shows the child warm: a child that hangs after it is killed at the 0.5 s request
-    timeout, not at its start-up deadline (60 s here)."""
+    """An input error is answered only once the workers are up (score() waits for their start
+    first), so any answer shows the child warm: a child that hangs after it is killed at the 0.5 s
+    request timeout, not at its start-up deadline (60 s here)."""
     backend = managed(math_python, "math_verify", params={"jobs": 1}, process={"request_timeout": 0.5})
     no_gold = RewardItem(id="g", text="\\boxed{2}", reference={"answer": None})
     with pytest.raises(ScorerRequestError, match="needs a reference answer"):
@@ -85,9 +87,10 @@ def test_an_error_answer_shows_the_child_warm_and_ends_the_first_requests_grace(
 
 @pytest.mark.slow
 def test_a_grader_broken_at_import_fails_the_first_request_with_its_own_error(managed, math_python, tmp_path):
-    """math_verify present (find_spec passes at load) but raising at import: the preloading forkserver
-    dies, and the first request's error says what the import raised, ahead of the child's log tail
-    (which holds the forkserver's traceback too, but is cut to its last lines), not just an EOF."""
+    """math_verify present (find_spec passes at load) but raising at import: the preloading
+    forkserver dies, and the first request's error says what the import raised, ahead of the child's
+    log tail (which holds the forkserver's traceback too, but is cut to its last lines), not just an
+    EOF."""
     fake = tmp_path / "fake" / "math_verify"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text('raise RuntimeError("math_verify broken at import: incompatible sympy")\n')
@@ -131,10 +134,13 @@ def test_shutdown_takes_forkserver_and_workers(managed, math_python):
     backend.compute_rewards(RewardRequest(items=[PERCENT]))
     members = group_members(backend.pid)
     assert len(members) >= 4, f"expected child, forkserver and 2 workers, got {members}"
-    # the forkserver was started before the child's own imports (scorers/early.py), and is the child's
+    # the forkserver was started before the child's own imports (scorers/early.py), and is the
+    # child's
     assert psutil.Process(backend.pid).cmdline()[-2:] == ["--early", "math_verify"]
-    assert backend.log_path is not None and "early start" not in Path(backend.log_path).read_text()  # not skipped
-    # text in, float64 scores out as stdlib arrays: the child never loads numpy (0.12 CPU-s of its start)
+    # not skipped
+    assert backend.log_path is not None and "early start" not in Path(backend.log_path).read_text()
+    # text in, float64 scores out as stdlib arrays: the child never loads numpy (0.12 CPU-s of its
+    # start)
     assert "_multiarray_umath" not in Path(f"/proc/{backend.pid}/maps").read_text()
     backend.close()
     assert backend._child.returncode() == 0
@@ -210,9 +216,11 @@ def test_killed_grading_worker_fails_one_call_then_the_pool_is_rebuilt(managed, 
     backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 10})
     backend.compute_rewards(RewardRequest(items=[PERCENT]))
     members = set(group_members(backend.pid))
-    helpers = {pid for pid in members if psutil.Process(pid).ppid() == backend.pid}  # forkserver, tracker
+    # forkserver, tracker
+    helpers = {pid for pid in members if psutil.Process(pid).ppid() == backend.pid}
     workers = [pid for pid in members if pid != backend.pid and pid not in helpers]
-    templates = [pid for pid in workers if psutil.Process(pid).ppid() in helpers]  # the forkserver's child
+    # the forkserver's child
+    templates = [pid for pid in workers if psutil.Process(pid).ppid() in helpers]
     workers = [pid for pid in workers if pid not in templates]
     assert len(templates) == 1, f"expected one template (the forkserver's child), got {templates}"
     assert len(workers) == 3, f"expected 2 workers and a spare (children of the template), got {workers}"
@@ -255,7 +263,8 @@ def test_plain_number_golds_grade_as_math_verify_does(managed, math_python):
     cases = {
         "comma_decimal": ("\\boxed{1.22}", "1,22", 1.0),
         "comma_decimal_not_a_set": ("\\boxed{1,22}", "1,22", 0.0),
-        "comma_decimal_short": ("\\boxed{1.2}", "1,2", 1.0),  # math_verify's reading; a list needs `1, 2`
+        # math_verify's reading; a list needs `1, 2`
+        "comma_decimal_short": ("\\boxed{1.2}", "1,2", 1.0),
         "list_with_space": ("\\boxed{1,2}", "1, 2", 1.0),
         "thousands": ("\\boxed{1000}", "1,000", 1.0),
         "thousands_many": ("\\boxed{12345678}", "12,345,678", 1.0),
@@ -301,7 +310,8 @@ def test_pathological_neighbours_change_no_ordinary_verdict_and_memory_returns(m
     values = response.diagnostics["math_verify"]["values"]
     assert values["overflowed"] >= 3 and values["timeouts"] + values["memory_exceeded"] == 3, values
     # the overflow workers are killed before the response; those with large heaps may still be
-    # exiting when it arrives (the pool reaps them once gone), so their memory returns within moments
+    # exiting when it arrives (the pool reaps them once gone), so their memory returns within
+    # moments
     settle = time.monotonic() + 5.0
     while child_tree_rss(backend.pid) >= memory_before + 64 * 2**20 and time.monotonic() < settle:
         time.sleep(0.05)

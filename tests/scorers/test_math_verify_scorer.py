@@ -11,8 +11,8 @@ from scorers.base import ScoreInputError, ScoreItem, score_checked
 from scorers.builtin.math_verify import MathVerifyScorer
 from scorers.registry import resolve_scorer
 
-# kill + reap + replacement + neighbours on a loaded 2-core box: the bound proves the item's deadline was kept
-# against a tower that would grade for minutes without it, never a speed
+# kill + reap + replacement + neighbours on a loaded 2-core box: the bound proves the item's
+# deadline was kept against a tower that would grade for minutes without it, never a speed
 SLACK_S = 8.0
 
 
@@ -96,7 +96,8 @@ def test_pathological_item_costs_one_timeout_and_spares_its_neighbours(make_scor
         item("b", "\\boxed{7}", "8"),
         item("c", "$\\sqrt{4}$", "2"),
     ]
-    scorer._pool.wait_started(60.0)  # load() does not wait for the workers: their start is not the call's
+    # load() does not wait for the workers: their start is not the call's
+    scorer._pool.wait_started(60.0)
     started = time.monotonic()
     result = score_checked(scorer, items)
     wall_s = time.monotonic() - started
@@ -183,7 +184,8 @@ def test_on_timeout_must_be_known():
 
 
 def test_a_missing_grader_package_fails_load_not_the_first_call():
-    """load() does not wait for the pool, so a missing package is checked before it starts: a boot failure."""
+    """load() does not wait for the pool, so a missing package is checked before it starts: a boot
+    failure."""
 
     class Lacking(MathVerifyScorer):
         spec = dataclasses.replace(MathVerifyScorer.spec, requires_modules=("math_verify", "no_such_package_xyz"))

@@ -56,11 +56,13 @@ def test_numbers_are_normalised():
         50,
         -7,
     ]
-    assert numbers_in("5-3") == [5, 3] and numbers_in("total is 10 - 7") == [10, 7]  # a binary minus
+    # a binary minus
+    assert numbers_in("5-3") == [5, 3] and numbers_in("total is 10 - 7") == [10, 7]
     assert numbers_in("the answer is -7") == [-7] and numbers_in("x = (2) - 4") == [2, 4]
     assert numbers_in("7/2", fractions=True) == [Fraction(7, 2)]
     assert numbers_in("#### 1,0000")[0] == 1  # not 10000: a comma group has exactly three digits
-    assert numbers_in("about 1e5 or 2.5E-3 apples") == []  # e-notation is never read as its mantissa
+    # e-notation is never read as its mantissa
+    assert numbers_in("about 1e5 or 2.5E-3 apples") == []
 
 
 # -- gsm8k -------------------------------------------------------------------------------------
@@ -94,7 +96,8 @@ TASK = {"target": 24, "numbers": [4, 6, 1, 1]}
 @pytest.mark.parametrize(
     ("completion", "reward", "counted"),
     [
-        ("<think>...</think><answer>(6 - 1 - 1) * 4 + 1 - 1</answer>", 0.0, "wrong_numbers"),  # 1 used 3 times
+        # 1 used 3 times
+        ("<think>...</think><answer>(6 - 1 - 1) * 4 + 1 - 1</answer>", 0.0, "wrong_numbers"),
         ("<think>...</think><answer>(1 + 1) * 6 + 4 * 1</answer>", 0.0, "wrong_numbers"),
         ("<answer>6 * 4 * 1 * 1</answer>", 1.0, None),
         ("<answer>(6 * 4) / (1 * 1) = 24</answer>", 1.0, None),  # what follows '=' is ignored
@@ -103,7 +106,8 @@ TASK = {"target": 24, "numbers": [4, 6, 1, 1]}
         ("<answer>__import__('os').system('true')</answer>", 0.0, "malformed"),
         ("<answer>6 ** 4 + 1 + 1</answer>", 0.0, "malformed"),
         ("(6*4)*1*1 with no tag", 0.0, "no_answer"),
-        ("<answer>6*4*1*1</answer> then <answer>6+4+1+1</answer>", 0.0, "wrong_value"),  # the last tag counts
+        # the last tag counts
+        ("<answer>6*4*1*1</answer> then <answer>6+4+1+1</answer>", 0.0, "wrong_value"),
     ],
 )
 def test_countdown(completion, reward, counted):
@@ -175,7 +179,8 @@ def test_format_reward_full_and_partial_credit():
     assert score("format_reward", [nested])[0] == [0.0]  # a tag inside the other is not the format
     assert score("format_reward", items) == ([1.0, 0.0, 0.0, 0.0], {"no_match": 3})
     partial, _ = score("format_reward", items, partial_credit=True)
-    assert partial == [1.0, 0.25, 0.0, 0.25]  # 2 of 4 tags once -> 0.5 * 2/4; duplicated think tags don't count
+    # 2 of 4 tags once -> 0.5 * 2/4; duplicated think tags don't count
+    assert partial == [1.0, 0.25, 0.0, 0.25]
     boxed, _ = score("format_reward", items[2:], pattern=r"\d+")
     assert boxed == [1.0, 0.0]
 

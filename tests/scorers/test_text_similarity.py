@@ -45,7 +45,8 @@ def test_per_call_moves_the_model_and_reports_memory(managed, embed_python):
     assert off["residency"] == "offloaded" and off["changed"] is True and off["device"] == "cpu"
     assert "rss_bytes" in off["after"]
     assert backend.compute_rewards(REQUEST).rewards == first  # same weights after the round trip
-    assert backend.offload() == {"residency": "offloaded", "changed": False}  # per_call already offloaded
+    # per_call already offloaded
+    assert backend.offload() == {"residency": "offloaded", "changed": False}
 
 
 def test_reference_without_text_is_a_422(managed, embed_python):
@@ -76,4 +77,5 @@ def test_texts_past_max_seq_length_are_refused_or_counted(managed, embed_python)
     head = managed(embed_python, "text_similarity", params={"max_seq_length": 128, "on_overflow": "keep_start"})
     assert response.diagnostics["text_similarity"]["values"]["truncated"] == 1
     kept_start = head.compute_rewards(request).rewards[0]
-    assert response.rewards[0] > kept_start + 0.2, (response.rewards, kept_start)  # the end holds the answer
+    # the end holds the answer
+    assert response.rewards[0] > kept_start + 0.2, (response.rewards, kept_start)

@@ -1,5 +1,6 @@
 """torch_probe (a synthetic model of a chosen size) on CPU in the embed env: resident, per_call and
-the offload/onload figures; and the GPU check itself, run dry on the CPU, plus its carried wheels."""
+the offload/onload figures; and the GPU check itself, run dry on the CPU, plus its carried
+wheels."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def test_resident_probe_scores_deterministically_and_reports_its_size(managed, e
     assert off["before"]["rss_bytes"] > 8 * MIB and "cuda_allocated_bytes" not in off["before"]
     on = backend.onload()
     assert on["residency"] == "resident" and on["param_bytes"] == 8 * MIB
-    assert backend.compute_rewards(REQUEST).rewards == rewards  # the same weights after the round trip
+    # the same weights after the round trip
+    assert backend.compute_rewards(REQUEST).rewards == rewards
 
 
 def test_per_call_probe_moves_around_each_call_with_the_same_rewards(managed, embed_python):
@@ -85,5 +87,6 @@ def test_the_carried_wheels_are_the_pinned_list_for_the_gpu_machines_python(tmp_
     names = sorted(re.sub(r"[-_.]+", "_", w.name.split("-")[0]).lower() for w in wheels)
     pinned = sorted(re.sub(r"[-_.]+", "_", pin.split("==")[0]).lower() for pin in gpu_wheels.pins())
     assert names == pinned
-    assert any("cp312" in w.name and "manylinux" in w.name for w in wheels)  # pydantic_core, built for it
+    # pydantic_core, built for it
+    assert any("cp312" in w.name and "manylinux" in w.name for w in wheels)
     assert sum(w.stat().st_size for w in wheels) < 8 * MIB  # travels well inside the 64 MiB tree

@@ -1,5 +1,5 @@
-"""A Ray driver process for tests/trainers/test_ray_pool.py, run by envs/ray's python with the checkout
-first on PYTHONPATH: one step of the test per run, its findings as one JSON file.
+"""A Ray driver process for tests/trainers/test_ray_pool.py, run by envs/ray's python with the
+checkout first on PYTHONPATH: one step of the test per run, its findings as one JSON file.
 
     python ray_pool_driver.py STEP ADDRESS POOL OUT [SEED]
 
@@ -32,7 +32,8 @@ from supervisor.compose.ray_pool import RayPoolBackend, actor_name
 GROUP = 4
 ROOT = Path(supervisor.__file__).resolve().parent.parent
 LATE_CALL_S = 4.0  # the stamped pool's call deadline: its hung share is cancelled there
-QUEUED_CALL_S = 1.0  # a second backend's, shorter: its share is still queued behind the hang at its deadline
+# a second backend's, shorter: its share is still queued behind the hang at its deadline
+QUEUED_CALL_S = 1.0
 
 
 def batch(seed: int, groups: int = 6) -> RewardRequest:
@@ -55,7 +56,8 @@ def scored(pool: RayPoolBackend, seed: int) -> dict[str, Any]:
 
 
 def refused(pool: RayPoolBackend) -> dict[str, Any]:
-    """An item the scorer cannot take (text, no image): the actor's own typed error, named with it."""
+    """An item the scorer cannot take (text, no image): the actor's own typed error, named with
+    it."""
     try:
         items = [RewardItem(id=f"bad{n}", group_id="b", text="no image") for n in range(GROUP)]
         pool.compute_rewards(RewardRequest(items=items))
@@ -165,7 +167,8 @@ def late_then_restamped(pool_name: str) -> dict[str, Any]:
         waited(mark.exists, 60, "the hanging share to reach its scorer")
         report["queued"] = attempt(lambda: short.compute_rewards(texts("q")))
         report["hung"] = attempt(lambda: hung.result(timeout=120))
-        # the next call waits out the restart policy's backoff (the late share's kill counts against it)
+        # the next call waits out the restart policy's backoff (the late share's kill counts against
+        # it)
         patient = RayPoolBackend.connect(pool_name, timeout_s=60, call_timeout_s=60)
         began = time.monotonic()
         report["next"] = attempt(lambda: patient.compute_rewards(texts("n")))
@@ -173,7 +176,8 @@ def late_then_restamped(pool_name: str) -> dict[str, Any]:
 
         handles = [ray.get_actor(actor_name(pool_name, i), namespace="managed-scorers") for i in range(2)]
         victim = ray.get(handles[0].info.remote(), timeout=60)
-        stamp.write_text("2")  # the node's scorer env changes: a new child of actor 0 has another identity
+        # the node's scorer env changes: a new child of actor 0 has another identity
+        stamp.write_text("2")
         os.kill(victim["pid"], signal.SIGKILL)
 
         def restarted() -> dict[str, Any] | None:

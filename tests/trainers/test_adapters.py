@@ -39,7 +39,8 @@ def test_float_images_become_exact_uint8_hwc(output_range, low, layout):
     out = to_uint8_hwc(images, output_range, layout)
     assert out.dtype == np.uint8 and out.shape == (3, 8, 6, 3)
     expected = np.floor(((np.clip(unit * (1.0 - low) + low, low, 1.0) - low) * (255.0 / (1.0 - low))) + 0.5)
-    assert np.abs(out.astype(int) - expected.astype(int)).max() <= 1  # fp32 vs this fp64 oracle at .5 ties
+    # fp32 vs this fp64 oracle at .5 ties
+    assert np.abs(out.astype(int) - expected.astype(int)).max() <= 1
     assert (to_uint8_hwc(out, output_range, "NHWC") == out).all()  # uint8 passes unchanged
 
 
@@ -53,7 +54,8 @@ def test_out_of_range_or_non_finite_images_are_refused_naming_the_image():
         to_uint8_hwc(images, "zero_one")
     with pytest.raises(ScorerRequestError, match="is the layout right"):
         to_uint8_hwc(RNG.random((2, 8, 8, 3), dtype=np.float32), "zero_one", "NCHW")
-    slight = np.full((1, 3, 2, 2), 1.0005, np.float32)  # a decoder's overshoot within tolerance: clamped
+    # a decoder's overshoot within tolerance: clamped
+    slight = np.full((1, 3, 2, 2), 1.0005, np.float32)
     assert (to_uint8_hwc(slight, "zero_one") == 255).all()
 
 
@@ -63,7 +65,8 @@ def test_ddpo_reward_fn_scores_float_nchw_through_a_managed_childs_arena(managed
     images = RNG.random((2, 3, 64, 64), dtype=np.float32)
     segment = backend._gen.segment
     rewards, info = reward_fn(images, ["a cat", "a dog"], [{}, {}])
-    assert segment.in_place_bytes == 2 * 64 * 64 * 3 and segment.copied_bytes == 0  # built in the arena, sent in place
+    # built in the arena, sent in place
+    assert segment.in_place_bytes == 2 * 64 * 64 * 3 and segment.copied_bytes == 0
     assert reward_fn.__name__ == "jpeg_compressibility"
     with LocalRewardBackend("jpeg_compressibility") as local:
         expected, _ = DDPORewardFn(local, output_range="zero_one")(images, ["a cat", "a dog"], [{}, {}])
@@ -76,14 +79,15 @@ def test_flow_grpo_style_returns_each_term_and_the_weighted_avg():
     with LocalRewardBackend("jpeg_compressibility") as backend:
         expected, _ = DDPORewardFn(backend, output_range="zero_one")(images, ["a", "b"], [{}, {}])
         reward_fn = DDPORewardFn(backend, output_range="zero_one", style="flow_grpo")
-        details, extra = reward_fn(images, ["a", "b"], [{}, {}], only_strict=True)  # flow_grpo's call
+        # flow_grpo's call
+        details, extra = reward_fn(images, ["a", "b"], [{}, {}], only_strict=True)
     assert extra == {} and details["avg"] == pytest.approx(expected.tolist())
     assert details["jpeg_compressibility"] == details["avg"]
     with pytest.raises(ValueError, match="style"):
         DDPORewardFn(backend, output_range="zero_one", style="flow")
 
 
-# -- verl -------------------------------------------------------------------------------------------
+# -- verl ------------------------------------------------------------------------------------------
 def test_verl_dicts_have_the_same_keys_on_every_item_and_a_score_term_is_refused():
     """verl reads the keys of the first item's dict and indexes every item by them."""
     terms = [
@@ -93,7 +97,8 @@ def test_verl_dicts_have_the_same_keys_on_every_item_and_a_score_term_is_refused
     with RewardPanel(terms) as panel:
         batch = VerlComputeScore(panel).compute_score_batch(["gsm8k", "math"], ["1", "1"], ["1", "2"])
     assert [sorted(row) for row in batch] == [["exact", "math_only", "score"]] * 2
-    assert batch[0]["score"] == 2.0 and math.isnan(batch[0]["math_only"])  # not applicable: NaN in the log column
+    # not applicable: NaN in the log column
+    assert batch[0]["score"] == 2.0 and math.isnan(batch[0]["math_only"])
     assert batch[1] == {"score": 1.0, "exact": 0.0, "math_only": 1.0}
     # verl's legacy prime manager reads float(result[0]); index 0 is the score, never a listed key
     assert batch[1][0] == 1.0 and 0 not in batch[1] and pickle.loads(pickle.dumps(batch[1]))[0] == 1.0
@@ -179,7 +184,7 @@ def test_verl_first_step_boots_once_on_one_thread_and_every_task_resumes_togethe
     assert len(builds) == 1 and len(set(resumed)) == 1, (builds, resumed)
 
 
-# -- TRL --------------------------------------------------------------------------------------------
+# -- TRL -------------------------------------------------------------------------------------------
 def test_completion_text_plain_and_conversational():
     assert completion_text("plain") == "plain"
     assert completion_text([{"role": "assistant", "content": "chat"}]) == "chat"
@@ -290,7 +295,8 @@ def test_trl_eval_groups_use_num_generations_eval_checked_on_the_whole_prompt():
         mixed = [chat("x"), chat("x"), chat("y"), chat("y")]
         assert reward(prompts=mixed, completions=["a b", "a", "a b", "b"], solution=["a b"] * 4) == [1.0, 0.0, 1.0, 0.0]
 
-        # one prompt in all four rows fits both sizes: the trainer's mode decides, unknown is refused
+        # one prompt in all four rows fits both sizes: the trainer's mode decides, unknown is
+        # refused
         same = ["p"] * 4
         with pytest.raises(ConfigError, match="fit groups of 4 and of 2"):
             reward(prompts=same, completions=["a b", "a", "a b", "b"], solution=["a b"] * 4)
@@ -310,7 +316,8 @@ def test_trl_eval_groups_use_num_generations_eval_checked_on_the_whole_prompt():
 
 
 def test_trl_panel_with_a_groupwise_term_gets_groups_like_a_groupwise_scorer():
-    """A panel's groupwise term gets TRL's groups rebuilt too; its rewards are the terms' own, summed."""
+    """A panel's groupwise term gets TRL's groups rebuilt too; its rewards are the terms' own,
+    summed."""
     exact, judge = LocalRewardBackend("exact_match"), LocalRewardBackend("pairwise_judge", {"inner": "token_f1"})
     panel = RewardPanel([PanelTerm("exact", exact), PanelTerm("judge", judge, weight=0.5)], owns_backends=False)
     with exact, judge:

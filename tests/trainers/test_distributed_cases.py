@@ -1,5 +1,5 @@
-"""DistributedRewards' edge cases on 2 torchrun ranks (gloo, CPU) with in-process scorers: one run of
-tests/helpers/distributed_cases.py in envs/trl, then one test per case on what each rank saw."""
+"""DistributedRewards' edge cases on 2 torchrun ranks (gloo, CPU) with in-process scorers: one run
+of tests/helpers/distributed_cases.py in envs/trl, then one test per case on what each rank saw."""
 
 from __future__ import annotations
 
@@ -45,9 +45,11 @@ def ranks(seen, name: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     "name",
     [
-        "pointwise_panel_with_a_group_size",  # the panel checks sizes: a spanning group is scored whole
+        # the panel checks sizes: a spanning group is scored whole
+        "pointwise_panel_with_a_group_size",
         "nested_panel_with_a_groupwise_scorer",  # a groupwise scorer inside a panel inside a panel
-        "every_field_travels_and_an_empty_reference_too",  # finish_reason read without being declared; reference {}
+        # finish_reason read without being declared; reference {}
+        "every_field_travels_and_an_empty_reference_too",
     ],
 )
 def test_the_world_equals_one_process(seen, name):
@@ -65,7 +67,8 @@ def test_an_optional_terms_failure_covers_whole_groups_never_part_of_one(seen):
         groups: dict[str, set[bool]] = {}
         for item_id, value in zip(world["ids"], world["component_rewards"]["salted"], strict=True):
             groups.setdefault(f"p{int(item_id[1:]) // 4}", set()).add(value is None)
-        assert all(len(kinds) == 1 for kinds in groups.values()), groups  # p1 spans ranks: failed whole
+        # p1 spans ranks: failed whole
+        assert all(len(kinds) == 1 for kinds in groups.values()), groups
         assert groups["p1"] == {True}
 
 

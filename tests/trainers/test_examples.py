@@ -1,4 +1,5 @@
-"""The examples run as a user would run them (the TRL one runs in tests/trainers/test_trl_grpo.py)."""
+"""The examples run as a user would run them (the TRL one runs in
+tests/trainers/test_trl_grpo.py)."""
 
 from __future__ import annotations
 
@@ -50,15 +51,17 @@ def test_verl_example_scores_per_item_coalesced_sync_and_batch_then_closes_at_ex
     )
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.splitlines()[-1])
-    assert report["per_item"] == [1.0, 0.0, 1.0] * 6  # 10\\% is 0.1: graded with the child's antlr 4.13.2
+    # 10\\% is 0.1: graded with the child's antlr 4.13.2
+    assert report["per_item"] == [1.0, 0.0, 1.0] * 6
     assert report["batches"] == [18]  # the reward loop's 18 tasks went as one request
     assert report["sync"] == 1.0 and report["batch"] == [1.0, 0.0, 1.0]
     assert wait_until_gone([report["child"]], 10) == []  # closed at the worker's exit
 
 
-# What verl 0.9.1 does with `custom_reward_function: {path: pkg://..., name: ..., reward_kwargs: {...}}`:
-# import the module, wrap the function in a partial with the kwargs, pickle it to the reward workers
-# (the `remote` manager does), then call it per rollout (async), or sync, or with lists.
+# What verl 0.9.1 does with `custom_reward_function: {path: pkg://..., name: ..., reward_kwargs:
+# {...}}`: import the module, wrap the function in a partial with the kwargs, pickle it to the
+# reward workers (the `remote` manager does), then call it per rollout (async), or sync, or with
+# lists.
 VERL_PKG_DRIVER = """
 import asyncio, functools, importlib, json, pickle, sys
 recipe = sys.argv[1]
@@ -84,8 +87,9 @@ print(json.dumps({"per_item": [r["score"] for r in per_item], "sync": sync["scor
 
 @pytest.mark.slow
 def test_verl_installed_entry_point_loads_by_module_pickles_and_scores_every_form(tmp_path):
-    """`pkg://supervisor.adapters.verl` with `reward_kwargs: {recipe: ...}`: nothing to copy, a partial that
-    pickles (by reference), one panel per process and recipe, rewards as the math child grades them."""
+    """`pkg://supervisor.adapters.verl` with `reward_kwargs: {recipe: ...}`: nothing to copy, a
+    partial that pickles (by reference), one panel per process and recipe, rewards as the math child
+    grades them."""
     recipe = tmp_path / "reward.yaml"
     models = {"math": {"backend": "managed", "scorer": "math_verify", "env": "math", "params": {"jobs": 2}}}
     recipe.write_text(json.dumps({"reward": {"models": models, "reward_functions": {"correct": {"model": "math"}}}}))
@@ -94,7 +98,8 @@ def test_verl_installed_entry_point_loads_by_module_pickles_and_scores_every_for
     )
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.splitlines()[-1])
-    assert report["per_item"] == [1.0, 0.0, 1.0] * 6  # 10\\% is 0.1: graded with the child's antlr 4.13.2
+    # 10\\% is 0.1: graded with the child's antlr 4.13.2
+    assert report["per_item"] == [1.0, 0.0, 1.0] * 6
     assert report["batches"] == [18] and report["terms"] == ["correct", "score"]
     assert report["sync"] == 1.0 and report["batch"] == [1.0, 0.0, 1.0]
     assert wait_until_gone([report["child"]], 10) == []  # closed at the worker's exit

@@ -18,7 +18,8 @@ from tests.conftest import REPO_ROOT, env_python, launcher_free_env, wait_until_
 
 TRAINER = REPO_ROOT / "tests" / "helpers" / "ranked_trainer.py"
 TIMEOUT_S = 20.0  # DistributedRewards' bound in the ranks: every wait on a peer ends within it
-VISIBLE = ["3", "5", "7", "9"]  # the node's GPUs as the launcher's environment lists them (no GPU is used)
+# the node's GPUs as the launcher's environment lists them (no GPU is used)
+VISIBLE = ["3", "5", "7", "9"]
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,8 @@ def test_torchrun_ranks_score_their_shards_agree_with_one_process_and_fail_toget
     found = reports(tmp_path, ranks)
     last = ranks - 1
 
-    for rank, report in enumerate(found):  # each rank's children: its own GPU, labelled with its rank
+    # each rank's children: its own GPU, labelled with its rank
+    for rank, report in enumerate(found):
         assert report["closed"], report
         for name, child in report["children"].items():
             assert child["cuda_visible_devices"] == VISIBLE[rank], (name, child)
@@ -59,7 +61,8 @@ def test_torchrun_ranks_score_their_shards_agree_with_one_process_and_fail_toget
 
     first = found[0]["steps"]["1"]
     world, alone = first["world"], first["alone"]
-    assert world == alone  # groups spanning ranks were rebuilt whole: the judge's win rates match too
+    # groups spanning ranks were rebuilt whole: the judge's win rates match too
+    assert world == alone
     assert world["ids"] == [f"s{n}" for n in range(6 * ranks)]
     assert len(set(world["component_rewards"]["rank_in_group"])) > 1 and 0.0 in world["component_rewards"]["math"]
     assert first["world_samples"] == {"math": 6 * ranks, "rank_in_group": 6 * ranks}
@@ -110,7 +113,8 @@ def test_a_killed_rank_makes_the_others_raise_rank_lost_within_the_bound(tmp_pat
         assert lost["error"] == "RankLost" and "timeout_s=20" in lost["message"], lost
         assert lost["at"] - died_at < TIMEOUT_S + 2.0, lost
         assert report["closed"] and "3" not in report["steps"]
-    assert not wait_until_gone(child_trees(found), 10.0)  # the killed rank's children too (they watch their parent)
+    # the killed rank's children too (they watch their parent)
+    assert not wait_until_gone(child_trees(found), 10.0)
     for proc in procs:
         proc.stderr.close()  # type: ignore[union-attr]
 

@@ -50,13 +50,16 @@ def replicated():
 
 
 def test_one_child_per_device_a_batch_split_evenly_and_no_group_cut(replicated, trainer_python, monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "10,11,12,13,14,15,16,17,18,19")  # what the launcher gave us
-    backend = replicated(trainer_python, {"devices": ["4", "6", "cuda:9"]})  # CUDA ordinals, as this process sees
+    # what the launcher gave us
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "10,11,12,13,14,15,16,17,18,19")
+    # CUDA ordinals, as this process sees
+    backend = replicated(trainer_python, {"devices": ["4", "6", "cuda:9"]})
     pids = backend.pids
     assert len(set(pids)) == 3
     for pid, device in zip(pids, ["14", "16", "19"], strict=True):
         assert psutil.Process(pid).environ()["CUDA_VISIBLE_DEVICES"] == device
-    created = [psutil.Process(pid).create_time() for pid in pids]  # started together, not one after another
+    # started together, not one after another
+    created = [psutil.Process(pid).create_time() for pid in pids]
     ready = [c + r.timings["spawn_to_ready_s"] for c, r in zip(created, backend.replicas, strict=True)]
     assert max(created) < min(ready), (created, ready)
 
@@ -149,7 +152,8 @@ def test_a_panels_children_start_together_and_a_failed_start_leaves_none(trainer
         backends = panel.backends
         created = [psutil.Process(b.pid).create_time() for b in backends]
         ready = [c + b.timings["spawn_to_ready_s"] for c, b in zip(created, backends, strict=True)]
-        assert len(backends) == 3 and max(created) < min(ready), (created, ready)  # not one after another
+        # not one after another
+        assert len(backends) == 3 and max(created) < min(ready), (created, ready)
         pids = [b.pid for b in backends]
     finally:
         panel.close()
@@ -183,7 +187,8 @@ def test_devices_are_this_processes_cuda_ordinals_and_replicas_split_sensibly(tr
         replica_devices(ReplicasConfig(devices=["gpu0"]), {})
 
     backend = ReplicatedBackend(spec(trainer_python, {"count": 2}), start=False)
-    sizes = [1, 1, 1, 100]  # a big group last: it goes to the second replica, not after the small ones
+    # a big group last: it goes to the second replica, not after the small ones
+    sizes = [1, 1, 1, 100]
     items = [RewardItem(id=f"g{g}-{m}", group_id=f"g{g}", text="x") for g, n in enumerate(sizes) for m in range(n)]
     assert [len(share) for share in backend._split(RewardRequest(items=items), None)] == [3, 100]
     backend.close()
@@ -201,7 +206,8 @@ def test_ctrl_c_while_replicas_boot_kills_them_at_once(trainer_python):
     )
     before = {p.pid for p in psutil.Process().children()}
     timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
-    # the Ctrl-C handler this relies on, whatever the launcher left (a background job ignores SIGINT)
+    # the Ctrl-C handler this relies on, whatever the launcher left (a background job ignores
+    # SIGINT)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         began = time.monotonic()

@@ -1,4 +1,5 @@
-"""Torch CPU tensors are accepted wherever numpy arrays are (images, videos, DDPO batches), without a copy.
+"""Torch CPU tensors are accepted wherever numpy arrays are (images, videos, DDPO batches), without
+a copy.
 
 The trainer env of the suite (.venv) has no torch; the checks run in envs/trl, which has it
 (tests/helpers/torch_inputs.py lists them), including a managed image child fed from tensors.

@@ -1,10 +1,11 @@
 """UniRL 0.2.0 drop-in: `supervisor.adapters.unirl.ManagedScorerProcessBackend` and `RewardPanel`.
 
 UniRL's own code (RewardService.score_and_attach on real Samples, Hydra's instantiate of the seed's
-managed-backend recipe with only the top `_target_` changed, RewardStack with overlap) runs in envs/trl,
-where the published UniRL, hydra-core and antlr 4.9.3 are installed: tests/helpers/unirl_trainer.py,
-one process booting each child once. Here (the suite's venv, no UniRL): the module imports without it,
-and bad configs are refused with typed errors before any child starts.
+managed-backend recipe with only the top `_target_` changed, RewardStack with overlap) runs in
+envs/trl, where the published UniRL, hydra-core and antlr 4.9.3 are installed:
+tests/helpers/unirl_trainer.py, one process booting each child once. Here (the suite's venv, no
+UniRL): the module imports without it, and bad configs are refused with typed errors before any
+child starts.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def test_unirls_own_service_recipes_and_stack_score_through_the_drop_in_as_compu
 @pytest.mark.slow
 def test_no_scorer_process_is_left_after_the_unirl_trainer_exits(driven):
     report, _ = driven
-    # mean_intensity, edit_fidelity, math_verify, video, audio, the panel's two; the panel server and its two
+    # mean_intensity, edit_fidelity, math_verify, video, audio, the panel's two; the panel server
+    # and its two
     assert len(report["pids"]) >= 10
     assert wait_until_gone(report["pids"], 10) == []
 
@@ -161,8 +163,10 @@ def test_unirl_fields_map_onto_the_one_managed_config_and_service_root_is_ignore
         spec, options = managed_spec(config, "cpu")
     assert "service_root" in caplog.text and "ignored" in caplog.text
     assert (spec.process.startup_timeout, spec.process.shutdown_timeout, spec.process.request_timeout) == (30, 5, 12.5)
-    assert spec.process.allow_multiple_gpus and spec.process.env["HF_HUB_OFFLINE"] == "1"  # UniRL's offline default
-    assert (spec.scorer.device, spec.scorer.params, spec.scorer.revision) == ("cuda", {}, "1")  # a pin
+    # UniRL's offline default
+    assert spec.process.allow_multiple_gpus and spec.process.env["HF_HUB_OFFLINE"] == "1"
+    # a pin
+    assert (spec.scorer.device, spec.scorer.params, spec.scorer.revision) == ("cuda", {}, "1")
     assert (spec.client.request_batch_size, spec.gpu_residency) == (4, "per_call")
     assert (options.model_name, options.batch_size, options.timeout, options.input_kind) == (
         "mean_intensity",
@@ -198,7 +202,8 @@ def test_a_panel_config_picks_terms_by_required_rewards_and_refuses_unirls_own_w
 
 
 def test_a_remote_config_points_at_our_servers_only_and_keeps_their_weights():
-    """Refused before any connection: a managed:// or empty URL, UniRL's own weighting, zeros on failure."""
+    """Refused before any connection: a managed:// or empty URL, UniRL's own weighting, zeros on
+    failure."""
     url = "http://127.0.0.1:9"
     remote, options, wanted = remote_config(
         {"base_url": url, "required_rewards": ["b"], "timeout": 7, "request_batch_size": 4}, "PANEL_TOKEN"
@@ -287,7 +292,8 @@ def test_an_audio_history_kind_is_our_audio_scorer_and_says_video_to_unirls_serv
     assert (spec.scorer.input_kind, spec.client.input_kind, options.input_kind) == ("audio", "audio", "audio")
     backend = unirl.ManagedScorerProcessBackend(config=config, start=False)
     try:
-        assert backend.preferred_input_kind == "video"  # UniRL's RewardService takes image, video, text
+        # UniRL's RewardService takes image, video, text
+        assert backend.preferred_input_kind == "video"
         assert backend.covers_prompt_video() is False  # a loudness reward does not read the prompt
     finally:
         backend.dispose()

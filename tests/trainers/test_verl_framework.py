@@ -1,7 +1,7 @@
 """verl 0.9.1's own reward code (the published package in envs/trl) scoring through the installed
-entry point `pkg://supervisor.adapters.verl`: every reward-loop manager in-process and as Ray actors,
-and the legacy managers. The trainer env holds hydra-core's antlr 4.9.3, which grades `10\\%` wrong
-in-process: the managed math child (antlr 4.13.2) must grade it 0.1 all the same."""
+entry point `pkg://supervisor.adapters.verl`: every reward-loop manager in-process and as Ray
+actors, and the legacy managers. The trainer env holds hydra-core's antlr 4.9.3, which grades
+`10\\%` wrong in-process: the managed math child (antlr 4.13.2) must grade it 0.1 all the same."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def test_every_verl_reward_manager_scores_through_the_installed_entry_point(tmp_
     models = {"math": {"backend": "managed", "scorer": "math_verify", "env": "math", "params": {"jobs": 2}}}
     recipe.write_text(json.dumps({"reward": {"models": models, "reward_functions": {"correct": {"model": "math"}}}}))
     start = time.time()
-    env = {**os.environ, "MATH_PYTHON": str(env_python("math"))}  # for the example file, loaded by path
+    # for the example file, loaded by path
+    env = {**os.environ, "MATH_PYTHON": str(env_python("math"))}
     done = subprocess.run(
         [str(env_python("trl")), str(REPO_ROOT / "tests" / "helpers" / "verl_reward_loop.py")]
         + [str(recipe), str(tmp_path), json.dumps(ROWS)],
@@ -49,6 +50,9 @@ def test_every_verl_reward_manager_scores_through_the_installed_entry_point(tmp_
     for key, result in report.items():
         assert result["rewards"] == expected, key
         if key.startswith(("in_process/", "ray/")) and "example_file" not in key:
-            assert result["keys"] == ["correct", "score"], key  # the terms reach verl's reward_extra_info
-    assert len(set(report["ray/naive/compute_score"]["workers"])) == 2  # the batch was chunked over 2 actors
-    assert wait_until_gone(math_env_processes_since(start), 15) == []  # no child outlived its worker
+            # the terms reach verl's reward_extra_info
+            assert result["keys"] == ["correct", "score"], key
+    # the batch was chunked over 2 actors
+    assert len(set(report["ray/naive/compute_score"]["workers"])) == 2
+    # no child outlived its worker
+    assert wait_until_gone(math_env_processes_since(start), 15) == []
