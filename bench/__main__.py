@@ -45,7 +45,13 @@ from bench.common import ROOT, env_python, interleaved, managed, p50, scoring, t
 from bench.handles import client_of, pid_of
 from bench.workloads import WORKLOADS, image_request
 from child_runtime.protocol import wire
-from supervisor import LocalRewardBackend, ManagedScorerProcessBackend, RewardBackend, RewardItem, RewardRequest
+from supervisor import (
+    LocalRewardBackend,
+    ManagedScorerProcessBackend,
+    RewardBackend,
+    RewardItem,
+    RewardRequest,
+)
 
 ENV_IMPORTS = {
     "image": "import numpy, starlette, uvicorn, PIL.Image",
@@ -66,7 +72,10 @@ def bench_tiny_round_trip(rounds: int = 1500, warmup: int = 50) -> str:
     same /score frame sent raw (adds the child's handler: codec, scorer-thread handoff), and
     the whole compute_rewards (adds the parent's request building and answer checks)."""
     request = RewardRequest(items=[RewardItem(id="a", text="x")])
-    with managed("image", "constant", "text", {}) as backend, LocalRewardBackend("constant") as local:
+    with (
+        managed("image", "constant", "text", {}) as backend,
+        LocalRewardBackend("constant") as local,
+    ):
         client = client_of(backend)
         frame = wire.prepare({"items": [item.to_wire() for item in request.items]})
         times = interleaved(
@@ -96,7 +105,10 @@ def in_arena(backend: RewardBackend, request: RewardRequest) -> Iterator[RewardR
         for slot, item in zip(batch, request.items, strict=True):
             slot[...] = item.image
         yield RewardRequest(
-            items=[RewardItem(id=item.id, image=slot) for slot, item in zip(batch, request.items, strict=True)]
+            items=[
+                RewardItem(id=item.id, image=slot)
+                for slot, item in zip(batch, request.items, strict=True)
+            ]
         )
 
 
@@ -107,7 +119,8 @@ def bench_transport(rounds: int = 30, samples: int = 15) -> str:
     images = [item.image for item in request.items]
     with transport_trio(request) as trio, in_arena(trio["shared"], request) as arena_request:
         assert (
-            trio["shared"].compute_rewards(arena_request).rewards == trio["in-process"].compute_rewards(request).rewards
+            trio["shared"].compute_rewards(arena_request).rewards
+            == trio["in-process"].compute_rewards(request).rewards
         )
         times = interleaved(
             {
@@ -116,11 +129,15 @@ def bench_transport(rounds: int = 30, samples: int = 15) -> str:
             },
             rounds=rounds,
         )
-        phases = {name: server_phases(trio[name], request, samples) for name in ("shared", "in-band")}
+        phases = {
+            name: server_phases(trio[name], request, samples) for name in ("shared", "in-band")
+        }
         phases["arena"] = server_phases(trio["shared"], arena_request, samples)
     peer = jpeg_json_peer.measure(images, repeats=samples)
     base = times["in-process"]
-    lines = [f"8x512x512x3 uint8 (6.3 MB)      in-process p50 {base * 1e3:6.2f} ms (mean_intensity)"]
+    lines = [
+        f"8x512x512x3 uint8 (6.3 MB)      in-process p50 {base * 1e3:6.2f} ms (mean_intensity)"
+    ]
     for name in ("shared", "arena", "in-band"):
         lines.append(
             f"  managed, {name:<8} p50 {times[name] * 1e3:6.2f} ms  transport overhead "
@@ -155,7 +172,11 @@ def bench_jpeg_batch(rounds: int = 20) -> str:
         in_arena(backend, request) as arena_request,
     ):
         expected = local.compute_rewards(request).rewards
-        assert backend.compute_rewards(request).rewards == expected == backend.compute_rewards(arena_request).rewards
+        assert (
+            backend.compute_rewards(request).rewards
+            == expected
+            == backend.compute_rewards(arena_request).rewards
+        )
         times = interleaved(
             {
                 "managed": lambda: backend.compute_rewards(request),
@@ -179,7 +200,11 @@ def bare_import_s(env: str, repeats: int = 5) -> float:
     for _ in range(repeats):
         started = time.perf_counter()
         # os._exit: interpreter teardown (about a second with torch) is not import time
-        subprocess.run([env_python(env), "-c", ENV_IMPORTS[env] + "; import os; os._exit(0)"], check=True, cwd=ROOT)
+        subprocess.run(
+            [env_python(env), "-c", ENV_IMPORTS[env] + "; import os; os._exit(0)"],
+            check=True,
+            cwd=ROOT,
+        )
         samples.append(time.perf_counter() - started)
     return p50(samples)
 
@@ -299,17 +324,32 @@ def _cold_start(env: str) -> Line:
 LINES: list[Line] = [
     Line("tiny", bench_tiny_round_trip, ("overhead", "GET /health"), {"rounds": 2, "warmup": 1}),
     Line(
-        "health_under_load", health_under_load.main_line, ("p99 ratio",), {"clients": 2, "requests": 5, "idle_polls": 5}
+        "health_under_load",
+        health_under_load.main_line,
+        ("p99 ratio",),
+        {"clients": 2, "requests": 5, "idle_polls": 5},
     ),
     Line(
         "transport",
         bench_transport,
-        ("managed, shared", "managed, arena", "managed, in-band", "child-side p50 ms: receive", "JPEG"),
+        (
+            "managed, shared",
+            "managed, arena",
+            "managed, in-band",
+            "child-side p50 ms: receive",
+            "JPEG",
+        ),
         {"rounds": 1, "samples": 1},
     ),
     Line("jpeg_batch", bench_jpeg_batch, ("ratio", "built in the arena"), {"rounds": 1}),
     _env_batch("math", 15, smoke_items=8),
-    Line("math_throughput", math_throughput.main_line, ("one-child-per-batch",), {"items": 16, "warmup": 2}, ("math",)),
+    Line(
+        "math_throughput",
+        math_throughput.main_line,
+        ("one-child-per-batch",),
+        {"items": 16, "warmup": 2},
+        ("math",),
+    ),
     Line(
         "hostile_math",
         hostile_math.main_line,
@@ -322,24 +362,61 @@ LINES: list[Line] = [
     Line("panel", panel.main_line, ("ratio",), {"rounds": 1}, ("math", "embed")),
     Line("panel_server", panel_server.main_line, ("overhead",), {"rounds": 1}, ("math", "image")),
     Line("ray_pool", ray_pool.main_line, ("Ray pool",), {"rounds": 1, "groups": 1}, ("image",)),
-    Line("overlap", overlap.main_line, ("generation-bound", "scorer-bound", "hidden"), {"rounds": 1}, ("math",)),
-    Line("trl_step", trl_step.main_line, ("managed/TRL",), {"steps": 2, "rounds": 1}, ("trlbench", "math")),
+    Line(
+        "overlap",
+        overlap.main_line,
+        ("generation-bound", "scorer-bound", "hidden"),
+        {"rounds": 1},
+        ("math",),
+    ),
+    Line(
+        "trl_step",
+        trl_step.main_line,
+        ("managed/TRL",),
+        {"steps": 2, "rounds": 1},
+        ("trlbench", "math"),
+    ),
     Line("verl_step", verl_step.main_line, ("ratio",), {"items": 16, "rounds": 2}, ("trl", "math")),
     Line("verl_coalesce", verl_coalesce.main_line, ("ratio",), {"rounds": 1, "n": 32}, ("math",)),
-    Line("openrlhf_calls", openrlhf_calls.main_line, ("ratio",), {"calls": 8, "rounds": 1}, ("math",)),
     Line(
-        "remote_servers", remote_servers.main_line, ("vs 1 server",), {"rounds": 1, "counts": (1, 2), "items": 16}, ()
+        "openrlhf_calls", openrlhf_calls.main_line, ("ratio",), {"calls": 8, "rounds": 1}, ("math",)
     ),
-    Line("startup", startup.main_line, (" 2 children: all ready in", "PSS"), {"counts": (1, 2)}, ("math",)),
+    Line(
+        "remote_servers",
+        remote_servers.main_line,
+        ("vs 1 server",),
+        {"rounds": 1, "counts": (1, 2), "items": 16},
+        (),
+    ),
+    Line(
+        "startup",
+        startup.main_line,
+        (" 2 children: all ready in", "PSS"),
+        {"counts": (1, 2)},
+        ("math",),
+    ),
     *[_cold_start(env) for env in ("image", "math", "embed", "ocr")],
-    Line("shutdown", bench_shutdown, ("past the deadline",), {"graceful_repeats": 1, "forced_repeats": 1}),
+    Line(
+        "shutdown",
+        bench_shutdown,
+        ("past the deadline",),
+        {"graceful_repeats": 1, "forced_repeats": 1},
+    ),
 ]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="each line with its smallest sizes: runs, not figures")
-    parser.add_argument("--only", nargs="+", metavar="NAME", choices=[line.name for line in LINES], help="these lines")
+    parser.add_argument(
+        "--smoke", action="store_true", help="each line with its smallest sizes: runs, not figures"
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        choices=[line.name for line in LINES],
+        help="these lines",
+    )
     parser.add_argument("--list", action="store_true", help="print the lines' names and exit")
     args = parser.parse_args(argv)
     if args.list:
@@ -347,7 +424,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(
         f"managed-scorers bench  python {sys.version.split()[0]}  cores {len(os.sched_getaffinity(0))}  "
-        f"numpy {np.__version__}" + ("  SMOKE: smallest sizes, figures mean nothing" if args.smoke else "")
+        f"numpy {np.__version__}"
+        + ("  SMOKE: smallest sizes, figures mean nothing" if args.smoke else "")
     )
     for line in LINES:
         if args.only is None or line.name in args.only:

@@ -46,10 +46,16 @@ def run_driver(env: str, module: str, *args: str, timeout_s: float = 900) -> dic
     """A bench driver module run by env's python from the checkout; its JSON report (last stdout
     line)."""
     done = subprocess.run(
-        [env_python(env), "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
+        [env_python(env), "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"{module} failed in envs/{env} (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{module} failed in envs/{env} (exit {done.returncode}):\n{done.stderr[-3000:]}"
+        )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -92,7 +98,9 @@ def timed(fn: Callable[[], object], repeats: int, warmup: int = 3) -> list[float
     return samples
 
 
-def interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 2) -> dict[str, float]:
+def interleaved(
+    fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 2
+) -> dict[str, float]:
     """p50 of each fn, measured in alternation so machine drift hits all of them alike."""
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for fn in fns.values():
@@ -110,7 +118,9 @@ def p50(samples: list[float]) -> float:
 # -- managed backends ------------------------------------------------------------------------------
 
 
-def managed(env: str, scorer: str, kind: str, params: dict, **client: object) -> ManagedScorerProcessBackend:
+def managed(
+    env: str, scorer: str, kind: str, params: dict, **client: object
+) -> ManagedScorerProcessBackend:
     from supervisor import ManagedScorerProcessBackend
 
     return ManagedScorerProcessBackend(
@@ -134,7 +144,11 @@ def transport_trio(request: RewardRequest) -> Iterator[dict[str, RewardBackend]]
         LocalRewardBackend("mean_intensity") as local,
     ):
         expected = local.compute_rewards(request).rewards
-        assert shared.compute_rewards(request).rewards == expected == in_band.compute_rewards(request).rewards
+        assert (
+            shared.compute_rewards(request).rewards
+            == expected
+            == in_band.compute_rewards(request).rewards
+        )
         assert shared.ready_info["shared_memory"] and not in_band.ready_info["shared_memory"]
         yield {"in-process": local, "shared": shared, "in-band": in_band}
 
@@ -143,14 +157,20 @@ def scoring(backend: RewardBackend, request: RewardRequest) -> Callable[[], obje
     return lambda: backend.compute_rewards(request)
 
 
-def time_backends(backends: dict[str, RewardBackend], request: RewardRequest, rounds: int) -> dict[str, float]:
-    return interleaved({name: scoring(backend, request) for name, backend in backends.items()}, rounds=rounds)
+def time_backends(
+    backends: dict[str, RewardBackend], request: RewardRequest, rounds: int
+) -> dict[str, float]:
+    return interleaved(
+        {name: scoring(backend, request) for name, backend in backends.items()}, rounds=rounds
+    )
 
 
 # -- `managed-scorers serve` processes -------------------------------------------------------------
 
 
-def readiness(ready: Path, server: subprocess.Popen[Any], deadline_s: float = 120.0) -> dict[str, Any]:
+def readiness(
+    ready: Path, server: subprocess.Popen[Any], deadline_s: float = 120.0
+) -> dict[str, Any]:
     """The first line `serve` wrote to `ready` (its stdout). A server that exits first, or writes
     nothing by the deadline, raises; stopping it is the caller's (`stop`, in its finally)."""
     deadline = time.monotonic() + deadline_s
@@ -159,9 +179,13 @@ def readiness(ready: Path, server: subprocess.Popen[Any], deadline_s: float = 12
         if text.endswith("\n"):
             return dict(json.loads(text.splitlines()[0]))
         if server.poll() is not None:
-            raise RuntimeError(f"serve (pid {server.pid}) exited with {server.returncode} before it was ready")
+            raise RuntimeError(
+                f"serve (pid {server.pid}) exited with {server.returncode} before it was ready"
+            )
         time.sleep(0.02)
-    raise TimeoutError(f"no readiness line in {ready} from serve (pid {server.pid}) after {deadline_s} s")
+    raise TimeoutError(
+        f"no readiness line in {ready} from serve (pid {server.pid}) after {deadline_s} s"
+    )
 
 
 def stop(*servers: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
@@ -199,7 +223,9 @@ def workload(start: int, n: int) -> list[tuple[str, str]]:
             (f"\\boxed{{\\frac{{{i}}}{{2}} + \\frac{{1}}{{3}}}}", f"$\\frac{{{3 * i + 2}}}{{6}}$"),
             (f"\\boxed{{(x+{a})(x-{a})}}", f"$x^2+{a * a}$"),  # wrong
         ][i % 9]
-        pairs.append((f"Problem {i}: working through it step by step, the result is {kind[0]}.", kind[1]))
+        pairs.append(
+            (f"Problem {i}: working through it step by step, the result is {kind[0]}.", kind[1])
+        )
     return pairs
 
 
@@ -290,13 +316,21 @@ def reap(temp_dir: str, grace_s: float = 5.0) -> int:
     return len(alive)
 
 
-def run_ray_side(python: Path, module: str, what: str, timeout_s: float, *extra: str) -> tuple[dict, int]:
+def run_ray_side(
+    python: Path, module: str, what: str, timeout_s: float, *extra: str
+) -> tuple[dict, int]:
     """`python -m MODULE ray TEMP_DIR EXTRA...` (a driver that starts a local Ray) in its own
     session and scratch directory, under a deadline, then every Ray process it left reaped; its last
     JSON line and the number of processes killed. The temp dir is short (Ray's socket paths live
     under it) and is HOME too: Ray 2.60 writes its default auth token to ~/.ray/auth_token."""
     temp_dir = tempfile.mkdtemp(prefix="msray")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HOME": temp_dir, MARKER: temp_dir}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "HOME": temp_dir,
+        MARKER: temp_dir,
+    }
     env.pop("CUDA_VISIBLE_DEVICES", None)
     proc = subprocess.Popen(
         [str(python), "-m", module, "ray", temp_dir, *extra],

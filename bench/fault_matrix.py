@@ -42,7 +42,10 @@ def rogue_python(directory: Path, python: str | Path) -> Path:
 
 
 def backend(
-    name: str, python: str | Path = TRAINER_PYTHON, process: dict | None = None, scorer: dict | None = None
+    name: str,
+    python: str | Path = TRAINER_PYTHON,
+    process: dict | None = None,
+    scorer: dict | None = None,
 ) -> ManagedScorerProcessBackend:
     return ManagedScorerProcessBackend(
         {
@@ -86,7 +89,9 @@ def _kill_child(b: ManagedScorerProcessBackend) -> None:
     """SIGKILL and wait until it is a zombie; never reap it (that is the owner's job)."""
     os.kill(pid_of(b), signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while psutil.Process(pid_of(b)).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+    while (
+        psutil.Process(pid_of(b)).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline
+    ):
         time.sleep(0.005)
 
 
@@ -139,7 +144,9 @@ FAULTS = [
     ),
     Fault(
         "kill -9 a math grading worker",
-        lambda: backend("math_verify", MATH_PYTHON, scorer={"params": {"jobs": 2, "timeout_s": 10}}),
+        lambda: backend(
+            "math_verify", MATH_PYTHON, scorer={"params": {"jobs": 2, "timeout_s": 10}}
+        ),
         _warm_then_kill_worker,
         items("\\boxed{2}", "\\boxed{3}"),
         "ScorerRequestError",
@@ -233,7 +240,10 @@ def run(fault: Fault) -> Outcome:
             scored = service.score_and_attach(fault.healthy)
             to_served = time.monotonic() - started
             assert [item.reward for item in scored] == fault.healthy_rewards, fault.name
-        before_alive = psutil.pid_exists(pid_before) and psutil.Process(pid_before).status() != psutil.STATUS_ZOMBIE
+        before_alive = (
+            psutil.pid_exists(pid_before)
+            and psutil.Process(pid_before).status() != psutil.STATUS_ZOMBIE
+        )
         return Outcome(error, to_error, to_served, pid_before, owner.pid, before_alive)
     finally:
         owner.close()

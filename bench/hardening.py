@@ -51,10 +51,19 @@ TEXT = RewardRequest(items=[RewardItem(id="a", text="abc")])
 
 
 def backend(name: str, python: str = TRAINER, **spec: object) -> ManagedScorerProcessBackend:
-    process = {"python_executable": python, "extra_import_paths": [str(ROOT)], **spec.pop("process", {})}  # type: ignore[dict-item]
+    process = {
+        "python_executable": python,
+        "extra_import_paths": [str(ROOT)],
+        **spec.pop("process", {}),  # type: ignore[dict-item]
+    }
     kind = "image" if python == IMAGE else "text"
     return ManagedScorerProcessBackend(
-        {"process": process, "scorer": {"name": name, "input_kind": kind}, "client": {"input_kind": kind}, **spec}
+        {
+            "process": process,
+            "scorer": {"name": name, "input_kind": kind},
+            "client": {"input_kind": kind},
+            **spec,
+        }
     )
 
 
@@ -148,12 +157,17 @@ def large_request_then_idle() -> str:
     owner = backend("mean_intensity", IMAGE)
     try:
         small = RewardRequest(
-            items=[RewardItem(id=f"s{i}", image=np.full((512, 512, 3), i, np.uint8)) for i in range(8)]
+            items=[
+                RewardItem(id=f"s{i}", image=np.full((512, 512, 3), i, np.uint8)) for i in range(8)
+            ]
         )
         owner.compute_rewards(small)
         before = rss_shmem("self"), rss_shmem(pid_of(owner))
         large = RewardRequest(
-            items=[RewardItem(id=f"l{i}", image=np.full((4000, 4000, 3), 9, np.uint8)) for i in range(4)]
+            items=[
+                RewardItem(id=f"l{i}", image=np.full((4000, 4000, 3), 9, np.uint8))
+                for i in range(4)
+            ]
         )
         owner.compute_rewards(large)
         after = rss_shmem("self"), rss_shmem(pid_of(owner))
@@ -267,7 +281,9 @@ def fork_after_every_pipe(live_s: float = 8.0) -> Iterator[list[int]]:
             os.waitpid(pid, 0)
 
 
-def launches_beside_a_forking_thread(launches: int = 10, startup_timeout: float = 2.0) -> tuple[list[float], int]:
+def launches_beside_a_forking_thread(
+    launches: int = 10, startup_timeout: float = 2.0
+) -> tuple[list[float], int]:
     """Spawn-to-ready of `launches` children while another thread forks 8 s workers every 10 ms;
     how many of them failed to start within `startup_timeout`."""
     times, failed = [], 0
@@ -372,9 +388,18 @@ def sigchld_ignored() -> str:
 
 
 def sustained_flood() -> str:
-    owner = backend("constant", process={"request_timeout": 3}, limits={"max_pending_connections": 8})
+    owner = backend(
+        "constant", process={"request_timeout": 3}, limits={"max_pending_connections": 8}
+    )
     try:
-        churn = [TRAINER, "-m", "tests.helpers.flood_connections", "churn", str(port_of(owner)), "15"]
+        churn = [
+            TRAINER,
+            "-m",
+            "tests.helpers.flood_connections",
+            "churn",
+            str(port_of(owner)),
+            "15",
+        ]
         floods = [subprocess.Popen(churn, cwd=ROOT) for _ in range(2)]
         served, unavailable, waits = 0, 0, []
         try:
@@ -418,7 +443,14 @@ SCENARIOS = [
 SCENARIOS += hardening_calls.SCENARIOS
 # issue 37: the serving surface (identity, several servers, jobs, bodies, streams, wedged terms, the
 # Ray pool)
-for _module in (hardening_identity, hardening_jobs, hardening_bodies, hardening_stream, hardening_terms, hardening_ray):
+for _module in (
+    hardening_identity,
+    hardening_jobs,
+    hardening_bodies,
+    hardening_stream,
+    hardening_terms,
+    hardening_ray,
+):
     SCENARIOS += _module.SCENARIOS
 
 

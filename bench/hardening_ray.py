@@ -30,7 +30,11 @@ def _texts(prefix: str, hang: bool = False) -> Any:
     from supervisor import RewardItem, RewardRequest
 
     items = [
-        RewardItem(id=f"{prefix}{n}", group_id=f"{prefix}g{n // 2}", text="hang" if hang and n == 0 else "ok")
+        RewardItem(
+            id=f"{prefix}{n}",
+            group_id=f"{prefix}g{n // 2}",
+            text="hang" if hang and n == 0 else "ok",
+        )
         for n in range(4)
     ]
     return RewardRequest(items=items, group_size=2)
@@ -48,7 +52,9 @@ def _attempt(call: Any) -> dict[str, Any]:
 
 def _short(message: str) -> str:
     """An error's first clause, for a table cell: the actor by index, ids and hashes shortened."""
-    said = re.sub(r"^Ray pool '\w+' actor (\d)/\d \(node \w+ \([\d.]+\), pid \d+\)", r"actor \1", message)
+    said = re.sub(
+        r"^Ray pool '\w+' actor (\d)/\d \(node \w+ \([\d.]+\), pid \d+\)", r"actor \1", message
+    )
     said = re.sub(r"its share of \d+ ids from '\w+'", "its share", said.splitlines()[0])
     said = re.sub(r"\b([0-9a-f]{12})[0-9a-f]{52}\b", r"\1...", said)
     return said.split("; ")[0]
@@ -162,7 +168,11 @@ def restarted_identity() -> str:
     if isinstance(found, str):
         return found
     got = found["restamped"]
-    return f"rewards {got['rewards']} (two identities in one call)" if "rewards" in got else got["error"]
+    return (
+        f"rewards {got['rewards']} (two identities in one call)"
+        if "rewards" in got
+        else got["error"]
+    )
 
 
 SCENARIOS = [

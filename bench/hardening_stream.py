@@ -19,7 +19,9 @@ SPY = "tests.helpers.fixture_scorers:GroupSpy"  # groupwise: reward = the size o
 
 
 def _item(name: str, group: str | None = None) -> RewardItem:
-    return RewardItem(id=name, text="x", group_id=group, prompt=None if group is None else f"p-{group}")
+    return RewardItem(
+        id=name, text="x", group_id=group, prompt=None if group is None else f"p-{group}"
+    )
 
 
 def _outcome(call: Callable[[], Any]) -> str:
@@ -28,7 +30,11 @@ def _outcome(call: Callable[[], Any]) -> str:
         value = call()
     except Exception as exc:  # noqa: BLE001 - the row reports whatever it raised
         first = str(exc).splitlines()[0] if str(exc) else ""
-        return f"{type(exc).__name__}: ...{first[-80:]}" if len(first) > 80 else f"{type(exc).__name__}: {first}"
+        return (
+            f"{type(exc).__name__}: ...{first[-80:]}"
+            if len(first) > 80
+            else f"{type(exc).__name__}: {first}"
+        )
     return f"ids {value.ids}" if hasattr(value, "ids") else "ok"
 
 
@@ -47,7 +53,10 @@ def _panel() -> RewardPanel:
 def add_out_of_room() -> str:
     """An add that found no room in time (max_pending 3, two groups held open), then the step goes
     on."""
-    with _panel() as panel, panel.stream(group_size=2, window=2, max_wait_s=0.0, max_pending=3, max_block_s=0.05) as s:
+    with (
+        _panel() as panel,
+        panel.stream(group_size=2, window=2, max_wait_s=0.0, max_pending=3, max_block_s=0.05) as s,
+    ):
         s.add([_item("a0", "a"), _item("b0", "b")])
         refused = _outcome(lambda: s.add([_item("c0", "c"), _item("c1", "c")]))
         s.max_block_s = 30.0  # the barrier's bound too
@@ -62,7 +71,10 @@ def grouped_add_refused_half_way() -> str:
     """A run [a0, loose] refused (loose has no group_id) in a stream of groups of 2, max_pending 2;
     then [a0, a1] added, the barrier, and as many single members of new groups as the stream
     takes."""
-    with _panel() as panel, panel.stream(group_size=2, window=2, max_wait_s=0.0, max_pending=2, max_block_s=0.05) as s:
+    with (
+        _panel() as panel,
+        panel.stream(group_size=2, window=2, max_wait_s=0.0, max_pending=2, max_block_s=0.05) as s,
+    ):
         refused = _outcome(lambda: s.add([_item("a0", "a"), _item("loose")]))
         again = _outcome(lambda: s.add([_item("a0", "a"), _item("a1", "a")]))
         s.max_block_s = 30.0  # the barrier's bound too

@@ -81,7 +81,12 @@ def _measure(
     warmup = [(text, gold, 6, 15, True) for text, gold in workload(0, warm)]
     pools = {
         name: GradingPool(
-            JOBS, timeout_s, GRADE_FN, preload=["math_verify", WARM_MODULE], overflow=overflow, warm_replay=replay
+            JOBS,
+            timeout_s,
+            GRADE_FN,
+            preload=["math_verify", WARM_MODULE],
+            overflow=overflow,
+            warm_replay=replay,
         )
         for name, overflow, replay in (("ours", None, DEFAULT_WARM_REPLAY), ("slots", 0, 0))
     }
@@ -131,7 +136,9 @@ def _measure(
             memory.append((before, pool_rss(ours)))
             moved.append(sum(outcomes[i].overflowed for i in kept))
             if [outcomes[i].value for i in kept] != [o.value for o in slots.grade(beside)]:
-                raise AssertionError("verdicts on the ordinary items changed next to the pathological ones")
+                raise AssertionError(
+                    "verdicts on the ordinary items changed next to the pathological ones"
+                )
         ours_s, slots_clean_s = statistics.median(took["ours"]), statistics.median(took["slots"])
         clean_s, hostile_s = statistics.median(took["clean"]), statistics.median(took["hostile"])
         last_ordinary = statistics.median(done_at)
@@ -142,7 +149,9 @@ def _measure(
     finally:
         for pool in pools.values():
             pool.close()
-    in_process_s, in_process_peak = _in_the_main_thread(with_hazards(next(fresh), hazards)[0], peer_timeout_s)
+    in_process_s, in_process_peak = _in_the_main_thread(
+        with_hazards(next(fresh), hazards)[0], peer_timeout_s
+    )
     bad = sorted({o.status for i, o in enumerate(outcomes) if i not in kept})
     # ordinary throughput, ours against the slot-per-item design: the median of the rounds' own
     # ratios (the two batches of a round ran back to back, so they saw the machine at the same
@@ -226,7 +235,9 @@ def _through_managed(
     fresh = slices(ordinary)
 
     def request(tasks: list[tuple]) -> RewardRequest:
-        return RewardRequest(items=[RewardItem(id=str(i), text=t[0], reference=t[1]) for i, t in enumerate(tasks)])
+        return RewardRequest(
+            items=[RewardItem(id=str(i), text=t[0], reference=t[1]) for i, t in enumerate(tasks)]
+        )
 
     with ManagedScorerProcessBackend(spec) as backend:
         backend.compute_rewards(request(next(fresh)))
@@ -284,7 +295,9 @@ def main_line(
     )
     if Path(sys.prefix).resolve() == MATH_PYTHON.parent.parent.resolve():
         return pool_line  # the math env runs only the pool part, for the trainer env's main_line
-    return pool_line + _through_managed(**sizes, managed_rounds=managed_rounds, generation_s=generation_s)
+    return pool_line + _through_managed(
+        **sizes, managed_rounds=managed_rounds, generation_s=generation_s
+    )
 
 
 if __name__ == "__main__":

@@ -22,14 +22,18 @@ class LoopbackServer:
     """Serves `handler` at `self.url` (http://127.0.0.1:PORT) from entering the block until it
     ends."""
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler], name: str, poll_s: float = 0.5) -> None:
+    def __init__(
+        self, handler: type[BaseHTTPRequestHandler], name: str, poll_s: float = 0.5
+    ) -> None:
         """`poll_s`: how often the serving thread looks for a shutdown (what leaving the block
         waits)."""
         self._server = _QuietServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         self._server.block_on_close = False
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(poll_s,), name=name, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(poll_s,), name=name, daemon=True
+        )
 
     def __enter__(self) -> Self:
         self._thread.start()

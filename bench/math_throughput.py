@@ -49,12 +49,16 @@ def _one_child(ctx, tasks: list[tuple]) -> tuple[list[float], float]:
         child.start()
         writer.close()
         if not reader.poll(BATCH_TIMEOUT_S):
-            raise TimeoutError(f"baseline child pid {child.pid} gave no result within {BATCH_TIMEOUT_S}s")
+            raise TimeoutError(
+                f"baseline child pid {child.pid} gave no result within {BATCH_TIMEOUT_S}s"
+            )
         try:
             rewards, child_grading_s = reader.recv()
         except EOFError:
             child.join(5.0)
-            raise RuntimeError(f"baseline child pid {child.pid} died: exit status {child.exitcode}") from None
+            raise RuntimeError(
+                f"baseline child pid {child.pid} died: exit status {child.exitcode}"
+            ) from None
         child.join(BATCH_TIMEOUT_S)
         if child.exitcode != 0:
             raise RuntimeError(f"baseline child pid {child.pid} exit status {child.exitcode}")
@@ -83,10 +87,14 @@ def _measure(items: int = N_ITEMS, warmup: int = WARMUP_ITEMS) -> str:
         # a no-op now: the same server serves both
         ctx.set_forkserver_preload(["math_verify", GRADE_MODULE])
         warm = workload(items, warmup)
-        score_checked(scorer, [ScoreItem(id=f"w{i}", text=t, reference=g) for i, (t, g) in enumerate(warm)])
+        score_checked(
+            scorer, [ScoreItem(id=f"w{i}", text=t, reference=g) for i, (t, g) in enumerate(warm)]
+        )
         _one_child(ctx, [(t, g, *params) for t, g in warm[:2]])  # first forkserver child, untimed
         for b, batch in enumerate(batches):
-            graded = [ScoreItem(id=f"b{b}i{i}", text=t, reference=g) for i, (t, g) in enumerate(batch)]
+            graded = [
+                ScoreItem(id=f"b{b}i{i}", text=t, reference=g) for i, (t, g) in enumerate(batch)
+            ]
             tasks = [(t, g, *params) for t, g in batch]
             runs = {
                 "pool": lambda graded=graded: score_checked(scorer, graded).terms["math_verify"],
@@ -101,7 +109,9 @@ def _measure(items: int = N_ITEMS, warmup: int = WARMUP_ITEMS) -> str:
             ours, (theirs, graded_s) = out["pool"], out["base"]
             child_grading_s += graded_s
             if ours != theirs:
-                raise AssertionError(f"batch {b}: pool rewards {ours} != one-child rewards {theirs}")
+                raise AssertionError(
+                    f"batch {b}: pool rewards {ours} != one-child rewards {theirs}"
+                )
     finally:
         scorer.close()  # kills the workers; the last pool also stops the forkserver it started
     pool_s, base_s = elapsed["pool"], elapsed["base"]

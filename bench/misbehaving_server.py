@@ -30,7 +30,9 @@ class MisbehavingServer(LoopbackServer):
     """`with MisbehavingServer(upstream_url, mode) as server:` serves on `server.url` until the
     block ends."""
 
-    def __init__(self, upstream: str, mode: str, trickle_s: float = 0.05, gzip_mib: int = 512) -> None:
+    def __init__(
+        self, upstream: str, mode: str, trickle_s: float = 0.05, gzip_mib: int = 512
+    ) -> None:
         self.upstream, self.mode, self.trickle_s = upstream, mode, trickle_s
         self.bomb = gzip_of_zeros(gzip_mib) if mode == "gzip_bomb" else b""
         self.accept_encodings: list[str | None] = []
@@ -47,9 +49,17 @@ def _handler(server: MisbehavingServer) -> type[BaseHTTPRequestHandler]:
         def _relay(self, method: str) -> httpx.Response:
             body = self.rfile.read(int(self.headers.get("content-length", "0")))
             server.accept_encodings.append(self.headers.get("accept-encoding"))
-            headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
-            headers.update({k: v for k, v in self.headers.items() if k.lower().startswith("x-managed-scorers")})
-            return httpx.request(method, server.upstream + self.path, content=body, headers=headers, timeout=60)
+            headers = {
+                k: v
+                for k, v in self.headers.items()
+                if k.lower() in ("authorization", "content-type")
+            }
+            headers.update(
+                {k: v for k, v in self.headers.items() if k.lower().startswith("x-managed-scorers")}
+            )
+            return httpx.request(
+                method, server.upstream + self.path, content=body, headers=headers, timeout=60
+            )
 
         def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
             answer = self._relay("GET")
@@ -61,22 +71,40 @@ def _handler(server: MisbehavingServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
             answer = self._relay("POST")
             # identity
-            ours = {k: v for k, v in answer.headers.items() if k.lower().startswith("x-managed-scorers")}
+            ours = {
+                k: v for k, v in answer.headers.items() if k.lower().startswith("x-managed-scorers")
+            }
             if server.mode == "anonymous":
                 ours = {}
             try:
                 if self.path != "/score" or server.mode in ("plain", "anonymous"):
-                    self._send(answer.status_code, answer.headers.get("content-type", ""), answer.content, ours)
+                    self._send(
+                        answer.status_code,
+                        answer.headers.get("content-type", ""),
+                        answer.content,
+                        ours,
+                    )
                 elif server.mode == "gzip_bomb":
                     bomb = {"content-encoding": "gzip", **ours}
                     self._send(200, answer.headers["content-type"], server.bomb, bomb)
                 else:
-                    self._send(200, answer.headers["content-type"], answer.content, ours, trickle=server.trickle_s)
+                    self._send(
+                        200,
+                        answer.headers["content-type"],
+                        answer.content,
+                        ours,
+                        trickle=server.trickle_s,
+                    )
             except (BrokenPipeError, ConnectionResetError):  # the client gave up: what it should do
                 self.close_connection = True
 
         def _send(
-            self, status: int, kind: str, payload: bytes, headers: dict[str, str] | None = None, trickle: float = 0
+            self,
+            status: int,
+            kind: str,
+            payload: bytes,
+            headers: dict[str, str] | None = None,
+            trickle: float = 0,
         ) -> None:
             send_answer(self, status, kind, payload, headers, trickle)
 

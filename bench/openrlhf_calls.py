@@ -35,7 +35,10 @@ def _rollouts(reward_func: Callable[..., dict[str, Any]], calls: int) -> tuple[f
 
     async def at_once() -> list[dict[str, Any]]:
         return await asyncio.gather(
-            *(asyncio.to_thread(reward_func, [PROMPT + t + "<|im_end|>"], [PROMPT], [g]) for t, g in rows)
+            *(
+                asyncio.to_thread(reward_func, [PROMPT + t + "<|im_end|>"], [PROMPT], [g])
+                for t, g in rows
+            )
         )
 
     started = time.perf_counter()
@@ -48,7 +51,14 @@ def main_line(calls: int = CALLS, rounds: int = ROUNDS) -> str:
         recipe = Path(folder) / "reward.yaml"
         math = {"backend": "managed", "scorer": "math_verify", "env": "math", "params": {"jobs": 2}}
         recipe.write_text(
-            json.dumps({"reward": {"models": {"math": math}, "reward_functions": {"correct": {"model": "math"}}}})
+            json.dumps(
+                {
+                    "reward": {
+                        "models": {"math": math},
+                        "reward_functions": {"correct": {"model": "math"}},
+                    }
+                }
+            )
         )
         os.environ["MANAGED_SCORERS_RECIPE"] = str(recipe)
         spec = importlib.util.find_spec("supervisor.adapters.openrlhf")
@@ -59,10 +69,14 @@ def main_line(calls: int = CALLS, rounds: int = ROUNDS) -> str:
         loaded.loader.exec_module(module)
         plain, _ = build_panels(load_recipe(recipe))
 
-        def one_request_each(queries: list[str], prompts: list[str], labels: list[str]) -> dict[str, Any]:
+        def one_request_each(
+            queries: list[str], prompts: list[str], labels: list[str]
+        ) -> dict[str, Any]:
             # what the reward_func file cuts, as it cuts it
             text = response_of(queries[0], prompts[0])
-            item = RewardItem(id=f"s{time.perf_counter_ns()}-{os.getpid()}", text=text, reference=labels[0])
+            item = RewardItem(
+                id=f"s{time.perf_counter_ns()}-{os.getpid()}", text=text, reference=labels[0]
+            )
             return {"rewards": plain.compute_rewards(RewardRequest(items=[item])).rewards[0]}
 
         try:

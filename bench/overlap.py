@@ -45,7 +45,9 @@ def at(started: float, offset_s: float) -> None:
     time.sleep(max(started + offset_s - time.perf_counter(), 0.0))
 
 
-def ways(backend: object, items: list[RewardItem], times: list[float]) -> dict[str, Callable[[], object]]:
+def ways(
+    backend: object, items: list[RewardItem], times: list[float]
+) -> dict[str, Callable[[], object]]:
     """Each way of scoring the shard while it is generated; every call returns when all are
     scored."""
     micros = micro_batches(items, MICRO, lambda item: item.group_id)
@@ -76,7 +78,9 @@ def ways(backend: object, items: list[RewardItem], times: list[float]) -> dict[s
     return {"serial": serial, "micros": micro_driver, "stream": streamed}
 
 
-def regime_line(backend: object, items: list[RewardItem], reward_s: float, factor: float, rounds: int) -> str:
+def regime_line(
+    backend: object, items: list[RewardItem], reward_s: float, factor: float, rounds: int
+) -> str:
     times = finish_times(len(items), factor * reward_s)
     calls = ways(backend, items, times)
     samples: dict[str, list[float]] = {name: [] for name in calls}
@@ -85,9 +89,14 @@ def regime_line(backend: object, items: list[RewardItem], reward_s: float, facto
             started = time.perf_counter()
             call()
             samples[name].append(time.perf_counter() - started)
-    serial, micros, streamed = (statistics.median(samples[k]) for k in ("serial", "micros", "stream"))
+    serial, micros, streamed = (
+        statistics.median(samples[k]) for k in ("serial", "micros", "stream")
+    )
     bound = max(times[-1] + reward_s / len(items), times[0] + reward_s)
-    hidden = {name: (serial - value) / reward_s for name, value in (("micros", micros), ("stream", streamed))}
+    hidden = {
+        name: (serial - value) / reward_s
+        for name, value in (("micros", micros), ("stream", streamed))
+    }
     return (
         f"  {factor:.1f} R of generation: serial {serial * 1e3:6.0f} ms  micros {micros * 1e3:6.0f} ms "
         f"(hidden {hidden['micros']:5.1%})  stream {streamed * 1e3:6.0f} ms (hidden {hidden['stream']:5.1%})  "
@@ -104,7 +113,9 @@ def main_line(rounds: int = 3) -> str:
     try:
         whole = RewardRequest(items=items, group_size=8)
         backend.compute_rewards(whole)  # warm
-        reward_s = statistics.median(_timed(lambda: backend.compute_rewards(whole)) for _ in range(5))
+        reward_s = statistics.median(
+            _timed(lambda: backend.compute_rewards(whole)) for _ in range(5)
+        )
         lines = [
             f"overlap: 128 math items finishing one by one (seed {SEED}), reward alone R = {reward_s * 1e3:.0f} ms"
         ]

@@ -28,7 +28,8 @@ def main_line(rounds: int = ROUNDS) -> str:
     backends: list[RewardBackend] = [math, embed]
     try:
         panel = RewardPanel(
-            [PanelTerm("correct", math), PanelTerm("similar", embed, weight=0.1, required=False)], owns_backends=False
+            [PanelTerm("correct", math), PanelTerm("similar", embed, weight=0.1, required=False)],
+            owns_backends=False,
         )
 
         def sequential() -> None:

@@ -95,7 +95,9 @@ def ray_peer(temp_dir: str) -> dict:
     )
     try:
         actor = Scorer.remote()  # type: ignore[attr-defined]  # added by @ray.remote
-        assert ray.get(actor.score.remote(images), timeout=60) == expected, "Ray actor rewards differ"
+        assert ray.get(actor.score.remote(images), timeout=60) == expected, (
+            "Ray actor rewards differ"
+        )
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(HttpScorer.bind(), route_prefix="/")  # type: ignore[attr-defined]  # added by @serve.deployment
@@ -104,7 +106,9 @@ def ray_peer(temp_dir: str) -> dict:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 
         def post(payload: bytes) -> list[float]:
-            conn.request("POST", "/", body=payload, headers={"content-type": "application/octet-stream"})
+            conn.request(
+                "POST", "/", body=payload, headers={"content-type": "application/octet-stream"}
+            )
             response = conn.getresponse()
             data = response.read()
             assert response.status == 200, (response.status, data[:200])
@@ -113,12 +117,18 @@ def ray_peer(temp_dir: str) -> dict:
         assert post(body) == expected, "Ray Serve rewards differ"
         assert post(b"") == []
         empty = interleaved(
-            {"actor": lambda: ray.get(actor.empty.remote(), timeout=60), "serve": lambda: post(b"")},
+            {
+                "actor": lambda: ray.get(actor.empty.remote(), timeout=60),
+                "serve": lambda: post(b""),
+            },
             EMPTY_ROUNDS,
             warmup=20,
         )
         batch = interleaved(
-            {"actor": lambda: ray.get(actor.score.remote(images), timeout=60), "serve": lambda: post(body)},
+            {
+                "actor": lambda: ray.get(actor.score.remote(images), timeout=60),
+                "serve": lambda: post(body),
+            },
             BATCH_ROUNDS,
             warmup=3,
         )
@@ -149,7 +159,10 @@ def build_venv() -> str | None:
     stamp = VENV / ".requirements.sha256"
     if VENV_PYTHON.exists() and stamp.exists() and stamp.read_text().strip() == want:
         return None
-    print(f"bench-peers: building {VENV.relative_to(ROOT)} ({REQUIREMENTS.strip().replace(chr(10), ', ')})", flush=True)
+    print(
+        f"bench-peers: building {VENV.relative_to(ROOT)} ({REQUIREMENTS.strip().replace(chr(10), ', ')})",
+        flush=True,
+    )
     shutil.rmtree(VENV, ignore_errors=True)
     steps = [
         [sys.executable, "-m", "venv", str(VENV)],
@@ -226,7 +239,12 @@ def report(ours: dict, ray: dict) -> list[str]:
         line("  managed child, shared memory", shared, shared, "managed shared"),
         line("  managed child, in-band (HTTP body)", t["in-band"], shared, "managed shared"),
         line("  Ray actor, batch", ray["actor_batch_p50_s"], shared, "managed shared"),
-        line("  Ray Serve HTTP, batch as raw bytes", ray["serve_batch_p50_s"], shared, "managed shared"),
+        line(
+            "  Ray Serve HTTP, batch as raw bytes",
+            ray["serve_batch_p50_s"],
+            shared,
+            "managed shared",
+        ),
         "tiny request; baseline: our managed child, 1 text item, scorer constant",
         line("  managed child, tiny", tiny, tiny, "managed tiny"),
         line("  Ray actor, empty call", ray["actor_empty_p50_s"], tiny, "managed tiny"),

@@ -33,7 +33,11 @@ TIMEOUT_S = 300
 def grpo_images(groups: int = 8, group: int = 4, side: int = 256) -> RewardRequest:
     rng = np.random.default_rng(7)
     items = [
-        RewardItem(id=f"i{n}", group_id=f"g{n // group}", image=rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
+        RewardItem(
+            id=f"i{n}",
+            group_id=f"g{n // group}",
+            image=rng.integers(0, 256, (side, side, 3), dtype=np.uint8),
+        )
         for n in range(groups * group)
     ]
     return RewardRequest(items=items, group_size=group)
@@ -63,13 +67,21 @@ def ray_side(temp_dir: str, rounds: int = ROUNDS, groups: int = 8) -> dict:
     try:
         started = time.perf_counter()
         pool = RayPoolBackend.create(
-            {"name": "bench", "actors": 2, "num_cpus": 1, "resources": {"reward_node": 1}, "scorer": spec}
+            {
+                "name": "bench",
+                "actors": 2,
+                "num_cpus": 1,
+                "resources": {"reward_node": 1},
+                "scorer": spec,
+            }
         )
         pool_start_s = time.perf_counter() - started
         with ReplicatedBackend({**spec, "replicas": {"count": 2}}) as children:
             try:
                 expected = children.compute_rewards(request).rewards
-                assert pool.compute_rewards(request).rewards == expected, "pool and children rewards differ"
+                assert pool.compute_rewards(request).rewards == expected, (
+                    "pool and children rewards differ"
+                )
                 times = interleaved(
                     {
                         "pool": lambda: pool.compute_rewards(request),
@@ -91,7 +103,11 @@ def main_line(rounds: int = ROUNDS, groups: int = 8) -> str:
     if unavailable.exists() or not RAY_PYTHON.exists():
         return f"{label}: SKIPPED (envs/ray is not built here: `make env-ray`)"
     found, _ = run_ray_side(
-        RAY_PYTHON, "bench.ray_pool", "the Ray pool bench", TIMEOUT_S, json.dumps({"rounds": rounds, "groups": groups})
+        RAY_PYTHON,
+        "bench.ray_pool",
+        "the Ray pool bench",
+        TIMEOUT_S,
+        json.dumps({"rounds": rounds, "groups": groups}),
     )
     pool, children = found["times"]["pool"], found["times"]["children"]
     return (

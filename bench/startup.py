@@ -64,7 +64,9 @@ def whole_trees(pids: list[int], deadline: float) -> list[list[psutil.Process]]:
         counts = descendants(pids)
     short = {pid: count for pid, count in counts.items() if count < PROCESSES_PER_CHILD}
     if short:
-        raise RuntimeError(f"children {short}: fewer processes than {PROCESSES_PER_CHILD} after 60 s")
+        raise RuntimeError(
+            f"children {short}: fewer processes than {PROCESSES_PER_CHILD} after 60 s"
+        )
     return [tree(pid) for pid in pids]
 
 
@@ -72,7 +74,10 @@ def boot_cpu(procs: list[psutil.Process]) -> dict[str, float]:
     """User + system CPU of one child's boot, by phase: the child (its imports, its server), the
     forkserver (math_verify's import and the warm-up), the forks (template, worker, spare), the
     tracker."""
-    child, forkserver = procs[0], next(p for p in procs[1:] if "forkserver" in " ".join(p.cmdline()))
+    child, forkserver = (
+        procs[0],
+        next(p for p in procs[1:] if "forkserver" in " ".join(p.cmdline())),
+    )
     phases = {"child": 0.0, "forkserver": 0.0, "forks": 0.0, "tracker": 0.0}
     for proc in procs:
         phase = (
@@ -89,7 +94,9 @@ def first_batches(backend: ReplicatedBackend) -> None:
     """One 64-item request to each child at once (each child's first)."""
     request = RewardRequest(items=[RewardItem(**raw) for raw in math_items(FIRST_BATCH)])
     with ThreadPoolExecutor(len(backend.replicas)) as pool:
-        for response in pool.map(lambda replica: replica.compute_rewards(request), backend.replicas):
+        for response in pool.map(
+            lambda replica: replica.compute_rewards(request), backend.replicas
+        ):
             assert len(response.rewards) == FIRST_BATCH
 
 
@@ -124,9 +131,14 @@ def measure(count: int) -> dict[str, float]:
             "boot_s_median": statistics.median(boots),
             "boot_cpu_s": statistics.mean(sum(phases.values()) for phases in cpu),
             "parent_cpu_s": parent_cpu,
-            **{f"cpu_{phase}_s": statistics.mean(phases[phase] for phases in cpu) for phase in cpu[0]},
-            "rss_mib": statistics.mean(sum(i.rss for i in tree_infos) for tree_infos in infos) / 2**20,
-            "pss_mib": statistics.mean(sum(i.pss for i in tree_infos) for tree_infos in infos) / 2**20,
+            **{
+                f"cpu_{phase}_s": statistics.mean(phases[phase] for phases in cpu)
+                for phase in cpu[0]
+            },
+            "rss_mib": statistics.mean(sum(i.rss for i in tree_infos) for tree_infos in infos)
+            / 2**20,
+            "pss_mib": statistics.mean(sum(i.pss for i in tree_infos) for tree_infos in infos)
+            / 2**20,
             "fds_per_child": statistics.mean(sum(p.num_fds() for p in procs) for procs in trees),
             "processes_per_child": statistics.mean(len(procs) for procs in trees),
             "parent_fds_per_child": (psutil.Process().num_fds() - parent_fds) / count,

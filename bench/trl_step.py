@@ -21,9 +21,13 @@ def main_line(steps: int = STEPS, rounds: int = ROUNDS, params: dict | None = No
     from bench.common import env_python, run_driver
 
     chosen = json.dumps(params if params is not None else MATH_PARAMS)
-    report = run_driver("trlbench", "bench.trl_step_driver", str(steps), str(rounds), env_python("math"), chosen)
+    report = run_driver(
+        "trlbench", "bench.trl_step_driver", str(steps), str(rounds), env_python("math"), chosen
+    )
     if report["mismatches"]:
-        raise RuntimeError(f"TRL's accuracy_reward and the managed grader disagree on {report['mismatches']} rewards")
+        raise RuntimeError(
+            f"TRL's accuracy_reward and the managed grader disagree on {report['mismatches']} rewards"
+        )
     share, ms = report["share"], report["reward_ms"]
     return (
         f"TRL GRPO step ({report['items_per_step']} completions, {report['steps']['managed']} steps each, "

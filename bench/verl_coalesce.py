@@ -23,12 +23,18 @@ def main_line(rounds: int = 5, n: int = N) -> str:
 
     rows = math_items(n)
     backend = managed("math", "math_verify", "text", {"jobs": 2})
-    forms = {"coalesced": VerlComputeScore(backend), "per item": VerlComputeScore(backend, coalesce=False)}
+    forms = {
+        "coalesced": VerlComputeScore(backend),
+        "per item": VerlComputeScore(backend, coalesce=False),
+    }
 
     def burst(score: VerlComputeScore) -> None:
         async def run() -> None:
             await asyncio.gather(
-                *(score.acompute_score("math", r["text"], r["reference"], {"index": i}) for i, r in enumerate(rows))
+                *(
+                    score.acompute_score("math", r["text"], r["reference"], {"index": i})
+                    for i, r in enumerate(rows)
+                )
             )
 
         asyncio.run(run())

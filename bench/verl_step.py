@@ -18,9 +18,13 @@ ROUNDS = 5
 def main_line(items: int = ITEMS, rounds: int = ROUNDS) -> str:
     from bench.common import env_python, run_driver
 
-    report = run_driver("trl", "bench.verl_step_driver", str(items), str(rounds), env_python("math"))
+    report = run_driver(
+        "trl", "bench.verl_step_driver", str(items), str(rounds), env_python("math")
+    )
     if report["mismatches"]:
-        raise RuntimeError(f"verl's own grader and the managed one disagree on {report['mismatches']} rewards")
+        raise RuntimeError(
+            f"verl's own grader and the managed one disagree on {report['mismatches']} rewards"
+        )
     managed, own = report["seconds"]["managed"], report["seconds"]["verl"]
     return (
         f"verl reward loop, {report['items']} items ({report['right']:.0%} right): managed entry point "

@@ -75,7 +75,9 @@ def run(items: int, rounds: int) -> dict[str, Any]:
         "mismatches": sum(a != b for a, b in zip(got["managed"], got["verl"], strict=True)),
         "right": sum(got["managed"]) / len(rows),
         "whole_mix": len(whole),
-        "whole_mix_disagree": sum(a != b for a, b in zip(on_all["managed"], on_all["verl"], strict=True)),
+        "whole_mix_disagree": sum(
+            a != b for a, b in zip(on_all["managed"], on_all["verl"], strict=True)
+        ),
     }
 
 

@@ -161,7 +161,9 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
         scorer_cls = resolve_scorer(config.scorer_name, config.catalog)
     except (UnknownScorerError, CatalogError) as exc:
         bad_name = not isinstance(exc.__cause__, ImportError)
-        _fail(pipe, exit_codes.BAD_CONFIG if bad_name else exit_codes.SCORER_IMPORT_FAILED, str(exc))
+        _fail(
+            pipe, exit_codes.BAD_CONFIG if bad_name else exit_codes.SCORER_IMPORT_FAILED, str(exc)
+        )
     try:
         scorer = scorer_cls(**config.scorer_params)
     except (TypeError, ValueError) as exc:
@@ -169,7 +171,11 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
     except Exception:  # noqa: BLE001 - a constructor must be cheap; whatever it raised is reported in full
         _fail(pipe, exit_codes.SCORER_LOAD_FAILED, traceback.format_exc())
     if config.openrlhf_secret is not None and scorer.spec.groupwise:  # before any weights load
-        _fail(pipe, exit_codes.BAD_CONFIG, f"the OpenRLHF route refuses: {groupwise_refusal([scorer.spec.name])}")
+        _fail(
+            pipe,
+            exit_codes.BAD_CONFIG,
+            f"the OpenRLHF route refuses: {groupwise_refusal([scorer.spec.name])}",
+        )
     identity_hash = _identity(scorer, config, pipe)
     _check_pins(config, scorer.spec.name, scorer.spec.revision, identity_hash, pipe)
     try:
@@ -224,7 +230,9 @@ def _identity(scorer: Any, config: BootConfig, pipe: BinaryIO) -> str:
         _fail(pipe, exit_codes.BAD_CONFIG, f"scorer {config.scorer_name!r} identity: {exc}")
 
 
-def _check_pins(config: BootConfig, name: str, revision: str, identity_hash: str, pipe: BinaryIO) -> None:
+def _check_pins(
+    config: BootConfig, name: str, revision: str, identity_hash: str, pipe: BinaryIO
+) -> None:
     """A configured revision or identity hash is a pin: serving another scorer would be a silent
     lie."""
     if config.revision is not None and config.revision != revision:
@@ -294,7 +302,9 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
 
     standalone = config.parent_pid is None  # `managed-scorers serve`: a person reads its stderr
     segment, segment_error = _open_segment(config)
-    gate = ConnectionGate(config.limits.max_pending_connections, config.limits.pending_connection_timeout_s)
+    gate = ConnectionGate(
+        config.limits.max_pending_connections, config.limits.pending_connection_timeout_s
+    )
 
     def ready() -> dict[str, Any]:
         if standalone:  # the readiness line goes to stdout, unchanged; the person reads stderr
@@ -337,7 +347,9 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
     server.run(sockets=[listener])  # not asyncio.run(): that would ignore the loop factory
 
 
-def _uvicorn_config(app: ASGIApp, gate: ConnectionGate, graceful_timeout_s: float) -> uvicorn.Config:
+def _uvicorn_config(
+    app: ASGIApp, gate: ConnectionGate, graceful_timeout_s: float
+) -> uvicorn.Config:
     """uvicorn's settings for our own parent: loop/http "auto" (uvloop and httptools where the env
     has them); the parent reconnects only when it must, so idle keep-alive connections are never
     reaped."""
@@ -379,7 +391,11 @@ def main() -> None:
     faulthandler.enable()
     started = time.monotonic()
     if sys.version_info < (3, 11):  # noqa: UP036 - a scorer env may be older; PYTHONSAFEPATH needs 3.11
-        _fail(None, exit_codes.BAD_CONFIG, f"the scorer env's Python is {sys.version.split()[0]}; 3.11+ is needed")
+        _fail(
+            None,
+            exit_codes.BAD_CONFIG,
+            f"the scorer env's Python is {sys.version.split()[0]}; 3.11+ is needed",
+        )
     # `managed-scorers serve`: lives until SIGTERM, not with a parent
     standalone = sys.argv[1:] == ["--standalone"]
     parent = os.getppid()
@@ -388,7 +404,11 @@ def main() -> None:
     config = _read_config(standalone, parent)
     if not standalone:
         boot.close_strays(
-            {config.listen_fd, config.ready_fd, *([] if config.shared_fd is None else [config.shared_fd])}
+            {
+                config.listen_fd,
+                config.ready_fd,
+                *([] if config.shared_fd is None else [config.shared_fd]),
+            }
         )
         _enter(config.cwd)
     pipe = os.fdopen(config.ready_fd, "wb", buffering=0)

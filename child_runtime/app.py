@@ -36,10 +36,28 @@ from child_runtime.metrics import ChildMetrics
 from child_runtime.openrlhf_route import CapabilityPath, loud
 from child_runtime.protocol import openrlhf, unirl, wire
 from child_runtime.protocol.bounded_json import JsonBounds, JsonTooLarge
-from child_runtime.protocol.headers import EVICTED_HEADER, IDENTITY_HEADER, KEY_HEADER, REPLAY_HEADER
-from child_runtime.protocol.items import Limits, RequestError, request_from_wire, request_terms, response_to_wire
+from child_runtime.protocol.headers import (
+    EVICTED_HEADER,
+    IDENTITY_HEADER,
+    KEY_HEADER,
+    REPLAY_HEADER,
+)
+from child_runtime.protocol.items import (
+    Limits,
+    RequestError,
+    request_from_wire,
+    request_terms,
+    response_to_wire,
+)
 from child_runtime.protocol.shared_segment import ChildSegment
-from scorers.base import CloseFailed, ScoreInputError, ScoreItem, ScorerContractError, ScorerWedged, ServerFault
+from scorers.base import (
+    CloseFailed,
+    ScoreInputError,
+    ScoreItem,
+    ScorerContractError,
+    ScorerWedged,
+    ServerFault,
+)
 
 DEFAULT_DRAIN_TIMEOUT_S = 600.0
 DEFAULT_LIMITS = Limits()
@@ -73,7 +91,9 @@ class BearerAuth:
     ) -> None:
         self.app = app
         self._expected = f"Bearer {token}".encode()
-        self._metrics_expected = None if metrics_token is None else f"Bearer {metrics_token}".encode()
+        self._metrics_expected = (
+            None if metrics_token is None else f"Bearer {metrics_token}".encode()
+        )
         self._gate = gate
         # a refused token is counted too: a remote server's failed logins show
         self._metrics = metrics
@@ -90,7 +110,9 @@ class BearerAuth:
         if capability is not None and capability.claims(path):
             if not capability.admits(path):
                 capability.refused(scope.get("client"))
-                await self._refuse(scope, receive, send, openrlhf.ROUTE, "missing or wrong secret in the path")
+                await self._refuse(
+                    scope, receive, send, openrlhf.ROUTE, "missing or wrong secret in the path"
+                )
                 return
             # the secret stops here
             scope = {**scope, "path": openrlhf.ROUTE, "raw_path": openrlhf.ROUTE.encode()}
@@ -113,11 +135,15 @@ class BearerAuth:
         metrics = self._metrics_expected
         return metrics is not None and path == METRICS and hmac.compare_digest(given, metrics)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, path: str, why: str) -> None:
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, path: str, why: str
+    ) -> None:
         if self._metrics is not None:
             self._metrics.request(path, 401, 0.0)
             self._metrics.error("unauthorized")
-        refusal = JSONResponse({"error": why, "kind": "unauthorized"}, status_code=401, headers={"connection": "close"})
+        refusal = JSONResponse(
+            {"error": why, "kind": "unauthorized"}, status_code=401, headers={"connection": "close"}
+        )
         await refusal(scope, receive, send)
 
 
@@ -257,10 +283,20 @@ class _Endpoints:
         rank: int,
         serve_openrlhf: bool = False,
     ) -> None:
-        self.host, self.request_exit, self.limits, self.segment, self.gate = host, request_exit, limits, segment, gate
+        self.host, self.request_exit, self.limits, self.segment, self.gate = (
+            host,
+            request_exit,
+            limits,
+            segment,
+            gate,
+        )
         self.serve_openrlhf = serve_openrlhf
-        self.openrlhf_bodies = JsonBodies(JsonBounds(limits.openrlhf_max_request_bytes), "openrlhf_max_request_bytes")
-        self.json_bodies = JsonBodies(JsonBounds(limits.json_max_request_bytes), "json_max_request_bytes")
+        self.openrlhf_bodies = JsonBodies(
+            JsonBounds(limits.openrlhf_max_request_bytes), "openrlhf_max_request_bytes"
+        )
+        self.json_bodies = JsonBodies(
+            JsonBounds(limits.json_max_request_bytes), "json_max_request_bytes"
+        )
         self.ledger = RequestLedger()
         self.cache = answers if answers is not None else AnswerCache()
         self.state = "ready"
@@ -283,7 +319,9 @@ class _Endpoints:
 
     def routes(self) -> list[Route]:
         metrics = self.metrics
-        extra = [Route(openrlhf.ROUTE, loud(_guarded(self.openrlhf_score, metrics)), methods=["POST"])]
+        extra = [
+            Route(openrlhf.ROUTE, loud(_guarded(self.openrlhf_score, metrics)), methods=["POST"])
+        ]
         return [
             Route(LIVEZ, self.livez, methods=["GET"]),
             Route("/health", _guarded(self.health, metrics), methods=["GET"]),
@@ -315,7 +353,9 @@ class _Endpoints:
                 # a wedged scorer refuses every call: not ready, so a probe passes this server over
                 # (and a standalone server's supervisor can restart it: nothing here can stop its
                 # stuck thread)
-                "state": "wedged" if host.wedged is not None and self.state == "ready" else self.state,
+                "state": "wedged"
+                if host.wedged is not None and self.state == "ready"
+                else self.state,
                 **host.catalog_entry(),
                 "pid": os.getpid(),
                 "in_flight": self.ledger.in_flight,
@@ -344,7 +384,9 @@ class _Endpoints:
         reward-service JSON (`unirl_score`)."""
         if request.headers.get("content-type", "").split(";")[0].strip().lower() == JSON_TYPE:
             if KEY_HEADER in request.headers:
-                raise RequestError(f"{KEY_HEADER} is the binary frame's: a JSON request's idempotency_key is echoed")
+                raise RequestError(
+                    f"{KEY_HEADER} is the binary frame's: a JSON request's idempotency_key is echoed"
+                )
             return await self.unirl_score(request)
         ticket = self.ledger.begin()
         try:
@@ -365,7 +407,11 @@ class _Endpoints:
             answer, replayed = await self.cache.answer(
                 key, await body_digest(body), lambda: self._produce(body, phases)
             )
-        headers = {"server-timing": ", ".join(f"{name};dur={1e3 * (end - start):.3f}" for name, start, end in phases)}
+        headers = {
+            "server-timing": ", ".join(
+                f"{name};dur={1e3 * (end - start):.3f}" for name, start, end in phases
+            )
+        }
         if replayed:
             headers[REPLAY_HEADER] = "1"
         return Response(answer, media_type=wire.CONTENT_TYPE, headers=headers)
@@ -375,7 +421,9 @@ class _Endpoints:
         t1 = time.perf_counter()
         shared = self.segment.view if self.segment else None
         meta = wire.decode(body, shared=shared)
-        items, group_size = request_from_wire(meta, self.limits, copy_media=self.spec.writable_inputs)
+        items, group_size = request_from_wire(
+            meta, self.limits, copy_media=self.spec.writable_inputs
+        )
         terms = request_terms(meta)
         t2 = time.perf_counter()
         result = await self.in_worker(self.host.score, items, group_size, terms)
@@ -394,7 +442,9 @@ class _Endpoints:
             started = time.perf_counter()
             result = await self.in_worker(self.host.score, items, None)
             self.metrics.scored(len(items), time.perf_counter() - started)
-            return JSONResponse(openrlhf.answer_of(result, self.spec.term_names(), self.spec.reward_term))
+            return JSONResponse(
+                openrlhf.answer_of(result, self.spec.term_names(), self.spec.reward_term)
+            )
         finally:
             self.ledger.end(ticket)
 
@@ -416,12 +466,16 @@ class _Endpoints:
         """UniRL's parsed body as checked items (in the route's parse thread: images are decoded
         there)."""
         parsed = unirl.parse(payload, self.spec, self.host.identity_hash, self.limits)
-        return parsed, request_from_wire(parsed.wire, self.limits, copy_media=self.spec.writable_inputs)[0]
+        return parsed, request_from_wire(
+            parsed.wire, self.limits, copy_media=self.spec.writable_inputs
+        )[0]
 
     def _openrlhf_items(self, payload: Any) -> list[ScoreItem]:
         """OpenRLHF's parsed body as checked items (in the route's parse thread: a large label is
         walked there)."""
-        return request_from_wire(openrlhf.wire_request(openrlhf.samples_of(payload)), self.limits)[0]
+        return request_from_wire(openrlhf.wire_request(openrlhf.samples_of(payload)), self.limits)[
+            0
+        ]
 
     async def onload(self, request: Request) -> Response:
         figures = await self.in_worker(self.host.onload)
@@ -470,7 +524,9 @@ def build_app(
     """The child's ASGI app: its endpoints behind the bearer token and the connection gate; with an
     `openrlhf_secret`, OpenRLHF's route too, behind that secret in its path; with a `metrics_token`,
     /metrics for that token too."""
-    endpoints = _Endpoints(host, request_exit, limits, segment, gate, answers, rank, openrlhf_secret is not None)
+    endpoints = _Endpoints(
+        host, request_exit, limits, segment, gate, answers, rank, openrlhf_secret is not None
+    )
     app = Starlette(routes=endpoints.routes())
     app.router.redirect_slashes = False  # '/score/' is an unknown path (404), not a redirect
     capability = CapabilityPath(openrlhf_secret) if openrlhf_secret is not None else None

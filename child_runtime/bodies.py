@@ -60,7 +60,9 @@ class JsonBodies:
         self.bounds, self.setting = bounds, setting
         self.parsing = 0  # parses running now (said on /health)
         self._slots = asyncio.Semaphore(PARSES_AT_ONCE)
-        self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=PARSES_AT_ONCE, thread_name_prefix="json")
+        self._thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=PARSES_AT_ONCE, thread_name_prefix="json"
+        )
 
     async def read(self, request: Request, made: Callable[[Any], T]) -> T:
         """What `made` makes of the body's JSON value (the route's request, checked), both in this
@@ -71,7 +73,9 @@ class JsonBodies:
             async with asyncio.timeout(PARSE_WAIT_S):
                 await self._slots.acquire()
         except TimeoutError as exc:
-            raise ParsesBusy(f"no parse of this route came free within {PARSE_WAIT_S:g} s: try again") from exc
+            raise ParsesBusy(
+                f"no parse of this route came free within {PARSE_WAIT_S:g} s: try again"
+            ) from exc
 
         def parsed() -> T:
             return made(bounded_json.loads(body, self.bounds))

@@ -23,7 +23,9 @@ from typing import Any
 
 from child_runtime.protocol.headers import EVICTED_HEADER
 
-EVICTION_BODY = json.dumps({"error": "connection closed before it authenticated", "kind": "evicted"}).encode()
+EVICTION_BODY = json.dumps(
+    {"error": "connection closed before it authenticated", "kind": "evicted"}
+).encode()
 EVICTION = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
     + EVICTED_HEADER.encode()

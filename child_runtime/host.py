@@ -52,7 +52,9 @@ class _ScoringLock:
     def scoring(self) -> Iterator[None]:
         with self._cond:
             self._cond.wait_for(
-                lambda: not self._changing and not self._changes_waiting and self._scoring < self._calls
+                lambda: (
+                    not self._changing and not self._changes_waiting and self._scoring < self._calls
+                )
             )
             self._scoring += 1
         try:
@@ -68,7 +70,9 @@ class _ScoringLock:
         with self._cond:
             self._changes_waiting += 1
             try:
-                if not self._cond.wait_for(lambda: not self._changing and not self._scoring, timeout_s):
+                if not self._cond.wait_for(
+                    lambda: not self._changing and not self._scoring, timeout_s
+                ):
                     raise TimeoutError
             finally:
                 self._changes_waiting -= 1
@@ -85,7 +89,9 @@ class ScorerHost:
     def __init__(self, scorer: Scorer, gpu_residency: str, identity_hash: str = "") -> None:
         """Refuses per_call for a scorer that cannot offload: checked before any weights load."""
         if gpu_residency not in GPU_RESIDENCY_MODES:
-            raise ValueError(f"gpu_residency must be one of {GPU_RESIDENCY_MODES}, got {gpu_residency!r}")
+            raise ValueError(
+                f"gpu_residency must be one of {GPU_RESIDENCY_MODES}, got {gpu_residency!r}"
+            )
         if gpu_residency == PER_CALL and not scorer.spec.supports_offload:
             raise ValueError(
                 f"gpu_residency=per_call needs a scorer that supports offload; "
@@ -101,7 +107,9 @@ class ScorerHost:
         # why the scorer can serve no more (the first ScorerWedged it raised)
         self.wedged: str | None = None
         # per_call residency changes residency around every call: its calls are one at a time
-        self.concurrent_calls = max(1, scorer.spec.concurrent_calls) if gpu_residency == RESIDENT else 1
+        self.concurrent_calls = (
+            max(1, scorer.spec.concurrent_calls) if gpu_residency == RESIDENT else 1
+        )
         self._lock = _ScoringLock(self.concurrent_calls)
 
     def catalog_entry(self) -> dict[str, Any]:
@@ -164,7 +172,9 @@ class ScorerHost:
         except CloseFailed:
             raise
         except Exception as exc:
-            raise ResidencyFailed(f"per-call {what} of scorer {self.scorer.spec.name!r} failed: {exc!r}") from exc
+            raise ResidencyFailed(
+                f"per-call {what} of scorer {self.scorer.spec.name!r} failed: {exc!r}"
+            ) from exc
 
     def _refuse_if_wedged(self, what: str) -> None:
         if self.wedged is not None:
@@ -174,7 +184,9 @@ class ScorerHost:
                 timed_out=False,
             )
 
-    def _scored(self, items: Sequence[ScoreItem], group_size: int | None, terms: Sequence[str] | None) -> ScoreResult:
+    def _scored(
+        self, items: Sequence[ScoreItem], group_size: int | None, terms: Sequence[str] | None
+    ) -> ScoreResult:
         try:
             return score_checked(self.scorer, items, group_size, terms)
         except ScorerWedged as exc:
@@ -196,16 +208,27 @@ class ScorerHost:
         """Close the scorer once no batch is running; past the bound, leave it to the group kill. A
         wedged scorer is not closed: its stuck threads may hold what close() would wait for."""
         if self.wedged is not None:
-            log.warning("scorer %s is wedged (%s); exiting without close()", self.scorer.spec.name, self.wedged)
+            log.warning(
+                "scorer %s is wedged (%s); exiting without close()",
+                self.scorer.spec.name,
+                self.wedged,
+            )
             return
         try:
             with self._lock.exclusive(timeout_s):
                 self.scorer.close()
         except TimeoutError:
-            log.warning("scorer %s still busy after %.1f s; exiting without close()", self.scorer.spec.name, timeout_s)
+            log.warning(
+                "scorer %s still busy after %.1f s; exiting without close()",
+                self.scorer.spec.name,
+                timeout_s,
+            )
 
     def score(
-        self, items: Sequence[ScoreItem], group_size: int | None = None, terms: Sequence[str] | None = None
+        self,
+        items: Sequence[ScoreItem],
+        group_size: int | None = None,
+        terms: Sequence[str] | None = None,
     ) -> ScoreResult:
         """`terms`: the ones the request wants (None: all)."""
         with self._lock.scoring():

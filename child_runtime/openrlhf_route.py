@@ -99,7 +99,9 @@ def loud(handler: Handler) -> Handler:
             kind, error = detail.get("kind", "unknown"), detail.get("error", "")
             status = response.status_code
             kinds.setdefault((status, kind), Throttled()).happened(
-                lambda count: log("ERROR", f"answered {status} {kind} x{count} ({OPENRLHF_FATE}): {error}")
+                lambda count: log(
+                    "ERROR", f"answered {status} {kind} x{count} ({OPENRLHF_FATE}): {error}"
+                )
             )
         return response
 

@@ -69,7 +69,9 @@ GENERATED = "*Generated from the code by `docs/gen_reference.py` at build time; 
 # --- the CLI -----------------------------------------------------------------------------------
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
+def _subcommands(
+    parser: argparse.ArgumentParser,
+) -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
     """(name, help, parser) of each subcommand, in the parser's order."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -84,7 +86,9 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[list[str]]:
     for group in parser._mutually_exclusive_groups:
         names = ", ".join(a.option_strings[0] for a in group._group_actions if a.option_strings)
         for action in group._group_actions:
-            exclusive[id(action)] = ("exactly one of " if group.required else "at most one of ") + names
+            exclusive[id(action)] = (
+                "exactly one of " if group.required else "at most one of "
+            ) + names
     rows = []
     for action in parser._actions:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
@@ -115,7 +119,8 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[list[str]]:
         rows.append(
             [
                 code(shown),
-                cell(help_text) + ("" if not notes else (" (" if help_text else "(") + "; ".join(notes) + ")"),
+                cell(help_text)
+                + ("" if not notes else (" (" if help_text else "(") + "; ".join(notes) + ")"),
                 code(shown_default) if shown_default != "" else "",
             ]
         )
@@ -132,8 +137,23 @@ def cli_page() -> str:
     from supervisor.ops import cli
 
     top = cli.parser()
-    lines = ["# CLI: managed-scorers", "", GENERATED, "", doc(cli), "", "```text", _usage(top), "```", ""]
-    lines.extend(table(["Global option (before the subcommand)", "What it does", "Default"], _option_rows(top)))
+    lines = [
+        "# CLI: managed-scorers",
+        "",
+        GENERATED,
+        "",
+        doc(cli),
+        "",
+        "```text",
+        _usage(top),
+        "```",
+        "",
+    ]
+    lines.extend(
+        table(
+            ["Global option (before the subcommand)", "What it does", "Default"], _option_rows(top)
+        )
+    )
     if top.epilog:  # the exit statuses, as `--help` ends with them
         lines.extend(["```text", top.epilog, "```", ""])
 
@@ -205,7 +225,11 @@ def field_comments(model: type[BaseModel]) -> dict[str, str]:
             while number >= 1 and lines[number - 1].strip().startswith("#"):
                 above.insert(0, lines[number - 1].strip().lstrip("#").strip())
                 number -= 1
-            own = [trailing[n] for n in range(node.lineno, (node.end_lineno or node.lineno) + 1) if n in trailing]
+            own = [
+                trailing[n]
+                for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+                if n in trailing
+            ]
             text = " ".join([*above, *own])
             if text:
                 found[node.target.id] = text.replace("noqa", "").strip()
@@ -214,7 +238,14 @@ def field_comments(model: type[BaseModel]) -> dict[str, str]:
 
 def constraints(info: FieldInfo) -> str:
     said = []
-    symbols = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "min_length": "min length", "max_length": "max length"}
+    symbols = {
+        "gt": ">",
+        "ge": ">=",
+        "lt": "<",
+        "le": "<=",
+        "min_length": "min length",
+        "max_length": "max length",
+    }
     for meta in info.metadata:
         for attr, symbol in symbols.items():
             value = getattr(meta, attr, None)
@@ -239,7 +270,12 @@ def default_text(info: FieldInfo) -> str:
     value = info.default
     if isinstance(value, float) and value.is_integer() and abs(value) >= 1 << 20:
         return code(value)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1 << 20 and value % (1 << 20) == 0:
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value >= 1 << 20
+        and value % (1 << 20) == 0
+    ):
         return f"{code(value)} ({value >> 20} MiB)"
     try:
         return code(json.dumps(value))
@@ -300,14 +336,26 @@ def recipe_keys() -> list[str]:
         (recipes, "verl-omni `reward.models.NAME` (a managed or local model)", "MODEL_KEYS"),
         (recipes, "verl-omni `reward.models.NAME` with `backend: remote`", "REMOTE_KEYS"),
         (native_recipe, "verl-omni native model (`backend: native`)", "MODEL_KEYS"),
-        (native_recipe, "verl-omni reward function bound to a native model: the panel's keys", "TERM_KEYS"),
-        (native_recipe, "verl-omni reward function bound to a native model: the binding", "FUNCTION_KEYS"),
+        (
+            native_recipe,
+            "verl-omni reward function bound to a native model: the panel's keys",
+            "TERM_KEYS",
+        ),
+        (
+            native_recipe,
+            "verl-omni reward function bound to a native model: the binding",
+            "FUNCTION_KEYS",
+        ),
         (ff_recipe, "FF `rewards:` entry: the term", "TERM_KEYS"),
         (ff_recipe, "FF `rewards:` entry: where it runs", "PLACE_KEYS"),
         (ff_recipe, "FF `rewards:` entry: the model's own", "MODEL_KEYS"),
     ]
     rows = [
-        [cell(what), code(f"{module.__name__}.{name}"), ", ".join(f"`{k}`" for k in sorted(getattr(module, name)))]
+        [
+            cell(what),
+            code(f"{module.__name__}.{name}"),
+            ", ".join(f"`{k}`" for k in sorted(getattr(module, name))),
+        ]
         for module, what, name in styles
     ]
     parse = inspect.getsource(recipes._parse)
@@ -337,7 +385,9 @@ def config_page() -> str:
     roots += [
         value
         for value in vars(config).values()
-        if isinstance(value, type) and issubclass(value, BaseModel) and value.__module__ == config.__name__
+        if isinstance(value, type)
+        and issubclass(value, BaseModel)
+        and value.__module__ == config.__name__
     ]
     models = [m for m in walk_models(roots) if not m.__name__.startswith("_")]
     lines = ["# Recipe and config fields", "", GENERATED, "", doc(config), ""]
@@ -395,8 +445,13 @@ def _live_answers(app: Any) -> dict[str, Any]:
     from child_runtime.protocol.openrlhf import ROUTE
 
     auth = {"authorization": f"Bearer {TOKEN}"}
-    frame = wire.encode({"items": [{"id": "a", "text": "an answer"}, {"id": "b", "text": "another"}]})
-    unirl = {"protocol_version": "1", "requests": [{"history": [{"text": "an answer"}], "request_id": "a"}]}
+    frame = wire.encode(
+        {"items": [{"id": "a", "text": "an answer"}, {"id": "b", "text": "another"}]}
+    )
+    unirl = {
+        "protocol_version": "1",
+        "requests": [{"history": [{"text": "an answer"}], "request_id": "a"}],
+    }
     one_sample = {"query": ["What is 2+2? 4"], "prompts": ["What is 2+2?"], "labels": ["4"]}
 
     async def call_all() -> dict[str, httpx.Response]:
@@ -442,9 +497,13 @@ def _json_score_section(answer: tuple[int, str, Any, dict[str, str]]) -> list[st
     status, kind, body, headers = answer
     lines = [f"#### The JSON form (`content-type: {JSON_TYPE}`)", "", doc(unirl), ""]
     lines.extend([f"Status {status}, `{kind.split(';')[0]}`, with these keys:", ""])
-    lines.extend(table(["Key", "Kind of value"], [[code(key), _shape(value)] for key, value in body.items()]))
+    lines.extend(
+        table(["Key", "Kind of value"], [[code(key), _shape(value)] for key, value in body.items()])
+    )
     example = json.dumps({k: v[:1] if isinstance(v, list) else v for k, v in body.items()})
-    lines.extend([f"For example `{example}`; `{IDENTITY_HEADER}` is on it as on a frame's answer.", ""])
+    lines.extend(
+        [f"For example `{example}`; `{IDENTITY_HEADER}` is on it as on a frame's answer.", ""]
+    )
     if IDENTITY_HEADER not in headers:
         raise RuntimeError(f"/score's JSON answer lacks {IDENTITY_HEADER}")
     return lines
@@ -468,7 +527,12 @@ def _error_kinds() -> list[list[str]]:
     from child_runtime import app, gate
 
     source = _AppSource(ast.parse(inspect.getsource(app)), vars(app))
-    rows = [row for node in ast.walk(source.tree) if isinstance(node, ast.Call) for row in source.answers(node)]
+    rows = [
+        row
+        for node in ast.walk(source.tree)
+        if isinstance(node, ast.Call)
+        for row in source.answers(node)
+    ]
     evicted = json.loads(gate.EVICTION_BODY)
     rows.append(["503", code(evicted["kind"]), cell(f"the connection gate: {evicted['error']}")])
     rows.sort(key=lambda row: (row[0], row[1]))
@@ -481,7 +545,9 @@ class _AppSource:
 
     def __init__(self, tree: ast.AST, namespace: dict[str, Any]) -> None:
         self.tree, self.namespace = tree, namespace
-        self.parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        self.parents = {
+            id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)
+        }
 
     def values(self, node: ast.expr) -> list[Any]:
         if isinstance(node, ast.IfExp):
@@ -527,9 +593,15 @@ class _AppSource:
         if not (isinstance(body, ast.Dict) and isinstance(status, ast.Constant)):
             return []
         return [
-            [str(self.values(status)[0]), code(self.values(value)[0]), "`BearerAuth`: the token check"]
+            [
+                str(self.values(status)[0]),
+                code(self.values(value)[0]),
+                "`BearerAuth`: the token check",
+            ]
             for key, value in zip(body.keys, body.values, strict=True)
-            if isinstance(key, ast.Constant) and key.value == "kind" and isinstance(value, ast.Constant)
+            if isinstance(key, ast.Constant)
+            and key.value == "kind"
+            and isinstance(value, ast.Constant)
         ]
 
 
@@ -591,13 +663,17 @@ def http_page() -> str:
             lines.extend([f"Status {status}, `{kind.split(';')[0]}`, with these keys:", ""])
             lines.extend(table(["Key", "Kind of value"], rows))
         elif isinstance(body, list):
-            lines.extend([f"Status {status}, `{kind.split(';')[0]}`: a list, one entry per sample.", ""])
+            lines.extend(
+                [f"Status {status}, `{kind.split(';')[0]}`: a list, one entry per sample.", ""]
+            )
         elif not body.startswith("# HELP"):
             lines.extend([f"Status {status}, `{kind.split(';')[0]}`: `{body.strip()}`.", ""])
         else:
             names = [line.split()[2] for line in body.splitlines() if line.startswith("# HELP")]
             helps = {
-                line.split()[2]: " ".join(line.split()[3:]) for line in body.splitlines() if line.startswith("# HELP")
+                line.split()[2]: " ".join(line.split()[3:])
+                for line in body.splitlines()
+                if line.startswith("# HELP")
             }
             lines.extend([f"Status {status}, `{kind.split(';')[0]}` (Prometheus text format):", ""])
             lines.extend(table(["Metric", "Help"], [[code(n), cell(helps[n])] for n in names]))
@@ -612,7 +688,9 @@ def http_page() -> str:
             )
             timing = answer_headers.get("server-timing", "")
             phases = ", ".join(part.split(";")[0].strip() for part in timing.split(","))
-            lines.extend([f"Each answer carries a `server-timing` header with its phases: {phases}.", ""])
+            lines.extend(
+                [f"Each answer carries a `server-timing` header with its phases: {phases}.", ""]
+            )
             lines.extend(_json_score_section(answers["/score json"]))
     lines.extend(["## Headers", ""])
     header_rows = [
@@ -641,7 +719,9 @@ def http_page() -> str:
     ]
     lines.extend(table(["Kind", "Meaning"], wire_rows))
     lines.extend(["## Exit codes of a child that cannot boot", "", doc(exit_codes), ""])
-    lines.extend(table(["Code", "Meaning"], [[str(c), cell(m)] for c, m in exit_codes.MEANINGS.items()]))
+    lines.extend(
+        table(["Code", "Meaning"], [[str(c), cell(m)] for c, m in exit_codes.MEANINGS.items()])
+    )
     lines.extend(["## `managed-scorers serve`", "", doc(serve), ""])
     return "\n".join(lines)
 
@@ -662,13 +742,21 @@ def _module_comments(module: types.ModuleType) -> dict[str, str]:
     trailing = _comments_by_line(source)
     found = {}
     for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             above = []
             number = node.lineno - 1
             while number >= 1 and lines[number - 1].strip().startswith("#"):
                 above.insert(0, lines[number - 1].strip().lstrip("#").strip())
                 number -= 1
-            own = [trailing[n] for n in range(node.lineno, (node.end_lineno or node.lineno) + 1) if n in trailing]
+            own = [
+                trailing[n]
+                for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+                if n in trailing
+            ]
             found[node.targets[0].id] = " ".join([*above, *own])
     return found
 
@@ -696,7 +784,11 @@ def _param_text(parameter: inspect.Parameter) -> str:
     if parameter.default is inspect.Parameter.empty:
         return f"`{parameter.name}{kind}` (required)"
     default = parameter.default
-    shown = json.dumps(default) if isinstance(default, (str, int, float, bool, type(None))) else repr(default)
+    shown = (
+        json.dumps(default)
+        if isinstance(default, (str, int, float, bool, type(None)))
+        else repr(default)
+    )
     if len(shown) > 40:
         shown = shown[:37] + "..."
     return f"`{parameter.name}{kind} = {shown}`".replace("|", "\\|")
@@ -736,11 +828,15 @@ def scorers_page() -> str:
             + (f"; reward term: `{spec.reward_term}`" if spec.reward_term else ""),
         ]
         if spec.required_fields:
-            facts.append(f"- needs the item fields: {', '.join(f'`{f}`' for f in spec.required_fields)}")
+            facts.append(
+                f"- needs the item fields: {', '.join(f'`{f}`' for f in spec.required_fields)}"
+            )
         if spec.diagnostics:
             facts.append(f"- diagnostics: {', '.join(f'`{d}`' for d in spec.diagnostics)}")
         if spec.requires_modules:
-            facts.append(f"- imports from its env: {', '.join(f'`{m}`' for m in spec.requires_modules)}")
+            facts.append(
+                f"- imports from its env: {', '.join(f'`{m}`' for m in spec.requires_modules)}"
+            )
         flags = [
             label
             for label, on in (
@@ -752,7 +848,9 @@ def scorers_page() -> str:
         ]
         if flags:
             facts.append(f"- {'; '.join(flags)}")
-        facts.append("- params: " + (", ".join(_param_text(p) for p in params) if params else "none"))
+        facts.append(
+            "- params: " + (", ".join(_param_text(p) for p in params) if params else "none")
+        )
         section.extend([*facts, ""])
         sections.extend(section)
     lines.extend(table(["Name", "Input", "Env", "Groupwise", "What it scores"], rows))
@@ -765,9 +863,17 @@ def scorers_page() -> str:
         for env in scorer_envs.spec_names()
     }
     common = set.intersection(*(set(found) for found in pins.values()))
-    env_rows = [[code(env), ", ".join(f"`{pin}`" for pin in found if pin not in common)] for env, found in pins.items()]
+    env_rows = [
+        [code(env), ", ".join(f"`{pin}`" for pin in found if pin not in common)]
+        for env, found in pins.items()
+    ]
     lines.extend(
-        ["## Scorer envs", "", "What each env installs (`supervisor/env_specs/`), beyond the pins they share:", ""]
+        [
+            "## Scorer envs",
+            "",
+            "What each env installs (`supervisor/env_specs/`), beyond the pins they share:",
+            "",
+        ]
     )
     lines.extend(table(["Env", "Its own pins"], env_rows))
     lines.extend(["Every env pins: " + ", ".join(f"`{pin}`" for pin in sorted(common)) + ".", ""])

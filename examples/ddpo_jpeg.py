@@ -35,7 +35,9 @@ def sample(seed: int, batch: int, size: int = 64) -> np.ndarray:
 
 
 def run(image_python: str | None, batches: int, batch: int) -> dict[str, list]:
-    where: dict = {"process": {"python_executable": image_python}} if image_python else {"env": "image"}
+    where: dict = (
+        {"process": {"python_executable": image_python}} if image_python else {"env": "image"}
+    )
     backend = ManagedScorerProcessBackend(
         {
             **where,
@@ -56,14 +58,18 @@ def run(image_python: str | None, batches: int, batch: int) -> dict[str, list]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--image-python", help="python of the image scorer env (default: the built `image` env)")
+    parser.add_argument(
+        "--image-python", help="python of the image scorer env (default: the built `image` env)"
+    )
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
     report = run(args.image_python, args.batches, args.batch)
     for seed, rewards in zip(report["seeds"], report["rewards"], strict=True):
-        print(f"batch {seed}: " + "  ".join(f"{r:7.2f}" for r in rewards) + "  (-kB, smooth to noisy)")
+        print(
+            f"batch {seed}: " + "  ".join(f"{r:7.2f}" for r in rewards) + "  (-kB, smooth to noisy)"
+        )
     if args.report:
         args.report.write_text(json.dumps(report))
 

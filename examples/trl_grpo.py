@@ -37,12 +37,20 @@ def build_model_and_tokenizer(seed: int) -> tuple[Any, Any]:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    corpus = [f"what is {a} + {b} ? the answer is {a + b} ." for a, b in PROBLEMS] + [str(n) for n in range(20)]
+    corpus = [f"what is {a} + {b} ? the answer is {a + b} ." for a, b in PROBLEMS] + [
+        str(n) for n in range(20)
+    ]
     tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=["<pad>", "<unk>", "<s>", "</s>"]))
+    tokenizer.train_from_iterator(
+        corpus, trainers.WordLevelTrainer(special_tokens=["<pad>", "<unk>", "<s>", "</s>"])
+    )
     hf_tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
     )
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -75,7 +83,14 @@ def forcing_golds(
         for i, (text, gold) in enumerate(zip(completions, answer, strict=True)):
             slot = (5 * i + 3 * call) % 7  # a different scatter in every call
             out.append(
-                text + (f" \\boxed{{{gold}}}" if slot in (0, 2, 5) else f" \\boxed{{{gold}1}}" if slot == 3 else "")
+                text
+                + (
+                    f" \\boxed{{{gold}}}"
+                    if slot in (0, 2, 5)
+                    else f" \\boxed{{{gold}1}}"
+                    if slot == 3
+                    else ""
+                )
             )
         return out
 
@@ -83,26 +98,40 @@ def forcing_golds(
         journal.append({"texts": scored, "golds": list(answer), "rewards": rewards})
         return rewards
 
-    def sync_reward(prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any) -> list[float]:
+    def sync_reward(
+        prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any
+    ) -> list[float]:
         scored = forced(completions, answer)
-        return record(scored, answer, inner(prompts=prompts, completions=scored, answer=answer, **kwargs))
+        return record(
+            scored, answer, inner(prompts=prompts, completions=scored, answer=answer, **kwargs)
+        )
 
-    async def async_reward(prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any) -> Any:
+    async def async_reward(
+        prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any
+    ) -> Any:
         scored = forced(completions, answer)
-        return record(scored, answer, await inner(prompts=prompts, completions=scored, answer=answer, **kwargs))
+        return record(
+            scored,
+            answer,
+            await inner(prompts=prompts, completions=scored, answer=answer, **kwargs),
+        )
 
     chosen = async_reward if use_async else sync_reward
     chosen.__name__ = reward.__name__  # TRL logs rewards/<__name__>
     return chosen
 
 
-def train(math_python: str | None, use_async: bool, steps: int, force_golds: bool, seed: int) -> dict[str, Any]:
+def train(
+    math_python: str | None, use_async: bool, steps: int, force_golds: bool, seed: int
+) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     model, tokenizer = build_model_and_tokenizer(seed)
-    dataset = Dataset.from_list([{"prompt": f"what is {a} + {b} ?", "answer": str(a + b)} for a, b in PROBLEMS])
+    dataset = Dataset.from_list(
+        [{"prompt": f"what is {a} + {b} ?", "answer": str(a + b)} for a, b in PROBLEMS]
+    )
     process: dict[str, Any] = {"request_timeout": 120}
     if math_python is not None:
         process["python_executable"] = math_python
@@ -119,7 +148,9 @@ def train(math_python: str | None, use_async: bool, steps: int, force_golds: boo
 
     # what TRL's completions table shows at each logging step
     class PerCompletionLog(TrainerCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
+        ) -> None:
             table = trainer._logs  # private, but it is the per-completion record TRL logs
             logged.append(
                 {
@@ -165,10 +196,16 @@ def train(math_python: str | None, use_async: bool, steps: int, force_golds: boo
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--math-python", help="python of the math scorer env (default: the built `math` env)")
-    parser.add_argument("--async", dest="use_async", action="store_true", help="TRL's async reward function form")
+    parser.add_argument(
+        "--math-python", help="python of the math scorer env (default: the built `math` env)"
+    )
+    parser.add_argument(
+        "--async", dest="use_async", action="store_true", help="TRL's async reward function form"
+    )
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--force-golds", action="store_true", help="scatter right and wrong boxed answers")
+    parser.add_argument(
+        "--force-golds", action="store_true", help="scatter right and wrong boxed answers"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)

@@ -33,7 +33,9 @@ KEY = ("examples/verl_compute_score.py",)
 
 def _math_child() -> ManagedScorerProcessBackend:
     python = os.environ.get("MATH_PYTHON")
-    where: dict[str, Any] = {"process": {"python_executable": python}} if python else {"env": "math"}
+    where: dict[str, Any] = (
+        {"process": {"python_executable": python}} if python else {"env": "math"}
+    )
     return ManagedScorerProcessBackend(
         {**where, "scorer": {"name": "math_verify", "params": {"jobs": 2, "timeout_s": 10}}}
     )
@@ -45,7 +47,11 @@ def scorer() -> VerlComputeScore:
 
 
 async def compute_score(
-    data_source: str, solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None = None, **kwargs: Any
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info: Mapping[str, Any] | None = None,
+    **kwargs: Any,
 ) -> dict[str, Any]:
     # one boot, off the loop; the step's tasks wait on it
     ready = await aprocess_scorer(KEY, _math_child)
@@ -53,7 +59,11 @@ async def compute_score(
 
 
 def compute_score_sync(
-    data_source: str, solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None = None, **kwargs: Any
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info: Mapping[str, Any] | None = None,
+    **kwargs: Any,
 ) -> dict[str, Any]:
     return scorer()(data_source, solution_str, ground_truth, extra_info)
 

@@ -156,7 +156,9 @@ class ScoreItem:
 
     def required_audio(self) -> tuple[np.ndarray, int]:
         """The waveform and its sample rate (the wire checks guarantee the rate comes with it)."""
-        return self._required("audio", self.audio), self._required("audio_sample_rate", self.audio_sample_rate)
+        return self._required("audio", self.audio), self._required(
+            "audio_sample_rate", self.audio_sample_rate
+        )
 
     def _required(self, name: str, value: Any) -> Any:
         if value is None:
@@ -228,7 +230,9 @@ class Scorer:
         raise NotImplementedError
 
     def score_group(self, candidates: Sequence[ScoreItem], context: GroupContext) -> ScoreResult:
-        raise NotImplementedError(f"{type(self).__name__} declares groupwise but has no score_group")
+        raise NotImplementedError(
+            f"{type(self).__name__} declares groupwise but has no score_group"
+        )
 
     def score_terms(self, items: Sequence[ScoreItem], terms: tuple[str, ...]) -> ScoreResult:
         """Only `terms` are wanted (a request named them): a scorer that can skip the others' work
@@ -284,7 +288,10 @@ def check_required_fields(spec: ScorerSpec, items: Sequence[ScoreItem]) -> None:
 
 
 def score_checked(
-    scorer: Scorer, items: Sequence[ScoreItem], group_size: int | None = None, terms: Sequence[str] | None = None
+    scorer: Scorer,
+    items: Sequence[ScoreItem],
+    group_size: int | None = None,
+    terms: Sequence[str] | None = None,
 ) -> ScoreResult:
     """The one way scorer code runs: inputs checked first, then one finite float per item and term.
 
@@ -295,12 +302,16 @@ def score_checked(
     spec = scorer.spec
     wanted = wanted_terms(spec, terms)
     try:
-        groups = partition(items, group_size, scorer=spec.name, groupwise=spec.groupwise, ragged=spec.ragged_groups)
+        groups = partition(
+            items, group_size, scorer=spec.name, groupwise=spec.groupwise, ragged=spec.ragged_groups
+        )
     except GroupInputError as exc:
         raise ScoreInputError(str(exc)) from exc
     check_required_fields(spec, items)
     if not spec.groupwise:
-        result = _checked_result(spec, scorer.score_request(items, group_size, wanted), items, wanted)
+        result = _checked_result(
+            spec, scorer.score_request(items, group_size, wanted), items, wanted
+        )
         return result if wanted is None else _selected(result, wanted)
     if wanted is not None:
         return _selected(score_checked(scorer, items, group_size), wanted)
@@ -310,16 +321,22 @@ def score_checked(
     not_applicable: dict[str, set[int]] = {}
     for members in groups:
         candidates = tuple(replace(items[i], reference=freeze(items[i].reference)) for i in members)
-        part = _checked_result(spec, scorer.score_group(candidates, context_of(items, members)), candidates)
+        part = _checked_result(
+            spec, scorer.score_group(candidates, context_of(items, members)), candidates
+        )
         for term, values in part.terms.items():
             for index, value in zip(members, values, strict=True):
                 scores[term][index] = value
         reports.append(part.diagnostics)
         failed.update({members[position]: why for position, why in part.failed.items()})
         for term, whys in part.term_failed.items():
-            term_failed.setdefault(term, {}).update({members[position]: why for position, why in whys.items()})
+            term_failed.setdefault(term, {}).update(
+                {members[position]: why for position, why in whys.items()}
+            )
         for term, positions in part.not_applicable.items():
-            not_applicable.setdefault(term, set()).update(members[position] for position in positions)
+            not_applicable.setdefault(term, set()).update(
+                members[position] for position in positions
+            )
     return ScoreResult(scores, merge_values(reports), failed, term_failed, not_applicable)
 
 
@@ -342,7 +359,9 @@ def _selected(result: ScoreResult, wanted: tuple[str, ...]) -> ScoreResult:
         result,
         terms={term: result.terms[term] for term in wanted},
         term_failed={term: whys for term, whys in result.term_failed.items() if term in wanted},
-        not_applicable={term: where for term, where in result.not_applicable.items() if term in wanted},
+        not_applicable={
+            term: where for term, where in result.not_applicable.items() if term in wanted
+        },
     )
 
 
@@ -352,7 +371,9 @@ def _checked_result(
     """A result that keeps the contract; with `wanted`, it may leave out the terms nobody asked
     for."""
     if not isinstance(result, ScoreResult):
-        raise ScorerContractError(f"scorer {spec.name!r} returned {type(result).__name__}, expected ScoreResult")
+        raise ScorerContractError(
+            f"scorer {spec.name!r} returned {type(result).__name__}, expected ScoreResult"
+        )
     expected = set(spec.term_names())
     if not (set(wanted or expected) <= set(result.terms) <= expected):
         raise ScorerContractError(
@@ -361,7 +382,9 @@ def _checked_result(
         )
     _check_failed(spec, "failed", result.failed, len(items))
     if not isinstance(result.term_failed, dict) or set(result.term_failed) - expected:
-        raise ScorerContractError(f"scorer {spec.name!r}: term_failed must map its terms to failures")
+        raise ScorerContractError(
+            f"scorer {spec.name!r}: term_failed must map its terms to failures"
+        )
     for term, whys in result.term_failed.items():
         _check_failed(spec, f"term_failed[{term!r}]", whys, len(items))
     _check_not_applicable(spec, result.not_applicable, len(items))
@@ -371,7 +394,9 @@ def _checked_result(
                 f"scorer {spec.name!r} term {term!r}: {len(values)} scores for {len(items)} items"
             )
         unscored = (
-            result.failed.keys() | result.term_failed.get(term, {}).keys() | result.not_applicable.get(term, set())
+            result.failed.keys()
+            | result.term_failed.get(term, {}).keys()
+            | result.not_applicable.get(term, set())
         )
         for index, value in enumerate(values):
             if index in unscored:
@@ -395,7 +420,9 @@ def _check_not_applicable(spec: ScorerSpec, given: Any, count: int) -> None:
     """Positions per declared term; never the scorer's reward term (a reward always applies)."""
     terms = set(spec.term_names())
     if not isinstance(given, dict) or set(given) - terms or spec.reward_term in given:
-        raise ScorerContractError(f"scorer {spec.name!r}: not_applicable must map its terms (not its reward) to items")
+        raise ScorerContractError(
+            f"scorer {spec.name!r}: not_applicable must map its terms (not its reward) to items"
+        )
     for term, positions in given.items():
         if not isinstance(positions, (set, frozenset, list, tuple)) or not all(
             isinstance(p, int) and 0 <= p < count for p in positions
@@ -408,7 +435,8 @@ def _check_not_applicable(spec: ScorerSpec, given: Any, count: int) -> None:
 
 def _check_failed(spec: ScorerSpec, what: str, failed: Any, count: int) -> None:
     if not isinstance(failed, dict) or not all(
-        isinstance(k, int) and 0 <= k < count and isinstance(v, str) and v for k, v in failed.items()
+        isinstance(k, int) and 0 <= k < count and isinstance(v, str) and v
+        for k, v in failed.items()
     ):
         raise ScorerContractError(
             f"scorer {spec.name!r}: {what} must map item positions (0..{count - 1}) to reasons, got {failed!r}"

@@ -31,4 +31,8 @@ def run_from_argv(argv: list[str]) -> None:
         module, _, function = HOOKS[name].partition(":")
         getattr(importlib.import_module(module), function)()
     except Exception as exc:  # noqa: BLE001 - an optimisation only: load() starts it again and says why it fails
-        print(f"child_runtime: early start {name!r} skipped: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        print(
+            f"child_runtime: early start {name!r} skipped: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )

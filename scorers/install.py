@@ -43,7 +43,12 @@ def _supervisord_version(folder: str) -> str | None:
     for name in names:  # supervisor-4.3.0.dist-info, supervisor-4.2.5-py3.11.egg-info
         stem, dot, kind = name.lower().rpartition(".")
         parts = stem.split("-")
-        if dot and kind in ("dist-info", "egg-info") and parts[0] == "supervisor" and len(parts) in (2, 3):
+        if (
+            dot
+            and kind in ("dist-info", "egg-info")
+            and parts[0] == "supervisor"
+            and len(parts) in (2, 3)
+        ):
             return parts[1]
     return None
 
@@ -80,14 +85,18 @@ def supervisord_clash() -> str | None:
     if not os.path.isdir(os.path.join(home, "supervisor")):
         return None  # a scorer child's import root: no trainer side here to clash
     origin = _facade_origin()
-    folders = {home} | ({os.path.dirname(os.path.dirname(origin))} if origin and os.path.isabs(origin) else set())
+    folders = {home} | (
+        {os.path.dirname(os.path.dirname(origin))} if origin and os.path.isabs(origin) else set()
+    )
     versions = [version for folder in sorted(folders) if (version := _supervisord_version(folder))]
     replaced = origin is not None and not _is_ours(origin)
     if not versions and not replaced:
         return None
     who = f"supervisord {versions[0]} (pip package `supervisor`)" if versions else "supervisord"
     if not replaced:
-        what = f"{who} is installed beside managed-scorers and both own the `supervisor` package here"
+        what = (
+            f"{who} is installed beside managed-scorers and both own the `supervisor` package here"
+        )
     # our __init__.py is gone: `pip uninstall supervisor` deletes it
     elif origin == "a namespace package":
         what = f"managed-scorers' `supervisor/__init__.py` is missing (was {who} uninstalled after it?)"

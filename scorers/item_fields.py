@@ -56,8 +56,17 @@ FIELDS = (
     ItemField("finish_reason", TEXT),
     ItemField("completion_tokens", INT),
     ItemField("data_source", TEXT),
-    ItemField("condition_images", ARRAYS, default=(), omitted_when_empty=True, dtype="uint8", layout="HWC"),
-    ItemField("condition_videos", ARRAYS, default=(), omitted_when_empty=True, dtype="uint8", layout="THWC"),
+    ItemField(
+        "condition_images", ARRAYS, default=(), omitted_when_empty=True, dtype="uint8", layout="HWC"
+    ),
+    ItemField(
+        "condition_videos",
+        ARRAYS,
+        default=(),
+        omitted_when_empty=True,
+        dtype="uint8",
+        layout="THWC",
+    ),
     ItemField("audio", ARRAY, dtype="float32", layout="CS"),  # (channels, samples)
     ItemField("audio_sample_rate", INT),  # Hz; set exactly when audio is
 )

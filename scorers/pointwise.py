@@ -68,9 +68,13 @@ def map_candidates(
         __doc__ = fn.__doc__
 
     Mapped.spec = spec
-    Mapped.per_candidate = _PerCandidate(fn, inspect.signature(fn), check_params, name, spec.term_names())
+    Mapped.per_candidate = _PerCandidate(
+        fn, inspect.signature(fn), check_params, name, spec.term_names()
+    )
     # named after the scorer (token_f1 -> TokenF1): its `module:Class` path is where it is assigned
-    Mapped.__name__ = Mapped.__qualname__ = "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+    Mapped.__name__ = Mapped.__qualname__ = "".join(
+        part[:1].upper() + part[1:] for part in name.split("_")
+    )
     Mapped.__module__ = getattr(fn, "__module__", __name__)
     return Mapped
 

@@ -126,15 +126,21 @@ def load_catalog(path: str | None) -> dict[str, str | type[Scorer]]:
     except TypeError as exc:
         raise CatalogError(f"catalog {path!r}: the factory must take no arguments ({exc})") from exc
     if not isinstance(entries, Mapping):
-        raise CatalogError(f"catalog {path!r} returned {type(entries).__name__}, expected a mapping of names")
+        raise CatalogError(
+            f"catalog {path!r} returned {type(entries).__name__}, expected a mapping of names"
+        )
     catalog: dict[str, str | type[Scorer]] = {}
     for name, entry in entries.items():
         if not isinstance(name, str) or name != name.lower() or not name.isidentifier():
             raise CatalogError(f"catalog {path!r}: name {name!r} must be a lowercase identifier")
         if name in BUILTINS:
-            raise CatalogError(f"catalog {path!r}: {name!r} is a built-in scorer and cannot be overridden")
+            raise CatalogError(
+                f"catalog {path!r}: {name!r} is a built-in scorer and cannot be overridden"
+            )
         if not (isinstance(entry, str) or (isinstance(entry, type) and issubclass(entry, Scorer))):
-            raise CatalogError(f"catalog {path!r}: {name!r} must map to a Scorer subclass or a 'module:Class' path")
+            raise CatalogError(
+                f"catalog {path!r}: {name!r} must map to a Scorer subclass or a 'module:Class' path"
+            )
         catalog[name] = entry
     return catalog
 
@@ -153,7 +159,11 @@ def resolve_scorer(name: str, catalog: str | None = None) -> type[Scorer]:
                 "or give a dotted path like 'my_pkg.rewards:MyScorer'"
             )
         entry = name
-    cls = import_dotted(entry, f"scorer {name!r}", UnknownScorerError) if isinstance(entry, str) else entry
+    cls = (
+        import_dotted(entry, f"scorer {name!r}", UnknownScorerError)
+        if isinstance(entry, str)
+        else entry
+    )
     if not (isinstance(cls, type) and issubclass(cls, Scorer)):
         raise UnknownScorerError(f"scorer {name!r}: {entry!r} is not a Scorer subclass")
     return cls

@@ -69,7 +69,12 @@ def move_module(module: Any, target: str, figures_device: str) -> dict[str, Any]
             torch.cuda.empty_cache()
     elapsed = time.perf_counter() - started
     release_free_heap()
-    return {"device": target, "seconds": round(elapsed, 6), "before": before, "after": memory_figures(figures_device)}
+    return {
+        "device": target,
+        "seconds": round(elapsed, 6),
+        "before": before,
+        "after": memory_figures(figures_device),
+    }
 
 
 def resolve_device(requested: str) -> str:

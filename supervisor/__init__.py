@@ -167,7 +167,8 @@ if not TYPE_CHECKING:  # a type checker still sees every name, and a typo as an 
         ours refuses. A submodule's name is left to the import system, so supervisord's own `from
         supervisor import states` still works where our files came last."""
         if _CLASH is not None and not any(
-            _os.path.exists(_os.path.join(folder, name)) or _os.path.exists(_os.path.join(folder, f"{name}.py"))
+            _os.path.exists(_os.path.join(folder, name))
+            or _os.path.exists(_os.path.join(folder, f"{name}.py"))
             for folder in __path__
         ):
             raise type(_CLASH)(str(_CLASH), name="supervisor")

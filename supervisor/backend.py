@@ -55,7 +55,9 @@ class RewardBackend(ABC):
         self._check_owner()  # in a fork: raise here, not later on the future
         with _SUBMITTER_LOCK:
             if self._submissions_closed:
-                raise ScorerUnavailable(f"{type(self).__name__} is closed: nothing more can be submitted")
+                raise ScorerUnavailable(
+                    f"{type(self).__name__} is closed: nothing more can be submitted"
+                )
             if self._submitter is None or not self._submitter.owned_here():
                 # none yet, or a fork's copy of its parent's (whose worker thread did not fork with
                 # it): a backend any process may use gets a submitter of this process's own
@@ -71,7 +73,9 @@ class RewardBackend(ABC):
         When `max_pending` submissions already wait, the coroutine waits for room (up to
         `max_queue_wait_s`) instead of failing: a loop of per-item tasks (verl's) is
         backpressure, not an error. `submit()` itself never waits."""
-        room = Retry(time.monotonic() + self._max_queue_wait_s, 0.001, 0.05, retry_on=(SubmissionQueueFull,))
+        room = Retry(
+            time.monotonic() + self._max_queue_wait_s, 0.001, 0.05, retry_on=(SubmissionQueueFull,)
+        )
         # the last SubmissionQueueFull, past the wait
         future = await room.call_async(lambda: self.submit(request))
         try:

@@ -76,7 +76,11 @@ class Component(RewardBackend):
     def leaves(self) -> list[RewardBackend]:
         """The backends that score, below every composite (itself, for a leaf)."""
         members = self.members()
-        return [leaf for member in members for leaf in component(member).leaves()] if members else [self]
+        return (
+            [leaf for member in members for leaf in component(member).leaves()]
+            if members
+            else [self]
+        )
 
     def warming(self) -> bool:
         """Whether something it started is still coming up after it said ready (a math child's

@@ -7,7 +7,16 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    JsonValue,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from scorers.base import ScorerSpec
 from scorers.diagnostics import NAME as METRIC_NAME
@@ -43,7 +52,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def settings(config: BaseModel, flatten: Collection[str] = (), leave: Collection[str] = ()) -> dict[str, Any]:
+def settings(
+    config: BaseModel, flatten: Collection[str] = (), leave: Collection[str] = ()
+) -> dict[str, Any]:
     """A config model's fields by name, as keywords of the backend it describes (each setting is
     stated once, in its model): the fields of the nested models named in `flatten` lifted beside the
     others, those named in `leave` (not the backend's to take) left out. A name kept twice is
@@ -52,13 +63,17 @@ def settings(config: BaseModel, flatten: Collection[str] = (), leave: Collection
     for name in type(config).model_fields:
         value = getattr(config, name)
         nested = (
-            {inner: getattr(value, inner) for inner in type(value).model_fields} if name in flatten else {name: value}
+            {inner: getattr(value, inner) for inner in type(value).model_fields}
+            if name in flatten
+            else {name: value}
         )
         for key, item in nested.items():
             if key in leave:
                 continue
             if key in found:
-                raise TypeError(f"{type(config).__name__}: {key!r} is both a field and a field of {name!r}")
+                raise TypeError(
+                    f"{type(config).__name__}: {key!r} is both a field and a field of {name!r}"
+                )
             found[key] = item
     return found
 
@@ -99,7 +114,11 @@ class ProcessConfig(_Model):
         """Resolved once, against the current directory (symlinks kept: a venv's python is one)."""
         absolute = Path(os.path.abspath(value))
         if not absolute.is_file() or not os.access(absolute, os.X_OK):
-            where = "" if value.is_absolute() else f" (resolved against the current directory {os.getcwd()})"
+            where = (
+                ""
+                if value.is_absolute()
+                else f" (resolved against the current directory {os.getcwd()})"
+            )
             raise ValueError(
                 f"{absolute}{where} is not an executable file (build a scorer env: managed-scorers envs build NAME)"
             )
@@ -231,8 +250,12 @@ class ReplicasConfig(_Model):
     def _devices(self) -> ReplicasConfig:
         if self.devices:
             if self.count not in (1, len(self.devices)):
-                raise ValueError(f"count {self.count} != {len(self.devices)} devices: give one or the other")
-            if len(set(self.devices)) != len(self.devices) or any("," in d or not d.strip() for d in self.devices):
+                raise ValueError(
+                    f"count {self.count} != {len(self.devices)} devices: give one or the other"
+                )
+            if len(set(self.devices)) != len(self.devices) or any(
+                "," in d or not d.strip() for d in self.devices
+            ):
                 raise ValueError(f"devices must be distinct single GPUs, got {self.devices}")
         return self
 
@@ -267,13 +290,17 @@ class ManagedScorerProcessSpec(_Model):
         if not isinstance(data, Mapping):
             return data
         process = data.get("process")
-        process = process.model_dump() if isinstance(process, ProcessConfig) else dict(process or {})
+        process = (
+            process.model_dump() if isinstance(process, ProcessConfig) else dict(process or {})
+        )
         if process.get("python_executable") is not None:
             named = data.get("env")
             given = Path(os.path.abspath(process["python_executable"]))
             # agreeing: a dumped spec read back
             if named is not None and given != scorer_envs.env_python(named):
-                raise ValueError("give process.python_executable or env (a scorer env by name), not both")
+                raise ValueError(
+                    "give process.python_executable or env (a scorer env by name), not both"
+                )
             return data
         name = data.get("env") or _declared_env(data.get("scorer"))
         if name is None:
@@ -364,7 +391,8 @@ class RemoteBackendConfig(_Model):
     kind: Literal["remote"] = "remote"
     # one server, or several of one scorer (`base_urls` is the same list): MultiRemoteRewardBackend
     base_url: (
-        Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
     )
     token_env: str | None = None
     # each exchange as a whole, retries included
@@ -392,13 +420,17 @@ class RemoteBackendConfig(_Model):
         if isinstance(data, Mapping) and "base_urls" in data:
             if "base_url" in data:
                 raise ValueError("give base_url or base_urls, not both")
-            data = {("base_url" if key == "base_urls" else key): value for key, value in data.items()}
+            data = {
+                ("base_url" if key == "base_urls" else key): value for key, value in data.items()
+            }
         return data
 
     @model_validator(mode="after")
     def _backoff(self) -> RemoteBackendConfig:
         if self.retry_backoff_s > self.retry_backoff_cap_s:
-            raise ValueError(f"retry_backoff_s {self.retry_backoff_s} > retry_backoff_cap_s {self.retry_backoff_cap_s}")
+            raise ValueError(
+                f"retry_backoff_s {self.retry_backoff_s} > retry_backoff_cap_s {self.retry_backoff_cap_s}"
+            )
         return self
 
     @property
@@ -448,7 +480,9 @@ def _backend_kind(value: Any) -> str:
     """No `kind`: a backend that names a process or a scorer env is managed (a child); else
     local."""
     if isinstance(value, Mapping):
-        return str(value.get("kind") or ("managed" if "process" in value or "env" in value else "local"))
+        return str(
+            value.get("kind") or ("managed" if "process" in value or "env" in value else "local")
+        )
     return str(getattr(value, "kind", "local"))
 
 
@@ -492,7 +526,11 @@ class PanelConfig(_Model):
         for term in self.terms:
             client = getattr(term.backend, "client", None)
             configured = client.group_size if client is not None else None
-            if self.group_size is not None and configured is not None and configured != self.group_size:
+            if (
+                self.group_size is not None
+                and configured is not None
+                and configured != self.group_size
+            ):
                 raise ValueError(
                     f"term {term.name!r}: its backend's client.group_size {configured} differs from the "
                     f"panel's group_size {self.group_size} (every call would be refused)"

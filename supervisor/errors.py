@@ -86,7 +86,9 @@ class ChildRecord:
     def render(self) -> str:
         tail = self.log_tail.rstrip()
         rank = f" rank={self.rank}" if self.rank is not None else ""
-        lines = [f"child {self.name!r}{rank} pid={self.pid} status={self.exit_status} log={self.log_path}"]
+        lines = [
+            f"child {self.name!r}{rank} pid={self.pid} status={self.exit_status} log={self.log_path}"
+        ]
         if tail:
             lines.append("--- log tail ---\n" + tail)
         return "\n".join(lines)
@@ -119,7 +121,9 @@ class ScorerError(RuntimeError):
 class ScorerStartupError(ScorerError):
     """The child did not become ready: it exited, timed out, or reported a boot failure."""
 
-    def __init__(self, message: str, record: ChildRecord | None = None, boot_code: int | None = None) -> None:
+    def __init__(
+        self, message: str, record: ChildRecord | None = None, boot_code: int | None = None
+    ) -> None:
         # the reserved exit code the child reported on its readiness pipe
         self.boot_code = boot_code
         super().__init__(message, record)
@@ -159,7 +163,11 @@ class ScorerRequestError(ScorerError):
     """The child answered with an error status (bad input, scorer exception, conflict)."""
 
     def __init__(
-        self, message: str, record: ChildRecord | None = None, status: int | None = None, kind: str | None = None
+        self,
+        message: str,
+        record: ChildRecord | None = None,
+        status: int | None = None,
+        kind: str | None = None,
     ) -> None:
         self.status = status
         self.kind = kind
@@ -290,7 +298,12 @@ class JobError(ScorerError):
         body: bytes | str = b"",
         orphaned: bool = False,
     ) -> None:
-        self.service_url, self.item_id, self.stage, self.job_id = service_url, item_id, stage, job_id
+        self.service_url, self.item_id, self.stage, self.job_id = (
+            service_url,
+            item_id,
+            stage,
+            job_id,
+        )
         self.status, self.orphaned = status, orphaned
         self.body = excerpt(body)
         job = f"job {job_id}" if job_id else "no job id"
@@ -303,7 +316,8 @@ class JobError(ScorerError):
         )
         note = f"; remote work may be orphaned: {why}" if orphaned else ""
         ScorerError.__init__(
-            self, f"job service {service_url}: item {item_id!r} ({job}), {stage}: {message}{answer}{said}{note}"
+            self,
+            f"job service {service_url}: item {item_id!r} ({job}), {stage}: {message}{answer}{said}{note}",
         )
 
 
@@ -417,7 +431,9 @@ class IdentityMismatch(BadAnswer):
             )
         else:
             said = f"comes from scorer identity {got}"
-        super().__init__(f"{url}: the /score answer {said}, not from {expected} as expected; refused")
+        super().__init__(
+            f"{url}: the /score answer {said}, not from {expected} as expected; refused"
+        )
 
     def __reduce__(self) -> tuple[type, tuple[str, str, str | None]]:
         return type(self), (self.url, self.expected, self.got)
@@ -470,16 +486,22 @@ def scorer_error(
     # it answered that it is wedged (wire.RESTART_KINDS)
     if isinstance(exc, ErrorStatus) and fate == "killed":
         text = f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}; child killed, restarted next call"
-        return ScorerTimeout(text, record) if exc.kind == WEDGED else ScorerProcessDied(text, record)
+        return (
+            ScorerTimeout(text, record) if exc.kind == WEDGED else ScorerProcessDied(text, record)
+        )
     if isinstance(exc, ErrorStatus):  # it answered: it keeps serving
         return ScorerRequestError(
-            f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}", record, status=exc.status, kind=exc.kind
+            f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}",
+            record,
+            status=exc.status,
+            kind=exc.kind,
         )
     if fate == "serving":
         return ScorerUnavailable(f"{what}: {exc}; the child was left serving", record)
     if fate == "gone":
         return ScorerProcessDied(
-            f"{what}: the backend was closed, or the child replaced or failed, during the call ({exc})", record
+            f"{what}: the backend was closed, or the child replaced or failed, during the call ({exc})",
+            record,
         )
     if fate == "died":
         return ScorerProcessDied(f"child died during {what} ({exc})", record)

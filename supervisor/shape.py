@@ -58,14 +58,18 @@ class ScorerShape:
             diagnostics=tuple(entry.get("diagnostics", ())),
             required_fields=tuple(entry.get("required_fields", ())),
             concurrent_calls=max(1, calls),
-            reward_term=entry.get("reward_term") if isinstance(entry.get("reward_term"), str) else None,
+            reward_term=entry.get("reward_term")
+            if isinstance(entry.get("reward_term"), str)
+            else None,
         )
 
 
 def check_pins(shape: ScorerShape, revision: str | None, identity_hash: str | None) -> None:
     """A configured revision or identity hash must be exactly the scorer's own."""
     if revision is not None and revision != shape.revision:
-        raise ConfigError(f"revision pin {revision!r} refused: scorer {shape.name!r} is revision {shape.revision!r}")
+        raise ConfigError(
+            f"revision pin {revision!r} refused: scorer {shape.name!r} is revision {shape.revision!r}"
+        )
     if identity_hash is not None and identity_hash != shape.identity_hash:
         raise ConfigError(
             f"identity_hash pin {identity_hash} refused: scorer {shape.name!r} has identity {shape.identity_hash}"
@@ -102,6 +106,12 @@ def reward_terms(
             f"weights); give no client weights ({sorted(weights)})"
         )
     if reward_term not in shape.terms:
-        raise RewardContractError(f"scorer {shape.name!r} names reward term {reward_term!r}, not one of its terms")
-    wanted = [term for term in check_reward_names(shape.name, shape.terms, required, {}) if term != reward_term]
+        raise RewardContractError(
+            f"scorer {shape.name!r} names reward term {reward_term!r}, not one of its terms"
+        )
+    wanted = [
+        term
+        for term in check_reward_names(shape.name, shape.terms, required, {})
+        if term != reward_term
+    ]
     return [reward_term], ([*wanted, reward_term] if required and wanted else None)

@@ -33,7 +33,13 @@ from typing import Protocol, Self
 
 from scorers.diagnostics import merge_term_reports
 from scorers.groups import GroupInputError, partition
-from supervisor.errors import BackendNotOwned, ConfigError, ScorerError, ScorerItemsFailed, ScorerRequestError
+from supervisor.errors import (
+    BackendNotOwned,
+    ConfigError,
+    ScorerError,
+    ScorerItemsFailed,
+    ScorerRequestError,
+)
 from supervisor.joined import join_rows, rows_by_id, shares_failed
 from supervisor.outcome import Outcome
 from supervisor.submit import Submission, SubmissionQueueFull
@@ -92,7 +98,9 @@ class RewardStream:
         """`collect=False`: no barrier, items are only read through their futures (nothing is kept).
         `whole_groups`: the backend scores whole groups only, so the stream needs `group_size`."""
         if window < 1 or max_pending < window or not (max_wait_s >= 0 and max_block_s > 0):
-            raise ValueError("need window >= 1, max_pending >= window, max_wait_s >= 0 and max_block_s > 0")
+            raise ValueError(
+                "need window >= 1, max_pending >= window, max_wait_s >= 0 and max_block_s > 0"
+            )
         size = group_size
         if size is None and whole_groups:
             raise ConfigError(
@@ -100,8 +108,15 @@ class RewardStream:
                 "group is complete"
             )
         if size is not None and size > max_pending:
-            raise ValueError(f"max_pending {max_pending} is less than a group ({size}): no group could complete")
-        self.backend, self.group_size, self.window, self.max_wait_s = backend, size, window, max_wait_s
+            raise ValueError(
+                f"max_pending {max_pending} is less than a group ({size}): no group could complete"
+            )
+        self.backend, self.group_size, self.window, self.max_wait_s = (
+            backend,
+            size,
+            window,
+            max_wait_s,
+        )
         self.max_pending, self.max_block_s, self.collect = max_pending, max_block_s, collect
         # the latest windows cut, in order (tests, benches)
         self.window_sizes: deque[int] = deque(maxlen=1024)
@@ -173,7 +188,9 @@ class RewardStream:
     def results(self) -> RewardResponse:
         """The barrier: every item since the last one, in add order, once all are scored."""
         if not self.collect:
-            raise RuntimeError("a stream made with collect=False has no barrier: read each item's future")
+            raise RuntimeError(
+                "a stream made with collect=False has no barrier: read each item's future"
+            )
         try:
             windows, order, incomplete = self._drained()
         except BaseException:  # Ctrl-C while waiting (or a fork): nobody reads what is in flight
@@ -261,7 +278,9 @@ class RewardStream:
         """Before taking the lock: a fork may have copied it held (by the worker, which did not
         fork)."""
         if os.getpid() != self._owner:
-            raise BackendNotOwned(f"this stream belongs to pid {self._owner}; this is a fork of it (make a new one)")
+            raise BackendNotOwned(
+                f"this stream belongs to pid {self._owner}; this is a fork of it (make a new one)"
+            )
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -272,7 +291,10 @@ class RewardStream:
         if held == self._pending:
             why = "all held in incomplete groups, which only their other members free"
         else:
-            why = f"{held} of them held in incomplete groups; " * bool(held) + "the scorer does not keep up"
+            why = (
+                f"{held} of them held in incomplete groups; " * bool(held)
+                + "the scorer does not keep up"
+            )
         return SubmissionQueueFull(
             f"stream over {type(self.backend).__name__}: {self._pending} items still unscored after "
             f"{self.max_block_s:.2f} s (max_pending {self.max_pending}): {why}"
@@ -283,7 +305,9 @@ class RewardStream:
         ids = [item.id for item in batch]
         again = [i for i in ids if i in self._seen] or [i for i in set(ids) if ids.count(i) > 1]
         if again:
-            raise ScorerRequestError(f"item ids {sorted(again)[:5]} were already added to this step", kind="bad_input")
+            raise ScorerRequestError(
+                f"item ids {sorted(again)[:5]} were already added to this step", kind="bad_input"
+            )
         if self._groups is not None:
             self._check_groups(batch, self._groups)
 
@@ -316,9 +340,13 @@ class RewardStream:
         # what a window's request would refuse, refused here: for the items that break it, not their
         # window
         try:
-            partition([item for joined in members.values() for item in joined], None, scorer="stream")
+            partition(
+                [item for joined in members.values() for item in joined], None, scorer="stream"
+            )
         except GroupInputError as exc:
-            raise ScorerRequestError(f"stream over {type(self.backend).__name__}: {exc}", kind="bad_input") from exc
+            raise ScorerRequestError(
+                f"stream over {type(self.backend).__name__}: {exc}", kind="bad_input"
+            ) from exc
 
     def _take(self, batch: list[RewardItem]) -> list[Future[ItemReward]]:
         """The commit of a checked add: nothing here can refuse."""
@@ -359,7 +387,11 @@ class RewardStream:
     def _held(self) -> list[tuple[RewardItem, Future[ItemReward]]]:
         if self._groups is None:
             return []
-        return [pair for members, rows in self._groups.open.values() for pair in zip(members, rows, strict=True)]
+        return [
+            pair
+            for members, rows in self._groups.open.values()
+            for pair in zip(members, rows, strict=True)
+        ]
 
     def _incomplete(self) -> dict[str, int]:
         """At the barrier: the groups still open (their items are dropped, they fail)."""
@@ -369,7 +401,9 @@ class RewardStream:
         counts = {group: len(members) for group, (members, _) in self._groups.open.items()}
         self._groups.open.clear()
         self._pending -= len(held)
-        error = ScorerRequestError(f"its group was incomplete at the barrier ({counts})", kind="bad_input")
+        error = ScorerRequestError(
+            f"its group was incomplete at the barrier ({counts})", kind="bad_input"
+        )
         for _, row in held:
             row.set_exception(error)
         return counts
@@ -426,11 +460,18 @@ class RewardStream:
         finally:
             for window in windows:
                 if window.future is None:
-                    self._ended(window, _failed(ScorerError("the stream's flush was interrupted before it was sent")))
+                    self._ended(
+                        window,
+                        _failed(
+                            ScorerError("the stream's flush was interrupted before it was sent")
+                        ),
+                    )
 
     def _send(self, window: _Window) -> Future[RewardResponse]:
         try:
-            future = self.backend.submit(RewardRequest(items=window.items, group_size=self.group_size))
+            future = self.backend.submit(
+                RewardRequest(items=window.items, group_size=self.group_size)
+            )
         except Exception as exc:  # noqa: BLE001 - a refused submission fails its window's items, typed
             future = _failed(exc)
         return self._ended(window, future)
@@ -454,7 +495,10 @@ class RewardStream:
                 if item.id in rows:
                     row.set_result(rows[item.id])
                 else:
-                    row.set_exception(error or ScorerError(f"item {item.id!r} is missing from its window's response"))
+                    row.set_exception(
+                        error
+                        or ScorerError(f"item {item.id!r} is missing from its window's response")
+                    )
         finally:
             with self._cond:
                 self._in_flight -= 1
@@ -468,7 +512,8 @@ def _items_of(items: RewardItem | Sequence[RewardItem]) -> list[RewardItem]:
     for index, item in enumerate(batch):
         if not isinstance(item, RewardItem):
             raise ScorerRequestError(
-                f"a stream takes RewardItems: items[{index}] is a {type(item).__name__}", kind="bad_input"
+                f"a stream takes RewardItems: items[{index}] is a {type(item).__name__}",
+                kind="bad_input",
             )
     return batch
 
@@ -505,10 +550,14 @@ def _outcome(window: _Window) -> Outcome:
     return Outcome.raised(error) if error is not None else Outcome.scored(future.result())
 
 
-def _joined(backend: Streamed, windows: list[_Window], outcomes: list[Outcome], order: list[str]) -> RewardResponse:
+def _joined(
+    backend: Streamed, windows: list[_Window], outcomes: list[Outcome], order: list[str]
+) -> RewardResponse:
     """One response in add order; or one error naming every item the failed windows cost."""
     name = type(backend).__name__
-    responses = [outcome.response for outcome in outcomes if outcome.ok and outcome.response is not None]
+    responses = [
+        outcome.response for outcome in outcomes if outcome.ok and outcome.response is not None
+    ]
     diagnostics = merge_term_reports(response.diagnostics for response in responses)
     if len(responses) == len(outcomes):
         return join_rows(order, rows_by_id(responses), diagnostics) if order else _empty()
@@ -520,7 +569,11 @@ def _joined(backend: Streamed, windows: list[_Window], outcomes: list[Outcome], 
     for window, outcome in zip(windows, outcomes, strict=True):
         if outcome.error is not None:
             first = first or outcome.error
-            why = str(outcome.error).splitlines()[0] if str(outcome.error) else type(outcome.error).__name__
+            why = (
+                str(outcome.error).splitlines()[0]
+                if str(outcome.error)
+                else type(outcome.error).__name__
+            )
             failed.update({item.id: why for item in window.items})
     kept = [item_id for item_id in order if item_id not in failed]
     partial = join_rows(kept, rows_by_id(responses), diagnostics) if kept else None

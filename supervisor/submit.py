@@ -85,7 +85,9 @@ class Submitter:
 
     def submit(self, request: Any) -> Submission:
         if os.getpid() != self._owner_pid:
-            raise BackendNotOwned(f"submissions to {self._name} belong to pid {self._owner_pid}; this is a fork of it")
+            raise BackendNotOwned(
+                f"submissions to {self._name} belong to pid {self._owner_pid}; this is a fork of it"
+            )
         future = Submission(self._interrupt_if_running)
         with self._lock:
             if self._closed:

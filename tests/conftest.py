@@ -164,7 +164,12 @@ def managed() -> Iterator[Callable[..., Any]]:
                 "extra_import_paths": [str(REPO_ROOT)],
                 **(process or {}),
             },
-            scorer={"name": scorer, "input_kind": input_kind, "params": params or {}, "device": scorer_device},
+            scorer={
+                "name": scorer,
+                "input_kind": input_kind,
+                "params": params or {},
+                "device": scorer_device,
+            },
             client={"input_kind": input_kind, **(client or {})},
             **spec,
         )

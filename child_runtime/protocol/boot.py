@@ -31,7 +31,9 @@ def _read_exactly(fd: int, size: int, deadline: float) -> bytes:
     data = bytearray()
     while len(data) < size:
         if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            raise ValueError(f"boot config incomplete after {READ_TIMEOUT_S} s ({len(data)} of {size} bytes)")
+            raise ValueError(
+                f"boot config incomplete after {READ_TIMEOUT_S} s ({len(data)} of {size} bytes)"
+            )
         chunk = os.read(fd, size - len(data))
         if not chunk:
             raise ValueError(f"boot config ended after {len(data)} of {size} bytes")

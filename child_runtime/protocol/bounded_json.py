@@ -81,7 +81,9 @@ class JsonBounds:
 def price(body: bytes) -> tuple[int, int]:
     """(the most bytes parsing `body` can build, the units counted): see the module docstring."""
     escaped = b"\\" in body
-    plain = body.replace(_ESCAPED_PAIRS[0], b"").replace(_ESCAPED_PAIRS[1], b"") if escaped else body
+    plain = (
+        body.replace(_ESCAPED_PAIRS[0], b"").replace(_ESCAPED_PAIRS[1], b"") if escaped else body
+    )
     units = 1 + plain.count(b'"') // 2 + sum(plain.count(mark) for mark in _UNIT_MARKS)
     text_width = _text_width(body)
     # a string with escapes is built in a growing buffer, widened in place when a wider character
@@ -109,7 +111,9 @@ def loads(body: bytes, bounds: JsonBounds) -> Any:
     try:
         return decoder.decode(text)
     except json.JSONDecodeError as exc:
-        raise RequestError(f"the body is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+        raise RequestError(
+            f"the body is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
     except RequestError:
         raise
     except ValueError as exc:  # a number past Python's digit limit
@@ -136,7 +140,9 @@ class _Nesting:
         finally:
             self.depth -= 1
 
-    def parse_object(self, s_and_end: tuple[str, int], strict: bool, scan_once: Any, *hooks_and_memo: Any) -> Any:
+    def parse_object(
+        self, s_and_end: tuple[str, int], strict: bool, scan_once: Any, *hooks_and_memo: Any
+    ) -> Any:
         self._enter(s_and_end[1])
         try:
             return self._object(s_and_end, strict, scan_once, *hooks_and_memo)
@@ -146,7 +152,9 @@ class _Nesting:
     def _enter(self, at: int) -> None:
         self.depth += 1
         if self.depth > self.max_depth:
-            raise JsonTooDeep(f"the body nests arrays and objects deeper than {self.max_depth} (at character {at})")
+            raise JsonTooDeep(
+                f"the body nests arrays and objects deeper than {self.max_depth} (at character {at})"
+            )
 
 
 def _escape_width(plain: bytes) -> int:

@@ -75,7 +75,9 @@ def _check_strings(value: Any, where: str, limit: int) -> None:
         current = stack.pop()
         if isinstance(current, str):
             if len(current) > limit:
-                raise RequestError(f"{where} holds a string of {len(current)} characters (limit {limit})")
+                raise RequestError(
+                    f"{where} holds a string of {len(current)} characters (limit {limit})"
+                )
         elif isinstance(current, dict):
             stack.extend(current.keys())
             stack.extend(current.values())
@@ -103,11 +105,22 @@ def check_audio(audio: Any, sample_rate: Any, where: str) -> np.ndarray | None:
     sides run this."""
     if audio is None:
         if sample_rate is not None:
-            raise RequestError(f"{where}.audio_sample_rate is {sample_rate!r}, but the item has no audio")
+            raise RequestError(
+                f"{where}.audio_sample_rate is {sample_rate!r}, but the item has no audio"
+            )
         return None
     numpy = numpy_if_imported()  # an array exists only once numpy is imported
-    if numpy is None or not isinstance(audio, numpy.ndarray) or audio.dtype != numpy.float32 or audio.ndim != 2:
-        got = f"{audio.dtype} {list(audio.shape)}" if hasattr(audio, "dtype") else type(audio).__name__
+    if (
+        numpy is None
+        or not isinstance(audio, numpy.ndarray)
+        or audio.dtype != numpy.float32
+        or audio.ndim != 2
+    ):
+        got = (
+            f"{audio.dtype} {list(audio.shape)}"
+            if hasattr(audio, "dtype")
+            else type(audio).__name__
+        )
         raise RequestError(f"{where}.audio must be float32 (channels, samples), got {got}")
     channels, samples = audio.shape
     if not 1 <= channels <= MAX_AUDIO_CHANNELS or samples < 1:
@@ -116,7 +129,9 @@ def check_audio(audio: Any, sample_rate: Any, where: str) -> np.ndarray | None:
             "channels and at least one sample (a (samples, channels) array must be transposed)"
         )
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1:
-        raise RequestError(f"{where}.audio_sample_rate must be a positive int (Hz) with audio, got {sample_rate!r}")
+        raise RequestError(
+            f"{where}.audio_sample_rate must be a positive int (Hz) with audio, got {sample_rate!r}"
+        )
     finite = numpy.isfinite(audio)
     if not finite.all():
         channel, sample = (int(i) for i in numpy.argwhere(~finite)[0])
@@ -140,7 +155,11 @@ def _limited(media: np.ndarray, name: str, where: str, limit: int, copy: bool) -
 
 def _media(item: dict, name: str, where: str, limit: int, copy: bool) -> np.ndarray | None:
     value = item.get(name)
-    return None if value is None else _limited(check_media(value, name, where), name, where, limit, copy)
+    return (
+        None
+        if value is None
+        else _limited(check_media(value, name, where), name, where, limit, copy)
+    )
 
 
 def _audio(item: dict, where: str, limit: int, copy: bool) -> tuple[np.ndarray | None, int | None]:
@@ -151,7 +170,9 @@ def _audio(item: dict, where: str, limit: int, copy: bool) -> tuple[np.ndarray |
     return _limited(audio, "audio", where, limit, copy), item["audio_sample_rate"]
 
 
-def _condition_media(item: dict, name: str, kind: str, where: str, limit: int, copy: bool) -> tuple[np.ndarray, ...]:
+def _condition_media(
+    item: dict, name: str, kind: str, where: str, limit: int, copy: bool
+) -> tuple[np.ndarray, ...]:
     """Nested per item: a list of arrays of `kind`, each checked like the item's own media."""
     values = item.get(name)
     if values is None:
@@ -174,7 +195,9 @@ def _token_count(item: dict, where: str) -> int | None:
     return value
 
 
-def item_from_wire(raw: Any, index: int, limits: Limits = Limits(), copy_media: bool = False) -> ScoreItem:
+def item_from_wire(
+    raw: Any, index: int, limits: Limits = Limits(), copy_media: bool = False
+) -> ScoreItem:
     where = f"items[{index}]"
     if not isinstance(raw, dict):
         raise RequestError(f"{where} must be an object")
@@ -183,7 +206,9 @@ def item_from_wire(raw: Any, index: int, limits: Limits = Limits(), copy_media: 
         raise RequestError(f"{where} has unknown fields {sorted(unknown)}")
     item_id = raw.get("id")
     if not isinstance(item_id, str) or not item_id or len(item_id) > MAX_ID_CHARS:
-        raise RequestError(f"{where}.id must be a non-empty string of at most {MAX_ID_CHARS} characters")
+        raise RequestError(
+            f"{where}.id must be a non-empty string of at most {MAX_ID_CHARS} characters"
+        )
     metadata = raw.get("metadata")
     if metadata is None:
         metadata = {}
@@ -191,7 +216,9 @@ def item_from_wire(raw: Any, index: int, limits: Limits = Limits(), copy_media: 
         raise RequestError(f"{where}.metadata must be an object")
     _check_strings(raw.get("reference"), f"{where}.reference", limits.max_text_chars)
     _check_strings(metadata, f"{where}.metadata", limits.max_text_chars)
-    audio, sample_rate = _audio(raw, f"{where} (id={item_id!r})", limits.max_media_bytes, copy_media)
+    audio, sample_rate = _audio(
+        raw, f"{where} (id={item_id!r})", limits.max_media_bytes, copy_media
+    )
     return ScoreItem(
         id=item_id,
         group_id=_optional_str(raw, "group_id", where, MAX_ID_CHARS),
@@ -204,8 +231,12 @@ def item_from_wire(raw: Any, index: int, limits: Limits = Limits(), copy_media: 
         finish_reason=_optional_str(raw, "finish_reason", where, MAX_ID_CHARS),
         completion_tokens=_token_count(raw, where),
         data_source=_optional_str(raw, "data_source", where, MAX_ID_CHARS),
-        condition_images=_condition_media(raw, "condition_images", "image", where, limits.max_media_bytes, copy_media),
-        condition_videos=_condition_media(raw, "condition_videos", "video", where, limits.max_media_bytes, copy_media),
+        condition_images=_condition_media(
+            raw, "condition_images", "image", where, limits.max_media_bytes, copy_media
+        ),
+        condition_videos=_condition_media(
+            raw, "condition_videos", "video", where, limits.max_media_bytes, copy_media
+        ),
         audio=audio,
         audio_sample_rate=sample_rate,
     )
@@ -217,7 +248,9 @@ def request_from_wire(
     """The items and the declared group size (None: not declared)."""
     items = items_from_wire(meta, limits, copy_media)
     group_size = meta.get("group_size")
-    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
+    if group_size is not None and (
+        isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
+    ):
         raise RequestError(f"request.group_size must be a positive int or null, got {group_size!r}")
     return items, group_size
 
@@ -233,7 +266,9 @@ def request_terms(meta: Any) -> list[str] | None:
     return terms
 
 
-def items_from_wire(meta: Any, limits: Limits = Limits(), copy_media: bool = False) -> list[ScoreItem]:
+def items_from_wire(
+    meta: Any, limits: Limits = Limits(), copy_media: bool = False
+) -> list[ScoreItem]:
     """Validate a decoded request body and build the items, ids unique.
 
     Media arrive as read-only views; `copy_media` gives private writable copies instead.
@@ -252,7 +287,9 @@ def items_from_wire(meta: Any, limits: Limits = Limits(), copy_media: bool = Fal
     seen: dict[str, int] = {}
     for index, item in enumerate(items):
         if item.id in seen:
-            raise RequestError(f"items[{index}].id {item.id!r} duplicates items[{seen[item.id]}].id")
+            raise RequestError(
+                f"items[{index}].id {item.id!r} duplicates items[{seen[item.id]}].id"
+            )
         seen[item.id] = index
     return items
 
@@ -267,7 +304,9 @@ def response_to_wire(items: Sequence[ScoreItem], result: ScoreResult) -> dict[st
         "diagnostics": result.diagnostics,
     }
     if result.failed:
-        answer["failed"] = {items[position].id: why for position, why in sorted(result.failed.items())}
+        answer["failed"] = {
+            items[position].id: why for position, why in sorted(result.failed.items())
+        }
     if result.term_failed:  # one term's failures: the item's other terms stand
         answer["term_failed"] = {
             term: {items[position].id: why for position, why in sorted(whys.items())}
@@ -275,6 +314,7 @@ def response_to_wire(items: Sequence[ScoreItem], result: ScoreResult) -> dict[st
         }
     if result.not_applicable:  # a term that does not apply to an item: no value, no failure
         answer["not_applicable"] = {
-            term: [items[position].id for position in sorted(where)] for term, where in result.not_applicable.items()
+            term: [items[position].id for position in sorted(where)]
+            for term, where in result.not_applicable.items()
         }
     return answer

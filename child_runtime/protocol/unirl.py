@@ -87,13 +87,17 @@ def parse(payload: Any, spec: ScorerSpec, identity: str, limits: Limits) -> Pars
     """UniRL's request body (parsed JSON) -> the items' wire request; RequestError names what is
     wrong."""
     if not isinstance(payload, dict):
-        raise RequestError('the body must be a JSON object {"protocol_version": "1", "requests": [...]}')
+        raise RequestError(
+            'the body must be a JSON object {"protocol_version": "1", "requests": [...]}'
+        )
     unknown = sorted(set(payload) - TOP_FIELDS)
     if unknown:
         raise RequestError(f"unknown fields {unknown}: UniRL's protocol has {sorted(TOP_FIELDS)}")
     version = payload.get("protocol_version")
     if version != PROTOCOL_VERSION and not (type(version) is int and version == 1):
-        raise RequestError(f'protocol_version must be "1" (UniRL\'s reward-service protocol), got {version!r}')
+        raise RequestError(
+            f'protocol_version must be "1" (UniRL\'s reward-service protocol), got {version!r}'
+        )
     requests = payload.get("requests")
     if not isinstance(requests, list) or not requests:
         raise RequestError("requests must be a non-empty list")
@@ -117,18 +121,30 @@ def _rewards(requests: list[Any], spec: ScorerSpec) -> tuple[str, ...]:
     for index, raw in enumerate(requests):
         given = raw.get("required_rewards") if isinstance(raw, dict) else None
         if given != first:
-            raise RequestError(f"requests[{index}].required_rewards differs from requests[0]'s: one list per call")
+            raise RequestError(
+                f"requests[{index}].required_rewards differs from requests[0]'s: one list per call"
+            )
     if first is None or first == []:
         return (spec.name,)
-    if not isinstance(first, list) or not all(isinstance(name, str) for name in first) or len(set(first)) != len(first):
-        raise RequestError(f"required_rewards must be a list of distinct names, got {first!r}"[:300])
+    if (
+        not isinstance(first, list)
+        or not all(isinstance(name, str) for name in first)
+        or len(set(first)) != len(first)
+    ):
+        raise RequestError(
+            f"required_rewards must be a list of distinct names, got {first!r}"[:300]
+        )
     missing = [name for name in first if name not in served]
     if missing:
-        raise RequestError(f"required_rewards {missing} are not served here (served: {sorted(served)})")
+        raise RequestError(
+            f"required_rewards {missing} are not served here (served: {sorted(served)})"
+        )
     return tuple(first)
 
 
-def _item(raw: Any, index: int, identity: str, budget: _Pixels) -> tuple[dict[str, Any], dict[str, Any]]:
+def _item(
+    raw: Any, index: int, identity: str, budget: _Pixels
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """One request as a wire item, and the identity fields it echoes."""
     where = f"requests[{index}]"
     if not isinstance(raw, dict):
@@ -138,10 +154,14 @@ def _item(raw: Any, index: int, identity: str, budget: _Pixels) -> tuple[dict[st
         raise RequestError(f"{where} has unknown fields {unknown}")
     request_id = raw.get("request_id")
     if not isinstance(request_id, str) or not request_id or len(request_id) > MAX_ID_CHARS:
-        raise RequestError(f"{where}.request_id must be a non-empty string of at most {MAX_ID_CHARS} characters")
+        raise RequestError(
+            f"{where}.request_id must be a non-empty string of at most {MAX_ID_CHARS} characters"
+        )
     pinned = raw.get("scorer_version")
     if pinned is not None and pinned != identity:
-        raise IdentityMismatch(f"{where}.scorer_version {str(pinned)[:80]!r} is not this server's ({identity})")
+        raise IdentityMismatch(
+            f"{where}.scorer_version {str(pinned)[:80]!r} is not this server's ({identity})"
+        )
     metadata = raw.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise RequestError(f"{where}.metadata must be an object or null")
@@ -151,7 +171,9 @@ def _item(raw: Any, index: int, identity: str, budget: _Pixels) -> tuple[dict[st
         "group_id": _group(raw.get("group_id"), where),
         "metadata": meta,
         "reference": meta.get("reference"),
-        "data_source": meta.get("data_source") if isinstance(meta.get("data_source"), str) else None,
+        "data_source": meta.get("data_source")
+        if isinstance(meta.get("data_source"), str)
+        else None,
         **_history(raw.get("history"), where, budget),
     }
     return item, {key: raw.get(key) for key in ECHOED}
@@ -162,7 +184,9 @@ def _group(value: Any, where: str) -> str | None:
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    raise RequestError(f"{where}.group_id must be a string, an integer or null, got {type(value).__name__}")
+    raise RequestError(
+        f"{where}.group_id must be a string, an integer or null, got {type(value).__name__}"
+    )
 
 
 def _history(history: Any, where: str, budget: _Pixels) -> dict[str, Any]:
@@ -174,12 +198,16 @@ def _history(history: Any, where: str, budget: _Pixels) -> dict[str, Any]:
     last, before = turns[-1], turns[:-1]
     if last.get("image_b64") is None:  # a text item: [prompt turn,] scored turn
         if len(turns) > 2 or any(turn.get("image_b64") is not None for turn in turns):
-            raise RequestError(f"{where}.history of a text item is [the prompt's turn, the scored turn] or one turn")
+            raise RequestError(
+                f"{where}.history of a text item is [the prompt's turn, the scored turn] or one turn"
+            )
         return {"prompt": before[0].get("text") if before else None, "text": last.get("text")}
     conditions = []
     for i, turn in enumerate(before):
         if turn.get("image_b64") is None:
-            raise RequestError(f"{where}.history[{i}] has no image: before the scored turn come condition images")
+            raise RequestError(
+                f"{where}.history[{i}] has no image: before the scored turn come condition images"
+            )
         conditions.append(budget.decode(turn["image_b64"], f"{where}.history[{i}].image_b64"))
     image = budget.decode(last["image_b64"], f"{where}.history[{len(turns) - 1}].image_b64")
     return {"prompt": last.get("text"), "image": image, "condition_images": conditions or None}
@@ -192,7 +220,9 @@ def _turn(turn: Any, where: str) -> dict[str, Any]:
     if unknown:
         raise RequestError(f"{where} has unknown fields {unknown}")
     if turn.get("video_b64") is not None:
-        raise RequestError(f"{where}.video_b64 is not read here: send video frames in the binary frame")
+        raise RequestError(
+            f"{where}.video_b64 is not read here: send video frames in the binary frame"
+        )
     for key in ("text", "image_b64"):
         if turn.get(key) is not None and not isinstance(turn[key], str):
             raise RequestError(f"{where}.{key} must be a string or null")
@@ -216,7 +246,9 @@ class _Pixels:
             import numpy
             from PIL import Image
         except ImportError as exc:
-            raise RequestError(f"{where}: this scorer's env cannot decode images (it lacks {exc.name})") from exc
+            raise RequestError(
+                f"{where}: this scorer's env cannot decode images (it lacks {exc.name})"
+            ) from exc
         try:
             with Image.open(io.BytesIO(data)) as image:
                 width, height = image.size
@@ -229,7 +261,9 @@ class _Pixels:
 
     def _charge(self, size: int, where: str) -> None:
         if size > self.limits.max_media_bytes:
-            raise RequestError(f"{where} decodes to {size} bytes (limit max_media_bytes={self.limits.max_media_bytes})")
+            raise RequestError(
+                f"{where} decodes to {size} bytes (limit max_media_bytes={self.limits.max_media_bytes})"
+            )
         if size > self.left:
             raise RequestError(f"{where}: the call's images decode to more than max_request_bytes")
         self.left -= size
@@ -252,7 +286,12 @@ def answer(result: ScoreResult, parsed: Parsed, spec: ScorerSpec) -> dict[str, A
                 values[reward] = _sub_metrics(result, position, reward, spec)
         results.append(values)
         errors.append(whys)
-    return {"protocol_version": PROTOCOL_VERSION, "results": results, "errors": errors, "identities": parsed.identities}
+    return {
+        "protocol_version": PROTOCOL_VERSION,
+        "results": results,
+        "errors": errors,
+        "identities": parsed.identities,
+    }
 
 
 def _terms_of(reward: str, spec: ScorerSpec) -> Sequence[str]:
@@ -266,7 +305,9 @@ def _failure(result: ScoreResult, position: int, terms: Sequence[str]) -> str | 
     if position in result.failed:
         return result.failed[position]
     failed = [
-        (term, result.term_failed[term][position]) for term in terms if position in result.term_failed.get(term, {})
+        (term, result.term_failed[term][position])
+        for term in terms
+        if position in result.term_failed.get(term, {})
     ]
     return "; ".join(f"term {term!r}: {why}" for term, why in failed) or None
 
@@ -283,7 +324,9 @@ def _value(result: ScoreResult, term: str, position: int) -> float:
     return float(result.terms[term][position])
 
 
-def _sub_metrics(result: ScoreResult, position: int, reward: str, spec: ScorerSpec) -> dict[str, float]:
+def _sub_metrics(
+    result: ScoreResult, position: int, reward: str, spec: ScorerSpec
+) -> dict[str, float]:
     """A term: `{term: value}`; the scorer: its reward first, then each of its terms (but one that
     failed for the item: a served panel's optional term)."""
     if reward in spec.term_names():
@@ -295,5 +338,9 @@ def _sub_metrics(result: ScoreResult, position: int, reward: str, spec: ScorerSp
         and position not in result.term_failed.get(term, {})
         and position not in result.not_applicable.get(term, ())
     }
-    total = _value(result, spec.reward_term, position) if spec.reward_term else math.fsum(terms.values())
+    total = (
+        _value(result, spec.reward_term, position)
+        if spec.reward_term
+        else math.fsum(terms.values())
+    )
     return {reward: total, **terms}

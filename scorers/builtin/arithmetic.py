@@ -44,7 +44,9 @@ def _tokens(text: str) -> list[str]:
     while position < len(text):
         match = _TOKEN.match(text, position)
         if match is None:
-            raise MalformedExpression(f"unexpected {text[position:].lstrip()[:12]!r} at character {position}")
+            raise MalformedExpression(
+                f"unexpected {text[position:].lstrip()[:12]!r} at character {position}"
+            )
         number, symbol = match.groups()
         tokens.append(number if number is not None else _SYMBOL.get(symbol, symbol))
         position = match.end()
@@ -160,7 +162,11 @@ def as_fraction(value: object) -> Fraction | None:
     if isinstance(value, int):
         return Fraction(value)
     if isinstance(value, float):
-        return Fraction(Decimal(repr(value))) if value == value and abs(value) != float("inf") else None
+        return (
+            Fraction(Decimal(repr(value)))
+            if value == value and abs(value) != float("inf")
+            else None
+        )
     if isinstance(value, str):
         found = numbers_in(value.strip(), fractions=True)
         stripped = NUMBER.sub("", value.strip(), count=1).strip(" %.")

@@ -134,21 +134,33 @@ class ImageTransform:
                 shortest = int(size["shortest_edge"])
             else:
                 exact = _square(size, "size")
-        crop = _square(config.get("crop_size", 224), "crop_size") if config.get("do_center_crop", True) else None
+        crop = (
+            _square(config.get("crop_size", 224), "crop_size")
+            if config.get("do_center_crop", True)
+            else None
+        )
         resample = config.get("resample", 3)
         if resample not in RESAMPLE_MODES:
             raise ValueError(f"resample {resample!r} is not supported (only 2 bilinear, 3 bicubic)")
         if crop is None and exact is None:
-            raise ValueError("the output size is not fixed: needs do_center_crop or a {'height', 'width'} size")
+            raise ValueError(
+                "the output size is not fixed: needs do_center_crop or a {'height', 'width'} size"
+            )
         normalize = bool(config.get("do_normalize", True))
         return cls(
             shortest_edge=shortest,
             resize_to=exact,
             crop=crop,
             mode=RESAMPLE_MODES[resample],
-            rescale=float(config.get("rescale_factor", 1 / 255)) if config.get("do_rescale", True) else None,
-            mean=tuple(float(v) for v in config.get("image_mean", OPENAI_CLIP_MEAN)) if normalize else None,
-            std=tuple(float(v) for v in config.get("image_std", OPENAI_CLIP_STD)) if normalize else None,
+            rescale=float(config.get("rescale_factor", 1 / 255))
+            if config.get("do_rescale", True)
+            else None,
+            mean=tuple(float(v) for v in config.get("image_mean", OPENAI_CLIP_MEAN))
+            if normalize
+            else None,
+            std=tuple(float(v) for v in config.get("image_std", OPENAI_CLIP_STD))
+            if normalize
+            else None,
         )
 
     @property
@@ -161,7 +173,9 @@ class ImageTransform:
         """N x 3 x H x W float32 pixel values (a torch tensor on the CPU)."""
         import torch
 
-        return torch.stack([self(image, item_id) for image, item_id in zip(images, ids, strict=True)])
+        return torch.stack(
+            [self(image, item_id) for image, item_id in zip(images, ids, strict=True)]
+        )
 
     def __call__(self, image: np.ndarray, item_id: str) -> Any:
         import torch
@@ -174,7 +188,11 @@ class ImageTransform:
         elif self.shortest_edge is not None:
             short, long = min(height, width), max(height, width)
             new_long = int(self.shortest_edge * long / short)  # truncated, as transformers does
-            target = (self.shortest_edge, new_long) if height <= width else (new_long, self.shortest_edge)
+            target = (
+                (self.shortest_edge, new_long)
+                if height <= width
+                else (new_long, self.shortest_edge)
+            )
         else:
             target = (height, width)
         if target != (height, width):
@@ -200,11 +218,15 @@ def rgb_uint8(image: np.ndarray, item_id: str) -> np.ndarray:
     """HWC uint8 RGB: grayscale replicated, RGBA composited onto white (as transformers'
     convert_to_rgb does)."""
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
-        raise ScoreInputError(f"item {item_id!r}: image must be a uint8 array, got {getattr(image, 'dtype', image)}")
+        raise ScoreInputError(
+            f"item {item_id!r}: image must be a uint8 array, got {getattr(image, 'dtype', image)}"
+        )
     if image.ndim == 2:
         image = image[:, :, None]
     if image.ndim != 3 or image.shape[2] not in (1, 3, 4) or 0 in image.shape:
-        raise ScoreInputError(f"item {item_id!r}: image must be HW or HWC with 1, 3 or 4 channels, got {image.shape}")
+        raise ScoreInputError(
+            f"item {item_id!r}: image must be HW or HWC with 1, 3 or 4 channels, got {image.shape}"
+        )
     if image.shape[2] == 1:
         return np.repeat(image, 3, axis=2)
     if image.shape[2] == 4:
@@ -222,7 +244,9 @@ def center_crop(pixels: Any, size: tuple[int, int]) -> Any:
     height, width = pixels.shape[-2:]
     if crop_h > height or crop_w > width:
         pad_w, pad_h = max(0, crop_w - width), max(0, crop_h - height)
-        pixels = torch.nn.functional.pad(pixels, (pad_w // 2, (pad_w + 1) // 2, pad_h // 2, (pad_h + 1) // 2))
+        pixels = torch.nn.functional.pad(
+            pixels, (pad_w // 2, (pad_w + 1) // 2, pad_h // 2, (pad_h + 1) // 2)
+        )
         height, width = pixels.shape[-2:]
     top, left = int((height - crop_h) / 2.0), int((width - crop_w) / 2.0)
     return pixels[..., top : top + crop_h, left : left + crop_w]
@@ -231,12 +255,14 @@ def center_crop(pixels: Any, size: tuple[int, int]) -> Any:
 def _require_model_dir(directory: str) -> None:
     """A clear error before from_pretrained's: which path, and what belongs there."""
     root = Path(directory)
-    expected = (
-        "a Hugging Face CLIP model directory: config.json plus model.safetensors (or shards, or pytorch_model.bin)"
-    )
+    expected = "a Hugging Face CLIP model directory: config.json plus model.safetensors (or shards, or pytorch_model.bin)"
     if not root.is_dir():
-        raise FileNotFoundError(f"{NAME}: model_dir {str(root.resolve())!r} does not exist; expected {expected}")
-    if not (root / "config.json").is_file() or not any(p.name.endswith(WEIGHT_SUFFIXES) for p in root.iterdir()):
+        raise FileNotFoundError(
+            f"{NAME}: model_dir {str(root.resolve())!r} does not exist; expected {expected}"
+        )
+    if not (root / "config.json").is_file() or not any(
+        p.name.endswith(WEIGHT_SUFFIXES) for p in root.iterdir()
+    ):
         raise FileNotFoundError(
             f"{NAME}: model_dir {str(root.resolve())!r} lacks config.json or weights; expected {expected}"
         )
@@ -290,9 +316,15 @@ class ClipPreference(Scorer):
             or not math.isfinite(normalize_by)
             or normalize_by <= 0
         ):
-            raise ValueError(f"{NAME}: normalize_by must be a finite number > 0 (PickScore: 26), got {normalize_by!r}")
-        if model_revision is not None and (not isinstance(model_revision, str) or not model_revision):
-            raise ValueError(f"{NAME}: model_revision must be a non-empty string or null, got {model_revision!r}")
+            raise ValueError(
+                f"{NAME}: normalize_by must be a finite number > 0 (PickScore: 26), got {normalize_by!r}"
+            )
+        if model_revision is not None and (
+            not isinstance(model_revision, str) or not model_revision
+        ):
+            raise ValueError(
+                f"{NAME}: model_revision must be a non-empty string or null, got {model_revision!r}"
+            )
         self.model_dir = str(model_dir)
         self.processor_dir = str(processor_dir) if processor_dir is not None else self.model_dir
         self.batch_size = batch_size
@@ -325,12 +357,17 @@ class ClipPreference(Scorer):
         _require_model_dir(self.model_dir)
         transform = ImageTransform.from_dir(self.processor_dir)
         processor = Path(self.processor_dir)
-        if not (processor / "tokenizer.json").is_file() and not (processor / "vocab.json").is_file():
+        if (
+            not (processor / "tokenizer.json").is_file()
+            and not (processor / "vocab.json").is_file()
+        ):
             raise FileNotFoundError(
                 f"{NAME}: no tokenizer in {str(processor.resolve())!r} (tokenizer.json or vocab.json + merges.txt); "
                 "set processor_dir to the directory with the tokenizer and preprocessor_config.json"
             )
-        model = CLIPModel.from_pretrained(self.model_dir, local_files_only=True, dtype=torch.float32).eval()
+        model = CLIPModel.from_pretrained(
+            self.model_dir, local_files_only=True, dtype=torch.float32
+        ).eval()
         image_size = model.config.vision_config.image_size
         if transform.output_size != (image_size, image_size):
             raise ValueError(
@@ -366,11 +403,17 @@ class ClipPreference(Scorer):
         """One forward pass per tower; a prompt shared by a group's images is encoded once."""
         assert self._transform is not None
         model, device = self._model, self._model.device
-        pixels = self._transform.batch([item.required_image() for item in chunk], [item.id for item in chunk])
+        pixels = self._transform.batch(
+            [item.required_image() for item in chunk], [item.id for item in chunk]
+        )
         image = _features(model.get_image_features(pixel_values=pixels.to(device)))
         unique = {prompt: row for row, prompt in enumerate(dict.fromkeys(prompts))}
         tokens = self._tokenizer(
-            list(unique), padding=True, truncation=True, max_length=self._max_tokens, return_tensors="pt"
+            list(unique),
+            padding=True,
+            truncation=True,
+            max_length=self._max_tokens,
+            return_tensors="pt",
         ).to(device)
         text = _features(model.get_text_features(**tokens))
         image = image / image.norm(dim=-1, keepdim=True)

@@ -18,7 +18,9 @@ from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, Scorer
 def kept_fraction(edit: np.ndarray, source: np.ndarray) -> float:
     """1 - mean absolute difference / 255 of two uint8 images of one shape."""
     if edit.shape != source.shape:
-        raise ScoreInputError(f"the edit has shape {list(edit.shape)}, its source {list(source.shape)}: not comparable")
+        raise ScoreInputError(
+            f"the edit has shape {list(edit.shape)}, its source {list(source.shape)}: not comparable"
+        )
     difference = np.abs(edit.astype(np.int16) - source.astype(np.int16))
     return 1.0 - float(difference.mean(dtype=np.float64)) / 255.0
 

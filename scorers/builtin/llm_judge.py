@@ -78,8 +78,15 @@ class _Outcome:
 
 def _positive(name: str, value: Any, integer: bool = False) -> None:
     kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"llm_judge: {name} must be a positive {'int' if integer else 'number'}, got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, kinds)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(
+            f"llm_judge: {name} must be a positive {'int' if integer else 'number'}, got {value!r}"
+        )
 
 
 def _template_fields(template: Any) -> set[str]:
@@ -96,7 +103,9 @@ def _template_fields(template: Any) -> set[str]:
         if name is None:
             continue
         if name not in PLACEHOLDERS or spec or conversion:
-            raise ValueError(f"llm_judge: prompt_template placeholder {{{name}}} is not one of {list(PLACEHOLDERS)}")
+            raise ValueError(
+                f"llm_judge: prompt_template placeholder {{{name}}} is not one of {list(PLACEHOLDERS)}"
+            )
         fields.add(name)
     if "completion" not in fields:
         raise ValueError("llm_judge: prompt_template must contain {completion}")
@@ -116,9 +125,13 @@ def _checked_url(base_url: Any) -> SplitResult:
     """`base_url` split, once it is known to be an http(s) URL that carries no credentials."""
     url = urlsplit(base_url) if isinstance(base_url, str) else None
     if url is None or url.scheme not in ("http", "https") or not url.hostname:
-        raise ValueError(f"llm_judge: base_url must be an http(s) URL like 'http://host:8000/v1', got {base_url!r}")
+        raise ValueError(
+            f"llm_judge: base_url must be an http(s) URL like 'http://host:8000/v1', got {base_url!r}"
+        )
     if url.username or url.password:
-        raise ValueError("llm_judge: base_url must not carry credentials; name an env var in api_key_env")
+        raise ValueError(
+            "llm_judge: base_url must not carry credentials; name an env var in api_key_env"
+        )
     return url
 
 
@@ -140,28 +153,42 @@ def _check_parser(parser: Any, score_range: Any, choices: Any) -> None:
             or not math.isfinite(score_range[1])
             or score_range[0] >= score_range[1]
         ):
-            raise ValueError(f"llm_judge: score_range must be [low, high] with low < high, got {score_range!r}")
+            raise ValueError(
+                f"llm_judge: score_range must be [low, high] with low < high, got {score_range!r}"
+            )
     elif not (
         isinstance(choices, Mapping)
         and choices
         and all(isinstance(k, str) and k for k in choices)
         and all(_is_real(v) and math.isfinite(v) for v in choices.values())
     ):
-        raise ValueError(f"llm_judge: parser 'choice' needs choices like {{'A': 1.0, 'B': 0.0}}, got {choices!r}")
-    if parser == "choice" and len({label.casefold() for label in choices or {}}) != len(choices or {}):
-        raise ValueError(f"llm_judge: choices must differ other than by case, got {sorted(choices or {})}")
+        raise ValueError(
+            f"llm_judge: parser 'choice' needs choices like {{'A': 1.0, 'B': 0.0}}, got {choices!r}"
+        )
+    if parser == "choice" and len({label.casefold() for label in choices or {}}) != len(
+        choices or {}
+    ):
+        raise ValueError(
+            f"llm_judge: choices must differ other than by case, got {sorted(choices or {})}"
+        )
 
 
-def _answer_pattern(parser: str, choices: Mapping[str, float] | None, answer_pattern: str | None) -> re.Pattern[str]:
+def _answer_pattern(
+    parser: str, choices: Mapping[str, float] | None, answer_pattern: str | None
+) -> re.Pattern[str]:
     """The pattern whose one group is the verdict: the caller's, or the parser's default."""
     labels = "|".join(re.escape(label) for label in sorted(choices or {}, key=len, reverse=True))
     default = NUMBER_PATTERN if parser == "number" else rf"{CHOICE_LEAD}({labels})(?!\w)"
     try:
         pattern = re.compile(answer_pattern or default)
     except (re.error, TypeError) as exc:
-        raise ValueError(f"llm_judge: answer_pattern {answer_pattern!r} does not compile: {exc}") from exc
+        raise ValueError(
+            f"llm_judge: answer_pattern {answer_pattern!r} does not compile: {exc}"
+        ) from exc
     if pattern.groups != 1:
-        raise ValueError(f"llm_judge: answer_pattern must have exactly one group, got {answer_pattern!r}")
+        raise ValueError(
+            f"llm_judge: answer_pattern must have exactly one group, got {answer_pattern!r}"
+        )
     return pattern
 
 
@@ -170,8 +197,12 @@ def _check_request_options(temperature: Any, extra_body: Any, api_key_env: Any) 
         raise ValueError(f"llm_judge: temperature must be in [0, 2], got {temperature!r}")
     if extra_body is not None and not isinstance(extra_body, Mapping):
         raise ValueError("llm_judge: extra_body must be a mapping (merged into each request body)")
-    if api_key_env is not None and not (isinstance(api_key_env, str) and re.fullmatch(r"[A-Za-z_]\w*", api_key_env)):
-        raise ValueError(f"llm_judge: api_key_env must name an environment variable, got {api_key_env!r}")
+    if api_key_env is not None and not (
+        isinstance(api_key_env, str) and re.fullmatch(r"[A-Za-z_]\w*", api_key_env)
+    ):
+        raise ValueError(
+            f"llm_judge: api_key_env must name an environment variable, got {api_key_env!r}"
+        )
 
 
 class LlmJudge(Scorer):
@@ -223,13 +254,21 @@ class LlmJudge(Scorer):
             _positive(name, value)
         for name, value in (("backoff_max_s", backoff_max_s), ("batch_timeout_s", batch_timeout_s)):
             _positive(name, value)
-        for name, value in (("max_tokens", max_tokens), ("concurrency", concurrency), ("max_attempts", max_attempts)):
+        for name, value in (
+            ("max_tokens", max_tokens),
+            ("concurrency", concurrency),
+            ("max_attempts", max_attempts),
+        ):
             _positive(name, value, integer=True)
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.host = url.hostname
         self.model, self.template, self.system_prompt = model, prompt_template, system_prompt
         self.parser, self.range, self.choices = parser, tuple(score_range), dict(choices or {})
-        self.temperature, self.max_tokens, self.extra_body = temperature, max_tokens, dict(extra_body or {})
+        self.temperature, self.max_tokens, self.extra_body = (
+            temperature,
+            max_tokens,
+            dict(extra_body or {}),
+        )
         self.api_key_env, self.concurrency = api_key_env, concurrency
         self.request_timeout_s, self.max_attempts = float(request_timeout_s), max_attempts
         self.backoff_s, self.backoff_max_s = float(backoff_s), float(backoff_max_s)
@@ -243,7 +282,9 @@ class LlmJudge(Scorer):
         if self.api_key_env is not None:
             secret = os.environ.get(self.api_key_env)
             if not secret:
-                raise RuntimeError(f"llm_judge: environment variable {self.api_key_env} (api_key_env) is not set")
+                raise RuntimeError(
+                    f"llm_judge: environment variable {self.api_key_env} (api_key_env) is not set"
+                )
             if not re.fullmatch(r"[\x21-\x7e]+", secret):  # never echoed: it may be most of the key
                 raise RuntimeError(
                     f"llm_judge: the value of {self.api_key_env} (api_key_env) has whitespace, control or "
@@ -261,7 +302,9 @@ class LlmJudge(Scorer):
         from scorers.common import bounded_http
 
         # a loopback judge never goes through a proxy; a remote one follows the environment's
-        return bounded_http.client(self.url, trust_env=not _is_loopback(self.host), max_connections=self.concurrency)
+        return bounded_http.client(
+            self.url, trust_env=not _is_loopback(self.host), max_connections=self.concurrency
+        )
 
     # -- requests ---------------------------------------------------------------------------
     def _request(self, item: ScoreItem) -> bytes:
@@ -270,13 +313,19 @@ class LlmJudge(Scorer):
         values = {"completion": item.required_text()}
         if "prompt" in self.fields:
             if item.prompt is None:
-                raise ScoreInputError(f"item {item.id!r}: field 'prompt' is required by the judge's prompt_template")
+                raise ScoreInputError(
+                    f"item {item.id!r}: field 'prompt' is required by the judge's prompt_template"
+                )
             values["prompt"] = item.prompt
         if "reference" in self.fields:
             if item.reference is None:
-                raise ScoreInputError(f"item {item.id!r}: a reference is required by the judge's prompt_template")
+                raise ScoreInputError(
+                    f"item {item.id!r}: a reference is required by the judge's prompt_template"
+                )
             reference = item.reference
-            values["reference"] = reference if isinstance(reference, str) else json.dumps(reference, sort_keys=True)
+            values["reference"] = (
+                reference if isinstance(reference, str) else json.dumps(reference, sort_keys=True)
+            )
         messages = [{"role": "user", "content": self.template.format(**values)}]
         if self.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
@@ -311,10 +360,18 @@ class LlmJudge(Scorer):
             headers["authorization"] = f"Bearer {self._secret}"
         try:  # bounded in time and in size, however the server trickles or compresses
             answer = bounded_http.exchange(
-                client, "POST", self.url, attempt_deadline, MAX_ANSWER_BYTES, content=body, headers=headers
+                client,
+                "POST",
+                self.url,
+                attempt_deadline,
+                MAX_ANSWER_BYTES,
+                content=body,
+                headers=headers,
             )
         except httpx.TimeoutException as exc:
-            raise _Retryable(f"no whole answer within {self.request_timeout_s:g} s ({type(exc).__name__})") from exc
+            raise _Retryable(
+                f"no whole answer within {self.request_timeout_s:g} s ({type(exc).__name__})"
+            ) from exc
         except bounded_http.AnswerRefused as exc:
             raise _Final(str(exc)) from exc
         # our request: a retry cannot help
@@ -332,9 +389,13 @@ class LlmJudge(Scorer):
         try:
             content = json.loads(answer.body)["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise _Retryable(f"malformed chat completion ({type(exc).__name__}): {excerpt!r}") from exc
+            raise _Retryable(
+                f"malformed chat completion ({type(exc).__name__}): {excerpt!r}"
+            ) from exc
         if not isinstance(content, str):
-            raise _Retryable(f"malformed chat completion: message content is {type(content).__name__}")
+            raise _Retryable(
+                f"malformed chat completion: message content is {type(content).__name__}"
+            )
         return content
 
     def _verdict(self, content: str) -> float:
@@ -344,7 +405,10 @@ class LlmJudge(Scorer):
         if self.parser == "choice":
             folded = {label.casefold(): value for label, value in self.choices.items()}
             if answer.casefold() not in folded:
-                raise _Final(f"unparsable verdict (expected one of {sorted(self.choices)}): {shown!r}", "unparsable")
+                raise _Final(
+                    f"unparsable verdict (expected one of {sorted(self.choices)}): {shown!r}",
+                    "unparsable",
+                )
             return float(folded[answer.casefold()])
         try:
             number = float(answer)
@@ -352,7 +416,10 @@ class LlmJudge(Scorer):
             raise _Final(f"unparsable score (no 'Score: N'): {shown!r}", "unparsable") from None
         low, high = self.range
         if not (math.isfinite(number) and low <= number <= high):
-            raise _Final(f"score {number:g} outside score_range [{low:g}, {high:g}]: {shown!r}", "out_of_range")
+            raise _Final(
+                f"score {number:g} outside score_range [{low:g}, {high:g}]: {shown!r}",
+                "out_of_range",
+            )
         return (number - low) / (high - low)
 
     def _judge(self, client: Any, body: bytes, deadline: float) -> _Outcome:
@@ -373,7 +440,9 @@ class LlmJudge(Scorer):
             self.backoff_max_s,
             retry_on=(_Retryable,),
             max_tries=self.max_attempts,
-            asked_pause=lambda exc: (exc.retry_after or 0.0) if isinstance(exc, _Retryable) else 0.0,
+            asked_pause=lambda exc: (
+                (exc.retry_after or 0.0) if isinstance(exc, _Retryable) else 0.0
+            ),
         )
         try:
             outcome.value = retrying.call(attempt)
@@ -418,13 +487,17 @@ class LlmJudge(Scorer):
             threading.Thread(target=judge_until_empty, name=f"llm_judge-{n}", daemon=True).start()
         try:
             for _ in items:  # one deadline for the batch, whatever the attempts do
-                if not finished.acquire(timeout=max(deadline - time.monotonic(), 0.0) + WAKE_MARGIN_S):
+                if not finished.acquire(
+                    timeout=max(deadline - time.monotonic(), 0.0) + WAKE_MARGIN_S
+                ):
                     break
         finally:
             # the batch's connections end here; an attempt still on one fails at once
             client.close()
         late = f"no verdict by the batch deadline ({self.batch_timeout_s:g} s): the server held its attempt open"
-        outcomes = [outcome if outcome is not None else _Outcome(error=late) for outcome in list(results)]
+        outcomes = [
+            outcome if outcome is not None else _Outcome(error=late) for outcome in list(results)
+        ]
         attempts = sum(o.attempts for o in outcomes)
         counted = Counter(o.counted for o in outcomes if o.counted)
         return ScoreResult(

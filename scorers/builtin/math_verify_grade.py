@@ -90,10 +90,14 @@ def parse_gold(gold: str) -> list:
     return parsed
 
 
-def grade(prediction: str, gold: str, float_rounding: int, numeric_precision: int, strict: bool) -> float:
+def grade(
+    prediction: str, gold: str, float_rounding: int, numeric_precision: int, strict: bool
+) -> float:
     """1.0 if the prediction's answer equals the gold answer, else 0.0 (unparsable -> 0.0)."""
     if not isinstance(prediction, str) or not isinstance(gold, str):
-        raise TypeError(f"prediction and gold must be str, got {type(prediction).__name__} and {type(gold).__name__}")
+        raise TypeError(
+            f"prediction and gold must be str, got {type(prediction).__name__} and {type(gold).__name__}"
+        )
     _MemoryErrorSeen.seen = False
     gold_parsed = parse_gold(gold)
     pred_parsed = parse(prediction, parsing_timeout=None)

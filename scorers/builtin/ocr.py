@@ -55,7 +55,9 @@ def target_text(reference: Any) -> str:
                 return target_text(reference[key])
     elif isinstance(reference, str):
         return reference
-    raise ScoreInputError(f"reference must be a string or an object with one of {list(_TARGET_KEYS)}")
+    raise ScoreInputError(
+        f"reference must be a string or an object with one of {list(_TARGET_KEYS)}"
+    )
 
 
 def reading_order(lines: Sequence[tuple[Sequence[Sequence[float]], str]]) -> str:
@@ -63,7 +65,12 @@ def reading_order(lines: Sequence[tuple[Sequence[Sequence[float]], str]]) -> str
     a row."""
     boxes = sorted(
         (
-            (min(p[1] for p in box), min(p[0] for p in box), max(p[1] for p in box) - min(p[1] for p in box), text)
+            (
+                min(p[1] for p in box),
+                min(p[0] for p in box),
+                max(p[1] for p in box) - min(p[1] for p in box),
+                text,
+            )
             for box, text in lines
         )
     )
@@ -73,7 +80,9 @@ def reading_order(lines: Sequence[tuple[Sequence[Sequence[float]], str]]) -> str
             rows[-1].append(box)
         else:
             rows.append([box])
-    return " ".join(text for row in rows for _, _, _, text in sorted(row, key=lambda b: b[1]) if text)
+    return " ".join(
+        text for row in rows for _, _, _, text in sorted(row, key=lambda b: b[1]) if text
+    )
 
 
 def to_bgr(image: np.ndarray) -> np.ndarray:
@@ -83,7 +92,9 @@ def to_bgr(image: np.ndarray) -> np.ndarray:
     text on a transparent background into an all-black image).
     """
     if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] not in (1, 3, 4):
-        raise ScoreInputError(f"expected an HWC image with 1, 3 or 4 channels, got {getattr(image, 'shape', image)!r}")
+        raise ScoreInputError(
+            f"expected an HWC image with 1, 3 or 4 channels, got {getattr(image, 'shape', image)!r}"
+        )
     if image.shape[2] == 1:
         return np.ascontiguousarray(np.repeat(image, 3, axis=2))
     if image.shape[2] == 4:
@@ -125,7 +136,11 @@ class OcrScorer(Scorer):
             raise ValueError(f"det_limit_side_len must be in [32, 4096], got {det_limit_side_len}")
         if det_limit_type not in ("min", "max"):
             raise ValueError(f"det_limit_type must be 'min' or 'max', got {det_limit_type!r}")
-        for name, flag in (("use_cls", use_cls), ("case_sensitive", case_sensitive), ("ignore_spaces", ignore_spaces)):
+        for name, flag in (
+            ("use_cls", use_cls),
+            ("case_sensitive", case_sensitive),
+            ("ignore_spaces", ignore_spaces),
+        ):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {flag!r}")
         if isinstance(text_score, bool) or not isinstance(text_score, (int, float)):
@@ -143,7 +158,9 @@ class OcrScorer(Scorer):
 
     def load(self, device: str = "cpu") -> None:
         if device != "cpu":
-            raise ValueError(f"scorer 'ocr' runs onnxruntime on CPU only; device {device!r} is not supported")
+            raise ValueError(
+                f"scorer 'ocr' runs onnxruntime on CPU only; device {device!r} is not supported"
+            )
         from rapidocr_onnxruntime import RapidOCR
 
         # RapidOCR ignores a thread count outside [1, cpu_count] (-1: onnxruntime's default), and
@@ -169,7 +186,10 @@ class OcrScorer(Scorer):
         targets = [target_text(item.reference) for item in items]
         texts = [self.recognise(item.required_image()) for item in items]
         norm = lambda s: normalize_ocr_text(s, self.case_sensitive, self.ignore_spaces)  # noqa: E731
-        scores = [similarity(norm(text), norm(target)) for text, target in zip(texts, targets, strict=True)]
+        scores = [
+            similarity(norm(text), norm(target))
+            for text, target in zip(texts, targets, strict=True)
+        ]
         return ScoreResult(
             terms={"ocr": scores},
             diagnostics={

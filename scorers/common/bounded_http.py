@@ -82,14 +82,20 @@ class _DeadlineStream(httpcore.NetworkStream):
             return
         view = memoryview(buffer)  # TLS: each send waits at most what was left when its slice began
         for start in range(0, len(view), _WRITE_SLICE):
-            self._inner.write(bytes(view[start : start + _WRITE_SLICE]), _left(timeout, httpcore.WriteTimeout))
+            self._inner.write(
+                bytes(view[start : start + _WRITE_SLICE]), _left(timeout, httpcore.WriteTimeout)
+            )
 
     def close(self) -> None:
         self._inner.close()
 
-    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> Any:
         return _DeadlineStream(
-            self._inner.start_tls(ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout))
+            self._inner.start_tls(
+                ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout)
+            )
         )
 
     def get_extra_info(self, info: str) -> Any:
@@ -113,7 +119,9 @@ class _DeadlineBackend(httpcore.NetworkBackend):
             # one address at a time, each with what is left (not the whole timeout for every one)
             try:
                 left = _left(timeout, httpcore.ConnectTimeout)
-                return _DeadlineStream(self._inner.connect_tcp(address, port, left, local_address, socket_options))
+                return _DeadlineStream(
+                    self._inner.connect_tcp(address, port, left, local_address, socket_options)
+                )
             except httpcore.ConnectError as exc:
                 last = exc
         raise last or httpcore.ConnectError(f"no address for {host}")
@@ -136,7 +144,9 @@ def _resolve(host: str, port: int, left: float | None) -> list[str]:
 
     def lookup() -> None:
         try:
-            found.extend(info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+            found.extend(
+                info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            )
         except OSError as exc:
             found.append(exc)
         finally:
@@ -144,7 +154,9 @@ def _resolve(host: str, port: int, left: float | None) -> list[str]:
 
     threading.Thread(target=lookup, name="bounded-http-resolve", daemon=True).start()
     if not done.wait(left):
-        raise httpcore.ConnectTimeout(f"resolving {host!r} took longer than the exchange's deadline")
+        raise httpcore.ConnectTimeout(
+            f"resolving {host!r} took longer than the exchange's deadline"
+        )
     if found and isinstance(found[0], OSError):
         raise httpcore.ConnectError(f"cannot resolve {host!r}: {found[0]}")
     return list(dict.fromkeys(found))
@@ -191,7 +203,9 @@ class _DeadlineTransport(httpx.BaseTransport):
             raise ValueError(
                 f"proxy {url.copy_with(username=None, password=None)}: only http and https proxies work here"
             )
-        target = httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path)
+        target = httpcore.URL(
+            scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+        )
         # user:password@ in the proxy's URL
         auth = (url.username, url.password) if url.username else None
         self._pool = httpcore.HTTPProxy(proxy_url=target, proxy_auth=auth, **common)
@@ -200,7 +214,9 @@ class _DeadlineTransport(httpx.BaseTransport):
         url = request.url
         core = httpcore.Request(
             method=request.method,
-            url=httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path),
+            url=httpcore.URL(
+                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+            ),
             headers=request.headers.raw,
             content=request.stream,
             extensions=request.extensions,
@@ -208,7 +224,10 @@ class _DeadlineTransport(httpx.BaseTransport):
         with _httpx_errors(request):
             answer = self._pool.handle_request(core)
         return httpx.Response(
-            answer.status, headers=answer.headers, stream=_Body(answer.stream, request), extensions=answer.extensions
+            answer.status,
+            headers=answer.headers,
+            stream=_Body(answer.stream, request),
+            extensions=answer.extensions,
         )
 
     def close(self) -> None:
@@ -241,7 +260,9 @@ def client(
         headers=dict(headers or {}),
         # the proxy, if any, is resolved here: an env-mounted transport would bypass the deadline
         trust_env=False,
-        transport=_DeadlineTransport(_proxy_for(url) if trust_env else None, max_connections, verify),
+        transport=_DeadlineTransport(
+            _proxy_for(url) if trust_env else None, max_connections, verify
+        ),
         follow_redirects=False,
     )
 
@@ -268,11 +289,19 @@ def exchange(
     try:
         sent = {**(headers or {}), "accept-encoding": "identity"}
         with http.stream(
-            method, url, content=content, data=data, files=files, headers=sent, timeout=httpx.Timeout(left)
+            method,
+            url,
+            content=content,
+            data=data,
+            files=files,
+            headers=sent,
+            timeout=httpx.Timeout(left),
         ) as response:
             encoding = response.headers.get("content-encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
-                raise AnswerRefused(f"answer is compressed ({encoding!r}) although identity was asked for")
+                raise AnswerRefused(
+                    f"answer is compressed ({encoding!r}) although identity was asked for"
+                )
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > max_bytes:
                 raise AnswerRefused(f"answer of {declared} bytes exceeds the cap of {max_bytes}")

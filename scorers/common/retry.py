@@ -91,7 +91,11 @@ class Retry:
         on_retry: Callable[[Exception, int, float], None] = _nothing,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if not 0 < first_pause_s or not 0 < max_pause_s or (max_tries is not None and max_tries < 1):
+        if (
+            not 0 < first_pause_s
+            or not 0 < max_pause_s
+            or (max_tries is not None and max_tries < 1)
+        ):
             raise ValueError("need first_pause_s > 0, max_pause_s > 0 and max_tries >= 1 (or None)")
         self.deadline, self.max_pause_s, self.max_tries = deadline, max_pause_s, max_tries
         self.max_asked_pause_s = max_pause_s if max_asked_pause_s is None else max_asked_pause_s
@@ -133,7 +137,10 @@ class Retry:
 
     def _pause_after(self, exc: Exception) -> float | None:
         """The pause before the next try, or None (and `gave_up` set) when there is none."""
-        pause = max(min(self.max_pause_s, self._scheduled), min(self.max_asked_pause_s, self.asked_pause(exc)))
+        pause = max(
+            min(self.max_pause_s, self._scheduled),
+            min(self.max_asked_pause_s, self.asked_pause(exc)),
+        )
         self._scheduled = min(self.max_pause_s, self._scheduled * 2)
         if not self.retry_if(exc):
             self.gave_up = "refused"

@@ -24,7 +24,9 @@ FIELDS = (*TEXT_FIELDS, *MEDIA_FIELDS, "audio_sample_rate", "metadata")
 def check_fields(model: str, fields: Any) -> tuple[str, ...]:
     """The declared fields, or a refusal naming the model and what it may declare."""
     if isinstance(fields, str) or not isinstance(fields, (tuple, list)) or not fields:
-        raise RewardModelConfigError(f"reward model {model}: required_fields must be a non-empty tuple of names")
+        raise RewardModelConfigError(
+            f"reward model {model}: required_fields must be a non-empty tuple of names"
+        )
     for name in fields:
         if name not in FIELDS:
             raise RewardModelConfigError(
@@ -33,7 +35,9 @@ def check_fields(model: str, fields: Any) -> tuple[str, ...]:
     return tuple(fields)
 
 
-def model_inputs(items: Sequence[ScoreItem], fields: Sequence[str], tensors: bool) -> dict[str, list[Any]]:
+def model_inputs(
+    items: Sequence[ScoreItem], fields: Sequence[str], tensors: bool
+) -> dict[str, list[Any]]:
     """One list per declared field, one entry per item, in item order."""
     convert = _tensor if tensors else _pil
     inputs: dict[str, list[Any]] = {}
@@ -49,9 +53,13 @@ def model_inputs(items: Sequence[ScoreItem], fields: Sequence[str], tensors: boo
         elif name == "video":
             inputs[name] = [convert(item.required_video(), True) for item in items]
         elif name == "condition_images":
-            inputs[name] = [_nested(item.condition_images, convert, False, tensors) for item in items]
+            inputs[name] = [
+                _nested(item.condition_images, convert, False, tensors) for item in items
+            ]
         else:
-            inputs[name] = [_nested(item.condition_videos, convert, True, tensors) for item in items]
+            inputs[name] = [
+                _nested(item.condition_videos, convert, True, tensors) for item in items
+            ]
     return inputs
 
 
@@ -95,4 +103,6 @@ def _tensor(array: np.ndarray, video: bool) -> Any:
     import torch
 
     values = torch.from_numpy(array.astype(np.float32) / 255.0)
-    return values.permute(0, 3, 1, 2).contiguous() if video else values.permute(2, 0, 1).contiguous()
+    return (
+        values.permute(0, 3, 1, 2).contiguous() if video else values.permute(2, 0, 1).contiguous()
+    )

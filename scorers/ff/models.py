@@ -80,7 +80,9 @@ class RewardArguments:
                 raise RewardModelConfigError(
                     f"reward {self.name!r}: dtype {self.dtype!r} is not one of {sorted(DTYPES)}"
                 )
-            self.dtype = getattr(torch, DTYPES[self.dtype]) if torch is not None else DTYPES[self.dtype]
+            self.dtype = (
+                getattr(torch, DTYPES[self.dtype]) if torch is not None else DTYPES[self.dtype]
+            )
         if isinstance(self.device, str) and torch is not None:
             self.device = torch.device(self.device)
 

@@ -50,7 +50,9 @@ def _model_class(model: str) -> type[BaseRewardModel]:
     """The class at `model`; an import failure is UnknownScorerError (preflight knows it:
     env-only)."""
     if not isinstance(model, str) or not model:
-        raise RewardModelConfigError(f"{NAME}: model must be a dotted path like 'my_pkg.rewards:MyReward'")
+        raise RewardModelConfigError(
+            f"{NAME}: model must be a dotted path like 'my_pkg.rewards:MyReward'"
+        )
     cls = import_dotted(model, f"reward model {model!r}", UnknownScorerError)
     if not (isinstance(cls, type) and issubclass(cls, BaseRewardModel)):
         raise RewardModelConfigError(
@@ -94,8 +96,14 @@ class FfModelScorer(Scorer):
             raise RewardModelConfigError(
                 f"reward model {model!r} declares thread_safe = False: num_workers must be 1, got {num_workers}"
             )
-        if not isinstance(call_timeout_s, (int, float)) or not math.isfinite(call_timeout_s) or call_timeout_s <= 0:
-            raise RewardModelConfigError(f"{NAME}: call_timeout_s must be a finite number > 0, got {call_timeout_s!r}")
+        if (
+            not isinstance(call_timeout_s, (int, float))
+            or not math.isfinite(call_timeout_s)
+            or call_timeout_s <= 0
+        ):
+            raise RewardModelConfigError(
+                f"{NAME}: call_timeout_s must be a finite number > 0, got {call_timeout_s!r}"
+            )
         self.async_reward, self.num_workers = bool(async_reward), num_workers
         self.workers = num_workers if async_reward else 1
         self.params = dict(params or {})
@@ -116,10 +124,21 @@ class FfModelScorer(Scorer):
             required_fields=tuple(f for f in self.fields if f in TEXT_FIELDS or f in MEDIA_FIELDS),
             terms=(NAME,),
             revision="ff-1",
-            identity={"model": self.model, "groupwise": groupwise, "tensors": self.tensors, "fields": self.fields},
+            identity={
+                "model": self.model,
+                "groupwise": groupwise,
+                "tensors": self.tensors,
+                "fields": self.fields,
+            },
             groupwise=groupwise,
             ragged_groups=True,  # FF's groups are whatever its sampler made them
-            nonsemantic_params=("batch_size", "async_reward", "num_workers", "name", "call_timeout_s"),
+            nonsemantic_params=(
+                "batch_size",
+                "async_reward",
+                "num_workers",
+                "name",
+                "call_timeout_s",
+            ),
             requires_modules=(self.model.partition(":")[0].split(".")[0],),
             concurrent_calls=self.workers,
         )
@@ -140,11 +159,16 @@ class FfModelScorer(Scorer):
         self._instance = self.model_cls(config, LocalAccelerator(device=config.device))
         # groups overlap across requests (concurrent_calls)
         if self.workers > 1 and not self.spec.groupwise:
-            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="ff-reward")
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.workers, thread_name_prefix="ff-reward"
+            )
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         self._refuse_if_wedged()
-        chunks = [items[start : start + self.batch_size] for start in range(0, len(items), self.batch_size)]
+        chunks = [
+            items[start : start + self.batch_size]
+            for start in range(0, len(items), self.batch_size)
+        ]
         if self._pool is None or len(chunks) == 1:
             scores = [value for chunk in chunks for value in self._call(chunk)]
         else:
@@ -158,11 +182,15 @@ class FfModelScorer(Scorer):
         if self._wedged is not None:
             raise ScorerWedged(f"this call never started: {self._wedged}", timed_out=False)
 
-    def _in_workers(self, pool: ThreadPoolExecutor, chunks: list[Sequence[ScoreItem]]) -> list[float]:
+    def _in_workers(
+        self, pool: ThreadPoolExecutor, chunks: list[Sequence[ScoreItem]]
+    ) -> list[float]:
         """The chunks on the worker threads, results in item order, within one deadline for all."""
         deadline = time.monotonic() + self.call_timeout_s
         try:
-            futures: list[Future[list[float]]] = [pool.submit(self._call, chunk) for chunk in chunks]
+            futures: list[Future[list[float]]] = [
+                pool.submit(self._call, chunk) for chunk in chunks
+            ]
         except RuntimeError:  # the pool was shut down meanwhile: another call wedged it
             self._refuse_if_wedged()
             raise
@@ -188,7 +216,9 @@ class FfModelScorer(Scorer):
                 future.cancel()
         return scores
 
-    def _past_deadline(self, pool: ThreadPoolExecutor, futures: list[Future[list[float]]]) -> Exception | None:
+    def _past_deadline(
+        self, pool: ThreadPoolExecutor, futures: list[Future[list[float]]]
+    ) -> Exception | None:
         """What a call whose deadline passed raises: wedged when its own chunks still run on the
         workers (the pool is shut down, whatever queued behind them cancelled), timed out while
         queued when none of them started; None when every chunk ended just as the deadline

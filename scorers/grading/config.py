@@ -90,7 +90,9 @@ def overflow_options(
     if isinstance(soft_timeout_s, bool) or not isinstance(soft_timeout_s, (int, float)):
         raise TypeError(f"soft_timeout_s must be a number, got {type(soft_timeout_s).__name__}")
     if not 0 < soft_timeout_s < timeout_s:
-        raise ValueError(f"soft_timeout_s must be > 0 and below timeout_s={timeout_s}, got {soft_timeout_s!r}")
+        raise ValueError(
+            f"soft_timeout_s must be > 0 and below timeout_s={timeout_s}, got {soft_timeout_s!r}"
+        )
     overflow = max(MIN_OVERFLOW, 4 * jobs) if overflow is None else overflow
     if not _is_int(overflow) or overflow < 0:
         raise ValueError(f"overflow must be an int >= 0, got {overflow!r}")

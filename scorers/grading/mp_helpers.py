@@ -42,7 +42,12 @@ def preload_failure(modules: Sequence[str], timeout_s: float) -> str:
     argv = [sys.executable, "-c", code, *modules]
     try:
         done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
         return f"importing its preload {list(modules)} afresh did not end within {timeout_s:.0f} s"
@@ -83,7 +88,9 @@ def start_forkserver_early(modules: Sequence[str]) -> None:
     with _helpers_lock:
         if _live_pools or _started_early is not None:
             return
-        fresh = [n for n, h in _helper_objects().items() if h is not None and _helper_pid(h) is None]
+        fresh = [
+            n for n, h in _helper_objects().items() if h is not None and _helper_pid(h) is None
+        ]
         _ensure_preloading(modules)
         _started_early = fresh
 
@@ -154,7 +161,11 @@ def acquire_helpers() -> None:
             if _started_early is not None:
                 _owned_helpers[:], _started_early = _started_early, None
             else:
-                fresh = [n for n, h in _helper_objects().items() if h is not None and _helper_pid(h) is None]
+                fresh = [
+                    n
+                    for n, h in _helper_objects().items()
+                    if h is not None and _helper_pid(h) is None
+                ]
                 _owned_helpers[:] = fresh
         _live_pools += 1
 
@@ -177,7 +188,9 @@ def release_helpers(budget_s: float) -> None:
             others = _children(server_pid) - _pool_children
             if others:
                 log.info(
-                    "multiprocessing forkserver pid %d left running: it serves pids %s", server_pid, sorted(others)
+                    "multiprocessing forkserver pid %d left running: it serves pids %s",
+                    server_pid,
+                    sorted(others),
                 )
                 owned = []  # the tracker stays with it (the forkserver's processes may use it)
         _pool_children.clear()
@@ -222,7 +235,12 @@ def _stop_helper(name: str, helper: Any, budget_s: float) -> None:
     thread.start()
     thread.join(budget_s)
     if thread.is_alive():
-        log.warning("multiprocessing %s pid %d did not exit within %.1fs; sending SIGKILL", name, pid, budget_s)
+        log.warning(
+            "multiprocessing %s pid %d did not exit within %.1fs; sending SIGKILL",
+            name,
+            pid,
+            budget_s,
+        )
         process = HelperProcess(pid, thread)
         process.kill()
         if not process.reap(budget_s):

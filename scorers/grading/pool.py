@@ -94,7 +94,12 @@ from scorers.grading.config import (
     build_config,
 )
 from scorers.grading.errors import GradingPoolError
-from scorers.grading.mp_helpers import acquire_helpers, forkserver_modules, release_helpers, serving_forkserver
+from scorers.grading.mp_helpers import (
+    acquire_helpers,
+    forkserver_modules,
+    release_helpers,
+    serving_forkserver,
+)
 from scorers.grading.outcomes import GradeOutcome
 from scorers.grading.tasks import TaskManager
 from scorers.grading.workers import REAP_TIMEOUT_S, WorkerManager
@@ -159,7 +164,9 @@ class GradingPool:
         failure as its own; close() waits (bounded) for the start to end. A managed child says it is
         ready meanwhile, so the forkserver's preload and warm-up overlap the trainer's own start."""
         if self._tasks.state != "new":
-            raise GradingPoolError(f"GradingPool.start() called twice (pool is {self._tasks.state})")
+            raise GradingPoolError(
+                f"GradingPool.start() called twice (pool is {self._tasks.state})"
+            )
         self._tasks.state = "running"
         acquire_helpers()
         self._holds_helpers = True
@@ -172,7 +179,9 @@ class GradingPool:
             return
         # taken here, so that no grade() can drive before the workers exist
         self._tasks.drive.acquire()
-        self._starter = threading.Thread(target=self._start_in_background, name="grading-pool-start", daemon=True)
+        self._starter = threading.Thread(
+            target=self._start_in_background, name="grading-pool-start", daemon=True
+        )
         try:
             self._starter.start()
         except BaseException:
@@ -300,8 +309,12 @@ class GradingPool:
         if state == "running":
             return
         if state == "broken":
-            raise GradingPoolError(f"grading pool is broken: {self._tasks.broken_error}") from self._tasks.broken_error
-        raise GradingPoolError("grading pool is not started" if state == "new" else "grading pool is closed")
+            raise GradingPoolError(
+                f"grading pool is broken: {self._tasks.broken_error}"
+            ) from self._tasks.broken_error
+        raise GradingPoolError(
+            "grading pool is not started" if state == "new" else "grading pool is closed"
+        )
 
 
 def _checked_tasks(tasks: Sequence[tuple]) -> list[tuple]:

@@ -26,7 +26,14 @@ from scorers.grading.config import WAIT_FACTOR, PoolConfig
 from scorers.grading.errors import GradingPoolError, GradingTaskError
 from scorers.grading.messages import Graded, OverMemory, Raised, Task
 from scorers.grading.outcomes import Batch, GradeOutcome
-from scorers.grading.workers import CPU_TICK_S, RECYCLE_GROWTH_BYTES, STARTUP_TIMEOUT_S, Worker, WorkerManager, usage
+from scorers.grading.workers import (
+    CPU_TICK_S,
+    RECYCLE_GROWTH_BYTES,
+    STARTUP_TIMEOUT_S,
+    Worker,
+    WorkerManager,
+    usage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +65,9 @@ class TaskManager:
 
     def batch_cap_s(self, n_tasks: int) -> float:
         """Hard cap on one grade() call: every round of tasks may take 3x its timeout."""
-        return 3 * self.config.timeout_s * math.ceil(n_tasks / self.config.jobs) + self.batch_slack_s
+        return (
+            3 * self.config.timeout_s * math.ceil(n_tasks / self.config.jobs) + self.batch_slack_s
+        )
 
     # -- the callers' side -------------------------------------------------------------------------
 
@@ -66,7 +75,9 @@ class TaskManager:
         """Hand in one batch and wait for it, driving the pool while no other caller does."""
         cap_s = self.batch_cap_s(len(tasks))
         label = f"batch of {len(tasks)} tasks (hard cap {cap_s:.0f}s)"
-        batch = Batch(tasks, time.monotonic() + cap_s, label, [None] * len(tasks), deque(range(len(tasks))))
+        batch = Batch(
+            tasks, time.monotonic() + cap_s, label, [None] * len(tasks), deque(range(len(tasks)))
+        )
         with self._intake:
             self._arriving.append(batch)
         self.wake()
@@ -94,8 +105,13 @@ class TaskManager:
                 continue
             # another caller drives: it finishes this batch too (set at once), or hands the loop on
             # when its own is done (taken here within _HANDOFF_S)
-            if not batch.done.wait(_HANDOFF_S) and time.monotonic() > batch.deadline + _DRIVE_SLACK_S:
-                raise GradingPoolError(f"{batch.label}: unfinished at its hard cap, and the pool's driver is stuck")
+            if (
+                not batch.done.wait(_HANDOFF_S)
+                and time.monotonic() > batch.deadline + _DRIVE_SLACK_S
+            ):
+                raise GradingPoolError(
+                    f"{batch.label}: unfinished at its hard cap, and the pool's driver is stuck"
+                )
 
     def wake(self) -> None:
         # never a write to a closed pipe's number, which another file may have taken
@@ -125,7 +141,10 @@ class TaskManager:
                 # closed under us (or a bug): never spin
                 if self.state != "running" or not self._batches:
                     for pending in [*self._batches, batch]:
-                        self._finish(pending, self.broken_error or GradingPoolError("grading pool was closed"))
+                        self._finish(
+                            pending,
+                            self.broken_error or GradingPoolError("grading pool was closed"),
+                        )
                     return
                 self._dispatch()
                 self._step(min(b.deadline for b in self._batches), "grading")
@@ -320,7 +339,11 @@ class TaskManager:
         if self.workers.greeted(worker, message):
             return
         batch = worker.batch
-        if worker.state != "busy" or batch is None or not isinstance(message, (Graded, OverMemory, Raised)):
+        if (
+            worker.state != "busy"
+            or batch is None
+            or not isinstance(message, (Graded, OverMemory, Raised))
+        ):
             raise self.workers.protocol_error(worker, message)
         index, elapsed = worker.task_index, time.monotonic() - worker.since
         worker.state, worker.batch = "idle", None
@@ -330,7 +353,12 @@ class TaskManager:
             self._after_graded(worker)
         elif isinstance(message, OverMemory):
             batch.outcomes[index] = GradeOutcome("memory", None, elapsed, moved)
-            log.info("grading task %d passed the memory cap in worker pid %d (%s)", index, worker.pid, message.text)
+            log.info(
+                "grading task %d passed the memory cap in worker pid %d (%s)",
+                index,
+                worker.pid,
+                message.text,
+            )
             self.workers.retire(worker)  # it exits after reporting
         else:
             # it stays, idle: its next task's CPU time starts here
@@ -360,8 +388,14 @@ class TaskManager:
         batch = worker.batch
         if worker.state == "busy" and batch is not None and code == -signal.SIGXCPU:
             elapsed = time.monotonic() - worker.since
-            batch.outcomes[worker.task_index] = GradeOutcome("cpu", None, elapsed, worker.role == "overflow")
-            log.info("grading task %d passed its CPU-time cap in worker pid %d", worker.task_index, worker.pid)
+            batch.outcomes[worker.task_index] = GradeOutcome(
+                "cpu", None, elapsed, worker.role == "overflow"
+            )
+            log.info(
+                "grading task %d passed its CPU-time cap in worker pid %d",
+                worker.task_index,
+                worker.pid,
+            )
             self.workers.retire(worker)
             return
         raise self.workers.died(worker, what)
@@ -375,11 +409,17 @@ class TaskManager:
         expired = self._scan_workers(now)
         if expired:
             self._time_out(expired, now)
-        if self.config.memory_budget_bytes is not None and now >= self._budget_check_at and any(self.workers.held()):
+        if (
+            self.config.memory_budget_bytes is not None
+            and now >= self._budget_check_at
+            and any(self.workers.held())
+        ):
             self._keep_to_budget(now, self.config.memory_budget_bytes)
         if self._batches:
             self._continue_overflow()
-        late = next((b.label for b in self._batches if now >= b.deadline), label if now >= cap else None)
+        late = next(
+            (b.label for b in self._batches if now >= b.deadline), label if now >= cap else None
+        )
         if late is not None:
             raise GradingPoolError(
                 f"{late} exceeded its deadline (timeout_s={self.config.timeout_s}, jobs={self.config.jobs}); "
@@ -402,7 +442,9 @@ class TaskManager:
             ):
                 self.workers.move_to_overflow(worker)
             elif worker.state == "starting" and now >= worker.since + STARTUP_TIMEOUT_S:
-                raise GradingPoolError(f"grading worker pid {worker.pid} not ready after {STARTUP_TIMEOUT_S:.0f}s")
+                raise GradingPoolError(
+                    f"grading worker pid {worker.pid} not ready after {STARTUP_TIMEOUT_S:.0f}s"
+                )
         return expired
 
     def _time_out(self, workers: list[Worker], now: float) -> None:
@@ -412,9 +454,14 @@ class TaskManager:
         for worker in workers:
             elapsed = now - worker.since
             assert worker.batch is not None  # busy
-            worker.batch.outcomes[worker.task_index] = GradeOutcome("timeout", None, elapsed, worker.role == "overflow")
+            worker.batch.outcomes[worker.task_index] = GradeOutcome(
+                "timeout", None, elapsed, worker.role == "overflow"
+            )
             log.info(
-                "grading task %d timed out after %.1fs; killed worker pid %d", worker.task_index, elapsed, worker.pid
+                "grading task %d timed out after %.1fs; killed worker pid %d",
+                worker.task_index,
+                elapsed,
+                worker.pid,
             )
         self.workers.retire(*workers)
 
@@ -432,7 +479,9 @@ class TaskManager:
     def _continue_overflow(self) -> None:
         """Once no ordinary task of any batch is left to grade, the held-back slow tasks run (their
         clocks resume)."""
-        if any(b.pending for b in self._batches) or any(w.role == "ordinary" for w in self.workers.busy()):
+        if any(b.pending for b in self._batches) or any(
+            w.role == "ordinary" for w in self.workers.busy()
+        ):
             return
         self.workers.resume_held()
 

@@ -103,7 +103,9 @@ class GradingTemplate:
         elif isinstance(message, Fatal):
             raise TemplateError(self.pid, f"cannot load the grader: {message.text}")
         else:
-            raise TemplateError(self.pid, f"sent {type(message).__name__} while {self.state} (protocol error)")
+            raise TemplateError(
+                self.pid, f"sent {type(message).__name__} while {self.state} (protocol error)"
+            )
 
     def _warmed(self, message: Warmed) -> None:
         self.replayed, self.rss, self.can_warm, self.tainted = (
@@ -113,9 +115,17 @@ class GradingTemplate:
             message.tainted,
         )
         self.warming = message.number != self._requests
-        log.debug("grading template pid %d replayed %d tasks (%d raised)", self.pid, self.replayed, message.failed)
+        log.debug(
+            "grading template pid %d replayed %d tasks (%d raised)",
+            self.pid,
+            self.replayed,
+            message.failed,
+        )
         if self.tainted:
-            log.warning("grading template pid %d: a replay was stopped part way; it will be replaced", self.pid)
+            log.warning(
+                "grading template pid %d: a replay was stopped part way; it will be replaced",
+                self.pid,
+            )
 
     def fork(self, deadline: float) -> tuple[ClonedProcess, Any]:
         """A new worker and our end of its pipe; it announces itself (`Ready`) on that pipe."""
@@ -130,7 +140,9 @@ class GradingTemplate:
         except (EOFError, OSError) as exc:
             parent_conn.close()
             self.state = "gone"
-            raise TemplateError(self.pid, f"pipe broke while forking a worker ({type(exc).__name__})") from exc
+            raise TemplateError(
+                self.pid, f"pipe broke while forking a worker ({type(exc).__name__})"
+            ) from exc
         except BaseException:
             parent_conn.close()
             raise
@@ -209,4 +221,6 @@ class GradingTemplate:
         self.state = "gone"
         self.process.kill()
         if not self.process.reap(budget_s):
-            log.warning("grading template pid %d alive %.1fs after SIGKILL; leaving it", self.pid, budget_s)
+            log.warning(
+                "grading template pid %d alive %.1fs after SIGKILL; leaving it", self.pid, budget_s
+            )

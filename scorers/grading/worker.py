@@ -102,7 +102,9 @@ def cap_cpu(cpu_limit_s: float | None) -> None:
     used = usage.ru_utime + usage.ru_stime
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)
     soft = math.ceil(used + cpu_limit_s)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+    resource.setrlimit(
+        resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard)
+    )
 
 
 def enter_worker(expected_ppid: int) -> None:
@@ -194,4 +196,6 @@ def serve(conn: Any, fn: Callable[..., Any], cpu_limit_s: float | None, limit: i
         except OSError:
             return
         except Exception as exc:  # noqa: BLE001 - the result would not pickle; nothing was written
-            conn.send(Raised(type(exc).__name__, "result could not be sent: " + _format_exception(exc)))
+            conn.send(
+                Raised(type(exc).__name__, "result could not be sent: " + _format_exception(exc))
+            )

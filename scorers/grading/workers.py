@@ -175,7 +175,9 @@ class WorkerManager:
         if time.monotonic() >= deadline:
             starting = next((w for w in self.workers if w.state == "starting"), None)
             if starting is not None:
-                raise GradingPoolError(f"grading worker pid {starting.pid} not ready after {STARTUP_TIMEOUT_S:.0f}s")
+                raise GradingPoolError(
+                    f"grading worker pid {starting.pid} not ready after {STARTUP_TIMEOUT_S:.0f}s"
+                )
 
     def _greeting(self, worker: Worker) -> None:
         try:
@@ -217,7 +219,13 @@ class WorkerManager:
         config = self.config
         process = self._ctx.Process(
             target=worker_main,
-            args=(child_conn, config.grade_fn, forkserver_pid(), config.memory_cap_bytes, config.cpu_limit_s),
+            args=(
+                child_conn,
+                config.grade_fn,
+                forkserver_pid(),
+                config.memory_cap_bytes,
+                config.cpu_limit_s,
+            ),
             kwargs={"preload": config.preload},
             name="grading-worker",
             daemon=True,
@@ -238,11 +246,18 @@ class WorkerManager:
         """Start the template the workers fork from and wait (bounded) until it has loaded
         grade_fn."""
         if not pidfds_supported():
-            log.warning("grading pool: this kernel has no pidfd_open (Linux < 5.3); workers fork from the forkserver")
+            log.warning(
+                "grading pool: this kernel has no pidfd_open (Linux < 5.3); workers fork from the forkserver"
+            )
             return
         config = self.config
         template = GradingTemplate(
-            self._ctx, config.grade_fn, forkserver_pid(), config.memory_cap_bytes, config.cpu_limit_s, config.preload
+            self._ctx,
+            config.grade_fn,
+            forkserver_pid(),
+            config.memory_cap_bytes,
+            config.cpu_limit_s,
+            config.preload,
         )
         note_pool_child(template.pid)
         self.template = template
@@ -306,7 +321,9 @@ class WorkerManager:
         if self.template is None:
             return True
         try:
-            return self.template.settle(time.monotonic() + timeout_s) and self.template.state != "gone"
+            return (
+                self.template.settle(time.monotonic() + timeout_s) and self.template.state != "gone"
+            )
         except TemplateError as exc:
             raise self.template_failed(exc.what) from exc
 
@@ -344,7 +361,9 @@ class WorkerManager:
     def died(self, worker: Worker, what: str) -> GradingPoolError:
         """Build the error for a worker that failed on its own; wait briefly for its exit status."""
         code = worker.process.wait_status(_DEATH_STATUS_WAIT_S)
-        return GradingPoolError(f"grading worker pid {worker.pid} {what} {worker.doing()}: {describe_exitcode(code)}")
+        return GradingPoolError(
+            f"grading worker pid {worker.pid} {what} {worker.doing()}: {describe_exitcode(code)}"
+        )
 
     def exit_status(self, worker: Worker) -> int | None:
         """Its exit status, waited for briefly (it exited, or is exiting)."""
@@ -379,7 +398,9 @@ class WorkerManager:
         worker.process.signal(signal.SIGSTOP)
         worker.stopped_at = time.monotonic()
         log.info(
-            "grading task %d passed the soft deadline: held in overflow worker pid %d", worker.task_index, worker.pid
+            "grading task %d passed the soft deadline: held in overflow worker pid %d",
+            worker.task_index,
+            worker.pid,
         )
         spare = next((w for w in self.workers if w.role == "spare"), None)
         if spare is None:
@@ -420,7 +441,11 @@ class WorkerManager:
                 continue
             running.append(worker)
             if budget_s:
-                log.warning("grading worker pid %d alive %.1fs after SIGKILL; leaving it", worker.pid, budget_s)
+                log.warning(
+                    "grading worker pid %d alive %.1fs after SIGKILL; leaving it",
+                    worker.pid,
+                    budget_s,
+                )
         self.retired = running
 
     def kill_all(self) -> None:

@@ -45,7 +45,9 @@ class ScoreFunction:
         return inspect.iscoroutinefunction(self.function)
 
 
-def bind(term: str, function: Any, extra: Mapping[str, Any], log_keys: tuple[str, ...]) -> ScoreFunction:
+def bind(
+    term: str, function: Any, extra: Mapping[str, Any], log_keys: tuple[str, ...]
+) -> ScoreFunction:
     """The function with its extra keys filtered to its signature (all of them if it takes
     **kwargs)."""
     if not callable(function):

@@ -30,7 +30,9 @@ def split_reference(reference: str, what: str) -> tuple[str, str]:
     """`module:Attr`, `pkg://module:Attr` or `path/to/file.py:Attr` -> (module or file,
     attribute)."""
     if not isinstance(reference, str) or ":" not in reference.removeprefix(PKG):
-        raise NativeSetupError(f"{what}: {reference!r} is not 'module:Class', 'pkg://module:Class' or 'file.py:Class'")
+        raise NativeSetupError(
+            f"{what}: {reference!r} is not 'module:Class', 'pkg://module:Class' or 'file.py:Class'"
+        )
     where, _, attr = reference.removeprefix(PKG).rpartition(":")
     return (PKG + where if reference.startswith(PKG) else where), attr
 
@@ -70,6 +72,8 @@ def _file_module(path: str, what: str) -> ModuleType:
             spec.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[name]
-            raise NativeSetupError(f"{what}: importing {absolute!r} failed: {type(exc).__name__}: {exc}") from exc
+            raise NativeSetupError(
+                f"{what}: importing {absolute!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
         _FILES[absolute] = module
         return module

@@ -36,7 +36,12 @@ from scorers.native.loading import NativeSetupError, load_attribute, split_refer
 from scorers.residency import process_rss_bytes, resolve_device
 
 NAME = "native_model"
-SLEEP_DIAGNOSTICS = ("slept_instance_alive", "slept_param_bytes", "slept_param_bytes_alive", "rss_bytes")
+SLEEP_DIAGNOSTICS = (
+    "slept_instance_alive",
+    "slept_param_bytes",
+    "slept_param_bytes_alive",
+    "rss_bytes",
+)
 FUNCTION_KEYS = {"term", "path", "name", "kwargs", "log_keys"}
 
 
@@ -44,8 +49,14 @@ def _functions(functions: Any) -> list[dict[str, Any]]:
     if not isinstance(functions, list) or not functions:
         raise NativeSetupError(f"{NAME}: functions must be a non-empty list of reward functions")
     for entry in functions:
-        if not isinstance(entry, Mapping) or set(entry) - FUNCTION_KEYS or not isinstance(entry.get("term"), str):
-            raise NativeSetupError(f"{NAME}: a function is {{term, path, name, kwargs, log_keys}}, got {entry!r}")
+        if (
+            not isinstance(entry, Mapping)
+            or set(entry) - FUNCTION_KEYS
+            or not isinstance(entry.get("term"), str)
+        ):
+            raise NativeSetupError(
+                f"{NAME}: a function is {{term, path, name, kwargs, log_keys}}, got {entry!r}"
+            )
     return [dict(entry) for entry in functions]
 
 
@@ -68,11 +79,19 @@ class NativeModelScorer(Scorer):
         split_reference(model, f"{NAME} model")  # the shape only: the class imports in load()
         self.model, self.model_path, self.kwargs = model, model_path, dict(kwargs or {})
         self.functions = _functions(functions)
-        if not isinstance(call_timeout_s, (int, float)) or not math.isfinite(call_timeout_s) or call_timeout_s <= 0:
-            raise NativeSetupError(f"{NAME}: call_timeout_s must be a finite number > 0, got {call_timeout_s!r}")
+        if (
+            not isinstance(call_timeout_s, (int, float))
+            or not math.isfinite(call_timeout_s)
+            or call_timeout_s <= 0
+        ):
+            raise NativeSetupError(
+                f"{NAME}: call_timeout_s must be a finite number > 0, got {call_timeout_s!r}"
+            )
         self.call_timeout_s = float(call_timeout_s)
         terms = tuple(entry["term"] for entry in self.functions)
-        logged = tuple(f"{e['term']}.{key}" for e in self.functions for key in e.get("log_keys", ()))
+        logged = tuple(
+            f"{e['term']}.{key}" for e in self.functions for key in e.get("log_keys", ())
+        )
         self.spec = ScorerSpec(
             name=NAME,
             input_kind="image",
@@ -81,7 +100,10 @@ class NativeModelScorer(Scorer):
             env="embed",
             supports_offload=True,
             diagnostics=(*SLEEP_DIAGNOSTICS, *logged),
-            identity={"model": model, "functions": [[e["term"], e.get("path"), e.get("name")] for e in self.functions]},
+            identity={
+                "model": model,
+                "functions": [[e["term"], e.get("path"), e.get("name")] for e in self.functions],
+            },
             nonsemantic_params=("call_timeout_s",),
             requires_modules=("torch",),
         )
@@ -108,7 +130,9 @@ class NativeModelScorer(Scorer):
     @staticmethod
     def _bind(entry: Mapping[str, Any]) -> ScoreFunction:
         term = entry["term"]
-        function = load_attribute(str(entry.get("path")), str(entry.get("name")), f"reward function {term!r}")
+        function = load_attribute(
+            str(entry.get("path")), str(entry.get("name")), f"reward function {term!r}"
+        )
         log_keys = tuple(entry.get("log_keys", ()))
         return bind(term, function, entry.get("kwargs", {}), log_keys)
 
@@ -135,7 +159,10 @@ class NativeModelScorer(Scorer):
         if slot.instance is None or self._loop is None or self._pool is None:
             raise RuntimeError(f"{NAME}: score() while the model sleeps (the host wakes it first)")
         diagnostics: dict[str, Any] = {**slot.released(), "rss_bytes": mean(process_rss_bytes(), 1)}
-        handles = ModelHandle(slot.instance, self._pool), BlockingHandle(slot.instance, self._loop, self.call_timeout_s)
+        handles = (
+            ModelHandle(slot.instance, self._pool),
+            BlockingHandle(slot.instance, self._loop, self.call_timeout_s),
+        )
         outcomes = self._loop.run_until_complete(self._all(items, handles))
         del handles  # nothing of the instance outlives the call but the slot's own reference
         terms: dict[str, list[float]] = {fn.term: [0.0] * len(items) for fn in self._bound}
@@ -149,19 +176,27 @@ class NativeModelScorer(Scorer):
             terms[fn.term][index], extra = outcome
             for key, value in extra.items():
                 logged.setdefault(f"{fn.term}.{key}", []).append(value)
-        diagnostics.update({name: mean(sum(values), len(values)) for name, values in logged.items()})
+        diagnostics.update(
+            {name: mean(sum(values), len(values)) for name, values in logged.items()}
+        )
         return ScoreResult(terms=terms, diagnostics=diagnostics, term_failed=term_failed)
 
     def _pairs(self, items: Sequence[ScoreItem]) -> list[tuple[ScoreFunction, int]]:
         return [(fn, index) for index in range(len(items)) for fn in self._bound]
 
-    async def _all(self, items: Sequence[ScoreItem], handles: tuple[ModelHandle, BlockingHandle]) -> list[Any]:
+    async def _all(
+        self, items: Sequence[ScoreItem], handles: tuple[ModelHandle, BlockingHandle]
+    ) -> list[Any]:
         """Every (item, function) at once, within one deadline; an outcome is a value or its
         exception."""
         images = [solution_image(item) for item in items]
-        calls = [self._one(fn, items[index], images[index], handles) for fn, index in self._pairs(items)]
+        calls = [
+            self._one(fn, items[index], images[index], handles) for fn, index in self._pairs(items)
+        ]
         try:
-            return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), self.call_timeout_s)
+            return await asyncio.wait_for(
+                asyncio.gather(*calls, return_exceptions=True), self.call_timeout_s
+            )
         except TimeoutError as exc:
             self._stuck = (
                 f"{NAME} {self.model!r}: {len(calls)} reward function calls did not finish within "
@@ -170,7 +205,11 @@ class NativeModelScorer(Scorer):
             raise ScorerWedged(self._stuck, timed_out=True) from exc
 
     async def _one(
-        self, fn: ScoreFunction, item: ScoreItem, image: Any, handles: tuple[ModelHandle, BlockingHandle]
+        self,
+        fn: ScoreFunction,
+        item: ScoreItem,
+        image: Any,
+        handles: tuple[ModelHandle, BlockingHandle],
     ) -> tuple[float, dict[str, float]]:
         if fn.is_async:
             result = await fn.function(**arguments(fn, item, image, handles[0]))

@@ -44,5 +44,7 @@ def request(
     what: str, items: list[RewardItem], group_size: int | None = None, step: int | None = None
 ) -> RewardRequest:
     if not items:
-        raise ScorerRequestError(f"{what} was called with no items: nothing to score", kind="bad_input")
+        raise ScorerRequestError(
+            f"{what} was called with no items: nothing to score", kind="bad_input"
+        )
     return RewardRequest(items=items, group_size=group_size, step=step)

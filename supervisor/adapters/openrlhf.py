@@ -58,7 +58,11 @@ class _Scorer:
         """Each item's reward and the terms that have a value for it."""
         rows = [row.result(CALL_TIMEOUT_S) for row in self.stream.add(items)]
         return [
-            {"reward": row.reward, "terms": {t: v for t, v in row.components.items() if v is not None}} for row in rows
+            {
+                "reward": row.reward,
+                "terms": {t: v for t, v in row.components.items() if v is not None},
+            }
+            for row in rows
         ]
 
     def close(self) -> None:
@@ -75,7 +79,9 @@ _BUILDING = threading.Lock()
 def scorer_for(recipe: str | None = None) -> _Scorer:
     path = recipe or os.environ.get(RECIPE_VARIABLE)
     if not path:
-        raise ConfigError(f"no reward recipe: set ${RECIPE_VARIABLE} to the recipe OpenRLHF's rewards come from")
+        raise ConfigError(
+            f"no reward recipe: set ${RECIPE_VARIABLE} to the recipe OpenRLHF's rewards come from"
+        )
     key = (os.getpid(), os.path.realpath(path))
     with _BUILDING:
         if key in _FAILED:
@@ -89,7 +95,9 @@ def scorer_for(recipe: str | None = None) -> _Scorer:
         return _SCORERS[key]
 
 
-def _samples(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> list[openrlhf.Sample]:
+def _samples(
+    queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]
+) -> list[openrlhf.Sample]:
     """OpenRLHF's lists cut into samples (the rule `serve`'s OpenRLHF route uses); a bad one is bad
     input."""
     try:
@@ -98,7 +106,9 @@ def _samples(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[An
         raise ScorerRequestError(str(exc), kind="bad_input") from exc
 
 
-def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> dict[str, Any]:
+def reward_func(
+    queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]
+) -> dict[str, Any]:
     """OpenRLHF's reward function: `rewards` and `scores` (floats for its one-sample calls, lists
     otherwise) and `extra_logs` (each term's value)."""
     try:
@@ -107,7 +117,10 @@ def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence
         rows = scorer.score(
             [
                 RewardItem(
-                    id=f"openrlhf-{os.getpid()}-{next(_ITEMS)}", prompt=s.prompt, text=s.response, reference=s.label
+                    id=f"openrlhf-{os.getpid()}-{next(_ITEMS)}",
+                    prompt=s.prompt,
+                    text=s.response,
+                    reference=s.label,
                 )
                 for s in samples
             ]

@@ -38,7 +38,9 @@ def completion_text(completion: Any, where: str = "completion") -> str:
     if isinstance(completion, str):
         return completion
     if isinstance(completion, Sequence) and not completion:
-        raise ScorerRequestError(f"{where} is an empty list of chat messages: no text to score", kind="bad_input")
+        raise ScorerRequestError(
+            f"{where} is an empty list of chat messages: no text to score", kind="bad_input"
+        )
     if isinstance(completion, Sequence) and isinstance(completion[-1], dict):
         content = completion[-1].get("content")
         if isinstance(content, str):
@@ -47,10 +49,12 @@ def completion_text(completion: Any, where: str = "completion") -> str:
             return "".join(part.get("text", "") for part in content if isinstance(part, dict))
         calls = " (a tool call)" if completion[-1].get("tool_calls") else ""
         raise ScorerRequestError(
-            f"{where}: its last message's content is {type(content).__name__}{calls}, not text", kind="bad_input"
+            f"{where}: its last message's content is {type(content).__name__}{calls}, not text",
+            kind="bad_input",
         )
     raise ScorerRequestError(
-        f"{where} must be a string or a list of chat messages, got {type(completion).__name__}", kind="bad_input"
+        f"{where} must be a string or a list of chat messages, got {type(completion).__name__}",
+        kind="bad_input",
     )
 
 
@@ -117,14 +121,18 @@ class TRLRewardFunction:
         if size is not None:
             groups = [f"trl{call}-g{(offset + i) // size}" for i in range(len(completions))]
         if completion_ids is not None and len(completion_ids) != len(completions):
-            raise ValueError(f"{len(completion_ids)} completion_ids for {len(completions)} completions")
+            raise ValueError(
+                f"{len(completion_ids)} completion_ids for {len(completions)} completions"
+            )
         sources = columns.get("data_source", [None] * len(completions))
         items = [
             adapter_items.item(
                 f"TRL completion {i}",
                 id=f"trl{call}-{offset + i}",  # unique over processes: the global position
                 group_id=groups[i],
-                prompt=prompts[i] if isinstance(prompts[i], str) else completion_text(prompts[i], f"TRL prompt {i}"),
+                prompt=prompts[i]
+                if isinstance(prompts[i], str)
+                else completion_text(prompts[i], f"TRL prompt {i}"),
                 text=completion_text(completions[i], f"TRL completion {i}"),
                 reference=golds[i],
                 data_source=sources[i],
@@ -156,8 +164,13 @@ class TRLRewardFunction:
         a slice of a distributed batch may cut runs at its edges (the ranks check the groups
         together)."""
         assert self.num_generations is not None
-        keys = [p if isinstance(p, str) else json.dumps(p, sort_keys=True, default=str) for p in prompts]
-        sizes = {"train": self.num_generations, "eval": self.num_generations_eval or self.num_generations}
+        keys = [
+            p if isinstance(p, str) else json.dumps(p, sort_keys=True, default=str) for p in prompts
+        ]
+        sizes = {
+            "train": self.num_generations,
+            "eval": self.num_generations_eval or self.num_generations,
+        }
         alone = component(self.backend).scoring_world[1] == 1
 
         def fits(size: int) -> bool:
@@ -183,18 +196,26 @@ class TRLRewardFunction:
             )
         return fitting["train" if training else "eval"]
 
-    def _rewards(self, response: RewardResponse, log_metric: Callable[[str, float], None] | None) -> list[float]:
+    def _rewards(
+        self, response: RewardResponse, log_metric: Callable[[str, float], None] | None
+    ) -> list[float]:
         if log_metric is not None:
             for name, value in response.metrics().items():
                 log_metric(name, value)
         return list(response.rewards)
 
     def __call__(
-        self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any = None, **columns: Any
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        completion_ids: Any = None,
+        **columns: Any,
     ) -> list[float]:
         log_metric, step = _trl_extras(columns)
         try:
-            request = self._request(prompts, completions, completion_ids, columns, _training(log_metric), step)
+            request = self._request(
+                prompts, completions, completion_ids, columns, _training(log_metric), step
+            )
         except Exception as exc:
             self.backend.fail_step(exc, step)  # across ranks, the others raise the same RankFailed
             raise
@@ -204,11 +225,16 @@ class TRLRewardFunction:
         """A coroutine function (TRL awaits those together on its event-loop thread)."""
 
         async def reward(
-            prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any = None, **columns: Any
+            prompts: Sequence[Any],
+            completions: Sequence[Any],
+            completion_ids: Any = None,
+            **columns: Any,
         ) -> list[float]:
             log_metric, step = _trl_extras(columns)
             try:
-                request = self._request(prompts, completions, completion_ids, columns, _training(log_metric), step)
+                request = self._request(
+                    prompts, completions, completion_ids, columns, _training(log_metric), step
+                )
             except Exception as exc:
                 # an exchange: off the event loop
                 await asyncio.to_thread(self.backend.fail_step, exc, step)

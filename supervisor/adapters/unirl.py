@@ -50,7 +50,9 @@ def unirl_base() -> type | None:
 
 def overridden(options: UniRLOptions, reference_key: str, given: dict[str, Any]) -> UniRLOptions:
     """The recipe's options with the base arguments that were given (not None) in their place."""
-    return replace(options, reference_key=reference_key, **{k: v for k, v in given.items() if v is not None})
+    return replace(
+        options, reference_key=reference_key, **{k: v for k, v in given.items() if v is not None}
+    )
 
 
 class _UniRLFace:
@@ -63,7 +65,11 @@ class _UniRLFace:
     def _set_base(self, options: UniRLOptions, backend: RewardBackend) -> None:
         """UniRL's base attributes (its __init__ sets only these), then the backend, closed at
         exit."""
-        self.model_name, self.batch_size, self.timeout = options.model_name, options.batch_size, options.timeout
+        self.model_name, self.batch_size, self.timeout = (
+            options.model_name,
+            options.batch_size,
+            options.timeout,
+        )
         self.prompt_source, self.input_kind, self.reference_key = (
             options.prompt_source,
             options.input_kind,
@@ -84,7 +90,11 @@ class _UniRLFace:
 
     def prompts(self, request: Any) -> list[str]:
         """The original or the generation prompt of each row, by `prompt_source` (UniRL's rule)."""
-        prompt = request.original_prompt if self.prompt_source == "original" else request.generation_prompt
+        prompt = (
+            request.original_prompt
+            if self.prompt_source == "original"
+            else request.generation_prompt
+        )
         return [] if prompt is None else list(prompt.texts)
 
     def compute_rewards(self, request: Any) -> Any:
@@ -92,11 +102,15 @@ class _UniRLFace:
         fails the step on it either way), never zeros marked failed."""
         started = time.perf_counter()
         with self.backend.arena() as arena:
-            ours = reward_request(request, self.input_kind, self.prompts(request), self.reference_key, arena.empty)
+            ours = reward_request(
+                request, self.input_kind, self.prompts(request), self.reference_key, arena.empty
+            )
             response = self.backend.compute_rewards(ours)
         return unirl_response(response, self._components(ours, response), started)
 
-    def _components(self, request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
+    def _components(
+        self, request: RewardRequest, response: RewardResponse
+    ) -> dict[str, list[float]]:
         raise NotImplementedError
 
     def is_available(self) -> bool:
@@ -151,12 +165,19 @@ class _ManagedBackend(_UniRLFace):
         start: bool = True,
     ) -> None:
         spec, options = managed_spec(config, base_device)
-        given = {"model_name": model_name, "batch_size": batch_size, "timeout": timeout, "prompt_source": prompt_source}
+        given = {
+            "model_name": model_name,
+            "batch_size": batch_size,
+            "timeout": timeout,
+            "prompt_source": prompt_source,
+        }
         options = overridden(options, reference_key, given)
         self.spec = spec
         self._set_base(options, _OurManagedBackend(spec, start=start))
 
-    def _components(self, request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
+    def _components(
+        self, request: RewardRequest, response: RewardResponse
+    ) -> dict[str, list[float]]:
         return {self.spec.scorer.name: list(response.rewards)}
 
 
@@ -183,7 +204,12 @@ class _PanelBackend(_UniRLFace):
     ) -> None:
         del base_device  # each term's backend names its own device in the recipe
         panel, options = panel_config(recipe, config, model_name)
-        given = {"batch_size": batch_size, "timeout": timeout, "input_kind": input_kind, "prompt_source": prompt_source}
+        given = {
+            "batch_size": batch_size,
+            "timeout": timeout,
+            "input_kind": input_kind,
+            "prompt_source": prompt_source,
+        }
         options = overridden(options, reference_key, given)
         self.panel_config = panel
         self._set_base(options, build_panel(panel))
@@ -193,7 +219,9 @@ class _PanelBackend(_UniRLFace):
         assert isinstance(self.backend, _OurPanel)
         return self.backend
 
-    def _components(self, request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
+    def _components(
+        self, request: RewardRequest, response: RewardResponse
+    ) -> dict[str, list[float]]:
         return contributions(self.panel.terms, request, response)
 
 
@@ -220,15 +248,25 @@ class _RemoteBackend(_UniRLFace):
     ) -> None:
         del base_device  # the server's scorers have their own devices
         remote, options, self.wanted = remote_config(config, token_env)
-        given = {"model_name": model_name, "batch_size": batch_size, "timeout": timeout, "prompt_source": prompt_source}
+        given = {
+            "model_name": model_name,
+            "batch_size": batch_size,
+            "timeout": timeout,
+            "prompt_source": prompt_source,
+        }
         options = overridden(options, reference_key, given)
         self._set_base(options, make_backend(remote))
 
-    def _components(self, request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
+    def _components(
+        self, request: RewardRequest, response: RewardResponse
+    ) -> dict[str, list[float]]:
         shape = component(self.backend).shape
         reward_term = None if shape is None else shape.reward_term
         names = self.wanted or [name for name in response.component_rewards if name != reward_term]
-        return {name: [0.0 if value is None else value for value in response.component_rewards[name]] for name in names}
+        return {
+            name: [0.0 if value is None else value for value in response.component_rewards[name]]
+            for name in names
+        }
 
 
 _CORES: dict[str, type[_UniRLFace]] = {
@@ -249,5 +287,7 @@ def __getattr__(name: str) -> type:
         if name not in _BUILT:
             base = unirl_base()
             bases = (core,) if base is None else (core, base)
-            _BUILT[name] = type(name, bases, {"__module__": __name__, "__qualname__": name, "__doc__": core.__doc__})
+            _BUILT[name] = type(
+                name, bases, {"__module__": __name__, "__qualname__": name, "__doc__": core.__doc__}
+            )
         return _BUILT[name]

@@ -46,12 +46,18 @@ def _item(
         chw = numpy_view(solution_image)
         if getattr(chw, "ndim", None) != 3:
             raise ScorerRequestError(
-                f"solution_image must be one CHW image, got shape {list(getattr(chw, 'shape', []))}", kind="bad_input"
+                f"solution_image must be one CHW image, got shape {list(getattr(chw, 'shape', []))}",
+                kind="bad_input",
             )
         image = chw.transpose(1, 2, 0)
     where = f"verl item {item_id!r} (data_source {data_source!r})"
     return adapter_items.item(
-        where, id=item_id, text=solution_str, image=image, reference=ground_truth, data_source=data_source
+        where,
+        id=item_id,
+        text=solution_str,
+        image=image,
+        reference=ground_truth,
+        data_source=data_source,
     )
 
 
@@ -79,8 +85,12 @@ def _scores(response: RewardResponse) -> list[dict[str, Any]]:
 
 def _score(reward: float, components: Mapping[str, float | None]) -> VerlScore:
     if "score" in components:
-        raise ConfigError("a term named 'score' would hide the reward verl trains on: rename the term")
-    return VerlScore(score=reward, **{name: math.nan if v is None else v for name, v in components.items()})
+        raise ConfigError(
+            "a term named 'score' would hide the reward verl trains on: rename the term"
+        )
+    return VerlScore(
+        score=reward, **{name: math.nan if v is None else v for name, v in components.items()}
+    )
 
 
 def _row_score(row: ItemReward) -> VerlScore:
@@ -93,7 +103,11 @@ class VerlComputeScore:
     scores)."""
 
     def __init__(
-        self, backend: RewardBackend, coalesce: bool = True, max_batch: int = 256, max_wait_s: float = 0.005
+        self,
+        backend: RewardBackend,
+        coalesce: bool = True,
+        max_batch: int = 256,
+        max_wait_s: float = 0.005,
     ) -> None:
         self.backend = backend
         self.__name__ = "compute_score"
@@ -107,7 +121,9 @@ class VerlComputeScore:
         """The per-item calls' stream: the items that arrive together are scored in one window."""
         with self._making:
             if self._stream is None:
-                self._stream = self.backend.stream(window=self.max_batch, max_wait_s=self.max_wait_s, collect=False)
+                self._stream = self.backend.stream(
+                    window=self.max_batch, max_wait_s=self.max_wait_s, collect=False
+                )
             return self._stream
 
     def __call__(
@@ -119,7 +135,9 @@ class VerlComputeScore:
         solution_image: Any = None,
         **_: Any,
     ) -> dict[str, Any]:
-        request = RewardRequest(items=[_item(data_source, solution_str, ground_truth, extra_info, solution_image)])
+        request = RewardRequest(
+            items=[_item(data_source, solution_str, ground_truth, extra_info, solution_image)]
+        )
         return _scores(self.backend.compute_rewards(request))[0]
 
     async def acompute_score(
@@ -147,8 +165,13 @@ class VerlComputeScore:
     ) -> list[dict[str, Any]]:
         extras = extra_infos if extra_infos is not None else [None] * len(solution_strs)
         if not len(data_sources) == len(solution_strs) == len(ground_truths) == len(extras):
-            raise ValueError("data_sources, solution_strs, ground_truths and extra_infos differ in length")
-        items = [_item(*row) for row in zip(data_sources, solution_strs, ground_truths, extras, strict=True)]
+            raise ValueError(
+                "data_sources, solution_strs, ground_truths and extra_infos differ in length"
+            )
+        items = [
+            _item(*row)
+            for row in zip(data_sources, solution_strs, ground_truths, extras, strict=True)
+        ]
         return _scores(self.backend.compute_rewards(RewardRequest(items=items)))
 
 
@@ -194,7 +217,9 @@ def ready_scorer(key: tuple[str, ...]) -> VerlComputeScore | None:
 _BOOTS: dict[tuple[Any, ...], asyncio.Future[VerlComputeScore]] = {}
 
 
-async def aprocess_scorer(key: tuple[str, ...], build: Callable[[], RewardBackend]) -> VerlComputeScore:
+async def aprocess_scorer(
+    key: tuple[str, ...], build: Callable[[], RewardBackend]
+) -> VerlComputeScore:
     """`process_scorer` for the async reward loop: the boot runs off the event loop, once per loop.
     The step's first tasks all wait on that one boot and resume in the same loop turn, so they
     reach the stream together (one window), instead of returning in waves from a thread each
@@ -208,7 +233,9 @@ async def aprocess_scorer(key: tuple[str, ...], build: Callable[[], RewardBacken
     boot = _BOOTS.get(slot)
     if boot is None or boot.get_loop() is not loop:
         boot = _BOOTS[slot] = asyncio.ensure_future(asyncio.to_thread(process_scorer, key, build))
-        boot.add_done_callback(lambda done: _BOOTS.pop(slot, None) if _BOOTS.get(slot) is done else None)
+        boot.add_done_callback(
+            lambda done: _BOOTS.pop(slot, None) if _BOOTS.get(slot) is done else None
+        )
     return await asyncio.shield(boot)
 
 
@@ -282,4 +309,6 @@ def compute_score_batch(
     **kwargs: Any,
 ) -> list[dict[str, Any]]:
     """verl's legacy batch form: lists in, one dict per item out."""
-    return scorer_for(recipe, panel).compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos)
+    return scorer_for(recipe, panel).compute_score_batch(
+        data_sources, solution_strs, ground_truths, extra_infos
+    )

@@ -127,7 +127,8 @@ def service_array(item: RewardItem, media_type: MediaType) -> np.ndarray:
     if media is None or media.shape[-1] != 3:
         got = "none" if media is None else f"{media.shape[-1]} channels"
         raise ScorerRequestError(
-            f"item {item.id!r}: the job service takes an RGB {media_type}, got {got}", kind="bad_input"
+            f"item {item.id!r}: the job service takes an RGB {media_type}, got {got}",
+            kind="bad_input",
         )
     return media.transpose(3, 0, 1, 2)[None] if media_type == "video" else media[None]
 
@@ -203,20 +204,48 @@ class JobRewardBackend(Component):
         `poll_interval_s`, doubling up to `poll_backoff_cap_s`, or longer when the answer's
         Retry-After asks it. The job ids of the last `remembered_job_ids` items (and every item of
         the calls in flight) are kept to refuse one given twice."""
-        _check(media_type, fps, request_timeout, enqueue_timeout, pull_timeout, poll_interval_s, poll_backoff_cap_s)
+        _check(
+            media_type,
+            fps,
+            request_timeout,
+            enqueue_timeout,
+            pull_timeout,
+            poll_interval_s,
+            poll_backoff_cap_s,
+        )
         if not 1 <= max_concurrency <= MAX_CONNECTIONS:
-            raise ValueError(f"max_concurrency must be in 1..{MAX_CONNECTIONS} (the connections to one service)")
-        if not enqueue_path.startswith("/") or not result_path.startswith("/") or "{uuid}" not in result_path:
-            raise ValueError("enqueue_path and result_path start with '/', and result_path holds '{uuid}'")
+            raise ValueError(
+                f"max_concurrency must be in 1..{MAX_CONNECTIONS} (the connections to one service)"
+            )
+        if (
+            not enqueue_path.startswith("/")
+            or not result_path.startswith("/")
+            or "{uuid}" not in result_path
+        ):
+            raise ValueError(
+                "enqueue_path and result_path start with '/', and result_path holds '{uuid}'"
+            )
         self.base_url, self.media_type, self.fps, self.term = base_url, media_type, fps, term
-        self.request_timeout, self.enqueue_timeout, self.pull_timeout = request_timeout, enqueue_timeout, pull_timeout
+        self.request_timeout, self.enqueue_timeout, self.pull_timeout = (
+            request_timeout,
+            enqueue_timeout,
+            pull_timeout,
+        )
         self.poll_interval_s, self.poll_backoff_cap_s = poll_interval_s, poll_backoff_cap_s
         self.max_concurrency, self.score_key = max_concurrency, score_key
         self.enqueue_path, self.result_path = enqueue_path, result_path
         identity: dict[str, Any] = {"backend": "jobs", "service": name, "revision": revision}
         identity |= {"media_type": media_type, "fps": fps, "term": term}
         identity |= {"paths": [enqueue_path, result_path], "score_key": score_key}
-        identity |= {"bounds": [request_timeout, enqueue_timeout, pull_timeout, poll_interval_s, poll_backoff_cap_s]}
+        identity |= {
+            "bounds": [
+                request_timeout,
+                enqueue_timeout,
+                pull_timeout,
+                poll_interval_s,
+                poll_backoff_cap_s,
+            ]
+        }
         self.shape = ScorerShape(name, (term,), identity_hash=digest(identity), revision=revision)
         self._stopped = threading.Event()  # closed: nothing starts, nothing is pulled again
         # set (then replaced) by interrupt(): the calls in flight end
@@ -259,7 +288,9 @@ class JobRewardBackend(Component):
         finally:
             self._job_ids.end_call(call)  # after the response's last check of the call's claims
 
-    def _response(self, request: RewardRequest, outcomes: Sequence[tuple[Claim, float] | BaseException]) -> Outcome:
+    def _response(
+        self, request: RewardRequest, outcomes: Sequence[tuple[Claim, float] | BaseException]
+    ) -> Outcome:
         """Every item's score, or JobItemsFailed naming each failed item (never a partial reward as
         a whole). A score whose job id the service gave another item meanwhile is not taken (the
         last check: every item of the call has its job id by now)."""
@@ -271,7 +302,9 @@ class JobRewardBackend(Component):
             elif isinstance(outcome, BaseException):
                 raise outcome  # not a job's failure (a bug, an interrupt): as it is
             elif outcome[0].contested:
-                errors[item_id] = _contested(outcome[0], self._where(outcome[0].item_id, "pull", outcome[0].job_id))
+                errors[item_id] = _contested(
+                    outcome[0], self._where(outcome[0].item_id, "pull", outcome[0].job_id)
+                )
             else:
                 scores[item_id] = outcome[1]
         ids = [item_id for item_id in request.ids if item_id in scores]
@@ -296,7 +329,12 @@ class JobRewardBackend(Component):
         return where | {"job_id": job_id} if job_id else where
 
     def _score_item(
-        self, item_id: str, array: np.ndarray, deadline: float, call: int, interrupted: threading.Event
+        self,
+        item_id: str,
+        array: np.ndarray,
+        deadline: float,
+        call: int,
+        interrupted: threading.Event,
     ) -> tuple[Claim, float]:
         """One candidate: its claim on its job id, and the score pulled for it. After an interrupt
         of its call, an item not yet sent is never sent."""
@@ -307,15 +345,24 @@ class JobRewardBackend(Component):
             self._job_ids.pulled(claim)
 
     def _enqueue(
-        self, item_id: str, array: np.ndarray, deadline: float, call: int, interrupted: threading.Event
+        self,
+        item_id: str,
+        array: np.ndarray,
+        deadline: float,
+        call: int,
+        interrupted: threading.Event,
     ) -> Claim:
         """Send the item; its claim on the job id the service gave it. Sent again only after a 429
         (the service took nothing); never after any other failure."""
         where = self._where(item_id, "enqueue")
         if self._stopped.is_set() or interrupted.is_set():
-            raise JobServiceUnavailable("the backend was closed or interrupted; nothing was sent", **where)
+            raise JobServiceUnavailable(
+                "the backend was closed or interrupted; nothing was sent", **where
+            )
         if deadline <= time.monotonic():
-            raise JobDeadline("the request's deadline passed before this item was sent; nothing was sent", **where)
+            raise JobDeadline(
+                "the request's deadline passed before this item was sent; nothing was sent", **where
+            )
         retrying = self._retrying(deadline, interrupted, where, "enqueue", retry_on=(_Busy,))
         try:
             with self.spool.payload(array) as spooled:
@@ -324,15 +371,20 @@ class JobRewardBackend(Component):
             raise _spool_failed(exc, str(exc.filename), where, sending=False) from exc
         except _Busy as exc:
             raise _enqueue_failed(exc, retrying, self.request_timeout, where) from exc
-        return _job_id(status, body, where, lambda job_id: self._job_ids.claim(job_id, item_id, call))
+        return _job_id(
+            status, body, where, lambda job_id: self._job_ids.claim(job_id, item_id, call)
+        )
 
-    def _enqueue_once(self, spooled: Spooled, deadline: float, where: dict[str, Any]) -> tuple[int, bytes]:
+    def _enqueue_once(
+        self, spooled: Spooled, deadline: float, where: dict[str, Any]
+    ) -> tuple[int, bytes]:
         """One upload of the spooled file: the answer's status and body, or `_Busy` for a 429. Its
         file failing to read back (an OSError out of the upload) cuts the upload midway."""
         left = deadline - time.monotonic()
         if left <= 0:
             raise JobDeadline(
-                "the request's deadline passed before this item could be sent; nothing was taken", **where
+                "the request's deadline passed before this item could be sent; nothing was taken",
+                **where,
             )
         fields: dict[str, str] = {"media_type": self.media_type}
         if self.media_type == "video":
@@ -344,9 +396,13 @@ class JobRewardBackend(Component):
                 self.enqueue_path, min(self.enqueue_timeout, left), fields, upload
             )
         except ConnectFailed as exc:
-            raise JobServiceUnavailable(f"no connection opened, nothing was sent ({exc})", **where) from exc
+            raise JobServiceUnavailable(
+                f"no connection opened, nothing was sent ({exc})", **where
+            ) from exc
         except TransportError as exc:
-            raise JobEnqueueUncertain(f"sent, but no usable answer ({exc})", orphaned=True, **where) from exc
+            raise JobEnqueueUncertain(
+                f"sent, but no usable answer ({exc})", orphaned=True, **where
+            ) from exc
         # not a transport fact (those are typed): the file read back for the upload
         except OSError as exc:
             raise _spool_failed(exc, spooled.path, where, sending=True) from exc
@@ -420,7 +476,9 @@ class JobRewardBackend(Component):
             raise NoAnswer("the request's deadline passed")
         if claim.contested:
             raise _contested(claim, where)
-        status, headers, body = self._transport.request("GET", path, min(self.pull_timeout, left), (), {})
+        status, headers, body = self._transport.request(
+            "GET", path, min(self.pull_timeout, left), (), {}
+        )
         if time.monotonic() >= deadline:
             raise NoAnswer(f"HTTP {status} came after the request's deadline: not taken")
         retry_after = retry_after_s(headers.get("retry-after"))
@@ -428,15 +486,23 @@ class JobRewardBackend(Component):
             score = singleton_score(body, self.score_key)
             if score is None:
                 expected = f'{{"{self.score_key}": [<one finite number>]}} and nothing else'
-                raise JobProtocolError(f"a 200 must hold {expected}", status=status, body=body, **where)
+                raise JobProtocolError(
+                    f"a 200 must hold {expected}", status=status, body=body, **where
+                )
             if claim.contested:
                 raise _contested(claim, where)
             return score
         if status == 202:
             parsed = _json(body)
-            if not isinstance(parsed, dict) or parsed.get("uuid") != job_id or parsed.get("status") != "pending":
+            if (
+                not isinstance(parsed, dict)
+                or parsed.get("uuid") != job_id
+                or parsed.get("status") != "pending"
+            ):
                 expected = f'{{"uuid": "{job_id}", "status": "pending"}}'
-                raise JobProtocolError(f"a 202 must be {expected} (this job's id)", status=status, body=body, **where)
+                raise JobProtocolError(
+                    f"a 202 must be {expected} (this job's id)", status=status, body=body, **where
+                )
             raise _Pending(status, body, retry_after)
         if status == 400 and is_legacy_pending(body, job_id):
             raise _Pending(status, body, retry_after)
@@ -445,17 +511,31 @@ class JobRewardBackend(Component):
     def _pull_failed(self, exc: Exception, retrying: Retry, where: dict[str, Any]) -> JobError:
         """The typed error for pulls that ended without a score."""
         status = getattr(exc, "status", None)
-        body = exc.body if isinstance(exc, _Pending) else exc.message if isinstance(exc, ErrorStatus) else b""
+        body = (
+            exc.body
+            if isinstance(exc, _Pending)
+            else exc.message
+            if isinstance(exc, ErrorStatus)
+            else b""
+        )
         tries = f"after {retrying.tries} pull{'s' if retrying.tries > 1 else ''}"
         if retrying.gave_up == "stopped":
-            return JobServiceUnavailable(f"the backend was closed or interrupted {tries}", orphaned=True, **where)
+            return JobServiceUnavailable(
+                f"the backend was closed or interrupted {tries}", orphaned=True, **where
+            )
         if retrying.gave_up == "deadline":
-            last = (f"last: {exc}" if not isinstance(exc, _Pending) else "still pending") + _asked_note(exc)
+            last = (
+                f"last: {exc}" if not isinstance(exc, _Pending) else "still pending"
+            ) + _asked_note(exc)
             message = f"no score within the request's deadline ({self.request_timeout:g} s) {tries}, {last}"
             return JobDeadline(message, status=status, body=body, orphaned=True, **where)
         if isinstance(exc, ErrorStatus) and 400 <= exc.status < 500:
-            return JobRejected(f"refused {tries}; not pulled again", status=status, body=body, **where)
-        return JobProtocolError(f"an answer outside the protocol {tries} ({exc})", status=status, body=body, **where)
+            return JobRejected(
+                f"refused {tries}; not pulled again", status=status, body=body, **where
+            )
+        return JobProtocolError(
+            f"an answer outside the protocol {tries} ({exc})", status=status, body=body, **where
+        )
 
     def interrupt(self) -> None:
         """Give up on the calls in flight (Ctrl-C): their connections are dropped, nothing is
@@ -473,7 +553,9 @@ class JobRewardBackend(Component):
         self.spool.close()
 
 
-def _spool_failed(exc: OSError, path: str, where: dict[str, Any], *, sending: bool) -> JobSpoolFailed:
+def _spool_failed(
+    exc: OSError, path: str, where: dict[str, Any], *, sending: bool
+) -> JobSpoolFailed:
     """The item's spool file failed: written (nothing was sent), or read back while it was being
     sent (the upload was cut midway: whether the service took it is unknown, so it is never sent
     again)."""
@@ -482,7 +564,9 @@ def _spool_failed(exc: OSError, path: str, where: dict[str, Any], *, sending: bo
     if sending:
         message = f"its spool file {path} failed to read back while it was sent {said}; the upload was cut midway"
     else:
-        message = f"its payload could not be written to the spool file {path} {said}; nothing was sent"
+        message = (
+            f"its payload could not be written to the spool file {path} {said}; nothing was sent"
+        )
     return JobSpoolFailed(message, spool_path=path, errno=exc.errno, orphaned=sending, **where)
 
 
@@ -516,15 +600,27 @@ def _contested(claim: Claim, where: dict[str, Any]) -> JobProtocolError:
 
 
 def _job_id(
-    status: int, body: bytes, where: dict[str, Any], claim: Callable[[str], tuple[Claim, Claim | None]]
+    status: int,
+    body: bytes,
+    where: dict[str, Any],
+    claim: Callable[[str], tuple[Claim, Claim | None]],
 ) -> Claim:
     """The item's claim on the job id of an enqueue's answer, or the typed error of that answer
     (a job id the service already gave another item is one: that item fails too)."""
     if 400 <= status < 500:
-        raise JobRejected("the service refused the enqueue (it is never sent again)", status=status, body=body, **where)
+        raise JobRejected(
+            "the service refused the enqueue (it is never sent again)",
+            status=status,
+            body=body,
+            **where,
+        )
     if not 200 <= status < 300:
         raise JobEnqueueUncertain(
-            "the enqueue failed on the service's side", status=status, body=body, orphaned=True, **where
+            "the enqueue failed on the service's side",
+            status=status,
+            body=body,
+            orphaned=True,
+            **where,
         )
     parsed = _json(body)
     job_id = parsed.get("uuid") if isinstance(parsed, dict) else None
@@ -542,12 +638,20 @@ def _job_id(
             f"the service already gave this job id to another item ({earlier.held_by(claimed.call)}): "
             "one job for two uploads, whose score nobody can tell; not pulled"
         )
-        raise JobProtocolError(message, status=status, body=body, orphaned=True, **where | {"job_id": job_id})
+        raise JobProtocolError(
+            message, status=status, body=body, orphaned=True, **where | {"job_id": job_id}
+        )
     return claimed
 
 
 def _check(
-    media_type: str, fps: float | None, request: float, enqueue: float, pull: float, poll: float, cap: float
+    media_type: str,
+    fps: float | None,
+    request: float,
+    enqueue: float,
+    pull: float,
+    poll: float,
+    cap: float,
 ) -> None:
     if media_type not in ("video", "image"):
         raise ValueError(f"media_type must be video or image, got {media_type!r}")

@@ -83,7 +83,9 @@ class LocalRewardBackend(Component):
         )
         check_pins(self.shape, revision, identity_hash)
         self.weights = dict(weights or {})
-        self.required_rewards = check_reward_names(spec.name, spec.term_names(), required_rewards or [], self.weights)
+        self.required_rewards = check_reward_names(
+            spec.name, spec.term_names(), required_rewards or [], self.weights
+        )
         self.request_batch_size = request_batch_size
         self.group_size = group_size
         self._serial = threading.RLock()
@@ -101,7 +103,10 @@ class LocalRewardBackend(Component):
 
     @property
     def combination(self) -> dict[str, Any]:
-        return {"required": list(self.required_rewards), "weights": dict(sorted(self.weights.items()))}
+        return {
+            "required": list(self.required_rewards),
+            "weights": dict(sorted(self.weights.items())),
+        }
 
     def score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
         """One chunk through the child's own validation path (this backend is its ChunkScorer)."""
@@ -117,14 +122,17 @@ class LocalRewardBackend(Component):
             raise RewardContractError(str(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - the scorer's own bug: typed as a managed child's 500 is
             raise ScorerRequestError(f"{type(exc).__name__}: {exc}", kind="scorer_error") from exc
-        terms = {name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()}
+        terms = {
+            name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()
+        }
         term_failed = {
             name: {chunk[position].id: why for position, why in whys.items()}
             for name, whys in result.term_failed.items()
         }
         failed = {chunk[position].id: why for position, why in result.failed.items()}
         not_applicable = {
-            name: frozenset(chunk[position].id for position in where) for name, where in result.not_applicable.items()
+            name: frozenset(chunk[position].id for position in where)
+            for name, where in result.not_applicable.items()
         }
         return ChunkAnswer(terms, result.diagnostics, failed, term_failed, not_applicable)
 
@@ -134,7 +142,11 @@ class LocalRewardBackend(Component):
                 raise RuntimeError("LocalRewardBackend is closed")
             try:
                 plan = CallPlan(
-                    self.shape, self.request_batch_size, self.required_rewards, self.weights, self.group_size
+                    self.shape,
+                    self.request_batch_size,
+                    self.required_rewards,
+                    self.weights,
+                    self.group_size,
                 )
                 return score_in_chunks(request, plan, self)
             finally:

@@ -108,7 +108,12 @@ class _Generation:
         arena."""
         counts = Counter({"in_band": self.client.in_band_bytes})
         if self.segment is not None:
-            counts.update({"shared_copied": self.segment.copied_bytes, "shared_in_place": self.segment.in_place_bytes})
+            counts.update(
+                {
+                    "shared_copied": self.segment.copied_bytes,
+                    "shared_in_place": self.segment.in_place_bytes,
+                }
+            )
         return counts
 
     def release(self) -> None:
@@ -159,7 +164,8 @@ def launch_plan(
         root = import_root(state_dir())
     except OSError as exc:
         raise ScorerStartupError(
-            f"cannot prepare the child's import directory: {exc}", ChildRecord(name, None, rank=placed.rank)
+            f"cannot prepare the child's import directory: {exc}",
+            ChildRecord(name, None, rank=placed.rank),
         ) from exc
     return LaunchPlan(
         name=name,
@@ -190,7 +196,11 @@ def _child_env(process: ProcessConfig, root: Path, gpus: tuple[str, ...] | None)
             "PYTHONNOUSERSITE": "1",
             "PYTHONUNBUFFERED": "1",
             "CUDA_VISIBLE_DEVICES": child_visible_devices(
-                os.environ, process.local_rank, process.visible_devices, process.allow_multiple_gpus, gpus
+                os.environ,
+                process.local_rank,
+                process.visible_devices,
+                process.allow_multiple_gpus,
+                gpus,
             ),
         }
     )
@@ -250,9 +260,13 @@ class ManagedScorerProcessBackend(Component):
 
     shape: ScorerShape  # what the scorer declared (its child's readiness line or /health)
 
-    def __init__(self, spec: ManagedScorerProcessSpec | Mapping[str, Any], start: bool = True) -> None:
+    def __init__(
+        self, spec: ManagedScorerProcessSpec | Mapping[str, Any], start: bool = True
+    ) -> None:
         self.spec = (
-            spec if isinstance(spec, ManagedScorerProcessSpec) else ManagedScorerProcessSpec.model_validate(spec)
+            spec
+            if isinstance(spec, ManagedScorerProcessSpec)
+            else ManagedScorerProcessSpec.model_validate(spec)
         )
         if self.spec.replicas.size > 1:
             raise ConfigError(
@@ -328,7 +342,11 @@ class ManagedScorerProcessBackend(Component):
         try:
             return ParentSegment(self.spec.limits.max_request_bytes)
         except OSError as exc:
-            log.warning("no shared-memory data plane for %s (%s); arrays travel in-band", self.spec.scorer.name, exc)
+            log.warning(
+                "no shared-memory data plane for %s (%s); arrays travel in-band",
+                self.spec.scorer.name,
+                exc,
+            )
             return None
 
     def _plan(self, segment: ParentSegment | None) -> LaunchPlan:
@@ -368,7 +386,9 @@ class ManagedScorerProcessBackend(Component):
         client.identity = self.shape.identity_hash or info.get("identity_hash")
         self.timings["spawn_to_ready_s"] = info["spawn_to_ready_s"]
         assert child.spawned_at is not None
-        warm_until = child.spawned_at + self.spec.process.startup_timeout if info.get("warming") else None
+        warm_until = (
+            child.spawned_at + self.spec.process.startup_timeout if info.get("warming") else None
+        )
         return _Generation(child, client, segment, warm_until=warm_until), info
 
     def start(self) -> dict[str, Any]:
@@ -383,7 +403,10 @@ class ManagedScorerProcessBackend(Component):
         try:
             self.shape = ScorerShape.from_entry(info)
             self.required_rewards = check_reward_names(
-                self.spec.scorer.name, info["terms"], self.spec.client.required_rewards, self.spec.client.weights
+                self.spec.scorer.name,
+                info["terms"],
+                self.spec.client.required_rewards,
+                self.spec.client.weights,
             )
         except Exception:
             self.close()
@@ -398,7 +421,11 @@ class ManagedScorerProcessBackend(Component):
         # another start would boot the same other identity
         if isinstance(cause, ScorerIdentityChanged):
             raise ScorerIdentityChanged(
-                cause.args[0].splitlines()[0], cause.record, url=cause.url, expected=cause.expected, got=cause.got
+                cause.args[0].splitlines()[0],
+                cause.record,
+                url=cause.url,
+                expected=cause.expected,
+                got=cause.got,
             )
         if isinstance(cause, ScorerStartupError) and is_boot_failure(
             cause.boot_code if cause.boot_code is not None else cause.returncode
@@ -439,7 +466,11 @@ class ManagedScorerProcessBackend(Component):
         try:
             new, info = self._launch()
         except BaseException as exc:
-            error = exc if isinstance(exc, ScorerError) else ScorerStartupError(f"restart failed: {exc!r}")
+            error = (
+                exc
+                if isinstance(exc, ScorerError)
+                else ScorerStartupError(f"restart failed: {exc!r}")
+            )
             with self._life:
                 self._dead, self._failed_at = error, time.monotonic()
             # never turn Ctrl-C into a scorer error
@@ -468,7 +499,9 @@ class ManagedScorerProcessBackend(Component):
         )
         return new
 
-    def _changed_identity(self, new: _Generation, info: dict[str, Any]) -> ScorerIdentityChanged | None:
+    def _changed_identity(
+        self, new: _Generation, info: dict[str, Any]
+    ) -> ScorerIdentityChanged | None:
         """A restarted child of another identity than the first (its env rebuilt with another
         revision, a file its params read changed): refused before it scores anything."""
         expected, got = self.shape.identity_hash, info.get("identity_hash")
@@ -484,7 +517,10 @@ class ManagedScorerProcessBackend(Component):
 
     @property
     def combination(self) -> dict[str, Any]:
-        return {"required": list(self.required_rewards), "weights": dict(sorted(self.spec.client.weights.items()))}
+        return {
+            "required": list(self.required_rewards),
+            "weights": dict(sorted(self.spec.client.weights.items())),
+        }
 
     def transport_bytes(self) -> Counter[str]:
         """Request bytes sent to this backend's children so far, by path (see
@@ -572,7 +608,12 @@ class ManagedScorerProcessBackend(Component):
                 self._retire(gen)
                 gen.release()
                 self.timings["shutdown_s"] = time.monotonic() - started
-        if graceful and record.returncode == 0 and not self.spec.process.keep_clean_logs and gen.child.log_path:
+        if (
+            graceful
+            and record.returncode == 0
+            and not self.spec.process.keep_clean_logs
+            and gen.child.log_path
+        ):
             gen.child.log_path.unlink(missing_ok=True)  # a clean run leaves nothing to read
 
     # -- calls -----------------------------------------------------------------------------
@@ -617,7 +658,9 @@ class ManagedScorerProcessBackend(Component):
             raise error from exc
         # a fault in this process mid-exchange (MemoryError, a bug): state unknown
         except Exception as exc:
-            raise self._failure(gen, what, ConnectionLost(f"failed in this process: {exc!r}")) from exc
+            raise self._failure(
+                gen, what, ConnectionLost(f"failed in this process: {exc!r}")
+            ) from exc
         except BaseException:  # Ctrl-C mid-call: the child is still busy with what nobody will read
             self._abandon(gen)
             raise
@@ -640,7 +683,11 @@ class ManagedScorerProcessBackend(Component):
             gen.child.signal_group(signal.SIGKILL)
             self.timeouts += 1
             self._mark_dead(
-                gen, ScorerTimeout("the caller's deadline passed mid-call; its child was killed", gen.child.record())
+                gen,
+                ScorerTimeout(
+                    "the caller's deadline passed mid-call; its child was killed",
+                    gen.child.record(),
+                ),
             )
 
     def _abandon(self, gen: _Generation) -> None:
@@ -648,7 +695,10 @@ class ManagedScorerProcessBackend(Component):
         path."""
         gen.abandoned = True
         gen.child.signal_group(signal.SIGKILL)
-        self._mark_dead(gen, ScorerProcessDied("a call was interrupted; its child was killed", gen.child.record()))
+        self._mark_dead(
+            gen,
+            ScorerProcessDied("a call was interrupted; its child was killed", gen.child.record()),
+        )
 
     def _failure(
         self, gen: _Generation, what: str, exc: TransportError | ErrorStatus | RewardContractError
@@ -680,7 +730,10 @@ class ManagedScorerProcessBackend(Component):
         return error
 
     def _score_chunk(
-        self, serving: Callable[[], _Generation], chunk: Sequence[RewardItem], group_size: int | None
+        self,
+        serving: Callable[[], _Generation],
+        chunk: Sequence[RewardItem],
+        group_size: int | None,
     ) -> ChunkAnswer:
         frame = encode_chunk(chunk, group_size, self.max_request_bytes)
         gen = serving()
@@ -688,7 +741,9 @@ class ManagedScorerProcessBackend(Component):
         answer = self._exchange(gen, "score", gen.client.score, frame, uuid.uuid4().hex, timeout)
         gen.warm_until = None  # answered: the child is warm (an error answer clears it in _failure)
         try:
-            return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, declared=self.shape)
+            return verify_score_answer(
+                answer, [item.id for item in chunk], self.required_rewards, declared=self.shape
+            )
         except RewardContractError as exc:
             raise self._failure(gen, "score", exc) from exc
 
@@ -700,12 +755,18 @@ class ManagedScorerProcessBackend(Component):
             serving = _once(lambda: self._serving(restart=True))
             client = self.spec.client
             plan = CallPlan(
-                self.shape, client.request_batch_size, self.required_rewards, client.weights, client.group_size
+                self.shape,
+                client.request_batch_size,
+                self.required_rewards,
+                client.weights,
+                client.group_size,
             )
             outcome = score_in_chunks(request, plan, _ChildChunks(self, serving))
             # named with the child
             if outcome.kind == "terms_failed" and outcome.response is not None:
-                named = ScorerTermsFailed(str(outcome.error), dict(outcome.failed), outcome.response, self._record())
+                named = ScorerTermsFailed(
+                    str(outcome.error), dict(outcome.failed), outcome.response, self._record()
+                )
                 return Outcome.terms_failed(named, outcome.response)
             return outcome
 
@@ -765,7 +826,9 @@ class ManagedScorerProcessBackend(Component):
         except ScorerError as exc:
             if gen.warming_said:  # once per failure, not at every poll
                 log.warning(
-                    "child %s: /health failed while warming: %s", self.spec.scorer.name, str(exc).splitlines()[0]
+                    "child %s: /health failed while warming: %s",
+                    self.spec.scorer.name,
+                    str(exc).splitlines()[0],
                 )
             gen.warming_said = False
             return False

@@ -65,7 +65,9 @@ class BackendCollector:
             labels=["scorer", "backend", "rank"],
         )
         transport = CounterMetricFamily(
-            "managed_scorers_transport_bytes", "Request bytes by path.", labels=["scorer", "backend", "rank", "path"]
+            "managed_scorers_transport_bytes",
+            "Request bytes by path.",
+            labels=["scorer", "backend", "rank", "path"],
         )
         with _LOCK:
             live = list(_LIVE)

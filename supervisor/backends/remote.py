@@ -63,7 +63,11 @@ def retryable(exc: Exception) -> bool:
     server's own verdict that its scorer failed (a 500 of kind scorer_error or contract: the same
     request fails again), and a fault of that server's (`FAIL_OVER_ONLY`)."""
     if isinstance(exc, ErrorStatus):
-        if exc.status == 500 and exc.kind in ("scorer_error", "contract") or exc.kind in FAIL_OVER_ONLY:
+        if (
+            exc.status == 500
+            and exc.kind in ("scorer_error", "contract")
+            or exc.kind in FAIL_OVER_ONLY
+        ):
             return False
         return exc.status == 429 or exc.status >= 500
     return isinstance(exc, (ConnectFailed, ConnectionLost, NoAnswer))
@@ -79,7 +83,9 @@ def answered_by(shape: ScorerShape, base_url: str) -> str:
     """The identity every answer of the server at `base_url` must name: the one its /health
     reports."""
     if not isinstance(shape.identity_hash, str) or not shape.identity_hash:
-        raise RewardContractError(f"/health at {base_url} names no identity_hash: is it a managed-scorers server?")
+        raise RewardContractError(
+            f"/health at {base_url} names no identity_hash: is it a managed-scorers server?"
+        )
     return shape.identity_hash
 
 
@@ -116,7 +122,9 @@ class RemoteRewardBackend(Component):
         retries), however the server sends; an answer over `max_answer_bytes`, or compressed, is
         refused."""
         if not isinstance(base_url, str):
-            raise TypeError("RemoteRewardBackend takes one URL (several of one scorer: MultiRemoteRewardBackend)")
+            raise TypeError(
+                "RemoteRewardBackend takes one URL (several of one scorer: MultiRemoteRewardBackend)"
+            )
         if request_batch_size <= 0:
             raise ValueError("request_batch_size must be > 0")
         if max_answer_bytes < 1024:
@@ -143,13 +151,17 @@ class RemoteRewardBackend(Component):
             # every answer must come from it
             self._client.identity = answered_by(self.shape, base_url)
             # a served panel (its reward one of its terms): the terms named are asked of it
-            self.required_rewards, self.asked = reward_terms(self.shape, required_rewards, self.weights)
+            self.required_rewards, self.asked = reward_terms(
+                self.shape, required_rewards, self.weights
+            )
         except BaseException:
             self._client.close()
             raise
 
     @classmethod
-    def from_config(cls, config: RemoteBackendConfig, token: str | None = None) -> RemoteRewardBackend:
+    def from_config(
+        cls, config: RemoteBackendConfig, token: str | None = None
+    ) -> RemoteRewardBackend:
         """The client a recipe (or the CLI) describes, every setting passed by its name (a setting
         added to both is settable from a recipe at once); `token` is the value of
         `config.token_env`."""
@@ -168,11 +180,18 @@ class RemoteRewardBackend(Component):
 
         def pause(seconds: float) -> None:
             if interrupted.wait(seconds) or self._stopped.is_set():
-                raise ScorerUnavailable(f"{what} at {self.base_url}: the backend was interrupted or closed")
+                raise ScorerUnavailable(
+                    f"{what} at {self.base_url}: the backend was interrupted or closed"
+                )
 
         def log_retry(exc: Exception, attempt: int, seconds: float) -> None:
             log.warning(
-                "%s at %s: attempt %d failed (%s); retrying in %.2f s", what, self.base_url, attempt, exc, seconds
+                "%s at %s: attempt %d failed (%s); retrying in %.2f s",
+                what,
+                self.base_url,
+                attempt,
+                exc,
+                seconds,
             )
 
         retrying = Retry(
@@ -198,15 +217,21 @@ class RemoteRewardBackend(Component):
         key = uuid.uuid4().hex  # the same on every try: a re-send is answered, not scored again
         return self.send_chunk(chunk, group_size, key, self._client.request_timeout)
 
-    def send_chunk(self, chunk: Sequence[RewardItem], group_size: int | None, key: str, budget_s: float) -> ChunkAnswer:
+    def send_chunk(
+        self, chunk: Sequence[RewardItem], group_size: int | None, key: str, budget_s: float
+    ) -> ChunkAnswer:
         """One chunk under idempotency key `key`, every try within `budget_s`, the answer verified
         against the chunk's ids (and the terms asked of a served panel). Public for a client over
         several servers: a chunk it re-sends to another server keeps its key and spends what is left
         of the same deadline."""
         frame = encode_chunk(chunk, group_size, self.max_request_bytes, self.asked)
-        answer = self._exchange("score", lambda left: self._client.score(frame, key, left), budget_s)
+        answer = self._exchange(
+            "score", lambda left: self._client.score(frame, key, left), budget_s
+        )
         ids = [item.id for item in chunk]
-        return verify_score_answer(answer, ids, self.required_rewards, declared=self.shape, asked=self.asked)
+        return verify_score_answer(
+            answer, ids, self.required_rewards, declared=self.shape, asked=self.asked
+        )
 
     def probe(self, timeout_s: float) -> dict[str, Any]:
         """/health, one try within `timeout_s`: for a client choosing among servers, one that does
@@ -238,7 +263,11 @@ class RemoteRewardBackend(Component):
     def combination(self) -> dict[str, Any]:
         # a served panel's terms asked of it
         asked = {} if self.asked is None else {"asked": list(self.asked)}
-        return {"required": list(self.required_rewards), "weights": dict(sorted(self.weights.items())), **asked}
+        return {
+            "required": list(self.required_rewards),
+            "weights": dict(sorted(self.weights.items())),
+            **asked,
+        }
 
     @property
     def call_bound_s(self) -> float:
@@ -257,7 +286,9 @@ class RemoteRewardBackend(Component):
         # a later try waits for what is left of the first one's wait
         control = self._client.control_timeout
         return self._exchange(
-            "drain", lambda left: self._client.drain(max(left - control, 0.01), left), timeout_s + control
+            "drain",
+            lambda left: self._client.drain(max(left - control, 0.01), left),
+            timeout_s + control,
         )
 
     def interrupt(self) -> None:

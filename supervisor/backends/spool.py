@@ -40,7 +40,9 @@ class Spool:
     and removed when the block ends, whatever happens in it."""
 
     def __init__(self, root: str | None, rank: int) -> None:
-        self.dir = tempfile.mkdtemp(prefix=f"managed-scorers-jobs-rank{rank}-pid{os.getpid()}-", dir=root)
+        self.dir = tempfile.mkdtemp(
+            prefix=f"managed-scorers-jobs-rank{rank}-pid{os.getpid()}-", dir=root
+        )
 
     @contextmanager
     def payload(self, array: np.ndarray) -> Iterator[Spooled]:
@@ -48,7 +50,9 @@ class Spool:
             fd, path = tempfile.mkstemp(suffix=".npy", dir=self.dir)
         except OSError as exc:
             said = exc.strerror or str(exc)
-            raise SpoolWriteFailed(exc.errno, f"no spool file could be made: {said}", self.dir) from exc
+            raise SpoolWriteFailed(
+                exc.errno, f"no spool file could be made: {said}", self.dir
+            ) from exc
         try:
             with os.fdopen(fd, "w+b") as file:
                 try:

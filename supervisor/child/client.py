@@ -23,7 +23,14 @@ from child_runtime.protocol.headers import IDENTITY_HEADER, KEY_HEADER, REPLAY_H
 from scorers.common import bounded_http
 from supervisor.child.loopback_http import LoopbackHTTP
 from supervisor.child.segment import ParentSegment
-from supervisor.errors import BadAnswer, ConnectFailed, ConnectionLost, ErrorStatus, IdentityMismatch, NoAnswer
+from supervisor.errors import (
+    BadAnswer,
+    ConnectFailed,
+    ConnectionLost,
+    ErrorStatus,
+    IdentityMismatch,
+    NoAnswer,
+)
 
 Body = Sequence[bytes | memoryview]
 # what a remote server's answer may hold once read (scores of a chunk are kilobytes; /health a few)
@@ -63,7 +70,9 @@ def _transport_facts(method: str, path: str, timeout: float) -> Iterator[None]:
     try:
         yield
     except httpx.TimeoutException as exc:
-        raise NoAnswer(f"{method} {path}: no whole answer within {timeout:.3g} s ({exc!r})") from exc
+        raise NoAnswer(
+            f"{method} {path}: no whole answer within {timeout:.3g} s ({exc!r})"
+        ) from exc
     except httpx.ConnectError as exc:
         raise ConnectFailed(f"{method} {path}: {exc!r}") from exc
     except httpx.TransportError as exc:
@@ -83,7 +92,9 @@ class HttpxTransport:
 
     def __init__(self, base_url: str, headers: dict[str, str], max_answer_bytes: int) -> None:
         self._base_url, self._headers = base_url, headers
-        self._http = bounded_http.client(base_url, headers, base_url=True, max_connections=MAX_CONNECTIONS)
+        self._http = bounded_http.client(
+            base_url, headers, base_url=True, max_connections=MAX_CONNECTIONS
+        )
         self.max_answer_bytes = max_answer_bytes
 
     def request(
@@ -93,7 +104,13 @@ class HttpxTransport:
         deadline = time.monotonic() + timeout
         with _transport_facts(method, path, timeout):
             answer = bounded_http.exchange(
-                self._http, method, path, deadline, self.max_answer_bytes, content=content, headers=headers
+                self._http,
+                method,
+                path,
+                deadline,
+                self.max_answer_bytes,
+                content=content,
+                headers=headers,
             )
         return answer.status, dict(answer.headers), answer.body
 
@@ -114,7 +131,9 @@ class HttpxTransport:
         ones."""
         old, self._http = (
             self._http,
-            bounded_http.client(self._base_url, self._headers, base_url=True, max_connections=MAX_CONNECTIONS),
+            bounded_http.client(
+                self._base_url, self._headers, base_url=True, max_connections=MAX_CONNECTIONS
+            ),
         )
         old.close()
 
@@ -175,10 +194,16 @@ class ScorerClient:
 
     @classmethod
     def remote(
-        cls, base_url: str, token: str | None, request_timeout: float, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+        cls,
+        base_url: str,
+        token: str | None,
+        request_timeout: float,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> ScorerClient:
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        return cls(HttpxTransport(base_url, headers, max_answer_bytes), request_timeout, url=base_url)
+        return cls(
+            HttpxTransport(base_url, headers, max_answer_bytes), request_timeout, url=base_url
+        )
 
     @classmethod
     def loopback(
@@ -200,9 +225,16 @@ class ScorerClient:
         )
 
     def _send(
-        self, method: str, path: str, timeout: float, body: Body = (), headers: dict[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        timeout: float,
+        body: Body = (),
+        headers: dict[str, str] | None = None,
     ) -> bytes | bytearray:
-        status, answer_headers, content = self.transport.request(method, path, timeout, body, headers or {})
+        status, answer_headers, content = self.transport.request(
+            method, path, timeout, body, headers or {}
+        )
         if path == "/score":
             self._check_identity(status, answer_headers.get(IDENTITY_HEADER))
         _raise_for_status(status, content)
@@ -213,7 +245,11 @@ class ScorerClient:
 
     def _check_identity(self, status: int, named: str | None) -> None:
         expected = self.identity
-        if expected is not None and named != expected and (named is not None or 200 <= status < 300):
+        if (
+            expected is not None
+            and named != expected
+            and (named is not None or 200 <= status < 300)
+        ):
             raise IdentityMismatch(self.url, expected, named)
 
     def _json(self, method: str, path: str, timeout: float) -> dict[str, Any]:
@@ -230,13 +266,20 @@ class ScorerClient:
         """Arrays large enough (or already in the segment, from an arena), and a segment still open
         (a forked copy of the trainer has dropped it)."""
         segment = self.segment
-        if segment is None or segment.fd < 0 or frame.array_bytes > segment.capacity or not frame.arrays:
+        if (
+            segment is None
+            or segment.fd < 0
+            or frame.array_bytes > segment.capacity
+            or not frame.arrays
+        ):
             return False
         return frame.array_bytes >= self.shared_min_bytes or any(
             not isinstance(a, array) and segment.locate(a) is not None for a in frame.arrays
         )  # a stdlib array (a child's scores) is never in an arena
 
-    def score(self, frame: wire.Frame, idempotency_key: str | None = None, timeout: float | None = None) -> Any:
+    def score(
+        self, frame: wire.Frame, idempotency_key: str | None = None, timeout: float | None = None
+    ) -> Any:
         """POST a framed request (arrays in-band or through the segment); returns the decoded
         answer.
 
@@ -256,7 +299,9 @@ class ScorerClient:
         except wire.WireError as exc:
             raise BadAnswer(f"POST /score: answer is not a valid frame: {exc}") from exc
 
-    def _score_shared(self, frame: wire.Frame, headers: dict[str, str], timeout: float) -> bytes | bytearray | None:
+    def _score_shared(
+        self, frame: wire.Frame, headers: dict[str, str], timeout: float
+    ) -> bytes | bytearray | None:
         """Arrays through the segment, their extents held until the answer is in (the child reads
         them meanwhile); None when the segment cannot take them: send in-band."""
         assert self.segment is not None

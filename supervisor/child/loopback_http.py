@@ -103,9 +103,15 @@ class _Connection:
         except OSError:
             return True
 
-    def exchange(self, head: bytes, body: Sequence[bytes | memoryview], deadline: _Deadline) -> tuple[Answer, bool]:
+    def exchange(
+        self, head: bytes, body: Sequence[bytes | memoryview], deadline: _Deadline
+    ) -> tuple[Answer, bool]:
         """One request and its answer; also says whether the connection may be reused."""
-        _send_all(self.sock, [memoryview(head)] + [memoryview(b).cast("B") for b in body if len(b)], deadline)
+        _send_all(
+            self.sock,
+            [memoryview(head)] + [memoryview(b).cast("B") for b in body if len(b)],
+            deadline,
+        )
         while (end := self.buffer.find(_CRLF2)) < 0:
             if len(self.buffer) > MAX_HEAD_BYTES:
                 raise BadAnswer(f"answer head exceeds {MAX_HEAD_BYTES} bytes")
@@ -137,7 +143,9 @@ class _Connection:
             deadline.arm(self.sock)
             got = self.sock.recv_into(view[have:])
             if not got:
-                raise ConnectionLost(f"server closed the connection after {have} of {length} body bytes")
+                raise ConnectionLost(
+                    f"server closed the connection after {have} of {length} body bytes"
+                )
             have += got
         self.buffer = bytearray(leftover)  # bytes past the answer mean the server misbehaved
         return out
@@ -165,7 +173,9 @@ class LoopbackHTTP:
         peer_alive: Callable[[], bool] = lambda: False,
     ) -> None:
         self.address = (host, port)
-        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in {"host": f"{host}:{port}", **headers}.items())
+        self._fixed = "".join(
+            f"{k}: {v}\r\n" for k, v in {"host": f"{host}:{port}", **headers}.items()
+        )
         self._idle: list[_Connection] = []
         self._max_idle = max_idle
         self._peer_alive = peer_alive
@@ -209,7 +219,9 @@ class LoopbackHTTP:
         deadline = _Deadline(timeout)
         length = sum(memoryview(b).nbytes for b in body)
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        head = f"{method} {target} HTTP/1.1\r\n{self._fixed}{extra}content-length: {length}\r\n\r\n".encode("latin-1")
+        head = f"{method} {target} HTTP/1.1\r\n{self._fixed}{extra}content-length: {length}\r\n\r\n".encode(
+            "latin-1"
+        )
         retrying = Retry(
             deadline.at,
             *RETRY_BACKOFF_S,
@@ -233,7 +245,12 @@ class LoopbackHTTP:
         self.retries += 1
 
     def _unevicted(
-        self, head: bytes, body: Sequence[bytes | memoryview], deadline: _Deadline, method: str, target: str
+        self,
+        head: bytes,
+        body: Sequence[bytes | memoryview],
+        deadline: _Deadline,
+        method: str,
+        target: str,
     ) -> Answer:
         """One try's answer; an eviction by the child's connection gate (nothing was read)
         raises."""
@@ -243,7 +260,12 @@ class LoopbackHTTP:
         return answer
 
     def _once(
-        self, head: bytes, body: Sequence[bytes | memoryview], deadline: _Deadline, method: str, target: str
+        self,
+        head: bytes,
+        body: Sequence[bytes | memoryview],
+        deadline: _Deadline,
+        method: str,
+        target: str,
     ) -> Answer:
         conn = self._take(deadline)
         try:

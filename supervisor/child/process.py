@@ -279,7 +279,8 @@ class ChildProcess:
             )
         except OSError as exc:
             raise ScorerStartupError(
-                f"cannot create the child's log file: {exc}", ChildRecord(self.plan.name, None, rank=self.plan.rank)
+                f"cannot create the child's log file: {exc}",
+                ChildRecord(self.plan.name, None, rank=self.plan.rank),
             ) from exc
         try:
             self.spawned_at = time.monotonic()
@@ -298,7 +299,12 @@ class ChildProcess:
             raise ScorerStartupError(
                 f"cannot execute {self.plan.python_executable} in {self.plan.cwd}: {exc}",
                 ChildRecord(
-                    self.plan.name, None, None, str(self.log_path), read_tail(self.log_path), rank=self.plan.rank
+                    self.plan.name,
+                    None,
+                    None,
+                    str(self.log_path),
+                    read_tail(self.log_path),
+                    rank=self.plan.rank,
                 ),
             ) from exc
         finally:
@@ -315,7 +321,12 @@ class ChildProcess:
             pass  # already exited and reaped by the kernel (SIGCHLD ignored): its status is lost
         # ENOSYS: no pidfd_open here; exits are then observed by waitid polling
         except OSError as exc:
-            log.warning("no pidfd for child %s pid %s (%s): its exit is polled", self.plan.name, self._pid, exc)
+            log.warning(
+                "no pidfd for child %s pid %s (%s): its exit is polled",
+                self.plan.name,
+                self._pid,
+                exc,
+            )
         shared = self.plan.boot.get("shared_fd")
         self._boot = {
             **self.plan.boot,
@@ -352,7 +363,8 @@ class ChildProcess:
             line = _read_ready_line(ready_r, self._pidfd, deadline)
         except TimeoutError:
             raise ScorerStartupError(
-                f"child not ready within startup_timeout={self.plan.startup_timeout} s", self._killed_record()
+                f"child not ready within startup_timeout={self.plan.startup_timeout} s",
+                self._killed_record(),
             ) from None
         if line is None:
             self.wait_exit(REAP_GRACE_S)
@@ -360,7 +372,9 @@ class ChildProcess:
         try:
             message = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ScorerStartupError(f"unreadable readiness line {line[:200]!r}", self._killed_record()) from exc
+            raise ScorerStartupError(
+                f"unreadable readiness line {line[:200]!r}", self._killed_record()
+            ) from exc
         if not message.get("ready"):
             self.wait_exit(REAP_GRACE_S)
             code = message.get("exit_code")
@@ -404,7 +418,9 @@ class ChildProcess:
             return self.record()
         self.signal_group(signal.SIGKILL)
         if not self.wait_exit(REAP_GRACE_S):
-            log.error("child %s pid %s did not die after SIGKILL; leaving it", self.plan.name, self.pid)
+            log.error(
+                "child %s pid %s did not die after SIGKILL; leaving it", self.plan.name, self.pid
+            )
             return self.record()
         self._reap()
         return self.record()
@@ -430,5 +446,7 @@ class ChildProcess:
         if not self.wait_exit(graceful_s) and term_s > 0:
             self.signal_group(signal.SIGTERM)
             if not self.wait_exit(term_s):
-                log.warning("child %s pid %s ignored SIGTERM; sending SIGKILL", self.plan.name, self.pid)
+                log.warning(
+                    "child %s pid %s ignored SIGTERM; sending SIGKILL", self.plan.name, self.pid
+                )
         return self.finish()

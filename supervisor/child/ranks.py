@@ -70,5 +70,7 @@ def current(env: Mapping[str, str] | None = None) -> RankInfo:
     gpus = ray_gpus()
     if gpus is not None:
         return RankInfo("ray", rank, local_rank, world_size, gpus, local_world_size)
-    launcher: Launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env else "none"
+    launcher: Launcher = (
+        "torchrun" if "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env else "none"
+    )
     return RankInfo(launcher, rank, local_rank, world_size, None, local_world_size)

@@ -105,7 +105,9 @@ class ParentSegment:
             raise SharedSegmentUnavailable("memfd_create or file sealing is not available here")
         self.capacity = capacity // ALIGN * ALIGN  # every extent ends inside the limit
         if self.capacity < _PAGE:
-            raise SharedSegmentUnavailable(f"a {capacity}-byte segment is too small to be worth mapping")
+            raise SharedSegmentUnavailable(
+                f"a {capacity}-byte segment is too small to be worth mapping"
+            )
         self.warm_reserve = warm_reserve
         self._lock = threading.Lock()
         self.fd = os.memfd_create(SEGMENT_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -119,7 +121,9 @@ class ParentSegment:
             self._map: mmap.mmap | None = mmap.mmap(self.fd, self.capacity)
         except (OSError, ValueError) as exc:
             _close_fds(self.fd, self.child_fd)
-            raise SharedSegmentUnavailable(f"cannot create a {self.capacity}-byte shared segment: {exc}") from exc
+            raise SharedSegmentUnavailable(
+                f"cannot create a {self.capacity}-byte shared segment: {exc}"
+            ) from exc
         self._bytes = np.frombuffer(self._map, np.uint8)
         self._base = self._bytes.ctypes.data
         # (offset, size), sorted, coalesced
@@ -163,7 +167,9 @@ class ParentSegment:
                 if size >= need:
                     break
             else:
-                raise MemoryError(f"no free extent of {need} bytes in the {self.capacity}-byte shared segment")
+                raise MemoryError(
+                    f"no free extent of {need} bytes in the {self.capacity}-byte shared segment"
+                )
             offset = start if arena else start + size - need
             rest = [(start + need, size - need)] if arena else [(start, size - need)]
             self._free[index : index + 1] = rest if size > need else []

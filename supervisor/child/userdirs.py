@@ -28,7 +28,9 @@ def ensure_private(path: Path) -> Path:
     if not stat.S_ISDIR(info.st_mode):
         raise NotADirectoryError(f"{path} is not a directory (a symlink or file is in the way)")
     if info.st_uid != os.getuid():
-        raise PermissionError(f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})")
+        raise PermissionError(
+            f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+        )
     return path
 
 
@@ -46,5 +48,7 @@ def state_dir() -> Path:
         with _lock:
             if _fallback is None:
                 _fallback = Path(tempfile.mkdtemp(prefix=f"managed-scorers-{os.getuid()}-"))
-                log.warning("cannot use %s (%s); using %s for this process", preferred, exc, _fallback)
+                log.warning(
+                    "cannot use %s (%s); using %s for this process", preferred, exc, _fallback
+                )
             return _fallback

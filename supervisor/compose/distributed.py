@@ -33,7 +33,13 @@ from scorers.identity import digest
 from supervisor.arena import Arena
 from supervisor.backend import RewardBackend
 from supervisor.composition import Component, component
-from supervisor.errors import ConfigError, RankFailed, RankLost, RewardContractError, ScorerRequestError
+from supervisor.errors import (
+    ConfigError,
+    RankFailed,
+    RankLost,
+    RewardContractError,
+    ScorerRequestError,
+)
 from supervisor.joined import join_rows, rows_by_id
 from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape
@@ -96,7 +102,9 @@ class DistributedRewards(Component):
         self._broken: RankLost | None = None
         self._whole_groups = component(backend).needs_whole_groups()
         leaves = component(backend).leaves()
-        self._signature = digest([self._whole_groups, [repr(component(leaf).shape) for leaf in leaves]])[:16]
+        self._signature = digest(
+            [self._whole_groups, [repr(component(leaf).shape) for leaf in leaves]]
+        )[:16]
         # the last successful call's, every rank's
         self.world_response: RewardResponse | None = None
         self.exchanged_bytes = 0  # what this rank received in exchanges, all calls together
@@ -137,7 +145,9 @@ class DistributedRewards(Component):
         (without it, only when the call counts diverge)."""
         if request is None:
             return self._step([], None, None, step)
-        return self._step(list(request.items), request.group_size, None, request.step if step is None else step)
+        return self._step(
+            list(request.items), request.group_size, None, request.step if step is None else step
+        )
 
     def fail_step(self, error: Exception, step: int | None = None) -> NoReturn:
         """Take part in this step while failing it (this rank could not build its request): every
@@ -146,7 +156,11 @@ class DistributedRewards(Component):
         raise AssertionError("unreachable: a failed step always raises")
 
     def _step(
-        self, items: list[RewardItem], group_size: int | None, failure: Exception | None, step: int | None
+        self,
+        items: list[RewardItem],
+        group_size: int | None,
+        failure: Exception | None,
+        step: int | None,
     ) -> tuple[RewardResponse, RewardResponse]:
         with self._lock:
             self._calls += 1
@@ -155,15 +169,23 @@ class DistributedRewards(Component):
             members = [[item.id, item.group_id, item.has_media] for item in items]
             gathered = self._exchange(
                 "members",
-                {"members": members, "group_size": group_size, "failed": _describe(failure) if failure else None},
+                {
+                    "members": members,
+                    "group_size": group_size,
+                    "failed": _describe(failure) if failure else None,
+                },
             )
-            failed = {rank: g["failed"] for rank, g in enumerate(gathered) if g["failed"] is not None}
+            failed = {
+                rank: g["failed"] for rank, g in enumerate(gathered) if g["failed"] is not None
+            }
             if failed:
                 raise self._rank_failed(failed, failure)
             layout = _layout(gathered)
             rebuild = layout.spanning and (self._whole_groups or layout.group_size is not None)
             if rebuild:
-                media = [m[0] for g in gathered for m in g["members"] if m[1] in layout.spanning and m[2]]
+                media = [
+                    m[0] for g in gathered for m in g["members"] if m[1] in layout.spanning and m[2]
+                ]
                 if media:  # the same verdict on every rank: it comes from the exchange
                     raise ConfigError(
                         f"groups span ranks and must be scored whole here, but their items carry media, which do "
@@ -178,7 +200,9 @@ class DistributedRewards(Component):
             local_error = outcome.pop("_error", None)
             return self._finish([item.id for item in items], answers, layout, local_error)
 
-    def _assigned(self, items: list[RewardItem], layout: _Layout, shipped: list[dict[str, Any]]) -> list[RewardItem]:
+    def _assigned(
+        self, items: list[RewardItem], layout: _Layout, shipped: list[dict[str, Any]]
+    ) -> list[RewardItem]:
         """What this rank scores: its groups that stay on it, and the spanning groups it owns,
         whole."""
         own = {item.id: item for item in items}
@@ -204,7 +228,9 @@ class DistributedRewards(Component):
         document.setdefault("group_id", None)
         return document
 
-    def _score(self, build: Callable[[], Sequence[RewardItem]], group_size: int | None) -> dict[str, Any]:
+    def _score(
+        self, build: Callable[[], Sequence[RewardItem]], group_size: int | None
+    ) -> dict[str, Any]:
         """Score what `build` gives; any error is reported to the other ranks, never raised before
         the exchange."""
         try:
@@ -229,8 +255,17 @@ class DistributedRewards(Component):
         import torch
 
         stamped = {k: v for k, v in document.items() if not k.startswith("_")}
-        stamped.update({"call": self._calls, "step": self._trainer_step, "phase": phase, "signature": self._signature})
-        payload = json.dumps(stamped, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
+        stamped.update(
+            {
+                "call": self._calls,
+                "step": self._trainer_step,
+                "phase": phase,
+                "signature": self._signature,
+            }
+        )
+        payload = json.dumps(
+            stamped, separators=(",", ":"), allow_nan=False, ensure_ascii=False
+        ).encode()
         try:
             size = torch.tensor([len(payload)], dtype=torch.int64)
             sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
@@ -249,12 +284,16 @@ class DistributedRewards(Component):
             )
             raise self._broken from exc
         self.exchanged_bytes += sum(int(s.item()) for s in sizes)
-        gathered = [json.loads(bytes(b[: int(s.item())].numpy())) for b, s in zip(buffers, sizes, strict=True)]
+        gathered = [
+            json.loads(bytes(b[: int(s.item())].numpy()))
+            for b, s in zip(buffers, sizes, strict=True)
+        ]
         seen = {(g["call"], g["phase"], g["signature"]) for g in gathered}
         steps = {g["step"] for g in gathered if g["step"] is not None}
         if len(seen) > 1 or len(steps) > 1:
             where = "; ".join(
-                f"rank {r}: call {g['call']} step {g['step']} {g['phase']}" for r, g in enumerate(gathered)
+                f"rank {r}: call {g['call']} step {g['step']} {g['phase']}"
+                for r, g in enumerate(gathered)
             )
             self._broken = RankLost(
                 f"ranks are out of step ({where}; backend signatures "
@@ -264,24 +303,40 @@ class DistributedRewards(Component):
             raise self._broken
         return gathered
 
-    def _rank_failed(self, failed: dict[int, dict[str, str]], cause: BaseException | None) -> RankFailed:
-        lines = "; ".join(f"rank {r}: {e['type']}: {e['message']}" for r, e in sorted(failed.items()))
-        error = RankFailed(f"reward step failed on rank(s) {sorted(failed)} of {self.world_size}: {lines}", failed)
+    def _rank_failed(
+        self, failed: dict[int, dict[str, str]], cause: BaseException | None
+    ) -> RankFailed:
+        lines = "; ".join(
+            f"rank {r}: {e['type']}: {e['message']}" for r, e in sorted(failed.items())
+        )
+        error = RankFailed(
+            f"reward step failed on rank(s) {sorted(failed)} of {self.world_size}: {lines}", failed
+        )
         error.__cause__ = cause
         return error
 
     def _finish(
-        self, my_ids: list[str], answers: list[dict[str, Any]], layout: _Layout, local_error: Exception | None
+        self,
+        my_ids: list[str],
+        answers: list[dict[str, Any]],
+        layout: _Layout,
+        local_error: Exception | None,
     ) -> tuple[RewardResponse, RewardResponse]:
         failed = {rank: answer["error"] for rank, answer in enumerate(answers) if not answer["ok"]}
         if failed:
             raise self._rank_failed(failed, local_error)
-        responses = [RewardResponse.model_validate(a["response"]) for a in answers if a["response"] is not None]
+        responses = [
+            RewardResponse.model_validate(a["response"])
+            for a in answers
+            if a["response"] is not None
+        ]
         rows = rows_by_id(responses)
         world_ids = [item_id for item_id, _group, _rank in layout.order]
         missing = [item_id for item_id in world_ids if item_id not in rows]
         if missing:
-            raise RewardContractError(f"no reward came back for ids {missing[:8]} (of {len(missing)})")
+            raise RewardContractError(
+                f"no reward came back for ids {missing[:8]} (of {len(missing)})"
+            )
         try:
             diagnostics = merge_term_reports(r.diagnostics for r in responses)
         # the same data on every rank: the same error
@@ -289,7 +344,11 @@ class DistributedRewards(Component):
             raise RewardContractError(f"the ranks' diagnostics cannot be merged: {exc!r}") from exc
         world = join_rows(world_ids, rows, diagnostics) if world_ids else _empty()
         mine_scored = answers[self.rank]["response"]
-        mine = join_rows(my_ids, rows, mine_scored["diagnostics"] if mine_scored else {}) if my_ids else _empty()
+        mine = (
+            join_rows(my_ids, rows, mine_scored["diagnostics"] if mine_scored else {})
+            if my_ids
+            else _empty()
+        )
         self.world_response = world
         return mine, world
 
@@ -326,7 +385,12 @@ class _Layout:
     """Who has which item, and which groups span ranks, from the members exchange alone: every rank
     computes the same, so a refusal here is raised by every rank alike."""
 
-    def __init__(self, order: list[tuple[str, str | None, int]], spanning: dict[str, int], group_size: int | None):
+    def __init__(
+        self,
+        order: list[tuple[str, str | None, int]],
+        spanning: dict[str, int],
+        group_size: int | None,
+    ):
         self.order = order
         self.spanning = spanning  # group id -> the rank that scores it whole
         self.group_size = group_size
@@ -335,7 +399,9 @@ class _Layout:
 def _layout(gathered: list[dict[str, Any]]) -> _Layout:
     sizes = {g["group_size"] for g in gathered if g["members"]}
     if len(sizes) > 1:
-        raise ScorerRequestError(f"ranks declare different group sizes: {sorted(sizes, key=str)}", kind="bad_input")
+        raise ScorerRequestError(
+            f"ranks declare different group sizes: {sorted(sizes, key=str)}", kind="bad_input"
+        )
     group_size = sizes.pop() if sizes else None
     holder: dict[str, int] = {}
     order: list[tuple[str, str | None, int]] = []

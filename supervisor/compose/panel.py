@@ -37,7 +37,13 @@ from supervisor.errors import (
 )
 from supervisor.fanout import on_each
 from supervisor.outcome import Outcome, as_outcomes
-from supervisor.types import SCORER_TERM_FAILED, RewardItem, RewardRequest, RewardResponse, TermFailure
+from supervisor.types import (
+    SCORER_TERM_FAILED,
+    RewardItem,
+    RewardRequest,
+    RewardResponse,
+    TermFailure,
+)
 
 # Failures that say the backend cannot serve at all, not that one batch could not be scored.
 # Never an optional term's recorded failure: fatal to the call. Only a scorer's own refusal
@@ -90,7 +96,11 @@ class PanelTerm:
 
     def describe(self) -> dict[str, Any]:
         """What the panel identity covers for this term."""
-        weight = dict(sorted(self.weight.items())) if isinstance(self.weight, Mapping) else float(self.weight)
+        weight = (
+            dict(sorted(self.weight.items()))
+            if isinstance(self.weight, Mapping)
+            else float(self.weight)
+        )
         return {
             "name": self.name,
             "scorer": component(self.backend).identity_hash,
@@ -99,7 +109,9 @@ class PanelTerm:
             "component": self.component,
             "weight": weight,
             "required": self.required,
-            "applicable_datasets": sorted(self.applicable_datasets) if self.applicable_datasets is not None else None,
+            "applicable_datasets": sorted(self.applicable_datasets)
+            if self.applicable_datasets is not None
+            else None,
         }
 
 
@@ -156,7 +168,9 @@ class RewardPanel(Component):
         if not terms:
             raise ConfigError("a panel needs at least one term")
         if group_failures not in GROUP_FAILURES:
-            raise ConfigError(f"group_failures must be one of {GROUP_FAILURES}, got {group_failures!r}")
+            raise ConfigError(
+                f"group_failures must be one of {GROUP_FAILURES}, got {group_failures!r}"
+            )
         self.group_failures = group_failures
         seen: set[str] = set()
         for term in terms:
@@ -209,14 +223,18 @@ class RewardPanel(Component):
                     call.positions.append(position)
         # a term with nothing to score in this request takes no part in its backend's call
         for call in calls:
-            call.terms = [t for t in call.terms if any(t.applies(request.items[p]) for p in call.positions)]
+            call.terms = [
+                t for t in call.terms if any(t.applies(request.items[p]) for p in call.positions)
+            ]
         return [call for call in calls if call.positions], weights
 
     def score(self, request: RewardRequest) -> Outcome:
         if self._closed:
             raise RuntimeError("RewardPanel is closed")
         if request.group_size is None and self.group_size is not None:
-            request = RewardRequest(items=request.items, group_size=self.group_size, step=request.step)
+            request = RewardRequest(
+                items=request.items, group_size=self.group_size, step=request.step
+            )
         calls, weights = self._plan(request)
         outcomes = self._score_concurrently(request, calls)
         got = _Gathered({t.name: [None] * len(request.items) for t in self.terms})
@@ -240,14 +258,20 @@ class RewardPanel(Component):
         )
         return Outcome.scored(response)
 
-    def _settle(self, call: _Call, outcome: Outcome, request: RewardRequest, got: _Gathered) -> None:
+    def _settle(
+        self, call: _Call, outcome: Outcome, request: RewardRequest, got: _Gathered
+    ) -> None:
         """One backend's outcome into `got`: its values, its optional terms' failure, or a fatal
         error."""
         if outcome.kind == "terms_failed" and outcome.response is not None:  # each term decides
             record = outcome.error.record if isinstance(outcome.error, ScorerError) else None
             self._take(call, outcome.response, request, got, record)
             return
-        if outcome.kind == "items_failed" and outcome.response is not None and not _any_required(call):
+        if (
+            outcome.kind == "items_failed"
+            and outcome.response is not None
+            and not _any_required(call)
+        ):
             self._take_partial(call, outcome, request, got)
             return
         # the scorer's own refusal: perhaps of an optional item
@@ -258,7 +282,11 @@ class RewardPanel(Component):
                 (retry,) = self._score_concurrently(request, [narrowed])
                 if retry.ok and retry.response is not None:
                     refused = outcome.error
-                    got.failures.extend(self._failed(t, call, request, refused) for t in call.terms if not t.required)
+                    got.failures.extend(
+                        self._failed(t, call, request, refused)
+                        for t in call.terms
+                        if not t.required
+                    )
                     self._take(narrowed, retry.response, request, got)
                     return
                 outcome = retry  # the required terms' own items fail too
@@ -274,7 +302,10 @@ class RewardPanel(Component):
             got.failures.extend(self._failed(term, call, request, error) for term in call.terms)
 
     def _weighted(
-        self, values: dict[str, list[float | None]], weights: dict[str, list[float | None]], count: int
+        self,
+        values: dict[str, list[float | None]],
+        weights: dict[str, list[float | None]],
+        count: int,
     ) -> list[float]:
         """Each item's reward: the sum of weight * value over the terms that apply and gave one."""
         rewards = []
@@ -288,7 +319,10 @@ class RewardPanel(Component):
         return rewards
 
     def _whole_groups(
-        self, request: RewardRequest, failures: list[TermFailure], values: dict[str, list[float | None]]
+        self,
+        request: RewardRequest,
+        failures: list[TermFailure],
+        values: dict[str, list[float | None]],
     ) -> list[TermFailure]:
         """Each failure of one of this panel's terms widened to every member of the groups it
         touches (those members lose that term's value too), or the call refused (`group_failures`
@@ -307,7 +341,13 @@ class RewardPanel(Component):
             if term is None:
                 widened.append(failure)
                 continue
-            touched = sorted({g for i in failure.ids if (g := request.items[position_of[i]].group_id) is not None})
+            touched = sorted(
+                {
+                    g
+                    for i in failure.ids
+                    if (g := request.items[position_of[i]].group_id) is not None
+                }
+            )
             whole = [p for g in touched for p in members[g] if term.applies(request.items[p])]
             already = set(failure.ids)
             extra = [request.items[p].id for p in whole if request.items[p].id not in already]
@@ -331,13 +371,23 @@ class RewardPanel(Component):
         required = [t for t in call.terms if t.required]
         if not required or len(required) == len(call.terms):
             return None
-        positions = [p for p in call.positions if any(t.applies(request.items[p]) for t in required)]
-        return _Call(call.backend, required, positions) if len(positions) < len(call.positions) else None
+        positions = [
+            p for p in call.positions if any(t.applies(request.items[p]) for t in required)
+        ]
+        return (
+            _Call(call.backend, required, positions)
+            if len(positions) < len(call.positions)
+            else None
+        )
 
     @staticmethod
-    def _failed(term: PanelTerm, call: _Call, request: RewardRequest, error: BaseException) -> TermFailure:
+    def _failed(
+        term: PanelTerm, call: _Call, request: RewardRequest, error: BaseException
+    ) -> TermFailure:
         ids = [request.items[p].id for p in call.positions if term.applies(request.items[p])]
-        _warn_repeatedly(term.name, str(error), "failed for %d items (they get nothing from it)", len(ids))
+        _warn_repeatedly(
+            term.name, str(error), "failed for %d items (they get nothing from it)", len(ids)
+        )
         return TermFailure(term=term.name, ids=ids, error=str(error), kind=type(error).__name__)
 
     def _score_concurrently(self, request: RewardRequest, calls: list[_Call]) -> list[Outcome]:
@@ -346,7 +396,8 @@ class RewardPanel(Component):
         def one(call: _Call) -> Outcome:
             share = [request.items[p] for p in call.positions]
             return outcome_of(
-                call.backend, RewardRequest(items=share, group_size=request.group_size, step=request.step)
+                call.backend,
+                RewardRequest(items=share, group_size=request.group_size, step=request.step),
             )
 
         def interrupt() -> None:  # Ctrl-C while the backends score: end what can be ended
@@ -357,7 +408,9 @@ class RewardPanel(Component):
         # scorer.
         return as_outcomes(on_each(calls, one, "panel", on_interrupt=interrupt))
 
-    def _take_partial(self, call: _Call, outcome: Outcome, request: RewardRequest, got: _Gathered) -> None:
+    def _take_partial(
+        self, call: _Call, outcome: Outcome, request: RewardRequest, got: _Gathered
+    ) -> None:
         """Optional terms whose backend could not score some items: those items get nothing from
         them (recorded by id), the others keep their values."""
         # items_failed: both by construction
@@ -371,18 +424,33 @@ class RewardPanel(Component):
             ids = [request.items[p].id for p in missing if term.applies(request.items[p])]
             if ids:
                 _warn_repeatedly(term.name, str(error), "%d items got no value from it", len(ids))
-                got.failures.append(TermFailure(term=term.name, ids=ids, error=str(error), kind=type(error).__name__))
+                got.failures.append(
+                    TermFailure(
+                        term=term.name, ids=ids, error=str(error), kind=type(error).__name__
+                    )
+                )
 
     def _take(
-        self, call: _Call, response: RewardResponse, request: RewardRequest, got: _Gathered, record: Any = None
+        self,
+        call: _Call,
+        response: RewardResponse,
+        request: RewardRequest,
+        got: _Gathered,
+        record: Any = None,
     ) -> None:
         """A backend's answer for its terms: their values at the call's positions, nested failures,
         reports."""
         expected = [request.items[p].id for p in call.positions]
         if response.ids != expected:  # a backend answered for other samples: never attach
-            raise RewardContractError(f"backend for terms {[t.name for t in call.terms]} answered for other ids")
-        scorer_lost = {i: f for f in response.term_failures if f.kind == SCORER_TERM_FAILED for i in f.ids}
-        usable = [ok or i in scorer_lost for ok, i in zip(response.usable(), response.ids, strict=True)]
+            raise RewardContractError(
+                f"backend for terms {[t.name for t in call.terms]} answered for other ids"
+            )
+        scorer_lost = {
+            i: f for f in response.term_failures if f.kind == SCORER_TERM_FAILED for i in f.ids
+        }
+        usable = [
+            ok or i in scorer_lost for ok, i in zip(response.usable(), response.ids, strict=True)
+        ]
         # usable: finite, by the response's own rule (types.first_non_finite)
         for term in call.terms:
             if term.component is not None:
@@ -397,14 +465,18 @@ class RewardPanel(Component):
                         lost[expected[j]] = scorer_lost[expected[j]]
                     elif value is None or not usable[j]:
                         why = response.errors[j] or "no value"
-                        raise RewardContractError(f"term {term.name!r}: no usable value for id {expected[j]!r} ({why})")
+                        raise RewardContractError(
+                            f"term {term.name!r}: no usable value for id {expected[j]!r} ({why})"
+                        )
                     else:
                         got.values[term.name][position] = value
             self._lose(term, lost, got, record)
             # a panel inside a panel: its optional terms' failures
             for inner in response.term_failures:
                 if inner.kind != SCORER_TERM_FAILED:
-                    got.failures.append(inner.model_copy(update={"term": f"{term.name}.{inner.term}"}))
+                    got.failures.append(
+                        inner.model_copy(update={"term": f"{term.name}.{inner.term}"})
+                    )
             self._take_reports(term, response, got)
 
     @staticmethod
@@ -441,13 +513,17 @@ class RewardPanel(Component):
             value = values[j]
             if value is None or not usable[j]:
                 why = response.errors[j] or "no value"
-                raise RewardContractError(f"term {term.name!r}: no usable value for id {item_id!r} ({why})")
+                raise RewardContractError(
+                    f"term {term.name!r}: no usable value for id {item_id!r} ({why})"
+                )
             got.values[term.name][position] = value
         self._lose(term, lost, got, record)
         self._take_reports(term, response, got)
 
     @staticmethod
-    def _lose(term: PanelTerm, lost: Mapping[str, TermFailure], got: _Gathered, record: Any = None) -> None:
+    def _lose(
+        term: PanelTerm, lost: Mapping[str, TermFailure], got: _Gathered, record: Any = None
+    ) -> None:
         """Items that got no value from `term` because its scorer failed it for them: a required
         term raises naming them (and the child, `record`, when known); an optional one records
         them."""
@@ -463,8 +539,12 @@ class RewardPanel(Component):
         for item_id, failure in lost.items():
             grouped.setdefault(failure.error, []).append(item_id)
         for error, ids in grouped.items():
-            _warn_repeatedly(term.name, error, "failed for %d items (they get nothing from it)", len(ids))
-            got.failures.append(TermFailure(term=term.name, ids=ids, error=error, kind="term_failed"))
+            _warn_repeatedly(
+                term.name, error, "failed for %d items (they get nothing from it)", len(ids)
+            )
+            got.failures.append(
+                TermFailure(term=term.name, ids=ids, error=error, kind="term_failed")
+            )
 
     def _check_owner(self) -> None:
         for term in self.terms:
@@ -535,14 +615,27 @@ def _any_required(call: _Call) -> bool:
 def _check_term(term: PanelTerm) -> None:
     weights = list(term.weight.values()) if isinstance(term.weight, Mapping) else [term.weight]
     for weight in weights:
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float))
+            or not math.isfinite(weight)
+        ):
             raise ConfigError(f"term {term.name!r}: weight {weight!r} is not a finite number")
     if isinstance(term.applicable_datasets, str):
-        raise ConfigError(f"term {term.name!r}: applicable_datasets must be a list of tags, not one string")
+        raise ConfigError(
+            f"term {term.name!r}: applicable_datasets must be a list of tags, not one string"
+        )
     if term.applicable_datasets is not None and not term.applicable_datasets:
-        raise ConfigError(f"term {term.name!r}: applicable_datasets is empty (it would never apply)")
+        raise ConfigError(
+            f"term {term.name!r}: applicable_datasets is empty (it would never apply)"
+        )
     shape = component(term.backend).shape
-    if term.component is not None and shape is not None and shape.terms and term.component not in shape.terms:
+    if (
+        term.component is not None
+        and shape is not None
+        and shape.terms
+        and term.component not in shape.terms
+    ):
         raise ConfigError(
             f"term {term.name!r}: component {term.component!r} is not a term of scorer {shape.name!r} "
             f"(it has {list(shape.terms)})"
@@ -562,7 +655,9 @@ class BackendPool:
         be)."""
         return self.acquire_all([(config, build)])[0]
 
-    def acquire_all(self, entries: Sequence[tuple[Any, Callable[[], RewardBackend]]]) -> list[RewardBackend]:
+    def acquire_all(
+        self, entries: Sequence[tuple[Any, Callable[[], RewardBackend]]]
+    ) -> list[RewardBackend]:
         """The backend of each (config, build): the pool's, or a new one from `build`. The new ones
         are made and started at once (a panel's children boot together, its local models load
         together), under the lock, so two panels never start the same child twice and nobody sees

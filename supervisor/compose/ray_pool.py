@@ -104,9 +104,13 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise ConfigError(f"a Ray reward pool needs Ray here: pip install 'managed-scorers[ray]' ({exc})") from exc
+        raise ConfigError(
+            f"a Ray reward pool needs Ray here: pip install 'managed-scorers[ray]' ({exc})"
+        ) from exc
     if not ray.is_initialized():
-        raise ConfigError("a Ray reward pool is used from a Ray driver or actor: call ray.init(address=...) first")
+        raise ConfigError(
+            "a Ray reward pool is used from a Ray driver or actor: call ray.init(address=...) first"
+        )
     return ray
 
 
@@ -128,7 +132,9 @@ class PoolActor:
     pool's cancel (its call's deadline) reaches them: the actor owns the child, so the actor is
     where a share past its deadline is stopped."""
 
-    def __init__(self, scorer: Mapping[str, Any], index: int, count: int, policy: Mapping[str, int]) -> None:
+    def __init__(
+        self, scorer: Mapping[str, Any], index: int, count: int, policy: Mapping[str, int]
+    ) -> None:
         self.index, self.count, self.policy = index, count, dict(policy)
         self.backend = ManagedScorerProcessBackend(scorer)
         self._turns = ThreadPoolExecutor(max_workers=1, thread_name_prefix="share")
@@ -165,7 +171,11 @@ class PoolActor:
         import ray
 
         context = ray.get_runtime_context()
-        share = f"its share of {len(request.items)} ids from {request.items[0].id!r}" if request.items else "its share"
+        share = (
+            f"its share of {len(request.items)} ids from {request.items[0].id!r}"
+            if request.items
+            else "its share"
+        )
         began: list[float] = []
         with self._held_lock:
             ahead, self._held = self._held, self._held + 1
@@ -220,7 +230,9 @@ class PoolActor:
             time.sleep(CANCEL_POLL_S / 5)
         with self._scoring_lock:
             if self._scoring is not token:
-                return ScorerTimeout(f"{share} ended just as the call's deadline passed: its answer came too late")
+                return ScorerTimeout(
+                    f"{share} ended just as the call's deadline passed: its answer came too late"
+                )
             child = self.backend.pid
             self.backend.kill_late_call()  # kills the child serving the share
             self.backend.abort_start()  # or the one a restart is booting for it
@@ -275,7 +287,12 @@ class RayPoolBackend(Component):
     """The pool's actors as one backend; thread-safe, usable from any process of the cluster."""
 
     def __init__(
-        self, config: RayPoolConfig | None, name: str, namespace: str, handles: Sequence[Any], owned: bool
+        self,
+        config: RayPoolConfig | None,
+        name: str,
+        namespace: str,
+        handles: Sequence[Any],
+        owned: bool,
     ) -> None:
         """Use `create` or `connect`."""
         self.config, self.name, self.namespace, self.owned = config, name, namespace, owned
@@ -289,7 +306,9 @@ class RayPoolBackend(Component):
     def create(cls, config: RayPoolConfig | Mapping[str, Any]) -> RayPoolBackend:
         """Start the pool's named actors (each boots its child) and wait until every one serves; if
         one cannot, the pool is killed and the error names it."""
-        config = config if isinstance(config, RayPoolConfig) else RayPoolConfig.model_validate(config)
+        config = (
+            config if isinstance(config, RayPoolConfig) else RayPoolConfig.model_validate(config)
+        )
         remote = _actor_class()
         policy = {"max_restarts": config.max_restarts, "max_task_retries": config.max_task_retries}
         pool = cls(config, config.name, config.namespace, [], owned=True)
@@ -314,18 +333,27 @@ class RayPoolBackend(Component):
 
     @classmethod
     def connect(
-        cls, name: str, namespace: str = "managed-scorers", timeout_s: float = 300.0, call_timeout_s: float = 600.0
+        cls,
+        name: str,
+        namespace: str = "managed-scorers",
+        timeout_s: float = 300.0,
+        call_timeout_s: float = 600.0,
     ) -> RayPoolBackend:
         """The pool another process created, by name; this backend never ends its actors."""
         ray = _ray()
         try:
             first = ray.get_actor(actor_name(name, 0), namespace=namespace)
         except ValueError as exc:
-            raise ConfigError(f"no Ray reward pool {name!r} in namespace {namespace!r}: {exc}") from exc
+            raise ConfigError(
+                f"no Ray reward pool {name!r} in namespace {namespace!r}: {exc}"
+            ) from exc
         pool = cls(None, name, namespace, [first], owned=False)
         pool.call_timeout_s = call_timeout_s
         count = pool._infos(time.monotonic() + timeout_s, "connect")[0]["count"]
-        handles = [first, *(ray.get_actor(actor_name(name, i), namespace=namespace) for i in range(1, count))]
+        handles = [
+            first,
+            *(ray.get_actor(actor_name(name, i), namespace=namespace) for i in range(1, count)),
+        ]
         pool._pool = [_Member(index, handle) for index, handle in enumerate(handles)]
         pool._learn(timeout_s)
         return pool
@@ -337,8 +365,12 @@ class RayPoolBackend(Component):
         infos = self._infos(time.monotonic() + timeout_s, "start")
         hashes = {info["shape"].identity_hash for info in infos}
         if len(hashes) > 1:
-            found = ", ".join(f"{self.describe(m)}: {m.info['shape'].identity_hash}" for m in self._pool if m.info)
-            raise ConfigError(f"Ray pool {self.name!r}: its actors serve different scorers ({found})")
+            found = ", ".join(
+                f"{self.describe(m)}: {m.info['shape'].identity_hash}" for m in self._pool if m.info
+            )
+            raise ConfigError(
+                f"Ray pool {self.name!r}: its actors serve different scorers ({found})"
+            )
         self.shape = infos[0]["shape"]
         self.group_size = infos[0]["group_size"]
         self._combination = infos[0]["combination"]
@@ -373,7 +405,11 @@ class RayPoolBackend(Component):
 
     def describe(self, member: _Member) -> str:
         info = member.info or member.last or {}
-        where = f"node {info['node_id']} ({info['node_ip']}), pid {info['pid']}" if info else "not reached yet"
+        where = (
+            f"node {info['node_id']} ({info['node_ip']}), pid {info['pid']}"
+            if info
+            else "not reached yet"
+        )
         return f"Ray pool {self.name!r} actor {member.index}/{len(self._pool)} ({where})"
 
     @property
@@ -402,10 +438,15 @@ class RayPoolBackend(Component):
         sent = [(m, share) for m, share in zip(self._pool, shares, strict=True) if share]
         refs = []
         for _member, share in sent:
-            part = RewardRequest(items=[request.items[p] for p in share], group_size=group_size, step=request.step)
+            part = RewardRequest(
+                items=[request.items[p] for p in share], group_size=group_size, step=request.step
+            )
             # the actor reads its arrays from the store
             refs.append(_member.handle.score.remote(ray.put(part)))
-        whats = [f"scoring its share of {len(share)} ids from {request.items[share[0]].id!r}" for _, share in sent]
+        whats = [
+            f"scoring its share of {len(share)} ids from {request.items[share[0]].id!r}"
+            for _, share in sent
+        ]
         answers = self._outcomes([m for m, _ in sent], refs, deadline, whats)
         outcomes = [
             self._accepted(member, answer, [request.items[p].id for p in share])
@@ -414,7 +455,9 @@ class RayPoolBackend(Component):
         for outcome in outcomes:
             if isinstance(outcome.error, PoolIdentityChanged):
                 return outcome  # nothing of another identity is joined, not even a partial
-        return join_shares(self.shape.name, request.ids, outcomes, lambda _index, error, _others: error)
+        return join_shares(
+            self.shape.name, request.ids, outcomes, lambda _index, error, _others: error
+        )
 
     def _accepted(self, member: _Member, answer: Any, ids: list[str]) -> Outcome:
         """A share's outcome once its signature is checked: the pool's identity, and its own ids."""
@@ -443,7 +486,11 @@ class RayPoolBackend(Component):
         outcome = answer.outcome
         if outcome.kind == "failed" and outcome.error is not None:
             return Outcome.raised(prefixed(outcome.error, where))
-        if outcome.kind == "scored" and outcome.response is not None and outcome.response.ids != ids:
+        if (
+            outcome.kind == "scored"
+            and outcome.response is not None
+            and outcome.response.ids != ids
+        ):
             return Outcome.raised(
                 RewardContractError(
                     f"{where} answered for ids {outcome.response.ids[:4]}... where its share was {ids[:4]}..."
@@ -467,7 +514,9 @@ class RayPoolBackend(Component):
         whats = [what] * len(refs) if isinstance(what, str) else list(what)
         late: list[Any] = []
         if refs:
-            _, late = ray.wait(list(refs), num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
+            _, late = ray.wait(
+                list(refs), num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic())
+            )
         for ref in late:
             # not handed over yet: never runs; held by the actor: it stops it (PoolActor.score)
             ray.cancel(ref)
@@ -477,7 +526,9 @@ class RayPoolBackend(Component):
             try:
                 outcomes.append(ray.get(ref, timeout=max(0.0, grace - time.monotonic())))
             except Exception as exc:  # noqa: BLE001 - translated here, raised or joined by the caller
-                outcomes.append(exc if isinstance(exc, keep) else self._translated(exc, member, doing))
+                outcomes.append(
+                    exc if isinstance(exc, keep) else self._translated(exc, member, doing)
+                )
         return outcomes
 
     def _translated(self, exc: Exception, member: _Member, what: str) -> Exception:
@@ -520,7 +571,9 @@ class RayPoolBackend(Component):
                 return prefixed(cause, where)  # type: ignore[return-value]  # a ScorerError stays one
             return ScorerError(f"{where}: {what} raised {type(cause).__name__}: {cause}")
         if isinstance(exc, errors.RayError):  # an object lost, an owner gone, a node lost
-            return ScorerUnavailable(f"{where}: Ray failed while {what}: {type(exc).__name__}: {first}")
+            return ScorerUnavailable(
+                f"{where}: Ray failed while {what}: {type(exc).__name__}: {first}"
+            )
         return exc
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -543,11 +596,15 @@ class RayPoolBackend(Component):
         ray = _ray()
         refs = [m.handle.close.remote() for m in self._pool]
         for member, outcome in zip(
-            self._pool, self._outcomes(self._pool, refs, time.monotonic() + CLOSE_TIMEOUT_S, "closing"), strict=True
+            self._pool,
+            self._outcomes(self._pool, refs, time.monotonic() + CLOSE_TIMEOUT_S, "closing"),
+            strict=True,
         ):
             if isinstance(outcome, BaseException):
                 log.warning(
-                    "%s: its child's graceful close failed (%s); killing the actor", self.describe(member), outcome
+                    "%s: its child's graceful close failed (%s); killing the actor",
+                    self.describe(member),
+                    outcome,
                 )
         for member in self._pool:
             ray.kill(member.handle, no_restart=True)

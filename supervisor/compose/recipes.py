@@ -62,7 +62,9 @@ def _mapping(text: str, path: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:  # its str() spans lines: the mark and the problem make one
         mark = getattr(exc, "problem_mark", None)
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-        raise ConfigError(f"{_at(path, mark.line + 1 if mark else None)}: not YAML: {problem}") from exc
+        raise ConfigError(
+            f"{_at(path, mark.line + 1 if mark else None)}: not YAML: {problem}"
+        ) from exc
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path} must be a mapping at the top level")
     return data
@@ -142,7 +144,9 @@ def _parse(data: dict[str, Any]) -> Recipe:
 def _as_panel(value: Any, where: str) -> PanelConfig | None:
     if value is None or isinstance(value, PanelConfig):
         return value
-    raise ConfigError(f"{where}: the `_target_` tree must build a supervisor.PanelConfig, got {type(value).__name__}")
+    raise ConfigError(
+        f"{where}: the `_target_` tree must build a supervisor.PanelConfig, got {type(value).__name__}"
+    )
 
 
 def _from_targets(data: Mapping[str, Any]) -> Recipe:
@@ -157,7 +161,16 @@ def _missing(where: str) -> PanelConfig:
     raise ConfigError(f"{where} is empty")
 
 
-MODEL_KEYS = {"backend", "scorer", "params", "revision", "identity_hash", "catalog", "device", "input_kind"}
+MODEL_KEYS = {
+    "backend",
+    "scorer",
+    "params",
+    "revision",
+    "identity_hash",
+    "catalog",
+    "device",
+    "input_kind",
+}
 
 
 # a remote model's keys are its config's own (`client` too, below; `base_urls` is base_url's other
@@ -170,22 +183,38 @@ def _verl_model(name: str, model: Mapping[str, Any], group_size: int | None) -> 
     kind = model.get("backend", "managed")
     scorer, client = _verl_scorer_and_client(name, model)
     if kind == "remote":
-        unknown = set(model) - REMOTE_KEYS - {"backend", "client", "request_batch_size", "input_kind"}
+        unknown = (
+            set(model) - REMOTE_KEYS - {"backend", "client", "request_batch_size", "input_kind"}
+        )
         if unknown:
-            raise ConfigError(f"reward.models.{name}: unknown keys {sorted(unknown)} for a remote model")
-        return {"kind": "remote", "client": client, **{k: model[k] for k in REMOTE_KEYS if k in model}}
-    unknown = set(model) - MODEL_KEYS - {"client", "request_batch_size", "process", "offload", "python_executable"}
+            raise ConfigError(
+                f"reward.models.{name}: unknown keys {sorted(unknown)} for a remote model"
+            )
+        return {
+            "kind": "remote",
+            "client": client,
+            **{k: model[k] for k in REMOTE_KEYS if k in model},
+        }
+    unknown = (
+        set(model)
+        - MODEL_KEYS
+        - {"client", "request_batch_size", "process", "offload", "python_executable"}
+    )
     unknown -= {"restart", "limits", "env", "extra_import_paths"}
     if unknown:
         raise ConfigError(f"reward.models.{name}: unknown keys {sorted(unknown)}")
     if kind == "local":
         return {"kind": "local", "scorer": scorer, "client": client}
     if kind != "managed":
-        raise ConfigError(f"reward.models.{name}.backend must be managed, local or remote, got {kind!r}")
+        raise ConfigError(
+            f"reward.models.{name}.backend must be managed, local or remote, got {kind!r}"
+        )
     return _verl_managed(model, scorer, client)
 
 
-def _verl_scorer_and_client(name: str, model: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _verl_scorer_and_client(
+    name: str, model: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """A named model's scorer config (its name defaults to the model's) and client config."""
     keys = ("params", "revision", "identity_hash", "catalog", "device", "input_kind")
     scorer = {key: model[key] for key in keys if key in model}
@@ -198,7 +227,9 @@ def _verl_scorer_and_client(name: str, model: Mapping[str, Any]) -> tuple[dict[s
     return scorer, client
 
 
-def _verl_managed(model: Mapping[str, Any], scorer: dict[str, Any], client: dict[str, Any]) -> dict[str, Any]:
+def _verl_managed(
+    model: Mapping[str, Any], scorer: dict[str, Any], client: dict[str, Any]
+) -> dict[str, Any]:
     """A named model's managed-child config: its process keys, its env (a name, or variables)."""
     process = dict(model.get("process", {}))
     for key in ("python_executable", "extra_import_paths"):
@@ -231,19 +262,27 @@ def _from_verl_omni(reward: Mapping[str, Any]) -> Recipe:
         near = difflib.get_close_matches(str(key), VERL_OMNI_KEYS, n=1, cutoff=0.8)
         # a misspelt key of ours would be ignored: said instead
         if key not in VERL_OMNI_KEYS and near:
-            raise ConfigError(f"reward.{key}: not a key this recipe reads (did you mean {near[0]!r}?)")
+            raise ConfigError(
+                f"reward.{key}: not a key this recipe reads (did you mean {near[0]!r}?)"
+            )
     models = reward.get("models") or {}
     if not isinstance(models, Mapping):
         raise ConfigError("reward.models must be a mapping of named models")
     group_size = reward.get("group_size")
-    backends = {name: _verl_model(name, model, group_size) for name, model in models.items() if not is_native(model)}
+    backends = {
+        name: _verl_model(name, model, group_size)
+        for name, model in models.items()
+        if not is_native(model)
+    }
     native = {name: model for name, model in models.items() if is_native(model)}
     named = _VerlModels(models, backends, native, group_size)
     train = named.panel(reward.get("reward_functions"), "reward.reward_functions")
     if train is None:
         raise ConfigError("reward.reward_functions is empty")
     return Recipe(
-        train, named.panel(reward.get("val_reward_functions"), "reward.val_reward_functions"), style="verl-omni"
+        train,
+        named.panel(reward.get("val_reward_functions"), "reward.val_reward_functions"),
+        style="verl-omni",
     )
 
 
@@ -264,10 +303,15 @@ class _VerlModels:
         entries = [(name, fn if fn is not None else {}) for name, fn in functions.items()]
         for name, fn in entries:
             if not isinstance(fn, Mapping):
-                raise ConfigError(f"{where}.{name} must be a mapping (model, weight, required, ...)")
+                raise ConfigError(
+                    f"{where}.{name} must be a mapping (model, weight, required, ...)"
+                )
         bound_native = [(n, fn) for n, fn in entries if fn.get("model", n) in self.native]
         on_native = native_terms(self.native, bound_native, where)
-        terms = [on_native[name] if name in on_native else self._term(name, fn, where) for name, fn in entries]
+        terms = [
+            on_native[name] if name in on_native else self._term(name, fn, where)
+            for name, fn in entries
+        ]
         return PanelConfig.model_validate({"terms": terms, "group_size": self.group_size})
 
     def _term(self, name: str, fn: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -280,7 +324,9 @@ class _VerlModels:
         # a term uses the model of its own name unless it binds another
         bound = fn.get("model", name)
         if bound not in self.backends:
-            raise ConfigError(f"{where}.{name}: model {bound!r} is not in reward.models ({sorted(self.models)})")
+            raise ConfigError(
+                f"{where}.{name}: model {bound!r} is not in reward.models ({sorted(self.models)})"
+            )
         term = {k: v for k, v in fn.items() if k != "model"}
         return {"name": name, "backend": self.backends[bound], **term}
 
@@ -336,7 +382,8 @@ def _from_catalog(data: Mapping[str, Any]) -> Recipe:
 
 
 def make_backend(
-    config: ManagedScorerProcessSpec | LocalBackendConfig | RemoteBackendConfig | JobBackendConfig, start: bool = True
+    config: ManagedScorerProcessSpec | LocalBackendConfig | RemoteBackendConfig | JobBackendConfig,
+    start: bool = True,
 ) -> RewardBackend:
     """One backend from its config, each kind by its own `from_config` (every setting by its name,
     none copied here); a managed child starts here unless `start=False` (then `start()` starts it:
@@ -381,13 +428,20 @@ def build_panel(config: PanelConfig, pool: BackendPool | None = None) -> RewardP
     pool = pool if pool is not None else BackendPool()
     acquired = pool.acquire_all(
         [
-            (term.backend.model_dump(mode="json"), lambda t=term: make_backend(t.backend, start=False))  # type: ignore[misc]
+            (
+                term.backend.model_dump(mode="json"),
+                lambda t=term: make_backend(t.backend, start=False),  # type: ignore[misc]
+            )
             for term in config.terms
         ]
     )
     try:
-        terms = [_panel_term(term, backend) for term, backend in zip(config.terms, acquired, strict=True)]
-        return RewardPanel(terms, release=lambda: _release_all(pool, acquired), **settings(config, leave={"terms"}))
+        terms = [
+            _panel_term(term, backend) for term, backend in zip(config.terms, acquired, strict=True)
+        ]
+        return RewardPanel(
+            terms, release=lambda: _release_all(pool, acquired), **settings(config, leave={"terms"})
+        )
     except BaseException:
         _release_all(pool, list(acquired))
         raise
@@ -410,7 +464,9 @@ def _release_all(pool: BackendPool, backends: list[RewardBackend]) -> None:
         raise errors[0]
 
 
-def build_panels(recipe: Recipe, pool: BackendPool | None = None) -> tuple[RewardPanel, RewardPanel | None]:
+def build_panels(
+    recipe: Recipe, pool: BackendPool | None = None
+) -> tuple[RewardPanel, RewardPanel | None]:
     """The training panel and the validation panel (or None), sharing backends through `pool`."""
     pool = pool if pool is not None else BackendPool()
     train = build_panel(recipe.train, pool)

@@ -79,7 +79,11 @@ def _queue_depth(health: Mapping[str, Any]) -> int | None:
     in_flight = health.get("in_flight")
     connections = health.get("connections")
     pending = connections.get("pending", 0) if isinstance(connections, Mapping) else 0
-    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or not isinstance(pending, int):
+    if (
+        isinstance(in_flight, bool)
+        or not isinstance(in_flight, int)
+        or not isinstance(pending, int)
+    ):
         return None
     return in_flight + pending
 
@@ -107,14 +111,21 @@ class _Call:
         deadline: float,
         went_down: Callable[[int, str], None],
     ) -> None:
-        self.servers, self.healthy, self.deadline, self.went_down = servers, healthy, deadline, went_down
+        self.servers, self.healthy, self.deadline, self.went_down = (
+            servers,
+            healthy,
+            deadline,
+            went_down,
+        )
         self.failed: set[int] = set()
         self._lock = threading.Lock()
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def score_chunk(self, index: int, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
+    def score_chunk(
+        self, index: int, chunk: Sequence[RewardItem], group_size: int | None
+    ) -> ChunkAnswer:
         """A chunk of server `index`'s share; re-sent once elsewhere if that server fails."""
         key = uuid.uuid4().hex  # travels with the chunk to a second server
         try:
@@ -125,7 +136,9 @@ class _Call:
             return self.servers[other].send_chunk(chunk, group_size, key, self.left())
         except ScorerError as again:
             first = self.servers[index].base_url
-            raise prefixed(again, f"{self._what(chunk)} re-sent once from {first} (which failed: {why})") from again
+            raise prefixed(
+                again, f"{self._what(chunk)} re-sent once from {first} (which failed: {why})"
+            ) from again
 
     def _fallback(self, index: int, exc: ScorerError, chunk: Sequence[RewardItem]) -> int:
         """Where a chunk that failed on server `index` goes next, or `exc` named and raised."""
@@ -147,7 +160,9 @@ class _Call:
         elif self.left() <= 0.01:
             why = "the deadline is spent"
         if why is not None:
-            raise prefixed(exc, f"{self._what(chunk)} on {self.servers[index].base_url}, not re-sent ({why})") from exc
+            raise prefixed(
+                exc, f"{self._what(chunk)} on {self.servers[index].base_url}, not re-sent ({why})"
+            ) from exc
         # the next one round the ring: failures spread, not piled
         later = [i for i in others if i > index]
         return (later or others)[0]
@@ -178,7 +193,9 @@ class MultiRemoteRewardBackend(Component):
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls or len(set(urls)) != len(urls):
             raise ValueError(f"base_urls must be distinct URLs, at least one: got {urls}")
-        outcomes = on_each(urls, lambda url: RemoteRewardBackend(url, token, **options), "remote-connect")
+        outcomes = on_each(
+            urls, lambda url: RemoteRewardBackend(url, token, **options), "remote-connect"
+        )
         built = [o for o in outcomes if isinstance(o, RemoteRewardBackend)]
         failed = [o for o in outcomes if isinstance(o, BaseException)]
         try:
@@ -197,12 +214,16 @@ class MultiRemoteRewardBackend(Component):
         self._watchers: dict[int, threading.Thread] = {}  # the background probe of each server down
 
     @classmethod
-    def from_config(cls, config: RemoteBackendConfig, token: str | None = None) -> MultiRemoteRewardBackend:
+    def from_config(
+        cls, config: RemoteBackendConfig, token: str | None = None
+    ) -> MultiRemoteRewardBackend:
         """The servers a recipe (or the CLI) describes, every setting passed by its name: the probes
         here, the others to each server's client; `token` is the value of `config.token_env`."""
         probes = {"probe_timeout_s", "probe_interval_s"}
         return cls(
-            config.urls, token, **settings(config, flatten=("client",), leave={*NOT_SETTINGS, "base_url"} - probes)
+            config.urls,
+            token,
+            **settings(config, flatten=("client",), leave={*NOT_SETTINGS, "base_url"} - probes),
         )
 
     @property
@@ -248,7 +269,9 @@ class MultiRemoteRewardBackend(Component):
         self._watch_down()
         if not healthy:
             why = [failures.get(i) or down.get(i, "?") for i in range(len(self.servers))]
-            raise ScorerUnavailable(f"no server of {self.shape.name!r} is healthy: " + "; ".join(why))
+            raise ScorerUnavailable(
+                f"no server of {self.shape.name!r} is healthy: " + "; ".join(why)
+            )
         counted = [d for d in depths if d is not None]
         size = self.servers[0].request_batch_size
         return healthy, [d * size for d in counted] if len(counted) == len(depths) else None
@@ -308,7 +331,11 @@ class MultiRemoteRewardBackend(Component):
         again."""
         with self._standing_lock:
             if index not in self._down:
-                log.warning("%s passed over until a probe finds it ready again: %s", self.servers[index].base_url, why)
+                log.warning(
+                    "%s passed over until a probe finds it ready again: %s",
+                    self.servers[index].base_url,
+                    why,
+                )
             self._down[index] = why
         self._watch_down()
 
@@ -320,7 +347,9 @@ class MultiRemoteRewardBackend(Component):
                 watcher = self._watchers.get(index)
                 if self._stopped.is_set() or (watcher is not None and watcher.is_alive()):
                     continue
-                watcher = threading.Thread(target=self._watch, args=(index,), name=f"remote-probe-{index}", daemon=True)
+                watcher = threading.Thread(
+                    target=self._watch, args=(index,), name=f"remote-probe-{index}", daemon=True
+                )
                 self._watchers[index] = watcher
                 watcher.start()
 
@@ -353,7 +382,9 @@ class MultiRemoteRewardBackend(Component):
 
     def score(self, request: RewardRequest) -> Outcome:
         if self._stopped.is_set():
-            raise ScorerUnavailable(f"remote backend of {self.shape.name!r} at {self.base_urls} is closed")
+            raise ScorerUnavailable(
+                f"remote backend of {self.shape.name!r} at {self.base_urls} is closed"
+            )
         deadline = time.monotonic() + self.call_bound_s
         group_size = request_group_size(request, self.group_size)
         groups = request_groups(request, self.shape, group_size)  # checked before anything is sent
@@ -364,11 +395,17 @@ class MultiRemoteRewardBackend(Component):
 
         def score_share(target: tuple[int, list[int]]) -> Outcome:
             index, share = target
-            part = RewardRequest(items=[request.items[p] for p in share], group_size=group_size, step=request.step)
+            part = RewardRequest(
+                items=[request.items[p] for p in share], group_size=group_size, step=request.step
+            )
             server = self.servers[index]
-            return score_in_chunks(part, server.plan(group_size), _ShareChunks(call, index, self.interrupt))
+            return score_in_chunks(
+                part, server.plan(group_size), _ShareChunks(call, index, self.interrupt)
+            )
 
-        outcomes = as_outcomes(on_each(sent, score_share, "remote-share", on_interrupt=self.interrupt))
+        outcomes = as_outcomes(
+            on_each(sent, score_share, "remote-share", on_interrupt=self.interrupt)
+        )
 
         # each names its server
         def named(_index: int, error: BaseException, others: int) -> BaseException:
@@ -378,7 +415,9 @@ class MultiRemoteRewardBackend(Component):
         return join_shares(self.shape.name, request.ids, outcomes, named)
 
     # -- residency and lifecycle: every server ------------------------------------------------
-    def _all(self, what: str, call: Callable[[RemoteRewardBackend], dict[str, Any]]) -> dict[str, Any]:
+    def _all(
+        self, what: str, call: Callable[[RemoteRewardBackend], dict[str, Any]]
+    ) -> dict[str, Any]:
         outcomes = on_each(self.servers, call, f"remote-{what}", on_interrupt=self.interrupt)
         for server, outcome in zip(self.servers, outcomes, strict=True):
             if isinstance(outcome, BaseException):

@@ -41,7 +41,9 @@ T = TypeVar("T")
 
 def _envs_build(args: argparse.Namespace) -> int:
     def build(spec: Path, venv: Path) -> None:
-        env_builder.build(spec, venv, args.python, args.force, installer=args.installer, verbosity=args.verbose)
+        env_builder.build(
+            spec, venv, args.python, args.force, installer=args.installer, verbosity=args.verbose
+        )
 
     # a custom env (the repo's trainer env, say): explicit spec and folder
     if args.requirements is not None:
@@ -50,7 +52,9 @@ def _envs_build(args: argparse.Namespace) -> int:
         build(args.requirements, args.dir)
         return 0
     if not args.names and not args.all:
-        raise ConfigError(f"name the env(s) to build: {', '.join(scorer_envs.spec_names())}; or --all for every one")
+        raise ConfigError(
+            f"name the env(s) to build: {', '.join(scorer_envs.spec_names())}; or --all for every one"
+        )
     if args.names and args.all:
         raise ConfigError("--all builds every env: give no NAME with it")
     if args.dir is not None and len(args.names) != 1:
@@ -72,9 +76,19 @@ def _envs_list(args: argparse.Namespace) -> int:
     print(f"scorer envs under {args.root or scorer_envs.envs_root()}")
     for name in scorer_envs.spec_names():
         status = env_builder.status(name, args.root)
-        state = "pins changed: rebuild" if status.pins_changed else "built" if status.built else "not built"
+        state = (
+            "pins changed: rebuild"
+            if status.pins_changed
+            else "built"
+            if status.built
+            else "not built"
+        )
         packages = "  ".join(f"{k}=={v or '?'}" for k, v in status.packages.items())
-        python = status.venv / "bin" / "python" if status.built else f"(managed-scorers envs build {name})"
+        python = (
+            status.venv / "bin" / "python"
+            if status.built
+            else f"(managed-scorers envs build {name})"
+        )
         version = f"  Python {status.python.version}" if status.python is not None else ""
         print(f"  {name:<6} {state:<22} {python}{version}  {packages}".rstrip())
     return 0
@@ -131,7 +145,15 @@ def _score(args: argparse.Namespace) -> int:
         try:
             summary = _with_progress_bars(
                 lambda progress: score_dataset(
-                    panel, rows, claim, header, columns, source.base, plan, args.batch_size, progress
+                    panel,
+                    rows,
+                    claim,
+                    header,
+                    columns,
+                    source.base,
+                    plan,
+                    args.batch_size,
+                    progress,
                 )
             )
         except KeyboardInterrupt:
@@ -150,7 +172,9 @@ def _chosen_panel(args: argparse.Namespace, recipe: Any, columns: Columns) -> Pa
     if args.image_column is not None:  # the rows' images are read here, before any child starts
         _needs_extra("serving", "--image-column", ("PIL",))
     if args.retry_errors and not args.resume:
-        raise ConfigError("--retry-errors goes with --resume (it scores the error rows of an existing output again)")
+        raise ConfigError(
+            "--retry-errors goes with --resume (it scores the error rows of an existing output again)"
+        )
     if args.validation and recipe.validation is None:
         raise ConfigError(f"{args.recipe} has no validation panel (--validation)")
     if args.batch_size < 1:
@@ -187,7 +211,13 @@ def _with_progress_bars(run: Callable[[Callable[[int, int], Callable[[int], None
     def progress(total: int, skipped: int) -> Callable[[int], None]:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, initial=skipped, unit="row", disable=not sys.stderr.isatty(), dynamic_ncols=True)
+        bar = tqdm(
+            total=total,
+            initial=skipped,
+            unit="row",
+            disable=not sys.stderr.isatty(),
+            dynamic_ncols=True,
+        )
         bars.append(bar)
         return bar.update
 
@@ -215,7 +245,9 @@ def _serve(args: argparse.Namespace) -> int:
     secret = None if args.openrlhf_secret_file is None else read_secret(args.openrlhf_secret_file)
     metrics = None if args.metrics_token_file is None else read_secret(args.metrics_token_file)
     # OpenRLHF opens a connection per sample, and a rollout's samples end in bursts: room for them
-    pending = args.max_pending_connections or (OPENRLHF_PENDING_CONNECTIONS if secret is not None else None)
+    pending = args.max_pending_connections or (
+        OPENRLHF_PENDING_CONNECTIONS if secret is not None else None
+    )
     limits: dict[str, int] = {} if pending is None else {"max_pending_connections": pending}
     if args.openrlhf_max_request_bytes is not None:
         limits["openrlhf_max_request_bytes"] = args.openrlhf_max_request_bytes
@@ -223,7 +255,9 @@ def _serve(args: argparse.Namespace) -> int:
         limits["json_max_request_bytes"] = args.json_max_request_bytes
     if args.recipe is not None:
         _no_scorer_options(args)
-        _needs_extra("serving", "--recipe (the panel server runs in this python)", ("starlette", "uvicorn"))
+        _needs_extra(
+            "serving", "--recipe (the panel server runs in this python)", ("starlette", "uvicorn")
+        )
         spec = panel_spec(args.recipe, limits)
         serve(
             spec,
@@ -242,8 +276,12 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--params must be a JSON object: {exc}") from exc
     scorer = {"name": args.scorer, "params": params, "device": args.device}
     scorer.update({} if kind is None else {"input_kind": kind})
-    scorer.update({k: v for k, v in (("revision", args.revision), ("catalog", args.catalog)) if v is not None})
-    process: dict[str, Any] = {"python_executable": str(args.python)} if args.python is not None else {}
+    scorer.update(
+        {k: v for k, v in (("revision", args.revision), ("catalog", args.catalog)) if v is not None}
+    )
+    process: dict[str, Any] = (
+        {"python_executable": str(args.python)} if args.python is not None else {}
+    )
     if args.extra_import_path:
         process["extra_import_paths"] = [str(path) for path in args.extra_import_path]
     try:
@@ -271,14 +309,26 @@ def _needs_extra(extra: str, command: str, modules: tuple[str, ...]) -> None:
 def _no_scorer_options(args: argparse.Namespace) -> None:
     """A recipe says where and how each term runs: one scorer's options would be silently
     ignored."""
-    given = [f"--{name.replace('_', '-')}" for name in SCORER_OPTIONS if getattr(args, name) not in (None, [], "{}")]
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in SCORER_OPTIONS
+        if getattr(args, name) not in (None, [], "{}")
+    ]
     if given:
         raise ConfigError(
             f"--recipe serves the recipe's panel: {', '.join(given)} belong to --scorer (set them in the recipe)"
         )
 
 
-SCORER_OPTIONS = ("params", "env", "python", "input_kind", "revision", "catalog", "extra_import_path")
+SCORER_OPTIONS = (
+    "params",
+    "env",
+    "python",
+    "input_kind",
+    "revision",
+    "catalog",
+    "extra_import_path",
+)
 
 
 def _served_kind(args: argparse.Namespace, refuse_groupwise: bool) -> str | None:
@@ -421,45 +471,69 @@ def parser() -> argparse.ArgumentParser:
     _add_envs(commands)
     _add_score(commands)
     _add_serve(commands)
-    examples = commands.add_parser("recipes", help="the example recipes that ship with the package: list, or print one")
-    examples.add_argument("name", nargs="?", metavar="NAME", help="print this one (a YAML recipe to start from)")
+    examples = commands.add_parser(
+        "recipes", help="the example recipes that ship with the package: list, or print one"
+    )
+    examples.add_argument(
+        "name", nargs="?", metavar="NAME", help="print this one (a YAML recipe to start from)"
+    )
     examples.set_defaults(run=_recipes)
     integrations = commands.add_parser(
         "integrations", help="the file a framework loads by path (OpenRLHF's reward_func)"
     )
     integrations.add_argument("framework", choices=sorted(INTEGRATIONS))
     integrations.set_defaults(run=_integrations)
-    checkup = commands.add_parser("doctor", help="check a recipe end to end: envs, boot, one sample, shared memory")
+    checkup = commands.add_parser(
+        "doctor", help="check a recipe end to end: envs, boot, one sample, shared memory"
+    )
     checkup.add_argument("recipe", type=_folder, help="a reward recipe (YAML)")
     checkup.set_defaults(run=_doctor)
     show = commands.add_parser(
-        "demo", help="a math grader in a managed child and in this process (hydra's antlr pin); builds the math env"
+        "demo",
+        help="a math grader in a managed child and in this process (hydra's antlr pin); builds the math env",
     )
-    show.add_argument("--tour", action="store_true", help="add the image, OCR and MiniLM (torch) envs, a GRPO panel")
-    show.add_argument("--no-build", action="store_true", help="build no env: name the command that would (exit 2)")
+    show.add_argument(
+        "--tour",
+        action="store_true",
+        help="add the image, OCR and MiniLM (torch) envs, a GRPO panel",
+    )
+    show.add_argument(
+        "--no-build", action="store_true", help="build no env: name the command that would (exit 2)"
+    )
     show.set_defaults(run=_demo)
     return top
 
 
 def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    envs = commands.add_parser("envs", help="scorer envs: build, list, path, remove").add_subparsers(
-        dest="envs_command", required=True
-    )
+    envs = commands.add_parser(
+        "envs", help="scorer envs: build, list, path, remove"
+    ).add_subparsers(dest="envs_command", required=True)
     root_help = f"where envs live (default ${scorer_envs.ROOT_VARIABLE}, else ~/.local/share/managed-scorers/envs)"
     build = envs.add_parser(
-        "build", help="build scorer envs, only if their pins or their interpreter changed (progress on stderr)"
+        "build",
+        help="build scorer envs, only if their pins or their interpreter changed (progress on stderr)",
     )
-    build.add_argument("names", nargs="*", metavar="NAME", help=f"one of {', '.join(scorer_envs.spec_names())}")
-    build.add_argument("--all", action="store_true", help="build every env the package has a spec for (torch too)")
+    build.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"one of {', '.join(scorer_envs.spec_names())}"
+    )
+    build.add_argument(
+        "--all", action="store_true", help="build every env the package has a spec for (torch too)"
+    )
     build.add_argument("--root", type=_folder, help=root_help)
-    build.add_argument("--dir", type=_folder, help="the venv folder of this one env (instead of ROOT/NAME/.venv)")
-    build.add_argument("--requirements", type=_folder, help="build from this requirements file instead of a spec")
+    build.add_argument(
+        "--dir", type=_folder, help="the venv folder of this one env (instead of ROOT/NAME/.venv)"
+    )
+    build.add_argument(
+        "--requirements", type=_folder, help="build from this requirements file instead of a spec"
+    )
     build.add_argument(
         "--python",
         help="the interpreter that makes the venv (default: the one it was built with, else this one's base); "
         "another one than it was built with rebuilds it",
     )
-    build.add_argument("--force", action="store_true", help="rebuild even when the pins did not change")
+    build.add_argument(
+        "--force", action="store_true", help="rebuild even when the pins did not change"
+    )
     build.add_argument(
         "--installer",
         choices=env_builder.INSTALLERS,
@@ -467,17 +541,25 @@ def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="pip (default), or uv where it is installed; pip's config (index, constraints) applies either way",
     )
     build.add_argument(
-        "-v", "--verbose", action="count", default=0, help="pass the installer's output on (-vv: its verbose output)"
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="pass the installer's output on (-vv: its verbose output)",
     )
     build.set_defaults(run=_envs_build)
-    listing = envs.add_parser("list", help="each env: built or not, its python, key package versions")
+    listing = envs.add_parser(
+        "list", help="each env: built or not, its python, key package versions"
+    )
     listing.add_argument("--root", type=_folder, help=root_help)
     listing.set_defaults(run=_envs_list)
     path = envs.add_parser("path", help="the python of a built env")
     path.add_argument("name", metavar="NAME")
     path.add_argument("--root", type=_folder, help=root_help)
     path.set_defaults(run=_envs_path)
-    remove = envs.add_parser("remove", help="remove a built env (ROOT/NAME/.venv, only one this builder made)")
+    remove = envs.add_parser(
+        "remove", help="remove a built env (ROOT/NAME/.venv, only one this builder made)"
+    )
     remove.add_argument("name", metavar="NAME")
     remove.add_argument("--root", type=_folder, help=root_help)
     remove.set_defaults(run=_envs_remove)
@@ -495,7 +577,10 @@ def _add_score(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "column for that). The run's metadata (identity hash, terms, revisions) goes to OUTPUT.meta.json.",
     )
     score.add_argument(
-        "--recipe", type=_folder, required=True, help="a reward recipe (YAML), see supervisor.compose.recipes"
+        "--recipe",
+        type=_folder,
+        required=True,
+        help="a reward recipe (YAML), see supervisor.compose.recipes",
     )
     score.add_argument(
         "--input",
@@ -512,12 +597,18 @@ def _add_score(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(nothing else goes there); .parquet: written whole when the run ends (the 'parquet' extra)",
     )
     score.add_argument(
-        "--resume", action="store_true", help="keep the rows already in --output (a JSONL file), score the rest"
+        "--resume",
+        action="store_true",
+        help="keep the rows already in --output (a JSONL file), score the rest",
     )
     score.add_argument(
-        "--retry-errors", action="store_true", help="with --resume: score rows written with errors again"
+        "--retry-errors",
+        action="store_true",
+        help="with --resume: score rows written with errors again",
     )
-    score.add_argument("--validation", action="store_true", help="use the recipe's validation panel")
+    score.add_argument(
+        "--validation", action="store_true", help="use the recipe's validation panel"
+    )
     score.add_argument("--batch-size", type=int, default=64, help="rows per request (whole groups)")
     _add_columns(score)
     score.set_defaults(run=_score)
@@ -528,11 +619,17 @@ def _add_columns(score: argparse.ArgumentParser) -> None:
         "--preset",
         choices=sorted(PRESETS),
         help="the frameworks' column names in one flag (a column flag still overrides): "
-        + "; ".join(f"{name}: " + ", ".join(f"{k}={v}" for k, v in cols.items()) for name, cols in PRESETS.items()),
+        + "; ".join(
+            f"{name}: " + ", ".join(f"{k}={v}" for k, v in cols.items())
+            for name, cols in PRESETS.items()
+        ),
     )
-    score.add_argument("--id-column", help="default: id (else line-N, or row-N for the other forms)")
     score.add_argument(
-        "--prompt-column", help="default: prompt; a string, or chat messages (their last message's content)"
+        "--id-column", help="default: id (else line-N, or row-N for the other forms)"
+    )
+    score.add_argument(
+        "--prompt-column",
+        help="default: prompt; a string, or chat messages (their last message's content)",
     )
     score.add_argument(
         "--response-column",
@@ -541,11 +638,17 @@ def _add_columns(score: argparse.ArgumentParser) -> None:
         "column for that)",
     )
     score.add_argument(
-        "--reference-column", help="default: reference; any column may be a dotted path (reward_model.ground_truth)"
+        "--reference-column",
+        help="default: reference; any column may be a dotted path (reward_model.ground_truth)",
     )
     score.add_argument("--image-column", help="a column of image paths, relative to the input file")
-    score.add_argument("--audio-column", help="a column of WAV paths (PCM or IEEE float), relative to the input file")
-    score.add_argument("--group-column", help="rows of one group share this value (and sit together)")
+    score.add_argument(
+        "--audio-column",
+        help="a column of WAV paths (PCM or IEEE float), relative to the input file",
+    )
+    score.add_argument(
+        "--group-column", help="rows of one group share this value (and sit together)"
+    )
     score.add_argument("--data-source-column", help="default: data_source")
 
 
@@ -556,25 +659,42 @@ def _path_or_dash(value: str) -> Path:
 
 def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     server = commands.add_parser(
-        "serve", help="serve one scorer, or a recipe's whole panel, over HTTP for RemoteRewardBackend (until SIGTERM)"
+        "serve",
+        help="serve one scorer, or a recipe's whole panel, over HTTP for RemoteRewardBackend (until SIGTERM)",
     )
     what = server.add_mutually_exclusive_group(required=True)
     what.add_argument("--scorer", help="a built-in name, a catalog name or module:Class")
-    what.add_argument("--recipe", type=_folder, help="a reward recipe (YAML): serve its training panel, every term")
+    what.add_argument(
+        "--recipe",
+        type=_folder,
+        help="a reward recipe (YAML): serve its training panel, every term",
+    )
     server.add_argument("--params", default="{}", help="the scorer's params, a JSON object")
     where = server.add_mutually_exclusive_group()
     where.add_argument("--env", help="a scorer env by name (default: the one the scorer declares)")
     where.add_argument("--python", type=_folder, help="the scorer env's python, by path")
-    server.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1; others need --allow-remote")
-    server.add_argument("--port", type=int, default=0, help="default 0: any free port (printed when ready)")
-    server.add_argument("--token-env", default="MANAGED_SCORERS_TOKEN", help="the variable holding the token")
-    server.add_argument("--token-file", type=_folder, help="a 0600 file holding the token (made if missing)")
-    server.add_argument("--allow-remote", action="store_true", help="listen on a non-loopback address")
+    server.add_argument(
+        "--host", default="127.0.0.1", help="default 127.0.0.1; others need --allow-remote"
+    )
+    server.add_argument(
+        "--port", type=int, default=0, help="default 0: any free port (printed when ready)"
+    )
+    server.add_argument(
+        "--token-env", default="MANAGED_SCORERS_TOKEN", help="the variable holding the token"
+    )
+    server.add_argument(
+        "--token-file", type=_folder, help="a 0600 file holding the token (made if missing)"
+    )
+    server.add_argument(
+        "--allow-remote", action="store_true", help="listen on a non-loopback address"
+    )
     server.add_argument("--input-kind", choices=["text", "image", "image_edit", "video", "audio"])
     server.add_argument("--device", default="cpu")
     server.add_argument("--revision", help="a pin: refuse to serve another revision of the scorer")
     server.add_argument("--catalog", help="a custom catalog factory, module:name")
-    server.add_argument("--extra-import-path", type=_folder, action="append", help="a folder of your scorer modules")
+    server.add_argument(
+        "--extra-import-path", type=_folder, action="append", help="a folder of your scorer modules"
+    )
     server.add_argument(
         "--openrlhf-secret-file",
         type=_folder,
@@ -613,7 +733,9 @@ def _add_json_and_metrics(server: argparse.ArgumentParser) -> None:
 
 def _logging(level: str) -> None:
     """Our packages' loggers at `level`, everything else at warning, one stderr handler for both."""
-    logging.basicConfig(level=logging.WARNING, format="managed-scorers %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format="managed-scorers %(levelname)s %(name)s: %(message)s"
+    )
     for package in ("supervisor", "scorers", "child_runtime"):
         logging.getLogger(package).setLevel(level.upper())
 

@@ -62,4 +62,6 @@ def _content(message: dict[str, Any]) -> str:
     if isinstance(content, list):  # multimodal parts: the text ones
         return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
     calls = " (a tool call)" if message.get("tool_calls") else ""
-    raise NoText(f"its last {message.get('role')} message's content is {type(content).__name__}{calls}, not text")
+    raise NoText(
+        f"its last {message.get('role')} message's content is {type(content).__name__}{calls}, not text"
+    )

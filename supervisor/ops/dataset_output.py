@@ -98,7 +98,9 @@ class OutputClaim:
         try:
             fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError as exc:
-            raise ConfigError(f"{path} was created by another run meanwhile: choose another output") from exc
+            raise ConfigError(
+                f"{path} was created by another run meanwhile: choose another output"
+            ) from exc
         except OSError as exc:
             raise self._refused(exc) from exc
         self.created = True
@@ -106,7 +108,9 @@ class OutputClaim:
 
     def _refused(self, exc: OSError) -> ConfigError:
         if exc.errno == errno.ELOOP:
-            return ConfigError(f"{self.path} is a symbolic link: give the file it points to as --output")
+            return ConfigError(
+                f"{self.path} is a symbolic link: give the file it points to as --output"
+            )
         return ConfigError(f"cannot open {self.path}: {exc.strerror}")
 
     def _locked(self, fd: int, check_path: bool = True) -> IO[str]:
@@ -114,16 +118,23 @@ class OutputClaim:
         it (another run's rewrite renamed a new file over it while this one waited to open it)."""
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if check_path and os.stat(self.path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+            if (
+                check_path
+                and os.stat(self.path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino
+            ):
                 raise BlockingIOError
         except (BlockingIOError, FileNotFoundError):
             os.close(fd)
-            raise ConfigError(f"{self.path} is being written by another managed-scorers score run") from None
+            raise ConfigError(
+                f"{self.path} is being written by another managed-scorers score run"
+            ) from None
         return os.fdopen(fd, "r+", encoding="utf-8")
 
     def replace(self, content: str) -> None:
         """Put `content` in place of the output whole: a kill meanwhile leaves the old file."""
-        fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        fd, temporary = tempfile.mkstemp(
+            prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent
+        )
         handle: IO[str] | None = None
         try:
             handle = self._locked(fd, check_path=False)  # not yet at the path: it will be, locked
@@ -243,7 +254,11 @@ def _sidecar(path: Path, not_ours: str, data: bytes) -> dict[str, Any]:
         header = json.loads(sidecar.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ResumeRefused(f"{sidecar} is not JSON: {not_ours}") from exc
-    if not isinstance(header, dict) or header.get(HEADER_KEY) != FORMAT_VERSION or "identity_hash" not in header:
+    if (
+        not isinstance(header, dict)
+        or header.get(HEADER_KEY) != FORMAT_VERSION
+        or "identity_hash" not in header
+    ):
         raise ResumeRefused(f"{sidecar} is not a managed-scorers sidecar: {not_ours}")
     return header
 
@@ -257,12 +272,18 @@ def plan_output(
     if not isinstance(claim, OutputClaim) or os.fstat(claim.file.fileno()).st_size == 0:
         return ResumePlan()
     if not resume:
-        raise ConfigError(f"{output} exists: pass --resume to continue it, or choose another output")
+        raise ConfigError(
+            f"{output} exists: pass --resume to continue it, or choose another output"
+        )
     header, written, ends = read_output(output)
     if header.get("columns") != columns.record():
-        raise ResumeRefused(f"{output} was written with columns {header.get('columns')}, not {columns.record()}")
+        raise ResumeRefused(
+            f"{output} was written with columns {header.get('columns')}, not {columns.record()}"
+        )
     if len(written) > len(rows):
-        raise ResumeRefused(f"{output} holds {len(written)} rows, this input only {len(rows)}: another input")
+        raise ResumeRefused(
+            f"{output} holds {len(written)} rows, this input only {len(rows)}: another input"
+        )
     for index, (row_id, sha, _) in enumerate(written):
         row = rows[index]
         if (row.id, row.digest) != (row_id, sha):
@@ -273,12 +294,20 @@ def plan_output(
     done = len(written)
     # never finish a group that a torn write cut short with fewer candidates
     if columns.group is not None:
-        while 0 < done < len(rows) and group_of(rows[done - 1], columns) == group_of(rows[done], columns):
+        while 0 < done < len(rows) and group_of(rows[done - 1], columns) == group_of(
+            rows[done], columns
+        ):
             done -= 1
     retry: list[int] = []
     if retry_errors:  # rows written with an error or a failed term, each with its whole group
-        failed = {group_of(rows[i], columns) or f"row:{rows[i].id}" for i in range(done) if not written[i][2]}
-        retry = [i for i in range(done) if (group_of(rows[i], columns) or f"row:{rows[i].id}") in failed]
+        failed = {
+            group_of(rows[i], columns) or f"row:{rows[i].id}"
+            for i in range(done)
+            if not written[i][2]
+        }
+        retry = [
+            i for i in range(done) if (group_of(rows[i], columns) or f"row:{rows[i].id}") in failed
+        ]
     return ResumePlan(header, done, ends[done - 1] if done else 0, retry)
 
 

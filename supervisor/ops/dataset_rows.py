@@ -51,12 +51,19 @@ class Columns:
     def record(self) -> dict[str, Any]:
         """As an output's header names them; no audio column is left out, so an output written
         before there was one still resumes."""
-        return {key: value for key, value in asdict(self).items() if not (key == "audio" and value is None)}
+        return {
+            key: value
+            for key, value in asdict(self).items()
+            if not (key == "audio" and value is None)
+        }
 
 
 def columns_for(preset: str | None, **given: str | None) -> Columns:
     """Today's defaults, then the preset's names, then each column given explicitly."""
-    chosen = {**(PRESETS[preset] if preset is not None else {}), **{k: v for k, v in given.items() if v is not None}}
+    chosen = {
+        **(PRESETS[preset] if preset is not None else {}),
+        **{k: v for k, v in given.items() if v is not None},
+    }
     return Columns(**chosen)
 
 
@@ -69,7 +76,9 @@ class Row:
     unit: str = "line"  # what `line` counts: lines (JSONL) or rows (the other forms)
 
 
-def read_rows(source: Source, columns: Columns, needs_text: bool, group_size: int | None = None) -> list[Row]:
+def read_rows(
+    source: Source, columns: Columns, needs_text: bool, group_size: int | None = None
+) -> list[Row]:
     """Every row, checked before anything is scored or started: readable records, unique ids, the
     needed fields, a valid item (types, finite numbers), images that open, groups contiguous, of
     `group_size` when one is declared, and sharing their prompt, reference and data source."""
@@ -82,7 +91,9 @@ def read_rows(source: Source, columns: Columns, needs_text: bool, group_size: in
         row_id = _row_id(fields, columns, f"{source.unit}-{number}", where)
         row = Row(number, row_id, _read_by(fields, columns), _digest(fields), source.unit)
         if row.id in seen:
-            raise InputRowError(f"{where}: id {row.id!r} was already used on {source.unit} {seen[row.id]}")
+            raise InputRowError(
+                f"{where}: id {row.id!r} was already used on {source.unit} {seen[row.id]}"
+            )
         seen[row.id] = number
         _check_fields(row, columns, needs_text, source.base, where)
         rows.append(row)
@@ -110,7 +121,12 @@ def _digest(fields: dict[str, Any]) -> str:
     """The row's content digest: its canonical JSON (scorers.identity), with what JSON cannot hold
     (a Parquet row's bytes, timestamps, decimals) by the hash of its bytes or its repr."""
     canonical = json.dumps(
-        fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True, default=_stand_in
+        fields,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=True,
+        default=_stand_in,
     )
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -124,7 +140,9 @@ def _row_id(fields: dict[str, Any], columns: Columns, default: str, where: str) 
     if row_id is None and columns.id not in fields:
         row_id = default
     if not isinstance(row_id, (str, int)) or isinstance(row_id, bool):
-        raise InputRowError(f"{where}: {columns.id!r} must be a string or an integer, got {_shown(row_id)}")
+        raise InputRowError(
+            f"{where}: {columns.id!r} must be a string or an integer, got {_shown(row_id)}"
+        )
     return str(row_id)
 
 
@@ -141,11 +159,17 @@ def _check_fields(row: Row, columns: Columns, needs_text: bool, base: Path, wher
         raise InputRowError(f"{where}: no text in column {columns.response!r} (--response-column)")
     if columns.image is not None:
         _check_image(cell(fields, columns.image), base, columns.image, where)
-    audio = {} if columns.audio is None else _check_audio(cell(fields, columns.audio), base, columns.audio, where)
+    audio = (
+        {}
+        if columns.audio is None
+        else _check_audio(cell(fields, columns.audio), base, columns.audio, where)
+    )
     if columns.group is not None:
         group = cell(fields, columns.group)
         if not isinstance(group, (str, int)) or isinstance(group, bool):
-            raise InputRowError(f"{where}: column {columns.group!r} must hold a group (string or integer)")
+            raise InputRowError(
+                f"{where}: column {columns.group!r} must hold a group (string or integer)"
+            )
     try:
         _item(row, columns, **audio)
     # pydantic's ValidationError: a type, an empty id, a NaN, audio it refuses
@@ -163,13 +187,19 @@ def _check_contiguous(source: Source, rows: Sequence[Row], columns: Columns) -> 
         ) from exc
 
 
-def _check_groups(source: Source, rows: Sequence[Row], columns: Columns, group_size: int | None) -> None:
+def _check_groups(
+    source: Source, rows: Sequence[Row], columns: Columns, group_size: int | None
+) -> None:
     """Each group of `group_size` rows (when declared), whose prompt, reference and data source are
     the same (type-strictly): what the scorers would refuse after boot, named by line before it."""
     groups: dict[str, list[Row]] = {}
     for row in rows:
         groups.setdefault(group_of(row, columns) or "", []).append(row)
-    names = {"prompt": columns.prompt, "reference": columns.reference, "data_source": columns.data_source}
+    names = {
+        "prompt": columns.prompt,
+        "reference": columns.reference,
+        "data_source": columns.data_source,
+    }
     for group, members in groups.items():
         if group_size is not None and len(members) != group_size:
             raise InputRowError(
@@ -221,7 +251,9 @@ def _check_image(value: Any, base: Path, column: str, where: str) -> None:
             pass
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
         named = value if isinstance(value, str) else f"column {column!r}'s image"
-        raise InputRowError(f"{where}: {named} is not a readable image ({type(exc).__name__}: {exc})") from exc
+        raise InputRowError(
+            f"{where}: {named} is not a readable image ({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def _check_audio(value: Any, base: Path, column: str, where: str) -> dict[str, Any]:
@@ -287,7 +319,9 @@ def _item(row: Row, columns: Columns, image: np.ndarray | None = None, **audio: 
     )
 
 
-def items_of(batch: Sequence[Row], columns: Columns, input_dir: Path) -> tuple[list[RewardItem], dict[str, str]]:
+def items_of(
+    batch: Sequence[Row], columns: Columns, input_dir: Path
+) -> tuple[list[RewardItem], dict[str, str]]:
     """The batch's items, and why each row that cannot become one failed: an image or a WAV that
     passed the check but does not decode (changed since, corrupt), or whose decoded media its item
     refuses. Such a row gets that error and takes its whole group with it; the run goes on."""
@@ -301,7 +335,9 @@ def items_of(batch: Sequence[Row], columns: Columns, input_dir: Path) -> tuple[l
     broken.discard(None)
     for row in batch:
         if row.id not in unreadable and group_of(row, columns) in broken:
-            unreadable[row.id] = f"input {row.unit} {row.line}: a member of its group has media that cannot be decoded"
+            unreadable[row.id] = (
+                f"input {row.unit} {row.line}: a member of its group has media that cannot be decoded"
+            )
     return [item for item in items if item.id not in unreadable], unreadable
 
 

@@ -50,14 +50,19 @@ class StdoutSink:
 
     def __init__(self) -> None:
         self.path = STDOUT
-        self.interrupted = "stdout holds every row finished so far (no resume: write to a file for that)"
+        self.interrupted = (
+            "stdout holds every row finished so far (no resume: write to a file for that)"
+        )
         sys.stdout.flush()
         self._saved = os.dup(1)
         self.file: IO[str] = os.fdopen(os.dup(1), "w", encoding="utf-8")
         os.dup2(2, 1)  # a child's or a scorer's print goes to stderr, never between the rows
 
     def start(self, header: dict[str, Any]) -> None:
-        print(f"scoring to stdout with identity {header['identity_hash']} (no sidecar)", file=sys.stderr)
+        print(
+            f"scoring to stdout with identity {header['identity_hash']} (no sidecar)",
+            file=sys.stderr,
+        )
 
     def cut(self, at: int) -> None:
         raise ConfigError("stdout cannot be resumed")
@@ -67,7 +72,9 @@ class StdoutSink:
             self.file.write(text)
             self.file.flush()
         except BrokenPipeError as exc:
-            raise ConfigError("stdout was closed by its reader before every row was written") from exc
+            raise ConfigError(
+                "stdout was closed by its reader before every row was written"
+            ) from exc
 
     def replace(self, content: str) -> None:
         raise ConfigError("stdout cannot be rewritten")
@@ -94,9 +101,13 @@ class ParquetSink:
         if not path.parent.is_dir():
             raise ConfigError(f"{path.parent} does not exist: create it, or choose another output")
         if path.exists() or path.is_symlink():
-            raise ConfigError(f"{path} exists: choose another output (a Parquet output is never resumed)")
+            raise ConfigError(
+                f"{path} exists: choose another output (a Parquet output is never resumed)"
+            )
         self.path = path
-        self.interrupted = f"nothing written to {path} (a Parquet output is written when the run ends)"
+        self.interrupted = (
+            f"nothing written to {path} (a Parquet output is written when the run ends)"
+        )
         self.file: IO[str] = tempfile.TemporaryFile("w+", encoding="utf-8", dir=path.parent)
 
     def start(self, header: dict[str, Any]) -> None:
@@ -134,13 +145,17 @@ class ParquetSink:
             ]
         )
         table = pa.Table.from_pylist(rows, schema=schema)
-        fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        fd, temporary = tempfile.mkstemp(
+            prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent
+        )
         os.close(fd)
         try:
             pq.write_table(table, temporary)
             os.chmod(temporary, 0o644)
             if self.path.exists():
-                raise ConfigError(f"{self.path} was created by another run meanwhile: its rows are not replaced")
+                raise ConfigError(
+                    f"{self.path} was created by another run meanwhile: its rows are not replaced"
+                )
             os.replace(temporary, self.path)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)

@@ -42,7 +42,13 @@ class Source:
     @property
     def base(self) -> Path:
         """The folder media paths are relative to: the file's, or (stdin) the working directory."""
-        return Path.cwd() if self.path == STDIN else self.path if self.form == "save_to_disk" else self.path.parent
+        return (
+            Path.cwd()
+            if self.path == STDIN
+            else self.path
+            if self.form == "save_to_disk"
+            else self.path.parent
+        )
 
     def where(self, number: int) -> str:
         name = "<stdin>" if self.path == STDIN else str(self.path)
@@ -61,7 +67,9 @@ def source_of(path: Path) -> Source:
                 f"e.g. --input {path / (splits[0] if splits else 'train')}"
             )
         if not (path / "state.json").is_file():
-            raise ConfigError(f"{path} is a folder, not a dataset saved with save_to_disk (it has no state.json)")
+            raise ConfigError(
+                f"{path} is a folder, not a dataset saved with save_to_disk (it has no state.json)"
+            )
         return Source(path, "save_to_disk")
     if not path.is_file():
         raise ConfigError(f"--input {path}: no such file")
@@ -117,7 +125,9 @@ def _parsed(raw: str, where: str) -> Any:
         raise InputRowError(f"{where}: not JSON ({exc.msg} at {at}column {exc.colno})") from exc
     # a 5,000-digit number; brackets nested 100,000 deep
     except (ValueError, RecursionError) as exc:
-        raise InputRowError(f"{where}: not readable JSON ({type(exc).__name__}: {str(exc)[:120]})") from exc
+        raise InputRowError(
+            f"{where}: not readable JSON ({type(exc).__name__}: {str(exc)[:120]})"
+        ) from exc
 
 
 def _object(fields: Any, where: str) -> dict[str, Any]:
@@ -132,10 +142,14 @@ def _json_list(source: Source) -> Iterator[tuple[int, dict[str, Any] | None]]:
     try:
         text = source.path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputRowError(f"{source.path}: not UTF-8 (byte {exc.start + 1}: {exc.reason})") from exc
+        raise InputRowError(
+            f"{source.path}: not UTF-8 (byte {exc.start + 1}: {exc.reason})"
+        ) from exc
     rows = _parsed(text, str(source.path))
     if not isinstance(rows, list):
-        raise InputRowError(f"{source.path}: a JSON input must be a list of records, got {type(rows).__name__}")
+        raise InputRowError(
+            f"{source.path}: a JSON input must be a list of records, got {type(rows).__name__}"
+        )
     for number, fields in enumerate(rows, start=1):
         yield number, _object(fields, source.where(number))
 
@@ -153,7 +167,9 @@ def _parquet(source: Source) -> Iterator[tuple[int, dict[str, Any] | None]]:
                 number += 1
                 yield number, fields
     except (pa.ArrowException, OSError) as exc:
-        raise InputRowError(f"{source.path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
+        raise InputRowError(
+            f"{source.path}: not a readable Parquet file ({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def _saved_dataset(source: Source) -> Iterator[tuple[int, dict[str, Any] | None]]:
@@ -165,7 +181,9 @@ def _saved_dataset(source: Source) -> Iterator[tuple[int, dict[str, Any] | None]
     try:
         dataset = datasets.load_from_disk(str(source.path))
     except (OSError, ValueError) as exc:
-        raise InputRowError(f"{source.path}: not a readable save_to_disk folder ({type(exc).__name__}: {exc})") from exc
+        raise InputRowError(
+            f"{source.path}: not a readable save_to_disk folder ({type(exc).__name__}: {exc})"
+        ) from exc
     number = 0
     for batch in dataset.with_format("arrow").iter(batch_size=ARROW_BATCH_ROWS):
         for fields in batch.to_pylist():

@@ -59,15 +59,21 @@ def ensure_envs(names: Sequence[str], build: bool) -> None:
     command = f"managed-scorers envs build {' '.join(missing)}"
     if not build:
         where = scorer_envs.env_dir(missing[0]).parent.parent
-        raise scorer_envs.EnvError(f"scorer env(s) {', '.join(missing)} not built under {where}: run `{command}`")
+        raise scorer_envs.EnvError(
+            f"scorer env(s) {', '.join(missing)} not built under {where}: run `{command}`"
+        )
     for name in missing:
         venv = scorer_envs.env_dir(name)
         heavy = " (torch: about 1.5 GB on a cold pip cache)" if name == "embed" else ""
-        say(f"building the {name} env{heavy}, as `managed-scorers envs build {name}` does, into {venv}")
+        say(
+            f"building the {name} env{heavy}, as `managed-scorers envs build {name}` does, into {venv}"
+        )
         began = time.monotonic()
         # its phase lines and progress on stderr
         env_builder.build(scorer_envs.spec_path(name), venv)
-        say(f"  built in {time.monotonic() - began:.1f} s (once: later runs reuse it until its pins change)")
+        say(
+            f"  built in {time.monotonic() - began:.1f} s (once: later runs reuse it until its pins change)"
+        )
 
 
 def _ready(status: env_builder.EnvStatus) -> bool:
@@ -92,11 +98,15 @@ def render_text(text: str) -> np.ndarray:
     from PIL import Image, ImageDraw, ImageFont
 
     image = Image.new("RGB", (512, 128), "white")
-    ImageDraw.Draw(image).text((20, 30), text, fill="black", font=ImageFont.truetype("DejaVuSans.ttf", 48))
+    ImageDraw.Draw(image).text(
+        (20, 30), text, fill="black", font=ImageFont.truetype("DejaVuSans.ttf", 48)
+    )
     return np.asarray(image)
 
 
-def run_managed(scorer: str, env: str, kind: str, params: dict, request: RewardRequest) -> tuple[list[float], dict]:
+def run_managed(
+    scorer: str, env: str, kind: str, params: dict, request: RewardRequest
+) -> tuple[list[float], dict]:
     spec = {
         "env": env,  # a scorer env by name: built by `make envs` or `managed-scorers envs build`
         "scorer": {"name": scorer, "input_kind": kind, "params": params},
@@ -158,7 +168,9 @@ def grpo_panel(samples: dict) -> None:
 
 def in_process_grader() -> str | None:
     """Why this python cannot grade math in-process (a trainer's own grader); None when it can."""
-    missing = [module for module in ("math_verify", "sympy") if importlib.util.find_spec(module) is None]
+    missing = [
+        module for module in ("math_verify", "sympy") if importlib.util.find_spec(module) is None
+    ]
     if missing:
         return f"this python ({sys.executable}) has no {' or '.join(missing)}"
     return None
@@ -173,7 +185,9 @@ def antlr_pins() -> list[str]:
             spec, _, marker = (part.strip() for part in requirement.partition(";"))
             # hydra-core 1.3.2 writes `antlr4-python3-runtime (==4.9.*)`
             spec = re.sub(r"[\s()]", "", spec)
-            if "extra" not in marker and re.fullmatch(rf"{ANTLR}==4\.9(\.\*|\.\d+)?", spec, re.IGNORECASE):
+            if "extra" not in marker and re.fullmatch(
+                rf"{ANTLR}==4\.9(\.\*|\.\d+)?", spec, re.IGNORECASE
+            ):
                 found.append(f"{dist.metadata['Name']} {dist.version} ({spec})")
     return sorted(set(found))
 
@@ -204,7 +218,11 @@ def math_story(samples: dict, hostile: bool = False) -> tuple[dict, bool]:
             local = backend.compute_rewards(request).rewards
     print_verdicts(request, managed, local)
     timeouts = info["diagnostics"]["math_verify"]["values"]["timeouts"]
-    stopped = f"; {timeouts} item(s) stopped at the {MATH_TIMEOUT_S:g} s timeout, scored 0" if timeouts else ""
+    stopped = (
+        f"; {timeouts} item(s) stopped at the {MATH_TIMEOUT_S:g} s timeout, scored 0"
+        if timeouts
+        else ""
+    )
     tell(
         f"first managed reward {first_reward_s:.1f} s after the demo started (the child's spawn to ready "
         f"{info['spawn_to_ready_s']:.2f} s, the call {info['score_s']:.2f} s{stopped})"
@@ -221,7 +239,9 @@ def print_verdicts(request: RewardRequest, managed: list[float], local: list[flo
     for i, item in enumerate(request.items):
         here = "-" if local is None else f"{local[i]:.1f}"
         flag = "  <- wrong in-process" if local is not None and local[i] != managed[i] else ""
-        say(f"  {item.id:<6} {item.text:<32} {item.reference!s:<5} {managed[i]:>7.1f} {here:>10}{flag}")
+        say(
+            f"  {item.id:<6} {item.text:<32} {item.reference!s:<5} {managed[i]:>7.1f} {here:>10}{flag}"
+        )
     say()
 
 
@@ -251,13 +271,19 @@ def run(tour: bool = False, build: bool = True) -> int:
     """The demo: math first; with `tour`, the other envs and a GRPO panel. 0 when the child graded
     `pct` right."""
     samples = json.loads(SAMPLES.read_text())
-    say("managed-scorers demo: one math grader in a managed child, and in this process where it can be")
+    say(
+        "managed-scorers demo: one math grader in a managed child, and in this process where it can be"
+    )
     ensure_envs(TOUR_ENVS if tour else ("math",), build)
     if tour and importlib.util.find_spec("PIL") is None:
-        raise scorer_envs.EnvError("--tour renders text with Pillow in this python: `pip install pillow`")
+        raise scorer_envs.EnvError(
+            "--tour renders text with Pillow in this python: `pip install pillow`"
+        )
     math_info, right = math_story(samples, hostile=tour)
     if not right:
-        say("the managed child graded `pct` wrong: its env is not the math spec's (`managed-scorers envs list`)")
+        say(
+            "the managed child graded `pct` wrong: its env is not the math spec's (`managed-scorers envs list`)"
+        )
     if not tour:
         say()
         tell(
@@ -273,7 +299,9 @@ def run(tour: bool = False, build: bool = True) -> int:
     }
     grpo_panel(samples)
     say("\nlifecycle (seconds)")
-    say(f"  {'child':<24} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}  shared-memory data plane")
+    say(
+        f"  {'child':<24} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}  shared-memory data plane"
+    )
     for name, info in infos.items():
         say(
             f"  {name:<24} {info['spawn_to_ready_s']:>12.3f} {info['score_s']:>8.3f} {info['shutdown_s']:>9.3f}  "
@@ -295,7 +323,10 @@ def jpeg_images(samples: dict) -> dict:
 
 def ocr_renders(samples: dict) -> dict:
     ocr_request = RewardRequest(
-        items=[RewardItem(id=s["id"], image=render_text(s["render"]), reference=s["target"]) for s in samples["ocr"]]
+        items=[
+            RewardItem(id=s["id"], image=render_text(s["render"]), reference=s["target"])
+            for s in samples["ocr"]
+        ]
     )
     ocr, ocr_info = run_managed("ocr", "ocr", "image", {"det_limit_side_len": 480}, ocr_request)
     say("\nocr (1 - normalized edit distance to the target) in a managed child (envs/ocr)")

@@ -49,7 +49,9 @@ class Check:
     fix: str = ""
 
     def lines(self) -> list[str]:
-        head = f"{'ok  ' if self.ok else 'FAIL'}  {self.what}" + (f": {self.detail}" if self.detail else "")
+        head = f"{'ok  ' if self.ok else 'FAIL'}  {self.what}" + (
+            f": {self.detail}" if self.detail else ""
+        )
         return [head] + ([f"      fix: {self.fix}"] if self.fix and not self.ok else [])
 
 
@@ -61,20 +63,30 @@ def sample_request(input_kind: str, group_size: int | None = None) -> RewardRequ
     if input_kind == "image":
         item = RewardItem(id="doctor", image=image, prompt="a gradient", reference="a gradient")
     elif input_kind == "image_edit":
-        item = RewardItem(id="doctor", image=image, condition_images=[image[::-1].copy()], prompt="flip it")
+        item = RewardItem(
+            id="doctor", image=image, condition_images=[image[::-1].copy()], prompt="flip it"
+        )
     elif input_kind == "video":
         item = RewardItem(id="doctor", video=np.stack([image] * 4), prompt="a still gradient")
     elif input_kind == "audio":  # a 440 Hz tone at half scale, 0.1 s of 16 kHz stereo
         tone = (0.5 * np.sin(2 * np.pi * 440 * np.arange(1600) / 16000)).astype(np.float32)
-        item = RewardItem(id="doctor", audio=np.stack([tone, tone]), audio_sample_rate=16000, prompt="a tone")
+        item = RewardItem(
+            id="doctor", audio=np.stack([tone, tone]), audio_sample_rate=16000, prompt="a tone"
+        )
     else:
-        item = RewardItem(id="doctor", prompt="What is 1 + 1?", text="1 + 1 = \\boxed{2}", reference="2")
+        item = RewardItem(
+            id="doctor", prompt="What is 1 + 1?", text="1 + 1 = \\boxed{2}", reference="2"
+        )
     if group_size is None:
         return RewardRequest(items=[item])
     texts = [item.text, "2", "1 + 1 = 3", "two"]
     group = [
         item.model_copy(
-            update={"id": f"doctor-{k}", "group_id": "doctor", "text": texts[k % len(texts)] if item.text else None}
+            update={
+                "id": f"doctor-{k}",
+                "group_id": "doctor",
+                "text": texts[k % len(texts)] if item.text else None,
+            }
         )
         for k in range(group_size)
     ]
@@ -88,7 +100,9 @@ def _backends(panels: list[PanelConfig | None]) -> dict[str, tuple[str, BackendC
     for panel in panels:
         for term in panel.terms if panel is not None else ():
             key = json.dumps(term.backend.model_dump(mode="json"), sort_keys=True)
-            found.setdefault(key, (term.name, term.backend, panel.group_size if panel is not None else None))
+            found.setdefault(
+                key, (term.name, term.backend, panel.group_size if panel is not None else None)
+            )
     return found
 
 
@@ -105,7 +119,9 @@ def _python_runs(spec: ManagedScorerProcessSpec) -> Check:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Check(what, False, str(exc), _rebuild(spec))
     if done.returncode != 0:
-        return Check(what, False, (done.stderr.strip().splitlines() or ["no output"])[-1], _rebuild(spec))
+        return Check(
+            what, False, (done.stderr.strip().splitlines() or ["no output"])[-1], _rebuild(spec)
+        )
     return Check(what, True, f"Python {done.stdout.strip()}")
 
 
@@ -125,8 +141,12 @@ def _boot_fix(exc: ScorerStartupError) -> str:
     return "see the child's log tail above; raise process.startup_timeout if it only needs longer"
 
 
-def _check_backend(term: str, config: BackendConfig, group_size: int | None, say: Callable[[Check], None]) -> bool:
-    where = f"[{term}] {config.kind} {getattr(getattr(config, 'scorer', None), 'name', '')}".rstrip()
+def _check_backend(
+    term: str, config: BackendConfig, group_size: int | None, say: Callable[[Check], None]
+) -> bool:
+    where = (
+        f"[{term}] {config.kind} {getattr(getattr(config, 'scorer', None), 'name', '')}".rstrip()
+    )
     backend = _started_backend(where, config, say)
     if backend is None:
         return False
@@ -135,8 +155,16 @@ def _check_backend(term: str, config: BackendConfig, group_size: int | None, say
         ready = managed.ready_info if managed is not None else {}
         if managed is not None:
             boot_s = managed.timings.get("spawn_to_ready_s")
-            say(Check(f"{where}: child boots", True, f"pid {ready.get('pid')}, ready in {boot_s or 0:.2f} s"))
-        kind = config.input_kind if isinstance(config, JobBackendConfig) else config.client.input_kind
+            say(
+                Check(
+                    f"{where}: child boots",
+                    True,
+                    f"pid {ready.get('pid')}, ready in {boot_s or 0:.2f} s",
+                )
+            )
+        kind = (
+            config.input_kind if isinstance(config, JobBackendConfig) else config.client.input_kind
+        )
         ok = _sample_scores(where, backend, kind, group_size, say)
         if (
             managed is not None
@@ -148,7 +176,9 @@ def _check_backend(term: str, config: BackendConfig, group_size: int | None, say
                 Check(
                     f"{where}: shared-memory data plane",
                     shared,
-                    "negotiated" if shared else f"refused ({ready.get('shared_memory_error')}); arrays travel in-band",
+                    "negotiated"
+                    if shared
+                    else f"refused ({ready.get('shared_memory_error')}); arrays travel in-band",
                     "memfd or /dev/shm is unavailable or full here: free it, or accept the in-band cost",
                 )
             )
@@ -156,7 +186,9 @@ def _check_backend(term: str, config: BackendConfig, group_size: int | None, say
     return ok
 
 
-def _started_backend(where: str, config: BackendConfig, say: Callable[[Check], None]) -> RewardBackend | None:
+def _started_backend(
+    where: str, config: BackendConfig, say: Callable[[Check], None]
+) -> RewardBackend | None:
     """The backend, started; None once a failed check (its python, its boot, its start) is said."""
     if isinstance(config, ManagedScorerProcessSpec):
         check = _python_runs(config)
@@ -174,12 +206,23 @@ def _started_backend(where: str, config: BackendConfig, say: Callable[[Check], N
             if isinstance(config, (RemoteBackendConfig, JobBackendConfig))
             else "see the message"
         )
-        say(Check(f"{where}: backend starts", False, f"{type(exc).__name__}: {exc}".splitlines()[0], fix))
+        say(
+            Check(
+                f"{where}: backend starts",
+                False,
+                f"{type(exc).__name__}: {exc}".splitlines()[0],
+                fix,
+            )
+        )
         return None
 
 
 def _sample_scores(
-    where: str, backend: RewardBackend, kind: str, group_size: int | None, say: Callable[[Check], None]
+    where: str,
+    backend: RewardBackend,
+    kind: str,
+    group_size: int | None,
+    say: Callable[[Check], None],
 ) -> bool:
     """One sample of `kind` scores to a finite reward (said as one check, failed or not)."""
     what = f"{where}: one {kind} sample scores"
@@ -191,7 +234,9 @@ def _sample_scores(
             Check(
                 what,
                 finite,
-                f"reward {reward}" if finite else f"not a whole reward ({reward}): {response.errors[0]}",
+                f"reward {reward}"
+                if finite
+                else f"not a whole reward ({reward}): {response.errors[0]}",
                 "the scorer fails on a plain sample: run it in-process (LocalRewardBackend) to debug",
             )
         )
@@ -211,7 +256,8 @@ def install_check() -> Check:
         version = "(not installed: a checkout)"
     where = Path(__file__).resolve().parents[2]
     extras = ", ".join(
-        f"{extra} {'no' if install.missing_extra(extra, 'doctor') else 'yes'}" for extra in install.EXTRAS
+        f"{extra} {'no' if install.missing_extra(extra, 'doctor') else 'yes'}"
+        for extra in install.EXTRAS
     )
     return Check(f"managed-scorers {version} at {where}", True, f"extras: {extras}")
 
@@ -222,7 +268,14 @@ def doctor(recipe: str | Path, say: Callable[[Check], None]) -> bool:
     try:
         report = preflight(recipe, raise_on_problems=False)
     except ConfigError as exc:
-        say(Check(f"recipe {recipe} reads", False, str(exc), "fix the recipe (see the README's recipes section)"))
+        say(
+            Check(
+                f"recipe {recipe} reads",
+                False,
+                str(exc),
+                "fix the recipe (see the README's recipes section)",
+            )
+        )
         return False
     for problem in report.problems:
         say(Check("preflight", False, problem, "fix the recipe or build the env it names"))
@@ -233,11 +286,15 @@ def doctor(recipe: str | Path, say: Callable[[Check], None]) -> bool:
     terms = len(parsed.train.terms)
     say(
         Check(
-            f"recipe {recipe} passes preflight", True, f"{terms} term(s), {len(report.scorers)} checked in their envs"
+            f"recipe {recipe} passes preflight",
+            True,
+            f"{terms} term(s), {len(report.scorers)} checked in their envs",
         )
     )
     for note in report.notes:
         say(Check("note", True, note))
     backends = _backends([parsed.train, parsed.validation]).values()
-    results = [_check_backend(term, config, group_size, say) for term, config, group_size in backends]
+    results = [
+        _check_backend(term, config, group_size, say) for term, config, group_size in backends
+    ]
     return all(results)

@@ -32,7 +32,15 @@ from pathlib import Path
 
 from supervisor.ops.build_step import STEP_TIMEOUT_S, clean_environment, run_step
 from supervisor.ops.uv_installer import find_uv, pip_settings, uv_arguments
-from supervisor.scorer_envs import MARKER, STAMP, EnvError, env_dir, envs_root, spec_names, spec_path
+from supervisor.scorer_envs import (
+    MARKER,
+    STAMP,
+    EnvError,
+    env_dir,
+    envs_root,
+    spec_names,
+    spec_path,
+)
 
 
 def requirement_lines(requirements: Path) -> list[str]:
@@ -131,14 +139,24 @@ def _from_pyvenv(config: Path) -> Interpreter | None:
     values = {key.strip(): value.strip() for key, value in values.items()}
     version = values.get("version") or values.get("version_info")
     executable = values.get("executable")
-    return Interpreter(version, os.path.realpath(executable) if executable else None) if version else None
+    return (
+        Interpreter(version, os.path.realpath(executable) if executable else None)
+        if version
+        else None
+    )
 
 
 def interpreter(python: str) -> Interpreter:
     """The version and real path of `python` (an executable, on PATH or by path), by asking it."""
     code = "import os, sys; print(sys.version.split()[0]); print(os.path.realpath(sys.executable))"
     try:
-        done = subprocess.run([python, "-c", code], env=clean_environment(), capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [python, "-c", code],
+            env=clean_environment(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise EnvError(f"--python {python} does not run: {exc}") from exc
     if done.returncode != 0 or len(done.stdout.split()) != 2:
@@ -219,7 +237,9 @@ def _default_interpreter(recorded: Interpreter | None) -> Interpreter:
     return interpreter(getattr(sys, "_base_executable", None) or sys.executable)
 
 
-def _stale(venv: Path, want: str, digest: str | None, recorded: Interpreter | None, target: Interpreter) -> str | None:
+def _stale(
+    venv: Path, want: str, digest: str | None, recorded: Interpreter | None, target: Interpreter
+) -> str | None:
     """Why the env must be (re)built, or None when it is up to date."""
     if digest is None or not (venv / "bin" / "python").exists():
         return "not built"
@@ -231,13 +251,20 @@ def _stale(venv: Path, want: str, digest: str | None, recorded: Interpreter | No
 
 
 def _install(
-    requirements: Path, venv: Path, target: Interpreter, uv: str | None, say: Callable[[str], None], verbosity: int
+    requirements: Path,
+    venv: Path,
+    target: Interpreter,
+    uv: str | None,
+    say: Callable[[str], None],
+    verbosity: int,
 ) -> None:
     """The venv, then its requirements (pip, or uv under pip's settings), then `pip check`: each a
     phase line."""
     cwd = requirements.parent
 
-    def step(command: list[str], what: str, env: dict[str, str] | None = None, echo: bool = True) -> str:
+    def step(
+        command: list[str], what: str, env: dict[str, str] | None = None, echo: bool = True
+    ) -> str:
         return run_step(command, cwd, what, say, verbosity if echo else 0, env)
 
     say(f"  creating the venv with {target.path}")
@@ -252,17 +279,42 @@ def _install(
     if not count:
         pass  # a bare venv: nothing for the installer to do
     elif uv is None:
-        step([*pip, "install", "--no-input", "--progress-bar", "off", *quiet, "-r", str(requirements)], "pip install")
+        step(
+            [
+                *pip,
+                "install",
+                "--no-input",
+                "--progress-bar",
+                "off",
+                *quiet,
+                "-r",
+                str(requirements),
+            ],
+            "pip install",
+        )
     else:
-        flags, variables = uv_arguments(pip_settings(step([*pip, "config", "list"], "pip config list", echo=False)))
-        command = [uv, "pip", "install", "--python", python, *flags, *quiet, "-r", str(requirements)]
+        flags, variables = uv_arguments(
+            pip_settings(step([*pip, "config", "list"], "pip config list", echo=False))
+        )
+        command = [
+            uv,
+            "pip",
+            "install",
+            "--python",
+            python,
+            *flags,
+            *quiet,
+            "-r",
+            str(requirements),
+        ]
         step(command, "uv pip install", {**clean_environment(), **variables})
     unpinned = no_deps_lines(requirements)
     if unpinned:  # pip either way: uv has no --ignore-requires-python
         say(f"  installing {len(unpinned)} package(s) without their dependencies with pip")
         flags = ["--no-deps", "--ignore-requires-python"]
         step(
-            [*pip, "install", "--no-input", "--progress-bar", "off", *quiet, *flags, *unpinned], "pip install --no-deps"
+            [*pip, "install", "--no-input", "--progress-bar", "off", *quiet, *flags, *unpinned],
+            "pip install --no-deps",
         )
     say("  checking the installed packages (pip check)")
     _check(pip, cwd, {_normal(re.split(r"[=<>!~\[ ]", line, maxsplit=1)[0]) for line in unpinned})
@@ -280,7 +332,9 @@ def remove(name: str, root: Path | None = None, say: Callable[[str], None] = _st
     venv = env_dir(name, base)
     for path in (venv.parent, venv):
         if path.is_symlink():
-            raise EnvError(f"{path} is a symbolic link: not removed (this command removes only folders under {base})")
+            raise EnvError(
+                f"{path} is a symbolic link: not removed (this command removes only folders under {base})"
+            )
     if not venv.exists():
         say(f"{venv}: not built, nothing to remove")
         return False
@@ -294,7 +348,11 @@ def _check(pip: list[str], cwd: Path, exempt: set[str]) -> None:
     """`pip check`, except for what the packages installed without their dependencies declare."""
 
     def others(output: str) -> bool:
-        return any(_normal(line.split(" ", 1)[0]) not in exempt for line in output.splitlines() if line.strip())
+        return any(
+            _normal(line.split(" ", 1)[0]) not in exempt
+            for line in output.splitlines()
+            if line.strip()
+        )
 
     run_step([*pip, "check"], cwd, "pip check", _stderr, fails=others)
 
@@ -328,7 +386,9 @@ def _build_lock(venv: Path) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise EnvError(f"another build of {venv} held its lock for {STEP_TIMEOUT_S:.0f} s") from None
+                    raise EnvError(
+                        f"another build of {venv} held its lock for {STEP_TIMEOUT_S:.0f} s"
+                    ) from None
                 time.sleep(0.5)
         try:
             yield

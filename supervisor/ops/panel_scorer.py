@@ -54,7 +54,10 @@ UPSTREAM_RETRY_STATUSES = (429, 502, 503, 504)
 def _input_kind(config: PanelConfig) -> str:
     """The kind every term takes, or "mixed" (then no completion field is required up front: each
     term's backend checks its own)."""
-    kinds = {getattr(getattr(term.backend, "client", None), "input_kind", "text") for term in config.terms}
+    kinds = {
+        getattr(getattr(term.backend, "client", None), "input_kind", "text")
+        for term in config.terms
+    }
     return str(kinds.pop()) if len(kinds) == 1 else "mixed"
 
 
@@ -75,7 +78,9 @@ class PanelScorer(Scorer):
             raise ValueError(str(exc)) from exc
         names = tuple(term.name for term in self.config.terms)
         if WEIGHTED in names:
-            raise ValueError(f"a served panel's term may not be named {WEIGHTED!r}: that name carries its reward")
+            raise ValueError(
+                f"a served panel's term may not be named {WEIGHTED!r}: that name carries its reward"
+            )
         self.spec = ScorerSpec(
             name=NAME,
             input_kind=_input_kind(self.config),
@@ -120,7 +125,10 @@ class PanelScorer(Scorer):
             if wanted not in self._subsets:
                 kept = [term for term in panel.terms if term.name in wanted]
                 self._subsets[wanted] = RewardPanel(
-                    kept, owns_backends=False, group_size=panel.group_size, group_failures=panel.group_failures
+                    kept,
+                    owns_backends=False,
+                    group_size=panel.group_size,
+                    group_failures=panel.group_failures,
                 )
             return self._subsets[wanted]
 
@@ -137,7 +145,9 @@ class PanelScorer(Scorer):
         the recipe's own `group_size` refuses a request declaring another)."""
         panel = self._serving() if terms is None else self._subset(terms)
         try:
-            request = RewardRequest(items=[reward_item(item) for item in items], group_size=group_size)
+            request = RewardRequest(
+                items=[reward_item(item) for item in items], group_size=group_size
+            )
         except ValueError as exc:
             raise ScoreInputError(f"an item the panel cannot take: {exc}") from exc
         try:
@@ -203,6 +213,8 @@ def as_result(response: RewardResponse, names: Sequence[str]) -> ScoreResult:
         mask = response.applicable.get(name)
         if mask is not None and not all(mask):
             not_applicable[name] = {index for index, applies in enumerate(mask) if not applies}
-        terms[name] = [math.nan if value is None else value for value in response.component_rewards[name]]
+        terms[name] = [
+            math.nan if value is None else value for value in response.component_rewards[name]
+        ]
     terms[WEIGHTED] = list(response.rewards)
     return ScoreResult(terms=terms, term_failed=term_failed, not_applicable=not_applicable)

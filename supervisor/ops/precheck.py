@@ -30,7 +30,13 @@ TEXT_FIELDS = {
     "reference": ("reference", "--reference-column"),
 }
 MEDIA_FIELDS = {"image": "--image-column", "audio": "--audio-column"}
-COMPLETION = {"text": "text", "image": "image", "image_edit": "image", "video": "video", "audio": "audio"}
+COMPLETION = {
+    "text": "text",
+    "image": "image",
+    "image_edit": "image",
+    "video": "video",
+    "audio": "audio",
+}
 
 
 def check_recipe(recipe: Recipe, path: Path) -> PreflightReport:
@@ -91,7 +97,9 @@ def _term_fields(
             yield from ((term, spec, field) for field in _needed(spec))
 
 
-def check_columns(panel: PanelConfig, where: str, report: PreflightReport, columns: Columns) -> None:
+def check_columns(
+    panel: PanelConfig, where: str, report: PreflightReport, columns: Columns
+) -> None:
     """Each term whose scorer reads media has its column flag (`--image-column`, ...): said before
     any row is read, so a row is never blamed for lacking a text the scorer does not read."""
     for term, spec, field in _term_fields(panel, where, report):
@@ -118,7 +126,9 @@ def check_rows(
             continue
         attribute, flag = TEXT_FIELDS[field]
         for row, item in zip(rows, items, strict=True):
-            applies = term.applicable_datasets is None or item.data_source in term.applicable_datasets
+            applies = (
+                term.applicable_datasets is None or item.data_source in term.applicable_datasets
+            )
             if applies and getattr(item, field) is None:
                 raise InputRowError(
                     f"{at(row.line)}: no {field} in column {getattr(columns, attribute)!r} ({flag}): "
@@ -132,7 +142,9 @@ def _needed(spec: ScorerSpec) -> list[str]:
 
 def _check_media_column(field: str, columns: Columns, spec: ScorerSpec, term: str) -> None:
     if field == "video":
-        raise ConfigError(f"term {term!r} (scorer {spec.name!r}) scores video: `score` reads no video column")
+        raise ConfigError(
+            f"term {term!r} (scorer {spec.name!r}) scores video: `score` reads no video column"
+        )
     if getattr(columns, field) is None:
         raise ConfigError(
             f"term {term!r} (scorer {spec.name!r}) needs the {field} of each row: pass {MEDIA_FIELDS[field]}"

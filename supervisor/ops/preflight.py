@@ -107,9 +107,13 @@ def _validation_problems(exc: ValidationError, places: list[str]) -> list[str]:
     problems = []
     for error in exc.errors():
         loc = [str(part) for part in error["loc"]]
-        index = int(loc[1]) if len(loc) >= 2 and loc[0] == "terms" and loc[1].isdigit() else len(places)
+        index = (
+            int(loc[1]) if len(loc) >= 2 and loc[0] == "terms" and loc[1].isdigit() else len(places)
+        )
         if index < len(places) and places[index]:
-            problems.append(": ".join([places[index], *([".".join(loc[2:])] if loc[2:] else []), error["msg"]]))
+            problems.append(
+                ": ".join([places[index], *([".".join(loc[2:])] if loc[2:] else []), error["msg"]])
+            )
         else:
             problems.append(f"{'.'.join(loc)}: {error['msg']}" if loc else error["msg"])
     return problems
@@ -128,20 +132,32 @@ def check_backend(backend: BackendConfig, place: str) -> PreflightReport:
     return report
 
 
-def _check_backend(backend: BackendConfig, place: str, report: PreflightReport, component: str | None = None) -> None:
+def _check_backend(
+    backend: BackendConfig, place: str, report: PreflightReport, component: str | None = None
+) -> None:
     # nothing of ours to check but the token
     if isinstance(backend, (RemoteBackendConfig, JobBackendConfig)):
         if backend.token_env is not None and not os.environ.get(backend.token_env):
-            report.problems.append(f"{place}: environment variable {backend.token_env} (the token) is not set")
+            report.problems.append(
+                f"{place}: environment variable {backend.token_env} (the token) is not set"
+            )
         return
-    search = _env_search(backend, place, report) if isinstance(backend, ManagedScorerProcessSpec) else None
+    search = (
+        _env_search(backend, place, report)
+        if isinstance(backend, ManagedScorerProcessSpec)
+        else None
+    )
     checked = _check_scorer(backend, place, report, search)
     if checked is None:
         return
     terms, requires = checked
     if component is not None and component not in terms:
-        report.problems.append(f"{place}: component {component!r} is not a term of the scorer ({list(terms)})")
-    unknown = sorted((set(backend.client.required_rewards) | set(backend.client.weights)) - set(terms))
+        report.problems.append(
+            f"{place}: component {component!r} is not a term of the scorer ({list(terms)})"
+        )
+    unknown = sorted(
+        (set(backend.client.required_rewards) | set(backend.client.weights)) - set(terms)
+    )
     if unknown:
         report.problems.append(
             f"{place}: required_rewards/weights {unknown} are not terms of the scorer ({list(terms)})"
@@ -200,11 +216,17 @@ def _build_scorer(
             scorer = cls(**config.params)
             identity = scorer_identity_hash(scorer, config.params)
     except (UnknownScorerError, CatalogError) as exc:
-        env_only = search is not None and isinstance(exc.__cause__, ImportError) and _env_only(backend, search)
+        env_only = (
+            search is not None
+            and isinstance(exc.__cause__, ImportError)
+            and _env_only(backend, search)
+        )
         if isinstance(backend, ManagedScorerProcessSpec) and search is not None and env_only:
             # the scorer's module lives in its env alone (the reason for a managed child): its spec,
             # terms and pins are the child's to check at start; the env itself is checked below
-            report.notes.append(f"{place}: {exc.__cause__}; checked by the child at start, not here")
+            report.notes.append(
+                f"{place}: {exc.__cause__}; checked by the child at start, not here"
+            )
             _check_env_modules(backend, place, report, (), search)
         else:
             report.problems.append(f"{place}: {exc}")
@@ -213,7 +235,9 @@ def _build_scorer(
         report.problems.append(f"{place}: scorer {config.name!r} params: {exc}")
         return None
     except Exception as exc:  # noqa: BLE001 - a constructor or catalog factory that fails otherwise is named too
-        report.problems.append(f"{place}: scorer {config.name!r} cannot be built: {type(exc).__name__}: {exc}")
+        report.problems.append(
+            f"{place}: scorer {config.name!r} cannot be built: {type(exc).__name__}: {exc}"
+        )
         return None
     finally:
         for path in added:
@@ -265,7 +289,9 @@ def _environ(overlay: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _env_search(spec: ManagedScorerProcessSpec, place: str, report: PreflightReport) -> list[str] | None:
+def _env_search(
+    spec: ManagedScorerProcessSpec, place: str, report: PreflightReport
+) -> list[str] | None:
     """Where the child will import from (its venv's site-packages, then extra_import_paths);
     None, with a problem, when the python is not a usable venv."""
     python = spec.process.python_executable
@@ -301,11 +327,17 @@ def _custom_modules(spec: ManagedScorerProcessSpec | LocalBackendConfig) -> list
 
 def _env_only(spec: ManagedScorerProcessSpec | LocalBackendConfig, search: list[str]) -> bool:
     modules = _custom_modules(spec)
-    return bool(modules) and all(importlib.machinery.PathFinder.find_spec(top, search) for top, _ in modules)
+    return bool(modules) and all(
+        importlib.machinery.PathFinder.find_spec(top, search) for top, _ in modules
+    )
 
 
 def _check_env_modules(
-    spec: ManagedScorerProcessSpec, place: str, report: PreflightReport, requires: tuple[str, ...], search: list[str]
+    spec: ManagedScorerProcessSpec,
+    place: str,
+    report: PreflightReport,
+    requires: tuple[str, ...],
+    search: list[str],
 ) -> None:
     env = spec.process.python_executable.parent.parent
     for module in (*CHILD_RUNTIME_MODULES, *requires):

@@ -63,7 +63,9 @@ class Summary:
         mean = f"{self.reward_sum / ok:.4f}" if ok else "-"
         return (
             f"{self.scored} rows scored ({self.errors} with errors, {self.partial} missing a failed optional term), "
-            f"{self.skipped} already done" + (f" ({self.retried} of them scored again)" if self.retried else "") + ", "
+            f"{self.skipped} already done"
+            + (f" ({self.retried} of them scored again)" if self.retried else "")
+            + ", "
             f"mean reward {mean}, {self.seconds:.1f} s"
         )
 
@@ -92,7 +94,9 @@ def _without_failed(
 ) -> Iterator[tuple[dict[str, Any], Any]]:
     """The failed rows as failed, the rest rescored, in input order. A failed row takes its whole
     group down: its siblings' group-relative rewards would be wrong."""
-    groups = {item.group_id for item in items if item.id in exc.failed and item.group_id is not None}
+    groups = {
+        item.group_id for item in items if item.id in exc.failed and item.group_id is not None
+    }
     reasons = {
         item.id: exc.failed.get(item.id, "a member of its group could not be scored")
         for item in items
@@ -117,7 +121,10 @@ def _bisected(
             yield _failed_row(item.id, f"{type(exc).__name__}: {exc}"), None
         return
     half = len(units) // 2
-    for part in ([i for unit in units[:half] for i in unit], [i for unit in units[half:] for i in unit]):
+    for part in (
+        [i for unit in units[:half] for i in unit],
+        [i for unit in units[half:] for i in unit],
+    ):
         yield from _results(panel, part)
 
 
@@ -135,7 +142,9 @@ def _scored_rows(response: RewardResponse) -> Iterator[tuple[dict[str, Any], Any
             {
                 "id": item_id,
                 "reward": None if failed else response.rewards[index],
-                "components": {name: values[index] for name, values in response.component_rewards.items()},
+                "components": {
+                    name: values[index] for name, values in response.component_rewards.items()
+                },
                 "failed_terms": partial,
                 "error": response.errors[index] if failed else None,
             },
@@ -173,7 +182,9 @@ def score_dataset(
     else:
         claim.cut(plan.truncate_at)  # a torn last line, or a group cut short, goes
     for batch in micro_batches(todo, batch_size, lambda row: group_of(row, columns)):
-        written, failed_in_a_row = _score_batch(panel, batch, columns, input_dir, summary, failed_in_a_row)
+        written, failed_in_a_row = _score_batch(
+            panel, batch, columns, input_dir, summary, failed_in_a_row
+        )
         claim.write(_lines(written))
         summary.scored += len(written)
         summary.errors += sum(r["reward"] is None for r in written)
@@ -212,12 +223,16 @@ def _score_batch(
     # rows whose input would not decode are the data's fault, not the scorer's: they never stop the
     # run
     units = _unit_failures(
-        [r for r in batch if r.id not in unreadable], [w for w in written if w["id"] not in unreadable], columns
+        [r for r in batch if r.id not in unreadable],
+        [w for w in written if w["id"] not in unreadable],
+        columns,
     )
     failed_in_a_row = _consecutive_failures(failed_in_a_row, units)
     if (len(units) > 1 and all(units)) or failed_in_a_row >= STOP_AFTER_FAILED_UNITS:
         first = next(r["error"] for r in written if r["reward"] is None)
-        raise ScorerRequestError(f"{failed_in_a_row} rows or groups in a row failed on their own, e.g. {first}")
+        raise ScorerRequestError(
+            f"{failed_in_a_row} rows or groups in a row failed on their own, e.g. {first}"
+        )
     for record, row in zip(written, batch, strict=True):
         record["input_sha"] = row.digest
     return written, failed_in_a_row
@@ -241,7 +256,9 @@ def _retry_errors(
     fresh: dict[str, str] = {}
     for batch in micro_batches(again, batch_size, lambda row: group_of(row, columns)):
         written, _ = _score_batch(panel, batch, columns, input_dir, summary, 0)
-        fresh.update({record["id"]: json.dumps(record, allow_nan=False) + "\n" for record in written})
+        fresh.update(
+            {record["id"]: json.dumps(record, allow_nan=False) + "\n" for record in written}
+        )
         summary.retried += len(written)
         summary.errors += sum(r["reward"] is None for r in written)
         summary.partial += sum(bool(r["failed_terms"]) for r in written)
@@ -252,7 +269,9 @@ def _retry_errors(
     return ResumePlan(plan.header, plan.done, sum(len(line.encode()) for line in rewritten))
 
 
-def _unit_failures(batch: Sequence[Row], written: list[dict[str, Any]], columns: Columns) -> list[bool]:
+def _unit_failures(
+    batch: Sequence[Row], written: list[dict[str, Any]], columns: Columns
+) -> list[bool]:
     """Per unit of the batch (a group, or a row of its own), in order: did every row of it fail?"""
     units: dict[str, bool] = {}
     for row, record in zip(batch, written, strict=True):

@@ -70,7 +70,9 @@ def read_token(token_env: str | None, token_file: Path | None) -> str:
     elif token_env is not None and os.environ.get(token_env):
         token = os.environ[token_env]
     else:
-        raise ConfigError(f"no token: set ${token_env} or pass --token-file (a 0600 file; made if missing)")
+        raise ConfigError(
+            f"no token: set ${token_env} or pass --token-file (a 0600 file; made if missing)"
+        )
     if len(token) < MIN_TOKEN_CHARS:
         raise ConfigError(f"the token must have at least {MIN_TOKEN_CHARS} characters")
     return token
@@ -97,11 +99,15 @@ def _token_from_file(path: Path) -> str:
     except FileNotFoundError:
         return _new_token_file(path)
     except OSError as exc:
-        raise ConfigError(f"cannot open the token file {path}: {exc.strerror} (a symlink is refused)") from exc
+        raise ConfigError(
+            f"cannot open the token file {path}: {exc.strerror} (a symlink is refused)"
+        ) from exc
     with os.fdopen(fd) as handle:
         info = os.fstat(fd)
         if info.st_uid != os.getuid() or info.st_mode & 0o077 or not stat.S_ISREG(info.st_mode):
-            raise ConfigError(f"{path} must be a file of this user's that nobody else can read or write (chmod 600)")
+            raise ConfigError(
+                f"{path} must be a file of this user's that nobody else can read or write (chmod 600)"
+            )
         return handle.read().strip()
 
 
@@ -221,7 +227,13 @@ def serve(
     # the runtime closes its readiness pipe; stdout stays open
     ready_fd = os.dup(sys.stdout.fileno())
     os.set_inheritable(ready_fd, True)
-    config = {**plan.boot, "token": token, "listen_fd": listener.fileno(), "ready_fd": ready_fd, "parent_pid": None}
+    config = {
+        **plan.boot,
+        "token": token,
+        "listen_fd": listener.fileno(),
+        "ready_fd": ready_fd,
+        "parent_pid": None,
+    }
     if spec.scorer.name == PANEL_SCORER:
         _as_panel_server(config, env)
     if openrlhf_secret is not None:
@@ -236,7 +248,14 @@ def serve(
     sys.stderr.flush()
     os.dup2(stdin, 0)
     os.chdir(plan.cwd)
-    argv = [str(plan.python_executable), "-X", "faulthandler", "-m", "child_runtime", "--standalone"]
+    argv = [
+        str(plan.python_executable),
+        "-X",
+        "faulthandler",
+        "-m",
+        "child_runtime",
+        "--standalone",
+    ]
     try:
         os.execve(argv[0], argv, env)
     except OSError as exc:

@@ -25,9 +25,21 @@ LIST_FLAGS = {
     "constraint": "--constraint",
     "trusted-host": "--allow-insecure-host",
 }
-VALUE_FLAGS = {"index-url": "--index-url", "only-binary": "--only-binary", "no-binary": "--no-binary"}
-SWITCHES = {"no-index": ["--no-index"], "pre": ["--prerelease", "allow"], "no-cache-dir": ["--no-cache"]}
-VARIABLES = {"cert": ["SSL_CERT_FILE"], "timeout": ["UV_HTTP_TIMEOUT"], "proxy": ["HTTPS_PROXY", "HTTP_PROXY"]}
+VALUE_FLAGS = {
+    "index-url": "--index-url",
+    "only-binary": "--only-binary",
+    "no-binary": "--no-binary",
+}
+SWITCHES = {
+    "no-index": ["--no-index"],
+    "pre": ["--prerelease", "allow"],
+    "no-cache-dir": ["--no-cache"],
+}
+VARIABLES = {
+    "cert": ["SSL_CERT_FILE"],
+    "timeout": ["UV_HTTP_TIMEOUT"],
+    "proxy": ["HTTPS_PROXY", "HTTP_PROXY"],
+}
 # pip's own behaviour (its output, its cache, its checks): nothing a uv install needs
 PIP_ONLY = {
     "disable-pip-version-check",
@@ -77,7 +89,9 @@ def pip_settings(listing: str) -> dict[str, str]:
             # pip prints each value as a Python string literal
             value = ast.literal_eval(text.strip())
         except (ValueError, SyntaxError) as exc:
-            raise EnvError(f"--installer uv: cannot read pip's setting {key} from `pip config list`: {text!r}") from exc
+            raise EnvError(
+                f"--installer uv: cannot read pip's setting {key} from `pip config list`: {text!r}"
+            ) from exc
         name = "timeout" if name == "default-timeout" else name.replace("_", "-")
         if name not in chosen or SECTIONS[section] >= chosen[name][0]:
             chosen[name] = (SECTIONS[section], str(value))

@@ -60,7 +60,9 @@ def check_wav(path: Path) -> WavHeader:
         handle.seek(offset + (header.frames - 1) * frame)
         last = handle.read(frame)
     if len(last) != frame:
-        raise WavError(f"{path} is cut short: its header says {header.frames} frames, the last one is missing")
+        raise WavError(
+            f"{path} is cut short: its header says {header.frames} frames, the last one is missing"
+        )
     return header
 
 
@@ -128,7 +130,9 @@ def _format(body: bytes, path: Path) -> WavHeader:
     code, channels, rate, _, _, bits = struct.unpack("<HHIIHH", body[:16])
     if code == FORMAT_EXTENSIBLE:
         if len(body) < 40 or body[26:40] != GUID_TAIL:
-            raise WavError(f"{path} is WAVE_FORMAT_EXTENSIBLE with a subformat not read here; {CONVERT_HINT}")
+            raise WavError(
+                f"{path} is WAVE_FORMAT_EXTENSIBLE with a subformat not read here; {CONVERT_HINT}"
+            )
         code = struct.unpack("<H", body[24:26])[0]
     width, floating = bits // 8, code == FORMAT_FLOAT
     widths = FLOAT_WIDTHS if floating else PCM_WIDTHS
@@ -153,7 +157,9 @@ def pcm_to_float32(data: bytes, width: int) -> np.ndarray:
     """Little-endian PCM samples of `width` bytes (8-bit unsigned, wider signed) -> float32 in [-1,
     1)."""
     if width == 1:
-        return ((np.frombuffer(data, np.uint8).astype(np.float32) - 128.0) / 128.0).astype(np.float32)
+        return ((np.frombuffer(data, np.uint8).astype(np.float32) - 128.0) / 128.0).astype(
+            np.float32
+        )
     if width == 3:
         raw = np.frombuffer(data, np.uint8).reshape(-1, 3).astype(np.int32)
         values = raw[:, 0] | (raw[:, 1] << 8) | (raw[:, 2] << 16)

@@ -17,7 +17,11 @@ import psutil
 import pytest
 
 from child_runtime.protocol import wire
-from child_runtime.protocol.shared_segment import SEGMENT_NAME, ChildSegment, SharedSegmentUnavailable
+from child_runtime.protocol.shared_segment import (
+    SEGMENT_NAME,
+    ChildSegment,
+    SharedSegmentUnavailable,
+)
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 from supervisor.child.segment import ParentSegment, SharedArena, _close_fds
 from supervisor.errors import ScorerProcessDied, ScorerRequestError
@@ -85,7 +89,9 @@ def test_negotiated_at_start_and_scores_match_in_process(managed, image_python):
 
 
 def test_extents_are_reused_and_never_serve_stale_bytes(managed, image_python):
-    backend = managed(image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": 0})
+    backend = managed(
+        image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": 0}
+    )
     segment = backend._gen.segment
     for seed, side in enumerate([8, 64, 512, 64, 700, 8]):
         request = images([(side, side, 3), (side // 2 + 1, side, 4)], seed=seed)
@@ -97,7 +103,9 @@ def test_extents_are_reused_and_never_serve_stale_bytes(managed, image_python):
 
 
 def test_in_band_when_the_parent_offers_no_segment(managed, image_python):
-    backend = managed(image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": None})
+    backend = managed(
+        image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": None}
+    )
     assert backend.ready_info["shared_memory"] is False
     assert backend.ready_info["shared_memory_error"] == "not offered by the parent"
     assert segment_fds() == set()
@@ -129,7 +137,12 @@ def test_a_child_that_refuses_the_segment_is_served_in_band(managed, image_pytho
 
 @pytest.mark.parametrize("min_bytes, backing", [(0, "mmap"), (None, "bytes")])
 def test_the_scorer_gets_read_only_zero_copy_views(managed, image_python, min_bytes, backing):
-    backend = managed(image_python, f"{FIXTURES}:InputProbe", "image", client={"shared_memory_min_bytes": min_bytes})
+    backend = managed(
+        image_python,
+        f"{FIXTURES}:InputProbe",
+        "image",
+        client={"shared_memory_min_bytes": min_bytes},
+    )
     values = backend.compute_rewards(images([(64, 64, 3)] * 3)).diagnostics["input_probe"]["values"]
     assert values["writeable"] == 0
     assert values[f"{backing}_backed"] == 3
@@ -138,17 +151,26 @@ def test_the_scorer_gets_read_only_zero_copy_views(managed, image_python, min_by
 def test_a_scorer_that_writes_its_inputs_gets_private_copies(managed, image_python):
     request = images([(64, 64, 3)] * 2)
     before = [item.image.copy() for item in request.items]
-    backend = managed(image_python, f"{FIXTURES}:WritesInputs", "image", client={"shared_memory_min_bytes": 0})
+    backend = managed(
+        image_python, f"{FIXTURES}:WritesInputs", "image", client={"shared_memory_min_bytes": 0}
+    )
     with LocalRewardBackend(f"{FIXTURES}:WritesInputs") as local:
         for scored in (backend.compute_rewards(request), local.compute_rewards(request)):
             assert scored.rewards == [0.0, 0.0]
             assert scored.diagnostics["writes_inputs"]["values"]["writeable"] == 2
-    assert all(np.array_equal(item.image, old) for item, old in zip(request.items, before, strict=True))
+    assert all(
+        np.array_equal(item.image, old) for item, old in zip(request.items, before, strict=True)
+    )
 
 
 def test_a_scorer_writing_into_read_only_inputs_fails_loudly(managed, image_python):
     request = images([(64, 64, 3)])
-    backend = managed(image_python, f"{FIXTURES}:WritesWithoutSaying", "image", client={"shared_memory_min_bytes": 0})
+    backend = managed(
+        image_python,
+        f"{FIXTURES}:WritesWithoutSaying",
+        "image",
+        client={"shared_memory_min_bytes": 0},
+    )
     with pytest.raises(ScorerRequestError, match="read-only") as caught:
         backend.compute_rewards(request)
     assert caught.value.status == 500
@@ -161,7 +183,11 @@ def test_a_scorer_writing_into_read_only_inputs_fails_loudly(managed, image_pyth
 
 def _shared_frame(descs: list[dict], trailing: bytes = b"") -> bytes:
     header = wire.json.dumps(
-        {"meta": {"items": [{"id": "a", "image": {"__array__": 0}}]}, "arrays": descs, "shared": True}
+        {
+            "meta": {"items": [{"id": "a", "image": {"__array__": 0}}]},
+            "arrays": descs,
+            "shared": True,
+        }
     ).encode()
     return wire.MAGIC + wire._LEN.pack(len(header)) + header + trailing
 
@@ -184,7 +210,9 @@ def _shared_frame(descs: list[dict], trailing: bytes = b"") -> bytes:
     ],
 )
 def test_hostile_shared_frames_are_refused(managed, image_python, case, descs, trailing, message):
-    backend = managed(image_python, "mean_intensity", "image", limits={"max_request_bytes": 32 << 20})
+    backend = managed(
+        image_python, "mean_intensity", "image", limits={"max_request_bytes": 32 << 20}
+    )
     child = backend._gen.child
     with httpx.Client(
         base_url=f"http://127.0.0.1:{child.port}",
@@ -200,7 +228,9 @@ def test_hostile_shared_frames_are_refused(managed, image_python, case, descs, t
 
 
 def test_a_shared_frame_to_a_child_without_a_segment_is_refused(managed, image_python):
-    backend = managed(image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": None})
+    backend = managed(
+        image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": None}
+    )
     child = backend._gen.child
     frame = _shared_frame([{"dtype": "|u1", "shape": [2, 2, 3], "offset": 0, "nbytes": 12}])
     response = httpx.post(
@@ -252,7 +282,10 @@ def test_a_killed_trainer_leaves_no_segment_anywhere(image_python):
     memfd."""
     shm_before = shm_entries()
     parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT_SCRIPT, str(image_python)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", PARENT_SCRIPT, str(image_python)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         reward, child_pid = parent.stdout.readline().split()
@@ -365,21 +398,30 @@ def test_arena_arrays_are_scored_in_place_and_freed_with_the_arena(managed, imag
         for i in range(4):
             batch[i] = i * 60
         request = RewardRequest(
-            items=[RewardItem(id=f"a{i}", image=batch[i]) for i in range(4)] + [RewardItem(id="heap", image=heap)]
+            items=[RewardItem(id=f"a{i}", image=batch[i]) for i in range(4)]
+            + [RewardItem(id="heap", image=heap)]
         )
         for _ in range(3):  # the arrays stay valid across requests while the arena is open
             assert backend.compute_rewards(request).rewards == exact_means(request)
-        assert segment.in_place_bytes == 3 * batch.nbytes and segment.copied_bytes == 3 * heap.nbytes
+        assert (
+            segment.in_place_bytes == 3 * batch.nbytes and segment.copied_bytes == 3 * heap.nbytes
+        )
     assert segment.free_bytes == segment.capacity
     with LocalRewardBackend("mean_intensity") as local, local.arena() as heap_arena:
         plain = heap_arena.empty((8, 8, 3))  # same trainer code, ordinary memory
         plain[...] = 255
-        assert local.compute_rewards(RewardRequest(items=[RewardItem(id="p", image=plain)])).rewards == [1.0]
+        assert local.compute_rewards(
+            RewardRequest(items=[RewardItem(id="p", image=plain)])
+        ).rewards == [1.0]
 
 
 def test_a_full_segment_sends_in_band_and_a_restart_copies_old_arena_arrays(managed, image_python):
     backend = managed(
-        image_python, "mean_intensity", "image", restart={"backoff_s": 0.0}, limits={"max_request_bytes": 1 << 20}
+        image_python,
+        "mean_intensity",
+        "image",
+        restart={"backoff_s": 0.0},
+        limits={"max_request_bytes": 1 << 20},
     )
     with backend.arena() as arena:
         hog = arena.empty((1 << 20) - 64)  # leaves one 64-byte extent
@@ -410,7 +452,8 @@ def test_concurrent_requests_and_arenas_share_the_segment_safely(managed, image_
                 image = arena.empty((64, 96, 3))
                 image[...] = rng.integers(0, 256, image.shape, dtype=np.uint8)
                 request = RewardRequest(
-                    items=[RewardItem(id="x", image=image)] + list(images([(200, 200, 3)], seed=seed).items)
+                    items=[RewardItem(id="x", image=image)]
+                    + list(images([(200, 200, 3)], seed=seed).items)
                 )
                 got = backend.compute_rewards(request).rewards
                 if got != exact_means(request):
@@ -428,20 +471,26 @@ def test_a_stale_arena_array_is_copied_never_overwritten_by_its_own_request(mana
         stale = arena.empty((256, 256, 3))
         stale[...] = 0
     white = np.full((256, 256, 3), 255, np.uint8)
-    request = RewardRequest(items=[RewardItem(id="white", image=white), RewardItem(id="stale", image=stale)])
+    request = RewardRequest(
+        items=[RewardItem(id="white", image=white), RewardItem(id="stale", image=stale)]
+    )
     assert backend._gen.segment.locate(stale) is None
     assert backend.compute_rewards(request).rewards == [1.0, 0.0]
     assert (stale == 0).all()
 
 
-def test_an_arena_closed_during_its_request_keeps_its_extent_until_the_answer(managed, image_python):
+def test_an_arena_closed_during_its_request_keeps_its_extent_until_the_answer(
+    managed, image_python
+):
     backend = managed(image_python, f"{FIXTURES}:InputProbe", "image", params={"sleep_s": 1.0})
     results: list[list[float]] = []
     arena = backend.arena()
     black = arena.empty((4, 128, 128, 3))
     black[...] = 0
     request = RewardRequest(items=[RewardItem(id=f"b{i}", image=black[i]) for i in range(4)])
-    worker = threading.Thread(target=lambda: results.append(backend.compute_rewards(request).rewards))
+    worker = threading.Thread(
+        target=lambda: results.append(backend.compute_rewards(request).rewards)
+    )
     worker.start()
     try:
         wait_in_flight(backend)
@@ -466,7 +515,9 @@ def test_an_arena_outliving_its_child_falls_back_to_ordinary_memory(managed, ima
         image = arena.empty((256, 256, 3))
         image[...] = 51
         assert arena.heap_fallbacks == 1
-        assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=image)])).rewards == [0.2]
+        assert backend.compute_rewards(
+            RewardRequest(items=[RewardItem(id="a", image=image)])
+        ).rewards == [0.2]
 
 
 def test_no_pages_for_an_extent_means_in_band_not_a_dead_child(managed, image_python, monkeypatch):
@@ -534,11 +585,15 @@ def test_a_large_request_gives_its_shared_memory_back(managed, image_python):
     """One 192 MB request must not pin 192 MB of shared memory in both processes for the child's
     life: freed extents beyond a small warm reserve give their pages back."""
     backend = managed(image_python, "mean_intensity", input_kind="image")
-    small = RewardRequest(items=[RewardItem(id=f"s{i}", image=np.full((512, 512, 3), i, np.uint8)) for i in range(8)])
+    small = RewardRequest(
+        items=[RewardItem(id=f"s{i}", image=np.full((512, 512, 3), i, np.uint8)) for i in range(8)]
+    )
     backend.compute_rewards(small)  # the steady state: a typical batch, its pages kept warm
     before = rss_shmem_bytes(), rss_shmem_bytes(backend.pid)
     large = RewardRequest(
-        items=[RewardItem(id=f"l{i}", image=np.full((4000, 4000, 3), 200, np.uint8)) for i in range(4)]
+        items=[
+            RewardItem(id=f"l{i}", image=np.full((4000, 4000, 3), 200, np.uint8)) for i in range(4)
+        ]
     )
     assert backend.compute_rewards(large).rewards == pytest.approx([200 / 255] * 4)
     after = rss_shmem_bytes(), rss_shmem_bytes(backend.pid)
@@ -622,10 +677,18 @@ def test_the_child_holds_the_segment_read_only_and_cannot_reopen_it_writable(man
         for name in os.listdir(f"/proc/{backend.pid}/fd")
         if os.readlink(f"/proc/{backend.pid}/fd/{name}").startswith(f"/memfd:{SEGMENT_NAME}")
     ]
-    flags = int(Path(f"/proc/{backend.pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
+    flags = int(
+        Path(f"/proc/{backend.pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8
+    )
     assert flags & os.O_ACCMODE == os.O_RDONLY  # one descriptor (the mapping's own), read-only
     assert os.stat(f"/proc/{backend.pid}/fd/{fd}").st_mode & 0o777 == 0o400  # no writable reopen
-    maps = [line for line in Path(f"/proc/{backend.pid}/maps").read_text().splitlines() if SEGMENT_NAME in line]
+    maps = [
+        line
+        for line in Path(f"/proc/{backend.pid}/maps").read_text().splitlines()
+        if SEGMENT_NAME in line
+    ]
     assert maps and all(line.split()[1].startswith("r-") for line in maps)
     image = np.full((512, 512, 3), 51, np.uint8)
-    assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=image)])).rewards == [0.2]
+    assert backend.compute_rewards(
+        RewardRequest(items=[RewardItem(id="a", image=image)])
+    ).rewards == [0.2]

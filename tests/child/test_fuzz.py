@@ -32,7 +32,12 @@ from child_runtime.protocol import wire
 from child_runtime.protocol.items import ITEM_FIELDS, RequestError, request_from_wire
 from scorers.base import ScoreInputError, check_required_fields
 from scorers.groups import GroupInputError, partition
-from supervisor import ManagedScorerProcessBackend, ManagedScorerProcessSpec, RewardItem, RewardRequest
+from supervisor import (
+    ManagedScorerProcessBackend,
+    ManagedScorerProcessSpec,
+    RewardItem,
+    RewardRequest,
+)
 from tests.conftest import REPO_ROOT, wait_until_gone
 from tests.helpers.fixture_scorers import Probe
 
@@ -104,7 +109,9 @@ class Live:
         return sum(self.sent.values())
 
     def assert_alive(self) -> None:
-        assert self.backend._child.returncode() is None, f"child pid {self.pid} exited: {self.backend._child.record()}"
+        assert self.backend._child.returncode() is None, (
+            f"child pid {self.pid} exited: {self.backend._child.record()}"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +168,9 @@ def send(
         ) from exc
     live.sent[category] += 1
     live.statuses[response.status_code] += 1
-    assert response.status_code < 500, f"{category}: {method} {path} -> {response.status_code}: {response.text[:600]}"
+    assert response.status_code < 500, (
+        f"{category}: {method} {path} -> {response.status_code}: {response.text[:600]}"
+    )
     if live.total % LIVENESS_EVERY == 0:
         live.assert_alive()
     return response
@@ -170,7 +179,9 @@ def send(
 def still_serving(live: Live) -> None:
     live.assert_alive()
     texts = ["", "a", "abc", "x" * 1000, "héllo"]
-    request = RewardRequest(items=[RewardItem(id=f"after-{i}", text=t) for i, t in enumerate(texts)])
+    request = RewardRequest(
+        items=[RewardItem(id=f"after-{i}", text=t) for i, t in enumerate(texts)]
+    )
     response = live.backend.compute_rewards(request)
     assert response.ids == [f"after-{i}" for i in range(len(texts))]
     assert response.rewards == [float(len(t)) for t in texts]
@@ -240,7 +251,10 @@ def dumps(value: Any, ascii: bool = True) -> str:
     if isinstance(value, dict):
         return (
             "{"
-            + ",".join(f"{json.dumps(str(k), ensure_ascii=ascii)}:{dumps(v, ascii)}" for k, v in value.items())
+            + ",".join(
+                f"{json.dumps(str(k), ensure_ascii=ascii)}:{dumps(v, ascii)}"
+                for k, v in value.items()
+            )
             + "}"
         )
     if isinstance(value, (list, tuple)):
@@ -271,21 +285,35 @@ raw_tokens = st.one_of(
 )
 keys = st.one_of(
     st.text(max_size=8),
-    st.sampled_from(sorted(ITEM_FIELDS | {wire.ARRAY_KEY, "items", "meta", "arrays", "dtype", "shape"})),
+    st.sampled_from(
+        sorted(ITEM_FIELDS | {wire.ARRAY_KEY, "items", "meta", "arrays", "dtype", "shape"})
+    ),
 )
 json_leaf = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12), st.integers(-(2**70), 2**70), raw_tokens
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=12),
+    st.integers(-(2**70), 2**70),
+    raw_tokens,
 )
 json_values = st.recursive(
-    json_leaf, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(keys, kids, max_size=4), max_leaves=8
+    json_leaf,
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(keys, kids, max_size=4),
+    max_leaves=8,
 )
 # values an array descriptor might almost accept
 near_ints = st.one_of(
-    st.sampled_from([-1, 0, 1, 3, 63, 64, 65, 128, 2**31, 2**32, 2**62, 2**62 + 1, 2**63, 2**64]), st.integers(-5, 300)
+    st.sampled_from([-1, 0, 1, 3, 63, 64, 65, 128, 2**31, 2**32, 2**62, 2**62 + 1, 2**63, 2**64]),
+    st.integers(-5, 300),
 )
 near_desc_values = st.one_of(
     near_ints,
-    st.sampled_from(sorted(wire.ALLOWED_DTYPES) + [">f8", ">i4", "|O", "<c16", "|V8", "<M8[s]", "f8", "uint8", ""]),
+    st.sampled_from(
+        sorted(wire.ALLOWED_DTYPES)
+        + [">f8", ">i4", "|O", "<c16", "|V8", "<M8[s]", "f8", "uint8", ""]
+    ),
     st.lists(near_ints, max_size=10),
     st.builds(lambda i: {wire.ARRAY_KEY: i}, st.one_of(near_ints, json_values)),
 )
@@ -298,7 +326,9 @@ plain_json = st.recursive(
     | st.text(max_size=10),
     lambda kids: (
         st.lists(kids, max_size=3)
-        | st.dictionaries(st.text(max_size=6).filter(lambda k: k != wire.ARRAY_KEY), kids, max_size=3)
+        | st.dictionaries(
+            st.text(max_size=6).filter(lambda k: k != wire.ARRAY_KEY), kids, max_size=3
+        )
     ),
     max_leaves=5,
 )
@@ -311,21 +341,31 @@ def valid_requests(draw) -> dict:
     images and metadata arrays."""
     items = []
     for index in range(draw(st.integers(1, 3))):
-        item: dict[str, Any] = {"id": f"i{index}-{draw(st.text(max_size=4))}", "text": draw(st.text(max_size=24))}
+        item: dict[str, Any] = {
+            "id": f"i{index}-{draw(st.text(max_size=4))}",
+            "text": draw(st.text(max_size=24)),
+        }
         if draw(st.booleans()):
             item["prompt"] = draw(st.text(max_size=8))
         if draw(st.booleans()):
             item["reference"] = draw(plain_json)
         if draw(st.booleans()):
-            h, w, c = draw(st.integers(0, 5)), draw(st.integers(0, 5)), draw(st.sampled_from([1, 3, 4]))
-            item["image"] = np.frombuffer(draw(st.binary(min_size=h * w * c, max_size=h * w * c)), np.uint8).reshape(
-                h, w, c
+            h, w, c = (
+                draw(st.integers(0, 5)),
+                draw(st.integers(0, 5)),
+                draw(st.sampled_from([1, 3, 4])),
             )
+            item["image"] = np.frombuffer(
+                draw(st.binary(min_size=h * w * c, max_size=h * w * c)), np.uint8
+            ).reshape(h, w, c)
         if draw(st.booleans()):
             dtype = np.dtype(draw(st.sampled_from(META_DTYPES)))
             n = draw(st.integers(0, 20))
             raw = draw(st.binary(min_size=n * dtype.itemsize, max_size=n * dtype.itemsize))
-            item["metadata"] = {"m": np.frombuffer(raw, dtype).copy(), "note": draw(st.text(max_size=5))}
+            item["metadata"] = {
+                "m": np.frombuffer(raw, dtype).copy(),
+                "note": draw(st.text(max_size=5)),
+            }
         items.append(item)
     return {"items": items}
 
@@ -446,7 +486,9 @@ def test_b_mutated_headers(live):
 def damage(draw, frame: bytes) -> bytes:
     body = bytearray(frame)
     for _ in range(draw(st.integers(1, 3))):
-        op = draw(st.sampled_from(["truncate", "flip", "flip", "length", "append", "cut", "insert"]))
+        op = draw(
+            st.sampled_from(["truncate", "flip", "flip", "length", "append", "cut", "insert"])
+        )
         if op == "truncate":
             del body[draw(st.integers(0, len(body))) :]
         elif op == "flip" and body:
@@ -455,7 +497,10 @@ def damage(draw, frame: bytes) -> bytes:
                 body[at] ^= 1 << draw(st.integers(0, 7))
         elif op == "length" and len(body) >= PREFIX:
             body[len(wire.MAGIC) : PREFIX] = struct.pack(
-                "<I", draw(st.one_of(st.integers(0, 2**32 - 1), near_ints.filter(lambda n: 0 <= n < 2**32)))
+                "<I",
+                draw(
+                    st.one_of(st.integers(0, 2**32 - 1), near_ints.filter(lambda n: 0 <= n < 2**32))
+                ),
             )
         elif op == "append":
             body += draw(st.binary(min_size=1, max_size=200))
@@ -524,7 +569,9 @@ content_types = st.one_of(
     # the JSON form
     header_values.filter(lambda value: value.split(";")[0].strip().lower() != "application/json"),
 )
-path_segments = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~", max_size=12)
+path_segments = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~", max_size=12
+)
 unknown_paths = (
     st.lists(path_segments.filter(bool), min_size=1, max_size=4)
     .map(lambda parts: "/" + "/".join(parts))
@@ -546,7 +593,10 @@ def first(bodies: list[bytes]) -> bytes:
 
 
 frame_bodies = st.one_of(
-    valid_requests().map(wire.encode), damaged_frames().map(first), mutated_frames().map(first), st.binary(max_size=256)
+    valid_requests().map(wire.encode),
+    damaged_frames().map(first),
+    mutated_frames().map(first),
+    st.binary(max_size=256),
 )
 
 
@@ -581,13 +631,27 @@ def odd_requests(draw) -> tuple[str, str, dict, bytes | None, dict, str]:
         method = draw(st.sampled_from([m for m in STANDARD_METHODS if m not in ROUTES[path]]))
         return method, path, headers, body, params, "405"
     if kind == "unknown_path":
-        return draw(st.sampled_from(STANDARD_METHODS)), draw(unknown_paths), headers, body, params, "404"
+        return (
+            draw(st.sampled_from(STANDARD_METHODS)),
+            draw(unknown_paths),
+            headers,
+            body,
+            params,
+            "404",
+        )
     method = draw(
         st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ", min_size=3, max_size=10).filter(
             lambda m: m not in STANDARD_METHODS and m != "CONNECT"
         )
     )
-    return method, draw(st.sampled_from(sorted(ROUTES) + ["/nope"])), headers, body, params, "custom"
+    return (
+        method,
+        draw(st.sampled_from(sorted(ROUTES) + ["/nope"])),
+        headers,
+        body,
+        params,
+        "custom",
+    )
 
 
 def test_d_odd_http(live):
@@ -595,7 +659,9 @@ def test_d_odd_http(live):
     @given(request=odd_requests())
     def run(request) -> None:
         method, path, headers, body, params, expected = request
-        response = send(live, "odd_http", method, path, content=body, headers=headers, params=params)
+        response = send(
+            live, "odd_http", method, path, content=body, headers=headers, params=params
+        )
         where = f"{method} {path} {headers} -> {response.status_code} {response.text[:200]}"
         if expected == "score":
             check_score_answer(live, "odd_http", body, response)
@@ -622,7 +688,9 @@ def test_integer_past_the_digit_limit_in_header_is_400_not_500(live):
     ):
         header = ("{" + where % ("9" * 5000) + "}").encode()
         response = send(live, "pinned", "POST", "/score", content=pack_frame(header, b""))
-        assert response.status_code == 400 and response.json()["kind"] == "bad_request", response.text[:300]
+        assert response.status_code == 400 and response.json()["kind"] == "bad_request", (
+            response.text[:300]
+        )
     still_serving(live)
 
 

@@ -54,7 +54,9 @@ def descriptor_limit(soft: int) -> Iterator[None]:
 
 
 @pytest.mark.slow
-def test_five_thousand_idle_connections_cannot_make_the_trainer_kill_its_child(managed, trainer_python):
+def test_five_thousand_idle_connections_cannot_make_the_trainer_kill_its_child(
+    managed, trainer_python
+):
     with descriptor_limit(1024):
         backend = managed(trainer_python, "constant", limits={"pending_connection_timeout_s": 2.0})
     pid, baseline = backend.pid, open_descriptors(backend.pid)
@@ -74,7 +76,9 @@ def test_five_thousand_idle_connections_cannot_make_the_trainer_kill_its_child(m
 
 def test_a_connection_that_authenticates_is_never_evicted(managed, trainer_python):
     backend = managed(
-        trainer_python, "constant", limits={"max_pending_connections": 2, "pending_connection_timeout_s": 0.3}
+        trainer_python,
+        "constant",
+        limits={"max_pending_connections": 2, "pending_connection_timeout_s": 0.3},
     )
     # admits the trainer's pooled connection
     assert backend.compute_rewards(REQUEST).rewards == [1.0]
@@ -89,9 +93,21 @@ def test_a_sustained_connect_flood_never_makes_the_trainer_kill_its_child(manage
     """Two processes connecting and closing as fast as they can: a call on a fresh connection is
     served, or fails as ScorerUnavailable (nothing reached the scorer); the child is never
     killed."""
-    backend = managed(trainer_python, "constant", process={"request_timeout": 3}, limits={"max_pending_connections": 8})
+    backend = managed(
+        trainer_python,
+        "constant",
+        process={"request_timeout": 3},
+        limits={"max_pending_connections": 8},
+    )
     pid = backend.pid
-    churn = [sys.executable, "-m", "tests.helpers.flood_connections", "churn", str(backend._child.port), "12"]
+    churn = [
+        sys.executable,
+        "-m",
+        "tests.helpers.flood_connections",
+        "churn",
+        str(backend._child.port),
+        "12",
+    ]
     floods = [subprocess.Popen(churn, cwd=REPO_ROOT) for _ in range(2)]
     outcomes = []
     try:
@@ -110,7 +126,9 @@ def test_a_sustained_connect_flood_never_makes_the_trainer_kill_its_child(manage
     assert backend.compute_rewards(REQUEST).rewards == [1.0]
 
 
-def test_connections_that_sent_nothing_are_evicted_first_and_drained_not_reset(managed, trainer_python):
+def test_connections_that_sent_nothing_are_evicted_first_and_drained_not_reset(
+    managed, trainer_python
+):
     backend = managed(trainer_python, "constant", limits={"max_pending_connections": 2})
     port = backend._child.port
     # the trainer's own connection is admitted

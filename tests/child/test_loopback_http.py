@@ -65,7 +65,13 @@ def read_request(conn: socket.socket) -> tuple[bytes, bytes]:
             raise ConnectionError("client went away")
         data += chunk
     head, body = data.split(b"\r\n\r\n", 1)
-    length = int([line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")][0])
+    length = int(
+        [
+            line.split(b":")[1]
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        ][0]
+    )
     while len(body) < length:
         body += conn.recv(1 << 20)
     return head, body
@@ -110,9 +116,15 @@ keep_alive_echo = keep_alive(lambda head, body: hashlib.sha256(body).hexdigest()
 
 def test_keep_alive_reuses_one_connection_and_scatter_gather_arrives_intact(serve):
     server, client = serve(keep_alive_echo)
-    arrays = [np.random.default_rng(i).integers(0, 256, (512, 512, 3), dtype=np.uint8) for i in range(8)]
+    arrays = [
+        np.random.default_rng(i).integers(0, 256, (512, 512, 3), dtype=np.uint8) for i in range(8)
+    ]
     parts = [b"head"] + [memoryview(a.reshape(-1)) for a in arrays] + [b"", b"tail"]
-    expected = hashlib.sha256(b"head" + b"".join(a.tobytes() for a in arrays) + b"tail").hexdigest().encode()
+    expected = (
+        hashlib.sha256(b"head" + b"".join(a.tobytes() for a in arrays) + b"tail")
+        .hexdigest()
+        .encode()
+    )
     for _ in range(5):
         reply = client.request("POST", "/score", 10.0, parts)
         assert reply.status == 200 and bytes(reply.body) == expected
@@ -152,7 +164,11 @@ def test_the_deadline_spans_the_whole_answer_not_each_read(serve):
     "reply, error, message",
     [
         (b"", ConnectionLost, "closed the connection before answering"),
-        (b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort", ConnectionLost, "after 5 of 50 body bytes"),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort",
+            ConnectionLost,
+            "after 5 of 50 body bytes",
+        ),
         (
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
             BadAnswer,
@@ -162,7 +178,11 @@ def test_the_deadline_spans_the_whole_answer_not_each_read(serve):
         (b"garbage\r\n\r\n", BadAnswer, "bad status line"),
         (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", BadAnswer, "bad header line"),
         (b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n", BadAnswer, "bad content-length"),
-        ("HTTP/1.1 200 OK\r\ncontent-length: \u00b2\r\n\r\n".encode("latin-1"), BadAnswer, "bad content-length"),
+        (
+            "HTTP/1.1 200 OK\r\ncontent-length: \u00b2\r\n\r\n".encode("latin-1"),
+            BadAnswer,
+            "bad content-length",
+        ),
     ],
 )
 def test_broken_answers_are_typed(serve, reply, error, message):

@@ -28,10 +28,16 @@ def url(backend) -> str:
     return f"http://127.0.0.1:{backend._child.port}"
 
 
-def test_remote_scores_like_managed_and_leaves_the_server_running(managed, trainer_python, tmp_path):
+def test_remote_scores_like_managed_and_leaves_the_server_running(
+    managed, trainer_python, tmp_path
+):
     journal = str(tmp_path / "calls")
-    server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", params={"journal": journal})
-    with RemoteRewardBackend(url(server), token=server._child.token, request_batch_size=2) as remote:
+    server = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Probe", params={"journal": journal}
+    )
+    with RemoteRewardBackend(
+        url(server), token=server._child.token, request_batch_size=2
+    ) as remote:
         assert remote.server["scorer"] == "probe" and remote.required_rewards == ["probe"]
         # request_timeout: what DistributedRewards' default bound adds to
         assert remote.call_bound_s == 600.0
@@ -69,7 +75,9 @@ def test_a_trickled_answer_ends_the_call_at_request_timeout(managed, trainer_pyt
     fires, the exchange's own deadline does (ScorerTimeout at request_timeout, retries included)."""
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe")
     with MisbehavingServer(url(server), "trickle", trickle_s=0.05) as slow:
-        with RemoteRewardBackend(slow.url, token=server._child.token, request_timeout=1.0) as remote:
+        with RemoteRewardBackend(
+            slow.url, token=server._child.token, request_timeout=1.0
+        ) as remote:
             began = time.monotonic()
             with pytest.raises(ScorerTimeout, match="no whole answer within"):
                 remote.compute_rewards(REQUEST)
@@ -90,13 +98,17 @@ def test_a_compressed_answer_is_refused_before_it_is_decoded(managed, trainer_py
 def test_an_answer_over_the_cap_is_refused(managed, trainer_python):
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe")
     many = RewardRequest(items=[RewardItem(id=f"item-{i}", text="x") for i in range(200)])
-    with RemoteRewardBackend(url(server), token=server._child.token, max_answer_bytes=1024) as remote:
+    with RemoteRewardBackend(
+        url(server), token=server._child.token, max_answer_bytes=1024
+    ) as remote:
         assert remote.server["scorer"] == "probe"  # /health fits
         with pytest.raises(RewardContractError, match="exceeds the cap of 1024"):
             remote.compute_rewards(many)
 
 
-def test_a_server_whose_health_does_not_say_what_it_serves_is_refused_typed(managed, trainer_python):
+def test_a_server_whose_health_does_not_say_what_it_serves_is_refused_typed(
+    managed, trainer_python
+):
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe")
     with MisbehavingServer(url(server), "bare_health") as bare:
         with pytest.raises(RewardContractError, match="does not say what it serves .*'state'"):
@@ -143,7 +155,11 @@ def test_every_score_answer_is_checked_against_the_identity_an_error_answer_too(
     for status, named, body in ((200, theirs, ok), (200, None, ok), (503, theirs, busy)):
         with pytest.raises(IdentityMismatch) as info:
             score(status, named, body)
-        assert (info.value.url, info.value.expected, info.value.got) == ("http://server", ours, named)
+        assert (info.value.url, info.value.expected, info.value.got) == (
+            "http://server",
+            ours,
+            named,
+        )
     with pytest.raises(ErrorStatus) as error:
         score(503, None, busy)
     assert error.value.status == 503

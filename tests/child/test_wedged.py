@@ -69,8 +69,17 @@ def test_a_standalone_server_whose_scorer_wedged_says_so_on_health(tmp_path):
     from tests.conftest import REPO_ROOT
     from tests.ops.test_cli_serve import start_serve, stop_serve, wait_ready
 
-    args = ["--scorer", "tests.child.test_wedged:WedgesOnce", "--python", sys.executable, "--input-kind", "text"]
-    server, ready, log = start_serve(tmp_path, "wedged", *args, "--extra-import-path", str(REPO_ROOT))
+    args = [
+        "--scorer",
+        "tests.child.test_wedged:WedgesOnce",
+        "--python",
+        sys.executable,
+        "--input-kind",
+        "text",
+    ]
+    server, ready, log = start_serve(
+        tmp_path, "wedged", *args, "--extra-import-path", str(REPO_ROOT)
+    )
     try:
         url = f"http://127.0.0.1:{wait_ready(ready, 60)['port']}"
         auth = {"authorization": f"Bearer {'t' * 32}"}
@@ -82,6 +91,9 @@ def test_a_standalone_server_whose_scorer_wedged_says_so_on_health(tmp_path):
                     client.compute_rewards(request)
                 assert refused.value.kind == kind, refused.value
         health = httpx.get(f"{url}/health", headers=auth, timeout=10).json()
-        assert health["state"] == "wedged" and health["wedged"] == "1 call still runs past its deadline"
+        assert (
+            health["state"] == "wedged"
+            and health["wedged"] == "1 call still runs past its deadline"
+        )
     finally:
         assert stop_serve(server) == 0, log.read_text()[-2000:]

@@ -64,7 +64,9 @@ def _resolve(name: str, known: dict[str, Path] = MODULES) -> str | None:
     return name or None
 
 
-def _imports(module: str, path: Path, known: dict[str, Path] = MODULES) -> Iterator[tuple[str, int]]:
+def _imports(
+    module: str, path: Path, known: dict[str, Path] = MODULES
+) -> Iterator[tuple[str, int]]:
     """(imported module of `known`, line) for every import in the file, TYPE_CHECKING blocks
     included."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -76,7 +78,9 @@ def _imports(module: str, path: Path, known: dict[str, Path] = MODULES) -> Itera
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(parts + ([base] if base else []))
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            names = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
         else:
             continue
         for name in names:
@@ -86,7 +90,10 @@ def _imports(module: str, path: Path, known: dict[str, Path] = MODULES) -> Itera
 
 
 EDGES = {module: sorted(set(_imports(module, path))) for module, path in MODULES.items()}
-BENCH_EDGES = {module: sorted(set(_imports(module, path, BENCH_MODULES))) for module, path in BENCH_MODULES.items()}
+BENCH_EDGES = {
+    module: sorted(set(_imports(module, path, BENCH_MODULES)))
+    for module, path in BENCH_MODULES.items()
+}
 
 
 def _folder(module: str) -> str:
@@ -126,7 +133,12 @@ def test_the_scorer_contract_never_imports_a_built_in_scorer():
     """The top of `scorers/` stands alone: the built-ins (`scorers.builtin`) import it, never the
     reverse."""
     assert any(_in(module, BUILTIN) for module in MODULES)
-    assert _violations(lambda a, b: a.startswith("scorers") and not _in(a, BUILTIN) and _in(b, BUILTIN)) == []
+    assert (
+        _violations(
+            lambda a, b: a.startswith("scorers") and not _in(a, BUILTIN) and _in(b, BUILTIN)
+        )
+        == []
+    )
 
 
 # Beyond itself and the floor, what the child's protocol may import: the scorer contract and the
@@ -137,7 +149,9 @@ PROTOCOL_MAY_IMPORT = ("scorers.base", "scorers.item_fields")
 def test_the_child_never_imports_the_trainer_side_and_its_protocol_only_the_scorer_contract():
     def rule(a: str, b: str) -> bool:
         if a.startswith("child_runtime.protocol"):
-            return not (b.startswith("child_runtime.protocol") or b in PROTOCOL_MAY_IMPORT or _in(b, FLOOR))
+            return not (
+                b.startswith("child_runtime.protocol") or b in PROTOCOL_MAY_IMPORT or _in(b, FLOOR)
+            )
         return a.startswith("child_runtime") and b.startswith("supervisor")
 
     assert _violations(rule) == []
@@ -146,7 +160,9 @@ def test_the_child_never_imports_the_trainer_side_and_its_protocol_only_the_scor
 def test_the_trainer_side_reaches_the_child_only_through_its_protocol():
     def rule(a: str, b: str) -> bool:
         return (
-            a.startswith("supervisor") and b.startswith("child_runtime") and not b.startswith("child_runtime.protocol")
+            a.startswith("supervisor")
+            and b.startswith("child_runtime")
+            and not b.startswith("child_runtime.protocol")
         )
 
     assert _violations(rule) == []
@@ -253,9 +269,16 @@ def test_no_import_cycle_between_modules_or_folders():
         folders[_folder(a)].update(_folder(b) for b in targets if _folder(b) != _folder(a))
     packages: dict[str, set[str]] = defaultdict(set)
     for a, targets in modules.items():
-        packages[a.split(".")[0]].update(b.split(".")[0] for b in targets if b.split(".")[0] != a.split(".")[0])
+        packages[a.split(".")[0]].update(
+            b.split(".")[0] for b in targets if b.split(".")[0] != a.split(".")[0]
+        )
     bench = {a: {b for b, _ in targets} for a, targets in BENCH_EDGES.items()}
-    assert _cycles(modules) == [] and _cycles(folders) == [] and _cycles(packages) == [] and _cycles(bench) == []
+    assert (
+        _cycles(modules) == []
+        and _cycles(folders) == []
+        and _cycles(packages) == []
+        and _cycles(bench) == []
+    )
 
 
 def test_bench_lines_import_only_the_shared_helpers_and_never_the_entry():
@@ -281,7 +304,9 @@ def test_every_product_function_fits_on_a_screen(package):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = node.end_lineno - node.lineno + 1
                 if length > MAX_FUNCTION_LINES:
-                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+                    long.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)"
+                    )
     assert long == []
 
 
@@ -291,7 +316,9 @@ def test_the_error_tree_is_drawn_and_single_inheritance():
     import supervisor.errors as errors
 
     drawn = errors.__doc__ or ""
-    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
+    classes = [
+        c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__
+    ]
     assert [c.__name__ for c in classes if len(c.__bases__) > 1] == []
     scorer_errors = [c for c in classes if issubclass(c, errors.ScorerError)]
     assert [c.__name__ for c in scorer_errors if f" {c.__name__} " not in drawn] == []
@@ -304,7 +331,11 @@ def test_no_result_is_read_back_from_an_exception_inside_the_library():
         if module == "supervisor.errors":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr == "partial" and isinstance(node.ctx, ast.Load):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "partial"
+                and isinstance(node.ctx, ast.Load)
+            ):
                 owner = node.value.id if isinstance(node.value, ast.Name) else ""
                 # score_dataset's count of partial rows, not an error's
                 if owner not in ("self", "summary"):

@@ -67,7 +67,9 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(retry_module, "time", SimpleNamespace(monotonic=fake.monotonic, time=time.time))
+    monkeypatch.setattr(
+        retry_module, "time", SimpleNamespace(monotonic=fake.monotonic, time=time.time)
+    )
     monkeypatch.setattr(retry_module, "asyncio", SimpleNamespace(sleep=fake.async_sleep))
     return fake
 
@@ -103,7 +105,9 @@ def test_max_tries_bounds_the_tries():
 
 def test_an_error_retry_if_refuses_is_raised_at_once():
     attempt, began = failing(1000)
-    retrying = Retry(time.monotonic() + 5, 0.001, 0.001, retry_on=(Flaky,), retry_if=lambda exc: False)
+    retrying = Retry(
+        time.monotonic() + 5, 0.001, 0.001, retry_on=(Flaky,), retry_if=lambda exc: False
+    )
     with pytest.raises(Flaky, match="try 1"):
         retrying.call(attempt)
     assert len(began) == 1 and retrying.gave_up == "refused"
@@ -120,7 +124,9 @@ def test_an_error_of_another_type_propagates_without_a_retry():
 def test_go_on_false_stops_the_retries():
     attempt, began = failing(1000)
     alive = iter([True, True, False])
-    retrying = Retry(time.monotonic() + 5, 0.001, 0.001, retry_on=(Flaky,), go_on=lambda: next(alive))
+    retrying = Retry(
+        time.monotonic() + 5, 0.001, 0.001, retry_on=(Flaky,), go_on=lambda: next(alive)
+    )
     with pytest.raises(Flaky, match="try 3"):
         retrying.call(attempt)
     assert len(began) == 3 and retrying.gave_up == "stopped"
@@ -128,7 +134,9 @@ def test_go_on_false_stops_the_retries():
 
 def test_an_asked_pause_is_honoured_but_capped():
     attempt, began = failing(2)
-    retrying = Retry(time.monotonic() + 5, 0.001, 0.08, retry_on=(Flaky,), asked_pause=lambda exc: 10.0)
+    retrying = Retry(
+        time.monotonic() + 5, 0.001, 0.08, retry_on=(Flaky,), asked_pause=lambda exc: 10.0
+    )
     assert retrying.call(attempt) == "ok"
     assert all(b - a >= 0.08 for a, b in zip(began, began[1:], strict=False))
     assert began[-1] - began[0] < 5  # the cap held: not the 10 s asked for
@@ -169,7 +177,9 @@ def test_call_async_leaves_the_loop_free_while_it_pauses():
     async def run() -> str:
         task = asyncio.create_task(ticker())
         try:
-            return await Retry(time.monotonic() + 5, 0.03, 0.05, retry_on=(Flaky,)).call_async(attempt)
+            return await Retry(time.monotonic() + 5, 0.03, 0.05, retry_on=(Flaky,)).call_async(
+                attempt
+            )
         finally:
             task.cancel()
 

@@ -73,7 +73,9 @@ CASES = {
         {"base_urls": "base_url"},
         options=RemoteRewardBackend.__init__,
     ),
-    "jobs": Case(JobRewardBackend.__init__, JobBackendConfig, (), jobs.NOT_SETTINGS, {"token": TOKEN}),
+    "jobs": Case(
+        JobRewardBackend.__init__, JobBackendConfig, (), jobs.NOT_SETTINGS, {"token": TOKEN}
+    ),
     # a scorer by its name (from Python, an instance too: it has no config)
     "local": Case(
         LocalRewardBackend.__init__,
@@ -83,9 +85,14 @@ CASES = {
         renamed={"scorer": "name"},
     ),
     "managed": Case(
-        ManagedScorerProcessBackend.__init__, ManagedScorerProcessSpec, runtime={"start": START}, whole="spec"
+        ManagedScorerProcessBackend.__init__,
+        ManagedScorerProcessSpec,
+        runtime={"start": START},
+        whole="spec",
     ),
-    "replicas": Case(ReplicatedBackend.__init__, ManagedScorerProcessSpec, runtime={"start": START}, whole="spec"),
+    "replicas": Case(
+        ReplicatedBackend.__init__, ManagedScorerProcessSpec, runtime={"start": START}, whole="spec"
+    ),
     "ray_pool": Case(RayPoolBackend.create, RayPoolConfig, whole="config"),
     # its backend: the one built from the term's backend config
     "panel_term": Case(PanelTerm, TermConfig),
@@ -111,7 +118,10 @@ def parameters(case: Case) -> dict[str, inspect.Parameter]:
             passed = parameters(Case(case.options, case.model))
             # each server's own URL
             found |= {k: p for k, p in passed.items() if k not in found and k != "base_url"}
-        elif parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        elif parameter.kind not in (
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        ):
             found[name] = parameter
     return found
 
@@ -123,7 +133,9 @@ def fields(case: Case) -> dict[str, Any]:
         nested = info.annotation
         if name in case.flatten:
             assert isinstance(nested, type) and issubclass(nested, BaseModel)
-            found |= {inner: default(inner_info) for inner, inner_info in nested.model_fields.items()}
+            found |= {
+                inner: default(inner_info) for inner, inner_info in nested.model_fields.items()
+            }
         else:
             found[name] = default(info)
     return found
@@ -137,7 +149,9 @@ def default(info: Any) -> Any:
 
 def empty_as_none(value: Any) -> Any:
     """None, (), [] and {} say the same: nothing given."""
-    return None if value is None or (isinstance(value, (tuple, list, dict)) and not value) else value
+    return (
+        None if value is None or (isinstance(value, (tuple, list, dict)) and not value) else value
+    )
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -159,8 +173,12 @@ def test_every_constructor_keyword_is_a_config_field_and_every_field_reaches_it(
         f"{name}: constructor keywords {no_field} have no field in {case.model.__name__}: add them there "
         "(or list them here as runtime-only, with why)"
     )
-    assert set(case.not_settings) <= set(config), f"{name}: stale not_settings {set(case.not_settings) - set(config)}"
-    assert not set(case.not_settings) & targets, f"{name}: fields said to be no setting that the constructor takes"
+    assert set(case.not_settings) <= set(config), (
+        f"{name}: stale not_settings {set(case.not_settings) - set(config)}"
+    )
+    assert not set(case.not_settings) & targets, (
+        f"{name}: fields said to be no setting that the constructor takes"
+    )
     unreached = sorted(set(config) - targets - set(case.not_settings))
     assert unreached == [], (
         f"{name}: {case.model.__name__} fields {unreached} reach no constructor keyword: add them to it "
@@ -178,7 +196,8 @@ def test_a_constructor_default_is_its_config_fields_default(name):
         if param not in case.runtime
         and case.renamed.get(param, param) in config  # one without a field: the test above names it
         and parameter.default is not inspect.Parameter.empty
-        and empty_as_none(parameter.default) != empty_as_none(config[case.renamed.get(param, param)])
+        and empty_as_none(parameter.default)
+        != empty_as_none(config[case.renamed.get(param, param)])
     }
     assert differ == {}, f"{name}: (constructor default, config default) differ: {differ}"
 
@@ -186,7 +205,10 @@ def test_a_constructor_default_is_its_config_fields_default(name):
 # -- from_config passes every setting ---------------------------------------------------------
 FROM_CONFIG = {
     "remote": (RemoteRewardBackend, {"kind": "remote", "base_url": "http://127.0.0.1:9"}),
-    "multi_remote": (MultiRemoteRewardBackend, {"kind": "remote", "base_url": ["http://a:1", "http://b:2"]}),
+    "multi_remote": (
+        MultiRemoteRewardBackend,
+        {"kind": "remote", "base_url": ["http://a:1", "http://b:2"]},
+    ),
     "jobs": (JobRewardBackend, {"kind": "jobs", "base_url": "http://127.0.0.1:9", "fps": 8}),
     "local": (LocalRewardBackend, {"kind": "local", "scorer": {"name": "exact_match"}}),
 }
@@ -214,10 +236,28 @@ def test_from_config_passes_every_setting_by_its_name(name, monkeypatch):
 
 
 # -- the remote backend's retries, from a recipe ----------------------------------------------
-HEALTH = {"scorer": "probe", "terms": ["probe"], "concurrent_calls": 1, "identity_hash": "f" * 64, "state": "ready"}
-RETRIES = {"max_retries": 0, "retry_backoff_s": 0.5, "retry_backoff_cap_s": 4.0, "max_request_bytes": 4096}
+HEALTH = {
+    "scorer": "probe",
+    "terms": ["probe"],
+    "concurrent_calls": 1,
+    "identity_hash": "f" * 64,
+    "state": "ready",
+}
+RETRIES = {
+    "max_retries": 0,
+    "retry_backoff_s": 0.5,
+    "retry_backoff_cap_s": 4.0,
+    "max_request_bytes": 4096,
+}
 RECIPES = {
-    "terms": {"terms": [{"name": "probe", "backend": {"kind": "remote", "base_url": "http://127.0.0.1:9", **RETRIES}}]},
+    "terms": {
+        "terms": [
+            {
+                "name": "probe",
+                "backend": {"kind": "remote", "base_url": "http://127.0.0.1:9", **RETRIES},
+            }
+        ]
+    },
     "verl-omni": {
         "reward": {
             "models": {"probe": {"backend": "remote", "base_url": "http://127.0.0.1:9", **RETRIES}},
@@ -235,7 +275,11 @@ def test_a_recipe_sets_the_remote_backends_retries(style, monkeypatch):
     try:
         backend = train.terms[0].backend
         assert isinstance(backend, RemoteRewardBackend) and validation is None
-        assert (backend.max_retries, backend.retry_backoff_s, backend.retry_backoff_cap_s) == (0, 0.5, 4.0)
+        assert (backend.max_retries, backend.retry_backoff_s, backend.retry_backoff_cap_s) == (
+            0,
+            0.5,
+            4.0,
+        )
         assert backend.max_request_bytes == 4096
     finally:
         train.close()

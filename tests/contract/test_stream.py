@@ -12,7 +12,14 @@ import time
 
 import pytest
 
-from supervisor import LocalRewardBackend, PanelTerm, RewardItem, RewardPanel, ScorerProcessDied, ScorerRequestError
+from supervisor import (
+    LocalRewardBackend,
+    PanelTerm,
+    RewardItem,
+    RewardPanel,
+    ScorerProcessDied,
+    ScorerRequestError,
+)
 from supervisor.errors import ConfigError, ScorerError, ScorerItemsFailed
 from supervisor.submit import SubmissionQueueFull
 from tests.conftest import eventually, wait_until_gone
@@ -22,11 +29,16 @@ SPY = "tests.helpers.fixture_scorers:GroupSpy"  # groupwise: reward = the size o
 
 
 def item(name: str, text: str, group: str | None = None) -> RewardItem:
-    return RewardItem(id=name, text=text, group_id=group, prompt=None if group is None else f"p-{group}")
+    return RewardItem(
+        id=name, text=text, group_id=group, prompt=None if group is None else f"p-{group}"
+    )
 
 
 def test_items_added_one_by_one_come_back_in_add_order_from_coalesced_windows():
-    with LocalRewardBackend(PROBE, {"sleep_s": 0.05}) as backend, backend.stream(window=8, max_wait_s=0.005) as stream:
+    with (
+        LocalRewardBackend(PROBE, {"sleep_s": 0.05}) as backend,
+        backend.stream(window=8, max_wait_s=0.005) as stream,
+    ):
         rows = [stream.add(item(f"i{n}", "x" * (n % 7 + 1)))[0] for n in range(40)]
         response = stream.results()
     assert response.ids == [f"i{n}" for n in range(40)]
@@ -62,14 +74,19 @@ def test_whole_groups_are_held_back_until_complete_and_an_incomplete_one_fails_a
         for n in range(3):  # interleaved: two groups finish out of order
             stream.add([item(f"a{n}", "x", "a"), item(f"b{n}", "x", "b")])
         response = stream.results()
-        assert response.ids == ["a0", "b0", "a1", "b1", "a2", "b2"] and response.rewards == [3.0] * 6
+        assert (
+            response.ids == ["a0", "b0", "a1", "b1", "a2", "b2"] and response.rewards == [3.0] * 6
+        )
         assert list(stream.window_sizes) == [3, 3]  # each window one whole group
         stream.add([item("c0", "x", "c"), item("c1", "x", "c")])
         with pytest.raises(ScorerRequestError, match="groups incomplete.*'c': 2"):
             stream.results()
         with pytest.raises(ScorerRequestError, match="has no group_id"):
             stream.add(item("loose", "x"))
-    with LocalRewardBackend(SPY) as groupwise, pytest.raises(ConfigError, match="give the stream group_size"):
+    with (
+        LocalRewardBackend(SPY) as groupwise,
+        pytest.raises(ConfigError, match="give the stream group_size"),
+    ):
         groupwise.stream()
 
 
@@ -83,7 +100,10 @@ def test_a_failed_window_fails_only_its_items_named_at_the_barrier():
         later = stream.add([item("ok2", "fine")])
         with pytest.raises(ScorerItemsFailed, match="2 of 5 items were not scored") as info:
             stream.results()
-        assert set(info.value.failed) == {"bad0", "bad1"} and "scorer bug on cue" in info.value.failed["bad0"]
+        assert (
+            set(info.value.failed) == {"bad0", "bad1"}
+            and "scorer bug on cue" in info.value.failed["bad0"]
+        )
         assert info.value.partial is not None and info.value.partial.ids == ["ok0", "ok1", "ok2"]
         with pytest.raises(ScorerRequestError, match="scorer bug on cue"):
             doomed[0].result(0)
@@ -157,7 +177,11 @@ def test_async_callers_await_their_own_item_from_any_event_loop():
             return list(await asyncio.gather(*tasks, return_exceptions=True))
 
         outcome = asyncio.run(cancelled())
-        assert isinstance(outcome[1], asyncio.CancelledError) and [outcome[0], *outcome[2:]] == [1.0, 3.0, 4.0]
+        assert isinstance(outcome[1], asyncio.CancelledError) and [outcome[0], *outcome[2:]] == [
+            1.0,
+            3.0,
+            4.0,
+        ]
         with pytest.raises(RuntimeError, match="no barrier"):
             stream.results()
         stream.close()
@@ -176,7 +200,9 @@ def test_a_kill_mid_stream_fails_only_the_window_in_flight(managed, trainer_pyth
     os.kill(doomed, signal.SIGKILL)
     with pytest.raises(ScorerItemsFailed) as info:
         stream.results()
-    assert set(info.value.failed) == {"a0", "a1"} and isinstance(info.value.__cause__, ScorerProcessDied)
+    assert set(info.value.failed) == {"a0", "a1"} and isinstance(
+        info.value.__cause__, ScorerProcessDied
+    )
     # served by the restart
     assert info.value.partial is not None and info.value.partial.rewards == [3.0, 4.0]
     assert backend.pid != doomed and wait_until_gone([doomed], 5) == []
@@ -186,7 +212,9 @@ def test_a_kill_mid_stream_fails_only_the_window_in_flight(managed, trainer_pyth
 def test_an_add_that_raises_takes_none_of_its_items_and_they_may_be_added_again():
     with (
         RewardPanel([PanelTerm("size", LocalRewardBackend(SPY), component="group_size")]) as panel,
-        panel.stream(group_size=2, window=2, max_wait_s=0.0, max_pending=2, max_block_s=0.05) as stream,
+        panel.stream(
+            group_size=2, window=2, max_wait_s=0.0, max_pending=2, max_block_s=0.05
+        ) as stream,
     ):
         # held until its group is complete: it never drains by itself
         stream.add(item("a0", "x", "a"))
@@ -233,7 +261,9 @@ def test_ctrl_c_while_an_add_waits_for_room_takes_none_of_its_items():
         stream.add(item("a", "x"))
         # a background shell ignores SIGINT
         previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-        ctrl_c = threading.Timer(0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+        ctrl_c = threading.Timer(
+            0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)
+        )
         try:
             ctrl_c.start()
             with pytest.raises(KeyboardInterrupt):
@@ -276,7 +306,10 @@ def test_a_flush_interrupted_fails_the_windows_it_did_not_send_and_the_barrier_d
 
 
 def test_a_declared_group_size_keeps_groups_whole_over_any_backend():
-    with LocalRewardBackend(PROBE) as backend, backend.stream(group_size=2, window=3, max_wait_s=0.0) as stream:
+    with (
+        LocalRewardBackend(PROBE) as backend,
+        backend.stream(group_size=2, window=3, max_wait_s=0.0) as stream,
+    ):
         stream.add([item(f"{group}{n}", "x", group) for group in "abc" for n in range(2)])
         # its windows declare the size
         assert stream.results().ids == ["a0", "a1", "b0", "b1", "c0", "c1"]

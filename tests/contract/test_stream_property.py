@@ -53,7 +53,9 @@ class Gated:
     def end(ids: list[str], future: Future[RewardResponse], ok: bool) -> None:
         if ok:
             future.set_result(
-                RewardResponse(ids=ids, rewards=[1.0] * len(ids), component_rewards={"one": [1.0] * len(ids)})
+                RewardResponse(
+                    ids=ids, rewards=[1.0] * len(ids), component_rewards={"one": [1.0] * len(ids)}
+                )
             )
         else:
             future.set_exception(ScorerError(f"window {ids} refused"))
@@ -110,7 +112,11 @@ def good_batch(data: st.DataObject, model: Model, least: int) -> list[RewardItem
             room[group] = SIZE
         room[group] -= 1
         reusable = [name for name in model.retry if name not in {item.id for item in batch}]
-        name = data.draw(st.sampled_from(reusable)) if reusable and data.draw(st.booleans()) else model.new_id()
+        name = (
+            data.draw(st.sampled_from(reusable))
+            if reusable and data.draw(st.booleans())
+            else model.new_id()
+        )
         batch.append(grouped(name, group))
     return batch
 
@@ -131,10 +137,15 @@ def poisoned(data: st.DataObject, model: Model) -> list[Any]:
     poison: list[Any] = {
         "loose": lambda: [RewardItem(id=model.new_id(), text="x")],
         "alien": lambda: [{"id": model.new_id(), "text": "x"}],
-        "prompt": lambda: [grouped(model.new_id(), new_group), grouped(model.new_id(), new_group, "another prompt")],
+        "prompt": lambda: [
+            grouped(model.new_id(), new_group),
+            grouped(model.new_id(), new_group, "another prompt"),
+        ],
         "overflow": lambda: [grouped(model.new_id(), new_group) for _ in range(SIZE + 1)],
         "dup": lambda: [grouped(data.draw(st.sampled_from(model.order)), new_group)],
-        "reuse": lambda: [grouped(model.new_id(), data.draw(st.sampled_from(sorted(model.complete))))],
+        "reuse": lambda: [
+            grouped(model.new_id(), data.draw(st.sampled_from(sorted(model.complete))))
+        ],
     }[kind]()
     at = data.draw(st.integers(0, len(batch)))
     return batch[:at] + poison + batch[at:]
@@ -180,7 +191,12 @@ def barrier(data: st.DataObject, stream: RewardStream, gate: Gated, model: Model
 def test_an_add_is_all_or_nothing_whatever_is_interleaved(data: st.DataObject) -> None:
     gate, model = Gated(), Model()
     stream = RewardStream(
-        gate, group_size=SIZE, window=SIZE, max_wait_s=0.0, max_pending=MAX_PENDING, max_block_s=0.005
+        gate,
+        group_size=SIZE,
+        window=SIZE,
+        max_wait_s=0.0,
+        max_pending=MAX_PENDING,
+        max_block_s=0.005,
     )
     for _ in range(data.draw(st.integers(1, 25))):
         step = data.draw(st.sampled_from(["good", "good", "bad", "end", "barrier"]))
@@ -197,7 +213,11 @@ def test_an_add_is_all_or_nothing_whatever_is_interleaved(data: st.DataObject) -
             batch = poisoned(data, model)
             with pytest.raises(ScorerRequestError):
                 stream.add(batch)
-            fresh = [item.id for item in batch if isinstance(item, RewardItem) and item.id not in model.order]
+            fresh = [
+                item.id
+                for item in batch
+                if isinstance(item, RewardItem) and item.id not in model.order
+            ]
             model.retry.extend(name for name in dict.fromkeys(fresh) if name not in model.retry)
         elif step == "end":
             end_windows(data, stream, gate, model)

@@ -121,14 +121,19 @@ def blocks_of(path: Path, root: Path) -> list[Block]:
         if end == len(lines):
             found.append(Block(relative, number + 1, lang, "", problem="the fence is never closed"))
             break
-        body = [line[len(indent) :] if line.startswith(indent) else line.lstrip() for line in lines[number + 1 : end]]
+        body = [
+            line[len(indent) :] if line.startswith(indent) else line.lstrip()
+            for line in lines[number + 1 : end]
+        ]
         marker = _marker(lines[number - 1]) if number > 0 else None
         block = Block(relative, number + 1, lang, "\n".join(body) + "\n")
         if marker is not None:
             claimed.add(number - 1)
             kind, reason = marker
             if kind == "malformed":
-                block = Block(relative, number + 1, lang, block.code, problem=f"malformed marker {reason!r}")
+                block = Block(
+                    relative, number + 1, lang, block.code, problem=f"malformed marker {reason!r}"
+                )
             else:
                 block = Block(relative, number + 1, lang, block.code, kind, reason)
         found.append(block)
@@ -150,7 +155,9 @@ def blocks_of(path: Path, root: Path) -> list[Block]:
 def _inside_block(index: int, blocks: list[Block]) -> bool:
     """True when line `index` (0-based) lies inside a fenced block (a marker shown as an
     example)."""
-    return any(b.line <= index < b.line + b.code.count("\n") + 1 for b in blocks if b.problem is None)
+    return any(
+        b.line <= index < b.line + b.code.count("\n") + 1 for b in blocks if b.problem is None
+    )
 
 
 def collect(root: Path = REPO_ROOT) -> list[Block]:
@@ -250,7 +257,12 @@ def _tail(text: str, lines: int = 40) -> str:
 
 
 def _supervised(
-    block: Block, command: list[str], cwd: Path, env: dict[str, str], deadline_s: float, workdir: Path
+    block: Block,
+    command: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    deadline_s: float,
+    workdir: Path,
 ) -> float:
     """Run `command` under the supervisor; a failure, a timeout or a leaked process fails the block.
     Returns the block's own run time."""
@@ -273,12 +285,18 @@ def _supervised(
         raise SnippetFailed(f"{block.id}: the runner itself did not end ({exc})") from exc
     output = f"--- stdout ---\n{_tail(done.stdout)}\n--- stderr ---\n{_tail(done.stderr)}"
     if done.returncode != 0 or not report.exists():
-        raise SnippetFailed(f"{block.id}: the snippet supervisor failed (exit {done.returncode})\n{output}")
+        raise SnippetFailed(
+            f"{block.id}: the snippet supervisor failed (exit {done.returncode})\n{output}"
+        )
     result = json.loads(report.read_text())
     if result["timed_out"]:
-        raise SnippetFailed(f"{block.id}: {block.lang} block ran past its {deadline_s:.0f} s deadline\n{output}")
+        raise SnippetFailed(
+            f"{block.id}: {block.lang} block ran past its {deadline_s:.0f} s deadline\n{output}"
+        )
     if result["returncode"] != 0:
-        raise SnippetFailed(f"{block.id}: {block.lang} block exited {result['returncode']}\n{output}")
+        raise SnippetFailed(
+            f"{block.id}: {block.lang} block exited {result['returncode']}\n{output}"
+        )
     if result["leaked"]:
         leaked = "; ".join(f"pid {p['pid']}: {p['cmdline']}" for p in result["leaked"])
         raise SnippetFailed(
@@ -318,7 +336,11 @@ def _untracked(root: Path) -> set[str]:
     )
     if done.returncode != 0:
         return set()
-    return {path for path in done.stdout.decode(errors="replace").split("\0") if path and "/" not in path.rstrip("/")}
+    return {
+        path
+        for path in done.stdout.decode(errors="replace").split("\0")
+        if path and "/" not in path.rstrip("/")
+    }
 
 
 @contextlib.contextmanager
@@ -336,20 +358,31 @@ def _recipe_context(root: Path) -> Iterator[None]:
             os.environ["MANAGED_SCORERS_ENVS"] = saved
 
 
-def check(block: Block, workdir: Path, root: Path = REPO_ROOT, python_deadline_s: float = PYTHON_DEADLINE_S) -> str:
+def check(
+    block: Block,
+    workdir: Path,
+    root: Path = REPO_ROOT,
+    python_deadline_s: float = PYTHON_DEADLINE_S,
+) -> str:
     """Check one block by its rule: returns what was done; raises SnippetFailed or
     SnippetSkipped."""
     if block.problem is not None:
         raise SnippetFailed(f"{block.id}: {block.problem}")
     if block.marker == "not run":
         if not block.reason:
-            raise SnippetFailed(f"{block.id}: `<!-- not run -->` needs a reason: `<!-- not run: REASON -->`")
+            raise SnippetFailed(
+                f"{block.id}: `<!-- not run -->` needs a reason: `<!-- not run: REASON -->`"
+            )
         raise SnippetSkipped(f"{block.id}: not run: {block.reason}")
     if block.marker == "not a recipe":
         if block.lang not in YAML:
-            raise SnippetFailed(f"{block.id}: `<!-- yaml: not a recipe -->` stands before a {block.lang!r} block")
+            raise SnippetFailed(
+                f"{block.id}: `<!-- yaml: not a recipe -->` stands before a {block.lang!r} block"
+            )
         if not block.reason:
-            raise SnippetFailed(f"{block.id}: `<!-- yaml: not a recipe -->` needs a reason in parentheses")
+            raise SnippetFailed(
+                f"{block.id}: `<!-- yaml: not a recipe -->` needs a reason in parentheses"
+            )
         try:
             yaml.safe_load(block.code)
         except yaml.YAMLError as exc:
@@ -359,14 +392,18 @@ def check(block: Block, workdir: Path, root: Path = REPO_ROOT, python_deadline_s
         script = workdir / "snippet.py"
         script.write_text(block.code)
         env = base_env(root) | {"PYTHONPATH": str(root)}
-        elapsed = _supervised(block, [_venv_python(root), str(script)], workdir, env, python_deadline_s, workdir)
+        elapsed = _supervised(
+            block, [_venv_python(root), str(script)], workdir, env, python_deadline_s, workdir
+        )
         return f"ran in {elapsed:.1f} s"
     if block.lang in SHELL:
         code = console_commands(block.code) if block.lang == "console" else block.code
         env = base_env(root)
         env["PATH"] = f"{root / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         before = _untracked(root)
-        elapsed = _supervised(block, ["bash", "-euo", "pipefail", "-c", code], root, env, SHELL_DEADLINE_S, workdir)
+        elapsed = _supervised(
+            block, ["bash", "-euo", "pipefail", "-c", code], root, env, SHELL_DEADLINE_S, workdir
+        )
         left = sorted(_untracked(root) - before)
         if left:
             raise SnippetFailed(

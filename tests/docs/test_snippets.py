@@ -172,7 +172,9 @@ def test_the_runner_runs_python_blocks_with_the_repo_and_its_envs(tmp_path: Path
     page = tmp_path / "README.md"
     page.write_text(f"```python\n{code}```\n")
     (block,) = blocks_of(page, tmp_path)
-    assert check(block, tmp_path, root=Path(__file__).resolve().parent.parent.parent).startswith("ran in")
+    assert check(block, tmp_path, root=Path(__file__).resolve().parent.parent.parent).startswith(
+        "ran in"
+    )
 
 
 def test_a_block_whose_children_end_within_the_grace_passes(tmp_path: Path) -> None:

@@ -65,7 +65,11 @@ def outcome(call: Callable[[], Any]) -> dict[str, Any]:
     try:
         value = call()
     except Exception as exc:  # noqa: BLE001 - recorded for the test
-        return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - began}
+        return {
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "seconds": time.monotonic() - began,
+        }
     return {"value": value, "seconds": time.monotonic() - began}
 
 
@@ -73,9 +77,13 @@ def dumped(response: Any) -> dict[str, Any]:
     return response.model_dump(exclude={"diagnostics"})
 
 
-def world_vs_alone(backend: Any, everything: list[RewardItem], group_size: int | None) -> dict[str, Any]:
+def world_vs_alone(
+    backend: Any, everything: list[RewardItem], group_size: int | None
+) -> dict[str, Any]:
     scorer = DistributedRewards(backend, timeout_s=30)
-    mine, world = scorer.compute_world_rewards(RewardRequest(items=shard(everything), group_size=group_size))
+    mine, world = scorer.compute_world_rewards(
+        RewardRequest(items=shard(everything), group_size=group_size)
+    )
     alone = backend.compute_rewards(RewardRequest(items=everything, group_size=group_size))
     return {"mine": dumped(mine), "world": dumped(world), "alone": dumped(alone)}
 
@@ -91,9 +99,17 @@ def pointwise_panel_with_a_group_size():
 @case
 def nested_panel_with_a_groupwise_scorer():
     inner = RewardPanel(
-        [PanelTerm("spy", LocalRewardBackend("tests.helpers.fixture_scorers:GroupSpy"), component="group_size")]
+        [
+            PanelTerm(
+                "spy",
+                LocalRewardBackend("tests.helpers.fixture_scorers:GroupSpy"),
+                component="group_size",
+            )
+        ]
     )
-    outer = RewardPanel([PanelTerm("inner", inner), PanelTerm("f1", LocalRewardBackend("token_f1"))])
+    outer = RewardPanel(
+        [PanelTerm("inner", inner), PanelTerm("f1", LocalRewardBackend("token_f1"))]
+    )
     return world_vs_alone(outer, items(), 4)
 
 
@@ -103,7 +119,12 @@ def every_field_travels_and_an_empty_reference_too():
     metadata)."""
     echo = LocalRewardBackend("tests.helpers.fixture_scorers:EchoFields")
     spy = LocalRewardBackend("tests.helpers.fixture_scorers:GroupSpy")
-    panel = RewardPanel([PanelTerm("echo", echo, component="truncated"), PanelTerm("spy", spy, component="group_size")])
+    panel = RewardPanel(
+        [
+            PanelTerm("echo", echo, component="truncated"),
+            PanelTerm("spy", spy, component="group_size"),
+        ]
+    )
     everything = [item.model_copy(update={"reference": {}}) for item in items()]
     return world_vs_alone(panel, everything, 4)
 
@@ -114,7 +135,10 @@ def an_optional_term_fails_for_whole_groups():
         "tests.helpers.fixture_scorers:Salted", {"poison": ["s7"]}
     )  # s7: rank 1, group p1 spans
     panel = RewardPanel(
-        [PanelTerm("match", LocalRewardBackend("exact_match")), PanelTerm("salted", poison, required=False)]
+        [
+            PanelTerm("match", LocalRewardBackend("exact_match")),
+            PanelTerm("salted", poison, required=False),
+        ]
     )
     return world_vs_alone(panel, items(), None)
 
@@ -122,7 +146,9 @@ def an_optional_term_fails_for_whole_groups():
 @case
 def a_failure_inside_a_spanning_group_fails_every_rank():
     poison = LocalRewardBackend("tests.helpers.fixture_scorers:Salted", {"poison": ["s6"]})
-    scorer = DistributedRewards(RewardPanel([PanelTerm("salted", poison)], group_size=4), timeout_s=30)
+    scorer = DistributedRewards(
+        RewardPanel([PanelTerm("salted", poison)], group_size=4), timeout_s=30
+    )
     first = outcome(lambda: scorer.compute_rewards(RewardRequest(items=shard(items()))).rewards)
     clean = [item.model_copy(update={"id": f"c{item.id}"}) for item in shard(items())]
     after = outcome(lambda: scorer.compute_rewards(RewardRequest(items=clean)).rewards)
@@ -133,7 +159,9 @@ def a_failure_inside_a_spanning_group_fails_every_rank():
 def fail_step_keeps_the_ranks_in_step():
     scorer = DistributedRewards(LocalRewardBackend("exact_match"), timeout_s=30)
     if RANK == 1:
-        first = outcome(lambda: scorer.fail_step(ValueError("this rank's prompts could not be read")))
+        first = outcome(
+            lambda: scorer.fail_step(ValueError("this rank's prompts could not be read"))
+        )
     else:
         first = outcome(lambda: scorer.compute_rewards(RewardRequest(items=shard(items()))).rewards)
     after = outcome(lambda: scorer.compute_rewards(RewardRequest(items=shard(items()))).rewards)
@@ -164,7 +192,9 @@ def a_stuck_peer_is_lost_within_the_bound():
     scorer = DistributedRewards(LocalRewardBackend("exact_match"), timeout_s=3)
     if RANK == 1:
         time.sleep(4.5)  # past the bound: rank 0 must not wait for it
-    return {"call": outcome(lambda: scorer.compute_rewards(RewardRequest(items=shard(items()))).rewards)}
+    return {
+        "call": outcome(lambda: scorer.compute_rewards(RewardRequest(items=shard(items()))).rewards)
+    }
 
 
 def main() -> int:

@@ -15,9 +15,14 @@ from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest
 
 
 def main() -> None:
-    spec = {"process": {"python_executable": sys.argv[1]}, "scorer": {"name": "math_verify", "params": {"jobs": 1}}}
+    spec = {
+        "process": {"python_executable": sys.argv[1]},
+        "scorer": {"name": "math_verify", "params": {"jobs": 1}},
+    }
     with ManagedScorerProcessBackend(spec) as backend:
-        request = RewardRequest(items=[RewardItem(id="a", text="so \\boxed{10\\%}", reference="0.1")])
+        request = RewardRequest(
+            items=[RewardItem(id="a", text="so \\boxed{10\\%}", reference="0.1")]
+        )
         reward = backend.compute_rewards(request).rewards[0]
         health = backend.health()
     print(

@@ -66,12 +66,17 @@ def replicas_main() -> None:
 
         def announce() -> None:
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not all(r.health()["in_flight"] for r in backend.replicas):
+            while time.monotonic() < deadline and not all(
+                r.health()["in_flight"] for r in backend.replicas
+            ):
                 time.sleep(0.01)
             print(json.dumps({"children": [r.pid for r in backend.replicas]}), flush=True)
 
         threading.Thread(target=announce, daemon=True).start()
-        call(backend, RewardRequest(items=[RewardItem(id="a", text="abc"), RewardItem(id="b", text="abc")]))
+        call(
+            backend,
+            RewardRequest(items=[RewardItem(id="a", text="abc"), RewardItem(id="b", text="abc")]),
+        )
 
 
 def panel_main(local: bool) -> None:

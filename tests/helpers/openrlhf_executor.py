@@ -36,11 +36,16 @@ def tokenizer(corpus: list[str]) -> Any:
     bpe.train_from_iterator(
         corpus,
         trainers.BpeTrainer(
-            vocab_size=400, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+            vocab_size=400,
+            special_tokens=SPECIAL,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         ),
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", clean_up_tokenization_spaces=False
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        clean_up_tokenization_spaces=False,
     )
 
 
@@ -51,7 +56,9 @@ class FakeEngine:
     def __init__(self, hf_tokenizer: Any, responses: dict[str, str]) -> None:
         self.tokenizer, self.responses = hf_tokenizer, responses
 
-    async def generate(self, prompt_token_ids: list[int], sampling_params: Any, multi_modal_data: Any = None) -> Any:
+    async def generate(
+        self, prompt_token_ids: list[int], sampling_params: Any, multi_modal_data: Any = None
+    ) -> Any:
         prompt = self.tokenizer.decode(prompt_token_ids, skip_special_tokens=False)
         text = self.responses[prompt] + "<|im_end|>"  # vLLM's output ends with the eos token
         ids = self.tokenizer(text=text, add_special_tokens=False)["input_ids"]
@@ -59,7 +66,9 @@ class FakeEngine:
         return SimpleNamespace(outputs=[output])
 
 
-async def rollouts(remote_url: str, rows: list[list[Any]], hf_tokenizer: Any) -> list[dict[str, Any]]:
+async def rollouts(
+    remote_url: str, rows: list[list[Any]], hf_tokenizer: Any
+) -> list[dict[str, Any]]:
     from openrlhf.utils.agent import SingleTurnAgentExecutor
 
     engine = FakeEngine(hf_tokenizer, {prompt: response for prompt, response, _ in rows})
@@ -67,14 +76,24 @@ async def rollouts(remote_url: str, rows: list[list[Any]], hf_tokenizer: Any) ->
     executor = SingleTurnAgentExecutor(remote_rm_url=remote_url.split(","))
     # the fields of vLLM's SamplingParams it reads
     params = SimpleNamespace(max_tokens=256, logprobs=None)
-    calls = [executor.execute(prompt, label, params, 1024, hf_tokenizer, engine) for prompt, _, label in rows]
+    calls = [
+        executor.execute(prompt, label, params, 1024, hf_tokenizer, engine)
+        for prompt, _, label in rows
+    ]
     outputs = await asyncio.gather(*calls)
-    return [{key: out[key] for key in ("prompt", "label", "reward", "scores", "extra_logs")} for out in outputs]
+    return [
+        {key: out[key] for key in ("prompt", "label", "reward", "scores", "extra_logs")}
+        for out in outputs
+    ]
 
 
 async def run_plan(jobs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    hf_tokenizer = tokenizer([prompt + response for job in jobs for prompt, response, _ in job["rows"]])
-    return await asyncio.gather(*(rollouts(job["remote_url"], job["rows"], hf_tokenizer) for job in jobs))
+    hf_tokenizer = tokenizer(
+        [prompt + response for job in jobs for prompt, response, _ in job["rows"]]
+    )
+    return await asyncio.gather(
+        *(rollouts(job["remote_url"], job["rows"], hf_tokenizer) for job in jobs)
+    )
 
 
 def main() -> None:

@@ -31,7 +31,9 @@ def main() -> None:
     group = _group_of_at_least(backend.pid, members, deadline=time.monotonic() + 30)
     print(json.dumps({"child": backend.pid, "group": group}), flush=True)
     if mode == "scoring":
-        items = [RewardItem(id=f"q{i}", text="\\boxed{9^{9^{9^{9}}}}", reference="1") for i in range(8)]
+        items = [
+            RewardItem(id=f"q{i}", text="\\boxed{9^{9^{9^{9}}}}", reference="1") for i in range(8)
+        ]
         backend.compute_rewards(RewardRequest(items=items))
     time.sleep(600)
 

@@ -62,7 +62,9 @@ class Tiny:
         import torch
 
         with torch.inference_mode():
-            return self.net(torch.stack([image.float().mean(dim=(1, 2)) / 255.0 for image in images]))
+            return self.net(
+                torch.stack([image.float().mean(dim=(1, 2)) / 255.0 for image in images])
+            )
 
 
 class ClosesBadly(Tiny):

@@ -75,12 +75,16 @@ class ClientLog:
     spans: list[tuple[float, float]] = field(default_factory=list)
 
 
-def score_many(remote: RemoteRewardBackend, client: int, log: ClientLog, start: threading.Barrier) -> None:
+def score_many(
+    remote: RemoteRewardBackend, client: int, log: ClientLog, start: threading.Barrier
+) -> None:
     start.wait(timeout=30)
     for request_no in range(REQUESTS_PER_CLIENT):
         ids = [f"c{client}-r{request_no}-i{k}" for k in range(item_count(client, request_no))]
         lengths = [expected_length(client, request_no, k) for k in range(len(ids))]
-        request = RewardRequest(items=[RewardItem(id=i, text="x" * n) for i, n in zip(ids, lengths, strict=True)])
+        request = RewardRequest(
+            items=[RewardItem(id=i, text="x" * n) for i, n in zip(ids, lengths, strict=True)]
+        )
         try:
             response = remote.compute_rewards(request)
         except Exception as exc:  # noqa: BLE001 - every failure is counted and reported
@@ -88,7 +92,11 @@ def score_many(remote: RemoteRewardBackend, client: int, log: ClientLog, start: 
             continue
         finally:
             log.requests += 1
-        if response.ids != ids or response.rewards != [float(n) for n in lengths] or not all(response.successes):
+        if (
+            response.ids != ids
+            or response.rewards != [float(n) for n in lengths]
+            or not all(response.successes)
+        ):
             log.misattributed.append(
                 f"sent {list(zip(ids, lengths, strict=True))}, got {list(zip(response.ids, response.rewards, strict=True))}"
             )
@@ -135,11 +143,14 @@ def test_four_clients_get_their_own_rewards_while_health_keeps_answering(managed
     stop = threading.Event()
     barrier = threading.Barrier(CLIENTS + 2)
     workers = [
-        threading.Thread(target=score_many, args=(remotes[c], c, logs[c], barrier), name=f"client-{c}")
+        threading.Thread(
+            target=score_many, args=(remotes[c], c, logs[c], barrier), name=f"client-{c}"
+        )
         for c in range(CLIENTS)
     ]
     poller = threading.Thread(
-        target=poll_health, args=(health_http, stop, latencies, health_failures, backend.pid, barrier)
+        target=poll_health,
+        args=(health_http, stop, latencies, health_failures, backend.pid, barrier),
     )
     with frozen_heap():
         try:
@@ -153,7 +164,9 @@ def test_four_clients_get_their_own_rewards_while_health_keeps_answering(managed
             elapsed = time.monotonic() - started
             stop.set()
             poller.join(timeout=30)
-            assert not any(worker.is_alive() for worker in workers) and not poller.is_alive(), "a load thread hung"
+            assert not any(worker.is_alive() for worker in workers) and not poller.is_alive(), (
+                "a load thread hung"
+            )
         finally:
             stop.set()
             for remote in remotes:
@@ -172,7 +185,9 @@ def test_four_clients_get_their_own_rewards_while_health_keeps_answering(managed
     )
     assert sent == CLIENTS * REQUESTS_PER_CLIENT
     assert not errors, f"{len(errors)} errors, first: {errors[:3]}"
-    assert not misattributed, f"{len(misattributed)} misattributed answers, first: {misattributed[:3]}"
+    assert not misattributed, (
+        f"{len(misattributed)} misattributed answers, first: {misattributed[:3]}"
+    )
     assert not health_failures, health_failures[:3]
     assert len(lat_ms) >= 20, "the health poller barely ran"
     assert backend.health()["in_flight"] == 0
@@ -190,7 +205,9 @@ def test_drain_under_load_waits_for_everything_accepted_before_it(managed, train
         while not stop.is_set():
             ids = [f"c{client}-r{request_no}-i{k}" for k in range(item_count(client, request_no))]
             lengths = [(request_no % 500) * 3 + k for k in range(len(ids))]
-            request = RewardRequest(items=[RewardItem(id=i, text="x" * n) for i, n in zip(ids, lengths, strict=True)])
+            request = RewardRequest(
+                items=[RewardItem(id=i, text="x" * n) for i, n in zip(ids, lengths, strict=True)]
+            )
             begun = time.monotonic()
             try:
                 response = remotes[client].compute_rewards(request)
@@ -212,7 +229,9 @@ def test_drain_under_load_waits_for_everything_accepted_before_it(managed, train
             drain["error"] = exc
         drain["returned"] = time.monotonic()
 
-    workers = [threading.Thread(target=keep_scoring, args=(c,), name=f"client-{c}") for c in range(CLIENTS)]
+    workers = [
+        threading.Thread(target=keep_scoring, args=(c,), name=f"client-{c}") for c in range(CLIENTS)
+    ]
     with frozen_heap():
         try:
             for worker in workers:
@@ -230,7 +249,9 @@ def test_drain_under_load_waits_for_everything_accepted_before_it(managed, train
             stop.set()
             for worker in workers:
                 worker.join(timeout=60)
-            assert not draining.is_alive() and not any(worker.is_alive() for worker in workers), "a thread hung"
+            assert not draining.is_alive() and not any(worker.is_alive() for worker in workers), (
+                "a thread hung"
+            )
         finally:
             stop.set()
             for remote in [*remotes, drainer]:

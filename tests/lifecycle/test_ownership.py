@@ -13,7 +13,13 @@ import time
 import pytest
 
 from bench.hardening import fork_after_every_pipe, forks_during_launch
-from supervisor import RewardItem, RewardRequest, ScorerProcessDied, ScorerStartupError, ScorerUnavailable
+from supervisor import (
+    RewardItem,
+    RewardRequest,
+    ScorerProcessDied,
+    ScorerStartupError,
+    ScorerUnavailable,
+)
 from supervisor.child.process import pidfd_exit_status
 from tests.conftest import REPO_ROOT, alive, wait_until_gone
 
@@ -22,7 +28,11 @@ REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
 
 def run_script(module: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", module, *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -99,17 +109,26 @@ def test_ctrl_c_mid_batch_exits_at_once_with_one_clean_traceback(trainer_python,
     assert wait_until_gone(children, 5) == []
     # asyncio.run cancels the coroutine, then raises KeyboardInterrupt from the cancellation
     if via == "async":
-        assert stderr.count("Traceback (most recent call last)") == 2 and "CancelledError" in stderr, stderr
+        assert (
+            stderr.count("Traceback (most recent call last)") == 2 and "CancelledError" in stderr
+        ), stderr
     else:
-        assert stderr.count("Traceback (most recent call last)") == 1 and "During handling" not in stderr, stderr
+        assert (
+            stderr.count("Traceback (most recent call last)") == 1
+            and "During handling" not in stderr
+        ), stderr
     assert stderr.rstrip().endswith("KeyboardInterrupt") and "ignored SIGTERM" not in stderr, stderr
     # the graceful path it must skip would take 10 s (shutdown_timeout); the bound leaves a loaded
     # machine room
     assert to_exit < 5.0, f"Ctrl-C took {to_exit:.2f} s to exit"
 
 
-def test_an_interrupted_call_kills_the_child_and_the_next_call_gets_a_new_one(managed, trainer_python, monkeypatch):
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"max_restarts": 0})
+def test_an_interrupted_call_kills_the_child_and_the_next_call_gets_a_new_one(
+    managed, trainer_python, monkeypatch
+):
+    backend = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"max_restarts": 0}
+    )
     first = backend.pid
 
     def interrupted(*args: object, **kwargs: object) -> None:
@@ -143,7 +162,9 @@ def test_a_trainer_that_ignores_sigchld_still_gets_true_exit_statuses(managed, t
     kept_on_pidfd = exit_status_survives_reaping()
     previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     try:
-        backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 0})
+        backend = managed(
+            trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 0}
+        )
         pid = backend.pid
         os.kill(pid, signal.SIGKILL)
         assert wait_until_gone([pid], 5) == []
@@ -155,7 +176,9 @@ def test_a_trainer_that_ignores_sigchld_still_gets_true_exit_statuses(managed, t
         # said on the readiness pipe, on any kernel: never restarted
         assert boot.value.boot_code == 3
         if kept_on_pidfd:  # Linux 6.15+
-            assert died.value.signal_name == "SIGKILL" and "status=signal SIGKILL" in str(died.value)
+            assert died.value.signal_name == "SIGKILL" and "status=signal SIGKILL" in str(
+                died.value
+            )
             assert boot.value.returncode == 3 and "exit 3 (bad boot config)" in str(boot.value)
         else:
             assert died.value.returncode is None and "status unknown" in str(died.value)
@@ -196,12 +219,16 @@ def test_a_trainer_out_of_descriptors_does_not_condemn_its_child(managed, traine
     assert backend.pid == pid and backend.restarts == 0
 
 
-def test_a_fault_in_the_trainer_mid_call_kills_the_child_and_counts_as_a_failure(managed, trainer_python, monkeypatch):
+def test_a_fault_in_the_trainer_mid_call_kills_the_child_and_counts_as_a_failure(
+    managed, trainer_python, monkeypatch
+):
     """Only Ctrl-C (a BaseException) abandons a call for free; any other exception mid-exchange
     leaves the child's state unknown: it is killed, the call raises a ScorerError, the restart
     policy counts it."""
     backend = managed(
-        trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"max_restarts": 1, "backoff_s": 0}
+        trainer_python,
+        "tests.helpers.fixture_scorers:Probe",
+        restart={"max_restarts": 1, "backoff_s": 0},
     )
     first = backend.pid
 
@@ -220,11 +247,17 @@ def test_a_fork_during_launch_does_not_hide_a_failing_boot(managed, trainer_pyth
     """The fork holds the readiness pipe too: the child's exit is seen on its pidfd, not at the
     deadline."""
     with forks_during_launch(), pytest.raises(ScorerStartupError) as info:
-        managed(trainer_python, "tests.helpers.fixture_scorers:ExitsOnLoad", process={"startup_timeout": 30})
+        managed(
+            trainer_python,
+            "tests.helpers.fixture_scorers:ExitsOnLoad",
+            process={"startup_timeout": 30},
+        )
     assert info.value.returncode == 17 and "exited while starting" in str(info.value)
 
 
-def test_ctrl_c_during_the_graceful_shutdown_still_stops_the_child(managed, trainer_python, monkeypatch):
+def test_ctrl_c_during_the_graceful_shutdown_still_stops_the_child(
+    managed, trainer_python, monkeypatch
+):
     backend = managed(trainer_python, "constant")
     pid = backend.pid
 

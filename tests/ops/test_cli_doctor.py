@@ -29,7 +29,10 @@ def doctor(recipe: dict, tmp_path: Path, **env: str) -> subprocess.CompletedProc
 
 
 def one_model(**model: object) -> dict:
-    return {"models": {"m": {"backend": "managed", **model}}, "reward_functions": {"t": {"model": "m"}}}
+    return {
+        "models": {"m": {"backend": "managed", **model}},
+        "reward_functions": {"t": {"model": "m"}},
+    }
 
 
 @pytest.mark.slow
@@ -62,8 +65,15 @@ def test_failures_are_named_with_their_fix(tmp_path):
 
 def test_a_remote_recipe_counts_its_terms_and_scores_a_sample(tmp_path, managed, trainer_python):
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe")
-    model = {"backend": "remote", "base_url": f"http://127.0.0.1:{server._child.port}", "token_env": "PROBE_TOKEN"}
+    model = {
+        "backend": "remote",
+        "base_url": f"http://127.0.0.1:{server._child.port}",
+        "token_env": "PROBE_TOKEN",
+    }
     recipe = {"models": {"m": model}, "reward_functions": {"t": {"model": "m"}}}
     done = doctor(recipe, tmp_path, PROBE_TOKEN=server._child.token)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 term(s), 0 checked in their envs" in done.stdout and "one text sample scores: reward" in done.stdout
+    assert (
+        "1 term(s), 0 checked in their envs" in done.stdout
+        and "one text sample scores: reward" in done.stdout
+    )

@@ -47,12 +47,17 @@ def wait_ready(path: Path, deadline_s: float = 60) -> dict:
 def test_serve_outlives_its_launcher_scores_for_another_process_and_stops_on_sigterm(tmp_path):
     start = time.time() - 1
     token_file, ready = tmp_path / "token", tmp_path / "ready.json"
-    command = " ".join([*SERVE, "--scorer", "math_verify", "--env", "math", "--token-file", str(token_file)])
+    command = " ".join(
+        [*SERVE, "--scorer", "math_verify", "--env", "math", "--token-file", str(token_file)]
+    )
     # launched in the background by a shell that exits at once: a managed child would die with it
     # present, but the file is the token
     launcher_env = {**os.environ, "MANAGED_SCORERS_TOKEN": "v" * 32}
     subprocess.run(
-        ["sh", "-c", f"{command} > {ready} 2> {tmp_path / 'log'} &"], check=True, timeout=30, env=launcher_env
+        ["sh", "-c", f"{command} > {ready} 2> {tmp_path / 'log'} &"],
+        check=True,
+        timeout=30,
+        env=launcher_env,
     )
     info = wait_ready(ready)
     server = info["pid"]
@@ -64,7 +69,10 @@ def test_serve_outlives_its_launcher_scores_for_another_process_and_stops_on_sig
         assert psutil.Process(server).ppid() != os.getpid()  # nobody of ours is its parent
         # the token variable stays behind
         assert "MANAGED_SCORERS_TOKEN" not in psutil.Process(server).environ()
-        fds = {fd: os.readlink(f"/proc/{server}/fd/{fd}") for fd in map(int, os.listdir(f"/proc/{server}/fd"))}
+        fds = {
+            fd: os.readlink(f"/proc/{server}/fd/{fd}")
+            for fd in map(int, os.listdir(f"/proc/{server}/fd"))
+        }
         assert fds[0] == "/dev/null" and not any("memfd" in target for target in fds.values()), fds
         done = subprocess.run(
             [sys.executable, "-c", CLIENT, f"http://127.0.0.1:{info['port']}", str(token_file)],
@@ -141,7 +149,9 @@ def start_serve(
 
     def limit() -> None:
         if open_files is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+            )
 
     ready, log = tmp_path / f"{name}.json", tmp_path / f"{name}.log"
     with open(ready, "w") as out, open(log, "w") as err:
@@ -166,11 +176,20 @@ def stop_serve(server: subprocess.Popen) -> int | None:
         return None
 
 
-FLAKY = ["--scorer", "tests.helpers.fixture_scorers:Flaky", "--python", sys.executable, "--input-kind", "text"]
+FLAKY = [
+    "--scorer",
+    "tests.helpers.fixture_scorers:Flaky",
+    "--python",
+    sys.executable,
+    "--input-kind",
+    "text",
+]
 FLAKY += ["--extra-import-path", str(Path(__file__).resolve().parents[2])]
 
 
-def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal_in_the_log(tmp_path):
+def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal_in_the_log(
+    tmp_path,
+):
     secret_file = tmp_path / "openrlhf-secret"
     route = ["--openrlhf-secret-file", str(secret_file), "--openrlhf-max-request-bytes", "4096"]
     server, ready, log = start_serve(tmp_path, "flaky", *FLAKY, *route, open_files=1024)
@@ -186,29 +205,60 @@ def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal
             content = body if isinstance(body, bytes) else json.dumps(body).encode()
             return httpx.post(base + path, content=content, timeout=10)
 
-        one = post(f"/openrlhf/{secret}", {"query": ["Q: x? four</s>"], "prompts": ["Q: x?"], "labels": [None]})
-        assert one.status_code == 200 and one.json() == {"rewards": 4.0, "scores": 4.0, "extra_logs": {"flaky": 4.0}}
-        two = post(
-            f"/openrlhf/{secret}", {"query": ["P ab", "P abc<|im_end|>"], "prompts": ["P", "P"], "labels": [1, 2]}
+        one = post(
+            f"/openrlhf/{secret}",
+            {"query": ["Q: x? four</s>"], "prompts": ["Q: x?"], "labels": [None]},
         )
-        assert two.json() == {"rewards": [2.0, 3.0], "scores": [2.0, 3.0], "extra_logs": {"flaky": [2.0, 3.0]}}
-        for path in (f"/openrlhf/{secret[:-1]}", "/openrlhf", f"/openrlhf/{secret}/x", "/openrlhf/"):
+        assert one.status_code == 200 and one.json() == {
+            "rewards": 4.0,
+            "scores": 4.0,
+            "extra_logs": {"flaky": 4.0},
+        }
+        two = post(
+            f"/openrlhf/{secret}",
+            {"query": ["P ab", "P abc<|im_end|>"], "prompts": ["P", "P"], "labels": [1, 2]},
+        )
+        assert two.json() == {
+            "rewards": [2.0, 3.0],
+            "scores": [2.0, 3.0],
+            "extra_logs": {"flaky": [2.0, 3.0]},
+        }
+        for path in (
+            f"/openrlhf/{secret[:-1]}",
+            "/openrlhf",
+            f"/openrlhf/{secret}/x",
+            "/openrlhf/",
+        ):
             assert post(path, {}).status_code == 401, path
         # the secret opens no other endpoint
         assert httpx.get(f"{base}/health", timeout=10).status_code == 401
         refusals = {
             b"{not json": "the body is not JSON",
-            json.dumps({"query": ["P a"], "prompts": ["P", "P"], "labels": [1]}).encode(): "lengths differ",
-            json.dumps({"query": ["a b"], "prompts": ["Q"], "labels": [1]}).encode(): "does not contain its prompt",
+            json.dumps(
+                {"query": ["P a"], "prompts": ["P", "P"], "labels": [1]}
+            ).encode(): "lengths differ",
+            json.dumps(
+                {"query": ["a b"], "prompts": ["Q"], "labels": [1]}
+            ).encode(): "does not contain its prompt",
             json.dumps({"query": "P a", "prompts": ["P"]}).encode(): "must be lists",
         }
         for body, why in refusals.items():
             answer = post(f"/openrlhf/{secret}", body)
             assert answer.status_code == 400 and why in answer.json()["error"], answer.text
-        big = post(f"/openrlhf/{secret}", {"query": ["P a"], "prompts": ["P"], "labels": ["x" * 4096]})
-        assert big.status_code == 413 and "exceeds openrlhf_max_request_bytes=4096" in big.json()["error"]
-        failed = post(f"/openrlhf/{secret}", {"query": ["P raise"], "prompts": ["P"], "labels": [None]})
-        assert failed.status_code == 500 and "ZeroDivisionError: scorer bug on cue" in failed.json()["error"]
+        big = post(
+            f"/openrlhf/{secret}", {"query": ["P a"], "prompts": ["P"], "labels": ["x" * 4096]}
+        )
+        assert (
+            big.status_code == 413
+            and "exceeds openrlhf_max_request_bytes=4096" in big.json()["error"]
+        )
+        failed = post(
+            f"/openrlhf/{secret}", {"query": ["P raise"], "prompts": ["P"], "labels": [None]}
+        )
+        assert (
+            failed.status_code == 500
+            and "ZeroDivisionError: scorer bug on cue" in failed.json()["error"]
+        )
         nan = post(f"/openrlhf/{secret}", {"query": ["P nan"], "prompts": ["P"], "labels": [None]})
         assert nan.status_code == 500 and nan.json()["kind"] == "contract"  # never a NaN reward
         assert stop_serve(server) == 0
@@ -217,7 +267,16 @@ def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal
             server.kill()
             server.wait()
     lines = log.read_text().splitlines()
-    assert len([line for line in lines if " WARNING child_runtime.openrlhf: 401 for 1 request(s)" in line]) == 1
+    assert (
+        len(
+            [
+                line
+                for line in lines
+                if " WARNING child_runtime.openrlhf: 401 for 1 request(s)" in line
+            ]
+        )
+        == 1
+    )
     errors = [line for line in lines if " ERROR child_runtime.openrlhf: answered " in line]
     # each status and kind said once per 10 s (the four 400s in one line), with the count of its
     # answers
@@ -231,11 +290,16 @@ def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal
     assert all("trains on reward=None" in line for line in errors) and secret not in log.read_text()
 
 
-def test_serve_refuses_a_groupwise_scorer_on_the_openrlhf_route_and_a_secret_equal_to_the_token(tmp_path):
+def test_serve_refuses_a_groupwise_scorer_on_the_openrlhf_route_and_a_secret_equal_to_the_token(
+    tmp_path,
+):
     secret_file = tmp_path / "openrlhf-secret"
     group_spy = ["--scorer", "tests.helpers.fixture_scorers:GroupSpy", *FLAKY[2:]]
     here = run_serve_args(*group_spy, "--openrlhf-secret-file", str(secret_file))
-    assert here.returncode == 2 and "no group id: the groupwise scorer(s) ['group_spy'] cannot score" in here.stderr
+    assert (
+        here.returncode == 2
+        and "no group id: the groupwise scorer(s) ['group_spy'] cannot score" in here.stderr
+    )
     # a scorer this env cannot import: the server refuses it when it boots, before any weights load
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "my_judge.py").write_text(
@@ -244,15 +308,29 @@ def test_serve_refuses_a_groupwise_scorer_on_the_openrlhf_route_and_a_secret_equ
     mine = ["--scorer", "my_judge:Judge", *FLAKY[2:], "--extra-import-path", str(tmp_path / "mine")]
     booted = run_serve_args(*mine, "--openrlhf-secret-file", str(secret_file))
     said = json.loads(booted.stdout.splitlines()[0])
-    assert booted.returncode == 3 and said["ready"] is False and "['group_spy'] cannot score" in said["error"]
+    assert (
+        booted.returncode == 3
+        and said["ready"] is False
+        and "['group_spy'] cannot score" in said["error"]
+    )
     (tmp_path / "same").write_text("s" * 32 + "\n")
     (tmp_path / "same").chmod(0o600)
     same = run_serve_args(
-        *FLAKY, "--token-file", str(tmp_path / "same"), "--openrlhf-secret-file", str(tmp_path / "same")
+        *FLAKY,
+        "--token-file",
+        str(tmp_path / "same"),
+        "--openrlhf-secret-file",
+        str(tmp_path / "same"),
     )
     assert same.returncode == 2 and "must differ from the token" in same.stderr
-    none = run_serve_args(*FLAKY, "--openrlhf-secret-file", str(secret_file), "--openrlhf-max-request-bytes", "0")
-    assert none.returncode == 2 and "openrlhf_max_request_bytes" in none.stderr and "Traceback" not in none.stderr
+    none = run_serve_args(
+        *FLAKY, "--openrlhf-secret-file", str(secret_file), "--openrlhf-max-request-bytes", "0"
+    )
+    assert (
+        none.returncode == 2
+        and "openrlhf_max_request_bytes" in none.stderr
+        and "Traceback" not in none.stderr
+    )
     cramped = subprocess.run(
         [*SERVE, *FLAKY, "--openrlhf-secret-file", str(secret_file)],
         capture_output=True,

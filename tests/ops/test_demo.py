@@ -20,7 +20,11 @@ def rows(stdout: str) -> dict[str, list[str]]:
     found = {}
     for line in stdout.splitlines():
         words = line.split()
-        if line.startswith("  ") and words and words[0] in ("pct", "boxed", "frac", "wrong", "junk", "tower"):
+        if (
+            line.startswith("  ")
+            and words
+            and words[0] in ("pct", "boxed", "frac", "wrong", "junk", "tower")
+        ):
             found[words[0]] = words
     return found
 

@@ -29,7 +29,12 @@ BEARER = {"authorization": "Bearer " + "t" * 32}
 
 class Served:
     def __init__(self, port: int, secret: str, pid: int, log: Path) -> None:
-        self.base, self.route, self.pid, self.log = f"http://127.0.0.1:{port}", f"/openrlhf/{secret}", pid, log
+        self.base, self.route, self.pid, self.log = (
+            f"http://127.0.0.1:{port}",
+            f"/openrlhf/{secret}",
+            pid,
+            log,
+        )
         self.port = port
 
     def post(self, body: bytes, timeout: float = 120) -> httpx.Response:
@@ -43,7 +48,9 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("json-bodies")
     secret_file = tmp / "openrlhf-secret"
-    server, ready, log = start_serve(tmp, "flaky", *FLAKY, "--openrlhf-secret-file", str(secret_file))
+    server, ready, log = start_serve(
+        tmp, "flaky", *FLAKY, "--openrlhf-secret-file", str(secret_file)
+    )
     try:
         info = wait_ready(ready)
         yield Served(info["port"], secret_file.read_text().strip(), info["pid"], log)
@@ -78,7 +85,9 @@ def repeated_to_the_bound(unit: bytes, head: bytes = b"[", tail: bytes = b"0]") 
 def string_to_the_bound(ending: str, width: int) -> bytes:
     """One string of ASCII and `ending`, as long as the parse budget allows: the body decodes at
     `width` bytes a character, or (an escape) its string does."""
-    fill = (BUDGET - 64 * bounded_json.UNIT_BYTES) // (1 + 2 * width if ending.startswith("\\") else 2 * width)
+    fill = (BUDGET - 64 * bounded_json.UNIT_BYTES) // (
+        1 + 2 * width if ending.startswith("\\") else 2 * width
+    )
     body = ('["' + "a" * fill + ending + '"]').encode()
     priced = bounded_json.price(body)[0]
     assert BUDGET * 0.99 < priced <= BUDGET, (priced, BUDGET)
@@ -103,10 +112,16 @@ def test_peak_memory_is_at_most_the_stated_factor_of_the_cap_whatever_the_body_h
             string_to_the_bound("\\ud83d\\ude00", 4),
             400,
         ),
-        "one string of raw UTF-8 with one 4-byte character": (string_to_the_bound("\U0001f600", 4), 400),
+        "one string of raw UTF-8 with one 4-byte character": (
+            string_to_the_bound("\U0001f600", 4),
+            400,
+        ),
         "one-member objects, the most bytes per value": (repeated_to_the_bound(b'{"a":0},'), 400),
         "zeros": (repeated_to_the_bound(b"0,"), 400),
-        "empty objects up to the cap (json.loads: ~26 x the body)": (b"[" + b"{}," * (CAP // 3 - 1) + b"{}]", 413),
+        "empty objects up to the cap (json.loads: ~26 x the body)": (
+            b"[" + b"{}," * (CAP // 3 - 1) + b"{}]",
+            413,
+        ),
     }
     factor = bounded_json.PARSE_FACTOR + 1
     for name, (body, status) in worst.items():
@@ -118,7 +133,9 @@ def test_peak_memory_is_at_most_the_stated_factor_of_the_cap_whatever_the_body_h
 
 @pytest.mark.slow
 def test_health_is_answered_while_a_big_body_is_parsed_off_the_event_loop(served):
-    body = repeated_to_the_bound(b"0,", head=b'{"query": ["P ab"], "prompts": ["P"], "labels": [[', tail=b"0]]}")
+    body = repeated_to_the_bound(
+        b"0,", head=b'{"query": ["P ab"], "prompts": ["P"], "labels": [[', tail=b"0]]}"
+    )
     answered: list[httpx.Response] = []
     poster = threading.Thread(target=lambda: answered.append(served.post(body)))
     poster.start()
@@ -140,7 +157,10 @@ def test_nesting_invalid_json_and_bodies_past_the_cap_are_refused_with_a_short_m
         # +2: the
         request(json.loads("[" * 63 + "]" * 63)): (400, "nests arrays and objects deeper than 64"),
         # request object and its labels list
-        b'{"query": ["P a"], "labels": [' + b"[" * 5000 + b"]" * 5000 + b"]}": (400, "deeper than 64"),
+        b'{"query": ["P a"], "labels": [' + b"[" * 5000 + b"]" * 5000 + b"]}": (
+            400,
+            "deeper than 64",
+        ),
         b"{not json": (400, "the body is not JSON: Expecting property name"),
         b'{"query": ["P \xff"]}': (400, "the body is not UTF-8"),
         b"[" + b"0," * (CAP // 2 - 2) + b"0]": (413, "could take ~"),
@@ -167,7 +187,9 @@ def test_a_declared_body_past_the_cap_is_refused_before_it_is_sent(served):
                 break
             answer += chunk
     answer = answer.decode()
-    assert answer.startswith("HTTP/1.1 413") and f"exceeds openrlhf_max_request_bytes={CAP}" in answer
+    assert (
+        answer.startswith("HTTP/1.1 413") and f"exceeds openrlhf_max_request_bytes={CAP}" in answer
+    )
 
 
 def test_error_answers_are_logged_once_per_kind_and_interval(served):

@@ -62,7 +62,9 @@ def test_unirl_target_recipe():
     rank = response.component_rewards["rank"]
     # a win rate over token F1 against the gold "4": "4" wins
     assert rank[2] == 1.0 and rank[2] > rank[0]
-    assert response.rewards == pytest.approx([c + 0.5 * r for c, r in zip(CORRECT, rank, strict=True)])
+    assert response.rewards == pytest.approx(
+        [c + 0.5 * r for c, r in zip(CORRECT, rank, strict=True)]
+    )
     assert response.identity_hash == train.identity_hash
     assert children() == before
 
@@ -73,7 +75,8 @@ def test_unirl_target_recipe_is_what_hydra_builds():
     tree = omegaconf.OmegaConf.load(RECIPES / "unirl_targets.yaml")
     assert hydra_utils.instantiate(tree.reward) == load_recipe(RECIPES / "unirl_targets.yaml").train
     assert (
-        instantiate(omegaconf.OmegaConf.to_container(tree.reward)) == load_recipe(RECIPES / "unirl_targets.yaml").train
+        instantiate(omegaconf.OmegaConf.to_container(tree.reward))
+        == load_recipe(RECIPES / "unirl_targets.yaml").train
     )
 
 
@@ -102,7 +105,10 @@ def test_verl_omni_recipe_shares_models_between_terms_and_panels():
         expected = CORRECT[i % 4] + weight * overlap[i] + (0.5 * rank if rank is not None else 0.0)
         assert response.rewards[i] == pytest.approx(expected), item.id
     metrics = response.metrics()
-    assert metrics["train/reward/rank/sample_count"] == 4 and metrics["train/reward/correct/sample_count"] == 8
+    assert (
+        metrics["train/reward/rank/sample_count"] == 4
+        and metrics["train/reward/correct/sample_count"] == 8
+    )
     assert children() == before
 
 
@@ -134,12 +140,16 @@ def test_a_recipe_of_no_known_style_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="unrecognised recipe"):
         load_recipe(path)
     path.write_text("rewards: [1, 2]\n")  # FF's list: its entries are named
-    with pytest.raises(ConfigError, match=r"rewards\[0\]: a reward is a mapping with a `name` and a `reward_model`"):
+    with pytest.raises(
+        ConfigError, match=r"rewards\[0\]: a reward is a mapping with a `name` and a `reward_model`"
+    ):
         load_recipe(path)
 
 
 def test_a_verl_function_bound_to_a_missing_model_is_named():
-    with pytest.raises(ConfigError, match=r"reward.reward_functions.style: model 'judge' is not in reward.models"):
+    with pytest.raises(
+        ConfigError, match=r"reward.reward_functions.style: model 'judge' is not in reward.models"
+    ):
         load_recipe({"reward": {"models": {}, "reward_functions": {"style": {"model": "judge"}}}})
 
 
@@ -152,8 +162,12 @@ def test_catalog_names_cannot_override_builtins(tmp_path):
 
     sys.path.insert(0, str(tmp_path))
     try:
-        recipe = load_recipe({"catalog": "override_catalog:catalog", "reward": {"provider": "exact_match"}})
-        with pytest.raises(ConfigError, match="'exact_match' is a built-in scorer and cannot be overridden"):
+        recipe = load_recipe(
+            {"catalog": "override_catalog:catalog", "reward": {"provider": "exact_match"}}
+        )
+        with pytest.raises(
+            ConfigError, match="'exact_match' is a built-in scorer and cannot be overridden"
+        ):
             preflight(recipe)
     finally:
         sys.path.remove(str(tmp_path))

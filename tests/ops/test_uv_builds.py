@@ -51,22 +51,41 @@ def test_pips_settings_become_uv_flags_and_variables_by_pips_precedence():
         "--find-links",
         "/opt/wheels",
     ]
-    assert variables == {"SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt", "UV_HTTP_TIMEOUT": "180"}
+    assert variables == {
+        "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt",
+        "UV_HTTP_TIMEOUT": "180",
+    }
     with pytest.raises(EnvError, match=r"pip's setting user='true' has no uv equivalent"):
         uv_arguments({"user": "true"})
 
 
-def test_installer_uv_without_uv_refuses_in_one_line_before_anything_changes(tmp_path, capsys, monkeypatch):
+def test_installer_uv_without_uv_refuses_in_one_line_before_anything_changes(
+    tmp_path, capsys, monkeypatch
+):
     # no uv on PATH; none beside the dev env's python either
     monkeypatch.setenv("PATH", str(tmp_path))
     if (Path(sys.executable).parent / "uv").is_file():
         pytest.skip("this env has uv installed beside its python")
     spec = tmp_path / "spec.txt"
     spec.write_text("\n")
-    args = ["envs", "build", "x", "--requirements", str(spec), "--dir", str(tmp_path / "x"), "--installer", "uv"]
+    args = [
+        "envs",
+        "build",
+        "x",
+        "--requirements",
+        str(spec),
+        "--dir",
+        str(tmp_path / "x"),
+        "--installer",
+        "uv",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--installer uv: uv is not installed" in err and "`pip install uv`" in err
+    assert (
+        err.count("\n") == 1
+        and "--installer uv: uv is not installed" in err
+        and "`pip install uv`" in err
+    )
     assert not (tmp_path / "x").exists()
 
 
@@ -80,9 +99,14 @@ def tiny_wheel(folder: Path, version: str) -> Path:
     }
 
     def digest(text: str) -> str:
-        return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        return (
+            "sha256="
+            + base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        )
 
-    record = "".join(f"{path},{digest(text)},{len(text.encode())}\n" for path, text in files.items())
+    record = "".join(
+        f"{path},{digest(text)},{len(text.encode())}\n" for path, text in files.items()
+    )
     path = folder / f"ms_tiny-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as archive:
         for name, text in {**files, f"{dist}/RECORD": record + f"{dist}/RECORD,,\n"}.items():
@@ -103,7 +127,9 @@ def uv_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=600,
     )
     if done.returncode != 0 or not (target / "bin" / "uv").is_file():
-        pytest.skip(f"uv does not install here (`pip install uv`, exit {done.returncode}): {done.stderr[-300:]}")
+        pytest.skip(
+            f"uv does not install here (`pip install uv`, exit {done.returncode}): {done.stderr[-300:]}"
+        )
     return target / "bin"
 
 
@@ -124,11 +150,22 @@ def test_a_uv_build_takes_pips_find_links_and_constraint_and_says_its_phases(tmp
         "PIP_FIND_LINKS": str(wheels),
         "PIP_CONSTRAINT": str(tmp_path / "cap.txt"),
     }
-    command = [sys.executable, "-m", "supervisor", "envs", "build", "tiny", "--requirements", str(spec)]
+    command = [
+        sys.executable,
+        "-m",
+        "supervisor",
+        "envs",
+        "build",
+        "tiny",
+        "--requirements",
+        str(spec),
+    ]
     command += ["--dir", str(venv), "--installer", "uv"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert "  installing 1 requirement line(s) with uv" in done.stderr and " built in " in done.stderr
+    assert (
+        "  installing 1 requirement line(s) with uv" in done.stderr and " built in " in done.stderr
+    )
     # the pip constraint held
     assert env_builder.installed_versions(venv, ["ms_tiny"]) == {"ms_tiny": "1.0"}
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)

@@ -19,7 +19,15 @@ RATE = 24000
 def riff(path: Path, fmt: bytes, samples: bytes, extra: bytes = b"", head: bytes = b"RIFF") -> Path:
     """A WAV: the fmt chunk given, any `extra` chunks, then the data chunk (padded to an even
     size)."""
-    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + extra + b"data" + struct.pack("<I", len(samples)) + samples
+    chunks = (
+        b"fmt "
+        + struct.pack("<I", len(fmt))
+        + fmt
+        + extra
+        + b"data"
+        + struct.pack("<I", len(samples))
+        + samples
+    )
     body = b"WAVE" + chunks + b"\x00" * (len(samples) & 1)
     path.write_bytes(head + struct.pack("<I", len(body)) + body)
     return path
@@ -30,7 +38,9 @@ def fmt_chunk(code: int, channels: int, bits: int, rate: int = RATE) -> bytes:
     return struct.pack("<HHIIHH", code, channels, rate, rate * block, block, bits)
 
 
-def extensible(sub: int, channels: int, bits: int, valid: int | None = None, tail: bytes = GUID_TAIL) -> bytes:
+def extensible(
+    sub: int, channels: int, bits: int, valid: int | None = None, tail: bytes = GUID_TAIL
+) -> bytes:
     """WAVE_FORMAT_EXTENSIBLE (what soundfile and torchaudio write for more than two channels or 24
     bits in 32)."""
     guid = struct.pack("<H", sub) + tail
@@ -103,7 +113,9 @@ def test_what_does_not_decode_is_refused_naming_the_file(tmp_path, name, message
         "nan": lambda p: riff(p, fmt_chunk(3, 1, 32), np.array([0.0, np.nan], "<f4").tobytes()),
         "cut": lambda p: p.write_bytes(riff(p, fmt_chunk(3, 2, 32), samples).read_bytes()[:-4]),
         "zero_rate": lambda p: riff(p, fmt_chunk(3, 2, 32, rate=0), samples),
-        "no_data": lambda p: p.write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00" + fmt_chunk(3, 1, 32)),
+        "no_data": lambda p: p.write_bytes(
+            b"RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00" + fmt_chunk(3, 1, 32)
+        ),
     }
     path = tmp_path / f"{name}.wav"
     files[name](path)
@@ -126,13 +138,25 @@ wavfile.write(sys.argv[3], 8000, wave.astype(np.float64))  # 64-bit float
 """
 
 
-@pytest.mark.skipif(not SCIPY.exists(), reason="envs/embed (which has scipy) is not built: `make env-embed`")
+@pytest.mark.skipif(
+    not SCIPY.exists(), reason="envs/embed (which has scipy) is not built: `make env-embed`"
+)
 def test_wavs_that_scipy_writes_read_back(tmp_path):
-    floats, pcm, doubles = tmp_path / "scipy-f32.wav", tmp_path / "scipy-s16.wav", tmp_path / "scipy-f64.wav"
-    subprocess.run([str(SCIPY), "-c", WRITE_WITH_SCIPY, *map(str, (floats, pcm, doubles))], check=True, timeout=120)
+    floats, pcm, doubles = (
+        tmp_path / "scipy-f32.wav",
+        tmp_path / "scipy-s16.wav",
+        tmp_path / "scipy-f64.wav",
+    )
+    subprocess.run(
+        [str(SCIPY), "-c", WRITE_WITH_SCIPY, *map(str, (floats, pcm, doubles))],
+        check=True,
+        timeout=120,
+    )
     audio, rate = read_wav(floats)
     assert rate == 22050 and np.array_equal(audio, WAVE)
     audio, rate = read_wav(doubles)
     assert rate == 8000 and check_wav(doubles).width == 8 and np.array_equal(audio, WAVE)
     audio, rate = read_wav(pcm)
-    assert audio.shape == (4, 4) and np.array_equal(audio[::2], (WAVE * 16000).astype(np.int16) / 32768)
+    assert audio.shape == (4, 4) and np.array_equal(
+        audio[::2], (WAVE * 16000).astype(np.int16) / 32768
+    )

@@ -26,7 +26,9 @@ def tones() -> tuple[RewardRequest, list[float]]:
         "target": np.full((1, 5), 0.1, np.float32),  # -20 dBFS: the target
     }
     levels = [20 * math.log10(0.5), 20 * math.log10(0.5 / math.sqrt(2)), -100.0, -20.0]
-    items = [RewardItem(id=name, audio=wave, audio_sample_rate=RATE) for name, wave in waves.items()]
+    items = [
+        RewardItem(id=name, audio=wave, audio_sample_rate=RATE) for name, wave in waves.items()
+    ]
     return RewardRequest(items=items), [-abs(level + 20.0) for level in levels]
 
 
@@ -58,7 +60,9 @@ def test_bad_params_are_refused_at_construction(params, match):
 def test_loudness_in_a_managed_child_of_env_image_equals_in_process(managed, image_python):
     request, expected = tones()
     backend = managed(image_python, "audio_loudness", "audio", params={"target_dbfs": -20.0})
-    assert backend.ready_info["input_kind"] == "audio" and backend.shape.required_fields == ("audio",)
+    assert backend.ready_info["input_kind"] == "audio" and backend.shape.required_fields == (
+        "audio",
+    )
     managed_rewards = backend.compute_rewards(request).rewards
     with LocalRewardBackend("audio_loudness") as local:
         # the same float64 arithmetic

@@ -82,12 +82,16 @@ def test_an_old_dotted_name_gives_the_same_class_and_module(name):
 
 @pytest.mark.parametrize("helper", MOVED_HELPERS)
 def test_the_moved_helpers_old_names_give_the_same_modules(helper):
-    assert importlib.import_module(helper) is importlib.import_module(helper.replace("scorers.", "scorers.builtin.", 1))
+    assert importlib.import_module(helper) is importlib.import_module(
+        helper.replace("scorers.", "scorers.builtin.", 1)
+    )
 
 
 def test_the_grading_workers_old_grade_function_name_resolves_to_the_same_function():
     pytest.importorskip("math_verify")
-    assert _resolve("scorers.math_verify_grade:grade") is _resolve("scorers.builtin.math_verify_grade:grade")
+    assert _resolve("scorers.math_verify_grade:grade") is _resolve(
+        "scorers.builtin.math_verify_grade:grade"
+    )
 
 
 def test_identity_hashes_are_the_same_whichever_dotted_name_loaded_the_scorer():
@@ -104,7 +108,9 @@ def test_identity_hashes_are_the_same_whichever_dotted_name_loaded_the_scorer():
     )
     by_old_names = json.loads(fresh.stdout.strip().splitlines()[-1])
     by_new_names = {
-        name: scorer_identity_hash(resolve_scorer(BUILTINS[name])(**PARAMS.get(name, {})), PARAMS.get(name, {}))
+        name: scorer_identity_hash(
+            resolve_scorer(BUILTINS[name])(**PARAMS.get(name, {})), PARAMS.get(name, {})
+        )
         for name in OLD_PATHS
     }
     assert by_new_names == by_old_names
@@ -121,7 +127,10 @@ def test_a_class_loaded_by_its_old_name_pickles_by_its_new_one():
 def test_from_scorers_import_an_old_name_works():
     from scorers import jpeg, rules  # type: ignore[attr-defined]
 
-    assert jpeg is sys.modules["scorers.builtin.jpeg"] and rules is sys.modules["scorers.builtin.rules"]
+    assert (
+        jpeg is sys.modules["scorers.builtin.jpeg"]
+        and rules is sys.modules["scorers.builtin.rules"]
+    )
 
 
 def test_a_managed_child_loads_a_scorer_by_its_old_dotted_name(managed, image_python):
@@ -130,6 +139,9 @@ def test_a_managed_child_loads_a_scorer_by_its_old_dotted_name(managed, image_py
     from supervisor import RewardItem, RewardRequest
 
     request = RewardRequest(items=[RewardItem(id="a", text="x", reference="x")])
-    old, by_name = managed(image_python, OLD_PATHS["exact_match"]), managed(image_python, "exact_match")
+    old, by_name = (
+        managed(image_python, OLD_PATHS["exact_match"]),
+        managed(image_python, "exact_match"),
+    )
     assert old.compute_rewards(request).rewards == by_name.compute_rewards(request).rewards == [1.0]
     assert old.identity_hash == by_name.identity_hash

@@ -125,7 +125,9 @@ def run_in_env(env: str, args: list[str], cwd: Path) -> str:
     done = subprocess.run(
         [str(env_python(env)), *args],
         cwd=cwd,
-        env=launcher_free_env(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"),
+        env=launcher_free_env(
+            PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"
+        ),
         capture_output=True,
         text=True,
         timeout=180,
@@ -137,7 +139,9 @@ def run_in_env(env: str, args: list[str], cwd: Path) -> str:
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_clip") / "model"
-    run_in_env("embed", [str(REPO_ROOT / "tests" / "helpers" / "tiny_clip.py"), str(out)], out.parent)
+    run_in_env(
+        "embed", [str(REPO_ROOT / "tests" / "helpers" / "tiny_clip.py"), str(out)], out.parent
+    )
     return out
 
 
@@ -153,7 +157,9 @@ def embed_python() -> Path:
     return env_python("embed")
 
 
-def test_managed_scores_are_the_hand_computed_pickscore(managed, embed_python, tiny_model, cases, tmp_path):
+def test_managed_scores_are_the_hand_computed_pickscore(
+    managed, embed_python, tiny_model, cases, tmp_path
+):
     params = {"model_dir": str(tiny_model), "batch_size": 2}
     backend = managed(embed_python, SCORER, input_kind="image", params=params)
     response = backend.compute_rewards(REQUEST)
@@ -166,19 +172,31 @@ def test_managed_scores_are_the_hand_computed_pickscore(managed, embed_python, t
     assert rewards[0] != rewards[2]  # "a red cat" on two images
     assert response.diagnostics["clip_preference"]["values"]["truncated"] == 1
     hand = json.loads(
-        run_in_env("embed", ["-c", HAND_SCRIPT, str(tiny_model), str(cases), json.dumps(PROMPTS)], tmp_path)
+        run_in_env(
+            "embed", ["-c", HAND_SCRIPT, str(tiny_model), str(cases), json.dumps(PROMPTS)], tmp_path
+        )
     )
     assert rewards == pytest.approx(hand, abs=1e-5)
     health = backend.health()
-    assert health["packages"]["transformers"].startswith("5.") and health["packages"]["torch"].startswith("2.13")
+    assert health["packages"]["transformers"].startswith("5.") and health["packages"][
+        "torch"
+    ].startswith("2.13")
     # an item without its prompt is a 4xx naming it, and the child keeps serving
     with pytest.raises(ScorerRequestError) as info:
         backend.compute_rewards(RewardRequest(items=[RewardItem(id="no-prompt", image=IMAGES[0])]))
-    assert info.value.status == 422 and "'no-prompt'" in str(info.value) and "'prompt'" in str(info.value)
+    assert (
+        info.value.status == 422
+        and "'no-prompt'" in str(info.value)
+        and "'prompt'" in str(info.value)
+    )
     assert backend.compute_rewards(REQUEST).rewards == rewards
     # in process (the TRL env has the same torch and transformers, and this project installed)
     local = json.loads(
-        run_in_env("trl", ["-c", LOCAL_SCRIPT, json.dumps(params), str(cases), json.dumps(PROMPTS), SCORER], tmp_path)
+        run_in_env(
+            "trl",
+            ["-c", LOCAL_SCRIPT, json.dumps(params), str(cases), json.dumps(PROMPTS), SCORER],
+            tmp_path,
+        )
     )
     assert local["rewards"] == rewards
     # one identity, whether computed by the child, in process, or here in the trainer env
@@ -191,7 +209,9 @@ def test_matches_transformers_own_processor_and_forward(tiny_model, cases, tmp_p
     (PickScore's), on under 1% of the values even on noise (resampling's worst case; a float bicubic
     is ~17 levels off)."""
     found = json.loads(
-        run_in_env("trl", ["-c", PARITY_SCRIPT, str(tiny_model), str(cases), json.dumps(PROMPTS)], tmp_path)
+        run_in_env(
+            "trl", ["-c", PARITY_SCRIPT, str(tiny_model), str(cases), json.dumps(PROMPTS)], tmp_path
+        )
     )
     one_level = 1 / 255 / 0.26130258  # the smallest std of OpenAI CLIP's
     assert max(found["pixel_max"]) <= one_level + 1e-5 and max(found["pixel_changed"]) < 0.01, found
@@ -200,7 +220,11 @@ def test_matches_transformers_own_processor_and_forward(tiny_model, cases, tmp_p
 
 def test_per_call_round_trip_keeps_scores(managed, embed_python, tiny_model):
     backend = managed(
-        embed_python, SCORER, input_kind="image", params={"model_dir": str(tiny_model)}, gpu_residency="per_call"
+        embed_python,
+        SCORER,
+        input_kind="image",
+        params={"model_dir": str(tiny_model)},
+        gpu_residency="per_call",
     )
     assert backend.health()["residency"] == "offloaded"
     first = backend.compute_rewards(REQUEST).rewards
@@ -209,7 +233,9 @@ def test_per_call_round_trip_keeps_scores(managed, embed_python, tiny_model):
     assert on["residency"] == "resident" and on["changed"] is True and on["device"] == "cpu"
     assert on["before"]["rss_bytes"] > 50_000_000 and on["seconds"] >= 0
     off = backend.offload()
-    assert off["residency"] == "offloaded" and off["changed"] is True and "rss_bytes" in off["after"]
+    assert (
+        off["residency"] == "offloaded" and off["changed"] is True and "rss_bytes" in off["after"]
+    )
     print(f"\nclip_preference per_call figures: onload={json.dumps(on)} offload={json.dumps(off)}")
     assert backend.compute_rewards(REQUEST).rewards == first
 
@@ -219,17 +245,25 @@ def test_identity_follows_the_files_not_the_path(tiny_model, tmp_path):
     base = scorer_identity_hash(ClipPreference(**params), params)
     moved = tmp_path / "moved"
     shutil.copytree(tiny_model, moved)
-    assert scorer_identity_hash(ClipPreference(model_dir=str(moved)), {"model_dir": str(moved)}) == base
+    assert (
+        scorer_identity_hash(ClipPreference(model_dir=str(moved)), {"model_dir": str(moved)})
+        == base
+    )
     weights = moved / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF  # a weight byte in the middle: same shapes, other weights
     weights.write_bytes(bytes(data))
-    assert scorer_identity_hash(ClipPreference(model_dir=str(moved)), {"model_dir": str(moved)}) != base
+    assert (
+        scorer_identity_hash(ClipPreference(model_dir=str(moved)), {"model_dir": str(moved)})
+        != base
+    )
     assert scorer_identity_hash(ClipPreference(**params), {**params, "normalize_by": 1.0}) != base
     # non-semantic
     assert scorer_identity_hash(ClipPreference(**params), {**params, "batch_size": 3}) == base
     missing = {"model_dir": str(tmp_path / "elsewhere")}
-    assert ClipPreference(**missing).identity_params(missing)["model"] == {"missing": missing["model_dir"]}
+    assert ClipPreference(**missing).identity_params(missing)["model"] == {
+        "missing": missing["model_dir"]
+    }
 
 
 def test_missing_model_dir_refuses_the_child_naming_the_path(managed, embed_python, tmp_path):
@@ -248,14 +282,21 @@ def test_processor_files_apart_from_the_weights(managed, embed_python, tiny_mode
         shutil.copy(tiny_model / name, weights_only / name)
     with pytest.raises(ScorerStartupError) as info:
         managed(embed_python, SCORER, input_kind="image", params={"model_dir": str(weights_only)})
-    assert "preprocessor_config.json" in str(info.value) and "set processor_dir" in str(info.value), str(info.value)
+    assert "preprocessor_config.json" in str(info.value) and "set processor_dir" in str(
+        info.value
+    ), str(info.value)
     split = managed(
         embed_python,
         SCORER,
         input_kind="image",
         params={"model_dir": str(weights_only), "processor_dir": str(tiny_model), "batch_size": 2},
     )
-    together = managed(embed_python, SCORER, input_kind="image", params={"model_dir": str(tiny_model), "batch_size": 2})
+    together = managed(
+        embed_python,
+        SCORER,
+        input_kind="image",
+        params={"model_dir": str(tiny_model), "batch_size": 2},
+    )
     assert split.compute_rewards(REQUEST).rewards == together.compute_rewards(REQUEST).rewards
     assert split.identity_hash == together.identity_hash
 
@@ -278,5 +319,12 @@ def test_bad_params_are_refused(params, match):
 
 
 def test_bad_params_refuse_the_child(managed, embed_python, tiny_model):
-    with pytest.raises(ScorerStartupError, match="clip_preference: normalize_by must be a finite number > 0"):
-        managed(embed_python, SCORER, input_kind="image", params={"model_dir": str(tiny_model), "normalize_by": 0})
+    with pytest.raises(
+        ScorerStartupError, match="clip_preference: normalize_by must be a finite number > 0"
+    ):
+        managed(
+            embed_python,
+            SCORER,
+            input_kind="image",
+            params={"model_dir": str(tiny_model), "normalize_by": 0},
+        )

@@ -40,7 +40,9 @@ def make_pool():
     """Build (and by default start) pools on a fixtures function; close them all afterwards."""
     pools: list[GradingPool] = []
 
-    def factory(fn: str, jobs: int = 2, timeout_s: float = 10.0, start: bool = True, **options: Any) -> GradingPool:
+    def factory(
+        fn: str, jobs: int = 2, timeout_s: float = 10.0, start: bool = True, **options: Any
+    ) -> GradingPool:
         pool = GradingPool(jobs, timeout_s, f"{FIXTURES}:{fn}", **options)
         pools.append(pool)
         if start:
@@ -158,7 +160,10 @@ def test_sleeping_item_times_out_while_neighbours_score(make_pool):
     assert [o.value for o in pool.grade([(0.0, i) for i in range(6)])] == list(range(6))
     # reaped, so forgotten: its pid may be the caller's next, and the set of the pool's stays
     # bounded
-    assert killed_pid not in mp_helpers._pool_children and set(pool.worker_pids()) <= mp_helpers._pool_children
+    assert (
+        killed_pid not in mp_helpers._pool_children
+        and set(pool.worker_pids()) <= mp_helpers._pool_children
+    )
 
 
 @pytest.mark.slow
@@ -276,7 +281,9 @@ def test_sigkill_of_the_owner_takes_forkserver_and_workers_down(tmp_path, replay
     script, marker = tmp_path / "owner.py", tmp_path / "started"
     script.write_text(OWNER_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    owner = subprocess.Popen([sys.executable, str(script), str(marker), str(replay)], cwd=REPO, env=env)
+    owner = subprocess.Popen(
+        [sys.executable, str(script), str(marker), str(replay)], cwd=REPO, env=env
+    )
     family: list[int] = []
     try:
         deadline = time.monotonic() + 60.0
@@ -322,13 +329,17 @@ def test_a_slow_task_leaves_its_slot_and_its_clock_stops_while_ordinary_tasks_ru
     assert slow.status == "ok" and slow.value == "slow" and slow.overflowed
     # wall time from its start: more than its timeout, yet not timed out
     assert slow.elapsed_s > 4.0
-    assert [o.value for o in ordinary] == list(range(40)) and not any(o.overflowed for o in ordinary)
+    assert [o.value for o in ordinary] == list(range(40)) and not any(
+        o.overflowed for o in ordinary
+    )
     # retired after its task; slot refilled
     assert not wait_gone([first], 2.0) and len(pool.worker_pids()) == 1
 
 
 @pytest.mark.slow
-def test_the_soft_deadline_counts_cpu_time_so_a_busy_machine_moves_no_ordinary_task(make_pool, monkeypatch):
+def test_the_soft_deadline_counts_cpu_time_so_a_busy_machine_moves_no_ordinary_task(
+    make_pool, monkeypatch
+):
     """The worker shares one CPU with three spinning processes: a task of 0.05 s CPU takes about
     four times that in wall time, past the 0.1 s soft deadline, yet keeps its slot; a task of 0.3 s
     CPU moves. The wait rule (a task holding its slot WAIT_FACTOR soft deadlines moves, whatever its
@@ -341,7 +352,10 @@ def test_the_soft_deadline_counts_cpu_time_so_a_busy_machine_moves_no_ordinary_t
     (worker,) = pool.worker_pids()
     cpu = sorted(os.sched_getaffinity(0))[0]
     hog = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); print(flush=True)\nwhile True: pass"
-    hogs = [subprocess.Popen([sys.executable, "-c", hog, str(cpu)], stdout=subprocess.PIPE) for _ in range(3)]
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", hog, str(cpu)], stdout=subprocess.PIPE)
+        for _ in range(3)
+    ]
     try:
         for process in hogs:
             # pinned, spinning
@@ -362,7 +376,9 @@ def test_a_task_that_waits_moves_once_it_held_its_slot_for_wait_factor_soft_dead
     from scorers.grading.config import WAIT_FACTOR
 
     pool = make_pool("sleep_for", jobs=1, timeout_s=10.0, soft_timeout_s=0.1)
-    brief, waits = pool.grade([(0.1 * WAIT_FACTOR / 2, "brief"), (30.0, "waits"), *[(0.0, n) for n in range(5)]])[:2]
+    brief, waits = pool.grade(
+        [(0.1 * WAIT_FACTOR / 2, "brief"), (30.0, "waits"), *[(0.0, n) for n in range(5)]]
+    )[:2]
     # waited past 0.1 s, under 0.4 s: kept its slot
     assert brief.status == "ok" and not brief.overflowed
     assert waits.status == "timeout" and waits.overflowed
@@ -373,7 +389,11 @@ def test_a_slow_task_is_killed_at_its_own_timeout_in_overflow(make_pool):
     pool = make_pool("sleep_for", jobs=2, timeout_s=1.0)
     pids = set(pool.worker_pids())
     outcomes = pool.grade([(60.0, "stuck"), *[(0.01, n) for n in range(20)]])
-    assert outcomes[0].status == "timeout" and outcomes[0].overflowed and 1.0 <= outcomes[0].elapsed_s < 1.0 + SLACK_S
+    assert (
+        outcomes[0].status == "timeout"
+        and outcomes[0].overflowed
+        and 1.0 <= outcomes[0].elapsed_s < 1.0 + SLACK_S
+    )
     assert [o.value for o in outcomes[1:]] == list(range(20))
     assert len(pool.worker_pids()) == 2 and not wait_gone(list(pids - set(pool.worker_pids())), 5.0)
 
@@ -382,7 +402,11 @@ def test_a_slow_task_is_killed_at_its_own_timeout_in_overflow(make_pool):
 def test_overflow_is_bounded_past_it_a_slow_task_keeps_its_slot(make_pool):
     pool = make_pool("spin", jobs=1, timeout_s=1.0, overflow=1)
     outcomes = pool.grade([(30.0, "a"), (30.0, "b"), (0.0, "c")])
-    assert [(o.status, o.overflowed) for o in outcomes] == [("timeout", True), ("timeout", False), ("ok", False)]
+    assert [(o.status, o.overflowed) for o in outcomes] == [
+        ("timeout", True),
+        ("timeout", False),
+        ("ok", False),
+    ]
 
 
 def test_overflow_zero_never_moves_a_task_and_bad_options_are_refused(make_pool):
@@ -447,7 +471,11 @@ def test_a_spare_takes_the_slot_of_a_task_moved_to_overflow(make_pool, replay):
     (spare,) = pool.spare_pids()
     outcomes = pool.grade([(30.0, "stuck"), (0.0, "next")])
     assert [o.status for o in outcomes] == ["timeout", "ok"]
-    assert pool.worker_pids() == [spare] and len(pool.spare_pids()) == 1 and pool.spare_pids() != [spare]
+    assert (
+        pool.worker_pids() == [spare]
+        and len(pool.spare_pids()) == 1
+        and pool.spare_pids() != [spare]
+    )
     # nothing ever moves: no spare
     assert make_pool("square", jobs=1, overflow=0).spare_pids() == []
 
@@ -463,9 +491,13 @@ def test_a_worker_forked_after_a_batch_starts_with_what_the_template_replayed(ma
     if it had graded the batch itself; without the template it starts empty."""
     pool = make_pool("remember", jobs=1, warm_replay=replay)
     if replay:
-        (forkserver,) = [p.pid for p in multiprocessing_helpers() if "forkserver" in " ".join(p.cmdline())]
+        (forkserver,) = [
+            p.pid for p in multiprocessing_helpers() if "forkserver" in " ".join(p.cmdline())
+        ]
         assert parent_of(pool.template_pid()) == forkserver
-        assert {parent_of(pid) for pid in pool.worker_pids() + pool.spare_pids()} == {pool.template_pid()}
+        assert {parent_of(pid) for pid in pool.worker_pids() + pool.spare_pids()} == {
+            pool.template_pid()
+        }
     else:
         assert pool.template_pid() is None
     assert [o.value for o in pool.grade([(n,) for n in range(4)])] == [False] * 4
@@ -484,7 +516,9 @@ def test_the_template_stops_replaying_when_a_batch_starts(make_pool):
     template = psutil.Process(pool.template_pid())
     pool.grade([(0.05, n) for n in range(40)])  # the template now replays 40 x 0.05 s of CPU
     idle = cpu_s(template)
-    assert eventually(lambda: cpu_s(template) - idle > 0.1, 5.0), "the template did not replay while the pool was idle"
+    assert eventually(lambda: cpu_s(template) - idle > 0.1, 5.0), (
+        "the template did not replay while the pool was idle"
+    )
     before = cpu_s(template)
     pool.grade([(0.05, n) for n in range(20)])  # 1 s of CPU on the worker
     used = cpu_s(template) - before
@@ -550,7 +584,9 @@ def test_a_template_its_replays_grew_stops_replaying(make_pool):
     assert pool.settle(10.0) and template.memory_info().rss - rss_before < grown + 8 * 2**20
 
 
-def test_a_replay_slower_than_its_task_was_is_dropped_and_the_template_replaced(make_pool, tmp_path):
+def test_a_replay_slower_than_its_task_was_is_dropped_and_the_template_replaced(
+    make_pool, tmp_path
+):
     """The template must stay free to fork: a replay past REPLAY_CPU_S is stopped. Stopped part way
     through the grader's code, the template may hold half-updated state, so before the next batch it
     is replaced, with every worker it forked."""
@@ -560,13 +596,17 @@ def test_a_replay_slower_than_its_task_was_is_dropped_and_the_template_replaced(
     paths = [str(tmp_path / str(n)) for n in range(2)]
     assert [o.value for o in pool.grade([(p,) for p in paths])] == paths
     assert (
-        pool.settle(30.0) and pool._workers.template.tainted and pool._workers.template.replayed == 1
+        pool.settle(30.0)
+        and pool._workers.template.tainted
+        and pool._workers.template.replayed == 1
     )  # the second never ran
     # dropped: the replay would spin 3 s of CPU (CPU time, which a loaded machine does not stretch)
     assert cpu_s(psutil.Process(old_template)) < 3.0
     assert [o.value for o in pool.grade([(paths[0] + "x",)])] == [paths[0] + "x"]
     assert pool.template_pid() != old_template and not wait_gone([old_template, *old_workers], 5.0)
-    assert {parent_of(pid) for pid in pool.worker_pids() + pool.spare_pids()} == {pool.template_pid()}
+    assert {parent_of(pid) for pid in pool.worker_pids() + pool.spare_pids()} == {
+        pool.template_pid()
+    }
 
 
 def test_a_fork_asked_for_during_a_replay_is_served_between_two_replayed_tasks(make_pool):
@@ -618,8 +658,12 @@ def test_slow_tasks_of_concurrent_batches_share_one_timeout(make_pool):
 
 def test_a_task_error_fails_only_its_own_batch(make_pool):
     pool = make_pool("echo_or_raise", jobs=2)
-    results = _grade_from_threads(pool, [[(n,) for n in range(20)], [(0,), ("raise",), (2,)], [(7,)] * 15])
-    assert [o.value for o in results[0]] == list(range(20)) and [o.value for o in results[2]] == [7] * 15
+    results = _grade_from_threads(
+        pool, [[(n,) for n in range(20)], [(0,), ("raise",), (2,)], [(7,)] * 15]
+    )
+    assert [o.value for o in results[0]] == list(range(20)) and [o.value for o in results[2]] == [
+        7
+    ] * 15
     assert isinstance(results[1], GradingTaskError) and results[1].task_index == 1
     assert pool.grade([(5,)])[0].value == 5 and not pool.broken
 
@@ -638,7 +682,9 @@ def test_held_tasks_together_stay_within_the_pool_memory_budget(make_pool):
         GradingPool(1, 1.0, f"{FIXTURES}:square", memory_budget_bytes=1024)
 
 
-def test_a_batch_done_under_another_callers_drive_returns_without_waiting_for_that_callers_batch(make_pool, tmp_path):
+def test_a_batch_done_under_another_callers_drive_returns_without_waiting_for_that_callers_batch(
+    make_pool, tmp_path
+):
     """Two callers: a slow batch (one 2 s task) and a quick one submitted while the slow one drives.
     The quick one returns as soon as its tasks are done, not when the driver's own batch is."""
     import threading
@@ -685,7 +731,9 @@ def test_a_forkserver_started_early_serves_the_pool_and_is_stopped_with_it(tmp_p
     script = tmp_path / "early.py"
     script.write_text(EARLY_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["values"] == [9, 16] and report["parents"] == [report["early"]]
@@ -698,7 +746,10 @@ def test_an_early_start_that_fails_is_said_and_skipped(capsys):
     failure)."""
     from scorers import early
 
-    assert early.early_args("math_verify") == ["--early", "math_verify"] and early.early_args("constant") == []
+    assert (
+        early.early_args("math_verify") == ["--early", "math_verify"]
+        and early.early_args("constant") == []
+    )
     early.run_from_argv(["child_runtime", "--early", "no_such_scorer"])
     early.run_from_argv(["child_runtime"])  # nothing named: nothing runs
     assert capsys.readouterr().err.count("early start 'no_such_scorer' skipped: KeyError") == 1
@@ -769,7 +820,9 @@ def test_a_pool_started_without_waiting_serves_its_first_grade_once_up_and_leave
     script = tmp_path / "unwaited.py"
     script.write_text(UNWAITED_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO), "GRADING_GATE": str(tmp_path / "gate")}
-    done = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=90)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=90
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
     assert report == {
@@ -781,7 +834,9 @@ def test_a_pool_started_without_waiting_serves_its_first_grade_once_up_and_leave
 def test_a_start_not_waited_for_that_fails_is_the_first_grades_error(make_pool):
     pool = make_pool("no_such_function", jobs=1, start=False)
     pool.start(wait=False)
-    with pytest.raises(GradingPoolError, match="cannot load 'tests.helpers.grading_fixtures:no_such_function'"):
+    with pytest.raises(
+        GradingPoolError, match="cannot load 'tests.helpers.grading_fixtures:no_such_function'"
+    ):
         pool.grade([(1,)])
     assert pool.broken
     with pytest.raises(GradingPoolError, match="broken: .*no_such_function"):
@@ -835,7 +890,9 @@ FORKSERVER_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.parametrize("order", ["pool-first", "trainer-first"])
-def test_workers_have_the_pools_preload_whoever_set_the_forkserver_and_the_callers_processes_survive(tmp_path, order):
+def test_workers_have_the_pools_preload_whoever_set_the_forkserver_and_the_callers_processes_survive(
+    tmp_path, order
+):
     """multiprocessing keeps one forkserver per process. pool-first: the caller's
     `set_forkserver_preload` right after `start(wait=False)` cannot make the pool's workers fork
     cold (it raced the start's thread); trainer-first: the workers fork from a template that ran the
@@ -845,7 +902,12 @@ def test_workers_have_the_pools_preload_whoever_set_the_forkserver_and_the_calle
     script.write_text(FORKSERVER_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, str(script), order], cwd=REPO, env=env, capture_output=True, text=True, timeout=90
+        [sys.executable, str(script), order],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])

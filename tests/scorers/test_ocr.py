@@ -39,7 +39,9 @@ def blank() -> np.ndarray:
 
 
 def request(*pairs: tuple[np.ndarray, object]) -> RewardRequest:
-    return RewardRequest(items=[RewardItem(id=f"i{n}", image=im, reference=ref) for n, (im, ref) in enumerate(pairs)])
+    return RewardRequest(
+        items=[RewardItem(id=f"i{n}", image=im, reference=ref) for n, (im, ref) in enumerate(pairs)]
+    )
 
 
 # --- in-process: no rapidocr needed ---------------------------------------------------------------
@@ -79,7 +81,10 @@ def test_similarity_bounds():
 def test_normaliser():
     assert normalize_ocr_text("  Hello \t World\n") == "helloworld"
     assert normalize_ocr_text("  Hello \t World\n", ignore_spaces=False) == "hello world"
-    assert normalize_ocr_text("Hello  World", case_sensitive=True, ignore_spaces=False) == "Hello World"
+    assert (
+        normalize_ocr_text("Hello  World", case_sensitive=True, ignore_spaces=False)
+        == "Hello World"
+    )
     # NFKC: full-width letters and the ligature fold
     assert normalize_ocr_text("ＨＥＬＬＯ ﬁ") == "hellofi"
     assert normalize_ocr_text("STRASSE") == normalize_ocr_text("straße")  # casefold, not lower
@@ -183,7 +188,12 @@ def test_scores_rendered_text_blank_images_and_mapping_references(managed):
 
 @pytest.mark.slow
 def test_det_limit_side_len_changes_nothing_essential(managed):
-    backend = managed(env_python("ocr"), "ocr", input_kind="image", params={"det_limit_side_len": 480, "threads": 1})
+    backend = managed(
+        env_python("ocr"),
+        "ocr",
+        input_kind="image",
+        params={"det_limit_side_len": 480, "threads": 1},
+    )
     response = backend.compute_rewards(request((render("Hello World", (640, 160)), "Hello World")))
     assert response.rewards[0] >= 0.9, response.diagnostics
 

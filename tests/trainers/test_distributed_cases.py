@@ -18,7 +18,13 @@ pytestmark = pytest.mark.slow
 def seen(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
     out = tmp_path_factory.mktemp("cases")
     env = launcher_free_env()
-    command = [str(env_python("trl")), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command = [
+        str(env_python("trl")),
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+    ]
     done = subprocess.run(
         [*command, str(REPO_ROOT / "tests" / "helpers" / "distributed_cases.py"), str(out)],
         env=env,
@@ -31,7 +37,10 @@ def seen(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
     found: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(out.glob("*-rank0.json")):
         name = path.name.removesuffix("-rank0.json")
-        found[name] = [json.loads(path.read_text()), json.loads((out / f"{name}-rank1.json").read_text())]
+        found[name] = [
+            json.loads(path.read_text()),
+            json.loads((out / f"{name}-rank1.json").read_text()),
+        ]
     return found
 
 
@@ -72,7 +81,9 @@ def test_an_optional_terms_failure_covers_whole_groups_never_part_of_one(seen):
         assert groups["p1"] == {True}
 
 
-def test_a_failure_in_a_spanning_group_raises_the_same_error_everywhere_and_the_next_step_runs(seen):
+def test_a_failure_in_a_spanning_group_raises_the_same_error_everywhere_and_the_next_step_runs(
+    seen,
+):
     both = ranks(seen, "a_failure_inside_a_spanning_group_fails_every_rank")
     assert {found["first"]["error"] for found in both} == {"RankFailed"}
     assert len({found["first"]["message"] for found in both}) == 1
@@ -98,7 +109,9 @@ def test_an_empty_shard_takes_part(seen):
 def test_a_rank_that_skipped_a_call_is_caught_not_mixed(seen):
     first, second = ranks(seen, "a_skipped_call_is_caught_not_mixed")
     for call in (first["calls"][0], second["calls"][0]):
-        assert call["error"] == "RankLost" and "out of step (rank 0: call 1 step 1" in call["message"], call
+        assert (
+            call["error"] == "RankLost" and "out of step (rank 0: call 1 step 1" in call["message"]
+        ), call
     assert first["calls"][1]["error"] == "RankLost"  # broken for good: never a later call's data
 
 

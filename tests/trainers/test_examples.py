@@ -91,10 +91,25 @@ def test_verl_installed_entry_point_loads_by_module_pickles_and_scores_every_for
     partial that pickles (by reference), one panel per process and recipe, rewards as the math child
     grades them."""
     recipe = tmp_path / "reward.yaml"
-    models = {"math": {"backend": "managed", "scorer": "math_verify", "env": "math", "params": {"jobs": 2}}}
-    recipe.write_text(json.dumps({"reward": {"models": models, "reward_functions": {"correct": {"model": "math"}}}}))
+    models = {
+        "math": {
+            "backend": "managed",
+            "scorer": "math_verify",
+            "env": "math",
+            "params": {"jobs": 2},
+        }
+    }
+    recipe.write_text(
+        json.dumps(
+            {"reward": {"models": models, "reward_functions": {"correct": {"model": "math"}}}}
+        )
+    )
     done = subprocess.run(
-        [sys.executable, "-c", VERL_PKG_DRIVER, str(recipe)], cwd=tmp_path, capture_output=True, text=True, timeout=180
+        [sys.executable, "-c", VERL_PKG_DRIVER, str(recipe)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.splitlines()[-1])
@@ -166,7 +181,12 @@ def test_verl_example_fails_every_task_at_once_when_its_child_cannot_start(tmp_p
     broken.write_text(f"#!/bin/sh\necho boot >> {boots}\nsleep 1\nexit 3\n")
     broken.chmod(0o755)
     done = subprocess.run(
-        [sys.executable, "-c", FAILING_BOOT_DRIVER, str(REPO_ROOT / "examples" / "verl_compute_score.py")],
+        [
+            sys.executable,
+            "-c",
+            FAILING_BOOT_DRIVER,
+            str(REPO_ROOT / "examples" / "verl_compute_score.py"),
+        ],
         cwd=tmp_path,
         env={**os.environ, "MATH_PYTHON": str(broken)},
         capture_output=True,

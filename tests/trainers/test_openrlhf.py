@@ -19,7 +19,13 @@ import pytest
 from child_runtime.protocol.items import RequestError
 from child_runtime.protocol.openrlhf import response_of
 from tests.conftest import REPO_ROOT, env_python, wait_until_gone
-from tests.ops.test_cli_serve import FLAKY, math_env_processes_since, start_serve, stop_serve, wait_ready
+from tests.ops.test_cli_serve import (
+    FLAKY,
+    math_env_processes_since,
+    start_serve,
+    stop_serve,
+    wait_ready,
+)
 from tests.trainers.test_trl_grpo import independent_grades
 
 # What OpenRLHF's SingleTurnAgentExecutor does with a .py remote_url (openrlhf/utils/agent.py).
@@ -52,12 +58,20 @@ def run_driver(tmp_path, models: dict) -> subprocess.CompletedProcess[str]:
     functions = {name: {"model": name} for name in models}
     recipe.write_text(json.dumps({"reward": {"models": models, "reward_functions": functions}}))
     where = subprocess.run(
-        [sys.executable, "-m", "supervisor", "integrations", "openrlhf"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "supervisor", "integrations", "openrlhf"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     # this checkout's packages, whatever an installed copy says (the driver runs in tmp_path)
     env = {**os.environ, "MANAGED_SCORERS_RECIPE": str(recipe), "PYTHONPATH": str(REPO_ROOT)}
     return subprocess.run(
-        [sys.executable, "-c", DRIVER, where], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+        [sys.executable, "-c", DRIVER, where],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
 
 
@@ -78,7 +92,14 @@ def test_one_sample_calls_from_threads_are_coalesced_and_graded_by_the_math_chil
 
 def test_a_groupwise_term_is_refused_loudly_when_the_function_starts(tmp_path):
     done = run_driver(
-        tmp_path, {"judge": {"backend": "local", "scorer": "pairwise_judge", "params": {"inner": "token_f1"}}}
+        tmp_path,
+        {
+            "judge": {
+                "backend": "local",
+                "scorer": "pairwise_judge",
+                "params": {"inner": "token_f1"},
+            }
+        },
     )
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.splitlines()[-1])
@@ -128,7 +149,11 @@ def run_executor(tmp_path: Path, jobs: list[dict], env: dict[str, str]) -> tuple
 
 def check_graded(outputs: list[dict], rows: list[list]) -> None:
     rewards = [out["reward"] for out in outputs]
-    assert rewards == independent_grades([text for _, text, _ in rows], [gold for _, _, gold in rows]) == EXPECTED
+    assert (
+        rewards
+        == independent_grades([text for _, text, _ in rows], [gold for _, _, gold in rows])
+        == EXPECTED
+    )
     assert [out["scores"] for out in outputs] == rewards
     assert [out["extra_logs"] for out in outputs] == [{"math_verify": r} for r in rewards]
 
@@ -159,12 +184,17 @@ def test_openrlhfs_executor_scores_through_serve_on_two_urls_and_loses_nothing_s
         jobs = [
             # two serve processes: OpenRLHF rotates its calls
             {"remote_url": ",".join(urls[:2]), "rows": ROWS},
-            {"remote_url": f"http://127.0.0.1:{ports[0]}/openrlhf/{secret[::-1]}", "rows": ROWS[:2]},
+            {
+                "remote_url": f"http://127.0.0.1:{ports[0]}/openrlhf/{secret[::-1]}",
+                "rows": ROWS[:2],
+            },
             {"remote_url": urls[2], "rows": flaky_rows},
             # at once: more than 64 pending connections x 5 tries
             {"remote_url": urls[2], "rows": BURST},
         ]
-        report, openrlhf_log = run_executor(tmp_path, jobs, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+        report, openrlhf_log = run_executor(
+            tmp_path, jobs, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        )
         assert report["antlr"] == "4.9.3"  # the trainer env's: it grades 10\\% wrong in-process
         check_graded(report["jobs"][0], ROWS)
         answered = [openrlhf_answers(port) for port in ports[:2]]
@@ -174,8 +204,12 @@ def test_openrlhfs_executor_scores_through_serve_on_two_urls_and_loses_nothing_s
         assert [out["reward"] for out in report["jobs"][1]] == [None, None]
         # a scorer failure: 500, five times
         assert [out["reward"] for out in report["jobs"][2]] == [None, 4.0]
-        assert [out["reward"] for out in report["jobs"][3]] == [float(len(text)) for _, text, _ in BURST]
-        flaky_health = httpx.get(f"http://127.0.0.1:{ports[2]}/health", headers=BEARER, timeout=10).json()
+        assert [out["reward"] for out in report["jobs"][3]] == [
+            float(len(text)) for _, text, _ in BURST
+        ]
+        flaky_health = httpx.get(
+            f"http://127.0.0.1:{ports[2]}/health", headers=BEARER, timeout=10
+        ).json()
         # the burst was let wait, not turned away
         assert flaky_health["connections"]["evicted"] == 0
         # OpenRLHF's own word on it, at INFO
@@ -203,11 +237,19 @@ def test_openrlhfs_executor_scores_through_the_shipped_reward_func_file(tmp_path
     math = {"backend": "managed", "scorer": "math_verify", "env": "math", "params": {"jobs": 2}}
     recipe.write_text(
         json.dumps(
-            {"reward": {"models": {"math_verify": math}, "reward_functions": {"math_verify": {"model": "math_verify"}}}}
+            {
+                "reward": {
+                    "models": {"math_verify": math},
+                    "reward_functions": {"math_verify": {"model": "math_verify"}},
+                }
+            }
         )
     )
     where = subprocess.run(
-        [sys.executable, "-m", "supervisor", "integrations", "openrlhf"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "supervisor", "integrations", "openrlhf"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     # this checkout's code
     env = {**os.environ, "MANAGED_SCORERS_RECIPE": str(recipe), "PYTHONPATH": str(REPO_ROOT)}

@@ -21,7 +21,9 @@ def ray_python():
     unavailable = REPO_ROOT / "envs" / "ray" / "UNAVAILABLE"
     # `make env-ray` could not install Ray here: say why, never pass silently
     if unavailable.exists():
-        pytest.skip(f"Ray could not be installed on this machine: {unavailable.read_text().strip()[-400:]}")
+        pytest.skip(
+            f"Ray could not be installed on this machine: {unavailable.read_text().strip()[-400:]}"
+        )
     return env_python("ray")
 
 
@@ -32,7 +34,14 @@ def test_an_actor_per_rank_owns_its_child_and_ray_kill_leaves_none(tmp_path):
     env = {**os.environ, "HOME": temp_dir, MARKER: temp_dir, "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     report_path = tmp_path / "report.json"
-    command = [str(python), str(REPO_ROOT / "examples" / "ray_actor.py"), "--ranks", "2", "--logical-gpus", "2"]
+    command = [
+        str(python),
+        str(REPO_ROOT / "examples" / "ray_actor.py"),
+        "--ranks",
+        "2",
+        "--logical-gpus",
+        "2",
+    ]
     try:
         done = subprocess.run(
             [*command, "--kill-one", "--report", str(report_path)],

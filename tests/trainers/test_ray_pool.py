@@ -50,7 +50,9 @@ def _node_ports() -> list[str]:
     """Every port a raylet opens, its own: two raylets on one machine must not collide."""
     names = ("node-manager", "object-manager", "runtime-env-agent", "dashboard-agent-grpc",
              "dashboard-agent-listen", "metrics-export")  # fmt: skip
-    return [f"--{name}-port={port}" for name, port in zip(names, _free_ports(len(names)), strict=True)]
+    return [
+        f"--{name}-port={port}" for name, port in zip(names, _free_ports(len(names)), strict=True)
+    ]
 
 
 def _cluster_processes(temp_dir: str) -> list[psutil.Process]:
@@ -119,7 +121,11 @@ def cluster():
             log = Path(temp_dir) / "ray-start.log"
             with log.open("a") as out:
                 done = subprocess.run(
-                    [ray, "start", *common, *_node_ports(), *extra], env=env, stdout=out, stderr=out, timeout=120
+                    [ray, "start", *common, *_node_ports(), *extra],
+                    env=env,
+                    stdout=out,
+                    stderr=out,
+                    timeout=120,
                 )
             assert done.returncode == 0, log.read_text()[-4000:]
         yield {"address": address, "env": env, "python": str(python), "temp_dir": temp_dir}
@@ -136,10 +142,14 @@ def _driver(
 ) -> subprocess.Popen[str]:
     out = tmp_path / f"{step}-{seed}.json"
     command = [cluster["python"], str(DRIVER), step, cluster["address"], pool, str(out), str(seed)]
-    return subprocess.Popen(command, env=cluster["env"], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        command, env=cluster["env"], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
 
 
-def _report(process: subprocess.Popen[str], tmp_path: Path, step: str, seed: int = 0) -> dict[str, Any]:
+def _report(
+    process: subprocess.Popen[str], tmp_path: Path, step: str, seed: int = 0
+) -> dict[str, Any]:
     try:
         _, stderr = process.communicate(timeout=150)
     except subprocess.TimeoutExpired:
@@ -153,7 +163,9 @@ def _report(process: subprocess.Popen[str], tmp_path: Path, step: str, seed: int
     return report
 
 
-def _run(cluster: dict[str, Any], tmp_path: Path, step: str, seed: int = 0, pool: str = POOL) -> dict[str, Any]:
+def _run(
+    cluster: dict[str, Any], tmp_path: Path, step: str, seed: int = 0, pool: str = POOL
+) -> dict[str, Any]:
     return _report(_driver(cluster, tmp_path, step, seed, pool), tmp_path, step, seed)
 
 
@@ -173,7 +185,9 @@ def _scorer_children(cluster: dict[str, Any]) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-def test_a_pool_on_reward_nodes_serves_two_drivers_survives_an_actor_kill_and_dies_whole(cluster, tmp_path):
+def test_a_pool_on_reward_nodes_serves_two_drivers_survives_an_actor_kill_and_dies_whole(
+    cluster, tmp_path
+):
     created = _run(cluster, tmp_path, "create")
     assert created["equal"] and created["ids"], created
     (reward_node,) = created["reward_nodes"]
@@ -198,7 +212,9 @@ def test_a_pool_on_reward_nodes_serves_two_drivers_survives_an_actor_kill_and_di
     error = killed["error"]
     assert error["type"] == "PoolActorDied", killed
     assert error["node_id"] == reward_node and error["actor_pid"] == victim["pid"], error
-    assert reward_node in error["message"] and f"pid {victim['pid']}" in error["message"], error["message"]
+    assert reward_node in error["message"] and f"pid {victim['pid']}" in error["message"], error[
+        "message"
+    ]
     # Ray restarted the actor: the next call is served
     assert killed["after"]["served"]["equal"], killed
     restarted = killed["actors"][0]
@@ -220,7 +236,9 @@ def test_a_pool_on_reward_nodes_serves_two_drivers_survives_an_actor_kill_and_di
     job = _run(cluster, tmp_path, "create-job", 4, pool="jobpool")
     assert job["equal"], job
     (only,) = job["actors"]
-    assert not wait_until_gone([only["pid"], only["child_pid"]], 15.0), "a job pool outlived its driver"
+    assert not wait_until_gone([only["pid"], only["child_pid"]], 15.0), (
+        "a job pool outlived its driver"
+    )
 
 
 def test_without_ray_the_pool_says_what_it_needs():
@@ -233,12 +251,20 @@ def test_without_ray_the_pool_says_what_it_needs():
         pytest.skip("Ray is installed in this environment")
     with pytest.raises(ConfigError, match=r"pip install 'managed-scorers\[ray\]'"):
         RayPoolBackend.create(
-            {"name": "p", "scorer": {"env": "image", "scorer": {"name": "mean_intensity", "input_kind": "image"}}}
+            {
+                "name": "p",
+                "scorer": {
+                    "env": "image",
+                    "scorer": {"name": "mean_intensity", "input_kind": "image"},
+                },
+            }
         )
 
 
 @pytest.mark.slow
-def test_a_late_share_is_cancelled_where_it_is_and_an_answer_of_another_identity_is_refused(cluster, tmp_path):
+def test_a_late_share_is_cancelled_where_it_is_and_an_answer_of_another_identity_is_refused(
+    cluster, tmp_path
+):
     """A share hung past the call's deadline costs that call alone: its child is killed, the next
     call is served; a call queued behind it says so. An actor Ray restarted under another identity
     (its node's scorer changed) contributes nothing to a call, and the error names it, its node and
@@ -247,7 +273,8 @@ def test_a_late_share_is_cancelled_where_it_is_and_an_answer_of_another_identity
     queued, hung = found["queued"]["error"], found["hung"]["error"]
     assert queued["type"] == "ScorerTimeout", queued
     assert (
-        "was still queued when the call's deadline passed" in queued["message"] and "scoring" not in queued["message"]
+        "was still queued when the call's deadline passed" in queued["message"]
+        and "scoring" not in queued["message"]
     ), queued
     assert hung["type"] == "ScorerTimeout" and "was scoring" in hung["message"], hung
     assert hung["message"].startswith("Ray pool 'stamped' actor 0/2 (node "), hung
@@ -264,7 +291,9 @@ def test_a_late_share_is_cancelled_where_it_is_and_an_answer_of_another_identity
         restarted["pid"],
     )
     assert (mixed["expected"], mixed["got"]) == (found["identity"], restarted["identity"]), mixed
-    assert found["identity"] in mixed["message"] and restarted["identity"] in mixed["message"], mixed
+    assert found["identity"] in mixed["message"] and restarted["identity"] in mixed["message"], (
+        mixed
+    )
     assert f"pid {restarted['pid']}" in mixed["message"], mixed
     children = {victim["child_pid"], *found["children"]}
     assert not wait_until_gone(sorted(children), 15.0), "a child of the stamped pool outlived it"

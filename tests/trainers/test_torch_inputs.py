@@ -33,7 +33,11 @@ EXPECTED = {
 @pytest.mark.slow
 def test_torch_tensors_go_wherever_arrays_go(tmp_path):
     done = subprocess.run(
-        [str(env_python("trl")), str(REPO_ROOT / "tests" / "helpers" / "torch_inputs.py"), str(env_python("image"))],
+        [
+            str(env_python("trl")),
+            str(REPO_ROOT / "tests" / "helpers" / "torch_inputs.py"),
+            str(env_python("image")),
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -15,15 +15,31 @@ import pytest
 from tests.conftest import REPO_ROOT, env_python, wait_until_gone
 from tests.helpers.math_env import independent_grades, math_env_processes_since
 
-ROWS = [["so \\boxed{10\\%}", "0.1"], ["\\boxed{3}", "4"], ["the answer is $\\frac{1}{2}$", "0.5"], ["\\boxed{7}", "7"]]
+ROWS = [
+    ["so \\boxed{10\\%}", "0.1"],
+    ["\\boxed{3}", "4"],
+    ["the answer is $\\frac{1}{2}$", "0.5"],
+    ["\\boxed{7}", "7"],
+]
 REWARD_LOOP = ["naive", "dapo", "gdpo", "rate_limited", "remote"]
 
 
 @pytest.mark.slow
 def test_every_verl_reward_manager_scores_through_the_installed_entry_point(tmp_path):
     recipe = tmp_path / "reward.yaml"
-    models = {"math": {"backend": "managed", "scorer": "math_verify", "env": "math", "params": {"jobs": 2}}}
-    recipe.write_text(json.dumps({"reward": {"models": models, "reward_functions": {"correct": {"model": "math"}}}}))
+    models = {
+        "math": {
+            "backend": "managed",
+            "scorer": "math_verify",
+            "env": "math",
+            "params": {"jobs": 2},
+        }
+    }
+    recipe.write_text(
+        json.dumps(
+            {"reward": {"models": models, "reward_functions": {"correct": {"model": "math"}}}}
+        )
+    )
     start = time.time()
     # for the example file, loaded by path
     env = {**os.environ, "MATH_PYTHON": str(env_python("math"))}
