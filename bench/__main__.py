@@ -89,10 +89,11 @@ def bench_tiny_round_trip(rounds: int = 1500, warmup: int = 50) -> str:
             warmup=warmup,
         )
     return (
-        f"tiny request round trip         managed p50 {times['managed'] * 1e3:7.3f} ms  in-process p50 "
-        f"{times['local'] * 1e3:7.3f} ms  overhead {1e3 * (times['managed'] - times['local']):7.3f} ms\n"
-        f"  of which: an HTTP exchange doing nothing (GET /health) {times['health'] * 1e3:.3f} ms, "
-        f"the /score frame alone {times['raw score'] * 1e3:.3f} ms"
+        f"tiny request round trip         managed p50 {times['managed'] * 1e3:7.3f} ms  "
+        f"in-process p50 {times['local'] * 1e3:7.3f} ms  overhead "
+        f"{1e3 * (times['managed'] - times['local']):7.3f} ms\n  of which: an HTTP exchange "
+        f"doing nothing (GET /health) {times['health'] * 1e3:.3f} ms, the /score frame alone "
+        f"{times['raw score'] * 1e3:.3f} ms"
     )
 
 
@@ -186,11 +187,13 @@ def bench_jpeg_batch(rounds: int = 20) -> str:
             rounds=rounds,
         )
     return (
-        f"8x512x512 jpeg_compressibility  in-process p50 {times['local'] * 1e3:7.2f} ms  managed p50 "
-        f"{times['managed'] * 1e3:7.2f} ms  ratio {times['managed'] / times['local']:5.3f}  "
-        f"(+{1e3 * (times['managed'] - times['local']):.2f} ms)\n"
-        f"  managed, images built in the arena p50 {times['arena'] * 1e3:7.2f} ms  ratio "
-        f"{times['arena'] / times['local']:5.3f}  (+{1e3 * (times['arena'] - times['local']):.2f} ms)"
+        f"8x512x512 jpeg_compressibility  in-process p50 {times['local'] * 1e3:7.2f} ms  "
+        f"managed p50 {times['managed'] * 1e3:7.2f} ms  ratio "
+        f"{times['managed'] / times['local']:5.3f}  "
+        f"(+{1e3 * (times['managed'] - times['local']):.2f} ms)\n  managed, images built in "
+        f"the arena p50 {times['arena'] * 1e3:7.2f} ms  ratio "
+        f"{times['arena'] / times['local']:5.3f}  "
+        f"(+{1e3 * (times['arena'] - times['local']):.2f} ms)"
     )
 
 
@@ -218,8 +221,9 @@ def bench_cold_start(env: str, repeats: int = 5) -> str:
             spawn.append(backend.timings["spawn_to_ready_s"])
             load.append(backend.ready_info["load_s"])
     return (
-        f"cold start env {env:<6}           spawn->ready p50 {p50(spawn):6.3f} s  bare import {bare:6.3f} s  "
-        f"difference {p50(spawn) - bare:+6.3f} s  (the scorer's load() in the child, lazy imports included: {p50(load):.3f} s)"
+        f"cold start env {env:<6}           spawn->ready p50 {p50(spawn):6.3f} s  bare "
+        f"import {bare:6.3f} s  difference {p50(spawn) - bare:+6.3f} s  (the scorer's load() "
+        f"in the child, lazy imports included: {p50(load):.3f} s)"
     )
 
 
@@ -251,8 +255,8 @@ def bench_shutdown(graceful_repeats: int = 5, forced_repeats: int = 3) -> str:
     finally:
         quiet.setLevel(level)
     return (
-        f"shutdown                        graceful p50 {p50(graceful):6.3f} s  forced (frozen child, "
-        f"shutdown_timeout 1 s): gone {p50(late) * 1e3:+6.1f} ms past the deadline"
+        f"shutdown                        graceful p50 {p50(graceful):6.3f} s  forced "
+        f"(frozen child, shutdown_timeout 1 s): gone {p50(late) * 1e3:+6.1f} ms past the deadline"
     )
 
 
@@ -285,8 +289,8 @@ def bench_env_batch(env: str, workload: str, repeats: int, items: int | None = N
     assert managed_rewards == inproc["terms"][scorer], "managed and in-process rewards differ"
     ratio = p50(remote) / p50(inproc["samples"])
     return (
-        f"{len(request.items)}-item {scorer:<18} managed p50 {p50(remote) * 1e3:8.2f} ms  in-process p50 "
-        f"{p50(inproc['samples']) * 1e3:8.2f} ms  ratio {ratio:5.3f}"
+        f"{len(request.items)}-item {scorer:<18} managed p50 {p50(remote) * 1e3:8.2f} ms  "
+        f"in-process p50 {p50(inproc['samples']) * 1e3:8.2f} ms  ratio {ratio:5.3f}"
     )
 
 
@@ -423,8 +427,8 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(line.name for line in LINES))
         return
     print(
-        f"managed-scorers bench  python {sys.version.split()[0]}  cores {len(os.sched_getaffinity(0))}  "
-        f"numpy {np.__version__}"
+        f"managed-scorers bench  python {sys.version.split()[0]}  cores "
+        f"{len(os.sched_getaffinity(0))}  numpy {np.__version__}"
         + ("  SMOKE: smallest sizes, figures mean nothing" if args.smoke else "")
     )
     for line in LINES:

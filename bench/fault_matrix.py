@@ -35,7 +35,8 @@ def rogue_python(directory: Path, python: str | Path) -> Path:
     answers for the wrong ids, to show that the parent refuses such answers."""
     wrapper = directory / "rogue-python"
     wrapper.write_text(
-        f'#!/bin/sh\nPYTHONPATH="{ROOT / "tests" / "helpers" / "rogue_root"}:$PYTHONPATH" exec "{python}" "$@"\n'
+        f'#!/bin/sh\nPYTHONPATH="{ROOT / "tests" / "helpers" / "rogue_root"}:$PYTHONPATH" '
+        f'exec "{python}" "$@"\n'
     )
     wrapper.chmod(0o755)
     return wrapper
@@ -259,8 +260,8 @@ def main() -> None:
             else "not tried (a new child would lie again)"
         )
         print(
-            f"| {fault.name} | {type(outcome.error).__name__} | {outcome.to_error_s:.3f} s | {served} | "
-            f"{outcome.child} |"
+            f"| {fault.name} | {type(outcome.error).__name__} | {outcome.to_error_s:.3f} s | "
+            f"{served} | {outcome.child} |"
         )
 
 

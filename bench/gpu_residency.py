@@ -128,7 +128,8 @@ class Check:
         else:
             self.row(
                 f"torch_probe {mib} MiB: RSS resident / offloaded (cpu: offload moves nothing)",
-                f"{self.memory(off['before'], 'rss') / MIB:.0f} / {self.memory(off['after'], 'rss') / MIB:.0f} MiB",
+                f"{self.memory(off['before'], 'rss') / MIB:.0f} / "
+                f"{self.memory(off['after'], 'rss') / MIB:.0f} MiB",
             )
         self.row(
             f"torch_probe {mib} MiB: offload / onload p50 ({ROUNDS} rounds)",
@@ -178,7 +179,8 @@ class Check:
             per_context = (together - reserved) / 2
             self.row(
                 f"two {mib} MiB children on one GPU: device used / their reserved",
-                f"{together / MIB:.0f} / {reserved / MIB:.0f} MiB ({per_context / MIB:.0f} MiB per CUDA context)",
+                f"{together / MIB:.0f} / {reserved / MIB:.0f} MiB ({per_context / MIB:.0f} "
+                f"MiB per CUDA context)",
                 "consistent" if 0 <= per_context <= 1024 * MIB else "inconsistent",
                 failed=not 0 <= per_context <= 1024 * MIB,
             )
@@ -367,14 +369,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda"):
         if importlib.util.find_spec("torch") is None:
             print(
-                "gpu_residency: SKIPPED - no torch in this interpreter; run it with a CUDA torch's python"
+                "gpu_residency: SKIPPED - no torch in this interpreter; run it with a CUDA "
+                "torch's python"
             )
             return 2 if args.require_gpu else 0
         import torch
 
         if not torch.cuda.is_available():
             print(
-                "gpu_residency: SKIPPED - no CUDA device visible here (use --device cpu for a dry run)"
+                "gpu_residency: SKIPPED - no CUDA device visible here (use --device cpu for "
+                "a dry run)"
             )
             return 2 if args.require_gpu else 0
         torch.cuda.init()
@@ -384,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
             return int(total - free)
 
         print(
-            f"device: {torch.cuda.get_device_name()}, {torch.cuda.mem_get_info()[1] / 2**30:.0f} GiB, torch {torch.__version__}"
+            f"device: {torch.cuda.get_device_name()}, "
+            f"{torch.cuda.mem_get_info()[1] / 2**30:.0f} GiB, torch {torch.__version__}"
         )
     check = Check(python, args.site, args.device)
     if used is not None:
@@ -395,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(f"settings the children inherit: {settings}")
     print(
-        f"children: {python}{f' + {args.site}' if args.site else ''}; device {args.device}; probe sizes {sizes} MiB"
+        f"children: {python}{f' + {args.site}' if args.site else ''}; device {args.device}; "
+        f"probe sizes {sizes} MiB"
     )
     print("| what | figure | verdict |\n|---|---|---|")
     try:
@@ -417,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
             backend.close()
     faulthandler.cancel_dump_traceback_later()
     print(
-        f"gpu_residency: done in {time.monotonic() - began:.1f} s (from the start, imports and CUDA init included)"
+        f"gpu_residency: done in {time.monotonic() - began:.1f} s (from the start, imports "
+        f"and CUDA init included)"
     )
     return 1 if check.failed else 0
 

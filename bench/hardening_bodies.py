@@ -114,8 +114,8 @@ def _post_measured(served: Served, body: bytes) -> dict:
 def _said(got: dict) -> str:
     answer = f"{got['status']} {got['kind']}".strip()
     return (
-        f"{answer}; server peak +{got['peak']:.0f} MiB, +{got['left']:.0f} MiB left after; slowest of "
-        f"{got['health_n']} /health meanwhile {got['health_max']:.2f} s"
+        f"{answer}; server peak +{got['peak']:.0f} MiB, +{got['left']:.0f} MiB left after; "
+        f"slowest of {got['health_n']} /health meanwhile {got['health_max']:.2f} s"
     )
 
 
@@ -225,7 +225,8 @@ def _score_audio(folder: Path, odd: dict[int, str], unchecked: bool = False) -> 
         last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
         last = last.replace(str(folder) + "/", "")
         said.append(
-            f"exit {done.returncode}, {len(rows)} rows written ({errors} with an error): {last[:110]!r}"
+            f"exit {done.returncode}, {len(rows)} rows written ({errors} with an error): "
+            f"{last[:110]!r}"
         )
     return said[0], said[1]
 

@@ -36,17 +36,32 @@ MATH = str(ROOT / "envs" / "math" / ".venv" / "bin" / "python")
 CLIENT = """
 import json, resource, sys, time
 from supervisor import RemoteRewardBackend, RewardItem, RewardRequest
+
 url, token, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
 remote = RemoteRewardBackend(url, token=token, request_timeout=timeout)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 began = time.monotonic()
 try:
-    remote.compute_rewards(RewardRequest(items=[RewardItem(id=f"r{i}", text="x" * i) for i in range(5)]))
+    remote.compute_rewards(
+        RewardRequest(items=[RewardItem(id=f"r{i}", text="x" * i) for i in range(5)])
+    )
     outcome = "scored"
 except Exception as exc:
     first = str(exc).splitlines()[0]
-    outcome = f"{type(exc).__name__}: ...{first[-90:]}" if len(first) > 90 else f"{type(exc).__name__}: {first}"
-print(json.dumps({"s": time.monotonic() - began, "outcome": outcome, "rss": [before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]}))
+    outcome = (
+        f"{type(exc).__name__}: ...{first[-90:]}"
+        if len(first) > 90
+        else f"{type(exc).__name__}: {first}"
+    )
+print(
+    json.dumps(
+        {
+            "s": time.monotonic() - began,
+            "outcome": outcome,
+            "rss": [before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss],
+        }
+    )
+)
 """
 
 
@@ -79,7 +94,10 @@ def remote_trickle() -> str:
             f"http://127.0.0.1:{port_of(server)}", "trickle", trickle_s=0.05
         ) as slow:
             got = _remote_client(slow.url, child_of(server).token, 2.0)
-    return f"request_timeout 2 s, a valid answer trickled a byte every 50 ms: {got['outcome']} after {got['s']:.1f} s"
+    return (
+        f"request_timeout 2 s, a valid answer trickled a byte every 50 ms: {got['outcome']} "
+        f"after {got['s']:.1f} s"
+    )
 
 
 def remote_gzip_bomb() -> str:
@@ -91,8 +109,8 @@ def remote_gzip_bomb() -> str:
             got = _remote_client(bomb.url, child_of(server).token, 60.0)
     before, after = (kib / 2**10 for kib in got["rss"])
     return (
-        f"{len(bomb.bomb) / 2**10:.0f} KB of gzip that decodes to 512 MiB: {got['outcome']} after {got['s']:.2f} s; "
-        f"trainer peak RSS {before:.0f} -> {after:.0f} MiB"
+        f"{len(bomb.bomb) / 2**10:.0f} KB of gzip that decodes to 512 MiB: {got['outcome']} "
+        f"after {got['s']:.2f} s; trainer peak RSS {before:.0f} -> {after:.0f} MiB"
     )
 
 
@@ -125,9 +143,9 @@ def hostile_tail_default_config() -> str:
             backend.compute_rewards(request(with_hazards(next(fresh))[0]))
             hostile_s = time.monotonic() - began
     return (
-        f"request_batch_size 64 (9 chunks), timeout_s 5: clean {clean_s:.2f} s, hostile {hostile_s:.2f} s "
-        f"(+{hostile_s - clean_s:.2f} s); the child's tree peaked at {memory.peak_pss / 2**30:.2f} GiB PSS "
-        f"({memory.peak_rss / 2**30:.2f} summed RSS)"
+        f"request_batch_size 64 (9 chunks), timeout_s 5: clean {clean_s:.2f} s, hostile "
+        f"{hostile_s:.2f} s (+{hostile_s - clean_s:.2f} s); the child's tree peaked at "
+        f"{memory.peak_pss / 2**30:.2f} GiB PSS ({memory.peak_rss / 2**30:.2f} summed RSS)"
     )
 
 
@@ -154,7 +172,10 @@ def panel_shared_timeout() -> str:
         except ScorerError as exc:
             outcome = type(exc).__name__
         took = time.monotonic() - began
-        return f"{outcome} after {took:.1f} s; the child was restarted {shared.restarts} time(s) within the call"
+        return (
+            f"{outcome} after {took:.1f} s; the child was restarted {shared.restarts} time(s) "
+            f"within the call"
+        )
 
 
 def ctrl_c_submit() -> str:
@@ -202,7 +223,10 @@ def score_optional_failure() -> str:
     summary = next((line for line in done.stderr.splitlines() if "rows scored" in line), "?").split(
         ": ", 1
     )[-1][:90]
-    return f"exit {done.returncode}; '{summary}'; a row: {json.dumps({k: first.get(k) for k in ('components', 'failed_terms', 'error')})}"
+    return (
+        f"exit {done.returncode}; '{summary}'; a row: "
+        f"{json.dumps({k: first.get(k) for k in ('components', 'failed_terms', 'error')})}"
+    )
 
 
 def group_partial_optional() -> str:
@@ -246,7 +270,10 @@ def score_truncated_image() -> str:
             else 0
         )
     crash = "traceback" if "Traceback" in first.stderr else "no traceback"
-    return f"first run exit {first.returncode} ({crash}), --resume exit {again.returncode}; {written} of 4 rows written"
+    return (
+        f"first run exit {first.returncode} ({crash}), --resume exit {again.returncode}; "
+        f"{written} of 4 rows written"
+    )
 
 
 def two_runs_one_output() -> str:
@@ -292,8 +319,8 @@ def two_runs_one_output() -> str:
         first.wait(120)
         rows = [json.loads(line)["id"] for line in (folder / "out.jsonl").read_text().splitlines()]
     return (
-        f"second run (--resume) exit {second.returncode}, first exit {first.returncode}; the output holds "
-        f"{len(rows)} rows for 8 inputs ({len(set(rows))} distinct)"
+        f"second run (--resume) exit {second.returncode}, first exit {first.returncode}; the "
+        f"output holds {len(rows)} rows for 8 inputs ({len(set(rows))} distinct)"
     )
 
 

@@ -163,7 +163,10 @@ def _restart_mid_call(
     caller.join(90)
     scored = _health(url)["idempotency"]["entries"]
     later = _outcome(lambda: backend.compute_rewards(REQUEST))
-    return f"that call: {_said(outcome[0])}, {scored} chunk(s) scored by the new one; the next: {_said(later)}"
+    return (
+        f"that call: {_said(outcome[0])}, {scored} chunk(s) scored by the new one; the next: "
+        f"{_said(later)}"
+    )
 
 
 def remote_restarted_mid_call() -> str:
@@ -208,7 +211,10 @@ def multi_one_stopped() -> str:
                 many.compute_rewards(REQUEST)
             back = time.monotonic() - began
     later = ", ".join(f"{s:.2f}" for s in took[1:])
-    return f"calls after the stop: {took[0]:.2f} s, then {later} s; after SIGCONT used again within {back:.2f} s"
+    return (
+        f"calls after the stop: {took[0]:.2f} s, then {later} s; after SIGCONT used again "
+        f"within {back:.2f} s"
+    )
 
 
 SCENARIOS = [

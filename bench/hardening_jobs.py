@@ -117,7 +117,10 @@ def _spool_fault(media_type: str, tmpfs: bool, limit_kib: int) -> str:
         for what, there in (("item", "'big'" in message), ("spool file", got["spool"] in message))
         if there
     ]
-    return f"{got['raised']} (errno {got['errno']}), names: {', '.join(names) or 'neither item nor spool'}"
+    return (
+        f"{got['raised']} (errno {got['errno']}), names: "
+        f"{', '.join(names) or 'neither item nor spool'}"
+    )
 
 
 def spool_on_a_full_disk() -> str:

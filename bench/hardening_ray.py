@@ -155,9 +155,10 @@ def late_share() -> str:
     calls = found["calls"]
     failed = [c for c in calls if "error" in c]
     return (
-        f"{len(failed)} failed call(s), then one served {found['served_after_s']:.1f} s after the hang began "
-        f"(its call {calls[-1]['s']:.1f} s); the hung call: {failed[0]['error'] if failed else 'served'}; "
-        f"a 1 s call queued behind it: {found['queued'].get('error', 'served')}"
+        f"{len(failed)} failed call(s), then one served {found['served_after_s']:.1f} s "
+        f"after the hang began (its call {calls[-1]['s']:.1f} s); the hung call: "
+        f"{failed[0]['error'] if failed else 'served'}; a 1 s call queued behind it: "
+        f"{found['queued'].get('error', 'served')}"
     )
 
 

@@ -84,8 +84,8 @@ def grouped_add_refused_half_way() -> str:
         # each opens a group: it stays unscored
         held = _taken(lambda n: s.add(_item(f"h{n}", f"g{n}")), 8)
     return (
-        f"add: {refused.split(':')[0]}; [a0, a1] then: {again}; results(): {barrier}; unscored after: {pending}; "
-        f"then {held} items held with max_pending 2"
+        f"add: {refused.split(':')[0]}; [a0, a1] then: {again}; results(): {barrier}; "
+        f"unscored after: {pending}; then {held} items held with max_pending 2"
     )
 
 

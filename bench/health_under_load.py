@@ -80,8 +80,9 @@ def main_line(
                 remote.close()
     (i50, i99, imax), (l50, l99, lmax) = _figures(idle), _figures(loaded)
     return (
-        f"/health under {clients}-client load  idle p50/p99/max {i50:.2f}/{i99:.2f}/{imax:.2f} ms  loaded "
-        f"{l50:.2f}/{l99:.2f}/{lmax:.2f} ms ({len(loaded)} polls)  p99 ratio {l99 / i99:.2f}"
+        f"/health under {clients}-client load  idle p50/p99/max "
+        f"{i50:.2f}/{i99:.2f}/{imax:.2f} ms  loaded {l50:.2f}/{l99:.2f}/{lmax:.2f} ms "
+        f"({len(loaded)} polls)  p99 ratio {l99 / i99:.2f}"
     )
 
 

@@ -162,18 +162,19 @@ def _measure(
     extras = [h - c for h, c in zip(took["hostile"], took["clean"], strict=True)]
     extra = statistics.median(extras)
     return (
-        f"hostile math ({JOBS} jobs, timeout {timeout_s:g} s)   clean {ordinary} items {ours_s:5.2f} s"
-        f" ({ordinary / ours_s:.0f} items/s; slot-per-item design {ordinary / slots_clean_s:.0f}, "
-        f"{-100 * drop:+.1f} %, median of rounds {'/'.join(f'{-100 * d:+.0f}' for d in drops)}, "
-        f"target >= -5 %: {'met' if drop <= 0.05 else 'MISSED'})"
-        f"  clean {clean_s:5.2f} s, +{hazards} pathological {hostile_s:5.2f} s (+{extra:.2f} s, median of rounds "
+        f"hostile math ({JOBS} jobs, timeout {timeout_s:g} s)   clean {ordinary} items "
+        f"{ours_s:5.2f} s ({ordinary / ours_s:.0f} items/s; slot-per-item design "
+        f"{ordinary / slots_clean_s:.0f}, {-100 * drop:+.1f} %, median of rounds "
+        f"{'/'.join(f'{-100 * d:+.0f}' for d in drops)}, target >= -5 %: "
+        f"{'met' if drop <= 0.05 else 'MISSED'})  clean {clean_s:5.2f} s, +{hazards} "
+        f"pathological {hostile_s:5.2f} s (+{extra:.2f} s, median of rounds "
         f"{'/'.join(f'{e:+.2f}' for e in extras)}, target <= {timeout_s + 1:g}: "
-        f"{'met' if extra <= timeout_s + 1 else 'MISSED'}; the {ordinary} done at {last_ordinary:.2f} s;"
-        f" slot-per-item design {slots_s:5.2f} s)  pathological: {'/'.join(bad)}"
-        f"  ordinary items moved {sum(moved)} of {len(moved) * ordinary}"
+        f"{'met' if extra <= timeout_s + 1 else 'MISSED'}; the {ordinary} done at {last_ordinary:.2f} s; slot-per-item design {slots_s:5.2f} s)  pathological: "
+        f"{'/'.join(bad)}  ordinary items moved {sum(moved)} of {len(moved) * ordinary}"
         f"  pool RSS {memory_before / 2**20:.0f} -> {memory_after / 2**20:.0f} MiB"
-        f"  peer, TRL's accuracy reward in the main thread (math_verify's own {peer_timeout_s} s timeouts): hostile batch "
-        f"{in_process_s:5.2f} s, peak RSS {in_process_peak / 2**30:.2f} GiB"
+        f"  peer, TRL's accuracy reward in the main thread (math_verify's own "
+        f"{peer_timeout_s} s timeouts): hostile batch {in_process_s:5.2f} s, peak RSS "
+        f"{in_process_peak / 2**30:.2f} GiB"
     )
 
 
@@ -189,14 +190,17 @@ def _in_the_main_thread(tasks: list[tuple], timeout_s: int = 5) -> tuple[float, 
         "from math_verify import LatexExtractionConfig, parse, verify\n"
         "from latex2sympy2_extended import NormalizationConfig\n"
         "tasks = json.load(sys.stdin)\n"
-        "answer = [LatexExtractionConfig(normalization_config=NormalizationConfig(nits=False, malformed_operators=False,"
-        " basic_latex=True, boxed='all', units=True), boxed_match_priority=0, try_extract_without_anchor=False)]\n"
-        "began = time.monotonic()\n"
-        "for text, gold in tasks:\n"
-        "    gold_parsed = parse(gold, extraction_mode='first_match')\n"
-        f"    verify(gold_parsed, parse(text, extraction_config=answer, extraction_mode='first_match',"
-        f" parsing_timeout={timeout_s}), timeout_seconds={timeout_s})\n"
-        "print(json.dumps([time.monotonic() - began, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))\n"
+        "answer = "
+        "[LatexExtractionConfig(normalization_config=NormalizationConfig(nits=False, "
+        "malformed_operators=False, basic_latex=True, boxed='all', units=True), "
+        "boxed_match_priority=0, try_extract_without_anchor=False)]\nbegan = "
+        "time.monotonic()\nfor text, gold in tasks:\n    gold_parsed = parse(gold, "
+        "extraction_mode='first_match')\n"
+        f"    verify(gold_parsed, parse(text, extraction_config=answer, "
+        f"extraction_mode='first_match', parsing_timeout={timeout_s}), "
+        f"timeout_seconds={timeout_s})\n"
+        "print(json.dumps([time.monotonic() - began, "
+        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],
@@ -261,10 +265,12 @@ def _through_managed(
     extra = statistics.median(extras)
     return (
         f"  through a managed child (default client config: {chunks} chunks of "
-        f"{backend.spec.client.request_batch_size}): clean {statistics.median(cleans):5.2f} s, +{hazards} pathological "
-        f"+{extra:.2f} s (median of rounds {'/'.join(f'{e:+.2f}' for e in extras)}, target <= {timeout_s + 1:g}: "
-        f"{'met' if extra <= timeout_s + 1 else 'MISSED'}); the child's process tree during a hostile call: "
-        f"peak PSS {max(p.peak_pss for p in peaks) / 2**30:.2f} GiB (summed RSS {max(p.peak_rss for p in peaks) / 2**30:.2f})"
+        f"{backend.spec.client.request_batch_size}): clean {statistics.median(cleans):5.2f} "
+        f"s, +{hazards} pathological +{extra:.2f} s (median of rounds "
+        f"{'/'.join(f'{e:+.2f}' for e in extras)}, target <= {timeout_s + 1:g}: "
+        f"{'met' if extra <= timeout_s + 1 else 'MISSED'}); the child's process tree during "
+        f"a hostile call: peak PSS {max(p.peak_pss for p in peaks) / 2**30:.2f} GiB (summed "
+        f"RSS {max(p.peak_rss for p in peaks) / 2**30:.2f})"
     )
 
 

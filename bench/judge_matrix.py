@@ -217,7 +217,8 @@ def main() -> None:
             )
             verdict = "raises: " + reason[:100].replace("|", "/").replace("\n", " ")
         print(
-            f"| {case.name} | {case.server} | {verdict} | {max(outcome.attempts)} | {outcome.seconds:.2f} s |",
+            f"| {case.name} | {case.server} | {verdict} | {max(outcome.attempts)} | "
+            f"{outcome.seconds:.2f} s |",
             flush=True,
         )
 

@@ -118,9 +118,11 @@ def _measure(items: int = N_ITEMS, warmup: int = WARMUP_ITEMS) -> str:
     pool, base = items / pool_s, items / base_s
     per_batch = 1000 / len(batches)
     return (
-        f"math throughput ({cores} cores)       pool {pool:7.1f} items/s  one-child-per-batch {base:7.1f} items/s"
-        f"  ratio {pool / base:.2f}  (child per batch: {child_grading_s * per_batch:.0f} ms grading cold,"
-        f" {(base_s - child_grading_s) * per_batch:.0f} ms start+join; pool {pool_s * per_batch:.0f} ms/batch)"
+        f"math throughput ({cores} cores)       pool {pool:7.1f} items/s  "
+        f"one-child-per-batch {base:7.1f} items/s  ratio {pool / base:.2f}  (child per "
+        f"batch: {child_grading_s * per_batch:.0f} ms grading cold, "
+        f"{(base_s - child_grading_s) * per_batch:.0f} ms start+join; pool "
+        f"{pool_s * per_batch:.0f} ms/batch)"
     )
 
 

@@ -95,8 +95,9 @@ def main_line(calls: int = CALLS, rounds: int = ROUNDS) -> str:
             module.scorer_for().close()
     c, a = statistics.median(coalesced), statistics.median(alone)
     return (
-        f"OpenRLHF reward_func, {calls} concurrent one-sample calls, math_verify: coalesced {c * 1e3:7.1f} ms"
-        f"  one request per sample {a * 1e3:7.1f} ms  ratio {c / a:.3f}  (latest batches {batches})"
+        f"OpenRLHF reward_func, {calls} concurrent one-sample calls, math_verify: coalesced "
+        f"{c * 1e3:7.1f} ms  one request per sample {a * 1e3:7.1f} ms  ratio {c / a:.3f}  "
+        f"(latest batches {batches})"
     )
 
 

@@ -98,9 +98,10 @@ def regime_line(
         for name, value in (("micros", micros), ("stream", streamed))
     }
     return (
-        f"  {factor:.1f} R of generation: serial {serial * 1e3:6.0f} ms  micros {micros * 1e3:6.0f} ms "
-        f"(hidden {hidden['micros']:5.1%})  stream {streamed * 1e3:6.0f} ms (hidden {hidden['stream']:5.1%})  "
-        f"bound {bound * 1e3:6.0f} ms  stream/bound {streamed / bound:5.3f}"
+        f"  {factor:.1f} R of generation: serial {serial * 1e3:6.0f} ms  micros "
+        f"{micros * 1e3:6.0f} ms (hidden {hidden['micros']:5.1%})  stream "
+        f"{streamed * 1e3:6.0f} ms (hidden {hidden['stream']:5.1%})  bound "
+        f"{bound * 1e3:6.0f} ms  stream/bound {streamed / bound:5.3f}"
     )
 
 
@@ -117,7 +118,8 @@ def main_line(rounds: int = 3) -> str:
             _timed(lambda: backend.compute_rewards(whole)) for _ in range(5)
         )
         lines = [
-            f"overlap: 128 math items finishing one by one (seed {SEED}), reward alone R = {reward_s * 1e3:.0f} ms"
+            f"overlap: 128 math items finishing one by one (seed {SEED}), reward alone R = "
+            f"{reward_s * 1e3:.0f} ms"
         ]
         for name, factor in REGIMES.items():
             lines.append(f"{regime_line(backend, items, reward_s, factor, rounds)}  [{name}]")

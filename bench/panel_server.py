@@ -107,10 +107,11 @@ def main_line(rounds: int = ROUNDS) -> str:
         statistics.median(samples[k]) for k in ("served", "in_process", "chunked")
     )
     return (
-        f"{len(request.items)}-item GRPO panel served (serve --recipe: math_verify + exact_match + token_f1) "
-        f"p50 {served_s * 1e3:8.2f} ms  in-process {local_s * 1e3:8.2f} ms  "
-        f"overhead {(served_s - local_s) * 1e3:7.2f} ms/batch  ratio {served_s / local_s:5.3f}  "
-        f"(default 64-item chunks, overlapping: {chunked_s * 1e3:8.2f} ms, ratio {chunked_s / local_s:5.3f})"
+        f"{len(request.items)}-item GRPO panel served (serve --recipe: math_verify + "
+        f"exact_match + token_f1) p50 {served_s * 1e3:8.2f} ms  in-process "
+        f"{local_s * 1e3:8.2f} ms  overhead {(served_s - local_s) * 1e3:7.2f} ms/batch  "
+        f"ratio {served_s / local_s:5.3f}  (default 64-item chunks, overlapping: "
+        f"{chunked_s * 1e3:8.2f} ms, ratio {chunked_s / local_s:5.3f})"
     )
 
 

@@ -160,7 +160,8 @@ def build_venv() -> str | None:
     if VENV_PYTHON.exists() and stamp.exists() and stamp.read_text().strip() == want:
         return None
     print(
-        f"bench-peers: building {VENV.relative_to(ROOT)} ({REQUIREMENTS.strip().replace(chr(10), ', ')})",
+        f"bench-peers: building {VENV.relative_to(ROOT)} "
+        f"({REQUIREMENTS.strip().replace(chr(10), ', ')})",
         flush=True,
     )
     shutil.rmtree(VENV, ignore_errors=True)
@@ -182,7 +183,10 @@ def build_venv() -> str | None:
                 for ln in (done.stderr + done.stdout).splitlines()
                 if ln.strip() and not ln.startswith("WARNING: Location")
             ]
-            return f"pip could not install {REQUIREMENTS.split()[0]}: {lines[-1] if lines else done.returncode}"
+            return (
+                f"pip could not install {REQUIREMENTS.split()[0]}: "
+                f"{lines[-1] if lines else done.returncode}"
+            )
     stamp.write_text(want + "\n")
     return None
 
@@ -234,7 +238,8 @@ def report(ours: dict, ray: dict) -> list[str]:
         )
 
     return [
-        "8x512x512x3 uint8 (6.3 MB), mean_intensity; baseline: our managed child over shared memory",
+        "8x512x512x3 uint8 (6.3 MB), mean_intensity; baseline: our managed child over shared "
+        "memory",
         line("  in-process (LocalRewardBackend)", t["in-process"], shared, "managed shared"),
         line("  managed child, shared memory", shared, shared, "managed shared"),
         line("  managed child, in-band (HTTP body)", t["in-band"], shared, "managed shared"),

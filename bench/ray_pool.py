@@ -111,8 +111,9 @@ def main_line(rounds: int = ROUNDS, groups: int = 8) -> str:
     )
     pool, children = found["times"]["pool"], found["times"]["children"]
     return (
-        f"{found['items']}x256x256x3 mean_intensity, groups of 4  {label} (2 each, local Ray, one raylet): "
-        f"pool p50 {pool * 1e3:7.2f} ms  children p50 {children * 1e3:7.2f} ms  ratio {pool / children:5.2f}  "
+        f"{found['items']}x256x256x3 mean_intensity, groups of 4  {label} (2 each, local "
+        f"Ray, one raylet): pool p50 {pool * 1e3:7.2f} ms  children p50 "
+        f"{children * 1e3:7.2f} ms  ratio {pool / children:5.2f}  "
         f"(+{(pool - children) * 1e3:.2f} ms; pool start {found['pool_start_s']:.1f} s)"
     )
 

@@ -121,8 +121,8 @@ def main_line(rounds: int = ROUNDS, counts: tuple[int, ...] = COUNTS, items: int
     figures = "  ".join(f"{n} server{'s' if n > 1 else ''} {p50[n] * 1e3:7.1f} ms" for n in counts)
     ratios = "  ".join(f"{n}: x{p50[1] / p50[n]:4.2f}" for n in counts[1:])
     return (
-        f"{len(batch.items)}-item llm_judge over remote servers (fake OpenAI, {WAIT_S * 1e3:.0f} ms per verdict) p50 "
-        f"{figures}  throughput vs 1 server {ratios}"
+        f"{len(batch.items)}-item llm_judge over remote servers (fake OpenAI, "
+        f"{WAIT_S * 1e3:.0f} ms per verdict) p50 {figures}  throughput vs 1 server {ratios}"
     )
 
 

@@ -154,18 +154,20 @@ def run(counts: tuple[int, ...] = COUNTS) -> list[dict[str, float]]:
 def render(rows: list[dict[str, float]]) -> str:
     one = rows[0]["up_s"]
     lines = [
-        "children started at once (math_verify, jobs=1; per child = its process tree; ready: said so; "
-        "up: its grading workers too; first: its first 64 rewards back)"
+        "children started at once (math_verify, jobs=1; per child = its process tree; ready: "
+        "said so; up: its grading workers too; first: its first 64 rewards back)"
     ]
     for row in rows:
         lines.append(
-            f"  {row['children']:>2} children: all ready in {row['wall_s']:5.2f} s, up in {row['up_s']:5.2f} s "
-            f"({row['up_s'] / one:4.2f}x one; serial would be {row['children']:.0f}x), first 64 rewards each in "
-            f"{row['first_batch_s']:5.2f} s  boot CPU {row['boot_cpu_s']:.2f} s (child {row['cpu_child_s']:.2f}, "
-            f"forkserver {row['cpu_forkserver_s']:.2f}, forks {row['cpu_forks_s']:.2f}, tracker "
-            f"{row['cpu_tracker_s']:.2f}; the parent {row['parent_cpu_s']:.2f} in all)  RSS {row['rss_mib']:5.1f} MiB  PSS {row['pss_mib']:5.1f} MiB  "
-            f"fds {row['fds_per_child']:.0f} (+{row['parent_fds_per_child']:.0f} in the parent)  "
-            f"processes {row['processes_per_child']:.0f}"
+            f"  {row['children']:>2} children: all ready in {row['wall_s']:5.2f} s, up in "
+            f"{row['up_s']:5.2f} s ({row['up_s'] / one:4.2f}x one; serial would be "
+            f"{row['children']:.0f}x), first 64 rewards each in {row['first_batch_s']:5.2f} "
+            f"s  boot CPU {row['boot_cpu_s']:.2f} s (child {row['cpu_child_s']:.2f}, "
+            f"forkserver {row['cpu_forkserver_s']:.2f}, forks {row['cpu_forks_s']:.2f}, "
+            f"tracker {row['cpu_tracker_s']:.2f}; the parent {row['parent_cpu_s']:.2f} in "
+            f"all)  RSS {row['rss_mib']:5.1f} MiB  PSS {row['pss_mib']:5.1f} MiB  fds "
+            f"{row['fds_per_child']:.0f} (+{row['parent_fds_per_child']:.0f} in the parent)  processes "
+            f"{row['processes_per_child']:.0f}"
         )
     return "\n".join(lines)
 

@@ -137,8 +137,10 @@ def _missing_package(exc: ImportError) -> str:
     name = exc.name or str(exc)
     return (
         f"the scorer env's python {sys.executable} cannot run the child runtime: it lacks {name!r} "
-        f"({type(exc).__name__}: {exc}). Build a scorer env (`managed-scorers envs build NAME`, then "
-        '`"env": "NAME"` in the spec), or install numpy, starlette and uvicorn into this one (where '
+        f"({type(exc).__name__}: {exc}). Build a scorer env (`managed-scorers envs build "
+        f"NAME`, then "
+        '`"env": "NAME"` in the spec), or install numpy, starlette and uvicorn into this one '
+        "(where "
         "managed-scorers itself is installed: pip install 'managed-scorers[serving]')."
     )
 
@@ -187,7 +189,8 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
         _fail(
             pipe,
             exit_codes.BAD_CONFIG,
-            f"input_kind {declared!r} configured, but scorer {scorer.spec.name!r} takes {scorer.spec.input_kind!r}",
+            f"input_kind {declared!r} configured, but scorer {scorer.spec.name!r} takes "
+            f"{scorer.spec.input_kind!r}",
         )
     started = time.monotonic()
     try:
@@ -239,14 +242,16 @@ def _check_pins(
         _fail(
             pipe,
             exit_codes.BAD_CONFIG,
-            f"revision pin {config.revision!r} refused: scorer {name!r} in this env is revision {revision!r}",
+            f"revision pin {config.revision!r} refused: scorer {name!r} in this env is "
+            f"revision {revision!r}",
         )
     if config.identity_hash is not None and config.identity_hash != identity_hash:
         _fail(
             pipe,
             exit_codes.BAD_CONFIG,
-            f"identity_hash pin {config.identity_hash} refused: scorer {name!r} with these params has identity "
-            f"{identity_hash} (its revision, terms, diagnostics or verdict-changing params differ)",
+            f"identity_hash pin {config.identity_hash} refused: scorer {name!r} with these "
+            f"params has identity {identity_hash} (its revision, terms, diagnostics or "
+            f"verdict-changing params differ)",
         )
 
 

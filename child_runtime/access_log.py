@@ -60,5 +60,6 @@ class AccessLog:
             peer = f"{client[0]}:{client[1]}" if client else "-"
             took_ms = (time.monotonic() - started) * 1000
             say(
-                f'{peer} "{scope["method"]} {_shown_path(scope["path"])}" {status[0]} {took_ms:.1f} ms'
+                f'{peer} "{scope["method"]} {_shown_path(scope["path"])}" {status[0]} '
+                f"{took_ms:.1f} ms"
             )

@@ -385,7 +385,8 @@ class _Endpoints:
         if request.headers.get("content-type", "").split(";")[0].strip().lower() == JSON_TYPE:
             if KEY_HEADER in request.headers:
                 raise RequestError(
-                    f"{KEY_HEADER} is the binary frame's: a JSON request's idempotency_key is echoed"
+                    f"{KEY_HEADER} is the binary frame's: a JSON request's idempotency_key "
+                    f"is echoed"
                 )
             return await self.unirl_score(request)
         ticket = self.ledger.begin()

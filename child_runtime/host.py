@@ -179,7 +179,8 @@ class ScorerHost:
     def _refuse_if_wedged(self, what: str) -> None:
         if self.wedged is not None:
             raise ScorerWedged(
-                f"{what} of scorer {self.scorer.spec.name!r} never started: the scorer is wedged ({self.wedged}); "
+                f"{what} of scorer {self.scorer.spec.name!r} never started: the scorer is "
+                f"wedged ({self.wedged}); "
                 "this child must be restarted",
                 timed_out=False,
             )

@@ -125,7 +125,8 @@ class ChildMetrics:
             )
             for (endpoint, status), count in sorted(self.requests.items()):
                 lines.append(
-                    f"{name}{_labels((*scorer, ('endpoint', endpoint), ('status', str(status))))} {count}"
+                    f"{name}{_labels((*scorer, ('endpoint', endpoint), ('status', str(status))))} "
+                    f"{count}"
                 )
             name = family("items_total", "counter", "Items scored.")
             lines.append(f"{name}{_labels(scorer)} {self.items}")

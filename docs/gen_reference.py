@@ -370,7 +370,8 @@ def recipe_keys() -> list[str]:
         textwrap.dedent(parse).strip(),
         "```",
         "",
-        "The keys each style's entries may carry (any other key is refused, except in FF entries, where",
+        "The keys each style's entries may carry (any other key is refused, except in FF "
+        "entries, where",
         "it goes to the model's `extra_kwargs`):",
         "",
         *table(["Entry", "Checked against", "Keys"], rows),
@@ -622,10 +623,11 @@ def http_page() -> str:
 
     lines = ["# HTTP surface", "", GENERATED, "", doc(child_app), ""]
     lines += [
-        "A managed child and `managed-scorers serve` run the same app (`child_runtime.app.build_app`); "
-        "`serve` adds the OpenRLHF route when given `--openrlhf-secret-file`. The routes below are read "
-        "from that app, built over the `constant` scorer in the build's own process, and each answer "
-        "shown was got from it by calling the route once.",
+        "A managed child and `managed-scorers serve` run the same app "
+        "(`child_runtime.app.build_app`); `serve` adds the OpenRLHF route when given "
+        "`--openrlhf-secret-file`. The routes below are read from that app, built over the "
+        "`constant` scorer in the build's own process, and each answer shown was got from it "
+        "by calling the route once.",
         "",
         "## Authentication",
         "",
@@ -680,7 +682,8 @@ def http_page() -> str:
         if route.path == "/score":
             lines.extend(
                 [
-                    f"The request and the answer are `{wire.CONTENT_TYPE}` frames (`child_runtime.protocol.wire`):",
+                    f"The request and the answer are `{wire.CONTENT_TYPE}` frames "
+                    f"(`child_runtime.protocol.wire`):",
                     "",
                     doc(wire),
                     "",
@@ -702,8 +705,10 @@ def http_page() -> str:
     lines.extend(["## Error answers", ""])
     status, _, refusal, _ = answers["401"]
     lines += [
-        'Every error is a JSON object `{"error": <message>, "kind": <kind>}` with a status; a handler never '
-        "lets an exception reach the server (which would drop the connection). For example, a request "
+        'Every error is a JSON object `{"error": <message>, "kind": <kind>}` with a status; '
+        "a handler never "
+        "lets an exception reach the server (which would drop the connection). For example, "
+        "a request "
         f"without the token gets {status} and `{json.dumps(refusal)}`. The kinds, read from "
         "`child_runtime/app.py` and `child_runtime/gate.py`:",
         "",
@@ -801,8 +806,8 @@ def scorers_page() -> str:
     lines = ["# Scorer catalog", "", GENERATED, "", doc(registry), ""]
     lines += [
         "Every built-in scorer, read from `scorers.registry.BUILTINS` and each class's `spec`. "
-        "**Env** is the scorer env its managed child runs in by default (`managed-scorers envs build ENV`); "
-        "**groupwise** scorers get one whole group per call.",
+        "**Env** is the scorer env its managed child runs in by default (`managed-scorers "
+        "envs build ENV`); **groupwise** scorers get one whole group per call.",
         "",
     ]
     rows = []

@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> None:
     report = train(args.math_python, args.use_async, args.steps, args.force_golds, args.seed)
     rewards = [r for call in report["scored"] for r in call["rewards"]]
     print(
-        f"{report['mode']}: {len(report['scored'])} reward calls, {len(rewards)} rewards, mean {sum(rewards) / len(rewards):.3f}"
+        f"{report['mode']}: {len(report['scored'])} reward calls, {len(rewards)} rewards, "
+        f"mean {sum(rewards) / len(rewards):.3f}"
     )
     if args.report:
         args.report.write_text(json.dumps(report))

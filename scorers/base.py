@@ -271,19 +271,21 @@ def check_required_fields(spec: ScorerSpec, items: Sequence[ScoreItem]) -> None:
         for name in completion:
             if getattr(item, name) is None:
                 raise ScoreInputError(
-                    f"items[{index}] (id={item.id!r}): field {name!r} is required by scorer {spec.name!r} "
-                    f"(the completion of a {spec.input_kind} scorer is missing)"
+                    f"items[{index}] (id={item.id!r}): field {name!r} is required by scorer "
+                    f"{spec.name!r} (the completion of a {spec.input_kind} scorer is missing)"
                 )
         if spec.input_kind == "image_edit" and not item.condition_images:
             raise ScoreInputError(
-                f"items[{index}] (id={item.id!r}): image_edit scorer {spec.name!r} needs the source image "
+                f"items[{index}] (id={item.id!r}): image_edit scorer {spec.name!r} needs the "
+                f"source image "
                 "in condition_images"
             )
         for name in spec.required_fields:
             value = getattr(item, name)
             if value is None or (isinstance(value, tuple) and not value):
                 raise ScoreInputError(
-                    f"items[{index}] (id={item.id!r}): field {name!r} is required by scorer {spec.name!r}"
+                    f"items[{index}] (id={item.id!r}): field {name!r} is required by scorer "
+                    f"{spec.name!r}"
                 )
 
 
@@ -348,7 +350,8 @@ def wanted_terms(spec: ScorerSpec, terms: Sequence[str] | None) -> tuple[str, ..
     unknown = [term for term in terms if term not in declared]
     if unknown or not terms or len(set(terms)) != len(terms):
         raise ScoreInputError(
-            f"terms {list(terms)} asked of scorer {spec.name!r}: name some of its terms {list(declared)}, each once"
+            f"terms {list(terms)} asked of scorer {spec.name!r}: name some of its terms "
+            f"{list(declared)}, each once"
         )
     return tuple(terms)
 
@@ -377,8 +380,8 @@ def _checked_result(
     expected = set(spec.term_names())
     if not (set(wanted or expected) <= set(result.terms) <= expected):
         raise ScorerContractError(
-            f"scorer {spec.name!r} returned terms {sorted(result.terms)}, declared {sorted(expected)}"
-            + (f" (asked for {list(wanted)})" if wanted else "")
+            f"scorer {spec.name!r} returned terms {sorted(result.terms)}, declared "
+            f"{sorted(expected)}" + (f" (asked for {list(wanted)})" if wanted else "")
         )
     _check_failed(spec, "failed", result.failed, len(items))
     if not isinstance(result.term_failed, dict) or set(result.term_failed) - expected:
@@ -428,7 +431,8 @@ def _check_not_applicable(spec: ScorerSpec, given: Any, count: int) -> None:
             isinstance(p, int) and 0 <= p < count for p in positions
         ):
             raise ScorerContractError(
-                f"scorer {spec.name!r}: not_applicable[{term!r}] must hold item positions (0..{count - 1})"
+                f"scorer {spec.name!r}: not_applicable[{term!r}] must hold item positions "
+                f"(0..{count - 1})"
             )
         given[term] = set(positions)
 
@@ -439,7 +443,8 @@ def _check_failed(spec: ScorerSpec, what: str, failed: Any, count: int) -> None:
         for k, v in failed.items()
     ):
         raise ScorerContractError(
-            f"scorer {spec.name!r}: {what} must map item positions (0..{count - 1}) to reasons, got {failed!r}"
+            f"scorer {spec.name!r}: {what} must map item positions (0..{count - 1}) to "
+            f"reasons, got {failed!r}"
         )
 
 
@@ -456,5 +461,6 @@ def reference_answer(reference: Any) -> str | None:
             if key in reference:
                 return reference_answer(reference[key])
     raise ScoreInputError(
-        "reference must be a string, a number, or an object with 'answer', 'ground_truth' or 'target'"
+        "reference must be a string, a number, or an object with 'answer', 'ground_truth' or "
+        "'target'"
     )

@@ -49,7 +49,8 @@ def check_values(scorer: str, declared: Iterable[str], values: Any) -> dict[str,
     for name, value in values.items():
         if name not in allowed:
             raise DiagnosticsError(
-                f"scorer {scorer!r} reported undeclared diagnostic {name!r} (declared: {sorted(allowed)})"
+                f"scorer {scorer!r} reported undeclared diagnostic {name!r} (declared: "
+                f"{sorted(allowed)})"
             )
         if _finite(value):
             checked[name] = value

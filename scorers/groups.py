@@ -109,7 +109,8 @@ def partition(
     check_size = group_size is not None and not ragged
     if groupwise and not ragged and group_size is None:
         raise GroupInputError(
-            f"scorer {scorer!r} scores complete groups: declare group_size in the request or the config"
+            f"scorer {scorer!r} scores complete groups: declare group_size in the request or "
+            f"the config"
         )
     groups: dict[str, list[int]] = {}
     order: list[list[int]] = []
@@ -117,7 +118,8 @@ def partition(
         if item.group_id is None:
             if check_size:
                 raise GroupInputError(
-                    f"item {item.id!r} has no group_id, but groups of {group_size} are declared for scorer {scorer!r}"
+                    f"item {item.id!r} has no group_id, but groups of {group_size} are "
+                    f"declared for scorer {scorer!r}"
                 )
             order.append([index])
             continue
@@ -146,8 +148,8 @@ def _check_common_inputs(items: Sequence[Grouped], members: list[int], group_id:
         for index in members[1:]:
             if strict_key(getattr(items[index], name)) != expected:
                 raise GroupInputError(
-                    f"group {group_id!r}: candidate {items[index].id!r} has a different {name} than "
-                    f"{first.id!r} (compared structurally and type-strictly)"
+                    f"group {group_id!r}: candidate {items[index].id!r} has a different "
+                    f"{name} than {first.id!r} (compared structurally and type-strictly)"
                 )
 
 

@@ -22,8 +22,9 @@ import os
 # The line our facade (supervisor/__init__.py) holds, and supervisord's does not.
 FACADE_MARK = '__distribution__ = "managed-scorers"'
 FIX = (
-    "fix: keep them in separate environments (supervisord in its own, e.g. `pipx install supervisor`): "
-    "here, `pip uninstall -y supervisor managed-scorers`, then install managed-scorers again"
+    "fix: keep them in separate environments (supervisord in its own, e.g. `pipx install "
+    "supervisor`): here, `pip uninstall -y supervisor managed-scorers`, then install "
+    "managed-scorers again"
 )
 
 
@@ -99,7 +100,10 @@ def supervisord_clash() -> str | None:
         )
     # our __init__.py is gone: `pip uninstall supervisor` deletes it
     elif origin == "a namespace package":
-        what = f"managed-scorers' `supervisor/__init__.py` is missing (was {who} uninstalled after it?)"
+        what = (
+            f"managed-scorers' `supervisor/__init__.py` is missing (was {who} uninstalled "
+            f"after it?)"
+        )
     else:
         what = f"{who} owns the `supervisor` package here ({origin} is not managed-scorers'), "
         what += "so `from supervisor import ...` fails"

@@ -155,7 +155,8 @@ def resolve_scorer(name: str, catalog: str | None = None) -> type[Scorer]:
         if "." not in name and ":" not in name:
             where = f", catalog {catalog!r}" if catalog else ""
             raise UnknownScorerError(
-                f"unknown scorer {name!r}{nearest(name, [*BUILTINS, *custom])}; registered: {', '.join(registered_names())}{where}; "
+                f"unknown scorer {name!r}{nearest(name, [*BUILTINS, *custom])}; registered: "
+                f"{', '.join(registered_names())}{where}; "
                 "or give a dotted path like 'my_pkg.rewards:MyScorer'"
             )
         entry = name

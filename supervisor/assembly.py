@@ -28,7 +28,8 @@ def terms_failed(
     listed = "; ".join(f"{item_id!r}: {why}" for item_id, why in list(whys.items())[:8])
     more = f"; and {len(whys) - 8} more" if len(whys) > 8 else ""
     return ScorerTermsFailed(
-        f"scorer {scorer!r} failed terms {sorted(term_failed)} for {len(whys)} items: {listed}{more}",
+        f"scorer {scorer!r} failed terms {sorted(term_failed)} for {len(whys)} items: "
+        f"{listed}{more}",
         whys,
         response,
     )

@@ -199,7 +199,8 @@ class Merged:
         inapplicable = sorted(set(self.not_applicable) & set(required))
         if inapplicable:
             raise RewardContractError(
-                f"scorer {scorer!r} says terms {inapplicable} of the reward do not apply to some items: a "
+                f"scorer {scorer!r} says terms {inapplicable} of the reward do not apply to "
+                f"some items: a "
                 "reward applies to every item"
             )
         for name, scores in self.scores.items():

@@ -120,7 +120,8 @@ class ProcessConfig(_Model):
                 else f" (resolved against the current directory {os.getcwd()})"
             )
             raise ValueError(
-                f"{absolute}{where} is not an executable file (build a scorer env: managed-scorers envs build NAME)"
+                f"{absolute}{where} is not an executable file (build a scorer env: "
+                f"managed-scorers envs build NAME)"
             )
         return absolute
 
@@ -305,7 +306,8 @@ class ManagedScorerProcessSpec(_Model):
         name = data.get("env") or _declared_env(data.get("scorer"))
         if name is None:
             raise ValueError(
-                "the child needs a python: process.python_executable, or env (a scorer env by name: "
+                "the child needs a python: process.python_executable, or env (a scorer env "
+                "by name: "
                 f"{', '.join(scorer_envs.spec_names())})"
             )
         process["python_executable"] = scorer_envs.env_python(name)
@@ -315,7 +317,8 @@ class ManagedScorerProcessSpec(_Model):
     def _kinds_agree(self) -> ManagedScorerProcessSpec:
         if self.client.input_kind != self.scorer.input_kind:
             raise ValueError(
-                f"client.input_kind {self.client.input_kind!r} != scorer.input_kind {self.scorer.input_kind!r}"
+                f"client.input_kind {self.client.input_kind!r} != scorer.input_kind "
+                f"{self.scorer.input_kind!r}"
             )
         return self
 
@@ -379,7 +382,8 @@ class LocalBackendConfig(_Model):
     def _kinds_agree(self) -> LocalBackendConfig:
         if self.client.input_kind != self.scorer.input_kind:
             raise ValueError(
-                f"client.input_kind {self.client.input_kind!r} != scorer.input_kind {self.scorer.input_kind!r}"
+                f"client.input_kind {self.client.input_kind!r} != scorer.input_kind "
+                f"{self.scorer.input_kind!r}"
             )
         return self
 
@@ -429,7 +433,8 @@ class RemoteBackendConfig(_Model):
     def _backoff(self) -> RemoteBackendConfig:
         if self.retry_backoff_s > self.retry_backoff_cap_s:
             raise ValueError(
-                f"retry_backoff_s {self.retry_backoff_s} > retry_backoff_cap_s {self.retry_backoff_cap_s}"
+                f"retry_backoff_s {self.retry_backoff_s} > retry_backoff_cap_s "
+                f"{self.retry_backoff_cap_s}"
             )
         return self
 
@@ -532,7 +537,8 @@ class PanelConfig(_Model):
                 and configured != self.group_size
             ):
                 raise ValueError(
-                    f"term {term.name!r}: its backend's client.group_size {configured} differs from the "
-                    f"panel's group_size {self.group_size} (every call would be refused)"
+                    f"term {term.name!r}: its backend's client.group_size {configured} "
+                    f"differs from the panel's group_size {self.group_size} (every call "
+                    f"would be refused)"
                 )
         return self

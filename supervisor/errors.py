@@ -68,7 +68,10 @@ class ChildRecord:
     @property
     def exit_status(self) -> str:
         if self.returncode is None and self.exited:
-            return "exited, status unknown (SIGCHLD is ignored here and the kernel could not report it)"
+            return (
+                "exited, status unknown (SIGCHLD is ignored here and the kernel could not "
+                "report it)"
+            )
         return describe(self.returncode)
 
     @property
@@ -87,7 +90,8 @@ class ChildRecord:
         tail = self.log_tail.rstrip()
         rank = f" rank={self.rank}" if self.rank is not None else ""
         lines = [
-            f"child {self.name!r}{rank} pid={self.pid} status={self.exit_status} log={self.log_path}"
+            f"child {self.name!r}{rank} pid={self.pid} status={self.exit_status} "
+            f"log={self.log_path}"
         ]
         if tail:
             lines.append("--- log tail ---\n" + tail)
@@ -317,7 +321,8 @@ class JobError(ScorerError):
         note = f"; remote work may be orphaned: {why}" if orphaned else ""
         ScorerError.__init__(
             self,
-            f"job service {service_url}: item {item_id!r} ({job}), {stage}: {message}{answer}{said}{note}",
+            f"job service {service_url}: item {item_id!r} ({job}), {stage}: "
+            f"{message}{answer}{said}{note}",
         )
 
 
@@ -426,7 +431,8 @@ class IdentityMismatch(BadAnswer):
         self.url, self.expected, self.got = url, expected, got
         if got is None:
             said = (
-                f"carries no scorer identity ({IDENTITY_HEADER}): the server is older than this client "
+                f"carries no scorer identity ({IDENTITY_HEADER}): the server is older than "
+                f"this client "
                 "(version mismatch: run the same managed-scorers release on both sides)"
             )
         else:
@@ -485,7 +491,10 @@ def scorer_error(
     replaced during the call), died, or killed by us; None for a server someone else started."""
     # it answered that it is wedged (wire.RESTART_KINDS)
     if isinstance(exc, ErrorStatus) and fate == "killed":
-        text = f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}; child killed, restarted next call"
+        text = (
+            f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}; child killed, "
+            f"restarted next call"
+        )
         return (
             ScorerTimeout(text, record) if exc.kind == WEDGED else ScorerProcessDied(text, record)
         )
@@ -500,7 +509,8 @@ def scorer_error(
         return ScorerUnavailable(f"{what}: {exc}; the child was left serving", record)
     if fate == "gone":
         return ScorerProcessDied(
-            f"{what}: the backend was closed, or the child replaced or failed, during the call ({exc})",
+            f"{what}: the backend was closed, or the child replaced or failed, during the "
+            f"call ({exc})",
             record,
         )
     if fate == "died":

@@ -46,7 +46,8 @@ def join_rows(
     for response, _ in sources:
         if list(response.component_rewards) != terms:
             raise RewardContractError(
-                f"the responses joined have different terms: {terms} and {list(response.component_rewards)}"
+                f"the responses joined have different terms: {terms} and "
+                f"{list(response.component_rewards)}"
             )
     masks = list(sources[0][0].applicable)
     failures: dict[tuple[str, str, str], list[str]] = {}

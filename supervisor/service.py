@@ -56,11 +56,13 @@ class RewardService:
                 or not 0 < overlong_buffer_len <= max_response_length
             ):
                 raise ConfigError(
-                    "truncation='soft' needs max_response_length > 0 and 0 < overlong_buffer_len <= max_response_length"
+                    "truncation='soft' needs max_response_length > 0 and 0 < "
+                    "overlong_buffer_len <= max_response_length"
                 )
             if not math.isfinite(overlong_penalty_factor) or overlong_penalty_factor < 0:
                 raise ConfigError(
-                    f"overlong_penalty_factor must be finite and >= 0, got {overlong_penalty_factor}"
+                    f"overlong_penalty_factor must be finite and >= 0, got "
+                    f"{overlong_penalty_factor}"
                 )
         self.backend = backend
         self.truncation = truncation
@@ -87,7 +89,8 @@ class RewardService:
             for item in items:
                 if item.completion_tokens is None:
                     raise MissingTokenCountError(
-                        f"item {item.id!r} has no completion_tokens; truncation='soft' needs every completion's length"
+                        f"item {item.id!r} has no completion_tokens; truncation='soft' needs "
+                        f"every completion's length"
                     )
                 assert self.max_response_length is not None
                 if item.completion_tokens > self.max_response_length:

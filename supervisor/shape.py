@@ -45,8 +45,8 @@ class ScorerShape:
         ):
             fields = sorted(entry)[:12] if isinstance(entry, Mapping) else type(entry).__name__
             raise RewardContractError(
-                f"{where} does not say what it serves (a 'scorer' name, its 'terms', an int 'concurrent_calls'; "
-                f"got {fields}): is it a managed-scorers server?"
+                f"{where} does not say what it serves (a 'scorer' name, its 'terms', an int "
+                f"'concurrent_calls'; got {fields}): is it a managed-scorers server?"
             )
         return cls(
             name=str(entry["scorer"]),
@@ -68,11 +68,13 @@ def check_pins(shape: ScorerShape, revision: str | None, identity_hash: str | No
     """A configured revision or identity hash must be exactly the scorer's own."""
     if revision is not None and revision != shape.revision:
         raise ConfigError(
-            f"revision pin {revision!r} refused: scorer {shape.name!r} is revision {shape.revision!r}"
+            f"revision pin {revision!r} refused: scorer {shape.name!r} is revision "
+            f"{shape.revision!r}"
         )
     if identity_hash is not None and identity_hash != shape.identity_hash:
         raise ConfigError(
-            f"identity_hash pin {identity_hash} refused: scorer {shape.name!r} has identity {shape.identity_hash}"
+            f"identity_hash pin {identity_hash} refused: scorer {shape.name!r} has identity "
+            f"{shape.identity_hash}"
         )
 
 
@@ -85,7 +87,8 @@ def check_reward_names(
     unknown = sorted((set(required) | set(weights)) - set(terms))
     if unknown:
         raise ConfigError(
-            f"required_rewards/weights {unknown} are not terms of scorer {scorer!r} (it has {list(terms)})"
+            f"required_rewards/weights {unknown} are not terms of scorer {scorer!r} (it has "
+            f"{list(terms)})"
         )
     return required
 
@@ -102,8 +105,8 @@ def reward_terms(
         return check_reward_names(shape.name, shape.terms, required, weights), None
     if weights:
         raise ConfigError(
-            f"scorer {shape.name!r} weighs its own terms into {reward_term!r} (a served panel: its recipe's "
-            f"weights); give no client weights ({sorted(weights)})"
+            f"scorer {shape.name!r} weighs its own terms into {reward_term!r} (a served "
+            f"panel: its recipe's weights); give no client weights ({sorted(weights)})"
         )
     if reward_term not in shape.terms:
         raise RewardContractError(

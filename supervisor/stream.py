@@ -104,7 +104,8 @@ class RewardStream:
         size = group_size
         if size is None and whole_groups:
             raise ConfigError(
-                f"{type(backend).__name__} scores whole groups: give the stream group_size, so it knows when a "
+                f"{type(backend).__name__} scores whole groups: give the stream group_size, "
+                f"so it knows when a "
                 "group is complete"
             )
         if size is not None and size > max_pending:
@@ -200,7 +201,8 @@ class RewardStream:
         outcomes = [_outcome(window) for window in windows]
         if incomplete:
             raise ScorerRequestError(
-                f"the stream's barrier came with groups incomplete (group id: items of {self.group_size}): "
+                f"the stream's barrier came with groups incomplete (group id: items of "
+                f"{self.group_size}): "
                 + ", ".join(f"{group!r}: {count}" for group, count in incomplete.items()),
                 kind="bad_input",
             )
@@ -219,7 +221,8 @@ class RewardStream:
             while self._ready or self._in_flight > 0:
                 if time.monotonic() > deadline:
                     raise ScorerError(
-                        f"the stream's barrier waited {self.max_block_s:.0f} s for {self._in_flight} windows"
+                        f"the stream's barrier waited {self.max_block_s:.0f} s for "
+                        f"{self._in_flight} windows"
                     )
                 self._cond.wait(WAKE_S)
                 self._check_usable()
@@ -245,7 +248,8 @@ class RewardStream:
                 self._groups.open.clear()
             self._cond.notify_all()
         error = ScorerItemsFailed(
-            f"the stream over {type(self.backend).__name__} was closed before {len(unsent)} items were sent",
+            f"the stream over {type(self.backend).__name__} was closed before {len(unsent)} "
+            f"items were sent",
             kind="items_failed",
             failed={item.id: "the stream was closed before it was sent" for item, _ in unsent},
         )
@@ -296,8 +300,8 @@ class RewardStream:
                 + "the scorer does not keep up"
             )
         return SubmissionQueueFull(
-            f"stream over {type(self.backend).__name__}: {self._pending} items still unscored after "
-            f"{self.max_block_s:.2f} s (max_pending {self.max_pending}): {why}"
+            f"stream over {type(self.backend).__name__}: {self._pending} items still "
+            f"unscored after {self.max_block_s:.2f} s (max_pending {self.max_pending}): {why}"
         )
 
     def _check_new(self, batch: list[RewardItem]) -> None:
@@ -317,7 +321,8 @@ class RewardStream:
         loose = next((item for item in batch if item.group_id is None), None)
         if loose is not None:
             raise ScorerRequestError(
-                f"item {loose.id!r} has no group_id, but the stream keeps groups of {groups.size} whole",
+                f"item {loose.id!r} has no group_id, but the stream keeps groups of "
+                f"{groups.size} whole",
                 kind="bad_input",
             )
         touched = list(dict.fromkeys(item.group_id for item in batch if item.group_id is not None))
@@ -328,13 +333,14 @@ class RewardStream:
             ids = [item.id for item in joined][:8]
             if group in self._grouped:
                 raise ScorerRequestError(
-                    f"group {group!r} is complete already: a group id names one group of {groups.size} until the "
-                    f"barrier (ids {ids} came for it)",
+                    f"group {group!r} is complete already: a group id names one group of "
+                    f"{groups.size} until the barrier (ids {ids} came for it)",
                     kind="bad_input",
                 )
             if len(joined) > groups.size:
                 raise ScorerRequestError(
-                    f"group {group!r} would have {len(joined)} items, more than {groups.size} (ids {ids})",
+                    f"group {group!r} would have {len(joined)} items, more than "
+                    f"{groups.size} (ids {ids})",
                     kind="bad_input",
                 )
         # what a window's request would refuse, refused here: for the items that break it, not their
@@ -578,8 +584,9 @@ def _joined(
     kept = [item_id for item_id in order if item_id not in failed]
     partial = join_rows(kept, rows_by_id(responses), diagnostics) if kept else None
     error = ScorerItemsFailed(
-        f"stream over {name}: {len(failed)} of {len(order)} items were not scored ({len(outcomes) - len(responses)} "
-        f"of {len(outcomes)} windows failed): {next(iter(failed.values()))}",
+        f"stream over {name}: {len(failed)} of {len(order)} items were not scored "
+        f"({len(outcomes) - len(responses)} of {len(outcomes)} windows failed): "
+        f"{next(iter(failed.values()))}",
         kind="items_failed",
         failed=failed,
         partial=partial,

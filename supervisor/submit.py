@@ -96,7 +96,8 @@ class Submitter:
                 self._queue.put_nowait((request, future))
             except queue.Full:
                 raise SubmissionQueueFull(
-                    f"{self._name}: {self._queue.maxsize} submissions are already waiting; collect some results first"
+                    f"{self._name}: {self._queue.maxsize} submissions are already waiting; "
+                    f"collect some results first"
                 ) from None
         return future
 

@@ -316,7 +316,8 @@ class RewardResponse(BaseModel):
         for index, (ok, error) in enumerate(zip(self.successes, self.errors, strict=True)):
             if ok == (error is not None):
                 raise ValueError(
-                    f"item {self.ids[index]!r}: success {ok} with error {error!r} (one says the other)"
+                    f"item {self.ids[index]!r}: success {ok} with error {error!r} (one says "
+                    f"the other)"
                 )
         failed = {
             (failure.term, item_id) for failure in self.term_failures for item_id in failure.ids
@@ -330,7 +331,8 @@ class RewardResponse(BaseModel):
                 ) in failed
                 if (value is None) != expected_none:
                     raise ValueError(
-                        f"component_rewards[{term!r}][{index}] (id={self.ids[index]!r}) is {value!r}, but the term "
+                        f"component_rewards[{term!r}][{index}] (id={self.ids[index]!r}) is "
+                        f"{value!r}, but the term "
                         f"{'does not apply or failed' if expected_none else 'applies and succeeded'}"
                     )
         return self

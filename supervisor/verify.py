@@ -36,7 +36,8 @@ def encode_chunk(
     size = frame.body_size()  # one limit, whichever way the arrays travel
     if max_request_bytes is not None and size > max_request_bytes:
         raise ScorerRequestError(
-            f"request of {size} bytes exceeds max_request_bytes={max_request_bytes}; lower request_batch_size",
+            f"request of {size} bytes exceeds max_request_bytes={max_request_bytes}; lower "
+            f"request_batch_size",
             status=413,
             kind="too_large",
         )
@@ -76,7 +77,8 @@ def verify_score_answer(
     for what, named in (("failures", term_failed), ("inapplicable items", not_applicable)):
         if set(named) - set(terms):
             raise fail(
-                f"answer names {what} of terms {sorted(set(named) - set(terms))} it has no values for"
+                f"answer names {what} of terms {sorted(set(named) - set(terms))} it has no "
+                f"values for"
             )
     diagnostics = answer.get("diagnostics") or {}
     if declared is None or not declared.terms:
@@ -155,7 +157,8 @@ def _not_applicable(
         unknown = [i for i in ids if i not in known]
         if unknown:
             raise fail(
-                f"answer's 'not_applicable'[{term!r}] names ids {unknown[:5]} that were not in the request"
+                f"answer's 'not_applicable'[{term!r}] names ids {unknown[:5]} that were not "
+                f"in the request"
             )
     return {term: frozenset(ids) for term, ids in found.items()}
 
@@ -181,4 +184,7 @@ def _id_mismatch(ids: Any, expected: Sequence[str]) -> str:
     if len(ids) != len(expected):
         return f"answer echoes {len(ids)} ids for {len(expected)} items"
     index = next(i for i, (a, b) in enumerate(zip(ids, expected, strict=True)) if a != b)
-    return f"answer for the wrong sample: position {index} echoes id {ids[index]!r}, expected {expected[index]!r}"
+    return (
+        f"answer for the wrong sample: position {index} echoes id {ids[index]!r}, expected "
+        f"{expected[index]!r}"
+    )

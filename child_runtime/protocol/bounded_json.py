@@ -99,8 +99,9 @@ def loads(body: bytes, bounds: JsonBounds) -> Any:
     if priced > bounds.parse_budget:
         raise JsonTooLarge(
             f"parsing this body could take ~{priced >> 20} MiB ({units} values or members and "
-            f"{len(body)} bytes of text), over this route's {bounds.parse_budget >> 20} MiB ({PARSE_FACTOR} x its "
-            f"{bounds.max_bytes} byte cap): send fewer or smaller values, or raise the cap"
+            f"{len(body)} bytes of text), over this route's {bounds.parse_budget >> 20} MiB "
+            f"({PARSE_FACTOR} x its {bounds.max_bytes} byte cap): send fewer or smaller "
+            f"values, or raise the cap"
         )
     try:
         text = body.decode("utf-8")
@@ -153,7 +154,8 @@ class _Nesting:
         self.depth += 1
         if self.depth > self.max_depth:
             raise JsonTooDeep(
-                f"the body nests arrays and objects deeper than {self.max_depth} (at character {at})"
+                f"the body nests arrays and objects deeper than {self.max_depth} (at "
+                f"character {at})"
             )
 
 

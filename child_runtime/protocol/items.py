@@ -94,7 +94,8 @@ def check_media(value: Any, name: str, where: str) -> np.ndarray:
         raise RequestError(f"{where}.{name} must be an array, got {type(value).__name__}")
     if value.dtype != numpy.uint8 or value.ndim != len(layout) or value.shape[-1] not in (1, 3, 4):
         raise RequestError(
-            f"{where}.{name} must be uint8 {layout} with 1, 3 or 4 channels, got {value.dtype} {list(value.shape)}"
+            f"{where}.{name} must be uint8 {layout} with 1, 3 or 4 channels, got "
+            f"{value.dtype} {list(value.shape)}"
         )
     return value
 
@@ -125,7 +126,8 @@ def check_audio(audio: Any, sample_rate: Any, where: str) -> np.ndarray | None:
     channels, samples = audio.shape
     if not 1 <= channels <= MAX_AUDIO_CHANNELS or samples < 1:
         raise RequestError(
-            f"{where}.audio has shape {list(audio.shape)}: (channels, samples) with 1..{MAX_AUDIO_CHANNELS} "
+            f"{where}.audio has shape {list(audio.shape)}: (channels, samples) with "
+            f"1..{MAX_AUDIO_CHANNELS} "
             "channels and at least one sample (a (samples, channels) array must be transposed)"
         )
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1:
@@ -136,7 +138,8 @@ def check_audio(audio: Any, sample_rate: Any, where: str) -> np.ndarray | None:
     if not finite.all():
         channel, sample = (int(i) for i in numpy.argwhere(~finite)[0])
         raise RequestError(
-            f"{where}.audio has a non-finite sample ({audio[channel, sample]} at channel {channel}, sample {sample})"
+            f"{where}.audio has a non-finite sample ({audio[channel, sample]} at channel "
+            f"{channel}, sample {sample})"
         )
     return audio
 

@@ -41,7 +41,10 @@ class ItemsFailed(RuntimeError):
 
 
 def groupwise_refusal(names: Sequence[str]) -> str:
-    return f"OpenRLHF sends one sample per call and no group id: the groupwise scorer(s) {list(names)} cannot score"
+    return (
+        f"OpenRLHF sends one sample per call and no group id: the groupwise scorer(s) "
+        f"{list(names)} cannot score"
+    )
 
 
 def response_of(query: str, prompt: str) -> str:

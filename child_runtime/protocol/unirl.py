@@ -199,7 +199,8 @@ def _history(history: Any, where: str, budget: _Pixels) -> dict[str, Any]:
     if last.get("image_b64") is None:  # a text item: [prompt turn,] scored turn
         if len(turns) > 2 or any(turn.get("image_b64") is not None for turn in turns):
             raise RequestError(
-                f"{where}.history of a text item is [the prompt's turn, the scored turn] or one turn"
+                f"{where}.history of a text item is [the prompt's turn, the scored turn] or "
+                f"one turn"
             )
         return {"prompt": before[0].get("text") if before else None, "text": last.get("text")}
     conditions = []
@@ -262,7 +263,8 @@ class _Pixels:
     def _charge(self, size: int, where: str) -> None:
         if size > self.limits.max_media_bytes:
             raise RequestError(
-                f"{where} decodes to {size} bytes (limit max_media_bytes={self.limits.max_media_bytes})"
+                f"{where} decodes to {size} bytes (limit "
+                f"max_media_bytes={self.limits.max_media_bytes})"
             )
         if size > self.left:
             raise RequestError(f"{where}: the call's images decode to more than max_request_bytes")

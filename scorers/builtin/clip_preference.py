@@ -113,9 +113,11 @@ class ImageTransform:
         path = Path(directory) / "preprocessor_config.json"
         if not path.is_file():
             raise FileNotFoundError(
-                f"{NAME}: {path} is missing: the image processor config must sit with the tokenizer; "
-                "set processor_dir to a directory that has preprocessor_config.json and the tokenizer files "
-                "(PickScore_v1 ships without them: use laion/CLIP-ViT-H-14-laion2B-s32B-b79K's)"
+                f"{NAME}: {path} is missing: the image processor config must sit with the "
+                f"tokenizer; "
+                "set processor_dir to a directory that has preprocessor_config.json and the "
+                "tokenizer files (PickScore_v1 ships without them: use "
+                "laion/CLIP-ViT-H-14-laion2B-s32B-b79K's)"
             )
         config = json.loads(path.read_text())
         try:
@@ -255,7 +257,10 @@ def center_crop(pixels: Any, size: tuple[int, int]) -> Any:
 def _require_model_dir(directory: str) -> None:
     """A clear error before from_pretrained's: which path, and what belongs there."""
     root = Path(directory)
-    expected = "a Hugging Face CLIP model directory: config.json plus model.safetensors (or shards, or pytorch_model.bin)"
+    expected = (
+        "a Hugging Face CLIP model directory: config.json plus model.safetensors (or "
+        "shards, or pytorch_model.bin)"
+    )
     if not root.is_dir():
         raise FileNotFoundError(
             f"{NAME}: model_dir {str(root.resolve())!r} does not exist; expected {expected}"
@@ -264,7 +269,8 @@ def _require_model_dir(directory: str) -> None:
         p.name.endswith(WEIGHT_SUFFIXES) for p in root.iterdir()
     ):
         raise FileNotFoundError(
-            f"{NAME}: model_dir {str(root.resolve())!r} lacks config.json or weights; expected {expected}"
+            f"{NAME}: model_dir {str(root.resolve())!r} lacks config.json or weights; "
+            f"expected {expected}"
         )
 
 
@@ -317,7 +323,8 @@ class ClipPreference(Scorer):
             or normalize_by <= 0
         ):
             raise ValueError(
-                f"{NAME}: normalize_by must be a finite number > 0 (PickScore: 26), got {normalize_by!r}"
+                f"{NAME}: normalize_by must be a finite number > 0 (PickScore: 26), got "
+                f"{normalize_by!r}"
             )
         if model_revision is not None and (
             not isinstance(model_revision, str) or not model_revision
@@ -362,7 +369,8 @@ class ClipPreference(Scorer):
             and not (processor / "vocab.json").is_file()
         ):
             raise FileNotFoundError(
-                f"{NAME}: no tokenizer in {str(processor.resolve())!r} (tokenizer.json or vocab.json + merges.txt); "
+                f"{NAME}: no tokenizer in {str(processor.resolve())!r} (tokenizer.json or "
+                f"vocab.json + merges.txt); "
                 "set processor_dir to the directory with the tokenizer and preprocessor_config.json"
             )
         model = CLIPModel.from_pretrained(
@@ -371,8 +379,9 @@ class ClipPreference(Scorer):
         image_size = model.config.vision_config.image_size
         if transform.output_size != (image_size, image_size):
             raise ValueError(
-                f"{NAME}: preprocessor_config.json in {self.processor_dir!r} makes {transform.output_size} images, "
-                f"the model takes {image_size}x{image_size}: is processor_dir the model's processor?"
+                f"{NAME}: preprocessor_config.json in {self.processor_dir!r} makes "
+                f"{transform.output_size} images, the model takes {image_size}x{image_size}: "
+                f"is processor_dir the model's processor?"
             )
         self._tokenizer = AutoTokenizer.from_pretrained(self.processor_dir, local_files_only=True)
         self._max_tokens = int(model.config.text_config.max_position_embeddings)

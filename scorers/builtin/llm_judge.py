@@ -34,8 +34,8 @@ from scorers.common.retry import Retry
 from scorers.diagnostics import mean
 
 DEFAULT_TEMPLATE = (
-    "Rate how well the response answers the question, from 0 (wrong or useless) to 10 (fully correct "
-    "and helpful).\n\nQuestion:\n{prompt}\n\nResponse:\n{completion}\n\n"
+    "Rate how well the response answers the question, from 0 (wrong or useless) to 10 (fully "
+    "correct and helpful).\n\nQuestion:\n{prompt}\n\nResponse:\n{completion}\n\n"
     "Give a one-sentence reason, then end with a line of the form 'Score: N'."
 )
 PLACEHOLDERS = ("prompt", "completion", "reference")
@@ -104,7 +104,8 @@ def _template_fields(template: Any) -> set[str]:
             continue
         if name not in PLACEHOLDERS or spec or conversion:
             raise ValueError(
-                f"llm_judge: prompt_template placeholder {{{name}}} is not one of {list(PLACEHOLDERS)}"
+                f"llm_judge: prompt_template placeholder {{{name}}} is not one of "
+                f"{list(PLACEHOLDERS)}"
             )
         fields.add(name)
     if "completion" not in fields:
@@ -126,7 +127,8 @@ def _checked_url(base_url: Any) -> SplitResult:
     url = urlsplit(base_url) if isinstance(base_url, str) else None
     if url is None or url.scheme not in ("http", "https") or not url.hostname:
         raise ValueError(
-            f"llm_judge: base_url must be an http(s) URL like 'http://host:8000/v1', got {base_url!r}"
+            f"llm_judge: base_url must be an http(s) URL like 'http://host:8000/v1', got "
+            f"{base_url!r}"
         )
     if url.username or url.password:
         raise ValueError(
@@ -287,8 +289,10 @@ class LlmJudge(Scorer):
                 )
             if not re.fullmatch(r"[\x21-\x7e]+", secret):  # never echoed: it may be most of the key
                 raise RuntimeError(
-                    f"llm_judge: the value of {self.api_key_env} (api_key_env) has whitespace, control or "
-                    "non-ASCII characters (a trailing newline from a mounted secret?); it cannot be a bearer token"
+                    f"llm_judge: the value of {self.api_key_env} (api_key_env) has "
+                    f"whitespace, control or "
+                    "non-ASCII characters (a trailing newline from a mounted secret?); it "
+                    "cannot be a bearer token"
                 )
             self._secret = secret
         self._loaded = True
@@ -429,7 +433,8 @@ class LlmJudge(Scorer):
             # an item that waited for a free slot past the deadline
             if deadline - time.monotonic() < 0.05:
                 raise _Late(
-                    f"the batch deadline ({self.batch_timeout_s:g} s) passed before attempt {outcome.attempts + 1}"
+                    f"the batch deadline ({self.batch_timeout_s:g} s) passed before attempt "
+                    f"{outcome.attempts + 1}"
                 )
             outcome.attempts += 1
             return self._verdict(self._attempt(client, body, deadline))
@@ -494,7 +499,10 @@ class LlmJudge(Scorer):
         finally:
             # the batch's connections end here; an attempt still on one fails at once
             client.close()
-        late = f"no verdict by the batch deadline ({self.batch_timeout_s:g} s): the server held its attempt open"
+        late = (
+            f"no verdict by the batch deadline ({self.batch_timeout_s:g} s): the server held "
+            f"its attempt open"
+        )
         outcomes = [
             outcome if outcome is not None else _Outcome(error=late) for outcome in list(results)
         ]
@@ -511,7 +519,8 @@ class LlmJudge(Scorer):
                 "latency_s": mean(sum(o.seconds for o in outcomes), len(outcomes)),
             },
             failed={
-                position: f"{o.error} ({f'{o.attempts} attempts ' if o.attempts else ''}at {self.url}, model {self.model!r})"
+                position: f"{o.error} ({f'{o.attempts} attempts ' if o.attempts else ''}at "
+                f"{self.url}, model {self.model!r})"
                 for position, o in enumerate(outcomes)
                 if o.error is not None
             },

@@ -278,6 +278,7 @@ class MathVerifyScorer(Scorer):
             )
         if not isinstance(item.text, str):
             raise ScoreInputError(
-                f"items[{index}] (id={item.id!r}): math_verify needs text, got {type(item.text).__name__}"
+                f"items[{index}] (id={item.id!r}): math_verify needs text, got "
+                f"{type(item.text).__name__}"
             )
         return (item.text, gold, self.float_rounding, self.numeric_precision, self.strict)

@@ -96,7 +96,8 @@ def grade(
     """1.0 if the prediction's answer equals the gold answer, else 0.0 (unparsable -> 0.0)."""
     if not isinstance(prediction, str) or not isinstance(gold, str):
         raise TypeError(
-            f"prediction and gold must be str, got {type(prediction).__name__} and {type(gold).__name__}"
+            f"prediction and gold must be str, got {type(prediction).__name__} and "
+            f"{type(gold).__name__}"
         )
     _MemoryErrorSeen.seen = False
     gold_parsed = parse_gold(gold)

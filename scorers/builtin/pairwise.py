@@ -37,7 +37,8 @@ class PairwiseJudge(WrappingScorer):
             )
         if len(inner_spec.term_names()) != 1:
             raise ValueError(
-                f"pairwise_judge: inner scorer {inner!r} has terms {inner_spec.term_names()}; use one"
+                f"pairwise_judge: inner scorer {inner!r} has terms "
+                f"{inner_spec.term_names()}; use one"
             )
         self.margin = float(margin)
         self.spec = self.wrapped_spec(

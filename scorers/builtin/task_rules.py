@@ -120,8 +120,8 @@ def _countdown_task(item: ScoreItem, reference: Any) -> tuple[Fraction, list[Fra
         if target is not None and numbers and None not in numbers:
             return target, sorted(n for n in numbers if n is not None)
     raise ScoreInputError(
-        f"item {item.id!r}: countdown needs a reference like {{'target': 24, 'numbers': [4, 6, 1, 1]}} "
-        f"(or 'nums'), got {reference!r}"
+        f"item {item.id!r}: countdown needs a reference like {{'target': 24, 'numbers': [4, "
+        f"6, 1, 1]}} (or 'nums'), got {reference!r}"
     )
 
 
@@ -250,8 +250,8 @@ def _expected(item: ScoreItem, reference: Any) -> Fraction:
     )
     if value is None:
         raise ScoreInputError(
-            f"item {item.id!r}: arithmetic needs a reference expression ({{'expression': '12*7'}}) or a number, "
-            f"got {reference!r}"
+            f"item {item.id!r}: arithmetic needs a reference expression ({{'expression': "
+            f"'12*7'}}) or a number, got {reference!r}"
         )
     return value
 
@@ -328,7 +328,8 @@ def _check_format(
         or not 0.0 <= partial_max < 1.0
     ):
         raise ValueError(
-            f"format_reward: partial_max must be in [0, 1) (below a full match), got {partial_max!r}"
+            f"format_reward: partial_max must be in [0, 1) (below a full match), got "
+            f"{partial_max!r}"
         )
 
 

@@ -26,7 +26,8 @@ def reference_text(reference: Any, index: int, item_id: str) -> str:
             if isinstance(reference.get(key), str):
                 return reference[key]
     raise ScoreInputError(
-        f"items[{index}] (id={item_id!r}): reference must be a string or have a string 'text'/'answer'/'target'"
+        f"items[{index}] (id={item_id!r}): reference must be a string or have a string "
+        f"'text'/'answer'/'target'"
     )
 
 
@@ -124,8 +125,9 @@ class TextSimilarity(Scorer):
         over = [items[i % n].id for i, length in enumerate(lengths) if length > self.max_seq_length]
         if over and self.on_overflow == "raise":
             raise ScoreInputError(
-                f"text_similarity: {len(over)} texts exceed max_seq_length={self.max_seq_length} tokens "
-                f"(ids {over[:5]}); raise max_seq_length (MiniLM takes up to 512) or set on_overflow to "
+                f"text_similarity: {len(over)} texts exceed "
+                f"max_seq_length={self.max_seq_length} tokens (ids {over[:5]}); raise "
+                f"max_seq_length (MiniLM takes up to 512) or set on_overflow to "
                 "'keep_start' or 'keep_end'"
             )
         return over

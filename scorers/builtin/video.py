@@ -60,7 +60,8 @@ class VideoScorer(WrappingScorer):
         # reducing one term would silently drop the others
         if len(self.inner.spec.term_names()) != 1:
             raise ValueError(
-                f"video: inner scorer {inner!r} has terms {self.inner.spec.term_names()}; wrap a single-term scorer"
+                f"video: inner scorer {inner!r} has terms {self.inner.spec.term_names()}; "
+                f"wrap a single-term scorer"
             )
         self.frames = frames if frames is not None or stride is not None else 8
         self.stride = stride

@@ -201,7 +201,8 @@ class _DeadlineTransport(httpx.BaseTransport):
         url = httpx.URL(proxy)
         if url.scheme not in ("http", "https"):
             raise ValueError(
-                f"proxy {url.copy_with(username=None, password=None)}: only http and https proxies work here"
+                f"proxy {url.copy_with(username=None, password=None)}: only http and https "
+                f"proxies work here"
             )
         target = httpcore.URL(
             scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path

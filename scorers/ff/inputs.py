@@ -30,7 +30,8 @@ def check_fields(model: str, fields: Any) -> tuple[str, ...]:
     for name in fields:
         if name not in FIELDS:
             raise RewardModelConfigError(
-                f"reward model {model}: required_fields has {name!r}; the fields are {', '.join(FIELDS)}"
+                f"reward model {model}: required_fields has {name!r}; the fields are "
+                f"{', '.join(FIELDS)}"
             )
     return tuple(fields)
 

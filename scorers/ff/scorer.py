@@ -56,7 +56,8 @@ def _model_class(model: str) -> type[BaseRewardModel]:
     cls = import_dotted(model, f"reward model {model!r}", UnknownScorerError)
     if not (isinstance(cls, type) and issubclass(cls, BaseRewardModel)):
         raise RewardModelConfigError(
-            f"reward model {model!r} is not a PointwiseRewardModel or GroupwiseRewardModel of scorers.ff "
+            f"reward model {model!r} is not a PointwiseRewardModel or GroupwiseRewardModel "
+            f"of scorers.ff "
             "(port an FF model by importing them from scorers.ff instead of FF's rewards.abc)"
         )
     if cls.__call__ is BaseRewardModel.__call__:
@@ -94,7 +95,8 @@ class FfModelScorer(Scorer):
         num_workers = _positive_int("num_workers", num_workers)
         if num_workers > 1 and not getattr(self.model_cls, "thread_safe", True):
             raise RewardModelConfigError(
-                f"reward model {model!r} declares thread_safe = False: num_workers must be 1, got {num_workers}"
+                f"reward model {model!r} declares thread_safe = False: num_workers must be "
+                f"1, got {num_workers}"
             )
         if (
             not isinstance(call_timeout_s, (int, float))
@@ -208,7 +210,8 @@ class FfModelScorer(Scorer):
             queued = sum(future.cancelled() for future in futures)
             why = self._wedged or "the workers were shut down"
             raise ScorerWedged(
-                f"{queued} of this call's {len(futures)} chunks never started (queued behind another call): {why}",
+                f"{queued} of this call's {len(futures)} chunks never started (queued behind "
+                f"another call): {why}",
                 timed_out=False,
             ) from exc
         finally:
@@ -230,7 +233,8 @@ class FfModelScorer(Scorer):
         if running:
             self._wedged = (
                 f"{where}, {running} still ran after call_timeout_s={self.call_timeout_s} "
-                f"({queued} never started, queued); a thread cannot be stopped: this process must be restarted"
+                f"({queued} never started, queued); a thread cannot be stopped: this process "
+                f"must be restarted"
             )
             # other calls' queued chunks fail at once, as queued
             pool.shutdown(wait=False, cancel_futures=True)
@@ -238,7 +242,8 @@ class FfModelScorer(Scorer):
         if not queued:
             return None
         return RewardModelTimeout(
-            f"{where}, {queued} never started within call_timeout_s={self.call_timeout_s}: queued behind other "
+            f"{where}, {queued} never started within call_timeout_s={self.call_timeout_s}: "
+            f"queued behind other "
             "calls on the workers"
         )
 
@@ -263,7 +268,8 @@ def checked_rewards(model: str, output: Any, count: int) -> list[float]:
     """One finite float per input, in order, from a RewardModelOutput; anything else is refused."""
     if not hasattr(output, "rewards"):
         raise RewardModelError(
-            f"reward model {model!r} returned {type(output).__name__}, expected RewardModelOutput(rewards=...)"
+            f"reward model {model!r} returned {type(output).__name__}, expected "
+            f"RewardModelOutput(rewards=...)"
         )
     rewards = output.rewards
     if hasattr(rewards, "detach"):  # a tensor, bfloat16 included
@@ -280,7 +286,8 @@ def checked_rewards(model: str, output: Any, count: int) -> list[float]:
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
         raise RewardModelError(
-            f"reward model {model!r}: non-finite reward {float(values[bad[0]])!r} for input {int(bad[0])} of {count} "
+            f"reward model {model!r}: non-finite reward {float(values[bad[0]])!r} for input "
+            f"{int(bad[0])} of {count} "
             "(applicability is the panel's: never return NaN for 'not applicable')"
         )
     return [float(value) for value in values]

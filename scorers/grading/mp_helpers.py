@@ -54,8 +54,14 @@ def preload_failure(modules: Sequence[str], timeout_s: float) -> str:
     except OSError as exc:
         return f"its preload could not be imported afresh to say why ({exc})"
     if done.returncode == 0:
-        return f"its preload {list(modules)} imports afresh without error: it was killed, or failed only there"
-    return f"importing its preload afresh fails ({describe(done.returncode)}): {done.stderr.strip()[-_CAUSE_CHARS:]}"
+        return (
+            f"its preload {list(modules)} imports afresh without error: it was killed, or "
+            f"failed only there"
+        )
+    return (
+        f"importing its preload afresh fails ({describe(done.returncode)}): "
+        f"{done.stderr.strip()[-_CAUSE_CHARS:]}"
+    )
 
 
 _helpers_lock = threading.Lock()

@@ -279,7 +279,8 @@ class GradingPool:
         try:
             if not driving:
                 log.warning(
-                    "grading pool: a grade() or the workers' start still runs after %.0f s; closing under it",
+                    "grading pool: a grade() or the workers' start still runs after %.0f s; "
+                    "closing under it",
                     _CLOSE_WAIT_S,
                 )
             self._workers.kill_all()

@@ -364,8 +364,8 @@ class TaskManager:
             # it stays, idle: its next task's CPU time starts here
             worker.cpu_base = usage(worker.pid)[1]
             raise GradingTaskError(
-                f"grade_fn {self.config.grade_fn!r} raised in worker pid {worker.pid} on task {index}: "
-                f"{message.remote_text}",
+                f"grade_fn {self.config.grade_fn!r} raised in worker pid {worker.pid} on "
+                f"task {index}: {message.remote_text}",
                 task_index=index,
                 remote_type=message.remote_type,
                 remote_text=message.remote_text,
@@ -422,8 +422,9 @@ class TaskManager:
         )
         if late is not None:
             raise GradingPoolError(
-                f"{late} exceeded its deadline (timeout_s={self.config.timeout_s}, jobs={self.config.jobs}); "
-                f"busy workers: {[(w.pid, w.task_index) for w in self.workers.busy()]}"
+                f"{late} exceeded its deadline (timeout_s={self.config.timeout_s}, "
+                f"jobs={self.config.jobs}); busy workers: "
+                f"{[(w.pid, w.task_index) for w in self.workers.busy()]}"
             )
 
     def _scan_workers(self, now: float) -> list[Worker]:
@@ -496,7 +497,8 @@ class TaskManager:
             elapsed = now - worker.since
             worker.batch.outcomes[worker.task_index] = GradeOutcome("budget", None, elapsed, True)
             log.info(
-                "grading task %d killed in overflow worker pid %d: held tasks past the pool's memory budget (%d MiB)",
+                "grading task %d killed in overflow worker pid %d: held tasks past the "
+                "pool's memory budget (%d MiB)",
                 worker.task_index,
                 worker.pid,
                 budget_bytes >> 20,

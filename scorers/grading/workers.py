@@ -195,7 +195,8 @@ class WorkerManager:
             return True
         if isinstance(message, Fatal):
             raise GradingPoolError(
-                f"grading worker pid {worker.pid} cannot load {self.config.grade_fn!r}: {message.text}"
+                f"grading worker pid {worker.pid} cannot load {self.config.grade_fn!r}: "
+                f"{message.text}"
             )
         return False
 
@@ -247,7 +248,8 @@ class WorkerManager:
         grade_fn."""
         if not pidfds_supported():
             log.warning(
-                "grading pool: this kernel has no pidfd_open (Linux < 5.3); workers fork from the forkserver"
+                "grading pool: this kernel has no pidfd_open (Linux < 5.3); workers fork "
+                "from the forkserver"
             )
             return
         config = self.config
@@ -289,7 +291,8 @@ class WorkerManager:
             # it is exiting: its status is moments away
             template.process.wait_status(_DEATH_STATUS_WAIT_S)
         return GradingPoolError(
-            f"grading template pid {template.pid} {what}: {describe_exitcode(template.process.exitcode)}"
+            f"grading template pid {template.pid} {what}: "
+            f"{describe_exitcode(template.process.exitcode)}"
         )
 
     def between_batches(self) -> None:
@@ -372,7 +375,8 @@ class WorkerManager:
     @staticmethod
     def protocol_error(worker: Worker, message: object) -> GradingPoolError:
         return GradingPoolError(
-            f"grading worker pid {worker.pid} sent {type(message).__name__} {worker.doing()} (protocol error)"
+            f"grading worker pid {worker.pid} sent {type(message).__name__} {worker.doing()} "
+            f"(protocol error)"
         )
 
     def over_budget(self, budget_bytes: int) -> list[Worker]:

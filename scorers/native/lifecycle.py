@@ -82,7 +82,8 @@ class ModelSlot:
                 )
             raise CloseFailed(
                 f"{name}: close() raised {closed}; the instance was released all the same (asleep: "
-                f"{figures['slept_param_bytes_alive']} of {figures['slept_param_bytes']} parameter bytes still alive)"
+                f"{figures['slept_param_bytes_alive']} of {figures['slept_param_bytes']} "
+                f"parameter bytes still alive)"
             )
         return figures
 

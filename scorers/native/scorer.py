@@ -170,7 +170,10 @@ class NativeModelScorer(Scorer):
         logged: dict[str, list[float]] = {}
         for (fn, index), outcome in zip(self._pairs(items), outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                why = f"reward function {fn.term!r} failed on item {items[index].id!r}: {type(outcome).__name__}: {outcome}"
+                why = (
+                    f"reward function {fn.term!r} failed on item {items[index].id!r}: "
+                    f"{type(outcome).__name__}: {outcome}"
+                )
                 term_failed.setdefault(fn.term, {})[index] = why
                 continue
             terms[fn.term][index], extra = outcome
@@ -200,7 +203,8 @@ class NativeModelScorer(Scorer):
         except TimeoutError as exc:
             self._stuck = (
                 f"{NAME} {self.model!r}: {len(calls)} reward function calls did not finish within "
-                f"call_timeout_s={self.call_timeout_s}; their threads cannot be stopped: this process must be restarted"
+                f"call_timeout_s={self.call_timeout_s}; their threads cannot be stopped: "
+                f"this process must be restarted"
             )
             raise ScorerWedged(self._stuck, timed_out=True) from exc
 

@@ -49,7 +49,8 @@ def _hwc_shape(shape: tuple[int, ...], layout: Layout) -> tuple[int, ...]:
     hwc = (shape[0], shape[2], shape[3], shape[1]) if layout == "NCHW" else tuple(shape)
     if hwc[-1] not in (1, 3, 4):
         raise ScorerRequestError(
-            f"images in {layout} have {hwc[-1]} channels (1, 3 or 4 expected): is the layout right?",
+            f"images in {layout} have {hwc[-1]} channels (1, 3 or 4 expected): is the layout "
+            f"right?",
             kind="bad_input",
         )
     return hwc

@@ -127,7 +127,8 @@ def reward_func(
         )
     except Exception as exc:
         log.error(
-            "managed-scorers reward_func failed (OpenRLHF logs only at INFO, then trains on None): %s: %s",
+            "managed-scorers reward_func failed (OpenRLHF logs only at INFO, then trains on "
+            "None): %s: %s",
             type(exc).__name__,
             exc,
         )

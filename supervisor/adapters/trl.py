@@ -151,8 +151,9 @@ class TRLRewardFunction:
             return rank * count
         if self.groupwise and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ConfigError(
-                "a groupwise scorer under several TRL processes: a group can span processes and TRL passes "
-                "no group ids; wrap the backend in supervisor.DistributedRewards (it rebuilds such groups)"
+                "a groupwise scorer under several TRL processes: a group can span processes "
+                "and TRL passes no group ids; wrap the backend in "
+                "supervisor.DistributedRewards (it rebuilds such groups)"
             )
         return 0
 
@@ -186,12 +187,14 @@ class TRLRewardFunction:
             return next(iter(fitting.values()))
         if not fitting:
             raise ConfigError(
-                f"{len(keys)} completions are not whole runs of one prompt each {sorted(set(sizes.values()))} long "
+                f"{len(keys)} completions are not whole runs of one prompt each "
+                f"{sorted(set(sizes.values()))} long "
                 "(TRL's layout): check num_generations / num_generations_eval"
             )
         if training is None:
             raise ConfigError(
-                f"{len(keys)} completions fit groups of {fitting['train']} and of {fitting['eval']} (a prompt repeats "
+                f"{len(keys)} completions fit groups of {fitting['train']} and of "
+                f"{fitting['eval']} (a prompt repeats "
                 "across neighbouring groups) and the trainer's mode is unknown: cannot tell which"
             )
         return fitting["train" if training else "eval"]

@@ -133,8 +133,9 @@ def fields_of(node: Any, where: str, known: frozenset[str]) -> dict[str, Any]:
 def check_transport(transport: Any) -> None:
     if transport == "cuda_ipc":
         raise ConfigError(
-            "transport 'cuda_ipc' is not available here: there is no CUDA IPC data plane yet. Use 'http' or "
-            "'auto' (loopback HTTP, arrays of 64 KiB or more through a shared-memory segment)"
+            "transport 'cuda_ipc' is not available here: there is no CUDA IPC data plane "
+            "yet. Use 'http' or 'auto' (loopback HTTP, arrays of 64 KiB or more through a "
+            "shared-memory segment)"
         )
     if transport not in TRANSPORTS:
         raise ConfigError(
@@ -147,8 +148,8 @@ def check_raises(client: Mapping[str, Any]) -> None:
     bad reward always stops the step (typed), so asking for the zeros is refused, not ignored."""
     if client.get("raise_on_failure", True) is not True:
         raise ConfigError(
-            "config.client.raise_on_failure must be true: a failed reward call raises its typed error here, "
-            "never zero rewards"
+            "config.client.raise_on_failure must be true: a failed reward call raises its "
+            "typed error here, never zero rewards"
         )
 
 
@@ -168,18 +169,22 @@ def _check_client(client: Mapping[str, Any], name: str, media: str, version: Any
     required = list(client.get("required_rewards") or [name])
     if required != [name]:
         raise ConfigError(
-            f"config.client.required_rewards is {required}, but a managed scorer serves one reward: [{name!r}] "
-            "(as UniRL checks). Several rewards: supervisor.adapters.unirl.RewardPanel over a recipe"
+            f"config.client.required_rewards is {required}, but a managed scorer serves one "
+            f"reward: [{name!r}] "
+            "(as UniRL checks). Several rewards: supervisor.adapters.unirl.RewardPanel over "
+            "a recipe"
         )
     given = client.get("input_kind")
     if given is not None and given != media:
         raise ConfigError(
-            f"config.client.input_kind {given!r} != {media!r}, the media of the scorer's history_kind"
+            f"config.client.input_kind {given!r} != {media!r}, the media of the scorer's "
+            f"history_kind"
         )
     expected = client.get("expected_scorer_version")
     if expected is not None and version is not None and expected != version:
         raise ConfigError(
-            f"config.client.expected_scorer_version {expected!r} != config.scorer.version {version!r}: one pin"
+            f"config.client.expected_scorer_version {expected!r} != config.scorer.version "
+            f"{version!r}: one pin"
         )
 
 
@@ -283,7 +288,8 @@ def panel_config(
     check_raises(client)
     if client.get("reward_weights"):
         raise ConfigError(
-            "reward_weights: a panel's weights are its recipe's terms' `weight` (sum of weight x term)"
+            "reward_weights: a panel's weights are its recipe's terms' `weight` (sum of "
+            "weight x term)"
         )
     if client.get("aggregation_method", "weighted_sum") != "weighted_sum":
         raise ConfigError(
@@ -328,7 +334,8 @@ def remote_config(
         isinstance(url, str) and url.startswith(("http://", "https://")) for url in listed
     ):
         raise ConfigError(
-            f"config.base_url must be the http(s) URL of a managed-scorers server (or a list of them), got {urls!r} "
+            f"config.base_url must be the http(s) URL of a managed-scorers server (or a list "
+            f"of them), got {urls!r} "
             "(managed://: supervisor.adapters.unirl.ManagedScorerProcessBackend)"
         )
     if client.get("reward_weights"):
@@ -337,7 +344,8 @@ def remote_config(
         )
     if client.get("aggregation_method", "weighted_sum") != "weighted_sum":
         raise ConfigError(
-            f"aggregation_method {client['aggregation_method']!r}: a served panel sums weight x term"
+            f"aggregation_method {client['aggregation_method']!r}: a served panel sums "
+            f"weight x term"
         )
     wanted = [str(name) for name in client.get("required_rewards") or []]
     remote: dict[str, Any] = {

@@ -75,8 +75,8 @@ def _audio(request: Any, kind: str, media: list[Any], allocate: Allocate) -> lis
     rate = getattr(request, "audio_sample_rate", None)
     if rate is None:
         raise ScorerRequestError(
-            "UniRL generated audio without a sample rate (request.audio_sample_rate is None: the frontier's "
-            "primitive_metadata['audio'] has no 'sample_rate')",
+            "UniRL generated audio without a sample rate (request.audio_sample_rate is None: "
+            "the frontier's primitive_metadata['audio'] has no 'sample_rate')",
             kind="bad_input",
         )
     return [{"audio": waveform, "audio_sample_rate": rate} for waveform in waveforms]
@@ -86,8 +86,9 @@ def _generated(request: Any, kind: str, allocate: Allocate) -> list[Any]:
     primitive = (getattr(request, "generated", None) or {}).get(kind)
     if primitive is None:
         raise ScorerRequestError(
-            f"the UniRL request generated {sorted(getattr(request, 'generated', None) or {})}, but this backend "
-            f"scores {kind!r}: check the recipe's reward / model pairing",
+            f"the UniRL request generated "
+            f"{sorted(getattr(request, 'generated', None) or {})}, but this backend scores "
+            f"{kind!r}: check the recipe's reward / model pairing",
             kind="bad_input",
         )
     return _column(primitive, kind, allocate)
@@ -168,7 +169,8 @@ def _item(
 ) -> RewardItem:
     if metadata is not None and not isinstance(metadata, Mapping):
         raise ScorerRequestError(
-            f"UniRL item {index}: metadata must be a mapping or None, got {type(metadata).__name__}",
+            f"UniRL item {index}: metadata must be a mapping or None, got "
+            f"{type(metadata).__name__}",
             kind="bad_input",
         )
     meta = adapter_items.plain(dict(metadata or {}))

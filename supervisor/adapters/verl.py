@@ -46,7 +46,8 @@ def _item(
         chw = numpy_view(solution_image)
         if getattr(chw, "ndim", None) != 3:
             raise ScorerRequestError(
-                f"solution_image must be one CHW image, got shape {list(getattr(chw, 'shape', []))}",
+                f"solution_image must be one CHW image, got shape "
+                f"{list(getattr(chw, 'shape', []))}",
                 kind="bad_input",
             )
         image = chw.transpose(1, 2, 0)
@@ -243,8 +244,8 @@ def _key(recipe: str | None, panel: str) -> tuple[str, str]:
     path = recipe or os.environ.get(RECIPE_VARIABLE)
     if not path:
         raise ConfigError(
-            f"no reward recipe: give reward_kwargs: {{recipe: /path/reward.yaml}} to verl's custom_reward_function, "
-            f"or set ${RECIPE_VARIABLE}"
+            f"no reward recipe: give reward_kwargs: {{recipe: /path/reward.yaml}} to verl's "
+            f"custom_reward_function, or set ${RECIPE_VARIABLE}"
         )
     if panel not in ("train", "validation"):
         raise ConfigError(f"panel must be 'train' or 'validation', got {panel!r}")

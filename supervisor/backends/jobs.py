@@ -527,7 +527,10 @@ class JobRewardBackend(Component):
             last = (
                 f"last: {exc}" if not isinstance(exc, _Pending) else "still pending"
             ) + _asked_note(exc)
-            message = f"no score within the request's deadline ({self.request_timeout:g} s) {tries}, {last}"
+            message = (
+                f"no score within the request's deadline ({self.request_timeout:g} s) "
+                f"{tries}, {last}"
+            )
             return JobDeadline(message, status=status, body=body, orphaned=True, **where)
         if isinstance(exc, ErrorStatus) and 400 <= exc.status < 500:
             return JobRejected(
@@ -562,7 +565,10 @@ def _spool_failed(
     code = f"{errno.errorcode.get(exc.errno, exc.errno)}: " if exc.errno else ""
     said = f"({code}{exc.strerror or exc})"
     if sending:
-        message = f"its spool file {path} failed to read back while it was sent {said}; the upload was cut midway"
+        message = (
+            f"its spool file {path} failed to read back while it was sent {said}; the "
+            f"upload was cut midway"
+        )
     else:
         message = (
             f"its payload could not be written to the spool file {path} {said}; nothing was sent"
@@ -593,7 +599,8 @@ def _contested(claim: Claim, where: dict[str, Any]) -> JobProtocolError:
     assert rival is not None
     whose = "this call" if rival.call == claim.call else "a later call"
     message = (
-        f"the service gave this job id to item {rival.item_id!r} of {whose} too: one job for two uploads, "
+        f"the service gave this job id to item {rival.item_id!r} of {whose} too: one job for "
+        f"two uploads, "
         "whose score nobody can tell; not taken"
     )
     return JobProtocolError(message, orphaned=True, **where)
@@ -635,7 +642,8 @@ def _job_id(
     claimed, earlier = claim(job_id)
     if earlier is not None:
         message = (
-            f"the service already gave this job id to another item ({earlier.held_by(claimed.call)}): "
+            f"the service already gave this job id to another item "
+            f"({earlier.held_by(claimed.call)}): "
             "one job for two uploads, whose score nobody can tell; not pulled"
         )
         raise JobProtocolError(

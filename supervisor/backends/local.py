@@ -23,7 +23,8 @@ from supervisor.types import RewardItem, RewardRequest
 # What a LocalBackendConfig holds that is no setting of the backend's, and why
 NOT_SETTINGS = {
     "kind": "the config union's tag",
-    "input_kind": "the scorer's own; the config's is for checks before anything starts (doctor, preflight)",
+    "input_kind": "the scorer's own; the config's is for checks before anything starts (doctor, "
+    "preflight)",
     "shared_memory_min_bytes": "a managed child's data plane: nothing crosses a process here",
 }
 
@@ -65,8 +66,8 @@ class LocalRewardBackend(Component):
         else:
             if params or revision is not None or identity_hash is not None:
                 raise ConfigError(
-                    "a scorer instance takes no params and cannot be pinned (its constructor arguments are "
-                    "unknown here): give the scorer by name, with params, to pin it"
+                    "a scorer instance takes no params and cannot be pinned (its constructor "
+                    "arguments are unknown here): give the scorer by name, with params, to pin it"
                 )
             self.scorer, identity = scorer, None
         spec = self.scorer.spec

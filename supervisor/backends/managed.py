@@ -270,7 +270,8 @@ class ManagedScorerProcessBackend(Component):
         )
         if self.spec.replicas.size > 1:
             raise ConfigError(
-                f"spec asks for {self.spec.replicas.size} replicas: build it with supervisor.compose.replicas.ReplicatedBackend "
+                f"spec asks for {self.spec.replicas.size} replicas: build it with "
+                f"supervisor.compose.replicas.ReplicatedBackend "
                 "(or recipes.make_backend), which starts one child per replica"
             )
         # Which lock guards which field. `_serial` is held for a whole call (score, onload, offload,
@@ -332,8 +333,9 @@ class ManagedScorerProcessBackend(Component):
     def _check_owner(self) -> None:
         if os.getpid() != self._owner_pid:
             raise BackendNotOwned(
-                f"backend for scorer {self.spec.scorer.name!r} belongs to pid {self._owner_pid}, whose child it "
-                f"runs; this process (pid {os.getpid()}) is a fork of it and cannot use it: create a backend here"
+                f"backend for scorer {self.spec.scorer.name!r} belongs to pid "
+                f"{self._owner_pid}, whose child it runs; this process (pid {os.getpid()}) "
+                f"is a fork of it and cannot use it: create a backend here"
             )
 
     def _offer_segment(self) -> ParentSegment | None:
@@ -439,8 +441,9 @@ class ManagedScorerProcessBackend(Component):
         recent = [t for t in self._restarts if now - t < policy.window_s]
         if len(recent) >= policy.max_restarts:
             loop = ScorerCrashLoop(
-                f"child is no longer serving: {len(recent)} restarts in the last {policy.window_s:.0f} s "
-                f"(max_restarts={policy.max_restarts}); last failure: {cause.args[0].splitlines()[0]}",
+                f"child is no longer serving: {len(recent)} restarts in the last "
+                f"{policy.window_s:.0f} s (max_restarts={policy.max_restarts}); last "
+                f"failure: {cause.args[0].splitlines()[0]}",
                 cause.record,
             )
             with self._life:
@@ -508,8 +511,9 @@ class ManagedScorerProcessBackend(Component):
         if expected is None or got == expected:
             return None
         return ScorerIdentityChanged(
-            f"child {self.spec.scorer.name} restarted (pid {new.child.pid}) under scorer identity {got}, not "
-            f"{expected} as before: its env or what its params read changed; not started again",
+            f"child {self.spec.scorer.name} restarted (pid {new.child.pid}) under scorer "
+            f"identity {got}, not {expected} as before: its env or what its params read "
+            f"changed; not started again",
             url=f"http://127.0.0.1:{new.child.port}",
             expected=expected,
             got=got if isinstance(got, str) else None,
@@ -637,7 +641,8 @@ class ManagedScorerProcessBackend(Component):
                 return gen
             if not restart:
                 raise type(dead)(
-                    f"child is not serving (the next score or onload restarts it): {dead.args[0].splitlines()[0]}",
+                    f"child is not serving (the next score or onload restarts it): "
+                    f"{dead.args[0].splitlines()[0]}",
                     dead.record,
                 )
         return self._restart(gen, dead)

@@ -50,7 +50,8 @@ FAIL_OVER_ONLY = (wire.SERVER_FAULT, *wire.RESTART_KINDS)
 NOT_SETTINGS = {
     "kind": "the config union's tag",
     "token_env": "the token's variable: its value is the runtime-only `token`",
-    "input_kind": "the server's own kind; the config's is for checks before anything starts (doctor, preflight)",
+    "input_kind": "the server's own kind; the config's is for checks before anything starts "
+    "(doctor, preflight)",
     "shared_memory_min_bytes": "a managed child's data plane: a server is reached over the network",
     "probe_timeout_s": "several servers only (MultiRemoteRewardBackend)",
     "probe_interval_s": "several servers only (MultiRemoteRewardBackend)",
@@ -123,7 +124,8 @@ class RemoteRewardBackend(Component):
         refused."""
         if not isinstance(base_url, str):
             raise TypeError(
-                "RemoteRewardBackend takes one URL (several of one scorer: MultiRemoteRewardBackend)"
+                "RemoteRewardBackend takes one URL (several of one scorer: "
+                "MultiRemoteRewardBackend)"
             )
         if request_batch_size <= 0:
             raise ValueError("request_batch_size must be > 0")

@@ -60,7 +60,10 @@ class Spool:
                     np.save(file, array, allow_pickle=False)
                     file.flush()
                 except OSError as exc:
-                    written = f"{os.fstat(file.fileno()).st_size} bytes on disk of a {array.nbytes}-byte array"
+                    written = (
+                        f"{os.fstat(file.fileno()).st_size} bytes on disk of a "
+                        f"{array.nbytes}-byte array"
+                    )
                     # its buffered rest fails again: the same error, said once
                     with contextlib.suppress(OSError):
                         file.close()

@@ -219,9 +219,9 @@ class LoopbackHTTP:
         deadline = _Deadline(timeout)
         length = sum(memoryview(b).nbytes for b in body)
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        head = f"{method} {target} HTTP/1.1\r\n{self._fixed}{extra}content-length: {length}\r\n\r\n".encode(
-            "latin-1"
-        )
+        head = (
+            f"{method} {target} HTTP/1.1\r\n{self._fixed}{extra}content-length: {length}\r\n\r\n"
+        ).encode("latin-1")
         retrying = Retry(
             deadline.at,
             *RETRY_BACKOFF_S,

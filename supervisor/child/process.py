@@ -349,7 +349,8 @@ class ChildProcess:
             _write_all(self._stdin, data, deadline)  # a dead reader is reported by readiness
         except TimeoutError:
             raise ScorerStartupError(
-                f"child did not read its boot config within startup_timeout={self.plan.startup_timeout} s",
+                f"child did not read its boot config within "
+                f"startup_timeout={self.plan.startup_timeout} s",
                 self._killed_record(),
             ) from None
         finally:

@@ -76,7 +76,8 @@ class DistributedRewards(Component):
 
         if not dist.is_available() or not dist.is_initialized():
             raise ConfigError(
-                "DistributedRewards needs torch.distributed initialised (torchrun, or init_process_group)"
+                "DistributedRewards needs torch.distributed initialised (torchrun, or "
+                "init_process_group)"
             )
         slowest = component(backend).call_bound_s
         if timeout_s is None:
@@ -85,8 +86,8 @@ class DistributedRewards(Component):
             raise ConfigError(f"timeout_s must be > 0, got {timeout_s!r}")
         elif slowest is not None and timeout_s < slowest:
             log.warning(
-                "DistributedRewards timeout_s=%g is below the %g s one call may take by the backend's deadlines: a "
-                "slow (not stuck) rank will break the exchange",
+                "DistributedRewards timeout_s=%g is below the %g s one call may take by the "
+                "backend's deadlines: a slow (not stuck) rank will break the exchange",
                 timeout_s,
                 slowest,
             )
@@ -188,8 +189,9 @@ class DistributedRewards(Component):
                 ]
                 if media:  # the same verdict on every rank: it comes from the exchange
                     raise ConfigError(
-                        f"groups span ranks and must be scored whole here, but their items carry media, which do "
-                        f"not travel between ranks (ids {media[:4]}): keep each group on one rank"
+                        f"groups span ranks and must be scored whole here, but their items "
+                        f"carry media, which do not travel between ranks (ids {media[:4]}): "
+                        f"keep each group on one rank"
                     )
                 mine = [self._portable(item) for item in items if item.group_id in layout.spanning]
                 shipped = self._exchange("fields", {"items": mine})
@@ -278,9 +280,10 @@ class DistributedRewards(Component):
         # gloo: a peer closed its connection, or the group's timeout passed
         except RuntimeError as exc:
             self._broken = RankLost(
-                f"rank {self.rank}: the {phase} exchange of call {self._calls} ({self.world_size} ranks) failed "
-                f"within timeout_s={self.timeout_s:g}: a peer rank was killed, is stuck, or is slower than the "
-                f"bound ({str(exc).splitlines()[0]}); this exchange is broken for good"
+                f"rank {self.rank}: the {phase} exchange of call {self._calls} "
+                f"({self.world_size} ranks) failed within timeout_s={self.timeout_s:g}: a "
+                f"peer rank was killed, is stuck, or is slower than the bound "
+                f"({str(exc).splitlines()[0]}); this exchange is broken for good"
             )
             raise self._broken from exc
         self.exchanged_bytes += sum(int(s.item()) for s in sizes)
@@ -297,7 +300,8 @@ class DistributedRewards(Component):
             )
             self._broken = RankLost(
                 f"ranks are out of step ({where}; backend signatures "
-                f"{sorted({g['signature'] for g in gathered})}): a rank skipped a call (call fail_step instead), "
+                f"{sorted({g['signature'] for g in gathered})}): a rank skipped a call (call "
+                f"fail_step instead), "
                 "or the ranks wrap different backends; this exchange is broken for good"
             )
             raise self._broken
@@ -411,7 +415,8 @@ def _layout(gathered: list[dict[str, Any]]) -> _Layout:
         for item_id, group_id, _media in document["members"]:
             if item_id in holder:
                 raise ScorerRequestError(
-                    f"item id {item_id!r} is on rank {holder[item_id]} and rank {rank}: ids must be unique across "
+                    f"item id {item_id!r} is on rank {holder[item_id]} and rank {rank}: ids "
+                    f"must be unique across "
                     "ranks, so that every reward reaches its own sample",
                     kind="bad_input",
                 )
@@ -426,8 +431,8 @@ def _layout(gathered: list[dict[str, Any]]) -> _Layout:
         for group_id, count in counts.items():
             if count != group_size:
                 raise ScorerRequestError(
-                    f"group {group_id!r} has {count} items over ranks {ranks_of[group_id]}, expected group_size "
-                    f"{group_size}: incomplete groups are never scored",
+                    f"group {group_id!r} has {count} items over ranks {ranks_of[group_id]}, "
+                    f"expected group_size {group_size}: incomplete groups are never scored",
                     kind="bad_input",
                 )
     spanning_groups = [g for g, held in ranks_of.items() if len(held) > 1]

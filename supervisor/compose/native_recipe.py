@@ -78,7 +78,8 @@ def native_backend(
     executor = model.get("executor")
     if not isinstance(executor, Mapping) or not isinstance(executor.get("model"), str):
         raise ConfigError(
-            f"{where}.executor.model names the model class ('module:Class', 'pkg://...', 'file.py:Class')"
+            f"{where}.executor.model names the model class ('module:Class', 'pkg://...', "
+            f"'file.py:Class')"
         )
     device, replicas = placement(where, model.get("placement"))
     params: dict[str, Any] = {
@@ -149,7 +150,8 @@ def placement(where: str, given: Any) -> tuple[str, dict[str, Any]]:
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices
     ):
         raise ConfigError(
-            f"{where}.placement.devices {devices}: all GPU indices (0, 1, ...) or all cpu, not a mix"
+            f"{where}.placement.devices {devices}: all GPU indices (0, 1, ...) or all cpu, "
+            f"not a mix"
         )
     return "cuda", {"devices": [str(d) for d in devices]}
 
@@ -173,7 +175,8 @@ def _env(where: str, model: Mapping[str, Any]) -> str | None:
     env = model.get("env")
     if env is None and "python_executable" not in model:
         raise ConfigError(
-            f"{where}: say which scorer env the model runs in (`env: NAME`, or `python_executable:`)"
+            f"{where}: say which scorer env the model runs in (`env: NAME`, or "
+            f"`python_executable:`)"
         )
     if env is not None and not isinstance(env, str):
         raise ConfigError(f"{where}.env names a scorer env, got {env!r}")

@@ -89,8 +89,8 @@ class PanelTerm:
         if ANY_DATASET in self.weight:
             return float(self.weight[ANY_DATASET])
         raise ScorerRequestError(
-            f"term {self.name!r} has no weight for item {item.id!r} (data_source {item.data_source!r}); "
-            f"weights are given for {sorted(self.weight)}",
+            f"term {self.name!r} has no weight for item {item.id!r} (data_source "
+            f"{item.data_source!r}); weights are given for {sorted(self.weight)}",
             kind="bad_input",
         )
 
@@ -214,8 +214,9 @@ class RewardPanel(Component):
                 applicable = applicable or applies
             if not applicable:
                 raise ScorerRequestError(
-                    f"no term of the panel applies to item {item.id!r} (data_source {item.data_source!r}); "
-                    f"terms: {[(t.name, t.applicable_datasets) for t in self.terms]}",
+                    f"no term of the panel applies to item {item.id!r} (data_source "
+                    f"{item.data_source!r}); terms: "
+                    f"{[(t.name, t.applicable_datasets) for t in self.terms]}",
                     kind="bad_input",
                 )
             for call in calls:
@@ -353,9 +354,9 @@ class RewardPanel(Component):
             extra = [request.items[p].id for p in whole if request.items[p].id not in already]
             if extra and self.group_failures == "raise":
                 raise ScorerItemsFailed(
-                    f"optional term {term.name!r} failed on {len(failure.ids)} members of groups {touched[:5]} "
-                    f"but not on {extra[:5]}: the panel refuses partial groups (group_failures='raise'): "
-                    f"{failure.error}",
+                    f"optional term {term.name!r} failed on {len(failure.ids)} members of "
+                    f"groups {touched[:5]} but not on {extra[:5]}: the panel refuses partial "
+                    f"groups (group_failures='raise'): {failure.error}",
                     kind="partial_group",
                     failed={item_id: failure.error for item_id in [*failure.ids, *extra]},
                 )
@@ -530,7 +531,8 @@ class RewardPanel(Component):
         if lost and term.required:
             whys = {item_id: failure.error for item_id, failure in lost.items()}
             raise ScorerItemsFailed(
-                f"required term {term.name!r} failed for {len(whys)} items: {next(iter(whys.values()))}",
+                f"required term {term.name!r} failed for {len(whys)} items: "
+                f"{next(iter(whys.values()))}",
                 record,
                 kind="term_failed",
                 failed=whys,
@@ -637,8 +639,8 @@ def _check_term(term: PanelTerm) -> None:
         and term.component not in shape.terms
     ):
         raise ConfigError(
-            f"term {term.name!r}: component {term.component!r} is not a term of scorer {shape.name!r} "
-            f"(it has {list(shape.terms)})"
+            f"term {term.name!r}: component {term.component!r} is not a term of scorer "
+            f"{shape.name!r} (it has {list(shape.terms)})"
         )
 
 

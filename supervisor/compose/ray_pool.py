@@ -221,7 +221,8 @@ class PoolActor:
         a share that ended meanwhile never costs the next one its child."""
         if turn.cancel():
             return ScorerTimeout(
-                f"{share} was still queued when the call's deadline passed (it came behind {ahead} other "
+                f"{share} was still queued when the call's deadline passed (it came behind "
+                f"{ahead} other "
                 "share(s) of this actor): cancelled, never scored"
             )
         # the turn left the queue: it is starting or has ended
@@ -243,8 +244,9 @@ class PoolActor:
             ended = f"has not ended {KILLED_SHARE_S} s after that (shares behind it wait)"
         scored_s = time.monotonic() - began[0] if began else 0.0
         return ScorerTimeout(
-            f"{share} was scoring ({scored_s:.1f} s) when the call's deadline passed: its child (pid {child}) "
-            f"was killed and the share {ended}; the next share starts a new child"
+            f"{share} was scoring ({scored_s:.1f} s) when the call's deadline passed: its "
+            f"child (pid {child}) was killed and the share {ended}; the next share starts a "
+            f"new child"
         )
 
     def _signed(self, outcome: Outcome) -> ShareAnswer:
@@ -321,7 +323,8 @@ class RayPoolBackend(Component):
                     )
                 except ValueError as exc:  # Ray: the name is taken in this namespace
                     raise ConfigError(
-                        f"cannot create Ray pool {config.name!r} in namespace {config.namespace!r} ({exc}): "
+                        f"cannot create Ray pool {config.name!r} in namespace "
+                        f"{config.namespace!r} ({exc}): "
                         "connect to it (RayPoolBackend.connect) or kill it first"
                     ) from exc
                 pool._pool.append(_Member(index, handle))
@@ -471,10 +474,11 @@ class RayPoolBackend(Component):
         if answer.identity_hash != self.shape.identity_hash:
             return Outcome.raised(
                 PoolIdentityChanged(
-                    f"{where} answered from child pid {answer.where.get('child_pid')} of scorer identity "
-                    f"{answer.identity_hash}, not the pool's {self.shape.identity_hash}: Ray restarted or replaced the "
-                    "actor, and its node's scorer env now serves another revision or params; refused (fix that env, "
-                    "or create the pool anew)",
+                    f"{where} answered from child pid {answer.where.get('child_pid')} of "
+                    f"scorer identity {answer.identity_hash}, not the pool's "
+                    f"{self.shape.identity_hash}: Ray restarted or replaced the "
+                    "actor, and its node's scorer env now serves another revision or params; "
+                    "refused (fix that env, or create the pool anew)",
                     actor=actor_name(self.name, member.index),
                     node_id=answer.where.get("node_id"),
                     node_ip=answer.where.get("node_ip"),
@@ -493,7 +497,8 @@ class RayPoolBackend(Component):
         ):
             return Outcome.raised(
                 RewardContractError(
-                    f"{where} answered for ids {outcome.response.ids[:4]}... where its share was {ids[:4]}..."
+                    f"{where} answered for ids {outcome.response.ids[:4]}... where its share "
+                    f"was {ids[:4]}..."
                 )
             )
         return outcome
@@ -544,8 +549,9 @@ class RayPoolBackend(Component):
                 return ScorerStartupError(f"{where}: the actor could not start its scorer: {exc}")
             policy = info.get("policy", {})
             return PoolActorDied(
-                f"{where} died while {what} ({type(exc).__name__}: {first}); Ray restarts it while its "
-                f"max_restarts ({policy.get('max_restarts', '?')}) allow, and this share was "
+                f"{where} died while {what} ({type(exc).__name__}: {first}); Ray restarts it "
+                f"while its max_restarts ({policy.get('max_restarts', '?')}) allow, and this "
+                f"share was "
                 f"{'re-sent by Ray up to max_task_retries times' if policy.get('max_task_retries') else 'not re-sent'}",
                 actor=actor_name(self.name, member.index),
                 node_id=info.get("node_id"),
@@ -555,13 +561,15 @@ class RayPoolBackend(Component):
         # cancelled at the deadline before the actor took it up
         if isinstance(exc, errors.TaskCancelledError):
             return ScorerTimeout(
-                f"{where}: {what}: still queued for the actor in Ray when the call's {self.call_timeout_s} s "
+                f"{where}: {what}: still queued for the actor in Ray when the call's "
+                f"{self.call_timeout_s} s "
                 "deadline passed: cancelled, never scored"
             )
         if isinstance(exc, errors.GetTimeoutError):
             return ScorerTimeout(
-                f"{where}: no answer while {what} within the call's {self.call_timeout_s} s deadline, nor to its "
-                f"cancel {CANCEL_GRACE_S} s after it: the actor is not answering (stopped, stuck, or its node "
+                f"{where}: no answer while {what} within the call's {self.call_timeout_s} s "
+                f"deadline, nor to its cancel {CANCEL_GRACE_S} s after it: the actor is not "
+                f"answering (stopped, stuck, or its node "
                 "unreachable), so whether the share was queued or scoring is unknown"
             )
         # raised inside the actor, not by its scorer: named

@@ -84,8 +84,10 @@ def instantiate(node: Any) -> Any:
         target = import_dotted(str(node[TARGET]), f"_target_ {node[TARGET]!r}", ConfigError)
         if not (isinstance(target, type) and issubclass(target, BaseModel)):
             raise ConfigError(
-                f"_target_ {node[TARGET]!r} is not a config class; a recipe builds supervisor.PanelConfig, "
-                "TermConfig, ManagedScorerProcessSpec, ... (build backends from them with build_panels)"
+                f"_target_ {node[TARGET]!r} is not a config class; a recipe builds "
+                f"supervisor.PanelConfig, "
+                "TermConfig, ManagedScorerProcessSpec, ... (build backends from them with "
+                "build_panels)"
             )
         try:
             return target(**values)
@@ -136,8 +138,9 @@ def _parse(data: dict[str, Any]) -> Recipe:
     if "terms" in data:
         return Recipe(PanelConfig.model_validate(data))
     raise ConfigError(
-        "unrecognised recipe: expected a `_target_` tree, `reward.models` + `reward.reward_functions`, "
-        "a `catalog:` with `reward:`, an FF `rewards:` list, or a `terms:` list"
+        "unrecognised recipe: expected a `_target_` tree, `reward.models` + "
+        "`reward.reward_functions`, a `catalog:` with `reward:`, an FF `rewards:` list, or a "
+        "`terms:` list"
     )
 
 
@@ -145,7 +148,8 @@ def _as_panel(value: Any, where: str) -> PanelConfig | None:
     if value is None or isinstance(value, PanelConfig):
         return value
     raise ConfigError(
-        f"{where}: the `_target_` tree must build a supervisor.PanelConfig, got {type(value).__name__}"
+        f"{where}: the `_target_` tree must build a supervisor.PanelConfig, got "
+        f"{type(value).__name__}"
     )
 
 
@@ -317,9 +321,10 @@ class _VerlModels:
     def _term(self, name: str, fn: Mapping[str, Any], where: str) -> dict[str, Any]:
         if "path" in fn or "name" in fn:
             raise ConfigError(
-                f"{where}.{name}: `path`/`name` (a Python scoring function) is verl-omni's; here a reward "
-                "function binds a model's scorer term (`model:`, `component:`). Put Python scorers in a "
-                "catalog or pass their dotted path as the model's `scorer:`"
+                f"{where}.{name}: `path`/`name` (a Python scoring function) is verl-omni's; "
+                f"here a reward "
+                "function binds a model's scorer term (`model:`, `component:`). Put Python "
+                "scorers in a catalog or pass their dotted path as the model's `scorer:`"
             )
         # a term uses the model of its own name unless it binds another
         bound = fn.get("model", name)
@@ -417,7 +422,8 @@ def _token(config: RemoteBackendConfig | JobBackendConfig) -> str | None:
     token = os.environ.get(config.token_env)
     if not token:
         raise ConfigError(
-            f"{config.kind} backend {config.base_url}: environment variable {config.token_env} is not set"
+            f"{config.kind} backend {config.base_url}: environment variable "
+            f"{config.token_env} is not set"
         )
     return token
 

@@ -66,9 +66,11 @@ def same_identity(servers: Sequence[RemoteRewardBackend]) -> None:
     for other in servers[1:]:
         if first.identity_hash is None or other.identity_hash != first.identity_hash:
             raise ConfigError(
-                f"{other.base_url} serves {other.shape.name!r} revision {other.shape.revision!r} identity "
-                f"{other.identity_hash}, but {first.base_url} serves {first.shape.name!r} revision "
-                f"{first.shape.revision!r} identity {first.identity_hash}: servers of different scorer versions "
+                f"{other.base_url} serves {other.shape.name!r} revision "
+                f"{other.shape.revision!r} identity {other.identity_hash}, but "
+                f"{first.base_url} serves {first.shape.name!r} revision "
+                f"{first.shape.revision!r} identity {first.identity_hash}: servers of "
+                f"different scorer versions "
                 "never mix rewards"
             )
 
@@ -313,7 +315,8 @@ class MultiRemoteRewardBackend(Component):
         named = outcome.get("identity_hash")
         if named != self.identity_hash:
             raise ScorerIdentityChanged(
-                f"{url} now reports identity {named} (revision {outcome.get('revision')!r}), not {self.identity_hash} "
+                f"{url} now reports identity {named} (revision {outcome.get('revision')!r}), "
+                f"not {self.identity_hash} "
                 "as when this client was made: restarted with another scorer version or params?",
                 url=url,
                 expected=self.identity_hash,

@@ -47,9 +47,10 @@ def replica_devices(
     else:
         if placed.launcher == "torchrun" and placed.local_world_size > 1:
             raise ConfigError(
-                f"replicas.devices {config.devices} under torchrun with {placed.local_world_size} ranks on this "
-                "node: each rank owns one GPU, so replicas of every rank would share the same ones; use "
-                "replicas.count, or one rank per node that owns its GPUs"
+                f"replicas.devices {config.devices} under torchrun with "
+                f"{placed.local_world_size} ranks on this "
+                "node: each rank owns one GPU, so replicas of every rank would share the "
+                "same ones; use replicas.count, or one rank per node that owns its GPUs"
             )
         visible = env.get("CUDA_VISIBLE_DEVICES")
         given = (

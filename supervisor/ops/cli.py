@@ -53,7 +53,8 @@ def _envs_build(args: argparse.Namespace) -> int:
         return 0
     if not args.names and not args.all:
         raise ConfigError(
-            f"name the env(s) to build: {', '.join(scorer_envs.spec_names())}; or --all for every one"
+            f"name the env(s) to build: {', '.join(scorer_envs.spec_names())}; or --all for "
+            f"every one"
         )
     if args.names and args.all:
         raise ConfigError("--all builds every env: give no NAME with it")
@@ -173,7 +174,8 @@ def _chosen_panel(args: argparse.Namespace, recipe: Any, columns: Columns) -> Pa
         _needs_extra("serving", "--image-column", ("PIL",))
     if args.retry_errors and not args.resume:
         raise ConfigError(
-            "--retry-errors goes with --resume (it scores the error rows of an existing output again)"
+            "--retry-errors goes with --resume (it scores the error rows of an existing "
+            "output again)"
         )
     if args.validation and recipe.validation is None:
         raise ConfigError(f"{args.recipe} has no validation panel (--validation)")
@@ -182,7 +184,8 @@ def _chosen_panel(args: argparse.Namespace, recipe: Any, columns: Columns) -> Pa
     chosen: PanelConfig = recipe.validation if args.validation else recipe.train
     if chosen.group_size is not None and columns.group is None:  # else every row fails in its child
         raise ConfigError(
-            f"{args.recipe} declares groups of {chosen.group_size}: name each row's group (--group-column)"
+            f"{args.recipe} declares groups of {chosen.group_size}: name each row's group "
+            f"(--group-column)"
         )
     return chosen
 
@@ -316,7 +319,8 @@ def _no_scorer_options(args: argparse.Namespace) -> None:
     ]
     if given:
         raise ConfigError(
-            f"--recipe serves the recipe's panel: {', '.join(given)} belong to --scorer (set them in the recipe)"
+            f"--recipe serves the recipe's panel: {', '.join(given)} belong to --scorer (set "
+            f"them in the recipe)"
         )
 
 
@@ -408,18 +412,21 @@ EXIT_STATUS = (
     ("0", "done and clean; `serve`: stopped by SIGTERM or Ctrl-C, gracefully"),
     (
         "1",
-        "done, but not clean (`score`: rows with an error or a failed optional term; `doctor`: a check "
-        "failed), or a scorer failed (a child that would not boot or died: its log tail is printed)",
+        "done, but not clean (`score`: rows with an error or a failed optional term; "
+        "`doctor`: a check failed), or a scorer failed (a child that would not boot or died: "
+        "its log tail is printed)",
     ),
     (
         "2",
-        "the configuration or the input is wrong, nothing was run: one line naming the file and line or the "
-        "flag (an unknown flag or a missing argument: argparse's usage and error lines)",
+        "the configuration or the input is wrong, nothing was run: one line naming the file "
+        "and line or the flag (an unknown flag or a missing argument: argparse's usage and "
+        "error lines)",
     ),
     (
         "3",
-        "`serve` only, the server could not boot: a bad boot config that only the scorer's env can see "
-        "(params of a scorer this python cannot import; what this python can check exits 2 first)",
+        "`serve` only, the server could not boot: a bad boot config that only the scorer's "
+        "env can see (params of a scorer this python cannot import; what this python can "
+        "check exits 2 first)",
     ),
     ("4", "`serve` only: the scorer's module does not import in its env"),
     ("6", "`serve` only: the scorer's load() failed (weights, memory)"),
@@ -464,8 +471,9 @@ def parser() -> argparse.ArgumentParser:
         "--log-level",
         choices=LOG_LEVELS,
         default="warning",
-        help="the level of this process's own log lines on stderr (supervisor, scorers: restarts, retries, "
-        "timeouts); children log to their own files, and other libraries stay at warning",
+        help="the level of this process's own log lines on stderr (supervisor, scorers: "
+        "restarts, retries, timeouts); children log to their own files, and other libraries "
+        "stay at warning",
     )
     commands = top.add_subparsers(dest="command", required=True)
     _add_envs(commands)
@@ -490,7 +498,8 @@ def parser() -> argparse.ArgumentParser:
     checkup.set_defaults(run=_doctor)
     show = commands.add_parser(
         "demo",
-        help="a math grader in a managed child and in this process (hydra's antlr pin); builds the math env",
+        help="a math grader in a managed child and in this process (hydra's antlr pin); builds "
+        "the math env",
     )
     show.add_argument(
         "--tour",
@@ -508,10 +517,14 @@ def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     envs = commands.add_parser(
         "envs", help="scorer envs: build, list, path, remove"
     ).add_subparsers(dest="envs_command", required=True)
-    root_help = f"where envs live (default ${scorer_envs.ROOT_VARIABLE}, else ~/.local/share/managed-scorers/envs)"
+    root_help = (
+        f"where envs live (default ${scorer_envs.ROOT_VARIABLE}, else "
+        f"~/.local/share/managed-scorers/envs)"
+    )
     build = envs.add_parser(
         "build",
-        help="build scorer envs, only if their pins or their interpreter changed (progress on stderr)",
+        help="build scorer envs, only if their pins or their interpreter changed (progress on "
+        "stderr)",
     )
     build.add_argument(
         "names", nargs="*", metavar="NAME", help=f"one of {', '.join(scorer_envs.spec_names())}"
@@ -528,8 +541,8 @@ def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     build.add_argument(
         "--python",
-        help="the interpreter that makes the venv (default: the one it was built with, else this one's base); "
-        "another one than it was built with rebuilds it",
+        help="the interpreter that makes the venv (default: the one it was built with, else this "
+        "one's base); another one than it was built with rebuilds it",
     )
     build.add_argument(
         "--force", action="store_true", help="rebuild even when the pins did not change"
@@ -538,7 +551,8 @@ def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--installer",
         choices=env_builder.INSTALLERS,
         default="pip",
-        help="pip (default), or uv where it is installed; pip's config (index, constraints) applies either way",
+        help="pip (default), or uv where it is installed; pip's config (index, constraints) "
+        "applies either way",
     )
     build.add_argument(
         "-v",
@@ -568,13 +582,15 @@ def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 def _add_score(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     score = commands.add_parser(
         "score",
-        help="score a dataset (JSONL, JSON, Parquet, a save_to_disk folder) through a recipe's panel into JSONL or "
-        "Parquet",
-        description="Score a dataset through a recipe's panel: one output record per input row, in input order. "
-        "A column may be a dotted path into nested records (reward_model.ground_truth). A prompt or a completion "
-        "stored as chat messages is scored as text: the completion's last assistant message's content, the "
-        "prompt's last message's content (a scorer never sees the whole conversation: render it to one string "
-        "column for that). The run's metadata (identity hash, terms, revisions) goes to OUTPUT.meta.json.",
+        help="score a dataset (JSONL, JSON, Parquet, a save_to_disk folder) through a recipe's "
+        "panel into JSONL or Parquet",
+        description="Score a dataset through a recipe's panel: one output record per input row, "
+        "in input order. A column may be a dotted path into nested records "
+        "(reward_model.ground_truth). A prompt or a completion stored as chat messages is "
+        "scored as text: the completion's last assistant message's content, the prompt's "
+        "last message's content (a scorer never sees the whole conversation: render it to "
+        "one string column for that). The run's metadata (identity hash, terms, revisions) "
+        "goes to OUTPUT.meta.json.",
     )
     score.add_argument(
         "--recipe",
@@ -586,15 +602,16 @@ def _add_score(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--input",
         type=_path_or_dash,
         required=True,
-        help="JSONL (- reads it from stdin); .json: a list of records (or JSONL); .parquet (the 'parquet' extra); "
-        "a folder written by datasets' save_to_disk (the 'datasets' extra)",
+        help="JSONL (- reads it from stdin); .json: a list of records (or JSONL); .parquet (the "
+        "'parquet' extra); a folder written by datasets' save_to_disk (the 'datasets' extra)",
     )
     score.add_argument(
         "--output",
         type=_path_or_dash,
         required=True,
-        help="JSONL, one record per input row, its metadata in OUTPUT.meta.json; - writes the JSONL to stdout "
-        "(nothing else goes there); .parquet: written whole when the run ends (the 'parquet' extra)",
+        help="JSONL, one record per input row, its metadata in OUTPUT.meta.json; - writes the "
+        "JSONL to stdout (nothing else goes there); .parquet: written whole when the run "
+        "ends (the 'parquet' extra)",
     )
     score.add_argument(
         "--resume",
@@ -633,9 +650,9 @@ def _add_columns(score: argparse.ArgumentParser) -> None:
     )
     score.add_argument(
         "--response-column",
-        help="default: response; a string, a one-element list of one, or chat messages: the text scored is the "
-        "last assistant message's content (a scorer never sees the whole conversation: render it to a string "
-        "column for that)",
+        help="default: response; a string, a one-element list of one, or chat messages: the text "
+        "scored is the last assistant message's content (a scorer never sees the whole "
+        "conversation: render it to a string column for that)",
     )
     score.add_argument(
         "--reference-column",
@@ -660,7 +677,8 @@ def _path_or_dash(value: str) -> Path:
 def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     server = commands.add_parser(
         "serve",
-        help="serve one scorer, or a recipe's whole panel, over HTTP for RemoteRewardBackend (until SIGTERM)",
+        help="serve one scorer, or a recipe's whole panel, over HTTP for RemoteRewardBackend "
+        "(until SIGTERM)",
     )
     what = server.add_mutually_exclusive_group(required=True)
     what.add_argument("--scorer", help="a built-in name, a catalog name or module:Class")
@@ -698,19 +716,21 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     server.add_argument(
         "--openrlhf-secret-file",
         type=_folder,
-        help="also serve OpenRLHF's --reward.remote_url at /openrlhf/<the secret in this 0600 file> (made if missing)",
+        help="also serve OpenRLHF's --reward.remote_url at /openrlhf/<the secret in this 0600 "
+        "file> (made if missing)",
     )
     server.add_argument(
         "--openrlhf-max-request-bytes",
         type=int,
-        help="the OpenRLHF route's body cap (default 16 MiB: one sample of a 128k-token context; its JSON parse "
-        "may take 4x this); a larger body is refused with a 413 before it is read",
+        help="the OpenRLHF route's body cap (default 16 MiB: one sample of a 128k-token context; "
+        "its JSON parse may take 4x this); a larger body is refused with a 413 before it is read",
     )
     _add_json_and_metrics(server)
     server.add_argument(
         "--max-pending-connections",
         type=int,
-        help=f"connections that have not yet sent an authenticated request (default 64; {OPENRLHF_PENDING_CONNECTIONS} "
+        help=f"connections that have not yet sent an authenticated request (default 64; "
+        f"{OPENRLHF_PENDING_CONNECTIONS} "
         "with the OpenRLHF route: a connection per sample); more are refused with a 503",
     )
     server.set_defaults(run=_serve)
@@ -720,14 +740,16 @@ def _add_json_and_metrics(server: argparse.ArgumentParser) -> None:
     server.add_argument(
         "--json-max-request-bytes",
         type=int,
-        help="the body cap of /score's JSON form (UniRL's protocol, base64 images; default 128 MiB: a 64-image "
-        "shard of 1024x1024 JPEGs); a larger body is refused with a 413 before it is read",
+        help="the body cap of /score's JSON form (UniRL's protocol, base64 images; default 128 "
+        "MiB: a 64-image shard of 1024x1024 JPEGs); a larger body is refused with a 413 "
+        "before it is read",
     )
     server.add_argument(
         "--metrics-token-file",
         type=_folder,
-        help="a second token, in this 0600 file (made if missing), that opens GET /metrics only: for a Prometheus "
-        "scrape (authorization credentials_file) that must not hold the scoring token",
+        help="a second token, in this 0600 file (made if missing), that opens GET /metrics only: "
+        "for a Prometheus scrape (authorization credentials_file) that must not hold the "
+        "scoring token",
     )
 
 

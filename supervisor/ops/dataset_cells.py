@@ -40,7 +40,8 @@ def text_of(value: Any, completion: bool) -> Any:
     if value and all(isinstance(entry, str) for entry in value):
         if len(value) > 1:
             raise NoText(
-                f"holds {len(value)} responses (verl's generation with n_samples > 1): one response per row is "
+                f"holds {len(value)} responses (verl's generation with n_samples > 1): one "
+                f"response per row is "
                 "scored; give each its own row first (pandas: DataFrame.explode)"
             )
         return value[0]
@@ -63,5 +64,6 @@ def _content(message: dict[str, Any]) -> str:
         return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
     calls = " (a tool call)" if message.get("tool_calls") else ""
     raise NoText(
-        f"its last {message.get('role')} message's content is {type(content).__name__}{calls}, not text"
+        f"its last {message.get('role')} message's content is "
+        f"{type(content).__name__}{calls}, not text"
     )

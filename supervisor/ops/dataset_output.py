@@ -246,8 +246,8 @@ def _sidecar(path: Path, not_ours: str, data: bytes) -> dict[str, Any]:
     if not sidecar.is_file():
         if data.startswith(b'{"' + HEADER_KEY.encode()):
             raise ResumeRefused(
-                f"{path} was written by an earlier managed-scorers (its metadata is its first line, not "
-                f"{sidecar.name}): write to a new output"
+                f"{path} was written by an earlier managed-scorers (its metadata is its "
+                f"first line, not {sidecar.name}): write to a new output"
             )
         raise ResumeRefused(f"{not_ours} (no {sidecar.name} beside it)")
     try:
@@ -288,7 +288,8 @@ def plan_output(
         row = rows[index]
         if (row.id, row.digest) != (row_id, sha):
             raise ResumeRefused(
-                f"{output} row {index + 1} ({row_id!r}) is not input line {row.line} ({row.id!r}) as it is now: "
+                f"{output} row {index + 1} ({row_id!r}) is not input line {row.line} "
+                f"({row.id!r}) as it is now: "
                 "the input changed, or is another one; write to a new output"
             )
     done = len(written)
@@ -322,6 +323,8 @@ def check_resumable(old: dict[str, Any] | None, new: dict[str, Any], path: Path)
         if old["terms"].get(name) != terms
     ] + [f"{name}: removed" for name in old["terms"] if name not in new["terms"]]
     raise ResumeRefused(
-        f"{path} was scored by identity {old['identity_hash'][:12]}, this recipe is {new['identity_hash'][:12]} "
-        f"({'; '.join(changed) or 'weights, required flags or applicability changed'}): write to a new output"
+        f"{path} was scored by identity {old['identity_hash'][:12]}, this recipe is "
+        f"{new['identity_hash'][:12]} "
+        f"({'; '.join(changed) or 'weights, required flags or applicability changed'}): "
+        f"write to a new output"
     )

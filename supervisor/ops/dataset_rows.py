@@ -203,8 +203,9 @@ def _check_groups(
     for group, members in groups.items():
         if group_size is not None and len(members) != group_size:
             raise InputRowError(
-                f"{source.where(members[0].line)}: group {group!r} has {len(members)} rows ({source.unit}s "
-                f"{', '.join(str(r.line) for r in members[:8])}), the recipe's group_size is {group_size}"
+                f"{source.where(members[0].line)}: group {group!r} has {len(members)} rows "
+                f"({source.unit}s {', '.join(str(r.line) for r in members[:8])}), the "
+                f"recipe's group_size is {group_size}"
             )
         for common in COMMON_INPUTS:
             column = names[common]
@@ -212,9 +213,11 @@ def _check_groups(
             for row in members[1:]:
                 if strict_key(cell(row.fields, column)) != expected:
                     raise InputRowError(
-                        f"{source.where(row.line)}: column {column!r} differs from {source.unit} {members[0].line}, "
+                        f"{source.where(row.line)}: column {column!r} differs from "
+                        f"{source.unit} {members[0].line}, "
                         "the first of "
-                        f"group {group!r}: the rows of a group share their {common} (a missing one differs too)"
+                        f"group {group!r}: the rows of a group share their {common} (a "
+                        f"missing one differs too)"
                     )
 
 
@@ -243,7 +246,8 @@ def _check_image(value: Any, base: Path, column: str, where: str) -> None:
     image = _image_file(value, base)
     if image is None:
         raise InputRowError(
-            f"{where}: column {column!r} must name an image file or hold a datasets Image, got {_shown(value)}"
+            f"{where}: column {column!r} must name an image file or hold a datasets Image, "
+            f"got {_shown(value)}"
         )
     try:
         # the header only: a file that is not an image fails here, not mid-run
@@ -336,7 +340,8 @@ def items_of(
     for row in batch:
         if row.id not in unreadable and group_of(row, columns) in broken:
             unreadable[row.id] = (
-                f"input {row.unit} {row.line}: a member of its group has media that cannot be decoded"
+                f"input {row.unit} {row.line}: a member of its group has media that cannot "
+                f"be decoded"
             )
     return [item for item in items if item.id not in unreadable], unreadable
 

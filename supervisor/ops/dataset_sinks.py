@@ -31,7 +31,8 @@ def refuse_unresumable(path: Path, resume: bool) -> None:
         raise ConfigError("--resume needs an output file: stdout (--output -) cannot be continued")
     if resume and path.suffix == ".parquet":
         raise ConfigError(
-            f"--resume: {path} is Parquet, written whole when the run ends; score to JSONL for a resumable run"
+            f"--resume: {path} is Parquet, written whole when the run ends; score to JSONL "
+            f"for a resumable run"
         )
 
 

@@ -63,8 +63,8 @@ def source_of(path: Path) -> Source:
         if (path / "dataset_dict.json").is_file():
             splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
             raise ConfigError(
-                f"{path} holds a DatasetDict ({', '.join(map(str, splits))}): give one split's folder, "
-                f"e.g. --input {path / (splits[0] if splits else 'train')}"
+                f"{path} holds a DatasetDict ({', '.join(map(str, splits))}): give one "
+                f"split's folder, e.g. --input {path / (splits[0] if splits else 'train')}"
             )
         if not (path / "state.json").is_file():
             raise ConfigError(

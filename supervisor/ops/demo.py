@@ -66,13 +66,15 @@ def ensure_envs(names: Sequence[str], build: bool) -> None:
         venv = scorer_envs.env_dir(name)
         heavy = " (torch: about 1.5 GB on a cold pip cache)" if name == "embed" else ""
         say(
-            f"building the {name} env{heavy}, as `managed-scorers envs build {name}` does, into {venv}"
+            f"building the {name} env{heavy}, as `managed-scorers envs build {name}` does, "
+            f"into {venv}"
         )
         began = time.monotonic()
         # its phase lines and progress on stderr
         env_builder.build(scorer_envs.spec_path(name), venv)
         say(
-            f"  built in {time.monotonic() - began:.1f} s (once: later runs reuse it until its pins change)"
+            f"  built in {time.monotonic() - began:.1f} s (once: later runs reuse it until "
+            f"its pins change)"
         )
 
 
@@ -160,7 +162,8 @@ def grpo_panel(samples: dict) -> None:
     for i, item in enumerate(items):
         rank = response.component_rewards["rank"][i]
         say(
-            f"  {item.id:<5} {item.group_id:<6} {item.text!r:<26} {response.component_rewards['correct'][i]:>7.1f} "
+            f"  {item.id:<5} {item.group_id:<6} {item.text!r:<26} "
+            f"{response.component_rewards['correct'][i]:>7.1f} "
             f"{'-' if rank is None else f'{rank:.2f}':>6} {response.rewards[i]:>6.2f}"
         )
     say(f"  metrics: {response.metrics()}")
@@ -202,7 +205,8 @@ def math_story(samples: dict, hostile: bool = False) -> tuple[dict, bool]:
     first_reward_s = time.monotonic() - STARTED
     child = info["packages"]
     say(
-        f"managed child: {scorer_envs.env_dir('math')}: math-verify {child.get('math-verify')}, {ANTLR} {child.get(ANTLR)}"
+        f"managed child: {scorer_envs.env_dir('math')}: math-verify "
+        f"{child.get('math-verify')}, {ANTLR} {child.get(ANTLR)}"
     )
     cannot = in_process_grader()
     local: list[float] | None = None
@@ -212,7 +216,8 @@ def math_story(samples: dict, hostile: bool = False) -> tuple[dict, bool]:
         pins = antlr_pins()
         pinned = f", pinned by {', '.join(pins)}" if pins else ""
         say(
-            f"in-process:    {sys.executable}: math-verify {importlib.metadata.version('math-verify')}, {ANTLR} {antlr}{pinned}"
+            f"in-process:    {sys.executable}: math-verify "
+            f"{importlib.metadata.version('math-verify')}, {ANTLR} {antlr}{pinned}"
         )
         with LocalRewardBackend("math_verify", params=params) as backend:
             local = backend.compute_rewards(request).rewards
@@ -224,8 +229,9 @@ def math_story(samples: dict, hostile: bool = False) -> tuple[dict, bool]:
         else ""
     )
     tell(
-        f"first managed reward {first_reward_s:.1f} s after the demo started (the child's spawn to ready "
-        f"{info['spawn_to_ready_s']:.2f} s, the call {info['score_s']:.2f} s{stopped})"
+        f"first managed reward {first_reward_s:.1f} s after the demo started (the child's "
+        f"spawn to ready {info['spawn_to_ready_s']:.2f} s, the call {info['score_s']:.2f} "
+        f"s{stopped})"
     )
     percent = [item.id for item in request.items].index("pct")
     tell_in_process(local[percent] if local is not None else None, cannot, antlr)
@@ -240,7 +246,8 @@ def print_verdicts(request: RewardRequest, managed: list[float], local: list[flo
         here = "-" if local is None else f"{local[i]:.1f}"
         flag = "  <- wrong in-process" if local is not None and local[i] != managed[i] else ""
         say(
-            f"  {item.id:<6} {item.text:<32} {item.reference!s:<5} {managed[i]:>7.1f} {here:>10}{flag}"
+            f"  {item.id:<6} {item.text:<32} {item.reference!s:<5} {managed[i]:>7.1f} "
+            f"{here:>10}{flag}"
         )
     say()
 
@@ -250,19 +257,23 @@ def tell_in_process(percent_local: float | None, cannot: str | None, antlr: str 
     all."""
     if percent_local is None:
         tell(
-            f"in-process: not measured: {cannot}. A trainer's own grader under hydra-core 1.3.2's pin ({ANTLR} "
-            f"{HYDRA_ANTLR}) with math-verify 0.9.0 grades `pct` 0.0: `make demo` in the project's checkout "
+            f"in-process: not measured: {cannot}. A trainer's own grader under hydra-core "
+            f"1.3.2's pin ({ANTLR} {HYDRA_ANTLR}) with math-verify 0.9.0 grades `pct` 0.0: "
+            f"`make demo` in the project's checkout "
             "measures it. To measure it here, in a scratch venv beside managed-scorers: "
             "`pip install hydra-core==1.3.2 math-verify==0.9.0`, then `managed-scorers demo` again."
         )
     elif antlr == HYDRA_ANTLR:
         tell(
-            f"in-process under hydra's antlr pin, `pct` (a correct 10% for 0.1) got {percent_local:.1f}, with no "
-            "error: the trainer would learn from a wrong reward. The managed child grades it with its own antlr."
+            f"in-process under hydra's antlr pin, `pct` (a correct 10% for 0.1) got "
+            f"{percent_local:.1f}, with no "
+            "error: the trainer would learn from a wrong reward. The managed child grades it "
+            "with its own antlr."
         )
     else:
         tell(
-            f"this python's antlr is {antlr}, not hydra's {HYDRA_ANTLR}: its column is this env's grader, not a "
+            f"this python's antlr is {antlr}, not hydra's {HYDRA_ANTLR}: its column is this "
+            f"env's grader, not a "
             "hydra trainer's (`make demo` in the project's checkout shows one)."
         )
 
@@ -272,7 +283,8 @@ def run(tour: bool = False, build: bool = True) -> int:
     `pct` right."""
     samples = json.loads(SAMPLES.read_text())
     say(
-        "managed-scorers demo: one math grader in a managed child, and in this process where it can be"
+        "managed-scorers demo: one math grader in a managed child, and in this process where "
+        "it can be"
     )
     ensure_envs(TOUR_ENVS if tour else ("math",), build)
     if tour and importlib.util.find_spec("PIL") is None:
@@ -282,13 +294,14 @@ def run(tour: bool = False, build: bool = True) -> int:
     math_info, right = math_story(samples, hostile=tour)
     if not right:
         say(
-            "the managed child graded `pct` wrong: its env is not the math spec's (`managed-scorers envs list`)"
+            "the managed child graded `pct` wrong: its env is not the math spec's "
+            "(`managed-scorers envs list`)"
         )
     if not tour:
         say()
         tell(
-            "next: `managed-scorers demo --tour` (`make tour` in a checkout): image, OCR and MiniLM (torch) scorers "
-            "in their own envs, and a GRPO panel"
+            "next: `managed-scorers demo --tour` (`make tour` in a checkout): image, OCR and "
+            "MiniLM (torch) scorers in their own envs, and a GRPO panel"
         )
         return 0 if right else 1
     infos = {
@@ -300,12 +313,13 @@ def run(tour: bool = False, build: bool = True) -> int:
     grpo_panel(samples)
     say("\nlifecycle (seconds)")
     say(
-        f"  {'child':<24} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}  shared-memory data plane"
+        f"  {'child':<24} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}  shared-memory "
+        f"data plane"
     )
     for name, info in infos.items():
         say(
-            f"  {name:<24} {info['spawn_to_ready_s']:>12.3f} {info['score_s']:>8.3f} {info['shutdown_s']:>9.3f}  "
-            f"{'negotiated' if info['shared_memory'] else 'in-band'}"
+            f"  {name:<24} {info['spawn_to_ready_s']:>12.3f} {info['score_s']:>8.3f} "
+            f"{info['shutdown_s']:>9.3f}  {'negotiated' if info['shared_memory'] else 'in-band'}"
         )
     return 0 if right else 1
 

@@ -133,9 +133,15 @@ def _rebuild(spec: ManagedScorerProcessSpec) -> str:
 def _boot_fix(exc: ScorerStartupError) -> str:
     code = exc.record.returncode if exc.record is not None else None
     if code == exit_codes.SCORER_IMPORT_FAILED:
-        return "the scorer env lacks a package the scorer imports: add it to the env's spec and rebuild it"
+        return (
+            "the scorer env lacks a package the scorer imports: add it to the env's spec and "
+            "rebuild it"
+        )
     if code == exit_codes.BAD_CONFIG:
-        return "the scorer's name, params, input kind or a pin is wrong for this env: see the message above"
+        return (
+            "the scorer's name, params, input kind or a pin is wrong for this env: see the "
+            "message above"
+        )
     if code == exit_codes.SCORER_LOAD_FAILED:
         return "the scorer's load() failed (weights, device, memory): the log tail above says where"
     return "see the child's log tail above; raise process.startup_timeout if it only needs longer"
@@ -179,7 +185,8 @@ def _check_backend(
                     "negotiated"
                     if shared
                     else f"refused ({ready.get('shared_memory_error')}); arrays travel in-band",
-                    "memfd or /dev/shm is unavailable or full here: free it, or accept the in-band cost",
+                    "memfd or /dev/shm is unavailable or full here: free it, or accept the "
+                    "in-band cost",
                 )
             )
             ok = ok and shared
@@ -237,7 +244,8 @@ def _sample_scores(
                 f"reward {reward}"
                 if finite
                 else f"not a whole reward ({reward}): {response.errors[0]}",
-                "the scorer fails on a plain sample: run it in-process (LocalRewardBackend) to debug",
+                "the scorer fails on a plain sample: run it in-process (LocalRewardBackend) "
+                "to debug",
             )
         )
         return finite

@@ -161,7 +161,8 @@ def interpreter(python: str) -> Interpreter:
         raise EnvError(f"--python {python} does not run: {exc}") from exc
     if done.returncode != 0 or len(done.stdout.split()) != 2:
         raise EnvError(
-            f"--python {python} does not run (exit {done.returncode}): {' '.join(done.stderr.split())[-500:]}"
+            f"--python {python} does not run (exit {done.returncode}): "
+            f"{' '.join(done.stderr.split())[-500:]}"
         )
     version, path = done.stdout.split()
     return Interpreter(version, path)
@@ -333,7 +334,8 @@ def remove(name: str, root: Path | None = None, say: Callable[[str], None] = _st
     for path in (venv.parent, venv):
         if path.is_symlink():
             raise EnvError(
-                f"{path} is a symbolic link: not removed (this command removes only folders under {base})"
+                f"{path} is a symbolic link: not removed (this command removes only folders "
+                f"under {base})"
             )
     if not venv.exists():
         say(f"{venv}: not built, nothing to remove")
@@ -367,7 +369,8 @@ def _remove_own(venv: Path) -> None:
     ours = (venv / STAMP).exists() or (venv / MARKER).exists()
     if not ours and any(venv.iterdir()):
         raise EnvError(
-            f"{venv} exists and was not made by managed-scorers envs build: remove it or choose another folder"
+            f"{venv} exists and was not made by managed-scorers envs build: remove it or "
+            f"choose another folder"
         )
     try:
         shutil.rmtree(venv)

@@ -131,8 +131,8 @@ def check_rows(
             )
             if applies and getattr(item, field) is None:
                 raise InputRowError(
-                    f"{at(row.line)}: no {field} in column {getattr(columns, attribute)!r} ({flag}): "
-                    f"term {term.name!r} (scorer {spec.name!r}) requires it"
+                    f"{at(row.line)}: no {field} in column {getattr(columns, attribute)!r} "
+                    f"({flag}): term {term.name!r} (scorer {spec.name!r}) requires it"
                 )
 
 
@@ -147,5 +147,6 @@ def _check_media_column(field: str, columns: Columns, spec: ScorerSpec, term: st
         )
     if getattr(columns, field) is None:
         raise ConfigError(
-            f"term {term!r} (scorer {spec.name!r}) needs the {field} of each row: pass {MEDIA_FIELDS[field]}"
+            f"term {term!r} (scorer {spec.name!r}) needs the {field} of each row: pass "
+            f"{MEDIA_FIELDS[field]}"
         )

@@ -160,7 +160,8 @@ def _check_backend(
     )
     if unknown:
         report.problems.append(
-            f"{place}: required_rewards/weights {unknown} are not terms of the scorer ({list(terms)})"
+            f"{place}: required_rewards/weights {unknown} are not terms of the scorer "
+            f"({list(terms)})"
         )
     if isinstance(backend, ManagedScorerProcessSpec) and search is not None:
         _check_env_modules(backend, place, report, requires, search)
@@ -256,15 +257,18 @@ def _check_against_config(
     config = backend.scorer
     if config.revision is not None and config.revision != spec.revision:
         report.problems.append(
-            f"{place}: revision pin {config.revision!r}, but scorer {spec.name!r} is {spec.revision!r}"
+            f"{place}: revision pin {config.revision!r}, but scorer {spec.name!r} is "
+            f"{spec.revision!r}"
         )
     if config.identity_hash is not None and config.identity_hash != identity:
         report.problems.append(
-            f"{place}: identity_hash pin {config.identity_hash}, but scorer {spec.name!r} with these params is {identity}"
+            f"{place}: identity_hash pin {config.identity_hash}, but scorer {spec.name!r} "
+            f"with these params is {identity}"
         )
     if config.input_kind != spec.input_kind:
         report.problems.append(
-            f"{place}: input_kind {config.input_kind!r}, but scorer {spec.name!r} takes {spec.input_kind!r}"
+            f"{place}: input_kind {config.input_kind!r}, but scorer {spec.name!r} takes "
+            f"{spec.input_kind!r}"
         )
     if isinstance(backend, ManagedScorerProcessSpec) and backend.gpu_residency == "per_call":
         if not spec.supports_offload:
@@ -300,7 +304,8 @@ def _env_search(
         text = cfg.read_text()
     except OSError:
         report.problems.append(
-            f"{place}: {python} is not a venv's python (no {cfg}); build it with `managed-scorers envs build NAME`"
+            f"{place}: {python} is not a venv's python (no {cfg}); build it with "
+            f"`managed-scorers envs build NAME`"
         )
         return None
     match = re.search(r"^version(?:_info)?\s*=\s*(\d+)\.(\d+)", text, re.MULTILINE)
@@ -346,6 +351,7 @@ def _check_env_modules(
     for top, dotted in _custom_modules(spec):
         if importlib.machinery.PathFinder.find_spec(top, search) is None:
             report.problems.append(
-                f"{place}: the child cannot import {top!r} (from {dotted!r}): list its directory in "
+                f"{place}: the child cannot import {top!r} (from {dotted!r}): list its "
+                f"directory in "
                 "process.extra_import_paths"
             )

@@ -62,8 +62,8 @@ class Summary:
         ok = self.scored - self.errors
         mean = f"{self.reward_sum / ok:.4f}" if ok else "-"
         return (
-            f"{self.scored} rows scored ({self.errors} with errors, {self.partial} missing a failed optional term), "
-            f"{self.skipped} already done"
+            f"{self.scored} rows scored ({self.errors} with errors, {self.partial} missing a "
+            f"failed optional term), {self.skipped} already done"
             + (f" ({self.retried} of them scored again)" if self.retried else "")
             + ", "
             f"mean reward {mean}, {self.seconds:.1f} s"

@@ -84,7 +84,8 @@ def read_secret(path: Path) -> str:
     secret = _token_from_file(path)
     if len(secret) < MIN_TOKEN_CHARS or not all(c.isalnum() or c in "-_" for c in secret):
         raise ConfigError(
-            f"the secret in {path} must have at least {MIN_TOKEN_CHARS} characters, all letters, digits, '-' or '_' "
+            f"the secret in {path} must have at least {MIN_TOKEN_CHARS} characters, all "
+            f"letters, digits, '-' or '_' "
             "(it goes into a URL as it is)"
         )
     return secret
@@ -106,7 +107,8 @@ def _token_from_file(path: Path) -> str:
         info = os.fstat(fd)
         if info.st_uid != os.getuid() or info.st_mode & 0o077 or not stat.S_ISREG(info.st_mode):
             raise ConfigError(
-                f"{path} must be a file of this user's that nobody else can read or write (chmod 600)"
+                f"{path} must be a file of this user's that nobody else can read or write "
+                f"(chmod 600)"
             )
         return handle.read().strip()
 
@@ -154,8 +156,9 @@ def enough_descriptors(max_pending: int) -> None:
     if soft != resource.RLIM_INFINITY and soft < needed:
         if hard != resource.RLIM_INFINITY and hard < needed:
             raise ConfigError(
-                f"{max_pending} pending connections need {needed} file descriptors; this process may open at most "
-                f"{hard} (ulimit -Hn): lower --max-pending-connections or raise the limit"
+                f"{max_pending} pending connections need {needed} file descriptors; this "
+                f"process may open at most {hard} (ulimit -Hn): lower "
+                f"--max-pending-connections or raise the limit"
             )
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
@@ -192,12 +195,13 @@ def _distinct_secrets(token: str, openrlhf_secret: str | None, metrics_token: st
     endpoint."""
     if openrlhf_secret is not None and hmac.compare_digest(openrlhf_secret, token):
         raise ConfigError(
-            "the OpenRLHF secret must differ from the token: the URL that carries it is seen in command lines "
-            "and logs, and the token drives every endpoint"
+            "the OpenRLHF secret must differ from the token: the URL that carries it is seen "
+            "in command lines and logs, and the token drives every endpoint"
         )
     if metrics_token is not None and hmac.compare_digest(metrics_token, token):
         raise ConfigError(
-            "the metrics token must differ from the token: it is handed to a scraper, which may only read"
+            "the metrics token must differ from the token: it is handed to a scraper, which "
+            "may only read"
         )
 
 
@@ -215,7 +219,8 @@ def serve(
     _distinct_secrets(token, openrlhf_secret, metrics_token)
     if spec.replicas.size > 1:
         raise ConfigError(
-            f"serve runs one child; the spec asks for {spec.replicas.size} replicas: serve each on its own port "
+            f"serve runs one child; the spec asks for {spec.replicas.size} replicas: serve "
+            f"each on its own port "
             "(process.visible_devices narrows each to its GPU)"
         )
     enough_descriptors(spec.limits.max_pending_connections)

@@ -70,8 +70,8 @@ def find_uv() -> str:
     found = str(beside) if beside.is_file() else shutil.which("uv")
     if found is None:
         raise EnvError(
-            "--installer uv: uv is not installed (not beside this python, not on PATH): `pip install uv`, "
-            "or build with pip (the default)"
+            "--installer uv: uv is not installed (not beside this python, not on PATH): `pip "
+            "install uv`, or build with pip (the default)"
         )
     return found
 
@@ -114,7 +114,8 @@ def uv_arguments(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
             variables.update(dict.fromkeys(VARIABLES[name], value))
         elif name not in PIP_ONLY:
             raise EnvError(
-                f"--installer uv: pip's setting {name}={value!r} has no uv equivalent this builder carries: "
+                f"--installer uv: pip's setting {name}={value!r} has no uv equivalent this "
+                f"builder carries: "
                 "build with pip (the default), or unset it"
             )
     return flags, variables

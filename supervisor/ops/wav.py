@@ -28,8 +28,8 @@ PCM_WIDTHS = (1, 2, 3, 4)  # bytes: 8-bit unsigned, 16, 24 and 32-bit signed
 FLOAT_WIDTHS = (4, 8)
 UNKNOWN_SIZE = 0xFFFFFFFF  # the data size a writer that cannot seek back leaves (ffmpeg to a pipe)
 CONVERT_HINT = (
-    "audio here is 8, 16, 24 or 32-bit PCM or 32/64-bit IEEE float, plain or WAVE_FORMAT_EXTENSIBLE: "
-    "convert it, e.g. `ffmpeg -i in.wav -c:a pcm_s16le out.wav`"
+    "audio here is 8, 16, 24 or 32-bit PCM or 32/64-bit IEEE float, plain or "
+    "WAVE_FORMAT_EXTENSIBLE: convert it, e.g. `ffmpeg -i in.wav -c:a pcm_s16le out.wav`"
 )
 
 
@@ -147,8 +147,9 @@ def _usable(header: WavHeader, path: Path) -> WavHeader:
     if header.channels < 1 or header.frames < 1 or header.rate < 1:
         kind = "float" if header.floating else "PCM"
         raise WavError(
-            f"{path} has {header.channels} channel(s) of {header.frames} {8 * header.width}-bit {kind} samples at "
-            f"{header.rate} Hz: audio here has at least one channel, one sample and 1 Hz"
+            f"{path} has {header.channels} channel(s) of {header.frames} "
+            f"{8 * header.width}-bit {kind} samples at {header.rate} Hz: audio here has at "
+            f"least one channel, one sample and 1 Hz"
         )
     return header
 

@@ -265,14 +265,20 @@ PARENT_SCRIPT = """
 import sys, time
 import numpy as np
 from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest
-backend = ManagedScorerProcessBackend({
-    "process": {"python_executable": sys.argv[1]},
-    "scorer": {"name": "mean_intensity", "input_kind": "image"},
-    "client": {"input_kind": "image"},
-})
+
+backend = ManagedScorerProcessBackend(
+    {
+        "process": {"python_executable": sys.argv[1]},
+        "scorer": {"name": "mean_intensity", "input_kind": "image"},
+        "client": {"input_kind": "image"},
+    }
+)
 image = np.full((256, 256, 3), 51, np.uint8)
-print(backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=image)])).rewards[0], backend.pid,
-      flush=True)
+print(
+    backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=image)])).rewards[0],
+    backend.pid,
+    flush=True,
+)
 time.sleep(600)
 """
 

@@ -144,7 +144,8 @@ def live() -> Iterator[Live]:
         backend.close()
         print(
             f"\nfuzz: {state.total} requests sent {dict(state.sent)}; "
-            f"valid-by-chance 200s {dict(state.valid)}; status histogram {dict(sorted(state.statuses.items()))}"
+            f"valid-by-chance 200s {dict(state.valid)}; status histogram "
+            f"{dict(sorted(state.statuses.items()))}"
         )
     assert not wait_until_gone([pid], 5.0), f"fuzzed child pid {pid} outlived the module"
 

@@ -54,7 +54,8 @@ def _read_only_dir(path: Path) -> Path:
     )
     if mounted.returncode != 0:
         pytest.skip(
-            f"root cannot be denied a write without a read-only mount: {mounted.stderr.decode().strip()}"
+            f"root cannot be denied a write without a read-only mount: "
+            f"{mounted.stderr.decode().strip()}"
         )
     return path
 

@@ -34,7 +34,10 @@ from supervisor.config import (
 
 # Constructor parameters that cannot be configuration, and why
 TOKEN = "a secret: the config names its variable (token_env), never its value"
-START = "when the child starts, the caller's choice (a panel starts its children together), not a setting"
+START = (
+    "when the child starts, the caller's choice (a panel starts its children together), not "
+    "a setting"
+)
 PROBES = ("probe_timeout_s", "probe_interval_s")
 
 
@@ -100,7 +103,8 @@ CASES = {
         RewardPanel.__init__,
         PanelConfig,
         runtime={
-            "owns_backends": "whether closing the panel closes its backends: a Python caller's, a recipe's own",
+            "owns_backends": "whether closing the panel closes its backends: a Python caller's, "
+            "a recipe's own",
             "release": "a callback (a recipe's panel returns its backends to their pool)",
         },
     ),
@@ -163,14 +167,16 @@ def test_every_constructor_keyword_is_a_config_field_and_every_field_reaches_it(
     )
     if case.whole is not None:
         assert set(params) - set(case.runtime) == {case.whole}, (
-            f"{name}: settings outside the {case.model.__name__} it takes whole: put them in the model"
+            f"{name}: settings outside the {case.model.__name__} it takes whole: put them in "
+            f"the model"
         )
         return
     settings = set(params) - set(case.runtime)
     targets = {case.renamed.get(param, param) for param in settings}
     no_field = sorted(param for param in settings if case.renamed.get(param, param) not in config)
     assert no_field == [], (
-        f"{name}: constructor keywords {no_field} have no field in {case.model.__name__}: add them there "
+        f"{name}: constructor keywords {no_field} have no field in {case.model.__name__}: "
+        f"add them there "
         "(or list them here as runtime-only, with why)"
     )
     assert set(case.not_settings) <= set(config), (
@@ -181,7 +187,8 @@ def test_every_constructor_keyword_is_a_config_field_and_every_field_reaches_it(
     )
     unreached = sorted(set(config) - targets - set(case.not_settings))
     assert unreached == [], (
-        f"{name}: {case.model.__name__} fields {unreached} reach no constructor keyword: add them to it "
+        f"{name}: {case.model.__name__} fields {unreached} reach no constructor keyword: add "
+        f"them to it "
         "(or to the backend's NOT_SETTINGS, with why)"
     )
 

@@ -146,7 +146,8 @@ def blocks_of(path: Path, root: Path) -> list[Block]:
                     index + 1,
                     "",
                     "",
-                    problem=f"the marker {line.strip()!r} is not on the line right before a code fence",
+                    problem=f"the marker {line.strip()!r} is not on the line right before a code "
+                    f"fence",
                 )
             )
     return sorted(found, key=lambda block: block.line)
@@ -178,6 +179,7 @@ if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD
     sys.exit("cannot become a child subreaper")
 me = psutil.Process()
 
+
 def reap():
     while True:
         try:
@@ -186,6 +188,7 @@ def reap():
             return
         if pid == 0:
             return
+
 
 def left():
     found = []
@@ -197,11 +200,13 @@ def left():
             pass
     return found
 
+
 def describe(proc):
     try:
         return {"pid": proc.pid, "cmdline": " ".join(proc.cmdline())[:300]}
     except psutil.Error:
         return {"pid": proc.pid, "cmdline": "?"}
+
 
 def kill_all():
     for _ in range(20):
@@ -215,6 +220,7 @@ def kill_all():
                 pass
         time.sleep(0.05)
         reap()
+
 
 started = time.monotonic()
 block = subprocess.Popen(command)
@@ -234,7 +240,10 @@ while left() and time.monotonic() < until:
 leaked = [describe(proc) for proc in left()]
 kill_all()
 with open(report, "w") as out:
-    json.dump({"returncode": returncode, "timed_out": timed_out, "leaked": leaked, "elapsed_s": elapsed}, out)
+    json.dump(
+        {"returncode": returncode, "timed_out": timed_out, "leaked": leaked, "elapsed_s": elapsed},
+        out,
+    )
 """
 
 
@@ -300,7 +309,8 @@ def _supervised(
     if result["leaked"]:
         leaked = "; ".join(f"pid {p['pid']}: {p['cmdline']}" for p in result["leaked"])
         raise SnippetFailed(
-            f"{block.id}: processes outlived the block by {LEAK_GRACE_S:.0f} s (killed): {leaked}\n{output}"
+            f"{block.id}: processes outlived the block by {LEAK_GRACE_S:.0f} s (killed): "
+            f"{leaked}\n{output}"
         )
     return float(result["elapsed_s"])
 
@@ -421,7 +431,8 @@ def check(
                 load_recipe(recipe)
         except Exception as exc:  # noqa: BLE001 - whatever the loader raises is the block's failure
             raise SnippetFailed(
-                f"{block.id}: not a recipe load_recipe accepts ({type(exc).__name__}: {exc}); if it is not a "
+                f"{block.id}: not a recipe load_recipe accepts ({type(exc).__name__}: "
+                f"{exc}); if it is not a "
                 "recipe, put `<!-- yaml: not a recipe (REASON) -->` on the line before the fence"
             ) from exc
         return "loaded as a recipe"

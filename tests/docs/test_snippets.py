@@ -134,15 +134,18 @@ def test_the_runner_fails_on_broken_examples(tmp_path: Path) -> None:
         "docs/broken.md:3": "ok: ran in",
         "docs/broken.md:7": "failed: docs/broken.md:7: python block exited 1",
         "docs/broken.md:12": "failed: docs/broken.md:12: `<!-- not run -->` needs a reason",
-        "docs/broken.md:16": "failed: docs/broken.md:16: not a recipe load_recipe accepts (ConfigError",
+        "docs/broken.md:16": "failed: docs/broken.md:16: not a recipe load_recipe accepts "
+        "(ConfigError",
         "docs/broken.md:21": "skipped: docs/broken.md:21: not run: needs a GPU",
         "docs/broken.md:25": "failed: docs/broken.md:25: JSON does not parse",
         "docs/broken.md:29": "failed: docs/broken.md:29: bash block exited 1",
         "docs/broken.md:33": "failed: docs/broken.md:33: the marker",
         "docs/broken.md:35": "ok: not run (text)",
         "docs/broken.md:39": "failed: docs/broken.md:39: python block ran past its 3 s deadline",
-        "docs/broken.md:44": "failed: docs/broken.md:44: processes outlived the block by 5 s (killed): pid",
-        "docs/broken.md:49": "failed: docs/broken.md:49: the block left files in the repo: left-behind.txt",
+        "docs/broken.md:44": "failed: docs/broken.md:44: processes outlived the block by 5 s "
+        "(killed): pid",
+        "docs/broken.md:49": "failed: docs/broken.md:49: the block left files in the repo: "
+        "left-behind.txt",
     }
     assert set(said) == set(expected), said
     for where, start in expected.items():
@@ -165,8 +168,11 @@ def test_the_runner_runs_python_blocks_with_the_repo_and_its_envs(tmp_path: Path
         """
         import os, pathlib
         import tests.helpers
+
         assert pathlib.Path.cwd() != pathlib.Path(tests.helpers.__file__).parent.parent.parent
-        assert os.environ["MANAGED_SCORERS_ENVS"].endswith("/envs"), os.environ["MANAGED_SCORERS_ENVS"]
+        assert os.environ["MANAGED_SCORERS_ENVS"].endswith("/envs"), os.environ[
+            "MANAGED_SCORERS_ENVS"
+        ]
         """
     )
     page = tmp_path / "README.md"

@@ -14,8 +14,13 @@ from tests.conftest import env_python
 GRADE = """
 import json, sys
 from math_verify import parse, verify
+
 rows = json.load(sys.stdin)
-print(json.dumps([1.0 if verify(parse("$" + gold + "$"), parse(text)) else 0.0 for text, gold in rows]))
+print(
+    json.dumps(
+        [1.0 if verify(parse("$" + gold + "$"), parse(text)) else 0.0 for text, gold in rows]
+    )
+)
 """
 
 

@@ -98,7 +98,8 @@ def score_many(
             or not all(response.successes)
         ):
             log.misattributed.append(
-                f"sent {list(zip(ids, lengths, strict=True))}, got {list(zip(response.ids, response.rewards, strict=True))}"
+                f"sent {list(zip(ids, lengths, strict=True))}, got "
+                f"{list(zip(response.ids, response.rewards, strict=True))}"
             )
 
 
@@ -178,10 +179,12 @@ def test_four_clients_get_their_own_rewards_while_health_keeps_answering(managed
     misattributed = [m for log in logs for m in log.misattributed]
     lat_ms = np.array([latency for _, latency in latencies]) * 1e3
     print(
-        f"\nload: {sent} score requests ({sum(item_count(c, r) for c in range(CLIENTS) for r in range(REQUESTS_PER_CLIENT))}"
-        f" items) from {CLIENTS} clients in {elapsed:.2f} s = {sent / elapsed:.0f} req/s; "
-        f"{len(lat_ms)} /health polls: p50 {np.percentile(lat_ms, 50):.2f} ms, p99 {np.percentile(lat_ms, 99):.2f} ms, "
-        f"max {lat_ms.max():.2f} ms (at {latencies[int(lat_ms.argmax())][0]:.2f} s)"
+        f"\nload: {sent} score requests "
+        f"({sum(item_count(c, r) for c in range(CLIENTS) for r in range(REQUESTS_PER_CLIENT))} "
+        f"items) from {CLIENTS} clients in {elapsed:.2f} s = {sent / elapsed:.0f} req/s; "
+        f"{len(lat_ms)} /health polls: p50 {np.percentile(lat_ms, 50):.2f} ms, p99 "
+        f"{np.percentile(lat_ms, 99):.2f} ms, max {lat_ms.max():.2f} ms (at "
+        f"{latencies[int(lat_ms.argmax())][0]:.2f} s)"
     )
     assert sent == CLIENTS * REQUESTS_PER_CLIENT
     assert not errors, f"{len(errors)} errors, first: {errors[:3]}"
@@ -272,8 +275,9 @@ def test_drain_under_load_waits_for_everything_accepted_before_it(managed, train
     in_flight_at_call = [s for s in spans if s[0] < called < s[1]]
     after = [s for s in spans if s[0] > returned]
     print(
-        f"\ndrain: {result} in {1e3 * (returned - called):.1f} ms (health said {in_flight_before} in flight just "
-        f"before); {len(spans)} requests, {len(in_flight_at_call)} in flight at the call, {len(must_finish)} started "
+        f"\ndrain: {result} in {1e3 * (returned - called):.1f} ms (health said "
+        f"{in_flight_before} in flight just before); {len(spans)} requests, "
+        f"{len(in_flight_at_call)} in flight at the call, {len(must_finish)} started "
         f">{ACCEPTED_BEFORE_DRAIN_S} s before it, {len(after)} started after it returned"
     )
     assert must_finish, "no request started before the drain"

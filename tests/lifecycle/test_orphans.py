@@ -63,7 +63,10 @@ def _with_create_times(pids: list[int]) -> dict[int, float]:
 def _describe(pid: int) -> str:
     try:
         proc = psutil.Process(pid)
-        return f"{pid}(ppid={proc.ppid()} pgid={_pgid(pid)} {proc.status()} {' '.join(proc.cmdline())[:80]!r})"
+        return (
+            f"{pid}(ppid={proc.ppid()} pgid={_pgid(pid)} {proc.status()} "
+            f"{' '.join(proc.cmdline())[:80]!r})"
+        )
     except (psutil.NoSuchProcess, ProcessLookupError):
         return f"{pid}(gone)"
 
@@ -190,7 +193,8 @@ def _orphan_trial(math_python: Path, trial: int) -> dict:
         parent.send_signal(signal.SIGKILL)
         took, survivors = _time_until_gone(watched, pgid, killed_at)
         assert survivors == [], (
-            f"trial {trial}: alive {DEATH_BOUND_S} s after kill -9 of the trainer: {[_describe(p) for p in survivors]}"
+            f"trial {trial}: alive {DEATH_BOUND_S} s after kill -9 of the trainer: "
+            f"{[_describe(p) for p in survivors]}"
         )
         return {
             "trial": trial,
@@ -216,9 +220,10 @@ def test_kill_9_of_trainer_mid_batch_20_trials(math_python):
             results.extend(f.result() for f in futures)
     times = [r["took"] for r in results]
     print(
-        f"\nkill -9 trainer mid-batch, {len(results)} trials ({PARALLEL} at a time), kill -> all gone: "
-        f"{_stats(times)}; per trial (s): {[round(t, 3) for t in times]}; "
-        f"tree sizes {sorted({r['tree'] for r in results})}; total {time.monotonic() - started:.1f} s"
+        f"\nkill -9 trainer mid-batch, {len(results)} trials ({PARALLEL} at a time), kill -> "
+        f"all gone: {_stats(times)}; per trial (s): {[round(t, 3) for t in times]}; "
+        f"tree sizes {sorted({r['tree'] for r in results})}; total "
+        f"{time.monotonic() - started:.1f} s"
     )
     assert len(results) == TRIALS
     assert all(r["escaped"] == [] for r in results), [r for r in results if r["escaped"]]
@@ -338,7 +343,8 @@ def test_200_timed_out_items_leave_no_zombie(managed, math_python):
         and workers_after & workers_before == templates
         and len(templates) == 1
     ), (
-        f"workers should all be replacements, forked by the same template: {workers_before} -> {workers_after}"
+        f"workers should all be replacements, forked by the same template: {workers_before} "
+        f"-> {workers_after}"
     )
     assert set(after["live_group"]) == set(after["tree"]), "group and descendant tree disagree"
 
@@ -382,7 +388,8 @@ def test_kill_9_of_trainer_while_child_starts(trainer_python, delay_s):
                 child = children[0].pid
             elif parent.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(
-                    f"orphan parent spawned no child (rc={parent.poll()}): {parent.stderr.read()[-3000:]}"
+                    f"orphan parent spawned no child (rc={parent.poll()}): "
+                    f"{parent.stderr.read()[-3000:]}"
                 )
             else:
                 time.sleep(0.002)
@@ -393,8 +400,8 @@ def test_kill_9_of_trainer_while_child_starts(trainer_python, delay_s):
         parent.send_signal(signal.SIGKILL)
         took, survivors = _time_until_gone(watched, child, killed_at)
         print(
-            f"\nkill -9 of a starting trainer {delay_s} s after its child appeared (child {stage}): "
-            f"child gone after {took if took is None else round(took * 1000)} ms"
+            f"\nkill -9 of a starting trainer {delay_s} s after its child appeared (child "
+            f"{stage}): child gone after {took if took is None else round(took * 1000)} ms"
         )
         assert survivors == [], (
             f"alive {DEATH_BOUND_S} s after kill -9: {[_describe(p) for p in survivors]}"

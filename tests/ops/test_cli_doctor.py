@@ -39,7 +39,8 @@ def one_model(**model: object) -> dict:
 def test_a_healthy_recipe_passes_every_check(tmp_path):
     done = doctor(one_model(scorer="math_verify", env="math"), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    for line in ("passes preflight", "runs: Python 3.11", "child boots", "one text sample scores: reward 1.0",
+    for line in ("passes preflight", "runs: Python 3.11", "child boots", "one text sample "
+        "scores: reward 1.0",
                  "shared-memory data plane: negotiated", "all checks passed"):  # fmt: skip
         assert line in done.stdout, (line, done.stdout)
 

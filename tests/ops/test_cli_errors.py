@@ -286,7 +286,8 @@ def test_preflight_names_unknown_params_with_the_valid_ones():
         {"reward": {"models": models, "reward_functions": {"m": {}}}}, raise_on_problems=False
     )
     assert report.problems == [
-        "reward.m: scorer 'constant' params: unknown param 'valeu' (did you mean 'value'?); its params: value"
+        "reward.m: scorer 'constant' params: unknown param 'valeu' (did you mean 'value'?); "
+        "its params: value"
     ]
 
 
@@ -301,11 +302,17 @@ def test_a_recipe_error_names_the_line_it_is_on_in_each_style(tmp_path):
         assert "\n" not in str(raised.value)
         return str(raised.value).removeprefix(f"{tmp_path / name}:")
 
-    native = "terms:\n  - name: ok\n    backend: {kind: local, scorer: {name: nonempty}}\n  - name: w\n    weight: abc\n"
+    native = (
+        "terms:\n  - name: ok\n    backend: {kind: local, scorer: {name: nonempty}}\n  - "
+        "name: w\n    weight: abc\n"
+    )
     assert refusal(
         "weight.yaml", native + "    backend: {kind: local, scorer: {name: nonempty}}\n"
     ).startswith("5: terms.1.weight")
-    verl_omni = "reward:\n  models:\n    j: {backend: local, scorer: nonempty}\n  reward_functions:\n    c: {model: k}\n"
+    verl_omni = (
+        "reward:\n  models:\n    j: {backend: local, scorer: nonempty}\n  "
+        "reward_functions:\n    c: {model: k}\n"
+    )
     assert refusal("omni.yaml", verl_omni).startswith(
         "5: reward.reward_functions.c: model 'k' is not in"
     )

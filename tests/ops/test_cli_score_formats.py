@@ -55,16 +55,29 @@ def probe_recipe(path: Path) -> Path:
 READ_BACK = """
 import json, sys
 import datasets, pandas
+
 datasets.disable_progress_bars()
 seen = {}
 for path in sys.argv[1:]:
     kind = "parquet" if path.endswith(".parquet") else "json"
-    frame = pandas.read_parquet(path) if kind == "parquet" else pandas.read_json(path, lines=True, dtype=False)
+    frame = (
+        pandas.read_parquet(path)
+        if kind == "parquet"
+        else pandas.read_json(path, lines=True, dtype=False)
+    )
     loaded = datasets.load_dataset(kind, data_files=path, split="train")
     seen[path] = {
-        "pandas": {"rows": len(frame), "columns": list(frame.columns), "reward": frame["reward"].tolist(),
-                   "id": frame["id"].astype(str).tolist()},
-        "datasets": {"rows": loaded.num_rows, "reward": list(loaded["reward"]), "components": list(loaded["components"])},
+        "pandas": {
+            "rows": len(frame),
+            "columns": list(frame.columns),
+            "reward": frame["reward"].tolist(),
+            "id": frame["id"].astype(str).tolist(),
+        },
+        "datasets": {
+            "rows": loaded.num_rows,
+            "reward": list(loaded["reward"]),
+            "components": list(loaded["components"]),
+        },
     }
 print(json.dumps(seen))
 """
@@ -291,7 +304,11 @@ def test_a_verl_parquet_and_a_save_to_disk_folder_scored_into_parquet_and_jsonl_
 IMAGES = """
 import sys, datasets, numpy
 from PIL import Image
-rows = [{"id": f"i{v}", "image": Image.fromarray(numpy.full((8, 8, 3), v, numpy.uint8))} for v in (0, 51, 255)]
+
+rows = [
+    {"id": f"i{v}", "image": Image.fromarray(numpy.full((8, 8, 3), v, numpy.uint8))}
+    for v in (0, 51, 255)
+]
 features = datasets.Features({"id": datasets.Value("string"), "image": datasets.Image()})
 datasets.Dataset.from_list(rows, features=features).save_to_disk(sys.argv[1])
 """
@@ -377,7 +394,8 @@ def test_stdout_holds_the_rows_alone_even_when_a_scorer_prints(tmp_path):
     )
     done = subprocess.run(
         [sys.executable, "-m", "supervisor", "score", "--recipe", str(recipe), "--input", "-", "--output", "-"],
-        env={**ENV, "PYTHONPATH": f"{REPO_ROOT}:{tmp_path}"}, input='{"response": "abc"}\n{"response": "de"}\n',
+        env={**ENV, "PYTHONPATH": f"{REPO_ROOT}:{tmp_path}"}, input='{"response": '
+            '"abc"}\n{"response": "de"}\n',
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -25,10 +25,14 @@ SERVE = [sys.executable, "-m", "supervisor", "serve"]
 CLIENT = """
 import json, sys
 from supervisor import RemoteRewardBackend, RewardItem, RewardRequest
+
 url, token_file = sys.argv[1], sys.argv[2]
 token = open(token_file).read().strip()
 with RemoteRewardBackend(url, token=token) as backend:
-    items = [RewardItem(id="a", text="so \\\\boxed{10\\\\%}", reference="0.1"), RewardItem(id="b", text="7", reference="8")]
+    items = [
+        RewardItem(id="a", text="so \\\\boxed{10\\\\%}", reference="0.1"),
+        RewardItem(id="b", text="7", reference="8"),
+    ]
     print(json.dumps(backend.compute_rewards(RewardRequest(items=items)).rewards))
 """
 

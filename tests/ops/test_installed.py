@@ -110,10 +110,17 @@ import numpy as np
 from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest
 from supervisor.adapters.ddpo import DDPORewardFn  # subpackages ship too
 
-spec = {"scorer": {"name": "jpeg_compressibility", "input_kind": "image"}, "client": {"input_kind": "image"}}
-with ManagedScorerProcessBackend(spec) as backend:  # no python given: the env the scorer declares, by name
+spec = {
+    "scorer": {"name": "jpeg_compressibility", "input_kind": "image"},
+    "client": {"input_kind": "image"},
+}
+with ManagedScorerProcessBackend(
+    spec
+) as backend:  # no python given: the env the scorer declares, by name
     flat = np.full((64, 64, 3), 128, np.uint8)
-    reward = backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=flat)])).rewards[0]
+    reward = backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=flat)])).rewards[
+        0
+    ]
     python = str(backend.spec.process.python_executable)
 samples = importlib.resources.files("supervisor.ops").joinpath("demo_samples.json").is_file()
 print(json.dumps({"reward": reward, "python": python, "samples": samples}))
@@ -170,7 +177,10 @@ def test_the_wheel_ships_example_recipes_that_name_their_envs(installed_trainer,
         )
         assert text.returncode == 0, text.stderr
         (tmp_path / f"{name}.yaml").write_text(text.stdout)
-        check = "import sys; from supervisor import load_recipe; print(len(load_recipe(sys.argv[1]).train.terms))"
+        check = (
+            "import sys; from supervisor import load_recipe; "
+            "print(len(load_recipe(sys.argv[1]).train.terms))"
+        )
         parsed = subprocess.run(
             [str(installed_trainer), "-c", check, f"{name}.yaml"],
             cwd=tmp_path,

@@ -168,7 +168,8 @@ def test_native_models_score_beside_their_functions_as_in_process(in_process, tm
         )
         with pytest.raises(
             ScorerItemsFailed,
-            match=r"required term .quality. failed for 1 items: reward function .quality. failed on item .p0.*poisoned",
+            match=r"required term .quality. failed for 1 items: reward function .quality. failed "
+            r"on item .p0.*poisoned",
         ) as e:
             train.compute_rewards(RewardRequest(items=[poisoned]))
         assert e.value.pid == quality.pid and f"pid={quality.pid}" in str(e.value)
@@ -183,7 +184,8 @@ def _check_residency(diagnostics: dict[str, Any], offload: bool) -> None:
     values = diagnostics["quality"]["values"]
     replicas = diagnostics["aesthetic"]["values"]
     print(
-        f"offload={offload}: rss_bytes quality {values['rss_bytes']}, aesthetic {replicas['rss_bytes']}"
+        f"offload={offload}: rss_bytes quality {values['rss_bytes']}, aesthetic "
+        f"{replicas['rss_bytes']}"
     )
     builds = values["quality.builds"]
     if offload:

@@ -122,7 +122,8 @@ def test_posttrain_catalog_recipe():
     assert validation is not None and len(children() - before) == 2  # one child per provider
     items = [
         RewardItem(id="short", group_id="g", prompt="p", text="four", reference={"answer": "four"}),
-        RewardItem(id="long", group_id="g", prompt="p", text="one two three four five six seven eight nine ten",
+        RewardItem(id="long", group_id="g", prompt="p", text="one two three four five six seven "
+            "eight nine ten",
                    reference={"answer": "four"}),
     ]  # fmt: skip
     with train, validation:
@@ -156,7 +157,8 @@ def test_a_verl_function_bound_to_a_missing_model_is_named():
 def test_catalog_names_cannot_override_builtins(tmp_path):
     module = tmp_path / "override_catalog.py"
     module.write_text(
-        "from scorers.builtin.rules import ExactMatch\n\ndef catalog():\n    return {'exact_match': ExactMatch}\n"
+        "from scorers.builtin.rules import ExactMatch\n\ndef catalog():\n    return "
+        "{'exact_match': ExactMatch}\n"
     )
     import sys
 

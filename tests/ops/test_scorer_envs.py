@@ -71,7 +71,10 @@ def test_a_no_deps_line_is_part_of_the_stamp_and_names_what_pip_check_may_excuse
 
 
 def test_pip_check_is_excused_only_for_the_packages_installed_without_dependencies(tmp_path):
-    complain = "import sys; print('verl 0.9.1 requires peft, which is not installed.'); print(sys.argv[1]); sys.exit(1)"
+    complain = (
+        "import sys; print('verl 0.9.1 requires peft, which is not installed.'); "
+        "print(sys.argv[1]); sys.exit(1)"
+    )
     fake_pip = [sys.executable, "-c", complain]
     env_builder._check([*fake_pip, "unirl 0.2.0 requires diffusers"], tmp_path, {"verl", "unirl"})
     with pytest.raises(EnvError, match="trl 1.16.0 requires"):

@@ -200,15 +200,28 @@ import json, sys, torch
 from unirl.reward.remote import RemoteRewardBackend, RemoteRewardSpec
 from unirl.types.primitives import Images, Texts
 from unirl.types.reward import RewardRequest
+
 url, token, identity = sys.argv[1:]
-spec = RemoteRewardSpec(base_url=url, required_rewards=("mean_intensity",), require_identity_echo=True,
-                        expected_scorer_version=identity)
+spec = RemoteRewardSpec(
+    base_url=url,
+    required_rewards=("mean_intensity",),
+    require_identity_echo=True,
+    expected_scorer_version=identity,
+)
 backend = RemoteRewardBackend(config=spec, base_device="cpu")
-backend._session.headers["authorization"] = f"Bearer {token}"  # its own client sends none: a secret path will do
+backend._session.headers["authorization"] = (
+    f"Bearer {token}"  # its own client sends none: a secret path will do
+)
 images = Images.from_dense(torch.stack([torch.full((3, 8, 8), v) for v in (0.2, 0.6)]))
 edits = Images.from_dense(torch.stack([torch.full((3, 8, 8), 0.5)] * 2))
-request = RewardRequest(generated={"image": images}, conditioning={"image": edits}, sample_ids=["s0", "s1"],
-                        group_ids=["g", "g"], generation_prompt=Texts(texts=["a", "a"]), metadata=[{"step": 1}, None])
+request = RewardRequest(
+    generated={"image": images},
+    conditioning={"image": edits},
+    sample_ids=["s0", "s1"],
+    group_ids=["g", "g"],
+    generation_prompt=Texts(texts=["a", "a"]),
+    metadata=[{"step": 1}, None],
+)
 response = backend.compute_rewards(request)
 print(json.dumps([response.rewards, response.successes]))
 """

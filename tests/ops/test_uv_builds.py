@@ -95,7 +95,8 @@ def tiny_wheel(folder: Path, version: str) -> Path:
     files = {
         "ms_tiny.py": f"VERSION = {version!r}\n",
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: ms_tiny\nVersion: {version}\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: "
+        "py3-none-any\n",
     }
 
     def digest(text: str) -> str:
@@ -128,7 +129,8 @@ def uv_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     if done.returncode != 0 or not (target / "bin" / "uv").is_file():
         pytest.skip(
-            f"uv does not install here (`pip install uv`, exit {done.returncode}): {done.stderr[-300:]}"
+            f"uv does not install here (`pip install uv`, exit {done.returncode}): "
+            f"{done.stderr[-300:]}"
         )
     return target / "bin"
 

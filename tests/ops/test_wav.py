@@ -131,9 +131,12 @@ SCIPY = REPO_ROOT / "envs" / "embed" / ".venv" / "bin" / "python"
 WRITE_WITH_SCIPY = """
 import sys, numpy as np
 from scipy.io import wavfile
+
 wave = np.array([[0.5, 0.0], [-0.25, 0.125], [1.5, -0.5], [-1.0, 0.75]], np.float32)
 wavfile.write(sys.argv[1], 22050, wave)  # float32: format 3, with a cbSize and a fact chunk
-wavfile.write(sys.argv[2], 22050, np.repeat((wave * 16000).astype(np.int16), 2, axis=1))  # 4 channels of PCM
+wavfile.write(
+    sys.argv[2], 22050, np.repeat((wave * 16000).astype(np.int16), 2, axis=1)
+)  # 4 channels of PCM
 wavfile.write(sys.argv[3], 8000, wave.astype(np.float64))  # 64-bit float
 """
 

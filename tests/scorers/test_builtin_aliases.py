@@ -58,8 +58,16 @@ _IDENTITIES = """
 import json, sys
 from scorers.identity import scorer_identity_hash
 from scorers.registry import resolve_scorer
+
 paths, params = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print(json.dumps({n: scorer_identity_hash(resolve_scorer(p)(**params.get(n, {})), params.get(n, {})) for n, p in paths.items()}))
+print(
+    json.dumps(
+        {
+            n: scorer_identity_hash(resolve_scorer(p)(**params.get(n, {})), params.get(n, {}))
+            for n, p in paths.items()
+        }
+    )
+)
 """
 
 

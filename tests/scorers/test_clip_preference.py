@@ -58,9 +58,13 @@ prompts = json.loads(sys.argv[3])
 transform = ImageTransform.from_dir(model_dir)
 mean, std = torch.tensor(transform.mean).view(3, 1, 1), torch.tensor(transform.std).view(3, 1, 1)
 grey = np.full((50, 70, 3), 100, np.uint8)
-assert torch.allclose(transform(grey, "grey"), ((torch.full((3, 32, 32), 100.0) / 255 - mean) / std), atol=1e-6)
+assert torch.allclose(
+    transform(grey, "grey"), ((torch.full((3, 32, 32), 100.0) / 255 - mean) / std), atol=1e-6
+)
 clear = np.zeros((40, 40, 4), np.uint8)  # fully transparent: white, as transformers composites it
-assert torch.allclose(transform(clear, "clear"), (1.0 - mean) / std * torch.ones(3, 32, 32), atol=1e-6)
+assert torch.allclose(
+    transform(clear, "clear"), (1.0 - mean) / std * torch.ones(3, 32, 32), atol=1e-6
+)
 model = CLIPModel.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
 tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
 scores = []
@@ -70,7 +74,9 @@ with torch.inference_mode():
         tokens = tokenizer([prompt], truncation=True, max_length=77, return_tensors="pt")
         image = model.get_image_features(pixel_values=pixels).pooler_output[0]
         text = model.get_text_features(**tokens).pooler_output[0]
-        cosine = torch.dot(image, text) / (torch.linalg.vector_norm(image) * torch.linalg.vector_norm(text))
+        cosine = torch.dot(image, text) / (
+            torch.linalg.vector_norm(image) * torch.linalg.vector_norm(text)
+        )
         scores.append(float(torch.exp(model.logit_scale) * cosine / 26.0))
 print(json.dumps(scores))
 """
@@ -81,11 +87,20 @@ import numpy as np
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 
 params, cases, prompts = json.loads(sys.argv[1]), np.load(sys.argv[2]), json.loads(sys.argv[3])
-items = [RewardItem(id=f"item{i}", prompt=p, image=cases[f"image{i}"]) for i, p in enumerate(prompts)]
+items = [
+    RewardItem(id=f"item{i}", prompt=p, image=cases[f"image{i}"]) for i, p in enumerate(prompts)
+]
 with LocalRewardBackend(sys.argv[4], params=params) as backend:
     response = backend.compute_rewards(RewardRequest(items=items))
-    print(json.dumps({"rewards": response.rewards, "identity_hash": backend.identity_hash,
-                      "diagnostics": response.diagnostics}))
+    print(
+        json.dumps(
+            {
+                "rewards": response.rewards,
+                "identity_hash": backend.identity_hash,
+                "diagnostics": response.diagnostics,
+            }
+        )
+    )
 """
 
 
@@ -116,7 +131,11 @@ with torch.inference_mode():
         pixel_changed.append(float((gap > 1e-5).float().mean()))
 items = [ScoreItem(id=str(i), prompt=p, image=im) for i, (p, im) in enumerate(zip(prompts, images))]
 ours = score_checked(scorer, items).terms["clip_preference"]
-print(json.dumps({"theirs": theirs, "ours": ours, "pixel_max": pixel_max, "pixel_changed": pixel_changed}))
+print(
+    json.dumps(
+        {"theirs": theirs, "ours": ours, "pixel_max": pixel_max, "pixel_changed": pixel_changed}
+    )
+)
 """
 
 

@@ -159,10 +159,16 @@ IN_PROCESS = textwrap.dedent(
     from scorers.base import ScoreItem, score_checked
     from scorers.ff.scorer import FfModelScorer
     from tests.helpers.ff_models import group_images
+
     groups = json.loads(sys.argv[2])
-    scorer = FfModelScorer(model="tests.helpers.ff_models:GroupRank", model_path=sys.argv[1], dtype="bfloat16")
+    scorer = FfModelScorer(
+        model="tests.helpers.ff_models:GroupRank", model_path=sys.argv[1], dtype="bfloat16"
+    )
     scorer.load("cpu")
-    items = [ScoreItem(id=f"g{i}", group_id=g, image=image) for i, (g, image) in enumerate(zip(groups, group_images(len(groups))))]
+    items = [
+        ScoreItem(id=f"g{i}", group_id=g, image=image)
+        for i, (g, image) in enumerate(zip(groups, group_images(len(groups))))
+    ]
     print(json.dumps(score_checked(scorer, items).terms["ff_model"]))
     """
 )
@@ -281,12 +287,23 @@ def test_with_tensor_inputs_audio_arrives_as_a_private_float32_tensor_in_an_env_
         import numpy as np, torch
         from scorers.base import ScoreItem
         from scorers.ff.inputs import model_inputs
+
         wave = np.arange(6, dtype=np.float32).reshape(2, 3)
         wave.flags.writeable = False  # as the child hands it over: a read-only view
-        got = model_inputs([ScoreItem(id="a", audio=wave, audio_sample_rate=8000)], ("audio", "audio_sample_rate"), True)
+        got = model_inputs(
+            [ScoreItem(id="a", audio=wave, audio_sample_rate=8000)],
+            ("audio", "audio_sample_rate"),
+            True,
+        )
         tensor = got["audio"][0]
-        assert isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32 and tuple(tensor.shape) == (2, 3)
-        assert tensor.numpy().tobytes() == wave.tobytes() and not np.shares_memory(tensor.numpy(), wave)
+        assert (
+            isinstance(tensor, torch.Tensor)
+            and tensor.dtype == torch.float32
+            and tuple(tensor.shape) == (2, 3)
+        )
+        assert tensor.numpy().tobytes() == wave.tobytes() and not np.shares_memory(
+            tensor.numpy(), wave
+        )
         assert got["audio_sample_rate"] == [8000]
         print("ok")
         """

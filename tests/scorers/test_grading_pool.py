@@ -263,11 +263,18 @@ OWNER_SCRIPT = textwrap.dedent(
     import sys
     from scorers.grading.pool import GradingPool
 
+
     def main():
-        pool = GradingPool(2, 300.0, "tests.helpers.grading_fixtures:touch_then_sleep", warm_replay=int(sys.argv[2]))
+        pool = GradingPool(
+            2,
+            300.0,
+            "tests.helpers.grading_fixtures:touch_then_sleep",
+            warm_replay=int(sys.argv[2]),
+        )
         pool.start()
         # the first tasks pass the soft deadline: their workers are held back (stopped) in overflow
         pool.grade([(sys.argv[1] + ".a", 300.0), (sys.argv[1] + ".b", 300.0), (sys.argv[1], 300.0)])
+
 
     if __name__ == "__main__":
         main()
@@ -351,7 +358,10 @@ def test_the_soft_deadline_counts_cpu_time_so_a_busy_machine_moves_no_ordinary_t
     pool = make_pool("spin", jobs=1, timeout_s=10.0, soft_timeout_s=0.1)
     (worker,) = pool.worker_pids()
     cpu = sorted(os.sched_getaffinity(0))[0]
-    hog = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); print(flush=True)\nwhile True: pass"
+    hog = (
+        "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); print(flush=True)\nwhile "
+        "True: pass"
+    )
     hogs = [
         subprocess.Popen([sys.executable, "-c", hog, str(cpu)], stdout=subprocess.PIPE)
         for _ in range(3)
@@ -449,7 +459,10 @@ def test_the_cpu_time_cap_is_its_own_outcome(make_pool, replay):
 
 
 def test_the_cpu_time_cap_is_set_by_the_kernel_per_task():
-    script = "import time\nfrom scorers.grading.worker import cap_cpu\ncap_cpu(0.5)\nwhile True:\n    pass\n"
+    script = (
+        "import time\nfrom scorers.grading.worker import cap_cpu\ncap_cpu(0.5)\nwhile "
+        "True:\n    pass\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=30)
     assert done.returncode == -signal.SIGXCPU
 
@@ -706,20 +719,32 @@ EARLY_SCRIPT = textwrap.dedent(
     """
     import json, psutil
     from tests.helpers.grading_fixtures import wait_gone
-    from scorers.grading.mp_helpers import forkserver_modules, forkserver_pid, start_forkserver_early
+    from scorers.grading.mp_helpers import (
+        forkserver_modules,
+        forkserver_pid,
+        start_forkserver_early,
+    )
     from scorers.grading.pool import GradingPool
 
     if __name__ == "__main__":
         fn = "tests.helpers.grading_fixtures:square"
-        start_forkserver_early(forkserver_modules([], fn))  # returns at once: the preload runs meanwhile
+        start_forkserver_early(
+            forkserver_modules([], fn)
+        )  # returns at once: the preload runs meanwhile
         early = forkserver_pid()
         pool = GradingPool(1, 10.0, fn, warm_replay=0)
         pool.start()
         values = [o.value for o in pool.grade([(3,), (4,)])]
         parents = {psutil.Process(pid).ppid() for pid in pool.worker_pids() + pool.spare_pids()}
         pool.close()
-        alive = wait_gone([early], 5.0)  # while this process lives: only the pool's close can stop it
-        print(json.dumps({"early": early, "parents": sorted(parents), "values": values, "alive": alive}))
+        alive = wait_gone(
+            [early], 5.0
+        )  # while this process lives: only the pool's close can stop it
+        print(
+            json.dumps(
+                {"early": early, "parents": sorted(parents), "values": values, "alive": alive}
+            )
+        )
     """
 )
 
@@ -764,22 +789,31 @@ UNWAITED_SCRIPT = textwrap.dedent(
     from scorers.grading.mp_helpers import forkserver_pid
     from scorers.grading.pool import GradingPool
 
+
     def ignores_sigint(pid):
         with open(f"/proc/{pid}/status") as status:
             mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigIgn:"))
         return bool(mask & (1 << (signal.SIGINT - 1)))
 
+
     def say_sigint(conn):
         conn.send(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
 
+
     if __name__ == "__main__":
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # what a terminal's trainer has (CI ignores it)
+        signal.signal(
+            signal.SIGINT, signal.default_int_handler
+        )  # what a terminal's trainer has (CI ignores it)
         gate = Path(os.environ["GRADING_GATE"])
-        pool = GradingPool(1, 10.0, "tests.helpers.grading_fixtures:square", preload=["tests.helpers.grading_gate"])
+        pool = GradingPool(
+            1, 10.0, "tests.helpers.grading_fixtures:square", preload=["tests.helpers.grading_gate"]
+        )
         pool.start(wait=False)  # returns with the forkserver's preload still held at the gate
         returned_gated = not gate.exists()
         graded = []
-        caller = threading.Thread(target=lambda: graded.append([o.value for o in pool.grade([(3,), (4,)])]))
+        caller = threading.Thread(
+            target=lambda: graded.append([o.value for o in pool.grade([(3,), (4,)])])
+        )
         caller.start()
         caller.join(0.3)
         waited = caller.is_alive() and not graded  # the first grade() waits for the workers
@@ -796,6 +830,7 @@ UNWAITED_SCRIPT = textwrap.dedent(
         caller.join(30)
         # the trainer's own forkserver processes get its ^C handler, not the preload's ignore
         import multiprocessing
+
         mine, theirs = multiprocessing.Pipe()
         own = multiprocessing.get_context("forkserver").Process(target=say_sigint, args=(theirs,))
         own.start()
@@ -805,8 +840,16 @@ UNWAITED_SCRIPT = textwrap.dedent(
         closing.start(wait=False)
         closing.close()  # at once: waits for its start, then kills what it started
         pool.close()
-        left = [p.pid for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"]
-        report = {"returned_gated": returned_gated, "waited": waited, "settle_bounded": settle_bounded}
+        left = [
+            p.pid
+            for p in psutil.Process().children(recursive=True)
+            if p.is_running() and p.status() != "zombie"
+        ]
+        report = {
+            "returned_gated": returned_gated,
+            "waited": waited,
+            "settle_bounded": settle_bounded,
+        }
         print(json.dumps({**report, "own_sigint": own_sigint, "graded": graded, "left": left}))
     """
 )
@@ -853,6 +896,7 @@ FORKSERVER_SCRIPT = textwrap.dedent(
 
     PRELOADED = "tests.helpers.grading_preloaded"
 
+
     def alive(pid):
         try:
             os.kill(pid, 0)
@@ -860,9 +904,12 @@ FORKSERVER_SCRIPT = textwrap.dedent(
             return False
         return True
 
+
     if __name__ == "__main__":
         ctx = multiprocessing.get_context("forkserver")
-        pool = GradingPool(1, 10.0, "tests.helpers.grading_fixtures:preload_state", preload=[PRELOADED])
+        pool = GradingPool(
+            1, 10.0, "tests.helpers.grading_fixtures:preload_state", preload=[PRELOADED]
+        )
         trainer_first = sys.argv[1] == "trainer-first"
         if trainer_first:  # the caller's own forkserver runs first, preloading its own modules
             ctx.set_forkserver_preload(["json"])
@@ -874,7 +921,9 @@ FORKSERVER_SCRIPT = textwrap.dedent(
             pool.start(wait=False)
             ctx.set_forkserver_preload(["json"])
             server = forkserver_pid(ensure=False)
-            own = ctx.Process(target=sleep_for, args=(2.0,))  # the caller forks from the pool's forkserver
+            own = ctx.Process(
+                target=sleep_for, args=(2.0,)
+            )  # the caller forks from the pool's forkserver
             own.start()
         state = pool.grade([(PRELOADED,)])[0].value
         pool.close()

@@ -95,7 +95,8 @@ def test_fail_step_takes_part_and_keeps_the_ranks_in_step(seen):
     both = ranks(seen, "fail_step_keeps_the_ranks_in_step")
     messages = {found["first"]["message"] for found in both}
     assert messages == {
-        "reward step failed on rank(s) [1] of 2: rank 1: ValueError: this rank's prompts could not be read"
+        "reward step failed on rank(s) [1] of 2: rank 1: ValueError: this rank's prompts "
+        "could not be read"
     }
     assert [found["after"]["value"] for found in both] == [[0.0, 1.0, 0.0, 0.0, 1.0, 0.0]] * 2
 

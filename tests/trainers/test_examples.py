@@ -19,22 +19,40 @@ from tests.conftest import REPO_ROOT, env_python, wait_until_gone
 # function from the reward loop (per-item tasks), the legacy naive manager, or the batch manager.
 VERL_DRIVER = """
 import asyncio, importlib.util, json, sys
+
 spec = importlib.util.spec_from_file_location("custom_module", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-rows = [("so \\\\boxed{10\\\\%}", "0.1"), ("\\\\boxed{3}", "4"), ("the answer is $\\\\frac{1}{2}$", "0.5")] * 6
+rows = [
+    ("so \\\\boxed{10\\\\%}", "0.1"),
+    ("\\\\boxed{3}", "4"),
+    ("the answer is $\\\\frac{1}{2}$", "0.5"),
+] * 6
+
 
 async def reward_loop():
-    tasks = [module.compute_score("math", text, gold, {"index": i}) for i, (text, gold) in enumerate(rows)]
+    tasks = [
+        module.compute_score("math", text, gold, {"index": i})
+        for i, (text, gold) in enumerate(rows)
+    ]
     return await asyncio.gather(*tasks)
+
 
 per_item = asyncio.run(reward_loop())
 sync = module.compute_score_sync("math", "\\\\boxed{2}", "2", {"index": 0})
 batch = module.compute_score_batch(["math"] * 3, [t for t, _ in rows[:3]], [g for _, g in rows[:3]])
 scorer = module.scorer()
-print(json.dumps({"per_item": [r["score"] for r in per_item], "sync": sync["score"],
-                  "batch": [r["score"] for r in batch], "batches": list(scorer.stream.window_sizes),
-                  "child": scorer.backend.pid}))
+print(
+    json.dumps(
+        {
+            "per_item": [r["score"] for r in per_item],
+            "sync": sync["score"],
+            "batch": [r["score"] for r in batch],
+            "batches": list(scorer.stream.window_sizes),
+            "child": scorer.backend.pid,
+        }
+    )
+)
 """
 
 
@@ -64,24 +82,47 @@ def test_verl_example_scores_per_item_coalesced_sync_and_batch_then_closes_at_ex
 # lists.
 VERL_PKG_DRIVER = """
 import asyncio, functools, importlib, json, pickle, sys
+
 recipe = sys.argv[1]
 module = importlib.import_module("supervisor.adapters.verl")
+
+
 def loaded(name):
     return pickle.loads(pickle.dumps(functools.partial(getattr(module, name), recipe=recipe)))
-rows = [("so \\\\boxed{10\\\\%}", "0.1"), ("\\\\boxed{3}", "4"), ("the answer is $\\\\frac{1}{2}$", "0.5")] * 6
+
+
+rows = [
+    ("so \\\\boxed{10\\\\%}", "0.1"),
+    ("\\\\boxed{3}", "4"),
+    ("the answer is $\\\\frac{1}{2}$", "0.5"),
+] * 6
 compute_score = loaded("compute_score")
+
 
 async def reward_loop():
     tasks = [compute_score("math", text, gold, {"index": i}) for i, (text, gold) in enumerate(rows)]
     return await asyncio.gather(*tasks)
 
+
 per_item = asyncio.run(reward_loop())
 sync = loaded("compute_score_sync")("math", "\\\\boxed{2}", "2", {"index": 0})
-batch = loaded("compute_score_batch")(["math"] * 3, [t for t, _ in rows[:3]], [g for _, g in rows[:3]])
+batch = loaded("compute_score_batch")(
+    ["math"] * 3, [t for t, _ in rows[:3]], [g for _, g in rows[:3]]
+)
 scorer = module.scorer_for(recipe)
 child = scorer.backend.terms[0].backend.pid
-print(json.dumps({"per_item": [r["score"] for r in per_item], "sync": sync["score"], "terms": sorted(per_item[0]),
-                  "batch": [r["score"] for r in batch], "batches": list(scorer.stream.window_sizes), "child": child}))
+print(
+    json.dumps(
+        {
+            "per_item": [r["score"] for r in per_item],
+            "sync": sync["score"],
+            "terms": sorted(per_item[0]),
+            "batch": [r["score"] for r in batch],
+            "batches": list(scorer.stream.window_sizes),
+            "child": child,
+        }
+    )
+)
 """
 
 

@@ -31,15 +31,25 @@ from tests.trainers.test_trl_grpo import independent_grades
 # What OpenRLHF's SingleTurnAgentExecutor does with a .py remote_url (openrlhf/utils/agent.py).
 DRIVER = """
 import asyncio, importlib.util, json, sys
+
 spec = importlib.util.spec_from_file_location("reward_func", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-rows = [("so \\\\boxed{10\\\\%}", "0.1"), ("\\\\boxed{3}", "4"), ("the answer is $\\\\frac{1}{2}$", "0.5")] * 16
+rows = [
+    ("so \\\\boxed{10\\\\%}", "0.1"),
+    ("\\\\boxed{3}", "4"),
+    ("the answer is $\\\\frac{1}{2}$", "0.5"),
+] * 16
 prompt = "<|im_start|>user what is it?<|im_end|><|im_start|>assistant\\\\n"
 
+
 async def rollouts():
-    calls = [asyncio.to_thread(module.reward_func, [prompt + text + "<|im_end|>"], [prompt], [gold]) for text, gold in rows]
+    calls = [
+        asyncio.to_thread(module.reward_func, [prompt + text + "<|im_end|>"], [prompt], [gold])
+        for text, gold in rows
+    ]
     return await asyncio.gather(*calls, return_exceptions=True)
+
 
 results = asyncio.run(rollouts())
 failed = [repr(r) for r in results if isinstance(r, BaseException)]
@@ -47,9 +57,17 @@ if failed:
     print(json.dumps({"failed": failed[:3]}))
     sys.exit(0)
 scorer = module.scorer_for()
-print(json.dumps({"rewards": [r["rewards"] for r in results], "scores": [r["scores"] for r in results],
-                  "logs": results[0]["extra_logs"], "batches": list(scorer.stream.window_sizes),
-                  "child": scorer.panel.terms[0].backend.pid}))
+print(
+    json.dumps(
+        {
+            "rewards": [r["rewards"] for r in results],
+            "scores": [r["scores"] for r in results],
+            "logs": results[0]["extra_logs"],
+            "batches": list(scorer.stream.window_sizes),
+            "child": scorer.panel.terms[0].backend.pid,
+        }
+    )
+)
 """
 
 
