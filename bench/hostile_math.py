@@ -169,11 +169,12 @@ def _measure(
         f"{'met' if drop <= 0.05 else 'MISSED'})  clean {clean_s:5.2f} s, +{hazards} "
         f"pathological {hostile_s:5.2f} s (+{extra:.2f} s, median of rounds "
         f"{'/'.join(f'{e:+.2f}' for e in extras)}, target <= {timeout_s + 1:g}: "
-        f"{'met' if extra <= timeout_s + 1 else 'MISSED'}; the {ordinary} done at {last_ordinary:.2f} s; slot-per-item design {slots_s:5.2f} s)  pathological: "
-        f"{'/'.join(bad)}  ordinary items moved {sum(moved)} of {len(moved) * ordinary}"
-        f"  pool RSS {memory_before / 2**20:.0f} -> {memory_after / 2**20:.0f} MiB"
-        f"  peer, TRL's accuracy reward in the main thread (math_verify's own "
-        f"{peer_timeout_s} s timeouts): hostile batch {in_process_s:5.2f} s, peak RSS "
+        f"{'met' if extra <= timeout_s + 1 else 'MISSED'}; the {ordinary} done at "
+        f"{last_ordinary:.2f} s; slot-per-item design {slots_s:5.2f} s)  pathological: "
+        f"{'/'.join(bad)}  ordinary items moved {sum(moved)} of {len(moved) * ordinary}  "
+        f"pool RSS {memory_before / 2**20:.0f} -> {memory_after / 2**20:.0f} MiB  peer, "
+        f"TRL's accuracy reward in the main thread (math_verify's own {peer_timeout_s} s "
+        f"timeouts): hostile batch {in_process_s:5.2f} s, peak RSS "
         f"{in_process_peak / 2**30:.2f} GiB"
     )
 

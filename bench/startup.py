@@ -166,8 +166,8 @@ def render(rows: list[dict[str, float]]) -> str:
             f"forkserver {row['cpu_forkserver_s']:.2f}, forks {row['cpu_forks_s']:.2f}, "
             f"tracker {row['cpu_tracker_s']:.2f}; the parent {row['parent_cpu_s']:.2f} in "
             f"all)  RSS {row['rss_mib']:5.1f} MiB  PSS {row['pss_mib']:5.1f} MiB  fds "
-            f"{row['fds_per_child']:.0f} (+{row['parent_fds_per_child']:.0f} in the parent)  processes "
-            f"{row['processes_per_child']:.0f}"
+            f"{row['fds_per_child']:.0f} (+{row['parent_fds_per_child']:.0f} in the parent)  "
+            f"processes {row['processes_per_child']:.0f}"
         )
     return "\n".join(lines)
 

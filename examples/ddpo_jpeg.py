@@ -1,14 +1,13 @@
 """DDPO / flow-GRPO style: the JPEG-compressibility reward of generated images, from a managed child.
 
-    python examples/ddpo_jpeg.py    # the image env by name (make env-image); --image-python PATH
-                                    for another
+    python examples/ddpo_jpeg.py    # the image env by name (make env-image); --image-python PATH for another
 
 A stand-in pipeline "samples" float NCHW images in [0, 1], what a VAE decode with
 `output_type="pt"` hands over (torch CPU tensors work the same). As flow_grpo's training loop
 does, each sampling batch's reward is submitted to a thread pool while the next batch is
 sampled, and all are collected at the end. Smooth images compress well (high reward), noise
 does not. `--report FILE` writes the images' seeds and rewards, for tests/trainers/test_examples.py.
-"""
+"""  # noqa: E501 (its first line is the --help description, the second a command to copy)
 
 from __future__ import annotations
 

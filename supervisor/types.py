@@ -333,7 +333,7 @@ class RewardResponse(BaseModel):
                     raise ValueError(
                         f"component_rewards[{term!r}][{index}] (id={self.ids[index]!r}) is "
                         f"{value!r}, but the term "
-                        f"{'does not apply or failed' if expected_none else 'applies and succeeded'}"
+                        f"{'does not apply or failed' if expected_none else 'applies and succeeded'}"  # noqa: E501
                     )
         return self
 

@@ -290,7 +290,10 @@ Arithmetic = map_candidates(
 # -- format -----------------------------------------------------------------------------------
 # each tag exactly once, neither inside the other: `.*?` alone would accept
 # `<think>a</think><think>b..`
-THINK_ANSWER = r"<think>(?:(?!</?(?:think|answer)>).)*</think>\s*<answer>(?:(?!</?(?:think|answer)>).)*</answer>"
+THINK_ANSWER = (
+    r"<think>(?:(?!</?(?:think|answer)>).)*</think>\s*"
+    r"<answer>(?:(?!</?(?:think|answer)>).)*</answer>"
+)
 THINK_ANSWER_PARTS = ("<think>", "</think>", "<answer>", "</answer>")
 _FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE}
 

@@ -136,8 +136,8 @@ class GradingPool:
         up to this many of each batch's ordinary tasks once the batch is done (grade_fn must be free
         of side effects); 0 = they fork from the forkserver."""
         self.config: PoolConfig = build_config(
-            jobs, timeout_s, grade_fn, preload, soft_timeout_s, overflow, memory_cap_bytes, warm_replay,
-            memory_budget_bytes,
+            jobs, timeout_s, grade_fn, preload, soft_timeout_s, overflow, memory_cap_bytes,
+            warm_replay, memory_budget_bytes,
         )  # fmt: skip
         self._ctx = multiprocessing.get_context("forkserver")
         self._workers = WorkerManager(self.config, self._ctx)

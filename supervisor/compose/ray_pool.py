@@ -552,7 +552,7 @@ class RayPoolBackend(Component):
                 f"{where} died while {what} ({type(exc).__name__}: {first}); Ray restarts it "
                 f"while its max_restarts ({policy.get('max_restarts', '?')}) allow, and this "
                 f"share was "
-                f"{'re-sent by Ray up to max_task_retries times' if policy.get('max_task_retries') else 'not re-sent'}",
+                f"{'re-sent by Ray up to max_task_retries times' if policy.get('max_task_retries') else 'not re-sent'}",  # noqa: E501
                 actor=actor_name(self.name, member.index),
                 node_id=info.get("node_id"),
                 node_ip=info.get("node_ip"),

@@ -3,7 +3,7 @@
 Each subcommand is a thin layer over the library call that does the job; errors the user can
 fix (a missing env, a misspelt scorer, an unknown param, a missing column) print one line naming
 the file and line or the flag, and exit 2, never a traceback. The exit statuses are listed below.
-"""
+"""  # noqa: E501 (its first line is the --help description, whole)
 
 from __future__ import annotations
 

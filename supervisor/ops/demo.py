@@ -144,11 +144,13 @@ def grpo_panel(samples: dict) -> None:
             "models": {
                 "math": {"backend": "managed", "scorer": "math_verify", "env": "math",
                          "params": {"timeout_s": MATH_TIMEOUT_S}},
-                "judge": {"backend": "local", "scorer": "pairwise_judge", "params": {"inner": "token_f1"}},
+                "judge": {"backend": "local", "scorer": "pairwise_judge",
+                          "params": {"inner": "token_f1"}},
             },
             "reward_functions": {
                 "correct": {"model": "math", "weight": 1.0},
-                "rank": {"model": "judge", "weight": 0.25, "required": False, "applicable_datasets": ["gsm8k"]},
+                "rank": {"model": "judge", "weight": 0.25, "required": False,
+                         "applicable_datasets": ["gsm8k"]},
             },
         }
     }  # fmt: skip

@@ -250,8 +250,8 @@ def test_item_fields_and_conditioning_media_reach_the_scorer(managed, trainer_py
     mask = rng.integers(0, 256, (32, 48, 1), dtype=np.uint8)
     clip = rng.integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
     items = [
-        RewardItem(id="edit", text="t", finish_reason="length", completion_tokens=512, data_source="edits",
-                   condition_images=[source, mask], condition_videos=[clip]),
+        RewardItem(id="edit", text="t", finish_reason="length", completion_tokens=512,
+                   data_source="edits", condition_images=[source, mask], condition_videos=[clip]),
         RewardItem(id="plain", text="t", finish_reason="stop"),
     ]  # fmt: skip
     expected = {

@@ -65,7 +65,7 @@ def test_a_backend_alone_raises_a_terms_failure_never_a_reward_summed_without_th
     assert got.usable() == [True, False]  # a scorer's own term failure is not an optional term's
 
 
-def test_a_panel_term_on_the_whole_reward_of_such_a_backend_records_it_if_optional_and_raises_if_required():
+def test_a_panel_term_on_the_whole_reward_of_such_a_backend_records_it_if_optional_and_raises_if_required():  # noqa: E501
     backend = LocalRewardBackend(TwoTerms())
     terms = [
         PanelTerm("ok", LocalRewardBackend("constant"), 1.0, True),

@@ -324,7 +324,8 @@ class ConstructorRaises(Scorer):
         raise RuntimeError("no GPU driver loaded")
 
 
-# -- custom catalogs and identity probes (tests/contract/test_identity.py, tests/ops/test_preflight.py) ---------
+# -- custom catalogs and identity probes ------------------------------------------------------
+# (tests/contract/test_identity.py, tests/ops/test_preflight.py)
 from scorers.pointwise import map_candidates  # appended section: its own import
 
 

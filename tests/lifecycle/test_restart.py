@@ -265,7 +265,8 @@ def test_a_child_restarted_under_another_identity_is_refused_before_it_scores_an
     stamp.write_text("1.0")
     mark = tmp_path / "scored"  # touched by any call of an item "hang" (hang_s 0: it does not hang)
     backend = managed(
-        trainer_python, "tests.helpers.stamped_scorer:Stamped", params={"stamp_file": str(stamp), "hang_mark": str(mark)},
+        trainer_python, "tests.helpers.stamped_scorer:Stamped",
+        params={"stamp_file": str(stamp), "hang_mark": str(mark)},
         restart={"backoff_s": 0},
     )  # fmt: skip
     assert backend.compute_rewards(REQUEST).rewards == [1.0]
@@ -291,7 +292,8 @@ def test_a_late_call_killed_by_its_caller_counts_against_the_restart_policy(
     does not count)."""
     journal = tmp_path / "journal"
     backend = managed(
-        trainer_python, "tests.helpers.fixture_scorers:Journal", params={"path": str(journal), "sleep_s": 60},
+        trainer_python, "tests.helpers.fixture_scorers:Journal",
+        params={"path": str(journal), "sleep_s": 60},
         restart={"backoff_s": 0, "max_restarts": 1},
     )  # fmt: skip
 

@@ -49,7 +49,8 @@ def test_a_healthy_recipe_passes_every_check(tmp_path):
 def test_failures_are_named_with_their_fix(tmp_path):
     fixtures = {"env": "image", "extra_import_paths": [str(REPO_ROOT)]}
     cases = [
-        (one_model(scorer="math_verify", env="math"), {"MANAGED_SCORERS_ENVS": str(tmp_path / "none")},
+        (one_model(scorer="math_verify", env="math"),
+         {"MANAGED_SCORERS_ENVS": str(tmp_path / "none")},
          "is not built", "fix: fix the recipe or build the env it names"),
         (one_model(scorer="tests.helpers.fixture_scorers:LoadFails", **fixtures), {},
          "child boots: ", "fix: the scorer's load() failed"),

@@ -249,7 +249,8 @@ def test_a_refused_row_gets_its_error_and_no_reward_while_its_batch_mates_are_sc
     (tmp_path / "in.jsonl").write_text(
         "".join(json.dumps({"id": f"t{i}", "response": t}) + "\n" for i, t in enumerate(texts))
     )
-    panel = {"reward": {"models": {"m": {"backend": "local", "scorer": "tests.helpers.fixture_scorers:RefusesText"}},
+    panel = {"reward": {"models": {"m": {"backend": "local",
+                                         "scorer": "tests.helpers.fixture_scorers:RefusesText"}},
                         "reward_functions": {"len": {"model": "m"}}}}  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps(panel))
     done = score(
@@ -298,7 +299,8 @@ def test_image_paths_are_read_relative_to_the_input_file(tmp_path):
         {"id": "n", "image": "imgs/noisy.png"},
     ]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    panel = {"reward": {"models": {"j": {"backend": "local", "scorer": "mean_intensity", "input_kind": "image"}},
+    panel = {"reward": {"models": {"j": {"backend": "local", "scorer": "mean_intensity",
+                                         "input_kind": "image"}},
                         "reward_functions": {"mean": {"model": "j"}}}}  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps(panel))
     args = [
@@ -322,7 +324,8 @@ def test_image_paths_are_read_relative_to_the_input_file(tmp_path):
 
 
 def probe_recipe(path: Path, journal: Path) -> Path:
-    panel = {"models": {"p": {"backend": "local", "scorer": "tests.helpers.fixture_scorers:Probe", "params": {"journal": str(journal)}}},
+    panel = {"models": {"p": {"backend": "local", "scorer": "tests.helpers.fixture_scorers:Probe",
+                              "params": {"journal": str(journal)}}},
              "reward_functions": {"len": {"model": "p"}}}  # fmt: skip
     path.write_text(json.dumps({"reward": panel}))
     return path
@@ -741,7 +744,7 @@ def float_wav(path: Path, code: int = 3, bits: int = 32) -> Path:
     return path
 
 
-def test_an_audio_column_of_pcm_and_float_wavs_is_scored_by_hand_and_an_adpcm_wav_is_refused_by_line(
+def test_an_audio_column_of_pcm_and_float_wavs_is_scored_by_hand_and_an_adpcm_wav_is_refused_by_line(  # noqa: E501
     tmp_path,
 ):
     # 0.5 on both channels: -6.02 dBFS
@@ -816,7 +819,7 @@ def audio_rows(tmp_path: Path, odd: dict[int, str]) -> list[str | Path]:
 
 
 @pytest.mark.slow
-def test_a_wav_whose_header_reads_but_whose_audio_would_not_is_refused_by_line_before_anything_starts(
+def test_a_wav_whose_header_reads_but_whose_audio_would_not_is_refused_by_line_before_anything_starts(  # noqa: E501
     tmp_path,
 ):
     """What decoding and the item will need, checked before any row is scored: a rate, the frames
@@ -847,7 +850,7 @@ UNCHECKED = [
 ]
 
 
-def test_audio_that_fails_to_decode_while_scoring_fails_its_row_the_run_goes_on_and_resume_gets_past_it(
+def test_audio_that_fails_to_decode_while_scoring_fails_its_row_the_run_goes_on_and_resume_gets_past_it(  # noqa: E501
     tmp_path,
 ):
     pcm_by_hand(tmp_path / "zero.wav", 0)

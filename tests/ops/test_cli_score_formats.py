@@ -88,8 +88,8 @@ def read_back(tmp_path: Path, *outputs: Path) -> dict[str, dict]:
     tmp_path)."""
     env = {**ENV, "HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
-        [str(env_python("trl")), "-c", READ_BACK, *map(str, outputs)], env=env, capture_output=True, text=True,
-        timeout=300,
+        [str(env_python("trl")), "-c", READ_BACK, *map(str, outputs)], env=env, capture_output=True,
+        text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return {
@@ -232,7 +232,8 @@ def test_a_verl_parquet_and_a_save_to_disk_folder_scored_into_parquet_and_jsonl_
     trl = env_python("trl")
     env = {**ENV, "HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     made = subprocess.run(
-        [str(trl), "-c", MAKE_FILES, json.dumps(VERL_ROWS), json.dumps(TRL_ROWS), parquet, two, saved],
+        [str(trl), "-c", MAKE_FILES, json.dumps(VERL_ROWS), json.dumps(TRL_ROWS), parquet, two,
+         saved],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr[-3000:]
@@ -393,9 +394,10 @@ def test_stdout_holds_the_rows_alone_even_when_a_scorer_prints(tmp_path):
         json.dumps({"reward": {"models": models, "reward_functions": {"len": {"model": "m"}}}})
     )
     done = subprocess.run(
-        [sys.executable, "-m", "supervisor", "score", "--recipe", str(recipe), "--input", "-", "--output", "-"],
-        env={**ENV, "PYTHONPATH": f"{REPO_ROOT}:{tmp_path}"}, input='{"response": '
-            '"abc"}\n{"response": "de"}\n',
+        [sys.executable, "-m", "supervisor", "score", "--recipe", str(recipe), "--input", "-",
+         "--output", "-"],
+        env={**ENV, "PYTHONPATH": f"{REPO_ROOT}:{tmp_path}"},
+        input='{"response": "abc"}\n{"response": "de"}\n',
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -410,8 +412,10 @@ def test_nested_columns_chat_messages_and_json_lists_are_read_and_their_refusals
     no assistant message refused by line; a Parquet or save_to_disk input without its extra: one
     line."""
     rows = [
-        {"id": "a", "q": {"text": [{"role": "user", "content": "hi"}]}, "r": [{"role": "assistant", "content": "xyz"}]},
-        {"id": "b", "q": {"text": "hello"}, "r": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "pq"}]},
+        {"id": "a", "q": {"text": [{"role": "user", "content": "hi"}]},
+         "r": [{"role": "assistant", "content": "xyz"}]},
+        {"id": "b", "q": {"text": "hello"},
+         "r": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "pq"}]},
     ]  # fmt: skip
     (tmp_path / "in.json").write_text(json.dumps(rows, indent=1))
     recipe, out = probe_recipe(tmp_path / "r.json"), tmp_path / "out.jsonl"

@@ -262,8 +262,8 @@ def test_a_base_install_names_the_extra_each_command_needs(built, tmp_path):
     (tmp_path / "in.jsonl").write_text('{"id": "a", "image": "a.png"}\n')
     for command, extra in (
         (["serve", "--recipe", str(recipe)], "serving"),
-        (["score", "--recipe", str(recipe), "--input", "in.jsonl", "--output", "o.jsonl", "--image-column", "image"],
-         "serving"),
+        (["score", "--recipe", str(recipe), "--input", "in.jsonl", "--output", "o.jsonl",
+          "--image-column", "image"], "serving"),
     ):  # fmt: skip
         done = _run(built, "managed-scorers", *command, cwd=tmp_path)
         assert done.returncode == 2 and f"pip install 'managed-scorers[{extra}]'" in _one_line(

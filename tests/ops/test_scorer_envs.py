@@ -178,7 +178,7 @@ def other_interpreter() -> str | None:
 
 
 @pytest.mark.slow
-def test_a_build_says_its_phases_and_is_redone_when_its_pins_or_its_interpreter_change_and_then_removed(
+def test_a_build_says_its_phases_and_is_redone_when_its_pins_or_its_interpreter_change_and_then_removed(  # noqa: E501
     tmp_path,
 ):
     """A bare venv (nothing to download), built three times: first, for new pins, for another

@@ -141,7 +141,8 @@ def test_an_ff_pointwise_model_in_its_env_scores_as_in_process_with_chunks_gatin
         ]
         assert {call["device"] for call in seen} == {"cpu"}  # a str: the image env has no torch
         assert [call["n"] for call in _journal(tmp_path / "local.jsonl")] == [3, 3, 3]
-        poisoned = RewardItem(id="nan", prompt="p", image=items[0].image, condition_images=items[0].condition_images,
+        poisoned = RewardItem(id="nan", prompt="p", image=items[0].image,
+                              condition_images=items[0].condition_images,
                               metadata={"nan": True}, data_source="a")  # fmt: skip
         with pytest.raises(
             ScorerRequestError, match=r"\(contract\).*ff_models:Brightness'.*non-finite reward nan"

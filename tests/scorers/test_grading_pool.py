@@ -820,7 +820,8 @@ UNWAITED_SCRIPT = textwrap.dedent(
         began = time.monotonic()
         settled = pool.settle(0.3)  # bounded while the start holds the pool
         settle_bounded = not settled and time.monotonic() - began < 10.0  # the gate holds it 30 s
-        # a terminal's ^C reaches the forkserver mid-preload: it ignores it, as it does once preloaded
+        # a terminal's ^C reaches the forkserver mid-preload: it ignores it, as it does once
+        # preloaded
         server = forkserver_pid(ensure=False)
         until = time.monotonic() + 10
         while not ignores_sigint(server) and time.monotonic() < until:
@@ -869,8 +870,8 @@ def test_a_pool_started_without_waiting_serves_its_first_grade_once_up_and_leave
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
     assert report == {
-        "returned_gated": True, "waited": True, "settle_bounded": True, "own_sigint": True, "graded": [[9, 16]],
-        "left": [],
+        "returned_gated": True, "waited": True, "settle_bounded": True, "own_sigint": True,
+        "graded": [[9, 16]], "left": [],
     }  # fmt: skip
 
 
@@ -917,7 +918,8 @@ FORKSERVER_SCRIPT = textwrap.dedent(
             own.start()
             server = forkserver_pid(ensure=False)
             pool.start(wait=False)
-        else:  # the pool first, then the caller sets its preload at once, as bench.math_throughput did
+        else:
+            # the pool first, then the caller sets its preload at once, as bench.math_throughput did
             pool.start(wait=False)
             ctx.set_forkserver_preload(["json"])
             server = forkserver_pid(ensure=False)
@@ -939,7 +941,7 @@ FORKSERVER_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.parametrize("order", ["pool-first", "trainer-first"])
-def test_workers_have_the_pools_preload_whoever_set_the_forkserver_and_the_callers_processes_survive(
+def test_workers_have_the_pools_preload_whoever_set_the_forkserver_and_the_callers_processes_survive(  # noqa: E501
     tmp_path, order
 ):
     """multiprocessing keeps one forkserver per process. pool-first: the caller's

@@ -114,7 +114,8 @@ def cluster():
     ]
     try:
         for extra in (
-            ["--head", f"--port={gcs_port}", "--include-dashboard=false", "--resources", '{"head": 1}'],
+            ["--head", f"--port={gcs_port}", "--include-dashboard=false",
+             "--resources", '{"head": 1}'],
             [f"--address={address}", "--resources", '{"reward_node": 2}'],
         ):  # fmt: skip
             # a file, not a pipe: the daemons it starts inherit it

@@ -276,7 +276,7 @@ def test_a_remote_config_points_at_our_servers_only_and_keeps_their_weights():
             unirl.RemoteRewardBackend(config=config)
 
 
-def test_a_term_that_does_not_apply_reaches_unirl_as_the_zero_it_added_and_components_sum_to_the_reward():
+def test_a_term_that_does_not_apply_reaches_unirl_as_the_zero_it_added_and_components_sum_to_the_reward():  # noqa: E501
     terms = [
         PanelTerm("long", LocalRewardBackend("nonempty"), weight=3.0, applicable_datasets=["chat"]),
         PanelTerm("any", LocalRewardBackend("nonempty"), weight=0.5),
