@@ -45,7 +45,13 @@ from bench.common import ROOT, env_python, interleaved, managed, p50, scoring, t
 from bench.handles import client_of, pid_of
 from bench.workloads import WORKLOADS, image_request
 from child_runtime.protocol import wire
-from supervisor import LocalRewardBackend, ManagedScorerProcessBackend, RewardBackend, RewardItem, RewardRequest
+from supervisor import (
+    LocalRewardBackend,
+    ManagedScorerProcessBackend,
+    RewardBackend,
+    RewardItem,
+    RewardRequest,
+)
 
 ENV_IMPORTS = {
     "image": "import numpy, starlette, uvicorn, PIL.Image",
@@ -66,7 +72,10 @@ def bench_tiny_round_trip(rounds: int = 1500, warmup: int = 50) -> str:
     same /score frame sent raw (adds the child's handler: codec, scorer-thread handoff), and
     the whole compute_rewards (adds the parent's request building and answer checks)."""
     request = RewardRequest(items=[RewardItem(id="a", text="x")])
-    with managed("image", "constant", "text", {}) as backend, LocalRewardBackend("constant") as local:
+    with (
+        managed("image", "constant", "text", {}) as backend,
+        LocalRewardBackend("constant") as local,
+    ):
         client = client_of(backend)
         frame = wire.prepare({"items": [item.to_wire() for item in request.items]})
         times = interleaved(
@@ -80,22 +89,27 @@ def bench_tiny_round_trip(rounds: int = 1500, warmup: int = 50) -> str:
             warmup=warmup,
         )
     return (
-        f"tiny request round trip         managed p50 {times['managed'] * 1e3:7.3f} ms  in-process p50 "
-        f"{times['local'] * 1e3:7.3f} ms  overhead {1e3 * (times['managed'] - times['local']):7.3f} ms\n"
-        f"  of which: an HTTP exchange doing nothing (GET /health) {times['health'] * 1e3:.3f} ms, "
-        f"the /score frame alone {times['raw score'] * 1e3:.3f} ms"
+        f"tiny request round trip         managed p50 {times['managed'] * 1e3:7.3f} ms  "
+        f"in-process p50 {times['local'] * 1e3:7.3f} ms  overhead "
+        f"{1e3 * (times['managed'] - times['local']):7.3f} ms\n  of which: an HTTP exchange "
+        f"doing nothing (GET /health) {times['health'] * 1e3:.3f} ms, the /score frame alone "
+        f"{times['raw score'] * 1e3:.3f} ms"
     )
 
 
 @contextlib.contextmanager
 def in_arena(backend: RewardBackend, request: RewardRequest) -> Iterator[RewardRequest]:
-    """The request's images rebuilt in the backend's arena, as a trainer decoding straight into it would."""
+    """The request's images rebuilt in the backend's arena, as a trainer decoding straight into it
+    would."""
     with backend.arena() as arena:
         batch = arena.empty((len(request.items), *request.items[0].image.shape))
         for slot, item in zip(batch, request.items, strict=True):
             slot[...] = item.image
         yield RewardRequest(
-            items=[RewardItem(id=item.id, image=slot) for slot, item in zip(batch, request.items, strict=True)]
+            items=[
+                RewardItem(id=item.id, image=slot)
+                for slot, item in zip(batch, request.items, strict=True)
+            ]
         )
 
 
@@ -106,7 +120,8 @@ def bench_transport(rounds: int = 30, samples: int = 15) -> str:
     images = [item.image for item in request.items]
     with transport_trio(request) as trio, in_arena(trio["shared"], request) as arena_request:
         assert (
-            trio["shared"].compute_rewards(arena_request).rewards == trio["in-process"].compute_rewards(request).rewards
+            trio["shared"].compute_rewards(arena_request).rewards
+            == trio["in-process"].compute_rewards(request).rewards
         )
         times = interleaved(
             {
@@ -115,11 +130,15 @@ def bench_transport(rounds: int = 30, samples: int = 15) -> str:
             },
             rounds=rounds,
         )
-        phases = {name: server_phases(trio[name], request, samples) for name in ("shared", "in-band")}
+        phases = {
+            name: server_phases(trio[name], request, samples) for name in ("shared", "in-band")
+        }
         phases["arena"] = server_phases(trio["shared"], arena_request, samples)
     peer = jpeg_json_peer.measure(images, repeats=samples)
     base = times["in-process"]
-    lines = [f"8x512x512x3 uint8 (6.3 MB)      in-process p50 {base * 1e3:6.2f} ms (mean_intensity)"]
+    lines = [
+        f"8x512x512x3 uint8 (6.3 MB)      in-process p50 {base * 1e3:6.2f} ms (mean_intensity)"
+    ]
     for name in ("shared", "arena", "in-band"):
         lines.append(
             f"  managed, {name:<8} p50 {times[name] * 1e3:6.2f} ms  transport overhead "
@@ -135,7 +154,8 @@ def bench_transport(rounds: int = 30, samples: int = 15) -> str:
 
 
 def server_phases(backend: RewardBackend, request: RewardRequest, calls: int = 15) -> str:
-    """Where the managed time goes, from the child's Server-Timing header (receive = HTTP body read)."""
+    """Where the managed time goes, from the child's Server-Timing header (receive = HTTP body
+    read)."""
     samples: dict[str, list[float]] = {}
     for _ in range(calls):
         backend.compute_rewards(request)
@@ -153,7 +173,11 @@ def bench_jpeg_batch(rounds: int = 20) -> str:
         in_arena(backend, request) as arena_request,
     ):
         expected = local.compute_rewards(request).rewards
-        assert backend.compute_rewards(request).rewards == expected == backend.compute_rewards(arena_request).rewards
+        assert (
+            backend.compute_rewards(request).rewards
+            == expected
+            == backend.compute_rewards(arena_request).rewards
+        )
         times = interleaved(
             {
                 "managed": lambda: backend.compute_rewards(request),
@@ -163,11 +187,13 @@ def bench_jpeg_batch(rounds: int = 20) -> str:
             rounds=rounds,
         )
     return (
-        f"8x512x512 jpeg_compressibility  in-process p50 {times['local'] * 1e3:7.2f} ms  managed p50 "
-        f"{times['managed'] * 1e3:7.2f} ms  ratio {times['managed'] / times['local']:5.3f}  "
-        f"(+{1e3 * (times['managed'] - times['local']):.2f} ms)\n"
-        f"  managed, images built in the arena p50 {times['arena'] * 1e3:7.2f} ms  ratio "
-        f"{times['arena'] / times['local']:5.3f}  (+{1e3 * (times['arena'] - times['local']):.2f} ms)"
+        f"8x512x512 jpeg_compressibility  in-process p50 {times['local'] * 1e3:7.2f} ms  "
+        f"managed p50 {times['managed'] * 1e3:7.2f} ms  ratio "
+        f"{times['managed'] / times['local']:5.3f}  "
+        f"(+{1e3 * (times['managed'] - times['local']):.2f} ms)\n  managed, images built in "
+        f"the arena p50 {times['arena'] * 1e3:7.2f} ms  ratio "
+        f"{times['arena'] / times['local']:5.3f}  "
+        f"(+{1e3 * (times['arena'] - times['local']):.2f} ms)"
     )
 
 
@@ -177,7 +203,11 @@ def bare_import_s(env: str, repeats: int = 5) -> float:
     for _ in range(repeats):
         started = time.perf_counter()
         # os._exit: interpreter teardown (about a second with torch) is not import time
-        subprocess.run([env_python(env), "-c", ENV_IMPORTS[env] + "; import os; os._exit(0)"], check=True, cwd=ROOT)
+        subprocess.run(
+            [env_python(env), "-c", ENV_IMPORTS[env] + "; import os; os._exit(0)"],
+            check=True,
+            cwd=ROOT,
+        )
         samples.append(time.perf_counter() - started)
     return p50(samples)
 
@@ -191,8 +221,9 @@ def bench_cold_start(env: str, repeats: int = 5) -> str:
             spawn.append(backend.timings["spawn_to_ready_s"])
             load.append(backend.ready_info["load_s"])
     return (
-        f"cold start env {env:<6}           spawn->ready p50 {p50(spawn):6.3f} s  bare import {bare:6.3f} s  "
-        f"difference {p50(spawn) - bare:+6.3f} s  (the scorer's load() in the child, lazy imports included: {p50(load):.3f} s)"
+        f"cold start env {env:<6}           spawn->ready p50 {p50(spawn):6.3f} s  bare "
+        f"import {bare:6.3f} s  difference {p50(spawn) - bare:+6.3f} s  (the scorer's load() "
+        f"in the child, lazy imports included: {p50(load):.3f} s)"
     )
 
 
@@ -216,21 +247,22 @@ def bench_shutdown(graceful_repeats: int = 5, forced_repeats: int = 3) -> str:
                     "scorer": {"name": "constant"},
                 }
             )
-            os.kill(pid_of(backend), signal.SIGSTOP)  # answers nothing, handles no signal but SIGKILL
+            # answers nothing, handles no signal but SIGKILL
+            os.kill(pid_of(backend), signal.SIGSTOP)
             started = time.perf_counter()
             backend.close()
             late.append(time.perf_counter() - started - 1.0)
     finally:
         quiet.setLevel(level)
     return (
-        f"shutdown                        graceful p50 {p50(graceful):6.3f} s  forced (frozen child, "
-        f"shutdown_timeout 1 s): gone {p50(late) * 1e3:+6.1f} ms past the deadline"
+        f"shutdown                        graceful p50 {p50(graceful):6.3f} s  forced "
+        f"(frozen child, shutdown_timeout 1 s): gone {p50(late) * 1e3:+6.1f} ms past the deadline"
     )
 
 
 def bench_env_batch(env: str, workload: str, repeats: int, items: int | None = None) -> str:
-    """Managed child vs the same scorer in-process in its own env (the trainer env lacks its packages).
-    `items`: the workload's size (None: its default)."""
+    """Managed child vs the same scorer in-process in its own env (the trainer env lacks its
+    packages). `items`: the workload's size (None: its default)."""
     scorer, kind, params = ENV_SCORER[env]
     sizes = () if items is None else (items,)
     request = RewardRequest(items=[RewardItem(**raw) for raw in WORKLOADS[workload](*sizes)])
@@ -257,16 +289,17 @@ def bench_env_batch(env: str, workload: str, repeats: int, items: int | None = N
     assert managed_rewards == inproc["terms"][scorer], "managed and in-process rewards differ"
     ratio = p50(remote) / p50(inproc["samples"])
     return (
-        f"{len(request.items)}-item {scorer:<18} managed p50 {p50(remote) * 1e3:8.2f} ms  in-process p50 "
-        f"{p50(inproc['samples']) * 1e3:8.2f} ms  ratio {ratio:5.3f}"
+        f"{len(request.items)}-item {scorer:<18} managed p50 {p50(remote) * 1e3:8.2f} ms  "
+        f"in-process p50 {p50(inproc['samples']) * 1e3:8.2f} ms  ratio {ratio:5.3f}"
     )
 
 
 @dataclass(frozen=True)
 class Line:
-    """One line of `make bench`: `run(**sizes)` returns its text. `smoke`: the smallest sizes that still
-    run every step and check of the line (one round, a few items; never zero of anything a check loops
-    over); `shows`: texts its every rendering holds; `envs`: the envs it runs in beside the trainer's."""
+    """One line of `make bench`: `run(**sizes)` returns its text. `smoke`: the smallest sizes that
+    still run every step and check of the line (one round, a few items; never zero of anything a
+    check loops over); `shows`: texts its every rendering holds; `envs`: the envs it runs in beside
+    the trainer's."""
 
     name: str
     run: Callable[..., str]
@@ -295,17 +328,32 @@ def _cold_start(env: str) -> Line:
 LINES: list[Line] = [
     Line("tiny", bench_tiny_round_trip, ("overhead", "GET /health"), {"rounds": 2, "warmup": 1}),
     Line(
-        "health_under_load", health_under_load.main_line, ("p99 ratio",), {"clients": 2, "requests": 5, "idle_polls": 5}
+        "health_under_load",
+        health_under_load.main_line,
+        ("p99 ratio",),
+        {"clients": 2, "requests": 5, "idle_polls": 5},
     ),
     Line(
         "transport",
         bench_transport,
-        ("managed, shared", "managed, arena", "managed, in-band", "child-side p50 ms: receive", "JPEG"),
+        (
+            "managed, shared",
+            "managed, arena",
+            "managed, in-band",
+            "child-side p50 ms: receive",
+            "JPEG",
+        ),
         {"rounds": 1, "samples": 1},
     ),
     Line("jpeg_batch", bench_jpeg_batch, ("ratio", "built in the arena"), {"rounds": 1}),
     _env_batch("math", 15, smoke_items=8),
-    Line("math_throughput", math_throughput.main_line, ("one-child-per-batch",), {"items": 16, "warmup": 2}, ("math",)),
+    Line(
+        "math_throughput",
+        math_throughput.main_line,
+        ("one-child-per-batch",),
+        {"items": 16, "warmup": 2},
+        ("math",),
+    ),
     Line(
         "hostile_math",
         hostile_math.main_line,
@@ -318,32 +366,70 @@ LINES: list[Line] = [
     Line("panel", panel.main_line, ("ratio",), {"rounds": 1}, ("math", "embed")),
     Line("panel_server", panel_server.main_line, ("overhead",), {"rounds": 1}, ("math", "image")),
     Line("ray_pool", ray_pool.main_line, ("Ray pool",), {"rounds": 1, "groups": 1}, ("image",)),
-    Line("overlap", overlap.main_line, ("generation-bound", "scorer-bound", "hidden"), {"rounds": 1}, ("math",)),
-    Line("trl_step", trl_step.main_line, ("managed/TRL",), {"steps": 2, "rounds": 1}, ("trlbench", "math")),
+    Line(
+        "overlap",
+        overlap.main_line,
+        ("generation-bound", "scorer-bound", "hidden"),
+        {"rounds": 1},
+        ("math",),
+    ),
+    Line(
+        "trl_step",
+        trl_step.main_line,
+        ("managed/TRL",),
+        {"steps": 2, "rounds": 1},
+        ("trlbench", "math"),
+    ),
     Line("verl_step", verl_step.main_line, ("ratio",), {"items": 16, "rounds": 2}, ("trl", "math")),
     Line("verl_coalesce", verl_coalesce.main_line, ("ratio",), {"rounds": 1, "n": 32}, ("math",)),
-    Line("openrlhf_calls", openrlhf_calls.main_line, ("ratio",), {"calls": 8, "rounds": 1}, ("math",)),
     Line(
-        "remote_servers", remote_servers.main_line, ("vs 1 server",), {"rounds": 1, "counts": (1, 2), "items": 16}, ()
+        "openrlhf_calls", openrlhf_calls.main_line, ("ratio",), {"calls": 8, "rounds": 1}, ("math",)
     ),
-    Line("startup", startup.main_line, (" 2 children: all ready in", "PSS"), {"counts": (1, 2)}, ("math",)),
+    Line(
+        "remote_servers",
+        remote_servers.main_line,
+        ("vs 1 server",),
+        {"rounds": 1, "counts": (1, 2), "items": 16},
+        (),
+    ),
+    Line(
+        "startup",
+        startup.main_line,
+        (" 2 children: all ready in", "PSS"),
+        {"counts": (1, 2)},
+        ("math",),
+    ),
     *[_cold_start(env) for env in ("image", "math", "embed", "ocr")],
-    Line("shutdown", bench_shutdown, ("past the deadline",), {"graceful_repeats": 1, "forced_repeats": 1}),
+    Line(
+        "shutdown",
+        bench_shutdown,
+        ("past the deadline",),
+        {"graceful_repeats": 1, "forced_repeats": 1},
+    ),
 ]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="each line with its smallest sizes: runs, not figures")
-    parser.add_argument("--only", nargs="+", metavar="NAME", choices=[line.name for line in LINES], help="these lines")
+    parser.add_argument(
+        "--smoke", action="store_true", help="each line with its smallest sizes: runs, not figures"
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        choices=[line.name for line in LINES],
+        help="these lines",
+    )
     parser.add_argument("--list", action="store_true", help="print the lines' names and exit")
     args = parser.parse_args(argv)
     if args.list:
         print("\n".join(line.name for line in LINES))
         return
     print(
-        f"managed-scorers bench  python {sys.version.split()[0]}  cores {len(os.sched_getaffinity(0))}  "
-        f"numpy {np.__version__}" + ("  SMOKE: smallest sizes, figures mean nothing" if args.smoke else "")
+        f"managed-scorers bench  python {sys.version.split()[0]}  cores "
+        f"{len(os.sched_getaffinity(0))}  numpy {np.__version__}"
+        + ("  SMOKE: smallest sizes, figures mean nothing" if args.smoke else "")
     )
     for line in LINES:
         if args.only is None or line.name in args.only:

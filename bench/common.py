@@ -1,6 +1,6 @@
-"""What the bench lines share, in one module: the envs' pythons and their drivers, timing in alternation,
-a managed backend and the transport trio, `serve` processes, the math workload, a process tree's peak
-memory, and a Ray side run and reaped.
+"""What the bench lines share, in one module: the envs' pythons and their drivers, timing in
+alternation, a managed backend and the transport trio, `serve` processes, the math workload, a
+process tree's peak memory, and a Ray side run and reaped.
 
 Every line imports its helpers from here (and the inputs from `bench.workloads`, the fake peers, the
 typed `bench.handles`), never `bench.__main__` or another line, so the bench has no import cycle.
@@ -31,10 +31,11 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 MATH_PYTHON = ROOT / "envs" / "math" / ".venv" / "bin" / "python"
 PEERS_VENV = ROOT / "bench" / ".peers-venv"  # the Ray peers' scratch venv (bench.peers builds it)
-MARKER = "MANAGED_SCORERS_BENCH_PEERS"  # in the Ray side's environment, so every Ray process can be found
+# in the Ray side's environment, so every Ray process can be found
+MARKER = "MANAGED_SCORERS_BENCH_PEERS"
 
 
-# -- the envs' pythons and their drivers ------------------------------------------------------------
+# -- the envs' pythons and their drivers -----------------------------------------------------------
 
 
 def env_python(name: str) -> str:
@@ -42,12 +43,19 @@ def env_python(name: str) -> str:
 
 
 def run_driver(env: str, module: str, *args: str, timeout_s: float = 900) -> dict:
-    """A bench driver module run by env's python from the checkout; its JSON report (last stdout line)."""
+    """A bench driver module run by env's python from the checkout; its JSON report (last stdout
+    line)."""
     done = subprocess.run(
-        [env_python(env), "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
+        [env_python(env), "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"{module} failed in envs/{env} (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{module} failed in envs/{env} (exit {done.returncode}):\n{done.stderr[-3000:]}"
+        )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -61,7 +69,8 @@ def in_math_env(module: str, measure: Callable[..., str], **sizes: Any) -> str:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=900,  # a backstop against a hang, as run_driver's: hostile_math's full run takes 300 s loaded
+        # a backstop against a hang, as run_driver's: hostile_math's full run takes 300 s loaded
+        timeout=900,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     if done.returncode != 0:
@@ -70,11 +79,12 @@ def in_math_env(module: str, measure: Callable[..., str], **sizes: Any) -> str:
 
 
 def sizes_of_argv() -> dict[str, Any]:
-    """The sizes `in_math_env` passed (a JSON object as the first argument), or none: the defaults."""
+    """The sizes `in_math_env` passed (a JSON object as the first argument), or none: the
+    defaults."""
     return json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
 
 
-# -- timing ------------------------------------------------------------------------------------------
+# -- timing ----------------------------------------------------------------------------------------
 
 
 def timed(fn: Callable[[], object], repeats: int, warmup: int = 3) -> list[float]:
@@ -88,7 +98,9 @@ def timed(fn: Callable[[], object], repeats: int, warmup: int = 3) -> list[float
     return samples
 
 
-def interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 2) -> dict[str, float]:
+def interleaved(
+    fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 2
+) -> dict[str, float]:
     """p50 of each fn, measured in alternation so machine drift hits all of them alike."""
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for fn in fns.values():
@@ -103,10 +115,12 @@ def p50(samples: list[float]) -> float:
     return statistics.median(samples)
 
 
-# -- managed backends --------------------------------------------------------------------------------
+# -- managed backends ------------------------------------------------------------------------------
 
 
-def managed(env: str, scorer: str, kind: str, params: dict, **client: object) -> ManagedScorerProcessBackend:
+def managed(
+    env: str, scorer: str, kind: str, params: dict, **client: object
+) -> ManagedScorerProcessBackend:
     from supervisor import ManagedScorerProcessBackend
 
     return ManagedScorerProcessBackend(
@@ -120,7 +134,8 @@ def managed(env: str, scorer: str, kind: str, params: dict, **client: object) ->
 
 @contextlib.contextmanager
 def transport_trio(request: RewardRequest) -> Iterator[dict[str, RewardBackend]]:
-    """`mean_intensity` in-process, managed over shared memory and managed in-band; equal rewards asserted."""
+    """`mean_intensity` in-process, managed over shared memory and managed in-band; equal rewards
+    asserted."""
     from supervisor import LocalRewardBackend
 
     with (
@@ -129,7 +144,11 @@ def transport_trio(request: RewardRequest) -> Iterator[dict[str, RewardBackend]]
         LocalRewardBackend("mean_intensity") as local,
     ):
         expected = local.compute_rewards(request).rewards
-        assert shared.compute_rewards(request).rewards == expected == in_band.compute_rewards(request).rewards
+        assert (
+            shared.compute_rewards(request).rewards
+            == expected
+            == in_band.compute_rewards(request).rewards
+        )
         assert shared.ready_info["shared_memory"] and not in_band.ready_info["shared_memory"]
         yield {"in-process": local, "shared": shared, "in-band": in_band}
 
@@ -138,14 +157,20 @@ def scoring(backend: RewardBackend, request: RewardRequest) -> Callable[[], obje
     return lambda: backend.compute_rewards(request)
 
 
-def time_backends(backends: dict[str, RewardBackend], request: RewardRequest, rounds: int) -> dict[str, float]:
-    return interleaved({name: scoring(backend, request) for name, backend in backends.items()}, rounds=rounds)
+def time_backends(
+    backends: dict[str, RewardBackend], request: RewardRequest, rounds: int
+) -> dict[str, float]:
+    return interleaved(
+        {name: scoring(backend, request) for name, backend in backends.items()}, rounds=rounds
+    )
 
 
-# -- `managed-scorers serve` processes --------------------------------------------------------------
+# -- `managed-scorers serve` processes -------------------------------------------------------------
 
 
-def readiness(ready: Path, server: subprocess.Popen[Any], deadline_s: float = 120.0) -> dict[str, Any]:
+def readiness(
+    ready: Path, server: subprocess.Popen[Any], deadline_s: float = 120.0
+) -> dict[str, Any]:
     """The first line `serve` wrote to `ready` (its stdout). A server that exits first, or writes
     nothing by the deadline, raises; stopping it is the caller's (`stop`, in its finally)."""
     deadline = time.monotonic() + deadline_s
@@ -154,13 +179,18 @@ def readiness(ready: Path, server: subprocess.Popen[Any], deadline_s: float = 12
         if text.endswith("\n"):
             return dict(json.loads(text.splitlines()[0]))
         if server.poll() is not None:
-            raise RuntimeError(f"serve (pid {server.pid}) exited with {server.returncode} before it was ready")
+            raise RuntimeError(
+                f"serve (pid {server.pid}) exited with {server.returncode} before it was ready"
+            )
         time.sleep(0.02)
-    raise TimeoutError(f"no readiness line in {ready} from serve (pid {server.pid}) after {deadline_s} s")
+    raise TimeoutError(
+        f"no readiness line in {ready} from serve (pid {server.pid}) after {deadline_s} s"
+    )
 
 
 def stop(*servers: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
-    """SIGTERM to each (SIGCONT first: a stopped server cannot act on it), then SIGKILL past `grace_s`."""
+    """SIGTERM to each (SIGCONT first: a stopped server cannot act on it), then SIGKILL past
+    `grace_s`."""
     for server in servers:
         if server.poll() is None:
             server.send_signal(signal.SIGCONT)
@@ -173,7 +203,7 @@ def stop(*servers: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
             server.wait(5)
 
 
-# -- the math workload -------------------------------------------------------------------------------
+# -- the math workload -----------------------------------------------------------------------------
 
 
 def workload(start: int, n: int) -> list[tuple[str, str]]:
@@ -193,16 +223,18 @@ def workload(start: int, n: int) -> list[tuple[str, str]]:
             (f"\\boxed{{\\frac{{{i}}}{{2}} + \\frac{{1}}{{3}}}}", f"$\\frac{{{3 * i + 2}}}{{6}}$"),
             (f"\\boxed{{(x+{a})(x-{a})}}", f"$x^2+{a * a}$"),  # wrong
         ][i % 9]
-        pairs.append((f"Problem {i}: working through it step by step, the result is {kind[0]}.", kind[1]))
+        pairs.append(
+            (f"Problem {i}: working through it step by step, the result is {kind[0]}.", kind[1])
+        )
     return pairs
 
 
-# -- a process tree's memory ------------------------------------------------------------------------
+# -- a process tree's memory -----------------------------------------------------------------------
 
 
 def tree_memory(pid: int) -> tuple[int, int]:
-    """(PSS, RSS) summed over a process and its descendants: PSS shares each page among the processes
-    that map it (forked workers share their preloaded heap), RSS counts it in each."""
+    """(PSS, RSS) summed over a process and its descendants: PSS shares each page among the
+    processes that map it (forked workers share their preloaded heap), RSS counts it in each."""
     import psutil
 
     pss = rss = 0
@@ -223,7 +255,8 @@ def tree_memory(pid: int) -> tuple[int, int]:
 
 
 class PeakMemory:
-    """Samples a process tree's memory every 50 ms inside the block; `peak_pss` and `peak_rss` after it."""
+    """Samples a process tree's memory every 50 ms inside the block; `peak_pss` and `peak_rss` after
+    it."""
 
     def __init__(self, pid: int) -> None:
         self.pid, self.peak_pss, self.peak_rss = pid, 0, 0
@@ -244,13 +277,14 @@ class PeakMemory:
         self._thread.join(5)
 
 
-# -- a Ray side, run and reaped ---------------------------------------------------------------------
+# -- a Ray side, run and reaped --------------------------------------------------------------------
 
 
 def ray_processes(temp_dir: str) -> list:
     """This run's Ray processes. Workers and agents retitle themselves `ray::X`, so their command
-    lines no longer name the venv: they are found by the MARKER or HOME (both temp_dir) they inherit.
-    setproctitle zeroes the start of the environ block, so it is read raw (psutil's environ() is empty)."""
+    lines no longer name the venv: they are found by the MARKER or HOME (both temp_dir) they
+    inherit. setproctitle zeroes the start of the environ block, so it is read raw (psutil's
+    environ() is empty)."""
     import psutil
 
     wanted = {f"{MARKER}={temp_dir}".encode(), f"HOME={temp_dir}".encode()}
@@ -267,7 +301,8 @@ def ray_processes(temp_dir: str) -> list:
 
 
 def reap(temp_dir: str, grace_s: float = 5.0) -> int:
-    """Give this run's Ray processes grace_s to exit after ray.shutdown(), SIGKILL the rest; return how many."""
+    """Give this run's Ray processes grace_s to exit after ray.shutdown(), SIGKILL the rest; return
+    how many."""
     import psutil
 
     _, alive = psutil.wait_procs(ray_processes(temp_dir), timeout=grace_s)
@@ -281,13 +316,21 @@ def reap(temp_dir: str, grace_s: float = 5.0) -> int:
     return len(alive)
 
 
-def run_ray_side(python: Path, module: str, what: str, timeout_s: float, *extra: str) -> tuple[dict, int]:
-    """`python -m MODULE ray TEMP_DIR EXTRA...` (a driver that starts a local Ray) in its own session and scratch
-    directory, under a deadline, then every Ray process it left reaped; its last JSON line and the number of
-    processes killed. The temp dir is short (Ray's socket paths live under it) and is HOME too: Ray 2.60
-    writes its default auth token to ~/.ray/auth_token."""
+def run_ray_side(
+    python: Path, module: str, what: str, timeout_s: float, *extra: str
+) -> tuple[dict, int]:
+    """`python -m MODULE ray TEMP_DIR EXTRA...` (a driver that starts a local Ray) in its own
+    session and scratch directory, under a deadline, then every Ray process it left reaped; its last
+    JSON line and the number of processes killed. The temp dir is short (Ray's socket paths live
+    under it) and is HOME too: Ray 2.60 writes its default auth token to ~/.ray/auth_token."""
     temp_dir = tempfile.mkdtemp(prefix="msray")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HOME": temp_dir, MARKER: temp_dir}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "HOME": temp_dir,
+        MARKER: temp_dir,
+    }
     env.pop("CUDA_VISIBLE_DEVICES", None)
     proc = subprocess.Popen(
         [str(python), "-m", module, "ray", temp_dir, *extra],

@@ -37,7 +37,8 @@ class Seen:
 
 
 class FakeOpenAI(LoopbackServer):
-    """`with FakeOpenAI() as server:` serves on 127.0.0.1 at `server.base_url` until the block ends."""
+    """`with FakeOpenAI() as server:` serves on 127.0.0.1 at `server.base_url` until the block
+    ends."""
 
     def __init__(self) -> None:
         self.requests: list[Seen] = []
@@ -61,7 +62,9 @@ class FakeOpenAI(LoopbackServer):
 def _directives(text: str, attempt: int) -> dict[str, str]:
     """The directives in force for this attempt: `name -> argument` ('' when it has none)."""
     return {
-        name: argument or "" for name, argument, limit in DIRECTIVE.findall(text) if not limit or attempt <= int(limit)
+        name: argument or ""
+        for name, argument, limit in DIRECTIVE.findall(text)
+        if not limit or attempt <= int(limit)
     }
 
 
@@ -75,7 +78,9 @@ def _misbehaved(handler: Any, does: dict[str, str]) -> bool:
         handler.connection.shutdown(socket.SHUT_RDWR)
         handler.close_connection = True
     elif "echo_auth" in does:  # a careless server that repeats the credential in its error
-        handler._send(401, json.dumps({"error": f"bad key {handler.headers.get('authorization')}"}).encode())
+        handler._send(
+            401, json.dumps({"error": f"bad key {handler.headers.get('authorization')}"}).encode()
+        )
     elif "status" in does:
         headers = {"retry-after": does["retry_after"]} if "retry_after" in does else {}
         handler._send(int(does["status"]), b'{"error": {"message": "fake failure"}}', headers)
@@ -107,12 +112,15 @@ def _handler(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
             body = self.rfile.read(int(self.headers.get("content-length", "0")))
             with server._lock:
-                server.requests.append(Seen(time.monotonic(), body, self.headers.get("authorization")))
+                server.requests.append(
+                    Seen(time.monotonic(), body, self.headers.get("authorization"))
+                )
                 server.in_flight += 1
                 server.max_in_flight = max(server.max_in_flight, server.in_flight)
             try:
                 self._answer(body)
-            except (BrokenPipeError, ConnectionResetError):  # the client gave up at its deadline: expected
+            # the client gave up at its deadline: expected
+            except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
             finally:
                 with server._lock:
@@ -135,13 +143,32 @@ def _handler(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 "id": "chatcmpl-fake",
                 "object": "chat.completion",
                 "model": request.get("model"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": reply},
+                        "finish_reason": "stop",
+                    }
+                ],
             }
-            self._send(200, json.dumps(answer).encode(), trickle=float(does["trickle"]) if "trickle" in does else 0.0)
+            self._send(
+                200,
+                json.dumps(answer).encode(),
+                trickle=float(does["trickle"]) if "trickle" in does else 0.0,
+            )
 
-        def _send(self, status: int, payload: bytes, headers: dict[str, str] | None = None, trickle: float = 0) -> None:
-            if "trickle_headers" in self._does:  # a byte of the status line every so often, never finishing
-                for byte in b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-slow: " + b"a" * 10_000:
+        def _send(
+            self,
+            status: int,
+            payload: bytes,
+            headers: dict[str, str] | None = None,
+            trickle: float = 0,
+        ) -> None:
+            # a byte of the status line every so often, never finishing
+            if "trickle_headers" in self._does:
+                for byte in (
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-slow: " + b"a" * 10_000
+                ):
                     self.wfile.write(bytes([byte]))
                     self.wfile.flush()
                     time.sleep(float(self._does["trickle_headers"]))

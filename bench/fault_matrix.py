@@ -31,18 +31,22 @@ def items(*texts: str) -> list[RewardItem]:
 
 
 def rogue_python(directory: Path, python: str | Path) -> Path:
-    """A `python` that puts tests/helpers/rogue_root first on the child's path: its child_runtime answers
-    for the wrong ids, to show that the parent refuses such answers."""
+    """A `python` that puts tests/helpers/rogue_root first on the child's path: its child_runtime
+    answers for the wrong ids, to show that the parent refuses such answers."""
     wrapper = directory / "rogue-python"
     wrapper.write_text(
-        f'#!/bin/sh\nPYTHONPATH="{ROOT / "tests" / "helpers" / "rogue_root"}:$PYTHONPATH" exec "{python}" "$@"\n'
+        f'#!/bin/sh\nPYTHONPATH="{ROOT / "tests" / "helpers" / "rogue_root"}:$PYTHONPATH" '
+        f'exec "{python}" "$@"\n'
     )
     wrapper.chmod(0o755)
     return wrapper
 
 
 def backend(
-    name: str, python: str | Path = TRAINER_PYTHON, process: dict | None = None, scorer: dict | None = None
+    name: str,
+    python: str | Path = TRAINER_PYTHON,
+    process: dict | None = None,
+    scorer: dict | None = None,
 ) -> ManagedScorerProcessBackend:
     return ManagedScorerProcessBackend(
         {
@@ -86,7 +90,9 @@ def _kill_child(b: ManagedScorerProcessBackend) -> None:
     """SIGKILL and wait until it is a zombie; never reap it (that is the owner's job)."""
     os.kill(pid_of(b), signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while psutil.Process(pid_of(b)).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+    while (
+        psutil.Process(pid_of(b)).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline
+    ):
         time.sleep(0.005)
 
 
@@ -139,7 +145,9 @@ FAULTS = [
     ),
     Fault(
         "kill -9 a math grading worker",
-        lambda: backend("math_verify", MATH_PYTHON, scorer={"params": {"jobs": 2, "timeout_s": 10}}),
+        lambda: backend(
+            "math_verify", MATH_PYTHON, scorer={"params": {"jobs": 2, "timeout_s": 10}}
+        ),
         _warm_then_kill_worker,
         items("\\boxed{2}", "\\boxed{3}"),
         "ScorerRequestError",
@@ -233,7 +241,10 @@ def run(fault: Fault) -> Outcome:
             scored = service.score_and_attach(fault.healthy)
             to_served = time.monotonic() - started
             assert [item.reward for item in scored] == fault.healthy_rewards, fault.name
-        before_alive = psutil.pid_exists(pid_before) and psutil.Process(pid_before).status() != psutil.STATUS_ZOMBIE
+        before_alive = (
+            psutil.pid_exists(pid_before)
+            and psutil.Process(pid_before).status() != psutil.STATUS_ZOMBIE
+        )
         return Outcome(error, to_error, to_served, pid_before, owner.pid, before_alive)
     finally:
         owner.close()
@@ -249,8 +260,8 @@ def main() -> None:
             else "not tried (a new child would lie again)"
         )
         print(
-            f"| {fault.name} | {type(outcome.error).__name__} | {outcome.to_error_s:.3f} s | {served} | "
-            f"{outcome.child} |"
+            f"| {fault.name} | {type(outcome.error).__name__} | {outcome.to_error_s:.3f} s | "
+            f"{served} | {outcome.child} |"
         )
 
 

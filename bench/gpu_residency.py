@@ -2,7 +2,8 @@
 
 Runs on any interpreter with CUDA torch, with no venv built and no index reached:
 
-    python3 -m bench.gpu_wheels .whl --python-version 3.12    # here, where pip works: the carried wheels
+    python3 -m bench.gpu_wheels .whl --python-version 3.12    # here, where pip works: the carried
+                                                              wheels
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl   # there
     PYTHONPATH=/tmp/site python3 -m bench.gpu_residency --python python3 --site /tmp/site
 
@@ -39,7 +40,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest, ScorerError, ScorerRequestError
+from supervisor import (
+    ManagedScorerProcessBackend,
+    RewardItem,
+    RewardRequest,
+    ScorerError,
+    ScorerRequestError,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EMBED_PYTHON = REPO_ROOT / "envs" / "embed" / ".venv" / "bin" / "python"
@@ -49,7 +56,9 @@ Row = tuple[str, str, str]
 
 
 def probe_items(n: int = 8) -> RewardRequest:
-    return RewardRequest(items=[RewardItem(id=f"p{i}", text=f"probe input {i} " * 8) for i in range(n)])
+    return RewardRequest(
+        items=[RewardItem(id=f"p{i}", text=f"probe input {i} " * 8) for i in range(n)]
+    )
 
 
 class Check:
@@ -60,10 +69,13 @@ class Check:
         self.cuda = device.startswith("cuda")
         self.rows: list[Row] = []
         self.failed = False
-        self.floor = 0  # the device's used bytes before any child (the parent's own context included)
+        # the device's used bytes before any child (the parent's own context included)
+        self.floor = 0
         self.live: list[ManagedScorerProcessBackend] = []
 
-    def backend(self, scorer: str, params: dict[str, Any], residency: str = "resident") -> ManagedScorerProcessBackend:
+    def backend(
+        self, scorer: str, params: dict[str, Any], residency: str = "resident"
+    ) -> ManagedScorerProcessBackend:
         backend = ManagedScorerProcessBackend(
             {
                 "process": {
@@ -116,7 +128,8 @@ class Check:
         else:
             self.row(
                 f"torch_probe {mib} MiB: RSS resident / offloaded (cpu: offload moves nothing)",
-                f"{self.memory(off['before'], 'rss') / MIB:.0f} / {self.memory(off['after'], 'rss') / MIB:.0f} MiB",
+                f"{self.memory(off['before'], 'rss') / MIB:.0f} / "
+                f"{self.memory(off['after'], 'rss') / MIB:.0f} MiB",
             )
         self.row(
             f"torch_probe {mib} MiB: offload / onload p50 ({ROUNDS} rounds)",
@@ -131,7 +144,9 @@ class Check:
                 began = time.perf_counter()
                 backend.compute_rewards(request)
                 times[name].append(time.perf_counter() - began)
-        same = resident.compute_rewards(request).rewards == per_call.compute_rewards(request).rewards
+        same = (
+            resident.compute_rewards(request).rewards == per_call.compute_rewards(request).rewards
+        )
         r, p = (statistics.median(times[k]) * 1e3 for k in ("resident", "per_call"))
         self.row(
             f"torch_probe {mib} MiB: per_call call (onload + score + offload) / resident call",
@@ -143,8 +158,9 @@ class Check:
         self.close(resident)
 
     def settle(self, used: Callable[[], int]) -> int:
-        """The device's used bytes once the children closed before have given theirs back (the driver
-        may free a process's memory a little after it is reaped): within 64 MiB of the floor, or 10 s."""
+        """The device's used bytes once the children closed before have given theirs back (the
+        driver may free a process's memory a little after it is reaped): within 64 MiB of the floor,
+        or 10 s."""
         began = time.monotonic()
         while used() - self.floor > 64 * MIB and time.monotonic() - began < 10:
             time.sleep(0.05)
@@ -163,7 +179,8 @@ class Check:
             per_context = (together - reserved) / 2
             self.row(
                 f"two {mib} MiB children on one GPU: device used / their reserved",
-                f"{together / MIB:.0f} / {reserved / MIB:.0f} MiB ({per_context / MIB:.0f} MiB per CUDA context)",
+                f"{together / MIB:.0f} / {reserved / MIB:.0f} MiB ({per_context / MIB:.0f} "
+                f"MiB per CUDA context)",
                 "consistent" if 0 <= per_context <= 1024 * MIB else "inconsistent",
                 failed=not 0 <= per_context <= 1024 * MIB,
             )
@@ -193,7 +210,8 @@ class Check:
         child = child_of(backend)
         with httpx.Client(trust_env=False, timeout=30) as client:  # never through a proxy
             text = client.get(
-                f"http://127.0.0.1:{child.port}/metrics", headers={"authorization": f"Bearer {child.token}"}
+                f"http://127.0.0.1:{child.port}/metrics",
+                headers={"authorization": f"Bearer {child.token}"},
             ).text
         found = {"allocated": 0, "reserved": 0, "rss": 0}
         names = {
@@ -206,7 +224,9 @@ class Check:
             if name in names:
                 found[names[name]] = int(float(line.rsplit(" ", 1)[1]))
         if self.cuda and not found["allocated"]:
-            raise RuntimeError(f"child pid {child.pid} reports no CUDA allocator figures on /metrics")
+            raise RuntimeError(
+                f"child pid {child.pid} reports no CUDA allocator figures on /metrics"
+            )
         return found
 
     def text_similarity(self) -> None:
@@ -218,10 +238,14 @@ class Check:
         )
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["?"])[-1]
-            self.row("text_similarity (MiniLM)", "skipped", f"not importable by {self.python}: {last}")
+            self.row(
+                "text_similarity (MiniLM)", "skipped", f"not importable by {self.python}: {last}"
+            )
             return
         backend = self.backend("text_similarity", {})
-        backend.compute_rewards(RewardRequest(items=[RewardItem(id="t", text="a cat", reference="the cat")]))
+        backend.compute_rewards(
+            RewardRequest(items=[RewardItem(id="t", text="a cat", reference="the cat")])
+        )
         off = backend.offload()
         backend.onload()
         key = "allocated" if self.cuda else "rss"
@@ -241,15 +265,26 @@ class Check:
         self.settle(lambda: int(torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]))
         free, _ = torch.cuda.mem_get_info()
         try:
-            filler = torch.empty(max(0, free - mib * MIB // 2), dtype=torch.uint8, device="cuda")  # half a probe free
+            # half a probe free
+            filler = torch.empty(max(0, free - mib * MIB // 2), dtype=torch.uint8, device="cuda")
         except torch.OutOfMemoryError as exc:
-            self.row(f"filling the GPU to {mib // 2} MiB free", f"failed: {exc}".splitlines()[0], "not run", True)
+            self.row(
+                f"filling the GPU to {mib // 2} MiB free",
+                f"failed: {exc}".splitlines()[0],
+                "not run",
+                True,
+            )
             self.close(victim)
             return
         try:
             try:
                 victim.onload()
-                self.row(f"onload of {mib} MiB with {mib // 2} MiB free", "succeeded", "no out-of-memory", True)
+                self.row(
+                    f"onload of {mib} MiB with {mib // 2} MiB free",
+                    "succeeded",
+                    "no out-of-memory",
+                    True,
+                )
                 return
             except ScorerError as exc:
                 health = victim.health()
@@ -274,7 +309,10 @@ class Check:
             torch.cuda.empty_cache()
         victim.onload()
         victim.compute_rewards(probe_items())
-        self.row("onload retried once the memory is free", f"residency {victim.health().get('residency')!r}")
+        self.row(
+            "onload retried once the memory is free",
+            f"residency {victim.health().get('residency')!r}",
+        )
         self.close(victim)
 
     def killed_child(self, mib: int, used: Callable[[], int]) -> None:
@@ -303,26 +341,45 @@ class Check:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--python", default=str(EMBED_PYTHON), help="the children's interpreter (default: envs/embed)")
-    parser.add_argument("--site", type=Path, help="a directory of carried packages, on the children's path too")
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu: every step on the CPU")
+    parser.add_argument(
+        "--python",
+        default=str(EMBED_PYTHON),
+        help="the children's interpreter (default: envs/embed)",
+    )
+    parser.add_argument(
+        "--site", type=Path, help="a directory of carried packages, on the children's path too"
+    )
+    parser.add_argument(
+        "--device", default="cuda", help="cuda (default) or cpu: every step on the CPU"
+    )
     parser.add_argument("--sizes", default="1024,8192", help="torch_probe sizes in MiB")
-    parser.add_argument("--require-gpu", action="store_true", help="exit 2 (not 0) when there is no CUDA device")
-    parser.add_argument("--deadline-s", type=float, default=170.0, help="dump every thread's stack and exit past it")
+    parser.add_argument(
+        "--require-gpu", action="store_true", help="exit 2 (not 0) when there is no CUDA device"
+    )
+    parser.add_argument(
+        "--deadline-s", type=float, default=170.0, help="dump every thread's stack and exit past it"
+    )
     args = parser.parse_args(argv)
     began = time.monotonic()
-    faulthandler.dump_traceback_later(args.deadline_s, exit=True)  # a stuck step never eats the device time
+    # a stuck step never eats the device time
+    faulthandler.dump_traceback_later(args.deadline_s, exit=True)
     python = Path(shutil.which(args.python) or args.python)
     sizes = [int(s) for s in args.sizes.split(",")]
     used: Callable[[], int] | None = None
     if args.device.startswith("cuda"):
         if importlib.util.find_spec("torch") is None:
-            print("gpu_residency: SKIPPED - no torch in this interpreter; run it with a CUDA torch's python")
+            print(
+                "gpu_residency: SKIPPED - no torch in this interpreter; run it with a CUDA "
+                "torch's python"
+            )
             return 2 if args.require_gpu else 0
         import torch
 
         if not torch.cuda.is_available():
-            print("gpu_residency: SKIPPED - no CUDA device visible here (use --device cpu for a dry run)")
+            print(
+                "gpu_residency: SKIPPED - no CUDA device visible here (use --device cpu for "
+                "a dry run)"
+            )
             return 2 if args.require_gpu else 0
         torch.cuda.init()
 
@@ -331,16 +388,21 @@ def main(argv: list[str] | None = None) -> int:
             return int(total - free)
 
         print(
-            f"device: {torch.cuda.get_device_name()}, {torch.cuda.mem_get_info()[1] / 2**30:.0f} GiB, torch {torch.__version__}"
+            f"device: {torch.cuda.get_device_name()}, "
+            f"{torch.cuda.mem_get_info()[1] / 2**30:.0f} GiB, torch {torch.__version__}"
         )
     check = Check(python, args.site, args.device)
     if used is not None:
         check.floor = used()
         settings = {
-            k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG", "CUDA_MODULE_LOADING")
+            k: os.environ.get(k)
+            for k in ("PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG", "CUDA_MODULE_LOADING")
         }
         print(f"settings the children inherit: {settings}")
-    print(f"children: {python}{f' + {args.site}' if args.site else ''}; device {args.device}; probe sizes {sizes} MiB")
+    print(
+        f"children: {python}{f' + {args.site}' if args.site else ''}; device {args.device}; "
+        f"probe sizes {sizes} MiB"
+    )
     print("| what | figure | verdict |\n|---|---|---|")
     try:
         for mib in sizes:
@@ -352,13 +414,18 @@ def main(argv: list[str] | None = None) -> int:
             check.killed_child(sizes[0], used)
         else:
             check.row(
-                "onload out of device memory; kill -9 gives device memory back", "skipped", "cpu: no device memory"
+                "onload out of device memory; kill -9 gives device memory back",
+                "skipped",
+                "cpu: no device memory",
             )
     finally:
         for backend in list(check.live):
             backend.close()
     faulthandler.cancel_dump_traceback_later()
-    print(f"gpu_residency: done in {time.monotonic() - began:.1f} s (from the start, imports and CUDA init included)")
+    print(
+        f"gpu_residency: done in {time.monotonic() - began:.1f} s (from the start, imports "
+        f"and CUDA init included)"
+    )
     return 1 if check.failed else 0
 
 

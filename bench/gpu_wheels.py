@@ -24,9 +24,18 @@ def pins() -> list[str]:
 
 
 def download(dest: Path, python_version: str, platforms: tuple[str, ...] = PLATFORMS) -> list[Path]:
-    """The wheels of every pin, for that Python and platform, in `dest`; CalledProcessError if pip cannot."""
+    """The wheels of every pin, for that Python and platform, in `dest`; CalledProcessError if pip
+    cannot."""
     dest.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+    ]
     command += ["--python-version", python_version, "--implementation", "cp", "--dest", str(dest)]
     for platform in platforms:
         command += ["--platform", platform]
@@ -37,8 +46,12 @@ def download(dest: Path, python_version: str, platforms: tuple[str, ...] = PLATF
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dest", type=Path)
-    parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python (default 3.12)")
-    parser.add_argument("--platform", action="append", help="pip --platform tags (default: manylinux x86_64)")
+    parser.add_argument(
+        "--python-version", default="3.12", help="the GPU machine's Python (default 3.12)"
+    )
+    parser.add_argument(
+        "--platform", action="append", help="pip --platform tags (default: manylinux x86_64)"
+    )
     args = parser.parse_args()
     wheels = download(args.dest, args.python_version, tuple(args.platform or PLATFORMS))
     for wheel in wheels:

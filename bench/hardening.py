@@ -51,10 +51,19 @@ TEXT = RewardRequest(items=[RewardItem(id="a", text="abc")])
 
 
 def backend(name: str, python: str = TRAINER, **spec: object) -> ManagedScorerProcessBackend:
-    process = {"python_executable": python, "extra_import_paths": [str(ROOT)], **spec.pop("process", {})}  # type: ignore[dict-item]
+    process = {
+        "python_executable": python,
+        "extra_import_paths": [str(ROOT)],
+        **spec.pop("process", {}),  # type: ignore[dict-item]
+    }
     kind = "image" if python == IMAGE else "text"
     return ManagedScorerProcessBackend(
-        {"process": process, "scorer": {"name": name, "input_kind": kind}, "client": {"input_kind": kind}, **spec}
+        {
+            "process": process,
+            "scorer": {"name": name, "input_kind": kind},
+            "client": {"input_kind": kind},
+            **spec,
+        }
     )
 
 
@@ -93,8 +102,8 @@ def fork_of_the_trainer() -> str:
     report = json.loads(done.stdout.splitlines()[-1])
     kept = report["pid_after"] == report["pid_before"] and report["restarts"] == 0
     return (
-        f"fork's call: BackendNotOwned; its close, GC and sys.exit left the child alone; owner's next call "
-        f"served by the same child: {kept}"
+        f"fork's call: BackendNotOwned; its close, GC and sys.exit left the child alone; "
+        f"owner's next call served by the same child: {kept}"
     )
 
 
@@ -129,9 +138,10 @@ def connection_flood() -> str:
         flood.kill()
         flood.wait()
         return (
-            f"{held} idle connections at RLIMIT_NOFILE 1024: the child held at most {peak - baseline} extra "
-            f"descriptors; next call {call_s * 1e3:.1f} ms, {owner.restarts} restarts; the last pending ones "
-            f"closed {drained_s:.1f} s later (timeout 2 s)"
+            f"{held} idle connections at RLIMIT_NOFILE 1024: the child held at most "
+            f"{peak - baseline} extra descriptors; next call {call_s * 1e3:.1f} ms, "
+            f"{owner.restarts} restarts; the last pending ones closed {drained_s:.1f} s "
+            f"later (timeout 2 s)"
         )
     finally:
         owner.close()
@@ -148,19 +158,24 @@ def large_request_then_idle() -> str:
     owner = backend("mean_intensity", IMAGE)
     try:
         small = RewardRequest(
-            items=[RewardItem(id=f"s{i}", image=np.full((512, 512, 3), i, np.uint8)) for i in range(8)]
+            items=[
+                RewardItem(id=f"s{i}", image=np.full((512, 512, 3), i, np.uint8)) for i in range(8)
+            ]
         )
         owner.compute_rewards(small)
         before = rss_shmem("self"), rss_shmem(pid_of(owner))
         large = RewardRequest(
-            items=[RewardItem(id=f"l{i}", image=np.full((4000, 4000, 3), 9, np.uint8)) for i in range(4)]
+            items=[
+                RewardItem(id=f"l{i}", image=np.full((4000, 4000, 3), 9, np.uint8))
+                for i in range(4)
+            ]
         )
         owner.compute_rewards(large)
         after = rss_shmem("self"), rss_shmem(pid_of(owner))
         mib = [f"{b / 2**20:.1f}" for b in (*before, *after)]
         return (
-            f"192 MB request; RssShmem trainer {mib[0]} -> {mib[2]} MiB, child {mib[1]} -> {mib[3]} MiB; "
-            f"{segment_of(owner).returned_bytes / 2**20:.0f} MiB of pages given back"
+            f"192 MB request; RssShmem trainer {mib[0]} -> {mib[2]} MiB, child {mib[1]} -> "
+            f"{mib[3]} MiB; {segment_of(owner).returned_bytes / 2**20:.0f} MiB of pages given back"
         )
     finally:
         owner.close()
@@ -178,8 +193,9 @@ def offload_then_crash() -> str:
             pass
         rewards, served_s = timed(lambda: owner.compute_rewards(TEXT).rewards)
         return (
-            f"offload of a scorer that cannot offload reports residency {figures['residency']!r}; after kill -9 "
-            f"the restarted child scored {rewards} in {served_s:.2f} s, residency {owner.health()['residency']!r}"
+            f"offload of a scorer that cannot offload reports residency "
+            f"{figures['residency']!r}; after kill -9 the restarted child scored {rewards} "
+            f"in {served_s:.2f} s, residency {owner.health()['residency']!r}"
         )
     finally:
         owner.close()
@@ -187,9 +203,10 @@ def offload_then_crash() -> str:
 
 @contextlib.contextmanager
 def forks_during_launch(hold_s: float = 60.0) -> Iterator[list[int]]:
-    """Inside the block, right after each child's spawn the launching process forks a copy that lives
-    `hold_s` (holding the child's stdin, readiness pipe and listening socket), as a process that
-    another thread forks at that moment would. The copies' pids are listed; they die on exit."""
+    """Inside the block, right after each child's spawn the launching process forks a copy that
+    lives `hold_s` (holding the child's stdin, readiness pipe and listening socket), as a process
+    that another thread forks at that moment would. The copies' pids are listed; they die on
+    exit."""
     forks: list[int] = []
     spawn = ChildProcess._spawn
 
@@ -266,7 +283,9 @@ def fork_after_every_pipe(live_s: float = 8.0) -> Iterator[list[int]]:
             os.waitpid(pid, 0)
 
 
-def launches_beside_a_forking_thread(launches: int = 10, startup_timeout: float = 2.0) -> tuple[list[float], int]:
+def launches_beside_a_forking_thread(
+    launches: int = 10, startup_timeout: float = 2.0
+) -> tuple[list[float], int]:
     """Spawn-to-ready of `launches` children while another thread forks 8 s workers every 10 ms;
     how many of them failed to start within `startup_timeout`."""
     times, failed = [], 0
@@ -298,7 +317,10 @@ def fork_during_launch() -> str:
     plain = backend("constant")
     plain_s = plain.timings["spawn_to_ready_s"]
     plain.close()
-    return f"spawn-to-ready {ready_s:.2f} s with a fork holding the child's stdin (without: {plain_s:.2f} s)"
+    return (
+        f"spawn-to-ready {ready_s:.2f} s with a fork holding the child's stdin (without: "
+        f"{plain_s:.2f} s)"
+    )
 
 
 def ctrl_c() -> str:
@@ -336,15 +358,19 @@ def full_log_disk() -> str:
             outcome = "it booted"
         except ScorerStartupError as exc:
             outcome = (
-                f"ScorerStartupError in {time.monotonic() - started:.2f} s, exit code {exc.boot_code} "
-                f"reported on the pipe, status {exc.record.exit_status if exc.record else '?'}"
+                f"ScorerStartupError in {time.monotonic() - started:.2f} s, exit code "
+                f"{exc.boot_code} reported on the pipe, status "
+                f"{exc.record.exit_status if exc.record else '?'}"
             )
         served = backend("constant")
         rewards = served.compute_rewards(TEXT).rewards
         served.close()
     finally:
         process_module.open_child_log = opener
-    return f"unknown scorer with every log write failing (ENOSPC): {outcome}; a valid child still served {rewards}"
+    return (
+        f"unknown scorer with every log write failing (ENOSPC): {outcome}; a valid child "
+        f"still served {rewards}"
+    )
 
 
 def sigchld_ignored() -> str:
@@ -367,13 +393,25 @@ def sigchld_ignored() -> str:
             boot = exc.record.exit_status if exc.record else "?"
     finally:
         signal.signal(signal.SIGCHLD, previous)
-    return f"kill -9 reported as {killed!r}; unknown scorer as {boot!r} (Popen alone says 'exit 0' for both)"
+    return (
+        f"kill -9 reported as {killed!r}; unknown scorer as {boot!r} (Popen alone says 'exit "
+        f"0' for both)"
+    )
 
 
 def sustained_flood() -> str:
-    owner = backend("constant", process={"request_timeout": 3}, limits={"max_pending_connections": 8})
+    owner = backend(
+        "constant", process={"request_timeout": 3}, limits={"max_pending_connections": 8}
+    )
     try:
-        churn = [TRAINER, "-m", "tests.helpers.flood_connections", "churn", str(port_of(owner)), "15"]
+        churn = [
+            TRAINER,
+            "-m",
+            "tests.helpers.flood_connections",
+            "churn",
+            str(port_of(owner)),
+            "15",
+        ]
         floods = [subprocess.Popen(churn, cwd=ROOT) for _ in range(2)]
         served, unavailable, waits = 0, 0, []
         try:
@@ -391,10 +429,10 @@ def sustained_flood() -> str:
                 flood.kill()
                 flood.wait()
         return (
-            f"two processes connecting and closing nonstop, 10 calls on fresh connections (deadline 3 s, "
-            f"8 pending allowed): {served} served, {unavailable} ScorerUnavailable (nothing sent), median "
-            f"{sorted(waits)[len(waits) // 2]:.2f} s; {owner.restarts} restarts, child alive: "
-            f"{not child_of(owner).exited()}"
+            f"two processes connecting and closing nonstop, 10 calls on fresh connections "
+            f"(deadline 3 s, 8 pending allowed): {served} served, {unavailable} "
+            f"ScorerUnavailable (nothing sent), median {sorted(waits)[len(waits) // 2]:.2f} "
+            f"s; {owner.restarts} restarts, child alive: {not child_of(owner).exited()}"
         )
     finally:
         owner.close()
@@ -415,8 +453,16 @@ SCENARIOS = [
 
 
 SCENARIOS += hardening_calls.SCENARIOS
-# issue 37: the serving surface (identity, several servers, jobs, bodies, streams, wedged terms, the Ray pool)
-for _module in (hardening_identity, hardening_jobs, hardening_bodies, hardening_stream, hardening_terms, hardening_ray):
+# issue 37: the serving surface (identity, several servers, jobs, bodies, streams, wedged terms, the
+# Ray pool)
+for _module in (
+    hardening_identity,
+    hardening_jobs,
+    hardening_bodies,
+    hardening_stream,
+    hardening_terms,
+    hardening_ray,
+):
     SCENARIOS += _module.SCENARIOS
 
 

@@ -2,8 +2,8 @@
 column), measured: rows of bench.hardening.
 
 CLI and HTTP only (`serve`, `score`, the route, /health), so the same file measures an older tree
-("before": run it from that tree) and this one ("now"). A real `serve` of a test scorer (len(text)); its
-peak memory is the kernel's high-water mark (VmHWM), reset before each request.
+("before": run it from that tree) and this one ("now"). A real `serve` of a test scorer (len(text));
+its peak memory is the kernel's high-water mark (VmHWM), reset before each request.
 """
 
 from __future__ import annotations
@@ -29,7 +29,14 @@ from bench.common import stop
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER = sys.executable
 TOKEN = "t" * 32
-FLAKY = ["--scorer", "tests.helpers.fixture_scorers:Flaky", "--python", TRAINER, "--input-kind", "text"]
+FLAKY = [
+    "--scorer",
+    "tests.helpers.fixture_scorers:Flaky",
+    "--python",
+    TRAINER,
+    "--input-kind",
+    "text",
+]
 MIB = 1 << 20
 
 
@@ -81,7 +88,9 @@ def _post_measured(served: Served, body: bytes) -> dict:
     Path(f"/proc/{served.pid}/clear_refs").write_text("5")  # VmHWM := the RSS now
     before = process.memory_info().rss
     answers: list[httpx.Response] = []
-    poster = threading.Thread(target=lambda: answers.append(httpx.post(served.route, content=body, timeout=600)))
+    poster = threading.Thread(
+        target=lambda: answers.append(httpx.post(served.route, content=body, timeout=600))
+    )
     poster.start()
     waits = []
     while poster.is_alive():
@@ -105,8 +114,8 @@ def _post_measured(served: Served, body: bytes) -> dict:
 def _said(got: dict) -> str:
     answer = f"{got['status']} {got['kind']}".strip()
     return (
-        f"{answer}; server peak +{got['peak']:.0f} MiB, +{got['left']:.0f} MiB left after; slowest of "
-        f"{got['health_n']} /health meanwhile {got['health_max']:.2f} s"
+        f"{answer}; server peak +{got['peak']:.0f} MiB, +{got['left']:.0f} MiB left after; "
+        f"slowest of {got['health_n']} /health meanwhile {got['health_max']:.2f} s"
     )
 
 
@@ -163,7 +172,15 @@ def error_lines() -> str:
 def _pcm(path: Path, rate: int, channels: int = 1, frames: int = 80, cut: bool = False) -> None:
     samples = b"\x00\x10" * frames * channels
     fmt = struct.pack("<HHIIHH", 1, channels, rate, rate * channels * 2, channels * 2, 16)
-    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(samples)) + samples
+    body = (
+        b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", len(fmt))
+        + fmt
+        + b"data"
+        + struct.pack("<I", len(samples))
+        + samples
+    )
     whole = b"RIFF" + struct.pack("<I", len(body)) + body
     path.write_bytes(whole[: -2 * channels] if cut else whole)
 
@@ -172,14 +189,32 @@ def _score_audio(folder: Path, odd: dict[int, str], unchecked: bool = False) -> 
     """Five rows of WAVs, batch size 1, then --resume: what each run said and wrote."""
     _pcm(folder / "ok.wav", 16000)
     wavs = [odd.get(i, "ok.wav") for i in range(5)]
-    (folder / "in.jsonl").write_text("".join(json.dumps({"id": f"r{i}", "wav": w}) + "\n" for i, w in enumerate(wavs)))
+    (folder / "in.jsonl").write_text(
+        "".join(json.dumps({"id": f"r{i}", "wav": w}) + "\n" for i, w in enumerate(wavs))
+    )
     models = {"m": {"backend": "local", "scorer": "audio_loudness", "input_kind": "audio"}}
     (folder / "r.json").write_text(
         json.dumps({"reward": {"models": models, "reward_functions": {"t": {"model": "m"}}}})
     )
-    skip = "import supervisor.ops.dataset_rows as rows; rows._check_audio = lambda *args: {}; " if unchecked else ""
-    cli = [TRAINER, "-c", f"import sys; {skip}from supervisor.ops.cli import main; sys.exit(main())", "score"]
-    cli += ["--recipe", str(folder / "r.json"), "--input", str(folder / "in.jsonl"), "--audio-column", "wav"]
+    skip = (
+        "import supervisor.ops.dataset_rows as rows; rows._check_audio = lambda *args: {}; "
+        if unchecked
+        else ""
+    )
+    cli = [
+        TRAINER,
+        "-c",
+        f"import sys; {skip}from supervisor.ops.cli import main; sys.exit(main())",
+        "score",
+    ]
+    cli += [
+        "--recipe",
+        str(folder / "r.json"),
+        "--input",
+        str(folder / "in.jsonl"),
+        "--audio-column",
+        "wav",
+    ]
     cli += ["--batch-size", "1", "--output", str(folder / "out.jsonl")]
     said = []
     for extra in ([], ["--resume"]):
@@ -189,7 +224,10 @@ def _score_audio(folder: Path, odd: dict[int, str], unchecked: bool = False) -> 
         errors = sum(row["reward"] is None for row in rows)
         last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
         last = last.replace(str(folder) + "/", "")
-        said.append(f"exit {done.returncode}, {len(rows)} rows written ({errors} with an error): {last[:110]!r}")
+        said.append(
+            f"exit {done.returncode}, {len(rows)} rows written ({errors} with an error): "
+            f"{last[:110]!r}"
+        )
     return said[0], said[1]
 
 
@@ -202,12 +240,15 @@ def zero_hz_wav() -> str:
 
 
 def undecodable_while_scoring() -> str:
-    """WAVs replaced after the pre-check (it is skipped): 0 Hz, 33 channels, cut short, on rows 2-4."""
+    """WAVs replaced after the pre-check (it is skipped): 0 Hz, 33 channels, cut short, on rows
+    2-4."""
     with tempfile.TemporaryDirectory() as folder:
         _pcm(Path(folder) / "zero.wav", 0)
         _pcm(Path(folder) / "wide.wav", 16000, channels=33)
         _pcm(Path(folder) / "cut.wav", 16000, cut=True)
-        first, again = _score_audio(Path(folder), {1: "zero.wav", 2: "wide.wav", 3: "cut.wav"}, unchecked=True)
+        first, again = _score_audio(
+            Path(folder), {1: "zero.wav", 2: "wide.wav", 3: "cut.wav"}, unchecked=True
+        )
     return f"run: {first}; --resume: {again}"
 
 

@@ -21,15 +21,27 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.common import readiness, stop
-from supervisor import MultiRemoteRewardBackend, RemoteRewardBackend, RewardItem, RewardRequest, RewardResponse
+from supervisor import (
+    MultiRemoteRewardBackend,
+    RemoteRewardBackend,
+    RewardItem,
+    RewardRequest,
+    RewardResponse,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "h" * 32
 SIZE = 4
 REQUEST = RewardRequest(
-    items=[RewardItem(id=f"r{i}", group_id=f"g{i // SIZE}", text="x" * i) for i in range(6 * SIZE)], group_size=SIZE
+    items=[RewardItem(id=f"r{i}", group_id=f"g{i // SIZE}", text="x" * i) for i in range(6 * SIZE)],
+    group_size=SIZE,
 )
-PATIENT = {"request_batch_size": SIZE, "request_timeout": 60, "max_retries": 1000, "retry_backoff_cap_s": 0.2}
+PATIENT = {
+    "request_batch_size": SIZE,
+    "request_timeout": 60,
+    "max_retries": 1000,
+    "retry_backoff_cap_s": 0.2,
+}
 
 
 class Servers:
@@ -43,14 +55,40 @@ class Servers:
         started: list[tuple[subprocess.Popen, Path]] = []
         for sleep_s in sleeps:
             line = self.folder / f"{len(self.made) + len(started)}.json"
-            command = [sys.executable, "-m", "supervisor", "serve", "--scorer", "tests.helpers.fixture_scorers:Probe"]
-            command += ["--python", sys.executable, "--input-kind", "text", "--extra-import-path", str(ROOT)]
-            command += ["--params", json.dumps({"sleep_s": sleep_s}), *(["--port", str(port)] if port else [])]
+            command = [
+                sys.executable,
+                "-m",
+                "supervisor",
+                "serve",
+                "--scorer",
+                "tests.helpers.fixture_scorers:Probe",
+            ]
+            command += [
+                "--python",
+                sys.executable,
+                "--input-kind",
+                "text",
+                "--extra-import-path",
+                str(ROOT),
+            ]
+            command += [
+                "--params",
+                json.dumps({"sleep_s": sleep_s}),
+                *(["--port", str(port)] if port else []),
+            ]
             with open(line, "w") as out:
                 env = {**os.environ, "MANAGED_SCORERS_TOKEN": TOKEN}
-                started.append((subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, env=env), line))
+                started.append(
+                    (
+                        subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, env=env),
+                        line,
+                    )
+                )
         try:
-            ready = [(process, f"http://127.0.0.1:{readiness(line, process, 60)['port']}") for process, line in started]
+            ready = [
+                (process, f"http://127.0.0.1:{readiness(line, process, 60)['port']}")
+                for process, line in started
+            ]
         except BaseException:
             stop(*(process for process, _ in started))
             raise
@@ -98,18 +136,25 @@ def _said(outcome: object) -> str:
     if expected and got:  # ScorerIdentityChanged: the URL and both hashes
         return f"{type(outcome).__name__} ({outcome.url}: {expected[:8]}.. -> {got[:8]}..)"  # type: ignore[attr-defined]
     first = str(outcome).splitlines()[0]
-    return f"{type(outcome).__name__}: ...{first[-70:]}" if len(first) > 70 else f"{type(outcome).__name__}: {first}"
+    return (
+        f"{type(outcome).__name__}: ...{first[-70:]}"
+        if len(first) > 70
+        else f"{type(outcome).__name__}: {first}"
+    )
 
 
 def _restart_mid_call(
     backend: RemoteRewardBackend | MultiRemoteRewardBackend, made: Servers, watched: list[str]
 ) -> str:
-    """A call of `backend` in flight; the last server SIGKILLed once `watched` all score, then restarted
-    on its port with other params (another identity); what the call and the next one got, and how
-    many chunks the restarted server scored (each one taken, when the call returned rewards)."""
+    """A call of `backend` in flight; the last server SIGKILLed once `watched` all score, then
+    restarted on its port with other params (another identity); what the call and the next one got,
+    and how many chunks the restarted server scored (each one taken, when the call returned
+    rewards)."""
     victim, url = made.made[-1]
     outcome: list[object] = []
-    caller = threading.Thread(target=lambda: outcome.append(_outcome(lambda: backend.compute_rewards(REQUEST))))
+    caller = threading.Thread(
+        target=lambda: outcome.append(_outcome(lambda: backend.compute_rewards(REQUEST)))
+    )
     caller.start()
     _wait_scoring(watched)
     victim.send_signal(signal.SIGKILL)
@@ -118,11 +163,15 @@ def _restart_mid_call(
     caller.join(90)
     scored = _health(url)["idempotency"]["entries"]
     later = _outcome(lambda: backend.compute_rewards(REQUEST))
-    return f"that call: {_said(outcome[0])}, {scored} chunk(s) scored by the new one; the next: {_said(later)}"
+    return (
+        f"that call: {_said(outcome[0])}, {scored} chunk(s) scored by the new one; the next: "
+        f"{_said(later)}"
+    )
 
 
 def remote_restarted_mid_call() -> str:
-    """Item 1: one server, identity_hash pinned, SIGKILLed mid-call and restarted with other params."""
+    """Item 1: one server, identity_hash pinned, SIGKILLed mid-call and restarted with other
+    params."""
     with servers() as made:
         ((_, url),) = made.start(0.5)
         pinned = _health(url)["identity_hash"]
@@ -142,7 +191,9 @@ def multi_one_stopped() -> str:
     """Item 10: two servers, one SIGSTOPped between calls (default probe_timeout_s 2 s)."""
     with servers() as made:
         (_, first), (stopped, second) = made.start(0.0, 0.0)
-        with MultiRemoteRewardBackend([first, second], token=TOKEN, request_batch_size=SIZE) as many:
+        with MultiRemoteRewardBackend(
+            [first, second], token=TOKEN, request_batch_size=SIZE
+        ) as many:
             many.compute_rewards(REQUEST)
             stopped.send_signal(signal.SIGSTOP)
             took = []
@@ -153,15 +204,27 @@ def multi_one_stopped() -> str:
             stopped.send_signal(signal.SIGCONT)
             before = _health(second)["idempotency"]["entries"]
             began = time.monotonic()
-            while _health(second)["idempotency"]["entries"] == before and time.monotonic() - began < 30:
+            while (
+                _health(second)["idempotency"]["entries"] == before
+                and time.monotonic() - began < 30
+            ):
                 many.compute_rewards(REQUEST)
             back = time.monotonic() - began
     later = ", ".join(f"{s:.2f}" for s in took[1:])
-    return f"calls after the stop: {took[0]:.2f} s, then {later} s; after SIGCONT used again within {back:.2f} s"
+    return (
+        f"calls after the stop: {took[0]:.2f} s, then {later} s; after SIGCONT used again "
+        f"within {back:.2f} s"
+    )
 
 
 SCENARIOS = [
-    ("remote: server restarted mid-call under other params, hash pinned (issue 37 item 1)", remote_restarted_mid_call),
-    ("several servers: one restarted mid-call under other params (issue 37 item 1)", multi_restarted_mid_call),
+    (
+        "remote: server restarted mid-call under other params, hash pinned (issue 37 item 1)",
+        remote_restarted_mid_call,
+    ),
+    (
+        "several servers: one restarted mid-call under other params (issue 37 item 1)",
+        multi_restarted_mid_call,
+    ),
     ("several servers: one SIGSTOPped (issue 37 item 10)", multi_one_stopped),
 ]

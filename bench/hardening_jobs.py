@@ -28,7 +28,10 @@ FAST = {"poll_interval_s": 0.02, "poll_backoff_cap_s": 0.1}
 
 def _images(*means: int) -> RewardRequest:
     return RewardRequest(
-        items=[RewardItem(id=f"i{mean}", image=np.full((4, 5, 3), mean, dtype=np.uint8)) for mean in means]
+        items=[
+            RewardItem(id=f"i{mean}", image=np.full((4, 5, 3), mean, dtype=np.uint8))
+            for mean in means
+        ]
     )
 
 
@@ -46,7 +49,13 @@ def _outcome(call: Callable[[], object]) -> tuple[str, float]:
 
 
 def _backend(service: FakeJobService, spool: str, **settings: object) -> JobRewardBackend:
-    knobs: dict = {"media_type": "image", "spool_dir": spool, "request_timeout": 5.0, **FAST, **settings}
+    knobs: dict = {
+        "media_type": "image",
+        "spool_dir": spool,
+        "request_timeout": 5.0,
+        **FAST,
+        **settings,
+    }
     return JobRewardBackend(service.url, "t", **knobs)
 
 
@@ -65,7 +74,8 @@ def one_job_id_for_every_enqueue() -> str:
 
 
 def one_job_id_again_in_a_later_call() -> str:
-    """Item 2: a later call's enqueue answered the job id an earlier call already took a score for."""
+    """Item 2: a later call's enqueue answered the job id an earlier call already took a score
+    for."""
     with FakeJobService("t") as service, tempfile.TemporaryDirectory() as spool:
         _one_id_for_all(service)
         with _backend(service, spool) as backend:
@@ -76,17 +86,41 @@ def one_job_id_again_in_a_later_call() -> str:
 
 def _spool_fault(media_type: str, tmpfs: bool, limit_kib: int) -> str:
     with tempfile.TemporaryDirectory() as spool:
-        command = [TRAINER, "-m", "tests.helpers.jobs_spool_fault", spool, media_type, str(limit_kib)]
+        command = [
+            TRAINER,
+            "-m",
+            "tests.helpers.jobs_spool_fault",
+            spool,
+            media_type,
+            str(limit_kib),
+        ]
         if tmpfs:
             mount = 'mount -t tmpfs -o size=64k tmpfs "$0" && exec "$@"'
-            command = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", mount, spool, *command]
+            command = [
+                "unshare",
+                "--user",
+                "--map-root-user",
+                "--mount",
+                "sh",
+                "-c",
+                mount,
+                spool,
+                *command,
+            ]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-2000:])
     got = json.loads(done.stdout.splitlines()[-1])
     message = got["message"]
-    names = [what for what, there in (("item", "'big'" in message), ("spool file", got["spool"] in message)) if there]
-    return f"{got['raised']} (errno {got['errno']}), names: {', '.join(names) or 'neither item nor spool'}"
+    names = [
+        what
+        for what, there in (("item", "'big'" in message), ("spool file", got["spool"] in message))
+        if there
+    ]
+    return (
+        f"{got['raised']} (errno {got['errno']}), names: "
+        f"{', '.join(names) or 'neither item nor spool'}"
+    )
 
 
 def spool_on_a_full_disk() -> str:
@@ -102,7 +136,9 @@ def spool_past_a_file_size_limit() -> str:
 def enqueue_answered_429() -> str:
     """Item 9: the first two enqueues answered 429 with Retry-After: 0.5 (backoff cap 0.1 s)."""
     with FakeJobService("t") as service, tempfile.TemporaryDirectory() as spool:
-        service.on_enqueue = lambda upload: (429, "busy", {"retry-after": "0.5"}) if service.enqueues <= 2 else None
+        service.on_enqueue = lambda upload: (
+            (429, "busy", {"retry-after": "0.5"}) if service.enqueues <= 2 else None
+        )
         with _backend(service, spool) as backend:
             got, seconds = _outcome(lambda: backend.compute_rewards(_images(100)).rewards)
         gaps = np.diff([upload.at for upload in service.uploads])
@@ -113,7 +149,9 @@ def enqueue_answered_429() -> str:
 def pull_with_retry_after() -> str:
     """Item 9: the first pull answered 503 with Retry-After: 0.5 (backoff 0.02 s, cap 0.1 s)."""
     with FakeJobService("t") as service, tempfile.TemporaryDirectory() as spool:
-        service.on_pull = lambda job_id, n: (503, "later", {"retry-after": "0.5"}) if n == 1 else None
+        service.on_pull = lambda job_id, n: (
+            (503, "later", {"retry-after": "0.5"}) if n == 1 else None
+        )
         with _backend(service, spool) as backend:
             got, _ = _outcome(lambda: backend.compute_rewards(_images(100)).rewards)
         pulls = [pull.at for pull in service.pulls]
@@ -123,7 +161,11 @@ def pull_with_retry_after() -> str:
 def pull_retry_after_past_the_deadline() -> str:
     """Item 9: every pull pending with Retry-After: 60, request_timeout 2 s."""
     with FakeJobService("t") as service, tempfile.TemporaryDirectory() as spool:
-        service.on_pull = lambda job_id, n: (202, {"uuid": job_id, "status": "pending"}, {"retry-after": "60"})
+        service.on_pull = lambda job_id, n: (
+            202,
+            {"uuid": job_id, "status": "pending"},
+            {"retry-after": "60"},
+        )
         with _backend(service, spool, request_timeout=2.0) as backend:
             got, seconds = _outcome(lambda: backend.compute_rewards(_images(100)).rewards)
     return f"{got} after {seconds:.2f} s, {len(service.pulls)} pulls"

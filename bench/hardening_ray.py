@@ -21,7 +21,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RAY_PYTHON = ROOT / "envs" / "ray" / ".venv" / "bin" / "python"
-HANG_S, CALL_S, SHORT_CALL_S = 9.0, 3.0, 1.0  # the issue's figures; a second backend's shorter deadline
+# the issue's figures; a second backend's shorter deadline
+HANG_S, CALL_S, SHORT_CALL_S = 9.0, 3.0, 1.0
 TIMEOUT_S = 300
 
 
@@ -29,7 +30,11 @@ def _texts(prefix: str, hang: bool = False) -> Any:
     from supervisor import RewardItem, RewardRequest
 
     items = [
-        RewardItem(id=f"{prefix}{n}", group_id=f"{prefix}g{n // 2}", text="hang" if hang and n == 0 else "ok")
+        RewardItem(
+            id=f"{prefix}{n}",
+            group_id=f"{prefix}g{n // 2}",
+            text="hang" if hang and n == 0 else "ok",
+        )
         for n in range(4)
     ]
     return RewardRequest(items=items, group_size=2)
@@ -47,7 +52,9 @@ def _attempt(call: Any) -> dict[str, Any]:
 
 def _short(message: str) -> str:
     """An error's first clause, for a table cell: the actor by index, ids and hashes shortened."""
-    said = re.sub(r"^Ray pool '\w+' actor (\d)/\d \(node \w+ \([\d.]+\), pid \d+\)", r"actor \1", message)
+    said = re.sub(
+        r"^Ray pool '\w+' actor (\d)/\d \(node \w+ \([\d.]+\), pid \d+\)", r"actor \1", message
+    )
     said = re.sub(r"its share of \d+ ids from '\w+'", "its share", said.splitlines()[0])
     said = re.sub(r"\b([0-9a-f]{12})[0-9a-f]{52}\b", r"\1...", said)
     return said.split("; ")[0]
@@ -110,7 +117,8 @@ def ray_side(temp_dir: str) -> dict[str, Any]:
 
         handle = ray.get_actor(actor_name("hardening", 0), namespace="managed-scorers")
         victim = ray.get(handle.info.remote(), timeout=60)["pid"]
-        stamp.write_text("2")  # the node's scorer changes: actor 0's next child has another identity
+        # the node's scorer changes: actor 0's next child has another identity
+        stamp.write_text("2")
         os.kill(victim, signal.SIGKILL)
 
         def restarted() -> bool:
@@ -139,26 +147,33 @@ def _measured() -> dict[str, Any] | str:
 
 
 def late_share() -> str:
-    """Item 5: one share hangs 9 s, call_timeout_s 3 s; a 1 s call queued behind it; then calls until one is served."""
+    """Item 5: one share hangs 9 s, call_timeout_s 3 s; a 1 s call queued behind it; then calls
+    until one is served."""
     found = _measured()
     if isinstance(found, str):
         return found
     calls = found["calls"]
     failed = [c for c in calls if "error" in c]
     return (
-        f"{len(failed)} failed call(s), then one served {found['served_after_s']:.1f} s after the hang began "
-        f"(its call {calls[-1]['s']:.1f} s); the hung call: {failed[0]['error'] if failed else 'served'}; "
-        f"a 1 s call queued behind it: {found['queued'].get('error', 'served')}"
+        f"{len(failed)} failed call(s), then one served {found['served_after_s']:.1f} s "
+        f"after the hang began (its call {calls[-1]['s']:.1f} s); the hung call: "
+        f"{failed[0]['error'] if failed else 'served'}; a 1 s call queued behind it: "
+        f"{found['queued'].get('error', 'served')}"
     )
 
 
 def restarted_identity() -> str:
-    """Item 1 (Ray pool): actor 0 SIGKILLed after its node's scorer changed (stamp 1 -> 2), Ray restarts it; one call."""
+    """Item 1 (Ray pool): actor 0 SIGKILLed after its node's scorer changed (stamp 1 -> 2), Ray
+    restarts it; one call."""
     found = _measured()
     if isinstance(found, str):
         return found
     got = found["restamped"]
-    return f"rewards {got['rewards']} (two identities in one call)" if "rewards" in got else got["error"]
+    return (
+        f"rewards {got['rewards']} (two identities in one call)"
+        if "rewards" in got
+        else got["error"]
+    )
 
 
 SCENARIOS = [

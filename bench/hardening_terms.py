@@ -1,5 +1,5 @@
-"""Scenarios of issue 37 items 4 and 11 (a term that times out, crashes, warms up or fails to close),
-measured: rows of bench.hardening.
+"""Scenarios of issue 37 items 4 and 11 (a term that times out, crashes, warms up or fails to
+close), measured: rows of bench.hardening.
 
 Public API only (and tests/helpers/term_faults.py's models), so the same file measures an older tree
 ("before") and this one ("now"). Real children, servers and signals; each row says what it measured.
@@ -59,23 +59,37 @@ def _calls(label: str, outcomes: list[tuple[str, float]]) -> str:
 def _images(prefix: str, **metadata: Any) -> RewardRequest:
     rng = np.random.default_rng(37)
     items = [
-        RewardItem(id=f"{prefix}{i}", image=rng.integers(0, 256, (8, 6, 3), dtype=np.uint8), metadata=dict(metadata))
+        RewardItem(
+            id=f"{prefix}{i}",
+            image=rng.integers(0, 256, (8, 6, 3), dtype=np.uint8),
+            metadata=dict(metadata),
+        )
         for i in range(2)
     ]
     return RewardRequest(items=items)
 
 
-def _native_recipe(model: str, function: str, required: bool = False, **changes: Any) -> dict[str, Any]:
+def _native_recipe(
+    model: str, function: str, required: bool = False, **changes: Any
+) -> dict[str, Any]:
     """One per-call native model of term_faults in env embed, bound to one function."""
-    native = {"backend": "native", "env": "embed", "placement": {"devices": ["cpu"]}, "executor": {"model": model}}
+    native = {
+        "backend": "native",
+        "env": "embed",
+        "placement": {"devices": ["cpu"]},
+        "executor": {"model": model},
+    }
     native.update(extra_import_paths=[str(ROOT)], **changes)
     function_entry = {"path": str(FAULTS), "name": function, "required": required}
     return {"reward": {"models": {"term": native}, "reward_functions": {"term": function_entry}}}
 
 
 def native_timeout() -> str:
-    """Item 4: a native model's sync score function hangs past call_timeout_s=1, then 3 ordinary calls."""
-    recipe = _native_recipe("pkg://tests.helpers.term_faults:Tiny", "hanging_score", call_timeout_s=1.0, required=True)
+    """Item 4: a native model's sync score function hangs past call_timeout_s=1, then 3 ordinary
+    calls."""
+    recipe = _native_recipe(
+        "pkg://tests.helpers.term_faults:Tiny", "hanging_score", call_timeout_s=1.0, required=True
+    )
     train, _ = build_panels(load_recipe(recipe))
     try:
         backend = train.terms[0].backend
@@ -86,12 +100,16 @@ def native_timeout() -> str:
             pids.append(pid_of(backend))
     finally:
         train.close()
-    return _calls("call_timeout_s 1, a hang then 3 calls", outcomes) + f"; child pids {len(set(pids))} distinct"
+    return (
+        _calls("call_timeout_s 1, a hang then 3 calls", outcomes)
+        + f"; child pids {len(set(pids))} distinct"
+    )
 
 
 def _ff_request(prefix: str, hangs: list[bool]) -> RewardRequest:
     items = [
-        RewardItem(id=f"{prefix}{i}", prompt="p" * (i + 1), text="t", metadata={"hang": h}) for i, h in enumerate(hangs)
+        RewardItem(id=f"{prefix}{i}", prompt="p" * (i + 1), text="t", metadata={"hang": h})
+        for i, h in enumerate(hangs)
     ]
     return RewardRequest(items=items)
 
@@ -99,16 +117,28 @@ def _ff_request(prefix: str, hangs: list[bool]) -> RewardRequest:
 def ff_async_timeout() -> str:
     """Item 4: an FF model on 2 async workers (batch_size 1), a call whose 2 chunks hang past
     call_timeout_s=1 (a third queued), then 4 ordinary calls of 2 chunks."""
-    params = {"model": "tests.helpers.term_faults:Hangs", "batch_size": 1, "async_reward": True, "num_workers": 2}
+    params = {
+        "model": "tests.helpers.term_faults:Hangs",
+        "batch_size": 1,
+        "async_reward": True,
+        "num_workers": 2,
+    }
     spec = {
         "process": {"python_executable": sys.executable, "extra_import_paths": [str(ROOT)]},
-        "scorer": {"name": "scorers.ff.scorer:FfModelScorer", "params": {**params, "call_timeout_s": 1.0}},
+        "scorer": {
+            "name": "scorers.ff.scorer:FfModelScorer",
+            "params": {**params, "call_timeout_s": 1.0},
+        },
     }
     with ManagedScorerProcessBackend(spec) as backend:
         pids = [backend.pid]
-        outcomes = [_outcome(lambda: backend.compute_rewards(_ff_request("h", [True, True, False])))]
+        outcomes = [
+            _outcome(lambda: backend.compute_rewards(_ff_request("h", [True, True, False])))
+        ]
         for n in range(4):
-            outcomes.append(_outcome(partial(backend.compute_rewards, _ff_request(f"s{n}", [False, False]))))
+            outcomes.append(
+                _outcome(partial(backend.compute_rewards, _ff_request(f"s{n}", [False, False])))
+            )
             pids.append(backend.pid)
     return _calls("a hang then 4 calls", outcomes) + f"; child pids {len(set(pids))} distinct"
 
@@ -123,7 +153,11 @@ def native_close_raises() -> str:
         for n in range(2):
             try:
                 got = train.compute_rewards(_images(f"c{n}"))
-                failure = got.term_failures[0].error.split("(")[1].split(")")[0] if got.term_failures else "none"
+                failure = (
+                    got.term_failures[0].error.split("(")[1].split(")")[0]
+                    if got.term_failures
+                    else "none"
+                )
                 said.append(f"served, term failure '{failure}'")
             except ScorerError as exc:
                 said.append(f"{type(exc).__name__} ({getattr(exc, 'kind', None)})")
@@ -150,7 +184,9 @@ def _serve(recipe: Path, ready: Path) -> tuple[subprocess.Popen[bytes], dict[str
 
 def _term_child(server: int) -> int:
     (child,) = [
-        p.pid for p in psutil.Process(server).children(recursive=True) if "child_runtime" in " ".join(p.cmdline())
+        p.pid
+        for p in psutil.Process(server).children(recursive=True)
+        if "child_runtime" in " ".join(p.cmdline())
     ]
     return child
 
@@ -169,7 +205,11 @@ def served_required_term_crash() -> str:
     """Item 11: two panel servers of one recipe (a required Probe term, max_restarts 0); the term's
     child of the first is SIGKILLed; one call to it alone (no retries), one through both."""
     process = {"python_executable": sys.executable, "extra_import_paths": [str(ROOT)]}
-    probe = {"kind": "managed", "process": process, "scorer": {"name": "tests.helpers.fixture_scorers:Probe"}}
+    probe = {
+        "kind": "managed",
+        "process": process,
+        "scorer": {"name": "tests.helpers.fixture_scorers:Probe"},
+    }
     probe["restart"] = {"max_restarts": 0}
     request = RewardRequest(items=[RewardItem(id=f"i{i}", text="x" * (i + 1)) for i in range(4)])
     with tempfile.TemporaryDirectory(prefix="bench-terms-") as scratch:
@@ -195,9 +235,13 @@ def served_required_term_crash() -> str:
 
 
 def served_math_warming() -> str:
-    """Item 11: serve --recipe with one math_verify term (jobs 1): the math child's process group at the
-    readiness line and after a first call."""
-    term = {"kind": "managed", "env": "math", "scorer": {"name": "math_verify", "params": {"jobs": 1}}}
+    """Item 11: serve --recipe with one math_verify term (jobs 1): the math child's process group at
+    the readiness line and after a first call."""
+    term = {
+        "kind": "managed",
+        "env": "math",
+        "scorer": {"name": "math_verify", "params": {"jobs": 1}},
+    }
     request = RewardRequest(items=[RewardItem(id="m", text="\\boxed{4}", reference="4")])
     with tempfile.TemporaryDirectory(prefix="bench-terms-") as scratch:
         recipe = Path(scratch) / "reward.yaml"

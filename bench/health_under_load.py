@@ -45,7 +45,9 @@ def _figures(latencies: list[float]) -> tuple[float, float, float]:
     return float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), float(ms.max())
 
 
-def main_line(clients: int = CLIENTS, requests: int = REQUESTS_PER_CLIENT, idle_polls: int = IDLE_POLLS) -> str:
+def main_line(
+    clients: int = CLIENTS, requests: int = REQUESTS_PER_CLIENT, idle_polls: int = IDLE_POLLS
+) -> str:
     from bench.common import managed
     from bench.handles import child_of, port_of
 
@@ -56,11 +58,16 @@ def main_line(clients: int = CLIENTS, requests: int = REQUESTS_PER_CLIENT, idle_
         with httpx.Client(base_url=url, trust_env=False, timeout=10, headers=headers) as http:
             http.get("/health").raise_for_status()  # connection set up, untimed
             idle = _poll(http, threading.Event(), idle_polls)
-            remotes = [RemoteRewardBackend(url, token=token, request_timeout=60) for _ in range(clients)]
+            remotes = [
+                RemoteRewardBackend(url, token=token, request_timeout=60) for _ in range(clients)
+            ]
             stop, loaded = threading.Event(), []
-            poller = threading.Thread(target=lambda: loaded.extend(_poll(http, stop, None)), name="health")
+            poller = threading.Thread(
+                target=lambda: loaded.extend(_poll(http, stop, None)), name="health"
+            )
             workers = [
-                threading.Thread(target=_load, args=(r, c, requests), name=f"load-{c}") for c, r in enumerate(remotes)
+                threading.Thread(target=_load, args=(r, c, requests), name=f"load-{c}")
+                for c, r in enumerate(remotes)
             ]
             poller.start()
             for worker in workers:
@@ -73,8 +80,9 @@ def main_line(clients: int = CLIENTS, requests: int = REQUESTS_PER_CLIENT, idle_
                 remote.close()
     (i50, i99, imax), (l50, l99, lmax) = _figures(idle), _figures(loaded)
     return (
-        f"/health under {clients}-client load  idle p50/p99/max {i50:.2f}/{i99:.2f}/{imax:.2f} ms  loaded "
-        f"{l50:.2f}/{l99:.2f}/{lmax:.2f} ms ({len(loaded)} polls)  p99 ratio {l99 / i99:.2f}"
+        f"/health under {clients}-client load  idle p50/p99/max "
+        f"{i50:.2f}/{i99:.2f}/{imax:.2f} ms  loaded {l50:.2f}/{l99:.2f}/{lmax:.2f} ms "
+        f"({len(loaded)} polls)  p99 ratio {l99 / i99:.2f}"
     )
 
 

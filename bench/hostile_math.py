@@ -21,8 +21,8 @@ of the rounds' differences), and the throughput on ordinary items drops by at mo
 the slot-per-item design (the median of the rounds' ratios). When the 512 ordinary items of
 the hostile batch were all done, and how many ordinary items were moved to overflow, are
 printed too. Verdicts on a hostile batch's ordinary items must equal the slot-per-item pool's
-on the same items in every round; the pool's resident memory after a hostile batch is printed beside its memory
-before (the highest of the rounds).
+on the same items in every round; the pool's resident memory after a hostile batch is printed beside
+its memory before (the highest of the rounds).
 """
 
 from __future__ import annotations
@@ -81,13 +81,19 @@ def _measure(
     warmup = [(text, gold, 6, 15, True) for text, gold in workload(0, warm)]
     pools = {
         name: GradingPool(
-            JOBS, timeout_s, GRADE_FN, preload=["math_verify", WARM_MODULE], overflow=overflow, warm_replay=replay
+            JOBS,
+            timeout_s,
+            GRADE_FN,
+            preload=["math_verify", WARM_MODULE],
+            overflow=overflow,
+            warm_replay=replay,
         )
         for name, overflow, replay in (("ours", None, DEFAULT_WARM_REPLAY), ("slots", 0, 0))
     }
 
     def grade(name: str, tasks: list[tuple]) -> tuple[list, float]:
-        """One timed batch; then, untimed, our template replays some of it (a trainer generates meanwhile)."""
+        """One timed batch; then, untimed, our template replays some of it (a trainer generates
+        meanwhile)."""
         began = time.monotonic()
         graded = pools[name].grade(tasks)
         took_s = time.monotonic() - began
@@ -103,16 +109,19 @@ def _measure(
         ours, slots = pools["ours"], pools["slots"]
         took: dict[str, list[float]] = {"ours": [], "slots": [], "clean": [], "hostile": []}
         done_at: list[float] = []
-        moved: list[int] = []  # ordinary items our pool moved to overflow (clean and hostile batches)
+        # ordinary items our pool moved to overflow (clean and hostile batches)
+        moved: list[int] = []
         memory: list[tuple[int, int]] = []
-        for round_ in range(clean_rounds):  # one clean batch through both designs, alternating who goes first
+        # one clean batch through both designs, alternating who goes first
+        for round_ in range(clean_rounds):
             batch = next(fresh)
             for name in ("ours", "slots") if round_ % 2 == 0 else ("slots", "ours"):
                 graded, took_s = grade(name, batch)
                 took[name].append(took_s)
                 if name == "ours":
                     moved.append(sum(o.overflowed for o in graded))
-        for round_ in range(hostile_rounds):  # a clean and a hostile batch through ours, slices alternating
+        # a clean and a hostile batch through ours, slices alternating
+        for round_ in range(hostile_rounds):
             first, second = next(fresh), next(fresh)
             clean, beside = (first, second) if round_ % 2 == 0 else (second, first)
             hostile, kept = with_hazards(beside, hazards)
@@ -127,7 +136,9 @@ def _measure(
             memory.append((before, pool_rss(ours)))
             moved.append(sum(outcomes[i].overflowed for i in kept))
             if [outcomes[i].value for i in kept] != [o.value for o in slots.grade(beside)]:
-                raise AssertionError("verdicts on the ordinary items changed next to the pathological ones")
+                raise AssertionError(
+                    "verdicts on the ordinary items changed next to the pathological ones"
+                )
         ours_s, slots_clean_s = statistics.median(took["ours"]), statistics.median(took["slots"])
         clean_s, hostile_s = statistics.median(took["clean"]), statistics.median(took["hostile"])
         last_ordinary = statistics.median(done_at)
@@ -138,27 +149,33 @@ def _measure(
     finally:
         for pool in pools.values():
             pool.close()
-    in_process_s, in_process_peak = _in_the_main_thread(with_hazards(next(fresh), hazards)[0], peer_timeout_s)
+    in_process_s, in_process_peak = _in_the_main_thread(
+        with_hazards(next(fresh), hazards)[0], peer_timeout_s
+    )
     bad = sorted({o.status for i, o in enumerate(outcomes) if i not in kept})
     # ordinary throughput, ours against the slot-per-item design: the median of the rounds' own
-    # ratios (the two batches of a round ran back to back, so they saw the machine at the same speed)
+    # ratios (the two batches of a round ran back to back, so they saw the machine at the same
+    # speed)
     drops = [1 - s / o for o, s in zip(took["ours"], took["slots"], strict=True)]
     drop = statistics.median(drops)
-    extras = [h - c for h, c in zip(took["hostile"], took["clean"], strict=True)]  # each round's own clean batch
+    # each round's own clean batch
+    extras = [h - c for h, c in zip(took["hostile"], took["clean"], strict=True)]
     extra = statistics.median(extras)
     return (
-        f"hostile math ({JOBS} jobs, timeout {timeout_s:g} s)   clean {ordinary} items {ours_s:5.2f} s"
-        f" ({ordinary / ours_s:.0f} items/s; slot-per-item design {ordinary / slots_clean_s:.0f}, "
-        f"{-100 * drop:+.1f} %, median of rounds {'/'.join(f'{-100 * d:+.0f}' for d in drops)}, "
-        f"target >= -5 %: {'met' if drop <= 0.05 else 'MISSED'})"
-        f"  clean {clean_s:5.2f} s, +{hazards} pathological {hostile_s:5.2f} s (+{extra:.2f} s, median of rounds "
+        f"hostile math ({JOBS} jobs, timeout {timeout_s:g} s)   clean {ordinary} items "
+        f"{ours_s:5.2f} s ({ordinary / ours_s:.0f} items/s; slot-per-item design "
+        f"{ordinary / slots_clean_s:.0f}, {-100 * drop:+.1f} %, median of rounds "
+        f"{'/'.join(f'{-100 * d:+.0f}' for d in drops)}, target >= -5 %: "
+        f"{'met' if drop <= 0.05 else 'MISSED'})  clean {clean_s:5.2f} s, +{hazards} "
+        f"pathological {hostile_s:5.2f} s (+{extra:.2f} s, median of rounds "
         f"{'/'.join(f'{e:+.2f}' for e in extras)}, target <= {timeout_s + 1:g}: "
-        f"{'met' if extra <= timeout_s + 1 else 'MISSED'}; the {ordinary} done at {last_ordinary:.2f} s;"
-        f" slot-per-item design {slots_s:5.2f} s)  pathological: {'/'.join(bad)}"
-        f"  ordinary items moved {sum(moved)} of {len(moved) * ordinary}"
-        f"  pool RSS {memory_before / 2**20:.0f} -> {memory_after / 2**20:.0f} MiB"
-        f"  peer, TRL's accuracy reward in the main thread (math_verify's own {peer_timeout_s} s timeouts): hostile batch "
-        f"{in_process_s:5.2f} s, peak RSS {in_process_peak / 2**30:.2f} GiB"
+        f"{'met' if extra <= timeout_s + 1 else 'MISSED'}; the {ordinary} done at "
+        f"{last_ordinary:.2f} s; slot-per-item design {slots_s:5.2f} s)  pathological: "
+        f"{'/'.join(bad)}  ordinary items moved {sum(moved)} of {len(moved) * ordinary}  "
+        f"pool RSS {memory_before / 2**20:.0f} -> {memory_after / 2**20:.0f} MiB  peer, "
+        f"TRL's accuracy reward in the main thread (math_verify's own {peer_timeout_s} s "
+        f"timeouts): hostile batch {in_process_s:5.2f} s, peak RSS "
+        f"{in_process_peak / 2**30:.2f} GiB"
     )
 
 
@@ -174,14 +191,17 @@ def _in_the_main_thread(tasks: list[tuple], timeout_s: int = 5) -> tuple[float, 
         "from math_verify import LatexExtractionConfig, parse, verify\n"
         "from latex2sympy2_extended import NormalizationConfig\n"
         "tasks = json.load(sys.stdin)\n"
-        "answer = [LatexExtractionConfig(normalization_config=NormalizationConfig(nits=False, malformed_operators=False,"
-        " basic_latex=True, boxed='all', units=True), boxed_match_priority=0, try_extract_without_anchor=False)]\n"
-        "began = time.monotonic()\n"
-        "for text, gold in tasks:\n"
-        "    gold_parsed = parse(gold, extraction_mode='first_match')\n"
-        f"    verify(gold_parsed, parse(text, extraction_config=answer, extraction_mode='first_match',"
-        f" parsing_timeout={timeout_s}), timeout_seconds={timeout_s})\n"
-        "print(json.dumps([time.monotonic() - began, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))\n"
+        "answer = "
+        "[LatexExtractionConfig(normalization_config=NormalizationConfig(nits=False, "
+        "malformed_operators=False, basic_latex=True, boxed='all', units=True), "
+        "boxed_match_priority=0, try_extract_without_anchor=False)]\nbegan = "
+        "time.monotonic()\nfor text, gold in tasks:\n    gold_parsed = parse(gold, "
+        "extraction_mode='first_match')\n"
+        f"    verify(gold_parsed, parse(text, extraction_config=answer, "
+        f"extraction_mode='first_match', parsing_timeout={timeout_s}), "
+        f"timeout_seconds={timeout_s})\n"
+        "print(json.dumps([time.monotonic() - began, "
+        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],
@@ -220,7 +240,9 @@ def _through_managed(
     fresh = slices(ordinary)
 
     def request(tasks: list[tuple]) -> RewardRequest:
-        return RewardRequest(items=[RewardItem(id=str(i), text=t[0], reference=t[1]) for i, t in enumerate(tasks)])
+        return RewardRequest(
+            items=[RewardItem(id=str(i), text=t[0], reference=t[1]) for i, t in enumerate(tasks)]
+        )
 
     with ManagedScorerProcessBackend(spec) as backend:
         backend.compute_rewards(request(next(fresh)))
@@ -244,10 +266,12 @@ def _through_managed(
     extra = statistics.median(extras)
     return (
         f"  through a managed child (default client config: {chunks} chunks of "
-        f"{backend.spec.client.request_batch_size}): clean {statistics.median(cleans):5.2f} s, +{hazards} pathological "
-        f"+{extra:.2f} s (median of rounds {'/'.join(f'{e:+.2f}' for e in extras)}, target <= {timeout_s + 1:g}: "
-        f"{'met' if extra <= timeout_s + 1 else 'MISSED'}); the child's process tree during a hostile call: "
-        f"peak PSS {max(p.peak_pss for p in peaks) / 2**30:.2f} GiB (summed RSS {max(p.peak_rss for p in peaks) / 2**30:.2f})"
+        f"{backend.spec.client.request_batch_size}): clean {statistics.median(cleans):5.2f} "
+        f"s, +{hazards} pathological +{extra:.2f} s (median of rounds "
+        f"{'/'.join(f'{e:+.2f}' for e in extras)}, target <= {timeout_s + 1:g}: "
+        f"{'met' if extra <= timeout_s + 1 else 'MISSED'}); the child's process tree during "
+        f"a hostile call: peak PSS {max(p.peak_pss for p in peaks) / 2**30:.2f} GiB (summed "
+        f"RSS {max(p.peak_rss for p in peaks) / 2**30:.2f})"
     )
 
 
@@ -262,8 +286,8 @@ def main_line(
     peer_timeout_s: int = 5,
     warm: int = 64,
 ) -> str:
-    """The bench line: the pool measured under the math env's python, then (from the trainer's env) a
-    managed child. The defaults are the bench's; `SMOKE` the smallest sizes."""
+    """The bench line: the pool measured under the math env's python, then (from the trainer's env)
+    a managed child. The defaults are the bench's; `SMOKE` the smallest sizes."""
     from bench.common import MATH_PYTHON, in_math_env
 
     sizes: dict[str, Any] = {"ordinary": ordinary, "hazards": hazards, "timeout_s": timeout_s}
@@ -278,7 +302,9 @@ def main_line(
     )
     if Path(sys.prefix).resolve() == MATH_PYTHON.parent.parent.resolve():
         return pool_line  # the math env runs only the pool part, for the trainer env's main_line
-    return pool_line + _through_managed(**sizes, managed_rounds=managed_rounds, generation_s=generation_s)
+    return pool_line + _through_managed(
+        **sizes, managed_rounds=managed_rounds, generation_s=generation_s
+    )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,12 @@ from scorers.registry import resolve_scorer
 
 
 def main() -> None:
-    name, params, workload, repeats = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    name, params, workload, repeats = (
+        sys.argv[1],
+        json.loads(sys.argv[2]),
+        sys.argv[3],
+        int(sys.argv[4]),
+    )
     sizes = [int(n) for n in sys.argv[5:6]]
     scorer = resolve_scorer(name)(**params)
     scorer.load("cpu")

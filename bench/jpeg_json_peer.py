@@ -62,7 +62,10 @@ def build_app():
 
     async def score(request: Request) -> JSONResponse:
         body = await request.json()
-        rewards = {item["id"]: float(_decode_jpeg_b64(item["image_jpeg_b64"]).mean() / 255.0) for item in body["items"]}
+        rewards = {
+            item["id"]: float(_decode_jpeg_b64(item["image_jpeg_b64"]).mean() / 255.0)
+            for item in body["items"]
+        }
         return JSONResponse({"rewards": rewards})
 
     return Starlette(routes=[Route("/score", score, methods=["POST"])])
@@ -79,7 +82,12 @@ def serve() -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     config = uvicorn.Config(
-        build_app(), loop="uvloop", http="httptools", lifespan="off", log_level="warning", access_log=False
+        build_app(),
+        loop="uvloop",
+        http="httptools",
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
     )
     print(sock.getsockname()[1], flush=True)
     uvicorn.Server(config).run(sockets=[sock])
@@ -98,7 +106,8 @@ def _jpeg(array: np.ndarray) -> bytes:
 
 def encode_body(images: list[np.ndarray]) -> bytes:
     items = [
-        {"id": f"img{i}", "image_jpeg_b64": base64.b64encode(_jpeg(a)).decode("ascii")} for i, a in enumerate(images)
+        {"id": f"img{i}", "image_jpeg_b64": base64.b64encode(_jpeg(a)).decode("ascii")}
+        for i, a in enumerate(images)
     ]
     return json.dumps({"items": items}).encode()
 
@@ -115,7 +124,9 @@ def _read_port(proc: subprocess.Popen[bytes], deadline: float) -> int:
         if ready:
             chunk = os.read(fd, 64)
             if not chunk:
-                raise RuntimeError(f"jpeg_json_peer server exited before its port (rc={proc.wait(1)})")
+                raise RuntimeError(
+                    f"jpeg_json_peer server exited before its port (rc={proc.wait(1)})"
+                )
             line += chunk
     return int(line)
 
@@ -151,7 +162,9 @@ def measure(images: list[np.ndarray], repeats: int) -> dict:
                 t0 = time.perf_counter()
                 body = encode_body(images)
                 t1 = time.perf_counter()
-                response = client.post(url, content=body, headers={"content-type": "application/json"})
+                response = client.post(
+                    url, content=body, headers={"content-type": "application/json"}
+                )
                 response.raise_for_status()
                 rewards = response.json()["rewards"]
                 t2 = time.perf_counter()

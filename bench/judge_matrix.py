@@ -43,7 +43,14 @@ class Case:
 
 CASES = (
     Case("answers", "Score: 7", ("[[score:7]]",), reward=0.7),
-    Case("slow once", "first answer after 3 s", ("[[slow:3x1]][[score:6]]",), reward=0.6, attempts=2, within_s=3),
+    Case(
+        "slow once",
+        "first answer after 3 s",
+        ("[[slow:3x1]][[score:6]]",),
+        reward=0.6,
+        attempts=2,
+        within_s=3,
+    ),
     Case(
         "slow always",
         "every answer after 3 s",
@@ -61,11 +68,37 @@ CASES = (
         within_s=3,
     ),
     Case("500 always", "HTTP 500", ("[[status:500]]",), error="HTTP 500", attempts=3, within_s=3),
-    Case("malformed once", "truncated JSON body", ("[[malformedx1]][[score:4]]",), reward=0.4, attempts=2),
-    Case("malformed always", "truncated JSON body", ("[[malformed]]",), error="malformed chat completion", attempts=3),
-    Case("dropped once", "connection closed, no answer", ("[[dropx1]][[score:3]]",), reward=0.3, attempts=2),
-    Case("dropped always", "connection closed, no answer", ("[[drop]]",), error="RemoteProtocolError", attempts=3),
-    Case("out of range", "Score: 42", ("[[score:42]]",), error="score 42 outside score_range [0, 10]"),
+    Case(
+        "malformed once",
+        "truncated JSON body",
+        ("[[malformedx1]][[score:4]]",),
+        reward=0.4,
+        attempts=2,
+    ),
+    Case(
+        "malformed always",
+        "truncated JSON body",
+        ("[[malformed]]",),
+        error="malformed chat completion",
+        attempts=3,
+    ),
+    Case(
+        "dropped once",
+        "connection closed, no answer",
+        ("[[dropx1]][[score:3]]",),
+        reward=0.3,
+        attempts=2,
+    ),
+    Case(
+        "dropped always",
+        "connection closed, no answer",
+        ("[[drop]]",),
+        error="RemoteProtocolError",
+        attempts=3,
+    ),
+    Case(
+        "out of range", "Score: 42", ("[[score:42]]",), error="score 42 outside score_range [0, 10]"
+    ),
     Case("unparsable", "a reply with no score", ("[[unparsable]]",), error="unparsable score"),
     Case("HTTP 400", "HTTP 400 (the request's fault)", ("[[status:400]]",), error="HTTP 400"),
     Case(
@@ -85,7 +118,14 @@ CASES = (
         within_s=2.6,
         params={"batch_timeout_s": 2.0},
     ),
-    Case("unreachable", "nothing listening", ("[[score:1]]",), error="ConnectError", attempts=0, unreachable=True),
+    Case(
+        "unreachable",
+        "nothing listening",
+        ("[[score:1]]",),
+        error="ConnectError",
+        attempts=0,
+        unreachable=True,
+    ),
     Case(
         "batch deadline 2 s",
         "every answer after 3 s",
@@ -112,7 +152,8 @@ class Outcome:
     error: str | None
     seconds: float
     attempts: list[int]  # requests the server saw, per item
-    distinct: list[int]  # distinct request bodies among them, per item (a retry resends the same bytes)
+    # distinct request bodies among them, per item (a retry resends the same bytes)
+    distinct: list[int]
     gaps: list[list[float]]  # seconds between an item's requests
     max_in_flight: int
 
@@ -126,8 +167,13 @@ def closed_port() -> int:
 def run(case: Case) -> Outcome:
     with FakeOpenAI() as server:
         base_url = f"http://127.0.0.1:{closed_port()}/v1" if case.unreachable else server.base_url
-        items = [RewardItem(id=f"i{n}", prompt="What is 6 x 7?", text=text) for n, text in enumerate(case.texts)]
-        with LocalRewardBackend("llm_judge", params={**PARAMS, "base_url": base_url, **case.params}) as judge:
+        items = [
+            RewardItem(id=f"i{n}", prompt="What is 6 x 7?", text=text)
+            for n, text in enumerate(case.texts)
+        ]
+        with LocalRewardBackend(
+            "llm_judge", params={**PARAMS, "base_url": base_url, **case.params}
+        ) as judge:
             began = time.monotonic()
             try:
                 rewards, error = judge.compute_rewards(RewardRequest(items=items)).rewards, None
@@ -135,8 +181,13 @@ def run(case: Case) -> Outcome:
                 rewards, error = None, str(exc)
             seconds = time.monotonic() - began
         bodies = [server.bodies_with(text) for text in case.texts]
-        times = [[seen.at for seen in server.requests if text.encode() in seen.body] for text in case.texts]
-        gaps = [[later - earlier for earlier, later in zip(at, at[1:], strict=False)] for at in times]
+        times = [
+            [seen.at for seen in server.requests if text.encode() in seen.body]
+            for text in case.texts
+        ]
+        gaps = [
+            [later - earlier for earlier, later in zip(at, at[1:], strict=False)] for at in times
+        ]
         return Outcome(
             rewards,
             error,
@@ -154,15 +205,20 @@ def main() -> None:
     for case in CASES:
         outcome = run(case)
         if outcome.rewards is not None:
-            shown = ", ".join(f"{r:g}" for r in outcome.rewards[:3]) + (", ..." if len(outcome.rewards) > 3 else "")
+            shown = ", ".join(f"{r:g}" for r in outcome.rewards[:3]) + (
+                ", ..." if len(outcome.rewards) > 3 else ""
+            )
             verdict = f"rewards {shown}" + (
                 f" (at most {outcome.max_in_flight} in flight)" if len(outcome.rewards) > 1 else ""
             )
         else:
-            reason = re.sub(r" \(\d+ attempts at .*", "", (outcome.error or "").split("'i0': ", 1)[-1])
+            reason = re.sub(
+                r" \(\d+ attempts at .*", "", (outcome.error or "").split("'i0': ", 1)[-1]
+            )
             verdict = "raises: " + reason[:100].replace("|", "/").replace("\n", " ")
         print(
-            f"| {case.name} | {case.server} | {verdict} | {max(outcome.attempts)} | {outcome.seconds:.2f} s |",
+            f"| {case.name} | {case.server} | {verdict} | {max(outcome.attempts)} | "
+            f"{outcome.seconds:.2f} s |",
             flush=True,
         )
 

@@ -12,21 +12,28 @@ from typing import Self
 
 class _QuietServer(ThreadingHTTPServer):
     def handle_error(self, request: object, client_address: object) -> None:
-        """A client that hangs up (what a bounded client does at its deadline or cap) is not an error."""
+        """A client that hangs up (what a bounded client does at its deadline or cap) is not an
+        error."""
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class LoopbackServer:
-    """Serves `handler` at `self.url` (http://127.0.0.1:PORT) from entering the block until it ends."""
+    """Serves `handler` at `self.url` (http://127.0.0.1:PORT) from entering the block until it
+    ends."""
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler], name: str, poll_s: float = 0.5) -> None:
-        """`poll_s`: how often the serving thread looks for a shutdown (what leaving the block waits)."""
+    def __init__(
+        self, handler: type[BaseHTTPRequestHandler], name: str, poll_s: float = 0.5
+    ) -> None:
+        """`poll_s`: how often the serving thread looks for a shutdown (what leaving the block
+        waits)."""
         self._server = _QuietServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         self._server.block_on_close = False
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(poll_s,), name=name, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(poll_s,), name=name, daemon=True
+        )
 
     def __enter__(self) -> Self:
         self._thread.start()
@@ -46,7 +53,8 @@ def send_answer(
     headers: dict[str, str] | None = None,
     trickle_s: float = 0.0,
 ) -> None:
-    """One answer with its content-length; with `trickle_s`, its body a byte at a time, that far apart."""
+    """One answer with its content-length; with `trickle_s`, its body a byte at a time, that far
+    apart."""
     handler.send_response(status)
     handler.send_header("content-type", kind)
     handler.send_header("content-length", str(len(payload)))

@@ -32,7 +32,8 @@ GRADE_MODULE = "scorers.builtin.math_verify_grade"
 
 def _grade_batch(conn, tasks: list[tuple]) -> None:
     """Baseline child: grade the batch sequentially, send the rewards back, exit."""
-    from scorers.builtin.math_verify_grade import grade  # preloaded in the forkserver: no import cost
+    # preloaded in the forkserver: no import cost
+    from scorers.builtin.math_verify_grade import grade
 
     started = time.perf_counter()
     rewards = [grade(*task) for task in tasks]
@@ -48,12 +49,16 @@ def _one_child(ctx, tasks: list[tuple]) -> tuple[list[float], float]:
         child.start()
         writer.close()
         if not reader.poll(BATCH_TIMEOUT_S):
-            raise TimeoutError(f"baseline child pid {child.pid} gave no result within {BATCH_TIMEOUT_S}s")
+            raise TimeoutError(
+                f"baseline child pid {child.pid} gave no result within {BATCH_TIMEOUT_S}s"
+            )
         try:
             rewards, child_grading_s = reader.recv()
         except EOFError:
             child.join(5.0)
-            raise RuntimeError(f"baseline child pid {child.pid} died: exit status {child.exitcode}") from None
+            raise RuntimeError(
+                f"baseline child pid {child.pid} died: exit status {child.exitcode}"
+            ) from None
         child.join(BATCH_TIMEOUT_S)
         if child.exitcode != 0:
             raise RuntimeError(f"baseline child pid {child.pid} exit status {child.exitcode}")
@@ -76,37 +81,48 @@ def _measure(items: int = N_ITEMS, warmup: int = WARMUP_ITEMS) -> str:
     batches = [pairs[i : i + BATCH] for i in range(0, items, BATCH)]
     elapsed, child_grading_s = {"pool": 0.0, "base": 0.0}, 0.0
     try:
-        scorer.load("cpu")  # starts the forkserver (preload: math_verify + the grade module) and the workers
+        # starts the forkserver (preload: math_verify + the grade module) and the workers
+        scorer.load("cpu")
         ctx = get_context("forkserver")
-        ctx.set_forkserver_preload(["math_verify", GRADE_MODULE])  # a no-op now: the same server serves both
+        # a no-op now: the same server serves both
+        ctx.set_forkserver_preload(["math_verify", GRADE_MODULE])
         warm = workload(items, warmup)
-        score_checked(scorer, [ScoreItem(id=f"w{i}", text=t, reference=g) for i, (t, g) in enumerate(warm)])
+        score_checked(
+            scorer, [ScoreItem(id=f"w{i}", text=t, reference=g) for i, (t, g) in enumerate(warm)]
+        )
         _one_child(ctx, [(t, g, *params) for t, g in warm[:2]])  # first forkserver child, untimed
         for b, batch in enumerate(batches):
-            graded = [ScoreItem(id=f"b{b}i{i}", text=t, reference=g) for i, (t, g) in enumerate(batch)]
+            graded = [
+                ScoreItem(id=f"b{b}i{i}", text=t, reference=g) for i, (t, g) in enumerate(batch)
+            ]
             tasks = [(t, g, *params) for t, g in batch]
             runs = {
                 "pool": lambda graded=graded: score_checked(scorer, graded).terms["math_verify"],
                 "base": lambda tasks=tasks: _one_child(ctx, tasks),
             }
             out: dict[str, Any] = {}
-            for side in ("pool", "base") if b % 2 == 0 else ("base", "pool"):  # alternate who goes first
+            # alternate who goes first
+            for side in ("pool", "base") if b % 2 == 0 else ("base", "pool"):
                 started = time.perf_counter()
                 out[side] = runs[side]()
                 elapsed[side] += time.perf_counter() - started
             ours, (theirs, graded_s) = out["pool"], out["base"]
             child_grading_s += graded_s
             if ours != theirs:
-                raise AssertionError(f"batch {b}: pool rewards {ours} != one-child rewards {theirs}")
+                raise AssertionError(
+                    f"batch {b}: pool rewards {ours} != one-child rewards {theirs}"
+                )
     finally:
         scorer.close()  # kills the workers; the last pool also stops the forkserver it started
     pool_s, base_s = elapsed["pool"], elapsed["base"]
     pool, base = items / pool_s, items / base_s
     per_batch = 1000 / len(batches)
     return (
-        f"math throughput ({cores} cores)       pool {pool:7.1f} items/s  one-child-per-batch {base:7.1f} items/s"
-        f"  ratio {pool / base:.2f}  (child per batch: {child_grading_s * per_batch:.0f} ms grading cold,"
-        f" {(base_s - child_grading_s) * per_batch:.0f} ms start+join; pool {pool_s * per_batch:.0f} ms/batch)"
+        f"math throughput ({cores} cores)       pool {pool:7.1f} items/s  "
+        f"one-child-per-batch {base:7.1f} items/s  ratio {pool / base:.2f}  (child per "
+        f"batch: {child_grading_s * per_batch:.0f} ms grading cold, "
+        f"{(base_s - child_grading_s) * per_batch:.0f} ms start+join; pool "
+        f"{pool_s * per_batch:.0f} ms/batch)"
     )
 
 

@@ -4,8 +4,8 @@
 sends the real (valid) answer one byte every `trickle_s`; `gzip_bomb` answers with
 `gzip_mib` MiB of zeros compressed to a few hundred KB, marked `content-encoding: gzip`
 whatever the client asked for; `bare_health` answers /health without saying what it serves;
-`anonymous` relays every answer without the scorer's identity header (a server older than it). Each request's `accept-encoding` is recorded. Stdlib plus
-httpx (to reach the real server).
+`anonymous` relays every answer without the scorer's identity header (a server older than it). Each
+request's `accept-encoding` is recorded. Stdlib plus httpx (to reach the real server).
 """
 
 from __future__ import annotations
@@ -27,9 +27,12 @@ def gzip_of_zeros(mib: int) -> bytes:
 
 
 class MisbehavingServer(LoopbackServer):
-    """`with MisbehavingServer(upstream_url, mode) as server:` serves on `server.url` until the block ends."""
+    """`with MisbehavingServer(upstream_url, mode) as server:` serves on `server.url` until the
+    block ends."""
 
-    def __init__(self, upstream: str, mode: str, trickle_s: float = 0.05, gzip_mib: int = 512) -> None:
+    def __init__(
+        self, upstream: str, mode: str, trickle_s: float = 0.05, gzip_mib: int = 512
+    ) -> None:
         self.upstream, self.mode, self.trickle_s = upstream, mode, trickle_s
         self.bomb = gzip_of_zeros(gzip_mib) if mode == "gzip_bomb" else b""
         self.accept_encodings: list[str | None] = []
@@ -46,9 +49,17 @@ def _handler(server: MisbehavingServer) -> type[BaseHTTPRequestHandler]:
         def _relay(self, method: str) -> httpx.Response:
             body = self.rfile.read(int(self.headers.get("content-length", "0")))
             server.accept_encodings.append(self.headers.get("accept-encoding"))
-            headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
-            headers.update({k: v for k, v in self.headers.items() if k.lower().startswith("x-managed-scorers")})
-            return httpx.request(method, server.upstream + self.path, content=body, headers=headers, timeout=60)
+            headers = {
+                k: v
+                for k, v in self.headers.items()
+                if k.lower() in ("authorization", "content-type")
+            }
+            headers.update(
+                {k: v for k, v in self.headers.items() if k.lower().startswith("x-managed-scorers")}
+            )
+            return httpx.request(
+                method, server.upstream + self.path, content=body, headers=headers, timeout=60
+            )
 
         def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
             answer = self._relay("GET")
@@ -59,22 +70,41 @@ def _handler(server: MisbehavingServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
             answer = self._relay("POST")
-            ours = {k: v for k, v in answer.headers.items() if k.lower().startswith("x-managed-scorers")}  # identity
+            # identity
+            ours = {
+                k: v for k, v in answer.headers.items() if k.lower().startswith("x-managed-scorers")
+            }
             if server.mode == "anonymous":
                 ours = {}
             try:
                 if self.path != "/score" or server.mode in ("plain", "anonymous"):
-                    self._send(answer.status_code, answer.headers.get("content-type", ""), answer.content, ours)
+                    self._send(
+                        answer.status_code,
+                        answer.headers.get("content-type", ""),
+                        answer.content,
+                        ours,
+                    )
                 elif server.mode == "gzip_bomb":
                     bomb = {"content-encoding": "gzip", **ours}
                     self._send(200, answer.headers["content-type"], server.bomb, bomb)
                 else:
-                    self._send(200, answer.headers["content-type"], answer.content, ours, trickle=server.trickle_s)
+                    self._send(
+                        200,
+                        answer.headers["content-type"],
+                        answer.content,
+                        ours,
+                        trickle=server.trickle_s,
+                    )
             except (BrokenPipeError, ConnectionResetError):  # the client gave up: what it should do
                 self.close_connection = True
 
         def _send(
-            self, status: int, kind: str, payload: bytes, headers: dict[str, str] | None = None, trickle: float = 0
+            self,
+            status: int,
+            kind: str,
+            payload: bytes,
+            headers: dict[str, str] | None = None,
+            trickle: float = 0,
         ) -> None:
             send_answer(self, status, kind, payload, headers, trickle)
 

@@ -1,4 +1,5 @@
-"""OpenRLHF's one-sample-per-call pattern: 256 concurrent `reward_func` calls from threads, coalesced vs not.
+"""OpenRLHF's one-sample-per-call pattern: 256 concurrent `reward_func` calls from threads,
+coalesced vs not.
 
 `python -m bench.openrlhf_calls`: the file `managed-scorers integrations openrlhf` prints, loaded by
 path as OpenRLHF 0.11.2 loads it, called 256 times at once through `asyncio.to_thread` (as its
@@ -34,7 +35,10 @@ def _rollouts(reward_func: Callable[..., dict[str, Any]], calls: int) -> tuple[f
 
     async def at_once() -> list[dict[str, Any]]:
         return await asyncio.gather(
-            *(asyncio.to_thread(reward_func, [PROMPT + t + "<|im_end|>"], [PROMPT], [g]) for t, g in rows)
+            *(
+                asyncio.to_thread(reward_func, [PROMPT + t + "<|im_end|>"], [PROMPT], [g])
+                for t, g in rows
+            )
         )
 
     started = time.perf_counter()
@@ -47,7 +51,14 @@ def main_line(calls: int = CALLS, rounds: int = ROUNDS) -> str:
         recipe = Path(folder) / "reward.yaml"
         math = {"backend": "managed", "scorer": "math_verify", "env": "math", "params": {"jobs": 2}}
         recipe.write_text(
-            json.dumps({"reward": {"models": {"math": math}, "reward_functions": {"correct": {"model": "math"}}}})
+            json.dumps(
+                {
+                    "reward": {
+                        "models": {"math": math},
+                        "reward_functions": {"correct": {"model": "math"}},
+                    }
+                }
+            )
         )
         os.environ["MANAGED_SCORERS_RECIPE"] = str(recipe)
         spec = importlib.util.find_spec("supervisor.adapters.openrlhf")
@@ -58,13 +69,19 @@ def main_line(calls: int = CALLS, rounds: int = ROUNDS) -> str:
         loaded.loader.exec_module(module)
         plain, _ = build_panels(load_recipe(recipe))
 
-        def one_request_each(queries: list[str], prompts: list[str], labels: list[str]) -> dict[str, Any]:
-            text = response_of(queries[0], prompts[0])  # what the reward_func file cuts, as it cuts it
-            item = RewardItem(id=f"s{time.perf_counter_ns()}-{os.getpid()}", text=text, reference=labels[0])
+        def one_request_each(
+            queries: list[str], prompts: list[str], labels: list[str]
+        ) -> dict[str, Any]:
+            # what the reward_func file cuts, as it cuts it
+            text = response_of(queries[0], prompts[0])
+            item = RewardItem(
+                id=f"s{time.perf_counter_ns()}-{os.getpid()}", text=text, reference=labels[0]
+            )
             return {"rewards": plain.compute_rewards(RewardRequest(items=[item])).rewards[0]}
 
         try:
-            _rollouts(module.reward_func, calls), _rollouts(one_request_each, calls)  # warm: both children booted
+            # warm: both children booted
+            _rollouts(module.reward_func, calls), _rollouts(one_request_each, calls)
             coalesced, alone = [], []
             for _ in range(rounds):
                 took, ours = _rollouts(module.reward_func, calls)
@@ -78,8 +95,9 @@ def main_line(calls: int = CALLS, rounds: int = ROUNDS) -> str:
             module.scorer_for().close()
     c, a = statistics.median(coalesced), statistics.median(alone)
     return (
-        f"OpenRLHF reward_func, {calls} concurrent one-sample calls, math_verify: coalesced {c * 1e3:7.1f} ms"
-        f"  one request per sample {a * 1e3:7.1f} ms  ratio {c / a:.3f}  (latest batches {batches})"
+        f"OpenRLHF reward_func, {calls} concurrent one-sample calls, math_verify: coalesced "
+        f"{c * 1e3:7.1f} ms  one request per sample {a * 1e3:7.1f} ms  ratio {c / a:.3f}  "
+        f"(latest batches {batches})"
     )
 
 

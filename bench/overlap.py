@@ -13,9 +13,9 @@ time R measured first in the same run: generation-bound (generation lasts 3 R) a
 - bound: what a perfect schedule reaches, scoring each item the moment it finishes at the
   scorer's full throughput: max(generation end + R / 128, first completion + R).
 
-Reported per regime: the share of R hidden, (serial - way) / R, and the stream's time over the bound.
-Targets (issue 29): at least 90 % hidden when generation dominates; within 10 % of the bound when the
-scorer does.
+Reported per regime: the share of R hidden, (serial - way) / R, and the stream's time over the
+bound. Targets (issue 29): at least 90 % hidden when generation dominates; within 10 % of the bound
+when the scorer does.
 """
 
 from __future__ import annotations
@@ -45,8 +45,11 @@ def at(started: float, offset_s: float) -> None:
     time.sleep(max(started + offset_s - time.perf_counter(), 0.0))
 
 
-def ways(backend: object, items: list[RewardItem], times: list[float]) -> dict[str, Callable[[], object]]:
-    """Each way of scoring the shard while it is generated; every call returns when all are scored."""
+def ways(
+    backend: object, items: list[RewardItem], times: list[float]
+) -> dict[str, Callable[[], object]]:
+    """Each way of scoring the shard while it is generated; every call returns when all are
+    scored."""
     micros = micro_batches(items, MICRO, lambda item: item.group_id)
     ends = [times[len([i for m in micros[: k + 1] for i in m]) - 1] for k in range(len(micros))]
 
@@ -75,7 +78,9 @@ def ways(backend: object, items: list[RewardItem], times: list[float]) -> dict[s
     return {"serial": serial, "micros": micro_driver, "stream": streamed}
 
 
-def regime_line(backend: object, items: list[RewardItem], reward_s: float, factor: float, rounds: int) -> str:
+def regime_line(
+    backend: object, items: list[RewardItem], reward_s: float, factor: float, rounds: int
+) -> str:
     times = finish_times(len(items), factor * reward_s)
     calls = ways(backend, items, times)
     samples: dict[str, list[float]] = {name: [] for name in calls}
@@ -84,13 +89,19 @@ def regime_line(backend: object, items: list[RewardItem], reward_s: float, facto
             started = time.perf_counter()
             call()
             samples[name].append(time.perf_counter() - started)
-    serial, micros, streamed = (statistics.median(samples[k]) for k in ("serial", "micros", "stream"))
+    serial, micros, streamed = (
+        statistics.median(samples[k]) for k in ("serial", "micros", "stream")
+    )
     bound = max(times[-1] + reward_s / len(items), times[0] + reward_s)
-    hidden = {name: (serial - value) / reward_s for name, value in (("micros", micros), ("stream", streamed))}
+    hidden = {
+        name: (serial - value) / reward_s
+        for name, value in (("micros", micros), ("stream", streamed))
+    }
     return (
-        f"  {factor:.1f} R of generation: serial {serial * 1e3:6.0f} ms  micros {micros * 1e3:6.0f} ms "
-        f"(hidden {hidden['micros']:5.1%})  stream {streamed * 1e3:6.0f} ms (hidden {hidden['stream']:5.1%})  "
-        f"bound {bound * 1e3:6.0f} ms  stream/bound {streamed / bound:5.3f}"
+        f"  {factor:.1f} R of generation: serial {serial * 1e3:6.0f} ms  micros "
+        f"{micros * 1e3:6.0f} ms (hidden {hidden['micros']:5.1%})  stream "
+        f"{streamed * 1e3:6.0f} ms (hidden {hidden['stream']:5.1%})  bound "
+        f"{bound * 1e3:6.0f} ms  stream/bound {streamed / bound:5.3f}"
     )
 
 
@@ -98,13 +109,17 @@ def main_line(rounds: int = 3) -> str:
     from bench.common import managed
 
     items = grpo_request(128, 8).items
-    backend = managed("math", "math_verify", "text", {"jobs": 2})  # pointwise: the stream holds no group back
+    # pointwise: the stream holds no group back
+    backend = managed("math", "math_verify", "text", {"jobs": 2})
     try:
         whole = RewardRequest(items=items, group_size=8)
         backend.compute_rewards(whole)  # warm
-        reward_s = statistics.median(_timed(lambda: backend.compute_rewards(whole)) for _ in range(5))
+        reward_s = statistics.median(
+            _timed(lambda: backend.compute_rewards(whole)) for _ in range(5)
+        )
         lines = [
-            f"overlap: 128 math items finishing one by one (seed {SEED}), reward alone R = {reward_s * 1e3:.0f} ms"
+            f"overlap: 128 math items finishing one by one (seed {SEED}), reward alone R = "
+            f"{reward_s * 1e3:.0f} ms"
         ]
         for name, factor in REGIMES.items():
             lines.append(f"{regime_line(backend, items, reward_s, factor, rounds)}  [{name}]")

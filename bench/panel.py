@@ -28,7 +28,8 @@ def main_line(rounds: int = ROUNDS) -> str:
     backends: list[RewardBackend] = [math, embed]
     try:
         panel = RewardPanel(
-            [PanelTerm("correct", math), PanelTerm("similar", embed, weight=0.1, required=False)], owns_backends=False
+            [PanelTerm("correct", math), PanelTerm("similar", embed, weight=0.1, required=False)],
+            owns_backends=False,
         )
 
         def sequential() -> None:
@@ -54,8 +55,9 @@ def main_line(rounds: int = ROUNDS) -> str:
             backend.close()
     panel_s, sequential_s = (statistics.median(samples[k]) for k in ("panel", "sequential"))
     return (
-        f"{len(request.items)}-item GRPO panel (math_verify + text_similarity, 2 children) p50 {panel_s * 1e3:8.2f} ms"
-        f"  terms one after the other {sequential_s * 1e3:8.2f} ms  ratio {panel_s / sequential_s:5.3f}"
+        f"{len(request.items)}-item GRPO panel (math_verify + text_similarity, 2 children) "
+        f"p50 {panel_s * 1e3:8.2f} ms  terms one after the other {sequential_s * 1e3:8.2f} "
+        f"ms  ratio {panel_s / sequential_s:5.3f}"
     )
 
 

@@ -45,12 +45,18 @@ RECIPE = {
             "weight": 0.5,
             "backend": {"kind": "managed", "env": "image", "scorer": {"name": "exact_match"}},
         },
-        {"name": "f1", "weight": 0.25, "backend": {"kind": "managed", "env": "image", "scorer": {"name": "token_f1"}}},
+        {
+            "name": "f1",
+            "weight": 0.25,
+            "backend": {"kind": "managed", "env": "image", "scorer": {"name": "token_f1"}},
+        },
     ]
 }
 
 
-def _started(recipe: Path, ready: Path, deadline_s: float = 120) -> tuple[subprocess.Popen[bytes], dict]:
+def _started(
+    recipe: Path, ready: Path, deadline_s: float = 120
+) -> tuple[subprocess.Popen[bytes], dict]:
     """The panel server and its readiness line (bounded)."""
     with open(ready, "w") as out:
         server = subprocess.Popen(
@@ -78,7 +84,9 @@ def main_line(rounds: int = ROUNDS) -> str:
             url = f"http://127.0.0.1:{info['port']}"
             with (
                 build_panel(load_recipe(recipe).train) as local,
-                RemoteRewardBackend(url, token=TOKEN, request_batch_size=len(request.items)) as whole,
+                RemoteRewardBackend(
+                    url, token=TOKEN, request_batch_size=len(request.items)
+                ) as whole,
                 RemoteRewardBackend(url, token=TOKEN) as chunked,
             ):
                 calls: dict[str, Callable[[], object]] = {
@@ -88,15 +96,22 @@ def main_line(rounds: int = ROUNDS) -> str:
                 }
                 samples = _timed(calls, rounds)
                 expected = local.compute_rewards(request).rewards
-                assert whole.compute_rewards(request).rewards == expected == chunked.compute_rewards(request).rewards
+                assert (
+                    whole.compute_rewards(request).rewards
+                    == expected
+                    == chunked.compute_rewards(request).rewards
+                )
         finally:
             stop(server, grace_s=30)
-    served_s, local_s, chunked_s = (statistics.median(samples[k]) for k in ("served", "in_process", "chunked"))
+    served_s, local_s, chunked_s = (
+        statistics.median(samples[k]) for k in ("served", "in_process", "chunked")
+    )
     return (
-        f"{len(request.items)}-item GRPO panel served (serve --recipe: math_verify + exact_match + token_f1) "
-        f"p50 {served_s * 1e3:8.2f} ms  in-process {local_s * 1e3:8.2f} ms  "
-        f"overhead {(served_s - local_s) * 1e3:7.2f} ms/batch  ratio {served_s / local_s:5.3f}  "
-        f"(default 64-item chunks, overlapping: {chunked_s * 1e3:8.2f} ms, ratio {chunked_s / local_s:5.3f})"
+        f"{len(request.items)}-item GRPO panel served (serve --recipe: math_verify + "
+        f"exact_match + token_f1) p50 {served_s * 1e3:8.2f} ms  in-process "
+        f"{local_s * 1e3:8.2f} ms  overhead {(served_s - local_s) * 1e3:7.2f} ms/batch  "
+        f"ratio {served_s / local_s:5.3f}  (default 64-item chunks, overlapping: "
+        f"{chunked_s * 1e3:8.2f} ms, ratio {chunked_s / local_s:5.3f})"
     )
 
 

@@ -14,7 +14,8 @@ install it, the target prints one SKIPPED line and exits 0: it is optional.
     .venv/bin/python -m bench.peers                    # trainer side (this is what make runs)
     bench/.peers-venv/bin/python -m bench.peers ray DIR  # the Ray side; prints one JSON line
 
-Module-level imports are stdlib + numpy only (and `bench.common`, stdlib only), since both venvs import this file.
+Module-level imports are stdlib + numpy only (and `bench.common`, stdlib only), since both venvs
+import this file.
 """
 
 from __future__ import annotations
@@ -94,15 +95,20 @@ def ray_peer(temp_dir: str) -> dict:
     )
     try:
         actor = Scorer.remote()  # type: ignore[attr-defined]  # added by @ray.remote
-        assert ray.get(actor.score.remote(images), timeout=60) == expected, "Ray actor rewards differ"
+        assert ray.get(actor.score.remote(images), timeout=60) == expected, (
+            "Ray actor rewards differ"
+        )
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(HttpScorer.bind(), route_prefix="/")  # type: ignore[attr-defined]  # added by @serve.deployment
         startup_s = time.perf_counter() - started
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # keep-alive, like our httpx client
+        # keep-alive, like our httpx client
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 
         def post(payload: bytes) -> list[float]:
-            conn.request("POST", "/", body=payload, headers={"content-type": "application/octet-stream"})
+            conn.request(
+                "POST", "/", body=payload, headers={"content-type": "application/octet-stream"}
+            )
             response = conn.getresponse()
             data = response.read()
             assert response.status == 200, (response.status, data[:200])
@@ -111,12 +117,18 @@ def ray_peer(temp_dir: str) -> dict:
         assert post(body) == expected, "Ray Serve rewards differ"
         assert post(b"") == []
         empty = interleaved(
-            {"actor": lambda: ray.get(actor.empty.remote(), timeout=60), "serve": lambda: post(b"")},
+            {
+                "actor": lambda: ray.get(actor.empty.remote(), timeout=60),
+                "serve": lambda: post(b""),
+            },
             EMPTY_ROUNDS,
             warmup=20,
         )
         batch = interleaved(
-            {"actor": lambda: ray.get(actor.score.remote(images), timeout=60), "serve": lambda: post(body)},
+            {
+                "actor": lambda: ray.get(actor.score.remote(images), timeout=60),
+                "serve": lambda: post(body),
+            },
             BATCH_ROUNDS,
             warmup=3,
         )
@@ -141,12 +153,17 @@ def ray_peer(temp_dir: str) -> dict:
 
 
 def build_venv() -> str | None:
-    """Build the scratch venv when missing or stale; return a skip reason, or None when it is ready."""
+    """Build the scratch venv when missing or stale; return a skip reason, or None when it is
+    ready."""
     want = hashlib.sha256(REQUIREMENTS.encode()).hexdigest()
     stamp = VENV / ".requirements.sha256"
     if VENV_PYTHON.exists() and stamp.exists() and stamp.read_text().strip() == want:
         return None
-    print(f"bench-peers: building {VENV.relative_to(ROOT)} ({REQUIREMENTS.strip().replace(chr(10), ', ')})", flush=True)
+    print(
+        f"bench-peers: building {VENV.relative_to(ROOT)} "
+        f"({REQUIREMENTS.strip().replace(chr(10), ', ')})",
+        flush=True,
+    )
     shutil.rmtree(VENV, ignore_errors=True)
     steps = [
         [sys.executable, "-m", "venv", str(VENV)],
@@ -166,13 +183,17 @@ def build_venv() -> str | None:
                 for ln in (done.stderr + done.stdout).splitlines()
                 if ln.strip() and not ln.startswith("WARNING: Location")
             ]
-            return f"pip could not install {REQUIREMENTS.split()[0]}: {lines[-1] if lines else done.returncode}"
+            return (
+                f"pip could not install {REQUIREMENTS.split()[0]}: "
+                f"{lines[-1] if lines else done.returncode}"
+            )
     stamp.write_text(want + "\n")
     return None
 
 
 def ray_named_alive() -> int:
-    """Processes named like Ray's anywhere on the machine (the `ps` check: nothing else here runs Ray)."""
+    """Processes named like Ray's anywhere on the machine (the `ps` check: nothing else here runs
+    Ray)."""
     import psutil
 
     return sum(
@@ -183,12 +204,14 @@ def ray_named_alive() -> int:
 
 
 def run_peer() -> tuple[dict, int]:
-    """Run ray_peer in the scratch venv under a deadline, then reap; return (figures, processes killed)."""
+    """Run ray_peer in the scratch venv under a deadline, then reap; return (figures, processes
+    killed)."""
     return run_ray_side(VENV_PYTHON, "bench.peers", "the Ray peer", PEER_TIMEOUT_S)
 
 
 def measure_ours() -> dict:
-    """Our side on the same batch: in-process, managed child over shared memory and in-band; tiny request."""
+    """Our side on the same batch: in-process, managed child over shared memory and in-band; tiny
+    request."""
     from bench.common import managed, p50, time_backends, timed, transport_trio
     from bench.handles import managed_of
     from bench.workloads import image_request
@@ -215,12 +238,18 @@ def report(ours: dict, ray: dict) -> list[str]:
         )
 
     return [
-        "8x512x512x3 uint8 (6.3 MB), mean_intensity; baseline: our managed child over shared memory",
+        "8x512x512x3 uint8 (6.3 MB), mean_intensity; baseline: our managed child over shared "
+        "memory",
         line("  in-process (LocalRewardBackend)", t["in-process"], shared, "managed shared"),
         line("  managed child, shared memory", shared, shared, "managed shared"),
         line("  managed child, in-band (HTTP body)", t["in-band"], shared, "managed shared"),
         line("  Ray actor, batch", ray["actor_batch_p50_s"], shared, "managed shared"),
-        line("  Ray Serve HTTP, batch as raw bytes", ray["serve_batch_p50_s"], shared, "managed shared"),
+        line(
+            "  Ray Serve HTTP, batch as raw bytes",
+            ray["serve_batch_p50_s"],
+            shared,
+            "managed shared",
+        ),
         "tiny request; baseline: our managed child, 1 text item, scorer constant",
         line("  managed child, tiny", tiny, tiny, "managed tiny"),
         line("  Ray actor, empty call", ray["actor_empty_p50_s"], tiny, "managed tiny"),

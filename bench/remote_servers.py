@@ -23,7 +23,13 @@ from pathlib import Path
 
 from bench.common import readiness, stop
 from bench.fake_openai import FakeOpenAI
-from supervisor import MultiRemoteRewardBackend, RemoteRewardBackend, RewardBackend, RewardItem, RewardRequest
+from supervisor import (
+    MultiRemoteRewardBackend,
+    RemoteRewardBackend,
+    RewardBackend,
+    RewardItem,
+    RewardRequest,
+)
 
 ROUNDS = 3
 TOKEN = "b" * 32
@@ -34,7 +40,10 @@ COUNTS = (1, 2, 4)
 def request(n: int = 64, group: int = 8) -> RewardRequest:
     items = [
         RewardItem(
-            id=f"j{i}", group_id=f"q{i // group}", prompt=f"question {i // group}", text=f"[[slow:{WAIT_S}]] {i}"
+            id=f"j{i}",
+            group_id=f"q{i // group}",
+            prompt=f"question {i // group}",
+            text=f"[[slow:{WAIT_S}]] {i}",
         )
         for i in range(n)
     ]
@@ -43,9 +52,24 @@ def request(n: int = 64, group: int = 8) -> RewardRequest:
 
 @contextmanager
 def judge_servers(count: int, base_url: str) -> Iterator[list[str]]:
-    """`count` serve processes of the judge, started together; their URLs once every one is ready."""
-    params = {"base_url": base_url, "model": "fake-judge", "concurrency": 4, "request_timeout_s": 10.0}
-    command = [sys.executable, "-m", "supervisor", "serve", "--scorer", "llm_judge", "--python", sys.executable]
+    """`count` serve processes of the judge, started together; their URLs once every one is
+    ready."""
+    params = {
+        "base_url": base_url,
+        "model": "fake-judge",
+        "concurrency": 4,
+        "request_timeout_s": 10.0,
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "supervisor",
+        "serve",
+        "--scorer",
+        "llm_judge",
+        "--python",
+        sys.executable,
+    ]
     command += ["--params", json.dumps(params)]
     with tempfile.TemporaryDirectory(prefix="bench-servers-") as folder:
         processes, lines = [], [Path(folder) / f"{n}.json" for n in range(count)]
@@ -53,7 +77,9 @@ def judge_servers(count: int, base_url: str) -> Iterator[list[str]]:
             for line in lines:
                 with open(line, "w") as out:
                     env = {**os.environ, "MANAGED_SCORERS_TOKEN": TOKEN}
-                    processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, env=env))
+                    processes.append(
+                        subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, env=env)
+                    )
             yield [
                 f"http://127.0.0.1:{readiness(line, process, 60)['port']}"
                 for process, line in zip(processes, lines, strict=True)
@@ -70,13 +96,18 @@ def main_line(rounds: int = ROUNDS, counts: tuple[int, ...] = COUNTS, items: int
     """`counts`: 1 first (the baseline); `items`: a multiple of the group (8)."""
     batch = request(items)
     with FakeOpenAI() as fake, judge_servers(max(counts), fake.base_url) as urls:
-        backends: dict[int, RewardBackend] = {1: RemoteRewardBackend(urls[0], TOKEN, request_batch_size=8)}
+        backends: dict[int, RewardBackend] = {
+            1: RemoteRewardBackend(urls[0], TOKEN, request_batch_size=8)
+        }
         try:
             for count in counts[1:]:
-                backends[count] = MultiRemoteRewardBackend(urls[:count], TOKEN, request_batch_size=8)
+                backends[count] = MultiRemoteRewardBackend(
+                    urls[:count], TOKEN, request_batch_size=8
+                )
             calls = {n: _scoring(backend, batch) for n, backend in backends.items()}
             samples: dict[int, list[float]] = {n: [] for n in calls}
-            rewards = {n: backend.compute_rewards(batch).rewards for n, backend in backends.items()}  # warm
+            # warm
+            rewards = {n: backend.compute_rewards(batch).rewards for n, backend in backends.items()}
             assert all(r == rewards[1] for r in rewards.values()), "servers disagree"
             for _ in range(rounds):  # interleaved: machine drift hits every count alike
                 for n, call in calls.items():
@@ -90,8 +121,8 @@ def main_line(rounds: int = ROUNDS, counts: tuple[int, ...] = COUNTS, items: int
     figures = "  ".join(f"{n} server{'s' if n > 1 else ''} {p50[n] * 1e3:7.1f} ms" for n in counts)
     ratios = "  ".join(f"{n}: x{p50[1] / p50[n]:4.2f}" for n in counts[1:])
     return (
-        f"{len(batch.items)}-item llm_judge over remote servers (fake OpenAI, {WAIT_S * 1e3:.0f} ms per verdict) p50 "
-        f"{figures}  throughput vs 1 server {ratios}"
+        f"{len(batch.items)}-item llm_judge over remote servers (fake OpenAI, "
+        f"{WAIT_S * 1e3:.0f} ms per verdict) p50 {figures}  throughput vs 1 server {ratios}"
     )
 
 

@@ -21,15 +21,22 @@ def main_line(steps: int = STEPS, rounds: int = ROUNDS, params: dict | None = No
     from bench.common import env_python, run_driver
 
     chosen = json.dumps(params if params is not None else MATH_PARAMS)
-    report = run_driver("trlbench", "bench.trl_step_driver", str(steps), str(rounds), env_python("math"), chosen)
+    report = run_driver(
+        "trlbench", "bench.trl_step_driver", str(steps), str(rounds), env_python("math"), chosen
+    )
     if report["mismatches"]:
-        raise RuntimeError(f"TRL's accuracy_reward and the managed grader disagree on {report['mismatches']} rewards")
+        raise RuntimeError(
+            f"TRL's accuracy_reward and the managed grader disagree on "
+            f"{report['mismatches']} rewards"
+        )
     share, ms = report["share"], report["reward_ms"]
     return (
-        f"TRL GRPO step ({report['items_per_step']} completions, {report['steps']['managed']} steps each, "
-        f"{report['right']:.0%} right): reward share of the step  constant {share['constant']:5.1%}  "
-        f"TRL accuracy_reward in-process {share['trl']:5.1%} ({ms['trl']:.1f} ms)  managed math_verify "
-        f"{share['managed']:5.1%} ({ms['managed']:.1f} ms)  managed/TRL {share['managed'] / share['trl']:5.3f}"
+        f"TRL GRPO step ({report['items_per_step']} completions, "
+        f"{report['steps']['managed']} steps each, {report['right']:.0%} right): reward "
+        f"share of the step  constant {share['constant']:5.1%}  TRL accuracy_reward "
+        f"in-process {share['trl']:5.1%} ({ms['trl']:.1f} ms)  managed math_verify "
+        f"{share['managed']:5.1%} ({ms['managed']:.1f} ms)  managed/TRL "
+        f"{share['managed'] / share['trl']:5.3f}"
     )
 
 

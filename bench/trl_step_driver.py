@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-Grader = Callable[[list[str], list[str], list[str]], list[float]]  # prompts, texts, golds -> rewards
+# prompts, texts, golds -> rewards
+Grader = Callable[[list[str], list[str], list[str]], list[float]]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.common import workload  # noqa: E402
@@ -37,7 +38,8 @@ MIX = workload(1000, 144)  # distinct worked answers and their golds, 16 a step
 
 
 class Timed:
-    """A TRL reward function that appends the answers, times the inner call, and keeps what it scored."""
+    """A TRL reward function that appends the answers, times the inner call, and keeps what it
+    scored."""
 
     def __init__(self, name: str, inner: Grader) -> None:
         self.__name__ = name
@@ -58,7 +60,8 @@ class Timed:
 
 
 def trl_accuracy(prompts: list[str], texts: list[str], golds: list[str]) -> list[float]:
-    """TRL's accuracy_reward on plain-text completions (it reads conversational ones: one message each)."""
+    """TRL's accuracy_reward on plain-text completions (it reads conversational ones: one message
+    each)."""
     from trl.rewards import accuracy_reward
 
     rewards = accuracy_reward([[{"role": "assistant", "content": text}] for text in texts], golds)
@@ -73,14 +76,20 @@ def run(steps: int, rounds: int, math_python: str, params: dict[str, Any]) -> di
     from trl import GRPOConfig, GRPOTrainer
 
     backend = ManagedScorerProcessBackend(
-        {"process": {"python_executable": math_python}, "scorer": {"name": "math_verify", "params": params}}
+        {
+            "process": {"python_executable": math_python},
+            "scorer": {"name": "math_verify", "params": params},
+        }
     )
     managed = TRLRewardFunction(backend)
     rewards = {
         "constant": Timed("constant", lambda prompts, texts, golds: [1.0] * len(texts)),
         "trl": Timed("trl", trl_accuracy),
         "managed": Timed(
-            "managed", lambda prompts, texts, golds: list(managed(prompts=prompts, completions=texts, answer=golds))
+            "managed",
+            lambda prompts, texts, golds: list(
+                managed(prompts=prompts, completions=texts, answer=golds)
+            ),
         ),
     }
     step_s: dict[str, list[float]] = {name: [] for name in rewards}
@@ -131,7 +140,9 @@ def run(steps: int, rounds: int, math_python: str, params: dict[str, Any]) -> di
         # the same work: each grader's rewards on the other's texts equal the other's rewards
         mismatches = 0
         for prompts, texts, golds, got in rewards["managed"].scored:
-            mismatches += sum(a != b for a, b in zip(trl_accuracy(prompts, texts, golds), got, strict=True))
+            mismatches += sum(
+                a != b for a, b in zip(trl_accuracy(prompts, texts, golds), got, strict=True)
+            )
         for prompts, texts, golds, got in rewards["trl"].scored:
             again = managed(prompts=prompts, completions=texts, answer=golds)
             mismatches += sum(a != b for a, b in zip(again, got, strict=True))
@@ -148,5 +159,10 @@ def run(steps: int, rounds: int, math_python: str, params: dict[str, Any]) -> di
 
 
 if __name__ == "__main__":
-    steps, rounds, math_python, params = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+    steps, rounds, math_python, params = (
+        int(sys.argv[1]),
+        int(sys.argv[2]),
+        sys.argv[3],
+        json.loads(sys.argv[4]),
+    )
     print(json.dumps(run(steps, rounds, math_python, params)))

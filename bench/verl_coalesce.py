@@ -23,12 +23,18 @@ def main_line(rounds: int = 5, n: int = N) -> str:
 
     rows = math_items(n)
     backend = managed("math", "math_verify", "text", {"jobs": 2})
-    forms = {"coalesced": VerlComputeScore(backend), "per item": VerlComputeScore(backend, coalesce=False)}
+    forms = {
+        "coalesced": VerlComputeScore(backend),
+        "per item": VerlComputeScore(backend, coalesce=False),
+    }
 
     def burst(score: VerlComputeScore) -> None:
         async def run() -> None:
             await asyncio.gather(
-                *(score.acompute_score("math", r["text"], r["reference"], {"index": i}) for i, r in enumerate(rows))
+                *(
+                    score.acompute_score("math", r["text"], r["reference"], {"index": i})
+                    for i, r in enumerate(rows)
+                )
             )
 
         asyncio.run(run())
@@ -46,8 +52,9 @@ def main_line(rounds: int = 5, n: int = N) -> str:
         backend.close()
     coalesced, per_item = (statistics.median(samples[k]) for k in ("coalesced", "per item"))
     return (
-        f"verl async compute_score, {n} concurrent items, math_verify: coalesced {coalesced * 1e3:7.1f} ms  "
-        f"one request per item {per_item * 1e3:7.1f} ms  ratio {coalesced / per_item:.3f}"
+        f"verl async compute_score, {n} concurrent items, math_verify: coalesced "
+        f"{coalesced * 1e3:7.1f} ms  one request per item {per_item * 1e3:7.1f} ms  ratio "
+        f"{coalesced / per_item:.3f}"
     )
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **_: Any) -> float:
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **_: Any
+) -> float:
     from verl.utils.reward_score import math_verify
 
     return float(math_verify.compute_score(solution_str, ground_truth))

@@ -18,15 +18,19 @@ ROUNDS = 5
 def main_line(items: int = ITEMS, rounds: int = ROUNDS) -> str:
     from bench.common import env_python, run_driver
 
-    report = run_driver("trl", "bench.verl_step_driver", str(items), str(rounds), env_python("math"))
+    report = run_driver(
+        "trl", "bench.verl_step_driver", str(items), str(rounds), env_python("math")
+    )
     if report["mismatches"]:
-        raise RuntimeError(f"verl's own grader and the managed one disagree on {report['mismatches']} rewards")
+        raise RuntimeError(
+            f"verl's own grader and the managed one disagree on {report['mismatches']} rewards"
+        )
     managed, own = report["seconds"]["managed"], report["seconds"]["verl"]
     return (
-        f"verl reward loop, {report['items']} items ({report['right']:.0%} right): managed entry point "
-        f"{managed * 1e3:7.1f} ms  verl's own math_verify {own * 1e3:7.1f} ms  ratio {managed / own:5.3f}  "
-        f"(on the whole mix verl's own, antlr 4.9.3, disagrees on {report['whole_mix_disagree']} of "
-        f"{report['whole_mix']}: the percent answers)"
+        f"verl reward loop, {report['items']} items ({report['right']:.0%} right): managed "
+        f"entry point {managed * 1e3:7.1f} ms  verl's own math_verify {own * 1e3:7.1f} ms  "
+        f"ratio {managed / own:5.3f}  (on the whole mix verl's own, antlr 4.9.3, disagrees on "
+        f"{report['whole_mix_disagree']} of {report['whole_mix']}: the percent answers)"
     )
 
 

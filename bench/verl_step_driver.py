@@ -1,5 +1,5 @@
-"""Runs in envs/trl (verl 0.9.1): verl's reward loop on one fixed batch, graded two ways, interleaved.
-Printed as one JSON line; bench/verl_step.py makes the line of `make bench` from it.
+"""Runs in envs/trl (verl 0.9.1): verl's reward loop on one fixed batch, graded two ways,
+interleaved. Printed as one JSON line; bench/verl_step.py makes the line of `make bench` from it.
 
 One `RewardLoopWorker` (verl's in-process reward loop, naive manager, one task per item) per way:
 - managed: the shipped entry point, examples/verl_compute_score.py's `compute_score` (math_verify
@@ -42,7 +42,8 @@ def run(items: int, rounds: int) -> dict[str, Any]:
     from verl.experimental.reward_loop import RewardLoopWorker
 
     mix = workload(1000, items * 9 // 8 + 9)
-    mix = [(text, gold.strip("$")) for text, gold in mix]  # verl boxes the gold itself: a bare expression
+    # verl boxes the gold itself: a bare expression
+    mix = [(text, gold.strip("$")) for text, gold in mix]
     rows = [[text, gold] for text, gold in mix if "\\%" not in text][:items]
     whole = [[text, gold] for text, gold in mix[:items]]
     with tempfile.TemporaryDirectory() as out:
@@ -54,10 +55,12 @@ def run(items: int, rounds: int) -> dict[str, Any]:
             for name, path in PATHS.items()
         }
         for worker in workers.values():
-            # warm: the child boots, verl's pool spawns; not the reference, as verl's own grader scores 0 what
-            # passes its 30 s timeout, which its cold pool's first call can on a loaded machine
+            # warm: the child boots, verl's pool spawns; not the reference, as verl's own grader
+            # scores 0 what passes its 30 s timeout, which its cold pool's first call can on a
+            # loaded machine
             rewards_of(worker, data)
-        got: dict[str, list[float]] = {}  # each way's rewards in its first round, the others must repeat
+        # each way's rewards in its first round, the others must repeat
+        got: dict[str, list[float]] = {}
         seconds: dict[str, list[float]] = {name: [] for name in workers}
         for _ in range(rounds):
             for name, worker in workers.items():
@@ -72,7 +75,9 @@ def run(items: int, rounds: int) -> dict[str, Any]:
         "mismatches": sum(a != b for a, b in zip(got["managed"], got["verl"], strict=True)),
         "right": sum(got["managed"]) / len(rows),
         "whole_mix": len(whole),
-        "whole_mix_disagree": sum(a != b for a, b in zip(on_all["managed"], on_all["verl"], strict=True)),
+        "whole_mix_disagree": sum(
+            a != b for a, b in zip(on_all["managed"], on_all["verl"], strict=True)
+        ),
     }
 
 

@@ -46,12 +46,18 @@ def embed_items(n: int = 64) -> list[dict[str, Any]]:
 
 def image_items(n: int = 8, size: int = 512) -> list[dict[str, Any]]:
     rng = np.random.default_rng(0)
-    return [{"id": f"img{i}", "image": rng.integers(0, 256, (size, size, 3), dtype=np.uint8)} for i in range(n)]
+    return [
+        {"id": f"img{i}", "image": rng.integers(0, 256, (size, size, 3), dtype=np.uint8)}
+        for i in range(n)
+    ]
 
 
 def math_items(n: int = 64) -> list[dict[str, Any]]:
     """n distinct completions with gold answers (the math throughput bench's mix)."""
-    return [{"id": f"m{i}", "text": text, "reference": gold} for i, (text, gold) in enumerate(workload(1000, n))]
+    return [
+        {"id": f"m{i}", "text": text, "reference": gold}
+        for i, (text, gold) in enumerate(workload(1000, n))
+    ]
 
 
 WORKLOADS = {"ocr": ocr_items, "embed": embed_items, "image": image_items, "math": math_items}
@@ -64,7 +70,8 @@ def image_request() -> RewardRequest:
 
 
 def grpo_request(n: int = 128, group: int = 8) -> RewardRequest:
-    """n math completions in GRPO groups of `group`, one gold answer per group (the panel lines' step)."""
+    """n math completions in GRPO groups of `group`, one gold answer per group (the panel lines'
+    step)."""
     from supervisor import RewardItem, RewardRequest
 
     raw = math_items(n)
@@ -103,7 +110,9 @@ def slices(ordinary: int = 512):
         start += ordinary
 
 
-def with_hazards(ordinary: list[tuple], hazards: int = len(PATHOLOGICAL)) -> tuple[list[tuple], list[int]]:
+def with_hazards(
+    ordinary: list[tuple], hazards: int = len(PATHOLOGICAL)
+) -> tuple[list[tuple], list[int]]:
     """The ordinary tasks with the first `hazards` pathological ones spread through them (fixed
     seed), and where the ordinary ones sit."""
     size = len(ordinary) + hazards

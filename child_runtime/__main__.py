@@ -31,10 +31,13 @@ from child_runtime import lifeline
 from child_runtime.protocol import boot, exit_codes
 from scorers import early
 
-early.run_from_argv(sys.argv)  # before the imports below: a scorer's helper starts meanwhile (scorers/early.py)
+# before the imports below: a scorer's helper starts meanwhile (scorers/early.py)
+early.run_from_argv(sys.argv)
 
-try:  # what the runtime needs beyond the stdlib (numpy): a missing package is said on the readiness pipe
-    if importlib.util.find_spec("numpy") is None:  # imported only where an array is met, but part of the contract
+# what the runtime needs beyond the stdlib (numpy): a missing package is said on the readiness pipe
+try:
+    # imported only where an array is met, but part of the contract
+    if importlib.util.find_spec("numpy") is None:
         raise ModuleNotFoundError("No module named 'numpy'", name="numpy")
     from child_runtime.gate import ConnectionGate, gated
     from child_runtime.host import GPU_RESIDENCY_MODES, ScorerHost
@@ -70,11 +73,13 @@ class BootConfig:
     boot_offloaded: bool = False  # a restart after the trainer offloaded boots offloaded
     device: str = "cpu"
     graceful_timeout_s: float = 5.0
-    limits: Limits = field(default_factory=lambda: Limits())  # resolved when made: the import may have failed
+    # resolved when made: the import may have failed
+    limits: Limits = field(default_factory=lambda: Limits())
     shared_fd: int | None = None  # the parent's sealed memfd, when it offers a shared data plane
     rank: int = 0  # the trainer rank that owns this child: a label on its metrics
     cwd: str | None = None  # the trainer's working directory (a spawn cannot set it)
-    openrlhf_secret: str | None = None  # `serve --openrlhf-secret-file`: OpenRLHF's route at /openrlhf/<secret>
+    # `serve --openrlhf-secret-file`: OpenRLHF's route at /openrlhf/<secret>
+    openrlhf_secret: str | None = None
     metrics_token: str | None = None  # `serve --metrics-token-file`: a token for GET /metrics only
 
 
@@ -106,7 +111,8 @@ def _say(pipe: BinaryIO, message: dict[str, Any]) -> None:
 
 
 def _fail(pipe: BinaryIO | None, code: int, message: str) -> NoReturn:
-    """Say why on the readiness pipe first, then try the log; exit with the reserved code either way."""
+    """Say why on the readiness pipe first, then try the log; exit with the reserved code either
+    way."""
     if pipe is not None:
         try:
             _say(pipe, {"ready": False, "exit_code": code, "error": message[-2000:]})
@@ -117,7 +123,8 @@ def _fail(pipe: BinaryIO | None, code: int, message: str) -> NoReturn:
 
 
 def _pipe_of(raw: dict[str, Any]) -> BinaryIO | None:
-    """The readiness pipe named by a boot config not read further (so its failure can be said there)."""
+    """The readiness pipe named by a boot config not read further (so its failure can be said
+    there)."""
     fd = raw.get("ready_fd")
     try:
         return os.fdopen(fd, "wb", buffering=0) if isinstance(fd, int) else None
@@ -130,14 +137,17 @@ def _missing_package(exc: ImportError) -> str:
     name = exc.name or str(exc)
     return (
         f"the scorer env's python {sys.executable} cannot run the child runtime: it lacks {name!r} "
-        f"({type(exc).__name__}: {exc}). Build a scorer env (`managed-scorers envs build NAME`, then "
-        '`"env": "NAME"` in the spec), or install numpy, starlette and uvicorn into this one (where '
+        f"({type(exc).__name__}: {exc}). Build a scorer env (`managed-scorers envs build "
+        f"NAME`, then "
+        '`"env": "NAME"` in the spec), or install numpy, starlette and uvicorn into this one '
+        "(where "
         "managed-scorers itself is installed: pip install 'managed-scorers[serving]')."
     )
 
 
 def _log(line: str) -> None:
-    """A line in the child's log; a full or broken log is not a reason to die or to hide the cause."""
+    """A line in the child's log; a full or broken log is not a reason to die or to hide the
+    cause."""
     try:
         print(line, file=sys.stderr, flush=True)
     except OSError:
@@ -153,7 +163,9 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
         scorer_cls = resolve_scorer(config.scorer_name, config.catalog)
     except (UnknownScorerError, CatalogError) as exc:
         bad_name = not isinstance(exc.__cause__, ImportError)
-        _fail(pipe, exit_codes.BAD_CONFIG if bad_name else exit_codes.SCORER_IMPORT_FAILED, str(exc))
+        _fail(
+            pipe, exit_codes.BAD_CONFIG if bad_name else exit_codes.SCORER_IMPORT_FAILED, str(exc)
+        )
     try:
         scorer = scorer_cls(**config.scorer_params)
     except (TypeError, ValueError) as exc:
@@ -161,7 +173,11 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
     except Exception:  # noqa: BLE001 - a constructor must be cheap; whatever it raised is reported in full
         _fail(pipe, exit_codes.SCORER_LOAD_FAILED, traceback.format_exc())
     if config.openrlhf_secret is not None and scorer.spec.groupwise:  # before any weights load
-        _fail(pipe, exit_codes.BAD_CONFIG, f"the OpenRLHF route refuses: {groupwise_refusal([scorer.spec.name])}")
+        _fail(
+            pipe,
+            exit_codes.BAD_CONFIG,
+            f"the OpenRLHF route refuses: {groupwise_refusal([scorer.spec.name])}",
+        )
     identity_hash = _identity(scorer, config, pipe)
     _check_pins(config, scorer.spec.name, scorer.spec.revision, identity_hash, pipe)
     try:
@@ -173,7 +189,8 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
         _fail(
             pipe,
             exit_codes.BAD_CONFIG,
-            f"input_kind {declared!r} configured, but scorer {scorer.spec.name!r} takes {scorer.spec.input_kind!r}",
+            f"input_kind {declared!r} configured, but scorer {scorer.spec.name!r} takes "
+            f"{scorer.spec.input_kind!r}",
         )
     started = time.monotonic()
     try:
@@ -216,20 +233,25 @@ def _identity(scorer: Any, config: BootConfig, pipe: BinaryIO) -> str:
         _fail(pipe, exit_codes.BAD_CONFIG, f"scorer {config.scorer_name!r} identity: {exc}")
 
 
-def _check_pins(config: BootConfig, name: str, revision: str, identity_hash: str, pipe: BinaryIO) -> None:
-    """A configured revision or identity hash is a pin: serving another scorer would be a silent lie."""
+def _check_pins(
+    config: BootConfig, name: str, revision: str, identity_hash: str, pipe: BinaryIO
+) -> None:
+    """A configured revision or identity hash is a pin: serving another scorer would be a silent
+    lie."""
     if config.revision is not None and config.revision != revision:
         _fail(
             pipe,
             exit_codes.BAD_CONFIG,
-            f"revision pin {config.revision!r} refused: scorer {name!r} in this env is revision {revision!r}",
+            f"revision pin {config.revision!r} refused: scorer {name!r} in this env is "
+            f"revision {revision!r}",
         )
     if config.identity_hash is not None and config.identity_hash != identity_hash:
         _fail(
             pipe,
             exit_codes.BAD_CONFIG,
-            f"identity_hash pin {config.identity_hash} refused: scorer {name!r} with these params has identity "
-            f"{identity_hash} (its revision, terms, diagnostics or verdict-changing params differ)",
+            f"identity_hash pin {config.identity_hash} refused: scorer {name!r} with these "
+            f"params has identity {identity_hash} (its revision, terms, diagnostics or "
+            f"verdict-changing params differ)",
         )
 
 
@@ -250,15 +272,16 @@ def _import_server(pipe: BinaryIO) -> None:
     Paused, the collector runs none of the full collections the imports would trigger (each walks
     every object made so far): about a quarter of their CPU time, which 8 children booting on two
     cores feel. Frozen, the boot's modules are never walked again. Resumed before the scorer loads,
-    so that a load() making cyclic garbage (model weights in a traceback's frames) frees it as usual.
-    A scorer's helper started early (scorers/early.py) does its own imports meanwhile."""
+    so that a load() making cyclic garbage (model weights in a traceback's frames) frees it as
+    usual. A scorer's helper started early (scorers/early.py) does its own imports meanwhile."""
     try:
         import uvicorn  # noqa: F401
         import uvicorn.loops.auto  # noqa: F401
         import uvicorn.protocols.http.auto  # noqa: F401
 
         import child_runtime.app  # noqa: F401
-    except ImportError as exc:  # the scorer env lacks the child runtime's packages: it will not boot on a retry
+    # the scorer env lacks the child runtime's packages: it will not boot on a retry
+    except ImportError as exc:
         _fail(pipe, exit_codes.BAD_CONFIG, _missing_package(exc))
     finally:
         gc.freeze()
@@ -278,11 +301,15 @@ def _open_segment(config: BootConfig) -> tuple[ChildSegment | None, str | None]:
 
 def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[str, float]) -> None:
     from child_runtime import access_log
-    from child_runtime.app import build_app  # imported by _import_server, which says a missing package
+
+    # imported by _import_server, which says a missing package
+    from child_runtime.app import build_app
 
     standalone = config.parent_pid is None  # `managed-scorers serve`: a person reads its stderr
     segment, segment_error = _open_segment(config)
-    gate = ConnectionGate(config.limits.max_pending_connections, config.limits.pending_connection_timeout_s)
+    gate = ConnectionGate(
+        config.limits.max_pending_connections, config.limits.pending_connection_timeout_s
+    )
 
     def ready() -> dict[str, Any]:
         if standalone:  # the readiness line goes to stdout, unchanged; the person reads stderr
@@ -296,7 +323,8 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
             "shared_memory_error": segment_error,
             "openrlhf_route": config.openrlhf_secret is not None,
             "event_loop": type(asyncio.get_running_loop()).__module__,
-            "warming": host.scorer.warming(),  # the first request waits for what load() left starting
+            # the first request waits for what load() left starting
+            "warming": host.scorer.warming(),
             **timings,
         }
 
@@ -315,16 +343,21 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
         app = access_log.AccessLog(app)
     server = _announcing_server(_uvicorn_config(app, gate, config.graceful_timeout_s), pipe, ready)
     listener = socket.socket(fileno=config.listen_fd)  # the one socket we pass to run()
-    if config.parent_pid is None:  # `managed-scorers serve`: a SIGTERM or Ctrl-C is a graceful stop, exit 0
-        # uvicorn drains, restores this handler and raises the signal it caught again: here it ends the wait
+    # `managed-scorers serve`: a SIGTERM or Ctrl-C is a graceful stop, exit 0
+    if config.parent_pid is None:
+        # uvicorn drains, restores this handler and raises the signal it caught again: here it ends
+        # the wait
         for stop in (signal.SIGTERM, signal.SIGINT):
             signal.signal(stop, lambda signum, frame: None)
     server.run(sockets=[listener])  # not asyncio.run(): that would ignore the loop factory
 
 
-def _uvicorn_config(app: ASGIApp, gate: ConnectionGate, graceful_timeout_s: float) -> uvicorn.Config:
-    """uvicorn's settings for our own parent: loop/http "auto" (uvloop and httptools where the env has
-    them); the parent reconnects only when it must, so idle keep-alive connections are never reaped."""
+def _uvicorn_config(
+    app: ASGIApp, gate: ConnectionGate, graceful_timeout_s: float
+) -> uvicorn.Config:
+    """uvicorn's settings for our own parent: loop/http "auto" (uvloop and httptools where the env
+    has them); the parent reconnects only when it must, so idle keep-alive connections are never
+    reaped."""
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
@@ -346,7 +379,8 @@ def _uvicorn_config(app: ASGIApp, gate: ConnectionGate, graceful_timeout_s: floa
 def _announcing_server(
     uv_config: uvicorn.Config, pipe: BinaryIO, ready: Callable[[], dict[str, Any]]
 ) -> uvicorn.Server:
-    """A uvicorn server that says `ready()` on the readiness pipe, then closes it, once it listens."""
+    """A uvicorn server that says `ready()` on the readiness pipe, then closes it, once it
+    listens."""
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -362,15 +396,24 @@ def main() -> None:
     faulthandler.enable()
     started = time.monotonic()
     if sys.version_info < (3, 11):  # noqa: UP036 - a scorer env may be older; PYTHONSAFEPATH needs 3.11
-        _fail(None, exit_codes.BAD_CONFIG, f"the scorer env's Python is {sys.version.split()[0]}; 3.11+ is needed")
-    standalone = sys.argv[1:] == ["--standalone"]  # `managed-scorers serve`: lives until SIGTERM, not with a parent
+        _fail(
+            None,
+            exit_codes.BAD_CONFIG,
+            f"the scorer env's Python is {sys.version.split()[0]}; 3.11+ is needed",
+        )
+    # `managed-scorers serve`: lives until SIGTERM, not with a parent
+    standalone = sys.argv[1:] == ["--standalone"]
     parent = os.getppid()
     if not standalone:
         lifeline.install(parent)  # before anything that can block, reading the boot config included
     config = _read_config(standalone, parent)
     if not standalone:
         boot.close_strays(
-            {config.listen_fd, config.ready_fd, *([] if config.shared_fd is None else [config.shared_fd])}
+            {
+                config.listen_fd,
+                config.ready_fd,
+                *([] if config.shared_fd is None else [config.shared_fd]),
+            }
         )
         _enter(config.cwd)
     pipe = os.fdopen(config.ready_fd, "wb", buffering=0)
@@ -396,7 +439,8 @@ def _read_config(standalone: bool, parent: int) -> BootConfig:
         config = read_boot_config(raw)
     except (ValueError, KeyError, TypeError) as exc:
         _fail(None, exit_codes.BAD_CONFIG, f"cannot read boot config from stdin: {exc!r}")
-    if standalone:  # stdin is the memfd that held the token: nothing here, nor a subprocess, may read it again
+    # stdin is the memfd that held the token: nothing here, nor a subprocess, may read it again
+    if standalone:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
@@ -412,7 +456,8 @@ def _read_config(standalone: bool, parent: int) -> BootConfig:
 
 
 def _exit_without_teardown() -> NoReturn:
-    """Everything this child owns is closed: skip interpreter teardown (a second with torch loaded)."""
+    """Everything this child owns is closed: skip interpreter teardown (a second with torch
+    loaded)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

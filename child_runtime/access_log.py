@@ -1,9 +1,9 @@
-"""What a standalone server (`managed-scorers serve`) says on stderr for the person running it: where it
-listens, once ready, and one line per request (client, method, path, status, duration).
+"""What a standalone server (`managed-scorers serve`) says on stderr for the person running it:
+where it listens, once ready, and one line per request (client, method, path, status, duration).
 
 A managed child says none of this: its parent owns it and its log file holds its failures. The
-OpenRLHF route's path carries a secret, so that path is logged with the secret left out; query strings
-are never logged.
+OpenRLHF route's path carries a secret, so that path is logged with the secret left out; query
+strings are never logged.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def _shown_path(path: str) -> str:
 
 
 class AccessLog:
-    """ASGI middleware: one stderr line per HTTP request, written when its answer ends (or it fails)."""
+    """ASGI middleware: one stderr line per HTTP request, written when its answer ends (or it
+    fails)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -44,7 +45,8 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         started = time.monotonic()
-        status: list[Any] = ["-"]  # no answer began: the client went away, or the server is stopping
+        # no answer began: the client went away, or the server is stopping
+        status: list[Any] = ["-"]
 
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -57,4 +59,7 @@ class AccessLog:
             client = scope.get("client")
             peer = f"{client[0]}:{client[1]}" if client else "-"
             took_ms = (time.monotonic() - started) * 1000
-            say(f'{peer} "{scope["method"]} {_shown_path(scope["path"])}" {status[0]} {took_ms:.1f} ms')
+            say(
+                f'{peer} "{scope["method"]} {_shown_path(scope["path"])}" {status[0]} '
+                f"{took_ms:.1f} ms"
+            )

@@ -36,16 +36,36 @@ from child_runtime.metrics import ChildMetrics
 from child_runtime.openrlhf_route import CapabilityPath, loud
 from child_runtime.protocol import openrlhf, unirl, wire
 from child_runtime.protocol.bounded_json import JsonBounds, JsonTooLarge
-from child_runtime.protocol.headers import EVICTED_HEADER, IDENTITY_HEADER, KEY_HEADER, REPLAY_HEADER
-from child_runtime.protocol.items import Limits, RequestError, request_from_wire, request_terms, response_to_wire
+from child_runtime.protocol.headers import (
+    EVICTED_HEADER,
+    IDENTITY_HEADER,
+    KEY_HEADER,
+    REPLAY_HEADER,
+)
+from child_runtime.protocol.items import (
+    Limits,
+    RequestError,
+    request_from_wire,
+    request_terms,
+    response_to_wire,
+)
 from child_runtime.protocol.shared_segment import ChildSegment
-from scorers.base import CloseFailed, ScoreInputError, ScoreItem, ScorerContractError, ScorerWedged, ServerFault
+from scorers.base import (
+    CloseFailed,
+    ScoreInputError,
+    ScoreItem,
+    ScorerContractError,
+    ScorerWedged,
+    ServerFault,
+)
 
 DEFAULT_DRAIN_TIMEOUT_S = 600.0
 DEFAULT_LIMITS = Limits()
 LIVEZ = "/livez"  # open: 200 while the event loop answers, and nothing else
-METRICS = "/metrics"  # the scoring token, or the metrics token when one is set (`serve --metrics-token-file`)
-JSON_TYPE = "application/json"  # /score's JSON form (UniRL's protocol); any other type is the binary frame
+# the scoring token, or the metrics token when one is set (`serve --metrics-token-file`)
+METRICS = "/metrics"
+# /score's JSON form (UniRL's protocol); any other type is the binary frame
+JSON_TYPE = "application/json"
 
 
 class BearerAuth:
@@ -71,14 +91,18 @@ class BearerAuth:
     ) -> None:
         self.app = app
         self._expected = f"Bearer {token}".encode()
-        self._metrics_expected = None if metrics_token is None else f"Bearer {metrics_token}".encode()
+        self._metrics_expected = (
+            None if metrics_token is None else f"Bearer {metrics_token}".encode()
+        )
         self._gate = gate
-        self._metrics = metrics  # a refused token is counted too: a remote server's failed logins show
+        # a refused token is counted too: a remote server's failed logins show
+        self._metrics = metrics
         self._capability = capability
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            raise RuntimeError(f"{scope['type']} connections are not served")  # no websockets, no lifespan
+            # no websockets, no lifespan
+            raise RuntimeError(f"{scope['type']} connections are not served")
         capability, path = self._capability, scope.get("path", "")
         if path == LIVEZ:
             await self.app(scope, receive, send)
@@ -86,9 +110,12 @@ class BearerAuth:
         if capability is not None and capability.claims(path):
             if not capability.admits(path):
                 capability.refused(scope.get("client"))
-                await self._refuse(scope, receive, send, openrlhf.ROUTE, "missing or wrong secret in the path")
+                await self._refuse(
+                    scope, receive, send, openrlhf.ROUTE, "missing or wrong secret in the path"
+                )
                 return
-            scope = {**scope, "path": openrlhf.ROUTE, "raw_path": openrlhf.ROUTE.encode()}  # the secret stops here
+            # the secret stops here
+            scope = {**scope, "path": openrlhf.ROUTE, "raw_path": openrlhf.ROUTE.encode()}
         elif not self._authorized(dict(scope["headers"]).get(b"authorization", b""), path):
             await self._refuse(scope, receive, send, path, "missing or wrong bearer token")
             return
@@ -108,11 +135,15 @@ class BearerAuth:
         metrics = self._metrics_expected
         return metrics is not None and path == METRICS and hmac.compare_digest(given, metrics)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, path: str, why: str) -> None:
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, path: str, why: str
+    ) -> None:
         if self._metrics is not None:
             self._metrics.request(path, 401, 0.0)
             self._metrics.error("unauthorized")
-        refusal = JSONResponse({"error": why, "kind": "unauthorized"}, status_code=401, headers={"connection": "close"})
+        refusal = JSONResponse(
+            {"error": why, "kind": "unauthorized"}, status_code=401, headers={"connection": "close"}
+        )
         await refusal(scope, receive, send)
 
 
@@ -177,7 +208,8 @@ def _guarded(handler: Handler, metrics: ChildMetrics | None = None) -> Handler:
 
 async def _answered(handler: Handler, request: Request) -> Response:  # noqa: C901 - one clause per kind
     """What `handler` answers, or the JSON error its exception maps to: the one place an exception
-    becomes an answer, one except clause per kind (docs/gen_reference.py reads them for the HTTP page)."""
+    becomes an answer, one except clause per kind (docs/gen_reference.py reads them for the HTTP
+    page)."""
     try:
         return await handler(request)
     except unirl.IdentityMismatch as exc:
@@ -225,7 +257,8 @@ def _timeout_param(request: Request) -> float:
 
 def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
     """Installed versions of the distributions a scorer declares (None when absent)."""
-    import importlib.metadata  # here: its import and its scan of site-packages are ~30 ms of a start
+    # here: its import and its scan of site-packages are ~30 ms of a start
+    import importlib.metadata
 
     versions: dict[str, str | None] = {}
     for name in names:
@@ -250,16 +283,26 @@ class _Endpoints:
         rank: int,
         serve_openrlhf: bool = False,
     ) -> None:
-        self.host, self.request_exit, self.limits, self.segment, self.gate = host, request_exit, limits, segment, gate
+        self.host, self.request_exit, self.limits, self.segment, self.gate = (
+            host,
+            request_exit,
+            limits,
+            segment,
+            gate,
+        )
         self.serve_openrlhf = serve_openrlhf
-        self.openrlhf_bodies = JsonBodies(JsonBounds(limits.openrlhf_max_request_bytes), "openrlhf_max_request_bytes")
-        self.json_bodies = JsonBodies(JsonBounds(limits.json_max_request_bytes), "json_max_request_bytes")
+        self.openrlhf_bodies = JsonBodies(
+            JsonBounds(limits.openrlhf_max_request_bytes), "openrlhf_max_request_bytes"
+        )
+        self.json_bodies = JsonBodies(
+            JsonBounds(limits.json_max_request_bytes), "json_max_request_bytes"
+        )
         self.ledger = RequestLedger()
         self.cache = answers if answers is not None else AnswerCache()
         self.state = "ready"
-        # One thread per call the host runs at once (one, unless the scorer declares concurrent calls):
-        # a plain executor hands off in ~60 us where anyio's to_thread takes ~130 us, and the event loop
-        # stays free for /health and /drain while a batch runs.
+        # One thread per call the host runs at once (one, unless the scorer declares concurrent
+        # calls): a plain executor hands off in ~60 us where anyio's to_thread takes ~130 us, and
+        # the event loop stays free for /health and /drain while a batch runs.
         self.worker = concurrent.futures.ThreadPoolExecutor(
             max_workers=host.concurrent_calls, thread_name_prefix="scorer"
         )
@@ -276,7 +319,9 @@ class _Endpoints:
 
     def routes(self) -> list[Route]:
         metrics = self.metrics
-        extra = [Route(openrlhf.ROUTE, loud(_guarded(self.openrlhf_score, metrics)), methods=["POST"])]
+        extra = [
+            Route(openrlhf.ROUTE, loud(_guarded(self.openrlhf_score, metrics)), methods=["POST"])
+        ]
         return [
             Route(LIVEZ, self.livez, methods=["GET"]),
             Route("/health", _guarded(self.health, metrics), methods=["GET"]),
@@ -305,9 +350,12 @@ class _Endpoints:
         host, gate = self.host, self.gate
         return JSONResponse(
             {
-                # a wedged scorer refuses every call: not ready, so a probe passes this server over (and a
-                # standalone server's supervisor can restart it: nothing here can stop its stuck thread)
-                "state": "wedged" if host.wedged is not None and self.state == "ready" else self.state,
+                # a wedged scorer refuses every call: not ready, so a probe passes this server over
+                # (and a standalone server's supervisor can restart it: nothing here can stop its
+                # stuck thread)
+                "state": "wedged"
+                if host.wedged is not None and self.state == "ready"
+                else self.state,
                 **host.catalog_entry(),
                 "pid": os.getpid(),
                 "in_flight": self.ledger.in_flight,
@@ -327,8 +375,8 @@ class _Endpoints:
         )
 
     async def livez(self, request: Request) -> Response:
-        """Open (no token): 200 while the server's event loop answers; it says nothing of the scorer (its
-        state, readiness and identity are /health's, behind the token)."""
+        """Open (no token): 200 while the server's event loop answers; it says nothing of the scorer
+        (its state, readiness and identity are /health's, behind the token)."""
         return PlainTextResponse("ok\n")
 
     async def score(self, request: Request) -> Response:
@@ -336,7 +384,10 @@ class _Endpoints:
         reward-service JSON (`unirl_score`)."""
         if request.headers.get("content-type", "").split(";")[0].strip().lower() == JSON_TYPE:
             if KEY_HEADER in request.headers:
-                raise RequestError(f"{KEY_HEADER} is the binary frame's: a JSON request's idempotency_key is echoed")
+                raise RequestError(
+                    f"{KEY_HEADER} is the binary frame's: a JSON request's idempotency_key "
+                    f"is echoed"
+                )
             return await self.unirl_score(request)
         ticket = self.ledger.begin()
         try:
@@ -347,7 +398,8 @@ class _Endpoints:
     async def _score(self, request: Request) -> Response:
         t0 = time.perf_counter()
         key = request.headers.get(KEY_HEADER)
-        key = None if key is None else check_key(key)  # before the body is read: a bad key costs nothing
+        # before the body is read: a bad key costs nothing
+        key = None if key is None else check_key(key)
         body = await read_body(request, self.limits.max_request_bytes)
         phases = [("receive", t0, time.perf_counter())]
         if key is None:
@@ -356,7 +408,11 @@ class _Endpoints:
             answer, replayed = await self.cache.answer(
                 key, await body_digest(body), lambda: self._produce(body, phases)
             )
-        headers = {"server-timing": ", ".join(f"{name};dur={1e3 * (end - start):.3f}" for name, start, end in phases)}
+        headers = {
+            "server-timing": ", ".join(
+                f"{name};dur={1e3 * (end - start):.3f}" for name, start, end in phases
+            )
+        }
         if replayed:
             headers[REPLAY_HEADER] = "1"
         return Response(answer, media_type=wire.CONTENT_TYPE, headers=headers)
@@ -366,7 +422,9 @@ class _Endpoints:
         t1 = time.perf_counter()
         shared = self.segment.view if self.segment else None
         meta = wire.decode(body, shared=shared)
-        items, group_size = request_from_wire(meta, self.limits, copy_media=self.spec.writable_inputs)
+        items, group_size = request_from_wire(
+            meta, self.limits, copy_media=self.spec.writable_inputs
+        )
         terms = request_terms(meta)
         t2 = time.perf_counter()
         result = await self.in_worker(self.host.score, items, group_size, terms)
@@ -377,21 +435,24 @@ class _Endpoints:
         return answer
 
     async def openrlhf_score(self, request: Request) -> Response:
-        """OpenRLHF's JSON request, checked and scored as /score's would be (and counted for /drain)."""
+        """OpenRLHF's JSON request, checked and scored as /score's would be (and counted for
+        /drain)."""
         ticket = self.ledger.begin()
         try:
             items = await self.openrlhf_bodies.read(request, self._openrlhf_items)
             started = time.perf_counter()
             result = await self.in_worker(self.host.score, items, None)
             self.metrics.scored(len(items), time.perf_counter() - started)
-            return JSONResponse(openrlhf.answer_of(result, self.spec.term_names(), self.spec.reward_term))
+            return JSONResponse(
+                openrlhf.answer_of(result, self.spec.term_names(), self.spec.reward_term)
+            )
         finally:
             self.ledger.end(ticket)
 
     async def unirl_score(self, request: Request) -> Response:
-        """UniRL's reward-service request (JSON, `child_runtime.protocol.unirl`), parsed off the event loop
-        under `json_max_request_bytes`, checked and scored as /score's frame would be (and counted for
-        /drain); its answer is UniRL's `results`, `errors` and `identities`."""
+        """UniRL's reward-service request (JSON, `child_runtime.protocol.unirl`), parsed off the
+        event loop under `json_max_request_bytes`, checked and scored as /score's frame would be
+        (and counted for /drain); its answer is UniRL's `results`, `errors` and `identities`."""
         ticket = self.ledger.begin()
         try:
             parsed, items = await self.json_bodies.read(request, self._unirl_items)
@@ -403,13 +464,19 @@ class _Endpoints:
             self.ledger.end(ticket)
 
     def _unirl_items(self, payload: Any) -> tuple[unirl.Parsed, list[ScoreItem]]:
-        """UniRL's parsed body as checked items (in the route's parse thread: images are decoded there)."""
+        """UniRL's parsed body as checked items (in the route's parse thread: images are decoded
+        there)."""
         parsed = unirl.parse(payload, self.spec, self.host.identity_hash, self.limits)
-        return parsed, request_from_wire(parsed.wire, self.limits, copy_media=self.spec.writable_inputs)[0]
+        return parsed, request_from_wire(
+            parsed.wire, self.limits, copy_media=self.spec.writable_inputs
+        )[0]
 
     def _openrlhf_items(self, payload: Any) -> list[ScoreItem]:
-        """OpenRLHF's parsed body as checked items (in the route's parse thread: a large label is walked there)."""
-        return request_from_wire(openrlhf.wire_request(openrlhf.samples_of(payload)), self.limits)[0]
+        """OpenRLHF's parsed body as checked items (in the route's parse thread: a large label is
+        walked there)."""
+        return request_from_wire(openrlhf.wire_request(openrlhf.samples_of(payload)), self.limits)[
+            0
+        ]
 
     async def onload(self, request: Request) -> Response:
         figures = await self.in_worker(self.host.onload)
@@ -458,7 +525,9 @@ def build_app(
     """The child's ASGI app: its endpoints behind the bearer token and the connection gate; with an
     `openrlhf_secret`, OpenRLHF's route too, behind that secret in its path; with a `metrics_token`,
     /metrics for that token too."""
-    endpoints = _Endpoints(host, request_exit, limits, segment, gate, answers, rank, openrlhf_secret is not None)
+    endpoints = _Endpoints(
+        host, request_exit, limits, segment, gate, answers, rank, openrlhf_secret is not None
+    )
     app = Starlette(routes=endpoints.routes())
     app.router.redirect_slashes = False  # '/score/' is an unknown path (404), not a redirect
     capability = CapabilityPath(openrlhf_secret) if openrlhf_secret is not None else None

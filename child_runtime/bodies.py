@@ -1,9 +1,10 @@
 """Request bodies: read under a cap (refused with a 413 before more is read), and a JSON route's
 bodies parsed off the event loop, one at a time, within the bounds of `protocol/bounded_json`.
 
-Every JSON route goes through one `JsonBodies`: its own body cap, its parse in a worker thread of its
-own (so /health and /drain are answered meanwhile), and one parse at a time, so that N bodies that
-arrive together cost N bodies but never N parses (a parse builds up to PARSE_FACTOR times the cap).
+Every JSON route goes through one `JsonBodies`: its own body cap, its parse in a worker thread of
+its own (so /health and /drain are answered meanwhile), and one parse at a time, so that N bodies
+that arrive together cost N bodies but never N parses (a parse builds up to PARSE_FACTOR times the
+cap).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from child_runtime.protocol.items import RequestError
 
 T = TypeVar("T")
 PARSES_AT_ONCE = 1  # per route: what one parse may build, never several times over
-PARSE_WAIT_S = 60.0  # a body waits at most this long for the parse before it (a parse is bounded: ~1 s)
+# a body waits at most this long for the parse before it (a parse is bounded: ~1 s)
+PARSE_WAIT_S = 60.0
 
 
 class PayloadTooLarge(ValueError):
@@ -32,7 +34,8 @@ class ParsesBusy(RuntimeError):
 
 
 async def read_body(request: Request, limit: int, setting: str = "max_request_bytes") -> bytes:
-    """The request body, refused as soon as it is known to exceed `limit` bytes (`setting` names the cap)."""
+    """The request body, refused as soon as it is known to exceed `limit` bytes (`setting` names the
+    cap)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -57,18 +60,22 @@ class JsonBodies:
         self.bounds, self.setting = bounds, setting
         self.parsing = 0  # parses running now (said on /health)
         self._slots = asyncio.Semaphore(PARSES_AT_ONCE)
-        self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=PARSES_AT_ONCE, thread_name_prefix="json")
+        self._thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=PARSES_AT_ONCE, thread_name_prefix="json"
+        )
 
     async def read(self, request: Request, made: Callable[[Any], T]) -> T:
-        """What `made` makes of the body's JSON value (the route's request, checked), both in this route's
-        thread: a large value is walked off the event loop too. PayloadTooLarge, JsonTooLarge, JsonTooDeep,
-        RequestError, ParsesBusy, or whatever `made` raises."""
+        """What `made` makes of the body's JSON value (the route's request, checked), both in this
+        route's thread: a large value is walked off the event loop too. PayloadTooLarge,
+        JsonTooLarge, JsonTooDeep, RequestError, ParsesBusy, or whatever `made` raises."""
         body = await read_body(request, self.bounds.max_bytes, self.setting)
         try:
             async with asyncio.timeout(PARSE_WAIT_S):
                 await self._slots.acquire()
         except TimeoutError as exc:
-            raise ParsesBusy(f"no parse of this route came free within {PARSE_WAIT_S:g} s: try again") from exc
+            raise ParsesBusy(
+                f"no parse of this route came free within {PARSE_WAIT_S:g} s: try again"
+            ) from exc
 
         def parsed() -> T:
             return made(bounded_json.loads(body, self.bounds))

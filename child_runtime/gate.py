@@ -23,7 +23,9 @@ from typing import Any
 
 from child_runtime.protocol.headers import EVICTED_HEADER
 
-EVICTION_BODY = json.dumps({"error": "connection closed before it authenticated", "kind": "evicted"}).encode()
+EVICTION_BODY = json.dumps(
+    {"error": "connection closed before it authenticated", "kind": "evicted"}
+).encode()
 EVICTION = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
     + EVICTED_HEADER.encode()
@@ -43,11 +45,13 @@ class Gated(asyncio.Protocol):
     heard: bool  # it has sent at least one byte
 
     def evict(self, lingered: Callable[[], None] | None) -> None:
-        """Answer the eviction notice; drain for linger_s (then call `lingered`), or close at once."""
+        """Answer the eviction notice; drain for linger_s (then call `lingered`), or close at
+        once."""
 
 
 class ConnectionGate:
-    """Pending (not yet authenticated) and admitted connections, by peer address. Event loop thread only."""
+    """Pending (not yet authenticated) and admitted connections, by peer address. Event loop thread
+    only."""
 
     def __init__(self, max_pending: int, timeout_s: float, linger_s: float = LINGER_S) -> None:
         self.max_pending = max_pending
@@ -72,7 +76,8 @@ class ConnectionGate:
             self._evict(silent or next(iter(self._pending.values())))
 
     def admit(self, peer: Peer) -> bool:
-        """Called for each request with a valid token; False if its connection was already evicted."""
+        """Called for each request with a valid token; False if its connection was already
+        evicted."""
         if peer is None or peer in self._admitted:
             return True
         if self._pending.pop(peer, None) is None:
@@ -103,7 +108,8 @@ class ConnectionGate:
 
 
 def gated(protocol_class: type[asyncio.Protocol], gate: ConnectionGate) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class, with each connection reported to `gate` and evictable by it."""
+    """uvicorn's HTTP protocol class, with each connection reported to `gate` and evictable by
+    it."""
 
     class GatedProtocol(protocol_class):  # type: ignore[valid-type, misc]
         peer: Peer = None

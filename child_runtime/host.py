@@ -52,7 +52,9 @@ class _ScoringLock:
     def scoring(self) -> Iterator[None]:
         with self._cond:
             self._cond.wait_for(
-                lambda: not self._changing and not self._changes_waiting and self._scoring < self._calls
+                lambda: (
+                    not self._changing and not self._changes_waiting and self._scoring < self._calls
+                )
             )
             self._scoring += 1
         try:
@@ -68,7 +70,9 @@ class _ScoringLock:
         with self._cond:
             self._changes_waiting += 1
             try:
-                if not self._cond.wait_for(lambda: not self._changing and not self._scoring, timeout_s):
+                if not self._cond.wait_for(
+                    lambda: not self._changing and not self._scoring, timeout_s
+                ):
                     raise TimeoutError
             finally:
                 self._changes_waiting -= 1
@@ -85,7 +89,9 @@ class ScorerHost:
     def __init__(self, scorer: Scorer, gpu_residency: str, identity_hash: str = "") -> None:
         """Refuses per_call for a scorer that cannot offload: checked before any weights load."""
         if gpu_residency not in GPU_RESIDENCY_MODES:
-            raise ValueError(f"gpu_residency must be one of {GPU_RESIDENCY_MODES}, got {gpu_residency!r}")
+            raise ValueError(
+                f"gpu_residency must be one of {GPU_RESIDENCY_MODES}, got {gpu_residency!r}"
+            )
         if gpu_residency == PER_CALL and not scorer.spec.supports_offload:
             raise ValueError(
                 f"gpu_residency=per_call needs a scorer that supports offload; "
@@ -95,11 +101,15 @@ class ScorerHost:
         self.identity_hash = identity_hash
         self.gpu_residency = gpu_residency
         self.residency = "offloaded"
-        self.transitions: Counter[str] = Counter()  # residency changes, by the state reached (for /metrics)
+        # residency changes, by the state reached (for /metrics)
+        self.transitions: Counter[str] = Counter()
         self.load_s = 0.0  # the scorer's load() (and boot onload), for the readiness line
-        self.wedged: str | None = None  # why the scorer can serve no more (the first ScorerWedged it raised)
+        # why the scorer can serve no more (the first ScorerWedged it raised)
+        self.wedged: str | None = None
         # per_call residency changes residency around every call: its calls are one at a time
-        self.concurrent_calls = max(1, scorer.spec.concurrent_calls) if gpu_residency == RESIDENT else 1
+        self.concurrent_calls = (
+            max(1, scorer.spec.concurrent_calls) if gpu_residency == RESIDENT else 1
+        )
         self._lock = _ScoringLock(self.concurrent_calls)
 
     def catalog_entry(self) -> dict[str, Any]:
@@ -117,11 +127,13 @@ class ScorerHost:
             "required_fields": list(spec.required_fields),
             "concurrent_calls": self.concurrent_calls,
             "reward_term": spec.reward_term,
-            "identity": spec.identity,  # what the hash covers beyond names (a served panel: each term's identity)
+            # what the hash covers beyond names (a served panel: each term's identity)
+            "identity": spec.identity,
         }
 
     def _become(self, state: str) -> None:
-        if state != self.residency:  # a new Counter each time: /metrics reads it from another thread
+        # a new Counter each time: /metrics reads it from another thread
+        if state != self.residency:
             self.transitions = self.transitions + Counter({state: 1})
         self.residency = state
 
@@ -143,7 +155,8 @@ class ScorerHost:
             return {"changed": False}
         try:
             figures = dict(self.scorer.offload() or {})
-        except CloseFailed:  # the model's close() raised, but it was released: offloaded all the same
+        # the model's close() raised, but it was released: offloaded all the same
+        except CloseFailed:
             self._become("offloaded")
             raise
         except BaseException:
@@ -155,20 +168,26 @@ class ScorerHost:
     def _residency_change(self, change: Callable[[], dict[str, Any]], what: str) -> None:
         try:
             change()
-        except CloseFailed:  # not a failed residency change: the model's own error, answered as such
+        # not a failed residency change: the model's own error, answered as such
+        except CloseFailed:
             raise
         except Exception as exc:
-            raise ResidencyFailed(f"per-call {what} of scorer {self.scorer.spec.name!r} failed: {exc!r}") from exc
+            raise ResidencyFailed(
+                f"per-call {what} of scorer {self.scorer.spec.name!r} failed: {exc!r}"
+            ) from exc
 
     def _refuse_if_wedged(self, what: str) -> None:
         if self.wedged is not None:
             raise ScorerWedged(
-                f"{what} of scorer {self.scorer.spec.name!r} never started: the scorer is wedged ({self.wedged}); "
+                f"{what} of scorer {self.scorer.spec.name!r} never started: the scorer is "
+                f"wedged ({self.wedged}); "
                 "this child must be restarted",
                 timed_out=False,
             )
 
-    def _scored(self, items: Sequence[ScoreItem], group_size: int | None, terms: Sequence[str] | None) -> ScoreResult:
+    def _scored(
+        self, items: Sequence[ScoreItem], group_size: int | None, terms: Sequence[str] | None
+    ) -> ScoreResult:
         try:
             return score_checked(self.scorer, items, group_size, terms)
         except ScorerWedged as exc:
@@ -190,16 +209,27 @@ class ScorerHost:
         """Close the scorer once no batch is running; past the bound, leave it to the group kill. A
         wedged scorer is not closed: its stuck threads may hold what close() would wait for."""
         if self.wedged is not None:
-            log.warning("scorer %s is wedged (%s); exiting without close()", self.scorer.spec.name, self.wedged)
+            log.warning(
+                "scorer %s is wedged (%s); exiting without close()",
+                self.scorer.spec.name,
+                self.wedged,
+            )
             return
         try:
             with self._lock.exclusive(timeout_s):
                 self.scorer.close()
         except TimeoutError:
-            log.warning("scorer %s still busy after %.1f s; exiting without close()", self.scorer.spec.name, timeout_s)
+            log.warning(
+                "scorer %s still busy after %.1f s; exiting without close()",
+                self.scorer.spec.name,
+                timeout_s,
+            )
 
     def score(
-        self, items: Sequence[ScoreItem], group_size: int | None = None, terms: Sequence[str] | None = None
+        self,
+        items: Sequence[ScoreItem],
+        group_size: int | None = None,
+        terms: Sequence[str] | None = None,
     ) -> ScoreResult:
         """`terms`: the ones the request wants (None: all)."""
         with self._lock.scoring():
@@ -208,7 +238,8 @@ class ScorerHost:
                 try:
                     self._residency_change(self._onload_locked, "onload")
                     return self._scored(items, group_size, terms)
-                finally:  # also after a failed onload: nothing stays half on the device (unless wedged)
+                # also after a failed onload: nothing stays half on the device (unless wedged)
+                finally:
                     if self.wedged is None:
                         self._residency_change(self._offload_locked, "offload")
             if self.residency == "unknown":

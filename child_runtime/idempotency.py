@@ -32,7 +32,9 @@ class BadKey(ValueError):
 
 def check_key(key: str) -> str:
     if not (0 < len(key) <= MAX_KEY_CHARS and key.isascii() and key.isprintable()):
-        raise BadKey(f"{KEY_HEADER} must be 1..{MAX_KEY_CHARS} printable ASCII characters, got {key[:40]!r}")
+        raise BadKey(
+            f"{KEY_HEADER} must be 1..{MAX_KEY_CHARS} printable ASCII characters, got {key[:40]!r}"
+        )
     return key
 
 
@@ -72,17 +74,22 @@ class AnswerCache:
     def entries(self) -> int:
         return len(self._entries)
 
-    async def answer(self, key: str, digest: bytes, produce: Callable[[], Awaitable[bytes]]) -> tuple[bytes, bool]:
+    async def answer(
+        self, key: str, digest: bytes, produce: Callable[[], Awaitable[bytes]]
+    ) -> tuple[bytes, bool]:
         """The answer for `key`, and whether it is a replay (`produce` was not called for it)."""
         while (entry := self._lookup(key)) is not None:
             if entry.digest != digest:
-                raise IdempotencyConflict(f"{KEY_HEADER} {key[:40]!r} was already used for a different request")
+                raise IdempotencyConflict(
+                    f"{KEY_HEADER} {key[:40]!r} was already used for a different request"
+                )
             if entry.outcome.done():
                 outcome = entry.outcome.result()
             else:  # shielded: a retry that gives up must not cancel the first
                 outcome = await asyncio.shield(entry.outcome)
             if isinstance(outcome, Exception):
-                raise outcome  # the answer the first request got: its failure is not cached for later retries
+                # the answer the first request got: its failure is not cached for later retries
+                raise outcome
             if outcome is not None:
                 self.replays += 1
                 return outcome, True

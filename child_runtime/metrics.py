@@ -1,4 +1,5 @@
-"""`GET /metrics` in the Prometheus text format (0.0.4), written here so scorer envs need no client library.
+"""`GET /metrics` in the Prometheus text format (0.0.4), written here so scorer envs need no client
+library.
 
 Counters: requests by endpoint and status, items scored, errors by kind, residency transitions.
 A histogram of score latency (the scorer's own time, and the whole request). Gauges read at
@@ -16,10 +17,29 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 PREFIX = "managed_scorers_child"
-LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+LATENCY_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
 RESIDENCY_STATES = ("resident", "offloaded", "unknown")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-ENDPOINTS = frozenset({"/health", "/metrics", "/score", "/onload", "/offload", "/drain", "/shutdown", "/openrlhf"})
+ENDPOINTS = frozenset(
+    {"/health", "/metrics", "/score", "/onload", "/offload", "/drain", "/shutdown", "/openrlhf"}
+)
 
 
 def _escape(value: str) -> str:
@@ -52,7 +72,8 @@ class Histogram:
 
 
 class ChildMetrics:
-    """Counted by the app as requests pass; rendered on scrape. Thread-safe (the scorer runs in a worker)."""
+    """Counted by the app as requests pass; rendered on scrape. Thread-safe (the scorer runs in a
+    worker)."""
 
     def __init__(self, scorer: str, rank: int = 0) -> None:
         self.scorer = scorer
@@ -65,7 +86,8 @@ class ChildMetrics:
         self.request_latency = Histogram()
 
     def request(self, endpoint: str, status: int, seconds: float) -> None:
-        if endpoint not in ENDPOINTS:  # a scanner's made-up paths must not grow the label set without bound
+        # a scanner's made-up paths must not grow the label set without bound
+        if endpoint not in ENDPOINTS:
             endpoint = "other"
         with self._lock:
             self.requests[(endpoint, status)] += 1
@@ -98,35 +120,56 @@ class ChildMetrics:
             return full
 
         with self._lock:
-            name = family("requests_total", "counter", "HTTP requests answered, by endpoint and status.")
+            name = family(
+                "requests_total", "counter", "HTTP requests answered, by endpoint and status."
+            )
             for (endpoint, status), count in sorted(self.requests.items()):
-                lines.append(f"{name}{_labels((*scorer, ('endpoint', endpoint), ('status', str(status))))} {count}")
+                lines.append(
+                    f"{name}{_labels((*scorer, ('endpoint', endpoint), ('status', str(status))))} "
+                    f"{count}"
+                )
             name = family("items_total", "counter", "Items scored.")
             lines.append(f"{name}{_labels(scorer)} {self.items}")
             name = family("errors_total", "counter", "Requests answered with an error, by kind.")
             for kind, count in sorted(self.errors.items()):
                 lines.append(f"{name}{_labels((*scorer, ('kind', kind)))} {count}")
-            name = family("score_seconds", "histogram", "The scorer's time per request (decode and encode aside).")
+            name = family(
+                "score_seconds",
+                "histogram",
+                "The scorer's time per request (decode and encode aside).",
+            )
             lines.extend(self.score_latency.lines(name, scorer))
-            name = family("request_seconds", "histogram", "Whole /score requests, body read to answer.")
+            name = family(
+                "request_seconds", "histogram", "Whole /score requests, body read to answer."
+            )
             lines.extend(self.request_latency.lines(name, scorer))
         name = family("in_flight", "gauge", "Score requests accepted and not yet answered.")
         lines.append(f"{name}{_labels(scorer)} {in_flight}")
         if pending_connections is not None:
-            name = family("pending_connections", "gauge", "Connections waiting for their first request.")
+            name = family(
+                "pending_connections", "gauge", "Connections waiting for their first request."
+            )
             lines.append(f"{name}{_labels(scorer)} {pending_connections}")
         name = family("residency", "gauge", "1 for the scorer's current residency state.")
         for state in RESIDENCY_STATES:
             lines.append(f"{name}{_labels((*scorer, ('state', state)))} {int(state == residency)}")
-        name = family("residency_transitions_total", "counter", "Residency changes, by the state reached.")
+        name = family(
+            "residency_transitions_total", "counter", "Residency changes, by the state reached."
+        )
         for state, count in sorted(transitions.items()):
             lines.append(f"{name}{_labels((*scorer, ('to', state)))} {count}")
         rss = rss_bytes()
         if rss is not None:
-            name = family("resident_memory_bytes", "gauge", "Resident set size of the child process.")
+            name = family(
+                "resident_memory_bytes", "gauge", "Resident set size of the child process."
+            )
             lines.append(f"{name}{_labels(scorer)} {rss}")
         for metric, value in cuda_memory().items():
-            name = family(f"cuda_{metric}_bytes", "gauge", f"torch.cuda.memory_{metric}() on the scorer's device.")
+            name = family(
+                f"cuda_{metric}_bytes",
+                "gauge",
+                f"torch.cuda.memory_{metric}() on the scorer's device.",
+            )
             lines.append(f"{name}{_labels(scorer)} {value}")
         return "\n".join(lines) + "\n"
 
@@ -144,4 +187,7 @@ def cuda_memory() -> dict[str, int]:
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return {}
-    return {"allocated": int(torch.cuda.memory_allocated()), "reserved": int(torch.cuda.memory_reserved())}
+    return {
+        "allocated": int(torch.cuda.memory_allocated()),
+        "reserved": int(torch.cuda.memory_reserved()),
+    }

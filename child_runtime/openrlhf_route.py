@@ -1,10 +1,11 @@
-"""The OpenRLHF route's guards: a secret in the path, checked in constant time, and failures said loudly.
+"""The OpenRLHF route's guards: a secret in the path, checked in constant time, and failures said
+loudly.
 
 OpenRLHF's client posts to the URL exactly as configured and sends no header, so the only secret
 it can carry is the URL itself: the route is `/openrlhf/<secret>`. Its own failure handling is
 quiet (five tries, then one INFO line and `reward=None`), so this side says every refusal and
-every failed answer on the server's log, with the typed error text: the first of a kind at once, then
-at most one line per LOG_EVERY_S with how many there were (`Throttled`), so that a flood of bad
+every failed answer on the server's log, with the typed error text: the first of a kind at once,
+then at most one line per LOG_EVERY_S with how many there were (`Throttled`), so that a flood of bad
 requests cannot fill the log.
 """
 
@@ -23,7 +24,8 @@ from starlette.responses import JSONResponse, Response
 
 from child_runtime.protocol.openrlhf import ROUTE
 
-LOG_EVERY_S = 10.0  # a flood of refusals or failed answers costs one log line of each kind per this many seconds
+# a flood of refusals or failed answers costs one log line of each kind per this many seconds
+LOG_EVERY_S = 10.0
 OPENRLHF_FATE = "OpenRLHF retries 5 times, then logs at INFO only and trains on reward=None"
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -68,7 +70,8 @@ class CapabilityPath:
         return path == ROUTE or path.startswith(self.prefix)
 
     def admits(self, path: str) -> bool:
-        """Digests of equal length compared: the time taken says nothing of the secret, nor its length."""
+        """Digests of equal length compared: the time taken says nothing of the secret, nor its
+        length."""
         supplied = hashlib.sha256(path.encode("utf-8", "surrogatepass")).digest()
         return hmac.compare_digest(supplied, self._expected)
 
@@ -85,8 +88,8 @@ class CapabilityPath:
 
 
 def loud(handler: Handler) -> Handler:
-    """Say each error answer (4xx or 5xx, with its kind and text) at ERROR before OpenRLHF hides it: each
-    status and kind at once, then at most once per LOG_EVERY_S with how many there were."""
+    """Say each error answer (4xx or 5xx, with its kind and text) at ERROR before OpenRLHF hides it:
+    each status and kind at once, then at most once per LOG_EVERY_S with how many there were."""
     kinds: dict[tuple[int, str], Throttled] = {}
 
     async def run(request: Request) -> Response:
@@ -96,7 +99,9 @@ def loud(handler: Handler) -> Handler:
             kind, error = detail.get("kind", "unknown"), detail.get("error", "")
             status = response.status_code
             kinds.setdefault((status, kind), Throttled()).happened(
-                lambda count: log("ERROR", f"answered {status} {kind} x{count} ({OPENRLHF_FATE}): {error}")
+                lambda count: log(
+                    "ERROR", f"answered {status} {kind} x{count} ({OPENRLHF_FATE}): {error}"
+                )
             )
         return response
 

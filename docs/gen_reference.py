@@ -69,7 +69,9 @@ GENERATED = "*Generated from the code by `docs/gen_reference.py` at build time; 
 # --- the CLI -----------------------------------------------------------------------------------
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
+def _subcommands(
+    parser: argparse.ArgumentParser,
+) -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
     """(name, help, parser) of each subcommand, in the parser's order."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -84,7 +86,9 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[list[str]]:
     for group in parser._mutually_exclusive_groups:
         names = ", ".join(a.option_strings[0] for a in group._group_actions if a.option_strings)
         for action in group._group_actions:
-            exclusive[id(action)] = ("exactly one of " if group.required else "at most one of ") + names
+            exclusive[id(action)] = (
+                "exactly one of " if group.required else "at most one of "
+            ) + names
     rows = []
     for action in parser._actions:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
@@ -109,12 +113,14 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[list[str]]:
         if isinstance(action, argparse._AppendAction):
             notes.append("repeatable")
         default = action.default
-        hidden = default is None or default is False or default == argparse.SUPPRESS  # 0 is a default to show
+        # 0 is a default to show
+        hidden = default is None or default is False or default == argparse.SUPPRESS
         shown_default = "" if hidden or action.nargs in ("*", "+") else default
         rows.append(
             [
                 code(shown),
-                cell(help_text) + ("" if not notes else (" (" if help_text else "(") + "; ".join(notes) + ")"),
+                cell(help_text)
+                + ("" if not notes else (" (" if help_text else "(") + "; ".join(notes) + ")"),
                 code(shown_default) if shown_default != "" else "",
             ]
         )
@@ -131,8 +137,23 @@ def cli_page() -> str:
     from supervisor.ops import cli
 
     top = cli.parser()
-    lines = ["# CLI: managed-scorers", "", GENERATED, "", doc(cli), "", "```text", _usage(top), "```", ""]
-    lines.extend(table(["Global option (before the subcommand)", "What it does", "Default"], _option_rows(top)))
+    lines = [
+        "# CLI: managed-scorers",
+        "",
+        GENERATED,
+        "",
+        doc(cli),
+        "",
+        "```text",
+        _usage(top),
+        "```",
+        "",
+    ]
+    lines.extend(
+        table(
+            ["Global option (before the subcommand)", "What it does", "Default"], _option_rows(top)
+        )
+    )
     if top.epilog:  # the exit statuses, as `--help` ends with them
         lines.extend(["```text", top.epilog, "```", ""])
 
@@ -186,7 +207,8 @@ def nested_models(annotation: Any) -> Iterator[type[BaseModel]]:
 
 
 def field_comments(model: type[BaseModel]) -> dict[str, str]:
-    """Each field's comments in the class source: the lines just above it and its trailing comment."""
+    """Each field's comments in the class source: the lines just above it and its trailing
+    comment."""
     try:
         source = textwrap.dedent(inspect.getsource(model))
     except (OSError, TypeError):
@@ -203,7 +225,11 @@ def field_comments(model: type[BaseModel]) -> dict[str, str]:
             while number >= 1 and lines[number - 1].strip().startswith("#"):
                 above.insert(0, lines[number - 1].strip().lstrip("#").strip())
                 number -= 1
-            own = [trailing[n] for n in range(node.lineno, (node.end_lineno or node.lineno) + 1) if n in trailing]
+            own = [
+                trailing[n]
+                for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+                if n in trailing
+            ]
             text = " ".join([*above, *own])
             if text:
                 found[node.target.id] = text.replace("noqa", "").strip()
@@ -212,7 +238,14 @@ def field_comments(model: type[BaseModel]) -> dict[str, str]:
 
 def constraints(info: FieldInfo) -> str:
     said = []
-    symbols = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "min_length": "min length", "max_length": "max length"}
+    symbols = {
+        "gt": ">",
+        "ge": ">=",
+        "lt": "<",
+        "le": "<=",
+        "min_length": "min length",
+        "max_length": "max length",
+    }
     for meta in info.metadata:
         for attr, symbol in symbols.items():
             value = getattr(meta, attr, None)
@@ -237,7 +270,12 @@ def default_text(info: FieldInfo) -> str:
     value = info.default
     if isinstance(value, float) and value.is_integer() and abs(value) >= 1 << 20:
         return code(value)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1 << 20 and value % (1 << 20) == 0:
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value >= 1 << 20
+        and value % (1 << 20) == 0
+    ):
         return f"{code(value)} ({value >> 20} MiB)"
     try:
         return code(json.dumps(value))
@@ -275,7 +313,8 @@ def model_section(model: type[BaseModel], level: str = "###") -> list[str]:
 
 
 def walk_models(roots: list[type[BaseModel]]) -> list[type[BaseModel]]:
-    """Each root, then every model its fields hold (breadth first), before the next root; each once."""
+    """Each root, then every model its fields hold (breadth first), before the next root; each
+    once."""
     seen: list[type[BaseModel]] = []
     for root in roots:
         queue = [root]
@@ -297,14 +336,26 @@ def recipe_keys() -> list[str]:
         (recipes, "verl-omni `reward.models.NAME` (a managed or local model)", "MODEL_KEYS"),
         (recipes, "verl-omni `reward.models.NAME` with `backend: remote`", "REMOTE_KEYS"),
         (native_recipe, "verl-omni native model (`backend: native`)", "MODEL_KEYS"),
-        (native_recipe, "verl-omni reward function bound to a native model: the panel's keys", "TERM_KEYS"),
-        (native_recipe, "verl-omni reward function bound to a native model: the binding", "FUNCTION_KEYS"),
+        (
+            native_recipe,
+            "verl-omni reward function bound to a native model: the panel's keys",
+            "TERM_KEYS",
+        ),
+        (
+            native_recipe,
+            "verl-omni reward function bound to a native model: the binding",
+            "FUNCTION_KEYS",
+        ),
         (ff_recipe, "FF `rewards:` entry: the term", "TERM_KEYS"),
         (ff_recipe, "FF `rewards:` entry: where it runs", "PLACE_KEYS"),
         (ff_recipe, "FF `rewards:` entry: the model's own", "MODEL_KEYS"),
     ]
     rows = [
-        [cell(what), code(f"{module.__name__}.{name}"), ", ".join(f"`{k}`" for k in sorted(getattr(module, name)))]
+        [
+            cell(what),
+            code(f"{module.__name__}.{name}"),
+            ", ".join(f"`{k}`" for k in sorted(getattr(module, name))),
+        ]
         for module, what, name in styles
     ]
     parse = inspect.getsource(recipes._parse)
@@ -319,7 +370,8 @@ def recipe_keys() -> list[str]:
         textwrap.dedent(parse).strip(),
         "```",
         "",
-        "The keys each style's entries may carry (any other key is refused, except in FF entries, where",
+        "The keys each style's entries may carry (any other key is refused, except in FF "
+        "entries, where",
         "it goes to the model's `extra_kwargs`):",
         "",
         *table(["Entry", "Checked against", "Keys"], rows),
@@ -334,7 +386,9 @@ def config_page() -> str:
     roots += [
         value
         for value in vars(config).values()
-        if isinstance(value, type) and issubclass(value, BaseModel) and value.__module__ == config.__name__
+        if isinstance(value, type)
+        and issubclass(value, BaseModel)
+        and value.__module__ == config.__name__
     ]
     models = [m for m in walk_models(roots) if not m.__name__.startswith("_")]
     lines = ["# Recipe and config fields", "", GENERATED, "", doc(config), ""]
@@ -382,7 +436,8 @@ def _handler_of(endpoint: Any, owner: type) -> Any:
 
 
 def _live_answers(app: Any) -> dict[str, Any]:
-    """Each route called once over the real app (in this process, through httpx's ASGI transport): what it answers."""
+    """Each route called once over the real app (in this process, through httpx's ASGI transport):
+    what it answers."""
     import asyncio
 
     import httpx
@@ -391,8 +446,13 @@ def _live_answers(app: Any) -> dict[str, Any]:
     from child_runtime.protocol.openrlhf import ROUTE
 
     auth = {"authorization": f"Bearer {TOKEN}"}
-    frame = wire.encode({"items": [{"id": "a", "text": "an answer"}, {"id": "b", "text": "another"}]})
-    unirl = {"protocol_version": "1", "requests": [{"history": [{"text": "an answer"}], "request_id": "a"}]}
+    frame = wire.encode(
+        {"items": [{"id": "a", "text": "an answer"}, {"id": "b", "text": "another"}]}
+    )
+    unirl = {
+        "protocol_version": "1",
+        "requests": [{"history": [{"text": "an answer"}], "request_id": "a"}],
+    }
     one_sample = {"query": ["What is 2+2? 4"], "prompts": ["What is 2+2?"], "labels": ["4"]}
 
     async def call_all() -> dict[str, httpx.Response]:
@@ -438,9 +498,13 @@ def _json_score_section(answer: tuple[int, str, Any, dict[str, str]]) -> list[st
     status, kind, body, headers = answer
     lines = [f"#### The JSON form (`content-type: {JSON_TYPE}`)", "", doc(unirl), ""]
     lines.extend([f"Status {status}, `{kind.split(';')[0]}`, with these keys:", ""])
-    lines.extend(table(["Key", "Kind of value"], [[code(key), _shape(value)] for key, value in body.items()]))
+    lines.extend(
+        table(["Key", "Kind of value"], [[code(key), _shape(value)] for key, value in body.items()])
+    )
     example = json.dumps({k: v[:1] if isinstance(v, list) else v for k, v in body.items()})
-    lines.extend([f"For example `{example}`; `{IDENTITY_HEADER}` is on it as on a frame's answer.", ""])
+    lines.extend(
+        [f"For example `{example}`; `{IDENTITY_HEADER}` is on it as on a frame's answer.", ""]
+    )
     if IDENTITY_HEADER not in headers:
         raise RuntimeError(f"/score's JSON answer lacks {IDENTITY_HEADER}")
     return lines
@@ -459,11 +523,17 @@ def _shape(value: Any) -> str:
 
 
 def _error_kinds() -> list[list[str]]:
-    """(status, kind, raised by) of every error answer in child_runtime/app.py, read from its source."""
+    """(status, kind, raised by) of every error answer in child_runtime/app.py, read from its
+    source."""
     from child_runtime import app, gate
 
     source = _AppSource(ast.parse(inspect.getsource(app)), vars(app))
-    rows = [row for node in ast.walk(source.tree) if isinstance(node, ast.Call) for row in source.answers(node)]
+    rows = [
+        row
+        for node in ast.walk(source.tree)
+        if isinstance(node, ast.Call)
+        for row in source.answers(node)
+    ]
     evicted = json.loads(gate.EVICTION_BODY)
     rows.append(["503", code(evicted["kind"]), cell(f"the connection gate: {evicted['error']}")])
     rows.sort(key=lambda row: (row[0], row[1]))
@@ -471,16 +541,20 @@ def _error_kinds() -> list[list[str]]:
 
 
 class _AppSource:
-    """The child app's source: its `_error(...)` and `JSONResponse(...)` answers, and what raises them."""
+    """The child app's source: its `_error(...)` and `JSONResponse(...)` answers, and what raises
+    them."""
 
     def __init__(self, tree: ast.AST, namespace: dict[str, Any]) -> None:
         self.tree, self.namespace = tree, namespace
-        self.parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        self.parents = {
+            id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)
+        }
 
     def values(self, node: ast.expr) -> list[Any]:
         if isinstance(node, ast.IfExp):
             return self.values(node.body) + self.values(node.orelse)
-        return [eval(compile(ast.Expression(node), "app.py", "eval"), self.namespace)]  # names and constants only
+        # names and constants only
+        return [eval(compile(ast.Expression(node), "app.py", "eval"), self.namespace)]
 
     def raised_by(self, handler: ast.ExceptHandler | None) -> str:
         if handler is None or handler.type is None:
@@ -501,7 +575,8 @@ class _AppSource:
         return None
 
     def answers(self, node: ast.Call) -> list[list[str]]:
-        """The rows of one call: an `_error(status, kind, ...)`, or the token check's JSONResponse."""
+        """The rows of one call: an `_error(status, kind, ...)`, or the token check's
+        JSONResponse."""
         if not isinstance(node.func, ast.Name):
             return []
         if node.func.id == "_error" and len(node.args) >= 2:
@@ -514,13 +589,20 @@ class _AppSource:
         if node.func.id != "JSONResponse" or not node.args:
             return []
         body = node.args[0]
-        status = next((k.value for k in node.keywords if k.arg == "status_code"), None)  # an expression
+        # an expression
+        status = next((k.value for k in node.keywords if k.arg == "status_code"), None)
         if not (isinstance(body, ast.Dict) and isinstance(status, ast.Constant)):
             return []
         return [
-            [str(self.values(status)[0]), code(self.values(value)[0]), "`BearerAuth`: the token check"]
+            [
+                str(self.values(status)[0]),
+                code(self.values(value)[0]),
+                "`BearerAuth`: the token check",
+            ]
             for key, value in zip(body.keys, body.values, strict=True)
-            if isinstance(key, ast.Constant) and key.value == "kind" and isinstance(value, ast.Constant)
+            if isinstance(key, ast.Constant)
+            and key.value == "kind"
+            and isinstance(value, ast.Constant)
         ]
 
 
@@ -541,10 +623,11 @@ def http_page() -> str:
 
     lines = ["# HTTP surface", "", GENERATED, "", doc(child_app), ""]
     lines += [
-        "A managed child and `managed-scorers serve` run the same app (`child_runtime.app.build_app`); "
-        "`serve` adds the OpenRLHF route when given `--openrlhf-secret-file`. The routes below are read "
-        "from that app, built over the `constant` scorer in the build's own process, and each answer "
-        "shown was got from it by calling the route once.",
+        "A managed child and `managed-scorers serve` run the same app "
+        "(`child_runtime.app.build_app`); `serve` adds the OpenRLHF route when given "
+        "`--openrlhf-secret-file`. The routes below are read from that app, built over the "
+        "`constant` scorer in the build's own process, and each answer shown was got from it "
+        "by calling the route once.",
         "",
         "## Authentication",
         "",
@@ -582,20 +665,25 @@ def http_page() -> str:
             lines.extend([f"Status {status}, `{kind.split(';')[0]}`, with these keys:", ""])
             lines.extend(table(["Key", "Kind of value"], rows))
         elif isinstance(body, list):
-            lines.extend([f"Status {status}, `{kind.split(';')[0]}`: a list, one entry per sample.", ""])
+            lines.extend(
+                [f"Status {status}, `{kind.split(';')[0]}`: a list, one entry per sample.", ""]
+            )
         elif not body.startswith("# HELP"):
             lines.extend([f"Status {status}, `{kind.split(';')[0]}`: `{body.strip()}`.", ""])
         else:
             names = [line.split()[2] for line in body.splitlines() if line.startswith("# HELP")]
             helps = {
-                line.split()[2]: " ".join(line.split()[3:]) for line in body.splitlines() if line.startswith("# HELP")
+                line.split()[2]: " ".join(line.split()[3:])
+                for line in body.splitlines()
+                if line.startswith("# HELP")
             }
             lines.extend([f"Status {status}, `{kind.split(';')[0]}` (Prometheus text format):", ""])
             lines.extend(table(["Metric", "Help"], [[code(n), cell(helps[n])] for n in names]))
         if route.path == "/score":
             lines.extend(
                 [
-                    f"The request and the answer are `{wire.CONTENT_TYPE}` frames (`child_runtime.protocol.wire`):",
+                    f"The request and the answer are `{wire.CONTENT_TYPE}` frames "
+                    f"(`child_runtime.protocol.wire`):",
                     "",
                     doc(wire),
                     "",
@@ -603,7 +691,9 @@ def http_page() -> str:
             )
             timing = answer_headers.get("server-timing", "")
             phases = ", ".join(part.split(";")[0].strip() for part in timing.split(","))
-            lines.extend([f"Each answer carries a `server-timing` header with its phases: {phases}.", ""])
+            lines.extend(
+                [f"Each answer carries a `server-timing` header with its phases: {phases}.", ""]
+            )
             lines.extend(_json_score_section(answers["/score json"]))
     lines.extend(["## Headers", ""])
     header_rows = [
@@ -615,8 +705,10 @@ def http_page() -> str:
     lines.extend(["## Error answers", ""])
     status, _, refusal, _ = answers["401"]
     lines += [
-        'Every error is a JSON object `{"error": <message>, "kind": <kind>}` with a status; a handler never '
-        "lets an exception reach the server (which would drop the connection). For example, a request "
+        'Every error is a JSON object `{"error": <message>, "kind": <kind>}` with a status; '
+        "a handler never "
+        "lets an exception reach the server (which would drop the connection). For example, "
+        "a request "
         f"without the token gets {status} and `{json.dumps(refusal)}`. The kinds, read from "
         "`child_runtime/app.py` and `child_runtime/gate.py`:",
         "",
@@ -632,7 +724,9 @@ def http_page() -> str:
     ]
     lines.extend(table(["Kind", "Meaning"], wire_rows))
     lines.extend(["## Exit codes of a child that cannot boot", "", doc(exit_codes), ""])
-    lines.extend(table(["Code", "Meaning"], [[str(c), cell(m)] for c, m in exit_codes.MEANINGS.items()]))
+    lines.extend(
+        table(["Code", "Meaning"], [[str(c), cell(m)] for c, m in exit_codes.MEANINGS.items()])
+    )
     lines.extend(["## `managed-scorers serve`", "", doc(serve), ""])
     return "\n".join(lines)
 
@@ -653,13 +747,21 @@ def _module_comments(module: types.ModuleType) -> dict[str, str]:
     trailing = _comments_by_line(source)
     found = {}
     for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             above = []
             number = node.lineno - 1
             while number >= 1 and lines[number - 1].strip().startswith("#"):
                 above.insert(0, lines[number - 1].strip().lstrip("#").strip())
                 number -= 1
-            own = [trailing[n] for n in range(node.lineno, (node.end_lineno or node.lineno) + 1) if n in trailing]
+            own = [
+                trailing[n]
+                for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+                if n in trailing
+            ]
             found[node.targets[0].id] = " ".join([*above, *own])
     return found
 
@@ -668,7 +770,8 @@ def _module_comments(module: types.ModuleType) -> dict[str, str]:
 
 
 def _params(cls: type) -> list[inspect.Parameter]:
-    """The params a scorer takes: its constructor's, or a mapped function's after (candidate, context)."""
+    """The params a scorer takes: its constructor's, or a mapped function's after (candidate,
+    context)."""
     per_candidate = getattr(cls, "per_candidate", None)
     if per_candidate is not None:
         return list(per_candidate.signature.parameters.values())[2:]
@@ -686,7 +789,11 @@ def _param_text(parameter: inspect.Parameter) -> str:
     if parameter.default is inspect.Parameter.empty:
         return f"`{parameter.name}{kind}` (required)"
     default = parameter.default
-    shown = json.dumps(default) if isinstance(default, (str, int, float, bool, type(None))) else repr(default)
+    shown = (
+        json.dumps(default)
+        if isinstance(default, (str, int, float, bool, type(None)))
+        else repr(default)
+    )
     if len(shown) > 40:
         shown = shown[:37] + "..."
     return f"`{parameter.name}{kind} = {shown}`".replace("|", "\\|")
@@ -699,8 +806,8 @@ def scorers_page() -> str:
     lines = ["# Scorer catalog", "", GENERATED, "", doc(registry), ""]
     lines += [
         "Every built-in scorer, read from `scorers.registry.BUILTINS` and each class's `spec`. "
-        "**Env** is the scorer env its managed child runs in by default (`managed-scorers envs build ENV`); "
-        "**groupwise** scorers get one whole group per call.",
+        "**Env** is the scorer env its managed child runs in by default (`managed-scorers "
+        "envs build ENV`); **groupwise** scorers get one whole group per call.",
         "",
     ]
     rows = []
@@ -726,11 +833,15 @@ def scorers_page() -> str:
             + (f"; reward term: `{spec.reward_term}`" if spec.reward_term else ""),
         ]
         if spec.required_fields:
-            facts.append(f"- needs the item fields: {', '.join(f'`{f}`' for f in spec.required_fields)}")
+            facts.append(
+                f"- needs the item fields: {', '.join(f'`{f}`' for f in spec.required_fields)}"
+            )
         if spec.diagnostics:
             facts.append(f"- diagnostics: {', '.join(f'`{d}`' for d in spec.diagnostics)}")
         if spec.requires_modules:
-            facts.append(f"- imports from its env: {', '.join(f'`{m}`' for m in spec.requires_modules)}")
+            facts.append(
+                f"- imports from its env: {', '.join(f'`{m}`' for m in spec.requires_modules)}"
+            )
         flags = [
             label
             for label, on in (
@@ -742,7 +853,9 @@ def scorers_page() -> str:
         ]
         if flags:
             facts.append(f"- {'; '.join(flags)}")
-        facts.append("- params: " + (", ".join(_param_text(p) for p in params) if params else "none"))
+        facts.append(
+            "- params: " + (", ".join(_param_text(p) for p in params) if params else "none")
+        )
         section.extend([*facts, ""])
         sections.extend(section)
     lines.extend(table(["Name", "Input", "Env", "Groupwise", "What it scores"], rows))
@@ -755,9 +868,17 @@ def scorers_page() -> str:
         for env in scorer_envs.spec_names()
     }
     common = set.intersection(*(set(found) for found in pins.values()))
-    env_rows = [[code(env), ", ".join(f"`{pin}`" for pin in found if pin not in common)] for env, found in pins.items()]
+    env_rows = [
+        [code(env), ", ".join(f"`{pin}`" for pin in found if pin not in common)]
+        for env, found in pins.items()
+    ]
     lines.extend(
-        ["## Scorer envs", "", "What each env installs (`supervisor/env_specs/`), beyond the pins they share:", ""]
+        [
+            "## Scorer envs",
+            "",
+            "What each env installs (`supervisor/env_specs/`), beyond the pins they share:",
+            "",
+        ]
     )
     lines.extend(table(["Env", "Its own pins"], env_rows))
     lines.extend(["Every env pins: " + ", ".join(f"`{pin}`" for pin in sorted(common)) + ".", ""])

@@ -7,7 +7,7 @@ A stand-in pipeline "samples" float NCHW images in [0, 1], what a VAE decode wit
 does, each sampling batch's reward is submitted to a thread pool while the next batch is
 sampled, and all are collected at the end. Smooth images compress well (high reward), noise
 does not. `--report FILE` writes the images' seeds and rewards, for tests/trainers/test_examples.py.
-"""
+"""  # noqa: E501 (its first line is the --help description, the second a command to copy)
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from supervisor.adapters.ddpo import DDPORewardFn
 
 
 def sample(seed: int, batch: int, size: int = 64) -> np.ndarray:
-    """`batch` images, float32 NCHW in [0, 1]: a smooth gradient plus noise that grows along the batch."""
+    """`batch` images, float32 NCHW in [0, 1]: a smooth gradient plus noise that grows along the
+    batch."""
     rng = np.random.default_rng(seed)
     ramp = np.linspace(0.0, 1.0, size, dtype=np.float32)
     smooth = np.broadcast_to(ramp[None, None, :], (3, size, size))
@@ -33,7 +34,9 @@ def sample(seed: int, batch: int, size: int = 64) -> np.ndarray:
 
 
 def run(image_python: str | None, batches: int, batch: int) -> dict[str, list]:
-    where: dict = {"process": {"python_executable": image_python}} if image_python else {"env": "image"}
+    where: dict = (
+        {"process": {"python_executable": image_python}} if image_python else {"env": "image"}
+    )
     backend = ManagedScorerProcessBackend(
         {
             **where,
@@ -54,14 +57,18 @@ def run(image_python: str | None, batches: int, batch: int) -> dict[str, list]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--image-python", help="python of the image scorer env (default: the built `image` env)")
+    parser.add_argument(
+        "--image-python", help="python of the image scorer env (default: the built `image` env)"
+    )
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
     report = run(args.image_python, args.batches, args.batch)
     for seed, rewards in zip(report["seeds"], report["rewards"], strict=True):
-        print(f"batch {seed}: " + "  ".join(f"{r:7.2f}" for r in rewards) + "  (-kB, smooth to noisy)")
+        print(
+            f"batch {seed}: " + "  ".join(f"{r:7.2f}" for r in rewards) + "  (-kB, smooth to noisy)"
+        )
     if args.report:
         args.report.write_text(json.dumps(report))
 

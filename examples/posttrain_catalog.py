@@ -16,7 +16,9 @@ from scorers.pointwise import map_candidates
 _WORD = re.compile(r"[a-z0-9]+")
 
 
-def keyword_recall(candidate: ScoreItem, context: GroupContext, keywords_key: str = "keywords") -> float:
+def keyword_recall(
+    candidate: ScoreItem, context: GroupContext, keywords_key: str = "keywords"
+) -> float:
     """The fraction of the reference's keywords that the completion mentions."""
     reference = context.reference
     if not hasattr(reference, "get") or not isinstance(reference.get(keywords_key), tuple):
@@ -26,7 +28,9 @@ def keyword_recall(candidate: ScoreItem, context: GroupContext, keywords_key: st
     return sum(1 for k in keywords if k.lower() in words) / len(keywords) if keywords else 0.0
 
 
-def within_budget(candidate: ScoreItem, context: GroupContext, max_words: int = 50) -> dict[str, float]:
+def within_budget(
+    candidate: ScoreItem, context: GroupContext, max_words: int = 50
+) -> dict[str, float]:
     """Two terms: 1.0 when the completion fits the word budget, and its length in budgets."""
     words = len(candidate.required_text().split())
     return {"fits": float(words <= max_words), "length": words / max_words}
@@ -40,9 +44,17 @@ def answer_match(candidate: ScoreItem, context: GroupContext) -> float:
 
 
 KeywordRecall = map_candidates(keyword_recall, name="keyword_recall", revision="2026-11-30")
-WithinBudget = map_candidates(within_budget, name="within_budget", terms=("fits", "length"), revision="1")
-AnswerMatch = map_candidates(answer_match, name="answer_match", revision="1", required_fields=("reference",))
+WithinBudget = map_candidates(
+    within_budget, name="within_budget", terms=("fits", "length"), revision="1"
+)
+AnswerMatch = map_candidates(
+    answer_match, name="answer_match", revision="1", required_fields=("reference",)
+)
 
 
 def catalog() -> dict[str, type[Scorer]]:
-    return {"keyword_recall": KeywordRecall, "within_budget": WithinBudget, "answer_match": AnswerMatch}
+    return {
+        "keyword_recall": KeywordRecall,
+        "within_budget": WithinBudget,
+        "answer_match": AnswerMatch,
+    }

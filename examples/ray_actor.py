@@ -2,7 +2,8 @@
 own managed math_verify child (envs/math), narrowed to the actor's GPU.
 
     envs/ray/.venv/bin/python examples/ray_actor.py --ranks 2
-    envs/ray/.venv/bin/python examples/ray_actor.py --ranks 2 --logical-gpus 2 --kill-one --report out.json
+    envs/ray/.venv/bin/python examples/ray_actor.py --ranks 2 --logical-gpus 2 --kill-one --report
+    out.json
 
 The driver splits a batch over the actors and checks every reward against the answer key. With
 `--logical-gpus N` Ray is told the node has N GPUs (on a CPU machine too): each actor asks for
@@ -32,10 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @ray.remote(num_cpus=0)
 class RewardRank:
-    """One trainer rank's reward side: the actor owns its managed child and closes it with itself."""
+    """One trainer rank's reward side: the actor owns its managed child and closes it with
+    itself."""
 
     def __init__(self, rank: int) -> None:
-        os.environ["RANK"] = str(rank)  # what a Ray trainer (verl) sets for its workers: the label on logs and metrics
+        # what a Ray trainer (verl) sets for its workers: the label on logs and metrics
+        os.environ["RANK"] = str(rank)
         self.backend = ManagedScorerProcessBackend(
             {
                 "env": "math",
@@ -70,7 +73,13 @@ def batch(size: int) -> tuple[list[dict[str, Any]], list[float]]:
     for n in range(size):
         a, b = n + 1, 2 * n + 3
         right = n % 3 != 0
-        items.append({"id": f"i{n}", "text": f"\\boxed{{{a + b if right else a - b}}}", "reference": str(a + b)})
+        items.append(
+            {
+                "id": f"i{n}",
+                "text": f"\\boxed{{{a + b if right else a - b}}}",
+                "reference": str(a + b),
+            }
+        )
         expected.append(1.0 if right else 0.0)
     return items, expected
 
@@ -95,8 +104,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--items", type=int, default=64)
-    parser.add_argument("--logical-gpus", type=int, default=None, help="tell Ray the node has this many GPUs")
-    parser.add_argument("--kill-one", action="store_true", help="ray.kill one actor; its child must go with it")
+    parser.add_argument(
+        "--logical-gpus", type=int, default=None, help="tell Ray the node has this many GPUs"
+    )
+    parser.add_argument(
+        "--kill-one", action="store_true", help="ray.kill one actor; its child must go with it"
+    )
     parser.add_argument("--report", type=Path)
     args = parser.parse_args()
     temp_dir = tempfile.mkdtemp(prefix="msray")  # short: Ray puts its sockets under it
@@ -116,7 +129,10 @@ def main() -> int:
         items, expected = batch(args.items)
         shards = [items[rank :: args.ranks] for rank in range(args.ranks)]
         began = time.perf_counter()
-        scored = ray.get([actor.score.remote(shard) for actor, shard in zip(actors, shards, strict=True)], timeout=120)
+        scored = ray.get(
+            [actor.score.remote(shard) for actor, shard in zip(actors, shards, strict=True)],
+            timeout=120,
+        )
         report["score_ms"] = (time.perf_counter() - began) * 1000
         rewards = [0.0] * len(items)
         for rank, values in enumerate(scored):

@@ -9,7 +9,8 @@ trained on the fly. Run it from the trainer env `make env-trl` builds:
 A random model never solves a problem, so `--force-golds` appends `\\boxed{gold}` to a scattered
 3 in 7 of the completions and a wrong boxed answer to 1 in 7 before they are scored (a
 smoke-test knob, so that no reward can pass for its neighbour's; leave it off for a real model).
-`--report FILE` writes what was scored and what the trainer logged, for tests/trainers/test_trl_grpo.py.
+`--report FILE` writes what was scored and what the trainer logged, for
+tests/trainers/test_trl_grpo.py.
 """
 
 from __future__ import annotations
@@ -36,12 +37,20 @@ def build_model_and_tokenizer(seed: int) -> tuple[Any, Any]:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    corpus = [f"what is {a} + {b} ? the answer is {a + b} ." for a, b in PROBLEMS] + [str(n) for n in range(20)]
+    corpus = [f"what is {a} + {b} ? the answer is {a + b} ." for a, b in PROBLEMS] + [
+        str(n) for n in range(20)
+    ]
     tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=["<pad>", "<unk>", "<s>", "</s>"]))
+    tokenizer.train_from_iterator(
+        corpus, trainers.WordLevelTrainer(special_tokens=["<pad>", "<unk>", "<s>", "</s>"])
+    )
     hf_tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
     )
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -74,7 +83,14 @@ def forcing_golds(
         for i, (text, gold) in enumerate(zip(completions, answer, strict=True)):
             slot = (5 * i + 3 * call) % 7  # a different scatter in every call
             out.append(
-                text + (f" \\boxed{{{gold}}}" if slot in (0, 2, 5) else f" \\boxed{{{gold}1}}" if slot == 3 else "")
+                text
+                + (
+                    f" \\boxed{{{gold}}}"
+                    if slot in (0, 2, 5)
+                    else f" \\boxed{{{gold}1}}"
+                    if slot == 3
+                    else ""
+                )
             )
         return out
 
@@ -82,26 +98,40 @@ def forcing_golds(
         journal.append({"texts": scored, "golds": list(answer), "rewards": rewards})
         return rewards
 
-    def sync_reward(prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any) -> list[float]:
+    def sync_reward(
+        prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any
+    ) -> list[float]:
         scored = forced(completions, answer)
-        return record(scored, answer, inner(prompts=prompts, completions=scored, answer=answer, **kwargs))
+        return record(
+            scored, answer, inner(prompts=prompts, completions=scored, answer=answer, **kwargs)
+        )
 
-    async def async_reward(prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any) -> Any:
+    async def async_reward(
+        prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any
+    ) -> Any:
         scored = forced(completions, answer)
-        return record(scored, answer, await inner(prompts=prompts, completions=scored, answer=answer, **kwargs))
+        return record(
+            scored,
+            answer,
+            await inner(prompts=prompts, completions=scored, answer=answer, **kwargs),
+        )
 
     chosen = async_reward if use_async else sync_reward
     chosen.__name__ = reward.__name__  # TRL logs rewards/<__name__>
     return chosen
 
 
-def train(math_python: str | None, use_async: bool, steps: int, force_golds: bool, seed: int) -> dict[str, Any]:
+def train(
+    math_python: str | None, use_async: bool, steps: int, force_golds: bool, seed: int
+) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     model, tokenizer = build_model_and_tokenizer(seed)
-    dataset = Dataset.from_list([{"prompt": f"what is {a} + {b} ?", "answer": str(a + b)} for a, b in PROBLEMS])
+    dataset = Dataset.from_list(
+        [{"prompt": f"what is {a} + {b} ?", "answer": str(a + b)} for a, b in PROBLEMS]
+    )
     process: dict[str, Any] = {"request_timeout": 120}
     if math_python is not None:
         process["python_executable"] = math_python
@@ -109,14 +139,18 @@ def train(math_python: str | None, use_async: bool, steps: int, force_golds: boo
         {"process": process, "scorer": {"name": "math_verify", "params": {"jobs": 1}}}
     )
     # The reward function closes its backend at interpreter exit; `with` closes it sooner.
-    reward = TRLRewardFunction(backend)  # gold from the `answer` column, ids and groups made for TRL
+    # gold from the `answer` column, ids and groups made for TRL
+    reward = TRLRewardFunction(backend)
     scored: list[dict[str, Any]] = []
     reward_func = forcing_golds(reward, force_golds, use_async, scored)
 
     logged: list[dict[str, Any]] = []
 
-    class PerCompletionLog(TrainerCallback):  # what TRL's completions table shows at each logging step
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+    # what TRL's completions table shows at each logging step
+    class PerCompletionLog(TrainerCallback):
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
+        ) -> None:
             table = trainer._logs  # private, but it is the per-completion record TRL logs
             logged.append(
                 {
@@ -162,17 +196,24 @@ def train(math_python: str | None, use_async: bool, steps: int, force_golds: boo
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--math-python", help="python of the math scorer env (default: the built `math` env)")
-    parser.add_argument("--async", dest="use_async", action="store_true", help="TRL's async reward function form")
+    parser.add_argument(
+        "--math-python", help="python of the math scorer env (default: the built `math` env)"
+    )
+    parser.add_argument(
+        "--async", dest="use_async", action="store_true", help="TRL's async reward function form"
+    )
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--force-golds", action="store_true", help="scatter right and wrong boxed answers")
+    parser.add_argument(
+        "--force-golds", action="store_true", help="scatter right and wrong boxed answers"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
     report = train(args.math_python, args.use_async, args.steps, args.force_golds, args.seed)
     rewards = [r for call in report["scored"] for r in call["rewards"]]
     print(
-        f"{report['mode']}: {len(report['scored'])} reward calls, {len(rewards)} rewards, mean {sum(rewards) / len(rewards):.3f}"
+        f"{report['mode']}: {len(report['scored'])} reward calls, {len(rewards)} rewards, "
+        f"mean {sum(rewards) / len(rewards):.3f}"
     )
     if args.report:
         args.report.write_text(json.dumps(report))

@@ -5,7 +5,8 @@ Point verl at this file (verl loads it by path in each reward worker):
     reward:
       custom_reward_function:
         path: examples/verl_compute_score.py
-        name: compute_score        # the async reward loop: per-item tasks, coalesced into one request
+        name: compute_score        # the async reward loop: per-item tasks, coalesced into one
+                                   request
         # name: compute_score_sync   for the legacy naive reward manager (one call per item)
         # name: compute_score_batch  for the batch reward manager (lists)
 
@@ -32,7 +33,9 @@ KEY = ("examples/verl_compute_score.py",)
 
 def _math_child() -> ManagedScorerProcessBackend:
     python = os.environ.get("MATH_PYTHON")
-    where: dict[str, Any] = {"process": {"python_executable": python}} if python else {"env": "math"}
+    where: dict[str, Any] = (
+        {"process": {"python_executable": python}} if python else {"env": "math"}
+    )
     return ManagedScorerProcessBackend(
         {**where, "scorer": {"name": "math_verify", "params": {"jobs": 2, "timeout_s": 10}}}
     )
@@ -44,14 +47,23 @@ def scorer() -> VerlComputeScore:
 
 
 async def compute_score(
-    data_source: str, solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None = None, **kwargs: Any
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info: Mapping[str, Any] | None = None,
+    **kwargs: Any,
 ) -> dict[str, Any]:
-    ready = await aprocess_scorer(KEY, _math_child)  # one boot, off the loop; the step's tasks wait on it
+    # one boot, off the loop; the step's tasks wait on it
+    ready = await aprocess_scorer(KEY, _math_child)
     return await ready.acompute_score(data_source, solution_str, ground_truth, extra_info)
 
 
 def compute_score_sync(
-    data_source: str, solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None = None, **kwargs: Any
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info: Mapping[str, Any] | None = None,
+    **kwargs: Any,
 ) -> dict[str, Any]:
     return scorer()(data_source, solution_str, ground_truth, extra_info)
 

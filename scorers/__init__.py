@@ -1,4 +1,5 @@
-"""The scorer contract and catalog (`base`, `registry`), the built-in scorers (`builtin/`), `grading/` and `common/`.
+"""The scorer contract and catalog (`base`, `registry`), the built-in scorers (`builtin/`),
+`grading/` and `common/`.
 
 The names below load on first use (PEP 562), not when the package is imported: the child
 arms its parent-death watch from `scorers.common.processes` (stdlib only) before anything
@@ -16,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from scorers import aliases, install
 
-install.refuse_supervisord_clash()  # a scorer child returns at one stat: its path holds no `supervisor`
-aliases.install()  # `scorers.math_verify` and the other built-ins' old names: the modules of `scorers.builtin`
+# a scorer child returns at one stat: its path holds no `supervisor`
+install.refuse_supervisord_clash()
+# `scorers.math_verify` and the other built-ins' old names: the modules of `scorers.builtin`
+aliases.install()
 
 if TYPE_CHECKING:
     from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec

@@ -1,9 +1,10 @@
 """The built-in scorers' old module names (`scorers.math_verify`), importable after their move to
-`scorers.builtin`: users' recipes, ports and catalogs name them (`scorers.math_verify:MathVerifyScorer`).
+`scorers.builtin`: users' recipes, ports and catalogs name them
+(`scorers.math_verify:MathVerifyScorer`).
 
-One meta-path finder, not a shim file per module: an old name gives the very module object of its new
-one, so a class is one class whichever name loaded it (`isinstance`, pickles, identity hashes agree).
-Stdlib only: the package installs it when imported, before any scorer loads.
+One meta-path finder, not a shim file per module: an old name gives the very module object of its
+new one, so a class is one class whichever name loaded it (`isinstance`, pickles, identity hashes
+agree). Stdlib only: the package installs it when imported, before any scorer loads.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class _SameModule(importlib.abc.Loader):
         return module
 
     def exec_module(self, module: ModuleType) -> None:
-        module.__spec__ = self.own_spec  # the import system set the old name's spec on it: give back its own
+        # the import system set the old name's spec on it: give back its own
+        module.__spec__ = self.own_spec
 
 
 class OldNames(importlib.abc.MetaPathFinder):
@@ -72,6 +74,7 @@ class OldNames(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Put the finder first on `sys.meta_path` (once): an old name never reaches a stale file of its own."""
+    """Put the finder first on `sys.meta_path` (once): an old name never reaches a stale file of its
+    own."""
     if not any(isinstance(finder, OldNames) for finder in sys.meta_path):
         sys.meta_path.insert(0, OldNames())

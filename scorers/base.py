@@ -1,9 +1,10 @@
 """The scorer authoring contract, shared by in-process and managed execution.
 
 A scorer turns a batch of `ScoreItem`s (pointwise) or one complete group
-(groupwise) into one finite float per item for each of its terms. Everything here is stdlib + numpy so any scorer env can import it
-through the import root the parent gives it, without installing managed-scorers. numpy is imported
-by what handles arrays, not here: a child that scores text never imports it.
+(groupwise) into one finite float per item for each of its terms. Everything here is stdlib + numpy
+so any scorer env can import it through the import root the parent gives it, without installing
+managed-scorers. numpy is imported by what handles arrays, not here: a child that scores text never
+imports it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from scorers.identity import effective_params
 
 
 def numpy_if_imported() -> ModuleType | None:
-    """numpy, if this process has imported it: only then can an object be one of its arrays or scalars."""
+    """numpy, if this process has imported it: only then can an object be one of its arrays or
+    scalars."""
     return sys.modules.get("numpy")
 
 
@@ -50,10 +52,11 @@ class ScoreInputError(ValueError):
 
 
 class ScorerWedged(RuntimeError):
-    """This process can score no more: a call passed its deadline with work still running on a thread
-    the scorer cannot stop. `timed_out`: this call's own deadline passed (False: it never started, queued
-    behind that work or arriving after it). A child answers 503 `wedged` / `wedged_queued`; its managed
-    parent kills it and the next call restarts it under the restart policy, as after a crash."""
+    """This process can score no more: a call passed its deadline with work still running on a
+    thread the scorer cannot stop. `timed_out`: this call's own deadline passed (False: it never
+    started, queued behind that work or arriving after it). A child answers 503 `wedged` /
+    `wedged_queued`; its managed parent kills it and the next call restarts it under the restart
+    policy, as after a crash."""
 
     def __init__(self, message: str, timed_out: bool = True) -> None:
         super().__init__(message)
@@ -61,15 +64,16 @@ class ScorerWedged(RuntimeError):
 
 
 class ServerFault(RuntimeError):
-    """The scorer could not score for a fault of this server, not of the request (a child it runs died,
-    timed out, cannot start or wake): answered 503 `server_fault`, which a client of several servers
-    fails over on. A scorer's own refusal stays a 500 `scorer_error` (the same request fails anywhere)."""
+    """The scorer could not score for a fault of this server, not of the request (a child it runs
+    died, timed out, cannot start or wake): answered 503 `server_fault`, which a client of several
+    servers fails over on. A scorer's own refusal stays a 500 `scorer_error` (the same request fails
+    anywhere)."""
 
 
 class CloseFailed(RuntimeError):
     """A model's close() raised as it was put to sleep, but the model was released all the same: the
-    offload happened (the host records the scorer offloaded) and the answer is 500 `close_failed`, the
-    model's error, not a failed residency change."""
+    offload happened (the host records the scorer offloaded) and the answer is 500 `close_failed`,
+    the model's error, not a failed residency change."""
 
 
 @dataclass(frozen=True)
@@ -92,13 +96,15 @@ class ScorerSpec:
     # Groupwise scorers get one complete group per call (`score_group`, see scorers.groups).
     groupwise: bool = False
     ragged_groups: bool = False  # a groupwise scorer that accepts groups of any size
-    # Params that never change a verdict or a failure (worker counts): left out of the identity hash.
+    # Params that never change a verdict or a failure (worker counts): left out of the identity
+    # hash.
     nonsemantic_params: tuple[str, ...] = ()
     # Top-level modules the scorer imports from its env (preflight looks for them there).
     requires_modules: tuple[str, ...] = ()
     # How many score() calls it takes at once (the chunks of one request are sent together, up to
-    # this many): more than 1 only for a scorer whose score() is thread-safe and whose calls gain from
-    # overlapping (math_verify's pool shares its workers, so the chunks' slow items share one timeout).
+    # this many): more than 1 only for a scorer whose score() is thread-safe and whose calls gain
+    # from overlapping (math_verify's pool shares its workers, so the chunks' slow items share one
+    # timeout).
     concurrent_calls: int = 1
     # The term that is the scorer's reward by itself (a served panel's weighted reward); None: the
     # reward is its terms' sum (weighted by the client).
@@ -112,9 +118,9 @@ class ScorerSpec:
 class ScoreItem:
     """One rollout as a scorer sees it (decoded from the wire or built locally).
 
-    Its fields are those `scorers.item_fields` declares, in that order with those defaults: a dataclass
-    written out for type checkers and for pickling into grading workers, held to the declaration by
-    tests/contract/test_item_fields.py."""
+    Its fields are those `scorers.item_fields` declares, in that order with those defaults: a
+    dataclass written out for type checkers and for pickling into grading workers, held to the
+    declaration by tests/contract/test_item_fields.py."""
 
     id: str
     group_id: str | None = None
@@ -124,7 +130,8 @@ class ScoreItem:
     video: np.ndarray | None = None  # uint8 THWC
     reference: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
-    finish_reason: str | None = None  # the generation engine's verbatim verdict ("stop", "length", ...)
+    # the generation engine's verbatim verdict ("stop", "length", ...)
+    finish_reason: str | None = None
     completion_tokens: int | None = None
     data_source: str | None = None  # the dataset tag (verl's data_source)
     condition_images: tuple[np.ndarray, ...] = ()  # e.g. an edit reward's source image(s)
@@ -149,7 +156,9 @@ class ScoreItem:
 
     def required_audio(self) -> tuple[np.ndarray, int]:
         """The waveform and its sample rate (the wire checks guarantee the rate comes with it)."""
-        return self._required("audio", self.audio), self._required("audio_sample_rate", self.audio_sample_rate)
+        return self._required("audio", self.audio), self._required(
+            "audio_sample_rate", self.audio_sample_rate
+        )
 
     def _required(self, name: str, value: Any) -> Any:
         if value is None:
@@ -191,8 +200,9 @@ class Scorer:
     """
 
     spec: ScorerSpec  # a class attribute, or set per instance by wrappers (video)
-    # True where `spec` is set per instance from params (an FF or native model's, from its model class) and
-    # the class attribute is a placeholder: the parent then infers nothing from it (env, input kind)
+    # True where `spec` is set per instance from params (an FF or native model's, from its model
+    # class) and the class attribute is a placeholder: the parent then infers nothing from it (env,
+    # input kind)
     spec_per_instance: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
@@ -203,10 +213,11 @@ class Scorer:
         """Load weights / start helpers. Called once before the first score."""
 
     def warming(self) -> bool:
-        """True while something load() started in the background is not up yet (a math grader's workers):
-        the first score() waits for it, so a managed child's parent gives that request what is left of the
-        start-up budget, not just the request timeout. Read when the child says it is ready (and polled
-        before that by `managed-scorers serve`, which says ready only once it is False)."""
+        """True while something load() started in the background is not up yet (a math grader's
+        workers): the first score() waits for it, so a managed child's parent gives that request
+        what is left of the start-up budget, not just the request timeout. Read when the child says
+        it is ready (and polled before that by `managed-scorers serve`, which says ready only once
+        it is False)."""
         return False
 
     def onload(self) -> dict[str, Any]:
@@ -219,19 +230,21 @@ class Scorer:
         raise NotImplementedError
 
     def score_group(self, candidates: Sequence[ScoreItem], context: GroupContext) -> ScoreResult:
-        raise NotImplementedError(f"{type(self).__name__} declares groupwise but has no score_group")
+        raise NotImplementedError(
+            f"{type(self).__name__} declares groupwise but has no score_group"
+        )
 
     def score_terms(self, items: Sequence[ScoreItem], terms: tuple[str, ...]) -> ScoreResult:
-        """Only `terms` are wanted (a request named them): a scorer that can skip the others' work (a
-        served panel) overrides this; by default every term is scored and the others dropped."""
+        """Only `terms` are wanted (a request named them): a scorer that can skip the others' work
+        (a served panel) overrides this; by default every term is scored and the others dropped."""
         return self.score(items)
 
     def score_request(
         self, items: Sequence[ScoreItem], group_size: int | None, terms: tuple[str, ...] | None
     ) -> ScoreResult:
-        """What a pointwise scorer is called with (groups already checked): `score`, or `score_terms`
-        when the request named terms. A scorer that needs the request's declared group size (a served
-        panel, whose own groupwise terms regroup the items) overrides this."""
+        """What a pointwise scorer is called with (groups already checked): `score`, or
+        `score_terms` when the request named terms. A scorer that needs the request's declared group
+        size (a served panel, whose own groupwise terms regroup the items) overrides this."""
         return self.score(items) if terms is None else self.score_terms(items, terms)
 
     def identity_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -258,24 +271,29 @@ def check_required_fields(spec: ScorerSpec, items: Sequence[ScoreItem]) -> None:
         for name in completion:
             if getattr(item, name) is None:
                 raise ScoreInputError(
-                    f"items[{index}] (id={item.id!r}): field {name!r} is required by scorer {spec.name!r} "
-                    f"(the completion of a {spec.input_kind} scorer is missing)"
+                    f"items[{index}] (id={item.id!r}): field {name!r} is required by scorer "
+                    f"{spec.name!r} (the completion of a {spec.input_kind} scorer is missing)"
                 )
         if spec.input_kind == "image_edit" and not item.condition_images:
             raise ScoreInputError(
-                f"items[{index}] (id={item.id!r}): image_edit scorer {spec.name!r} needs the source image "
+                f"items[{index}] (id={item.id!r}): image_edit scorer {spec.name!r} needs the "
+                f"source image "
                 "in condition_images"
             )
         for name in spec.required_fields:
             value = getattr(item, name)
             if value is None or (isinstance(value, tuple) and not value):
                 raise ScoreInputError(
-                    f"items[{index}] (id={item.id!r}): field {name!r} is required by scorer {spec.name!r}"
+                    f"items[{index}] (id={item.id!r}): field {name!r} is required by scorer "
+                    f"{spec.name!r}"
                 )
 
 
 def score_checked(
-    scorer: Scorer, items: Sequence[ScoreItem], group_size: int | None = None, terms: Sequence[str] | None = None
+    scorer: Scorer,
+    items: Sequence[ScoreItem],
+    group_size: int | None = None,
+    terms: Sequence[str] | None = None,
 ) -> ScoreResult:
     """The one way scorer code runs: inputs checked first, then one finite float per item and term.
 
@@ -286,12 +304,16 @@ def score_checked(
     spec = scorer.spec
     wanted = wanted_terms(spec, terms)
     try:
-        groups = partition(items, group_size, scorer=spec.name, groupwise=spec.groupwise, ragged=spec.ragged_groups)
+        groups = partition(
+            items, group_size, scorer=spec.name, groupwise=spec.groupwise, ragged=spec.ragged_groups
+        )
     except GroupInputError as exc:
         raise ScoreInputError(str(exc)) from exc
     check_required_fields(spec, items)
     if not spec.groupwise:
-        result = _checked_result(spec, scorer.score_request(items, group_size, wanted), items, wanted)
+        result = _checked_result(
+            spec, scorer.score_request(items, group_size, wanted), items, wanted
+        )
         return result if wanted is None else _selected(result, wanted)
     if wanted is not None:
         return _selected(score_checked(scorer, items, group_size), wanted)
@@ -301,16 +323,22 @@ def score_checked(
     not_applicable: dict[str, set[int]] = {}
     for members in groups:
         candidates = tuple(replace(items[i], reference=freeze(items[i].reference)) for i in members)
-        part = _checked_result(spec, scorer.score_group(candidates, context_of(items, members)), candidates)
+        part = _checked_result(
+            spec, scorer.score_group(candidates, context_of(items, members)), candidates
+        )
         for term, values in part.terms.items():
             for index, value in zip(members, values, strict=True):
                 scores[term][index] = value
         reports.append(part.diagnostics)
         failed.update({members[position]: why for position, why in part.failed.items()})
         for term, whys in part.term_failed.items():
-            term_failed.setdefault(term, {}).update({members[position]: why for position, why in whys.items()})
+            term_failed.setdefault(term, {}).update(
+                {members[position]: why for position, why in whys.items()}
+            )
         for term, positions in part.not_applicable.items():
-            not_applicable.setdefault(term, set()).update(members[position] for position in positions)
+            not_applicable.setdefault(term, set()).update(
+                members[position] for position in positions
+            )
     return ScoreResult(scores, merge_values(reports), failed, term_failed, not_applicable)
 
 
@@ -322,7 +350,8 @@ def wanted_terms(spec: ScorerSpec, terms: Sequence[str] | None) -> tuple[str, ..
     unknown = [term for term in terms if term not in declared]
     if unknown or not terms or len(set(terms)) != len(terms):
         raise ScoreInputError(
-            f"terms {list(terms)} asked of scorer {spec.name!r}: name some of its terms {list(declared)}, each once"
+            f"terms {list(terms)} asked of scorer {spec.name!r}: name some of its terms "
+            f"{list(declared)}, each once"
         )
     return tuple(terms)
 
@@ -333,25 +362,32 @@ def _selected(result: ScoreResult, wanted: tuple[str, ...]) -> ScoreResult:
         result,
         terms={term: result.terms[term] for term in wanted},
         term_failed={term: whys for term, whys in result.term_failed.items() if term in wanted},
-        not_applicable={term: where for term, where in result.not_applicable.items() if term in wanted},
+        not_applicable={
+            term: where for term, where in result.not_applicable.items() if term in wanted
+        },
     )
 
 
 def _checked_result(
     spec: ScorerSpec, result: Any, items: Sequence[ScoreItem], wanted: tuple[str, ...] | None = None
 ) -> ScoreResult:
-    """A result that keeps the contract; with `wanted`, it may leave out the terms nobody asked for."""
+    """A result that keeps the contract; with `wanted`, it may leave out the terms nobody asked
+    for."""
     if not isinstance(result, ScoreResult):
-        raise ScorerContractError(f"scorer {spec.name!r} returned {type(result).__name__}, expected ScoreResult")
+        raise ScorerContractError(
+            f"scorer {spec.name!r} returned {type(result).__name__}, expected ScoreResult"
+        )
     expected = set(spec.term_names())
     if not (set(wanted or expected) <= set(result.terms) <= expected):
         raise ScorerContractError(
-            f"scorer {spec.name!r} returned terms {sorted(result.terms)}, declared {sorted(expected)}"
-            + (f" (asked for {list(wanted)})" if wanted else "")
+            f"scorer {spec.name!r} returned terms {sorted(result.terms)}, declared "
+            f"{sorted(expected)}" + (f" (asked for {list(wanted)})" if wanted else "")
         )
     _check_failed(spec, "failed", result.failed, len(items))
     if not isinstance(result.term_failed, dict) or set(result.term_failed) - expected:
-        raise ScorerContractError(f"scorer {spec.name!r}: term_failed must map its terms to failures")
+        raise ScorerContractError(
+            f"scorer {spec.name!r}: term_failed must map its terms to failures"
+        )
     for term, whys in result.term_failed.items():
         _check_failed(spec, f"term_failed[{term!r}]", whys, len(items))
     _check_not_applicable(spec, result.not_applicable, len(items))
@@ -361,7 +397,9 @@ def _checked_result(
                 f"scorer {spec.name!r} term {term!r}: {len(values)} scores for {len(items)} items"
             )
         unscored = (
-            result.failed.keys() | result.term_failed.get(term, {}).keys() | result.not_applicable.get(term, set())
+            result.failed.keys()
+            | result.term_failed.get(term, {}).keys()
+            | result.not_applicable.get(term, set())
         )
         for index, value in enumerate(values):
             if index in unscored:
@@ -371,7 +409,8 @@ def _checked_result(
                     f"scorer {spec.name!r} term {term!r}: non-finite score {value!r} "
                     f"for items[{index}] (id={items[index].id!r})"
                 )
-        # a failed item's value never travels as a number: NaN, refused anywhere it is not marked failed
+        # a failed item's value never travels as a number: NaN, refused anywhere it is not marked
+        # failed
         result.terms[term] = [math.nan if i in unscored else float(v) for i, v in enumerate(values)]
     try:
         result.diagnostics = check_values(spec.name, spec.diagnostics, result.diagnostics)
@@ -384,23 +423,28 @@ def _check_not_applicable(spec: ScorerSpec, given: Any, count: int) -> None:
     """Positions per declared term; never the scorer's reward term (a reward always applies)."""
     terms = set(spec.term_names())
     if not isinstance(given, dict) or set(given) - terms or spec.reward_term in given:
-        raise ScorerContractError(f"scorer {spec.name!r}: not_applicable must map its terms (not its reward) to items")
+        raise ScorerContractError(
+            f"scorer {spec.name!r}: not_applicable must map its terms (not its reward) to items"
+        )
     for term, positions in given.items():
         if not isinstance(positions, (set, frozenset, list, tuple)) or not all(
             isinstance(p, int) and 0 <= p < count for p in positions
         ):
             raise ScorerContractError(
-                f"scorer {spec.name!r}: not_applicable[{term!r}] must hold item positions (0..{count - 1})"
+                f"scorer {spec.name!r}: not_applicable[{term!r}] must hold item positions "
+                f"(0..{count - 1})"
             )
         given[term] = set(positions)
 
 
 def _check_failed(spec: ScorerSpec, what: str, failed: Any, count: int) -> None:
     if not isinstance(failed, dict) or not all(
-        isinstance(k, int) and 0 <= k < count and isinstance(v, str) and v for k, v in failed.items()
+        isinstance(k, int) and 0 <= k < count and isinstance(v, str) and v
+        for k, v in failed.items()
     ):
         raise ScorerContractError(
-            f"scorer {spec.name!r}: {what} must map item positions (0..{count - 1}) to reasons, got {failed!r}"
+            f"scorer {spec.name!r}: {what} must map item positions (0..{count - 1}) to "
+            f"reasons, got {failed!r}"
         )
 
 
@@ -417,5 +461,6 @@ def reference_answer(reference: Any) -> str | None:
             if key in reference:
                 return reference_answer(reference[key])
     raise ScoreInputError(
-        "reference must be a string, a number, or an object with 'answer', 'ground_truth' or 'target'"
+        "reference must be a string, a number, or an object with 'answer', 'ground_truth' or "
+        "'target'"
     )

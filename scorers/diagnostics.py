@@ -1,4 +1,5 @@
-"""Diagnostics: reporting only, never part of a reward, and mergeable across chunks, terms and ranks.
+"""Diagnostics: reporting only, never part of a reward, and mergeable across chunks, terms and
+ranks.
 
 A scorer reports declared names, each either a count (a number; counts add up) or a mean
 carried as `{"sum": s, "count": n}` (sums and counts add up; the mean is taken at the end).
@@ -27,7 +28,9 @@ def mean(total: float, count: int) -> dict[str, float | int]:
 
 def check_name(name: str, what: str) -> str:
     if not isinstance(name, str) or not NAME.match(name):
-        raise DiagnosticsError(f"{what} {name!r} must match {NAME.pattern} (it is a metric path segment)")
+        raise DiagnosticsError(
+            f"{what} {name!r} must match {NAME.pattern} (it is a metric path segment)"
+        )
     return name
 
 
@@ -38,13 +41,16 @@ def _finite(value: Any) -> bool:
 def check_values(scorer: str, declared: Iterable[str], values: Any) -> dict[str, Any]:
     """Every name declared, every value a finite count or a (sum, count) mean."""
     if not isinstance(values, Mapping):
-        raise DiagnosticsError(f"scorer {scorer!r} diagnostics must be a mapping, got {type(values).__name__}")
+        raise DiagnosticsError(
+            f"scorer {scorer!r} diagnostics must be a mapping, got {type(values).__name__}"
+        )
     allowed = set(declared)
     checked: dict[str, Any] = {}
     for name, value in values.items():
         if name not in allowed:
             raise DiagnosticsError(
-                f"scorer {scorer!r} reported undeclared diagnostic {name!r} (declared: {sorted(allowed)})"
+                f"scorer {scorer!r} reported undeclared diagnostic {name!r} (declared: "
+                f"{sorted(allowed)})"
             )
         if _finite(value):
             checked[name] = value
@@ -72,7 +78,9 @@ def merge_values(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             if name not in merged:
                 merged[name] = dict(value) if isinstance(value, Mapping) else value
             elif isinstance(value, Mapping) != isinstance(merged[name], Mapping):
-                raise DiagnosticsError(f"diagnostic {name!r} is a count in one report and a mean in another")
+                raise DiagnosticsError(
+                    f"diagnostic {name!r} is a count in one report and a mean in another"
+                )
             elif isinstance(value, Mapping):
                 merged[name] = {
                     "sum": merged[name]["sum"] + value["sum"],
@@ -90,10 +98,14 @@ def report(sample_count: int, values: Mapping[str, Any]) -> dict[str, Any]:
 def merge_reports(reports: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Reports of one term from several chunks or ranks: sample counts and values add up."""
     reports = list(reports)
-    return report(sum(r["sample_count"] for r in reports), merge_values(r["values"] for r in reports))
+    return report(
+        sum(r["sample_count"] for r in reports), merge_values(r["values"] for r in reports)
+    )
 
 
-def merge_term_reports(parts: Iterable[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+def merge_term_reports(
+    parts: Iterable[Mapping[str, Mapping[str, Any]]],
+) -> dict[str, dict[str, Any]]:
     """`{term: report}` mappings (one per chunk, rank or response) merged term by term."""
     by_term: dict[str, list[Mapping[str, Any]]] = {}
     for part in parts:
@@ -102,8 +114,11 @@ def merge_term_reports(parts: Iterable[Mapping[str, Mapping[str, Any]]]) -> dict
     return {term: merge_reports(reps) for term, reps in by_term.items()}
 
 
-def to_metrics(reports: Mapping[str, Mapping[str, Any]], namespace: str = "train") -> dict[str, float]:
-    """Flat metrics for a logger: counts as they are, means resolved (a mean of nothing is left out)."""
+def to_metrics(
+    reports: Mapping[str, Mapping[str, Any]], namespace: str = "train"
+) -> dict[str, float]:
+    """Flat metrics for a logger: counts as they are, means resolved (a mean of nothing is left
+    out)."""
     if namespace not in ("train", "val"):
         raise DiagnosticsError(f"namespace must be 'train' or 'val', got {namespace!r}")
     metrics: dict[str, float] = {}

@@ -1,10 +1,11 @@
-"""Early starts: helpers a scorer's child launches before its own imports, named on its command line.
+"""Early starts: helpers a scorer's child launches before its own imports, named on its command
+line.
 
-The parent passes `--early NAME` (`early_args`) for a scorer with a hook here; the child runtime calls
-`run(NAME)` first thing, before it imports numpy and its HTTP server, so that the helper's own start
-(a forkserver importing math_verify) overlaps them. Stdlib only. A hook that fails is logged and
-skipped: the scorer's pool starts the same helper, and reports its failure the normal way (math_verify:
-as the first score call's error, since its load() does not wait for the pool).
+The parent passes `--early NAME` (`early_args`) for a scorer with a hook here; the child runtime
+calls `run(NAME)` first thing, before it imports numpy and its HTTP server, so that the helper's own
+start (a forkserver importing math_verify) overlaps them. Stdlib only. A hook that fails is logged
+and skipped: the scorer's pool starts the same helper, and reports its failure the normal way
+(math_verify: as the first score call's error, since its load() does not wait for the pool).
 """
 
 from __future__ import annotations
@@ -30,4 +31,8 @@ def run_from_argv(argv: list[str]) -> None:
         module, _, function = HOOKS[name].partition(":")
         getattr(importlib.import_module(module), function)()
     except Exception as exc:  # noqa: BLE001 - an optimisation only: load() starts it again and says why it fails
-        print(f"child_runtime: early start {name!r} skipped: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        print(
+            f"child_runtime: early start {name!r} skipped: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -81,7 +81,9 @@ def check_ids(items: Sequence[Grouped]) -> None:
         if not isinstance(item.id, str) or not item.id:
             raise GroupInputError(f"items[{index}] has no id (a non-empty string is required)")
         if item.id in seen:
-            raise GroupInputError(f"items[{index}].id {item.id!r} duplicates items[{seen[item.id]}].id")
+            raise GroupInputError(
+                f"items[{index}].id {item.id!r} duplicates items[{seen[item.id]}].id"
+            )
         seen[item.id] = index
 
 
@@ -100,12 +102,15 @@ def partition(
     scorer that needs groups; candidates whose common inputs differ.
     """
     check_ids(items)
-    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
+    if group_size is not None and (
+        isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
+    ):
         raise GroupInputError(f"group_size must be a positive int, got {group_size!r}")
     check_size = group_size is not None and not ragged
     if groupwise and not ragged and group_size is None:
         raise GroupInputError(
-            f"scorer {scorer!r} scores complete groups: declare group_size in the request or the config"
+            f"scorer {scorer!r} scores complete groups: declare group_size in the request or "
+            f"the config"
         )
     groups: dict[str, list[int]] = {}
     order: list[list[int]] = []
@@ -113,7 +118,8 @@ def partition(
         if item.group_id is None:
             if check_size:
                 raise GroupInputError(
-                    f"item {item.id!r} has no group_id, but groups of {group_size} are declared for scorer {scorer!r}"
+                    f"item {item.id!r} has no group_id, but groups of {group_size} are "
+                    f"declared for scorer {scorer!r}"
                 )
             order.append([index])
             continue
@@ -142,8 +148,8 @@ def _check_common_inputs(items: Sequence[Grouped], members: list[int], group_id:
         for index in members[1:]:
             if strict_key(getattr(items[index], name)) != expected:
                 raise GroupInputError(
-                    f"group {group_id!r}: candidate {items[index].id!r} has a different {name} than "
-                    f"{first.id!r} (compared structurally and type-strictly)"
+                    f"group {group_id!r}: candidate {items[index].id!r} has a different "
+                    f"{name} than {first.id!r} (compared structurally and type-strictly)"
                 )
 
 
@@ -156,7 +162,9 @@ class NotContiguous(GroupInputError):
     """A group's items are not side by side (`position`: the first item that comes back to it)."""
 
     def __init__(self, group: str, position: int, started: int) -> None:
-        super().__init__(f"group {group!r} is not contiguous (item {position}; it began at item {started})")
+        super().__init__(
+            f"group {group!r} is not contiguous (item {position}; it began at item {started})"
+        )
         self.group, self.position, self.started = group, position, started
 
 
@@ -177,7 +185,9 @@ def contiguous_runs(keys: Sequence[str | None]) -> list[list[int]]:
     return runs
 
 
-def pack_chunks(groups: Sequence[Sequence[int]], size: int, at_least: bool = False) -> list[list[int]]:
+def pack_chunks(
+    groups: Sequence[Sequence[int]], size: int, at_least: bool = False
+) -> list[list[int]]:
     """Whole groups, in order, into chunks; a group is never split. By default a chunk holds at
     most `size` items (a larger group travels alone); `at_least`: a chunk closes once it holds
     `size` or more (it ends at the end of a group)."""
@@ -196,7 +206,9 @@ def pack_chunks(groups: Sequence[Sequence[int]], size: int, at_least: bool = Fal
     return chunks
 
 
-def share_groups(groups: Sequence[Sequence[int]], load: Sequence[int], least_loaded: bool) -> list[list[int]]:
+def share_groups(
+    groups: Sequence[Sequence[int]], load: Sequence[int], least_loaded: bool
+) -> list[list[int]]:
     """Whole groups over `len(load)` workers, never cutting one: each to the least loaded worker
     (counting `load`, largest groups first), or, in request order, cut between groups nearest
     equal shares. Each share's positions are sorted."""

@@ -18,7 +18,9 @@ from typing import Any
 
 def canonical_json(value: Any, allow_nan: bool = False) -> bytes:
     """The one canonical JSON of the project: sorted keys, no spaces, UTF-8 (hashed, compared)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan).encode()
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan
+    ).encode()
 
 
 def digest(document: Any, allow_nan: bool = False) -> str:
@@ -36,7 +38,8 @@ def jsonable(value: Any) -> Any:
 
 
 def effective_params(cls: Callable[..., Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """`params` bound to the constructor, defaults applied (so passing a default changes nothing)."""
+    """`params` bound to the constructor, defaults applied (so passing a default changes
+    nothing)."""
     try:
         bound = inspect.signature(cls).bind(**params)
     except (TypeError, ValueError):
@@ -53,9 +56,12 @@ def effective_params(cls: Callable[..., Any], params: Mapping[str, Any]) -> dict
 
 
 def scorer_document(scorer: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-    """What the identity hash covers, for a constructed scorer (wrappers set their spec per instance)."""
+    """What the identity hash covers, for a constructed scorer (wrappers set their spec per
+    instance)."""
     spec = scorer.spec
-    semantic = {k: v for k, v in scorer.identity_params(params).items() if k not in spec.nonsemantic_params}
+    semantic = {
+        k: v for k, v in scorer.identity_params(params).items() if k not in spec.nonsemantic_params
+    }
     return {
         "name": spec.name,
         "revision": spec.revision,

@@ -1,13 +1,14 @@
-"""An item's fields, declared once: their order on the wire, their kind, which are left out when empty,
-the media's dtype and layout, and the defaults.
+"""An item's fields, declared once: their order on the wire, their kind, which are left out when
+empty, the media's dtype and layout, and the defaults.
 
-Why here: every view of an item reads this one list, so they cannot drift apart. The child's protocol
-(`child_runtime.protocol.items`: WIRE_FIELDS, MEDIA_FIELDS, OMITTED_WHEN_EMPTY, MEDIA_LAYOUTS) and the
-trainer's `RewardItem.to_wire` derive from it; the explicit classes that type checkers and pickling need
-(`scorers.base.ScoreItem`, `supervisor.types.RewardItem`) are held to it by tests/contract/test_item_fields.py.
-It sits on the lowest floor all of them may import, beside the scorer contract, and is stdlib only (a
-text scorer's child imports no numpy for it). Adding a field is one entry here plus the code that gives
-it meaning: its type on both classes and its check on the wire (`items.item_from_wire`).
+Why here: every view of an item reads this one list, so they cannot drift apart. The child's
+protocol (`child_runtime.protocol.items`: WIRE_FIELDS, MEDIA_FIELDS, OMITTED_WHEN_EMPTY,
+MEDIA_LAYOUTS) and the trainer's `RewardItem.to_wire` derive from it; the explicit classes that type
+checkers and pickling need (`scorers.base.ScoreItem`, `supervisor.types.RewardItem`) are held to it
+by tests/contract/test_item_fields.py. It sits on the lowest floor all of them may import, beside
+the scorer contract, and is stdlib only (a text scorer's child imports no numpy for it). Adding a
+field is one entry here plus the code that gives it meaning: its type on both classes and its check
+on the wire (`items.item_from_wire`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class ItemField:
     kind: str
     required: bool = False  # no default: every item gives it
     default: Any = None
-    default_factory: Callable[[], Any] | None = None  # a fresh mutable default per item ({}), else `default`
+    # a fresh mutable default per item ({}), else `default`
+    default_factory: Callable[[], Any] | None = None
     omitted_when_empty: bool = False  # {} or (): not sent
     dtype: str = ""  # an array's element type
     layout: str = ""
@@ -54,8 +56,17 @@ FIELDS = (
     ItemField("finish_reason", TEXT),
     ItemField("completion_tokens", INT),
     ItemField("data_source", TEXT),
-    ItemField("condition_images", ARRAYS, default=(), omitted_when_empty=True, dtype="uint8", layout="HWC"),
-    ItemField("condition_videos", ARRAYS, default=(), omitted_when_empty=True, dtype="uint8", layout="THWC"),
+    ItemField(
+        "condition_images", ARRAYS, default=(), omitted_when_empty=True, dtype="uint8", layout="HWC"
+    ),
+    ItemField(
+        "condition_videos",
+        ARRAYS,
+        default=(),
+        omitted_when_empty=True,
+        dtype="uint8",
+        layout="THWC",
+    ),
     ItemField("audio", ARRAY, dtype="float32", layout="CS"),  # (channels, samples)
     ItemField("audio_sample_rate", INT),  # Hz; set exactly when audio is
 )

@@ -21,7 +21,8 @@ from scorers.identity import jsonable
 
 @dataclass(frozen=True)
 class Verdict:
-    """A candidate's score plus the declared diagnostics it counts (a malformed answer, no answer)."""
+    """A candidate's score plus the declared diagnostics it counts (a malformed answer, no
+    answer)."""
 
     value: float | Mapping[str, float]
     counts: Mapping[str, int] = field(default_factory=dict)
@@ -67,9 +68,13 @@ def map_candidates(
         __doc__ = fn.__doc__
 
     Mapped.spec = spec
-    Mapped.per_candidate = _PerCandidate(fn, inspect.signature(fn), check_params, name, spec.term_names())
+    Mapped.per_candidate = _PerCandidate(
+        fn, inspect.signature(fn), check_params, name, spec.term_names()
+    )
     # named after the scorer (token_f1 -> TokenF1): its `module:Class` path is where it is assigned
-    Mapped.__name__ = Mapped.__qualname__ = "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+    Mapped.__name__ = Mapped.__qualname__ = "".join(
+        part[:1].upper() + part[1:] for part in name.split("_")
+    )
     Mapped.__module__ = getattr(fn, "__module__", __name__)
     return Mapped
 
@@ -86,7 +91,8 @@ class _PerCandidate:
 
 
 class _MappedScorer(Scorer):
-    """The group scorer every `map_candidates` class is: `per_candidate.fn` over each group, in order."""
+    """The group scorer every `map_candidates` class is: `per_candidate.fn` over each group, in
+    order."""
 
     per_candidate: ClassVar[_PerCandidate]
 
@@ -130,7 +136,8 @@ class _MappedScorer(Scorer):
 
 
 def _fn_defaults(signature: inspect.Signature, params: Mapping[str, Any]) -> dict[str, Any]:
-    """The function's keyword defaults, so passing a default explicitly leaves the identity alone."""
+    """The function's keyword defaults, so passing a default explicitly leaves the identity
+    alone."""
     defaults = {
         name: p.default
         for name, p in list(signature.parameters.items())[2:]

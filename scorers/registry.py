@@ -54,21 +54,25 @@ def registered_names() -> list[str]:
 
 
 def nearest(name: str, choices: Iterable[str]) -> str:
-    """ " (did you mean 'x'?)" for the closest of `choices` to a misspelt `name` (difflib), else ""."""
+    """ " (did you mean 'x'?)" for the closest of `choices` to a misspelt `name` (difflib), else
+    ""."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def declared_spec(name: str, catalog: str | None = None) -> ScorerSpec | None:
     """The spec a scorer class declares, where the name resolves here; None where only its env can
-    import it (its child then says). What the parent infers from it (env, input kind) is a default."""
+    import it (its child then says). What the parent infers from it (env, input kind) is a
+    default."""
     try:
         cls = resolve_scorer(name, catalog)
     except (LookupError, ImportError):
         return None
-    if getattr(cls, "spec_per_instance", False):  # its class spec is a placeholder: the instance's is made from params
+    # its class spec is a placeholder: the instance's is made from params
+    if getattr(cls, "spec_per_instance", False):
         return None
-    spec = inspect.getattr_static(cls, "spec", None)  # not a property's value: that would build nothing here
+    # not a property's value: that would build nothing here
+    spec = inspect.getattr_static(cls, "spec", None)
     return spec if isinstance(spec, ScorerSpec) else None
 
 
@@ -82,7 +86,8 @@ def param_names(cls: type[Scorer]) -> list[str] | None:
 
 
 def unknown_params(cls: type[Scorer], params: Mapping[str, Any]) -> str | None:
-    """What is wrong with `params`' names for `cls` (each unknown one, its nearest, the valid ones), or None."""
+    """What is wrong with `params`' names for `cls` (each unknown one, its nearest, the valid ones),
+    or None."""
     accepted = param_names(cls)
     if accepted is None:
         return None
@@ -121,32 +126,45 @@ def load_catalog(path: str | None) -> dict[str, str | type[Scorer]]:
     except TypeError as exc:
         raise CatalogError(f"catalog {path!r}: the factory must take no arguments ({exc})") from exc
     if not isinstance(entries, Mapping):
-        raise CatalogError(f"catalog {path!r} returned {type(entries).__name__}, expected a mapping of names")
+        raise CatalogError(
+            f"catalog {path!r} returned {type(entries).__name__}, expected a mapping of names"
+        )
     catalog: dict[str, str | type[Scorer]] = {}
     for name, entry in entries.items():
         if not isinstance(name, str) or name != name.lower() or not name.isidentifier():
             raise CatalogError(f"catalog {path!r}: name {name!r} must be a lowercase identifier")
         if name in BUILTINS:
-            raise CatalogError(f"catalog {path!r}: {name!r} is a built-in scorer and cannot be overridden")
+            raise CatalogError(
+                f"catalog {path!r}: {name!r} is a built-in scorer and cannot be overridden"
+            )
         if not (isinstance(entry, str) or (isinstance(entry, type) and issubclass(entry, Scorer))):
-            raise CatalogError(f"catalog {path!r}: {name!r} must map to a Scorer subclass or a 'module:Class' path")
+            raise CatalogError(
+                f"catalog {path!r}: {name!r} must map to a Scorer subclass or a 'module:Class' path"
+            )
         catalog[name] = entry
     return catalog
 
 
 def resolve_scorer(name: str, catalog: str | None = None) -> type[Scorer]:
-    """The scorer class for a built-in name, a name in the custom `catalog`, or a `module:Class` path."""
-    custom = load_catalog(catalog)  # checked whatever the name: a catalog never overrides a built-in
+    """The scorer class for a built-in name, a name in the custom `catalog`, or a `module:Class`
+    path."""
+    # checked whatever the name: a catalog never overrides a built-in
+    custom = load_catalog(catalog)
     entry: str | type[Scorer] | None = BUILTINS.get(name.lower()) or custom.get(name)
     if entry is None:
         if "." not in name and ":" not in name:
             where = f", catalog {catalog!r}" if catalog else ""
             raise UnknownScorerError(
-                f"unknown scorer {name!r}{nearest(name, [*BUILTINS, *custom])}; registered: {', '.join(registered_names())}{where}; "
+                f"unknown scorer {name!r}{nearest(name, [*BUILTINS, *custom])}; registered: "
+                f"{', '.join(registered_names())}{where}; "
                 "or give a dotted path like 'my_pkg.rewards:MyScorer'"
             )
         entry = name
-    cls = import_dotted(entry, f"scorer {name!r}", UnknownScorerError) if isinstance(entry, str) else entry
+    cls = (
+        import_dotted(entry, f"scorer {name!r}", UnknownScorerError)
+        if isinstance(entry, str)
+        else entry
+    )
     if not (isinstance(cls, type) and issubclass(cls, Scorer)):
         raise UnknownScorerError(f"scorer {name!r}: {entry!r} is not a Scorer subclass")
     return cls

@@ -16,7 +16,8 @@ from typing import Any
 
 
 def _libc() -> Any:
-    name = ctypes.util.find_library("c")  # runs ldconfig: once, at import, never inside a timed move
+    # runs ldconfig: once, at import, never inside a timed move
+    name = ctypes.util.find_library("c")
     return ctypes.CDLL(name) if name is not None else None
 
 
@@ -62,12 +63,18 @@ def move_module(module: Any, target: str, figures_device: str) -> dict[str, Any]
         torch.cuda.synchronize(figures_device)
         if target == "cpu":
             clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-            if clear is not None:  # cuBLAS keeps a workspace (32 MiB on Hopper) in the caching allocator
+            # cuBLAS keeps a workspace (32 MiB on Hopper) in the caching allocator
+            if clear is not None:
                 clear()
             torch.cuda.empty_cache()
     elapsed = time.perf_counter() - started
     release_free_heap()
-    return {"device": target, "seconds": round(elapsed, 6), "before": before, "after": memory_figures(figures_device)}
+    return {
+        "device": target,
+        "seconds": round(elapsed, 6),
+        "before": before,
+        "after": memory_figures(figures_device),
+    }
 
 
 def resolve_device(requested: str) -> str:

@@ -15,7 +15,8 @@ says so and names the fix (scorers/install.py); the CLI says it and exits 2.
 import os as _os
 from typing import TYPE_CHECKING, Any
 
-__distribution__ = "managed-scorers"  # scorers/install.py tells this facade from supervisord's by this line
+# scorers/install.py tells this facade from supervisord's by this line
+__distribution__ = "managed-scorers"
 
 try:
     import scorers as _scorers  # noqa: F401 - refuses (SupervisordClash) where supervisord shares this package
@@ -162,11 +163,12 @@ __all__ = [
 if not TYPE_CHECKING:  # a type checker still sees every name, and a typo as an error
 
     def __getattr__(name: str) -> Any:
-        """Reached only for a name the facade lacks: where supervisord shares this package, each of ours refuses.
-        A submodule's name is left to the import system, so supervisord's own `from supervisor import states`
-        still works where our files came last."""
+        """Reached only for a name the facade lacks: where supervisord shares this package, each of
+        ours refuses. A submodule's name is left to the import system, so supervisord's own `from
+        supervisor import states` still works where our files came last."""
         if _CLASH is not None and not any(
-            _os.path.exists(_os.path.join(folder, name)) or _os.path.exists(_os.path.join(folder, f"{name}.py"))
+            _os.path.exists(_os.path.join(folder, name))
+            or _os.path.exists(_os.path.join(folder, f"{name}.py"))
             for folder in __path__
         ):
             raise type(_CLASH)(str(_CLASH), name="supervisor")

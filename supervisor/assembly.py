@@ -18,12 +18,20 @@ from supervisor.types import SCORER_TERM_FAILED, RewardResponse
 def terms_failed(
     scorer: str, term_failed: Mapping[str, Mapping[str, str]], response: RewardResponse
 ) -> ScorerTermsFailed:
-    """The error for terms a scorer failed alone for some items; `response` keeps every item's other terms."""
-    whys = {item_id: f"term {name!r}: {why}" for name, failed in term_failed.items() for item_id, why in failed.items()}
+    """The error for terms a scorer failed alone for some items; `response` keeps every item's other
+    terms."""
+    whys = {
+        item_id: f"term {name!r}: {why}"
+        for name, failed in term_failed.items()
+        for item_id, why in failed.items()
+    }
     listed = "; ".join(f"{item_id!r}: {why}" for item_id, why in list(whys.items())[:8])
     more = f"; and {len(whys) - 8} more" if len(whys) > 8 else ""
     return ScorerTermsFailed(
-        f"scorer {scorer!r} failed terms {sorted(term_failed)} for {len(whys)} items: {listed}{more}", whys, response
+        f"scorer {scorer!r} failed terms {sorted(term_failed)} for {len(whys)} items: "
+        f"{listed}{more}",
+        whys,
+        response,
     )
 
 
@@ -45,8 +53,12 @@ def assemble_response(
     item (`not_applicable`, a served panel's term limited to some data sources) is None there, and
     `applicable` says so; a term of the reward always applies (the answer was checked for it)."""
     rewards = np.zeros(len(ids), dtype=np.float64)
-    alone = {name: [item_id in whys for item_id in ids] for name, whys in (term_failed or {}).items()}
-    applicable = {name: [i not in where for i in ids] for name, where in (not_applicable or {}).items()}
+    alone = {
+        name: [item_id in whys for item_id in ids] for name, whys in (term_failed or {}).items()
+    }
+    applicable = {
+        name: [i not in where for i in ids] for name, where in (not_applicable or {}).items()
+    }
     for term in required:
         values = np.asarray(terms[term], dtype=np.float64)
         rewards += weights.get(term, 1.0) * np.where(alone.get(term, False), 0.0, values)
@@ -66,7 +78,8 @@ def assemble_response(
         component_rewards={
             name: [
                 None
-                if (name in alone and alone[name][i]) or (name in applicable and not applicable[name][i])
+                if (name in alone and alone[name][i])
+                or (name in applicable and not applicable[name][i])
                 else float(v)
                 for i, v in enumerate(values)
             ]

@@ -2,8 +2,8 @@
 
 `RewardBackend` is the trainer's contract, ten names: `compute_rewards` (and `submit`,
 `compute_rewards_async`, `stream`, its other forms), `onload`, `offload`, `drain` (residency),
-`arena`, `close` (and the context manager), `fail_step`. What the library itself asks of a backend it
-holds (its scorer, its members, how its calls are cut) is `supervisor.composition.Component`.
+`arena`, `close` (and the context manager), `fail_step`. What the library itself asks of a backend
+it holds (its scorer, its members, how its calls are cut) is `supervisor.composition.Component`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ os.register_at_fork(after_in_child=_fresh_submitter_lock)
 
 class RewardBackend(ABC):
     """`compute_rewards` (and `submit`, its non-blocking form) plus residency and lifecycle;
-    usable as a context manager. A subclass implements `compute_rewards`, and what it has of the rest."""
+    usable as a context manager. A subclass implements `compute_rewards`, and what it has of the
+    rest."""
 
     _max_pending: int = DEFAULT_MAX_PENDING  # submissions that may wait (see supervisor.submit)
     _max_queue_wait_s: float = 600.0  # how long compute_rewards_async waits for room in that queue
@@ -54,10 +55,12 @@ class RewardBackend(ABC):
         self._check_owner()  # in a fork: raise here, not later on the future
         with _SUBMITTER_LOCK:
             if self._submissions_closed:
-                raise ScorerUnavailable(f"{type(self).__name__} is closed: nothing more can be submitted")
+                raise ScorerUnavailable(
+                    f"{type(self).__name__} is closed: nothing more can be submitted"
+                )
             if self._submitter is None or not self._submitter.owned_here():
-                # none yet, or a fork's copy of its parent's (whose worker thread did not fork with it):
-                # a backend any process may use gets a submitter of this process's own
+                # none yet, or a fork's copy of its parent's (whose worker thread did not fork with
+                # it): a backend any process may use gets a submitter of this process's own
                 self._submitter = Submitter(
                     self._outcome, type(self).__name__, self._max_pending, interrupt=self._interrupt
                 )
@@ -70,11 +73,15 @@ class RewardBackend(ABC):
         When `max_pending` submissions already wait, the coroutine waits for room (up to
         `max_queue_wait_s`) instead of failing: a loop of per-item tasks (verl's) is
         backpressure, not an error. `submit()` itself never waits."""
-        room = Retry(time.monotonic() + self._max_queue_wait_s, 0.001, 0.05, retry_on=(SubmissionQueueFull,))
-        future = await room.call_async(lambda: self.submit(request))  # the last SubmissionQueueFull, past the wait
+        room = Retry(
+            time.monotonic() + self._max_queue_wait_s, 0.001, 0.05, retry_on=(SubmissionQueueFull,)
+        )
+        # the last SubmissionQueueFull, past the wait
+        future = await room.call_async(lambda: self.submit(request))
         try:
             return await asyncio.wrap_future(future)
-        except asyncio.CancelledError:  # Ctrl-C in asyncio.run, or the caller's own cancel: nobody will read it
+        # Ctrl-C in asyncio.run, or the caller's own cancel: nobody will read it
+        except asyncio.CancelledError:
             if isinstance(future, Submission):
                 future.abandon()
             raise
@@ -102,7 +109,8 @@ class RewardBackend(ABC):
     def arena(self) -> Arena:
         """Where to build large input arrays before scoring them. A managed child's arena is in
         its shared segment, so those arrays reach the scorer without a copy; elsewhere it is
-        ordinary memory. Arrays are valid until the arena is closed (use it as a context manager)."""
+        ordinary memory. Arrays are valid until the arena is closed (use it as a context
+        manager)."""
         return HeapArena()
 
     def fail_step(self, error: Exception, step: int | None = None) -> None:

@@ -33,8 +33,10 @@ class ChunkAnswer(NamedTuple):
     terms: Mapping[str, np.ndarray]
     diagnostics: Mapping[str, Any]
     failed: Mapping[str, str]  # ids the scorer could not score -> why
-    term_failed: Mapping[str, Mapping[str, str]]  # per term, the ids that term alone failed for -> why
-    not_applicable: Mapping[str, frozenset[str]] = MappingProxyType({})  # per term, the ids it does not apply to
+    # per term, the ids that term alone failed for -> why
+    term_failed: Mapping[str, Mapping[str, str]]
+    # per term, the ids it does not apply to
+    not_applicable: Mapping[str, frozenset[str]] = MappingProxyType({})
 
 
 class ChunkScorer(Protocol):
@@ -55,7 +57,8 @@ class CallPlan:
     required_rewards: Sequence[str]  # the terms that make the reward
     weights: Mapping[str, float] = field(default_factory=dict)
     group_size: int | None = None  # configured: every group of every request has this size
-    max_in_flight: int | None = None  # the transport's own bound on chunks at once (None: the scorer's)
+    # the transport's own bound on chunks at once (None: the scorer's)
+    max_in_flight: int | None = None
 
     @property
     def at_once(self) -> int:
@@ -65,19 +68,30 @@ class CallPlan:
 
 def request_group_size(request: RewardRequest, configured: int | None) -> int | None:
     """The group size declared by the request or the config; two different ones are refused."""
-    if request.group_size is not None and configured is not None and request.group_size != configured:
+    if (
+        request.group_size is not None
+        and configured is not None
+        and request.group_size != configured
+    ):
         raise ScorerRequestError(
-            f"request declares group_size {request.group_size}, the backend's config {configured}", kind="bad_input"
+            f"request declares group_size {request.group_size}, the backend's config {configured}",
+            kind="bad_input",
         )
     return request.group_size if request.group_size is not None else configured
 
 
-def request_groups(request: RewardRequest, shape: ScorerShape, group_size: int | None) -> list[list[int]]:
+def request_groups(
+    request: RewardRequest, shape: ScorerShape, group_size: int | None
+) -> list[list[int]]:
     """The request's groups as the scorer takes them (positions), checked: the one place a
     GroupInputError becomes the caller's ScorerRequestError."""
     try:
         return partition(
-            request.items, group_size, scorer=shape.name, groupwise=shape.groupwise, ragged=shape.ragged_groups
+            request.items,
+            group_size,
+            scorer=shape.name,
+            groupwise=shape.groupwise,
+            ragged=shape.ragged_groups,
         )
     except GroupInputError as exc:
         raise ScorerRequestError(str(exc), kind="bad_input") from exc
@@ -90,7 +104,9 @@ def score_in_chunks(request: RewardRequest, plan: CallPlan, scorer: ChunkScorer)
     before anything is sent; a failure of a whole chunk is raised."""
     group_size = request_group_size(request, plan.group_size)
     chunks = pack_chunks(request_groups(request, plan.shape, group_size), plan.batch_size)
-    answers = score_chunks([[request.items[i] for i in chunk] for chunk in chunks], scorer, group_size, plan.at_once)
+    answers = score_chunks(
+        [[request.items[i] for i in chunk] for chunk in chunks], scorer, group_size, plan.at_once
+    )
     merged = Merged.of(len(request.items), chunks, answers)
     scored = np.array([item_id not in merged.failed for item_id in request.ids], dtype=bool)
     merged.check_filled(plan.shape.name, request.ids, plan.required_rewards, scored)
@@ -105,22 +121,30 @@ def score_in_chunks(request: RewardRequest, plan: CallPlan, scorer: ChunkScorer)
         merged.term_failed,
         merged.not_applicable,
     )
-    if merged.failed:  # the rest's response is the partial (its own term failures kept, for a panel)
+    # the rest's response is the partial (its own term failures kept, for a panel)
+    if merged.failed:
         return Outcome.items_failed(
             items_failed(plan.shape.name, len(request.items), merged.failed, response), response
         )
-    if any(name in plan.required_rewards for name in merged.term_failed):  # the reward lacks a term: a panel decides
-        return Outcome.terms_failed(terms_failed(plan.shape.name, merged.term_failed, response), response)
+    # the reward lacks a term: a panel decides
+    if any(name in plan.required_rewards for name in merged.term_failed):
+        return Outcome.terms_failed(
+            terms_failed(plan.shape.name, merged.term_failed, response), response
+        )
     return Outcome.scored(response)
 
 
 def score_chunks(
-    chunks: Sequence[Sequence[RewardItem]], scorer: ChunkScorer, group_size: int | None, at_once: int
+    chunks: Sequence[Sequence[RewardItem]],
+    scorer: ChunkScorer,
+    group_size: int | None,
+    at_once: int,
 ) -> list[ChunkAnswer]:
     """Every chunk's answer, in order. Up to `at_once` chunks are in flight together (a scorer that
-    takes concurrent calls: a request costs about its slowest chunk, not the sum of them). One failure
-    fails the request: once every chunk has ended (each bounds itself), the earliest failure is raised,
-    the cause the others' failures may follow from. Ctrl-C while waiting interrupts the scorer first."""
+    takes concurrent calls: a request costs about its slowest chunk, not the sum of them). One
+    failure fails the request: once every chunk has ended (each bounds itself), the earliest failure
+    is raised, the cause the others' failures may follow from. Ctrl-C while waiting interrupts the
+    scorer first."""
     if at_once <= 1 or len(chunks) == 1:
         return [scorer.score_chunk(chunk, group_size) for chunk in chunks]
     failures: list[tuple[float, int, BaseException]] = []
@@ -132,7 +156,9 @@ def score_chunks(
             failures.append((time.monotonic(), index, exc))
             raise
 
-    outcomes = on_each(range(len(chunks)), one, "chunk", limit=at_once, on_interrupt=scorer.interrupt)
+    outcomes = on_each(
+        range(len(chunks)), one, "chunk", limit=at_once, on_interrupt=scorer.interrupt
+    )
     if failures:
         raise min(failures, key=lambda failure: failure[:2])[2]
     return outcomes  # type: ignore[return-value]  # no failure: every outcome is an answer
@@ -150,7 +176,9 @@ class Merged:
     not_applicable: dict[str, set[str]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, count: int, chunks: Sequence[Sequence[int]], answers: Sequence[ChunkAnswer]) -> Merged:
+    def of(
+        cls, count: int, chunks: Sequence[Sequence[int]], answers: Sequence[ChunkAnswer]
+    ) -> Merged:
         merged = cls()
         for chunk, answer in zip(chunks, answers, strict=True):
             for name, scores in answer.terms.items():
@@ -163,17 +191,24 @@ class Merged:
                 merged.not_applicable.setdefault(name, set()).update(ids)
         return merged
 
-    def check_filled(self, scorer: str, ids: Sequence[str], required: Sequence[str], scored: np.ndarray) -> None:
-        """A term some chunk lacked is never filled in with zeros, and a term of the reward applies to
-        every item: an answer that says otherwise breaks the contract."""
+    def check_filled(
+        self, scorer: str, ids: Sequence[str], required: Sequence[str], scored: np.ndarray
+    ) -> None:
+        """A term some chunk lacked is never filled in with zeros, and a term of the reward applies
+        to every item: an answer that says otherwise breaks the contract."""
         inapplicable = sorted(set(self.not_applicable) & set(required))
         if inapplicable:
             raise RewardContractError(
-                f"scorer {scorer!r} says terms {inapplicable} of the reward do not apply to some items: a "
+                f"scorer {scorer!r} says terms {inapplicable} of the reward do not apply to "
+                f"some items: a "
                 "reward applies to every item"
             )
         for name, scores in self.scores.items():
             alone = self.term_failed.get(name, {}).keys() | self.not_applicable.get(name, set())
-            unfilled = [i for i in np.flatnonzero(np.isnan(scores) & scored) if ids[int(i)] not in alone]
+            unfilled = [
+                i for i in np.flatnonzero(np.isnan(scores) & scored) if ids[int(i)] not in alone
+            ]
             if unfilled:
-                raise RewardContractError(f"scorer {scorer!r} term {name!r}: no score for id {ids[int(unfilled[0])]!r}")
+                raise RewardContractError(
+                    f"scorer {scorer!r} term {name!r}: no score for id {ids[int(unfilled[0])]!r}"
+                )

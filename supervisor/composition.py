@@ -27,7 +27,8 @@ class Component(RewardBackend):
 
     shape: ScorerShape | None = None  # the scorer behind it, once known (None for a panel)
     group_size: int | None = None  # configured: every group of every request must have this size
-    needs_start: bool = False  # made with start=False and not started yet (a managed child's backend)
+    # made with start=False and not started yet (a managed child's backend)
+    needs_start: bool = False
 
     @abstractmethod
     def score(self, request: RewardRequest) -> Outcome:
@@ -68,17 +69,22 @@ class Component(RewardBackend):
 
     # -- what it holds, and what follows from it -------------------------------------------------
     def members(self) -> Sequence[RewardBackend]:
-        """The backends this one holds (a panel's, its replicas, the one it wraps); a leaf holds none."""
+        """The backends this one holds (a panel's, its replicas, the one it wraps); a leaf holds
+        none."""
         return ()
 
     def leaves(self) -> list[RewardBackend]:
         """The backends that score, below every composite (itself, for a leaf)."""
         members = self.members()
-        return [leaf for member in members for leaf in component(member).leaves()] if members else [self]
+        return (
+            [leaf for member in members for leaf in component(member).leaves()]
+            if members
+            else [self]
+        )
 
     def warming(self) -> bool:
-        """Whether something it started is still coming up after it said ready (a math child's grading
-        workers): a server over it (`serve --recipe`) says ready only once none is."""
+        """Whether something it started is still coming up after it said ready (a math child's
+        grading workers): a server over it (`serve --recipe`) says ready only once none is."""
         return any(component(member).warming() for member in self.members())
 
     def needs_whole_groups(self) -> bool:
@@ -111,11 +117,13 @@ class Component(RewardBackend):
         return None
 
     def abort_start(self) -> None:
-        """From another thread: kill what `start()` is booting, so that it fails at once (Ctrl-C)."""
+        """From another thread: kill what `start()` is booting, so that it fails at once
+        (Ctrl-C)."""
         return None
 
     def interrupt(self) -> None:
-        """Give up on calls in flight from other threads (Ctrl-C in a caller that fanned them out)."""
+        """Give up on calls in flight from other threads (Ctrl-C in a caller that fanned them
+        out)."""
         return None
 
     def _interrupt(self) -> None:
@@ -147,7 +155,8 @@ def component(backend: RewardBackend) -> Component:
 
 
 def leaf_shapes(backend: RewardBackend) -> list[ScorerShape]:
-    """The scorers below `backend`, those whose backends know them (a trainer's own says nothing)."""
+    """The scorers below `backend`, those whose backends know them (a trainer's own says
+    nothing)."""
     shapes = (component(leaf).shape for leaf in component(backend).leaves())
     return [shape for shape in shapes if shape is not None]
 

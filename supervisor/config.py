@@ -7,7 +7,16 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    JsonValue,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from scorers.base import ScorerSpec
 from scorers.diagnostics import NAME as METRIC_NAME
@@ -15,7 +24,8 @@ from scorers.registry import declared_spec
 from supervisor import scorer_envs
 
 InputKind = Literal["text", "image", "image_edit", "video", "audio"]
-# What decides the child's import path: set only by managed-scorers (see supervisor.child.import_root).
+# What decides the child's import path: set only by managed-scorers (see
+# supervisor.child.import_root).
 RESERVED_ENV = frozenset(
     {
         "PYTHONPATH",
@@ -42,21 +52,28 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def settings(config: BaseModel, flatten: Collection[str] = (), leave: Collection[str] = ()) -> dict[str, Any]:
-    """A config model's fields by name, as keywords of the backend it describes (each setting is stated once,
-    in its model): the fields of the nested models named in `flatten` lifted beside the others, those named
-    in `leave` (not the backend's to take) left out. A name kept twice is refused: one name, one setting."""
+def settings(
+    config: BaseModel, flatten: Collection[str] = (), leave: Collection[str] = ()
+) -> dict[str, Any]:
+    """A config model's fields by name, as keywords of the backend it describes (each setting is
+    stated once, in its model): the fields of the nested models named in `flatten` lifted beside the
+    others, those named in `leave` (not the backend's to take) left out. A name kept twice is
+    refused: one name, one setting."""
     found: dict[str, Any] = {}
     for name in type(config).model_fields:
         value = getattr(config, name)
         nested = (
-            {inner: getattr(value, inner) for inner in type(value).model_fields} if name in flatten else {name: value}
+            {inner: getattr(value, inner) for inner in type(value).model_fields}
+            if name in flatten
+            else {name: value}
         )
         for key, item in nested.items():
             if key in leave:
                 continue
             if key in found:
-                raise TypeError(f"{type(config).__name__}: {key!r} is both a field and a field of {name!r}")
+                raise TypeError(
+                    f"{type(config).__name__}: {key!r} is both a field and a field of {name!r}"
+                )
             found[key] = item
     return found
 
@@ -97,9 +114,14 @@ class ProcessConfig(_Model):
         """Resolved once, against the current directory (symlinks kept: a venv's python is one)."""
         absolute = Path(os.path.abspath(value))
         if not absolute.is_file() or not os.access(absolute, os.X_OK):
-            where = "" if value.is_absolute() else f" (resolved against the current directory {os.getcwd()})"
+            where = (
+                ""
+                if value.is_absolute()
+                else f" (resolved against the current directory {os.getcwd()})"
+            )
             raise ValueError(
-                f"{absolute}{where} is not an executable file (build a scorer env: managed-scorers envs build NAME)"
+                f"{absolute}{where} is not an executable file (build a scorer env: "
+                f"managed-scorers envs build NAME)"
             )
         return absolute
 
@@ -134,7 +156,8 @@ class ScorerConfig(_Model):
     """
 
     name: str = Field(min_length=1)
-    input_kind: InputKind = "text"  # when not given: the scorer's own, where it resolves here (else text)
+    # when not given: the scorer's own, where it resolves here (else text)
+    input_kind: InputKind = "text"
     params: dict[str, JsonValue] = Field(default_factory=dict)
     revision: str | None = None
     identity_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
@@ -144,7 +167,8 @@ class ScorerConfig(_Model):
     @model_validator(mode="before")
     @classmethod
     def _declared_kind(cls, data: Any) -> Any:
-        """An image scorer named without `input_kind` is an image scorer, not a text one that cannot boot."""
+        """An image scorer named without `input_kind` is an image scorer, not a text one that cannot
+        boot."""
         data = _plain(data)
         if isinstance(data, Mapping) and "input_kind" not in data:
             kind = _scorer_kind(data)
@@ -160,7 +184,8 @@ class ClientConfig(_Model):
     weights: dict[str, float] = Field(default_factory=dict)
     input_kind: InputKind = "text"
     request_batch_size: int = Field(default=64, gt=0)
-    group_size: int | None = Field(default=None, gt=0)  # candidates per group; a request may declare it instead
+    # candidates per group; a request may declare it instead
+    group_size: int | None = Field(default=None, gt=0)
     # Arrays of a request totalling at least this many bytes travel through a shared-memory
     # segment (negotiated at start-up; in-band when the child or platform cannot). None: never.
     shared_memory_min_bytes: int | None = Field(default=64 * 1024, ge=0)
@@ -199,10 +224,11 @@ class LimitsConfig(_Model):
     # room for a large label; serve --openrlhf-max-request-bytes sets it.
     openrlhf_max_request_bytes: int = Field(default=16 << 20, gt=0)
     # The body cap of /score's JSON form (UniRL's protocol: images as base64, 4/3 of their bytes). A
-    # 1024x1024 JPEG at UniRL's quality 95 is 0.75-1.6 MiB as base64 (measured: smooth to pure noise), a
-    # PNG 3-4 MiB: 128 MiB carries a 64-image DP shard of worst-case JPEGs (UniRL posts one shard per
-    # call unless request_batch_size says less) or 32 PNGs. Base64 parses at ~2 bytes a byte, well
-    # within the parse's 4x; the decoded pixels count against max_request_bytes, as a frame's do.
+    # 1024x1024 JPEG at UniRL's quality 95 is 0.75-1.6 MiB as base64 (measured: smooth to pure
+    # noise), a PNG 3-4 MiB: 128 MiB carries a 64-image DP shard of worst-case JPEGs (UniRL posts
+    # one shard per call unless request_batch_size says less) or 32 PNGs. Base64 parses at ~2 bytes
+    # a byte, well within the parse's 4x; the decoded pixels count against max_request_bytes, as a
+    # frame's do.
     json_max_request_bytes: int = Field(default=128 << 20, gt=0)
     # Connections that have not sent an authenticated request: how many may wait, and for how
     # long, before the child closes them (another local user cannot exhaust its descriptors).
@@ -225,8 +251,12 @@ class ReplicasConfig(_Model):
     def _devices(self) -> ReplicasConfig:
         if self.devices:
             if self.count not in (1, len(self.devices)):
-                raise ValueError(f"count {self.count} != {len(self.devices)} devices: give one or the other")
-            if len(set(self.devices)) != len(self.devices) or any("," in d or not d.strip() for d in self.devices):
+                raise ValueError(
+                    f"count {self.count} != {len(self.devices)} devices: give one or the other"
+                )
+            if len(set(self.devices)) != len(self.devices) or any(
+                "," in d or not d.strip() for d in self.devices
+            ):
                 raise ValueError(f"devices must be distinct single GPUs, got {self.devices}")
         return self
 
@@ -255,23 +285,29 @@ class ManagedScorerProcessSpec(_Model):
     @model_validator(mode="before")
     @classmethod
     def _named_env(cls, data: Any) -> Any:
-        """Fill `process.python_executable` from the named (or the scorer's declared) scorer env, and
-        the client's input kind from the scorer's."""
+        """Fill `process.python_executable` from the named (or the scorer's declared) scorer env,
+        and the client's input kind from the scorer's."""
         data = _client_of_scorer_kind(_plain(data))
         if not isinstance(data, Mapping):
             return data
         process = data.get("process")
-        process = process.model_dump() if isinstance(process, ProcessConfig) else dict(process or {})
+        process = (
+            process.model_dump() if isinstance(process, ProcessConfig) else dict(process or {})
+        )
         if process.get("python_executable") is not None:
             named = data.get("env")
             given = Path(os.path.abspath(process["python_executable"]))
-            if named is not None and given != scorer_envs.env_python(named):  # agreeing: a dumped spec read back
-                raise ValueError("give process.python_executable or env (a scorer env by name), not both")
+            # agreeing: a dumped spec read back
+            if named is not None and given != scorer_envs.env_python(named):
+                raise ValueError(
+                    "give process.python_executable or env (a scorer env by name), not both"
+                )
             return data
         name = data.get("env") or _declared_env(data.get("scorer"))
         if name is None:
             raise ValueError(
-                "the child needs a python: process.python_executable, or env (a scorer env by name: "
+                "the child needs a python: process.python_executable, or env (a scorer env "
+                "by name: "
                 f"{', '.join(scorer_envs.spec_names())})"
             )
         process["python_executable"] = scorer_envs.env_python(name)
@@ -281,7 +317,8 @@ class ManagedScorerProcessSpec(_Model):
     def _kinds_agree(self) -> ManagedScorerProcessSpec:
         if self.client.input_kind != self.scorer.input_kind:
             raise ValueError(
-                f"client.input_kind {self.client.input_kind!r} != scorer.input_kind {self.scorer.input_kind!r}"
+                f"client.input_kind {self.client.input_kind!r} != scorer.input_kind "
+                f"{self.scorer.input_kind!r}"
             )
         return self
 
@@ -319,7 +356,8 @@ def _client_of_scorer_kind(data: Any) -> Any:
 
 
 def _scorer_kind(scorer: Any) -> Any:
-    """The input kind a scorer config gives, else the one its scorer declares; None when neither says."""
+    """The input kind a scorer config gives, else the one its scorer declares; None when neither
+    says."""
     if isinstance(scorer, ScorerConfig):
         return scorer.input_kind
     if isinstance(scorer, Mapping) and "input_kind" in scorer:
@@ -344,7 +382,8 @@ class LocalBackendConfig(_Model):
     def _kinds_agree(self) -> LocalBackendConfig:
         if self.client.input_kind != self.scorer.input_kind:
             raise ValueError(
-                f"client.input_kind {self.client.input_kind!r} != scorer.input_kind {self.scorer.input_kind!r}"
+                f"client.input_kind {self.client.input_kind!r} != scorer.input_kind "
+                f"{self.scorer.input_kind!r}"
             )
         return self
 
@@ -356,14 +395,19 @@ class RemoteBackendConfig(_Model):
     kind: Literal["remote"] = "remote"
     # one server, or several of one scorer (`base_urls` is the same list): MultiRemoteRewardBackend
     base_url: (
-        Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
     )
     token_env: str | None = None
-    request_timeout: float = Field(default=600.0, gt=0)  # each exchange as a whole, retries included
-    max_answer_bytes: int = Field(default=64 * 2**20, ge=1024)  # an answer past this (read, never decoded) fails
-    max_request_bytes: int | None = Field(default=None, gt=0)  # refused before it is sent (None: the server judges)
+    # each exchange as a whole, retries included
+    request_timeout: float = Field(default=600.0, gt=0)
+    # an answer past this (read, never decoded) fails
+    max_answer_bytes: int = Field(default=64 * 2**20, ge=1024)
+    # refused before it is sent (None: the server judges)
+    max_request_bytes: int | None = Field(default=None, gt=0)
     max_retries: int = Field(default=3, ge=0)  # tries after the first, of idempotent exchanges only
-    retry_backoff_s: float = Field(default=0.1, gt=0)  # the first pause between tries, doubling up to the cap
+    # the first pause between tries, doubling up to the cap
+    retry_backoff_s: float = Field(default=0.1, gt=0)
     retry_backoff_cap_s: float = Field(default=2.0, gt=0)
     revision: str | None = None
     identity_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
@@ -380,13 +424,18 @@ class RemoteBackendConfig(_Model):
         if isinstance(data, Mapping) and "base_urls" in data:
             if "base_url" in data:
                 raise ValueError("give base_url or base_urls, not both")
-            data = {("base_url" if key == "base_urls" else key): value for key, value in data.items()}
+            data = {
+                ("base_url" if key == "base_urls" else key): value for key, value in data.items()
+            }
         return data
 
     @model_validator(mode="after")
     def _backoff(self) -> RemoteBackendConfig:
         if self.retry_backoff_s > self.retry_backoff_cap_s:
-            raise ValueError(f"retry_backoff_s {self.retry_backoff_s} > retry_backoff_cap_s {self.retry_backoff_cap_s}")
+            raise ValueError(
+                f"retry_backoff_s {self.retry_backoff_s} > retry_backoff_cap_s "
+                f"{self.retry_backoff_cap_s}"
+            )
         return self
 
     @property
@@ -416,8 +465,10 @@ class JobBackendConfig(_Model):
     enqueue_path: str = "/enqueue"
     result_path: str = "/result/{uuid}"
     score_key: str = "scores"
-    max_answer_bytes: int = Field(default=2**20, ge=1024)  # an answer past this (read, never decoded) fails
-    remembered_job_ids: int = Field(default=16384, ge=0)  # ended items' job ids kept to refuse one given twice
+    # an answer past this (read, never decoded) fails
+    max_answer_bytes: int = Field(default=2**20, ge=1024)
+    # ended items' job ids kept to refuse one given twice
+    remembered_job_ids: int = Field(default=16384, ge=0)
 
     @property
     def input_kind(self) -> InputKind:
@@ -431,9 +482,12 @@ class JobBackendConfig(_Model):
 
 
 def _backend_kind(value: Any) -> str:
-    """No `kind`: a backend that names a process or a scorer env is managed (a child); else local."""
+    """No `kind`: a backend that names a process or a scorer env is managed (a child); else
+    local."""
     if isinstance(value, Mapping):
-        return str(value.get("kind") or ("managed" if "process" in value or "env" in value else "local"))
+        return str(
+            value.get("kind") or ("managed" if "process" in value or "env" in value else "local")
+        )
     return str(getattr(value, "kind", "local"))
 
 
@@ -464,7 +518,8 @@ class PanelConfig(_Model):
 
     terms: list[TermConfig] = Field(min_length=1)
     group_size: int | None = Field(default=None, gt=0)
-    # an optional term failing on some members of a group: fails for the whole group, or refuses the call
+    # an optional term failing on some members of a group: fails for the whole group, or refuses the
+    # call
     group_failures: Literal["whole_group", "raise"] = "whole_group"
 
     @model_validator(mode="after")
@@ -476,9 +531,14 @@ class PanelConfig(_Model):
         for term in self.terms:
             client = getattr(term.backend, "client", None)
             configured = client.group_size if client is not None else None
-            if self.group_size is not None and configured is not None and configured != self.group_size:
+            if (
+                self.group_size is not None
+                and configured is not None
+                and configured != self.group_size
+            ):
                 raise ValueError(
-                    f"term {term.name!r}: its backend's client.group_size {configured} differs from the "
-                    f"panel's group_size {self.group_size} (every call would be refused)"
+                    f"term {term.name!r}: its backend's client.group_size {configured} "
+                    f"differs from the panel's group_size {self.group_size} (every call "
+                    f"would be refused)"
                 )
         return self

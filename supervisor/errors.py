@@ -8,14 +8,16 @@ Where a child is involved, the error carries its failure record. Inside the
 library a backend's answer is a value (`supervisor.outcome.Outcome`); these are
 raised once, at the trainer's boundary. Every class has one parent:
 
-    ScorerError                     what a trainer catches (`record`: the child, when one is involved)
+    ScorerError                     what a trainer catches (`record`: the child, when one is
+                                    involved)
     +-- ScorerStartupError          the child did not become ready
     +-- ScorerProcessDied           the child is gone
     |   +-- ScorerCrashLoop         ... and kept dying
     |   +-- PoolActorDied           a Ray pool's actor died holding a share
     +-- ScorerTimeout               a call passed its deadline (its child killed)
     +-- ScorerRequestError          the scorer answered an error (`kind`)
-    |   +-- ScorerItemsFailed       some items not scored (`failed`; read-only `partial`: the others)
+    |   +-- ScorerItemsFailed       some items not scored (`failed`; read-only `partial`: the
+                                    others)
     |   |   +-- JobItemsFailed      ... by a job service (`errors`: each item's JobError)
     |   +-- ScorerTermsFailed       some terms failed alone (read-only `response`: every item)
     +-- ScorerUnavailable           a remote server cannot be reached
@@ -59,13 +61,17 @@ class ChildRecord:
     log_path: str | None = None
     log_tail: str = ""
     at: float = field(default_factory=time.time)
-    exited: bool | None = None  # None: infer from returncode; True with returncode None: status lost
+    # None: infer from returncode; True with returncode None: status lost
+    exited: bool | None = None
     rank: int | None = None
 
     @property
     def exit_status(self) -> str:
         if self.returncode is None and self.exited:
-            return "exited, status unknown (SIGCHLD is ignored here and the kernel could not report it)"
+            return (
+                "exited, status unknown (SIGCHLD is ignored here and the kernel could not "
+                "report it)"
+            )
         return describe(self.returncode)
 
     @property
@@ -83,7 +89,10 @@ class ChildRecord:
     def render(self) -> str:
         tail = self.log_tail.rstrip()
         rank = f" rank={self.rank}" if self.rank is not None else ""
-        lines = [f"child {self.name!r}{rank} pid={self.pid} status={self.exit_status} log={self.log_path}"]
+        lines = [
+            f"child {self.name!r}{rank} pid={self.pid} status={self.exit_status} "
+            f"log={self.log_path}"
+        ]
         if tail:
             lines.append("--- log tail ---\n" + tail)
         return "\n".join(lines)
@@ -116,8 +125,11 @@ class ScorerError(RuntimeError):
 class ScorerStartupError(ScorerError):
     """The child did not become ready: it exited, timed out, or reported a boot failure."""
 
-    def __init__(self, message: str, record: ChildRecord | None = None, boot_code: int | None = None) -> None:
-        self.boot_code = boot_code  # the reserved exit code the child reported on its readiness pipe
+    def __init__(
+        self, message: str, record: ChildRecord | None = None, boot_code: int | None = None
+    ) -> None:
+        # the reserved exit code the child reported on its readiness pipe
+        self.boot_code = boot_code
         super().__init__(message, record)
 
 
@@ -126,9 +138,10 @@ class ScorerProcessDied(ScorerError):
 
 
 class PoolActorDied(ScorerProcessDied):
-    """An actor of a Ray reward pool (`compose.ray_pool`) died while it held a share of a call: killed,
-    out of memory, or its node lost. Names the actor, its node and its pid. Ray restarts it under the
-    pool's `max_restarts`; the share is not re-sent unless the pool's `max_task_retries` allows it."""
+    """An actor of a Ray reward pool (`compose.ray_pool`) died while it held a share of a call:
+    killed, out of memory, or its node lost. Names the actor, its node and its pid. Ray restarts it
+    under the pool's `max_restarts`; the share is not re-sent unless the pool's `max_task_retries`
+    allows it."""
 
     def __init__(
         self,
@@ -154,7 +167,11 @@ class ScorerRequestError(ScorerError):
     """The child answered with an error status (bad input, scorer exception, conflict)."""
 
     def __init__(
-        self, message: str, record: ChildRecord | None = None, status: int | None = None, kind: str | None = None
+        self,
+        message: str,
+        record: ChildRecord | None = None,
+        status: int | None = None,
+        kind: str | None = None,
     ) -> None:
         self.status = status
         self.kind = kind
@@ -183,9 +200,9 @@ class ScorerItemsFailed(ScorerRequestError):
 class ScorerTermsFailed(ScorerRequestError):
     """The scorer answered every item, but failed some of its terms for some of them
     (`ScoreResult.term_failed`; `failed`: id -> why). `response` holds every item, those terms None
-    there and named in its term_failures. Nothing below a panel knows whether such a term is optional:
-    a trainer calling the backend alone gets this error, never a reward summed without the term; a
-    panel term bound to that component records it when optional and raises when required."""
+    there and named in its term_failures. Nothing below a panel knows whether such a term is
+    optional: a trainer calling the backend alone gets this error, never a reward summed without the
+    term; a panel term bound to that component records it when optional and raises when required."""
 
     def __init__(
         self,
@@ -193,7 +210,8 @@ class ScorerTermsFailed(ScorerRequestError):
         failed: dict[str, str] | None = None,
         response: Any = None,
         record: ChildRecord | None = None,
-    ) -> None:  # defaults: an exception is unpickled as cls(*args), then its fields (a Ray actor's, say)
+        # defaults: an exception is unpickled as cls(*args), then its fields (a Ray actor's, say)
+    ) -> None:
         self.failed = dict(failed or {})
         self.response = response  # a RewardResponse over every id (types imports this module)
         super().__init__(message, record, None, "term_failed")
@@ -227,10 +245,10 @@ class ScorerIdentityChanged(RewardContractError):
 
 
 class PoolIdentityChanged(ScorerIdentityChanged):
-    """An actor of a Ray reward pool answered from a child of another scorer identity than the pool's:
-    Ray restarted (or someone replaced) the actor on a node whose scorer env now holds another
-    revision or params. Names the actor, its node and pid, and both hashes; nothing of the call is
-    joined, the other actors' answers included."""
+    """An actor of a Ray reward pool answered from a child of another scorer identity than the
+    pool's: Ray restarted (or someone replaced) the actor on a node whose scorer env now holds
+    another revision or params. Names the actor, its node and pid, and both hashes; nothing of the
+    call is joined, the other actors' answers included."""
 
     def __init__(
         self,
@@ -247,7 +265,8 @@ class PoolIdentityChanged(ScorerIdentityChanged):
 
 
 class BackendNotOwned(ScorerError):
-    """A forked copy of the trainer called a backend whose child belongs to the process that forked."""
+    """A forked copy of the trainer called a backend whose child belongs to the process that
+    forked."""
 
 
 class RankFailed(ScorerError):
@@ -283,7 +302,12 @@ class JobError(ScorerError):
         body: bytes | str = b"",
         orphaned: bool = False,
     ) -> None:
-        self.service_url, self.item_id, self.stage, self.job_id = service_url, item_id, stage, job_id
+        self.service_url, self.item_id, self.stage, self.job_id = (
+            service_url,
+            item_id,
+            stage,
+            job_id,
+        )
         self.status, self.orphaned = status, orphaned
         self.body = excerpt(body)
         job = f"job {job_id}" if job_id else "no job id"
@@ -296,13 +320,15 @@ class JobError(ScorerError):
         )
         note = f"; remote work may be orphaned: {why}" if orphaned else ""
         ScorerError.__init__(
-            self, f"job service {service_url}: item {item_id!r} ({job}), {stage}: {message}{answer}{said}{note}"
+            self,
+            f"job service {service_url}: item {item_id!r} ({job}), {stage}: "
+            f"{message}{answer}{said}{note}",
         )
 
 
 class JobEnqueueUncertain(JobError):
-    """The enqueue may have reached the service (a 5xx, a lost connection, no answer in time): it may
-    be running there with nobody to pull it. Always `orphaned`."""
+    """The enqueue may have reached the service (a 5xx, a lost connection, no answer in time): it
+    may be running there with nobody to pull it. Always `orphaned`."""
 
 
 class JobServiceUnavailable(JobError):
@@ -321,7 +347,8 @@ class JobSpoolFailed(JobError):
 
 
 class JobRejected(JobError):
-    """The service refused the call for good: a 4xx that is not a pending answer (a 401 included)."""
+    """The service refused the call for good: a 4xx that is not a pending answer (a 401
+    included)."""
 
     kind = "rejected"
 
@@ -358,14 +385,16 @@ class ConfigError(ValueError):
 
 # -- transport facts, raised by the HTTP clients ----------------------------------------------
 def validation_message(exc: ValueError) -> str:
-    """A pydantic ValidationError (any ValueError) in one line: where, then what, for the first error."""
+    """A pydantic ValidationError (any ValueError) in one line: where, then what, for the first
+    error."""
     errors = getattr(exc, "errors", None)
     if not callable(errors) or not errors():
         return str(exc)
     first = errors()[0]
     where = ".".join(map(str, first.get("loc", ())))
     more = f" (and {len(errors()) - 1} more)" if len(errors()) > 1 else ""
-    message = str(first.get("msg", "")).removeprefix("Value error, ")  # a validator's own message, as it wrote it
+    # a validator's own message, as it wrote it
+    message = str(first.get("msg", "")).removeprefix("Value error, ")
     return f"{where + ': ' if where else ''}{message}{more}"
 
 
@@ -402,12 +431,15 @@ class IdentityMismatch(BadAnswer):
         self.url, self.expected, self.got = url, expected, got
         if got is None:
             said = (
-                f"carries no scorer identity ({IDENTITY_HEADER}): the server is older than this client "
+                f"carries no scorer identity ({IDENTITY_HEADER}): the server is older than "
+                f"this client "
                 "(version mismatch: run the same managed-scorers release on both sides)"
             )
         else:
             said = f"comes from scorer identity {got}"
-        super().__init__(f"{url}: the /score answer {said}, not from {expected} as expected; refused")
+        super().__init__(
+            f"{url}: the /score answer {said}, not from {expected} as expected; refused"
+        )
 
     def __reduce__(self) -> tuple[type, tuple[str, str, str | None]]:
         return type(self), (self.url, self.expected, self.got)
@@ -423,7 +455,8 @@ class ErrorStatus(Exception):
         super().__init__(f"HTTP {status} {kind}: {message}")
 
 
-# What became of a managed child after a failed exchange (the backend decides; see managed._failure).
+# What became of a managed child after a failed exchange (the backend decides; see
+# managed._failure).
 Fate = Literal["serving", "gone", "died", "killed"]
 
 
@@ -437,8 +470,8 @@ def _killed_note(exc: Exception) -> str:
 
 def prefixed(error: BaseException, prefix: str) -> BaseException:
     """`error` as a new exception of the same type and fields (the original stays as it was), its
-    message prefixed with who failed (a replica, a server of several): callers classify it as before.
-    Anything but a ScorerError is handed back as it is."""
+    message prefixed with who failed (a replica, a server of several): callers classify it as
+    before. Anything but a ScorerError is handed back as it is."""
     if not isinstance(error, ScorerError):
         return error
     named = type(error).__new__(type(error))
@@ -456,18 +489,29 @@ def scorer_error(
     """The one translation of a failed exchange into the trainer-facing error. `record` is the
     managed child's, `fate` what became of it: left serving (nothing reached it), gone (closed or
     replaced during the call), died, or killed by us; None for a server someone else started."""
-    if isinstance(exc, ErrorStatus) and fate == "killed":  # it answered that it is wedged (wire.RESTART_KINDS)
-        text = f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}; child killed, restarted next call"
-        return ScorerTimeout(text, record) if exc.kind == WEDGED else ScorerProcessDied(text, record)
+    # it answered that it is wedged (wire.RESTART_KINDS)
+    if isinstance(exc, ErrorStatus) and fate == "killed":
+        text = (
+            f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}; child killed, "
+            f"restarted next call"
+        )
+        return (
+            ScorerTimeout(text, record) if exc.kind == WEDGED else ScorerProcessDied(text, record)
+        )
     if isinstance(exc, ErrorStatus):  # it answered: it keeps serving
         return ScorerRequestError(
-            f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}", record, status=exc.status, kind=exc.kind
+            f"{what}: answered HTTP {exc.status} ({exc.kind}): {exc.message}",
+            record,
+            status=exc.status,
+            kind=exc.kind,
         )
     if fate == "serving":
         return ScorerUnavailable(f"{what}: {exc}; the child was left serving", record)
     if fate == "gone":
         return ScorerProcessDied(
-            f"{what}: the backend was closed, or the child replaced or failed, during the call ({exc})", record
+            f"{what}: the backend was closed, or the child replaced or failed, during the "
+            f"call ({exc})",
+            record,
         )
     if fate == "died":
         return ScorerProcessDied(f"child died during {what} ({exc})", record)

@@ -4,7 +4,8 @@ of a request to a scorer that takes concurrent calls, scoring a panel's terms.
 
 Why daemon threads and not an executor: an executor's threads are joined at interpreter exit,
 so a trainer interrupted while children boot would wait for every boot first. With these,
-Ctrl-C kills what is booting (`compose.build.build_all`), waits for the threads (now quick) and re-raises.
+Ctrl-C kills what is booting (`compose.build.build_all`), waits for the threads (now quick) and
+re-raises.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ def on_each(
     limit: int | None = None,
     on_interrupt: Callable[[], None] = lambda: None,
 ) -> list[R | BaseException]:
-    """`call(item)` for every item at once (at most `limit` at a time); each one's result or exception,
-    in order. Each call must bound itself (the backends' own deadlines): this waits for all of them.
-    Interrupted while waiting (Ctrl-C), it runs `on_interrupt` (end the calls that can be ended) and
-    re-raises: nobody will read their outcomes."""
+    """`call(item)` for every item at once (at most `limit` at a time); each one's result or
+    exception, in order. Each call must bound itself (the backends' own deadlines): this waits for
+    all of them. Interrupted while waiting (Ctrl-C), it runs `on_interrupt` (end the calls that can
+    be ended) and re-raises: nobody will read their outcomes."""
     if len(items) == 1:
         try:
             return [call(items[0])]

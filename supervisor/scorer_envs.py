@@ -17,14 +17,20 @@ from supervisor.errors import ConfigError
 SPECS_DIR = Path(__file__).resolve().parent / "env_specs"
 _SOURCE = SPECS_DIR.parent.parent
 # Run from a source checkout (editable install included), envs live in its envs/ folder.
-CHECKOUT_ENVS = _SOURCE / "envs" if (_SOURCE / "pyproject.toml").is_file() and (_SOURCE / "envs").is_dir() else None
+CHECKOUT_ENVS = (
+    _SOURCE / "envs"
+    if (_SOURCE / "pyproject.toml").is_file() and (_SOURCE / "envs").is_dir()
+    else None
+)
 STAMP = ".requirements.sha256"
-MARKER = ".managed-scorers-env"  # written right after the venv is made: a folder this builder may remove
+# written right after the venv is made: a folder this builder may remove
+MARKER = ".managed-scorers-env"
 ROOT_VARIABLE = "MANAGED_SCORERS_ENVS"
 
 
 class EnvError(ConfigError):
-    """A scorer env is unknown, not built, or failed to build (the message says which, and the fix)."""
+    """A scorer env is unknown, not built, or failed to build (the message says which, and the
+    fix)."""
 
 
 def spec_names() -> list[str]:
@@ -44,7 +50,9 @@ def envs_root() -> Path:
         return Path(configured).expanduser().absolute()
     if CHECKOUT_ENVS is not None:
         return CHECKOUT_ENVS
-    data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "share"
+    )
     return Path(data) / "managed-scorers" / "envs"
 
 
@@ -64,6 +72,10 @@ def env_python(name: str, root: Path | None = None) -> Path:
             )
         raise EnvError(
             f"scorer env {name!r} is not built at {venv}: run `managed-scorers envs build {name}`"
-            + (f" (with {ROOT_VARIABLE}={venv.parent.parent})" if root is None and ROOT_VARIABLE in os.environ else "")
+            + (
+                f" (with {ROOT_VARIABLE}={venv.parent.parent})"
+                if root is None and ROOT_VARIABLE in os.environ
+                else ""
+            )
         )
     return python

@@ -50,20 +50,31 @@ class RewardService:
         if truncation not in ("zero", "keep", "soft"):
             raise ConfigError(f"truncation must be 'zero', 'keep' or 'soft', got {truncation!r}")
         if truncation == "soft":
-            if not max_response_length or not overlong_buffer_len or not 0 < overlong_buffer_len <= max_response_length:
+            if (
+                not max_response_length
+                or not overlong_buffer_len
+                or not 0 < overlong_buffer_len <= max_response_length
+            ):
                 raise ConfigError(
-                    "truncation='soft' needs max_response_length > 0 and 0 < overlong_buffer_len <= max_response_length"
+                    "truncation='soft' needs max_response_length > 0 and 0 < "
+                    "overlong_buffer_len <= max_response_length"
                 )
             if not math.isfinite(overlong_penalty_factor) or overlong_penalty_factor < 0:
-                raise ConfigError(f"overlong_penalty_factor must be finite and >= 0, got {overlong_penalty_factor}")
+                raise ConfigError(
+                    f"overlong_penalty_factor must be finite and >= 0, got "
+                    f"{overlong_penalty_factor}"
+                )
         self.backend = backend
         self.truncation = truncation
         self.max_response_length = max_response_length
         self.overlong_buffer_len = overlong_buffer_len
         self.overlong_penalty_factor = overlong_penalty_factor
-        self.last_response: RewardResponse | None = None  # diagnostics and term failures of the last call
+        # diagnostics and term failures of the last call
+        self.last_response: RewardResponse | None = None
 
-    def score_and_attach(self, items: Sequence[RewardItem], group_size: int | None = None) -> list[RewardItem]:
+    def score_and_attach(
+        self, items: Sequence[RewardItem], group_size: int | None = None
+    ) -> list[RewardItem]:
         """Score `items` and return new items with `reward` and `component_rewards` set.
 
         The inputs are never mutated. Any failed, missing or non-finite reward raises
@@ -71,12 +82,15 @@ class RewardService:
         """
         for index, item in enumerate(items):
             if item.reward is not None or item.component_rewards is not None:
-                raise PrecomputedRewardError(f"items[{index}] (id={item.id!r}) already carries a reward")
+                raise PrecomputedRewardError(
+                    f"items[{index}] (id={item.id!r}) already carries a reward"
+                )
         if self.truncation == "soft":
             for item in items:
                 if item.completion_tokens is None:
                     raise MissingTokenCountError(
-                        f"item {item.id!r} has no completion_tokens; truncation='soft' needs every completion's length"
+                        f"item {item.id!r} has no completion_tokens; truncation='soft' needs "
+                        f"every completion's length"
                     )
                 assert self.max_response_length is not None
                 if item.completion_tokens > self.max_response_length:
@@ -92,7 +106,9 @@ class RewardService:
             item.model_copy(
                 update={
                     "reward": self._final(item, response.rewards[i]),
-                    "component_rewards": {name: values[i] for name, values in response.component_rewards.items()},
+                    "component_rewards": {
+                        name: values[i] for name, values in response.component_rewards.items()
+                    },
                 }
             )
             for i, item in enumerate(request.items)
@@ -111,8 +127,11 @@ class RewardService:
         )
 
 
-def overlong_penalty(tokens: int, max_response_length: int, buffer_len: int, factor: float) -> float:
-    """DAPO's soft overlong punishment: 0 up to `max - buffer`, then linear down to `-factor` at `max`."""
+def overlong_penalty(
+    tokens: int, max_response_length: int, buffer_len: int, factor: float
+) -> float:
+    """DAPO's soft overlong punishment: 0 up to `max - buffer`, then linear down to `-factor` at
+    `max`."""
     over = tokens - (max_response_length - buffer_len)
     return -factor * min(max(over / buffer_len, 0.0), 1.0)
 
@@ -120,10 +139,14 @@ def overlong_penalty(tokens: int, max_response_length: int, buffer_len: int, fac
 def check_response(request: RewardRequest, response: RewardResponse) -> None:
     """Independent of the backend: ids, success flags and finiteness, per sample."""
     if response.ids != request.ids:
-        raise RewardContractError(f"backend answered for ids {response.ids[:5]}..., expected {request.ids[:5]}...")
+        raise RewardContractError(
+            f"backend answered for ids {response.ids[:5]}..., expected {request.ids[:5]}..."
+        )
     for i, (item_id, usable) in enumerate(zip(request.ids, response.usable(), strict=True)):
         if not usable:  # failed, not short of an optional term
-            raise RewardContractError(f"sample {item_id!r} (index {i}) failed: {response.errors[i]}")
+            raise RewardContractError(
+                f"sample {item_id!r} (index {i}) failed: {response.errors[i]}"
+            )
     problem = first_non_finite(response)
     if problem is not None:
         raise RewardContractError(problem)

@@ -1,4 +1,5 @@
-"""What a backend knows of its scorer (`ScorerShape`), and the checks of a configuration against it."""
+"""What a backend knows of its scorer (`ScorerShape`), and the checks of a configuration against
+it."""
 
 from __future__ import annotations
 
@@ -20,14 +21,18 @@ class ScorerShape:
     identity_hash: str | None = None
     revision: str | None = None
     diagnostics: tuple[str, ...] = ()
-    required_fields: tuple[str, ...] = ()  # what it reads of an item (what a group rebuilt across ranks carries)
-    concurrent_calls: int = 1  # chunks of one request it takes at once (see ScorerSpec.concurrent_calls)
-    reward_term: str | None = None  # the term that is its reward by itself (a served panel, see reward_terms)
+    # what it reads of an item (what a group rebuilt across ranks carries)
+    required_fields: tuple[str, ...] = ()
+    # chunks of one request it takes at once (see ScorerSpec.concurrent_calls)
+    concurrent_calls: int = 1
+    # the term that is its reward by itself (a served panel, see reward_terms)
+    reward_term: str | None = None
 
     @classmethod
     def from_entry(cls, entry: Any, where: str = "the scorer") -> ScorerShape:
-        """From a child's readiness line or a server's /health (`ScorerHost.catalog_entry`); one that
-        does not say what it serves is a RewardContractError naming `where` (not a scorer server)."""
+        """From a child's readiness line or a server's /health (`ScorerHost.catalog_entry`); one
+        that does not say what it serves is a RewardContractError naming `where` (not a scorer
+        server)."""
         terms = entry.get("terms") if isinstance(entry, Mapping) else None
         calls = entry.get("concurrent_calls", 1) if isinstance(entry, Mapping) else None
         if (
@@ -40,8 +45,8 @@ class ScorerShape:
         ):
             fields = sorted(entry)[:12] if isinstance(entry, Mapping) else type(entry).__name__
             raise RewardContractError(
-                f"{where} does not say what it serves (a 'scorer' name, its 'terms', an int 'concurrent_calls'; "
-                f"got {fields}): is it a managed-scorers server?"
+                f"{where} does not say what it serves (a 'scorer' name, its 'terms', an int "
+                f"'concurrent_calls'; got {fields}): is it a managed-scorers server?"
             )
         return cls(
             name=str(entry["scorer"]),
@@ -53,29 +58,37 @@ class ScorerShape:
             diagnostics=tuple(entry.get("diagnostics", ())),
             required_fields=tuple(entry.get("required_fields", ())),
             concurrent_calls=max(1, calls),
-            reward_term=entry.get("reward_term") if isinstance(entry.get("reward_term"), str) else None,
+            reward_term=entry.get("reward_term")
+            if isinstance(entry.get("reward_term"), str)
+            else None,
         )
 
 
 def check_pins(shape: ScorerShape, revision: str | None, identity_hash: str | None) -> None:
     """A configured revision or identity hash must be exactly the scorer's own."""
     if revision is not None and revision != shape.revision:
-        raise ConfigError(f"revision pin {revision!r} refused: scorer {shape.name!r} is revision {shape.revision!r}")
+        raise ConfigError(
+            f"revision pin {revision!r} refused: scorer {shape.name!r} is revision "
+            f"{shape.revision!r}"
+        )
     if identity_hash is not None and identity_hash != shape.identity_hash:
         raise ConfigError(
-            f"identity_hash pin {identity_hash} refused: scorer {shape.name!r} has identity {shape.identity_hash}"
+            f"identity_hash pin {identity_hash} refused: scorer {shape.name!r} has identity "
+            f"{shape.identity_hash}"
         )
 
 
 def check_reward_names(
     scorer: str, terms: Sequence[str], required: Sequence[str], weights: Mapping[str, float]
 ) -> list[str]:
-    """The terms that make the reward (default: all of the scorer's); unknown names are a ConfigError."""
+    """The terms that make the reward (default: all of the scorer's); unknown names are a
+    ConfigError."""
     required = list(required) or list(terms)
     unknown = sorted((set(required) | set(weights)) - set(terms))
     if unknown:
         raise ConfigError(
-            f"required_rewards/weights {unknown} are not terms of scorer {scorer!r} (it has {list(terms)})"
+            f"required_rewards/weights {unknown} are not terms of scorer {scorer!r} (it has "
+            f"{list(terms)})"
         )
     return required
 
@@ -92,10 +105,16 @@ def reward_terms(
         return check_reward_names(shape.name, shape.terms, required, weights), None
     if weights:
         raise ConfigError(
-            f"scorer {shape.name!r} weighs its own terms into {reward_term!r} (a served panel: its recipe's "
-            f"weights); give no client weights ({sorted(weights)})"
+            f"scorer {shape.name!r} weighs its own terms into {reward_term!r} (a served "
+            f"panel: its recipe's weights); give no client weights ({sorted(weights)})"
         )
     if reward_term not in shape.terms:
-        raise RewardContractError(f"scorer {shape.name!r} names reward term {reward_term!r}, not one of its terms")
-    wanted = [term for term in check_reward_names(shape.name, shape.terms, required, {}) if term != reward_term]
+        raise RewardContractError(
+            f"scorer {shape.name!r} names reward term {reward_term!r}, not one of its terms"
+        )
+    wanted = [
+        term
+        for term in check_reward_names(shape.name, shape.terms, required, {})
+        if term != reward_term
+    ]
     return [reward_term], ([*wanted, reward_term] if required and wanted else None)

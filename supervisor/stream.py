@@ -33,7 +33,13 @@ from typing import Protocol, Self
 
 from scorers.diagnostics import merge_term_reports
 from scorers.groups import GroupInputError, partition
-from supervisor.errors import BackendNotOwned, ConfigError, ScorerError, ScorerItemsFailed, ScorerRequestError
+from supervisor.errors import (
+    BackendNotOwned,
+    ConfigError,
+    ScorerError,
+    ScorerItemsFailed,
+    ScorerRequestError,
+)
 from supervisor.joined import join_rows, rows_by_id, shares_failed
 from supervisor.outcome import Outcome
 from supervisor.submit import Submission, SubmissionQueueFull
@@ -75,7 +81,8 @@ class _Groups:
 
 
 class RewardStream:
-    """Add items as they finish; collect the step's rewards at `results()`. Made by `backend.stream()`."""
+    """Add items as they finish; collect the step's rewards at `results()`. Made by
+    `backend.stream()`."""
 
     def __init__(
         self,
@@ -91,21 +98,33 @@ class RewardStream:
         """`collect=False`: no barrier, items are only read through their futures (nothing is kept).
         `whole_groups`: the backend scores whole groups only, so the stream needs `group_size`."""
         if window < 1 or max_pending < window or not (max_wait_s >= 0 and max_block_s > 0):
-            raise ValueError("need window >= 1, max_pending >= window, max_wait_s >= 0 and max_block_s > 0")
+            raise ValueError(
+                "need window >= 1, max_pending >= window, max_wait_s >= 0 and max_block_s > 0"
+            )
         size = group_size
         if size is None and whole_groups:
             raise ConfigError(
-                f"{type(backend).__name__} scores whole groups: give the stream group_size, so it knows when a "
+                f"{type(backend).__name__} scores whole groups: give the stream group_size, "
+                f"so it knows when a "
                 "group is complete"
             )
         if size is not None and size > max_pending:
-            raise ValueError(f"max_pending {max_pending} is less than a group ({size}): no group could complete")
-        self.backend, self.group_size, self.window, self.max_wait_s = backend, size, window, max_wait_s
+            raise ValueError(
+                f"max_pending {max_pending} is less than a group ({size}): no group could complete"
+            )
+        self.backend, self.group_size, self.window, self.max_wait_s = (
+            backend,
+            size,
+            window,
+            max_wait_s,
+        )
         self.max_pending, self.max_block_s, self.collect = max_pending, max_block_s, collect
-        self.window_sizes: deque[int] = deque(maxlen=1024)  # the latest windows cut, in order (tests, benches)
+        # the latest windows cut, in order (tests, benches)
+        self.window_sizes: deque[int] = deque(maxlen=1024)
         self._owner = os.getpid()
         self._cond = threading.Condition()
-        # every window declares the size, so a backend refuses a window with part of a group: hold them whole
+        # every window declares the size, so a backend refuses a window with part of a group: hold
+        # them whole
         self._groups = _Groups(size) if size is not None else None
         self._ready: list[tuple[RewardItem, Future[ItemReward]]] = []
         self._ready_since: float | None = None  # when the oldest ready item became ready
@@ -121,13 +140,15 @@ class RewardStream:
 
     # -- the producer's side ------------------------------------------------------------------
     def add(self, items: RewardItem | Sequence[RewardItem]) -> list[Future[ItemReward]]:
-        """Items that finished; one future per item. Waits for room while `max_pending` are unscored.
-        All or nothing: every check (and the wait for room) comes before the stream takes any item."""
+        """Items that finished; one future per item. Waits for room while `max_pending` are
+        unscored. All or nothing: every check (and the wait for room) comes before the stream takes
+        any item."""
         batch = _items_of(items)
         deadline = time.monotonic() + self.max_block_s
         self._check_owner()
         with self._cond:
-            while True:  # checked again after each wait: other producers, or a barrier, may have come meanwhile
+            # checked again after each wait: other producers, or a barrier, may have come meanwhile
+            while True:
                 self._check_usable()
                 self._check_new(batch)
                 if self._pending == 0 or self._pending + len(batch) <= self.max_pending:
@@ -136,7 +157,8 @@ class RewardStream:
                 if left <= 0:
                     raise self._no_room()
                 self._cond.wait(min(left, WAKE_S))
-            self._start_worker()  # before anything is taken: a thread that cannot start leaves nothing behind
+            # before anything is taken: a thread that cannot start leaves nothing behind
+            self._start_worker()
             rows = self._take(batch)
             self._cond.notify_all()
         return rows
@@ -152,7 +174,8 @@ class RewardStream:
         return self._send_all(cut)
 
     def raise_if_failed(self) -> None:
-        """Raise a window's failure already known (at a micro boundary: never later than the barrier)."""
+        """Raise a window's failure already known (at a micro boundary: never later than the
+        barrier)."""
         self._check_owner()
         with self._cond:
             windows = list(self._windows)
@@ -166,7 +189,9 @@ class RewardStream:
     def results(self) -> RewardResponse:
         """The barrier: every item since the last one, in add order, once all are scored."""
         if not self.collect:
-            raise RuntimeError("a stream made with collect=False has no barrier: read each item's future")
+            raise RuntimeError(
+                "a stream made with collect=False has no barrier: read each item's future"
+            )
         try:
             windows, order, incomplete = self._drained()
         except BaseException:  # Ctrl-C while waiting (or a fork): nobody reads what is in flight
@@ -176,15 +201,16 @@ class RewardStream:
         outcomes = [_outcome(window) for window in windows]
         if incomplete:
             raise ScorerRequestError(
-                f"the stream's barrier came with groups incomplete (group id: items of {self.group_size}): "
+                f"the stream's barrier came with groups incomplete (group id: items of "
+                f"{self.group_size}): "
                 + ", ".join(f"{group!r}: {count}" for group, count in incomplete.items()),
                 kind="bad_input",
             )
         return _joined(self.backend, windows, outcomes, order)
 
     def _drained(self) -> tuple[list[_Window], list[str], dict[str, int]]:
-        """Every ready item sent and every window ended (each bounds its own call; this wait is bounded
-        too), then the step's state handed over and reset."""
+        """Every ready item sent and every window ended (each bounds its own call; this wait is
+        bounded too), then the step's state handed over and reset."""
         deadline = time.monotonic() + self.max_block_s
         self._check_owner()
         with self._cond:
@@ -195,7 +221,8 @@ class RewardStream:
             while self._ready or self._in_flight > 0:
                 if time.monotonic() > deadline:
                     raise ScorerError(
-                        f"the stream's barrier waited {self.max_block_s:.0f} s for {self._in_flight} windows"
+                        f"the stream's barrier waited {self.max_block_s:.0f} s for "
+                        f"{self._in_flight} windows"
                     )
                 self._cond.wait(WAKE_S)
                 self._check_usable()
@@ -206,8 +233,8 @@ class RewardStream:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop cutting windows; items not yet sent fail (ScorerItemsFailed), windows sent end on their own.
-        In a fork, nothing here is the fork's to stop."""
+        """Stop cutting windows; items not yet sent fail (ScorerItemsFailed), windows sent end on
+        their own. In a fork, nothing here is the fork's to stop."""
         if os.getpid() != self._owner:
             return
         with self._cond:
@@ -221,7 +248,8 @@ class RewardStream:
                 self._groups.open.clear()
             self._cond.notify_all()
         error = ScorerItemsFailed(
-            f"the stream over {type(self.backend).__name__} was closed before {len(unsent)} items were sent",
+            f"the stream over {type(self.backend).__name__} was closed before {len(unsent)} "
+            f"items were sent",
             kind="items_failed",
             failed={item.id: "the stream was closed before it was sent" for item, _ in unsent},
         )
@@ -242,7 +270,8 @@ class RewardStream:
         return self
 
     def __exit__(self, kind: object, *_: object) -> None:
-        """Leaving early (an exception, Ctrl-C) abandons what is unread; leaving after the barrier closes."""
+        """Leaving early (an exception, Ctrl-C) abandons what is unread; leaving after the barrier
+        closes."""
         if kind is None:
             self.close()
         else:
@@ -250,9 +279,12 @@ class RewardStream:
 
     # -- under the lock -----------------------------------------------------------------------
     def _check_owner(self) -> None:
-        """Before taking the lock: a fork may have copied it held (by the worker, which did not fork)."""
+        """Before taking the lock: a fork may have copied it held (by the worker, which did not
+        fork)."""
         if os.getpid() != self._owner:
-            raise BackendNotOwned(f"this stream belongs to pid {self._owner}; this is a fork of it (make a new one)")
+            raise BackendNotOwned(
+                f"this stream belongs to pid {self._owner}; this is a fork of it (make a new one)"
+            )
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -263,10 +295,13 @@ class RewardStream:
         if held == self._pending:
             why = "all held in incomplete groups, which only their other members free"
         else:
-            why = f"{held} of them held in incomplete groups; " * bool(held) + "the scorer does not keep up"
+            why = (
+                f"{held} of them held in incomplete groups; " * bool(held)
+                + "the scorer does not keep up"
+            )
         return SubmissionQueueFull(
-            f"stream over {type(self.backend).__name__}: {self._pending} items still unscored after "
-            f"{self.max_block_s:.2f} s (max_pending {self.max_pending}): {why}"
+            f"stream over {type(self.backend).__name__}: {self._pending} items still "
+            f"unscored after {self.max_block_s:.2f} s (max_pending {self.max_pending}): {why}"
         )
 
     def _check_new(self, batch: list[RewardItem]) -> None:
@@ -274,16 +309,20 @@ class RewardStream:
         ids = [item.id for item in batch]
         again = [i for i in ids if i in self._seen] or [i for i in set(ids) if ids.count(i) > 1]
         if again:
-            raise ScorerRequestError(f"item ids {sorted(again)[:5]} were already added to this step", kind="bad_input")
+            raise ScorerRequestError(
+                f"item ids {sorted(again)[:5]} were already added to this step", kind="bad_input"
+            )
         if self._groups is not None:
             self._check_groups(batch, self._groups)
 
     def _check_groups(self, batch: list[RewardItem], groups: _Groups) -> None:
-        """Each item joins an open or a new group of this step, which it fits (size, common inputs)."""
+        """Each item joins an open or a new group of this step, which it fits (size, common
+        inputs)."""
         loose = next((item for item in batch if item.group_id is None), None)
         if loose is not None:
             raise ScorerRequestError(
-                f"item {loose.id!r} has no group_id, but the stream keeps groups of {groups.size} whole",
+                f"item {loose.id!r} has no group_id, but the stream keeps groups of "
+                f"{groups.size} whole",
                 kind="bad_input",
             )
         touched = list(dict.fromkeys(item.group_id for item in batch if item.group_id is not None))
@@ -294,26 +333,34 @@ class RewardStream:
             ids = [item.id for item in joined][:8]
             if group in self._grouped:
                 raise ScorerRequestError(
-                    f"group {group!r} is complete already: a group id names one group of {groups.size} until the "
-                    f"barrier (ids {ids} came for it)",
+                    f"group {group!r} is complete already: a group id names one group of "
+                    f"{groups.size} until the barrier (ids {ids} came for it)",
                     kind="bad_input",
                 )
             if len(joined) > groups.size:
                 raise ScorerRequestError(
-                    f"group {group!r} would have {len(joined)} items, more than {groups.size} (ids {ids})",
+                    f"group {group!r} would have {len(joined)} items, more than "
+                    f"{groups.size} (ids {ids})",
                     kind="bad_input",
                 )
-        try:  # what a window's request would refuse, refused here: for the items that break it, not their window
-            partition([item for joined in members.values() for item in joined], None, scorer="stream")
+        # what a window's request would refuse, refused here: for the items that break it, not their
+        # window
+        try:
+            partition(
+                [item for joined in members.values() for item in joined], None, scorer="stream"
+            )
         except GroupInputError as exc:
-            raise ScorerRequestError(f"stream over {type(self.backend).__name__}: {exc}", kind="bad_input") from exc
+            raise ScorerRequestError(
+                f"stream over {type(self.backend).__name__}: {exc}", kind="bad_input"
+            ) from exc
 
     def _take(self, batch: list[RewardItem]) -> list[Future[ItemReward]]:
         """The commit of a checked add: nothing here can refuse."""
         rows: list[Future[ItemReward]] = []
         for _ in batch:
             row: Future[ItemReward] = Future()
-            row.set_running_or_notify_cancel()  # a cancelled awaiter never cancels the row: its window still runs
+            # a cancelled awaiter never cancels the row: its window still runs
+            row.set_running_or_notify_cancel()
             rows.append(row)
         if self.collect:
             self._order.extend(item.id for item in batch)
@@ -346,7 +393,11 @@ class RewardStream:
     def _held(self) -> list[tuple[RewardItem, Future[ItemReward]]]:
         if self._groups is None:
             return []
-        return [pair for members, rows in self._groups.open.values() for pair in zip(members, rows, strict=True)]
+        return [
+            pair
+            for members, rows in self._groups.open.values()
+            for pair in zip(members, rows, strict=True)
+        ]
 
     def _incomplete(self) -> dict[str, int]:
         """At the barrier: the groups still open (their items are dropped, they fail)."""
@@ -356,7 +407,9 @@ class RewardStream:
         counts = {group: len(members) for group, (members, _) in self._groups.open.items()}
         self._groups.open.clear()
         self._pending -= len(held)
-        error = ScorerRequestError(f"its group was incomplete at the barrier ({counts})", kind="bad_input")
+        error = ScorerRequestError(
+            f"its group was incomplete at the barrier ({counts})", kind="bad_input"
+        )
         for _, row in held:
             row.set_exception(error)
         return counts
@@ -372,7 +425,8 @@ class RewardStream:
         return max(self._ready_since + self.max_wait_s - time.monotonic(), 0.0)
 
     def _cut(self, limit: int) -> _Window:
-        """Up to `limit` (at most `window`) ready items, whole groups (a group larger than that: alone)."""
+        """Up to `limit` (at most `window`) ready items, whole groups (a group larger than that:
+        alone)."""
         count = min(limit, self.window, len(self._ready))
         if self._groups is not None:
             size = self._groups.size
@@ -405,17 +459,25 @@ class RewardStream:
 
     def _send_all(self, windows: list[_Window]) -> list[Future[RewardResponse]]:
         """Each window cut sent; interrupted (Ctrl-C), the ones not sent fail, as close() fails what
-        was never sent: a window cut always ends, so the barrier and the producers never wait on it."""
+        was never sent: a window cut always ends, so the barrier and the producers never wait on
+        it."""
         try:
             return [self._send(window) for window in windows]
         finally:
             for window in windows:
                 if window.future is None:
-                    self._ended(window, _failed(ScorerError("the stream's flush was interrupted before it was sent")))
+                    self._ended(
+                        window,
+                        _failed(
+                            ScorerError("the stream's flush was interrupted before it was sent")
+                        ),
+                    )
 
     def _send(self, window: _Window) -> Future[RewardResponse]:
         try:
-            future = self.backend.submit(RewardRequest(items=window.items, group_size=self.group_size))
+            future = self.backend.submit(
+                RewardRequest(items=window.items, group_size=self.group_size)
+            )
         except Exception as exc:  # noqa: BLE001 - a refused submission fails its window's items, typed
             future = _failed(exc)
         return self._ended(window, future)
@@ -427,7 +489,8 @@ class RewardStream:
         return future
 
     def _settle(self, window: _Window) -> None:
-        """A window's outcome to its items' futures; its room back to the producers (whatever happens)."""
+        """A window's outcome to its items' futures; its room back to the producers (whatever
+        happens)."""
         try:
             outcome = _outcome(window)
             error = outcome.error
@@ -438,7 +501,10 @@ class RewardStream:
                 if item.id in rows:
                     row.set_result(rows[item.id])
                 else:
-                    row.set_exception(error or ScorerError(f"item {item.id!r} is missing from its window's response"))
+                    row.set_exception(
+                        error
+                        or ScorerError(f"item {item.id!r} is missing from its window's response")
+                    )
         finally:
             with self._cond:
                 self._in_flight -= 1
@@ -452,7 +518,8 @@ def _items_of(items: RewardItem | Sequence[RewardItem]) -> list[RewardItem]:
     for index, item in enumerate(batch):
         if not isinstance(item, RewardItem):
             raise ScorerRequestError(
-                f"a stream takes RewardItems: items[{index}] is a {type(item).__name__}", kind="bad_input"
+                f"a stream takes RewardItems: items[{index}] is a {type(item).__name__}",
+                kind="bad_input",
             )
     return batch
 
@@ -489,10 +556,14 @@ def _outcome(window: _Window) -> Outcome:
     return Outcome.raised(error) if error is not None else Outcome.scored(future.result())
 
 
-def _joined(backend: Streamed, windows: list[_Window], outcomes: list[Outcome], order: list[str]) -> RewardResponse:
+def _joined(
+    backend: Streamed, windows: list[_Window], outcomes: list[Outcome], order: list[str]
+) -> RewardResponse:
     """One response in add order; or one error naming every item the failed windows cost."""
     name = type(backend).__name__
-    responses = [outcome.response for outcome in outcomes if outcome.ok and outcome.response is not None]
+    responses = [
+        outcome.response for outcome in outcomes if outcome.ok and outcome.response is not None
+    ]
     diagnostics = merge_term_reports(response.diagnostics for response in responses)
     if len(responses) == len(outcomes):
         return join_rows(order, rows_by_id(responses), diagnostics) if order else _empty()
@@ -504,13 +575,18 @@ def _joined(backend: Streamed, windows: list[_Window], outcomes: list[Outcome], 
     for window, outcome in zip(windows, outcomes, strict=True):
         if outcome.error is not None:
             first = first or outcome.error
-            why = str(outcome.error).splitlines()[0] if str(outcome.error) else type(outcome.error).__name__
+            why = (
+                str(outcome.error).splitlines()[0]
+                if str(outcome.error)
+                else type(outcome.error).__name__
+            )
             failed.update({item.id: why for item in window.items})
     kept = [item_id for item_id in order if item_id not in failed]
     partial = join_rows(kept, rows_by_id(responses), diagnostics) if kept else None
     error = ScorerItemsFailed(
-        f"stream over {name}: {len(failed)} of {len(order)} items were not scored ({len(outcomes) - len(responses)} "
-        f"of {len(outcomes)} windows failed): {next(iter(failed.values()))}",
+        f"stream over {name}: {len(failed)} of {len(order)} items were not scored "
+        f"({len(outcomes) - len(responses)} of {len(outcomes)} windows failed): "
+        f"{next(iter(failed.values()))}",
         kind="items_failed",
         failed=failed,
         partial=partial,

@@ -27,9 +27,9 @@ class SubmissionQueueFull(ScorerError):
 
 
 class Submission(Future[Any]):
-    """A submitted request's future. Ctrl-C while waiting on its result abandons the call, as Ctrl-C in
-    a plain call does: a request still queued is never sent, the one in flight is interrupted (a managed
-    child is killed at once, so the trainer's exit does not wait for it)."""
+    """A submitted request's future. Ctrl-C while waiting on its result abandons the call, as Ctrl-C
+    in a plain call does: a request still queued is never sent, the one in flight is interrupted (a
+    managed child is killed at once, so the trainer's exit does not wait for it)."""
 
     def __init__(self, interrupt: Callable[[Submission], None]) -> None:
         super().__init__()
@@ -59,7 +59,8 @@ class Submission(Future[Any]):
 
 
 class Submitter:
-    """The worker behind `RewardBackend.submit`: started on first use, stopped by the backend's close()."""
+    """The worker behind `RewardBackend.submit`: started on first use, stopped by the backend's
+    close()."""
 
     def __init__(
         self,
@@ -77,13 +78,16 @@ class Submitter:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
         self._lock = threading.Lock()
         self._closed = False
-        # daemon: a trainer that exits (Ctrl-C) never waits here; its backends' close() ends the calls
+        # daemon: a trainer that exits (Ctrl-C) never waits here; its backends' close() ends the
+        # calls
         self._thread = threading.Thread(target=self._run, name=f"submit-{name}", daemon=True)
         self._thread.start()
 
     def submit(self, request: Any) -> Submission:
         if os.getpid() != self._owner_pid:
-            raise BackendNotOwned(f"submissions to {self._name} belong to pid {self._owner_pid}; this is a fork of it")
+            raise BackendNotOwned(
+                f"submissions to {self._name} belong to pid {self._owner_pid}; this is a fork of it"
+            )
         future = Submission(self._interrupt_if_running)
         with self._lock:
             if self._closed:
@@ -92,7 +96,8 @@ class Submitter:
                 self._queue.put_nowait((request, future))
             except queue.Full:
                 raise SubmissionQueueFull(
-                    f"{self._name}: {self._queue.maxsize} submissions are already waiting; collect some results first"
+                    f"{self._name}: {self._queue.maxsize} submissions are already waiting; "
+                    f"collect some results first"
                 ) from None
         return future
 
@@ -125,7 +130,8 @@ class Submitter:
             self._running = None
 
     def _interrupt_if_running(self, future: Submission) -> None:
-        """Interrupt the backend only while `future`'s own call is in flight (never the next one's)."""
+        """Interrupt the backend only while `future`'s own call is in flight (never the next
+        one's)."""
         with self._running_lock:
             if self._running is future:
                 self._interrupt()

@@ -9,7 +9,11 @@ from typing import Any
 
 
 def is_tensor(value: Any) -> bool:
-    return type(value).__module__.startswith("torch") and hasattr(value, "numpy") and hasattr(value, "device")
+    return (
+        type(value).__module__.startswith("torch")
+        and hasattr(value, "numpy")
+        and hasattr(value, "device")
+    )
 
 
 def numpy_view(value: Any) -> Any:
@@ -24,5 +28,8 @@ def numpy_view(value: Any) -> Any:
         raise ValueError(f"a tensor on {value.device} must be moved to the CPU first (.cpu())")
     try:
         return value.detach().numpy()
-    except (TypeError, RuntimeError) as exc:  # bfloat16 ("unsupported ScalarType"), a conj or neg bit set
-        raise ValueError(f"a {value.dtype} tensor has no numpy view ({exc}): convert it first") from exc
+    # bfloat16 ("unsupported ScalarType"), a conj or neg bit set
+    except (TypeError, RuntimeError) as exc:
+        raise ValueError(
+            f"a {value.dtype} tensor has no numpy view ({exc}): convert it first"
+        ) from exc

@@ -8,9 +8,23 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, StrictInt, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictInt,
+    model_validator,
+)
 
-from child_runtime.protocol.items import MEDIA_FIELDS, OMITTED_WHEN_EMPTY, WIRE_FIELDS, check_audio, check_media
+from child_runtime.protocol.items import (
+    MEDIA_FIELDS,
+    OMITTED_WHEN_EMPTY,
+    WIRE_FIELDS,
+    check_audio,
+    check_media,
+)
 from scorers.base import is_length_verdict
 from scorers.diagnostics import to_metrics
 from supervisor.errors import RewardContractError, validation_message
@@ -25,7 +39,9 @@ def _as_image(value: Any) -> np.ndarray | None:
     value = numpy_view(value)
     if not isinstance(value, np.ndarray):
         if not hasattr(value, "__array_interface__"):
-            raise ValueError(f"image must be a uint8 ndarray or a PIL image, got {type(value).__name__}")
+            raise ValueError(
+                f"image must be a uint8 ndarray or a PIL image, got {type(value).__name__}"
+            )
         value = np.asarray(value)
         if value.ndim == 2:
             value = value[:, :, None]
@@ -75,7 +91,8 @@ def _is_empty(value: Any) -> bool:
     return isinstance(value, (dict, tuple, list)) and not value
 
 
-TRAINER_FIELDS = ("reward", "component_rewards")  # a RewardItem's fields beyond the item's: never sent
+# a RewardItem's fields beyond the item's: never sent
+TRAINER_FIELDS = ("reward", "component_rewards")
 
 
 class RewardItem(BaseModel):
@@ -144,7 +161,10 @@ class RewardItem(BaseModel):
     @property
     def has_media(self) -> bool:
         """Arrays, which travel only through the wire's array frames (never as JSON)."""
-        return any(getattr(self, key) is not None and not _is_empty(getattr(self, key)) for key in MEDIA_FIELDS)
+        return any(
+            getattr(self, key) is not None and not _is_empty(getattr(self, key))
+            for key in MEDIA_FIELDS
+        )
 
 
 class RewardRequest(BaseModel):
@@ -176,13 +196,15 @@ class RewardRequest(BaseModel):
         return [item.id for item in self.items]
 
 
-SCORER_TERM_FAILED = "scorer_term_failed"  # a scorer's own term failure: whether the term was optional is unknown
+# a scorer's own term failure: whether the term was optional is unknown
+SCORER_TERM_FAILED = "scorer_term_failed"
 
 
 class TermFailure(BaseModel):
-    """A term that failed for these ids: they got no value from it (it added zero). An optional panel
-    term's (any kind), or, with kind SCORER_TERM_FAILED, a scorer's own term in a backend's response,
-    which only a panel may turn into an optional term's failure: it leaves the reward unusable."""
+    """A term that failed for these ids: they got no value from it (it added zero). An optional
+    panel term's (any kind), or, with kind SCORER_TERM_FAILED, a scorer's own term in a backend's
+    response, which only a panel may turn into an optional term's failure: it leaves the reward
+    unusable."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -192,14 +214,20 @@ class TermFailure(BaseModel):
     kind: str
 
 
-def per_item(ids: list[str], failures: Sequence[TermFailure]) -> tuple[list[bool], list[str | None]]:
+def per_item(
+    ids: list[str], failures: Sequence[TermFailure]
+) -> tuple[list[bool], list[str | None]]:
     """`successes` and `errors` of a response: an item whose reward lacks an optional term that
     failed for it is not a success, and its error names each such term and why."""
     why: dict[str, list[str]] = {}
     for failure in failures:
         for item_id in failure.ids:
-            why.setdefault(item_id, []).append(f"term {failure.term!r} failed ({failure.kind}: {failure.error})")
-    return [item_id not in why for item_id in ids], ["; ".join(why[i]) if i in why else None for i in ids]
+            why.setdefault(item_id, []).append(
+                f"term {failure.term!r} failed ({failure.kind}: {failure.error})"
+            )
+    return [item_id not in why for item_id in ids], [
+        "; ".join(why[i]) if i in why else None for i in ids
+    ]
 
 
 def first_non_finite(response: RewardResponse) -> str | None:
@@ -218,7 +246,9 @@ def first_non_finite(response: RewardResponse) -> str | None:
         for term, values in response.component_rewards.items():
             value = values[index]
             if value is not None and not math.isfinite(value):
-                return f"component_rewards[{term!r}][{index}] (id={response.ids[index]!r}) is {value}"
+                return (
+                    f"component_rewards[{term!r}][{index}] (id={response.ids[index]!r}) is {value}"
+                )
     return None
 
 
@@ -241,7 +271,8 @@ class RewardResponse(BaseModel):
     ids: list[str]
     rewards: list[float]
     component_rewards: dict[str, list[float | None]]
-    successes: list[bool] = Field(default_factory=list)  # left out: derived from term_failures (per_item)
+    # left out: derived from term_failures (per_item)
+    successes: list[bool] = Field(default_factory=list)
     errors: list[str | None] = Field(default_factory=list)
     applicable: dict[str, list[bool]] = Field(default_factory=dict)
     term_failures: list[TermFailure] = Field(default_factory=list)
@@ -251,8 +282,14 @@ class RewardResponse(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _per_item(cls, data: Any) -> Any:
-        """`successes` and `errors` have one writer: when left out, they follow from term_failures."""
-        if isinstance(data, dict) and "successes" not in data and "errors" not in data and "ids" in data:
+        """`successes` and `errors` have one writer: when left out, they follow from
+        term_failures."""
+        if (
+            isinstance(data, dict)
+            and "successes" not in data
+            and "errors" not in data
+            and "ids" in data
+        ):
             failures = [TermFailure.model_validate(f) for f in data.get("term_failures", ())]
             successes, errors = per_item(list(data["ids"]), failures)
             data = {**data, "successes": successes, "errors": errors}
@@ -261,8 +298,14 @@ class RewardResponse(BaseModel):
     @model_validator(mode="after")
     def _aligned(self) -> RewardResponse:
         n = len(self.ids)
-        lengths = {"rewards": len(self.rewards), "successes": len(self.successes), "errors": len(self.errors)}
-        lengths.update({f"component_rewards[{k!r}]": len(v) for k, v in self.component_rewards.items()})
+        lengths = {
+            "rewards": len(self.rewards),
+            "successes": len(self.successes),
+            "errors": len(self.errors),
+        }
+        lengths.update(
+            {f"component_rewards[{k!r}]": len(v) for k, v in self.component_rewards.items()}
+        )
         lengths.update({f"applicable[{k!r}]": len(v) for k, v in self.applicable.items()})
         for name, length in lengths.items():
             if length != n:
@@ -272,30 +315,44 @@ class RewardResponse(BaseModel):
             raise ValueError(problem)
         for index, (ok, error) in enumerate(zip(self.successes, self.errors, strict=True)):
             if ok == (error is not None):
-                raise ValueError(f"item {self.ids[index]!r}: success {ok} with error {error!r} (one says the other)")
-        failed = {(failure.term, item_id) for failure in self.term_failures for item_id in failure.ids}
+                raise ValueError(
+                    f"item {self.ids[index]!r}: success {ok} with error {error!r} (one says "
+                    f"the other)"
+                )
+        failed = {
+            (failure.term, item_id) for failure in self.term_failures for item_id in failure.ids
+        }
         for term, values in self.component_rewards.items():
             mask = self.applicable.get(term)
             for index, value in enumerate(values):
-                expected_none = (mask is not None and not mask[index]) or (term, self.ids[index]) in failed
+                expected_none = (mask is not None and not mask[index]) or (
+                    term,
+                    self.ids[index],
+                ) in failed
                 if (value is None) != expected_none:
                     raise ValueError(
-                        f"component_rewards[{term!r}][{index}] (id={self.ids[index]!r}) is {value!r}, but the term "
-                        f"{'does not apply or failed' if expected_none else 'applies and succeeded'}"
+                        f"component_rewards[{term!r}][{index}] (id={self.ids[index]!r}) is "
+                        f"{value!r}, but the term "
+                        f"{'does not apply or failed' if expected_none else 'applies and succeeded'}"  # noqa: E501
                     )
         return self
 
     def usable(self) -> list[bool]:
-        """Per item, whether a trainer may use its reward: a success, or short of an optional term only
-        (a scorer's own term failure is not one: nobody said the term was optional)."""
-        unknown = {item_id for f in self.term_failures if f.kind == SCORER_TERM_FAILED for item_id in f.ids}
+        """Per item, whether a trainer may use its reward: a success, or short of an optional term
+        only (a scorer's own term failure is not one: nobody said the term was optional)."""
+        unknown = {
+            item_id for f in self.term_failures if f.kind == SCORER_TERM_FAILED for item_id in f.ids
+        }
         optional = {item_id for f in self.term_failures for item_id in f.ids} - unknown
-        return [ok or item_id in optional for ok, item_id in zip(self.successes, self.ids, strict=True)]
+        return [
+            ok or item_id in optional for ok, item_id in zip(self.successes, self.ids, strict=True)
+        ]
 
     @classmethod
     def checked(cls, **fields: Any) -> RewardResponse:
         """Build one from combined values (a panel's sums, a backend's weighted terms): a value
-        that breaks the contract (a non-finite sum) raises RewardContractError, never a NaN reward."""
+        that breaks the contract (a non-finite sum) raises RewardContractError, never a NaN
+        reward."""
         try:
             return cls(**fields)
         except ValueError as exc:  # pydantic's ValidationError

@@ -36,7 +36,8 @@ def encode_chunk(
     size = frame.body_size()  # one limit, whichever way the arrays travel
     if max_request_bytes is not None and size > max_request_bytes:
         raise ScorerRequestError(
-            f"request of {size} bytes exceeds max_request_bytes={max_request_bytes}; lower request_batch_size",
+            f"request of {size} bytes exceeds max_request_bytes={max_request_bytes}; lower "
+            f"request_batch_size",
             status=413,
             kind="too_large",
         )
@@ -75,7 +76,10 @@ def verify_score_answer(
         raise fail(f"required rewards {missing} missing from the answer (got {sorted(terms)})")
     for what, named in (("failures", term_failed), ("inapplicable items", not_applicable)):
         if set(named) - set(terms):
-            raise fail(f"answer names {what} of terms {sorted(set(named) - set(terms))} it has no values for")
+            raise fail(
+                f"answer names {what} of terms {sorted(set(named) - set(terms))} it has no "
+                f"values for"
+            )
     diagnostics = answer.get("diagnostics") or {}
     if declared is None or not declared.terms:
         plain = diagnostics if isinstance(diagnostics, dict) else {}
@@ -83,7 +87,9 @@ def verify_score_answer(
     expected = set(declared.terms) if asked is None else set(asked)
     if set(terms) != expected:
         said = "declared" if asked is None else "was asked for"
-        raise fail(f"answer has terms {sorted(terms)}; scorer {declared.name!r} {said} {sorted(expected)}")
+        raise fail(
+            f"answer has terms {sorted(terms)}; scorer {declared.name!r} {said} {sorted(expected)}"
+        )
     try:
         checked = check_values(declared.name, declared.diagnostics, diagnostics)
     except DiagnosticsError as exc:
@@ -102,15 +108,23 @@ def _term_values(
     """Each term's scores: float64, one per item, finite but where the answer says it failed."""
     terms: dict[str, np.ndarray] = {}
     for name, values in given.items():
-        if not isinstance(values, np.ndarray) or values.dtype != np.float64 or values.shape != (len(expected_ids),):
+        if (
+            not isinstance(values, np.ndarray)
+            or values.dtype != np.float64
+            or values.shape != (len(expected_ids),)
+        ):
             shape = getattr(values, "shape", type(values).__name__)
             raise fail(f"term {name!r}: expected {len(expected_ids)} float64 scores, got {shape}")
-        unscored = failed.keys() | term_failed.get(name, {}).keys() | not_applicable.get(name, frozenset())
+        unscored = (
+            failed.keys() | term_failed.get(name, {}).keys() | not_applicable.get(name, frozenset())
+        )
         scored = np.array([item_id not in unscored for item_id in expected_ids], dtype=bool)
         bad = np.flatnonzero(~np.isfinite(values) & scored)
         if bad.size:
             index = int(bad[0])
-            raise fail(f"term {name!r}: non-finite score {values[index]} for id {expected_ids[index]!r}")
+            raise fail(
+                f"term {name!r}: non-finite score {values[index]} for id {expected_ids[index]!r}"
+            )
         terms[name] = values
     return terms
 
@@ -122,7 +136,10 @@ def _term_failures(
     found = answer.get("term_failed") or {}
     if not isinstance(found, dict):
         raise fail(f"answer's 'term_failed' must map terms to failed ids, got {found!r}")
-    return {term: _failures(whys, f"'term_failed'[{term!r}]", expected_ids, fail) for term, whys in found.items()}
+    return {
+        term: _failures(whys, f"'term_failed'[{term!r}]", expected_ids, fail)
+        for term, whys in found.items()
+    }
 
 
 def _not_applicable(
@@ -139,7 +156,10 @@ def _not_applicable(
     for term, ids in found.items():
         unknown = [i for i in ids if i not in known]
         if unknown:
-            raise fail(f"answer's 'not_applicable'[{term!r}] names ids {unknown[:5]} that were not in the request")
+            raise fail(
+                f"answer's 'not_applicable'[{term!r}] names ids {unknown[:5]} that were not "
+                f"in the request"
+            )
     return {term: frozenset(ids) for term, ids in found.items()}
 
 
@@ -148,7 +168,9 @@ def _failures(
 ) -> dict[str, str]:
     """Failed ids -> why, each id one of the request's."""
     failed = given or {}
-    if not isinstance(failed, dict) or not all(isinstance(why, str) and why for why in failed.values()):
+    if not isinstance(failed, dict) or not all(
+        isinstance(why, str) and why for why in failed.values()
+    ):
         raise fail(f"answer's {what} must map ids to reasons, got {failed!r}")
     unknown = sorted(set(failed) - set(expected_ids))
     if unknown:
@@ -162,4 +184,7 @@ def _id_mismatch(ids: Any, expected: Sequence[str]) -> str:
     if len(ids) != len(expected):
         return f"answer echoes {len(ids)} ids for {len(expected)} items"
     index = next(i for i, (a, b) in enumerate(zip(ids, expected, strict=True)) if a != b)
-    return f"answer for the wrong sample: position {index} echoes id {ids[index]!r}, expected {expected[index]!r}"
+    return (
+        f"answer for the wrong sample: position {index} echoes id {ids[index]!r}, expected "
+        f"{expected[index]!r}"
+    )

@@ -18,7 +18,8 @@ LEAK_GRACE_S = 5.0
 
 
 def env_python(name: str) -> Path:
-    """The python of a scorer env built by `make env-NAME`; a missing env is an error, not a skip."""
+    """The python of a scorer env built by `make env-NAME`; a missing env is an error, not a
+    skip."""
     python = REPO_ROOT / "envs" / name / ".venv" / "bin" / "python"
     if not python.exists():
         pytest.fail(f"{python} is missing: run `make env-{name}` (make test builds every env)")
@@ -26,7 +27,8 @@ def env_python(name: str) -> Path:
 
 
 def launcher_free_env(**extra: str) -> dict[str, str]:
-    """This environment without a launcher's rank variables or PYTHONPATH: what a trainer rank starts from."""
+    """This environment without a launcher's rank variables or PYTHONPATH: what a trainer rank
+    starts from."""
     drop = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "PYTHONPATH"}
     return {k: v for k, v in os.environ.items() if k not in drop} | extra
 
@@ -59,7 +61,8 @@ def _descendants() -> dict[int, float]:
 
 
 def alive(pid: int, created: float | None = None) -> bool:
-    """True if `pid` is running and not a zombie (and is the same process when `created` is given)."""
+    """True if `pid` is running and not a zombie (and is the same process when `created` is
+    given)."""
     try:
         proc = psutil.Process(pid)
         if created is not None and abs(proc.create_time() - created) > 0.01:
@@ -161,7 +164,12 @@ def managed() -> Iterator[Callable[..., Any]]:
                 "extra_import_paths": [str(REPO_ROOT)],
                 **(process or {}),
             },
-            scorer={"name": scorer, "input_kind": input_kind, "params": params or {}, "device": scorer_device},
+            scorer={
+                "name": scorer,
+                "input_kind": input_kind,
+                "params": params or {},
+                "device": scorer_device,
+            },
             client={"input_kind": input_kind, **(client or {})},
             **spec,
         )

@@ -31,7 +31,9 @@ def _read_exactly(fd: int, size: int, deadline: float) -> bytes:
     data = bytearray()
     while len(data) < size:
         if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            raise ValueError(f"boot config incomplete after {READ_TIMEOUT_S} s ({len(data)} of {size} bytes)")
+            raise ValueError(
+                f"boot config incomplete after {READ_TIMEOUT_S} s ({len(data)} of {size} bytes)"
+            )
         chunk = os.read(fd, size - len(data))
         if not chunk:
             raise ValueError(f"boot config ended after {len(data)} of {size} bytes")
@@ -40,7 +42,8 @@ def _read_exactly(fd: int, size: int, deadline: float) -> bytes:
 
 
 def read_frame(fd: int) -> dict[str, Any]:
-    """The config the parent framed; ValueError when it is short, late, too large or not a JSON object."""
+    """The config the parent framed; ValueError when it is short, late, too large or not a JSON
+    object."""
     deadline = time.monotonic() + READ_TIMEOUT_S
     (size,) = _LENGTH.unpack(_read_exactly(fd, _LENGTH.size, deadline))
     if size > MAX_BOOT_CONFIG_BYTES:
@@ -53,8 +56,8 @@ def read_frame(fd: int) -> dict[str, Any]:
 
 def close_strays(keep: set[int]) -> None:
     """Close every inheritable descriptor above 2 that is not in `keep`: what the trainer left open
-    without close-on-exec (posix_spawn, unlike Popen's close_fds, passes those on). This process opens
-    its own descriptors close-on-exec, so an inheritable one came from the parent."""
+    without close-on-exec (posix_spawn, unlike Popen's close_fds, passes those on). This process
+    opens its own descriptors close-on-exec, so an inheritable one came from the parent."""
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
         if fd <= 2 or fd in keep:

@@ -1,4 +1,5 @@
-"""Reserved exit codes of a scorer child (the describer itself is `scorers.common.processes.describe`).
+"""Reserved exit codes of a scorer child (the describer itself is
+`scorers.common.processes.describe`).
 
 A child that cannot boot says why with a reserved code and is never restarted.
 """
@@ -25,5 +26,6 @@ def describe(returncode: int | None) -> str:
 
 
 def is_boot_failure(returncode: int | None) -> bool:
-    """Cannot boot, and would not on a retry: never restarted. A failed load (6) may be transient (OOM)."""
+    """Cannot boot, and would not on a retry: never restarted. A failed load (6) may be transient
+    (OOM)."""
     return returncode in (BAD_CONFIG, SCORER_IMPORT_FAILED)

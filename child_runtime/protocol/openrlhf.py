@@ -21,8 +21,11 @@ from child_runtime.protocol.items import RequestError
 from scorers.base import ScoreResult
 
 ROUTE = "/openrlhf"  # served at ROUTE/<secret>: the secret is checked before routing, then cut off
-# <|im_end|>, <|endoftext|>, <|eot_id|> ...; </s>, <s>; <eos>, <bos>, <pad>, <unk>, <end_of_turn> ...
-_SPECIAL_TOKEN = r"(?:<\|[^<>|\s]{1,40}\|>|</?s>|<(?:eos|bos|pad|unk|eot|end_of_turn|start_of_turn)>)"
+# <|im_end|>, <|endoftext|>, <|eot_id|> ...; </s>, <s>; <eos>, <bos>, <pad>, <unk>, <end_of_turn>
+# ...
+_SPECIAL_TOKEN = (
+    r"(?:<\|[^<>|\s]{1,40}\|>|</?s>|<(?:eos|bos|pad|unk|eot|end_of_turn|start_of_turn)>)"
+)
 _AT_ENDS = re.compile(rf"^(?:\s*{_SPECIAL_TOKEN})+|(?:{_SPECIAL_TOKEN}\s*)+$")
 
 
@@ -33,15 +36,20 @@ class Sample(NamedTuple):
 
 
 class ItemsFailed(RuntimeError):
-    """The scorer could not score some items (a judge reply that does not parse): no reward for them."""
+    """The scorer could not score some items (a judge reply that does not parse): no reward for
+    them."""
 
 
 def groupwise_refusal(names: Sequence[str]) -> str:
-    return f"OpenRLHF sends one sample per call and no group id: the groupwise scorer(s) {list(names)} cannot score"
+    return (
+        f"OpenRLHF sends one sample per call and no group id: the groupwise scorer(s) "
+        f"{list(names)} cannot score"
+    )
 
 
 def response_of(query: str, prompt: str) -> str:
-    """The response inside OpenRLHF's query: the prompt cut off, special tokens stripped at both ends."""
+    """The response inside OpenRLHF's query: the prompt cut off, special tokens stripped at both
+    ends."""
     if query.startswith(prompt):
         response = query[len(prompt) :]
     elif prompt and prompt in query:
@@ -54,7 +62,9 @@ def response_of(query: str, prompt: str) -> str:
 def samples(queries: Sequence[Any], prompts: Sequence[Any], labels: Sequence[Any]) -> list[Sample]:
     """One sample per query; the three lists of one length, queries and prompts strings."""
     if not len(queries) == len(prompts) == len(labels):
-        raise RequestError(f"{len(queries)} queries, {len(prompts)} prompts, {len(labels)} labels: lengths differ")
+        raise RequestError(
+            f"{len(queries)} queries, {len(prompts)} prompts, {len(labels)} labels: lengths differ"
+        )
     found = []
     for index, (query, prompt, label) in enumerate(zip(queries, prompts, labels, strict=True)):
         if not isinstance(query, str) or not isinstance(prompt, str):
@@ -64,10 +74,12 @@ def samples(queries: Sequence[Any], prompts: Sequence[Any], labels: Sequence[Any
 
 
 def samples_of(payload: Any) -> list[Sample]:
-    """OpenRLHF's request body, parsed (`protocol/bounded_json`): `labels` may be left out (None each);
-    other keys are ignored."""
+    """OpenRLHF's request body, parsed (`protocol/bounded_json`): `labels` may be left out (None
+    each); other keys are ignored."""
     if not isinstance(payload, dict):
-        raise RequestError('the body must be a JSON object {"query": [...], "prompts": [...], "labels": [...]}')
+        raise RequestError(
+            'the body must be a JSON object {"query": [...], "prompts": [...], "labels": [...]}'
+        )
     queries, prompts = payload.get("query"), payload.get("prompts")
     labels = payload.get("labels", [None] * len(queries) if isinstance(queries, list) else None)
     if not (isinstance(queries, list) and isinstance(prompts, list) and isinstance(labels, list)):
@@ -81,7 +93,12 @@ def wire_request(found: Sequence[Sample]) -> dict[str, Any]:
     """The samples as a score request, so that the wire's own item checks and limits apply."""
     return {
         "items": [
-            {"id": str(index), "prompt": sample.prompt, "text": sample.response, "reference": sample.label}
+            {
+                "id": str(index),
+                "prompt": sample.prompt,
+                "text": sample.response,
+                "reference": sample.label,
+            }
             for index, sample in enumerate(found)
         ]
     }
@@ -93,21 +110,33 @@ def answer(rewards: Sequence[float], logs: Mapping[str, Sequence[float]]) -> dic
     if len(rewards) == 1:
         one = {name: values[0] for name, values in logs.items()}
         return {"rewards": rewards[0], "scores": rewards[0], "extra_logs": one}
-    return {"rewards": list(rewards), "scores": list(rewards), "extra_logs": {k: list(v) for k, v in logs.items()}}
+    return {
+        "rewards": list(rewards),
+        "scores": list(rewards),
+        "extra_logs": {k: list(v) for k, v in logs.items()},
+    }
 
 
-def answer_of(result: ScoreResult, terms: Sequence[str], reward_term: str | None = None) -> dict[str, Any]:
+def answer_of(
+    result: ScoreResult, terms: Sequence[str], reward_term: str | None = None
+) -> dict[str, Any]:
     """One scorer's result: the reward is the sum of its terms (a client's default weights), or its
     `reward_term` (a served panel's weighted reward; then the other terms are the logs)."""
     if result.failed:
-        reasons = "; ".join(f"sample {position}: {why}" for position, why in sorted(result.failed.items()))
+        reasons = "; ".join(
+            f"sample {position}: {why}" for position, why in sorted(result.failed.items())
+        )
         raise ItemsFailed(f"the scorer could not score {len(result.failed)} sample(s): {reasons}")
-    for term, whys in result.term_failed.items():  # the reward is every term's sum: none may be missing
+    # the reward is every term's sum: none may be missing
+    for term, whys in result.term_failed.items():
         reasons = "; ".join(f"sample {position}: {why}" for position, why in sorted(whys.items()))
         raise ItemsFailed(f"term {term!r} failed for {len(whys)} sample(s): {reasons}")
-    where = result.not_applicable  # a served panel's term that does not apply to a sample logs 0.0 there
+    # a served panel's term that does not apply to a sample logs 0.0 there
+    where = result.not_applicable
     values = {
-        name: [0.0 if i in where.get(name, ()) else float(v) for i, v in enumerate(result.terms[name])]
+        name: [
+            0.0 if i in where.get(name, ()) else float(v) for i, v in enumerate(result.terms[name])
+        ]
         for name in terms
         if name != reward_term
     }

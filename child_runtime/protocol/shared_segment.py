@@ -27,7 +27,8 @@ def available() -> bool:
 
 
 class ChildSegment:
-    """The child's read-only mapping of the parent's segment, mapped once: its size never changes."""
+    """The child's read-only mapping of the parent's segment, mapped once: its size never
+    changes."""
 
     def __init__(self, fd: int, max_bytes: int) -> None:
         try:
@@ -36,12 +37,19 @@ class ChildSegment:
             except OSError as exc:
                 raise SharedSegmentUnavailable(f"fd {fd} is not a sealable memfd: {exc}") from exc
             if not seals & fcntl.F_SEAL_SHRINK:
-                raise SharedSegmentUnavailable(f"fd {fd} is not sealed against shrinking; a read could SIGBUS")
+                raise SharedSegmentUnavailable(
+                    f"fd {fd} is not sealed against shrinking; a read could SIGBUS"
+                )
             size = os.fstat(fd).st_size
             try:
-                self._map: mmap.mmap | None = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-            except (OSError, ValueError) as exc:  # e.g. ENOMEM, an address-space limit, an empty file
-                raise SharedSegmentUnavailable(f"cannot map the {size}-byte shared segment: {exc}") from exc
+                self._map: mmap.mmap | None = mmap.mmap(
+                    fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ
+                )
+            # e.g. ENOMEM, an address-space limit, an empty file
+            except (OSError, ValueError) as exc:
+                raise SharedSegmentUnavailable(
+                    f"cannot map the {size}-byte shared segment: {exc}"
+                ) from exc
         finally:
             os.close(fd)  # the mapping keeps its own (read-only) duplicate
         self.max_bytes = max_bytes
@@ -52,7 +60,9 @@ class ChildSegment:
         if self._view is None:
             raise WireError("the shared segment is closed")
         if nbytes > self.max_bytes:
-            raise WireError(f"shared frame spans {nbytes} bytes (limit max_request_bytes={self.max_bytes})")
+            raise WireError(
+                f"shared frame spans {nbytes} bytes (limit max_request_bytes={self.max_bytes})"
+            )
         if nbytes > len(self._view):
             raise WireError(f"shared frame spans {nbytes} bytes; the segment has {len(self._view)}")
         return self._view

@@ -10,18 +10,18 @@ UniRL 0.2.0's `RemoteRewardBackend` (unirl/reward/remote.py) posts
 and reads `{"protocol_version": "1", "results": [{reward: {sub_metric: value}}], "errors": [{reward:
 why}], "identities": [...]}`, one entry of each per request, in order. Read here as one item each:
 
-- `request_id` is the item's id; `group_id` its group (a number becomes its text); the other identity
-  fields are echoed as given, with `scorer_version` the server's identity hash (a request that pins
-  another is refused). `metadata` is the item's metadata; its `reference` and `data_source` keys are
-  the item's gold and dataset tag (as for UniRL's in-process adapter).
+- `request_id` is the item's id; `group_id` its group (a number becomes its text); the other
+  identity fields are echoed as given, with `scorer_version` the server's identity hash (a request
+  that pins another is refused). `metadata` is the item's metadata; its `reference` and
+  `data_source` keys are the item's gold and dataset tag (as for UniRL's in-process adapter).
 - `history` is the conversation, in order; its last turn is the one scored. A turn with `image_b64`
   (PNG, JPEG, ... decoded to RGB) is an image item: that turn's `text` is the prompt (UniRL sends it
   there), and each earlier turn's image is a condition image (UniRL's image-edit history). A last
   turn without media is a text item: its `text` is the text scored, and the turn before it (if any)
   holds the prompt. `video_b64` is refused (send video frames in the binary frame).
 - `required_rewards` names the scorer (its reward: a served panel's weighted reward, else its terms'
-  sum, first, then each term as a sub-metric) or some of its terms (`{term: {term: value}}` each); left
-  out or empty, the scorer. Every request of one call names the same ones.
+  sum, first, then each term as a sub-metric) or some of its terms (`{term: {term: value}}` each);
+  left out or empty, the scorer. Every request of one call names the same ones.
 - An item the scorer could not score, or a term that failed for it, is an `errors` entry for each
   reward left without a value (the answer is still 200, as UniRL's server answers); a term that does
   not apply to an item is 0.0 there (as this project's UniRL adapters give it).
@@ -74,7 +74,8 @@ class IdentityMismatch(RequestError):
 
 @dataclass(frozen=True)
 class Parsed:
-    """One JSON call: the items as a binary-frame request, what to echo per item, the rewards asked."""
+    """One JSON call: the items as a binary-frame request, what to echo per item, the rewards
+    asked."""
 
     wire: dict[str, Any]
     identities: list[dict[str, Any]]
@@ -83,15 +84,20 @@ class Parsed:
 
 
 def parse(payload: Any, spec: ScorerSpec, identity: str, limits: Limits) -> Parsed:
-    """UniRL's request body (parsed JSON) -> the items' wire request; RequestError names what is wrong."""
+    """UniRL's request body (parsed JSON) -> the items' wire request; RequestError names what is
+    wrong."""
     if not isinstance(payload, dict):
-        raise RequestError('the body must be a JSON object {"protocol_version": "1", "requests": [...]}')
+        raise RequestError(
+            'the body must be a JSON object {"protocol_version": "1", "requests": [...]}'
+        )
     unknown = sorted(set(payload) - TOP_FIELDS)
     if unknown:
         raise RequestError(f"unknown fields {unknown}: UniRL's protocol has {sorted(TOP_FIELDS)}")
     version = payload.get("protocol_version")
     if version != PROTOCOL_VERSION and not (type(version) is int and version == 1):
-        raise RequestError(f'protocol_version must be "1" (UniRL\'s reward-service protocol), got {version!r}')
+        raise RequestError(
+            f'protocol_version must be "1" (UniRL\'s reward-service protocol), got {version!r}'
+        )
     requests = payload.get("requests")
     if not isinstance(requests, list) or not requests:
         raise RequestError("requests must be a non-empty list")
@@ -115,18 +121,30 @@ def _rewards(requests: list[Any], spec: ScorerSpec) -> tuple[str, ...]:
     for index, raw in enumerate(requests):
         given = raw.get("required_rewards") if isinstance(raw, dict) else None
         if given != first:
-            raise RequestError(f"requests[{index}].required_rewards differs from requests[0]'s: one list per call")
+            raise RequestError(
+                f"requests[{index}].required_rewards differs from requests[0]'s: one list per call"
+            )
     if first is None or first == []:
         return (spec.name,)
-    if not isinstance(first, list) or not all(isinstance(name, str) for name in first) or len(set(first)) != len(first):
-        raise RequestError(f"required_rewards must be a list of distinct names, got {first!r}"[:300])
+    if (
+        not isinstance(first, list)
+        or not all(isinstance(name, str) for name in first)
+        or len(set(first)) != len(first)
+    ):
+        raise RequestError(
+            f"required_rewards must be a list of distinct names, got {first!r}"[:300]
+        )
     missing = [name for name in first if name not in served]
     if missing:
-        raise RequestError(f"required_rewards {missing} are not served here (served: {sorted(served)})")
+        raise RequestError(
+            f"required_rewards {missing} are not served here (served: {sorted(served)})"
+        )
     return tuple(first)
 
 
-def _item(raw: Any, index: int, identity: str, budget: _Pixels) -> tuple[dict[str, Any], dict[str, Any]]:
+def _item(
+    raw: Any, index: int, identity: str, budget: _Pixels
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """One request as a wire item, and the identity fields it echoes."""
     where = f"requests[{index}]"
     if not isinstance(raw, dict):
@@ -136,10 +154,14 @@ def _item(raw: Any, index: int, identity: str, budget: _Pixels) -> tuple[dict[st
         raise RequestError(f"{where} has unknown fields {unknown}")
     request_id = raw.get("request_id")
     if not isinstance(request_id, str) or not request_id or len(request_id) > MAX_ID_CHARS:
-        raise RequestError(f"{where}.request_id must be a non-empty string of at most {MAX_ID_CHARS} characters")
+        raise RequestError(
+            f"{where}.request_id must be a non-empty string of at most {MAX_ID_CHARS} characters"
+        )
     pinned = raw.get("scorer_version")
     if pinned is not None and pinned != identity:
-        raise IdentityMismatch(f"{where}.scorer_version {str(pinned)[:80]!r} is not this server's ({identity})")
+        raise IdentityMismatch(
+            f"{where}.scorer_version {str(pinned)[:80]!r} is not this server's ({identity})"
+        )
     metadata = raw.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise RequestError(f"{where}.metadata must be an object or null")
@@ -149,7 +171,9 @@ def _item(raw: Any, index: int, identity: str, budget: _Pixels) -> tuple[dict[st
         "group_id": _group(raw.get("group_id"), where),
         "metadata": meta,
         "reference": meta.get("reference"),
-        "data_source": meta.get("data_source") if isinstance(meta.get("data_source"), str) else None,
+        "data_source": meta.get("data_source")
+        if isinstance(meta.get("data_source"), str)
+        else None,
         **_history(raw.get("history"), where, budget),
     }
     return item, {key: raw.get(key) for key in ECHOED}
@@ -160,23 +184,31 @@ def _group(value: Any, where: str) -> str | None:
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    raise RequestError(f"{where}.group_id must be a string, an integer or null, got {type(value).__name__}")
+    raise RequestError(
+        f"{where}.group_id must be a string, an integer or null, got {type(value).__name__}"
+    )
 
 
 def _history(history: Any, where: str, budget: _Pixels) -> dict[str, Any]:
-    """The item's prompt, text, image and condition images, from its turns (see the module docstring)."""
+    """The item's prompt, text, image and condition images, from its turns (see the module
+    docstring)."""
     if not isinstance(history, list) or not 1 <= len(history) <= MAX_TURNS:
         raise RequestError(f"{where}.history must be a list of 1 to {MAX_TURNS} turns")
     turns = [_turn(turn, f"{where}.history[{i}]") for i, turn in enumerate(history)]
     last, before = turns[-1], turns[:-1]
     if last.get("image_b64") is None:  # a text item: [prompt turn,] scored turn
         if len(turns) > 2 or any(turn.get("image_b64") is not None for turn in turns):
-            raise RequestError(f"{where}.history of a text item is [the prompt's turn, the scored turn] or one turn")
+            raise RequestError(
+                f"{where}.history of a text item is [the prompt's turn, the scored turn] or "
+                f"one turn"
+            )
         return {"prompt": before[0].get("text") if before else None, "text": last.get("text")}
     conditions = []
     for i, turn in enumerate(before):
         if turn.get("image_b64") is None:
-            raise RequestError(f"{where}.history[{i}] has no image: before the scored turn come condition images")
+            raise RequestError(
+                f"{where}.history[{i}] has no image: before the scored turn come condition images"
+            )
         conditions.append(budget.decode(turn["image_b64"], f"{where}.history[{i}].image_b64"))
     image = budget.decode(last["image_b64"], f"{where}.history[{len(turns) - 1}].image_b64")
     return {"prompt": last.get("text"), "image": image, "condition_images": conditions or None}
@@ -189,7 +221,9 @@ def _turn(turn: Any, where: str) -> dict[str, Any]:
     if unknown:
         raise RequestError(f"{where} has unknown fields {unknown}")
     if turn.get("video_b64") is not None:
-        raise RequestError(f"{where}.video_b64 is not read here: send video frames in the binary frame")
+        raise RequestError(
+            f"{where}.video_b64 is not read here: send video frames in the binary frame"
+        )
     for key in ("text", "image_b64"):
         if turn.get(key) is not None and not isinstance(turn[key], str):
             raise RequestError(f"{where}.{key} must be a string or null")
@@ -213,26 +247,33 @@ class _Pixels:
             import numpy
             from PIL import Image
         except ImportError as exc:
-            raise RequestError(f"{where}: this scorer's env cannot decode images (it lacks {exc.name})") from exc
+            raise RequestError(
+                f"{where}: this scorer's env cannot decode images (it lacks {exc.name})"
+            ) from exc
         try:
             with Image.open(io.BytesIO(data)) as image:
                 width, height = image.size
                 self._charge(3 * width * height, where)
                 return numpy.asarray(image.convert("RGB"))
         except (OSError, ValueError, SyntaxError, zlib.error, Image.DecompressionBombError) as exc:
-            # PIL raises SyntaxError for a broken PNG chunk and lets zlib's errors through: the client's bytes
+            # PIL raises SyntaxError for a broken PNG chunk and lets zlib's errors through: the
+            # client's bytes
             raise RequestError(f"{where} is not a readable image: {exc}"[:300]) from exc
 
     def _charge(self, size: int, where: str) -> None:
         if size > self.limits.max_media_bytes:
-            raise RequestError(f"{where} decodes to {size} bytes (limit max_media_bytes={self.limits.max_media_bytes})")
+            raise RequestError(
+                f"{where} decodes to {size} bytes (limit "
+                f"max_media_bytes={self.limits.max_media_bytes})"
+            )
         if size > self.left:
             raise RequestError(f"{where}: the call's images decode to more than max_request_bytes")
         self.left -= size
 
 
 def answer(result: ScoreResult, parsed: Parsed, spec: ScorerSpec) -> dict[str, Any]:
-    """UniRL's ScoreResponse for a scored call: results, errors and identities, one each per request."""
+    """UniRL's ScoreResponse for a scored call: results, errors and identities, one each per
+    request."""
     results, errors = [], []
     for position in range(len(parsed.identities)):
         values: dict[str, dict[str, float]] = {}
@@ -247,7 +288,12 @@ def answer(result: ScoreResult, parsed: Parsed, spec: ScorerSpec) -> dict[str, A
                 values[reward] = _sub_metrics(result, position, reward, spec)
         results.append(values)
         errors.append(whys)
-    return {"protocol_version": PROTOCOL_VERSION, "results": results, "errors": errors, "identities": parsed.identities}
+    return {
+        "protocol_version": PROTOCOL_VERSION,
+        "results": results,
+        "errors": errors,
+        "identities": parsed.identities,
+    }
 
 
 def _terms_of(reward: str, spec: ScorerSpec) -> Sequence[str]:
@@ -261,13 +307,16 @@ def _failure(result: ScoreResult, position: int, terms: Sequence[str]) -> str | 
     if position in result.failed:
         return result.failed[position]
     failed = [
-        (term, result.term_failed[term][position]) for term in terms if position in result.term_failed.get(term, {})
+        (term, result.term_failed[term][position])
+        for term in terms
+        if position in result.term_failed.get(term, {})
     ]
     return "; ".join(f"term {term!r}: {why}" for term, why in failed) or None
 
 
 def _inapplicable(result: ScoreResult, position: int, terms: Sequence[str]) -> str | None:
-    """A reward none of whose terms applies to the item (its data source) has no value: said, never 0.0."""
+    """A reward none of whose terms applies to the item (its data source) has no value: said, never
+    0.0."""
     if terms and all(position in result.not_applicable.get(term, ()) for term in terms):
         return f"no term of {list(terms)} applies to this item's data source"
     return None
@@ -277,9 +326,11 @@ def _value(result: ScoreResult, term: str, position: int) -> float:
     return float(result.terms[term][position])
 
 
-def _sub_metrics(result: ScoreResult, position: int, reward: str, spec: ScorerSpec) -> dict[str, float]:
-    """A term: `{term: value}`; the scorer: its reward first, then each of its terms (but one that failed
-    for the item: a served panel's optional term)."""
+def _sub_metrics(
+    result: ScoreResult, position: int, reward: str, spec: ScorerSpec
+) -> dict[str, float]:
+    """A term: `{term: value}`; the scorer: its reward first, then each of its terms (but one that
+    failed for the item: a served panel's optional term)."""
     if reward in spec.term_names():
         return {reward: _value(result, reward, position)}
     terms: Mapping[str, float] = {
@@ -289,5 +340,9 @@ def _sub_metrics(result: ScoreResult, position: int, reward: str, spec: ScorerSp
         and position not in result.term_failed.get(term, {})
         and position not in result.not_applicable.get(term, ())
     }
-    total = _value(result, spec.reward_term, position) if spec.reward_term else math.fsum(terms.values())
+    total = (
+        _value(result, spec.reward_term, position)
+        if spec.reward_term
+        else math.fsum(terms.values())
+    )
     return {reward: total, **terms}

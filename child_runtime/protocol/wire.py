@@ -36,7 +36,9 @@ ALIGN = 64
 _LEN = struct.Struct("<I")
 _PREFIX = len(MAGIC) + _LEN.size
 ARRAY_KEY = "__array__"
-ALLOWED_DTYPES = frozenset(["|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"])
+ALLOWED_DTYPES = frozenset(
+    ["|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"]
+)
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_NDIM = 8
 MAX_DIM = 2**62  # well inside intp; larger dims cannot name a real buffer
@@ -49,8 +51,8 @@ RESIDENCY_FAILED = "residency_failed"
 WEDGED = "wedged"
 WEDGED_QUEUED = "wedged_queued"
 RESTART_KINDS = (WEDGED, WEDGED_QUEUED)
-# A served scorer's failure that is its server's, not the request's (scorers.base.ServerFault): a 503
-# another server of the same identity may not have.
+# A served scorer's failure that is its server's, not the request's (scorers.base.ServerFault): a
+# 503 another server of the same identity may not have.
 SERVER_FAULT = "server_fault"
 # A model's close() raised, but it was released (scorers.base.CloseFailed): offloaded all the same.
 CLOSE_FAILED = "close_failed"
@@ -77,7 +79,9 @@ def _lift_arrays(obj: Any, arrays: list[Buffer], ndarray: Any) -> Any:
         return {ARRAY_KEY: len(arrays) - 1}
     if isinstance(obj, array):
         if obj.typecode != "d":
-            raise WireError(f"a stdlib array travels as float64 (typecode 'd'), got {obj.typecode!r}")
+            raise WireError(
+                f"a stdlib array travels as float64 (typecode 'd'), got {obj.typecode!r}"
+            )
         if sys.byteorder == "big":
             obj = array("d", obj)
             obj.byteswap()
@@ -137,7 +141,12 @@ class Frame:
         """The in-band frame as buffers for a scatter-gather send (no copy of the arrays)."""
         header = self._header()
         head_len = _PREFIX + len(header)
-        parts: list[bytes | memoryview] = [MAGIC, _LEN.pack(len(header)), header, bytes(aligned(head_len) - head_len)]
+        parts: list[bytes | memoryview] = [
+            MAGIC,
+            _LEN.pack(len(header)),
+            header,
+            bytes(aligned(head_len) - head_len),
+        ]
         for arr, desc in zip(self.arrays, self.descs, strict=True):
             parts.append(_raw_bytes(arr))
             parts.append(bytes(aligned(desc["nbytes"]) - desc["nbytes"]))
@@ -152,17 +161,25 @@ class Frame:
         import numpy as np
 
         descs = [
-            {**desc, "offset": place(arr if not isinstance(arr, array) else np.frombuffer(arr, dtype="<f8"))}
+            {
+                **desc,
+                "offset": place(
+                    arr if not isinstance(arr, array) else np.frombuffer(arr, dtype="<f8")
+                ),
+            }
             for arr, desc in zip(self.arrays, self.descs, strict=True)
         ]
         header = json.dumps(
-            {"meta": self.lifted, "arrays": descs, "shared": True}, allow_nan=False, separators=(",", ":")
+            {"meta": self.lifted, "arrays": descs, "shared": True},
+            allow_nan=False,
+            separators=(",", ":"),
         ).encode()
         return MAGIC + _LEN.pack(len(header)) + header
 
 
 def prepare(meta: Any) -> Frame:
-    """Lift every array out of `meta` (JSON-able otherwise); raises WireError on what cannot travel."""
+    """Lift every array out of `meta` (JSON-able otherwise); raises WireError on what cannot
+    travel."""
     arrays: list[Buffer] = []
     numpy = numpy_if_imported()
     return Frame(_lift_arrays(meta, arrays, None if numpy is None else numpy.ndarray), arrays)
@@ -192,11 +209,14 @@ def _parse_header(buf: memoryview) -> tuple[dict, int]:
         raise WireError(f"header length {header_len} exceeds the body ({len(buf)} bytes)")
     try:
         header = json.loads(
-            bytes(buf[_PREFIX : _PREFIX + header_len]), parse_constant=_reject_constant, parse_float=_finite_float
+            bytes(buf[_PREFIX : _PREFIX + header_len]),
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
         )
     except WireError:
         raise
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int past sys.get_int_max_str_digits()
+    # JSONDecodeError, UnicodeDecodeError, an int past sys.get_int_max_str_digits()
+    except ValueError as exc:
         raise WireError(f"header is not valid JSON: {exc}") from exc
     if (
         not isinstance(header, dict)
@@ -204,7 +224,9 @@ def _parse_header(buf: memoryview) -> tuple[dict, int]:
         or not isinstance(header["arrays"], list)
         or header.get("shared", True) is not True
     ):
-        raise WireError("header must be an object with 'meta', 'arrays' (a list) and optionally 'shared': true")
+        raise WireError(
+            "header must be an object with 'meta', 'arrays' (a list) and optionally 'shared': true"
+        )
     return header, _PREFIX + header_len
 
 
@@ -218,7 +240,9 @@ def _check_desc(index: int, desc: Any) -> tuple[str, list[int], int, int]:
     if (
         not isinstance(shape, list)
         or len(shape) > MAX_NDIM
-        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape)
+        or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape
+        )
     ):
         raise WireError(f"{where}.shape must be a list of at most {MAX_NDIM} non-negative ints")
     for name, value in (("offset", offset), ("nbytes", nbytes)):
@@ -226,14 +250,20 @@ def _check_desc(index: int, desc: Any) -> tuple[str, list[int], int, int]:
             raise WireError(f"{where}.{name} must be a non-negative int")
     itemsize = int(dtype[2:])  # every allowed dtype is "<kind><bytes>"
     if nbytes != itemsize * math.prod(shape):
-        raise WireError(f"{where}.nbytes {nbytes} does not match shape {shape} x itemsize {itemsize}")
+        raise WireError(
+            f"{where}.nbytes {nbytes} does not match shape {shape} x itemsize {itemsize}"
+        )
     if offset % ALIGN:
         raise WireError(f"{where}.offset {offset} is not a multiple of {ALIGN}")
     return dtype, shape, offset, nbytes
 
 
 def _array_view(
-    buf: memoryview, data_start: int, index: int, checked: tuple[str, list[int], int, int], place: str
+    buf: memoryview,
+    data_start: int,
+    index: int,
+    checked: tuple[str, list[int], int, int],
+    place: str,
 ) -> np.ndarray:
     import numpy as np
 
@@ -242,7 +272,9 @@ def _array_view(
     if start + nbytes > len(buf):
         raise WireError(f"arrays[{index}] [{offset}, +{nbytes}) lies outside the {place}")
     try:
-        return np.frombuffer(buf, dtype=dtype, count=nbytes // int(dtype[2:]), offset=start).reshape(shape)
+        return np.frombuffer(
+            buf, dtype=dtype, count=nbytes // int(dtype[2:]), offset=start
+        ).reshape(shape)
     except ValueError as exc:  # e.g. a 0-size array whose other dims exceed numpy's limits
         raise WireError(f"arrays[{index}].shape {shape} cannot be represented: {exc}") from exc
 
@@ -251,7 +283,12 @@ def _resolve(obj: Any, arrays: list[np.ndarray]) -> Any:
     if isinstance(obj, dict):
         if ARRAY_KEY in obj:
             ref = obj[ARRAY_KEY]
-            if len(obj) != 1 or not isinstance(ref, int) or isinstance(ref, bool) or not 0 <= ref < len(arrays):
+            if (
+                len(obj) != 1
+                or not isinstance(ref, int)
+                or isinstance(ref, bool)
+                or not 0 <= ref < len(arrays)
+            ):
                 raise WireError(f"bad array reference {obj!r}")
             return arrays[ref]
         return {k: _resolve(v, arrays) for k, v in obj.items()}
@@ -278,7 +315,9 @@ def decode(body: bytes | bytearray | memoryview, shared: SharedView | None = Non
     ends = [offset + nbytes for _, _, offset, nbytes in checked]
     if header.get("shared"):
         if shared is None:
-            raise WireError("frame names a shared segment, but none was negotiated with this server")
+            raise WireError(
+                "frame names a shared segment, but none was negotiated with this server"
+            )
         if len(buf) != header_end:
             raise WireError(f"shared frame has {len(buf) - header_end} bytes past its header")
         source, data_start, place = shared(max(ends, default=0)), 0, "shared segment"

@@ -44,7 +44,9 @@ def _tokens(text: str) -> list[str]:
     while position < len(text):
         match = _TOKEN.match(text, position)
         if match is None:
-            raise MalformedExpression(f"unexpected {text[position:].lstrip()[:12]!r} at character {position}")
+            raise MalformedExpression(
+                f"unexpected {text[position:].lstrip()[:12]!r} at character {position}"
+            )
         number, symbol = match.groups()
         tokens.append(number if number is not None else _SYMBOL.get(symbol, symbol))
         position = match.end()
@@ -128,7 +130,8 @@ _OPERAND_END = re.compile(r"[\d)\]}]\s*$")  # what a binary minus follows: `10 -
 
 
 def numbers_in(text: str, fractions: bool = False) -> list[Fraction]:
-    """Every number in `text`, normalised: commas and currency dropped, `42.0` == `42`, units ignored.
+    """Every number in `text`, normalised: commas and currency dropped, `42.0` == `42`, units
+    ignored.
 
     With `fractions`, `a/b` (digits both sides) is one number; otherwise it is two. A minus after
     a number or a closing bracket is an operator, not a sign.
@@ -159,7 +162,11 @@ def as_fraction(value: object) -> Fraction | None:
     if isinstance(value, int):
         return Fraction(value)
     if isinstance(value, float):
-        return Fraction(Decimal(repr(value))) if value == value and abs(value) != float("inf") else None
+        return (
+            Fraction(Decimal(repr(value)))
+            if value == value and abs(value) != float("inf")
+            else None
+        )
     if isinstance(value, str):
         found = numbers_in(value.strip(), fractions=True)
         stripped = NUMBER.sub("", value.strip(), count=1).strip(" %.")

@@ -40,10 +40,16 @@ class AudioLoudness(Scorer):
 
     def __init__(self, target_dbfs: float = -20.0, floor_dbfs: float = -100.0) -> None:
         for name, value in (("target_dbfs", target_dbfs), ("floor_dbfs", floor_dbfs)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+            ):
                 raise ValueError(f"audio_loudness: {name} must be a finite number, got {value!r}")
         if floor_dbfs >= target_dbfs:
-            raise ValueError(f"audio_loudness: floor_dbfs {floor_dbfs} must be below target_dbfs {target_dbfs}")
+            raise ValueError(
+                f"audio_loudness: floor_dbfs {floor_dbfs} must be below target_dbfs {target_dbfs}"
+            )
         self.target_dbfs, self.floor_dbfs = float(target_dbfs), float(floor_dbfs)
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:

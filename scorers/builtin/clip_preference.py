@@ -36,7 +36,8 @@ PROCESSOR_FILES = (
     "special_tokens_map.json",
     "added_tokens.json",
 )
-CHUNK_BYTES = 8 * 2**20  # weights are hashed whole, read in chunks (about 1 GB/s: seconds for PickScore's 4 GB)
+# weights are hashed whole, read in chunks (about 1 GB/s: seconds for PickScore's 4 GB)
+CHUNK_BYTES = 8 * 2**20
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 RESAMPLE_MODES = {2: "bilinear", 3: "bicubic"}  # PIL codes as preprocessor_config.json stores them
@@ -47,7 +48,8 @@ def _sha256(data: bytes) -> str:
 
 
 def fingerprint(directory: str, names: Sequence[str], weights: bool) -> dict[str, Any]:
-    """Hashes of the named files and, with `weights`, of each weight file (whole, see `weights_digest`).
+    """Hashes of the named files and, with `weights`, of each weight file (whole, see
+    `weights_digest`).
 
     A directory that is not there (the identity may be computed where the model is not) gets a
     marker, not an error: `load()` is where a missing model fails.
@@ -71,7 +73,8 @@ _DIGESTS: dict[tuple[str, int, int, int], str] = {}  # (real path, inode, size, 
 
 def weights_digest(path: Path) -> str:
     """sha256 of the whole weight file, once per process for an unchanged file. Every byte counts: a
-    fine-tune may leave a file's first and last megabytes (frozen embeddings, a frozen head) as they were."""
+    fine-tune may leave a file's first and last megabytes (frozen embeddings, a frozen head) as they
+    were."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
     if key not in _DIGESTS:
@@ -110,9 +113,11 @@ class ImageTransform:
         path = Path(directory) / "preprocessor_config.json"
         if not path.is_file():
             raise FileNotFoundError(
-                f"{NAME}: {path} is missing: the image processor config must sit with the tokenizer; "
-                "set processor_dir to a directory that has preprocessor_config.json and the tokenizer files "
-                "(PickScore_v1 ships without them: use laion/CLIP-ViT-H-14-laion2B-s32B-b79K's)"
+                f"{NAME}: {path} is missing: the image processor config must sit with the "
+                f"tokenizer; "
+                "set processor_dir to a directory that has preprocessor_config.json and the "
+                "tokenizer files (PickScore_v1 ships without them: use "
+                "laion/CLIP-ViT-H-14-laion2B-s32B-b79K's)"
             )
         config = json.loads(path.read_text())
         try:
@@ -131,21 +136,33 @@ class ImageTransform:
                 shortest = int(size["shortest_edge"])
             else:
                 exact = _square(size, "size")
-        crop = _square(config.get("crop_size", 224), "crop_size") if config.get("do_center_crop", True) else None
+        crop = (
+            _square(config.get("crop_size", 224), "crop_size")
+            if config.get("do_center_crop", True)
+            else None
+        )
         resample = config.get("resample", 3)
         if resample not in RESAMPLE_MODES:
             raise ValueError(f"resample {resample!r} is not supported (only 2 bilinear, 3 bicubic)")
         if crop is None and exact is None:
-            raise ValueError("the output size is not fixed: needs do_center_crop or a {'height', 'width'} size")
+            raise ValueError(
+                "the output size is not fixed: needs do_center_crop or a {'height', 'width'} size"
+            )
         normalize = bool(config.get("do_normalize", True))
         return cls(
             shortest_edge=shortest,
             resize_to=exact,
             crop=crop,
             mode=RESAMPLE_MODES[resample],
-            rescale=float(config.get("rescale_factor", 1 / 255)) if config.get("do_rescale", True) else None,
-            mean=tuple(float(v) for v in config.get("image_mean", OPENAI_CLIP_MEAN)) if normalize else None,
-            std=tuple(float(v) for v in config.get("image_std", OPENAI_CLIP_STD)) if normalize else None,
+            rescale=float(config.get("rescale_factor", 1 / 255))
+            if config.get("do_rescale", True)
+            else None,
+            mean=tuple(float(v) for v in config.get("image_mean", OPENAI_CLIP_MEAN))
+            if normalize
+            else None,
+            std=tuple(float(v) for v in config.get("image_std", OPENAI_CLIP_STD))
+            if normalize
+            else None,
         )
 
     @property
@@ -158,25 +175,33 @@ class ImageTransform:
         """N x 3 x H x W float32 pixel values (a torch tensor on the CPU)."""
         import torch
 
-        return torch.stack([self(image, item_id) for image, item_id in zip(images, ids, strict=True)])
+        return torch.stack(
+            [self(image, item_id) for image, item_id in zip(images, ids, strict=True)]
+        )
 
     def __call__(self, image: np.ndarray, item_id: str) -> Any:
         import torch
 
-        pixels = torch.tensor(rgb_uint8(image, item_id)).permute(2, 0, 1)[None]  # a copy: the input is read-only
+        # a copy: the input is read-only
+        pixels = torch.tensor(rgb_uint8(image, item_id)).permute(2, 0, 1)[None]
         height, width = pixels.shape[-2:]
         if self.resize_to is not None:
             target = self.resize_to
         elif self.shortest_edge is not None:
             short, long = min(height, width), max(height, width)
             new_long = int(self.shortest_edge * long / short)  # truncated, as transformers does
-            target = (self.shortest_edge, new_long) if height <= width else (new_long, self.shortest_edge)
+            target = (
+                (self.shortest_edge, new_long)
+                if height <= width
+                else (new_long, self.shortest_edge)
+            )
         else:
             target = (height, width)
         if target != (height, width):
-            # On uint8, as the torchvision processor does on the CPU: torch's uint8 kernel rounds between its
-            # two passes like PIL, so this is within 1 level of the PIL processor PickScore was trained with
-            # (the float kernel differs by up to ~17 levels on detailed images).
+            # On uint8, as the torchvision processor does on the CPU: torch's uint8 kernel rounds
+            # between its two passes like PIL, so this is within 1 level of the PIL processor
+            # PickScore was trained with (the float kernel differs by up to ~17 levels on detailed
+            # images).
             pixels = torch.nn.functional.interpolate(
                 pixels, size=target, mode=self.mode, antialias=True, align_corners=False
             )
@@ -195,11 +220,15 @@ def rgb_uint8(image: np.ndarray, item_id: str) -> np.ndarray:
     """HWC uint8 RGB: grayscale replicated, RGBA composited onto white (as transformers'
     convert_to_rgb does)."""
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
-        raise ScoreInputError(f"item {item_id!r}: image must be a uint8 array, got {getattr(image, 'dtype', image)}")
+        raise ScoreInputError(
+            f"item {item_id!r}: image must be a uint8 array, got {getattr(image, 'dtype', image)}"
+        )
     if image.ndim == 2:
         image = image[:, :, None]
     if image.ndim != 3 or image.shape[2] not in (1, 3, 4) or 0 in image.shape:
-        raise ScoreInputError(f"item {item_id!r}: image must be HW or HWC with 1, 3 or 4 channels, got {image.shape}")
+        raise ScoreInputError(
+            f"item {item_id!r}: image must be HW or HWC with 1, 3 or 4 channels, got {image.shape}"
+        )
     if image.shape[2] == 1:
         return np.repeat(image, 3, axis=2)
     if image.shape[2] == 4:
@@ -209,14 +238,17 @@ def rgb_uint8(image: np.ndarray, item_id: str) -> np.ndarray:
 
 
 def center_crop(pixels: Any, size: tuple[int, int]) -> Any:
-    """Crop N x C x H x W to `size` about the centre, zero-padding a smaller image first (torchvision's rule)."""
+    """Crop N x C x H x W to `size` about the centre, zero-padding a smaller image first
+    (torchvision's rule)."""
     import torch
 
     crop_h, crop_w = size
     height, width = pixels.shape[-2:]
     if crop_h > height or crop_w > width:
         pad_w, pad_h = max(0, crop_w - width), max(0, crop_h - height)
-        pixels = torch.nn.functional.pad(pixels, (pad_w // 2, (pad_w + 1) // 2, pad_h // 2, (pad_h + 1) // 2))
+        pixels = torch.nn.functional.pad(
+            pixels, (pad_w // 2, (pad_w + 1) // 2, pad_h // 2, (pad_h + 1) // 2)
+        )
         height, width = pixels.shape[-2:]
     top, left = int((height - crop_h) / 2.0), int((width - crop_w) / 2.0)
     return pixels[..., top : top + crop_h, left : left + crop_w]
@@ -226,18 +258,25 @@ def _require_model_dir(directory: str) -> None:
     """A clear error before from_pretrained's: which path, and what belongs there."""
     root = Path(directory)
     expected = (
-        "a Hugging Face CLIP model directory: config.json plus model.safetensors (or shards, or pytorch_model.bin)"
+        "a Hugging Face CLIP model directory: config.json plus model.safetensors (or "
+        "shards, or pytorch_model.bin)"
     )
     if not root.is_dir():
-        raise FileNotFoundError(f"{NAME}: model_dir {str(root.resolve())!r} does not exist; expected {expected}")
-    if not (root / "config.json").is_file() or not any(p.name.endswith(WEIGHT_SUFFIXES) for p in root.iterdir()):
         raise FileNotFoundError(
-            f"{NAME}: model_dir {str(root.resolve())!r} lacks config.json or weights; expected {expected}"
+            f"{NAME}: model_dir {str(root.resolve())!r} does not exist; expected {expected}"
+        )
+    if not (root / "config.json").is_file() or not any(
+        p.name.endswith(WEIGHT_SUFFIXES) for p in root.iterdir()
+    ):
+        raise FileNotFoundError(
+            f"{NAME}: model_dir {str(root.resolve())!r} lacks config.json or weights; "
+            f"expected {expected}"
         )
 
 
 def _features(output: Any) -> Any:
-    """transformers 5 returns a model output with the projected embedding as pooler_output; 4.x a tensor."""
+    """transformers 5 returns a model output with the projected embedding as pooler_output; 4.x a
+    tensor."""
     import torch
 
     return output if isinstance(output, torch.Tensor) else output.pooler_output
@@ -268,8 +307,8 @@ class ClipPreference(Scorer):
         normalize_by: float = 26.0,
         model_revision: str | None = None,
     ) -> None:
-        """`model_revision`: a label of the user's (e.g. the hub commit the weights came from), kept in
-        the identity; the identity also fingerprints the files themselves."""
+        """`model_revision`: a label of the user's (e.g. the hub commit the weights came from), kept
+        in the identity; the identity also fingerprints the files themselves."""
         for name, value in (("model_dir", model_dir), ("processor_dir", processor_dir)):
             if (value is not None or name == "model_dir") and (
                 not isinstance(value, (str, os.PathLike)) or not str(value)
@@ -283,9 +322,16 @@ class ClipPreference(Scorer):
             or not math.isfinite(normalize_by)
             or normalize_by <= 0
         ):
-            raise ValueError(f"{NAME}: normalize_by must be a finite number > 0 (PickScore: 26), got {normalize_by!r}")
-        if model_revision is not None and (not isinstance(model_revision, str) or not model_revision):
-            raise ValueError(f"{NAME}: model_revision must be a non-empty string or null, got {model_revision!r}")
+            raise ValueError(
+                f"{NAME}: normalize_by must be a finite number > 0 (PickScore: 26), got "
+                f"{normalize_by!r}"
+            )
+        if model_revision is not None and (
+            not isinstance(model_revision, str) or not model_revision
+        ):
+            raise ValueError(
+                f"{NAME}: model_revision must be a non-empty string or null, got {model_revision!r}"
+            )
         self.model_dir = str(model_dir)
         self.processor_dir = str(processor_dir) if processor_dir is not None else self.model_dir
         self.batch_size = batch_size
@@ -297,7 +343,8 @@ class ClipPreference(Scorer):
         self._max_tokens = 0
 
     def identity_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """The files, not their paths: the same weights elsewhere keep the identity, new ones change it."""
+        """The files, not their paths: the same weights elsewhere keep the identity, new ones change
+        it."""
         effective = super().identity_params(params)
         for key in ("model_dir", "processor_dir"):
             effective.pop(key, None)
@@ -317,17 +364,24 @@ class ClipPreference(Scorer):
         _require_model_dir(self.model_dir)
         transform = ImageTransform.from_dir(self.processor_dir)
         processor = Path(self.processor_dir)
-        if not (processor / "tokenizer.json").is_file() and not (processor / "vocab.json").is_file():
+        if (
+            not (processor / "tokenizer.json").is_file()
+            and not (processor / "vocab.json").is_file()
+        ):
             raise FileNotFoundError(
-                f"{NAME}: no tokenizer in {str(processor.resolve())!r} (tokenizer.json or vocab.json + merges.txt); "
+                f"{NAME}: no tokenizer in {str(processor.resolve())!r} (tokenizer.json or "
+                f"vocab.json + merges.txt); "
                 "set processor_dir to the directory with the tokenizer and preprocessor_config.json"
             )
-        model = CLIPModel.from_pretrained(self.model_dir, local_files_only=True, dtype=torch.float32).eval()
+        model = CLIPModel.from_pretrained(
+            self.model_dir, local_files_only=True, dtype=torch.float32
+        ).eval()
         image_size = model.config.vision_config.image_size
         if transform.output_size != (image_size, image_size):
             raise ValueError(
-                f"{NAME}: preprocessor_config.json in {self.processor_dir!r} makes {transform.output_size} images, "
-                f"the model takes {image_size}x{image_size}: is processor_dir the model's processor?"
+                f"{NAME}: preprocessor_config.json in {self.processor_dir!r} makes "
+                f"{transform.output_size} images, the model takes {image_size}x{image_size}: "
+                f"is processor_dir the model's processor?"
             )
         self._tokenizer = AutoTokenizer.from_pretrained(self.processor_dir, local_files_only=True)
         self._max_tokens = int(model.config.text_config.max_position_embeddings)
@@ -358,11 +412,17 @@ class ClipPreference(Scorer):
         """One forward pass per tower; a prompt shared by a group's images is encoded once."""
         assert self._transform is not None
         model, device = self._model, self._model.device
-        pixels = self._transform.batch([item.required_image() for item in chunk], [item.id for item in chunk])
+        pixels = self._transform.batch(
+            [item.required_image() for item in chunk], [item.id for item in chunk]
+        )
         image = _features(model.get_image_features(pixel_values=pixels.to(device)))
         unique = {prompt: row for row, prompt in enumerate(dict.fromkeys(prompts))}
         tokens = self._tokenizer(
-            list(unique), padding=True, truncation=True, max_length=self._max_tokens, return_tensors="pt"
+            list(unique),
+            padding=True,
+            truncation=True,
+            max_length=self._max_tokens,
+            return_tensors="pt",
         ).to(device)
         text = _features(model.get_text_features(**tokens))
         image = image / image.norm(dim=-1, keepdim=True)

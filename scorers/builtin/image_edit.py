@@ -18,7 +18,10 @@ from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, Scorer
 def kept_fraction(edit: np.ndarray, source: np.ndarray) -> float:
     """1 - mean absolute difference / 255 of two uint8 images of one shape."""
     if edit.shape != source.shape:
-        raise ScoreInputError(f"the edit has shape {list(edit.shape)}, its source {list(source.shape)}: not comparable")
+        raise ScoreInputError(
+            f"the edit has shape {list(edit.shape)}, its source {list(source.shape)}: not "
+            f"comparable"
+        )
     difference = np.abs(edit.astype(np.int16) - source.astype(np.int16))
     return 1.0 - float(difference.mean(dtype=np.float64)) / 255.0
 
@@ -42,8 +45,8 @@ class EditFidelity(Scorer):
 def _item_fidelity(item: ScoreItem) -> float:
     if len(item.condition_images) != 1:
         raise ScoreInputError(
-            f"item {item.id!r}: edit_fidelity compares the edit with one source image in condition_images, "
-            f"got {len(item.condition_images)}"
+            f"item {item.id!r}: edit_fidelity compares the edit with one source image in "
+            f"condition_images, got {len(item.condition_images)}"
         )
     try:
         return kept_fraction(item.required_image(), item.condition_images[0])

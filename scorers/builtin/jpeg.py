@@ -37,7 +37,11 @@ class _JpegSize(Scorer):
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         name = self.spec.name
         return ScoreResult(
-            terms={name: [self.sign * jpeg_size_kb(item.required_image(), self.quality) for item in items]}
+            terms={
+                name: [
+                    self.sign * jpeg_size_kb(item.required_image(), self.quality) for item in items
+                ]
+            }
         )
 
 

@@ -4,12 +4,12 @@ Each item becomes one chat request built from a prompt template; the judge's rep
 parsed into a number in a declared range (normalised to [0, 1]) or one of declared
 choices. A reply that cannot be parsed, a number outside the range, or a call that failed
 after its retries is that item's failure (`ScoreResult.failed`), never a 0: a panel gives
-those items nothing from an optional term and raises for a required one, naming them. Calls run concurrently up to `concurrency`; each attempt has a
-deadline; transient failures (connect errors, timeouts, dropped connections, 408/429/5xx,
-a malformed body) are retried with the same request bytes under capped exponential backoff,
-all inside the batch's absolute deadline. The API key is read from the environment
-variable that `api_key_env` names: the name is identity, the secret never appears in
-identity, logs or errors.
+those items nothing from an optional term and raises for a required one, naming them. Calls run
+concurrently up to `concurrency`; each attempt has a deadline; transient failures (connect errors,
+timeouts, dropped connections, 408/429/5xx, a malformed body) are retried with the same request
+bytes under capped exponential backoff, all inside the batch's absolute deadline. The API key is
+read from the environment variable that `api_key_env` names: the name is identity, the secret never
+appears in identity, logs or errors.
 """
 
 from __future__ import annotations
@@ -34,15 +34,17 @@ from scorers.common.retry import Retry
 from scorers.diagnostics import mean
 
 DEFAULT_TEMPLATE = (
-    "Rate how well the response answers the question, from 0 (wrong or useless) to 10 (fully correct "
-    "and helpful).\n\nQuestion:\n{prompt}\n\nResponse:\n{completion}\n\n"
+    "Rate how well the response answers the question, from 0 (wrong or useless) to 10 (fully "
+    "correct and helpful).\n\nQuestion:\n{prompt}\n\nResponse:\n{completion}\n\n"
     "Give a one-sentence reason, then end with a line of the form 'Score: N'."
 )
 PLACEHOLDERS = ("prompt", "completion", "reference")
 PARSERS = ("number", "choice")
 NUMBER_PATTERN = r"(?i)\bscore\s*[:=]?\s*\**\s*(-?\d+(?:\.\d+)?)(?![\w]|\.\d)"  # `1e1` is not 1
-CHOICE_LEAD = r"(?i)\b(?:verdict|answer|choice)\b(?:\s*(?:[:=]|is))?\s*\**\s*[\[(]?\s*"  # then a choice label
-WAKE_MARGIN_S = 1.0  # past the batch deadline, how long score() waits for a worker thread to notice it
+# then a choice label
+CHOICE_LEAD = r"(?i)\b(?:verdict|answer|choice)\b(?:\s*(?:[:=]|is))?\s*\**\s*[\[(]?\s*"
+# past the batch deadline, how long score() waits for a worker thread to notice it
+WAKE_MARGIN_S = 1.0
 MAX_ANSWER_BYTES = 1 << 20  # a chat completion is kilobytes; more is a broken or hostile server
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
@@ -76,8 +78,15 @@ class _Outcome:
 
 def _positive(name: str, value: Any, integer: bool = False) -> None:
     kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"llm_judge: {name} must be a positive {'int' if integer else 'number'}, got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, kinds)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(
+            f"llm_judge: {name} must be a positive {'int' if integer else 'number'}, got {value!r}"
+        )
 
 
 def _template_fields(template: Any) -> set[str]:
@@ -94,7 +103,10 @@ def _template_fields(template: Any) -> set[str]:
         if name is None:
             continue
         if name not in PLACEHOLDERS or spec or conversion:
-            raise ValueError(f"llm_judge: prompt_template placeholder {{{name}}} is not one of {list(PLACEHOLDERS)}")
+            raise ValueError(
+                f"llm_judge: prompt_template placeholder {{{name}}} is not one of "
+                f"{list(PLACEHOLDERS)}"
+            )
         fields.add(name)
     if "completion" not in fields:
         raise ValueError("llm_judge: prompt_template must contain {completion}")
@@ -114,9 +126,14 @@ def _checked_url(base_url: Any) -> SplitResult:
     """`base_url` split, once it is known to be an http(s) URL that carries no credentials."""
     url = urlsplit(base_url) if isinstance(base_url, str) else None
     if url is None or url.scheme not in ("http", "https") or not url.hostname:
-        raise ValueError(f"llm_judge: base_url must be an http(s) URL like 'http://host:8000/v1', got {base_url!r}")
+        raise ValueError(
+            f"llm_judge: base_url must be an http(s) URL like 'http://host:8000/v1', got "
+            f"{base_url!r}"
+        )
     if url.username or url.password:
-        raise ValueError("llm_judge: base_url must not carry credentials; name an env var in api_key_env")
+        raise ValueError(
+            "llm_judge: base_url must not carry credentials; name an env var in api_key_env"
+        )
     return url
 
 
@@ -138,28 +155,42 @@ def _check_parser(parser: Any, score_range: Any, choices: Any) -> None:
             or not math.isfinite(score_range[1])
             or score_range[0] >= score_range[1]
         ):
-            raise ValueError(f"llm_judge: score_range must be [low, high] with low < high, got {score_range!r}")
+            raise ValueError(
+                f"llm_judge: score_range must be [low, high] with low < high, got {score_range!r}"
+            )
     elif not (
         isinstance(choices, Mapping)
         and choices
         and all(isinstance(k, str) and k for k in choices)
         and all(_is_real(v) and math.isfinite(v) for v in choices.values())
     ):
-        raise ValueError(f"llm_judge: parser 'choice' needs choices like {{'A': 1.0, 'B': 0.0}}, got {choices!r}")
-    if parser == "choice" and len({label.casefold() for label in choices or {}}) != len(choices or {}):
-        raise ValueError(f"llm_judge: choices must differ other than by case, got {sorted(choices or {})}")
+        raise ValueError(
+            f"llm_judge: parser 'choice' needs choices like {{'A': 1.0, 'B': 0.0}}, got {choices!r}"
+        )
+    if parser == "choice" and len({label.casefold() for label in choices or {}}) != len(
+        choices or {}
+    ):
+        raise ValueError(
+            f"llm_judge: choices must differ other than by case, got {sorted(choices or {})}"
+        )
 
 
-def _answer_pattern(parser: str, choices: Mapping[str, float] | None, answer_pattern: str | None) -> re.Pattern[str]:
+def _answer_pattern(
+    parser: str, choices: Mapping[str, float] | None, answer_pattern: str | None
+) -> re.Pattern[str]:
     """The pattern whose one group is the verdict: the caller's, or the parser's default."""
     labels = "|".join(re.escape(label) for label in sorted(choices or {}, key=len, reverse=True))
     default = NUMBER_PATTERN if parser == "number" else rf"{CHOICE_LEAD}({labels})(?!\w)"
     try:
         pattern = re.compile(answer_pattern or default)
     except (re.error, TypeError) as exc:
-        raise ValueError(f"llm_judge: answer_pattern {answer_pattern!r} does not compile: {exc}") from exc
+        raise ValueError(
+            f"llm_judge: answer_pattern {answer_pattern!r} does not compile: {exc}"
+        ) from exc
     if pattern.groups != 1:
-        raise ValueError(f"llm_judge: answer_pattern must have exactly one group, got {answer_pattern!r}")
+        raise ValueError(
+            f"llm_judge: answer_pattern must have exactly one group, got {answer_pattern!r}"
+        )
     return pattern
 
 
@@ -168,8 +199,12 @@ def _check_request_options(temperature: Any, extra_body: Any, api_key_env: Any) 
         raise ValueError(f"llm_judge: temperature must be in [0, 2], got {temperature!r}")
     if extra_body is not None and not isinstance(extra_body, Mapping):
         raise ValueError("llm_judge: extra_body must be a mapping (merged into each request body)")
-    if api_key_env is not None and not (isinstance(api_key_env, str) and re.fullmatch(r"[A-Za-z_]\w*", api_key_env)):
-        raise ValueError(f"llm_judge: api_key_env must name an environment variable, got {api_key_env!r}")
+    if api_key_env is not None and not (
+        isinstance(api_key_env, str) and re.fullmatch(r"[A-Za-z_]\w*", api_key_env)
+    ):
+        raise ValueError(
+            f"llm_judge: api_key_env must name an environment variable, got {api_key_env!r}"
+        )
 
 
 class LlmJudge(Scorer):
@@ -221,13 +256,21 @@ class LlmJudge(Scorer):
             _positive(name, value)
         for name, value in (("backoff_max_s", backoff_max_s), ("batch_timeout_s", batch_timeout_s)):
             _positive(name, value)
-        for name, value in (("max_tokens", max_tokens), ("concurrency", concurrency), ("max_attempts", max_attempts)):
+        for name, value in (
+            ("max_tokens", max_tokens),
+            ("concurrency", concurrency),
+            ("max_attempts", max_attempts),
+        ):
             _positive(name, value, integer=True)
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.host = url.hostname
         self.model, self.template, self.system_prompt = model, prompt_template, system_prompt
         self.parser, self.range, self.choices = parser, tuple(score_range), dict(choices or {})
-        self.temperature, self.max_tokens, self.extra_body = temperature, max_tokens, dict(extra_body or {})
+        self.temperature, self.max_tokens, self.extra_body = (
+            temperature,
+            max_tokens,
+            dict(extra_body or {}),
+        )
         self.api_key_env, self.concurrency = api_key_env, concurrency
         self.request_timeout_s, self.max_attempts = float(request_timeout_s), max_attempts
         self.backoff_s, self.backoff_max_s = float(backoff_s), float(backoff_max_s)
@@ -241,11 +284,15 @@ class LlmJudge(Scorer):
         if self.api_key_env is not None:
             secret = os.environ.get(self.api_key_env)
             if not secret:
-                raise RuntimeError(f"llm_judge: environment variable {self.api_key_env} (api_key_env) is not set")
+                raise RuntimeError(
+                    f"llm_judge: environment variable {self.api_key_env} (api_key_env) is not set"
+                )
             if not re.fullmatch(r"[\x21-\x7e]+", secret):  # never echoed: it may be most of the key
                 raise RuntimeError(
-                    f"llm_judge: the value of {self.api_key_env} (api_key_env) has whitespace, control or "
-                    "non-ASCII characters (a trailing newline from a mounted secret?); it cannot be a bearer token"
+                    f"llm_judge: the value of {self.api_key_env} (api_key_env) has "
+                    f"whitespace, control or "
+                    "non-ASCII characters (a trailing newline from a mounted secret?); it "
+                    "cannot be a bearer token"
                 )
             self._secret = secret
         self._loaded = True
@@ -254,25 +301,35 @@ class LlmJudge(Scorer):
         self._loaded = False
 
     def _client(self) -> Any:
-        """A client for one batch: a connection a stuck attempt still holds never serves the next one."""
+        """A client for one batch: a connection a stuck attempt still holds never serves the next
+        one."""
         from scorers.common import bounded_http
 
         # a loopback judge never goes through a proxy; a remote one follows the environment's
-        return bounded_http.client(self.url, trust_env=not _is_loopback(self.host), max_connections=self.concurrency)
+        return bounded_http.client(
+            self.url, trust_env=not _is_loopback(self.host), max_connections=self.concurrency
+        )
 
     # -- requests ---------------------------------------------------------------------------
     def _request(self, item: ScoreItem) -> bytes:
-        """The exact bytes sent on every attempt for this item (a retry never changes the request)."""
+        """The exact bytes sent on every attempt for this item (a retry never changes the
+        request)."""
         values = {"completion": item.required_text()}
         if "prompt" in self.fields:
             if item.prompt is None:
-                raise ScoreInputError(f"item {item.id!r}: field 'prompt' is required by the judge's prompt_template")
+                raise ScoreInputError(
+                    f"item {item.id!r}: field 'prompt' is required by the judge's prompt_template"
+                )
             values["prompt"] = item.prompt
         if "reference" in self.fields:
             if item.reference is None:
-                raise ScoreInputError(f"item {item.id!r}: a reference is required by the judge's prompt_template")
+                raise ScoreInputError(
+                    f"item {item.id!r}: a reference is required by the judge's prompt_template"
+                )
             reference = item.reference
-            values["reference"] = reference if isinstance(reference, str) else json.dumps(reference, sort_keys=True)
+            values["reference"] = (
+                reference if isinstance(reference, str) else json.dumps(reference, sort_keys=True)
+            )
         messages = [{"role": "user", "content": self.template.format(**values)}]
         if self.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
@@ -283,17 +340,20 @@ class LlmJudge(Scorer):
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
-        return json.dumps(body).encode()  # ASCII escapes: a lone surrogate in a completion cannot fail it
+        # ASCII escapes: a lone surrogate in a completion cannot fail it
+        return json.dumps(body).encode()
 
     def _scrub(self, text: str) -> str:
-        """The text with the key blanked, however it was quoted; call it before cutting text short."""
+        """The text with the key blanked, however it was quoted; call it before cutting text
+        short."""
         if self._secret:
             for form in {self._secret, json.dumps(self._secret)[1:-1], repr(self._secret)[1:-1]}:
                 text = text.replace(form, "***")
         return text
 
     def _attempt(self, client: Any, body: bytes, deadline: float) -> str:
-        """One POST, answered in whole by min(request_timeout_s, what the batch has left); the reply's text."""
+        """One POST, answered in whole by min(request_timeout_s, what the batch has left); the
+        reply's text."""
         import httpx
 
         from scorers.common import bounded_http
@@ -304,13 +364,22 @@ class LlmJudge(Scorer):
             headers["authorization"] = f"Bearer {self._secret}"
         try:  # bounded in time and in size, however the server trickles or compresses
             answer = bounded_http.exchange(
-                client, "POST", self.url, attempt_deadline, MAX_ANSWER_BYTES, content=body, headers=headers
+                client,
+                "POST",
+                self.url,
+                attempt_deadline,
+                MAX_ANSWER_BYTES,
+                content=body,
+                headers=headers,
             )
         except httpx.TimeoutException as exc:
-            raise _Retryable(f"no whole answer within {self.request_timeout_s:g} s ({type(exc).__name__})") from exc
+            raise _Retryable(
+                f"no whole answer within {self.request_timeout_s:g} s ({type(exc).__name__})"
+            ) from exc
         except bounded_http.AnswerRefused as exc:
             raise _Final(str(exc)) from exc
-        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:  # our request: a retry cannot help
+        # our request: a retry cannot help
+        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:
             raise _Final(self._scrub(f"{type(exc).__name__}: {exc}")) from exc
         except httpx.TransportError as exc:
             raise _Retryable(self._scrub(f"{type(exc).__name__}: {exc}")) from exc
@@ -324,9 +393,13 @@ class LlmJudge(Scorer):
         try:
             content = json.loads(answer.body)["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise _Retryable(f"malformed chat completion ({type(exc).__name__}): {excerpt!r}") from exc
+            raise _Retryable(
+                f"malformed chat completion ({type(exc).__name__}): {excerpt!r}"
+            ) from exc
         if not isinstance(content, str):
-            raise _Retryable(f"malformed chat completion: message content is {type(content).__name__}")
+            raise _Retryable(
+                f"malformed chat completion: message content is {type(content).__name__}"
+            )
         return content
 
     def _verdict(self, content: str) -> float:
@@ -336,7 +409,10 @@ class LlmJudge(Scorer):
         if self.parser == "choice":
             folded = {label.casefold(): value for label, value in self.choices.items()}
             if answer.casefold() not in folded:
-                raise _Final(f"unparsable verdict (expected one of {sorted(self.choices)}): {shown!r}", "unparsable")
+                raise _Final(
+                    f"unparsable verdict (expected one of {sorted(self.choices)}): {shown!r}",
+                    "unparsable",
+                )
             return float(folded[answer.casefold()])
         try:
             number = float(answer)
@@ -344,16 +420,21 @@ class LlmJudge(Scorer):
             raise _Final(f"unparsable score (no 'Score: N'): {shown!r}", "unparsable") from None
         low, high = self.range
         if not (math.isfinite(number) and low <= number <= high):
-            raise _Final(f"score {number:g} outside score_range [{low:g}, {high:g}]: {shown!r}", "out_of_range")
+            raise _Final(
+                f"score {number:g} outside score_range [{low:g}, {high:g}]: {shown!r}",
+                "out_of_range",
+            )
         return (number - low) / (high - low)
 
     def _judge(self, client: Any, body: bytes, deadline: float) -> _Outcome:
         outcome, began = _Outcome(), time.monotonic()
 
         def attempt() -> float:
-            if deadline - time.monotonic() < 0.05:  # an item that waited for a free slot past the deadline
+            # an item that waited for a free slot past the deadline
+            if deadline - time.monotonic() < 0.05:
                 raise _Late(
-                    f"the batch deadline ({self.batch_timeout_s:g} s) passed before attempt {outcome.attempts + 1}"
+                    f"the batch deadline ({self.batch_timeout_s:g} s) passed before attempt "
+                    f"{outcome.attempts + 1}"
                 )
             outcome.attempts += 1
             return self._verdict(self._attempt(client, body, deadline))
@@ -364,7 +445,9 @@ class LlmJudge(Scorer):
             self.backoff_max_s,
             retry_on=(_Retryable,),
             max_tries=self.max_attempts,
-            asked_pause=lambda exc: (exc.retry_after or 0.0) if isinstance(exc, _Retryable) else 0.0,
+            asked_pause=lambda exc: (
+                (exc.retry_after or 0.0) if isinstance(exc, _Retryable) else 0.0
+            ),
         )
         try:
             outcome.value = retrying.call(attempt)
@@ -404,16 +487,25 @@ class LlmJudge(Scorer):
                 results[index] = self._judge(client, body, deadline)
                 finished.release()
 
-        for n in range(min(self.concurrency, len(items))):  # daemon threads: a stuck one never holds up exit
+        # daemon threads: a stuck one never holds up exit
+        for n in range(min(self.concurrency, len(items))):
             threading.Thread(target=judge_until_empty, name=f"llm_judge-{n}", daemon=True).start()
         try:
             for _ in items:  # one deadline for the batch, whatever the attempts do
-                if not finished.acquire(timeout=max(deadline - time.monotonic(), 0.0) + WAKE_MARGIN_S):
+                if not finished.acquire(
+                    timeout=max(deadline - time.monotonic(), 0.0) + WAKE_MARGIN_S
+                ):
                     break
         finally:
-            client.close()  # the batch's connections end here; an attempt still on one fails at once
-        late = f"no verdict by the batch deadline ({self.batch_timeout_s:g} s): the server held its attempt open"
-        outcomes = [outcome if outcome is not None else _Outcome(error=late) for outcome in list(results)]
+            # the batch's connections end here; an attempt still on one fails at once
+            client.close()
+        late = (
+            f"no verdict by the batch deadline ({self.batch_timeout_s:g} s): the server held "
+            f"its attempt open"
+        )
+        outcomes = [
+            outcome if outcome is not None else _Outcome(error=late) for outcome in list(results)
+        ]
         attempts = sum(o.attempts for o in outcomes)
         counted = Counter(o.counted for o in outcomes if o.counted)
         return ScoreResult(
@@ -427,7 +519,8 @@ class LlmJudge(Scorer):
                 "latency_s": mean(sum(o.seconds for o in outcomes), len(outcomes)),
             },
             failed={
-                position: f"{o.error} ({f'{o.attempts} attempts ' if o.attempts else ''}at {self.url}, model {self.model!r})"
+                position: f"{o.error} ({f'{o.attempts} attempts ' if o.attempts else ''}at "
+                f"{self.url}, model {self.model!r})"
                 for position, o in enumerate(outcomes)
                 if o.error is not None
             },

@@ -6,11 +6,11 @@ past a soft deadline moves out of its slot to a held-back overflow worker, a per
 timeout SIGKILLs it there, and a memory cap stops one that allocates gigabytes; such
 an item scores 0.0, counted in diagnostics (`on_timeout="raise"` fails the batch
 instead). The worker that takes the freed slot forks from a template that replays some
-of each call's items while the trainer generates, so it starts with warm caches. Worker, IPC and batch-cap failures raise; the next call
-then gets a fresh pool. An unparsable gold answer is a ScoreInputError.
-load() starts the pool without waiting for it (its forkserver's import and warm-up are most of a
-math child's start): the child says ready sooner, and the first call waits for the workers.
-Nothing here imports math_verify in the owner process.
+of each call's items while the trainer generates, so it starts with warm caches. Worker, IPC and
+batch-cap failures raise; the next call then gets a fresh pool. An unparsable gold answer is a
+ScoreInputError. load() starts the pool without waiting for it (its forkserver's import and warm-up
+are most of a math child's start): the child says ready sooner, and the first call waits for the
+workers. Nothing here imports math_verify in the owner process.
 """
 
 from __future__ import annotations
@@ -23,7 +23,14 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, reference_answer
+from scorers.base import (
+    ScoreInputError,
+    ScoreItem,
+    Scorer,
+    ScoreResult,
+    ScorerSpec,
+    reference_answer,
+)
 from scorers.builtin.math_verify_boot import GRADE_FN, PRELOAD
 from scorers.grading.config import overflow_options
 from scorers.grading.errors import GradingTaskError
@@ -34,9 +41,15 @@ TIMEOUT_ENV = "MATH_VERIFY_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_WARM_REPLAY = 64  # about 0.8 s of one core per call, while the trainer generates
 START_WAIT_S = 90.0  # a backstop: the pool bounds its workers' start at 60 s
-CONCURRENT_CALLS = 64  # chunks graded at once: a request of up to 64 chunks pays one timeout, however chunked
+# chunks graded at once: a request of up to 64 chunks pays one timeout, however chunked
+CONCURRENT_CALLS = 64
 # outcomes of an item that passed a bound (scored 0 unless on_timeout="raise") -> their diagnostic
-BOUNDS = {"timeout": "timeouts", "memory": "memory_exceeded", "cpu": "cpu_exceeded", "budget": "memory_budget_exceeded"}
+BOUNDS = {
+    "timeout": "timeouts",
+    "memory": "memory_exceeded",
+    "cpu": "cpu_exceeded",
+    "budget": "memory_budget_exceeded",
+}
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -81,7 +94,13 @@ class MathVerifyScorer(Scorer):
         revision="math-verify-0.9.0",
         env="math",
         report_packages=("math-verify", "antlr4-python3-runtime", "sympy"),
-        diagnostics=("timeouts", "memory_exceeded", "cpu_exceeded", "memory_budget_exceeded", "overflowed"),
+        diagnostics=(
+            "timeouts",
+            "memory_exceeded",
+            "cpu_exceeded",
+            "memory_budget_exceeded",
+            "overflowed",
+        ),
         nonsemantic_params=("jobs", "soft_timeout_s", "overflow", "warm_replay"),
         requires_modules=("math_verify", "sympy"),
         # the chunks of one request share the pool, so their pathological items share one timeout
@@ -103,22 +122,29 @@ class MathVerifyScorer(Scorer):
         warm_replay: int = DEFAULT_WARM_REPLAY,
         memory_budget_mb: int | None = 512,
     ) -> None:
-        """`soft_timeout_s` (default min(0.1 s, timeout_s / 2)): an item that has used that much CPU time
-        (or held its slot 4x as long) leaves its slot for an overflow worker (at most `overflow`, default
-        max(16, 4 x jobs); 0: never), so ordinary items keep flowing. `memory_cap_mb`: what one item may map beyond a fresh worker (None: no cap).
-        `warm_replay`: workers fork from a template that replays this many of each call's items while the
-        pool is idle, so a worker started mid-batch grades as fast as a veteran (0: they fork cold).
+        """`soft_timeout_s` (default min(0.1 s, timeout_s / 2)): an item that has used that much CPU
+        time (or held its slot 4x as long) leaves its slot for an overflow worker (at most
+        `overflow`, default max(16, 4 x jobs); 0: never), so ordinary items keep flowing.
+        `memory_cap_mb`: what one item may map beyond a fresh worker (None: no cap). `warm_replay`:
+        workers fork from a template that replays this many of each call's items while the pool is
+        idle, so a worker started mid-batch grades as fast as a veteran (0: they fork cold).
         `memory_budget_mb`: the private memory all held items together may keep; past it the largest
         are killed and score 0 (`memory_budget_exceeded`; None: no budget)."""
         super().__init__()
         self.jobs = len(os.sched_getaffinity(0)) if jobs is None else _check_int("jobs", jobs, 1)
         self.timeout_s = _resolve_timeout(timeout_s)
         # checked here, not at load(): a bad soft deadline or bound is the config's fault
-        self.soft_timeout_s, self.overflow = overflow_options(self.jobs, self.timeout_s, soft_timeout_s, overflow)
+        self.soft_timeout_s, self.overflow = overflow_options(
+            self.jobs, self.timeout_s, soft_timeout_s, overflow
+        )
         self.warm_replay = _check_int("warm_replay", warm_replay, 0)
-        self.memory_cap_mb = None if memory_cap_mb is None else _check_int("memory_cap_mb", memory_cap_mb, 16)
+        self.memory_cap_mb = (
+            None if memory_cap_mb is None else _check_int("memory_cap_mb", memory_cap_mb, 16)
+        )
         self.memory_budget_mb = (
-            None if memory_budget_mb is None else _check_int("memory_budget_mb", memory_budget_mb, 16)
+            None
+            if memory_budget_mb is None
+            else _check_int("memory_budget_mb", memory_budget_mb, 16)
         )
         self.float_rounding = _check_int("float_rounding", float_rounding, 0)
         self.numeric_precision = _check_int("numeric_precision", numeric_precision, 1)
@@ -126,7 +152,9 @@ class MathVerifyScorer(Scorer):
             raise TypeError(f"math_verify: strict must be a bool, got {type(strict).__name__}")
         self.strict = strict
         if on_timeout not in ("zero", "raise"):
-            raise ValueError(f"math_verify: on_timeout must be 'zero' or 'raise', got {on_timeout!r}")
+            raise ValueError(
+                f"math_verify: on_timeout must be 'zero' or 'raise', got {on_timeout!r}"
+            )
         self.on_timeout = on_timeout
         self.pool_restarts = 0
         self._pool: GradingPool | None = None
@@ -138,14 +166,18 @@ class MathVerifyScorer(Scorer):
 
     def load(self, device: str = "cpu") -> None:
         """Start the grading workers (CPU only; `device` is ignored), without waiting for them: the
-        forkserver's preload and warm-up (most of a math child's start) then overlap the trainer's own
-        start, and the first score() waits for them (and raises their start's failure). A package the
-        grader imports that is missing fails here, as a boot failure."""
+        forkserver's preload and warm-up (most of a math child's start) then overlap the trainer's
+        own start, and the first score() waits for them (and raises their start's failure). A
+        package the grader imports that is missing fails here, as a boot failure."""
         if self._pool is not None:
             return
-        missing = [name for name in self.spec.requires_modules if importlib.util.find_spec(name) is None]
+        missing = [
+            name for name in self.spec.requires_modules if importlib.util.find_spec(name) is None
+        ]
         if missing:
-            raise ModuleNotFoundError(f"math_verify: this Python lacks {', '.join(missing)} (use the math env)")
+            raise ModuleNotFoundError(
+                f"math_verify: this Python lacks {', '.join(missing)} (use the math env)"
+            )
         pool = GradingPool(
             self.jobs,
             self.timeout_s,
@@ -155,7 +187,9 @@ class MathVerifyScorer(Scorer):
             overflow=self.overflow,
             memory_cap_bytes=None if self.memory_cap_mb is None else self.memory_cap_mb * 2**20,
             warm_replay=self.warm_replay,
-            memory_budget_bytes=None if self.memory_budget_mb is None else self.memory_budget_mb * 2**20,
+            memory_budget_bytes=None
+            if self.memory_budget_mb is None
+            else self.memory_budget_mb * 2**20,
         )
         try:
             pool.start(wait=False)
@@ -170,12 +204,17 @@ class MathVerifyScorer(Scorer):
         return pool is not None and pool.starting
 
     def _working_pool(self) -> GradingPool:
-        """The pool, replaced first if an earlier call broke it (that call raised; this one gets fresh workers)."""
+        """The pool, replaced first if an earlier call broke it (that call raised; this one gets
+        fresh workers)."""
         with self._pool_lock:
             if self._pool is None:
-                raise RuntimeError("MathVerifyScorer.score() called before load() (or after close())")
+                raise RuntimeError(
+                    "MathVerifyScorer.score() called before load() (or after close())"
+                )
             if self._pool.broken:
-                log.warning("math_verify: grading pool broke on an earlier call; starting a new one")
+                log.warning(
+                    "math_verify: grading pool broke on an earlier call; starting a new one"
+                )
                 self.close()
                 self.load()
                 self.pool_restarts += 1
@@ -184,8 +223,8 @@ class MathVerifyScorer(Scorer):
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         """Thread-safe: calls at once share the pool's workers. The workers' start that load() left
-        running is waited for first, so that every answer, an input error too, comes from a warm child
-        (its parent then holds the next request to its request timeout)."""
+        running is waited for first, so that every answer, an input error too, comes from a warm
+        child (its parent then holds the next request to its request timeout)."""
         started = self._pool
         if started is not None:
             started.wait_started(START_WAIT_S)
@@ -201,7 +240,8 @@ class MathVerifyScorer(Scorer):
                 ) from exc
             raise
         bounded = {
-            status: [i.id for i, o in zip(items, outcomes, strict=True) if o.status == status] for status in BOUNDS
+            status: [i.id for i, o in zip(items, outcomes, strict=True) if o.status == status]
+            for status in BOUNDS
         }
         over = [item_id for ids in bounded.values() for item_id in ids]
         if over and self.on_timeout == "raise":
@@ -212,7 +252,9 @@ class MathVerifyScorer(Scorer):
             )
         scores = [float(outcome.value) if outcome.status == "ok" else 0.0 for outcome in outcomes]
         if over:
-            log.warning("math_verify: %d items passed their bounds and scored 0: %s", len(over), over[:20])
+            log.warning(
+                "math_verify: %d items passed their bounds and scored 0: %s", len(over), over[:20]
+            )
         return ScoreResult(
             terms={"math_verify": scores},
             diagnostics={
@@ -231,9 +273,12 @@ class MathVerifyScorer(Scorer):
         """The grade_fn args for one item; a missing text or gold is the caller's error."""
         gold = reference_answer(item.reference)
         if gold is None:
-            raise ScoreInputError(f"items[{index}] (id={item.id!r}): math_verify needs a reference answer")
+            raise ScoreInputError(
+                f"items[{index}] (id={item.id!r}): math_verify needs a reference answer"
+            )
         if not isinstance(item.text, str):
             raise ScoreInputError(
-                f"items[{index}] (id={item.id!r}): math_verify needs text, got {type(item.text).__name__}"
+                f"items[{index}] (id={item.id!r}): math_verify needs text, got "
+                f"{type(item.text).__name__}"
             )
         return (item.text, gold, self.float_rounding, self.numeric_precision, self.strict)

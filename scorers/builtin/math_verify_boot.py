@@ -6,7 +6,8 @@ this first (see scorers/early.py); the pool that load() starts then finds it run
 from __future__ import annotations
 
 GRADE_FN = "scorers.builtin.math_verify_grade:grade"
-WARM_MODULE = "scorers.builtin.math_verify_warm"  # preloaded: workers fork from a warmed-up forkserver
+# preloaded: workers fork from a warmed-up forkserver
+WARM_MODULE = "scorers.builtin.math_verify_warm"
 PRELOAD = ("math_verify", WARM_MODULE)
 
 

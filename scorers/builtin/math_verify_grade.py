@@ -76,7 +76,8 @@ def parse_gold(gold: str) -> list:
     if any(d in gold for d in _DELIMITERS):
         candidates = [gold]
     elif _is_plain_number(gold):
-        candidates = [gold, "\\boxed{" + gold + "}"]  # the box only if math_verify reads nothing raw
+        # the box only if math_verify reads nothing raw
+        candidates = [gold, "\\boxed{" + gold + "}"]
     else:
         candidates = ["\\boxed{" + gold + "}", gold]
     parsed: list = []
@@ -89,10 +90,15 @@ def parse_gold(gold: str) -> list:
     return parsed
 
 
-def grade(prediction: str, gold: str, float_rounding: int, numeric_precision: int, strict: bool) -> float:
+def grade(
+    prediction: str, gold: str, float_rounding: int, numeric_precision: int, strict: bool
+) -> float:
     """1.0 if the prediction's answer equals the gold answer, else 0.0 (unparsable -> 0.0)."""
     if not isinstance(prediction, str) or not isinstance(gold, str):
-        raise TypeError(f"prediction and gold must be str, got {type(prediction).__name__} and {type(gold).__name__}")
+        raise TypeError(
+            f"prediction and gold must be str, got {type(prediction).__name__} and "
+            f"{type(gold).__name__}"
+        )
     _MemoryErrorSeen.seen = False
     gold_parsed = parse_gold(gold)
     pred_parsed = parse(prediction, parsing_timeout=None)

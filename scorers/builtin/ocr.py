@@ -1,4 +1,5 @@
-"""Text-rendering reward for text-to-image RL: 1 - normalised edit distance between OCR'd and target text."""
+"""Text-rendering reward for text-to-image RL: 1 - normalised edit distance between OCR'd and target
+text."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ _TARGET_KEYS = ("text", "target", "answer")
 
 
 def normalize_ocr_text(text: str, case_sensitive: bool = False, ignore_spaces: bool = True) -> str:
-    """NFKC (full-width and ligatures fold), casefold, and drop or collapse whitespace, so layout is not scored."""
+    """NFKC (full-width and ligatures fold), casefold, and drop or collapse whitespace, so layout is
+    not scored."""
     text = unicodedata.normalize("NFKC", text)
     if not case_sensitive:
         text = text.casefold()
@@ -25,7 +27,8 @@ def normalize_ocr_text(text: str, case_sensitive: bool = False, ignore_spaces: b
 
 
 def levenshtein(a: str, b: str) -> int:
-    """Edit distance (insert, delete, substitute all cost 1); two rows, no dependency for short strings."""
+    """Edit distance (insert, delete, substitute all cost 1); two rows, no dependency for short
+    strings."""
     if len(a) < len(b):
         a, b = b, a
     previous = list(range(len(b) + 1))
@@ -44,21 +47,30 @@ def similarity(pred: str, target: str) -> float:
 
 
 def target_text(reference: Any) -> str:
-    """The text the image should show: a string, or a mapping with 'text' (preferred), 'target' or 'answer'."""
+    """The text the image should show: a string, or a mapping with 'text' (preferred), 'target' or
+    'answer'."""
     if isinstance(reference, Mapping):
         for key in _TARGET_KEYS:
             if key in reference:
                 return target_text(reference[key])
     elif isinstance(reference, str):
         return reference
-    raise ScoreInputError(f"reference must be a string or an object with one of {list(_TARGET_KEYS)}")
+    raise ScoreInputError(
+        f"reference must be a string or an object with one of {list(_TARGET_KEYS)}"
+    )
 
 
 def reading_order(lines: Sequence[tuple[Sequence[Sequence[float]], str]]) -> str:
-    """Join detected lines top-to-bottom, then left-to-right; boxes within half a line height share a row."""
+    """Join detected lines top-to-bottom, then left-to-right; boxes within half a line height share
+    a row."""
     boxes = sorted(
         (
-            (min(p[1] for p in box), min(p[0] for p in box), max(p[1] for p in box) - min(p[1] for p in box), text)
+            (
+                min(p[1] for p in box),
+                min(p[0] for p in box),
+                max(p[1] for p in box) - min(p[1] for p in box),
+                text,
+            )
             for box, text in lines
         )
     )
@@ -68,7 +80,9 @@ def reading_order(lines: Sequence[tuple[Sequence[Sequence[float]], str]]) -> str
             rows[-1].append(box)
         else:
             rows.append([box])
-    return " ".join(text for row in rows for _, _, _, text in sorted(row, key=lambda b: b[1]) if text)
+    return " ".join(
+        text for row in rows for _, _, _, text in sorted(row, key=lambda b: b[1]) if text
+    )
 
 
 def to_bgr(image: np.ndarray) -> np.ndarray:
@@ -78,7 +92,9 @@ def to_bgr(image: np.ndarray) -> np.ndarray:
     text on a transparent background into an all-black image).
     """
     if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] not in (1, 3, 4):
-        raise ScoreInputError(f"expected an HWC image with 1, 3 or 4 channels, got {getattr(image, 'shape', image)!r}")
+        raise ScoreInputError(
+            f"expected an HWC image with 1, 3 or 4 channels, got {getattr(image, 'shape', image)!r}"
+        )
     if image.shape[2] == 1:
         return np.ascontiguousarray(np.repeat(image, 3, axis=2))
     if image.shape[2] == 4:
@@ -88,7 +104,8 @@ def to_bgr(image: np.ndarray) -> np.ndarray:
 
 
 class OcrScorer(Scorer):
-    """RapidOCR (PP-OCRv4 ONNX on CPU) reads the image; the score is how close its text is to the target."""
+    """RapidOCR (PP-OCRv4 ONNX on CPU) reads the image; the score is how close its text is to the
+    target."""
 
     spec = ScorerSpec(
         name="ocr",
@@ -119,7 +136,11 @@ class OcrScorer(Scorer):
             raise ValueError(f"det_limit_side_len must be in [32, 4096], got {det_limit_side_len}")
         if det_limit_type not in ("min", "max"):
             raise ValueError(f"det_limit_type must be 'min' or 'max', got {det_limit_type!r}")
-        for name, flag in (("use_cls", use_cls), ("case_sensitive", case_sensitive), ("ignore_spaces", ignore_spaces)):
+        for name, flag in (
+            ("use_cls", use_cls),
+            ("case_sensitive", case_sensitive),
+            ("ignore_spaces", ignore_spaces),
+        ):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {flag!r}")
         if isinstance(text_score, bool) or not isinstance(text_score, (int, float)):
@@ -137,11 +158,13 @@ class OcrScorer(Scorer):
 
     def load(self, device: str = "cpu") -> None:
         if device != "cpu":
-            raise ValueError(f"scorer 'ocr' runs onnxruntime on CPU only; device {device!r} is not supported")
+            raise ValueError(
+                f"scorer 'ocr' runs onnxruntime on CPU only; device {device!r} is not supported"
+            )
         from rapidocr_onnxruntime import RapidOCR
 
-        # RapidOCR ignores a thread count outside [1, cpu_count] (-1: onnxruntime's default), and with
-        # det_limit_type="max" it ignores det_limit_side_len (960/1500/2000 by image size).
+        # RapidOCR ignores a thread count outside [1, cpu_count] (-1: onnxruntime's default), and
+        # with det_limit_type="max" it ignores det_limit_side_len (960/1500/2000 by image size).
         self._engine = RapidOCR(
             det_limit_side_len=self.det_limit_side_len,
             det_limit_type=self.det_limit_type,
@@ -153,15 +176,20 @@ class OcrScorer(Scorer):
         """The image's text in reading order; '' when nothing is detected."""
         if self._engine is None:
             raise RuntimeError("OcrScorer.load() was not called")
-        # No other kwargs: any kwarg to __call__ resets text_score/box_thresh to RapidOCR's defaults.
+        # No other kwargs: any kwarg to __call__ resets text_score/box_thresh to RapidOCR's
+        # defaults.
         result, _ = self._engine(to_bgr(image), use_cls=self.use_cls)
         return reading_order([(line[0], line[1]) for line in result or []])
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
-        targets = [target_text(item.reference) for item in items]  # refuse bad references before any OCR
+        # refuse bad references before any OCR
+        targets = [target_text(item.reference) for item in items]
         texts = [self.recognise(item.required_image()) for item in items]
         norm = lambda s: normalize_ocr_text(s, self.case_sensitive, self.ignore_spaces)  # noqa: E731
-        scores = [similarity(norm(text), norm(target)) for text, target in zip(texts, targets, strict=True)]
+        scores = [
+            similarity(norm(text), norm(target))
+            for text, target in zip(texts, targets, strict=True)
+        ]
         return ScoreResult(
             terms={"ocr": scores},
             diagnostics={

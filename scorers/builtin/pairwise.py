@@ -21,17 +21,25 @@ from scorers.wrapping import WrappingScorer
 class PairwiseJudge(WrappingScorer):
     """Win rate of each candidate against the rest of its group, judged by `inner`'s score."""
 
-    spec = ScorerSpec(name="pairwise_judge", input_kind="text", groupwise=True, terms=("win_rate",))  # per instance
+    # per instance
+    spec = ScorerSpec(name="pairwise_judge", input_kind="text", groupwise=True, terms=("win_rate",))
 
-    def __init__(self, inner: str, inner_params: Mapping[str, Any] | None = None, margin: float = 0.0) -> None:
+    def __init__(
+        self, inner: str, inner_params: Mapping[str, Any] | None = None, margin: float = 0.0
+    ) -> None:
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin >= 0:
             raise ValueError(f"pairwise_judge: margin must be a number >= 0, got {margin!r}")
         super().__init__(inner, inner_params)
         inner_spec = self.inner.spec
         if inner_spec.groupwise and not inner_spec.ragged_groups:
-            raise ValueError(f"pairwise_judge: inner scorer {inner!r} must score candidates one by one")
+            raise ValueError(
+                f"pairwise_judge: inner scorer {inner!r} must score candidates one by one"
+            )
         if len(inner_spec.term_names()) != 1:
-            raise ValueError(f"pairwise_judge: inner scorer {inner!r} has terms {inner_spec.term_names()}; use one")
+            raise ValueError(
+                f"pairwise_judge: inner scorer {inner!r} has terms "
+                f"{inner_spec.term_names()}; use one"
+            )
         self.margin = float(margin)
         self.spec = self.wrapped_spec(
             name="pairwise_judge",

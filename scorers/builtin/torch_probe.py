@@ -61,10 +61,17 @@ class TorchProbe(Scorer):
 
     @property
     def param_bytes(self) -> int:
-        return int(self._module.weight.numel() * self._module.weight.element_size()) if self._module is not None else 0
+        return (
+            int(self._module.weight.numel() * self._module.weight.element_size())
+            if self._module is not None
+            else 0
+        )
 
     def onload(self) -> dict[str, Any]:
-        return {**move_module(self._module, self.device, self.device), "param_bytes": self.param_bytes}
+        return {
+            **move_module(self._module, self.device, self.device),
+            "param_bytes": self.param_bytes,
+        }
 
     def offload(self) -> dict[str, Any]:
         return {**move_module(self._module, "cpu", self.device), "param_bytes": self.param_bytes}
@@ -79,7 +86,9 @@ class TorchProbe(Scorer):
         for column, item in enumerate(items):
             data = item.required_text().encode()[:WIDTH]
             if data:
-                inputs[: len(data), column] = torch.frombuffer(bytearray(data), dtype=torch.uint8).float() / 255.0
+                inputs[: len(data), column] = (
+                    torch.frombuffer(bytearray(data), dtype=torch.uint8).float() / 255.0
+                )
         with torch.inference_mode():
             scores = torch.tanh(weight @ inputs.to(weight.device)).mean(dim=0)
         return ScoreResult(terms={"torch_probe": scores.double().cpu().tolist()})

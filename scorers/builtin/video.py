@@ -28,7 +28,11 @@ class VideoScorer(WrappingScorer):
     """Wraps an image scorer by name; its spec (env, offload support) follows the inner one."""
 
     spec = ScorerSpec(
-        name="video", input_kind="video", required_fields=("video",), terms=("video",), diagnostics=("frames_scored",)
+        name="video",
+        input_kind="video",
+        required_fields=("video",),
+        terms=("video",),
+        diagnostics=("frames_scored",),
     )  # per instance
 
     def __init__(
@@ -42,16 +46,22 @@ class VideoScorer(WrappingScorer):
         if frames is not None and stride is not None:
             raise ValueError("video: give frames or stride, not both")
         for name, value in (("frames", frames), ("stride", stride)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
                 raise ValueError(f"video: {name} must be a positive int, got {value!r}")
         if reduce not in REDUCTIONS:
             raise ValueError(f"video: reduce must be one of {sorted(REDUCTIONS)}, got {reduce!r}")
         super().__init__(inner, inner_params)
         if self.inner.spec.input_kind != "image":
-            raise ValueError(f"video: inner scorer {inner!r} takes {self.inner.spec.input_kind!r}, not 'image'")
-        if len(self.inner.spec.term_names()) != 1:  # reducing one term would silently drop the others
             raise ValueError(
-                f"video: inner scorer {inner!r} has terms {self.inner.spec.term_names()}; wrap a single-term scorer"
+                f"video: inner scorer {inner!r} takes {self.inner.spec.input_kind!r}, not 'image'"
+            )
+        # reducing one term would silently drop the others
+        if len(self.inner.spec.term_names()) != 1:
+            raise ValueError(
+                f"video: inner scorer {inner!r} has terms {self.inner.spec.term_names()}; "
+                f"wrap a single-term scorer"
             )
         self.frames = frames if frames is not None or stride is not None else 8
         self.stride = stride
@@ -79,5 +89,7 @@ class VideoScorer(WrappingScorer):
         result = score_checked(self.inner, frame_items)  # one batch: all frames of all clips
         (per_frame,) = (np.asarray(values, dtype=np.float64) for values in result.terms.values())
         owners_arr = np.asarray(owners)
-        values = [float(REDUCTIONS[self.reduce](per_frame[owners_arr == i])) for i in range(len(items))]
+        values = [
+            float(REDUCTIONS[self.reduce](per_frame[owners_arr == i])) for i in range(len(items))
+        ]
         return ScoreResult(terms={"video": values}, diagnostics={"frames_scored": len(frame_items)})

@@ -35,7 +35,8 @@ _HTTPCORE_ERRORS = (
     httpcore.ProxyError,
     httpcore.UnsupportedProtocol,
 )
-_call = threading.local()  # the deadline of the exchange this thread is in (httpx's sync client runs in it)
+# the deadline of the exchange this thread is in (httpx's sync client runs in it)
+_call = threading.local()
 
 
 class AnswerRefused(Exception):
@@ -70,7 +71,8 @@ class _DeadlineStream(httpcore.NetworkStream):
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         sock = self._inner.get_extra_info("socket")
         if isinstance(sock, socket.socket) and not isinstance(sock, ssl.SSLSocket):
-            try:  # sendall's timeout bounds the whole send (Python 3.5+), however slowly the peer reads
+            # sendall's timeout bounds the whole send (Python 3.5+), however slowly the peer reads
+            try:
                 sock.settimeout(_left(timeout, httpcore.WriteTimeout))
                 sock.sendall(buffer)
             except TimeoutError as exc:
@@ -80,14 +82,20 @@ class _DeadlineStream(httpcore.NetworkStream):
             return
         view = memoryview(buffer)  # TLS: each send waits at most what was left when its slice began
         for start in range(0, len(view), _WRITE_SLICE):
-            self._inner.write(bytes(view[start : start + _WRITE_SLICE]), _left(timeout, httpcore.WriteTimeout))
+            self._inner.write(
+                bytes(view[start : start + _WRITE_SLICE]), _left(timeout, httpcore.WriteTimeout)
+            )
 
     def close(self) -> None:
         self._inner.close()
 
-    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> Any:
         return _DeadlineStream(
-            self._inner.start_tls(ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout))
+            self._inner.start_tls(
+                ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout)
+            )
         )
 
     def get_extra_info(self, info: str) -> Any:
@@ -108,9 +116,12 @@ class _DeadlineBackend(httpcore.NetworkBackend):
     ) -> httpcore.NetworkStream:
         last: Exception | None = None
         for address in _resolve(host, port, _left(timeout, httpcore.ConnectTimeout)):
-            try:  # one address at a time, each with what is left (not the whole timeout for every one)
+            # one address at a time, each with what is left (not the whole timeout for every one)
+            try:
                 left = _left(timeout, httpcore.ConnectTimeout)
-                return _DeadlineStream(self._inner.connect_tcp(address, port, left, local_address, socket_options))
+                return _DeadlineStream(
+                    self._inner.connect_tcp(address, port, left, local_address, socket_options)
+                )
             except httpcore.ConnectError as exc:
                 last = exc
         raise last or httpcore.ConnectError(f"no address for {host}")
@@ -126,14 +137,16 @@ class _DeadlineBackend(httpcore.NetworkBackend):
 
 
 def _resolve(host: str, port: int, left: float | None) -> list[str]:
-    """The addresses of `host`, within `left` seconds: the resolver's own waits are not bounded, so it
-    runs in a daemon thread that is left behind at the deadline."""
+    """The addresses of `host`, within `left` seconds: the resolver's own waits are not bounded, so
+    it runs in a daemon thread that is left behind at the deadline."""
     found: list[Any] = []
     done = threading.Event()
 
     def lookup() -> None:
         try:
-            found.extend(info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+            found.extend(
+                info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            )
         except OSError as exc:
             found.append(exc)
         finally:
@@ -141,7 +154,9 @@ def _resolve(host: str, port: int, left: float | None) -> list[str]:
 
     threading.Thread(target=lookup, name="bounded-http-resolve", daemon=True).start()
     if not done.wait(left):
-        raise httpcore.ConnectTimeout(f"resolving {host!r} took longer than the exchange's deadline")
+        raise httpcore.ConnectTimeout(
+            f"resolving {host!r} took longer than the exchange's deadline"
+        )
     if found and isinstance(found[0], OSError):
         raise httpcore.ConnectError(f"cannot resolve {host!r}: {found[0]}")
     return list(dict.fromkeys(found))
@@ -149,7 +164,8 @@ def _resolve(host: str, port: int, left: float | None) -> list[str]:
 
 @contextmanager
 def _httpx_errors(request: httpx.Request) -> Iterator[None]:
-    """httpcore's exceptions as httpx's own (every httpcore error has an httpx class of its name)."""
+    """httpcore's exceptions as httpx's own (every httpcore error has an httpx class of its
+    name)."""
     try:
         yield
     except _HTTPCORE_ERRORS as exc:
@@ -185,17 +201,23 @@ class _DeadlineTransport(httpx.BaseTransport):
         url = httpx.URL(proxy)
         if url.scheme not in ("http", "https"):
             raise ValueError(
-                f"proxy {url.copy_with(username=None, password=None)}: only http and https proxies work here"
+                f"proxy {url.copy_with(username=None, password=None)}: only http and https "
+                f"proxies work here"
             )
-        target = httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path)
-        auth = (url.username, url.password) if url.username else None  # user:password@ in the proxy's URL
+        target = httpcore.URL(
+            scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+        )
+        # user:password@ in the proxy's URL
+        auth = (url.username, url.password) if url.username else None
         self._pool = httpcore.HTTPProxy(proxy_url=target, proxy_auth=auth, **common)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
         core = httpcore.Request(
             method=request.method,
-            url=httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path),
+            url=httpcore.URL(
+                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+            ),
             headers=request.headers.raw,
             content=request.stream,
             extensions=request.extensions,
@@ -203,7 +225,10 @@ class _DeadlineTransport(httpx.BaseTransport):
         with _httpx_errors(request):
             answer = self._pool.handle_request(core)
         return httpx.Response(
-            answer.status, headers=answer.headers, stream=_Body(answer.stream, request), extensions=answer.extensions
+            answer.status,
+            headers=answer.headers,
+            stream=_Body(answer.stream, request),
+            extensions=answer.extensions,
         )
 
     def close(self) -> None:
@@ -211,7 +236,8 @@ class _DeadlineTransport(httpx.BaseTransport):
 
 
 def _proxy_for(url: str) -> str | None:
-    """The environment's proxy for `url` (http_proxy / https_proxy, minus no_proxy), as httpx's trust_env."""
+    """The environment's proxy for `url` (http_proxy / https_proxy, minus no_proxy), as httpx's
+    trust_env."""
     parsed = httpx.URL(url)
     if urllib.request.proxy_bypass(parsed.host):
         return None
@@ -227,13 +253,17 @@ def client(
     base_url: bool = False,
     verify: bool = True,
 ) -> httpx.Client:
-    """A client whose exchanges `exchange` bounds; with `trust_env`, through the environment's proxy for
-    `url`. With `base_url`, request paths are relative to `url`. Redirects are never followed."""
+    """A client whose exchanges `exchange` bounds; with `trust_env`, through the environment's proxy
+    for `url`. With `base_url`, request paths are relative to `url`. Redirects are never
+    followed."""
     return httpx.Client(
         base_url=url if base_url else "",
         headers=dict(headers or {}),
-        trust_env=False,  # the proxy, if any, is resolved here: an env-mounted transport would bypass the deadline
-        transport=_DeadlineTransport(_proxy_for(url) if trust_env else None, max_connections, verify),
+        # the proxy, if any, is resolved here: an env-mounted transport would bypass the deadline
+        trust_env=False,
+        transport=_DeadlineTransport(
+            _proxy_for(url) if trust_env else None, max_connections, verify
+        ),
         follow_redirects=False,
     )
 
@@ -249,8 +279,8 @@ def exchange(
     data: Mapping[str, str] | None = None,
     files: Mapping[str, Any] | None = None,
 ) -> Answer:
-    """One request and its whole answer by `deadline` (time.monotonic): httpx.TimeoutException once it
-    passes, whatever the server does; AnswerRefused for an answer over `max_bytes` or compressed.
+    """One request and its whole answer by `deadline` (time.monotonic): httpx.TimeoutException once
+    it passes, whatever the server does; AnswerRefused for an answer over `max_bytes` or compressed.
     `data` and `files` make a multipart form, each file read from its open file as it is sent."""
     left = deadline - time.monotonic()
     if left <= 0:
@@ -260,11 +290,19 @@ def exchange(
     try:
         sent = {**(headers or {}), "accept-encoding": "identity"}
         with http.stream(
-            method, url, content=content, data=data, files=files, headers=sent, timeout=httpx.Timeout(left)
+            method,
+            url,
+            content=content,
+            data=data,
+            files=files,
+            headers=sent,
+            timeout=httpx.Timeout(left),
         ) as response:
             encoding = response.headers.get("content-encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
-                raise AnswerRefused(f"answer is compressed ({encoding!r}) although identity was asked for")
+                raise AnswerRefused(
+                    f"answer is compressed ({encoding!r}) although identity was asked for"
+                )
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > max_bytes:
                 raise AnswerRefused(f"answer of {declared} bytes exceeds the cap of {max_bytes}")

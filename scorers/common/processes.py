@@ -1,7 +1,8 @@
-"""What every owner of worker processes shares: the exit-status describer and the parent-death signal.
+"""What every owner of worker processes shares: the exit-status describer and the parent-death
+signal.
 
-In the lowest floor of the project, `scorers.common` (stdlib only): the grading pool's workers, the scorer child
-and the trainer side all describe an exit the same way, and arm the same kernel hook.
+In the lowest floor of the project, `scorers.common` (stdlib only): the grading pool's workers, the
+scorer child and the trainer side all describe an exit the same way, and arm the same kernel hook.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ PR_SET_PDEATHSIG = 1
 
 
 def describe(returncode: int | None, meanings: Mapping[int, str] | None = None) -> str:
-    """Human text for an exit status (negative: killed by that signal): 'exit 4 (scorer import failed)',
-    'signal SIGKILL'. `meanings` names codes the caller reserves."""
+    """Human text for an exit status (negative: killed by that signal): 'exit 4 (scorer import
+    failed)', 'signal SIGKILL'. `meanings` names codes the caller reserves."""
     if returncode is None:
         return "still running"
     if returncode < 0:

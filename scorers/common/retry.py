@@ -1,4 +1,5 @@
-"""One retry loop: tries until one succeeds, under an absolute deadline and capped exponential backoff.
+"""One retry loop: tries until one succeeds, under an absolute deadline and capped exponential
+backoff.
 
 Every caller that repeats a failed try (the remote backend, the loopback client, the LLM judge, a
 coroutine waiting for queue room) needs the same bounds: a pause that doubles up to a cap, no pause
@@ -9,7 +10,8 @@ So this loop never wraps an error: when it gives up it re-raises the last try's 
 
 It lives in `scorers.common`, the lowest floor: `supervisor` and `scorers` may both import it,
 and it imports nothing but the standard library (the loopback client must not load
-httpx, so `scorers.common.bounded_http` is no home for it). Nobody jitters today, so neither does this.
+httpx, so `scorers.common.bounded_http` is no home for it). Nobody jitters today, so neither does
+this.
 """
 
 from __future__ import annotations
@@ -89,7 +91,11 @@ class Retry:
         on_retry: Callable[[Exception, int, float], None] = _nothing,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if not 0 < first_pause_s or not 0 < max_pause_s or (max_tries is not None and max_tries < 1):
+        if (
+            not 0 < first_pause_s
+            or not 0 < max_pause_s
+            or (max_tries is not None and max_tries < 1)
+        ):
             raise ValueError("need first_pause_s > 0, max_pause_s > 0 and max_tries >= 1 (or None)")
         self.deadline, self.max_pause_s, self.max_tries = deadline, max_pause_s, max_tries
         self.max_asked_pause_s = max_pause_s if max_asked_pause_s is None else max_asked_pause_s
@@ -105,10 +111,12 @@ class Retry:
             outcome = self._try(attempt)
             if isinstance(outcome, tuple):
                 return outcome[0]
-            self.sleep(outcome)  # outside the handler: an error it raises is not chained to the try's
+            # outside the handler: an error it raises is not chained to the try's
+            self.sleep(outcome)
 
     async def call_async(self, attempt: Callable[[], T]) -> T:
-        """`call` for a coroutine: the pauses are `asyncio.sleep` (not `sleep`), the event loop stays free."""
+        """`call` for a coroutine: the pauses are `asyncio.sleep` (not `sleep`), the event loop
+        stays free."""
         while True:
             outcome = self._try(attempt)
             if isinstance(outcome, tuple):
@@ -116,7 +124,8 @@ class Retry:
             await asyncio.sleep(outcome)
 
     def _try(self, attempt: Callable[[], T]) -> tuple[T] | float:
-        """One try: (its result,), or the pause before the next; the try's error when the loop gives up."""
+        """One try: (its result,), or the pause before the next; the try's error when the loop gives
+        up."""
         self.tries += 1
         try:
             return (attempt(),)
@@ -128,7 +137,10 @@ class Retry:
 
     def _pause_after(self, exc: Exception) -> float | None:
         """The pause before the next try, or None (and `gave_up` set) when there is none."""
-        pause = max(min(self.max_pause_s, self._scheduled), min(self.max_asked_pause_s, self.asked_pause(exc)))
+        pause = max(
+            min(self.max_pause_s, self._scheduled),
+            min(self.max_asked_pause_s, self.asked_pause(exc)),
+        )
         self._scheduled = min(self.max_pause_s, self._scheduled * 2)
         if not self.retry_if(exc):
             self.gave_up = "refused"

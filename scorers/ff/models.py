@@ -34,7 +34,8 @@ class RewardModelTimeout(RuntimeError):
 
 
 class RewardModelConfigError(ValueError):
-    """A reward model's declaration or configuration cannot be honoured (refused at construction)."""
+    """A reward model's declaration or configuration cannot be honoured (refused at
+    construction)."""
 
 
 @dataclass
@@ -57,8 +58,9 @@ def _torch() -> Any:
 
 @dataclass
 class RewardArguments:
-    """FF's per-reward config: the keys it names, the rest in `extra_kwargs` (also read as attributes,
-    `config.threshold`). `device` and `dtype` are torch objects where torch is importable."""
+    """FF's per-reward config: the keys it names, the rest in `extra_kwargs` (also read as
+    attributes, `config.threshold`). `device` and `dtype` are torch objects where torch is
+    importable."""
 
     name: str = "default"
     reward_model: str | None = None
@@ -78,7 +80,9 @@ class RewardArguments:
                 raise RewardModelConfigError(
                     f"reward {self.name!r}: dtype {self.dtype!r} is not one of {sorted(DTYPES)}"
                 )
-            self.dtype = getattr(torch, DTYPES[self.dtype]) if torch is not None else DTYPES[self.dtype]
+            self.dtype = (
+                getattr(torch, DTYPES[self.dtype]) if torch is not None else DTYPES[self.dtype]
+            )
         if isinstance(self.device, str) and torch is not None:
             self.device = torch.device(self.device)
 
@@ -91,8 +95,9 @@ class RewardArguments:
 
 @dataclass(frozen=True)
 class LocalAccelerator:
-    """The stand-in for FF's Accelerator: the child is one rank's own full replica, so it is process 0
-    of 1 on `device`. It has no `prepare`: FF forbids a reward model to prepare or shard itself."""
+    """The stand-in for FF's Accelerator: the child is one rank's own full replica, so it is process
+    0 of 1 on `device`. It has no `prepare`: FF forbids a reward model to prepare or shard
+    itself."""
 
     device: Any
     process_index: int = 0
@@ -107,8 +112,9 @@ Accelerator = LocalAccelerator  # the name FF's model signatures annotate with
 class BaseRewardModel:
     """FF's base: `__init__(config, accelerator)` keeps both and sets `device`, `dtype`, `model`.
 
-    Class attributes: `required_fields` (the only fields passed, as keyword lists), `use_tensor_inputs`
-    (False: PIL; True: float tensors in [0, 1]) and, ours, `thread_safe` (False refuses num_workers > 1).
+    Class attributes: `required_fields` (the only fields passed, as keyword lists),
+    `use_tensor_inputs` (False: PIL; True: float tensors in [0, 1]) and, ours, `thread_safe` (False
+    refuses num_workers > 1).
     """
 
     required_fields: ClassVar[tuple[str, ...]] = ("image", "prompt")
@@ -139,6 +145,7 @@ class PointwiseRewardModel(BaseRewardModel):
 
 
 class GroupwiseRewardModel(BaseRewardModel):
-    """Scores one complete group per call (its members share a `group_id`); `batch_size` does not apply."""
+    """Scores one complete group per call (its members share a `group_id`); `batch_size` does not
+    apply."""
 
     groupwise: ClassVar[bool] = True

@@ -6,10 +6,10 @@ the groupwise Scorer contract. `async_reward` with `num_workers` runs a request'
 many threads and lets the parent send that many requests at once (`concurrent_calls`), as FF's
 async workers do; a model whose `thread_safe` is False refuses more than one worker.
 
-A request on the workers has one deadline, `call_timeout_s`. A thread cannot be stopped: a call whose
-chunks still run past it leaves the scorer wedged (`ScorerWedged`: its child is restarted), and the
-chunks queued behind them never start (those calls say so: queued, not timed out). A call whose chunks
-only queued behind other calls' work, none of them started, times out as queued.
+A request on the workers has one deadline, `call_timeout_s`. A thread cannot be stopped: a call
+whose chunks still run past it leaves the scorer wedged (`ScorerWedged`: its child is restarted),
+and the chunks queued behind them never start (those calls say so: queued, not timed out). A call
+whose chunks only queued behind other calls' work, none of them started, times out as queued.
 """
 
 from __future__ import annotations
@@ -47,13 +47,17 @@ def _positive_int(name: str, value: Any) -> int:
 
 
 def _model_class(model: str) -> type[BaseRewardModel]:
-    """The class at `model`; an import failure is UnknownScorerError (preflight knows it: env-only)."""
+    """The class at `model`; an import failure is UnknownScorerError (preflight knows it:
+    env-only)."""
     if not isinstance(model, str) or not model:
-        raise RewardModelConfigError(f"{NAME}: model must be a dotted path like 'my_pkg.rewards:MyReward'")
+        raise RewardModelConfigError(
+            f"{NAME}: model must be a dotted path like 'my_pkg.rewards:MyReward'"
+        )
     cls = import_dotted(model, f"reward model {model!r}", UnknownScorerError)
     if not (isinstance(cls, type) and issubclass(cls, BaseRewardModel)):
         raise RewardModelConfigError(
-            f"reward model {model!r} is not a PointwiseRewardModel or GroupwiseRewardModel of scorers.ff "
+            f"reward model {model!r} is not a PointwiseRewardModel or GroupwiseRewardModel "
+            f"of scorers.ff "
             "(port an FF model by importing them from scorers.ff instead of FF's rewards.abc)"
         )
     if cls.__call__ is BaseRewardModel.__call__:
@@ -70,7 +74,8 @@ class FfModelScorer(Scorer):
     """An FF-style reward model by dotted path; FF's config keys are its params."""
 
     spec_per_instance = True
-    spec = ScorerSpec(name=NAME, input_kind="image", terms=(NAME,))  # per instance, from the model class
+    # per instance, from the model class
+    spec = ScorerSpec(name=NAME, input_kind="image", terms=(NAME,))
 
     def __init__(
         self,
@@ -90,10 +95,17 @@ class FfModelScorer(Scorer):
         num_workers = _positive_int("num_workers", num_workers)
         if num_workers > 1 and not getattr(self.model_cls, "thread_safe", True):
             raise RewardModelConfigError(
-                f"reward model {model!r} declares thread_safe = False: num_workers must be 1, got {num_workers}"
+                f"reward model {model!r} declares thread_safe = False: num_workers must be "
+                f"1, got {num_workers}"
             )
-        if not isinstance(call_timeout_s, (int, float)) or not math.isfinite(call_timeout_s) or call_timeout_s <= 0:
-            raise RewardModelConfigError(f"{NAME}: call_timeout_s must be a finite number > 0, got {call_timeout_s!r}")
+        if (
+            not isinstance(call_timeout_s, (int, float))
+            or not math.isfinite(call_timeout_s)
+            or call_timeout_s <= 0
+        ):
+            raise RewardModelConfigError(
+                f"{NAME}: call_timeout_s must be a finite number > 0, got {call_timeout_s!r}"
+            )
         self.async_reward, self.num_workers = bool(async_reward), num_workers
         self.workers = num_workers if async_reward else 1
         self.params = dict(params or {})
@@ -103,7 +115,8 @@ class FfModelScorer(Scorer):
         self.spec = self._spec()
         self._instance: BaseRewardModel | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._wedged: str | None = None  # a call's chunks still run past its deadline on the workers
+        # a call's chunks still run past its deadline on the workers
+        self._wedged: str | None = None
 
     def _spec(self) -> ScorerSpec:
         groupwise = bool(getattr(self.model_cls, "groupwise", False))
@@ -113,10 +126,21 @@ class FfModelScorer(Scorer):
             required_fields=tuple(f for f in self.fields if f in TEXT_FIELDS or f in MEDIA_FIELDS),
             terms=(NAME,),
             revision="ff-1",
-            identity={"model": self.model, "groupwise": groupwise, "tensors": self.tensors, "fields": self.fields},
+            identity={
+                "model": self.model,
+                "groupwise": groupwise,
+                "tensors": self.tensors,
+                "fields": self.fields,
+            },
             groupwise=groupwise,
             ragged_groups=True,  # FF's groups are whatever its sampler made them
-            nonsemantic_params=("batch_size", "async_reward", "num_workers", "name", "call_timeout_s"),
+            nonsemantic_params=(
+                "batch_size",
+                "async_reward",
+                "num_workers",
+                "name",
+                "call_timeout_s",
+            ),
             requires_modules=(self.model.partition(":")[0].split(".")[0],),
             concurrent_calls=self.workers,
         )
@@ -135,12 +159,18 @@ class FfModelScorer(Scorer):
             extra_kwargs=dict(self.params),
         )
         self._instance = self.model_cls(config, LocalAccelerator(device=config.device))
-        if self.workers > 1 and not self.spec.groupwise:  # groups overlap across requests (concurrent_calls)
-            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="ff-reward")
+        # groups overlap across requests (concurrent_calls)
+        if self.workers > 1 and not self.spec.groupwise:
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.workers, thread_name_prefix="ff-reward"
+            )
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         self._refuse_if_wedged()
-        chunks = [items[start : start + self.batch_size] for start in range(0, len(items), self.batch_size)]
+        chunks = [
+            items[start : start + self.batch_size]
+            for start in range(0, len(items), self.batch_size)
+        ]
         if self._pool is None or len(chunks) == 1:
             scores = [value for chunk in chunks for value in self._call(chunk)]
         else:
@@ -154,11 +184,15 @@ class FfModelScorer(Scorer):
         if self._wedged is not None:
             raise ScorerWedged(f"this call never started: {self._wedged}", timed_out=False)
 
-    def _in_workers(self, pool: ThreadPoolExecutor, chunks: list[Sequence[ScoreItem]]) -> list[float]:
+    def _in_workers(
+        self, pool: ThreadPoolExecutor, chunks: list[Sequence[ScoreItem]]
+    ) -> list[float]:
         """The chunks on the worker threads, results in item order, within one deadline for all."""
         deadline = time.monotonic() + self.call_timeout_s
         try:
-            futures: list[Future[list[float]]] = [pool.submit(self._call, chunk) for chunk in chunks]
+            futures: list[Future[list[float]]] = [
+                pool.submit(self._call, chunk) for chunk in chunks
+            ]
         except RuntimeError:  # the pool was shut down meanwhile: another call wedged it
             self._refuse_if_wedged()
             raise
@@ -170,12 +204,14 @@ class FfModelScorer(Scorer):
             failure = self._past_deadline(pool, futures)
             if failure is not None:
                 raise failure from exc
-            scores = [value for future in futures for value in future.result()]  # all ended at the deadline
+            # all ended at the deadline
+            scores = [value for future in futures for value in future.result()]
         except CancelledError as exc:  # another call wedged the workers and cancelled what queued
             queued = sum(future.cancelled() for future in futures)
             why = self._wedged or "the workers were shut down"
             raise ScorerWedged(
-                f"{queued} of this call's {len(futures)} chunks never started (queued behind another call): {why}",
+                f"{queued} of this call's {len(futures)} chunks never started (queued behind "
+                f"another call): {why}",
                 timed_out=False,
             ) from exc
         finally:
@@ -183,24 +219,31 @@ class FfModelScorer(Scorer):
                 future.cancel()
         return scores
 
-    def _past_deadline(self, pool: ThreadPoolExecutor, futures: list[Future[list[float]]]) -> Exception | None:
-        """What a call whose deadline passed raises: wedged when its own chunks still run on the workers
-        (the pool is shut down, whatever queued behind them cancelled), timed out while queued when none
-        of them started; None when every chunk ended just as the deadline passed."""
-        queued = sum(future.cancel() for future in futures)  # a chunk not yet started cancels; a running one not
+    def _past_deadline(
+        self, pool: ThreadPoolExecutor, futures: list[Future[list[float]]]
+    ) -> Exception | None:
+        """What a call whose deadline passed raises: wedged when its own chunks still run on the
+        workers (the pool is shut down, whatever queued behind them cancelled), timed out while
+        queued when none of them started; None when every chunk ended just as the deadline
+        passed."""
+        # a chunk not yet started cancels; a running one not
+        queued = sum(future.cancel() for future in futures)
         running = sum(not future.done() for future in futures)
         where = f"reward model {self.model!r}: of {len(futures)} chunks on {self.workers} workers"
         if running:
             self._wedged = (
                 f"{where}, {running} still ran after call_timeout_s={self.call_timeout_s} "
-                f"({queued} never started, queued); a thread cannot be stopped: this process must be restarted"
+                f"({queued} never started, queued); a thread cannot be stopped: this process "
+                f"must be restarted"
             )
-            pool.shutdown(wait=False, cancel_futures=True)  # other calls' queued chunks fail at once, as queued
+            # other calls' queued chunks fail at once, as queued
+            pool.shutdown(wait=False, cancel_futures=True)
             return ScorerWedged(self._wedged, timed_out=True)
         if not queued:
             return None
         return RewardModelTimeout(
-            f"{where}, {queued} never started within call_timeout_s={self.call_timeout_s}: queued behind other "
+            f"{where}, {queued} never started within call_timeout_s={self.call_timeout_s}: "
+            f"queued behind other "
             "calls on the workers"
         )
 
@@ -212,7 +255,8 @@ class FfModelScorer(Scorer):
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)  # bounded: a stuck call is not waited for
+            # bounded: a stuck call is not waited for
+            self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
         instance, self._instance = self._instance, None
         closer = getattr(instance, "close", None)
@@ -224,7 +268,8 @@ def checked_rewards(model: str, output: Any, count: int) -> list[float]:
     """One finite float per input, in order, from a RewardModelOutput; anything else is refused."""
     if not hasattr(output, "rewards"):
         raise RewardModelError(
-            f"reward model {model!r} returned {type(output).__name__}, expected RewardModelOutput(rewards=...)"
+            f"reward model {model!r} returned {type(output).__name__}, expected "
+            f"RewardModelOutput(rewards=...)"
         )
     rewards = output.rewards
     if hasattr(rewards, "detach"):  # a tensor, bfloat16 included
@@ -241,7 +286,8 @@ def checked_rewards(model: str, output: Any, count: int) -> list[float]:
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
         raise RewardModelError(
-            f"reward model {model!r}: non-finite reward {float(values[bad[0]])!r} for input {int(bad[0])} of {count} "
+            f"reward model {model!r}: non-finite reward {float(values[bad[0]])!r} for input "
+            f"{int(bad[0])} of {count} "
             "(applicability is the panel's: never return NaN for 'not applicable')"
         )
     return [float(value) for value in values]

@@ -1,4 +1,5 @@
-"""The grading pool's options, checked once, shared read-only by its parts (`PoolConfig`), and its defaults.
+"""The grading pool's options, checked once, shared read-only by its parts (`PoolConfig`), and its
+defaults.
 
 Why apart: the task manager and the worker manager both read the same bounds (timeouts, overflow,
 memory); one frozen record, validated at construction, means neither can see a half-checked value.
@@ -14,8 +15,8 @@ from typing import Any
 # CPU time: with the forkserver's heap frozen (no 60 ms full collections mid-item), an ordinary item
 # takes milliseconds, the slowest of 3,000 about 0.06 s
 DEFAULT_SOFT_TIMEOUT_S = 0.1
-# held tasks are stopped and cost only memory (each under the cap); a small pool keeps room for a few
-# ordinary items that pass the soft deadline beside its pathological ones
+# held tasks are stopped and cost only memory (each under the cap); a small pool keeps room for a
+# few ordinary items that pass the soft deadline beside its pathological ones
 MIN_OVERFLOW = 16
 WAIT_FACTOR = 4  # a task holding its slot this many soft deadlines moves whatever CPU time it used
 DEFAULT_MEMORY_CAP_BYTES = 512 * 2**20  # beyond what a freshly forked worker maps
@@ -25,7 +26,8 @@ DEFAULT_MEMORY_BUDGET_BYTES = DEFAULT_MEMORY_CAP_BYTES
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """A GradingPool's options with defaults applied (see GradingPool.__init__ for their meaning)."""
+    """A GradingPool's options with defaults applied (see GradingPool.__init__ for their
+    meaning)."""
 
     jobs: int
     timeout_s: float
@@ -88,7 +90,9 @@ def overflow_options(
     if isinstance(soft_timeout_s, bool) or not isinstance(soft_timeout_s, (int, float)):
         raise TypeError(f"soft_timeout_s must be a number, got {type(soft_timeout_s).__name__}")
     if not 0 < soft_timeout_s < timeout_s:
-        raise ValueError(f"soft_timeout_s must be > 0 and below timeout_s={timeout_s}, got {soft_timeout_s!r}")
+        raise ValueError(
+            f"soft_timeout_s must be > 0 and below timeout_s={timeout_s}, got {soft_timeout_s!r}"
+        )
     overflow = max(MIN_OVERFLOW, 4 * jobs) if overflow is None else overflow
     if not _is_int(overflow) or overflow < 0:
         raise ValueError(f"overflow must be an int >= 0, got {overflow!r}")

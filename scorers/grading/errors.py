@@ -14,7 +14,9 @@ class GradingTaskError(GradingPoolError):
     answer) into a 4xx instead of tearing the pool down.
     """
 
-    def __init__(self, message: str, *, task_index: int, remote_type: str, remote_text: str) -> None:
+    def __init__(
+        self, message: str, *, task_index: int, remote_type: str, remote_text: str
+    ) -> None:
         super().__init__(message)
         self.task_index = task_index
         self.remote_type = remote_type

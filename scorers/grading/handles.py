@@ -2,11 +2,13 @@
 
 Why one type: a signal sent to a pid that someone already reaped may hit a stranger that reused it.
 Each kind of process the pool starts knows when that can no longer happen, and says so in one place
-(`_gone`); `signal()` sends nothing after it, and `reap()` waits (always bounded) for the exit. Kinds:
+(`_gone`); `signal()` sends nothing after it, and `reap()` waits (always bounded) for the exit.
+Kinds:
 - `SpawnedProcess`: a multiprocessing Process the forkserver started (a worker, or the template);
 - `ClonedProcess`: a worker the template forked: not our child, watched through a pidfd (poll it,
   signal it without racing pid reuse), its exit status told by the template, which reaps it;
-- `HelperProcess`: one of multiprocessing's helpers, reaped by multiprocessing's own `_stop()` in a thread.
+- `HelperProcess`: one of multiprocessing's helpers, reaped by multiprocessing's own `_stop()` in a
+  thread.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from scorers.grading.errors import GradingPoolError
 
 
 class GradingProcess(abc.ABC):
-    """A process some part of the pool started: `signal()` it, `reap()` it; nothing else sends it a signal."""
+    """A process some part of the pool started: `signal()` it, `reap()` it; nothing else sends it a
+    signal."""
 
     pid: int
 
     def signal(self, signum: int) -> None:
-        """Send `signum`, unless it is known to be gone (a reaped pid may belong to someone else by now)."""
+        """Send `signum`, unless it is known to be gone (a reaped pid may belong to someone else by
+        now)."""
         if self._gone():
             return
         try:
@@ -41,7 +45,8 @@ class GradingProcess(abc.ABC):
 
     @abc.abstractmethod
     def reap(self, timeout_s: float) -> bool:
-        """Wait at most `timeout_s` for it to exit, then release what watches it; True once it is gone."""
+        """Wait at most `timeout_s` for it to exit, then release what watches it; True once it is
+        gone."""
 
     @abc.abstractmethod
     def _gone(self) -> bool:
@@ -71,7 +76,8 @@ class WorkerProcess(GradingProcess):
 
 
 class SpawnedProcess(WorkerProcess):
-    """A multiprocessing Process started by the forkserver; multiprocessing reads its exit status."""
+    """A multiprocessing Process started by the forkserver; multiprocessing reads its exit
+    status."""
 
     def __init__(self, process: Any) -> None:
         if process.pid is None:  # start() returned, so it has one; the type does not say so
@@ -108,7 +114,8 @@ class SpawnedProcess(WorkerProcess):
         return True
 
     def _gone(self) -> bool:
-        return self._closed or self._process.exitcode is not None  # exitcode polls: never a reaped pid
+        # exitcode polls: never a reaped pid
+        return self._closed or self._process.exitcode is not None
 
     def _deliver(self, signum: int) -> None:
         os.kill(self.pid, signum)
@@ -145,7 +152,8 @@ class ClonedProcess(WorkerProcess):
         return self._pidfd >= 0 and not mp_connection.wait([self._pidfd], 0)
 
     def wait_status(self, timeout_s: float) -> int | None:
-        """Wait until it has exited and the template has told its exit status (both bounded by `timeout_s`)."""
+        """Wait until it has exited and the template has told its exit status (both bounded by
+        `timeout_s`)."""
         deadline = time.monotonic() + timeout_s
         if self._pidfd >= 0 and mp_connection.wait([self._pidfd], timeout_s):
             self._reaper.await_status(self.pid, deadline)

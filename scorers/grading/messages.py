@@ -1,8 +1,9 @@
-"""Every message sent on the grading pool's pipes (pool <-> worker, pool <-> template), one frozen class each.
+"""Every message sent on the grading pool's pipes (pool <-> worker, pool <-> template), one frozen
+class each.
 
-Why classes and not tuples: a reader of either end sees one name per kind and its fields by name, and
-a field added on one side is a type error on the other, not a silent shift of `message[3]`. They stay
-small (a few fields, slots): one is pickled per task.
+Why classes and not tuples: a reader of either end sees one name per kind and its fields by name,
+and a field added on one side is a type error on the other, not a silent shift of `message[3]`. They
+stay small (a few fields, slots): one is pickled per task.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ class Warmed:
 
 @dataclass(frozen=True, slots=True)
 class CloneExited:
-    """A worker the template forked exited, with this exit code (negative: killed by that signal)."""
+    """A worker the template forked exited, with this exit code (negative: killed by that
+    signal)."""
 
     pid: int
     exitcode: int

@@ -25,8 +25,8 @@ _CAUSE_CHARS = 2000  # of a failed import's traceback: its end, where the except
 
 
 def forkserver_pid(ensure: bool = True) -> int:
-    """Pid of the forkserver (started first if needed, unless not `ensure`), or 0 if multiprocessing hides it
-    (or none was started)."""
+    """Pid of the forkserver (started first if needed, unless not `ensure`), or 0 if multiprocessing
+    hides it (or none was started)."""
     from multiprocessing import forkserver
 
     if ensure:
@@ -42,57 +42,75 @@ def preload_failure(modules: Sequence[str], timeout_s: float) -> str:
     argv = [sys.executable, "-c", code, *modules]
     try:
         done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
         return f"importing its preload {list(modules)} afresh did not end within {timeout_s:.0f} s"
     except OSError as exc:
         return f"its preload could not be imported afresh to say why ({exc})"
     if done.returncode == 0:
-        return f"its preload {list(modules)} imports afresh without error: it was killed, or failed only there"
-    return f"importing its preload afresh fails ({describe(done.returncode)}): {done.stderr.strip()[-_CAUSE_CHARS:]}"
+        return (
+            f"its preload {list(modules)} imports afresh without error: it was killed, or "
+            f"failed only there"
+        )
+    return (
+        f"importing its preload afresh fails ({describe(done.returncode)}): "
+        f"{done.stderr.strip()[-_CAUSE_CHARS:]}"
+    )
 
 
 _helpers_lock = threading.Lock()
 _live_pools = 0
 _owned_helpers: list[str] = []
-_started_early: list[str] | None = None  # helpers start_forkserver_early launched, for the first pool to own
-_preloaded: dict[int, tuple[str, ...]] = {}  # forkserver pid -> what it preloads, for those launched here
-_pool_children: set[int] = set()  # the forkserver's children that pools asked for (workers, templates)
-ENTER_MODULE = "scorers.grading.forkserver_enter"  # preloaded first: no ^C and no collections during the preload
-FREEZE_MODULE = "scorers.grading.forkserver_gc"  # preloaded last: workers never collect the preloaded heap
+# helpers start_forkserver_early launched, for the first pool to own
+_started_early: list[str] | None = None
+# forkserver pid -> what it preloads, for those launched here
+_preloaded: dict[int, tuple[str, ...]] = {}
+# the forkserver's children that pools asked for (workers, templates)
+_pool_children: set[int] = set()
+# preloaded first: no ^C and no collections during the preload
+ENTER_MODULE = "scorers.grading.forkserver_enter"
+# preloaded last: workers never collect the preloaded heap
+FREEZE_MODULE = "scorers.grading.forkserver_gc"
 
 
 def forkserver_modules(preload: Sequence[str], grade_fn: str) -> list[str]:
-    """What a pool's forkserver preloads: ^C ignored and the collector paused, its modules, the grade function's,
-    then the heap freeze (which resumes the collector)."""
+    """What a pool's forkserver preloads: ^C ignored and the collector paused, its modules, the
+    grade function's, then the heap freeze (which resumes the collector)."""
     return list(dict.fromkeys([ENTER_MODULE, *preload, grade_fn.partition(":")[0], FREEZE_MODULE]))
 
 
 def start_forkserver_early(modules: Sequence[str]) -> None:
-    """Launch the forkserver (and the resource tracker) now, preloading `modules`, without waiting for
-    it: a child that starts it before its own imports overlaps the two (the preload is the slow part
-    of a math child's start). The first pool started afterwards owns what this launched, as if it had
-    launched them itself; a forkserver already running is left as it is."""
+    """Launch the forkserver (and the resource tracker) now, preloading `modules`, without waiting
+    for it: a child that starts it before its own imports overlaps the two (the preload is the slow
+    part of a math child's start). The first pool started afterwards owns what this launched, as if
+    it had launched them itself; a forkserver already running is left as it is."""
     global _started_early
     with _helpers_lock:
         if _live_pools or _started_early is not None:
             return
-        fresh = [n for n, h in _helper_objects().items() if h is not None and _helper_pid(h) is None]
+        fresh = [
+            n for n, h in _helper_objects().items() if h is not None and _helper_pid(h) is None
+        ]
         _ensure_preloading(modules)
         _started_early = fresh
 
 
 def serving_forkserver(modules: Sequence[str]) -> bool:
-    """Make sure the forkserver runs, launched now with `modules` preloaded if none does; True if the one
-    that runs preloads them (it was launched so by a pool, or by `start_forkserver_early`).
+    """Make sure the forkserver runs, launched now with `modules` preloaded if none does; True if
+    the one that runs preloads them (it was launched so by a pool, or by `start_forkserver_early`).
 
-    A pool calls this before anything of it runs in a thread: the launch is then over before the caller's
-    next line, and a `set_forkserver_preload` the caller makes afterwards cannot slip in first (it
-    changes only what a forkserver launched later preloads). The caller's own preload list is put back,
-    so a forkserver multiprocessing launches for the caller once the pools stopped this one preloads
-    what the caller asked for. False (a forkserver someone else launched, preloading other modules):
-    the pool forks its workers from a template that imports the modules itself."""
+    A pool calls this before anything of it runs in a thread: the launch is then over before the
+    caller's next line, and a `set_forkserver_preload` the caller makes afterwards cannot slip in
+    first (it changes only what a forkserver launched later preloads). The caller's own preload list
+    is put back, so a forkserver multiprocessing launches for the caller once the pools stopped this
+    one preloads what the caller asked for. False (a forkserver someone else launched, preloading
+    other modules): the pool forks its workers from a template that imports the modules itself."""
     with _helpers_lock:
         return _ensure_preloading(modules)
 
@@ -115,8 +133,8 @@ def _ensure_preloading(modules: Sequence[str]) -> bool:
 
 
 def note_pool_child(pid: int) -> None:
-    """A worker or template a pool asked the forkserver for: not a process of the caller's own, when the
-    last pool decides whether the forkserver it launched still serves someone else."""
+    """A worker or template a pool asked the forkserver for: not a process of the caller's own, when
+    the last pool decides whether the forkserver it launched still serves someone else."""
     with _helpers_lock:
         _pool_children.add(pid)
 
@@ -149,18 +167,23 @@ def acquire_helpers() -> None:
             if _started_early is not None:
                 _owned_helpers[:], _started_early = _started_early, None
             else:
-                fresh = [n for n, h in _helper_objects().items() if h is not None and _helper_pid(h) is None]
+                fresh = [
+                    n
+                    for n, h in _helper_objects().items()
+                    if h is not None and _helper_pid(h) is None
+                ]
                 _owned_helpers[:] = fresh
         _live_pools += 1
 
 
 def release_helpers(budget_s: float) -> None:
-    """Uncount a pool; the last one stops the helpers the pools launched, but for a forkserver that still
-    serves the caller's own processes (the caller forked from it meanwhile: stopping it now would make
-    multiprocessing report each of them as exit 255). That one is left to end with this process, as
-    multiprocessing's own helpers do."""
+    """Uncount a pool; the last one stops the helpers the pools launched, but for a forkserver that
+    still serves the caller's own processes (the caller forked from it meanwhile: stopping it now
+    would make multiprocessing report each of them as exit 255). That one is left to end with this
+    process, as multiprocessing's own helpers do."""
     global _live_pools
-    with _helpers_lock:  # held while stopping, so a pool starting meanwhile can't use a dying helper
+    # held while stopping, so a pool starting meanwhile can't use a dying helper
+    with _helpers_lock:
         _live_pools -= 1
         if _live_pools > 0:
             return
@@ -171,7 +194,9 @@ def release_helpers(budget_s: float) -> None:
             others = _children(server_pid) - _pool_children
             if others:
                 log.info(
-                    "multiprocessing forkserver pid %d left running: it serves pids %s", server_pid, sorted(others)
+                    "multiprocessing forkserver pid %d left running: it serves pids %s",
+                    server_pid,
+                    sorted(others),
                 )
                 owned = []  # the tracker stays with it (the forkserver's processes may use it)
         _pool_children.clear()
@@ -216,7 +241,12 @@ def _stop_helper(name: str, helper: Any, budget_s: float) -> None:
     thread.start()
     thread.join(budget_s)
     if thread.is_alive():
-        log.warning("multiprocessing %s pid %d did not exit within %.1fs; sending SIGKILL", name, pid, budget_s)
+        log.warning(
+            "multiprocessing %s pid %d did not exit within %.1fs; sending SIGKILL",
+            name,
+            pid,
+            budget_s,
+        )
         process = HelperProcess(pid, thread)
         process.kill()
         if not process.reap(budget_s):

@@ -1,4 +1,5 @@
-"""What one grade() call is while in flight (`Batch`) and what each of its tasks came to (`GradeOutcome`).
+"""What one grade() call is while in flight (`Batch`) and what each of its tasks came to
+(`GradeOutcome`).
 
 Why apart: the task manager fills batches and the worker manager's records point at the batch their
 task belongs to; both import this, neither imports the other's module for it.
@@ -17,13 +18,15 @@ from typing import Any
 class GradeOutcome:
     """One task's outcome: `value` is grade_fn's result when status is "ok", else None."""
 
-    # "ok" | "timeout" | "memory" (past the memory cap) | "cpu" (past the CPU-time cap) | "budget" (held
-    # tasks together past the pool's memory budget)
+    # "ok" | "timeout" | "memory" (past the memory cap) | "cpu" (past the CPU-time cap) | "budget"
+    # (held tasks together past the pool's memory budget)
     status: str
     value: Any
     elapsed_s: float
-    overflowed: bool = False  # it passed the soft deadline and finished (or not) in an overflow worker
-    finished_at: float = field(default_factory=time.monotonic, compare=False)  # when the owner recorded it
+    # it passed the soft deadline and finished (or not) in an overflow worker
+    overflowed: bool = False
+    # when the owner recorded it
+    finished_at: float = field(default_factory=time.monotonic, compare=False)
 
 
 @dataclass(eq=False)

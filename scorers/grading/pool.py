@@ -13,9 +13,9 @@ built is frozen (gc.freeze), so no worker's full collection walks it. multiproce
 one forkserver per process: `start()` launches it with the pool's preload before it returns
 (a caller's later `set_forkserver_preload` cannot race it). Where the caller's own forkserver
 already runs, preloading other modules, the workers fork from a template that imported the
-pool's preload itself, so they grade as warm as ever, and the caller's forkserver is left alone. With `warm_replay`,
-they fork instead from a template (a child of the forkserver) that replays some of each
-batch's ordinary tasks once the batch is done, so a worker started mid-batch (a spare, a
+pool's preload itself, so they grade as warm as ever, and the caller's forkserver is left alone.
+With `warm_replay`, they fork instead from a template (a child of the forkserver) that replays some
+of each batch's ordinary tasks once the batch is done, so a worker started mid-batch (a spare, a
 replacement) has the grader's caches of a veteran (scorers/grading/template.py).
 
 A task that has used its soft deadline (well under its timeout) in CPU time stops holding
@@ -32,10 +32,11 @@ retired after its task; retired workers are killed at once and reaped once gone 
 exiting when grade() returns, as a large heap takes 0.1 s to free, by the next grade() or
 close()). The held tasks together may keep at most `memory_budget_bytes` of private memory
 (each one's own cap times the overflow bound would allow 8 GiB; a task's memory is its worker's
-growth since it was ready): past it, the largest are killed, outcome "budget". Each worker's address space is capped (a task past `memory_cap_bytes` fails with
-MemoryError: outcome "memory", the worker exits) and each task's CPU time is capped by the
-kernel (RLIMIT_CPU, outcome "cpu"), a backstop to the timeout. A worker whose memory grew
-while grading is replaced, so the pool returns to its size after a hostile batch.
+growth since it was ready): past it, the largest are killed, outcome "budget". Each worker's address
+space is capped (a task past `memory_cap_bytes` fails with MemoryError: outcome "memory", the worker
+exits) and each task's CPU time is capped by the kernel (RLIMIT_CPU, outcome "cpu"), a backstop to
+the timeout. A worker whose memory grew while grading is replaced, so the pool returns to its size
+after a hostile batch.
 
 Liveness chain: the owner holds the forkserver's "alive" pipe; workers drop
 their inherited copy of it, so when the owner dies the forkserver sees EOF and
@@ -93,7 +94,12 @@ from scorers.grading.config import (
     build_config,
 )
 from scorers.grading.errors import GradingPoolError
-from scorers.grading.mp_helpers import acquire_helpers, forkserver_modules, release_helpers, serving_forkserver
+from scorers.grading.mp_helpers import (
+    acquire_helpers,
+    forkserver_modules,
+    release_helpers,
+    serving_forkserver,
+)
 from scorers.grading.outcomes import GradeOutcome
 from scorers.grading.tasks import TaskManager
 from scorers.grading.workers import REAP_TIMEOUT_S, WorkerManager
@@ -106,9 +112,10 @@ _CLOSE_WAIT_S = 5.0  # how long close() waits for a grade() in flight to see the
 class GradingPool:
     """Forkserver workers, one task each at a time, hard per-task timeouts.
 
-    `grade_fn` is "module:function", importable in the child (our packages or extra_import_paths); it gets
-    each task's tuple as positional args and returns a picklable result. A facade: the task manager
-    (scorers/grading/tasks.py) drives the batches over the worker manager's workers (workers.py).
+    `grade_fn` is "module:function", importable in the child (our packages or extra_import_paths);
+    it gets each task's tuple as positional args and returns a picklable result. A facade: the task
+    manager (scorers/grading/tasks.py) drives the batches over the worker manager's workers
+    (workers.py).
     """
 
     def __init__(
@@ -123,13 +130,14 @@ class GradingPool:
         warm_replay: int = 0,
         memory_budget_bytes: int | None = DEFAULT_MEMORY_BUDGET_BYTES,
     ) -> None:
-        """`soft_timeout_s`: None = min(0.1 s, timeout_s / 2). `overflow`: the most tasks moved out of
-        the ordinary slots at once; None = max(16, 4 x jobs), 0 = never move one. `memory_cap_bytes`: None = no cap.
-        `warm_replay`: workers fork from a template that replays up to this many of each batch's ordinary
-        tasks once the batch is done (grade_fn must be free of side effects); 0 = they fork from the forkserver."""
+        """`soft_timeout_s`: None = min(0.1 s, timeout_s / 2). `overflow`: the most tasks moved out
+        of the ordinary slots at once; None = max(16, 4 x jobs), 0 = never move one.
+        `memory_cap_bytes`: None = no cap. `warm_replay`: workers fork from a template that replays
+        up to this many of each batch's ordinary tasks once the batch is done (grade_fn must be free
+        of side effects); 0 = they fork from the forkserver."""
         self.config: PoolConfig = build_config(
-            jobs, timeout_s, grade_fn, preload, soft_timeout_s, overflow, memory_cap_bytes, warm_replay,
-            memory_budget_bytes,
+            jobs, timeout_s, grade_fn, preload, soft_timeout_s, overflow, memory_cap_bytes,
+            warm_replay, memory_budget_bytes,
         )  # fmt: skip
         self._ctx = multiprocessing.get_context("forkserver")
         self._workers = WorkerManager(self.config, self._ctx)
@@ -151,23 +159,29 @@ class GradingPool:
     def start(self, wait: bool = True) -> None:
         """Start the workers and wait (bounded) until each has loaded grade_fn.
 
-        `wait=False`: they start in a thread that holds the drive lock, and this returns at once. The
-        first grade() waits for them (its hard cap counts from its call) and raises the start's failure
-        as its own; close() waits (bounded) for the start to end. A managed child says it is ready
-        meanwhile, so the forkserver's preload and warm-up overlap the trainer's own start."""
+        `wait=False`: they start in a thread that holds the drive lock, and this returns at once.
+        The first grade() waits for them (its hard cap counts from its call) and raises the start's
+        failure as its own; close() waits (bounded) for the start to end. A managed child says it is
+        ready meanwhile, so the forkserver's preload and warm-up overlap the trainer's own start."""
         if self._tasks.state != "new":
-            raise GradingPoolError(f"GradingPool.start() called twice (pool is {self._tasks.state})")
+            raise GradingPoolError(
+                f"GradingPool.start() called twice (pool is {self._tasks.state})"
+            )
         self._tasks.state = "running"
         acquire_helpers()
         self._holds_helpers = True
-        # here, not in the thread: the forkserver that will fork the workers is settled before start() returns
+        # here, not in the thread: the forkserver that will fork the workers is settled before
+        # start() returns
         modules = forkserver_modules(self.config.preload, self.config.grade_fn)
         self._workers.server_preloads = serving_forkserver(modules)
         if wait:
             self._start_workers()
             return
-        self._tasks.drive.acquire()  # taken here, so that no grade() can drive before the workers exist
-        self._starter = threading.Thread(target=self._start_in_background, name="grading-pool-start", daemon=True)
+        # taken here, so that no grade() can drive before the workers exist
+        self._tasks.drive.acquire()
+        self._starter = threading.Thread(
+            target=self._start_in_background, name="grading-pool-start", daemon=True
+        )
         try:
             self._starter.start()
         except BaseException:
@@ -183,8 +197,8 @@ class GradingPool:
 
     def _start_in_background(self) -> None:
         """The workers' start, holding the drive lock start() took; a failure breaks the pool (its
-        error is the next grade()'s). A close() that gave up waiting has killed what it saw: what this
-        started afterwards is killed here."""
+        error is the next grade()'s). A close() that gave up waiting has killed what it saw: what
+        this started afterwards is killed here."""
         try:
             self._start_workers()
         except BaseException as exc:  # noqa: BLE001 - remembered as the pool's broken_error, raised by grade()
@@ -203,10 +217,10 @@ class GradingPool:
         return self._tasks.grade(checked) if checked else []
 
     def settle(self, timeout_s: float = 30.0) -> bool:
-        """Wait (bounded) until the template has replayed the last batch; True if it has (or there is none).
-        A trainer never needs this (the replay runs while it generates); a benchmark does, to time batches
-        on an otherwise idle machine. False if the workers' start (or a grade()) holds the pool past
-        `timeout_s`; a start that failed meanwhile raises, as grade() would."""
+        """Wait (bounded) until the template has replayed the last batch; True if it has (or there
+        is none). A trainer never needs this (the replay runs while it generates); a benchmark does,
+        to time batches on an otherwise idle machine. False if the workers' start (or a grade())
+        holds the pool past `timeout_s`; a start that failed meanwhile raises, as grade() would."""
         self._check_usable()
         timeout_s = max(0.0, timeout_s)  # a lock's timeout of -1 would mean none
         deadline = time.monotonic() + timeout_s
@@ -220,11 +234,13 @@ class GradingPool:
 
     @property
     def starting(self) -> bool:
-        """The workers' start (`start(wait=False)`) is still running: the first grade() will wait for it."""
+        """The workers' start (`start(wait=False)`) is still running: the first grade() will wait
+        for it."""
         return self._starter is not None and self._starter.is_alive()
 
     def wait_started(self, timeout_s: float) -> None:
-        """Wait (bounded) until the workers' start has ended, up or failed (grade() raises the failure)."""
+        """Wait (bounded) until the workers' start has ended, up or failed (grade() raises the
+        failure)."""
         if self._starter is not None:
             self._starter.join(timeout_s)
 
@@ -238,28 +254,33 @@ class GradingPool:
         return self._tasks.state == "broken"
 
     def worker_pids(self) -> list[int]:
-        """Pids of the workers holding or waiting on tasks, not the spare (for tests and diagnostics)."""
+        """Pids of the workers holding or waiting on tasks, not the spare (for tests and
+        diagnostics)."""
         return [w.pid for w in self._workers.workers if w.role != "spare"]
 
     def spare_pids(self) -> list[int]:
         return [w.pid for w in self._workers.workers if w.role == "spare"]
 
     def template_pid(self) -> int | None:
-        """The process workers fork from when `warm_replay` is on (None: they fork from the forkserver)."""
+        """The process workers fork from when `warm_replay` is on (None: they fork from the
+        forkserver)."""
         template = self._workers.template
         return None if template is None else template.pid
 
     def close(self) -> None:
-        """SIGKILL and reap every worker; the last pool also stops the helpers. Bounded, idempotent."""
+        """SIGKILL and reap every worker; the last pool also stops the helpers. Bounded,
+        idempotent."""
         if self._tasks.state == "closed":
             return
         self._tasks.state = "closed"
-        self._tasks.wake()  # a grade() in flight sees the pool closed at its next look, and lets go of it
+        # a grade() in flight sees the pool closed at its next look, and lets go of it
+        self._tasks.wake()
         driving = self._tasks.drive.acquire(timeout=_CLOSE_WAIT_S)
         try:
             if not driving:
                 log.warning(
-                    "grading pool: a grade() or the workers' start still runs after %.0f s; closing under it",
+                    "grading pool: a grade() or the workers' start still runs after %.0f s; "
+                    "closing under it",
                     _CLOSE_WAIT_S,
                 )
             self._workers.kill_all()
@@ -289,8 +310,12 @@ class GradingPool:
         if state == "running":
             return
         if state == "broken":
-            raise GradingPoolError(f"grading pool is broken: {self._tasks.broken_error}") from self._tasks.broken_error
-        raise GradingPoolError("grading pool is not started" if state == "new" else "grading pool is closed")
+            raise GradingPoolError(
+                f"grading pool is broken: {self._tasks.broken_error}"
+            ) from self._tasks.broken_error
+        raise GradingPoolError(
+            "grading pool is not started" if state == "new" else "grading pool is closed"
+        )
 
 
 def _checked_tasks(tasks: Sequence[tuple]) -> list[tuple]:

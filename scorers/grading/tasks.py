@@ -1,12 +1,13 @@
-"""The grading pool's task manager: the batches in flight, who drives them, and every deadline of their tasks.
+"""The grading pool's task manager: the batches in flight, who drives them, and every deadline of
+their tasks.
 
-Why apart from the worker manager: this is the scheduling (which task goes to which idle worker, when a
-task leaves its slot for overflow, when it has timed out, when a batch is settled, which held tasks the
-memory budget kills), and the one event loop. Several threads may call grade() at once: whichever
-holds the drive lock runs the loop for every batch in flight and hands it on when its own batch is done
-(leader/follower), so the pool's state is only ever touched by one thread; a caller whose batch the
-driver finished returns at once. Batches hand themselves in under the intake lock and wake the driver
-through a pipe.
+Why apart from the worker manager: this is the scheduling (which task goes to which idle worker,
+when a task leaves its slot for overflow, when it has timed out, when a batch is settled, which held
+tasks the memory budget kills), and the one event loop. Several threads may call grade() at once:
+whichever holds the drive lock runs the loop for every batch in flight and hands it on when its own
+batch is done (leader/follower), so the pool's state is only ever touched by one thread; a caller
+whose batch the driver finished returns at once. Batches hand themselves in under the intake lock
+and wake the driver through a pipe.
 """
 
 from __future__ import annotations
@@ -25,11 +26,19 @@ from scorers.grading.config import WAIT_FACTOR, PoolConfig
 from scorers.grading.errors import GradingPoolError, GradingTaskError
 from scorers.grading.messages import Graded, OverMemory, Raised, Task
 from scorers.grading.outcomes import Batch, GradeOutcome
-from scorers.grading.workers import CPU_TICK_S, RECYCLE_GROWTH_BYTES, STARTUP_TIMEOUT_S, Worker, WorkerManager, usage
+from scorers.grading.workers import (
+    CPU_TICK_S,
+    RECYCLE_GROWTH_BYTES,
+    STARTUP_TIMEOUT_S,
+    Worker,
+    WorkerManager,
+    usage,
+)
 
 log = logging.getLogger(__name__)
 
-_DRIVE_SLACK_S = 30.0  # past a batch's hard cap, how long its caller waits for the thread driving the pool
+# past a batch's hard cap, how long its caller waits for the thread driving the pool
+_DRIVE_SLACK_S = 30.0
 _HANDOFF_S = 0.02  # how often a caller that does not drive looks whether the drive lock came free
 _BUDGET_CHECK_S = 0.05  # how often the held tasks' memory is read while there are any
 
@@ -43,7 +52,8 @@ class TaskManager:
         self.state = "new"  # new | running | broken | closed
         self.broken_error: GradingPoolError | None = None
         self.batch_slack_s = 60.0
-        self._batches: list[Batch] = []  # in flight, oldest first (touched only by the drive lock's holder)
+        # in flight, oldest first (touched only by the drive lock's holder)
+        self._batches: list[Batch] = []
         self._arriving: list[Batch] = []  # handed in by grade() callers, adopted by the driver
         self._intake = threading.Lock()  # guards _arriving and the wake pipe's numbers
         self.drive = threading.Lock()  # its holder runs the event loop for every batch
@@ -55,7 +65,9 @@ class TaskManager:
 
     def batch_cap_s(self, n_tasks: int) -> float:
         """Hard cap on one grade() call: every round of tasks may take 3x its timeout."""
-        return 3 * self.config.timeout_s * math.ceil(n_tasks / self.config.jobs) + self.batch_slack_s
+        return (
+            3 * self.config.timeout_s * math.ceil(n_tasks / self.config.jobs) + self.batch_slack_s
+        )
 
     # -- the callers' side -------------------------------------------------------------------------
 
@@ -63,14 +75,17 @@ class TaskManager:
         """Hand in one batch and wait for it, driving the pool while no other caller does."""
         cap_s = self.batch_cap_s(len(tasks))
         label = f"batch of {len(tasks)} tasks (hard cap {cap_s:.0f}s)"
-        batch = Batch(tasks, time.monotonic() + cap_s, label, [None] * len(tasks), deque(range(len(tasks))))
+        batch = Batch(
+            tasks, time.monotonic() + cap_s, label, [None] * len(tasks), deque(range(len(tasks)))
+        )
         with self._intake:
             self._arriving.append(batch)
         self.wake()
         try:
             self._lead_or_follow(batch)
         except BaseException:
-            if not batch.done.is_set():  # another thread drives: it drops the batch at its next look
+            # another thread drives: it drops the batch at its next look
+            if not batch.done.is_set():
                 batch.cancelled = True
                 self.wake()
             raise
@@ -79,7 +94,8 @@ class TaskManager:
         return list(batch.outcomes)  # type: ignore[arg-type]
 
     def _lead_or_follow(self, batch: Batch) -> None:
-        """Drive while the drive lock is free; else wait for the driver to finish `batch` or hand the loop on."""
+        """Drive while the drive lock is free; else wait for the driver to finish `batch` or hand
+        the loop on."""
         while not batch.done.is_set():
             if self.drive.acquire(blocking=False):
                 try:
@@ -89,11 +105,17 @@ class TaskManager:
                 continue
             # another caller drives: it finishes this batch too (set at once), or hands the loop on
             # when its own is done (taken here within _HANDOFF_S)
-            if not batch.done.wait(_HANDOFF_S) and time.monotonic() > batch.deadline + _DRIVE_SLACK_S:
-                raise GradingPoolError(f"{batch.label}: unfinished at its hard cap, and the pool's driver is stuck")
+            if (
+                not batch.done.wait(_HANDOFF_S)
+                and time.monotonic() > batch.deadline + _DRIVE_SLACK_S
+            ):
+                raise GradingPoolError(
+                    f"{batch.label}: unfinished at its hard cap, and the pool's driver is stuck"
+                )
 
     def wake(self) -> None:
-        with self._intake:  # never a write to a closed pipe's number, which another file may have taken
+        # never a write to a closed pipe's number, which another file may have taken
+        with self._intake:
             if self._wake_w < 0:
                 return
             try:
@@ -116,9 +138,13 @@ class TaskManager:
                 self._adopt()
                 if batch.done.is_set():
                     return
-                if self.state != "running" or not self._batches:  # closed under us (or a bug): never spin
+                # closed under us (or a bug): never spin
+                if self.state != "running" or not self._batches:
                     for pending in [*self._batches, batch]:
-                        self._finish(pending, self.broken_error or GradingPoolError("grading pool was closed"))
+                        self._finish(
+                            pending,
+                            self.broken_error or GradingPoolError("grading pool was closed"),
+                        )
                     return
                 self._dispatch()
                 self._step(min(b.deadline for b in self._batches), "grading")
@@ -128,7 +154,8 @@ class TaskManager:
             raise
 
     def _adopt(self) -> None:
-        """Take in the batches handed over since the last look; drop those their callers gave up on."""
+        """Take in the batches handed over since the last look; drop those their callers gave up
+        on."""
         with self._intake:
             arriving, self._arriving = self._arriving, []
         if self.state != "running":
@@ -137,19 +164,23 @@ class TaskManager:
             return
         was_idle = not self._batches
         now = time.monotonic()
-        for batch in arriving:  # in the list at once: a failure below (the template) fails them with the rest
-            # its hard cap counts the work queued ahead of it: it shares the workers with the other batches
+        # in the list at once: a failure below (the template) fails them with the rest
+        for batch in arriving:
+            # its hard cap counts the work queued ahead of it: it shares the workers with the other
+            # batches
             ahead = sum(len(b.pending) for b in self._batches) + len(self.workers.busy())
             batch.deadline = now + self.batch_cap_s(ahead + len(batch.tasks))
             self._batches.append(batch)
-        if arriving and was_idle:  # the pool was idle: its last killed workers go, the template stops
+        # the pool was idle: its last killed workers go, the template stops
+        if arriving and was_idle:
             self.workers.reap_retired()
             self.workers.between_batches()
         for batch in [b for b in self._batches if b.cancelled]:
             self._abort_batch(batch, GradingPoolError(f"{batch.label}: its caller gave up"))
 
     def _settle_batches(self) -> None:
-        """Hand back each batch with nothing left to grade; once none is left, the template replays."""
+        """Hand back each batch with nothing left to grade; once none is left, the template
+        replays."""
         busy_batches = {id(w.batch) for w in self.workers.busy()}
         finished = [b for b in self._batches if not b.pending and id(b) not in busy_batches]
         for batch in finished:
@@ -157,7 +188,8 @@ class TaskManager:
                 self._sample = self._replay_sample(batch)
             self._finish(batch)
         if finished and not self._batches:
-            self.workers.reap_retired(wait=False)  # a killed worker with a large heap takes 0.1 s to exit
+            # a killed worker with a large heap takes 0.1 s to exit
+            self.workers.reap_retired(wait=False)
             with self._intake:
                 idle = not self._arriving
             if idle and self._sample:
@@ -165,7 +197,8 @@ class TaskManager:
                 self._sample = []
 
     def _replay_sample(self, batch: Batch) -> list[tuple]:
-        """Up to `warm_replay` of the batch's tasks that graded fast in an ordinary slot, spread through it."""
+        """Up to `warm_replay` of the batch's tasks that graded fast in an ordinary slot, spread
+        through it."""
         fast = [
             batch.tasks[i]
             for i, outcome in enumerate(batch.outcomes)
@@ -219,10 +252,12 @@ class TaskManager:
                 batch.pending.popleft()
                 worker.state, worker.task_index, worker.batch = "busy", index, batch
                 worker.since = time.monotonic()
-                worker.soft_check_at = worker.since + self.config.soft_timeout_s  # CPU time cannot outrun wall time
+                # CPU time cannot outrun wall time
+                worker.soft_check_at = worker.since + self.config.soft_timeout_s
 
     def _send(self, worker: Worker, batch: Batch, index: int) -> bool:
-        """Send one task; False (its batch aborted) if it would not pickle; raise if the pipe broke."""
+        """Send one task; False (its batch aborted) if it would not pickle; raise if the pipe
+        broke."""
         try:
             worker.conn.send(Task(batch.tasks[index]))
         except (OSError, EOFError) as exc:
@@ -244,7 +279,8 @@ class TaskManager:
     # -- one wait and what it brought --------------------------------------------------------------
 
     def _step(self, cap: float, label: str) -> None:
-        """Wait once (pipes + sentinels + the wake pipe, until the nearest deadline), then act on what happened."""
+        """Wait once (pipes + sentinels + the wake pipe, until the nearest deadline), then act on
+        what happened."""
         owners: dict[Any, Worker] = {}
         for worker in self.workers.workers:
             owners[worker.conn] = worker
@@ -257,7 +293,8 @@ class TaskManager:
         ready = [obj for obj in ready if obj in owners]
         for obj in ready:  # replies first: a result that made it counts
             worker = owners[obj]
-            if obj is worker.conn and worker in self.workers.workers:  # not retired meanwhile (its batch aborted)
+            # not retired meanwhile (its batch aborted)
+            if obj is worker.conn and worker in self.workers.workers:
                 batch = worker.batch
                 try:
                     self._receive(worker)
@@ -266,7 +303,8 @@ class TaskManager:
                     self._abort_batch(batch, exc)
         for obj in ready:
             worker = owners[obj]
-            if obj is not worker.conn and worker in self.workers.workers:  # not retired by its own reply
+            # not retired by its own reply
+            if obj is not worker.conn and worker in self.workers.workers:
                 self._exited(worker, "exited unexpectedly")
         self._expire(cap, label)
 
@@ -301,7 +339,11 @@ class TaskManager:
         if self.workers.greeted(worker, message):
             return
         batch = worker.batch
-        if worker.state != "busy" or batch is None or not isinstance(message, (Graded, OverMemory, Raised)):
+        if (
+            worker.state != "busy"
+            or batch is None
+            or not isinstance(message, (Graded, OverMemory, Raised))
+        ):
             raise self.workers.protocol_error(worker, message)
         index, elapsed = worker.task_index, time.monotonic() - worker.since
         worker.state, worker.batch = "idle", None
@@ -311,20 +353,27 @@ class TaskManager:
             self._after_graded(worker)
         elif isinstance(message, OverMemory):
             batch.outcomes[index] = GradeOutcome("memory", None, elapsed, moved)
-            log.info("grading task %d passed the memory cap in worker pid %d (%s)", index, worker.pid, message.text)
+            log.info(
+                "grading task %d passed the memory cap in worker pid %d (%s)",
+                index,
+                worker.pid,
+                message.text,
+            )
             self.workers.retire(worker)  # it exits after reporting
         else:
-            worker.cpu_base = usage(worker.pid)[1]  # it stays, idle: its next task's CPU time starts here
+            # it stays, idle: its next task's CPU time starts here
+            worker.cpu_base = usage(worker.pid)[1]
             raise GradingTaskError(
-                f"grade_fn {self.config.grade_fn!r} raised in worker pid {worker.pid} on task {index}: "
-                f"{message.remote_text}",
+                f"grade_fn {self.config.grade_fn!r} raised in worker pid {worker.pid} on "
+                f"task {index}: {message.remote_text}",
                 task_index=index,
                 remote_type=message.remote_type,
                 remote_text=message.remote_text,
             )
 
     def _after_graded(self, worker: Worker) -> None:
-        """An overflow worker served its one task; a grown worker gives its memory back; others stay."""
+        """An overflow worker served its one task; a grown worker gives its memory back; others
+        stay."""
         if worker.role == "overflow":
             self.workers.retire(worker)
             return
@@ -339,8 +388,14 @@ class TaskManager:
         batch = worker.batch
         if worker.state == "busy" and batch is not None and code == -signal.SIGXCPU:
             elapsed = time.monotonic() - worker.since
-            batch.outcomes[worker.task_index] = GradeOutcome("cpu", None, elapsed, worker.role == "overflow")
-            log.info("grading task %d passed its CPU-time cap in worker pid %d", worker.task_index, worker.pid)
+            batch.outcomes[worker.task_index] = GradeOutcome(
+                "cpu", None, elapsed, worker.role == "overflow"
+            )
+            log.info(
+                "grading task %d passed its CPU-time cap in worker pid %d",
+                worker.task_index,
+                worker.pid,
+            )
             self.workers.retire(worker)
             return
         raise self.workers.died(worker, what)
@@ -354,20 +409,27 @@ class TaskManager:
         expired = self._scan_workers(now)
         if expired:
             self._time_out(expired, now)
-        if self.config.memory_budget_bytes is not None and now >= self._budget_check_at and any(self.workers.held()):
+        if (
+            self.config.memory_budget_bytes is not None
+            and now >= self._budget_check_at
+            and any(self.workers.held())
+        ):
             self._keep_to_budget(now, self.config.memory_budget_bytes)
         if self._batches:
             self._continue_overflow()
-        late = next((b.label for b in self._batches if now >= b.deadline), label if now >= cap else None)
+        late = next(
+            (b.label for b in self._batches if now >= b.deadline), label if now >= cap else None
+        )
         if late is not None:
             raise GradingPoolError(
-                f"{late} exceeded its deadline (timeout_s={self.config.timeout_s}, jobs={self.config.jobs}); "
-                f"busy workers: {[(w.pid, w.task_index) for w in self.workers.busy()]}"
+                f"{late} exceeded its deadline (timeout_s={self.config.timeout_s}, "
+                f"jobs={self.config.jobs}); busy workers: "
+                f"{[(w.pid, w.task_index) for w in self.workers.busy()]}"
             )
 
     def _scan_workers(self, now: float) -> list[Worker]:
-        """The workers past their task's timeout; meanwhile move tasks past the soft deadline, and raise
-        for a worker past its startup timeout."""
+        """The workers past their task's timeout; meanwhile move tasks past the soft deadline, and
+        raise for a worker past its startup timeout."""
         expired: list[Worker] = []
         for worker in list(self.workers.workers):
             if worker.state == "busy" and now >= worker.deadline(self.config.timeout_s):
@@ -381,24 +443,32 @@ class TaskManager:
             ):
                 self.workers.move_to_overflow(worker)
             elif worker.state == "starting" and now >= worker.since + STARTUP_TIMEOUT_S:
-                raise GradingPoolError(f"grading worker pid {worker.pid} not ready after {STARTUP_TIMEOUT_S:.0f}s")
+                raise GradingPoolError(
+                    f"grading worker pid {worker.pid} not ready after {STARTUP_TIMEOUT_S:.0f}s"
+                )
         return expired
 
     def _time_out(self, workers: list[Worker], now: float) -> None:
-        """Record each task as timed out, then SIGKILL exactly their workers, together (the held-back
-        slow tasks share one deadline); see WorkerManager.retire for when they are reaped."""
+        """Record each task as timed out, then SIGKILL exactly their workers, together (the
+        held-back slow tasks share one deadline); see WorkerManager.retire for when they are
+        reaped."""
         for worker in workers:
             elapsed = now - worker.since
             assert worker.batch is not None  # busy
-            worker.batch.outcomes[worker.task_index] = GradeOutcome("timeout", None, elapsed, worker.role == "overflow")
+            worker.batch.outcomes[worker.task_index] = GradeOutcome(
+                "timeout", None, elapsed, worker.role == "overflow"
+            )
             log.info(
-                "grading task %d timed out after %.1fs; killed worker pid %d", worker.task_index, elapsed, worker.pid
+                "grading task %d timed out after %.1fs; killed worker pid %d",
+                worker.task_index,
+                elapsed,
+                worker.pid,
             )
         self.workers.retire(*workers)
 
     def _past_soft_deadline(self, worker: Worker, now: float) -> bool:
-        """Has its task used the soft deadline in CPU time (or held its slot WAIT_FACTOR times that)?
-        If not, when to look again: no sooner than it could have."""
+        """Has its task used the soft deadline in CPU time (or held its slot WAIT_FACTOR times
+        that)? If not, when to look again: no sooner than it could have."""
         soft_timeout_s = self.config.soft_timeout_s
         used = worker.cpu_used()
         if used >= soft_timeout_s or now >= worker.since + WAIT_FACTOR * soft_timeout_s:
@@ -408,15 +478,18 @@ class TaskManager:
         return False
 
     def _continue_overflow(self) -> None:
-        """Once no ordinary task of any batch is left to grade, the held-back slow tasks run (their clocks
-        resume)."""
-        if any(b.pending for b in self._batches) or any(w.role == "ordinary" for w in self.workers.busy()):
+        """Once no ordinary task of any batch is left to grade, the held-back slow tasks run (their
+        clocks resume)."""
+        if any(b.pending for b in self._batches) or any(
+            w.role == "ordinary" for w in self.workers.busy()
+        ):
             return
         self.workers.resume_held()
 
     def _keep_to_budget(self, now: float, budget_bytes: int) -> None:
-        """Past the memory budget, the held tasks that grew the most are killed (outcome "budget") until
-        the rest fit. A task's memory is its worker's growth over its resident size when it was ready."""
+        """Past the memory budget, the held tasks that grew the most are killed (outcome "budget")
+        until the rest fit. A task's memory is its worker's growth over its resident size when it
+        was ready."""
         self._budget_check_at = now + _BUDGET_CHECK_S
         over = self.workers.over_budget(budget_bytes)
         for worker in over:
@@ -424,7 +497,8 @@ class TaskManager:
             elapsed = now - worker.since
             worker.batch.outcomes[worker.task_index] = GradeOutcome("budget", None, elapsed, True)
             log.info(
-                "grading task %d killed in overflow worker pid %d: held tasks past the pool's memory budget (%d MiB)",
+                "grading task %d killed in overflow worker pid %d: held tasks past the "
+                "pool's memory budget (%d MiB)",
                 worker.task_index,
                 worker.pid,
                 budget_bytes >> 20,

@@ -36,11 +36,14 @@ from scorers.grading.messages import CloneExited, Fork, Forked, Halt, Ready, War
 from scorers.grading.worker import ORPHANED_EXIT_CODE, cap_cpu, enter_worker, load_grader, serve
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-REPLAY_CPU_S = 1.0  # a replay taking this much CPU time is dropped (SIGPROF): the template must stay free to fork
+# a replay taking this much CPU time is dropped (SIGPROF): the template must stay free to fork
+REPLAY_CPU_S = 1.0
 # a replay starts only once the pool has stayed idle this long: batches back to back (a scorer-bound
-# stream's windows) never pay for a replay and its halt between them; a trainer generating does not notice
+# stream's windows) never pay for a replay and its halt between them; a trainer generating does not
+# notice
 REPLAY_IDLE_S = 0.05
-# a template whose replays grew it this much stops replaying: every worker forked from it starts that much bigger
+# a template whose replays grew it this much stops replaying: every worker forked from it starts
+# that much bigger
 MAX_GROWTH_BYTES = 64 * 2**20
 
 
@@ -52,8 +55,8 @@ def template_main(
     cpu_limit_s: float | None,
     preload: tuple[str, ...] = (),
 ) -> None:
-    """Template entry point: load the grader like a worker (the pool's preload too, where the forkserver
-    lacks it), then serve fork and warm requests."""
+    """Template entry point: load the grader like a worker (the pool's preload too, where the
+    forkserver lacks it), then serve fork and warm requests."""
     enter_worker(expected_ppid)
     loaded = load_grader(conn, grade_fn, memory_cap_bytes, preload)
     if loaded is None:
@@ -80,7 +83,8 @@ class _Template:
         self.conn, self.grade_fn, self.fn, self.wake = conn, grade_fn, fn, wake
         self.memory_cap_bytes, self.cpu_limit_s = memory_cap_bytes, cpu_limit_s
         self.replay: deque[tuple] = deque()
-        self.replay_from = 0.0  # monotonic time the first replay of the warm request in hand may start
+        # monotonic time the first replay of the warm request in hand may start
+        self.replay_from = 0.0
         self.replaying = 0  # the warm request being served (its number), 0: none
         self.replayed_now = 0  # replays done for the warm request in hand
         self.replayed = self.failed = 0
@@ -122,14 +126,16 @@ class _Template:
             raise ValueError(f"grading template: unknown request {request!r}")
 
     def _fork(self) -> None:
-        """Fork a worker onto the pipe end that follows the request; answer its pid, then its pidfd."""
+        """Fork a worker onto the pipe end that follows the request; answer its pid, then its
+        pidfd."""
         fd = reduction.recv_handle(self.conn)
         template_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
             self._become_worker(fd, template_pid)  # never returns
         os.close(fd)
-        pidfd = os.pidfd_open(pid)  # before we could reap it: it is this child, whatever happens next
+        # before we could reap it: it is this child, whatever happens next
+        pidfd = os.pidfd_open(pid)
         try:
             self.conn.send(Forked(pid))
             reduction.send_handle(self.conn, pidfd, 0)
@@ -144,12 +150,14 @@ class _Template:
             try:
                 cap_cpu(self.cpu_limit_s)  # the backstop, should the grader be stuck in C code
                 _replaying = True
-                signal.setitimer(signal.ITIMER_PROF, REPLAY_CPU_S, 0.1)  # again and again, should a grader swallow it
+                # again and again, should a grader swallow it
+                signal.setitimer(signal.ITIMER_PROF, REPLAY_CPU_S, 0.1)
                 self.fn(*task)
             finally:
                 _replaying = False  # first: a SIGPROF handled from here on is ignored
                 signal.setitimer(signal.ITIMER_PROF, 0)
-                resource.setrlimit(resource.RLIMIT_CPU, cpu_limits)  # forks and reaping count after this
+                # forks and reaping count after this
+                resource.setrlimit(resource.RLIMIT_CPU, cpu_limits)
         except (MemoryError, _ReplayTooSlow):
             self.tainted, self.can_warm = True, False
         except Exception:  # noqa: BLE001 - the pool graded this task already; a replay only warms caches
@@ -161,7 +169,8 @@ class _Template:
 
     def _finish_warming(self) -> None:
         """Answer the warm request; drop what is left to replay; keep what the replays built out of
-        every clone's collections (no replay ran: nothing to collect, the next batch keeps the cores)."""
+        every clone's collections (no replay ran: nothing to collect, the next batch keeps the
+        cores)."""
         self.replay.clear()
         if self.replayed_now:
             gc.collect()
@@ -183,12 +192,14 @@ class _Template:
             self.conn.send(CloneExited(pid, os.waitstatus_to_exitcode(status)))
 
     def _become_worker(self, fd: int, template_pid: int) -> None:
-        """In the fresh clone: drop the template's pipes and handlers, then serve like any worker."""
+        """In the fresh clone: drop the template's pipes and handlers, then serve like any
+        worker."""
         code = 1
         try:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.signal(signal.SIGPROF, signal.SIG_DFL)  # interval timers are not inherited; the handler is
+            # interval timers are not inherited; the handler is
+            signal.signal(signal.SIGPROF, signal.SIG_DFL)
             for own in self.wake:
                 os.close(own)
             set_parent_death_signal(signal.SIGKILL)
@@ -206,7 +217,8 @@ class _Template:
 
 
 class _ReplayTooSlow(BaseException):
-    """Raised in a replay past REPLAY_CPU_S; a BaseException, so a grader's `except Exception` cannot keep it running."""
+    """Raised in a replay past REPLAY_CPU_S; a BaseException, so a grader's `except Exception`
+    cannot keep it running."""
 
 
 _replaying = False  # set only around a replay: a SIGPROF that lands after it is ignored

@@ -1,4 +1,5 @@
-"""The pool's side of its template process (scorers/grading/template.py) and of the workers forked from it.
+"""The pool's side of its template process (scorers/grading/template.py) and of the workers forked
+from it.
 
 Why apart from the pool: the template speaks its own protocol (fork, warm, halt; forked, warmed,
 exited), and the workers it forks are not our children: each is a `ClonedProcess` (handles.py)
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class TemplateError(GradingPoolError):
-    """The template failed to start, to fork, or to keep to its protocol; the pool adds its exit status."""
+    """The template failed to start, to fork, or to keep to its protocol; the pool adds its exit
+    status."""
 
     def __init__(self, pid: int, what: str) -> None:
         super().__init__(f"grading template pid {pid} {what}")
@@ -81,7 +83,8 @@ class GradingTemplate:
         self._statuses: dict[int, int | None] = {}  # clones we watch -> exit code once reported
 
     def receive(self) -> None:
-        """Read one message and act on it; raise TemplateError on a broken protocol or a failed load."""
+        """Read one message and act on it; raise TemplateError on a broken protocol or a failed
+        load."""
         try:
             message = self.conn.recv()
         except (EOFError, OSError):
@@ -100,7 +103,9 @@ class GradingTemplate:
         elif isinstance(message, Fatal):
             raise TemplateError(self.pid, f"cannot load the grader: {message.text}")
         else:
-            raise TemplateError(self.pid, f"sent {type(message).__name__} while {self.state} (protocol error)")
+            raise TemplateError(
+                self.pid, f"sent {type(message).__name__} while {self.state} (protocol error)"
+            )
 
     def _warmed(self, message: Warmed) -> None:
         self.replayed, self.rss, self.can_warm, self.tainted = (
@@ -110,9 +115,17 @@ class GradingTemplate:
             message.tainted,
         )
         self.warming = message.number != self._requests
-        log.debug("grading template pid %d replayed %d tasks (%d raised)", self.pid, self.replayed, message.failed)
+        log.debug(
+            "grading template pid %d replayed %d tasks (%d raised)",
+            self.pid,
+            self.replayed,
+            message.failed,
+        )
         if self.tainted:
-            log.warning("grading template pid %d: a replay was stopped part way; it will be replaced", self.pid)
+            log.warning(
+                "grading template pid %d: a replay was stopped part way; it will be replaced",
+                self.pid,
+            )
 
     def fork(self, deadline: float) -> tuple[ClonedProcess, Any]:
         """A new worker and our end of its pipe; it announces itself (`Ready`) on that pipe."""
@@ -127,7 +140,9 @@ class GradingTemplate:
         except (EOFError, OSError) as exc:
             parent_conn.close()
             self.state = "gone"
-            raise TemplateError(self.pid, f"pipe broke while forking a worker ({type(exc).__name__})") from exc
+            raise TemplateError(
+                self.pid, f"pipe broke while forking a worker ({type(exc).__name__})"
+            ) from exc
         except BaseException:
             parent_conn.close()
             raise
@@ -135,7 +150,8 @@ class GradingTemplate:
         return ClonedProcess(pid, pidfd, self), parent_conn
 
     def _await_fork(self, deadline: float) -> tuple[int, int]:
-        """Read (acting on other reports meanwhile) until the answer: `Forked`, then the pidfd right behind it."""
+        """Read (acting on other reports meanwhile) until the answer: `Forked`, then the pidfd right
+        behind it."""
         while True:
             if not mp_connection.wait([self.conn], max(0.0, deadline - time.monotonic())):
                 raise TemplateError(self.pid, "did not fork a worker in time")
@@ -145,7 +161,8 @@ class GradingTemplate:
             self._apply(message)
 
     def warm(self, tasks: list[tuple]) -> None:
-        """Replay these tasks while nothing else is asked of the template (unless it is still at the last ones)."""
+        """Replay these tasks while nothing else is asked of the template (unless it is still at the
+        last ones)."""
         if tasks and self.can_warm and not self.warming and self.state == "idle":
             self._requests += 1
             self.warming = self._notify(Warm(self._requests, tasks))
@@ -157,7 +174,8 @@ class GradingTemplate:
 
     def _notify(self, message: Warm | Halt) -> bool:
         """Send a message that needs no answer. A broken pipe means the template died: its state
-        says so, and the pool's next look at it (every wait, every grade()) raises with its status."""
+        says so, and the pool's next look at it (every wait, every grade()) raises with its
+        status."""
         try:
             self.conn.send(message)
         except OSError:
@@ -182,8 +200,9 @@ class GradingTemplate:
             self.receive()
 
     def await_status(self, pid: int, deadline: float) -> None:
-        """Read the template's reports until it has told `pid`'s exit status, it is gone, or time is up.
-        Used while reaping, so it never raises: a template that broke its protocol is given up on."""
+        """Read the template's reports until it has told `pid`'s exit status, it is gone, or time is
+        up. Used while reaping, so it never raises: a template that broke its protocol is given up
+        on."""
         while self._statuses.get(pid) is None and self.state != "gone":
             if not mp_connection.wait([self.conn], max(0.0, deadline - time.monotonic())):
                 return
@@ -202,4 +221,6 @@ class GradingTemplate:
         self.state = "gone"
         self.process.kill()
         if not self.process.reap(budget_s):
-            log.warning("grading template pid %d alive %.1fs after SIGKILL; leaving it", self.pid, budget_s)
+            log.warning(
+                "grading template pid %d alive %.1fs after SIGKILL; leaving it", self.pid, budget_s
+            )

@@ -94,14 +94,17 @@ def _cap_memory(memory_cap_bytes: int | None) -> int | None:
 
 def cap_cpu(cpu_limit_s: float | None) -> None:
     """The kernel's backstop to the owner's wall-clock timeout: SIGXCPU once this task has used
-    `cpu_limit_s` CPU seconds (the soft limit only: an unprivileged process cannot raise a hard one)."""
+    `cpu_limit_s` CPU seconds (the soft limit only: an unprivileged process cannot raise a hard
+    one)."""
     if cpu_limit_s is None:
         return
     usage = resource.getrusage(resource.RUSAGE_SELF)
     used = usage.ru_utime + usage.ru_stime
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)
     soft = math.ceil(used + cpu_limit_s)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+    resource.setrlimit(
+        resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard)
+    )
 
 
 def enter_worker(expected_ppid: int) -> None:
@@ -112,14 +115,15 @@ def enter_worker(expected_ppid: int) -> None:
         os._exit(ORPHANED_EXIT_CODE)  # the signal will never come
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C is the owner's to handle; it kills us
     _drop_forkserver_alive_fd()
-    gc.enable()  # paused for the forkserver's preload (forkserver_enter); resumed there too, unless it failed
+    # paused for the forkserver's preload (forkserver_enter); resumed there too, unless it failed
+    gc.enable()
 
 
 def import_preload(modules: Sequence[str]) -> None:
-    """Import the pool's preload modules this process lacks, the collector paused, then freeze what they
-    built: a template forked from a forkserver the pool did not launch (the caller's own, preloading other
-    modules) then forks workers as warm as the pool's forkserver would. A no-op where the forkserver
-    preloaded them."""
+    """Import the pool's preload modules this process lacks, the collector paused, then freeze what
+    they built: a template forked from a forkserver the pool did not launch (the caller's own,
+    preloading other modules) then forks workers as warm as the pool's forkserver would. A no-op
+    where the forkserver preloaded them."""
     missing = [name for name in modules if name not in sys.modules]
     if not missing:
         return
@@ -135,8 +139,8 @@ def import_preload(modules: Sequence[str]) -> None:
 def load_grader(
     conn: Any, grade_fn: str, memory_cap_bytes: int | None, preload: Sequence[str] = ()
 ) -> tuple[Callable[..., Any], int | None] | None:
-    """Import the preload and resolve grade_fn, then cap memory; on failure tell the owner (`Fatal`) and
-    return None."""
+    """Import the preload and resolve grade_fn, then cap memory; on failure tell the owner (`Fatal`)
+    and return None."""
     try:
         import_preload(preload)
         return _resolve(grade_fn), _cap_memory(memory_cap_bytes)
@@ -162,7 +166,8 @@ def worker_main(
     serve(conn, loaded[0], cpu_limit_s, loaded[1])
 
 
-# within this of the cap, the task's allocations were (nearly) refused even if it caught the MemoryError
+# within this of the cap, the task's allocations were (nearly) refused even if it caught the
+# MemoryError
 _NEAR_CAP_BYTES = 32 * 2**20
 
 
@@ -191,4 +196,6 @@ def serve(conn: Any, fn: Callable[..., Any], cpu_limit_s: float | None, limit: i
         except OSError:
             return
         except Exception as exc:  # noqa: BLE001 - the result would not pickle; nothing was written
-            conn.send(Raised(type(exc).__name__, "result could not be sent: " + _format_exception(exc)))
+            conn.send(
+                Raised(type(exc).__name__, "result could not be sent: " + _format_exception(exc))
+            )

@@ -1,11 +1,12 @@
-"""The grading pool's worker manager: starts, tracks, holds back, retires and replaces worker processes.
+"""The grading pool's worker manager: starts, tracks, holds back, retires and replaces worker
+processes.
 
 Why apart from the task manager: everything here is about processes (forking from the forkserver or
 the template, their readiness, their memory and CPU time read from /proc, SIGSTOP/SIGCONT/SIGKILL
 through their `GradingProcess`, reaping against a shared deadline), nothing about which batch wants
-what. Workers start from the template when the pool has one (`warm_replay`), else from the forkserver.
-Retired workers are killed at once and reaped once gone: waiting for each would hold up the
-deadlines of the others (a dying worker with a large heap takes 0.1-0.3 s to exit).
+what. Workers start from the template when the pool has one (`warm_replay`), else from the
+forkserver. Retired workers are killed at once and reaped once gone: waiting for each would hold up
+the deadlines of the others (a dying worker with a large heap takes 0.1-0.3 s to exit).
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ log = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 60.0
 REAP_TIMEOUT_S = 2.0
 _FORK_TIMEOUT_S = 10.0  # the template answers between two replayed tasks
-_DEATH_STATUS_WAIT_S = 2.0  # a template reports a worker's status between two replayed tasks (<= 1 s each)
+# a template reports a worker's status between two replayed tasks (<= 1 s each)
+_DEATH_STATUS_WAIT_S = 2.0
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 CPU_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-RECYCLE_GROWTH_BYTES = 64 * 2**20  # a worker this much above its start RSS is replaced after its task
+# a worker this much above its start RSS is replaced after its task
+RECYCLE_GROWTH_BYTES = 64 * 2**20
 
 _WORKER_EXIT_MEANINGS = {
     255: "or the forkserver itself died",
@@ -60,13 +63,16 @@ def describe_exitcode(code: int | None) -> str:
 
 
 def usage(pid: int) -> tuple[int, float]:
-    """A worker's resident bytes and CPU seconds (user + system), from /proc; (0, 0.0) once it is gone."""
+    """A worker's resident bytes and CPU seconds (user + system), from /proc; (0, 0.0) once it is
+    gone."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
+            # after the command name, which may hold spaces
+            fields = stat.read().rpartition(")")[2].split()
     except (FileNotFoundError, ProcessLookupError):
         return 0, 0.0
-    # fields[0] is the state (field 3 of proc(5)): utime, stime are fields 14, 15; rss (pages) field 24
+    # fields[0] is the state (field 3 of proc(5)): utime, stime are fields 14, 15; rss (pages) field
+    # 24
     return int(fields[21]) * _PAGE_SIZE, (int(fields[11]) + int(fields[12])) * CPU_TICK_S
 
 
@@ -81,13 +87,16 @@ class Worker:
     state: str = "starting"  # starting | idle | busy
     task_index: int = -1
     batch: Batch | None = None  # the batch its task belongs to, while busy
-    # ordinary (one of the `jobs` slots) | overflow (one slow task, then retired) | spare (takes the slot
-    # of the next task moved to overflow at once, instead of after a fork)
+    # ordinary (one of the `jobs` slots) | overflow (one slow task, then retired) | spare (takes the
+    # slot of the next task moved to overflow at once, instead of after a fork)
     role: str = "ordinary"
     start_rss: int = 0
-    cpu_base: float = 0.0  # its CPU seconds when it last became idle: a task's CPU time is counted from it
-    soft_check_at: float = math.inf  # when its task's CPU time is next compared with the soft deadline
-    stopped_at: float | None = None  # an overflow worker held back (SIGSTOP) while ordinary tasks remain
+    # its CPU seconds when it last became idle: a task's CPU time is counted from it
+    cpu_base: float = 0.0
+    # when its task's CPU time is next compared with the soft deadline
+    soft_check_at: float = math.inf
+    # an overflow worker held back (SIGSTOP) while ordinary tasks remain
+    stopped_at: float | None = None
     stopped_s: float = 0.0  # how long its task has been held back: not counted against its timeout
 
     def deadline(self, timeout_s: float) -> float:
@@ -104,29 +113,34 @@ class Worker:
         return usage(self.pid)[1] - self.cpu_base
 
     def growth(self) -> int:
-        """Resident bytes it gained since it was ready (what its task allocated, or copied from the shared heap)."""
+        """Resident bytes it gained since it was ready (what its task allocated, or copied from the
+        shared heap)."""
         return max(0, usage(self.pid)[0] - self.start_rss)
 
 
 class WorkerManager:
-    """Every worker of one pool (and the template they fork from); touched only by the drive lock's holder."""
+    """Every worker of one pool (and the template they fork from); touched only by the drive lock's
+    holder."""
 
     def __init__(self, config: PoolConfig, ctx: Any) -> None:
         self.config = config
         self._ctx = ctx
         self.workers: list[Worker] = []
-        self.retired: list[Worker] = []  # killed; reaped when gone, at the latest by the next grade() or close()
+        # killed; reaped when gone, at the latest by the next grade() or close()
+        self.retired: list[Worker] = []
         self.template: GradingTemplate | None = None
-        # the forkserver preloads the pool's modules (GradingPool.start finds out); if not, workers fork from a template
+        # the forkserver preloads the pool's modules (GradingPool.start finds out); if not, workers
+        # fork from a template
         self.server_preloads = True
 
     # -- starting ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """The template (with `warm_replay`, or where the forkserver lacks the pool's preload), `jobs` workers and
-        the spare, ready within the startup timeout.
-        A forkserver that ended before it forked (its preload raised: a broken grader package) is said
-        with what its preload raises when imported afresh, the cause that its own log alone would hold."""
+        """The template (with `warm_replay`, or where the forkserver lacks the pool's preload),
+        `jobs` workers and the spare, ready within the startup timeout.
+        A forkserver that ended before it forked (its preload raised: a broken grader package) is
+        said with what its preload raises when imported afresh, the cause that its own log alone
+        would hold."""
         try:
             self._start_all()
         except (EOFError, ConnectionError) as exc:
@@ -161,7 +175,9 @@ class WorkerManager:
         if time.monotonic() >= deadline:
             starting = next((w for w in self.workers if w.state == "starting"), None)
             if starting is not None:
-                raise GradingPoolError(f"grading worker pid {starting.pid} not ready after {STARTUP_TIMEOUT_S:.0f}s")
+                raise GradingPoolError(
+                    f"grading worker pid {starting.pid} not ready after {STARTUP_TIMEOUT_S:.0f}s"
+                )
 
     def _greeting(self, worker: Worker) -> None:
         try:
@@ -179,13 +195,14 @@ class WorkerManager:
             return True
         if isinstance(message, Fatal):
             raise GradingPoolError(
-                f"grading worker pid {worker.pid} cannot load {self.config.grade_fn!r}: {message.text}"
+                f"grading worker pid {worker.pid} cannot load {self.config.grade_fn!r}: "
+                f"{message.text}"
             )
         return False
 
     def spawn(self, role: str = "ordinary") -> Worker:
-        """Start one worker with its own duplex pipe (forked by the template if there is one, else by the
-        forkserver); the owner keeps one end only."""
+        """Start one worker with its own duplex pipe (forked by the template if there is one, else
+        by the forkserver); the owner keeps one end only."""
         process: WorkerProcess
         if self.template is not None:
             try:
@@ -203,7 +220,13 @@ class WorkerManager:
         config = self.config
         process = self._ctx.Process(
             target=worker_main,
-            args=(child_conn, config.grade_fn, forkserver_pid(), config.memory_cap_bytes, config.cpu_limit_s),
+            args=(
+                child_conn,
+                config.grade_fn,
+                forkserver_pid(),
+                config.memory_cap_bytes,
+                config.cpu_limit_s,
+            ),
             kwargs={"preload": config.preload},
             name="grading-worker",
             daemon=True,
@@ -221,13 +244,22 @@ class WorkerManager:
     # -- the template -----------------------------------------------------------------------------
 
     def _start_template(self, deadline: float) -> None:
-        """Start the template the workers fork from and wait (bounded) until it has loaded grade_fn."""
+        """Start the template the workers fork from and wait (bounded) until it has loaded
+        grade_fn."""
         if not pidfds_supported():
-            log.warning("grading pool: this kernel has no pidfd_open (Linux < 5.3); workers fork from the forkserver")
+            log.warning(
+                "grading pool: this kernel has no pidfd_open (Linux < 5.3); workers fork "
+                "from the forkserver"
+            )
             return
         config = self.config
         template = GradingTemplate(
-            self._ctx, config.grade_fn, forkserver_pid(), config.memory_cap_bytes, config.cpu_limit_s, config.preload
+            self._ctx,
+            config.grade_fn,
+            forkserver_pid(),
+            config.memory_cap_bytes,
+            config.cpu_limit_s,
+            config.preload,
         )
         note_pool_child(template.pid)
         self.template = template
@@ -256,14 +288,16 @@ class WorkerManager:
         template = self.template
         assert template is not None
         if template.state == "gone" or not template.process.is_alive():
-            template.process.wait_status(_DEATH_STATUS_WAIT_S)  # it is exiting: its status is moments away
+            # it is exiting: its status is moments away
+            template.process.wait_status(_DEATH_STATUS_WAIT_S)
         return GradingPoolError(
-            f"grading template pid {template.pid} {what}: {describe_exitcode(template.process.exitcode)}"
+            f"grading template pid {template.pid} {what}: "
+            f"{describe_exitcode(template.process.exitcode)}"
         )
 
     def between_batches(self) -> None:
-        """Read what the template reported while we were idle; replace it if a replay left it tainted;
-        then halt its replay: the cores are the batch's."""
+        """Read what the template reported while we were idle; replace it if a replay left it
+        tainted; then halt its replay: the cores are the batch's."""
         template = self.template
         if template is None:
             return
@@ -285,11 +319,14 @@ class WorkerManager:
             self.template.warm(sample)
 
     def settle_template(self, timeout_s: float) -> bool:
-        """Wait (bounded) until the template has replayed the last batch; True if it has (or there is none)."""
+        """Wait (bounded) until the template has replayed the last batch; True if it has (or there
+        is none)."""
         if self.template is None:
             return True
         try:
-            return self.template.settle(time.monotonic() + timeout_s) and self.template.state != "gone"
+            return (
+                self.template.settle(time.monotonic() + timeout_s) and self.template.state != "gone"
+            )
         except TemplateError as exc:
             raise self.template_failed(exc.what) from exc
 
@@ -317,7 +354,8 @@ class WorkerManager:
         return [w for w in self.workers if w.state == "busy"]
 
     def held(self) -> Iterator[Worker]:
-        """Tasks moved to overflow workers, running or stopped: they keep their memory either way."""
+        """Tasks moved to overflow workers, running or stopped: they keep their memory either
+        way."""
         return (w for w in self.workers if w.role == "overflow" and w.state == "busy")
 
     def overflowing(self) -> int:
@@ -326,7 +364,9 @@ class WorkerManager:
     def died(self, worker: Worker, what: str) -> GradingPoolError:
         """Build the error for a worker that failed on its own; wait briefly for its exit status."""
         code = worker.process.wait_status(_DEATH_STATUS_WAIT_S)
-        return GradingPoolError(f"grading worker pid {worker.pid} {what} {worker.doing()}: {describe_exitcode(code)}")
+        return GradingPoolError(
+            f"grading worker pid {worker.pid} {what} {worker.doing()}: {describe_exitcode(code)}"
+        )
 
     def exit_status(self, worker: Worker) -> int | None:
         """Its exit status, waited for briefly (it exited, or is exiting)."""
@@ -335,13 +375,14 @@ class WorkerManager:
     @staticmethod
     def protocol_error(worker: Worker, message: object) -> GradingPoolError:
         return GradingPoolError(
-            f"grading worker pid {worker.pid} sent {type(message).__name__} {worker.doing()} (protocol error)"
+            f"grading worker pid {worker.pid} sent {type(message).__name__} {worker.doing()} "
+            f"(protocol error)"
         )
 
     def over_budget(self, budget_bytes: int) -> list[Worker]:
-        """The held tasks that grew the most, until the rest fit in `budget_bytes`. Read from /proc/PID/stat
-        in constant time (smaps would walk every page, 8 times every 50 ms). Stopped ones count: they keep
-        their memory."""
+        """The held tasks that grew the most, until the rest fit in `budget_bytes`. Read from
+        /proc/PID/stat in constant time (smaps would walk every page, 8 times every 50 ms). Stopped
+        ones count: they keep their memory."""
         held = list(self.held())
         sizes = {worker: worker.growth() for worker in held}
         total, over = sum(sizes.values()), []
@@ -355,12 +396,15 @@ class WorkerManager:
     # -- holding back, retiring, replacing ---------------------------------------------------------
 
     def move_to_overflow(self, worker: Worker) -> None:
-        """The slow task leaves the `jobs` slots, held back (SIGSTOP); the spare takes its slot now."""
+        """The slow task leaves the `jobs` slots, held back (SIGSTOP); the spare takes its slot
+        now."""
         worker.role = "overflow"
         worker.process.signal(signal.SIGSTOP)
         worker.stopped_at = time.monotonic()
         log.info(
-            "grading task %d passed the soft deadline: held in overflow worker pid %d", worker.task_index, worker.pid
+            "grading task %d passed the soft deadline: held in overflow worker pid %d",
+            worker.task_index,
+            worker.pid,
         )
         spare = next((w for w in self.workers if w.role == "spare"), None)
         if spare is None:
@@ -379,8 +423,8 @@ class WorkerManager:
                 worker.process.signal(signal.SIGCONT)
 
     def retire(self, *workers: Worker) -> None:
-        """SIGKILL workers done with (or past) their tasks; an ordinary one is replaced. They are reaped
-        later, together (see the module docstring)."""
+        """SIGKILL workers done with (or past) their tasks; an ordinary one is replaced. They are
+        reaped later, together (see the module docstring)."""
         for worker in workers:
             self.workers.remove(worker)
         _kill(workers)
@@ -390,8 +434,8 @@ class WorkerManager:
                 self.spawn()
 
     def reap_retired(self, also: Sequence[Worker] = (), wait: bool = True) -> None:
-        """Reap the retired workers (and `also`, already killed) against one shared deadline; without
-        `wait`, only those already gone (the others stay retired, to be reaped later)."""
+        """Reap the retired workers (and `also`, already killed) against one shared deadline;
+        without `wait`, only those already gone (the others stay retired, to be reaped later)."""
         budget_s = REAP_TIMEOUT_S if wait else 0.0
         deadline = time.monotonic() + budget_s
         running = []
@@ -401,11 +445,16 @@ class WorkerManager:
                 continue
             running.append(worker)
             if budget_s:
-                log.warning("grading worker pid %d alive %.1fs after SIGKILL; leaving it", worker.pid, budget_s)
+                log.warning(
+                    "grading worker pid %d alive %.1fs after SIGKILL; leaving it",
+                    worker.pid,
+                    budget_s,
+                )
         self.retired = running
 
     def kill_all(self) -> None:
-        """SIGKILL every worker and reap them (and the retired ones) against one bounded deadline."""
+        """SIGKILL every worker and reap them (and the retired ones) against one bounded
+        deadline."""
         workers, self.workers = self.workers, []
         _kill(workers)
         self.reap_retired(workers)

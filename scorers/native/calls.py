@@ -26,7 +26,8 @@ BASE_ARGUMENTS = ("data_source", "solution_image", "ground_truth", "extra_info",
 
 
 class ScoreFunctionError(RuntimeError):
-    """A score function raised, or returned something other than a finite float or `{"score": ...}`."""
+    """A score function raised, or returned something other than a finite float or `{"score":
+    ...}`."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,11 @@ class ScoreFunction:
         return inspect.iscoroutinefunction(self.function)
 
 
-def bind(term: str, function: Any, extra: Mapping[str, Any], log_keys: tuple[str, ...]) -> ScoreFunction:
-    """The function with its extra keys filtered to its signature (all of them if it takes **kwargs)."""
+def bind(
+    term: str, function: Any, extra: Mapping[str, Any], log_keys: tuple[str, ...]
+) -> ScoreFunction:
+    """The function with its extra keys filtered to its signature (all of them if it takes
+    **kwargs)."""
     if not callable(function):
         raise NativeSetupError(f"reward function {term!r}: {function!r} is not callable")
     parameters = inspect.signature(function).parameters
@@ -68,8 +72,8 @@ class ModelHandle:
 
 
 class BlockingHandle:
-    """`reward_model` for a sync score function (on a worker thread): `reward_model.infer(...)` returns
-    the value; an async `infer` runs on the scorer's loop, waited for up to `timeout_s`."""
+    """`reward_model` for a sync score function (on a worker thread): `reward_model.infer(...)`
+    returns the value; an async `infer` runs on the scorer's loop, waited for up to `timeout_s`."""
 
     def __init__(self, model: Any, loop: asyncio.AbstractEventLoop, timeout_s: float) -> None:
         self._infer, self._loop, self._timeout_s = model.infer, loop, timeout_s
@@ -82,7 +86,8 @@ class BlockingHandle:
 
 
 def solution_image(item: ScoreItem) -> Any:
-    """The item's HWC uint8 image as verl-omni's uint8 CHW tensor (a private copy: inputs are read-only)."""
+    """The item's HWC uint8 image as verl-omni's uint8 CHW tensor (a private copy: inputs are
+    read-only)."""
     import torch
 
     return torch.from_numpy(np.array(item.required_image().transpose(2, 0, 1), order="C"))

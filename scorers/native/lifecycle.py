@@ -32,7 +32,9 @@ class ModelSlot:
     """Holds at most one instance of the model class; not thread-safe (the child's host serialises
     residency changes against scoring)."""
 
-    def __init__(self, cls: type, kwargs: Mapping[str, Any], device: str, run: Callable[[Any], Any]) -> None:
+    def __init__(
+        self, cls: type, kwargs: Mapping[str, Any], device: str, run: Callable[[Any], Any]
+    ) -> None:
         """`run` completes an awaitable (an async `close()`) on the scorer's event loop."""
         self.cls, self.kwargs, self.device, self.run = cls, dict(kwargs), device, run
         self.instance: Any = None
@@ -47,15 +49,17 @@ class ModelSlot:
         try:
             self.instance = self.cls(**self.kwargs)
         except Exception as exc:
-            raise NativeSetupError(f"model {self.cls.__qualname__}(**{sorted(self.kwargs)}) failed: {exc!r}") from exc
+            raise NativeSetupError(
+                f"model {self.cls.__qualname__}(**{sorted(self.kwargs)}) failed: {exc!r}"
+            ) from exc
         self.built += 1
         return {"built": self.built, **memory_figures(self.device)}
 
     def sleep(self) -> dict[str, Any]:
         """`close()` if it has one, the instance dropped, garbage collected, the accelerator's cache
-        emptied and free heap returned; figures before and after. A close() that raised is CloseFailed
-        when the instance was released all the same (asleep: the error is the model's), and a plain
-        error when it is still alive (the sleep failed)."""
+        emptied and free heap returned; figures before and after. A close() that raised is
+        CloseFailed when the instance was released all the same (asleep: the error is the model's),
+        and a plain error when it is still alive (the sleep failed)."""
         if self.instance is None:
             return {"changed": False}
         before = memory_figures(self.device)
@@ -73,16 +77,19 @@ class ModelSlot:
         if closed is not None:
             name = f"model {self.cls.__qualname__}"
             if figures["slept_instance_alive"]:
-                raise RuntimeError(f"{name}: close() raised {closed} and the instance is still referenced")
+                raise RuntimeError(
+                    f"{name}: close() raised {closed} and the instance is still referenced"
+                )
             raise CloseFailed(
                 f"{name}: close() raised {closed}; the instance was released all the same (asleep: "
-                f"{figures['slept_param_bytes_alive']} of {figures['slept_param_bytes']} parameter bytes still alive)"
+                f"{figures['slept_param_bytes_alive']} of {figures['slept_param_bytes']} "
+                f"parameter bytes still alive)"
             )
         return figures
 
     def _close(self, instance: Any) -> str | None:
-        """Call the instance's close(), if any: what it raised, as text (the exception itself is dropped
-        here, as its traceback's frames hold the instance), or None."""
+        """Call the instance's close(), if any: what it raised, as text (the exception itself is
+        dropped here, as its traceback's frames hold the instance), or None."""
         closer = getattr(instance, "close", None)
         if not callable(closer):
             return None

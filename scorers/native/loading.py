@@ -27,9 +27,12 @@ class NativeSetupError(RuntimeError):
 
 
 def split_reference(reference: str, what: str) -> tuple[str, str]:
-    """`module:Attr`, `pkg://module:Attr` or `path/to/file.py:Attr` -> (module or file, attribute)."""
+    """`module:Attr`, `pkg://module:Attr` or `path/to/file.py:Attr` -> (module or file,
+    attribute)."""
     if not isinstance(reference, str) or ":" not in reference.removeprefix(PKG):
-        raise NativeSetupError(f"{what}: {reference!r} is not 'module:Class', 'pkg://module:Class' or 'file.py:Class'")
+        raise NativeSetupError(
+            f"{what}: {reference!r} is not 'module:Class', 'pkg://module:Class' or 'file.py:Class'"
+        )
     where, _, attr = reference.removeprefix(PKG).rpartition(":")
     return (PKG + where if reference.startswith(PKG) else where), attr
 
@@ -39,7 +42,8 @@ def is_file(where: str) -> bool:
 
 
 def load_attribute(where: str, attr: str, what: str) -> Any:
-    """`attr` of the module `where` names: a dotted module (with or without pkg://) or a .py file."""
+    """`attr` of the module `where` names: a dotted module (with or without pkg://) or a .py
+    file."""
     if not attr:
         raise NativeSetupError(f"{what}: no name given to take from {where!r}")
     if not is_file(where):
@@ -52,7 +56,8 @@ def load_attribute(where: str, attr: str, what: str) -> Any:
 
 
 def _file_module(path: str, what: str) -> ModuleType:
-    """The module of one .py file, executed once per process however many names are taken from it."""
+    """The module of one .py file, executed once per process however many names are taken from
+    it."""
     absolute = os.path.abspath(path)
     with _FILES_LOCK:
         if absolute in _FILES:
@@ -67,6 +72,8 @@ def _file_module(path: str, what: str) -> ModuleType:
             spec.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[name]
-            raise NativeSetupError(f"{what}: importing {absolute!r} failed: {type(exc).__name__}: {exc}") from exc
+            raise NativeSetupError(
+                f"{what}: importing {absolute!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
         _FILES[absolute] = module
         return module

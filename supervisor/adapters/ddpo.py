@@ -47,13 +47,19 @@ class DDPORewardFn:
         self.__name__ = name or (shape.name if shape else "reward")
 
     def __call__(
-        self, images: Any, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]] | None = None, **_: Any
+        self,
+        images: Any,
+        prompts: Sequence[str],
+        metadata: Sequence[Mapping[str, Any]] | None = None,
+        **_: Any,
     ) -> tuple[Any, dict[str, Any]]:
         call = next(_CALLS)
         with self.backend.arena() as arena:
             batch = to_uint8_hwc(images, self.output_range, self.layout, allocate=arena.empty)
             if len(prompts) != len(batch) or (metadata is not None and len(metadata) != len(batch)):
-                raise ValueError(f"{len(batch)} images, {len(prompts)} prompts, {len(metadata or [])} metadata")
+                raise ValueError(
+                    f"{len(batch)} images, {len(prompts)} prompts, {len(metadata or [])} metadata"
+                )
             items = [
                 adapter_items.item(
                     f"{self.style} image {i}",
@@ -64,14 +70,20 @@ class DDPORewardFn:
                 )
                 for i in range(len(batch))
             ]
-            response = self.backend.compute_rewards(adapter_items.request(f"{self.style} reward_fn", items))
+            response = self.backend.compute_rewards(
+                adapter_items.request(f"{self.style} reward_fn", items)
+            )
         if self.style == "flow_grpo":  # the weighted total is "avg"; each term's scores beside it
-            nan = float("nan")  # a term with no value for an item (see verl's _scores): NaN in its log column
+            # a term with no value for an item (see verl's _scores): NaN in its log column
+            nan = float("nan")
             details: dict[str, list[Any]] = {
-                name: [nan if v is None else v for v in values] for name, values in response.component_rewards.items()
+                name: [nan if v is None else v for v in values]
+                for name, values in response.component_rewards.items()
             }
             if "avg" in details:
-                raise ValueError("a term named 'avg' would hide flow-GRPO's weighted total: rename it")
+                raise ValueError(
+                    "a term named 'avg' would hide flow-GRPO's weighted total: rename it"
+                )
             details["avg"] = list(response.rewards)
             return details, {}
         rewards = np.asarray(response.rewards, dtype=np.float32)

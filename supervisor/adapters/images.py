@@ -35,23 +35,30 @@ def as_numpy(value: Any) -> np.ndarray:
         raise ScorerRequestError(f"images: {exc}", kind="bad_input") from exc
     if not isinstance(array, np.ndarray):
         raise ScorerRequestError(
-            f"images must be a numpy array or a torch tensor, got {type(value).__name__}", kind="bad_input"
+            f"images must be a numpy array or a torch tensor, got {type(value).__name__}",
+            kind="bad_input",
         )
     return array
 
 
 def _hwc_shape(shape: tuple[int, ...], layout: Layout) -> tuple[int, ...]:
     if len(shape) != 4:
-        raise ScorerRequestError(f"images must be a batch of shape {layout}, got {list(shape)}", kind="bad_input")
+        raise ScorerRequestError(
+            f"images must be a batch of shape {layout}, got {list(shape)}", kind="bad_input"
+        )
     hwc = (shape[0], shape[2], shape[3], shape[1]) if layout == "NCHW" else tuple(shape)
     if hwc[-1] not in (1, 3, 4):
         raise ScorerRequestError(
-            f"images in {layout} have {hwc[-1]} channels (1, 3 or 4 expected): is the layout right?", kind="bad_input"
+            f"images in {layout} have {hwc[-1]} channels (1, 3 or 4 expected): is the layout "
+            f"right?",
+            kind="bad_input",
         )
     return hwc
 
 
-def _check_values(index: int, finite: bool, lo: float, hi: float, output_range: str, tolerance: float) -> None:
+def _check_values(
+    index: int, finite: bool, lo: float, hi: float, output_range: str, tolerance: float
+) -> None:
     low, high = RANGES[output_range]
     if not finite:
         raise ScorerRequestError(f"image {index} has non-finite values", kind="bad_input")
@@ -90,13 +97,20 @@ def to_uint8_hwc(
         out[...] = hwc
         return out
     if not np.issubdtype(hwc.dtype, np.floating):
-        raise ScorerRequestError(f"images must be float or uint8, got {hwc.dtype}", kind="bad_input")
+        raise ScorerRequestError(
+            f"images must be float or uint8, got {hwc.dtype}", kind="bad_input"
+        )
     low, high = RANGES[output_range]
     values = hwc.astype(np.float32, copy=False)
     for index in range(values.shape[0]):
         image = values[index]
         _check_values(
-            index, bool(np.isfinite(image).all()), float(image.min()), float(image.max()), output_range, tolerance
+            index,
+            bool(np.isfinite(image).all()),
+            float(image.min()),
+            float(image.max()),
+            output_range,
+            tolerance,
         )
         scaled = (np.clip(image, np.float32(low), np.float32(high)) - np.float32(low)) * np.float32(
             255.0 / (high - low)
@@ -105,7 +119,9 @@ def to_uint8_hwc(
     return out
 
 
-def _quantise_tensor(tensor: Any, output_range: str, layout: Layout, tolerance: float, make: Allocate) -> np.ndarray:
+def _quantise_tensor(
+    tensor: Any, output_range: str, layout: Layout, tolerance: float, make: Allocate
+) -> np.ndarray:
     """The same checks and fp32 transform as the numpy path, run on the tensor's own device."""
     import torch  # present: `tensor` is one of its tensors
 
@@ -116,7 +132,9 @@ def _quantise_tensor(tensor: Any, output_range: str, layout: Layout, tolerance: 
         torch.from_numpy(out).copy_(hwc)
         return out
     if not hwc.is_floating_point():
-        raise ScorerRequestError(f"images must be float or uint8, got {hwc.dtype}", kind="bad_input")
+        raise ScorerRequestError(
+            f"images must be float or uint8, got {hwc.dtype}", kind="bad_input"
+        )
     if hwc.shape[0] == 0:
         return out
     low, high = RANGES[output_range]
@@ -127,5 +145,6 @@ def _quantise_tensor(tensor: Any, output_range: str, layout: Layout, tolerance: 
     for index in range(len(finite)):
         _check_values(index, finite[index], lows[index], highs[index], output_range, tolerance)
     scaled = (values.clamp(low, high) - low) * (255.0 / (high - low))
-    torch.from_numpy(out).copy_(torch.floor(scaled + 0.5).to(torch.uint8))  # device -> host, into `out`
+    # device -> host, into `out`
+    torch.from_numpy(out).copy_(torch.floor(scaled + 0.5).to(torch.uint8))
     return out

@@ -30,7 +30,8 @@ def plain(value: Any) -> Any:
 
 
 def item(where: str, **fields: Any) -> RewardItem:
-    """A RewardItem, or ScorerRequestError (bad_input) saying which item and what is wrong with it."""
+    """A RewardItem, or ScorerRequestError (bad_input) saying which item and what is wrong with
+    it."""
     if "reference" in fields:
         fields["reference"] = plain(fields["reference"])
     try:
@@ -43,5 +44,7 @@ def request(
     what: str, items: list[RewardItem], group_size: int | None = None, step: int | None = None
 ) -> RewardRequest:
     if not items:
-        raise ScorerRequestError(f"{what} was called with no items: nothing to score", kind="bad_input")
+        raise ScorerRequestError(
+            f"{what} was called with no items: nothing to score", kind="bad_input"
+        )
     return RewardRequest(items=items, group_size=group_size, step=step)

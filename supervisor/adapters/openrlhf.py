@@ -1,4 +1,5 @@
-"""OpenRLHF: `--reward.remote_url <this file>` (`managed-scorers integrations openrlhf` prints its path).
+"""OpenRLHF: `--reward.remote_url <this file>` (`managed-scorers integrations openrlhf` prints its
+path).
 
 OpenRLHF 0.11.2 loads `reward_func(queries, prompts, labels)` from a file by path and calls it
 once per sample from `asyncio.to_thread`, many at once. Here those calls feed one stream
@@ -57,7 +58,11 @@ class _Scorer:
         """Each item's reward and the terms that have a value for it."""
         rows = [row.result(CALL_TIMEOUT_S) for row in self.stream.add(items)]
         return [
-            {"reward": row.reward, "terms": {t: v for t, v in row.components.items() if v is not None}} for row in rows
+            {
+                "reward": row.reward,
+                "terms": {t: v for t, v in row.components.items() if v is not None},
+            }
+            for row in rows
         ]
 
     def close(self) -> None:
@@ -66,14 +71,17 @@ class _Scorer:
 
 
 _SCORERS: dict[tuple[int, str], _Scorer] = {}
-_FAILED: dict[tuple[int, str], Exception] = {}  # a failed build fails every later call at once (no reboot per call)
+# a failed build fails every later call at once (no reboot per call)
+_FAILED: dict[tuple[int, str], Exception] = {}
 _BUILDING = threading.Lock()
 
 
 def scorer_for(recipe: str | None = None) -> _Scorer:
     path = recipe or os.environ.get(RECIPE_VARIABLE)
     if not path:
-        raise ConfigError(f"no reward recipe: set ${RECIPE_VARIABLE} to the recipe OpenRLHF's rewards come from")
+        raise ConfigError(
+            f"no reward recipe: set ${RECIPE_VARIABLE} to the recipe OpenRLHF's rewards come from"
+        )
     key = (os.getpid(), os.path.realpath(path))
     with _BUILDING:
         if key in _FAILED:
@@ -87,15 +95,20 @@ def scorer_for(recipe: str | None = None) -> _Scorer:
         return _SCORERS[key]
 
 
-def _samples(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> list[openrlhf.Sample]:
-    """OpenRLHF's lists cut into samples (the rule `serve`'s OpenRLHF route uses); a bad one is bad input."""
+def _samples(
+    queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]
+) -> list[openrlhf.Sample]:
+    """OpenRLHF's lists cut into samples (the rule `serve`'s OpenRLHF route uses); a bad one is bad
+    input."""
     try:
         return openrlhf.samples(queries, prompts, labels)
     except RequestError as exc:
         raise ScorerRequestError(str(exc), kind="bad_input") from exc
 
 
-def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> dict[str, Any]:
+def reward_func(
+    queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]
+) -> dict[str, Any]:
     """OpenRLHF's reward function: `rewards` and `scores` (floats for its one-sample calls, lists
     otherwise) and `extra_logs` (each term's value)."""
     try:
@@ -104,14 +117,18 @@ def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence
         rows = scorer.score(
             [
                 RewardItem(
-                    id=f"openrlhf-{os.getpid()}-{next(_ITEMS)}", prompt=s.prompt, text=s.response, reference=s.label
+                    id=f"openrlhf-{os.getpid()}-{next(_ITEMS)}",
+                    prompt=s.prompt,
+                    text=s.response,
+                    reference=s.label,
                 )
                 for s in samples
             ]
         )
     except Exception as exc:
         log.error(
-            "managed-scorers reward_func failed (OpenRLHF logs only at INFO, then trains on None): %s: %s",
+            "managed-scorers reward_func failed (OpenRLHF logs only at INFO, then trains on "
+            "None): %s: %s",
             type(exc).__name__,
             exc,
         )

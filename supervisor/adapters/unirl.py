@@ -1,14 +1,16 @@
-"""UniRL 0.2.0: `ManagedScorerProcessBackend` and `RewardPanel`, UniRL reward backends of this project.
+"""UniRL 0.2.0: `ManagedScorerProcessBackend` and `RewardPanel`, UniRL reward backends of this
+project.
 
-A UniRL recipe changes only its top `_target_` (`unirl.reward.managed_process.ManagedScorerProcessBackend`
--> `supervisor.adapters.unirl.ManagedScorerProcessBackend`): `config=` (UniRL's own spec, or a mapping
+A UniRL recipe changes only its top `_target_`
+(`unirl.reward.managed_process.ManagedScorerProcessBackend` ->
+`supervisor.adapters.unirl.ManagedScorerProcessBackend`): `config=` (UniRL's own spec, or a mapping
 of its fields) and `base_device=` are read by adapters/unirl_config into this project's managed
 backend. `RewardPanel` takes one of our panel recipes (UniRL's remote multi-reward role, run here);
 `RemoteRewardBackend` is UniRL's remote backend's drop-in for a server of ours (a served panel).
 
 This module imports without UniRL. The two classes are made on first access (PEP 562 `__getattr__`):
-when UniRL is importable they subclass `unirl.reward.base.RewardBackend`, so UniRL's RewardService and
-RewardStack take them as their own; without UniRL they are plain classes with the same methods.
+when UniRL is importable they subclass `unirl.reward.base.RewardBackend`, so UniRL's RewardService
+and RewardStack take them as their own; without UniRL they are plain classes with the same methods.
 """
 
 from __future__ import annotations
@@ -48,18 +50,26 @@ def unirl_base() -> type | None:
 
 def overridden(options: UniRLOptions, reference_key: str, given: dict[str, Any]) -> UniRLOptions:
     """The recipe's options with the base arguments that were given (not None) in their place."""
-    return replace(options, reference_key=reference_key, **{k: v for k, v in given.items() if v is not None})
+    return replace(
+        options, reference_key=reference_key, **{k: v for k, v in given.items() if v is not None}
+    )
 
 
 class _UniRLFace:
-    """What UniRL's RewardBackend base offers (and RewardService calls), over one backend of ours."""
+    """What UniRL's RewardBackend base offers (and RewardService calls), over one backend of
+    ours."""
 
     backend: RewardBackend
     input_kind = "image"
 
     def _set_base(self, options: UniRLOptions, backend: RewardBackend) -> None:
-        """UniRL's base attributes (its __init__ sets only these), then the backend, closed at exit."""
-        self.model_name, self.batch_size, self.timeout = options.model_name, options.batch_size, options.timeout
+        """UniRL's base attributes (its __init__ sets only these), then the backend, closed at
+        exit."""
+        self.model_name, self.batch_size, self.timeout = (
+            options.model_name,
+            options.batch_size,
+            options.timeout,
+        )
         self.prompt_source, self.input_kind, self.reference_key = (
             options.prompt_source,
             options.input_kind,
@@ -73,26 +83,34 @@ class _UniRLFace:
 
     @property
     def preferred_input_kind(self) -> str:
-        """The generated media it scores: image (image_edit too), video or text. An audio reward says
-        video: UniRL's RewardService takes only those three, and its audio comes beside a video (a
-        text-to-audio-video model's frontier); the backend reads the audio, not the frames."""
+        """The generated media it scores: image (image_edit too), video or text. An audio reward
+        says video: UniRL's RewardService takes only those three, and its audio comes beside a video
+        (a text-to-audio-video model's frontier); the backend reads the audio, not the frames."""
         return "video" if self.input_kind == "audio" else self.input_kind
 
     def prompts(self, request: Any) -> list[str]:
         """The original or the generation prompt of each row, by `prompt_source` (UniRL's rule)."""
-        prompt = request.original_prompt if self.prompt_source == "original" else request.generation_prompt
+        prompt = (
+            request.original_prompt
+            if self.prompt_source == "original"
+            else request.generation_prompt
+        )
         return [] if prompt is None else list(prompt.texts)
 
     def compute_rewards(self, request: Any) -> Any:
-        """UniRL's RewardRequest -> UniRL's RewardResponse; a failure raises its typed error (UniRL fails
-        the step on it either way), never zeros marked failed."""
+        """UniRL's RewardRequest -> UniRL's RewardResponse; a failure raises its typed error (UniRL
+        fails the step on it either way), never zeros marked failed."""
         started = time.perf_counter()
         with self.backend.arena() as arena:
-            ours = reward_request(request, self.input_kind, self.prompts(request), self.reference_key, arena.empty)
+            ours = reward_request(
+                request, self.input_kind, self.prompts(request), self.reference_key, arena.empty
+            )
             response = self.backend.compute_rewards(ours)
         return unirl_response(response, self._components(ours, response), started)
 
-    def _components(self, request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
+    def _components(
+        self, request: RewardRequest, response: RewardResponse
+    ) -> dict[str, list[float]]:
         raise NotImplementedError
 
     def is_available(self) -> bool:
@@ -108,9 +126,9 @@ class _UniRLFace:
         return True
 
     def covers_prompt_video(self) -> bool:
-        """For a video reward, whether a scorer behind it reads the prompt (UniRL's RewardService refuses
-        a training reward that does not: an audio reward is one, it scores a video's frontier); a reward
-        of another media kind has nothing to cover."""
+        """For a video reward, whether a scorer behind it reads the prompt (UniRL's RewardService
+        refuses a training reward that does not: an audio reward is one, it scores a video's
+        frontier); a reward of another media kind has nothing to cover."""
         if self.preferred_input_kind != "video":
             return True
         return any("prompt" in shape.required_fields for shape in leaf_shapes(self.backend))
@@ -147,21 +165,29 @@ class _ManagedBackend(_UniRLFace):
         start: bool = True,
     ) -> None:
         spec, options = managed_spec(config, base_device)
-        given = {"model_name": model_name, "batch_size": batch_size, "timeout": timeout, "prompt_source": prompt_source}
+        given = {
+            "model_name": model_name,
+            "batch_size": batch_size,
+            "timeout": timeout,
+            "prompt_source": prompt_source,
+        }
         options = overridden(options, reference_key, given)
         self.spec = spec
         self._set_base(options, _OurManagedBackend(spec, start=start))
 
-    def _components(self, request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
+    def _components(
+        self, request: RewardRequest, response: RewardResponse
+    ) -> dict[str, list[float]]:
         return {self.spec.scorer.name: list(response.rewards)}
 
 
 class _PanelBackend(_UniRLFace):
-    """A panel of this project's (a recipe of any style load_recipe reads, or a PanelConfig) as one UniRL
-    reward: `config` is UniRL's RemoteRewardSpec (or a mapping of its fields), whose `required_rewards`
-    picks terms of the recipe's training panel. `component_rewards[term]` is what the term added to
-    each reward: weight x value, 0.0 where it does not apply or an optional term failed (an item's
-    contributions sum to its reward; never a None or a NaN, which UniRL's tensors cannot take)."""
+    """A panel of this project's (a recipe of any style load_recipe reads, or a PanelConfig) as one
+    UniRL reward: `config` is UniRL's RemoteRewardSpec (or a mapping of its fields), whose
+    `required_rewards` picks terms of the recipe's training panel. `component_rewards[term]` is what
+    the term added to each reward: weight x value, 0.0 where it does not apply or an optional term
+    failed (an item's contributions sum to its reward; never a None or a NaN, which UniRL's tensors
+    cannot take)."""
 
     def __init__(
         self,
@@ -178,7 +204,12 @@ class _PanelBackend(_UniRLFace):
     ) -> None:
         del base_device  # each term's backend names its own device in the recipe
         panel, options = panel_config(recipe, config, model_name)
-        given = {"batch_size": batch_size, "timeout": timeout, "input_kind": input_kind, "prompt_source": prompt_source}
+        given = {
+            "batch_size": batch_size,
+            "timeout": timeout,
+            "input_kind": input_kind,
+            "prompt_source": prompt_source,
+        }
         options = overridden(options, reference_key, given)
         self.panel_config = panel
         self._set_base(options, build_panel(panel))
@@ -188,18 +219,20 @@ class _PanelBackend(_UniRLFace):
         assert isinstance(self.backend, _OurPanel)
         return self.backend
 
-    def _components(self, request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
+    def _components(
+        self, request: RewardRequest, response: RewardResponse
+    ) -> dict[str, list[float]]:
         return contributions(self.panel.terms, request, response)
 
 
 class _RemoteBackend(_UniRLFace):
-    """A managed-scorers server someone started (`serve --recipe`: a whole panel; `serve --scorer`: one
-    scorer), from UniRL's remote recipe: `config` is UniRL's RemoteRewardSpec (or its fields) with
-    `base_url` the server's URL (or a list of servers of one identity), `required_rewards` the terms
-    wanted (the server scores only those, and a served panel's reward sums only them). The bearer token
-    is read from the variable `token_env` (serve's default). `component_rewards[term]` is the term's
-    value, as UniRL's own remote backend gives (0.0 where it does not apply or an optional term failed);
-    the reward is the server's (a served panel's weighted reward)."""
+    """A managed-scorers server someone started (`serve --recipe`: a whole panel; `serve --scorer`:
+    one scorer), from UniRL's remote recipe: `config` is UniRL's RemoteRewardSpec (or its fields)
+    with `base_url` the server's URL (or a list of servers of one identity), `required_rewards` the
+    terms wanted (the server scores only those, and a served panel's reward sums only them). The
+    bearer token is read from the variable `token_env` (serve's default). `component_rewards[term]`
+    is the term's value, as UniRL's own remote backend gives (0.0 where it does not apply or an
+    optional term failed); the reward is the server's (a served panel's weighted reward)."""
 
     def __init__(
         self,
@@ -215,15 +248,25 @@ class _RemoteBackend(_UniRLFace):
     ) -> None:
         del base_device  # the server's scorers have their own devices
         remote, options, self.wanted = remote_config(config, token_env)
-        given = {"model_name": model_name, "batch_size": batch_size, "timeout": timeout, "prompt_source": prompt_source}
+        given = {
+            "model_name": model_name,
+            "batch_size": batch_size,
+            "timeout": timeout,
+            "prompt_source": prompt_source,
+        }
         options = overridden(options, reference_key, given)
         self._set_base(options, make_backend(remote))
 
-    def _components(self, request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
+    def _components(
+        self, request: RewardRequest, response: RewardResponse
+    ) -> dict[str, list[float]]:
         shape = component(self.backend).shape
         reward_term = None if shape is None else shape.reward_term
         names = self.wanted or [name for name in response.component_rewards if name != reward_term]
-        return {name: [0.0 if value is None else value for value in response.component_rewards[name]] for name in names}
+        return {
+            name: [0.0 if value is None else value for value in response.component_rewards[name]]
+            for name in names
+        }
 
 
 _CORES: dict[str, type[_UniRLFace]] = {
@@ -235,7 +278,8 @@ __all__ = ["ManagedScorerProcessBackend", "RemoteRewardBackend", "RewardPanel", 
 
 
 def __getattr__(name: str) -> type:
-    """The public classes, made once: `core` first (its methods win), UniRL's RewardBackend after it."""
+    """The public classes, made once: `core` first (its methods win), UniRL's RewardBackend after
+    it."""
     core = _CORES.get(name)
     if core is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -243,5 +287,7 @@ def __getattr__(name: str) -> type:
         if name not in _BUILT:
             base = unirl_base()
             bases = (core,) if base is None else (core, base)
-            _BUILT[name] = type(name, bases, {"__module__": __name__, "__qualname__": name, "__doc__": core.__doc__})
+            _BUILT[name] = type(
+                name, bases, {"__module__": __name__, "__qualname__": name, "__doc__": core.__doc__}
+            )
         return _BUILT[name]

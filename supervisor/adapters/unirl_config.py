@@ -26,7 +26,9 @@ from supervisor.errors import ConfigError, validation_message
 
 log = logging.getLogger(__name__)
 TARGET = "_target_"
-TOP_FIELDS = frozenset({"process", "scorer", "client", "gpu_residency", "idempotency_cache_size", "transport"})
+TOP_FIELDS = frozenset(
+    {"process", "scorer", "client", "gpu_residency", "idempotency_cache_size", "transport"}
+)
 PROCESS_FIELDS = frozenset(
     {
         "python_executable",
@@ -63,7 +65,11 @@ CLIENT_FIELDS = frozenset(  # UniRL's RemoteRewardSpec
     }
 )
 # history_kind -> (our scorer input kind, the media UniRL's frontier generated for it)
-HISTORY_KINDS = {"image": ("image", "image"), "image_edit": ("image_edit", "image"), "text": ("text", "text")}
+HISTORY_KINDS = {
+    "image": ("image", "image"),
+    "image_edit": ("image_edit", "image"),
+    "text": ("text", "text"),
+}
 HISTORY_KINDS["video"] = ("video", "video")
 HISTORY_KINDS["audio"] = ("audio", "audio")  # an extension: UniRL's spec knows image kinds only
 TRANSPORTS = ("auto", "http")  # both: the loopback data plane (shared memory for large arrays)
@@ -73,7 +79,8 @@ PROMPT_SOURCES = ("original", "generation")
 @dataclass(frozen=True)
 class UniRLOptions:
     """What UniRL's RewardBackend base holds (model_name, batch_size, timeout, prompt_source), the
-    media kind UniRL hands over (`input_kind`: image, video, text or audio) and the metadata key of the gold."""
+    media kind UniRL hands over (`input_kind`: image, video, text or audio) and the metadata key of
+    the gold."""
 
     model_name: str
     batch_size: int = 8
@@ -84,9 +91,13 @@ class UniRLOptions:
 
     def __post_init__(self) -> None:
         if self.prompt_source not in PROMPT_SOURCES:
-            raise ConfigError(f"prompt_source must be 'original' or 'generation', got {self.prompt_source!r}")
+            raise ConfigError(
+                f"prompt_source must be 'original' or 'generation', got {self.prompt_source!r}"
+            )
         if self.input_kind not in ("image", "video", "text", "audio"):
-            raise ConfigError(f"input_kind must be image, video, text or audio, got {self.input_kind!r}")
+            raise ConfigError(
+                f"input_kind must be image, video, text or audio, got {self.input_kind!r}"
+            )
 
 
 def plain(value: Any) -> Any:
@@ -107,61 +118,79 @@ def fields_of(node: Any, where: str, known: frozenset[str]) -> dict[str, Any]:
     elif isinstance(node, Mapping):
         values = {str(key): value for key, value in node.items() if key != TARGET}
     else:
-        raise ConfigError(f"{where} must be a mapping or UniRL's dataclass for it, got {type(node).__name__}")
+        raise ConfigError(
+            f"{where} must be a mapping or UniRL's dataclass for it, got {type(node).__name__}"
+        )
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {unknown}; UniRL's are {sorted(known)}")
-    return {key: value if dataclasses.is_dataclass(value) else plain(value) for key, value in values.items()}
+    return {
+        key: value if dataclasses.is_dataclass(value) else plain(value)
+        for key, value in values.items()
+    }
 
 
 def check_transport(transport: Any) -> None:
     if transport == "cuda_ipc":
         raise ConfigError(
-            "transport 'cuda_ipc' is not available here: there is no CUDA IPC data plane yet. Use 'http' or "
-            "'auto' (loopback HTTP, arrays of 64 KiB or more through a shared-memory segment)"
+            "transport 'cuda_ipc' is not available here: there is no CUDA IPC data plane "
+            "yet. Use 'http' or 'auto' (loopback HTTP, arrays of 64 KiB or more through a "
+            "shared-memory segment)"
         )
     if transport not in TRANSPORTS:
-        raise ConfigError(f"transport must be one of {[*TRANSPORTS, 'cuda_ipc']}, got {transport!r}")
+        raise ConfigError(
+            f"transport must be one of {[*TRANSPORTS, 'cuda_ipc']}, got {transport!r}"
+        )
 
 
 def check_raises(client: Mapping[str, Any]) -> None:
-    """UniRL's `raise_on_failure: false` turns a failed call into zero rewards marked failed; here a bad
-    reward always stops the step (typed), so asking for the zeros is refused, not ignored."""
+    """UniRL's `raise_on_failure: false` turns a failed call into zero rewards marked failed; here a
+    bad reward always stops the step (typed), so asking for the zeros is refused, not ignored."""
     if client.get("raise_on_failure", True) is not True:
         raise ConfigError(
-            "config.client.raise_on_failure must be true: a failed reward call raises its typed error here, "
-            "never zero rewards"
+            "config.client.raise_on_failure must be true: a failed reward call raises its "
+            "typed error here, never zero rewards"
         )
 
 
 def _history_kind(scorer: Mapping[str, Any]) -> tuple[str, str]:
     kind = scorer.get("history_kind", "image")
     if kind not in HISTORY_KINDS:
-        raise ConfigError(f"config.scorer.history_kind must be one of {sorted(HISTORY_KINDS)}, got {kind!r}")
+        raise ConfigError(
+            f"config.scorer.history_kind must be one of {sorted(HISTORY_KINDS)}, got {kind!r}"
+        )
     return HISTORY_KINDS[kind]
 
 
 def _check_client(client: Mapping[str, Any], name: str, media: str, version: Any) -> None:
-    """UniRL's own checks for one managed scorer: it serves exactly its own reward, of its media kind."""
+    """UniRL's own checks for one managed scorer: it serves exactly its own reward, of its media
+    kind."""
     check_raises(client)
     required = list(client.get("required_rewards") or [name])
     if required != [name]:
         raise ConfigError(
-            f"config.client.required_rewards is {required}, but a managed scorer serves one reward: [{name!r}] "
-            "(as UniRL checks). Several rewards: supervisor.adapters.unirl.RewardPanel over a recipe"
+            f"config.client.required_rewards is {required}, but a managed scorer serves one "
+            f"reward: [{name!r}] "
+            "(as UniRL checks). Several rewards: supervisor.adapters.unirl.RewardPanel over "
+            "a recipe"
         )
     given = client.get("input_kind")
     if given is not None and given != media:
-        raise ConfigError(f"config.client.input_kind {given!r} != {media!r}, the media of the scorer's history_kind")
+        raise ConfigError(
+            f"config.client.input_kind {given!r} != {media!r}, the media of the scorer's "
+            f"history_kind"
+        )
     expected = client.get("expected_scorer_version")
     if expected is not None and version is not None and expected != version:
         raise ConfigError(
-            f"config.client.expected_scorer_version {expected!r} != config.scorer.version {version!r}: one pin"
+            f"config.client.expected_scorer_version {expected!r} != config.scorer.version "
+            f"{version!r}: one pin"
         )
 
 
 def _process(process: Mapping[str, Any], client: Mapping[str, Any]) -> dict[str, Any]:
-    """Our ProcessConfig from UniRL's ManagedProcessConfig (and the client's per-request timeout)."""
+    """Our ProcessConfig from UniRL's ManagedProcessConfig (and the client's per-request
+    timeout)."""
     if process.get("service_root"):
         log.warning(
             "config.process.service_root %r is ignored: the child runs this project's runtime "
@@ -169,7 +198,8 @@ def _process(process: Mapping[str, Any], client: Mapping[str, Any]) -> dict[str,
             process["service_root"],
         )
     out: dict[str, Any] = {}
-    if process.get("python_executable"):  # empty or absent: the env the scorer declares (supervisor.config)
+    # empty or absent: the env the scorer declares (supervisor.config)
+    if process.get("python_executable"):
         out["python_executable"] = os.fspath(process["python_executable"])
     for key in ("startup_timeout", "shutdown_timeout", "log_dir"):
         if process.get(key) is not None:
@@ -182,16 +212,31 @@ def _process(process: Mapping[str, Any], client: Mapping[str, Any]) -> dict[str,
     return out
 
 
-def _scorer(scorer: Mapping[str, Any], kind: str, base_device: str | None, client: Mapping[str, Any]) -> dict:
+def _scorer(
+    scorer: Mapping[str, Any], kind: str, base_device: str | None, client: Mapping[str, Any]
+) -> dict:
     """Our ScorerConfig: UniRL's `params.device` is ours `device` (a scorer gets it in load())."""
     params = dict(scorer.get("params") or {})
     device = params.pop("device", None) or base_device or "cpu"
-    revision = scorer.get("version") if scorer.get("version") is not None else client.get("expected_scorer_version")
-    return {"name": scorer["name"], "input_kind": kind, "params": params, "revision": revision, "device": device}
+    revision = (
+        scorer.get("version")
+        if scorer.get("version") is not None
+        else client.get("expected_scorer_version")
+    )
+    return {
+        "name": scorer["name"],
+        "input_kind": kind,
+        "params": params,
+        "revision": revision,
+        "device": device,
+    }
 
 
-def managed_spec(config: Any, base_device: str | None) -> tuple[ManagedScorerProcessSpec, UniRLOptions]:
-    """UniRL's ManagedScorerProcessSpec (or a mapping of its fields) -> ours, and the base options."""
+def managed_spec(
+    config: Any, base_device: str | None
+) -> tuple[ManagedScorerProcessSpec, UniRLOptions]:
+    """UniRL's ManagedScorerProcessSpec (or a mapping of its fields) -> ours, and the base
+    options."""
     top = fields_of(config, "config", TOP_FIELDS)
     process = fields_of(top.get("process"), "config.process", PROCESS_FIELDS)
     scorer = fields_of(top.get("scorer"), "config.scorer", SCORER_FIELDS)
@@ -211,7 +256,8 @@ def managed_spec(config: Any, base_device: str | None) -> tuple[ManagedScorerPro
         "client": {"input_kind": kind},
         "gpu_residency": top.get("gpu_residency", "resident"),
     }
-    if client.get("request_batch_size") is not None:  # None (UniRL's default): our default chunk size
+    # None (UniRL's default): our default chunk size
+    if client.get("request_batch_size") is not None:
         ours["client"]["request_batch_size"] = client["request_batch_size"]
     try:
         spec = ManagedScorerProcessSpec.model_validate(ours)
@@ -231,18 +277,28 @@ def _options(client: Mapping[str, Any], name: str, media: str, **overrides: Any)
     return UniRLOptions(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
 
 
-def panel_config(recipe: Any, config: Any, model_name: str | None) -> tuple[PanelConfig, UniRLOptions]:
-    """The recipe's training panel, narrowed to `client.required_rewards` (term names) when given, and
-    the base options. The weights are the recipe's (sum of weight x term, not normalised): UniRL's
-    `reward_weights` and another `aggregation_method` are refused rather than half-honoured."""
+def panel_config(
+    recipe: Any, config: Any, model_name: str | None
+) -> tuple[PanelConfig, UniRLOptions]:
+    """The recipe's training panel, narrowed to `client.required_rewards` (term names) when given,
+    and the base options. The weights are the recipe's (sum of weight x term, not normalised):
+    UniRL's `reward_weights` and another `aggregation_method` are refused rather than
+    half-honoured."""
     client = fields_of(config, "config", CLIENT_FIELDS)
     check_raises(client)
     if client.get("reward_weights"):
-        raise ConfigError("reward_weights: a panel's weights are its recipe's terms' `weight` (sum of weight x term)")
+        raise ConfigError(
+            "reward_weights: a panel's weights are its recipe's terms' `weight` (sum of "
+            "weight x term)"
+        )
     if client.get("aggregation_method", "weighted_sum") != "weighted_sum":
-        raise ConfigError(f"aggregation_method {client['aggregation_method']!r}: a panel sums weight x term")
+        raise ConfigError(
+            f"aggregation_method {client['aggregation_method']!r}: a panel sums weight x term"
+        )
     if client.get("request_batch_size") is not None:
-        raise ConfigError("request_batch_size: set it per backend in the recipe (client.request_batch_size)")
+        raise ConfigError(
+            "request_batch_size: set it per backend in the recipe (client.request_batch_size)"
+        )
     if isinstance(recipe, PanelConfig):
         panel = recipe
     else:
@@ -251,33 +307,51 @@ def panel_config(recipe: Any, config: Any, model_name: str | None) -> tuple[Pane
     names = [term.name for term in panel.terms]
     missing = [name for name in wanted if name not in names]
     if missing:
-        raise ConfigError(f"config.client.required_rewards {missing} are not terms of the panel (terms: {names})")
+        raise ConfigError(
+            f"config.client.required_rewards {missing} are not terms of the panel (terms: {names})"
+        )
     if wanted:
-        panel = panel.model_copy(update={"terms": [term for term in panel.terms if term.name in wanted]})
+        panel = panel.model_copy(
+            update={"terms": [term for term in panel.terms if term.name in wanted]}
+        )
     return panel, _options(client, model_name or "reward_panel", "image", model_name=model_name)
 
 
-def remote_config(config: Any, token_env: str | None) -> tuple[RemoteBackendConfig, UniRLOptions, list[str]]:
+def remote_config(
+    config: Any, token_env: str | None
+) -> tuple[RemoteBackendConfig, UniRLOptions, list[str]]:
     """UniRL's RemoteRewardSpec (or its fields), pointed at servers of ours (`serve --recipe` or
     `serve --scorer`; one URL or a list of servers of one identity), as our remote backend's config,
     the base options, and the rewards whose values UniRL gets as components (`required_rewards`;
-    empty: every term the server serves). Weights are the server's: a served panel's are its recipe's,
-    so `reward_weights` and another `aggregation_method` are refused rather than half-honoured."""
+    empty: every term the server serves). Weights are the server's: a served panel's are its
+    recipe's, so `reward_weights` and another `aggregation_method` are refused rather than
+    half-honoured."""
     client = fields_of(config, "config", CLIENT_FIELDS)
     check_raises(client)
     urls = client.get("base_url")
     listed = [urls] if isinstance(urls, str) else list(urls or [])
-    if not listed or not all(isinstance(url, str) and url.startswith(("http://", "https://")) for url in listed):
+    if not listed or not all(
+        isinstance(url, str) and url.startswith(("http://", "https://")) for url in listed
+    ):
         raise ConfigError(
-            f"config.base_url must be the http(s) URL of a managed-scorers server (or a list of them), got {urls!r} "
+            f"config.base_url must be the http(s) URL of a managed-scorers server (or a list "
+            f"of them), got {urls!r} "
             "(managed://: supervisor.adapters.unirl.ManagedScorerProcessBackend)"
         )
     if client.get("reward_weights"):
-        raise ConfigError("reward_weights: the server weighs its terms (a served panel: its recipe's `weight`s)")
+        raise ConfigError(
+            "reward_weights: the server weighs its terms (a served panel: its recipe's `weight`s)"
+        )
     if client.get("aggregation_method", "weighted_sum") != "weighted_sum":
-        raise ConfigError(f"aggregation_method {client['aggregation_method']!r}: a served panel sums weight x term")
+        raise ConfigError(
+            f"aggregation_method {client['aggregation_method']!r}: a served panel sums "
+            f"weight x term"
+        )
     wanted = [str(name) for name in client.get("required_rewards") or []]
-    remote: dict[str, Any] = {"base_url": listed[0] if len(listed) == 1 else listed, "token_env": token_env}
+    remote: dict[str, Any] = {
+        "base_url": listed[0] if len(listed) == 1 else listed,
+        "token_env": token_env,
+    }
     remote["client"] = {"required_rewards": wanted}
     if client.get("request_batch_size") is not None:
         remote["client"]["request_batch_size"] = client["request_batch_size"]

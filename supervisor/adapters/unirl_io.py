@@ -31,12 +31,18 @@ MEDIA_FIELD = {"image": "image", "video": "video", "text": "text", "audio": "aud
 
 def _images(primitive: Any, allocate: Allocate) -> list[np.ndarray]:
     """UniRL `Images` (CHW in [0, 1] each, any sizes) -> uint8 HWC arrays."""
-    return [to_uint8_hwc(image.pixels[None], "zero_one", "NCHW", allocate=allocate)[0] for image in primitive.to_list()]
+    return [
+        to_uint8_hwc(image.pixels[None], "zero_one", "NCHW", allocate=allocate)[0]
+        for image in primitive.to_list()
+    ]
 
 
 def _videos(primitive: Any, allocate: Allocate) -> list[np.ndarray]:
     """UniRL `Videos` (TCHW in [0, 1] each) -> uint8 THWC arrays."""
-    return [to_uint8_hwc(video.frames, "zero_one", "NCHW", allocate=allocate) for video in primitive.to_list()]
+    return [
+        to_uint8_hwc(video.frames, "zero_one", "NCHW", allocate=allocate)
+        for video in primitive.to_list()
+    ]
 
 
 def _waveform(value: Any) -> Any:
@@ -56,19 +62,21 @@ def _column(primitive: Any, kind: str, allocate: Allocate) -> list[Any]:
 
 
 def _audio(request: Any, kind: str, media: list[Any], allocate: Allocate) -> list[dict[str, Any]]:
-    """Per item, `audio` and `audio_sample_rate` when UniRL generated audio (the primary column when the
-    backend scores audio); nothing otherwise."""
+    """Per item, `audio` and `audio_sample_rate` when UniRL generated audio (the primary column when
+    the backend scores audio); nothing otherwise."""
     primitive = (getattr(request, "generated", None) or {}).get("audio")
     if primitive is None:
         return [{} for _ in media]
     waveforms = media if kind == "audio" else _column(primitive, "audio", allocate)
     if len(waveforms) != len(media):
-        raise ScorerRequestError(f"UniRL generated {len(waveforms)} audio for {len(media)} items", kind="bad_input")
+        raise ScorerRequestError(
+            f"UniRL generated {len(waveforms)} audio for {len(media)} items", kind="bad_input"
+        )
     rate = getattr(request, "audio_sample_rate", None)
     if rate is None:
         raise ScorerRequestError(
-            "UniRL generated audio without a sample rate (request.audio_sample_rate is None: the frontier's "
-            "primitive_metadata['audio'] has no 'sample_rate')",
+            "UniRL generated audio without a sample rate (request.audio_sample_rate is None: "
+            "the frontier's primitive_metadata['audio'] has no 'sample_rate')",
             kind="bad_input",
         )
     return [{"audio": waveform, "audio_sample_rate": rate} for waveform in waveforms]
@@ -78,14 +86,17 @@ def _generated(request: Any, kind: str, allocate: Allocate) -> list[Any]:
     primitive = (getattr(request, "generated", None) or {}).get(kind)
     if primitive is None:
         raise ScorerRequestError(
-            f"the UniRL request generated {sorted(getattr(request, 'generated', None) or {})}, but this backend "
-            f"scores {kind!r}: check the recipe's reward / model pairing",
+            f"the UniRL request generated "
+            f"{sorted(getattr(request, 'generated', None) or {})}, but this backend scores "
+            f"{kind!r}: check the recipe's reward / model pairing",
             kind="bad_input",
         )
     return _column(primitive, kind, allocate)
 
 
-def _conditions(request: Any, count: int, allocate: Allocate) -> dict[str, list[tuple[np.ndarray, ...]]]:
+def _conditions(
+    request: Any, count: int, allocate: Allocate
+) -> dict[str, list[tuple[np.ndarray, ...]]]:
     """Conditioning media per item: `condition_images` (an edit's source), `condition_videos`."""
     out: dict[str, list[tuple[np.ndarray, ...]]] = {}
     conditioning = getattr(request, "conditioning", None) or {}
@@ -94,7 +105,9 @@ def _conditions(request: Any, count: int, allocate: Allocate) -> dict[str, list[
             out[field] = [(media,) for media in _column(conditioning[kind], kind, allocate)]
     unknown = sorted(set(conditioning) - {"image", "video"})
     if unknown:
-        raise ScorerRequestError(f"UniRL conditioning {unknown} has no field here (image, video)", kind="bad_input")
+        raise ScorerRequestError(
+            f"UniRL conditioning {unknown} has no field here (image, video)", kind="bad_input"
+        )
     for field, column in out.items():
         if len(column) != count:
             raise ScorerRequestError(f"{len(column)} {field} for {count} items", kind="bad_input")
@@ -105,7 +118,9 @@ def _column_or_none(values: Sequence[Any] | None, count: int, what: str) -> list
     if values is None or len(values) == 0:
         return [None] * count
     if len(values) != count:
-        raise ScorerRequestError(f"UniRL request has {len(values)} {what} for {count} items", kind="bad_input")
+        raise ScorerRequestError(
+            f"UniRL request has {len(values)} {what} for {count} items", kind="bad_input"
+        )
     return list(values)
 
 
@@ -113,7 +128,8 @@ def reward_request(
     request: Any, kind: str, prompts: Sequence[str], reference_key: str, allocate: Allocate
 ) -> RewardRequest:
     """Our request for UniRL's: one item per row, ids from `sample_ids` (made when absent), the gold
-    from `metadata[i][reference_key]` (None when absent: the scorer decides whether it needs one)."""
+    from `metadata[i][reference_key]` (None when absent: the scorer decides whether it needs
+    one)."""
     call = next(_CALLS)
     media = _generated(request, kind, allocate)
     count = len(media)
@@ -129,7 +145,11 @@ def reward_request(
             ids[i] if ids[i] is not None else f"unirl{call}-{i}",
             groups[i],
             texts[i],
-            {MEDIA_FIELD[kind]: media[i], **sounds[i], **{field: column[i] for field, column in conditions.items()}},
+            {
+                MEDIA_FIELD[kind]: media[i],
+                **sounds[i],
+                **{field: column[i] for field, column in conditions.items()},
+            },
             metadata[i],
             reference_key,
         )
@@ -149,7 +169,9 @@ def _item(
 ) -> RewardItem:
     if metadata is not None and not isinstance(metadata, Mapping):
         raise ScorerRequestError(
-            f"UniRL item {index}: metadata must be a mapping or None, got {type(metadata).__name__}", kind="bad_input"
+            f"UniRL item {index}: metadata must be a mapping or None, got "
+            f"{type(metadata).__name__}",
+            kind="bad_input",
         )
     meta = adapter_items.plain(dict(metadata or {}))
     source = meta.get("data_source")
@@ -165,13 +187,17 @@ def _item(
     )
 
 
-def unirl_response(response: RewardResponse, components: Mapping[str, list[float]], started: float) -> Any:
-    """UniRL's RewardResponse: an item is a success when its reward may be used (a panel item short of
-    an optional term only is one: its `errors` entry still names the term)."""
+def unirl_response(
+    response: RewardResponse, components: Mapping[str, list[float]], started: float
+) -> Any:
+    """UniRL's RewardResponse: an item is a success when its reward may be used (a panel item short
+    of an optional term only is one: its `errors` entry still names the term)."""
     try:
         from unirl.types.reward import RewardResponse as UniRLResponse
     except ImportError as exc:
-        raise ConfigError(f"UniRL is not importable here ({exc}): its RewardResponse cannot be built") from exc
+        raise ConfigError(
+            f"UniRL is not importable here ({exc}): its RewardResponse cannot be built"
+        ) from exc
     return UniRLResponse(
         rewards=[float(reward) for reward in response.rewards],
         component_rewards={name: list(values) for name, values in components.items()},
@@ -181,10 +207,13 @@ def unirl_response(response: RewardResponse, components: Mapping[str, list[float
     )
 
 
-def contributions(terms: Sequence[Any], request: RewardRequest, response: RewardResponse) -> dict[str, list[float]]:
-    """Per term, what it added to each item's reward: weight x value, 0.0 where it does not apply or an
-    optional term failed (it added nothing). An item's contributions sum (in term order) to its reward.
-    UniRL turns every component into a float tensor: a None there is a TypeError, a NaN is never sent."""
+def contributions(
+    terms: Sequence[Any], request: RewardRequest, response: RewardResponse
+) -> dict[str, list[float]]:
+    """Per term, what it added to each item's reward: weight x value, 0.0 where it does not apply or
+    an optional term failed (it added nothing). An item's contributions sum (in term order) to its
+    reward. UniRL turns every component into a float tensor: a None there is a TypeError, a NaN is
+    never sent."""
     out: dict[str, list[float]] = {}
     for term in terms:
         values = response.component_rewards[term.name]

@@ -3,9 +3,10 @@
 verl calls the per-item form once per rollout; the batch form (`BatchRewardManager`) gets
 lists. Both return `{"score": reward, <term>: value, ...}` (verl logs the other keys).
 An item's id comes from `extra_info["index"]` (or `"uid"`) when present. verl-omni's visual
-reward manager passes `solution_image` (a uint8 CHW tensor) instead of `solution_str`. The async form
-feeds the per-item tasks verl's reward loop makes into the backend's stream, which scores those that arrive together in one window (`max_batch`,
-`max_wait_s`; `coalesce=False` sends one request per item).
+reward manager passes `solution_image` (a uint8 CHW tensor) instead of `solution_str`. The async
+form feeds the per-item tasks verl's reward loop makes into the backend's stream, which scores those
+that arrive together in one window (`max_batch`, `max_wait_s`; `coalesce=False` sends one request
+per item).
 """
 
 from __future__ import annotations
@@ -45,12 +46,19 @@ def _item(
         chw = numpy_view(solution_image)
         if getattr(chw, "ndim", None) != 3:
             raise ScorerRequestError(
-                f"solution_image must be one CHW image, got shape {list(getattr(chw, 'shape', []))}", kind="bad_input"
+                f"solution_image must be one CHW image, got shape "
+                f"{list(getattr(chw, 'shape', []))}",
+                kind="bad_input",
             )
         image = chw.transpose(1, 2, 0)
     where = f"verl item {item_id!r} (data_source {data_source!r})"
     return adapter_items.item(
-        where, id=item_id, text=solution_str, image=image, reference=ground_truth, data_source=data_source
+        where,
+        id=item_id,
+        text=solution_str,
+        image=image,
+        reference=ground_truth,
+        data_source=data_source,
     )
 
 
@@ -78,8 +86,12 @@ def _scores(response: RewardResponse) -> list[dict[str, Any]]:
 
 def _score(reward: float, components: Mapping[str, float | None]) -> VerlScore:
     if "score" in components:
-        raise ConfigError("a term named 'score' would hide the reward verl trains on: rename the term")
-    return VerlScore(score=reward, **{name: math.nan if v is None else v for name, v in components.items()})
+        raise ConfigError(
+            "a term named 'score' would hide the reward verl trains on: rename the term"
+        )
+    return VerlScore(
+        score=reward, **{name: math.nan if v is None else v for name, v in components.items()}
+    )
 
 
 def _row_score(row: ItemReward) -> VerlScore:
@@ -87,16 +99,22 @@ def _row_score(row: ItemReward) -> VerlScore:
 
 
 class VerlComputeScore:
-    """`compute_score` for verl's reward loop (sync) with `compute_score_batch` for the batch manager,
-    and `acompute_score` for an async reward loop (the event loop stays free while it scores)."""
+    """`compute_score` for verl's reward loop (sync) with `compute_score_batch` for the batch
+    manager, and `acompute_score` for an async reward loop (the event loop stays free while it
+    scores)."""
 
     def __init__(
-        self, backend: RewardBackend, coalesce: bool = True, max_batch: int = 256, max_wait_s: float = 0.005
+        self,
+        backend: RewardBackend,
+        coalesce: bool = True,
+        max_batch: int = 256,
+        max_wait_s: float = 0.005,
     ) -> None:
         self.backend = backend
         self.__name__ = "compute_score"
         self.coalesce, self.max_batch, self.max_wait_s = coalesce, max_batch, max_wait_s
-        self._stream: RewardStream | None = None  # made on the first async call (the sync paths need none)
+        # made on the first async call (the sync paths need none)
+        self._stream: RewardStream | None = None
         self._making = threading.Lock()
 
     @property
@@ -104,7 +122,9 @@ class VerlComputeScore:
         """The per-item calls' stream: the items that arrive together are scored in one window."""
         with self._making:
             if self._stream is None:
-                self._stream = self.backend.stream(window=self.max_batch, max_wait_s=self.max_wait_s, collect=False)
+                self._stream = self.backend.stream(
+                    window=self.max_batch, max_wait_s=self.max_wait_s, collect=False
+                )
             return self._stream
 
     def __call__(
@@ -116,7 +136,9 @@ class VerlComputeScore:
         solution_image: Any = None,
         **_: Any,
     ) -> dict[str, Any]:
-        request = RewardRequest(items=[_item(data_source, solution_str, ground_truth, extra_info, solution_image)])
+        request = RewardRequest(
+            items=[_item(data_source, solution_str, ground_truth, extra_info, solution_image)]
+        )
         return _scores(self.backend.compute_rewards(request))[0]
 
     async def acompute_score(
@@ -144,8 +166,13 @@ class VerlComputeScore:
     ) -> list[dict[str, Any]]:
         extras = extra_infos if extra_infos is not None else [None] * len(solution_strs)
         if not len(data_sources) == len(solution_strs) == len(ground_truths) == len(extras):
-            raise ValueError("data_sources, solution_strs, ground_truths and extra_infos differ in length")
-        items = [_item(*row) for row in zip(data_sources, solution_strs, ground_truths, extras, strict=True)]
+            raise ValueError(
+                "data_sources, solution_strs, ground_truths and extra_infos differ in length"
+            )
+        items = [
+            _item(*row)
+            for row in zip(data_sources, solution_strs, ground_truths, extras, strict=True)
+        ]
         return _scores(self.backend.compute_rewards(RewardRequest(items=items)))
 
 
@@ -183,14 +210,17 @@ def process_scorer(key: tuple[str, ...], build: Callable[[], RewardBackend]) -> 
 
 
 def ready_scorer(key: tuple[str, ...]) -> VerlComputeScore | None:
-    """The scorer `process_scorer` built for `key` in this process, or None before its first call."""
+    """The scorer `process_scorer` built for `key` in this process, or None before its first
+    call."""
     return _SCORERS.get((os.getpid(), *key))
 
 
 _BOOTS: dict[tuple[Any, ...], asyncio.Future[VerlComputeScore]] = {}
 
 
-async def aprocess_scorer(key: tuple[str, ...], build: Callable[[], RewardBackend]) -> VerlComputeScore:
+async def aprocess_scorer(
+    key: tuple[str, ...], build: Callable[[], RewardBackend]
+) -> VerlComputeScore:
     """`process_scorer` for the async reward loop: the boot runs off the event loop, once per loop.
     The step's first tasks all wait on that one boot and resume in the same loop turn, so they
     reach the stream together (one window), instead of returning in waves from a thread each
@@ -204,7 +234,9 @@ async def aprocess_scorer(key: tuple[str, ...], build: Callable[[], RewardBacken
     boot = _BOOTS.get(slot)
     if boot is None or boot.get_loop() is not loop:
         boot = _BOOTS[slot] = asyncio.ensure_future(asyncio.to_thread(process_scorer, key, build))
-        boot.add_done_callback(lambda done: _BOOTS.pop(slot, None) if _BOOTS.get(slot) is done else None)
+        boot.add_done_callback(
+            lambda done: _BOOTS.pop(slot, None) if _BOOTS.get(slot) is done else None
+        )
     return await asyncio.shield(boot)
 
 
@@ -212,8 +244,8 @@ def _key(recipe: str | None, panel: str) -> tuple[str, str]:
     path = recipe or os.environ.get(RECIPE_VARIABLE)
     if not path:
         raise ConfigError(
-            f"no reward recipe: give reward_kwargs: {{recipe: /path/reward.yaml}} to verl's custom_reward_function, "
-            f"or set ${RECIPE_VARIABLE}"
+            f"no reward recipe: give reward_kwargs: {{recipe: /path/reward.yaml}} to verl's "
+            f"custom_reward_function, or set ${RECIPE_VARIABLE}"
         )
     if panel not in ("train", "validation"):
         raise ConfigError(f"panel must be 'train' or 'validation', got {panel!r}")
@@ -221,7 +253,8 @@ def _key(recipe: str | None, panel: str) -> tuple[str, str]:
 
 
 def _recipe_panel(path: str, panel: str) -> RewardBackend:
-    """Only the panel this process scores with is started (a validation worker boots no training terms)."""
+    """Only the panel this process scores with is started (a validation worker boots no training
+    terms)."""
     recipe = load_recipe(path)
     spec = recipe.train if panel == "train" else recipe.validation
     if spec is None:
@@ -230,7 +263,8 @@ def _recipe_panel(path: str, panel: str) -> RewardBackend:
 
 
 def scorer_for(recipe: str | None = None, panel: str = "train") -> VerlComputeScore:
-    """This process's `VerlComputeScore` over the recipe's panel (`train` or `validation`), built on first use."""
+    """This process's `VerlComputeScore` over the recipe's panel (`train` or `validation`), built on
+    first use."""
     key = _key(recipe, panel)
     return process_scorer(key, lambda: _recipe_panel(*key))
 
@@ -276,4 +310,6 @@ def compute_score_batch(
     **kwargs: Any,
 ) -> list[dict[str, Any]]:
     """verl's legacy batch form: lists in, one dict per item out."""
-    return scorer_for(recipe, panel).compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos)
+    return scorer_for(recipe, panel).compute_score_batch(
+        data_sources, solution_strs, ground_truths, extra_infos
+    )

@@ -45,7 +45,8 @@ class Claim:
 
 
 class JobIds:
-    """The claims of one backend: those of the calls in flight, and the last `remembered` that ended."""
+    """The claims of one backend: those of the calls in flight, and the last `remembered` that
+    ended."""
 
     def __init__(self, remembered: int) -> None:
         if remembered < 0:
@@ -75,7 +76,8 @@ class JobIds:
             claim.done = True
 
     def end_call(self, call: int) -> None:
-        """Call `call` has its response: its claims are remembered among the last `remembered` ids."""
+        """Call `call` has its response: its claims are remembered among the last `remembered`
+        ids."""
         with self._lock:
             ended = [claim for claim in self._live.values() if claim.call == call]
             for claim in ended:

@@ -1,4 +1,5 @@
-"""JobRewardBackend: a reward service that answers an enqueue with a job id and is pulled until done.
+"""JobRewardBackend: a reward service that answers an enqueue with a job id and is pulled until
+done.
 
 Posttrain's video reward service is one: it takes one candidate per request, gives back a job id
 (its "uuid"), and is asked for the score until it has one. It offers no idempotency key and no
@@ -11,13 +12,14 @@ pull of its own job id, only before that deadline, only as one finite number, an
 service gave that id to no other item (`job_ids`): one id for two uploads fails both items.
 
 The exchanges (paths configurable; `{uuid}` is the job id, percent-quoted):
-  POST {base_url}{enqueue_path}         multipart form: `file` (the item's .npy, uint8 video [1,3,T,H,W]
-                                        or image [1,H,W,3]), `media_type` ("video" | "image"),
-                                        `video_infos` (video only: JSON {"fps": FPS})
+  POST {base_url}{enqueue_path}         multipart form: `file` (the item's .npy, uint8 video
+                                        [1,3,T,H,W] or image [1,H,W,3]), `media_type` ("video" |
+                                        "image"), `video_infos` (video only: JSON {"fps": FPS})
                                         -> 2xx {"uuid": "<job id>"}; 429 (Retry-After): sent again
-  GET  {base_url}{result_path}          -> 200 {"<score_key>": [<one finite number>]} and nothing else
-                                        -> 202 {"uuid": "<the same job id>", "status": "pending"}
-                                        -> 400 "Not found scores for <job id>" (legacy pending: the body,
+  GET  {base_url}{result_path}          -> 200 {"<score_key>": [<one finite number>]} and nothing
+                                        else -> 202 {"uuid": "<the same job id>", "status":
+                                        "pending"} -> 400 "Not found scores for <job id>" (legacy
+                                        pending: the body,
                                            or the one value of a one-field JSON object)
 The bearer token goes on every exchange. Errors: `supervisor.errors.JobError` and its kinds.
 """
@@ -80,7 +82,8 @@ NOT_SETTINGS = {
 
 
 class _Pending(Exception):
-    """The job is not done yet: pull again (after the backoff's pause or its Retry-After, within the deadline)."""
+    """The job is not done yet: pull again (after the backoff's pause or its Retry-After, within the
+    deadline)."""
 
     def __init__(self, status: int, body: bytes, retry_after: float | None) -> None:
         self.status, self.body, self.retry_after = status, body, retry_after
@@ -96,7 +99,8 @@ class _Status(ErrorStatus):
 
 
 class _Busy(_Status):
-    """An enqueue's 429: the service took nothing, so the same enqueue goes again after the pause."""
+    """An enqueue's 429: the service took nothing, so the same enqueue goes again after the
+    pause."""
 
 
 def _retryable(exc: Exception) -> bool:
@@ -123,7 +127,8 @@ def service_array(item: RewardItem, media_type: MediaType) -> np.ndarray:
     if media is None or media.shape[-1] != 3:
         got = "none" if media is None else f"{media.shape[-1]} channels"
         raise ScorerRequestError(
-            f"item {item.id!r}: the job service takes an RGB {media_type}, got {got}", kind="bad_input"
+            f"item {item.id!r}: the job service takes an RGB {media_type}, got {got}",
+            kind="bad_input",
         )
     return media.transpose(3, 0, 1, 2)[None] if media_type == "video" else media[None]
 
@@ -194,27 +199,57 @@ class JobRewardBackend(Component):
         max_answer_bytes: int = 2**20,
         remembered_job_ids: int = 16384,
     ) -> None:
-        """`enqueue_timeout` and `pull_timeout` bound one exchange each (connect, send, wait, read), never
-        past the request's deadline; pulls (and enqueues answered 429) pause `poll_interval_s`, doubling
-        up to `poll_backoff_cap_s`, or longer when the answer's Retry-After asks it. The job ids of the
-        last `remembered_job_ids` items (and every item of the calls in flight) are kept to refuse one given twice."""
-        _check(media_type, fps, request_timeout, enqueue_timeout, pull_timeout, poll_interval_s, poll_backoff_cap_s)
+        """`enqueue_timeout` and `pull_timeout` bound one exchange each (connect, send, wait, read),
+        never past the request's deadline; pulls (and enqueues answered 429) pause
+        `poll_interval_s`, doubling up to `poll_backoff_cap_s`, or longer when the answer's
+        Retry-After asks it. The job ids of the last `remembered_job_ids` items (and every item of
+        the calls in flight) are kept to refuse one given twice."""
+        _check(
+            media_type,
+            fps,
+            request_timeout,
+            enqueue_timeout,
+            pull_timeout,
+            poll_interval_s,
+            poll_backoff_cap_s,
+        )
         if not 1 <= max_concurrency <= MAX_CONNECTIONS:
-            raise ValueError(f"max_concurrency must be in 1..{MAX_CONNECTIONS} (the connections to one service)")
-        if not enqueue_path.startswith("/") or not result_path.startswith("/") or "{uuid}" not in result_path:
-            raise ValueError("enqueue_path and result_path start with '/', and result_path holds '{uuid}'")
+            raise ValueError(
+                f"max_concurrency must be in 1..{MAX_CONNECTIONS} (the connections to one service)"
+            )
+        if (
+            not enqueue_path.startswith("/")
+            or not result_path.startswith("/")
+            or "{uuid}" not in result_path
+        ):
+            raise ValueError(
+                "enqueue_path and result_path start with '/', and result_path holds '{uuid}'"
+            )
         self.base_url, self.media_type, self.fps, self.term = base_url, media_type, fps, term
-        self.request_timeout, self.enqueue_timeout, self.pull_timeout = request_timeout, enqueue_timeout, pull_timeout
+        self.request_timeout, self.enqueue_timeout, self.pull_timeout = (
+            request_timeout,
+            enqueue_timeout,
+            pull_timeout,
+        )
         self.poll_interval_s, self.poll_backoff_cap_s = poll_interval_s, poll_backoff_cap_s
         self.max_concurrency, self.score_key = max_concurrency, score_key
         self.enqueue_path, self.result_path = enqueue_path, result_path
         identity: dict[str, Any] = {"backend": "jobs", "service": name, "revision": revision}
         identity |= {"media_type": media_type, "fps": fps, "term": term}
         identity |= {"paths": [enqueue_path, result_path], "score_key": score_key}
-        identity |= {"bounds": [request_timeout, enqueue_timeout, pull_timeout, poll_interval_s, poll_backoff_cap_s]}
+        identity |= {
+            "bounds": [
+                request_timeout,
+                enqueue_timeout,
+                pull_timeout,
+                poll_interval_s,
+                poll_backoff_cap_s,
+            ]
+        }
         self.shape = ScorerShape(name, (term,), identity_hash=digest(identity), revision=revision)
         self._stopped = threading.Event()  # closed: nothing starts, nothing is pulled again
-        self._interrupted = threading.Event()  # set (then replaced) by interrupt(): the calls in flight end
+        # set (then replaced) by interrupt(): the calls in flight end
+        self._interrupted = threading.Event()
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._transport = HttpxTransport(base_url, headers, max_answer_bytes)
         self.spool = Spool(spool_dir, ranks.current().rank)
@@ -222,8 +257,8 @@ class JobRewardBackend(Component):
 
     @classmethod
     def from_config(cls, config: JobBackendConfig, token: str | None = None) -> JobRewardBackend:
-        """The backend a recipe (or the CLI) describes, every setting passed by its name; `token` is the
-        value of `config.token_env`."""
+        """The backend a recipe (or the CLI) describes, every setting passed by its name; `token` is
+        the value of `config.token_env`."""
         return cls(config.base_url, token, **settings(config, leave={*NOT_SETTINGS, "base_url"}))
 
     @property
@@ -236,9 +271,11 @@ class JobRewardBackend(Component):
 
     def score(self, request: RewardRequest) -> Outcome:
         deadline = time.monotonic() + self.request_timeout
-        interrupted = self._interrupted  # this call's: interrupt() sets it (and replaces it for later calls)
+        # this call's: interrupt() sets it (and replaces it for later calls)
+        interrupted = self._interrupted
         call = new_call()
-        arrays = [service_array(item, self.media_type) for item in request.items]  # bad input: nothing is sent
+        # bad input: nothing is sent
+        arrays = [service_array(item, self.media_type) for item in request.items]
         try:
             outcomes = on_each(
                 list(zip(request.items, arrays, strict=True)),
@@ -251,10 +288,12 @@ class JobRewardBackend(Component):
         finally:
             self._job_ids.end_call(call)  # after the response's last check of the call's claims
 
-    def _response(self, request: RewardRequest, outcomes: Sequence[tuple[Claim, float] | BaseException]) -> Outcome:
-        """Every item's score, or JobItemsFailed naming each failed item (never a partial reward as a whole).
-        A score whose job id the service gave another item meanwhile is not taken (the last check:
-        every item of the call has its job id by now)."""
+    def _response(
+        self, request: RewardRequest, outcomes: Sequence[tuple[Claim, float] | BaseException]
+    ) -> Outcome:
+        """Every item's score, or JobItemsFailed naming each failed item (never a partial reward as
+        a whole). A score whose job id the service gave another item meanwhile is not taken (the
+        last check: every item of the call has its job id by now)."""
         errors: dict[str, JobError] = {}
         scores: dict[str, float] = {}
         for item_id, outcome in zip(request.ids, outcomes, strict=True):
@@ -263,7 +302,9 @@ class JobRewardBackend(Component):
             elif isinstance(outcome, BaseException):
                 raise outcome  # not a job's failure (a bug, an interrupt): as it is
             elif outcome[0].contested:
-                errors[item_id] = _contested(outcome[0], self._where(outcome[0].item_id, "pull", outcome[0].job_id))
+                errors[item_id] = _contested(
+                    outcome[0], self._where(outcome[0].item_id, "pull", outcome[0].job_id)
+                )
             else:
                 scores[item_id] = outcome[1]
         ids = [item_id for item_id in request.ids if item_id in scores]
@@ -288,10 +329,15 @@ class JobRewardBackend(Component):
         return where | {"job_id": job_id} if job_id else where
 
     def _score_item(
-        self, item_id: str, array: np.ndarray, deadline: float, call: int, interrupted: threading.Event
+        self,
+        item_id: str,
+        array: np.ndarray,
+        deadline: float,
+        call: int,
+        interrupted: threading.Event,
     ) -> tuple[Claim, float]:
-        """One candidate: its claim on its job id, and the score pulled for it. After an interrupt of
-        its call, an item not yet sent is never sent."""
+        """One candidate: its claim on its job id, and the score pulled for it. After an interrupt
+        of its call, an item not yet sent is never sent."""
         claim = self._enqueue(item_id, array, deadline, call, interrupted)
         try:
             return claim, self._pull(claim, deadline, interrupted)
@@ -299,15 +345,24 @@ class JobRewardBackend(Component):
             self._job_ids.pulled(claim)
 
     def _enqueue(
-        self, item_id: str, array: np.ndarray, deadline: float, call: int, interrupted: threading.Event
+        self,
+        item_id: str,
+        array: np.ndarray,
+        deadline: float,
+        call: int,
+        interrupted: threading.Event,
     ) -> Claim:
         """Send the item; its claim on the job id the service gave it. Sent again only after a 429
         (the service took nothing); never after any other failure."""
         where = self._where(item_id, "enqueue")
         if self._stopped.is_set() or interrupted.is_set():
-            raise JobServiceUnavailable("the backend was closed or interrupted; nothing was sent", **where)
+            raise JobServiceUnavailable(
+                "the backend was closed or interrupted; nothing was sent", **where
+            )
         if deadline <= time.monotonic():
-            raise JobDeadline("the request's deadline passed before this item was sent; nothing was sent", **where)
+            raise JobDeadline(
+                "the request's deadline passed before this item was sent; nothing was sent", **where
+            )
         retrying = self._retrying(deadline, interrupted, where, "enqueue", retry_on=(_Busy,))
         try:
             with self.spool.payload(array) as spooled:
@@ -316,15 +371,20 @@ class JobRewardBackend(Component):
             raise _spool_failed(exc, str(exc.filename), where, sending=False) from exc
         except _Busy as exc:
             raise _enqueue_failed(exc, retrying, self.request_timeout, where) from exc
-        return _job_id(status, body, where, lambda job_id: self._job_ids.claim(job_id, item_id, call))
+        return _job_id(
+            status, body, where, lambda job_id: self._job_ids.claim(job_id, item_id, call)
+        )
 
-    def _enqueue_once(self, spooled: Spooled, deadline: float, where: dict[str, Any]) -> tuple[int, bytes]:
+    def _enqueue_once(
+        self, spooled: Spooled, deadline: float, where: dict[str, Any]
+    ) -> tuple[int, bytes]:
         """One upload of the spooled file: the answer's status and body, or `_Busy` for a 429. Its
         file failing to read back (an OSError out of the upload) cuts the upload midway."""
         left = deadline - time.monotonic()
         if left <= 0:
             raise JobDeadline(
-                "the request's deadline passed before this item could be sent; nothing was taken", **where
+                "the request's deadline passed before this item could be sent; nothing was taken",
+                **where,
             )
         fields: dict[str, str] = {"media_type": self.media_type}
         if self.media_type == "video":
@@ -336,10 +396,15 @@ class JobRewardBackend(Component):
                 self.enqueue_path, min(self.enqueue_timeout, left), fields, upload
             )
         except ConnectFailed as exc:
-            raise JobServiceUnavailable(f"no connection opened, nothing was sent ({exc})", **where) from exc
+            raise JobServiceUnavailable(
+                f"no connection opened, nothing was sent ({exc})", **where
+            ) from exc
         except TransportError as exc:
-            raise JobEnqueueUncertain(f"sent, but no usable answer ({exc})", orphaned=True, **where) from exc
-        except OSError as exc:  # not a transport fact (those are typed): the file read back for the upload
+            raise JobEnqueueUncertain(
+                f"sent, but no usable answer ({exc})", orphaned=True, **where
+            ) from exc
+        # not a transport fact (those are typed): the file read back for the upload
+        except OSError as exc:
             raise _spool_failed(exc, spooled.path, where, sending=True) from exc
         if status == 429:
             raise _Busy(status, body, retry_after_s(headers.get("retry-after")))
@@ -403,15 +468,17 @@ class JobRewardBackend(Component):
             raise self._pull_failed(exc, retrying, where) from exc
 
     def _pull_once(self, path: str, claim: Claim, deadline: float, where: dict[str, Any]) -> float:
-        """One pull: the score, or _Pending, a transport fact, ErrorStatus, JobProtocolError (its job id
-        given to another item too, before this pull or during it, is one)."""
+        """One pull: the score, or _Pending, a transport fact, ErrorStatus, JobProtocolError (its
+        job id given to another item too, before this pull or during it, is one)."""
         job_id = claim.job_id
         left = deadline - time.monotonic()
         if left <= 0:
             raise NoAnswer("the request's deadline passed")
         if claim.contested:
             raise _contested(claim, where)
-        status, headers, body = self._transport.request("GET", path, min(self.pull_timeout, left), (), {})
+        status, headers, body = self._transport.request(
+            "GET", path, min(self.pull_timeout, left), (), {}
+        )
         if time.monotonic() >= deadline:
             raise NoAnswer(f"HTTP {status} came after the request's deadline: not taken")
         retry_after = retry_after_s(headers.get("retry-after"))
@@ -419,15 +486,23 @@ class JobRewardBackend(Component):
             score = singleton_score(body, self.score_key)
             if score is None:
                 expected = f'{{"{self.score_key}": [<one finite number>]}} and nothing else'
-                raise JobProtocolError(f"a 200 must hold {expected}", status=status, body=body, **where)
+                raise JobProtocolError(
+                    f"a 200 must hold {expected}", status=status, body=body, **where
+                )
             if claim.contested:
                 raise _contested(claim, where)
             return score
         if status == 202:
             parsed = _json(body)
-            if not isinstance(parsed, dict) or parsed.get("uuid") != job_id or parsed.get("status") != "pending":
+            if (
+                not isinstance(parsed, dict)
+                or parsed.get("uuid") != job_id
+                or parsed.get("status") != "pending"
+            ):
                 expected = f'{{"uuid": "{job_id}", "status": "pending"}}'
-                raise JobProtocolError(f"a 202 must be {expected} (this job's id)", status=status, body=body, **where)
+                raise JobProtocolError(
+                    f"a 202 must be {expected} (this job's id)", status=status, body=body, **where
+                )
             raise _Pending(status, body, retry_after)
         if status == 400 and is_legacy_pending(body, job_id):
             raise _Pending(status, body, retry_after)
@@ -436,20 +511,38 @@ class JobRewardBackend(Component):
     def _pull_failed(self, exc: Exception, retrying: Retry, where: dict[str, Any]) -> JobError:
         """The typed error for pulls that ended without a score."""
         status = getattr(exc, "status", None)
-        body = exc.body if isinstance(exc, _Pending) else exc.message if isinstance(exc, ErrorStatus) else b""
+        body = (
+            exc.body
+            if isinstance(exc, _Pending)
+            else exc.message
+            if isinstance(exc, ErrorStatus)
+            else b""
+        )
         tries = f"after {retrying.tries} pull{'s' if retrying.tries > 1 else ''}"
         if retrying.gave_up == "stopped":
-            return JobServiceUnavailable(f"the backend was closed or interrupted {tries}", orphaned=True, **where)
+            return JobServiceUnavailable(
+                f"the backend was closed or interrupted {tries}", orphaned=True, **where
+            )
         if retrying.gave_up == "deadline":
-            last = (f"last: {exc}" if not isinstance(exc, _Pending) else "still pending") + _asked_note(exc)
-            message = f"no score within the request's deadline ({self.request_timeout:g} s) {tries}, {last}"
+            last = (
+                f"last: {exc}" if not isinstance(exc, _Pending) else "still pending"
+            ) + _asked_note(exc)
+            message = (
+                f"no score within the request's deadline ({self.request_timeout:g} s) "
+                f"{tries}, {last}"
+            )
             return JobDeadline(message, status=status, body=body, orphaned=True, **where)
         if isinstance(exc, ErrorStatus) and 400 <= exc.status < 500:
-            return JobRejected(f"refused {tries}; not pulled again", status=status, body=body, **where)
-        return JobProtocolError(f"an answer outside the protocol {tries} ({exc})", status=status, body=body, **where)
+            return JobRejected(
+                f"refused {tries}; not pulled again", status=status, body=body, **where
+            )
+        return JobProtocolError(
+            f"an answer outside the protocol {tries} ({exc})", status=status, body=body, **where
+        )
 
     def interrupt(self) -> None:
-        """Give up on the calls in flight (Ctrl-C): their connections are dropped, nothing is retried."""
+        """Give up on the calls in flight (Ctrl-C): their connections are dropped, nothing is
+        retried."""
         interrupted, self._interrupted = self._interrupted, threading.Event()
         interrupted.set()
         self._transport.reset()
@@ -463,20 +556,29 @@ class JobRewardBackend(Component):
         self.spool.close()
 
 
-def _spool_failed(exc: OSError, path: str, where: dict[str, Any], *, sending: bool) -> JobSpoolFailed:
-    """The item's spool file failed: written (nothing was sent), or read back while it was being sent
-    (the upload was cut midway: whether the service took it is unknown, so it is never sent again)."""
+def _spool_failed(
+    exc: OSError, path: str, where: dict[str, Any], *, sending: bool
+) -> JobSpoolFailed:
+    """The item's spool file failed: written (nothing was sent), or read back while it was being
+    sent (the upload was cut midway: whether the service took it is unknown, so it is never sent
+    again)."""
     code = f"{errno.errorcode.get(exc.errno, exc.errno)}: " if exc.errno else ""
     said = f"({code}{exc.strerror or exc})"
     if sending:
-        message = f"its spool file {path} failed to read back while it was sent {said}; the upload was cut midway"
+        message = (
+            f"its spool file {path} failed to read back while it was sent {said}; the "
+            f"upload was cut midway"
+        )
     else:
-        message = f"its payload could not be written to the spool file {path} {said}; nothing was sent"
+        message = (
+            f"its payload could not be written to the spool file {path} {said}; nothing was sent"
+        )
     return JobSpoolFailed(message, spool_path=path, errno=exc.errno, orphaned=sending, **where)
 
 
 def _enqueue_failed(exc: _Busy, retrying: Retry, timeout: float, where: dict[str, Any]) -> JobError:
-    """The typed error for enqueues that the service answered 429 until they ended; it took nothing."""
+    """The typed error for enqueues that the service answered 429 until they ended; it took
+    nothing."""
     tries = f"{retrying.tries} enqueue{'s' if retrying.tries > 1 else ''}"
     body = excerpt(exc.message)
     if retrying.gave_up == "stopped":
@@ -497,22 +599,35 @@ def _contested(claim: Claim, where: dict[str, Any]) -> JobProtocolError:
     assert rival is not None
     whose = "this call" if rival.call == claim.call else "a later call"
     message = (
-        f"the service gave this job id to item {rival.item_id!r} of {whose} too: one job for two uploads, "
+        f"the service gave this job id to item {rival.item_id!r} of {whose} too: one job for "
+        f"two uploads, "
         "whose score nobody can tell; not taken"
     )
     return JobProtocolError(message, orphaned=True, **where)
 
 
 def _job_id(
-    status: int, body: bytes, where: dict[str, Any], claim: Callable[[str], tuple[Claim, Claim | None]]
+    status: int,
+    body: bytes,
+    where: dict[str, Any],
+    claim: Callable[[str], tuple[Claim, Claim | None]],
 ) -> Claim:
     """The item's claim on the job id of an enqueue's answer, or the typed error of that answer
     (a job id the service already gave another item is one: that item fails too)."""
     if 400 <= status < 500:
-        raise JobRejected("the service refused the enqueue (it is never sent again)", status=status, body=body, **where)
+        raise JobRejected(
+            "the service refused the enqueue (it is never sent again)",
+            status=status,
+            body=body,
+            **where,
+        )
     if not 200 <= status < 300:
         raise JobEnqueueUncertain(
-            "the enqueue failed on the service's side", status=status, body=body, orphaned=True, **where
+            "the enqueue failed on the service's side",
+            status=status,
+            body=body,
+            orphaned=True,
+            **where,
         )
     parsed = _json(body)
     job_id = parsed.get("uuid") if isinstance(parsed, dict) else None
@@ -527,15 +642,24 @@ def _job_id(
     claimed, earlier = claim(job_id)
     if earlier is not None:
         message = (
-            f"the service already gave this job id to another item ({earlier.held_by(claimed.call)}): "
+            f"the service already gave this job id to another item "
+            f"({earlier.held_by(claimed.call)}): "
             "one job for two uploads, whose score nobody can tell; not pulled"
         )
-        raise JobProtocolError(message, status=status, body=body, orphaned=True, **where | {"job_id": job_id})
+        raise JobProtocolError(
+            message, status=status, body=body, orphaned=True, **where | {"job_id": job_id}
+        )
     return claimed
 
 
 def _check(
-    media_type: str, fps: float | None, request: float, enqueue: float, pull: float, poll: float, cap: float
+    media_type: str,
+    fps: float | None,
+    request: float,
+    enqueue: float,
+    pull: float,
+    poll: float,
+    cap: float,
 ) -> None:
     if media_type not in ("video", "image"):
         raise ValueError(f"media_type must be video or image, got {media_type!r}")

@@ -23,7 +23,8 @@ from supervisor.types import RewardItem, RewardRequest
 # What a LocalBackendConfig holds that is no setting of the backend's, and why
 NOT_SETTINGS = {
     "kind": "the config union's tag",
-    "input_kind": "the scorer's own; the config's is for checks before anything starts (doctor, preflight)",
+    "input_kind": "the scorer's own; the config's is for checks before anything starts (doctor, "
+    "preflight)",
     "shared_memory_min_bytes": "a managed child's data plane: nothing crosses a process here",
 }
 
@@ -65,8 +66,8 @@ class LocalRewardBackend(Component):
         else:
             if params or revision is not None or identity_hash is not None:
                 raise ConfigError(
-                    "a scorer instance takes no params and cannot be pinned (its constructor arguments are "
-                    "unknown here): give the scorer by name, with params, to pin it"
+                    "a scorer instance takes no params and cannot be pinned (its constructor "
+                    "arguments are unknown here): give the scorer by name, with params, to pin it"
                 )
             self.scorer, identity = scorer, None
         spec = self.scorer.spec
@@ -83,7 +84,9 @@ class LocalRewardBackend(Component):
         )
         check_pins(self.shape, revision, identity_hash)
         self.weights = dict(weights or {})
-        self.required_rewards = check_reward_names(spec.name, spec.term_names(), required_rewards or [], self.weights)
+        self.required_rewards = check_reward_names(
+            spec.name, spec.term_names(), required_rewards or [], self.weights
+        )
         self.request_batch_size = request_batch_size
         self.group_size = group_size
         self._serial = threading.RLock()
@@ -94,14 +97,17 @@ class LocalRewardBackend(Component):
 
     @classmethod
     def from_config(cls, config: LocalBackendConfig) -> LocalRewardBackend:
-        """The backend a recipe (or the CLI) describes, every setting passed by its name: the scorer's
-        (its `name` is `scorer`) and the client's."""
+        """The backend a recipe (or the CLI) describes, every setting passed by its name: the
+        scorer's (its `name` is `scorer`) and the client's."""
         keywords = settings(config, flatten=("scorer", "client"), leave={*NOT_SETTINGS, "name"})
         return cls(config.scorer.name, **keywords)
 
     @property
     def combination(self) -> dict[str, Any]:
-        return {"required": list(self.required_rewards), "weights": dict(sorted(self.weights.items()))}
+        return {
+            "required": list(self.required_rewards),
+            "weights": dict(sorted(self.weights.items())),
+        }
 
     def score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
         """One chunk through the child's own validation path (this backend is its ChunkScorer)."""
@@ -117,14 +123,17 @@ class LocalRewardBackend(Component):
             raise RewardContractError(str(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - the scorer's own bug: typed as a managed child's 500 is
             raise ScorerRequestError(f"{type(exc).__name__}: {exc}", kind="scorer_error") from exc
-        terms = {name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()}
+        terms = {
+            name: np.asarray(values, dtype=np.float64) for name, values in result.terms.items()
+        }
         term_failed = {
             name: {chunk[position].id: why for position, why in whys.items()}
             for name, whys in result.term_failed.items()
         }
         failed = {chunk[position].id: why for position, why in result.failed.items()}
         not_applicable = {
-            name: frozenset(chunk[position].id for position in where) for name, where in result.not_applicable.items()
+            name: frozenset(chunk[position].id for position in where)
+            for name, where in result.not_applicable.items()
         }
         return ChunkAnswer(terms, result.diagnostics, failed, term_failed, not_applicable)
 
@@ -134,7 +143,11 @@ class LocalRewardBackend(Component):
                 raise RuntimeError("LocalRewardBackend is closed")
             try:
                 plan = CallPlan(
-                    self.shape, self.request_batch_size, self.required_rewards, self.weights, self.group_size
+                    self.shape,
+                    self.request_batch_size,
+                    self.required_rewards,
+                    self.weights,
+                    self.group_size,
                 )
                 return score_in_chunks(request, plan, self)
             finally:

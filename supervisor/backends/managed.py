@@ -82,18 +82,21 @@ _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_"
 
 @dataclass(eq=False)
 class _Generation:
-    """One child, the client that talks to it and its data-plane segment; a restart makes a new one."""
+    """One child, the client that talks to it and its data-plane segment; a restart makes a new
+    one."""
 
     child: ChildProcess
     client: ScorerClient
     segment: ParentSegment | None = None
     abandoned: bool = False  # a call on it was interrupted (Ctrl-C): the child was killed at once
     retired: bool = False  # its transport bytes moved into the backend's retired counts
-    # the child said ready while still warming (a math grader's workers): until it answers a request (a
-    # score or an error), one may take until this (its start-up deadline), as the start it waits for was the boot's
+    # the child said ready while still warming (a math grader's workers): until it answers a request
+    # (a score or an error), one may take until this (its start-up deadline), as the start it waits
+    # for was the boot's
     warm_until: float | None = None
     warm_asked: float = 0.0  # when warming() last asked the child's /health
-    warming_said: bool = True  # what that /health said (False: it did not answer), until the next ask
+    # what that /health said (False: it did not answer), until the next ask
+    warming_said: bool = True
 
     def score_timeout(self, request_timeout: float) -> float:
         if self.warm_until is None:
@@ -101,10 +104,16 @@ class _Generation:
         return max(request_timeout, self.warm_until - time.monotonic())
 
     def transport_bytes(self) -> Counter[str]:
-        """Request bytes by path: in-band, copied into the shared segment, sent in place from an arena."""
+        """Request bytes by path: in-band, copied into the shared segment, sent in place from an
+        arena."""
         counts = Counter({"in_band": self.client.in_band_bytes})
         if self.segment is not None:
-            counts.update({"shared_copied": self.segment.copied_bytes, "shared_in_place": self.segment.in_place_bytes})
+            counts.update(
+                {
+                    "shared_copied": self.segment.copied_bytes,
+                    "shared_in_place": self.segment.in_place_bytes,
+                }
+            )
         return counts
 
     def release(self) -> None:
@@ -115,7 +124,8 @@ class _Generation:
 
 
 def _once(make: Callable[[], T]) -> Callable[[], T]:
-    """`make()` on the first call, from whichever thread; its result (or its error) on every call."""
+    """`make()` on the first call, from whichever thread; its result (or its error) on every
+    call."""
     lock = threading.Lock()
     made: list[T] = []
     failed: list[BaseException] = []
@@ -145,8 +155,8 @@ def _working_directory() -> Path:
 def launch_plan(
     spec: ManagedScorerProcessSpec, segment: ParentSegment | None, boot_offloaded: bool = False
 ) -> LaunchPlan:
-    """How to start a child for `spec`: its python, environment (nothing of the trainer's import path) and
-    boot config. Shared by the managed backend and `managed-scorers serve`."""
+    """How to start a child for `spec`: its python, environment (nothing of the trainer's import
+    path) and boot config. Shared by the managed backend and `managed-scorers serve`."""
     process, scorer = spec.process, spec.scorer
     name = scorer.name.lower().replace(".", "_").replace(":", "_")
     placed = ranks.current()
@@ -154,7 +164,8 @@ def launch_plan(
         root = import_root(state_dir())
     except OSError as exc:
         raise ScorerStartupError(
-            f"cannot prepare the child's import directory: {exc}", ChildRecord(name, None, rank=placed.rank)
+            f"cannot prepare the child's import directory: {exc}",
+            ChildRecord(name, None, rank=placed.rank),
         ) from exc
     return LaunchPlan(
         name=name,
@@ -171,8 +182,8 @@ def launch_plan(
 
 
 def _child_env(process: ProcessConfig, root: Path, gpus: tuple[str, ...] | None) -> dict[str, str]:
-    """The trainer's environment less what would steer the child, plus the spec's; its import path is
-    the scorer env, our own packages, and what the spec opts into: nothing of the trainer's."""
+    """The trainer's environment less what would steer the child, plus the spec's; its import path
+    is the scorer env, our own packages, and what the spec opts into: nothing of the trainer's."""
     env = {k: v for k, v in os.environ.items() if k not in RESERVED_ENV}
     if not any(key in process.env for key in _MALLOC_ENV):
         env.update(_MALLOC_ENV)
@@ -180,11 +191,16 @@ def _child_env(process: ProcessConfig, root: Path, gpus: tuple[str, ...] | None)
     env.update(
         {
             "PYTHONPATH": os.pathsep.join([str(root), *map(str, process.extra_import_paths)]),
-            "PYTHONSAFEPATH": "1",  # no working directory on sys.path, in the child or its subprocesses
+            # no working directory on sys.path, in the child or its subprocesses
+            "PYTHONSAFEPATH": "1",
             "PYTHONNOUSERSITE": "1",
             "PYTHONUNBUFFERED": "1",
             "CUDA_VISIBLE_DEVICES": child_visible_devices(
-                os.environ, process.local_rank, process.visible_devices, process.allow_multiple_gpus, gpus
+                os.environ,
+                process.local_rank,
+                process.visible_devices,
+                process.allow_multiple_gpus,
+                gpus,
             ),
         }
     )
@@ -217,7 +233,8 @@ def _boot_config(
 
 @dataclass(frozen=True)
 class _ChildChunks:
-    """The ChunkScorer of one call: every chunk goes to the child that serves the call (`serving`)."""
+    """The ChunkScorer of one call: every chunk goes to the child that serves the call
+    (`serving`)."""
 
     backend: ManagedScorerProcessBackend
     serving: Callable[[], _Generation]
@@ -243,34 +260,47 @@ class ManagedScorerProcessBackend(Component):
 
     shape: ScorerShape  # what the scorer declared (its child's readiness line or /health)
 
-    def __init__(self, spec: ManagedScorerProcessSpec | Mapping[str, Any], start: bool = True) -> None:
+    def __init__(
+        self, spec: ManagedScorerProcessSpec | Mapping[str, Any], start: bool = True
+    ) -> None:
         self.spec = (
-            spec if isinstance(spec, ManagedScorerProcessSpec) else ManagedScorerProcessSpec.model_validate(spec)
+            spec
+            if isinstance(spec, ManagedScorerProcessSpec)
+            else ManagedScorerProcessSpec.model_validate(spec)
         )
         if self.spec.replicas.size > 1:
             raise ConfigError(
-                f"spec asks for {self.spec.replicas.size} replicas: build it with supervisor.compose.replicas.ReplicatedBackend "
+                f"spec asks for {self.spec.replicas.size} replicas: build it with "
+                f"supervisor.compose.replicas.ReplicatedBackend "
                 "(or recipes.make_backend), which starts one child per replica"
             )
         # Which lock guards which field. `_serial` is held for a whole call (score, onload, offload,
-        # drain): calls are serialised, so one thread at a time restarts a child. `_life` is held only
-        # briefly, to read or swap the child generation: close() and interrupt() come from other
-        # threads while a call holds `_serial`, so they never wait for it. Never take `_serial` while
-        # holding `_life`. `_bytes_lock` guards the byte counters a metrics scrape reads.
+        # drain): calls are serialised, so one thread at a time restarts a child. `_life` is held
+        # only briefly, to read or swap the child generation: close() and interrupt() come from
+        # other threads while a call holds `_serial`, so they never wait for it. Never take
+        # `_serial` while holding `_life`. `_bytes_lock` guards the byte counters a metrics scrape
+        # reads.
         self._owner_pid = os.getpid()  # immutable
-        self._gen: _Generation | None = None  # guarded by _life (read without it by interrupt(): a snapshot)
-        self._launching: ChildProcess | None = None  # the child being booted; set by the booting thread,
-        # read by abort_start() from another (a snapshot: aborting a child that just became ready is harmless)
+        # guarded by _life (read without it by interrupt(): a snapshot)
+        self._gen: _Generation | None = None
+        # the child being booted; set by the booting thread,
+        self._launching: ChildProcess | None = None
+        # read by abort_start() from another (a snapshot: aborting a child that just became ready is
+        # harmless)
         self._dead: ScorerError | None = None  # guarded by _life
         self._failed_at = 0.0  # guarded by _life
         self._restarts: list[float] = []  # guarded by _serial (only the restarting call appends)
-        self.timeouts = 0  # guarded by _serial: calls that passed their deadline (their child was killed)
-        self._retired_bytes: Counter[str] = Counter()  # guarded by _bytes_lock: bytes of replaced children
+        # guarded by _serial: calls that passed their deadline (their child was killed)
+        self.timeouts = 0
+        # guarded by _bytes_lock: bytes of replaced children
+        self._retired_bytes: Counter[str] = Counter()
         self._bytes_lock = threading.Lock()
         self.metrics_id = prometheus.track(self)  # after the counters it reads exist
         self._closed = False  # guarded by _life (set once; read without it as a hint)
-        self._closing = threading.Event()  # set by close() before it takes _life: wakes a restart's backoff
-        self._want_offloaded = False  # guarded by _serial: what a restarted resident child should boot as
+        # set by close() before it takes _life: wakes a restart's backoff
+        self._closing = threading.Event()
+        # guarded by _serial: what a restarted resident child should boot as
+        self._want_offloaded = False
         self._life = threading.RLock()
         self._serial = threading.RLock()
         self.timings: dict[str, float] = {}
@@ -290,7 +320,8 @@ class ManagedScorerProcessBackend(Component):
         return self._gen is None and not self._closed
 
     def abort_start(self) -> None:
-        """Kill the child `start()` (or a restart) is booting, from another thread: the boot fails at once."""
+        """Kill the child `start()` (or a restart) is booting, from another thread: the boot fails
+        at once."""
         child = self._launching
         if child is not None:
             child.abort()
@@ -302,8 +333,9 @@ class ManagedScorerProcessBackend(Component):
     def _check_owner(self) -> None:
         if os.getpid() != self._owner_pid:
             raise BackendNotOwned(
-                f"backend for scorer {self.spec.scorer.name!r} belongs to pid {self._owner_pid}, whose child it "
-                f"runs; this process (pid {os.getpid()}) is a fork of it and cannot use it: create a backend here"
+                f"backend for scorer {self.spec.scorer.name!r} belongs to pid "
+                f"{self._owner_pid}, whose child it runs; this process (pid {os.getpid()}) "
+                f"is a fork of it and cannot use it: create a backend here"
             )
 
     def _offer_segment(self) -> ParentSegment | None:
@@ -312,7 +344,11 @@ class ManagedScorerProcessBackend(Component):
         try:
             return ParentSegment(self.spec.limits.max_request_bytes)
         except OSError as exc:
-            log.warning("no shared-memory data plane for %s (%s); arrays travel in-band", self.spec.scorer.name, exc)
+            log.warning(
+                "no shared-memory data plane for %s (%s); arrays travel in-band",
+                self.spec.scorer.name,
+                exc,
+            )
             return None
 
     def _plan(self, segment: ParentSegment | None) -> LaunchPlan:
@@ -347,11 +383,14 @@ class ManagedScorerProcessBackend(Component):
             segment,
             self.spec.client.shared_memory_min_bytes or 0,
         )
-        # every answer comes from the identity of the first child (a restart under another is refused)
+        # every answer comes from the identity of the first child (a restart under another is
+        # refused)
         client.identity = self.shape.identity_hash or info.get("identity_hash")
         self.timings["spawn_to_ready_s"] = info["spawn_to_ready_s"]
         assert child.spawned_at is not None
-        warm_until = child.spawned_at + self.spec.process.startup_timeout if info.get("warming") else None
+        warm_until = (
+            child.spawned_at + self.spec.process.startup_timeout if info.get("warming") else None
+        )
         return _Generation(child, client, segment, warm_until=warm_until), info
 
     def start(self) -> dict[str, Any]:
@@ -366,7 +405,10 @@ class ManagedScorerProcessBackend(Component):
         try:
             self.shape = ScorerShape.from_entry(info)
             self.required_rewards = check_reward_names(
-                self.spec.scorer.name, info["terms"], self.spec.client.required_rewards, self.spec.client.weights
+                self.spec.scorer.name,
+                info["terms"],
+                self.spec.client.required_rewards,
+                self.spec.client.weights,
             )
         except Exception:
             self.close()
@@ -378,9 +420,14 @@ class ManagedScorerProcessBackend(Component):
         policy = self.spec.restart
         if isinstance(cause, ScorerCrashLoop):
             raise ScorerCrashLoop(cause.args[0].splitlines()[0], cause.record)
-        if isinstance(cause, ScorerIdentityChanged):  # another start would boot the same other identity
+        # another start would boot the same other identity
+        if isinstance(cause, ScorerIdentityChanged):
             raise ScorerIdentityChanged(
-                cause.args[0].splitlines()[0], cause.record, url=cause.url, expected=cause.expected, got=cause.got
+                cause.args[0].splitlines()[0],
+                cause.record,
+                url=cause.url,
+                expected=cause.expected,
+                got=cause.got,
             )
         if isinstance(cause, ScorerStartupError) and is_boot_failure(
             cause.boot_code if cause.boot_code is not None else cause.returncode
@@ -394,8 +441,9 @@ class ManagedScorerProcessBackend(Component):
         recent = [t for t in self._restarts if now - t < policy.window_s]
         if len(recent) >= policy.max_restarts:
             loop = ScorerCrashLoop(
-                f"child is no longer serving: {len(recent)} restarts in the last {policy.window_s:.0f} s "
-                f"(max_restarts={policy.max_restarts}); last failure: {cause.args[0].splitlines()[0]}",
+                f"child is no longer serving: {len(recent)} restarts in the last "
+                f"{policy.window_s:.0f} s (max_restarts={policy.max_restarts}); last "
+                f"failure: {cause.args[0].splitlines()[0]}",
                 cause.record,
             )
             with self._life:
@@ -404,7 +452,8 @@ class ManagedScorerProcessBackend(Component):
         return max(0.0, self._failed_at + policy.backoff_s - now)
 
     def _restart(self, old: _Generation, cause: ScorerError) -> _Generation:
-        """Replace a dead child. Runs under the serial lock (one restarter); launches outside `_life`.
+        """Replace a dead child. Runs under the serial lock (one restarter); launches outside
+        `_life`.
 
         A child killed because its caller was interrupted did not fail: it is replaced at once
         and does not count against the restart policy.
@@ -420,15 +469,21 @@ class ManagedScorerProcessBackend(Component):
         try:
             new, info = self._launch()
         except BaseException as exc:
-            error = exc if isinstance(exc, ScorerError) else ScorerStartupError(f"restart failed: {exc!r}")
+            error = (
+                exc
+                if isinstance(exc, ScorerError)
+                else ScorerStartupError(f"restart failed: {exc!r}")
+            )
             with self._life:
                 self._dead, self._failed_at = error, time.monotonic()
-            if error is exc or not isinstance(exc, Exception):  # never turn Ctrl-C into a scorer error
+            # never turn Ctrl-C into a scorer error
+            if error is exc or not isinstance(exc, Exception):
                 raise
             raise error from exc
         changed = self._changed_identity(new, info)
         with self._life:
-            if self._closed or changed is not None:  # close() ran meanwhile, or nothing it answers may be taken
+            # close() ran meanwhile, or nothing it answers may be taken
+            if self._closed or changed is not None:
                 record = new.child.stop(graceful_s=0.0)
                 new.release()
                 if changed is None:
@@ -447,15 +502,18 @@ class ManagedScorerProcessBackend(Component):
         )
         return new
 
-    def _changed_identity(self, new: _Generation, info: dict[str, Any]) -> ScorerIdentityChanged | None:
-        """A restarted child of another identity than the first (its env rebuilt with another revision,
-        a file its params read changed): refused before it scores anything."""
+    def _changed_identity(
+        self, new: _Generation, info: dict[str, Any]
+    ) -> ScorerIdentityChanged | None:
+        """A restarted child of another identity than the first (its env rebuilt with another
+        revision, a file its params read changed): refused before it scores anything."""
         expected, got = self.shape.identity_hash, info.get("identity_hash")
         if expected is None or got == expected:
             return None
         return ScorerIdentityChanged(
-            f"child {self.spec.scorer.name} restarted (pid {new.child.pid}) under scorer identity {got}, not "
-            f"{expected} as before: its env or what its params read changed; not started again",
+            f"child {self.spec.scorer.name} restarted (pid {new.child.pid}) under scorer "
+            f"identity {got}, not {expected} as before: its env or what its params read "
+            f"changed; not started again",
             url=f"http://127.0.0.1:{new.child.port}",
             expected=expected,
             got=got if isinstance(got, str) else None,
@@ -463,17 +521,22 @@ class ManagedScorerProcessBackend(Component):
 
     @property
     def combination(self) -> dict[str, Any]:
-        return {"required": list(self.required_rewards), "weights": dict(sorted(self.spec.client.weights.items()))}
+        return {
+            "required": list(self.required_rewards),
+            "weights": dict(sorted(self.spec.client.weights.items())),
+        }
 
     def transport_bytes(self) -> Counter[str]:
-        """Request bytes sent to this backend's children so far, by path (see `_Generation.transport_bytes`)."""
+        """Request bytes sent to this backend's children so far, by path (see
+        `_Generation.transport_bytes`)."""
         with self._bytes_lock:
             gen = self._gen
             live = gen.transport_bytes() if gen is not None and not gen.retired else Counter()
             return self._retired_bytes + live
 
     def _retire(self, gen: _Generation) -> None:
-        """Move a generation's bytes into the retired counts, once, so a scrape never counts them twice."""
+        """Move a generation's bytes into the retired counts, once, so a scrape never counts them
+        twice."""
         with self._bytes_lock:
             if not gen.retired:
                 self._retired_bytes.update(gen.transport_bytes())
@@ -538,7 +601,8 @@ class ManagedScorerProcessBackend(Component):
                             gen.child.pid,
                             exc,
                         )
-            except BaseException:  # Ctrl-C during /shutdown: no more waiting, but the child still goes
+            # Ctrl-C during /shutdown: no more waiting, but the child still goes
+            except BaseException:
                 graceful = False
                 raise
             finally:
@@ -548,7 +612,12 @@ class ManagedScorerProcessBackend(Component):
                 self._retire(gen)
                 gen.release()
                 self.timings["shutdown_s"] = time.monotonic() - started
-        if graceful and record.returncode == 0 and not self.spec.process.keep_clean_logs and gen.child.log_path:
+        if (
+            graceful
+            and record.returncode == 0
+            and not self.spec.process.keep_clean_logs
+            and gen.child.log_path
+        ):
             gen.child.log_path.unlink(missing_ok=True)  # a clean run leaves nothing to read
 
     # -- calls -----------------------------------------------------------------------------
@@ -572,7 +641,8 @@ class ManagedScorerProcessBackend(Component):
                 return gen
             if not restart:
                 raise type(dead)(
-                    f"child is not serving (the next score or onload restarts it): {dead.args[0].splitlines()[0]}",
+                    f"child is not serving (the next score or onload restarts it): "
+                    f"{dead.args[0].splitlines()[0]}",
                     dead.record,
                 )
         return self._restart(gen, dead)
@@ -591,8 +661,11 @@ class ManagedScorerProcessBackend(Component):
             if isinstance(error, ScorerTimeout):
                 self.timeouts += 1
             raise error from exc
-        except Exception as exc:  # a fault in this process mid-exchange (MemoryError, a bug): state unknown
-            raise self._failure(gen, what, ConnectionLost(f"failed in this process: {exc!r}")) from exc
+        # a fault in this process mid-exchange (MemoryError, a bug): state unknown
+        except Exception as exc:
+            raise self._failure(
+                gen, what, ConnectionLost(f"failed in this process: {exc!r}")
+            ) from exc
         except BaseException:  # Ctrl-C mid-call: the child is still busy with what nobody will read
             self._abandon(gen)
             raise
@@ -607,22 +680,30 @@ class ManagedScorerProcessBackend(Component):
 
     def kill_late_call(self) -> None:
         """The caller's deadline passed while the child still scores its call (a Ray pool's actor
-        cancelling a late share): kill the child at once. Unlike `interrupt`, this counts against the
-        restart policy, as a timeout of our own does: a scorer that hangs on every call ends in
+        cancelling a late share): kill the child at once. Unlike `interrupt`, this counts against
+        the restart policy, as a timeout of our own does: a scorer that hangs on every call ends in
         `ScorerCrashLoop`, not in a restart per call."""
         gen = self._gen
         if gen is not None and os.getpid() == self._owner_pid and not gen.child.exited():
             gen.child.signal_group(signal.SIGKILL)
             self.timeouts += 1
             self._mark_dead(
-                gen, ScorerTimeout("the caller's deadline passed mid-call; its child was killed", gen.child.record())
+                gen,
+                ScorerTimeout(
+                    "the caller's deadline passed mid-call; its child was killed",
+                    gen.child.record(),
+                ),
             )
 
     def _abandon(self, gen: _Generation) -> None:
-        """Kill the child at once (no waiting here); close() and the next call need no graceful path."""
+        """Kill the child at once (no waiting here); close() and the next call need no graceful
+        path."""
         gen.abandoned = True
         gen.child.signal_group(signal.SIGKILL)
-        self._mark_dead(gen, ScorerProcessDied("a call was interrupted; its child was killed", gen.child.record()))
+        self._mark_dead(
+            gen,
+            ScorerProcessDied("a call was interrupted; its child was killed", gen.child.record()),
+        )
 
     def _failure(
         self, gen: _Generation, what: str, exc: TransportError | ErrorStatus | RewardContractError
@@ -633,12 +714,13 @@ class ManagedScorerProcessBackend(Component):
             gen.warm_until = None
             if exc.kind not in RESTART_KINDS:  # it keeps serving
                 return scorer_error(exc, what, child.record())
-            error = scorer_error(exc, what, child.finish(), "killed")  # wedged: restarted as after a crash
+            # wedged: restarted as after a crash
+            error = scorer_error(exc, what, child.finish(), "killed")
             self._mark_dead(gen, error)
             return error
         if isinstance(exc, ConnectFailed) and not child.exited():
-            # nothing reached the scorer (this process is out of descriptors, or another local process
-            # floods the child's port): the child is not to blame and keeps serving
+            # nothing reached the scorer (this process is out of descriptors, or another local
+            # process floods the child's port): the child is not to blame and keeps serving
             return scorer_error(exc, what, child.record(), "serving")
         if self._closed or gen is not self._gen or self._dead is not None:
             return scorer_error(exc, what, child.record(), "gone")
@@ -653,7 +735,10 @@ class ManagedScorerProcessBackend(Component):
         return error
 
     def _score_chunk(
-        self, serving: Callable[[], _Generation], chunk: Sequence[RewardItem], group_size: int | None
+        self,
+        serving: Callable[[], _Generation],
+        chunk: Sequence[RewardItem],
+        group_size: int | None,
     ) -> ChunkAnswer:
         frame = encode_chunk(chunk, group_size, self.max_request_bytes)
         gen = serving()
@@ -661,23 +746,32 @@ class ManagedScorerProcessBackend(Component):
         answer = self._exchange(gen, "score", gen.client.score, frame, uuid.uuid4().hex, timeout)
         gen.warm_until = None  # answered: the child is warm (an error answer clears it in _failure)
         try:
-            return verify_score_answer(answer, [item.id for item in chunk], self.required_rewards, declared=self.shape)
+            return verify_score_answer(
+                answer, [item.id for item in chunk], self.required_rewards, declared=self.shape
+            )
         except RewardContractError as exc:
             raise self._failure(gen, "score", exc) from exc
 
     def score(self, request: RewardRequest) -> Outcome:
-        """Every chunk of one call goes to the same child: one that dies mid-call fails the call (its
-        other chunks are never sent to a replacement behind the caller's back)."""
+        """Every chunk of one call goes to the same child: one that dies mid-call fails the call
+        (its other chunks are never sent to a replacement behind the caller's back)."""
         self._check_owner()
         with self._serial:
             serving = _once(lambda: self._serving(restart=True))
             client = self.spec.client
             plan = CallPlan(
-                self.shape, client.request_batch_size, self.required_rewards, client.weights, client.group_size
+                self.shape,
+                client.request_batch_size,
+                self.required_rewards,
+                client.weights,
+                client.group_size,
             )
             outcome = score_in_chunks(request, plan, _ChildChunks(self, serving))
-            if outcome.kind == "terms_failed" and outcome.response is not None:  # named with the child
-                named = ScorerTermsFailed(str(outcome.error), dict(outcome.failed), outcome.response, self._record())
+            # named with the child
+            if outcome.kind == "terms_failed" and outcome.response is not None:
+                named = ScorerTermsFailed(
+                    str(outcome.error), dict(outcome.failed), outcome.response, self._record()
+                )
                 return Outcome.terms_failed(named, outcome.response)
             return outcome
 
@@ -698,7 +792,8 @@ class ManagedScorerProcessBackend(Component):
             try:
                 figures = self._exchange(gen, "offload", gen.client.offload)
             except ScorerRequestError as exc:
-                if exc.kind == CLOSE_FAILED:  # the model's close() raised, but it was released: offloaded
+                # the model's close() raised, but it was released: offloaded
+                if exc.kind == CLOSE_FAILED:
                     self._want_offloaded = True
                 raise
             self._want_offloaded = figures.get("residency") == "offloaded"
@@ -722,9 +817,9 @@ class ManagedScorerProcessBackend(Component):
         return self._exchange(gen, "health", gen.client.health)
 
     def warming(self) -> bool:
-        """The child said ready while still warming (a math grader's workers) and its /health does not
-        say yet that it is warm. A child that cannot answer is not warming: its failure is recorded
-        (the next call restarts it and says why) and logged here."""
+        """The child said ready while still warming (a math grader's workers) and its /health does
+        not say yet that it is warm. A child that cannot answer is not warming: its failure is
+        recorded (the next call restarts it and says why) and logged here."""
         gen = self._gen
         if gen is None or gen.warm_until is None:
             return False
@@ -736,7 +831,9 @@ class ManagedScorerProcessBackend(Component):
         except ScorerError as exc:
             if gen.warming_said:  # once per failure, not at every poll
                 log.warning(
-                    "child %s: /health failed while warming: %s", self.spec.scorer.name, str(exc).splitlines()[0]
+                    "child %s: /health failed while warming: %s",
+                    self.spec.scorer.name,
+                    str(exc).splitlines()[0],
                 )
             gen.warming_said = False
             return False

@@ -41,8 +41,8 @@ _IDS = itertools.count(1)
 
 
 def track(backend: Counted) -> str:
-    """Called by every managed backend as it is made (cheap: a weak reference); returns its `backend`
-    label, unique in this process (an id() could be reused by a later backend)."""
+    """Called by every managed backend as it is made (cheap: a weak reference); returns its
+    `backend` label, unique in this process (an id() could be reused by a later backend)."""
     with _LOCK:
         _LIVE.add(backend)
         return str(next(_IDS))
@@ -65,7 +65,9 @@ class BackendCollector:
             labels=["scorer", "backend", "rank"],
         )
         transport = CounterMetricFamily(
-            "managed_scorers_transport_bytes", "Request bytes by path.", labels=["scorer", "backend", "rank", "path"]
+            "managed_scorers_transport_bytes",
+            "Request bytes by path.",
+            labels=["scorer", "backend", "rank", "path"],
         )
         with _LOCK:
             live = list(_LIVE)

@@ -40,16 +40,18 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-# A server at fault that another server may serve the request for, but that must not be sent it again:
-# a served panel's term that died or passed its deadline (each try here would restart that term's child,
-# and the tries would crash-loop it), a scorer wedged on a thread it cannot stop (it refuses every call)
+# A server at fault that another server may serve the request for, but that must not be sent it
+# again: a served panel's term that died or passed its deadline (each try here would restart that
+# term's child, and the tries would crash-loop it), a scorer wedged on a thread it cannot stop (it
+# refuses every call)
 FAIL_OVER_ONLY = (wire.SERVER_FAULT, *wire.RESTART_KINDS)
 
 # What a RemoteBackendConfig holds that is no setting of one server's client, and why
 NOT_SETTINGS = {
     "kind": "the config union's tag",
     "token_env": "the token's variable: its value is the runtime-only `token`",
-    "input_kind": "the server's own kind; the config's is for checks before anything starts (doctor, preflight)",
+    "input_kind": "the server's own kind; the config's is for checks before anything starts "
+    "(doctor, preflight)",
     "shared_memory_min_bytes": "a managed child's data plane: a server is reached over the network",
     "probe_timeout_s": "several servers only (MultiRemoteRewardBackend)",
     "probe_interval_s": "several servers only (MultiRemoteRewardBackend)",
@@ -62,7 +64,11 @@ def retryable(exc: Exception) -> bool:
     server's own verdict that its scorer failed (a 500 of kind scorer_error or contract: the same
     request fails again), and a fault of that server's (`FAIL_OVER_ONLY`)."""
     if isinstance(exc, ErrorStatus):
-        if exc.status == 500 and exc.kind in ("scorer_error", "contract") or exc.kind in FAIL_OVER_ONLY:
+        if (
+            exc.status == 500
+            and exc.kind in ("scorer_error", "contract")
+            or exc.kind in FAIL_OVER_ONLY
+        ):
             return False
         return exc.status == 429 or exc.status >= 500
     return isinstance(exc, (ConnectFailed, ConnectionLost, NoAnswer))
@@ -75,9 +81,12 @@ def fixable_elsewhere(exc: Exception) -> bool:
 
 
 def answered_by(shape: ScorerShape, base_url: str) -> str:
-    """The identity every answer of the server at `base_url` must name: the one its /health reports."""
+    """The identity every answer of the server at `base_url` must name: the one its /health
+    reports."""
     if not isinstance(shape.identity_hash, str) or not shape.identity_hash:
-        raise RewardContractError(f"/health at {base_url} names no identity_hash: is it a managed-scorers server?")
+        raise RewardContractError(
+            f"/health at {base_url} names no identity_hash: is it a managed-scorers server?"
+        )
     return shape.identity_hash
 
 
@@ -110,10 +119,14 @@ class RemoteRewardBackend(Component):
         retry_backoff_cap_s: float = 2.0,
         max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
-        """`request_timeout` bounds each exchange as a whole (connect, send, wait, read, and its retries),
-        however the server sends; an answer over `max_answer_bytes`, or compressed, is refused."""
+        """`request_timeout` bounds each exchange as a whole (connect, send, wait, read, and its
+        retries), however the server sends; an answer over `max_answer_bytes`, or compressed, is
+        refused."""
         if not isinstance(base_url, str):
-            raise TypeError("RemoteRewardBackend takes one URL (several of one scorer: MultiRemoteRewardBackend)")
+            raise TypeError(
+                "RemoteRewardBackend takes one URL (several of one scorer: "
+                "MultiRemoteRewardBackend)"
+            )
         if request_batch_size <= 0:
             raise ValueError("request_batch_size must be > 0")
         if max_answer_bytes < 1024:
@@ -127,25 +140,33 @@ class RemoteRewardBackend(Component):
         self.request_batch_size = request_batch_size
         self.group_size = group_size
         self.weights = dict(weights or {})
-        self.max_request_bytes = max_request_bytes  # refuse before sending what the server would refuse
+        # refuse before sending what the server would refuse
+        self.max_request_bytes = max_request_bytes
         self._stopped = threading.Event()  # closed: no call retries, none starts
-        self._interrupted = threading.Event()  # set (then replaced) by interrupt(): the calls in flight end
+        # set (then replaced) by interrupt(): the calls in flight end
+        self._interrupted = threading.Event()
         self._client = ScorerClient.remote(base_url, token, request_timeout, max_answer_bytes)
         try:
             self.server = self.health()
             self.shape = ScorerShape.from_entry(self.server, f"/health at {base_url}")
             check_pins(self.shape, revision, identity_hash)
-            self._client.identity = answered_by(self.shape, base_url)  # every answer must come from it
+            # every answer must come from it
+            self._client.identity = answered_by(self.shape, base_url)
             # a served panel (its reward one of its terms): the terms named are asked of it
-            self.required_rewards, self.asked = reward_terms(self.shape, required_rewards, self.weights)
+            self.required_rewards, self.asked = reward_terms(
+                self.shape, required_rewards, self.weights
+            )
         except BaseException:
             self._client.close()
             raise
 
     @classmethod
-    def from_config(cls, config: RemoteBackendConfig, token: str | None = None) -> RemoteRewardBackend:
-        """The client a recipe (or the CLI) describes, every setting passed by its name (a setting added
-        to both is settable from a recipe at once); `token` is the value of `config.token_env`."""
+    def from_config(
+        cls, config: RemoteBackendConfig, token: str | None = None
+    ) -> RemoteRewardBackend:
+        """The client a recipe (or the CLI) describes, every setting passed by its name (a setting
+        added to both is settable from a recipe at once); `token` is the value of
+        `config.token_env`."""
         if len(config.urls) != 1:
             raise TypeError("a config of several servers builds a MultiRemoteRewardBackend")
         keywords = settings(config, flatten=("client",), leave={*NOT_SETTINGS, "base_url"})
@@ -154,17 +175,25 @@ class RemoteRewardBackend(Component):
     def _exchange(self, what: str, call: Callable[[float], T], budget_s: float) -> T:
         """`call(seconds_left)` until it succeeds, fails for good, tries run out, or the next pause
         would reach the deadline `budget_s` after the first try began."""
-        interrupted = self._interrupted  # this call's: a later interrupt() replaces it for later calls
+        # this call's: a later interrupt() replaces it for later calls
+        interrupted = self._interrupted
         if self._stopped.is_set():
             raise ScorerUnavailable(f"{what} at {self.base_url}: the backend is closed")
 
         def pause(seconds: float) -> None:
             if interrupted.wait(seconds) or self._stopped.is_set():
-                raise ScorerUnavailable(f"{what} at {self.base_url}: the backend was interrupted or closed")
+                raise ScorerUnavailable(
+                    f"{what} at {self.base_url}: the backend was interrupted or closed"
+                )
 
         def log_retry(exc: Exception, attempt: int, seconds: float) -> None:
             log.warning(
-                "%s at %s: attempt %d failed (%s); retrying in %.2f s", what, self.base_url, attempt, exc, seconds
+                "%s at %s: attempt %d failed (%s); retrying in %.2f s",
+                what,
+                self.base_url,
+                attempt,
+                exc,
+                seconds,
             )
 
         retrying = Retry(
@@ -174,7 +203,8 @@ class RemoteRewardBackend(Component):
             retry_on=(TransportError, ErrorStatus),
             retry_if=retryable,
             max_tries=self.max_retries + 1,
-            go_on=lambda: not (self._stopped.is_set() or interrupted.is_set()),  # no retry behind the caller's back
+            # no retry behind the caller's back
+            go_on=lambda: not (self._stopped.is_set() or interrupted.is_set()),
             on_retry=log_retry,
             sleep=pause,
         )
@@ -189,15 +219,21 @@ class RemoteRewardBackend(Component):
         key = uuid.uuid4().hex  # the same on every try: a re-send is answered, not scored again
         return self.send_chunk(chunk, group_size, key, self._client.request_timeout)
 
-    def send_chunk(self, chunk: Sequence[RewardItem], group_size: int | None, key: str, budget_s: float) -> ChunkAnswer:
+    def send_chunk(
+        self, chunk: Sequence[RewardItem], group_size: int | None, key: str, budget_s: float
+    ) -> ChunkAnswer:
         """One chunk under idempotency key `key`, every try within `budget_s`, the answer verified
         against the chunk's ids (and the terms asked of a served panel). Public for a client over
         several servers: a chunk it re-sends to another server keeps its key and spends what is left
         of the same deadline."""
         frame = encode_chunk(chunk, group_size, self.max_request_bytes, self.asked)
-        answer = self._exchange("score", lambda left: self._client.score(frame, key, left), budget_s)
+        answer = self._exchange(
+            "score", lambda left: self._client.score(frame, key, left), budget_s
+        )
         ids = [item.id for item in chunk]
-        return verify_score_answer(answer, ids, self.required_rewards, declared=self.shape, asked=self.asked)
+        return verify_score_answer(
+            answer, ids, self.required_rewards, declared=self.shape, asked=self.asked
+        )
 
     def probe(self, timeout_s: float) -> dict[str, Any]:
         """/health, one try within `timeout_s`: for a client choosing among servers, one that does
@@ -213,21 +249,27 @@ class RemoteRewardBackend(Component):
         return score_in_chunks(request, self.plan(self.group_size), self)
 
     def plan(self, group_size: int | None) -> CallPlan:
-        """How a call to this server is cut: `group_size` is the call's (a client over several servers
-        sends each share with the size of the whole request)."""
+        """How a call to this server is cut: `group_size` is the call's (a client over several
+        servers sends each share with the size of the whole request)."""
         return CallPlan(
             self.shape,
             self.request_batch_size,
             self.required_rewards,
             self.weights,
             group_size,
-            max_in_flight=MAX_CONNECTIONS,  # a chunk waiting for a connection would spend its deadline there
+            # a chunk waiting for a connection would spend its deadline there
+            max_in_flight=MAX_CONNECTIONS,
         )
 
     @property
     def combination(self) -> dict[str, Any]:
-        asked = {} if self.asked is None else {"asked": list(self.asked)}  # a served panel's terms asked of it
-        return {"required": list(self.required_rewards), "weights": dict(sorted(self.weights.items())), **asked}
+        # a served panel's terms asked of it
+        asked = {} if self.asked is None else {"asked": list(self.asked)}
+        return {
+            "required": list(self.required_rewards),
+            "weights": dict(sorted(self.weights.items())),
+            **asked,
+        }
 
     @property
     def call_bound_s(self) -> float:
@@ -243,15 +285,18 @@ class RemoteRewardBackend(Component):
         return self._exchange("offload", self._client.offload, self._client.request_timeout)
 
     def drain(self, timeout_s: float = 600.0) -> dict[str, Any]:
-        control = self._client.control_timeout  # a later try waits for what is left of the first one's wait
+        # a later try waits for what is left of the first one's wait
+        control = self._client.control_timeout
         return self._exchange(
-            "drain", lambda left: self._client.drain(max(left - control, 0.01), left), timeout_s + control
+            "drain",
+            lambda left: self._client.drain(max(left - control, 0.01), left),
+            timeout_s + control,
         )
 
     def interrupt(self) -> None:
-        """Give up on the calls in flight (Ctrl-C, a cancelled coroutine): their connections are dropped
-        (which ends a call waiting on one) and they are not retried. The backend stays usable: the
-        next call opens new connections."""
+        """Give up on the calls in flight (Ctrl-C, a cancelled coroutine): their connections are
+        dropped (which ends a call waiting on one) and they are not retried. The backend stays
+        usable: the next call opens new connections."""
         interrupted, self._interrupted = self._interrupted, threading.Event()
         interrupted.set()
         self._client.transport.reset()

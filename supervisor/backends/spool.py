@@ -40,7 +40,9 @@ class Spool:
     and removed when the block ends, whatever happens in it."""
 
     def __init__(self, root: str | None, rank: int) -> None:
-        self.dir = tempfile.mkdtemp(prefix=f"managed-scorers-jobs-rank{rank}-pid{os.getpid()}-", dir=root)
+        self.dir = tempfile.mkdtemp(
+            prefix=f"managed-scorers-jobs-rank{rank}-pid{os.getpid()}-", dir=root
+        )
 
     @contextmanager
     def payload(self, array: np.ndarray) -> Iterator[Spooled]:
@@ -48,22 +50,30 @@ class Spool:
             fd, path = tempfile.mkstemp(suffix=".npy", dir=self.dir)
         except OSError as exc:
             said = exc.strerror or str(exc)
-            raise SpoolWriteFailed(exc.errno, f"no spool file could be made: {said}", self.dir) from exc
+            raise SpoolWriteFailed(
+                exc.errno, f"no spool file could be made: {said}", self.dir
+            ) from exc
         try:
             with os.fdopen(fd, "w+b") as file:
                 try:
-                    np.save(file, array, allow_pickle=False)  # a strided view is written in chunks, not copied whole
+                    # a strided view is written in chunks, not copied whole
+                    np.save(file, array, allow_pickle=False)
                     file.flush()
                 except OSError as exc:
-                    written = f"{os.fstat(file.fileno()).st_size} bytes on disk of a {array.nbytes}-byte array"
-                    with contextlib.suppress(OSError):  # its buffered rest fails again: the same error, said once
+                    written = (
+                        f"{os.fstat(file.fileno()).st_size} bytes on disk of a "
+                        f"{array.nbytes}-byte array"
+                    )
+                    # its buffered rest fails again: the same error, said once
+                    with contextlib.suppress(OSError):
                         file.close()
                     said = exc.strerror or str(exc)
                     raise SpoolWriteFailed(exc.errno, f"{said} ({written})", path) from exc
                 file.seek(0)
                 yield Spooled(file, path)
         finally:
-            with contextlib.suppress(FileNotFoundError):  # close() may have removed the directory meanwhile
+            # close() may have removed the directory meanwhile
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
     def files(self) -> list[str]:

@@ -2,5 +2,6 @@
 HTTP client, shared segment), read its logs, place it on this rank's GPU.
 
 May import: the top of `supervisor/` (types, errors, config), `child_runtime.protocol`,
-`scorers` (its contract, `common.bounded_http`, `common.retry`). Never `backends/`, `compose/`, `ops/`, `adapters/`.
+`scorers` (its contract, `common.bounded_http`, `common.retry`). Never `backends/`, `compose/`,
+`ops/`, `adapters/`.
 """

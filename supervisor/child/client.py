@@ -23,7 +23,14 @@ from child_runtime.protocol.headers import IDENTITY_HEADER, KEY_HEADER, REPLAY_H
 from scorers.common import bounded_http
 from supervisor.child.loopback_http import LoopbackHTTP
 from supervisor.child.segment import ParentSegment
-from supervisor.errors import BadAnswer, ConnectFailed, ConnectionLost, ErrorStatus, IdentityMismatch, NoAnswer
+from supervisor.errors import (
+    BadAnswer,
+    ConnectFailed,
+    ConnectionLost,
+    ErrorStatus,
+    IdentityMismatch,
+    NoAnswer,
+)
 
 Body = Sequence[bytes | memoryview]
 # what a remote server's answer may hold once read (scores of a chunk are kilobytes; /health a few)
@@ -58,18 +65,22 @@ def _raise_for_status(status: int, content: bytes | bytearray) -> None:
 
 @contextmanager
 def _transport_facts(method: str, path: str, timeout: float) -> Iterator[None]:
-    """httpx's exceptions (and the cap's refusal) as transport facts: the one mapping for remote servers."""
+    """httpx's exceptions (and the cap's refusal) as transport facts: the one mapping for remote
+    servers."""
     try:
         yield
     except httpx.TimeoutException as exc:
-        raise NoAnswer(f"{method} {path}: no whole answer within {timeout:.3g} s ({exc!r})") from exc
+        raise NoAnswer(
+            f"{method} {path}: no whole answer within {timeout:.3g} s ({exc!r})"
+        ) from exc
     except httpx.ConnectError as exc:
         raise ConnectFailed(f"{method} {path}: {exc!r}") from exc
     except httpx.TransportError as exc:
         raise ConnectionLost(f"{method} {path}: {exc!r}") from exc
     except bounded_http.AnswerRefused as exc:
         raise BadAnswer(f"{method} {path}: {exc}") from exc
-    except RuntimeError as exc:  # its client was closed meanwhile (an interrupt, a close): nothing came back
+    # its client was closed meanwhile (an interrupt, a close): nothing came back
+    except RuntimeError as exc:
         raise ConnectionLost(f"{method} {path}: {exc}") from exc
     except httpx.HTTPError as exc:  # e.g. a malformed answer
         raise BadAnswer(f"{method} {path}: {exc!r}") from exc
@@ -81,7 +92,9 @@ class HttpxTransport:
 
     def __init__(self, base_url: str, headers: dict[str, str], max_answer_bytes: int) -> None:
         self._base_url, self._headers = base_url, headers
-        self._http = bounded_http.client(base_url, headers, base_url=True, max_connections=MAX_CONNECTIONS)
+        self._http = bounded_http.client(
+            base_url, headers, base_url=True, max_connections=MAX_CONNECTIONS
+        )
         self.max_answer_bytes = max_answer_bytes
 
     def request(
@@ -91,14 +104,21 @@ class HttpxTransport:
         deadline = time.monotonic() + timeout
         with _transport_facts(method, path, timeout):
             answer = bounded_http.exchange(
-                self._http, method, path, deadline, self.max_answer_bytes, content=content, headers=headers
+                self._http,
+                method,
+                path,
+                deadline,
+                self.max_answer_bytes,
+                content=content,
+                headers=headers,
             )
         return answer.status, dict(answer.headers), answer.body
 
     def upload(
         self, path: str, timeout: float, fields: Mapping[str, str], files: Mapping[str, Any]
     ) -> tuple[int, dict[str, str], bytes]:
-        """POST a multipart form whose files are streamed from their open files (never read whole)."""
+        """POST a multipart form whose files are streamed from their open files (never read
+        whole)."""
         deadline = time.monotonic() + timeout
         with _transport_facts("POST", path, timeout):
             answer = bounded_http.exchange(
@@ -107,10 +127,13 @@ class HttpxTransport:
         return answer.status, dict(answer.headers), answer.body
 
     def reset(self) -> None:
-        """Drop every connection (an exchange on one fails at once); the next request opens new ones."""
+        """Drop every connection (an exchange on one fails at once); the next request opens new
+        ones."""
         old, self._http = (
             self._http,
-            bounded_http.client(self._base_url, self._headers, base_url=True, max_connections=MAX_CONNECTIONS),
+            bounded_http.client(
+                self._base_url, self._headers, base_url=True, max_connections=MAX_CONNECTIONS
+            ),
         )
         old.close()
 
@@ -138,12 +161,13 @@ class LoopbackTransport:
 
 
 class ScorerClient:
-    """One scorer server at `url`. With a `segment`, arrays of at least `shared_min_bytes` travel through it.
+    """One scorer server at `url`. With a `segment`, arrays of at least `shared_min_bytes` travel
+    through it.
 
     Once its backend sets `identity` (the scorer identity hash it was made for), every /score answer
     must name that identity (`IDENTITY_HEADER`): one of another, or a successful one of none, raises
-    `IdentityMismatch` before anything of it is read; an error answer of none (a proxy's) is an error
-    answer as before. The one check for managed, remote and multi-server clients alike."""
+    `IdentityMismatch` before anything of it is read; an error answer of none (a proxy's) is an
+    error answer as before. The one check for managed, remote and multi-server clients alike."""
 
     def __init__(
         self,
@@ -156,21 +180,30 @@ class ScorerClient:
     ) -> None:
         self.transport = transport
         self.url = url
-        self.identity: str | None = None  # what every /score answer must name, once the backend knows it
+        # what every /score answer must name, once the backend knows it
+        self.identity: str | None = None
         self.request_timeout = request_timeout
         self.control_timeout = control_timeout
         self.segment = segment
         self.shared_min_bytes = shared_min_bytes
         self.last_server_timing: str | None = None  # the child's phases for the last /score (ms)
-        self.last_replayed = False  # the last /score was answered from the child's idempotency cache
-        self.in_band_bytes = 0  # /score bodies sent over the socket (arrays included when not shared)
+        # the last /score was answered from the child's idempotency cache
+        self.last_replayed = False
+        # /score bodies sent over the socket (arrays included when not shared)
+        self.in_band_bytes = 0
 
     @classmethod
     def remote(
-        cls, base_url: str, token: str | None, request_timeout: float, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+        cls,
+        base_url: str,
+        token: str | None,
+        request_timeout: float,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> ScorerClient:
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        return cls(HttpxTransport(base_url, headers, max_answer_bytes), request_timeout, url=base_url)
+        return cls(
+            HttpxTransport(base_url, headers, max_answer_bytes), request_timeout, url=base_url
+        )
 
     @classmethod
     def loopback(
@@ -192,9 +225,16 @@ class ScorerClient:
         )
 
     def _send(
-        self, method: str, path: str, timeout: float, body: Body = (), headers: dict[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        timeout: float,
+        body: Body = (),
+        headers: dict[str, str] | None = None,
     ) -> bytes | bytearray:
-        status, answer_headers, content = self.transport.request(method, path, timeout, body, headers or {})
+        status, answer_headers, content = self.transport.request(
+            method, path, timeout, body, headers or {}
+        )
         if path == "/score":
             self._check_identity(status, answer_headers.get(IDENTITY_HEADER))
         _raise_for_status(status, content)
@@ -205,7 +245,11 @@ class ScorerClient:
 
     def _check_identity(self, status: int, named: str | None) -> None:
         expected = self.identity
-        if expected is not None and named != expected and (named is not None or 200 <= status < 300):
+        if (
+            expected is not None
+            and named != expected
+            and (named is not None or 200 <= status < 300)
+        ):
             raise IdentityMismatch(self.url, expected, named)
 
     def _json(self, method: str, path: str, timeout: float) -> dict[str, Any]:
@@ -222,14 +266,22 @@ class ScorerClient:
         """Arrays large enough (or already in the segment, from an arena), and a segment still open
         (a forked copy of the trainer has dropped it)."""
         segment = self.segment
-        if segment is None or segment.fd < 0 or frame.array_bytes > segment.capacity or not frame.arrays:
+        if (
+            segment is None
+            or segment.fd < 0
+            or frame.array_bytes > segment.capacity
+            or not frame.arrays
+        ):
             return False
         return frame.array_bytes >= self.shared_min_bytes or any(
             not isinstance(a, array) and segment.locate(a) is not None for a in frame.arrays
         )  # a stdlib array (a child's scores) is never in an arena
 
-    def score(self, frame: wire.Frame, idempotency_key: str | None = None, timeout: float | None = None) -> Any:
-        """POST a framed request (arrays in-band or through the segment); returns the decoded answer.
+    def score(
+        self, frame: wire.Frame, idempotency_key: str | None = None, timeout: float | None = None
+    ) -> Any:
+        """POST a framed request (arrays in-band or through the segment); returns the decoded
+        answer.
 
         With an `idempotency_key`, re-sending the same frame with the same key is answered from the
         child's cache (or waits for the first send's scoring) instead of scoring it again."""
@@ -247,14 +299,17 @@ class ScorerClient:
         except wire.WireError as exc:
             raise BadAnswer(f"POST /score: answer is not a valid frame: {exc}") from exc
 
-    def _score_shared(self, frame: wire.Frame, headers: dict[str, str], timeout: float) -> bytes | bytearray | None:
+    def _score_shared(
+        self, frame: wire.Frame, headers: dict[str, str], timeout: float
+    ) -> bytes | bytearray | None:
         """Arrays through the segment, their extents held until the answer is in (the child reads
         them meanwhile); None when the segment cannot take them: send in-band."""
         assert self.segment is not None
         with self.segment.placement() as place:
             try:
                 body = frame.shared_body(place)
-            except (MemoryError, OSError):  # no extent free (arenas hold it), or no pages behind one
+            # no extent free (arenas hold it), or no pages behind one
+            except (MemoryError, OSError):
                 return None
             except ValueError as exc:  # the segment was closed meanwhile: the backend is closing
                 raise ConnectionLost(f"POST /score: shared segment: {exc!r}") from exc
@@ -270,7 +325,8 @@ class ScorerClient:
         return self._json("POST", "/offload", self.request_timeout if timeout is None else timeout)
 
     def drain(self, timeout_s: float, timeout: float | None = None) -> dict[str, Any]:
-        """The child waits up to `timeout_s`; the HTTP call up to `timeout` (default: that plus control)."""
+        """The child waits up to `timeout_s`; the HTTP call up to `timeout` (default: that plus
+        control)."""
         timeout = timeout_s + self.control_timeout if timeout is None else timeout
         return self._json("POST", f"/drain?timeout_s={timeout_s!r}", timeout)
 

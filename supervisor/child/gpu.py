@@ -25,14 +25,16 @@ def child_visible_devices(
         entries = [e for e in explicit.split(",") if e.strip()]
         if len(entries) > 1 and not allow_multiple:
             raise ConfigError(
-                f"visible_devices={explicit!r} names {len(entries)} GPUs; one child serves one rank's GPU "
+                f"visible_devices={explicit!r} names {len(entries)} GPUs; one child serves "
+                f"one rank's GPU "
                 "(set allow_multiple_gpus: true to override)"
             )
         return ",".join(e.strip() for e in entries)
     if launcher_gpus is not None and local_rank is None:
         if len(launcher_gpus) > 1 and not allow_multiple:
             raise ConfigError(
-                f"this Ray worker holds GPUs {list(launcher_gpus)}; one child serves one rank's GPU: give the "
+                f"this Ray worker holds GPUs {list(launcher_gpus)}; one child serves one "
+                f"rank's GPU: give the "
                 "actor num_gpus=1, set process.visible_devices, or set allow_multiple_gpus: true"
             )
         return ",".join(launcher_gpus)

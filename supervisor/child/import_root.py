@@ -1,4 +1,5 @@
-"""The directory a child imports this project from: links to our own child-side packages, nothing else.
+"""The directory a child imports this project from: links to our own child-side packages, nothing
+else.
 
 Why: the child's import path must hold the scorer env and this project's code, never
 the trainer's environment. Installed with pip, our packages sit in the trainer's
@@ -28,7 +29,9 @@ def package_dirs() -> dict[str, Path]:
         spec = importlib.util.find_spec(name)
         locations = list(spec.submodule_search_locations or []) if spec else []
         if len(locations) != 1:
-            raise ImportError(f"cannot locate package {name!r} of managed-scorers (found {locations})")
+            raise ImportError(
+                f"cannot locate package {name!r} of managed-scorers (found {locations})"
+            )
         found[name] = Path(locations[0]).resolve()
     return found
 
@@ -36,7 +39,9 @@ def package_dirs() -> dict[str, Path]:
 def _holds(root: Path, dirs: dict[str, Path]) -> bool:
     try:
         entries = sorted(os.listdir(root))
-        return entries == sorted(dirs) and all(os.readlink(root / name) == str(target) for name, target in dirs.items())
+        return entries == sorted(dirs) and all(
+            os.readlink(root / name) == str(target) for name, target in dirs.items()
+        )
     except OSError:
         return False
 

@@ -17,7 +17,8 @@ def default_log_dir() -> Path:
 
 
 def _owner_alive(name: str) -> bool:
-    """Whether the trainer named in a log's file name (`...-pid<N>-...`) still runs: its children may."""
+    """Whether the trainer named in a log's file name (`...-pid<N>-...`) still runs: its children
+    may."""
     for part in name.split("-"):
         if part.startswith("pid") and part[3:].isdigit():
             try:
@@ -31,15 +32,21 @@ def _owner_alive(name: str) -> bool:
 
 
 def _prune(directory: Path, prefix: str, keep: int) -> None:
-    """Remove the oldest `prefix*.log` files of trainers that are gone, so that at most `keep` remain.
-    A log whose trainer still runs is never removed: its child may be writing it."""
+    """Remove the oldest `prefix*.log` files of trainers that are gone, so that at most `keep`
+    remain. A log whose trainer still runs is never removed: its child may be writing it."""
     logs = []
     for entry in os.scandir(directory):
-        if entry.name.startswith(prefix) and entry.name.endswith(".log") and entry.is_file(follow_symlinks=False):
+        if (
+            entry.name.startswith(prefix)
+            and entry.name.endswith(".log")
+            and entry.is_file(follow_symlinks=False)
+        ):
             try:
                 logs.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
             except FileNotFoundError:
-                continue  # a concurrent launch (another term's child, another rank) pruned it between listing and stat
+                # a concurrent launch (another term's child, another rank) pruned it between listing
+                # and stat
+                continue
     excess = len(logs) - keep
     for _, name in sorted(logs):
         if excess <= 0:
@@ -53,14 +60,19 @@ def _prune(directory: Path, prefix: str, keep: int) -> None:
         excess -= 1
 
 
-def open_child_log(log_dir: Path | None, name: str, rank: int | None, keep: int) -> tuple[int, Path]:
-    """Create a fresh log file (O_EXCL, 0600) and return its fd and path. The oldest logs of the same
-    scorer and rank whose trainer is gone are removed first, so at most `keep` remain where that
-    can be done safely. OSError naming the path on failure."""
+def open_child_log(
+    log_dir: Path | None, name: str, rank: int | None, keep: int
+) -> tuple[int, Path]:
+    """Create a fresh log file (O_EXCL, 0600) and return its fd and path. The oldest logs of the
+    same scorer and rank whose trainer is gone are removed first, so at most `keep` remain where
+    that can be done safely. OSError naming the path on failure."""
     directory = ensure_private(Path(log_dir) if log_dir is not None else default_log_dir())
     prefix = f"{name}-rank{rank if rank is not None else 0}-"
     _prune(directory, prefix, keep - 1)
-    path = directory / f"{prefix}pid{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.log"
+    path = (
+        directory
+        / f"{prefix}pid{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.log"
+    )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
     return fd, path
 

@@ -86,7 +86,8 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
 
 class _Connection:
     def __init__(self, address: tuple[str, int], deadline: _Deadline) -> None:
-        left = max(0.001, min(CONNECT_TRY_S, deadline.at - time.monotonic()))  # one try, not the whole deadline
+        # one try, not the whole deadline
+        left = max(0.001, min(CONNECT_TRY_S, deadline.at - time.monotonic()))
         self.sock = socket.create_connection(address, timeout=left)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buffer = bytearray()
@@ -102,9 +103,15 @@ class _Connection:
         except OSError:
             return True
 
-    def exchange(self, head: bytes, body: Sequence[bytes | memoryview], deadline: _Deadline) -> tuple[Answer, bool]:
+    def exchange(
+        self, head: bytes, body: Sequence[bytes | memoryview], deadline: _Deadline
+    ) -> tuple[Answer, bool]:
         """One request and its answer; also says whether the connection may be reused."""
-        _send_all(self.sock, [memoryview(head)] + [memoryview(b).cast("B") for b in body if len(b)], deadline)
+        _send_all(
+            self.sock,
+            [memoryview(head)] + [memoryview(b).cast("B") for b in body if len(b)],
+            deadline,
+        )
         while (end := self.buffer.find(_CRLF2)) < 0:
             if len(self.buffer) > MAX_HEAD_BYTES:
                 raise BadAnswer(f"answer head exceeds {MAX_HEAD_BYTES} bytes")
@@ -136,7 +143,9 @@ class _Connection:
             deadline.arm(self.sock)
             got = self.sock.recv_into(view[have:])
             if not got:
-                raise ConnectionLost(f"server closed the connection after {have} of {length} body bytes")
+                raise ConnectionLost(
+                    f"server closed the connection after {have} of {length} body bytes"
+                )
             have += got
         self.buffer = bytearray(leftover)  # bytes past the answer mean the server misbehaved
         return out
@@ -164,13 +173,16 @@ class LoopbackHTTP:
         peer_alive: Callable[[], bool] = lambda: False,
     ) -> None:
         self.address = (host, port)
-        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in {"host": f"{host}:{port}", **headers}.items())
+        self._fixed = "".join(
+            f"{k}: {v}\r\n" for k, v in {"host": f"{host}:{port}", **headers}.items()
+        )
         self._idle: list[_Connection] = []
         self._max_idle = max_idle
         self._peer_alive = peer_alive
         self._lock = threading.Lock()
         self._closed = False
-        self.retries = 0  # tries repeated because nothing was sent or read (connect failure, eviction)
+        # tries repeated because nothing was sent or read (connect failure, eviction)
+        self.retries = 0
 
     def _take(self, deadline: _Deadline) -> _Connection:
         with self._lock:
@@ -183,7 +195,8 @@ class LoopbackHTTP:
                 conn.close()
         try:
             return _Connection(self.address, deadline)
-        except OSError as exc:  # refused, reset, a full backlog (timeout), or none left here (EMFILE)
+        # refused, reset, a full backlog (timeout), or none left here (EMFILE)
+        except OSError as exc:
             local = exc.errno in _LOCAL_ERRNOS
             where = "in this process" if local else f"to {self.address}"
             raise ConnectFailed(f"connect {where}: {exc!r}", local=local) from exc
@@ -206,12 +219,15 @@ class LoopbackHTTP:
         deadline = _Deadline(timeout)
         length = sum(memoryview(b).nbytes for b in body)
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        head = f"{method} {target} HTTP/1.1\r\n{self._fixed}{extra}content-length: {length}\r\n\r\n".encode("latin-1")
+        head = (
+            f"{method} {target} HTTP/1.1\r\n{self._fixed}{extra}content-length: {length}\r\n\r\n"
+        ).encode("latin-1")
         retrying = Retry(
             deadline.at,
             *RETRY_BACKOFF_S,
             retry_on=(ConnectFailed, _Evicted),
-            retry_if=lambda exc: not (isinstance(exc, ConnectFailed) and exc.local),  # waiting gives no fds back
+            # waiting gives no fds back
+            retry_if=lambda exc: not (isinstance(exc, ConnectFailed) and exc.local),
             go_on=self._peer_alive,
             on_retry=self._count_retry,
         )
@@ -229,22 +245,34 @@ class LoopbackHTTP:
         self.retries += 1
 
     def _unevicted(
-        self, head: bytes, body: Sequence[bytes | memoryview], deadline: _Deadline, method: str, target: str
+        self,
+        head: bytes,
+        body: Sequence[bytes | memoryview],
+        deadline: _Deadline,
+        method: str,
+        target: str,
     ) -> Answer:
-        """One try's answer; an eviction by the child's connection gate (nothing was read) raises."""
+        """One try's answer; an eviction by the child's connection gate (nothing was read)
+        raises."""
         answer = self._once(head, body, deadline, method, target)
         if answer.status == 503 and EVICTED_HEADER in answer.headers:
             raise _Evicted(f"{method} {target}: evicted by the child's connection gate")
         return answer
 
     def _once(
-        self, head: bytes, body: Sequence[bytes | memoryview], deadline: _Deadline, method: str, target: str
+        self,
+        head: bytes,
+        body: Sequence[bytes | memoryview],
+        deadline: _Deadline,
+        method: str,
+        target: str,
     ) -> Answer:
         conn = self._take(deadline)
         try:
             answer, reusable = conn.exchange(head, body, deadline)
         except BaseException as exc:
-            conn.close()  # mid-exchange (even on Ctrl-C) the connection's state is unknown: never reuse it
+            # mid-exchange (even on Ctrl-C) the connection's state is unknown: never reuse it
+            conn.close()
             if isinstance(exc, (ConnectionLost, NoAnswer, BadAnswer)):
                 raise
             if isinstance(exc, socket.timeout):

@@ -123,13 +123,16 @@ def _decode_wait_status(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
-_PIDFD_GET_INFO = (3 << 30) | (64 << 16) | (0xFF << 8) | 11  # _IOWR(PIDFS_IOCTL_MAGIC, 11, struct pidfd_info)
+# _IOWR(PIDFS_IOCTL_MAGIC, 11, struct pidfd_info)
+_PIDFD_GET_INFO = (3 << 30) | (64 << 16) | (0xFF << 8) | 11
 _PIDFD_INFO_EXIT = 1 << 3
-_EXIT_CODE_OFFSET = 60  # struct pidfd_info: mask, cgroupid (u64), then u32 pid .. fsgid (11), then s32 exit_code
+# struct pidfd_info: mask, cgroupid (u64), then u32 pid .. fsgid (11), then s32 exit_code
+_EXIT_CODE_OFFSET = 60
 
 
 def pidfd_exit_status(pidfd: int) -> int | None:
-    """The exit status the kernel kept on a pidfd for a process already reaped (Linux 6.15+), or None."""
+    """The exit status the kernel kept on a pidfd for a process already reaped (Linux 6.15+), or
+    None."""
     info = bytearray(64)
     struct.pack_into("<Q", info, 0, _PIDFD_INFO_EXIT)
     try:
@@ -142,7 +145,8 @@ def pidfd_exit_status(pidfd: int) -> int | None:
 
 
 def _kill_group_at_exit(pid: int, owner_pid: int) -> None:
-    """Last resort if the owner is collected or the interpreter exits without close(); never in a fork."""
+    """Last resort if the owner is collected or the interpreter exits without close(); never in a
+    fork."""
     if os.getpid() != owner_pid:
         return
     try:
@@ -161,11 +165,13 @@ class ChildProcess:
         self.ready_info: dict[str, Any] = {}
         self.spawned_at: float | None = None
         self._pid: int | None = None
-        self._stdin: int | None = None  # our end of the child's stdin until the boot config is written
+        # our end of the child's stdin until the boot config is written
+        self._stdin: int | None = None
         self._pidfd: int | None = None
         self._exited = False
         self._status: int | None = None  # Popen-style returncode once known
-        self._reaped = False  # by us or by anyone: from then on its pid may belong to another process
+        # by us or by anyone: from then on its pid may belong to another process
+        self._reaped = False
         self._at_exit: weakref.finalize | None = None
         self._lock = threading.Lock()  # a signal and the reap never interleave: no pid reuse
         self._aborted = False  # abort() was called: a child spawned after it is killed at once
@@ -198,7 +204,8 @@ class ChildProcess:
                 return
             try:
                 info = os.waitid(os.P_PID, self._pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:  # already reaped: SIGCHLD is ignored here, or someone else waited
+            # already reaped: SIGCHLD is ignored here, or someone else waited
+            except ChildProcessError:
                 if self._pidfd is None or _wait_fd(self._pidfd, selectors.EVENT_READ, 0):
                     # its pid is free for reuse: never signal that group again; what is left of the
                     # group dies through its own lifelines (the forkserver's pipe, PDEATHSIG)
@@ -213,11 +220,13 @@ class ChildProcess:
             self._status = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
     def wait_exit(self, timeout: float) -> bool:
-        """True once the child has exited (still unreaped); waits on its pidfd (polls only where there is none)."""
+        """True once the child has exited (still unreaped); waits on its pidfd (polls only where
+        there is none)."""
         if self._pid is None or self.exited():
             return True
         deadline = time.monotonic() + timeout
-        if self._pidfd is None:  # no pidfd (a sandbox without pidfd_open, like gVisor's older ones): poll
+        # no pidfd (a sandbox without pidfd_open, like gVisor's older ones): poll
+        if self._pidfd is None:
             while not self.exited() and time.monotonic() < deadline:
                 time.sleep(0.01)
             return self.exited()
@@ -270,7 +279,8 @@ class ChildProcess:
             )
         except OSError as exc:
             raise ScorerStartupError(
-                f"cannot create the child's log file: {exc}", ChildRecord(self.plan.name, None, rank=self.plan.rank)
+                f"cannot create the child's log file: {exc}",
+                ChildRecord(self.plan.name, None, rank=self.plan.rank),
             ) from exc
         try:
             self.spawned_at = time.monotonic()
@@ -284,25 +294,39 @@ class ChildProcess:
                 log_fd,
                 (listen_fd, ready_w, *self.plan.pass_fds),
             )
-        except (OSError, NotImplementedError) as exc:  # NotImplementedError: no POSIX_SPAWN_SETSID (glibc < 2.26)
+        # NotImplementedError: no POSIX_SPAWN_SETSID (glibc < 2.26)
+        except (OSError, NotImplementedError) as exc:
             raise ScorerStartupError(
                 f"cannot execute {self.plan.python_executable} in {self.plan.cwd}: {exc}",
                 ChildRecord(
-                    self.plan.name, None, None, str(self.log_path), read_tail(self.log_path), rank=self.plan.rank
+                    self.plan.name,
+                    None,
+                    None,
+                    str(self.log_path),
+                    read_tail(self.log_path),
+                    rank=self.plan.rank,
                 ),
             ) from exc
         finally:
             os.close(log_fd)
-        if self._aborted:  # abort() came while the spawn ran: the boot it wanted stopped never starts
+        # abort() came while the spawn ran: the boot it wanted stopped never starts
+        if self._aborted:
             self.signal_group(signal.SIGKILL)
         self._at_exit = weakref.finalize(self, _kill_group_at_exit, self._pid, self.owner_pid)
         try:
             self._pidfd = os.pidfd_open(self._pid)
-            weakref.finalize(self, os.close, self._pidfd)  # never earlier: another thread may be waiting on it
+            # never earlier: another thread may be waiting on it
+            weakref.finalize(self, os.close, self._pidfd)
         except ProcessLookupError:
             pass  # already exited and reaped by the kernel (SIGCHLD ignored): its status is lost
-        except OSError as exc:  # ENOSYS: no pidfd_open here; exits are then observed by waitid polling
-            log.warning("no pidfd for child %s pid %s (%s): its exit is polled", self.plan.name, self._pid, exc)
+        # ENOSYS: no pidfd_open here; exits are then observed by waitid polling
+        except OSError as exc:
+            log.warning(
+                "no pidfd for child %s pid %s (%s): its exit is polled",
+                self.plan.name,
+                self._pid,
+                exc,
+            )
         shared = self.plan.boot.get("shared_fd")
         self._boot = {
             **self.plan.boot,
@@ -325,7 +349,8 @@ class ChildProcess:
             _write_all(self._stdin, data, deadline)  # a dead reader is reported by readiness
         except TimeoutError:
             raise ScorerStartupError(
-                f"child did not read its boot config within startup_timeout={self.plan.startup_timeout} s",
+                f"child did not read its boot config within "
+                f"startup_timeout={self.plan.startup_timeout} s",
                 self._killed_record(),
             ) from None
         finally:
@@ -339,7 +364,8 @@ class ChildProcess:
             line = _read_ready_line(ready_r, self._pidfd, deadline)
         except TimeoutError:
             raise ScorerStartupError(
-                f"child not ready within startup_timeout={self.plan.startup_timeout} s", self._killed_record()
+                f"child not ready within startup_timeout={self.plan.startup_timeout} s",
+                self._killed_record(),
             ) from None
         if line is None:
             self.wait_exit(REAP_GRACE_S)
@@ -347,7 +373,9 @@ class ChildProcess:
         try:
             message = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ScorerStartupError(f"unreadable readiness line {line[:200]!r}", self._killed_record()) from exc
+            raise ScorerStartupError(
+                f"unreadable readiness line {line[:200]!r}", self._killed_record()
+            ) from exc
         if not message.get("ready"):
             self.wait_exit(REAP_GRACE_S)
             code = message.get("exit_code")
@@ -367,7 +395,8 @@ class ChildProcess:
 
     # -- stopping ---------------------------------------------------------------------------
     def abort(self) -> None:
-        """From another thread, during start(): kill the child so the readiness wait ends at once."""
+        """From another thread, during start(): kill the child so the readiness wait ends at
+        once."""
         self._aborted = True  # first: a spawn that has not happened yet sees it
         self.signal_group(signal.SIGKILL)
 
@@ -390,7 +419,9 @@ class ChildProcess:
             return self.record()
         self.signal_group(signal.SIGKILL)
         if not self.wait_exit(REAP_GRACE_S):
-            log.error("child %s pid %s did not die after SIGKILL; leaving it", self.plan.name, self.pid)
+            log.error(
+                "child %s pid %s did not die after SIGKILL; leaving it", self.plan.name, self.pid
+            )
             return self.record()
         self._reap()
         return self.record()
@@ -408,12 +439,15 @@ class ChildProcess:
                 self._at_exit.detach()  # its pid may be reused now: never killpg it at exit
 
     def stop(self, graceful_s: float, term_s: float = 2.0) -> ChildRecord:
-        """Bounded escalation after a graceful request: wait, SIGTERM the group, wait, finish. With no
-        time for SIGTERM (`term_s` 0: an abandoned child), straight to SIGKILL, and nothing to warn about."""
+        """Bounded escalation after a graceful request: wait, SIGTERM the group, wait, finish. With
+        no time for SIGTERM (`term_s` 0: an abandoned child), straight to SIGKILL, and nothing to
+        warn about."""
         if self._pid is None or not self.owned:
             return self.record()
         if not self.wait_exit(graceful_s) and term_s > 0:
             self.signal_group(signal.SIGTERM)
             if not self.wait_exit(term_s):
-                log.warning("child %s pid %s ignored SIGTERM; sending SIGKILL", self.plan.name, self.pid)
+                log.warning(
+                    "child %s pid %s ignored SIGTERM; sending SIGKILL", self.plan.name, self.pid
+                )
         return self.finish()

@@ -26,12 +26,14 @@ class RankInfo:
     rank: int  # global: unique in the job, the label on logs, errors and metrics
     local_rank: int  # on this node: picks the GPU when the launcher left all of them visible
     world_size: int
-    gpus: tuple[str, ...] | None = None  # the GPUs the launcher gave this rank (Ray); None: pick by local_rank
+    # the GPUs the launcher gave this rank (Ray); None: pick by local_rank
+    gpus: tuple[str, ...] | None = None
     local_world_size: int = 1  # ranks on this node (torchrun's LOCAL_WORLD_SIZE)
 
 
 def env_int(env: Mapping[str, str], name: str, default: int) -> int:
-    """A launcher's non-negative integer variable (RANK, LOCAL_RANK...); ConfigError naming it otherwise."""
+    """A launcher's non-negative integer variable (RANK, LOCAL_RANK...); ConfigError naming it
+    otherwise."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -45,12 +47,14 @@ def env_int(env: Mapping[str, str], name: str, default: int) -> int:
 
 
 def ray_gpus() -> tuple[str, ...] | None:
-    """This Ray actor's GPUs, or None outside one (Ray not imported or not initialised, or the driver)."""
+    """This Ray actor's GPUs, or None outside one (Ray not imported or not initialised, or the
+    driver)."""
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return None
     if ray.get_runtime_context().get_actor_id() is None:
-        return None  # the driver (or a plain task): ranks are actors; their GPUs are assigned to them
+        # the driver (or a plain task): ranks are actors; their GPUs are assigned to them
+        return None
     return tuple(str(gpu) for gpu in ray.get_gpu_ids())
 
 
@@ -66,5 +70,7 @@ def current(env: Mapping[str, str] | None = None) -> RankInfo:
     gpus = ray_gpus()
     if gpus is not None:
         return RankInfo("ray", rank, local_rank, world_size, gpus, local_world_size)
-    launcher: Launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env else "none"
+    launcher: Launcher = (
+        "torchrun" if "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env else "none"
+    )
     return RankInfo(launcher, rank, local_rank, world_size, None, local_world_size)

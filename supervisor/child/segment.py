@@ -105,30 +105,37 @@ class ParentSegment:
             raise SharedSegmentUnavailable("memfd_create or file sealing is not available here")
         self.capacity = capacity // ALIGN * ALIGN  # every extent ends inside the limit
         if self.capacity < _PAGE:
-            raise SharedSegmentUnavailable(f"a {capacity}-byte segment is too small to be worth mapping")
+            raise SharedSegmentUnavailable(
+                f"a {capacity}-byte segment is too small to be worth mapping"
+            )
         self.warm_reserve = warm_reserve
         self._lock = threading.Lock()
         self.fd = os.memfd_create(SEGMENT_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         self.child_fd = -1
         try:
-            os.fchmod(self.fd, 0o400)  # memfds start 0777: no same-user reopen for writing via /proc
+            # memfds start 0777: no same-user reopen for writing via /proc
+            os.fchmod(self.fd, 0o400)
             fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
             self.child_fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
             os.ftruncate(self.fd, self.capacity)
             self._map: mmap.mmap | None = mmap.mmap(self.fd, self.capacity)
         except (OSError, ValueError) as exc:
             _close_fds(self.fd, self.child_fd)
-            raise SharedSegmentUnavailable(f"cannot create a {self.capacity}-byte shared segment: {exc}") from exc
+            raise SharedSegmentUnavailable(
+                f"cannot create a {self.capacity}-byte shared segment: {exc}"
+            ) from exc
         self._bytes = np.frombuffer(self._map, np.uint8)
         self._base = self._bytes.ctypes.data
-        self._free: list[tuple[int, int]] = [(0, self.capacity)]  # (offset, size), sorted, coalesced
+        # (offset, size), sorted, coalesced
+        self._free: list[tuple[int, int]] = [(0, self.capacity)]
         self._backed: list[tuple[int, int]] = []  # [start, end) ranges whose pages exist
         self._arena: dict[int, _ArenaExtent] = {}
         self._arena_starts: list[int] = []  # sorted keys of _arena
         self.copied_bytes = 0  # what requests copied in, and what they sent from arenas in place
         self.in_place_bytes = 0
         self.returned_bytes = 0  # pages given back to the kernel
-        self._fd_closer = weakref.finalize(self, _close_fds, self.fd, self.child_fd)  # an owner that forgot close()
+        # an owner that forgot close()
+        self._fd_closer = weakref.finalize(self, _close_fds, self.fd, self.child_fd)
         _LIVE_PARENT_SEGMENTS.add(self)
 
     @property
@@ -160,7 +167,9 @@ class ParentSegment:
                 if size >= need:
                     break
             else:
-                raise MemoryError(f"no free extent of {need} bytes in the {self.capacity}-byte shared segment")
+                raise MemoryError(
+                    f"no free extent of {need} bytes in the {self.capacity}-byte shared segment"
+                )
             offset = start if arena else start + size - need
             rest = [(start + need, size - need)] if arena else [(start, size - need)]
             self._free[index : index + 1] = rest if size > need else []
@@ -192,7 +201,8 @@ class ParentSegment:
                 self._release_locked(offset, max(aligned(nbytes), ALIGN))
 
     def release_arena(self, offset: int) -> None:
-        """Free an arena extent, or mark it to be freed when the last request sending it is answered."""
+        """Free an arena extent, or mark it to be freed when the last request sending it is
+        answered."""
         with self._lock:
             extent = self._arena.get(offset)
             if extent is None or self.fd < 0:
@@ -229,7 +239,8 @@ class ParentSegment:
                 budget -= keep
                 low, high = -(-s // _PAGE) * _PAGE, (e - keep) // _PAGE * _PAGE
                 if high > low and self._map is not None:
-                    self._map.madvise(mmap.MADV_REMOVE, low, high - low)  # punches a hole: pages freed
+                    # punches a hole: pages freed
+                    self._map.madvise(mmap.MADV_REMOVE, low, high - low)
                     _remove(self._backed, low, high)
                     self.returned_bytes += high - low
 
@@ -300,7 +311,8 @@ class ParentSegment:
     def close(self) -> None:
         """Idempotent; arrays still referenced keep the mapping alive until they go."""
         with self._lock:
-            self.fd = self.child_fd = -1  # first: no later call can act on a recycled descriptor number
+            # first: no later call can act on a recycled descriptor number
+            self.fd = self.child_fd = -1
             self._free, self._backed, self._arena, self._arena_starts = [], [], {}, []
             old, self._map = self._map, None
             self._bytes = np.zeros(0, np.uint8)

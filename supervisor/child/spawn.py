@@ -11,7 +11,8 @@ other threads do.
 
 What Popen did besides is done here too: a new session, default SIGPIPE and SIGXFSZ,
 an empty signal mask. Python 3.11's posix_spawn has no closefrom, so descriptors the
-trainer left inheritable are closed by the child itself (`child_runtime.protocol.boot.close_strays`).
+trainer left inheritable are closed by the child itself
+(`child_runtime.protocol.boot.close_strays`).
 """
 
 from __future__ import annotations
@@ -45,11 +46,13 @@ def spawn_child(
     try:
         source_in, source_log = _above_std(stdin_r, made), _above_std(log_fd, made)
         # each passed descriptor onto a new number above every source: dup2 clears close-on-exec on
-        # the copy (onto itself it would only from glibc 2.29), and no action overwrites a later source
+        # the copy (onto itself it would only from glibc 2.29), and no action overwrites a later
+        # source
         base = max([source_in, source_log, *pass_fds]) + 1
         numbers = {fd: base + i for i, fd in enumerate(pass_fds)}
         actions = [
-            *((os.POSIX_SPAWN_DUP2, fd, number) for fd, number in numbers.items()),  # first: one may be 0-2
+            # first: one may be 0-2
+            *((os.POSIX_SPAWN_DUP2, fd, number) for fd, number in numbers.items()),
             (os.POSIX_SPAWN_DUP2, source_in, 0),
             (os.POSIX_SPAWN_DUP2, source_log, 1),
             (os.POSIX_SPAWN_DUP2, source_log, 2),

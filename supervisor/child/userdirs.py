@@ -21,13 +21,16 @@ _fallback: Path | None = None
 
 
 def ensure_private(path: Path) -> Path:
-    """Create `path` (mode 0700) if needed; OSError naming it unless it is a directory this user owns."""
+    """Create `path` (mode 0700) if needed; OSError naming it unless it is a directory this user
+    owns."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = path.lstat()
     if not stat.S_ISDIR(info.st_mode):
         raise NotADirectoryError(f"{path} is not a directory (a symlink or file is in the way)")
     if info.st_uid != os.getuid():
-        raise PermissionError(f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})")
+        raise PermissionError(
+            f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+        )
     return path
 
 
@@ -45,5 +48,7 @@ def state_dir() -> Path:
         with _lock:
             if _fallback is None:
                 _fallback = Path(tempfile.mkdtemp(prefix=f"managed-scorers-{os.getuid()}-"))
-                log.warning("cannot use %s (%s); using %s for this process", preferred, exc, _fallback)
+                log.warning(
+                    "cannot use %s (%s); using %s for this process", preferred, exc, _fallback
+                )
             return _fallback

@@ -23,7 +23,8 @@ def build_all(builds: Sequence[Callable[[], RewardBackend]]) -> list[RewardBacke
 
     try:
         outcomes = on_each(range(len(builds)), build_and_start, "start")
-    except BaseException:  # Ctrl-C while joining: stop the boots, then wait for their threads to see it
+    # Ctrl-C while joining: stop the boots, then wait for their threads to see it
+    except BaseException:
         _abandon(made)
         raise
     errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]

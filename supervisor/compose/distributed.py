@@ -33,7 +33,13 @@ from scorers.identity import digest
 from supervisor.arena import Arena
 from supervisor.backend import RewardBackend
 from supervisor.composition import Component, component
-from supervisor.errors import ConfigError, RankFailed, RankLost, RewardContractError, ScorerRequestError
+from supervisor.errors import (
+    ConfigError,
+    RankFailed,
+    RankLost,
+    RewardContractError,
+    ScorerRequestError,
+)
 from supervisor.joined import join_rows, rows_by_id
 from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape
@@ -42,7 +48,8 @@ from supervisor.types import RewardItem, RewardRequest, RewardResponse
 log = logging.getLogger(__name__)
 # What a rebuilt item carries: every wire field that can travel as JSON. Media cannot.
 JSON_FIELDS = tuple(name for name in WIRE_FIELDS if name not in MEDIA_FIELDS)
-MARGIN_S = 60.0  # over the slowest call a backend allows (boot plus one request), for the default bound
+# over the slowest call a backend allows (boot plus one request), for the default bound
+MARGIN_S = 60.0
 FALLBACK_TIMEOUT_S = 600.0  # when no backend states its deadlines
 
 
@@ -69,7 +76,8 @@ class DistributedRewards(Component):
 
         if not dist.is_available() or not dist.is_initialized():
             raise ConfigError(
-                "DistributedRewards needs torch.distributed initialised (torchrun, or init_process_group)"
+                "DistributedRewards needs torch.distributed initialised (torchrun, or "
+                "init_process_group)"
             )
         slowest = component(backend).call_bound_s
         if timeout_s is None:
@@ -78,8 +86,8 @@ class DistributedRewards(Component):
             raise ConfigError(f"timeout_s must be > 0, got {timeout_s!r}")
         elif slowest is not None and timeout_s < slowest:
             log.warning(
-                "DistributedRewards timeout_s=%g is below the %g s one call may take by the backend's deadlines: a "
-                "slow (not stuck) rank will break the exchange",
+                "DistributedRewards timeout_s=%g is below the %g s one call may take by the "
+                "backend's deadlines: a slow (not stuck) rank will break the exchange",
                 timeout_s,
                 slowest,
             )
@@ -95,8 +103,11 @@ class DistributedRewards(Component):
         self._broken: RankLost | None = None
         self._whole_groups = component(backend).needs_whole_groups()
         leaves = component(backend).leaves()
-        self._signature = digest([self._whole_groups, [repr(component(leaf).shape) for leaf in leaves]])[:16]
-        self.world_response: RewardResponse | None = None  # the last successful call's, every rank's
+        self._signature = digest(
+            [self._whole_groups, [repr(component(leaf).shape) for leaf in leaves]]
+        )[:16]
+        # the last successful call's, every rank's
+        self.world_response: RewardResponse | None = None
         self.exchanged_bytes = 0  # what this rank received in exchanges, all calls together
 
     @property
@@ -116,8 +127,8 @@ class DistributedRewards(Component):
 
     # -- the calls -------------------------------------------------------------------------
     def score(self, request: RewardRequest) -> Outcome:
-        """This rank's rewards; `request.step` (the trainer's step) is checked against the other ranks'.
-        A failure is every rank's, raised (a collective: see `_step`)."""
+        """This rank's rewards; `request.step` (the trainer's step) is checked against the other
+        ranks'. A failure is every rank's, raised (a collective: see `_step`)."""
         return Outcome.scored(self.compute_world_rewards(request)[0])
 
     async def compute_rewards_async(self, request: RewardRequest) -> RewardResponse:
@@ -129,13 +140,15 @@ class DistributedRewards(Component):
     def compute_world_rewards(
         self, request: RewardRequest | None, step: int | None = None
     ) -> tuple[RewardResponse, RewardResponse]:
-        """(this rank's response, every rank's response in rank order); None: this rank has nothing to
-        score this step, but takes part. The trainer's step (`step`, else `request.step`) is checked
-        against the other ranks': a rank that skipped a call is caught at its next one (without it,
-        only when the call counts diverge)."""
+        """(this rank's response, every rank's response in rank order); None: this rank has nothing
+        to score this step, but takes part. The trainer's step (`step`, else `request.step`) is
+        checked against the other ranks': a rank that skipped a call is caught at its next one
+        (without it, only when the call counts diverge)."""
         if request is None:
             return self._step([], None, None, step)
-        return self._step(list(request.items), request.group_size, None, request.step if step is None else step)
+        return self._step(
+            list(request.items), request.group_size, None, request.step if step is None else step
+        )
 
     def fail_step(self, error: Exception, step: int | None = None) -> NoReturn:
         """Take part in this step while failing it (this rank could not build its request): every
@@ -144,7 +157,11 @@ class DistributedRewards(Component):
         raise AssertionError("unreachable: a failed step always raises")
 
     def _step(
-        self, items: list[RewardItem], group_size: int | None, failure: Exception | None, step: int | None
+        self,
+        items: list[RewardItem],
+        group_size: int | None,
+        failure: Exception | None,
+        step: int | None,
     ) -> tuple[RewardResponse, RewardResponse]:
         with self._lock:
             self._calls += 1
@@ -153,19 +170,28 @@ class DistributedRewards(Component):
             members = [[item.id, item.group_id, item.has_media] for item in items]
             gathered = self._exchange(
                 "members",
-                {"members": members, "group_size": group_size, "failed": _describe(failure) if failure else None},
+                {
+                    "members": members,
+                    "group_size": group_size,
+                    "failed": _describe(failure) if failure else None,
+                },
             )
-            failed = {rank: g["failed"] for rank, g in enumerate(gathered) if g["failed"] is not None}
+            failed = {
+                rank: g["failed"] for rank, g in enumerate(gathered) if g["failed"] is not None
+            }
             if failed:
                 raise self._rank_failed(failed, failure)
             layout = _layout(gathered)
             rebuild = layout.spanning and (self._whole_groups or layout.group_size is not None)
             if rebuild:
-                media = [m[0] for g in gathered for m in g["members"] if m[1] in layout.spanning and m[2]]
+                media = [
+                    m[0] for g in gathered for m in g["members"] if m[1] in layout.spanning and m[2]
+                ]
                 if media:  # the same verdict on every rank: it comes from the exchange
                     raise ConfigError(
-                        f"groups span ranks and must be scored whole here, but their items carry media, which do "
-                        f"not travel between ranks (ids {media[:4]}): keep each group on one rank"
+                        f"groups span ranks and must be scored whole here, but their items "
+                        f"carry media, which do not travel between ranks (ids {media[:4]}): "
+                        f"keep each group on one rank"
                     )
                 mine = [self._portable(item) for item in items if item.group_id in layout.spanning]
                 shipped = self._exchange("fields", {"items": mine})
@@ -176,8 +202,11 @@ class DistributedRewards(Component):
             local_error = outcome.pop("_error", None)
             return self._finish([item.id for item in items], answers, layout, local_error)
 
-    def _assigned(self, items: list[RewardItem], layout: _Layout, shipped: list[dict[str, Any]]) -> list[RewardItem]:
-        """What this rank scores: its groups that stay on it, and the spanning groups it owns, whole."""
+    def _assigned(
+        self, items: list[RewardItem], layout: _Layout, shipped: list[dict[str, Any]]
+    ) -> list[RewardItem]:
+        """What this rank scores: its groups that stay on it, and the spanning groups it owns,
+        whole."""
         own = {item.id: item for item in items}
         rebuilt = {}
         for rank, document in enumerate(shipped):
@@ -186,7 +215,8 @@ class DistributedRewards(Component):
                     if layout.spanning.get(fields.get("group_id")) == self.rank:
                         rebuilt[fields["id"]] = RewardItem.model_validate(fields)
         chosen = []
-        for item_id, group_id, _rank in layout.order:  # global order: a group's members as one process sees them
+        # global order: a group's members as one process sees them
+        for item_id, group_id, _rank in layout.order:
             if group_id in layout.spanning:
                 if layout.spanning[group_id] == self.rank:
                     chosen.append(own[item_id] if item_id in own else rebuilt[item_id])
@@ -200,8 +230,11 @@ class DistributedRewards(Component):
         document.setdefault("group_id", None)
         return document
 
-    def _score(self, build: Callable[[], Sequence[RewardItem]], group_size: int | None) -> dict[str, Any]:
-        """Score what `build` gives; any error is reported to the other ranks, never raised before the exchange."""
+    def _score(
+        self, build: Callable[[], Sequence[RewardItem]], group_size: int | None
+    ) -> dict[str, Any]:
+        """Score what `build` gives; any error is reported to the other ranks, never raised before
+        the exchange."""
         try:
             items = list(build())
             if not items:
@@ -209,22 +242,32 @@ class DistributedRewards(Component):
             response = self.backend.compute_rewards(
                 RewardRequest(items=items, group_size=group_size, step=self._trainer_step)
             )
-            document = json.loads(response.model_dump_json())  # plain JSON: what the exchange can carry
+            # plain JSON: what the exchange can carry
+            document = json.loads(response.model_dump_json())
         except Exception as exc:  # noqa: BLE001 - every rank raises it, after the exchange
             return {"ok": False, "error": _describe(exc), "_error": exc}
         return {"ok": True, "response": document}
 
     # -- the exchange ----------------------------------------------------------------------
     def _exchange(self, phase: str, document: dict[str, Any]) -> list[dict[str, Any]]:
-        """Every rank's `document` for this phase of this call, in rank order. RankLost when a peer does
-        not answer within timeout_s, or answers for another call or phase."""
+        """Every rank's `document` for this phase of this call, in rank order. RankLost when a peer
+        does not answer within timeout_s, or answers for another call or phase."""
         if self._broken is not None:
             raise self._broken
         import torch
 
         stamped = {k: v for k, v in document.items() if not k.startswith("_")}
-        stamped.update({"call": self._calls, "step": self._trainer_step, "phase": phase, "signature": self._signature})
-        payload = json.dumps(stamped, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
+        stamped.update(
+            {
+                "call": self._calls,
+                "step": self._trainer_step,
+                "phase": phase,
+                "signature": self._signature,
+            }
+        )
+        payload = json.dumps(
+            stamped, separators=(",", ":"), allow_nan=False, ensure_ascii=False
+        ).encode()
         try:
             size = torch.tensor([len(payload)], dtype=torch.int64)
             sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
@@ -234,54 +277,82 @@ class DistributedRewards(Component):
             mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
             buffers = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world_size)]
             self._dist.all_gather(buffers, mine, group=self._group)
-        except RuntimeError as exc:  # gloo: a peer closed its connection, or the group's timeout passed
+        # gloo: a peer closed its connection, or the group's timeout passed
+        except RuntimeError as exc:
             self._broken = RankLost(
-                f"rank {self.rank}: the {phase} exchange of call {self._calls} ({self.world_size} ranks) failed "
-                f"within timeout_s={self.timeout_s:g}: a peer rank was killed, is stuck, or is slower than the "
-                f"bound ({str(exc).splitlines()[0]}); this exchange is broken for good"
+                f"rank {self.rank}: the {phase} exchange of call {self._calls} "
+                f"({self.world_size} ranks) failed within timeout_s={self.timeout_s:g}: a "
+                f"peer rank was killed, is stuck, or is slower than the bound "
+                f"({str(exc).splitlines()[0]}); this exchange is broken for good"
             )
             raise self._broken from exc
         self.exchanged_bytes += sum(int(s.item()) for s in sizes)
-        gathered = [json.loads(bytes(b[: int(s.item())].numpy())) for b, s in zip(buffers, sizes, strict=True)]
+        gathered = [
+            json.loads(bytes(b[: int(s.item())].numpy()))
+            for b, s in zip(buffers, sizes, strict=True)
+        ]
         seen = {(g["call"], g["phase"], g["signature"]) for g in gathered}
         steps = {g["step"] for g in gathered if g["step"] is not None}
         if len(seen) > 1 or len(steps) > 1:
             where = "; ".join(
-                f"rank {r}: call {g['call']} step {g['step']} {g['phase']}" for r, g in enumerate(gathered)
+                f"rank {r}: call {g['call']} step {g['step']} {g['phase']}"
+                for r, g in enumerate(gathered)
             )
             self._broken = RankLost(
                 f"ranks are out of step ({where}; backend signatures "
-                f"{sorted({g['signature'] for g in gathered})}): a rank skipped a call (call fail_step instead), "
+                f"{sorted({g['signature'] for g in gathered})}): a rank skipped a call (call "
+                f"fail_step instead), "
                 "or the ranks wrap different backends; this exchange is broken for good"
             )
             raise self._broken
         return gathered
 
-    def _rank_failed(self, failed: dict[int, dict[str, str]], cause: BaseException | None) -> RankFailed:
-        lines = "; ".join(f"rank {r}: {e['type']}: {e['message']}" for r, e in sorted(failed.items()))
-        error = RankFailed(f"reward step failed on rank(s) {sorted(failed)} of {self.world_size}: {lines}", failed)
+    def _rank_failed(
+        self, failed: dict[int, dict[str, str]], cause: BaseException | None
+    ) -> RankFailed:
+        lines = "; ".join(
+            f"rank {r}: {e['type']}: {e['message']}" for r, e in sorted(failed.items())
+        )
+        error = RankFailed(
+            f"reward step failed on rank(s) {sorted(failed)} of {self.world_size}: {lines}", failed
+        )
         error.__cause__ = cause
         return error
 
     def _finish(
-        self, my_ids: list[str], answers: list[dict[str, Any]], layout: _Layout, local_error: Exception | None
+        self,
+        my_ids: list[str],
+        answers: list[dict[str, Any]],
+        layout: _Layout,
+        local_error: Exception | None,
     ) -> tuple[RewardResponse, RewardResponse]:
         failed = {rank: answer["error"] for rank, answer in enumerate(answers) if not answer["ok"]}
         if failed:
             raise self._rank_failed(failed, local_error)
-        responses = [RewardResponse.model_validate(a["response"]) for a in answers if a["response"] is not None]
+        responses = [
+            RewardResponse.model_validate(a["response"])
+            for a in answers
+            if a["response"] is not None
+        ]
         rows = rows_by_id(responses)
         world_ids = [item_id for item_id, _group, _rank in layout.order]
         missing = [item_id for item_id in world_ids if item_id not in rows]
         if missing:
-            raise RewardContractError(f"no reward came back for ids {missing[:8]} (of {len(missing)})")
+            raise RewardContractError(
+                f"no reward came back for ids {missing[:8]} (of {len(missing)})"
+            )
         try:
             diagnostics = merge_term_reports(r.diagnostics for r in responses)
-        except (TypeError, ValueError, KeyError) as exc:  # the same data on every rank: the same error
+        # the same data on every rank: the same error
+        except (TypeError, ValueError, KeyError) as exc:
             raise RewardContractError(f"the ranks' diagnostics cannot be merged: {exc!r}") from exc
         world = join_rows(world_ids, rows, diagnostics) if world_ids else _empty()
         mine_scored = answers[self.rank]["response"]
-        mine = join_rows(my_ids, rows, mine_scored["diagnostics"] if mine_scored else {}) if my_ids else _empty()
+        mine = (
+            join_rows(my_ids, rows, mine_scored["diagnostics"] if mine_scored else {})
+            if my_ids
+            else _empty()
+        )
         self.world_response = world
         return mine, world
 
@@ -318,7 +389,12 @@ class _Layout:
     """Who has which item, and which groups span ranks, from the members exchange alone: every rank
     computes the same, so a refusal here is raised by every rank alike."""
 
-    def __init__(self, order: list[tuple[str, str | None, int]], spanning: dict[str, int], group_size: int | None):
+    def __init__(
+        self,
+        order: list[tuple[str, str | None, int]],
+        spanning: dict[str, int],
+        group_size: int | None,
+    ):
         self.order = order
         self.spanning = spanning  # group id -> the rank that scores it whole
         self.group_size = group_size
@@ -327,7 +403,9 @@ class _Layout:
 def _layout(gathered: list[dict[str, Any]]) -> _Layout:
     sizes = {g["group_size"] for g in gathered if g["members"]}
     if len(sizes) > 1:
-        raise ScorerRequestError(f"ranks declare different group sizes: {sorted(sizes, key=str)}", kind="bad_input")
+        raise ScorerRequestError(
+            f"ranks declare different group sizes: {sorted(sizes, key=str)}", kind="bad_input"
+        )
     group_size = sizes.pop() if sizes else None
     holder: dict[str, int] = {}
     order: list[tuple[str, str | None, int]] = []
@@ -337,7 +415,8 @@ def _layout(gathered: list[dict[str, Any]]) -> _Layout:
         for item_id, group_id, _media in document["members"]:
             if item_id in holder:
                 raise ScorerRequestError(
-                    f"item id {item_id!r} is on rank {holder[item_id]} and rank {rank}: ids must be unique across "
+                    f"item id {item_id!r} is on rank {holder[item_id]} and rank {rank}: ids "
+                    f"must be unique across "
                     "ranks, so that every reward reaches its own sample",
                     kind="bad_input",
                 )
@@ -352,8 +431,8 @@ def _layout(gathered: list[dict[str, Any]]) -> _Layout:
         for group_id, count in counts.items():
             if count != group_size:
                 raise ScorerRequestError(
-                    f"group {group_id!r} has {count} items over ranks {ranks_of[group_id]}, expected group_size "
-                    f"{group_size}: incomplete groups are never scored",
+                    f"group {group_id!r} has {count} items over ranks {ranks_of[group_id]}, "
+                    f"expected group_size {group_size}: incomplete groups are never scored",
                     kind="bad_input",
                 )
     spanning_groups = [g for g, held in ranks_of.items() if len(held) > 1]

@@ -51,9 +51,15 @@ def _term(entry: Any, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: a reward is a mapping with a `name` and a `reward_model`")
     model = entry.get("reward_model")
     if not isinstance(model, str) or not model:
-        raise ConfigError(f"{where} ({entry['name']}): `reward_model` names a model class or a registered scorer")
+        raise ConfigError(
+            f"{where} ({entry['name']}): `reward_model` names a model class or a registered scorer"
+        )
     where = f"{where} ({entry['name']})"
-    extra = {k: v for k, v in entry.items() if k not in TERM_KEYS | PLACE_KEYS | MODEL_KEYS | {"reward_model"}}
+    extra = {
+        k: v
+        for k, v in entry.items()
+        if k not in TERM_KEYS | PLACE_KEYS | MODEL_KEYS | {"reward_model"}
+    }
     is_class = ":" in model or "." in model
     if is_class:
         scorer = {"name": FF_SCORER, "params": _model_params(model, entry, extra)}
@@ -61,7 +67,9 @@ def _term(entry: Any, where: str) -> dict[str, Any]:
     else:
         given = sorted(MODEL_ONLY & set(entry))
         if given:
-            raise ConfigError(f"{where}: {given} configure a model class; {model!r} is a registered scorer")
+            raise ConfigError(
+                f"{where}: {given} configure a model class; {model!r} is a registered scorer"
+            )
         scorer = {"name": model, "params": extra}
         request_batch_size = entry.get("batch_size", 64)
     scorer.update(input_kind=entry.get("input_kind", "image"), device=entry.get("device", "cpu"))
@@ -76,13 +84,19 @@ def _model_params(model: str, entry: Mapping[str, Any], extra: dict[str, Any]) -
 
 
 def _backend(
-    entry: Mapping[str, Any], scorer: dict[str, Any], client: dict[str, Any], where: str, is_class: bool
+    entry: Mapping[str, Any],
+    scorer: dict[str, Any],
+    client: dict[str, Any],
+    where: str,
+    is_class: bool,
 ) -> dict[str, Any]:
     kind = entry.get("backend", "managed")
     if kind == "local":
         return {"kind": "local", "scorer": scorer, "client": client}
     if kind != "managed":
-        raise ConfigError(f"{where}: backend must be managed (the default: its own child) or local, got {kind!r}")
+        raise ConfigError(
+            f"{where}: backend must be managed (the default: its own child) or local, got {kind!r}"
+        )
     process = {k: entry[k] for k in ("python_executable", "extra_import_paths") if k in entry}
     env = entry.get("env")
     if is_class and env is None and "python_executable" not in process:

@@ -17,9 +17,25 @@ from typing import Any
 from supervisor.errors import ConfigError
 
 NATIVE_SCORER = "scorers.native.scorer:NativeModelScorer"
-MODEL_KEYS = {"backend", "model_path", "placement", "executor", "offload", "env", "python_executable"}
-MODEL_KEYS |= {"extra_import_paths", "request_batch_size", "process", "restart", "limits", "call_timeout_s"}
-TERM_KEYS = {"weight", "required", "applicable_datasets"}  # the panel's; `model`, `path`, `name` bind
+MODEL_KEYS = {
+    "backend",
+    "model_path",
+    "placement",
+    "executor",
+    "offload",
+    "env",
+    "python_executable",
+}
+MODEL_KEYS |= {
+    "extra_import_paths",
+    "request_batch_size",
+    "process",
+    "restart",
+    "limits",
+    "call_timeout_s",
+}
+# the panel's; `model`, `path`, `name` bind
+TERM_KEYS = {"weight", "required", "applicable_datasets"}
 FUNCTION_KEYS = {"model", "path", "name", "log_keys"}
 DEFAULT_BATCH = 512  # one wake and one sleep per request of up to this many items (a chunk each)
 
@@ -42,14 +58,18 @@ def native_terms(
         backend = native_backend(model_name, models[model_name], fns)
         for name, fn in fns:
             if not fn.get("path") or not fn.get("name"):
-                raise ConfigError(f"{where}.{name}: a native model's reward function needs `path` and `name`")
+                raise ConfigError(
+                    f"{where}.{name}: a native model's reward function needs `path` and `name`"
+                )
             term = {key: fn[key] for key in TERM_KEYS if key in fn}
             term.setdefault("required", False)  # verl-omni's default: an optional term
             terms[name] = {"name": name, "backend": backend, "component": name, **term}
     return terms
 
 
-def native_backend(name: str, model: Mapping[str, Any], fns: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+def native_backend(
+    name: str, model: Mapping[str, Any], fns: Sequence[tuple[str, Mapping[str, Any]]]
+) -> dict[str, Any]:
     """One managed backend config: the native scorer with the model and its functions as params."""
     where = f"reward.models.{name}"
     unknown = set(model) - MODEL_KEYS
@@ -58,7 +78,8 @@ def native_backend(name: str, model: Mapping[str, Any], fns: Sequence[tuple[str,
     executor = model.get("executor")
     if not isinstance(executor, Mapping) or not isinstance(executor.get("model"), str):
         raise ConfigError(
-            f"{where}.executor.model names the model class ('module:Class', 'pkg://...', 'file.py:Class')"
+            f"{where}.executor.model names the model class ('module:Class', 'pkg://...', "
+            f"'file.py:Class')"
         )
     device, replicas = placement(where, model.get("placement"))
     params: dict[str, Any] = {
@@ -73,8 +94,16 @@ def native_backend(name: str, model: Mapping[str, Any], fns: Sequence[tuple[str,
         "kind": "managed",
         "env": _env(where, model),
         "process": _process(model),
-        "scorer": {"name": NATIVE_SCORER, "input_kind": "image", "device": device, "params": params},
-        "client": {"input_kind": "image", "request_batch_size": model.get("request_batch_size", DEFAULT_BATCH)},
+        "scorer": {
+            "name": NATIVE_SCORER,
+            "input_kind": "image",
+            "device": device,
+            "params": params,
+        },
+        "client": {
+            "input_kind": "image",
+            "request_batch_size": model.get("request_batch_size", DEFAULT_BATCH),
+        },
         "gpu_residency": "per_call" if model.get("offload", True) else "resident",
         "replicas": replicas,
     }
@@ -86,7 +115,12 @@ def _function(term: str, fn: Mapping[str, Any]) -> dict[str, Any]:
     """What the child needs of one reward function; its extra keys are its kwargs (verl-omni's)."""
     kwargs = {k: v for k, v in fn.items() if k not in TERM_KEYS | FUNCTION_KEYS}
     path = str(fn.get("path", ""))
-    entry: dict[str, Any] = {"term": term, "path": _absolute(path), "name": fn.get("name"), "kwargs": kwargs}
+    entry: dict[str, Any] = {
+        "term": term,
+        "path": _absolute(path),
+        "name": fn.get("name"),
+        "kwargs": kwargs,
+    }
     entry["log_keys"] = list(fn.get("log_keys", ()))  # `required` is the panel term's alone
     return entry
 
@@ -102,35 +136,48 @@ def _absolute(reference: str) -> str:
 
 
 def placement(where: str, given: Any) -> tuple[str, dict[str, Any]]:
-    """`placement.devices` -> the child's device and the replicas: all GPU indices (one child narrowed
-    to each) or all `cpu` (that many CPU children)."""
+    """`placement.devices` -> the child's device and the replicas: all GPU indices (one child
+    narrowed to each) or all `cpu` (that many CPU children)."""
     devices = given.get("devices") if isinstance(given, Mapping) else None
     if not isinstance(devices, list) or not devices:
-        raise ConfigError(f"{where}.placement.devices lists one entry per replica: GPU indices or cpu")
+        raise ConfigError(
+            f"{where}.placement.devices lists one entry per replica: GPU indices or cpu"
+        )
     cpu = [str(d).lower() == "cpu" for d in devices]
     if all(cpu):
         return "cpu", {"count": len(devices)}
-    if any(cpu) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices):
-        raise ConfigError(f"{where}.placement.devices {devices}: all GPU indices (0, 1, ...) or all cpu, not a mix")
+    if any(cpu) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices
+    ):
+        raise ConfigError(
+            f"{where}.placement.devices {devices}: all GPU indices (0, 1, ...) or all cpu, "
+            f"not a mix"
+        )
     return "cuda", {"devices": [str(d) for d in devices]}
 
 
 def check_devices(models: Mapping[str, Any]) -> None:
-    """No GPU index is listed by two native models (verl-omni's rule: a device is one deployment's)."""
+    """No GPU index is listed by two native models (verl-omni's rule: a device is one
+    deployment's)."""
     owner: dict[int, str] = {}
     for name, model in models.items():
         given = model.get("placement") if is_native(model) else None
         for device in given.get("devices", []) if isinstance(given, Mapping) else []:
             if isinstance(device, int) and not isinstance(device, bool):
                 if device in owner:
-                    raise ConfigError(f"reward.models.{name}: device {device} is also {owner[device]}'s")
+                    raise ConfigError(
+                        f"reward.models.{name}: device {device} is also {owner[device]}'s"
+                    )
                 owner[device] = name
 
 
 def _env(where: str, model: Mapping[str, Any]) -> str | None:
     env = model.get("env")
     if env is None and "python_executable" not in model:
-        raise ConfigError(f"{where}: say which scorer env the model runs in (`env: NAME`, or `python_executable:`)")
+        raise ConfigError(
+            f"{where}: say which scorer env the model runs in (`env: NAME`, or "
+            f"`python_executable:`)"
+        )
     if env is not None and not isinstance(env, str):
         raise ConfigError(f"{where}.env names a scorer env, got {env!r}")
     return env
@@ -138,5 +185,7 @@ def _env(where: str, model: Mapping[str, Any]) -> str | None:
 
 def _process(model: Mapping[str, Any]) -> dict[str, Any]:
     process = dict(model.get("process") or {})
-    process.update({key: model[key] for key in ("python_executable", "extra_import_paths") if key in model})
+    process.update(
+        {key: model[key] for key in ("python_executable", "extra_import_paths") if key in model}
+    )
     return process

@@ -23,7 +23,9 @@ T = TypeVar("T")
 UNBOUNDED = 2**62
 
 
-def micro_batches(items: Sequence[T], micro_size: int, group_of: Callable[[T], str | None]) -> list[list[T]]:
+def micro_batches(
+    items: Sequence[T], micro_size: int, group_of: Callable[[T], str | None]
+) -> list[list[T]]:
     """`micro_size` rows per micro, each extended to the end of its last group (groups must be
     contiguous, as GRPO samplers lay them out); an ungrouped row is its own group."""
     if micro_size < 1:
@@ -32,9 +34,13 @@ def micro_batches(items: Sequence[T], micro_size: int, group_of: Callable[[T], s
         runs = contiguous_runs([group_of(item) for item in items])
     except NotContiguous as exc:
         raise ScorerRequestError(
-            f"group {exc.group!r} is not contiguous in the shard (row {exc.position})", kind="bad_input"
+            f"group {exc.group!r} is not contiguous in the shard (row {exc.position})",
+            kind="bad_input",
         ) from exc
-    return [[items[position] for position in chunk] for chunk in pack_chunks(runs, micro_size, at_least=True)]
+    return [
+        [items[position] for position in chunk]
+        for chunk in pack_chunks(runs, micro_size, at_least=True)
+    ]
 
 
 class OverlappedScoring:
@@ -48,8 +54,8 @@ class OverlappedScoring:
     def __init__(self, backend: RewardBackend, group_size: int | None = None) -> None:
         self.backend = backend
         self.group_size = group_size
-        # windows as large as a micro, cut only at a micro boundary (the trainer paces it); each micro's
-        # response is its window's, so the stream keeps nothing for a barrier
+        # windows as large as a micro, cut only at a micro boundary (the trainer paces it); each
+        # micro's response is its window's, so the stream keeps nothing for a barrier
         self._stream = backend.stream(
             group_size, window=UNBOUNDED, max_wait_s=math.inf, max_pending=UNBOUNDED, collect=False
         )

@@ -37,7 +37,13 @@ from supervisor.errors import (
 )
 from supervisor.fanout import on_each
 from supervisor.outcome import Outcome, as_outcomes
-from supervisor.types import SCORER_TERM_FAILED, RewardItem, RewardRequest, RewardResponse, TermFailure
+from supervisor.types import (
+    SCORER_TERM_FAILED,
+    RewardItem,
+    RewardRequest,
+    RewardResponse,
+    TermFailure,
+)
 
 # Failures that say the backend cannot serve at all, not that one batch could not be scored.
 # Never an optional term's recorded failure: fatal to the call. Only a scorer's own refusal
@@ -83,14 +89,18 @@ class PanelTerm:
         if ANY_DATASET in self.weight:
             return float(self.weight[ANY_DATASET])
         raise ScorerRequestError(
-            f"term {self.name!r} has no weight for item {item.id!r} (data_source {item.data_source!r}); "
-            f"weights are given for {sorted(self.weight)}",
+            f"term {self.name!r} has no weight for item {item.id!r} (data_source "
+            f"{item.data_source!r}); weights are given for {sorted(self.weight)}",
             kind="bad_input",
         )
 
     def describe(self) -> dict[str, Any]:
         """What the panel identity covers for this term."""
-        weight = dict(sorted(self.weight.items())) if isinstance(self.weight, Mapping) else float(self.weight)
+        weight = (
+            dict(sorted(self.weight.items()))
+            if isinstance(self.weight, Mapping)
+            else float(self.weight)
+        )
         return {
             "name": self.name,
             "scorer": component(self.backend).identity_hash,
@@ -99,7 +109,9 @@ class PanelTerm:
             "component": self.component,
             "weight": weight,
             "required": self.required,
-            "applicable_datasets": sorted(self.applicable_datasets) if self.applicable_datasets is not None else None,
+            "applicable_datasets": sorted(self.applicable_datasets)
+            if self.applicable_datasets is not None
+            else None,
         }
 
 
@@ -123,11 +135,13 @@ class _Gathered:
 
 
 def _fatal_reason(call: _Call, error: BaseException) -> str | None:
-    """Why a backend's failure fails the panel's call, or None: only its optional terms lose their values."""
+    """Why a backend's failure fails the panel's call, or None: only its optional terms lose their
+    values."""
     if isinstance(error, LIFECYCLE_ERRORS):
         return "setup failure"
     if isinstance(error, ScorerRequestError) and error.kind == RESIDENCY_FAILED:
-        return "lifecycle failure"  # a model that could not wake or sleep: never an optional term's loss
+        # a model that could not wake or sleep: never an optional term's loss
+        return "lifecycle failure"
     if any(term.required for term in call.terms):
         return "required"
     if not isinstance(error, ScorerError):
@@ -148,13 +162,15 @@ class RewardPanel(Component):
         group_size: int | None = None,
         group_failures: str = "whole_group",
     ) -> None:
-        """`group_failures`: an optional term that fails on some members of a group fails for the whole
-        group ("whole_group": a group-relative advantage never compares members scored by different
-        terms), or the call is refused ("raise")."""
+        """`group_failures`: an optional term that fails on some members of a group fails for the
+        whole group ("whole_group": a group-relative advantage never compares members scored by
+        different terms), or the call is refused ("raise")."""
         if not terms:
             raise ConfigError("a panel needs at least one term")
         if group_failures not in GROUP_FAILURES:
-            raise ConfigError(f"group_failures must be one of {GROUP_FAILURES}, got {group_failures!r}")
+            raise ConfigError(
+                f"group_failures must be one of {GROUP_FAILURES}, got {group_failures!r}"
+            )
         self.group_failures = group_failures
         seen: set[str] = set()
         for term in terms:
@@ -181,7 +197,8 @@ class RewardPanel(Component):
     def identity_hash(self) -> str:
         """Its terms' scorer identities, weights, required flags and applicability."""
         described: dict[str, Any] = {"panel": [term.describe() for term in self.terms]}
-        if self.group_failures != "whole_group":  # the default leaves the identities of earlier panels as they were
+        # the default leaves the identities of earlier panels as they were
+        if self.group_failures != "whole_group":
             described["group_failures"] = self.group_failures
         return digest(described)
 
@@ -197,22 +214,28 @@ class RewardPanel(Component):
                 applicable = applicable or applies
             if not applicable:
                 raise ScorerRequestError(
-                    f"no term of the panel applies to item {item.id!r} (data_source {item.data_source!r}); "
-                    f"terms: {[(t.name, t.applicable_datasets) for t in self.terms]}",
+                    f"no term of the panel applies to item {item.id!r} (data_source "
+                    f"{item.data_source!r}); terms: "
+                    f"{[(t.name, t.applicable_datasets) for t in self.terms]}",
                     kind="bad_input",
                 )
             for call in calls:
                 if any(term.applies(item) for term in call.terms):
                     call.positions.append(position)
-        for call in calls:  # a term with nothing to score in this request takes no part in its backend's call
-            call.terms = [t for t in call.terms if any(t.applies(request.items[p]) for p in call.positions)]
+        # a term with nothing to score in this request takes no part in its backend's call
+        for call in calls:
+            call.terms = [
+                t for t in call.terms if any(t.applies(request.items[p]) for p in call.positions)
+            ]
         return [call for call in calls if call.positions], weights
 
     def score(self, request: RewardRequest) -> Outcome:
         if self._closed:
             raise RuntimeError("RewardPanel is closed")
         if request.group_size is None and self.group_size is not None:
-            request = RewardRequest(items=request.items, group_size=self.group_size, step=request.step)
+            request = RewardRequest(
+                items=request.items, group_size=self.group_size, step=request.step
+            )
         calls, weights = self._plan(request)
         outcomes = self._score_concurrently(request, calls)
         got = _Gathered({t.name: [None] * len(request.items) for t in self.terms})
@@ -220,7 +243,8 @@ class RewardPanel(Component):
             self._settle(call, outcome, request, got)
         if got.fatal:
             terms, why, error = got.fatal[0]
-            error = _without_partial(error)  # the term's own rewards, not this panel's: nothing above takes them
+            # the term's own rewards, not this panel's: nothing above takes them
+            error = _without_partial(error)
             error.add_note(f"panel term(s) {terms}: {why}")
             return Outcome.raised(error)
         failures = self._whole_groups(request, got.failures, got.values)
@@ -235,22 +259,35 @@ class RewardPanel(Component):
         )
         return Outcome.scored(response)
 
-    def _settle(self, call: _Call, outcome: Outcome, request: RewardRequest, got: _Gathered) -> None:
-        """One backend's outcome into `got`: its values, its optional terms' failure, or a fatal error."""
+    def _settle(
+        self, call: _Call, outcome: Outcome, request: RewardRequest, got: _Gathered
+    ) -> None:
+        """One backend's outcome into `got`: its values, its optional terms' failure, or a fatal
+        error."""
         if outcome.kind == "terms_failed" and outcome.response is not None:  # each term decides
             record = outcome.error.record if isinstance(outcome.error, ScorerError) else None
             self._take(call, outcome.response, request, got, record)
             return
-        if outcome.kind == "items_failed" and outcome.response is not None and not _any_required(call):
+        if (
+            outcome.kind == "items_failed"
+            and outcome.response is not None
+            and not _any_required(call)
+        ):
             self._take_partial(call, outcome, request, got)
             return
-        if isinstance(outcome.error, ScorerRequestError):  # the scorer's own refusal: perhaps of an optional item
+        # the scorer's own refusal: perhaps of an optional item
+        if isinstance(outcome.error, ScorerRequestError):
             narrowed = self._required_share(call, request)
-            if narrowed is not None:  # optional terms brought items of their own: never let them sink the rest
+            # optional terms brought items of their own: never let them sink the rest
+            if narrowed is not None:
                 (retry,) = self._score_concurrently(request, [narrowed])
                 if retry.ok and retry.response is not None:
                     refused = outcome.error
-                    got.failures.extend(self._failed(t, call, request, refused) for t in call.terms if not t.required)
+                    got.failures.extend(
+                        self._failed(t, call, request, refused)
+                        for t in call.terms
+                        if not t.required
+                    )
                     self._take(narrowed, retry.response, request, got)
                     return
                 outcome = retry  # the required terms' own items fail too
@@ -266,7 +303,10 @@ class RewardPanel(Component):
             got.failures.extend(self._failed(term, call, request, error) for term in call.terms)
 
     def _weighted(
-        self, values: dict[str, list[float | None]], weights: dict[str, list[float | None]], count: int
+        self,
+        values: dict[str, list[float | None]],
+        weights: dict[str, list[float | None]],
+        count: int,
     ) -> list[float]:
         """Each item's reward: the sum of weight * value over the terms that apply and gave one."""
         rewards = []
@@ -280,11 +320,14 @@ class RewardPanel(Component):
         return rewards
 
     def _whole_groups(
-        self, request: RewardRequest, failures: list[TermFailure], values: dict[str, list[float | None]]
+        self,
+        request: RewardRequest,
+        failures: list[TermFailure],
+        values: dict[str, list[float | None]],
     ) -> list[TermFailure]:
-        """Each failure of one of this panel's terms widened to every member of the groups it touches
-        (those members lose that term's value too), or the call refused (`group_failures` "raise").
-        A nested panel's failures arrive widened already."""
+        """Each failure of one of this panel's terms widened to every member of the groups it
+        touches (those members lose that term's value too), or the call refused (`group_failures`
+        "raise"). A nested panel's failures arrive widened already."""
         members: dict[str, list[int]] = {}
         for position, item in enumerate(request.items):
             if item.group_id is not None:
@@ -299,15 +342,21 @@ class RewardPanel(Component):
             if term is None:
                 widened.append(failure)
                 continue
-            touched = sorted({g for i in failure.ids if (g := request.items[position_of[i]].group_id) is not None})
+            touched = sorted(
+                {
+                    g
+                    for i in failure.ids
+                    if (g := request.items[position_of[i]].group_id) is not None
+                }
+            )
             whole = [p for g in touched for p in members[g] if term.applies(request.items[p])]
             already = set(failure.ids)
             extra = [request.items[p].id for p in whole if request.items[p].id not in already]
             if extra and self.group_failures == "raise":
                 raise ScorerItemsFailed(
-                    f"optional term {term.name!r} failed on {len(failure.ids)} members of groups {touched[:5]} "
-                    f"but not on {extra[:5]}: the panel refuses partial groups (group_failures='raise'): "
-                    f"{failure.error}",
+                    f"optional term {term.name!r} failed on {len(failure.ids)} members of "
+                    f"groups {touched[:5]} but not on {extra[:5]}: the panel refuses partial "
+                    f"groups (group_failures='raise'): {failure.error}",
                     kind="partial_group",
                     failed={item_id: failure.error for item_id in [*failure.ids, *extra]},
                 )
@@ -323,13 +372,23 @@ class RewardPanel(Component):
         required = [t for t in call.terms if t.required]
         if not required or len(required) == len(call.terms):
             return None
-        positions = [p for p in call.positions if any(t.applies(request.items[p]) for t in required)]
-        return _Call(call.backend, required, positions) if len(positions) < len(call.positions) else None
+        positions = [
+            p for p in call.positions if any(t.applies(request.items[p]) for t in required)
+        ]
+        return (
+            _Call(call.backend, required, positions)
+            if len(positions) < len(call.positions)
+            else None
+        )
 
     @staticmethod
-    def _failed(term: PanelTerm, call: _Call, request: RewardRequest, error: BaseException) -> TermFailure:
+    def _failed(
+        term: PanelTerm, call: _Call, request: RewardRequest, error: BaseException
+    ) -> TermFailure:
         ids = [request.items[p].id for p in call.positions if term.applies(request.items[p])]
-        _warn_repeatedly(term.name, str(error), "failed for %d items (they get nothing from it)", len(ids))
+        _warn_repeatedly(
+            term.name, str(error), "failed for %d items (they get nothing from it)", len(ids)
+        )
         return TermFailure(term=term.name, ids=ids, error=str(error), kind=type(error).__name__)
 
     def _score_concurrently(self, request: RewardRequest, calls: list[_Call]) -> list[Outcome]:
@@ -338,20 +397,25 @@ class RewardPanel(Component):
         def one(call: _Call) -> Outcome:
             share = [request.items[p] for p in call.positions]
             return outcome_of(
-                call.backend, RewardRequest(items=share, group_size=request.group_size, step=request.step)
+                call.backend,
+                RewardRequest(items=share, group_size=request.group_size, step=request.step),
             )
 
         def interrupt() -> None:  # Ctrl-C while the backends score: end what can be ended
             for call in calls:
                 component(call.backend).interrupt()
 
-        # Daemon threads, one per backend (see fanout): a Ctrl-C never waits for an in-process scorer.
+        # Daemon threads, one per backend (see fanout): a Ctrl-C never waits for an in-process
+        # scorer.
         return as_outcomes(on_each(calls, one, "panel", on_interrupt=interrupt))
 
-    def _take_partial(self, call: _Call, outcome: Outcome, request: RewardRequest, got: _Gathered) -> None:
+    def _take_partial(
+        self, call: _Call, outcome: Outcome, request: RewardRequest, got: _Gathered
+    ) -> None:
         """Optional terms whose backend could not score some items: those items get nothing from
         them (recorded by id), the others keep their values."""
-        assert outcome.response is not None and outcome.error is not None  # items_failed: both by construction
+        # items_failed: both by construction
+        assert outcome.response is not None and outcome.error is not None
         error = outcome.error
         missing = [p for p in call.positions if request.items[p].id in outcome.failed]
         gone = set(missing)
@@ -361,22 +425,40 @@ class RewardPanel(Component):
             ids = [request.items[p].id for p in missing if term.applies(request.items[p])]
             if ids:
                 _warn_repeatedly(term.name, str(error), "%d items got no value from it", len(ids))
-                got.failures.append(TermFailure(term=term.name, ids=ids, error=str(error), kind=type(error).__name__))
+                got.failures.append(
+                    TermFailure(
+                        term=term.name, ids=ids, error=str(error), kind=type(error).__name__
+                    )
+                )
 
     def _take(
-        self, call: _Call, response: RewardResponse, request: RewardRequest, got: _Gathered, record: Any = None
+        self,
+        call: _Call,
+        response: RewardResponse,
+        request: RewardRequest,
+        got: _Gathered,
+        record: Any = None,
     ) -> None:
-        """A backend's answer for its terms: their values at the call's positions, nested failures, reports."""
+        """A backend's answer for its terms: their values at the call's positions, nested failures,
+        reports."""
         expected = [request.items[p].id for p in call.positions]
         if response.ids != expected:  # a backend answered for other samples: never attach
-            raise RewardContractError(f"backend for terms {[t.name for t in call.terms]} answered for other ids")
-        scorer_lost = {i: f for f in response.term_failures if f.kind == SCORER_TERM_FAILED for i in f.ids}
-        usable = [ok or i in scorer_lost for ok, i in zip(response.usable(), response.ids, strict=True)]
-        for term in call.terms:  # usable: finite, by the response's own rule (types.first_non_finite)
+            raise RewardContractError(
+                f"backend for terms {[t.name for t in call.terms]} answered for other ids"
+            )
+        scorer_lost = {
+            i: f for f in response.term_failures if f.kind == SCORER_TERM_FAILED for i in f.ids
+        }
+        usable = [
+            ok or i in scorer_lost for ok, i in zip(response.usable(), response.ids, strict=True)
+        ]
+        # usable: finite, by the response's own rule (types.first_non_finite)
+        for term in call.terms:
             if term.component is not None:
                 self._take_component(term, call, response, request, got, usable, record)
                 continue
-            lost: dict[str, TermFailure] = {}  # the scorer failed a term of the reward: the item has none
+            # the scorer failed a term of the reward: the item has none
+            lost: dict[str, TermFailure] = {}
             for j, position in enumerate(call.positions):
                 if term.applies(request.items[position]):
                     value = response.rewards[j]
@@ -384,13 +466,18 @@ class RewardPanel(Component):
                         lost[expected[j]] = scorer_lost[expected[j]]
                     elif value is None or not usable[j]:
                         why = response.errors[j] or "no value"
-                        raise RewardContractError(f"term {term.name!r}: no usable value for id {expected[j]!r} ({why})")
+                        raise RewardContractError(
+                            f"term {term.name!r}: no usable value for id {expected[j]!r} ({why})"
+                        )
                     else:
                         got.values[term.name][position] = value
             self._lose(term, lost, got, record)
-            for inner in response.term_failures:  # a panel inside a panel: its optional terms' failures
+            # a panel inside a panel: its optional terms' failures
+            for inner in response.term_failures:
                 if inner.kind != SCORER_TERM_FAILED:
-                    got.failures.append(inner.model_copy(update={"term": f"{term.name}.{inner.term}"}))
+                    got.failures.append(
+                        inner.model_copy(update={"term": f"{term.name}.{inner.term}"})
+                    )
             self._take_reports(term, response, got)
 
     @staticmethod
@@ -427,19 +514,25 @@ class RewardPanel(Component):
             value = values[j]
             if value is None or not usable[j]:
                 why = response.errors[j] or "no value"
-                raise RewardContractError(f"term {term.name!r}: no usable value for id {item_id!r} ({why})")
+                raise RewardContractError(
+                    f"term {term.name!r}: no usable value for id {item_id!r} ({why})"
+                )
             got.values[term.name][position] = value
         self._lose(term, lost, got, record)
         self._take_reports(term, response, got)
 
     @staticmethod
-    def _lose(term: PanelTerm, lost: Mapping[str, TermFailure], got: _Gathered, record: Any = None) -> None:
-        """Items that got no value from `term` because its scorer failed it for them: a required term
-        raises naming them (and the child, `record`, when known); an optional one records them."""
+    def _lose(
+        term: PanelTerm, lost: Mapping[str, TermFailure], got: _Gathered, record: Any = None
+    ) -> None:
+        """Items that got no value from `term` because its scorer failed it for them: a required
+        term raises naming them (and the child, `record`, when known); an optional one records
+        them."""
         if lost and term.required:
             whys = {item_id: failure.error for item_id, failure in lost.items()}
             raise ScorerItemsFailed(
-                f"required term {term.name!r} failed for {len(whys)} items: {next(iter(whys.values()))}",
+                f"required term {term.name!r} failed for {len(whys)} items: "
+                f"{next(iter(whys.values()))}",
                 record,
                 kind="term_failed",
                 failed=whys,
@@ -448,8 +541,12 @@ class RewardPanel(Component):
         for item_id, failure in lost.items():
             grouped.setdefault(failure.error, []).append(item_id)
         for error, ids in grouped.items():
-            _warn_repeatedly(term.name, error, "failed for %d items (they get nothing from it)", len(ids))
-            got.failures.append(TermFailure(term=term.name, ids=ids, error=error, kind="term_failed"))
+            _warn_repeatedly(
+                term.name, error, "failed for %d items (they get nothing from it)", len(ids)
+            )
+            got.failures.append(
+                TermFailure(term=term.name, ids=ids, error=error, kind="term_failed")
+            )
 
     def _check_owner(self) -> None:
         for term in self.terms:
@@ -500,8 +597,8 @@ _WARN_EVERY = 100  # after the first, every 100th identical warning, with its co
 
 
 def _warn_repeatedly(term: str, error: str, what: str, count: int) -> None:
-    """An optional term's failure, warned the first time and then every 100th time it recurs word for
-    word (a term that fails on every batch of a long run says so once, not once per batch)."""
+    """An optional term's failure, warned the first time and then every 100th time it recurs word
+    for word (a term that fails on every batch of a long run says so once, not once per batch)."""
     with _WARNED_LOCK:
         seen = _WARNED[(term, error)] = _WARNED.get((term, error), 0) + 1
         if len(_WARNED) > 1024:  # many distinct errors: forget the oldest
@@ -520,17 +617,30 @@ def _any_required(call: _Call) -> bool:
 def _check_term(term: PanelTerm) -> None:
     weights = list(term.weight.values()) if isinstance(term.weight, Mapping) else [term.weight]
     for weight in weights:
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float))
+            or not math.isfinite(weight)
+        ):
             raise ConfigError(f"term {term.name!r}: weight {weight!r} is not a finite number")
     if isinstance(term.applicable_datasets, str):
-        raise ConfigError(f"term {term.name!r}: applicable_datasets must be a list of tags, not one string")
-    if term.applicable_datasets is not None and not term.applicable_datasets:
-        raise ConfigError(f"term {term.name!r}: applicable_datasets is empty (it would never apply)")
-    shape = component(term.backend).shape
-    if term.component is not None and shape is not None and shape.terms and term.component not in shape.terms:
         raise ConfigError(
-            f"term {term.name!r}: component {term.component!r} is not a term of scorer {shape.name!r} "
-            f"(it has {list(shape.terms)})"
+            f"term {term.name!r}: applicable_datasets must be a list of tags, not one string"
+        )
+    if term.applicable_datasets is not None and not term.applicable_datasets:
+        raise ConfigError(
+            f"term {term.name!r}: applicable_datasets is empty (it would never apply)"
+        )
+    shape = component(term.backend).shape
+    if (
+        term.component is not None
+        and shape is not None
+        and shape.terms
+        and term.component not in shape.terms
+    ):
+        raise ConfigError(
+            f"term {term.name!r}: component {term.component!r} is not a term of scorer "
+            f"{shape.name!r} (it has {list(shape.terms)})"
         )
 
 
@@ -543,14 +653,17 @@ class BackendPool:
         self._backends: dict[bytes, tuple[RewardBackend, int]] = {}
 
     def acquire(self, config: Any, build: Callable[[], RewardBackend]) -> RewardBackend:
-        """The backend for `config`: the pool's, or a new one from `build` (started if it waits to be)."""
+        """The backend for `config`: the pool's, or a new one from `build` (started if it waits to
+        be)."""
         return self.acquire_all([(config, build)])[0]
 
-    def acquire_all(self, entries: Sequence[tuple[Any, Callable[[], RewardBackend]]]) -> list[RewardBackend]:
-        """The backend of each (config, build): the pool's, or a new one from `build`. The new ones are
-        made and started at once (a panel's children boot together, its local models load together),
-        under the lock, so two panels never start the same child twice and nobody sees one half
-        started. If any fails (or Ctrl-C), none of the new ones is kept."""
+    def acquire_all(
+        self, entries: Sequence[tuple[Any, Callable[[], RewardBackend]]]
+    ) -> list[RewardBackend]:
+        """The backend of each (config, build): the pool's, or a new one from `build`. The new ones
+        are made and started at once (a panel's children boot together, its local models load
+        together), under the lock, so two panels never start the same child twice and nobody sees
+        one half started. If any fails (or Ctrl-C), none of the new ones is kept."""
         with self._lock:
             keys = [canonical_json(config) for config, _ in entries]
             builds: dict[bytes, Callable[[], RewardBackend]] = {}

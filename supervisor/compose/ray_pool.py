@@ -67,8 +67,10 @@ log = logging.getLogger(__name__)
 ACTOR_THREADS = 4
 CLOSE_TIMEOUT_S = 30.0  # the actors' graceful close (their children's shutdown), then ray.kill
 CANCEL_POLL_S = 0.05  # how often a share waiting in its actor looks for its cancel
-KILLED_SHARE_S = 3.0  # a scoring share, its child killed at its cancel, ends within this (the exchange breaks)
-# the actor's answer to a cancel (queued or scoring) comes back within this after the call's deadline
+# a scoring share, its child killed at its cancel, ends within this (the exchange breaks)
+KILLED_SHARE_S = 3.0
+# the actor's answer to a cancel (queued or scoring) comes back within this after the call's
+# deadline
 CANCEL_GRACE_S = KILLED_SHARE_S + 2.0
 RESTART_POLL_S = 0.2  # how often an actor Ray is restarting is asked again for its info
 
@@ -102,9 +104,13 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise ConfigError(f"a Ray reward pool needs Ray here: pip install 'managed-scorers[ray]' ({exc})") from exc
+        raise ConfigError(
+            f"a Ray reward pool needs Ray here: pip install 'managed-scorers[ray]' ({exc})"
+        ) from exc
     if not ray.is_initialized():
-        raise ConfigError("a Ray reward pool is used from a Ray driver or actor: call ray.init(address=...) first")
+        raise ConfigError(
+            "a Ray reward pool is used from a Ray driver or actor: call ray.init(address=...) first"
+        )
     return ray
 
 
@@ -126,7 +132,9 @@ class PoolActor:
     pool's cancel (its call's deadline) reaches them: the actor owns the child, so the actor is
     where a share past its deadline is stopped."""
 
-    def __init__(self, scorer: Mapping[str, Any], index: int, count: int, policy: Mapping[str, int]) -> None:
+    def __init__(
+        self, scorer: Mapping[str, Any], index: int, count: int, policy: Mapping[str, int]
+    ) -> None:
         self.index, self.count, self.policy = index, count, dict(policy)
         self.backend = ManagedScorerProcessBackend(scorer)
         self._turns = ThreadPoolExecutor(max_workers=1, thread_name_prefix="share")
@@ -158,12 +166,16 @@ class PoolActor:
         }
 
     def score(self, request: RewardRequest) -> ShareAnswer:
-        """The share's rewards, or its typed error, signed; waits its turn, and stops where it is when
-        the pool cancels it (`ray.cancel` at the call's deadline)."""
+        """The share's rewards, or its typed error, signed; waits its turn, and stops where it is
+        when the pool cancels it (`ray.cancel` at the call's deadline)."""
         import ray
 
         context = ray.get_runtime_context()
-        share = f"its share of {len(request.items)} ids from {request.items[0].id!r}" if request.items else "its share"
+        share = (
+            f"its share of {len(request.items)} ids from {request.items[0].id!r}"
+            if request.items
+            else "its share"
+        )
         began: list[float] = []
         with self._held_lock:
             ahead, self._held = self._held, self._held + 1
@@ -183,7 +195,8 @@ class PoolActor:
         turn = self._turns.submit(scoring)
         turn.add_done_callback(self._released)
         while not wait([turn], timeout=CANCEL_POLL_S).done:
-            if context.is_canceled():  # raised: Ray answers a cancelled task's return with TaskCancelledError
+            # raised: Ray answers a cancelled task's return with TaskCancelledError
+            if context.is_canceled():
                 raise self._stopped(turn, turn_token, share, ahead, began)
         return self._signed(self._answer(turn))
 
@@ -202,21 +215,25 @@ class PoolActor:
     def _stopped(
         self, turn: Future[Outcome], token: object, share: str, ahead: int, began: list[float]
     ) -> ScorerTimeout:
-        """The share's call passed its deadline. Queued: it leaves the queue, never scored. Scoring: its
-        child is killed (the next share starts a new one, counted against the restart policy), so nothing
-        queues behind a hang. The kill happens only while this share is the one scoring: a share that
-        ended meanwhile never costs the next one its child."""
+        """The share's call passed its deadline. Queued: it leaves the queue, never scored. Scoring:
+        its child is killed (the next share starts a new one, counted against the restart policy),
+        so nothing queues behind a hang. The kill happens only while this share is the one scoring:
+        a share that ended meanwhile never costs the next one its child."""
         if turn.cancel():
             return ScorerTimeout(
-                f"{share} was still queued when the call's deadline passed (it came behind {ahead} other "
+                f"{share} was still queued when the call's deadline passed (it came behind "
+                f"{ahead} other "
                 "share(s) of this actor): cancelled, never scored"
             )
-        started_by = time.monotonic() + KILLED_SHARE_S  # the turn left the queue: it is starting or has ended
+        # the turn left the queue: it is starting or has ended
+        started_by = time.monotonic() + KILLED_SHARE_S
         while self._scoring is not token and not turn.done() and time.monotonic() < started_by:
             time.sleep(CANCEL_POLL_S / 5)
         with self._scoring_lock:
             if self._scoring is not token:
-                return ScorerTimeout(f"{share} ended just as the call's deadline passed: its answer came too late")
+                return ScorerTimeout(
+                    f"{share} ended just as the call's deadline passed: its answer came too late"
+                )
             child = self.backend.pid
             self.backend.kill_late_call()  # kills the child serving the share
             self.backend.abort_start()  # or the one a restart is booting for it
@@ -227,8 +244,9 @@ class PoolActor:
             ended = f"has not ended {KILLED_SHARE_S} s after that (shares behind it wait)"
         scored_s = time.monotonic() - began[0] if began else 0.0
         return ScorerTimeout(
-            f"{share} was scoring ({scored_s:.1f} s) when the call's deadline passed: its child (pid {child}) "
-            f"was killed and the share {ended}; the next share starts a new child"
+            f"{share} was scoring ({scored_s:.1f} s) when the call's deadline passed: its "
+            f"child (pid {child}) was killed and the share {ended}; the next share starts a "
+            f"new child"
         )
 
     def _signed(self, outcome: Outcome) -> ShareAnswer:
@@ -262,7 +280,8 @@ def _placement(config: RayPoolConfig) -> dict[str, Any]:
 class _Member:
     index: int
     handle: Any
-    info: dict[str, Any] | None = None  # None: not known yet, or its actor died (Ray may restart it)
+    # None: not known yet, or its actor died (Ray may restart it)
+    info: dict[str, Any] | None = None
     last: dict[str, Any] | None = None  # the last info known: what an error names while it restarts
 
 
@@ -270,7 +289,12 @@ class RayPoolBackend(Component):
     """The pool's actors as one backend; thread-safe, usable from any process of the cluster."""
 
     def __init__(
-        self, config: RayPoolConfig | None, name: str, namespace: str, handles: Sequence[Any], owned: bool
+        self,
+        config: RayPoolConfig | None,
+        name: str,
+        namespace: str,
+        handles: Sequence[Any],
+        owned: bool,
     ) -> None:
         """Use `create` or `connect`."""
         self.config, self.name, self.namespace, self.owned = config, name, namespace, owned
@@ -284,7 +308,9 @@ class RayPoolBackend(Component):
     def create(cls, config: RayPoolConfig | Mapping[str, Any]) -> RayPoolBackend:
         """Start the pool's named actors (each boots its child) and wait until every one serves; if
         one cannot, the pool is killed and the error names it."""
-        config = config if isinstance(config, RayPoolConfig) else RayPoolConfig.model_validate(config)
+        config = (
+            config if isinstance(config, RayPoolConfig) else RayPoolConfig.model_validate(config)
+        )
         remote = _actor_class()
         policy = {"max_restarts": config.max_restarts, "max_task_retries": config.max_task_retries}
         pool = cls(config, config.name, config.namespace, [], owned=True)
@@ -297,7 +323,8 @@ class RayPoolBackend(Component):
                     )
                 except ValueError as exc:  # Ray: the name is taken in this namespace
                     raise ConfigError(
-                        f"cannot create Ray pool {config.name!r} in namespace {config.namespace!r} ({exc}): "
+                        f"cannot create Ray pool {config.name!r} in namespace "
+                        f"{config.namespace!r} ({exc}): "
                         "connect to it (RayPoolBackend.connect) or kill it first"
                     ) from exc
                 pool._pool.append(_Member(index, handle))
@@ -309,18 +336,27 @@ class RayPoolBackend(Component):
 
     @classmethod
     def connect(
-        cls, name: str, namespace: str = "managed-scorers", timeout_s: float = 300.0, call_timeout_s: float = 600.0
+        cls,
+        name: str,
+        namespace: str = "managed-scorers",
+        timeout_s: float = 300.0,
+        call_timeout_s: float = 600.0,
     ) -> RayPoolBackend:
         """The pool another process created, by name; this backend never ends its actors."""
         ray = _ray()
         try:
             first = ray.get_actor(actor_name(name, 0), namespace=namespace)
         except ValueError as exc:
-            raise ConfigError(f"no Ray reward pool {name!r} in namespace {namespace!r}: {exc}") from exc
+            raise ConfigError(
+                f"no Ray reward pool {name!r} in namespace {namespace!r}: {exc}"
+            ) from exc
         pool = cls(None, name, namespace, [first], owned=False)
         pool.call_timeout_s = call_timeout_s
         count = pool._infos(time.monotonic() + timeout_s, "connect")[0]["count"]
-        handles = [first, *(ray.get_actor(actor_name(name, i), namespace=namespace) for i in range(1, count))]
+        handles = [
+            first,
+            *(ray.get_actor(actor_name(name, i), namespace=namespace) for i in range(1, count)),
+        ]
         pool._pool = [_Member(index, handle) for index, handle in enumerate(handles)]
         pool._learn(timeout_s)
         return pool
@@ -332,8 +368,12 @@ class RayPoolBackend(Component):
         infos = self._infos(time.monotonic() + timeout_s, "start")
         hashes = {info["shape"].identity_hash for info in infos}
         if len(hashes) > 1:
-            found = ", ".join(f"{self.describe(m)}: {m.info['shape'].identity_hash}" for m in self._pool if m.info)
-            raise ConfigError(f"Ray pool {self.name!r}: its actors serve different scorers ({found})")
+            found = ", ".join(
+                f"{self.describe(m)}: {m.info['shape'].identity_hash}" for m in self._pool if m.info
+            )
+            raise ConfigError(
+                f"Ray pool {self.name!r}: its actors serve different scorers ({found})"
+            )
         self.shape = infos[0]["shape"]
         self.group_size = infos[0]["group_size"]
         self._combination = infos[0]["combination"]
@@ -362,12 +402,17 @@ class RayPoolBackend(Component):
         return [m.info for m in self._pool if m.info is not None]
 
     def actors(self, timeout_s: float = 300.0) -> list[dict[str, Any]]:
-        """Where each actor runs now (node id and ip, actor and child pids), asked again after a death."""
+        """Where each actor runs now (node id and ip, actor and child pids), asked again after a
+        death."""
         return self._infos(time.monotonic() + timeout_s, "info")
 
     def describe(self, member: _Member) -> str:
         info = member.info or member.last or {}
-        where = f"node {info['node_id']} ({info['node_ip']}), pid {info['pid']}" if info else "not reached yet"
+        where = (
+            f"node {info['node_id']} ({info['node_ip']}), pid {info['pid']}"
+            if info
+            else "not reached yet"
+        )
         return f"Ray pool {self.name!r} actor {member.index}/{len(self._pool)} ({where})"
 
     @property
@@ -391,13 +436,20 @@ class RayPoolBackend(Component):
         groups = request_groups(request, self.shape, group_size)
         shares = share_groups(groups, [0] * len(self._pool), False)
         deadline = time.monotonic() + self.call_timeout_s
-        self._infos(deadline, "coming back after a restart")  # an actor that died: wait for Ray's restart
+        # an actor that died: wait for Ray's restart
+        self._infos(deadline, "coming back after a restart")
         sent = [(m, share) for m, share in zip(self._pool, shares, strict=True) if share]
         refs = []
         for _member, share in sent:
-            part = RewardRequest(items=[request.items[p] for p in share], group_size=group_size, step=request.step)
-            refs.append(_member.handle.score.remote(ray.put(part)))  # the actor reads its arrays from the store
-        whats = [f"scoring its share of {len(share)} ids from {request.items[share[0]].id!r}" for _, share in sent]
+            part = RewardRequest(
+                items=[request.items[p] for p in share], group_size=group_size, step=request.step
+            )
+            # the actor reads its arrays from the store
+            refs.append(_member.handle.score.remote(ray.put(part)))
+        whats = [
+            f"scoring its share of {len(share)} ids from {request.items[share[0]].id!r}"
+            for _, share in sent
+        ]
         answers = self._outcomes([m for m, _ in sent], refs, deadline, whats)
         outcomes = [
             self._accepted(member, answer, [request.items[p].id for p in share])
@@ -406,23 +458,27 @@ class RayPoolBackend(Component):
         for outcome in outcomes:
             if isinstance(outcome.error, PoolIdentityChanged):
                 return outcome  # nothing of another identity is joined, not even a partial
-        return join_shares(self.shape.name, request.ids, outcomes, lambda _index, error, _others: error)
+        return join_shares(
+            self.shape.name, request.ids, outcomes, lambda _index, error, _others: error
+        )
 
     def _accepted(self, member: _Member, answer: Any, ids: list[str]) -> Outcome:
         """A share's outcome once its signature is checked: the pool's identity, and its own ids."""
         if not isinstance(answer, ShareAnswer):
             return Outcome.raised(answer)  # a Ray failure, already translated
-        member.last = {**(member.last or {}), **answer.where}  # what errors name: the actor as it answered
+        # what errors name: the actor as it answered
+        member.last = {**(member.last or {}), **answer.where}
         if member.info is not None:
             member.info = {**member.info, **answer.where}
         where = self.describe(member)
         if answer.identity_hash != self.shape.identity_hash:
             return Outcome.raised(
                 PoolIdentityChanged(
-                    f"{where} answered from child pid {answer.where.get('child_pid')} of scorer identity "
-                    f"{answer.identity_hash}, not the pool's {self.shape.identity_hash}: Ray restarted or replaced the "
-                    "actor, and its node's scorer env now serves another revision or params; refused (fix that env, "
-                    "or create the pool anew)",
+                    f"{where} answered from child pid {answer.where.get('child_pid')} of "
+                    f"scorer identity {answer.identity_hash}, not the pool's "
+                    f"{self.shape.identity_hash}: Ray restarted or replaced the "
+                    "actor, and its node's scorer env now serves another revision or params; "
+                    "refused (fix that env, or create the pool anew)",
                     actor=actor_name(self.name, member.index),
                     node_id=answer.where.get("node_id"),
                     node_ip=answer.where.get("node_ip"),
@@ -434,10 +490,15 @@ class RayPoolBackend(Component):
         outcome = answer.outcome
         if outcome.kind == "failed" and outcome.error is not None:
             return Outcome.raised(prefixed(outcome.error, where))
-        if outcome.kind == "scored" and outcome.response is not None and outcome.response.ids != ids:
+        if (
+            outcome.kind == "scored"
+            and outcome.response is not None
+            and outcome.response.ids != ids
+        ):
             return Outcome.raised(
                 RewardContractError(
-                    f"{where} answered for ids {outcome.response.ids[:4]}... where its share was {ids[:4]}..."
+                    f"{where} answered for ids {outcome.response.ids[:4]}... where its share "
+                    f"was {ids[:4]}..."
                 )
             )
         return outcome
@@ -458,60 +519,75 @@ class RayPoolBackend(Component):
         whats = [what] * len(refs) if isinstance(what, str) else list(what)
         late: list[Any] = []
         if refs:
-            _, late = ray.wait(list(refs), num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
+            _, late = ray.wait(
+                list(refs), num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic())
+            )
         for ref in late:
-            ray.cancel(ref)  # not handed over yet: never runs; held by the actor: it stops it (PoolActor.score)
+            # not handed over yet: never runs; held by the actor: it stops it (PoolActor.score)
+            ray.cancel(ref)
         grace = time.monotonic() + CANCEL_GRACE_S
         outcomes: list[Any] = []
         for member, ref, doing in zip(members, refs, whats, strict=True):
             try:
                 outcomes.append(ray.get(ref, timeout=max(0.0, grace - time.monotonic())))
             except Exception as exc:  # noqa: BLE001 - translated here, raised or joined by the caller
-                outcomes.append(exc if isinstance(exc, keep) else self._translated(exc, member, doing))
+                outcomes.append(
+                    exc if isinstance(exc, keep) else self._translated(exc, member, doing)
+                )
         return outcomes
 
     def _translated(self, exc: Exception, member: _Member, what: str) -> Exception:
-        """The one place a Ray failure becomes this project's error, naming the actor, node and pid."""
+        """The one place a Ray failure becomes this project's error, naming the actor, node and
+        pid."""
         errors = _ray().exceptions
         where = self.describe(member)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if isinstance(exc, errors.RayActorError):
-            info, member.info = member.last or {}, None  # asked again next time: Ray may restart it elsewhere
+            # asked again next time: Ray may restart it elsewhere
+            info, member.info = member.last or {}, None
             if exc.actor_init_failed:
                 return ScorerStartupError(f"{where}: the actor could not start its scorer: {exc}")
             policy = info.get("policy", {})
             return PoolActorDied(
-                f"{where} died while {what} ({type(exc).__name__}: {first}); Ray restarts it while its "
-                f"max_restarts ({policy.get('max_restarts', '?')}) allow, and this share was "
-                f"{'re-sent by Ray up to max_task_retries times' if policy.get('max_task_retries') else 'not re-sent'}",
+                f"{where} died while {what} ({type(exc).__name__}: {first}); Ray restarts it "
+                f"while its max_restarts ({policy.get('max_restarts', '?')}) allow, and this "
+                f"share was "
+                f"{'re-sent by Ray up to max_task_retries times' if policy.get('max_task_retries') else 'not re-sent'}",  # noqa: E501
                 actor=actor_name(self.name, member.index),
                 node_id=info.get("node_id"),
                 node_ip=info.get("node_ip"),
                 actor_pid=info.get("pid"),
             )
-        if isinstance(exc, errors.TaskCancelledError):  # cancelled at the deadline before the actor took it up
+        # cancelled at the deadline before the actor took it up
+        if isinstance(exc, errors.TaskCancelledError):
             return ScorerTimeout(
-                f"{where}: {what}: still queued for the actor in Ray when the call's {self.call_timeout_s} s "
+                f"{where}: {what}: still queued for the actor in Ray when the call's "
+                f"{self.call_timeout_s} s "
                 "deadline passed: cancelled, never scored"
             )
         if isinstance(exc, errors.GetTimeoutError):
             return ScorerTimeout(
-                f"{where}: no answer while {what} within the call's {self.call_timeout_s} s deadline, nor to its "
-                f"cancel {CANCEL_GRACE_S} s after it: the actor is not answering (stopped, stuck, or its node "
+                f"{where}: no answer while {what} within the call's {self.call_timeout_s} s "
+                f"deadline, nor to its cancel {CANCEL_GRACE_S} s after it: the actor is not "
+                f"answering (stopped, stuck, or its node "
                 "unreachable), so whether the share was queued or scoring is unknown"
             )
-        if isinstance(exc, errors.RayTaskError):  # raised inside the actor, not by its scorer: named
+        # raised inside the actor, not by its scorer: named
+        if isinstance(exc, errors.RayTaskError):
             cause = exc.cause
             if isinstance(cause, ScorerError):
                 return prefixed(cause, where)  # type: ignore[return-value]  # a ScorerError stays one
             return ScorerError(f"{where}: {what} raised {type(cause).__name__}: {cause}")
         if isinstance(exc, errors.RayError):  # an object lost, an owner gone, a node lost
-            return ScorerUnavailable(f"{where}: Ray failed while {what}: {type(exc).__name__}: {first}")
+            return ScorerUnavailable(
+                f"{where}: Ray failed while {what}: {type(exc).__name__}: {first}"
+            )
         return exc
 
     # -- lifecycle -------------------------------------------------------------------------
     def kill(self) -> None:
-        """End every actor now (SIGKILL; no restart); their children go with them. Any process may."""
+        """End every actor now (SIGKILL; no restart); their children go with them. Any process
+        may."""
         ray = _ray()
         self._closed = True
         for member in self._pool:
@@ -528,11 +604,15 @@ class RayPoolBackend(Component):
         ray = _ray()
         refs = [m.handle.close.remote() for m in self._pool]
         for member, outcome in zip(
-            self._pool, self._outcomes(self._pool, refs, time.monotonic() + CLOSE_TIMEOUT_S, "closing"), strict=True
+            self._pool,
+            self._outcomes(self._pool, refs, time.monotonic() + CLOSE_TIMEOUT_S, "closing"),
+            strict=True,
         ):
             if isinstance(outcome, BaseException):
                 log.warning(
-                    "%s: its child's graceful close failed (%s); killing the actor", self.describe(member), outcome
+                    "%s: its child's graceful close failed (%s); killing the actor",
+                    self.describe(member),
+                    outcome,
                 )
         for member in self._pool:
             ray.kill(member.handle, no_restart=True)

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import yaml
 
-# the dotted path a recipe parser's message starts with: `reward.models.judge: ...`, `terms.0.weight ...`
+# the dotted path a recipe parser's message starts with: `reward.models.judge: ...`, `terms.0.weight
+# ...`
 _LEADING_PATH = re.compile(r"[A-Za-z_][\w-]*(?:\.[\w-]+)*(?=[: ])")
 
 
@@ -49,7 +50,8 @@ def line_of(text: str, path: Sequence[str | int]) -> int | None:
 
 
 def line_of_message(text: str, message: str) -> int | None:
-    """The line of the dotted path a message starts with, when that path's first key is in the file."""
+    """The line of the dotted path a message starts with, when that path's first key is in the
+    file."""
     match = _LEADING_PATH.match(message)
     if match is None:
         return None
@@ -61,8 +63,8 @@ def line_of_message(text: str, message: str) -> int | None:
 
 
 def _named(node: yaml.Node, name: str) -> int | None:
-    """The first line, depth first, where a term called `name` is declared: a mapping with `name: NAME`
-    (a `terms:` or FF `rewards:` list) or a key NAME (verl-omni's `reward_functions`)."""
+    """The first line, depth first, where a term called `name` is declared: a mapping with `name:
+    NAME` (a `terms:` or FF `rewards:` list) or a key NAME (verl-omni's `reward_functions`)."""
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             if not isinstance(key, yaml.ScalarNode):
@@ -84,8 +86,8 @@ def _named(node: yaml.Node, name: str) -> int | None:
 
 
 def line_of_term(text: str, place: str) -> int | None:
-    """The line of the term at `place` (`reward.NAME` or `validation.NAME`, as preflight names them);
-    a validation term is looked for under the file's `validation:` first."""
+    """The line of the term at `place` (`reward.NAME` or `validation.NAME`, as preflight names
+    them); a validation term is looked for under the file's `validation:` first."""
     panel, _, name = place.partition(".")
     root = _root(text)
     if root is None or not name:

@@ -62,7 +62,9 @@ def _mapping(text: str, path: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:  # its str() spans lines: the mark and the problem make one
         mark = getattr(exc, "problem_mark", None)
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-        raise ConfigError(f"{_at(path, mark.line + 1 if mark else None)}: not YAML: {problem}") from exc
+        raise ConfigError(
+            f"{_at(path, mark.line + 1 if mark else None)}: not YAML: {problem}"
+        ) from exc
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path} must be a mapping at the top level")
     return data
@@ -82,8 +84,10 @@ def instantiate(node: Any) -> Any:
         target = import_dotted(str(node[TARGET]), f"_target_ {node[TARGET]!r}", ConfigError)
         if not (isinstance(target, type) and issubclass(target, BaseModel)):
             raise ConfigError(
-                f"_target_ {node[TARGET]!r} is not a config class; a recipe builds supervisor.PanelConfig, "
-                "TermConfig, ManagedScorerProcessSpec, ... (build backends from them with build_panels)"
+                f"_target_ {node[TARGET]!r} is not a config class; a recipe builds "
+                f"supervisor.PanelConfig, "
+                "TermConfig, ManagedScorerProcessSpec, ... (build backends from them with "
+                "build_panels)"
             )
         try:
             return target(**values)
@@ -134,15 +138,19 @@ def _parse(data: dict[str, Any]) -> Recipe:
     if "terms" in data:
         return Recipe(PanelConfig.model_validate(data))
     raise ConfigError(
-        "unrecognised recipe: expected a `_target_` tree, `reward.models` + `reward.reward_functions`, "
-        "a `catalog:` with `reward:`, an FF `rewards:` list, or a `terms:` list"
+        "unrecognised recipe: expected a `_target_` tree, `reward.models` + "
+        "`reward.reward_functions`, a `catalog:` with `reward:`, an FF `rewards:` list, or a "
+        "`terms:` list"
     )
 
 
 def _as_panel(value: Any, where: str) -> PanelConfig | None:
     if value is None or isinstance(value, PanelConfig):
         return value
-    raise ConfigError(f"{where}: the `_target_` tree must build a supervisor.PanelConfig, got {type(value).__name__}")
+    raise ConfigError(
+        f"{where}: the `_target_` tree must build a supervisor.PanelConfig, got "
+        f"{type(value).__name__}"
+    )
 
 
 def _from_targets(data: Mapping[str, Any]) -> Recipe:
@@ -157,10 +165,20 @@ def _missing(where: str) -> PanelConfig:
     raise ConfigError(f"{where} is empty")
 
 
-MODEL_KEYS = {"backend", "scorer", "params", "revision", "identity_hash", "catalog", "device", "input_kind"}
+MODEL_KEYS = {
+    "backend",
+    "scorer",
+    "params",
+    "revision",
+    "identity_hash",
+    "catalog",
+    "device",
+    "input_kind",
+}
 
 
-# a remote model's keys are its config's own (`client` too, below; `base_urls` is base_url's other spelling)
+# a remote model's keys are its config's own (`client` too, below; `base_urls` is base_url's other
+# spelling)
 REMOTE_KEYS = (set(RemoteBackendConfig.model_fields) - {"kind", "client"}) | {"base_urls"}
 
 
@@ -169,22 +187,38 @@ def _verl_model(name: str, model: Mapping[str, Any], group_size: int | None) -> 
     kind = model.get("backend", "managed")
     scorer, client = _verl_scorer_and_client(name, model)
     if kind == "remote":
-        unknown = set(model) - REMOTE_KEYS - {"backend", "client", "request_batch_size", "input_kind"}
+        unknown = (
+            set(model) - REMOTE_KEYS - {"backend", "client", "request_batch_size", "input_kind"}
+        )
         if unknown:
-            raise ConfigError(f"reward.models.{name}: unknown keys {sorted(unknown)} for a remote model")
-        return {"kind": "remote", "client": client, **{k: model[k] for k in REMOTE_KEYS if k in model}}
-    unknown = set(model) - MODEL_KEYS - {"client", "request_batch_size", "process", "offload", "python_executable"}
+            raise ConfigError(
+                f"reward.models.{name}: unknown keys {sorted(unknown)} for a remote model"
+            )
+        return {
+            "kind": "remote",
+            "client": client,
+            **{k: model[k] for k in REMOTE_KEYS if k in model},
+        }
+    unknown = (
+        set(model)
+        - MODEL_KEYS
+        - {"client", "request_batch_size", "process", "offload", "python_executable"}
+    )
     unknown -= {"restart", "limits", "env", "extra_import_paths"}
     if unknown:
         raise ConfigError(f"reward.models.{name}: unknown keys {sorted(unknown)}")
     if kind == "local":
         return {"kind": "local", "scorer": scorer, "client": client}
     if kind != "managed":
-        raise ConfigError(f"reward.models.{name}.backend must be managed, local or remote, got {kind!r}")
+        raise ConfigError(
+            f"reward.models.{name}.backend must be managed, local or remote, got {kind!r}"
+        )
     return _verl_managed(model, scorer, client)
 
 
-def _verl_scorer_and_client(name: str, model: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _verl_scorer_and_client(
+    name: str, model: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """A named model's scorer config (its name defaults to the model's) and client config."""
     keys = ("params", "revision", "identity_hash", "catalog", "device", "input_kind")
     scorer = {key: model[key] for key in keys if key in model}
@@ -197,7 +231,9 @@ def _verl_scorer_and_client(name: str, model: Mapping[str, Any]) -> tuple[dict[s
     return scorer, client
 
 
-def _verl_managed(model: Mapping[str, Any], scorer: dict[str, Any], client: dict[str, Any]) -> dict[str, Any]:
+def _verl_managed(
+    model: Mapping[str, Any], scorer: dict[str, Any], client: dict[str, Any]
+) -> dict[str, Any]:
     """A named model's managed-child config: its process keys, its env (a name, or variables)."""
     process = dict(model.get("process", {}))
     for key in ("python_executable", "extra_import_paths"):
@@ -220,27 +256,37 @@ def _verl_managed(model: Mapping[str, Any], scorer: dict[str, Any], client: dict
     return managed
 
 
-# what this style reads of verl-omni's `reward:`; its other keys (reward_manager, reward_model, ...) are verl's
+# what this style reads of verl-omni's `reward:`; its other keys (reward_manager, reward_model, ...)
+# are verl's
 VERL_OMNI_KEYS = ("models", "reward_functions", "val_reward_functions", "group_size")
 
 
 def _from_verl_omni(reward: Mapping[str, Any]) -> Recipe:
     for key in reward:
         near = difflib.get_close_matches(str(key), VERL_OMNI_KEYS, n=1, cutoff=0.8)
-        if key not in VERL_OMNI_KEYS and near:  # a misspelt key of ours would be ignored: said instead
-            raise ConfigError(f"reward.{key}: not a key this recipe reads (did you mean {near[0]!r}?)")
+        # a misspelt key of ours would be ignored: said instead
+        if key not in VERL_OMNI_KEYS and near:
+            raise ConfigError(
+                f"reward.{key}: not a key this recipe reads (did you mean {near[0]!r}?)"
+            )
     models = reward.get("models") or {}
     if not isinstance(models, Mapping):
         raise ConfigError("reward.models must be a mapping of named models")
     group_size = reward.get("group_size")
-    backends = {name: _verl_model(name, model, group_size) for name, model in models.items() if not is_native(model)}
+    backends = {
+        name: _verl_model(name, model, group_size)
+        for name, model in models.items()
+        if not is_native(model)
+    }
     native = {name: model for name, model in models.items() if is_native(model)}
     named = _VerlModels(models, backends, native, group_size)
     train = named.panel(reward.get("reward_functions"), "reward.reward_functions")
     if train is None:
         raise ConfigError("reward.reward_functions is empty")
     return Recipe(
-        train, named.panel(reward.get("val_reward_functions"), "reward.val_reward_functions"), style="verl-omni"
+        train,
+        named.panel(reward.get("val_reward_functions"), "reward.val_reward_functions"),
+        style="verl-omni",
     )
 
 
@@ -254,28 +300,38 @@ class _VerlModels:
     group_size: int | None
 
     def panel(self, functions: Mapping[str, Any] | None, where: str) -> PanelConfig | None:
-        """The panel of `functions` (`reward_functions` or `val_reward_functions`); None: none given."""
+        """The panel of `functions` (`reward_functions` or `val_reward_functions`); None: none
+        given."""
         if not functions:
             return None
         entries = [(name, fn if fn is not None else {}) for name, fn in functions.items()]
         for name, fn in entries:
             if not isinstance(fn, Mapping):
-                raise ConfigError(f"{where}.{name} must be a mapping (model, weight, required, ...)")
+                raise ConfigError(
+                    f"{where}.{name} must be a mapping (model, weight, required, ...)"
+                )
         bound_native = [(n, fn) for n, fn in entries if fn.get("model", n) in self.native]
         on_native = native_terms(self.native, bound_native, where)
-        terms = [on_native[name] if name in on_native else self._term(name, fn, where) for name, fn in entries]
+        terms = [
+            on_native[name] if name in on_native else self._term(name, fn, where)
+            for name, fn in entries
+        ]
         return PanelConfig.model_validate({"terms": terms, "group_size": self.group_size})
 
     def _term(self, name: str, fn: Mapping[str, Any], where: str) -> dict[str, Any]:
         if "path" in fn or "name" in fn:
             raise ConfigError(
-                f"{where}.{name}: `path`/`name` (a Python scoring function) is verl-omni's; here a reward "
-                "function binds a model's scorer term (`model:`, `component:`). Put Python scorers in a "
-                "catalog or pass their dotted path as the model's `scorer:`"
+                f"{where}.{name}: `path`/`name` (a Python scoring function) is verl-omni's; "
+                f"here a reward "
+                "function binds a model's scorer term (`model:`, `component:`). Put Python "
+                "scorers in a catalog or pass their dotted path as the model's `scorer:`"
             )
-        bound = fn.get("model", name)  # a term uses the model of its own name unless it binds another
+        # a term uses the model of its own name unless it binds another
+        bound = fn.get("model", name)
         if bound not in self.backends:
-            raise ConfigError(f"{where}.{name}: model {bound!r} is not in reward.models ({sorted(self.models)})")
+            raise ConfigError(
+                f"{where}.{name}: model {bound!r} is not in reward.models ({sorted(self.models)})"
+            )
         term = {k: v for k, v in fn.items() if k != "model"}
         return {"name": name, "backend": self.backends[bound], **term}
 
@@ -297,11 +353,13 @@ def _from_catalog(data: Mapping[str, Any]) -> Recipe:
             if key in selection:
                 scorer[key] = selection[key]
         kind = execution.get("kind", "local")
-        client = {"input_kind": scorer["input_kind"]} if "input_kind" in scorer else {}  # else the scorer's own
+        # else the scorer's own
+        client = {"input_kind": scorer["input_kind"]} if "input_kind" in scorer else {}
         backend: dict[str, Any] = {"kind": kind, "scorer": scorer, "client": client}
         if kind == "managed":
             backend["process"] = {k: v for k, v in execution.items() if k != "kind"}
-            if isinstance(backend["process"].get("env"), str):  # a scorer env by name, not variables
+            # a scorer env by name, not variables
+            if isinstance(backend["process"].get("env"), str):
                 backend["env"] = backend["process"].pop("env")
         elif kind != "local":
             raise ConfigError(f"execution.kind must be local or managed, got {kind!r}")
@@ -329,11 +387,12 @@ def _from_catalog(data: Mapping[str, Any]) -> Recipe:
 
 
 def make_backend(
-    config: ManagedScorerProcessSpec | LocalBackendConfig | RemoteBackendConfig | JobBackendConfig, start: bool = True
+    config: ManagedScorerProcessSpec | LocalBackendConfig | RemoteBackendConfig | JobBackendConfig,
+    start: bool = True,
 ) -> RewardBackend:
-    """One backend from its config, each kind by its own `from_config` (every setting by its name, none
-    copied here); a managed child starts here unless `start=False` (then `start()` starts it: panels
-    start their children together)."""
+    """One backend from its config, each kind by its own `from_config` (every setting by its name,
+    none copied here); a managed child starts here unless `start=False` (then `start()` starts it:
+    panels start their children together)."""
     from supervisor.backends.jobs import JobRewardBackend
     from supervisor.backends.local import LocalRewardBackend
     from supervisor.backends.managed import ManagedScorerProcessBackend
@@ -342,7 +401,8 @@ def make_backend(
     from supervisor.compose.replicas import ReplicatedBackend
 
     if isinstance(config, ManagedScorerProcessSpec):
-        if config.replicas.size > 1 or config.replicas.devices:  # one listed device: narrowed to it too
+        # one listed device: narrowed to it too
+        if config.replicas.size > 1 or config.replicas.devices:
             return ReplicatedBackend(config, start=start)
         return ManagedScorerProcessBackend(config, start=start)
     if isinstance(config, LocalBackendConfig):
@@ -355,13 +415,15 @@ def make_backend(
 
 
 def _token(config: RemoteBackendConfig | JobBackendConfig) -> str | None:
-    """The bearer token from the variable the config names (its name is configuration, its value never)."""
+    """The bearer token from the variable the config names (its name is configuration, its value
+    never)."""
     if config.token_env is None:
         return None
     token = os.environ.get(config.token_env)
     if not token:
         raise ConfigError(
-            f"{config.kind} backend {config.base_url}: environment variable {config.token_env} is not set"
+            f"{config.kind} backend {config.base_url}: environment variable "
+            f"{config.token_env} is not set"
         )
     return token
 
@@ -372,20 +434,28 @@ def build_panel(config: PanelConfig, pool: BackendPool | None = None) -> RewardP
     pool = pool if pool is not None else BackendPool()
     acquired = pool.acquire_all(
         [
-            (term.backend.model_dump(mode="json"), lambda t=term: make_backend(t.backend, start=False))  # type: ignore[misc]
+            (
+                term.backend.model_dump(mode="json"),
+                lambda t=term: make_backend(t.backend, start=False),  # type: ignore[misc]
+            )
             for term in config.terms
         ]
     )
     try:
-        terms = [_panel_term(term, backend) for term, backend in zip(config.terms, acquired, strict=True)]
-        return RewardPanel(terms, release=lambda: _release_all(pool, acquired), **settings(config, leave={"terms"}))
+        terms = [
+            _panel_term(term, backend) for term, backend in zip(config.terms, acquired, strict=True)
+        ]
+        return RewardPanel(
+            terms, release=lambda: _release_all(pool, acquired), **settings(config, leave={"terms"})
+        )
     except BaseException:
         _release_all(pool, list(acquired))
         raise
 
 
 def _panel_term(term: TermConfig, backend: RewardBackend) -> PanelTerm:
-    """The term its config describes, every field by its name, over the backend built from its config."""
+    """The term its config describes, every field by its name, over the backend built from its
+    config."""
     return PanelTerm(backend=backend, **settings(term, leave={"backend"}))
 
 
@@ -400,7 +470,9 @@ def _release_all(pool: BackendPool, backends: list[RewardBackend]) -> None:
         raise errors[0]
 
 
-def build_panels(recipe: Recipe, pool: BackendPool | None = None) -> tuple[RewardPanel, RewardPanel | None]:
+def build_panels(
+    recipe: Recipe, pool: BackendPool | None = None
+) -> tuple[RewardPanel, RewardPanel | None]:
     """The training panel and the validation panel (or None), sharing backends through `pool`."""
     pool = pool if pool is not None else BackendPool()
     train = build_panel(recipe.train, pool)

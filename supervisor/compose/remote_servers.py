@@ -1,4 +1,5 @@
-"""MultiRemoteRewardBackend: one term served by several `managed-scorers serve` servers of one scorer.
+"""MultiRemoteRewardBackend: one term served by several `managed-scorers serve` servers of one
+scorer.
 
 Why: a scorer that waits (an LLM judge behind an API) or one server's GPU is the step's bottleneck;
 OpenRLHF shards a batch across several reward URLs the same way. Each server is an ordinary
@@ -65,9 +66,11 @@ def same_identity(servers: Sequence[RemoteRewardBackend]) -> None:
     for other in servers[1:]:
         if first.identity_hash is None or other.identity_hash != first.identity_hash:
             raise ConfigError(
-                f"{other.base_url} serves {other.shape.name!r} revision {other.shape.revision!r} identity "
-                f"{other.identity_hash}, but {first.base_url} serves {first.shape.name!r} revision "
-                f"{first.shape.revision!r} identity {first.identity_hash}: servers of different scorer versions "
+                f"{other.base_url} serves {other.shape.name!r} revision "
+                f"{other.shape.revision!r} identity {other.identity_hash}, but "
+                f"{first.base_url} serves {first.shape.name!r} revision "
+                f"{first.shape.revision!r} identity {first.identity_hash}: servers of "
+                f"different scorer versions "
                 "never mix rewards"
             )
 
@@ -78,7 +81,11 @@ def _queue_depth(health: Mapping[str, Any]) -> int | None:
     in_flight = health.get("in_flight")
     connections = health.get("connections")
     pending = connections.get("pending", 0) if isinstance(connections, Mapping) else 0
-    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or not isinstance(pending, int):
+    if (
+        isinstance(in_flight, bool)
+        or not isinstance(in_flight, int)
+        or not isinstance(pending, int)
+    ):
         return None
     return in_flight + pending
 
@@ -96,7 +103,8 @@ class _ShareChunks:
 
 
 class _Call:
-    """One call's servers: those that answered its /health, those that failed during it, its deadline."""
+    """One call's servers: those that answered its /health, those that failed during it, its
+    deadline."""
 
     def __init__(
         self,
@@ -105,14 +113,21 @@ class _Call:
         deadline: float,
         went_down: Callable[[int, str], None],
     ) -> None:
-        self.servers, self.healthy, self.deadline, self.went_down = servers, healthy, deadline, went_down
+        self.servers, self.healthy, self.deadline, self.went_down = (
+            servers,
+            healthy,
+            deadline,
+            went_down,
+        )
         self.failed: set[int] = set()
         self._lock = threading.Lock()
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def score_chunk(self, index: int, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
+    def score_chunk(
+        self, index: int, chunk: Sequence[RewardItem], group_size: int | None
+    ) -> ChunkAnswer:
         """A chunk of server `index`'s share; re-sent once elsewhere if that server fails."""
         key = uuid.uuid4().hex  # travels with the chunk to a second server
         try:
@@ -123,7 +138,9 @@ class _Call:
             return self.servers[other].send_chunk(chunk, group_size, key, self.left())
         except ScorerError as again:
             first = self.servers[index].base_url
-            raise prefixed(again, f"{self._what(chunk)} re-sent once from {first} (which failed: {why})") from again
+            raise prefixed(
+                again, f"{self._what(chunk)} re-sent once from {first} (which failed: {why})"
+            ) from again
 
     def _fallback(self, index: int, exc: ScorerError, chunk: Sequence[RewardItem]) -> int:
         """Where a chunk that failed on server `index` goes next, or `exc` named and raised."""
@@ -145,8 +162,11 @@ class _Call:
         elif self.left() <= 0.01:
             why = "the deadline is spent"
         if why is not None:
-            raise prefixed(exc, f"{self._what(chunk)} on {self.servers[index].base_url}, not re-sent ({why})") from exc
-        later = [i for i in others if i > index]  # the next one round the ring: failures spread, not piled
+            raise prefixed(
+                exc, f"{self._what(chunk)} on {self.servers[index].base_url}, not re-sent ({why})"
+            ) from exc
+        # the next one round the ring: failures spread, not piled
+        later = [i for i in others if i > index]
         return (later or others)[0]
 
     @staticmethod
@@ -155,8 +175,9 @@ class _Call:
 
 
 class MultiRemoteRewardBackend(Component):
-    """Several scorer servers of one identity as one backend; thread-safe. `options`: every option of
-    RemoteRewardBackend (token, request_timeout, request_batch_size, pins, ...), the same for each."""
+    """Several scorer servers of one identity as one backend; thread-safe. `options`: every option
+    of RemoteRewardBackend (token, request_timeout, request_batch_size, pins, ...), the same for
+    each."""
 
     def __init__(
         self,
@@ -174,7 +195,9 @@ class MultiRemoteRewardBackend(Component):
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls or len(set(urls)) != len(urls):
             raise ValueError(f"base_urls must be distinct URLs, at least one: got {urls}")
-        outcomes = on_each(urls, lambda url: RemoteRewardBackend(url, token, **options), "remote-connect")
+        outcomes = on_each(
+            urls, lambda url: RemoteRewardBackend(url, token, **options), "remote-connect"
+        )
         built = [o for o in outcomes if isinstance(o, RemoteRewardBackend)]
         failed = [o for o in outcomes if isinstance(o, BaseException)]
         try:
@@ -193,12 +216,16 @@ class MultiRemoteRewardBackend(Component):
         self._watchers: dict[int, threading.Thread] = {}  # the background probe of each server down
 
     @classmethod
-    def from_config(cls, config: RemoteBackendConfig, token: str | None = None) -> MultiRemoteRewardBackend:
-        """The servers a recipe (or the CLI) describes, every setting passed by its name: the probes here,
-        the others to each server's client; `token` is the value of `config.token_env`."""
+    def from_config(
+        cls, config: RemoteBackendConfig, token: str | None = None
+    ) -> MultiRemoteRewardBackend:
+        """The servers a recipe (or the CLI) describes, every setting passed by its name: the probes
+        here, the others to each server's client; `token` is the value of `config.token_env`."""
         probes = {"probe_timeout_s", "probe_interval_s"}
         return cls(
-            config.urls, token, **settings(config, flatten=("client",), leave={*NOT_SETTINGS, "base_url"} - probes)
+            config.urls,
+            token,
+            **settings(config, flatten=("client",), leave={*NOT_SETTINGS, "base_url"} - probes),
         )
 
     @property
@@ -244,14 +271,17 @@ class MultiRemoteRewardBackend(Component):
         self._watch_down()
         if not healthy:
             why = [failures.get(i) or down.get(i, "?") for i in range(len(self.servers))]
-            raise ScorerUnavailable(f"no server of {self.shape.name!r} is healthy: " + "; ".join(why))
+            raise ScorerUnavailable(
+                f"no server of {self.shape.name!r} is healthy: " + "; ".join(why)
+            )
         counted = [d for d in depths if d is not None]
         size = self.servers[0].request_batch_size
         return healthy, [d * size for d in counted] if len(counted) == len(depths) else None
 
     def _probe(self, indexes: list[int]) -> tuple[list[int], list[int | None], dict[int, str]]:
-        """/health of each server in `indexes` at once: those ready (marked up), their queue depths, and
-        why each other one is not (marked down); another identity raises ScorerIdentityChanged."""
+        """/health of each server in `indexes` at once: those ready (marked up), their queue depths,
+        and why each other one is not (marked down); another identity raises
+        ScorerIdentityChanged."""
         if not indexes:
             return [], [], {}
         probe = self.probe_timeout_s
@@ -285,7 +315,8 @@ class MultiRemoteRewardBackend(Component):
         named = outcome.get("identity_hash")
         if named != self.identity_hash:
             raise ScorerIdentityChanged(
-                f"{url} now reports identity {named} (revision {outcome.get('revision')!r}), not {self.identity_hash} "
+                f"{url} now reports identity {named} (revision {outcome.get('revision')!r}), "
+                f"not {self.identity_hash} "
                 "as when this client was made: restarted with another scorer version or params?",
                 url=url,
                 expected=self.identity_hash,
@@ -299,10 +330,15 @@ class MultiRemoteRewardBackend(Component):
         return None
 
     def _went_down(self, index: int, why: str) -> None:
-        """Server `index` failed a probe or a chunk: later calls pass it over until it is ready again."""
+        """Server `index` failed a probe or a chunk: later calls pass it over until it is ready
+        again."""
         with self._standing_lock:
             if index not in self._down:
-                log.warning("%s passed over until a probe finds it ready again: %s", self.servers[index].base_url, why)
+                log.warning(
+                    "%s passed over until a probe finds it ready again: %s",
+                    self.servers[index].base_url,
+                    why,
+                )
             self._down[index] = why
         self._watch_down()
 
@@ -314,13 +350,15 @@ class MultiRemoteRewardBackend(Component):
                 watcher = self._watchers.get(index)
                 if self._stopped.is_set() or (watcher is not None and watcher.is_alive()):
                     continue
-                watcher = threading.Thread(target=self._watch, args=(index,), name=f"remote-probe-{index}", daemon=True)
+                watcher = threading.Thread(
+                    target=self._watch, args=(index,), name=f"remote-probe-{index}", daemon=True
+                )
                 self._watchers[index] = watcher
                 watcher.start()
 
     def _watch(self, index: int) -> None:
-        """Ask server `index` every probe_interval_s (one probe at a time) until it is ready again or
-        the backend closes; one of another identity is what the next call raises."""
+        """Ask server `index` every probe_interval_s (one probe at a time) until it is ready again
+        or the backend closes; one of another identity is what the next call raises."""
         server = self.servers[index]
         while not self._stopped.wait(self.probe_interval_s):
             with self._standing_lock:
@@ -341,12 +379,15 @@ class MultiRemoteRewardBackend(Component):
                 return
             with self._standing_lock:
                 self._down[index] = why
-                # the server of another identity is gone (stopped, say): passed over again, not an error
+                # the server of another identity is gone (stopped, say): passed over again, not an
+                # error
                 self._changed.pop(index, None)
 
     def score(self, request: RewardRequest) -> Outcome:
         if self._stopped.is_set():
-            raise ScorerUnavailable(f"remote backend of {self.shape.name!r} at {self.base_urls} is closed")
+            raise ScorerUnavailable(
+                f"remote backend of {self.shape.name!r} at {self.base_urls} is closed"
+            )
         deadline = time.monotonic() + self.call_bound_s
         group_size = request_group_size(request, self.group_size)
         groups = request_groups(request, self.shape, group_size)  # checked before anything is sent
@@ -357,20 +398,29 @@ class MultiRemoteRewardBackend(Component):
 
         def score_share(target: tuple[int, list[int]]) -> Outcome:
             index, share = target
-            part = RewardRequest(items=[request.items[p] for p in share], group_size=group_size, step=request.step)
+            part = RewardRequest(
+                items=[request.items[p] for p in share], group_size=group_size, step=request.step
+            )
             server = self.servers[index]
-            return score_in_chunks(part, server.plan(group_size), _ShareChunks(call, index, self.interrupt))
+            return score_in_chunks(
+                part, server.plan(group_size), _ShareChunks(call, index, self.interrupt)
+            )
 
-        outcomes = as_outcomes(on_each(sent, score_share, "remote-share", on_interrupt=self.interrupt))
+        outcomes = as_outcomes(
+            on_each(sent, score_share, "remote-share", on_interrupt=self.interrupt)
+        )
 
-        def named(_index: int, error: BaseException, others: int) -> BaseException:  # each names its server
+        # each names its server
+        def named(_index: int, error: BaseException, others: int) -> BaseException:
             also = f"; {others} other share(s) failed too" if others else ""
             return prefixed(error, f"{self.shape.name!r} over {len(self.servers)} servers{also}")
 
         return join_shares(self.shape.name, request.ids, outcomes, named)
 
     # -- residency and lifecycle: every server ------------------------------------------------
-    def _all(self, what: str, call: Callable[[RemoteRewardBackend], dict[str, Any]]) -> dict[str, Any]:
+    def _all(
+        self, what: str, call: Callable[[RemoteRewardBackend], dict[str, Any]]
+    ) -> dict[str, Any]:
         outcomes = on_each(self.servers, call, f"remote-{what}", on_interrupt=self.interrupt)
         for server, outcome in zip(self.servers, outcomes, strict=True):
             if isinstance(outcome, BaseException):

@@ -32,7 +32,9 @@ from supervisor.submit import Submission
 from supervisor.types import RewardRequest, RewardResponse
 
 
-def replica_devices(config: ReplicasConfig, env: Mapping[str, str] | None = None) -> list[str | None]:
+def replica_devices(
+    config: ReplicasConfig, env: Mapping[str, str] | None = None
+) -> list[str | None]:
     """The GPU each replica is narrowed to. Listed devices are CUDA ordinals as this process sees
     them (`cuda:0` is the first GPU it was given: a Ray actor's, or the first of its
     CUDA_VISIBLE_DEVICES); None: narrowed like a single child (N on CPU)."""
@@ -45,23 +47,30 @@ def replica_devices(config: ReplicasConfig, env: Mapping[str, str] | None = None
     else:
         if placed.launcher == "torchrun" and placed.local_world_size > 1:
             raise ConfigError(
-                f"replicas.devices {config.devices} under torchrun with {placed.local_world_size} ranks on this "
-                "node: each rank owns one GPU, so replicas of every rank would share the same ones; use "
-                "replicas.count, or one rank per node that owns its GPUs"
+                f"replicas.devices {config.devices} under torchrun with "
+                f"{placed.local_world_size} ranks on this "
+                "node: each rank owns one GPU, so replicas of every rank would share the "
+                "same ones; use replicas.count, or one rank per node that owns its GPUs"
             )
         visible = env.get("CUDA_VISIBLE_DEVICES")
-        given = [e.strip() for e in visible.split(",") if e.strip()] if visible is not None else None
+        given = (
+            [e.strip() for e in visible.split(",") if e.strip()] if visible is not None else None
+        )
     found: list[str | None] = []
     for device in config.devices:
         ordinal = device.removeprefix("cuda:")
         if not ordinal.isdigit():
-            raise ConfigError(f"replicas.devices entry {device!r} is not a CUDA ordinal (0, 1, ... or cuda:N)")
+            raise ConfigError(
+                f"replicas.devices entry {device!r} is not a CUDA ordinal (0, 1, ... or cuda:N)"
+            )
         if given is None:
             found.append(ordinal)
         elif int(ordinal) < len(given):
             found.append(given[int(ordinal)])
         else:
-            raise ConfigError(f"replicas.devices entry {device!r}: this process was given only GPUs {given}")
+            raise ConfigError(
+                f"replicas.devices entry {device!r}: this process was given only GPUs {given}"
+            )
     return found
 
 
@@ -72,7 +81,9 @@ def replica_specs(spec: ManagedScorerProcessSpec) -> list[ManagedScorerProcessSp
     for device in replica_devices(spec.replicas):
         process = spec.process
         if device is not None:
-            process = process.model_copy(update={"visible_devices": device, "allow_multiple_gpus": False})
+            process = process.model_copy(
+                update={"visible_devices": device, "allow_multiple_gpus": False}
+            )
         specs.append(spec.model_copy(update={"replicas": single, "process": process}))
     return specs
 
@@ -80,13 +91,20 @@ def replica_specs(spec: ManagedScorerProcessSpec) -> list[ManagedScorerProcessSp
 class ReplicatedBackend(Component):
     """`spec.replicas.size` managed children of one scorer, started concurrently; thread-safe."""
 
-    def __init__(self, spec: ManagedScorerProcessSpec | Mapping[str, Any], start: bool = True) -> None:
+    def __init__(
+        self, spec: ManagedScorerProcessSpec | Mapping[str, Any], start: bool = True
+    ) -> None:
         self.spec = (
-            spec if isinstance(spec, ManagedScorerProcessSpec) else ManagedScorerProcessSpec.model_validate(spec)
+            spec
+            if isinstance(spec, ManagedScorerProcessSpec)
+            else ManagedScorerProcessSpec.model_validate(spec)
         )
         self.devices = replica_devices(self.spec.replicas)
-        self.replicas = [ManagedScorerProcessBackend(s, start=False) for s in replica_specs(self.spec)]
-        self._load = [0] * len(self.replicas)  # items sent and not answered, per replica (least_loaded)
+        self.replicas = [
+            ManagedScorerProcessBackend(s, start=False) for s in replica_specs(self.spec)
+        ]
+        # items sent and not answered, per replica (least_loaded)
+        self._load = [0] * len(self.replicas)
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
@@ -166,11 +184,13 @@ class ReplicatedBackend(Component):
                     future = self.replicas[index].submit(
                         RewardRequest(items=items, group_size=group_size, step=request.step)
                     )
-                    futures[index] = future  # on the replica's own worker: in order, never behind another replica
+                    # on the replica's own worker: in order, never behind another replica
+                    futures[index] = future
                     future.add_done_callback(self._unload(index, len(share)))
             for future in futures.values():
                 future.exception()  # bounded by the request deadline
-        except BaseException:  # Ctrl-C while the shares run: never leave them scoring behind the caller
+        # Ctrl-C while the shares run: never leave them scoring behind the caller
+        except BaseException:
             for sent in futures.values():
                 sent.cancel()
             self.interrupt()
@@ -184,7 +204,9 @@ class ReplicatedBackend(Component):
 
         def named(position: int, error: BaseException, others: int) -> BaseException:
             ids = [request.items[p].id for p in shares[indexes[position]]]
-            return self._named(indexes[position], error, f"share of {len(ids)} ids from {ids[0]!r}", others)
+            return self._named(
+                indexes[position], error, f"share of {len(ids)} ids from {ids[0]!r}", others
+            )
 
         return join_shares(self.shape.name, request.ids, outcomes, named)
 
@@ -201,7 +223,9 @@ class ReplicatedBackend(Component):
         return prefixed(error, f"{self.describe(index, error)}, {what}{also}")
 
     # -- residency and lifecycle: every replica --------------------------------------------
-    def _all(self, what: str, call: Callable[[ManagedScorerProcessBackend], dict[str, Any]]) -> dict[str, Any]:
+    def _all(
+        self, what: str, call: Callable[[ManagedScorerProcessBackend], dict[str, Any]]
+    ) -> dict[str, Any]:
         outcomes = on_each(self.replicas, call)
         for index, outcome in enumerate(outcomes):
             if isinstance(outcome, BaseException):
@@ -229,9 +253,10 @@ class ReplicatedBackend(Component):
             replica.abort_start()
 
     def close(self) -> None:
-        """Closes every replica at once (one shutdown deadline for all, not N); a second caller waits
-        for the first. In a fork of the owner it only marks the replicas closed."""
-        if not self.replicas[0].owned_here():  # before any lock: one held at the fork stays held here
+        """Closes every replica at once (one shutdown deadline for all, not N); a second caller
+        waits for the first. In a fork of the owner it only marks the replicas closed."""
+        # before any lock: one held at the fork stays held here
+        if not self.replicas[0].owned_here():
             self._closed = True
             for replica in self.replicas:
                 replica.close()

@@ -1,4 +1,5 @@
-"""One step of an env build (venv, pip, uv) run as a child, watched: nothing goes silent for minutes.
+"""One step of an env build (venv, pip, uv) run as a child, watched: nothing goes silent for
+minutes.
 
 At verbosity 0 the step's output is kept (its tail goes into the error when it fails) and a line
 every HEARTBEAT_S says it still runs, with its last output line (what pip is collecting); at 1 and
@@ -24,7 +25,15 @@ NOISE = "WARNING: Location"  # pip's note on each missing local index folder
 
 def clean_environment() -> dict[str, str]:
     """This process's environment without what would make pip see other packages as installed."""
-    dropped = {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PIP_USER", "PIP_TARGET", "PIP_PREFIX", "VIRTUAL_ENV"}
+    dropped = {
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PIP_USER",
+        "PIP_TARGET",
+        "PIP_PREFIX",
+        "VIRTUAL_ENV",
+    }
     env = {key: value for key, value in os.environ.items() if key not in dropped}
     env["PYTHONNOUSERSITE"] = "1"
     return env
@@ -56,7 +65,9 @@ def run_step(
     except OSError as exc:
         raise EnvError(f"{what}: cannot run {command[0]}: {exc}") from exc
     lines: list[str] = []
-    reader = threading.Thread(target=_pump, args=(child, lines, say if verbosity > 0 else None), daemon=True)
+    reader = threading.Thread(
+        target=_pump, args=(child, lines, say if verbosity > 0 else None), daemon=True
+    )
     reader.start()
     began = time.monotonic()
     try:
@@ -67,7 +78,9 @@ def run_step(
             except subprocess.TimeoutExpired:
                 elapsed = time.monotonic() - began
                 if elapsed > STEP_TIMEOUT_S:
-                    raise EnvError(f"{what} took longer than {STEP_TIMEOUT_S:.0f} s and was stopped") from None
+                    raise EnvError(
+                        f"{what} took longer than {STEP_TIMEOUT_S:.0f} s and was stopped"
+                    ) from None
                 if verbosity == 0:
                     last = f": {lines[-1].strip()[:120]}" if lines else ""
                     say(f"  {what}: still running after {elapsed:.0f} s{last}")
@@ -82,8 +95,11 @@ def run_step(
     return output
 
 
-def _pump(child: subprocess.Popen[str], lines: list[str], echo: Callable[[str], None] | None) -> None:
-    """Collect the child's output lines (pip's local-index noise aside), passing each on when echoing."""
+def _pump(
+    child: subprocess.Popen[str], lines: list[str], echo: Callable[[str], None] | None
+) -> None:
+    """Collect the child's output lines (pip's local-index noise aside), passing each on when
+    echoing."""
     if child.stdout is None:
         return
     for raw in child.stdout:

@@ -1,8 +1,8 @@
-"""The output of `managed-scorers score`: claiming the file, its sidecar `OUT.meta.json` (the panel's
-identity hash, each term's scorer and revision, the recipe and the columns: what once was a header
-line, kept out of the rows so that pandas and `datasets` read exactly one record per input row), and
-what a resumed run keeps of an earlier output (a prefix of this input, scored by the same identity,
-as its sidecar says). Outputs to stdout and to Parquet: `dataset_sinks`.
+"""The output of `managed-scorers score`: claiming the file, its sidecar `OUT.meta.json` (the
+panel's identity hash, each term's scorer and revision, the recipe and the columns: what once was a
+header line, kept out of the rows so that pandas and `datasets` read exactly one record per input
+row), and what a resumed run keeps of an earlier output (a prefix of this input, scored by the same
+identity, as its sidecar says). Outputs to stdout and to Parquet: `dataset_sinks`.
 """
 
 from __future__ import annotations
@@ -59,9 +59,11 @@ class Sink(Protocol):
 
     def start(self, header: dict[str, Any]) -> None: ...  # a new output: empty it, say its metadata
 
-    def cut(self, at: int) -> None: ...  # a resumed one: drop what follows byte `at`, append from there
+    # a resumed one: drop what follows byte `at`, append from there
+    def cut(self, at: int) -> None: ...
 
-    def write(self, text: str) -> None: ...  # whole lines, durable before it returns where the form allows
+    # whole lines, durable before it returns where the form allows
+    def write(self, text: str) -> None: ...
 
     def replace(self, content: str) -> None: ...  # the whole JSONL content at once (--retry-errors)
 
@@ -71,11 +73,11 @@ class Sink(Protocol):
 
 
 class OutputClaim:
-    """The output file, held by one run: created exclusively when new, never opened through a symbolic
-    link, and locked (flock) for the whole run, so a second run on it is refused, not interleaved.
-    A rewrite (`replace`) goes to an exclusively created temporary file, locked before it is renamed
-    over the output, so the lock never lapses. A file this claim created and left empty is removed,
-    with its sidecar."""
+    """The output file, held by one run: created exclusively when new, never opened through a
+    symbolic link, and locked (flock) for the whole run, so a second run on it is refused, not
+    interleaved. A rewrite (`replace`) goes to an exclusively created temporary file, locked before
+    it is renamed over the output, so the lock never lapses. A file this claim created and left
+    empty is removed, with its sidecar."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -96,7 +98,9 @@ class OutputClaim:
         try:
             fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError as exc:
-            raise ConfigError(f"{path} was created by another run meanwhile: choose another output") from exc
+            raise ConfigError(
+                f"{path} was created by another run meanwhile: choose another output"
+            ) from exc
         except OSError as exc:
             raise self._refused(exc) from exc
         self.created = True
@@ -104,24 +108,33 @@ class OutputClaim:
 
     def _refused(self, exc: OSError) -> ConfigError:
         if exc.errno == errno.ELOOP:
-            return ConfigError(f"{self.path} is a symbolic link: give the file it points to as --output")
+            return ConfigError(
+                f"{self.path} is a symbolic link: give the file it points to as --output"
+            )
         return ConfigError(f"cannot open {self.path}: {exc.strerror}")
 
     def _locked(self, fd: int, check_path: bool = True) -> IO[str]:
-        """`fd` locked, or refused: another run holds it, or (`check_path`) the path no longer names it
-        (another run's rewrite renamed a new file over it while this one waited to open it)."""
+        """`fd` locked, or refused: another run holds it, or (`check_path`) the path no longer names
+        it (another run's rewrite renamed a new file over it while this one waited to open it)."""
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if check_path and os.stat(self.path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+            if (
+                check_path
+                and os.stat(self.path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino
+            ):
                 raise BlockingIOError
         except (BlockingIOError, FileNotFoundError):
             os.close(fd)
-            raise ConfigError(f"{self.path} is being written by another managed-scorers score run") from None
+            raise ConfigError(
+                f"{self.path} is being written by another managed-scorers score run"
+            ) from None
         return os.fdopen(fd, "r+", encoding="utf-8")
 
     def replace(self, content: str) -> None:
         """Put `content` in place of the output whole: a kill meanwhile leaves the old file."""
-        fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        fd, temporary = tempfile.mkstemp(
+            prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent
+        )
         handle: IO[str] | None = None
         try:
             handle = self._locked(fd, check_path=False)  # not yet at the path: it will be, locked
@@ -147,7 +160,8 @@ class OutputClaim:
         self.file.seek(at)
 
     def write(self, text: str) -> None:
-        """Whole lines, flushed together: a kill leaves at most one torn line, which resume drops."""
+        """Whole lines, flushed together: a kill leaves at most one torn line, which resume
+        drops."""
         self.file.write(text)
         self.file.flush()
         os.fsync(self.file.fileno())
@@ -164,17 +178,20 @@ class OutputClaim:
 
 
 class ResumeRefused(ConfigError):
-    """The output file was written by another scorer identity, or is not a managed-scorers output."""
+    """The output file was written by another scorer identity, or is not a managed-scorers
+    output."""
 
 
 @dataclass
 class ResumePlan:
-    """What an existing output holds: its header, how many leading input rows it covers, where to cut it."""
+    """What an existing output holds: its header, how many leading input rows it covers, where to
+    cut it."""
 
     header: dict[str, Any] | None = None
     done: int = 0
     truncate_at: int = 0
-    retry: list[int] = field(default_factory=list)  # rows already written with an error, to score again
+    # rows already written with an error, to score again
+    retry: list[int] = field(default_factory=list)
 
 
 def header_for(panel: RewardPanel, recipe: str, columns: Columns) -> dict[str, Any]:
@@ -198,8 +215,8 @@ def header_for(panel: RewardPanel, recipe: str, columns: Columns) -> dict[str, A
 def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str, bool]], list[int]]:
     """(its sidecar's metadata, (id, input_sha, clean) per row, each row's end offset).
 
-    A torn last row (a kill mid-write) is left out; an output with no managed-scorers sidecar beside it,
-    or with anything that is not a row, is refused: it is not an output of this command."""
+    A torn last row (a kill mid-write) is left out; an output with no managed-scorers sidecar beside
+    it, or with anything that is not a row, is refused: it is not an output of this command."""
     not_ours = f"{path} is not an output of managed-scorers score"
     with open(path, "rb") as handle:
         data = handle.read()
@@ -211,7 +228,8 @@ def read_output(path: Path) -> tuple[dict[str, Any], list[tuple[str, str, bool]]
         try:
             record = json.loads(raw)
         except json.JSONDecodeError as exc:
-            if index == len(complete) and not torn:  # the last line, cut short before its newline was lost
+            # the last line, cut short before its newline was lost
+            if index == len(complete) and not torn:
                 break
             raise ResumeRefused(f"{path}:{index} is not JSON: {not_ours}") from exc
         if not isinstance(record, dict) or "id" not in record or "input_sha" not in record:
@@ -228,15 +246,19 @@ def _sidecar(path: Path, not_ours: str, data: bytes) -> dict[str, Any]:
     if not sidecar.is_file():
         if data.startswith(b'{"' + HEADER_KEY.encode()):
             raise ResumeRefused(
-                f"{path} was written by an earlier managed-scorers (its metadata is its first line, not "
-                f"{sidecar.name}): write to a new output"
+                f"{path} was written by an earlier managed-scorers (its metadata is its "
+                f"first line, not {sidecar.name}): write to a new output"
             )
         raise ResumeRefused(f"{not_ours} (no {sidecar.name} beside it)")
     try:
         header = json.loads(sidecar.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ResumeRefused(f"{sidecar} is not JSON: {not_ours}") from exc
-    if not isinstance(header, dict) or header.get(HEADER_KEY) != FORMAT_VERSION or "identity_hash" not in header:
+    if (
+        not isinstance(header, dict)
+        or header.get(HEADER_KEY) != FORMAT_VERSION
+        or "identity_hash" not in header
+    ):
         raise ResumeRefused(f"{sidecar} is not a managed-scorers sidecar: {not_ours}")
     return header
 
@@ -244,33 +266,49 @@ def _sidecar(path: Path, not_ours: str, data: bytes) -> dict[str, Any]:
 def plan_output(
     claim: Sink, rows: Sequence[Row], columns: Columns, resume: bool, retry_errors: bool = False
 ) -> ResumePlan:
-    """Checked before any child starts: may this output be written, and from which input row on (stdout
-    and Parquet outputs start new: `dataset_sinks`)."""
+    """Checked before any child starts: may this output be written, and from which input row on
+    (stdout and Parquet outputs start new: `dataset_sinks`)."""
     output = claim.path
     if not isinstance(claim, OutputClaim) or os.fstat(claim.file.fileno()).st_size == 0:
         return ResumePlan()
     if not resume:
-        raise ConfigError(f"{output} exists: pass --resume to continue it, or choose another output")
+        raise ConfigError(
+            f"{output} exists: pass --resume to continue it, or choose another output"
+        )
     header, written, ends = read_output(output)
     if header.get("columns") != columns.record():
-        raise ResumeRefused(f"{output} was written with columns {header.get('columns')}, not {columns.record()}")
+        raise ResumeRefused(
+            f"{output} was written with columns {header.get('columns')}, not {columns.record()}"
+        )
     if len(written) > len(rows):
-        raise ResumeRefused(f"{output} holds {len(written)} rows, this input only {len(rows)}: another input")
+        raise ResumeRefused(
+            f"{output} holds {len(written)} rows, this input only {len(rows)}: another input"
+        )
     for index, (row_id, sha, _) in enumerate(written):
         row = rows[index]
         if (row.id, row.digest) != (row_id, sha):
             raise ResumeRefused(
-                f"{output} row {index + 1} ({row_id!r}) is not input line {row.line} ({row.id!r}) as it is now: "
+                f"{output} row {index + 1} ({row_id!r}) is not input line {row.line} "
+                f"({row.id!r}) as it is now: "
                 "the input changed, or is another one; write to a new output"
             )
     done = len(written)
-    if columns.group is not None:  # never finish a group that a torn write cut short with fewer candidates
-        while 0 < done < len(rows) and group_of(rows[done - 1], columns) == group_of(rows[done], columns):
+    # never finish a group that a torn write cut short with fewer candidates
+    if columns.group is not None:
+        while 0 < done < len(rows) and group_of(rows[done - 1], columns) == group_of(
+            rows[done], columns
+        ):
             done -= 1
     retry: list[int] = []
     if retry_errors:  # rows written with an error or a failed term, each with its whole group
-        failed = {group_of(rows[i], columns) or f"row:{rows[i].id}" for i in range(done) if not written[i][2]}
-        retry = [i for i in range(done) if (group_of(rows[i], columns) or f"row:{rows[i].id}") in failed]
+        failed = {
+            group_of(rows[i], columns) or f"row:{rows[i].id}"
+            for i in range(done)
+            if not written[i][2]
+        }
+        retry = [
+            i for i in range(done) if (group_of(rows[i], columns) or f"row:{rows[i].id}") in failed
+        ]
     return ResumePlan(header, done, ends[done - 1] if done else 0, retry)
 
 
@@ -285,6 +323,8 @@ def check_resumable(old: dict[str, Any] | None, new: dict[str, Any], path: Path)
         if old["terms"].get(name) != terms
     ] + [f"{name}: removed" for name in old["terms"] if name not in new["terms"]]
     raise ResumeRefused(
-        f"{path} was scored by identity {old['identity_hash'][:12]}, this recipe is {new['identity_hash'][:12]} "
-        f"({'; '.join(changed) or 'weights, required flags or applicability changed'}): write to a new output"
+        f"{path} was scored by identity {old['identity_hash'][:12]}, this recipe is "
+        f"{new['identity_hash'][:12]} "
+        f"({'; '.join(changed) or 'weights, required flags or applicability changed'}): "
+        f"write to a new output"
     )

@@ -1,5 +1,5 @@
-"""The column names of the frameworks' own datasets, for `managed-scorers score --preset` (a module of
-its own, with no imports, so the CLI's parser can name them without loading the dataset readers).
+"""The column names of the frameworks' own datasets, for `managed-scorers score --preset` (a module
+of its own, with no imports, so the CLI's parser can name them without loading the dataset readers).
 
 TRL: `prompt` and `completion` (strings, or chat messages in its conversational format), the gold in
 `solution` (as its math datasets keep it). verl: the output of its generation (`main_generation`:

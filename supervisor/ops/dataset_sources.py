@@ -1,10 +1,10 @@
-"""Where `managed-scorers score` reads its rows: JSON Lines (a file, or stdin for `-`), a JSON list of
-records, Parquet, or a Hugging Face `datasets` folder written by `save_to_disk`, told apart by the path
-(a folder, its extension) and, for `.json`, by its first character (`datasets`' `to_json` writes JSON
-Lines under that name). Rows come one at a time (Parquet and Arrow a batch at a time), each with its
-line or row number for the messages that name it; the cells are what JSON would hold (Arrow structs as
-dicts, lists as lists). Parquet needs the `parquet` extra (pyarrow), a `save_to_disk` folder the
-`datasets` extra: a missing one is one line naming it.
+"""Where `managed-scorers score` reads its rows: JSON Lines (a file, or stdin for `-`), a JSON list
+of records, Parquet, or a Hugging Face `datasets` folder written by `save_to_disk`, told apart by
+the path (a folder, its extension) and, for `.json`, by its first character (`datasets`' `to_json`
+writes JSON Lines under that name). Rows come one at a time (Parquet and Arrow a batch at a time),
+each with its line or row number for the messages that name it; the cells are what JSON would hold
+(Arrow structs as dicts, lists as lists). Parquet needs the `parquet` extra (pyarrow), a
+`save_to_disk` folder the `datasets` extra: a missing one is one line naming it.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ ARROW_BATCH_ROWS = 1024  # rows converted to Python at a time: memory stays one 
 
 
 class InputRowError(ConfigError):
-    """An input row cannot be read or lacks a field the panel needs (names the file and line or row)."""
+    """An input row cannot be read or lacks a field the panel needs (names the file and line or
+    row)."""
 
 
 @dataclass(frozen=True)
 class Source:
-    """An input and how it is read: `jsonl` (numbered by line), `json`, `parquet`, `save_to_disk` (by row,
-    from 1)."""
+    """An input and how it is read: `jsonl` (numbered by line), `json`, `parquet`, `save_to_disk`
+    (by row, from 1)."""
 
     path: Path
     form: str
@@ -41,7 +42,13 @@ class Source:
     @property
     def base(self) -> Path:
         """The folder media paths are relative to: the file's, or (stdin) the working directory."""
-        return Path.cwd() if self.path == STDIN else self.path if self.form == "save_to_disk" else self.path.parent
+        return (
+            Path.cwd()
+            if self.path == STDIN
+            else self.path
+            if self.form == "save_to_disk"
+            else self.path.parent
+        )
 
     def where(self, number: int) -> str:
         name = "<stdin>" if self.path == STDIN else str(self.path)
@@ -56,11 +63,13 @@ def source_of(path: Path) -> Source:
         if (path / "dataset_dict.json").is_file():
             splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
             raise ConfigError(
-                f"{path} holds a DatasetDict ({', '.join(map(str, splits))}): give one split's folder, "
-                f"e.g. --input {path / (splits[0] if splits else 'train')}"
+                f"{path} holds a DatasetDict ({', '.join(map(str, splits))}): give one "
+                f"split's folder, e.g. --input {path / (splits[0] if splits else 'train')}"
             )
         if not (path / "state.json").is_file():
-            raise ConfigError(f"{path} is a folder, not a dataset saved with save_to_disk (it has no state.json)")
+            raise ConfigError(
+                f"{path} is a folder, not a dataset saved with save_to_disk (it has no state.json)"
+            )
         return Source(path, "save_to_disk")
     if not path.is_file():
         raise ConfigError(f"--input {path}: no such file")
@@ -114,8 +123,11 @@ def _parsed(raw: str, where: str) -> Any:
     except json.JSONDecodeError as exc:
         at = f"line {exc.lineno} " if exc.lineno > 1 else ""
         raise InputRowError(f"{where}: not JSON ({exc.msg} at {at}column {exc.colno})") from exc
-    except (ValueError, RecursionError) as exc:  # a 5,000-digit number; brackets nested 100,000 deep
-        raise InputRowError(f"{where}: not readable JSON ({type(exc).__name__}: {str(exc)[:120]})") from exc
+    # a 5,000-digit number; brackets nested 100,000 deep
+    except (ValueError, RecursionError) as exc:
+        raise InputRowError(
+            f"{where}: not readable JSON ({type(exc).__name__}: {str(exc)[:120]})"
+        ) from exc
 
 
 def _object(fields: Any, where: str) -> dict[str, Any]:
@@ -125,14 +137,19 @@ def _object(fields: Any, where: str) -> dict[str, Any]:
 
 
 def _json_list(source: Source) -> Iterator[tuple[int, dict[str, Any] | None]]:
-    """A JSON array of objects: parsed whole (the stdlib has no streaming parse), then row by row."""
+    """A JSON array of objects: parsed whole (the stdlib has no streaming parse), then row by
+    row."""
     try:
         text = source.path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputRowError(f"{source.path}: not UTF-8 (byte {exc.start + 1}: {exc.reason})") from exc
+        raise InputRowError(
+            f"{source.path}: not UTF-8 (byte {exc.start + 1}: {exc.reason})"
+        ) from exc
     rows = _parsed(text, str(source.path))
     if not isinstance(rows, list):
-        raise InputRowError(f"{source.path}: a JSON input must be a list of records, got {type(rows).__name__}")
+        raise InputRowError(
+            f"{source.path}: a JSON input must be a list of records, got {type(rows).__name__}"
+        )
     for number, fields in enumerate(rows, start=1):
         yield number, _object(fields, source.where(number))
 
@@ -150,7 +167,9 @@ def _parquet(source: Source) -> Iterator[tuple[int, dict[str, Any] | None]]:
                 number += 1
                 yield number, fields
     except (pa.ArrowException, OSError) as exc:
-        raise InputRowError(f"{source.path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
+        raise InputRowError(
+            f"{source.path}: not a readable Parquet file ({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def _saved_dataset(source: Source) -> Iterator[tuple[int, dict[str, Any] | None]]:
@@ -162,7 +181,9 @@ def _saved_dataset(source: Source) -> Iterator[tuple[int, dict[str, Any] | None]
     try:
         dataset = datasets.load_from_disk(str(source.path))
     except (OSError, ValueError) as exc:
-        raise InputRowError(f"{source.path}: not a readable save_to_disk folder ({type(exc).__name__}: {exc})") from exc
+        raise InputRowError(
+            f"{source.path}: not a readable save_to_disk folder ({type(exc).__name__}: {exc})"
+        ) from exc
     number = 0
     for batch in dataset.with_format("arrow").iter(batch_size=ARROW_BATCH_ROWS):
         for fields in batch.to_pylist():

@@ -1,10 +1,11 @@
-"""`managed-scorers demo` (`make demo`): why this project exists, in one run, from a checkout or an install.
+"""`managed-scorers demo` (`make demo`): why this project exists, in one run, from a checkout or an
+install.
 
-math-verify reads `\\boxed{10\\%}` through antlr. hydra-core 1.3.2 pins antlr4-python3-runtime 4.9.*,
-and under 4.9.3 math-verify 0.9.0 grades a correct `10\\%` for a gold of 0.1 as 0.0, with no error.
-The demo grades the same samples in a managed child (the math env: antlr 4.13.2) and, where this
-python has math-verify, in this process, as a trainer's own grader would; where it has not, it says
-what that grader gives and where it is measured, and measures nothing it did not run.
+math-verify reads `\\boxed{10\\%}` through antlr. hydra-core 1.3.2 pins antlr4-python3-runtime
+4.9.*, and under 4.9.3 math-verify 0.9.0 grades a correct `10\\%` for a gold of 0.1 as 0.0, with no
+error. The demo grades the same samples in a managed child (the math env: antlr 4.13.2) and, where
+this python has math-verify, in this process, as a trainer's own grader would; where it has not, it
+says what that grader gives and where it is measured, and measures nothing it did not run.
 A scorer env that is not built is built first, by the builder `managed-scorers envs build` runs
 (`--no-build`: name the command instead). `--tour` adds the image, OCR and MiniLM envs (torch,
 about 1.5 GB) and a GRPO panel.
@@ -58,14 +59,23 @@ def ensure_envs(names: Sequence[str], build: bool) -> None:
     command = f"managed-scorers envs build {' '.join(missing)}"
     if not build:
         where = scorer_envs.env_dir(missing[0]).parent.parent
-        raise scorer_envs.EnvError(f"scorer env(s) {', '.join(missing)} not built under {where}: run `{command}`")
+        raise scorer_envs.EnvError(
+            f"scorer env(s) {', '.join(missing)} not built under {where}: run `{command}`"
+        )
     for name in missing:
         venv = scorer_envs.env_dir(name)
         heavy = " (torch: about 1.5 GB on a cold pip cache)" if name == "embed" else ""
-        say(f"building the {name} env{heavy}, as `managed-scorers envs build {name}` does, into {venv}")
+        say(
+            f"building the {name} env{heavy}, as `managed-scorers envs build {name}` does, "
+            f"into {venv}"
+        )
         began = time.monotonic()
-        env_builder.build(scorer_envs.spec_path(name), venv)  # its phase lines and progress on stderr
-        say(f"  built in {time.monotonic() - began:.1f} s (once: later runs reuse it until its pins change)")
+        # its phase lines and progress on stderr
+        env_builder.build(scorer_envs.spec_path(name), venv)
+        say(
+            f"  built in {time.monotonic() - began:.1f} s (once: later runs reuse it until "
+            f"its pins change)"
+        )
 
 
 def _ready(status: env_builder.EnvStatus) -> bool:
@@ -90,11 +100,15 @@ def render_text(text: str) -> np.ndarray:
     from PIL import Image, ImageDraw, ImageFont
 
     image = Image.new("RGB", (512, 128), "white")
-    ImageDraw.Draw(image).text((20, 30), text, fill="black", font=ImageFont.truetype("DejaVuSans.ttf", 48))
+    ImageDraw.Draw(image).text(
+        (20, 30), text, fill="black", font=ImageFont.truetype("DejaVuSans.ttf", 48)
+    )
     return np.asarray(image)
 
 
-def run_managed(scorer: str, env: str, kind: str, params: dict, request: RewardRequest) -> tuple[list[float], dict]:
+def run_managed(
+    scorer: str, env: str, kind: str, params: dict, request: RewardRequest
+) -> tuple[list[float], dict]:
     spec = {
         "env": env,  # a scorer env by name: built by `make envs` or `managed-scorers envs build`
         "scorer": {"name": scorer, "input_kind": kind, "params": params},
@@ -130,11 +144,13 @@ def grpo_panel(samples: dict) -> None:
             "models": {
                 "math": {"backend": "managed", "scorer": "math_verify", "env": "math",
                          "params": {"timeout_s": MATH_TIMEOUT_S}},
-                "judge": {"backend": "local", "scorer": "pairwise_judge", "params": {"inner": "token_f1"}},
+                "judge": {"backend": "local", "scorer": "pairwise_judge",
+                          "params": {"inner": "token_f1"}},
             },
             "reward_functions": {
                 "correct": {"model": "math", "weight": 1.0},
-                "rank": {"model": "judge", "weight": 0.25, "required": False, "applicable_datasets": ["gsm8k"]},
+                "rank": {"model": "judge", "weight": 0.25, "required": False,
+                         "applicable_datasets": ["gsm8k"]},
             },
         }
     }  # fmt: skip
@@ -148,7 +164,8 @@ def grpo_panel(samples: dict) -> None:
     for i, item in enumerate(items):
         rank = response.component_rewards["rank"][i]
         say(
-            f"  {item.id:<5} {item.group_id:<6} {item.text!r:<26} {response.component_rewards['correct'][i]:>7.1f} "
+            f"  {item.id:<5} {item.group_id:<6} {item.text!r:<26} "
+            f"{response.component_rewards['correct'][i]:>7.1f} "
             f"{'-' if rank is None else f'{rank:.2f}':>6} {response.rewards[i]:>6.2f}"
         )
     say(f"  metrics: {response.metrics()}")
@@ -156,27 +173,33 @@ def grpo_panel(samples: dict) -> None:
 
 def in_process_grader() -> str | None:
     """Why this python cannot grade math in-process (a trainer's own grader); None when it can."""
-    missing = [module for module in ("math_verify", "sympy") if importlib.util.find_spec(module) is None]
+    missing = [
+        module for module in ("math_verify", "sympy") if importlib.util.find_spec(module) is None
+    ]
     if missing:
         return f"this python ({sys.executable}) has no {' or '.join(missing)}"
     return None
 
 
 def antlr_pins() -> list[str]:
-    """The installed distributions that pin antlr to 4.9 (hydra-core 1.3, omegaconf 2.3), as `name version (pin)`."""
+    """The installed distributions that pin antlr to 4.9 (hydra-core 1.3, omegaconf 2.3), as `name
+    version (pin)`."""
     found = []
     for dist in importlib.metadata.distributions():
         for requirement in dist.requires or []:
             spec, _, marker = (part.strip() for part in requirement.partition(";"))
-            spec = re.sub(r"[\s()]", "", spec)  # hydra-core 1.3.2 writes `antlr4-python3-runtime (==4.9.*)`
-            if "extra" not in marker and re.fullmatch(rf"{ANTLR}==4\.9(\.\*|\.\d+)?", spec, re.IGNORECASE):
+            # hydra-core 1.3.2 writes `antlr4-python3-runtime (==4.9.*)`
+            spec = re.sub(r"[\s()]", "", spec)
+            if "extra" not in marker and re.fullmatch(
+                rf"{ANTLR}==4\.9(\.\*|\.\d+)?", spec, re.IGNORECASE
+            ):
                 found.append(f"{dist.metadata['Name']} {dist.version} ({spec})")
     return sorted(set(found))
 
 
 def math_story(samples: dict, hostile: bool = False) -> tuple[dict, bool]:
-    """The math samples (and with `hostile`, an item no grader finishes) graded in the managed child and,
-    where this python can, in-process; True when the child graded the percent answer right."""
+    """The math samples (and with `hostile`, an item no grader finishes) graded in the managed child
+    and, where this python can, in-process; True when the child graded the percent answer right."""
     rows = samples["math"] + (samples["hostile"] if hostile else [])
     request = RewardRequest(items=[RewardItem(**s) for s in rows])
     params = {"timeout_s": MATH_TIMEOUT_S}
@@ -184,7 +207,8 @@ def math_story(samples: dict, hostile: bool = False) -> tuple[dict, bool]:
     first_reward_s = time.monotonic() - STARTED
     child = info["packages"]
     say(
-        f"managed child: {scorer_envs.env_dir('math')}: math-verify {child.get('math-verify')}, {ANTLR} {child.get(ANTLR)}"
+        f"managed child: {scorer_envs.env_dir('math')}: math-verify "
+        f"{child.get('math-verify')}, {ANTLR} {child.get(ANTLR)}"
     )
     cannot = in_process_grader()
     local: list[float] | None = None
@@ -194,16 +218,22 @@ def math_story(samples: dict, hostile: bool = False) -> tuple[dict, bool]:
         pins = antlr_pins()
         pinned = f", pinned by {', '.join(pins)}" if pins else ""
         say(
-            f"in-process:    {sys.executable}: math-verify {importlib.metadata.version('math-verify')}, {ANTLR} {antlr}{pinned}"
+            f"in-process:    {sys.executable}: math-verify "
+            f"{importlib.metadata.version('math-verify')}, {ANTLR} {antlr}{pinned}"
         )
         with LocalRewardBackend("math_verify", params=params) as backend:
             local = backend.compute_rewards(request).rewards
     print_verdicts(request, managed, local)
     timeouts = info["diagnostics"]["math_verify"]["values"]["timeouts"]
-    stopped = f"; {timeouts} item(s) stopped at the {MATH_TIMEOUT_S:g} s timeout, scored 0" if timeouts else ""
+    stopped = (
+        f"; {timeouts} item(s) stopped at the {MATH_TIMEOUT_S:g} s timeout, scored 0"
+        if timeouts
+        else ""
+    )
     tell(
-        f"first managed reward {first_reward_s:.1f} s after the demo started (the child's spawn to ready "
-        f"{info['spawn_to_ready_s']:.2f} s, the call {info['score_s']:.2f} s{stopped})"
+        f"first managed reward {first_reward_s:.1f} s after the demo started (the child's "
+        f"spawn to ready {info['spawn_to_ready_s']:.2f} s, the call {info['score_s']:.2f} "
+        f"s{stopped})"
     )
     percent = [item.id for item in request.items].index("pct")
     tell_in_process(local[percent] if local is not None else None, cannot, antlr)
@@ -217,46 +247,63 @@ def print_verdicts(request: RewardRequest, managed: list[float], local: list[flo
     for i, item in enumerate(request.items):
         here = "-" if local is None else f"{local[i]:.1f}"
         flag = "  <- wrong in-process" if local is not None and local[i] != managed[i] else ""
-        say(f"  {item.id:<6} {item.text:<32} {item.reference!s:<5} {managed[i]:>7.1f} {here:>10}{flag}")
+        say(
+            f"  {item.id:<6} {item.text:<32} {item.reference!s:<5} {managed[i]:>7.1f} "
+            f"{here:>10}{flag}"
+        )
     say()
 
 
 def tell_in_process(percent_local: float | None, cannot: str | None, antlr: str | None) -> None:
-    """What the in-process column means: measured under hydra's pin, under another antlr, or not at all."""
+    """What the in-process column means: measured under hydra's pin, under another antlr, or not at
+    all."""
     if percent_local is None:
         tell(
-            f"in-process: not measured: {cannot}. A trainer's own grader under hydra-core 1.3.2's pin ({ANTLR} "
-            f"{HYDRA_ANTLR}) with math-verify 0.9.0 grades `pct` 0.0: `make demo` in the project's checkout "
+            f"in-process: not measured: {cannot}. A trainer's own grader under hydra-core "
+            f"1.3.2's pin ({ANTLR} {HYDRA_ANTLR}) with math-verify 0.9.0 grades `pct` 0.0: "
+            f"`make demo` in the project's checkout "
             "measures it. To measure it here, in a scratch venv beside managed-scorers: "
             "`pip install hydra-core==1.3.2 math-verify==0.9.0`, then `managed-scorers demo` again."
         )
     elif antlr == HYDRA_ANTLR:
         tell(
-            f"in-process under hydra's antlr pin, `pct` (a correct 10% for 0.1) got {percent_local:.1f}, with no "
-            "error: the trainer would learn from a wrong reward. The managed child grades it with its own antlr."
+            f"in-process under hydra's antlr pin, `pct` (a correct 10% for 0.1) got "
+            f"{percent_local:.1f}, with no "
+            "error: the trainer would learn from a wrong reward. The managed child grades it "
+            "with its own antlr."
         )
     else:
         tell(
-            f"this python's antlr is {antlr}, not hydra's {HYDRA_ANTLR}: its column is this env's grader, not a "
+            f"this python's antlr is {antlr}, not hydra's {HYDRA_ANTLR}: its column is this "
+            f"env's grader, not a "
             "hydra trainer's (`make demo` in the project's checkout shows one)."
         )
 
 
 def run(tour: bool = False, build: bool = True) -> int:
-    """The demo: math first; with `tour`, the other envs and a GRPO panel. 0 when the child graded `pct` right."""
+    """The demo: math first; with `tour`, the other envs and a GRPO panel. 0 when the child graded
+    `pct` right."""
     samples = json.loads(SAMPLES.read_text())
-    say("managed-scorers demo: one math grader in a managed child, and in this process where it can be")
+    say(
+        "managed-scorers demo: one math grader in a managed child, and in this process where "
+        "it can be"
+    )
     ensure_envs(TOUR_ENVS if tour else ("math",), build)
     if tour and importlib.util.find_spec("PIL") is None:
-        raise scorer_envs.EnvError("--tour renders text with Pillow in this python: `pip install pillow`")
+        raise scorer_envs.EnvError(
+            "--tour renders text with Pillow in this python: `pip install pillow`"
+        )
     math_info, right = math_story(samples, hostile=tour)
     if not right:
-        say("the managed child graded `pct` wrong: its env is not the math spec's (`managed-scorers envs list`)")
+        say(
+            "the managed child graded `pct` wrong: its env is not the math spec's "
+            "(`managed-scorers envs list`)"
+        )
     if not tour:
         say()
         tell(
-            "next: `managed-scorers demo --tour` (`make tour` in a checkout): image, OCR and MiniLM (torch) scorers "
-            "in their own envs, and a GRPO panel"
+            "next: `managed-scorers demo --tour` (`make tour` in a checkout): image, OCR and "
+            "MiniLM (torch) scorers in their own envs, and a GRPO panel"
         )
         return 0 if right else 1
     infos = {
@@ -267,11 +314,14 @@ def run(tour: bool = False, build: bool = True) -> int:
     }
     grpo_panel(samples)
     say("\nlifecycle (seconds)")
-    say(f"  {'child':<24} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}  shared-memory data plane")
+    say(
+        f"  {'child':<24} {'spawn->ready':>12} {'score':>8} {'shutdown':>9}  shared-memory "
+        f"data plane"
+    )
     for name, info in infos.items():
         say(
-            f"  {name:<24} {info['spawn_to_ready_s']:>12.3f} {info['score_s']:>8.3f} {info['shutdown_s']:>9.3f}  "
-            f"{'negotiated' if info['shared_memory'] else 'in-band'}"
+            f"  {name:<24} {info['spawn_to_ready_s']:>12.3f} {info['score_s']:>8.3f} "
+            f"{info['shutdown_s']:>9.3f}  {'negotiated' if info['shared_memory'] else 'in-band'}"
         )
     return 0 if right else 1
 
@@ -289,7 +339,10 @@ def jpeg_images(samples: dict) -> dict:
 
 def ocr_renders(samples: dict) -> dict:
     ocr_request = RewardRequest(
-        items=[RewardItem(id=s["id"], image=render_text(s["render"]), reference=s["target"]) for s in samples["ocr"]]
+        items=[
+            RewardItem(id=s["id"], image=render_text(s["render"]), reference=s["target"])
+            for s in samples["ocr"]
+        ]
     )
     ocr, ocr_info = run_managed("ocr", "ocr", "image", {"det_limit_side_len": 480}, ocr_request)
     say("\nocr (1 - normalized edit distance to the target) in a managed child (envs/ocr)")

@@ -32,7 +32,15 @@ from pathlib import Path
 
 from supervisor.ops.build_step import STEP_TIMEOUT_S, clean_environment, run_step
 from supervisor.ops.uv_installer import find_uv, pip_settings, uv_arguments
-from supervisor.scorer_envs import MARKER, STAMP, EnvError, env_dir, envs_root, spec_names, spec_path
+from supervisor.scorer_envs import (
+    MARKER,
+    STAMP,
+    EnvError,
+    env_dir,
+    envs_root,
+    spec_names,
+    spec_path,
+)
 
 
 def requirement_lines(requirements: Path) -> list[str]:
@@ -48,7 +56,8 @@ def key_packages(requirements: Path) -> list[str]:
 
 
 def no_deps_lines(requirements: Path) -> list[str]:
-    """The requirements a `# no-deps:` line names (installed without their declared dependencies)."""
+    """The requirements a `# no-deps:` line names (installed without their declared
+    dependencies)."""
     found: list[str] = []
     for line in requirements.read_text().splitlines():
         if line.startswith("# no-deps:"):
@@ -57,7 +66,8 @@ def no_deps_lines(requirements: Path) -> list[str]:
 
 
 def spec_hash(requirements: Path) -> str:
-    """What a build depends on: the requirement lines (comments aside) and each `-e` project's pyproject."""
+    """What a build depends on: the requirement lines (comments aside) and each `-e` project's
+    pyproject."""
     digest = hashlib.sha256()
     for line in requirement_lines(requirements):
         digest.update(line.encode() + b"\n")
@@ -71,7 +81,8 @@ def spec_hash(requirements: Path) -> str:
 
 @dataclass(frozen=True)
 class Interpreter:
-    """The python an env is built with: its version and its real path (None: an old venv's unrecorded)."""
+    """The python an env is built with: its version and its real path (None: an old venv's
+    unrecorded)."""
 
     version: str
     path: str | None
@@ -89,7 +100,8 @@ class EnvStatus:
     venv: Path
     built: bool
     pins_changed: bool  # built from other pins than the spec now says: rebuild
-    packages: dict[str, str | None] = field(default_factory=dict)  # key package -> installed version
+    # key package -> installed version
+    packages: dict[str, str | None] = field(default_factory=dict)
     python: Interpreter | None = None  # what it was built with
 
 
@@ -107,8 +119,8 @@ def _normal(name: str) -> str:
 
 
 def read_stamp(venv: Path) -> tuple[str | None, Interpreter | None]:
-    """The stamp's pins hash and interpreter (a stamp from before interpreters were recorded: the venv's
-    pyvenv.cfg says it); (None, None) when there is no stamp."""
+    """The stamp's pins hash and interpreter (a stamp from before interpreters were recorded: the
+    venv's pyvenv.cfg says it); (None, None) when there is no stamp."""
     stamp = venv / STAMP
     if not stamp.is_file():
         return None, None
@@ -127,19 +139,30 @@ def _from_pyvenv(config: Path) -> Interpreter | None:
     values = {key.strip(): value.strip() for key, value in values.items()}
     version = values.get("version") or values.get("version_info")
     executable = values.get("executable")
-    return Interpreter(version, os.path.realpath(executable) if executable else None) if version else None
+    return (
+        Interpreter(version, os.path.realpath(executable) if executable else None)
+        if version
+        else None
+    )
 
 
 def interpreter(python: str) -> Interpreter:
     """The version and real path of `python` (an executable, on PATH or by path), by asking it."""
     code = "import os, sys; print(sys.version.split()[0]); print(os.path.realpath(sys.executable))"
     try:
-        done = subprocess.run([python, "-c", code], env=clean_environment(), capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [python, "-c", code],
+            env=clean_environment(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise EnvError(f"--python {python} does not run: {exc}") from exc
     if done.returncode != 0 or len(done.stdout.split()) != 2:
         raise EnvError(
-            f"--python {python} does not run (exit {done.returncode}): {' '.join(done.stderr.split())[-500:]}"
+            f"--python {python} does not run (exit {done.returncode}): "
+            f"{' '.join(done.stderr.split())[-500:]}"
         )
     version, path = done.stdout.split()
     return Interpreter(version, path)
@@ -171,13 +194,14 @@ def build(
     installer: str = "pip",
     verbosity: int = 0,
 ) -> bool:
-    """Build `venv` from `requirements` unless it is built from the same pins and interpreter; True if it built.
+    """Build `venv` from `requirements` unless it is built from the same pins and interpreter; True
+    if it built.
 
-    `python` makes the venv (default: the one it was built with, while that one is still there, else the
-    interpreter running this, outside any venv); another interpreter than the one it was built with
-    rebuilds it. `say` gets the phase lines (stderr by default), and at `verbosity` 1 or more the
-    installer's own output. One build of a folder at a time (a lock beside it); only a folder this
-    builder made is ever removed."""
+    `python` makes the venv (default: the one it was built with, while that one is still there, else
+    the interpreter running this, outside any venv); another interpreter than the one it was built
+    with rebuilds it. `say` gets the phase lines (stderr by default), and at `verbosity` 1 or more
+    the installer's own output. One build of a folder at a time (a lock beside it); only a folder
+    this builder made is ever removed."""
     if installer not in INSTALLERS:
         raise EnvError(f"--installer {installer}: one of {', '.join(INSTALLERS)}")
     uv = find_uv() if installer == "uv" else None  # before anything changes
@@ -204,7 +228,8 @@ def build(
 
 
 def _default_interpreter(recorded: Interpreter | None) -> Interpreter:
-    """The interpreter the env was built with while it is still there (same version), else this one's base."""
+    """The interpreter the env was built with while it is still there (same version), else this
+    one's base."""
     if recorded is not None and recorded.path is not None and os.access(recorded.path, os.X_OK):
         with contextlib.suppress(EnvError):  # it no longer runs: this one's base builds it again
             current = interpreter(recorded.path)
@@ -213,7 +238,9 @@ def _default_interpreter(recorded: Interpreter | None) -> Interpreter:
     return interpreter(getattr(sys, "_base_executable", None) or sys.executable)
 
 
-def _stale(venv: Path, want: str, digest: str | None, recorded: Interpreter | None, target: Interpreter) -> str | None:
+def _stale(
+    venv: Path, want: str, digest: str | None, recorded: Interpreter | None, target: Interpreter
+) -> str | None:
     """Why the env must be (re)built, or None when it is up to date."""
     if digest is None or not (venv / "bin" / "python").exists():
         return "not built"
@@ -225,12 +252,20 @@ def _stale(venv: Path, want: str, digest: str | None, recorded: Interpreter | No
 
 
 def _install(
-    requirements: Path, venv: Path, target: Interpreter, uv: str | None, say: Callable[[str], None], verbosity: int
+    requirements: Path,
+    venv: Path,
+    target: Interpreter,
+    uv: str | None,
+    say: Callable[[str], None],
+    verbosity: int,
 ) -> None:
-    """The venv, then its requirements (pip, or uv under pip's settings), then `pip check`: each a phase line."""
+    """The venv, then its requirements (pip, or uv under pip's settings), then `pip check`: each a
+    phase line."""
     cwd = requirements.parent
 
-    def step(command: list[str], what: str, env: dict[str, str] | None = None, echo: bool = True) -> str:
+    def step(
+        command: list[str], what: str, env: dict[str, str] | None = None, echo: bool = True
+    ) -> str:
         return run_step(command, cwd, what, say, verbosity if echo else 0, env)
 
     say(f"  creating the venv with {target.path}")
@@ -245,25 +280,51 @@ def _install(
     if not count:
         pass  # a bare venv: nothing for the installer to do
     elif uv is None:
-        step([*pip, "install", "--no-input", "--progress-bar", "off", *quiet, "-r", str(requirements)], "pip install")
+        step(
+            [
+                *pip,
+                "install",
+                "--no-input",
+                "--progress-bar",
+                "off",
+                *quiet,
+                "-r",
+                str(requirements),
+            ],
+            "pip install",
+        )
     else:
-        flags, variables = uv_arguments(pip_settings(step([*pip, "config", "list"], "pip config list", echo=False)))
-        command = [uv, "pip", "install", "--python", python, *flags, *quiet, "-r", str(requirements)]
+        flags, variables = uv_arguments(
+            pip_settings(step([*pip, "config", "list"], "pip config list", echo=False))
+        )
+        command = [
+            uv,
+            "pip",
+            "install",
+            "--python",
+            python,
+            *flags,
+            *quiet,
+            "-r",
+            str(requirements),
+        ]
         step(command, "uv pip install", {**clean_environment(), **variables})
     unpinned = no_deps_lines(requirements)
     if unpinned:  # pip either way: uv has no --ignore-requires-python
         say(f"  installing {len(unpinned)} package(s) without their dependencies with pip")
         flags = ["--no-deps", "--ignore-requires-python"]
         step(
-            [*pip, "install", "--no-input", "--progress-bar", "off", *quiet, *flags, *unpinned], "pip install --no-deps"
+            [*pip, "install", "--no-input", "--progress-bar", "off", *quiet, *flags, *unpinned],
+            "pip install --no-deps",
         )
     say("  checking the installed packages (pip check)")
     _check(pip, cwd, {_normal(re.split(r"[=<>!~\[ ]", line, maxsplit=1)[0]) for line in unpinned})
 
 
 def remove(name: str, root: Path | None = None, say: Callable[[str], None] = _stderr) -> bool:
-    """Remove ROOT/NAME/.venv, an env this builder made; True if it was there. NAME is a spec's or an env's
-    under ROOT; a symbolic link on the way is refused (what it points to is never touched)."""
+    """Remove ROOT/NAME/.venv, an env this builder made; True if it was there. NAME is a spec's or
+    an env's under ROOT; a symbolic link on the way is refused (what it points to is never
+    touched)."""
     base = root or envs_root()
     built = {path.parent.name for path in base.glob("*/.venv")} if base.is_dir() else set()
     known = sorted(set(spec_names()) | built)
@@ -272,7 +333,10 @@ def remove(name: str, root: Path | None = None, say: Callable[[str], None] = _st
     venv = env_dir(name, base)
     for path in (venv.parent, venv):
         if path.is_symlink():
-            raise EnvError(f"{path} is a symbolic link: not removed (this command removes only folders under {base})")
+            raise EnvError(
+                f"{path} is a symbolic link: not removed (this command removes only folders "
+                f"under {base})"
+            )
     if not venv.exists():
         say(f"{venv}: not built, nothing to remove")
         return False
@@ -286,13 +350,18 @@ def _check(pip: list[str], cwd: Path, exempt: set[str]) -> None:
     """`pip check`, except for what the packages installed without their dependencies declare."""
 
     def others(output: str) -> bool:
-        return any(_normal(line.split(" ", 1)[0]) not in exempt for line in output.splitlines() if line.strip())
+        return any(
+            _normal(line.split(" ", 1)[0]) not in exempt
+            for line in output.splitlines()
+            if line.strip()
+        )
 
     run_step([*pip, "check"], cwd, "pip check", _stderr, fails=others)
 
 
 def _remove_own(venv: Path) -> None:
-    """Remove an env this builder made (stamped or marked), or an empty folder; refuse anything else."""
+    """Remove an env this builder made (stamped or marked), or an empty folder; refuse anything
+    else."""
     if not venv.exists():
         return
     if not venv.is_dir():
@@ -300,7 +369,8 @@ def _remove_own(venv: Path) -> None:
     ours = (venv / STAMP).exists() or (venv / MARKER).exists()
     if not ours and any(venv.iterdir()):
         raise EnvError(
-            f"{venv} exists and was not made by managed-scorers envs build: remove it or choose another folder"
+            f"{venv} exists and was not made by managed-scorers envs build: remove it or "
+            f"choose another folder"
         )
     try:
         shutil.rmtree(venv)
@@ -319,7 +389,9 @@ def _build_lock(venv: Path) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise EnvError(f"another build of {venv} held its lock for {STEP_TIMEOUT_S:.0f} s") from None
+                    raise EnvError(
+                        f"another build of {venv} held its lock for {STEP_TIMEOUT_S:.0f} s"
+                    ) from None
                 time.sleep(0.5)
         try:
             yield

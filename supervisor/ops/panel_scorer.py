@@ -1,5 +1,5 @@
-"""A whole reward panel as one Scorer, so `managed-scorers serve --recipe` is the child runtime's own
-server (token, limits, gate, /health, /metrics, graceful stop, OpenRLHF's route) over a panel.
+"""A whole reward panel as one Scorer, so `managed-scorers serve --recipe` is the child runtime's
+own server (token, limits, gate, /health, /metrics, graceful stop, OpenRLHF's route) over a panel.
 
 It runs in the trainer env's python (the server process), never in a scorer env: `load()` builds the
 recipe's training panel, whose children (each in its own env) start together and are the server's
@@ -43,21 +43,27 @@ from supervisor.types import RewardItem, RewardRequest, RewardResponse
 NAME = "panel"
 WEIGHTED = "weighted_reward"  # the term that carries the panel's own reward
 CONCURRENT_CALLS = 4  # a request's chunks overlap: each backend serialises its own calls anyway
-# A term's failure that is this server's: its child died (a crash loop too), passed its deadline, cannot
-# start, or a server it calls cannot be reached. Another server of the panel may score the request.
+# A term's failure that is this server's: its child died (a crash loop too), passed its deadline,
+# cannot start, or a server it calls cannot be reached. Another server of the panel may score the
+# request.
 SERVER_FAULTS = (ScorerProcessDied, ScorerTimeout, ScorerStartupError, ScorerUnavailable)
-UPSTREAM_RETRY_STATUSES = (429, 502, 503, 504)  # a remote term's server said: try later or elsewhere
+# a remote term's server said: try later or elsewhere
+UPSTREAM_RETRY_STATUSES = (429, 502, 503, 504)
 
 
 def _input_kind(config: PanelConfig) -> str:
     """The kind every term takes, or "mixed" (then no completion field is required up front: each
     term's backend checks its own)."""
-    kinds = {getattr(getattr(term.backend, "client", None), "input_kind", "text") for term in config.terms}
+    kinds = {
+        getattr(getattr(term.backend, "client", None), "input_kind", "text")
+        for term in config.terms
+    }
     return str(kinds.pop()) if len(kinds) == 1 else "mixed"
 
 
 def reward_item(item: ScoreItem) -> RewardItem:
-    """A decoded wire item back as the trainer's item (the panel's backends take those): every declared field."""
+    """A decoded wire item back as the trainer's item (the panel's backends take those): every
+    declared field."""
     return RewardItem(**{name: getattr(item, name) for name in item_fields.NAMES})
 
 
@@ -72,7 +78,9 @@ class PanelScorer(Scorer):
             raise ValueError(str(exc)) from exc
         names = tuple(term.name for term in self.config.terms)
         if WEIGHTED in names:
-            raise ValueError(f"a served panel's term may not be named {WEIGHTED!r}: that name carries its reward")
+            raise ValueError(
+                f"a served panel's term may not be named {WEIGHTED!r}: that name carries its reward"
+            )
         self.spec = ScorerSpec(
             name=NAME,
             input_kind=_input_kind(self.config),
@@ -80,7 +88,8 @@ class PanelScorer(Scorer):
             revision="panel-1",
             env="trainer",
             supports_offload=True,
-            nonsemantic_params=("recipe",),  # where the recipe lies is not what it means: the identity is
+            # where the recipe lies is not what it means: the identity is
+            nonsemantic_params=("recipe",),
             concurrent_calls=CONCURRENT_CALLS,
             reward_term=WEIGHTED,
         )
@@ -96,7 +105,8 @@ class PanelScorer(Scorer):
         self.spec = replace(self.spec, identity={"panel": panel.identity_hash, "terms": described})
 
     def warming(self) -> bool:
-        """Any term's backend still warming (a math child's grading workers): serve says ready after."""
+        """Any term's backend still warming (a math child's grading workers): serve says ready
+        after."""
         panel = self.panel
         return panel is not None and panel.warming()
 
@@ -115,7 +125,10 @@ class PanelScorer(Scorer):
             if wanted not in self._subsets:
                 kept = [term for term in panel.terms if term.name in wanted]
                 self._subsets[wanted] = RewardPanel(
-                    kept, owns_backends=False, group_size=panel.group_size, group_failures=panel.group_failures
+                    kept,
+                    owns_backends=False,
+                    group_size=panel.group_size,
+                    group_failures=panel.group_failures,
                 )
             return self._subsets[wanted]
 
@@ -128,17 +141,20 @@ class PanelScorer(Scorer):
     def score_request(
         self, items: Sequence[ScoreItem], group_size: int | None, terms: tuple[str, ...] | None
     ) -> ScoreResult:
-        """The request's group size goes to the panel (its groupwise terms check and regroup by it; the
-        recipe's own `group_size` refuses a request declaring another)."""
+        """The request's group size goes to the panel (its groupwise terms check and regroup by it;
+        the recipe's own `group_size` refuses a request declaring another)."""
         panel = self._serving() if terms is None else self._subset(terms)
         try:
-            request = RewardRequest(items=[reward_item(item) for item in items], group_size=group_size)
+            request = RewardRequest(
+                items=[reward_item(item) for item in items], group_size=group_size
+            )
         except ValueError as exc:
             raise ScoreInputError(f"an item the panel cannot take: {exc}") from exc
         try:
             response = panel.compute_rewards(request)
         except ScorerRequestError as exc:
-            if exc.kind == "bad_input":  # the request's fault (no term applies, a group broken): a 422
+            # the request's fault (no term applies, a group broken): a 422
+            if exc.kind == "bad_input":
                 raise ScoreInputError(str(exc)) from exc
             if server_fault(exc):
                 raise ServerFault(_failed_term(exc)) from exc
@@ -148,7 +164,8 @@ class PanelScorer(Scorer):
         return as_result(response, [term.name for term in panel.terms])
 
     def onload(self) -> dict[str, Any]:
-        """At boot a no-op (load() left each backend as its config says); after an offload, wakes them."""
+        """At boot a no-op (load() left each backend as its config says); after an offload, wakes
+        them."""
         if not self._offloaded:
             return {}
         figures = self._serving().onload()
@@ -168,8 +185,8 @@ class PanelScorer(Scorer):
 
 
 def server_fault(error: ScorerRequestError) -> bool:
-    """A term's answered failure that is this server's, not the request's: a model its child could not
-    wake or put to sleep, or a server the term calls that said try later or elsewhere."""
+    """A term's answered failure that is this server's, not the request's: a model its child could
+    not wake or put to sleep, or a server the term calls that said try later or elsewhere."""
     return error.kind == RESIDENCY_FAILED or error.status in UPSTREAM_RETRY_STATUSES
 
 
@@ -180,8 +197,8 @@ def _failed_term(error: BaseException) -> str:
 
 
 def as_result(response: RewardResponse, names: Sequence[str]) -> ScoreResult:
-    """The panel's response as its scorer's result: each term's values, the items it does not apply to
-    (`not_applicable`: None on the client's side too), its optional failures as that term's
+    """The panel's response as its scorer's result: each term's values, the items it does not apply
+    to (`not_applicable`: None on the client's side too), its optional failures as that term's
     `term_failed`, and the weighted reward."""
     position = {item_id: index for index, item_id in enumerate(response.ids)}
     term_failed: dict[str, dict[int, str]] = {}
@@ -196,6 +213,8 @@ def as_result(response: RewardResponse, names: Sequence[str]) -> ScoreResult:
         mask = response.applicable.get(name)
         if mask is not None and not all(mask):
             not_applicable[name] = {index for index, applies in enumerate(mask) if not applies}
-        terms[name] = [math.nan if value is None else value for value in response.component_rewards[name]]
+        terms[name] = [
+            math.nan if value is None else value for value in response.component_rewards[name]
+        ]
     terms[WEIGHTED] = list(response.rewards)
     return ScoreResult(terms=terms, term_failed=term_failed, not_applicable=not_applicable)

@@ -1,5 +1,6 @@
 """What `score` and `serve` check in this process before any child starts, so that a mistake the
-parent can see is one line and exit 2 rather than a child's boot failure (exit 1 or 3) or a 422 per row.
+parent can see is one line and exit 2 rather than a child's boot failure (exit 1 or 3) or a 422 per
+row.
 
 `preflight` resolves every scorer here and builds it with its params (an unknown name gets the
 nearest registered one, an unknown param the valid ones); `score` then holds each row against
@@ -29,12 +30,19 @@ TEXT_FIELDS = {
     "reference": ("reference", "--reference-column"),
 }
 MEDIA_FIELDS = {"image": "--image-column", "audio": "--audio-column"}
-COMPLETION = {"text": "text", "image": "image", "image_edit": "image", "video": "video", "audio": "audio"}
+COMPLETION = {
+    "text": "text",
+    "image": "image",
+    "image_edit": "image",
+    "video": "video",
+    "audio": "audio",
+}
 
 
 def check_recipe(recipe: Recipe, path: Path) -> PreflightReport:
     """Every term of the recipe's panels resolved and built here; a ConfigError naming the file and
-    each problem's term on one line, else the report (its `specs` by place, e.g. `reward.correct`)."""
+    each problem's term on one line, else the report (its `specs` by place, e.g.
+    `reward.correct`)."""
     report = preflight(recipe, raise_on_problems=False)
     if report.problems:
         raise ConfigError(_located(path, report.problems))
@@ -42,10 +50,12 @@ def check_recipe(recipe: Recipe, path: Path) -> PreflightReport:
 
 
 def _located(path: Path, problems: list[str]) -> str:
-    """`file:line: problem`, the line of the first problem's term; with several, each says its own."""
+    """`file:line: problem`, the line of the first problem's term; with several, each says its
+    own."""
     try:
         text = path.read_text()
-    except (OSError, UnicodeDecodeError):  # read a moment ago by load_recipe: gone now, it has no lines
+    # read a moment ago by load_recipe: gone now, it has no lines
+    except (OSError, UnicodeDecodeError):
         text = ""
     lines = [line_of_term(text, problem.partition(":")[0]) for problem in problems]
     head = f"{path}:{lines[0]}" if lines[0] is not None else str(path)
@@ -57,36 +67,41 @@ def _located(path: Path, problems: list[str]) -> str:
 
 
 def check_served(spec: BackendConfig, place: str) -> None:
-    """`serve --scorer`'s spec, checked as a recipe's term would be; its problems named by `place`."""
+    """`serve --scorer`'s spec, checked as a recipe's term would be; its problems named by
+    `place`."""
     report = check_backend(spec, place)
     if report.problems:
         raise ConfigError("; ".join(report.problems))
 
 
 def check_name(name: str, catalog: str | None) -> None:
-    """A plain name (not a module path) that resolves to nothing is misspelt: said with the nearest."""
+    """A plain name (not a module path) that resolves to nothing is misspelt: said with the
+    nearest."""
     if any(mark in name for mark in ".:"):
         return
     try:
         resolve_scorer(name, catalog)
-    except UnknownScorerError as exc:  # a CatalogError may be a catalog only the env imports: its child says
+    # a CatalogError may be a catalog only the env imports: its child says
+    except UnknownScorerError as exc:
         raise ConfigError(str(exc)) from exc
 
 
 def _term_fields(
     panel: PanelConfig, where: str, report: PreflightReport
 ) -> Iterator[tuple[TermConfig, ScorerSpec, str]]:
-    """Each term checked here, with its scorer's spec, and each field that scorer needs of an item; a
-    remote term, or a scorer only its env imports, is left to its server or child."""
+    """Each term checked here, with its scorer's spec, and each field that scorer needs of an item;
+    a remote term, or a scorer only its env imports, is left to its server or child."""
     for term in panel.terms:
         spec = report.specs.get(f"{where}.{term.name}")
         if spec is not None:
             yield from ((term, spec, field) for field in _needed(spec))
 
 
-def check_columns(panel: PanelConfig, where: str, report: PreflightReport, columns: Columns) -> None:
-    """Each term whose scorer reads media has its column flag (`--image-column`, ...): said before any row is
-    read, so a row is never blamed for lacking a text the scorer does not read."""
+def check_columns(
+    panel: PanelConfig, where: str, report: PreflightReport, columns: Columns
+) -> None:
+    """Each term whose scorer reads media has its column flag (`--image-column`, ...): said before
+    any row is read, so a row is never blamed for lacking a text the scorer does not read."""
     for term, spec, field in _term_fields(panel, where, report):
         if field in MEDIA_FIELDS or field == "video":
             _check_media_column(field, columns, spec, term.name)
@@ -100,20 +115,24 @@ def check_rows(
     columns: Columns,
     at: Callable[[int], str],
 ) -> None:
-    """Each row holds the texts each term's scorer requires (a term applies to the rows of its datasets
-    only; media are check_columns'); InputRowError naming the row (`at(row.line)`: `file:line`) and the
-    column's flag for the first row that does not. `where` is the panel's place: `reward` or `validation`."""
+    """Each row holds the texts each term's scorer requires (a term applies to the rows of its
+    datasets only; media are check_columns'); InputRowError naming the row (`at(row.line)`:
+    `file:line`) and the column's flag for the first row that does not. `where` is the panel's
+    place: `reward` or `validation`."""
     items = [_item(row, columns) for row in rows]
     for term, spec, field in _term_fields(panel, where, report):
         if field not in TEXT_FIELDS:
-            continue  # media: check_columns; no column of `score` fills it (condition_images): its child says
+            # media: check_columns; no column of `score` fills it (condition_images): its child says
+            continue
         attribute, flag = TEXT_FIELDS[field]
         for row, item in zip(rows, items, strict=True):
-            applies = term.applicable_datasets is None or item.data_source in term.applicable_datasets
+            applies = (
+                term.applicable_datasets is None or item.data_source in term.applicable_datasets
+            )
             if applies and getattr(item, field) is None:
                 raise InputRowError(
-                    f"{at(row.line)}: no {field} in column {getattr(columns, attribute)!r} ({flag}): "
-                    f"term {term.name!r} (scorer {spec.name!r}) requires it"
+                    f"{at(row.line)}: no {field} in column {getattr(columns, attribute)!r} "
+                    f"({flag}): term {term.name!r} (scorer {spec.name!r}) requires it"
                 )
 
 
@@ -123,8 +142,11 @@ def _needed(spec: ScorerSpec) -> list[str]:
 
 def _check_media_column(field: str, columns: Columns, spec: ScorerSpec, term: str) -> None:
     if field == "video":
-        raise ConfigError(f"term {term!r} (scorer {spec.name!r}) scores video: `score` reads no video column")
+        raise ConfigError(
+            f"term {term!r} (scorer {spec.name!r}) scores video: `score` reads no video column"
+        )
     if getattr(columns, field) is None:
         raise ConfigError(
-            f"term {term!r} (scorer {spec.name!r}) needs the {field} of each row: pass {MEDIA_FIELDS[field]}"
+            f"term {term!r} (scorer {spec.name!r}) needs the {field} of each row: pass "
+            f"{MEDIA_FIELDS[field]}"
         )

@@ -51,10 +51,12 @@ class PreflightError(ConfigError):
 @dataclass
 class PreflightReport:
     problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what only the child can check (a module in its env alone)
+    # what only the child can check (a module in its env alone)
+    notes: list[str] = field(default_factory=list)
     # term -> scorer, revision, identity hash (validation terms as `validation.<term>`)
     scorers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    specs: dict[str, ScorerSpec] = field(default_factory=dict)  # place -> the spec its scorer declared here
+    # place -> the spec its scorer declared here
+    specs: dict[str, ScorerSpec] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -68,7 +70,8 @@ def preflight(
     try:
         parsed = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     except ConfigError as exc:
-        cause = exc.__cause__  # load_recipe's one-line error over what the models refused: each, by term
+        # load_recipe's one-line error over what the models refused: each, by term
+        cause = exc.__cause__
         if isinstance(cause, ValidationError):
             report.problems.extend(_validation_problems(cause, _term_places(recipe)))
         else:
@@ -84,7 +87,8 @@ def preflight(
 
 def _term_places(recipe: Any) -> list[str]:
     """`reward.<term name>` for each term of the training panel, where the recipe's own mapping says
-    so unambiguously (a `terms:` list; verl-omni `reward_functions` without validation functions)."""
+    so unambiguously (a `terms:` list; verl-omni `reward_functions` without validation
+    functions)."""
     if not isinstance(recipe, Mapping):
         return []
     terms, reward = recipe.get("terms"), recipe.get("reward")
@@ -98,13 +102,18 @@ def _term_places(recipe: Any) -> list[str]:
 
 
 def _validation_problems(exc: ValidationError, places: list[str]) -> list[str]:
-    """One problem per validation error, naming its term (`terms.<i>` -> `reward.<name>`) where known."""
+    """One problem per validation error, naming its term (`terms.<i>` -> `reward.<name>`) where
+    known."""
     problems = []
     for error in exc.errors():
         loc = [str(part) for part in error["loc"]]
-        index = int(loc[1]) if len(loc) >= 2 and loc[0] == "terms" and loc[1].isdigit() else len(places)
+        index = (
+            int(loc[1]) if len(loc) >= 2 and loc[0] == "terms" and loc[1].isdigit() else len(places)
+        )
         if index < len(places) and places[index]:
-            problems.append(": ".join([places[index], *([".".join(loc[2:])] if loc[2:] else []), error["msg"]]))
+            problems.append(
+                ": ".join([places[index], *([".".join(loc[2:])] if loc[2:] else []), error["msg"]])
+            )
         else:
             problems.append(f"{'.'.join(loc)}: {error['msg']}" if loc else error["msg"])
     return problems
@@ -116,28 +125,43 @@ def _check_panel(panel: PanelConfig, where: str, report: PreflightReport) -> Non
 
 
 def check_backend(backend: BackendConfig, place: str) -> PreflightReport:
-    """One backend's checks (`serve --scorer`'s spec), its problems named by `place`; never raises."""
+    """One backend's checks (`serve --scorer`'s spec), its problems named by `place`; never
+    raises."""
     report = PreflightReport()
     _check_backend(backend, place, report)
     return report
 
 
-def _check_backend(backend: BackendConfig, place: str, report: PreflightReport, component: str | None = None) -> None:
-    if isinstance(backend, (RemoteBackendConfig, JobBackendConfig)):  # nothing of ours to check but the token
+def _check_backend(
+    backend: BackendConfig, place: str, report: PreflightReport, component: str | None = None
+) -> None:
+    # nothing of ours to check but the token
+    if isinstance(backend, (RemoteBackendConfig, JobBackendConfig)):
         if backend.token_env is not None and not os.environ.get(backend.token_env):
-            report.problems.append(f"{place}: environment variable {backend.token_env} (the token) is not set")
+            report.problems.append(
+                f"{place}: environment variable {backend.token_env} (the token) is not set"
+            )
         return
-    search = _env_search(backend, place, report) if isinstance(backend, ManagedScorerProcessSpec) else None
+    search = (
+        _env_search(backend, place, report)
+        if isinstance(backend, ManagedScorerProcessSpec)
+        else None
+    )
     checked = _check_scorer(backend, place, report, search)
     if checked is None:
         return
     terms, requires = checked
     if component is not None and component not in terms:
-        report.problems.append(f"{place}: component {component!r} is not a term of the scorer ({list(terms)})")
-    unknown = sorted((set(backend.client.required_rewards) | set(backend.client.weights)) - set(terms))
+        report.problems.append(
+            f"{place}: component {component!r} is not a term of the scorer ({list(terms)})"
+        )
+    unknown = sorted(
+        (set(backend.client.required_rewards) | set(backend.client.weights)) - set(terms)
+    )
     if unknown:
         report.problems.append(
-            f"{place}: required_rewards/weights {unknown} are not terms of the scorer ({list(terms)})"
+            f"{place}: required_rewards/weights {unknown} are not terms of the scorer "
+            f"({list(terms)})"
         )
     if isinstance(backend, ManagedScorerProcessSpec) and search is not None:
         _check_env_modules(backend, place, report, requires, search)
@@ -149,7 +173,8 @@ def _check_scorer(
     report: PreflightReport,
     search: list[str] | None = None,
 ) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """The scorer's terms and the modules it needs from its env; None (and a problem) if unusable."""
+    """The scorer's terms and the modules it needs from its env; None (and a problem) if
+    unusable."""
     built = _build_scorer(backend, place, report, search)
     if built is None:
         return None
@@ -177,24 +202,32 @@ def _build_scorer(
     process = backend.process if isinstance(backend, ManagedScorerProcessSpec) else None
     extra = [str(p) for p in process.extra_import_paths] if process else []
     added = [p for p in extra if p not in sys.path]
-    sys.path.extend(added)  # the child gets them too; the scorer's spec is read from the same modules
+    # the child gets them too; the scorer's spec is read from the same modules
+    sys.path.extend(added)
     try:
         # built and hashed in the environment its child will have (a param it resolves from the
         # environment, such as $MATH_VERIFY_TIMEOUT_S, may be set for the child in process.env)
         with _environ(process.env if process else {}):
             cls = resolve_scorer(config.name, config.catalog)
-            unknown = unknown_params(cls, config.params)  # named with the valid ones, not a TypeError's words
+            # named with the valid ones, not a TypeError's words
+            unknown = unknown_params(cls, config.params)
             if unknown is not None:
                 report.problems.append(f"{place}: scorer {config.name!r} params: {unknown}")
                 return None
             scorer = cls(**config.params)
             identity = scorer_identity_hash(scorer, config.params)
     except (UnknownScorerError, CatalogError) as exc:
-        env_only = search is not None and isinstance(exc.__cause__, ImportError) and _env_only(backend, search)
+        env_only = (
+            search is not None
+            and isinstance(exc.__cause__, ImportError)
+            and _env_only(backend, search)
+        )
         if isinstance(backend, ManagedScorerProcessSpec) and search is not None and env_only:
             # the scorer's module lives in its env alone (the reason for a managed child): its spec,
             # terms and pins are the child's to check at start; the env itself is checked below
-            report.notes.append(f"{place}: {exc.__cause__}; checked by the child at start, not here")
+            report.notes.append(
+                f"{place}: {exc.__cause__}; checked by the child at start, not here"
+            )
             _check_env_modules(backend, place, report, (), search)
         else:
             report.problems.append(f"{place}: {exc}")
@@ -203,7 +236,9 @@ def _build_scorer(
         report.problems.append(f"{place}: scorer {config.name!r} params: {exc}")
         return None
     except Exception as exc:  # noqa: BLE001 - a constructor or catalog factory that fails otherwise is named too
-        report.problems.append(f"{place}: scorer {config.name!r} cannot be built: {type(exc).__name__}: {exc}")
+        report.problems.append(
+            f"{place}: scorer {config.name!r} cannot be built: {type(exc).__name__}: {exc}"
+        )
         return None
     finally:
         for path in added:
@@ -222,15 +257,18 @@ def _check_against_config(
     config = backend.scorer
     if config.revision is not None and config.revision != spec.revision:
         report.problems.append(
-            f"{place}: revision pin {config.revision!r}, but scorer {spec.name!r} is {spec.revision!r}"
+            f"{place}: revision pin {config.revision!r}, but scorer {spec.name!r} is "
+            f"{spec.revision!r}"
         )
     if config.identity_hash is not None and config.identity_hash != identity:
         report.problems.append(
-            f"{place}: identity_hash pin {config.identity_hash}, but scorer {spec.name!r} with these params is {identity}"
+            f"{place}: identity_hash pin {config.identity_hash}, but scorer {spec.name!r} "
+            f"with these params is {identity}"
         )
     if config.input_kind != spec.input_kind:
         report.problems.append(
-            f"{place}: input_kind {config.input_kind!r}, but scorer {spec.name!r} takes {spec.input_kind!r}"
+            f"{place}: input_kind {config.input_kind!r}, but scorer {spec.name!r} takes "
+            f"{spec.input_kind!r}"
         )
     if isinstance(backend, ManagedScorerProcessSpec) and backend.gpu_residency == "per_call":
         if not spec.supports_offload:
@@ -255,7 +293,9 @@ def _environ(overlay: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _env_search(spec: ManagedScorerProcessSpec, place: str, report: PreflightReport) -> list[str] | None:
+def _env_search(
+    spec: ManagedScorerProcessSpec, place: str, report: PreflightReport
+) -> list[str] | None:
     """Where the child will import from (its venv's site-packages, then extra_import_paths);
     None, with a problem, when the python is not a usable venv."""
     python = spec.process.python_executable
@@ -264,7 +304,8 @@ def _env_search(spec: ManagedScorerProcessSpec, place: str, report: PreflightRep
         text = cfg.read_text()
     except OSError:
         report.problems.append(
-            f"{place}: {python} is not a venv's python (no {cfg}); build it with `managed-scorers envs build NAME`"
+            f"{place}: {python} is not a venv's python (no {cfg}); build it with "
+            f"`managed-scorers envs build NAME`"
         )
         return None
     match = re.search(r"^version(?:_info)?\s*=\s*(\d+)\.(\d+)", text, re.MULTILINE)
@@ -291,11 +332,17 @@ def _custom_modules(spec: ManagedScorerProcessSpec | LocalBackendConfig) -> list
 
 def _env_only(spec: ManagedScorerProcessSpec | LocalBackendConfig, search: list[str]) -> bool:
     modules = _custom_modules(spec)
-    return bool(modules) and all(importlib.machinery.PathFinder.find_spec(top, search) for top, _ in modules)
+    return bool(modules) and all(
+        importlib.machinery.PathFinder.find_spec(top, search) for top, _ in modules
+    )
 
 
 def _check_env_modules(
-    spec: ManagedScorerProcessSpec, place: str, report: PreflightReport, requires: tuple[str, ...], search: list[str]
+    spec: ManagedScorerProcessSpec,
+    place: str,
+    report: PreflightReport,
+    requires: tuple[str, ...],
+    search: list[str],
 ) -> None:
     env = spec.process.python_executable.parent.parent
     for module in (*CHILD_RUNTIME_MODULES, *requires):
@@ -304,6 +351,7 @@ def _check_env_modules(
     for top, dotted in _custom_modules(spec):
         if importlib.machinery.PathFinder.find_spec(top, search) is None:
             report.problems.append(
-                f"{place}: the child cannot import {top!r} (from {dotted!r}): list its directory in "
+                f"{place}: the child cannot import {top!r} (from {dotted!r}): list its "
+                f"directory in "
                 "process.extra_import_paths"
             )

@@ -1,10 +1,10 @@
 """Score a dataset through a panel: one output row per input row, in input order, resumable.
 
 The run's metadata (the panel's identity hash, each term's scorer and revision) goes to a sidecar
-beside the output (`OUT.meta.json`); each output line is one input row's result: `id`, `reward` (null when the row could
-not be scored), `components` (null where a term does not apply, or failed), `failed_terms`
-(optional terms that failed for this row, and why: its reward lacks them) and `error` (why
-there is no reward). A row with an error or a failed term is not clean: it is counted,
+beside the output (`OUT.meta.json`); each output line is one input row's result: `id`, `reward`
+(null when the row could not be scored), `components` (null where a term does not apply, or failed),
+`failed_terms` (optional terms that failed for this row, and why: its reward lacks them) and `error`
+(why there is no reward). A row with an error or a failed term is not clean: it is counted,
 `--retry-errors` scores it again, and the run's exit status says so.
 Each row also carries `input_sha`, a digest of its input row. Rows are written a whole batch
 at a time, flushed, so an interrupted run (Ctrl-C, a kill) leaves a valid prefix; `resume`
@@ -14,8 +14,8 @@ identity (a changed revision, params or weights). Malformed input fails before a
 scored or started, naming the file and line. A batch the scorer refuses is split until the
 refused rows (or groups) are isolated: each gets `reward: null` and its error, never a reward;
 when every unit of a batch fails on its own, or 10 units in a row do, the run stops instead.
-Reading and checking the input: `dataset_rows`; the output file, its sidecar and resume: `dataset_output`
-(stdout and Parquet: `dataset_sinks`).
+Reading and checking the input: `dataset_rows`; the output file, its sidecar and resume:
+`dataset_output` (stdout and Parquet: `dataset_sinks`).
 """
 
 from __future__ import annotations
@@ -62,17 +62,21 @@ class Summary:
         ok = self.scored - self.errors
         mean = f"{self.reward_sum / ok:.4f}" if ok else "-"
         return (
-            f"{self.scored} rows scored ({self.errors} with errors, {self.partial} missing a failed optional term), "
-            f"{self.skipped} already done" + (f" ({self.retried} of them scored again)" if self.retried else "") + ", "
+            f"{self.scored} rows scored ({self.errors} with errors, {self.partial} missing a "
+            f"failed optional term), {self.skipped} already done"
+            + (f" ({self.retried} of them scored again)" if self.retried else "")
+            + ", "
             f"mean reward {mean}, {self.seconds:.1f} s"
         )
 
 
 def _results(panel: RewardPanel, items: list[RewardItem]) -> Iterator[tuple[dict[str, Any], Any]]:
-    """Rows for `items`; a refused batch is split (whole groups) until the refused rows are isolated."""
+    """Rows for `items`; a refused batch is split (whole groups) until the refused rows are
+    isolated."""
     try:
         response = panel.compute_rewards(RewardRequest(items=items, group_size=panel.group_size))
-    except ScorerItemsFailed as exc:  # a required term could not score these rows: they fail, the rest is rescored
+    # a required term could not score these rows: they fail, the rest is rescored
+    except ScorerItemsFailed as exc:
         if not any(item.id in exc.failed for item in items):
             raise
         yield from _without_failed(panel, items, exc)
@@ -90,7 +94,9 @@ def _without_failed(
 ) -> Iterator[tuple[dict[str, Any], Any]]:
     """The failed rows as failed, the rest rescored, in input order. A failed row takes its whole
     group down: its siblings' group-relative rewards would be wrong."""
-    groups = {item.group_id for item in items if item.id in exc.failed and item.group_id is not None}
+    groups = {
+        item.group_id for item in items if item.id in exc.failed and item.group_id is not None
+    }
     reasons = {
         item.id: exc.failed.get(item.id, "a member of its group could not be scored")
         for item in items
@@ -115,7 +121,10 @@ def _bisected(
             yield _failed_row(item.id, f"{type(exc).__name__}: {exc}"), None
         return
     half = len(units) // 2
-    for part in ([i for unit in units[:half] for i in unit], [i for unit in units[half:] for i in unit]):
+    for part in (
+        [i for unit in units[:half] for i in unit],
+        [i for unit in units[half:] for i in unit],
+    ):
         yield from _results(panel, part)
 
 
@@ -127,12 +136,15 @@ def _scored_rows(response: RewardResponse) -> Iterator[tuple[dict[str, Any], Any
             failed_terms.setdefault(item_id, {})[failure.term] = f"{failure.kind}: {failure.error}"
     for index, item_id in enumerate(response.ids):
         partial = failed_terms.get(item_id, {})
-        failed = not response.successes[index] and not partial  # not a success, and not for an optional term
+        # not a success, and not for an optional term
+        failed = not response.successes[index] and not partial
         yield (
             {
                 "id": item_id,
                 "reward": None if failed else response.rewards[index],
-                "components": {name: values[index] for name, values in response.component_rewards.items()},
+                "components": {
+                    name: values[index] for name, values in response.component_rewards.items()
+                },
                 "failed_terms": partial,
                 "error": response.errors[index] if failed else None,
             },
@@ -155,7 +167,8 @@ def score_dataset(
     batch_size: int = 64,
     progress: Callable[[int, int], Callable[[int], None]] | None = None,
 ) -> Summary:
-    """Score `rows[plan.done:]` into `output` (see the module docstring); KeyboardInterrupt leaves it resumable."""
+    """Score `rows[plan.done:]` into `output` (see the module docstring); KeyboardInterrupt leaves
+    it resumable."""
     started = time.monotonic()
     check_resumable(plan.header, header, claim.path)
     todo = rows[plan.done :]
@@ -169,7 +182,9 @@ def score_dataset(
     else:
         claim.cut(plan.truncate_at)  # a torn last line, or a group cut short, goes
     for batch in micro_batches(todo, batch_size, lambda row: group_of(row, columns)):
-        written, failed_in_a_row = _score_batch(panel, batch, columns, input_dir, summary, failed_in_a_row)
+        written, failed_in_a_row = _score_batch(
+            panel, batch, columns, input_dir, summary, failed_in_a_row
+        )
         claim.write(_lines(written))
         summary.scored += len(written)
         summary.errors += sum(r["reward"] is None for r in written)
@@ -190,7 +205,8 @@ def _score_batch(
     summary: Summary,
     failed_in_a_row: int,
 ) -> tuple[list[dict[str, Any]], int]:
-    """The output records of one batch, in input order; raises instead when the failures look systemic."""
+    """The output records of one batch, in input order; raises instead when the failures look
+    systemic."""
     built, unreadable = items_of(batch, columns, input_dir)
     scored = iter(_results(panel, built) if built else [])
     written = []
@@ -204,14 +220,19 @@ def _score_batch(
             summary.diagnostics = merge_term_reports([summary.diagnostics, diagnostics])
     if [r["id"] for r in written] != [row.id for row in batch]:
         raise RuntimeError("scored rows came back out of input order")  # never written misaligned
-    # rows whose input would not decode are the data's fault, not the scorer's: they never stop the run
+    # rows whose input would not decode are the data's fault, not the scorer's: they never stop the
+    # run
     units = _unit_failures(
-        [r for r in batch if r.id not in unreadable], [w for w in written if w["id"] not in unreadable], columns
+        [r for r in batch if r.id not in unreadable],
+        [w for w in written if w["id"] not in unreadable],
+        columns,
     )
     failed_in_a_row = _consecutive_failures(failed_in_a_row, units)
     if (len(units) > 1 and all(units)) or failed_in_a_row >= STOP_AFTER_FAILED_UNITS:
         first = next(r["error"] for r in written if r["reward"] is None)
-        raise ScorerRequestError(f"{failed_in_a_row} rows or groups in a row failed on their own, e.g. {first}")
+        raise ScorerRequestError(
+            f"{failed_in_a_row} rows or groups in a row failed on their own, e.g. {first}"
+        )
     for record, row in zip(written, batch, strict=True):
         record["input_sha"] = row.digest
     return written, failed_in_a_row
@@ -228,13 +249,16 @@ def _retry_errors(
     summary: Summary,
 ) -> ResumePlan:
     """Score the written error rows again and put their new records in place: the file is rewritten
-    whole under a temporary name, then renamed over the output (a kill meanwhile leaves the old one)."""
+    whole under a temporary name, then renamed over the output (a kill meanwhile leaves the old
+    one)."""
     output = claim.path
     again = [rows[i] for i in plan.retry]
     fresh: dict[str, str] = {}
     for batch in micro_batches(again, batch_size, lambda row: group_of(row, columns)):
         written, _ = _score_batch(panel, batch, columns, input_dir, summary, 0)
-        fresh.update({record["id"]: json.dumps(record, allow_nan=False) + "\n" for record in written})
+        fresh.update(
+            {record["id"]: json.dumps(record, allow_nan=False) + "\n" for record in written}
+        )
         summary.retried += len(written)
         summary.errors += sum(r["reward"] is None for r in written)
         summary.partial += sum(bool(r["failed_terms"]) for r in written)
@@ -245,7 +269,9 @@ def _retry_errors(
     return ResumePlan(plan.header, plan.done, sum(len(line.encode()) for line in rewritten))
 
 
-def _unit_failures(batch: Sequence[Row], written: list[dict[str, Any]], columns: Columns) -> list[bool]:
+def _unit_failures(
+    batch: Sequence[Row], written: list[dict[str, Any]], columns: Columns
+) -> list[bool]:
     """Per unit of the batch (a group, or a row of its own), in order: did every row of it fail?"""
     units: dict[str, bool] = {}
     for row, record in zip(batch, written, strict=True):
@@ -266,7 +292,7 @@ def _lines(records: list[dict[str, Any]]) -> str:
 
 
 def metrics_line(summary: Summary, namespace: str = "train") -> str:
-    """The run's diagnostics as metrics, named as a trainer logs them: `train/...`, or `val/...` for the
-    validation panel."""
+    """The run's diagnostics as metrics, named as a trainer logs them: `train/...`, or `val/...` for
+    the validation panel."""
     metrics = to_metrics(summary.diagnostics, namespace) if summary.diagnostics else {}
     return "  ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if math.isfinite(v))

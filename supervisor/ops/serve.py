@@ -70,36 +70,46 @@ def read_token(token_env: str | None, token_file: Path | None) -> str:
     elif token_env is not None and os.environ.get(token_env):
         token = os.environ[token_env]
     else:
-        raise ConfigError(f"no token: set ${token_env} or pass --token-file (a 0600 file; made if missing)")
+        raise ConfigError(
+            f"no token: set ${token_env} or pass --token-file (a 0600 file; made if missing)"
+        )
     if len(token) < MIN_TOKEN_CHARS:
         raise ConfigError(f"the token must have at least {MIN_TOKEN_CHARS} characters")
     return token
 
 
 def read_secret(path: Path) -> str:
-    """The OpenRLHF route's secret: a file only this user can read, made with a fresh one when missing."""
+    """The OpenRLHF route's secret: a file only this user can read, made with a fresh one when
+    missing."""
     secret = _token_from_file(path)
     if len(secret) < MIN_TOKEN_CHARS or not all(c.isalnum() or c in "-_" for c in secret):
         raise ConfigError(
-            f"the secret in {path} must have at least {MIN_TOKEN_CHARS} characters, all letters, digits, '-' or '_' "
+            f"the secret in {path} must have at least {MIN_TOKEN_CHARS} characters, all "
+            f"letters, digits, '-' or '_' "
             "(it goes into a URL as it is)"
         )
     return secret
 
 
 def _token_from_file(path: Path) -> str:
-    """Read through one descriptor, never a symlink, checked with fstat on that same descriptor; a new
-    file is written whole under a temporary name, then linked into place (no reader sees it empty)."""
+    """Read through one descriptor, never a symlink, checked with fstat on that same descriptor; a
+    new file is written whole under a temporary name, then linked into place (no reader sees it
+    empty)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return _new_token_file(path)
     except OSError as exc:
-        raise ConfigError(f"cannot open the token file {path}: {exc.strerror} (a symlink is refused)") from exc
+        raise ConfigError(
+            f"cannot open the token file {path}: {exc.strerror} (a symlink is refused)"
+        ) from exc
     with os.fdopen(fd) as handle:
         info = os.fstat(fd)
         if info.st_uid != os.getuid() or info.st_mode & 0o077 or not stat.S_ISREG(info.st_mode):
-            raise ConfigError(f"{path} must be a file of this user's that nobody else can read or write (chmod 600)")
+            raise ConfigError(
+                f"{path} must be a file of this user's that nobody else can read or write "
+                f"(chmod 600)"
+            )
         return handle.read().strip()
 
 
@@ -111,7 +121,8 @@ def _new_token_file(path: Path) -> str:
         with os.fdopen(fd, "w") as handle:
             handle.write(token + "\n")
         try:
-            os.link(temporary, path)  # fails if another serve made it meanwhile: then that one is the token
+            # fails if another serve made it meanwhile: then that one is the token
+            os.link(temporary, path)
         except FileExistsError:
             return _token_from_file(path)
     finally:
@@ -145,20 +156,22 @@ def enough_descriptors(max_pending: int) -> None:
     if soft != resource.RLIM_INFINITY and soft < needed:
         if hard != resource.RLIM_INFINITY and hard < needed:
             raise ConfigError(
-                f"{max_pending} pending connections need {needed} file descriptors; this process may open at most "
-                f"{hard} (ulimit -Hn): lower --max-pending-connections or raise the limit"
+                f"{max_pending} pending connections need {needed} file descriptors; this "
+                f"process may open at most {hard} (ulimit -Hn): lower "
+                f"--max-pending-connections or raise the limit"
             )
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
 def panel_spec(recipe: Path, limits: dict[str, Any]) -> ManagedScorerProcessSpec:
-    """A panel server as a child spec: the panel scorer (`ops/panel_scorer`) in this very python (the
-    trainer env's: the panel's own children get their envs), our packages on its path. The
-    recipe is read and preflighted here too (names, params, envs), so that a bad one is refused before
-    anything is bound or started."""
+    """A panel server as a child spec: the panel scorer (`ops/panel_scorer`) in this very python
+    (the trainer env's: the panel's own children get their envs), our packages on its path. The
+    recipe is read and preflighted here too (names, params, envs), so that a bad one is refused
+    before anything is bound or started."""
     path = recipe.resolve()
     check_recipe(load_recipe(path), recipe)
-    project = Path(__file__).resolve().parents[2]  # where supervisor/, child_runtime/ and scorers/ lie
+    # where supervisor/, child_runtime/ and scorers/ lie
+    project = Path(__file__).resolve().parents[2]
     return ManagedScorerProcessSpec.model_validate(
         {
             "process": {"python_executable": sys.executable, "extra_import_paths": [str(project)]},
@@ -178,15 +191,17 @@ def _as_panel_server(config: dict[str, Any], env: dict[str, str]) -> None:
 
 
 def _distinct_secrets(token: str, openrlhf_secret: str | None, metrics_token: str | None) -> None:
-    """The OpenRLHF secret and the metrics token each differ from the token, which drives every endpoint."""
+    """The OpenRLHF secret and the metrics token each differ from the token, which drives every
+    endpoint."""
     if openrlhf_secret is not None and hmac.compare_digest(openrlhf_secret, token):
         raise ConfigError(
-            "the OpenRLHF secret must differ from the token: the URL that carries it is seen in command lines "
-            "and logs, and the token drives every endpoint"
+            "the OpenRLHF secret must differ from the token: the URL that carries it is seen "
+            "in command lines and logs, and the token drives every endpoint"
         )
     if metrics_token is not None and hmac.compare_digest(metrics_token, token):
         raise ConfigError(
-            "the metrics token must differ from the token: it is handed to a scraper, which may only read"
+            "the metrics token must differ from the token: it is handed to a scraper, which "
+            "may only read"
         )
 
 
@@ -204,31 +219,48 @@ def serve(
     _distinct_secrets(token, openrlhf_secret, metrics_token)
     if spec.replicas.size > 1:
         raise ConfigError(
-            f"serve runs one child; the spec asks for {spec.replicas.size} replicas: serve each on its own port "
+            f"serve runs one child; the spec asks for {spec.replicas.size} replicas: serve "
+            f"each on its own port "
             "(process.visible_devices narrows each to its GPU)"
         )
     enough_descriptors(spec.limits.max_pending_connections)
     listener = bind(host, port, allow_remote)
     plan = launch_plan(spec, segment=None)
-    env = {key: value for key, value in plan.env.items() if key != token_env}  # the token reaches it on stdin only
+    # the token reaches it on stdin only
+    env = {key: value for key, value in plan.env.items() if key != token_env}
     listener.set_inheritable(True)
-    ready_fd = os.dup(sys.stdout.fileno())  # the runtime closes its readiness pipe; stdout stays open
+    # the runtime closes its readiness pipe; stdout stays open
+    ready_fd = os.dup(sys.stdout.fileno())
     os.set_inheritable(ready_fd, True)
-    config = {**plan.boot, "token": token, "listen_fd": listener.fileno(), "ready_fd": ready_fd, "parent_pid": None}
+    config = {
+        **plan.boot,
+        "token": token,
+        "listen_fd": listener.fileno(),
+        "ready_fd": ready_fd,
+        "parent_pid": None,
+    }
     if spec.scorer.name == PANEL_SCORER:
         _as_panel_server(config, env)
     if openrlhf_secret is not None:
         config["openrlhf_secret"] = openrlhf_secret
     if metrics_token is not None:
         config["metrics_token"] = metrics_token
-    stdin = os.memfd_create("managed-scorers-boot", os.MFD_CLOEXEC)  # only its dup on fd 0 crosses the exec
+    # only its dup on fd 0 crosses the exec
+    stdin = os.memfd_create("managed-scorers-boot", os.MFD_CLOEXEC)
     os.write(stdin, boot.frame(config))
     os.lseek(stdin, 0, os.SEEK_SET)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(stdin, 0)
     os.chdir(plan.cwd)
-    argv = [str(plan.python_executable), "-X", "faulthandler", "-m", "child_runtime", "--standalone"]
+    argv = [
+        str(plan.python_executable),
+        "-X",
+        "faulthandler",
+        "-m",
+        "child_runtime",
+        "--standalone",
+    ]
     try:
         os.execve(argv[0], argv, env)
     except OSError as exc:

@@ -11,8 +11,9 @@ EXAMPLES = Path(__file__).resolve().parent / "example_recipes"
 
 
 def example_recipes() -> dict[str, Path]:
-    """The recipes that ship with the package, by name (`managed-scorers recipes NAME` prints one): a
-    verl-omni recipe and a UniRL `_target_` tree, each naming its scorer envs, so they run installed."""
+    """The recipes that ship with the package, by name (`managed-scorers recipes NAME` prints one):
+    a verl-omni recipe and a UniRL `_target_` tree, each naming its scorer envs, so they run
+    installed."""
     return {path.stem: path for path in sorted(EXAMPLES.glob("*.yaml"))}
 
 

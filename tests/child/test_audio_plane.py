@@ -1,5 +1,5 @@
-"""Audio as an input kind: float32 (channels, samples) with its sample rate, checked on both sides of
-the wire and carried losslessly (in-band and through the shared segment) to a managed child."""
+"""Audio as an input kind: float32 (channels, samples) with its sample rate, checked on both sides
+of the wire and carried losslessly (in-band and through the shared segment) to a managed child."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ RATES = [8000, 16000, 22050, 44100, 48000]
 
 
 def waveforms() -> list[np.ndarray]:
-    """Different lengths and channel counts, one of them 1-D (mono), every value a random float32."""
+    """Different lengths and channel counts, one of them 1-D (mono), every value a random
+    float32."""
     rng = np.random.default_rng(27)
     shapes = [(1, 100), (2, 40000), (6, 12345), (20000,), (1, 70001)]
     return [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
@@ -43,12 +44,24 @@ def test_a_1d_waveform_is_mono_viewed_not_copied_and_the_wire_item_keeps_the_rat
             {"audio": np.array([[0.0, np.nan, 0.5]], np.float32), "audio_sample_rate": 8000},
             r"item 'x'.*non-finite.*sample 1",
         ),
-        ({"audio": np.array([[0.0, 0.1], [np.inf, 0]], np.float32), "audio_sample_rate": 8000}, r"channel 1, sample 0"),
-        ({"audio": np.zeros((1, 4), np.float32)}, r"item 'x'.*audio_sample_rate must be a positive int"),
+        (
+            {"audio": np.array([[0.0, 0.1], [np.inf, 0]], np.float32), "audio_sample_rate": 8000},
+            r"channel 1, sample 0",
+        ),
+        (
+            {"audio": np.zeros((1, 4), np.float32)},
+            r"item 'x'.*audio_sample_rate must be a positive int",
+        ),
         ({"audio": np.zeros((1, 4), np.float32), "audio_sample_rate": 0}, "positive int"),
         ({"audio_sample_rate": 16000}, "has no audio"),
-        ({"audio": np.zeros((2, 3, 4), np.float32), "audio_sample_rate": 8000}, r"float32 \(channels, samples\)"),
-        ({"audio": np.zeros((48000, 2), np.float32), "audio_sample_rate": 8000}, "must be transposed"),
+        (
+            {"audio": np.zeros((2, 3, 4), np.float32), "audio_sample_rate": 8000},
+            r"float32 \(channels, samples\)",
+        ),
+        (
+            {"audio": np.zeros((48000, 2), np.float32), "audio_sample_rate": 8000},
+            "must be transposed",
+        ),
         ({"audio": np.zeros((1, 0), np.float32), "audio_sample_rate": 8000}, "at least one sample"),
         ({"audio": np.zeros((1, 4), np.float64), "audio_sample_rate": 8000}, "got float64"),
         ({"audio": [0.0, 0.1], "audio_sample_rate": 8000}, "got list"),
@@ -72,30 +85,44 @@ def test_the_child_side_refuses_what_a_client_other_than_ours_might_send():
         item_from_wire(wire.decode(wire.encode(bad)), 0)
     with pytest.raises(RequestError, match=r"audio_sample_rate must be a positive int"):
         item_from_wire({"id": "w", "audio": np.zeros((1, 2), np.float32)}, 0)
-    with pytest.raises(RequestError, match=r"has 8 bytes \(limit 4\)"):  # the media limit, as for images
+    # the media limit, as for images
+    with pytest.raises(RequestError, match=r"has 8 bytes \(limit 4\)"):
         item_from_wire(
-            {"id": "w", "audio": np.zeros((1, 2), np.float32), "audio_sample_rate": 1}, 0, Limits(max_media_bytes=4)
+            {"id": "w", "audio": np.zeros((1, 2), np.float32), "audio_sample_rate": 1},
+            0,
+            Limits(max_media_bytes=4),
         )
 
 
 @pytest.mark.slow
-def test_audio_reaches_a_managed_child_bit_for_bit_in_band_and_through_the_segment(managed, image_python):
+def test_audio_reaches_a_managed_child_bit_for_bit_in_band_and_through_the_segment(
+    managed, image_python
+):
     backend = managed(image_python, f"{FIXTURES}:AudioEcho", "audio")
     assert backend.ready_info["shared_memory"] is True
     sent = waveforms()
     request = RewardRequest(
-        items=[RewardItem(id=f"a{i}", audio=w, audio_sample_rate=RATES[i]) for i, w in enumerate(sent)]
+        items=[
+            RewardItem(id=f"a{i}", audio=w, audio_sample_rate=RATES[i]) for i, w in enumerate(sent)
+        ]
     )
     small = RewardRequest(items=[request.items[0]])  # 400 bytes: in-band
     for req, backing in ((request, "mmap"), (small, "bytes")):
         response = backend.compute_rewards(req)
         expected = [audio_checksum(item.audio) for item in req.items]
         assert response.component_rewards["checksum"] == expected
-        assert response.component_rewards["channels"] == [float(item.audio.shape[0]) for item in req.items]
-        assert response.component_rewards["samples"] == [float(item.audio.shape[1]) for item in req.items]
-        assert response.component_rewards["rate"] == [float(item.audio_sample_rate) for item in req.items]
+        assert response.component_rewards["channels"] == [
+            float(item.audio.shape[0]) for item in req.items
+        ]
+        assert response.component_rewards["samples"] == [
+            float(item.audio.shape[1]) for item in req.items
+        ]
+        assert response.component_rewards["rate"] == [
+            float(item.audio_sample_rate) for item in req.items
+        ]
         assert response.diagnostics["audio_echo"]["values"][f"{backing}_backed"] == len(req.items)
-    # the checksum is of the trainer's own bytes: 1-D mono arrived as (1, samples) of the same floats
+    # the checksum is of the trainer's own bytes: 1-D mono arrived as (1, samples) of the same
+    # floats
     assert audio_checksum(request.items[3].audio) == float(
         int.from_bytes(hashlib.sha256(sent[3].tobytes()).digest()[:6], "big")
     )

@@ -32,7 +32,10 @@ def raw_client(backend, token: str | None, authorization: str | None = None) -> 
     if authorization is not None:
         headers = {"authorization": authorization}
     return httpx.Client(
-        base_url=f"http://127.0.0.1:{backend._child.port}", headers=headers, trust_env=False, timeout=10
+        base_url=f"http://127.0.0.1:{backend._child.port}",
+        headers=headers,
+        trust_env=False,
+        timeout=10,
     )
 
 
@@ -58,22 +61,25 @@ def test_health_reports_identity(managed, trainer_python):
         "concurrent_calls": 1,
         "pid": backend.pid,
         "in_flight": 0,
-        "json_parsing": 0,  # JSON bodies being parsed now (serve's OpenRLHF route), off the event loop
+        # JSON bodies being parsed now (serve's OpenRLHF route), off the event loop
+        "json_parsing": 0,
         "residency": "resident",
         "gpu_residency": "resident",
         "warming": False,  # nothing load() started is still coming up
-        "wedged": None,  # why the scorer can serve no more (a call left a thread running past its deadline)
+        # why the scorer can serve no more (a call left a thread running past its deadline)
+        "wedged": None,
         "packages": {},
         "terms": ["probe"],
         "python": str(trainer_python),
         "connections": {"pending": 0, "evicted": 0},
         "idempotency": {"entries": 0, "replays": 0},
         "reward_term": None,  # a served panel's weighted reward: a plain scorer has none
-        "identity": None,  # what a served panel's identity covers (its terms'); None for a plain scorer
+        # what a served panel's identity covers (its terms'); None for a plain scorer
+        "identity": None,
     }
-    assert psutil.Process(backend.pid).exe() == str(Path(trainer_python).resolve()) or psutil.Process(
-        backend.pid
-    ).cmdline()[0] == str(trainer_python)
+    assert psutil.Process(backend.pid).exe() == str(
+        Path(trainer_python).resolve()
+    ) or psutil.Process(backend.pid).cmdline()[0] == str(trainer_python)
 
 
 def test_score_echoes_ids_and_values(managed, trainer_python):
@@ -115,22 +121,28 @@ def test_onload_offload_and_409_when_offloaded(managed, trainer_python):
 
 
 def test_per_call_residency_ends_offloaded(managed, trainer_python):
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", gpu_residency="per_call")
+    backend = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Probe", gpu_residency="per_call"
+    )
     assert backend.health()["residency"] == "offloaded"
     assert backend.compute_rewards(text_request("ab")).rewards == [2.0]
     assert backend.health()["residency"] == "offloaded"
 
 
 def test_drain_waits_for_requests_accepted_before_it(managed, trainer_python, tmp_path):
-    journal = tmp_path / "calls"  # the scorer journals a call as it ends: the order, read in the child
+    # the scorer journals a call as it ends: the order, read in the child
+    journal = tmp_path / "calls"
     params = {"sleep_s": 1.0, "journal": str(journal)}
     backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", params=params)
     scored: list[list[float]] = []
-    worker = threading.Thread(target=lambda: scored.append(backend.compute_rewards(text_request("slow")).rewards))
+    worker = threading.Thread(
+        target=lambda: scored.append(backend.compute_rewards(text_request("slow")).rewards)
+    )
     worker.start()
     wait_in_flight(backend)
     result = backend.drain(timeout_s=30)
-    ended = journal_calls(str(journal)) if journal.exists() else []  # read the moment drain returned
+    # read the moment drain returned
+    ended = journal_calls(str(journal)) if journal.exists() else []
     worker.join(timeout=30)
     assert result == {"drained": 1}
     assert len(ended) == 1, "drain returned before the score finished"
@@ -139,7 +151,9 @@ def test_drain_waits_for_requests_accepted_before_it(managed, trainer_python, tm
 
 
 def test_drain_timeout_is_a_504(managed, trainer_python):
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", params={"sleep_s": 2.0})
+    backend = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Probe", params={"sleep_s": 2.0}
+    )
     worker = threading.Thread(target=lambda: backend.compute_rewards(text_request("slow")))
     worker.start()
     wait_in_flight(backend)
@@ -158,12 +172,22 @@ def test_shutdown_endpoint_stops_the_child(managed, trainer_python):
 
 @pytest.mark.parametrize("method,path", ENDPOINTS)
 @pytest.mark.parametrize(
-    "authorization", [None, "Bearer", "Bearer wrong-token-0123456789", "Basic dXNlcjpwYXNz", "TRUNCATED", "TOKEN-ONLY"]
+    "authorization",
+    [
+        None,
+        "Bearer",
+        "Bearer wrong-token-0123456789",
+        "Basic dXNlcjpwYXNz",
+        "TRUNCATED",
+        "TOKEN-ONLY",
+    ],
 )
 def test_every_endpoint_refuses_bad_tokens(managed, trainer_python, method, path, authorization):
     backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe")
     token = backend._child.token
-    authorization = {"TRUNCATED": f"Bearer {token[:-1]}", "TOKEN-ONLY": token}.get(authorization, authorization)
+    authorization = {"TRUNCATED": f"Bearer {token[:-1]}", "TOKEN-ONLY": token}.get(
+        authorization, authorization
+    )
     with raw_client(backend, None, authorization) as http:
         response = http.request(method, path)
     assert response.status_code == 401
@@ -190,8 +214,12 @@ BAD_BODIES = {
     "empty": b"",
     "json": b'{"items": []}',
     "bad magic": b"NOTAFRAME" + b"\0" * 32,
-    "truncated buffer": wire.encode({"items": [{"id": "a", "image": np.zeros((4, 4, 3), np.uint8)}]})[:-40],
-    "truncated header": wire.encode({"items": [{"id": "a", "image": np.zeros((4, 4, 3), np.uint8)}]})[:30],
+    "truncated buffer": wire.encode(
+        {"items": [{"id": "a", "image": np.zeros((4, 4, 3), np.uint8)}]}
+    )[:-40],
+    "truncated header": wire.encode(
+        {"items": [{"id": "a", "image": np.zeros((4, 4, 3), np.uint8)}]}
+    )[:30],
     "trailing bytes": wire.encode({"items": [{"id": "a", "text": "x"}]}) + b"\0" * 100,
     "no items": wire.encode({"things": []}),
     "empty items": wire.encode({"items": []}),
@@ -218,7 +246,9 @@ def test_missing_required_field_is_422_naming_it(managed, trainer_python):
         backend.compute_rewards(RewardRequest(items=[RewardItem(id="q1", text="4")]))
     assert info.value.status == 422
     assert "reference" in str(info.value) and "q1" in str(info.value)
-    ok = backend.compute_rewards(RewardRequest(items=[RewardItem(id="q1", text=" 4 ", reference={"answer": "4"})]))
+    ok = backend.compute_rewards(
+        RewardRequest(items=[RewardItem(id="q1", text=" 4 ", reference={"answer": "4"})])
+    )
     assert ok.rewards == [1.0]
 
 
@@ -226,13 +256,16 @@ def test_scorer_exception_is_500_with_its_message(managed, trainer_python):
     backend = managed(trainer_python, "tests.helpers.fixture_scorers:Raises")
     with pytest.raises(ScorerRequestError) as info:
         backend.compute_rewards(text_request("a"))
-    assert info.value.status == 500 and "ZeroDivisionError: scorer bug on purpose" in str(info.value)
+    assert info.value.status == 500 and "ZeroDivisionError: scorer bug on purpose" in str(
+        info.value
+    )
     assert info.value.pid == backend.pid
     assert backend.health()["state"] == "ready"
 
 
 @pytest.mark.parametrize(
-    "scorer", ["tests.helpers.fixture_scorers:ReturnsNaN", "tests.helpers.fixture_scorers:WrongCount"]
+    "scorer",
+    ["tests.helpers.fixture_scorers:ReturnsNaN", "tests.helpers.fixture_scorers:WrongCount"],
 )
 def test_contract_breaking_scorers_are_refused_in_the_child(managed, trainer_python, scorer):
     backend = managed(trainer_python, scorer)
@@ -253,8 +286,13 @@ def test_jpeg_scorer_in_image_env_matches_in_process(managed, image_python):
     from supervisor import LocalRewardBackend
 
     rng = np.random.default_rng(0)
-    images = [rng.integers(0, 255, (96, 128, 3), dtype=np.uint8), np.full((96, 128, 3), 200, np.uint8)]
-    request = RewardRequest(items=[RewardItem(id=f"img{i}", image=im) for i, im in enumerate(images)])
+    images = [
+        rng.integers(0, 255, (96, 128, 3), dtype=np.uint8),
+        np.full((96, 128, 3), 200, np.uint8),
+    ]
+    request = RewardRequest(
+        items=[RewardItem(id=f"img{i}", image=im) for i, im in enumerate(images)]
+    )
     backend = managed(image_python, "jpeg_compressibility", input_kind="image")
     with LocalRewardBackend("jpeg_compressibility") as local:
         assert backend.compute_rewards(request).rewards == local.compute_rewards(request).rewards

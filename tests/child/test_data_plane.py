@@ -17,7 +17,11 @@ import psutil
 import pytest
 
 from child_runtime.protocol import wire
-from child_runtime.protocol.shared_segment import SEGMENT_NAME, ChildSegment, SharedSegmentUnavailable
+from child_runtime.protocol.shared_segment import (
+    SEGMENT_NAME,
+    ChildSegment,
+    SharedSegmentUnavailable,
+)
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 from supervisor.child.segment import ParentSegment, SharedArena, _close_fds
 from supervisor.errors import ScorerProcessDied, ScorerRequestError
@@ -85,18 +89,23 @@ def test_negotiated_at_start_and_scores_match_in_process(managed, image_python):
 
 
 def test_extents_are_reused_and_never_serve_stale_bytes(managed, image_python):
-    backend = managed(image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": 0})
+    backend = managed(
+        image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": 0}
+    )
     segment = backend._gen.segment
     for seed, side in enumerate([8, 64, 512, 64, 700, 8]):
         request = images([(side, side, 3), (side // 2 + 1, side, 4)], seed=seed)
         assert backend.compute_rewards(request).rewards == exact_means(request)
-        assert segment.free_bytes == segment.capacity  # each request's extents are freed after its answer
+        # each request's extents are freed after its answer
+        assert segment.free_bytes == segment.capacity
     assert backend._gen.segment is segment  # one segment for the child's life
     assert segment.copied_bytes > 0 and segment.in_place_bytes == 0
 
 
 def test_in_band_when_the_parent_offers_no_segment(managed, image_python):
-    backend = managed(image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": None})
+    backend = managed(
+        image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": None}
+    )
     assert backend.ready_info["shared_memory"] is False
     assert backend.ready_info["shared_memory_error"] == "not offered by the parent"
     assert segment_fds() == set()
@@ -105,7 +114,8 @@ def test_in_band_when_the_parent_offers_no_segment(managed, image_python):
 
 
 class _UnsealedSegment(ParentSegment):
-    """Hands the child an unsealed memfd, which it must refuse: a shrink could make a read SIGBUS."""
+    """Hands the child an unsealed memfd, which it must refuse: a shrink could make a read
+    SIGBUS."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
@@ -127,7 +137,12 @@ def test_a_child_that_refuses_the_segment_is_served_in_band(managed, image_pytho
 
 @pytest.mark.parametrize("min_bytes, backing", [(0, "mmap"), (None, "bytes")])
 def test_the_scorer_gets_read_only_zero_copy_views(managed, image_python, min_bytes, backing):
-    backend = managed(image_python, f"{FIXTURES}:InputProbe", "image", client={"shared_memory_min_bytes": min_bytes})
+    backend = managed(
+        image_python,
+        f"{FIXTURES}:InputProbe",
+        "image",
+        client={"shared_memory_min_bytes": min_bytes},
+    )
     values = backend.compute_rewards(images([(64, 64, 3)] * 3)).diagnostics["input_probe"]["values"]
     assert values["writeable"] == 0
     assert values[f"{backing}_backed"] == 3
@@ -136,17 +151,26 @@ def test_the_scorer_gets_read_only_zero_copy_views(managed, image_python, min_by
 def test_a_scorer_that_writes_its_inputs_gets_private_copies(managed, image_python):
     request = images([(64, 64, 3)] * 2)
     before = [item.image.copy() for item in request.items]
-    backend = managed(image_python, f"{FIXTURES}:WritesInputs", "image", client={"shared_memory_min_bytes": 0})
+    backend = managed(
+        image_python, f"{FIXTURES}:WritesInputs", "image", client={"shared_memory_min_bytes": 0}
+    )
     with LocalRewardBackend(f"{FIXTURES}:WritesInputs") as local:
         for scored in (backend.compute_rewards(request), local.compute_rewards(request)):
             assert scored.rewards == [0.0, 0.0]
             assert scored.diagnostics["writes_inputs"]["values"]["writeable"] == 2
-    assert all(np.array_equal(item.image, old) for item, old in zip(request.items, before, strict=True))
+    assert all(
+        np.array_equal(item.image, old) for item, old in zip(request.items, before, strict=True)
+    )
 
 
 def test_a_scorer_writing_into_read_only_inputs_fails_loudly(managed, image_python):
     request = images([(64, 64, 3)])
-    backend = managed(image_python, f"{FIXTURES}:WritesWithoutSaying", "image", client={"shared_memory_min_bytes": 0})
+    backend = managed(
+        image_python,
+        f"{FIXTURES}:WritesWithoutSaying",
+        "image",
+        client={"shared_memory_min_bytes": 0},
+    )
     with pytest.raises(ScorerRequestError, match="read-only") as caught:
         backend.compute_rewards(request)
     assert caught.value.status == 500
@@ -159,7 +183,11 @@ def test_a_scorer_writing_into_read_only_inputs_fails_loudly(managed, image_pyth
 
 def _shared_frame(descs: list[dict], trailing: bytes = b"") -> bytes:
     header = wire.json.dumps(
-        {"meta": {"items": [{"id": "a", "image": {"__array__": 0}}]}, "arrays": descs, "shared": True}
+        {
+            "meta": {"items": [{"id": "a", "image": {"__array__": 0}}]},
+            "arrays": descs,
+            "shared": True,
+        }
     ).encode()
     return wire.MAGIC + wire._LEN.pack(len(header)) + header + trailing
 
@@ -182,7 +210,9 @@ def _shared_frame(descs: list[dict], trailing: bytes = b"") -> bytes:
     ],
 )
 def test_hostile_shared_frames_are_refused(managed, image_python, case, descs, trailing, message):
-    backend = managed(image_python, "mean_intensity", "image", limits={"max_request_bytes": 32 << 20})
+    backend = managed(
+        image_python, "mean_intensity", "image", limits={"max_request_bytes": 32 << 20}
+    )
     child = backend._gen.child
     with httpx.Client(
         base_url=f"http://127.0.0.1:{child.port}",
@@ -198,7 +228,9 @@ def test_hostile_shared_frames_are_refused(managed, image_python, case, descs, t
 
 
 def test_a_shared_frame_to_a_child_without_a_segment_is_refused(managed, image_python):
-    backend = managed(image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": None})
+    backend = managed(
+        image_python, "mean_intensity", "image", client={"shared_memory_min_bytes": None}
+    )
     child = backend._gen.child
     frame = _shared_frame([{"dtype": "|u1", "shape": [2, 2, 3], "offset": 0, "nbytes": 12}])
     response = httpx.post(
@@ -233,23 +265,33 @@ PARENT_SCRIPT = """
 import sys, time
 import numpy as np
 from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest
-backend = ManagedScorerProcessBackend({
-    "process": {"python_executable": sys.argv[1]},
-    "scorer": {"name": "mean_intensity", "input_kind": "image"},
-    "client": {"input_kind": "image"},
-})
+
+backend = ManagedScorerProcessBackend(
+    {
+        "process": {"python_executable": sys.argv[1]},
+        "scorer": {"name": "mean_intensity", "input_kind": "image"},
+        "client": {"input_kind": "image"},
+    }
+)
 image = np.full((256, 256, 3), 51, np.uint8)
-print(backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=image)])).rewards[0], backend.pid,
-      flush=True)
+print(
+    backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=image)])).rewards[0],
+    backend.pid,
+    flush=True,
+)
 time.sleep(600)
 """
 
 
 def test_a_killed_trainer_leaves_no_segment_anywhere(image_python):
-    """kill -9 of the parent: the child dies with it, and with both gone the kernel frees the memfd."""
+    """kill -9 of the parent: the child dies with it, and with both gone the kernel frees the
+    memfd."""
     shm_before = shm_entries()
     parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT_SCRIPT, str(image_python)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", PARENT_SCRIPT, str(image_python)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         reward, child_pid = parent.stdout.readline().split()
@@ -271,7 +313,8 @@ def test_the_child_gets_a_read_only_descriptor_it_cannot_reseal_or_resize():
     try:
         offset = segment.allocate(10_000)
         segment.array(offset, (3,), np.uint8)[:] = np.frombuffer(b"abc", np.uint8)
-        assert os.fstat(segment.fd).st_blocks * 512 >= 10_000  # the extent's pages are reserved: no SIGBUS later
+        # the extent's pages are reserved: no SIGBUS later
+        assert os.fstat(segment.fd).st_blocks * 512 >= 10_000
         with pytest.raises(PermissionError):
             import fcntl
 
@@ -331,7 +374,8 @@ def test_the_allocator_carves_aligned_extents_and_coalesces_them():
         segment.release(copy, 100)
         for offset in (a, 64, c):
             segment.release_arena(offset)
-        assert segment.free_bytes == 4096 and segment.allocate(4096) == 0  # coalesced back into one extent
+        # coalesced back into one extent
+        assert segment.free_bytes == 4096 and segment.allocate(4096) == 0
     finally:
         segment.close()
 
@@ -360,21 +404,30 @@ def test_arena_arrays_are_scored_in_place_and_freed_with_the_arena(managed, imag
         for i in range(4):
             batch[i] = i * 60
         request = RewardRequest(
-            items=[RewardItem(id=f"a{i}", image=batch[i]) for i in range(4)] + [RewardItem(id="heap", image=heap)]
+            items=[RewardItem(id=f"a{i}", image=batch[i]) for i in range(4)]
+            + [RewardItem(id="heap", image=heap)]
         )
         for _ in range(3):  # the arrays stay valid across requests while the arena is open
             assert backend.compute_rewards(request).rewards == exact_means(request)
-        assert segment.in_place_bytes == 3 * batch.nbytes and segment.copied_bytes == 3 * heap.nbytes
+        assert (
+            segment.in_place_bytes == 3 * batch.nbytes and segment.copied_bytes == 3 * heap.nbytes
+        )
     assert segment.free_bytes == segment.capacity
     with LocalRewardBackend("mean_intensity") as local, local.arena() as heap_arena:
         plain = heap_arena.empty((8, 8, 3))  # same trainer code, ordinary memory
         plain[...] = 255
-        assert local.compute_rewards(RewardRequest(items=[RewardItem(id="p", image=plain)])).rewards == [1.0]
+        assert local.compute_rewards(
+            RewardRequest(items=[RewardItem(id="p", image=plain)])
+        ).rewards == [1.0]
 
 
 def test_a_full_segment_sends_in_band_and_a_restart_copies_old_arena_arrays(managed, image_python):
     backend = managed(
-        image_python, "mean_intensity", "image", restart={"backoff_s": 0.0}, limits={"max_request_bytes": 1 << 20}
+        image_python,
+        "mean_intensity",
+        "image",
+        restart={"backoff_s": 0.0},
+        limits={"max_request_bytes": 1 << 20},
     )
     with backend.arena() as arena:
         hog = arena.empty((1 << 20) - 64)  # leaves one 64-byte extent
@@ -388,7 +441,8 @@ def test_a_full_segment_sends_in_band_and_a_restart_copies_old_arena_arrays(mana
         with pytest.raises(ScorerProcessDied):
             backend.compute_rewards(small)
         request = RewardRequest(items=[RewardItem(id="k", image=kept)])
-        assert backend.compute_rewards(request).rewards == [0.2]  # the new child's segment copies it
+        # the new child's segment copies it
+        assert backend.compute_rewards(request).rewards == [0.2]
         assert backend._gen.segment.copied_bytes == kept.nbytes
     del hog
 
@@ -404,7 +458,8 @@ def test_concurrent_requests_and_arenas_share_the_segment_safely(managed, image_
                 image = arena.empty((64, 96, 3))
                 image[...] = rng.integers(0, 256, image.shape, dtype=np.uint8)
                 request = RewardRequest(
-                    items=[RewardItem(id="x", image=image)] + list(images([(200, 200, 3)], seed=seed).items)
+                    items=[RewardItem(id="x", image=image)]
+                    + list(images([(200, 200, 3)], seed=seed).items)
                 )
                 got = backend.compute_rewards(request).rewards
                 if got != exact_means(request):
@@ -415,26 +470,33 @@ def test_concurrent_requests_and_arenas_share_the_segment_safely(managed, image_
 
 
 def test_a_stale_arena_array_is_copied_never_overwritten_by_its_own_request(managed, image_python):
-    """Use after close is a bug, but it must not corrupt a neighbour: request copies come from the top."""
+    """Use after close is a bug, but it must not corrupt a neighbour: request copies come from the
+    top."""
     backend = managed(image_python, "mean_intensity", "image")
     with backend.arena() as arena:
         stale = arena.empty((256, 256, 3))
         stale[...] = 0
     white = np.full((256, 256, 3), 255, np.uint8)
-    request = RewardRequest(items=[RewardItem(id="white", image=white), RewardItem(id="stale", image=stale)])
+    request = RewardRequest(
+        items=[RewardItem(id="white", image=white), RewardItem(id="stale", image=stale)]
+    )
     assert backend._gen.segment.locate(stale) is None
     assert backend.compute_rewards(request).rewards == [1.0, 0.0]
     assert (stale == 0).all()
 
 
-def test_an_arena_closed_during_its_request_keeps_its_extent_until_the_answer(managed, image_python):
+def test_an_arena_closed_during_its_request_keeps_its_extent_until_the_answer(
+    managed, image_python
+):
     backend = managed(image_python, f"{FIXTURES}:InputProbe", "image", params={"sleep_s": 1.0})
     results: list[list[float]] = []
     arena = backend.arena()
     black = arena.empty((4, 128, 128, 3))
     black[...] = 0
     request = RewardRequest(items=[RewardItem(id=f"b{i}", image=black[i]) for i in range(4)])
-    worker = threading.Thread(target=lambda: results.append(backend.compute_rewards(request).rewards))
+    worker = threading.Thread(
+        target=lambda: results.append(backend.compute_rewards(request).rewards)
+    )
     worker.start()
     try:
         wait_in_flight(backend)
@@ -459,7 +521,9 @@ def test_an_arena_outliving_its_child_falls_back_to_ordinary_memory(managed, ima
         image = arena.empty((256, 256, 3))
         image[...] = 51
         assert arena.heap_fallbacks == 1
-        assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=image)])).rewards == [0.2]
+        assert backend.compute_rewards(
+            RewardRequest(items=[RewardItem(id="a", image=image)])
+        ).rewards == [0.2]
 
 
 def test_no_pages_for_an_extent_means_in_band_not_a_dead_child(managed, image_python, monkeypatch):
@@ -524,14 +588,18 @@ def rss_shmem_bytes(pid: int | str = "self") -> int:
 
 
 def test_a_large_request_gives_its_shared_memory_back(managed, image_python):
-    """One 192 MB request must not pin 192 MB of shared memory in both processes for the child's life:
-    freed extents beyond a small warm reserve give their pages back."""
+    """One 192 MB request must not pin 192 MB of shared memory in both processes for the child's
+    life: freed extents beyond a small warm reserve give their pages back."""
     backend = managed(image_python, "mean_intensity", input_kind="image")
-    small = RewardRequest(items=[RewardItem(id=f"s{i}", image=np.full((512, 512, 3), i, np.uint8)) for i in range(8)])
+    small = RewardRequest(
+        items=[RewardItem(id=f"s{i}", image=np.full((512, 512, 3), i, np.uint8)) for i in range(8)]
+    )
     backend.compute_rewards(small)  # the steady state: a typical batch, its pages kept warm
     before = rss_shmem_bytes(), rss_shmem_bytes(backend.pid)
     large = RewardRequest(
-        items=[RewardItem(id=f"l{i}", image=np.full((4000, 4000, 3), 200, np.uint8)) for i in range(4)]
+        items=[
+            RewardItem(id=f"l{i}", image=np.full((4000, 4000, 3), 200, np.uint8)) for i in range(4)
+        ]
     )
     assert backend.compute_rewards(large).rewards == pytest.approx([200 / 255] * 4)
     after = rss_shmem_bytes(), rss_shmem_bytes(backend.pid)
@@ -540,7 +608,8 @@ def test_a_large_request_gives_its_shared_memory_back(managed, image_python):
     assert segment.backed_bytes <= segment.warm_reserve + (1 << 20)
     for side, (was, now) in zip(("trainer", "child"), zip(before, after, strict=True), strict=True):
         assert now - was < 4 << 20, f"{side}: RssShmem {was >> 20} MiB -> {now >> 20} MiB"
-    assert backend.compute_rewards(small).rewards == pytest.approx([i / 255 for i in range(8)])  # still correct
+    # still correct
+    assert backend.compute_rewards(small).rewards == pytest.approx([i / 255 for i in range(8)])
 
 
 def test_the_warm_reserve_keeps_steady_batches_from_faulting_fresh_pages():
@@ -562,8 +631,8 @@ def test_the_warm_reserve_keeps_steady_batches_from_faulting_fresh_pages():
 
 
 def _reopen_writable(fd: int, as_other_user: bool) -> str:
-    """Try to reopen `fd` read-write through /proc, as a process of another (non-root) uid when root:
-    root bypasses file modes, and the point is what an ordinary same-user process can do."""
+    """Try to reopen `fd` read-write through /proc, as a process of another (non-root) uid when
+    root: root bypasses file modes, and the point is what an ordinary same-user process can do."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -575,7 +644,8 @@ def _reopen_writable(fd: int, as_other_user: bool) -> str:
                 os.setgroups([])
                 os.setgid(65534)
                 os.setuid(65534)
-                ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/self stays ours after setuid
+                # PR_SET_DUMPABLE: /proc/self stays ours after setuid
+                ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
             try:
                 os.close(os.open(f"/proc/self/fd/{fd}", os.O_RDWR))
                 outcome = "opened"
@@ -613,10 +683,18 @@ def test_the_child_holds_the_segment_read_only_and_cannot_reopen_it_writable(man
         for name in os.listdir(f"/proc/{backend.pid}/fd")
         if os.readlink(f"/proc/{backend.pid}/fd/{name}").startswith(f"/memfd:{SEGMENT_NAME}")
     ]
-    flags = int(Path(f"/proc/{backend.pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
+    flags = int(
+        Path(f"/proc/{backend.pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8
+    )
     assert flags & os.O_ACCMODE == os.O_RDONLY  # one descriptor (the mapping's own), read-only
     assert os.stat(f"/proc/{backend.pid}/fd/{fd}").st_mode & 0o777 == 0o400  # no writable reopen
-    maps = [line for line in Path(f"/proc/{backend.pid}/maps").read_text().splitlines() if SEGMENT_NAME in line]
+    maps = [
+        line
+        for line in Path(f"/proc/{backend.pid}/maps").read_text().splitlines()
+        if SEGMENT_NAME in line
+    ]
     assert maps and all(line.split()[1].startswith("r-") for line in maps)
     image = np.full((512, 512, 3), 51, np.uint8)
-    assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", image=image)])).rewards == [0.2]
+    assert backend.compute_rewards(
+        RewardRequest(items=[RewardItem(id="a", image=image)])
+    ).rewards == [0.2]

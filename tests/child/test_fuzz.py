@@ -1,13 +1,14 @@
 """Fuzzing one live child over real loopback HTTP, with the valid token (invariant 5).
 
-Four families of malformed traffic, well over 10,000 requests in all: random bytes, valid frames whose JSON
-header hypothesis mutates (meta, items, item fields, array descriptors), damaged frames (truncations, bit flips,
-splices, a wrong header length), and odd HTTP (content types, extra headers, wrong methods, unknown paths).
+Four families of malformed traffic, well over 10,000 requests in all: random bytes, valid frames
+whose JSON header hypothesis mutates (meta, items, item fields, array descriptors), damaged frames
+(truncations, bit flips, splices, a wrong header length), and odd HTTP (content types, extra
+headers, wrong methods, unknown paths).
 
-Every answer is a 4xx, or a 200 exactly when the body is a valid request (decided independently, in this process,
-with the same codec) -- then the answer carries the right ids and rewards. Never a 5xx, never a dropped
-connection; the child's pid is the same at the end and it still scores correctly. Run with -s to see the
-request count and status histogram.
+Every answer is a 4xx, or a 200 exactly when the body is a valid request (decided independently, in
+this process, with the same codec) -- then the answer carries the right ids and rewards. Never a
+5xx, never a dropped connection; the child's pid is the same at the end and it still scores
+correctly. Run with -s to see the request count and status histogram.
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ from child_runtime.protocol import wire
 from child_runtime.protocol.items import ITEM_FIELDS, RequestError, request_from_wire
 from scorers.base import ScoreInputError, check_required_fields
 from scorers.groups import GroupInputError, partition
-from supervisor import ManagedScorerProcessBackend, ManagedScorerProcessSpec, RewardItem, RewardRequest
+from supervisor import (
+    ManagedScorerProcessBackend,
+    ManagedScorerProcessSpec,
+    RewardItem,
+    RewardRequest,
+)
 from tests.conftest import REPO_ROOT, wait_until_gone
 from tests.helpers.fixture_scorers import Probe
 
@@ -52,7 +58,8 @@ ROUTES = {
     "/shutdown": {"POST"},
 }
 STANDARD_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "PROPFIND"]
-# Headers that define the HTTP framing or the connection itself: changing them breaks the client, not the server.
+# Headers that define the HTTP framing or the connection itself: changing them breaks the client,
+# not the server.
 FRAMING_HEADERS = {
     "host",
     "content-length",
@@ -94,20 +101,23 @@ class Live:
     pid: int
     sent: Counter = field(default_factory=Counter)  # category -> requests
     statuses: Counter = field(default_factory=Counter)  # status code -> requests
-    valid: Counter = field(default_factory=Counter)  # category -> bodies that were valid requests (200)
+    # category -> bodies that were valid requests (200)
+    valid: Counter = field(default_factory=Counter)
 
     @property
     def total(self) -> int:
         return sum(self.sent.values())
 
     def assert_alive(self) -> None:
-        assert self.backend._child.returncode() is None, f"child pid {self.pid} exited: {self.backend._child.record()}"
+        assert self.backend._child.returncode() is None, (
+            f"child pid {self.pid} exited: {self.backend._child.record()}"
+        )
 
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[Live]:
-    """One child for the module: created before the first test's leak-guard snapshot, so the guard ignores it;
-    its own teardown proves it is gone."""
+    """One child for the module: created before the first test's leak-guard snapshot, so the guard
+    ignores it; its own teardown proves it is gone."""
     spec = ManagedScorerProcessSpec(
         process={
             "python_executable": sys.executable,
@@ -134,7 +144,8 @@ def live() -> Iterator[Live]:
         backend.close()
         print(
             f"\nfuzz: {state.total} requests sent {dict(state.sent)}; "
-            f"valid-by-chance 200s {dict(state.valid)}; status histogram {dict(sorted(state.statuses.items()))}"
+            f"valid-by-chance 200s {dict(state.valid)}; status histogram "
+            f"{dict(sorted(state.statuses.items()))}"
         )
     assert not wait_until_gone([pid], 5.0), f"fuzzed child pid {pid} outlived the module"
 
@@ -158,7 +169,9 @@ def send(
         ) from exc
     live.sent[category] += 1
     live.statuses[response.status_code] += 1
-    assert response.status_code < 500, f"{category}: {method} {path} -> {response.status_code}: {response.text[:600]}"
+    assert response.status_code < 500, (
+        f"{category}: {method} {path} -> {response.status_code}: {response.text[:600]}"
+    )
     if live.total % LIVENESS_EVERY == 0:
         live.assert_alive()
     return response
@@ -167,7 +180,9 @@ def send(
 def still_serving(live: Live) -> None:
     live.assert_alive()
     texts = ["", "a", "abc", "x" * 1000, "héllo"]
-    request = RewardRequest(items=[RewardItem(id=f"after-{i}", text=t) for i, t in enumerate(texts)])
+    request = RewardRequest(
+        items=[RewardItem(id=f"after-{i}", text=t) for i, t in enumerate(texts)]
+    )
     response = live.backend.compute_rewards(request)
     assert response.ids == [f"after-{i}" for i in range(len(texts))]
     assert response.rewards == [float(len(t)) for t in texts]
@@ -176,8 +191,9 @@ def still_serving(live: Live) -> None:
 
 # -- the oracle: is this body a valid request? ----------------------------------------------
 def local_verdict(body: bytes) -> tuple[list | None, str]:
-    """The items a body decodes to (None if it is invalid) and the reason it is not, decided in this process
-    by the same checks the child runs before the scorer (the probe needs each item's text)."""
+    """The items a body decodes to (None if it is invalid) and the reason it is not, decided in this
+    process by the same checks the child runs before the scorer (the probe needs each item's
+    text)."""
     try:
         items, group_size = request_from_wire(wire.decode(body))
         partition(items, group_size, scorer="probe")
@@ -188,7 +204,8 @@ def local_verdict(body: bytes) -> tuple[list | None, str]:
 
 
 def check_score_answer(live: Live, category: str, body: bytes, response: httpx.Response) -> None:
-    """4xx with a JSON error for an invalid body; 200 with the right ids and rewards for a valid one."""
+    """4xx with a JSON error for an invalid body; 200 with the right ids and rewards for a valid
+    one."""
     items, reason = local_verdict(body)
     status = response.status_code
     error = ""
@@ -197,8 +214,8 @@ def check_score_answer(live: Live, category: str, body: bytes, response: httpx.R
         payload = response.json()
         assert payload["kind"] in ("bad_request", "bad_input") and payload["error"], payload
         error = payload["error"]
-    # How deep a header may nest depends on the stack depth of the decoding thread, which differs between the
-    # child's event loop and this test; near that limit either answer is right.
+    # How deep a header may nest depends on the stack depth of the decoding thread, which differs
+    # between the child's event loop and this test; near that limit either answer is right.
     too_deep = "nests too deeply" in reason or "nests too deeply" in error
     if items is None:
         assert status != 200 or too_deep, f"{category}: invalid body ({reason}) was answered 200"
@@ -228,13 +245,17 @@ class Raw:
 
 
 def dumps(value: Any, ascii: bool = True) -> str:
-    """JSON text with Raw tokens spliced in; NaN / Infinity as JSON's non-standard tokens (fair game here)."""
+    """JSON text with Raw tokens spliced in; NaN / Infinity as JSON's non-standard tokens (fair game
+    here)."""
     if isinstance(value, Raw):
         return value.text
     if isinstance(value, dict):
         return (
             "{"
-            + ",".join(f"{json.dumps(str(k), ensure_ascii=ascii)}:{dumps(v, ascii)}" for k, v in value.items())
+            + ",".join(
+                f"{json.dumps(str(k), ensure_ascii=ascii)}:{dumps(v, ascii)}"
+                for k, v in value.items()
+            )
             + "}"
         )
     if isinstance(value, (list, tuple)):
@@ -265,21 +286,35 @@ raw_tokens = st.one_of(
 )
 keys = st.one_of(
     st.text(max_size=8),
-    st.sampled_from(sorted(ITEM_FIELDS | {wire.ARRAY_KEY, "items", "meta", "arrays", "dtype", "shape"})),
+    st.sampled_from(
+        sorted(ITEM_FIELDS | {wire.ARRAY_KEY, "items", "meta", "arrays", "dtype", "shape"})
+    ),
 )
 json_leaf = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12), st.integers(-(2**70), 2**70), raw_tokens
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=12),
+    st.integers(-(2**70), 2**70),
+    raw_tokens,
 )
 json_values = st.recursive(
-    json_leaf, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(keys, kids, max_size=4), max_leaves=8
+    json_leaf,
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(keys, kids, max_size=4),
+    max_leaves=8,
 )
 # values an array descriptor might almost accept
 near_ints = st.one_of(
-    st.sampled_from([-1, 0, 1, 3, 63, 64, 65, 128, 2**31, 2**32, 2**62, 2**62 + 1, 2**63, 2**64]), st.integers(-5, 300)
+    st.sampled_from([-1, 0, 1, 3, 63, 64, 65, 128, 2**31, 2**32, 2**62, 2**62 + 1, 2**63, 2**64]),
+    st.integers(-5, 300),
 )
 near_desc_values = st.one_of(
     near_ints,
-    st.sampled_from(sorted(wire.ALLOWED_DTYPES) + [">f8", ">i4", "|O", "<c16", "|V8", "<M8[s]", "f8", "uint8", ""]),
+    st.sampled_from(
+        sorted(wire.ALLOWED_DTYPES)
+        + [">f8", ">i4", "|O", "<c16", "|V8", "<M8[s]", "f8", "uint8", ""]
+    ),
     st.lists(near_ints, max_size=10),
     st.builds(lambda i: {wire.ARRAY_KEY: i}, st.one_of(near_ints, json_values)),
 )
@@ -292,7 +327,9 @@ plain_json = st.recursive(
     | st.text(max_size=10),
     lambda kids: (
         st.lists(kids, max_size=3)
-        | st.dictionaries(st.text(max_size=6).filter(lambda k: k != wire.ARRAY_KEY), kids, max_size=3)
+        | st.dictionaries(
+            st.text(max_size=6).filter(lambda k: k != wire.ARRAY_KEY), kids, max_size=3
+        )
     ),
     max_leaves=5,
 )
@@ -305,21 +342,31 @@ def valid_requests(draw) -> dict:
     images and metadata arrays."""
     items = []
     for index in range(draw(st.integers(1, 3))):
-        item: dict[str, Any] = {"id": f"i{index}-{draw(st.text(max_size=4))}", "text": draw(st.text(max_size=24))}
+        item: dict[str, Any] = {
+            "id": f"i{index}-{draw(st.text(max_size=4))}",
+            "text": draw(st.text(max_size=24)),
+        }
         if draw(st.booleans()):
             item["prompt"] = draw(st.text(max_size=8))
         if draw(st.booleans()):
             item["reference"] = draw(plain_json)
         if draw(st.booleans()):
-            h, w, c = draw(st.integers(0, 5)), draw(st.integers(0, 5)), draw(st.sampled_from([1, 3, 4]))
-            item["image"] = np.frombuffer(draw(st.binary(min_size=h * w * c, max_size=h * w * c)), np.uint8).reshape(
-                h, w, c
+            h, w, c = (
+                draw(st.integers(0, 5)),
+                draw(st.integers(0, 5)),
+                draw(st.sampled_from([1, 3, 4])),
             )
+            item["image"] = np.frombuffer(
+                draw(st.binary(min_size=h * w * c, max_size=h * w * c)), np.uint8
+            ).reshape(h, w, c)
         if draw(st.booleans()):
             dtype = np.dtype(draw(st.sampled_from(META_DTYPES)))
             n = draw(st.integers(0, 20))
             raw = draw(st.binary(min_size=n * dtype.itemsize, max_size=n * dtype.itemsize))
-            item["metadata"] = {"m": np.frombuffer(raw, dtype).copy(), "note": draw(st.text(max_size=5))}
+            item["metadata"] = {
+                "m": np.frombuffer(raw, dtype).copy(),
+                "note": draw(st.text(max_size=5)),
+            }
         items.append(item)
     return {"items": items}
 
@@ -392,7 +439,8 @@ def test_a_random_bytes(live):
 
 
 # -- (b) valid frames, mutated JSON header ----------------------------------------------------
-VARIANTS = 2  # damaged / mutated bodies sent per generated valid request (generation dominates the run time)
+# damaged / mutated bodies sent per generated valid request (generation dominates the run time)
+VARIANTS = 2
 
 
 def mutate(draw, header: dict, buffers: bytes) -> bytes:
@@ -401,7 +449,8 @@ def mutate(draw, header: dict, buffers: bytes) -> bytes:
         header = mutate_header(draw, header)
         if not isinstance(header, dict):
             break
-    # one in ten headers in raw utf-8 instead of \u escapes (a lone surrogate then makes invalid utf-8)
+    # one in ten headers in raw utf-8 instead of \u escapes (a lone surrogate then makes invalid
+    # utf-8)
     raw = dumps(header, ascii=draw(st.integers(0, 9)) > 0).encode("utf-8", "surrogatepass")
     if draw(st.integers(0, 9)) == 0:
         buffers = buffers + bytes(draw(st.sampled_from([1, 63, 64, 128])))
@@ -416,7 +465,8 @@ def mutated_frames(draw, variants: int = 1) -> list[bytes]:
 
 
 def fuzz_frames(live, kind: str, frames: st.SearchStrategy) -> None:
-    """POST every drawn batch of frame bodies to /score until `kind`'s quota is met; the child must survive."""
+    """POST every drawn batch of frame bodies to /score until `kind`'s quota is met; the child must
+    survive."""
 
     @fuzz_settings(QUOTAS[kind] // VARIANTS)
     @given(bodies=frames)
@@ -437,7 +487,9 @@ def test_b_mutated_headers(live):
 def damage(draw, frame: bytes) -> bytes:
     body = bytearray(frame)
     for _ in range(draw(st.integers(1, 3))):
-        op = draw(st.sampled_from(["truncate", "flip", "flip", "length", "append", "cut", "insert"]))
+        op = draw(
+            st.sampled_from(["truncate", "flip", "flip", "length", "append", "cut", "insert"])
+        )
         if op == "truncate":
             del body[draw(st.integers(0, len(body))) :]
         elif op == "flip" and body:
@@ -446,7 +498,10 @@ def damage(draw, frame: bytes) -> bytes:
                 body[at] ^= 1 << draw(st.integers(0, 7))
         elif op == "length" and len(body) >= PREFIX:
             body[len(wire.MAGIC) : PREFIX] = struct.pack(
-                "<I", draw(st.one_of(st.integers(0, 2**32 - 1), near_ints.filter(lambda n: 0 <= n < 2**32)))
+                "<I",
+                draw(
+                    st.one_of(st.integers(0, 2**32 - 1), near_ints.filter(lambda n: 0 <= n < 2**32))
+                ),
             )
         elif op == "append":
             body += draw(st.binary(min_size=1, max_size=200))
@@ -512,9 +567,12 @@ content_types = st.one_of(
             ";;;",
         ]
     ),
-    header_values.filter(lambda value: value.split(";")[0].strip().lower() != "application/json"),  # the JSON form
+    # the JSON form
+    header_values.filter(lambda value: value.split(";")[0].strip().lower() != "application/json"),
 )
-path_segments = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~", max_size=12)
+path_segments = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~", max_size=12
+)
 unknown_paths = (
     st.lists(path_segments.filter(bool), min_size=1, max_size=4)
     .map(lambda parts: "/" + "/".join(parts))
@@ -536,7 +594,10 @@ def first(bodies: list[bytes]) -> bytes:
 
 
 frame_bodies = st.one_of(
-    valid_requests().map(wire.encode), damaged_frames().map(first), mutated_frames().map(first), st.binary(max_size=256)
+    valid_requests().map(wire.encode),
+    damaged_frames().map(first),
+    mutated_frames().map(first),
+    st.binary(max_size=256),
 )
 
 
@@ -571,13 +632,27 @@ def odd_requests(draw) -> tuple[str, str, dict, bytes | None, dict, str]:
         method = draw(st.sampled_from([m for m in STANDARD_METHODS if m not in ROUTES[path]]))
         return method, path, headers, body, params, "405"
     if kind == "unknown_path":
-        return draw(st.sampled_from(STANDARD_METHODS)), draw(unknown_paths), headers, body, params, "404"
+        return (
+            draw(st.sampled_from(STANDARD_METHODS)),
+            draw(unknown_paths),
+            headers,
+            body,
+            params,
+            "404",
+        )
     method = draw(
         st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ", min_size=3, max_size=10).filter(
             lambda m: m not in STANDARD_METHODS and m != "CONNECT"
         )
     )
-    return method, draw(st.sampled_from(sorted(ROUTES) + ["/nope"])), headers, body, params, "custom"
+    return (
+        method,
+        draw(st.sampled_from(sorted(ROUTES) + ["/nope"])),
+        headers,
+        body,
+        params,
+        "custom",
+    )
 
 
 def test_d_odd_http(live):
@@ -585,7 +660,9 @@ def test_d_odd_http(live):
     @given(request=odd_requests())
     def run(request) -> None:
         method, path, headers, body, params, expected = request
-        response = send(live, "odd_http", method, path, content=body, headers=headers, params=params)
+        response = send(
+            live, "odd_http", method, path, content=body, headers=headers, params=params
+        )
         where = f"{method} {path} {headers} -> {response.status_code} {response.text[:200]}"
         if expected == "score":
             check_score_answer(live, "odd_http", body, response)
@@ -593,7 +670,9 @@ def test_d_odd_http(live):
             assert response.status_code == 405, where
         elif expected == "404":
             assert response.status_code == 404, where
-        else:  # a token outside the HTTP parser's method table is refused by the parser (400), else by routing
+        # a token outside the HTTP parser's method table is refused by the parser (400), else by
+        # routing
+        else:
             assert response.status_code in ((400, 404) if path == "/nope" else (400, 405)), where
 
     run()
@@ -610,7 +689,9 @@ def test_integer_past_the_digit_limit_in_header_is_400_not_500(live):
     ):
         header = ("{" + where % ("9" * 5000) + "}").encode()
         response = send(live, "pinned", "POST", "/score", content=pack_frame(header, b""))
-        assert response.status_code == 400 and response.json()["kind"] == "bad_request", response.text[:300]
+        assert response.status_code == 400 and response.json()["kind"] == "bad_request", (
+            response.text[:300]
+        )
     still_serving(live)
 
 

@@ -54,7 +54,9 @@ def descriptor_limit(soft: int) -> Iterator[None]:
 
 
 @pytest.mark.slow
-def test_five_thousand_idle_connections_cannot_make_the_trainer_kill_its_child(managed, trainer_python):
+def test_five_thousand_idle_connections_cannot_make_the_trainer_kill_its_child(
+    managed, trainer_python
+):
     with descriptor_limit(1024):
         backend = managed(trainer_python, "constant", limits={"pending_connection_timeout_s": 2.0})
     pid, baseline = backend.pid, open_descriptors(backend.pid)
@@ -62,19 +64,24 @@ def test_five_thousand_idle_connections_cannot_make_the_trainer_kill_its_child(m
         assert held >= 2000
         # the child accepts them as they come, evicting the oldest beyond 64
         assert eventually(lambda: backend.health()["connections"]["evicted"] >= held - 64, 30)
-        assert open_descriptors(pid) <= baseline + 2 * 64 + 4  # bounded: 64 pending, 64 evicted lingering
+        # bounded: 64 pending, 64 evicted lingering
+        assert open_descriptors(pid) <= baseline + 2 * 64 + 4
         backend._gen.client.transport.http.drop_idle()  # the next call needs a fresh connection
         assert backend.compute_rewards(REQUEST).rewards == [1.0]
         assert backend.restarts == 0 and backend.pid == pid
-        assert eventually(lambda: backend.health()["connections"]["pending"] == 0, 10)  # bounded in time
+        # bounded in time
+        assert eventually(lambda: backend.health()["connections"]["pending"] == 0, 10)
     assert backend.compute_rewards(REQUEST).rewards == [1.0] and backend.restarts == 0
 
 
 def test_a_connection_that_authenticates_is_never_evicted(managed, trainer_python):
     backend = managed(
-        trainer_python, "constant", limits={"max_pending_connections": 2, "pending_connection_timeout_s": 0.3}
+        trainer_python,
+        "constant",
+        limits={"max_pending_connections": 2, "pending_connection_timeout_s": 0.3},
     )
-    assert backend.compute_rewards(REQUEST).rewards == [1.0]  # admits the trainer's pooled connection
+    # admits the trainer's pooled connection
+    assert backend.compute_rewards(REQUEST).rewards == [1.0]
     with flood(backend._child.port, 50):
         assert eventually(lambda: backend.health()["connections"] == {"pending": 0, "evicted": 50})
         assert backend._gen.client.transport.http.retries == 0
@@ -83,11 +90,24 @@ def test_a_connection_that_authenticates_is_never_evicted(managed, trainer_pytho
 
 @pytest.mark.slow
 def test_a_sustained_connect_flood_never_makes_the_trainer_kill_its_child(managed, trainer_python):
-    """Two processes connecting and closing as fast as they can: a call on a fresh connection is served,
-    or fails as ScorerUnavailable (nothing reached the scorer); the child is never killed."""
-    backend = managed(trainer_python, "constant", process={"request_timeout": 3}, limits={"max_pending_connections": 8})
+    """Two processes connecting and closing as fast as they can: a call on a fresh connection is
+    served, or fails as ScorerUnavailable (nothing reached the scorer); the child is never
+    killed."""
+    backend = managed(
+        trainer_python,
+        "constant",
+        process={"request_timeout": 3},
+        limits={"max_pending_connections": 8},
+    )
     pid = backend.pid
-    churn = [sys.executable, "-m", "tests.helpers.flood_connections", "churn", str(backend._child.port), "12"]
+    churn = [
+        sys.executable,
+        "-m",
+        "tests.helpers.flood_connections",
+        "churn",
+        str(backend._child.port),
+        "12",
+    ]
     floods = [subprocess.Popen(churn, cwd=REPO_ROOT) for _ in range(2)]
     outcomes = []
     try:
@@ -106,10 +126,13 @@ def test_a_sustained_connect_flood_never_makes_the_trainer_kill_its_child(manage
     assert backend.compute_rewards(REQUEST).rewards == [1.0]
 
 
-def test_connections_that_sent_nothing_are_evicted_first_and_drained_not_reset(managed, trainer_python):
+def test_connections_that_sent_nothing_are_evicted_first_and_drained_not_reset(
+    managed, trainer_python
+):
     backend = managed(trainer_python, "constant", limits={"max_pending_connections": 2})
     port = backend._child.port
-    assert backend.health()["connections"]["pending"] == 0  # the trainer's own connection is admitted
+    # the trainer's own connection is admitted
+    assert backend.health()["connections"]["pending"] == 0
 
     def connect(first_bytes: bytes = b"") -> socket.socket:
         sock = socket.create_connection(("127.0.0.1", port), timeout=5)

@@ -16,7 +16,13 @@ import pytest
 
 from child_runtime.idempotency import AnswerCache, IdempotencyConflict
 from child_runtime.protocol import wire
-from supervisor import RemoteRewardBackend, RewardItem, RewardRequest, ScorerError, ScorerRequestError
+from supervisor import (
+    RemoteRewardBackend,
+    RewardItem,
+    RewardRequest,
+    ScorerError,
+    ScorerRequestError,
+)
 from supervisor.child.client import ScorerClient
 from supervisor.errors import ErrorStatus
 from tests.conftest import run_in_threads, wait_in_flight
@@ -34,12 +40,16 @@ def frame(*texts: str) -> wire.Frame:
 
 
 def client_for(backend) -> ScorerClient:
-    return ScorerClient.remote(f"http://127.0.0.1:{backend._child.port}", backend._child.token, 30.0)
+    return ScorerClient.remote(
+        f"http://127.0.0.1:{backend._child.port}", backend._child.token, 30.0
+    )
 
 
 def journal(tmp_path: Path, managed, python, sleep_s: float = 0.0):
     path = tmp_path / "journal"
-    return managed(python, f"{FIXTURES}:Journal", params={"path": str(path), "sleep_s": sleep_s}), path
+    return managed(
+        python, f"{FIXTURES}:Journal", params={"path": str(path), "sleep_s": sleep_s}
+    ), path
 
 
 def scored(path: Path) -> list[str]:
@@ -52,7 +62,9 @@ def plain(answer: dict) -> dict:
 
 
 # -- the child's cache, over real HTTP ---------------------------------------------------------
-def test_a_resent_score_with_the_same_key_is_answered_not_scored_again(managed, trainer_python, tmp_path):
+def test_a_resent_score_with_the_same_key_is_answered_not_scored_again(
+    managed, trainer_python, tmp_path
+):
     backend, path = journal(tmp_path, managed, trainer_python)
     client = client_for(backend)
     try:
@@ -66,7 +78,8 @@ def test_a_resent_score_with_the_same_key_is_answered_not_scored_again(managed, 
         client.score(frame("a", "b"))  # no key: always scored
         assert scored(path) == ["s0", "s1"] * 3
         assert backend.health()["idempotency"] == {"entries": 2, "replays": 1}
-        backend.compute_rewards(REQUEST)  # the managed backend's own loopback client sends a key too
+        # the managed backend's own loopback client sends a key too
+        backend.compute_rewards(REQUEST)
         assert backend.health()["idempotency"] == {"entries": 3, "replays": 1}
     finally:
         client.close()
@@ -89,7 +102,9 @@ def test_the_same_key_for_a_different_body_is_a_conflict(managed, trainer_python
 def test_a_bad_key_is_refused(managed, trainer_python, tmp_path, key):
     backend, path = journal(tmp_path, managed, trainer_python)
     headers = {"authorization": f"Bearer {backend._child.token}", "idempotency-key": key}
-    with httpx.Client(base_url=f"http://127.0.0.1:{backend._child.port}", trust_env=False, timeout=10) as http:
+    with httpx.Client(
+        base_url=f"http://127.0.0.1:{backend._child.port}", trust_env=False, timeout=10
+    ) as http:
         answer = http.post("/score", content=b"".join(frame("a").body_parts()), headers=headers)
     assert (answer.status_code, answer.json()["kind"]) == (400, "bad_request")
     assert scored(path) == [] and backend.health()["state"] == "ready"
@@ -117,7 +132,10 @@ def test_a_duplicate_sent_while_the_first_is_scored_waits_for_it(managed, traine
     def send(n: int) -> None:
         if n == 1:
             wait_in_flight(backend)  # the first is being scored
-        answers[n] = (plain(clients[n].score(frame("slow", "x"), "key-1")), clients[n].last_replayed)
+        answers[n] = (
+            plain(clients[n].score(frame("slow", "x"), "key-1")),
+            clients[n].last_replayed,
+        )
 
     try:
         run_in_threads(send, 2, timeout=30)
@@ -130,8 +148,12 @@ def test_a_duplicate_sent_while_the_first_is_scored_waits_for_it(managed, traine
 
 
 def test_the_managed_backend_sends_a_key_through_the_segment(managed, trainer_python):
-    backend = managed(trainer_python, f"{FIXTURES}:TwoTermImage", "image", client={"shared_memory_min_bytes": 0})
-    request = RewardRequest(items=[RewardItem(id=f"i{i}", image=np.full((64, 64, 3), i, np.uint8)) for i in range(3)])
+    backend = managed(
+        trainer_python, f"{FIXTURES}:TwoTermImage", "image", client={"shared_memory_min_bytes": 0}
+    )
+    request = RewardRequest(
+        items=[RewardItem(id=f"i{i}", image=np.full((64, 64, 3), i, np.uint8)) for i in range(3)]
+    )
     assert backend.compute_rewards(request).successes == [True] * 3
     assert backend.health()["idempotency"] == {"entries": 1, "replays": 0}
     client = backend._gen.client
@@ -187,7 +209,8 @@ def _read_message(stream) -> tuple[bytes, dict[str, str]] | None:
         head += line
     lines = head.decode("latin-1").split("\r\n")[1:]
     headers = {
-        name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines if line)
+        name.strip().lower(): value.strip()
+        for name, _, value in (line.partition(":") for line in lines if line)
     }
     body = stream.read(int(headers.get("content-length", "0")))
     return head + b"\r\n" + body, headers
@@ -231,7 +254,8 @@ class Proxy:
         requests, answers = conn.makefile("rb"), upstream.makefile("rb")
         try:
             self._relay(conn, requests, upstream, answers)
-        except OSError:  # either side closed or reset mid-message (close() does that): this connection is over
+        # either side closed or reset mid-message (close() does that): this connection is over
+        except OSError:
             pass
         finally:  # the files hold the descriptors too: close them for the FIN to go out now
             for each in (requests, answers, conn, upstream):
@@ -264,7 +288,8 @@ class Proxy:
             conn.sendall(answer[0])
 
     def close(self) -> None:
-        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close alone does not)
+        # wakes the accepting thread (close alone does not)
+        self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self._lock:
             for sock in self._sockets:
@@ -292,10 +317,14 @@ def proxy():
 
 
 def remote(server, proxy: Proxy, **kwargs) -> RemoteRewardBackend:
-    return RemoteRewardBackend(f"http://127.0.0.1:{proxy.port}", token=server._child.token, **kwargs)
+    return RemoteRewardBackend(
+        f"http://127.0.0.1:{proxy.port}", token=server._child.token, **kwargs
+    )
 
 
-def test_an_answer_lost_on_the_way_back_is_fetched_again_not_scored_again(managed, trainer_python, tmp_path, proxy):
+def test_an_answer_lost_on_the_way_back_is_fetched_again_not_scored_again(
+    managed, trainer_python, tmp_path, proxy
+):
     server, path = journal(tmp_path, managed, trainer_python)
     lossy = proxy(server, lambda n: "drop" if n == 0 else "pass")
     with remote(server, lossy) as backend:
@@ -318,7 +347,10 @@ def test_a_busy_answer_is_retried(managed, trainer_python, tmp_path, proxy, stat
 def test_a_4xx_is_never_retried(managed, trainer_python, proxy):
     server = managed(trainer_python, f"{FIXTURES}:TwoTermImage", "image")
     honest = proxy(server, lambda n: "pass")
-    with remote(server, honest) as backend, pytest.raises(ScorerRequestError, match="after 1 attempt:") as info:
+    with (
+        remote(server, honest) as backend,
+        pytest.raises(ScorerRequestError, match="after 1 attempt:") as info,
+    ):
         backend.compute_rewards(REQUEST)  # text items for an image scorer
     assert 400 <= info.value.status < 500 and info.value.status != 429
     assert len(honest.scores) == 1
@@ -330,14 +362,17 @@ def test_retries_end_at_the_first_tries_deadline(managed, trainer_python, tmp_pa
     broken = proxy(server, lambda n: action)
     with remote(server, broken, request_timeout=2.0, max_retries=100) as backend:
         started = time.monotonic()
-        with pytest.raises(ScorerError, match=r"score at http://127\.0\.0\.1:\d+ after \d+ attempts?") as info:
+        with pytest.raises(
+            ScorerError, match=r"score at http://127\.0\.0\.1:\d+ after \d+ attempts?"
+        ) as info:
             backend.compute_rewards(REQUEST)
         elapsed = time.monotonic() - started
     assert elapsed < 3.0, f"gave up after {elapsed:.2f} s, well past the 2 s deadline"
     assert not isinstance(info.value, ScorerRequestError)
     attempts = len(broken.scores)
     assert f"after {attempts} attempt" in str(info.value)
-    if action == "drop":  # each try reached the child; it scored once and answered the rest from its cache
+    # each try reached the child; it scored once and answered the rest from its cache
+    if action == "drop":
         assert attempts >= 3 and scored(path) == ["r0", "r1", "r2"]
     else:  # one try took the whole deadline: no time left for another
         assert attempts == 1 and elapsed > 1.9 and scored(path) == []

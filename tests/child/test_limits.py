@@ -19,12 +19,16 @@ def child(managed, trainer_python):
 
 def post(backend, body, **kwargs) -> httpx.Response:
     headers = {"authorization": f"Bearer {backend._child.token}", **kwargs.pop("headers", {})}
-    with httpx.Client(base_url=f"http://127.0.0.1:{backend._child.port}", trust_env=False, timeout=10) as http:
+    with httpx.Client(
+        base_url=f"http://127.0.0.1:{backend._child.port}", trust_env=False, timeout=10
+    ) as http:
         return http.post("/score", content=body, headers=headers, **kwargs)
 
 
 def still_serving(backend) -> None:
-    assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="ok", text="abcd")])).rewards == [4.0]
+    assert backend.compute_rewards(
+        RewardRequest(items=[RewardItem(id="ok", text="abcd")])
+    ).rewards == [4.0]
 
 
 def test_oversized_body_is_413_by_content_length(child):
@@ -55,8 +59,14 @@ def test_parent_refuses_to_send_what_the_child_would_refuse(child):
         ([{"id": "a", "text": "x" * 11}], "items[0].text has 11 characters (limit 10)"),
         ([{"id": "a", "prompt": "p" * 11}], "items[0].prompt has 11 characters (limit 10)"),
         ([{"id": "a" * 1025}], "items[0].id must be a non-empty string of at most 1024 characters"),
-        ([{"id": "a", "image": np.zeros((6, 6, 3), np.uint8)}], "items[0].image has 108 bytes (limit 100)"),
-        ([{"id": "a", "video": np.zeros((2, 6, 6, 3), np.uint8)}], "items[0].video has 216 bytes (limit 100)"),
+        (
+            [{"id": "a", "image": np.zeros((6, 6, 3), np.uint8)}],
+            "items[0].image has 108 bytes (limit 100)",
+        ),
+        (
+            [{"id": "a", "video": np.zeros((2, 6, 6, 3), np.uint8)}],
+            "items[0].video has 216 bytes (limit 100)",
+        ),
         ([{"id": "a", "image": np.zeros((2, 2, 3), np.float32)}], "must be uint8 HWC"),
         ([{"id": "a", "image": np.full((2, 2, 3), np.nan, np.float64)}], "must be uint8 HWC"),
         ([{"id": "a", "text": "x", "extra": 1}], "unknown fields ['extra']"),
@@ -70,7 +80,10 @@ def test_limit_violations_are_400_naming_the_field(child, items, needle):
 
 def test_media_under_the_limit_is_accepted(child):
     response = post(
-        child, wire.encode({"items": [{"id": "a", "text": "t", "video": np.zeros((2, 3, 3, 3), np.uint8)}]})
+        child,
+        wire.encode(
+            {"items": [{"id": "a", "text": "t", "video": np.zeros((2, 3, 3, 3), np.uint8)}]}
+        ),
     )
     assert response.status_code == 200
 
@@ -89,5 +102,7 @@ def test_strings_inside_reference_and_metadata_obey_the_text_limit(child, field)
     value = {"answer": ["ok", {"deep": "z" * 11}]}
     response = post(child, wire.encode({"items": [{"id": "a", "text": "x", field: value}]}))
     assert response.status_code == 400
-    assert f"items[0].{field} holds a string of 11 characters (limit 10)" in response.json()["error"]
+    assert (
+        f"items[0].{field} holds a string of 11 characters (limit 10)" in response.json()["error"]
+    )
     still_serving(child)

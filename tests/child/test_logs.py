@@ -19,7 +19,8 @@ REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
 
 @pytest.fixture
 def full_disk(monkeypatch, tmp_path):
-    """Every child writes its log to /dev/full (ENOSPC on each write); tails come from an empty file."""
+    """Every child writes its log to /dev/full (ENOSPC on each write); tails come from an empty
+    file."""
     tail = tmp_path / "unwritten.log"
     tail.touch()
 
@@ -48,9 +49,14 @@ def _read_only_dir(path: Path) -> Path:
     if os.geteuid() != 0:
         path.chmod(0o500)
         return path
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], capture_output=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], capture_output=True
+    )
     if mounted.returncode != 0:
-        pytest.skip(f"root cannot be denied a write without a read-only mount: {mounted.stderr.decode().strip()}")
+        pytest.skip(
+            f"root cannot be denied a write without a read-only mount: "
+            f"{mounted.stderr.decode().strip()}"
+        )
     return path
 
 
@@ -113,20 +119,29 @@ def test_another_user_cannot_block_default_launches_by_creating_the_default_dir(
     assert list(squatted.iterdir()) == []
 
 
-def test_old_logs_of_gone_trainers_are_pruned_and_a_live_trainers_are_kept(managed, trainer_python, tmp_path):
+def test_old_logs_of_gone_trainers_are_pruned_and_a_live_trainers_are_kept(
+    managed, trainer_python, tmp_path
+):
     log_dir = tmp_path / "logs"
     log_dir.mkdir(mode=0o700)
     gone = subprocess.Popen(["true"])
     gone.wait()  # a trainer pid that no longer runs
-    old = [log_dir / f"constant-rank0-pid{gone.pid}-2026110{day}-000000-abcdef.log" for day in range(1, 5)]
-    live = log_dir / f"constant-rank0-pid{os.getpid()}-20261001-000000-abcdef.log"  # the oldest, but its
-    for age, path in enumerate([live, *old]):  # trainer (this process) may still have a child writing it
+    old = [
+        log_dir / f"constant-rank0-pid{gone.pid}-2026110{day}-000000-abcdef.log"
+        for day in range(1, 5)
+    ]
+    # the oldest, but its
+    live = log_dir / f"constant-rank0-pid{os.getpid()}-20261001-000000-abcdef.log"
+    # trainer (this process) may still have a child writing it
+    for age, path in enumerate([live, *old]):
         path.write_text("x")
         os.utime(path, (1_000_000 + age, 1_000_000 + age))
     other_scorer = log_dir / f"nonempty-rank0-pid{gone.pid}-20261101-000000-abcdef.log"
     other_scorer.write_text("x")
     backend = managed(trainer_python, "constant", process={"log_dir": str(log_dir), "keep_logs": 3})
-    assert sorted(log_dir.glob("constant-rank0-*.log")) == sorted([live, old[-1], Path(backend.log_path)])
+    assert sorted(log_dir.glob("constant-rank0-*.log")) == sorted(
+        [live, old[-1], Path(backend.log_path)]
+    )
     assert other_scorer.exists()  # kept per scorer and rank
 
 
@@ -136,11 +151,17 @@ def test_a_clean_child_leaves_no_log_and_a_failed_one_keeps_it(managed, trainer_
     clean.close()
     assert not Path(clean.log_path).exists()
     with pytest.raises(ScorerStartupError) as info:
-        managed(trainer_python, "tests.helpers.fixture_scorers:LoadFails", process={"log_dir": str(log_dir)})
+        managed(
+            trainer_python,
+            "tests.helpers.fixture_scorers:LoadFails",
+            process={"log_dir": str(log_dir)},
+        )
     assert Path(info.value.record.log_path).exists()
 
 
-def test_a_log_pruned_by_a_concurrent_launch_between_listing_and_stat_is_skipped(tmp_path, monkeypatch):
+def test_a_log_pruned_by_a_concurrent_launch_between_listing_and_stat_is_skipped(
+    tmp_path, monkeypatch
+):
     """Two children of one scorer and rank starting at once (a panel's terms, replicas) prune the
     same prefix: one may remove a log the other has listed but not yet stat'ed."""
     import supervisor.child.logs as logs
@@ -169,7 +190,9 @@ def test_a_log_pruned_by_a_concurrent_launch_between_listing_and_stat_is_skipped
 
     def scandir(path):
         entries = sorted(real_scandir(path), key=lambda entry: entry.name)
-        return Listing([Vanishing(entries[0]), *entries[1:]] if str(path) == str(tmp_path) else entries)
+        return Listing(
+            [Vanishing(entries[0]), *entries[1:]] if str(path) == str(tmp_path) else entries
+        )
 
     monkeypatch.setattr(logs.os, "scandir", scandir)
     fd, path = logs.open_child_log(tmp_path, "s", 0, keep=2)

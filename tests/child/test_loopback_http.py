@@ -1,4 +1,5 @@
-"""LoopbackHTTP against real sockets: deadlines across the whole exchange, stale connections, framing."""
+"""LoopbackHTTP against real sockets: deadlines across the whole exchange, stale connections,
+framing."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class RawServer:
 
     def close(self) -> None:
         try:
-            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone does not
+            # wakes the blocked accept(); close() alone does not
+            self.listener.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self.listener.close()
@@ -63,7 +65,13 @@ def read_request(conn: socket.socket) -> tuple[bytes, bytes]:
             raise ConnectionError("client went away")
         data += chunk
     head, body = data.split(b"\r\n\r\n", 1)
-    length = int([line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")][0])
+    length = int(
+        [
+            line.split(b":")[1]
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        ][0]
+    )
     while len(body) < length:
         body += conn.recv(1 << 20)
     return head, body
@@ -108,9 +116,15 @@ keep_alive_echo = keep_alive(lambda head, body: hashlib.sha256(body).hexdigest()
 
 def test_keep_alive_reuses_one_connection_and_scatter_gather_arrives_intact(serve):
     server, client = serve(keep_alive_echo)
-    arrays = [np.random.default_rng(i).integers(0, 256, (512, 512, 3), dtype=np.uint8) for i in range(8)]
+    arrays = [
+        np.random.default_rng(i).integers(0, 256, (512, 512, 3), dtype=np.uint8) for i in range(8)
+    ]
     parts = [b"head"] + [memoryview(a.reshape(-1)) for a in arrays] + [b"", b"tail"]
-    expected = hashlib.sha256(b"head" + b"".join(a.tobytes() for a in arrays) + b"tail").hexdigest().encode()
+    expected = (
+        hashlib.sha256(b"head" + b"".join(a.tobytes() for a in arrays) + b"tail")
+        .hexdigest()
+        .encode()
+    )
     for _ in range(5):
         reply = client.request("POST", "/score", 10.0, parts)
         assert reply.status == 200 and bytes(reply.body) == expected
@@ -130,7 +144,8 @@ def test_a_silent_server_times_out_at_the_deadline(serve):
 
 
 def test_the_deadline_spans_the_whole_answer_not_each_read(serve):
-    """A server dripping one byte every 0.1 s never lets a single recv time out; the deadline still holds."""
+    """A server dripping one byte every 0.1 s never lets a single recv time out; the deadline still
+    holds."""
 
     def drip(conn: socket.socket) -> None:
         read_request(conn)
@@ -149,7 +164,11 @@ def test_the_deadline_spans_the_whole_answer_not_each_read(serve):
     "reply, error, message",
     [
         (b"", ConnectionLost, "closed the connection before answering"),
-        (b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort", ConnectionLost, "after 5 of 50 body bytes"),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort",
+            ConnectionLost,
+            "after 5 of 50 body bytes",
+        ),
         (
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
             BadAnswer,
@@ -159,7 +178,11 @@ def test_the_deadline_spans_the_whole_answer_not_each_read(serve):
         (b"garbage\r\n\r\n", BadAnswer, "bad status line"),
         (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", BadAnswer, "bad header line"),
         (b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n", BadAnswer, "bad content-length"),
-        ("HTTP/1.1 200 OK\r\ncontent-length: \u00b2\r\n\r\n".encode("latin-1"), BadAnswer, "bad content-length"),
+        (
+            "HTTP/1.1 200 OK\r\ncontent-length: \u00b2\r\n\r\n".encode("latin-1"),
+            BadAnswer,
+            "bad content-length",
+        ),
     ],
 )
 def test_broken_answers_are_typed(serve, reply, error, message):
@@ -173,7 +196,8 @@ def test_broken_answers_are_typed(serve, reply, error, message):
 
 
 def test_a_connection_the_server_closed_while_idle_is_replaced(serve):
-    """The server answers once per connection and hangs up without saying so: never reuse a dead socket."""
+    """The server answers once per connection and hangs up without saying so: never reuse a dead
+    socket."""
     hung_up = threading.Event()
 
     def one_shot(conn: socket.socket) -> None:
@@ -241,7 +265,8 @@ def test_a_refused_connect_to_a_live_peer_is_retried_until_the_deadline(serve):
 
 
 def test_an_eviction_by_the_childs_gate_is_retried_on_a_fresh_connection(serve):
-    """The gate answers 503 with its header before it reads the request: the request was not acted on."""
+    """The gate answers 503 with its header before it reads the request: the request was not acted
+    on."""
     evictions = []
 
     def evict_twice(conn: socket.socket) -> None:
@@ -268,8 +293,8 @@ def test_an_ordinary_503_is_an_answer_not_a_retry(serve):
 
 
 def test_an_eviction_while_a_large_body_is_still_being_sent_is_retried(serve):
-    """The gate answers before it reads anything and drains what keeps coming: the sender finishes its
-    body, reads the eviction, and sends again on a fresh connection (no reset mid-send)."""
+    """The gate answers before it reads anything and drains what keeps coming: the sender finishes
+    its body, reads the eviction, and sends again on a fresh connection (no reset mid-send)."""
     evicted = []
 
     def evict_then_drain(conn: socket.socket) -> None:

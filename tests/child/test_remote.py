@@ -28,15 +28,23 @@ def url(backend) -> str:
     return f"http://127.0.0.1:{backend._child.port}"
 
 
-def test_remote_scores_like_managed_and_leaves_the_server_running(managed, trainer_python, tmp_path):
+def test_remote_scores_like_managed_and_leaves_the_server_running(
+    managed, trainer_python, tmp_path
+):
     journal = str(tmp_path / "calls")
-    server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", params={"journal": journal})
-    with RemoteRewardBackend(url(server), token=server._child.token, request_batch_size=2) as remote:
+    server = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Probe", params={"journal": journal}
+    )
+    with RemoteRewardBackend(
+        url(server), token=server._child.token, request_batch_size=2
+    ) as remote:
         assert remote.server["scorer"] == "probe" and remote.required_rewards == ["probe"]
-        assert remote.call_bound_s == 600.0  # request_timeout: what DistributedRewards' default bound adds to
+        # request_timeout: what DistributedRewards' default bound adds to
+        assert remote.call_bound_s == 600.0
         response = remote.compute_rewards(REQUEST)
     assert response.rewards == server.compute_rewards(REQUEST).rewards == [0.0, 1.0, 2.0, 3.0, 4.0]
-    assert [len(ids) for _, ids in journal_calls(journal)] == [2, 2, 1, 5]  # remote's chunks, then managed's
+    # remote's chunks, then managed's
+    assert [len(ids) for _, ids in journal_calls(journal)] == [2, 2, 1, 5]
     assert response.diagnostics == {"probe": {"sample_count": 5, "values": {"calls": 3}}}
     assert server.health()["state"] == "ready"
 
@@ -63,11 +71,13 @@ def test_remote_that_is_not_listening_is_unavailable():
 
 
 def test_a_trickled_answer_ends_the_call_at_request_timeout(managed, trainer_python):
-    """A server that sends a valid answer one byte every 50 ms: httpx's per-read timeout never fires,
-    the exchange's own deadline does (ScorerTimeout at request_timeout, retries included)."""
+    """A server that sends a valid answer one byte every 50 ms: httpx's per-read timeout never
+    fires, the exchange's own deadline does (ScorerTimeout at request_timeout, retries included)."""
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe")
     with MisbehavingServer(url(server), "trickle", trickle_s=0.05) as slow:
-        with RemoteRewardBackend(slow.url, token=server._child.token, request_timeout=1.0) as remote:
+        with RemoteRewardBackend(
+            slow.url, token=server._child.token, request_timeout=1.0
+        ) as remote:
             began = time.monotonic()
             with pytest.raises(ScorerTimeout, match="no whole answer within"):
                 remote.compute_rewards(REQUEST)
@@ -75,8 +85,8 @@ def test_a_trickled_answer_ends_the_call_at_request_timeout(managed, trainer_pyt
 
 
 def test_a_compressed_answer_is_refused_before_it_is_decoded(managed, trainer_python):
-    """64 MiB of zeros in 64 KB of gzip: the client asked for identity, so the answer is refused as it
-    stands, never inflated in the trainer."""
+    """64 MiB of zeros in 64 KB of gzip: the client asked for identity, so the answer is refused as
+    it stands, never inflated in the trainer."""
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe")
     with MisbehavingServer(url(server), "gzip_bomb", gzip_mib=64) as bomb:
         with RemoteRewardBackend(bomb.url, token=server._child.token) as remote:
@@ -88,13 +98,17 @@ def test_a_compressed_answer_is_refused_before_it_is_decoded(managed, trainer_py
 def test_an_answer_over_the_cap_is_refused(managed, trainer_python):
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe")
     many = RewardRequest(items=[RewardItem(id=f"item-{i}", text="x") for i in range(200)])
-    with RemoteRewardBackend(url(server), token=server._child.token, max_answer_bytes=1024) as remote:
+    with RemoteRewardBackend(
+        url(server), token=server._child.token, max_answer_bytes=1024
+    ) as remote:
         assert remote.server["scorer"] == "probe"  # /health fits
         with pytest.raises(RewardContractError, match="exceeds the cap of 1024"):
             remote.compute_rewards(many)
 
 
-def test_a_server_whose_health_does_not_say_what_it_serves_is_refused_typed(managed, trainer_python):
+def test_a_server_whose_health_does_not_say_what_it_serves_is_refused_typed(
+    managed, trainer_python
+):
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe")
     with MisbehavingServer(url(server), "bare_health") as bare:
         with pytest.raises(RewardContractError, match="does not say what it serves .*'state'"):
@@ -102,8 +116,8 @@ def test_a_server_whose_health_does_not_say_what_it_serves_is_refused_typed(mana
 
 
 def test_an_answer_that_names_no_identity_is_refused_as_a_version_mismatch(managed, trainer_python):
-    """A server older than the identity header (its answers name none): its rewards are refused, said
-    as a version mismatch, not retried; /health alone is not enough to trust an answer."""
+    """A server older than the identity header (its answers name none): its rewards are refused,
+    said as a version mismatch, not retried; /health alone is not enough to trust an answer."""
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe")
     with MisbehavingServer(url(server), "anonymous") as older:
         with RemoteRewardBackend(older.url, token=server._child.token) as remote:
@@ -141,15 +155,20 @@ def test_every_score_answer_is_checked_against_the_identity_an_error_answer_too(
     for status, named, body in ((200, theirs, ok), (200, None, ok), (503, theirs, busy)):
         with pytest.raises(IdentityMismatch) as info:
             score(status, named, body)
-        assert (info.value.url, info.value.expected, info.value.got) == ("http://server", ours, named)
+        assert (info.value.url, info.value.expected, info.value.got) == (
+            "http://server",
+            ours,
+            named,
+        )
     with pytest.raises(ErrorStatus) as error:
         score(503, None, busy)
     assert error.value.status == 503
 
 
 def test_a_cancelled_call_ends_but_leaves_the_remote_backend_usable(managed, trainer_python):
-    """asyncio.wait_for gives up on a call in flight: the call's connection is dropped (nothing retries
-    behind the caller), and the backend serves the next call; only close() ends it for good."""
+    """asyncio.wait_for gives up on a call in flight: the call's connection is dropped (nothing
+    retries behind the caller), and the backend serves the next call; only close() ends it for
+    good."""
     import asyncio
 
     server = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", params={"sleep_s": 1.0})

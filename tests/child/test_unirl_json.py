@@ -1,6 +1,6 @@
-"""/score's JSON form, UniRL's reward-service protocol: its requests read as items, its answers built
-from a scorer's result (child_runtime.protocol.unirl), in process; the served route is tested in
-tests/ops/test_serve_json.py."""
+"""/score's JSON form, UniRL's reward-service protocol: its requests read as items, its answers
+built from a scorer's result (child_runtime.protocol.unirl), in process; the served route is tested
+in tests/ops/test_serve_json.py."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from scorers.base import ScoreResult, ScorerSpec
 IDENTITY = "ab" * 32
 TEXT = ScorerSpec(name="exact_match", input_kind="text", terms=("exact_match",))
 TWO_TERMS = ScorerSpec(name="judge", input_kind="text", terms=("correct", "format"))
-PANEL = ScorerSpec(name="panel", input_kind="text", terms=("correct", "format", "weighted"), reward_term="weighted")
+PANEL = ScorerSpec(
+    name="panel", input_kind="text", terms=("correct", "format", "weighted"), reward_term="weighted"
+)
 
 
 def png(value: int, size: tuple[int, int] = (5, 4)) -> str:
@@ -61,11 +63,22 @@ def test_a_text_request_is_an_item_with_its_prompt_gold_group_and_echoed_identit
 
 
 def test_an_image_request_decodes_its_image_and_earlier_turns_as_condition_images():
-    request = {"history": [{"text": "brighter", "image_b64": png(10)}, {"text": "brighter", "image_b64": png(200)}]}
-    parsed = parse(call({**request, "request_id": "e"}, protocol_version=1), TEXT, IDENTITY, Limits())
+    request = {
+        "history": [
+            {"text": "brighter", "image_b64": png(10)},
+            {"text": "brighter", "image_b64": png(200)},
+        ]
+    }
+    parsed = parse(
+        call({**request, "request_id": "e"}, protocol_version=1), TEXT, IDENTITY, Limits()
+    )
     [item] = request_from_wire(parsed.wire)[0]
     assert item.prompt == "brighter" and item.text is None
-    assert item.image.shape == (4, 5, 3) and item.image.dtype == np.uint8 and int(item.image[0, 0, 0]) == 200
+    assert (
+        item.image.shape == (4, 5, 3)
+        and item.image.dtype == np.uint8
+        and int(item.image[0, 0, 0]) == 200
+    )
     assert [int(c[0, 0, 0]) for c in item.condition_images] == [10]
 
 
@@ -73,29 +86,66 @@ def test_an_image_request_decodes_its_image_and_earlier_turns_as_condition_image
     "body, says",
     [
         ([], "must be a JSON object"),
-        (call({"history": [{"text": "x"}], "request_id": "a"}, protocol_version="2"), "protocol_version must be"),
-        ({"requests": [{"history": [{"text": "x"}], "request_id": "a"}]}, "protocol_version must be"),
-        (call({"history": [{"text": "x"}], "request_id": "a"}, protocol_version=True), "protocol_version must be"),
-        (call({"history": [{"text": "x"}], "request_id": "a"}, extra=1), "unknown fields ['extra']"),
+        (
+            call({"history": [{"text": "x"}], "request_id": "a"}, protocol_version="2"),
+            "protocol_version must be",
+        ),
+        (
+            {"requests": [{"history": [{"text": "x"}], "request_id": "a"}]},
+            "protocol_version must be",
+        ),
+        (
+            call({"history": [{"text": "x"}], "request_id": "a"}, protocol_version=True),
+            "protocol_version must be",
+        ),
+        (
+            call({"history": [{"text": "x"}], "request_id": "a"}, extra=1),
+            "unknown fields ['extra']",
+        ),
         (call(), "requests must be a non-empty list"),
         (call({"history": [{"text": "x"}]}), "request_id must be a non-empty string"),
-        (call({"history": [{"text": "x"}], "request_id": "a", "prompt": "p"}), "unknown fields ['prompt']"),
+        (
+            call({"history": [{"text": "x"}], "request_id": "a", "prompt": "p"}),
+            "unknown fields ['prompt']",
+        ),
         (call({"history": [], "request_id": "a"}), "history must be a list of 1 to"),
-        (call({"history": [{"text": "x", "video_b64": "AAAA"}], "request_id": "a"}), "video_b64 is not read here"),
+        (
+            call({"history": [{"text": "x", "video_b64": "AAAA"}], "request_id": "a"}),
+            "video_b64 is not read here",
+        ),
         (call({"history": [{"image_b64": "not base64!"}], "request_id": "a"}), "is not base64"),
         (call({"history": [{"image_b64": "AAAA"}], "request_id": "a"}), "is not a readable image"),
-        (call({"history": [{"text": "p"}, {"image_b64": png(1)}], "request_id": "a"}), "has no image"),
-        (call({"history": [{"text": "a"}, {"text": "b"}, {"text": "c"}], "request_id": "a"}), "of a text item"),
-        (call({"history": [{"text": "x"}], "request_id": "a", "required_rewards": ["hps"]}), "['hps'] are not served"),
+        (
+            call({"history": [{"text": "p"}, {"image_b64": png(1)}], "request_id": "a"}),
+            "has no image",
+        ),
+        (
+            call({"history": [{"text": "a"}, {"text": "b"}, {"text": "c"}], "request_id": "a"}),
+            "of a text item",
+        ),
+        (
+            call({"history": [{"text": "x"}], "request_id": "a", "required_rewards": ["hps"]}),
+            "['hps'] are not served",
+        ),
         (
             call(
-                {"history": [{"text": "x"}], "request_id": "a", "required_rewards": ["exact_match"]},
+                {
+                    "history": [{"text": "x"}],
+                    "request_id": "a",
+                    "required_rewards": ["exact_match"],
+                },
                 {"history": [{"text": "y"}], "request_id": "b"},
             ),
             "requests[1].required_rewards differs",
         ),
-        (call({"history": [{"text": "x"}], "request_id": "a", "group_id": 1.5}), "group_id must be a string"),
-        (call({"history": [{"text": "x"}], "request_id": "a", "metadata": [1]}), "metadata must be an object"),
+        (
+            call({"history": [{"text": "x"}], "request_id": "a", "group_id": 1.5}),
+            "group_id must be a string",
+        ),
+        (
+            call({"history": [{"text": "x"}], "request_id": "a", "metadata": [1]}),
+            "metadata must be an object",
+        ),
     ],
 )
 def test_a_malformed_request_is_refused_in_one_line_naming_what(body, says):
@@ -124,7 +174,9 @@ def test_a_pinned_scorer_version_must_be_this_servers_identity():
 
 def requests_for(*rewards: str, count: int = 3) -> dict:
     asked = {"required_rewards": list(rewards)} if rewards else {}
-    return call(*({"history": [{"text": "x"}], "request_id": f"r{i}", **asked} for i in range(count)))
+    return call(
+        *({"history": [{"text": "x"}], "request_id": f"r{i}", **asked} for i in range(count))
+    )
 
 
 def test_the_scorers_reward_is_its_terms_sum_first_and_a_failure_is_an_error_not_a_value():
@@ -139,25 +191,42 @@ def test_the_scorers_reward_is_its_terms_sum_first_and_a_failure_is_an_error_not
     out = answer(result, parsed, TWO_TERMS)
     assert out["protocol_version"] == "1" and len(out["identities"]) == 3
     assert out["results"] == [{"judge": {"judge": 1.5, "correct": 1.0, "format": 0.5}}, {}, {}]
-    assert out["errors"] == [{}, {"judge": "the judge's reply did not parse"}, {"judge": "term 'format': no tags"}]
+    assert out["errors"] == [
+        {},
+        {"judge": "the judge's reply did not parse"},
+        {"judge": "term 'format': no tags"},
+    ]
 
 
 def test_named_terms_are_rewards_of_their_own_and_a_term_that_does_not_apply_has_no_value():
-    """DESIGN: a term that does not apply is no value, never 0.0: asked for by name, it is the item's error;
-    inside a scorer's reward it is left out of the sub-metrics, as a failed optional term is."""
+    """DESIGN: a term that does not apply is no value, never 0.0: asked for by name, it is the
+    item's error; inside a scorer's reward it is left out of the sub-metrics, as a failed optional
+    term is."""
     parsed = parse(requests_for("correct", "format", count=2), TWO_TERMS, IDENTITY, Limits())
     assert parsed.terms == ["correct", "format"]
-    result = ScoreResult(terms={"correct": [1.0, 0.0], "format": [0.25, 9.0]}, not_applicable={"format": {1}})
+    result = ScoreResult(
+        terms={"correct": [1.0, 0.0], "format": [0.25, 9.0]}, not_applicable={"format": {1}}
+    )
     out = answer(result, parsed, TWO_TERMS)
-    assert out["results"] == [{"correct": {"correct": 1.0}, "format": {"format": 0.25}}, {"correct": {"correct": 0.0}}]
-    assert out["errors"] == [{}, {"format": "no term of ['format'] applies to this item's data source"}]
+    assert out["results"] == [
+        {"correct": {"correct": 1.0}, "format": {"format": 0.25}},
+        {"correct": {"correct": 0.0}},
+    ]
+    assert out["errors"] == [
+        {},
+        {"format": "no term of ['format'] applies to this item's data source"},
+    ]
     whole = answer(result, parse(requests_for(count=2), TWO_TERMS, IDENTITY, Limits()), TWO_TERMS)
-    assert whole["results"][1] == {"judge": {"judge": 0.0, "correct": 0.0}} and whole["errors"] == [{}, {}]
+    assert whole["results"][1] == {"judge": {"judge": 0.0, "correct": 0.0}} and whole["errors"] == [
+        {},
+        {},
+    ]
 
 
 def test_a_broken_png_is_the_clients_bad_request_not_a_scorer_error():
     whole = base64.b64decode(png(7, (16, 16)))
-    broken = whole[:36] + b"\x00" + whole[37:]  # IDAT's length byte: PIL reads a broken chunk (SyntaxError)
+    # IDAT's length byte: PIL reads a broken chunk (SyntaxError)
+    broken = whole[:36] + b"\x00" + whole[37:]
     request = {"history": [{"image_b64": base64.b64encode(broken).decode()}], "request_id": "a"}
     image = ScorerSpec(name="mean_intensity", input_kind="image", terms=("mean_intensity",))
     with pytest.raises(RequestError, match="is not a readable image"):
@@ -167,7 +236,8 @@ def test_a_broken_png_is_the_clients_bad_request_not_a_scorer_error():
 def test_a_served_panels_reward_is_its_weighted_reward_and_an_optional_terms_failure_leaves_it():
     parsed = parse(requests_for("panel", count=1), PANEL, IDENTITY, Limits())
     result = ScoreResult(
-        terms={"correct": [1.0], "format": [float("nan")], "weighted": [1.0]}, term_failed={"format": {0: "timeout"}}
+        terms={"correct": [1.0], "format": [float("nan")], "weighted": [1.0]},
+        term_failed={"format": {0: "timeout"}},
     )
     out = answer(result, parsed, PANEL)
     assert out["results"] == [{"panel": {"panel": 1.0, "correct": 1.0}}] and out["errors"] == [{}]

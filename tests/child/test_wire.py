@@ -1,4 +1,5 @@
-"""The wire codec: exact round trips, zero-copy aligned views, and a typed error for every bad frame."""
+"""The wire codec: exact round trips, zero-copy aligned views, and a typed error for every bad
+frame."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def raw_frame(header: object, body: bytes = b"", header_bytes: bytes | None = No
 
 
 def one_array(desc: dict, body: bytes = b"\0" * 64, meta: object = None) -> bytes:
-    return raw_frame({"meta": {"x": {"__array__": 0}} if meta is None else meta, "arrays": [desc]}, body)
+    return raw_frame(
+        {"meta": {"x": {"__array__": 0}} if meta is None else meta, "arrays": [desc]}, body
+    )
 
 
 def good_desc(**overrides) -> dict:
@@ -49,7 +52,11 @@ def sample_meta() -> dict:
     return {
         "items": [
             {"id": "a", "image": rng.integers(0, 256, (5, 7, 3), dtype=np.uint8), "score": 0.5},
-            {"id": "b", "video": rng.integers(0, 256, (2, 3, 4, 4), dtype=np.uint8), "tags": ["x", None, True]},
+            {
+                "id": "b",
+                "video": rng.integers(0, 256, (2, 3, 4, 4), dtype=np.uint8),
+                "tags": ["x", None, True],
+            },
         ],
         "terms": {
             "f64": rng.standard_normal(9),
@@ -178,7 +185,9 @@ def test_big_endian_and_non_contiguous_inputs_round_trip():
     fortran = np.asfortranarray(np.arange(12, dtype=np.uint16).reshape(3, 4))
     strided = np.arange(20, dtype=np.float32)[::3]
     transposed = np.arange(24, dtype=np.int64).reshape(2, 3, 4).transpose(2, 0, 1)
-    out = decode(encode({"big": big, "big_int": big_int, "f": fortran, "s": strided, "t": transposed}))
+    out = decode(
+        encode({"big": big, "big_int": big_int, "f": fortran, "s": strided, "t": transposed})
+    )
     assert out["big"].dtype == np.dtype("<f8") and out["big"].tolist() == big.tolist()
     assert out["big_int"].dtype == np.dtype("<i4") and out["big_int"].tolist() == big_int.tolist()
     for key, src in (("f", fortran), ("s", strided), ("t", transposed)):
@@ -234,7 +243,9 @@ def test_header_length_past_the_end():
     frame = encode({"a": 1})
     (n,) = struct.unpack_from("<I", frame, len(MAGIC))
     lying = frame[: len(MAGIC)] + struct.pack("<I", len(frame)) + frame[PREFIX:]
-    with pytest.raises(WireError, match=rf"header length {len(frame)} exceeds the body \({len(frame)} bytes\)"):
+    with pytest.raises(
+        WireError, match=rf"header length {len(frame)} exceeds the body \({len(frame)} bytes\)"
+    ):
         decode(lying)
     with pytest.raises(WireError, match="header length"):
         decode(frame[: PREFIX + n - 1])
@@ -247,7 +258,8 @@ def test_truncated_body():
     frame = encode({"x": np.arange(100, dtype=np.float64)})  # 800 bytes of data, padded to 832
     (n,) = struct.unpack_from("<I", frame, len(MAGIC))
     data_start = -(-(PREFIX + n) // ALIGN) * ALIGN
-    assert decode(frame[: data_start + 800])["x"].tolist() == list(range(100))  # padding is not needed
+    # padding is not needed
+    assert decode(frame[: data_start + 800])["x"].tolist() == list(range(100))
     with pytest.raises(WireError, match=r"arrays\[0\] \[0, \+800\) lies outside the body"):
         decode(frame[: data_start + 799])
     with pytest.raises(WireError, match=r"arrays\[0\].*outside the body"):
@@ -292,7 +304,9 @@ def test_header_not_json(header_bytes):
     ],
 )
 def test_header_must_be_object_with_exactly_meta_and_arrays(header):
-    with pytest.raises(WireError, match="'meta', 'arrays' \\(a list\\) and optionally 'shared': true"):
+    with pytest.raises(
+        WireError, match="'meta', 'arrays' \\(a list\\) and optionally 'shared': true"
+    ):
         decode(raw_frame(header))
 
 
@@ -334,7 +348,9 @@ def test_offset_and_nbytes_must_be_non_negative_ints(field, value):
 
 @pytest.mark.parametrize("nbytes", [23, 25, 6, 0])
 def test_nbytes_mismatch(nbytes):
-    with pytest.raises(WireError, match=rf"arrays\[0\]\.nbytes {nbytes} does not match shape \[2, 3\] x itemsize 4"):
+    with pytest.raises(
+        WireError, match=rf"arrays\[0\]\.nbytes {nbytes} does not match shape \[2, 3\] x itemsize 4"
+    ):
         decode(one_array(good_desc(nbytes=nbytes)))
 
 
@@ -360,7 +376,9 @@ def test_offset_out_of_bounds(offset):
     ids=["missing-key", "extra-key", "not-object"],
 )
 def test_array_descriptor_keys(desc):
-    with pytest.raises(WireError, match=r"arrays\[0\] must have exactly dtype, shape, offset, nbytes"):
+    with pytest.raises(
+        WireError, match=r"arrays\[0\] must have exactly dtype, shape, offset, nbytes"
+    ):
         decode(one_array(desc))
 
 
@@ -431,7 +449,9 @@ def fuzz_frames() -> list[bytes]:
     nprng = np.random.default_rng(1234)
     return [
         encode(sample_meta()),
-        encode({"items": [{"id": "a", "image": nprng.integers(0, 256, (4, 4, 3), dtype=np.uint8)}]}),
+        encode(
+            {"items": [{"id": "a", "image": nprng.integers(0, 256, (4, 4, 3), dtype=np.uint8)}]}
+        ),
         encode({"ids": ["a", "b"], "terms": {"t": np.array([1.0, 2.0])}, "diagnostics": {}}),
     ]
 
@@ -440,7 +460,19 @@ def test_truncations_and_byte_flips_only_ever_raise_wire_error():
     rng = random.Random(1234)
     cases = 0
     for frame in fuzz_frames():
-        for cut in sorted({0, 1, 7, 8, 11, 12, 13, len(frame) - 1, *(rng.randrange(len(frame)) for _ in range(60))}):
+        for cut in sorted(
+            {
+                0,
+                1,
+                7,
+                8,
+                11,
+                12,
+                13,
+                len(frame) - 1,
+                *(rng.randrange(len(frame)) for _ in range(60)),
+            }
+        ):
             _decode_or_wire_error(frame[:cut])
             cases += 1
         (header_len,) = struct.unpack_from("<I", frame, len(MAGIC))
@@ -450,7 +482,9 @@ def test_truncations_and_byte_flips_only_ever_raise_wire_error():
                 # bias towards the header, where the structure lives
                 end = PREFIX + header_len if rng.random() < 0.8 else len(frame)
                 pos = rng.randrange(end)
-                mutated[pos] = rng.choice([rng.randrange(256), mutated[pos] ^ (1 << rng.randrange(8))])
+                mutated[pos] = rng.choice(
+                    [rng.randrange(256), mutated[pos] ^ (1 << rng.randrange(8))]
+                )
             _decode_or_wire_error(bytes(mutated))
             cases += 1
     assert cases > 1000
@@ -530,7 +564,11 @@ def _placer(memory: bytearray):
 
 
 def test_shared_round_trip_is_zero_copy_and_exact():
-    arrays = {"a": np.arange(10, dtype=np.float32), "b": np.full((3, 5, 4), 7, np.uint8), "c": np.zeros(0, np.int64)}
+    arrays = {
+        "a": np.arange(10, dtype=np.float32),
+        "b": np.full((3, 5, 4), 7, np.uint8),
+        "c": np.zeros(0, np.int64),
+    }
     frame = prepare({"items": [arrays, {"id": "x"}]})
     memory, view, asked = _segment(frame.array_bytes)
     body = frame.shared_body(_placer(memory))
@@ -544,7 +582,14 @@ def test_shared_round_trip_is_zero_copy_and_exact():
 
 
 def test_in_band_and_shared_bodies_decode_to_the_same_value():
-    meta = {"items": [{"id": "i", "image": np.random.default_rng(1).integers(0, 256, (9, 7, 3), dtype=np.uint8)}]}
+    meta = {
+        "items": [
+            {
+                "id": "i",
+                "image": np.random.default_rng(1).integers(0, 256, (9, 7, 3), dtype=np.uint8),
+            }
+        ]
+    }
     frame = prepare(meta)
     memory, view, _ = _segment(frame.array_bytes)
     in_band = decode(b"".join(frame.body_parts()))
@@ -571,7 +616,8 @@ def test_shared_frame_past_the_segment():
 
 
 def test_stdlib_float64_arrays_travel_as_float64_ndarrays_and_other_typecodes_are_refused():
-    """A text scorer's child answers its scores as array("d") (it never imports numpy): the same bytes."""
+    """A text scorer's child answers its scores as array("d") (it never imports numpy): the same
+    bytes."""
     from array import array
 
     scores = array("d", [0.5, float("nan"), -1.0])

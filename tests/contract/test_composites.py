@@ -44,7 +44,11 @@ def test_a_panel_lists_its_backends_once_and_answers_for_them():
     exact, groupwise = LocalRewardBackend("exact_match"), LocalRewardBackend("token_f1")
     slow, quick = Bounded(7.5), Bounded(2.0)
     panel = RewardPanel(
-        [PanelTerm("a", exact), PanelTerm("b", exact, weight=0.5), PanelTerm("c", slow, required=False)]
+        [
+            PanelTerm("a", exact),
+            PanelTerm("b", exact, weight=0.5),
+            PanelTerm("c", slow, required=False),
+        ]
         + [PanelTerm("d", quick)],
         owns_backends=False,
     )
@@ -54,9 +58,16 @@ def test_a_panel_lists_its_backends_once_and_answers_for_them():
     assert panel.needs_whole_groups() is True  # an optional term's failure must cover whole groups
     inner = RewardPanel([PanelTerm("x", exact)], owns_backends=False)
     nested = RewardPanel([PanelTerm("inner", inner)], owns_backends=False)
-    assert nested.members() == [inner] and nested.leaves() == [exact] and nested.needs_whole_groups() is False
-    grouped = RewardPanel([PanelTerm("inner", inner), PanelTerm("f1", groupwise)], owns_backends=False)
-    assert grouped.leaves() == [exact, groupwise] and grouped.needs_whole_groups() is True  # token_f1 is groupwise
+    assert (
+        nested.members() == [inner]
+        and nested.leaves() == [exact]
+        and nested.needs_whole_groups() is False
+    )
+    grouped = RewardPanel(
+        [PanelTerm("inner", inner), PanelTerm("f1", groupwise)], owns_backends=False
+    )
+    # token_f1 is groupwise
+    assert grouped.leaves() == [exact, groupwise] and grouped.needs_whole_groups() is True
     with pytest.raises(ValueError, match="step"):
         RewardRequest(items=[RewardItem(id="a", text="1")], step=-1)
 
@@ -65,7 +76,9 @@ def test_the_trainer_contract_has_ten_names_and_the_docs_list_each():
     names = sorted(name for name in dir(RewardBackend) if not name.startswith("_"))
     assert len(names) <= 10, names
     concepts = (Path(__file__).resolve().parents[2] / "docs" / "concepts.md").read_text()
-    assert [name for name in names if f"`{name}(" not in concepts and f"`await {name}(" not in concepts] == []
+    assert [
+        name for name in names if f"`{name}(" not in concepts and f"`await {name}(" not in concepts
+    ] == []
 
 
 def test_a_trainers_own_backend_answers_as_a_leaf_of_an_unknown_scorer():

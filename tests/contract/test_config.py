@@ -25,7 +25,9 @@ PY = sys.executable
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def spec_dict(process: dict | None = None, scorer: dict | None = None, client: dict | None = None, **top) -> dict:
+def spec_dict(
+    process: dict | None = None, scorer: dict | None = None, client: dict | None = None, **top
+) -> dict:
     data = {
         "process": {"python_executable": PY, **(process or {})},
         "scorer": {"name": "exact_match", **(scorer or {})},
@@ -56,7 +58,12 @@ def test_valid_spec_from_nested_dicts():
                 "local_rank": 2,
                 "log_dir": "/tmp/logs",
             },
-            scorer={"name": "jpeg_compressibility", "input_kind": "image", "params": {"quality": 80}, "device": "cuda"},
+            scorer={
+                "name": "jpeg_compressibility",
+                "input_kind": "image",
+                "params": {"quality": 80},
+                "device": "cuda",
+            },
             client={
                 "input_kind": "image",
                 "required_rewards": ["jpeg_compressibility"],
@@ -76,7 +83,9 @@ def test_valid_spec_from_nested_dicts():
     assert spec.process.local_rank == 2 and spec.process.log_dir == Path("/tmp/logs")
     assert spec.scorer.name == "jpeg_compressibility" and spec.scorer.params == {"quality": 80}
     assert spec.scorer.device == "cuda"
-    assert spec.client.weights == {"jpeg_compressibility": 0.5} and spec.client.request_batch_size == 8
+    assert (
+        spec.client.weights == {"jpeg_compressibility": 0.5} and spec.client.request_batch_size == 8
+    )
     assert spec.gpu_residency == "per_call"
 
 
@@ -89,7 +98,12 @@ def test_defaults():
     assert spec.client.request_batch_size == 64
     p = spec.process
     assert (p.startup_timeout, p.request_timeout, p.shutdown_timeout) == (120.0, 600.0, 10.0)
-    assert p.env == {} and p.local_rank is None and p.visible_devices is None and p.allow_multiple_gpus is False
+    assert (
+        p.env == {}
+        and p.local_rank is None
+        and p.visible_devices is None
+        and p.allow_multiple_gpus is False
+    )
 
 
 def test_spec_is_frozen():
@@ -114,26 +128,49 @@ def test_non_executable_python_file(tmp_path):
     script = tmp_path / "python"
     script.write_text("#!/bin/sh\n")
     script.chmod(0o644)
-    invalid(spec_dict(process={"python_executable": str(script)}), "process.python_executable", "not an executable")
+    invalid(
+        spec_dict(process={"python_executable": str(script)}),
+        "process.python_executable",
+        "not an executable",
+    )
 
 
 def test_missing_python_executable_key():
-    invalid({"process": {}, "scorer": {"name": "x"}}, "the child needs a python", "env (a scorer env by name")
+    invalid(
+        {"process": {}, "scorer": {"name": "x"}},
+        "the child needs a python",
+        "env (a scorer env by name",
+    )
 
 
 def test_a_scorer_env_by_name_or_the_one_the_scorer_declares(monkeypatch, tmp_path):
     from supervisor import scorer_envs
 
     math = scorer_envs.env_python("math")  # the checkout's envs/ (make envs built it)
-    assert ManagedScorerProcessSpec(env="math", scorer={"name": "math_verify"}).process.python_executable == math
-    declared = ManagedScorerProcessSpec(scorer={"name": "math_verify"})  # math_verify declares env "math"
+    assert (
+        ManagedScorerProcessSpec(
+            env="math", scorer={"name": "math_verify"}
+        ).process.python_executable
+        == math
+    )
+    # math_verify declares env "math"
+    declared = ManagedScorerProcessSpec(scorer={"name": "math_verify"})
     assert declared.process.python_executable == math and declared.env == "math"
-    invalid({"env": "nosuch", "scorer": {"name": "exact_match"}}, "no scorer env 'nosuch'", "no spec of that name")
+    invalid(
+        {"env": "nosuch", "scorer": {"name": "exact_match"}},
+        "no scorer env 'nosuch'",
+        "no spec of that name",
+    )
     invalid(spec_dict(env="math"), "not both")
-    assert ManagedScorerProcessSpec.model_validate(declared.model_dump()) == declared  # a dump reads back
+    # a dump reads back
+    assert ManagedScorerProcessSpec.model_validate(declared.model_dump()) == declared
     assert ManagedScorerProcessSpec.model_validate_json(declared.model_dump_json()) == declared
     monkeypatch.setenv(scorer_envs.ROOT_VARIABLE, str(tmp_path))
-    invalid({"env": "image", "scorer": {"name": "exact_match"}}, "is not built", "managed-scorers envs build image")
+    invalid(
+        {"env": "image", "scorer": {"name": "exact_match"}},
+        "is not built",
+        "managed-scorers envs build image",
+    )
 
 
 @pytest.mark.parametrize("field", ["startup_timeout", "request_timeout", "shutdown_timeout"])
@@ -144,11 +181,17 @@ def test_timeouts_must_be_positive(field, value):
 
 @pytest.mark.parametrize("value", [0, -4])
 def test_request_batch_size_must_be_positive(value):
-    invalid(spec_dict(client={"request_batch_size": value}), "client.request_batch_size", "greater than 0")
+    invalid(
+        spec_dict(client={"request_batch_size": value}),
+        "client.request_batch_size",
+        "greater than 0",
+    )
 
 
 def test_negative_local_rank():
-    invalid(spec_dict(process={"local_rank": -1}), "process.local_rank", "greater than or equal to 0")
+    invalid(
+        spec_dict(process={"local_rank": -1}), "process.local_rank", "greater than or equal to 0"
+    )
 
 
 @pytest.mark.parametrize(
@@ -178,7 +221,8 @@ def test_input_kind_mismatch_between_client_and_scorer():
         spec_dict(scorer={"input_kind": "image"}, client={"input_kind": "text"}),
         "client.input_kind 'text' != scorer.input_kind 'image'",
     )
-    follows = ManagedScorerProcessSpec(**spec_dict(scorer={"input_kind": "video"}))  # no client kind: the scorer's
+    # no client kind: the scorer's
+    follows = ManagedScorerProcessSpec(**spec_dict(scorer={"input_kind": "video"}))
     assert follows.client.input_kind == "video"
 
 
@@ -186,16 +230,21 @@ def test_input_kind_defaults_to_the_one_the_scorer_declares():
     image = ManagedScorerProcessSpec(**spec_dict(scorer={"name": "jpeg_compressibility"}))
     assert image.scorer.input_kind == "image" and image.client.input_kind == "image"
     unknown_here = ManagedScorerProcessSpec(**spec_dict(scorer={"name": "only_in_its_env:Scorer"}))
-    assert unknown_here.scorer.input_kind == "text"  # a class this python cannot import: text, unless given
+    # a class this python cannot import: text, unless given
+    assert unknown_here.scorer.input_kind == "text"
 
 
 def test_weights_must_name_required_rewards():
     invalid(
-        spec_dict(client={"required_rewards": ["a", "b"], "weights": {"a": 1.0, "c": 2.0, "d": 0.5}}),
+        spec_dict(
+            client={"required_rewards": ["a", "b"], "weights": {"a": 1.0, "c": 2.0, "d": 0.5}}
+        ),
         "client",
         "weights name rewards not in required_rewards: ['c', 'd']",
     )
-    ok = ManagedScorerProcessSpec(**spec_dict(client={"required_rewards": ["a", "b"], "weights": {"b": 3}}))
+    ok = ManagedScorerProcessSpec(
+        **spec_dict(client={"required_rewards": ["a", "b"], "weights": {"b": 3}})
+    )
     assert ok.client.weights == {"b": 3.0}
 
 
@@ -213,13 +262,18 @@ def test_extra_import_paths_are_existing_directories_made_absolute(tmp_path, mon
 
 @pytest.mark.parametrize("name", ["PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSAFEPATH"])
 def test_env_cannot_change_the_childs_import_path(name):
-    invalid(spec_dict(process={"env": {name: "/somewhere"}}), f"env may not set ['{name}']", "extra_import_paths")
+    invalid(
+        spec_dict(process={"env": {name: "/somewhere"}}),
+        f"env may not set ['{name}']",
+        "extra_import_paths",
+    )
 
 
 def test_a_relative_python_is_resolved_once_against_the_current_directory(tmp_path, monkeypatch):
     venv_bin = tmp_path / "env" / "bin"
     venv_bin.mkdir(parents=True)
-    (venv_bin / "python").symlink_to(PY)  # a venv's python is a symlink: it must be kept, not resolved
+    # a venv's python is a symlink: it must be kept, not resolved
+    (venv_bin / "python").symlink_to(PY)
     monkeypatch.chdir(tmp_path)
     spec = ManagedScorerProcessSpec(**spec_dict(process={"python_executable": "env/bin/python"}))
     assert spec.process.python_executable == venv_bin / "python"
@@ -248,7 +302,9 @@ def test_required_rewards_default_is_empty_and_the_backend_keeps_explicit_ones()
     default = ManagedScorerProcessBackend(spec_dict(), start=False)
     assert default.spec.client.required_rewards == []
     assert default.pid is None
-    explicit = ManagedScorerProcessBackend(spec_dict(client={"required_rewards": ["exact_match"]}), start=False)
+    explicit = ManagedScorerProcessBackend(
+        spec_dict(client={"required_rewards": ["exact_match"]}), start=False
+    )
     assert explicit.required_rewards == ["exact_match"]
     default.close()
     explicit.close()
@@ -341,9 +397,19 @@ def test_hydra_recipe_with_a_list_param_gives_plain_lists():
         (SPEC_RECIPE, ("gpu_residency: per_call", "gpu_residencey: per_call"), "gpu_residencey"),
         (SPEC_RECIPE, ("\nprocess:", "\nprocss:"), "procss"),
         (NESTED_TARGET_RECIPE, ("shutdown_timeout: 3", "shutdown_timout: 3"), "shutdown_timout"),
-        (NESTED_TARGET_RECIPE, ("request_batch_size: 4", "request_batchsize: 4"), "request_batchsize"),
+        (
+            NESTED_TARGET_RECIPE,
+            ("request_batch_size: 4", "request_batchsize: 4"),
+            "request_batchsize",
+        ),
     ],
-    ids=["process-field", "top-field", "top-section", "nested-target-process", "nested-target-client"],
+    ids=[
+        "process-field",
+        "top-field",
+        "top-section",
+        "nested-target-process",
+        "nested-target-client",
+    ],
 )
 def test_hydra_recipe_typo_names_the_field(recipe, typo, field):
     bad = recipe.replace(*typo)
@@ -414,7 +480,9 @@ def test_local_rank_env_var_used_when_rank_is_none():
 
 
 def test_rank_beyond_the_parent_list():
-    with pytest.raises(ConfigError, match=r"local rank 3 has no GPU in CUDA_VISIBLE_DEVICES='3,5,7'"):
+    with pytest.raises(
+        ConfigError, match=r"local rank 3 has no GPU in CUDA_VISIBLE_DEVICES='3,5,7'"
+    ):
         child_visible_devices({"CUDA_VISIBLE_DEVICES": "3,5,7"}, 3)
     with pytest.raises(ConfigError, match="local rank 2"):
         child_visible_devices({"CUDA_VISIBLE_DEVICES": "0,1", "LOCAL_RANK": "2"}, None)
@@ -438,7 +506,9 @@ def test_explicit_wins():
 
 
 def test_explicit_multiple_needs_allow_multiple():
-    with pytest.raises(ConfigError, match=r"visible_devices='0,1' names 2 GPUs.*allow_multiple_gpus"):
+    with pytest.raises(
+        ConfigError, match=r"visible_devices='0,1' names 2 GPUs.*allow_multiple_gpus"
+    ):
         child_visible_devices({}, 0, explicit="0,1")
     assert child_visible_devices({}, 0, explicit="0, 1", allow_multiple=True) == "0,1"
 
@@ -465,16 +535,22 @@ def test_a_ray_actors_gpus_are_its_childs_whatever_its_local_rank():
     # Ray hands an actor physical GPU ids (and may leave LOCAL_RANK at anything, or unset)
     env = {"CUDA_VISIBLE_DEVICES": "2", "LOCAL_RANK": "5"}
     assert child_visible_devices(env, None, launcher_gpus=("2",)) == "2"
-    assert child_visible_devices({}, None, launcher_gpus=()) == ""  # a CPU actor's child sees no GPU
-    with pytest.raises(ConfigError, match=r"this Ray worker holds GPUs \['2', '3'\]; one child serves one rank's GPU"):
+    # a CPU actor's child sees no GPU
+    assert child_visible_devices({}, None, launcher_gpus=()) == ""
+    with pytest.raises(
+        ConfigError,
+        match=r"this Ray worker holds GPUs \['2', '3'\]; one child serves one rank's GPU",
+    ):
         child_visible_devices({}, None, launcher_gpus=("2", "3"))
     assert child_visible_devices({}, None, allow_multiple=True, launcher_gpus=("2", "3")) == "2,3"
     # a configured local_rank or visible_devices still wins
-    assert child_visible_devices({"CUDA_VISIBLE_DEVICES": "2,3"}, 1, launcher_gpus=("2", "3")) == "3"
+    assert (
+        child_visible_devices({"CUDA_VISIBLE_DEVICES": "2,3"}, 1, launcher_gpus=("2", "3")) == "3"
+    )
     assert child_visible_devices({}, None, "7", launcher_gpus=("2",)) == "7"
 
 
-# -- the rank a launcher gave this process (supervisor.child.ranks) ----------------------------------
+# -- the rank a launcher gave this process (supervisor.child.ranks) --------------------------------
 def test_rank_from_torchrun_variables():
     from supervisor.child import ranks
 
@@ -490,12 +566,14 @@ def test_rank_from_torchrun_variables():
 
 
 def test_a_spec_made_per_instance_gives_the_parent_no_default():
-    """An FF or native model: the class spec is a placeholder (FF's says image), so the parent infers no
-    input kind from it; a class spec (jpeg_compressibility) still gives its kind."""
+    """An FF or native model: the class spec is a placeholder (FF's says image), so the parent
+    infers no input kind from it; a class spec (jpeg_compressibility) still gives its kind."""
     from scorers.registry import declared_spec
 
     assert declared_spec("scorers.ff.scorer:FfModelScorer") is None
     assert declared_spec("jpeg_compressibility").input_kind == "image"
-    ff = ScorerConfig(name="scorers.ff.scorer:FfModelScorer", params={"model": "tests.helpers.term_faults:Hangs"})
+    ff = ScorerConfig(
+        name="scorers.ff.scorer:FfModelScorer", params={"model": "tests.helpers.term_faults:Hangs"}
+    )
     assert ff.input_kind == "text"
     assert ScorerConfig(name="jpeg_compressibility").input_kind == "image"

@@ -24,7 +24,9 @@ PROBE = "tests.helpers.fixture_scorers:Probe"
 def group(name: str, size: int, **fields) -> list[RewardItem]:
     fields.setdefault("prompt", f"prompt of {name}")
     fields.setdefault("reference", {"answer": "42"})
-    return [RewardItem(id=f"{name}-{k}", group_id=name, text=f"c{k}", **fields) for k in range(size)]
+    return [
+        RewardItem(id=f"{name}-{k}", group_id=name, text=f"c{k}", **fields) for k in range(size)
+    ]
 
 
 def both(managed, trainer_python, scorer, **kwargs):
@@ -34,12 +36,14 @@ def both(managed, trainer_python, scorer, **kwargs):
     return [local, managed(trainer_python, scorer, params=kwargs.get("params"), client=client)]
 
 
-# -- refusals, each naming the offending id or group -------------------------------------------------
+# -- refusals, each naming the offending id or group -----------------------------------------------
 @pytest.mark.parametrize("where", ["local", "managed"])
 def test_an_incomplete_group_is_refused_naming_it(managed, trainer_python, where):
     backend = both(managed, trainer_python, SPY, group_size=3)[where == "managed"]
     with backend if where == "local" else backend:
-        with pytest.raises(ScorerRequestError, match=r"group 'b' has 2 items, expected group_size 3") as info:
+        with pytest.raises(
+            ScorerRequestError, match=r"group 'b' has 2 items, expected group_size 3"
+        ) as info:
             backend.compute_rewards(RewardRequest(items=group("a", 3) + group("b", 2)))
     assert info.value.kind == "bad_input"
 
@@ -54,14 +58,19 @@ def test_the_child_refuses_an_incomplete_group_itself(managed, trainer_python):
 
 
 def test_a_groupwise_scorer_without_a_group_size_is_refused():
-    with LocalRewardBackend(SPY) as backend, pytest.raises(ScorerRequestError, match="declare group_size"):
+    with (
+        LocalRewardBackend(SPY) as backend,
+        pytest.raises(ScorerRequestError, match="declare group_size"),
+    ):
         backend.compute_rewards(RewardRequest(items=group("a", 2)))
 
 
 def test_an_ungrouped_item_is_refused_when_groups_are_declared():
     items = [*group("a", 2), RewardItem(id="loner", text="x", prompt="prompt of a")]
     with LocalRewardBackend(PROBE, group_size=2) as backend:
-        with pytest.raises(ScorerRequestError, match="item 'loner' has no group_id, but groups of 2 are declared"):
+        with pytest.raises(
+            ScorerRequestError, match="item 'loner' has no group_id, but groups of 2 are declared"
+        ):
             backend.compute_rewards(RewardRequest(items=items))
 
 
@@ -79,7 +88,9 @@ def test_duplicate_and_missing_ids_are_refused_naming_them():
 def test_a_missing_completion_is_refused_naming_the_id():
     items = [*group("a", 1), RewardItem(id="empty", group_id="b", prompt="p")]
     with LocalRewardBackend(PROBE) as backend:
-        with pytest.raises(ScorerRequestError, match=r"\(id='empty'\): field 'text' is required by scorer 'probe'"):
+        with pytest.raises(
+            ScorerRequestError, match=r"\(id='empty'\): field 'text' is required by scorer 'probe'"
+        ):
             backend.compute_rewards(RewardRequest(items=items))
 
 
@@ -98,13 +109,17 @@ def test_candidates_with_different_common_inputs_are_refused(field, first, other
     items = group("g", 3, **{field: first})
     items[2] = items[2].model_copy(update={field: other})
     with LocalRewardBackend(PROBE) as backend:
-        with pytest.raises(ScorerRequestError, match=f"group 'g': candidate 'g-2' has a different {field} than 'g-0'"):
+        with pytest.raises(
+            ScorerRequestError,
+            match=f"group 'g': candidate 'g-2' has a different {field} than 'g-0'",
+        ):
             backend.compute_rewards(RewardRequest(items=items))
 
 
 def test_strict_keys_tell_json_types_apart():
     keys = [strict_key(v) for v in (1, True, 1.0, "1", [1], (1,), {"a": 1}, None)]
-    assert len(set(keys[:4])) == 4 and keys[4] == keys[5]  # a JSON list arrives as a list or a tuple
+    # a JSON list arrives as a list or a tuple
+    assert len(set(keys[:4])) == 4 and keys[4] == keys[5]
     assert strict_key({"a": 1, "b": 2}) == strict_key({"b": 2, "a": 1})
 
 
@@ -122,15 +137,15 @@ def test_common_inputs_reach_a_groupwise_scorer_deeply_frozen(managed, trainer_p
     assert reference == {"answer": "42", "steps": [{"n": 1}]}
 
 
-# -- chunking ---------------------------------------------------------------------------------------
+# -- chunking --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("where", ["local", "managed"])
 def test_chunking_never_splits_a_group(managed, trainer_python, tmp_path, where):
     """GRPO groups of 3 with request_batch_size 4: every call holds whole groups."""
     journal = str(tmp_path / "calls")
     params = {"journal": journal}
-    backend = both(managed, trainer_python, PROBE, params=params, request_batch_size=4, group_size=3)[
-        where == "managed"
-    ]
+    backend = both(
+        managed, trainer_python, PROBE, params=params, request_batch_size=4, group_size=3
+    )[where == "managed"]
     items = group("a", 3) + group("b", 3) + group("c", 3)
     interleaved = [items[i] for i in (0, 3, 6, 1, 4, 7, 2, 5, 8)]  # groups need not be contiguous
     response = backend.compute_rewards(RewardRequest(items=interleaved))
@@ -145,7 +160,9 @@ def test_chunking_never_splits_a_group(managed, trainer_python, tmp_path, where)
 def test_a_group_larger_than_the_batch_size_travels_alone(tmp_path):
     journal = str(tmp_path / "calls")
     with LocalRewardBackend(PROBE, {"journal": journal}, request_batch_size=2) as backend:
-        backend.compute_rewards(RewardRequest(items=group("big", 5) + group("small", 1), group_size=None))
+        backend.compute_rewards(
+            RewardRequest(items=group("big", 5) + group("small", 1), group_size=None)
+        )
     assert [len(ids) for _, ids in journal_calls(journal)] == [5, 1]
 
 
@@ -158,7 +175,9 @@ def test_a_groupwise_scorer_gets_exactly_one_group_per_call():
 
 def test_request_and_config_group_sizes_must_agree():
     with LocalRewardBackend(SPY, group_size=2) as backend:
-        with pytest.raises(ScorerRequestError, match="request declares group_size 3, the backend's config 2"):
+        with pytest.raises(
+            ScorerRequestError, match="request declares group_size 3, the backend's config 2"
+        ):
             backend.compute_rewards(RewardRequest(items=group("a", 3), group_size=3))
 
 
@@ -167,20 +186,32 @@ def test_a_ragged_scorer_takes_groups_of_any_size():
         return float(len(candidate.text))
 
     ragged = map_candidates(length, name="length")()
-    items = [ScoreItem(id=f"{g}{k}", group_id=g, text="x" * k) for g, n in (("a", 1), ("b", 3)) for k in range(n)]
+    items = [
+        ScoreItem(id=f"{g}{k}", group_id=g, text="x" * k)
+        for g, n in (("a", 1), ("b", 3))
+        for k in range(n)
+    ]
     assert score_checked(ragged, items, group_size=2).terms == {"length": [0.0, 0.0, 1.0, 2.0]}
 
 
-# -- the comparative judge ------------------------------------------------------------------------------
+# -- the comparative judge -------------------------------------------------------------------------
 def test_pairwise_judge_in_process_and_managed(managed, trainer_python):
     answers = ["the cat sat on the mat", "the cat sat", "a dog", "the cat sat"]
     items = [
-        RewardItem(id=f"{g}{k}", group_id=g, prompt="describe", text=text, reference="the cat sat on the mat")
+        RewardItem(
+            id=f"{g}{k}",
+            group_id=g,
+            prompt="describe",
+            text=text,
+            reference="the cat sat on the mat",
+        )
         for g in "xy"
         for k, text in enumerate(answers)
     ]
     results = []
-    for backend in both(managed, trainer_python, "pairwise_judge", params={"inner": "token_f1"}, group_size=4):
+    for backend in both(
+        managed, trainer_python, "pairwise_judge", params={"inner": "token_f1"}, group_size=4
+    ):
         results.append(backend.compute_rewards(RewardRequest(items=items)))
         if isinstance(backend, LocalRewardBackend):
             backend.close()
@@ -197,9 +228,16 @@ def test_pairwise_judge_refuses_an_inner_groupwise_scorer():
         LocalRewardBackend("pairwise_judge", {"inner": SPY})
 
 
-# -- item fields --------------------------------------------------------------------------------------
+# -- item fields -----------------------------------------------------------------------------------
 def test_truncation_is_exactly_the_length_verdict():
-    verdicts = {"length": True, "stop": False, None: False, "LENGTH": False, "max_tokens": False, "abort": False}
+    verdicts = {
+        "length": True,
+        "stop": False,
+        None: False,
+        "LENGTH": False,
+        "max_tokens": False,
+        "abort": False,
+    }
     for reason, truncated in verdicts.items():
         assert RewardItem(id="a", finish_reason=reason).is_length_truncated is truncated
         assert ScoreItem(id="a", finish_reason=reason).is_length_truncated is truncated
@@ -207,12 +245,13 @@ def test_truncation_is_exactly_the_length_verdict():
 
 def test_item_fields_and_conditioning_media_reach_the_scorer(managed, trainer_python):
     rng = np.random.default_rng(0)
-    source = rng.integers(0, 256, (256, 320, 3), dtype=np.uint8)  # 240 KiB: through the shared segment
+    # 240 KiB: through the shared segment
+    source = rng.integers(0, 256, (256, 320, 3), dtype=np.uint8)
     mask = rng.integers(0, 256, (32, 48, 1), dtype=np.uint8)
     clip = rng.integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
     items = [
-        RewardItem(id="edit", text="t", finish_reason="length", completion_tokens=512, data_source="edits",
-                   condition_images=[source, mask], condition_videos=[clip]),
+        RewardItem(id="edit", text="t", finish_reason="length", completion_tokens=512,
+                   data_source="edits", condition_images=[source, mask], condition_videos=[clip]),
         RewardItem(id="plain", text="t", finish_reason="stop"),
     ]  # fmt: skip
     expected = {
@@ -244,8 +283,10 @@ def test_an_edit_reward_needs_its_source_image():
     edit = map_candidates(brighter, name="brighter", input_kind="image_edit")()
     image = np.full((4, 4, 3), 200, np.uint8)
     source = np.full((4, 4, 3), 100, np.uint8)
-    assert score_checked(edit, [ScoreItem(id="e", image=image, condition_images=(source,))]).terms == {
-        "brighter": [1.0]
-    }
-    with pytest.raises(ScoreInputError, match=r"\(id='e'\): image_edit scorer 'brighter' needs the source image"):
+    assert score_checked(
+        edit, [ScoreItem(id="e", image=image, condition_images=(source,))]
+    ).terms == {"brighter": [1.0]}
+    with pytest.raises(
+        ScoreInputError, match=r"\(id='e'\): image_edit scorer 'brighter' needs the source image"
+    ):
         score_checked(edit, [ScoreItem(id="e", image=image)])

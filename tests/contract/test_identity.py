@@ -1,4 +1,5 @@
-"""Catalog identity and pins, custom catalogs, and the diagnostics contract: in-process and in a child.
+"""Catalog identity and pins, custom catalogs, and the diagnostics contract: in-process and in a
+child.
 
 A configured revision or identity hash is a pin: a child whose scorer differs is refused at
 start with the BAD_CONFIG boot code and never restarted; a LocalRewardBackend refuses it
@@ -46,8 +47,11 @@ SECRET = "sk-fixture-secret-0123456789"
 WRONG_HASH = "f" * 64
 
 
-def identity(scorer: str | type[Scorer], params: dict | None = None, catalog: str | None = None) -> str:
-    """The identity hash of a scorer (a name resolved through `catalog`, or a class) built with `params`."""
+def identity(
+    scorer: str | type[Scorer], params: dict | None = None, catalog: str | None = None
+) -> str:
+    """The identity hash of a scorer (a name resolved through `catalog`, or a class) built with
+    `params`."""
     cls = resolve_scorer(scorer, catalog) if isinstance(scorer, str) else scorer
     params = dict(params or {})
     return scorer_identity_hash(cls(**params), params)
@@ -65,11 +69,13 @@ def descendants() -> set[int]:
 
 @pytest.fixture
 def child(trainer_python, tmp_path):
-    """start(scorer_config, process=...) -> a started ManagedScorerProcessBackend, closed at the end.
-    Every launch leaves one log file in `tmp_path / "logs"` (a failed boot keeps its log)."""
+    """start(scorer_config, process=...) -> a started ManagedScorerProcessBackend, closed at the
+    end. Every launch leaves one log file in `tmp_path / "logs"` (a failed boot keeps its log)."""
     made: list[ManagedScorerProcessBackend] = []
 
-    def start(scorer: dict[str, Any], process: dict[str, Any] | None = None) -> ManagedScorerProcessBackend:
+    def start(
+        scorer: dict[str, Any], process: dict[str, Any] | None = None
+    ) -> ManagedScorerProcessBackend:
         config = ManagedScorerProcessSpec(
             process={
                 "python_executable": str(trainer_python),
@@ -97,7 +103,9 @@ def launches(tmp_path: Path) -> int:
 
 
 def texts(*values: str) -> RewardRequest:
-    return RewardRequest(items=[RewardItem(id=f"i{n}", text=value) for n, value in enumerate(values)])
+    return RewardRequest(
+        items=[RewardItem(id=f"i{n}", text=value) for n, value in enumerate(values)]
+    )
 
 
 # -- pins on a managed child ------------------------------------------------------------------
@@ -111,7 +119,9 @@ def test_a_pin_that_differs_refuses_the_child_and_it_is_never_restarted(child, t
     error = info.value
     message = str(error)
     assert f"{pin} pin" in message and "refused" in message
-    assert wrong in message and actual in message, "the refusal must name both the pin and the scorer's own"
+    assert wrong in message and actual in message, (
+        "the refusal must name both the pin and the scorer's own"
+    )
     assert error.boot_code == exit_codes.BAD_CONFIG and error.returncode == exit_codes.BAD_CONFIG
     assert exit_codes.is_boot_failure(error.boot_code)
     assert error.pid is not None and not alive(error.pid)
@@ -124,12 +134,21 @@ def test_matching_pins_start_and_health_reports_the_local_identity(child):
     with LocalRewardBackend("exact_match", params) as local:
         expected = local.identity_hash
     assert expected is not None and expected != identity("exact_match")
-    backend = child({"name": "exact_match", "params": params, "revision": "1", "identity_hash": expected})
+    backend = child(
+        {"name": "exact_match", "params": params, "revision": "1", "identity_hash": expected}
+    )
     health = backend.health()
-    assert (health["scorer"], health["revision"], health["identity_hash"]) == ("exact_match", "1", expected)
+    assert (health["scorer"], health["revision"], health["identity_hash"]) == (
+        "exact_match",
+        "1",
+        expected,
+    )
     assert backend.identity_hash == backend.ready_info["identity_hash"] == expected
-    response = backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="Yes", reference="yes")]))
-    assert response.rewards == [0.0] and response.identity_hash == expected  # case-sensitive: the params arrived
+    response = backend.compute_rewards(
+        RewardRequest(items=[RewardItem(id="a", text="Yes", reference="yes")])
+    )
+    # case-sensitive: the params arrived
+    assert response.rewards == [0.0] and response.identity_hash == expected
 
 
 # -- pins on a local backend ------------------------------------------------------------------
@@ -162,7 +181,9 @@ def test_the_hash_is_the_sha256_of_the_canonical_document():
         "identity": None,
         "params": {"case_sensitive": True},
     }
-    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    canonical = json.dumps(
+        document, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    ).encode()
     assert canonical_json(document) == canonical
     assert identity("exact_match", params) == hashlib.sha256(canonical).hexdigest()
 
@@ -183,7 +204,11 @@ print(json.dumps(out))
 def test_the_hash_is_stable_across_processes():
     cases = {
         "exact_match": ("exact_match", {"case_sensitive": True}, None),
-        "math": ("math_verify", {"jobs": 1, "timeout_s": 2.5, "on_timeout": "raise", "strict": False}, None),
+        "math": (
+            "math_verify",
+            {"jobs": 1, "timeout_s": 2.5, "on_timeout": "raise", "strict": False},
+            None,
+        ),
         "keyword": ("keyword", {"keyword": "ok", "api_key_env": "JUDGE_KEY"}, CATALOG),
         "video": ("video", {"inner": "jpeg_compressibility", "frames": 4}, None),
     }
@@ -205,7 +230,11 @@ def test_the_hash_is_stable_across_processes():
     ("name", "explicit", "catalog"),
     [
         ("exact_match", {"case_sensitive": False}, None),
-        ("math_verify", {"float_rounding": 6, "numeric_precision": 15, "strict": True, "on_timeout": "zero"}, None),
+        (
+            "math_verify",
+            {"float_rounding": 6, "numeric_precision": 15, "strict": True, "on_timeout": "zero"},
+            None,
+        ),
         ("math_verify", {"timeout_s": 10}, None),  # the default timeout, as an int
         ("math_verify", {"timeout_s": None}, None),  # None means the default too
         ("constant", {"value": 1.0}, None),
@@ -233,10 +262,14 @@ def test_a_verdict_changing_param_changes_the_hash(name, params, catalog):
 
 
 def test_a_nonsemantic_param_does_not_change_the_hash():
-    hashes = {identity("math_verify", {"jobs": jobs}) for jobs in (1, 2, 8)} | {identity("math_verify")}
+    hashes = {identity("math_verify", {"jobs": jobs}) for jobs in (1, 2, 8)} | {
+        identity("math_verify")
+    }
     hashes |= {identity("math_verify", {"soft_timeout_s": 0.5, "overflow": 0})}
     assert len(hashes) == 1
-    assert "jobs" not in scorer_document(resolve_scorer("math_verify")(jobs=3), {"jobs": 3})["params"]
+    assert (
+        "jobs" not in scorer_document(resolve_scorer("math_verify")(jobs=3), {"jobs": 3})["params"]
+    )
 
 
 def test_every_verdict_changing_param_is_in_the_document():
@@ -247,7 +280,8 @@ def test_every_verdict_changing_param_is_in_the_document():
         "numeric_precision": 15,
         "strict": True,
         "on_timeout": "zero",
-        "memory_cap_mb": 512,  # an item past it scores 0; soft_timeout_s and overflow only move work
+        # an item past it scores 0; soft_timeout_s and overflow only move work
+        "memory_cap_mb": 512,
         "memory_budget_mb": 512,  # held items past it together: the largest score 0
     }
 
@@ -257,8 +291,10 @@ def test_math_verify_timeout_env_var_is_resolved_into_the_hash(monkeypatch):
     monkeypatch.setenv(TIMEOUT_ENV, "3")
     from_env = identity("math_verify", {"jobs": 1})
     assert from_env != default
-    assert from_env == identity("math_verify", {"jobs": 1, "timeout_s": 3})  # same verdicts, same identity
-    assert identity("math_verify", {"jobs": 1, "timeout_s": 10.0}) == default  # an explicit param wins over it
+    # same verdicts, same identity
+    assert from_env == identity("math_verify", {"jobs": 1, "timeout_s": 3})
+    # an explicit param wins over it
+    assert identity("math_verify", {"jobs": 1, "timeout_s": 10.0}) == default
     monkeypatch.setenv(TIMEOUT_ENV, "10")
     assert identity("math_verify", {"jobs": 1}) == default
     monkeypatch.setenv(TIMEOUT_ENV, "  ")  # blank: not set
@@ -267,7 +303,12 @@ def test_math_verify_timeout_env_var_is_resolved_into_the_hash(monkeypatch):
 
 @pytest.mark.parametrize(
     "spec",
-    [{"revision": "2"}, {"identity": {"prompt_sha256": "ab12"}}, {"terms": ("other",)}, {"input_kind": "image"}],
+    [
+        {"revision": "2"},
+        {"identity": {"prompt_sha256": "ab12"}},
+        {"terms": ("other",)},
+        {"input_kind": "image"},
+    ],
 )
 def test_what_the_spec_declares_is_part_of_the_hash(spec):
     def always(candidate, context) -> float:
@@ -275,7 +316,8 @@ def test_what_the_spec_declares_is_part_of_the_hash(spec):
 
     base = map_candidates(always, name="always")
     changed = map_candidates(always, name="always", **spec)
-    assert identity(base) == identity(map_candidates(always, name="always"))  # the same declaration: the same hash
+    # the same declaration: the same hash
+    assert identity(base) == identity(map_candidates(always, name="always"))
     assert identity(changed) != identity(base)
 
 
@@ -283,27 +325,39 @@ def test_a_credential_reference_is_identity_but_the_secret_never_is(monkeypatch)
     monkeypatch.setenv("JUDGE_KEY_A", SECRET)
     monkeypatch.setenv("JUDGE_KEY_B", SECRET)
     by_a = identity(Keyword, {"api_key_env": "JUDGE_KEY_A"})
-    assert by_a != identity(Keyword, {"api_key_env": "JUDGE_KEY_B"}), "the reference (which key) is identity"
+    assert by_a != identity(Keyword, {"api_key_env": "JUDGE_KEY_B"}), (
+        "the reference (which key) is identity"
+    )
     for value in ("sk-another-secret", ""):
         monkeypatch.setenv("JUDGE_KEY_A", value)
-        assert identity(Keyword, {"api_key_env": "JUDGE_KEY_A"}) == by_a, "the secret value changed the identity"
+        assert identity(Keyword, {"api_key_env": "JUDGE_KEY_A"}) == by_a, (
+            "the secret value changed the identity"
+        )
     monkeypatch.delenv("JUDGE_KEY_A")
     assert identity(Keyword, {"api_key_env": "JUDGE_KEY_A"}) == by_a
     monkeypatch.setenv("JUDGE_KEY_A", SECRET)
-    document = canonical_json(scorer_document(Keyword(api_key_env="JUDGE_KEY_A"), {"api_key_env": "JUDGE_KEY_A"}))
+    document = canonical_json(
+        scorer_document(Keyword(api_key_env="JUDGE_KEY_A"), {"api_key_env": "JUDGE_KEY_A"})
+    )
     assert b"JUDGE_KEY_A" in document and SECRET.encode() not in document
     with LocalRewardBackend("keyword", {"api_key_env": "JUDGE_KEY_A"}, catalog=CATALOG) as backend:
-        response = backend.compute_rewards(texts("yes", "no"))  # the key is read when scoring, never hashed
+        # the key is read when scoring, never hashed
+        response = backend.compute_rewards(texts("yes", "no"))
         assert response.rewards == [1.0, 0.0] and response.identity_hash == by_a
 
 
 # -- custom catalogs ---------------------------------------------------------------------------
 def test_a_catalog_factory_adds_names():
     assert load_catalog(None) == {}
-    assert load_catalog(CATALOG) == {"keyword": Keyword, "keyword_by_path": "tests.helpers.fixture_scorers:Keyword"}
+    assert load_catalog(CATALOG) == {
+        "keyword": Keyword,
+        "keyword_by_path": "tests.helpers.fixture_scorers:Keyword",
+    }
     assert resolve_scorer("keyword", CATALOG) is Keyword
     assert resolve_scorer("keyword_by_path", CATALOG) is Keyword
-    assert resolve_scorer("exact_match", CATALOG) is ExactMatch, "built-ins resolve alongside a catalog"
+    assert resolve_scorer("exact_match", CATALOG) is ExactMatch, (
+        "built-ins resolve alongside a catalog"
+    )
     with pytest.raises(UnknownScorerError, match="'keyword'"):
         resolve_scorer("keyword")  # only through its catalog
     with pytest.raises(UnknownScorerError, match=f"catalog '{CATALOG}'"):
@@ -312,7 +366,9 @@ def test_a_catalog_factory_adds_names():
 
 @pytest.mark.parametrize("name", ["keyword", "exact_match", "EXACT_MATCH", "constant"])
 def test_a_catalog_that_overrides_a_built_in_is_refused_whatever_name_is_asked(name):
-    with pytest.raises(CatalogError, match="'exact_match' is a built-in scorer and cannot be overridden"):
+    with pytest.raises(
+        CatalogError, match="'exact_match' is a built-in scorer and cannot be overridden"
+    ):
         resolve_scorer(name, OVERRIDING)
 
 
@@ -320,11 +376,21 @@ def test_a_catalog_that_overrides_a_built_in_is_refused_whatever_name_is_asked(n
     ("catalog", "fragment"),
     [
         ("tests.helpers.fixture_scorers:catalog_needing_args", "must take no arguments"),
-        ("tests.helpers.fixture_scorers:catalog_not_a_mapping", "returned list, expected a mapping"),
-        ("tests.helpers.fixture_scorers:catalog_of_a_non_scorer", "'keyword' must map to a Scorer subclass"),
-        ("tests.helpers.fixture_scorers:Keyword", "returned Keyword, expected a mapping"),  # a scorer is not a catalog
+        (
+            "tests.helpers.fixture_scorers:catalog_not_a_mapping",
+            "returned list, expected a mapping",
+        ),
+        (
+            "tests.helpers.fixture_scorers:catalog_of_a_non_scorer",
+            "'keyword' must map to a Scorer subclass",
+        ),
+        # a scorer is not a catalog
+        ("tests.helpers.fixture_scorers:Keyword", "returned Keyword, expected a mapping"),
         ("tests.helpers.fixture_scorers:SECRET_CATALOG", "has no 'SECRET_CATALOG'"),
-        ("tests.fixture_scorers_missing:catalog", "cannot import module 'tests.fixture_scorers_missing'"),
+        (
+            "tests.fixture_scorers_missing:catalog",
+            "cannot import module 'tests.fixture_scorers_missing'",
+        ),
         ("catalog", "is not a dotted path"),
     ],
 )
@@ -347,7 +413,11 @@ def test_a_managed_child_scores_with_a_catalog_scorer(child, monkeypatch):
         expected, in_process = local.identity_hash, local.compute_rewards(request).rewards
     backend = child({"name": "keyword", "catalog": CATALOG, "params": params, "revision": "kw-1"})
     health = backend.health()
-    assert (health["scorer"], health["revision"], health["identity_hash"]) == ("keyword", "kw-1", expected)
+    assert (health["scorer"], health["revision"], health["identity_hash"]) == (
+        "keyword",
+        "kw-1",
+        expected,
+    )
     assert health["groupwise"] is True
     assert SECRET not in json.dumps(health) and SECRET not in json.dumps(backend.ready_info)
     assert backend.compute_rewards(request).rewards == in_process == [1.0, 0.0, 1.0]
@@ -357,7 +427,12 @@ def test_a_managed_child_scores_with_a_catalog_scorer(child, monkeypatch):
     ("catalog", "process", "code", "fragment"),
     [
         (OVERRIDING, None, exit_codes.BAD_CONFIG, "'exact_match' is a built-in scorer"),
-        (CATALOG, {"extra_import_paths": []}, exit_codes.SCORER_IMPORT_FAILED, "cannot import module"),
+        (
+            CATALOG,
+            {"extra_import_paths": []},
+            exit_codes.SCORER_IMPORT_FAILED,
+            "cannot import module",
+        ),
     ],
 )
 def test_a_child_refuses_a_catalog_it_cannot_use(child, tmp_path, catalog, process, code, fragment):
@@ -382,7 +457,10 @@ def test_declared_counts_and_means_are_merged_across_chunks():
         response = backend.compute_rewards(texts("ok", "", "abcd", "xy", "z"))
     assert response.rewards == [2.0, 0.0, 4.0, 2.0, 1.0]
     assert response.diagnostics == {
-        "diagnostics_on_cue": {"sample_count": 5, "values": {"empties": 1, "length": {"sum": 9.0, "count": 5}}}
+        "diagnostics_on_cue": {
+            "sample_count": 5,
+            "values": {"empties": 1, "length": {"sum": 9.0, "count": 5}},
+        }
     }
 
 
@@ -396,7 +474,9 @@ def test_local_diagnostics_that_break_the_contract_are_contract_errors(cue):
         assert backend.compute_rewards(texts("ok")).rewards == [2.0]
 
 
-@pytest.mark.parametrize(("text", "fragment"), [("undeclared", "undeclared diagnostic 'surprise'"), ("bad", "'mean'")])
+@pytest.mark.parametrize(
+    ("text", "fragment"), [("undeclared", "undeclared diagnostic 'surprise'"), ("bad", "'mean'")]
+)
 def test_bad_diagnostics_fixture_is_a_local_contract_error(text, fragment):
     with LocalRewardBackend("tests.helpers.fixture_scorers:BadDiagnostics") as backend:
         with pytest.raises(RewardContractError, match=fragment):
@@ -412,11 +492,16 @@ def test_a_childs_diagnostics_that_break_the_contract_are_contract_errors(manage
         with pytest.raises(ScorerRequestError) as info:
             backend.compute_rewards(texts("ok", cue))
         assert info.value.status == 500 and info.value.kind == "contract", cue
-        assert "diagnostics_on_cue" in str(info.value) and contract_fragment(cue) in str(info.value), cue
+        assert "diagnostics_on_cue" in str(info.value) and contract_fragment(cue) in str(
+            info.value
+        ), cue
     assert backend.pid == pid and backend.restarts == 0
     response = backend.compute_rewards(texts("ok", "", "abcd"))
     assert response.diagnostics == {
-        "diagnostics_on_cue": {"sample_count": 3, "values": {"empties": 1, "length": {"sum": 6.0, "count": 3}}}
+        "diagnostics_on_cue": {
+            "sample_count": 3,
+            "values": {"empties": 1, "length": {"sum": 6.0, "count": 3}},
+        }
     }
 
 

@@ -1,6 +1,7 @@
-"""Every view of an item agrees with its one declaration (scorers.item_fields): the scorer's ScoreItem, the
-trainer's RewardItem and its to_wire, the wire's field sets, the decoder, and the places that map other
-protocols' fields onto an item's. A field added to one view only fails here."""
+"""Every view of an item agrees with its one declaration (scorers.item_fields): the scorer's
+ScoreItem, the trainer's RewardItem and its to_wire, the wire's field sets, the decoder, and the
+places that map other protocols' fields onto an item's. A field added to one view only fails
+here."""
 
 from __future__ import annotations
 
@@ -45,7 +46,12 @@ def same(a: Any, b: Any) -> bool:
     if isinstance(a, tuple) or isinstance(b, tuple):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+        return (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and np.array_equal(a, b)
+        )
     return bool(a == b)
 
 
@@ -65,11 +71,16 @@ def test_score_item_has_the_declared_fields_in_order_with_their_defaults():
     assert [field.name for field in fields] == list(NAMES)
     for field, declared in zip(fields, FIELDS, strict=True):
         if declared.required:
-            assert field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+            assert (
+                field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING
+            )
         elif declared.default_factory is not None:
             assert field.default_factory is declared.default_factory, field.name
         else:
-            assert field.default_factory is dataclasses.MISSING and field.default == declared.default, field.name
+            assert (
+                field.default_factory is dataclasses.MISSING and field.default == declared.default
+            ), field.name
     bare = ScoreItem(id="x")
     assert all(same(getattr(bare, field.name), field.empty()) for field in FIELDS[1:])
 
@@ -80,7 +91,9 @@ def test_reward_item_has_the_declared_fields_in_order_then_the_trainers_own():
         info = RewardItem.model_fields[declared.name]
         assert info.is_required() == declared.required, declared.name
         if not declared.required:
-            assert same(info.get_default(call_default_factory=True), declared.empty()), declared.name
+            assert same(info.get_default(call_default_factory=True), declared.empty()), (
+                declared.name
+            )
     bare = RewardItem(id="x")
     assert all(same(getattr(bare, field.name), field.empty()) for field in FIELDS[1:])
 
@@ -88,9 +101,17 @@ def test_reward_item_has_the_declared_fields_in_order_then_the_trainers_own():
 def test_the_wire_field_sets_are_the_declarations():
     assert wire_items.WIRE_FIELDS == NAMES
     assert wire_items.ITEM_FIELDS == set(NAMES)
-    assert wire_items.MEDIA_FIELDS == {field.name for field in FIELDS if field.kind in (ARRAY, ARRAYS)}
-    assert wire_items.OMITTED_WHEN_EMPTY == {field.name for field in FIELDS if field.omitted_when_empty}
-    pixels = {field.name: field.layout for field in FIELDS if field.kind == ARRAY and field.dtype == "uint8"}
+    assert wire_items.MEDIA_FIELDS == {
+        field.name for field in FIELDS if field.kind in (ARRAY, ARRAYS)
+    }
+    assert wire_items.OMITTED_WHEN_EMPTY == {
+        field.name for field in FIELDS if field.omitted_when_empty
+    }
+    pixels = {
+        field.name: field.layout
+        for field in FIELDS
+        if field.kind == ARRAY and field.dtype == "uint8"
+    }
     assert wire_items.MEDIA_LAYOUTS == pixels == {"image": "HWC", "video": "THWC"}
     assert JSON_FIELDS == tuple(name for name in NAMES if name not in wire_items.MEDIA_FIELDS)
 
@@ -105,7 +126,8 @@ def test_to_wire_writes_every_declared_field_in_order_and_leaves_out_the_empty()
 
 @pytest.mark.parametrize("framed", [False, True], ids=["in-process", "framed"])
 def test_every_declared_field_survives_the_wire_and_the_panels_way_back(framed):
-    """The decoder builds each field (none accepted and then dropped), and a served panel rebuilds it."""
+    """The decoder builds each field (none accepted and then dropped), and a served panel rebuilds
+    it."""
     full = full_item()
     meta = {"items": [full.to_wire()]}
     [decoded] = wire_items.items_from_wire(decode(encode(meta)) if framed else meta)
@@ -124,9 +146,18 @@ def _png() -> str:
 
 def test_the_json_protocols_map_onto_declared_fields():
     spec = ScorerSpec(name="exact_match", input_kind="text")
-    text = {"history": [{"text": "p"}, {"text": "t"}], "request_id": "a", "metadata": {"reference": "r"}}
-    image = {"history": [{"image_b64": _png()}, {"text": "p", "image_b64": _png()}], "request_id": "b"}
-    parsed = unirl.parse({"protocol_version": "1", "requests": [text, image]}, spec, "id", wire_items.Limits())
+    text = {
+        "history": [{"text": "p"}, {"text": "t"}],
+        "request_id": "a",
+        "metadata": {"reference": "r"},
+    }
+    image = {
+        "history": [{"image_b64": _png()}, {"text": "p", "image_b64": _png()}],
+        "request_id": "b",
+    }
+    parsed = unirl.parse(
+        {"protocol_version": "1", "requests": [text, image]}, spec, "id", wire_items.Limits()
+    )
     openrlhf_request = openrlhf.wire_request([openrlhf.Sample("p", "t", "r")])
     for request in (parsed.wire, openrlhf_request):
         assert all(set(item) <= set(NAMES) for item in request["items"])
@@ -136,6 +167,8 @@ def test_the_json_protocols_map_onto_declared_fields():
 def test_the_field_lists_of_other_places_name_declared_fields():
     assert ff_inputs.MEDIA_FIELDS == item_fields.MEDIA
     assert set(ff_inputs.FIELDS) <= set(NAMES)
-    assert {*precheck.TEXT_FIELDS, *precheck.MEDIA_FIELDS, *precheck.COMPLETION.values()} <= set(NAMES)
+    assert {*precheck.TEXT_FIELDS, *precheck.MEDIA_FIELDS, *precheck.COMPLETION.values()} <= set(
+        NAMES
+    )
     assert {name for names in base._COMPLETION_FIELDS.values() for name in names} <= set(NAMES)
     assert set(groups.COMMON_INPUTS) <= set(NAMES)

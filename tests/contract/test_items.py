@@ -41,8 +41,15 @@ def test_valid_request_builds_score_items_in_order():
     assert [type(i) for i in items] == [ScoreItem] * 3
     assert [i.id for i in items] == ["a", "b", "c"]
     a, b, c = items
-    assert (a.group_id, a.prompt, a.text, a.reference, a.metadata) == ("g", "p", "t", {"answer": "42"}, {"k": [1, 2]})
-    assert np.shares_memory(a.image, image) and not a.image.flags.writeable  # a read-only view, not a copy
+    assert (a.group_id, a.prompt, a.text, a.reference, a.metadata) == (
+        "g",
+        "p",
+        "t",
+        {"answer": "42"},
+        {"k": [1, 2]},
+    )
+    # a read-only view, not a copy
+    assert np.shares_memory(a.image, image) and not a.image.flags.writeable
     assert np.shares_memory(b.video, video) and not b.video.flags.writeable
     assert image.flags.writeable  # the caller's own array is untouched
     assert b.image is None and b.text is None and b.metadata == {} and b.reference is None
@@ -56,7 +63,9 @@ def test_valid_request_after_a_wire_round_trip():
     assert items[0].image.shape == (2, 3, 1) and items[0].image.tolist() == image.tolist()
 
 
-@pytest.mark.parametrize("meta", [None, [], "items", {"itemz": []}], ids=["null", "list", "str", "no-items"])
+@pytest.mark.parametrize(
+    "meta", [None, [], "items", {"itemz": []}], ids=["null", "list", "str", "no-items"]
+)
 def test_request_must_be_object_with_items(meta):
     with raises("request must be an object with an 'items' list"):
         items_from_wire(meta)
@@ -67,7 +76,9 @@ def test_unknown_request_field():
         items_from_wire(req({"id": "a"}, extra=1, batch=2))
 
 
-@pytest.mark.parametrize("value", [[], None, {"id": "a"}, "a"], ids=["empty", "null", "object", "str"])
+@pytest.mark.parametrize(
+    "value", [[], None, {"id": "a"}, "a"], ids=["empty", "null", "object", "str"]
+)
 def test_items_must_be_a_non_empty_list(value):
     with raises("request.items must be a non-empty list"):
         items_from_wire({"items": value})
@@ -95,7 +106,9 @@ def test_duplicate_ids_name_both_positions():
 
 
 @pytest.mark.parametrize("field", ["prompt", "text", "group_id"])
-@pytest.mark.parametrize("value,type_name", [(1, "int"), (["x"], "list"), ({"a": 1}, "dict"), (True, "bool")])
+@pytest.mark.parametrize(
+    "value,type_name", [(1, "int"), (["x"], "list"), ({"a": 1}, "dict"), (True, "bool")]
+)
 def test_non_string_text_fields(field, value, type_name):
     with raises(f"items[1].{field} must be a string or null, got {type_name}"):
         items_from_wire(req({"id": "a"}, {"id": "b", field: value}))
@@ -103,7 +116,9 @@ def test_non_string_text_fields(field, value, type_name):
 
 def test_unknown_item_field_is_named():
     with raises("items[2] has unknown fields ['component_rewards', 'reward']"):
-        items_from_wire(req({"id": "a"}, {"id": "b"}, {"id": "c", "reward": 1.0, "component_rewards": {}}))
+        items_from_wire(
+            req({"id": "a"}, {"id": "b"}, {"id": "c", "reward": 1.0, "component_rewards": {}})
+        )
 
 
 @pytest.mark.parametrize(
@@ -156,7 +171,9 @@ def test_metadata_must_be_an_object(metadata):
         items_from_wire(req({"id": "a"}, {"id": "b", "metadata": metadata}))
 
 
-@pytest.mark.parametrize("metadata", [[], "", 0, False], ids=["empty-list", "empty-str", "zero", "false"])
+@pytest.mark.parametrize(
+    "metadata", [[], "", 0, False], ids=["empty-list", "empty-str", "zero", "false"]
+)
 def test_falsy_non_object_metadata_is_rejected_too(metadata):
     with raises("items[0].metadata must be an object"):
         items_from_wire(req({"id": "a", "metadata": metadata}))

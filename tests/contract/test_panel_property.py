@@ -2,10 +2,10 @@
 term's own scorer says about that very item, whatever the groups, their order, the chunk sizes,
 the weights, the applicability and which terms fail.
 
-Every term is an in-process LocalRewardBackend over `tests.helpers.fixture_scorers:Salted`, whose value is a
-pure function of (salt, id) and which fails the whole call when its share of the request holds one
-of its `poison` ids. Terms may share a backend (one call for all of them), as terms with one backend
-configuration do. The expected answer is computed here from the scenario alone.
+Every term is an in-process LocalRewardBackend over `tests.helpers.fixture_scorers:Salted`, whose
+value is a pure function of (salt, id) and which fails the whole call when its share of the request
+holds one of its `poison` ids. Terms may share a backend (one call for all of them), as terms with
+one backend configuration do. The expected answer is computed here from the scenario alone.
 """
 
 from __future__ import annotations
@@ -18,7 +18,14 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from supervisor import LocalRewardBackend, PanelTerm, RewardItem, RewardPanel, RewardRequest, ScorerRequestError
+from supervisor import (
+    LocalRewardBackend,
+    PanelTerm,
+    RewardItem,
+    RewardPanel,
+    RewardRequest,
+    ScorerRequestError,
+)
 from tests.helpers.fixture_scorers import salted_value
 
 DATASETS = ("math", "code", "chat")
@@ -28,7 +35,8 @@ WEIGHTS = (-2.0, -0.5, 0.0, 0.25, 1.0, 1.5, 3.0)
 
 
 class RecordingBackend(LocalRewardBackend):
-    """A LocalRewardBackend that records, per call, the ids of every chunk it scores (before scoring it)."""
+    """A LocalRewardBackend that records, per call, the ids of every chunk it scores (before scoring
+    it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.calls: list[list[list[str]]] = []
@@ -92,8 +100,14 @@ def scenarios(draw: st.DrawFn) -> Scenario:
 
     backends = []
     for _ in range(draw(st.integers(1, 3))):
-        poison = draw(st.sets(st.sampled_from(ids), min_size=1, max_size=2)) if draw(st.booleans()) else set()
-        backends.append(Backend(draw(st.integers(0, 10_000)), frozenset(poison), draw(st.integers(1, 6))))
+        poison = (
+            draw(st.sets(st.sampled_from(ids), min_size=1, max_size=2))
+            if draw(st.booleans())
+            else set()
+        )
+        backends.append(
+            Backend(draw(st.integers(0, 10_000)), frozenset(poison), draw(st.integers(1, 6)))
+        )
 
     terms = []
     for t in range(draw(st.integers(1, 4))):
@@ -104,7 +118,9 @@ def scenarios(draw: st.DrawFn) -> Scenario:
             if not keys or draw(st.integers(0, 3)) > 0:
                 keys.append("*")
             weight = {key: draw(st.sampled_from(WEIGHTS)) for key in keys}
-        datasets = draw(st.none() | st.lists(st.sampled_from(DATASETS), unique=True, min_size=1).map(tuple))
+        datasets = draw(
+            st.none() | st.lists(st.sampled_from(DATASETS), unique=True, min_size=1).map(tuple)
+        )
         terms.append(
             Term(
                 name=f"t{t}",
@@ -154,8 +170,8 @@ def group_order(items: Sequence[Item]) -> list[list[str]]:
 
 
 def check_chunks(chunks: list[list[str]], sent: list[Item], batch: int, complete: bool) -> None:
-    """Chunks of at most `batch` items (a larger group alone), whole groups, in group order; together
-    exactly the items sent when the call completed, a prefix of them when it failed."""
+    """Chunks of at most `batch` items (a larger group alone), whole groups, in group order;
+    together exactly the items sent when the call completed, a prefix of them when it failed."""
     groups = group_order(sent)
     flat = [item_id for chunk in chunks for item_id in chunk]
     expected = [item_id for group in groups for item_id in group]
@@ -170,12 +186,16 @@ def check_chunks(chunks: list[list[str]], sent: list[Item], batch: int, complete
 # two optional terms share a backend that fails: each records only the ids it applies to
 SHARED_FAILURE = Scenario(
     items=[Item("a0", "a", "math"), Item("b0", None, "code"), Item("a1", "a", "math")],
-    backends=[Backend(salt=1, poison=frozenset({"b0"}), batch=2), Backend(salt=2, poison=frozenset(), batch=1)],
+    backends=[
+        Backend(salt=1, poison=frozenset({"b0"}), batch=2),
+        Backend(salt=2, poison=frozenset(), batch=1),
+    ],
     terms=[
         Term("t0", 0, 1.0, False, ("math",), None),
         Term("t1", 0, {"*": 0.5}, False, ("code",), "salted"),
         Term("t2", 1, -2.0, True, None, None),
-        Term("t3", 0, 1.0, True, ("chat",), None),  # required, but applies to nothing here: not fatal
+        # required, but applies to nothing here: not fatal
+        Term("t3", 0, 1.0, True, ("chat",), None),
     ],
 )
 
@@ -207,7 +227,10 @@ def test_panel_reward_is_each_items_own_weighted_terms(scenario: Scenario) -> No
         ]
     )
     request = RewardRequest(
-        items=[RewardItem(id=item.id, group_id=item.group, data_source=item.tag, text=item.id) for item in items]
+        items=[
+            RewardItem(id=item.id, group_id=item.group, data_source=item.tag, text=item.id)
+            for item in items
+        ]
     )
     try:
         refused = refusal(scenario)
@@ -225,18 +248,30 @@ def test_panel_reward_is_each_items_own_weighted_terms(scenario: Scenario) -> No
             b: [item for item in items if any(t.applies(item) for t in terms if t.backend == b)]
             for b in set(term.backend for term in terms)
         }
-        failed = {b for b, share in sent.items() if any(item.id in scenario.backends[b].poison for item in share)}
+        failed = {
+            b
+            for b, share in sent.items()
+            if any(item.id in scenario.backends[b].poison for item in share)
+        }
 
         def required_share(b: int) -> list[Item]:
-            return [item for item in sent[b] if any(t.applies(item) for t in terms if t.backend == b and t.required)]
+            return [
+                item
+                for item in sent[b]
+                if any(t.applies(item) for t in terms if t.backend == b and t.required)
+            ]
 
         # a failed call whose optional terms brought items of their own is scored again for its
         # required terms' items alone: only their own failure is fatal
         retried = {b for b in failed if required_share(b) and len(required_share(b)) < len(sent[b])}
-        fatal = any(any(item.id in scenario.backends[b].poison for item in required_share(b)) for b in failed)
+        fatal = any(
+            any(item.id in scenario.backends[b].poison for item in required_share(b))
+            for b in failed
+        )
 
         def lost(term: Term) -> bool:
-            """The term got no values: its backend's call failed and it was not recovered by the retry."""
+            """The term got no values: its backend's call failed and it was not recovered by the
+            retry."""
             return term.backend in failed and not (term.required and term.backend in retried)
 
         event("fatal" if fatal else "optional failure recorded" if failed else "all scored")
@@ -248,7 +283,8 @@ def test_panel_reward_is_each_items_own_weighted_terms(scenario: Scenario) -> No
         else:
             response = panel.compute_rewards(request)
             assert response.ids == request.ids
-            short = [any(lost(t) and t.applies(item) for t in terms) for item in items]  # lacks an optional term
+            # lacks an optional term
+            short = [any(lost(t) and t.applies(item) for t in terms) for item in items]
             assert response.successes == [not lacks for lacks in short]
             assert [error is not None for error in response.errors] == short
             expected_failures = {
@@ -268,11 +304,16 @@ def test_panel_reward_is_each_items_own_weighted_terms(scenario: Scenario) -> No
                     if not applies or lost(term):
                         assert value is None, (term.name, item.id)
                         continue
-                    assert value == salted_value(scenario.backends[term.backend].salt, item.id), (term.name, item.id)
+                    assert value == salted_value(scenario.backends[term.backend].salt, item.id), (
+                        term.name,
+                        item.id,
+                    )
                     total += weight_of(term, item) * value  # type: ignore[operator]
                 assert response.rewards[i] == total, item.id
             # diagnostics: one report per term that scored, counting the items its backend scored
-            assert {term: report["sample_count"] for term, report in response.diagnostics.items()} == {
+            assert {
+                term: report["sample_count"] for term, report in response.diagnostics.items()
+            } == {
                 t.name: len(required_share(t.backend) if t.backend in retried else sent[t.backend])
                 for t in terms
                 if not lost(t) and any(map(t.applies, items))

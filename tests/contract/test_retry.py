@@ -1,6 +1,6 @@
-"""scorers.common.retry on a real clock: the bounds every retrying caller relies on. Its deadline decisions
-("would this pause reach the deadline?") are checked on a fake clock, where they are exact: on a real
-one a loaded machine moves every reading taken around them."""
+"""scorers.common.retry on a real clock: the bounds every retrying caller relies on. Its deadline
+decisions ("would this pause reach the deadline?") are checked on a fake clock, where they are
+exact: on a real one a loaded machine moves every reading taken around them."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def test_retries_until_a_try_succeeds_with_doubling_capped_pauses():
     assert retrying.call(attempt) == "ok"
     assert retrying.tries == 5 and retrying.gave_up is None
     gaps = [b - a for a, b in zip(began, began[1:], strict=False)]
-    for gap, pause in zip(gaps, (0.02, 0.04, 0.05, 0.05), strict=True):  # doubled, then held at the cap
+    # doubled, then held at the cap
+    for gap, pause in zip(gaps, (0.02, 0.04, 0.05, 0.05), strict=True):
         assert gap >= pause
 
 
@@ -66,7 +67,9 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(retry_module, "time", SimpleNamespace(monotonic=fake.monotonic, time=time.time))
+    monkeypatch.setattr(
+        retry_module, "time", SimpleNamespace(monotonic=fake.monotonic, time=time.time)
+    )
     monkeypatch.setattr(retry_module, "asyncio", SimpleNamespace(sleep=fake.async_sleep))
     return fake
 
@@ -102,7 +105,9 @@ def test_max_tries_bounds_the_tries():
 
 def test_an_error_retry_if_refuses_is_raised_at_once():
     attempt, began = failing(1000)
-    retrying = Retry(time.monotonic() + 5, 0.001, 0.001, retry_on=(Flaky,), retry_if=lambda exc: False)
+    retrying = Retry(
+        time.monotonic() + 5, 0.001, 0.001, retry_on=(Flaky,), retry_if=lambda exc: False
+    )
     with pytest.raises(Flaky, match="try 1"):
         retrying.call(attempt)
     assert len(began) == 1 and retrying.gave_up == "refused"
@@ -119,7 +124,9 @@ def test_an_error_of_another_type_propagates_without_a_retry():
 def test_go_on_false_stops_the_retries():
     attempt, began = failing(1000)
     alive = iter([True, True, False])
-    retrying = Retry(time.monotonic() + 5, 0.001, 0.001, retry_on=(Flaky,), go_on=lambda: next(alive))
+    retrying = Retry(
+        time.monotonic() + 5, 0.001, 0.001, retry_on=(Flaky,), go_on=lambda: next(alive)
+    )
     with pytest.raises(Flaky, match="try 3"):
         retrying.call(attempt)
     assert len(began) == 3 and retrying.gave_up == "stopped"
@@ -127,7 +134,9 @@ def test_go_on_false_stops_the_retries():
 
 def test_an_asked_pause_is_honoured_but_capped():
     attempt, began = failing(2)
-    retrying = Retry(time.monotonic() + 5, 0.001, 0.08, retry_on=(Flaky,), asked_pause=lambda exc: 10.0)
+    retrying = Retry(
+        time.monotonic() + 5, 0.001, 0.08, retry_on=(Flaky,), asked_pause=lambda exc: 10.0
+    )
     assert retrying.call(attempt) == "ok"
     assert all(b - a >= 0.08 for a, b in zip(began, began[1:], strict=False))
     assert began[-1] - began[0] < 5  # the cap held: not the 10 s asked for
@@ -168,7 +177,9 @@ def test_call_async_leaves_the_loop_free_while_it_pauses():
     async def run() -> str:
         task = asyncio.create_task(ticker())
         try:
-            return await Retry(time.monotonic() + 5, 0.03, 0.05, retry_on=(Flaky,)).call_async(attempt)
+            return await Retry(time.monotonic() + 5, 0.03, 0.05, retry_on=(Flaky,)).call_async(
+                attempt
+            )
         finally:
             task.cancel()
 
@@ -186,7 +197,8 @@ def test_call_async_gives_up_at_the_deadline_with_the_last_error(clock):
     with pytest.raises(Flaky, match=r"try 6$"):
         asyncio.run(retrying.call_async(attempt))
     assert retrying.gave_up == "deadline" and clock.now < start + 0.2
-    assert clock.pauses == pytest.approx([0.01, 0.02, 0.04, 0.05, 0.05])  # the next would reach 0.22
+    # the next would reach 0.22
+    assert clock.pauses == pytest.approx([0.01, 0.02, 0.04, 0.05, 0.05])
 
 
 def test_bad_bounds_are_refused():

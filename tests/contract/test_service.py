@@ -1,4 +1,5 @@
-"""RewardService fail-fast semantics, request/response types, local chunking and weights, answer checks."""
+"""RewardService fail-fast semantics, request/response types, local chunking and weights, answer
+checks."""
 
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ PROBE = "tests.helpers.fixture_scorers:Probe"
 
 
 def items_with_texts(*texts: str) -> list[RewardItem]:
-    return [RewardItem(id=f"s{n}", text=t, prompt=f"p{n}", group_id=f"g{n}") for n, t in enumerate(texts)]
+    return [
+        RewardItem(id=f"s{n}", text=t, prompt=f"p{n}", group_id=f"g{n}")
+        for n, t in enumerate(texts)
+    ]
 
 
 class FakeBackend(RewardBackend):
@@ -67,15 +71,20 @@ def test_score_and_attach_returns_new_items_with_rewards_in_order():
         scored = RewardService(backend).score_and_attach(items)
     assert [s.id for s in scored] == ["s0", "s1", "s2", "s3"]
     assert [s.reward for s in scored] == [1.0, 3.0, 0.0, 2.0]
-    assert [s.component_rewards for s in scored] == [{"probe": 1.0}, {"probe": 3.0}, {"probe": 0.0}, {"probe": 2.0}]
+    assert [s.component_rewards for s in scored] == [
+        {"probe": 1.0},
+        {"probe": 3.0},
+        {"probe": 0.0},
+        {"probe": 2.0},
+    ]
     for before, original, new in zip(snapshot, items, scored, strict=True):
         assert new is not original
         assert original.reward is None and original.component_rewards is None
         assert original.model_dump() == before
         # everything but the reward fields is carried over
-        assert {k: v for k, v in new.model_dump().items() if k not in ("reward", "component_rewards")} == {
-            k: v for k, v in before.items() if k not in ("reward", "component_rewards")
-        }
+        assert {
+            k: v for k, v in new.model_dump().items() if k not in ("reward", "component_rewards")
+        } == {k: v for k, v in before.items() if k not in ("reward", "component_rewards")}
 
 
 def test_score_and_attach_with_a_rule_scorer_and_images_untouched():
@@ -105,7 +114,9 @@ def test_precomputed_rewards_are_refused_before_the_backend_is_called(update, fi
     backend = FakeBackend(lambda r: pytest.fail("backend must not be called"))
     items = items_with_texts("a", "b", "c")
     items[2] = items[2].model_copy(update=update)
-    with pytest.raises(PrecomputedRewardError, match=re.escape("items[2] (id='s2') already carries a reward")):
+    with pytest.raises(
+        PrecomputedRewardError, match=re.escape("items[2] (id='s2') already carries a reward")
+    ):
         RewardService(backend).score_and_attach(items)
     assert backend.requests == []
 
@@ -122,7 +133,9 @@ def test_nan_from_the_scorer_names_the_item_and_returns_nothing():
     items = items_with_texts("a", "b", "c")
     result = None
     with LocalRewardBackend("tests.helpers.fixture_scorers:ReturnsNaN") as backend:
-        with pytest.raises(RewardContractError, match=re.escape("non-finite score nan for items[0] (id='s0')")):
+        with pytest.raises(
+            RewardContractError, match=re.escape("non-finite score nan for items[0] (id='s0')")
+        ):
             result = RewardService(backend).score_and_attach(items)
     assert result is None
     assert all(item.reward is None for item in items)
@@ -130,7 +143,9 @@ def test_nan_from_the_scorer_names_the_item_and_returns_nothing():
 
 def test_nan_in_a_later_chunk_names_that_chunks_item():
     items = items_with_texts("a", "b", "c", "d", "e")
-    with LocalRewardBackend("tests.helpers.fixture_scorers:ReturnsNaN", request_batch_size=2) as backend:
+    with LocalRewardBackend(
+        "tests.helpers.fixture_scorers:ReturnsNaN", request_batch_size=2
+    ) as backend:
         # each chunk's first item is NaN; the first chunk fails first
         with pytest.raises(RewardContractError, match=re.escape("(id='s0')")):
             RewardService(backend).score_and_attach(items)
@@ -144,7 +159,9 @@ def test_wrong_count_is_a_contract_error():
 
 def test_scorer_exception_is_typed_as_in_a_child_with_the_original_as_cause():
     with LocalRewardBackend("tests.helpers.fixture_scorers:Raises") as backend:
-        with pytest.raises(ScorerRequestError, match="ZeroDivisionError: scorer bug on purpose") as info:
+        with pytest.raises(
+            ScorerRequestError, match="ZeroDivisionError: scorer bug on purpose"
+        ) as info:
             RewardService(backend).score_and_attach(items_with_texts("a"))
     assert info.value.kind == "scorer_error" and isinstance(info.value.__cause__, ZeroDivisionError)
 
@@ -167,7 +184,8 @@ def test_failed_sample_names_its_id_and_error_text():
         )
     )
     with pytest.raises(
-        RewardContractError, match=re.escape("sample 's1' (index 1) failed: grader timed out after 10 s")
+        RewardContractError,
+        match=re.escape("sample 's1' (index 1) failed: grader timed out after 10 s"),
     ):
         RewardService(backend).score_and_attach(items_with_texts("a", "b"))
     assert len(backend.requests) == 1 and backend.requests[0].ids == ["s0", "s1"]
@@ -175,7 +193,9 @@ def test_failed_sample_names_its_id_and_error_text():
 
 def test_failed_sample_with_a_finite_placeholder_reward_still_fails():
     # zero-filled-on-error must never reach the trainer
-    backend = FakeBackend(lambda r: response(r.ids, [0.0, 0.0], successes=[False, True], errors=["oom", None]))
+    backend = FakeBackend(
+        lambda r: response(r.ids, [0.0, 0.0], successes=[False, True], errors=["oom", None])
+    )
     with pytest.raises(RewardContractError, match=re.escape("sample 's0' (index 0) failed: oom")):
         RewardService(backend).score_and_attach(items_with_texts("a", "b"))
 
@@ -210,12 +230,16 @@ def test_non_finite_component_marked_success_raises():
         errors=[None, None],
     )
     backend = FakeBackend(lambda r: unchecked)
-    with pytest.raises(RewardContractError, match=re.escape("component_rewards['u'][1] (id='s1') is inf")):
+    with pytest.raises(
+        RewardContractError, match=re.escape("component_rewards['u'][1] (id='s1') is inf")
+    ):
         RewardService(backend).score_and_attach(items_with_texts("a", "b"))
 
 
 def test_fake_backend_success_attaches_its_values():
-    backend = FakeBackend(lambda r: response(r.ids, [0.25, -1.0], components={"a": [1.0, 2.0], "b": [3.0, 4.0]}))
+    backend = FakeBackend(
+        lambda r: response(r.ids, [0.25, -1.0], components={"a": [1.0, 2.0], "b": [3.0, 4.0]})
+    )
     scored = RewardService(backend).score_and_attach(items_with_texts("a", "b"))
     assert [(s.reward, s.component_rewards) for s in scored] == [
         (0.25, {"a": 1.0, "b": 3.0}),
@@ -233,7 +257,9 @@ def test_backend_is_a_context_manager_that_closes():
 
 # -- request / response types ----------------------------------------------------------------
 def test_request_rejects_duplicate_ids():
-    with pytest.raises(ValidationError, match=re.escape("items[2].id 'a' is not unique in the request")):
+    with pytest.raises(
+        ValidationError, match=re.escape("items[2].id 'a' is not unique in the request")
+    ):
         RewardRequest(items=[RewardItem(id="a"), RewardItem(id="b"), RewardItem(id="a")])
 
 
@@ -258,7 +284,10 @@ def test_request_ids_in_order():
         ({"rewards": [1.0]}, "rewards has 1 entries for 2 ids"),
         ({"successes": [True]}, "successes has 1 entries for 2 ids"),
         ({"errors": [None, None, None]}, "errors has 3 entries for 2 ids"),
-        ({"component_rewards": {"t": [1.0, 2.0], "u": [1.0]}}, "component_rewards['u'] has 1 entries for 2 ids"),
+        (
+            {"component_rewards": {"t": [1.0, 2.0], "u": [1.0]}},
+            "component_rewards['u'] has 1 entries for 2 ids",
+        ),
     ],
     ids=["rewards", "successes", "errors", "component"],
 )
@@ -277,12 +306,22 @@ def test_response_rejects_misaligned_lengths(overrides, message):
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_response_rejects_non_finite_reward_marked_success(bad):
-    with pytest.raises(ValidationError, match=re.escape(f"rewards[1] (id='b') is {bad} but marked a success")):
+    with pytest.raises(
+        ValidationError, match=re.escape(f"rewards[1] (id='b') is {bad} but marked a success")
+    ):
         RewardResponse(
-            ids=["a", "b"], rewards=[1.0, bad], component_rewards={}, successes=[True, True], errors=[None, None]
+            ids=["a", "b"],
+            rewards=[1.0, bad],
+            component_rewards={},
+            successes=[True, True],
+            errors=[None, None],
         )
     ok = RewardResponse(
-        ids=["a", "b"], rewards=[1.0, bad], component_rewards={}, successes=[True, False], errors=[None, "failed"]
+        ids=["a", "b"],
+        rewards=[1.0, bad],
+        component_rewards={},
+        successes=[True, False],
+        errors=[None, "failed"],
     )
     assert ok.successes == [True, False]
 
@@ -324,14 +363,18 @@ def test_weighted_sum_of_one_term():
 
 def test_negative_and_zero_weights():
     with LocalRewardBackend(PROBE, weights={"probe": -1.0}) as backend:
-        assert backend.compute_rewards(RewardRequest(items=items_with_texts("abc"))).rewards == [-3.0]
+        assert backend.compute_rewards(RewardRequest(items=items_with_texts("abc"))).rewards == [
+            -3.0
+        ]
     with LocalRewardBackend(PROBE, weights={"probe": 0.0}) as backend:
         answer = backend.compute_rewards(RewardRequest(items=items_with_texts("abc")))
     assert answer.rewards == [0.0] and answer.component_rewards == {"probe": [3.0]}
 
 
 def test_required_rewards_must_be_terms_of_the_scorer():
-    with pytest.raises(ConfigError, match=r"required_rewards/weights \['bogus'\] are not terms of scorer 'probe'"):
+    with pytest.raises(
+        ConfigError, match=r"required_rewards/weights \['bogus'\] are not terms of scorer 'probe'"
+    ):
         LocalRewardBackend(PROBE, required_rewards=["bogus"])
 
 
@@ -355,20 +398,30 @@ IDS = ["a", "b", "c"]
 
 
 def answer(ids=IDS, **terms):
-    return {"ids": list(ids), "terms": terms or {"t": np.array([1.0, 2.0, 3.0])}, "diagnostics": {"n": 3}}
+    return {
+        "ids": list(ids),
+        "terms": terms or {"t": np.array([1.0, 2.0, 3.0])},
+        "diagnostics": {"n": 3},
+    }
 
 
 def test_verify_accepts_a_good_answer():
     values = np.array([1.0, 2.0, 3.0])
-    terms, diagnostics, failed, _, _ = verify_score_answer(answer(t=values, u=np.zeros(3)), IDS, ["t"])
+    terms, diagnostics, failed, _, _ = verify_score_answer(
+        answer(t=values, u=np.zeros(3)), IDS, ["t"]
+    )
     assert set(terms) == {"t", "u"} and terms["t"] is values
     assert diagnostics == {"n": 3} and failed == {}
 
 
 def test_verify_rotated_ids_names_position_and_both_ids():
-    with pytest.raises(RewardContractError, match=re.escape("position 0 echoes id 'b', expected 'a'")):
+    with pytest.raises(
+        RewardContractError, match=re.escape("position 0 echoes id 'b', expected 'a'")
+    ):
         verify_score_answer(answer(ids=["b", "c", "a"]), IDS, ["t"])
-    with pytest.raises(RewardContractError, match=re.escape("position 2 echoes id 'x', expected 'c'")):
+    with pytest.raises(
+        RewardContractError, match=re.escape("position 2 echoes id 'x', expected 'c'")
+    ):
         verify_score_answer(answer(ids=["a", "b", "x"]), IDS, ["t"])
 
 
@@ -404,7 +457,9 @@ def test_verify_answer_not_an_object_with_terms(data):
     ids=["float32", "int64", "short", "long", "2d", "list"],
 )
 def test_verify_term_must_be_float64_of_the_right_length(values, shape):
-    with pytest.raises(RewardContractError, match=re.escape(f"term 't': expected 3 float64 scores, got {shape}")):
+    with pytest.raises(
+        RewardContractError, match=re.escape(f"term 't': expected 3 float64 scores, got {shape}")
+    ):
         verify_score_answer(answer(t=values), IDS, ["t"])
 
 
@@ -412,7 +467,10 @@ def test_verify_term_must_be_float64_of_the_right_length(values, shape):
 def test_verify_non_finite_names_the_id(bad, index):
     values = np.array([1.0, 2.0, 3.0])
     values[index] = bad
-    with pytest.raises(RewardContractError, match=re.escape(f"term 't': non-finite score {bad} for id {IDS[index]!r}")):
+    with pytest.raises(
+        RewardContractError,
+        match=re.escape(f"term 't': non-finite score {bad} for id {IDS[index]!r}"),
+    ):
         verify_score_answer(answer(t=values), IDS, ["t"])
 
 
@@ -423,7 +481,8 @@ def test_verify_non_finite_in_an_optional_term_also_fails():
 
 def test_verify_missing_required_term():
     with pytest.raises(
-        RewardContractError, match=re.escape("required rewards ['v'] missing from the answer (got ['t', 'u'])")
+        RewardContractError,
+        match=re.escape("required rewards ['v'] missing from the answer (got ['t', 'u'])"),
     ):
         verify_score_answer(answer(t=np.ones(3), u=np.ones(3)), IDS, ["t", "v"])
 

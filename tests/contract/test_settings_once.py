@@ -1,6 +1,7 @@
-"""Every backend setting is stated once: a constructor's keyword is a config field of the same name, and
-a config field reaches the constructor, so a setting added to a backend is settable from a recipe (the
-recipe, the Python API and the CLI all build through `from_config`, which passes fields by name)."""
+"""Every backend setting is stated once: a constructor's keyword is a config field of the same name,
+and a config field reaches the constructor, so a setting added to a backend is settable from a
+recipe (the recipe, the Python API and the CLI all build through `from_config`, which passes fields
+by name)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ from supervisor.config import (
 
 # Constructor parameters that cannot be configuration, and why
 TOKEN = "a secret: the config names its variable (token_env), never its value"
-START = "when the child starts, the caller's choice (a panel starts its children together), not a setting"
+START = (
+    "when the child starts, the caller's choice (a panel starts its children together), not "
+    "a setting"
+)
 PROBES = ("probe_timeout_s", "probe_interval_s")
 
 
@@ -44,9 +48,12 @@ class Case:
     builder: Callable[..., Any]
     model: type[BaseModel]
     flatten: tuple[str, ...] = ()  # nested models whose fields are the constructor's keywords
-    not_settings: Mapping[str, str] = field(default_factory=dict)  # config fields no constructor takes, and why
-    runtime: Mapping[str, str] = field(default_factory=dict)  # parameters that cannot be config, and why
-    renamed: Mapping[str, str] = field(default_factory=dict)  # parameter -> its field, where the names differ
+    # config fields no constructor takes, and why
+    not_settings: Mapping[str, str] = field(default_factory=dict)
+    # parameters that cannot be config, and why
+    runtime: Mapping[str, str] = field(default_factory=dict)
+    # parameter -> its field, where the names differ
+    renamed: Mapping[str, str] = field(default_factory=dict)
     options: Callable[..., Any] | None = None  # whose parameters a `**options` passes on
     whole: str | None = None  # the one parameter that takes the whole model
 
@@ -69,7 +76,9 @@ CASES = {
         {"base_urls": "base_url"},
         options=RemoteRewardBackend.__init__,
     ),
-    "jobs": Case(JobRewardBackend.__init__, JobBackendConfig, (), jobs.NOT_SETTINGS, {"token": TOKEN}),
+    "jobs": Case(
+        JobRewardBackend.__init__, JobBackendConfig, (), jobs.NOT_SETTINGS, {"token": TOKEN}
+    ),
     # a scorer by its name (from Python, an instance too: it has no config)
     "local": Case(
         LocalRewardBackend.__init__,
@@ -79,16 +88,23 @@ CASES = {
         renamed={"scorer": "name"},
     ),
     "managed": Case(
-        ManagedScorerProcessBackend.__init__, ManagedScorerProcessSpec, runtime={"start": START}, whole="spec"
+        ManagedScorerProcessBackend.__init__,
+        ManagedScorerProcessSpec,
+        runtime={"start": START},
+        whole="spec",
     ),
-    "replicas": Case(ReplicatedBackend.__init__, ManagedScorerProcessSpec, runtime={"start": START}, whole="spec"),
+    "replicas": Case(
+        ReplicatedBackend.__init__, ManagedScorerProcessSpec, runtime={"start": START}, whole="spec"
+    ),
     "ray_pool": Case(RayPoolBackend.create, RayPoolConfig, whole="config"),
-    "panel_term": Case(PanelTerm, TermConfig),  # its backend: the one built from the term's backend config
+    # its backend: the one built from the term's backend config
+    "panel_term": Case(PanelTerm, TermConfig),
     "panel": Case(
         RewardPanel.__init__,
         PanelConfig,
         runtime={
-            "owns_backends": "whether closing the panel closes its backends: a Python caller's, a recipe's own",
+            "owns_backends": "whether closing the panel closes its backends: a Python caller's, "
+            "a recipe's own",
             "release": "a callback (a recipe's panel returns its backends to their pool)",
         },
     ),
@@ -96,15 +112,20 @@ CASES = {
 
 
 def parameters(case: Case) -> dict[str, inspect.Parameter]:
-    """The constructor's named parameters; a `**options` stands for those of `case.options` it passes on."""
+    """The constructor's named parameters; a `**options` stands for those of `case.options` it
+    passes on."""
     found: dict[str, inspect.Parameter] = {}
     for name, parameter in inspect.signature(case.builder).parameters.items():
         if name in ("self", "cls"):
             continue
         if parameter.kind is inspect.Parameter.VAR_KEYWORD and case.options is not None:
             passed = parameters(Case(case.options, case.model))
-            found |= {k: p for k, p in passed.items() if k not in found and k != "base_url"}  # each server's own URL
-        elif parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            # each server's own URL
+            found |= {k: p for k, p in passed.items() if k not in found and k != "base_url"}
+        elif parameter.kind not in (
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        ):
             found[name] = parameter
     return found
 
@@ -116,7 +137,9 @@ def fields(case: Case) -> dict[str, Any]:
         nested = info.annotation
         if name in case.flatten:
             assert isinstance(nested, type) and issubclass(nested, BaseModel)
-            found |= {inner: default(inner_info) for inner, inner_info in nested.model_fields.items()}
+            found |= {
+                inner: default(inner_info) for inner, inner_info in nested.model_fields.items()
+            }
         else:
             found[name] = default(info)
     return found
@@ -130,7 +153,9 @@ def default(info: Any) -> Any:
 
 def empty_as_none(value: Any) -> Any:
     """None, (), [] and {} say the same: nothing given."""
-    return None if value is None or (isinstance(value, (tuple, list, dict)) and not value) else value
+    return (
+        None if value is None or (isinstance(value, (tuple, list, dict)) and not value) else value
+    )
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -142,21 +167,28 @@ def test_every_constructor_keyword_is_a_config_field_and_every_field_reaches_it(
     )
     if case.whole is not None:
         assert set(params) - set(case.runtime) == {case.whole}, (
-            f"{name}: settings outside the {case.model.__name__} it takes whole: put them in the model"
+            f"{name}: settings outside the {case.model.__name__} it takes whole: put them in "
+            f"the model"
         )
         return
     settings = set(params) - set(case.runtime)
     targets = {case.renamed.get(param, param) for param in settings}
     no_field = sorted(param for param in settings if case.renamed.get(param, param) not in config)
     assert no_field == [], (
-        f"{name}: constructor keywords {no_field} have no field in {case.model.__name__}: add them there "
+        f"{name}: constructor keywords {no_field} have no field in {case.model.__name__}: "
+        f"add them there "
         "(or list them here as runtime-only, with why)"
     )
-    assert set(case.not_settings) <= set(config), f"{name}: stale not_settings {set(case.not_settings) - set(config)}"
-    assert not set(case.not_settings) & targets, f"{name}: fields said to be no setting that the constructor takes"
+    assert set(case.not_settings) <= set(config), (
+        f"{name}: stale not_settings {set(case.not_settings) - set(config)}"
+    )
+    assert not set(case.not_settings) & targets, (
+        f"{name}: fields said to be no setting that the constructor takes"
+    )
     unreached = sorted(set(config) - targets - set(case.not_settings))
     assert unreached == [], (
-        f"{name}: {case.model.__name__} fields {unreached} reach no constructor keyword: add them to it "
+        f"{name}: {case.model.__name__} fields {unreached} reach no constructor keyword: add "
+        f"them to it "
         "(or to the backend's NOT_SETTINGS, with why)"
     )
 
@@ -171,7 +203,8 @@ def test_a_constructor_default_is_its_config_fields_default(name):
         if param not in case.runtime
         and case.renamed.get(param, param) in config  # one without a field: the test above names it
         and parameter.default is not inspect.Parameter.empty
-        and empty_as_none(parameter.default) != empty_as_none(config[case.renamed.get(param, param)])
+        and empty_as_none(parameter.default)
+        != empty_as_none(config[case.renamed.get(param, param)])
     }
     assert differ == {}, f"{name}: (constructor default, config default) differ: {differ}"
 
@@ -179,7 +212,10 @@ def test_a_constructor_default_is_its_config_fields_default(name):
 # -- from_config passes every setting ---------------------------------------------------------
 FROM_CONFIG = {
     "remote": (RemoteRewardBackend, {"kind": "remote", "base_url": "http://127.0.0.1:9"}),
-    "multi_remote": (MultiRemoteRewardBackend, {"kind": "remote", "base_url": ["http://a:1", "http://b:2"]}),
+    "multi_remote": (
+        MultiRemoteRewardBackend,
+        {"kind": "remote", "base_url": ["http://a:1", "http://b:2"]},
+    ),
     "jobs": (JobRewardBackend, {"kind": "jobs", "base_url": "http://127.0.0.1:9", "fps": 8}),
     "local": (LocalRewardBackend, {"kind": "local", "scorer": {"name": "exact_match"}}),
 }
@@ -207,10 +243,28 @@ def test_from_config_passes_every_setting_by_its_name(name, monkeypatch):
 
 
 # -- the remote backend's retries, from a recipe ----------------------------------------------
-HEALTH = {"scorer": "probe", "terms": ["probe"], "concurrent_calls": 1, "identity_hash": "f" * 64, "state": "ready"}
-RETRIES = {"max_retries": 0, "retry_backoff_s": 0.5, "retry_backoff_cap_s": 4.0, "max_request_bytes": 4096}
+HEALTH = {
+    "scorer": "probe",
+    "terms": ["probe"],
+    "concurrent_calls": 1,
+    "identity_hash": "f" * 64,
+    "state": "ready",
+}
+RETRIES = {
+    "max_retries": 0,
+    "retry_backoff_s": 0.5,
+    "retry_backoff_cap_s": 4.0,
+    "max_request_bytes": 4096,
+}
 RECIPES = {
-    "terms": {"terms": [{"name": "probe", "backend": {"kind": "remote", "base_url": "http://127.0.0.1:9", **RETRIES}}]},
+    "terms": {
+        "terms": [
+            {
+                "name": "probe",
+                "backend": {"kind": "remote", "base_url": "http://127.0.0.1:9", **RETRIES},
+            }
+        ]
+    },
     "verl-omni": {
         "reward": {
             "models": {"probe": {"backend": "remote", "base_url": "http://127.0.0.1:9", **RETRIES}},
@@ -222,12 +276,17 @@ RECIPES = {
 
 @pytest.mark.parametrize("style", list(RECIPES))
 def test_a_recipe_sets_the_remote_backends_retries(style, monkeypatch):
-    monkeypatch.setattr(RemoteRewardBackend, "health", lambda self: dict(HEALTH))  # no server: its /health
+    # no server: its /health
+    monkeypatch.setattr(RemoteRewardBackend, "health", lambda self: dict(HEALTH))
     train, validation = build_panels(load_recipe(RECIPES[style]))
     try:
         backend = train.terms[0].backend
         assert isinstance(backend, RemoteRewardBackend) and validation is None
-        assert (backend.max_retries, backend.retry_backoff_s, backend.retry_backoff_cap_s) == (0, 0.5, 4.0)
+        assert (backend.max_retries, backend.retry_backoff_s, backend.retry_backoff_cap_s) == (
+            0,
+            0.5,
+            4.0,
+        )
         assert backend.max_request_bytes == 4096
     finally:
         train.close()

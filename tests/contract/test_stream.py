@@ -1,5 +1,6 @@
 """Streaming scoring (`backend.stream()`): items added as they finish, coalesced windows, the step's
-barrier in add order, whole groups held back, failures named at the barrier, bounded memory, forks."""
+barrier in add order, whole groups held back, failures named at the barrier, bounded memory,
+forks."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ import time
 
 import pytest
 
-from supervisor import LocalRewardBackend, PanelTerm, RewardItem, RewardPanel, ScorerProcessDied, ScorerRequestError
+from supervisor import (
+    LocalRewardBackend,
+    PanelTerm,
+    RewardItem,
+    RewardPanel,
+    ScorerProcessDied,
+    ScorerRequestError,
+)
 from supervisor.errors import ConfigError, ScorerError, ScorerItemsFailed
 from supervisor.submit import SubmissionQueueFull
 from tests.conftest import eventually, wait_until_gone
@@ -21,25 +29,33 @@ SPY = "tests.helpers.fixture_scorers:GroupSpy"  # groupwise: reward = the size o
 
 
 def item(name: str, text: str, group: str | None = None) -> RewardItem:
-    return RewardItem(id=name, text=text, group_id=group, prompt=None if group is None else f"p-{group}")
+    return RewardItem(
+        id=name, text=text, group_id=group, prompt=None if group is None else f"p-{group}"
+    )
 
 
 def test_items_added_one_by_one_come_back_in_add_order_from_coalesced_windows():
-    with LocalRewardBackend(PROBE, {"sleep_s": 0.05}) as backend, backend.stream(window=8, max_wait_s=0.005) as stream:
+    with (
+        LocalRewardBackend(PROBE, {"sleep_s": 0.05}) as backend,
+        backend.stream(window=8, max_wait_s=0.005) as stream,
+    ):
         rows = [stream.add(item(f"i{n}", "x" * (n % 7 + 1)))[0] for n in range(40)]
         response = stream.results()
     assert response.ids == [f"i{n}" for n in range(40)]
     assert response.rewards == [float(n % 7 + 1) for n in range(40)]
-    assert [row.result(0).reward for row in rows] == response.rewards  # each item's own future, its own row
+    # each item's own future, its own row
+    assert [row.result(0).reward for row in rows] == response.rewards
     assert sum(stream.window_sizes) == 40 and max(stream.window_sizes) <= 8
-    assert len(stream.window_sizes) < 40  # coalesced: items that came while a window ran went together
+    # coalesced: items that came while a window ran went together
+    assert len(stream.window_sizes) < 40
 
 
 def test_a_scorer_bound_stream_grows_its_windows_and_a_barrier_sends_the_rest_at_once():
     with LocalRewardBackend(PROBE, {"sleep_s": 0.2}) as backend:
         stream = backend.stream(window=64, max_wait_s=0.0)
         stream.add(item("first", "a"))
-        assert eventually(lambda: list(stream.window_sizes) == [1], 5)  # an idle scorer: sent at once
+        # an idle scorer: sent at once
+        assert eventually(lambda: list(stream.window_sizes) == [1], 5)
         stream.add([item(f"r{n}", "bb") for n in range(10)])  # arrive while the first window runs
         started = time.monotonic()
         response = stream.results()
@@ -58,14 +74,19 @@ def test_whole_groups_are_held_back_until_complete_and_an_incomplete_one_fails_a
         for n in range(3):  # interleaved: two groups finish out of order
             stream.add([item(f"a{n}", "x", "a"), item(f"b{n}", "x", "b")])
         response = stream.results()
-        assert response.ids == ["a0", "b0", "a1", "b1", "a2", "b2"] and response.rewards == [3.0] * 6
+        assert (
+            response.ids == ["a0", "b0", "a1", "b1", "a2", "b2"] and response.rewards == [3.0] * 6
+        )
         assert list(stream.window_sizes) == [3, 3]  # each window one whole group
         stream.add([item("c0", "x", "c"), item("c1", "x", "c")])
         with pytest.raises(ScorerRequestError, match="groups incomplete.*'c': 2"):
             stream.results()
         with pytest.raises(ScorerRequestError, match="has no group_id"):
             stream.add(item("loose", "x"))
-    with LocalRewardBackend(SPY) as groupwise, pytest.raises(ConfigError, match="give the stream group_size"):
+    with (
+        LocalRewardBackend(SPY) as groupwise,
+        pytest.raises(ConfigError, match="give the stream group_size"),
+    ):
         groupwise.stream()
 
 
@@ -79,7 +100,10 @@ def test_a_failed_window_fails_only_its_items_named_at_the_barrier():
         later = stream.add([item("ok2", "fine")])
         with pytest.raises(ScorerItemsFailed, match="2 of 5 items were not scored") as info:
             stream.results()
-        assert set(info.value.failed) == {"bad0", "bad1"} and "scorer bug on cue" in info.value.failed["bad0"]
+        assert (
+            set(info.value.failed) == {"bad0", "bad1"}
+            and "scorer bug on cue" in info.value.failed["bad0"]
+        )
         assert info.value.partial is not None and info.value.partial.ids == ["ok0", "ok1", "ok2"]
         with pytest.raises(ScorerRequestError, match="scorer bug on cue"):
             doomed[0].result(0)
@@ -143,7 +167,8 @@ def test_async_callers_await_their_own_item_from_any_event_loop():
         thread = threading.Thread(target=lambda: results.extend(asyncio.run(many())))
         thread.start()
         thread.join(10)
-        assert results == [float(n) for n in range(1, 21)]  # another thread's loop: nothing shared to wait on
+        # another thread's loop: nothing shared to wait on
+        assert results == [float(n) for n in range(1, 21)]
 
         async def cancelled() -> list:
             tasks = [asyncio.ensure_future(one(n)) for n in range(1, 5)]
@@ -152,7 +177,11 @@ def test_async_callers_await_their_own_item_from_any_event_loop():
             return list(await asyncio.gather(*tasks, return_exceptions=True))
 
         outcome = asyncio.run(cancelled())
-        assert isinstance(outcome[1], asyncio.CancelledError) and [outcome[0], *outcome[2:]] == [1.0, 3.0, 4.0]
+        assert isinstance(outcome[1], asyncio.CancelledError) and [outcome[0], *outcome[2:]] == [
+            1.0,
+            3.0,
+            4.0,
+        ]
         with pytest.raises(RuntimeError, match="no barrier"):
             stream.results()
         stream.close()
@@ -171,8 +200,11 @@ def test_a_kill_mid_stream_fails_only_the_window_in_flight(managed, trainer_pyth
     os.kill(doomed, signal.SIGKILL)
     with pytest.raises(ScorerItemsFailed) as info:
         stream.results()
-    assert set(info.value.failed) == {"a0", "a1"} and isinstance(info.value.__cause__, ScorerProcessDied)
-    assert info.value.partial is not None and info.value.partial.rewards == [3.0, 4.0]  # served by the restart
+    assert set(info.value.failed) == {"a0", "a1"} and isinstance(
+        info.value.__cause__, ScorerProcessDied
+    )
+    # served by the restart
+    assert info.value.partial is not None and info.value.partial.rewards == [3.0, 4.0]
     assert backend.pid != doomed and wait_until_gone([doomed], 5) == []
     stream.close()
 
@@ -180,9 +212,12 @@ def test_a_kill_mid_stream_fails_only_the_window_in_flight(managed, trainer_pyth
 def test_an_add_that_raises_takes_none_of_its_items_and_they_may_be_added_again():
     with (
         RewardPanel([PanelTerm("size", LocalRewardBackend(SPY), component="group_size")]) as panel,
-        panel.stream(group_size=2, window=2, max_wait_s=0.0, max_pending=2, max_block_s=0.05) as stream,
+        panel.stream(
+            group_size=2, window=2, max_wait_s=0.0, max_pending=2, max_block_s=0.05
+        ) as stream,
     ):
-        stream.add(item("a0", "x", "a"))  # held until its group is complete: it never drains by itself
+        # held until its group is complete: it never drains by itself
+        stream.add(item("a0", "x", "a"))
         with pytest.raises(SubmissionQueueFull, match="1 items still unscored") as full:
             stream.add([item("c0", "x", "c"), item("c1", "x", "c")])  # no room in time
         with pytest.raises(ScorerRequestError, match=r"takes RewardItems: items\[1\] is a dict"):
@@ -192,7 +227,8 @@ def test_an_add_that_raises_takes_none_of_its_items_and_they_may_be_added_again(
         assert stream.results().ids == ["a0", "a1"]  # only what was taken: no id of a refused add
         stream.add([item("c0", "x", "c"), item("c1", "x", "c")])  # a refused add's ids are free
         assert stream.results().rewards == [2.0, 2.0] and stream._pending == 0
-    assert "all held in incomplete groups" in str(full.value)  # the producer's own groups filled it, not the scorer
+    # the producer's own groups filled it, not the scorer
+    assert "all held in incomplete groups" in str(full.value)
 
 
 def test_a_grouped_add_refused_half_way_holds_nothing_back():
@@ -204,7 +240,8 @@ def test_a_grouped_add_refused_half_way_holds_nothing_back():
         with pytest.raises(ScorerRequestError, match="'loose' has no group_id"):
             stream.add([item("a1", "x", "a"), item("loose", "x")])
         with pytest.raises(ScorerRequestError, match="'a1' has a different prompt"):
-            stream.add(RewardItem(id="a1", text="x", group_id="a", prompt="another"))  # its window would refuse it
+            # its window would refuse it
+            stream.add(RewardItem(id="a1", text="x", group_id="a", prompt="another"))
         with pytest.raises(ScorerRequestError, match="group 'a' would have 3 items, more than 2"):
             stream.add([item("a1", "x", "a"), item("a2", "x", "a")])
         assert stream._pending == 1  # a0 alone is held
@@ -222,8 +259,11 @@ def test_ctrl_c_while_an_add_waits_for_room_takes_none_of_its_items():
     with LocalRewardBackend(PROBE, {"sleep_s": 0.3}) as backend:
         stream = backend.stream(window=1, max_wait_s=0.0, max_pending=1, max_block_s=30)
         stream.add(item("a", "x"))
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background shell ignores SIGINT
-        ctrl_c = threading.Timer(0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+        # a background shell ignores SIGINT
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        ctrl_c = threading.Timer(
+            0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)
+        )
         try:
             ctrl_c.start()
             with pytest.raises(KeyboardInterrupt):
@@ -251,7 +291,8 @@ class InterruptedSubmit(LocalRewardBackend):
 
 def test_a_flush_interrupted_fails_the_windows_it_did_not_send_and_the_barrier_does_not_wait():
     with InterruptedSubmit(PROBE) as backend:
-        stream = backend.stream(window=4, max_wait_s=float("inf"), max_block_s=2)  # only a flush cuts
+        # only a flush cuts
+        stream = backend.stream(window=4, max_wait_s=float("inf"), max_block_s=2)
         stream.add([item("a", "x"), item("b", "xx")])
         backend.interrupt_next = True
         with pytest.raises(KeyboardInterrupt):
@@ -265,9 +306,13 @@ def test_a_flush_interrupted_fails_the_windows_it_did_not_send_and_the_barrier_d
 
 
 def test_a_declared_group_size_keeps_groups_whole_over_any_backend():
-    with LocalRewardBackend(PROBE) as backend, backend.stream(group_size=2, window=3, max_wait_s=0.0) as stream:
+    with (
+        LocalRewardBackend(PROBE) as backend,
+        backend.stream(group_size=2, window=3, max_wait_s=0.0) as stream,
+    ):
         stream.add([item(f"{group}{n}", "x", group) for group in "abc" for n in range(2)])
-        assert stream.results().ids == ["a0", "a1", "b0", "b1", "c0", "c1"]  # its windows declare the size
+        # its windows declare the size
+        assert stream.results().ids == ["a0", "a1", "b0", "b1", "c0", "c1"]
         assert all(size % 2 == 0 for size in stream.window_sizes)
         with pytest.raises(ValueError, match="less than a group"):
             backend.stream(group_size=8, window=4, max_pending=4)

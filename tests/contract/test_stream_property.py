@@ -53,7 +53,9 @@ class Gated:
     def end(ids: list[str], future: Future[RewardResponse], ok: bool) -> None:
         if ok:
             future.set_result(
-                RewardResponse(ids=ids, rewards=[1.0] * len(ids), component_rewards={"one": [1.0] * len(ids)})
+                RewardResponse(
+                    ids=ids, rewards=[1.0] * len(ids), component_rewards={"one": [1.0] * len(ids)}
+                )
             )
         else:
             future.set_exception(ScorerError(f"window {ids} refused"))
@@ -66,11 +68,13 @@ class Model:
     order: list[str] = field(default_factory=list)  # ids taken since the last barrier, in add order
     open: dict[str, list[str]] = field(default_factory=dict)  # group -> ids held
     complete: set[str] = field(default_factory=set)  # groups completed since the last barrier
-    unended: set[str] = field(default_factory=set)  # ids of completed groups whose window has not ended
+    # ids of completed groups whose window has not ended
+    unended: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)  # ids whose window failed, since the last barrier
     pending: int = 0
     fresh: int = 0
-    retry: list[str] = field(default_factory=list)  # ids of failed adds: never taken, free to add again
+    # ids of failed adds: never taken, free to add again
+    retry: list[str] = field(default_factory=list)
     rows: list[Future[Any]] = field(default_factory=list)
 
     def new_id(self) -> str:
@@ -96,7 +100,8 @@ def grouped(name: str, group: str, prompt: str | None = None) -> RewardItem:
 
 
 def good_batch(data: st.DataObject, model: Model, least: int) -> list[RewardItem]:
-    """Items that join open groups (never past their size) or new ones; ids fresh or of failed adds."""
+    """Items that join open groups (never past their size) or new ones; ids fresh or of failed
+    adds."""
     batch: list[RewardItem] = []
     room = {group: SIZE - len(ids) for group, ids in model.open.items()}
     for _ in range(data.draw(st.integers(least, 3))):
@@ -107,7 +112,11 @@ def good_batch(data: st.DataObject, model: Model, least: int) -> list[RewardItem
             room[group] = SIZE
         room[group] -= 1
         reusable = [name for name in model.retry if name not in {item.id for item in batch}]
-        name = data.draw(st.sampled_from(reusable)) if reusable and data.draw(st.booleans()) else model.new_id()
+        name = (
+            data.draw(st.sampled_from(reusable))
+            if reusable and data.draw(st.booleans())
+            else model.new_id()
+        )
         batch.append(grouped(name, group))
     return batch
 
@@ -128,10 +137,15 @@ def poisoned(data: st.DataObject, model: Model) -> list[Any]:
     poison: list[Any] = {
         "loose": lambda: [RewardItem(id=model.new_id(), text="x")],
         "alien": lambda: [{"id": model.new_id(), "text": "x"}],
-        "prompt": lambda: [grouped(model.new_id(), new_group), grouped(model.new_id(), new_group, "another prompt")],
+        "prompt": lambda: [
+            grouped(model.new_id(), new_group),
+            grouped(model.new_id(), new_group, "another prompt"),
+        ],
         "overflow": lambda: [grouped(model.new_id(), new_group) for _ in range(SIZE + 1)],
         "dup": lambda: [grouped(data.draw(st.sampled_from(model.order)), new_group)],
-        "reuse": lambda: [grouped(model.new_id(), data.draw(st.sampled_from(sorted(model.complete))))],
+        "reuse": lambda: [
+            grouped(model.new_id(), data.draw(st.sampled_from(sorted(model.complete))))
+        ],
     }[kind]()
     at = data.draw(st.integers(0, len(batch)))
     return batch[:at] + poison + batch[at:]
@@ -159,7 +173,8 @@ def barrier(data: st.DataObject, stream: RewardStream, gate: Gated, model: Model
     if model.open:
         with pytest.raises(ScorerRequestError, match="groups incomplete"):
             stream.results()
-        model.pending -= sum(len(ids) for ids in model.open.values())  # dropped: they fail, their room is back
+        # dropped: they fail, their room is back
+        model.pending -= sum(len(ids) for ids in model.open.values())
     elif failed:
         with pytest.raises(ScorerItemsFailed) as info:
             stream.results()
@@ -176,13 +191,19 @@ def barrier(data: st.DataObject, stream: RewardStream, gate: Gated, model: Model
 def test_an_add_is_all_or_nothing_whatever_is_interleaved(data: st.DataObject) -> None:
     gate, model = Gated(), Model()
     stream = RewardStream(
-        gate, group_size=SIZE, window=SIZE, max_wait_s=0.0, max_pending=MAX_PENDING, max_block_s=0.005
+        gate,
+        group_size=SIZE,
+        window=SIZE,
+        max_wait_s=0.0,
+        max_pending=MAX_PENDING,
+        max_block_s=0.005,
     )
     for _ in range(data.draw(st.integers(1, 25))):
         step = data.draw(st.sampled_from(["good", "good", "bad", "end", "barrier"]))
         if step == "good":
             batch = good_batch(data, model, 1)
-            if model.pending > 0 and model.pending + len(batch) > MAX_PENDING:  # nothing ends by itself: no room
+            # nothing ends by itself: no room
+            if model.pending > 0 and model.pending + len(batch) > MAX_PENDING:
                 with pytest.raises(SubmissionQueueFull):
                     stream.add(batch)
                 model.retry.extend(item.id for item in batch if item.id not in model.retry)
@@ -192,7 +213,11 @@ def test_an_add_is_all_or_nothing_whatever_is_interleaved(data: st.DataObject) -
             batch = poisoned(data, model)
             with pytest.raises(ScorerRequestError):
                 stream.add(batch)
-            fresh = [item.id for item in batch if isinstance(item, RewardItem) and item.id not in model.order]
+            fresh = [
+                item.id
+                for item in batch
+                if isinstance(item, RewardItem) and item.id not in model.order
+            ]
             model.retry.extend(name for name in dict.fromkeys(fresh) if name not in model.retry)
         elif step == "end":
             end_windows(data, stream, gate, model)
@@ -203,4 +228,5 @@ def test_an_add_is_all_or_nothing_whatever_is_interleaved(data: st.DataObject) -
     for ids, future in gate.unended():  # windows in flight end on their own after a close
         gate.end(ids, future, True)
     assert stream._pending == 0
-    assert all(row.done() for row in model.rows)  # every item taken was answered: scored, failed, or refused at close
+    # every item taken was answered: scored, failed, or refused at close
+    assert all(row.done() for row in model.rows)

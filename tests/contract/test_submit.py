@@ -27,14 +27,18 @@ PROBE = "tests.helpers.fixture_scorers:Probe"  # reward = len(text)
 
 
 def texts(prefix: str, *values: str) -> RewardRequest:
-    return RewardRequest(items=[RewardItem(id=f"{prefix}{i}", text=v) for i, v in enumerate(values)])
+    return RewardRequest(
+        items=[RewardItem(id=f"{prefix}{i}", text=v) for i, v in enumerate(values)]
+    )
 
 
 def in_flight(backend) -> bool:
     return backend.health()["in_flight"] > 0
 
 
-def test_back_to_back_submissions_attach_to_their_own_rows_and_a_kill_fails_only_the_one_sent(managed, trainer_python):
+def test_back_to_back_submissions_attach_to_their_own_rows_and_a_kill_fails_only_the_one_sent(
+    managed, trainer_python
+):
     backend = managed(trainer_python, PROBE, params={"sleep_s": 1.0}, restart={"backoff_s": 0})
     first = backend.submit(texts("a", "x", "xx"))
     second = backend.submit(texts("b", "yyy", "yyyy", "yyyyy"))
@@ -56,7 +60,9 @@ def test_submissions_are_served_in_order_one_at_a_time(tmp_path):
         responses = [future.result(10) for future in futures]
     assert [r.rewards for r in responses] == [[float(n)] for n in range(5)]
     with open(journal) as handle:
-        assert [line.split()[1] for line in handle.read().splitlines()] == [f"r{n}-0" for n in range(5)]
+        assert [line.split()[1] for line in handle.read().splitlines()] == [
+            f"r{n}-0" for n in range(5)
+        ]
 
 
 def test_the_queue_is_bounded_and_close_fails_what_still_waits(managed, trainer_python):
@@ -80,7 +86,9 @@ def test_async_form_scores_concurrent_coroutines(managed, trainer_python):
     backend = managed(trainer_python, PROBE)
 
     async def main() -> list[list[float]]:
-        responses = await asyncio.gather(*(backend.compute_rewards_async(texts(f"c{n}", "a" * n)) for n in range(4)))
+        responses = await asyncio.gather(
+            *(backend.compute_rewards_async(texts(f"c{n}", "a" * n)) for n in range(4))
+        )
         return [r.rewards for r in responses]
 
     assert asyncio.run(main()) == [[float(n)] for n in range(4)]
@@ -91,10 +99,13 @@ def test_async_callers_wait_for_room_in_a_full_queue_within_their_bound(managed,
     backend.max_pending = 2
 
     async def burst(n: int) -> list[list[float]]:
-        responses = await asyncio.gather(*(backend.compute_rewards_async(texts(f"q{k}", "a" * k)) for k in range(n)))
+        responses = await asyncio.gather(
+            *(backend.compute_rewards_async(texts(f"q{k}", "a" * k)) for k in range(n))
+        )
         return [r.rewards for r in responses]
 
-    assert asyncio.run(burst(12)) == [[float(k)] for k in range(12)]  # 12 callers through a queue of 2
+    # 12 callers through a queue of 2
+    assert asyncio.run(burst(12)) == [[float(k)] for k in range(12)]
 
     slow = managed(trainer_python, PROBE, params={"sleep_s": 1.0})
     slow.max_pending, slow.max_queue_wait_s = 1, 0.2
@@ -132,13 +143,16 @@ def test_an_in_process_backend_submits_from_a_fork_with_a_submitter_of_its_own()
 
 def test_a_panel_submits_too():
     with RewardPanel(
-        [PanelTerm("len", LocalRewardBackend(PROBE)), PanelTerm("one", LocalRewardBackend("constant"), weight=2.0)]
+        [
+            PanelTerm("len", LocalRewardBackend(PROBE)),
+            PanelTerm("one", LocalRewardBackend("constant"), weight=2.0),
+        ]
     ) as panel:
         response = panel.submit(texts("p", "abc")).result(10)
     assert response.rewards == [5.0]
 
 
-# -- micro-batches ----------------------------------------------------------------------------------
+# -- micro-batches ---------------------------------------------------------------------------------
 def grouped(n_groups: int, size: int) -> list[RewardItem]:
     return [
         RewardItem(id=f"g{g}-{k}", group_id=f"g{g}", prompt=f"p{g}", text="x" * (g + 1))

@@ -8,8 +8,22 @@ from collections.abc import Sequence
 
 import pytest
 
-from scorers.base import ScoreItem, Scorer, ScorerContractError, ScoreResult, ScorerSpec, score_checked
-from supervisor import LocalRewardBackend, RewardItem, RewardPanel, RewardRequest, RewardService, ScorerItemsFailed
+from scorers.base import (
+    ScoreItem,
+    Scorer,
+    ScorerContractError,
+    ScoreResult,
+    ScorerSpec,
+    score_checked,
+)
+from supervisor import (
+    LocalRewardBackend,
+    RewardItem,
+    RewardPanel,
+    RewardRequest,
+    RewardService,
+    ScorerItemsFailed,
+)
 from supervisor.compose.panel import PanelTerm
 from supervisor.errors import ScorerTermsFailed
 from supervisor.types import SCORER_TERM_FAILED
@@ -22,7 +36,9 @@ class TwoTerms(Scorer):
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         broken = {i: "b broke" for i, item in enumerate(items) if item.text == "bad"}
-        return ScoreResult(terms={"a": [1.0] * len(items), "b": [2.0] * len(items)}, term_failed={"b": broken})
+        return ScoreResult(
+            terms={"a": [1.0] * len(items), "b": [2.0] * len(items)}, term_failed={"b": broken}
+        )
 
 
 def _request() -> RewardRequest:
@@ -49,16 +65,26 @@ def test_a_backend_alone_raises_a_terms_failure_never_a_reward_summed_without_th
     assert got.usable() == [True, False]  # a scorer's own term failure is not an optional term's
 
 
-def test_a_panel_term_on_the_whole_reward_of_such_a_backend_records_it_if_optional_and_raises_if_required():
+def test_a_panel_term_on_the_whole_reward_of_such_a_backend_records_it_if_optional_and_raises_if_required():  # noqa: E501
     backend = LocalRewardBackend(TwoTerms())
-    terms = [PanelTerm("ok", LocalRewardBackend("constant"), 1.0, True), PanelTerm("both", backend, 1.0, False)]
+    terms = [
+        PanelTerm("ok", LocalRewardBackend("constant"), 1.0, True),
+        PanelTerm("both", backend, 1.0, False),
+    ]
     with RewardPanel(terms, owns_backends=False) as panel:
         got = panel.compute_rewards(_request())
-    assert got.component_rewards == {"ok": [1.0, 1.0], "both": [3.0, None]} and got.rewards == [4.0, 1.0]
+    assert got.component_rewards == {"ok": [1.0, 1.0], "both": [3.0, None]} and got.rewards == [
+        4.0,
+        1.0,
+    ]
     assert [(f.term, f.ids, f.kind) for f in got.term_failures] == [("both", ["x1"], "term_failed")]
     assert got.usable() == [True, True]  # short of an optional panel term only
-    with RewardPanel([terms[0], PanelTerm("both", backend, 1.0, True)], owns_backends=False) as panel:
-        with pytest.raises(ScorerItemsFailed, match=r"required term 'both' failed for 1 items: b broke"):
+    with RewardPanel(
+        [terms[0], PanelTerm("both", backend, 1.0, True)], owns_backends=False
+    ) as panel:
+        with pytest.raises(
+            ScorerItemsFailed, match=r"required term 'both' failed for 1 items: b broke"
+        ):
             panel.compute_rewards(_request())
     terms[0].backend.close()
     backend.close()
@@ -66,14 +92,22 @@ def test_a_panel_term_on_the_whole_reward_of_such_a_backend_records_it_if_option
 
 def test_a_panel_term_on_the_failed_component_records_it_if_optional_and_raises_if_required():
     backend = LocalRewardBackend(TwoTerms())
-    terms = [PanelTerm("aa", backend, 1.0, True, component="a"), PanelTerm("bb", backend, 0.5, False, component="b")]
+    terms = [
+        PanelTerm("aa", backend, 1.0, True, component="a"),
+        PanelTerm("bb", backend, 0.5, False, component="b"),
+    ]
     with RewardPanel(terms, owns_backends=False) as panel:
         got = panel.compute_rewards(_request())
-    assert got.component_rewards == {"aa": [1.0, 1.0], "bb": [2.0, None]} and got.rewards == [2.0, 1.0]
+    assert got.component_rewards == {"aa": [1.0, 1.0], "bb": [2.0, None]} and got.rewards == [
+        2.0,
+        1.0,
+    ]
     assert [(f.term, f.ids) for f in got.term_failures] == [("bb", ["x1"])]
     required = [terms[0], PanelTerm("bb", backend, 0.5, True, component="b")]
     with RewardPanel(required, owns_backends=False) as panel:
-        with pytest.raises(ScorerItemsFailed, match=r"required term 'bb' failed for 1 items: b broke"):
+        with pytest.raises(
+            ScorerItemsFailed, match=r"required term 'bb' failed for 1 items: b broke"
+        ):
             panel.compute_rewards(_request())
     backend.close()
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor import ConfigError, LocalRewardBackend, MissingTokenCountError, RewardItem, RewardService
+from supervisor import (
+    ConfigError,
+    LocalRewardBackend,
+    MissingTokenCountError,
+    RewardItem,
+    RewardService,
+)
 from supervisor.service import overlong_penalty
 
 PROBE = "tests.helpers.fixture_scorers:Probe"  # reward = len(text)
@@ -24,29 +30,44 @@ def backend():
 
 
 def test_zero_is_the_default_and_zeroes_only_the_length_verdict(backend):
-    scored = RewardService(backend).score_and_attach(items(("length", 10), ("stop", 10), (None, 10), ("abort", 10)))
+    scored = RewardService(backend).score_and_attach(
+        items(("length", 10), ("stop", 10), (None, 10), ("abort", 10))
+    )
     assert [s.reward for s in scored] == [0.0, 4.0, 4.0, 4.0]
-    assert scored[0].component_rewards == {"probe": 4.0}  # what the scorer said is kept for inspection
+    # what the scorer said is kept for inspection
+    assert scored[0].component_rewards == {"probe": 4.0}
 
 
 def test_keep_leaves_the_reward(backend):
-    scored = RewardService(backend, truncation="keep").score_and_attach(items(("length", 10), ("stop", 10)))
+    scored = RewardService(backend, truncation="keep").score_and_attach(
+        items(("length", 10), ("stop", 10))
+    )
     assert [s.reward for s in scored] == [4.0, 4.0]
 
 
 def test_soft_is_dapos_linear_overlong_penalty(backend):
     service = RewardService(
-        backend, truncation="soft", max_response_length=100, overlong_buffer_len=20, overlong_penalty_factor=2.0
+        backend,
+        truncation="soft",
+        max_response_length=100,
+        overlong_buffer_len=20,
+        overlong_penalty_factor=2.0,
     )
-    scored = service.score_and_attach(items(("stop", 50), ("stop", 80), ("stop", 90), ("length", 100), (None, 95)))
+    scored = service.score_and_attach(
+        items(("stop", 50), ("stop", 80), ("stop", 90), ("length", 100), (None, 95))
+    )
     assert [s.reward for s in scored] == pytest.approx([4.0, 4.0, 3.0, 2.0, 2.5])
 
 
 def test_soft_refuses_an_item_without_a_token_count(backend):
-    service = RewardService(backend, truncation="soft", max_response_length=100, overlong_buffer_len=20)
+    service = RewardService(
+        backend, truncation="soft", max_response_length=100, overlong_buffer_len=20
+    )
     with pytest.raises(MissingTokenCountError, match="item 's1' has no completion_tokens"):
         service.score_and_attach(items(("stop", 10), ("stop", None)))
-    with pytest.raises(MissingTokenCountError, match="item 's0' has 101 tokens, over max_response_length=100"):
+    with pytest.raises(
+        MissingTokenCountError, match="item 's0' has 101 tokens, over max_response_length=100"
+    ):
         service.score_and_attach(items(("length", 101)))
 
 
@@ -57,7 +78,12 @@ def test_soft_refuses_an_item_without_a_token_count(backend):
         {"truncation": "soft"},
         {"truncation": "soft", "max_response_length": 100, "overlong_buffer_len": 0},
         {"truncation": "soft", "max_response_length": 100, "overlong_buffer_len": 101},
-        {"truncation": "soft", "max_response_length": 100, "overlong_buffer_len": 10, "overlong_penalty_factor": -1},
+        {
+            "truncation": "soft",
+            "max_response_length": 100,
+            "overlong_buffer_len": 10,
+            "overlong_penalty_factor": -1,
+        },
     ],
 )
 def test_bad_policies_are_refused(backend, kwargs):

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from child_runtime.protocol.items import RequestError, request_terms
-from scorers.base import ScoreInputError, ScoreItem, Scorer, ScorerContractError, ScoreResult, ScorerSpec, score_checked
+from scorers.base import (
+    ScoreInputError,
+    ScoreItem,
+    Scorer,
+    ScorerContractError,
+    ScoreResult,
+    ScorerSpec,
+    score_checked,
+)
 from tests.helpers.fixture_scorers import TwoTermImage
 
 IMAGE = np.zeros((2, 2, 3), dtype=np.uint8)
@@ -29,7 +37,8 @@ class Selective(Scorer):
     def score_terms(self, items: Sequence[ScoreItem], terms: tuple[str, ...]) -> ScoreResult:
         self.asked.append(terms)
         return ScoreResult(
-            terms={t: [2.0] * len(items) for t in terms}, term_failed={"a": {0: "no"}} if "a" in terms else {}
+            terms={t: [2.0] * len(items) for t in terms},
+            term_failed={"a": {0: "no"}} if "a" in terms else {},
         )
 
 
@@ -44,7 +53,11 @@ def test_a_selective_scorer_is_asked_for_exactly_those_terms_and_its_failures_st
     scorer, items = Selective(), [ScoreItem(id="x", text="t"), ScoreItem(id="y", text="u")]
     result = score_checked(scorer, items, terms=["c", "a"])
     assert scorer.asked == [("c", "a")] and list(result.terms) == ["c", "a"]
-    assert result.term_failed == {"a": {0: "no"}} and np.isnan(result.terms["a"][0]) and result.terms["c"] == [2.0, 2.0]
+    assert (
+        result.term_failed == {"a": {0: "no"}}
+        and np.isnan(result.terms["a"][0])
+        and result.terms["c"] == [2.0, 2.0]
+    )
 
 
 @pytest.mark.parametrize("terms", [["nope"], [], ["a", "a"]])

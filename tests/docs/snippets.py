@@ -59,7 +59,8 @@ class SnippetSkipped(Exception):
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced block (or, with `problem` set, a marker or fence that is wrong where it stands)."""
+    """One fenced block (or, with `problem` set, a marker or fence that is wrong where it
+    stands)."""
 
     path: Path  # relative to the root it was collected from
     line: int  # the opening fence's, 1-based
@@ -84,7 +85,8 @@ def markdown_files(root: Path) -> list[Path]:
 
 
 def _marker(line: str) -> tuple[str, str] | None:
-    """(kind, reason) of a marker line, ("malformed", line) for a line that looks like one but is not."""
+    """(kind, reason) of a marker line, ("malformed", line) for a line that looks like one but is
+    not."""
     text = line.strip()
     if match := NOT_RUN.match(text):
         return "not run", (match.group("reason") or "").strip()
@@ -119,14 +121,19 @@ def blocks_of(path: Path, root: Path) -> list[Block]:
         if end == len(lines):
             found.append(Block(relative, number + 1, lang, "", problem="the fence is never closed"))
             break
-        body = [line[len(indent) :] if line.startswith(indent) else line.lstrip() for line in lines[number + 1 : end]]
+        body = [
+            line[len(indent) :] if line.startswith(indent) else line.lstrip()
+            for line in lines[number + 1 : end]
+        ]
         marker = _marker(lines[number - 1]) if number > 0 else None
         block = Block(relative, number + 1, lang, "\n".join(body) + "\n")
         if marker is not None:
             claimed.add(number - 1)
             kind, reason = marker
             if kind == "malformed":
-                block = Block(relative, number + 1, lang, block.code, problem=f"malformed marker {reason!r}")
+                block = Block(
+                    relative, number + 1, lang, block.code, problem=f"malformed marker {reason!r}"
+                )
             else:
                 block = Block(relative, number + 1, lang, block.code, kind, reason)
         found.append(block)
@@ -139,15 +146,19 @@ def blocks_of(path: Path, root: Path) -> list[Block]:
                     index + 1,
                     "",
                     "",
-                    problem=f"the marker {line.strip()!r} is not on the line right before a code fence",
+                    problem=f"the marker {line.strip()!r} is not on the line right before a code "
+                    f"fence",
                 )
             )
     return sorted(found, key=lambda block: block.line)
 
 
 def _inside_block(index: int, blocks: list[Block]) -> bool:
-    """True when line `index` (0-based) lies inside a fenced block (a marker shown as an example)."""
-    return any(b.line <= index < b.line + b.code.count("\n") + 1 for b in blocks if b.problem is None)
+    """True when line `index` (0-based) lies inside a fenced block (a marker shown as an
+    example)."""
+    return any(
+        b.line <= index < b.line + b.code.count("\n") + 1 for b in blocks if b.problem is None
+    )
 
 
 def collect(root: Path = REPO_ROOT) -> list[Block]:
@@ -156,8 +167,9 @@ def collect(root: Path = REPO_ROOT) -> list[Block]:
 
 # --- checking one block ------------------------------------------------------------------------
 
-# Runs a block's command as its child subreaper: the block's orphans come back here, so the ones that
-# outlive it are seen, killed and reported. argv: report path, deadline (s), grace (s), command...
+# Runs a block's command as its child subreaper: the block's orphans come back here, so the ones
+# that outlive it are seen, killed and reported. argv: report path, deadline (s), grace (s),
+# command...
 SUPERVISOR = r"""
 import ctypes, json, os, subprocess, sys, time
 import psutil
@@ -167,6 +179,7 @@ if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD
     sys.exit("cannot become a child subreaper")
 me = psutil.Process()
 
+
 def reap():
     while True:
         try:
@@ -175,6 +188,7 @@ def reap():
             return
         if pid == 0:
             return
+
 
 def left():
     found = []
@@ -186,11 +200,13 @@ def left():
             pass
     return found
 
+
 def describe(proc):
     try:
         return {"pid": proc.pid, "cmdline": " ".join(proc.cmdline())[:300]}
     except psutil.Error:
         return {"pid": proc.pid, "cmdline": "?"}
+
 
 def kill_all():
     for _ in range(20):
@@ -204,6 +220,7 @@ def kill_all():
                 pass
         time.sleep(0.05)
         reap()
+
 
 started = time.monotonic()
 block = subprocess.Popen(command)
@@ -223,7 +240,10 @@ while left() and time.monotonic() < until:
 leaked = [describe(proc) for proc in left()]
 kill_all()
 with open(report, "w") as out:
-    json.dump({"returncode": returncode, "timed_out": timed_out, "leaked": leaked, "elapsed_s": elapsed}, out)
+    json.dump(
+        {"returncode": returncode, "timed_out": timed_out, "leaked": leaked, "elapsed_s": elapsed},
+        out,
+    )
 """
 
 
@@ -246,7 +266,12 @@ def _tail(text: str, lines: int = 40) -> str:
 
 
 def _supervised(
-    block: Block, command: list[str], cwd: Path, env: dict[str, str], deadline_s: float, workdir: Path
+    block: Block,
+    command: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    deadline_s: float,
+    workdir: Path,
 ) -> float:
     """Run `command` under the supervisor; a failure, a timeout or a leaked process fails the block.
     Returns the block's own run time."""
@@ -269,22 +294,30 @@ def _supervised(
         raise SnippetFailed(f"{block.id}: the runner itself did not end ({exc})") from exc
     output = f"--- stdout ---\n{_tail(done.stdout)}\n--- stderr ---\n{_tail(done.stderr)}"
     if done.returncode != 0 or not report.exists():
-        raise SnippetFailed(f"{block.id}: the snippet supervisor failed (exit {done.returncode})\n{output}")
+        raise SnippetFailed(
+            f"{block.id}: the snippet supervisor failed (exit {done.returncode})\n{output}"
+        )
     result = json.loads(report.read_text())
     if result["timed_out"]:
-        raise SnippetFailed(f"{block.id}: {block.lang} block ran past its {deadline_s:.0f} s deadline\n{output}")
+        raise SnippetFailed(
+            f"{block.id}: {block.lang} block ran past its {deadline_s:.0f} s deadline\n{output}"
+        )
     if result["returncode"] != 0:
-        raise SnippetFailed(f"{block.id}: {block.lang} block exited {result['returncode']}\n{output}")
+        raise SnippetFailed(
+            f"{block.id}: {block.lang} block exited {result['returncode']}\n{output}"
+        )
     if result["leaked"]:
         leaked = "; ".join(f"pid {p['pid']}: {p['cmdline']}" for p in result["leaked"])
         raise SnippetFailed(
-            f"{block.id}: processes outlived the block by {LEAK_GRACE_S:.0f} s (killed): {leaked}\n{output}"
+            f"{block.id}: processes outlived the block by {LEAK_GRACE_S:.0f} s (killed): "
+            f"{leaked}\n{output}"
         )
     return float(result["elapsed_s"])
 
 
 def console_commands(code: str) -> str:
-    """A console block's commands: its `$ ` lines (and their continuations); all of it without prompts."""
+    """A console block's commands: its `$ ` lines (and their continuations); all of it without
+    prompts."""
     lines = code.splitlines()
     if not any(line.startswith("$ ") for line in lines):
         return code
@@ -302,9 +335,9 @@ def console_commands(code: str) -> str:
 
 
 def _untracked(root: Path) -> set[str]:
-    """Untracked files in the repo root itself that git does not ignore: where a block that writes to its
-    working directory leaves them (`reward.yaml`, a log). Deeper folders are left out: a file someone
-    adds there while a block runs is not the block's."""
+    """Untracked files in the repo root itself that git does not ignore: where a block that writes
+    to its working directory leaves them (`reward.yaml`, a log). Deeper folders are left out: a file
+    someone adds there while a block runs is not the block's."""
     done = subprocess.run(
         ["git", "ls-files", "--others", "--exclude-standard", "--directory", "-z"],
         cwd=root,
@@ -313,7 +346,11 @@ def _untracked(root: Path) -> set[str]:
     )
     if done.returncode != 0:
         return set()
-    return {path for path in done.stdout.decode(errors="replace").split("\0") if path and "/" not in path.rstrip("/")}
+    return {
+        path
+        for path in done.stdout.decode(errors="replace").split("\0")
+        if path and "/" not in path.rstrip("/")
+    }
 
 
 @contextlib.contextmanager
@@ -331,19 +368,31 @@ def _recipe_context(root: Path) -> Iterator[None]:
             os.environ["MANAGED_SCORERS_ENVS"] = saved
 
 
-def check(block: Block, workdir: Path, root: Path = REPO_ROOT, python_deadline_s: float = PYTHON_DEADLINE_S) -> str:
-    """Check one block by its rule: returns what was done; raises SnippetFailed or SnippetSkipped."""
+def check(
+    block: Block,
+    workdir: Path,
+    root: Path = REPO_ROOT,
+    python_deadline_s: float = PYTHON_DEADLINE_S,
+) -> str:
+    """Check one block by its rule: returns what was done; raises SnippetFailed or
+    SnippetSkipped."""
     if block.problem is not None:
         raise SnippetFailed(f"{block.id}: {block.problem}")
     if block.marker == "not run":
         if not block.reason:
-            raise SnippetFailed(f"{block.id}: `<!-- not run -->` needs a reason: `<!-- not run: REASON -->`")
+            raise SnippetFailed(
+                f"{block.id}: `<!-- not run -->` needs a reason: `<!-- not run: REASON -->`"
+            )
         raise SnippetSkipped(f"{block.id}: not run: {block.reason}")
     if block.marker == "not a recipe":
         if block.lang not in YAML:
-            raise SnippetFailed(f"{block.id}: `<!-- yaml: not a recipe -->` stands before a {block.lang!r} block")
+            raise SnippetFailed(
+                f"{block.id}: `<!-- yaml: not a recipe -->` stands before a {block.lang!r} block"
+            )
         if not block.reason:
-            raise SnippetFailed(f"{block.id}: `<!-- yaml: not a recipe -->` needs a reason in parentheses")
+            raise SnippetFailed(
+                f"{block.id}: `<!-- yaml: not a recipe -->` needs a reason in parentheses"
+            )
         try:
             yaml.safe_load(block.code)
         except yaml.YAMLError as exc:
@@ -353,14 +402,18 @@ def check(block: Block, workdir: Path, root: Path = REPO_ROOT, python_deadline_s
         script = workdir / "snippet.py"
         script.write_text(block.code)
         env = base_env(root) | {"PYTHONPATH": str(root)}
-        elapsed = _supervised(block, [_venv_python(root), str(script)], workdir, env, python_deadline_s, workdir)
+        elapsed = _supervised(
+            block, [_venv_python(root), str(script)], workdir, env, python_deadline_s, workdir
+        )
         return f"ran in {elapsed:.1f} s"
     if block.lang in SHELL:
         code = console_commands(block.code) if block.lang == "console" else block.code
         env = base_env(root)
         env["PATH"] = f"{root / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         before = _untracked(root)
-        elapsed = _supervised(block, ["bash", "-euo", "pipefail", "-c", code], root, env, SHELL_DEADLINE_S, workdir)
+        elapsed = _supervised(
+            block, ["bash", "-euo", "pipefail", "-c", code], root, env, SHELL_DEADLINE_S, workdir
+        )
         left = sorted(_untracked(root) - before)
         if left:
             raise SnippetFailed(
@@ -378,7 +431,8 @@ def check(block: Block, workdir: Path, root: Path = REPO_ROOT, python_deadline_s
                 load_recipe(recipe)
         except Exception as exc:  # noqa: BLE001 - whatever the loader raises is the block's failure
             raise SnippetFailed(
-                f"{block.id}: not a recipe load_recipe accepts ({type(exc).__name__}: {exc}); if it is not a "
+                f"{block.id}: not a recipe load_recipe accepts ({type(exc).__name__}: "
+                f"{exc}); if it is not a "
                 "recipe, put `<!-- yaml: not a recipe (REASON) -->` on the line before the fence"
             ) from exc
         return "loaded as a recipe"

@@ -1,6 +1,6 @@
-"""Every code block of README.md and docs/**/*.md, one case each (`README.md:123`), checked by the rules
-of tests/docs/snippets.py (said for authors in docs/contributing.md); and the runner itself shown to
-fail on broken examples, each failure naming its file and line."""
+"""Every code block of README.md and docs/**/*.md, one case each (`README.md:123`), checked by the
+rules of tests/docs/snippets.py (said for authors in docs/contributing.md); and the runner itself
+shown to fail on broken examples, each failure naming its file and line."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def test_snippet(block: Block, tmp_path: Path) -> None:
         skipped = str(exc)
     except SnippetFailed as exc:
         failed = str(exc)
-    if failed is not None:  # outside the except clause: the report shows the block's error, not a chain
+    # outside the except clause: the report shows the block's error, not a chain
+    if failed is not None:
         pytest.fail(failed, pytrace=False)
     if skipped is not None:
         pytest.skip(skipped)
@@ -110,7 +111,8 @@ echo "a result" > left-behind.txt
 
 
 def test_the_runner_fails_on_broken_examples(tmp_path: Path) -> None:
-    root = tmp_path / "repo"  # a git repo: a shell block runs in its root, and must leave no file there
+    # a git repo: a shell block runs in its root, and must leave no file there
+    root = tmp_path / "repo"
     page = root / "docs" / "broken.md"
     page.parent.mkdir(parents=True)
     page.write_text(BROKEN)
@@ -132,20 +134,24 @@ def test_the_runner_fails_on_broken_examples(tmp_path: Path) -> None:
         "docs/broken.md:3": "ok: ran in",
         "docs/broken.md:7": "failed: docs/broken.md:7: python block exited 1",
         "docs/broken.md:12": "failed: docs/broken.md:12: `<!-- not run -->` needs a reason",
-        "docs/broken.md:16": "failed: docs/broken.md:16: not a recipe load_recipe accepts (ConfigError",
+        "docs/broken.md:16": "failed: docs/broken.md:16: not a recipe load_recipe accepts "
+        "(ConfigError",
         "docs/broken.md:21": "skipped: docs/broken.md:21: not run: needs a GPU",
         "docs/broken.md:25": "failed: docs/broken.md:25: JSON does not parse",
         "docs/broken.md:29": "failed: docs/broken.md:29: bash block exited 1",
         "docs/broken.md:33": "failed: docs/broken.md:33: the marker",
         "docs/broken.md:35": "ok: not run (text)",
         "docs/broken.md:39": "failed: docs/broken.md:39: python block ran past its 3 s deadline",
-        "docs/broken.md:44": "failed: docs/broken.md:44: processes outlived the block by 5 s (killed): pid",
-        "docs/broken.md:49": "failed: docs/broken.md:49: the block left files in the repo: left-behind.txt",
+        "docs/broken.md:44": "failed: docs/broken.md:44: processes outlived the block by 5 s "
+        "(killed): pid",
+        "docs/broken.md:49": "failed: docs/broken.md:49: the block left files in the repo: "
+        "left-behind.txt",
     }
     assert set(said) == set(expected), said
     for where, start in expected.items():
         assert said[where].startswith(start), (where, said[where])
-    assert "RuntimeError: this example is broken" in outcomes["docs/broken.md:7"]  # the error is shown
+    # the error is shown
+    assert "RuntimeError: this example is broken" in outcomes["docs/broken.md:7"]
     leaked_pid = int(said["docs/broken.md:44"].split("pid ")[1].split(":")[0])
     assert not wait_until_gone([leaked_pid], 5.0), "the runner left the leaked process alive"
 
@@ -162,18 +168,24 @@ def test_the_runner_runs_python_blocks_with_the_repo_and_its_envs(tmp_path: Path
         """
         import os, pathlib
         import tests.helpers
+
         assert pathlib.Path.cwd() != pathlib.Path(tests.helpers.__file__).parent.parent.parent
-        assert os.environ["MANAGED_SCORERS_ENVS"].endswith("/envs"), os.environ["MANAGED_SCORERS_ENVS"]
+        assert os.environ["MANAGED_SCORERS_ENVS"].endswith("/envs"), os.environ[
+            "MANAGED_SCORERS_ENVS"
+        ]
         """
     )
     page = tmp_path / "README.md"
     page.write_text(f"```python\n{code}```\n")
     (block,) = blocks_of(page, tmp_path)
-    assert check(block, tmp_path, root=Path(__file__).resolve().parent.parent.parent).startswith("ran in")
+    assert check(block, tmp_path, root=Path(__file__).resolve().parent.parent.parent).startswith(
+        "ran in"
+    )
 
 
 def test_a_block_whose_children_end_within_the_grace_passes(tmp_path: Path) -> None:
-    """A background job that ends soon after its block is no leak (a child's graceful exit takes a moment)."""
+    """A background job that ends soon after its block is no leak (a child's graceful exit takes a
+    moment)."""
     page = tmp_path / "README.md"
     page.write_text("```bash\nsleep 0.5 &\necho started\n```\n")
     (block,) = blocks_of(page, tmp_path)

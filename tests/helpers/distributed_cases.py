@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.helpers.fixture_scorers, by dotted path
+# tests.helpers.fixture_scorers, by dotted path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch.distributed as dist  # noqa: E402
 
@@ -38,7 +39,8 @@ def case(fn: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
 
 
 def items(world: int = 2, per_rank: int = 6, group: int = 4, **fields: Any) -> list[RewardItem]:
-    """Groups of `group` in order; rank r holds items [r*per_rank, (r+1)*per_rank): group 1 spans ranks."""
+    """Groups of `group` in order; rank r holds items [r*per_rank, (r+1)*per_rank): group 1 spans
+    ranks."""
     return [
         RewardItem(
             id=f"s{n}",
@@ -63,7 +65,11 @@ def outcome(call: Callable[[], Any]) -> dict[str, Any]:
     try:
         value = call()
     except Exception as exc:  # noqa: BLE001 - recorded for the test
-        return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - began}
+        return {
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "seconds": time.monotonic() - began,
+        }
     return {"value": value, "seconds": time.monotonic() - began}
 
 
@@ -71,16 +77,21 @@ def dumped(response: Any) -> dict[str, Any]:
     return response.model_dump(exclude={"diagnostics"})
 
 
-def world_vs_alone(backend: Any, everything: list[RewardItem], group_size: int | None) -> dict[str, Any]:
+def world_vs_alone(
+    backend: Any, everything: list[RewardItem], group_size: int | None
+) -> dict[str, Any]:
     scorer = DistributedRewards(backend, timeout_s=30)
-    mine, world = scorer.compute_world_rewards(RewardRequest(items=shard(everything), group_size=group_size))
+    mine, world = scorer.compute_world_rewards(
+        RewardRequest(items=shard(everything), group_size=group_size)
+    )
     alone = backend.compute_rewards(RewardRequest(items=everything, group_size=group_size))
     return {"mine": dumped(mine), "world": dumped(world), "alone": dumped(alone)}
 
 
 @case
 def pointwise_panel_with_a_group_size():
-    """The panel checks group sizes: a group spanning ranks is scored whole, not refused in halves."""
+    """The panel checks group sizes: a group spanning ranks is scored whole, not refused in
+    halves."""
     panel = RewardPanel([PanelTerm("match", LocalRewardBackend("exact_match"))], group_size=4)
     return world_vs_alone(panel, items(), None)
 
@@ -88,18 +99,32 @@ def pointwise_panel_with_a_group_size():
 @case
 def nested_panel_with_a_groupwise_scorer():
     inner = RewardPanel(
-        [PanelTerm("spy", LocalRewardBackend("tests.helpers.fixture_scorers:GroupSpy"), component="group_size")]
+        [
+            PanelTerm(
+                "spy",
+                LocalRewardBackend("tests.helpers.fixture_scorers:GroupSpy"),
+                component="group_size",
+            )
+        ]
     )
-    outer = RewardPanel([PanelTerm("inner", inner), PanelTerm("f1", LocalRewardBackend("token_f1"))])
+    outer = RewardPanel(
+        [PanelTerm("inner", inner), PanelTerm("f1", LocalRewardBackend("token_f1"))]
+    )
     return world_vs_alone(outer, items(), 4)
 
 
 @case
 def every_field_travels_and_an_empty_reference_too():
-    """Rebuilt candidates keep what a scorer reads without declaring it (finish_reason, metadata)."""
+    """Rebuilt candidates keep what a scorer reads without declaring it (finish_reason,
+    metadata)."""
     echo = LocalRewardBackend("tests.helpers.fixture_scorers:EchoFields")
     spy = LocalRewardBackend("tests.helpers.fixture_scorers:GroupSpy")
-    panel = RewardPanel([PanelTerm("echo", echo, component="truncated"), PanelTerm("spy", spy, component="group_size")])
+    panel = RewardPanel(
+        [
+            PanelTerm("echo", echo, component="truncated"),
+            PanelTerm("spy", spy, component="group_size"),
+        ]
+    )
     everything = [item.model_copy(update={"reference": {}}) for item in items()]
     return world_vs_alone(panel, everything, 4)
 
@@ -110,7 +135,10 @@ def an_optional_term_fails_for_whole_groups():
         "tests.helpers.fixture_scorers:Salted", {"poison": ["s7"]}
     )  # s7: rank 1, group p1 spans
     panel = RewardPanel(
-        [PanelTerm("match", LocalRewardBackend("exact_match")), PanelTerm("salted", poison, required=False)]
+        [
+            PanelTerm("match", LocalRewardBackend("exact_match")),
+            PanelTerm("salted", poison, required=False),
+        ]
     )
     return world_vs_alone(panel, items(), None)
 
@@ -118,7 +146,9 @@ def an_optional_term_fails_for_whole_groups():
 @case
 def a_failure_inside_a_spanning_group_fails_every_rank():
     poison = LocalRewardBackend("tests.helpers.fixture_scorers:Salted", {"poison": ["s6"]})
-    scorer = DistributedRewards(RewardPanel([PanelTerm("salted", poison)], group_size=4), timeout_s=30)
+    scorer = DistributedRewards(
+        RewardPanel([PanelTerm("salted", poison)], group_size=4), timeout_s=30
+    )
     first = outcome(lambda: scorer.compute_rewards(RewardRequest(items=shard(items()))).rewards)
     clean = [item.model_copy(update={"id": f"c{item.id}"}) for item in shard(items())]
     after = outcome(lambda: scorer.compute_rewards(RewardRequest(items=clean)).rewards)
@@ -129,7 +159,9 @@ def a_failure_inside_a_spanning_group_fails_every_rank():
 def fail_step_keeps_the_ranks_in_step():
     scorer = DistributedRewards(LocalRewardBackend("exact_match"), timeout_s=30)
     if RANK == 1:
-        first = outcome(lambda: scorer.fail_step(ValueError("this rank's prompts could not be read")))
+        first = outcome(
+            lambda: scorer.fail_step(ValueError("this rank's prompts could not be read"))
+        )
     else:
         first = outcome(lambda: scorer.compute_rewards(RewardRequest(items=shard(items()))).rewards)
     after = outcome(lambda: scorer.compute_rewards(RewardRequest(items=shard(items()))).rewards)
@@ -160,7 +192,9 @@ def a_stuck_peer_is_lost_within_the_bound():
     scorer = DistributedRewards(LocalRewardBackend("exact_match"), timeout_s=3)
     if RANK == 1:
         time.sleep(4.5)  # past the bound: rank 0 must not wait for it
-    return {"call": outcome(lambda: scorer.compute_rewards(RewardRequest(items=shard(items()))).rewards)}
+    return {
+        "call": outcome(lambda: scorer.compute_rewards(RewardRequest(items=shard(items()))).rewards)
+    }
 
 
 def main() -> int:
@@ -174,7 +208,8 @@ def main() -> int:
             result = {"crashed": traceback.format_exc()}
         (OUT / f"{name}-rank{RANK}.json").write_text(json.dumps(result))
     sys.stdout.flush()
-    os._exit(0)  # the last case's exchange is broken on purpose: its gloo group may block in a destructor
+    # the last case's exchange is broken on purpose: its gloo group may block in a destructor
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -96,7 +96,10 @@ def _handler(service: FakeJobService) -> type[BaseHTTPRequestHandler]:
             """Quiet: the tests read what the service recorded."""
 
         def _authorized(self) -> bool:
-            if service.token is None or self.headers.get("authorization") == f"Bearer {service.token}":
+            if (
+                service.token is None
+                or self.headers.get("authorization") == f"Bearer {service.token}"
+            ):
                 return True
             self._reply((401, {"detail": "bad or missing token"}))
             return False
@@ -113,12 +116,15 @@ def _handler(service: FakeJobService) -> type[BaseHTTPRequestHandler]:
                     fields = multipart(self.headers["content-type"], body)
                     array = np.load(io.BytesIO(fields["file"]), allow_pickle=False)
                     job_id = service.job_id or uuid.uuid4().hex
-                    upload = Upload(job_id, fields, array, self.headers.get("authorization"), time.monotonic())
+                    upload = Upload(
+                        job_id, fields, array, self.headers.get("authorization"), time.monotonic()
+                    )
                     with service._lock:
                         service.uploads.append(upload)
                     reply = service.on_enqueue(upload) or (200, {"uuid": upload.job_id})
             finally:
-                with service._lock:  # out of flight before the answer goes: the client may send its next at once
+                # out of flight before the answer goes: the client may send its next at once
+                with service._lock:
                     service.in_flight -= 1
             if reply is not None:
                 self._reply(reply)
@@ -126,7 +132,9 @@ def _handler(service: FakeJobService) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
             job_id = self.path.rpartition("/")[2]
             with service._lock:
-                service.pulls.append(Pull(job_id, time.monotonic(), self.headers.get("authorization")))
+                service.pulls.append(
+                    Pull(job_id, time.monotonic(), self.headers.get("authorization"))
+                )
                 count = len(service.pulls_of(job_id))
             if not self._authorized():
                 return

@@ -15,7 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from scorers.ff import GroupwiseRewardModel, PointwiseRewardModel, RewardArguments, RewardModelOutput
+from scorers.ff import (
+    GroupwiseRewardModel,
+    PointwiseRewardModel,
+    RewardArguments,
+    RewardModelOutput,
+)
 
 
 def _journal(config: RewardArguments, entry: dict[str, Any]) -> None:
@@ -26,7 +31,8 @@ def _journal(config: RewardArguments, entry: dict[str, Any]) -> None:
 
 
 class Brightness(PointwiseRewardModel):
-    """Mean brightness of the PIL image in [0, 1], plus 0.1 per condition image and metadata's `bonus`.
+    """Mean brightness of the PIL image in [0, 1], plus 0.1 per condition image and metadata's
+    `bonus`.
 
     `metadata` {"nan": true} returns NaN for that input (the contract check must refuse it).
     """
@@ -35,13 +41,19 @@ class Brightness(PointwiseRewardModel):
     use_tensor_inputs = False
 
     def __call__(
-        self, prompt: list[str], image: list[Any], condition_images: list[list[Any]], metadata: list[str], **kwargs: Any
+        self,
+        prompt: list[str],
+        image: list[Any],
+        condition_images: list[list[Any]],
+        metadata: list[str],
+        **kwargs: Any,
     ) -> RewardModelOutput:  # noqa: E501
         from PIL import Image
 
         assert all(isinstance(one, Image.Image) for one in image)
         assert all(
-            isinstance(conds, list) and all(isinstance(c, Image.Image) for c in conds) for conds in condition_images
+            isinstance(conds, list) and all(isinstance(c, Image.Image) for c in conds)
+            for conds in condition_images
         )
         parsed = [json.loads(one) for one in metadata]
         _journal(
@@ -103,14 +115,24 @@ class AudioModel(PointwiseRewardModel):
 
     required_fields = ("audio", "audio_sample_rate")
 
-    def __call__(self, audio: list[Any], audio_sample_rate: list[int], **kwargs: Any) -> RewardModelOutput:
+    def __call__(
+        self, audio: list[Any], audio_sample_rate: list[int], **kwargs: Any
+    ) -> RewardModelOutput:
         for wave in audio:
             if not (
-                isinstance(wave, np.ndarray) and wave.dtype == np.float32 and wave.ndim == 2 and wave.flags.writeable
+                isinstance(wave, np.ndarray)
+                and wave.dtype == np.float32
+                and wave.ndim == 2
+                and wave.flags.writeable
             ):
-                raise TypeError(f"audio arrived as {type(wave).__name__} {getattr(wave, 'dtype', '')}")
+                raise TypeError(
+                    f"audio arrived as {type(wave).__name__} {getattr(wave, 'dtype', '')}"
+                )
         return RewardModelOutput(
-            rewards=[w.shape[1] / rate + 0.1 * w.shape[0] for w, rate in zip(audio, audio_sample_rate, strict=True)]
+            rewards=[
+                w.shape[1] / rate + 0.1 * w.shape[0]
+                for w, rate in zip(audio, audio_sample_rate, strict=True)
+            ]
         )
 
 
@@ -123,7 +145,8 @@ class Unknown(PointwiseRewardModel):
 
 class GroupRank(GroupwiseRewardModel):
     """Each candidate's brightness rank in its group, scaled to [0, 1], from tensor inputs, plus an
-    offset read from `model_path` (a file holding one number) onto the device in the config's dtype."""
+    offset read from `model_path` (a file holding one number) onto the device in the config's
+    dtype."""
 
     required_fields = ("image",)
     use_tensor_inputs = True
@@ -132,12 +155,17 @@ class GroupRank(GroupwiseRewardModel):
         import torch
 
         super().__init__(config, accelerator)
-        self.offset = torch.tensor(float(Path(config.model_path).read_text())).to(self.device, self.dtype)
+        self.offset = torch.tensor(float(Path(config.model_path).read_text())).to(
+            self.device, self.dtype
+        )
 
     def __call__(self, image: list[Any], **kwargs: Any) -> RewardModelOutput:
         import torch
 
-        assert all(isinstance(one, torch.Tensor) and one.dtype == torch.float32 and one.shape[0] == 3 for one in image)
+        assert all(
+            isinstance(one, torch.Tensor) and one.dtype == torch.float32 and one.shape[0] == 3
+            for one in image
+        )
         _journal(self.config, {"n": len(image), "dtype": str(self.dtype)})
         with torch.no_grad():
             means = torch.stack([one.mean() for one in image])

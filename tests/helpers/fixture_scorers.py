@@ -21,10 +21,17 @@ class Probe(Scorer):
     after the first waits while that file exists (a run the test keeps going until it says so)."""
 
     spec = ScorerSpec(
-        name="probe", input_kind="text", terms=("probe",), env="image", supports_offload=True, diagnostics=("calls",)
+        name="probe",
+        input_kind="text",
+        terms=("probe",),
+        env="image",
+        supports_offload=True,
+        diagnostics=("calls",),
     )
 
-    def __init__(self, sleep_s: float = 0.0, journal: str | None = None, hold: str | None = None) -> None:
+    def __init__(
+        self, sleep_s: float = 0.0, journal: str | None = None, hold: str | None = None
+    ) -> None:
         self.sleep_s = sleep_s
         self.journal = journal
         self.hold = hold
@@ -39,7 +46,10 @@ class Probe(Scorer):
         if self.journal is not None:
             with open(self.journal, "a") as handle:
                 handle.write(" ".join([str(os.getpid()), *(item.id for item in items)]) + "\n")
-        return ScoreResult(terms={"probe": [float(len(item.text or "")) for item in items]}, diagnostics={"calls": 1})
+        return ScoreResult(
+            terms={"probe": [float(len(item.text or "")) for item in items]},
+            diagnostics={"calls": 1},
+        )
 
 
 def journal_calls(path: str) -> list[tuple[int, list[str]]]:
@@ -92,17 +102,24 @@ class WrongCount(Scorer):
 
 
 class BadDiagnostics(Scorer):
-    """Diagnostics that JSON cannot carry: must be a typed contract error, not a dropped connection."""
+    """Diagnostics that JSON cannot carry: must be a typed contract error, not a dropped
+    connection."""
 
-    spec = ScorerSpec(name="bad_diagnostics", input_kind="text", terms=("bad_diagnostics",), diagnostics=("mean",))
+    spec = ScorerSpec(
+        name="bad_diagnostics", input_kind="text", terms=("bad_diagnostics",), diagnostics=("mean",)
+    )
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         import numpy as np
 
         if items[0].text == "bad":
-            return ScoreResult(terms={"bad_diagnostics": [1.0] * len(items)}, diagnostics={"mean": np.float32(1)})
+            return ScoreResult(
+                terms={"bad_diagnostics": [1.0] * len(items)}, diagnostics={"mean": np.float32(1)}
+            )
         if items[0].text == "undeclared":
-            return ScoreResult(terms={"bad_diagnostics": [1.0] * len(items)}, diagnostics={"surprise": 1})
+            return ScoreResult(
+                terms={"bad_diagnostics": [1.0] * len(items)}, diagnostics={"surprise": 1}
+            )
         return ScoreResult(terms={"bad_diagnostics": [2.0] * len(items)})
 
 
@@ -141,7 +158,8 @@ class Journal(Scorer):
 
 
 class BootsOnce(Scorer):
-    """Loads the first time; every later boot fails (a marker file remembers): a restart that cannot boot."""
+    """Loads the first time; every later boot fails (a marker file remembers): a restart that cannot
+    boot."""
 
     spec = _spec("boots_once")
 
@@ -159,7 +177,8 @@ class BootsOnce(Scorer):
 
 
 class Flaky(Scorer):
-    """len(text), except on cue: 'raise' raises, 'nan' returns NaN, 'count' one score too many, 'slow' sleeps 30 s."""
+    """len(text), except on cue: 'raise' raises, 'nan' returns NaN, 'count' one score too many,
+    'slow' sleeps 30 s."""
 
     spec = _spec("flaky")
 
@@ -181,7 +200,10 @@ class TwoTermImage(Scorer):
     """An image scorer with two terms (a reward and a penalty)."""
 
     spec = ScorerSpec(
-        name="two_term_image", input_kind="image", required_fields=("image",), terms=("aesthetic", "penalty")
+        name="two_term_image",
+        input_kind="image",
+        required_fields=("image",),
+        terms=("aesthetic", "penalty"),
     )
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
@@ -189,9 +211,15 @@ class TwoTermImage(Scorer):
 
 
 class OnloadFailsOnce(Scorer):
-    """Offloadable; the first onload raises halfway: residency must become 'unknown', not stay a lie."""
+    """Offloadable; the first onload raises halfway: residency must become 'unknown', not stay a
+    lie."""
 
-    spec = ScorerSpec(name="onload_fails_once", input_kind="text", terms=("onload_fails_once",), supports_offload=True)
+    spec = ScorerSpec(
+        name="onload_fails_once",
+        input_kind="text",
+        terms=("onload_fails_once",),
+        supports_offload=True,
+    )
 
     def __init__(self) -> None:
         self.onloads = 0
@@ -211,7 +239,9 @@ def _array_inputs(items: Sequence[ScoreItem], field: str = "image") -> dict:
     bases = []
     for item in items:
         base = getattr(item, field)
-        while getattr(base, "base", None) is not None and not isinstance(base, (bytes, bytearray, memoryview)):
+        while getattr(base, "base", None) is not None and not isinstance(
+            base, (bytes, bytearray, memoryview)
+        ):
             base = base.base
         obj = base.obj if isinstance(base, memoryview) else base
         bases.append(type(obj).__name__)
@@ -243,12 +273,14 @@ class InputProbe(Scorer):
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         time.sleep(self.sleep_s)
         return ScoreResult(
-            terms={"input_probe": [float(item.image.mean()) for item in items]}, diagnostics=_array_inputs(items)
+            terms={"input_probe": [float(item.image.mean()) for item in items]},
+            diagnostics=_array_inputs(items),
         )
 
 
 class WritesInputs(InputProbe):
-    """Zeroes its input in place (so it declares writable_inputs), then scores the mean: always 0."""
+    """Zeroes its input in place (so it declares writable_inputs), then scores the mean: always
+    0."""
 
     spec = ScorerSpec(
         name="writes_inputs",
@@ -263,7 +295,8 @@ class WritesInputs(InputProbe):
         for item in items:
             item.image[...] = 0
         return ScoreResult(
-            terms={"writes_inputs": [float(item.image.mean()) for item in items]}, diagnostics=_array_inputs(items)
+            terms={"writes_inputs": [float(item.image.mean()) for item in items]},
+            diagnostics=_array_inputs(items),
         )
 
 
@@ -271,7 +304,10 @@ class WritesWithoutSaying(InputProbe):
     """Writes into its input without declaring it: must fail loudly, never corrupt shared memory."""
 
     spec = ScorerSpec(
-        name="writes_without_saying", input_kind="image", required_fields=("image",), terms=("writes_without_saying",)
+        name="writes_without_saying",
+        input_kind="image",
+        required_fields=("image",),
+        terms=("writes_without_saying",),
     )
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
@@ -288,15 +324,20 @@ class ConstructorRaises(Scorer):
         raise RuntimeError("no GPU driver loaded")
 
 
-# -- custom catalogs and identity probes (tests/contract/test_identity.py, tests/ops/test_preflight.py) ---------
+# -- custom catalogs and identity probes ------------------------------------------------------
+# (tests/contract/test_identity.py, tests/ops/test_preflight.py)
 from scorers.pointwise import map_candidates  # appended section: its own import
 
 
-def keyword_hit(candidate: ScoreItem, context, keyword: str = "yes", api_key_env: str = "FIXTURE_JUDGE_KEY") -> float:
+def keyword_hit(
+    candidate: ScoreItem, context, keyword: str = "yes", api_key_env: str = "FIXTURE_JUDGE_KEY"
+) -> float:
     """1.0 when the completion mentions `keyword`. `api_key_env` is a credential *reference* (an env
     var name, as a judge API scorer takes): it is a param, the key itself never is."""
     if not os.environ.get(api_key_env):
-        raise RuntimeError(f"keyword: environment variable {api_key_env} (the judge's key) is not set")
+        raise RuntimeError(
+            f"keyword: environment variable {api_key_env} (the judge's key) is not set"
+        )
     return float(keyword.lower() in (candidate.text or "").lower())
 
 
@@ -333,7 +374,10 @@ class DiagnosticsOnCue(Scorer):
     count and mean; the other cues break the diagnostics contract one way each."""
 
     spec = ScorerSpec(
-        name="diagnostics_on_cue", input_kind="text", terms=("diagnostics_on_cue",), diagnostics=("empties", "length")
+        name="diagnostics_on_cue",
+        input_kind="text",
+        terms=("diagnostics_on_cue",),
+        diagnostics=("empties", "length"),
     )
     CUES = {
         "undeclared": {"surprise": 1},
@@ -351,7 +395,9 @@ class DiagnosticsOnCue(Scorer):
 
         lengths = [float(len(item.text or "")) for item in items]
         cue = items[0].text or ""
-        diagnostics = self.CUES.get(cue, {"empties": lengths.count(0.0), "length": mean(sum(lengths), len(lengths))})
+        diagnostics = self.CUES.get(
+            cue, {"empties": lengths.count(0.0), "length": mean(sum(lengths), len(lengths))}
+        )
         return ScoreResult(terms={"diagnostics_on_cue": lengths}, diagnostics=diagnostics)
 
 
@@ -367,15 +413,22 @@ class EchoFields(Scorer):
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         def media_sum(item: ScoreItem) -> float:
-            return float(sum(int(a.sum()) for a in (*item.condition_images, *item.condition_videos)))
+            return float(
+                sum(int(a.sum()) for a in (*item.condition_images, *item.condition_videos))
+            )
 
         return ScoreResult(
             terms={
-                "tokens": [float(-1 if item.completion_tokens is None else item.completion_tokens) for item in items],
+                "tokens": [
+                    float(-1 if item.completion_tokens is None else item.completion_tokens)
+                    for item in items
+                ],
                 "truncated": [float(item.is_length_truncated) for item in items],
                 "source_len": [float(len(item.data_source or "")) for item in items],
                 "condition_sum": [media_sum(item) for item in items],
-                "condition_count": [float(len(item.condition_images) + len(item.condition_videos)) for item in items],
+                "condition_count": [
+                    float(len(item.condition_images) + len(item.condition_videos)) for item in items
+                ],
             }
         )
 
@@ -384,7 +437,9 @@ class GroupSpy(Scorer):
     """Groupwise: each candidate scores the size of the group it arrived in; it also tries to
     mutate the shared context and reports (term `frozen`) whether that was refused."""
 
-    spec = ScorerSpec(name="group_spy", input_kind="text", terms=("group_size", "frozen"), groupwise=True)
+    spec = ScorerSpec(
+        name="group_spy", input_kind="text", terms=("group_size", "frozen"), groupwise=True
+    )
 
     def score_group(self, candidates, context):
         try:
@@ -395,18 +450,22 @@ class GroupSpy(Scorer):
         if any(candidate.group_id != context.group_id for candidate in candidates):
             raise AssertionError("a candidate of another group was handed over")
         return ScoreResult(
-            terms={"group_size": [float(len(candidates))] * len(candidates), "frozen": [frozen] * len(candidates)}
+            terms={
+                "group_size": [float(len(candidates))] * len(candidates),
+                "frozen": [frozen] * len(candidates),
+            }
         )
 
 
-# -- panels (tests/contract/test_panel.py, tests/contract/test_panel_property.py) -----------------------------------
+# -- panels (tests/contract/test_panel.py, tests/contract/test_panel_property.py) ------------------
 import hashlib  # appended section: its own imports
 
 from scorers.base import ScoreInputError
 
 
 def salted_value(salt: int, item_id: str) -> float:
-    """A pure function of (salt, id): k / 1024 with |k| <= 2**20, so weighted sums of a few are exact."""
+    """A pure function of (salt, id): k / 1024 with |k| <= 2**20, so weighted sums of a few are
+    exact."""
     digest = hashlib.sha256(f"{salt}:{item_id}".encode()).digest()
     return (int.from_bytes(digest[:4], "big") % (1 << 21) - (1 << 20)) / 1024.0
 
@@ -437,7 +496,9 @@ class Rendezvous(Scorer):
         deadline = time.monotonic() + self.timeout_s
         while not os.path.exists(self.other):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.other} never appeared: the other scorer was not called meanwhile")
+                raise TimeoutError(
+                    f"{self.other} never appeared: the other scorer was not called meanwhile"
+                )
             time.sleep(0.005)
         return ScoreResult(terms={"rendezvous": [1.0] * len(items)})
 
@@ -463,12 +524,18 @@ class ProbeV2(Probe):
     """The probe at a new revision: what a scorer update looks like to an output being resumed."""
 
     spec = ScorerSpec(
-        name="probe", input_kind="text", terms=("probe",), env="image", diagnostics=("calls",), revision="probe-v2"
+        name="probe",
+        input_kind="text",
+        terms=("probe",),
+        env="image",
+        diagnostics=("calls",),
+        revision="probe-v2",
     )
 
 
 class RefusesText(Scorer):
-    """len(text), but an item whose text is `poison` is refused (bad input) with the whole batch; 'offloads'."""
+    """len(text), but an item whose text is `poison` is refused (bad input) with the whole batch;
+    'offloads'."""
 
     spec = ScorerSpec(
         name="refuses_text",
@@ -492,7 +559,8 @@ class RefusesText(Scorer):
 
 
 class WhereScored(Scorer):
-    """Which child scored each item: its pid, and the GPU it was narrowed to (-1: none) (replicas)."""
+    """Which child scored each item: its pid, and the GPU it was narrowed to (-1: none)
+    (replicas)."""
 
     spec = ScorerSpec(name="where_scored", input_kind="text", terms=("pid", "device"), env="image")
 
@@ -502,12 +570,15 @@ class WhereScored(Scorer):
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         time.sleep(self.sleep_s)
         device = float(os.environ.get("CUDA_VISIBLE_DEVICES") or -1)
-        return ScoreResult(terms={"pid": [float(os.getpid())] * len(items), "device": [device] * len(items)})
+        return ScoreResult(
+            terms={"pid": [float(os.getpid())] * len(items), "device": [device] * len(items)}
+        )
 
 
 class FailsMarked(Scorer):
-    """len(text), except items whose text contains "fail": those it cannot score (ScoreResult.failed).
-    With `bad_position`, it names a position outside the batch (a contract violation)."""
+    """len(text), except items whose text contains "fail": those it cannot score
+    (ScoreResult.failed). With `bad_position`, it names a position outside the batch (a contract
+    violation)."""
 
     spec = ScorerSpec(name="fails_marked", input_kind="text", terms=("fails_marked",), env="image")
 
@@ -515,16 +586,24 @@ class FailsMarked(Scorer):
         self.bad_position = bad_position
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
-        failed = {i: f"no score for {item.text!r}" for i, item in enumerate(items) if "fail" in (item.text or "")}
+        failed = {
+            i: f"no score for {item.text!r}"
+            for i, item in enumerate(items)
+            if "fail" in (item.text or "")
+        }
         if self.bad_position:
             failed[len(items)] = "out of the batch"
-        values = [float("nan") if i in failed else float(len(item.text or "")) for i, item in enumerate(items)]
+        values = [
+            float("nan") if i in failed else float(len(item.text or ""))
+            for i, item in enumerate(items)
+        ]
         return ScoreResult(terms={"fails_marked": values}, failed=failed)
 
 
 class AudioEcho(Scorer):
-    """Echoes each item's audio as terms: a checksum of its bytes (the first 6 bytes of their sha256,
-    exact as a float), its channels, samples and sample rate; diagnostics say what backs the arrays."""
+    """Echoes each item's audio as terms: a checksum of its bytes (the first 6 bytes of their
+    sha256, exact as a float), its channels, samples and sample rate; diagnostics say what backs the
+    arrays."""
 
     spec = ScorerSpec(
         name="audio_echo",

@@ -56,7 +56,11 @@ def fork_and_wait(backend: ManagedScorerProcessBackend, call: bool) -> tuple[int
 def main() -> None:
     backend = ManagedScorerProcessBackend(
         {
-            "process": {"python_executable": sys.argv[1], "startup_timeout": 60, "request_timeout": 60},
+            "process": {
+                "python_executable": sys.argv[1],
+                "startup_timeout": 60,
+                "request_timeout": 60,
+            },
             "scorer": {"name": "nonempty"},
         }
     )

@@ -59,7 +59,8 @@ def unpicklable_result() -> object:
 
 
 def preload_state(*modules: str) -> dict:
-    """Which of `modules` this worker has loaded, and how many objects it has frozen: what it was forked from."""
+    """Which of `modules` this worker has loaded, and how many objects it has frozen: what it was
+    forked from."""
     import gc
     import sys
 
@@ -139,7 +140,8 @@ _LEAKED: list[bytearray] = []
 
 
 def allocate_caught(mib: int, step_mib: int = 8) -> float:
-    """Grow in steps until `mib` MiB, catching the MemoryError as math_verify does (its verdict: 0)."""
+    """Grow in steps until `mib` MiB, catching the MemoryError as math_verify does (its verdict:
+    0)."""
     held = []
     try:
         for _ in range(mib // step_mib):
@@ -167,21 +169,24 @@ _SEEN: set = set()
 
 
 def remember(value: object) -> bool:
-    """Whether this process, or the one it was forked from, graded `value` before (a grader's cache)."""
+    """Whether this process, or the one it was forked from, graded `value` before (a grader's
+    cache)."""
     seen = value in _SEEN
     _SEEN.add(value)
     return seen
 
 
 def spin_then_sleep(cpu_seconds: float, sleep_seconds: float, value: object = None) -> object:
-    """Burn `cpu_seconds` of CPU, then sleep `sleep_seconds`: work that computes and work that waits."""
+    """Burn `cpu_seconds` of CPU, then sleep `sleep_seconds`: work that computes and work that
+    waits."""
     spin(cpu_seconds)
     time.sleep(sleep_seconds)
     return value
 
 
 def fast_once(path: str) -> str:
-    """Fast the first time any process grades `path`, 3 s of CPU every time after (a replay that is slow)."""
+    """Fast the first time any process grades `path`, 3 s of CPU every time after (a replay that is
+    slow)."""
     try:
         Path(path).touch(exist_ok=False)
     except FileExistsError:

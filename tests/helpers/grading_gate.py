@@ -1,5 +1,6 @@
-"""A forkserver preload that waits, at import, until the file $GRADING_GATE names exists (30 s at most):
-a test holds a pool's start there, so that what runs meanwhile is not a race against a clock."""
+"""A forkserver preload that waits, at import, until the file $GRADING_GATE names exists (30 s at
+most): a test holds a pool's start there, so that what runs meanwhile is not a race against a
+clock."""
 
 from __future__ import annotations
 

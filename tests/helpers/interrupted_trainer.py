@@ -2,8 +2,8 @@
 
 Prints one JSON line with the child's pid once the batch is in flight, then waits
 for SIGINT inside compute_rewards under `with backend:`, as a training loop would
-(`--via submit`: in `submit(...).result()`; `--via async`: in `asyncio.run(compute_rewards_async(...))`;
-`--via stream`: at a stream's barrier, `results()`).
+(`--via submit`: in `submit(...).result()`; `--via async`: in
+`asyncio.run(compute_rewards_async(...))`; `--via stream`: at a stream's barrier, `results()`).
 """
 
 from __future__ import annotations
@@ -66,12 +66,17 @@ def replicas_main() -> None:
 
         def announce() -> None:
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not all(r.health()["in_flight"] for r in backend.replicas):
+            while time.monotonic() < deadline and not all(
+                r.health()["in_flight"] for r in backend.replicas
+            ):
                 time.sleep(0.01)
             print(json.dumps({"children": [r.pid for r in backend.replicas]}), flush=True)
 
         threading.Thread(target=announce, daemon=True).start()
-        call(backend, RewardRequest(items=[RewardItem(id="a", text="abc"), RewardItem(id="b", text="abc")]))
+        call(
+            backend,
+            RewardRequest(items=[RewardItem(id="a", text="abc"), RewardItem(id="b", text="abc")]),
+        )
 
 
 def panel_main(local: bool) -> None:

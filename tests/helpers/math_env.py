@@ -1,5 +1,6 @@
 """The math env seen from outside: grades made with math_verify called directly there (the expected
-value of every managed math reward), and the processes running its python (none may outlive a test)."""
+value of every managed math reward), and the processes running its python (none may outlive a
+test)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,13 @@ from tests.conftest import env_python
 GRADE = """
 import json, sys
 from math_verify import parse, verify
+
 rows = json.load(sys.stdin)
-print(json.dumps([1.0 if verify(parse("$" + gold + "$"), parse(text)) else 0.0 for text, gold in rows]))
+print(
+    json.dumps(
+        [1.0 if verify(parse("$" + gold + "$"), parse(text)) else 0.0 for text, gold in rows]
+    )
+)
 """
 
 

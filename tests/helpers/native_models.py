@@ -41,7 +41,8 @@ def _features(images: list[Any]) -> Any:
 
 
 class QualityModel:
-    """Two logits per image; sync infer and close. `BUILT` counts the instances made in this process."""
+    """Two logits per image; sync infer and close. `BUILT` counts the instances made in this
+    process."""
 
     BUILT = 0
 
@@ -96,11 +97,14 @@ async def quality_score(data_source, solution_image, ground_truth, extra_info, r
 
 
 def semantic_score(data_source, solution_image, ground_truth, extra_info, reward_model, scale=1.0):  # type: ignore[no-untyped-def]
-    out = reward_model.infer(images=[solution_image])  # a sync function: the handle returns the value
+    # a sync function: the handle returns the value
+    out = reward_model.infer(images=[solution_image])
     return float(out[0, 1]) * scale + 0.01 * len(ground_truth or "")
 
 
-async def flaky_score(data_source, solution_image, ground_truth, extra_info, reward_model, **kwargs):  # type: ignore[no-untyped-def]
+async def flaky_score(
+    data_source, solution_image, ground_truth, extra_info, reward_model, **kwargs
+):  # type: ignore[no-untyped-def]
     if extra_info.get("flaky"):
         raise RuntimeError("flaky item")
     out = await reward_model.infer(images=[solution_image])
@@ -131,8 +135,11 @@ class _Blocking(_Awaitable):
         return asyncio.run(result) if asyncio.iscoroutine(result) else result
 
 
-def expected(out_dir: Path, arrays: list[np.ndarray], metadata: list[dict[str, Any]], references: list[str]) -> dict:
-    """Each term's value per item, calling the classes and functions directly (None where flaky fails)."""
+def expected(
+    out_dir: Path, arrays: list[np.ndarray], metadata: list[dict[str, Any]], references: list[str]
+) -> dict:
+    """Each term's value per item, calling the classes and functions directly (None where flaky
+    fails)."""
     import torch
 
     cpu = torch.device("cpu")
@@ -144,13 +151,21 @@ def expected(out_dir: Path, arrays: list[np.ndarray], metadata: list[dict[str, A
     for array, meta, gt in zip(arrays, metadata, references, strict=True):
         image = torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
         args = {"data_source": "d", "solution_image": image, "ground_truth": gt, "extra_info": meta}
-        values["quality"].append(asyncio.run(quality_score(**args, reward_model=_Awaitable(quality)))["score"])
-        values["semantic"].append(semantic_score(**args, reward_model=_Blocking(quality), scale=2.0))
+        values["quality"].append(
+            asyncio.run(quality_score(**args, reward_model=_Awaitable(quality)))["score"]
+        )
+        values["semantic"].append(
+            semantic_score(**args, reward_model=_Blocking(quality), scale=2.0)
+        )
         flaky = (
-            None if meta.get("flaky") else asyncio.run(flaky_score(**args, reward_model=_Awaitable(quality), bias=0.5))
+            None
+            if meta.get("flaky")
+            else asyncio.run(flaky_score(**args, reward_model=_Awaitable(quality), bias=0.5))
         )
         values["flaky"].append(flaky)
-        values["aesthetic"].append(aesthetic_score(**args, reward_model=_Blocking(aesthetic), trace_dir=str(trace)))
+        values["aesthetic"].append(
+            aesthetic_score(**args, reward_model=_Blocking(aesthetic), trace_dir=str(trace))
+        )
     return values
 
 
@@ -159,7 +174,9 @@ def save_weights(out_dir: Path) -> None:
 
     for name, outputs, seed in (("quality", 2, 0), ("aesthetic", 1, 1)):
         torch.manual_seed(seed)
-        net = torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, outputs))
+        net = torch.nn.Sequential(
+            torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, outputs)
+        )
         torch.save(net.state_dict(), out_dir / f"{name}.pt")
 
 

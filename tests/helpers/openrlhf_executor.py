@@ -1,4 +1,5 @@
-"""OpenRLHF 0.11.2's own SingleTurnAgentExecutor, run as its rollout does, against --reward.remote_url values.
+"""OpenRLHF 0.11.2's own SingleTurnAgentExecutor, run as its rollout does, against
+--reward.remote_url values.
 
 Run with the trainer env's python (envs/trl: openrlhf, aiohttp, torch, transformers):
 
@@ -24,7 +25,8 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def tokenizer(corpus: list[str]) -> Any:
-    """A Qwen-style tokenizer: byte-level BPE (decodes exactly what it encoded), chat tokens added."""
+    """A Qwen-style tokenizer: byte-level BPE (decodes exactly what it encoded), chat tokens
+    added."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -34,21 +36,29 @@ def tokenizer(corpus: list[str]) -> Any:
     bpe.train_from_iterator(
         corpus,
         trainers.BpeTrainer(
-            vocab_size=400, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+            vocab_size=400,
+            special_tokens=SPECIAL,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         ),
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", clean_up_tokenization_spaces=False
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        clean_up_tokenization_spaces=False,
     )
 
 
 class FakeEngine:
-    """What the executor calls on vLLM's engine: `await generate(prompt_token_ids, params, multi_modal_data=)`."""
+    """What the executor calls on vLLM's engine: `await generate(prompt_token_ids, params,
+    multi_modal_data=)`."""
 
     def __init__(self, hf_tokenizer: Any, responses: dict[str, str]) -> None:
         self.tokenizer, self.responses = hf_tokenizer, responses
 
-    async def generate(self, prompt_token_ids: list[int], sampling_params: Any, multi_modal_data: Any = None) -> Any:
+    async def generate(
+        self, prompt_token_ids: list[int], sampling_params: Any, multi_modal_data: Any = None
+    ) -> Any:
         prompt = self.tokenizer.decode(prompt_token_ids, skip_special_tokens=False)
         text = self.responses[prompt] + "<|im_end|>"  # vLLM's output ends with the eos token
         ids = self.tokenizer(text=text, add_special_tokens=False)["input_ids"]
@@ -56,20 +66,34 @@ class FakeEngine:
         return SimpleNamespace(outputs=[output])
 
 
-async def rollouts(remote_url: str, rows: list[list[Any]], hf_tokenizer: Any) -> list[dict[str, Any]]:
+async def rollouts(
+    remote_url: str, rows: list[list[Any]], hf_tokenizer: Any
+) -> list[dict[str, Any]]:
     from openrlhf.utils.agent import SingleTurnAgentExecutor
 
     engine = FakeEngine(hf_tokenizer, {prompt: response for prompt, response, _ in rows})
-    executor = SingleTurnAgentExecutor(remote_rm_url=remote_url.split(","))  # train_ppo_ray: .split(",")
-    params = SimpleNamespace(max_tokens=256, logprobs=None)  # the fields of vLLM's SamplingParams it reads
-    calls = [executor.execute(prompt, label, params, 1024, hf_tokenizer, engine) for prompt, _, label in rows]
+    # train_ppo_ray: .split(",")
+    executor = SingleTurnAgentExecutor(remote_rm_url=remote_url.split(","))
+    # the fields of vLLM's SamplingParams it reads
+    params = SimpleNamespace(max_tokens=256, logprobs=None)
+    calls = [
+        executor.execute(prompt, label, params, 1024, hf_tokenizer, engine)
+        for prompt, _, label in rows
+    ]
     outputs = await asyncio.gather(*calls)
-    return [{key: out[key] for key in ("prompt", "label", "reward", "scores", "extra_logs")} for out in outputs]
+    return [
+        {key: out[key] for key in ("prompt", "label", "reward", "scores", "extra_logs")}
+        for out in outputs
+    ]
 
 
 async def run_plan(jobs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    hf_tokenizer = tokenizer([prompt + response for job in jobs for prompt, response, _ in job["rows"]])
-    return await asyncio.gather(*(rollouts(job["remote_url"], job["rows"], hf_tokenizer) for job in jobs))
+    hf_tokenizer = tokenizer(
+        [prompt + response for job in jobs for prompt, response, _ in job["rows"]]
+    )
+    return await asyncio.gather(
+        *(rollouts(job["remote_url"], job["rows"], hf_tokenizer) for job in jobs)
+    )
 
 
 def main() -> None:

@@ -15,7 +15,8 @@ from tests.conftest import REPO_ROOT, group_members
 
 def main() -> None:
     python, scorer, params, mode = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
-    members = int(sys.argv[5]) if len(sys.argv) > 5 else 1  # the group to wait for before reporting it
+    # the group to wait for before reporting it
+    members = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     backend = ManagedScorerProcessBackend(
         {
             "process": {
@@ -30,14 +31,17 @@ def main() -> None:
     group = _group_of_at_least(backend.pid, members, deadline=time.monotonic() + 30)
     print(json.dumps({"child": backend.pid, "group": group}), flush=True)
     if mode == "scoring":
-        items = [RewardItem(id=f"q{i}", text="\\boxed{9^{9^{9^{9}}}}", reference="1") for i in range(8)]
+        items = [
+            RewardItem(id=f"q{i}", text="\\boxed{9^{9^{9^{9}}}}", reference="1") for i in range(8)
+        ]
         backend.compute_rewards(RewardRequest(items=items))
     time.sleep(600)
 
 
 def _group_of_at_least(pgid: int, members: int, deadline: float) -> list[int]:
     """The child's process group once it holds `members` processes (a pool's forkserver, tracker and
-    workers start as the scorer loads), or as it is at the deadline: the test says what is missing."""
+    workers start as the scorer loads), or as it is at the deadline: the test says what is
+    missing."""
     group = group_members(pgid)
     while len(group) < members and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -48,7 +48,8 @@ def dataset(world: int) -> list[RewardItem]:
                 id=f"s{n}",
                 group_id=f"p{g}",
                 prompt=f"what is {a} + {b} ?",
-                text=f"{words} {answer} so \\boxed{{{answer}}}",  # token_f1 varies with the words and the answer
+                # token_f1 varies with the words and the answer
+                text=f"{words} {answer} so \\boxed{{{answer}}}",
                 reference=str(a + b),
             )
         )
@@ -66,7 +67,11 @@ def panel(log_dir: str) -> tuple[RewardPanel, list[ManagedScorerProcessBackend]]
         }
     )
     judge = ManagedScorerProcessBackend(
-        {"env": "image", "process": process, "scorer": {"name": "pairwise_judge", "params": {"inner": "token_f1"}}}
+        {
+            "env": "image",
+            "process": process,
+            "scorer": {"name": "pairwise_judge", "params": {"inner": "token_f1"}},
+        }
     )
     terms = [PanelTerm("math", math), PanelTerm("rank_in_group", judge, weight=0.5)]
     return RewardPanel(terms), [math, judge]
@@ -76,7 +81,9 @@ def child_facts(backend: ManagedScorerProcessBackend) -> dict[str, Any]:
     child = backend._child
     assert child is not None and child.port is not None
     metrics = httpx.get(
-        f"http://127.0.0.1:{child.port}/metrics", headers={"authorization": f"Bearer {child.token}"}, timeout=10
+        f"http://127.0.0.1:{child.port}/metrics",
+        headers={"authorization": f"Bearer {child.token}"},
+        timeout=10,
     ).text
     process = psutil.Process(child.pid)
     return {
@@ -85,7 +92,11 @@ def child_facts(backend: ManagedScorerProcessBackend) -> dict[str, Any]:
         "python": process.cmdline()[0],  # every rank's child runs the one shared scorer env
         "cuda_visible_devices": process.environ().get("CUDA_VISIBLE_DEVICES"),
         "metrics_rank": sorted(
-            {line.split('rank="')[1].split('"')[0] for line in metrics.splitlines() if 'rank="' in line}
+            {
+                line.split('rank="')[1].split('"')[0]
+                for line in metrics.splitlines()
+                if 'rank="' in line
+            }
         ),
         "log": Path(backend.log_path or "").name,
     }
@@ -94,8 +105,12 @@ def child_facts(backend: ManagedScorerProcessBackend) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
-    parser.add_argument("--fail", action="store_true", help="step 2: a required term fails on the last rank")
-    parser.add_argument("--die", action="store_true", help="step 2: the last rank kills itself with SIGKILL")
+    parser.add_argument(
+        "--fail", action="store_true", help="step 2: a required term fails on the last rank"
+    )
+    parser.add_argument(
+        "--die", action="store_true", help="step 2: the last rank kills itself with SIGKILL"
+    )
     parser.add_argument("--timeout", type=float, default=20.0)
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -115,7 +130,9 @@ def main() -> int:
     # TRL's shape: a reward function per process over its slice, groups of num_generations laid out
     # process-major (TRL passes no group ids): the judge alone, through the TRL adapter
     trl = TRLRewardFunction(
-        DistributedRewards(backends[1], timeout_s=args.timeout), num_generations=GROUP, close_at_exit=False
+        DistributedRewards(backends[1], timeout_s=args.timeout),
+        num_generations=GROUP,
+        close_at_exit=False,
     )
     report["children"] = {b.spec.scorer.name: child_facts(b) for b in backends}
     save()
@@ -129,7 +146,8 @@ def main() -> int:
                     save()
                     os.kill(os.getpid(), signal.SIGKILL)
                 if args.fail:
-                    items = [*shard[:-1], shard[-1].model_copy(update={"text": "x" * 2000})]  # its group is all here
+                    # its group is all here
+                    items = [*shard[:-1], shard[-1].model_copy(update={"text": "x" * 2000})]
             began = time.monotonic()
             try:
                 response = scorer.compute_rewards(RewardRequest(items=items, group_size=GROUP))
@@ -157,7 +175,9 @@ def main() -> int:
                 alone = rewards.compute_rewards(RewardRequest(items=everything, group_size=GROUP))
                 record["world"] = world_response.model_dump(exclude={"diagnostics"})
                 record["alone"] = alone.model_dump(exclude={"diagnostics"})
-                record["world_samples"] = {t: r["sample_count"] for t, r in world_response.diagnostics.items()}
+                record["world_samples"] = {
+                    t: r["sample_count"] for t, r in world_response.diagnostics.items()
+                }
             report["steps"][step] = record
             save()
         else:  # every step ran: the TRL step
@@ -166,7 +186,8 @@ def main() -> int:
                 "completions": [item.text for item in shard],
                 "solution": [item.reference for item in shard],
             }
-            state = SimpleNamespace(global_step=4)  # TRL passes its TrainerState: the step is checked across ranks
+            # TRL passes its TrainerState: the step is checked across ranks
+            state = SimpleNamespace(global_step=4)
             report["trl"] = trl(**columns, trainer_state=state)
             report["trl_async"] = asyncio.run(trl.as_async()(**columns, trainer_state=state))
             if rank == 0:  # the same batch as one TRL process would score it

@@ -13,8 +13,8 @@ from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec
 
 
 class Stamped(Scorer):
-    """Every item scores the number in `stamp_file`, which is also in the identity hash. An item whose
-    text is 'hang' makes its call touch `hang_mark` (when given), then sleep `hang_s`."""
+    """Every item scores the number in `stamp_file`, which is also in the identity hash. An item
+    whose text is 'hang' makes its call touch `hang_mark` (when given), then sleep `hang_s`."""
 
     spec = ScorerSpec(name="stamped", input_kind="text", terms=("stamped",), env="image")
 

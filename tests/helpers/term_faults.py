@@ -1,7 +1,8 @@
-"""Reward models and functions that fail the way issue 37's items 4 and 11 describe: a call that hangs on
-a thread nobody can stop (an FF model, a native model's sync score function), and a native model whose
-close() raises after it let go of its weights. Used by tests and by bench/hardening_terms.py (which
-also measures an older tree: nothing here needs more than FF's and the native scorer's public shapes).
+"""Reward models and functions that fail the way issue 37's items 4 and 11 describe: a call that
+hangs on a thread nobody can stop (an FF model, a native model's sync score function), and a native
+model whose close() raises after it let go of its weights. Used by tests and by
+bench/hardening_terms.py (which also measures an older tree: nothing here needs more than FF's and
+the native scorer's public shapes).
 
 torch is imported inside: the test process imports this module without it.
 """
@@ -61,7 +62,9 @@ class Tiny:
         import torch
 
         with torch.inference_mode():
-            return self.net(torch.stack([image.float().mean(dim=(1, 2)) / 255.0 for image in images]))
+            return self.net(
+                torch.stack([image.float().mean(dim=(1, 2)) / 255.0 for image in images])
+            )
 
 
 class ClosesBadly(Tiny):

@@ -77,7 +77,9 @@ def build(out_dir: Path, seed: int = 0) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    (out_dir / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2, sort_keys=True) + "\n")
+    (out_dir / "preprocessor_config.json").write_text(
+        json.dumps(PREPROCESSOR, indent=2, sort_keys=True) + "\n"
+    )
 
 
 if __name__ == "__main__":

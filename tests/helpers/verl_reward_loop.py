@@ -1,7 +1,9 @@
 """Drive verl 0.9.1's own reward code through `pkg://supervisor.adapters.verl` (run in envs/trl).
 
-Usage: python verl_reward_loop.py RECIPE WORKDIR ROWS_JSON  -> one JSON report on the last stdout line.
-MATH_PYTHON names the math env's python for the example file, which `remote` loads by path and pickles.
+Usage: python verl_reward_loop.py RECIPE WORKDIR ROWS_JSON  -> one JSON report on the last stdout
+                                                            line.
+MATH_PYTHON names the math env's python for the example file, which `remote` loads by path and
+pickles.
 
 verl's config is composed from its own `ppo_trainer.yaml` with the overrides a user types. Then, for
 each reward-loop manager (naive, dapo, gdpo, rate_limited, remote):
@@ -32,7 +34,8 @@ ENTRY = "pkg://supervisor.adapters.verl"
 
 
 def tokenizer_dir(rows: list[list[str]], where: Path) -> str:
-    """A byte-level BPE tokenizer (decodes any text exactly), saved as verl's hf_tokenizer loads it."""
+    """A byte-level BPE tokenizer (decodes any text exactly), saved as verl's hf_tokenizer loads
+    it."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -42,9 +45,12 @@ def tokenizer_dir(rows: list[list[str]], where: Path) -> str:
     special = ["<pad>", "<s>", "</s>"]
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     bpe.train_from_iterator(
-        [t for row in rows for t in row], trainers.BpeTrainer(special_tokens=special, initial_alphabet=alphabet)
+        [t for row in rows for t in row],
+        trainers.BpeTrainer(special_tokens=special, initial_alphabet=alphabet),
     )
-    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+    )
     fast.save_pretrained(where)
     return str(where)
 
@@ -78,7 +84,9 @@ def batch(rows: list[list[str]], tokenizer: Any) -> DataProto:
     )
 
 
-def config(manager: str, name: str, workers: int, recipe: str, tokenizer: str, path: str = ENTRY) -> Any:
+def config(
+    manager: str, name: str, workers: int, recipe: str, tokenizer: str, path: str = ENTRY
+) -> Any:
     """verl's own trainer config with the overrides of the README's verl recipe."""
     overrides = [
         f"reward.reward_manager.name={manager}",
@@ -89,7 +97,8 @@ def config(manager: str, name: str, workers: int, recipe: str, tokenizer: str, p
         f"actor_rollout_ref.model.path={tokenizer}",
     ]
     with initialize_config_dir(
-        config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"), version_base=None
+        config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
+        version_base=None,
     ):
         return compose(config_name="ppo_trainer", overrides=overrides)
 
@@ -99,7 +108,10 @@ def in_process(cfg: Any, data: DataProto) -> dict[str, Any]:
 
     worker = RewardLoopWorker(cfg)
     outputs = worker.loop.run_until_complete(worker.compute_score_batch(data))
-    return {"rewards": [float(o["reward_score"]) for o in outputs], "keys": sorted(outputs[0]["reward_extra_info"])}
+    return {
+        "rewards": [float(o["reward_score"]) for o in outputs],
+        "keys": sorted(outputs[0]["reward_extra_info"]),
+    }
 
 
 def as_ray_actors(cfg: Any, data: DataProto) -> dict[str, Any]:
@@ -108,7 +120,9 @@ def as_ray_actors(cfg: Any, data: DataProto) -> dict[str, Any]:
     manager = RewardLoopManager(config=cfg, rm_resource_pool=None)
     try:
         out = manager.compute_rm_score(data)
-        workers = ray.get([w.__ray_call__.remote(lambda self: os.getpid()) for w in manager.reward_loop_workers])
+        workers = ray.get(
+            [w.__ray_call__.remote(lambda self: os.getpid()) for w in manager.reward_loop_workers]
+        )
     finally:
         for worker in manager.reward_loop_workers:  # the next manager names its workers the same
             ray.kill(worker)
@@ -126,8 +140,14 @@ def legacy(manager: str, name: str, recipe: str, tokenizer: Any, data: DataProto
     from verl.utils.import_utils import load_extern_object
     from verl.workers.reward_manager import get_reward_manager_cls
 
-    fn = partial(_call_with_kwargs, load_extern_object(module_path=ENTRY, object_name=name), {"recipe": recipe})
-    reward = get_reward_manager_cls(manager)(tokenizer=tokenizer, num_examine=0, compute_score=fn)(data)
+    fn = partial(
+        _call_with_kwargs,
+        load_extern_object(module_path=ENTRY, object_name=name),
+        {"recipe": recipe},
+    )
+    reward = get_reward_manager_cls(manager)(tokenizer=tokenizer, num_examine=0, compute_score=fn)(
+        data
+    )
     return reward.sum(-1).tolist()
 
 
@@ -138,7 +158,8 @@ def main() -> None:
     tok_dir = tokenizer_dir(rows, workdir / "tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     data = batch(rows, tokenizer)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # remote: a loop worker + a compute worker
+    # remote: a loop worker + a compute worker
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     report: dict[str, Any] = {
         "decoded": [tokenizer.decode(r, skip_special_tokens=True) for r in data.batch["responses"]]
     }
@@ -150,7 +171,9 @@ def main() -> None:
         ("rate_limited", "compute_score"),
         ("remote", "compute_score_sync"),
     ]:
-        report[f"in_process/{manager}/{name}"] = in_process(config(manager, name, 2, recipe, tok_dir), data)
+        report[f"in_process/{manager}/{name}"] = in_process(
+            config(manager, name, 2, recipe, tok_dir), data
+        )
     example = str(Path(__file__).resolve().parents[2] / "examples" / "verl_compute_score.py")
     report["in_process/remote/example_file"] = in_process(
         config("remote", "compute_score_sync", 1, recipe, tok_dir, example), data
@@ -162,13 +185,17 @@ def main() -> None:
         ("rate_limited", "compute_score", 1),
         ("remote", "compute_score_sync", 1),
     ]:
-        report[f"ray/{manager}/{name}"] = as_ray_actors(config(manager, name, workers, recipe, tok_dir), data)
+        report[f"ray/{manager}/{name}"] = as_ray_actors(
+            config(manager, name, workers, recipe, tok_dir), data
+        )
     for manager, name in [
         ("naive", "compute_score_sync"),
         ("batch", "compute_score_batch"),
         ("prime", "compute_score_sync"),
     ]:
-        report[f"legacy/{manager}/{name}"] = {"rewards": legacy(manager, name, recipe, tokenizer, data)}
+        report[f"legacy/{manager}/{name}"] = {
+            "rewards": legacy(manager, name, recipe, tokenizer, data)
+        }
     ray.shutdown()
     print(json.dumps(report))
 

@@ -1,3 +1,3 @@
-"""Processes that start, fail, restart and die: ownership across forks, orphans and zombies, residency,
-load, and the fault matrix.
+"""Processes that start, fail, restart and die: ownership across forks, orphans and zombies,
+residency, load, and the fault matrix.
 """

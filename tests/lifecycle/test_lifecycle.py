@@ -31,12 +31,18 @@ REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
     "scorer,returncode,needle",
     [
         ("tests.helpers.fixture_scorers:ExitsOnLoad", 17, "exit 17"),
-        ("tests.helpers.fixture_scorers:LoadFails", 6, "weights file /models/missing.safetensors not found"),
+        (
+            "tests.helpers.fixture_scorers:LoadFails",
+            6,
+            "weights file /models/missing.safetensors not found",
+        ),
         ("no_such_scorer", 3, "unknown scorer 'no_such_scorer'"),
         ("no_such_module.sub:Thing", 4, "cannot import module 'no_such_module.sub'"),
     ],
 )
-def test_child_that_fails_to_boot_raises_with_status_and_log(managed, trainer_python, scorer, returncode, needle):
+def test_child_that_fails_to_boot_raises_with_status_and_log(
+    managed, trainer_python, scorer, returncode, needle
+):
     with pytest.raises(ScorerStartupError) as info:
         managed(trainer_python, scorer)
     error = info.value
@@ -65,7 +71,11 @@ def test_not_a_python_fails_at_once(managed, tmp_path):
 def test_startup_timeout_kills_the_child(managed, trainer_python):
     started = time.monotonic()
     with pytest.raises(ScorerStartupError) as info:
-        managed(trainer_python, "tests.helpers.fixture_scorers:LoadHangs", process={"startup_timeout": 1.5})
+        managed(
+            trainer_python,
+            "tests.helpers.fixture_scorers:LoadHangs",
+            process={"startup_timeout": 1.5},
+        )
     elapsed = time.monotonic() - started
     assert 1.5 <= elapsed < 6, elapsed
     assert "not ready within startup_timeout=1.5" in str(info.value)
@@ -78,13 +88,18 @@ def test_required_reward_that_the_scorer_lacks_is_refused(managed, trainer_pytho
 
 
 def test_kill_9_mid_request_raises_process_died_at_once(managed, trainer_python):
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Flaky", process={"request_timeout": 120})
+    backend = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Flaky", process={"request_timeout": 120}
+    )
     pid = backend.pid
-    killer = threading.Thread(target=lambda: (wait_in_flight(backend), os.kill(pid, signal.SIGKILL)))
+    killer = threading.Thread(
+        target=lambda: (wait_in_flight(backend), os.kill(pid, signal.SIGKILL))
+    )
     killer.start()
     started = time.monotonic()
     with pytest.raises(ScorerProcessDied) as info:
-        backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="slow")]))  # sleeps 30 s
+        # sleeps 30 s
+        backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="slow")]))
     elapsed = time.monotonic() - started
     killer.join()
     assert elapsed < 5, f"crash noticed after {elapsed:.1f} s (request timeout 120 s)"
@@ -106,7 +121,10 @@ def test_kill_9_between_calls_is_noticed_before_sending(managed, trainer_python)
 
 def test_request_timeout_kills_the_hung_child(managed, trainer_python):
     backend = managed(
-        trainer_python, "tests.helpers.fixture_scorers:Probe", params={"sleep_s": 60}, process={"request_timeout": 1.0}
+        trainer_python,
+        "tests.helpers.fixture_scorers:Probe",
+        params={"sleep_s": 60},
+        process={"request_timeout": 1.0},
     )
     pid = backend.pid
     started = time.monotonic()
@@ -186,11 +204,15 @@ def test_spec_from_plain_dict(trainer_python):
 
 
 def test_spec_type_is_reused(trainer_python):
-    spec = ManagedScorerProcessSpec(process={"python_executable": str(trainer_python)}, scorer={"name": "nonempty"})
+    spec = ManagedScorerProcessSpec(
+        process={"python_executable": str(trainer_python)}, scorer={"name": "nonempty"}
+    )
     backend = ManagedScorerProcessBackend(spec)
     try:
         assert backend.spec is spec
-        assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="x", text="  ")])).rewards == [0.0]
+        assert backend.compute_rewards(
+            RewardRequest(items=[RewardItem(id="x", text="  ")])
+        ).rewards == [0.0]
     finally:
         backend.close()
 
@@ -221,24 +243,33 @@ def test_input_kind_that_the_scorer_does_not_take_is_a_config_failure(managed, t
     assert info.value.returncode == 3 and "takes 'text'" in str(info.value)
 
 
-def test_unserialisable_diagnostics_are_a_typed_error_and_the_child_keeps_serving(managed, trainer_python):
+def test_unserialisable_diagnostics_are_a_typed_error_and_the_child_keeps_serving(
+    managed, trainer_python
+):
     backend = managed(trainer_python, "tests.helpers.fixture_scorers:BadDiagnostics")
     with pytest.raises(ScorerRequestError) as info:
         backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="bad")]))
     assert info.value.status == 500 and info.value.kind == "contract"
-    assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="a", text="ok")])).rewards == [2.0]
+    assert backend.compute_rewards(
+        RewardRequest(items=[RewardItem(id="a", text="ok")])
+    ).rewards == [2.0]
 
 
 def test_threads_sharing_a_backend_are_served_in_turn_within_the_deadline(managed, trainer_python):
     """The child scores one batch at a time; queued calls must not eat the request deadline."""
     backend = managed(
-        trainer_python, "tests.helpers.fixture_scorers:Probe", params={"sleep_s": 0.3}, process={"request_timeout": 1.0}
+        trainer_python,
+        "tests.helpers.fixture_scorers:Probe",
+        params={"sleep_s": 0.3},
+        process={"request_timeout": 1.0},
     )
     results, errors = [], []
 
     def work(thread: int) -> None:
         for call in range(3):
-            request = RewardRequest(items=[RewardItem(id=f"t{thread}c{call}", text="x" * (thread + 1))])
+            request = RewardRequest(
+                items=[RewardItem(id=f"t{thread}c{call}", text="x" * (thread + 1))]
+            )
             try:
                 results.append((thread, backend.compute_rewards(request).rewards))
             except Exception as exc:  # noqa: BLE001 - collected and asserted below
@@ -266,8 +297,8 @@ def test_log_file_is_private_and_in_a_private_directory(managed, trainer_python,
 
 @pytest.mark.slow
 def test_without_pidfd_open_exits_are_polled(managed, trainer_python, monkeypatch):
-    """A sandbox without pidfd_open (ENOSYS: gVisor's older kernels, where GPU machines run): the child
-    still boots, a kill -9 is still noticed with its status, and close() still ends it."""
+    """A sandbox without pidfd_open (ENOSYS: gVisor's older kernels, where GPU machines run): the
+    child still boots, a kill -9 is still noticed with its status, and close() still ends it."""
     import errno
 
     from supervisor.child import process
@@ -276,7 +307,9 @@ def test_without_pidfd_open_exits_are_polled(managed, trainer_python, monkeypatc
         raise OSError(errno.ENOSYS, "Function not implemented")
 
     monkeypatch.setattr(process.os, "pidfd_open", no_pidfd)
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 0})
+    backend = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 0}
+    )
     request = RewardRequest(items=[RewardItem(id="a", text="abc")])
     assert backend.compute_rewards(request).rewards == [3.0]
     first = backend.pid
@@ -289,9 +322,11 @@ def test_without_pidfd_open_exits_are_polled(managed, trainer_python, monkeypatc
     assert wait_until_gone([first, second], 5.0) == []
 
 
-def test_an_interpreter_without_the_runtimes_packages_is_told_which_and_how_to_get_an_env(managed, tmp_path):
-    """A bare venv (no numpy): the child says on its readiness pipe which package it lacks and how to
-    build an env, instead of dying at import with exit 1."""
+def test_an_interpreter_without_the_runtimes_packages_is_told_which_and_how_to_get_an_env(
+    managed, tmp_path
+):
+    """A bare venv (no numpy): the child says on its readiness pipe which package it lacks and how
+    to build an env, instead of dying at import with exit 1."""
     import subprocess
     import venv
 
@@ -301,4 +336,8 @@ def test_an_interpreter_without_the_runtimes_packages_is_told_which_and_how_to_g
     with pytest.raises(ScorerStartupError) as info:
         managed(bare, "constant")
     message = str(info.value)
-    assert info.value.boot_code == 3 and "lacks 'numpy'" in message and "managed-scorers envs build" in message
+    assert (
+        info.value.boot_code == 3
+        and "lacks 'numpy'" in message
+        and "managed-scorers envs build" in message
+    )

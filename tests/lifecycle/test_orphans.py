@@ -63,12 +63,17 @@ def _with_create_times(pids: list[int]) -> dict[int, float]:
 def _describe(pid: int) -> str:
     try:
         proc = psutil.Process(pid)
-        return f"{pid}(ppid={proc.ppid()} pgid={_pgid(pid)} {proc.status()} {' '.join(proc.cmdline())[:80]!r})"
+        return (
+            f"{pid}(ppid={proc.ppid()} pgid={_pgid(pid)} {proc.status()} "
+            f"{' '.join(proc.cmdline())[:80]!r})"
+        )
     except (psutil.NoSuchProcess, ProcessLookupError):
         return f"{pid}(gone)"
 
 
-def _time_until_gone(watched: dict[int, float], pgid: int, since: float) -> tuple[float | None, list[int]]:
+def _time_until_gone(
+    watched: dict[int, float], pgid: int, since: float
+) -> tuple[float | None, list[int]]:
     """Poll every POLL_S until every watched pid *and* every member of `pgid` is gone.
 
     Returns (seconds from `since` to the poll that first saw everything gone, []) or
@@ -158,7 +163,9 @@ def _stats(values: list[float]) -> str:
 def _orphan_trial(math_python: Path, trial: int) -> dict:
     """One trainer with a pathological batch in flight; kill -9 it; time until its tree is gone."""
     params = json.dumps({"jobs": 2, "timeout_s": 60})
-    parent = _start_parent("tests.helpers.orphan_parent", str(math_python), "math_verify", params, "scoring", "5")
+    parent = _start_parent(
+        "tests.helpers.orphan_parent", str(math_python), "math_verify", params, "scoring", "5"
+    )
     watched: dict[int, float] = {}
     pgid = None
     try:
@@ -178,15 +185,24 @@ def _orphan_trial(math_python: Path, trial: int) -> dict:
         busy = _busy_workers(child, tree, 0.1)
         watched.update(tree)
         assert busy, f"trial {trial}: no grading worker is busy: {[_describe(p) for p in tree]}"
-        assert len(tree) >= 5, f"trial {trial}: expected child, forkserver, tracker, 2 workers: {tree}"
+        assert len(tree) >= 5, (
+            f"trial {trial}: expected child, forkserver, tracker, 2 workers: {tree}"
+        )
         escaped = [pid for pid in tree if _pgid(pid) not in (pgid, None)]
         killed_at = time.monotonic()
         parent.send_signal(signal.SIGKILL)
         took, survivors = _time_until_gone(watched, pgid, killed_at)
         assert survivors == [], (
-            f"trial {trial}: alive {DEATH_BOUND_S} s after kill -9 of the trainer: {[_describe(p) for p in survivors]}"
+            f"trial {trial}: alive {DEATH_BOUND_S} s after kill -9 of the trainer: "
+            f"{[_describe(p) for p in survivors]}"
         )
-        return {"trial": trial, "took": took, "tree": len(tree), "busy": len(busy), "escaped": escaped}
+        return {
+            "trial": trial,
+            "took": took,
+            "tree": len(tree),
+            "busy": len(busy),
+            "escaped": escaped,
+        }
     finally:
         _stop_parent(parent)
         _kill_survivors(watched, pgid)
@@ -198,13 +214,16 @@ def test_kill_9_of_trainer_mid_batch_20_trials(math_python):
     results: list[dict] = []
     with ThreadPoolExecutor(PARALLEL) as pool:
         for first in range(0, TRIALS, PARALLEL):  # small batches: 2 trainers at once on 2 cores
-            futures = [pool.submit(_orphan_trial, math_python, t) for t in range(first, first + PARALLEL)]
+            futures = [
+                pool.submit(_orphan_trial, math_python, t) for t in range(first, first + PARALLEL)
+            ]
             results.extend(f.result() for f in futures)
     times = [r["took"] for r in results]
     print(
-        f"\nkill -9 trainer mid-batch, {len(results)} trials ({PARALLEL} at a time), kill -> all gone: "
-        f"{_stats(times)}; per trial (s): {[round(t, 3) for t in times]}; "
-        f"tree sizes {sorted({r['tree'] for r in results})}; total {time.monotonic() - started:.1f} s"
+        f"\nkill -9 trainer mid-batch, {len(results)} trials ({PARALLEL} at a time), kill -> "
+        f"all gone: {_stats(times)}; per trial (s): {[round(t, 3) for t in times]}; "
+        f"tree sizes {sorted({r['tree'] for r in results})}; total "
+        f"{time.monotonic() - started:.1f} s"
     )
     assert len(results) == TRIALS
     assert all(r["escaped"] == [] for r in results), [r for r in results if r["escaped"]]
@@ -248,7 +267,9 @@ def _process_table(child: int) -> dict:
         "tree": tree,
         "zombies_system": zombies,
         "zombies_group": sorted(pid for pid, (_, pgid) in zombies.items() if pgid == child),
-        "zombies_ours": sorted(pid for pid, (ppid, pgid) in zombies.items() if pgid == child or ppid in ours),
+        "zombies_ours": sorted(
+            pid for pid, (ppid, pgid) in zombies.items() if pgid == child or ppid in ours
+        ),
     }
 
 
@@ -258,7 +279,9 @@ def test_200_timed_out_items_leave_no_zombie(managed, math_python):
     child = backend.pid
     eventually(lambda: len(group_members(child)) == 7, 30)  # the grading workers start after ready
     before = _process_table(child)
-    workers_before = {pid for pid in before["tree"] if psutil.Process(pid).ppid() != child and pid != child}
+    workers_before = {
+        pid for pid in before["tree"] if psutil.Process(pid).ppid() != child and pid != child
+    }
     assert len(before["live_group"]) == 7 and len(workers_before) == 4, (
         "expected child, forkserver, tracker, the template, 2 workers and a spare: "
         f"{[_describe(p) for p in before['live_group']]}"
@@ -268,13 +291,17 @@ def test_200_timed_out_items_leave_no_zombie(managed, math_python):
     for batch in range(10):
         ids = [f"b{batch}-{i}" for i in range(20)]
         response = backend.compute_rewards(
-            RewardRequest(items=[RewardItem(id=item_id, text=TOWER, reference="1") for item_id in ids])
+            RewardRequest(
+                items=[RewardItem(id=item_id, text=TOWER, reference="1") for item_id in ids]
+            )
         )
         assert response.rewards == [0.0] * 20, f"batch {batch}: {response.rewards}"
         values = response.diagnostics["math_verify"]["values"]
-        # every item timed out, however many moved to overflow first (at most the bound, max(16, 4 x jobs):
-        # how many do depends on how busy the machine is)
-        assert values["timeouts"] == 20 and 0 <= values["overflowed"] <= 16, f"batch {batch}: {values}"
+        # every item timed out, however many moved to overflow first (at most the bound, max(16, 4 x
+        # jobs): how many do depends on how busy the machine is)
+        assert values["timeouts"] == 20 and 0 <= values["overflowed"] <= 16, (
+            f"batch {batch}: {values}"
+        )
     wall = time.monotonic() - started
 
     # a timed-out worker is killed at once but reaped once gone, by the next batch at the latest:
@@ -283,7 +310,9 @@ def test_200_timed_out_items_leave_no_zombie(managed, math_python):
     while len(group_members(child)) != len(before["live_group"]) and time.monotonic() < settle:
         time.sleep(0.05)
     after = _process_table(child)
-    workers_after = {pid for pid in after["tree"] if psutil.Process(pid).ppid() != child and pid != child}
+    workers_after = {
+        pid for pid in after["tree"] if psutil.Process(pid).ppid() != child and pid != child
+    }
     new_zombies = _persistent_new_zombies(before["zombies_system"], after["zombies_system"])
     ours = {os.getpid(), *after["tree"], 1}  # a zombie left under init would be an orphan of ours
     new_ours = {pid: z for pid, z in new_zombies.items() if z[1] == child or z[0] in ours}
@@ -305,10 +334,17 @@ def test_200_timed_out_items_leave_no_zombie(managed, math_python):
     assert len(after["live_group"]) == len(before["live_group"]) == 7, (
         f"group changed: {before['live_group']} -> {[_describe(p) for p in after['live_group']]}"
     )
-    helpers = {pid for pid in after["tree"] if psutil.Process(pid).ppid() == child}  # forkserver, tracker
-    templates = {pid for pid in workers_after if psutil.Process(pid).ppid() in helpers}  # the forkserver's child
-    assert len(workers_after) == 4 and workers_after & workers_before == templates and len(templates) == 1, (
-        f"workers should all be replacements, forked by the same template: {workers_before} -> {workers_after}"
+    # forkserver, tracker
+    helpers = {pid for pid in after["tree"] if psutil.Process(pid).ppid() == child}
+    # the forkserver's child
+    templates = {pid for pid in workers_after if psutil.Process(pid).ppid() in helpers}
+    assert (
+        len(workers_after) == 4
+        and workers_after & workers_before == templates
+        and len(templates) == 1
+    ), (
+        f"workers should all be replacements, forked by the same template: {workers_before} "
+        f"-> {workers_after}"
     )
     assert set(after["live_group"]) == set(after["tree"]), "group and descendant tree disagree"
 
@@ -333,7 +369,11 @@ def test_kill_9_of_trainer_while_child_starts(trainer_python, delay_s):
     """The trainer is blocked in start() (the scorer hangs in load), so it never prints: find
     its child by ancestry, kill -9 the trainer `delay_s` after the child appeared."""
     parent = _start_parent(
-        "tests.helpers.orphan_parent", str(trainer_python), "tests.helpers.fixture_scorers:LoadHangs", "{}", "idle"
+        "tests.helpers.orphan_parent",
+        str(trainer_python),
+        "tests.helpers.fixture_scorers:LoadHangs",
+        "{}",
+        "idle",
     )
     watched: dict[int, float] = {}
     child = None
@@ -347,7 +387,10 @@ def test_kill_9_of_trainer_while_child_starts(trainer_python, delay_s):
             if children:
                 child = children[0].pid
             elif parent.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"orphan parent spawned no child (rc={parent.poll()}): {parent.stderr.read()[-3000:]}")
+                pytest.fail(
+                    f"orphan parent spawned no child (rc={parent.poll()}): "
+                    f"{parent.stderr.read()[-3000:]}"
+                )
             else:
                 time.sleep(0.002)
         time.sleep(delay_s)
@@ -357,10 +400,12 @@ def test_kill_9_of_trainer_while_child_starts(trainer_python, delay_s):
         parent.send_signal(signal.SIGKILL)
         took, survivors = _time_until_gone(watched, child, killed_at)
         print(
-            f"\nkill -9 of a starting trainer {delay_s} s after its child appeared (child {stage}): "
-            f"child gone after {took if took is None else round(took * 1000)} ms"
+            f"\nkill -9 of a starting trainer {delay_s} s after its child appeared (child "
+            f"{stage}): child gone after {took if took is None else round(took * 1000)} ms"
         )
-        assert survivors == [], f"alive {DEATH_BOUND_S} s after kill -9: {[_describe(p) for p in survivors]}"
+        assert survivors == [], (
+            f"alive {DEATH_BOUND_S} s after kill -9: {[_describe(p) for p in survivors]}"
+        )
         assert parent.stdout.read() == "", "the trainer should never have reached readiness"
     finally:
         _stop_parent(parent)
@@ -373,14 +418,19 @@ def test_trainer_dies_in_the_first_instants_of_its_childs_start(trainer_python, 
     """The windows an outside kill cannot hit: the trainer SIGKILLs itself right after the spawn,
     before or right after writing the boot config (see tests/helpers/orphan_starting_parent.py)."""
     parent = _start_parent(
-        "tests.helpers.orphan_starting_parent", str(trainer_python), "tests.helpers.fixture_scorers:LoadHangs", die_at
+        "tests.helpers.orphan_starting_parent",
+        str(trainer_python),
+        "tests.helpers.fixture_scorers:LoadHangs",
+        die_at,
     )
     watched: dict[int, float] = {}
     child = None
     try:
         line = parent.stdout.readline()
         if not line:
-            pytest.fail(f"stand-in trainer failed (rc={parent.wait(10)}): {parent.stderr.read()[-3000:]}")
+            pytest.fail(
+                f"stand-in trainer failed (rc={parent.wait(10)}): {parent.stderr.read()[-3000:]}"
+            )
         seen_at = time.monotonic()
         child = json.loads(line)["child"]
         watched.update(_with_create_times([child]))  # the create time guards against pid reuse
@@ -390,7 +440,9 @@ def test_trainer_dies_in_the_first_instants_of_its_childs_start(trainer_python, 
             f"\ntrainer SIGKILLed itself {die_at.replace('_', ' ')}: child gone "
             f"{took if took is None else round(took * 1000)} ms after its pid was printed"
         )
-        assert survivors == [], f"alive {DEATH_BOUND_S} s after the trainer died: {[_describe(p) for p in survivors]}"
+        assert survivors == [], (
+            f"alive {DEATH_BOUND_S} s after the trainer died: {[_describe(p) for p in survivors]}"
+        )
     finally:
         _stop_parent(parent)
         _kill_survivors(watched, child)

@@ -13,7 +13,13 @@ import time
 import pytest
 
 from bench.hardening import fork_after_every_pipe, forks_during_launch
-from supervisor import RewardItem, RewardRequest, ScorerProcessDied, ScorerStartupError, ScorerUnavailable
+from supervisor import (
+    RewardItem,
+    RewardRequest,
+    ScorerProcessDied,
+    ScorerStartupError,
+    ScorerUnavailable,
+)
 from supervisor.child.process import pidfd_exit_status
 from tests.conftest import REPO_ROOT, alive, wait_until_gone
 
@@ -22,14 +28,18 @@ REQUEST = RewardRequest(items=[RewardItem(id="a", text="abc")])
 
 def run_script(module: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", module, *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
 def test_a_forked_copy_of_the_trainer_never_acts_on_the_child(trainer_python):
-    """DataLoader workers and checkpoint writers fork the trainer and exit through sys.exit: the copy's
-    calls are refused naming the owner, and its close, garbage collection and at-exit hooks leave the
-    owner's child alone."""
+    """DataLoader workers and checkpoint writers fork the trainer and exit through sys.exit: the
+    copy's calls are refused naming the owner, and its close, garbage collection and at-exit hooks
+    leave the owner's child alone."""
     done = run_script("tests.helpers.forking_trainer", str(trainer_python))
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
@@ -43,8 +53,9 @@ def test_a_forked_copy_of_the_trainer_never_acts_on_the_child(trainer_python):
 
 
 def test_a_fork_during_launch_does_not_stall_boot(managed, trainer_python):
-    """A process forked while the child starts holds the write end of the child's stdin for as long as
-    it lives; the framed boot config means the child stops reading at its end, not at end-of-input."""
+    """A process forked while the child starts holds the write end of the child's stdin for as long
+    as it lives; the framed boot config means the child stops reading at its end, not at
+    end-of-input."""
     with forks_during_launch() as forks:
         backend = managed(trainer_python, "constant", process={"startup_timeout": 30})
         assert forks and alive(forks[0])  # the fork still holds the pipe
@@ -96,17 +107,28 @@ def test_ctrl_c_mid_batch_exits_at_once_with_one_clean_traceback(trainer_python,
         trainer.stderr.close()
     assert len(children) == (2 if mode in ("panel", "replicas") else 1)
     assert wait_until_gone(children, 5) == []
-    if via == "async":  # asyncio.run cancels the coroutine, then raises KeyboardInterrupt from the cancellation
-        assert stderr.count("Traceback (most recent call last)") == 2 and "CancelledError" in stderr, stderr
+    # asyncio.run cancels the coroutine, then raises KeyboardInterrupt from the cancellation
+    if via == "async":
+        assert (
+            stderr.count("Traceback (most recent call last)") == 2 and "CancelledError" in stderr
+        ), stderr
     else:
-        assert stderr.count("Traceback (most recent call last)") == 1 and "During handling" not in stderr, stderr
+        assert (
+            stderr.count("Traceback (most recent call last)") == 1
+            and "During handling" not in stderr
+        ), stderr
     assert stderr.rstrip().endswith("KeyboardInterrupt") and "ignored SIGTERM" not in stderr, stderr
-    # the graceful path it must skip would take 10 s (shutdown_timeout); the bound leaves a loaded machine room
+    # the graceful path it must skip would take 10 s (shutdown_timeout); the bound leaves a loaded
+    # machine room
     assert to_exit < 5.0, f"Ctrl-C took {to_exit:.2f} s to exit"
 
 
-def test_an_interrupted_call_kills_the_child_and_the_next_call_gets_a_new_one(managed, trainer_python, monkeypatch):
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"max_restarts": 0})
+def test_an_interrupted_call_kills_the_child_and_the_next_call_gets_a_new_one(
+    managed, trainer_python, monkeypatch
+):
+    backend = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"max_restarts": 0}
+    )
     first = backend.pid
 
     def interrupted(*args: object, **kwargs: object) -> None:
@@ -117,13 +139,14 @@ def test_an_interrupted_call_kills_the_child_and_the_next_call_gets_a_new_one(ma
         backend.compute_rewards(REQUEST)
     assert wait_until_gone([first], 5) == []
     monkeypatch.undo()
-    assert backend.compute_rewards(REQUEST).rewards == [3.0]  # not a crash: max_restarts=0 does not apply
+    # not a crash: max_restarts=0 does not apply
+    assert backend.compute_rewards(REQUEST).rewards == [3.0]
     assert backend.pid != first and backend.restarts == 0
 
 
 def exit_status_survives_reaping() -> bool:
-    """Whether this kernel keeps a reaped child's status on its pidfd (PIDFD_INFO_EXIT). Call it with
-    SIGCHLD handled: ignored, the probe could be reaped before its pidfd exists."""
+    """Whether this kernel keeps a reaped child's status on its pidfd (PIDFD_INFO_EXIT). Call it
+    with SIGCHLD handled: ignored, the probe could be reaped before its pidfd exists."""
     probe = subprocess.Popen(["true"])
     pidfd = os.pidfd_open(probe.pid)
     try:
@@ -139,7 +162,9 @@ def test_a_trainer_that_ignores_sigchld_still_gets_true_exit_statuses(managed, t
     kept_on_pidfd = exit_status_survives_reaping()
     previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     try:
-        backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 0})
+        backend = managed(
+            trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 0}
+        )
         pid = backend.pid
         os.kill(pid, signal.SIGKILL)
         assert wait_until_gone([pid], 5) == []
@@ -148,9 +173,12 @@ def test_a_trainer_that_ignores_sigchld_still_gets_true_exit_statuses(managed, t
         assert backend.compute_rewards(REQUEST).rewards == [3.0]
         with pytest.raises(ScorerStartupError) as boot:
             managed(trainer_python, "no_such_scorer")
-        assert boot.value.boot_code == 3  # said on the readiness pipe, on any kernel: never restarted
+        # said on the readiness pipe, on any kernel: never restarted
+        assert boot.value.boot_code == 3
         if kept_on_pidfd:  # Linux 6.15+
-            assert died.value.signal_name == "SIGKILL" and "status=signal SIGKILL" in str(died.value)
+            assert died.value.signal_name == "SIGKILL" and "status=signal SIGKILL" in str(
+                died.value
+            )
             assert boot.value.returncode == 3 and "exit 3 (bad boot config)" in str(boot.value)
         else:
             assert died.value.returncode is None and "status unknown" in str(died.value)
@@ -160,16 +188,17 @@ def test_a_trainer_that_ignores_sigchld_still_gets_true_exit_statuses(managed, t
 
 
 def test_a_trainer_out_of_descriptors_does_not_condemn_its_child(managed, trainer_python):
-    """A fresh connection that fails because *this* process has no descriptors left is not the child's
-    fault: the call fails at once with ScorerUnavailable and the child keeps serving."""
+    """A fresh connection that fails because *this* process has no descriptors left is not the
+    child's fault: the call fails at once with ScorerUnavailable and the child keeps serving."""
     import resource
 
     backend = managed(trainer_python, "constant")
     pid = backend.pid
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     held = []
-    # An earlier test's unreachable socket, finalised by a collection during the call, would hand the
-    # call a descriptor (seen twice under CI load): collect first, and no collection until the end.
+    # An earlier test's unreachable socket, finalised by a collection during the call, would hand
+    # the call a descriptor (seen twice under CI load): collect first, and no collection until the
+    # end.
     gc.collect()
     gc.disable()
     try:
@@ -190,11 +219,16 @@ def test_a_trainer_out_of_descriptors_does_not_condemn_its_child(managed, traine
     assert backend.pid == pid and backend.restarts == 0
 
 
-def test_a_fault_in_the_trainer_mid_call_kills_the_child_and_counts_as_a_failure(managed, trainer_python, monkeypatch):
-    """Only Ctrl-C (a BaseException) abandons a call for free; any other exception mid-exchange leaves
-    the child's state unknown: it is killed, the call raises a ScorerError, the restart policy counts it."""
+def test_a_fault_in_the_trainer_mid_call_kills_the_child_and_counts_as_a_failure(
+    managed, trainer_python, monkeypatch
+):
+    """Only Ctrl-C (a BaseException) abandons a call for free; any other exception mid-exchange
+    leaves the child's state unknown: it is killed, the call raises a ScorerError, the restart
+    policy counts it."""
     backend = managed(
-        trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"max_restarts": 1, "backoff_s": 0}
+        trainer_python,
+        "tests.helpers.fixture_scorers:Probe",
+        restart={"max_restarts": 1, "backoff_s": 0},
     )
     first = backend.pid
 
@@ -210,13 +244,20 @@ def test_a_fault_in_the_trainer_mid_call_kills_the_child_and_counts_as_a_failure
 
 
 def test_a_fork_during_launch_does_not_hide_a_failing_boot(managed, trainer_python):
-    """The fork holds the readiness pipe too: the child's exit is seen on its pidfd, not at the deadline."""
+    """The fork holds the readiness pipe too: the child's exit is seen on its pidfd, not at the
+    deadline."""
     with forks_during_launch(), pytest.raises(ScorerStartupError) as info:
-        managed(trainer_python, "tests.helpers.fixture_scorers:ExitsOnLoad", process={"startup_timeout": 30})
+        managed(
+            trainer_python,
+            "tests.helpers.fixture_scorers:ExitsOnLoad",
+            process={"startup_timeout": 30},
+        )
     assert info.value.returncode == 17 and "exited while starting" in str(info.value)
 
 
-def test_ctrl_c_during_the_graceful_shutdown_still_stops_the_child(managed, trainer_python, monkeypatch):
+def test_ctrl_c_during_the_graceful_shutdown_still_stops_the_child(
+    managed, trainer_python, monkeypatch
+):
     backend = managed(trainer_python, "constant")
     pid = backend.pid
 

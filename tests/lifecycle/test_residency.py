@@ -8,7 +8,13 @@ import threading
 
 import pytest
 
-from supervisor import RewardItem, RewardRequest, ScorerProcessDied, ScorerRequestError, ScorerStartupError
+from supervisor import (
+    RewardItem,
+    RewardRequest,
+    ScorerProcessDied,
+    ScorerRequestError,
+    ScorerStartupError,
+)
 from tests.conftest import wait_in_flight, wait_until_gone
 from tests.helpers.fixture_scorers import journal_calls
 
@@ -29,14 +35,18 @@ def test_resident_transitions_are_idempotent_and_gate_scoring(managed, trainer_p
 
 
 def test_per_call_boots_offloaded_and_returns_offloaded(managed, trainer_python):
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", gpu_residency="per_call")
+    backend = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Probe", gpu_residency="per_call"
+    )
     assert backend.health()["residency"] == "offloaded"
     for _ in range(2):
         assert backend.compute_rewards(REQUEST).rewards == [4.0]
         assert backend.health()["residency"] == "offloaded"
 
 
-def test_per_call_is_refused_before_weights_load_for_a_scorer_without_offload(managed, trainer_python, tmp_path):
+def test_per_call_is_refused_before_weights_load_for_a_scorer_without_offload(
+    managed, trainer_python, tmp_path
+):
     marker = tmp_path / "loaded"
     with pytest.raises(ScorerStartupError) as info:
         managed(
@@ -52,15 +62,22 @@ def test_per_call_is_refused_before_weights_load_for_a_scorer_without_offload(ma
 
 def test_offload_of_a_scorer_without_offload_support_says_so(managed, trainer_python, tmp_path):
     backend = managed(
-        trainer_python, "tests.helpers.fixture_scorers:NoOffloadMarksLoad", params={"marker": str(tmp_path / "m")}
+        trainer_python,
+        "tests.helpers.fixture_scorers:NoOffloadMarksLoad",
+        params={"marker": str(tmp_path / "m")},
     )
-    assert backend.offload() == {"residency": "resident", "changed": False, "supports_offload": False}
+    assert backend.offload() == {
+        "residency": "resident",
+        "changed": False,
+        "supports_offload": False,
+    }
     assert backend.compute_rewards(REQUEST).rewards == [0.5]
 
 
 def test_offload_then_a_crash_restarts_what_the_child_reported(managed, trainer_python, tmp_path):
-    """verl-style trainers offload around every step. A scorer that cannot offload stays resident, so
-    after a crash its restarted child must boot resident too: never offloaded, answering every score 409."""
+    """verl-style trainers offload around every step. A scorer that cannot offload stays resident,
+    so after a crash its restarted child must boot resident too: never offloaded, answering every
+    score 409."""
     backend = managed(
         trainer_python,
         "tests.helpers.fixture_scorers:NoOffloadMarksLoad",
@@ -78,7 +95,9 @@ def test_offload_then_a_crash_restarts_what_the_child_reported(managed, trainer_
 
 
 def test_a_restarted_child_boots_offloaded_only_after_a_real_offload(managed, trainer_python):
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 0})
+    backend = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 0}
+    )
     assert backend.offload()["residency"] == "offloaded"
     crashed = backend.pid
     os.kill(crashed, signal.SIGKILL)
@@ -88,18 +107,23 @@ def test_a_restarted_child_boots_offloaded_only_after_a_real_offload(managed, tr
     with pytest.raises(ScorerRequestError) as info:  # restarted as the trainer left it: offloaded
         backend.compute_rewards(REQUEST)
     assert info.value.status == 409 and backend.pid != crashed
-    assert backend.onload()["residency"] == "resident" and backend.compute_rewards(REQUEST).rewards == [4.0]
+    assert backend.onload()["residency"] == "resident" and backend.compute_rewards(
+        REQUEST
+    ).rewards == [4.0]
 
 
 @pytest.mark.parametrize("operation", ["offload", "drain"])
 def test_offload_and_drain_wait_for_the_running_score(managed, trainer_python, tmp_path, operation):
-    """The scorer journals its call as the call ends (after its 1.5 s): the line is there when offload
-    or drain returns. The order is read in the child, not from two threads' clocks in the trainer."""
+    """The scorer journals its call as the call ends (after its 1.5 s): the line is there when
+    offload or drain returns. The order is read in the child, not from two threads' clocks in the
+    trainer."""
     journal = tmp_path / "calls"
     params = {"sleep_s": 1.5, "journal": str(journal)}
     backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", params=params)
     scored: list[list[float]] = []
-    worker = threading.Thread(target=lambda: scored.append(backend.compute_rewards(REQUEST).rewards))
+    worker = threading.Thread(
+        target=lambda: scored.append(backend.compute_rewards(REQUEST).rewards)
+    )
     worker.start()
     wait_in_flight(backend)
     result = getattr(backend, operation)()

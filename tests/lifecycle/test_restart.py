@@ -40,7 +40,9 @@ def crash(backend) -> None:
 
 
 def test_next_call_restarts_after_the_backoff(managed, trainer_python):
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 0.5})
+    backend = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 0.5}
+    )
     first = backend.pid
     kill_and_wait(first)
     # a killed multi-threaded child shows as a zombie a moment before waitid can report it
@@ -69,14 +71,17 @@ def test_crash_loop_stops_with_a_clear_error(managed, trainer_python):
 
 
 def test_max_restarts_zero_never_restarts(managed, trainer_python):
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"max_restarts": 0})
+    backend = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"max_restarts": 0}
+    )
     crash(backend)
     with pytest.raises(ScorerCrashLoop, match="no longer serving"):
         backend.compute_rewards(REQUEST)
 
 
 def test_a_restart_that_fails_to_load_counts_against_the_policy(managed, trainer_python, tmp_path):
-    """A load failure on restart (exit 6) may be transient (OOM): retried, until the crash-loop bound."""
+    """A load failure on restart (exit 6) may be transient (OOM): retried, until the crash-loop
+    bound."""
     backend = managed(
         trainer_python,
         "tests.helpers.fixture_scorers:BootsOnce",
@@ -92,7 +97,9 @@ def test_a_restart_that_fails_to_load_counts_against_the_policy(managed, trainer
         backend.compute_rewards(REQUEST)
 
 
-def test_a_restart_that_cannot_import_the_scorer_is_not_tried_again(managed, trainer_python, tmp_path):
+def test_a_restart_that_cannot_import_the_scorer_is_not_tried_again(
+    managed, trainer_python, tmp_path
+):
     """Exit 4 (import failed) or 3 (bad config) will fail the same way every time: never retried."""
     module = tmp_path / "vanishing_scorer.py"
     module.write_text("from tests.helpers.fixture_scorers import Probe as Vanishing\n")
@@ -110,11 +117,14 @@ def test_a_restart_that_cannot_import_the_scorer_is_not_tried_again(managed, tra
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     with pytest.raises(ScorerStartupError, match="not restarting: the child cannot boot"):
         backend.compute_rewards(REQUEST)
-    assert {child.pid for child in psutil.Process().children(recursive=True)} <= before  # nothing spawned
+    # nothing spawned
+    assert {child.pid for child in psutil.Process().children(recursive=True)} <= before
 
 
 def test_a_restarted_child_keeps_the_residency_the_trainer_asked_for(managed, trainer_python):
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 0})
+    backend = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 0}
+    )
     backend.offload()
     kill_and_wait(backend.pid)
     with pytest.raises(ScorerProcessDied):
@@ -125,14 +135,17 @@ def test_a_restarted_child_keeps_the_residency_the_trainer_asked_for(managed, tr
     kill_and_wait(backend.pid)
     with pytest.raises(ScorerProcessDied):
         backend.compute_rewards(REQUEST)
-    with pytest.raises(ScorerRequestError) as info:  # restarted offloaded, as the trainer left it: 409
+    # restarted offloaded, as the trainer left it: 409
+    with pytest.raises(ScorerRequestError) as info:
         backend.compute_rewards(REQUEST)
     assert info.value.status == 409
     assert backend.health()["residency"] == "offloaded"
 
 
 def test_health_does_not_restart(managed, trainer_python):
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 0})
+    backend = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 0}
+    )
     crash(backend)
     with pytest.raises(ScorerProcessDied, match="the next score or onload restarts it"):
         backend.health()
@@ -140,7 +153,9 @@ def test_health_does_not_restart(managed, trainer_python):
 
 
 def test_close_during_the_restart_backoff_wins(managed, trainer_python):
-    backend = managed(trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 5})
+    backend = managed(
+        trainer_python, "tests.helpers.fixture_scorers:Probe", restart={"backoff_s": 5}
+    )
     crash(backend)
     threading.Timer(0.5, backend.close).start()
     started = time.monotonic()
@@ -169,7 +184,9 @@ def test_the_failing_request_is_never_sent_twice(managed, trainer_python, tmp_pa
     killer.start()
     with pytest.raises(ScorerProcessDied):
         backend.compute_rewards(RewardRequest(items=[RewardItem(id="doomed", text="slow")]))
-    assert backend.compute_rewards(RewardRequest(items=[RewardItem(id="next", text="fast")])).rewards == [1.0]
+    assert backend.compute_rewards(
+        RewardRequest(items=[RewardItem(id="next", text="fast")])
+    ).rewards == [1.0]
     killer.join()
     assert journal.read_text().split() == ["doomed", "next"]
 
@@ -191,7 +208,9 @@ def test_hung_child_times_out_is_killed_and_replaced(managed, trainer_python):
     assert backend.compute_rewards(REQUEST).rewards == [3.0] and backend.pid != hung
 
 
-def test_a_child_answering_for_wrong_ids_is_killed_and_never_trusted(managed, trainer_python, tmp_path):
+def test_a_child_answering_for_wrong_ids_is_killed_and_never_trusted(
+    managed, trainer_python, tmp_path
+):
     backend = managed(
         rogue_python(tmp_path, trainer_python),
         "tests.helpers.fixture_scorers:Probe",
@@ -237,16 +256,17 @@ def test_a_crash_loop_stops_for_good_not_for_one_window(managed, trainer_python)
 def test_a_child_restarted_under_another_identity_is_refused_before_it_scores_and_never_again(
     managed, trainer_python, tmp_path
 ):
-    """A restart that boots another scorer identity (its env rebuilt, a file its params read changed)
-    is stopped at its readiness line, before it scores anything, and the backend stays down with
-    `ScorerIdentityChanged`: every later start would boot the same other identity."""
+    """A restart that boots another scorer identity (its env rebuilt, a file its params read
+    changed) is stopped at its readiness line, before it scores anything, and the backend stays down
+    with `ScorerIdentityChanged`: every later start would boot the same other identity."""
     from supervisor import ScorerIdentityChanged
 
     stamp = tmp_path / "stamp"
     stamp.write_text("1.0")
     mark = tmp_path / "scored"  # touched by any call of an item "hang" (hang_s 0: it does not hang)
     backend = managed(
-        trainer_python, "tests.helpers.stamped_scorer:Stamped", params={"stamp_file": str(stamp), "hang_mark": str(mark)},
+        trainer_python, "tests.helpers.stamped_scorer:Stamped",
+        params={"stamp_file": str(stamp), "hang_mark": str(mark)},
         restart={"backoff_s": 0},
     )  # fmt: skip
     assert backend.compute_rewards(REQUEST).rewards == [1.0]
@@ -263,13 +283,17 @@ def test_a_child_restarted_under_another_identity_is_refused_before_it_scores_an
     assert backend.restarts == 1 and (restarted is None or not alive(restarted))
 
 
-def test_a_late_call_killed_by_its_caller_counts_against_the_restart_policy(managed, trainer_python, tmp_path):
+def test_a_late_call_killed_by_its_caller_counts_against_the_restart_policy(
+    managed, trainer_python, tmp_path
+):
     """`kill_late_call` (a Ray pool's actor cancelling a share past its call's deadline) kills the
-    child as a timeout of our own does: the restart counts, so a scorer that hangs on every call ends
-    in `ScorerCrashLoop`, not in a restart per call (`interrupt`, for a caller that gave up, does not count)."""
+    child as a timeout of our own does: the restart counts, so a scorer that hangs on every call
+    ends in `ScorerCrashLoop`, not in a restart per call (`interrupt`, for a caller that gave up,
+    does not count)."""
     journal = tmp_path / "journal"
     backend = managed(
-        trainer_python, "tests.helpers.fixture_scorers:Journal", params={"path": str(journal), "sleep_s": 60},
+        trainer_python, "tests.helpers.fixture_scorers:Journal",
+        params={"path": str(journal), "sleep_s": 60},
         restart={"backoff_s": 0, "max_restarts": 1},
     )  # fmt: skip
 
@@ -278,12 +302,15 @@ def test_a_late_call_killed_by_its_caller_counts_against_the_restart_policy(mana
 
         def call() -> None:
             with pytest.raises(ScorerError) as raised:
-                backend.compute_rewards(RewardRequest(items=[RewardItem(id=f"slow{n}", text="slow")]))
+                backend.compute_rewards(
+                    RewardRequest(items=[RewardItem(id=f"slow{n}", text="slow")])
+                )
             failed.append(raised.value)
 
         caller = threading.Thread(target=call)
         caller.start()
-        assert eventually(lambda: journal.exists() and f"slow{n}" in journal.read_text(), 30)  # it is scoring
+        # it is scoring
+        assert eventually(lambda: journal.exists() and f"slow{n}" in journal.read_text(), 30)
         victim = backend.pid
         backend.kill_late_call()
         caller.join(30)

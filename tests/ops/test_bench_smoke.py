@@ -1,6 +1,7 @@
 """Every line of `make bench` still runs against the current code: each with its smallest sizes
-(`Line.smoke`, what `python -m bench --smoke` runs), its figures not asserted. A line returns its text
-only after its own checks (rewards equal, verdicts unchanged), which the smoke sizes never skip."""
+(`Line.smoke`, what `python -m bench --smoke` runs), its figures not asserted. A line returns its
+text only after its own checks (rewards equal, verdicts unchanged), which the smoke sizes never
+skip."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ def test_every_bench_line_runs_with_its_smallest_sizes(line: Line):
     for env in line.envs:
         env_python(env)  # a missing env fails here, naming its make target
     text = line(smoke=True)
-    if line.name == "ray_pool" and "SKIPPED" in text:  # where Ray cannot be installed (envs/ray/UNAVAILABLE)
+    # where Ray cannot be installed (envs/ray/UNAVAILABLE)
+    if line.name == "ray_pool" and "SKIPPED" in text:
         pytest.skip(text)
     assert all(shown in text for shown in line.shows), text
 

@@ -1,4 +1,5 @@
-"""`managed-scorers serve`: a standalone scorer server for RemoteRewardBackend, token from a 0600 file."""
+"""`managed-scorers serve`: a standalone scorer server for RemoteRewardBackend, token from a 0600
+file."""
 
 from __future__ import annotations
 
@@ -24,10 +25,14 @@ SERVE = [sys.executable, "-m", "supervisor", "serve"]
 CLIENT = """
 import json, sys
 from supervisor import RemoteRewardBackend, RewardItem, RewardRequest
+
 url, token_file = sys.argv[1], sys.argv[2]
 token = open(token_file).read().strip()
 with RemoteRewardBackend(url, token=token) as backend:
-    items = [RewardItem(id="a", text="so \\\\boxed{10\\\\%}", reference="0.1"), RewardItem(id="b", text="7", reference="8")]
+    items = [
+        RewardItem(id="a", text="so \\\\boxed{10\\\\%}", reference="0.1"),
+        RewardItem(id="b", text="7", reference="8"),
+    ]
     print(json.dumps(backend.compute_rewards(RewardRequest(items=items)).rewards))
 """
 
@@ -46,21 +51,32 @@ def wait_ready(path: Path, deadline_s: float = 60) -> dict:
 def test_serve_outlives_its_launcher_scores_for_another_process_and_stops_on_sigterm(tmp_path):
     start = time.time() - 1
     token_file, ready = tmp_path / "token", tmp_path / "ready.json"
-    command = " ".join([*SERVE, "--scorer", "math_verify", "--env", "math", "--token-file", str(token_file)])
+    command = " ".join(
+        [*SERVE, "--scorer", "math_verify", "--env", "math", "--token-file", str(token_file)]
+    )
     # launched in the background by a shell that exits at once: a managed child would die with it
-    launcher_env = {**os.environ, "MANAGED_SCORERS_TOKEN": "v" * 32}  # present, but the file is the token
+    # present, but the file is the token
+    launcher_env = {**os.environ, "MANAGED_SCORERS_TOKEN": "v" * 32}
     subprocess.run(
-        ["sh", "-c", f"{command} > {ready} 2> {tmp_path / 'log'} &"], check=True, timeout=30, env=launcher_env
+        ["sh", "-c", f"{command} > {ready} 2> {tmp_path / 'log'} &"],
+        check=True,
+        timeout=30,
+        env=launcher_env,
     )
     info = wait_ready(ready)
     server = info["pid"]
     try:
         assert info["scorer"] == "math_verify" and info["port"] > 0
-        assert info["warming"] is False  # a standalone server says ready once its grading workers are up
+        # a standalone server says ready once its grading workers are up
+        assert info["warming"] is False
         assert oct(token_file.stat().st_mode & 0o777) == "0o600"
         assert psutil.Process(server).ppid() != os.getpid()  # nobody of ours is its parent
-        assert "MANAGED_SCORERS_TOKEN" not in psutil.Process(server).environ()  # the token variable stays behind
-        fds = {fd: os.readlink(f"/proc/{server}/fd/{fd}") for fd in map(int, os.listdir(f"/proc/{server}/fd"))}
+        # the token variable stays behind
+        assert "MANAGED_SCORERS_TOKEN" not in psutil.Process(server).environ()
+        fds = {
+            fd: os.readlink(f"/proc/{server}/fd/{fd}")
+            for fd in map(int, os.listdir(f"/proc/{server}/fd"))
+        }
         assert fds[0] == "/dev/null" and not any("memfd" in target for target in fds.values()), fds
         done = subprocess.run(
             [sys.executable, "-c", CLIENT, f"http://127.0.0.1:{info['port']}", str(token_file)],
@@ -132,12 +148,14 @@ def test_serve_stops_gracefully_on_sigterm_with_exit_status_0(tmp_path):
 def start_serve(
     tmp_path: Path, name: str, *args: str, open_files: int | None = None
 ) -> tuple[subprocess.Popen, Path, Path]:
-    """A `serve` process of ours (its readiness line in NAME.json, its log in NAME.log), not yet waited for;
-    `open_files`: its soft RLIMIT_NOFILE when it starts."""
+    """A `serve` process of ours (its readiness line in NAME.json, its log in NAME.log), not yet
+    waited for; `open_files`: its soft RLIMIT_NOFILE when it starts."""
 
     def limit() -> None:
         if open_files is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+            )
 
     ready, log = tmp_path / f"{name}.json", tmp_path / f"{name}.log"
     with open(ready, "w") as out, open(log, "w") as err:
@@ -162,18 +180,28 @@ def stop_serve(server: subprocess.Popen) -> int | None:
         return None
 
 
-FLAKY = ["--scorer", "tests.helpers.fixture_scorers:Flaky", "--python", sys.executable, "--input-kind", "text"]
+FLAKY = [
+    "--scorer",
+    "tests.helpers.fixture_scorers:Flaky",
+    "--python",
+    sys.executable,
+    "--input-kind",
+    "text",
+]
 FLAKY += ["--extra-import-path", str(Path(__file__).resolve().parents[2])]
 
 
-def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal_in_the_log(tmp_path):
+def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal_in_the_log(
+    tmp_path,
+):
     secret_file = tmp_path / "openrlhf-secret"
     route = ["--openrlhf-secret-file", str(secret_file), "--openrlhf-max-request-bytes", "4096"]
     server, ready, log = start_serve(tmp_path, "flaky", *FLAKY, *route, open_files=1024)
     try:
         info = wait_ready(ready)
         assert info["openrlhf_route"] is True and oct(secret_file.stat().st_mode & 0o777) == "0o600"
-        # room for the 1024 connections OpenRLHF's bursts may open before any is read (a connection per sample)
+        # room for the 1024 connections OpenRLHF's bursts may open before any is read (a connection
+        # per sample)
         assert psutil.Process(server.pid).rlimit(psutil.RLIMIT_NOFILE)[0] >= 2 * 1024 + 256
         base, secret = f"http://127.0.0.1:{info['port']}", secret_file.read_text().strip()
 
@@ -181,28 +209,60 @@ def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal
             content = body if isinstance(body, bytes) else json.dumps(body).encode()
             return httpx.post(base + path, content=content, timeout=10)
 
-        one = post(f"/openrlhf/{secret}", {"query": ["Q: x? four</s>"], "prompts": ["Q: x?"], "labels": [None]})
-        assert one.status_code == 200 and one.json() == {"rewards": 4.0, "scores": 4.0, "extra_logs": {"flaky": 4.0}}
-        two = post(
-            f"/openrlhf/{secret}", {"query": ["P ab", "P abc<|im_end|>"], "prompts": ["P", "P"], "labels": [1, 2]}
+        one = post(
+            f"/openrlhf/{secret}",
+            {"query": ["Q: x? four</s>"], "prompts": ["Q: x?"], "labels": [None]},
         )
-        assert two.json() == {"rewards": [2.0, 3.0], "scores": [2.0, 3.0], "extra_logs": {"flaky": [2.0, 3.0]}}
-        for path in (f"/openrlhf/{secret[:-1]}", "/openrlhf", f"/openrlhf/{secret}/x", "/openrlhf/"):
+        assert one.status_code == 200 and one.json() == {
+            "rewards": 4.0,
+            "scores": 4.0,
+            "extra_logs": {"flaky": 4.0},
+        }
+        two = post(
+            f"/openrlhf/{secret}",
+            {"query": ["P ab", "P abc<|im_end|>"], "prompts": ["P", "P"], "labels": [1, 2]},
+        )
+        assert two.json() == {
+            "rewards": [2.0, 3.0],
+            "scores": [2.0, 3.0],
+            "extra_logs": {"flaky": [2.0, 3.0]},
+        }
+        for path in (
+            f"/openrlhf/{secret[:-1]}",
+            "/openrlhf",
+            f"/openrlhf/{secret}/x",
+            "/openrlhf/",
+        ):
             assert post(path, {}).status_code == 401, path
-        assert httpx.get(f"{base}/health", timeout=10).status_code == 401  # the secret opens no other endpoint
+        # the secret opens no other endpoint
+        assert httpx.get(f"{base}/health", timeout=10).status_code == 401
         refusals = {
             b"{not json": "the body is not JSON",
-            json.dumps({"query": ["P a"], "prompts": ["P", "P"], "labels": [1]}).encode(): "lengths differ",
-            json.dumps({"query": ["a b"], "prompts": ["Q"], "labels": [1]}).encode(): "does not contain its prompt",
+            json.dumps(
+                {"query": ["P a"], "prompts": ["P", "P"], "labels": [1]}
+            ).encode(): "lengths differ",
+            json.dumps(
+                {"query": ["a b"], "prompts": ["Q"], "labels": [1]}
+            ).encode(): "does not contain its prompt",
             json.dumps({"query": "P a", "prompts": ["P"]}).encode(): "must be lists",
         }
         for body, why in refusals.items():
             answer = post(f"/openrlhf/{secret}", body)
             assert answer.status_code == 400 and why in answer.json()["error"], answer.text
-        big = post(f"/openrlhf/{secret}", {"query": ["P a"], "prompts": ["P"], "labels": ["x" * 4096]})
-        assert big.status_code == 413 and "exceeds openrlhf_max_request_bytes=4096" in big.json()["error"]
-        failed = post(f"/openrlhf/{secret}", {"query": ["P raise"], "prompts": ["P"], "labels": [None]})
-        assert failed.status_code == 500 and "ZeroDivisionError: scorer bug on cue" in failed.json()["error"]
+        big = post(
+            f"/openrlhf/{secret}", {"query": ["P a"], "prompts": ["P"], "labels": ["x" * 4096]}
+        )
+        assert (
+            big.status_code == 413
+            and "exceeds openrlhf_max_request_bytes=4096" in big.json()["error"]
+        )
+        failed = post(
+            f"/openrlhf/{secret}", {"query": ["P raise"], "prompts": ["P"], "labels": [None]}
+        )
+        assert (
+            failed.status_code == 500
+            and "ZeroDivisionError: scorer bug on cue" in failed.json()["error"]
+        )
         nan = post(f"/openrlhf/{secret}", {"query": ["P nan"], "prompts": ["P"], "labels": [None]})
         assert nan.status_code == 500 and nan.json()["kind"] == "contract"  # never a NaN reward
         assert stop_serve(server) == 0
@@ -211,9 +271,19 @@ def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal
             server.kill()
             server.wait()
     lines = log.read_text().splitlines()
-    assert len([line for line in lines if " WARNING child_runtime.openrlhf: 401 for 1 request(s)" in line]) == 1
+    assert (
+        len(
+            [
+                line
+                for line in lines
+                if " WARNING child_runtime.openrlhf: 401 for 1 request(s)" in line
+            ]
+        )
+        == 1
+    )
     errors = [line for line in lines if " ERROR child_runtime.openrlhf: answered " in line]
-    # each status and kind said once per 10 s (the four 400s in one line), with the count of its answers
+    # each status and kind said once per 10 s (the four 400s in one line), with the count of its
+    # answers
     assert [line.split(" answered ")[1].split(" (")[0] for line in errors] == [
         "400 bad_request x1",
         "413 too_large x1",
@@ -224,11 +294,16 @@ def test_the_openrlhf_route_scores_behind_its_path_secret_and_says_every_refusal
     assert all("trains on reward=None" in line for line in errors) and secret not in log.read_text()
 
 
-def test_serve_refuses_a_groupwise_scorer_on_the_openrlhf_route_and_a_secret_equal_to_the_token(tmp_path):
+def test_serve_refuses_a_groupwise_scorer_on_the_openrlhf_route_and_a_secret_equal_to_the_token(
+    tmp_path,
+):
     secret_file = tmp_path / "openrlhf-secret"
     group_spy = ["--scorer", "tests.helpers.fixture_scorers:GroupSpy", *FLAKY[2:]]
     here = run_serve_args(*group_spy, "--openrlhf-secret-file", str(secret_file))
-    assert here.returncode == 2 and "no group id: the groupwise scorer(s) ['group_spy'] cannot score" in here.stderr
+    assert (
+        here.returncode == 2
+        and "no group id: the groupwise scorer(s) ['group_spy'] cannot score" in here.stderr
+    )
     # a scorer this env cannot import: the server refuses it when it boots, before any weights load
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "my_judge.py").write_text(
@@ -237,15 +312,29 @@ def test_serve_refuses_a_groupwise_scorer_on_the_openrlhf_route_and_a_secret_equ
     mine = ["--scorer", "my_judge:Judge", *FLAKY[2:], "--extra-import-path", str(tmp_path / "mine")]
     booted = run_serve_args(*mine, "--openrlhf-secret-file", str(secret_file))
     said = json.loads(booted.stdout.splitlines()[0])
-    assert booted.returncode == 3 and said["ready"] is False and "['group_spy'] cannot score" in said["error"]
+    assert (
+        booted.returncode == 3
+        and said["ready"] is False
+        and "['group_spy'] cannot score" in said["error"]
+    )
     (tmp_path / "same").write_text("s" * 32 + "\n")
     (tmp_path / "same").chmod(0o600)
     same = run_serve_args(
-        *FLAKY, "--token-file", str(tmp_path / "same"), "--openrlhf-secret-file", str(tmp_path / "same")
+        *FLAKY,
+        "--token-file",
+        str(tmp_path / "same"),
+        "--openrlhf-secret-file",
+        str(tmp_path / "same"),
     )
     assert same.returncode == 2 and "must differ from the token" in same.stderr
-    none = run_serve_args(*FLAKY, "--openrlhf-secret-file", str(secret_file), "--openrlhf-max-request-bytes", "0")
-    assert none.returncode == 2 and "openrlhf_max_request_bytes" in none.stderr and "Traceback" not in none.stderr
+    none = run_serve_args(
+        *FLAKY, "--openrlhf-secret-file", str(secret_file), "--openrlhf-max-request-bytes", "0"
+    )
+    assert (
+        none.returncode == 2
+        and "openrlhf_max_request_bytes" in none.stderr
+        and "Traceback" not in none.stderr
+    )
     cramped = subprocess.run(
         [*SERVE, *FLAKY, "--openrlhf-secret-file", str(secret_file)],
         capture_output=True,

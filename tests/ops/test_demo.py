@@ -1,6 +1,7 @@
-"""`make demo`'s command from a checkout: the math child grades `10\\%` right, and the trainer env's own
-grader (hydra-core 1.3.2's antlr 4.9.3, as in `.venv-demo`) grades it wrong, measured in the same run.
-The installed use (`managed-scorers demo` from a wheel) is tested in test_installed.py, on its venv."""
+"""`make demo`'s command from a checkout: the math child grades `10\\%` right, and the trainer env's
+own grader (hydra-core 1.3.2's antlr 4.9.3, as in `.venv-demo`) grades it wrong, measured in the
+same run. The installed use (`managed-scorers demo` from a wheel) is tested in test_installed.py, on
+its venv."""
 
 from __future__ import annotations
 
@@ -14,21 +15,28 @@ from tests.conftest import REPO_ROOT, env_python, launcher_free_env
 
 
 def rows(stdout: str) -> dict[str, list[str]]:
-    """The demo's table: id -> its cells after the completion (gold, managed, in-process, flag words)."""
+    """The demo's table: id -> its cells after the completion (gold, managed, in-process, flag
+    words)."""
     found = {}
     for line in stdout.splitlines():
         words = line.split()
-        if line.startswith("  ") and words and words[0] in ("pct", "boxed", "frac", "wrong", "junk", "tower"):
+        if (
+            line.startswith("  ")
+            and words
+            and words[0] in ("pct", "boxed", "frac", "wrong", "junk", "tower")
+        ):
             found[words[0]] = words
     return found
 
 
 @pytest.mark.slow
 def test_make_demos_command_shows_the_in_process_grader_wrong_and_the_child_right(tmp_path):
-    assert importlib.metadata.version("antlr4-python3-runtime") == "4.9.3"  # the dev env holds hydra's pin too
+    # the dev env holds hydra's pin too
+    assert importlib.metadata.version("antlr4-python3-runtime") == "4.9.3"
     env_python("math")  # built by make test (make demo builds it the same way)
     done = subprocess.run(
-        [sys.executable, "-m", "supervisor", "demo", "--no-build"],  # what `make demo` runs, but in .venv
+        # what `make demo` runs, but in .venv
+        [sys.executable, "-m", "supervisor", "demo", "--no-build"],
         cwd=REPO_ROOT,
         env=launcher_free_env(),
         capture_output=True,
@@ -42,13 +50,15 @@ def test_make_demos_command_shows_the_in_process_grader_wrong_and_the_child_righ
     for name, verdict in (("boxed", "1.0"), ("frac", "1.0"), ("wrong", "0.0"), ("junk", "0.0")):
         assert table[name][-2:] == [verdict, verdict], table[name]  # managed and in-process agree
     assert "antlr4-python3-runtime 4.13.2" in done.stdout  # the child's
-    assert "antlr4-python3-runtime 4.9.3, pinned by hydra-core 1.3.2" in done.stdout  # the trainer's
+    # the trainer's
+    assert "antlr4-python3-runtime 4.9.3, pinned by hydra-core 1.3.2" in done.stdout
     assert "`pct` (a correct 10% for 0.1) got 0.0, with no error" in done.stdout
     assert "first managed reward" in done.stdout
 
 
 def test_demo_without_an_env_names_the_command_that_builds_it(tmp_path):
-    """`--no-build` where the math env is missing: one line with the command, exit 2, nothing built."""
+    """`--no-build` where the math env is missing: one line with the command, exit 2, nothing
+    built."""
     done = subprocess.run(
         [sys.executable, "-m", "supervisor", "demo", "--no-build"],
         cwd=tmp_path,

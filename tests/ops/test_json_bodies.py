@@ -1,7 +1,8 @@
-"""serve's OpenRLHF route parses its JSON bodies within bounds (child_runtime/protocol/bounded_json):
-a body cap refused before it is read, the parse off the event loop (/health answered meanwhile), peak
-memory at most (PARSE_FACTOR + 1) x the cap whatever the body holds, a 400 for nesting and invalid JSON
-with a short message, and error lines on the log said once per kind and interval, not once per request."""
+"""serve's OpenRLHF route parses its JSON bodies within bounds
+(child_runtime/protocol/bounded_json): a body cap refused before it is read, the parse off the event
+loop (/health answered meanwhile), peak memory at most (PARSE_FACTOR + 1) x the cap whatever the
+body holds, a 400 for nesting and invalid JSON with a short message, and error lines on the log said
+once per kind and interval, not once per request."""
 
 from __future__ import annotations
 
@@ -28,7 +29,12 @@ BEARER = {"authorization": "Bearer " + "t" * 32}
 
 class Served:
     def __init__(self, port: int, secret: str, pid: int, log: Path) -> None:
-        self.base, self.route, self.pid, self.log = f"http://127.0.0.1:{port}", f"/openrlhf/{secret}", pid, log
+        self.base, self.route, self.pid, self.log = (
+            f"http://127.0.0.1:{port}",
+            f"/openrlhf/{secret}",
+            pid,
+            log,
+        )
         self.port = port
 
     def post(self, body: bytes, timeout: float = 120) -> httpx.Response:
@@ -42,7 +48,9 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("json-bodies")
     secret_file = tmp / "openrlhf-secret"
-    server, ready, log = start_serve(tmp, "flaky", *FLAKY, "--openrlhf-secret-file", str(secret_file))
+    server, ready, log = start_serve(
+        tmp, "flaky", *FLAKY, "--openrlhf-secret-file", str(secret_file)
+    )
     try:
         info = wait_ready(ready)
         yield Served(info["port"], secret_file.read_text().strip(), info["pid"], log)
@@ -59,7 +67,8 @@ def request(label: Any, text: str = "P x") -> bytes:
 
 
 def repeated_to_the_bound(unit: bytes, head: bytes = b"[", tail: bytes = b"0]") -> bytes:
-    """`head + unit * n + tail` with the largest n whose price is within the route's parse budget."""
+    """`head + unit * n + tail` with the largest n whose price is within the route's parse
+    budget."""
     low, high = 1, CAP // len(unit)
     while low < high:
         middle = (low + high + 1) // 2
@@ -68,14 +77,17 @@ def repeated_to_the_bound(unit: bytes, head: bytes = b"[", tail: bytes = b"0]") 
         else:
             high = middle - 1
     body = head + unit * low + tail
-    assert bounded_json.price(body)[0] > BUDGET - bounded_json.UNIT_BYTES * 8  # at the bound, not below it
+    # at the bound, not below it
+    assert bounded_json.price(body)[0] > BUDGET - bounded_json.UNIT_BYTES * 8
     return body
 
 
 def string_to_the_bound(ending: str, width: int) -> bytes:
     """One string of ASCII and `ending`, as long as the parse budget allows: the body decodes at
     `width` bytes a character, or (an escape) its string does."""
-    fill = (BUDGET - 64 * bounded_json.UNIT_BYTES) // (1 + 2 * width if ending.startswith("\\") else 2 * width)
+    fill = (BUDGET - 64 * bounded_json.UNIT_BYTES) // (
+        1 + 2 * width if ending.startswith("\\") else 2 * width
+    )
     body = ('["' + "a" * fill + ending + '"]').encode()
     priced = bounded_json.price(body)[0]
     assert BUDGET * 0.99 < priced <= BUDGET, (priced, BUDGET)
@@ -83,8 +95,8 @@ def string_to_the_bound(ending: str, width: int) -> bytes:
 
 
 def peak_growth(served: Served, body: bytes) -> tuple[int, int]:
-    """(the server's peak RSS growth while it reads and parses `body`, the answer's status): the peak
-    from the kernel's high-water mark, reset just before."""
+    """(the server's peak RSS growth while it reads and parses `body`, the answer's status): the
+    peak from the kernel's high-water mark, reset just before."""
     Path(f"/proc/{served.pid}/clear_refs").write_text("5")  # VmHWM := the RSS now
     before = psutil.Process(served.pid).memory_info().rss
     status = served.post(body).status_code
@@ -100,10 +112,16 @@ def test_peak_memory_is_at_most_the_stated_factor_of_the_cap_whatever_the_body_h
             string_to_the_bound("\\ud83d\\ude00", 4),
             400,
         ),
-        "one string of raw UTF-8 with one 4-byte character": (string_to_the_bound("\U0001f600", 4), 400),
+        "one string of raw UTF-8 with one 4-byte character": (
+            string_to_the_bound("\U0001f600", 4),
+            400,
+        ),
         "one-member objects, the most bytes per value": (repeated_to_the_bound(b'{"a":0},'), 400),
         "zeros": (repeated_to_the_bound(b"0,"), 400),
-        "empty objects up to the cap (json.loads: ~26 x the body)": (b"[" + b"{}," * (CAP // 3 - 1) + b"{}]", 413),
+        "empty objects up to the cap (json.loads: ~26 x the body)": (
+            b"[" + b"{}," * (CAP // 3 - 1) + b"{}]",
+            413,
+        ),
     }
     factor = bounded_json.PARSE_FACTOR + 1
     for name, (body, status) in worst.items():
@@ -115,7 +133,9 @@ def test_peak_memory_is_at_most_the_stated_factor_of_the_cap_whatever_the_body_h
 
 @pytest.mark.slow
 def test_health_is_answered_while_a_big_body_is_parsed_off_the_event_loop(served):
-    body = repeated_to_the_bound(b"0,", head=b'{"query": ["P ab"], "prompts": ["P"], "labels": [[', tail=b"0]]}")
+    body = repeated_to_the_bound(
+        b"0,", head=b'{"query": ["P ab"], "prompts": ["P"], "labels": [[', tail=b"0]]}"
+    )
     answered: list[httpx.Response] = []
     poster = threading.Thread(target=lambda: answered.append(served.post(body)))
     poster.start()
@@ -123,18 +143,24 @@ def test_health_is_answered_while_a_big_body_is_parsed_off_the_event_loop(served
         seen_parsing = []
         while poster.is_alive() and len(seen_parsing) < 3:
             if served.health()["json_parsing"] == 1:
-                seen_parsing.append(True)  # /health answered while the parse of the body was running
+                # /health answered while the parse of the body was running
+                seen_parsing.append(True)
     finally:
         poster.join(120)
     assert len(seen_parsing) == 3
-    assert answered[0].status_code == 200 and answered[0].json()["rewards"] == 2.0  # then scored as usual
+    # then scored as usual
+    assert answered[0].status_code == 200 and answered[0].json()["rewards"] == 2.0
 
 
 def test_nesting_invalid_json_and_bodies_past_the_cap_are_refused_with_a_short_message(served):
     refusals = {
-        request(json.loads("[" * 63 + "]" * 63)): (400, "nests arrays and objects deeper than 64"),  # +2: the
+        # +2: the
+        request(json.loads("[" * 63 + "]" * 63)): (400, "nests arrays and objects deeper than 64"),
         # request object and its labels list
-        b'{"query": ["P a"], "labels": [' + b"[" * 5000 + b"]" * 5000 + b"]}": (400, "deeper than 64"),
+        b'{"query": ["P a"], "labels": [' + b"[" * 5000 + b"]" * 5000 + b"]}": (
+            400,
+            "deeper than 64",
+        ),
         b"{not json": (400, "the body is not JSON: Expecting property name"),
         b'{"query": ["P \xff"]}': (400, "the body is not UTF-8"),
         b"[" + b"0," * (CAP // 2 - 2) + b"0]": (413, "could take ~"),
@@ -161,7 +187,9 @@ def test_a_declared_body_past_the_cap_is_refused_before_it_is_sent(served):
                 break
             answer += chunk
     answer = answer.decode()
-    assert answer.startswith("HTTP/1.1 413") and f"exceeds openrlhf_max_request_bytes={CAP}" in answer
+    assert (
+        answer.startswith("HTTP/1.1 413") and f"exceeds openrlhf_max_request_bytes={CAP}" in answer
+    )
 
 
 def test_error_answers_are_logged_once_per_kind_and_interval(served):
@@ -176,8 +204,10 @@ def test_error_answers_are_logged_once_per_kind_and_interval(served):
     for _ in range(12):
         assert served.post(b"[1,").status_code == 400
     assert served.post(request(None, "P raise")).status_code == 500
-    assert eventually(lambda: len(lines("500 scorer_error")) == said["500 scorer_error"] + 1)  # another kind: at once
-    assert len(lines("400 bad_request")) <= said["400 bad_request"] + 1  # 12 answers: at most one line
+    # another kind: at once
+    assert eventually(lambda: len(lines("500 scorer_error")) == said["500 scorer_error"] + 1)
+    # 12 answers: at most one line
+    assert len(lines("400 bad_request")) <= said["400 bad_request"] + 1
     assert "x1 (OpenRLHF retries 5 times" in lines("500 scorer_error")[-1]
 
 

@@ -52,7 +52,8 @@ def _items() -> list[RewardItem]:
 
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[Any]]]:
-    """The weights (saved by the same helper) and each term's value, computed in env embed's python."""
+    """The weights (saved by the same helper) and each term's value, computed in env embed's
+    python."""
     out = tmp_path_factory.mktemp("native")
     arrays = {f"image{i}": image for i, image in enumerate(images(COUNT))}
     spec = json.dumps({"metadata": _metadata(), "references": _references()})
@@ -89,7 +90,12 @@ def _recipe(weights: Path, offload: bool, trace: Path) -> dict[str, Any]:
                 },
             },
             "reward_functions": {
-                "quality": {"path": str(HELPER), "name": "quality_score", "required": True, "log_keys": ["builds"]},
+                "quality": {
+                    "path": str(HELPER),
+                    "name": "quality_score",
+                    "required": True,
+                    "log_keys": ["builds"],
+                },
                 "semantic": {
                     "model": "quality",
                     "path": str(HELPER),
@@ -97,7 +103,12 @@ def _recipe(weights: Path, offload: bool, trace: Path) -> dict[str, Any]:
                     "scale": 2.0,
                     "unused": "filtered out",
                 },
-                "flaky": {"model": "quality", "path": str(HELPER), "name": "flaky_score", "bias": 0.5},
+                "flaky": {
+                    "model": "quality",
+                    "path": str(HELPER),
+                    "name": "flaky_score",
+                    "bias": 0.5,
+                },
                 "aesthetic": {
                     "path": "pkg://tests.helpers.native_models",
                     "name": "aesthetic_score",
@@ -114,7 +125,8 @@ def _recipe(weights: Path, offload: bool, trace: Path) -> dict[str, Any]:
 
 def _weighted(values: dict[str, list[Any]]) -> list[float]:
     return [
-        sum(WEIGHTS[term] * values[term][i] for term in WEIGHTS if values[term][i] is not None) for i in range(COUNT)
+        sum(WEIGHTS[term] * values[term][i] for term in WEIGHTS if values[term][i] is not None)
+        for i in range(COUNT)
     ]
 
 
@@ -127,17 +139,23 @@ def test_native_models_score_beside_their_functions_as_in_process(in_process, tm
     train, _ = build_panels(recipe)
     try:
         quality, semantic, flaky, aesthetic = (term.backend for term in train.terms)
-        assert quality is semantic is flaky and isinstance(quality, ManagedScorerProcessBackend)  # one child
+        # one child
+        assert quality is semantic is flaky and isinstance(quality, ManagedScorerProcessBackend)
         assert isinstance(aesthetic, ReplicatedBackend) and len(aesthetic.replicas) == 2
         assert quality.spec.gpu_residency == ("per_call" if offload else "resident")
         request = RewardRequest(items=_items())
         first = train.compute_rewards(request)
-        assert {term: first.component_rewards[term] for term in WEIGHTS} == expected  # the same floats
+        # the same floats
+        assert {term: first.component_rewards[term] for term in WEIGHTS} == expected
         assert first.rewards == pytest.approx(_weighted(expected), rel=1e-12)
         (failure,) = first.term_failures  # the optional term alone, for its one item
         assert (failure.term, failure.ids) == ("flaky", ["i1"]) and "flaky item" in failure.error
-        assert first.successes == [True, False, True, True] and first.component_rewards["flaky"][1] is None
-        seen = defaultdict(set)  # each replica of aesthetic got its half (its calls run concurrently)
+        assert (
+            first.successes == [True, False, True, True]
+            and first.component_rewards["flaky"][1] is None
+        )
+        # each replica of aesthetic got its half (its calls run concurrently)
+        seen = defaultdict(set)
         for line in (tmp_path / "trace.txt").read_text().splitlines():
             pid, uid = line.split()
             seen[int(pid)].add(uid)
@@ -145,10 +163,13 @@ def test_native_models_score_beside_their_functions_as_in_process(in_process, tm
         second = train.compute_rewards(request)
         assert second.rewards == first.rewards
         _check_residency(second.diagnostics, offload)
-        poisoned = RewardItem(id="p0", image=images(1)[0], metadata={"uid": "p0", "poison": True}, data_source="d")
+        poisoned = RewardItem(
+            id="p0", image=images(1)[0], metadata={"uid": "p0", "poison": True}, data_source="d"
+        )
         with pytest.raises(
             ScorerItemsFailed,
-            match=r"required term .quality. failed for 1 items: reward function .quality. failed on item .p0.*poisoned",
+            match=r"required term .quality. failed for 1 items: reward function .quality. failed "
+            r"on item .p0.*poisoned",
         ) as e:
             train.compute_rewards(RewardRequest(items=[poisoned]))
         assert e.value.pid == quality.pid and f"pid={quality.pid}" in str(e.value)
@@ -162,20 +183,27 @@ def _check_residency(diagnostics: dict[str, Any], offload: bool) -> None:
     weak reference cleared, none of its tensors alive); resident, one instance serves every call."""
     values = diagnostics["quality"]["values"]
     replicas = diagnostics["aesthetic"]["values"]
-    print(f"offload={offload}: rss_bytes quality {values['rss_bytes']}, aesthetic {replicas['rss_bytes']}")
+    print(
+        f"offload={offload}: rss_bytes quality {values['rss_bytes']}, aesthetic "
+        f"{replicas['rss_bytes']}"
+    )
     builds = values["quality.builds"]
     if offload:
         assert values["slept_instance_alive"] == 0 and values["slept_param_bytes_alive"] == 0
-        assert values["slept_param_bytes"] >= 8_000_000  # what the slept instance held: its ballast too
+        # what the slept instance held: its ballast too
+        assert values["slept_param_bytes"] >= 8_000_000
         assert replicas["slept_instance_alive"] == 0 and replicas["slept_param_bytes_alive"] == 0
-        assert builds["sum"] / builds["count"] == 2.0  # woken anew from __init__ for the second call
+        # woken anew from __init__ for the second call
+        assert builds["sum"] / builds["count"] == 2.0
     else:
         assert "slept_instance_alive" not in values and "slept_instance_alive" not in replicas
         assert builds["sum"] / builds["count"] == 1.0
 
 
 @pytest.mark.slow
-def test_a_model_that_cannot_wake_fails_the_call_even_with_optional_terms_only(in_process, tmp_path):
+def test_a_model_that_cannot_wake_fails_the_call_even_with_optional_terms_only(
+    in_process, tmp_path
+):
     weights, _ = in_process
     model = {"backend": "native", "env": "embed", "model_path": str(weights / "quality.pt")}
     model.update(placement={"devices": ["cpu"]}, executor={"model": f"{HELPER}:FragileModel"})
@@ -189,7 +217,9 @@ def test_a_model_that_cannot_wake_fails_the_call_even_with_optional_terms_only(i
     try:
         request = RewardRequest(items=_items()[:1])
         assert train.compute_rewards(request).successes == [True]
-        with pytest.raises(ScorerRequestError, match=r"residency_failed.*per-call onload.*cannot wake twice") as e:
+        with pytest.raises(
+            ScorerRequestError, match=r"residency_failed.*per-call onload.*cannot wake twice"
+        ) as e:
             train.compute_rewards(request)
         assert any("lifecycle failure" in note for note in e.value.__notes__)
     finally:
@@ -197,9 +227,19 @@ def test_a_model_that_cannot_wake_fails_the_call_even_with_optional_terms_only(i
 
 
 def _native(**changes: Any) -> dict[str, Any]:
-    model = {"backend": "native", "env": "embed", "placement": {"devices": [0]}, "executor": {"model": "m:Model"}}
+    model = {
+        "backend": "native",
+        "env": "embed",
+        "placement": {"devices": [0]},
+        "executor": {"model": "m:Model"},
+    }
     model.update(changes)
-    return {"reward": {"models": {"q": model}, "reward_functions": {"q": {"path": "pkg://m", "name": "score"}}}}
+    return {
+        "reward": {
+            "models": {"q": model},
+            "reward_functions": {"q": {"path": "pkg://m", "name": "score"}},
+        }
+    }
 
 
 def test_a_native_model_recipe_reads_verl_omnis_defaults_and_refuses_what_it_cannot_place():
@@ -207,7 +247,8 @@ def test_a_native_model_recipe_reads_verl_omnis_defaults_and_refuses_what_it_can
     (term,) = recipe.train.terms
     assert term.required is False and term.component == "q"  # verl-omni's default: optional
     backend = term.backend
-    assert backend.gpu_residency == "per_call" and backend.scorer.device == "cuda"  # offload: true by default
+    # offload: true by default
+    assert backend.gpu_residency == "per_call" and backend.scorer.device == "cuda"
     assert backend.replicas.devices == ["0"]
     assert load_recipe(_native(offload=False)).train.terms[0].backend.gpu_residency == "resident"
     with pytest.raises(ConfigError, match=r"all GPU indices .* or all cpu, not a mix"):
@@ -232,15 +273,22 @@ FAULTS = REPO_ROOT / "tests" / "helpers" / "term_faults.py"
 
 
 def _faulty(model: str, function: str, **changes: Any) -> dict[str, Any]:
-    """One native model of tests/helpers/term_faults.py (env embed, one cpu replica) and one function."""
-    native = {"backend": "native", "env": "embed", "placement": {"devices": ["cpu"]}, "executor": {"model": model}}
+    """One native model of tests/helpers/term_faults.py (env embed, one cpu replica) and one
+    function."""
+    native = {
+        "backend": "native",
+        "env": "embed",
+        "placement": {"devices": ["cpu"]},
+        "executor": {"model": model},
+    }
     native["extra_import_paths"] = [str(REPO_ROOT)]
     return {**native, **changes, "function": {"path": str(FAULTS), "name": function}}
 
 
 def _faulty_recipe(**models: dict[str, Any]) -> dict[str, Any]:
     functions = {
-        name: {**model.pop("function"), "required": model.pop("required", False)} for name, model in models.items()
+        name: {**model.pop("function"), "required": model.pop("required", False)}
+        for name, model in models.items()
     }
     return {"reward": {"models": models, "reward_functions": functions}}
 
@@ -257,12 +305,16 @@ def test_a_native_call_past_its_deadline_restarts_the_child_and_the_next_call_is
     """A sync score function stuck on its thread past call_timeout_s: the call fails once, typed
     (ScorerTimeout: the child answered `wedged`), the child is killed with the stuck thread, and the
     next call is served by a restarted child (item 4: every later call failed at once, same pid)."""
-    hang = _faulty("pkg://tests.helpers.term_faults:Tiny", "hanging_score", call_timeout_s=1.0, required=True)
+    hang = _faulty(
+        "pkg://tests.helpers.term_faults:Tiny", "hanging_score", call_timeout_s=1.0, required=True
+    )
     train, _ = build_panels(load_recipe(_faulty_recipe(hang=hang)))
     try:
         backend = train.terms[0].backend
         stuck = backend.pid
-        with pytest.raises(ScorerTimeout, match=r"\(wedged\).*did not finish within call_timeout_s=1.0") as e:
+        with pytest.raises(
+            ScorerTimeout, match=r"\(wedged\).*did not finish within call_timeout_s=1.0"
+        ) as e:
             train.compute_rewards(RewardRequest(items=_image_items("h", hang=True)))
         assert e.value.pid == stuck
         assert wait_until_gone([stuck], 10) == []
@@ -275,12 +327,14 @@ def test_a_native_call_past_its_deadline_restarts_the_child_and_the_next_call_is
 
 @pytest.mark.slow
 def test_a_close_that_raises_after_releasing_the_model_is_a_failed_close_not_a_failed_offload():
-    """A model whose close() raises once it let go of its weights (item 11): per call, the optional term
-    records `close_failed` and the step goes on (a failed residency change would be fatal), the child
-    says offloaded, not unknown, and wakes a new instance for the next call; resident, an explicit
-    offload raises `close_failed`, and the child is offloaded and onloads again."""
+    """A model whose close() raises once it let go of its weights (item 11): per call, the optional
+    term records `close_failed` and the step goes on (a failed residency change would be fatal), the
+    child says offloaded, not unknown, and wakes a new instance for the next call; resident, an
+    explicit offload raises `close_failed`, and the child is offloaded and onloads again."""
     per_call = _faulty("pkg://tests.helpers.term_faults:ClosesBadly", "hanging_score")
-    resident = _faulty("pkg://tests.helpers.term_faults:ClosesBadly", "hanging_score", offload=False)
+    resident = _faulty(
+        "pkg://tests.helpers.term_faults:ClosesBadly", "hanging_score", offload=False
+    )
     train, _ = build_panels(load_recipe(_faulty_recipe(per_call=per_call, resident=resident)))
     try:
         per_call_backend, resident_backend = (term.backend for term in train.terms)
@@ -288,16 +342,27 @@ def test_a_close_that_raises_after_releasing_the_model_is_a_failed_close_not_a_f
             got = train.compute_rewards(RewardRequest(items=_image_items("c")))
             (failure,) = got.term_failures
             assert failure.term == "per_call" and failure.kind == "ScorerRequestError", failure
-            assert "(close_failed)" in failure.error and "released all the same" in failure.error, failure.error
-            assert re.search(r"asleep: 0 of 4004032 parameter bytes still alive", failure.error), failure.error
+            assert "(close_failed)" in failure.error and "released all the same" in failure.error, (
+                failure.error
+            )
+            assert re.search(r"asleep: 0 of 4004032 parameter bytes still alive", failure.error), (
+                failure.error
+            )
             assert got.component_rewards["resident"][0] is not None
             assert per_call_backend.health()["residency"] == "offloaded"
-        with pytest.raises(ScorerRequestError, match=r"\(close_failed\).*close\(\) broke after it released") as e:
+        with pytest.raises(
+            ScorerRequestError, match=r"\(close_failed\).*close\(\) broke after it released"
+        ) as e:
             resident_backend.offload()
-        assert e.value.kind == "close_failed" and resident_backend.health()["residency"] == "offloaded"
+        assert (
+            e.value.kind == "close_failed" and resident_backend.health()["residency"] == "offloaded"
+        )
         resident_backend.onload()
         assert (
-            train.compute_rewards(RewardRequest(items=_image_items("r"))).component_rewards["resident"][1] is not None
+            train.compute_rewards(RewardRequest(items=_image_items("r"))).component_rewards[
+                "resident"
+            ][1]
+            is not None
         )
         assert per_call_backend.restarts == resident_backend.restarts == 0
     finally:

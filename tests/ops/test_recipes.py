@@ -1,5 +1,6 @@
-"""The example recipe of each seed style (supervisor/ops/example_recipes/, examples/recipes/) runs end to end: parsed, preflighted,
-built into panels (one child per distinct model, shared by train and validation), scored."""
+"""The example recipe of each seed style (supervisor/ops/example_recipes/, examples/recipes/) runs
+end to end: parsed, preflighted, built into panels (one child per distinct model, shared by train
+and validation), scored."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from supervisor.compose.recipes import instantiate
 from tests.conftest import REPO_ROOT
 
 RECIPES = REPO_ROOT / "supervisor" / "ops" / "example_recipes"  # shipped with the package
-POSTTRAIN = REPO_ROOT / "examples" / "recipes" / "posttrain_catalog.yaml"  # names a catalog module of the repo
+# names a catalog module of the repo
+POSTTRAIN = REPO_ROOT / "examples" / "recipes" / "posttrain_catalog.yaml"
 pytestmark = pytest.mark.slow  # managed children in the math and image envs
 
 
@@ -52,13 +54,17 @@ def test_unirl_target_recipe():
     assert report.scorers["correct"]["revision"] == "math-verify-0.9.0"
     before = children()
     train, validation = build_panels(recipe)
-    assert validation is None and len(children() - before) == 1  # the math child; the judge is in-process
+    # the math child; the judge is in-process
+    assert validation is None and len(children() - before) == 1
     with train:
         response = train.compute_rewards(RewardRequest(items=math_group("g", "gsm8k", ANSWERS)))
     assert response.component_rewards["correct"] == CORRECT
     rank = response.component_rewards["rank"]
-    assert rank[2] == 1.0 and rank[2] > rank[0]  # a win rate over token F1 against the gold "4": "4" wins
-    assert response.rewards == pytest.approx([c + 0.5 * r for c, r in zip(CORRECT, rank, strict=True)])
+    # a win rate over token F1 against the gold "4": "4" wins
+    assert rank[2] == 1.0 and rank[2] > rank[0]
+    assert response.rewards == pytest.approx(
+        [c + 0.5 * r for c, r in zip(CORRECT, rank, strict=True)]
+    )
     assert response.identity_hash == train.identity_hash
     assert children() == before
 
@@ -69,7 +75,8 @@ def test_unirl_target_recipe_is_what_hydra_builds():
     tree = omegaconf.OmegaConf.load(RECIPES / "unirl_targets.yaml")
     assert hydra_utils.instantiate(tree.reward) == load_recipe(RECIPES / "unirl_targets.yaml").train
     assert (
-        instantiate(omegaconf.OmegaConf.to_container(tree.reward)) == load_recipe(RECIPES / "unirl_targets.yaml").train
+        instantiate(omegaconf.OmegaConf.to_container(tree.reward))
+        == load_recipe(RECIPES / "unirl_targets.yaml").train
     )
 
 
@@ -80,7 +87,8 @@ def test_verl_omni_recipe_shares_models_between_terms_and_panels():
     before = children()
     train, validation = build_panels(recipe)
     assert validation is not None
-    assert len(children() - before) == 2  # math and overlap; validation's `correct` reuses the math child
+    # math and overlap; validation's `correct` reuses the math child
+    assert len(children() - before) == 2
     math_backend = next(t.backend for t in train.terms if t.name == "correct")
     assert next(t.backend for t in validation.terms if t.name == "correct") is math_backend
     items = math_group("a", "gsm8k", ANSWERS) + math_group("b", "math", ANSWERS)
@@ -97,7 +105,10 @@ def test_verl_omni_recipe_shares_models_between_terms_and_panels():
         expected = CORRECT[i % 4] + weight * overlap[i] + (0.5 * rank if rank is not None else 0.0)
         assert response.rewards[i] == pytest.approx(expected), item.id
     metrics = response.metrics()
-    assert metrics["train/reward/rank/sample_count"] == 4 and metrics["train/reward/correct/sample_count"] == 8
+    assert (
+        metrics["train/reward/rank/sample_count"] == 4
+        and metrics["train/reward/correct/sample_count"] == 8
+    )
     assert children() == before
 
 
@@ -111,7 +122,8 @@ def test_posttrain_catalog_recipe():
     assert validation is not None and len(children() - before) == 2  # one child per provider
     items = [
         RewardItem(id="short", group_id="g", prompt="p", text="four", reference={"answer": "four"}),
-        RewardItem(id="long", group_id="g", prompt="p", text="one two three four five six seven eight nine ten",
+        RewardItem(id="long", group_id="g", prompt="p", text="one two three four five six seven "
+            "eight nine ten",
                    reference={"answer": "four"}),
     ]  # fmt: skip
     with train, validation:
@@ -129,26 +141,35 @@ def test_a_recipe_of_no_known_style_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="unrecognised recipe"):
         load_recipe(path)
     path.write_text("rewards: [1, 2]\n")  # FF's list: its entries are named
-    with pytest.raises(ConfigError, match=r"rewards\[0\]: a reward is a mapping with a `name` and a `reward_model`"):
+    with pytest.raises(
+        ConfigError, match=r"rewards\[0\]: a reward is a mapping with a `name` and a `reward_model`"
+    ):
         load_recipe(path)
 
 
 def test_a_verl_function_bound_to_a_missing_model_is_named():
-    with pytest.raises(ConfigError, match=r"reward.reward_functions.style: model 'judge' is not in reward.models"):
+    with pytest.raises(
+        ConfigError, match=r"reward.reward_functions.style: model 'judge' is not in reward.models"
+    ):
         load_recipe({"reward": {"models": {}, "reward_functions": {"style": {"model": "judge"}}}})
 
 
 def test_catalog_names_cannot_override_builtins(tmp_path):
     module = tmp_path / "override_catalog.py"
     module.write_text(
-        "from scorers.builtin.rules import ExactMatch\n\ndef catalog():\n    return {'exact_match': ExactMatch}\n"
+        "from scorers.builtin.rules import ExactMatch\n\ndef catalog():\n    return "
+        "{'exact_match': ExactMatch}\n"
     )
     import sys
 
     sys.path.insert(0, str(tmp_path))
     try:
-        recipe = load_recipe({"catalog": "override_catalog:catalog", "reward": {"provider": "exact_match"}})
-        with pytest.raises(ConfigError, match="'exact_match' is a built-in scorer and cannot be overridden"):
+        recipe = load_recipe(
+            {"catalog": "override_catalog:catalog", "reward": {"provider": "exact_match"}}
+        )
+        with pytest.raises(
+            ConfigError, match="'exact_match' is a built-in scorer and cannot be overridden"
+        ):
             preflight(recipe)
     finally:
         sys.path.remove(str(tmp_path))

@@ -39,7 +39,9 @@ TOKEN = "t" * 32
 ROOT = str(Path(__file__).resolve().parents[2])
 GROUPS, SIZE = 6, 4
 REQUEST = RewardRequest(
-    items=[RewardItem(id=f"r{i}", group_id=f"g{i // SIZE}", text="x" * i) for i in range(GROUPS * SIZE)],
+    items=[
+        RewardItem(id=f"r{i}", group_id=f"g{i // SIZE}", text="x" * i) for i in range(GROUPS * SIZE)
+    ],
     group_size=SIZE,
 )
 EXPECTED = [float(i) for i in range(GROUPS * SIZE)]
@@ -49,15 +51,34 @@ NAMES = (
 )  # each serve's readiness and log files  # the slow one has another identity: its params differ
 
 
-def serve_many(tmp_path: Path, specs: list, extra: tuple[str, ...] = ()) -> list[tuple[subprocess.Popen, str]]:
-    """A serve process per (probe class, sleep_s), started together; (process, url) each, once ready."""
+def serve_many(
+    tmp_path: Path, specs: list, extra: tuple[str, ...] = ()
+) -> list[tuple[subprocess.Popen, str]]:
+    """A serve process per (probe class, sleep_s), started together; (process, url) each, once
+    ready."""
     started = []
     for scorer, sleep_s in specs:
-        args = ["--scorer", f"tests.helpers.fixture_scorers:{scorer}", "--python", sys.executable, "--input-kind"]
-        args += ["text", "--extra-import-path", ROOT, "--params", json.dumps({"sleep_s": sleep_s}), *extra]
+        args = [
+            "--scorer",
+            f"tests.helpers.fixture_scorers:{scorer}",
+            "--python",
+            sys.executable,
+            "--input-kind",
+        ]
+        args += [
+            "text",
+            "--extra-import-path",
+            ROOT,
+            "--params",
+            json.dumps({"sleep_s": sleep_s}),
+            *extra,
+        ]
         started.append(start_serve(tmp_path, f"{scorer}-{next(NAMES)}", *args))
     try:
-        return [(process, f"http://127.0.0.1:{wait_ready(ready)['port']}") for process, ready, _ in started]
+        return [
+            (process, f"http://127.0.0.1:{wait_ready(ready)['port']}")
+            for process, ready, _ in started
+        ]
     except BaseException:
         for process, _, _ in started:
             stop_serve(process)
@@ -72,7 +93,9 @@ def servers(tmp_path: Path) -> Iterator[Callable[..., list[tuple[subprocess.Pope
     def make(*specs: tuple[str, float] | str) -> list[tuple[subprocess.Popen, str]]:
         """`make(PROBE, SLOW, ...)`, then any strings: serve arguments for all of them."""
         kinds = [spec for spec in specs if isinstance(spec, tuple)]
-        made.extend(serve_many(tmp_path, kinds, tuple(spec for spec in specs if isinstance(spec, str))))
+        made.extend(
+            serve_many(tmp_path, kinds, tuple(spec for spec in specs if isinstance(spec, str)))
+        )
         return made[-len(kinds) :]
 
     yield make
@@ -104,7 +127,9 @@ def scoring(urls: list[str], timeout_s: float = 10.0) -> None:
     """Wait until every server has a request in flight (its own /health says so)."""
     clients = [RemoteRewardBackend(url, token=TOKEN) for url in urls]
     try:
-        assert eventually(lambda: all(c.health()["in_flight"] > 0 for c in clients), timeout_s), "not all scoring"
+        assert eventually(lambda: all(c.health()["in_flight"] > 0 for c in clients), timeout_s), (
+            "not all scoring"
+        )
     finally:
         for client in clients:
             client.close()
@@ -132,7 +157,12 @@ def test_two_and_three_servers_score_a_grouped_batch_equal_to_one_server(servers
     assert [scored_keys(url) - b for url, b in zip(urls, before, strict=True)] == [3 + 2, 3 + 2, 2]
     # a recipe term: `base_urls: [..]` (or `base_url: [..]`) is one backend over every server
     monkeypatch.setenv("PROBE_TOKEN", TOKEN)
-    remote = {"kind": "remote", "base_urls": urls, "token_env": "PROBE_TOKEN", "client": {"request_batch_size": SIZE}}
+    remote = {
+        "kind": "remote",
+        "base_urls": urls,
+        "token_env": "PROBE_TOKEN",
+        "client": {"request_batch_size": SIZE},
+    }
     remote["probe_interval_s"] = 0.5
     with build_panel(load_recipe({"terms": [{"name": "probe", "backend": remote}]}).train) as panel:
         (backend,) = panel.backends
@@ -157,20 +187,24 @@ def test_servers_of_another_revision_or_params_are_refused_at_construction_namin
 
 
 def test_a_server_restarted_under_another_revision_stops_the_next_call_naming_it(servers):
-    """Stopped, it is passed over; back under another revision, its background probe finds it and the
-    next call raises naming it (a server up when it changes: the next call's own probe, see below).
-    Stopped again, it is passed over again: the others serve."""
+    """Stopped, it is passed over; back under another revision, its background probe finds it and
+    the next call raises naming it (a server up when it changes: the next call's own probe, see
+    below). Stopped again, it is passed over again: the others serve."""
     (_, first), (second, second_url) = servers(PROBE, PROBE)
-    with MultiRemoteRewardBackend([first, second_url], token=TOKEN, request_batch_size=SIZE) as many:
+    with MultiRemoteRewardBackend(
+        [first, second_url], token=TOKEN, request_batch_size=SIZE
+    ) as many:
         assert many.compute_rewards(REQUEST).rewards == EXPECTED
         assert stop_serve(second) == 0
         assert many.compute_rewards(REQUEST).rewards == EXPECTED  # the stopped one passed over
-        ((changed, _),) = servers(("ProbeV2", 0.0), "--port", second_url.rsplit(":", 1)[1])  # same URL, other version
+        # same URL, other version
+        ((changed, _),) = servers(("ProbeV2", 0.0), "--port", second_url.rsplit(":", 1)[1])
         found: list[RewardContractError] = []
 
         def refused() -> bool:
             try:
-                assert many.compute_rewards(REQUEST).rewards == EXPECTED  # until then: the first one alone
+                # until then: the first one alone
+                assert many.compute_rewards(REQUEST).rewards == EXPECTED
             except ScorerIdentityChanged as exc:
                 found.append(exc)
             return bool(found)
@@ -191,7 +225,9 @@ def test_a_server_restarted_under_another_revision_stops_the_next_call_naming_it
 def test_a_server_killed_mid_batch_has_its_share_re_sent_once_to_a_healthy_one(servers):
     made = servers(SLOW, SLOW, SLOW)
     victim = made[1][0]
-    with MultiRemoteRewardBackend([url for _, url in made], token=TOKEN, request_batch_size=SIZE) as many:
+    with MultiRemoteRewardBackend(
+        [url for _, url in made], token=TOKEN, request_batch_size=SIZE
+    ) as many:
 
         def kill_mid_batch() -> None:
             scoring([url for _, url in made])  # every server is scoring its share's first chunk
@@ -201,10 +237,12 @@ def test_a_server_killed_mid_batch_has_its_share_re_sent_once_to_a_healthy_one(s
         began = time.monotonic()
         response = score_while(many, kill_mid_batch)
         assert not isinstance(response, BaseException), response
-        assert response.ids == REQUEST.ids and response.rewards == EXPECTED  # every reward on its own id
+        # every reward on its own id
+        assert response.ids == REQUEST.ids and response.rewards == EXPECTED
         assert time.monotonic() - began < 30  # not the call's 600 s deadline: re-sent at once
-        # the other two scored their own 2 chunks each and what the dead one had not answered, re-sent once:
-        # both of its chunks, or only its second when load let it answer its first before the kill
+        # the other two scored their own 2 chunks each and what the dead one had not answered,
+        # re-sent once: both of its chunks, or only its second when load let it answer its first
+        # before the kill
         assert GROUPS - 2 < sum(scored_keys(url) for _, url in (made[0], made[2])) <= GROUPS
         # between calls: the dead server does not answer /health, the others take the whole batch
         assert many.compute_rewards(REQUEST).rewards == EXPECTED
@@ -213,7 +251,9 @@ def test_a_server_killed_mid_batch_has_its_share_re_sent_once_to_a_healthy_one(s
 
 def test_with_every_other_server_gone_the_error_names_the_dead_server(servers):
     (first, first_url), (second, second_url) = servers(SLOW, SLOW)
-    with MultiRemoteRewardBackend([first_url, second_url], token=TOKEN, request_batch_size=SIZE) as many:
+    with MultiRemoteRewardBackend(
+        [first_url, second_url], token=TOKEN, request_batch_size=SIZE
+    ) as many:
         second.send_signal(signal.SIGKILL)  # between calls: only the first answers /health now
         second.wait(5)
 
@@ -232,12 +272,17 @@ def test_with_every_other_server_gone_the_error_names_the_dead_server(servers):
 
 def test_a_server_restarted_mid_call_under_another_identity_is_never_trusted(servers):
     """Issue 37 item 1: B is SIGKILLed while it scores and restarted on its port with other params
-    (another identity) while its chunks are in their retries. Neither a RemoteRewardBackend pinned to
-    B's identity nor a MultiRemoteRewardBackend over A and B takes one answer of the new identity:
-    both calls raise ScorerIdentityChanged naming B's URL and both hashes (never retried, never
-    joined with A's rewards), and so does every later call."""
+    (another identity) while its chunks are in their retries. Neither a RemoteRewardBackend pinned
+    to B's identity nor a MultiRemoteRewardBackend over A and B takes one answer of the new
+    identity: both calls raise ScorerIdentityChanged naming B's URL and both hashes (never retried,
+    never joined with A's rewards), and so does every later call."""
     (_, a), (b_process, b) = servers(SLOW, SLOW)
-    patient = {"request_batch_size": SIZE, "request_timeout": 60, "max_retries": 1000, "retry_backoff_cap_s": 0.2}
+    patient = {
+        "request_batch_size": SIZE,
+        "request_timeout": 60,
+        "max_retries": 1000,
+        "retry_backoff_cap_s": 0.2,
+    }
     with RemoteRewardBackend(b, token=TOKEN) as first:
         old = first.identity_hash
     assert old is not None
@@ -260,7 +305,8 @@ def test_a_server_restarted_mid_call_under_another_identity_is_never_trusted(ser
         calls[1].start()
         b_process.send_signal(signal.SIGKILL)
         b_process.wait(5)
-        servers(PROBE, "--port", b.rsplit(":", 1)[1])  # the same URL, other params: another identity
+        # the same URL, other params: another identity
+        servers(PROBE, "--port", b.rsplit(":", 1)[1])
         with RemoteRewardBackend(b, token=TOKEN) as restarted:
             new = restarted.identity_hash
         assert new is not None and new != old
@@ -272,12 +318,15 @@ def test_a_server_restarted_mid_call_under_another_identity_is_never_trusted(ser
             assert isinstance(error, ScorerIdentityChanged), (name, error)
             assert (error.url, error.expected, error.got) == (b, old, new), name
             assert all(part in str(error) for part in (b, old, new)), name
-            with pytest.raises(ScorerIdentityChanged) as later:  # the next call too, before anything is joined
+            # the next call too, before anything is joined
+            with pytest.raises(ScorerIdentityChanged) as later:
                 backend.compute_rewards(REQUEST)
             assert (later.value.url, later.value.expected, later.value.got) == (b, old, new), name
 
 
-def test_a_stopped_server_is_passed_over_without_waiting_for_its_probe_until_it_answers_again(servers):
+def test_a_stopped_server_is_passed_over_without_waiting_for_its_probe_until_it_answers_again(
+    servers,
+):
     """Issue 37 item 10: B is SIGSTOPped while it scores (its chunk spends the call's deadline:
     re-sending a hung chunk elsewhere is another issue's). Later calls do not ask B: each is done
     within request_timeout (4 s) although B's probe may take 30 s. After SIGCONT, B answers its

@@ -1,5 +1,6 @@
-"""`envs build --installer uv`: pip's settings carried to uv, a real uv build from a find-links folder under
-a pip constraint, and the refusals (no uv, a pip setting uv has no equivalent of), each one line, exit 2."""
+"""`envs build --installer uv`: pip's settings carried to uv, a real uv build from a find-links
+folder under a pip constraint, and the refusals (no uv, a pip setting uv has no equivalent of), each
+one line, exit 2."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ global.cert='/etc/ssl/certs/ca-certificates.crt'
 def test_pips_settings_become_uv_flags_and_variables_by_pips_precedence():
     settings = pip_settings(LISTING)
     assert settings["constraint"] == "/tmp/mine.txt"  # PIP_CONSTRAINT over the config file's
-    assert settings["no-index"] == "false" and settings["timeout"] == "180"  # [install] over [global]
+    # [install] over [global]
+    assert settings["no-index"] == "false" and settings["timeout"] == "180"
     flags, variables = uv_arguments(settings)
     assert flags == [
         "--index-strategy",
@@ -49,21 +51,41 @@ def test_pips_settings_become_uv_flags_and_variables_by_pips_precedence():
         "--find-links",
         "/opt/wheels",
     ]
-    assert variables == {"SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt", "UV_HTTP_TIMEOUT": "180"}
+    assert variables == {
+        "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt",
+        "UV_HTTP_TIMEOUT": "180",
+    }
     with pytest.raises(EnvError, match=r"pip's setting user='true' has no uv equivalent"):
         uv_arguments({"user": "true"})
 
 
-def test_installer_uv_without_uv_refuses_in_one_line_before_anything_changes(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path))  # no uv on PATH; none beside the dev env's python either
+def test_installer_uv_without_uv_refuses_in_one_line_before_anything_changes(
+    tmp_path, capsys, monkeypatch
+):
+    # no uv on PATH; none beside the dev env's python either
+    monkeypatch.setenv("PATH", str(tmp_path))
     if (Path(sys.executable).parent / "uv").is_file():
         pytest.skip("this env has uv installed beside its python")
     spec = tmp_path / "spec.txt"
     spec.write_text("\n")
-    args = ["envs", "build", "x", "--requirements", str(spec), "--dir", str(tmp_path / "x"), "--installer", "uv"]
+    args = [
+        "envs",
+        "build",
+        "x",
+        "--requirements",
+        str(spec),
+        "--dir",
+        str(tmp_path / "x"),
+        "--installer",
+        "uv",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--installer uv: uv is not installed" in err and "`pip install uv`" in err
+    assert (
+        err.count("\n") == 1
+        and "--installer uv: uv is not installed" in err
+        and "`pip install uv`" in err
+    )
     assert not (tmp_path / "x").exists()
 
 
@@ -73,13 +95,19 @@ def tiny_wheel(folder: Path, version: str) -> Path:
     files = {
         "ms_tiny.py": f"VERSION = {version!r}\n",
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: ms_tiny\nVersion: {version}\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: "
+        "py3-none-any\n",
     }
 
     def digest(text: str) -> str:
-        return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        return (
+            "sha256="
+            + base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        )
 
-    record = "".join(f"{path},{digest(text)},{len(text.encode())}\n" for path, text in files.items())
+    record = "".join(
+        f"{path},{digest(text)},{len(text.encode())}\n" for path, text in files.items()
+    )
     path = folder / f"ms_tiny-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as archive:
         for name, text in {**files, f"{dist}/RECORD": record + f"{dist}/RECORD,,\n"}.items():
@@ -89,7 +117,8 @@ def tiny_wheel(folder: Path, version: str) -> Path:
 
 @pytest.fixture(scope="module")
 def uv_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """uv installed by pip into a scratch folder (its bin/ holds the uv binary); skipped where it cannot be."""
+    """uv installed by pip into a scratch folder (its bin/ holds the uv binary); skipped where it
+    cannot be."""
     target = tmp_path_factory.mktemp("uv")
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-input", "--target", str(target), "uv"],
@@ -99,7 +128,10 @@ def uv_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=600,
     )
     if done.returncode != 0 or not (target / "bin" / "uv").is_file():
-        pytest.skip(f"uv does not install here (`pip install uv`, exit {done.returncode}): {done.stderr[-300:]}")
+        pytest.skip(
+            f"uv does not install here (`pip install uv`, exit {done.returncode}): "
+            f"{done.stderr[-300:]}"
+        )
     return target / "bin"
 
 
@@ -120,11 +152,23 @@ def test_a_uv_build_takes_pips_find_links_and_constraint_and_says_its_phases(tmp
         "PIP_FIND_LINKS": str(wheels),
         "PIP_CONSTRAINT": str(tmp_path / "cap.txt"),
     }
-    command = [sys.executable, "-m", "supervisor", "envs", "build", "tiny", "--requirements", str(spec)]
+    command = [
+        sys.executable,
+        "-m",
+        "supervisor",
+        "envs",
+        "build",
+        "tiny",
+        "--requirements",
+        str(spec),
+    ]
     command += ["--dir", str(venv), "--installer", "uv"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert "  installing 1 requirement line(s) with uv" in done.stderr and " built in " in done.stderr
-    assert env_builder.installed_versions(venv, ["ms_tiny"]) == {"ms_tiny": "1.0"}  # the pip constraint held
+    assert (
+        "  installing 1 requirement line(s) with uv" in done.stderr and " built in " in done.stderr
+    )
+    # the pip constraint held
+    assert env_builder.installed_versions(venv, ["ms_tiny"]) == {"ms_tiny": "1.0"}
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "up to date" in again.stderr, again.stderr

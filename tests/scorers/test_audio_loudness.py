@@ -1,5 +1,5 @@
-"""audio_loudness: RMS loudness in dBFS against a target, checked by hand, in-process and in a managed
-child from env `image` (numpy only)."""
+"""audio_loudness: RMS loudness in dBFS against a target, checked by hand, in-process and in a
+managed child from env `image` (numpy only)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,15 @@ def tones() -> tuple[RewardRequest, list[float]]:
     sine = (0.5 * np.sin(2 * np.pi * 1000 * t)).astype(np.float32)
     waves = {
         "half": np.full((2, 800), 0.5, np.float32),  # 20 log10(0.5) = -6.02 dBFS
-        "sine": np.stack([sine, -sine, sine]),  # RMS 0.5 / sqrt(2): -9.03 dBFS, whatever the channel's sign
+        # RMS 0.5 / sqrt(2): -9.03 dBFS, whatever the channel's sign
+        "sine": np.stack([sine, -sine, sine]),
         "silence": np.zeros((1, 10), np.float32),  # no power: the floor, -100
         "target": np.full((1, 5), 0.1, np.float32),  # -20 dBFS: the target
     }
     levels = [20 * math.log10(0.5), 20 * math.log10(0.5 / math.sqrt(2)), -100.0, -20.0]
-    items = [RewardItem(id=name, audio=wave, audio_sample_rate=RATE) for name, wave in waves.items()]
+    items = [
+        RewardItem(id=name, audio=wave, audio_sample_rate=RATE) for name, wave in waves.items()
+    ]
     return RewardRequest(items=items), [-abs(level + 20.0) for level in levels]
 
 
@@ -57,8 +60,11 @@ def test_bad_params_are_refused_at_construction(params, match):
 def test_loudness_in_a_managed_child_of_env_image_equals_in_process(managed, image_python):
     request, expected = tones()
     backend = managed(image_python, "audio_loudness", "audio", params={"target_dbfs": -20.0})
-    assert backend.ready_info["input_kind"] == "audio" and backend.shape.required_fields == ("audio",)
+    assert backend.ready_info["input_kind"] == "audio" and backend.shape.required_fields == (
+        "audio",
+    )
     managed_rewards = backend.compute_rewards(request).rewards
     with LocalRewardBackend("audio_loudness") as local:
-        assert managed_rewards == local.compute_rewards(request).rewards  # the same float64 arithmetic
+        # the same float64 arithmetic
+        assert managed_rewards == local.compute_rewards(request).rewards
     assert managed_rewards == pytest.approx(expected, abs=1e-5)

@@ -1,5 +1,6 @@
-"""The built-in scorers moved to `scorers.builtin`; the dotted names the registry listed before still load
-the same modules, classes and identities (users' recipes, ports, catalogs and pickles name them)."""
+"""The built-in scorers moved to `scorers.builtin`; the dotted names the registry listed before
+still load the same modules, classes and identities (users' recipes, ports, catalogs and pickles
+name them)."""
 
 from __future__ import annotations
 
@@ -57,8 +58,16 @@ _IDENTITIES = """
 import json, sys
 from scorers.identity import scorer_identity_hash
 from scorers.registry import resolve_scorer
+
 paths, params = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print(json.dumps({n: scorer_identity_hash(resolve_scorer(p)(**params.get(n, {})), params.get(n, {})) for n, p in paths.items()}))
+print(
+    json.dumps(
+        {
+            n: scorer_identity_hash(resolve_scorer(p)(**params.get(n, {})), params.get(n, {}))
+            for n, p in paths.items()
+        }
+    )
+)
 """
 
 
@@ -74,23 +83,29 @@ def test_an_old_dotted_name_gives_the_same_class_and_module(name):
     assert resolve_scorer(OLD_PATHS[name]) is resolve_scorer(name) is resolve_scorer(BUILTINS[name])
     module = importlib.import_module(old_module)
     assert module is importlib.import_module(new_module) is sys.modules[old_module]
-    assert module.__name__ == module.__spec__.name == new_module  # the module keeps its own name and spec
+    # the module keeps its own name and spec
+    assert module.__name__ == module.__spec__.name == new_module
     assert resolve_scorer(name).__module__ == new_module
 
 
 @pytest.mark.parametrize("helper", MOVED_HELPERS)
 def test_the_moved_helpers_old_names_give_the_same_modules(helper):
-    assert importlib.import_module(helper) is importlib.import_module(helper.replace("scorers.", "scorers.builtin.", 1))
+    assert importlib.import_module(helper) is importlib.import_module(
+        helper.replace("scorers.", "scorers.builtin.", 1)
+    )
 
 
 def test_the_grading_workers_old_grade_function_name_resolves_to_the_same_function():
     pytest.importorskip("math_verify")
-    assert _resolve("scorers.math_verify_grade:grade") is _resolve("scorers.builtin.math_verify_grade:grade")
+    assert _resolve("scorers.math_verify_grade:grade") is _resolve(
+        "scorers.builtin.math_verify_grade:grade"
+    )
 
 
 def test_identity_hashes_are_the_same_whichever_dotted_name_loaded_the_scorer():
-    """A fresh interpreter loads every scorer by its old name; this one by its new one. The params are the
-    same on both sides (a wrapper's inner scorer is a param: its string is part of the identity)."""
+    """A fresh interpreter loads every scorer by its old name; this one by its new one. The params
+    are the same on both sides (a wrapper's inner scorer is a param: its string is part of the
+    identity)."""
     fresh = subprocess.run(
         [sys.executable, "-c", _IDENTITIES, json.dumps(OLD_PATHS), json.dumps(PARAMS)],
         cwd=REPO_ROOT,
@@ -101,7 +116,9 @@ def test_identity_hashes_are_the_same_whichever_dotted_name_loaded_the_scorer():
     )
     by_old_names = json.loads(fresh.stdout.strip().splitlines()[-1])
     by_new_names = {
-        name: scorer_identity_hash(resolve_scorer(BUILTINS[name])(**PARAMS.get(name, {})), PARAMS.get(name, {}))
+        name: scorer_identity_hash(
+            resolve_scorer(BUILTINS[name])(**PARAMS.get(name, {})), PARAMS.get(name, {})
+        )
         for name in OLD_PATHS
     }
     assert by_new_names == by_old_names
@@ -118,15 +135,21 @@ def test_a_class_loaded_by_its_old_name_pickles_by_its_new_one():
 def test_from_scorers_import_an_old_name_works():
     from scorers import jpeg, rules  # type: ignore[attr-defined]
 
-    assert jpeg is sys.modules["scorers.builtin.jpeg"] and rules is sys.modules["scorers.builtin.rules"]
+    assert (
+        jpeg is sys.modules["scorers.builtin.jpeg"]
+        and rules is sys.modules["scorers.builtin.rules"]
+    )
 
 
 def test_a_managed_child_loads_a_scorer_by_its_old_dotted_name(managed, image_python):
-    """The child imports from a root linking only `scorers` and `child_runtime`: the old name resolves there
-    too, to the same scorer and identity as its registry name."""
+    """The child imports from a root linking only `scorers` and `child_runtime`: the old name
+    resolves there too, to the same scorer and identity as its registry name."""
     from supervisor import RewardItem, RewardRequest
 
     request = RewardRequest(items=[RewardItem(id="a", text="x", reference="x")])
-    old, by_name = managed(image_python, OLD_PATHS["exact_match"]), managed(image_python, "exact_match")
+    old, by_name = (
+        managed(image_python, OLD_PATHS["exact_match"]),
+        managed(image_python, "exact_match"),
+    )
     assert old.compute_rewards(request).rewards == by_name.compute_rewards(request).rewards == [1.0]
     assert old.identity_hash == by_name.identity_hash

@@ -1,4 +1,5 @@
-"""clip_preference with a tiny random-weight CLIP built at test time (tests/helpers/tiny_clip.py), in envs/embed.
+"""clip_preference with a tiny random-weight CLIP built at test time (tests/helpers/tiny_clip.py),
+in envs/embed.
 
 This suite's env has no torch, so the reference figures come from scripts run elsewhere: the
 hand computation from CLIPModel's two towers in envs/embed, LocalRewardBackend in envs/trl (a
@@ -29,7 +30,8 @@ PROMPTS = ["a red cat", "a dog", "a red cat", "a dog", LONG_PROMPT]
 
 
 def _images() -> list[np.ndarray]:
-    """RGB, RGBA, grayscale, a 150 KB one (goes through the shared segment), a small one (padded by the crop)."""
+    """RGB, RGBA, grayscale, a 150 KB one (goes through the shared segment), a small one (padded by
+    the crop)."""
     rng = np.random.default_rng(7)
     shapes = [(40, 50, 3), (64, 48, 4), (36, 36, 1), (260, 200, 3), (20, 28, 3)]
     return [rng.integers(0, 256, shape, dtype=np.uint8) for shape in shapes]
@@ -56,9 +58,13 @@ prompts = json.loads(sys.argv[3])
 transform = ImageTransform.from_dir(model_dir)
 mean, std = torch.tensor(transform.mean).view(3, 1, 1), torch.tensor(transform.std).view(3, 1, 1)
 grey = np.full((50, 70, 3), 100, np.uint8)
-assert torch.allclose(transform(grey, "grey"), ((torch.full((3, 32, 32), 100.0) / 255 - mean) / std), atol=1e-6)
+assert torch.allclose(
+    transform(grey, "grey"), ((torch.full((3, 32, 32), 100.0) / 255 - mean) / std), atol=1e-6
+)
 clear = np.zeros((40, 40, 4), np.uint8)  # fully transparent: white, as transformers composites it
-assert torch.allclose(transform(clear, "clear"), (1.0 - mean) / std * torch.ones(3, 32, 32), atol=1e-6)
+assert torch.allclose(
+    transform(clear, "clear"), (1.0 - mean) / std * torch.ones(3, 32, 32), atol=1e-6
+)
 model = CLIPModel.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
 tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
 scores = []
@@ -68,7 +74,9 @@ with torch.inference_mode():
         tokens = tokenizer([prompt], truncation=True, max_length=77, return_tensors="pt")
         image = model.get_image_features(pixel_values=pixels).pooler_output[0]
         text = model.get_text_features(**tokens).pooler_output[0]
-        cosine = torch.dot(image, text) / (torch.linalg.vector_norm(image) * torch.linalg.vector_norm(text))
+        cosine = torch.dot(image, text) / (
+            torch.linalg.vector_norm(image) * torch.linalg.vector_norm(text)
+        )
         scores.append(float(torch.exp(model.logit_scale) * cosine / 26.0))
 print(json.dumps(scores))
 """
@@ -79,16 +87,25 @@ import numpy as np
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 
 params, cases, prompts = json.loads(sys.argv[1]), np.load(sys.argv[2]), json.loads(sys.argv[3])
-items = [RewardItem(id=f"item{i}", prompt=p, image=cases[f"image{i}"]) for i, p in enumerate(prompts)]
+items = [
+    RewardItem(id=f"item{i}", prompt=p, image=cases[f"image{i}"]) for i, p in enumerate(prompts)
+]
 with LocalRewardBackend(sys.argv[4], params=params) as backend:
     response = backend.compute_rewards(RewardRequest(items=items))
-    print(json.dumps({"rewards": response.rewards, "identity_hash": backend.identity_hash,
-                      "diagnostics": response.diagnostics}))
+    print(
+        json.dumps(
+            {
+                "rewards": response.rewards,
+                "identity_hash": backend.identity_hash,
+                "diagnostics": response.diagnostics,
+            }
+        )
+    )
 """
 
 
-# transformers' own pipeline, item by item: its image processor (the PIL one: envs/trl has pillow, not
-# torchvision) and CLIPModel.forward's logits_per_image, against the scorer run in process.
+# transformers' own pipeline, item by item: its image processor (the PIL one: envs/trl has pillow,
+# not torchvision) and CLIPModel.forward's logits_per_image, against the scorer run in process.
 PARITY_SCRIPT = r"""
 import json, sys
 import numpy as np, torch
@@ -114,7 +131,11 @@ with torch.inference_mode():
         pixel_changed.append(float((gap > 1e-5).float().mean()))
 items = [ScoreItem(id=str(i), prompt=p, image=im) for i, (p, im) in enumerate(zip(prompts, images))]
 ours = score_checked(scorer, items).terms["clip_preference"]
-print(json.dumps({"theirs": theirs, "ours": ours, "pixel_max": pixel_max, "pixel_changed": pixel_changed}))
+print(
+    json.dumps(
+        {"theirs": theirs, "ours": ours, "pixel_max": pixel_max, "pixel_changed": pixel_changed}
+    )
+)
 """
 
 
@@ -123,7 +144,9 @@ def run_in_env(env: str, args: list[str], cwd: Path) -> str:
     done = subprocess.run(
         [str(env_python(env)), *args],
         cwd=cwd,
-        env=launcher_free_env(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"),
+        env=launcher_free_env(
+            PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"
+        ),
         capture_output=True,
         text=True,
         timeout=180,
@@ -135,7 +158,9 @@ def run_in_env(env: str, args: list[str], cwd: Path) -> str:
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_clip") / "model"
-    run_in_env("embed", [str(REPO_ROOT / "tests" / "helpers" / "tiny_clip.py"), str(out)], out.parent)
+    run_in_env(
+        "embed", [str(REPO_ROOT / "tests" / "helpers" / "tiny_clip.py"), str(out)], out.parent
+    )
     return out
 
 
@@ -151,7 +176,9 @@ def embed_python() -> Path:
     return env_python("embed")
 
 
-def test_managed_scores_are_the_hand_computed_pickscore(managed, embed_python, tiny_model, cases, tmp_path):
+def test_managed_scores_are_the_hand_computed_pickscore(
+    managed, embed_python, tiny_model, cases, tmp_path
+):
     params = {"model_dir": str(tiny_model), "batch_size": 2}
     backend = managed(embed_python, SCORER, input_kind="image", params=params)
     response = backend.compute_rewards(REQUEST)
@@ -164,19 +191,31 @@ def test_managed_scores_are_the_hand_computed_pickscore(managed, embed_python, t
     assert rewards[0] != rewards[2]  # "a red cat" on two images
     assert response.diagnostics["clip_preference"]["values"]["truncated"] == 1
     hand = json.loads(
-        run_in_env("embed", ["-c", HAND_SCRIPT, str(tiny_model), str(cases), json.dumps(PROMPTS)], tmp_path)
+        run_in_env(
+            "embed", ["-c", HAND_SCRIPT, str(tiny_model), str(cases), json.dumps(PROMPTS)], tmp_path
+        )
     )
     assert rewards == pytest.approx(hand, abs=1e-5)
     health = backend.health()
-    assert health["packages"]["transformers"].startswith("5.") and health["packages"]["torch"].startswith("2.13")
+    assert health["packages"]["transformers"].startswith("5.") and health["packages"][
+        "torch"
+    ].startswith("2.13")
     # an item without its prompt is a 4xx naming it, and the child keeps serving
     with pytest.raises(ScorerRequestError) as info:
         backend.compute_rewards(RewardRequest(items=[RewardItem(id="no-prompt", image=IMAGES[0])]))
-    assert info.value.status == 422 and "'no-prompt'" in str(info.value) and "'prompt'" in str(info.value)
+    assert (
+        info.value.status == 422
+        and "'no-prompt'" in str(info.value)
+        and "'prompt'" in str(info.value)
+    )
     assert backend.compute_rewards(REQUEST).rewards == rewards
     # in process (the TRL env has the same torch and transformers, and this project installed)
     local = json.loads(
-        run_in_env("trl", ["-c", LOCAL_SCRIPT, json.dumps(params), str(cases), json.dumps(PROMPTS), SCORER], tmp_path)
+        run_in_env(
+            "trl",
+            ["-c", LOCAL_SCRIPT, json.dumps(params), str(cases), json.dumps(PROMPTS), SCORER],
+            tmp_path,
+        )
     )
     assert local["rewards"] == rewards
     # one identity, whether computed by the child, in process, or here in the trainer env
@@ -185,10 +224,13 @@ def test_managed_scores_are_the_hand_computed_pickscore(managed, embed_python, t
 
 
 def test_matches_transformers_own_processor_and_forward(tiny_model, cases, tmp_path):
-    """The torch preprocessing is within one pixel level of transformers' PIL processor (PickScore's), on
-    under 1% of the values even on noise (resampling's worst case; a float bicubic is ~17 levels off)."""
+    """The torch preprocessing is within one pixel level of transformers' PIL processor
+    (PickScore's), on under 1% of the values even on noise (resampling's worst case; a float bicubic
+    is ~17 levels off)."""
     found = json.loads(
-        run_in_env("trl", ["-c", PARITY_SCRIPT, str(tiny_model), str(cases), json.dumps(PROMPTS)], tmp_path)
+        run_in_env(
+            "trl", ["-c", PARITY_SCRIPT, str(tiny_model), str(cases), json.dumps(PROMPTS)], tmp_path
+        )
     )
     one_level = 1 / 255 / 0.26130258  # the smallest std of OpenAI CLIP's
     assert max(found["pixel_max"]) <= one_level + 1e-5 and max(found["pixel_changed"]) < 0.01, found
@@ -197,7 +239,11 @@ def test_matches_transformers_own_processor_and_forward(tiny_model, cases, tmp_p
 
 def test_per_call_round_trip_keeps_scores(managed, embed_python, tiny_model):
     backend = managed(
-        embed_python, SCORER, input_kind="image", params={"model_dir": str(tiny_model)}, gpu_residency="per_call"
+        embed_python,
+        SCORER,
+        input_kind="image",
+        params={"model_dir": str(tiny_model)},
+        gpu_residency="per_call",
     )
     assert backend.health()["residency"] == "offloaded"
     first = backend.compute_rewards(REQUEST).rewards
@@ -206,7 +252,9 @@ def test_per_call_round_trip_keeps_scores(managed, embed_python, tiny_model):
     assert on["residency"] == "resident" and on["changed"] is True and on["device"] == "cpu"
     assert on["before"]["rss_bytes"] > 50_000_000 and on["seconds"] >= 0
     off = backend.offload()
-    assert off["residency"] == "offloaded" and off["changed"] is True and "rss_bytes" in off["after"]
+    assert (
+        off["residency"] == "offloaded" and off["changed"] is True and "rss_bytes" in off["after"]
+    )
     print(f"\nclip_preference per_call figures: onload={json.dumps(on)} offload={json.dumps(off)}")
     assert backend.compute_rewards(REQUEST).rewards == first
 
@@ -216,16 +264,25 @@ def test_identity_follows_the_files_not_the_path(tiny_model, tmp_path):
     base = scorer_identity_hash(ClipPreference(**params), params)
     moved = tmp_path / "moved"
     shutil.copytree(tiny_model, moved)
-    assert scorer_identity_hash(ClipPreference(model_dir=str(moved)), {"model_dir": str(moved)}) == base
+    assert (
+        scorer_identity_hash(ClipPreference(model_dir=str(moved)), {"model_dir": str(moved)})
+        == base
+    )
     weights = moved / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF  # a weight byte in the middle: same shapes, other weights
     weights.write_bytes(bytes(data))
-    assert scorer_identity_hash(ClipPreference(model_dir=str(moved)), {"model_dir": str(moved)}) != base
+    assert (
+        scorer_identity_hash(ClipPreference(model_dir=str(moved)), {"model_dir": str(moved)})
+        != base
+    )
     assert scorer_identity_hash(ClipPreference(**params), {**params, "normalize_by": 1.0}) != base
-    assert scorer_identity_hash(ClipPreference(**params), {**params, "batch_size": 3}) == base  # non-semantic
+    # non-semantic
+    assert scorer_identity_hash(ClipPreference(**params), {**params, "batch_size": 3}) == base
     missing = {"model_dir": str(tmp_path / "elsewhere")}
-    assert ClipPreference(**missing).identity_params(missing)["model"] == {"missing": missing["model_dir"]}
+    assert ClipPreference(**missing).identity_params(missing)["model"] == {
+        "missing": missing["model_dir"]
+    }
 
 
 def test_missing_model_dir_refuses_the_child_naming_the_path(managed, embed_python, tmp_path):
@@ -236,21 +293,29 @@ def test_missing_model_dir_refuses_the_child_naming_the_path(managed, embed_pyth
 
 
 def test_processor_files_apart_from_the_weights(managed, embed_python, tiny_model, tmp_path):
-    """PickScore's layout: weights alone, the processor elsewhere; without processor_dir, a clear refusal."""
+    """PickScore's layout: weights alone, the processor elsewhere; without processor_dir, a clear
+    refusal."""
     weights_only = tmp_path / "weights_only"
     weights_only.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(tiny_model / name, weights_only / name)
     with pytest.raises(ScorerStartupError) as info:
         managed(embed_python, SCORER, input_kind="image", params={"model_dir": str(weights_only)})
-    assert "preprocessor_config.json" in str(info.value) and "set processor_dir" in str(info.value), str(info.value)
+    assert "preprocessor_config.json" in str(info.value) and "set processor_dir" in str(
+        info.value
+    ), str(info.value)
     split = managed(
         embed_python,
         SCORER,
         input_kind="image",
         params={"model_dir": str(weights_only), "processor_dir": str(tiny_model), "batch_size": 2},
     )
-    together = managed(embed_python, SCORER, input_kind="image", params={"model_dir": str(tiny_model), "batch_size": 2})
+    together = managed(
+        embed_python,
+        SCORER,
+        input_kind="image",
+        params={"model_dir": str(tiny_model), "batch_size": 2},
+    )
     assert split.compute_rewards(REQUEST).rewards == together.compute_rewards(REQUEST).rewards
     assert split.identity_hash == together.identity_hash
 
@@ -273,5 +338,12 @@ def test_bad_params_are_refused(params, match):
 
 
 def test_bad_params_refuse_the_child(managed, embed_python, tiny_model):
-    with pytest.raises(ScorerStartupError, match="clip_preference: normalize_by must be a finite number > 0"):
-        managed(embed_python, SCORER, input_kind="image", params={"model_dir": str(tiny_model), "normalize_by": 0})
+    with pytest.raises(
+        ScorerStartupError, match="clip_preference: normalize_by must be a finite number > 0"
+    ):
+        managed(
+            embed_python,
+            SCORER,
+            input_kind="image",
+            params={"model_dir": str(tiny_model), "normalize_by": 0},
+        )

@@ -1,5 +1,6 @@
 """FF-style reward models (scorers.ff) run by dotted path in managed children, from an FF `rewards:`
-recipe: the chunks, fields and media kinds the model sees, gating, weights, and the contract checks."""
+recipe: the chunks, fields and media kinds the model sees, gating, weights, and the contract
+checks."""
 
 from __future__ import annotations
 
@@ -41,7 +42,9 @@ def _items() -> list[RewardItem]:
             id=f"i{i}",
             prompt=f"prompt {i}",
             image=rng.integers(0, 256, (8, 6, 3), dtype=np.uint8),
-            condition_images=[rng.integers(0, 256, (4 + k, 5, 3), dtype=np.uint8) for k in range(i % 3 + 1)],
+            condition_images=[
+                rng.integers(0, 256, (4 + k, 5, 3), dtype=np.uint8) for k in range(i % 3 + 1)
+            ],
             metadata={"bonus": i / 100},
             data_source=source,
         )
@@ -54,7 +57,11 @@ def _hand(item: RewardItem) -> float:
 
 
 def _recipe(tmp_path: Path) -> Path:
-    brightness_model = {"reward_model": f"{HELPERS}:Brightness", "batch_size": 3, "dtype": "float32"}
+    brightness_model = {
+        "reward_model": f"{HELPERS}:Brightness",
+        "batch_size": 3,
+        "dtype": "float32",
+    }
     recipe = {
         "rewards": [
             {
@@ -66,7 +73,12 @@ def _recipe(tmp_path: Path) -> Path:
                 "weight": WEIGHTS,
                 "journal": str(tmp_path / "managed.jsonl"),
             },
-            {"name": "intensity", "reward_model": "mean_intensity", "backend": "local", "weight": 1.0},
+            {
+                "name": "intensity",
+                "reward_model": "mean_intensity",
+                "backend": "local",
+                "weight": 1.0,
+            },
         ],
         "eval_rewards": [
             {
@@ -87,7 +99,9 @@ def _journal(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_an_ff_pointwise_model_in_its_env_scores_as_in_process_with_chunks_gating_and_weights(tmp_path):
+def test_an_ff_pointwise_model_in_its_env_scores_as_in_process_with_chunks_gating_and_weights(
+    tmp_path,
+):
     recipe = load_recipe(_recipe(tmp_path))
     assert recipe.style == "ff" and recipe.validation is not None
     items = _items()
@@ -104,22 +118,35 @@ def test_an_ff_pointwise_model_in_its_env_scores_as_in_process_with_chunks_gatin
         managed = got.component_rewards["brightness"]
         assert [value is not None for value in managed] == applies  # gated by applicable_datasets
         assert managed == [
-            h if a else None for h, a in zip(here.component_rewards["brightness_here"], applies, strict=True)
+            h if a else None
+            for h, a in zip(here.component_rewards["brightness_here"], applies, strict=True)
         ]
-        assert managed == [pytest.approx(_hand(it)) if a else None for it, a in zip(items, applies, strict=True)]
+        assert managed == [
+            pytest.approx(_hand(it)) if a else None for it, a in zip(items, applies, strict=True)
+        ]
         intensity = [float(it.image.mean()) / 255 for it in items]
-        expected = [WEIGHTS.get(it.data_source, 0.0) * _hand(it) + v for it, v in zip(items, intensity, strict=True)]
-        assert got.rewards == pytest.approx(expected)  # per-dataset weight on one term, a scalar on the other
+        expected = [
+            WEIGHTS.get(it.data_source, 0.0) * _hand(it) + v
+            for it, v in zip(items, intensity, strict=True)
+        ]
+        # per-dataset weight on one term, a scalar on the other
+        assert got.rewards == pytest.approx(expected)
         seen = _journal(tmp_path / "managed.jsonl")
         assert [call["n"] for call in seen] == [3, 3, 1]  # at most batch_size, the tail smaller
         gated = [it for it in items if it.data_source in WEIGHTS]
-        assert [p for call in seen for p in call["prompts"]] == [it.prompt for it in gated]  # in order
-        assert [n for call in seen for n in call["conditions"]] == [len(it.condition_images) for it in gated]
+        # in order
+        assert [p for call in seen for p in call["prompts"]] == [it.prompt for it in gated]
+        assert [n for call in seen for n in call["conditions"]] == [
+            len(it.condition_images) for it in gated
+        ]
         assert {call["device"] for call in seen} == {"cpu"}  # a str: the image env has no torch
         assert [call["n"] for call in _journal(tmp_path / "local.jsonl")] == [3, 3, 3]
-        poisoned = RewardItem(id="nan", prompt="p", image=items[0].image, condition_images=items[0].condition_images,
+        poisoned = RewardItem(id="nan", prompt="p", image=items[0].image,
+                              condition_images=items[0].condition_images,
                               metadata={"nan": True}, data_source="a")  # fmt: skip
-        with pytest.raises(ScorerRequestError, match=r"\(contract\).*ff_models:Brightness'.*non-finite reward nan"):
+        with pytest.raises(
+            ScorerRequestError, match=r"\(contract\).*ff_models:Brightness'.*non-finite reward nan"
+        ):
             train.compute_rewards(RewardRequest(items=[poisoned]))
         assert train.compute_rewards(request).rewards == got.rewards  # the child keeps serving
     finally:
@@ -133,10 +160,16 @@ IN_PROCESS = textwrap.dedent(
     from scorers.base import ScoreItem, score_checked
     from scorers.ff.scorer import FfModelScorer
     from tests.helpers.ff_models import group_images
+
     groups = json.loads(sys.argv[2])
-    scorer = FfModelScorer(model="tests.helpers.ff_models:GroupRank", model_path=sys.argv[1], dtype="bfloat16")
+    scorer = FfModelScorer(
+        model="tests.helpers.ff_models:GroupRank", model_path=sys.argv[1], dtype="bfloat16"
+    )
     scorer.load("cpu")
-    items = [ScoreItem(id=f"g{i}", group_id=g, image=image) for i, (g, image) in enumerate(zip(groups, group_images(len(groups))))]
+    items = [
+        ScoreItem(id=f"g{i}", group_id=g, image=image)
+        for i, (g, image) in enumerate(zip(groups, group_images(len(groups))))
+    ]
     print(json.dumps(score_checked(scorer, items).terms["ff_model"]))
     """
 )
@@ -161,7 +194,8 @@ def test_an_ff_groupwise_tensor_model_gets_whole_groups_and_matches_in_process(t
     images = group_images(len(groups))
     request = RewardRequest(
         items=[
-            RewardItem(id=f"g{i}", group_id=g, image=img) for i, (g, img) in enumerate(zip(groups, images, strict=True))
+            RewardItem(id=f"g{i}", group_id=g, image=img)
+            for i, (g, img) in enumerate(zip(groups, images, strict=True))
         ]
     )
     try:
@@ -169,7 +203,9 @@ def test_an_ff_groupwise_tensor_model_gets_whole_groups_and_matches_in_process(t
     finally:
         train.close()
     calls = _journal(tmp_path / "groups.jsonl")
-    assert sorted(call["n"] for call in calls) == [3, 4, 4] and {c["dtype"] for c in calls} == {"torch.bfloat16"}
+    assert sorted(call["n"] for call in calls) == [3, 4, 4] and {c["dtype"] for c in calls} == {
+        "torch.bfloat16"
+    }
     hand = []
     for i, group in enumerate(groups):
         members = [j for j, g in enumerate(groups) if g == group]
@@ -190,19 +226,29 @@ def test_an_ff_groupwise_tensor_model_gets_whole_groups_and_matches_in_process(t
 
 def _score_items(count: int) -> list[ScoreItem]:
     return [
-        ScoreItem(id=f"s{i}", prompt="p", image=item.image, condition_images=item.condition_images, metadata={})
+        ScoreItem(
+            id=f"s{i}",
+            prompt="p",
+            image=item.image,
+            condition_images=item.condition_images,
+            metadata={},
+        )
         for i, item in enumerate((_items() * 2)[:count])
     ]
 
 
 def test_a_model_that_is_not_thread_safe_refuses_more_than_one_worker():
-    with pytest.raises(RewardModelConfigError, match=r"UnsafeBrightness.*thread_safe = False.*num_workers"):
+    with pytest.raises(
+        RewardModelConfigError, match=r"UnsafeBrightness.*thread_safe = False.*num_workers"
+    ):
         FfModelScorer(model=f"{HELPERS}:UnsafeBrightness", async_reward=True, num_workers=2)
     FfModelScorer(model=f"{HELPERS}:UnsafeBrightness", num_workers=1)
 
 
 def test_async_workers_run_a_requests_chunks_at_once_in_order():
-    scorer = FfModelScorer(model=f"{HELPERS}:SlowBrightness", batch_size=2, async_reward=True, num_workers=2)
+    scorer = FfModelScorer(
+        model=f"{HELPERS}:SlowBrightness", batch_size=2, async_reward=True, num_workers=2
+    )
     assert scorer.spec.concurrent_calls == 2
     scorer.load("cpu")
     try:
@@ -221,7 +267,11 @@ def _hand_score(item: ScoreItem) -> float:
 def test_an_audio_model_gets_float32_numpy_channels_by_samples_and_the_rate():
     scorer = FfModelScorer(model=f"{HELPERS}:AudioModel", batch_size=2)
     assert (scorer.spec.input_kind, scorer.spec.required_fields) == ("audio", ("audio",))
-    waves = [np.zeros((1, 800), np.float32), np.ones((2, 16000), np.float32), np.zeros((6, 4000), np.float32)]
+    waves = [
+        np.zeros((1, 800), np.float32),
+        np.ones((2, 16000), np.float32),
+        np.zeros((6, 4000), np.float32),
+    ]
     items = [ScoreItem(id=f"a{i}", audio=w, audio_sample_rate=16000) for i, w in enumerate(waves)]
     scorer.load("cpu")
     try:
@@ -238,12 +288,23 @@ def test_with_tensor_inputs_audio_arrives_as_a_private_float32_tensor_in_an_env_
         import numpy as np, torch
         from scorers.base import ScoreItem
         from scorers.ff.inputs import model_inputs
+
         wave = np.arange(6, dtype=np.float32).reshape(2, 3)
         wave.flags.writeable = False  # as the child hands it over: a read-only view
-        got = model_inputs([ScoreItem(id="a", audio=wave, audio_sample_rate=8000)], ("audio", "audio_sample_rate"), True)
+        got = model_inputs(
+            [ScoreItem(id="a", audio=wave, audio_sample_rate=8000)],
+            ("audio", "audio_sample_rate"),
+            True,
+        )
         tensor = got["audio"][0]
-        assert isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32 and tuple(tensor.shape) == (2, 3)
-        assert tensor.numpy().tobytes() == wave.tobytes() and not np.shares_memory(tensor.numpy(), wave)
+        assert (
+            isinstance(tensor, torch.Tensor)
+            and tensor.dtype == torch.float32
+            and tuple(tensor.shape) == (2, 3)
+        )
+        assert tensor.numpy().tobytes() == wave.tobytes() and not np.shares_memory(
+            tensor.numpy(), wave
+        )
         assert got["audio_sample_rate"] == [8000]
         print("ok")
         """
@@ -278,12 +339,24 @@ def test_an_ff_model_class_must_say_where_it_runs_and_registered_scorers_refuse_
     with pytest.raises(ConfigError, match=r"rewards\[0\] \(m\): say where the model runs"):
         load_recipe({"rewards": [{"name": "m", "reward_model": f"{HELPERS}:Brightness"}]})
     with pytest.raises(ConfigError, match=r"\['model_path'\] configure a model class"):
-        load_recipe({"rewards": [{"name": "m", "reward_model": "mean_intensity", "model_path": "/x"}]})
+        load_recipe(
+            {"rewards": [{"name": "m", "reward_model": "mean_intensity", "model_path": "/x"}]}
+        )
     recipe = load_recipe(
-        {"rewards": {"name": "m", "reward_model": f"{HELPERS}:Brightness", "env": "image", "threshold": 0.5}}
+        {
+            "rewards": {
+                "name": "m",
+                "reward_model": f"{HELPERS}:Brightness",
+                "env": "image",
+                "threshold": 0.5,
+            }
+        }
     )
     (term,) = recipe.train.terms
-    assert term.backend.scorer.params == {"model": f"{HELPERS}:Brightness", "params": {"threshold": 0.5}}
+    assert term.backend.scorer.params == {
+        "model": f"{HELPERS}:Brightness",
+        "params": {"threshold": 0.5},
+    }
 
 
 def _hang_items(hangs: list[bool], prefix: str = "h") -> list[ScoreItem]:
@@ -294,15 +367,19 @@ def _hang_items(hangs: list[bool], prefix: str = "h") -> list[ScoreItem]:
 
 
 def test_a_call_past_its_deadline_wedges_the_workers_and_calls_queued_behind_it_say_queued():
-    """Two workers stuck in a call's chunks past call_timeout_s: that call is wedged (its own deadline
-    passed), a concurrent call whose chunks queued behind them fails at once as never started, not at
-    its own deadline as a timeout, and so does every later call (item 4)."""
+    """Two workers stuck in a call's chunks past call_timeout_s: that call is wedged (its own
+    deadline passed), a concurrent call whose chunks queued behind them fails at once as never
+    started, not at its own deadline as a timeout, and so does every later call (item 4)."""
     from scorers.base import ScorerWedged
     from tests.helpers.term_faults import Hangs
 
     Hangs.release.clear()
     scorer = FfModelScorer(
-        model="tests.helpers.term_faults:Hangs", batch_size=1, async_reward=True, num_workers=2, call_timeout_s=1.0
+        model="tests.helpers.term_faults:Hangs",
+        batch_size=1,
+        async_reward=True,
+        num_workers=2,
+        call_timeout_s=1.0,
     )
     scorer.load("cpu")
     outcomes: dict[str, BaseException | None] = {}
@@ -315,9 +392,12 @@ def test_a_call_past_its_deadline_wedges_the_workers_and_calls_queued_behind_it_
             outcomes[name] = exc
 
     try:
-        first = threading.Thread(target=call, args=("first", _hang_items([True, True, False, False])))
+        first = threading.Thread(
+            target=call, args=("first", _hang_items([True, True, False, False]))
+        )
         first.start()
-        assert eventually(lambda: Hangs.running == 2)  # both workers are in the first call's hanging chunks
+        # both workers are in the first call's hanging chunks
+        assert eventually(lambda: Hangs.running == 2)
         queued = threading.Thread(target=call, args=("queued", _hang_items([False, False], "q")))
         queued.start()
         first.join(30)
@@ -335,16 +415,20 @@ def test_a_call_past_its_deadline_wedges_the_workers_and_calls_queued_behind_it_
         scorer.close()
 
 
-def test_a_wedged_child_is_restarted_under_the_policy_and_the_next_call_is_served(managed, trainer_python):
-    """An FF model on async workers whose call passes call_timeout_s with chunks still running: the call
-    fails once, typed (ScorerTimeout, kind `wedged`, its queued chunks said queued), the child is killed
-    with its stuck threads, and the next call gets a restarted child, counted by the restart policy
-    (item 4: every later call used to fail at call_timeout_s on the same child)."""
+def test_a_wedged_child_is_restarted_under_the_policy_and_the_next_call_is_served(
+    managed, trainer_python
+):
+    """An FF model on async workers whose call passes call_timeout_s with chunks still running: the
+    call fails once, typed (ScorerTimeout, kind `wedged`, its queued chunks said queued), the child
+    is killed with its stuck threads, and the next call gets a restarted child, counted by the
+    restart policy (item 4: every later call used to fail at call_timeout_s on the same child)."""
     from supervisor import ScorerTimeout
 
     params = {"model": "tests.helpers.term_faults:Hangs", "batch_size": 1, "async_reward": True}
     scorer = "scorers.ff.scorer:FfModelScorer"
-    backend = managed(trainer_python, scorer, params={**params, "num_workers": 2, "call_timeout_s": 0.5})
+    backend = managed(
+        trainer_python, scorer, params={**params, "num_workers": 2, "call_timeout_s": 0.5}
+    )
     stuck = backend.pid
 
     def request(hangs: list[bool]) -> RewardRequest:
@@ -355,7 +439,9 @@ def test_a_wedged_child_is_restarted_under_the_policy_and_the_next_call_is_serve
             ]
         )
 
-    with pytest.raises(ScorerTimeout, match=r"\(wedged\).*2 still ran after call_timeout_s=0.5 \(1 never started") as e:
+    with pytest.raises(
+        ScorerTimeout, match=r"\(wedged\).*2 still ran after call_timeout_s=0.5 \(1 never started"
+    ) as e:
         backend.compute_rewards(request([True, True, False]))
     assert e.value.pid == stuck and backend.timeouts == 1
     assert wait_until_gone([stuck], 10) == []  # killed, its stuck threads with it

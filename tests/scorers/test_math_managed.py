@@ -42,7 +42,8 @@ def math_items() -> list[RewardItem]:
 
 @pytest.mark.slow
 def test_isolation_fixes_the_antlr_conflict(managed, math_python):
-    """Same run: trainer env has antlr 4.9.3 and grades 10% wrong; the child has 4.13.2 and grades it right."""
+    """Same run: trainer env has antlr 4.9.3 and grades 10% wrong; the child has 4.13.2 and grades
+    it right."""
     assert importlib.metadata.version("antlr4-python3-runtime") == "4.9.3"
     assert importlib.metadata.version("hydra-core") == "1.3.2"
     backend = managed(math_python, "math_verify", params={"jobs": 1, "timeout_s": 10})
@@ -55,24 +56,33 @@ def test_isolation_fixes_the_antlr_conflict(managed, math_python):
 
 
 @pytest.mark.slow
-def test_the_first_request_waits_for_the_grading_workers_past_a_short_request_timeout(managed, math_python):
+def test_the_first_request_waits_for_the_grading_workers_past_a_short_request_timeout(
+    managed, math_python
+):
     """A math child says ready while its grading workers still start (about 0.5 s more here), so its
     first request gets what is left of the boot's start-up budget, not the 0.1 s request timeout a
     warm child is held to (which killed and restarted the child at every first call)."""
-    backend = managed(math_python, "math_verify", params={"jobs": 1}, process={"request_timeout": 0.1})
+    backend = managed(
+        math_python, "math_verify", params={"jobs": 1}, process={"request_timeout": 0.1}
+    )
     assert backend.ready_info["warming"] is True
     began = time.monotonic()
     assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
-    assert time.monotonic() - began > 0.1 and backend.restarts == 0  # it did wait past the request timeout
+    # it did wait past the request timeout
+    assert time.monotonic() - began > 0.1 and backend.restarts == 0
     assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
 
 
 @pytest.mark.slow
-def test_an_error_answer_shows_the_child_warm_and_ends_the_first_requests_grace(managed, math_python):
-    """An input error is answered only once the workers are up (score() waits for their start first),
-    so any answer shows the child warm: a child that hangs after it is killed at the 0.5 s request
-    timeout, not at its start-up deadline (60 s here)."""
-    backend = managed(math_python, "math_verify", params={"jobs": 1}, process={"request_timeout": 0.5})
+def test_an_error_answer_shows_the_child_warm_and_ends_the_first_requests_grace(
+    managed, math_python
+):
+    """An input error is answered only once the workers are up (score() waits for their start
+    first), so any answer shows the child warm: a child that hangs after it is killed at the 0.5 s
+    request timeout, not at its start-up deadline (60 s here)."""
+    backend = managed(
+        math_python, "math_verify", params={"jobs": 1}, process={"request_timeout": 0.5}
+    )
     no_gold = RewardItem(id="g", text="\\boxed{2}", reference={"answer": None})
     with pytest.raises(ScorerRequestError, match="needs a reference answer"):
         backend.compute_rewards(RewardRequest(items=[no_gold]))
@@ -84,13 +94,18 @@ def test_an_error_answer_shows_the_child_warm_and_ends_the_first_requests_grace(
 
 
 @pytest.mark.slow
-def test_a_grader_broken_at_import_fails_the_first_request_with_its_own_error(managed, math_python, tmp_path):
-    """math_verify present (find_spec passes at load) but raising at import: the preloading forkserver
-    dies, and the first request's error says what the import raised, ahead of the child's log tail
-    (which holds the forkserver's traceback too, but is cut to its last lines), not just an EOF."""
+def test_a_grader_broken_at_import_fails_the_first_request_with_its_own_error(
+    managed, math_python, tmp_path
+):
+    """math_verify present (find_spec passes at load) but raising at import: the preloading
+    forkserver dies, and the first request's error says what the import raised, ahead of the child's
+    log tail (which holds the forkserver's traceback too, but is cut to its last lines), not just an
+    EOF."""
     fake = tmp_path / "fake" / "math_verify"
     fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text('raise RuntimeError("math_verify broken at import: incompatible sympy")\n')
+    (fake / "__init__.py").write_text(
+        'raise RuntimeError("math_verify broken at import: incompatible sympy")\n'
+    )
     backend = managed(
         math_python,
         "math_verify",
@@ -120,8 +135,17 @@ def test_pathological_item_costs_its_timeout_only(managed, math_python):
         "junk": 0.0,
         "sqrt": 1.0,
     }
-    values = {"timeouts": 1, "memory_exceeded": 0, "cpu_exceeded": 0, "memory_budget_exceeded": 0, "overflowed": 1}
-    assert response.diagnostics["math_verify"] == {"sample_count": len(response.ids), "values": values}
+    values = {
+        "timeouts": 1,
+        "memory_exceeded": 0,
+        "cpu_exceeded": 0,
+        "memory_budget_exceeded": 0,
+        "overflowed": 1,
+    }
+    assert response.diagnostics["math_verify"] == {
+        "sample_count": len(response.ids),
+        "values": values,
+    }
     assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
 
 
@@ -131,10 +155,13 @@ def test_shutdown_takes_forkserver_and_workers(managed, math_python):
     backend.compute_rewards(RewardRequest(items=[PERCENT]))
     members = group_members(backend.pid)
     assert len(members) >= 4, f"expected child, forkserver and 2 workers, got {members}"
-    # the forkserver was started before the child's own imports (scorers/early.py), and is the child's
+    # the forkserver was started before the child's own imports (scorers/early.py), and is the
+    # child's
     assert psutil.Process(backend.pid).cmdline()[-2:] == ["--early", "math_verify"]
-    assert backend.log_path is not None and "early start" not in Path(backend.log_path).read_text()  # not skipped
-    # text in, float64 scores out as stdlib arrays: the child never loads numpy (0.12 CPU-s of its start)
+    # not skipped
+    assert backend.log_path is not None and "early start" not in Path(backend.log_path).read_text()
+    # text in, float64 scores out as stdlib arrays: the child never loads numpy (0.12 CPU-s of its
+    # start)
     assert "_multiarray_umath" not in Path(f"/proc/{backend.pid}/maps").read_text()
     backend.close()
     assert backend._child.returncode() == 0
@@ -143,12 +170,21 @@ def test_shutdown_takes_forkserver_and_workers(managed, math_python):
 
 @pytest.mark.slow
 def test_kill_9_of_math_child_mid_batch_takes_its_descendants(managed, math_python):
-    backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 30}, process={"request_timeout": 120})
+    backend = managed(
+        math_python,
+        "math_verify",
+        params={"jobs": 2, "timeout_s": 30},
+        process={"request_timeout": 120},
+    )
     backend.compute_rewards(RewardRequest(items=[PERCENT]))
     members = group_members(backend.pid)
-    request = RewardRequest(items=[RewardItem(id=f"t{i}", text=TOWER, reference="1") for i in range(2)])
+    request = RewardRequest(
+        items=[RewardItem(id=f"t{i}", text=TOWER, reference="1") for i in range(2)]
+    )
     pid = backend.pid
-    killer = threading.Thread(target=lambda: (wait_in_flight(backend), os.kill(pid, signal.SIGKILL)))
+    killer = threading.Thread(
+        target=lambda: (wait_in_flight(backend), os.kill(pid, signal.SIGKILL))
+    )
     killer.start()
     started = time.monotonic()
     with pytest.raises(ScorerProcessDied) as info:
@@ -159,7 +195,9 @@ def test_kill_9_of_math_child_mid_batch_takes_its_descendants(managed, math_pyth
     assert wait_until_gone(members, 5) == []
 
 
-def _spawn_orphan_parent(python, scorer: str, params: dict, mode: str, members: int) -> tuple[subprocess.Popen, dict]:
+def _spawn_orphan_parent(
+    python, scorer: str, params: dict, mode: str, members: int
+) -> tuple[subprocess.Popen, dict]:
     parent = subprocess.Popen(
         [
             sys.executable,
@@ -188,7 +226,9 @@ def _spawn_orphan_parent(python, scorer: str, params: dict, mode: str, members: 
 def test_kill_9_of_the_idle_trainer_leaves_no_process(math_python):
     """The mid-batch version, 20 trials, is tests/lifecycle/test_orphans.py."""
     # child, forkserver, tracker, template, 2 workers and the spare: the workers start after ready
-    parent, info = _spawn_orphan_parent(math_python, "math_verify", {"jobs": 2, "timeout_s": 60}, "idle", 7)
+    parent, info = _spawn_orphan_parent(
+        math_python, "math_verify", {"jobs": 2, "timeout_s": 60}, "idle", 7
+    )
     try:
         assert info["child"] in info["group"] and len(info["group"]) == 7, info
         parent.send_signal(signal.SIGKILL)
@@ -210,12 +250,16 @@ def test_killed_grading_worker_fails_one_call_then_the_pool_is_rebuilt(managed, 
     backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 10})
     backend.compute_rewards(RewardRequest(items=[PERCENT]))
     members = set(group_members(backend.pid))
-    helpers = {pid for pid in members if psutil.Process(pid).ppid() == backend.pid}  # forkserver, tracker
+    # forkserver, tracker
+    helpers = {pid for pid in members if psutil.Process(pid).ppid() == backend.pid}
     workers = [pid for pid in members if pid != backend.pid and pid not in helpers]
-    templates = [pid for pid in workers if psutil.Process(pid).ppid() in helpers]  # the forkserver's child
+    # the forkserver's child
+    templates = [pid for pid in workers if psutil.Process(pid).ppid() in helpers]
     workers = [pid for pid in workers if pid not in templates]
     assert len(templates) == 1, f"expected one template (the forkserver's child), got {templates}"
-    assert len(workers) == 3, f"expected 2 workers and a spare (children of the template), got {workers}"
+    assert len(workers) == 3, (
+        f"expected 2 workers and a spare (children of the template), got {workers}"
+    )
     os.kill(workers[0], signal.SIGKILL)
     with pytest.raises(ScorerRequestError) as info:
         backend.compute_rewards(RewardRequest(items=math_items()[:2]))
@@ -240,7 +284,10 @@ def test_bare_latex_golds_are_parsed_whole(managed, math_python):
         "plain": ("\\boxed{12}", "12", 1.0),
     }
     request = RewardRequest(
-        items=[RewardItem(id=name, text=text, reference=gold) for name, (text, gold, _) in cases.items()]
+        items=[
+            RewardItem(id=name, text=text, reference=gold)
+            for name, (text, gold, _) in cases.items()
+        ]
     )
     got = dict(zip(request.ids, backend.compute_rewards(request).rewards, strict=True))
     assert got == {name: expected for name, (_, _, expected) in cases.items()}
@@ -255,7 +302,8 @@ def test_plain_number_golds_grade_as_math_verify_does(managed, math_python):
     cases = {
         "comma_decimal": ("\\boxed{1.22}", "1,22", 1.0),
         "comma_decimal_not_a_set": ("\\boxed{1,22}", "1,22", 0.0),
-        "comma_decimal_short": ("\\boxed{1.2}", "1,2", 1.0),  # math_verify's reading; a list needs `1, 2`
+        # math_verify's reading; a list needs `1, 2`
+        "comma_decimal_short": ("\\boxed{1.2}", "1,2", 1.0),
         "list_with_space": ("\\boxed{1,2}", "1, 2", 1.0),
         "thousands": ("\\boxed{1000}", "1,000", 1.0),
         "thousands_many": ("\\boxed{12345678}", "12,345,678", 1.0),
@@ -268,7 +316,10 @@ def test_plain_number_golds_grade_as_math_verify_does(managed, math_python):
         "poly_wrong": ("\\boxed{x^2}", "x^2+1", 0.0),
     }
     request = RewardRequest(
-        items=[RewardItem(id=name, text=text, reference=gold) for name, (text, gold, _) in cases.items()]
+        items=[
+            RewardItem(id=name, text=text, reference=gold)
+            for name, (text, gold, _) in cases.items()
+        ]
     )
     got = dict(zip(request.ids, backend.compute_rewards(request).rewards, strict=True))
     assert got == {name: expected for name, (_, _, expected) in cases.items()}
@@ -284,11 +335,15 @@ def child_tree_rss(pid: int) -> int:
 
 
 @pytest.mark.slow
-def test_pathological_neighbours_change_no_ordinary_verdict_and_memory_returns(managed, math_python):
+def test_pathological_neighbours_change_no_ordinary_verdict_and_memory_returns(
+    managed, math_python
+):
     from bench.common import workload
 
     backend = managed(math_python, "math_verify", params={"jobs": 2, "timeout_s": 2})
-    ordinary = [RewardItem(id=f"o{i}", text=t, reference=g) for i, (t, g) in enumerate(workload(0, 60))]
+    ordinary = [
+        RewardItem(id=f"o{i}", text=t, reference=g) for i, (t, g) in enumerate(workload(0, 60))
+    ]
     clean = backend.compute_rewards(RewardRequest(items=ordinary))
     memory_before = child_tree_rss(backend.pid)
     hostile = list(ordinary)
@@ -301,7 +356,8 @@ def test_pathological_neighbours_change_no_ordinary_verdict_and_memory_returns(m
     values = response.diagnostics["math_verify"]["values"]
     assert values["overflowed"] >= 3 and values["timeouts"] + values["memory_exceeded"] == 3, values
     # the overflow workers are killed before the response; those with large heaps may still be
-    # exiting when it arrives (the pool reaps them once gone), so their memory returns within moments
+    # exiting when it arrives (the pool reaps them once gone), so their memory returns within
+    # moments
     settle = time.monotonic() + 5.0
     while child_tree_rss(backend.pid) >= memory_before + 64 * 2**20 and time.monotonic() < settle:
         time.sleep(0.05)
@@ -311,13 +367,18 @@ def test_pathological_neighbours_change_no_ordinary_verdict_and_memory_returns(m
 
 @pytest.mark.slow
 def test_a_memory_bomb_scores_zero_counted_and_the_child_keeps_serving(managed, math_python):
-    backend = managed(math_python, "math_verify", params={"jobs": 1, "timeout_s": 10, "memory_cap_mb": 64})
+    backend = managed(
+        math_python, "math_verify", params={"jobs": 1, "timeout_s": 10, "memory_cap_mb": 64}
+    )
     pid = backend.pid
     bomb = RewardItem(id="bomb", text="\\boxed{(x+1)^{100000}}", reference="1")
     response = backend.compute_rewards(RewardRequest(items=[bomb, PERCENT]))
     assert response.rewards == [0.0, 1.0]
     assert response.diagnostics["math_verify"]["values"]["memory_exceeded"] == 1
-    assert backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0] and backend.pid == pid
+    assert (
+        backend.compute_rewards(RewardRequest(items=[PERCENT])).rewards == [1.0]
+        and backend.pid == pid
+    )
 
 
 @pytest.mark.slow
@@ -333,19 +394,31 @@ def test_the_hostile_tail_is_paid_once_per_call_however_it_is_chunked(managed, m
     timeout_s = 2.0
     params = {"jobs": 2, "timeout_s": timeout_s}
     backend = managed(math_python, "math_verify", params=params)
-    remote = RemoteRewardBackend(f"http://127.0.0.1:{backend._child.port}", token=backend._child.token)
+    remote = RemoteRewardBackend(
+        f"http://127.0.0.1:{backend._child.port}", token=backend._child.token
+    )
     panel = RewardPanel([PanelTerm("math", backend)], owns_backends=False)
     replicas = ReplicatedBackend(
-        {**backend.spec.model_dump(mode="json"), "replicas": {"count": 2}, "client": {"input_kind": "text"}}
+        {
+            **backend.spec.model_dump(mode="json"),
+            "replicas": {"count": 2},
+            "client": {"input_kind": "text"},
+        }
     )
     start = 0
 
     def batch(hazards: int) -> RewardRequest:
         nonlocal start
-        items = [RewardItem(id=f"o{start + i}", text=t, reference=g) for i, (t, g) in enumerate(workload(start, 256))]
+        items = [
+            RewardItem(id=f"o{start + i}", text=t, reference=g)
+            for i, (t, g) in enumerate(workload(start, 256))
+        ]
         start += 256
         for k in range(hazards):  # one in each of the first `hazards` chunks of 64
-            items.insert(64 * k + 10, RewardItem(id=f"p{start}-{k}", text=HOSTILE[k % len(HOSTILE)], reference="1"))
+            items.insert(
+                64 * k + 10,
+                RewardItem(id=f"p{start}-{k}", text=HOSTILE[k % len(HOSTILE)], reference="1"),
+            )
         return RewardRequest(items=items)
 
     try:

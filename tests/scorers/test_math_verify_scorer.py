@@ -11,8 +11,8 @@ from scorers.base import ScoreInputError, ScoreItem, score_checked
 from scorers.builtin.math_verify import MathVerifyScorer
 from scorers.registry import resolve_scorer
 
-# kill + reap + replacement + neighbours on a loaded 2-core box: the bound proves the item's deadline was kept
-# against a tower that would grade for minutes without it, never a speed
+# kill + reap + replacement + neighbours on a loaded 2-core box: the bound proves the item's
+# deadline was kept against a tower that would grade for minutes without it, never a speed
 SLACK_S = 8.0
 
 
@@ -39,7 +39,9 @@ def item(item_id: str, text: str, reference) -> ScoreItem:
 def test_registry_and_spec():
     assert resolve_scorer("math_verify") is MathVerifyScorer
     spec = MathVerifyScorer.spec
-    assert spec.term_names() == ("math_verify",) and spec.env == "math" and spec.input_kind == "text"
+    assert (
+        spec.term_names() == ("math_verify",) and spec.env == "math" and spec.input_kind == "text"
+    )
 
 
 def test_correct_wrong_and_unparsable_answers(make_scorer):
@@ -80,7 +82,9 @@ def test_plain_number_golds_grade_as_math_verify_grades_them(make_scorer):
         "fullwidth-digits": ("\\boxed{\uff11\uff12}", "\uff11\uff12", 1.0),
         "arabic-indic-digit": ("\\boxed{\u0663}", "\u0663", 1.0),
     }
-    result = score_checked(scorer, [item(name, text, gold) for name, (text, gold, _) in cases.items()])
+    result = score_checked(
+        scorer, [item(name, text, gold) for name, (text, gold, _) in cases.items()]
+    )
     assert dict(zip(cases, result.terms["math_verify"], strict=True)) == {
         name: want for name, (_, _, want) in cases.items()
     }
@@ -96,7 +100,8 @@ def test_pathological_item_costs_one_timeout_and_spares_its_neighbours(make_scor
         item("b", "\\boxed{7}", "8"),
         item("c", "$\\sqrt{4}$", "2"),
     ]
-    scorer._pool.wait_started(60.0)  # load() does not wait for the workers: their start is not the call's
+    # load() does not wait for the workers: their start is not the call's
+    scorer._pool.wait_started(60.0)
     started = time.monotonic()
     result = score_checked(scorer, items)
     wall_s = time.monotonic() - started
@@ -183,10 +188,13 @@ def test_on_timeout_must_be_known():
 
 
 def test_a_missing_grader_package_fails_load_not_the_first_call():
-    """load() does not wait for the pool, so a missing package is checked before it starts: a boot failure."""
+    """load() does not wait for the pool, so a missing package is checked before it starts: a boot
+    failure."""
 
     class Lacking(MathVerifyScorer):
-        spec = dataclasses.replace(MathVerifyScorer.spec, requires_modules=("math_verify", "no_such_package_xyz"))
+        spec = dataclasses.replace(
+            MathVerifyScorer.spec, requires_modules=("math_verify", "no_such_package_xyz")
+        )
 
     scorer = Lacking(jobs=1, timeout_s=5.0)
     with pytest.raises(ModuleNotFoundError, match="lacks no_such_package_xyz"):

@@ -1,4 +1,5 @@
-"""OCR text-rendering reward: the string helpers in-process, the scorer in a real child from envs/ocr."""
+"""OCR text-rendering reward: the string helpers in-process, the scorer in a real child from
+envs/ocr."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ WORDS = ["Apple", "Banana", "Cherry", "Dragon"]
 
 
 def render(text: str, size: tuple[int, int] = (512, 128)) -> np.ndarray:
-    """Black DejaVuSans 48 px on white, vertically centred; a read-only view like decoded wire images."""
+    """Black DejaVuSans 48 px on white, vertically centred; a read-only view like decoded wire
+    images."""
     image = Image.new("RGB", size, "white")
     font = ImageFont.truetype("DejaVuSans.ttf", 48)
     ImageDraw.Draw(image).text((24, size[1] // 2 - 28), text, fill="black", font=font)
@@ -37,7 +39,9 @@ def blank() -> np.ndarray:
 
 
 def request(*pairs: tuple[np.ndarray, object]) -> RewardRequest:
-    return RewardRequest(items=[RewardItem(id=f"i{n}", image=im, reference=ref) for n, (im, ref) in enumerate(pairs)])
+    return RewardRequest(
+        items=[RewardItem(id=f"i{n}", image=im, reference=ref) for n, (im, ref) in enumerate(pairs)]
+    )
 
 
 # --- in-process: no rapidocr needed ---------------------------------------------------------------
@@ -77,8 +81,12 @@ def test_similarity_bounds():
 def test_normaliser():
     assert normalize_ocr_text("  Hello \t World\n") == "helloworld"
     assert normalize_ocr_text("  Hello \t World\n", ignore_spaces=False) == "hello world"
-    assert normalize_ocr_text("Hello  World", case_sensitive=True, ignore_spaces=False) == "Hello World"
-    assert normalize_ocr_text("ＨＥＬＬＯ ﬁ") == "hellofi"  # NFKC: full-width letters and the ligature fold
+    assert (
+        normalize_ocr_text("Hello  World", case_sensitive=True, ignore_spaces=False)
+        == "Hello World"
+    )
+    # NFKC: full-width letters and the ligature fold
+    assert normalize_ocr_text("ＨＥＬＬＯ ﬁ") == "hellofi"
     assert normalize_ocr_text("STRASSE") == normalize_ocr_text("straße")  # casefold, not lower
 
 
@@ -100,7 +108,8 @@ def test_reading_order_rows_then_columns():
     # "right" sits 8 px higher than "left" but on the same row (within half a line height).
     lines = [(box(20, 200), "bottom"), (box(330, 45, h=54), "right"), (box(20, 53), "left")]
     assert reading_order(lines) == "left right bottom"
-    assert reading_order([(box(0, 0), "top"), (box(300, 30), "lower")]) == "top lower"  # 30 > 40 / 2: new row
+    # 30 > 40 / 2: new row
+    assert reading_order([(box(0, 0), "top"), (box(300, 30), "lower")]) == "top lower"
     assert reading_order([]) == ""
 
 
@@ -179,7 +188,12 @@ def test_scores_rendered_text_blank_images_and_mapping_references(managed):
 
 @pytest.mark.slow
 def test_det_limit_side_len_changes_nothing_essential(managed):
-    backend = managed(env_python("ocr"), "ocr", input_kind="image", params={"det_limit_side_len": 480, "threads": 1})
+    backend = managed(
+        env_python("ocr"),
+        "ocr",
+        input_kind="image",
+        params={"det_limit_side_len": 480, "threads": 1},
+    )
     response = backend.compute_rewards(request((render("Hello World", (640, 160)), "Hello World")))
     assert response.rewards[0] >= 0.9, response.diagnostics
 

@@ -81,12 +81,16 @@ def test_construction_is_cheap_and_imports_nothing_heavy(name):
         scorer.close()
 
 
-@pytest.mark.parametrize("spelling", ["EXACT_MATCH", "Exact_Match", "exact_match", "NonEmpty", "JPEG_Compressibility"])
+@pytest.mark.parametrize(
+    "spelling", ["EXACT_MATCH", "Exact_Match", "exact_match", "NonEmpty", "JPEG_Compressibility"]
+)
 def test_names_are_case_insensitive(spelling):
     assert resolve_scorer(spelling) is resolve_scorer(spelling.lower())
 
 
-@pytest.mark.parametrize("path", ["tests.helpers.fixture_scorers:Probe", "tests.helpers.fixture_scorers.Probe"])
+@pytest.mark.parametrize(
+    "path", ["tests.helpers.fixture_scorers:Probe", "tests.helpers.fixture_scorers.Probe"]
+)
 def test_dotted_path_fallback(path):
     assert resolve_scorer(path) is fixture_scorers.Probe
 
@@ -115,7 +119,9 @@ def test_unknown_bare_name_lists_the_registered_names(name):
     ],
 )
 def test_unimportable_dotted_path_names_the_module(path, module):
-    with pytest.raises(UnknownScorerError, match=f"scorer {path!r}: cannot import module {module!r}"):
+    with pytest.raises(
+        UnknownScorerError, match=f"scorer {path!r}: cannot import module {module!r}"
+    ):
         resolve_scorer(path)
 
 
@@ -130,7 +136,8 @@ def test_unimportable_dotted_path_names_the_module(path, module):
 )
 def test_dotted_path_to_a_non_scorer(path):
     with pytest.raises(
-        UnknownScorerError, match="is not a Scorer subclass|module 'tests.helpers.fixture_scorers' has no"
+        UnknownScorerError,
+        match="is not a Scorer subclass|module 'tests.helpers.fixture_scorers' has no",
     ):
         resolve_scorer(path)
 
@@ -184,7 +191,9 @@ def test_exact_match_reference_forms():
 
 
 def test_exact_match_case_sensitive():
-    items = text_items(("Hello  World", "Hello World"), ("hello world", "Hello World"), ("ＡＢ", "AB"))
+    items = text_items(
+        ("Hello  World", "Hello World"), ("hello world", "Hello World"), ("ＡＢ", "AB")
+    )
     assert score("exact_match", items, params={"case_sensitive": True}).rewards == [1.0, 0.0, 1.0]
     assert score("exact_match", items).rewards == [1.0, 1.0, 1.0]
 
@@ -199,10 +208,22 @@ def test_exact_match_rejects_non_bool_case_sensitive():
 @pytest.mark.parametrize(
     "item,message",
     [
-        (RewardItem(id="a", text="x"), "items[0] (id='a'): field 'reference' is required by scorer 'exact_match'"),
-        (RewardItem(id="a", reference="x"), "items[0] (id='a'): field 'text' is required by scorer 'exact_match'"),
-        (RewardItem(id="a", text="x", reference=[1, 2]), "reference must be a string, a number, or an object"),
-        (RewardItem(id="a", text="x", reference={"gold": 1}), "reference must be a string, a number, or an object"),
+        (
+            RewardItem(id="a", text="x"),
+            "items[0] (id='a'): field 'reference' is required by scorer 'exact_match'",
+        ),
+        (
+            RewardItem(id="a", reference="x"),
+            "items[0] (id='a'): field 'text' is required by scorer 'exact_match'",
+        ),
+        (
+            RewardItem(id="a", text="x", reference=[1, 2]),
+            "reference must be a string, a number, or an object",
+        ),
+        (
+            RewardItem(id="a", text="x", reference={"gold": 1}),
+            "reference must be a string, a number, or an object",
+        ),
     ],
     ids=["no-reference", "no-text", "list-reference", "unknown-key-reference"],
 )
@@ -219,14 +240,18 @@ def test_normalize_text_directly():
 
 # -- nonempty --------------------------------------------------------------------------------
 def test_nonempty():
-    items = [RewardItem(id=str(n), text=t) for n, t in enumerate(["x", "", "   \n\t", " a ", "\u3000"])]
+    items = [
+        RewardItem(id=str(n), text=t) for n, t in enumerate(["x", "", "   \n\t", " a ", "\u3000"])
+    ]
     response = score("nonempty", items)
     assert response.rewards == [1.0, 0.0, 0.0, 1.0, 0.0]
     assert response.component_rewards == {"nonempty": [1.0, 0.0, 0.0, 1.0, 0.0]}
 
 
 def test_nonempty_requires_text():
-    with pytest.raises(ScorerRequestError, match=r"items\[1\] \(id='b'\): field 'text' is required"):
+    with pytest.raises(
+        ScorerRequestError, match=r"items\[1\] \(id='b'\): field 'text' is required"
+    ):
         score("nonempty", [RewardItem(id="a", text="x"), RewardItem(id="b")])
 
 
@@ -239,7 +264,11 @@ def test_nonempty_takes_no_params():
 @pytest.mark.parametrize("value,expected", [(None, 1.0), (0, 0.0), (-2.5, -2.5), (7, 7.0)])
 def test_constant(value, expected):
     params = {} if value is None else {"value": value}
-    items = [RewardItem(id="a", text=""), RewardItem(id="b", text="t"), RewardItem(id="c", prompt="p", text="u")]
+    items = [
+        RewardItem(id="a", text=""),
+        RewardItem(id="b", text="t"),
+        RewardItem(id="c", prompt="p", text="u"),
+    ]
     response = score("constant", items, params=params)
     assert response.rewards == [expected] * 3
     assert response.component_rewards == {"constant": [expected] * 3}
@@ -271,14 +300,19 @@ def images() -> dict[str, np.ndarray]:
     return {
         "flat": np.full((64, 64, 3), 128, dtype=np.uint8),
         "noise": rng.integers(0, 256, (64, 64, 3), dtype=np.uint8),
-        "gradient": np.broadcast_to(np.linspace(0, 255, 64, dtype=np.uint8)[None, :, None], (64, 64, 3)).copy(),
+        "gradient": np.broadcast_to(
+            np.linspace(0, 255, 64, dtype=np.uint8)[None, :, None], (64, 64, 3)
+        ).copy(),
         "gray_noise": rng.integers(0, 256, (48, 32, 1), dtype=np.uint8),
         "rgba_noise": rng.integers(0, 256, (32, 40, 4), dtype=np.uint8),
     }
 
 
 def test_jpeg_compressibility_prefers_flat_images(images):
-    items = [RewardItem(id="flat", image=images["flat"]), RewardItem(id="noise", image=images["noise"])]
+    items = [
+        RewardItem(id="flat", image=images["flat"]),
+        RewardItem(id="noise", image=images["noise"]),
+    ]
     response = score("jpeg_compressibility", items)
     flat, noise = response.rewards
     assert flat > noise
@@ -341,13 +375,16 @@ def test_reward_item_rejects_bad_images(image):
 def test_a_video_is_not_an_image(images):
     video = np.stack([images["noise"], images["flat"]])
     with pytest.raises(
-        ValueError, match=r"image must be uint8 HWC with 1, 3 or 4 channels, got uint8 \[2, 64, 64, 3\]"
+        ValueError,
+        match=r"image must be uint8 HWC with 1, 3 or 4 channels, got uint8 \[2, 64, 64, 3\]",
     ):
         RewardItem(id="v", image=video)
 
 
 def test_jpeg_requires_an_image():
-    with pytest.raises(ScorerRequestError, match="field 'image' is required by scorer 'jpeg_incompressibility'"):
+    with pytest.raises(
+        ScorerRequestError, match="field 'image' is required by scorer 'jpeg_incompressibility'"
+    ):
         score("jpeg_incompressibility", [RewardItem(id="t", text="no image")])
 
 
@@ -367,7 +404,10 @@ def test_mean_intensity_is_the_mean_pixel_in_unit_range():
     black, white = np.zeros((4, 4, 3), np.uint8), np.full((4, 4, 3), 255, np.uint8)
     half = np.concatenate([black, white], axis=0)
     request = RewardRequest(
-        items=[RewardItem(id=k, image=v) for k, v in {"black": black, "white": white, "half": half}.items()]
+        items=[
+            RewardItem(id=k, image=v)
+            for k, v in {"black": black, "white": white, "half": half}.items()
+        ]
     )
     with LocalRewardBackend("mean_intensity") as local:
         assert local.compute_rewards(request).rewards == [0.0, 1.0, 0.5]
@@ -382,7 +422,9 @@ def test_edit_fidelity_is_the_share_of_the_source_the_edit_kept_and_needs_the_so
     items = [
         RewardItem(id="same", image=source, condition_images=[source]),
         RewardItem(id="quarter", image=one_white, condition_images=[source]),
-        RewardItem(id="inverted", image=np.full((2, 2, 3), 255, np.uint8), condition_images=[source]),
+        RewardItem(
+            id="inverted", image=np.full((2, 2, 3), 255, np.uint8), condition_images=[source]
+        ),
     ]
     with LocalRewardBackend("edit_fidelity") as local:
         assert local.compute_rewards(RewardRequest(items=items)).rewards == [1.0, 0.75, 0.0]
@@ -390,7 +432,9 @@ def test_edit_fidelity_is_the_share_of_the_source_the_edit_kept_and_needs_the_so
             local.compute_rewards(RewardRequest(items=[RewardItem(id="alone", image=source)]))
         with pytest.raises(ScorerRequestError, match="not comparable"):
             small = np.zeros((1, 2, 3), np.uint8)
-            local.compute_rewards(RewardRequest(items=[RewardItem(id="odd", image=small, condition_images=[source])]))
+            local.compute_rewards(
+                RewardRequest(items=[RewardItem(id="odd", image=small, condition_images=[source])])
+            )
 
 
 def test_video_passes_on_the_inner_scorers_writable_inputs():
@@ -399,6 +443,10 @@ def test_video_passes_on_the_inner_scorers_writable_inputs():
     assert VideoScorer(inner="tests.helpers.fixture_scorers:WritesInputs").spec.writable_inputs
     assert not VideoScorer(inner="mean_intensity").spec.writable_inputs
     clip = np.full((4, 8, 8, 3), 200, np.uint8)
-    with LocalRewardBackend("video", params={"inner": "tests.helpers.fixture_scorers:WritesInputs"}) as local:
-        assert local.compute_rewards(RewardRequest(items=[RewardItem(id="v", video=clip)])).rewards == [0.0]
+    with LocalRewardBackend(
+        "video", params={"inner": "tests.helpers.fixture_scorers:WritesInputs"}
+    ) as local:
+        assert local.compute_rewards(
+            RewardRequest(items=[RewardItem(id="v", video=clip)])
+        ).rewards == [0.0]
     assert (clip == 200).all()  # the copies were written, not the trainer's clip

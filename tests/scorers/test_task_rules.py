@@ -7,11 +7,19 @@ from fractions import Fraction
 
 import pytest
 
-from scorers.builtin.arithmetic import MAX_DEPTH, DivisionByZero, MalformedExpression, evaluate, numbers_in
+from scorers.builtin.arithmetic import (
+    MAX_DEPTH,
+    DivisionByZero,
+    MalformedExpression,
+    evaluate,
+    numbers_in,
+)
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest, ScorerRequestError
 from tests.conftest import env_python
 
-GSM8K_GOLD = "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether.\n#### 72"
+GSM8K_GOLD = (
+    "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether.\n#### 72"
+)
 
 
 def score(name: str, items: list[RewardItem], **params) -> tuple[list[float], dict]:
@@ -27,7 +35,13 @@ def item(text: str, reference, n: int = 0) -> RewardItem:
 # -- the evaluator -----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("(6 - 1) × 4", 20), ("6/4*2", 3), ("100 ÷ 8", Fraction(25, 2)), ("1 − 2 − 3", -4), ("2*(3+(4*5))", 46)],
+    [
+        ("(6 - 1) × 4", 20),
+        ("6/4*2", 3),
+        ("100 ÷ 8", Fraction(25, 2)),
+        ("1 − 2 − 3", -4),
+        ("2*(3+(4*5))", 46),
+    ],
 )
 def test_evaluator_computes_exactly(text, value):
     assert evaluate(text).value == value
@@ -35,7 +49,19 @@ def test_evaluator_computes_exactly(text, value):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "1+", "(1+2", "1+2)", "2**3", "-1+2", "__import__('os')", "1 2", "2^3", "1e9", "(" * (MAX_DEPTH + 1) + "1"],
+    [
+        "",
+        "1+",
+        "(1+2",
+        "1+2)",
+        "2**3",
+        "-1+2",
+        "__import__('os')",
+        "1 2",
+        "2^3",
+        "1e9",
+        "(" * (MAX_DEPTH + 1) + "1",
+    ],
 )
 def test_evaluator_refuses_anything_else(text):
     with pytest.raises(MalformedExpression):
@@ -56,11 +82,13 @@ def test_numbers_are_normalised():
         50,
         -7,
     ]
-    assert numbers_in("5-3") == [5, 3] and numbers_in("total is 10 - 7") == [10, 7]  # a binary minus
+    # a binary minus
+    assert numbers_in("5-3") == [5, 3] and numbers_in("total is 10 - 7") == [10, 7]
     assert numbers_in("the answer is -7") == [-7] and numbers_in("x = (2) - 4") == [2, 4]
     assert numbers_in("7/2", fractions=True) == [Fraction(7, 2)]
     assert numbers_in("#### 1,0000")[0] == 1  # not 10000: a comma group has exactly three digits
-    assert numbers_in("about 1e5 or 2.5E-3 apples") == []  # e-notation is never read as its mantissa
+    # e-notation is never read as its mantissa
+    assert numbers_in("about 1e5 or 2.5E-3 apples") == []
 
 
 # -- gsm8k -------------------------------------------------------------------------------------
@@ -94,7 +122,8 @@ TASK = {"target": 24, "numbers": [4, 6, 1, 1]}
 @pytest.mark.parametrize(
     ("completion", "reward", "counted"),
     [
-        ("<think>...</think><answer>(6 - 1 - 1) * 4 + 1 - 1</answer>", 0.0, "wrong_numbers"),  # 1 used 3 times
+        # 1 used 3 times
+        ("<think>...</think><answer>(6 - 1 - 1) * 4 + 1 - 1</answer>", 0.0, "wrong_numbers"),
         ("<think>...</think><answer>(1 + 1) * 6 + 4 * 1</answer>", 0.0, "wrong_numbers"),
         ("<answer>6 * 4 * 1 * 1</answer>", 1.0, None),
         ("<answer>(6 * 4) / (1 * 1) = 24</answer>", 1.0, None),  # what follows '=' is ignored
@@ -103,13 +132,20 @@ TASK = {"target": 24, "numbers": [4, 6, 1, 1]}
         ("<answer>__import__('os').system('true')</answer>", 0.0, "malformed"),
         ("<answer>6 ** 4 + 1 + 1</answer>", 0.0, "malformed"),
         ("(6*4)*1*1 with no tag", 0.0, "no_answer"),
-        ("<answer>6*4*1*1</answer> then <answer>6+4+1+1</answer>", 0.0, "wrong_value"),  # the last tag counts
+        # the last tag counts
+        ("<answer>6*4*1*1</answer> then <answer>6+4+1+1</answer>", 0.0, "wrong_value"),
     ],
 )
 def test_countdown(completion, reward, counted):
     rewards, counts = score("countdown", [item(completion, TASK)])
     assert rewards == [reward]
-    assert set(counts) == {"no_answer", "malformed", "division_by_zero", "wrong_numbers", "wrong_value"}
+    assert set(counts) == {
+        "no_answer",
+        "malformed",
+        "division_by_zero",
+        "wrong_numbers",
+        "wrong_value",
+    }
     assert counts == {name: int(name == counted) for name in counts}
 
 
@@ -117,17 +153,23 @@ def test_countdown_is_linear_in_a_hostile_completion():
     import time
 
     began = time.monotonic()
-    rewards, counts = score("countdown", [item("<answer>" * 40_000, TASK), item("</answer>" * 40_000, TASK, 1)])
+    rewards, counts = score(
+        "countdown", [item("<answer>" * 40_000, TASK), item("</answer>" * 40_000, TASK, 1)]
+    )
     assert rewards == [0.0, 0.0] and counts["no_answer"] == 2
     assert time.monotonic() - began < 2.0  # a lazy regex took minutes on these 320 KB
 
 
 def test_countdown_options_and_refusals():
-    assert score("countdown", [item("<answer>6*4</answer>", TASK)], use_all_numbers=False)[0] == [1.0]
-    assert score("countdown", [item("<answer>6*4+1+1</answer>", TASK)], format_score=0.1)[0] == [0.1]
-    assert score("countdown", [item("6 * 4 * 1 * 1", {"target": 24, "nums": [1, 1, 4, 6]})], answer_tag=None)[0] == [
+    assert score("countdown", [item("<answer>6*4</answer>", TASK)], use_all_numbers=False)[0] == [
         1.0
     ]
+    assert score("countdown", [item("<answer>6*4+1+1</answer>", TASK)], format_score=0.1)[0] == [
+        0.1
+    ]
+    assert score(
+        "countdown", [item("6 * 4 * 1 * 1", {"target": 24, "nums": [1, 1, 4, 6]})], answer_tag=None
+    )[0] == [1.0]
     with pytest.raises(ScorerRequestError, match="item 'i0': countdown needs a reference like"):
         score("countdown", [item("<answer>1</answer>", {"target": 24})])
     with pytest.raises(ValueError, match="answer_tag must be a tag name"):
@@ -145,7 +187,10 @@ def test_arithmetic_compares_the_final_number_with_the_exact_result():
         item("no digits", {"answer": 5}, 5),
     ]
     rewards, counts = score("arithmetic", items)
-    assert rewards == [1.0, 1.0, 1.0, 0.0, 1.0, 0.0] and counts == {"no_answer": 1, "wrong_answer": 1}
+    assert rewards == [1.0, 1.0, 1.0, 0.0, 1.0, 0.0] and counts == {
+        "no_answer": 1,
+        "wrong_answer": 1,
+    }
     boxed = [
         (r"\boxed{\frac{-1}{2}}", "-1/2", 1.0),
         (r"\boxed{\frac{-1}{2}}", "-1", 0.0),  # the whole box, never its first number
@@ -159,7 +204,9 @@ def test_arithmetic_compares_the_final_number_with_the_exact_result():
     got, _ = score("arithmetic", [item(text, gold, n) for n, (text, gold, _) in enumerate(boxed)])
     assert got == [want for _, _, want in boxed]
     assert score("arithmetic", items[3:4], rel_tol=1e-3)[0] == [1.0]
-    with pytest.raises(ScorerRequestError, match="item 'i0': arithmetic reference '1/0' is not computable"):
+    with pytest.raises(
+        ScorerRequestError, match="item 'i0': arithmetic reference '1/0' is not computable"
+    ):
         score("arithmetic", [item("1", {"expression": "1/0"})])
 
 
@@ -175,7 +222,8 @@ def test_format_reward_full_and_partial_credit():
     assert score("format_reward", [nested])[0] == [0.0]  # a tag inside the other is not the format
     assert score("format_reward", items) == ([1.0, 0.0, 0.0, 0.0], {"no_match": 3})
     partial, _ = score("format_reward", items, partial_credit=True)
-    assert partial == [1.0, 0.25, 0.0, 0.25]  # 2 of 4 tags once -> 0.5 * 2/4; duplicated think tags don't count
+    # 2 of 4 tags once -> 0.5 * 2/4; duplicated think tags don't count
+    assert partial == [1.0, 0.25, 0.0, 0.25]
     boxed, _ = score("format_reward", items[2:], pattern=r"\d+")
     assert boxed == [1.0, 0.0]
 
@@ -198,9 +246,15 @@ def test_format_reward_refuses_bad_params_at_construction(params, message):
 # -- the same verdicts in a managed child ------------------------------------------------------
 CASES = {
     "gsm8k": ([item("#### 72", GSM8K_GOLD, 0), item("71", GSM8K_GOLD, 1), item("?", "3", 2)], {}),
-    "countdown": ([item("<answer>6*4*1*1</answer>", TASK, 0), item("<answer>6/0</answer>", TASK, 1)], {}),
+    "countdown": (
+        [item("<answer>6*4*1*1</answer>", TASK, 0), item("<answer>6/0</answer>", TASK, 1)],
+        {},
+    ),
     "arithmetic": ([item(r"\boxed{84}", {"expression": "12*7"}, 0), item("85", "84", 1)], {}),
-    "format_reward": ([item("<think>x</think><answer>1</answer>", None, 0), item("<think>x", None, 1)], {}),
+    "format_reward": (
+        [item("<think>x</think><answer>1</answer>", None, 0), item("<think>x", None, 1)],
+        {},
+    ),
 }
 
 
@@ -221,6 +275,10 @@ def test_managed_child_gives_the_in_process_verdicts(managed, name):
 def test_managed_child_refuses_a_bad_reference_naming_the_item_and_keeps_serving(managed):
     backend = managed(env_python("image"), "countdown")
     with pytest.raises(ScorerRequestError) as info:
-        backend.compute_rewards(RewardRequest(items=[item("<answer>1</answer>", {"numbers": [1]}, 7)]))
+        backend.compute_rewards(
+            RewardRequest(items=[item("<answer>1</answer>", {"numbers": [1]}, 7)])
+        )
     assert info.value.status == 422 and "item 'i7'" in str(info.value)
-    assert backend.compute_rewards(RewardRequest(items=[item("<answer>6*4*1*1</answer>", TASK)])).rewards == [1.0]
+    assert backend.compute_rewards(
+        RewardRequest(items=[item("<answer>6*4*1*1</answer>", TASK)])
+    ).rewards == [1.0]

@@ -10,9 +10,19 @@ pytestmark = pytest.mark.slow
 
 REQUEST = RewardRequest(
     items=[
-        RewardItem(id="paraphrase", text="A cat is sitting on a mat.", reference="The cat sits on the mat."),
-        RewardItem(id="unrelated", text="Quarterly revenue rose by ten percent.", reference="The cat sits on the mat."),
-        RewardItem(id="same", text="The cat sits on the mat.", reference={"text": "The cat sits on the mat."}),
+        RewardItem(
+            id="paraphrase", text="A cat is sitting on a mat.", reference="The cat sits on the mat."
+        ),
+        RewardItem(
+            id="unrelated",
+            text="Quarterly revenue rose by ten percent.",
+            reference="The cat sits on the mat.",
+        ),
+        RewardItem(
+            id="same",
+            text="The cat sits on the mat.",
+            reference={"text": "The cat sits on the mat."},
+        ),
     ]
 )
 
@@ -39,19 +49,26 @@ def test_per_call_moves_the_model_and_reports_memory(managed, embed_python):
     first = backend.compute_rewards(REQUEST).rewards
     assert backend.health()["residency"] == "offloaded"
     figures = backend.onload()
-    assert figures["residency"] == "resident" and figures["changed"] is True and figures["device"] == "cpu"
+    assert (
+        figures["residency"] == "resident"
+        and figures["changed"] is True
+        and figures["device"] == "cpu"
+    )
     assert figures["before"]["rss_bytes"] > 50_000_000 and figures["seconds"] >= 0
     off = backend.offload()
     assert off["residency"] == "offloaded" and off["changed"] is True and off["device"] == "cpu"
     assert "rss_bytes" in off["after"]
     assert backend.compute_rewards(REQUEST).rewards == first  # same weights after the round trip
-    assert backend.offload() == {"residency": "offloaded", "changed": False}  # per_call already offloaded
+    # per_call already offloaded
+    assert backend.offload() == {"residency": "offloaded", "changed": False}
 
 
 def test_reference_without_text_is_a_422(managed, embed_python):
     backend = managed(embed_python, "text_similarity")
     with pytest.raises(ScorerRequestError) as info:
-        backend.compute_rewards(RewardRequest(items=[RewardItem(id="x", text="hi", reference={"score": 3})]))
+        backend.compute_rewards(
+            RewardRequest(items=[RewardItem(id="x", text="hi", reference={"score": 3})])
+        )
     assert info.value.status == 422 and "id='x'" in str(info.value)
 
 
@@ -70,10 +87,19 @@ def test_texts_past_max_seq_length_are_refused_or_counted(managed, embed_python)
     strict = managed(embed_python, "text_similarity", params={"max_seq_length": 128})
     with pytest.raises(ScorerRequestError) as info:
         strict.compute_rewards(request)
-    assert info.value.status == 422 and "'long'" in str(info.value) and "max_seq_length=128" in str(info.value)
-    tail = managed(embed_python, "text_similarity", params={"max_seq_length": 128, "on_overflow": "keep_end"})
+    assert (
+        info.value.status == 422
+        and "'long'" in str(info.value)
+        and "max_seq_length=128" in str(info.value)
+    )
+    tail = managed(
+        embed_python, "text_similarity", params={"max_seq_length": 128, "on_overflow": "keep_end"}
+    )
     response = tail.compute_rewards(request)
-    head = managed(embed_python, "text_similarity", params={"max_seq_length": 128, "on_overflow": "keep_start"})
+    head = managed(
+        embed_python, "text_similarity", params={"max_seq_length": 128, "on_overflow": "keep_start"}
+    )
     assert response.diagnostics["text_similarity"]["values"]["truncated"] == 1
     kept_start = head.compute_rewards(request).rewards[0]
-    assert response.rewards[0] > kept_start + 0.2, (response.rewards, kept_start)  # the end holds the answer
+    # the end holds the answer
+    assert response.rewards[0] > kept_start + 0.2, (response.rewards, kept_start)

@@ -1,5 +1,6 @@
 """torch_probe (a synthetic model of a chosen size) on CPU in the embed env: resident, per_call and
-the offload/onload figures; and the GPU check itself, run dry on the CPU, plus its carried wheels."""
+the offload/onload figures; and the GPU check itself, run dry on the CPU, plus its carried
+wheels."""
 
 from __future__ import annotations
 
@@ -38,16 +39,21 @@ def test_resident_probe_scores_deterministically_and_reports_its_size(managed, e
     assert other.compute_rewards(REQUEST).rewards[1:] != rewards[1:]
     assert backend.identity_hash != other.identity_hash  # the seed is part of what it scores
     off = backend.offload()
-    assert off["residency"] == "offloaded" and off["param_bytes"] == 8 * MIB and off["device"] == "cpu"
+    assert (
+        off["residency"] == "offloaded" and off["param_bytes"] == 8 * MIB and off["device"] == "cpu"
+    )
     assert off["before"]["rss_bytes"] > 8 * MIB and "cuda_allocated_bytes" not in off["before"]
     on = backend.onload()
     assert on["residency"] == "resident" and on["param_bytes"] == 8 * MIB
-    assert backend.compute_rewards(REQUEST).rewards == rewards  # the same weights after the round trip
+    # the same weights after the round trip
+    assert backend.compute_rewards(REQUEST).rewards == rewards
 
 
 def test_per_call_probe_moves_around_each_call_with_the_same_rewards(managed, embed_python):
     resident = managed(embed_python, "torch_probe", params={"param_mib": 4})
-    per_call = managed(embed_python, "torch_probe", params={"param_mib": 4}, gpu_residency="per_call")
+    per_call = managed(
+        embed_python, "torch_probe", params={"param_mib": 4}, gpu_residency="per_call"
+    )
     assert per_call.health()["residency"] == "offloaded"
     assert per_call.compute_rewards(REQUEST).rewards == resident.compute_rewards(REQUEST).rewards
     health = per_call.health()
@@ -71,9 +77,16 @@ def test_the_gpu_check_runs_dry_on_the_cpu():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     for size in (4, 8):
-        assert f"| torch_probe {size} MiB: per_call call (onload + score + offload) / resident call |" in out
-        assert re.search(rf"torch_probe {size} MiB: offload / onload p50 \(3 rounds\) \| [\d.]+ / [\d.]+ ms", out)
-    assert "same rewards" in out and "| two 4 MiB children: the other's rss when one offloads |" in out
+        assert (
+            f"| torch_probe {size} MiB: per_call call (onload + score + offload) / resident call |"
+            in out
+        )
+        assert re.search(
+            rf"torch_probe {size} MiB: offload / onload p50 \(3 rounds\) \| [\d.]+ / [\d.]+ ms", out
+        )
+    assert (
+        "same rewards" in out and "| two 4 MiB children: the other's rss when one offloads |" in out
+    )
     assert "| text_similarity: rss resident -> offloaded |" in out  # the embed env has MiniLM
     assert "skipped | cpu: no device memory" in out and "gpu_residency: done in" in out
 
@@ -85,5 +98,6 @@ def test_the_carried_wheels_are_the_pinned_list_for_the_gpu_machines_python(tmp_
     names = sorted(re.sub(r"[-_.]+", "_", w.name.split("-")[0]).lower() for w in wheels)
     pinned = sorted(re.sub(r"[-_.]+", "_", pin.split("==")[0]).lower() for pin in gpu_wheels.pins())
     assert names == pinned
-    assert any("cp312" in w.name and "manylinux" in w.name for w in wheels)  # pydantic_core, built for it
+    # pydantic_core, built for it
+    assert any("cp312" in w.name and "manylinux" in w.name for w in wheels)
     assert sum(w.stat().st_size for w in wheels) < 8 * MIB  # travels well inside the 64 MiB tree

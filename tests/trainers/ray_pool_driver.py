@@ -1,5 +1,5 @@
-"""A Ray driver process for tests/trainers/test_ray_pool.py, run by envs/ray's python with the checkout
-first on PYTHONPATH: one step of the test per run, its findings as one JSON file.
+"""A Ray driver process for tests/trainers/test_ray_pool.py, run by envs/ray's python with the
+checkout first on PYTHONPATH: one step of the test per run, its findings as one JSON file.
 
     python ray_pool_driver.py STEP ADDRESS POOL OUT [SEED]
 
@@ -32,7 +32,8 @@ from supervisor.compose.ray_pool import RayPoolBackend, actor_name
 GROUP = 4
 ROOT = Path(supervisor.__file__).resolve().parent.parent
 LATE_CALL_S = 4.0  # the stamped pool's call deadline: its hung share is cancelled there
-QUEUED_CALL_S = 1.0  # a second backend's, shorter: its share is still queued behind the hang at its deadline
+# a second backend's, shorter: its share is still queued behind the hang at its deadline
+QUEUED_CALL_S = 1.0
 
 
 def batch(seed: int, groups: int = 6) -> RewardRequest:
@@ -51,11 +52,16 @@ def scored(pool: RayPoolBackend, seed: int) -> dict[str, Any]:
     with LocalRewardBackend("mean_intensity") as local:
         expected = local.compute_rewards(request).rewards
     got = pool.compute_rewards(request)
-    return {"equal": got.rewards == expected, "ids": got.ids == request.ids, "n": len(request.items)}
+    return {
+        "equal": got.rewards == expected,
+        "ids": got.ids == request.ids,
+        "n": len(request.items),
+    }
 
 
 def refused(pool: RayPoolBackend) -> dict[str, Any]:
-    """An item the scorer cannot take (text, no image): the actor's own typed error, named with it."""
+    """An item the scorer cannot take (text, no image): the actor's own typed error, named with
+    it."""
     try:
         items = [RewardItem(id=f"bad{n}", group_id="b", text="no image") for n in range(GROUP)]
         pool.compute_rewards(RewardRequest(items=items))
@@ -64,7 +70,9 @@ def refused(pool: RayPoolBackend) -> dict[str, Any]:
     return {}
 
 
-def create(pool_name: str, seed: int, lifetime: str = "detached", actors: int = 2) -> dict[str, Any]:
+def create(
+    pool_name: str, seed: int, lifetime: str = "detached", actors: int = 2
+) -> dict[str, Any]:
     pool = RayPoolBackend.create(
         {
             "name": pool_name,
@@ -82,7 +90,9 @@ def create(pool_name: str, seed: int, lifetime: str = "detached", actors: int = 
             },
         }
     )
-    reward_nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "reward_node" in n["Resources"]]
+    reward_nodes = [
+        n["NodeID"] for n in ray.nodes() if n["Alive"] and "reward_node" in n["Resources"]
+    ]
     return {"actors": pool.actors(), "reward_nodes": reward_nodes, **scored(pool, seed)}
 
 
@@ -111,7 +121,11 @@ def kill_actor(pool: RayPoolBackend, seed: int) -> dict[str, Any]:
 def texts(prefix: str, hang: bool = False) -> RewardRequest:
     """Two groups of 2 (one share for each actor); with `hang`, the first group's share hangs."""
     items = [
-        RewardItem(id=f"{prefix}{n}", group_id=f"{prefix}g{n // 2}", text="hang" if hang and n == 0 else "ok")
+        RewardItem(
+            id=f"{prefix}{n}",
+            group_id=f"{prefix}g{n // 2}",
+            text="hang" if hang and n == 0 else "ok",
+        )
         for n in range(4)
     ]
     return RewardRequest(items=items, group_size=2)
@@ -124,7 +138,11 @@ def attempt(call: Any) -> dict[str, Any]:
     except supervisor.ScorerError as exc:
         fields = ("actor", "node_id", "actor_pid", "expected", "got")
         return {
-            "error": {"type": type(exc).__name__, "message": str(exc), **{f: getattr(exc, f, None) for f in fields}}
+            "error": {
+                "type": type(exc).__name__,
+                "message": str(exc),
+                **{f: getattr(exc, f, None) for f in fields},
+            }
         }
 
 
@@ -158,22 +176,29 @@ def late_then_restamped(pool_name: str) -> dict[str, Any]:
             },
         }
     )
-    report: dict[str, Any] = {"identity": pool.identity_hash, "children": [a["child_pid"] for a in pool.actors()]}
+    report: dict[str, Any] = {
+        "identity": pool.identity_hash,
+        "children": [a["child_pid"] for a in pool.actors()],
+    }
     try:
         short = RayPoolBackend.connect(pool_name, timeout_s=60, call_timeout_s=QUEUED_CALL_S)
         hung = pool.submit(texts("h", hang=True))
         waited(mark.exists, 60, "the hanging share to reach its scorer")
         report["queued"] = attempt(lambda: short.compute_rewards(texts("q")))
         report["hung"] = attempt(lambda: hung.result(timeout=120))
-        # the next call waits out the restart policy's backoff (the late share's kill counts against it)
+        # the next call waits out the restart policy's backoff (the late share's kill counts against
+        # it)
         patient = RayPoolBackend.connect(pool_name, timeout_s=60, call_timeout_s=60)
         began = time.monotonic()
         report["next"] = attempt(lambda: patient.compute_rewards(texts("n")))
         report["next_s"] = time.monotonic() - began
 
-        handles = [ray.get_actor(actor_name(pool_name, i), namespace="managed-scorers") for i in range(2)]
+        handles = [
+            ray.get_actor(actor_name(pool_name, i), namespace="managed-scorers") for i in range(2)
+        ]
         victim = ray.get(handles[0].info.remote(), timeout=60)
-        stamp.write_text("2")  # the node's scorer env changes: a new child of actor 0 has another identity
+        # the node's scorer env changes: a new child of actor 0 has another identity
+        stamp.write_text("2")
         os.kill(victim["pid"], signal.SIGKILL)
 
         def restarted() -> dict[str, Any] | None:
@@ -213,7 +238,9 @@ def main() -> int:
         else:
             pool = RayPoolBackend.connect(pool_name, timeout_s=120, call_timeout_s=60)
             if step == "score":
-                report.update({"actors": pool.actors(), "refused": refused(pool), **scored(pool, seed)})
+                report.update(
+                    {"actors": pool.actors(), "refused": refused(pool), **scored(pool, seed)}
+                )
             elif step == "kill-actor":
                 report.update(kill_actor(pool, seed))
             elif step == "kill-pool":

@@ -1,5 +1,5 @@
-"""DistributedRewards' edge cases on 2 torchrun ranks (gloo, CPU) with in-process scorers: one run of
-tests/helpers/distributed_cases.py in envs/trl, then one test per case on what each rank saw."""
+"""DistributedRewards' edge cases on 2 torchrun ranks (gloo, CPU) with in-process scorers: one run
+of tests/helpers/distributed_cases.py in envs/trl, then one test per case on what each rank saw."""
 
 from __future__ import annotations
 
@@ -18,7 +18,13 @@ pytestmark = pytest.mark.slow
 def seen(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
     out = tmp_path_factory.mktemp("cases")
     env = launcher_free_env()
-    command = [str(env_python("trl")), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command = [
+        str(env_python("trl")),
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+    ]
     done = subprocess.run(
         [*command, str(REPO_ROOT / "tests" / "helpers" / "distributed_cases.py"), str(out)],
         env=env,
@@ -31,7 +37,10 @@ def seen(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
     found: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(out.glob("*-rank0.json")):
         name = path.name.removesuffix("-rank0.json")
-        found[name] = [json.loads(path.read_text()), json.loads((out / f"{name}-rank1.json").read_text())]
+        found[name] = [
+            json.loads(path.read_text()),
+            json.loads((out / f"{name}-rank1.json").read_text()),
+        ]
     return found
 
 
@@ -45,9 +54,11 @@ def ranks(seen, name: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     "name",
     [
-        "pointwise_panel_with_a_group_size",  # the panel checks sizes: a spanning group is scored whole
+        # the panel checks sizes: a spanning group is scored whole
+        "pointwise_panel_with_a_group_size",
         "nested_panel_with_a_groupwise_scorer",  # a groupwise scorer inside a panel inside a panel
-        "every_field_travels_and_an_empty_reference_too",  # finish_reason read without being declared; reference {}
+        # finish_reason read without being declared; reference {}
+        "every_field_travels_and_an_empty_reference_too",
     ],
 )
 def test_the_world_equals_one_process(seen, name):
@@ -65,11 +76,14 @@ def test_an_optional_terms_failure_covers_whole_groups_never_part_of_one(seen):
         groups: dict[str, set[bool]] = {}
         for item_id, value in zip(world["ids"], world["component_rewards"]["salted"], strict=True):
             groups.setdefault(f"p{int(item_id[1:]) // 4}", set()).add(value is None)
-        assert all(len(kinds) == 1 for kinds in groups.values()), groups  # p1 spans ranks: failed whole
+        # p1 spans ranks: failed whole
+        assert all(len(kinds) == 1 for kinds in groups.values()), groups
         assert groups["p1"] == {True}
 
 
-def test_a_failure_in_a_spanning_group_raises_the_same_error_everywhere_and_the_next_step_runs(seen):
+def test_a_failure_in_a_spanning_group_raises_the_same_error_everywhere_and_the_next_step_runs(
+    seen,
+):
     both = ranks(seen, "a_failure_inside_a_spanning_group_fails_every_rank")
     assert {found["first"]["error"] for found in both} == {"RankFailed"}
     assert len({found["first"]["message"] for found in both}) == 1
@@ -81,7 +95,8 @@ def test_fail_step_takes_part_and_keeps_the_ranks_in_step(seen):
     both = ranks(seen, "fail_step_keeps_the_ranks_in_step")
     messages = {found["first"]["message"] for found in both}
     assert messages == {
-        "reward step failed on rank(s) [1] of 2: rank 1: ValueError: this rank's prompts could not be read"
+        "reward step failed on rank(s) [1] of 2: rank 1: ValueError: this rank's prompts "
+        "could not be read"
     }
     assert [found["after"]["value"] for found in both] == [[0.0, 1.0, 0.0, 0.0, 1.0, 0.0]] * 2
 
@@ -95,7 +110,9 @@ def test_an_empty_shard_takes_part(seen):
 def test_a_rank_that_skipped_a_call_is_caught_not_mixed(seen):
     first, second = ranks(seen, "a_skipped_call_is_caught_not_mixed")
     for call in (first["calls"][0], second["calls"][0]):
-        assert call["error"] == "RankLost" and "out of step (rank 0: call 1 step 1" in call["message"], call
+        assert (
+            call["error"] == "RankLost" and "out of step (rank 0: call 1 step 1" in call["message"]
+        ), call
     assert first["calls"][1]["error"] == "RankLost"  # broken for good: never a later call's data
 
 

@@ -1,13 +1,13 @@
 """The Ray reward pool on a real two-raylet cluster made on this machine: a head node and a second
 raylet carrying `reward_node`; driver processes from envs/ray (the checkout first on PYTHONPATH).
 
-Shown: the pool's actors are placed on the second raylet; two driver processes score through the same
-named pool at once, equal to in-process; a killed actor's in-flight call gets PoolActorDied naming its
-node and pid, Ray restarts the actor and the next call is served; the killed pool leaves no scorer
-process (psutil); a `lifetime: job` pool ends, children included, with the driver that made it; a
-share hung past the call's deadline is cancelled where it is (queued or scoring, said so) and costs
-that call alone; an actor Ray restarted under another identity is refused, never joined. The
-cluster is ended by its own processes (found by the marker every process of it inherits), not
+Shown: the pool's actors are placed on the second raylet; two driver processes score through the
+same named pool at once, equal to in-process; a killed actor's in-flight call gets PoolActorDied
+naming its node and pid, Ray restarts the actor and the next call is served; the killed pool leaves
+no scorer process (psutil); a `lifetime: job` pool ends, children included, with the driver that
+made it; a share hung past the call's deadline is cancelled where it is (queued or scoring, said so)
+and costs that call alone; an actor Ray restarted under another identity is refused, never joined.
+The cluster is ended by its own processes (found by the marker every process of it inherits), not
 `ray stop`, which would end every Ray on the machine.
 """
 
@@ -50,7 +50,9 @@ def _node_ports() -> list[str]:
     """Every port a raylet opens, its own: two raylets on one machine must not collide."""
     names = ("node-manager", "object-manager", "runtime-env-agent", "dashboard-agent-grpc",
              "dashboard-agent-listen", "metrics-export")  # fmt: skip
-    return [f"--{name}-port={port}" for name, port in zip(names, _free_ports(len(names)), strict=True)]
+    return [
+        f"--{name}-port={port}" for name, port in zip(names, _free_ports(len(names)), strict=True)
+    ]
 
 
 def _cluster_processes(temp_dir: str) -> list[psutil.Process]:
@@ -100,24 +102,39 @@ def cluster():
     (gcs_port,) = _free_ports(1)
     address = f"127.0.0.1:{gcs_port}"
     # worker ports 0: random, as ray.cluster_utils starts several nodes on one machine
-    common = ["--node-ip-address=127.0.0.1", "--num-cpus=2", "--object-store-memory=100000000",
-              "--disable-usage-stats", f"--temp-dir={temp_dir}", "--min-worker-port=0", "--max-worker-port=0"]  # fmt: skip
+    common = [
+        "--node-ip-address=127.0.0.1",
+        "--num-cpus=2",
+        "--object-store-memory=100000000",
+        # fmt: skip
+        "--disable-usage-stats",
+        f"--temp-dir={temp_dir}",
+        "--min-worker-port=0",
+        "--max-worker-port=0",
+    ]
     try:
         for extra in (
-            ["--head", f"--port={gcs_port}", "--include-dashboard=false", "--resources", '{"head": 1}'],
+            ["--head", f"--port={gcs_port}", "--include-dashboard=false",
+             "--resources", '{"head": 1}'],
             [f"--address={address}", "--resources", '{"reward_node": 2}'],
         ):  # fmt: skip
-            log = Path(temp_dir) / "ray-start.log"  # a file, not a pipe: the daemons it starts inherit it
+            # a file, not a pipe: the daemons it starts inherit it
+            log = Path(temp_dir) / "ray-start.log"
             with log.open("a") as out:
                 done = subprocess.run(
-                    [ray, "start", *common, *_node_ports(), *extra], env=env, stdout=out, stderr=out, timeout=120
+                    [ray, "start", *common, *_node_ports(), *extra],
+                    env=env,
+                    stdout=out,
+                    stderr=out,
+                    timeout=120,
                 )
             assert done.returncode == 0, log.read_text()[-4000:]
         yield {"address": address, "env": env, "python": str(python), "temp_dir": temp_dir}
     finally:
         killed = _stop(temp_dir)
         assert not _cluster_processes(temp_dir), "processes of the test cluster survived"
-        shutil.rmtree(temp_dir, ignore_errors=True)  # its logs and sockets, once nothing of it is left
+        # its logs and sockets, once nothing of it is left
+        shutil.rmtree(temp_dir, ignore_errors=True)
         print(f"test cluster stopped ({killed} processes needed SIGKILL)")
 
 
@@ -126,10 +143,14 @@ def _driver(
 ) -> subprocess.Popen[str]:
     out = tmp_path / f"{step}-{seed}.json"
     command = [cluster["python"], str(DRIVER), step, cluster["address"], pool, str(out), str(seed)]
-    return subprocess.Popen(command, env=cluster["env"], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        command, env=cluster["env"], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
 
 
-def _report(process: subprocess.Popen[str], tmp_path: Path, step: str, seed: int = 0) -> dict[str, Any]:
+def _report(
+    process: subprocess.Popen[str], tmp_path: Path, step: str, seed: int = 0
+) -> dict[str, Any]:
     try:
         _, stderr = process.communicate(timeout=150)
     except subprocess.TimeoutExpired:
@@ -138,11 +159,14 @@ def _report(process: subprocess.Popen[str], tmp_path: Path, step: str, seed: int
         pytest.fail(f"driver {step} passed 150 s:\n{stderr[-3000:]}")
     assert process.returncode == 0, f"driver {step} failed:\n{stderr[-4000:]}"
     report = json.loads((tmp_path / f"{step}-{seed}.json").read_text())
-    assert report["supervisor"].startswith(str(REPO_ROOT)), report["supervisor"]  # this checkout's code
+    # this checkout's code
+    assert report["supervisor"].startswith(str(REPO_ROOT)), report["supervisor"]
     return report
 
 
-def _run(cluster: dict[str, Any], tmp_path: Path, step: str, seed: int = 0, pool: str = POOL) -> dict[str, Any]:
+def _run(
+    cluster: dict[str, Any], tmp_path: Path, step: str, seed: int = 0, pool: str = POOL
+) -> dict[str, Any]:
     return _report(_driver(cluster, tmp_path, step, seed, pool), tmp_path, step, seed)
 
 
@@ -162,20 +186,25 @@ def _scorer_children(cluster: dict[str, Any]) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-def test_a_pool_on_reward_nodes_serves_two_drivers_survives_an_actor_kill_and_dies_whole(cluster, tmp_path):
+def test_a_pool_on_reward_nodes_serves_two_drivers_survives_an_actor_kill_and_dies_whole(
+    cluster, tmp_path
+):
     created = _run(cluster, tmp_path, "create")
     assert created["equal"] and created["ids"], created
     (reward_node,) = created["reward_nodes"]
     actors = created["actors"]
-    assert [a["node_id"] for a in actors] == [reward_node, reward_node], actors  # placed on the second raylet
+    # placed on the second raylet
+    assert [a["node_id"] for a in actors] == [reward_node, reward_node], actors
     assert len({a["pid"] for a in actors}) == 2 and all(a["child_pid"] for a in actors), actors
 
-    drivers = {seed: _driver(cluster, tmp_path, "score", seed) for seed in (1, 2)}  # two drivers at once
+    # two drivers at once
+    drivers = {seed: _driver(cluster, tmp_path, "score", seed) for seed in (1, 2)}
     for seed, process in drivers.items():
         report = _report(process, tmp_path, "score", seed)
         assert report["equal"] and report["ids"], report
         assert [a["pid"] for a in report["actors"]] == [a["pid"] for a in actors]  # the same pool
-        refused = report["refused"]  # raised in the actor: its own typed error, prefixed with the actor
+        # raised in the actor: its own typed error, prefixed with the actor
+        refused = report["refused"]
         assert refused["type"] in ("ScorerRequestError", "ScorerItemsFailed"), refused
         assert refused["message"].startswith("Ray pool 'rewards' actor 0/2 (node "), refused
 
@@ -184,8 +213,11 @@ def test_a_pool_on_reward_nodes_serves_two_drivers_survives_an_actor_kill_and_di
     error = killed["error"]
     assert error["type"] == "PoolActorDied", killed
     assert error["node_id"] == reward_node and error["actor_pid"] == victim["pid"], error
-    assert reward_node in error["message"] and f"pid {victim['pid']}" in error["message"], error["message"]
-    assert killed["after"]["served"]["equal"], killed  # Ray restarted the actor: the next call is served
+    assert reward_node in error["message"] and f"pid {victim['pid']}" in error["message"], error[
+        "message"
+    ]
+    # Ray restarted the actor: the next call is served
+    assert killed["after"]["served"]["equal"], killed
     restarted = killed["actors"][0]
     assert restarted["pid"] != victim["pid"] and restarted["node_id"] == reward_node, restarted
     assert not wait_until_gone([victim["child_pid"]], 10.0), "the killed actor's child outlived it"
@@ -201,10 +233,13 @@ def test_a_pool_on_reward_nodes_serves_two_drivers_survives_an_actor_kill_and_di
         time.sleep(0.1)
     assert _scorer_children(cluster) == []
 
-    job = _run(cluster, tmp_path, "create-job", 4, pool="jobpool")  # lifetime job: ends with its driver
+    # lifetime job: ends with its driver
+    job = _run(cluster, tmp_path, "create-job", 4, pool="jobpool")
     assert job["equal"], job
     (only,) = job["actors"]
-    assert not wait_until_gone([only["pid"], only["child_pid"]], 15.0), "a job pool outlived its driver"
+    assert not wait_until_gone([only["pid"], only["child_pid"]], 15.0), (
+        "a job pool outlived its driver"
+    )
 
 
 def test_without_ray_the_pool_says_what_it_needs():
@@ -217,24 +252,35 @@ def test_without_ray_the_pool_says_what_it_needs():
         pytest.skip("Ray is installed in this environment")
     with pytest.raises(ConfigError, match=r"pip install 'managed-scorers\[ray\]'"):
         RayPoolBackend.create(
-            {"name": "p", "scorer": {"env": "image", "scorer": {"name": "mean_intensity", "input_kind": "image"}}}
+            {
+                "name": "p",
+                "scorer": {
+                    "env": "image",
+                    "scorer": {"name": "mean_intensity", "input_kind": "image"},
+                },
+            }
         )
 
 
 @pytest.mark.slow
-def test_a_late_share_is_cancelled_where_it_is_and_an_answer_of_another_identity_is_refused(cluster, tmp_path):
-    """A share hung past the call's deadline costs that call alone: its child is killed, the next call is
-    served; a call queued behind it says so. An actor Ray restarted under another identity (its node's
-    scorer changed) contributes nothing to a call, and the error names it, its node and pid, both hashes."""
+def test_a_late_share_is_cancelled_where_it_is_and_an_answer_of_another_identity_is_refused(
+    cluster, tmp_path
+):
+    """A share hung past the call's deadline costs that call alone: its child is killed, the next
+    call is served; a call queued behind it says so. An actor Ray restarted under another identity
+    (its node's scorer changed) contributes nothing to a call, and the error names it, its node and
+    pid, both hashes."""
     found = _run(cluster, tmp_path, "late-then-restamped", pool="stamped")
     queued, hung = found["queued"]["error"], found["hung"]["error"]
     assert queued["type"] == "ScorerTimeout", queued
     assert (
-        "was still queued when the call's deadline passed" in queued["message"] and "scoring" not in queued["message"]
+        "was still queued when the call's deadline passed" in queued["message"]
+        and "scoring" not in queued["message"]
     ), queued
     assert hung["type"] == "ScorerTimeout" and "was scoring" in hung["message"], hung
     assert hung["message"].startswith("Ray pool 'stamped' actor 0/2 (node "), hung
-    assert found["next"] == {"rewards": [1.0] * 4}, found["next"]  # the hang cost one call, not the next
+    # the hang cost one call, not the next
+    assert found["next"] == {"rewards": [1.0] * 4}, found["next"]
 
     victim, restarted = found["victim"], found["restarted"]
     assert restarted["identity"] != found["identity"], found
@@ -246,7 +292,9 @@ def test_a_late_share_is_cancelled_where_it_is_and_an_answer_of_another_identity
         restarted["pid"],
     )
     assert (mixed["expected"], mixed["got"]) == (found["identity"], restarted["identity"]), mixed
-    assert found["identity"] in mixed["message"] and restarted["identity"] in mixed["message"], mixed
+    assert found["identity"] in mixed["message"] and restarted["identity"] in mixed["message"], (
+        mixed
+    )
     assert f"pid {restarted['pid']}" in mixed["message"], mixed
     children = {victim["child_pid"], *found["children"]}
     assert not wait_until_gone(sorted(children), 15.0), "a child of the stamped pool outlived it"

@@ -1,4 +1,5 @@
-"""Torch CPU tensors are accepted wherever numpy arrays are (images, videos, DDPO batches), without a copy.
+"""Torch CPU tensors are accepted wherever numpy arrays are (images, videos, DDPO batches), without
+a copy.
 
 The trainer env of the suite (.venv) has no torch; the checks run in envs/trl, which has it
 (tests/helpers/torch_inputs.py lists them), including a managed image child fed from tensors.
@@ -32,7 +33,11 @@ EXPECTED = {
 @pytest.mark.slow
 def test_torch_tensors_go_wherever_arrays_go(tmp_path):
     done = subprocess.run(
-        [str(env_python("trl")), str(REPO_ROOT / "tests" / "helpers" / "torch_inputs.py"), str(env_python("image"))],
+        [
+            str(env_python("trl")),
+            str(REPO_ROOT / "tests" / "helpers" / "torch_inputs.py"),
+            str(env_python("image")),
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -36,13 +36,16 @@ def test_grpo_rewards_equal_an_independent_grade_and_no_scorer_survives(mode, tm
     assert report["mode"] == mode and report["name"] == "math_verify"
 
     calls = report["scored"]
-    assert len(calls) == 3 and all(len(call["texts"]) == 8 for call in calls)  # one generation batch per step
+    # one generation batch per step
+    assert len(calls) == 3 and all(len(call["texts"]) == 8 for call in calls)
     grades = [independent_grades(call["texts"], call["golds"]) for call in calls]
     for call, grade in zip(calls, grades, strict=True):
         assert call["rewards"] == grade, call
     every = [g for grade in grades for g in grade]
-    assert 0.0 in every and 1.0 in every, every  # scattered golds make some right; random text the rest
-    assert len({tuple(grade) for grade in grades}) == 3  # a different scatter each step: no reward fits a neighbour
+    # scattered golds make some right; random text the rest
+    assert 0.0 in every and 1.0 in every, every
+    # a different scatter each step: no reward fits a neighbour
+    assert len({tuple(grade) for grade in grades}) == 3
 
     steps = [entry for entry in report["logged"] if entry["mean"] is not None]
     assert [entry["step"] for entry in steps] == [1, 2, 3]

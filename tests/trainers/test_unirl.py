@@ -1,10 +1,11 @@
 """UniRL 0.2.0 drop-in: `supervisor.adapters.unirl.ManagedScorerProcessBackend` and `RewardPanel`.
 
 UniRL's own code (RewardService.score_and_attach on real Samples, Hydra's instantiate of the seed's
-managed-backend recipe with only the top `_target_` changed, RewardStack with overlap) runs in envs/trl,
-where the published UniRL, hydra-core and antlr 4.9.3 are installed: tests/helpers/unirl_trainer.py,
-one process booting each child once. Here (the suite's venv, no UniRL): the module imports without it,
-and bad configs are refused with typed errors before any child starts.
+managed-backend recipe with only the top `_target_` changed, RewardStack with overlap) runs in
+envs/trl, where the published UniRL, hydra-core and antlr 4.9.3 are installed:
+tests/helpers/unirl_trainer.py, one process booting each child once. Here (the suite's venv, no
+UniRL): the module imports without it, and bad configs are refused with typed errors before any
+child starts.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def test_unirls_own_service_recipes_and_stack_score_through_the_drop_in_as_compu
 @pytest.mark.slow
 def test_no_scorer_process_is_left_after_the_unirl_trainer_exits(driven):
     report, _ = driven
-    # mean_intensity, edit_fidelity, math_verify, video, audio, the panel's two; the panel server and its two
+    # mean_intensity, edit_fidelity, math_verify, video, audio, the panel's two; the panel server
+    # and its two
     assert len(report["pids"]) >= 10
     assert wait_until_gone(report["pids"], 10) == []
 
@@ -99,7 +101,8 @@ def test_the_module_imports_without_unirl_and_its_classes_are_plain_then():
     assert unirl.unirl_base() is None and "unirl" not in sys.modules
     backend_class = unirl.ManagedScorerProcessBackend
     assert (
-        backend_class.__module__ == "supervisor.adapters.unirl" and backend_class is unirl.ManagedScorerProcessBackend
+        backend_class.__module__ == "supervisor.adapters.unirl"
+        and backend_class is unirl.ManagedScorerProcessBackend
     )
     assert [c.__name__ for c in backend_class.__mro__] == [
         "ManagedScorerProcessBackend",
@@ -120,25 +123,42 @@ def _config(**top):
     ("config", "match"),
     [
         (_config(transport="cuda_ipc"), "no CUDA IPC data plane yet"),
-        (_config(process={"python_executable": sys.executable, "transport": "cuda_ipc"}), "cuda_ipc"),
+        (
+            _config(process={"python_executable": sys.executable, "transport": "cuda_ipc"}),
+            "cuda_ipc",
+        ),
         (_config(transport="grpc"), "transport must be one of"),
-        (_config(client={"required_rewards": ["mean_intensity", "clip"]}), r"serves one reward: \['mean_intensity'\]"),
+        (
+            _config(client={"required_rewards": ["mean_intensity", "clip"]}),
+            r"serves one reward: \['mean_intensity'\]",
+        ),
         (_config(client={"required_rewards": ["editreward"]}), "as UniRL checks"),
         (_config(client={"input_kind": "video"}), "input_kind 'video' != 'image'"),
-        (_config(scorer={"name": "mean_intensity", "history_kind": "speech"}), "history_kind must be one of"),
         (
-            _config(scorer={"name": "mean_intensity", "version": "1"}, client={"expected_scorer_version": "2"}),
+            _config(scorer={"name": "mean_intensity", "history_kind": "speech"}),
+            "history_kind must be one of",
+        ),
+        (
+            _config(
+                scorer={"name": "mean_intensity", "version": "1"},
+                client={"expected_scorer_version": "2"},
+            ),
             "one pin",
         ),
         (_config(gpu_residency="sometimes"), "gpu_residency"),
         (_config(client={"raise_on_failure": False}), "never zero rewards"),
         (_config(idempotency_cache_size=0), "positive int"),
         (_config(process={"python_executable": "/nonexistent/python"}), "not an executable file"),
-        (_config(scorer={"name": "mean_intensity", "sampler": "x"}), r"unknown field\(s\) \['sampler'\]"),
+        (
+            _config(scorer={"name": "mean_intensity", "sampler": "x"}),
+            r"unknown field\(s\) \['sampler'\]",
+        ),
         ("editreward", "must be a mapping or UniRL's dataclass"),
     ],
 )
-def test_a_config_unirl_would_refuse_or_we_cannot_honour_is_a_config_error_before_any_child(config, match):
+def test_a_config_unirl_would_refuse_or_we_cannot_honour_is_a_config_error_before_any_child(
+    config, match
+):
     with pytest.raises(ConfigError, match=match):
         unirl.ManagedScorerProcessBackend(config=config)
 
@@ -153,16 +173,27 @@ def test_unirl_fields_map_onto_the_one_managed_config_and_service_root_is_ignore
             "allow_multiple_visible_devices": True,
         },
         scorer={"name": "mean_intensity", "params": {"device": "cuda"}, "version": "1"},
-        client={"required_rewards": ["mean_intensity"], "timeout": 12.5, "request_batch_size": 4, "batch_size": 3},
+        client={
+            "required_rewards": ["mean_intensity"],
+            "timeout": 12.5,
+            "request_batch_size": 4,
+            "batch_size": 3,
+        },
         gpu_residency="per_call",
         transport="auto",
     )
     with caplog.at_level(logging.WARNING):
         spec, options = managed_spec(config, "cpu")
     assert "service_root" in caplog.text and "ignored" in caplog.text
-    assert (spec.process.startup_timeout, spec.process.shutdown_timeout, spec.process.request_timeout) == (30, 5, 12.5)
-    assert spec.process.allow_multiple_gpus and spec.process.env["HF_HUB_OFFLINE"] == "1"  # UniRL's offline default
-    assert (spec.scorer.device, spec.scorer.params, spec.scorer.revision) == ("cuda", {}, "1")  # a pin
+    assert (
+        spec.process.startup_timeout,
+        spec.process.shutdown_timeout,
+        spec.process.request_timeout,
+    ) == (30, 5, 12.5)
+    # UniRL's offline default
+    assert spec.process.allow_multiple_gpus and spec.process.env["HF_HUB_OFFLINE"] == "1"
+    # a pin
+    assert (spec.scorer.device, spec.scorer.params, spec.scorer.revision) == ("cuda", {}, "1")
     assert (spec.client.request_batch_size, spec.gpu_residency) == (4, "per_call")
     assert (options.model_name, options.batch_size, options.timeout, options.input_kind) == (
         "mean_intensity",
@@ -170,15 +201,25 @@ def test_unirl_fields_map_onto_the_one_managed_config_and_service_root_is_ignore
         12.5,
         "image",
     )
-    edit, edit_options = managed_spec(_config(scorer={"name": "edit_fidelity", "history_kind": "image_edit"}), None)
-    assert (edit.scorer.input_kind, edit_options.input_kind, edit.scorer.device) == ("image_edit", "image", "cpu")
+    edit, edit_options = managed_spec(
+        _config(scorer={"name": "edit_fidelity", "history_kind": "image_edit"}), None
+    )
+    assert (edit.scorer.input_kind, edit_options.input_kind, edit.scorer.device) == (
+        "image_edit",
+        "image",
+        "cpu",
+    )
 
 
 def test_a_panel_config_picks_terms_by_required_rewards_and_refuses_unirls_own_weighting():
     recipe = {
         "terms": [
             {"name": "a", "backend": {"kind": "local", "scorer": {"name": "nonempty"}}},
-            {"name": "b", "backend": {"kind": "local", "scorer": {"name": "nonempty"}}, "weight": 2.0},
+            {
+                "name": "b",
+                "backend": {"kind": "local", "scorer": {"name": "nonempty"}},
+                "weight": 2.0,
+            },
         ]
     }
     panel, options = panel_config(recipe, {"required_rewards": ["b"], "input_kind": "text"}, None)
@@ -198,18 +239,29 @@ def test_a_panel_config_picks_terms_by_required_rewards_and_refuses_unirls_own_w
 
 
 def test_a_remote_config_points_at_our_servers_only_and_keeps_their_weights():
-    """Refused before any connection: a managed:// or empty URL, UniRL's own weighting, zeros on failure."""
+    """Refused before any connection: a managed:// or empty URL, UniRL's own weighting, zeros on
+    failure."""
     url = "http://127.0.0.1:9"
     remote, options, wanted = remote_config(
-        {"base_url": url, "required_rewards": ["b"], "timeout": 7, "request_batch_size": 4}, "PANEL_TOKEN"
+        {"base_url": url, "required_rewards": ["b"], "timeout": 7, "request_batch_size": 4},
+        "PANEL_TOKEN",
     )
-    assert (remote.urls, remote.token_env, remote.request_timeout, remote.client.request_batch_size) == (
+    assert (
+        remote.urls,
+        remote.token_env,
+        remote.request_timeout,
+        remote.client.request_batch_size,
+    ) == (
         [url],
         "PANEL_TOKEN",
         7,
         4,
     )
-    assert (wanted, remote.client.required_rewards, options.model_name) == (["b"], ["b"], "reward_service")
+    assert (wanted, remote.client.required_rewards, options.model_name) == (
+        ["b"],
+        ["b"],
+        "reward_service",
+    )
     several, _, _ = remote_config({"base_url": [url, "http://127.0.0.1:10"]}, None)
     assert several.urls == [url, "http://127.0.0.1:10"]
     for config, match in [
@@ -224,13 +276,16 @@ def test_a_remote_config_points_at_our_servers_only_and_keeps_their_weights():
             unirl.RemoteRewardBackend(config=config)
 
 
-def test_a_term_that_does_not_apply_reaches_unirl_as_the_zero_it_added_and_components_sum_to_the_reward():
+def test_a_term_that_does_not_apply_reaches_unirl_as_the_zero_it_added_and_components_sum_to_the_reward():  # noqa: E501
     terms = [
         PanelTerm("long", LocalRewardBackend("nonempty"), weight=3.0, applicable_datasets=["chat"]),
         PanelTerm("any", LocalRewardBackend("nonempty"), weight=0.5),
     ]
     request = RewardRequest(
-        items=[RewardItem(id="c", text="hi", data_source="chat"), RewardItem(id="m", text="x", data_source="math")]
+        items=[
+            RewardItem(id="c", text="hi", data_source="chat"),
+            RewardItem(id="m", text="x", data_source="math"),
+        ]
     )
     with RewardPanel(terms) as panel:
         response = panel.compute_rewards(request)
@@ -242,13 +297,21 @@ def test_a_term_that_does_not_apply_reaches_unirl_as_the_zero_it_added_and_compo
 
 def _unirl_request(generated: dict, rate: int | None = 16000) -> SimpleNamespace:
     """UniRL's RewardRequest, duck-typed: `generated` maps a modality to its per-sample objects."""
-    columns = {kind: SimpleNamespace(to_list=lambda values=values: values) for kind, values in generated.items()}
-    return SimpleNamespace(generated=columns, audio_sample_rate=rate, sample_ids=["s0", "s1"], metadata=None)
+    columns = {
+        kind: SimpleNamespace(to_list=lambda values=values: values)
+        for kind, values in generated.items()
+    }
+    return SimpleNamespace(
+        generated=columns, audio_sample_rate=rate, sample_ids=["s0", "s1"], metadata=None
+    )
 
 
 def _waves() -> list[np.ndarray]:
     rng = np.random.default_rng(8)
-    return [rng.standard_normal(300).astype(np.float32), rng.standard_normal((2, 50)).astype(np.float32)]
+    return [
+        rng.standard_normal(300).astype(np.float32),
+        rng.standard_normal((2, 50)).astype(np.float32),
+    ]
 
 
 def _allocate(shape: tuple[int, ...]) -> np.ndarray:
@@ -264,7 +327,9 @@ def test_unirl_audio_becomes_float32_channels_by_samples_with_the_batchs_rate():
     assert [item.audio_sample_rate for item in ours.items] == [16000, 16000]
     # beside another kind (a text-to-audio-video frontier), the audio travels too
     frames = [SimpleNamespace(frames=np.full((2, 3, 4, 4), 0.5, np.float32)) for _ in range(2)]
-    both = reward_request(_unirl_request({"video": frames, "audio": audio}), "video", [], "reference", _allocate)
+    both = reward_request(
+        _unirl_request({"video": frames, "audio": audio}), "video", [], "reference", _allocate
+    )
     assert [item.video.shape for item in both.items] == [(2, 4, 4, 3)] * 2
     assert [item.audio.tobytes() for item in both.items] == [w.tobytes() for w in waves]
 
@@ -272,10 +337,15 @@ def test_unirl_audio_becomes_float32_channels_by_samples_with_the_batchs_rate():
 def test_unirl_audio_without_a_rate_or_with_a_nan_is_a_typed_error_naming_the_item():
     audio = [SimpleNamespace(waveform=w) for w in _waves()]
     with pytest.raises(ScorerRequestError, match="without a sample rate") as info:
-        reward_request(_unirl_request({"audio": audio}, rate=None), "audio", [], "reference", _allocate)
+        reward_request(
+            _unirl_request({"audio": audio}, rate=None), "audio", [], "reference", _allocate
+        )
     assert info.value.kind == "bad_input"
     audio[1].waveform[1, 7] = np.nan
-    with pytest.raises(ScorerRequestError, match=r"UniRL item 1 \(sample_id 's1'\).*non-finite.*channel 1, sample 7"):
+    with pytest.raises(
+        ScorerRequestError,
+        match=r"UniRL item 1 \(sample_id 's1'\).*non-finite.*channel 1, sample 7",
+    ):
         reward_request(_unirl_request({"audio": audio}), "audio", [], "reference", _allocate)
     with pytest.raises(ScorerRequestError, match="scores 'audio'"):
         reward_request(_unirl_request({"video": []}), "audio", [], "reference", _allocate)
@@ -284,10 +354,15 @@ def test_unirl_audio_without_a_rate_or_with_a_nan_is_a_typed_error_naming_the_it
 def test_an_audio_history_kind_is_our_audio_scorer_and_says_video_to_unirls_service():
     config = _config(scorer={"name": "audio_loudness", "history_kind": "audio"})
     spec, options = managed_spec(config, "cpu")
-    assert (spec.scorer.input_kind, spec.client.input_kind, options.input_kind) == ("audio", "audio", "audio")
+    assert (spec.scorer.input_kind, spec.client.input_kind, options.input_kind) == (
+        "audio",
+        "audio",
+        "audio",
+    )
     backend = unirl.ManagedScorerProcessBackend(config=config, start=False)
     try:
-        assert backend.preferred_input_kind == "video"  # UniRL's RewardService takes image, video, text
+        # UniRL's RewardService takes image, video, text
+        assert backend.preferred_input_kind == "video"
         assert backend.covers_prompt_video() is False  # a loudness reward does not read the prompt
     finally:
         backend.dispose()

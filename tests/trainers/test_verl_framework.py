@@ -1,7 +1,7 @@
 """verl 0.9.1's own reward code (the published package in envs/trl) scoring through the installed
-entry point `pkg://supervisor.adapters.verl`: every reward-loop manager in-process and as Ray actors,
-and the legacy managers. The trainer env holds hydra-core's antlr 4.9.3, which grades `10\\%` wrong
-in-process: the managed math child (antlr 4.13.2) must grade it 0.1 all the same."""
+entry point `pkg://supervisor.adapters.verl`: every reward-loop manager in-process and as Ray
+actors, and the legacy managers. The trainer env holds hydra-core's antlr 4.9.3, which grades
+`10\\%` wrong in-process: the managed math child (antlr 4.13.2) must grade it 0.1 all the same."""
 
 from __future__ import annotations
 
@@ -15,17 +15,34 @@ import pytest
 from tests.conftest import REPO_ROOT, env_python, wait_until_gone
 from tests.helpers.math_env import independent_grades, math_env_processes_since
 
-ROWS = [["so \\boxed{10\\%}", "0.1"], ["\\boxed{3}", "4"], ["the answer is $\\frac{1}{2}$", "0.5"], ["\\boxed{7}", "7"]]
+ROWS = [
+    ["so \\boxed{10\\%}", "0.1"],
+    ["\\boxed{3}", "4"],
+    ["the answer is $\\frac{1}{2}$", "0.5"],
+    ["\\boxed{7}", "7"],
+]
 REWARD_LOOP = ["naive", "dapo", "gdpo", "rate_limited", "remote"]
 
 
 @pytest.mark.slow
 def test_every_verl_reward_manager_scores_through_the_installed_entry_point(tmp_path):
     recipe = tmp_path / "reward.yaml"
-    models = {"math": {"backend": "managed", "scorer": "math_verify", "env": "math", "params": {"jobs": 2}}}
-    recipe.write_text(json.dumps({"reward": {"models": models, "reward_functions": {"correct": {"model": "math"}}}}))
+    models = {
+        "math": {
+            "backend": "managed",
+            "scorer": "math_verify",
+            "env": "math",
+            "params": {"jobs": 2},
+        }
+    }
+    recipe.write_text(
+        json.dumps(
+            {"reward": {"models": models, "reward_functions": {"correct": {"model": "math"}}}}
+        )
+    )
     start = time.time()
-    env = {**os.environ, "MATH_PYTHON": str(env_python("math"))}  # for the example file, loaded by path
+    # for the example file, loaded by path
+    env = {**os.environ, "MATH_PYTHON": str(env_python("math"))}
     done = subprocess.run(
         [str(env_python("trl")), str(REPO_ROOT / "tests" / "helpers" / "verl_reward_loop.py")]
         + [str(recipe), str(tmp_path), json.dumps(ROWS)],
@@ -49,6 +66,9 @@ def test_every_verl_reward_manager_scores_through_the_installed_entry_point(tmp_
     for key, result in report.items():
         assert result["rewards"] == expected, key
         if key.startswith(("in_process/", "ray/")) and "example_file" not in key:
-            assert result["keys"] == ["correct", "score"], key  # the terms reach verl's reward_extra_info
-    assert len(set(report["ray/naive/compute_score"]["workers"])) == 2  # the batch was chunked over 2 actors
-    assert wait_until_gone(math_env_processes_since(start), 15) == []  # no child outlived its worker
+            # the terms reach verl's reward_extra_info
+            assert result["keys"] == ["correct", "score"], key
+    # the batch was chunked over 2 actors
+    assert len(set(report["ray/naive/compute_score"]["workers"])) == 2
+    # no child outlived its worker
+    assert wait_until_gone(math_env_processes_since(start), 15) == []

@@ -5,7 +5,9 @@ import sys
 
 from child_runtime import REAL
 
-_spec = importlib.util.spec_from_file_location("child_runtime.protocol._real_items", REAL / "protocol" / "items.py")
+_spec = importlib.util.spec_from_file_location(
+    "child_runtime.protocol._real_items", REAL / "protocol" / "items.py"
+)
 _real = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = _real  # dataclasses look their module up there
 _spec.loader.exec_module(_real)
