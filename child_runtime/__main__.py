@@ -302,9 +302,6 @@ def _open_segment(config: BootConfig) -> tuple[ChildSegment | None, str | None]:
 def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[str, float]) -> None:
     from child_runtime import access_log
 
-    # imported by _import_server, which says a missing package
-    from child_runtime.app import build_app
-
     standalone = config.parent_pid is None  # `managed-scorers serve`: a person reads its stderr
     segment, segment_error = _open_segment(config)
     gate = ConnectionGate(
@@ -314,24 +311,57 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
     def ready() -> dict[str, Any]:
         if standalone:  # the readiness line goes to stdout, unchanged; the person reads stderr
             access_log.listening(listener)
-        return {
-            "ready": True,
-            "pid": os.getpid(),
-            "port": listener.getsockname()[1],
-            **host.catalog_entry(),
-            "shared_memory": segment is not None,
-            "shared_memory_error": segment_error,
-            "openrlhf_route": config.openrlhf_secret is not None,
-            "event_loop": type(asyncio.get_running_loop()).__module__,
-            # the first request waits for what load() left starting
-            "warming": host.scorer.warming(),
-            **timings,
-        }
+        return _ready_line(config, host, listener, segment, segment_error, timings)
 
-    app = build_app(
+    app = _child_app(config, host, segment, gate, lambda: setattr(server, "should_exit", True))
+    if standalone:
+        app = access_log.AccessLog(app)
+    server = _announcing_server(_uvicorn_config(app, gate, config.graceful_timeout_s), pipe, ready)
+    listener = socket.socket(fileno=config.listen_fd)  # the one socket we pass to run()
+    if config.parent_pid is None:
+        _stop_gracefully_on_signals()
+    server.run(sockets=[listener])  # not asyncio.run(): that would ignore the loop factory
+
+
+def _ready_line(
+    config: BootConfig,
+    host: ScorerHost,
+    listener: socket.socket,
+    segment: ChildSegment | None,
+    segment_error: str | None,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """The readiness line, said once the server listens (in its event loop, whose type it names)."""
+    return {
+        "ready": True,
+        "pid": os.getpid(),
+        "port": listener.getsockname()[1],
+        **host.catalog_entry(),
+        "shared_memory": segment is not None,
+        "shared_memory_error": segment_error,
+        "openrlhf_route": config.openrlhf_secret is not None,
+        "event_loop": type(asyncio.get_running_loop()).__module__,
+        # the first request waits for what load() left starting
+        "warming": host.scorer.warming(),
+        **timings,
+    }
+
+
+def _child_app(
+    config: BootConfig,
+    host: ScorerHost,
+    segment: ChildSegment | None,
+    gate: ConnectionGate,
+    request_exit: Callable[[], None],
+) -> ASGIApp:
+    """The child's endpoints for this boot config; `request_exit` stops the server (/shutdown)."""
+    # imported by _import_server, which says a missing package
+    from child_runtime.app import build_app
+
+    return build_app(
         host,
         config.token,
-        request_exit=lambda: setattr(server, "should_exit", True),
+        request_exit=request_exit,
         limits=config.limits,
         segment=segment,
         gate=gate,
@@ -339,17 +369,15 @@ def _serve(config: BootConfig, host: ScorerHost, pipe: BinaryIO, timings: dict[s
         openrlhf_secret=config.openrlhf_secret,
         metrics_token=config.metrics_token,
     )
-    if standalone:
-        app = access_log.AccessLog(app)
-    server = _announcing_server(_uvicorn_config(app, gate, config.graceful_timeout_s), pipe, ready)
-    listener = socket.socket(fileno=config.listen_fd)  # the one socket we pass to run()
-    # `managed-scorers serve`: a SIGTERM or Ctrl-C is a graceful stop, exit 0
-    if config.parent_pid is None:
-        # uvicorn drains, restores this handler and raises the signal it caught again: here it ends
-        # the wait
-        for stop in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(stop, lambda signum, frame: None)
-    server.run(sockets=[listener])  # not asyncio.run(): that would ignore the loop factory
+
+
+def _stop_gracefully_on_signals() -> None:
+    """`managed-scorers serve`: a SIGTERM or Ctrl-C is a graceful stop, exit 0.
+
+    uvicorn drains, restores this handler and raises the signal it caught again: here it ends the
+    wait."""
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, lambda signum, frame: None)
 
 
 def _uvicorn_config(
