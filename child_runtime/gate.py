@@ -139,22 +139,28 @@ def gated(protocol_class: type[asyncio.Protocol], gate: ConnectionGate) -> type[
             super().connection_lost(exc)
 
         def evict(self, lingered: Callable[[], None] | None) -> None:
-            transport = self._transport
             self._evicted = True
-            if transport.is_closing():
-                if lingered is not None:
-                    lingered()
-                return
-            transport.write(EVICTION)  # type: ignore[attr-defined]
-            if lingered is None:
-                transport.close()
-                return
-            transport.resume_reading()  # type: ignore[attr-defined]  # flow control may have paused it
-
-            def end() -> None:
-                transport.abort()  # type: ignore[attr-defined]
-                lingered()
-
-            asyncio.get_running_loop().call_later(gate.linger_s, end)
+            _answer_eviction(self._transport, lingered, gate.linger_s)
 
     return GatedProtocol
+
+
+def _answer_eviction(
+    transport: asyncio.BaseTransport, lingered: Callable[[], None] | None, linger_s: float
+) -> None:
+    """Write the eviction notice; drain for linger_s (then call `lingered`), or close at once."""
+    if transport.is_closing():
+        if lingered is not None:
+            lingered()
+        return
+    transport.write(EVICTION)  # type: ignore[attr-defined]
+    if lingered is None:
+        transport.close()
+        return
+    transport.resume_reading()  # type: ignore[attr-defined]  # flow control may have paused it
+
+    def end() -> None:
+        transport.abort()  # type: ignore[attr-defined]
+        lingered()
+
+    asyncio.get_running_loop().call_later(linger_s, end)

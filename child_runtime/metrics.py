@@ -36,6 +36,7 @@ LATENCY_BUCKETS_S = (
     300.0,
 )
 RESIDENCY_STATES = ("resident", "offloaded", "unknown")
+Labels = tuple[tuple[str, str], ...]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ENDPOINTS = frozenset(
     {"/health", "/metrics", "/score", "/onload", "/offload", "/drain", "/shutdown", "/openrlhf"}
@@ -113,65 +114,90 @@ class ChildMetrics:
     ) -> str:
         scorer = (("scorer", self.scorer), ("rank", str(self.rank)))
         lines: list[str] = []
-
-        def family(name: str, kind: str, help_text: str) -> str:
-            full = f"{PREFIX}_{name}"
-            lines.extend((f"# HELP {full} {help_text}", f"# TYPE {full} {kind}"))
-            return full
-
         with self._lock:
-            name = family(
-                "requests_total", "counter", "HTTP requests answered, by endpoint and status."
-            )
-            for (endpoint, status), count in sorted(self.requests.items()):
-                lines.append(
-                    f"{name}{_labels((*scorer, ('endpoint', endpoint), ('status', str(status))))} "
-                    f"{count}"
-                )
-            name = family("items_total", "counter", "Items scored.")
-            lines.append(f"{name}{_labels(scorer)} {self.items}")
-            name = family("errors_total", "counter", "Requests answered with an error, by kind.")
-            for kind, count in sorted(self.errors.items()):
-                lines.append(f"{name}{_labels((*scorer, ('kind', kind)))} {count}")
-            name = family(
-                "score_seconds",
-                "histogram",
-                "The scorer's time per request (decode and encode aside).",
-            )
-            lines.extend(self.score_latency.lines(name, scorer))
-            name = family(
-                "request_seconds", "histogram", "Whole /score requests, body read to answer."
-            )
-            lines.extend(self.request_latency.lines(name, scorer))
-        name = family("in_flight", "gauge", "Score requests accepted and not yet answered.")
-        lines.append(f"{name}{_labels(scorer)} {in_flight}")
-        if pending_connections is not None:
-            name = family(
-                "pending_connections", "gauge", "Connections waiting for their first request."
-            )
-            lines.append(f"{name}{_labels(scorer)} {pending_connections}")
-        name = family("residency", "gauge", "1 for the scorer's current residency state.")
-        for state in RESIDENCY_STATES:
-            lines.append(f"{name}{_labels((*scorer, ('state', state)))} {int(state == residency)}")
-        name = family(
-            "residency_transitions_total", "counter", "Residency changes, by the state reached."
-        )
-        for state, count in sorted(transitions.items()):
-            lines.append(f"{name}{_labels((*scorer, ('to', state)))} {count}")
-        rss = rss_bytes()
-        if rss is not None:
-            name = family(
-                "resident_memory_bytes", "gauge", "Resident set size of the child process."
-            )
-            lines.append(f"{name}{_labels(scorer)} {rss}")
-        for metric, value in cuda_memory().items():
-            name = family(
-                f"cuda_{metric}_bytes",
-                "gauge",
-                f"torch.cuda.memory_{metric}() on the scorer's device.",
-            )
-            lines.append(f"{name}{_labels(scorer)} {value}")
+            self._counted(lines, scorer)
+        _load_gauges(lines, scorer, in_flight, pending_connections)
+        _residency(lines, scorer, residency, transitions)
+        _memory_gauges(lines, scorer, rss_bytes())
         return "\n".join(lines) + "\n"
+
+    def _counted(self, lines: list[str], scorer: Labels) -> None:
+        """The counters and histograms; the caller holds the lock, so they agree with each other."""
+        name = _family(
+            lines, "requests_total", "counter", "HTTP requests answered, by endpoint and status."
+        )
+        for (endpoint, status), count in sorted(self.requests.items()):
+            lines.append(
+                f"{name}{_labels((*scorer, ('endpoint', endpoint), ('status', str(status))))} "
+                f"{count}"
+            )
+        name = _family(lines, "items_total", "counter", "Items scored.")
+        lines.append(f"{name}{_labels(scorer)} {self.items}")
+        name = _family(
+            lines, "errors_total", "counter", "Requests answered with an error, by kind."
+        )
+        for kind, count in sorted(self.errors.items()):
+            lines.append(f"{name}{_labels((*scorer, ('kind', kind)))} {count}")
+        name = _family(
+            lines,
+            "score_seconds",
+            "histogram",
+            "The scorer's time per request (decode and encode aside).",
+        )
+        lines.extend(self.score_latency.lines(name, scorer))
+        name = _family(
+            lines, "request_seconds", "histogram", "Whole /score requests, body read to answer."
+        )
+        lines.extend(self.request_latency.lines(name, scorer))
+
+
+def _family(lines: list[str], name: str, kind: str, help_text: str) -> str:
+    """Opens a family with its HELP and TYPE lines; its full name, which its samples carry."""
+    full = f"{PREFIX}_{name}"
+    lines.extend((f"# HELP {full} {help_text}", f"# TYPE {full} {kind}"))
+    return full
+
+
+def _load_gauges(
+    lines: list[str], scorer: Labels, in_flight: int, pending_connections: int | None
+) -> None:
+    """Requests in flight, and connections waiting (where the child has a connection gate)."""
+    name = _family(lines, "in_flight", "gauge", "Score requests accepted and not yet answered.")
+    lines.append(f"{name}{_labels(scorer)} {in_flight}")
+    if pending_connections is not None:
+        name = _family(
+            lines, "pending_connections", "gauge", "Connections waiting for their first request."
+        )
+        lines.append(f"{name}{_labels(scorer)} {pending_connections}")
+
+
+def _residency(lines: list[str], scorer: Labels, residency: str, transitions: Counter[str]) -> None:
+    """The residency state, one series per state (1 for the current one), and its changes."""
+    name = _family(lines, "residency", "gauge", "1 for the scorer's current residency state.")
+    for state in RESIDENCY_STATES:
+        lines.append(f"{name}{_labels((*scorer, ('state', state)))} {int(state == residency)}")
+    name = _family(
+        lines, "residency_transitions_total", "counter", "Residency changes, by the state reached."
+    )
+    for state, count in sorted(transitions.items()):
+        lines.append(f"{name}{_labels((*scorer, ('to', state)))} {count}")
+
+
+def _memory_gauges(lines: list[str], scorer: Labels, rss: int | None) -> None:
+    """Resident memory (left out where it cannot be read), and CUDA memory where torch uses it."""
+    if rss is not None:
+        name = _family(
+            lines, "resident_memory_bytes", "gauge", "Resident set size of the child process."
+        )
+        lines.append(f"{name}{_labels(scorer)} {rss}")
+    for metric, value in cuda_memory().items():
+        name = _family(
+            lines,
+            f"cuda_{metric}_bytes",
+            "gauge",
+            f"torch.cuda.memory_{metric}() on the scorer's device.",
+        )
+        lines.append(f"{name}{_labels(scorer)} {value}")
 
 
 def resident_bytes() -> int | None:
