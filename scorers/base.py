@@ -317,6 +317,14 @@ def score_checked(
         return result if wanted is None else _selected(result, wanted)
     if wanted is not None:
         return _selected(score_checked(scorer, items, group_size), wanted)
+    return _score_groups(scorer, items, groups)
+
+
+def _score_groups(
+    scorer: Scorer, items: Sequence[ScoreItem], groups: list[list[int]]
+) -> ScoreResult:
+    """A groupwise scorer called once per complete group, its results put back in item order."""
+    spec = scorer.spec
     scores = {term: [0.0] * len(items) for term in spec.term_names()}
     reports, failed = [], {}
     term_failed: dict[str, dict[int, str]] = {}

@@ -102,32 +102,9 @@ def partition(
     scorer that needs groups; candidates whose common inputs differ.
     """
     check_ids(items)
-    if group_size is not None and (
-        isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
-    ):
-        raise GroupInputError(f"group_size must be a positive int, got {group_size!r}")
+    _check_group_size(group_size, scorer=scorer, groupwise=groupwise, ragged=ragged)
     check_size = group_size is not None and not ragged
-    if groupwise and not ragged and group_size is None:
-        raise GroupInputError(
-            f"scorer {scorer!r} scores complete groups: declare group_size in the request or "
-            f"the config"
-        )
-    groups: dict[str, list[int]] = {}
-    order: list[list[int]] = []
-    for index, item in enumerate(items):
-        if item.group_id is None:
-            if check_size:
-                raise GroupInputError(
-                    f"item {item.id!r} has no group_id, but groups of {group_size} are "
-                    f"declared for scorer {scorer!r}"
-                )
-            order.append([index])
-            continue
-        members = groups.get(item.group_id)
-        if members is None:
-            members = groups[item.group_id] = []
-            order.append(members)
-        members.append(index)
+    order = _by_group_id(items, group_size if check_size else None, scorer)
     for members in order:
         group_id = items[members[0]].group_id
         if group_id is None:
@@ -138,6 +115,45 @@ def partition(
                 f"(ids {[items[i].id for i in members][:8]}): incomplete groups are never scored"
             )
         _check_common_inputs(items, members, group_id)
+    return order
+
+
+def _check_group_size(
+    group_size: int | None, *, scorer: str, groupwise: bool, ragged: bool
+) -> None:
+    """A declared group size is a positive int; a scorer of complete groups needs one declared."""
+    if group_size is not None and (
+        isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
+    ):
+        raise GroupInputError(f"group_size must be a positive int, got {group_size!r}")
+    if groupwise and not ragged and group_size is None:
+        raise GroupInputError(
+            f"scorer {scorer!r} scores complete groups: declare group_size in the request or "
+            f"the config"
+        )
+
+
+def _by_group_id(
+    items: Sequence[Grouped], checked_size: int | None, scorer: str
+) -> list[list[int]]:
+    """Positions by group_id, in order of first appearance; `checked_size`: groups of that size are
+    declared, so an item without a group_id is refused rather than scored on its own."""
+    groups: dict[str, list[int]] = {}
+    order: list[list[int]] = []
+    for index, item in enumerate(items):
+        if item.group_id is None:
+            if checked_size is not None:
+                raise GroupInputError(
+                    f"item {item.id!r} has no group_id, but groups of {checked_size} are "
+                    f"declared for scorer {scorer!r}"
+                )
+            order.append([index])
+            continue
+        members = groups.get(item.group_id)
+        if members is None:
+            members = groups[item.group_id] = []
+            order.append(members)
+        members.append(index)
     return order
 
 
