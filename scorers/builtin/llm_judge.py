@@ -207,6 +207,43 @@ def _check_request_options(temperature: Any, extra_body: Any, api_key_env: Any) 
         )
 
 
+def _checked_prompt(
+    template: Any,
+    system_prompt: Any,
+    parser: Any,
+    score_range: Any,
+    choices: Any,
+    answer_pattern: Any,
+) -> tuple[set[str], re.Pattern[str]]:
+    """What the judge is asked and how its verdict is read, checked: the template's placeholders
+    and the verdict's pattern."""
+    fields = _template_fields(template)
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        raise ValueError("llm_judge: system_prompt must be a string or None")
+    _check_parser(parser, score_range, choices)
+    return fields, _answer_pattern(parser, choices, answer_pattern)
+
+
+def _check_timeouts(
+    request_timeout_s: Any, backoff_s: Any, backoff_max_s: Any, batch_timeout_s: Any
+) -> None:
+    """Each timeout and backoff is a positive number of seconds."""
+    for name, value in (("request_timeout_s", request_timeout_s), ("backoff_s", backoff_s)):
+        _positive(name, value)
+    for name, value in (("backoff_max_s", backoff_max_s), ("batch_timeout_s", batch_timeout_s)):
+        _positive(name, value)
+
+
+def _check_counts(max_tokens: Any, concurrency: Any, max_attempts: Any) -> None:
+    """Each count is a positive int."""
+    for name, value in (
+        ("max_tokens", max_tokens),
+        ("concurrency", concurrency),
+        ("max_attempts", max_attempts),
+    ):
+        _positive(name, value, integer=True)
+
+
 class LlmJudge(Scorer):
     """A judge model's verdict on each completion, from an OpenAI-compatible endpoint."""
 
@@ -246,31 +283,18 @@ class LlmJudge(Scorer):
         url = _checked_url(base_url)
         if not isinstance(model, str) or not model:
             raise ValueError(f"llm_judge: model must be a non-empty string, got {model!r}")
-        self.fields = _template_fields(prompt_template)
-        if system_prompt is not None and not isinstance(system_prompt, str):
-            raise ValueError("llm_judge: system_prompt must be a string or None")
-        _check_parser(parser, score_range, choices)
-        self.pattern = _answer_pattern(parser, choices, answer_pattern)
+        self.fields, self.pattern = _checked_prompt(
+            prompt_template, system_prompt, parser, score_range, choices, answer_pattern
+        )
         _check_request_options(temperature, extra_body, api_key_env)
-        for name, value in (("request_timeout_s", request_timeout_s), ("backoff_s", backoff_s)):
-            _positive(name, value)
-        for name, value in (("backoff_max_s", backoff_max_s), ("batch_timeout_s", batch_timeout_s)):
-            _positive(name, value)
-        for name, value in (
-            ("max_tokens", max_tokens),
-            ("concurrency", concurrency),
-            ("max_attempts", max_attempts),
-        ):
-            _positive(name, value, integer=True)
+        _check_timeouts(request_timeout_s, backoff_s, backoff_max_s, batch_timeout_s)
+        _check_counts(max_tokens, concurrency, max_attempts)
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.host = url.hostname
         self.model, self.template, self.system_prompt = model, prompt_template, system_prompt
         self.parser, self.range, self.choices = parser, tuple(score_range), dict(choices or {})
-        self.temperature, self.max_tokens, self.extra_body = (
-            temperature,
-            max_tokens,
-            dict(extra_body or {}),
-        )
+        self.temperature, self.max_tokens = temperature, max_tokens
+        self.extra_body = dict(extra_body or {})
         self.api_key_env, self.concurrency = api_key_env, concurrency
         self.request_timeout_s, self.max_attempts = float(request_timeout_s), max_attempts
         self.backoff_s, self.backoff_max_s = float(backoff_s), float(backoff_max_s)
@@ -471,7 +495,20 @@ class LlmJudge(Scorer):
             raise RuntimeError("llm_judge: score() before load()")
         bodies = [self._request(item) for item in items]  # refusals before any call
         deadline = time.monotonic() + self.batch_timeout_s
-        results: list[_Outcome | None] = [None] * len(items)
+        results = self._judge_all(bodies, deadline)
+        late = (
+            f"no verdict by the batch deadline ({self.batch_timeout_s:g} s): the server held "
+            f"its attempt open"
+        )
+        outcomes = [
+            outcome if outcome is not None else _Outcome(error=late) for outcome in list(results)
+        ]
+        return self._result(outcomes)
+
+    def _judge_all(self, bodies: list[bytes], deadline: float) -> list[_Outcome | None]:
+        """Each body judged on up to `concurrency` threads, waited for until the batch deadline;
+        None where no verdict came by then (the list is live: a late thread may still fill it)."""
+        results: list[_Outcome | None] = [None] * len(bodies)
         work: queue.SimpleQueue[tuple[int, bytes]] = queue.SimpleQueue()
         for index, body in enumerate(bodies):
             work.put((index, body))
@@ -488,10 +525,10 @@ class LlmJudge(Scorer):
                 finished.release()
 
         # daemon threads: a stuck one never holds up exit
-        for n in range(min(self.concurrency, len(items))):
+        for n in range(min(self.concurrency, len(bodies))):
             threading.Thread(target=judge_until_empty, name=f"llm_judge-{n}", daemon=True).start()
         try:
-            for _ in items:  # one deadline for the batch, whatever the attempts do
+            for _ in bodies:  # one deadline for the batch, whatever the attempts do
                 if not finished.acquire(
                     timeout=max(deadline - time.monotonic(), 0.0) + WAKE_MARGIN_S
                 ):
@@ -499,13 +536,10 @@ class LlmJudge(Scorer):
         finally:
             # the batch's connections end here; an attempt still on one fails at once
             client.close()
-        late = (
-            f"no verdict by the batch deadline ({self.batch_timeout_s:g} s): the server held "
-            f"its attempt open"
-        )
-        outcomes = [
-            outcome if outcome is not None else _Outcome(error=late) for outcome in list(results)
-        ]
+        return results
+
+    def _result(self, outcomes: list[_Outcome]) -> ScoreResult:
+        """The verdicts as the term, failures with where they came from, and what the calls took."""
         attempts = sum(o.attempts for o in outcomes)
         counted = Counter(o.counted for o in outcomes if o.counted)
         return ScoreResult(
