@@ -60,6 +60,23 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return value
 
 
+def _check_megabytes(name: str, value: Any) -> int | None:
+    """A memory bound in MiB (at least 16), or None: no bound."""
+    return None if value is None else _check_int(name, value, 16)
+
+
+def _check_strict(strict: Any) -> bool:
+    if not isinstance(strict, bool):
+        raise TypeError(f"math_verify: strict must be a bool, got {type(strict).__name__}")
+    return strict
+
+
+def _check_on_timeout(on_timeout: Any) -> str:
+    if on_timeout not in ("zero", "raise"):
+        raise ValueError(f"math_verify: on_timeout must be 'zero' or 'raise', got {on_timeout!r}")
+    return on_timeout
+
+
 def _resolve_timeout(timeout_s: Any) -> float:
     """Explicit param, else $MATH_VERIFY_TIMEOUT_S, else 10 s; must be finite and > 0."""
     source = "timeout_s"
@@ -138,24 +155,12 @@ class MathVerifyScorer(Scorer):
             self.jobs, self.timeout_s, soft_timeout_s, overflow
         )
         self.warm_replay = _check_int("warm_replay", warm_replay, 0)
-        self.memory_cap_mb = (
-            None if memory_cap_mb is None else _check_int("memory_cap_mb", memory_cap_mb, 16)
-        )
-        self.memory_budget_mb = (
-            None
-            if memory_budget_mb is None
-            else _check_int("memory_budget_mb", memory_budget_mb, 16)
-        )
+        self.memory_cap_mb = _check_megabytes("memory_cap_mb", memory_cap_mb)
+        self.memory_budget_mb = _check_megabytes("memory_budget_mb", memory_budget_mb)
         self.float_rounding = _check_int("float_rounding", float_rounding, 0)
         self.numeric_precision = _check_int("numeric_precision", numeric_precision, 1)
-        if not isinstance(strict, bool):
-            raise TypeError(f"math_verify: strict must be a bool, got {type(strict).__name__}")
-        self.strict = strict
-        if on_timeout not in ("zero", "raise"):
-            raise ValueError(
-                f"math_verify: on_timeout must be 'zero' or 'raise', got {on_timeout!r}"
-            )
-        self.on_timeout = on_timeout
+        self.strict = _check_strict(strict)
+        self.on_timeout = _check_on_timeout(on_timeout)
         self.pool_restarts = 0
         self._pool: GradingPool | None = None
         self._pool_lock = threading.Lock()  # concurrent score() calls replace a broken pool once
