@@ -42,7 +42,6 @@ AWAITING_SPLIT = {
     "scorers/builtin/llm_judge.py:score",
     "scorers/builtin/math_verify.py:__init__",
     "scorers/groups.py:partition",
-    "supervisor/assembly.py:assemble_response",
     "supervisor/backends/jobs.py:__init__",
     "supervisor/backends/managed.py:close",
     "supervisor/backends/remote.py:__init__",
@@ -58,7 +57,6 @@ AWAITING_SPLIT = {
     "supervisor/ops/preflight.py:_build_scorer",
     "supervisor/ops/serve.py:serve",
     "supervisor/stream.py:__init__",
-    "supervisor/verify.py:verify_score_answer",
 }
 
 
