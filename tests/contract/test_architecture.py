@@ -42,7 +42,6 @@ AWAITING_SPLIT = {
     "scorers/builtin/llm_judge.py:score",
     "scorers/builtin/math_verify.py:__init__",
     "scorers/groups.py:partition",
-    "supervisor/compose/distributed.py:_exchange",
     "supervisor/ops/build_step.py:run_step",
     "supervisor/ops/cli.py:_add_envs",
     "supervisor/ops/cli.py:_add_serve",
