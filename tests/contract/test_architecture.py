@@ -51,7 +51,6 @@ AWAITING_SPLIT = {
     "supervisor/ops/env_builder.py:_install",
     "supervisor/ops/preflight.py:_build_scorer",
     "supervisor/ops/serve.py:serve",
-    "supervisor/stream.py:__init__",
 }
 
 
