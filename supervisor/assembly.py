@@ -52,41 +52,67 @@ def assemble_response(
     component), of kind term_failed: the reward stands without it. A term that does not apply to an
     item (`not_applicable`, a served panel's term limited to some data sources) is None there, and
     `applicable` says so; a term of the reward always applies (the answer was checked for it)."""
-    rewards = np.zeros(len(ids), dtype=np.float64)
     alone = {
         name: [item_id in whys for item_id in ids] for name, whys in (term_failed or {}).items()
     }
     applicable = {
         name: [i not in where for i in ids] for name, where in (not_applicable or {}).items()
     }
+    return RewardResponse.checked(  # a weighted sum that overflows is caught there
+        ids=ids,
+        rewards=_weighted_rewards(ids, terms, required, weights, alone).tolist(),
+        component_rewards=_component_rewards(terms, alone, applicable),
+        applicable={name: mask for name, mask in applicable.items() if name in terms},
+        term_failures=_term_failures(ids, required, term_failed or {}),
+        diagnostics=dict(diagnostics),
+        identity_hash=identity_hash,
+    )
+
+
+def _weighted_rewards(
+    ids: list[str],
+    terms: Mapping[str, np.ndarray],
+    required: Sequence[str],
+    weights: Mapping[str, float],
+    alone: Mapping[str, list[bool]],
+) -> np.ndarray:
+    """sum(weight * term) over the required terms, a term failed alone for an item counting 0."""
+    rewards = np.zeros(len(ids), dtype=np.float64)
     for term in required:
         values = np.asarray(terms[term], dtype=np.float64)
         rewards += weights.get(term, 1.0) * np.where(alone.get(term, False), 0.0, values)
-    failures = [
+    return rewards
+
+
+def _term_failures(
+    ids: list[str], required: Sequence[str], term_failed: Mapping[str, Mapping[str, str]]
+) -> list[dict[str, Any]]:
+    """One failure per term and distinct reason, with the items that failed so, in item order."""
+    return [
         {
             "term": name,
             "ids": [i for i in ids if whys.get(i) == why],
             "error": why,
             "kind": SCORER_TERM_FAILED if name in required else "term_failed",
         }
-        for name, whys in (term_failed or {}).items()
+        for name, whys in term_failed.items()
         for why in dict.fromkeys(whys[i] for i in ids if i in whys)
     ]
-    return RewardResponse.checked(  # a weighted sum that overflows is caught there
-        ids=ids,
-        rewards=rewards.tolist(),
-        component_rewards={
-            name: [
-                None
-                if (name in alone and alone[name][i])
-                or (name in applicable and not applicable[name][i])
-                else float(v)
-                for i, v in enumerate(values)
-            ]
-            for name, values in terms.items()
-        },
-        applicable={name: mask for name, mask in applicable.items() if name in terms},
-        term_failures=failures,
-        diagnostics=dict(diagnostics),
-        identity_hash=identity_hash,
-    )
+
+
+def _component_rewards(
+    terms: Mapping[str, np.ndarray],
+    alone: Mapping[str, list[bool]],
+    applicable: Mapping[str, list[bool]],
+) -> dict[str, list[float | None]]:
+    """Each term's values, None where it failed alone for the item or does not apply to it."""
+    return {
+        name: [
+            None
+            if (name in alone and alone[name][i])
+            or (name in applicable and not applicable[name][i])
+            else float(v)
+            for i, v in enumerate(values)
+        ]
+        for name, values in terms.items()
+    }

@@ -97,21 +97,10 @@ class RewardStream:
     ) -> None:
         """`collect=False`: no barrier, items are only read through their futures (nothing is kept).
         `whole_groups`: the backend scores whole groups only, so the stream needs `group_size`."""
-        if window < 1 or max_pending < window or not (max_wait_s >= 0 and max_block_s > 0):
-            raise ValueError(
-                "need window >= 1, max_pending >= window, max_wait_s >= 0 and max_block_s > 0"
-            )
+        _check_settings(
+            backend, group_size, window, max_wait_s, max_pending, max_block_s, whole_groups
+        )
         size = group_size
-        if size is None and whole_groups:
-            raise ConfigError(
-                f"{type(backend).__name__} scores whole groups: give the stream group_size, "
-                f"so it knows when a "
-                "group is complete"
-            )
-        if size is not None and size > max_pending:
-            raise ValueError(
-                f"max_pending {max_pending} is less than a group ({size}): no group could complete"
-            )
         self.backend, self.group_size, self.window, self.max_wait_s = (
             backend,
             size,
@@ -119,13 +108,17 @@ class RewardStream:
             max_wait_s,
         )
         self.max_pending, self.max_block_s, self.collect = max_pending, max_block_s, collect
+        self._set_up_state()
+
+    def _set_up_state(self) -> None:
+        """The windows, groups and counters of an empty stream, and the lock that guards them."""
         # the latest windows cut, in order (tests, benches)
         self.window_sizes: deque[int] = deque(maxlen=1024)
         self._owner = os.getpid()
         self._cond = threading.Condition()
         # every window declares the size, so a backend refuses a window with part of a group: hold
         # them whole
-        self._groups = _Groups(size) if size is not None else None
+        self._groups = _Groups(self.group_size) if self.group_size is not None else None
         self._ready: list[tuple[RewardItem, Future[ItemReward]]] = []
         self._ready_since: float | None = None  # when the oldest ready item became ready
         self._order: list[str] = []  # ids since the last barrier, in add order
@@ -596,3 +589,29 @@ def _joined(
 
 def _empty() -> RewardResponse:
     return RewardResponse(ids=[], rewards=[], component_rewards={})
+
+
+def _check_settings(
+    backend: Streamed,
+    size: int | None,
+    window: int,
+    max_wait_s: float,
+    max_pending: int,
+    max_block_s: float,
+    whole_groups: bool,
+) -> None:
+    """ValueError or ConfigError for bounds no stream can keep, before anything is set up."""
+    if window < 1 or max_pending < window or not (max_wait_s >= 0 and max_block_s > 0):
+        raise ValueError(
+            "need window >= 1, max_pending >= window, max_wait_s >= 0 and max_block_s > 0"
+        )
+    if size is None and whole_groups:
+        raise ConfigError(
+            f"{type(backend).__name__} scores whole groups: give the stream group_size, "
+            f"so it knows when a "
+            "group is complete"
+        )
+    if size is not None and size > max_pending:
+        raise ValueError(
+            f"max_pending {max_pending} is less than a group ({size}): no group could complete"
+        )

@@ -71,6 +71,24 @@ def verify_score_answer(
     term_failed = _term_failures(answer, expected_ids, fail)
     not_applicable = _not_applicable(answer, expected_ids, fail)
     terms = _term_values(answer["terms"], expected_ids, failed, term_failed, not_applicable, fail)
+    _check_terms_named(terms, required, term_failed, not_applicable, fail)
+    diagnostics = answer.get("diagnostics") or {}
+    if declared is None or not declared.terms:
+        plain = diagnostics if isinstance(diagnostics, dict) else {}
+        return ChunkAnswer(terms, plain, failed, term_failed, not_applicable)
+    checked = _declared_diagnostics(terms, diagnostics, declared, asked, fail)
+    return ChunkAnswer(terms, checked, failed, term_failed, not_applicable)
+
+
+def _check_terms_named(
+    terms: dict[str, np.ndarray],
+    required: Sequence[str],
+    term_failed: dict[str, dict[str, str]],
+    not_applicable: dict[str, frozenset[str]],
+    fail: Callable[[str], RewardContractError],
+) -> None:
+    """Every required term has values, and so has every term the answer names failures or
+    inapplicable items of."""
     missing = [name for name in required if name not in terms]
     if missing:
         raise fail(f"required rewards {missing} missing from the answer (got {sorted(terms)})")
@@ -80,10 +98,17 @@ def verify_score_answer(
                 f"answer names {what} of terms {sorted(set(named) - set(terms))} it has no "
                 f"values for"
             )
-    diagnostics = answer.get("diagnostics") or {}
-    if declared is None or not declared.terms:
-        plain = diagnostics if isinstance(diagnostics, dict) else {}
-        return ChunkAnswer(terms, plain, failed, term_failed, not_applicable)
+
+
+def _declared_diagnostics(
+    terms: dict[str, np.ndarray],
+    diagnostics: Any,
+    declared: ScorerShape,
+    asked: Sequence[str] | None,
+    fail: Callable[[str], RewardContractError],
+) -> dict[str, Any]:
+    """The answer's diagnostics, checked against the scorer's `declared` shape, once its terms are
+    exactly those declared (or `asked` for)."""
     expected = set(declared.terms) if asked is None else set(asked)
     if set(terms) != expected:
         said = "declared" if asked is None else "was asked for"
@@ -91,10 +116,9 @@ def verify_score_answer(
             f"answer has terms {sorted(terms)}; scorer {declared.name!r} {said} {sorted(expected)}"
         )
     try:
-        checked = check_values(declared.name, declared.diagnostics, diagnostics)
+        return check_values(declared.name, declared.diagnostics, diagnostics)
     except DiagnosticsError as exc:
         raise fail(str(exc)) from exc
-    return ChunkAnswer(terms, checked, failed, term_failed, not_applicable)
 
 
 def _term_values(

@@ -204,27 +204,6 @@ class JobRewardBackend(Component):
         `poll_interval_s`, doubling up to `poll_backoff_cap_s`, or longer when the answer's
         Retry-After asks it. The job ids of the last `remembered_job_ids` items (and every item of
         the calls in flight) are kept to refuse one given twice."""
-        _check(
-            media_type,
-            fps,
-            request_timeout,
-            enqueue_timeout,
-            pull_timeout,
-            poll_interval_s,
-            poll_backoff_cap_s,
-        )
-        if not 1 <= max_concurrency <= MAX_CONNECTIONS:
-            raise ValueError(
-                f"max_concurrency must be in 1..{MAX_CONNECTIONS} (the connections to one service)"
-            )
-        if (
-            not enqueue_path.startswith("/")
-            or not result_path.startswith("/")
-            or "{uuid}" not in result_path
-        ):
-            raise ValueError(
-                "enqueue_path and result_path start with '/', and result_path holds '{uuid}'"
-            )
         self.base_url, self.media_type, self.fps, self.term = base_url, media_type, fps, term
         self.request_timeout, self.enqueue_timeout, self.pull_timeout = (
             request_timeout,
@@ -234,24 +213,63 @@ class JobRewardBackend(Component):
         self.poll_interval_s, self.poll_backoff_cap_s = poll_interval_s, poll_backoff_cap_s
         self.max_concurrency, self.score_key = max_concurrency, score_key
         self.enqueue_path, self.result_path = enqueue_path, result_path
+        self._check_settings()
+        self.shape = self._shape(name, revision)
+        self._open(token, max_answer_bytes, spool_dir, remembered_job_ids)
+
+    def _check_settings(self) -> None:
+        """ValueError for a setting the service cannot be used with, before anything is opened."""
+        _check(
+            self.media_type,
+            self.fps,
+            self.request_timeout,
+            self.enqueue_timeout,
+            self.pull_timeout,
+            self.poll_interval_s,
+            self.poll_backoff_cap_s,
+        )
+        if not 1 <= self.max_concurrency <= MAX_CONNECTIONS:
+            raise ValueError(
+                f"max_concurrency must be in 1..{MAX_CONNECTIONS} (the connections to one service)"
+            )
+        if (
+            not self.enqueue_path.startswith("/")
+            or not self.result_path.startswith("/")
+            or "{uuid}" not in self.result_path
+        ):
+            raise ValueError(
+                "enqueue_path and result_path start with '/', and result_path holds '{uuid}'"
+            )
+
+    def _shape(self, name: str, revision: str | None) -> ScorerShape:
+        """The scorer this backend is, its identity every setting that changes a score."""
         identity: dict[str, Any] = {"backend": "jobs", "service": name, "revision": revision}
-        identity |= {"media_type": media_type, "fps": fps, "term": term}
-        identity |= {"paths": [enqueue_path, result_path], "score_key": score_key}
+        identity |= {"media_type": self.media_type, "fps": self.fps, "term": self.term}
+        identity |= {"paths": [self.enqueue_path, self.result_path], "score_key": self.score_key}
         identity |= {
             "bounds": [
-                request_timeout,
-                enqueue_timeout,
-                pull_timeout,
-                poll_interval_s,
-                poll_backoff_cap_s,
+                self.request_timeout,
+                self.enqueue_timeout,
+                self.pull_timeout,
+                self.poll_interval_s,
+                self.poll_backoff_cap_s,
             ]
         }
-        self.shape = ScorerShape(name, (term,), identity_hash=digest(identity), revision=revision)
+        return ScorerShape(name, (self.term,), identity_hash=digest(identity), revision=revision)
+
+    def _open(
+        self,
+        token: str | None,
+        max_answer_bytes: int,
+        spool_dir: str | None,
+        remembered_job_ids: int,
+    ) -> None:
+        """The state of the calls: stop and interrupt events, the connections, spool and job ids."""
         self._stopped = threading.Event()  # closed: nothing starts, nothing is pulled again
         # set (then replaced) by interrupt(): the calls in flight end
         self._interrupted = threading.Event()
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._transport = HttpxTransport(base_url, headers, max_answer_bytes)
+        self._transport = HttpxTransport(self.base_url, headers, max_answer_bytes)
         self.spool = Spool(spool_dir, ranks.current().rank)
         self._job_ids = JobIds(remembered_job_ids)
 

@@ -587,38 +587,48 @@ class ManagedScorerProcessBackend(Component):
             gen = self._gen
             if gen is None:
                 return
-            started = time.monotonic()
-            budget = self.spec.process.shutdown_timeout
-            graceful = not gen.abandoned and self._dead is None and not gen.child.exited()
-            try:
-                if graceful:
-                    try:
-                        gen.client.shutdown(min(SHUTDOWN_REQUEST_S, budget))
-                    except (TransportError, ErrorStatus) as exc:
-                        log.warning(
-                            "child %s pid %s: /shutdown failed (%s); escalating",
-                            self.spec.scorer.name,
-                            gen.child.pid,
-                            exc,
-                        )
-            # Ctrl-C during /shutdown: no more waiting, but the child still goes
-            except BaseException:
-                graceful = False
-                raise
-            finally:
-                left = max(0.0, started + budget - time.monotonic()) if graceful else 0.0
-                term = min(TERM_GRACE_S, left / 2)
-                record = gen.child.stop(graceful_s=left - term, term_s=term)
-                self._retire(gen)
-                gen.release()
-                self.timings["shutdown_s"] = time.monotonic() - started
-        if (
-            graceful
-            and record.returncode == 0
-            and not self.spec.process.keep_clean_logs
-            and gen.child.log_path
-        ):
-            gen.child.log_path.unlink(missing_ok=True)  # a clean run leaves nothing to read
+            graceful, record = self._shut_down(gen)
+        if graceful:
+            self._drop_clean_log(gen, record)
+
+    def _shut_down(self, gen: _Generation) -> tuple[bool, ChildRecord]:
+        """Stops the child within `process.shutdown_timeout`: (whether it was asked to go, its
+        record)."""
+        started = time.monotonic()
+        budget = self.spec.process.shutdown_timeout
+        graceful = not gen.abandoned and self._dead is None and not gen.child.exited()
+        try:
+            if graceful:
+                self._ask_shutdown(gen, min(SHUTDOWN_REQUEST_S, budget))
+        # Ctrl-C during /shutdown: no more waiting, but the child still goes
+        except BaseException:
+            graceful = False
+            raise
+        finally:
+            left = max(0.0, started + budget - time.monotonic()) if graceful else 0.0
+            term = min(TERM_GRACE_S, left / 2)
+            record = gen.child.stop(graceful_s=left - term, term_s=term)
+            self._retire(gen)
+            gen.release()
+            self.timings["shutdown_s"] = time.monotonic() - started
+        return graceful, record
+
+    def _ask_shutdown(self, gen: _Generation, timeout: float) -> None:
+        """/shutdown; a failed one is logged, and the stop escalates to signals."""
+        try:
+            gen.client.shutdown(timeout)
+        except (TransportError, ErrorStatus) as exc:
+            log.warning(
+                "child %s pid %s: /shutdown failed (%s); escalating",
+                self.spec.scorer.name,
+                gen.child.pid,
+                exc,
+            )
+
+    def _drop_clean_log(self, gen: _Generation, record: ChildRecord) -> None:
+        """A clean run leaves nothing to read, unless `process.keep_clean_logs`."""
+        if record.returncode == 0 and not self.spec.process.keep_clean_logs and gen.child.log_path:
+            gen.child.log_path.unlink(missing_ok=True)
 
     # -- calls -----------------------------------------------------------------------------
     def _record(self) -> ChildRecord | None:

@@ -122,17 +122,14 @@ class RemoteRewardBackend(Component):
         """`request_timeout` bounds each exchange as a whole (connect, send, wait, read, and its
         retries), however the server sends; an answer over `max_answer_bytes`, or compressed, is
         refused."""
-        if not isinstance(base_url, str):
-            raise TypeError(
-                "RemoteRewardBackend takes one URL (several of one scorer: "
-                "MultiRemoteRewardBackend)"
-            )
-        if request_batch_size <= 0:
-            raise ValueError("request_batch_size must be > 0")
-        if max_answer_bytes < 1024:
-            raise ValueError("max_answer_bytes must be >= 1024")
-        if max_retries < 0 or not 0 < retry_backoff_s <= retry_backoff_cap_s:
-            raise ValueError("need max_retries >= 0 and 0 < retry_backoff_s <= retry_backoff_cap_s")
+        _check_settings(
+            base_url,
+            request_batch_size,
+            max_answer_bytes,
+            max_retries,
+            retry_backoff_s,
+            retry_backoff_cap_s,
+        )
         self.max_retries = max_retries  # tries after the first, for operations that are idempotent
         self.retry_backoff_s = retry_backoff_s
         self.retry_backoff_cap_s = retry_backoff_cap_s
@@ -146,12 +143,19 @@ class RemoteRewardBackend(Component):
         # set (then replaced) by interrupt(): the calls in flight end
         self._interrupted = threading.Event()
         self._client = ScorerClient.remote(base_url, token, request_timeout, max_answer_bytes)
+        self._meet_server(required_rewards, revision, identity_hash)
+
+    def _meet_server(
+        self, required_rewards: Sequence[str], revision: str | None, identity_hash: str | None
+    ) -> None:
+        """The server's identity and terms, from /health, so a wrong URL or token fails here; the
+        client is closed on any failure."""
         try:
             self.server = self.health()
-            self.shape = ScorerShape.from_entry(self.server, f"/health at {base_url}")
+            self.shape = ScorerShape.from_entry(self.server, f"/health at {self.base_url}")
             check_pins(self.shape, revision, identity_hash)
             # every answer must come from it
-            self._client.identity = answered_by(self.shape, base_url)
+            self._client.identity = answered_by(self.shape, self.base_url)
             # a served panel (its reward one of its terms): the terms named are asked of it
             self.required_rewards, self.asked = reward_terms(
                 self.shape, required_rewards, self.weights
@@ -307,3 +311,24 @@ class RemoteRewardBackend(Component):
         self._stopped.set()
         self._interrupted.set()
         self._client.close()
+
+
+def _check_settings(
+    base_url: object,
+    request_batch_size: int,
+    max_answer_bytes: int,
+    max_retries: int,
+    retry_backoff_s: float,
+    retry_backoff_cap_s: float,
+) -> None:
+    """TypeError or ValueError for settings no client can be built with, before any is opened."""
+    if not isinstance(base_url, str):
+        raise TypeError(
+            "RemoteRewardBackend takes one URL (several of one scorer: MultiRemoteRewardBackend)"
+        )
+    if request_batch_size <= 0:
+        raise ValueError("request_batch_size must be > 0")
+    if max_answer_bytes < 1024:
+        raise ValueError("max_answer_bytes must be >= 1024")
+    if max_retries < 0 or not 0 < retry_backoff_s <= retry_backoff_cap_s:
+        raise ValueError("need max_retries >= 0 and 0 < retry_backoff_s <= retry_backoff_cap_s")

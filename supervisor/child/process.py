@@ -273,6 +273,28 @@ class ChildProcess:
                 os.close(ready_w)
 
     def _spawn(self, listen_fd: int, ready_w: int) -> None:
+        """Start the child on its log, watch for its exit, and keep the boot config it is sent."""
+        log_fd = self._open_log()
+        pid, numbers = self._exec(log_fd, (listen_fd, ready_w, *self.plan.pass_fds))
+        # abort() came while the spawn ran: the boot it wanted stopped never starts
+        if self._aborted:
+            self.signal_group(signal.SIGKILL)
+        self._at_exit = weakref.finalize(self, _kill_group_at_exit, pid, self.owner_pid)
+        self._open_pidfd(pid)
+        shared = self.plan.boot.get("shared_fd")
+        self._boot = {
+            **self.plan.boot,
+            "token": self.token,
+            "listen_fd": numbers[listen_fd],
+            "ready_fd": numbers[ready_w],
+            "shared_fd": None if shared is None else numbers[shared],
+            "parent_pid": os.getpid(),
+            "cwd": str(self.plan.cwd),  # posix_spawn cannot chdir: the child does, first thing
+        }
+
+    def _open_log(self) -> int:
+        """The child's log file, its descriptor ours to close; ScorerStartupError if it cannot be
+        made."""
         try:
             log_fd, self.log_path = open_child_log(
                 self.plan.log_dir, self.plan.name, self.plan.rank, self.plan.keep_logs
@@ -282,6 +304,11 @@ class ChildProcess:
                 f"cannot create the child's log file: {exc}",
                 ChildRecord(self.plan.name, None, rank=self.plan.rank),
             ) from exc
+        return log_fd
+
+    def _exec(self, log_fd: int, pass_fds: tuple[int, ...]) -> tuple[int, dict[int, int]]:
+        """Spawns the child runtime (`log_fd` closed after, whatever happens): its pid, and the
+        number each passed descriptor has in the child."""
         try:
             self.spawned_at = time.monotonic()
             self._pid, self._stdin, numbers = spawn_child(
@@ -292,7 +319,7 @@ class ChildProcess:
                 ],
                 self.plan.env,
                 log_fd,
-                (listen_fd, ready_w, *self.plan.pass_fds),
+                pass_fds,
             )
         # NotImplementedError: no POSIX_SPAWN_SETSID (glibc < 2.26)
         except (OSError, NotImplementedError) as exc:
@@ -309,12 +336,12 @@ class ChildProcess:
             ) from exc
         finally:
             os.close(log_fd)
-        # abort() came while the spawn ran: the boot it wanted stopped never starts
-        if self._aborted:
-            self.signal_group(signal.SIGKILL)
-        self._at_exit = weakref.finalize(self, _kill_group_at_exit, self._pid, self.owner_pid)
+        return self._pid, numbers
+
+    def _open_pidfd(self, pid: int) -> None:
+        """A pidfd to wait on the child's exit; without one, its exit is polled."""
         try:
-            self._pidfd = os.pidfd_open(self._pid)
+            self._pidfd = os.pidfd_open(pid)
             # never earlier: another thread may be waiting on it
             weakref.finalize(self, os.close, self._pidfd)
         except ProcessLookupError:
@@ -324,19 +351,9 @@ class ChildProcess:
             log.warning(
                 "no pidfd for child %s pid %s (%s): its exit is polled",
                 self.plan.name,
-                self._pid,
+                pid,
                 exc,
             )
-        shared = self.plan.boot.get("shared_fd")
-        self._boot = {
-            **self.plan.boot,
-            "token": self.token,
-            "listen_fd": numbers[listen_fd],
-            "ready_fd": numbers[ready_w],
-            "shared_fd": None if shared is None else numbers[shared],
-            "parent_pid": os.getpid(),
-            "cwd": str(self.plan.cwd),  # posix_spawn cannot chdir: the child does, first thing
-        }
 
     def _send_boot_config(self) -> None:
         assert self._stdin is not None and self.spawned_at is not None

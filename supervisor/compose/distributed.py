@@ -254,8 +254,13 @@ class DistributedRewards(Component):
         does not answer within timeout_s, or answers for another call or phase."""
         if self._broken is not None:
             raise self._broken
-        import torch
+        gathered = self._gather(phase, self._payload(phase, document))
+        self._check_in_step(gathered)
+        return gathered
 
+    def _payload(self, phase: str, document: dict[str, Any]) -> bytes:
+        """This rank's document as JSON, stamped with what every rank must share: the call, the
+        step, the phase and the backend's signature (`_`-keys stay on this rank)."""
         stamped = {k: v for k, v in document.items() if not k.startswith("_")}
         stamped.update(
             {
@@ -265,9 +270,15 @@ class DistributedRewards(Component):
                 "signature": self._signature,
             }
         )
-        payload = json.dumps(
+        return json.dumps(
             stamped, separators=(",", ":"), allow_nan=False, ensure_ascii=False
         ).encode()
+
+    def _gather(self, phase: str, payload: bytes) -> list[dict[str, Any]]:
+        """Every rank's payload, decoded, in rank order (sizes first: the buffers are padded to
+        the longest); RankLost, for good, when the collective fails."""
+        import torch
+
         try:
             size = torch.tensor([len(payload)], dtype=torch.int64)
             sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
@@ -287,10 +298,14 @@ class DistributedRewards(Component):
             )
             raise self._broken from exc
         self.exchanged_bytes += sum(int(s.item()) for s in sizes)
-        gathered = [
+        return [
             json.loads(bytes(b[: int(s.item())].numpy()))
             for b, s in zip(buffers, sizes, strict=True)
         ]
+
+    def _check_in_step(self, gathered: list[dict[str, Any]]) -> None:
+        """RankLost, for good, when the ranks are not at the same call, step and phase, or wrap
+        different backends."""
         seen = {(g["call"], g["phase"], g["signature"]) for g in gathered}
         steps = {g["step"] for g in gathered if g["step"] is not None}
         if len(seen) > 1 or len(steps) > 1:
@@ -305,7 +320,6 @@ class DistributedRewards(Component):
                 "or the ranks wrap different backends; this exchange is broken for good"
             )
             raise self._broken
-        return gathered
 
     def _rank_failed(
         self, failed: dict[int, dict[str, str]], cause: BaseException | None
