@@ -53,7 +53,6 @@ AWAITING_SPLIT = {
     "supervisor/ops/cli.py:_score",
     "supervisor/ops/cli.py:_serve",
     "supervisor/ops/cli.py:parser",
-    "supervisor/ops/serve.py:serve",
     "supervisor/stream.py:__init__",
     "supervisor/verify.py:verify_score_answer",
 }
