@@ -48,11 +48,6 @@ AWAITING_SPLIT = {
     "supervisor/backends/remote.py:__init__",
     "supervisor/child/process.py:_spawn",
     "supervisor/compose/distributed.py:_exchange",
-    "supervisor/ops/cli.py:_add_envs",
-    "supervisor/ops/cli.py:_add_serve",
-    "supervisor/ops/cli.py:_score",
-    "supervisor/ops/cli.py:_serve",
-    "supervisor/ops/cli.py:parser",
     "supervisor/stream.py:__init__",
     "supervisor/verify.py:verify_score_answer",
 }
