@@ -51,8 +51,32 @@ def run_step(
 ) -> str:
     """Run one build step and return its output; a non-zero exit is an EnvError with the output's
     tail unless `fails(output)` forgives it."""
+    child = _start(command, cwd, what, env)
+    lines: list[str] = []
+    reader = threading.Thread(
+        target=_pump, args=(child, lines, say if verbosity > 0 else None), daemon=True
+    )
+    reader.start()
     try:
-        child = subprocess.Popen(
+        _wait(child, lines, what, say, verbosity, heartbeat_s)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        reader.join()
+    output = "\n".join(lines)
+    if child.returncode != 0 and fails(output):
+        raise EnvError(f"{what} failed (exit {child.returncode}): {output[-PIP_TAIL_CHARS:]}")
+    return output
+
+
+def _start(
+    command: list[str], cwd: Path, what: str, env: dict[str, str] | None
+) -> subprocess.Popen[str]:
+    """The step's child, its output and errors on one pipe (an executable that cannot run: an
+    EnvError)."""
+    try:
+        return subprocess.Popen(
             command,
             cwd=cwd,
             env=env if env is not None else clean_environment(),
@@ -64,35 +88,32 @@ def run_step(
         )
     except OSError as exc:
         raise EnvError(f"{what}: cannot run {command[0]}: {exc}") from exc
-    lines: list[str] = []
-    reader = threading.Thread(
-        target=_pump, args=(child, lines, say if verbosity > 0 else None), daemon=True
-    )
-    reader.start()
+
+
+def _wait(
+    child: subprocess.Popen[str],
+    lines: list[str],
+    what: str,
+    say: Callable[[str], None],
+    verbosity: int,
+    heartbeat_s: float,
+) -> None:
+    """Wait for the step to exit, saying every `heartbeat_s` that it still runs (at verbosity 0),
+    and stop waiting past STEP_TIMEOUT_S with an EnvError (the caller kills the child)."""
     began = time.monotonic()
-    try:
-        while True:
-            try:
-                child.wait(timeout=heartbeat_s)
-                break
-            except subprocess.TimeoutExpired:
-                elapsed = time.monotonic() - began
-                if elapsed > STEP_TIMEOUT_S:
-                    raise EnvError(
-                        f"{what} took longer than {STEP_TIMEOUT_S:.0f} s and was stopped"
-                    ) from None
-                if verbosity == 0:
-                    last = f": {lines[-1].strip()[:120]}" if lines else ""
-                    say(f"  {what}: still running after {elapsed:.0f} s{last}")
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        reader.join()
-    output = "\n".join(lines)
-    if child.returncode != 0 and fails(output):
-        raise EnvError(f"{what} failed (exit {child.returncode}): {output[-PIP_TAIL_CHARS:]}")
-    return output
+    while True:
+        try:
+            child.wait(timeout=heartbeat_s)
+            return
+        except subprocess.TimeoutExpired:
+            elapsed = time.monotonic() - began
+            if elapsed > STEP_TIMEOUT_S:
+                raise EnvError(
+                    f"{what} took longer than {STEP_TIMEOUT_S:.0f} s and was stopped"
+                ) from None
+            if verbosity == 0:
+                last = f": {lines[-1].strip()[:120]}" if lines else ""
+                say(f"  {what}: still running after {elapsed:.0f} s{last}")
 
 
 def _pump(

@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 # first, for every command: supervisord's files in our `supervisor` package (scorers/install.py)
 try:
@@ -33,8 +33,11 @@ from supervisor.ops import env_builder
 from supervisor.ops.dataset_presets import PRESETS
 
 if TYPE_CHECKING:
-    from supervisor.config import PanelConfig
-    from supervisor.ops.dataset_rows import Columns
+    from supervisor.compose.recipes import Recipe
+    from supervisor.config import ManagedScorerProcessSpec, PanelConfig
+    from supervisor.ops.dataset_rows import Columns, Row
+    from supervisor.ops.dataset_sources import Source
+    from supervisor.ops.score_dataset import Summary
 
 T = TypeVar("T")
 
@@ -105,19 +108,36 @@ def _folder(value: str) -> Path:
 
 
 def _score(args: argparse.Namespace) -> int:
-    from supervisor.compose.recipes import build_panels, load_recipe
-    from supervisor.ops import precheck
-    from supervisor.ops.dataset_output import header_for, plan_output
-    from supervisor.ops.dataset_rows import read_rows
-    from supervisor.ops.dataset_sinks import STDOUT, open_output, refuse_unresumable
+    from supervisor.compose.recipes import load_recipe
+    from supervisor.ops.dataset_sinks import STDOUT, refuse_unresumable
     from supervisor.ops.dataset_sources import source_of
-    from supervisor.ops.score_dataset import metrics_line, score_dataset
+    from supervisor.ops.score_dataset import metrics_line
 
     columns = _columns(args)
     refuse_unresumable(args.output, args.resume)
     source = source_of(args.input)
     recipe = load_recipe(args.recipe)
     chosen = _chosen_panel(args, recipe, columns)
+    rows = _checked_rows(args, recipe, chosen, columns, source)
+    name = "stdout" if args.output == STDOUT else args.output
+    summary = _score_rows(args, recipe, rows, columns, source)
+    if summary is None:
+        return 130
+    print(f"{name}: {summary.line()}", file=sys.stderr)
+    metrics = metrics_line(summary, "val" if args.validation else "train")
+    if metrics:
+        print(f"diagnostics: {metrics}", file=sys.stderr)
+    return 0 if summary.clean else 1
+
+
+def _checked_rows(
+    args: argparse.Namespace, recipe: Recipe, chosen: PanelConfig, columns: Columns, source: Source
+) -> list[Row]:
+    """The input's rows, read once the recipe and the columns pass what a child's boot would
+    refuse, and checked in turn (ConfigError: any of them fails)."""
+    from supervisor.ops import precheck
+    from supervisor.ops.dataset_rows import read_rows
+
     # before any child starts
     # names, params, envs: what a child's boot would refuse
     report = precheck.check_recipe(recipe, args.recipe)
@@ -130,7 +150,19 @@ def _score(args: argparse.Namespace) -> int:
     except OSError as exc:  # unreadable: the flag and the reason, not a traceback
         raise ConfigError(f"--input {args.input}: {exc.strerror or exc}") from exc
     precheck.check_rows(chosen, place, report, rows, columns, source.where)
-    name = "stdout" if args.output == STDOUT else args.output
+    return rows
+
+
+def _score_rows(
+    args: argparse.Namespace, recipe: Recipe, rows: list[Row], columns: Columns, source: Source
+) -> Summary | None:
+    """Score the rows into --output with the recipe's panel, closed when done; None when Ctrl-C
+    stopped it (what it leaves said on stderr)."""
+    from supervisor.compose.recipes import build_panels
+    from supervisor.ops.dataset_output import header_for, plan_output
+    from supervisor.ops.dataset_sinks import open_output
+    from supervisor.ops.score_dataset import score_dataset
+
     with contextlib.ExitStack() as stack:
         # this run's alone until it ends: a second run is refused
         claim = open_output(args.output, args.resume)
@@ -144,7 +176,7 @@ def _score(args: argparse.Namespace) -> int:
             stack.callback(validation.close)
         header = header_for(panel, str(args.recipe), columns)
         try:
-            summary = _with_progress_bars(
+            return _with_progress_bars(
                 lambda progress: score_dataset(
                     panel,
                     rows,
@@ -159,12 +191,7 @@ def _score(args: argparse.Namespace) -> int:
             )
         except KeyboardInterrupt:
             print(f"interrupted: {claim.interrupted}", file=sys.stderr)
-            return 130
-    print(f"{name}: {summary.line()}", file=sys.stderr)
-    metrics = metrics_line(summary, "val" if args.validation else "train")
-    if metrics:
-        print(f"diagnostics: {metrics}", file=sys.stderr)
-    return 0 if summary.clean else 1
+            return None
 
 
 def _chosen_panel(args: argparse.Namespace, recipe: Any, columns: Columns) -> PanelConfig:
@@ -239,14 +266,24 @@ OPENRLHF_PENDING_CONNECTIONS = 1024
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import json
-
-    from supervisor.config import ManagedScorerProcessSpec
     from supervisor.ops import precheck
-    from supervisor.ops.serve import panel_spec, read_secret, read_token, serve
+    from supervisor.ops.serve import read_secret, read_token, serve
 
     secret = None if args.openrlhf_secret_file is None else read_secret(args.openrlhf_secret_file)
     metrics = None if args.metrics_token_file is None else read_secret(args.metrics_token_file)
+    limits = _serve_limits(args, secret)
+    if args.recipe is not None:
+        _serve_recipe(args, limits, secret, metrics)
+    kind = _served_kind(args, refuse_groupwise=secret is not None)
+    spec = _served_spec(args, kind, limits)
+    # name, params, env: here, not at the child's boot
+    precheck.check_served(spec, f"--scorer {args.scorer}")
+    token = read_token(args.token_env, args.token_file)
+    serve(spec, args.host, args.port, token, args.allow_remote, args.token_env, secret, metrics)
+
+
+def _serve_limits(args: argparse.Namespace, secret: str | None) -> dict[str, int]:
+    """The server's limits the flags set (the rest keep the config's defaults)."""
     # OpenRLHF opens a connection per sample, and a rollout's samples end in bursts: room for them
     pending = args.max_pending_connections or (
         OPENRLHF_PENDING_CONNECTIONS if secret is not None else None
@@ -256,23 +293,40 @@ def _serve(args: argparse.Namespace) -> int:
         limits["openrlhf_max_request_bytes"] = args.openrlhf_max_request_bytes
     if args.json_max_request_bytes is not None:
         limits["json_max_request_bytes"] = args.json_max_request_bytes
-    if args.recipe is not None:
-        _no_scorer_options(args)
-        _needs_extra(
-            "serving", "--recipe (the panel server runs in this python)", ("starlette", "uvicorn")
-        )
-        spec = panel_spec(args.recipe, limits)
-        serve(
-            spec,
-            args.host,
-            args.port,
-            read_token(args.token_env, args.token_file),
-            args.allow_remote,
-            args.token_env,
-            secret,
-            metrics,
-        )
-    kind = _served_kind(args, refuse_groupwise=secret is not None)
+    return limits
+
+
+def _serve_recipe(
+    args: argparse.Namespace, limits: dict[str, int], secret: str | None, metrics: str | None
+) -> NoReturn:
+    """`serve --recipe`: become the server of the recipe's panel (exec)."""
+    from supervisor.ops.serve import panel_spec, read_token, serve
+
+    _no_scorer_options(args)
+    _needs_extra(
+        "serving", "--recipe (the panel server runs in this python)", ("starlette", "uvicorn")
+    )
+    spec = panel_spec(args.recipe, limits)
+    serve(
+        spec,
+        args.host,
+        args.port,
+        read_token(args.token_env, args.token_file),
+        args.allow_remote,
+        args.token_env,
+        secret,
+        metrics,
+    )
+
+
+def _served_spec(
+    args: argparse.Namespace, kind: str | None, limits: dict[str, int]
+) -> ManagedScorerProcessSpec:
+    """The one scorer's child spec, from its flags (ConfigError: what the config models refuse)."""
+    import json
+
+    from supervisor.config import ManagedScorerProcessSpec
+
     try:
         params = json.loads(args.params)
     except json.JSONDecodeError as exc:
@@ -288,15 +342,11 @@ def _serve(args: argparse.Namespace) -> int:
     if args.extra_import_path:
         process["extra_import_paths"] = [str(path) for path in args.extra_import_path]
     try:
-        spec = ManagedScorerProcessSpec.model_validate(
+        return ManagedScorerProcessSpec.model_validate(
             {"env": args.env, "process": process, "scorer": scorer, "limits": limits}
         )
     except ValueError as exc:
         raise ConfigError(validation_message(exc)) from exc
-    # name, params, env: here, not at the child's boot
-    precheck.check_served(spec, f"--scorer {args.scorer}")
-    token = read_token(args.token_env, args.token_file)
-    serve(spec, args.host, args.port, token, args.allow_remote, args.token_env, secret, metrics)
 
 
 def _needs_extra(extra: str, command: str, modules: tuple[str, ...]) -> None:
@@ -455,6 +505,20 @@ def _epilog() -> str:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The whole command line: the top's options, then each sub-command in --help's order."""
+    top = _top_parser()
+    commands = top.add_subparsers(dest="command", required=True)
+    _add_envs(commands)
+    _add_score(commands)
+    _add_serve(commands)
+    _add_recipes_and_integrations(commands)
+    _add_doctor_and_demo(commands)
+    return top
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    """The program with its own options (--version, --log-level) and the exit statuses as its
+    epilog."""
     top = argparse.ArgumentParser(
         prog="managed-scorers",
         description=__doc__.splitlines()[0],
@@ -475,10 +539,12 @@ def parser() -> argparse.ArgumentParser:
         "restarts, retries, timeouts); children log to their own files, and other libraries "
         "stay at warning",
     )
-    commands = top.add_subparsers(dest="command", required=True)
-    _add_envs(commands)
-    _add_score(commands)
-    _add_serve(commands)
+    return top
+
+
+def _add_recipes_and_integrations(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
     examples = commands.add_parser(
         "recipes", help="the example recipes that ship with the package: list, or print one"
     )
@@ -491,6 +557,9 @@ def parser() -> argparse.ArgumentParser:
     )
     integrations.add_argument("framework", choices=sorted(INTEGRATIONS))
     integrations.set_defaults(run=_integrations)
+
+
+def _add_doctor_and_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     checkup = commands.add_parser(
         "doctor", help="check a recipe end to end: envs, boot, one sample, shared memory"
     )
@@ -510,7 +579,6 @@ def parser() -> argparse.ArgumentParser:
         "--no-build", action="store_true", help="build no env: name the command that would (exit 2)"
     )
     show.set_defaults(run=_demo)
-    return top
 
 
 def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -521,6 +589,28 @@ def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         f"where envs live (default ${scorer_envs.ROOT_VARIABLE}, else "
         f"~/.local/share/managed-scorers/envs)"
     )
+    _add_envs_build(envs, root_help)
+    listing = envs.add_parser(
+        "list", help="each env: built or not, its python, key package versions"
+    )
+    listing.add_argument("--root", type=_folder, help=root_help)
+    listing.set_defaults(run=_envs_list)
+    path = envs.add_parser("path", help="the python of a built env")
+    path.add_argument("name", metavar="NAME")
+    path.add_argument("--root", type=_folder, help=root_help)
+    path.set_defaults(run=_envs_path)
+    remove = envs.add_parser(
+        "remove", help="remove a built env (ROOT/NAME/.venv, only one this builder made)"
+    )
+    remove.add_argument("name", metavar="NAME")
+    remove.add_argument("--root", type=_folder, help=root_help)
+    remove.set_defaults(run=_envs_remove)
+
+
+def _add_envs_build(
+    envs: argparse._SubParsersAction[argparse.ArgumentParser], root_help: str
+) -> None:
+    """`envs build`: which envs, and where (its interpreter and installer: `_add_build_tools`)."""
     build = envs.add_parser(
         "build",
         help="build scorer envs, only if their pins or their interpreter changed (progress on "
@@ -539,6 +629,12 @@ def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     build.add_argument(
         "--requirements", type=_folder, help="build from this requirements file instead of a spec"
     )
+    _add_build_tools(build)
+    build.set_defaults(run=_envs_build)
+
+
+def _add_build_tools(build: argparse.ArgumentParser) -> None:
+    """`envs build`'s interpreter, installer and their output."""
     build.add_argument(
         "--python",
         help="the interpreter that makes the venv (default: the one it was built with, else this "
@@ -561,22 +657,6 @@ def _add_envs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         default=0,
         help="pass the installer's output on (-vv: its verbose output)",
     )
-    build.set_defaults(run=_envs_build)
-    listing = envs.add_parser(
-        "list", help="each env: built or not, its python, key package versions"
-    )
-    listing.add_argument("--root", type=_folder, help=root_help)
-    listing.set_defaults(run=_envs_list)
-    path = envs.add_parser("path", help="the python of a built env")
-    path.add_argument("name", metavar="NAME")
-    path.add_argument("--root", type=_folder, help=root_help)
-    path.set_defaults(run=_envs_path)
-    remove = envs.add_parser(
-        "remove", help="remove a built env (ROOT/NAME/.venv, only one this builder made)"
-    )
-    remove.add_argument("name", metavar="NAME")
-    remove.add_argument("--root", type=_folder, help=root_help)
-    remove.set_defaults(run=_envs_remove)
 
 
 def _add_score(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -691,6 +771,28 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     where = server.add_mutually_exclusive_group()
     where.add_argument("--env", help="a scorer env by name (default: the one the scorer declares)")
     where.add_argument("--python", type=_folder, help="the scorer env's python, by path")
+    _add_listening(server)
+    server.add_argument("--input-kind", choices=["text", "image", "image_edit", "video", "audio"])
+    server.add_argument("--device", default="cpu")
+    server.add_argument("--revision", help="a pin: refuse to serve another revision of the scorer")
+    server.add_argument("--catalog", help="a custom catalog factory, module:name")
+    server.add_argument(
+        "--extra-import-path", type=_folder, action="append", help="a folder of your scorer modules"
+    )
+    _add_openrlhf(server)
+    _add_json_and_metrics(server)
+    server.add_argument(
+        "--max-pending-connections",
+        type=int,
+        help=f"connections that have not yet sent an authenticated request (default 64; "
+        f"{OPENRLHF_PENDING_CONNECTIONS} "
+        "with the OpenRLHF route: a connection per sample); more are refused with a 503",
+    )
+    server.set_defaults(run=_serve)
+
+
+def _add_listening(server: argparse.ArgumentParser) -> None:
+    """Where `serve` listens and the token that guards it."""
     server.add_argument(
         "--host", default="127.0.0.1", help="default 127.0.0.1; others need --allow-remote"
     )
@@ -706,13 +808,10 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     server.add_argument(
         "--allow-remote", action="store_true", help="listen on a non-loopback address"
     )
-    server.add_argument("--input-kind", choices=["text", "image", "image_edit", "video", "audio"])
-    server.add_argument("--device", default="cpu")
-    server.add_argument("--revision", help="a pin: refuse to serve another revision of the scorer")
-    server.add_argument("--catalog", help="a custom catalog factory, module:name")
-    server.add_argument(
-        "--extra-import-path", type=_folder, action="append", help="a folder of your scorer modules"
-    )
+
+
+def _add_openrlhf(server: argparse.ArgumentParser) -> None:
+    """The OpenRLHF route: its secret and its body cap."""
     server.add_argument(
         "--openrlhf-secret-file",
         type=_folder,
@@ -725,15 +824,6 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the OpenRLHF route's body cap (default 16 MiB: one sample of a 128k-token context; "
         "its JSON parse may take 4x this); a larger body is refused with a 413 before it is read",
     )
-    _add_json_and_metrics(server)
-    server.add_argument(
-        "--max-pending-connections",
-        type=int,
-        help=f"connections that have not yet sent an authenticated request (default 64; "
-        f"{OPENRLHF_PENDING_CONNECTIONS} "
-        "with the OpenRLHF route: a connection per sample); more are refused with a 503",
-    )
-    server.set_defaults(run=_serve)
 
 
 def _add_json_and_metrics(server: argparse.ArgumentParser) -> None:

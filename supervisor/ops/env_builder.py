@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from supervisor.ops.build_step import STEP_TIMEOUT_S, clean_environment, run_step
 from supervisor.ops.uv_installer import find_uv, pip_settings, uv_arguments
@@ -251,6 +252,14 @@ def _stale(
     return None
 
 
+class _Step(Protocol):
+    """`run_step` bound to one build's folder, phase lines and verbosity."""
+
+    def __call__(
+        self, command: list[str], what: str, env: dict[str, str] | None = None, echo: bool = True
+    ) -> str: ...
+
+
 def _install(
     requirements: Path,
     venv: Path,
@@ -274,12 +283,35 @@ def _install(
     python = str(venv / "bin" / "python")
     pip = [python, "-m", "pip"]
     quiet = ["-v"] if verbosity > 1 else []
+    _install_requirements(requirements, python, uv, step, say, quiet)
+    unpinned = no_deps_lines(requirements)
+    if unpinned:  # pip either way: uv has no --ignore-requires-python
+        say(f"  installing {len(unpinned)} package(s) without their dependencies with pip")
+        flags = ["--no-deps", "--ignore-requires-python"]
+        step(
+            [*pip, "install", "--no-input", "--progress-bar", "off", *quiet, *flags, *unpinned],
+            "pip install --no-deps",
+        )
+    say("  checking the installed packages (pip check)")
+    _check(pip, cwd, {_normal(re.split(r"[=<>!~\[ ]", line, maxsplit=1)[0]) for line in unpinned})
+
+
+def _install_requirements(
+    requirements: Path,
+    python: str,
+    uv: str | None,
+    step: _Step,
+    say: Callable[[str], None],
+    quiet: list[str],
+) -> None:
+    """The spec's requirement lines into the venv at `python`: by pip, or by uv under the settings
+    pip would use (its index, constraints)."""
+    pip = [python, "-m", "pip"]
     count = len(requirement_lines(requirements))
-    if count:
-        say(f"  installing {count} requirement line(s) with {'uv' if uv else 'pip'}")
     if not count:
-        pass  # a bare venv: nothing for the installer to do
-    elif uv is None:
+        return  # a bare venv: nothing for the installer to do
+    say(f"  installing {count} requirement line(s) with {'uv' if uv else 'pip'}")
+    if uv is None:
         step(
             [
                 *pip,
@@ -294,31 +326,28 @@ def _install(
             "pip install",
         )
     else:
-        flags, variables = uv_arguments(
-            pip_settings(step([*pip, "config", "list"], "pip config list", echo=False))
-        )
-        command = [
-            uv,
-            "pip",
-            "install",
-            "--python",
-            python,
-            *flags,
-            *quiet,
-            "-r",
-            str(requirements),
-        ]
-        step(command, "uv pip install", {**clean_environment(), **variables})
-    unpinned = no_deps_lines(requirements)
-    if unpinned:  # pip either way: uv has no --ignore-requires-python
-        say(f"  installing {len(unpinned)} package(s) without their dependencies with pip")
-        flags = ["--no-deps", "--ignore-requires-python"]
-        step(
-            [*pip, "install", "--no-input", "--progress-bar", "off", *quiet, *flags, *unpinned],
-            "pip install --no-deps",
-        )
-    say("  checking the installed packages (pip check)")
-    _check(pip, cwd, {_normal(re.split(r"[=<>!~\[ ]", line, maxsplit=1)[0]) for line in unpinned})
+        _uv_install(requirements, python, uv, step, quiet)
+
+
+def _uv_install(requirements: Path, python: str, uv: str, step: _Step, quiet: list[str]) -> None:
+    """`uv pip install` of the requirement lines, with the index, find-links and constraints that
+    `pip config list` says pip would use."""
+    pip = [python, "-m", "pip"]
+    flags, variables = uv_arguments(
+        pip_settings(step([*pip, "config", "list"], "pip config list", echo=False))
+    )
+    command = [
+        uv,
+        "pip",
+        "install",
+        "--python",
+        python,
+        *flags,
+        *quiet,
+        "-r",
+        str(requirements),
+    ]
+    step(command, "uv pip install", {**clean_environment(), **variables})
 
 
 def remove(name: str, root: Path | None = None, say: Callable[[str], None] = _stderr) -> bool:

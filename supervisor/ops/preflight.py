@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from scorers.base import ScorerSpec
+from scorers.base import Scorer, ScorerSpec
 from scorers.identity import scorer_identity_hash
 from scorers.registry import CatalogError, UnknownScorerError, resolve_scorer, unknown_params
 from supervisor.child.import_root import CHILD_PACKAGES
@@ -34,6 +34,7 @@ from supervisor.config import (
     ManagedScorerProcessSpec,
     PanelConfig,
     RemoteBackendConfig,
+    ScorerConfig,
 )
 from supervisor.errors import ConfigError
 
@@ -208,29 +209,9 @@ def _build_scorer(
         # built and hashed in the environment its child will have (a param it resolves from the
         # environment, such as $MATH_VERIFY_TIMEOUT_S, may be set for the child in process.env)
         with _environ(process.env if process else {}):
-            cls = resolve_scorer(config.name, config.catalog)
-            # named with the valid ones, not a TypeError's words
-            unknown = unknown_params(cls, config.params)
-            if unknown is not None:
-                report.problems.append(f"{place}: scorer {config.name!r} params: {unknown}")
-                return None
-            scorer = cls(**config.params)
-            identity = scorer_identity_hash(scorer, config.params)
+            built = _construct(config, place, report)
     except (UnknownScorerError, CatalogError) as exc:
-        env_only = (
-            search is not None
-            and isinstance(exc.__cause__, ImportError)
-            and _env_only(backend, search)
-        )
-        if isinstance(backend, ManagedScorerProcessSpec) and search is not None and env_only:
-            # the scorer's module lives in its env alone (the reason for a managed child): its spec,
-            # terms and pins are the child's to check at start; the env itself is checked below
-            report.notes.append(
-                f"{place}: {exc.__cause__}; checked by the child at start, not here"
-            )
-            _check_env_modules(backend, place, report, (), search)
-        else:
-            report.problems.append(f"{place}: {exc}")
+        _unresolved(backend, place, report, search, exc)
         return None
     except (TypeError, ValueError) as exc:
         report.problems.append(f"{place}: scorer {config.name!r} params: {exc}")
@@ -243,7 +224,46 @@ def _build_scorer(
     finally:
         for path in added:
             sys.path.remove(path)
+    if built is None:
+        return None
+    scorer, identity = built
     return scorer.spec, identity
+
+
+def _construct(
+    config: ScorerConfig, place: str, report: PreflightReport
+) -> tuple[Scorer, str] | None:
+    """The scorer constructed from its params, and its identity hash; None (with a problem) for
+    params it does not take."""
+    cls = resolve_scorer(config.name, config.catalog)
+    # named with the valid ones, not a TypeError's words
+    unknown = unknown_params(cls, config.params)
+    if unknown is not None:
+        report.problems.append(f"{place}: scorer {config.name!r} params: {unknown}")
+        return None
+    scorer = cls(**config.params)
+    return scorer, scorer_identity_hash(scorer, config.params)
+
+
+def _unresolved(
+    backend: LocalBackendConfig | ManagedScorerProcessSpec,
+    place: str,
+    report: PreflightReport,
+    search: list[str] | None,
+    exc: UnknownScorerError | CatalogError,
+) -> None:
+    """A scorer that does not resolve here: a note when its module lives in its env alone (its env
+    checked instead), else a problem."""
+    env_only = (
+        search is not None and isinstance(exc.__cause__, ImportError) and _env_only(backend, search)
+    )
+    if isinstance(backend, ManagedScorerProcessSpec) and search is not None and env_only:
+        # the scorer's module lives in its env alone (the reason for a managed child): its spec,
+        # terms and pins are the child's to check at start; the env itself is checked below
+        report.notes.append(f"{place}: {exc.__cause__}; checked by the child at start, not here")
+        _check_env_modules(backend, place, report, (), search)
+    else:
+        report.problems.append(f"{place}: {exc}")
 
 
 def _check_against_config(

@@ -42,6 +42,7 @@ from typing import Any, NoReturn
 
 from child_runtime.protocol import boot
 from supervisor.backends.managed import launch_plan
+from supervisor.child.process import LaunchPlan
 from supervisor.compose.recipes import load_recipe
 from supervisor.config import ManagedScorerProcessSpec
 from supervisor.errors import ConfigError
@@ -217,12 +218,7 @@ def serve(
 ) -> NoReturn:
     """Become the server (exec); returns only by raising, before the exec."""
     _distinct_secrets(token, openrlhf_secret, metrics_token)
-    if spec.replicas.size > 1:
-        raise ConfigError(
-            f"serve runs one child; the spec asks for {spec.replicas.size} replicas: serve "
-            f"each on its own port "
-            "(process.visible_devices narrows each to its GPU)"
-        )
+    _one_child(spec)
     enough_descriptors(spec.limits.max_pending_connections)
     listener = bind(host, port, allow_remote)
     plan = launch_plan(spec, segment=None)
@@ -245,6 +241,22 @@ def serve(
         config["openrlhf_secret"] = openrlhf_secret
     if metrics_token is not None:
         config["metrics_token"] = metrics_token
+    _exec_runtime(plan, config, env)
+
+
+def _one_child(spec: ManagedScorerProcessSpec) -> None:
+    """A server is one child on one port: a spec asking for replicas is refused before anything
+    is bound."""
+    if spec.replicas.size > 1:
+        raise ConfigError(
+            f"serve runs one child; the spec asks for {spec.replicas.size} replicas: serve "
+            f"each on its own port "
+            "(process.visible_devices narrows each to its GPU)"
+        )
+
+
+def _exec_runtime(plan: LaunchPlan, config: dict[str, Any], env: dict[str, str]) -> NoReturn:
+    """Replace this process with the child runtime in standalone mode, its boot config on stdin."""
     # only its dup on fd 0 crosses the exec
     stdin = os.memfd_create("managed-scorers-boot", os.MFD_CLOEXEC)
     os.write(stdin, boot.frame(config))

@@ -31,19 +31,6 @@ SUPERVISOR_FLOORS = (
 # the package's public face may import anything of it
 FACADES = {"supervisor", "supervisor.__main__"}
 MAX_FUNCTION_LINES = 50  # a reader holds a function whole: longer ones are split by what they do
-# Fitted in 50 lines at 120 columns, outgrew them when the code went to 100 (issue 40, item 6, a
-# layout-only change): each awaits its split by what it does. None may join; a split one leaves.
-AWAITING_SPLIT = {
-    "supervisor/ops/build_step.py:run_step",
-    "supervisor/ops/cli.py:_add_envs",
-    "supervisor/ops/cli.py:_add_serve",
-    "supervisor/ops/cli.py:_score",
-    "supervisor/ops/cli.py:_serve",
-    "supervisor/ops/cli.py:parser",
-    "supervisor/ops/env_builder.py:_install",
-    "supervisor/ops/preflight.py:_build_scorer",
-    "supervisor/ops/serve.py:serve",
-}
 
 
 def _modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -310,20 +297,16 @@ def test_bench_lines_import_only_the_shared_helpers_and_never_the_entry():
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_product_function_fits_on_a_screen(package):
     long = []
-    waiting = {key for key in AWAITING_SPLIT if key.startswith(f"{package}/")}
     for module, path in MODULES.items():
         if module.split(".")[0] != package:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = node.end_lineno - node.lineno + 1
-                key = f"{path.relative_to(ROOT)}:{node.name}"
-                if length > MAX_FUNCTION_LINES and key not in AWAITING_SPLIT:
+                if length > MAX_FUNCTION_LINES:
+                    key = f"{path.relative_to(ROOT)}:{node.name}"
                     long.append(f"{key} at line {node.lineno} ({length} lines)")
-                elif length > MAX_FUNCTION_LINES:
-                    waiting.discard(key)
     assert long == []
-    assert waiting == set(), "split already: take them off AWAITING_SPLIT"
 
 
 def test_the_error_tree_is_drawn_and_single_inheritance():
