@@ -22,8 +22,6 @@ import numpy as np
 from scorers.base import ScoreItem
 from scorers.native.loading import NativeSetupError
 
-BASE_ARGUMENTS = ("data_source", "solution_image", "ground_truth", "extra_info", "reward_model")
-
 
 class ScoreFunctionError(RuntimeError):
     """A score function raised, or returned something other than a finite float or `{"score":
@@ -93,13 +91,17 @@ def solution_image(item: ScoreItem) -> Any:
     return torch.from_numpy(np.array(item.required_image().transpose(2, 0, 1), order="C"))
 
 
-def arguments(fn: ScoreFunction, item: ScoreItem, image: Any, handle: Any) -> dict[str, Any]:
+def arguments(
+    fn: ScoreFunction, item: ScoreItem, image: Any, handles: Mapping[str, Any]
+) -> dict[str, Any]:
+    """verl-omni's visual arguments, the function's extra keys, and what its model hands it
+    (`reward_model`, or `reward_router_address` and `model_name`): those win over extra keys."""
     base = {
         "data_source": item.data_source,
         "solution_image": image,
         "ground_truth": item.reference,
         "extra_info": dict(item.metadata),
-        "reward_model": handle,
+        **handles,
     }
     return {**fn.extra, **base}
 

@@ -14,25 +14,16 @@ under threads still running in the first.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec, ScorerWedged
+from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec
 from scorers.diagnostics import mean
-from scorers.native.calls import (
-    BlockingHandle,
-    ModelHandle,
-    ScoreFunction,
-    arguments,
-    bind,
-    solution_image,
-    value_of,
-)
+from scorers.native.calls import BlockingHandle, ModelHandle, ScoreFunction, bind
 from scorers.native.lifecycle import ModelSlot
 from scorers.native.loading import NativeSetupError, load_attribute, split_reference
+from scorers.native.runner import FunctionRunner
 from scorers.residency import process_rss_bytes, resolve_device
 
 NAME = "native_model"
@@ -45,9 +36,10 @@ SLEEP_DIAGNOSTICS = (
 FUNCTION_KEYS = {"term", "path", "name", "kwargs", "log_keys"}
 
 
-def _functions(functions: Any) -> list[dict[str, Any]]:
+def checked_functions(owner: str, functions: Any) -> list[dict[str, Any]]:
+    """The configured reward functions, each {term, path, name, kwargs, log_keys}."""
     if not isinstance(functions, list) or not functions:
-        raise NativeSetupError(f"{NAME}: functions must be a non-empty list of reward functions")
+        raise NativeSetupError(f"{owner}: functions must be a non-empty list of reward functions")
     for entry in functions:
         if (
             not isinstance(entry, Mapping)
@@ -55,7 +47,7 @@ def _functions(functions: Any) -> list[dict[str, Any]]:
             or not isinstance(entry.get("term"), str)
         ):
             raise NativeSetupError(
-                f"{NAME}: a function is {{term, path, name, kwargs, log_keys}}, got {entry!r}"
+                f"{owner}: a function is {{term, path, name, kwargs, log_keys}}, got {entry!r}"
             )
     return [dict(entry) for entry in functions]
 
@@ -78,7 +70,7 @@ class NativeModelScorer(Scorer):
     ) -> None:
         split_reference(model, f"{NAME} model")  # the shape only: the class imports in load()
         self.model, self.model_path, self.kwargs = model, model_path, dict(kwargs or {})
-        self.functions = _functions(functions)
+        self.functions = checked_functions(NAME, functions)
         if (
             not isinstance(call_timeout_s, (int, float))
             or not math.isfinite(call_timeout_s)
@@ -107,10 +99,8 @@ class NativeModelScorer(Scorer):
             nonsemantic_params=("call_timeout_s",),
             requires_modules=("torch",),
         )
-        self._bound: list[ScoreFunction] = []
         self._slot: ModelSlot | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._runner: FunctionRunner | None = None
 
     def load(self, device: str = "cpu") -> None:
         """Import the model class and every function (a failure is a boot failure); wake nothing."""
@@ -118,32 +108,16 @@ class NativeModelScorer(Scorer):
         cls = load_attribute(where, attr, f"model {self.model!r}")
         if not isinstance(cls, type) or not callable(getattr(cls, "infer", None)):
             raise NativeSetupError(f"model {self.model!r} is not a class with an infer() method")
-        self._bound = [self._bind(entry) for entry in self.functions]
+        bound = [bind_entry(entry) for entry in self.functions]
         device = resolve_device("cuda:0" if device == "cuda" else device)
         kwargs = {"model_path": self.model_path, "device": _torch_device(device), **self.kwargs}
-        self._loop = asyncio.new_event_loop()
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="native-reward")
-        self._slot = ModelSlot(cls, kwargs, device, self._loop.run_until_complete)
-        # a call that timed out: its sync functions may still run on the model
-        self._stuck: str | None = None
-
-    @staticmethod
-    def _bind(entry: Mapping[str, Any]) -> ScoreFunction:
-        term = entry["term"]
-        function = load_attribute(
-            str(entry.get("path")), str(entry.get("name")), f"reward function {term!r}"
-        )
-        log_keys = tuple(entry.get("log_keys", ()))
-        return bind(term, function, entry.get("kwargs", {}), log_keys)
+        self._runner = FunctionRunner(f"{NAME} {self.model!r}", bound, self.call_timeout_s)
+        self._slot = ModelSlot(cls, kwargs, device, self._runner.loop.run_until_complete)
 
     def onload(self) -> dict[str, Any]:
-        self._refuse_if_stuck()
+        if self._runner is not None:
+            self._runner.refuse_if_stuck()
         return self._awake_slot().wake()
-
-    def _refuse_if_stuck(self) -> None:
-        """Never a second instance under threads still running in the first (a timed-out call's)."""
-        if self._stuck is not None:
-            raise ScorerWedged(f"this call never started: {self._stuck}", timed_out=False)
 
     def offload(self) -> dict[str, Any]:
         return self._slot.sleep() if self._slot is not None else {"changed": False}
@@ -154,75 +128,19 @@ class NativeModelScorer(Scorer):
         return self._slot
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
-        self._refuse_if_stuck()
-        slot = self._awake_slot()
-        if slot.instance is None or self._loop is None or self._pool is None:
+        slot, runner = self._awake_slot(), self._runner
+        if slot.instance is None or runner is None:
             raise RuntimeError(f"{NAME}: score() while the model sleeps (the host wakes it first)")
+        runner.refuse_if_stuck()
         diagnostics: dict[str, Any] = {**slot.released(), "rss_bytes": mean(process_rss_bytes(), 1)}
-        handles = (
-            ModelHandle(slot.instance, self._pool),
-            BlockingHandle(slot.instance, self._loop, self.call_timeout_s),
-        )
-        outcomes = self._loop.run_until_complete(self._all(items, handles))
-        del handles  # nothing of the instance outlives the call but the slot's own reference
-        terms: dict[str, list[float]] = {fn.term: [0.0] * len(items) for fn in self._bound}
-        term_failed: dict[str, dict[int, str]] = {}
-        logged: dict[str, list[float]] = {}
-        for (fn, index), outcome in zip(self._pairs(items), outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                why = (
-                    f"reward function {fn.term!r} failed on item {items[index].id!r}: "
-                    f"{type(outcome).__name__}: {outcome}"
-                )
-                term_failed.setdefault(fn.term, {})[index] = why
-                continue
-            terms[fn.term][index], extra = outcome
-            for key, value in extra.items():
-                logged.setdefault(f"{fn.term}.{key}", []).append(value)
-        diagnostics.update(
-            {name: mean(sum(values), len(values)) for name, values in logged.items()}
-        )
-        return ScoreResult(terms=terms, diagnostics=diagnostics, term_failed=term_failed)
-
-    def _pairs(self, items: Sequence[ScoreItem]) -> list[tuple[ScoreFunction, int]]:
-        return [(fn, index) for index in range(len(items)) for fn in self._bound]
-
-    async def _all(
-        self, items: Sequence[ScoreItem], handles: tuple[ModelHandle, BlockingHandle]
-    ) -> list[Any]:
-        """Every (item, function) at once, within one deadline; an outcome is a value or its
-        exception."""
-        images = [solution_image(item) for item in items]
-        calls = [
-            self._one(fn, items[index], images[index], handles) for fn, index in self._pairs(items)
-        ]
-        try:
-            return await asyncio.wait_for(
-                asyncio.gather(*calls, return_exceptions=True), self.call_timeout_s
-            )
-        except TimeoutError as exc:
-            self._stuck = (
-                f"{NAME} {self.model!r}: {len(calls)} reward function calls did not finish within "
-                f"call_timeout_s={self.call_timeout_s}; their threads cannot be stopped: "
-                f"this process must be restarted"
-            )
-            raise ScorerWedged(self._stuck, timed_out=True) from exc
-
-    async def _one(
-        self,
-        fn: ScoreFunction,
-        item: ScoreItem,
-        image: Any,
-        handles: tuple[ModelHandle, BlockingHandle],
-    ) -> tuple[float, dict[str, float]]:
-        if fn.is_async:
-            result = await fn.function(**arguments(fn, item, image, handles[0]))
-        else:
-            loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(
-                self._pool, lambda: fn.function(**arguments(fn, item, image, handles[1]))
-            )
-        return value_of(fn, result)
+        async_handle = {"reward_model": ModelHandle(slot.instance, runner.pool)}
+        sync_handle = {
+            "reward_model": BlockingHandle(slot.instance, runner.loop, self.call_timeout_s)
+        }
+        result = runner.run(items, async_handle, sync_handle)
+        del async_handle, sync_handle  # nothing of the instance outlives the call but the slot's
+        result.diagnostics = {**diagnostics, **result.diagnostics}
+        return result
 
     def close(self) -> None:
         """Sleep the model if awake, then end the loop and the worker threads (a stuck one is not
@@ -231,12 +149,18 @@ class NativeModelScorer(Scorer):
             if self._slot is not None:
                 self._slot.sleep()
         finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = None
-            if self._loop is not None:
-                self._loop.close()
-                self._loop = None
+            if self._runner is not None:
+                self._runner.close()
+                self._runner = None
+
+
+def bind_entry(entry: Mapping[str, Any]) -> ScoreFunction:
+    """One configured reward function, imported and bound (a failure is a boot failure)."""
+    term = entry["term"]
+    function = load_attribute(
+        str(entry.get("path")), str(entry.get("name")), f"reward function {term!r}"
+    )
+    return bind(term, function, entry.get("kwargs", {}), tuple(entry.get("log_keys", ())))
 
 
 def _torch_device(device: str) -> Any:
