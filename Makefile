@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 VPY := $(VENV)/bin/python
-SCORER_ENVS := math image embed ocr
+SCORER_ENVS := math image embed ocr engine
 # trainer envs: the GRPO and torchrun tests run in envs/trl (TRL + torch CPU + this project), the Ray test in envs/ray
 TRAINER_ENVS := trl ray
 # bench envs: what `make bench` runs beyond the scorer envs; `make test` builds them too, for the bench's smoke tests
@@ -99,8 +99,8 @@ bench: install scorer-envs env-trlbench
 bench-peers: install env-image
 	$(VPY) -m bench.peers
 
-gpu-check: install env-embed
-	$(VPY) -m bench.gpu_residency
+gpu-check: install env-embed env-engine
+	$(VPY) -m bench.gpu_residency --engine-python envs/engine/.venv/bin/python
 
 clean:
 	rm -rf $(VENV) $(DEMO_VENV) $(addprefix envs/,$(addsuffix /.venv,$(ENVS))) envs/ray/UNAVAILABLE envs/ray/.build-stderr bench/.peers-venv build *.egg-info

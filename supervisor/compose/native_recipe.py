@@ -10,10 +10,17 @@ in those children beside it (`scorers.native.scorer`): one backend per model, on
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from supervisor.compose.engine_recipe import engine_allocation
+from supervisor.compose.model_keys import (
+    absolute,
+    function_entry,
+    function_terms,
+    model_env,
+    process_keys,
+)
 from supervisor.errors import ConfigError
 
 NATIVE_SCORER = "scorers.native.scorer:NativeModelScorer"
@@ -34,9 +41,7 @@ MODEL_KEYS |= {
     "limits",
     "call_timeout_s",
 }
-# the panel's; `model`, `path`, `name` bind
-TERM_KEYS = {"weight", "required", "applicable_datasets"}
-FUNCTION_KEYS = {"model", "path", "name", "log_keys"}
+DEFAULT_ENV = "embed"  # torch and transformers: what a native model without `env:` runs in
 DEFAULT_BATCH = 512  # one wake and one sleep per request of up to this many items (a chunk each)
 
 
@@ -49,22 +54,10 @@ def native_terms(
 ) -> dict[str, dict[str, Any]]:
     """The panel term of each reward function bound to a native model, by term name: all the
     functions of one model share one backend config (so one backend, one request per call)."""
-    bound: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
-    for name, fn in functions:
-        bound.setdefault(str(fn.get("model", name)), []).append((name, fn))
     check_devices(models)
-    terms = {}
-    for model_name, fns in bound.items():
-        backend = native_backend(model_name, models[model_name], fns)
-        for name, fn in fns:
-            if not fn.get("path") or not fn.get("name"):
-                raise ConfigError(
-                    f"{where}.{name}: a native model's reward function needs `path` and `name`"
-                )
-            term = {key: fn[key] for key in TERM_KEYS if key in fn}
-            term.setdefault("required", False)  # verl-omni's default: an optional term
-            terms[name] = {"name": name, "backend": backend, "component": name, **term}
-    return terms
+    return function_terms(
+        functions, where, "a native model", lambda m, fns: native_backend(m, models[m], fns)
+    )
 
 
 def native_backend(
@@ -83,17 +76,17 @@ def native_backend(
         )
     device, replicas = placement(where, model.get("placement"))
     params: dict[str, Any] = {
-        "model": _absolute(executor["model"]),
+        "model": absolute(executor["model"]),
         "model_path": model.get("model_path"),
         "kwargs": dict(executor.get("kwargs") or {}),
-        "functions": [_function(term, fn) for term, fn in fns],
+        "functions": [function_entry(term, fn) for term, fn in fns],
     }
     if "call_timeout_s" in model:
         params["call_timeout_s"] = model["call_timeout_s"]
     backend: dict[str, Any] = {
         "kind": "managed",
-        "env": _env(where, model),
-        "process": _process(model),
+        "env": model_env(where, model, default=DEFAULT_ENV),
+        "process": process_keys(model),
         "scorer": {
             "name": NATIVE_SCORER,
             "input_kind": "image",
@@ -109,30 +102,6 @@ def native_backend(
     }
     backend.update({key: model[key] for key in ("restart", "limits") if key in model})
     return backend
-
-
-def _function(term: str, fn: Mapping[str, Any]) -> dict[str, Any]:
-    """What the child needs of one reward function; its extra keys are its kwargs (verl-omni's)."""
-    kwargs = {k: v for k, v in fn.items() if k not in TERM_KEYS | FUNCTION_KEYS}
-    path = str(fn.get("path", ""))
-    entry: dict[str, Any] = {
-        "term": term,
-        "path": _absolute(path),
-        "name": fn.get("name"),
-        "kwargs": kwargs,
-    }
-    entry["log_keys"] = list(fn.get("log_keys", ()))  # `required` is the panel term's alone
-    return entry
-
-
-def _absolute(reference: str) -> str:
-    """A file reference made absolute here (the child may not share the trainer's idea of '.')."""
-    if reference.startswith("pkg://"):
-        return reference
-    where, colon, attr = reference.rpartition(":") if ".py:" in reference else (reference, "", "")
-    if where.endswith(".py") or os.sep in where:
-        return os.path.abspath(where) + colon + attr
-    return reference
 
 
 def placement(where: str, given: Any) -> tuple[str, dict[str, Any]]:
@@ -157,9 +126,9 @@ def placement(where: str, given: Any) -> tuple[str, dict[str, Any]]:
 
 
 def check_devices(models: Mapping[str, Any]) -> None:
-    """No GPU index is listed by two native models (verl-omni's rule: a device is one
-    deployment's)."""
-    owner: dict[int, str] = {}
+    """No GPU index is listed by two native models, nor taken by an engine model (verl-omni's rule:
+    a device is one deployment's, and engines are carved out first)."""
+    owner: dict[int, str] = engine_allocation(models)
     for name, model in models.items():
         given = model.get("placement") if is_native(model) else None
         for device in given.get("devices", []) if isinstance(given, Mapping) else []:
@@ -171,21 +140,19 @@ def check_devices(models: Mapping[str, Any]) -> None:
                 owner[device] = name
 
 
-def _env(where: str, model: Mapping[str, Any]) -> str | None:
-    env = model.get("env")
-    if env is None and "python_executable" not in model:
+def check_pool(models: Mapping[str, Any], common: Mapping[str, Any]) -> None:
+    """With a dedicated reward pool (`reward.reward_model.enable_resource_pool`), every GPU the
+    named models take lies inside it (`n_gpus_per_node x nnodes` of `reward.reward_model`)."""
+    if not common.get("enable_resource_pool") or "n_gpus_per_node" not in common:
+        return
+    pool = int(common["n_gpus_per_node"]) * int(common.get("nnodes", 1))
+    used = set(engine_allocation(models))
+    for model in models.values():
+        given = model.get("placement") if is_native(model) else None
+        devices = given.get("devices", []) if isinstance(given, Mapping) else []
+        used |= {d for d in devices if isinstance(d, int) and not isinstance(d, bool)}
+    if used and max(used) >= pool:
         raise ConfigError(
-            f"{where}: say which scorer env the model runs in (`env: NAME`, or "
-            f"`python_executable:`)"
+            f"reward.models: GPUs {sorted(used)} do not fit in the reward pool of {pool} GPUs "
+            f"(reward.reward_model.n_gpus_per_node x nnodes)"
         )
-    if env is not None and not isinstance(env, str):
-        raise ConfigError(f"{where}.env names a scorer env, got {env!r}")
-    return env
-
-
-def _process(model: Mapping[str, Any]) -> dict[str, Any]:
-    process = dict(model.get("process") or {})
-    process.update(
-        {key: model[key] for key in ("python_executable", "extra_import_paths") if key in model}
-    )
-    return process

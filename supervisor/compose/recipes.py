@@ -29,8 +29,9 @@ from pydantic import BaseModel, ValidationError
 
 from scorers.registry import import_dotted
 from supervisor.backend import RewardBackend
+from supervisor.compose.engine_recipe import engine_backends, engine_terms, is_engine
 from supervisor.compose.ff_recipe import ff_panels
-from supervisor.compose.native_recipe import is_native, native_terms
+from supervisor.compose.native_recipe import check_pool, is_native, native_terms
 from supervisor.compose.panel import BackendPool, PanelTerm, RewardPanel
 from supervisor.compose.recipe_lines import line_of, line_of_message
 from supervisor.config import (
@@ -272,14 +273,15 @@ def _from_verl_omni(reward: Mapping[str, Any]) -> Recipe:
     models = reward.get("models") or {}
     if not isinstance(models, Mapping):
         raise ConfigError("reward.models must be a mapping of named models")
+    common = _common_reward_model(reward, models)
     group_size = reward.get("group_size")
     backends = {
         name: _verl_model(name, model, group_size)
         for name, model in models.items()
-        if not is_native(model)
+        if not is_native(model) and not is_engine(model)
     }
     native = {name: model for name, model in models.items() if is_native(model)}
-    named = _VerlModels(models, backends, native, group_size)
+    named = _VerlModels(models, backends, native, engine_backends(models, common), group_size)
     train = named.panel(reward.get("reward_functions"), "reward.reward_functions")
     if train is None:
         raise ConfigError("reward.reward_functions is empty")
@@ -290,6 +292,21 @@ def _from_verl_omni(reward: Mapping[str, Any]) -> Recipe:
     )
 
 
+def _common_reward_model(reward: Mapping[str, Any], models: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`reward.reward_model`: the engine models' common defaults (`model_path`, `rollout`); its
+    single global model (`enable: true`) cannot stand beside named models (verl-omni's rule)."""
+    common = reward.get("reward_model") or {}
+    if not isinstance(common, Mapping):
+        raise ConfigError("reward.reward_model must be a mapping")
+    if common.get("enable") and models:
+        raise ConfigError(
+            "reward.reward_model.enable: true with reward.models: the single global reward model "
+            "and named models cannot run together; set reward.reward_model.enable: false"
+        )
+    check_pool(models, common)
+    return common
+
+
 @dataclass(frozen=True)
 class _VerlModels:
     """A verl-omni recipe's named models, as its reward functions bind them."""
@@ -297,6 +314,7 @@ class _VerlModels:
     models: Mapping[str, Any]
     backends: Mapping[str, dict[str, Any]]  # managed, local or remote models: their backend configs
     native: Mapping[str, Any]  # `backend: native` models: their entries
+    engines: Mapping[str, dict[str, Any]]  # `backend: engine` models: their backends, no functions
     group_size: int | None
 
     def panel(self, functions: Mapping[str, Any] | None, where: str) -> PanelConfig | None:
@@ -311,7 +329,9 @@ class _VerlModels:
                     f"{where}.{name} must be a mapping (model, weight, required, ...)"
                 )
         bound_native = [(n, fn) for n, fn in entries if fn.get("model", n) in self.native]
-        on_native = native_terms(self.native, bound_native, where)
+        on_native = native_terms(self.models, bound_native, where)
+        bound_engine = [(n, fn) for n, fn in entries if fn.get("model", n) in self.engines]
+        on_native.update(engine_terms(self.engines, bound_engine, where))
         terms = [
             on_native[name] if name in on_native else self._term(name, fn, where)
             for name, fn in entries
