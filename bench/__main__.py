@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench import (
+    engine,
     health_under_load,
     hostile_math,
     jpeg_json_peer,
@@ -398,6 +399,13 @@ LINES: list[Line] = [
         (" 2 children: all ready in", "PSS"),
         {"counts": (1, 2)},
         ("math",),
+    ),
+    Line(
+        "engine",
+        engine.main_line,
+        ("spawn-to-ready", "asleep", "same rewards"),
+        {"rounds": 1},
+        ("engine",),
     ),
     *[_cold_start(env) for env in ("image", "math", "embed", "ocr")],
     Line(

@@ -21,7 +21,9 @@ device's `mem_get_info` where it says so):
   bytes against what the children report;
 - text_similarity, when the children's python has the MiniLM package, else why not;
 - failure paths: an onload that runs out of device memory leaves residency `unknown` and scoring
-  refused (409) until an onload succeeds; kill -9 of a child holding device memory gives it back.
+  refused (409) until an onload succeeds; kill -9 of a child holding device memory gives it back;
+- a verl-omni engine model (`transformers serve`, bench/gpu_engine.py): spawn-to-ready, device
+  memory awake and asleep (all of it back: restart mode), wake and sleep times.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.gpu_engine import engine_rows
 from supervisor import (
     ManagedScorerProcessBackend,
     RewardItem,
@@ -354,10 +357,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sizes", default="1024,8192", help="torch_probe sizes in MiB")
     parser.add_argument(
+        "--engine-python",
+        help="the engine model's interpreter (transformers[serving]; default: the children's)",
+    )
+    parser.add_argument(
         "--require-gpu", action="store_true", help="exit 2 (not 0) when there is no CUDA device"
     )
     parser.add_argument(
-        "--deadline-s", type=float, default=170.0, help="dump every thread's stack and exit past it"
+        "--deadline-s", type=float, default=300.0, help="dump every thread's stack and exit past it"
     )
     args = parser.parse_args(argv)
     began = time.monotonic()
@@ -418,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
                 "skipped",
                 "cpu: no device memory",
             )
+        engine_python = Path(args.engine_python) if args.engine_python else python
+        engine_rows(check.row, engine_python, args.site, args.device, used)
     finally:
         for backend in list(check.live):
             backend.close()
