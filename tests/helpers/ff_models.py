@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -76,6 +77,19 @@ class Brightness(PointwiseRewardModel):
 
 def brightness(pixels: np.ndarray) -> float:
     return float(pixels.astype(np.float64).mean() / 255.0)
+
+
+class SharedBrightness(Brightness):
+    """Brightness that journals each load (its pid) and, per call, the `config.name` it holds and
+    the size of the call: the train/eval sharing test counts loads and chunks."""
+
+    def __init__(self, config: RewardArguments, accelerator: Any) -> None:
+        super().__init__(config, accelerator)
+        _journal(config, {"load": os.getpid(), "name": config.name})
+
+    def __call__(self, **kwargs: Any) -> RewardModelOutput:
+        _journal(self.config, {"call": len(kwargs["prompt"]), "name": self.config.name})
+        return super().__call__(**kwargs)
 
 
 class UnsafeBrightness(Brightness):
