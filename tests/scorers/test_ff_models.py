@@ -458,6 +458,9 @@ def test_short_names_register_model_classes_and_refuse_what_would_be_ambiguous()
     try:
         assert register_reward_model("Bright_Test")(Brightness) is Brightness  # FF's decorator
         assert reward_model_path("bright_test") == f"{HELPERS}:Brightness"  # any case
+        entry = {"name": "b", "reward_model": "BRIGHT_TEST", "env": "image"}
+        (term,) = load_recipe({"rewards": [entry]}).train.terms
+        assert term.backend.scorer.params["model"] == f"{HELPERS}:Brightness"  # the child imports
         with pytest.raises(RewardModelConfigError, match="already registered"):
             register_reward_model("bright_test", f"{HELPERS}:WrongLength")
         with pytest.raises(RewardModelConfigError, match="scorer of this project's registry"):
