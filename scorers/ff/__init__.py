@@ -15,6 +15,12 @@ from scorers.ff.models import (
     RewardModelOutput,
     RewardModelTimeout,
 )
+from scorers.ff.registry import (
+    register_reward_model,
+    registered_reward_models,
+    reward_model_path,
+    unregister_reward_model,
+)
 
 __all__ = [
     "Accelerator",
@@ -27,4 +33,8 @@ __all__ = [
     "RewardModelError",
     "RewardModelOutput",
     "RewardModelTimeout",
+    "register_reward_model",
+    "registered_reward_models",
+    "reward_model_path",
+    "unregister_reward_model",
 ]

@@ -138,13 +138,17 @@ class LocalRewardBackend(Component):
         return ChunkAnswer(terms, result.diagnostics, failed, term_failed, not_applicable)
 
     def score(self, request: RewardRequest) -> Outcome:
+        return self.score_batched(request, self.request_batch_size)
+
+    def score_batched(self, request: RewardRequest, batch_size: int) -> Outcome:
+        """`score`, its chunks of at most `batch_size` items (a `BatchView` sharing this scorer)."""
         with self._serial:
             if self._closed:
                 raise RuntimeError("LocalRewardBackend is closed")
             try:
                 plan = CallPlan(
                     self.shape,
-                    self.request_batch_size,
+                    batch_size,
                     self.required_rewards,
                     self.weights,
                     self.group_size,

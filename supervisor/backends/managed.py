@@ -765,13 +765,17 @@ class ManagedScorerProcessBackend(Component):
     def score(self, request: RewardRequest) -> Outcome:
         """Every chunk of one call goes to the same child: one that dies mid-call fails the call
         (its other chunks are never sent to a replacement behind the caller's back)."""
+        return self.score_batched(request, self.spec.client.request_batch_size)
+
+    def score_batched(self, request: RewardRequest, batch_size: int) -> Outcome:
+        """`score`, its chunks of at most `batch_size` items (a `BatchView` sharing this child)."""
         self._check_owner()
         with self._serial:
             serving = _once(lambda: self._serving(restart=True))
             client = self.spec.client
             plan = CallPlan(
                 self.shape,
-                client.request_batch_size,
+                batch_size,
                 self.required_rewards,
                 client.weights,
                 client.group_size,

@@ -14,7 +14,9 @@ calls `fail_step`). A step is two or three exchanges over a gloo group of its ow
 by `timeout_s`: members (ids, group ids), then, when a group spans ranks and must be scored
 whole, the fields of its candidates, then results. Every document carries the call number,
 the phase and the backend's signature, so ranks out of step are caught, never mixed. What
-travels are JSON documents as byte tensors: never pickles, never media.
+travels are JSON documents as byte tensors, never pickles; the media of a spanning group's
+candidates, when it has any, follow the fields as raw bytes in one more gather (`rank_media`) and
+are rebuilt in the scoring backend's arena (a child's shared segment).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from scorers.diagnostics import merge_term_reports
 from scorers.identity import digest
 from supervisor.arena import Arena
 from supervisor.backend import RewardBackend
+from supervisor.compose import rank_media
 from supervisor.composition import Component, component
 from supervisor.errors import (
     ConfigError,
@@ -46,7 +49,7 @@ from supervisor.shape import ScorerShape
 from supervisor.types import RewardItem, RewardRequest, RewardResponse
 
 log = logging.getLogger(__name__)
-# What a rebuilt item carries: every wire field that can travel as JSON. Media cannot.
+# What a rebuilt item carries as JSON: every wire field but its media (`rank_media` ships those).
 JSON_FIELDS = tuple(name for name in WIRE_FIELDS if name not in MEDIA_FIELDS)
 # over the slowest call a backend allows (boot plus one request), for the default bound
 MARGIN_S = 60.0
@@ -184,35 +187,57 @@ class DistributedRewards(Component):
             layout = _layout(gathered)
             rebuild = layout.spanning and (self._whole_groups or layout.group_size is not None)
             if rebuild:
-                media = [
-                    m[0] for g in gathered for m in g["members"] if m[1] in layout.spanning and m[2]
-                ]
-                if media:  # the same verdict on every rank: it comes from the exchange
-                    raise ConfigError(
-                        f"groups span ranks and must be scored whole here, but their items "
-                        f"carry media, which do not travel between ranks (ids {media[:4]}): "
-                        f"keep each group on one rank"
+                shipped, blobs = self._ship(items, layout, gathered)
+                with self.backend.arena() as arena:  # a child's shared segment, where it has one
+                    outcome = self._score(
+                        lambda: self._assigned(items, layout, shipped, (blobs, arena)), group_size
                     )
-                mine = [self._portable(item) for item in items if item.group_id in layout.spanning]
-                shipped = self._exchange("fields", {"items": mine})
-                outcome = self._score(lambda: self._assigned(items, layout, shipped), group_size)
             else:
                 outcome = self._score(lambda: items, group_size)
             answers = self._exchange("results", outcome)
             local_error = outcome.pop("_error", None)
             return self._finish([item.id for item in items], answers, layout, local_error)
 
+    def _ship(
+        self, items: list[RewardItem], layout: _Layout, gathered: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[Any]]:
+        """The spanning groups' items, to the ranks that score them: their fields as JSON with a
+        manifest of their arrays, then (only when any rank has media there) every rank's arrays
+        as one raw byte buffer (`rank_media`), never JSON."""
+        documents: list[dict[str, Any]] = []
+        arrays: list[Any] = []
+        offset = 0
+        for item in items:
+            owner = layout.spanning.get(item.group_id)  # type: ignore[arg-type]
+            if owner is not None and owner != self.rank:
+                document = self._portable(item)
+                document["media"], offset = rank_media.manifest(item, arrays, offset)
+                documents.append(document)
+        shipped = self._exchange("fields", {"items": documents})
+        media = any(m[2] for g in gathered for m in g["members"] if m[1] in layout.spanning)
+        if not media:  # the same on every rank: it comes from the members exchange
+            return shipped, [None] * self.world_size
+        return shipped, self._gather_raw("media", rank_media.buffer(arrays))
+
     def _assigned(
-        self, items: list[RewardItem], layout: _Layout, shipped: list[dict[str, Any]]
+        self,
+        items: list[RewardItem],
+        layout: _Layout,
+        shipped: list[dict[str, Any]],
+        media: tuple[list[Any], Arena],
     ) -> list[RewardItem]:
         """What this rank scores: its groups that stay on it, and the spanning groups it owns,
-        whole."""
+        whole (their media rebuilt from the buffers in the arena)."""
+        blobs, arena = media
         own = {item.id: item for item in items}
         rebuilt = {}
         for rank, document in enumerate(shipped):
             if rank != self.rank:
                 for fields in document["items"]:
                     if layout.spanning.get(fields.get("group_id")) == self.rank:
+                        described = fields.pop("media")
+                        if described:
+                            fields.update(rank_media.rebuilt(described, blobs[rank], arena, rank))
                         rebuilt[fields["id"]] = RewardItem.model_validate(fields)
         chosen = []
         # global order: a group's members as one process sees them
@@ -275,17 +300,23 @@ class DistributedRewards(Component):
         ).encode()
 
     def _gather(self, phase: str, payload: bytes) -> list[dict[str, Any]]:
-        """Every rank's payload, decoded, in rank order (sizes first: the buffers are padded to
-        the longest); RankLost, for good, when the collective fails."""
+        """Every rank's payload, decoded, in rank order; RankLost, for good, when the collective
+        fails."""
+        return [json.loads(bytes(buffer)) for buffer in self._gather_raw(phase, payload)]
+
+    def _gather_raw(self, phase: str, payload: bytes) -> list[Any]:
+        """Every rank's payload as a uint8 NumPy array, in rank order (sizes first: the buffers
+        are padded to the longest); RankLost, for good, when the collective fails."""
         import torch
 
         try:
             size = torch.tensor([len(payload)], dtype=torch.int64)
             sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
             self._dist.all_gather(sizes, size, group=self._group)
-            longest = max(int(s.item()) for s in sizes)
+            longest = max(1, *(int(s.item()) for s in sizes))  # a media buffer may be empty
             mine = torch.zeros(longest, dtype=torch.uint8)
-            mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            if payload:
+                mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
             buffers = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world_size)]
             self._dist.all_gather(buffers, mine, group=self._group)
         # gloo: a peer closed its connection, or the group's timeout passed
@@ -298,10 +329,7 @@ class DistributedRewards(Component):
             )
             raise self._broken from exc
         self.exchanged_bytes += sum(int(s.item()) for s in sizes)
-        return [
-            json.loads(bytes(b[: int(s.item())].numpy()))
-            for b, s in zip(buffers, sizes, strict=True)
-        ]
+        return [b[: int(s.item())].numpy() for b, s in zip(buffers, sizes, strict=True)]
 
     def _check_in_step(self, gathered: list[dict[str, Any]]) -> None:
         """RankLost, for good, when the ranks are not at the same call, step and phase, or wrap

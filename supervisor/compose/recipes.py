@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from scorers.registry import import_dotted
 from supervisor.backend import RewardBackend
+from supervisor.compose.batch_view import shared_key, term_backend
 from supervisor.compose.engine_recipe import engine_backends, engine_terms, is_engine
 from supervisor.compose.ff_recipe import ff_panels
 from supervisor.compose.native_recipe import check_pool, is_native, native_terms
@@ -450,20 +451,23 @@ def _token(config: RemoteBackendConfig | JobBackendConfig) -> str | None:
 
 def build_panel(config: PanelConfig, pool: BackendPool | None = None) -> RewardPanel:
     """A panel whose backends come from `pool` (a private one by default): terms with the same
-    backend configuration share one backend, whatever their weights."""
+    backend configuration share one backend, whatever their weights and request batch sizes
+    (`batch_view`)."""
     pool = pool if pool is not None else BackendPool()
+    configs = [term.backend.model_dump(mode="json") for term in config.terms]
     acquired = pool.acquire_all(
         [
             (
-                term.backend.model_dump(mode="json"),
+                shared_key(dumped),
                 lambda t=term: make_backend(t.backend, start=False),  # type: ignore[misc]
             )
-            for term in config.terms
+            for term, dumped in zip(config.terms, configs, strict=True)
         ]
     )
     try:
         terms = [
-            _panel_term(term, backend) for term, backend in zip(config.terms, acquired, strict=True)
+            _panel_term(term, term_backend(backend, dumped))
+            for term, backend, dumped in zip(config.terms, acquired, configs, strict=True)
         ]
         return RewardPanel(
             terms, release=lambda: _release_all(pool, acquired), **settings(config, leave={"terms"})

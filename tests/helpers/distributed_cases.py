@@ -130,6 +130,46 @@ def every_field_travels_and_an_empty_reference_too():
 
 
 @case
+def ff_groupwise_media_models_score_groups_spanning_ranks_whole():
+    """FF's recipe shape: groupwise image and video models in managed children (env `image`); group
+    g1 spans the ranks, its images and videos go to the rank that scores it, as raw bytes, and reach
+    its children through the shared segment."""
+    from supervisor import build_panels, load_recipe
+    from tests.helpers.ff_models import media_groups
+
+    helpers = "tests.helpers.ff_models"
+    place = {"env": "image", "extra_import_paths": [str(Path(__file__).resolve().parents[2])]}
+    journal = str(OUT / "ff-journal.jsonl")  # one path: params are the same on every rank
+    recipe = {
+        "rewards": [
+            {"name": "image_rank", "reward_model": f"{helpers}:GroupBrightnessRank", **place,
+             "journal": journal},
+            {"name": "video_rank", "reward_model": f"{helpers}:GroupVideoRank", **place,
+             "input_kind": "video", "weight": 0.5},
+        ]
+    }  # fmt: skip
+    everything = media_groups(12)
+    train, _ = build_panels(load_recipe(recipe))
+    with train:
+        scorer = DistributedRewards(train, timeout_s=60)
+        mine, world = scorer.compute_world_rewards(RewardRequest(items=shard(everything)))
+        lines = [json.loads(line) for line in Path(journal).read_text().splitlines()]
+        calls = [line["n"] for line in lines if line["pid"] == train.terms[0].backend.pid]
+        shared = [term.backend.transport_bytes() for term in train.terms]
+        alone = train.compute_rewards(RewardRequest(items=everything))
+        pids = [term.backend.pid for term in train.terms]
+    return {
+        "mine": dumped(mine),
+        "world": dumped(world),
+        "alone": dumped(alone),
+        "calls": calls,
+        "transport": [dict(counts) for counts in shared],
+        "exchanged_bytes": scorer.exchanged_bytes,
+        "pids": pids,
+    }
+
+
+@case
 def an_optional_term_fails_for_whole_groups():
     poison = LocalRewardBackend(
         "tests.helpers.fixture_scorers:Salted", {"poison": ["s7"]}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -76,6 +77,19 @@ class Brightness(PointwiseRewardModel):
 
 def brightness(pixels: np.ndarray) -> float:
     return float(pixels.astype(np.float64).mean() / 255.0)
+
+
+class SharedBrightness(Brightness):
+    """Brightness that journals each load (its pid) and, per call, the `config.name` it holds and
+    the size of the call: the train/eval sharing test counts loads and chunks."""
+
+    def __init__(self, config: RewardArguments, accelerator: Any) -> None:
+        super().__init__(config, accelerator)
+        _journal(config, {"load": os.getpid(), "name": config.name})
+
+    def __call__(self, **kwargs: Any) -> RewardModelOutput:
+        _journal(self.config, {"call": len(kwargs["prompt"]), "name": self.config.name})
+        return super().__call__(**kwargs)
 
 
 class UnsafeBrightness(Brightness):
@@ -178,3 +192,48 @@ def group_images(count: int, seed: int = 5) -> list[np.ndarray]:
     """Deterministic small RGB images of distinct brightness (the same in every env)."""
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 200, (6, 5, 3), dtype=np.uint8) + np.uint8(i * 6) for i in range(count)]
+
+
+class GroupBrightnessRank(GroupwiseRewardModel):
+    """Each candidate's brightness rank in its group, scaled to [0, 1], from PIL images (no torch:
+    env `image`); the distributed test ships its groups' images between ranks."""
+
+    required_fields = ("image",)
+
+    def __call__(self, image: list[Any], **kwargs: Any) -> RewardModelOutput:
+        _journal(self.config, {"n": len(image), "pid": os.getpid()})
+        return RewardModelOutput(rewards=scaled_ranks([brightness(np.asarray(i)) for i in image]))
+
+
+class GroupVideoRank(GroupwiseRewardModel):
+    """The same over each candidate's video (a list of PIL frames): their mean brightness."""
+
+    required_fields = ("video",)
+
+    def __call__(self, video: list[Any], **kwargs: Any) -> RewardModelOutput:
+        _journal(self.config, {"n": len(video)})
+        means = [float(np.mean([brightness(np.asarray(f)) for f in clip])) for clip in video]
+        return RewardModelOutput(rewards=scaled_ranks(means))
+
+
+def scaled_ranks(values: list[float]) -> list[float]:
+    ranks = np.argsort(np.argsort(values, kind="stable"), kind="stable")
+    return [float(rank) / max(1, len(values) - 1) for rank in ranks]
+
+
+def media_groups(count: int, group: int = 4) -> list[Any]:
+    """`count` items in groups of `group`, each with an image and a 2-frame video large enough
+    (27 KiB, 14 KiB) that a request's arrays take the shared segment; deterministic."""
+    from supervisor import RewardItem
+
+    rng = np.random.default_rng(11)
+    return [
+        RewardItem(
+            id=f"m{n}",
+            group_id=f"g{n // group}",
+            prompt=f"prompt {n // group}",
+            image=rng.integers(0, 256, (96, 96, 3), dtype=np.uint8),
+            video=rng.integers(0, 256, (2, 48, 48, 3), dtype=np.uint8),
+        )
+        for n in range(count)
+    ]

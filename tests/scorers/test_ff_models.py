@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import yaml
 
@@ -356,6 +357,7 @@ def test_an_ff_model_class_must_say_where_it_runs_and_registered_scorers_refuse_
     assert term.backend.scorer.params == {
         "model": f"{HELPERS}:Brightness",
         "params": {"threshold": 0.5},
+        "name": "m",  # FF's config.name: the entry's
     }
 
 
@@ -447,3 +449,61 @@ def test_a_wedged_child_is_restarted_under_the_policy_and_the_next_call_is_serve
     assert wait_until_gone([stuck], 10) == []  # killed, its stuck threads with it
     assert backend.compute_rewards(request([False, False, False])).rewards == [1.0, 2.0, 3.0]
     assert backend.pid != stuck and backend.restarts == 1
+
+
+def test_short_names_register_model_classes_and_refuse_what_would_be_ambiguous():
+    from scorers.ff import register_reward_model, reward_model_path, unregister_reward_model
+    from tests.helpers.ff_models import Brightness
+
+    try:
+        assert register_reward_model("Bright_Test")(Brightness) is Brightness  # FF's decorator
+        assert reward_model_path("bright_test") == f"{HELPERS}:Brightness"  # any case
+        entry = {"name": "b", "reward_model": "BRIGHT_TEST", "env": "image"}
+        (term,) = load_recipe({"rewards": [entry]}).train.terms
+        assert term.backend.scorer.params["model"] == f"{HELPERS}:Brightness"  # the child imports
+        with pytest.raises(RewardModelConfigError, match="already registered"):
+            register_reward_model("bright_test", f"{HELPERS}:WrongLength")
+        with pytest.raises(RewardModelConfigError, match="scorer of this project's registry"):
+            register_reward_model("mean_intensity", f"{HELPERS}:Brightness")
+        with pytest.raises(RewardModelConfigError, match="without '.' or ':'"):
+            register_reward_model("my.reward", f"{HELPERS}:Brightness")
+        with pytest.raises(RewardModelConfigError, match="not a reward model class"):
+            register_reward_model("plain")(dict)
+    finally:
+        unregister_reward_model("bright_test")
+    assert reward_model_path("bright_test") is None
+
+
+@pytest.mark.slow
+def test_train_and_eval_entries_of_one_model_share_one_child_at_their_own_batch_sizes(tmp_path):
+    """FF's recipe shape: a short name a module registered, in `rewards:` (batch 2) and
+    `eval_rewards:` (batch 4): one child, one load, config.name FF's, each entry's own chunks."""
+    from scorers.ff import register_reward_model, unregister_reward_model
+
+    journal = tmp_path / "shared.jsonl"
+    entry = {"reward_model": "Shared_Brightness", "env": "image", "dtype": "float32",
+             "extra_import_paths": [str(REPO_ROOT)], "journal": str(journal)}  # fmt: skip
+    recipe = {
+        "rewards": [{**entry, "name": "bright", "batch_size": 2}],
+        "eval_rewards": [{**entry, "name": "bright_eval", "batch_size": 4, "weight": 0.5}],
+    }
+    register_reward_model("shared_brightness", f"{HELPERS}:SharedBrightness")
+    items = _items()[:5]
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    try:
+        train, validation = build_panels(load_recipe(recipe))
+    finally:
+        unregister_reward_model("shared_brightness")
+    with train, validation:
+        children = [p for p in psutil.Process().children() if p.pid not in before]
+        assert len(children) == 1  # one child for both entries
+        got = train.compute_rewards(RewardRequest(items=items)).rewards
+        here = validation.compute_rewards(RewardRequest(items=items)).rewards
+    assert wait_until_gone([children[0].pid], 10.0) == []
+    assert got == pytest.approx([_hand(item) for item in items])
+    assert here == pytest.approx([0.5 * _hand(item) for item in items])
+    seen = _journal(journal)
+    assert [line["load"] for line in seen if "load" in line] == [children[0].pid]  # loaded once
+    assert [line["call"] for line in seen if "call" in line] == [2, 2, 1, 4, 1]
+    # FF: the shared model holds the first entry's config
+    assert {line["name"] for line in seen if "name" in line} == {"bright"}

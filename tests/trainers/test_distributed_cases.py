@@ -7,6 +7,7 @@ import json
 import subprocess
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.conftest import REPO_ROOT, env_python, launcher_free_env
@@ -68,6 +69,35 @@ def test_the_world_equals_one_process(seen, name):
         assert found["mine"]["rewards"] == found["alone"]["rewards"][6 * rank : 6 * rank + 6]
 
 
+def test_ff_groupwise_media_models_get_groups_spanning_ranks_whole_through_shared_memory(seen):
+    from tests.conftest import wait_until_gone
+    from tests.helpers.ff_models import brightness, media_groups, scaled_ranks
+
+    both = ranks(seen, "ff_groupwise_media_models_score_groups_spanning_ranks_whole")
+    items = media_groups(12)
+    hand = []
+    for start in range(0, 12, 4):  # groups g0, g1 (spans the ranks: m4, m5 | m6, m7), g2
+        group = items[start : start + 4]
+        image = scaled_ranks([brightness(item.image) for item in group])
+        video = scaled_ranks([float(np.mean([brightness(f) for f in it.video])) for it in group])
+        hand += [i + 0.5 * v for i, v in zip(image, video, strict=True)]
+    media = items[0].image.nbytes + items[0].video.nbytes
+    for rank, found in enumerate(both):
+        assert found["world"]["rewards"] == pytest.approx(hand)
+        assert found["world"] == found["alone"]  # one process scoring every whole group
+        assert found["mine"]["rewards"] == pytest.approx(hand[6 * rank : 6 * rank + 6])
+        assert wait_until_gone(found["pids"], 10.0) == []  # each rank's children
+    owner, other = both
+    assert owner["calls"] == [4, 4] and other["calls"] == [4]  # whole groups, g1 on rank 0
+    # m6 and m7's arrays crossed as raw bytes (as base64 JSON they would take 4/3 of them), and
+    # rank 0's children got all 8 items' arrays through the shared segment
+    for found in both:
+        assert 2 * media < found["exchanged_bytes"] < 2 * media * 4 / 3
+    for transport in owner["transport"]:
+        shared = transport.get("shared_copied", 0) + transport.get("shared_in_place", 0)
+        assert shared >= 8 * media and transport.get("in_band", 0) < media, transport
+
+
 def test_an_optional_terms_failure_covers_whole_groups_never_part_of_one(seen):
     for found in ranks(seen, "an_optional_term_fails_for_whole_groups"):
         world = found["world"]
@@ -122,3 +152,31 @@ def test_a_stuck_peer_is_lost_within_the_bound(seen):
     assert 2.5 < waiting["call"]["seconds"] < 6.0, waiting  # the bound, not gloo's 30 minutes
     assert late["call"]["error"] == "RankLost"
     assert "value" not in late["call"]
+
+
+def test_rank_media_rebuilds_arrays_bit_for_bit_and_refuses_a_manifest_past_its_buffer():
+    from supervisor.arena import HeapArena
+    from supervisor.compose import rank_media
+    from supervisor.errors import RewardContractError
+    from supervisor.types import RewardItem
+
+    rng = np.random.default_rng(2)
+    item = RewardItem(
+        id="a",
+        image=rng.integers(0, 256, (4, 5, 3), dtype=np.uint8),
+        condition_images=[rng.integers(0, 256, (2, 3, 3), dtype=np.uint8)] * 2,
+        audio=rng.standard_normal((2, 7)).astype(np.float32),
+        audio_sample_rate=8000,
+    )
+    arrays: list[np.ndarray] = []
+    described, end = rank_media.manifest(item, arrays, 0)
+    blob = np.frombuffer(rank_media.buffer(arrays), dtype=np.uint8)
+    assert end == blob.size
+    fields = rank_media.rebuilt(described, blob, HeapArena(), 1)
+    assert np.array_equal(fields["image"], item.image)
+    assert np.array_equal(fields["audio"], item.audio) and fields["audio"].dtype == np.float32
+    assert [a.tolist() for a in fields["condition_images"]] == [
+        a.tolist() for a in item.condition_images
+    ]
+    with pytest.raises(RewardContractError, match="rank 1 shipped media 'audio'"):
+        rank_media.rebuilt(described, blob[:-4], HeapArena(), 1)
