@@ -100,4 +100,6 @@ def test_the_carried_wheels_are_the_pinned_list_for_the_gpu_machines_python(tmp_
     assert names == pinned
     # pydantic_core, built for it
     assert any("cp312" in w.name and "manylinux" in w.name for w in wheels)
-    assert sum(w.stat().st_size for w in wheels) < 8 * MIB  # travels well inside the 64 MiB tree
+    # the engine rows' transformers[serving] is most of it (32 MB); with the tree (about 4 MB) it
+    # travels inside the device's 64 MiB carry
+    assert sum(w.stat().st_size for w in wheels) < 40 * MIB
