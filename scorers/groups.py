@@ -87,6 +87,25 @@ def check_ids(items: Sequence[Grouped]) -> None:
         seen[item.id] = index
 
 
+class IncompleteGroups(GroupInputError):
+    """Groups of a declared size were asked for and some are not complete: refused whole, before
+    any scorer runs. `counts`: each incomplete group's id -> how many candidates it has."""
+
+    def __init__(
+        self, group_size: int, counts: Mapping[str, int], ids: Mapping[str, list[str]]
+    ) -> None:
+        self.group_size, self.counts = group_size, dict(counts)
+        listed = "; ".join(
+            f"group {group_id!r} has {count} items, expected group_size {group_size} "
+            f"(ids {ids[group_id][:8]})"
+            for group_id, count in counts.items()
+        )
+        super().__init__(
+            f"{listed}: incomplete groups are never scored (group ids {list(counts)[:8]}, "
+            f"{len(counts)} of them)"
+        )
+
+
 def partition(
     items: Sequence[Grouped],
     group_size: int | None,
@@ -94,27 +113,31 @@ def partition(
     scorer: str,
     groupwise: bool = False,
     ragged: bool = False,
+    elsewhere: Mapping[str, int] | None = None,
 ) -> list[list[int]]:
     """Item positions by group, in order of first appearance; an ungrouped item is its own group.
 
-    Refuses, naming the id or group: duplicate or missing ids; a group whose size is not
-    `group_size` (unless the scorer takes ragged groups); an item without a group for a
-    scorer that needs groups; candidates whose common inputs differ.
+    Refuses, naming the id or group: duplicate or missing ids; a group whose size is not a
+    declared `group_size` (whatever the scorer, pointwise and ragged ones included: `ragged` only
+    lets a groupwise scorer go without a declared size); an item without a group for a scorer that
+    needs groups; candidates whose common inputs differ. `elsewhere`: group id -> its candidates
+    scored by other ranks in this step (DistributedRewards), counted toward its size.
     """
     check_ids(items)
     _check_group_size(group_size, scorer=scorer, groupwise=groupwise, ragged=ragged)
-    check_size = group_size is not None and not ragged
-    order = _by_group_id(items, group_size if check_size else None, scorer)
+    order = _by_group_id(items, group_size, scorer)
+    counts: dict[str, int] = {}
+    ids: dict[str, list[str]] = {}
     for members in order:
         group_id = items[members[0]].group_id
         if group_id is None:
             continue
-        if check_size and len(members) != group_size:
-            raise GroupInputError(
-                f"group {group_id!r} has {len(members)} items, expected group_size {group_size} "
-                f"(ids {[items[i].id for i in members][:8]}): incomplete groups are never scored"
-            )
+        count = len(members) + (elsewhere or {}).get(group_id, 0)
+        if group_size is not None and count != group_size:
+            counts[group_id], ids[group_id] = count, [items[i].id for i in members]
         _check_common_inputs(items, members, group_id)
+    if counts and group_size is not None:
+        raise IncompleteGroups(group_size, counts, ids)
     return order
 
 

@@ -17,9 +17,14 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from scorers.diagnostics import merge_reports, report
-from scorers.groups import GroupInputError, pack_chunks, partition
+from scorers.groups import GroupInputError, IncompleteGroups, pack_chunks, partition
 from supervisor.assembly import assemble_response, terms_failed
-from supervisor.errors import RewardContractError, ScorerRequestError
+from supervisor.errors import (
+    GroupsIncomplete,
+    GroupSizeConflict,
+    RewardContractError,
+    ScorerRequestError,
+)
 from supervisor.fanout import on_each
 from supervisor.joined import items_failed
 from supervisor.outcome import Outcome
@@ -66,33 +71,56 @@ class CallPlan:
         return calls if self.max_in_flight is None else min(calls, self.max_in_flight)
 
 
-def request_group_size(request: RewardRequest, configured: int | None) -> int | None:
-    """The group size declared by the request or the config; two different ones are refused."""
+def request_group_size(
+    request: RewardRequest, configured: int | None, where: str = "backend"
+) -> int | None:
+    """The group size declared by the config, else by the request; a request that declares
+    another size than the configured one is refused (GroupSizeConflict): it never overrides it."""
     if (
         request.group_size is not None
         and configured is not None
         and request.group_size != configured
     ):
-        raise ScorerRequestError(
-            f"request declares group_size {request.group_size}, the backend's config {configured}",
-            kind="bad_input",
-        )
-    return request.group_size if request.group_size is not None else configured
+        raise GroupSizeConflict(request.group_size, configured, where)
+    return configured if configured is not None else request.group_size
 
 
 def request_groups(
     request: RewardRequest, shape: ScorerShape, group_size: int | None
 ) -> list[list[int]]:
     """The request's groups as the scorer takes them (positions), checked: the one place a
-    GroupInputError becomes the caller's ScorerRequestError."""
+    GroupInputError becomes the caller's ScorerRequestError (GroupsIncomplete for groups that
+    are not of the declared size, whatever the scorer)."""
+    return _partitioned(
+        request,
+        group_size,
+        scorer=shape.name,
+        groupwise=shape.groupwise,
+        ragged=shape.ragged_groups,
+    )
+
+
+def check_groups(request: RewardRequest, configured: int | None, where: str) -> int | None:
+    """The call's group size (see `request_group_size`), its groups checked complete before
+    anything is scored: for backends and composites that do not cut chunks themselves."""
+    group_size = request_group_size(request, configured, where)
+    _partitioned(request, group_size, scorer=where)
+    return group_size
+
+
+def _partitioned(
+    request: RewardRequest, group_size: int | None, *, scorer: str, **how: bool
+) -> list[list[int]]:
     try:
         return partition(
             request.items,
             group_size,
-            scorer=shape.name,
-            groupwise=shape.groupwise,
-            ragged=shape.ragged_groups,
+            scorer=scorer,
+            elsewhere=request.groups_elsewhere,
+            **how,
         )
+    except IncompleteGroups as exc:
+        raise GroupsIncomplete(str(exc), exc.group_size, exc.counts) from exc
     except GroupInputError as exc:
         raise ScorerRequestError(str(exc), kind="bad_input") from exc
 
@@ -104,8 +132,10 @@ def score_in_chunks(request: RewardRequest, plan: CallPlan, scorer: ChunkScorer)
     before anything is sent; a failure of a whole chunk is raised."""
     group_size = request_group_size(request, plan.group_size)
     chunks = pack_chunks(request_groups(request, plan.shape, group_size), plan.batch_size)
+    # groups spanning ranks were checked whole here: their part travels without the size
+    sent_size = None if request.groups_elsewhere else group_size
     answers = score_chunks(
-        [[request.items[i] for i in chunk] for chunk in chunks], scorer, group_size, plan.at_once
+        [[request.items[i] for i in chunk] for chunk in chunks], scorer, sent_size, plan.at_once
     )
     merged = Merged.of(len(request.items), chunks, answers)
     scored = np.array([item_id not in merged.failed for item_id in request.ids], dtype=bool)

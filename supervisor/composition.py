@@ -87,14 +87,16 @@ class Component(RewardBackend):
         grading workers): a server over it (`serve --recipe`) says ready only once none is."""
         return any(component(member).warming() for member in self.members())
 
-    def needs_whole_groups(self) -> bool:
+    def needs_whole_groups(self, sizes_checked: bool = False) -> bool:
         """Whether scoring a group's candidates apart could change a reward or refuse a call: a
-        configured group size, or a groupwise (or unknown) scorer anywhere inside."""
-        if self.group_size is not None:
+        configured group size, or a groupwise (or unknown) scorer anywhere inside.
+        `sizes_checked`: the caller checks each group's size over the whole group itself
+        (DistributedRewards, across ranks), so a configured size alone is no reason."""
+        if self.group_size is not None and not sizes_checked:
             return True
         members = self.members()
         if members:
-            return any(component(member).needs_whole_groups() for member in members)
+            return any(component(member).needs_whole_groups(sizes_checked) for member in members)
         return self.shape is None or self.shape.groupwise
 
     @property

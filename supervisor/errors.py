@@ -20,6 +20,8 @@ raised once, at the trainer's boundary. Every class has one parent:
                                     others)
     |   |   +-- JobItemsFailed      ... by a job service (`errors`: each item's JobError)
     |   +-- ScorerTermsFailed       some terms failed alone (read-only `response`: every item)
+    |   +-- GroupsIncomplete        groups not of the declared size (`group_size`, `counts`)
+    |   +-- GroupSizeConflict       a request's group size against the configured one
     +-- ScorerUnavailable           a remote server cannot be reached
     +-- RewardContractError         rewards broke the contract
     |   +-- ScorerIdentityChanged   an answer of another scorer identity
@@ -176,6 +178,30 @@ class ScorerRequestError(ScorerError):
         self.status = status
         self.kind = kind
         super().__init__(message, record)
+
+
+class GroupsIncomplete(ScorerRequestError):
+    """A declared group size that the request's groups do not have: refused before any scorer
+    runs, whatever the backend or scorer (pointwise ones included). `group_size`, and `counts`:
+    each incomplete group's id -> how many candidates it has."""
+
+    def __init__(self, message: str, group_size: int, counts: dict[str, int]) -> None:
+        super().__init__(message, kind="bad_input")
+        self.group_size, self.counts = group_size, counts
+
+
+class GroupSizeConflict(ScorerRequestError):
+    """A request declares a group size other than the one configured: a request never overrides
+    the config. `requested`, `configured`: the two sizes."""
+
+    def __init__(self, requested: int, configured: int, where: str) -> None:
+        super().__init__(
+            f"request declares group_size {requested}, the {where}'s config {configured}: a "
+            f"request cannot override a configured group size (drop it from the request, or "
+            f"configure {requested})",
+            kind="bad_input",
+        )
+        self.requested, self.configured = requested, configured
 
 
 class ScorerItemsFailed(ScorerRequestError):

@@ -174,6 +174,9 @@ class RewardRequest(BaseModel):
     set here or in the backend's config, a group of another size is refused.
     `step`: the trainer's step this batch belongs to, when the trainer says. It never reaches a
     scorer; DistributedRewards checks it against the other ranks' (a rank out of step is caught).
+    `groups_elsewhere`: group id -> how many of its candidates other ranks score in this step,
+    counted toward its size. DistributedRewards sets it for a group that spans ranks and is
+    scored where each candidate is (pointwise scoring); a trainer leaves it empty.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -181,6 +184,7 @@ class RewardRequest(BaseModel):
     items: list[RewardItem] = Field(min_length=1)
     group_size: int | None = Field(default=None, gt=0)
     step: int | None = Field(default=None, ge=0)
+    groups_elsewhere: dict[str, Annotated[int, Field(gt=0)]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _unique_ids(self) -> RewardRequest:

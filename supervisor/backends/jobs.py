@@ -46,6 +46,7 @@ from supervisor.backends.job_ids import Claim, JobIds, new_call
 from supervisor.backends.spool import Spool, Spooled, SpoolWriteFailed
 from supervisor.child import ranks
 from supervisor.child.client import MAX_CONNECTIONS, HttpxTransport
+from supervisor.chunks import check_groups
 from supervisor.composition import Component
 from supervisor.config import JobBackendConfig, settings
 from supervisor.errors import (
@@ -292,7 +293,8 @@ class JobRewardBackend(Component):
         # this call's: interrupt() sets it (and replaces it for later calls)
         interrupted = self._interrupted
         call = new_call()
-        # bad input: nothing is sent
+        # bad input: nothing is sent (incomplete groups of a declared size included)
+        check_groups(request, self.group_size, "job backend")
         arrays = [service_array(item, self.media_type) for item in request.items]
         try:
             outcomes = on_each(

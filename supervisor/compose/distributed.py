@@ -38,6 +38,7 @@ from supervisor.compose import rank_media
 from supervisor.composition import Component, component
 from supervisor.errors import (
     ConfigError,
+    GroupsIncomplete,
     RankFailed,
     RankLost,
     RewardContractError,
@@ -105,6 +106,9 @@ class DistributedRewards(Component):
         self._trainer_step: int | None = None
         self._broken: RankLost | None = None
         self._whole_groups = component(backend).needs_whole_groups()
+        # pointwise scoring: a spanning group's candidates are scored where they are (WFM: one
+        # trajectory per rank, media that never travel), its size checked over the world
+        self._apart = not component(backend).needs_whole_groups(sizes_checked=True)
         leaves = component(backend).leaves()
         self._signature = digest(
             [self._whole_groups, [repr(component(leaf).shape) for leaf in leaves]]
@@ -185,7 +189,11 @@ class DistributedRewards(Component):
             if failed:
                 raise self._rank_failed(failed, failure)
             layout = _layout(gathered)
-            rebuild = layout.spanning and (self._whole_groups or layout.group_size is not None)
+            rebuild = (
+                layout.spanning
+                and not self._apart
+                and (self._whole_groups or layout.group_size is not None)
+            )
             if rebuild:
                 shipped, blobs = self._ship(items, layout, gathered)
                 with self.backend.arena() as arena:  # a child's shared segment, where it has one
@@ -193,7 +201,7 @@ class DistributedRewards(Component):
                         lambda: self._assigned(items, layout, shipped, (blobs, arena)), group_size
                     )
             else:
-                outcome = self._score(lambda: items, group_size)
+                outcome = self._score(lambda: items, group_size, _elsewhere(items, layout))
             answers = self._exchange("results", outcome)
             local_error = outcome.pop("_error", None)
             return self._finish([item.id for item in items], answers, layout, local_error)
@@ -256,7 +264,10 @@ class DistributedRewards(Component):
         return document
 
     def _score(
-        self, build: Callable[[], Sequence[RewardItem]], group_size: int | None
+        self,
+        build: Callable[[], Sequence[RewardItem]],
+        group_size: int | None,
+        elsewhere: dict[str, int] | None = None,
     ) -> dict[str, Any]:
         """Score what `build` gives; any error is reported to the other ranks, never raised before
         the exchange."""
@@ -265,7 +276,12 @@ class DistributedRewards(Component):
             if not items:
                 return {"ok": True, "response": None}
             response = self.backend.compute_rewards(
-                RewardRequest(items=items, group_size=group_size, step=self._trainer_step)
+                RewardRequest(
+                    items=items,
+                    group_size=group_size,
+                    step=self._trainer_step,
+                    groups_elsewhere=elsewhere or {},
+                )
             )
             # plain JSON: what the exchange can carry
             document = json.loads(response.model_dump_json())
@@ -442,6 +458,38 @@ class _Layout:
         self.group_size = group_size
 
 
+def _elsewhere(items: list[RewardItem], layout: _Layout) -> dict[str, int]:
+    """Group id -> its candidates on other ranks, for this rank's groups that span ranks and are
+    scored where each candidate is: their size is checked over the world (RewardRequest)."""
+    world: dict[str, int] = {}
+    for _item_id, group_id, _rank in layout.order:
+        if group_id in layout.spanning:
+            world[group_id] = world.get(group_id, 0) + 1
+    here: dict[str, int] = {}
+    for item in items:
+        if item.group_id in layout.spanning:
+            here[item.group_id] = here.get(item.group_id, 0) + 1
+    return {group_id: world[group_id] - count for group_id, count in here.items()}
+
+
+def _check_world_sizes(
+    group_size: int, counts: dict[str, int], ranks_of: dict[str, list[int]]
+) -> None:
+    """GroupsIncomplete, on every rank alike, naming each group not of the declared size."""
+    wrong = {group_id: count for group_id, count in counts.items() if count != group_size}
+    if wrong:
+        listed = "; ".join(
+            f"group {group_id!r} has {count} items over ranks {ranks_of[group_id]}, expected "
+            f"group_size {group_size}"
+            for group_id, count in wrong.items()
+        )
+        raise GroupsIncomplete(
+            f"{listed}: incomplete groups are never scored (group ids {list(wrong)[:8]})",
+            group_size,
+            wrong,
+        )
+
+
 def _layout(gathered: list[dict[str, Any]]) -> _Layout:
     sizes = {g["group_size"] for g in gathered if g["members"]}
     if len(sizes) > 1:
@@ -470,13 +518,7 @@ def _layout(gathered: list[dict[str, Any]]) -> _Layout:
                 if rank not in held:
                     held.append(rank)
     if group_size is not None:
-        for group_id, count in counts.items():
-            if count != group_size:
-                raise ScorerRequestError(
-                    f"group {group_id!r} has {count} items over ranks {ranks_of[group_id]}, "
-                    f"expected group_size {group_size}: incomplete groups are never scored",
-                    kind="bad_input",
-                )
+        _check_world_sizes(group_size, counts, ranks_of)
     spanning_groups = [g for g, held in ranks_of.items() if len(held) > 1]
     # each spanning group is scored by one of its ranks, in turn, so no rank scores them all
     spanning = {g: ranks_of[g][n % len(ranks_of[g])] for n, g in enumerate(spanning_groups)}

@@ -21,6 +21,7 @@ from child_runtime.protocol.wire import RESIDENCY_FAILED
 from scorers.diagnostics import check_name
 from scorers.identity import canonical_json, digest
 from supervisor.backend import RewardBackend
+from supervisor.chunks import check_groups, request_group_size
 from supervisor.compose.build import build_all
 from supervisor.composition import Component, component, outcome_of
 from supervisor.errors import (
@@ -229,13 +230,20 @@ class RewardPanel(Component):
             ]
         return [call for call in calls if call.positions], weights
 
+    def _sized(self, request: RewardRequest) -> RewardRequest:
+        """The request with the panel's group size, its groups checked complete before any term
+        scores (every backend, a trainer's own included); a request that declares another size
+        than the panel's is refused (GroupSizeConflict)."""
+        group_size = request_group_size(request, self.group_size, "panel")
+        if group_size is None:
+            return request
+        check_groups(request, group_size, "panel")
+        return request.model_copy(update={"group_size": group_size})
+
     def score(self, request: RewardRequest) -> Outcome:
         if self._closed:
             raise RuntimeError("RewardPanel is closed")
-        if request.group_size is None and self.group_size is not None:
-            request = RewardRequest(
-                items=request.items, group_size=self.group_size, step=request.step
-            )
+        request = self._sized(request)
         calls, weights = self._plan(request)
         outcomes = self._score_concurrently(request, calls)
         got = _Gathered({t.name: [None] * len(request.items) for t in self.terms})
@@ -398,7 +406,12 @@ class RewardPanel(Component):
             share = [request.items[p] for p in call.positions]
             return outcome_of(
                 call.backend,
-                RewardRequest(items=share, group_size=request.group_size, step=request.step),
+                RewardRequest(
+                    items=share,
+                    group_size=request.group_size,
+                    step=request.step,
+                    groups_elsewhere=request.groups_elsewhere,
+                ),
             )
 
         def interrupt() -> None:  # Ctrl-C while the backends score: end what can be ended
@@ -555,9 +568,11 @@ class RewardPanel(Component):
     def members(self) -> list[RewardBackend]:
         return list(self.backends)
 
-    def needs_whole_groups(self) -> bool:
+    def needs_whole_groups(self, sizes_checked: bool = False) -> bool:
         """Also when a term is optional: its failure must cover a group whole, never part of one."""
-        return super().needs_whole_groups() or any(not term.required for term in self.terms)
+        return super().needs_whole_groups(sizes_checked) or any(
+            not term.required for term in self.terms
+        )
 
     def onload(self) -> dict[str, Any]:
         return {str(i): backend.onload() for i, backend in enumerate(self.backends)}

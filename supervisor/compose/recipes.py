@@ -369,6 +369,7 @@ def _from_catalog(data: Mapping[str, Any]) -> Recipe:
         provider = selection.get("provider")
         if not provider:
             raise ConfigError(f"{where}.provider names the catalog entry to use")
+        _check_selection_keys(selection, where)
         scorer = {"name": provider, "catalog": catalog}
         for key in ("params", "revision", "identity_hash", "input_kind"):
             if key in selection:
@@ -388,7 +389,8 @@ def _from_catalog(data: Mapping[str, Any]) -> Recipe:
         terms = selection.get("terms") or list(weights) or [None]
         return PanelConfig.model_validate(
             {
-                "group_size": data.get("group_size"),
+                # validation's own (Posttrain: held-out validation has its own n_generation)
+                "group_size": selection.get("group_size", data.get("group_size")),
                 "terms": [
                     {
                         "name": term or provider,
@@ -405,6 +407,26 @@ def _from_catalog(data: Mapping[str, Any]) -> Recipe:
     if train is None:
         raise ConfigError("reward: selects the training provider from the catalog")
     return Recipe(train, panel(data.get("validation"), "validation"), style="catalog")
+
+
+SELECTION_KEYS = (
+    "provider",
+    "params",
+    "revision",
+    "identity_hash",
+    "input_kind",
+    "weights",
+    "terms",
+    "group_size",
+)
+
+
+def _check_selection_keys(selection: Mapping[str, Any], where: str) -> None:
+    """A key the selection does not know is refused, never dropped (a `group_size` that silently
+    did nothing would let every group size through)."""
+    unknown = sorted(set(selection) - set(SELECTION_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; a selection takes {SELECTION_KEYS}")
 
 
 def make_backend(

@@ -13,7 +13,13 @@ from child_runtime.protocol import wire
 from scorers.base import ScoreInputError, ScoreItem, score_checked
 from scorers.groups import GroupInputError, freeze, partition, strict_key
 from scorers.pointwise import map_candidates
-from supervisor import LocalRewardBackend, RewardItem, RewardRequest, ScorerRequestError
+from supervisor import (
+    GroupsIncomplete,
+    LocalRewardBackend,
+    RewardItem,
+    RewardRequest,
+    ScorerRequestError,
+)
 from supervisor.errors import ErrorStatus
 from tests.helpers.fixture_scorers import journal_calls
 
@@ -46,6 +52,38 @@ def test_an_incomplete_group_is_refused_naming_it(managed, trainer_python, where
         ) as info:
             backend.compute_rewards(RewardRequest(items=group("a", 3) + group("b", 2)))
     assert info.value.kind == "bad_input"
+
+
+def test_a_builtin_pointwise_rule_in_a_child_refuses_incomplete_groups(managed, trainer_python):
+    """Posttrain's rule: a declared size holds for every provider, the built-in pointwise rules
+    included; every incomplete group is named with its count, the call refused whole."""
+    backend = managed(trainer_python, "exact_match", client={"group_size": 2})
+    with pytest.raises(GroupsIncomplete) as info:
+        backend.compute_rewards(RewardRequest(items=group("a", 2) + group("b", 1) + group("c", 3)))
+    assert (info.value.group_size, info.value.counts, info.value.kind) == (
+        2,
+        {"b": 1, "c": 3},
+        "bad_input",
+    )
+    assert "group 'b' has 1 items, expected group_size 2 (ids ['b-0'])" in str(info.value)
+    complete = backend.compute_rewards(RewardRequest(items=group("a", 2, reference="c1")))
+    assert complete.rewards == [0.0, 1.0]  # exact_match: "c0" and "c1" against "c1"
+
+
+def test_a_pointwise_provider_never_sees_an_incomplete_group():
+    seen: list[str] = []
+
+    def record(candidate, context):
+        seen.append(candidate.id)
+        return 1.0
+
+    recording = map_candidates(record, name="recording")()
+    with LocalRewardBackend(recording, group_size=2) as backend:
+        with pytest.raises(GroupsIncomplete, match=r"group 'b' has 1 items"):
+            backend.compute_rewards(RewardRequest(items=group("a", 2) + group("b", 1)))
+        assert seen == []  # refused before any scorer code ran
+        assert backend.compute_rewards(RewardRequest(items=group("a", 2))).rewards == [1.0, 1.0]
+    assert seen == ["a-0", "a-1"]
 
 
 def test_the_child_refuses_an_incomplete_group_itself(managed, trainer_python):
@@ -181,7 +219,7 @@ def test_request_and_config_group_sizes_must_agree():
             backend.compute_rewards(RewardRequest(items=group("a", 3), group_size=3))
 
 
-def test_a_ragged_scorer_takes_groups_of_any_size():
+def test_a_ragged_scorer_takes_groups_of_any_size_until_a_size_is_declared():
     def length(candidate, context):
         return float(len(candidate.text))
 
@@ -191,7 +229,10 @@ def test_a_ragged_scorer_takes_groups_of_any_size():
         for g, n in (("a", 1), ("b", 3))
         for k in range(n)
     ]
-    assert score_checked(ragged, items, group_size=2).terms == {"length": [0.0, 0.0, 1.0, 2.0]}
+    assert score_checked(ragged, items).terms == {"length": [0.0, 0.0, 1.0, 2.0]}
+    # a declared size holds for a pointwise (ragged) scorer too: every incomplete group named
+    with pytest.raises(ScoreInputError, match=r"group 'a' has 1 items, expected group_size 2"):
+        score_checked(ragged, items, group_size=2)
 
 
 # -- the comparative judge -------------------------------------------------------------------------

@@ -170,6 +170,56 @@ def ff_groupwise_media_models_score_groups_spanning_ranks_whole():
 
 
 @case
+def wfm_one_trajectory_per_rank():
+    """Posttrain's online WFM: each rank owns one trajectory of a group that spans ranks, decodes
+    it with the model's decoder and scores it through the job service (media never travel); the
+    panel's group size is checked over the world."""
+    import tempfile
+
+    import torch
+
+    from supervisor.adapters.decoded_video import DecodedVideoRewards
+    from supervisor.backends.jobs import JobRewardBackend
+    from tests.helpers.fake_jobs import FakeJobService
+
+    class Decoder(torch.nn.Module):
+        output_range = "neg_one_to_one"
+        grad_seen: list[bool] = []
+
+        def forward(self, latent: torch.Tensor) -> torch.Tensor:
+            self.grad_seen.append(torch.is_grad_enabled())
+            return latent * 1.0
+
+    # rank r's trajectory holds values[r] everywhere: 204 and 102 as uint8, its mean its score
+    latents = [torch.full((1, 3, 2, 4, 5), v, requires_grad=True) for v in (0.6, -0.2)]
+    fast = {"poll_interval_s": 0.02, "poll_backoff_cap_s": 0.1, "request_timeout": 20.0}
+    with FakeJobService("t") as service, tempfile.TemporaryDirectory() as spool:
+        job = JobRewardBackend(service.url, "t", fps=16.0, spool_dir=spool, **fast)
+        with RewardPanel([PanelTerm("video", job)], group_size=2) as panel:
+            wfm = DistributedRewards(panel, timeout_s=30)
+            adapter = DecodedVideoRewards(wfm, Decoder())
+            mine = adapter.compute_rewards([latents[RANK]], [f"traj{RANK}"], ["g"])
+            uploads = len(service.uploads)
+            world = wfm.world_response
+            alone = DecodedVideoRewards(panel, Decoder()).compute_rewards(
+                latents, ["traj0", "traj1"], ["g", "g"]
+            )
+            before = len(service.uploads)
+            mine_bad = latents if RANK == 0 else latents[:1]  # a group of 3 over the ranks
+            ids = [f"bad{RANK}-{k}" for k in range(len(mine_bad))]
+            bad = outcome(lambda: adapter.compute_rewards(mine_bad, ids, ["b"] * len(ids)))
+            return {
+                "mine": dumped(mine),
+                "world": dumped(world),
+                "alone": dumped(alone),
+                "uploads": uploads,
+                "grad": Decoder.grad_seen[:3],
+                "bad": bad,
+                "bad_uploads": len(service.uploads) - before,
+            }
+
+
+@case
 def an_optional_term_fails_for_whole_groups():
     poison = LocalRewardBackend(
         "tests.helpers.fixture_scorers:Salted", {"poison": ["s7"]}

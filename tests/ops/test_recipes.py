@@ -9,7 +9,16 @@ import os
 import psutil
 import pytest
 
-from supervisor import ConfigError, RewardItem, RewardRequest, build_panels, load_recipe, preflight
+from supervisor import (
+    ConfigError,
+    GroupsIncomplete,
+    GroupSizeConflict,
+    RewardItem,
+    RewardRequest,
+    build_panels,
+    load_recipe,
+    preflight,
+)
 from supervisor.compose.recipes import instantiate
 from tests.conftest import REPO_ROOT
 
@@ -133,6 +142,59 @@ def test_posttrain_catalog_recipe():
     assert response.rewards == pytest.approx([1.0 - 0.1 / 8, -0.1 * 10 / 8])
     assert val.rewards == [1.0, 1.0]
     assert children() == before
+
+
+def posttrain_recipe(**validation):
+    return {
+        "catalog": "examples.posttrain_catalog:catalog",
+        "group_size": 2,
+        "execution": {"kind": "managed", "env": "image", "extra_import_paths": ["."]},
+        "reward": {
+            "provider": "within_budget",
+            "params": {"max_words": 8},
+            "weights": {"fits": 1.0, "length": -0.1},
+        },
+        "validation": {"provider": "answer_match", **validation},
+    }
+
+
+def candidates(group: str, *texts: str) -> list[RewardItem]:
+    return [
+        RewardItem(id=f"{group}{k}", group_id=group, prompt="p", text=t, reference={"answer": "4"})
+        for k, t in enumerate(texts)
+    ]
+
+
+def test_posttrain_group_rules_in_managed_children():
+    """The training size holds for a pointwise provider, a request cannot override it, and
+    validation has its own size (Posttrain's n_generation): each refusal typed and named."""
+    recipe = load_recipe(posttrain_recipe(group_size=3))
+    assert (recipe.train.group_size, recipe.validation.group_size) == (2, 3)
+    before = children()
+    train, validation = build_panels(recipe)
+    with train, validation:
+        scored = train.compute_rewards(
+            RewardRequest(items=candidates("g", "4", "4 5 6 7 8 9 1 2 3"))
+        )
+        # fits - 0.1 x length: 1 word and 9 words against max_words 8
+        assert scored.rewards == pytest.approx([1.0 - 0.1 / 8, 0.0 - 0.1 * 9 / 8])
+        with pytest.raises(GroupsIncomplete, match=r"group 'h' has 1 items, expected group_size 2"):
+            train.compute_rewards(
+                RewardRequest(items=candidates("g", "a", "b") + candidates("h", "c"))
+            )
+        with pytest.raises(GroupSizeConflict, match="group_size 3, the panel's config 2"):
+            train.compute_rewards(RewardRequest(items=candidates("g", "a", "b", "c"), group_size=3))
+        val = validation.compute_rewards(RewardRequest(items=candidates("v", "4", "five", "4!")))
+        assert val.rewards == [1.0, 0.0, 1.0]
+        with pytest.raises(GroupsIncomplete) as info:
+            validation.compute_rewards(RewardRequest(items=candidates("v", "4", "4")))
+        assert (info.value.group_size, info.value.counts) == (3, {"v": 2})
+    assert children() == before
+
+
+def test_a_selection_key_is_never_dropped():
+    with pytest.raises(ConfigError, match=r"validation: unknown key\(s\) \['group_sizes'\]"):
+        load_recipe(posttrain_recipe(group_sizes=3))
 
 
 def test_a_recipe_of_no_known_style_is_refused(tmp_path):

@@ -98,6 +98,24 @@ def test_ff_groupwise_media_models_get_groups_spanning_ranks_whole_through_share
         assert shared >= 8 * media and transport.get("in_band", 0) < media, transport
 
 
+def test_wfm_one_trajectory_per_rank_scores_as_one_process_would(seen):
+    """Each rank decodes and uploads its own trajectory; the group spans ranks; the rewards are
+    one process's, by hand; a group of 3 (size 2) fails every rank before any upload."""
+    for rank, found in enumerate(ranks(seen, "wfm_one_trajectory_per_rank")):
+        assert found["world"] == found["alone"]
+        assert found["world"]["ids"] == ["traj0", "traj1"]
+        assert found["world"]["rewards"] == [204.0, 102.0]  # the uint8 videos' means
+        assert found["mine"]["ids"] == [f"traj{rank}"]
+        assert found["mine"]["rewards"] == [[204.0, 102.0][rank]]
+        assert found["uploads"] == 1 and found["grad"] == [False] * 3  # under torch.no_grad()
+        assert found["bad"]["error"] == "RankFailed", found["bad"]
+        assert (
+            "GroupsIncomplete: group 'b' has 3 items, expected group_size 2"
+            in (found["bad"]["message"])
+        )
+        assert found["bad_uploads"] == 0
+
+
 def test_an_optional_terms_failure_covers_whole_groups_never_part_of_one(seen):
     for found in ranks(seen, "an_optional_term_fails_for_whole_groups"):
         world = found["world"]
