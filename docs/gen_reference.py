@@ -330,20 +330,26 @@ def walk_models(roots: list[type[BaseModel]]) -> list[type[BaseModel]]:
 
 def recipe_keys() -> list[str]:
     """The keys each recipe style reads: the sets its parser checks entries against."""
-    from supervisor.compose import ff_recipe, native_recipe, recipes
+    from supervisor.compose import engine_recipe, ff_recipe, model_keys, native_recipe, recipes
 
     styles = [
         (recipes, "verl-omni `reward.models.NAME` (a managed or local model)", "MODEL_KEYS"),
         (recipes, "verl-omni `reward.models.NAME` with `backend: remote`", "REMOTE_KEYS"),
         (native_recipe, "verl-omni native model (`backend: native`)", "MODEL_KEYS"),
+        (engine_recipe, "verl-omni engine model (`backend: engine`)", "MODEL_KEYS"),
         (
-            native_recipe,
-            "verl-omni reward function bound to a native model: the panel's keys",
+            engine_recipe,
+            "verl-omni engine model's `rollout` (the default vLLM command)",
+            "ROLLOUT_KEYS",
+        ),
+        (
+            model_keys,
+            "verl-omni reward function bound to a native or engine model: the panel's keys",
             "TERM_KEYS",
         ),
         (
-            native_recipe,
-            "verl-omni reward function bound to a native model: the binding",
+            model_keys,
+            "verl-omni reward function bound to a native or engine model: the binding",
             "FUNCTION_KEYS",
         ),
         (ff_recipe, "FF `rewards:` entry: the term", "TERM_KEYS"),
