@@ -9,8 +9,10 @@ engine's log.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +27,7 @@ from typing import Any
 
 from scorers.base import ServerFault
 from scorers.common.processes import describe
+from scorers.engine.procfs import listener_in_session
 
 KEEPER = Path(__file__).with_name("keeper.py")
 LOG_TAIL_BYTES = 2000
@@ -55,8 +58,9 @@ def http_json(method: str, url: str, timeout_s: float) -> tuple[int, Any]:
             status = answer.status
     except urllib.error.HTTPError as exc:
         return exc.code, None
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-        return 0, str(exc)
+    # refused, reset, timed out, or a malformed answer: no answer from an engine
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        return 0, f"{type(exc).__name__}: {exc}"
     try:
         return status, json.loads(body) if body else None
     except ValueError:
@@ -96,7 +100,20 @@ class EngineProcess:
         return self._keeper.pid if self._keeper is not None else None
 
     def running(self) -> bool:
-        return self._keeper is not None and self._keeper.poll() is None
+        return self._keeper is not None and self._status() is None
+
+    def _status(self) -> int | None:
+        """The keeper's exit status once it exited (negative: its signal), None while it runs;
+        never reaped here, so its pid, and with it the engine's group id, stays reserved until
+        `stop()` has killed what is left of the group."""
+        if self._keeper is None:
+            return None
+        if self._keeper.returncode is not None:
+            return self._keeper.returncode
+        info = os.waitid(os.P_PID, self._keeper.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if info is None or info.si_pid == 0:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
     def start(self) -> float:
         """Spawn and wait until ready; the seconds it took. A failure stops what was started."""
@@ -105,6 +122,11 @@ class EngineProcess:
         values = {**self.fields, "port": str(self.port), "python": sys.executable}
         values["bin"] = str(Path(sys.executable).parent)
         command = [_filled(part, values) for part in self.template]
+        if shutil.which(command[0]) is None:
+            raise EngineFailed(
+                f"engine for model {self.model_name!r}: {command[0]!r} is not an executable here "
+                f"(the model's env has no such engine: build it into that env, or give `command:`)"
+            )
         alive_r, self._alive_w = os.pipe()
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(command)}\n".encode())
@@ -136,8 +158,11 @@ class EngineProcess:
                 status, body = http_json("GET", f"{base}/v1/models", 5.0)
                 served = _model_ids(body)
                 if status == 200 and self.model_name in served:
-                    return
-                last = f"/v1/models answered {status}, serving {served}"
+                    if listener_in_session(self.port or 0, self.pid or 0):
+                        return
+                    last = f"port {self.port} answers, but not from the engine started here"
+                else:
+                    last = f"/v1/models answered {status}, serving {served}"
             else:
                 last = f"/health answered {status or body}"
             time.sleep(POLL_S)
@@ -149,7 +174,7 @@ class EngineProcess:
         """Raise EngineFailed (with the log's tail) if the engine has exited."""
         if self._keeper is None:
             raise EngineFailed(f"engine for {self.model_name!r} is not running ({doing})")
-        if self._keeper.poll() is not None:
+        if self._status() is not None:
             raise EngineFailed(self.describe(f"exited while {doing}"))
 
     def check_answering(self, doing: str) -> None:
@@ -158,19 +183,21 @@ class EngineProcess:
         self.check_alive(doing)
         status, body = http_json("GET", f"http://{self.address}/health", 5.0)
         if status != 200:
-            if self._keeper is not None:
-                try:
-                    self._keeper.wait(timeout=1.0)
-                except subprocess.TimeoutExpired:
-                    pass
+            deadline = time.monotonic() + 1.0  # its status in the message, when it is dying
+            while self.running() and time.monotonic() < deadline:
+                time.sleep(0.05)
             raise EngineFailed(
                 self.describe(f"not answering /health ({status or body}) while {doing}")
             )
 
+    def check_answering_quietly(self) -> bool:
+        """True when the engine is alive and answers `GET /health` (no error either way)."""
+        return self.running() and http_json("GET", f"http://{self.address}/health", 5.0)[0] == 200
+
     def describe(self, what: str) -> str:
         """The engine log's tail, then one line naming the model, pid, port, status and log (last,
         where a shortened message keeps it)."""
-        status = None if self._keeper is None else self._keeper.poll()
+        status = self._status()
         meaning = describe(status) if status is None or status < 128 else describe(128 - status)
         return (
             f"engine log, last lines:\n{self.log_tail()}\n"
@@ -187,22 +214,30 @@ class EngineProcess:
             return f"(log unreadable: {exc})"
 
     def stop(self) -> None:
-        """Close the keeper's pipe (it ends the engine's group), then reap it; SIGKILL the keeper's
-        group if it outlives the grace. Idempotent."""
+        """Close the keeper's pipe (it ends the engine's group) and wait for it to exit, SIGKILL
+        its group if it outlives the grace; then SIGKILL whatever is left of the group (a keeper
+        killed -9 leaves the engine's workers), before reaping the keeper, whose pid keeps the
+        group id reserved until then. Idempotent."""
         if self._alive_w is not None:
             os.close(self._alive_w)
             self._alive_w = None
-        keeper, self._keeper = self._keeper, None
-        if keeper is None:
+        if self._keeper is None:
             return
+        deadline = time.monotonic() + self.stop_grace_s + 5.0
+        while self._status() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         try:
-            keeper.wait(timeout=self.stop_grace_s + 5.0)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(keeper.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            os.killpg(self._keeper.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the group is gone already
+        keeper, self._keeper = self._keeper, None
+        try:
             keeper.wait(timeout=5.0)
+        except subprocess.TimeoutExpired as exc:  # SIGKILLed and still not gone: a stuck kernel
+            raise EngineFailed(
+                f"engine keeper pid {keeper.pid} for model {self.model_name!r} did not exit "
+                f"5 s after SIGKILL"
+            ) from exc
 
     def close(self) -> None:
         """Stop, and remove the log directory."""
