@@ -13,7 +13,6 @@ zero.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,12 +20,20 @@ from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec
 from scorers.diagnostics import mean
 from scorers.engine.lifecycle import EngineSlot
 from scorers.engine.process import EngineFailed, EngineProcess
+from scorers.engine.procfs import session_rss_bytes
 from scorers.native.loading import NativeSetupError
 from scorers.native.runner import FunctionRunner
 from scorers.native.scorer import bind_entry, checked_functions
 
 NAME = "engine_model"
-DIAGNOSTICS = ("engine_start_s", "engine_wake_s", "engine_sleep_s", "engine_rss_bytes")
+ENGINE_HANDLES = ("reward_router_address", "model_name")
+DIAGNOSTICS = (
+    "engine_start_s",
+    "engine_wake_s",
+    "engine_sleep_s",
+    "engine_rss_bytes",
+    "engine_restarts",
+)
 
 
 def _positive(name: str, value: Any) -> float:
@@ -48,7 +55,6 @@ class EngineModelScorer(Scorer):
         model_name: str,
         command: list[str],
         functions: list[dict[str, Any]],
-        offload: bool = True,
         engine_env: Mapping[str, str] | None = None,
         ready_timeout_s: float = 600.0,
         call_timeout_s: float = 600.0,
@@ -60,7 +66,6 @@ class EngineModelScorer(Scorer):
         ):
             raise NativeSetupError(f"{NAME}: command must be a non-empty list of strings")
         self.model_name, self.command = str(model_name), command
-        self.sleeps_after_start = bool(offload)
         self.functions = checked_functions(NAME, functions)
         self.engine_env = {str(k): str(v) for k, v in (engine_env or {}).items()}
         self.ready_timeout_s = _positive("ready_timeout_s", ready_timeout_s)
@@ -81,24 +86,25 @@ class EngineModelScorer(Scorer):
                 "command": command,
                 "functions": [[e["term"], e.get("path"), e.get("name")] for e in self.functions],
             },
-            nonsemantic_params=("offload", "engine_env", "ready_timeout_s", "call_timeout_s"),
+            nonsemantic_params=("engine_env", "ready_timeout_s", "call_timeout_s"),
             requires_modules=("torch",),  # verl-omni hands functions a torch CHW image
         )
         self._slot: EngineSlot | None = None
         self._runner: FunctionRunner | None = None
 
     def load(self, device: str = "cpu") -> None:
-        """Import every function, start the engine and wait until it serves the model; then put it
-        to sleep if it offloads. Any failure is a boot failure naming the engine's log."""
-        bound = [bind_entry(entry) for entry in self.functions]
+        """Import every function, start the engine and wait until it serves the model, then put it
+        to sleep: the host starts every scorer offloaded and wakes a resident one itself (so the
+        host's residency and the engine's always agree). Any failure is a boot failure naming the
+        engine's log."""
+        bound = [bind_entry(entry, ENGINE_HANDLES) for entry in self.functions]
         engine = EngineProcess(
             self.model_name, self.command, self.engine_env, self.ready_timeout_s, {"device": device}
         )
         self._slot = EngineSlot(engine)
         self._runner = FunctionRunner(f"{NAME} {self.model_name!r}", bound, self.call_timeout_s)
         self._slot.start()
-        if self.sleeps_after_start:
-            self._slot.sleep()
+        self._slot.sleep()
 
     def _live_slot(self) -> EngineSlot:
         if self._slot is None:
@@ -120,14 +126,14 @@ class EngineModelScorer(Scorer):
         slot.serving("scoring")
         handles = {"reward_router_address": slot.engine.address, "model_name": self.model_name}
         result = runner.run(items, handles, handles)
-        if result.term_failed:  # the engine's failure is never an optional term's nothing
-            try:
-                slot.engine.check_answering("scoring")
-            except EngineFailed:
-                slot.failed = True
-                raise
-        figures = {f"engine_{name}": mean(value, 1) for name, value in slot.last.items()}
+        # an engine that died mid-call fails the call, even where the functions caught its errors
+        # and returned a number: never a reward computed without it
+        slot.checked(lambda: slot.engine.check_answering("scoring"))
+        figures: dict[str, Any] = {
+            f"engine_{name}": mean(value, 1) for name, value in slot.last.items()
+        }
         figures["engine_rss_bytes"] = mean(session_rss_bytes(slot.engine.pid), 1)
+        figures["engine_restarts"], slot.restarts = slot.restarts, 0  # a count: they add up
         result.diagnostics = {**figures, **result.diagnostics}
         return result
 
@@ -140,27 +146,6 @@ class EngineModelScorer(Scorer):
             if self._runner is not None:
                 self._runner.close()
                 self._runner = None
-
-
-def session_rss_bytes(session: int | None) -> int:
-    """The resident memory of every process in the engine's session (the keeper, the engine and
-    its workers), from /proc."""
-    if session is None:
-        return 0
-    total, page = 0, os.sysconf("SC_PAGE_SIZE")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rpartition(")")[2].split()
-            if int(fields[3]) != session:  # the session id, after state, ppid and pgrp
-                continue
-            with open(f"/proc/{entry}/statm") as statm:
-                total += int(statm.read().split()[1]) * page
-        except (OSError, ValueError, IndexError):
-            continue  # a process that ended while read: it holds nothing now
-    return total
 
 
 __all__ = ["EngineFailed", "EngineModelScorer"]

@@ -22,6 +22,8 @@ import numpy as np
 from scorers.base import ScoreItem
 from scorers.native.loading import NativeSetupError
 
+VISUAL_ARGUMENTS = ("data_source", "solution_image", "ground_truth", "extra_info")
+
 
 class ScoreFunctionError(RuntimeError):
     """A score function raised, or returned something other than a finite float or `{"score":
@@ -44,15 +46,40 @@ class ScoreFunction:
 
 
 def bind(
-    term: str, function: Any, extra: Mapping[str, Any], log_keys: tuple[str, ...]
+    term: str,
+    function: Any,
+    extra: Mapping[str, Any],
+    log_keys: tuple[str, ...],
+    handles: tuple[str, ...],
 ) -> ScoreFunction:
     """The function with its extra keys filtered to its signature (all of them if it takes
-    **kwargs)."""
+    **kwargs); refused at boot when it cannot take what every call passes (verl-omni's visual
+    arguments and `handles`) or needs an argument no call passes, rather than failing every item."""
     if not callable(function):
         raise NativeSetupError(f"reward function {term!r}: {function!r} is not callable")
     parameters = inspect.signature(function).parameters
+    passed = (*VISUAL_ARGUMENTS, *handles)
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         extra = {key: value for key, value in extra.items() if key in parameters}
+        refused = [name for name in passed if name not in parameters]
+        if refused:
+            raise NativeSetupError(
+                f"reward function {term!r} does not take {refused}: every call passes "
+                f"{list(passed)}; add them (or **kwargs) to its signature"
+            )
+    needed = [
+        name
+        for name, p in parameters.items()
+        if p.default is inspect.Parameter.empty
+        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        and name not in passed
+        and name not in extra
+    ]
+    if needed:
+        raise NativeSetupError(
+            f"reward function {term!r} needs {needed}, which no call passes (it passes "
+            f"{list(passed)} and the function's own keys in the recipe)"
+        )
     return ScoreFunction(term, function, dict(extra), log_keys)
 
 

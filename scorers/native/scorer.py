@@ -108,7 +108,7 @@ class NativeModelScorer(Scorer):
         cls = load_attribute(where, attr, f"model {self.model!r}")
         if not isinstance(cls, type) or not callable(getattr(cls, "infer", None)):
             raise NativeSetupError(f"model {self.model!r} is not a class with an infer() method")
-        bound = [bind_entry(entry) for entry in self.functions]
+        bound = [bind_entry(entry, ("reward_model",)) for entry in self.functions]
         device = resolve_device("cuda:0" if device == "cuda" else device)
         kwargs = {"model_path": self.model_path, "device": _torch_device(device), **self.kwargs}
         self._runner = FunctionRunner(f"{NAME} {self.model!r}", bound, self.call_timeout_s)
@@ -154,13 +154,15 @@ class NativeModelScorer(Scorer):
                 self._runner = None
 
 
-def bind_entry(entry: Mapping[str, Any]) -> ScoreFunction:
-    """One configured reward function, imported and bound (a failure is a boot failure)."""
+def bind_entry(entry: Mapping[str, Any], handles: tuple[str, ...]) -> ScoreFunction:
+    """One configured reward function, imported and bound to take verl-omni's visual arguments
+    and `handles` (a failure is a boot failure)."""
     term = entry["term"]
     function = load_attribute(
         str(entry.get("path")), str(entry.get("name")), f"reward function {term!r}"
     )
-    return bind(term, function, entry.get("kwargs", {}), tuple(entry.get("log_keys", ())))
+    log_keys = tuple(entry.get("log_keys", ()))
+    return bind(term, function, entry.get("kwargs", {}), log_keys, handles)
 
 
 def _torch_device(device: str) -> Any:
