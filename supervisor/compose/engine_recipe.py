@@ -44,22 +44,42 @@ VLLM_FLAGS = {
 ROLLOUT_KEYS = {"name", *SIZES, *VLLM_FLAGS, "enforce_eager"}
 DEFAULT_BATCH = 512
 DEFAULT_ENV = "engine"  # transformers serve on CPU; a vLLM env is named with `env:`
-STARTUP_MARGIN_S = 60.0  # the child's own start beyond the engine's ready_timeout_s
+SWITCH_S = 120.0  # a sleep or wake request (scorers.engine.lifecycle.CALL_S)
+MARGIN_S = 60.0  # beyond the child's own deadlines, for the parent's
 
 
 def is_engine(model: Any) -> bool:
     return isinstance(model, Mapping) and model.get("backend") == "engine"
 
 
-def engine_backends(
-    models: Mapping[str, Any], common: Mapping[str, Any]
-) -> dict[str, dict[str, Any]]:
+def with_defaults(models: Mapping[str, Any], common: Mapping[str, Any]) -> dict[str, Any]:
+    """The named models, engine ones with `reward.reward_model`'s defaults under their own keys:
+    `model_path`, and the `rollout` keys this recipe reads (a Hydra-resolved verl config carries
+    many more common rollout keys, for verl's own engine: not ours to refuse)."""
+    rollout = common.get("rollout") or {}
+    if not isinstance(rollout, Mapping):
+        raise ConfigError("reward.reward_model.rollout must be a mapping")
+    inherited = {key: value for key, value in rollout.items() if key in ROLLOUT_KEYS}
+    resolved: dict[str, Any] = {}
+    for name, model in models.items():
+        if is_engine(model):
+            own = model.get("rollout") or {}
+            if not isinstance(own, Mapping):
+                raise ConfigError(f"reward.models.{name}.rollout must be a mapping")
+            model = {**model, "rollout": {**inherited, **own}}
+            if "model_path" not in model and "model_path" in common:
+                model["model_path"] = common["model_path"]
+        resolved[name] = model
+    return resolved
+
+
+def engine_backends(models: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """A backend config per engine model (functions filled in later, per panel), in configuration
     order, with the GPU indices each takes first: {name: backend}."""
     backends, first_free = {}, 0
     for name, model in models.items():
         if is_engine(model):
-            backends[name], first_free = _engine_backend(name, model, common, first_free)
+            backends[name], first_free = _engine_backend(name, model, first_free)
     return backends
 
 
@@ -68,7 +88,7 @@ def engine_allocation(models: Mapping[str, Any]) -> dict[int, str]:
     owner, first_free = {}, 0
     for name, model in models.items():
         if is_engine(model) and str(model.get("device", "cuda")).lower() != "cpu":
-            size = _world(f"reward.models.{name}", model, _rollout(model, {}))[0]
+            size = _world(f"reward.models.{name}", model, model.get("rollout") or {})[0]
             owner.update({index: name for index in range(first_free, first_free + size)})
             first_free += size
     return owner
@@ -91,18 +111,18 @@ def with_functions(backend: Mapping[str, Any], fns: Bound) -> dict[str, Any]:
 
 
 def _engine_backend(
-    name: str, model: Mapping[str, Any], common: Mapping[str, Any], first_free: int
+    name: str, model: Mapping[str, Any], first_free: int
 ) -> tuple[dict[str, Any], int]:
     where = f"reward.models.{name}"
     unknown = set(model) - MODEL_KEYS
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)} for an engine model")
-    model_path = model.get("model_path", common.get("model_path"))
+    model_path = model.get("model_path")
     if not isinstance(model_path, str) or not model_path:
         raise ConfigError(
             f"{where}.model_path names the model to serve (or set reward.reward_model.model_path)"
         )
-    rollout = _rollout(model, common.get("rollout") or {})
+    rollout = model.get("rollout") or {}
     offload = bool(model.get("offload", True))
     device = str(model.get("device", "cuda")).lower()
     sizes = {key: int(rollout.get(key, 1)) for key in SIZES}
@@ -112,14 +132,16 @@ def _engine_backend(
     params: dict[str, Any] = {
         "model_name": model_path,  # what vLLM and `transformers serve` list it as
         "command": [_fill(part, fields) for part in command],
-        "offload": offload,
         "ready_timeout_s": ready_timeout_s,
         "engine_env": {**_engine_env(command, offload), **dict(model.get("engine_env") or {})},
     }
     if "call_timeout_s" in model:
         params["call_timeout_s"] = model["call_timeout_s"]
     process = process_keys(model)
-    process.setdefault("startup_timeout", ready_timeout_s + STARTUP_MARGIN_S)
+    call_timeout_s = float(model.get("call_timeout_s", 600.0))
+    # the child's own deadlines come first, typed: start + sleep at boot; wake + call + sleep
+    process.setdefault("startup_timeout", ready_timeout_s + SWITCH_S + MARGIN_S)
+    process.setdefault("request_timeout", ready_timeout_s + call_timeout_s + SWITCH_S + MARGIN_S)
     backend: dict[str, Any] = {
         "kind": "managed",
         "env": model_env(where, model, default=DEFAULT_ENV),
@@ -182,14 +204,6 @@ def _world(where: str, model: Mapping[str, Any], rollout: Mapping[str, Any]) -> 
             f"TP x DP x PP = {unit}"
         )
     return world, unit
-
-
-def _rollout(model: Mapping[str, Any], common: Mapping[str, Any]) -> dict[str, Any]:
-    """The model's rollout over the common `reward.reward_model.rollout` defaults."""
-    own = model.get("rollout") or {}
-    if not isinstance(own, Mapping) or not isinstance(common, Mapping):
-        raise ConfigError("reward.models.*.rollout and reward.reward_model.rollout are mappings")
-    return {**common, **own}
 
 
 def _command(

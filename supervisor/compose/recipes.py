@@ -30,7 +30,12 @@ from pydantic import BaseModel, ValidationError
 from scorers.registry import import_dotted
 from supervisor.backend import RewardBackend
 from supervisor.compose.batch_view import shared_key, term_backend
-from supervisor.compose.engine_recipe import engine_backends, engine_terms, is_engine
+from supervisor.compose.engine_recipe import (
+    engine_backends,
+    engine_terms,
+    is_engine,
+    with_defaults,
+)
 from supervisor.compose.ff_recipe import ff_panels
 from supervisor.compose.native_recipe import check_pool, is_native, native_terms
 from supervisor.compose.panel import BackendPool, PanelTerm, RewardPanel
@@ -275,6 +280,8 @@ def _from_verl_omni(reward: Mapping[str, Any]) -> Recipe:
     if not isinstance(models, Mapping):
         raise ConfigError("reward.models must be a mapping of named models")
     common = _common_reward_model(reward, models)
+    models = with_defaults(models, common)
+    check_pool(models, common)
     group_size = reward.get("group_size")
     backends = {
         name: _verl_model(name, model, group_size)
@@ -282,7 +289,7 @@ def _from_verl_omni(reward: Mapping[str, Any]) -> Recipe:
         if not is_native(model) and not is_engine(model)
     }
     native = {name: model for name, model in models.items() if is_native(model)}
-    named = _VerlModels(models, backends, native, engine_backends(models, common), group_size)
+    named = _VerlModels(models, backends, native, engine_backends(models), group_size)
     train = named.panel(reward.get("reward_functions"), "reward.reward_functions")
     if train is None:
         raise ConfigError("reward.reward_functions is empty")
@@ -304,7 +311,6 @@ def _common_reward_model(reward: Mapping[str, Any], models: Mapping[str, Any]) -
             "reward.reward_model.enable: true with reward.models: the single global reward model "
             "and named models cannot run together; set reward.reward_model.enable: false"
         )
-    check_pool(models, common)
     return common
 
 
