@@ -17,6 +17,8 @@ def main() -> None:
     python, scorer, params, mode = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
     # the group to wait for before reporting it
     members = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    # a scorer whose spec is per instance (an engine model's) names its input kind
+    kind = {"input_kind": sys.argv[6]} if len(sys.argv) > 6 else {}
     backend = ManagedScorerProcessBackend(
         {
             "process": {
@@ -25,7 +27,7 @@ def main() -> None:
                 "request_timeout": 600,
                 "extra_import_paths": [str(REPO_ROOT)],
             },
-            "scorer": {"name": scorer, "params": params},
+            "scorer": {"name": scorer, "params": params, **kind},
         }
     )
     group = _group_of_at_least(backend.pid, members, deadline=time.monotonic() + 30)

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -122,11 +123,7 @@ def _engines(model_dir: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         cmdline = proc.info["cmdline"] or []
-        if (
-            str(model_dir) in cmdline
-            and "serve" in cmdline
-            and "keeper.py" not in " ".join(cmdline)
-        ):
+        if str(model_dir) in cmdline and "keeper.py" not in " ".join(cmdline):
             if proc.info["status"] != psutil.STATUS_ZOMBIE:
                 found.append(proc)
     return found
@@ -184,18 +181,67 @@ def test_a_dead_engine_fails_the_call_with_its_log_and_a_killed_child_takes_it_a
         assert wait_until_gone([keeper.pid], 5) == []
         # the next call starts the engine anew: the same rewards
         assert train.compute_rewards(request).rewards == first.rewards
-    finally:
-        train.close()
-    # a child killed -9 with its engine up: the keeper sees the pipe close and ends the engine
-    train, _ = build_panels(load_recipe(recipe))
-    try:
+        # the child killed -9 with its engine up: the keeper sees the pipe close, ends the engine
         (engine,) = _engines(model_dir)
         keeper = engine.parent()
-        child = psutil.Process(train.terms[0].backend.pid)
-        os.kill(child.pid, signal.SIGKILL)
+        os.kill(train.terms[0].backend.pid, signal.SIGKILL)
         assert wait_until_gone([engine.pid, keeper.pid], 15) == []
     finally:
         train.close()
+
+
+@pytest.mark.slow
+def test_a_trainer_killed_9_takes_its_engine_along(served):
+    """The trainer dies; its child's lifeline kills the child's group; the keeper, in a session of
+    its own, sees the child's pipe close and ends the engine."""
+    model_dir = served["dir"] / "model"
+    params = {
+        "model_name": str(model_dir),
+        "command": [part.replace("{model_path}", str(model_dir)) for part in SERVE.split()],
+        "functions": [{"term": "ocr", "path": str(HELPER), "name": "compute_score"}],
+        "ready_timeout_s": 120,
+    }
+    scorer = "scorers.engine.scorer:EngineModelScorer"
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.orphan_parent", str(env_python("engine")), scorer,
+         json.dumps(params), "idle", "1", "image"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        env=launcher_free_env(),
+    )  # fmt: skip
+    try:
+        reported = json.loads(trainer.stdout.readline())  # the child is up, its engine awake
+        (engine,) = _engines(model_dir)
+        keeper = engine.parent()
+        trainer.kill()
+        trainer.wait(10)
+        assert wait_until_gone([reported["child"], keeper.pid, engine.pid], 20) == []
+    finally:
+        trainer.kill()
+        trainer.wait(10)
+
+
+def test_a_function_that_cannot_take_the_engines_arguments_is_refused_at_boot():
+    from scorers.native.calls import bind
+    from scorers.native.loading import NativeSetupError
+
+    def old(data_source, solution_image, ground_truth, extra_info, reward_router_address):
+        return 0.0
+
+    def tokenized(data_source, solution_image, ground_truth, extra_info, **kwargs):
+        return 0.0
+
+    def needs(data_source, solution_image, ground_truth, extra_info, tokenizer, **kwargs):
+        return 0.0
+
+    handles = ("reward_router_address", "model_name")
+    with pytest.raises(NativeSetupError, match=r"does not take \['model_name'\]"):
+        bind("ocr", old, {}, (), handles)
+    assert bind("ocr", tokenized, {"scale": 2}, (), handles).extra == {"scale": 2}
+    with pytest.raises(NativeSetupError, match=r"needs \['tokenizer'\], which no call passes"):
+        bind("ocr", needs, {}, (), handles)
+    assert bind("ocr", needs, {"tokenizer": "t"}, (), handles).extra == {"tokenizer": "t"}
 
 
 def test_an_engine_that_cannot_start_is_a_boot_failure_naming_its_log(served, tmp_path):
@@ -333,6 +379,18 @@ def test_the_seeds_engine_recipes_validate_and_read_verl_omnis_rules():
     native["executor"] = {"model": "m:Model"}
     with pytest.raises(ConfigError, match=r"device 1 is also ocr's"):
         load_recipe(_seed(ocr=engine, quality=native))
+    # an inherited TP=2 takes GPUs 0-1 too; verl's own rollout keys, inherited, are not ours
+    inherited = _seed(ocr={"backend": "engine", "model_path": "/m"}, quality=native)
+    inherited["reward"]["reward_model"]["rollout"] = {
+        "tensor_model_parallel_size": 2,
+        "load_format": "dummy",
+        "free_cache_engine": True,
+    }
+    with pytest.raises(ConfigError, match=r"device 1 is also ocr's"):
+        load_recipe(inherited)
+    del inherited["reward"]["models"]["quality"], inherited["reward"]["reward_functions"]["quality"]
+    command = load_recipe(inherited).train.terms[0].backend.scorer.params["command"]
+    assert "load_format" not in " ".join(command) and "2" in command
     with pytest.raises(ConfigError, match=r"reward_model.enable: true with reward.models"):
         bad = _seed(ocr=engine)
         bad["reward"]["reward_model"]["enable"] = True
@@ -348,3 +406,44 @@ def test_an_engine_models_functions_must_name_path_and_name():
     recipe["reward"]["reward_functions"]["ocr"] = {"weight": 1.0}
     with pytest.raises(ConfigError, match=r"an engine model's reward function needs `path`"):
         load_recipe(recipe)
+
+
+def test_sleep_endpoints_keep_the_engine_and_one_that_died_asleep_is_started_anew(tmp_path):
+    """vLLM's sleep mode, through a protocol double (no vLLM here): sleep and wake are requests,
+    the engine process stays between calls; killed while asleep, the next call starts it again."""
+    from tests.helpers.engine_models import parse_score
+
+    journal = tmp_path / "journal.txt"
+    double = REPO_ROOT / "tests" / "helpers" / "sleepy_engine.py"
+    model = {
+        "backend": "engine",
+        "device": "cpu",
+        "model_path": "sleepy",
+        "command": ["{python}", str(double), "{model_path}", "{port}", str(journal)],
+        "ready_timeout_s": 30,
+    }
+    recipe = {
+        "reward": {
+            "models": {"ocr": model},
+            "reward_functions": {"ocr": {"path": str(HELPER), "name": "compute_score"}},
+        }
+    }
+    train, _ = build_panels(load_recipe(recipe))
+    try:
+        request = RewardRequest(items=_items()[:2])
+        first = train.compute_rewards(request)
+        assert all(0 <= value < 1 for value in first.rewards)
+        assert parse_score("yes") in first.rewards or parse_score("yes yes") in first.rewards
+        assert journal.read_text().split() == ["/sleep", "/wake_up", "/sleep"]  # boot, call
+        (engine,) = _engines(double)
+        assert train.compute_rewards(request).rewards == first.rewards
+        assert _engines(double) == [engine]  # the same process, slept and woken
+        engine.kill()  # asleep
+        again = train.compute_rewards(request)  # a fresh start, counted
+        assert again.rewards == first.rewards
+        assert again.diagnostics["ocr"]["values"]["engine_restarts"] == 1
+        (fresh,) = _engines(double)
+        assert fresh.pid != engine.pid
+    finally:
+        train.close()
+    assert _engines(double) == []
