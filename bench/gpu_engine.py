@@ -2,7 +2,7 @@
 gives back.
 
 `transformers serve --device cuda` (what a bare CUDA machine can run once transformers[serving]
-travels: bench/gpu_engine_wheels.txt) serves the tiny model of tests/helpers/engine_models.py
+travels: in bench/gpu_wheels.txt) serves the tiny model of tests/helpers/engine_models.py
 behind a managed child. Rows: spawn-to-ready; the device memory the engine holds awake (a resident
 engine, after a call) and asleep (an offloaded one between calls: restart mode stops the engine,
 so all of it must come back); wake and sleep seconds. vLLM's sleep endpoints are not exercised:
