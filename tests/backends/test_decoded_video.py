@@ -4,10 +4,6 @@ rewards by hand, and each refusal (typed, before anything is uploaded)."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -20,12 +16,8 @@ from supervisor.adapters.decoded_video import (
     DecoderNotAttested,
     to_uint8_video,
 )
-from supervisor.backends.jobs import JobRewardBackend
-from tests.conftest import eventually
-from tests.helpers.fake_jobs import FakeJobService
 
-TOKEN = "job-token"
-FAST = {"poll_interval_s": 0.02, "poll_backoff_cap_s": 0.1, "fps": 16.0}
+pytestmark = pytest.mark.usefixtures("no_thread_left")
 
 
 class Decoder:
@@ -43,31 +35,10 @@ def latent(*channels: float, frames: int = 2) -> np.ndarray:
     return np.broadcast_to(values, (1, 3, frames, 4, 5)).copy()
 
 
-@pytest.fixture(autouse=True)
-def no_thread_left() -> Iterator[None]:
-    before = set(threading.enumerate())
-    yield
-    assert eventually(lambda: set(threading.enumerate()) <= before, timeout=5), (
-        set(threading.enumerate()) - before
+def test_decoded_videos_reach_the_service_as_uint8_and_score_as_by_hand(service, backend):
+    adapter = DecodedVideoRewards(
+        RewardPanel([PanelTerm("video", backend)], group_size=2), Decoder()
     )
-
-
-@pytest.fixture
-def service() -> Iterator[FakeJobService]:
-    with FakeJobService(TOKEN) as fake:
-        yield fake
-
-
-@pytest.fixture
-def jobs(service: FakeJobService, tmp_path: Path) -> Iterator[JobRewardBackend]:
-    with JobRewardBackend(
-        service.url, TOKEN, spool_dir=str(tmp_path), request_timeout=5.0, **FAST
-    ) as made:
-        yield made
-
-
-def test_decoded_videos_reach_the_service_as_uint8_and_score_as_by_hand(service, jobs):
-    adapter = DecodedVideoRewards(RewardPanel([PanelTerm("video", jobs)], group_size=2), Decoder())
     # 1.004 overshoots by less than the tolerance: clamped to 255; 0.6 -> rint(1.6 * 127.5) = 204
     response = adapter.compute_rewards(
         [latent(1.004, -1.0, 0.6), latent(-0.2, -0.2, -0.2)], ["t0", "t1"], ["g", "g"]
@@ -100,9 +71,9 @@ class ZeroToOne(Decoder):
 
 
 @pytest.mark.parametrize("decoder", [Unattested(), ZeroToOne()])
-def test_an_unattested_decoder_is_refused(jobs, decoder):
+def test_an_unattested_decoder_is_refused(backend, decoder):
     with pytest.raises(DecoderNotAttested, match="must attest output_range='neg_one_to_one'"):
-        DecodedVideoRewards(jobs, decoder)
+        DecodedVideoRewards(backend, decoder)
 
 
 @pytest.mark.parametrize(
@@ -117,9 +88,9 @@ def test_an_unattested_decoder_is_refused(jobs, decoder):
     ],
 )
 def test_a_bad_decoded_result_is_refused_before_anything_is_sent(
-    service, jobs, result, error, message
+    service, backend, result, error, message
 ):
-    adapter = DecodedVideoRewards(jobs, lambda_decoder(result))
+    adapter = DecodedVideoRewards(backend, lambda_decoder(result))
     with pytest.raises(error, match=message) as info:
         adapter.compute_rewards([None], ["t0"])
     assert "trajectory 't0'" in str(info.value) and info.value.kind == "bad_input"
@@ -134,14 +105,14 @@ def lambda_decoder(result: np.ndarray) -> Decoder:
     return Fixed()
 
 
-def test_group_rules_hold_in_front_of_the_job_backend(service, jobs):
+def test_group_rules_hold_in_front_of_the_job_backend(service, backend):
     """An incomplete group of the declared size, and a request overriding the panel's size: both
     refused, naming what to fix, before any upload."""
-    adapter = DecodedVideoRewards(jobs, Decoder())
+    adapter = DecodedVideoRewards(backend, Decoder())
     videos = [latent(0.0, 0.0, 0.0)] * 3
     with pytest.raises(GroupsIncomplete, match=r"group 'b' has 1 items, expected group_size 2"):
         adapter.compute_rewards(videos, ["a0", "a1", "b0"], ["a", "a", "b"], group_size=2)
-    panel = RewardPanel([PanelTerm("video", jobs)], group_size=2, owns_backends=False)
+    panel = RewardPanel([PanelTerm("video", backend)], group_size=2, owns_backends=False)
     with pytest.raises(GroupsIncomplete) as info:
         DecodedVideoRewards(panel, Decoder()).compute_rewards(
             videos, ["a0", "a1", "b0"], ["a", "a", "b"]

@@ -9,7 +9,6 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +29,11 @@ from supervisor.errors import (
     ScorerRequestError,
 )
 from supervisor.types import RewardItem, RewardRequest
+from tests.backends.conftest import FAST, TOKEN
 from tests.conftest import eventually
-from tests.helpers.fake_jobs import FakeJobService, Upload
+from tests.helpers.fake_jobs import Upload
 
-TOKEN = "job-token"
-FAST = {"poll_interval_s": 0.02, "poll_backoff_cap_s": 0.1, "fps": 16.0}
+pytestmark = pytest.mark.usefixtures("no_thread_left")
 
 
 def video(seed: int, frames: int = 3) -> np.ndarray:
@@ -43,30 +42,6 @@ def video(seed: int, frames: int = 3) -> np.ndarray:
 
 def request(*seeds: int) -> RewardRequest:
     return RewardRequest(items=[RewardItem(id=f"v{seed}", video=video(seed)) for seed in seeds])
-
-
-@pytest.fixture(autouse=True)
-def no_thread_left() -> Iterator[None]:
-    """The backend's and the fake's threads all end with the test."""
-    before = set(threading.enumerate())
-    yield
-    assert eventually(lambda: set(threading.enumerate()) <= before, timeout=5), (
-        set(threading.enumerate()) - before
-    )
-
-
-@pytest.fixture
-def service() -> Iterator[FakeJobService]:
-    with FakeJobService(TOKEN) as fake:
-        yield fake
-
-
-@pytest.fixture
-def backend(service: FakeJobService, tmp_path: Path) -> Iterator[JobRewardBackend]:
-    with JobRewardBackend(
-        service.url, TOKEN, spool_dir=str(tmp_path), request_timeout=5.0, **FAST
-    ) as made:
-        yield made
 
 
 def only_error(excinfo: pytest.ExceptionInfo[JobItemsFailed], item_id: str = "v1") -> Exception:
