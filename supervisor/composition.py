@@ -14,6 +14,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from supervisor.arena import Arena
 from supervisor.backend import RewardBackend
 from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape
@@ -136,6 +137,31 @@ class Component(RewardBackend):
 
     def _outcome(self, request: RewardRequest) -> Outcome:
         return self.score(request)
+
+
+class Wrapper(Component):
+    """A component over one other backend (`self.backend`, set by the subclass): waking,
+    sleeping, draining, the arena, interrupts and owner checks are that backend's."""
+
+    backend: RewardBackend
+
+    def onload(self) -> dict[str, Any]:
+        return self.backend.onload()
+
+    def offload(self) -> dict[str, Any]:
+        return self.backend.offload()
+
+    def drain(self) -> dict[str, Any]:
+        return self.backend.drain()
+
+    def arena(self) -> Arena:
+        return self.backend.arena()
+
+    def interrupt(self) -> None:
+        component(self.backend).interrupt()
+
+    def _check_owner(self) -> None:
+        self.backend._check_owner()
 
 
 class _Plain(Component):

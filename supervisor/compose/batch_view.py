@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from supervisor.arena import Arena
 from supervisor.backend import RewardBackend
-from supervisor.composition import Component, component
+from supervisor.composition import Wrapper, component
 from supervisor.errors import ConfigError
 from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape
@@ -27,7 +26,7 @@ class Rebatchable(Protocol):
     def score_batched(self, request: RewardRequest, batch_size: int) -> Outcome: ...
 
 
-class BatchView(Component):
+class BatchView(Wrapper):
     """`backend`, its calls cut into chunks of at most `batch_size` items (never splitting a
     group)."""
 
@@ -64,24 +63,6 @@ class BatchView(Component):
 
     def members(self) -> Sequence[RewardBackend]:
         return [self.backend]
-
-    def onload(self) -> dict[str, Any]:
-        return self.backend.onload()
-
-    def offload(self) -> dict[str, Any]:
-        return self.backend.offload()
-
-    def drain(self) -> dict[str, Any]:
-        return self.backend.drain()
-
-    def arena(self) -> Arena:
-        return self.backend.arena()
-
-    def interrupt(self) -> None:
-        component(self.backend).interrupt()
-
-    def _check_owner(self) -> None:
-        self.backend._check_owner()
 
     def close(self) -> None:
         """Stops its own submissions only: the backend is its holder's to close."""

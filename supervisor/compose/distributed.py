@@ -35,7 +35,7 @@ from scorers.identity import digest
 from supervisor.arena import Arena
 from supervisor.backend import RewardBackend
 from supervisor.compose import rank_media
-from supervisor.composition import Component, component
+from supervisor.composition import Wrapper, component
 from supervisor.errors import (
     ConfigError,
     GroupsIncomplete,
@@ -62,7 +62,7 @@ def _describe(exc: BaseException) -> dict[str, str]:
     return {"type": type(exc).__name__, "message": text.splitlines()[0] if text else ""}
 
 
-class DistributedRewards(Component):
+class DistributedRewards(Wrapper):
     """`backend` on every rank, scored as one step: a failure anywhere raises everywhere.
 
     `compute_rewards(request)` takes this rank's items (None: none this step) and returns
@@ -413,25 +413,6 @@ class DistributedRewards(Component):
         )
         self.world_response = world
         return mine, world
-
-    # -- the rest of the backend interface goes to the wrapped backend ------------------------
-    def onload(self) -> dict[str, Any]:
-        return self.backend.onload()
-
-    def offload(self) -> dict[str, Any]:
-        return self.backend.offload()
-
-    def drain(self) -> dict[str, Any]:
-        return self.backend.drain()
-
-    def arena(self) -> Arena:
-        return self.backend.arena()
-
-    def interrupt(self) -> None:
-        component(self.backend).interrupt()
-
-    def _check_owner(self) -> None:
-        self.backend._check_owner()
 
     def close(self) -> None:
         """Closes the wrapped backend (the gloo group goes with the trainer's process group)."""
