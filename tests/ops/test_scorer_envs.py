@@ -37,7 +37,9 @@ def test_the_package_ships_a_spec_for_every_env_a_builtin_scorer_declares():
     from scorers.registry import BUILTINS, resolve_scorer
 
     declared = {resolve_scorer(name).spec.env for name in BUILTINS} - {None}
-    assert declared <= set(scorer_envs.spec_names()) == {"embed", "image", "math", "ocr"}
+    # engine: the verl-omni engine models' default env (transformers serve), no built-in's
+    shipped = {"embed", "engine", "image", "math", "ocr"}
+    assert declared <= set(scorer_envs.spec_names()) == shipped
     assert "antlr4-python3-runtime==4.13.2" in env_builder.requirement_lines(
         scorer_envs.spec_path("math")
     )
@@ -233,7 +235,7 @@ def test_envs_build_with_no_name_refuses_listing_the_envs_and_all_builds_every_o
     err = capsys.readouterr().err
     assert (
         err.count("\n") == 1
-        and "name the env(s) to build: embed, image, math, ocr; or --all" in err
+        and "name the env(s) to build: embed, engine, image, math, ocr; or --all" in err
     )
     assert main(["envs", "build", "math", "--all", "--root", str(tmp_path)]) == 2
     assert "--all builds every env: give no NAME" in capsys.readouterr().err
@@ -243,7 +245,7 @@ def test_envs_build_with_no_name_refuses_listing_the_envs_and_all_builds_every_o
     )
     assert main(["envs", "build", "--all", "--root", str(tmp_path)]) == 0
     assert built == [
-        scorer_envs.env_dir(name, tmp_path) for name in ("embed", "image", "math", "ocr")
+        scorer_envs.env_dir(name, tmp_path) for name in ("embed", "engine", "image", "math", "ocr")
     ]
 
 
@@ -257,7 +259,7 @@ def test_envs_remove_removes_only_an_env_this_builder_made_under_the_root(tmp_pa
     assert (
         err.count("\n") == 1
         and "no env named 'nosuch'" in err
-        and "embed, image, math, mine, ocr" in err
+        and "embed, engine, image, math, mine, ocr" in err
     )
     assert main(["envs", "remove", "..", "--root", str(root)]) == 2
     assert main(["envs", "remove", "math", "--root", str(root)]) == 0
