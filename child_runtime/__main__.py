@@ -193,9 +193,10 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
             f"{scorer.spec.input_kind!r}",
         )
     started = time.monotonic()
+    scorer.boots_resident = config.gpu_residency == "resident" and not config.boot_offloaded
     try:
         scorer.load(config.device)
-        if config.gpu_residency == "resident" and not config.boot_offloaded:
+        if scorer.boots_resident:
             host.onload()
     except Exception:  # noqa: BLE001 - any load failure is a boot failure, reported in full
         _fail(pipe, exit_codes.SCORER_LOAD_FAILED, traceback.format_exc())

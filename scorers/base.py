@@ -204,6 +204,9 @@ class Scorer:
     # class) and the class attribute is a placeholder: the parent then infers nothing from it (env,
     # input kind)
     spec_per_instance: ClassVar[bool] = False
+    # set by the host before load(): True where it onloads the scorer right after (a resident
+    # scorer's boot), so a load() that would end by offloading may leave it loaded instead
+    boots_resident: bool = False
 
     def __init__(self, **params: Any) -> None:
         if params:

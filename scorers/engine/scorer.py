@@ -94,9 +94,9 @@ class EngineModelScorer(Scorer):
 
     def load(self, device: str = "cpu") -> None:
         """Import every function, start the engine and wait until it serves the model, then put it
-        to sleep: the host starts every scorer offloaded and wakes a resident one itself (so the
-        host's residency and the engine's always agree). Any failure is a boot failure naming the
-        engine's log."""
+        to sleep unless the host wakes it right after (`boots_resident`: a resident model's engine
+        starts once, not started, stopped and started again), so the host's residency and the
+        engine's always agree. Any failure is a boot failure naming the engine's log."""
         bound = [bind_entry(entry, ENGINE_HANDLES) for entry in self.functions]
         engine = EngineProcess(
             self.model_name, self.command, self.engine_env, self.ready_timeout_s, {"device": device}
@@ -104,7 +104,8 @@ class EngineModelScorer(Scorer):
         self._slot = EngineSlot(engine)
         self._runner = FunctionRunner(f"{NAME} {self.model_name!r}", bound, self.call_timeout_s)
         self._slot.start()
-        self._slot.sleep()
+        if not self.boots_resident:
+            self._slot.sleep()
 
     def _live_slot(self) -> EngineSlot:
         if self._slot is None:

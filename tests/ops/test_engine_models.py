@@ -172,6 +172,8 @@ def test_a_dead_engine_fails_the_call_with_its_log_and_a_killed_child_takes_it_a
         request = RewardRequest(items=_items()[:2])
         first = train.compute_rewards(request)
         assert first.successes == [True, True]
+        # resident: its engine started once at boot, never stopped and started again
+        assert "engine_sleep_s" not in first.diagnostics["ocr"]["values"]
         (engine,) = _engines(model_dir)  # resident: served between calls
         keeper = engine.parent()
         engine.kill()
