@@ -131,21 +131,20 @@ def _measure(
     model: Path, offloaded: RewardPanel, resident: RewardPanel, ready: float, rounds: int
 ) -> str:
     times: dict[str, list[float]] = {"offload": [], "resident": []}
+    rewards: dict[str, list[list[float]]] = {"offload": [], "resident": []}
     wake, sleep, awake_rss = [], [], []
     for _ in range(rounds):
         for name, panel in (("offload", offloaded), ("resident", resident)):
             began = time.perf_counter()
             answer = panel.compute_rewards(request())
             times[name].append(time.perf_counter() - began)
+            rewards[name].append(list(answer.rewards))
             if name == "offload":
                 values = answer.diagnostics["judge"]["values"]
                 wake.append(values.get("engine_wake_s", {}).get("sum", 0.0))
                 sleep.append(values.get("engine_sleep_s", {}).get("sum", 0.0))
                 awake_rss.append(values["engine_rss_bytes"]["sum"])
-    same = (
-        offloaded.compute_rewards(request()).rewards == resident.compute_rewards(request()).rewards
-    )
-    assert same, "offloaded and resident engine rewards differ"
+    assert rewards["offload"] == rewards["resident"], "offloaded and resident rewards differ"
     asleep = engine_tree_rss(model)  # the offloaded engine's, between calls
     p_off, p_res = (statistics.median(times[k]) for k in ("offload", "resident"))
     return (

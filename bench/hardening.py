@@ -300,10 +300,11 @@ def launches_beside_a_forking_thread(
     return times, failed
 
 
-def forking_thread_during_launch() -> str:
-    times, failed = launches_beside_a_forking_thread()
+def forking_thread_during_launch(launches: int = 10) -> str:
+    times, failed = launches_beside_a_forking_thread(launches)
     return (
-        f"10 launches (startup_timeout 2 s) while another thread forks an 8 s worker every 10 ms: "
+        f"{launches} launches (startup_timeout 2 s) while another thread forks an 8 s worker every "
+        f"10 ms: "
         f"{failed} failed; construct-to-closed median {sorted(times)[len(times) // 2]:.2f} s, "
         f"slowest {max(times):.2f} s"
     )
@@ -464,6 +465,14 @@ for _module in (
     hardening_ray,
 ):
     SCENARIOS += _module.SCENARIOS
+
+
+# the smoke test's sizes (tests/ops/test_bench_smoke.py): every step and check of a scenario, on
+# less data; the rows of `make bench` keep the defaults
+SMOKE: dict[str, dict[str, object]] = {
+    "a thread forking during launches": {"launches": 3},
+    "hostile tail, default chunking; tree memory (items 3, 9)": {"ordinary": 56, "timeout_s": 1},
+}
 
 
 def main(argv: list[str] | None = None) -> None:

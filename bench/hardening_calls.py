@@ -114,16 +114,16 @@ def remote_gzip_bomb() -> str:
     )
 
 
-def hostile_tail_default_config() -> str:
+def hostile_tail_default_config(ordinary: int = 512, timeout_s: float = 5) -> str:
     """Items 3 and 9: 512 + 8 pathological items through a managed math child, default client
     config."""
     spec = _spec(
         "math_verify",
         MATH,
-        scorer={"params": {"jobs": 2, "timeout_s": 5}},
+        scorer={"params": {"jobs": 2, "timeout_s": timeout_s}},
         client={"input_kind": "text"},
     )
-    fresh = slices()
+    fresh = slices(ordinary)
 
     def request(tasks: list[tuple]) -> RewardRequest:
         return RewardRequest(
@@ -143,7 +143,8 @@ def hostile_tail_default_config() -> str:
             backend.compute_rewards(request(with_hazards(next(fresh))[0]))
             hostile_s = time.monotonic() - began
     return (
-        f"request_batch_size 64 (9 chunks), timeout_s 5: clean {clean_s:.2f} s, hostile "
+        f"request_batch_size 64 ({-(-(ordinary + 8) // 64)} chunks), timeout_s {timeout_s:g}: "
+        f"clean {clean_s:.2f} s, hostile "
         f"{hostile_s:.2f} s (+{hostile_s - clean_s:.2f} s); the child's tree peaked at "
         f"{memory.peak_pss / 2**30:.2f} GiB PSS ({memory.peak_rss / 2**30:.2f} summed RSS)"
     )
