@@ -62,10 +62,9 @@ def test_pips_settings_become_uv_flags_and_variables_by_pips_precedence():
 def test_installer_uv_without_uv_refuses_in_one_line_before_anything_changes(
     tmp_path, capsys, monkeypatch
 ):
-    # no uv on PATH; none beside the dev env's python either
+    # no uv on PATH; none beside the python either (the dev env has one: `make test` builds with it)
     monkeypatch.setenv("PATH", str(tmp_path))
-    if (Path(sys.executable).parent / "uv").is_file():
-        pytest.skip("this env has uv installed beside its python")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
     spec = tmp_path / "spec.txt"
     spec.write_text("\n")
     args = [
@@ -117,8 +116,10 @@ def tiny_wheel(folder: Path, version: str) -> Path:
 
 @pytest.fixture(scope="module")
 def uv_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """uv installed by pip into a scratch folder (its bin/ holds the uv binary); skipped where it
-    cannot be."""
+    """The folder of a uv binary: the dev env's (requirements-dev.txt), else uv installed by pip into
+    a scratch folder; skipped where it cannot be."""
+    if (Path(sys.executable).parent / "uv").is_file():
+        return Path(sys.executable).parent
     target = tmp_path_factory.mktemp("uv")
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-input", "--target", str(target), "uv"],
