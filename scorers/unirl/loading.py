@@ -3,8 +3,9 @@ that scorer's module.
 
 UniRL 0.2.0's `unirl.reward.local/__init__.py` imports every scorer eagerly (clip, pickscore and the
 video ones need torchvision), so importing any one scorer module through it needs every scorer's
-pins. Here the package is registered bare (its path, not its `__init__`) when nothing has imported
-it yet: `unirl.reward.local.mc_exact_match` then runs only its own imports (and `.base`'s). Runs
+pins. Where that import fails for a pin the env lacks, the package is registered bare (its path,
+not its `__init__`): `unirl.reward.local.mc_exact_match` then runs only its own imports (and
+`.base`'s). Where every pin is there, UniRL's package is imported as UniRL imports it. Runs
 where UniRL is installed (the scorer's child; the trainer, to read the input kind); any failure is a
 `UniRLScorerError` naming what to fix.
 """
@@ -29,11 +30,21 @@ class UniRLScorerError(ValueError):
 
 
 def bare_local_package() -> None:
-    """Register `unirl.reward.local` without running its eager `__init__` (once; not if imported
-    already)."""
+    """`unirl.reward.local` imported as UniRL does where its eager `__init__` imports here, else
+    registered without running it (once)."""
     with _BARE_LOCK:
         if LOCAL_PACKAGE in sys.modules:
             return
+        try:
+            importlib.import_module(LOCAL_PACKAGE)
+            return
+        except ImportError as exc:
+            if exc.name is not None and exc.name.split(".")[0] == "unirl":
+                raise UniRLScorerError(
+                    f"UniRL is not importable by {sys.executable} ({exc}): run the scorer from an "
+                    "env that has UniRL and the scorer's pins (python_executable)"
+                ) from exc
+            # a sibling scorer's pin (torchvision) this env lacks: the package goes in bare, below
         try:
             spec = importlib.util.find_spec(LOCAL_PACKAGE)
         except ModuleNotFoundError as exc:
