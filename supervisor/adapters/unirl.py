@@ -1,5 +1,5 @@
-"""UniRL 0.2.0: `ManagedScorerProcessBackend` and `RewardPanel`, UniRL reward backends of this
-project.
+"""UniRL 0.2.0: `ManagedScorerProcessBackend`, `ManagedLocalScorer` and `RewardPanel`, UniRL reward
+backends of this project.
 
 A UniRL recipe changes only its top `_target_`
 (`unirl.reward.managed_process.ManagedScorerProcessBackend` ->
@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import atexit
 import logging
+import sys
 import threading
 import time
 from dataclasses import replace
 from typing import Any
 
+from scorers.unirl.loading import bare_local_package
 from supervisor.adapters.unirl_config import UniRLOptions, managed_spec, panel_config, remote_config
 from supervisor.adapters.unirl_io import contributions, reward_request, unirl_response
+from supervisor.adapters.unirl_local import local_spec
 from supervisor.backend import RewardBackend
 from supervisor.backends.managed import ManagedScorerProcessBackend as _OurManagedBackend
 from supervisor.compose.panel import RewardPanel as _OurPanel
@@ -181,6 +184,40 @@ class _ManagedBackend(_UniRLFace):
         return {self.spec.scorer.name: list(response.rewards)}
 
 
+class _LocalScorer(_UniRLFace):
+    """One of UniRL's own local scorers (`unirl.reward.local.*`, or a user's subclass of its
+    RewardBackend) in a managed child: UniRL's recipe with its top `_target_` changed to this and
+    the scorer's old `_target_` as `scorer` (optional for a registry scorer: its Spec names it).
+    `config` (the Spec, or its fields) and `base_device` are passed to UniRL's class in the child as
+    UniRL passes them. `python_executable`: the child's python, an env with UniRL and the scorer's
+    pins (default: this process's own); `extra_import_paths`: directories of a user's own scorer
+    modules. `component_rewards` is `{model_name: rewards}`."""
+
+    def __init__(
+        self,
+        *,
+        config: Any,
+        base_device: str | None = "cpu",
+        scorer: str | None = None,
+        python_executable: str | None = None,
+        extra_import_paths: list[str] | None = None,
+        input_kind: str | None = None,
+        start: bool = True,
+    ) -> None:
+        process = {
+            "python_executable": python_executable or sys.executable,
+            "extra_import_paths": list(extra_import_paths or []),
+        }
+        spec, options = local_spec(config, base_device, scorer, process, input_kind)
+        self.spec = spec
+        self._set_base(options, _OurManagedBackend(spec, start=start))
+
+    def _components(
+        self, request: RewardRequest, response: RewardResponse
+    ) -> dict[str, list[float]]:
+        return {self.model_name: list(response.rewards)}
+
+
 class _PanelBackend(_UniRLFace):
     """A panel of this project's (a recipe of any style load_recipe reads, or a PanelConfig) as one
     UniRL reward: `config` is UniRL's RemoteRewardSpec (or a mapping of its fields), whose
@@ -271,10 +308,17 @@ class _RemoteBackend(_UniRLFace):
 
 _CORES: dict[str, type[_UniRLFace]] = {
     "ManagedScorerProcessBackend": _ManagedBackend,
+    "ManagedLocalScorer": _LocalScorer,
     "RewardPanel": _PanelBackend,
     "RemoteRewardBackend": _RemoteBackend,
 }
-__all__ = ["ManagedScorerProcessBackend", "RemoteRewardBackend", "RewardPanel", "unirl_base"]  # noqa: F822
+__all__ = [  # noqa: F822
+    "ManagedLocalScorer",
+    "ManagedScorerProcessBackend",
+    "RemoteRewardBackend",
+    "RewardPanel",
+    "unirl_base",
+]
 
 
 def __getattr__(name: str) -> type:
@@ -286,6 +330,10 @@ def __getattr__(name: str) -> type:
     with _BUILDING:
         if name not in _BUILT:
             base = unirl_base()
+            if base is not None and core is _LocalScorer:
+                # before Hydra builds the recipe's nested Spec: UniRL's eager local package needs
+                # every scorer's pins (torchvision), the Spec's module only its own
+                bare_local_package()
             bases = (core,) if base is None else (core, base)
             _BUILT[name] = type(
                 name, bases, {"__module__": __name__, "__qualname__": name, "__doc__": core.__doc__}
