@@ -192,7 +192,18 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
             f"input_kind {declared!r} configured, but scorer {scorer.spec.name!r} takes "
             f"{scorer.spec.input_kind!r}",
         )
+    _load(host, config, pipe)
+    _loaded_identity(host, config, pipe)
+    if config.parent_pid is None:
+        _await_warm(host.scorer)
+    return host
+
+
+def _load(host: ScorerHost, config: BootConfig, pipe: BinaryIO) -> None:
+    """The scorer's load(), then a resident one's onload (which load() is told of beforehand); any
+    failure is a boot failure."""
     started = time.monotonic()
+    scorer = host.scorer
     scorer.boots_resident = config.gpu_residency == "resident" and not config.boot_offloaded
     try:
         scorer.load(config.device)
@@ -201,10 +212,6 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
     except Exception:  # noqa: BLE001 - any load failure is a boot failure, reported in full
         _fail(pipe, exit_codes.SCORER_LOAD_FAILED, traceback.format_exc())
     host.load_s = time.monotonic() - started
-    _loaded_identity(host, config, pipe)
-    if config.parent_pid is None:
-        _await_warm(host.scorer)
-    return host
 
 
 def _await_warm(scorer: Any) -> None:
