@@ -6,13 +6,12 @@ builds each recipe with only the top `_target_` changed, UniRL's RewardService s
 and UniRL's own class, built as UniRL builds it and called in-process on the same Samples, gives the
 expected rewards: its rule-based `mc_exact_match`, and a user's model-backed subclass of its
 `LocalRewardBackend` (a tiny seeded checkpoint). The child's python is envs/trl's (UniRL and the
-child runtime); `MANAGED_SCORERS_UNIRL_CHILD_PYTHON` names another env of both.
+child runtime).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
@@ -41,8 +40,7 @@ CHECKS = [
 
 @pytest.mark.slow
 def test_unirls_own_local_scorers_run_managed_and_score_as_unirls_own_class_in_process(tmp_path):
-    child = os.environ.get("MANAGED_SCORERS_UNIRL_CHILD_PYTHON") or str(env_python("trl"))
-    args = {"child_python": child, "workdir": str(tmp_path)}
+    args = {"child_python": str(env_python("trl")), "workdir": str(tmp_path)}
     done = subprocess.run(
         [str(env_python("trl")), "-m", "tests.helpers.unirl_local", json.dumps(args)],
         cwd=REPO_ROOT,  # this checkout's packages, whatever the env has installed
