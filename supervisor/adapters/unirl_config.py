@@ -250,6 +250,21 @@ def mathverify_timeout(name: str, params: dict[str, Any]) -> dict[str, Any]:
     return {**params, "timeout_s": seconds}
 
 
+def _math_timeout(term: Any) -> Any:
+    """A panel term's math_verify (a managed or local scorer) with UniRL's variable as its
+    `timeout_s` (`mathverify_timeout`); any other term as it is."""
+    scorer = getattr(term.backend, "scorer", None)
+    if scorer is None or getattr(scorer, "name", None) != "math_verify":
+        return term
+    params = mathverify_timeout("math_verify", dict(scorer.params))
+    if params == scorer.params:
+        return term
+    backend = term.backend.model_copy(
+        update={"scorer": scorer.model_copy(update={"params": params})}
+    )
+    return term.model_copy(update={"backend": backend})
+
+
 def _scorer(
     scorer: Mapping[str, Any], kind: str, base_device: str | None, client: Mapping[str, Any]
 ) -> dict:
@@ -349,6 +364,7 @@ def panel_config(
         panel = panel.model_copy(
             update={"terms": [term for term in panel.terms if term.name in wanted]}
         )
+    panel = panel.model_copy(update={"terms": [_math_timeout(term) for term in panel.terms]})
     return panel, _options(client, model_name or "reward_panel", "image", model_name=model_name)
 
 

@@ -414,6 +414,11 @@ def test_unirls_weighing_over_our_terms_is_its_clients_reduce_then_aggregate_by_
     assert managed_spec(math, None)[0].scorer.params == {"timeout_s": 7}
     own = {**math, "scorer": {"name": "math_verify", "params": {"timeout_s": 3}}}
     assert managed_spec(own, None)[0].scorer.params == {"timeout_s": 3}  # the recipe's wins
+    graded = {
+        "terms": [{"name": "m", "backend": {"kind": "local", "scorer": {"name": "math_verify"}}}]
+    }
+    panel, _ = panel_config(graded, {"input_kind": "text"}, None)
+    assert panel.terms[0].backend.scorer.params == {"timeout_s": 7}  # a panel's term too
     monkeypatch.setenv("UNIRL_MATHVERIFY_TIMEOUT_S", "0")
     with pytest.raises(ConfigError, match="UNIRL_MATHVERIFY_TIMEOUT_S='0' must be a positive"):
         managed_spec(math, None)
