@@ -77,10 +77,9 @@ HEADERLESS = {
 class BearerAuth:
     """Pure ASGI middleware: every request needs `Authorization: Bearer <token>`, but those to the
     OpenRLHF and UniRL routes, which carry their secret in the path instead (`capabilities`, those
-    served),
-    `GET /livez`, which is open and says nothing but 200 (a liveness probe carries no secret), and
-    `GET /metrics`, which also takes the metrics token when one is set (a Prometheus scrape
-    that holds only that token can read the metrics and nothing else).
+    served), `GET /livez`, which is open and says nothing but 200 (a liveness probe carries no
+    secret), and `GET /metrics`, which also takes the metrics token when one is set (a Prometheus
+    scrape that holds only that token can read the metrics and nothing else).
 
     A wrong or missing token or secret gets a 401 and the connection is closed; a right one admits
     its connection through the gate (which bounds connections that never authenticate; a /livez
