@@ -53,7 +53,11 @@ if TYPE_CHECKING:
     import uvicorn
     from starlette.types import ASGIApp
 
+    from scorers.base import ScorerSpec
+
 KEEP_ALIVE_S = 7 * 24 * 3600
+# input kinds UniRL's RemoteRewardBackend never sends (its history turns hold images or a video)
+UNIRL_UNSENT_KINDS = ("text", "audio")
 STANDALONE_WARM_WAIT_S = 120.0  # a backstop: the math grader bounds its own workers' start at 60 s
 
 
@@ -81,6 +85,8 @@ class BootConfig:
     # `serve --openrlhf-secret-file`: OpenRLHF's route at /openrlhf/<secret>
     openrlhf_secret: str | None = None
     metrics_token: str | None = None  # `serve --metrics-token-file`: a token for GET /metrics only
+    # `serve --unirl-secret-file`: UniRL's route at /unirl/<secret>/health and /score
+    unirl_secret: str | None = None
 
 
 def read_boot_config(data: dict[str, Any]) -> BootConfig:
@@ -99,6 +105,8 @@ def read_boot_config(data: dict[str, Any]) -> BootConfig:
         raise ValueError("token is too short")
     if config.openrlhf_secret is not None and len(config.openrlhf_secret) < 16:
         raise ValueError("the OpenRLHF route's secret is too short")
+    if config.unirl_secret is not None and len(config.unirl_secret) < 16:
+        raise ValueError("the UniRL route's secret is too short")
     if config.metrics_token is not None and len(config.metrics_token) < 16:
         raise ValueError("the metrics token is too short")
     if config.gpu_residency not in GPU_RESIDENCY_MODES:
@@ -154,6 +162,23 @@ def _log(line: str) -> None:
         pass
 
 
+def _check_routes(config: BootConfig, spec: ScorerSpec, pipe: BinaryIO) -> None:
+    """A headerless route refuses at boot a scorer its framework's client cannot feed."""
+    if config.openrlhf_secret is not None and spec.groupwise:
+        _fail(
+            pipe,
+            exit_codes.BAD_CONFIG,
+            f"the OpenRLHF route refuses: {groupwise_refusal([spec.name])}",
+        )
+    if config.unirl_secret is not None and spec.input_kind in UNIRL_UNSENT_KINDS:
+        _fail(
+            pipe,
+            exit_codes.BAD_CONFIG,
+            f"the UniRL route refuses: UniRL's RemoteRewardBackend sends images and videos only, "
+            f"and scorer {spec.name!r} takes {spec.input_kind!r}",
+        )
+
+
 def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
     try:
         from scorers.registry import CatalogError, UnknownScorerError, resolve_scorer
@@ -172,12 +197,7 @@ def _build_host(config: BootConfig, pipe: BinaryIO) -> ScorerHost:
         _fail(pipe, exit_codes.BAD_CONFIG, f"scorer {config.scorer_name!r} params: {exc}")
     except Exception:  # noqa: BLE001 - a constructor must be cheap; whatever it raised is reported in full
         _fail(pipe, exit_codes.SCORER_LOAD_FAILED, traceback.format_exc())
-    if config.openrlhf_secret is not None and scorer.spec.groupwise:  # before any weights load
-        _fail(
-            pipe,
-            exit_codes.BAD_CONFIG,
-            f"the OpenRLHF route refuses: {groupwise_refusal([scorer.spec.name])}",
-        )
+    _check_routes(config, scorer.spec, pipe)  # before any weights load
     identity_hash = _identity(scorer, config, pipe)
     _check_pins(config, scorer.spec.name, scorer.spec.revision, identity_hash, pipe)
     try:
@@ -348,6 +368,7 @@ def _ready_line(
         "shared_memory": segment is not None,
         "shared_memory_error": segment_error,
         "openrlhf_route": config.openrlhf_secret is not None,
+        "unirl_route": config.unirl_secret is not None,
         "event_loop": type(asyncio.get_running_loop()).__module__,
         # the first request waits for what load() left starting
         "warming": host.scorer.warming(),
@@ -374,9 +395,17 @@ def _child_app(
         segment=segment,
         gate=gate,
         rank=config.rank,
-        openrlhf_secret=config.openrlhf_secret,
+        route_secrets=_route_secrets(config),
         metrics_token=config.metrics_token,
     )
+
+
+def _route_secrets(config: BootConfig) -> dict[str, str]:
+    """The headerless routes this server serves, by route, with their secrets."""
+    from child_runtime.protocol import openrlhf, unirl
+
+    given = {openrlhf.ROUTE: config.openrlhf_secret, unirl.ROUTE: config.unirl_secret}
+    return {route: secret for route, secret in given.items() if secret is not None}
 
 
 def _stop_gracefully_on_signals() -> None:

@@ -2,8 +2,8 @@
 where it listens, once ready, and one line per request (client, method, path, status, duration).
 
 A managed child says none of this: its parent owns it and its log file holds its failures. The
-OpenRLHF route's path carries a secret, so that path is logged with the secret left out; query
-strings are never logged.
+OpenRLHF and UniRL routes' paths carry a secret, so those paths are logged with the secret left out;
+query strings are never logged.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 PREFIX = "managed-scorers serve:"
-SECRET_ROUTE = "/openrlhf/"
+SECRET_ROUTES = ("/openrlhf/", "/unirl/")  # then the secret, then (UniRL's) its endpoint
 
 
 def say(line: str) -> None:
@@ -30,7 +30,11 @@ def listening(listener: socket.socket) -> None:
 
 
 def _shown_path(path: str) -> str:
-    return SECRET_ROUTE + "<secret>" if path.startswith(SECRET_ROUTE) else path
+    for route in SECRET_ROUTES:
+        if path.startswith(route):
+            _, slash, rest = path[len(route) :].partition("/")
+            return route + "<secret>" + slash + rest
+    return path
 
 
 class AccessLog:

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -66,14 +66,20 @@ LIVEZ = "/livez"  # open: 200 while the event loop answers, and nothing else
 METRICS = "/metrics"
 # /score's JSON form (UniRL's protocol); any other type is the binary frame
 JSON_TYPE = "application/json"
+# the routes whose clients send no header (their secret rides in the path): where the client's user
+# writes that path, and the endpoints that follow the secret
+HEADERLESS = {
+    openrlhf.ROUTE: ("--reward.remote_url", ("",)),
+    unirl.ROUTE: ("UniRL's base_url", ("/health", "/score")),
+}
 
 
 class BearerAuth:
     """Pure ASGI middleware: every request needs `Authorization: Bearer <token>`, but those to the
-    OpenRLHF route, which carry its secret in the path instead (`capability`, when it is served),
-    `GET /livez`, which is open and says nothing but 200 (a liveness probe carries no secret), and
-    `GET /metrics`, which also takes the metrics token when one is set (a Prometheus scrape
-    that holds only that token can read the metrics and nothing else).
+    OpenRLHF and UniRL routes, which carry their secret in the path instead (`capabilities`, those
+    served), `GET /livez`, which is open and says nothing but 200 (a liveness probe carries no
+    secret), and `GET /metrics`, which also takes the metrics token when one is set (a Prometheus
+    scrape that holds only that token can read the metrics and nothing else).
 
     A wrong or missing token or secret gets a 401 and the connection is closed; a right one admits
     its connection through the gate (which bounds connections that never authenticate; a /livez
@@ -86,7 +92,7 @@ class BearerAuth:
         token: str,
         gate: ConnectionGate | None = None,
         metrics: ChildMetrics | None = None,
-        capability: CapabilityPath | None = None,
+        capabilities: Sequence[CapabilityPath] = (),
         metrics_token: str | None = None,
     ) -> None:
         self.app = app
@@ -97,25 +103,27 @@ class BearerAuth:
         self._gate = gate
         # a refused token is counted too: a remote server's failed logins show
         self._metrics = metrics
-        self._capability = capability
+        self._capabilities = tuple(capabilities)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             # no websockets, no lifespan
             raise RuntimeError(f"{scope['type']} connections are not served")
-        capability, path = self._capability, scope.get("path", "")
+        path = scope.get("path", "")
         if path == LIVEZ:
             await self.app(scope, receive, send)
             return
-        if capability is not None and capability.claims(path):
-            if not capability.admits(path):
+        capability = next((c for c in self._capabilities if c.claims(path)), None)
+        if capability is not None:
+            inner = capability.inner(path)
+            if inner is None:
                 capability.refused(scope.get("client"))
                 await self._refuse(
-                    scope, receive, send, openrlhf.ROUTE, "missing or wrong secret in the path"
+                    scope, receive, send, capability.route, "missing or wrong secret in the path"
                 )
                 return
             # the secret stops here
-            scope = {**scope, "path": openrlhf.ROUTE, "raw_path": openrlhf.ROUTE.encode()}
+            scope = {**scope, "path": inner, "raw_path": inner.encode()}
         elif not self._authorized(dict(scope["headers"]).get(b"authorization", b""), path):
             await self._refuse(scope, receive, send, path, "missing or wrong bearer token")
             return
@@ -282,6 +290,7 @@ class _Endpoints:
         answers: AnswerCache | None,
         rank: int,
         serve_openrlhf: bool = False,
+        serve_unirl: bool = False,
     ) -> None:
         self.host, self.request_exit, self.limits, self.segment, self.gate = (
             host,
@@ -290,7 +299,7 @@ class _Endpoints:
             segment,
             gate,
         )
-        self.serve_openrlhf = serve_openrlhf
+        self.serve_openrlhf, self.serve_unirl = serve_openrlhf, serve_unirl
         self.openrlhf_bodies = JsonBodies(
             JsonBounds(limits.openrlhf_max_request_bytes), "openrlhf_max_request_bytes"
         )
@@ -322,6 +331,15 @@ class _Endpoints:
         extra = [
             Route(openrlhf.ROUTE, loud(_guarded(self.openrlhf_score, metrics)), methods=["POST"])
         ]
+        # UniRL's client: the same JSON handler as /score's, its health in UniRL's shape
+        unirl_routes = [
+            Route(f"{unirl.ROUTE}/health", _guarded(self.unirl_health, metrics), methods=["GET"]),
+            Route(
+                f"{unirl.ROUTE}/score",
+                self.signed(_guarded(self.json_score, metrics)),
+                methods=["POST"],
+            ),
+        ]
         return [
             Route(LIVEZ, self.livez, methods=["GET"]),
             Route("/health", _guarded(self.health, metrics), methods=["GET"]),
@@ -332,6 +350,7 @@ class _Endpoints:
             Route("/drain", _guarded(self.drain, metrics), methods=["POST"]),
             Route("/shutdown", _guarded(self.shutdown, metrics), methods=["POST"]),
             *(extra if self.serve_openrlhf else []),
+            *(unirl_routes if self.serve_unirl else []),
         ]
 
     def signed(self, handler: Handler) -> Handler:
@@ -383,12 +402,7 @@ class _Endpoints:
         """Scores a request: the binary frame, or with `content-type: application/json` UniRL's
         reward-service JSON (`unirl_score`)."""
         if request.headers.get("content-type", "").split(";")[0].strip().lower() == JSON_TYPE:
-            if KEY_HEADER in request.headers:
-                raise RequestError(
-                    f"{KEY_HEADER} is the binary frame's: a JSON request's idempotency_key "
-                    f"is echoed"
-                )
-            return await self.unirl_score(request)
+            return await self.json_score(request)
         ticket = self.ledger.begin()
         try:
             return await self._score(request)
@@ -448,6 +462,30 @@ class _Endpoints:
             )
         finally:
             self.ledger.end(ticket)
+
+    async def json_score(self, request: Request) -> Response:
+        """UniRL's JSON request, on /score (`content-type: application/json`) and on UniRL's secret
+        route alike: its items' `idempotency_key` is echoed, never a replay key (the binary frame's
+        header is refused here)."""
+        if KEY_HEADER in request.headers:
+            raise RequestError(
+                f"{KEY_HEADER} is the binary frame's: a JSON request's idempotency_key is echoed"
+            )
+        return await self.unirl_score(request)
+
+    async def unirl_health(self, request: Request) -> Response:
+        """UniRL's `/health` (its client checks `required_rewards` against `rewards` once): the
+        rewards this server answers and their sub-metrics; 503 unless it can score now."""
+        wedged = self.host.wedged is not None and self.state == "ready"
+        state = "wedged" if wedged else self.state
+        return JSONResponse(
+            {
+                "status": "ok" if state == "ready" else state,
+                "rewards": unirl.served_rewards(self.spec),
+                "scorer_version": self.host.identity_hash or None,
+            },
+            status_code=200 if state == "ready" else 503,
+        )
 
     async def unirl_score(self, request: Request) -> Response:
         """UniRL's reward-service request (JSON, `child_runtime.protocol.unirl`), parsed off the
@@ -519,16 +557,31 @@ def build_app(
     gate: ConnectionGate | None = None,
     answers: AnswerCache | None = None,
     rank: int = 0,
-    openrlhf_secret: str | None = None,
+    route_secrets: Mapping[str, str] | None = None,
     metrics_token: str | None = None,
 ) -> ASGIApp:
-    """The child's ASGI app: its endpoints behind the bearer token and the connection gate; with an
-    `openrlhf_secret`, OpenRLHF's route too, behind that secret in its path; with a `metrics_token`,
-    /metrics for that token too."""
+    """The child's ASGI app: its endpoints behind the bearer token and the connection gate; with a
+    secret in `route_secrets` for OpenRLHF's route (`openrlhf.ROUTE`) or UniRL's (`unirl.ROUTE`),
+    that route too, behind its secret in its path; with a `metrics_token`, /metrics for that token
+    too."""
+    secrets = dict(route_secrets or {})
+    unknown = sorted(set(secrets) - set(HEADERLESS))
+    if unknown:
+        raise ValueError(f"route_secrets names {unknown}: the headerless routes are {HEADERLESS}")
     endpoints = _Endpoints(
-        host, request_exit, limits, segment, gate, answers, rank, openrlhf_secret is not None
+        host,
+        request_exit,
+        limits,
+        segment,
+        gate,
+        answers,
+        rank,
+        openrlhf.ROUTE in secrets,
+        unirl.ROUTE in secrets,
     )
     app = Starlette(routes=endpoints.routes())
     app.router.redirect_slashes = False  # '/score/' is an unknown path (404), not a redirect
-    capability = CapabilityPath(openrlhf_secret) if openrlhf_secret is not None else None
-    return BearerAuth(app, token, gate, endpoints.metrics, capability, metrics_token)
+    capabilities = [
+        CapabilityPath(route, secret, *HEADERLESS[route]) for route, secret in secrets.items()
+    ]
+    return BearerAuth(app, token, gate, endpoints.metrics, capabilities, metrics_token)

@@ -39,7 +39,18 @@ RESIDENCY_STATES = ("resident", "offloaded", "unknown")
 Labels = tuple[tuple[str, str], ...]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ENDPOINTS = frozenset(
-    {"/health", "/metrics", "/score", "/onload", "/offload", "/drain", "/shutdown", "/openrlhf"}
+    {
+        "/health",
+        "/metrics",
+        "/score",
+        "/onload",
+        "/offload",
+        "/drain",
+        "/shutdown",
+        "/openrlhf",
+        "/unirl/health",
+        "/unirl/score",
+    }
 )
 
 

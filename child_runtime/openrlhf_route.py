@@ -1,8 +1,9 @@
-"""The OpenRLHF route's guards: a secret in the path, checked in constant time, and failures said
-loudly.
+"""The headerless routes' guards: a secret in the path, checked in constant time (`CapabilityPath`,
+one class for OpenRLHF's route and UniRL's), and OpenRLHF's failures said loudly.
 
-OpenRLHF's client posts to the URL exactly as configured and sends no header, so the only secret
-it can carry is the URL itself: the route is `/openrlhf/<secret>`. Its own failure handling is
+OpenRLHF's and UniRL's clients post to the URL exactly as configured and send no header, so the
+only secret they can carry is the URL itself: the routes are `/openrlhf/<secret>` and
+`/unirl/<secret>/{health,score}`. OpenRLHF's own failure handling is
 quiet (five tries, then one INFO line and `reward=None`), so this side says every refusal and
 every failed answer on the server's log, with the typed error text: the first of a kind at once,
 then at most one line per LOG_EVERY_S with how many there were (`Throttled`), so that a flood of bad
@@ -22,8 +23,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from child_runtime.protocol.openrlhf import ROUTE
-
 # a flood of refusals or failed answers costs one log line of each kind per this many seconds
 LOG_EVERY_S = 10.0
 OPENRLHF_FATE = "OpenRLHF retries 5 times, then logs at INFO only and trains on reward=None"
@@ -31,11 +30,11 @@ OPENRLHF_FATE = "OpenRLHF retries 5 times, then logs at INFO only and trains on 
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def log(level: str, message: str) -> None:
+def log(level: str, message: str, source: str = "openrlhf") -> None:
     """One line on the server's log; a full or broken log is not a reason to fail the answer."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     try:
-        print(f"{stamp} {level} child_runtime.openrlhf: {message}", file=sys.stderr, flush=True)
+        print(f"{stamp} {level} child_runtime.{source}: {message}", file=sys.stderr, flush=True)
     except OSError:
         pass  # the answer still carries the error to the client
 
@@ -59,21 +58,31 @@ class Throttled:
 
 
 class CapabilityPath:
-    """`/openrlhf/<secret>`: whoever knows the path may score, nothing more (no other endpoint)."""
+    """`<route>/<secret>[/<endpoint>]`: whoever knows the path may use the route's own endpoints,
+    nothing more (OpenRLHF's `/openrlhf/<secret>`, UniRL's `/unirl/<secret>/health` and `/score`):
+    `endpoints` are what may follow the secret. `configured_in` names where the client's user put
+    the URL (said when a secret is refused)."""
 
-    def __init__(self, secret: str) -> None:
-        self.prefix = ROUTE + "/"
-        self._expected = hashlib.sha256((self.prefix + secret).encode()).digest()
+    def __init__(
+        self, route: str, secret: str, configured_in: str, endpoints: tuple[str, ...] = ("",)
+    ) -> None:
+        self.route, self.prefix, self.configured_in = route, route + "/", configured_in
+        self.endpoints = endpoints
+        self._expected = hashlib.sha256(secret.encode()).digest()
         self._refusals = Throttled()
 
     def claims(self, path: str) -> bool:
-        return path == ROUTE or path.startswith(self.prefix)
+        return path == self.route or path.startswith(self.prefix)
 
-    def admits(self, path: str) -> bool:
-        """Digests of equal length compared: the time taken says nothing of the secret, nor its
-        length."""
-        supplied = hashlib.sha256(path.encode("utf-8", "surrogatepass")).digest()
-        return hmac.compare_digest(supplied, self._expected)
+    def inner(self, path: str) -> str | None:
+        """The route's own path (the route, then the endpoint after the secret) when the secret is
+        right and the endpoint one of the route's, else None (a wrong endpoint says nothing of the
+        secret). Digests of equal length compared: the time taken says nothing of the secret, nor
+        its length (a secret holds no '/': `serve` reads it so)."""
+        secret, slash, rest = path[len(self.prefix) :].partition("/")
+        supplied = hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
+        right = hmac.compare_digest(supplied, self._expected)
+        return self.route + slash + rest if right and slash + rest in self.endpoints else None
 
     def refused(self, client: Any) -> None:
         """Count a wrong or missing secret; said at once, then at most once per LOG_EVERY_S."""
@@ -81,8 +90,9 @@ class CapabilityPath:
         self._refusals.happened(
             lambda count: log(
                 "WARNING",
-                f"401 for {count} request(s) to {ROUTE}/<secret> with a wrong or missing secret "
-                f"(the last from {peer}): check the secret in --reward.remote_url",
+                f"401 for {count} request(s) to {self.route}/<secret> with a wrong or missing "
+                f"secret (the last from {peer}): check the secret in {self.configured_in}",
+                self.route.strip("/"),
             )
         )
 

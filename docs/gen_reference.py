@@ -450,6 +450,7 @@ def _live_answers(app: Any) -> dict[str, Any]:
 
     from child_runtime.protocol import wire
     from child_runtime.protocol.openrlhf import ROUTE
+    from child_runtime.protocol.unirl import ROUTE as UNIRL_ROUTE
 
     auth = {"authorization": f"Bearer {TOKEN}"}
     frame = wire.encode(
@@ -476,6 +477,10 @@ def _live_answers(app: Any) -> dict[str, Any]:
                 "/offload": await client.post("/offload", headers=auth),
                 "/drain": await client.post("/drain", headers=auth),
                 ROUTE: await client.post(f"{ROUTE}/{SECRET}", json=one_sample),
+                f"{UNIRL_ROUTE}/health": await client.get(f"{UNIRL_ROUTE}/{SECRET}/health"),
+                f"{UNIRL_ROUTE}/score": await client.post(
+                    f"{UNIRL_ROUTE}/{SECRET}/score", json=unirl
+                ),
                 "/shutdown": await client.post("/shutdown", headers=auth),
                 "401": await client.get("/health"),
             }
@@ -623,7 +628,9 @@ def http_page() -> str:
     scorer.load("cpu")
     host = ScorerHost(scorer, "resident", identity_hash="0" * 64)
     host.onload()
-    served = child_app.build_app(host, TOKEN, lambda: None, openrlhf_secret=SECRET)
+    served = child_app.build_app(
+        host, TOKEN, lambda: None, route_secrets=dict.fromkeys(child_app.HEADERLESS, SECRET)
+    )
     starlette_app = served.app  # type: ignore[attr-defined]  # behind BearerAuth
     answers = _live_answers(served)
 
@@ -631,7 +638,8 @@ def http_page() -> str:
     lines += [
         "A managed child and `managed-scorers serve` run the same app "
         "(`child_runtime.app.build_app`); `serve` adds the OpenRLHF route when given "
-        "`--openrlhf-secret-file`. The routes below are read from that app, built over the "
+        "`--openrlhf-secret-file`, and UniRL's when given `--unirl-secret-file`. "
+        "The routes below are read from that app, built over the "
         "`constant` scorer in the build's own process, and each answer shown was got from it "
         "by calling the route once.",
         "",
@@ -646,7 +654,7 @@ def http_page() -> str:
     for route in starlette_app.routes:
         handler = _handler_of(route.endpoint, child_app._Endpoints)
         status, kind, body, _ = answers[route.path]
-        shown_path = f"{route.path}/<secret>" if route.path == "/openrlhf" else route.path
+        shown_path = _shown_path(route.path)
         methods = sorted(route.methods - {"HEAD"})
         section = "-".join(["", *(m.lower() for m in methods), route.path.strip("/")])[1:]
         types = [kind] + ([answers["/score json"][1]] if route.path == "/score" else [])
@@ -735,6 +743,17 @@ def http_page() -> str:
     )
     lines.extend(["## `managed-scorers serve`", "", doc(serve), ""])
     return "\n".join(lines)
+
+
+def _shown_path(path: str) -> str:
+    """A headerless route's path as its client writes it: the secret after the route."""
+    from child_runtime.protocol.openrlhf import ROUTE
+    from child_runtime.protocol.unirl import ROUTE as UNIRL_ROUTE
+
+    for route in (ROUTE, UNIRL_ROUTE):
+        if path == route or path.startswith(route + "/"):
+            return f"{route}/<secret>{path[len(route) :]}"
+    return path
 
 
 def _comments_by_line(source: str) -> dict[int, str]:

@@ -18,7 +18,9 @@ why}], "identities": [...]}`, one entry of each per request, in order. Read here
   (PNG, JPEG, ... decoded to RGB) is an image item: that turn's `text` is the prompt (UniRL sends it
   there), and each earlier turn's image is a condition image (UniRL's image-edit history). A last
   turn without media is a text item: its `text` is the text scored, and the turn before it (if any)
-  holds the prompt. `video_b64` is refused (send video frames in the binary frame).
+  holds the prompt. A turn with `video_b64` (an mp4, as UniRL's `export_to_video` writes it at
+  its `video_fps`) is a video item of that one turn: its frames are decoded with PyAV to RGB, THWC
+  uint8 (the binary frame's video), and its `text` is the prompt.
 - `required_rewards` names the scorer (its reward: a served panel's weighted reward, else its terms'
   sum, first, then each term as a sub-metric) or some of its terms (`{term: {term: value}}` each);
   left out or empty, the scorer. Every request of one call names the same ones.
@@ -27,7 +29,11 @@ why}], "identities": [...]}`, one entry of each per request, in order. Read here
   not apply to an item is 0.0 there (as this project's UniRL adapters give it).
 
 Everything the binary frame checks applies (`items.request_from_wire`); decoded pixels count against
-`max_media_bytes` each and `max_request_bytes` together, before they are decoded.
+`max_media_bytes` each and `max_request_bytes` together, before they are decoded (a video's frame by
+frame, its size read from the stream's header first).
+
+`serve --unirl-secret-file` serves this same handler at `ROUTE/<secret>/score` for UniRL's own
+client, which sends no header, with its `/health` at `ROUTE/<secret>/health` (`served_rewards`).
 """
 
 from __future__ import annotations
@@ -42,12 +48,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from child_runtime.protocol.items import MAX_ID_CHARS, Limits, RequestError
+from child_runtime.protocol.unirl_video import decode_video
 from scorers.base import ScoreResult, ScorerSpec
 
 if TYPE_CHECKING:
     import numpy as np
 
 PROTOCOL_VERSION = "1"
+ROUTE = "/unirl"  # served at ROUTE/<secret>/health and /score: the secret is checked, then cut off
 TOP_FIELDS = frozenset(["protocol_version", "requests"])
 REQUEST_FIELDS = frozenset(
     [
@@ -196,6 +204,13 @@ def _history(history: Any, where: str, budget: _Pixels) -> dict[str, Any]:
         raise RequestError(f"{where}.history must be a list of 1 to {MAX_TURNS} turns")
     turns = [_turn(turn, f"{where}.history[{i}]") for i, turn in enumerate(history)]
     last, before = turns[-1], turns[:-1]
+    if any(turn.get("video_b64") is not None for turn in turns):  # a video item: one turn
+        if before:
+            raise RequestError(f"{where}.history of a video item is one turn (UniRL sends one)")
+        return {
+            "prompt": last.get("text"),
+            "video": budget.video(last["video_b64"], f"{where}.history[0].video_b64"),
+        }
     if last.get("image_b64") is None:  # a text item: [prompt turn,] scored turn
         if len(turns) > 2 or any(turn.get("image_b64") is not None for turn in turns):
             raise RequestError(
@@ -220,11 +235,9 @@ def _turn(turn: Any, where: str) -> dict[str, Any]:
     unknown = sorted(set(turn) - TURN_FIELDS)
     if unknown:
         raise RequestError(f"{where} has unknown fields {unknown}")
-    if turn.get("video_b64") is not None:
-        raise RequestError(
-            f"{where}.video_b64 is not read here: send video frames in the binary frame"
-        )
-    for key in ("text", "image_b64"):
+    if turn.get("video_b64") is not None and turn.get("image_b64") is not None:
+        raise RequestError(f"{where} has image_b64 and video_b64: a turn holds one medium")
+    for key in ("text", "image_b64", "video_b64"):
         if turn.get(key) is not None and not isinstance(turn[key], str):
             raise RequestError(f"{where}.{key} must be a string or null")
     return turn
@@ -239,10 +252,7 @@ class _Pixels:
         self.left = limits.max_request_bytes
 
     def decode(self, text: str, where: str) -> np.ndarray:
-        try:
-            data = base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise RequestError(f"{where} is not base64: {exc}") from exc
+        data = _unbase64(text, where)
         try:
             import numpy
             from PIL import Image
@@ -260,6 +270,21 @@ class _Pixels:
             # client's bytes
             raise RequestError(f"{where} is not a readable image: {exc}"[:300]) from exc
 
+    def video(self, text: str, where: str) -> np.ndarray:
+        """An mp4 (base64) as THWC uint8 RGB frames, charged frame by frame before each is
+        decoded."""
+        clip = [0]
+
+        def charge(size: int, where: str) -> None:  # the clip's frames together, then the call's
+            clip[0] += size
+            if clip[0] > self.limits.max_media_bytes:
+                raise RequestError(
+                    f"{where} decodes to more than max_media_bytes={self.limits.max_media_bytes}"
+                )
+            self._charge(size, where)
+
+        return decode_video(_unbase64(text, where), where, charge)
+
     def _charge(self, size: int, where: str) -> None:
         if size > self.limits.max_media_bytes:
             raise RequestError(
@@ -269,6 +294,23 @@ class _Pixels:
         if size > self.left:
             raise RequestError(f"{where}: the call's images decode to more than max_request_bytes")
         self.left -= size
+
+
+def _unbase64(text: str, where: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise RequestError(f"{where} is not base64: {exc}") from exc
+
+
+def served_rewards(spec: ScorerSpec) -> dict[str, list[str]]:
+    """UniRL's `/health` `rewards`: each reward `required_rewards` may name here, with the
+    sub-metrics `answer` gives it (the scorer's reward first, then its terms; a term, itself)."""
+    terms = list(spec.term_names())
+    whole = [spec.name]
+    if spec.name not in terms:
+        whole += [term for term in terms if term != spec.reward_term]
+    return {spec.name: whole, **{term: [term] for term in terms}}
 
 
 def answer(result: ScoreResult, parsed: Parsed, spec: ScorerSpec) -> dict[str, Any]:

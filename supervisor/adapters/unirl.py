@@ -20,6 +20,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -27,12 +28,14 @@ from scorers.unirl.loading import bare_local_package
 from supervisor.adapters.unirl_config import UniRLOptions, managed_spec, panel_config, remote_config
 from supervisor.adapters.unirl_io import contributions, reward_request, unirl_response
 from supervisor.adapters.unirl_local import local_spec
+from supervisor.adapters.unirl_weighing import Weighing, check_served, weigh
 from supervisor.backend import RewardBackend
 from supervisor.backends.managed import ManagedScorerProcessBackend as _OurManagedBackend
 from supervisor.compose.panel import RewardPanel as _OurPanel
 from supervisor.compose.recipes import build_panel, make_backend
 from supervisor.composition import component, leaf_shapes
 from supervisor.errors import ScorerError
+from supervisor.shape import ScorerShape
 from supervisor.types import RewardRequest, RewardResponse
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,9 @@ class _UniRLFace:
 
     backend: RewardBackend
     input_kind = "image"
+    _weighing_fields: Mapping[str, Any]
+    _weighed: Weighing | None
+    _required: list[str]
 
     def _set_base(self, options: UniRLOptions, backend: RewardBackend) -> None:
         """UniRL's base attributes (its __init__ sets only these), then the backend, closed at
@@ -79,6 +85,8 @@ class _UniRLFace:
             options.reference_key,
         )
         self.backend = backend
+        self._weighing_fields, self._weighed = options.weighing, None
+        self._required = []
         atexit.register(backend.close)  # idempotent; dispose() unregisters it
 
     def get_model_name(self) -> str:
@@ -109,12 +117,26 @@ class _UniRLFace:
                 request, self.input_kind, self.prompts(request), self.reference_key, arena.empty
             )
             response = self.backend.compute_rewards(ours)
-        return unirl_response(response, self._components(ours, response), started)
+        return self._answer(ours, response, started)
 
-    def _components(
-        self, request: RewardRequest, response: RewardResponse
-    ) -> dict[str, list[float]]:
-        raise NotImplementedError
+    def _answer(self, request: RewardRequest, response: RewardResponse, started: float) -> Any:
+        """UniRL's RewardResponse: UniRL's own client's reward (`weighing`, over the scorer's
+        terms), where this drop-in stands for one of UniRL's classes."""
+        shape = component(self.backend).shape
+        if shape is None:
+            raise RuntimeError(f"{self.model_name}: the scorer's shape is not known yet")
+        weighed = weigh(self._weighing(shape), response, shape)
+        return unirl_response(
+            weighed.rewards, weighed.components, weighed.successes, weighed.errors, started
+        )
+
+    def _weighing(self, shape: ScorerShape) -> Weighing:
+        """UniRL's weighing of the rewards wanted (none named: the scorer's own), checked once."""
+        if self._weighed is None:
+            required = self._required or [shape.name]
+            self._weighed = Weighing.of(self._weighing_fields, required)
+            check_served(self._weighed, shape)
+        return self._weighed
 
     def is_available(self) -> bool:
         """Whether every child behind it answers /health (UniRL polls this; it never raises)."""
@@ -178,11 +200,6 @@ class _ManagedBackend(_UniRLFace):
         self.spec = spec
         self._set_base(options, _OurManagedBackend(spec, start=start))
 
-    def _components(
-        self, request: RewardRequest, response: RewardResponse
-    ) -> dict[str, list[float]]:
-        return {self.spec.scorer.name: list(response.rewards)}
-
 
 class _LocalScorer(_UniRLFace):
     """One of UniRL's own local scorers (`unirl.reward.local.*`, or a user's subclass of its
@@ -212,10 +229,13 @@ class _LocalScorer(_UniRLFace):
         self.spec = spec
         self._set_base(options, _OurManagedBackend(spec, start=start))
 
-    def _components(
-        self, request: RewardRequest, response: RewardResponse
-    ) -> dict[str, list[float]]:
-        return {self.model_name: list(response.rewards)}
+    def _answer(self, request: RewardRequest, response: RewardResponse, started: float) -> Any:
+        """The scorer's one reward, as UniRL's local scorer answers it (no client's weighing), and
+        `component_rewards` under its model name."""
+        rewards = list(response.rewards)
+        return unirl_response(
+            rewards, {self.model_name: rewards}, response.usable(), response.errors, started
+        )
 
 
 class _PanelBackend(_UniRLFace):
@@ -251,15 +271,20 @@ class _PanelBackend(_UniRLFace):
         self.panel_config = panel
         self._set_base(options, build_panel(panel))
 
+    def _answer(self, request: RewardRequest, response: RewardResponse, started: float) -> Any:
+        """The panel's reward (its recipe's weights); components are what each term added."""
+        return unirl_response(
+            list(response.rewards),
+            contributions(self.panel.terms, request, response),
+            response.usable(),
+            list(response.errors),
+            started,
+        )
+
     @property
     def panel(self) -> _OurPanel:
         assert isinstance(self.backend, _OurPanel)
         return self.backend
-
-    def _components(
-        self, request: RewardRequest, response: RewardResponse
-    ) -> dict[str, list[float]]:
-        return contributions(self.panel.terms, request, response)
 
 
 class _RemoteBackend(_UniRLFace):
@@ -293,17 +318,10 @@ class _RemoteBackend(_UniRLFace):
         }
         options = overridden(options, reference_key, given)
         self._set_base(options, make_backend(remote))
-
-    def _components(
-        self, request: RewardRequest, response: RewardResponse
-    ) -> dict[str, list[float]]:
+        self._required = list(self.wanted)
         shape = component(self.backend).shape
-        reward_term = None if shape is None else shape.reward_term
-        names = self.wanted or [name for name in response.component_rewards if name != reward_term]
-        return {
-            name: [0.0 if value is None else value for value in response.component_rewards[name]]
-            for name in names
-        }
+        if shape is not None:  # met at construction: a wrong reward or weight is refused now
+            self._weighing(shape)
 
 
 _CORES: dict[str, type[_UniRLFace]] = {

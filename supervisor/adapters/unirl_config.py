@@ -14,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
+from supervisor.adapters.unirl_weighing import Weighing
 from supervisor.compose.recipes import load_recipe
 from supervisor.config import ManagedScorerProcessSpec, PanelConfig, RemoteBackendConfig
 from supervisor.errors import ConfigError, validation_message
@@ -74,6 +76,10 @@ HISTORY_KINDS["video"] = ("video", "video")
 HISTORY_KINDS["audio"] = ("audio", "audio")  # an extension: UniRL's spec knows image kinds only
 TRANSPORTS = ("auto", "http")  # both: the loopback data plane (shared memory for large arrays)
 PROMPT_SOURCES = ("original", "generation")
+WEIGHING_FIELDS = ("reward_weights", "aggregation_method", "sub_metric_reduce")
+# UniRL's math grader reads its timeout (int seconds, > 0) from this variable (local/mathverify.py)
+MATHVERIFY_TIMEOUT_ENV = "UNIRL_MATHVERIFY_TIMEOUT_S"
+IDENTITY_HASH = re.compile(r"^[0-9a-f]{64}$")  # what serve's UniRL route echoes as scorer_version
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,8 @@ class UniRLOptions:
     prompt_source: str = "generation"
     input_kind: str = "image"
     reference_key: str = "reference"
+    # UniRL's reward_weights, aggregation_method and sub_metric_reduce, as given (unirl_weighing)
+    weighing: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.prompt_source not in PROMPT_SOURCES:
@@ -181,6 +189,8 @@ def _check_client(client: Mapping[str, Any], name: str, media: str, version: Any
             f"history_kind"
         )
     expected = client.get("expected_scorer_version")
+    if is_identity(expected):
+        return  # the identity hash: a pin of its own, beside a version
     if expected is not None and version is not None and expected != version:
         raise ConfigError(
             f"config.client.expected_scorer_version {expected!r} != config.scorer.version "
@@ -212,22 +222,60 @@ def _process(process: Mapping[str, Any], client: Mapping[str, Any]) -> dict[str,
     return out
 
 
+def is_identity(value: Any) -> bool:
+    """An `expected_scorer_version` that is an identity hash (what serve's UniRL route echoes as
+    `scorer_version`) pins the identity; any other, the revision."""
+    return isinstance(value, str) and IDENTITY_HASH.match(value) is not None
+
+
+def version_pins(version: Any, expected: Any) -> dict[str, Any]:
+    """`scorer.version` and `client.expected_scorer_version` as our pins (revision, identity)."""
+    if is_identity(expected):
+        return {"revision": version, "identity_hash": expected}
+    return {"revision": version if version is not None else expected}
+
+
+def mathverify_timeout(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """UniRL's `UNIRL_MATHVERIFY_TIMEOUT_S`, where its users set it, as math_verify's `timeout_s`
+    (the recipe's own `timeout_s` wins); read as UniRL reads it: an int, > 0."""
+    raw = os.environ.get(MATHVERIFY_TIMEOUT_ENV)
+    if name != "math_verify" or raw is None or "timeout_s" in params:
+        return params
+    try:
+        seconds = int(raw)
+    except ValueError:
+        seconds = 0
+    if seconds <= 0:
+        raise ConfigError(f"{MATHVERIFY_TIMEOUT_ENV}={raw!r} must be a positive integer (UniRL's)")
+    return {**params, "timeout_s": seconds}
+
+
+def _math_timeout(term: Any) -> Any:
+    """A panel term's math_verify (a managed or local scorer) with UniRL's variable as its
+    `timeout_s` (`mathverify_timeout`); any other term as it is."""
+    scorer = getattr(term.backend, "scorer", None)
+    if scorer is None or getattr(scorer, "name", None) != "math_verify":
+        return term
+    params = mathverify_timeout("math_verify", dict(scorer.params))
+    if params == scorer.params:
+        return term
+    backend = term.backend.model_copy(
+        update={"scorer": scorer.model_copy(update={"params": params})}
+    )
+    return term.model_copy(update={"backend": backend})
+
+
 def _scorer(
     scorer: Mapping[str, Any], kind: str, base_device: str | None, client: Mapping[str, Any]
 ) -> dict:
     """Our ScorerConfig: UniRL's `params.device` is ours `device` (a scorer gets it in load())."""
     params = dict(scorer.get("params") or {})
     device = params.pop("device", None) or base_device or "cpu"
-    revision = (
-        scorer.get("version")
-        if scorer.get("version") is not None
-        else client.get("expected_scorer_version")
-    )
     return {
         "name": scorer["name"],
         "input_kind": kind,
-        "params": params,
-        "revision": revision,
+        "params": mathverify_timeout(scorer["name"], params),
+        **version_pins(scorer.get("version"), client.get("expected_scorer_version")),
         "device": device,
     }
 
@@ -247,6 +295,7 @@ def managed_spec(
         raise ConfigError(f"config.scorer.name must name a scorer, got {name!r}")
     kind, media = _history_kind(scorer)
     _check_client(client, name, media, scorer.get("version"))
+    Weighing.of(client, [name])  # UniRL's weighing of its one reward, checked before any child
     size = top.get("idempotency_cache_size", 1024)  # the child's replay cache has its own bounds
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ConfigError(f"config.idempotency_cache_size must be a positive int, got {size!r}")
@@ -273,6 +322,7 @@ def _options(client: Mapping[str, Any], name: str, media: str, **overrides: Any)
         "timeout": client.get("timeout") or 300.0,
         "prompt_source": client.get("prompt_source") or "generation",
         "input_kind": client.get("input_kind") or media,
+        "weighing": {key: client[key] for key in WEIGHING_FIELDS if client.get(key) is not None},
     }
     return UniRLOptions(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
 
@@ -314,6 +364,7 @@ def panel_config(
         panel = panel.model_copy(
             update={"terms": [term for term in panel.terms if term.name in wanted]}
         )
+    panel = panel.model_copy(update={"terms": [_math_timeout(term) for term in panel.terms]})
     return panel, _options(client, model_name or "reward_panel", "image", model_name=model_name)
 
 
@@ -322,10 +373,9 @@ def remote_config(
 ) -> tuple[RemoteBackendConfig, UniRLOptions, list[str]]:
     """UniRL's RemoteRewardSpec (or its fields), pointed at servers of ours (`serve --recipe` or
     `serve --scorer`; one URL or a list of servers of one identity), as our remote backend's config,
-    the base options, and the rewards whose values UniRL gets as components (`required_rewards`;
-    empty: every term the server serves). Weights are the server's: a served panel's are its
-    recipe's, so `reward_weights` and another `aggregation_method` are refused rather than
-    half-honoured."""
+    the base options, and the rewards UniRL asks for (`required_rewards`; empty: the scorer's own
+    reward). Every term is asked of the server: the rewards, their sub-metrics, weights and
+    aggregation are UniRL's client's, computed here (adapters/unirl_weighing)."""
     client = fields_of(config, "config", CLIENT_FIELDS)
     check_raises(client)
     urls = client.get("base_url")
@@ -338,27 +388,19 @@ def remote_config(
             f"of them), got {urls!r} "
             "(managed://: supervisor.adapters.unirl.ManagedScorerProcessBackend)"
         )
-    if client.get("reward_weights"):
-        raise ConfigError(
-            "reward_weights: the server weighs its terms (a served panel: its recipe's `weight`s)"
-        )
-    if client.get("aggregation_method", "weighted_sum") != "weighted_sum":
-        raise ConfigError(
-            f"aggregation_method {client['aggregation_method']!r}: a served panel sums "
-            f"weight x term"
-        )
     wanted = [str(name) for name in client.get("required_rewards") or []]
+    Weighing.of(client, wanted)  # none wanted: the scorer's own reward, weighing 1.0
     remote: dict[str, Any] = {
         "base_url": listed[0] if len(listed) == 1 else listed,
         "token_env": token_env,
     }
-    remote["client"] = {"required_rewards": wanted}
+    remote["client"] = {}  # every term: UniRL's rewards are made of them here (unirl_weighing)
     if client.get("request_batch_size") is not None:
         remote["client"]["request_batch_size"] = client["request_batch_size"]
     if client.get("timeout") is not None:
         remote["request_timeout"] = client["timeout"]
     if client.get("expected_scorer_version") is not None:
-        remote["revision"] = client["expected_scorer_version"]
+        remote.update(version_pins(None, client["expected_scorer_version"]))
     try:
         parsed = RemoteBackendConfig.model_validate(remote)
     except ValidationError as exc:

@@ -188,7 +188,11 @@ def _item(
 
 
 def unirl_response(
-    response: RewardResponse, components: Mapping[str, list[float]], started: float
+    rewards: Sequence[float],
+    components: Mapping[str, list[float]],
+    successes: Sequence[bool],
+    errors: Sequence[str | None],
+    started: float,
 ) -> Any:
     """UniRL's RewardResponse: an item is a success when its reward may be used (a panel item short
     of an optional term only is one: its `errors` entry still names the term)."""
@@ -199,10 +203,10 @@ def unirl_response(
             f"UniRL is not importable here ({exc}): its RewardResponse cannot be built"
         ) from exc
     return UniRLResponse(
-        rewards=[float(reward) for reward in response.rewards],
+        rewards=[float(reward) for reward in rewards],
         component_rewards={name: list(values) for name, values in components.items()},
-        successes=response.usable(),
-        errors=list(response.errors),
+        successes=list(successes),
+        errors=list(errors),
         compute_time=time.perf_counter() - started,
     )
 

@@ -271,15 +271,26 @@ def _serve(args: argparse.Namespace) -> int:
 
     secret = None if args.openrlhf_secret_file is None else read_secret(args.openrlhf_secret_file)
     metrics = None if args.metrics_token_file is None else read_secret(args.metrics_token_file)
+    unirl = None if args.unirl_secret_file is None else read_secret(args.unirl_secret_file)
     limits = _serve_limits(args, secret)
     if args.recipe is not None:
-        _serve_recipe(args, limits, secret, metrics)
+        _serve_recipe(args, limits, secret, metrics, unirl)
     kind = _served_kind(args, refuse_groupwise=secret is not None)
     spec = _served_spec(args, kind, limits)
     # name, params, env: here, not at the child's boot
     precheck.check_served(spec, f"--scorer {args.scorer}")
     token = read_token(args.token_env, args.token_file)
-    serve(spec, args.host, args.port, token, args.allow_remote, args.token_env, secret, metrics)
+    serve(
+        spec,
+        args.host,
+        args.port,
+        token,
+        args.allow_remote,
+        args.token_env,
+        secret,
+        metrics,
+        unirl,
+    )
 
 
 def _serve_limits(args: argparse.Namespace, secret: str | None) -> dict[str, int]:
@@ -297,7 +308,11 @@ def _serve_limits(args: argparse.Namespace, secret: str | None) -> dict[str, int
 
 
 def _serve_recipe(
-    args: argparse.Namespace, limits: dict[str, int], secret: str | None, metrics: str | None
+    args: argparse.Namespace,
+    limits: dict[str, int],
+    secret: str | None,
+    metrics: str | None,
+    unirl: str | None,
 ) -> NoReturn:
     """`serve --recipe`: become the server of the recipe's panel (exec)."""
     from supervisor.ops.serve import panel_spec, read_token, serve
@@ -316,6 +331,7 @@ def _serve_recipe(
         args.token_env,
         secret,
         metrics,
+        unirl,
     )
 
 
@@ -827,6 +843,12 @@ def _add_openrlhf(server: argparse.ArgumentParser) -> None:
 
 
 def _add_json_and_metrics(server: argparse.ArgumentParser) -> None:
+    server.add_argument(
+        "--unirl-secret-file",
+        type=_folder,
+        help="also serve UniRL's own RemoteRewardBackend at base_url http://HOST:PORT/unirl/<the "
+        "secret in this 0600 file> (made if missing): its /health and /score, no header",
+    )
     server.add_argument(
         "--json-max-request-bytes",
         type=int,

@@ -15,6 +15,13 @@ With an OpenRLHF secret (`--openrlhf-secret-file`), the server also speaks OpenR
 second secret, never the token: a URL ends up in command lines and logs, and this one can only
 score (no /shutdown, /offload or /drain). A groupwise scorer is refused there, at boot.
 
+With a UniRL secret (`--unirl-secret-file`), UniRL 0.2.0's own `RemoteRewardBackend` is served
+unchanged at `base_url: http://HOST:PORT/unirl/<secret>`: `GET .../health` answers its
+`{"status", "rewards"}` and `POST .../score` is /score's JSON form (UniRL's protocol, the same
+handler). Its client sends no header either, so the secret rides in the URL; a third secret, which
+can only score and say the rewards served. A text or audio scorer is refused there, at boot (UniRL's
+client sends images and videos only).
+
 `GET /livez` needs no token and answers 200 while the server runs, nothing more. A Prometheus scrape
 of `/metrics` need not hold the token either: `--metrics-token-file` names a second token (a 0600
 file, made if missing) that opens `GET /metrics` and nothing else; Prometheus reads it from a file
@@ -80,8 +87,8 @@ def read_token(token_env: str | None, token_file: Path | None) -> str:
 
 
 def read_secret(path: Path) -> str:
-    """The OpenRLHF route's secret: a file only this user can read, made with a fresh one when
-    missing."""
+    """A route's secret (OpenRLHF's, UniRL's) or the metrics token: a file only this user can
+    read, made with a fresh one when missing."""
     secret = _token_from_file(path)
     if len(secret) < MIN_TOKEN_CHARS or not all(c.isalnum() or c in "-_" for c in secret):
         raise ConfigError(
@@ -191,9 +198,11 @@ def _as_panel_server(config: dict[str, Any], env: dict[str, str]) -> None:
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
 
 
-def _distinct_secrets(token: str, openrlhf_secret: str | None, metrics_token: str | None) -> None:
-    """The OpenRLHF secret and the metrics token each differ from the token, which drives every
-    endpoint."""
+def _distinct_secrets(
+    token: str, openrlhf_secret: str | None, metrics_token: str | None, unirl_secret: str | None
+) -> None:
+    """The route secrets and the metrics token each differ from the token, which drives every
+    endpoint, and from each other: each is handed to another party."""
     if openrlhf_secret is not None and hmac.compare_digest(openrlhf_secret, token):
         raise ConfigError(
             "the OpenRLHF secret must differ from the token: the URL that carries it is seen "
@@ -204,6 +213,14 @@ def _distinct_secrets(token: str, openrlhf_secret: str | None, metrics_token: st
             "the metrics token must differ from the token: it is handed to a scraper, which "
             "may only read"
         )
+    others = {"token": token, "OpenRLHF secret": openrlhf_secret, "metrics token": metrics_token}
+    for name, other in others.items():
+        if unirl_secret is not None and other is not None:
+            if hmac.compare_digest(unirl_secret, other):
+                raise ConfigError(
+                    f"the UniRL secret must differ from the {name}: the URL that carries it is "
+                    f"seen in UniRL's configs and logs, and may only score"
+                )
 
 
 def serve(
@@ -215,9 +232,10 @@ def serve(
     token_env: str | None = None,
     openrlhf_secret: str | None = None,
     metrics_token: str | None = None,
+    unirl_secret: str | None = None,
 ) -> NoReturn:
     """Become the server (exec); returns only by raising, before the exec."""
-    _distinct_secrets(token, openrlhf_secret, metrics_token)
+    _distinct_secrets(token, openrlhf_secret, metrics_token, unirl_secret)
     _one_child(spec)
     enough_descriptors(spec.limits.max_pending_connections)
     listener = bind(host, port, allow_remote)
@@ -241,6 +259,8 @@ def serve(
         config["openrlhf_secret"] = openrlhf_secret
     if metrics_token is not None:
         config["metrics_token"] = metrics_token
+    if unirl_secret is not None:
+        config["unirl_secret"] = unirl_secret
     _exec_runtime(plan, config, env)
 
 

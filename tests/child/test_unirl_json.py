@@ -110,8 +110,12 @@ def test_an_image_request_decodes_its_image_and_earlier_turns_as_condition_image
         ),
         (call({"history": [], "request_id": "a"}), "history must be a list of 1 to"),
         (
-            call({"history": [{"text": "x", "video_b64": "AAAA"}], "request_id": "a"}),
-            "video_b64 is not read here",
+            call({"history": [{"video_b64": "AAAA", "image_b64": png(1)}], "request_id": "a"}),
+            "a turn holds one medium",
+        ),
+        (
+            call({"history": [{"text": "p"}, {"video_b64": "AAAA"}], "request_id": "a"}),
+            "of a video item is one turn",
         ),
         (call({"history": [{"image_b64": "not base64!"}], "request_id": "a"}), "is not base64"),
         (call({"history": [{"image_b64": "AAAA"}], "request_id": "a"}), "is not a readable image"),

@@ -629,3 +629,26 @@ class AudioEcho(Scorer):
 def audio_checksum(audio) -> float:
     """The first 6 bytes of the sha256 of the waveform's float32 bytes, as an exact float."""
     return float(int.from_bytes(hashlib.sha256(audio.tobytes()).digest()[:6], "big"))
+
+
+class GreyLevels(Scorer):
+    """An image's mean level v in [0, 1] as three terms: `half` (v / 2, its reward), `bright` (v)
+    and `dark` (1 - v): a reward with several sub-metrics, for UniRL's weights and reductions."""
+
+    spec = ScorerSpec(
+        name="grey_levels",
+        input_kind="image",
+        terms=("half", "bright", "dark"),
+        reward_term="half",
+        env="image",
+    )
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        levels = [float(item.required_image().mean()) / 255 for item in items]
+        return ScoreResult(
+            terms={
+                "half": [v / 2 for v in levels],
+                "bright": levels,
+                "dark": [1 - v for v in levels],
+            }
+        )

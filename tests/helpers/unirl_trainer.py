@@ -318,9 +318,10 @@ def served_panel(
     args: dict[str, Any], recipe: Path, sample: Sample, in_process: list[float]
 ) -> None:
     """The same recipe behind `serve --recipe`, through UniRL's remote recipe with only the top
-    `_target_` changed: the in-process panel's rewards; components each term's value (0.0 where it
-    does not apply, as UniRL's remote backend gives); `required_rewards: [kept]` scores and sums
-    that term only."""
+    `_target_` changed: UniRL's client's rewards (each term's value, weighted_sum at weight 1.0:
+    their mean, a term that does not apply left out); components each term's value (0.0 where it
+    does not apply, as UniRL's remote backend gives); `required_rewards: [kept]` is that term
+    alone."""
     token = "u" * 32
     log = open(Path(args["workdir"]) / "served_panel.log", "w")  # noqa: SIM115 - closed with the server
     server = subprocess.Popen(
@@ -366,7 +367,9 @@ def served_panel(
                 expected = {"brightness": f32(raw), "kept": f32([1 - v / 255 for v in LEVELS])}
                 check("served panel components", components == expected, components)
             remote.dispose()
-        check("served panel rewards", rewards[("brightness", "kept")] == in_process, rewards)
+        kept = [1 - v / 255 for v in LEVELS]
+        unirls = [(raw[i] + kept[i]) / 2 if i % 2 == 0 else kept[i] for i in range(len(LEVELS))]
+        check("served panel rewards", rewards[("brightness", "kept")] == f32(unirls), rewards)
         check(
             "served subset rewards",
             rewards[("kept",)] == f32([1 - v / 255 for v in LEVELS]),

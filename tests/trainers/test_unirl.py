@@ -24,8 +24,11 @@ from supervisor import LocalRewardBackend, RewardItem, RewardRequest
 from supervisor.adapters import unirl
 from supervisor.adapters.unirl_config import managed_spec, panel_config, remote_config
 from supervisor.adapters.unirl_io import contributions, reward_request
+from supervisor.adapters.unirl_weighing import Weighing, check_served, weigh
 from supervisor.compose.panel import PanelTerm, RewardPanel
 from supervisor.errors import ConfigError, ScorerRequestError
+from supervisor.shape import ScorerShape
+from supervisor.types import RewardResponse
 from tests.conftest import REPO_ROOT, env_python, launcher_free_env, wait_until_gone
 
 CHECKS = [
@@ -238,9 +241,10 @@ def test_a_panel_config_picks_terms_by_required_rewards_and_refuses_unirls_own_w
             unirl.RewardPanel(recipe=recipe, config=config)
 
 
-def test_a_remote_config_points_at_our_servers_only_and_keeps_their_weights():
-    """Refused before any connection: a managed:// or empty URL, UniRL's own weighting, zeros on
-    failure."""
+def test_a_remote_config_points_at_our_servers_only_and_checks_unirls_weighing():
+    """Refused before any connection: a managed:// or empty URL, a weighing UniRL would refuse or
+    that weighs nothing, zeros on failure; every term is asked of the server (UniRL's rewards are
+    made of them here)."""
     url = "http://127.0.0.1:9"
     remote, options, wanted = remote_config(
         {"base_url": url, "required_rewards": ["b"], "timeout": 7, "request_batch_size": 4},
@@ -259,16 +263,23 @@ def test_a_remote_config_points_at_our_servers_only_and_keeps_their_weights():
     )
     assert (wanted, remote.client.required_rewards, options.model_name) == (
         ["b"],
-        ["b"],
+        [],
         "reward_service",
     )
+    pinned, _, _ = remote_config({"base_url": url, "expected_scorer_version": "ab" * 32}, None)
+    assert (pinned.identity_hash, pinned.revision) == ("ab" * 32, None)  # what the route echoes
     several, _, _ = remote_config({"base_url": [url, "http://127.0.0.1:10"]}, None)
     assert several.urls == [url, "http://127.0.0.1:10"]
     for config, match in [
         ({"base_url": "managed://rank-affine"}, "http\\(s\\) URL of a managed-scorers server"),
         ({"base_url": ""}, "http\\(s\\) URL"),
-        ({"base_url": url, "reward_weights": {"b": 2.0}}, "the server weighs its terms"),
-        ({"base_url": url, "aggregation_method": "max"}, "a served panel sums"),
+        (
+            {"base_url": url, "required_rewards": ["b"], "reward_weights": {"c": 2.0}},
+            r"reward_weights names \['c'\], not in required_rewards \['b'\]",
+        ),
+        ({"base_url": url, "reward_weights": {"b": 2.0}}, "not in required_rewards"),
+        ({"base_url": url, "aggregation_method": "median"}, "aggregation_method must be one of"),
+        ({"base_url": url, "sub_metric_reduce": "min"}, "sub_metric_reduce must be one of"),
         ({"base_url": url, "raise_on_failure": False}, "never zero rewards"),
         ({"base_url": url, "retries": 2}, r"unknown field\(s\) \['retries'\]"),
     ]:
@@ -366,3 +377,48 @@ def test_an_audio_history_kind_is_our_audio_scorer_and_says_video_to_unirls_serv
         assert backend.covers_prompt_video() is False  # a loudness reward does not read the prompt
     finally:
         backend.dispose()
+
+
+def test_unirls_weighing_over_our_terms_is_its_clients_reduce_then_aggregate_by_hand(monkeypatch):
+    """UniRL's RemoteRewardBackend rules (remote.py), over a three-term scorer whose reward is one
+    term: each reward's sub-metrics reduced, then aggregated with the weights; a reward with no
+    value is 0.0 and left out. And UNIRL_MATHVERIFY_TIMEOUT_S becomes math_verify's timeout_s."""
+    shape = ScorerShape(name="grey", terms=("half", "bright", "dark"), reward_term="half")
+    response = RewardResponse(
+        ids=["a", "b"],
+        rewards=[0.1, 0.4],
+        component_rewards={"half": [0.1, 0.4], "bright": [0.2, 0.8], "dark": [0.8, None]},
+        applicable={"dark": [True, False]},  # not for item b (its data source)
+    )
+    required = ["grey", "dark", "half"]
+    cases = {
+        ("weighted_sum", "first"): [(2 * 0.1 + 0.5 * 0.8 + 0.1) / 3.5, (2 * 0.4 + 0.4) / 3.0],
+        ("mean", "mean"): [((0.1 + 0.2 + 0.8) / 3 + 0.8 + 0.1) / 3, ((0.4 + 0.8) / 2 + 0.4) / 2],
+        ("min", "max"): [0.1, 0.4],
+        ("max", "first"): [0.8, 0.4],
+    }
+    for (method, reduce), expected in cases.items():
+        client = {
+            "reward_weights": {"grey": 2.0, "dark": 0.5},
+            "aggregation_method": method,
+            "sub_metric_reduce": reduce,
+        }
+        weighed = weigh(Weighing.of(client, required), response, shape)
+        assert weighed.rewards == pytest.approx(expected, rel=1e-12), (method, reduce)
+        assert weighed.components["dark"] == [0.8, 0.0] and weighed.successes == [True, True]
+    assert weighed.errors[1].startswith("dark: no value") and weighed.errors[0] is None
+    with pytest.raises(ConfigError, match=r"\['nope'\] are not served by scorer 'grey'"):
+        check_served(Weighing.of({}, ["nope"]), shape)
+    math = {"process": {"python_executable": sys.executable}, "scorer": {"name": "math_verify"}}
+    monkeypatch.setenv("UNIRL_MATHVERIFY_TIMEOUT_S", "7")
+    assert managed_spec(math, None)[0].scorer.params == {"timeout_s": 7}
+    own = {**math, "scorer": {"name": "math_verify", "params": {"timeout_s": 3}}}
+    assert managed_spec(own, None)[0].scorer.params == {"timeout_s": 3}  # the recipe's wins
+    graded = {
+        "terms": [{"name": "m", "backend": {"kind": "local", "scorer": {"name": "math_verify"}}}]
+    }
+    panel, _ = panel_config(graded, {"input_kind": "text"}, None)
+    assert panel.terms[0].backend.scorer.params == {"timeout_s": 7}  # a panel's term too
+    monkeypatch.setenv("UNIRL_MATHVERIFY_TIMEOUT_S", "0")
+    with pytest.raises(ConfigError, match="UNIRL_MATHVERIFY_TIMEOUT_S='0' must be a positive"):
+        managed_spec(math, None)

@@ -1,0 +1,62 @@
+"""UniRL's `video_b64`: an mp4 (UniRL's client writes it with diffusers' `export_to_video`) decoded
+with PyAV into the binary frame's video layout, THWC uint8 RGB.
+
+Bounded before decoding: the stream's header gives a frame's size, which is charged (`charge`,
+the call's media budget) before each frame is decoded, so a clip never decodes past
+`max_media_bytes` by more than nothing. PyAV is imported here only: a scorer env without it
+refuses a video turn with a 400 that names it.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from child_runtime.protocol.items import RequestError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+AV_PIN = "av==18.1.0"  # what supervisor/env_specs/image.txt installs
+
+
+def decode_video(data: bytes, where: str, charge: Callable[[int, str], None]) -> np.ndarray:
+    """The clip's frames, in order, as one THWC uint8 RGB array; RequestError names what is
+    wrong."""
+    try:
+        import av
+        import numpy
+    except ImportError as exc:
+        raise RequestError(
+            f"{where}: this scorer's env cannot decode video (it lacks {exc.name}: add "
+            f"{AV_PIN} to it)"
+        ) from exc
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            frames = _frames(container, where, charge)
+    except RequestError:
+        raise
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        raise RequestError(f"{where} is not a readable mp4: {exc}"[:300]) from exc
+    if not frames:
+        raise RequestError(f"{where} holds no frame")
+    return numpy.stack(frames)
+
+
+def _frames(container: Any, where: str, charge: Callable[[int, str], None]) -> list[np.ndarray]:
+    """Each frame of the first video stream, charged at the header's size before it is decoded."""
+    if not container.streams.video:
+        raise RequestError(f"{where} holds no video stream")
+    stream = container.streams.video[0]
+    size = 3 * stream.codec_context.width * stream.codec_context.height
+    if size <= 0:
+        raise RequestError(f"{where}: its header gives no frame size")
+    frames: list[np.ndarray] = []
+    for frame in container.decode(stream):
+        charge(size, where)
+        pixels = frame.to_ndarray(format="rgb24")
+        if 3 * pixels.shape[0] * pixels.shape[1] != size:
+            raise RequestError(f"{where}: frame {len(frames)} changes the clip's size")
+        frames.append(pixels)
+    return frames
