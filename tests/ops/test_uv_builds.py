@@ -116,8 +116,8 @@ def tiny_wheel(folder: Path, version: str) -> Path:
 
 @pytest.fixture(scope="module")
 def uv_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder of a uv binary: the dev env's (requirements-dev.txt), else uv installed by pip into
-    a scratch folder; skipped where it cannot be."""
+    """The folder of a uv binary: the dev env's (requirements-dev.txt), else uv installed by pip
+    into a scratch folder; skipped where it cannot be."""
     if (Path(sys.executable).parent / "uv").is_file():
         return Path(sys.executable).parent
     target = tmp_path_factory.mktemp("uv")
