@@ -38,13 +38,15 @@ def bare_local_package() -> None:
         try:
             importlib.import_module(LOCAL_PACKAGE)
             return
-        except ImportError as exc:
+        except ImportError as exc:  # a pin this env lacks (below), or UniRL missing
             if exc.name is not None and exc.name.split(".")[0] == "unirl":
                 raise UniRLScorerError(
                     f"UniRL is not importable by {sys.executable} ({exc}): run the scorer from an "
                     "env that has UniRL and the scorer's pins (python_executable)"
                 ) from exc
             # a sibling scorer's pin (torchvision) this env lacks: the package goes in bare, below
+        except Exception:  # noqa: BLE001 - a sibling's broken pin (a CUDA torchvision on a CPU torch
+            pass  # raises RuntimeError): the named scorer's own import says whether it matters
         try:
             spec = importlib.util.find_spec(LOCAL_PACKAGE)
         except ModuleNotFoundError as exc:
@@ -69,8 +71,9 @@ def registry_paths(name: str) -> tuple[str, str]:
         scorer = registry.resolve_builtin_reward_scorer_path(name)
     except ValueError as exc:
         raise UniRLScorerError(f"UniRL scorer {name!r}: {exc}") from exc
-    spec = registry.resolve_builtin_reward_spec_class(name)
-    return scorer, f"{spec.__module__}.{spec.__qualname__}"
+    # the Spec's place without importing its module (resolve_builtin_reward_spec_class would)
+    module, attr = registry._resolve_builtin_spec_entry(name)
+    return scorer, f"{module}.{attr}"
 
 
 def import_path(path: str, what: str) -> Any:

@@ -5,6 +5,7 @@ that runs in `load()`. Onload and offload are UniRL's own (`LocalRewardBackend` 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -57,10 +58,20 @@ class UniRLLocalScorer(Scorer):
         self._backend: Any = None
 
     def load(self, device: str = "cpu") -> None:
-        """UniRL's own construction, which loads the model onto `device` (its `base_device`)."""
-        self._backend = self.cls(
+        """UniRL's own construction, which loads the model onto `device` (its `base_device`); then
+        UniRL's offload unless the host onloads it right after (the host starts every scorer
+        offloaded: its residency and the model's agree). A video scorer that covers the prompt
+        (UniRL's `covers_prompt_video`, or one that does not say: UniRL checks none then) requires
+        it, which is how the drop-in answers UniRL's RewardService the same."""
+        backend = self.cls(
             config=built_spec(self.target, self.spec_cls, self.fields), base_device=device
         )
+        self._backend = backend
+        if not self.boots_resident:
+            backend.offload()
+        covers = getattr(backend, "covers_prompt_video", None)
+        if self.spec.input_kind == "video" and (covers is None or covers()):
+            self.spec = dataclasses.replace(self.spec, required_fields=("prompt",))
 
     def _live(self) -> Any:
         if self._backend is None:

@@ -71,7 +71,7 @@ def find_uv() -> str:
     if found is None:
         raise EnvError(
             "--installer uv: uv is not installed (not beside this python, not on PATH): `pip "
-            "install uv`, or build with pip (the default)"
+            "install uv`, or build with pip (the default; `make ENV_INSTALLER=pip`)"
         )
     return found
 
@@ -116,6 +116,6 @@ def uv_arguments(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
             raise EnvError(
                 f"--installer uv: pip's setting {name}={value!r} has no uv equivalent this "
                 f"builder carries: "
-                "build with pip (the default), or unset it"
+                "build with pip (the default; `make ENV_INSTALLER=pip`), or unset it"
             )
     return flags, variables

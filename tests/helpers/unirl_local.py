@@ -110,7 +110,12 @@ def user_model_scorer(args: dict[str, Any]) -> None:
 
     checkpoint = str(Path(args["workdir"]) / "tiny_align.pt")
     build(checkpoint)
-    spec = {"_target_": "tests.helpers.unirl_user_scorer.TinyAlignSpec", "model_path": checkpoint}
+    log = Path(args["workdir"]) / "residency.log"
+    spec = {
+        "_target_": "tests.helpers.unirl_user_scorer.TinyAlignSpec",
+        "model_path": checkpoint,
+        "residency_log": str(log),
+    }
     backend = managed(
         args,
         scorer="tests.helpers.unirl_user_scorer.TinyAlignScorer",
@@ -124,8 +129,11 @@ def user_model_scorer(args: dict[str, Any]) -> None:
     expected, _ = scored(RewardService(own), sample)
     check("model rewards equal UniRL's in-process", rewards == expected, (rewards, expected))
     check("model rewards vary", len(set(rewards)) >= 3, rewards)
+    booted = log.read_text().split() if log.exists() else []
     backend.offload()
     backend.onload()
+    moves = log.read_text().split()[len(booted) :]
+    check("offload and onload reach UniRL's", moves == ["offload", "onload"], (booted, moves))
     again, _ = scored(RewardService(backend), sample)
     check("after offload and onload", again == expected, again)
     failed(backend)

@@ -41,7 +41,7 @@ class TinyAlignScorer(LocalRewardBackend):
     input_kind = "image"
 
     def __init__(self, *, config: TinyAlignSpec, base_device: str) -> None:
-        self._path = config.model_path
+        self._path, self._log = config.model_path, config.residency_log
         super().__init__(
             device=resolve_device(config.device, base_device),
             batch_size=config.batch_size,
@@ -52,6 +52,20 @@ class TinyAlignScorer(LocalRewardBackend):
         model = TinyAlign()
         model.load_state_dict(torch.load(self._path, weights_only=True))
         self.model = model.to(self.device).eval()
+
+    def offload(self) -> None:
+        super().offload()
+        self._said("offload")
+
+    def onload(self) -> None:
+        super().onload()
+        self._said("onload")
+
+    def _said(self, what: str) -> None:
+        """Each residency move, in order, for the test to read (on a CPU both are no-ops)."""
+        if self._log:
+            with open(self._log, "a") as log:
+                log.write(what + "\n")
 
     def _compute_model_rewards(self, request: RewardRequest) -> list[float]:
         rewards = []
@@ -70,5 +84,6 @@ class TinyAlignScorer(LocalRewardBackend):
 @dataclass
 class TinyAlignSpec(PromptRewardComponentSpec):
     model_path: str = ""
+    residency_log: str = ""
     batch_size: int = 8
     device: str = "auto"

@@ -30,6 +30,7 @@ CHECKS = [
     "model name",
     "model rewards equal UniRL's in-process",
     "model rewards vary",
+    "offload and onload reach UniRL's",
     "after offload and onload",
     "nan is an item failure",
     "the failure says why",
