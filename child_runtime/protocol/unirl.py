@@ -271,8 +271,8 @@ class _Pixels:
             raise RequestError(f"{where} is not a readable image: {exc}"[:300]) from exc
 
     def video(self, text: str, where: str) -> np.ndarray:
-        """An mp4 (base64) as THWC uint8 RGB frames, charged frame by frame before each is
-        decoded."""
+        """An mp4 (base64) as THWC uint8 RGB frames, each charged as it is decoded
+        (`unirl_video`)."""
         clip = [0]
 
         def charge(size: int, where: str) -> None:  # the clip's frames together, then the call's

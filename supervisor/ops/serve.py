@@ -90,10 +90,12 @@ def read_secret(path: Path) -> str:
     """A route's secret (OpenRLHF's, UniRL's) or the metrics token: a file only this user can
     read, made with a fresh one when missing."""
     secret = _token_from_file(path)
-    if len(secret) < MIN_TOKEN_CHARS or not all(c.isalnum() or c in "-_" for c in secret):
+    if len(secret) < MIN_TOKEN_CHARS or not all(
+        c.isascii() and (c.isalnum() or c in "-_") for c in secret
+    ):
         raise ConfigError(
             f"the secret in {path} must have at least {MIN_TOKEN_CHARS} characters, all "
-            f"letters, digits, '-' or '_' "
+            f"ASCII letters, digits, '-' or '_' "
             "(it goes into a URL as it is)"
         )
     return secret
