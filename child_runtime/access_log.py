@@ -8,6 +8,7 @@ query strings are never logged.
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 import time
@@ -30,9 +31,12 @@ def listening(listener: socket.socket) -> None:
 
 
 def _shown_path(path: str) -> str:
+    """The path with a secret route's secret masked, however the client spelled the route (`//`,
+    another case: a base URL with a trailing slash doubles it), so no refused secret is logged."""
+    squeezed = re.sub("/{2,}", "/", path)
     for route in SECRET_ROUTES:
-        if path.startswith(route):
-            _, slash, rest = path[len(route) :].partition("/")
+        if squeezed.lower().startswith(route):
+            _, slash, rest = squeezed[len(route) :].partition("/")
             return route + "<secret>" + slash + rest
     return path
 

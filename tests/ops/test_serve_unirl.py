@@ -169,3 +169,13 @@ def test_serve_refuses_a_unirl_secret_shared_with_another_and_a_scorer_unirl_can
     assert booted.returncode == 3 and said["ready"] is False
     assert "UniRL's RemoteRewardBackend sends images and videos only" in said["error"]
     assert oct((tmp_path / "unirl-secret").stat().st_mode & 0o777) == "0o600"  # made, 0600
+
+
+@pytest.mark.parametrize(
+    "path", ["/unirl/S3CRET/score", "//unirl/S3CRET/score", "/Unirl/S3CRET/score", "/unirl//S3CRET"]
+)
+def test_the_access_log_masks_the_secret_however_the_route_is_spelled(path):
+    from child_runtime.access_log import _shown_path
+
+    shown = _shown_path(path)
+    assert "S3CRET" not in shown and shown.startswith("/unirl/<secret>"), shown
