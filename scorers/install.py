@@ -126,6 +126,7 @@ EXTRAS = {
     "ray": ("ray",),
     "parquet": ("pyarrow",),
     "datasets": ("datasets",),
+    "video": ("av",),
 }
 
 

@@ -33,8 +33,8 @@ def decode_video(data: bytes, where: str, charge: Callable[[int, str], None]) ->
         import numpy
     except ImportError as exc:
         raise RequestError(
-            f"{where}: this scorer's env cannot decode video (it lacks {exc.name}: add "
-            f"{AV_PIN} to it)"
+            f"{where}: this python cannot decode video (it lacks {exc.name}: add {AV_PIN} to "
+            "the scorer's env, or pip install 'managed-scorers[video]' where serve runs)"
         ) from exc
     try:
         with av.open(io.BytesIO(data), mode="r", format="mp4") as container:

@@ -76,7 +76,7 @@ def test_the_runtime_dependencies_are_exactly_what_the_product_imports():
     assert imported - base - in_extras == set(), "imported but not declared"
     assert base - imported == set(), "declared but imported by no product module"
     assert in_extras - imported - USED_BY_UVICORN == set(), "an extra's package that nothing uses"
-    assert set(extras) == {"serving", "metrics", "ray", "parquet", "datasets"}
+    assert set(extras) == {"serving", "metrics", "ray", "parquet", "datasets", "video"}
 
 
 # -- the supervisord check, on folders laid out as pip leaves them (fast: no pip, python -S) --
@@ -277,7 +277,7 @@ def test_a_base_install_names_the_extra_each_command_needs(built, tmp_path):
     first = done.stdout.splitlines()[0]
     assert done.returncode == 0 and first.startswith("ok    managed-scorers 0.1.0 at "), done.stdout
     assert first.endswith(
-        "site-packages: extras: serving no, metrics no, ray no, parquet no, datasets no"
+        "site-packages: extras: serving no, metrics no, ray no, parquet no, datasets no, video no"
     ), first
     code = "from supervisor.backends import prometheus\nprometheus.register()"
     done = _run(built, str(built["python"]), "-c", code)
