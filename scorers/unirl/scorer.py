@@ -43,7 +43,7 @@ class UniRLLocalScorer(Scorer):
         if kind not in KINDS:
             raise UniRLScorerError(f"UniRL scorer {target!r} takes {kind!r}; supported: {KINDS}")
         term = name or getattr(self.cls, "canonical_model_name", None) or self.cls.__name__.lower()
-        self.term = str(term)
+        self.term, self._named = str(term), name is not None
         self.spec = ScorerSpec(
             name=NAME,
             input_kind=kind,
@@ -60,7 +60,8 @@ class UniRLLocalScorer(Scorer):
     def load(self, device: str = "cpu") -> None:
         """UniRL's own construction, which loads the model onto `device` (its `base_device`); then
         UniRL's offload unless the host onloads it right after (the host starts every scorer
-        offloaded: its residency and the model's agree). A video scorer that covers the prompt
+        offloaded: its residency and the model's agree). The term is the instance's model name
+        (UniRL's `get_model_name()`) unless `name` is given. A video scorer that covers the prompt
         (UniRL's `covers_prompt_video`, or one that does not say: UniRL checks none then) requires
         it, which is how the drop-in answers UniRL's RewardService the same."""
         backend = self.cls(
@@ -69,9 +70,15 @@ class UniRLLocalScorer(Scorer):
         self._backend = backend
         if not self.boots_resident:
             backend.offload()
+        if not self._named:  # UniRL's own name for it: the instance's (VideoRewardScorer's model)
+            self.term = str(backend.get_model_name() or self.term)
         covers = getattr(backend, "covers_prompt_video", None)
-        if self.spec.input_kind == "video" and (covers is None or covers()):
-            self.spec = dataclasses.replace(self.spec, required_fields=("prompt",))
+        prompt = self.spec.input_kind == "video" and (covers is None or covers())
+        self.spec = dataclasses.replace(
+            self.spec,
+            terms=(self.term,),
+            required_fields=("prompt",) if prompt else self.spec.required_fields,
+        )
 
     def _live(self) -> Any:
         if self._backend is None:

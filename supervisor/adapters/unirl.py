@@ -228,10 +228,19 @@ class _LocalScorer(_UniRLFace):
         spec, options = local_spec(config, base_device, scorer, process, input_kind)
         self.spec = spec
         self._set_base(options, _OurManagedBackend(spec, start=start))
+        self._adopt_child_name()
+
+    def _adopt_child_name(self) -> None:
+        """The model name the child's UniRL instance gives (`get_model_name()`), once it started:
+        the trainer's is a guess from the class (or from `input_kind=` alone)."""
+        shape = component(self.backend).shape
+        if shape is not None:
+            self.model_name = shape.terms[0]
 
     def _answer(self, request: RewardRequest, response: RewardResponse, started: float) -> Any:
         """The scorer's one reward, as UniRL's local scorer answers it (no client's weighing), and
         `component_rewards` under its model name."""
+        self._adopt_child_name()  # a backend made with start=False has started by now
         rewards = list(response.rewards)
         return unirl_response(
             rewards, {self.model_name: rewards}, response.usable(), response.errors, started

@@ -73,7 +73,8 @@ def local_spec(
         except UniRLScorerError as exc:
             raise ConfigError(str(exc)) from exc
     name, kind = _scorer_facts(scorer, input_kind)
-    params = {"target": scorer, "config": fields, "spec": spec_path, "name": name}
+    # the child names the term after UniRL's instance (`get_model_name()`); `name` is a guess
+    params = {"target": scorer, "config": fields, "spec": spec_path}
     ours = {
         "process": dict(process),
         "scorer": {

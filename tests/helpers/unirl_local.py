@@ -2,7 +2,8 @@
 tests/trainers/test_unirl_local.py in envs/trl (the trainer).
 
 Run as `python -m tests.helpers.unirl_local ARGS_JSON` from the repository root. ARGS_JSON:
-child_python (an env with UniRL and the child runtime), workdir. Each scorer is built by Hydra from
+child_python (an env with UniRL and the child runtime), workdir, judge_url and judge_model (a tiny
+model served by `transformers serve`, started by the test). Each scorer is built by Hydra from
 its UniRL recipe with the top `_target_` changed, scored through UniRL's RewardService on real
 Samples, and compared with UniRL's own class built the way UniRL builds it and called in this
 process on the same Sample. Prints one JSON report line.
@@ -92,6 +93,53 @@ def mc_exact_match(args: dict[str, Any]) -> None:
     check("mc rewards graded", sorted(set(rewards)) == [0.0, 0.5, 1.0], rewards)
     check("mc components", components == {"mc_exact_match": rewards}, components)
     check("torchvision never imported", "torchvision" not in sys.modules)
+    backend.dispose()
+
+
+def text_sample(questions: list[str], answers: list[str], predictions: list[str]) -> Sample:
+    """A text rollout: the question as the root's prompt, the gold in its metadata."""
+    ids = [f"q{i}" for i in range(len(questions))]
+    root = Part.input(
+        ids,
+        primitives={"text": Texts(texts=questions)},
+        metadata=[{"answer": gold} for gold in answers],
+    )
+    shell = root.fork(1, sampling_params=ARSamplingParams())
+    return Sample(parts=[root, shell.fill(primitives={"text": Texts(predictions)})])
+
+
+def llm_judge(args: dict[str, Any]) -> None:
+    """UniRL's own model-backed `LLMJudgeRewardScorer`, its judge a tiny random model (built
+    offline) behind a real engine: the verdicts the child's instance gets from it equal those of
+    UniRL's class called here, and both verdicts occur."""
+    fields = {
+        "endpoint": args["judge_url"],
+        "model": args["judge_model"],
+        "max_tokens": 8,
+        "max_retries": 1,
+        # in the judge's own words (its tokenizer knows a few): its greedy reply says "yes" to some
+        "prompt_template": "rate {answer} {prediction}",
+    }
+    spec = {"_target_": "unirl.reward.local.llm_judge.LLMJudgeSpec", **fields}
+    scorer = "unirl.reward.local.llm_judge.LLMJudgeRewardScorer"
+    backend = managed(args, scorer=scorer, config=spec)
+    check(
+        "judge name and kind",
+        (backend.get_model_name(), backend.input_kind) == ("llm_judge", "text"),
+    )
+    count = 12
+    sample = text_sample(
+        [f"rate the image {i} is a good score" for i in range(count)],
+        [str(i % 10) for i in range(count)],
+        [f"{i} yes" if i % 3 else "no" for i in range(count)],
+    )
+    rewards, _ = scored(RewardService(backend), sample)
+    from unirl.reward.local.llm_judge import LLMJudgeRewardScorer, LLMJudgeSpec
+
+    own = LLMJudgeRewardScorer(config=LLMJudgeSpec(**fields), base_device="cpu")
+    expected, _ = scored(RewardService(own), sample)
+    check("judge rewards equal UniRL's in-process", rewards == expected, (rewards, expected))
+    check("judge verdicts vary", sorted(set(rewards)) == [0.0, 1.0], rewards)
     backend.dispose()
 
 
@@ -187,7 +235,7 @@ def raised(call: Any) -> BaseException | None:
 
 def main() -> None:
     args = json.loads(sys.argv[1])
-    for step in (mc_exact_match, user_model_scorer, bad_targets):
+    for step in (mc_exact_match, llm_judge, user_model_scorer, bad_targets):
         step(args)
     report["children_left"] = [p.pid for p in psutil.Process().children(recursive=True)]
     print(json.dumps(report))
