@@ -48,28 +48,20 @@ def _read_only(paths: list[str], open_parents: bool) -> list[str]:
     return args
 
 
-def inner(found: Interpreter, limits: Limits, info_fd: int) -> list[str]:
+def inner(found: Interpreter, limits: Limits) -> list[str]:
     """bwrap's options for the sandbox itself (after them: `--` and the launcher)."""
     size = str(limits.tmpfs_bytes)
     args = [found.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
     args += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
-    args += ["--die-with-parent", "--new-session", "--as-pid-1", "--info-fd", str(info_fd)]
-    args += _read_only(found.read_only_paths(), open_parents=False)
+    args += ["--die-with-parent", "--new-session", "--as-pid-1"]
     args += ["--proc", "/proc", "--dev", "/dev"]
     args += ["--perms", "0700", "--size", size, "--tmpfs", WORKDIR]
     args += ["--perms", "0700", "--size", size, "--tmpfs", "/dev/shm"]
     # /dev is bwrap's unsized tmpfs, owned by the sandbox's uid: read-only but for /dev/shm
-    args += [
-        "--remount-ro",
-        "/dev",
-        "--remount-ro",
-        "/",
-        "--chdir",
-        WORKDIR,
-        "--hostname",
-        "sandbox",
-        "--clearenv",
-    ]
+    args += ["--remount-ro", "/dev"]
+    # after the tmpfs: an interpreter under /tmp stays visible
+    args += _read_only(found.read_only_paths(), open_parents=False)
+    args += ["--remount-ro", "/", "--chdir", WORKDIR, "--hostname", "sandbox", "--clearenv"]
     for name, value in SANDBOX_ENV.items():
         args += ["--setenv", name, value]
     return args

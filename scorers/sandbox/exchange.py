@@ -40,7 +40,6 @@ class Exchange:
             self.process.stdout.fileno(): "stdout",
             self.process.stderr.fileno(): "stderr",
             self.ends["status_r"]: "status",
-            self.ends["info_r"]: "info",
         }
         with selectors.DefaultSelector() as selector:
             for fd in pending:

@@ -51,7 +51,7 @@ def _config(argv: list[str], python: str, files: Mapping[str, bytes], limits: Li
 def _pipes() -> Iterator[dict[str, int]]:
     ends: dict[str, int] = {}
     try:
-        for name in ("cfg", "life", "status", "info"):
+        for name in ("cfg", "life", "status"):
             ends[name + "_r"], ends[name + "_w"] = os.pipe2(os.O_CLOEXEC)
         yield ends
     finally:
@@ -61,7 +61,7 @@ def _pipes() -> Iterator[dict[str, int]]:
 
 
 def _spawn(argv: list[str], ends: dict[str, int]) -> subprocess.Popen[bytes]:
-    inherited = [ends["cfg_r"], ends["life_r"], ends["status_w"], ends["info_w"]]
+    inherited = [ends["cfg_r"], ends["life_r"], ends["status_w"]]
     return subprocess.Popen(
         argv,
         stdin=subprocess.PIPE,
@@ -76,7 +76,7 @@ def _spawn(argv: list[str], ends: dict[str, int]) -> subprocess.Popen[bytes]:
 def _command(python: str, ends: dict[str, int], limits: Limits, uid: int | None) -> list[str]:
     found = interpreter(python)
     stages = command.outer(found, uid) if uid is not None else []
-    stages += command.inner(found, limits, ends["info_w"])
+    stages += command.inner(found, limits)
     fds = [str(ends[name]) for name in ("cfg_r", "life_r", "status_w")]
     return [*stages, "--", python, "-I", "-S", "-B", "-c", LAUNCHER, *fds]
 
@@ -104,7 +104,7 @@ def run_sandboxed(
     started = time.monotonic()
     with _pipes() as ends, _run_as() as uid:
         process = _spawn(_command(python, ends, limits, uid), ends)
-        for name in ("cfg_r", "life_r", "status_w", "info_w"):
+        for name in ("cfg_r", "life_r", "status_w"):
             os.close(ends.pop(name))
         exchange = Exchange(process, ends, limits, started)
         exchange.run(config, stdin)

