@@ -6,7 +6,21 @@ docs/reliability.md ("Sandboxed code") says what each layer holds and what was o
 """
 
 from scorers.sandbox.probe import probe
-from scorers.sandbox.results import STATUSES, Limits, RunResult, SandboxUnavailable
+from scorers.sandbox.results import (
+    STATUSES,
+    Limits,
+    RunResult,
+    SandboxStuck,
+    SandboxUnavailable,
+)
 from scorers.sandbox.run import run_sandboxed
 
-__all__ = ["STATUSES", "Limits", "RunResult", "SandboxUnavailable", "probe", "run_sandboxed"]
+__all__ = [
+    "STATUSES",
+    "Limits",
+    "RunResult",
+    "SandboxStuck",
+    "SandboxUnavailable",
+    "probe",
+    "run_sandboxed",
+]

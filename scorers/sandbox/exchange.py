@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 
-from scorers.sandbox.results import Limits
+from scorers.sandbox.results import Limits, SandboxStuck
 
 KILL_GRACE_S = 10.0  # a killed sandbox's pipes close and its bwrap exits within this
 READ = 1 << 16
@@ -30,6 +30,7 @@ class Exchange:
         self.truncated: dict[str, bool] = {"stdout": False, "stderr": False}
         self.status = bytearray()
         self.killed_for: str | None = None
+        self.killed_at = 0.0
         self.returncode: int | None = None
 
     def run(self, config: bytes, stdin: bytes) -> None:
@@ -57,9 +58,9 @@ class Exchange:
             if left <= 0 and self.killed_for is None:
                 self.kill("timeout")
             if self.killed_for is not None:
-                left = self.deadline + KILL_GRACE_S - time.monotonic()
+                left = self.killed_at + KILL_GRACE_S - time.monotonic()
                 if left <= 0:
-                    return  # _reap raises, naming the sandbox
+                    return  # output still open after the kill: _reap decides
             for key, _ in selector.select(max(left, 0.0)):
                 fd = key.fd
                 if fd in pending:
@@ -111,6 +112,7 @@ class Exchange:
         """Kill the sandbox whole: the lifeline closes (pid 1 exits, the kernel kills its PID
         namespace) and the bwraps' group is SIGKILLed (pid 1 dies with its bwrap)."""
         self.killed_for = why
+        self.killed_at = time.monotonic()
         with contextlib.suppress(KeyError):
             os.close(self.ends.pop("life_w"))
         with contextlib.suppress(ProcessLookupError):
@@ -121,7 +123,13 @@ class Exchange:
             self.returncode = self.process.wait(timeout=KILL_GRACE_S)
         except subprocess.TimeoutExpired:
             self.kill(self.killed_for or "stuck")
-            self.returncode = self.process.wait(timeout=KILL_GRACE_S)
+            try:
+                self.returncode = self.process.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired as error:
+                raise SandboxStuck(
+                    f"the sandbox's bwrap (pid {self.process.pid}) did not exit within "
+                    f"{KILL_GRACE_S:.0f} s of SIGKILL ({self.killed_for})"
+                ) from error
         for stream in (self.process.stdout, self.process.stderr):
             if stream is not None:
                 stream.close()

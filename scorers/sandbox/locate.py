@@ -37,8 +37,10 @@ class Interpreter:
     bwrap: str
 
     def read_only_paths(self) -> list[str]:
-        """The folders bound read-only into the sandbox (besides the system's libraries)."""
-        paths = {os.path.realpath(self.prefix), os.path.realpath(self.base_prefix)}
+        """The folders bound read-only into the sandbox (besides the system's libraries): each at
+        its own path and, where a link leads elsewhere, at the link's target too."""
+        named = {self.prefix, self.base_prefix}
+        paths = named | {os.path.realpath(p) for p in named}
         binary_dir = os.path.dirname(os.path.realpath(self.binary))
         if not any(binary_dir.startswith(p + os.sep) for p in paths):
             paths.add(binary_dir)

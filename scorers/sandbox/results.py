@@ -12,6 +12,11 @@ class SandboxUnavailable(RuntimeError):
     names what is missing. Raised at boot by `probe`, never answered by running code unsandboxed."""
 
 
+class SandboxStuck(RuntimeError):
+    """A sandbox's bwrap outlived its SIGKILL by the grace (a process stuck in the kernel): the
+    message names its pid and why it was killed."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """Bounds of one run. `cpu_s`, `memory_bytes` (address space), `open_files` and `file_bytes`
