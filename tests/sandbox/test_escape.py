@@ -6,6 +6,7 @@ the others get a run each. docs/reliability.md ("Sandboxed code") records what w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -206,3 +207,43 @@ def test_killing_the_scorer_kills_its_sandbox(python, tmp_path):
     finally:
         scorer.kill()
         scorer.wait()
+
+
+def test_sandboxes_at_once_run_as_distinct_host_uids_and_one_bomb_starves_no_other(python):
+    """Threads of one scorer (or ranks' children) run sandboxes at once: a root scorer gives each
+    its own unnamed host uid, and a fork bomb holding its whole process limit in one sandbox
+    leaves another its own."""
+    marker = f"together-{uuid.uuid4().hex}"
+    sleeper = "import time; time.sleep(1000)"
+    holding_bomb = (
+        "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
+        "        time.sleep(1000)\n"
+    )
+    results: dict[str, RunResult] = {}
+
+    def in_sandbox(name: str, source: str) -> None:
+        limits = Limits(wall_s=30, processes=16)
+        results[name] = run_sandboxed([python, "-c", source, marker], python=python, limits=limits)
+
+    threads = [
+        threading.Thread(target=in_sandbox, args=(name, source))
+        for name, source in (("sleeper", sleeper), ("bomb", holding_bomb))
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        # the sleeper, and the bomb's 16 processes (its limit) once it is full
+        assert eventually(lambda: len(marked(marker)) == 17, timeout=20)
+        uids = {psutil.Process(pid).uids().real for pid in marked(marker)}
+        fair = run(python, "import os\nfor _ in range(8):\n    os.fork() or os._exit(0)\n")
+    finally:
+        for pid in marked(marker):  # end them: SIGKILL from the host
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for thread in threads:
+            thread.join()
+    if os.geteuid() == 0:
+        assert len(uids) == 2 and all(uid >= 61000 for uid in uids)
+    assert fair.status == "exited" and fair.returncode == 0, fair
+    assert results["sleeper"].status == "signalled"
+    assert marked(marker) == []
