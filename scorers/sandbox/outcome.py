@@ -11,7 +11,6 @@ from scorers.sandbox.results import Limits, RunResult
 
 # the program's own last word on stderr when its address-space rlimit refused an allocation
 _OUT_OF_MEMORY = re.compile(rb"(^|\n)(MemoryError\b|.*Cannot allocate memory)[^\n]*\n?\Z")
-_CPU_SIGNALS = (signal.SIGXCPU, signal.SIGKILL)
 
 
 def _report(exchange: Exchange) -> dict | None:
@@ -38,7 +37,10 @@ def _program_status(report: dict, stderr: bytes, limits: Limits) -> tuple[str, i
     code = int(report["code"])
     if code < 0:
         sig = -code
-        if sig in _CPU_SIGNALS and float(report["cpu_s"]) >= limits.cpu_s * 0.95:
+        # the kernel sends SIGXCPU at the soft CPU limit, SIGKILL at the hard one (a second
+        # later, where SIGXCPU is caught): rusage samples CPU time coarser than the limit does
+        spent = float(report["cpu_s"]) >= limits.cpu_s * 0.5
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and spent):
             return "timeout", sig
         return "signalled", sig
     if code != 0 and _OUT_OF_MEMORY.search(stderr.rstrip(b"\n")[-4096:] + b"\n"):

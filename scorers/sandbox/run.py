@@ -6,6 +6,7 @@ import contextlib
 import marshal
 import math
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -13,10 +14,10 @@ from importlib import resources
 from pathlib import PurePosixPath
 
 from scorers.sandbox import command
-from scorers.sandbox.exchange import Exchange
+from scorers.sandbox.exchange import KILL_GRACE_S, Exchange
 from scorers.sandbox.locate import interpreter
 from scorers.sandbox.outcome import classify
-from scorers.sandbox.results import Limits, RunResult
+from scorers.sandbox.results import Limits, RunResult, SandboxStuck
 from scorers.sandbox.slots import host_uid
 
 LAUNCHER = resources.files("scorers.sandbox").joinpath("launcher.py").read_text()
@@ -90,6 +91,76 @@ def _run_as() -> Iterator[int | None]:
         yield uid
 
 
+class PreparedSandbox:
+    """A sandbox started ahead of its program: bwrap has built it and its launcher waits for the
+    work, so `run` costs about the program's own start. It runs one program; `close` (or the
+    `with` block's end) kills it if it never ran. Limits are fixed when it is prepared (the
+    tmpfs is already sized); the wall deadline counts from `run`."""
+
+    def __init__(self, python: str, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.python, self.limits = python, limits
+        self._used = False
+        self._stack = contextlib.ExitStack()
+        try:
+            self._ends = self._stack.enter_context(_pipes())
+            uid = self._stack.enter_context(_run_as())
+            self._process = _spawn(_command(python, self._ends, limits, uid), self._ends)
+        except BaseException:
+            self._stack.close()
+            raise
+        for name in ("cfg_r", "life_r", "status_w"):
+            os.close(self._ends.pop(name))
+
+    def run(
+        self, argv: list[str], *, stdin: bytes = b"", files: Mapping[str, bytes] = NO_FILES
+    ) -> RunResult:
+        """Run `argv` (argv[0] an absolute path inside the sandbox, e.g. `python` itself) with
+        `files` in its working dir and `stdin` on its stdin."""
+        if self._used:
+            raise RuntimeError("a prepared sandbox runs one program: prepare another")
+        self._used = True
+        config = _config(argv, self.python, files, self.limits)
+        started = time.monotonic()
+        try:
+            exchange = Exchange(self._process, self._ends, self.limits, started)
+            exchange.run(config, stdin)
+        finally:
+            self.close()
+        return classify(exchange, self.limits, time.monotonic() - started)
+
+    def close(self) -> None:
+        """Kill the sandbox if it is still up (its lifeline closes with the pipes), then free its
+        pipes and its host uid. SandboxStuck if its bwrap outlives SIGKILL by the grace."""
+        try:
+            if self._process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._process.pid, signal.SIGKILL)
+                try:
+                    self._process.wait(timeout=KILL_GRACE_S)
+                except subprocess.TimeoutExpired as error:
+                    raise SandboxStuck(
+                        f"a prepared sandbox's bwrap (pid {self._process.pid}) outlived SIGKILL "
+                        f"by {KILL_GRACE_S:.0f} s"
+                    ) from error
+        finally:
+            for stream in (self._process.stdin, self._process.stdout, self._process.stderr):
+                if stream is not None:
+                    with contextlib.suppress(BrokenPipeError):
+                        stream.close()
+            self._stack.close()
+
+    def __enter__(self) -> PreparedSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def prepare(python: str, limits: Limits = DEFAULT_LIMITS) -> PreparedSandbox:
+    """Start a sandbox for `python` now, to run one program in it later (a warm pool's item)."""
+    return PreparedSandbox(python, limits)
+
+
 def run_sandboxed(
     argv: list[str],
     *,
@@ -100,12 +171,5 @@ def run_sandboxed(
 ) -> RunResult:
     """Run `argv` (argv[0] an absolute path inside the sandbox, e.g. `python` itself) in a fresh
     sandbox with `files` in its working dir, `stdin` on its stdin, within `limits`."""
-    config = _config(argv, python, files, limits)
-    started = time.monotonic()
-    with _pipes() as ends, _run_as() as uid:
-        process = _spawn(_command(python, ends, limits, uid), ends)
-        for name in ("cfg_r", "life_r", "status_w"):
-            os.close(ends.pop(name))
-        exchange = Exchange(process, ends, limits, started)
-        exchange.run(config, stdin)
-    return classify(exchange, limits, time.monotonic() - started)
+    with prepare(python, limits) as sandbox:
+        return sandbox.run(argv, stdin=stdin, files=files)

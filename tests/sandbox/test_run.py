@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scorers.sandbox import Limits, SandboxUnavailable, probe, run_sandboxed
+from scorers.sandbox import Limits, SandboxUnavailable, prepare, probe, run_sandboxed
 from scorers.sandbox.locate import BWRAP_VARIABLE
 from tests.conftest import REPO_ROOT, env_python
 from tests.sandbox import programs
@@ -125,3 +125,14 @@ FORKS = (
     "    except OSError:\n        break\n    n += 1\nif os.getpid() == first:\n"
     "    print(n)\n"
 )
+
+
+def test_a_prepared_sandbox_runs_one_program_later_and_one_never_used_is_closed(python):
+    """prepare() starts the sandbox ahead (a warm pool's item): run() then costs about the
+    program's start; closing one that never ran leaves no process (the leak guard checks)."""
+    with prepare(python, Limits(wall_s=30)) as warm, prepare(python) as unused:
+        result = warm.run([python, "-I", "-c", "import sys; print(sys.stdin.read())"], stdin=b"hi")
+        assert unused is not warm
+    assert (result.status, result.stdout) == ("exited", b"hi\n")
+    with pytest.raises(RuntimeError, match="runs one program"):
+        warm.run([python, "-c", "pass"])
