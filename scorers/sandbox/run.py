@@ -95,8 +95,8 @@ class PreparedSandbox:
     """A sandbox started ahead of its program: bwrap has built it and its launcher waits for the
     work, so `run` costs about the program's own start. It runs one program; `close` (or the
     `with` block's end) kills it if it never ran. Limits are fixed when it is prepared (the
-    tmpfs is already sized); the wall deadline counts from `run`. Prepare it in a thread that
-    outlives it: bwrap dies with the thread that started it (PR_SET_PDEATHSIG is per thread)."""
+    tmpfs is already sized); the wall deadline counts from `run`. Any thread may run it, even
+    after the one that prepared it ended (tested)."""
 
     def __init__(self, python: str, limits: Limits = DEFAULT_LIMITS) -> None:
         self.python, self.limits = python, limits

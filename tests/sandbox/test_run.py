@@ -9,11 +9,19 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
 
-from scorers.sandbox import Limits, SandboxUnavailable, prepare, probe, run_sandboxed
+from scorers.sandbox import (
+    Limits,
+    PreparedSandbox,
+    SandboxUnavailable,
+    prepare,
+    probe,
+    run_sandboxed,
+)
 from scorers.sandbox.locate import BWRAP_VARIABLE
 from tests.conftest import REPO_ROOT, env_python
 from tests.sandbox import programs
@@ -136,3 +144,12 @@ def test_a_prepared_sandbox_runs_one_program_later_and_one_never_used_is_closed(
     assert (result.status, result.stdout) == ("exited", b"hi\n")
     with pytest.raises(RuntimeError, match="runs one program"):
         warm.run([python, "-c", "pass"])
+
+
+def test_a_sandbox_prepared_by_a_thread_that_ended_runs_in_another(python):
+    made: list[PreparedSandbox] = []
+    thread = threading.Thread(target=lambda: made.append(prepare(python)))
+    thread.start()
+    thread.join()
+    with made[0] as sandbox:
+        assert sandbox.run([python, "-c", "print(1)"]).stdout == b"1\n"
