@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from scorers.sandbox import Limits, RunResult, probe, run_sandboxed
-from tests.conftest import REPO_ROOT, env_python, eventually
+from tests.conftest import REPO_ROOT, env_python, eventually, wait_until_gone
 from tests.sandbox import programs
 
 pytestmark = pytest.mark.slow
@@ -201,9 +201,12 @@ def test_killing_the_scorer_kills_its_sandbox(python, tmp_path):
     )
     try:
         assert eventually(lambda: marked(marker) != [], timeout=30)
+        # the bwraps, the launcher and the program, seen from the host
+        sandbox = {p.pid: p.create_time() for p in psutil.Process(scorer.pid).children(True)}
+        assert len(sandbox) >= 3
         scorer.send_signal(signal.SIGKILL)
         scorer.wait(timeout=10)
-        assert eventually(lambda: marked(marker) == [], timeout=10)
+        assert wait_until_gone(sandbox, timeout=10) == []
     finally:
         scorer.kill()
         scorer.wait()
