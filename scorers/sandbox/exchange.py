@@ -35,8 +35,10 @@ class Exchange:
 
     def run(self, config: bytes, stdin: bytes) -> None:
         assert self.process.stdin and self.process.stdout and self.process.stderr
-        pending = {self.ends["cfg_w"]: memoryview(config), self.process.stdin.fileno(): None}
-        pending[self.process.stdin.fileno()] = memoryview(stdin)
+        pending = {
+            self.ends["cfg_w"]: memoryview(config),
+            self.process.stdin.fileno(): memoryview(stdin),
+        }
         readers = {
             self.process.stdout.fileno(): "stdout",
             self.process.stderr.fileno(): "stderr",
