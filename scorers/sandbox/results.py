@@ -33,6 +33,11 @@ class Limits:
     tmpfs_bytes: int = 64 << 20
     output_bytes: int = 8 << 20
 
+    def __post_init__(self) -> None:
+        bad = [f"{name}={value!r}" for name, value in vars(self).items() if not value > 0]
+        if bad:
+            raise ValueError(f"sandbox limits must be positive: {', '.join(bad)}")
+
 
 @dataclass(frozen=True)
 class RunResult:

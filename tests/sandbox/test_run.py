@@ -51,6 +51,11 @@ def test_a_program_that_cannot_start_is_a_sandbox_error_saying_why(python):
     assert result.status == "sandbox_error" and "No such file" in result.detail
 
 
+def test_limits_must_be_positive():
+    with pytest.raises(ValueError, match="wall_s=0, processes=-1"):
+        Limits(wall_s=0, processes=-1)
+
+
 def test_a_file_name_outside_the_working_dir_is_refused(python):
     with pytest.raises(ValueError, match="relative path"):
         run_sandboxed([python], python=python, files={"../x": b""})
