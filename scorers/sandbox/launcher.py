@@ -5,11 +5,11 @@ kills every process left in the namespace (forks, daemons, re-parented grandchil
 its work from fd CFG (one marshal dict: argv, env, rlimits, memory cap, files by name; not json,
 whose import costs more than the rest of this startup), writes the files into the working dir,
 forks the program with its rlimits, and waits for one of: the program's exit, EOF on fd LIFE (the
-scorer is gone or gave up: exit at once), or the namespace's total resident memory past the cap
-(kill all: "memory"). It writes one line to fd STATUS and exits: `exec_failed <why>`, or
-`done|memory <exit code, or -signal> <cpu seconds> <peak resident bytes>`. It is non-dumpable,
-so the program (same uid) cannot ptrace it; nor can it signal it (pid 1 of a namespace gets no
-signal from inside it that it has no handler for).
+scorer is gone or gave up: exit at once), or the namespace's anonymous resident memory, summed
+every 20 ms, past the cap (kill all: "memory"). It writes one line to fd STATUS and exits:
+`exec_failed <why>`, or `done|memory <exit code, or -signal> <cpu seconds> <peak bytes>`. It is
+non-dumpable, so the program (same uid) cannot ptrace it; nor can it signal it (pid 1 of a
+namespace gets no signal from inside it that it has no handler for).
 """
 
 import ctypes
@@ -76,7 +76,11 @@ def resident_bytes():
         if entry.isdigit() and entry != "1":
             try:
                 with open(f"/proc/{entry}/statm", "rb") as statm:
-                    total += int(statm.read().split()[1]) * page
+                    fields = statm.read().split()
+                # resident less shared: the anonymous pages, each process's own (a library
+                # mapped by 64 processes counts once in the machine, not 64 times; the tmpfs
+                # pages are bounded by their size)
+                total += (int(fields[1]) - int(fields[2])) * page
             except (OSError, IndexError, ValueError):
                 continue  # gone meanwhile
     return total

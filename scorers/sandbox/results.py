@@ -48,6 +48,9 @@ class RunResult:
     of MemoryError / ENOMEM under its address-space rlimit), "signalled" (another signal),
     "output_limit" (stdout or stderr passed `Limits.output_bytes`: the sandbox was killed),
     "sandbox_error" (the sandbox could not start the program: `detail` says why).
+    stdout and stderr hold at most `Limits.output_bytes` each (`*_truncated` when cut).
+    peak_rss_bytes: the larger of the launcher's peak sum of anonymous resident memory and the
+    largest single process's peak RSS (what a pool's memory budget should count).
     """
 
     status: str
