@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 VPY := $(VENV)/bin/python
-SCORER_ENVS := math image embed ocr engine
+SCORER_ENVS := math image embed ocr engine code
 # trainer envs: the GRPO and torchrun tests run in envs/trl (TRL + torch CPU + this project), the Ray test in envs/ray
 TRAINER_ENVS := trl ray
 # bench envs: what `make bench` runs beyond the scorer envs; `make test` builds them too, for the bench's smoke tests

@@ -38,7 +38,7 @@ def test_the_package_ships_a_spec_for_every_env_a_builtin_scorer_declares():
 
     declared = {resolve_scorer(name).spec.env for name in BUILTINS} - {None}
     # engine: the verl-omni engine models' default env (transformers serve), no built-in's
-    shipped = {"embed", "engine", "image", "math", "ocr"}
+    shipped = {"code", "embed", "engine", "image", "math", "ocr"}
     assert declared <= set(scorer_envs.spec_names()) == shipped
     assert "antlr4-python3-runtime==4.13.2" in env_builder.requirement_lines(
         scorer_envs.spec_path("math")
@@ -235,7 +235,7 @@ def test_envs_build_with_no_name_refuses_listing_the_envs_and_all_builds_every_o
     err = capsys.readouterr().err
     assert (
         err.count("\n") == 1
-        and "name the env(s) to build: embed, engine, image, math, ocr; or --all" in err
+        and "name the env(s) to build: code, embed, engine, image, math, ocr; or --all" in err
     )
     assert main(["envs", "build", "math", "--all", "--root", str(tmp_path)]) == 2
     assert "--all builds every env: give no NAME" in capsys.readouterr().err
@@ -245,7 +245,8 @@ def test_envs_build_with_no_name_refuses_listing_the_envs_and_all_builds_every_o
     )
     assert main(["envs", "build", "--all", "--root", str(tmp_path)]) == 0
     assert built == [
-        scorer_envs.env_dir(name, tmp_path) for name in ("embed", "engine", "image", "math", "ocr")
+        scorer_envs.env_dir(name, tmp_path)
+        for name in ("code", "embed", "engine", "image", "math", "ocr")
     ]
 
 

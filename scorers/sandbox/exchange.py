@@ -1,0 +1,137 @@
+"""The scorer's side of one sandbox while it runs: config and stdin in, output and status out,
+the wall deadline and the output caps enforced by killing the sandbox whole."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import time
+
+from scorers.sandbox.results import Limits, SandboxStuck
+
+KILL_GRACE_S = 10.0  # a killed sandbox's pipes close and its bwrap exits within this
+READ = 1 << 16
+
+
+class Exchange:
+    """Feeds and drains one sandbox; `killed_for` says why the scorer killed it, if it did."""
+
+    def __init__(
+        self, process: subprocess.Popen[bytes], ends: dict[str, int], limits: Limits, started: float
+    ) -> None:
+        self.process = process
+        self.ends = ends
+        self.limits = limits
+        self.deadline = started + limits.wall_s
+        self.out: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        self.truncated: dict[str, bool] = {"stdout": False, "stderr": False}
+        self.status = bytearray()
+        self.killed_for: str | None = None
+        self.killed_at = 0.0
+        self.returncode: int | None = None
+
+    def run(self, config: bytes, stdin: bytes) -> None:
+        assert self.process.stdin and self.process.stdout and self.process.stderr
+        pending = {
+            self.ends["cfg_w"]: memoryview(config),
+            self.process.stdin.fileno(): memoryview(stdin),
+        }
+        readers = {
+            self.process.stdout.fileno(): "stdout",
+            self.process.stderr.fileno(): "stderr",
+            self.ends["status_r"]: "status",
+        }
+        with selectors.DefaultSelector() as selector:
+            for fd in pending:
+                os.set_blocking(fd, False)
+                selector.register(fd, selectors.EVENT_WRITE)
+            for fd in readers:
+                selector.register(fd, selectors.EVENT_READ)
+            self._loop(selector, pending, readers)
+        self._close_writers(pending)
+        self._reap()
+
+    def _loop(self, selector: selectors.BaseSelector, pending: dict, readers: dict) -> None:
+        while readers:
+            left = self.deadline - time.monotonic()
+            if left <= 0 and self.killed_for is None:
+                self.kill("timeout")
+            if self.killed_for is not None:
+                left = self.killed_at + KILL_GRACE_S - time.monotonic()
+                if left <= 0:
+                    return  # output still open after the kill: _reap decides
+            for key, _ in selector.select(max(left, 0.0)):
+                fd = key.fd
+                if fd in pending:
+                    self._write(selector, pending, fd)
+                else:
+                    self._read(selector, readers, fd)
+
+    def _write(self, selector: selectors.BaseSelector, pending: dict, fd: int) -> None:
+        data = pending[fd]
+        try:
+            sent = os.write(fd, data[: 1 << 16]) if data else 0
+        except BrokenPipeError:
+            sent, data = 0, b""  # the program closed its stdin, or the sandbox is gone
+        if len(data) - sent <= 0:
+            selector.unregister(fd)
+            self._close_writer(pending, fd)
+        else:
+            pending[fd] = data[sent:]
+
+    def _read(self, selector: selectors.BaseSelector, readers: dict, fd: int) -> None:
+        name = readers[fd]
+        chunk = os.read(fd, READ)
+        if not chunk:
+            selector.unregister(fd)
+            del readers[fd]
+            return
+        if name in self.out:
+            room = self.limits.output_bytes - len(self.out[name])
+            self.out[name] += chunk[: max(room, 0)]
+            if len(chunk) > room and self.killed_for is None:
+                self.truncated[name] = True
+                self.kill("output_limit")
+        elif name == "status":
+            self.status += chunk
+
+    def _close_writer(self, pending: dict, fd: int) -> None:
+        del pending[fd]
+        if fd == self.ends.get("cfg_w"):
+            os.close(self.ends.pop("cfg_w"))
+        elif self.process.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self.process.stdin.close()
+
+    def _close_writers(self, pending: dict) -> None:
+        for fd in list(pending):
+            self._close_writer(pending, fd)
+
+    def kill(self, why: str) -> None:
+        """Kill the sandbox whole: the lifeline closes (pid 1 exits, the kernel kills its PID
+        namespace) and the bwraps' group is SIGKILLed (pid 1 dies with its bwrap)."""
+        self.killed_for = why
+        self.killed_at = time.monotonic()
+        with contextlib.suppress(KeyError):
+            os.close(self.ends.pop("life_w"))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    def _reap(self) -> None:
+        try:
+            self.returncode = self.process.wait(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.kill(self.killed_for or "stuck")
+            try:
+                self.returncode = self.process.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired as error:
+                raise SandboxStuck(
+                    f"the sandbox's bwrap (pid {self.process.pid}) did not exit within "
+                    f"{KILL_GRACE_S:.0f} s of SIGKILL ({self.killed_for})"
+                ) from error
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()

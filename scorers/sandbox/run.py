@@ -1,0 +1,176 @@
+"""`run_sandboxed`: one untrusted program in a fresh sandbox, answered as a `RunResult`."""
+
+from __future__ import annotations
+
+import contextlib
+import marshal
+import math
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from importlib import resources
+from pathlib import PurePosixPath
+
+from scorers.sandbox import command
+from scorers.sandbox.exchange import KILL_GRACE_S, Exchange
+from scorers.sandbox.locate import interpreter
+from scorers.sandbox.outcome import classify
+from scorers.sandbox.results import Limits, RunResult, SandboxStuck
+from scorers.sandbox.slots import host_uid
+
+LAUNCHER = resources.files("scorers.sandbox").joinpath("launcher.py").read_text()
+NO_FILES: Mapping[str, bytes] = {}
+DEFAULT_LIMITS = Limits()
+
+
+def _checked_name(name: str) -> str:
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts or not path.parts or name.endswith("/"):
+        raise ValueError(f"a sandbox file name must be a relative path inside it: {name!r}")
+    return str(path)
+
+
+def _config(argv: list[str], python: str, files: Mapping[str, bytes], limits: Limits) -> bytes:
+    cpu = max(1, math.ceil(limits.cpu_s))
+    rlimits = {
+        "cpu": [cpu, cpu + 1],  # SIGXCPU at cpu_s, SIGKILL a second later
+        "as": [limits.memory_bytes] * 2,
+        "nproc": [limits.processes] * 2,
+        "nofile": [limits.open_files] * 2,
+        "fsize": [limits.file_bytes] * 2,
+        "core": [0, 0],
+    }
+    env = dict(command.SANDBOX_ENV, PATH=os.path.dirname(python) + ":/usr/bin:/bin")
+    checked = {_checked_name(name): bytes(data) for name, data in files.items()}
+    work = {"argv": list(argv), "env": env, "rlimits": rlimits, "memory": limits.memory_bytes}
+    return marshal.dumps(work | {"files": checked})
+
+
+@contextlib.contextmanager
+def _pipes() -> Iterator[dict[str, int]]:
+    ends: dict[str, int] = {}
+    try:
+        for name in ("cfg", "life", "status"):
+            ends[name + "_r"], ends[name + "_w"] = os.pipe2(os.O_CLOEXEC)
+        yield ends
+    finally:
+        for fd in ends.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _spawn(argv: list[str], ends: dict[str, int]) -> subprocess.Popen[bytes]:
+    inherited = [ends["cfg_r"], ends["life_r"], ends["status_w"]]
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=inherited,
+        env={},
+        start_new_session=True,  # the bwraps' own group: killed whole at a deadline
+    )
+
+
+def _command(python: str, ends: dict[str, int], limits: Limits, uid: int | None) -> list[str]:
+    found = interpreter(python)
+    stages = command.outer(found, uid) if uid is not None else []
+    stages += command.inner(found, limits)
+    fds = [str(ends[name]) for name in ("cfg_r", "life_r", "status_w")]
+    return [*stages, "--", python, "-I", "-S", "-B", "-c", LAUNCHER, *fds]
+
+
+@contextlib.contextmanager
+def _run_as() -> Iterator[int | None]:
+    if os.geteuid() != 0:
+        yield None
+        return
+    with host_uid() as uid:
+        yield uid
+
+
+class PreparedSandbox:
+    """A sandbox started ahead of its program: bwrap has built it and its launcher waits for the
+    work, so `run` costs about the program's own start. It runs one program; `close` (or the
+    `with` block's end) kills it if it never ran. Limits are fixed when it is prepared (the
+    tmpfs is already sized); the wall deadline counts from `run`. Any thread may run it, even
+    after the one that prepared it ended (tested)."""
+
+    def __init__(self, python: str, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.python, self.limits = python, limits
+        self._used = False
+        self._stack = contextlib.ExitStack()
+        try:
+            self._ends = self._stack.enter_context(_pipes())
+            uid = self._stack.enter_context(_run_as())
+            self._process = _spawn(_command(python, self._ends, limits, uid), self._ends)
+        except BaseException:
+            self._stack.close()
+            raise
+        for name in ("cfg_r", "life_r", "status_w"):
+            os.close(self._ends.pop(name))
+
+    def run(
+        self, argv: list[str], *, stdin: bytes = b"", files: Mapping[str, bytes] = NO_FILES
+    ) -> RunResult:
+        """Run `argv` (argv[0] an absolute path inside the sandbox, e.g. `python` itself) with
+        `files` in its working dir and `stdin` on its stdin."""
+        if self._used:
+            raise RuntimeError("a prepared sandbox runs one program: prepare another")
+        self._used = True
+        config = _config(argv, self.python, files, self.limits)
+        started = time.monotonic()
+        try:
+            exchange = Exchange(self._process, self._ends, self.limits, started)
+            exchange.run(config, stdin)
+        finally:
+            self.close()
+        return classify(exchange, self.limits, time.monotonic() - started)
+
+    def close(self) -> None:
+        """Kill the sandbox if it is still up (its lifeline closes with the pipes), then free its
+        pipes and its host uid. SandboxStuck if its bwrap outlives SIGKILL by the grace."""
+        try:
+            if self._process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._process.pid, signal.SIGKILL)
+                try:
+                    self._process.wait(timeout=KILL_GRACE_S)
+                except subprocess.TimeoutExpired as error:
+                    raise SandboxStuck(
+                        f"a prepared sandbox's bwrap (pid {self._process.pid}) outlived SIGKILL "
+                        f"by {KILL_GRACE_S:.0f} s"
+                    ) from error
+        finally:
+            for stream in (self._process.stdin, self._process.stdout, self._process.stderr):
+                if stream is not None:
+                    with contextlib.suppress(BrokenPipeError):
+                        stream.close()
+            self._stack.close()
+
+    def __enter__(self) -> PreparedSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def prepare(python: str, limits: Limits = DEFAULT_LIMITS) -> PreparedSandbox:
+    """Start a sandbox for `python` now, to run one program in it later (a warm pool's item)."""
+    return PreparedSandbox(python, limits)
+
+
+def run_sandboxed(
+    argv: list[str],
+    *,
+    python: str,
+    stdin: bytes = b"",
+    files: Mapping[str, bytes] = NO_FILES,
+    limits: Limits = DEFAULT_LIMITS,
+) -> RunResult:
+    """Run `argv` (argv[0] an absolute path inside the sandbox, e.g. `python` itself) in a fresh
+    sandbox with `files` in its working dir, `stdin` on its stdin, within `limits`."""
+    with prepare(python, limits) as sandbox:
+        return sandbox.run(argv, stdin=stdin, files=files)
