@@ -1,8 +1,8 @@
 """The reward formats users have, normalised to one plan of checks (`TestPlan`).
 
 - `prime_code`: verl's `prime_code` / APPS cases, `{"inputs": [...], "outputs": [...]}` (a dict or
-  its JSON text), with `fn_name` for call-based cases (each input: one JSON value per line, or a
-  list of arguments; each output: JSON text, or the value);
+  its JSON text; stdin/stdout cases as text), with `fn_name` for call-based cases (each input: one
+  JSON value per line, or a list of arguments; each output: JSON text, or the value);
 - `livecodebench`: `public_test_cases` / `private_test_cases` (JSON text, a list, or LiveCodeBench's
   compressed form: base64 of zlib of a pickled JSON string), each `{"input", "output", "testtype":
   "stdin" | "functional"}`, and `metadata.func_name` for functional cases;
@@ -170,12 +170,10 @@ def _identifier(value: Any, field: str) -> str:
 
 
 def _text(value: Any, field: str) -> str:
-    """A str, or a list of str lines joined by newlines (prime_code joins them so)."""
+    """A stdin/stdout case's text (verl's run_test asserts a str: a list fails every test)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(line, str) for line in value):
-        return "\n".join(value)
-    raise CaseError(field, f"must be text or a list of text lines, got {type(value).__name__}")
+    raise CaseError(field, f"must be text, got {type(value).__name__}")
 
 
 def _json_value(text: Any, field: str) -> Any:
