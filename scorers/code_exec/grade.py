@@ -235,8 +235,10 @@ def _settle(
     rest = [i for i in pending if i not in got]
     if report.done or not rest:
         return got, []
-    if report.stopped:  # the watchdog timed a test out and ended the run: the rest run afresh
+    if report.in_flight is None and (report.stopped or got):
+        # between two tests (the watchdog's stop, or the code's own thread): the rest run afresh
         return got, rest
+    # the test in flight takes the run's outcome; a run that settled nothing blames the first
     victim = report.in_flight if report.in_flight is not None else rest[0]
     outcome, detail = run_outcome(result, f"the run ended while test {victim} ran")
     got[victim] = TestVerdict(victim, outcome, detail, None)
