@@ -53,7 +53,7 @@ def _frames(stdout: bytes, nonce: str) -> list[tuple[str, Any]]:
         kind, _, body = line[len(prefix) :].partition(b" ")
         try:
             value = json.loads(body)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nesting past the parser
             raise BrokenReport(f"a garbled {kind[:20]!r} frame: {exc}") from exc
         if not isinstance(value, dict):
             raise BrokenReport(f"a {kind[:20]!r} frame whose body is not an object")
@@ -64,6 +64,9 @@ def _frames(stdout: bytes, nonce: str) -> list[tuple[str, Any]]:
 def _step(report: HarnessReport, kind: str, body: dict[str, Any], order: Sequence[int]) -> None:
     """Take one frame, or raise BrokenReport if it is not the one the harness writes next."""
     following = order[len(report.verdicts)] if len(report.verdicts) < len(order) else None
+    index = body.get("i")
+    if index is not None and type(index) is not int:
+        raise BrokenReport(f"a {kind!r} frame whose test index is not an int")
     if report.done or report.stopped or report.load_error is not None:
         raise BrokenReport(f"a {kind!r} frame after the report ended")
     if not report.loaded:

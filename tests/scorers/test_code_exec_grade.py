@@ -226,3 +226,23 @@ def test_the_bare_runner_keeps_nothing_behind(tmp_path):
         "'import time; time.sleep(60)'])\nprint(int(input()) + 1)\n"
     )
     assert outcomes(code, {"inputs": ["1\n"], "outputs": ["2\n"]}) == ["passed"]
+
+
+def test_a_frame_nested_past_the_parser_is_a_crash_not_an_error():
+    body = "json.dumps({'i': %d, 'outcome': 'passed',\n        'detail': '', 'wall_s': 0.0})"
+    code = FORGER.replace(body, "'[' * 100000 + str(%d) + ']' * 100000") % 0
+    assert "100000" in code
+    mbpp = {"test_list": ["assert sq(2) == 4"]}
+    result = grade(code + "_forge()\ndef sq(x):\n    return x * x\n", parse_cases(mbpp),
+                   BareRunner(), PY, deadlines=FAST)  # fmt: skip
+    assert [v.outcome for v in result.verdicts] == [Outcome.CRASH]
+
+
+def test_the_bare_runner_stops_a_flood_of_output():
+    runner = BareRunner(output_bytes=1 << 16)
+    result = runner.run_sandboxed(
+        [PY, "-c", "import sys\nwhile True:\n    sys.stdout.write('x' * 4096)\n"],
+        python=PY,
+        limits=Limits(wall_s=30.0),
+    )
+    assert result.status == "output_limit" and len(result.stdout) == 1 << 16
