@@ -1,12 +1,14 @@
 """`grade`: one completion against one plan of tests, through a `Runner` (the sandbox).
 
-In-process tests (function calls, asserts) run together in one harness process per run; when a
-run ends early (an exit, a signal, the wall deadline while the harness's own timer was blocked),
-the test in flight takes the run's outcome and a fresh run takes the tests left. A stdin/stdout
-test runs the program alone, in a run of its own, and the parent compares its stdout. Every run
-is a fresh sandbox: nothing of one completion's state reaches another. Each run's wall and CPU
-bounds come from `Deadlines` (the `limits` given bound memory, processes, files); the completion's
-own deadline bounds them all, and a test it leaves no time for is a timeout, "not run".
+Tests run in harness runs (`harness.py`): the call and assert tests of a completion together in
+one interpreter, its stdin/stdout tests together in another run, each program run a forked child
+of the harness (`stdio_runs="separate"`: each in a run of its own instead, the program started by
+the runner). When a run ends early (an exit, a signal, the wall deadline while the harness's own
+timer was blocked), the test in flight takes the run's outcome and a fresh run takes the tests
+left. Every run is a fresh sandbox: nothing of one completion's state reaches another. Each run's
+wall and CPU bounds come from `Deadlines` (the `limits` given bound memory, processes, files);
+the completion's own deadline bounds them all, and a test it leaves no time for is a timeout,
+"not run". Output is compared in the parent, where the expected values stay.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import secrets
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from scorers.code_exec.cases import AssertTest, CallTest, StdioTest, TestPlan
+from scorers.code_exec.cases import AssertTest, StdioTest, Test, TestPlan
 from scorers.code_exec.compare import stdout_matches
 from scorers.code_exec.report import BrokenReport, HarnessReport, read_report, verdict_of
 from scorers.code_exec.run_types import Limits, Runner, RunResult
@@ -35,6 +37,12 @@ from scorers.common.processes import signal_name
 
 HARNESS_FILE = "harness.py"
 SOLUTION_FILE = "solution.py"
+# one program run's stdout kept by the harness, and the report it writes in one run before it
+# stops and leaves the rest to a fresh run: the runner must keep at least 8 MiB of stdout (a
+# program's 1 MiB may grow up to 6x as JSON)
+PROGRAM_OUTPUT_BYTES = 1 << 20
+REPORT_BYTES = 1 << 20
+StdioRuns = Literal["shared", "separate"]
 _TAIL_CHARS = 300
 
 
@@ -92,6 +100,7 @@ def grade(
     *,
     deadlines: Deadlines | None = None,
     policy: RewardPolicy = "fraction",
+    stdio_runs: StdioRuns = "shared",
 ) -> GradeResult:
     """The reward of `completion` on `plan` and every test's verdict (in the plan's order).
 
@@ -103,12 +112,16 @@ def grade(
     job = _Job(completion if not plan.prefix else plan.prefix + completion, plan, runner,
                python, limits or Limits(), d, time.monotonic() + d.completion_s)  # fmt: skip
     verdicts: dict[int, TestVerdict] = {}
+    stdio = [i for i, t in enumerate(plan.tests) if isinstance(t, StdioTest)]
     inproc = [i for i, t in enumerate(plan.tests) if not isinstance(t, StdioTest)]
     if inproc:
-        verdicts.update(_in_process(job, inproc))
-    for index, test in enumerate(plan.tests):
-        if isinstance(test, StdioTest):
-            verdicts[index] = _stdio(job, index, test)
+        verdicts.update(_harness_runs(job, inproc, programs=False))
+    if stdio and stdio_runs == "shared":
+        verdicts.update(_harness_runs(job, stdio, programs=True))
+    else:
+        for index, test in enumerate(plan.tests):
+            if isinstance(test, StdioTest):
+                verdicts[index] = _stdio(job, index, test)
     ordered = tuple(verdicts[i] for i in range(len(plan.tests)))
     return GradeResult(reward_of(ordered, policy), ordered)
 
@@ -158,18 +171,21 @@ def _stdio(job: _Job, index: int, test: StdioTest) -> TestVerdict:
     return TestVerdict(index, Outcome.FAILED, "wrong output: " + output[:200], result.wall_s)
 
 
-def _payload(job: _Job, pending: list[int], nonce: str) -> bytes:
-    tests: list[dict[str, Any]] = []
-    for index in pending:
-        test = job.plan.tests[index]
-        if isinstance(test, AssertTest):
-            tests.append({"i": index, "kind": "assert", "source": test.source})
-        elif isinstance(test, CallTest):
-            call = {"i": index, "kind": "call", "args": list(test.args), "kwargs": test.kwargs}
-            tests.append(call | {"prime_keys": test.prime_keys})
+def _test_body(index: int, test: Test) -> dict[str, Any]:
+    """One test as the harness gets it: never the expected value of a call or a program."""
+    if isinstance(test, AssertTest):
+        return {"i": index, "kind": "assert", "source": test.source}
+    if isinstance(test, StdioTest):
+        return {"i": index, "kind": "stdio", "stdin": test.stdin}
+    call = {"i": index, "kind": "call", "args": list(test.args), "kwargs": test.kwargs}
+    return call | {"prime_keys": test.prime_keys}
+
+
+def _payload(job: _Job, pending: list[int], nonce: str, programs: bool) -> bytes:
     d = job.deadlines
     payload = {
         "nonce": nonce,
+        "programs": programs,
         "code": job.code,
         "prelude": job.plan.prelude,
         "setup": job.plan.setup,
@@ -177,12 +193,15 @@ def _payload(job: _Job, pending: list[int], nonce: str) -> bytes:
         "solution_class": job.plan.format in ("prime_code", "livecodebench"),
         "load_s": d.load_s,
         "per_test_s": d.per_test_s,
-        "tests": tests,
+        "output_cap": PROGRAM_OUTPUT_BYTES,
+        "report_bytes": REPORT_BYTES,
+        "tests": [_test_body(i, job.plan.tests[i]) for i in pending],
     }
     return json.dumps(payload).encode("utf-8")
 
 
-def _in_process(job: _Job, tests: list[int]) -> dict[int, TestVerdict]:
+def _harness_runs(job: _Job, tests: list[int], programs: bool) -> dict[int, TestVerdict]:
+    """The tests through harness runs, a fresh one for the tests a run left."""
     verdicts: dict[int, TestVerdict] = {}
     pending = list(tests)
     while pending:
@@ -195,7 +214,7 @@ def _in_process(job: _Job, tests: list[int]) -> dict[int, TestVerdict]:
         result = job.runner.run_sandboxed(
             [job.python, "-I", HARNESS_FILE],
             python=job.python,
-            stdin=_payload(job, pending, nonce),
+            stdin=_payload(job, pending, nonce, programs),
             files={HARNESS_FILE: harness_source()},
             limits=job.limits_for(seconds, seconds - d.startup_s + 1.0),
         )
@@ -229,7 +248,7 @@ def _settle(
     if not report.loaded:
         return _all(pending, *_load_failure(report, result)), []
     try:
-        got = {i: verdict_of(i, _in_proc(job, i), b) for i, b in report.verdicts.items()}
+        got = {i: verdict_of(i, job.plan.tests[i], b) for i, b in report.verdicts.items()}
     except BrokenReport as exc:
         return _all(pending, Outcome.CRASH, f"forged or garbled report: {exc}"), []
     rest = [i for i in pending if i not in got]
@@ -243,9 +262,3 @@ def _settle(
     outcome, detail = run_outcome(result, f"the run ended while test {victim} ran")
     got[victim] = TestVerdict(victim, outcome, detail, None)
     return got, [i for i in rest if i != victim]
-
-
-def _in_proc(job: _Job, index: int) -> CallTest | AssertTest:
-    test = job.plan.tests[index]
-    assert not isinstance(test, StdioTest)
-    return test

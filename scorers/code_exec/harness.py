@@ -28,12 +28,15 @@ reward of that completion: the sandbox, not this harness, keeps the machine safe
 from __future__ import annotations
 
 import builtins
+import io
 import json
 import os
+import selectors
 import signal
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +52,10 @@ _MAX_DEPTH = 100
 # loop) before the watchdog thread reports it timed out and ends the run
 WATCHDOG_GRACE_S = 0.5
 _DETAIL_CHARS = 400
+_MEMORY_EXIT = (
+    86  # a program's exit status for its MemoryError (one of its own exits is a crash too)
+)
+_POLL_S = 0.05
 
 
 class _Deadline(BaseException):
@@ -69,11 +76,13 @@ class Reporter:
         self.prefix = nonce + " "
         self.cond = threading.Condition()
         self.watched: tuple[Any, float, float] | None = None  # (test index or "load", until, s)
+        self.written = 0
 
     def frame(self, kind: str, body: dict[str, Any]) -> None:
         data = (self.prefix + kind + " " + _dumps(body) + "\n").encode("ascii")
         view = memoryview(data)
         with self.cond:
+            self.written += len(data)
             while view:
                 view = view[_write(self.fd, view) :]
 
@@ -244,10 +253,179 @@ def run_tests(payload: dict[str, Any], report: Reporter) -> None:
     report.frame("done", {"n": len(payload["tests"])})
 
 
+# --- stdin/stdout programs: each test a forked child of this harness, the harness runs no code ---
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """The status `python solution.py` exits with on this SystemExit."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    return 1  # a message: printed to stderr by python, status 1
+
+
+def _run_main(code: Any) -> int:
+    """The program as `__main__`, then its non-daemon threads (python waits for them at exit)."""
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    sys.argv = ["solution.py"]
+    try:
+        exec(code, main.__dict__)
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
+        status = 0
+    except SystemExit as exc:
+        status = _exit_status(exc)
+    except MemoryError:
+        status = _MEMORY_EXIT
+    except BaseException:  # noqa: BLE001 (the program's uncaught error is its exit status 1)
+        status = 1
+    try:
+        sys.stdout.flush()
+    except BaseException:  # noqa: BLE001 (output it could not write: a failed run)
+        status = status or 1
+    return status
+
+
+def _child(code: Any, stdin_fd: int, out_fd: int, private: tuple[int, ...]) -> None:
+    """In the forked child: the test's input on fd 0, fd 1 to the harness, fd 2 to /dev/null,
+    the report's fds closed, a process group of its own; never returns."""
+    status = 70
+    try:
+        os.setpgid(0, 0)
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd, target in ((stdin_fd, 0), (out_fd, 1), (null, 2)):
+            os.dup2(fd, target)
+        for fd in (stdin_fd, out_fd, null, *private):
+            os.close(fd)
+        _setitimer(signal.ITIMER_REAL, 0)
+        _signal(signal.SIGALRM, signal.SIG_DFL)
+        stdin = io.BufferedReader(io.FileIO(0, "r", closefd=False))
+        sys.stdin = io.TextIOWrapper(stdin, encoding="utf-8")
+        stdout = io.BufferedWriter(io.FileIO(1, "w", closefd=False))
+        sys.stdout = io.TextIOWrapper(stdout, encoding="utf-8")
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+        status = _run_main(code)
+    finally:
+        _exit(status)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the group is empty
+
+
+def _exited(pid: int) -> bool:
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def _collect(out_fd: int, pid: int, until: float, cap: int) -> tuple[bytes, str]:
+    """The child's stdout until it closes; ("", "timeout" | "output" | "")."""
+    got = bytearray()
+    sel = selectors.DefaultSelector()
+    sel.register(out_fd, selectors.EVENT_READ)
+    try:
+        while True:
+            left = until - _monotonic()
+            if left <= 0:
+                return bytes(got), "timeout"
+            if sel.select(min(left, _POLL_S)):
+                chunk = os.read(out_fd, 1 << 16)
+                if not chunk:
+                    return bytes(got), ""
+                got += chunk
+                if len(got) > cap:
+                    return bytes(got[:cap]), "output"
+            elif _exited(pid):
+                _kill_group(pid)  # what it left holding the pipe
+    finally:
+        sel.close()
+
+
+def _program_outcome(status: int, stopped: str, seconds: float, cap: int) -> tuple[str, str]:
+    if stopped == "timeout":
+        return "timeout", f"past the per-test deadline of {seconds:g} s"
+    if stopped == "output":
+        return "crash", f"wrote more than {cap} bytes"
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        if number == signal.SIGXCPU:
+            return "timeout", "past the CPU bound"
+        return "crash", f"killed by {signal.Signals(number).name}"
+    code = os.waitstatus_to_exitcode(status)
+    if code == _MEMORY_EXIT:
+        return "memory", "MemoryError"
+    return ("ok", "") if code == 0 else ("crash", f"exit {code}")
+
+
+def run_program(
+    code: Any, stdin: str, seconds: float, cap: int, private: int
+) -> tuple[str, str, Any]:
+    """(outcome, detail, stdout text) of one run of the program, in a forked child."""
+    stdin_fd = os.memfd_create("stdin")
+    data = memoryview(stdin.encode("utf-8"))
+    while data:
+        data = data[os.write(stdin_fd, data) :]
+    os.lseek(stdin_fd, 0, os.SEEK_SET)
+    out_read, out_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        _child(code, stdin_fd, out_write, (out_read, private))
+    try:
+        os.setpgid(pid, pid)  # as the child does: whichever runs first, the group exists
+    except OSError:
+        pass  # the child already made it, or already exited
+    os.close(stdin_fd)
+    os.close(out_write)
+    try:
+        output, stopped = _collect(out_read, pid, _monotonic() + seconds, cap)
+    finally:
+        os.close(out_read)
+        _kill_group(pid)
+        _, status = os.waitpid(pid, 0)
+    outcome, detail = _program_outcome(status, stopped, seconds, cap)
+    return outcome, detail, output.decode("utf-8", "replace") if outcome == "ok" else None
+
+
+def run_programs(payload: dict[str, Any], report: Reporter) -> None:
+    """Every stdin/stdout test of the payload, the program compiled once, each run forked."""
+    source = payload["prelude"] + payload["code"]
+    outcome, detail, code = run_timed(
+        payload["load_s"], lambda: compile(source, "solution.py", "exec")
+    )
+    if outcome != "ok":
+        report.settle("load_error", {"outcome": outcome, "detail": detail})
+        return
+    report.settle("loaded", {})
+    for test in payload["tests"]:
+        report.frame("start", {"i": test["i"]})
+        began = _monotonic()
+        outcome, detail, output = run_program(
+            code, test["stdin"], payload["per_test_s"], payload["output_cap"], report.fd
+        )
+        body = {"i": test["i"], "outcome": outcome, "detail": detail}
+        body |= {"wall_s": round(_monotonic() - began, 6)}
+        if outcome == "ok":
+            body["output"] = output
+        report.settle("verdict", body)
+        if report.written > payload["report_bytes"] and test is not payload["tests"][-1]:
+            report.frame("stop", {"reason": "report size"})  # the rest in a fresh run
+            return
+    report.frame("done", {"n": len(payload["tests"])})
+
+
 def main() -> None:
     payload = json.loads(sys.stdin.buffer.read())
     report = Reporter(_hide_stdio(), payload["nonce"])
-    run_tests(payload, report)
+    if payload.get("programs"):
+        run_programs(payload, report)
+    else:
+        run_tests(payload, report)
     _exit(0)  # no atexit hook, thread or finaliser of the code runs after the report
 
 

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scorers.code_exec.cases import AssertTest, CallTest
-from scorers.code_exec.compare import value_matches
+from scorers.code_exec.cases import AssertTest, CallTest, StdioTest
+from scorers.code_exec.compare import stdout_matches, value_matches
 from scorers.code_exec.verdicts import Outcome, TestVerdict
 
 _OUTCOMES = {"ok", "passed", "failed", "timeout", "memory", "crash"}
@@ -126,25 +126,40 @@ def _short(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def verdict_of(index: int, test: CallTest | AssertTest, body: dict[str, Any]) -> TestVerdict:
-    """One test's verdict from the harness's body; a call's value judged here, by its rule."""
+def _answered(index: int, test: CallTest | StdioTest, body: dict[str, Any]) -> TestVerdict:
+    """A test that ran to its end: the value or the stdout judged here, by its rule."""
+    if "output" not in body:
+        raise BrokenReport(f"test {index}: a verdict without its output")
+    wall = float(body["wall_s"])
+    if isinstance(test, StdioTest):
+        output = body["output"]
+        if not isinstance(output, str):
+            raise BrokenReport(f"test {index}: a program's output that is not text")
+        if stdout_matches(test.rule, output, test.expected):
+            return TestVerdict(index, Outcome.PASSED, "", wall)
+        return TestVerdict(index, Outcome.FAILED, "wrong output: " + output[:200], wall)
+    value = decode(body["output"])
+    if value_matches(test.rule, value, test.expected):
+        return TestVerdict(index, Outcome.PASSED, "", wall)
+    detail = f"wrong answer: returned {_short(value)}, expected {_short(test.expected)}"
+    return TestVerdict(index, Outcome.FAILED, detail, wall)
+
+
+def verdict_of(
+    index: int, test: CallTest | AssertTest | StdioTest, body: dict[str, Any]
+) -> TestVerdict:
+    """One test's verdict from the harness's body."""
     outcome, detail = body.get("outcome"), body.get("detail", "")
     wall = body.get("wall_s")
     if outcome not in _OUTCOMES or not isinstance(detail, str):
         raise BrokenReport(f"test {index}: a verdict with outcome {outcome!r:.20}")
     if not (isinstance(wall, (int, float)) and math.isfinite(wall)):
         raise BrokenReport(f"test {index}: a verdict without its time")
-    if (outcome == "ok") != isinstance(test, CallTest) and outcome in ("ok", "passed"):
+    if (outcome == "ok") == isinstance(test, AssertTest) and outcome in ("ok", "passed"):
         raise BrokenReport(f"test {index}: {outcome!r} is not an outcome of this kind of test")
     if outcome == "ok":
-        assert isinstance(test, CallTest)
-        if "output" not in body:
-            raise BrokenReport(f"test {index}: a call verdict without its value")
-        value = decode(body["output"])
-        if value_matches(test.rule, value, test.expected):
-            return TestVerdict(index, Outcome.PASSED, "", float(wall))
-        detail = f"wrong answer: returned {_short(value)}, expected {_short(test.expected)}"
-        return TestVerdict(index, Outcome.FAILED, detail, float(wall))
-    if outcome == "failed" and isinstance(test, CallTest):
+        assert not isinstance(test, AssertTest)
+        return _answered(index, test, body)
+    if outcome == "failed" and not isinstance(test, AssertTest):
         outcome = "crash"  # an AssertionError the function raised is its error, not a wrong answer
     return TestVerdict(index, Outcome(outcome), detail[:_DETAIL_CHARS], float(wall))

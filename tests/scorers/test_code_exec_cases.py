@@ -157,7 +157,8 @@ ORACLE_CASES = [
 ]
 
 
-def test_verdicts_equal_verl_prime_codes_own_run_test():
+@pytest.mark.parametrize("stdio_runs", ["shared", "separate"])
+def test_verdicts_equal_verl_prime_codes_own_run_test(stdio_runs):
     """Each case graded by grade() (bare runner) and by verl's own run_test: pass equals pass."""
     payload = json.dumps([{"code": code, "in_outs": in_outs} for code, in_outs in ORACLE_CASES])
     oracle = subprocess.run(
@@ -166,12 +167,11 @@ def test_verdicts_equal_verl_prime_codes_own_run_test():
     )  # fmt: skip
     theirs = [all(r is True for r in results) for results in json.loads(oracle.stdout)]
     deadlines = Deadlines(per_test_s=5.0, load_s=5.0, completion_s=60.0, startup_s=10.0)
+    python = str(env_python("trl"))
     ours = [
-        grade(
-            code, parse_cases(in_outs), BareRunner(), str(env_python("trl")), deadlines=deadlines
-        ).reward
-        == 1.0
+        grade(code, parse_cases(in_outs), BareRunner(), python, deadlines=deadlines,
+              stdio_runs=stdio_runs).reward == 1.0
         for code, in_outs in ORACLE_CASES
-    ]
+    ]  # fmt: skip
     assert ours == theirs
     assert 0 < sum(theirs) < len(theirs)  # the cases hold both verdicts

@@ -44,10 +44,40 @@ def test_call_based_pass_wrong_and_exception():
     assert outcome_counts(result.verdicts)["tests_crash"] == 1
 
 
-def test_stdio_pass_wrong_output_and_exception():
-    assert outcomes("a, b = map(int, input().split())\nprint(a + b)\n", STDIO) == ["passed"] * 2
-    assert outcomes("a, b = map(int, input().split())\nprint(a * b)\n", STDIO) == ["failed"] * 2
-    assert outcomes("raise SystemExit(3)\n", STDIO) == ["crash"] * 2
+STDIO_CASES = [
+    ("a, b = map(int, input().split())\nprint(a + b)\n", ["passed"] * 2),
+    ("a, b = map(int, input().split())\nprint(a * b)\n", ["failed"] * 2),
+    ("raise SystemExit(3)\n", ["crash"] * 2),
+    ("import sys\nprint(sum(map(int, sys.stdin.read().split())))\nsys.exit(0)\n", ["passed"] * 2),
+    ("import sys\nsys.exit('usage')\n", ["crash"] * 2),
+    ("x = bytearray(1 << 34)\n", ["memory"] * 2),
+    ("import os\nprint(3)\nos._exit(0)\n", ["failed"] * 2),  # unflushed, as in python itself
+    (
+        "import threading\ndef main():\n    print(sum(map(int, input().split())))\n"
+        "threading.Thread(target=main).start()\n",
+        ["passed"] * 2,
+    ),  # fmt: skip
+    (
+        "if int(input().split()[0]) == 3:\n    while True:\n        pass\nprint(3)\n",
+        ["passed", "timeout"],
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("stdio_runs", ["shared", "separate"])
+@pytest.mark.parametrize(("code", "expected"), STDIO_CASES)
+def test_stdio_programs_in_one_run_or_one_run_each(code, expected, stdio_runs):
+    assert outcomes(code, STDIO, stdio_runs=stdio_runs) == expected
+
+
+def test_a_report_past_its_size_continues_in_a_fresh_run():
+    reference = {"inputs": ["1\n"] * 3, "outputs": ["x" * 700_000 + "\n"] * 3}
+    assert outcomes("input()\nprint('x' * 700_000)\n", reference) == ["passed"] * 3
+
+
+def test_a_program_over_its_output_cap_is_a_crash():
+    reference = {"inputs": ["1\n"], "outputs": ["x\n"]}
+    assert outcomes("print('x' * (2 << 20))\n", reference) == ["crash"]
 
 
 def test_livecodebench_functional_with_a_solution_class_and_stdin():
