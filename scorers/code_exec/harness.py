@@ -1,5 +1,7 @@
 """The driver that runs INSIDE the sandbox: every in-process test of one completion (function
-calls and assert statements) in one interpreter, each under its own deadline.
+calls and assert statements) in one interpreter, each under its own deadline; or (`programs`)
+every stdin/stdout test of it, the program compiled once and each run in a forked child whose
+stdout the harness reports.
 
 Shipped into the sandbox as a file and run as `python -I harness.py`; stdlib only. It reads one
 JSON payload on stdin (`nonce`, `code`, `prelude`, `setup`, `fn_name`, `solution_class`,
