@@ -397,9 +397,13 @@ def run_program(
 def run_programs(payload: dict[str, Any], report: Reporter) -> None:
     """Every stdin/stdout test of the payload, the program compiled once, each run forked."""
     source = payload["prelude"] + payload["code"]
-    outcome, detail, code = run_timed(
-        payload["load_s"], lambda: compile(source, "solution.py", "exec")
-    )
+
+    def load() -> Any:
+        if payload["prelude"]:  # the prelude's imports once, here: each child finds them loaded
+            exec(compile(payload["prelude"], "<prelude>", "exec"), {"__builtins__": builtins})
+        return compile(source, "solution.py", "exec")
+
+    outcome, detail, code = run_timed(payload["load_s"], load)
     if outcome != "ok":
         report.settle("load_error", {"outcome": outcome, "detail": detail})
         return
