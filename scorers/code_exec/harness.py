@@ -57,7 +57,6 @@ _DETAIL_CHARS = 400
 _MEMORY_EXIT = (
     86  # a program's exit status for its MemoryError (one of its own exits is a crash too)
 )
-_POLL_S = 0.05
 
 
 class _Deadline(BaseException):
@@ -286,9 +285,10 @@ def _run_main(code: Any) -> int:
     except BaseException:  # noqa: BLE001 (the program's uncaught error is its exit status 1)
         status = 1
     try:
-        sys.stdout.flush()
-    except BaseException:  # noqa: BLE001 (output it could not write: a failed run)
-        status = status or 1
+        if not sys.stdout.closed:  # python itself lets a program close its stdout
+            sys.stdout.flush()
+    except BaseException:  # noqa: BLE001 (output it could not write: python exits 120)
+        status = status or 120
     return status
 
 
@@ -322,31 +322,34 @@ def _kill_group(pid: int) -> None:
         pass  # the group is empty
 
 
-def _exited(pid: int) -> bool:
-    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-
-
 def _collect(out_fd: int, pid: int, until: float, cap: int) -> tuple[bytes, str]:
-    """The child's stdout until it closes; ("", "timeout" | "output" | "")."""
+    """The child's stdout until it has closed and the child has exited; (stdout, "" | "timeout" |
+    "output"). Its exit (a pidfd) kills what it left in its group, so the pipe closes."""
     got = bytearray()
+    pidfd = os.pidfd_open(pid)
     sel = selectors.DefaultSelector()
     sel.register(out_fd, selectors.EVENT_READ)
+    sel.register(pidfd, selectors.EVENT_READ)
     try:
-        while True:
+        while len(sel.get_map()) > 0:
             left = until - _monotonic()
             if left <= 0:
                 return bytes(got), "timeout"
-            if sel.select(min(left, _POLL_S)):
+            for key, _ in sel.select(left):
+                if key.fd == pidfd:
+                    sel.unregister(pidfd)
+                    _kill_group(pid)
+                    continue
                 chunk = os.read(out_fd, 1 << 16)
                 if not chunk:
-                    return bytes(got), ""
+                    sel.unregister(out_fd)
                 got += chunk
                 if len(got) > cap:
                     return bytes(got[:cap]), "output"
-            elif _exited(pid):
-                _kill_group(pid)  # what it left holding the pipe
+        return bytes(got), ""
     finally:
         sel.close()
+        os.close(pidfd)
 
 
 def _program_outcome(status: int, stopped: str, seconds: float, cap: int) -> tuple[str, str]:

@@ -58,6 +58,11 @@ STDIO_CASES = [
         ["passed"] * 2,
     ),  # fmt: skip
     (
+        "import sys, time\nprint(sum(map(int, input().split())))\nsys.stdout.close()\n"
+        "time.sleep(0.2)\n",
+        ["passed"] * 2,
+    ),  # python lets a program close its stdout
+    (
         "if int(input().split()[0]) == 3:\n    while True:\n        pass\nprint(3)\n",
         ["passed", "timeout"],
     ),  # fmt: skip
