@@ -38,6 +38,7 @@ BUILTINS: dict[str, str] = {
     "ocr": "scorers.builtin.ocr:OcrScorer",
     "video": "scorers.builtin.video:VideoScorer",
     "audio_loudness": "scorers.builtin.audio:AudioLoudness",
+    "code_exec": "scorers.builtin.code_exec:CodeExec",
 }
 
 

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
 from pathlib import PurePosixPath
 
@@ -32,7 +32,7 @@ def _checked_name(name: str) -> str:
     return str(path)
 
 
-def _config(argv: list[str], python: str, files: Mapping[str, bytes], limits: Limits) -> bytes:
+def _config(argv: Sequence[str], python: str, files: Mapping[str, bytes], limits: Limits) -> bytes:
     cpu = max(1, math.ceil(limits.cpu_s))
     rlimits = {
         "cpu": [cpu, cpu + 1],  # SIGXCPU at cpu_s, SIGKILL a second later
@@ -113,7 +113,7 @@ class PreparedSandbox:
             os.close(self._ends.pop(name))
 
     def run(
-        self, argv: list[str], *, stdin: bytes = b"", files: Mapping[str, bytes] = NO_FILES
+        self, argv: Sequence[str], *, stdin: bytes = b"", files: Mapping[str, bytes] = NO_FILES
     ) -> RunResult:
         """Run `argv` (argv[0] an absolute path inside the sandbox, e.g. `python` itself) with
         `files` in its working dir and `stdin` on its stdin."""
@@ -163,7 +163,7 @@ def prepare(python: str, limits: Limits = DEFAULT_LIMITS) -> PreparedSandbox:
 
 
 def run_sandboxed(
-    argv: list[str],
+    argv: Sequence[str],
     *,
     python: str,
     stdin: bytes = b"",

@@ -72,7 +72,8 @@ print(
 
 
 def test_the_registry_lists_the_same_names_under_the_new_package():
-    assert sorted(BUILTINS) == sorted(OLD_PATHS)
+    added_since = {"code_exec"}  # built-ins born in scorers.builtin have no old name
+    assert sorted(set(BUILTINS) - added_since) == sorted(OLD_PATHS)
     for name, old in OLD_PATHS.items():
         assert BUILTINS[name] == old.replace("scorers.", "scorers.builtin.", 1)
 

@@ -39,6 +39,7 @@ REGISTERED = {
     "ocr": "scorers.builtin.ocr:OcrScorer",
     "video": "scorers.builtin.video:VideoScorer",
     "audio_loudness": "scorers.builtin.audio:AudioLoudness",
+    "code_exec": "scorers.builtin.code_exec:CodeExec",
 }
 CONSTRUCTION_PARAMS = {
     "video": {"inner": "jpeg_compressibility"},

