@@ -138,7 +138,7 @@ def test_the_score_cli_routes_a_jsonl_of_code_and_math_rows_by_data_source(front
     out = [json.loads(line) for line in out_path.read_text().splitlines()]
     assert [r["id"] for r in out] == [row[0] for row in ROWS]
     assert [r["reward"] for r in out] == pytest.approx(REWARDS)
-    assert [r["components"].get("tests") for r in out] == TESTS, out
+    assert [r["components"]["tests"] for r in out] == TESTS, out
     assert all(r["error"] is None for r in out)
     assert _sandbox_processes() == []
 
