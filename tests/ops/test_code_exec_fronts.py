@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from supervisor import RemoteRewardBackend, RewardItem, RewardRequest
-from supervisor.adapters import verl
+from supervisor.adapters import openrlhf, verl
 from supervisor.adapters.trl import TRLRewardFunction
 from tests.conftest import REPO_ROOT
 from tests.ops.test_cli_serve import start_serve, stop_serve, wait_ready
@@ -113,6 +113,32 @@ def test_serve_answers_code_exec_rewards_to_the_client_and_openrlhfs_route(front
         f"{fronts['url']}/openrlhf/{secret}", content=json.dumps(body), timeout=120
     ).json()
     assert answer["rewards"] == TESTS[:4] and answer["scores"] == TESTS[:4], answer
+    assert _sandbox_processes() == []
+
+
+@pytest.mark.slow
+def test_openrlhfs_reward_func_file_scores_code_through_a_recipe_term_on_the_server(
+    fronts, monkeypatch
+):
+    """OpenRLHF's `--reward.remote_url <the reward_func file>` over a recipe whose one term is the
+    server above: no data_source from OpenRLHF, so nothing limits the term by dataset."""
+    recipe = fronts["tmp"] / "openrlhf.yaml"
+    backend = {"kind": "remote", "base_url": fronts["url"], "token_env": "CODE_TOKEN"}
+    recipe.write_text(json.dumps({"terms": [{"name": "tests", "backend": backend}]}))
+    monkeypatch.setenv("CODE_TOKEN", TOKEN)
+    monkeypatch.setenv(verl.RECIPE_VARIABLE, str(recipe))
+    code = ROWS[:4]
+    try:
+        got = openrlhf.reward_func(
+            [f"Add two ints.\n{text}</s>" for _, _, text, _, _ in code],
+            ["Add two ints.\n"] * 4,
+            [gold for _, _, _, gold, _ in code],
+        )
+    finally:
+        built = openrlhf._SCORERS.pop((os.getpid(), os.path.realpath(recipe)), None)
+        if built is not None:  # what OpenRLHF's process would close at exit
+            built.close()
+    assert got["rewards"] == TESTS[:4] and got["extra_logs"] == {"tests": TESTS[:4]}, got
     assert _sandbox_processes() == []
 
 
