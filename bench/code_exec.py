@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -43,7 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import env_python, managed, p50, run_driver
+from bench.handles import pid_of
 
+Grader = tuple[Callable[[list["Task"]], list[float]], Callable[[], float]]  # rewards, CPU clock
 CALLS = 10  # prime_code's continuous pass tests at most the first 10 cases
 PER_TEST_S = 2.0
 COMPLETION_S = 4.0
@@ -203,20 +206,47 @@ def _timed(grader: Callable[[list[Task]], list[float]], tasks: list[Task]) -> tu
     return rewards, time.perf_counter() - started
 
 
-def _ours(graders: dict[str, Callable], tasks: list[Task], rounds: int) -> dict[str, Any]:
-    """Each grader's rewards (asserted the same every round) and p50 seconds, interleaved."""
+def cpu_here() -> float:
+    """CPU seconds of this process and its reaped descendants (the sandboxes, the bare runs)."""
+    own, reaped = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+def cpu_with(pid: int) -> Callable[[], float]:
+    """cpu_here() plus a live child's CPU and its reaped descendants' (/proc/PID/stat)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def read() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return cpu_here() + sum(int(f) for f in fields[11:15]) / tick  # utime stime cutime cstime
+
+    return read
+
+
+def _ours(graders: dict[str, Grader], tasks: list[Task], rounds: int) -> dict[str, Any]:
+    """Each grader's rewards (asserted the same every round), p50 seconds and CPU seconds,
+    interleaved."""
     got: dict[str, list[float]] = {}
     seconds: dict[str, list[float]] = {name: [] for name in graders}
-    for name, grader in graders.items():
-        got[name] = grader(tasks[:2])  # warm: the child's first sandbox, the threads
-    got.clear()
+    cpu: dict[str, list[float]] = {name: [] for name in graders}
+    for grader, _ in graders.values():
+        grader(tasks[:2])  # warm: the child's first sandbox, the threads
     for _ in range(rounds):
-        for name, grader in graders.items():
+        for name, (grader, clock) in graders.items():
+            before = clock()
             rewards, took = _timed(grader, tasks)
+            cpu[name].append(clock() - before)
             if got.setdefault(name, rewards) != rewards:
                 raise RuntimeError(f"code_exec bench: {name}'s rewards changed between rounds")
             seconds[name].append(took)
-    return {"rewards": got, "seconds": {name: p50(s) for name, s in seconds.items()}}
+    return {
+        "rewards": got,
+        "seconds": {name: p50(s) for name, s in seconds.items()},
+        "cpu": {name: p50(s) for name, s in cpu.items()},
+    }
 
 
 def _passes(tasks: list[Task], by: dict[str, list[float]]) -> dict[str, list[bool]]:
@@ -256,17 +286,28 @@ def measure(problems: int, rounds: int, hostile_clean: int, hostile_rounds: int)
     jobs = len(os.sched_getaffinity(0))
     tasks, skipped = humaneval_tasks(problems)
     with _managed_code(jobs) as backend:
-        graders = {
-            "managed": _through(backend),
-            "sandbox": _in_process(sandbox, jobs),
-            "bare": _in_process(BareRunner(), jobs),
+        graders: dict[str, Grader] = {
+            "managed": (_through(backend), cpu_with(pid_of(backend))),
+            "sandbox": (_in_process(sandbox, jobs), cpu_here),
+            "bare": (_in_process(BareRunner(), jobs), cpu_here),
         }
         ours = _ours(graders, tasks, rounds)
         verl = verl_scores(tasks)
-        hostile = _hostile(graders["managed"], tasks[: 2 * hostile_clean], hostile_rounds)
+        hostile = _hostile(graders["managed"][0], tasks[: 2 * hostile_clean], hostile_rounds)
     passes = _passes(tasks, {**ours["rewards"], "verl": verl["scores"]})
-    return {"jobs": jobs, "tasks": tasks, "skipped": skipped, "seconds": ours["seconds"],
-            "verl_s": verl["seconds"], "passes": passes["managed"], "hostile": hostile}  # fmt: skip
+    return {"jobs": jobs, "tasks": tasks, "skipped": skipped, "passes": passes["managed"],
+            "seconds": ours["seconds"], "cpu": ours["cpu"], "verl_s": verl["seconds"],
+            "verl_cpu": verl["cpu"], "hostile": hostile}  # fmt: skip
+
+
+def _cpu_text(got: dict, n: int) -> str:
+    per_task = {name: 1e3 * c / n for name, c in got["cpu"].items()}
+    verl = 1e3 * got["verl_cpu"] / n
+    return (
+        f"  CPU ms a task: managed {per_task['managed']:.1f} (child, sandboxes and client), "
+        f"sandbox {per_task['sandbox']:.1f}, bare {per_task['bare']:.1f}, verl {verl:.1f}; "
+        f"ours/verl per CPU second {verl / per_task['managed']:.2f}x\n"
+    )
 
 
 def main_line(
@@ -274,13 +315,15 @@ def main_line(
 ) -> str:
     """The bench line; the defaults are the bench's, SMOKE the smallest sizes."""
     got = measure(problems, rounds, hostile_clean, hostile_rounds)
-    n, jobs = len(got["tasks"]), got["jobs"]
-    rate = {name: n / s for name, s in got["seconds"].items()}
+    n, jobs, seconds = len(got["tasks"]), got["jobs"], got["seconds"]
+    rate = {name: n / s for name, s in seconds.items()}
     verl_rate = n / got["verl_s"]
     clean_s, extra, hostile_rewards = got["hostile"]
-    right = sum(
-        p for p, t in zip(got["passes"], got["tasks"], strict=True) if t.kind == "canonical"
-    )
+    bound = (
+        -(-len(hostile_rewards) // jobs) * COMPLETION_S
+    )  # the hostile items' deadlines, jobs wide
+    kinds = [t.kind for t in got["tasks"]]
+    right = sum(p for p, k in zip(got["passes"], kinds, strict=True) if k == "canonical")
     return (
         f"code_exec ({n} HumanEval tasks as prime_code fn_name pairs: {n // 2} canonical, "
         f"{n // 2} wrong; {got['skipped']} problems left out; {right} pass all; verdicts equal "
@@ -289,11 +332,13 @@ def main_line(
         f"bare {rate['bare']:.2f} (jobs {jobs}); verl prime_code serial {verl_rate:.2f}\n"
         f"  ours/verl {rate['managed'] / verl_rate:.2f}x, per core "
         f"{rate['managed'] / jobs / verl_rate:.2f}x; sandbox cost over bare "
-        f"{got['seconds']['sandbox'] / got['seconds']['bare']:.2f}x time "
-        f"(+{1e3 * (got['seconds']['sandbox'] - got['seconds']['bare']) / n:.1f} ms a task)\n"
-        f"  hostile mix ({', '.join(HOSTILE)} on {len(hostile_rewards)} "
-        f"items, rewards {hostile_rewards}): clean {clean_s:.2f} s, extra {extra:+.2f} s "
-        f"(deadline completion_s {COMPLETION_S:.0f} s, per_test_s {PER_TEST_S:.0f} s)"
+        f"{seconds['sandbox'] / seconds['bare']:.2f}x time "
+        f"(+{1e3 * (seconds['sandbox'] - seconds['bare']) / n:.1f} ms a task)\n"
+        + _cpu_text(got, n)
+        + f"  hostile mix ({', '.join(HOSTILE)}: {len(hostile_rewards)} items, rewards "
+        f"{hostile_rewards}): clean {clean_s:.2f} s, extra {extra:+.2f} s, bound {bound:.0f} s "
+        f"(completion_s {COMPLETION_S:.0f} s per hostile item, {jobs} at once; per_test_s "
+        f"{PER_TEST_S:.0f} s)"
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -42,17 +43,26 @@ def prime_code() -> ModuleType:
     return module
 
 
+def cpu_here() -> float:
+    """CPU seconds of this process and its reaped children (prime_code's checker processes)."""
+    own, reaped = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
 def main() -> None:
     tasks = json.loads(Path(sys.argv[1]).read_text())
     grader = prime_code()
     grader.compute_score(tasks[0][0], json.dumps(tasks[0][1]), continuous=True)  # warm
     scores = []
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_here()
     for completion, tests in tasks:
         success, _ = grader.compute_score(completion, json.dumps(tests), continuous=True)
         scores.append(float(success))
-    seconds = time.perf_counter() - started
-    print(json.dumps({"seconds": seconds, "scores": scores}), flush=True)
+    seconds, cpu = time.perf_counter() - started, cpu_here() - cpu
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "scores": scores}), flush=True)
 
 
 if __name__ == "__main__":
