@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench import (
+    code_exec,
     engine,
     health_under_load,
     hostile_math,
@@ -361,6 +362,13 @@ LINES: list[Line] = [
         ("pathological:", "through a managed child"),
         hostile_math.SMOKE,
         ("math",),
+    ),
+    Line(
+        "code_exec",
+        code_exec.main_line,
+        ("verdicts equal", "ours/verl", "sandbox cost over bare", "hostile mix"),
+        code_exec.SMOKE,
+        ("code", "trl"),
     ),
     _env_batch("embed", 15, smoke_items=8),
     _env_batch("ocr", 5, smoke_items=1),
