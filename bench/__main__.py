@@ -372,14 +372,20 @@ LINES: list[Line] = [
     ),
     _env_batch("embed", 15, smoke_items=8),
     _env_batch("ocr", 5, smoke_items=1),
-    Line("panel", panel.main_line, ("ratio",), {"rounds": 1}, ("math", "embed")),
-    Line("panel_server", panel_server.main_line, ("overhead",), {"rounds": 1}, ("math", "image")),
+    Line("panel", panel.main_line, ("ratio",), {"rounds": 1, "items": 16}, ("math", "embed")),
+    Line(
+        "panel_server",
+        panel_server.main_line,
+        ("overhead",),
+        {"rounds": 1, "items": 72},
+        ("math", "image"),
+    ),
     Line("ray_pool", ray_pool.main_line, ("Ray pool",), {"rounds": 1, "groups": 1}, ("image",)),
     Line(
         "overlap",
         overlap.main_line,
         ("generation-bound", "scorer-bound", "hidden"),
-        {"rounds": 1},
+        {"rounds": 1, "items": 64, "r_repeats": 1},
         ("math",),
     ),
     Line(

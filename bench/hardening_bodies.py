@@ -154,11 +154,12 @@ def nested_deep() -> str:
     return f"{got['status']} {got['kind']}: {first!r}; {paths} source paths in the answer"
 
 
-def error_lines() -> str:
-    """100 bad bodies in a row, then one failing score: ERROR lines on the server's log."""
+def error_lines(bad: int = 100) -> str:
+    """100 bad bodies in a row (`bad`), then one failing score: ERROR lines on the server's log
+    (each kind at once, then once per LOG_EVERY_S, 10 s)."""
     with tempfile.TemporaryDirectory() as folder, _served(Path(folder)) as served:
         began = time.monotonic()
-        for _ in range(100):
+        for _ in range(bad):
             httpx.post(served.route, content=b"[1,", timeout=60)
         failed = json.dumps({"query": ["P raise"], "prompts": ["P"], "labels": [None]}).encode()
         httpx.post(served.route, content=failed, timeout=60)
@@ -166,7 +167,7 @@ def error_lines() -> str:
         time.sleep(0.2)
         lines = [line for line in served.log.read_text().splitlines() if " ERROR " in line]
     kinds = sorted({line.split(" answered ")[1].split(" (")[0].split(" x")[0] for line in lines})
-    return f"101 error answers in {took:.1f} s: {len(lines)} ERROR lines ({', '.join(kinds)})"
+    return f"{bad + 1} error answers in {took:.1f} s: {len(lines)} ERROR lines ({', '.join(kinds)})"
 
 
 def _pcm(path: Path, rate: int, channels: int = 1, frames: int = 80, cut: bool = False) -> None:

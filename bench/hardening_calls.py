@@ -19,7 +19,7 @@ from pathlib import Path
 from bench.common import PeakMemory
 from bench.handles import child_of, port_of
 from bench.misbehaving_server import MisbehavingServer
-from bench.workloads import slices, with_hazards
+from bench.workloads import PATHOLOGICAL, slices, with_hazards
 from supervisor import (
     LocalRewardBackend,
     ManagedScorerProcessBackend,
@@ -114,7 +114,9 @@ def remote_gzip_bomb() -> str:
     )
 
 
-def hostile_tail_default_config(ordinary: int = 512, timeout_s: float = 5) -> str:
+def hostile_tail_default_config(
+    ordinary: int = 512, timeout_s: float = 5, hazards: int = len(PATHOLOGICAL)
+) -> str:
     """Items 3 and 9: 512 + 8 pathological items through a managed math child, default client
     config."""
     spec = _spec(
@@ -140,11 +142,11 @@ def hostile_tail_default_config(ordinary: int = 512, timeout_s: float = 5) -> st
         time.sleep(1.5)
         with PeakMemory(backend.pid) as memory:
             began = time.monotonic()
-            backend.compute_rewards(request(with_hazards(next(fresh))[0]))
+            backend.compute_rewards(request(with_hazards(next(fresh), hazards)[0]))
             hostile_s = time.monotonic() - began
     return (
-        f"request_batch_size 64 ({-(-(ordinary + 8) // 64)} chunks), timeout_s {timeout_s:g}: "
-        f"clean {clean_s:.2f} s, hostile "
+        f"request_batch_size 64 ({-(-(ordinary + hazards) // 64)} chunks), timeout_s "
+        f"{timeout_s:g}: clean {clean_s:.2f} s, hostile "
         f"{hostile_s:.2f} s (+{hostile_s - clean_s:.2f} s); the child's tree peaked at "
         f"{memory.peak_pss / 2**30:.2f} GiB PSS ({memory.peak_rss / 2**30:.2f} summed RSS)"
     )

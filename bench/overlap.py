@@ -105,24 +105,26 @@ def regime_line(
     )
 
 
-def main_line(rounds: int = 3) -> str:
+def main_line(rounds: int = 3, items: int = 128, r_repeats: int = 5) -> str:
+    """`items`: the shard (a multiple of the group, 8; two micro-batches or more from 64);
+    `r_repeats`: the calls R is the median of."""
     from bench.common import managed
 
-    items = grpo_request(128, 8).items
+    shard = grpo_request(items, 8).items
     # pointwise: the stream holds no group back
     backend = managed("math", "math_verify", "text", {"jobs": 2})
     try:
-        whole = RewardRequest(items=items, group_size=8)
+        whole = RewardRequest(items=shard, group_size=8)
         backend.compute_rewards(whole)  # warm
         reward_s = statistics.median(
-            _timed(lambda: backend.compute_rewards(whole)) for _ in range(5)
+            _timed(lambda: backend.compute_rewards(whole)) for _ in range(r_repeats)
         )
         lines = [
-            f"overlap: 128 math items finishing one by one (seed {SEED}), reward alone R = "
-            f"{reward_s * 1e3:.0f} ms"
+            f"overlap: {len(shard)} math items finishing one by one (seed {SEED}), reward alone "
+            f"R = {reward_s * 1e3:.0f} ms"
         ]
         for name, factor in REGIMES.items():
-            lines.append(f"{regime_line(backend, items, reward_s, factor, rounds)}  [{name}]")
+            lines.append(f"{regime_line(backend, shard, reward_s, factor, rounds)}  [{name}]")
     finally:
         backend.close()
     return "\n".join(lines)

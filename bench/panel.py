@@ -17,10 +17,12 @@ from supervisor import PanelTerm, RewardPanel
 from supervisor.backend import RewardBackend
 
 ROUNDS = 7
+ITEMS = 128
 
 
-def main_line(rounds: int = ROUNDS) -> str:
-    request = grpo_request()
+def main_line(rounds: int = ROUNDS, items: int = ITEMS) -> str:
+    """`items`: the step's completions (a multiple of the group, 8)."""
+    request = grpo_request(items)
     from bench.common import managed
 
     math = managed("math", "math_verify", "text", {"jobs": 1}, group_size=8)

@@ -74,8 +74,10 @@ def _started(
     return server, info
 
 
-def main_line(rounds: int = ROUNDS) -> str:
-    request = grpo_request()
+def main_line(rounds: int = ROUNDS, items: int = 128) -> str:
+    """`items`: the step's completions (a multiple of the group, 8; over 64, the default chunk,
+    for the chunked client to send more than one chunk)."""
+    request = grpo_request(items)
     with tempfile.TemporaryDirectory(prefix="bench-panel-server-") as scratch:
         recipe = Path(scratch) / "reward.yaml"
         recipe.write_text(yaml.safe_dump(RECIPE))
