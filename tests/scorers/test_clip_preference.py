@@ -12,6 +12,7 @@ import json
 import math
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -176,11 +177,36 @@ def embed_python() -> Path:
     return env_python("embed")
 
 
-def test_managed_scores_are_the_hand_computed_pickscore(
-    managed, embed_python, tiny_model, cases, tmp_path
-):
+@pytest.fixture(scope="module")
+def clip_child(embed_python, tiny_model):
+    """The tiny model's resident child, batches of 2: the tests below only score with it (a 422
+    leaves it serving, which the first one checks)."""
+    from tests.helpers.shared_child import shared_child
+
     params = {"model_dir": str(tiny_model), "batch_size": 2}
-    backend = managed(embed_python, SCORER, input_kind="image", params=params)
+    with shared_child(embed_python, SCORER, input_kind="image", params=params) as backend:
+        yield backend
+
+
+def test_managed_scores_are_the_hand_computed_pickscore(clip_child, tiny_model, cases, tmp_path):
+    params = {"model_dir": str(tiny_model), "batch_size": 2}
+    backend = clip_child
+    # the hand computation (envs/embed) and the in-process run (envs/trl, the TRL env has the same
+    # torch and transformers, and this project installed) side by side: nothing shared
+    pool = ThreadPoolExecutor(2)
+    hand_run = pool.submit(
+        run_in_env,
+        "embed",
+        ["-c", HAND_SCRIPT, str(tiny_model), str(cases), json.dumps(PROMPTS)],
+        tmp_path,
+    )
+    local_run = pool.submit(
+        run_in_env,
+        "trl",
+        ["-c", LOCAL_SCRIPT, json.dumps(params), str(cases), json.dumps(PROMPTS), SCORER],
+        tmp_path,
+    )
+    pool.shutdown(wait=False)
     response = backend.compute_rewards(REQUEST)
     rewards = response.rewards
     assert backend.compute_rewards(REQUEST).rewards == rewards  # deterministic
@@ -190,11 +216,7 @@ def test_managed_scores_are_the_hand_computed_pickscore(
     assert backend.compute_rewards(again).rewards[0] != rewards[0]
     assert rewards[0] != rewards[2]  # "a red cat" on two images
     assert response.diagnostics["clip_preference"]["values"]["truncated"] == 1
-    hand = json.loads(
-        run_in_env(
-            "embed", ["-c", HAND_SCRIPT, str(tiny_model), str(cases), json.dumps(PROMPTS)], tmp_path
-        )
-    )
+    hand = json.loads(hand_run.result())
     assert rewards == pytest.approx(hand, abs=1e-5)
     health = backend.health()
     assert health["packages"]["transformers"].startswith("5.") and health["packages"][
@@ -209,14 +231,7 @@ def test_managed_scores_are_the_hand_computed_pickscore(
         and "'prompt'" in str(info.value)
     )
     assert backend.compute_rewards(REQUEST).rewards == rewards
-    # in process (the TRL env has the same torch and transformers, and this project installed)
-    local = json.loads(
-        run_in_env(
-            "trl",
-            ["-c", LOCAL_SCRIPT, json.dumps(params), str(cases), json.dumps(PROMPTS), SCORER],
-            tmp_path,
-        )
-    )
+    local = json.loads(local_run.result())  # in process
     assert local["rewards"] == rewards
     # one identity, whether computed by the child, in process, or here in the trainer env
     here = scorer_identity_hash(ClipPreference(**params), params)
@@ -292,7 +307,9 @@ def test_missing_model_dir_refuses_the_child_naming_the_path(managed, embed_pyth
     assert str(missing) in str(info.value) and "config.json" in str(info.value), str(info.value)
 
 
-def test_processor_files_apart_from_the_weights(managed, embed_python, tiny_model, tmp_path):
+def test_processor_files_apart_from_the_weights(
+    managed, embed_python, tiny_model, clip_child, tmp_path
+):
     """PickScore's layout: weights alone, the processor elsewhere; without processor_dir, a clear
     refusal."""
     weights_only = tmp_path / "weights_only"
@@ -310,12 +327,7 @@ def test_processor_files_apart_from_the_weights(managed, embed_python, tiny_mode
         input_kind="image",
         params={"model_dir": str(weights_only), "processor_dir": str(tiny_model), "batch_size": 2},
     )
-    together = managed(
-        embed_python,
-        SCORER,
-        input_kind="image",
-        params={"model_dir": str(tiny_model), "batch_size": 2},
-    )
+    together = clip_child
     assert split.compute_rewards(REQUEST).rewards == together.compute_rewards(REQUEST).rewards
     assert split.identity_hash == together.identity_hash
 

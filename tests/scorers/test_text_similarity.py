@@ -34,8 +34,20 @@ def embed_python():
     return env_python("embed")
 
 
-def test_paraphrase_ranks_above_unrelated(managed, embed_python):
-    backend = managed(embed_python, "text_similarity", params={"batch_size": 2})
+@pytest.fixture(scope="module")
+def strict(embed_python):
+    """One resident child the tests below only score with (nothing they do changes it): batches
+    of 2 (REQUEST's 3 items take two), and the default on_overflow, a refusal past 128 tokens
+    (REQUEST's texts are far below it)."""
+    from tests.helpers.shared_child import shared_child
+
+    params = {"batch_size": 2, "max_seq_length": 128}
+    with shared_child(embed_python, "text_similarity", params=params) as backend:
+        yield backend
+
+
+def test_paraphrase_ranks_above_unrelated(strict):
+    backend = strict
     rewards = dict(zip(REQUEST.ids, backend.compute_rewards(REQUEST).rewards, strict=True))
     assert rewards["same"] == pytest.approx(1.0, abs=1e-5)
     assert rewards["paraphrase"] > 0.8 > 0.2 > rewards["unrelated"]
@@ -63,8 +75,8 @@ def test_per_call_moves_the_model_and_reports_memory(managed, embed_python):
     assert backend.offload() == {"residency": "offloaded", "changed": False}
 
 
-def test_reference_without_text_is_a_422(managed, embed_python):
-    backend = managed(embed_python, "text_similarity")
+def test_reference_without_text_is_a_422(strict):
+    backend = strict
     with pytest.raises(ScorerRequestError) as info:
         backend.compute_rewards(
             RewardRequest(items=[RewardItem(id="x", text="hi", reference={"score": 3})])
@@ -80,11 +92,10 @@ def test_cuda_without_a_gpu_fails_to_boot(managed, embed_python):
     assert info.value.returncode == 6 and "CUDA is not available" in str(info.value)
 
 
-def test_texts_past_max_seq_length_are_refused_or_counted(managed, embed_python):
+def test_texts_past_max_seq_length_are_refused_or_counted(managed, embed_python, strict):
     answer = "The cat sits on the mat."
     padded = "Let me think step by step. " * 60 + answer  # the answer comes after ~400 tokens
     request = RewardRequest(items=[RewardItem(id="long", text=padded, reference=answer)])
-    strict = managed(embed_python, "text_similarity", params={"max_seq_length": 128})
     with pytest.raises(ScorerRequestError) as info:
         strict.compute_rewards(request)
     assert (
