@@ -27,7 +27,11 @@ from tests.conftest import REPO_ROOT, alive, eventually, group_members
 TOWER = "\\boxed{9^{9^{9^{9}}}}"  # sympy never finishes comparing this with "1"
 DEATH_BOUND_S = 5.0
 POLL_S = 0.02
-TRIALS = 20
+# Every trial kills at the same point (a batch in the workers, one grading it for 0.1 s of CPU,
+# the whole tree up), and what ends the tree is no race: PR_SET_PDEATHSIG and group kills. The
+# trials catch a layer that fails now and then under load; the kill's timing is swept by
+# test_kill_9_of_trainer_while_child_starts.
+TRIALS = 10
 PARALLEL = 2
 
 
@@ -157,7 +161,7 @@ def _stats(values: list[float]) -> str:
     )
 
 
-# -- 1. kill -9 of a trainer with a batch in the grading workers, 20 times ---------------------
+# -- 1. kill -9 of a trainer with a batch in the grading workers, 10 times ---------------------
 
 
 def _orphan_trial(math_python: Path, trial: int) -> dict:
@@ -209,7 +213,7 @@ def _orphan_trial(math_python: Path, trial: int) -> dict:
 
 
 @pytest.mark.slow
-def test_kill_9_of_trainer_mid_batch_20_trials(math_python):
+def test_kill_9_of_trainer_mid_batch_10_trials(math_python):
     started = time.monotonic()
     results: list[dict] = []
     with ThreadPoolExecutor(PARALLEL) as pool:

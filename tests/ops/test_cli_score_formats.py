@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -120,17 +121,16 @@ TRL_ROWS = [
 def test_a_trl_conversational_jsonl_and_stdin_to_stdout_read_back_one_record_per_row(tmp_path):
     (tmp_path / "trl.jsonl").write_text("".join(json.dumps(row) + "\n" for row in TRL_ROWS))
     recipe, out = math_recipe(tmp_path / "r.json"), tmp_path / "out.jsonl"
-    done = run(
-        sys.executable,
-        "--recipe",
-        recipe,
-        "--input",
-        tmp_path / "trl.jsonl",
-        "--output",
-        out,
-        "--preset",
-        "trl",
-    )
+    with ThreadPoolExecutor(2) as pool:  # two runs, each its own child: side by side
+        to_file = pool.submit(
+            run, sys.executable, "--recipe", recipe, "--input", tmp_path / "trl.jsonl",
+            "--output", out, "--preset", "trl",
+        )  # fmt: skip
+        to_stdout = pool.submit(
+            run, sys.executable, "--recipe", recipe, "--input", "-", "--output", "-", "--preset",
+            "trl", stdin=(tmp_path / "trl.jsonl").read_text(),
+        )  # fmt: skip
+        done, piped = to_file.result(), to_stdout.result()
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     # the last assistant message against `solution`
@@ -140,10 +140,6 @@ def test_a_trl_conversational_jsonl_and_stdin_to_stdout_read_back_one_record_per
         meta["columns"]["response"] == "completion" and meta["columns"]["reference"] == "solution"
     )
     assert meta["terms"]["correct"]["scorer"] == "math_verify" and len(meta["identity_hash"]) == 64
-    piped = run(
-        sys.executable, "--recipe", recipe, "--input", "-", "--output", "-", "--preset", "trl",
-        stdin=(tmp_path / "trl.jsonl").read_text(),
-    )  # fmt: skip
     assert piped.returncode == 0, piped.stderr
     # the rows and nothing else; the identity is said on stderr
     assert piped.stdout == out.read_text()
@@ -238,32 +234,20 @@ def test_a_verl_parquet_and_a_save_to_disk_folder_scored_into_parquet_and_jsonl_
     )  # fmt: skip
     assert made.returncode == 0, made.stderr[-3000:]
     recipe = math_recipe(tmp_path / "r.json")
-    done = run(
-        trl,
-        "--recipe",
-        recipe,
-        "--input",
-        parquet,
-        "--output",
-        tmp_path / "verl.out.parquet",
-        "--preset",
-        "verl",
-    )
+    with ThreadPoolExecutor(2) as pool:  # two runs, each its own child: side by side
+        from_parquet = pool.submit(
+            run, trl, "--recipe", recipe, "--input", parquet, "--output",
+            tmp_path / "verl.out.parquet", "--preset", "verl",
+        )  # fmt: skip
+        from_folder = pool.submit(
+            run, trl, "--recipe", recipe, "--input", saved, "--output", tmp_path / "saved.jsonl",
+            "--preset", "trl",
+        )  # fmt: skip
+        done, from_disk = from_parquet.result(), from_folder.result()
     assert done.returncode == 0, done.stderr
     assert (
         sidecar(tmp_path / "verl.out.parquet")["columns"]["reference"]
         == "reward_model.ground_truth"
-    )
-    from_disk = run(
-        trl,
-        "--recipe",
-        recipe,
-        "--input",
-        saved,
-        "--output",
-        tmp_path / "saved.jsonl",
-        "--preset",
-        "trl",
     )
     assert from_disk.returncode == 0, from_disk.stderr
     seen = read_back(tmp_path, tmp_path / "verl.out.parquet", tmp_path / "saved.jsonl")

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +68,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ]
     (out / "cases.json").write_text(json.dumps(cases))
     model = str(out / "model")
-    replies = json.loads(_run(str(HELPER), model, str(out / "cases.json"), env="engine"))
     arrays = {f"image{i}": image for i, image in enumerate(images(COUNT))}
     spec = json.dumps({"metadata": _metadata(), "references": _references()})
     np.savez(out / "inputs.npz", spec=np.array(spec), **arrays)
-    native = json.loads(_run(str(NATIVE), str(out), str(out / "inputs.npz"), env="embed"))
+    # two envs, nothing shared: side by side (each is mostly one core's imports)
+    with ThreadPoolExecutor(2) as pool:
+        engine = pool.submit(_run, str(HELPER), model, str(out / "cases.json"), env="engine")
+        embed = pool.submit(_run, str(NATIVE), str(out), str(out / "inputs.npz"), env="embed")
+        replies, native = json.loads(engine.result()), json.loads(embed.result())
     return {"dir": out, "replies": replies, "aesthetic": native["aesthetic"]}
 
 
