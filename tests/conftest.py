@@ -139,41 +139,49 @@ def no_leaked_processes() -> Iterator[None]:
     assert not survivors, f"processes outlived the test: {survivors}"
 
 
+def managed_config(
+    python: Path,
+    scorer: str,
+    input_kind: str = "text",
+    params: dict | None = None,
+    process: dict | None = None,
+    client: dict | None = None,
+    scorer_device: str = "cpu",
+    **spec: Any,
+) -> Any:
+    """The spec of a test's managed child: this checkout importable, generous deadlines."""
+    from supervisor import ManagedScorerProcessSpec
+
+    return ManagedScorerProcessSpec(
+        process={
+            "python_executable": str(python),
+            "startup_timeout": 60,
+            "request_timeout": 60,
+            "extra_import_paths": [str(REPO_ROOT)],
+            **(process or {}),
+        },
+        scorer={
+            "name": scorer,
+            "input_kind": input_kind,
+            "params": params or {},
+            "device": scorer_device,
+        },
+        client={"input_kind": input_kind, **(client or {})},
+        **spec,
+    )
+
+
 @pytest.fixture
 def managed() -> Iterator[Callable[..., Any]]:
     """Factory for ManagedScorerProcessBackend that closes every backend it made."""
-    from supervisor import ManagedScorerProcessBackend, ManagedScorerProcessSpec
+    from supervisor import ManagedScorerProcessBackend
 
     made = []
 
-    def make(
-        python: Path,
-        scorer: str,
-        input_kind: str = "text",
-        params: dict | None = None,
-        process: dict | None = None,
-        client: dict | None = None,
-        scorer_device: str = "cpu",
-        **spec: Any,
-    ):
-        config = ManagedScorerProcessSpec(
-            process={
-                "python_executable": str(python),
-                "startup_timeout": 60,
-                "request_timeout": 60,
-                "extra_import_paths": [str(REPO_ROOT)],
-                **(process or {}),
-            },
-            scorer={
-                "name": scorer,
-                "input_kind": input_kind,
-                "params": params or {},
-                "device": scorer_device,
-            },
-            client={"input_kind": input_kind, **(client or {})},
-            **spec,
+    def make(python: Path, scorer: str, *args: Any, **kwargs: Any):
+        backend = ManagedScorerProcessBackend(
+            managed_config(python, scorer, *args, **kwargs), start=False
         )
-        backend = ManagedScorerProcessBackend(config, start=False)
         made.append(backend)
         backend.start()
         return backend

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import managed_config
 
 
 @contextmanager
@@ -23,19 +23,9 @@ def shared_child(
     params: dict[str, Any] | None = None,
     **spec: Any,
 ) -> Iterator[Any]:
-    from supervisor import ManagedScorerProcessBackend, ManagedScorerProcessSpec
+    from supervisor import ManagedScorerProcessBackend
 
-    config = ManagedScorerProcessSpec(
-        process={
-            "python_executable": str(python),
-            "startup_timeout": 60,
-            "request_timeout": 60,
-            "extra_import_paths": [str(REPO_ROOT)],
-        },
-        scorer={"name": scorer, "input_kind": input_kind, "params": params or {}, "device": "cpu"},
-        client={"input_kind": input_kind},
-        **spec,
-    )
+    config = managed_config(python, scorer, input_kind, params, **spec)
     backend = ManagedScorerProcessBackend(config, start=False)
     try:
         backend.start()
