@@ -13,6 +13,24 @@ import time
 from scorers.sandbox.results import Limits, SandboxStuck
 
 KILL_GRACE_S = 10.0  # a killed sandbox's pipes close and its bwrap exits within this
+# a sandbox is stopped in order (its lifeline closed: pid 1 exits within its 20 ms watch, the
+# kernel kills the namespace, each bwrap exits and is reaped by its parent, none left to init as
+# a zombie); its bwraps' group is SIGKILLed only when that has not happened within this
+STOP_GRACE_S = 1.0
+
+
+def close_lifeline(ends: dict[str, int]) -> None:
+    """Close what keeps a sandbox's pid 1 waiting: its lifeline, and a config never sent."""
+    for name in ("life_w", "cfg_w"):
+        with contextlib.suppress(KeyError):
+            os.close(ends.pop(name))
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
 READ = 1 << 16
 
 
@@ -31,6 +49,7 @@ class Exchange:
         self.status = bytearray()
         self.killed_for: str | None = None
         self.killed_at = 0.0
+        self.forced = False
         self.returncode: int | None = None
 
     def run(self, config: bytes, stdin: bytes) -> None:
@@ -56,13 +75,17 @@ class Exchange:
 
     def _loop(self, selector: selectors.BaseSelector, pending: dict, readers: dict) -> None:
         while readers:
-            left = self.deadline - time.monotonic()
-            if left <= 0 and self.killed_for is None:
+            now = time.monotonic()
+            if now >= self.deadline and self.killed_for is None:
                 self.kill("timeout")
+            left = self.deadline - now
             if self.killed_for is not None:
-                left = self.killed_at + KILL_GRACE_S - time.monotonic()
-                if left <= 0:
+                since = now - self.killed_at
+                if since >= STOP_GRACE_S:
+                    self.force()
+                if since >= KILL_GRACE_S:
                     return  # output still open after the kill: _reap decides
+                left = (STOP_GRACE_S if since < STOP_GRACE_S else KILL_GRACE_S) - since
             for key, _ in selector.select(max(left, 0.0)):
                 fd = key.fd
                 if fd in pending:
@@ -112,19 +135,24 @@ class Exchange:
 
     def kill(self, why: str) -> None:
         """Kill the sandbox whole: the lifeline closes (pid 1 exits, the kernel kills its PID
-        namespace) and the bwraps' group is SIGKILLed (pid 1 dies with its bwrap)."""
+        namespace); past STOP_GRACE_S the bwraps' group is SIGKILLed (`force`)."""
         self.killed_for = why
         self.killed_at = time.monotonic()
-        with contextlib.suppress(KeyError):
-            os.close(self.ends.pop("life_w"))
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        close_lifeline(self.ends)
+
+    def force(self) -> None:
+        """SIGKILL the bwraps' group (pid 1 dies with its bwrap), once."""
+        if not self.forced:
+            self.forced = True
+            kill_group(self.process)
 
     def _reap(self) -> None:
         try:
             self.returncode = self.process.wait(timeout=KILL_GRACE_S)
         except subprocess.TimeoutExpired:
-            self.kill(self.killed_for or "stuck")
+            if self.killed_for is None:
+                self.kill("stuck")
+            self.force()
             try:
                 self.returncode = self.process.wait(timeout=KILL_GRACE_S)
             except subprocess.TimeoutExpired as error:

@@ -6,7 +6,6 @@ import contextlib
 import marshal
 import math
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -14,7 +13,13 @@ from importlib import resources
 from pathlib import PurePosixPath
 
 from scorers.sandbox import command
-from scorers.sandbox.exchange import KILL_GRACE_S, Exchange
+from scorers.sandbox.exchange import (
+    KILL_GRACE_S,
+    STOP_GRACE_S,
+    Exchange,
+    close_lifeline,
+    kill_group,
+)
 from scorers.sandbox.locate import interpreter
 from scorers.sandbox.outcome import classify
 from scorers.sandbox.results import Limits, RunResult, SandboxStuck
@@ -96,7 +101,9 @@ class PreparedSandbox:
     work, so `run` costs about the program's own start. It runs one program; `close` (or the
     `with` block's end) kills it if it never ran. Limits are fixed when it is prepared (the
     tmpfs is already sized); the wall deadline counts from `run`. Any thread may run it, even
-    after the one that prepared it ended (tested)."""
+    after the one that prepared it ended (tested), but prepare it on a thread that outlives the
+    run where you can: bwrap dies with the thread that started it (PR_SET_PDEATHSIG), and a root
+    scorer's outer bwrap then waits as a zombie until the run reaps it (`WarmSandboxes` does)."""
 
     def __init__(self, python: str, limits: Limits = DEFAULT_LIMITS) -> None:
         self.python, self.limits = python, limits
@@ -112,30 +119,50 @@ class PreparedSandbox:
         for name in ("cfg_r", "life_r", "status_w"):
             os.close(self._ends.pop(name))
 
+    @property
+    def alive(self) -> bool:
+        """False once its bwrap has exited (killed, or it failed to build the sandbox)."""
+        return self._process.poll() is None
+
     def run(
-        self, argv: Sequence[str], *, stdin: bytes = b"", files: Mapping[str, bytes] = NO_FILES
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        files: Mapping[str, bytes] = NO_FILES,
+        limits: Limits | None = None,
     ) -> RunResult:
         """Run `argv` (argv[0] an absolute path inside the sandbox, e.g. `python` itself) with
-        `files` in its working dir and `stdin` on its stdin."""
+        `files` in its working dir and `stdin` on its stdin. `limits` replaces the prepared ones
+        for this run but for `tmpfs_bytes`, which the sandbox already has."""
+        limits = self.limits if limits is None else limits
+        if limits.tmpfs_bytes != self.limits.tmpfs_bytes:
+            raise ValueError(
+                f"a sandbox prepared with tmpfs_bytes={self.limits.tmpfs_bytes} cannot run with "
+                f"tmpfs_bytes={limits.tmpfs_bytes}"
+            )
         if self._used:
             raise RuntimeError("a prepared sandbox runs one program: prepare another")
         self._used = True
-        config = _config(argv, self.python, files, self.limits)
+        config = _config(argv, self.python, files, limits)
         started = time.monotonic()
         try:
-            exchange = Exchange(self._process, self._ends, self.limits, started)
+            exchange = Exchange(self._process, self._ends, limits, started)
             exchange.run(config, stdin)
         finally:
             self.close()
-        return classify(exchange, self.limits, time.monotonic() - started)
+        return classify(exchange, limits, time.monotonic() - started)
 
     def close(self) -> None:
-        """Kill the sandbox if it is still up (its lifeline closes with the pipes), then free its
-        pipes and its host uid. SandboxStuck if its bwrap outlives SIGKILL by the grace."""
+        """Stop the sandbox if it is still up (in order, then SIGKILL past STOP_GRACE_S), then free
+        its pipes and its host uid. SandboxStuck if its bwrap outlives SIGKILL by the grace."""
         try:
             if self._process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self._process.pid, signal.SIGKILL)
+                close_lifeline(self._ends)  # in order first: pid 1, the kernel, then the bwraps
+                try:
+                    self._process.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    kill_group(self._process)
                 try:
                     self._process.wait(timeout=KILL_GRACE_S)
                 except subprocess.TimeoutExpired as error:
