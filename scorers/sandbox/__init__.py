@@ -2,7 +2,8 @@
 
 `probe(python)` at boot (raises `SandboxUnavailable`, never a silent fallback);
 `run_sandboxed(argv, python=..., stdin=..., files=..., limits=Limits(...))` -> `RunResult`;
-`prepare(python, limits)` starts one ahead (`PreparedSandbox.run(argv, stdin=, files=)` later).
+`prepare(python, limits)` starts one ahead (`PreparedSandbox.run(argv, stdin=, files=)` later);
+`WarmSandboxes(python, size)` keeps `size` prepared, a Runner like this module.
 docs/reliability.md ("Sandboxed code") says what each layer holds and what was observed.
 """
 
@@ -15,6 +16,7 @@ from scorers.sandbox.results import (
     SandboxUnavailable,
 )
 from scorers.sandbox.run import PreparedSandbox, prepare, run_sandboxed
+from scorers.sandbox.warm import WarmSandboxes
 
 __all__ = [
     "STATUSES",
@@ -23,6 +25,7 @@ __all__ = [
     "RunResult",
     "SandboxStuck",
     "SandboxUnavailable",
+    "WarmSandboxes",
     "prepare",
     "probe",
     "run_sandboxed",
