@@ -87,6 +87,30 @@ def test_probe_passes_where_user_namespaces_work(python):
     probe(python)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="writes a user namespace's maps: needs root")
+@pytest.mark.parametrize("limit", ["0", "64"])
+def test_probe_refuses_a_machine_whose_user_namespaces_are_off(python, limit):
+    """Not injected into our code: the probe runs where the kernel refuses bwrap a user namespace
+    (user.max_user_namespaces 0, set in a user namespace of the test's own); the same wrapper
+    with the setting at 64 sandboxes as usual, so the refusal is the setting's."""
+    check = (
+        "import sys\nfrom scorers.sandbox import SandboxUnavailable, probe\n"
+        "try:\n    probe(sys.argv[1])\nexcept SandboxUnavailable as e:\n    print(e)\n"
+        "else:\n    print('sandboxed')\n"
+    )
+    answer = subprocess.run(
+        [sys.executable, "-m", "tests.sandbox.userns_limit", limit, sys.executable, "-c", check,
+         python],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert answer.returncode == 0, answer.stderr[-2000:]
+    if limit == "64":
+        assert answer.stdout == "sandboxed\n"
+    else:
+        assert "max_*_namespaces exceeded" in answer.stdout  # bwrap's own words
+        assert "user namespaces must be allowed: sysctl user.max_user_namespaces" in answer.stdout
+
+
 NOT_ROOT = 59999  # an unnamed uid, below the sandbox's own range (scorers.sandbox.slots)
 SYSTEM_PYTHON = "/usr/bin/python3.11"
 
