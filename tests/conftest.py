@@ -6,7 +6,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +49,20 @@ def trainer_python() -> Path:
     return Path(sys.executable)
 
 
-def _descendants() -> dict[int, float]:
+def _descendants(exempt: Iterable[int] = ()) -> dict[int, float]:
+    """This process's descendants, less those of the `exempt` pids."""
     me = psutil.Process()
+    skipped: set[int] = set()
+    for pid in exempt:
+        try:
+            skipped.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
     found = {}
     for child in me.children(recursive=True):
         try:
-            found[child.pid] = child.create_time()
+            if child.pid not in skipped:
+                found[child.pid] = child.create_time()
         except psutil.NoSuchProcess:
             continue
     return found
@@ -125,11 +133,14 @@ def group_members(pgid: int) -> list[int]:
 
 
 @pytest.fixture(autouse=True)
-def no_leaked_processes() -> Iterator[None]:
-    """Every process a test starts must be gone when it ends (bounded wait, then fail)."""
+def no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every process a test starts must be gone when it ends (bounded wait, then fail). A test
+    module's `LONG_LIVED` pids (a module-wide server whose scorer keeps processes ready, renewed
+    as it works) have their descendants judged by that module once the server stops."""
     before = _descendants()
     yield
-    new = {pid: t for pid, t in _descendants().items() if pid not in before}
+    exempt = set(getattr(request.module, "LONG_LIVED", ()))
+    new = {pid: t for pid, t in _descendants(exempt).items() if pid not in before}
     survivors = wait_until_gone(new, LEAK_GRACE_S)
     for pid in survivors:
         try:

