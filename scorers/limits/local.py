@@ -1,0 +1,151 @@
+"""`LocalLimiter`: one endpoint's limits for every process of this node (the default limiter).
+
+`acquire(tokens, deadline)` waits for a concurrency slot (`slots`), then for the request and token
+buckets and any shared Retry-After (`ledger`, `bucket`), all within `deadline`; past it, it raises
+`LimitTimeout` naming the endpoint and the limit that held it. The `Lease` it answers is ended once
+with what happened: the tokens the answer used (the estimate reconciled), a throttle and its
+Retry-After (which pauses the endpoint for every process), the latency (the adaptive window's
+input). A cross-node coordinator implements the same two calls (`scorers.limits.EndpointLimiter`).
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from scorers.limits import window
+from scorers.limits.declared import EndpointLimit
+from scorers.limits.errors import LimitError, LimitTimeout
+from scorers.limits.ledger import Ledger
+from scorers.limits.rundir import endpoint_base, limits_dir
+from scorers.limits.slots import Slots
+
+
+@dataclass
+class Lease:
+    """One call's right to begin; `end` it exactly once."""
+
+    limiter: LocalLimiter
+    slot: int | None
+    tokens: int
+    waited_s: float
+    ended: bool = False
+
+    def end(
+        self,
+        tokens_used: int | None = None,
+        latency_s: float | None = None,
+        throttled: bool = False,
+        retry_after_s: float | None = None,
+    ) -> None:
+        """The call is over: give the slot back and tell the endpoint's record how it went.
+        `latency_s` None: the call failed otherwise (no answer), the window is left as it is."""
+        if self.ended:
+            return
+        self.ended = True
+        try:
+            self.limiter._ended(self, tokens_used, latency_s, throttled, retry_after_s)
+        finally:
+            if self.slot is not None:
+                self.limiter._slots.give(self.slot)
+
+
+class LocalLimiter:
+    """`limit` for every process of this node that opens it; `close()` when done."""
+
+    def __init__(self, limit: EndpointLimit) -> None:
+        self.limit, self._pid = limit, os.getpid()
+        base = endpoint_base(limits_dir(), limit.name)
+        self._ledger = Ledger(base, limit)
+        try:
+            self._ledger.register(time.monotonic())
+        except BaseException:
+            self._ledger.close()
+            raise
+        self._slots = Slots(base, limit.concurrency or 0)
+        self._usable = limit.concurrency or 0
+
+    def close(self) -> None:
+        self._ledger.close()
+
+    def window(self) -> float:
+        """The adaptive window now (the declared concurrency when not adaptive)."""
+        with self._ledger.locked() as record:
+            assert record.levels is not None
+            return record.levels.window if self.limit.adaptive else float(self._usable)
+
+    def acquire(self, tokens: int, deadline: float) -> Lease:
+        """A lease to begin one call of about `tokens` tokens, by `deadline` (monotonic)."""
+        if os.getpid() != self._pid:
+            raise LimitError(
+                f"endpoint {self.limit.name!r}: a limiter opened in pid {self._pid} used in pid "
+                f"{os.getpid()} (a forked copy opens its own)"
+            )
+        began = time.monotonic()
+        slot = None
+        if self.limit.concurrency:
+            slot = self._slots.take(self._window_now, deadline)
+            if slot is None:
+                raise LimitTimeout(
+                    self.limit.name,
+                    f"concurrency ({self._usable} in flight of {self.limit.concurrency})",
+                    time.monotonic() - began,
+                    f"slots last held by pids {self._slots.holders()}",
+                )
+        try:
+            self._begin(tokens, deadline, began)
+        except BaseException:
+            if slot is not None:
+                self._slots.give(slot)
+            raise
+        return Lease(self, slot, tokens, time.monotonic() - began)
+
+    def _window_now(self) -> int:
+        if self.limit.adaptive:
+            with self._ledger.locked() as record:
+                assert record.levels is not None
+                self._usable = window.usable(record.levels)
+        return self._usable
+
+    def _begin(self, tokens: int, deadline: float, began: float) -> None:
+        """Wait for the buckets and any Retry-After, then spend them."""
+        while True:
+            now = time.monotonic()
+            with self._ledger.locked(deadline) as record:
+                assert record.levels is not None
+                wait, which = record.levels.wait_for(self.limit, tokens, now)
+                if wait == 0:
+                    record.levels.take(self.limit, tokens)
+                    return
+            if now + wait > deadline:
+                raise LimitTimeout(
+                    self.limit.name,
+                    f"{which} ({self.limit.describe()})",
+                    now - began,
+                    f"{wait:.2f} s more needed",
+                )
+            time.sleep(wait)
+
+    def _ended(
+        self,
+        lease: Lease,
+        tokens_used: int | None,
+        latency_s: float | None,
+        throttled: bool,
+        retry_after_s: float | None,
+    ) -> None:
+        now = time.monotonic()
+        with self._ledger.locked() as record:
+            levels = record.levels
+            assert levels is not None
+            if tokens_used is not None:
+                levels.give_back(self.limit, lease.tokens - tokens_used, now)
+            if retry_after_s:
+                levels.pause = max(levels.pause, now + retry_after_s)
+            if self.limit.adaptive and self.limit.concurrency:
+                if throttled:
+                    window.cut(levels, now)
+                elif latency_s is not None:
+                    window.answered(levels, self.limit.concurrency, latency_s, now)
