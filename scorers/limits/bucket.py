@@ -2,10 +2,11 @@
 
 Requests: a bucket of `requests_per_minute / 60` per second, holding at most one second's worth
 (at least 1): so in any w seconds at most rate x (w + 1) requests begin. Tokens the same with
-`tokens_per_minute`; a call whose estimate exceeds the bucket waits for a full bucket and takes
-it into debt, so no estimate can wait forever. `pause` is a shared Retry-After: until then nothing
-starts. `window` is the adaptive in-flight window (`scorers.limits.window`). Times are
-`time.monotonic()`, one clock for every process of the node.
+`tokens_per_minute`; a call whose estimate exceeds the bucket waits for a full bucket, so no
+estimate can wait forever. A caller reserves what it needs at once, into debt, and sleeps until it
+is due: callers begin in the order they came, each at a time known when it asks. `pause` is a
+shared Retry-After: until then nothing begins. `window` is the adaptive in-flight window
+(`scorers.limits.window`). Times are `time.monotonic()`, one clock for every process of the node.
 """
 
 from __future__ import annotations
@@ -60,20 +61,23 @@ class Levels:
         self.t = now
 
     def wait_for(self, limit: EndpointLimit, tokens: int, now: float) -> tuple[float, str]:
-        """Seconds until a call of `tokens` may begin (0: now), and which limit holds it."""
+        """Seconds until a call of `tokens` may begin (0: now), and which limit holds it: a
+        Retry-After first (nothing is reserved while it holds), else the longer bucket wait."""
         self.refill(limit, now)
-        waits = [(self.pause - now, "Retry-After")]
+        if self.pause > now:
+            return self.pause - now, "Retry-After"
+        waits = [(0.0, "")]
         if limit.requests_per_minute and self.req < 1:
             waits.append(((1 - self.req) * 60.0 / limit.requests_per_minute, "requests/min"))
         if limit.tokens_per_minute:
             need = min(float(tokens), _capacity(limit.tokens_per_minute))
             if self.tok < need:
                 waits.append(((need - self.tok) * 60.0 / limit.tokens_per_minute, "tokens/min"))
-        wait, which = max(waits)
-        return max(wait, 0.0), which
+        return max(waits)
 
     def take(self, limit: EndpointLimit, tokens: int) -> None:
-        """Spend one request and `tokens` (after `wait_for` said 0)."""
+        """Reserve one request and `tokens`, into debt if they are not there yet: the caller
+        waits what `wait_for` said, and every later caller waits behind it."""
         if limit.requests_per_minute:
             self.req -= 1
         if limit.tokens_per_minute:

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scorers.limits import window
+from scorers.limits.bucket import Levels
 from scorers.limits.declared import EndpointLimit
 from scorers.limits.errors import LimitError, LimitTimeout
 from scorers.limits.ledger import Ledger
@@ -70,11 +71,12 @@ class LocalLimiter:
     def close(self) -> None:
         self._ledger.close()
 
-    def window(self) -> float:
-        """The adaptive window now (the declared concurrency when not adaptive)."""
+    def levels(self) -> Levels:
+        """A copy of the endpoint's shared levels now (buckets refilled to now): to look at."""
         with self._ledger.locked() as record:
             assert record.levels is not None
-            return record.levels.window if self.limit.adaptive else float(self._usable)
+            record.levels.refill(self.limit, time.monotonic())
+            return replace(record.levels)
 
     def acquire(self, tokens: int, deadline: float) -> Lease:
         """A lease to begin one call of about `tokens` tokens, by `deadline` (monotonic)."""
@@ -110,15 +112,22 @@ class LocalLimiter:
         return self._usable
 
     def _begin(self, tokens: int, deadline: float, began: float) -> None:
-        """Wait for the buckets and any Retry-After, then spend them."""
+        """Reserve the call's request and tokens (in the order callers come: a reservation is
+        taken into debt), sleep until they are due, then until no Retry-After holds the
+        endpoint; past the deadline, `LimitTimeout` (a reservation made is spent all the same)."""
+        reserved = False
         while True:
             now = time.monotonic()
             with self._ledger.locked(deadline) as record:
-                assert record.levels is not None
-                wait, which = record.levels.wait_for(self.limit, tokens, now)
-                if wait == 0:
-                    record.levels.take(self.limit, tokens)
-                    return
+                levels = record.levels
+                assert levels is not None
+                if reserved:
+                    wait, which = max(levels.pause - now, 0.0), "Retry-After"
+                else:
+                    wait, which = levels.wait_for(self.limit, tokens, now)
+                    if which != "Retry-After" and now + wait <= deadline:
+                        levels.take(self.limit, tokens)
+                        reserved = True
             if now + wait > deadline:
                 raise LimitTimeout(
                     self.limit.name,
@@ -126,6 +135,8 @@ class LocalLimiter:
                     now - began,
                     f"{wait:.2f} s more needed",
                 )
+            if wait == 0:
+                return
             time.sleep(wait)
 
     def _ended(
