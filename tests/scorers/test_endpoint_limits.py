@@ -15,7 +15,7 @@ import pytest
 
 from scorers.base import ScoreItem
 from scorers.builtin.llm_judge import LlmJudge
-from scorers.limits import EndpointLimit, LimitConflict, LimitStateError, LocalLimiter
+from scorers.limits import EndpointLimit, LimitConflict, LimitStateError, LocalLimiter, window
 from scorers.limits.bucket import Levels
 from scorers.limits.rundir import DIR_ENV
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest, ScorerItemsFailed
@@ -220,3 +220,45 @@ def test_another_user_can_reach_no_limit(limits_dir):
         os.chown(limits_dir, 65534, 65534)
         with pytest.raises(LimitStateError, match="belongs to uid 65534, not to this user"):
             LocalLimiter(EndpointLimit("judge", concurrency=1))
+
+
+def test_the_adaptive_window_halves_on_429s_and_latency_and_grows_back():
+    """An endpoint that takes 3 at once (429 past them) and slows with load: the window, declared
+    12, is halved to a few; once the endpoint has room (no limit, latency flat), it grows back."""
+    with LimitedOpenAI(concurrency=3, base_s=0.05, per_load_s=0.05) as server:
+        limit = {"concurrency": 12, "adaptive": True}
+        judge = LlmJudge(
+            **{**JUDGE, "base_url": server.base_url, "concurrency": 12, "max_attempts": 20},
+            endpoint_limit=limit,
+        )
+        judge.load()
+        assert judge.endpoint_limit is not None
+        watcher = LocalLimiter(judge.endpoint_limit)
+        try:
+            assert watcher.levels().window == 12
+            crowded = judge.score([ScoreItem(id=f"a{n}", text="x") for n in range(24)])
+            shrunk = watcher.levels().window
+            server.concurrency, server.base_s, server.per_load_s = None, 0.08, 0.0
+            judge.score([ScoreItem(id=f"b{n}", text="x") for n in range(100)])
+            grown = watcher.levels().window
+        finally:
+            watcher.close()
+            judge.close()
+    assert crowded.terms["llm_judge"] == [0.7] * 24 and server.throttled > 0
+    assert shrunk <= 6 and grown >= shrunk + 4, (shrunk, grown)
+
+
+def test_the_window_rule():
+    """AIMD on the shared levels (scorers.limits.window): +1/window per good answer up to the
+    ceiling, halved on a throttle or on an answer over twice the base latency, once per base."""
+    levels = Levels.full(EndpointLimit("w", concurrency=8, adaptive=True), now=0.0)
+    window.answered(levels, 8, latency_s=0.1, now=1.0)
+    assert (levels.window, levels.base_s) == (8.0, 0.1)
+    window.cut(levels, now=1.0)
+    window.cut(levels, now=1.05)  # within one base latency of the last cut: the same burst
+    assert levels.window == 4.0
+    window.answered(levels, 8, latency_s=0.25, now=1.2)  # a spike
+    assert levels.window == 2.0
+    for n in range(4):
+        window.answered(levels, 8, latency_s=0.1, now=2.0 + n)
+    assert 3.0 < levels.window < 4.0 and window.usable(levels) == 3
