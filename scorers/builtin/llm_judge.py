@@ -49,6 +49,8 @@ NUMBER_PATTERN = r"(?i)\bscore\s*[:=]?\s*\**\s*(-?\d+(?:\.\d+)?)(?![\w]|\.\d)"  
 CHOICE_LEAD = r"(?i)\b(?:verdict|answer|choice)\b(?:\s*(?:[:=]|is))?\s*\**\s*[\[(]?\s*"
 # past the batch deadline, how long score() waits for a worker thread to notice it
 WAKE_MARGIN_S = 1.0
+# no attempt begins closer than this to the batch deadline, nor does a lease of the endpoint limit
+START_MARGIN_S = 0.05
 MAX_ANSWER_BYTES = 1 << 20  # a chat completion is kilobytes; more is a broken or hostile server
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 THROTTLE_STATUSES = frozenset({429, 503})  # the endpoint asks for less: the shared window halves
@@ -475,7 +477,7 @@ class LlmJudge(Scorer):
         assert self._limiter is not None
         estimate = math.ceil(len(body) / BYTES_PER_TOKEN) + self.max_tokens
         try:
-            lease = self._limiter.acquire(estimate, deadline)
+            lease = self._limiter.acquire(estimate, deadline - START_MARGIN_S)
         except LimitError as exc:
             raise _Final(f"endpoint limit: {exc}") from exc
         if lease.waited_s > WAITED_S:
@@ -512,7 +514,7 @@ class LlmJudge(Scorer):
 
         def attempt() -> float:
             # an item that waited for a free slot past the deadline
-            if deadline - time.monotonic() < 0.05:
+            if deadline - time.monotonic() < START_MARGIN_S:
                 raise _Late(
                     f"the batch deadline ({self.batch_timeout_s:g} s) passed before attempt "
                     f"{outcome.attempts + 1}"

@@ -17,6 +17,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,10 +47,19 @@ class Ledger:
         self._fd = open_private(self.path)
         self._users = open_private(Path(f"{base}.users"))
         self._threads = threading.Lock()  # flock is per open file: threads of one process too
+        self._closed = False
+        _open_ledgers.add(self)
 
     def close(self) -> None:
-        os.close(self._users)  # our share of the users' lock goes with it
-        os.close(self._fd)
+        with self._threads:
+            self._forget()
+
+    def _forget(self) -> None:
+        """Close the files once (our share of the users' lock goes with them)."""
+        if not self._closed:
+            self._closed = True
+            os.close(self._users)
+            os.close(self._fd)
 
     @contextmanager
     def locked(self, deadline: float | None = None) -> Iterator[Record]:
@@ -58,6 +68,8 @@ class Ledger:
         if not self._threads.acquire(timeout=max(until - time.monotonic(), 0.0)):
             raise self._stuck()
         try:
+            if self._closed:
+                raise LimitStateError(f"endpoint {self.limit.name!r}: {self.path} is closed")
             self._flock(until)
             try:
                 record = self._read()
@@ -127,3 +139,16 @@ class Ledger:
         if len(payload) > RECORD_BYTES:
             raise LimitStateError(f"{self.path}: a record of {len(payload)} bytes does not fit")
         os.pwrite(self._fd, payload.ljust(RECORD_BYTES, b" "), 0)
+
+
+_open_ledgers: weakref.WeakSet[Ledger] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    """A forked child drops its copies of the parent's files: it is no user of the endpoint (the
+    parent's locks stay the parent's) and must open its own."""
+    for ledger in list(_open_ledgers):
+        ledger._forget()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

@@ -12,6 +12,7 @@ Stdlib only.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -51,13 +52,17 @@ class Lease:
         finally:
             if self.slot is not None:
                 self.limiter._slots.give(self.slot)
+            self.limiter._drop()
 
 
 class LocalLimiter:
-    """`limit` for every process of this node that opens it; `close()` when done."""
+    """`limit` for every process of this node that opens it; `close()` when done. Its files stay
+    open until the last lease taken before `close()` has ended (a call still in flight on a
+    thread past its batch's deadline ends it later), so no update is lost or written elsewhere."""
 
     def __init__(self, limit: EndpointLimit) -> None:
         self.limit, self._pid = limit, os.getpid()
+        self._lock, self._open, self._closing = threading.Lock(), 0, False
         base = endpoint_base(limits_dir(), limit.name)
         self._ledger = Ledger(base, limit)
         try:
@@ -69,7 +74,32 @@ class LocalLimiter:
         self._usable = limit.concurrency or 0
 
     def close(self) -> None:
-        self._ledger.close()
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            last = self._open == 0
+        if last:
+            self._ledger.close()
+
+    def _hold(self) -> None:
+        """One more acquisition or lease using the files (refused once closed, or in a fork)."""
+        if os.getpid() != self._pid:
+            raise LimitError(
+                f"endpoint {self.limit.name!r}: a limiter opened in pid {self._pid} used in pid "
+                f"{os.getpid()} (a forked copy opens its own)"
+            )
+        with self._lock:
+            if self._closing:
+                raise LimitError(f"endpoint {self.limit.name!r}: the limiter is closed")
+            self._open += 1
+
+    def _drop(self) -> None:
+        with self._lock:
+            self._open -= 1
+            last = self._closing and self._open == 0
+        if last:
+            self._ledger.close()
 
     def levels(self) -> Levels:
         """A copy of the endpoint's shared levels now (buckets refilled to now): to look at."""
@@ -80,11 +110,16 @@ class LocalLimiter:
 
     def acquire(self, tokens: int, deadline: float) -> Lease:
         """A lease to begin one call of about `tokens` tokens, by `deadline` (monotonic)."""
-        if os.getpid() != self._pid:
-            raise LimitError(
-                f"endpoint {self.limit.name!r}: a limiter opened in pid {self._pid} used in pid "
-                f"{os.getpid()} (a forked copy opens its own)"
-            )
+        self._hold()
+        try:
+            slot, waited = self._take(tokens, deadline)
+        except BaseException:
+            self._drop()
+            raise
+        return Lease(self, slot, tokens, waited)
+
+    def _take(self, tokens: int, deadline: float) -> tuple[int | None, float]:
+        """A slot, then the rates; the slot and the seconds it all took."""
         began = time.monotonic()
         slot = None
         if self.limit.concurrency:
@@ -102,7 +137,7 @@ class LocalLimiter:
             if slot is not None:
                 self._slots.give(slot)
             raise
-        return Lease(self, slot, tokens, time.monotonic() - began)
+        return slot, time.monotonic() - began
 
     def _window_now(self) -> int:
         if self.limit.adaptive:

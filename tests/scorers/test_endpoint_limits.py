@@ -9,13 +9,21 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from scorers.base import ScoreItem
 from scorers.builtin.llm_judge import LlmJudge
-from scorers.limits import EndpointLimit, LimitConflict, LimitStateError, LocalLimiter, window
+from scorers.limits import (
+    EndpointLimit,
+    LimitConflict,
+    LimitError,
+    LimitStateError,
+    LocalLimiter,
+    window,
+)
 from scorers.limits.bucket import Levels
 from scorers.limits.rundir import DIR_ENV
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest, ScorerItemsFailed
@@ -262,3 +270,20 @@ def test_the_window_rule():
     for n in range(4):
         window.answered(levels, 8, latency_s=0.1, now=2.0 + n)
     assert 3.0 < levels.window < 4.0 and window.usable(levels) == 3
+
+
+def test_a_lease_still_in_flight_at_close_ends_on_the_files_it_began_on():
+    """A call past its batch's deadline may end after the judge closed: its lease still gives its
+    slot and its tokens back; a new lease after close is refused."""
+    limiter = LocalLimiter(EndpointLimit("late", tokens_per_minute=600, concurrency=1))
+    lease = limiter.acquire(10, time.monotonic() + 5)
+    limiter.close()
+    lease.end(tokens_used=1, latency_s=0.1)
+    with pytest.raises(LimitError, match="the limiter is closed"):
+        limiter.acquire(1, time.monotonic() + 5)
+    again = LocalLimiter(EndpointLimit("late", tokens_per_minute=600, concurrency=1))
+    try:
+        assert again.levels().tok >= 9  # 10 - 10 + 9 given back
+        again.acquire(1, time.monotonic() + 1).end()  # the slot is free
+    finally:
+        again.close()
