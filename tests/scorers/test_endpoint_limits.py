@@ -287,3 +287,24 @@ def test_a_lease_still_in_flight_at_close_ends_on_the_files_it_began_on():
         again.acquire(1, time.monotonic() + 1).end()  # the slot is free
     finally:
         again.close()
+
+
+@pytest.mark.slow
+def test_a_managed_judge_child_shares_the_limit_with_its_trainer(managed):
+    """The trainer's process holds the endpoint's one slot: a managed judge child (envs/image)
+    waits for it and fails its item at its deadline, naming the trainer's pid; freed, it judges."""
+    limit = {"name": "shared-judge", "concurrency": 1}
+    with LimitedOpenAI() as server:
+        params = {**JUDGE, "base_url": server.base_url, "endpoint_limit": limit}
+        child = managed(env_python("image"), "llm_judge", params={**params, "batch_timeout_s": 1})
+        request = RewardRequest(items=[RewardItem(id="a", text="x")])
+        trainer = LocalLimiter(EndpointLimit("shared-judge", concurrency=1))
+        try:
+            lease = trainer.acquire(1, time.monotonic() + 5)
+            with pytest.raises(ScorerItemsFailed, match=f"concurrency .* pids \\[{os.getpid()}\\]"):
+                child.compute_rewards(request)
+            lease.end()
+            assert child.compute_rewards(request).rewards == [0.7]
+        finally:
+            trainer.close()
+    assert len(server.arrivals) == 1
