@@ -9,7 +9,10 @@ concurrently up to `concurrency`; each attempt has a deadline; transient failure
 timeouts, dropped connections, 408/429/5xx, a malformed body) are retried with the same request
 bytes under capped exponential backoff, all inside the batch's absolute deadline. The API key is
 read from the environment variable that `api_key_env` names: the name is identity, the secret never
-appears in identity, logs or errors.
+appears in identity, logs or errors. With `endpoint_limit`, every attempt first takes a lease of the
+endpoint's shared limit (`scorers.limits`: every process of the node calling that endpoint shares
+it); a wait that would pass the batch deadline is the item's failure, naming the endpoint and the
+limit.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from urllib.parse import SplitResult, urlsplit
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
 from scorers.common.retry import Retry
 from scorers.diagnostics import mean
+from scorers.limits import EndpointLimit, Lease, LimitError, LocalLimiter
 
 DEFAULT_TEMPLATE = (
     "Rate how well the response answers the question, from 0 (wrong or useless) to 10 (fully "
@@ -45,14 +49,21 @@ NUMBER_PATTERN = r"(?i)\bscore\s*[:=]?\s*\**\s*(-?\d+(?:\.\d+)?)(?![\w]|\.\d)"  
 CHOICE_LEAD = r"(?i)\b(?:verdict|answer|choice)\b(?:\s*(?:[:=]|is))?\s*\**\s*[\[(]?\s*"
 # past the batch deadline, how long score() waits for a worker thread to notice it
 WAKE_MARGIN_S = 1.0
+# no attempt begins closer than this to the batch deadline, nor does a lease of the endpoint limit
+START_MARGIN_S = 0.05
 MAX_ANSWER_BYTES = 1 << 20  # a chat completion is kilobytes; more is a broken or hostile server
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+THROTTLE_STATUSES = frozenset({429, 503})  # the endpoint asks for less: the shared window halves
+BYTES_PER_TOKEN = 4  # a request's tokens, estimated before the call from its body's size
+WAITED_S = 0.001  # a lease that took longer than this counts as a wait (`limit_waits`)
 
 
 class _Retryable(Exception):
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str, retry_after: float | None = None, status: int | None = None
+    ) -> None:
         super().__init__(message)
-        self.retry_after = retry_after
+        self.retry_after, self.status = retry_after, status
 
 
 class _Final(Exception):
@@ -74,6 +85,8 @@ class _Outcome:
     attempts: int = 0
     counted: str | None = None
     seconds: float = 0.0
+    limit_waits: int = 0
+    limit_wait_s: float = 0.0
 
 
 def _positive(name: str, value: Any, integer: bool = False) -> None:
@@ -256,7 +269,18 @@ class LlmJudge(Scorer):
         env="image",
         report_packages=("httpx",),
         requires_modules=("httpx",),
-        diagnostics=("attempts", "retries", "failed", "unparsable", "out_of_range", "latency_s"),
+        diagnostics=(
+            "attempts",
+            "retries",
+            "failed",
+            "unparsable",
+            "out_of_range",
+            "latency_s",
+            "limit_waits",
+            "limit_wait_s",
+        ),
+        # how hard the endpoint may be called, never what it answers
+        nonsemantic_params=("endpoint_limit",),
     )
 
     def __init__(  # noqa: PLR0913 - its params, each a recipe `params:` key (they make its identity)
@@ -279,8 +303,12 @@ class LlmJudge(Scorer):
         backoff_s: float = 0.5,
         backoff_max_s: float = 8.0,
         batch_timeout_s: float = 300.0,
+        endpoint_limit: Mapping[str, Any] | None = None,
     ) -> None:
         url = _checked_url(base_url)
+        self.endpoint_limit = (
+            None if endpoint_limit is None else EndpointLimit.from_param(endpoint_limit, base_url)
+        )
         if not isinstance(model, str) or not model:
             raise ValueError(f"llm_judge: model must be a non-empty string, got {model!r}")
         self.fields, self.pattern = _checked_prompt(
@@ -300,6 +328,7 @@ class LlmJudge(Scorer):
         self.backoff_s, self.backoff_max_s = float(backoff_s), float(backoff_max_s)
         self.batch_timeout_s = float(batch_timeout_s)
         self._secret: str | None = None
+        self._limiter: LocalLimiter | None = None
         self._loaded = False
 
     def load(self, device: str = "cpu") -> None:
@@ -319,10 +348,15 @@ class LlmJudge(Scorer):
                     "cannot be a bearer token"
                 )
             self._secret = secret
+        if self.endpoint_limit is not None and self._limiter is None:
+            self._limiter = LocalLimiter(self.endpoint_limit)
         self._loaded = True
 
     def close(self) -> None:
         self._loaded = False
+        if self._limiter is not None:
+            self._limiter.close()
+            self._limiter = None
 
     def _client(self) -> Any:
         """A client for one batch: a connection a stuck attempt still holds never serves the next
@@ -375,9 +409,9 @@ class LlmJudge(Scorer):
                 text = text.replace(form, "***")
         return text
 
-    def _attempt(self, client: Any, body: bytes, deadline: float) -> str:
+    def _attempt(self, client: Any, body: bytes, deadline: float) -> tuple[str, int | None]:
         """One POST, answered in whole by min(request_timeout_s, what the batch has left); the
-        reply's text."""
+        reply's text and the tokens its `usage` says it took (None when it says nothing)."""
         import httpx
 
         from scorers.common import bounded_http
@@ -412,19 +446,44 @@ class LlmJudge(Scorer):
         if status != 200:
             message = f"HTTP {status}: {excerpt}"
             if status in RETRY_STATUSES:
-                raise _Retryable(message, _seconds(retry_after))
+                raise _Retryable(message, _seconds(retry_after), status)
             raise _Final(message)
+        return _content(answer.body, excerpt)
+
+    def _limited(self, client: Any, body: bytes, deadline: float, outcome: _Outcome) -> str:
+        """One attempt, inside a lease of the endpoint's shared limit when it has one; the lease
+        is told how the attempt went (tokens used, a throttle and its Retry-After, the latency)."""
+        if self._limiter is None:
+            outcome.attempts += 1
+            return self._attempt(client, body, deadline)[0]
+        lease = self._lease(body, deadline, outcome)
+        outcome.attempts += 1
+        began = time.monotonic()
         try:
-            content = json.loads(answer.body)["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise _Retryable(
-                f"malformed chat completion ({type(exc).__name__}): {excerpt!r}"
-            ) from exc
-        if not isinstance(content, str):
-            raise _Retryable(
-                f"malformed chat completion: message content is {type(content).__name__}"
-            )
+            content, used = self._attempt(client, body, deadline)
+        except _Retryable as exc:
+            throttled = exc.status in THROTTLE_STATUSES
+            lease.end(throttled=throttled, retry_after_s=exc.retry_after if throttled else None)
+            raise
+        except BaseException:
+            lease.end()
+            raise
+        lease.end(tokens_used=used, latency_s=time.monotonic() - began)
         return content
+
+    def _lease(self, body: bytes, deadline: float, outcome: _Outcome) -> Lease:
+        """The endpoint's leave to send `body`, waited for within the deadline; past it, the
+        item's failure naming the endpoint and the limit (never retried against the endpoint)."""
+        assert self._limiter is not None
+        estimate = math.ceil(len(body) / BYTES_PER_TOKEN) + self.max_tokens
+        try:
+            lease = self._limiter.acquire(estimate, deadline - START_MARGIN_S)
+        except LimitError as exc:
+            raise _Final(f"endpoint limit: {exc}") from exc
+        if lease.waited_s > WAITED_S:
+            outcome.limit_waits += 1
+            outcome.limit_wait_s += lease.waited_s
+        return lease
 
     def _verdict(self, content: str) -> float:
         found = self.pattern.findall(content)
@@ -455,13 +514,12 @@ class LlmJudge(Scorer):
 
         def attempt() -> float:
             # an item that waited for a free slot past the deadline
-            if deadline - time.monotonic() < 0.05:
+            if deadline - time.monotonic() < START_MARGIN_S:
                 raise _Late(
                     f"the batch deadline ({self.batch_timeout_s:g} s) passed before attempt "
                     f"{outcome.attempts + 1}"
                 )
-            outcome.attempts += 1
-            return self._verdict(self._attempt(client, body, deadline))
+            return self._verdict(self._limited(client, body, deadline, outcome))
 
         retrying = Retry(
             deadline,
@@ -551,6 +609,10 @@ class LlmJudge(Scorer):
                 "unparsable": counted["unparsable"],
                 "out_of_range": counted["out_of_range"],
                 "latency_s": mean(sum(o.seconds for o in outcomes), len(outcomes)),
+                "limit_waits": sum(o.limit_waits for o in outcomes),
+                "limit_wait_s": mean(
+                    sum(o.limit_wait_s for o in outcomes), sum(o.limit_waits for o in outcomes)
+                ),
             },
             failed={
                 position: f"{o.error} ({f'{o.attempts} attempts ' if o.attempts else ''}at "
@@ -559,6 +621,28 @@ class LlmJudge(Scorer):
                 if o.error is not None
             },
         )
+
+
+def _content(body: bytes, excerpt: str) -> tuple[str, int | None]:
+    """A chat completion's reply text, and its `usage`'s tokens (None when it has none)."""
+    try:
+        answer = json.loads(body)
+        content = answer["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise _Retryable(f"malformed chat completion ({type(exc).__name__}): {excerpt!r}") from exc
+    if not isinstance(content, str):
+        raise _Retryable(f"malformed chat completion: message content is {type(content).__name__}")
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    return content, _tokens(usage) if isinstance(usage, dict) else None
+
+
+def _tokens(usage: dict[str, Any]) -> int | None:
+    """The tokens a `usage` block counts: its total, else prompt plus completion."""
+    counts: list[Any] = [usage.get("total_tokens")]
+    if not _is_real(counts[0]):
+        counts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
+    numbers = [float(c) for c in counts if _is_real(c) and math.isfinite(c) and c >= 0]
+    return int(sum(numbers)) if len(numbers) == len(counts) else None
 
 
 def _seconds(retry_after: str | None) -> float | None:
