@@ -8,10 +8,12 @@ so hedging costs about 5 % more sends, while a server that stopped or stalls hol
 about p95 plus one more chunk's time, not the call's deadline ("The Tail at Scale", Dean and
 Barroso, 2013: deferred hedged requests).
 
-`Latencies` keeps the last `WINDOW` latencies of one backend's sends (the time from a send to its
-answer; a first send given up after its chunk was hedged counts the time it was waited for, at
-least the delay: leaving it out would pull the p95 down until every chunk were hedged; a send that
-failed counts nothing). Until `MIN_SAMPLES` are known the delay is `COLD_FRACTION` of the call's
+`Latencies` keeps the last `WINDOW` latencies of one backend's sends: the time from a send to its
+answer; a send that failed counts nothing; a first send given up once its hedge answered counts as
+the delay it was hedged at, the one bound known of its latency. Left out, it would pull the p95
+down until about a fifth of the chunks were hedged; counted as its whole wait (the hedge's time
+included), a server that stalls often would push the p95 up to its stalls, and its chunks would
+then wait them out. Until `MIN_SAMPLES` are known the delay is `COLD_FRACTION` of the call's
 deadline: before the backend has seen what normal is, a scorer whose chunks take long by nature (a
 judge at 30 s a chunk) is not sent every chunk twice, and a hedge sent then still has three
 quarters of the deadline to answer.

@@ -159,6 +159,10 @@ class _Call:
             self.hedged_to[target] += 1
         return target
 
+    def is_lagging(self, index: int) -> bool:
+        with self._lock:
+            return index in self.lagging
+
     def answered(self, index: int) -> None:
         with self._lock:
             self.lagging.discard(index)
@@ -217,6 +221,7 @@ class _Race:
         self.sent: list[Attempt[ChunkAnswer]] = []
         self.open: list[Attempt[ChunkAnswer]] = []  # sends whose outcome is not taken yet
         self.hedge_at = math.inf  # when the first send is hedged
+        self.delay = math.inf  # after how long
         self.hedged = False
         self.failure = ""  # the failed send's server and why, while the other may still answer
 
@@ -233,7 +238,9 @@ class _Race:
     def run(self, index: int) -> ChunkAnswer:
         self.send(index)
         if self.call.latencies is not None:
-            self.hedge_at = self.sent[0].began + self.call.latencies.delay()
+            # a server holding a chunk of this call past its delay is not waited for twice
+            self.delay = 0.0 if self.call.is_lagging(index) else self.call.latencies.delay()
+            self.hedge_at = self.sent[0].began + self.delay
         try:
             while True:
                 taken = self._next()
@@ -303,12 +310,13 @@ class _Race:
         raise prefixed(exc, f"{what_chunk(self.chunk)} re-sent once from {self.failure}") from exc
 
     def _give_up_open(self) -> None:
-        """Cancel the sends still open; the first one's wait counts as a latency (at least the
-        delay: left out, the p95 would fall until every chunk were hedged)."""
+        """Cancel the sends still open; a first send hedged and given up counts as the delay it was
+        hedged at (`compose.hedging`)."""
         for attempt in self.open:
             attempt.cancel()
-            if self.hedged and attempt is self.sent[0] and self.call.latencies is not None:
-                self.call.latencies.add(time.monotonic() - attempt.began)
+            hedged_at = self.delay if self.hedged and attempt is self.sent[0] else 0.0
+            if hedged_at > 0 and self.call.latencies is not None:  # 0: sent to a lagging server
+                self.call.latencies.add(hedged_at)
 
 
 def first_line(exc: BaseException) -> str:
