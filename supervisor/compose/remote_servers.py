@@ -16,6 +16,13 @@ cache); whatever the first server may have scored is never read; the answer is c
 the chunk's ids as every answer is, and joined by id. A chunk that fails twice, or with nowhere
 to go, raises its typed error naming the server(s).
 
+Hedging: a chunk not answered within the delay (the p95 of recent sends, `compose.hedging`) is
+sent once more to another healthy server, under the same key and the same deadline: safe for the
+same reasons (the other server never saw the key; one of the two answers is read, checked like any
+other). The first good answer wins; the other send is cancelled, its request closed, its answer
+never read, its server not marked down for losing. A chunk goes to two servers at most: a hedge or
+a failover, never both.
+
 A server that fails its /health probe, or a chunk for a reason another server could fix, is passed
 over by later calls without being asked (a stopped server would cost every call the probe's
 timeout) until a probe in the background, one every `probe_interval_s`, finds it ready again.
