@@ -29,6 +29,7 @@ from bench import (
     code_exec,
     engine,
     health_under_load,
+    hedging,
     hostile_math,
     jpeg_json_peer,
     math_throughput,
@@ -407,6 +408,7 @@ LINES: list[Line] = [
         {"rounds": 1, "counts": (1, 2), "items": 16},
         (),
     ),
+    Line("hedging", hedging.main_line, ("max unhedged/hedged", "hedges sent"), hedging.SMOKE, ()),
     Line(
         "startup",
         startup.main_line,

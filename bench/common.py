@@ -203,6 +203,37 @@ def stop(*servers: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
             server.wait(5)
 
 
+@contextlib.contextmanager
+def judge_servers(
+    count: int, base_url: str, token: str
+) -> Iterator[list[tuple[subprocess.Popen[Any], str]]]:
+    """`count` serve processes of the LLM judge (concurrency 4) asking the OpenAI endpoint at
+    `base_url`, started together; each one's process and URL once every one is ready."""
+    params = {"base_url": base_url, "model": "fake-judge", "concurrency": 4}
+    command = [sys.executable, "-m", "supervisor", "serve", "--scorer", "llm_judge"]
+    command += [
+        "--python",
+        sys.executable,
+        "--params",
+        json.dumps(params | {"request_timeout_s": 10.0}),
+    ]
+    with tempfile.TemporaryDirectory(prefix="bench-servers-") as folder:
+        processes, lines = [], [Path(folder) / f"{n}.json" for n in range(count)]
+        try:
+            for line in lines:
+                with open(line, "w") as out:
+                    env = {**os.environ, "MANAGED_SCORERS_TOKEN": token}
+                    processes.append(
+                        subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, env=env)
+                    )
+            yield [
+                (process, f"http://127.0.0.1:{readiness(line, process, 60)['port']}")
+                for process, line in zip(processes, lines, strict=True)
+            ]
+        finally:
+            stop(*processes)
+
+
 # -- the math workload -----------------------------------------------------------------------------
 
 

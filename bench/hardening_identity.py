@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from bench.common import readiness, stop
 from supervisor import (
@@ -36,7 +37,8 @@ REQUEST = RewardRequest(
     items=[RewardItem(id=f"r{i}", group_id=f"g{i // SIZE}", text="x" * i) for i in range(6 * SIZE)],
     group_size=SIZE,
 )
-PATIENT = {
+# every option of the client, typed as the constructor's **options
+PATIENT: dict[str, Any] = {
     "request_batch_size": SIZE,
     "request_timeout": 60,
     "max_retries": 1000,
@@ -175,7 +177,7 @@ def remote_restarted_mid_call() -> str:
     with servers() as made:
         ((_, url),) = made.start(0.5)
         pinned = _health(url)["identity_hash"]
-        with RemoteRewardBackend(url, token=TOKEN, identity_hash=pinned, **PATIENT) as remote:  # type: ignore[arg-type]
+        with RemoteRewardBackend(url, token=TOKEN, identity_hash=pinned, **PATIENT) as remote:
             return _restart_mid_call(remote, made, [url])
 
 

@@ -10,18 +10,11 @@ judge waits rather than computes, so on a 2-core machine this measures the clien
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
 
-from bench.common import readiness, stop
+from bench.common import judge_servers
 from bench.fake_openai import FakeOpenAI
 from supervisor import (
     MultiRemoteRewardBackend,
@@ -50,44 +43,6 @@ def request(n: int = 64, group: int = 8) -> RewardRequest:
     return RewardRequest(items=items, group_size=group)
 
 
-@contextmanager
-def judge_servers(count: int, base_url: str) -> Iterator[list[str]]:
-    """`count` serve processes of the judge, started together; their URLs once every one is
-    ready."""
-    params = {
-        "base_url": base_url,
-        "model": "fake-judge",
-        "concurrency": 4,
-        "request_timeout_s": 10.0,
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "supervisor",
-        "serve",
-        "--scorer",
-        "llm_judge",
-        "--python",
-        sys.executable,
-    ]
-    command += ["--params", json.dumps(params)]
-    with tempfile.TemporaryDirectory(prefix="bench-servers-") as folder:
-        processes, lines = [], [Path(folder) / f"{n}.json" for n in range(count)]
-        try:
-            for line in lines:
-                with open(line, "w") as out:
-                    env = {**os.environ, "MANAGED_SCORERS_TOKEN": TOKEN}
-                    processes.append(
-                        subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, env=env)
-                    )
-            yield [
-                f"http://127.0.0.1:{readiness(line, process, 60)['port']}"
-                for process, line in zip(processes, lines, strict=True)
-            ]
-        finally:
-            stop(*processes)
-
-
 def _scoring(backend: RewardBackend, batch: RewardRequest) -> Callable[[], object]:
     return lambda: backend.compute_rewards(batch)
 
@@ -95,7 +50,8 @@ def _scoring(backend: RewardBackend, batch: RewardRequest) -> Callable[[], objec
 def main_line(rounds: int = ROUNDS, counts: tuple[int, ...] = COUNTS, items: int = 64) -> str:
     """`counts`: 1 first (the baseline); `items`: a multiple of the group (8)."""
     batch = request(items)
-    with FakeOpenAI() as fake, judge_servers(max(counts), fake.base_url) as urls:
+    with FakeOpenAI() as fake, judge_servers(max(counts), fake.base_url, TOKEN) as made:
+        urls = [url for _, url in made]
         backends: dict[int, RewardBackend] = {
             1: RemoteRewardBackend(urls[0], TOKEN, request_batch_size=8)
         }

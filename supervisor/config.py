@@ -416,6 +416,10 @@ class RemoteBackendConfig(_Model):
     # how often a server passed over (a failed probe or chunk) is asked again, in the background
     probe_timeout_s: float = Field(default=2.0, gt=0)
     probe_interval_s: float = Field(default=1.0, gt=0)
+    # several servers only: a chunk not answered within the p95 of the recent chunks' latencies (a
+    # quarter of request_timeout until 10 are known) is sent once more to another healthy server;
+    # the first answer wins, the other request is closed
+    hedge: bool = True
 
     @model_validator(mode="before")
     @classmethod

@@ -8,6 +8,9 @@ around httpcore's, through the connection pool httpx itself uses), the answer is
 raw and capped in bytes, and compression is refused: the request asks for
 `Accept-Encoding: identity` and an answer in any other encoding fails.
 
+An exchange may also be ended from another thread (`Cancel`): a client that sent the same
+request to two servers closes the loser's request once the winner answered.
+
 The one mechanism both HTTP clients of this project use: the remote backend's
 (`supervisor.child.client`) and the LLM judge's. Importing it needs httpx.
 """
@@ -35,12 +38,74 @@ _HTTPCORE_ERRORS = (
     httpcore.ProxyError,
     httpcore.UnsupportedProtocol,
 )
-# the deadline of the exchange this thread is in (httpx's sync client runs in it)
+# the deadline of the exchange this thread is in (httpx's sync client runs in it), and its Cancel
 _call = threading.local()
+CANCELLED = "the exchange was cancelled"
 
 
 class AnswerRefused(Exception):
     """The answer is larger than the cap, or compressed: nothing of it is decoded."""
+
+
+class Cancel:
+    """Ends, from any thread, the exchanges a thread runs under `with cancel.scope():`: a request
+    sent to two servers whose loser is given up once the winner answered.
+
+    `cancel()` shuts down the socket an exchange of the scope is using (its blocked read or write
+    ends at once; httpcore then closes that connection, never pooling it again), and every later
+    exchange of the scope fails before it sends: an httpx.ReadError (`CANCELLED`). The server may
+    finish its work; its answer is never read. An exchange lets go of its socket once its whole
+    answer is read, before the connection returns to the pool: a cancel never touches a connection
+    another exchange took since."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._sockets: set[socket.socket] = set()
+
+    def is_set(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            sockets, self._sockets = self._sockets, set()
+        for sock in sockets:
+            try:
+                # the plain socket's: an SSLSocket's own shutdown would drop its TLS state under
+                # the thread that reads it
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already (its exchange failed and httpcore closed it): nothing to end
+
+    @contextmanager
+    def scope(self) -> Iterator[Cancel]:
+        previous = getattr(_call, "cancel", None)
+        _call.cancel = self
+        try:
+            yield self
+        finally:
+            _call.cancel = previous
+
+    def _hold(self, sock: Any, error: type[httpcore.NetworkError]) -> None:
+        """`sock` is what this scope's exchange reads or writes now; `error` once cancelled."""
+        with self._lock:
+            if self._cancelled:
+                raise error(CANCELLED)
+            if isinstance(sock, socket.socket):
+                self._sockets.add(sock)
+
+    def _let_go(self) -> None:
+        with self._lock:
+            self._sockets.clear()
+
+
+def _held(stream: httpcore.NetworkStream, error: type[httpcore.NetworkError]) -> Cancel | None:
+    """The Cancel of this thread's exchange, now holding `stream`'s socket (None: no scope)."""
+    cancel: Cancel | None = getattr(_call, "cancel", None)
+    if cancel is not None:
+        cancel._hold(stream.get_extra_info("socket"), error)
+    return cancel
 
 
 @dataclass(frozen=True)
@@ -66,9 +131,19 @@ class _DeadlineStream(httpcore.NetworkStream):
         self._inner = inner
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._inner.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
+        cancel = _held(self._inner, httpcore.ReadError)
+        try:
+            data = self._inner.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
+        except httpcore.NetworkError as exc:
+            if cancel is not None and cancel.is_set():
+                raise httpcore.ReadError(CANCELLED) from exc
+            raise
+        if cancel is not None and cancel.is_set():  # the shut-down socket's end of file
+            raise httpcore.ReadError(CANCELLED)
+        return data
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        _held(self._inner, httpcore.WriteError)
         sock = self._inner.get_extra_info("socket")
         if isinstance(sock, socket.socket) and not isinstance(sock, ssl.SSLSocket):
             # sendall's timeout bounds the whole send (Python 3.5+), however slowly the peer reads
@@ -268,6 +343,22 @@ def client(
     )
 
 
+def _capped_body(response: httpx.Response, max_bytes: int) -> bytes:
+    """The whole raw body, AnswerRefused once past `max_bytes` or when compressed."""
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise AnswerRefused(f"answer is compressed ({encoding!r}) although identity was asked for")
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise AnswerRefused(f"answer of {declared} bytes exceeds the cap of {max_bytes}")
+    body = bytearray()
+    for chunk in response.iter_raw():
+        body += chunk
+        if len(body) > max_bytes:
+            raise AnswerRefused(f"answer exceeds the cap of {max_bytes} bytes")
+    return bytes(body)
+
+
 def exchange(
     http: httpx.Client,
     method: str,
@@ -285,6 +376,9 @@ def exchange(
     left = deadline - time.monotonic()
     if left <= 0:
         raise httpx.ReadTimeout("the exchange's deadline passed before it began")
+    cancel: Cancel | None = getattr(_call, "cancel", None)
+    if cancel is not None and cancel.is_set():
+        raise httpx.ReadError(CANCELLED)
     previous = getattr(_call, "deadline", None)
     _call.deadline = deadline
     try:
@@ -298,19 +392,11 @@ def exchange(
             headers=sent,
             timeout=httpx.Timeout(left),
         ) as response:
-            encoding = response.headers.get("content-encoding", "identity").strip().lower()
-            if encoding not in ("", "identity"):
-                raise AnswerRefused(
-                    f"answer is compressed ({encoding!r}) although identity was asked for"
-                )
-            declared = response.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > max_bytes:
-                raise AnswerRefused(f"answer of {declared} bytes exceeds the cap of {max_bytes}")
-            body = bytearray()
-            for chunk in response.iter_raw():
-                body += chunk
-                if len(body) > max_bytes:
-                    raise AnswerRefused(f"answer exceeds the cap of {max_bytes} bytes")
-            return Answer(response.status_code, response.headers, bytes(body))
+            body = _capped_body(response, max_bytes)
+            if cancel is not None:  # before the connection returns to the pool
+                cancel._let_go()
+            return Answer(response.status_code, response.headers, body)
     finally:
+        if cancel is not None:
+            cancel._let_go()
         _call.deadline = previous

@@ -13,9 +13,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 from child_runtime.protocol import wire
+from scorers.common.bounded_http import Cancel
 from scorers.common.retry import Retry
 from supervisor.child.client import DEFAULT_MAX_ANSWER_BYTES, MAX_CONNECTIONS, ScorerClient
 from supervisor.chunks import CallPlan, ChunkAnswer, score_in_chunks
@@ -55,6 +57,7 @@ NOT_SETTINGS = {
     "shared_memory_min_bytes": "a managed child's data plane: a server is reached over the network",
     "probe_timeout_s": "several servers only (MultiRemoteRewardBackend)",
     "probe_interval_s": "several servers only (MultiRemoteRewardBackend)",
+    "hedge": "several servers only (MultiRemoteRewardBackend)",
 }
 
 
@@ -176,29 +179,31 @@ class RemoteRewardBackend(Component):
         keywords = settings(config, flatten=("client",), leave={*NOT_SETTINGS, "base_url"})
         return cls(config.urls[0], token, **keywords)
 
-    def _exchange(self, what: str, call: Callable[[float], T], budget_s: float) -> T:
-        """`call(seconds_left)` until it succeeds, fails for good, tries run out, or the next pause
-        would reach the deadline `budget_s` after the first try began."""
+    def _exchange(
+        self,
+        what: str,
+        call: Callable[[float], T],
+        budget_s: float,
+        cancel: Cancel | None = None,
+    ) -> T:
+        """`call(seconds_left)` until it succeeds, fails for good, tries run out, the next pause
+        would reach the deadline `budget_s` after the first try began, or `cancel` is set (its
+        exchange in flight ended at once)."""
         # this call's: a later interrupt() replaces it for later calls
         interrupted = self._interrupted
         if self._stopped.is_set():
             raise ScorerUnavailable(f"{what} at {self.base_url}: the backend is closed")
+        scope: AbstractContextManager[object] = nullcontext() if cancel is None else cancel.scope()
+
+        def go_on() -> bool:  # no retry behind the caller's back, nor of a send given up
+            given_up = cancel is not None and cancel.is_set()
+            return not (self._stopped.is_set() or interrupted.is_set() or given_up)
 
         def pause(seconds: float) -> None:
             if interrupted.wait(seconds) or self._stopped.is_set():
                 raise ScorerUnavailable(
                     f"{what} at {self.base_url}: the backend was interrupted or closed"
                 )
-
-        def log_retry(exc: Exception, attempt: int, seconds: float) -> None:
-            log.warning(
-                "%s at %s: attempt %d failed (%s); retrying in %.2f s",
-                what,
-                self.base_url,
-                attempt,
-                exc,
-                seconds,
-            )
 
         retrying = Retry(
             time.monotonic() + budget_s,
@@ -207,16 +212,26 @@ class RemoteRewardBackend(Component):
             retry_on=(TransportError, ErrorStatus),
             retry_if=retryable,
             max_tries=self.max_retries + 1,
-            # no retry behind the caller's back
-            go_on=lambda: not (self._stopped.is_set() or interrupted.is_set()),
-            on_retry=log_retry,
+            go_on=go_on,
+            on_retry=lambda exc, tries, seconds: self._log_retry(what, exc, tries, seconds),
             sleep=pause,
         )
         try:
-            return retrying.call(lambda: call(max(retrying.deadline - time.monotonic(), 0.001)))
+            with scope:
+                return retrying.call(lambda: call(max(retrying.deadline - time.monotonic(), 0.001)))
         except (TransportError, ErrorStatus) as exc:
             tries = f"{retrying.tries} attempt{'s' if retrying.tries > 1 else ''}"
             raise scorer_error(exc, f"{what} at {self.base_url} after {tries}") from exc
+
+    def _log_retry(self, what: str, exc: Exception, attempt: int, seconds: float) -> None:
+        log.warning(
+            "%s at %s: attempt %d failed (%s); retrying in %.2f s",
+            what,
+            self.base_url,
+            attempt,
+            exc,
+            seconds,
+        )
 
     def score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
         """One chunk of this backend's own call (it is its ChunkScorer), under a fresh key."""
@@ -224,15 +239,21 @@ class RemoteRewardBackend(Component):
         return self.send_chunk(chunk, group_size, key, self._client.request_timeout)
 
     def send_chunk(
-        self, chunk: Sequence[RewardItem], group_size: int | None, key: str, budget_s: float
+        self,
+        chunk: Sequence[RewardItem],
+        group_size: int | None,
+        key: str,
+        budget_s: float,
+        cancel: Cancel | None = None,
     ) -> ChunkAnswer:
         """One chunk under idempotency key `key`, every try within `budget_s`, the answer verified
         against the chunk's ids (and the terms asked of a served panel). Public for a client over
         several servers: a chunk it re-sends to another server keeps its key and spends what is left
-        of the same deadline."""
+        of the same deadline; `cancel` gives a send up from another thread (its request closed, not
+        retried), once another server answered it."""
         frame = encode_chunk(chunk, group_size, self.max_request_bytes, self.asked)
         answer = self._exchange(
-            "score", lambda left: self._client.score(frame, key, left), budget_s
+            "score", lambda left: self._client.score(frame, key, left), budget_s, cancel
         )
         ids = [item.id for item in chunk]
         return verify_score_answer(

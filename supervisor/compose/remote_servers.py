@@ -16,6 +16,13 @@ cache); whatever the first server may have scored is never read; the answer is c
 the chunk's ids as every answer is, and joined by id. A chunk that fails twice, or with nowhere
 to go, raises its typed error naming the server(s).
 
+Hedging: a chunk not answered within the delay (the p95 of recent sends, `compose.hedging`) is
+sent once more to another healthy server, under the same key and the same deadline: safe for the
+same reasons (the other server never saw the key; one of the two answers is read, checked like any
+other). The first good answer wins; the other send is cancelled, its request closed, its answer
+never read, its server not marked down for losing. A chunk goes to two servers at most: a hedge or
+a failover, never both.
+
 A server that fails its /health probe, or a chunk for a reason another server could fix, is passed
 over by later calls without being asked (a stopped server would cost every call the probe's
 timeout) until a probe in the background, one every `probe_interval_s`, finds it ready again.
@@ -28,17 +35,22 @@ the call with `ScorerIdentityChanged`, never re-sent elsewhere: no call mixes tw
 from __future__ import annotations
 
 import logging
+import math
+import queue
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from scorers.common.bounded_http import Cancel
 from scorers.groups import share_groups
 from supervisor.backend import RewardBackend
 from supervisor.backends.remote import NOT_SETTINGS, RemoteRewardBackend, fixable_elsewhere
 from supervisor.chunks import ChunkAnswer, request_group_size, request_groups, score_in_chunks
+from supervisor.compose.hedging import Attempt, Latencies
 from supervisor.composition import Component
 from supervisor.config import RemoteBackendConfig, settings
 from supervisor.errors import (
@@ -46,6 +58,7 @@ from supervisor.errors import (
     ErrorStatus,
     ScorerError,
     ScorerIdentityChanged,
+    ScorerTimeout,
     ScorerUnavailable,
     TransportError,
     prefixed,
@@ -57,6 +70,7 @@ from supervisor.shape import ScorerShape
 from supervisor.types import RewardItem, RewardRequest
 
 log = logging.getLogger(__name__)
+ENDED_GRACE_S = 5.0  # past the call's deadline, a chunk stops waiting for its sends to end
 
 
 def same_identity(servers: Sequence[RemoteRewardBackend]) -> None:
@@ -103,8 +117,8 @@ class _ShareChunks:
 
 
 class _Call:
-    """One call's servers: those that answered its /health, those that failed during it, its
-    deadline."""
+    """One call's servers: those that answered its /health, those that failed during it, those
+    holding a chunk past its hedge delay, its deadline."""
 
     def __init__(
         self,
@@ -112,14 +126,20 @@ class _Call:
         healthy: list[int],
         deadline: float,
         went_down: Callable[[int, str], None],
+        latencies: Latencies | None,
     ) -> None:
+        """`latencies`: the backend's, when chunks are hedged; None: they are not."""
         self.servers, self.healthy, self.deadline, self.went_down = (
             servers,
             healthy,
             deadline,
             went_down,
         )
+        self.latencies = latencies
         self.failed: set[int] = set()
+        # held a chunk past its delay, not answered since: no hedge goes there in this call
+        self.lagging: set[int] = set()
+        self.hedged_to: Counter[int] = Counter()  # hedges each server was sent in this call
         self._lock = threading.Lock()
 
     def left(self) -> float:
@@ -128,22 +148,38 @@ class _Call:
     def score_chunk(
         self, index: int, chunk: Sequence[RewardItem], group_size: int | None
     ) -> ChunkAnswer:
-        """A chunk of server `index`'s share; re-sent once elsewhere if that server fails."""
-        key = uuid.uuid4().hex  # travels with the chunk to a second server
-        try:
-            return self.servers[index].send_chunk(chunk, group_size, key, self.left())
-        except ScorerError as exc:
-            other, why = self._fallback(index, exc, chunk), str(exc).splitlines()[0]
-        try:
-            return self.servers[other].send_chunk(chunk, group_size, key, self.left())
-        except ScorerError as again:
-            first = self.servers[index].base_url
-            raise prefixed(
-                again, f"{self._what(chunk)} re-sent once from {first} (which failed: {why})"
-            ) from again
+        """A chunk of server `index`'s share: hedged to another server past the delay, or re-sent
+        once elsewhere if that server fails; to two servers at most."""
+        return _Race(self, chunk, group_size).run(index)
 
-    def _fallback(self, index: int, exc: ScorerError, chunk: Sequence[RewardItem]) -> int:
-        """Where a chunk that failed on server `index` goes next, or `exc` named and raised."""
+    def hedge_target(self, index: int) -> int | None:
+        """Where a chunk that server `index` holds past its delay goes too: a server that answered
+        this call's /health, has failed nothing and holds nothing past its delay, the one sent the
+        fewest hedges (then the next round the ring); None when there is none."""
+        with self._lock:
+            self.lagging.add(index)
+            others = [i for i in self.healthy if i not in self.failed | self.lagging]
+            if not others:
+                return None
+            count = len(self.servers)
+            target = min(others, key=lambda i: (self.hedged_to[i], (i - index) % count))
+            self.hedged_to[target] += 1
+        return target
+
+    def is_lagging(self, index: int) -> bool:
+        with self._lock:
+            return index in self.lagging
+
+    def answered(self, index: int) -> None:
+        with self._lock:
+            self.lagging.discard(index)
+
+    def failed_on(
+        self, index: int, exc: ScorerError, chunk: Sequence[RewardItem], resend: bool
+    ) -> int | None:
+        """Server `index` failed a chunk: marked down if another server could fix it; where the
+        chunk goes next when `resend` (None when not: a send in flight may still answer), or `exc`
+        named and raised."""
         cause = exc.__cause__
         fixable = isinstance(cause, (TransportError, ErrorStatus)) and fixable_elsewhere(cause)
         with self._lock:
@@ -157,21 +193,141 @@ class _Call:
             why = "an answer of another scorer identity: nothing more of that call is taken"
         elif not fixable:
             why = "not a fault of that server another one could fix"
+        elif not resend:
+            return None
         elif not others:
             why = "no other healthy server"
         elif self.left() <= 0.01:
             why = "the deadline is spent"
         if why is not None:
             raise prefixed(
-                exc, f"{self._what(chunk)} on {self.servers[index].base_url}, not re-sent ({why})"
+                exc, f"{what_chunk(chunk)} on {self.servers[index].base_url}, not re-sent ({why})"
             ) from exc
         # the next one round the ring: failures spread, not piled
         later = [i for i in others if i > index]
         return (later or others)[0]
 
-    @staticmethod
-    def _what(chunk: Sequence[RewardItem]) -> str:
-        return f"chunk of {len(chunk)} ids from {chunk[0].id!r}"
+
+def what_chunk(chunk: Sequence[RewardItem]) -> str:
+    return f"chunk of {len(chunk)} ids from {chunk[0].id!r}"
+
+
+Sent = tuple[Attempt[ChunkAnswer], "ChunkAnswer | BaseException"]
+
+
+class _Race:
+    """One chunk's sends, under one idempotency key: the first, and at most one more (a hedge once
+    the first has not answered within the delay, or a failover once it failed for a reason another
+    server could fix). The first good answer wins; the other send is cancelled (its request closed,
+    its answer never read), and its server is not marked down for losing."""
+
+    def __init__(self, call: _Call, chunk: Sequence[RewardItem], group_size: int | None) -> None:
+        self.call, self.chunk, self.group_size = call, chunk, group_size
+        self.key = uuid.uuid4().hex  # travels with the chunk to a second server
+        self.ended: queue.Queue[Sent] = queue.Queue()
+        self.sent: list[Attempt[ChunkAnswer]] = []
+        self.open: list[Attempt[ChunkAnswer]] = []  # sends whose outcome is not taken yet
+        self.hedge_at = math.inf  # when the first send is hedged
+        self.delay = math.inf  # after how long
+        self.hedged = False
+        self.failure = ""  # the failed send's server and why, while the other may still answer
+
+    def send(self, index: int) -> None:
+        server, call = self.call.servers[index], self.call
+
+        def send(cancel: Cancel) -> ChunkAnswer:
+            return server.send_chunk(self.chunk, self.group_size, self.key, call.left(), cancel)
+
+        attempt = Attempt(index, send, self.ended, f"remote-send-{index}")
+        self.sent.append(attempt)
+        self.open.append(attempt)
+
+    def run(self, index: int) -> ChunkAnswer:
+        self.send(index)
+        if self.call.latencies is not None:
+            # a server holding a chunk of this call past its delay is not waited for twice
+            self.delay = 0.0 if self.call.is_lagging(index) else self.call.latencies.delay()
+            self.hedge_at = self.sent[0].began + self.delay
+        try:
+            while True:
+                taken = self._next()
+                if taken is None:
+                    continue
+                attempt, outcome = taken
+                self.open.remove(attempt)
+                if isinstance(outcome, BaseException):
+                    self._failed(attempt, outcome)
+                else:
+                    return self._won(attempt, outcome)
+        finally:
+            self._give_up_open()
+
+    def _next(self) -> Sent | None:
+        """The next send's outcome; None once the first send is hedged (or found nowhere to go),
+        or a wait ended with nothing."""
+        if len(self.sent) == 1 and time.monotonic() >= self.hedge_at:
+            self.hedge_at = math.inf
+            target = self.call.hedge_target(self.sent[0].index)
+            if target is not None and self.call.latencies is not None:
+                self.call.latencies.count(won=False)
+                self.hedged = True
+                self.send(target)
+            return None
+        # each send ends by the call's deadline; past it and a grace, this wait does not go on
+        end = self.call.deadline + ENDED_GRACE_S
+        try:
+            return self.ended.get(timeout=max(min(self.hedge_at, end) - time.monotonic(), 0.0))
+        except queue.Empty:
+            if time.monotonic() < end:
+                return None
+        urls = [self.call.servers[a.index].base_url for a in self.open]
+        raise ScorerTimeout(
+            f"{what_chunk(self.chunk)} sent to {urls}: no send ended {ENDED_GRACE_S:g} s past "
+            "the call's deadline"
+        )
+
+    def _won(self, attempt: Attempt[ChunkAnswer], answer: ChunkAnswer) -> ChunkAnswer:
+        latencies = self.call.latencies
+        if latencies is not None:
+            latencies.add(time.monotonic() - attempt.began)
+            if self.hedged and attempt is self.sent[1]:
+                latencies.count(won=True)
+        self.call.answered(attempt.index)
+        return answer
+
+    def _failed(self, attempt: Attempt[ChunkAnswer], exc: BaseException) -> None:
+        """A send failed: the other one waited for, a failover sent, or the chunk's error raised."""
+        if not isinstance(exc, ScorerError):
+            raise exc
+        other = self.call.failed_on(attempt.index, exc, self.chunk, resend=len(self.sent) == 1)
+        why = f"{self.call.servers[attempt.index].base_url} (which failed: {first_line(exc)})"
+        if other is not None:
+            self.failure = why
+            self.send(other)
+            return
+        if self.open:  # the other send may still answer
+            self.failure = why
+            return
+        if self.hedged:
+            urls = " and ".join(self.call.servers[a.index].base_url for a in self.sent)
+            raise prefixed(
+                exc,
+                f"{what_chunk(self.chunk)} hedged, sent to {urls}: both failed ({self.failure})",
+            ) from exc
+        raise prefixed(exc, f"{what_chunk(self.chunk)} re-sent once from {self.failure}") from exc
+
+    def _give_up_open(self) -> None:
+        """Cancel the sends still open; a first send hedged and given up counts as the delay it was
+        hedged at (`compose.hedging`)."""
+        for attempt in self.open:
+            attempt.cancel()
+            hedged_at = self.delay if self.hedged and attempt is self.sent[0] else 0.0
+            if hedged_at > 0 and self.call.latencies is not None:  # 0: sent to a lagging server
+                self.call.latencies.add(hedged_at)
+
+
+def first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 class MultiRemoteRewardBackend(Component):
@@ -185,10 +341,13 @@ class MultiRemoteRewardBackend(Component):
         token: str | None = None,
         probe_timeout_s: float = 2.0,
         probe_interval_s: float = 1.0,
+        hedge: bool = True,
         **options: Any,
     ) -> None:
         """`probe_timeout_s`: how long a call waits for a server's /health before passing it over;
-        `probe_interval_s`: how often a server passed over is asked again, in the background."""
+        `probe_interval_s`: how often a server passed over is asked again, in the background;
+        `hedge`: a chunk not answered within the p95 of recent chunks' latencies is sent once more
+        to another server (`compose.hedging`)."""
         if probe_timeout_s <= 0 or probe_interval_s <= 0:
             raise ValueError("probe_timeout_s and probe_interval_s must be > 0")
         self.probe_timeout_s, self.probe_interval_s = probe_timeout_s, probe_interval_s
@@ -209,6 +368,8 @@ class MultiRemoteRewardBackend(Component):
                 server.close()
             raise
         self.servers = built
+        self.hedge = hedge
+        self._latencies = Latencies(self.call_bound_s)
         self._stopped = threading.Event()
         self._standing_lock = threading.Lock()
         self._down: dict[int, str] = {}  # servers passed over without a probe, and why
@@ -221,7 +382,7 @@ class MultiRemoteRewardBackend(Component):
     ) -> MultiRemoteRewardBackend:
         """The servers a recipe (or the CLI) describes, every setting passed by its name: the probes
         here, the others to each server's client; `token` is the value of `config.token_env`."""
-        probes = {"probe_timeout_s", "probe_interval_s"}
+        probes = {"probe_timeout_s", "probe_interval_s", "hedge"}
         return cls(
             config.urls,
             token,
@@ -254,6 +415,17 @@ class MultiRemoteRewardBackend(Component):
 
     def members(self) -> list[RewardBackend]:
         return list(self.servers)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts since construction: `hedges_sent` (chunks sent once more past the delay),
+        `hedges_won` (of those, answered first by the second server), `hedge_delay_s` (the delay
+        now), `latency_samples` (in the window), `passed_over` (the URLs later calls skip)."""
+        with self._standing_lock:
+            down = sorted(self._down)
+        return {
+            **self._latencies.stats(),
+            "passed_over": [self.servers[i].base_url for i in down],
+        }
 
     def _healthy(self) -> tuple[list[int], list[int] | None]:
         """The servers that answer /health now with our identity, and each one's load in items (its
@@ -393,7 +565,13 @@ class MultiRemoteRewardBackend(Component):
         groups = request_groups(request, self.shape, group_size)  # checked before anything is sent
         healthy, loads = self._healthy()
         shares = share_groups(groups, loads or [0] * len(healthy), least_loaded=loads is not None)
-        call = _Call(self.servers, healthy, deadline, self._went_down)
+        call = _Call(
+            self.servers,
+            healthy,
+            deadline,
+            self._went_down,
+            self._latencies if self.hedge else None,
+        )
         sent = [(healthy[i], share) for i, share in enumerate(shares) if share]
 
         def score_share(target: tuple[int, list[int]]) -> Outcome:

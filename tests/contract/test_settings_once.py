@@ -38,7 +38,7 @@ START = (
     "when the child starts, the caller's choice (a panel starts its children together), not "
     "a setting"
 )
-PROBES = ("probe_timeout_s", "probe_interval_s")
+PROBES = ("probe_timeout_s", "probe_interval_s", "hedge")
 
 
 @dataclass(frozen=True)
