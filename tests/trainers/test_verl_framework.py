@@ -1,7 +1,8 @@
 """verl 0.9.1's own reward code (the published package in envs/trl) scoring through the installed
-entry point `pkg://supervisor.adapters.verl`: every reward-loop manager in-process and as Ray
-actors, and the legacy managers. The trainer env holds hydra-core's antlr 4.9.3, which grades
-`10\\%` wrong in-process: the managed math child (antlr 4.13.2) must grade it 0.1 all the same."""
+entry point `pkg://supervisor.adapters.verl`: every reward-loop manager in-process, naive and
+remote as Ray actors too, and the legacy managers. The trainer env holds hydra-core's antlr 4.9.3,
+which grades `10\\%` wrong in-process: the managed math child (antlr 4.13.2) must grade it 0.1 all
+the same."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_every_verl_reward_manager_scores_through_the_installed_entry_point(tmp_
     expected = independent_grades([text for text, _ in ROWS], [gold for _, gold in ROWS])
     assert expected == [1.0, 0.0, 1.0, 1.0]
     ran = {key.split("/")[0] + "/" + key.split("/")[1] for key in report}
-    assert ran == {f"{where}/{m}" for where in ("in_process", "ray") for m in REWARD_LOOP} | {
+    assert ran == {f"in_process/{m}" for m in REWARD_LOOP} | {"ray/naive", "ray/remote"} | {
         "legacy/naive",
         "legacy/batch",
         "legacy/prime",  # reads float(result[0]): the score, not a silent 0.0
