@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor import RewardItem, RewardRequest, ScorerRequestError
+from supervisor import ManagedScorerProcessBackend, RewardItem, RewardRequest, ScorerRequestError
+from tests.conftest import managed_config, run_in_threads
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +93,7 @@ def test_cuda_without_a_gpu_fails_to_boot(managed, embed_python):
     assert info.value.returncode == 6 and "CUDA is not available" in str(info.value)
 
 
-def test_texts_past_max_seq_length_are_refused_or_counted(managed, embed_python, strict):
+def test_texts_past_max_seq_length_are_refused_or_counted(embed_python, strict):
     answer = "The cat sits on the mat."
     padded = "Let me think step by step. " * 60 + answer  # the answer comes after ~400 tokens
     request = RewardRequest(items=[RewardItem(id="long", text=padded, reference=answer)])
@@ -103,14 +104,22 @@ def test_texts_past_max_seq_length_are_refused_or_counted(managed, embed_python,
         and "'long'" in str(info.value)
         and "max_seq_length=128" in str(info.value)
     )
-    tail = managed(
-        embed_python, "text_similarity", params={"max_seq_length": 128, "on_overflow": "keep_end"}
-    )
-    response = tail.compute_rewards(request)
-    head = managed(
-        embed_python, "text_similarity", params={"max_seq_length": 128, "on_overflow": "keep_start"}
-    )
-    assert response.diagnostics["text_similarity"]["values"]["truncated"] == 1
-    kept_start = head.compute_rewards(request).rewards[0]
+    tail, head = (
+        ManagedScorerProcessBackend(
+            managed_config(embed_python, "text_similarity", params={"max_seq_length": 128,
+                                                                   "on_overflow": end}),
+            start=False,
+        )
+        for end in ("keep_end", "keep_start")
+    )  # fmt: skip
+    try:
+        # two children of one env, independent: started side by side (each mostly imports)
+        run_in_threads(lambda n: (tail, head)[n].start(), 2, timeout=180)
+        response = tail.compute_rewards(request)
+        assert response.diagnostics["text_similarity"]["values"]["truncated"] == 1
+        kept_start = head.compute_rewards(request).rewards[0]
+    finally:
+        tail.close()
+        head.close()
     # the end holds the answer
     assert response.rewards[0] > kept_start + 0.2, (response.rewards, kept_start)
