@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -79,20 +80,34 @@ class Check:
     def backend(
         self, scorer: str, params: dict[str, Any], residency: str = "resident"
     ) -> ManagedScorerProcessBackend:
-        backend = ManagedScorerProcessBackend(
-            {
-                "process": {
-                    "python_executable": str(self.python),
-                    "extra_import_paths": [str(self.site)] if self.site else [],
-                    "startup_timeout": 120,
-                    "request_timeout": 60,
-                },
-                "scorer": {"name": scorer, "params": params, "device": self.device},
-                "gpu_residency": residency,
-            }
-        )
-        self.live.append(backend)
+        (backend,) = self.backends((scorer, params, residency))
         return backend
+
+    def backends(
+        self, *specs: tuple[str, dict[str, Any], str]
+    ) -> list[ManagedScorerProcessBackend]:
+        """A child per (scorer, params, residency), started side by side (each is mostly its own
+        imports; what the steps measure is each child's own figures, once all are up)."""
+        made = [
+            ManagedScorerProcessBackend(
+                {
+                    "process": {
+                        "python_executable": str(self.python),
+                        "extra_import_paths": [str(self.site)] if self.site else [],
+                        "startup_timeout": 120,
+                        "request_timeout": 60,
+                    },
+                    "scorer": {"name": scorer, "params": params, "device": self.device},
+                    "gpu_residency": residency,
+                },
+                start=False,
+            )
+            for scorer, params, residency in specs
+        ]
+        self.live.extend(made)
+        with ThreadPoolExecutor(len(made)) as pool:
+            list(pool.map(lambda backend: backend.start(), made))
+        return made
 
     def close(self, backend: ManagedScorerProcessBackend) -> None:
         backend.close()
@@ -109,7 +124,10 @@ class Check:
 
     # -- the steps -------------------------------------------------------------------------
     def probe(self, mib: int) -> None:
-        resident = self.backend("torch_probe", {"param_mib": mib})
+        resident, per_call = self.backends(
+            ("torch_probe", {"param_mib": mib}, "resident"),
+            ("torch_probe", {"param_mib": mib}, "per_call"),
+        )
         request = probe_items()
         resident.compute_rewards(request)
         moves = []
@@ -139,7 +157,6 @@ class Check:
             f"{statistics.median(o['seconds'] for o, _ in moves) * 1e3:.1f} / "
             f"{statistics.median(n['seconds'] for _, n in moves) * 1e3:.1f} ms",
         )
-        per_call = self.backend("torch_probe", {"param_mib": mib}, residency="per_call")
         per_call.compute_rewards(request)  # warm: the child's first call pays for lazy CUDA init
         times: dict[str, list[float]] = {"resident": [], "per_call": []}
         for _ in range(ROUNDS):
@@ -171,8 +188,10 @@ class Check:
 
     def two_children(self, mib: int, used: Callable[[], int] | None) -> None:
         base = self.settle(used) if used else 0
-        first = self.backend("torch_probe", {"param_mib": mib, "seed": 1})
-        second = self.backend("torch_probe", {"param_mib": mib, "seed": 2})
+        first, second = self.backends(
+            ("torch_probe", {"param_mib": mib, "seed": 1}, "resident"),
+            ("torch_probe", {"param_mib": mib, "seed": 2}, "resident"),
+        )
         for backend in (first, second):
             backend.compute_rewards(probe_items())
         held = [self.allocator(backend) for backend in (first, second)]
