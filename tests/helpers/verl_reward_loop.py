@@ -169,11 +169,12 @@ def main() -> None:
         ("dapo", "compute_score"),
         ("gdpo", "compute_score"),
         ("rate_limited", "compute_score"),
-        ("remote", "compute_score_sync"),
     ]:
         report[f"in_process/{manager}/{name}"] = in_process(
             config(manager, name, 2, recipe, tok_dir), data
         )
+    # remote in-process: its compute worker is a Ray actor of its own (a child's start each), so
+    # once, with the example file loaded by path; ray/remote below takes the pkg:// entry point
     example = str(Path(__file__).resolve().parents[2] / "examples" / "verl_compute_score.py")
     report["in_process/remote/example_file"] = in_process(
         config("remote", "compute_score_sync", 1, recipe, tok_dir, example), data
