@@ -357,10 +357,8 @@ class ClipPreference(Scorer):
     def load(self, device: str = "cpu") -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        self.device = resolve_device(device)  # before the imports: a wrong device fails fast
-        import torch
-        from transformers import AutoTokenizer, CLIPModel
-
+        # what can be checked without torch first: a wrong device or directory fails fast
+        self.device = resolve_device(device)
         _require_model_dir(self.model_dir)
         transform = ImageTransform.from_dir(self.processor_dir)
         processor = Path(self.processor_dir)
@@ -373,6 +371,9 @@ class ClipPreference(Scorer):
                 f"vocab.json + merges.txt); "
                 "set processor_dir to the directory with the tokenizer and preprocessor_config.json"
             )
+        import torch
+        from transformers import AutoTokenizer, CLIPModel
+
         model = CLIPModel.from_pretrained(
             self.model_dir, local_files_only=True, dtype=torch.float32
         ).eval()
