@@ -21,25 +21,12 @@ from typing import Any
 
 from bench.common import judge_servers
 from bench.fake_openai import FakeOpenAI
-from supervisor import MultiRemoteRewardBackend, RemoteRewardBackend, RewardItem, RewardRequest
+from bench.remote_servers import request  # the same judged items, each [[slow:0.1]]
+from supervisor import MultiRemoteRewardBackend, RemoteRewardBackend, RewardRequest
 from supervisor.compose.hedging import MIN_SAMPLES
 
 TOKEN = "h" * 32
-WAIT_S = 0.1
 SMOKE = {"rounds": 1, "items": 16, "group": 2, "stall_s": 0.5, "warmup": 2, "calm": 0}
-
-
-def request(n: int, group: int) -> RewardRequest:
-    items = [
-        RewardItem(
-            id=f"h{i}",
-            group_id=f"q{i // group}",
-            prompt=f"question {i // group}",
-            text=f"[[slow:{WAIT_S}]] {i}",
-        )
-        for i in range(n)
-    ]
-    return RewardRequest(items=items, group_size=group)
 
 
 def stalled_call(
