@@ -420,7 +420,7 @@ LINES: list[Line] = [
         "engine",
         engine.main_line,
         ("spawn-to-ready", "asleep", "same rewards"),
-        {"rounds": 1},
+        {"rounds": 1, "together": True},
         ("engine",),
     ),
     *[_cold_start(env) for env in ("image", "math", "embed", "ocr")],
