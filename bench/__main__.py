@@ -396,7 +396,13 @@ LINES: list[Line] = [
         {"steps": 2, "rounds": 1},
         ("trlbench", "math"),
     ),
-    Line("verl_step", verl_step.main_line, ("ratio",), {"items": 16, "rounds": 2}, ("trl", "math")),
+    Line(
+        "verl_step",
+        verl_step.main_line,
+        ("ratio",),
+        {"items": 16, "rounds": 2, "pool_width": 2},
+        ("trl", "math"),
+    ),
     Line("verl_coalesce", verl_coalesce.main_line, ("ratio",), {"rounds": 1, "n": 32}, ("math",)),
     Line(
         "openrlhf_calls", openrlhf_calls.main_line, ("ratio",), {"calls": 8, "rounds": 1}, ("math",)
