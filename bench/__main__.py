@@ -415,7 +415,7 @@ LINES: list[Line] = [
         "overlap",
         overlap.main_line,
         ("generation-bound", "scorer-bound", "hidden"),
-        {"rounds": 1, "items": 64, "r_repeats": 1},
+        {"rounds": 1, "items": 16, "r_repeats": 1, "micro": 8},
         ("math",),
     ),
     Line(
