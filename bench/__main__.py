@@ -429,7 +429,7 @@ LINES: list[Line] = [
         "verl_step",
         verl_step.main_line,
         ("ratio",),
-        {"items": 16, "rounds": 2, "pool_width": 2},
+        {"items": 16, "rounds": 2, "pool_width": 1},
         ("trl", "math"),
     ),
     Line("verl_coalesce", verl_coalesce.main_line, ("ratio",), {"rounds": 1, "n": 32}, ("math",)),

@@ -39,8 +39,9 @@ def rewards_of(worker: Any, data: Any) -> tuple[list[float], float]:
 
 def narrow_verls_pool(width: int) -> None:
     """The smoke run's: verl's own grader on `width` spawn workers instead of its 4, each of which
-    imports verl (about 10 s of CPU here, the line's largest cost at smoke size). The same function
-    in the same kind of process, graded the same; verl makes its pool only where none is set."""
+    imports verl (about 10 s of CPU here, the line's largest cost at smoke size), started at once.
+    The same function in the same kind of process, graded the same; verl makes its pool only where
+    none is set."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -48,6 +49,8 @@ def narrow_verls_pool(width: int) -> None:
 
     spawn = multiprocessing.get_context("spawn")
     verls._pool = ProcessPoolExecutor(max_workers=width, mp_context=spawn)
+    for _ in range(width):  # each worker spawned now: it imports verl while the batch is built
+        verls._pool.submit(os.getpid)
 
 
 def run(items: int, rounds: int, pool_width: int = 0) -> dict[str, Any]:
