@@ -44,7 +44,17 @@ from bench import (
     verl_coalesce,
     verl_step,
 )
-from bench.common import ROOT, env_python, interleaved, managed, p50, scoring, timed, transport_trio
+from bench.common import (
+    ROOT,
+    both,
+    env_python,
+    interleaved,
+    managed,
+    p50,
+    scoring,
+    timed,
+    transport_trio,
+)
 from bench.handles import client_of, pid_of
 from bench.workloads import WORKLOADS, image_request
 from child_runtime.protocol import wire
@@ -215,14 +225,20 @@ def bare_import_s(env: str, repeats: int = 5) -> float:
     return p50(samples)
 
 
-def bench_cold_start(env: str, repeats: int = 5) -> str:
+def bench_cold_start(env: str, repeats: int = 5, together: bool = False) -> str:
+    """`together` (the smoke run's): the bare imports and the managed starts run at once, each
+    figure then counting the other's load."""
     scorer, kind, params = ENV_SCORER[env]
-    bare = bare_import_s(env, repeats)
-    spawn, load = [], []
-    for _ in range(repeats):
-        with managed(env, scorer, kind, params) as backend:
-            spawn.append(backend.timings["spawn_to_ready_s"])
-            load.append(backend.ready_info["load_s"])
+
+    def managed_starts() -> tuple[list[float], list[float]]:
+        spawn, load = [], []
+        for _ in range(repeats):
+            with managed(env, scorer, kind, params) as backend:
+                spawn.append(backend.timings["spawn_to_ready_s"])
+                load.append(backend.ready_info["load_s"])
+        return spawn, load
+
+    bare, (spawn, load) = both(lambda: bare_import_s(env, repeats), managed_starts, together)
     return (
         f"cold start env {env:<6}           spawn->ready p50 {p50(spawn):6.3f} s  bare "
         f"import {bare:6.3f} s  difference {p50(spawn) - bare:+6.3f} s  (the scorer's load() "
@@ -263,32 +279,42 @@ def bench_shutdown(graceful_repeats: int = 5, forced_repeats: int = 3) -> str:
     )
 
 
-def bench_env_batch(env: str, workload: str, repeats: int, items: int | None = None) -> str:
+def bench_env_batch(
+    env: str, workload: str, repeats: int, items: int | None = None, together: bool = False
+) -> str:
     """Managed child vs the same scorer in-process in its own env (the trainer env lacks its
-    packages). `items`: the workload's size (None: its default)."""
+    packages). `items`: the workload's size (None: its default). `together` (the smoke run's): the
+    two sides run at once, each figure then counting the other's load."""
     scorer, kind, params = ENV_SCORER[env]
     sizes = () if items is None else (items,)
     request = RewardRequest(items=[RewardItem(**raw) for raw in WORKLOADS[workload](*sizes)])
-    with managed(env, scorer, kind, params) as backend:
-        remote = timed(lambda: backend.compute_rewards(request), repeats, warmup=1)
-        managed_rewards = backend.compute_rewards(request).rewards
-    out = subprocess.run(
-        [
-            env_python(env),
-            "-m",
-            "bench.inprocess",
-            scorer,
-            json.dumps(params),
-            workload,
-            str(repeats),
-            *map(str, sizes),
-        ],
-        check=True,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    inproc = json.loads(out.stdout.strip().splitlines()[-1])
+
+    def managed_side() -> tuple[list[float], list[float]]:
+        with managed(env, scorer, kind, params) as backend:
+            remote = timed(lambda: backend.compute_rewards(request), repeats, warmup=1)
+            return remote, backend.compute_rewards(request).rewards
+
+    def inprocess_side() -> dict:
+        out = subprocess.run(
+            [
+                env_python(env),
+                "-m",
+                "bench.inprocess",
+                scorer,
+                json.dumps(params),
+                workload,
+                str(repeats),
+                *map(str, sizes),
+            ],
+            check=True,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,  # a backstop against a hang, as run_driver's
+        )
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    (remote, managed_rewards), inproc = both(managed_side, inprocess_side, together)
     assert managed_rewards == inproc["terms"][scorer], "managed and in-process rewards differ"
     ratio = p50(remote) / p50(inproc["samples"])
     return (
@@ -301,8 +327,9 @@ def bench_env_batch(env: str, workload: str, repeats: int, items: int | None = N
 class Line:
     """One line of `make bench`: `run(**sizes)` returns its text. `smoke`: the smallest sizes that
     still run every step and check of the line (one round, a few items; never zero of anything a
-    check loops over); `shows`: texts its every rendering holds; `envs`: the envs it runs in beside
-    the trainer's."""
+    check loops over), and `together` where a line takes it (its independent starts or sides run at
+    once: CI time, not figures); `shows`: texts its every rendering holds; `envs`: the envs it
+    runs in beside the trainer's."""
 
     name: str
     run: Callable[..., str]
@@ -315,17 +342,19 @@ class Line:
 
 
 def _env_batch(env: str, repeats: int, smoke_items: int) -> Line:
-    def line(repeats: int = repeats, items: int | None = None) -> str:
-        return bench_env_batch(env, env, repeats, items)
+    def line(repeats: int = repeats, items: int | None = None, together: bool = False) -> str:
+        return bench_env_batch(env, env, repeats, items, together)
 
-    return Line(f"{env}_batch", line, ("ratio",), {"repeats": 1, "items": smoke_items}, (env,))
+    smoke = {"repeats": 1, "items": smoke_items, "together": True}
+    return Line(f"{env}_batch", line, ("ratio",), smoke, (env,))
 
 
 def _cold_start(env: str) -> Line:
-    def line(repeats: int = 5) -> str:
-        return bench_cold_start(env, repeats)
+    def line(repeats: int = 5, together: bool = False) -> str:
+        return bench_cold_start(env, repeats, together)
 
-    return Line(f"cold_start_{env}", line, ("difference", "bare import"), {"repeats": 1}, (env,))
+    smoke = {"repeats": 1, "together": True}
+    return Line(f"cold_start_{env}", line, ("difference", "bare import"), smoke, (env,))
 
 
 LINES: list[Line] = [
@@ -386,7 +415,7 @@ LINES: list[Line] = [
         "overlap",
         overlap.main_line,
         ("generation-bound", "scorer-bound", "hidden"),
-        {"rounds": 1, "items": 64, "r_repeats": 1},
+        {"rounds": 1, "items": 16, "r_repeats": 1, "micro": 8},
         ("math",),
     ),
     Line(
@@ -396,7 +425,13 @@ LINES: list[Line] = [
         {"steps": 2, "rounds": 1},
         ("trlbench", "math"),
     ),
-    Line("verl_step", verl_step.main_line, ("ratio",), {"items": 16, "rounds": 2}, ("trl", "math")),
+    Line(
+        "verl_step",
+        verl_step.main_line,
+        ("ratio",),
+        {"items": 16, "rounds": 2, "pool_width": 1},
+        ("trl", "math"),
+    ),
     Line("verl_coalesce", verl_coalesce.main_line, ("ratio",), {"rounds": 1, "n": 32}, ("math",)),
     Line(
         "openrlhf_calls", openrlhf_calls.main_line, ("ratio",), {"calls": 8, "rounds": 1}, ("math",)
@@ -420,7 +455,7 @@ LINES: list[Line] = [
         "engine",
         engine.main_line,
         ("spawn-to-ready", "asleep", "same rewards"),
-        {"rounds": 1},
+        {"rounds": 1, "together": True},
         ("engine",),
     ),
     *[_cold_start(env) for env in ("image", "math", "embed", "ocr")],

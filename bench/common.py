@@ -21,13 +21,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from supervisor import ManagedScorerProcessBackend, RewardBackend, RewardRequest
 
+B = TypeVar("B", bound="RewardBackend")
+T = TypeVar("T")
+U = TypeVar("U")
 ROOT = Path(__file__).resolve().parent.parent
 MATH_PYTHON = ROOT / "envs" / "math" / ".venv" / "bin" / "python"
 PEERS_VENV = ROOT / "bench" / ".peers-venv"  # the Ray peers' scratch venv (bench.peers builds it)
@@ -130,6 +133,39 @@ def managed(
             "client": {"input_kind": kind, "request_batch_size": 64, **client},
         }
     )
+
+
+def both(first: Callable[[], T], second: Callable[[], U], together: bool) -> tuple[T, U]:
+    """Both calls' results: one after the other, or, `together` (a smoke run's independent steps),
+    at once in two threads, each bounding itself; the first failure raised once both have ended."""
+    if not together:
+        return first(), second()
+    from supervisor.fanout import on_each
+
+    outcomes = on_each([first, second], lambda call: call(), "bench-together")
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes[0], outcomes[1]  # type: ignore[return-value]  # none raised
+
+
+def start_all(builds: Sequence[Callable[[], B]], together: bool) -> list[B]:
+    """Each backend built (and started): one after the other, so a start measured is alone on the
+    machine, or, `together` (a smoke run's independent starts), all at once through
+    `compose.build.build_all`, which closes every one made if any fails or Ctrl-C arrives."""
+    if not together:
+        made: list[B] = []
+        try:
+            for build in builds:
+                made.append(build())
+        except BaseException:
+            for backend in made:
+                backend.close()
+            raise
+        return made
+    from supervisor.compose.build import build_all
+
+    return build_all(builds)  # type: ignore[return-value]  # each as its build made it
 
 
 @contextlib.contextmanager

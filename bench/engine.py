@@ -18,12 +18,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from supervisor import RewardItem, RewardRequest, build_panels, load_recipe
+from bench.common import both, start_all
+from supervisor import RewardItem, RewardRequest, RewardResponse, build_panels, load_recipe
 from supervisor.compose.panel import RewardPanel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,39 +113,67 @@ def engine_tree_rss(model: Path) -> int:
     return total
 
 
-def main_line(rounds: int = 3) -> str:
+def main_line(rounds: int = 3, together: bool = False) -> str:
+    """`together` (the smoke run's): the two engines started at once, and each round's two calls
+    made at once; every figure then counts the other engine's load, every check stays."""
+
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
         model = Path(tmp) / "model"
         build_model(ENGINE_PYTHON, model)
         shutil.copytree(model, Path(tmp) / "resident")  # its own path: its own processes
-        began = time.perf_counter()
-        offloaded = engine_backend(model, offload=True)
-        ready = time.perf_counter() - began
-        resident = engine_backend(Path(tmp) / "resident", offload=False)
+        ready: list[float] = []
+
+        def offloaded_backend() -> RewardPanel:
+            began = time.perf_counter()
+            panel = engine_backend(model, offload=True)
+            ready.append(time.perf_counter() - began)
+            return panel
+
+        offloaded, resident = start_all(
+            [offloaded_backend, lambda: engine_backend(Path(tmp) / "resident", offload=False)],
+            together,
+        )
         try:
-            return _measure(model, offloaded, resident, ready, rounds)
+            return _measure(model, offloaded, resident, ready[0], rounds, together)
         finally:
             offloaded.close()
             resident.close()
 
 
+def _timed_call(panel: RewardPanel) -> tuple[float, RewardResponse]:
+    began = time.perf_counter()
+    answer = panel.compute_rewards(request())
+    return time.perf_counter() - began, answer
+
+
+def _round(
+    offloaded: RewardPanel, resident: RewardPanel, together: bool
+) -> dict[str, tuple[float, RewardResponse]]:
+    """Each panel's call, one after the other or both at once."""
+    got = both(partial(_timed_call, offloaded), partial(_timed_call, resident), together)
+    return dict(zip(("offload", "resident"), got, strict=True))
+
+
 def _measure(
-    model: Path, offloaded: RewardPanel, resident: RewardPanel, ready: float, rounds: int
+    model: Path,
+    offloaded: RewardPanel,
+    resident: RewardPanel,
+    ready: float,
+    rounds: int,
+    together: bool,
 ) -> str:
     times: dict[str, list[float]] = {"offload": [], "resident": []}
     rewards: dict[str, list[list[float]]] = {"offload": [], "resident": []}
     wake, sleep, awake_rss = [], [], []
     for _ in range(rounds):
-        for name, panel in (("offload", offloaded), ("resident", resident)):
-            began = time.perf_counter()
-            answer = panel.compute_rewards(request())
-            times[name].append(time.perf_counter() - began)
+        got = _round(offloaded, resident, together)
+        for name, (seconds, answer) in got.items():
+            times[name].append(seconds)
             rewards[name].append(list(answer.rewards))
-            if name == "offload":
-                values = answer.diagnostics["judge"]["values"]
-                wake.append(values.get("engine_wake_s", {}).get("sum", 0.0))
-                sleep.append(values.get("engine_sleep_s", {}).get("sum", 0.0))
-                awake_rss.append(values["engine_rss_bytes"]["sum"])
+        values = got["offload"][1].diagnostics["judge"]["values"]
+        wake.append(values.get("engine_wake_s", {}).get("sum", 0.0))
+        sleep.append(values.get("engine_sleep_s", {}).get("sum", 0.0))
+        awake_rss.append(values["engine_rss_bytes"]["sum"])
     assert rewards["offload"] == rewards["resident"], "offloaded and resident rewards differ"
     asleep = engine_tree_rss(model)  # the offloaded engine's, between calls
     p_off, p_res = (statistics.median(times[k]) for k in ("offload", "resident"))
@@ -157,4 +187,4 @@ def _measure(
 
 
 if __name__ == "__main__":
-    print(main_line(*(int(a) for a in sys.argv[1:])))
+    print(main_line(int(sys.argv[1]) if len(sys.argv) > 1 else 3))

@@ -475,6 +475,7 @@ SMOKE: dict[str, dict[str, object]] = {
         "ordinary": 14,
         "timeout_s": 1,
         "hazards": 2,
+        "generation_s": 0.0,
     },
     "OpenRLHF route: 101 error answers, ERROR lines (item 6)": {"bad": 20},
 }

@@ -115,10 +115,14 @@ def remote_gzip_bomb() -> str:
 
 
 def hostile_tail_default_config(
-    ordinary: int = 512, timeout_s: float = 5, hazards: int = len(PATHOLOGICAL)
+    ordinary: int = 512,
+    timeout_s: float = 5,
+    hazards: int = len(PATHOLOGICAL),
+    generation_s: float = 1.5,
 ) -> str:
     """Items 3 and 9: 512 + 8 pathological items through a managed math child, default client
-    config."""
+    config. `generation_s`: the idle wait before each timed call, as a trainer generates (the
+    child's template replays meanwhile; the smoke run's: none, as bench.hostile_math's)."""
     spec = _spec(
         "math_verify",
         MATH,
@@ -135,11 +139,11 @@ def hostile_tail_default_config(
     with ManagedScorerProcessBackend(spec) as backend:
         assert backend.pid is not None
         backend.compute_rewards(request(next(fresh)))
-        time.sleep(1.5)
+        time.sleep(generation_s)
         began = time.monotonic()
         backend.compute_rewards(request(next(fresh)))
         clean_s = time.monotonic() - began
-        time.sleep(1.5)
+        time.sleep(generation_s)
         with PeakMemory(backend.pid) as memory:
             began = time.monotonic()
             backend.compute_rewards(request(with_hazards(next(fresh), hazards)[0]))

@@ -52,6 +52,7 @@ SMOKE: dict[str, Any] = {
     "generation_s": 0.0,
     "peer_timeout_s": 1,
     "warm": 4,
+    "together": True,
 }
 
 
@@ -285,26 +286,35 @@ def main_line(
     generation_s: float = GENERATION_S,
     peer_timeout_s: int = 5,
     warm: int = 64,
+    together: bool = False,
 ) -> str:
     """The bench line: the pool measured under the math env's python, then (from the trainer's env)
-    a managed child. The defaults are the bench's; `SMOKE` the smallest sizes."""
-    from bench.common import MATH_PYTHON, in_math_env
+    a managed child. The defaults are the bench's; `SMOKE` the smallest sizes, where `together`
+    runs the two parts at once (each then counts the other's load; the verdicts are still
+    compared)."""
+    from bench.common import MATH_PYTHON, both, in_math_env
 
     sizes: dict[str, Any] = {"ordinary": ordinary, "hazards": hazards, "timeout_s": timeout_s}
-    pool_line = in_math_env(
-        "bench.hostile_math",
-        _measure,
-        **sizes,
-        clean_rounds=clean_rounds,
-        hostile_rounds=hostile_rounds,
-        peer_timeout_s=peer_timeout_s,
-        warm=warm,
-    )
+
+    def pool_part() -> str:
+        return in_math_env(
+            "bench.hostile_math",
+            _measure,
+            **sizes,
+            clean_rounds=clean_rounds,
+            hostile_rounds=hostile_rounds,
+            peer_timeout_s=peer_timeout_s,
+            warm=warm,
+        )
+
     if Path(sys.prefix).resolve() == MATH_PYTHON.parent.parent.resolve():
-        return pool_line  # the math env runs only the pool part, for the trainer env's main_line
-    return pool_line + _through_managed(
-        **sizes, managed_rounds=managed_rounds, generation_s=generation_s
+        return pool_part()  # the math env runs only the pool part, for the trainer env's main_line
+    pool_line, managed_line = both(
+        pool_part,
+        lambda: _through_managed(**sizes, managed_rounds=managed_rounds, generation_s=generation_s),
+        together,
     )
+    return pool_line + managed_line
 
 
 if __name__ == "__main__":

@@ -46,11 +46,11 @@ def at(started: float, offset_s: float) -> None:
 
 
 def ways(
-    backend: object, items: list[RewardItem], times: list[float]
+    backend: object, items: list[RewardItem], times: list[float], micro: int = MICRO
 ) -> dict[str, Callable[[], object]]:
     """Each way of scoring the shard while it is generated; every call returns when all are
-    scored."""
-    micros = micro_batches(items, MICRO, lambda item: item.group_id)
+    scored. `micro`: the micro-batch driver's batch size."""
+    micros = micro_batches(items, micro, lambda item: item.group_id)
     ends = [times[len([i for m in micros[: k + 1] for i in m]) - 1] for k in range(len(micros))]
 
     def serial() -> object:
@@ -61,9 +61,9 @@ def ways(
         started = time.perf_counter()
         pending = iter(ends)
 
-        def generate(micro: list[RewardItem]) -> list[RewardItem]:
+        def generate(batch: list[RewardItem]) -> list[RewardItem]:
             at(started, next(pending))
-            return micro
+            return batch
 
         return score_while_generating(backend, micros, generate, group_size=8)  # type: ignore[arg-type]
 
@@ -79,10 +79,15 @@ def ways(
 
 
 def regime_line(
-    backend: object, items: list[RewardItem], reward_s: float, factor: float, rounds: int
+    backend: object,
+    items: list[RewardItem],
+    reward_s: float,
+    factor: float,
+    rounds: int,
+    micro: int = MICRO,
 ) -> str:
     times = finish_times(len(items), factor * reward_s)
-    calls = ways(backend, items, times)
+    calls = ways(backend, items, times, micro)
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
         for name, call in calls.items():
@@ -105,9 +110,10 @@ def regime_line(
     )
 
 
-def main_line(rounds: int = 3, items: int = 128, r_repeats: int = 5) -> str:
-    """`items`: the shard (a multiple of the group, 8; two micro-batches or more from 64);
-    `r_repeats`: the calls R is the median of."""
+def main_line(rounds: int = 3, items: int = 128, r_repeats: int = 5, micro: int = MICRO) -> str:
+    """`items`: the shard (a multiple of the group, 8; two micro-batches or more from 2 `micro`);
+    `r_repeats`: the calls R is the median of; `micro`: the micro-batch driver's size (a multiple
+    of the group; the smoke run's: one group, so 16 items make two micro-batches)."""
     from bench.common import managed
 
     shard = grpo_request(items, 8).items
@@ -124,7 +130,8 @@ def main_line(rounds: int = 3, items: int = 128, r_repeats: int = 5) -> str:
             f"R = {reward_s * 1e3:.0f} ms"
         ]
         for name, factor in REGIMES.items():
-            lines.append(f"{regime_line(backend, shard, reward_s, factor, rounds)}  [{name}]")
+            line = regime_line(backend, shard, reward_s, factor, rounds, micro)
+            lines.append(f"{line}  [{name}]")
     finally:
         backend.close()
     return "\n".join(lines)

@@ -15,12 +15,12 @@ ITEMS = 128
 ROUNDS = 5
 
 
-def main_line(items: int = ITEMS, rounds: int = ROUNDS) -> str:
+def main_line(items: int = ITEMS, rounds: int = ROUNDS, pool_width: int = 0) -> str:
+    """`pool_width` (the smoke run's): verl's own grader's spawn pool that wide, not verl's 4."""
     from bench.common import env_python, run_driver
 
-    report = run_driver(
-        "trl", "bench.verl_step_driver", str(items), str(rounds), env_python("math")
-    )
+    sizes = (str(items), str(rounds), env_python("math"), str(pool_width))
+    report = run_driver("trl", "bench.verl_step_driver", *sizes)
     if report["mismatches"]:
         raise RuntimeError(
             f"verl's own grader and the managed one disagree on {report['mismatches']} rewards"

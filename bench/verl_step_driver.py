@@ -37,9 +37,29 @@ def rewards_of(worker: Any, data: Any) -> tuple[list[float], float]:
     return [float(o["reward_score"]) for o in outputs], time.perf_counter() - started
 
 
-def run(items: int, rounds: int) -> dict[str, Any]:
+def narrow_verls_pool(width: int) -> None:
+    """The smoke run's: verl's own grader on `width` spawn workers instead of its 4, each of which
+    imports verl (about 10 s of CPU here, the line's largest cost at smoke size), started at once.
+    The same function in the same kind of process, graded the same; verl makes its pool only where
+    none is set."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from verl.utils.reward_score import math_verify as verls
+
+    spawn = multiprocessing.get_context("spawn")
+    verls._pool = ProcessPoolExecutor(max_workers=width, mp_context=spawn)
+    for _ in range(width):  # each worker spawned now: it imports verl while the batch is built
+        verls._pool.submit(os.getpid)
+
+
+def run(items: int, rounds: int, pool_width: int = 0) -> dict[str, Any]:
+    """`pool_width`: verl's own pool's workers (0: verl's own 4; the smoke run's: fewer)."""
     from transformers import AutoTokenizer
     from verl.experimental.reward_loop import RewardLoopWorker
+
+    if pool_width:
+        narrow_verls_pool(pool_width)
 
     mix = workload(1000, items * 9 // 8 + 9)
     # verl boxes the gold itself: a bare expression
@@ -83,4 +103,5 @@ def run(items: int, rounds: int) -> dict[str, Any]:
 
 if __name__ == "__main__":
     os.environ["MATH_PYTHON"] = sys.argv[3]
-    print(json.dumps(run(int(sys.argv[1]), int(sys.argv[2]))))
+    width = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    print(json.dumps(run(int(sys.argv[1]), int(sys.argv[2]), width)))
