@@ -239,6 +239,22 @@ def stop(*servers: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
             server.wait(5)
 
 
+def judged_request(n: int, group: int, wait_s: float) -> RewardRequest:
+    """`n` items in groups of `group` for the fake OpenAI judge, each answered after `wait_s`."""
+    from supervisor import RewardItem, RewardRequest
+
+    items = [
+        RewardItem(
+            id=f"j{i}",
+            group_id=f"q{i // group}",
+            prompt=f"question {i // group}",
+            text=f"[[slow:{wait_s}]] {i}",
+        )
+        for i in range(n)
+    ]
+    return RewardRequest(items=items, group_size=group)
+
+
 @contextlib.contextmanager
 def judge_servers(
     count: int, base_url: str, token: str

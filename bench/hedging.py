@@ -19,9 +19,8 @@ import threading
 import time
 from typing import Any
 
-from bench.common import judge_servers
+from bench.common import judge_servers, judged_request
 from bench.fake_openai import FakeOpenAI
-from bench.remote_servers import request  # the same judged items, each [[slow:0.1]]
 from supervisor import MultiRemoteRewardBackend, RemoteRewardBackend, RewardRequest
 from supervisor.compose.hedging import MIN_SAMPLES
 
@@ -76,7 +75,7 @@ def main_line(  # noqa: PLR0913 - the line's sizes, each one its smoke sets
 ) -> str:
     """`items`: a multiple of the `group` (a chunk), at least two groups; `warmup` calls of each
     backend first, at least MIN_SAMPLES chunks in all (the hedged one's p95 known)."""
-    batch = request(items, group)
+    batch = judged_request(items, group, 0.1)
     calls: dict[str, list[float]] = {"unhedged": [], "hedged": []}
     stalls = 0
     with FakeOpenAI() as fake, judge_servers(3, fake.base_url, TOKEN) as made:

@@ -14,13 +14,12 @@ import statistics
 import time
 from collections.abc import Callable
 
-from bench.common import judge_servers
+from bench.common import judge_servers, judged_request
 from bench.fake_openai import FakeOpenAI
 from supervisor import (
     MultiRemoteRewardBackend,
     RemoteRewardBackend,
     RewardBackend,
-    RewardItem,
     RewardRequest,
 )
 
@@ -31,16 +30,7 @@ COUNTS = (1, 2, 4)
 
 
 def request(n: int = 64, group: int = 8) -> RewardRequest:
-    items = [
-        RewardItem(
-            id=f"j{i}",
-            group_id=f"q{i // group}",
-            prompt=f"question {i // group}",
-            text=f"[[slow:{WAIT_S}]] {i}",
-        )
-        for i in range(n)
-    ]
-    return RewardRequest(items=items, group_size=group)
+    return judged_request(n, group, WAIT_S)
 
 
 def _scoring(backend: RewardBackend, batch: RewardRequest) -> Callable[[], object]:
