@@ -117,6 +117,7 @@ class CodeExec(Scorer):
         self.deadlines = Deadlines(per_test_s=per_test_s, completion_s=completion_s)
         self.memory_mb, self.processes = memory_mb, processes
         self.jobs = sandboxes_within(jobs, memory_mb, memory_budget_mb)
+        self._limits = Limits(memory_bytes=memory_mb * _MIB, processes=processes)  # every run's
         self.python = ""
         self._sandboxes: WarmSandboxes | None = None
 
@@ -147,13 +148,10 @@ class CodeExec(Scorer):
             raise ScoreInputError(f"items[{index}] (id={item.id!r}): reference: {exc}") from exc
 
     def _grade(self, program: str, plan: TestPlan) -> GradeResult | SandboxFailed:
-        from scorers import sandbox
-
         if self._sandboxes is None:
             raise RuntimeError("code_exec: score() before load()")
-        limits = sandbox.Limits(memory_bytes=self.memory_mb * _MIB, processes=self.processes)
         try:
-            return grade(program, plan, self._sandboxes, self.python, limits,
+            return grade(program, plan, self._sandboxes, self.python, self._limits,
                          deadlines=self.deadlines, policy=self.policy)  # fmt: skip
         except SandboxFailed as exc:
             return exc
