@@ -122,6 +122,7 @@ class ScorerHost:
             "input_kind": spec.input_kind,
             "terms": list(spec.term_names()),
             "diagnostics": list(spec.diagnostics),
+            "details": list(spec.details),
             "groupwise": spec.groupwise,
             "ragged_groups": spec.ragged_groups,
             "required_fields": list(spec.required_fields),

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     import numpy as np
 
+from scorers.details import DetailsError, check_detail
 from scorers.diagnostics import DiagnosticsError, check_values, merge_values
 from scorers.groups import GroupContext, GroupInputError, context_of, freeze, partition
 from scorers.identity import effective_params
@@ -92,6 +93,8 @@ class ScorerSpec:
     # a scorer that writes into its input arrays sets this and gets private copies.
     writable_inputs: bool = False
     diagnostics: tuple[str, ...] = ()  # the only diagnostic names `score` may report
+    # the only keys an item's details may hold (`scorers.details`: reporting, per item)
+    details: tuple[str, ...] = ()
     identity: Any = None  # optional JSON semantic identity (judge prompt hash, model digest...)
     # Groupwise scorers get one complete group per call (`score_group`, see scorers.groups).
     groupwise: bool = False
@@ -177,6 +180,8 @@ class ScoreResult:
     other terms (a scorer computing several independent functions, one of which failed).
     `not_applicable` names, per term, the positions that term does not apply to (a served panel's
     term limited to some data sources): no value there, and no failure either.
+    `details` maps an item's position to what the scorer says of it (a small JSON object over the
+    keys `spec.details` declares, see `scorers.details`): reporting only, kept with the item's id.
     """
 
     terms: dict[str, list[float]]
@@ -184,6 +189,7 @@ class ScoreResult:
     failed: dict[int, str] = field(default_factory=dict)
     term_failed: dict[str, dict[int, str]] = field(default_factory=dict)
     not_applicable: dict[str, set[int]] = field(default_factory=dict)
+    details: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 class Scorer:
@@ -332,6 +338,7 @@ def _score_groups(
     reports, failed = [], {}
     term_failed: dict[str, dict[int, str]] = {}
     not_applicable: dict[str, set[int]] = {}
+    details: dict[int, dict[str, Any]] = {}
     for members in groups:
         candidates = tuple(replace(items[i], reference=freeze(items[i].reference)) for i in members)
         part = _checked_result(
@@ -350,7 +357,8 @@ def _score_groups(
             not_applicable.setdefault(term, set()).update(
                 members[position] for position in positions
             )
-    return ScoreResult(scores, merge_values(reports), failed, term_failed, not_applicable)
+        details.update({members[position]: said for position, said in part.details.items()})
+    return ScoreResult(scores, merge_values(reports), failed, term_failed, not_applicable, details)
 
 
 def wanted_terms(spec: ScorerSpec, terms: Sequence[str] | None) -> tuple[str, ...] | None:
@@ -427,7 +435,28 @@ def _checked_result(
         result.diagnostics = check_values(spec.name, spec.diagnostics, result.diagnostics)
     except DiagnosticsError as exc:
         raise ScorerContractError(str(exc)) from exc
+    result.details = _checked_details(spec, result.details, items)
     return result
+
+
+def _checked_details(spec: ScorerSpec, given: Any, items: Sequence[ScoreItem]) -> dict[int, Any]:
+    """Item positions to details over the declared keys (`scorers.details`)."""
+    if not isinstance(given, dict) or not all(
+        isinstance(p, int) and 0 <= p < len(items) for p in given
+    ):
+        raise ScorerContractError(
+            f"scorer {spec.name!r}: details must map item positions (0..{len(items) - 1}) to "
+            "mappings"
+        )
+    try:
+        return {
+            position: check_detail(
+                spec.name, spec.details, f"items[{position}] (id={items[position].id!r})", said
+            )
+            for position, said in given.items()
+        }
+    except DetailsError as exc:
+        raise ScorerContractError(str(exc)) from exc
 
 
 def _check_not_applicable(spec: ScorerSpec, given: Any, count: int) -> None:

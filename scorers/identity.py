@@ -62,7 +62,7 @@ def scorer_document(scorer: Any, params: Mapping[str, Any]) -> dict[str, Any]:
     semantic = {
         k: v for k, v in scorer.identity_params(params).items() if k not in spec.nonsemantic_params
     }
-    return {
+    document = {
         "name": spec.name,
         "revision": spec.revision,
         "input_kind": spec.input_kind,
@@ -73,6 +73,9 @@ def scorer_document(scorer: Any, params: Mapping[str, Any]) -> dict[str, Any]:
         "identity": spec.identity,
         "params": semantic,
     }
+    if spec.details:  # named only where declared: every other scorer keeps its hash
+        document["details"] = sorted(spec.details)
+    return document
 
 
 def scorer_identity_hash(scorer: Any, params: Mapping[str, Any]) -> str:

@@ -44,6 +44,7 @@ def assemble_response(
     identity_hash: str | None = None,
     term_failed: Mapping[str, Mapping[str, str]] | None = None,
     not_applicable: Mapping[str, set[str] | frozenset[str]] | None = None,
+    details: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> RewardResponse:
     """final = sum(weight * term) over the required terms; every item a success or we raised. A term
     the scorer says failed alone for an item (`term_failed`) is that item's TermFailure: no value
@@ -51,7 +52,8 @@ def assemble_response(
     reward is not usable (the caller raises); for another term (a served panel's optional
     component), of kind term_failed: the reward stands without it. A term that does not apply to an
     item (`not_applicable`, a served panel's term limited to some data sources) is None there, and
-    `applicable` says so; a term of the reward always applies (the answer was checked for it)."""
+    `applicable` says so; a term of the reward always applies (the answer was checked for it).
+    `details`: what each scorer says of the items (`details_of`), reporting only."""
     alone = {
         name: [item_id in whys for item_id in ids] for name, whys in (term_failed or {}).items()
     }
@@ -65,8 +67,18 @@ def assemble_response(
         applicable={name: mask for name, mask in applicable.items() if name in terms},
         term_failures=_term_failures(ids, required, term_failed or {}),
         diagnostics=dict(diagnostics),
+        details={name: dict(said) for name, said in (details or {}).items()},
         identity_hash=identity_hash,
     )
+
+
+def details_of(
+    scorer: str, ids: Sequence[str], said: Mapping[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """A response's `details` ({scorer: {id: details}}) for the `ids` it holds: none where the
+    scorer said nothing of them."""
+    kept = {item_id: said[item_id] for item_id in ids if item_id in said}
+    return {scorer: kept} if kept else {}
 
 
 def _weighted_rewards(

@@ -18,7 +18,7 @@ import numpy as np
 
 from scorers.diagnostics import merge_reports, report
 from scorers.groups import GroupInputError, IncompleteGroups, pack_chunks, partition
-from supervisor.assembly import assemble_response, terms_failed
+from supervisor.assembly import assemble_response, details_of, terms_failed
 from supervisor.errors import (
     GroupsIncomplete,
     GroupSizeConflict,
@@ -42,6 +42,8 @@ class ChunkAnswer(NamedTuple):
     term_failed: Mapping[str, Mapping[str, str]]
     # per term, the ids it does not apply to
     not_applicable: Mapping[str, frozenset[str]] = MappingProxyType({})
+    # id -> what the scorer says of that item (scorers.details; reporting only)
+    details: Mapping[str, Any] = MappingProxyType({})
 
 
 class ChunkScorer(Protocol):
@@ -141,8 +143,9 @@ def score_in_chunks(request: RewardRequest, plan: CallPlan, scorer: ChunkScorer)
     scored = np.array([item_id not in merged.failed for item_id in request.ids], dtype=bool)
     merged.check_filled(plan.shape.name, request.ids, plan.required_rewards, scored)
     kept = np.flatnonzero(scored)  # every item but those the scorer could not score
+    kept_ids = [request.ids[i] for i in kept]
     response = assemble_response(
-        [request.ids[i] for i in kept],
+        kept_ids,
         {name: scores[kept] for name, scores in merged.scores.items()},
         plan.required_rewards,
         plan.weights,
@@ -150,6 +153,7 @@ def score_in_chunks(request: RewardRequest, plan: CallPlan, scorer: ChunkScorer)
         plan.shape.identity_hash,
         merged.term_failed,
         merged.not_applicable,
+        details_of(plan.shape.name, kept_ids, merged.details),
     )
     # the rest's response is the partial (its own term failures kept, for a panel)
     if merged.failed:
@@ -197,13 +201,14 @@ def score_chunks(
 @dataclass
 class Merged:
     """The chunks' answers in request order: scores (NaN where none came), reports, the failed ids,
-    the ids each term alone failed for, and those each term does not apply to."""
+    the ids each term alone failed for, those each term does not apply to, and items' details."""
 
     scores: dict[str, np.ndarray] = field(default_factory=dict)
     reports: list[dict[str, Any]] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     term_failed: dict[str, dict[str, str]] = field(default_factory=dict)
     not_applicable: dict[str, set[str]] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -219,6 +224,7 @@ class Merged:
                 merged.term_failed.setdefault(name, {}).update(whys)
             for name, ids in answer.not_applicable.items():
                 merged.not_applicable.setdefault(name, set()).update(ids)
+            merged.details.update(answer.details)
         return merged
 
     def check_filled(

@@ -50,6 +50,11 @@ def join_rows(
                 f"{list(response.component_rewards)}"
             )
     masks = list(sources[0][0].applicable)
+    details: dict[str, dict[str, Any]] = {}
+    for item_id, (response, _) in zip(ids, sources, strict=True):
+        for name, said in response.details.items():
+            if item_id in said:
+                details.setdefault(name, {})[item_id] = said[item_id]
     failures: dict[tuple[str, str, str], list[str]] = {}
     for item_id, (response, _) in zip(ids, sources, strict=True):
         for failure in response.term_failures:
@@ -71,6 +76,7 @@ def join_rows(
             for (term, error, kind), failed in failures.items()
         ],
         diagnostics=diagnostics,
+        details=details,
         identity_hash=sources[0][0].identity_hash,
     )
 

@@ -21,6 +21,7 @@ class ScorerShape:
     identity_hash: str | None = None
     revision: str | None = None
     diagnostics: tuple[str, ...] = ()
+    details: tuple[str, ...] = ()  # the keys of its per-item details (scorers.details)
     # what it reads of an item (what a group rebuilt across ranks carries)
     required_fields: tuple[str, ...] = ()
     # chunks of one request it takes at once (see ScorerSpec.concurrent_calls)
@@ -56,6 +57,7 @@ class ScorerShape:
             identity_hash=entry.get("identity_hash"),
             revision=entry.get("revision"),
             diagnostics=tuple(entry.get("diagnostics", ())),
+            details=tuple(entry.get("details", ())),
             required_fields=tuple(entry.get("required_fields", ())),
             concurrent_calls=max(1, calls),
             reward_term=entry.get("reward_term")

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol, Self
+from typing import Any, Protocol, Self
 
 from scorers.diagnostics import merge_term_reports
 from scorers.groups import GroupInputError, partition
@@ -63,6 +63,8 @@ class ItemReward:
     components: dict[str, float | None]
     usable: bool  # whether a trainer may use the reward (RewardResponse.usable)
     error: str | None
+    # what each scorer said of the item (RewardResponse.details_for): reporting only
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -532,6 +534,7 @@ def _rows(response: RewardResponse) -> dict[str, ItemReward]:
             {name: values[i] for name, values in response.component_rewards.items()},
             usable[i],
             response.errors[i],
+            response.details_for(item_id),
         )
         for i, item_id in enumerate(response.ids)
     }

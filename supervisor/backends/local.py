@@ -135,7 +135,8 @@ class LocalRewardBackend(Component):
             name: frozenset(chunk[position].id for position in where)
             for name, where in result.not_applicable.items()
         }
-        return ChunkAnswer(terms, result.diagnostics, failed, term_failed, not_applicable)
+        details = {chunk[position].id: said for position, said in result.details.items()}
+        return ChunkAnswer(terms, result.diagnostics, failed, term_failed, not_applicable, details)
 
     def score(self, request: RewardRequest) -> Outcome:
         return self.score_batched(request, self.request_batch_size)

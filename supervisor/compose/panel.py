@@ -132,6 +132,7 @@ class _Gathered:
     values: dict[str, list[float | None]]
     failures: list[TermFailure] = field(default_factory=list)
     diagnostics: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)  # keyed as diagnostics
     fatal: list[tuple[str, str, BaseException]] = field(default_factory=list)  # (terms, why, error)
 
 
@@ -263,6 +264,7 @@ class RewardPanel(Component):
             applicable={t.name: [w is not None for w in weights[t.name]] for t in self.terms},
             term_failures=failures,
             diagnostics=got.diagnostics,
+            details=got.details,
             identity_hash=self.identity_hash,
         )
         return Outcome.scored(response)
@@ -495,11 +497,16 @@ class RewardPanel(Component):
 
     @staticmethod
     def _take_reports(term: PanelTerm, response: RewardResponse, got: _Gathered) -> None:
-        reports = response.diagnostics
-        if len(reports) == 1:
-            got.diagnostics[term.name] = next(iter(reports.values()))
-        else:  # a panel inside a panel: its terms' reports, named under this term
-            got.diagnostics.update({f"{term.name}.{inner}": rep for inner, rep in reports.items()})
+        """The term's diagnostics and items' details, named after it (a panel inside a panel: its
+        terms', named under this term)."""
+        one = len(response.diagnostics) == 1  # one scorer: its reports are the term's
+        for mine, theirs in (
+            (got.diagnostics, response.diagnostics),
+            (got.details, response.details),
+        ):
+            mine.update(
+                {term.name if one else f"{term.name}.{inner}": rep for inner, rep in theirs.items()}
+            )
 
     def _take_component(
         self,

@@ -85,6 +85,7 @@ class PanelScorer(Scorer):
             name=NAME,
             input_kind=_input_kind(self.config),
             terms=(*names, WEIGHTED),
+            details=names,  # an item's details: {term: what that term's scorer said of it}
             revision="panel-1",
             env="trainer",
             supports_offload=True,
@@ -199,7 +200,7 @@ def _failed_term(error: BaseException) -> str:
 def as_result(response: RewardResponse, names: Sequence[str]) -> ScoreResult:
     """The panel's response as its scorer's result: each term's values, the items it does not apply
     to (`not_applicable`: None on the client's side too), its optional failures as that term's
-    `term_failed`, and the weighted reward."""
+    `term_failed`, the weighted reward, and each item's details by term."""
     position = {item_id: index for index, item_id in enumerate(response.ids)}
     term_failed: dict[str, dict[int, str]] = {}
     for failure in response.term_failures:
@@ -217,4 +218,15 @@ def as_result(response: RewardResponse, names: Sequence[str]) -> ScoreResult:
             math.nan if value is None else value for value in response.component_rewards[name]
         ]
     terms[WEIGHTED] = list(response.rewards)
-    return ScoreResult(terms=terms, term_failed=term_failed, not_applicable=not_applicable)
+    details: dict[int, dict[str, Any]] = {}
+    for name, said in response.details.items():
+        term, _, inner = name.partition(".")  # a panel inside: its terms' under this term
+        for item_id, detail in said.items():
+            mine = details.setdefault(position[item_id], {})
+            if inner:
+                mine.setdefault(term, {})[inner] = detail
+            else:
+                mine[term] = detail
+    return ScoreResult(
+        terms=terms, term_failed=term_failed, not_applicable=not_applicable, details=details
+    )

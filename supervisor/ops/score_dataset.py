@@ -129,7 +129,8 @@ def _bisected(
 
 
 def _scored_rows(response: RewardResponse) -> Iterator[tuple[dict[str, Any], Any]]:
-    """One output row per item (the first carries the batch's diagnostics)."""
+    """One output row per item (the first carries the batch's diagnostics); `details` where a scorer
+    said something of the item (a code reward's verdict per test), by term."""
     failed_terms: dict[str, dict[str, str]] = {}
     for failure in response.term_failures:
         for item_id in failure.ids:
@@ -138,18 +139,19 @@ def _scored_rows(response: RewardResponse) -> Iterator[tuple[dict[str, Any], Any
         partial = failed_terms.get(item_id, {})
         # not a success, and not for an optional term
         failed = not response.successes[index] and not partial
-        yield (
-            {
-                "id": item_id,
-                "reward": None if failed else response.rewards[index],
-                "components": {
-                    name: values[index] for name, values in response.component_rewards.items()
-                },
-                "failed_terms": partial,
-                "error": response.errors[index] if failed else None,
+        row: dict[str, Any] = {
+            "id": item_id,
+            "reward": None if failed else response.rewards[index],
+            "components": {
+                name: values[index] for name, values in response.component_rewards.items()
             },
-            response.diagnostics if index == 0 else None,
-        )
+            "failed_terms": partial,
+            "error": response.errors[index] if failed else None,
+        }
+        details = response.details_for(item_id)
+        if details:
+            row["details"] = details
+        yield row, response.diagnostics if index == 0 else None
 
 
 def _failed_row(item_id: str, error: str) -> dict[str, Any]:

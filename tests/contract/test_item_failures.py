@@ -62,7 +62,7 @@ def test_a_scorer_naming_a_position_outside_the_batch_breaks_the_contract():
 
 def test_an_answer_is_checked_nan_only_where_failed_and_failed_ids_must_be_requested():
     values = np.array([1.0, np.nan])
-    terms, _, failed, _, _ = verify_score_answer(
+    terms, _, failed, *_ = verify_score_answer(
         {"ids": ["a", "b"], "terms": {"t": values}, "failed": {"b": "why"}}, ["a", "b"], ["t"]
     )
     assert failed == {"b": "why"} and terms["t"][0] == 1.0

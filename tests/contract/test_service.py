@@ -407,7 +407,7 @@ def answer(ids=IDS, **terms):
 
 def test_verify_accepts_a_good_answer():
     values = np.array([1.0, 2.0, 3.0])
-    terms, diagnostics, failed, _, _ = verify_score_answer(
+    terms, diagnostics, failed, *_ = verify_score_answer(
         answer(t=values, u=np.zeros(3)), IDS, ["t"]
     )
     assert set(terms) == {"t", "u"} and terms["t"] is values

@@ -109,6 +109,9 @@ def test_serve_answers_code_exec_rewards_to_the_client_and_openrlhfs_route(front
     assert response.rewards == TESTS[:4]
     values = response.diagnostics["code_exec"]["values"]
     assert values["tests_timeout"] == 2 and values["tests_passed"] == 2 + 1 + 2, values
+    # each item's verdict per test crosses the wire under its id
+    verdicts = {i: said["verdicts"] for i, said in response.details["code_exec"].items()}
+    assert verdicts == {"right": "PP", "half": "PF", "loops": "TT", "lcb": "PP"}
     secret = (fronts["tmp"] / "secret").read_text().strip()
     body = {  # OpenRLHF: the query is the prompt and the response; the label the tests
         "query": [f"Add two ints.<|im_end|>{text}<|im_end|>" for _, _, text, _, _ in code],
@@ -172,6 +175,10 @@ def test_the_score_cli_routes_a_jsonl_of_code_and_math_rows_by_data_source(front
     assert [r["reward"] for r in out] == pytest.approx(REWARDS)
     assert [r["components"]["tests"] for r in out] == TESTS, out
     assert all(r["error"] is None for r in out)
+    # the panel's code term: each row's verdict per test, under the term's name
+    assert [r.get("details", {}).get("tests", {}).get("verdicts") for r in out] == [
+        "PP", "PF", "TT", "PP", None,
+    ]  # fmt: skip
     assert _sandbox_processes(fronts["pid"]) == []
 
 

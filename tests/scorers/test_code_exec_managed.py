@@ -60,6 +60,18 @@ def test_a_managed_child_grades_in_sandboxes_counts_timeouts_and_leaves_nothing(
     values = response.diagnostics["code_exec"]["values"]
     assert values["tests_timeout"] == 2 and values["tests_passed"] == 2 + 1 + 2, values
     assert values["tests_sandbox_error"] == 0
+    # the verdict of each test, per item: a letter per test in the reference's order
+    said = response.details["code_exec"]
+    assert {i: said[i]["verdicts"] for i in ("add", "half", "spin", "exit0")} == {
+        "add": "PP", "half": "PF", "spin": "TT", "exit0": "FF",
+    }  # fmt: skip
+    assert said["half"]["failures"] == [
+        {"test": 1, "outcome": "failed", "detail": "wrong output: 3\n"}
+    ]
+    assert said["spin"]["failures"][0]["outcome"] == "timeout" and said["spin"]["passed"] == 0
+    for p in humaneval:
+        assert said[f"{p['task_id']}/canonical"]["verdicts"] == "P"
+        assert said[f"{p['task_id']}/none"]["failures"][0]["outcome"] == "failed"
     broken = RewardItem(id="broken", text="print(1)", reference={"inputs": ["1"]})
     with pytest.raises(ScorerRequestError, match="broken"):
         backend.compute_rewards(RewardRequest(items=[broken]))
