@@ -164,7 +164,7 @@ def _log(line: str) -> None:
 
 def _check_routes(config: BootConfig, spec: ScorerSpec, pipe: BinaryIO) -> None:
     """A headerless route refuses at boot a scorer its framework's client cannot feed."""
-    if config.openrlhf_secret is not None and spec.groupwise:
+    if config.openrlhf_secret is not None and spec.whole_groups:
         _fail(
             pipe,
             exit_codes.BAD_CONFIG,

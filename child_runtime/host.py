@@ -125,6 +125,7 @@ class ScorerHost:
             "details": list(spec.details),
             "groupwise": spec.groupwise,
             "ragged_groups": spec.ragged_groups,
+            "per_candidate": spec.per_candidate,
             "required_fields": list(spec.required_fields),
             "concurrent_calls": self.concurrent_calls,
             "reward_term": spec.reward_term,

@@ -99,6 +99,9 @@ class ScorerSpec:
     # Groupwise scorers get one complete group per call (`score_group`, see scorers.groups).
     groupwise: bool = False
     ragged_groups: bool = False  # a groupwise scorer that accepts groups of any size
+    # a groupwise scorer that scores each candidate on its own (`map_candidates`): a group may be
+    # scored in parts (a stream's windows, one sample per call) without changing a reward
+    per_candidate: bool = False
     # Params that never change a verdict or a failure (worker counts): left out of the identity
     # hash.
     nonsemantic_params: tuple[str, ...] = ()
@@ -115,6 +118,12 @@ class ScorerSpec:
 
     def term_names(self) -> tuple[str, ...]:
         return self.terms or (self.name,)
+
+    @property
+    def whole_groups(self) -> bool:
+        """Whether scoring a group's candidates apart could change a reward: a groupwise scorer
+        that compares them."""
+        return self.groupwise and not self.per_candidate
 
 
 @dataclass

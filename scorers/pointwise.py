@@ -3,7 +3,9 @@
 A rule that scores each candidate on its own is not a second kind of scorer: it is
 mapped over the candidates of each group, in order, by the same runtime path that runs
 comparative group scorers (`scorers.base.score_checked`). The lifted scorer accepts
-groups of any size and items without a group (each its own group).
+groups of any size and items without a group (each its own group). It declares itself
+`per_candidate`: a group may be scored in parts (a stream's windows, OpenRLHF's one sample per
+call), so `context.size` counts the group's candidates in this call, not the whole group's.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def map_candidates(
         diagnostics=tuple(diagnostics),
         groupwise=True,
         ragged_groups=True,
+        per_candidate=True,
     )
 
     class Mapped(_MappedScorer):

@@ -90,7 +90,8 @@ class Component(RewardBackend):
 
     def needs_whole_groups(self, sizes_checked: bool = False) -> bool:
         """Whether scoring a group's candidates apart could change a reward or refuse a call: a
-        configured group size, or a groupwise (or unknown) scorer anywhere inside.
+        configured group size, or a scorer that compares a group's candidates (or an unknown one)
+        anywhere inside: a `per_candidate` groupwise rule (format_reward) is not one.
         `sizes_checked`: the caller checks each group's size over the whole group itself
         (DistributedRewards, across ranks), so a configured size alone is no reason."""
         if self.group_size is not None and not sizes_checked:
@@ -98,7 +99,7 @@ class Component(RewardBackend):
         members = self.members()
         if members:
             return any(component(member).needs_whole_groups(sizes_checked) for member in members)
-        return self.shape is None or self.shape.groupwise
+        return self.shape is None or self.shape.whole_groups
 
     @property
     def call_bound_s(self) -> float | None:

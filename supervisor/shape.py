@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from scorers.base import ScorerSpec
 from supervisor.errors import ConfigError, RewardContractError
 
 
@@ -18,6 +19,7 @@ class ScorerShape:
     terms: tuple[str, ...]
     groupwise: bool = False
     ragged_groups: bool = False
+    per_candidate: bool = False  # groupwise, but each candidate scored on its own (ScorerSpec)
     identity_hash: str | None = None
     revision: str | None = None
     diagnostics: tuple[str, ...] = ()
@@ -28,6 +30,28 @@ class ScorerShape:
     concurrent_calls: int = 1
     # the term that is its reward by itself (a served panel, see reward_terms)
     reward_term: str | None = None
+
+    @property
+    def whole_groups(self) -> bool:
+        """Whether scoring a group's candidates apart could change a reward (ScorerSpec's)."""
+        return self.groupwise and not self.per_candidate
+
+    @classmethod
+    def of_spec(cls, spec: ScorerSpec, identity_hash: str | None) -> ScorerShape:
+        """An in-process scorer's shape, from its spec."""
+        return cls(
+            name=spec.name,
+            terms=spec.term_names(),
+            groupwise=spec.groupwise,
+            ragged_groups=spec.ragged_groups,
+            per_candidate=spec.per_candidate,
+            identity_hash=identity_hash,
+            revision=spec.revision,
+            diagnostics=spec.diagnostics,
+            details=spec.details,
+            required_fields=spec.required_fields,
+            concurrent_calls=max(1, spec.concurrent_calls),
+        )
 
     @classmethod
     def from_entry(cls, entry: Any, where: str = "the scorer") -> ScorerShape:
@@ -54,6 +78,7 @@ class ScorerShape:
             terms=tuple(entry["terms"]),
             groupwise=bool(entry.get("groupwise", False)),
             ragged_groups=bool(entry.get("ragged_groups", False)),
+            per_candidate=bool(entry.get("per_candidate", False)),
             identity_hash=entry.get("identity_hash"),
             revision=entry.get("revision"),
             diagnostics=tuple(entry.get("diagnostics", ())),

@@ -46,7 +46,7 @@ class _Scorer:
         train, validation = build_panels(load_recipe(recipe))
         if validation is not None:
             validation.close()
-        groupwise = [shape.name for shape in leaf_shapes(train) if shape.groupwise]
+        groupwise = [shape.name for shape in leaf_shapes(train) if shape.whole_groups]
         if groupwise:
             train.close()
             raise ConfigError(openrlhf.groupwise_refusal(groupwise))

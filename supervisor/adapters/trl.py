@@ -91,7 +91,7 @@ class TRLRewardFunction:
         shape = component(backend).shape
         # a groupwise scorer anywhere inside (a panel's term too) gets groups rebuilt from TRL's
         # layout
-        self.groupwise = any(shape.groupwise for shape in leaf_shapes(backend))
+        self.groupwise = any(shape.whole_groups for shape in leaf_shapes(backend))
         if self.groupwise and num_generations is None:
             raise ConfigError("a groupwise scorer needs num_generations (TRL passes no group ids)")
         self.num_generations = num_generations

@@ -71,17 +71,7 @@ class LocalRewardBackend(Component):
                 )
             self.scorer, identity = scorer, None
         spec = self.scorer.spec
-        self.shape = ScorerShape(
-            name=spec.name,
-            terms=spec.term_names(),
-            groupwise=spec.groupwise,
-            ragged_groups=spec.ragged_groups,
-            identity_hash=identity,
-            revision=spec.revision,
-            diagnostics=spec.diagnostics,
-            required_fields=spec.required_fields,
-            concurrent_calls=max(1, spec.concurrent_calls),
-        )
+        self.shape = ScorerShape.of_spec(spec, identity)
         check_pins(self.shape, revision, identity_hash)
         self.weights = dict(weights or {})
         self.required_rewards = check_reward_names(

@@ -427,7 +427,7 @@ def _served_kind(args: argparse.Namespace, refuse_groupwise: bool) -> str | None
     spec = declared_spec(args.scorer, args.catalog)
     if spec is None and args.input_kind is None:
         raise ConfigError(f"scorer {args.scorer!r} makes its spec per instance: pass --input-kind")
-    if refuse_groupwise and spec is not None and spec.groupwise:
+    if refuse_groupwise and spec is not None and spec.whole_groups:
         raise ConfigError(f"the OpenRLHF route refuses: {groupwise_refusal([spec.name])}")
     return None if args.input_kind is None else str(args.input_kind)
 

@@ -41,7 +41,8 @@ def test_a_leaf_holds_nothing_and_scores_alone():
 
 
 def test_a_panel_lists_its_backends_once_and_answers_for_them():
-    exact, groupwise = LocalRewardBackend("exact_match"), LocalRewardBackend("token_f1")
+    exact = LocalRewardBackend("exact_match")
+    groupwise = LocalRewardBackend("pairwise_judge", {"inner": "token_f1"})
     slow, quick = Bounded(7.5), Bounded(2.0)
     panel = RewardPanel(
         [
@@ -66,8 +67,14 @@ def test_a_panel_lists_its_backends_once_and_answers_for_them():
     grouped = RewardPanel(
         [PanelTerm("inner", inner), PanelTerm("f1", groupwise)], owns_backends=False
     )
-    # token_f1 is groupwise
+    # pairwise_judge compares a group's candidates
     assert grouped.leaves() == [exact, groupwise] and grouped.needs_whole_groups() is True
+    # token_f1 is groupwise too, but scores each candidate on its own (map_candidates)
+    per_candidate = RewardPanel(
+        [PanelTerm("inner", inner), PanelTerm("f1", LocalRewardBackend("token_f1"))]
+    )
+    with per_candidate:
+        assert per_candidate.needs_whole_groups() is False
     with pytest.raises(ValueError, match="step"):
         RewardRequest(items=[RewardItem(id="a", text="1")], step=-1)
 

@@ -5,6 +5,7 @@ route. Rewards equal hand values: a right, a half-right and a looping completion
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -61,6 +62,10 @@ terms:
       scorer: {{name: format_reward, params: {{pattern: '.*```python\\n.*```'}}}}
     weight: 0.1
 """
+
+
+async def _gathered(calls: list) -> list:
+    return list(await asyncio.gather(*calls))
 
 
 def _sandbox_processes(server: int | None = None) -> list[psutil.Process]:
@@ -199,6 +204,14 @@ def test_verls_entry_points_and_trls_reward_function_score_code_through_the_reci
         assert [None if math.isnan(s["tests"]) else s["tests"] for s in batch] == TESTS
         half = verl.compute_score_sync("codecontests", HALF, json.dumps(ADD), recipe=recipe)
         assert (half["score"], half["tests"], half["fenced"]) == (0.5, 0.5, 0.0)
+        # the async per-rollout entry point streams rollouts into windows: format_reward scores
+        # each candidate on its own, so the recipe needs no group size
+        rollouts = [
+            verl.compute_score(source, text, gold, {"index": n}, recipe=recipe)
+            for n, (source, text, gold) in enumerate(zip(sources, texts, golds, strict=True))
+        ]
+        streamed = asyncio.run(_gathered(rollouts))
+        assert [s["score"] for s in streamed] == pytest.approx(REWARDS)
         assert math.isnan(half["correct"])  # a math term: NaN in verl's log column
         panel = verl.ready_scorer(key)
         assert panel is not None

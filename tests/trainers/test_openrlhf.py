@@ -126,6 +126,29 @@ def test_a_groupwise_term_is_refused_loudly_when_the_function_starts(tmp_path):
     assert "managed-scorers reward_func failed" in done.stderr
 
 
+def test_a_per_candidate_rule_is_taken_one_sample_at_a_time(tmp_path):
+    """format_reward is groupwise by its lifting (map_candidates) but scores each sample on its
+    own: OpenRLHF's one sample per call, without a group id, takes it."""
+    from supervisor import RewardItem
+    from supervisor.adapters.openrlhf import _Scorer
+
+    rule = {"backend": "local", "scorer": "format_reward", "params": {"pattern": "<answer>.*"}}
+    recipe = tmp_path / "reward.yaml"
+    recipe.write_text(
+        json.dumps(
+            {"reward": {"models": {"fmt": rule}, "reward_functions": {"fmt": {"model": "fmt"}}}}
+        )
+    )
+    scorer = _Scorer(str(recipe))
+    try:
+        rows = scorer.score(
+            [RewardItem(id="a", text="<answer>1", group_id="g"), RewardItem(id="b", text="1")]
+        )
+    finally:
+        scorer.close()
+    assert [row["reward"] for row in rows] == [1.0, 0.0]
+
+
 def test_the_response_is_the_query_less_its_prompt_and_the_special_tokens_at_its_ends():
     prompt = "<|im_start|>user Q<|im_end|><|im_start|>assistant"
     assert response_of(prompt + " so \\boxed{3}<|im_end|></s>", prompt) == "so \\boxed{3}"
