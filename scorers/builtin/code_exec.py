@@ -129,7 +129,7 @@ class CodeExec(Scorer):
         from scorers import sandbox
 
         self.python = sys.executable  # the code env's own interpreter runs the completions
-        sandbox.probe(self.python)
+        print(f"code_exec: sandboxes ready; {sandbox.probe(self.python)}", file=sys.stderr)
         self._sandboxes = sandbox.WarmSandboxes(self.python, size=self.jobs)
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ import selectors
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 
 from scorers.sandbox.results import Limits, SandboxStuck
 
@@ -17,6 +18,7 @@ KILL_GRACE_S = 10.0  # a killed sandbox's pipes close and its bwrap exits within
 # kernel kills the namespace, each bwrap exits and is reaped by its parent, none left to init as
 # a zombie); its bwraps' group is SIGKILLed only when that has not happened within this
 STOP_GRACE_S = 1.0
+OOM_WATCH_S = 0.05  # how often a sandbox's cgroup is read for an OOM kill while it runs
 
 
 def close_lifeline(ends: dict[str, int]) -> None:
@@ -35,12 +37,20 @@ READ = 1 << 16
 
 
 class Exchange:
-    """Feeds and drains one sandbox; `killed_for` says why the scorer killed it, if it did."""
+    """Feeds and drains one sandbox; `killed_for` says why the scorer killed it, if it did.
+    `oom_killed`: whether the kernel killed one of its processes for its cgroup's memory limit (read
+    every OOM_WATCH_S while it runs): the whole sandbox is then killed, as "memory"."""
 
     def __init__(
-        self, process: subprocess.Popen[bytes], ends: dict[str, int], limits: Limits, started: float
+        self,
+        process: subprocess.Popen[bytes],
+        ends: dict[str, int],
+        limits: Limits,
+        started: float,
+        oom_killed: Callable[[], bool] | None = None,
     ) -> None:
         self.process = process
+        self.oom_killed = oom_killed
         self.ends = ends
         self.limits = limits
         self.deadline = started + limits.wall_s
@@ -78,7 +88,11 @@ class Exchange:
             now = time.monotonic()
             if now >= self.deadline and self.killed_for is None:
                 self.kill("timeout")
+            if self.killed_for is None and self.oom_killed is not None and self.oom_killed():
+                self.kill("memory")
             left = self.deadline - now
+            if self.oom_killed is not None:
+                left = min(left, OOM_WATCH_S)
             if self.killed_for is not None:
                 since = now - self.killed_at
                 if since >= STOP_GRACE_S:

@@ -57,6 +57,11 @@ def start(cfg, keep):
         try:
             for fd in keep:
                 os.close(fd)
+            # the program, not pid 1, is what the kernel kills first for the cgroup's memory (its
+            # /proc files are its own once it is dumpable again, as its exec would make it)
+            ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+            with open("/proc/self/oom_score_adj", "w") as adjust:
+                adjust.write("1000")
             for name, limit in cfg["rlimits"].items():
                 resource.setrlimit(RLIMITS[name], tuple(limit))
             os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])

@@ -10,6 +10,10 @@ from scorers.sandbox.exchange import Exchange
 from scorers.sandbox.results import Limits, RunResult
 
 # the program's own last word on stderr when its address-space rlimit refused an allocation
+_CGROUP_OOM = (
+    "the sandbox's cgroup passed its memory limit ({} bytes, its tmpfs files included): the "
+    "kernel killed a process of it, and the sandbox was killed whole"
+)
 _OUT_OF_MEMORY = re.compile(rb"(^|\n)(MemoryError\b|.*Cannot allocate memory)[^\n]*\n?\Z")
 
 
@@ -48,7 +52,16 @@ def _program_status(report: dict, stderr: bytes, limits: Limits) -> tuple[str, i
     return "exited", None
 
 
-def classify(exchange: Exchange, limits: Limits, wall_s: float) -> RunResult:
+def classify(
+    exchange: Exchange,
+    limits: Limits,
+    wall_s: float,
+    oom_killed: bool = False,
+    cgroup_peak: int = 0,
+) -> RunResult:
+    """`oom_killed`: the kernel killed a process of the sandbox's cgroup for its memory limit: a
+    "memory" outcome, whatever it cost the launcher's report (never a sandbox_error).
+    `cgroup_peak`: the most memory the sandbox's cgroup held (0: no cgroup)."""
     stdout, stderr = bytes(exchange.out["stdout"]), bytes(exchange.out["stderr"])
     report = _report(exchange)
     common: dict[str, Any] = {
@@ -58,8 +71,18 @@ def classify(exchange: Exchange, limits: Limits, wall_s: float) -> RunResult:
         "stdout_truncated": exchange.truncated["stdout"],
         "stderr_truncated": exchange.truncated["stderr"],
     }
-    if exchange.killed_for is not None:
-        return RunResult(exchange.killed_for, None, signal.SIGKILL, cpu_s=0.0, **common)
+    if exchange.killed_for is not None or oom_killed:
+        why = exchange.killed_for or "memory"
+        detail = _CGROUP_OOM.format(limits.memory_bytes) if why == "memory" else ""
+        return RunResult(
+            why,
+            None,
+            signal.SIGKILL,
+            cpu_s=0.0,
+            peak_rss_bytes=cgroup_peak,
+            detail=detail,
+            **common,
+        )
     if report is None or report.get("kind") == "exec_failed":
         why = (report or {}).get("detail") or "no report from the sandbox's launcher"
         detail = f"{why}; bwrap exited {exchange.returncode}; stderr: {stderr[-2000:]!r}"
@@ -71,6 +94,6 @@ def classify(exchange: Exchange, limits: Limits, wall_s: float) -> RunResult:
         code if code >= 0 else None,
         sig,
         cpu_s=float(report["cpu_s"]),
-        peak_rss_bytes=int(report["peak_rss"]),
+        peak_rss_bytes=max(int(report["peak_rss"]), cgroup_peak),
         **common,
     )

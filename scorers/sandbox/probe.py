@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from scorers.sandbox.cgroup import find
 from scorers.sandbox.command import SANDBOX_UID
 from scorers.sandbox.locate import SETPRIV, interpreter
 from scorers.sandbox.results import Limits, SandboxUnavailable
@@ -12,10 +13,11 @@ from scorers.sandbox.run import run_sandboxed
 _CHECK = "import os; print(os.getuid(), os.getpid())"
 
 
-def probe(python: str) -> None:
+def probe(python: str) -> str:
     """Run one program in a sandbox and check it ran as the sandbox's uid, as pid > 1 of its own
-    PID namespace. SandboxUnavailable names what is missing: the env's bwrap, setpriv (a root
-    scorer), user namespaces, or what bwrap said."""
+    PID namespace; answer where sandboxes' cgroups are made (or why none: `cgroup.find`).
+    SandboxUnavailable names what is missing: the env's bwrap, setpriv (a root scorer), user
+    namespaces, a usable delegated cgroup where one is configured, or what bwrap said."""
     interpreter(python)  # the interpreter's install and the env's bwrap, or SandboxUnavailable
     if os.geteuid() == 0 and not os.access(SETPRIV, os.X_OK):
         raise SandboxUnavailable(
@@ -36,3 +38,4 @@ def probe(python: str) -> None:
             f"the sandbox ran {python} as uid/pid {words[:2]}, not as "
             f"uid {SANDBOX_UID} in a PID namespace of its own"
         )
+    return "cgroup: " + find()[1]

@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import PurePosixPath
 
 from scorers.sandbox import command
+from scorers.sandbox.cgroup import SandboxCgroup, find
 from scorers.sandbox.exchange import (
     KILL_GRACE_S,
     STOP_GRACE_S,
@@ -28,6 +29,8 @@ from scorers.sandbox.slots import host_uid
 LAUNCHER = resources.files("scorers.sandbox").joinpath("launcher.py").read_text()
 NO_FILES: Mapping[str, bytes] = {}
 DEFAULT_LIMITS = Limits()
+# the sandbox's first process joins its cgroup, then becomes bwrap: every process is born inside
+JOIN_CGROUP = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"']
 
 
 def _checked_name(name: str) -> str:
@@ -109,11 +112,19 @@ class PreparedSandbox:
         self.python, self.limits = python, limits
         self._used = False
         self._stack = contextlib.ExitStack()
+        self.cgroup: SandboxCgroup | None = None
         try:
             self._ends = self._stack.enter_context(_pipes())
             uid = self._stack.enter_context(_run_as())
-            self._process = _spawn(_command(python, self._ends, limits, uid), self._ends)
+            argv = _command(python, self._ends, limits, uid)
+            place, _ = find()
+            if place is not None:
+                self.cgroup = SandboxCgroup(place, limits.memory_bytes)
+                argv = [*JOIN_CGROUP, self.cgroup.procs, *argv]
+            self._process = _spawn(argv, self._ends)
         except BaseException:
+            if self.cgroup is not None:
+                self.cgroup.remove()
             self._stack.close()
             raise
         for name in ("cfg_r", "life_r", "status_w"):
@@ -147,11 +158,16 @@ class PreparedSandbox:
         config = _config(argv, self.python, files, limits)
         started = time.monotonic()
         try:
-            exchange = Exchange(self._process, self._ends, limits, started)
+            if self.cgroup is not None:
+                self.cgroup.limit(limits.memory_bytes)
+            watch = None if self.cgroup is None else self.cgroup.oom_killed
+            exchange = Exchange(self._process, self._ends, limits, started, watch)
             exchange.run(config, stdin)
+            oom = watch is not None and watch()
+            peak = 0 if self.cgroup is None else self.cgroup.peak_bytes()
         finally:
             self.close()
-        return classify(exchange, limits, time.monotonic() - started)
+        return classify(exchange, limits, time.monotonic() - started, oom, peak)
 
     def close(self) -> None:
         """Stop the sandbox if it is still up (in order, then SIGKILL past STOP_GRACE_S), then free
@@ -176,6 +192,8 @@ class PreparedSandbox:
                     with contextlib.suppress(BrokenPipeError):
                         stream.close()
             self._stack.close()
+            if self.cgroup is not None and self._process.poll() is not None:
+                self.cgroup.remove()
 
     def __enter__(self) -> PreparedSandbox:
         return self

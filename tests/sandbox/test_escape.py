@@ -172,7 +172,9 @@ def test_a_memory_bomb_is_memory(python):
 def test_processes_over_the_memory_cap_only_together_are_killed_as_memory(python):
     result = run(python, programs.MEMORY_TOGETHER, limits=Limits(memory_bytes=256 << 20, wall_s=30))
     assert result.status == "memory" and result.signal == signal.SIGKILL, result
-    assert result.peak_rss_bytes > 256 << 20
+    # each child's 96 MiB is under the cap: they held at least two together (a cgroup stops them
+    # at the cap, the launcher's watch just past it)
+    assert result.peak_rss_bytes > 192 << 20
 
 
 def test_spinning_past_the_cpu_limit_is_a_timeout(python):

@@ -65,7 +65,11 @@ def test_a_prepared_sandbox_that_died_while_waiting_is_never_handed_out(python):
 
 
 def _bwraps_of_group() -> list[int]:
-    """The process groups of the prepared sandboxes (each bwrap leads its own)."""
+    """The process groups of the prepared sandboxes (each bwrap leads its own), once each has
+    become bwrap (a sandbox with a cgroup starts as the shell that joins it: 5 s at most)."""
+    deadline = time.monotonic() + 5
+    while not _bwraps() and time.monotonic() < deadline:
+        time.sleep(0.01)
     return sorted({os.getpgid(p.pid) for p in _bwraps()})
 
 
