@@ -297,7 +297,10 @@ def adaptive_line(
 ) -> str:
     """The adaptive window (ceiling: the largest setting) against each fixed setting, on an
     endpoint answering in 20 ms + 1 ms per request in flight, 429 past `capacity` in flight
-    (no Retry-After); a refused rank backs off 0.5 s. Throughput: answers per second."""
+    (no Retry-After); a refused rank backs off 0.5 s (the judge's first backoff), so a setting
+    past the capacity keeps the endpoint full and pays in 429s: the best fixed setting is given
+    overall and among those never refused. Throughput: answers per second. The smallest setting
+    must never be refused."""
     ceiling = max(settings)
     runs: dict[str, list[dict[str, Any]]] = {str(c): [] for c in settings}
     runs["adaptive"] = []
@@ -319,15 +322,22 @@ def adaptive_line(
     def mean(key: str, field: str) -> float:
         return statistics.fmean(run[field] for run in runs[key])
 
-    best = max((str(c) for c in settings), key=lambda key: mean(key, "per_s"))
-    table = "  ".join(
-        f"{key}: {mean(key, 'per_s'):.0f}/s ({sum(r['refused'] for r in runs[key])} 429)"
-        for key in runs
-    )
+    def refused(key: str) -> int:
+        return sum(run["refused"] for run in runs[key])
+
+    fixed = [str(c) for c in settings]
+    best = max(fixed, key=lambda key: mean(key, "per_s"))
+    never_refused = [key for key in fixed if not refused(key)]
+    if not never_refused:
+        raise RuntimeError(f"every fixed setting was refused (capacity {capacity}): {runs}")
+    best_clean = max(never_refused, key=lambda key: mean(key, "per_s"))
+    table = "  ".join(f"{key}: {mean(key, 'per_s'):.0f}/s ({refused(key)} 429)" for key in runs)
     ratio = mean("adaptive", "per_s") / mean(best, "per_s")
+    clean = mean("adaptive", "per_s") / mean(best_clean, "per_s")
     return (
         f"{ranks} ranks, endpoint capacity {capacity} (hidden), {rounds} x {duration_s:g} s each: "
-        f"{table}  |  adaptive/best fixed ({best}) {ratio:.3f}"
+        f"{table}  |  adaptive/best fixed ({best}) {ratio:.3f}, /best fixed without 429s "
+        f"({best_clean}) {clean:.3f}"
     )
 
 
