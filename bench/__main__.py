@@ -27,6 +27,7 @@ import numpy as np
 
 from bench import (
     code_exec,
+    endpoint_limits,
     engine,
     health_under_load,
     hedging,
@@ -444,6 +445,27 @@ LINES: list[Line] = [
         (),
     ),
     Line("hedging", hedging.main_line, ("max unhedged/hedged", "hedges sent"), hedging.SMOKE, ()),
+    Line(
+        "endpoint_sim",
+        endpoint_limits.sim_line,
+        ("limited peak", "unlimited peak", "lease taken+ended"),
+        endpoint_limits.SIM_SMOKE,
+        (),
+    ),
+    Line(
+        "endpoint_overhead",
+        endpoint_limits.overhead_line,
+        ("limiter overhead", "ratio"),
+        endpoint_limits.OVERHEAD_SMOKE,
+        (),
+    ),
+    Line(
+        "endpoint_adaptive",
+        endpoint_limits.adaptive_line,
+        ("adaptive/best fixed",),
+        endpoint_limits.ADAPTIVE_SMOKE,
+        (),
+    ),
     Line(
         "startup",
         startup.main_line,

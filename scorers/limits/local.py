@@ -152,8 +152,8 @@ class LocalLimiter:
         endpoint; past the deadline, `LimitTimeout` (a reservation made is spent all the same)."""
         reserved = False
         while True:
-            now = time.monotonic()
             with self._ledger.locked(deadline) as record:
+                now = time.monotonic()  # under the lock: a time read before it may be stale
                 levels = record.levels
                 assert levels is not None
                 if reserved:
@@ -182,8 +182,8 @@ class LocalLimiter:
         throttled: bool,
         retry_after_s: float | None,
     ) -> None:
-        now = time.monotonic()
         with self._ledger.locked() as record:
+            now = time.monotonic()  # under the lock, as in `_begin`
             levels = record.levels
             assert levels is not None
             if tokens_used is not None:

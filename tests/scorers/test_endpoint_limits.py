@@ -9,7 +9,9 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -287,6 +289,41 @@ def test_a_lease_still_in_flight_at_close_ends_on_the_files_it_began_on():
         again.acquire(1, time.monotonic() + 1).end()  # the slot is free
     finally:
         again.close()
+
+
+def test_a_caller_that_waited_for_the_record_never_winds_the_buckets_clock_back():
+    """The time a caller reads before it waits for the record's lock is stale once it has it:
+    refilling with it wound the buckets' clock back, and the next refill credited that interval
+    again (512 ranks on 2 cores began 531 requests in a second where the bucket allows 400:
+    `python -m bench --only endpoint_sim`). The record's clock only moves forward."""
+    limit = EndpointLimit("clock", requests_per_minute=60)
+    holder, caller = LocalLimiter(limit), LocalLimiter(limit)
+    try:
+        caller.acquire(1, time.monotonic() + 5).end()  # the bucket of one is empty now
+        waiting = threading.Thread(
+            target=lambda: caller.acquire(1, time.monotonic() + 30).end(), name="waiting-caller"
+        )
+        with holder._ledger.locked() as record:
+            assert record.levels is not None
+            waiting.start()
+            time.sleep(0.3)  # the caller reads the time, then waits for this lock
+            record.levels.refill(limit, time.monotonic())
+            refilled_at = record.levels.t
+        seen: list[Levels] = []
+        assert eventually(lambda: seen.append(_raw_levels(holder)) or seen[-1].req < 0)
+        assert seen[-1].t >= refilled_at, (seen[-1], refilled_at)  # the caller's reservation
+        waiting.join(30)
+        assert not waiting.is_alive()
+    finally:
+        holder.close()
+        caller.close()
+
+
+def _raw_levels(limiter: LocalLimiter) -> Levels:
+    """The record's levels as written (`levels()` refills them to now first)."""
+    with limiter._ledger.locked() as record:
+        assert record.levels is not None
+        return replace(record.levels)
 
 
 @pytest.mark.slow
