@@ -1,8 +1,9 @@
 """Diagnostics: reporting only, never part of a reward, and mergeable across chunks, terms and
 ranks.
 
-A scorer reports declared names, each either a count (a number; counts add up) or a mean
-carried as `{"sum": s, "count": n}` (sums and counts add up; the mean is taken at the end).
+A scorer reports declared names, each a count (a number; counts add up), a mean carried as
+`{"sum": s, "count": n}` (sums and counts add up; the mean is taken at the end), or one of the
+tail's kinds (`scorers.tail`: a latency histogram, the slowest items by id).
 A report is `{"sample_count": n, "values": {...}}`; metrics are named
 `<namespace>/reward/<term>/<diagnostic>`. Stdlib only.
 """
@@ -13,6 +14,8 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from scorers import tail
 
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
@@ -54,6 +57,11 @@ def check_values(scorer: str, declared: Iterable[str], values: Any) -> dict[str,
             )
         if _finite(value):
             checked[name] = value
+        elif tail.kind(value) is not None:
+            try:
+                checked[name] = tail.checked(value)
+            except tail.TailError as exc:
+                raise DiagnosticsError(f"scorer {scorer!r} diagnostic {name!r}: {exc}") from exc
         elif (
             isinstance(value, Mapping)
             and set(value) == {"sum", "count"}
@@ -66,7 +74,8 @@ def check_values(scorer: str, declared: Iterable[str], values: Any) -> dict[str,
         else:
             raise DiagnosticsError(
                 f"scorer {scorer!r} diagnostic {name!r} = {value!r}: expected a finite count or "
-                "{'sum': finite, 'count': int >= 0} (use scorers.diagnostics.mean)"
+                "{'sum': finite, 'count': int >= 0} (use scorers.diagnostics.mean), or a "
+                "scorers.tail histogram or top list"
             )
     return checked
 
@@ -77,10 +86,16 @@ def merge_values(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         for name, value in part.items():
             if name not in merged:
                 merged[name] = dict(value) if isinstance(value, Mapping) else value
-            elif isinstance(value, Mapping) != isinstance(merged[name], Mapping):
+            elif _kind(value) != _kind(merged[name]):
                 raise DiagnosticsError(
-                    f"diagnostic {name!r} is a count in one report and a mean in another"
+                    f"diagnostic {name!r} is a {_kind(merged[name])} in one report and a "
+                    f"{_kind(value)} in another"
                 )
+            elif tail.kind(value) is not None:
+                try:
+                    merged[name] = tail.merged(merged[name], value)
+                except tail.TailError as exc:
+                    raise DiagnosticsError(f"diagnostic {name!r}: {exc}") from exc
             elif isinstance(value, Mapping):
                 merged[name] = {
                     "sum": merged[name]["sum"] + value["sum"],
@@ -89,6 +104,12 @@ def merge_values(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             else:
                 merged[name] = merged[name] + value
     return merged
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return tail.kind(value) or "mean"
+    return "count"
 
 
 def report(sample_count: int, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -118,7 +139,7 @@ def to_metrics(
     reports: Mapping[str, Mapping[str, Any]], namespace: str = "train"
 ) -> dict[str, float]:
     """Flat metrics for a logger: counts as they are, means resolved (a mean of nothing is left
-    out)."""
+    out), a histogram as its count and quantiles, a top list as its largest value."""
     if namespace not in ("train", "val"):
         raise DiagnosticsError(f"namespace must be 'train' or 'val', got {namespace!r}")
     metrics: dict[str, float] = {}
@@ -126,7 +147,9 @@ def to_metrics(
         prefix = f"{namespace}/reward/{check_name(term, 'term')}"
         metrics[f"{prefix}/sample_count"] = float(rep["sample_count"])
         for name, value in rep["values"].items():
-            if isinstance(value, Mapping):
+            if tail.kind(value) is not None:
+                metrics.update(tail.metrics(f"{prefix}/{name}", value))
+            elif isinstance(value, Mapping):
                 if value["count"]:
                     metrics[f"{prefix}/{name}"] = value["sum"] / value["count"]
             else:

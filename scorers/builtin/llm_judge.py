@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
+from scorers import tail
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
 from scorers.common.retry import Retry
 from scorers.diagnostics import mean
@@ -278,6 +279,8 @@ class LlmJudge(Scorer):
             "latency_s",
             "limit_waits",
             "limit_wait_s",
+            "call_s",  # each item's judging time (its retries included), as a histogram
+            "slowest",  # the slowest items: (id, seconds)
         ),
         # how hard the endpoint may be called, never what it answers
         nonsemantic_params=("endpoint_limit",),
@@ -559,9 +562,11 @@ class LlmJudge(Scorer):
             f"its attempt open"
         )
         outcomes = [
-            outcome if outcome is not None else _Outcome(error=late) for outcome in list(results)
+            # no verdict in time: it took the whole batch deadline
+            outcome if outcome is not None else _Outcome(error=late, seconds=self.batch_timeout_s)
+            for outcome in list(results)
         ]
-        return self._result(outcomes)
+        return self._result(outcomes, [item.id for item in items])
 
     def _judge_all(self, bodies: list[bytes], deadline: float) -> list[_Outcome | None]:
         """Each body judged on up to `concurrency` threads, waited for until the batch deadline;
@@ -596,7 +601,7 @@ class LlmJudge(Scorer):
             client.close()
         return results
 
-    def _result(self, outcomes: list[_Outcome]) -> ScoreResult:
+    def _result(self, outcomes: list[_Outcome], ids: list[str]) -> ScoreResult:
         """The verdicts as the term, failures with where they came from, and what the calls took."""
         attempts = sum(o.attempts for o in outcomes)
         counted = Counter(o.counted for o in outcomes if o.counted)
@@ -613,6 +618,8 @@ class LlmJudge(Scorer):
                 "limit_wait_s": mean(
                     sum(o.limit_wait_s for o in outcomes), sum(o.limit_waits for o in outcomes)
                 ),
+                "call_s": tail.histogram(o.seconds for o in outcomes),
+                "slowest": tail.slowest(zip(ids, (o.seconds for o in outcomes), strict=True)),
             },
             failed={
                 position: f"{o.error} ({f'{o.attempts} attempts ' if o.attempts else ''}at "

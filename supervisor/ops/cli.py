@@ -111,7 +111,7 @@ def _score(args: argparse.Namespace) -> int:
     from supervisor.compose.recipes import load_recipe
     from supervisor.ops.dataset_sinks import STDOUT, refuse_unresumable
     from supervisor.ops.dataset_sources import source_of
-    from supervisor.ops.score_dataset import metrics_line
+    from supervisor.ops.score_dataset import metrics_line, tail_lines
 
     columns = _columns(args)
     refuse_unresumable(args.output, args.resume)
@@ -127,6 +127,8 @@ def _score(args: argparse.Namespace) -> int:
     metrics = metrics_line(summary, "val" if args.validation else "train")
     if metrics:
         print(f"diagnostics: {metrics}", file=sys.stderr)
+    for line in tail_lines(summary):
+        print(f"tail: {line}", file=sys.stderr)
     return 0 if summary.clean else 1
 
 

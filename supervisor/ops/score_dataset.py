@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scorers import tail
 from scorers.diagnostics import merge_term_reports, to_metrics
 from supervisor.compose.overlap import micro_batches
 from supervisor.compose.panel import RewardPanel
@@ -291,6 +292,17 @@ def _consecutive_failures(count: int, units: list[bool]) -> int:
 def _lines(records: list[dict[str, Any]]) -> str:
     """Whole lines, written together: a kill leaves at most one torn line, which resume drops."""
     return "".join(json.dumps(record, allow_nan=False) + "\n" for record in records)
+
+
+def tail_lines(summary: Summary) -> list[str]:
+    """The run's latency histograms and slowest items, a line each, named by term: where its calls
+    went slow, and which items they were."""
+    return [
+        f"{term} " + tail.describe(name, value)
+        for term, rep in sorted(summary.diagnostics.items())
+        for name, value in sorted(rep["values"].items())
+        if tail.kind(value) is not None
+    ]
 
 
 def metrics_line(summary: Summary, namespace: str = "train") -> str:

@@ -180,6 +180,9 @@ def test_the_score_cli_routes_a_jsonl_of_code_and_math_rows_by_data_source(front
     assert [r["reward"] for r in out] == pytest.approx(REWARDS)
     assert [r["components"]["tests"] for r in out] == TESTS, out
     assert all(r["error"] is None for r in out)
+    # the tail, by term: the looping completion is the code term's slowest
+    assert "tail: tests slowest: loops " in done.stderr, done.stderr
+    assert "tail: tests grade_s: p50 " in done.stderr
     # the panel's code term: each row's verdict per test, under the term's name
     assert [r.get("details", {}).get("tests", {}).get("verdicts") for r in out] == [
         "PP", "PF", "TT", "PP", None,

@@ -69,6 +69,9 @@ def test_a_managed_child_grades_in_sandboxes_counts_timeouts_and_leaves_nothing(
         {"test": 1, "outcome": "failed", "detail": "wrong output: 3\n"}
     ]
     assert said["spin"]["failures"][0]["outcome"] == "timeout" and said["spin"]["passed"] == 0
+    # the tail: every completion's grading time, and the looping one the slowest
+    assert sum(values["grade_s"]["counts"]) == len(items)
+    assert values["slowest"]["top"][0][0] == "spin" and values["slowest"]["top"][0][1] >= 2.0
     for p in humaneval:
         assert said[f"{p['task_id']}/canonical"]["verdicts"] == "P"
         assert said[f"{p['task_id']}/none"]["failures"][0]["outcome"] == "failed"

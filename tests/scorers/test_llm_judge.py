@@ -210,6 +210,9 @@ def test_items_the_judge_fails_get_nothing_from_an_optional_term_and_fail_a_requ
         (failure,) = got.term_failures
         assert failure.term == "judge" and failure.ids == ["i1"] and "HTTP 500" in failure.error
         assert got.diagnostics["judge"]["values"]["failed"] == 1
+        # the tail: each item's judging time, the one retried three times the slowest
+        tail = got.diagnostics["judge"]["values"]
+        assert sum(tail["call_s"]["counts"]) == 3 and tail["slowest"]["top"][0][0] == "i1"
 
 
 # -- a managed child (envs/image) --------------------------------------------------------------
