@@ -18,20 +18,19 @@ flock'd files in a private temporary `MANAGED_SCORERS_LIMITS_DIR`. Three lines:
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from http.server import BaseHTTPRequestHandler
+from typing import Any
 
 from bench.common import ROOT
-from bench.loopback_server import send_answer
+from bench.hard_limit import HardLimit, peak_in_window
+from bench.loopback_server import LoopbackServer, send_answer
 
 SIM_SMOKE = {"ranks": 24, "calls": 1, "concurrency": 4, "rpm": 3000, "cost_calls": 200}
 OVERHEAD_SMOKE = {"ranks": 4, "duration_s": 0.3, "rounds": 1, "latencies_s": (0.0,)}
@@ -46,77 +45,16 @@ ANSWER = json.dumps(
 ).encode()
 
 
-def peak_in_window(times: list[float], window_s: float) -> int:
-    """The most of `times` (sorted) in any `window_s` seconds."""
-    ends = (bisect.bisect_right(times, t + window_s) - i for i, t in enumerate(times))
-    return max(ends, default=0)
-
-
-class _Server(ThreadingHTTPServer):
-    request_queue_size = 2048  # 512 ranks connect at once: no SYN dropped and retried 1 s later
-    daemon_threads = True
-    block_on_close = False
-
-
-class HardLimitEndpoint:
+class HardLimitEndpoint(HardLimit, LoopbackServer):
     """A fake chat endpoint on loopback that refuses (429) past `concurrency` requests in flight
-    or past `per_second` arrivals in the trailing second; a request it serves waits `base_s +
-    per_load_s * in_flight`. A request counts in flight from its arrival until just before its
-    answer is written (a client that ends its lease once answered cannot make it pass its slots)."""
+    or past `per_second` arrivals in the trailing second (`bench.hard_limit`); a request it serves
+    waits `base_s + per_load_s * in_flight`."""
 
-    def __init__(
-        self,
-        concurrency: int | None = None,
-        per_second: int | None = None,
-        base_s: float = 0.0,
-        per_load_s: float = 0.0,
-    ) -> None:
-        self.concurrency, self.per_second = concurrency, per_second
-        self.base_s, self.per_load_s = base_s, per_load_s
-        self._lock = threading.Lock()
-        self.reset()
-        self._server = _Server(("127.0.0.1", 0), _handler(self))
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.1,), name="hard-limit", daemon=True
-        )
-
-    def reset(self) -> None:
-        with self._lock:
-            self.arrivals: list[float] = []
-            self.in_flight = self.peak_in_flight = self.throttled = self.answered = 0
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
-
-    def peak_in_window(self, window_s: float) -> int:
-        """The most arrivals in any `window_s` seconds."""
-        return peak_in_window(self.arrivals, window_s)
-
-    def admit(self) -> float | None:
-        now = time.monotonic()
-        with self._lock:
-            self.arrivals.append(now)  # appended under the lock: in order
-            self.in_flight += 1
-            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-            recent = len(self.arrivals) - bisect.bisect_right(self.arrivals, now - 1.0)
-            over_rate = self.per_second is not None and recent > self.per_second
-            if (self.concurrency is not None and self.in_flight > self.concurrency) or over_rate:
-                self.throttled += 1
-                self.in_flight -= 1
-                return None
-            return self.base_s + self.per_load_s * self.in_flight
-
-    def done(self) -> None:
-        with self._lock:
-            self.in_flight -= 1
-            self.answered += 1
+    def __init__(self, **limits: Any) -> None:
+        HardLimit.__init__(self, **limits)
+        # 512 ranks connect at once: no SYN dropped and retried 1 s later
+        LoopbackServer.__init__(self, _handler(self), "hard-limit", poll_s=0.1, backlog=2048)
+        self.url += "/v1"
 
 
 def _handler(server: HardLimitEndpoint) -> type[BaseHTTPRequestHandler]:
@@ -217,7 +155,9 @@ def sim_line(
         limits_dir = os.path.join(tmp, "limits")
         cost = run_ranks({"mode": "cost", "calls": cost_calls}, limits_dir)
         for phase, latency in phases.items():
-            with HardLimitEndpoint(concurrency, per_second, base_s=latency) as endpoint:
+            with HardLimitEndpoint(
+                concurrency=concurrency, per_second=per_second, base_s=latency
+            ) as endpoint:
                 limited = _calls_run(endpoint, ranks, calls, limit, limits_dir)
                 _check_limited(limited, phase, ranks, calls, limits)
                 if limited["peak"] > concurrency or limited["peak_1s"] > per_second:
@@ -306,7 +246,7 @@ def adaptive_line(
     runs["adaptive"] = []
     with (
         tempfile.TemporaryDirectory(prefix="endpoint-adaptive-") as tmp,
-        HardLimitEndpoint(capacity, base_s=0.02, per_load_s=0.001) as endpoint,
+        HardLimitEndpoint(concurrency=capacity, base_s=0.02, per_load_s=0.001) as endpoint,
     ):
         limits_dir = os.path.join(tmp, "limits")
         for index in range(rounds):

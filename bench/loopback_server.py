@@ -23,11 +23,23 @@ class LoopbackServer:
     ends."""
 
     def __init__(
-        self, handler: type[BaseHTTPRequestHandler], name: str, poll_s: float = 0.5
+        self,
+        handler: type[BaseHTTPRequestHandler],
+        name: str,
+        poll_s: float = 0.5,
+        backlog: int = 5,
     ) -> None:
         """`poll_s`: how often the serving thread looks for a shutdown (what leaving the block
-        waits)."""
-        self._server = _QuietServer(("127.0.0.1", 0), handler)
+        waits); `backlog`: connections the kernel queues before one is accepted (hundreds of
+        clients connecting at once need more than the default 5, or a SYN is retried 1 s later)."""
+        self._server = _QuietServer(("127.0.0.1", 0), handler, bind_and_activate=False)
+        self._server.request_queue_size = backlog
+        try:
+            self._server.server_bind()
+            self._server.server_activate()
+        except BaseException:
+            self._server.server_close()
+            raise
         self._server.daemon_threads = True
         self._server.block_on_close = False
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"

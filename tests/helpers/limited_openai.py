@@ -10,17 +10,16 @@ pass the number of slots. `capacity` may be changed while it serves. Stdlib only
 
 from __future__ import annotations
 
-import bisect
 import json
-import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from bench.hard_limit import HardLimit
 from bench.loopback_server import LoopbackServer, send_answer
 
 
-class LimitedOpenAI(LoopbackServer):
+class LimitedOpenAI(HardLimit, LoopbackServer):
     def __init__(
         self,
         concurrency: int | None = None,
@@ -29,41 +28,10 @@ class LimitedOpenAI(LoopbackServer):
         per_load_s: float = 0.0,
         usage_tokens: int = 40,
     ) -> None:
-        self.concurrency, self.per_second = concurrency, per_second
-        self.base_s, self.per_load_s, self.usage_tokens = base_s, per_load_s, usage_tokens
-        self.arrivals: list[float] = []
-        self.in_flight = self.peak_in_flight = self.throttled = self.answered = 0
-        self._lock = threading.Lock()
-        super().__init__(_handler(self), "limited-openai", poll_s=0.1)
+        HardLimit.__init__(self, concurrency, per_second, base_s, per_load_s)
+        self.usage_tokens = usage_tokens
+        LoopbackServer.__init__(self, _handler(self), "limited-openai", poll_s=0.1)
         self.base_url = f"{self.url}/v1"
-
-    def peak_per_second(self) -> int:
-        """The most arrivals in any one-second window."""
-        times = sorted(self.arrivals)
-        return max(
-            (bisect.bisect_right(times, t + 1.0) - i for i, t in enumerate(times)), default=0
-        )
-
-    def admit(self) -> float | None:
-        """Count an arrival; the seconds to serve it, or None to refuse it (429)."""
-        now = time.monotonic()
-        with self._lock:
-            self.arrivals.append(now)
-            self.in_flight += 1
-            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-            recent = len(self.arrivals) - bisect.bisect_right(self.arrivals, now - 1.0)
-            if (self.concurrency is not None and self.in_flight > self.concurrency) or (
-                self.per_second is not None and recent > self.per_second
-            ):
-                self.throttled += 1
-                self.in_flight -= 1
-                return None
-            return self.base_s + self.per_load_s * self.in_flight
-
-    def done(self) -> None:
-        with self._lock:
-            self.in_flight -= 1
-            self.answered += 1
 
 
 def _handler(server: LimitedOpenAI) -> type[BaseHTTPRequestHandler]:
