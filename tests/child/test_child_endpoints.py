@@ -55,8 +55,10 @@ def test_health_reports_identity(managed, trainer_python):
         "identity_hash": backend.identity_hash,
         "input_kind": "text",
         "diagnostics": ["calls"],
+        "details": [],  # the keys of its per-item details: none
         "groupwise": False,
         "ragged_groups": False,
+        "per_candidate": False,
         "required_fields": [],
         "concurrent_calls": 1,
         "pid": backend.pid,
