@@ -49,8 +49,9 @@ class RunResult:
     "output_limit" (stdout or stderr passed `Limits.output_bytes`: the sandbox was killed),
     "sandbox_error" (the sandbox could not start the program: `detail` says why).
     stdout and stderr hold at most `Limits.output_bytes` each (`*_truncated` when cut).
-    peak_rss_bytes: the larger of the launcher's peak sum of anonymous resident memory and the
-    largest single process's peak RSS (what a pool's memory budget should count).
+    peak_rss_bytes: the largest of the launcher's peak sum of anonymous resident memory, the
+    largest single process's peak RSS and, with a cgroup, the most the cgroup held (its tmpfs files
+    and the page cache it touched included): what a pool's memory budget should count.
     """
 
     status: str
