@@ -44,8 +44,9 @@ class RunResult:
     """The outcome of one run.
 
     status: "exited" (returncode set), "timeout" (the wall deadline, or the CPU rlimit: signal
-    SIGXCPU/SIGKILL), "memory" (the sandbox's resident total passed the cap, or the program died
-    of MemoryError / ENOMEM under its address-space rlimit), "signalled" (another signal),
+    SIGXCPU/SIGKILL), "memory" (the sandbox's resident total passed the cap, its cgroup's limit
+    made the kernel kill one of its processes, or the program died of MemoryError / ENOMEM under
+    its address-space rlimit), "signalled" (another signal),
     "output_limit" (stdout or stderr passed `Limits.output_bytes`: the sandbox was killed),
     "sandbox_error" (the sandbox could not start the program: `detail` says why).
     stdout and stderr hold at most `Limits.output_bytes` each (`*_truncated` when cut).
