@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from scorers.common.bounded_http import Cancel
+from supervisor.types import RewardResponse
 
 T = TypeVar("T")
 
@@ -37,6 +38,17 @@ WINDOW = 100  # latencies kept: about the last few calls' chunks
 MIN_SAMPLES = 10  # before these, the cold delay (with fewer than 20, the p95 is the largest)
 QUANTILE = 0.95
 COLD_FRACTION = 0.25  # of the call's deadline, while fewer than MIN_SAMPLES are known
+# a call's hedges, counted in its response's diagnostics beside the scorer's own (runtime's names)
+HEDGES_SENT, HEDGES_WON = "runtime.hedges_sent", "runtime.hedges_won"
+
+
+def counted(response: RewardResponse, scorer: str, hedges: dict[str, int]) -> RewardResponse:
+    """`response` with one call's hedges added to its scorer's report: counts, so they add up over
+    calls, ranks and a step as the scorer's own do."""
+    reports = dict(response.diagnostics)
+    report = reports.get(scorer) or {"sample_count": len(response.ids), "values": {}}
+    reports[scorer] = {**report, "values": {**report["values"], **hedges}}
+    return response.model_copy(update={"diagnostics": reports})
 
 
 class Latencies:

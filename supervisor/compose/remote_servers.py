@@ -50,7 +50,7 @@ from scorers.groups import share_groups
 from supervisor.backend import RewardBackend
 from supervisor.backends.remote import NOT_SETTINGS, RemoteRewardBackend, fixable_elsewhere
 from supervisor.chunks import ChunkAnswer, request_group_size, request_groups, score_in_chunks
-from supervisor.compose.hedging import Attempt, Latencies
+from supervisor.compose.hedging import HEDGES_SENT, HEDGES_WON, Attempt, Latencies, counted
 from supervisor.composition import Component
 from supervisor.config import RemoteBackendConfig, settings
 from supervisor.errors import (
@@ -140,6 +140,7 @@ class _Call:
         # held a chunk past its delay, not answered since: no hedge goes there in this call
         self.lagging: set[int] = set()
         self.hedged_to: Counter[int] = Counter()  # hedges each server was sent in this call
+        self.hedges_won = 0  # of this call's hedges, those answered first
         self._lock = threading.Lock()
 
     def left(self) -> float:
@@ -151,6 +152,15 @@ class _Call:
         """A chunk of server `index`'s share: hedged to another server past the delay, or re-sent
         once elsewhere if that server fails; to two servers at most."""
         return _Race(self, chunk, group_size).run(index)
+
+    def won_hedge(self) -> None:
+        with self._lock:
+            self.hedges_won += 1
+
+    def hedges(self) -> dict[str, int]:
+        """This call's hedges, as counts for its response's diagnostics (`HEDGES_SENT`, ...)."""
+        with self._lock:
+            return {HEDGES_SENT: sum(self.hedged_to.values()), HEDGES_WON: self.hedges_won}
 
     def hedge_target(self, index: int) -> int | None:
         """Where a chunk that server `index` holds past its delay goes too: a server that answered
@@ -292,6 +302,7 @@ class _Race:
             latencies.add(time.monotonic() - attempt.began)
             if self.hedged and attempt is self.sent[1]:
                 latencies.count(won=True)
+                self.call.won_hedge()
         self.call.answered(attempt.index)
         return answer
 
@@ -593,7 +604,10 @@ class MultiRemoteRewardBackend(Component):
             also = f"; {others} other share(s) failed too" if others else ""
             return prefixed(error, f"{self.shape.name!r} over {len(self.servers)} servers{also}")
 
-        return join_shares(self.shape.name, request.ids, outcomes, named)
+        joined = join_shares(self.shape.name, request.ids, outcomes, named)
+        if not self.hedge or joined.kind != "scored" or joined.response is None:
+            return joined
+        return Outcome.scored(counted(joined.response, self.shape.name, call.hedges()))
 
     # -- residency and lifecycle: every server ------------------------------------------------
     def _all(

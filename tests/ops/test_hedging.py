@@ -154,6 +154,9 @@ def test_a_server_stopped_mid_call_holds_no_step_its_chunks_are_hedged(tmp_path:
             sent = after["hedges_sent"] - before["hedges_sent"]
             won = after["hedges_won"] - before["hedges_won"]
             assert 1 <= won <= sent, after  # its chunk(s), and at most what a noisy machine adds
+            # the call's own hedges, in its response's diagnostics (counts: a step adds them up)
+            values = response.diagnostics["probe"]["values"]
+            assert 1 <= values["runtime.hedges_won"] <= values["runtime.hedges_sent"] <= sent
             assert after["passed_over"] == []  # it lost the race: it did not fail
     finally:
         victim.send_signal(signal.SIGCONT)
