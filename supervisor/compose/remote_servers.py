@@ -70,6 +70,7 @@ from supervisor.shape import ScorerShape
 from supervisor.types import RewardItem, RewardRequest
 
 log = logging.getLogger(__name__)
+RETARGET_S = 0.05  # a hedge that found no server free looks again after at least this
 ENDED_GRACE_S = 5.0  # past the call's deadline, a chunk stops waiting for its sends to end
 
 
@@ -278,7 +279,11 @@ class _Race:
         if len(self.sent) == 1 and time.monotonic() >= self.hedge_at:
             self.hedge_at = math.inf
             target = self.call.hedge_target(self.sent[0].index)
-            if target is not None and self.call.latencies is not None:
+            if target is None:
+                # every other server holds a chunk past its delay now (a burst of load): look again
+                # once one may have answered, never give up on the hedge for the call
+                self.hedge_at = time.monotonic() + max(self.delay, RETARGET_S)
+            elif self.call.latencies is not None:
                 self.call.latencies.count(won=False)
                 self.hedged = True
                 self.send(target)
