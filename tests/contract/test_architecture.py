@@ -55,6 +55,7 @@ BENCH_HELPERS = {
     "bench.loopback_server",
     "bench.fake_openai",
     "bench.misbehaving_server",
+    "bench.hard_limit",
 }
 
 
