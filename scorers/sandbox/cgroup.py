@@ -17,6 +17,7 @@ bwrap: every process of the sandbox is born inside) and removed once the sandbox
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import signal
@@ -55,8 +56,10 @@ def _mounts() -> list[tuple[str, str, str, str]]:
     return found
 
 
+@functools.cache
 def _own_v1_memory() -> Path | None:
-    """This process's cgroup folder in a v1 memory hierarchy, if it has one."""
+    """This process's cgroup folder in a v1 memory hierarchy, if it has one (read once: every
+    sandbox's start asks)."""
     relative = None
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
@@ -71,9 +74,10 @@ def _own_v1_memory() -> Path | None:
     return None
 
 
+@functools.cache
 def _delegated(folder: Path) -> Place:
     """The configured cgroup v2 folder, ready for sandboxes (memory on for its children), or
-    SandboxUnavailable naming what is wrong with it."""
+    SandboxUnavailable naming what is wrong with it (a folder that serves is set up once)."""
     controllers = folder / "cgroup.controllers"
     if not controllers.is_file():
         raise SandboxUnavailable(
