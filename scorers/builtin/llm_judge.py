@@ -36,7 +36,14 @@ from scorers import tail
 from scorers.base import ScoreInputError, ScoreItem, Scorer, ScoreResult, ScorerSpec
 from scorers.common.retry import Retry
 from scorers.diagnostics import mean
-from scorers.limits import EndpointLimit, Lease, LimitError, LocalLimiter
+from scorers.limits import (
+    Coordination,
+    EndpointLease,
+    EndpointLimit,
+    EndpointLimiter,
+    LimitError,
+    open_limiter,
+)
 
 DEFAULT_TEMPLATE = (
     "Rate how well the response answers the question, from 0 (wrong or useless) to 10 (fully "
@@ -134,6 +141,19 @@ def _is_loopback(host: str | None) -> bool:
         return host is not None and ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _endpoint_limit(
+    value: Mapping[str, Any] | None, base_url: str
+) -> tuple[EndpointLimit | None, Coordination | None]:
+    """The `endpoint_limit` param: the limits, and the coordinator that holds them across nodes
+    (its `coordinator:` and `nodes:`, or the environment's; None: this node's files)."""
+    if value is None:
+        return None, None
+    if not isinstance(value, Mapping):
+        return EndpointLimit.from_param(value, base_url), None  # refused there, with the form
+    limits, coordination = Coordination.split(value)
+    return EndpointLimit.from_param(limits, base_url), coordination
 
 
 def _checked_url(base_url: Any) -> SplitResult:
@@ -309,9 +329,7 @@ class LlmJudge(Scorer):
         endpoint_limit: Mapping[str, Any] | None = None,
     ) -> None:
         url = _checked_url(base_url)
-        self.endpoint_limit = (
-            None if endpoint_limit is None else EndpointLimit.from_param(endpoint_limit, base_url)
-        )
+        self.endpoint_limit, self.coordination = _endpoint_limit(endpoint_limit, base_url)
         if not isinstance(model, str) or not model:
             raise ValueError(f"llm_judge: model must be a non-empty string, got {model!r}")
         self.fields, self.pattern = _checked_prompt(
@@ -331,7 +349,7 @@ class LlmJudge(Scorer):
         self.backoff_s, self.backoff_max_s = float(backoff_s), float(backoff_max_s)
         self.batch_timeout_s = float(batch_timeout_s)
         self._secret: str | None = None
-        self._limiter: LocalLimiter | None = None
+        self._limiter: EndpointLimiter | None = None
         self._loaded = False
 
     def load(self, device: str = "cpu") -> None:
@@ -352,7 +370,7 @@ class LlmJudge(Scorer):
                 )
             self._secret = secret
         if self.endpoint_limit is not None and self._limiter is None:
-            self._limiter = LocalLimiter(self.endpoint_limit)
+            self._limiter = open_limiter(self.endpoint_limit, self.coordination)
         self._loaded = True
 
     def close(self) -> None:
@@ -474,7 +492,7 @@ class LlmJudge(Scorer):
         lease.end(tokens_used=used, latency_s=time.monotonic() - began)
         return content
 
-    def _lease(self, body: bytes, deadline: float, outcome: _Outcome) -> Lease:
+    def _lease(self, body: bytes, deadline: float, outcome: _Outcome) -> EndpointLease:
         """The endpoint's leave to send `body`, waited for within the deadline; past it, the
         item's failure naming the endpoint and the limit (never retried against the endpoint)."""
         assert self._limiter is not None

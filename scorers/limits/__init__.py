@@ -15,6 +15,21 @@ from typing import Protocol
 from scorers.limits.declared import EndpointLimit, default_name
 from scorers.limits.errors import LimitConflict, LimitError, LimitStateError, LimitTimeout
 from scorers.limits.local import Lease, LocalLimiter
+from scorers.limits.remote import CoordinatedLimiter, Coordination
+
+
+class EndpointLease(Protocol):
+    """One call's right to begin (`Lease` on a node, `RemoteLease` from the coordinator)."""
+
+    waited_s: float
+
+    def end(
+        self,
+        tokens_used: int | None = None,
+        latency_s: float | None = None,
+        throttled: bool = False,
+        retry_after_s: float | None = None,
+    ) -> None: ...
 
 
 class EndpointLimiter(Protocol):
@@ -22,12 +37,22 @@ class EndpointLimiter(Protocol):
 
     limit: EndpointLimit
 
-    def acquire(self, tokens: int, deadline: float) -> Lease: ...
+    def acquire(self, tokens: int, deadline: float) -> EndpointLease: ...
 
     def close(self) -> None: ...
 
 
+def open_limiter(limit: EndpointLimit, coordination: Coordination | None) -> EndpointLimiter:
+    """The coordinator's leases where one is named, else the node's."""
+    if coordination is None:
+        return LocalLimiter(limit)
+    return CoordinatedLimiter(limit, coordination)
+
+
 __all__ = [
+    "Coordination",
+    "CoordinatedLimiter",
+    "EndpointLease",
     "EndpointLimit",
     "EndpointLimiter",
     "Lease",
@@ -37,4 +62,5 @@ __all__ = [
     "LimitTimeout",
     "LocalLimiter",
     "default_name",
+    "open_limiter",
 ]

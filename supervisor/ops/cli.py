@@ -31,6 +31,7 @@ from supervisor import scorer_envs
 from supervisor.errors import ConfigError, ScorerError, validation_message
 from supervisor.ops import env_builder
 from supervisor.ops.dataset_presets import PRESETS
+from supervisor.ops.limits_coordinator import add_command as add_limits_coordinator
 
 if TYPE_CHECKING:
     from supervisor.compose.recipes import Recipe
@@ -529,6 +530,7 @@ def parser() -> argparse.ArgumentParser:
     _add_envs(commands)
     _add_score(commands)
     _add_serve(commands)
+    add_limits_coordinator(commands)
     _add_recipes_and_integrations(commands)
     _add_doctor_and_demo(commands)
     return top

@@ -53,6 +53,7 @@ from supervisor.child.process import LaunchPlan
 from supervisor.compose.recipes import load_recipe
 from supervisor.config import ManagedScorerProcessSpec
 from supervisor.errors import ConfigError
+from supervisor.limits.hosting import listening
 from supervisor.ops.precheck import check_recipe
 
 PANEL_SCORER = "supervisor.ops.panel_scorer:PanelScorer"  # imported by the server, never here
@@ -146,16 +147,7 @@ def bind(host: str, port: int, allow_remote: bool) -> socket.socket:
             f"{host} is not a loopback address: serving beyond this machine needs --allow-remote "
             "(the token is then all that guards the scorer: put TLS in front of it)"
         )
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind((host, port))
-    except OSError as exc:
-        listener.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-    listener.listen(1024)
-    return listener
+    return listening(host, port)
 
 
 def enough_descriptors(max_pending: int) -> None:

@@ -170,9 +170,10 @@ def test_the_trainer_side_reaches_the_child_only_through_its_protocol():
 
 
 def _floor(module: str) -> int:
-    """The floor of a supervisor module; ops/ sits above them all."""
+    """The floor of a supervisor module; ops/ sits above them all, and limits/ (a server of its own,
+    as `serve` is, sharing its listening and token helpers) beside it."""
     folder = _folder(module)
-    if folder.startswith("supervisor.ops"):
+    if folder.startswith(("supervisor.ops", "supervisor.limits")):
         return len(SUPERVISOR_FLOORS)
     return SUPERVISOR_FLOORS.index(folder)
 
@@ -188,6 +189,8 @@ THIRD_PARTY = {
     "child_runtime.protocol": {"numpy"},
     "child_runtime": {"numpy", "starlette", "uvicorn"},
     "supervisor": {"numpy", "pydantic", "httpx", "psutil", "yaml"},
+    # the coordinator's routes: the serving extra, imported only where it is served
+    "supervisor.limits.app": {"starlette"},
 }
 IMPORTS_ITS_GRADER = {
     "scorers.builtin.math_verify_grade": {"math_verify"},

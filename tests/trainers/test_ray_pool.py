@@ -29,6 +29,7 @@ import pytest
 
 from bench.common import MARKER, ray_processes
 from tests.conftest import REPO_ROOT, launcher_free_env, wait_until_gone
+from tests.helpers.limited_openai import LimitedOpenAI
 from tests.trainers.test_ray_actor import ray_python
 
 DRIVER = Path(__file__).with_name("ray_pool_driver.py")
@@ -298,3 +299,33 @@ def test_a_late_share_is_cancelled_where_it_is_and_an_answer_of_another_identity
     assert f"pid {restarted['pid']}" in mixed["message"], mixed
     children = {victim["child_pid"], *found["children"]}
     assert not wait_until_gone(sorted(children), 15.0), "a child of the stamped pool outlived it"
+
+
+@pytest.mark.slow
+def test_one_endpoint_limit_holds_across_two_raylets_only_with_the_coordinator(cluster, tmp_path):
+    """Eight judge ranks, four on each raylet, each node with its own limits files (two machines
+    share none), against an endpoint that takes 3 in flight and 24 a second: each node's own limit
+    lets it see more than 3 at once; with the coordinator actor (`coordinate_on_ray`) it never sees
+    more than 3 or more than 24 a second, refuses nothing, and every item is judged."""
+    driver = str(Path(__file__).with_name("ray_limits_driver.py"))
+    found = {}
+    with LimitedOpenAI(concurrency=3, per_second=24, base_s=0.1) as local:
+        with LimitedOpenAI(concurrency=3, per_second=24, base_s=0.1) as shared:
+            for mode, server in (("local", local), ("coordinated", shared)):
+                out = tmp_path / f"{mode}.json"
+                command = [cluster["python"], driver, cluster["address"], server.base_url, mode,
+                           str(tmp_path / mode), str(out)]  # fmt: skip
+                done = subprocess.run(
+                    command, env=cluster["env"], capture_output=True, text=True, timeout=180
+                )
+                assert done.returncode == 0, done.stderr[-4000:]
+                found[mode] = json.loads(out.read_text())
+    assert local.peak_in_flight > 3, vars(local)
+    ranks = found["coordinated"]["ranks"]
+    assert len({r["node"] for r in ranks}) == 2, ranks
+    assert [(r["rewards"], r["errors"]) for r in ranks] == [([0.7] * 4, {})] * 8, ranks
+    assert shared.throttled == 0 and shared.peak_in_flight <= 3, vars(shared)
+    assert shared.peak_per_second() <= 24 and len(shared.arrivals) == 32, vars(shared)
+    coordinator = found["coordinated"]["coordinator"]  # the actor's: its node's address
+    assert coordinator["MANAGED_SCORERS_LIMITS_COORDINATOR"].startswith("http://"), coordinator
+    assert len(coordinator["MANAGED_SCORERS_LIMITS_TOKEN"]) >= 32, coordinator
