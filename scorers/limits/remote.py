@@ -129,6 +129,8 @@ class CoordinatedLimiter:
         self._host, self._port = url.hostname or "", url.port or 80
         self._me = socket.gethostname()
         self._lock, self._state = threading.Lock(), _State()
+        self._connections = threading.local()  # each calling thread keeps one to the coordinator
+        self._opened: list[http.client.HTTPConnection] = []
         self._closed = threading.Event()
         self._renewer = threading.Thread(target=self._renew_loop, name="limits-renew", daemon=True)
         self._renewer.start()
@@ -148,27 +150,47 @@ class CoordinatedLimiter:
         self._closed.set()
         with self._lock:
             share, self._state.share = self._state.share, None
+            opened, self._opened = self._opened, []
+        for connection in opened:  # a call still in flight on another thread fails: closed
+            connection.close()
         if share is not None:
             share.close()
 
     # -- the coordinator ----------------------------------------------------------------------
+    def _exchange(self, what: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+        """One POST on this thread's keep-alive connection (a new one if it has none); a kept
+        connection the coordinator closed while idle is replaced once, before any answer."""
+        for attempt in (0, 1):
+            connection = getattr(self._connections, "kept", None)
+            reused = connection is not None
+            if connection is None:
+                connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+                with self._lock:
+                    self._opened.append(connection)
+            if connection.sock is not None:
+                connection.sock.settimeout(timeout)
+            connection.timeout = timeout
+            headers = {"authorization": f"Bearer {self.coordination.token}",
+                       "content-type": "application/json"}  # fmt: skip
+            try:
+                connection.request("POST", f"/limits/{what}", body, headers)
+                answer = connection.getresponse()
+                raw = answer.read(1 << 20)
+            except (OSError, http.client.HTTPException) as exc:
+                connection.close()
+                self._connections.kept = None
+                stale = isinstance(exc, http.client.RemoteDisconnected | BrokenPipeError)
+                if reused and stale and attempt == 0:
+                    continue
+                raise Unreachable(f"{type(exc).__name__}: {exc}") from exc
+            self._connections.kept = connection
+            return answer.status, raw
+        raise AssertionError("unreachable")
+
     def _post(self, what: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         """One POST to /limits/`what`; its JSON answer. Unreachable on anything but an answer."""
-        connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-        try:
-            connection.request(
-                "POST",
-                f"/limits/{what}",
-                json.dumps({"name": self.limit.name, **body}),
-                {"authorization": f"Bearer {self.coordination.token}",
-                 "content-type": "application/json"},
-            )  # fmt: skip
-            answer = connection.getresponse()
-            status, raw = answer.status, answer.read(1 << 20)
-        except (OSError, http.client.HTTPException) as exc:
-            raise Unreachable(f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            connection.close()
+        payload = json.dumps({"name": self.limit.name, **body}).encode()
+        status, raw = self._exchange(what, payload, timeout)
         if status >= 500:
             raise Unreachable(f"HTTP {status}: {raw[:200]!r}")
         text = raw.decode("utf-8", "replace")

@@ -33,7 +33,10 @@ def _server(token: str) -> object:
 
     from supervisor.limits.app import app
 
-    config = uvicorn.Config(app(token), log_level="warning", lifespan="off", access_log=False)
+    # callers keep their connections between calls (a renewal every 2 s at least)
+    config = uvicorn.Config(
+        app(token), log_level="warning", lifespan="off", access_log=False, timeout_keep_alive=60
+    )
     return uvicorn.Server(config)
 
 
