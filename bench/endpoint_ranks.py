@@ -92,8 +92,8 @@ def _rank(config: dict[str, Any], gate: int, out: int) -> dict[str, Any]:
                 status, waited, _ = _call(conn, limiter, deadline)
                 statuses[status] += 1
                 waits.append(waited)
-                if status == 429:
-                    time.sleep(config["backoff_s"])
+                if status == 429:  # never past the run's end: the run's time is the ranks' last
+                    time.sleep(max(min(config["backoff_s"], until - time.monotonic()), 0.0))
             waits = [round(sorted(waits)[len(waits) // 2], 5)] if waits else []
     finally:
         conn.close()

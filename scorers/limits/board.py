@@ -81,6 +81,7 @@ class Board:
         reservation made, into debt as on a node); else what holds it."""
         self.expire(now)
         if self.limit.concurrency and len(self.leases) >= self.usable():
+            window.filled(self.levels, now)
             expiry = min(self.leases.values(), default=now) - now
             return Hold(f"concurrency ({self.usable()} in flight of {self.limit.concurrency})",
                         max(expiry, 0.0) if self.leases else None)  # fmt: skip

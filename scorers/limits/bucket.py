@@ -29,7 +29,9 @@ class Levels:
     pause: float = 0.0  # nothing begins before this (a Retry-After, shared)
     window: float = 0.0  # the adaptive window (0: not adaptive)
     base_s: float = 0.0  # the latency the window compares against (0: none seen yet)
-    cut_at: float = 0.0  # when the window was last halved
+    cut_at: float = 0.0  # when the window was last cut
+    ceiling: float = 0.0  # the window when it was last cut (0: never): growth slows near it
+    full_at: float = 0.0  # when a caller last found every slot of the window held
 
     @classmethod
     def full(cls, limit: EndpointLimit, now: float) -> Levels:
@@ -37,12 +39,14 @@ class Levels:
             t=now,
             req=_capacity(limit.requests_per_minute or 60.0),
             tok=_capacity(limit.tokens_per_minute or 60.0),
-            window=float(limit.concurrency or 0) if limit.adaptive else 0.0,
+            # the adaptive window's slow start (scorers.limits.window)
+            window=float(min(limit.concurrency or 0, 4)) if limit.adaptive else 0.0,
         )
 
     @classmethod
     def of(cls, record: dict[str, Any]) -> Levels:
-        return cls(**{f.name: float(record[f.name]) for f in fields(cls)})
+        # a field a record of an older version lacks keeps its default
+        return cls(**{f.name: float(record.get(f.name, f.default)) for f in fields(cls)})
 
     def as_record(self) -> dict[str, float]:
         return asdict(self)

@@ -123,7 +123,14 @@ class LocalLimiter:
         began = time.monotonic()
         slot = None
         if self.limit.concurrency:
-            slot = self._slots.take(self._window_now, deadline)
+            adaptive = self.limit.adaptive
+            usable = min(self._window_now(), self.limit.concurrency)
+            slot = (
+                self._slots.try_take_counted(usable) if adaptive else self._slots.try_take(usable)
+            )
+            if slot is None:
+                self._filled()
+                slot = self._slots.take(self._window_now, deadline, counted=adaptive)
             if slot is None:
                 raise LimitTimeout(
                     self.limit.name,
@@ -138,6 +145,13 @@ class LocalLimiter:
                 self._slots.give(slot)
             raise
         return slot, time.monotonic() - began
+
+    def _filled(self) -> None:
+        """Every slot of the window was held when this caller came: the window is in use."""
+        if self.limit.adaptive:
+            with self._ledger.locked() as record:
+                assert record.levels is not None
+                window.filled(record.levels, time.monotonic())
 
     def _window_now(self) -> int:
         if self.limit.adaptive:

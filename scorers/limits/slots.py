@@ -81,11 +81,39 @@ class Slots:
             return index
         return None
 
-    def take(self, usable: Callable[[], int], deadline: float) -> int | None:
+    def try_take_counted(self, usable: int) -> int | None:
+        """A free slot among the first `usable`, held now, only if fewer than `usable` slots are
+        held in all: a window that shrank still counts the calls in slots past it (the adaptive
+        window's rule; each slot is probed, one flock each). Two callers probing at once may
+        both see room for one: the window is then passed by one, for one call."""
+        held, mine = 0, None
+        for index, slot in enumerate(self._slots):
+            if not slot.held.acquire(blocking=False):
+                held += 1  # a thread of this process holds it
+                continue
+            try:
+                fcntl.flock(slot.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                slot.held.release()
+                held += 1
+                continue
+            if mine is None and index < usable:
+                mine = index
+            else:
+                self.give(index)
+        if mine is not None and held >= usable:
+            self.give(mine)
+            return None
+        if mine is not None:
+            os.pwrite(self._slots[mine].fd, f"{os.getpid():<12}".encode(), 0)
+        return mine
+
+    def take(self, usable: Callable[[], int], deadline: float, counted: bool = False) -> int | None:
         """A slot, waited for until `deadline`; None if none came free by then."""
         pause = POLL_S[0]
         while True:
-            index = self.try_take(min(usable(), len(self._slots)))
+            window = min(usable(), len(self._slots))
+            index = self.try_take_counted(window) if counted else self.try_take(window)
             if index is not None:
                 return index
             left = deadline - time.monotonic()

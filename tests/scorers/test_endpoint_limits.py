@@ -28,6 +28,7 @@ from scorers.limits import (
 )
 from scorers.limits.bucket import Levels
 from scorers.limits.rundir import DIR_ENV
+from scorers.limits.slots import Slots
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest, ScorerItemsFailed
 from tests.conftest import REPO_ROOT, env_python, eventually
 from tests.helpers.limited_openai import LimitedOpenAI
@@ -234,7 +235,8 @@ def test_another_user_can_reach_no_limit(limits_dir):
 
 def test_the_adaptive_window_halves_on_429s_and_latency_and_grows_back():
     """An endpoint that takes 3 at once (429 past them) and slows with load: the window, declared
-    12, is halved to a few; once the endpoint has room (no limit, latency flat), it grows back."""
+    12, slow-starts from 4, is cut to a few; once the endpoint has room (no limit, latency flat),
+    it grows back."""
     with LimitedOpenAI(concurrency=3, base_s=0.05, per_load_s=0.05) as server:
         limit = {"concurrency": 12, "adaptive": True}
         judge = LlmJudge(
@@ -245,7 +247,7 @@ def test_the_adaptive_window_halves_on_429s_and_latency_and_grows_back():
         assert judge.endpoint_limit is not None
         watcher = LocalLimiter(judge.endpoint_limit)
         try:
-            assert watcher.levels().window == 12
+            assert watcher.levels().window == 4  # slow start
             crowded = judge.score([ScoreItem(id=f"a{n}", text="x") for n in range(24)])
             shrunk = watcher.levels().window
             server.concurrency, server.base_s, server.per_load_s = None, 0.08, 0.0
@@ -259,19 +261,48 @@ def test_the_adaptive_window_halves_on_429s_and_latency_and_grows_back():
 
 
 def test_the_window_rule():
-    """AIMD on the shared levels (scorers.limits.window): +1/window per good answer up to the
-    ceiling, halved on a throttle or on an answer over twice the base latency, once per base."""
+    """The adaptive window (scorers.limits.window): slow start from 4 while used, a cut to 0.7 on a
+    throttle or a spike (once per base latency) remembered as the ceiling, growth of 1/window per
+    good answer only while the window is used, PROBE times slower near the ceiling, and a refused
+    probe (near the ceiling after a quiet spell) a step back of one."""
     levels = Levels.full(EndpointLimit("w", concurrency=8, adaptive=True), now=0.0)
+    assert levels.window == 4.0
     window.answered(levels, 8, latency_s=0.1, now=1.0)
-    assert (levels.window, levels.base_s) == (8.0, 0.1)
+    assert (levels.window, levels.base_s) == (4.0, 0.1)  # not used lately: no growth
+    window.filled(levels, now=1.0)
+    window.answered(levels, 8, latency_s=0.1, now=1.0)
+    window.answered(levels, 8, latency_s=0.1, now=1.0)
+    assert levels.window == 6.0  # slow start: one per answer
     window.cut(levels, now=1.0)
     window.cut(levels, now=1.05)  # within one base latency of the last cut: the same burst
-    assert levels.window == 4.0
+    assert levels.window == pytest.approx(4.2) and levels.ceiling == 6.0
     window.answered(levels, 8, latency_s=0.25, now=1.2)  # a spike
-    assert levels.window == 2.0
-    for n in range(4):
-        window.answered(levels, 8, latency_s=0.1, now=2.0 + n)
-    assert 3.0 < levels.window < 4.0 and window.usable(levels) == 3
+    assert levels.window == pytest.approx(2.94) and levels.ceiling == pytest.approx(4.2)
+    window.filled(levels, now=2.0)
+    window.answered(levels, 8, latency_s=0.1, now=2.0)
+    assert levels.window == pytest.approx(2.94 + 1 / 2.94)  # far from the ceiling: 1/window
+    levels.window = 4.0
+    window.answered(levels, 8, latency_s=0.1, now=2.0)
+    assert levels.window == pytest.approx(4.0 + 1 / (4.0 * window.PROBE))  # near it: slower
+    levels.window, levels.ceiling = 5.0, 5.0
+    window.cut(levels, now=9.0)  # a probe refused after a quiet spell
+    assert (levels.window, levels.ceiling) == (4.0, 5.0) and window.usable(levels) == 4
+
+
+def test_a_shrunk_window_counts_the_calls_still_in_slots_past_it(tmp_path):
+    """Three calls in flight when the window shrinks to 2: none begins until only one is left,
+    whichever slots they hold."""
+    slots = Slots(tmp_path / "shrunk", 8)
+    held = [slots.try_take(8) for _ in range(3)]
+    assert None not in held
+    assert slots.try_take_counted(2) is None
+    slots.give(held.pop())
+    assert slots.try_take_counted(2) is None
+    slots.give(held.pop())
+    taken = slots.try_take_counted(2)
+    assert taken is not None and taken < 2
+    for index in (taken, *held):
+        slots.give(index)
 
 
 def test_a_lease_still_in_flight_at_close_ends_on_the_files_it_began_on():
