@@ -44,6 +44,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from scorers.groups import share_groups
 from supervisor.backends.managed import ManagedScorerProcessBackend
 from supervisor.chunks import request_group_size, request_groups
+from supervisor.compose.hedging import Latencies, counted
+from supervisor.compose.pool_race import race
 from supervisor.composition import Component
 from supervisor.errors import (
     ConfigError,
@@ -93,6 +95,9 @@ class RayPoolConfig(BaseModel):
     max_task_retries: int = Field(default=0, ge=-1)
     start_timeout_s: float = Field(default=300.0, gt=0)
     call_timeout_s: float = Field(default=600.0, gt=0)
+    # a share not answered within the p95 of recent shares is sent once more to another actor
+    # (compose.pool_race); off: each share waits for its own actor
+    hedge: bool = True
     scorer: dict[str, Any]  # a ManagedScorerProcessSpec, read on each actor's node (its envs)
 
 
@@ -142,6 +147,7 @@ class PoolActor:
         self._held_lock = threading.Lock()
         self._scoring: object | None = None  # the token of the share scoring now
         self._scoring_lock = threading.Lock()
+        self._shares: dict[str, Future[Outcome]] = {}  # a hedged share's turn, by its key
 
     def where(self) -> dict[str, Any]:
         import ray
@@ -165,9 +171,10 @@ class PoolActor:
             "combination": self.backend.combination,
         }
 
-    def score(self, request: RewardRequest) -> ShareAnswer:
+    def score(self, request: RewardRequest, key: str | None = None) -> ShareAnswer:
         """The share's rewards, or its typed error, signed; waits its turn, and stops where it is
-        when the pool cancels it (`ray.cancel` at the call's deadline)."""
+        when the pool cancels it (`ray.cancel` at the call's deadline). `key`: the share's name
+        for `withdraw`, when the pool may hedge it."""
         import ray
 
         context = ray.get_runtime_context()
@@ -193,16 +200,33 @@ class PoolActor:
         turn_token = object()
 
         turn = self._turns.submit(scoring)
-        turn.add_done_callback(self._released)
+        if key is not None:
+            with self._held_lock:
+                self._shares[key] = turn
+        turn.add_done_callback(functools.partial(self._released, key))
         while not wait([turn], timeout=CANCEL_POLL_S).done:
             # raised: Ray answers a cancelled task's return with TaskCancelledError
             if context.is_canceled():
                 raise self._stopped(turn, turn_token, share, ahead, began)
+        if turn.cancelled():
+            raise ScorerTimeout(f"{share} was withdrawn before it began: answered elsewhere")
         return self._signed(self._answer(turn))
 
-    def _released(self, _turn: Future[Outcome]) -> None:
+    def withdraw(self, key: str) -> str:
+        """A hedged share another actor answered first: out of the queue if it has not begun
+        ("dropped"); left to finish if it is scoring ("scoring"): a hedge never costs a child.
+        "gone": it had ended."""
+        with self._held_lock:
+            turn = self._shares.get(key)
+        if turn is None:
+            return "gone"
+        return "dropped" if turn.cancel() else "scoring"
+
+    def _released(self, key: str | None, _turn: Future[Outcome]) -> None:
         with self._held_lock:
             self._held -= 1
+            if key is not None:
+                self._shares.pop(key, None)
 
     def _answer(self, turn: Future[Outcome]) -> Outcome:
         error = turn.exception()
@@ -303,6 +327,8 @@ class RayPoolBackend(Component):
         self._lock = threading.Lock()
         self._closed = False
         self.shape: ScorerShape = ScorerShape(name, ())
+        self._latencies = Latencies(self.call_timeout_s)  # the hedge delay: recent shares' p95
+        self.hedge = config.hedge if config is not None else True
 
     @classmethod
     def create(cls, config: RayPoolConfig | Mapping[str, Any]) -> RayPoolBackend:
@@ -341,6 +367,7 @@ class RayPoolBackend(Component):
         namespace: str = "managed-scorers",
         timeout_s: float = 300.0,
         call_timeout_s: float = 600.0,
+        hedge: bool = True,
     ) -> RayPoolBackend:
         """The pool another process created, by name; this backend never ends its actors."""
         ray = _ray()
@@ -352,6 +379,7 @@ class RayPoolBackend(Component):
             ) from exc
         pool = cls(None, name, namespace, [first], owned=False)
         pool.call_timeout_s = call_timeout_s
+        pool._latencies, pool.hedge = Latencies(call_timeout_s), hedge
         count = pool._infos(time.monotonic() + timeout_s, "connect")[0]["count"]
         handles = [
             first,
@@ -438,29 +466,28 @@ class RayPoolBackend(Component):
         deadline = time.monotonic() + self.call_timeout_s
         # an actor that died: wait for Ray's restart
         self._infos(deadline, "coming back after a restart")
-        sent = [(m, share) for m, share in zip(self._pool, shares, strict=True) if share]
-        refs = []
-        for _member, share in sent:
+        sent = []
+        for member, share in zip(self._pool, shares, strict=True):
+            if not share:
+                continue
             part = RewardRequest(
                 items=[request.items[p] for p in share], group_size=group_size, step=request.step
             )
-            # the actor reads its arrays from the store
-            refs.append(_member.handle.score.remote(ray.put(part)))
-        whats = [
-            f"scoring its share of {len(share)} ids from {request.items[share[0]].id!r}"
-            for _, share in sent
-        ]
-        answers = self._outcomes([m for m, _ in sent], refs, deadline, whats)
-        outcomes = [
-            self._accepted(member, answer, [request.items[p].id for p in share])
-            for (member, share), answer in zip(sent, answers, strict=True)
-        ]
+            ids = [request.items[p].id for p in share]
+            what = f"scoring its share of {len(share)} ids from {ids[0]!r}"
+            # put once: the actor (and a hedge's) reads its arrays from the store
+            sent.append((member, ray.put(part), ids, what))
+        latencies = self._latencies if self.hedge else None
+        outcomes, hedges = race(ray, self, sent, latencies, deadline)
         for outcome in outcomes:
             if isinstance(outcome.error, PoolIdentityChanged):
                 return outcome  # nothing of another identity is joined, not even a partial
-        return join_shares(
+        joined = join_shares(
             self.shape.name, request.ids, outcomes, lambda _index, error, _others: error
         )
+        if joined.kind != "scored" or joined.response is None or latencies is None:
+            return joined
+        return Outcome.scored(counted(joined.response, self.shape.name, hedges))
 
     def _accepted(self, member: _Member, answer: Any, ids: list[str]) -> Outcome:
         """A share's outcome once its signature is checked: the pool's identity, and its own ids."""

@@ -9,7 +9,7 @@ score: connect by name and score; kill-actor: freeze actor 0, send a call, SIGKI
 score again; kill-pool: connect and kill every actor; late-then-restamped: a 2-actor pool of
 `Stamped` scorers whose share hangs past the call's deadline while a shorter call queues behind it,
 then the next call; then actor 0 SIGKILLed after its node's stamp changed (Ray restarts it under
-another identity) and a call.
+another identity) and a call; hedged: a 3-actor pool whose actor 0's child is SIGSTOPped mid-call.
 """
 
 from __future__ import annotations
@@ -169,6 +169,7 @@ def late_then_restamped(pool_name: str) -> dict[str, Any]:
             "max_restarts": 2,
             "start_timeout_s": 120,
             "call_timeout_s": LATE_CALL_S,
+            "hedge": False,  # shares wait for their own actor: what a queued share does is shown
             "scorer": {
                 "env": "image",
                 "process": {"extra_import_paths": [str(ROOT)]},
@@ -181,14 +182,16 @@ def late_then_restamped(pool_name: str) -> dict[str, Any]:
         "children": [a["child_pid"] for a in pool.actors()],
     }
     try:
-        short = RayPoolBackend.connect(pool_name, timeout_s=60, call_timeout_s=QUEUED_CALL_S)
+        short = RayPoolBackend.connect(
+            pool_name, timeout_s=60, call_timeout_s=QUEUED_CALL_S, hedge=False
+        )
         hung = pool.submit(texts("h", hang=True))
         waited(mark.exists, 60, "the hanging share to reach its scorer")
         report["queued"] = attempt(lambda: short.compute_rewards(texts("q")))
         report["hung"] = attempt(lambda: hung.result(timeout=120))
         # the next call waits out the restart policy's backoff (the late share's kill counts against
         # it)
-        patient = RayPoolBackend.connect(pool_name, timeout_s=60, call_timeout_s=60)
+        patient = RayPoolBackend.connect(pool_name, timeout_s=60, call_timeout_s=60, hedge=False)
         began = time.monotonic()
         report["next"] = attempt(lambda: patient.compute_rewards(texts("n")))
         report["next_s"] = time.monotonic() - began
@@ -223,6 +226,45 @@ def late_then_restamped(pool_name: str) -> dict[str, Any]:
     return report
 
 
+def hedged(pool_name: str) -> dict[str, Any]:
+    """A 3-actor pool warmed up (its hedge delay learnt), then one actor's child SIGSTOPped: the
+    next call's share there is hedged to another actor, and the call ends long before its 60 s."""
+    config = {
+        "name": pool_name,
+        "actors": 3,
+        "num_cpus": 0,
+        "lifetime": "job",
+        "start_timeout_s": 120,
+        "call_timeout_s": 60,
+        "scorer": {
+            "env": "image",
+            "scorer": {"name": "mean_intensity", "input_kind": "image"},
+            "client": {"group_size": GROUP, "input_kind": "image"},
+        },
+    }
+    pool = RayPoolBackend.create(config)
+    try:
+        warm = [scored(pool, seed)["equal"] for seed in range(5)]
+        child = pool.actors()[0]["child_pid"]
+        os.kill(child, signal.SIGSTOP)
+        try:
+            request = batch(100)
+            began = time.monotonic()
+            got = pool.compute_rewards(request)
+            took = time.monotonic() - began
+        finally:
+            os.kill(child, signal.SIGCONT)
+        with LocalRewardBackend("mean_intensity") as local:
+            expected = local.compute_rewards(request).rewards
+        values = got.diagnostics[pool.shape.name]["values"]
+        hedges = {k: v for k, v in values.items() if k.startswith("runtime.hedges")}
+        after = scored(pool, 101)["equal"]  # the withdrawn share's child served on
+    finally:
+        pool.kill()
+    return {"warm": warm, "equal": got.rewards == expected, "took": took, "hedges": hedges,
+            "after": after, "child": child}  # fmt: skip
+
+
 def main() -> int:
     step, address, pool_name, out = sys.argv[1:5]
     seed = int(sys.argv[5]) if len(sys.argv) > 5 else 0
@@ -233,6 +275,8 @@ def main() -> int:
             report.update(create(pool_name, seed))
         elif step == "create-job":  # and exit without closing it: Ray ends it with this driver
             report.update(create(pool_name, seed, lifetime="job", actors=1))
+        elif step == "hedged":
+            report.update(hedged(pool_name))
         elif step == "late-then-restamped":
             report.update(late_then_restamped(pool_name))
         else:

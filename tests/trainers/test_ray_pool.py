@@ -302,6 +302,22 @@ def test_a_late_share_is_cancelled_where_it_is_and_an_answer_of_another_identity
 
 
 @pytest.mark.slow
+def test_a_share_on_a_stopped_actor_is_hedged_to_another_and_the_call_ends_early(cluster, tmp_path):
+    """Three actors, their hedge delay learnt over five calls; one actor's child SIGSTOPped: the
+    call's share there is sent once more to another actor past the delay, the call ends in
+    seconds, not at its 60 s deadline, with the rewards in-process gives; the withdrawn share
+    never cost its child, which serves the next call once it runs again."""
+    found = _run(cluster, tmp_path, "hedged", pool="hedged")
+    assert found["warm"] == [True] * 5 and found["equal"] and found["after"], found
+    assert found["took"] < 15.0, found
+    print(f"hedged call: {found['took']:.2f} s, {found['hedges']}")
+    hedges = found["hedges"]
+    assert hedges["runtime.hedges_won"] >= 1, found
+    assert hedges["runtime.hedges_sent"] >= hedges["runtime.hedges_won"], found
+    assert not wait_until_gone([found["child"]], 15.0), "the stopped child outlived its pool"
+
+
+@pytest.mark.slow
 def test_one_endpoint_limit_holds_across_two_raylets_only_with_the_coordinator(cluster, tmp_path):
     """Eight judge ranks, four on each raylet, each node with its own limits files (two machines
     share none), against an endpoint that takes 3 in flight and 24 a second: each node's own limit
