@@ -16,14 +16,16 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeAlias
 
 from supervisor.compose.hedging import HEDGES_SENT, HEDGES_WON, Latencies
 from supervisor.errors import PoolIdentityChanged
 from supervisor.outcome import Outcome
 
-if TYPE_CHECKING:
-    from supervisor.compose.ray_pool import RayPoolBackend, _Member
+# The pool (`RayPoolBackend`) and its members (`_Member`) are typed Any here: ray_pool imports this
+# module, and the floor plan allows no cycle, not even for types.
+RayPoolBackend: TypeAlias = Any
+_Member: TypeAlias = Any
 
 
 @dataclass

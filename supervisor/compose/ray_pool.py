@@ -203,7 +203,7 @@ class PoolActor:
         if key is not None:
             with self._held_lock:
                 self._shares[key] = turn
-        turn.add_done_callback(functools.partial(self._released, key))
+        turn.add_done_callback(lambda done: self._released(key, done))
         while not wait([turn], timeout=CANCEL_POLL_S).done:
             # raised: Ray answers a cancelled task's return with TaskCancelledError
             if context.is_canceled():
