@@ -153,7 +153,7 @@ def sim_line(
     parts = []
     with tempfile.TemporaryDirectory(prefix="endpoint-sim-") as tmp:
         limits_dir = os.path.join(tmp, "limits")
-        cost = run_ranks({"mode": "cost", "calls": cost_calls}, limits_dir)
+        cost = _lease_costs(cost_calls, limits_dir)
         for phase, latency in phases.items():
             with HardLimitEndpoint(
                 concurrency=concurrency, per_second=per_second, base_s=latency
@@ -176,8 +176,25 @@ def sim_line(
     return (
         f"{ranks} ranks x {calls} calls (forked in {limited['fork_s']:.2f} s) against an endpoint "
         f"of {limits}: " + "  |  ".join(parts) + f"  |  lease taken+ended, nothing to wait: "
-        f"{cost['fixed_us']:.0f} us fixed, {cost['adaptive_us']:.0f} us adaptive"
+        f"{cost['fixed_us']:.0f} us fixed, {cost['adaptive_us']:.0f} us adaptive, "
+        f"{cost['coordinated_us']:.0f} us from a coordinator on loopback"
     )
+
+
+def _lease_costs(calls: int, limits_dir: str) -> dict[str, float]:
+    """A lease's cost from the node's files (fixed, adaptive) and from the cross-node coordinator,
+    served here in a thread as a Ray actor serves it."""
+    import secrets
+
+    from supervisor.limits.hosting import in_thread
+
+    token = secrets.token_urlsafe(32)
+    hosted = in_thread("127.0.0.1", 0, token)
+    try:
+        coordinator = {"url": hosted.url, "token": token}
+        return run_ranks({"mode": "cost", "calls": calls, "coordinator": coordinator}, limits_dir)
+    finally:
+        hosted.stop()
 
 
 def _loop_run(

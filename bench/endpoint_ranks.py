@@ -31,7 +31,14 @@ from collections import Counter
 from typing import Any
 from urllib.parse import urlsplit
 
-from scorers.limits import EndpointLimit, Lease, LocalLimiter
+from scorers.limits import (
+    CoordinatedLimiter,
+    Coordination,
+    EndpointLimit,
+    EndpointLimiter,
+    Lease,
+    LocalLimiter,
+)
 
 BODY = json.dumps(
     {"model": "judge", "messages": [{"role": "user", "content": "Rate this: x"}]}
@@ -164,11 +171,16 @@ def launch(config: dict[str, Any]) -> dict[str, Any]:
     return {"fork_s": fork_s, "ready_s": opened - forked, "opened": opened, "ranks": results}
 
 
-def cost(calls: int, adaptive: bool) -> float:
-    """Microseconds per lease taken and ended with nothing to wait for, one process."""
+def cost(calls: int, adaptive: bool, coordinator: dict[str, str] | None = None) -> float:
+    """Microseconds per lease taken and ended with nothing to wait for, one process; from the
+    node's files, or from the coordinator at `coordinator` ({"url", "token"})."""
     name = f"cost-{'adaptive' if adaptive else 'fixed'}-{os.getpid()}"
     limit = EndpointLimit(name, 10**9, 10**12, 64, adaptive)
-    limiter = LocalLimiter(limit)
+    limiter: EndpointLimiter = (
+        LocalLimiter(limit)
+        if coordinator is None
+        else CoordinatedLimiter(limit, Coordination(coordinator["url"], coordinator["token"]))
+    )
     try:
         for _ in range(50):
             limiter.acquire(TOKENS, time.monotonic() + 30).end(TOKENS, 0.05)
@@ -187,6 +199,8 @@ def main() -> None:
             "fixed_us": cost(config["calls"], False),
             "adaptive_us": cost(config["calls"], True),
         }
+        if config.get("coordinator"):
+            summary["coordinated_us"] = cost(config["calls"], False, config["coordinator"])
     else:
         summary = launch(config)
     print(json.dumps(summary))

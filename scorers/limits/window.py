@@ -23,8 +23,8 @@ Calls in flight when the window shrinks are never stopped, and they count: no ca
 as many slots are held as the window allows, wherever they are (`Slots.try_take_counted`).
 
 On the bench's endpoint (hidden capacity 12), halving without the plateau, the validation and the
-count reached 94 % of the best fixed setting with 212 refusals in two runs; this rule reaches 98 %
-with 21 (bench/README.md, "endpoint_adaptive").
+count reached 94 % of the best fixed setting with 212 refusals in two runs; this rule reaches
+97-98 % with 19-21 (bench/README.md, "endpoint_adaptive").
 
 The base latency is the lowest recent answer time: a faster answer lowers it at once, a slower one
 raises it by `FOLLOW` of the gap, so an endpoint that is slower for good is followed within some
