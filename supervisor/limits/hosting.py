@@ -14,6 +14,16 @@ from supervisor.errors import ConfigError
 START_TIMEOUT_S = 30.0
 
 
+def needs_serving(command: str) -> None:
+    """The coordinator is served by starlette and uvicorn (the `serving` extra): one line naming
+    the install where they are missing, before anything is bound."""
+    from scorers import install
+
+    missing = install.missing_extra("serving", command, ("starlette", "uvicorn"))
+    if missing is not None:
+        raise ConfigError(missing)
+
+
 def listening(host: str, port: int) -> socket.socket:
     """A socket listening on `host:port` (0: any free port); ConfigError naming it if it cannot."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -48,6 +48,9 @@ def coordinate_on_ray(timeout_s: float = 60.0, **options: Any) -> dict[str, str]
     other processes' `runtime_env`. `options`: Ray's actor options (placement, resources)."""
     import ray
 
+    from supervisor.limits.hosting import needs_serving
+
+    needs_serving("coordinate_on_ray (its actor serves the coordinator)")
     actor = (
         ray.remote(LimitsCoordinatorActor)
         .options(

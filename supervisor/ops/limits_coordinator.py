@@ -34,9 +34,10 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def run(args: argparse.Namespace) -> int:
-    from supervisor.limits.hosting import run_here
+    from supervisor.limits.hosting import needs_serving, run_here
     from supervisor.ops.serve import bind, read_token
 
+    needs_serving("limits-coordinator")
     token = read_token(args.token_env, args.token_file)
     listener = bind(args.host, args.port, args.allow_remote)
     host = f"[{args.host}]" if ":" in args.host else args.host

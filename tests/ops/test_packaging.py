@@ -264,6 +264,7 @@ def test_a_base_install_names_the_extra_each_command_needs(built, tmp_path):
         (["serve", "--recipe", str(recipe)], "serving"),
         (["score", "--recipe", str(recipe), "--input", "in.jsonl", "--output", "o.jsonl",
           "--image-column", "image"], "serving"),
+        (["limits-coordinator"], "serving"),
     ):  # fmt: skip
         done = _run(built, "managed-scorers", *command, cwd=tmp_path)
         assert done.returncode == 2 and f"pip install 'managed-scorers[{extra}]'" in _one_line(
