@@ -13,7 +13,7 @@ Stdlib only.
 
 from __future__ import annotations
 
-import itertools
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,6 @@ class Board:
     leases: dict[str, float] = field(default_factory=dict)  # id -> expires at
     hosts: dict[str, float] = field(default_factory=dict)  # host -> last seen
     last_seen: float = 0.0
-    _ids: Any = field(default_factory=itertools.count)
 
     @classmethod
     def new(cls, limit: EndpointLimit, now: float) -> Board:
@@ -89,7 +88,7 @@ class Board:
         if which == "Retry-After" or wait > wait_left:
             return Hold(f"{which} ({self.limit.describe()})", wait)
         self.levels.take(self.limit, tokens)
-        lease = f"{next(self._ids)}"
+        lease = secrets.token_hex(8)  # never an id an old caller may still hold
         self.leases[lease] = now + wait + LEASE_TTL_S
         return Grant(lease, wait)
 

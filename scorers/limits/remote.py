@@ -3,15 +3,16 @@
 as the fallback.
 
 `acquire` asks the coordinator for a lease, waiting there within the call's deadline; a grant
-carries the rate reservation's delay, slept here, as on a node. Leases are renewed every `RENEW_S`
-by one thread, so those of a process that died expire at the coordinator (`board.LEASE_TTL_S`).
+carries the rate reservation's delay, slept here, as on a node. One thread renews the leases held
+every `RENEW_S` (those of a process that died expire at the coordinator, `board.LEASE_TTL_S`) and
+sends the calls' ends, so no call waits on them.
 When the coordinator cannot be reached (refused, timed out, a 5xx), calls take a conservative
 share of the limit on this node: `EndpointLimit.divided(nodes)` through the node's `LocalLimiter`
 (shared by the node's processes, so each rank's part is the limit divided by the world size),
-never unlimited; the coordinator is asked again `RETRY_S` later. `nodes` is the larger of the
-recipe's `nodes:` and the hosts the coordinator last counted (or torchrun's WORLD_SIZE /
-LOCAL_WORLD_SIZE); with none known the call fails, naming the coordinator. Stdlib only: it runs in
-every scorer env.
+never unlimited; the coordinator is asked again `RETRY_S` later. `nodes` is the recipe's `nodes:`,
+else torchrun's WORLD_SIZE / LOCAL_WORLD_SIZE (both the same in every process of a node, so they
+all share one share), else the hosts the coordinator counted; with none known the call fails,
+naming the coordinator. Stdlib only: it runs in every scorer env.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import queue
 import socket
 import sys
 import threading
@@ -38,6 +40,10 @@ TOKEN_ENV = "MANAGED_SCORERS_LIMITS_TOKEN"
 RETRY_S = 5.0  # after the coordinator failed, calls take the node's share this long
 POLL_S = 5.0  # the longest one acquire waits at the coordinator before asking again
 CONNECT_S = 3.0  # beyond the poll itself: a coordinator slower than this is unreachable
+LATE_S = 0.5  # the most an acquire may outlast its call's deadline, however slow the coordinator
+MAX_WAIT_S = 3600.0  # the coordinator's bound on one wait (a longer deadline asks again)
+# a kept connection the coordinator closed while it was idle: replaced once
+STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 LOCAL = "local"  # `coordinator: local`: the node's limit, whatever the environment says
 
 
@@ -117,23 +123,58 @@ class _State:
     down_until: float = 0.0
     nodes_seen: int = 0
     lost_ends: int = 0
+    lost_leases: int = 0
     share: LocalLimiter | None = None
 
 
+class _Connections:
+    """Kept connections to the coordinator, shared by the threads that call it: a thread takes an
+    idle one (or opens one) for one exchange and gives it back; at most as many stay open as
+    threads ever called at once, whatever the threads' lifetimes (a judge starts new ones per
+    batch). Closed: each is closed as it comes back."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._lock = threading.Lock()
+        self._idle: list[http.client.HTTPConnection] = []
+        self._closed = False
+
+    def take(self) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection, and whether it was kept (may have been closed by the server meanwhile)."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+        return http.client.HTTPConnection(self.host, self.port), False
+
+    def give(self, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed, idle, self._idle = True, self._idle, []
+        for connection in idle:
+            connection.close()
+
+
 class CoordinatedLimiter:
-    """`limit` for every process of every node whose calls name this coordinator."""
+    """`limit` for every process of every node whose calls name this coordinator. One thread
+    (`_keep`) renews the leases held and sends the ends of the calls, so a call never waits for
+    its lease's end to reach the coordinator."""
 
     def __init__(self, limit: EndpointLimit, coordination: Coordination) -> None:
         self.limit, self.coordination = limit, coordination
         url = urlsplit(coordination.url)
-        self._host, self._port = url.hostname or "", url.port or 80
+        self._connections = _Connections(url.hostname or "", url.port or 80)
         self._me = socket.gethostname()
         self._lock, self._state = threading.Lock(), _State()
-        self._connections = threading.local()  # each calling thread keeps one to the coordinator
-        self._opened: list[http.client.HTTPConnection] = []
+        self._ends: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
         self._closed = threading.Event()
-        self._renewer = threading.Thread(target=self._renew_loop, name="limits-renew", daemon=True)
-        self._renewer.start()
+        self._keeper = threading.Thread(target=self._keep, name="limits-keeper", daemon=True)
+        self._keeper.start()
 
     # -- the two calls ----------------------------------------------------------------------
     def acquire(self, tokens: int, deadline: float) -> RemoteLease | Lease:
@@ -147,45 +188,41 @@ class CoordinatedLimiter:
         return self._share().acquire(tokens, deadline)
 
     def close(self) -> None:
+        """No new lease; the keeper sends the ends queued (a lease ended later expires at the
+        coordinator unrenewed, within `LEASE_TTL_S`), then the connections close."""
         self._closed.set()
+        self._ends.put(("", {}))  # wakes the keeper
         with self._lock:
             share, self._state.share = self._state.share, None
-            opened, self._opened = self._opened, []
-        for connection in opened:  # a call still in flight on another thread fails: closed
-            connection.close()
         if share is not None:
             share.close()
 
     # -- the coordinator ----------------------------------------------------------------------
     def _exchange(self, what: str, body: bytes, timeout: float) -> tuple[int, bytes]:
-        """One POST on this thread's keep-alive connection (a new one if it has none); a kept
-        connection the coordinator closed while idle is replaced once, before any answer."""
+        """One POST on a kept connection (or a new one); a kept one the coordinator closed while
+        idle is replaced once. Unreachable on anything but an answer."""
+        headers = {"authorization": f"Bearer {self.coordination.token}",
+                   "content-type": "application/json"}  # fmt: skip
         for attempt in (0, 1):
-            connection = getattr(self._connections, "kept", None)
-            reused = connection is not None
-            if connection is None:
-                connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-                with self._lock:
-                    self._opened.append(connection)
-            if connection.sock is not None:
-                connection.sock.settimeout(timeout)
+            connection, kept = self._connections.take()
             connection.timeout = timeout
-            headers = {"authorization": f"Bearer {self.coordination.token}",
-                       "content-type": "application/json"}  # fmt: skip
             try:
+                if connection.sock is not None:
+                    connection.sock.settimeout(timeout)
                 connection.request("POST", f"/limits/{what}", body, headers)
                 answer = connection.getresponse()
                 raw = answer.read(1 << 20)
             except (OSError, http.client.HTTPException) as exc:
                 connection.close()
-                self._connections.kept = None
-                stale = isinstance(exc, http.client.RemoteDisconnected | BrokenPipeError)
-                if reused and stale and attempt == 0:
+                if kept and attempt == 0 and isinstance(exc, STALE):
                     continue
                 raise Unreachable(f"{type(exc).__name__}: {exc}") from exc
-            self._connections.kept = connection
+            if answer.isclosed():  # read whole: the connection may serve the next exchange
+                self._connections.give(connection)
+            else:
+                connection.close()
             return answer.status, raw
-        raise AssertionError("unreachable")
+        raise AssertionError("a second attempt returns or raises")
 
     def _post(self, what: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         """One POST to /limits/`what`; its JSON answer. Unreachable on anything but an answer."""
@@ -196,22 +233,27 @@ class CoordinatedLimiter:
         text = raw.decode("utf-8", "replace")
         if status == 409:
             raise LimitConflict(f"coordinator {self.coordination.url}: {text[:400]}")
-        if status != 200:
+        try:
+            answer = json.loads(text) if status == 200 else None
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
             raise LimitStateError(
                 f"coordinator {self.coordination.url} refused /limits/{what}: HTTP {status}: "
                 f"{text[:400]}"
             )
-        return json.loads(text)
+        return answer
 
     def _remote(self, tokens: int, deadline: float) -> RemoteLease:
         """Asked in polls of at most `POLL_S`, so a coordinator that stops answering is found
-        within `POLL_S + CONNECT_S` whatever the call's deadline."""
+        within `POLL_S + CONNECT_S`, and never more than `LATE_S` past the call's deadline."""
         began = time.monotonic()
         while True:
-            wait_s = max(deadline - time.monotonic(), 0.0)
+            wait_s = min(max(deadline - time.monotonic(), 0.0), MAX_WAIT_S)
+            poll_s = min(wait_s, POLL_S)
             body = {"declared": self.limit.declared(), "tokens": tokens, "wait_s": wait_s,
-                    "poll_s": min(wait_s, POLL_S), "host": self._me}  # fmt: skip
-            answer = self._post("acquire", body, min(wait_s, POLL_S) + CONNECT_S)
+                    "poll_s": poll_s, "host": self._me}  # fmt: skip
+            answer = self._post("acquire", body, min(poll_s + CONNECT_S, wait_s + LATE_S))
             self._state.nodes_seen = max(self._state.nodes_seen, int(answer.get("nodes", 0)))
             if "again" not in answer:
                 break
@@ -231,42 +273,66 @@ class CoordinatedLimiter:
     def _ended(self, lease: str, report: dict[str, Any]) -> None:
         with self._lock:
             self._state.held.discard(lease)
+        self._ends.put((lease, report))
+
+    def _keep(self) -> None:
+        """Send each end as it comes, renew the held leases every `RENEW_S`; after close, the ends
+        queued, then the connections closed. A failure is said (the child's log), never raised:
+        the calls went well, and a lease not renewed or ended expires at the coordinator."""
+        renew_at = time.monotonic() + RENEW_S
+        while True:
+            try:
+                lease, report = self._ends.get(timeout=max(renew_at - time.monotonic(), 0.0))
+            except queue.Empty:
+                lease, report = "", {}
+            if lease:
+                self._send_end(lease, report)
+            if self._closed.is_set() and self._ends.empty():
+                break
+            if time.monotonic() >= renew_at:
+                self._renew()
+                renew_at = time.monotonic() + RENEW_S
+        self._connections.close()
+
+    def _send_end(self, lease: str, report: dict[str, Any]) -> None:
         try:
             self._post("end", {"lease": lease, "report": report}, CONNECT_S)
         except (Unreachable, LimitError) as exc:
-            # the call itself went well: the lease expires at the coordinator on its own
             self._state.lost_ends += 1
-            print(
-                f"managed-scorers: endpoint {self.limit.name!r}: a lease's end did not reach "
-                f"{self.coordination.url} ({exc}); it expires there unrenewed",
-                file=sys.stderr,
-                flush=True,
-            )
+            self._warn(f"a lease's end did not reach {self.coordination.url} ({exc}); it expires "
+                       "there unrenewed")  # fmt: skip
 
-    def _renew_loop(self) -> None:
-        while not self._closed.wait(RENEW_S):
+    def _renew(self) -> None:
+        with self._lock:
+            held = sorted(self._state.held)
+        if not held:
+            return
+        try:
+            unknown = self._post("renew", {"leases": held}, CONNECT_S).get("unknown") or []
+        except (Unreachable, LimitError) as exc:
+            # the next acquire finds the coordinator down and takes the node's share
+            self._warn(f"leases not renewed at {self.coordination.url} ({exc})")
+            return
+        if unknown:  # expired there (a coordinator restarted, a long stall): no longer counted
+            self._state.lost_leases += len(unknown)
             with self._lock:
-                held = sorted(self._state.held)
-            if not held:
-                continue
-            try:
-                self._post("renew", {"leases": held}, CONNECT_S)
-            except (Unreachable, LimitError) as exc:
-                # the next acquire finds the coordinator down and takes the node's share
-                print(
-                    f"managed-scorers: endpoint {self.limit.name!r}: leases not renewed at "
-                    f"{self.coordination.url} ({exc})",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                self._state.held.difference_update(unknown)
+            self._warn(f"{len(unknown)} lease(s) had expired at {self.coordination.url}")
+
+    def _warn(self, what: str) -> None:
+        """One line on stderr (the child's log): what the coordinator did not get, and why."""
+        print(f"managed-scorers: endpoint {self.limit.name!r}: {what}", file=sys.stderr, flush=True)
 
     # -- the node's share ---------------------------------------------------------------------
     def _nodes(self) -> int:
+        """The recipe's `nodes`, else torchrun's count, else the hosts the coordinator counted:
+        the first two are the same in every process of the node, so all open one share."""
         env = os.environ
-        launched = 0
+        if self.coordination.nodes:
+            return self.coordination.nodes
         if env.get("WORLD_SIZE", "").isdigit() and env.get("LOCAL_WORLD_SIZE", "").isdigit():
-            launched = int(env["WORLD_SIZE"]) // max(int(env["LOCAL_WORLD_SIZE"]), 1)
-        return max(self.coordination.nodes or 0, self._state.nodes_seen, launched)
+            return int(env["WORLD_SIZE"]) // max(int(env["LOCAL_WORLD_SIZE"]), 1)
+        return self._state.nodes_seen
 
     def _down(self, why: str) -> None:
         nodes = self._nodes()
@@ -277,12 +343,9 @@ class CoordinatedLimiter:
                 f"nodes: N (how many nodes call it)"
             )
         self._state.down_until = time.monotonic() + RETRY_S
-        print(
-            f"managed-scorers: endpoint {self.limit.name!r}: the coordinator "
-            f"{self.coordination.url} cannot be reached ({why}); this node takes 1/{nodes} of "
-            f"the limit for {RETRY_S:g} s, then asks again",
-            file=sys.stderr,
-            flush=True,
+        self._warn(
+            f"the coordinator {self.coordination.url} cannot be reached ({why}); this node takes "
+            f"1/{nodes} of the limit for {RETRY_S:g} s, then asks again"
         )
 
     def _share(self) -> LocalLimiter:
@@ -293,14 +356,15 @@ class CoordinatedLimiter:
             current = self._state.share
             if current is not None and current.limit == share:
                 return current
-            self._state.share = LocalLimiter(share)
+            opened = self._state.share = LocalLimiter(share)
         if current is not None:
-            current.close()
-        return self._state.share
+            current.close()  # its leases still out end on its files (LocalLimiter.close)
+        return opened
 
     def share_now(self) -> EndpointLimit | None:
         """The node's share in use, or None while the coordinator answers (to look at)."""
-        share = self._state.share
+        with self._lock:
+            share = self._state.share
         return (
             share.limit if share is not None and time.monotonic() < self._state.down_until else None
         )

@@ -84,29 +84,38 @@ class Slots:
     def try_take_counted(self, usable: int) -> int | None:
         """A free slot among the first `usable`, held now, only if fewer than `usable` slots are
         held in all: a window that shrank still counts the calls in slots past it (the adaptive
-        window's rule; each slot is probed, one flock each). Two callers probing at once may
-        both see room for one: the window is then passed by one, for one call."""
+        window's rule; each slot is probed, one flock each). Callers probing at once each see
+        the others' probes as held slots (they may wait a poll for nothing), and may each see
+        room for one: the window is then passed by up to as many calls as probed together."""
         held, mine = 0, None
-        for index, slot in enumerate(self._slots):
-            if not slot.held.acquire(blocking=False):
-                held += 1  # a thread of this process holds it
-                continue
-            try:
-                fcntl.flock(slot.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                slot.held.release()
-                held += 1
-                continue
-            if mine is None and index < usable:
-                mine = index
-            else:
-                self.give(index)
-        if mine is not None and held >= usable:
-            self.give(mine)
-            return None
+        try:
+            for index, slot in enumerate(self._slots):
+                if not slot.held.acquire(blocking=False):
+                    held += 1  # a thread of this process holds it
+                    continue
+                try:
+                    fcntl.flock(slot.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    slot.held.release()
+                    held += 1
+                    continue
+                except BaseException:
+                    slot.held.release()
+                    raise
+                if mine is None and index < usable:
+                    mine = index
+                else:
+                    self.give(index)
+            if mine is not None and held < usable:
+                os.pwrite(self._slots[mine].fd, f"{os.getpid():<12}".encode(), 0)
+                return mine
+        except BaseException:
+            if mine is not None:
+                self.give(mine)
+            raise
         if mine is not None:
-            os.pwrite(self._slots[mine].fd, f"{os.getpid():<12}".encode(), 0)
-        return mine
+            self.give(mine)
+        return None
 
     def take(self, usable: Callable[[], int], deadline: float, counted: bool = False) -> int | None:
         """A slot, waited for until `deadline`; None if none came free by then."""

@@ -4,9 +4,11 @@ Each share goes to its actor. One not answered within the pool's hedge delay (th
 recent shares, `compose.hedging.Latencies`) is sent once more, to the actor of the pool that holds
 the fewest of this call's sends, and the first good answer wins. The other send is withdrawn
 (`PoolActor.withdraw`): out of its actor's queue if it has not begun, left to finish if it is
-scoring, and never read: a hedge never costs a child. A failure while the other send is still out
-waits for that one; an answer of another identity fails the share at once. At the call's deadline
-what is left is cancelled as every pool call's is (`RayPoolBackend._outcomes`).
+scoring, and never read; its actor stops it at the call's deadline, as the pool's cancel would
+have: a hedge alone never costs a child. A failure while the other send is still out waits for
+that one; an answer of another identity fails the share at once. At the call's deadline what is
+left is cancelled as every pool call's is (`RayPoolBackend._outcomes`): both sends of a late
+share, each actor then stopping its own.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class _Share:
     sends: list[tuple[_Member, Any, float]] = field(default_factory=list)  # member, ref, began
     hedged_at: float | None = None  # the delay it was hedged at
     result: Outcome | None = None
+    failure: Outcome | None = None  # a send's failure while the other was still out
 
 
 @dataclass
@@ -51,7 +54,8 @@ class _Race:
     won: int = 0
 
     def send(self, share: _Share, member: _Member) -> None:
-        ref = member.handle.score.remote(share.part, share.key)
+        left = max(self.deadline - time.monotonic(), 0.0)
+        ref = member.handle.score.remote(share.part, share.key, left)
         share.sends.append((member, ref, time.monotonic()))
         self.out[ref] = share
         self.load[member.index] += 1
@@ -95,6 +99,7 @@ class _Race:
         rest = [r for r, s in self.out.items() if s is share]
         stands = outcome.kind == "scored" or isinstance(outcome.error, PoolIdentityChanged)
         if not stands and rest:
+            share.failure = share.failure or outcome
             return  # the other send may still answer it
         share.result = outcome
         if outcome.kind == "scored" and self.latencies is not None:
@@ -122,18 +127,34 @@ class _Race:
 
     def finish(self) -> list[Outcome]:
         """Past the deadline: every send still out is cancelled and its actor's answer to that
-        waited for; a share takes the first of its sends' outcomes that is good, else its first."""
+        waited for. A share takes an answer of another identity first, then a good one, then a
+        send's own failure (one that came while the other send was out), then the cancel's."""
         late = [s for s in self.shares if s.result is None]
         sends = [(m, r, s) for s in late for m, r, _ in s.sends if r in self.out]
         found = self.pool._outcomes(
             [m for m, _, _ in sends], [r for _, r, _ in sends], time.monotonic(),
             [s.what for _, _, s in sends],
         )  # fmt: skip
+        outcomes: dict[str, list[Outcome]] = {s.key: [] for s in late}
         for (member, _, share), answer in zip(sends, found, strict=True):
-            outcome = self.pool._accepted(member, answer, share.ids)
-            if share.result is None or (share.result.kind != "scored" and outcome.kind == "scored"):
-                share.result = outcome
+            outcomes[share.key].append(self.pool._accepted(member, answer, share.ids))
+        for share in late:
+            share.result = _first_standing([*outcomes[share.key], share.failure])
         return [s.result for s in self.shares if s.result is not None]
+
+
+def _first_standing(outcomes: list[Outcome | None]) -> Outcome | None:
+    """Of one share's outcomes: another identity's first, then a good one, then the first."""
+    known = [o for o in outcomes if o is not None]
+    for standing in (
+        lambda o: isinstance(o.error, PoolIdentityChanged),
+        lambda o: o.kind == "scored",
+        lambda o: True,
+    ):
+        for outcome in known:
+            if standing(outcome):
+                return outcome
+    return None
 
 
 def race(

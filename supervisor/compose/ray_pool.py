@@ -75,6 +75,7 @@ KILLED_SHARE_S = 3.0
 # deadline
 CANCEL_GRACE_S = KILLED_SHARE_S + 2.0
 RESTART_POLL_S = 0.2  # how often an actor Ray is restarting is asked again for its info
+WITHDRAWN_KEPT_S = 3600.0  # a withdrawn share's key, for a share that comes after its withdraw
 
 
 class RayPoolConfig(BaseModel):
@@ -148,6 +149,7 @@ class PoolActor:
         self._scoring: object | None = None  # the token of the share scoring now
         self._scoring_lock = threading.Lock()
         self._shares: dict[str, Future[Outcome]] = {}  # a hedged share's turn, by its key
+        self._withdrawn: dict[str, float] = {}  # keys withdrawn, when: kept `WITHDRAWN_KEPT_S`
 
     def where(self) -> dict[str, Any]:
         import ray
@@ -171,10 +173,13 @@ class PoolActor:
             "combination": self.backend.combination,
         }
 
-    def score(self, request: RewardRequest, key: str | None = None) -> ShareAnswer:
+    def score(
+        self, request: RewardRequest, key: str | None = None, left_s: float | None = None
+    ) -> ShareAnswer:
         """The share's rewards, or its typed error, signed; waits its turn, and stops where it is
         when the pool cancels it (`ray.cancel` at the call's deadline). `key`: the share's name
-        for `withdraw`, when the pool may hedge it."""
+        for `withdraw`, when the pool may hedge it; a withdrawn share the pool no longer waits
+        for is stopped here once the call's `left_s` have passed, as the pool's cancel would."""
         import ray
 
         context = ray.get_runtime_context()
@@ -184,7 +189,10 @@ class PoolActor:
             else "its share"
         )
         began: list[float] = []
+        until = time.monotonic() + (left_s if left_s is not None else float("inf"))
         with self._held_lock:
+            if key is not None and key in self._withdrawn:  # withdrawn before it came
+                raise ScorerTimeout(f"{share} was withdrawn before it began: answered elsewhere")
             ahead, self._held = self._held, self._held + 1
 
         def scoring() -> Outcome:
@@ -206,7 +214,8 @@ class PoolActor:
         turn.add_done_callback(lambda done: self._released(key, done))
         while not wait([turn], timeout=CANCEL_POLL_S).done:
             # raised: Ray answers a cancelled task's return with TaskCancelledError
-            if context.is_canceled():
+            late = key in self._withdrawn and time.monotonic() > until
+            if context.is_canceled() or late:
                 raise self._stopped(turn, turn_token, share, ahead, began)
         if turn.cancelled():
             raise ScorerTimeout(f"{share} was withdrawn before it began: answered elsewhere")
@@ -214,9 +223,15 @@ class PoolActor:
 
     def withdraw(self, key: str) -> str:
         """A hedged share another actor answered first: out of the queue if it has not begun
-        ("dropped"); left to finish if it is scoring ("scoring"): a hedge never costs a child.
-        "gone": it had ended."""
+        ("dropped"); left to finish if it is scoring ("scoring"), stopped only at its call's
+        deadline (`score`): a hedge alone never costs a child. "gone": it had ended, or has not
+        come yet (it is then refused when it comes)."""
+        now = time.monotonic()
         with self._held_lock:
+            self._withdrawn[key] = now
+            for old, when in list(self._withdrawn.items()):
+                if now - when > WITHDRAWN_KEPT_S:
+                    del self._withdrawn[old]
             turn = self._shares.get(key)
         if turn is None:
             return "gone"

@@ -18,6 +18,19 @@ from typing import Any
 from bench.hard_limit import HardLimit
 from bench.loopback_server import LoopbackServer, send_answer
 
+# The judge's params the tests and drivers use against it: quick retries, one minute per batch.
+JUDGE = {
+    "model": "fake-judge",
+    "prompt_template": "Rate this: {completion}",
+    "max_tokens": 16,
+    "concurrency": 8,
+    "request_timeout_s": 30,
+    "max_attempts": 3,
+    "backoff_s": 0.1,
+    "backoff_max_s": 0.5,
+    "batch_timeout_s": 60,
+}
+
 
 class LimitedOpenAI(HardLimit, LoopbackServer):
     def __init__(

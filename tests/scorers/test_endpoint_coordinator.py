@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -156,3 +157,32 @@ def test_a_judge_takes_its_coordinator_from_the_recipe_or_the_environment(monkey
     monkeypatch.delenv(remote.TOKEN_ENV)
     with pytest.raises(ValueError, match="needs its token"):
         LlmJudge(**params, endpoint_limit={"concurrency": 4})
+
+
+def test_calls_from_threads_that_come_and_go_keep_a_few_connections_open(coordinator):
+    """A judge starts new threads each batch: 20 batches of 4 threads, a lease each, leave no more
+    connections open than 4 threads used at once (and the keeper's)."""
+    limiter = _limiter(coordinator.url, EndpointLimit("threads", concurrency=8))
+    me = psutil.Process()
+    try:
+        limiter.acquire(10, time.monotonic() + 5).end(latency_s=0.1)
+        before = me.num_fds()
+        for _ in range(20):
+            leases = []
+            threads = [
+                threading.Thread(
+                    target=lambda: leases.append(limiter.acquire(10, time.monotonic() + 5))
+                )
+                for _ in range(4)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            for lease in leases:
+                lease.end(latency_s=0.1)
+        # both ends of each connection are this process's (the coordinator serves in a thread):
+        # 5 connections at most, 10 descriptors; one per thread would be 160
+        assert me.num_fds() <= before + 10, (before, me.num_fds())
+    finally:
+        limiter.close()

@@ -31,21 +31,10 @@ from scorers.limits.rundir import DIR_ENV
 from scorers.limits.slots import Slots
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest, ScorerItemsFailed
 from tests.conftest import REPO_ROOT, env_python, eventually
-from tests.helpers.limited_openai import LimitedOpenAI
+from tests.helpers.limited_openai import JUDGE, LimitedOpenAI
 
 RANKS = 8
 RANK = REPO_ROOT / "tests" / "helpers" / "judge_rank.py"
-JUDGE = {
-    "model": "fake-judge",
-    "prompt_template": "Rate this: {completion}",
-    "max_tokens": 16,
-    "concurrency": 8,
-    "request_timeout_s": 30,
-    "max_attempts": 3,
-    "backoff_s": 0.1,
-    "backoff_max_s": 0.5,
-    "batch_timeout_s": 60,
-}
 
 
 @pytest.fixture(autouse=True)

@@ -22,21 +22,11 @@ import ray
 
 from scorers.limits.rundir import DIR_ENV
 from supervisor.limits.ray_host import coordinate_on_ray
+from tests.helpers.limited_openai import JUDGE as LIMITED_JUDGE
 
 RANKS_PER_NODE = 4
 ITEMS = 4
-JUDGE = {
-    "model": "fake-judge",
-    "prompt_template": "Rate this: {completion}",
-    "max_tokens": 16,
-    "concurrency": 8,
-    "request_timeout_s": 30,
-    "max_attempts": 3,
-    "backoff_s": 0.1,
-    "backoff_max_s": 0.5,
-    "batch_timeout_s": 60,
-    "endpoint_limit": {"requests_per_minute": 600, "concurrency": 3},
-}
+JUDGE = {**LIMITED_JUDGE, "endpoint_limit": {"requests_per_minute": 600, "concurrency": 3}}
 
 
 @ray.remote(num_cpus=0)

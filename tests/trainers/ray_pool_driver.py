@@ -70,26 +70,27 @@ def refused(pool: RayPoolBackend) -> dict[str, Any]:
     return {}
 
 
+def image_pool(name: str, **options: Any) -> dict[str, Any]:
+    """A pool of mean_intensity children from the image env: `options` over these defaults."""
+    return {
+        "name": name,
+        "max_restarts": 2,
+        "start_timeout_s": 120,
+        "call_timeout_s": 60,
+        "scorer": {
+            "env": "image",
+            "scorer": {"name": "mean_intensity", "input_kind": "image"},
+            "client": {"group_size": GROUP, "input_kind": "image"},
+        },
+        **options,
+    }
+
+
 def create(
     pool_name: str, seed: int, lifetime: str = "detached", actors: int = 2
 ) -> dict[str, Any]:
-    pool = RayPoolBackend.create(
-        {
-            "name": pool_name,
-            "actors": actors,
-            "num_cpus": 1,
-            "resources": {"reward_node": 1},
-            "lifetime": lifetime,
-            "max_restarts": 2,
-            "start_timeout_s": 120,
-            "call_timeout_s": 60,
-            "scorer": {
-                "env": "image",
-                "scorer": {"name": "mean_intensity", "input_kind": "image"},
-                "client": {"group_size": GROUP, "input_kind": "image"},
-            },
-        }
-    )
+    options = {"actors": actors, "num_cpus": 1, "resources": {"reward_node": 1}}
+    pool = RayPoolBackend.create(image_pool(pool_name, lifetime=lifetime, **options))
     reward_nodes = [
         n["NodeID"] for n in ray.nodes() if n["Alive"] and "reward_node" in n["Resources"]
     ]
@@ -229,19 +230,7 @@ def late_then_restamped(pool_name: str) -> dict[str, Any]:
 def hedged(pool_name: str) -> dict[str, Any]:
     """A 3-actor pool warmed up (its hedge delay learnt), then one actor's child SIGSTOPped: the
     next call's share there is hedged to another actor, and the call ends long before its 60 s."""
-    config = {
-        "name": pool_name,
-        "actors": 3,
-        "num_cpus": 0,
-        "lifetime": "job",
-        "start_timeout_s": 120,
-        "call_timeout_s": 60,
-        "scorer": {
-            "env": "image",
-            "scorer": {"name": "mean_intensity", "input_kind": "image"},
-            "client": {"group_size": GROUP, "input_kind": "image"},
-        },
-    }
+    config = image_pool(pool_name, actors=3, num_cpus=0, lifetime="job")
     pool = RayPoolBackend.create(config)
     try:
         warm = [scored(pool, seed)["equal"] for seed in range(5)]
