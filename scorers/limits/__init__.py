@@ -14,22 +14,9 @@ from typing import Protocol
 
 from scorers.limits.declared import EndpointLimit, default_name
 from scorers.limits.errors import LimitConflict, LimitError, LimitStateError, LimitTimeout
+from scorers.limits.lease import EndpointLease
 from scorers.limits.local import Lease, LocalLimiter
 from scorers.limits.remote import CoordinatedLimiter, Coordination
-
-
-class EndpointLease(Protocol):
-    """One call's right to begin (`Lease` on a node, `RemoteLease` from the coordinator)."""
-
-    waited_s: float
-
-    def end(
-        self,
-        tokens_used: int | None = None,
-        latency_s: float | None = None,
-        throttled: bool = False,
-        retry_after_s: float | None = None,
-    ) -> None: ...
 
 
 class EndpointLimiter(Protocol):

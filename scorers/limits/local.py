@@ -20,14 +20,16 @@ from scorers.limits import window
 from scorers.limits.bucket import Levels
 from scorers.limits.declared import EndpointLimit
 from scorers.limits.errors import LimitError, LimitTimeout
+from scorers.limits.lease import EndpointLease, Report
 from scorers.limits.ledger import Ledger
 from scorers.limits.rundir import endpoint_base, limits_dir
 from scorers.limits.slots import Slots
 
 
 @dataclass
-class Lease:
-    """One call's right to begin; `end` it exactly once."""
+class Lease(EndpointLease):
+    """A lease of the node's files: `end` gives the slot back and tells the endpoint's record how
+    the call went."""
 
     limiter: LocalLimiter
     slot: int | None
@@ -35,20 +37,9 @@ class Lease:
     waited_s: float
     ended: bool = False
 
-    def end(
-        self,
-        tokens_used: int | None = None,
-        latency_s: float | None = None,
-        throttled: bool = False,
-        retry_after_s: float | None = None,
-    ) -> None:
-        """The call is over: give the slot back and tell the endpoint's record how it went.
-        `latency_s` None: the call failed otherwise (no answer), the window is left as it is."""
-        if self.ended:
-            return
-        self.ended = True
+    def _over(self, report: Report) -> None:
         try:
-            self.limiter._ended(self, tokens_used, latency_s, throttled, retry_after_s)
+            self.limiter._ended(self, report)
         finally:
             if self.slot is not None:
                 self.limiter._slots.give(self.slot)
@@ -188,24 +179,17 @@ class LocalLimiter:
                 return
             time.sleep(wait)
 
-    def _ended(
-        self,
-        lease: Lease,
-        tokens_used: int | None,
-        latency_s: float | None,
-        throttled: bool,
-        retry_after_s: float | None,
-    ) -> None:
+    def _ended(self, lease: Lease, report: Report) -> None:
         with self._ledger.locked() as record:
             now = time.monotonic()  # under the lock, as in `_begin`
             levels = record.levels
             assert levels is not None
-            if tokens_used is not None:
-                levels.give_back(self.limit, lease.tokens - tokens_used, now)
-            if retry_after_s:
-                levels.pause = max(levels.pause, now + retry_after_s)
+            if report.tokens_used is not None:
+                levels.give_back(self.limit, lease.tokens - report.tokens_used, now)
+            if report.retry_after_s:
+                levels.pause = max(levels.pause, now + report.retry_after_s)
             if self.limit.adaptive and self.limit.concurrency:
-                if throttled:
+                if report.throttled:
                     window.cut(levels, now)
-                elif latency_s is not None:
-                    window.answered(levels, self.limit.concurrency, latency_s, now)
+                elif report.latency_s is not None:
+                    window.answered(levels, self.limit.concurrency, report.latency_s, now)

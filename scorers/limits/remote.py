@@ -26,13 +26,14 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from scorers.limits.board import RENEW_S
 from scorers.limits.declared import EndpointLimit
 from scorers.limits.errors import LimitConflict, LimitError, LimitStateError, LimitTimeout
+from scorers.limits.lease import EndpointLease, Report
 from scorers.limits.local import Lease, LocalLimiter
 
 COORDINATOR_ENV = "MANAGED_SCORERS_LIMITS_COORDINATOR"
@@ -88,8 +89,8 @@ class Coordination:
 
 
 @dataclass
-class RemoteLease:
-    """A lease from the coordinator; `end` it exactly once (as `Lease`)."""
+class RemoteLease(EndpointLease):
+    """A lease from the coordinator: its end goes there, sent by the limiter's keeper thread."""
 
     limiter: CoordinatedLimiter
     lease: str
@@ -97,24 +98,8 @@ class RemoteLease:
     waited_s: float
     ended: bool = False
 
-    def end(
-        self,
-        tokens_used: int | None = None,
-        latency_s: float | None = None,
-        throttled: bool = False,
-        retry_after_s: float | None = None,
-    ) -> None:
-        if self.ended:
-            return
-        self.ended = True
-        report = {
-            "tokens": self.tokens,
-            "tokens_used": tokens_used,
-            "latency_s": latency_s,
-            "throttled": throttled,
-            "retry_after_s": retry_after_s,
-        }
-        self.limiter._ended(self.lease, report)
+    def _over(self, report: Report) -> None:
+        self.limiter._ended(self.lease, {"tokens": self.tokens, **asdict(report)})
 
 
 @dataclass
