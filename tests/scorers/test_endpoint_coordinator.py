@@ -168,13 +168,12 @@ def test_calls_from_threads_that_come_and_go_keep_a_few_connections_open(coordin
         limiter.acquire(10, time.monotonic() + 5).end(latency_s=0.1)
         before = me.num_fds()
         for _ in range(20):
-            leases = []
-            threads = [
-                threading.Thread(
-                    target=lambda: leases.append(limiter.acquire(10, time.monotonic() + 5))
-                )
-                for _ in range(4)
-            ]
+            leases: list = []
+
+            def take(into: list = leases) -> None:
+                into.append(limiter.acquire(10, time.monotonic() + 5))
+
+            threads = [threading.Thread(target=take) for _ in range(4)]
             for thread in threads:
                 thread.start()
             for thread in threads:
