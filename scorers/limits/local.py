@@ -115,13 +115,8 @@ class LocalLimiter:
         slot = None
         if self.limit.concurrency:
             adaptive = self.limit.adaptive
-            usable = min(self._window_now(), self.limit.concurrency)
-            slot = (
-                self._slots.try_take_counted(usable) if adaptive else self._slots.try_take(usable)
-            )
-            if slot is None:
-                self._filled()
-                slot = self._slots.take(self._window_now, deadline, counted=adaptive)
+            on_full = self._filled if adaptive else None
+            slot = self._slots.take(self._window_now, deadline, counted=adaptive, on_full=on_full)
             if slot is None:
                 raise LimitTimeout(
                     self.limit.name,
@@ -139,10 +134,9 @@ class LocalLimiter:
 
     def _filled(self) -> None:
         """Every slot of the window was held when this caller came: the window is in use."""
-        if self.limit.adaptive:
-            with self._ledger.locked() as record:
-                assert record.levels is not None
-                window.filled(record.levels, time.monotonic())
+        with self._ledger.locked() as record:
+            assert record.levels is not None
+            window.filled(record.levels, time.monotonic())
 
     def _window_now(self) -> int:
         if self.limit.adaptive:

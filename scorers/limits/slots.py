@@ -117,14 +117,23 @@ class Slots:
             self.give(mine)
         return None
 
-    def take(self, usable: Callable[[], int], deadline: float, counted: bool = False) -> int | None:
-        """A slot, waited for until `deadline`; None if none came free by then."""
+    def take(
+        self,
+        usable: Callable[[], int],
+        deadline: float,
+        counted: bool = False,
+        on_full: Callable[[], None] | None = None,
+    ) -> int | None:
+        """A slot, waited for until `deadline`; None if none came free by then. `on_full` is
+        called once, when the first try finds every usable slot held."""
         pause = POLL_S[0]
         while True:
             window = min(usable(), len(self._slots))
             index = self.try_take_counted(window) if counted else self.try_take(window)
             if index is not None:
                 return index
+            if on_full is not None and pause == POLL_S[0]:
+                on_full()
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
