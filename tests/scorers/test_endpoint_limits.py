@@ -225,7 +225,7 @@ def test_another_user_can_reach_no_limit(limits_dir):
 def test_the_adaptive_window_halves_on_429s_and_latency_and_grows_back():
     """An endpoint that takes 3 at once (429 past them) and slows with load: the window, declared
     12, slow-starts from 4, is cut to a few; once the endpoint has room (no limit, latency flat),
-    it grows back."""
+    it grows back (within 400 answers: on a busy machine a late answer is a spike and cuts)."""
     with LimitedOpenAI(concurrency=3, base_s=0.05, per_load_s=0.05) as server:
         limit = {"concurrency": 12, "adaptive": True}
         judge = LlmJudge(
@@ -240,8 +240,11 @@ def test_the_adaptive_window_halves_on_429s_and_latency_and_grows_back():
             crowded = judge.score([ScoreItem(id=f"a{n}", text="x") for n in range(24)])
             shrunk = watcher.levels().window
             server.concurrency, server.base_s, server.per_load_s = None, 0.08, 0.0
-            judge.score([ScoreItem(id=f"b{n}", text="x") for n in range(100)])
-            grown = watcher.levels().window
+            for batch in range(4):  # a loaded machine's slow answer is a spike: it cuts, rightly
+                judge.score([ScoreItem(id=f"b{batch}.{n}", text="x") for n in range(100)])
+                grown = watcher.levels().window
+                if grown >= shrunk + 4:
+                    break
         finally:
             watcher.close()
             judge.close()
