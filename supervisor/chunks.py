@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from scorers import tail
 from scorers.diagnostics import merge_reports, report
 from scorers.groups import GroupInputError, IncompleteGroups, pack_chunks, partition
 from supervisor.assembly import assemble_response, details_of, terms_failed
@@ -30,6 +31,9 @@ from supervisor.joined import items_failed
 from supervisor.outcome import Outcome
 from supervisor.shape import ScorerShape
 from supervisor.types import RewardItem, RewardRequest
+
+# each chunk's time as the caller saw it, beside its scorer's diagnostics (runtime's names)
+CHUNK_S, SLOWEST_CHUNKS = "runtime.chunk_s", "runtime.slowest_chunks"
 
 
 class ChunkAnswer(NamedTuple):
@@ -66,6 +70,7 @@ class CallPlan:
     group_size: int | None = None  # configured: every group of every request has this size
     # the transport's own bound on chunks at once (None: the scorer's)
     max_in_flight: int | None = None
+    time_chunks: bool = False  # each chunk timed into the response (`ChunkTimes`)
 
     @property
     def at_once(self) -> int:
@@ -136,8 +141,9 @@ def score_in_chunks(request: RewardRequest, plan: CallPlan, scorer: ChunkScorer)
     chunks = pack_chunks(request_groups(request, plan.shape, group_size), plan.batch_size)
     # groups spanning ranks were checked whole here: their part travels without the size
     sent_size = None if request.groups_elsewhere else group_size
+    timed = ChunkTimes(scorer) if plan.time_chunks else scorer
     answers = score_chunks(
-        [[request.items[i] for i in chunk] for chunk in chunks], scorer, sent_size, plan.at_once
+        [[request.items[i] for i in chunk] for chunk in chunks], timed, sent_size, plan.at_once
     )
     merged = Merged.of(len(request.items), chunks, answers)
     scored = np.array([item_id not in merged.failed for item_id in request.ids], dtype=bool)
@@ -196,6 +202,30 @@ def score_chunks(
     if failures:
         raise min(failures, key=lambda failure: failure[:2])[2]
     return outcomes  # type: ignore[return-value]  # no failure: every outcome is an answer
+
+
+class ChunkTimes:
+    """A ChunkScorer whose answers carry their own time, as the caller saw it (the transport, a
+    child's queue, hedges and limit waits included): `CHUNK_S`, a histogram of one, and
+    `SLOWEST_CHUNKS`, the chunk named by its first item's id and size. Merged like any diagnostic,
+    a step's report says how its chunks went, for scorers that time nothing themselves."""
+
+    def __init__(self, scorer: ChunkScorer) -> None:
+        self.scorer = scorer
+
+    def score_chunk(self, chunk: Sequence[RewardItem], group_size: int | None) -> ChunkAnswer:
+        began = time.monotonic()
+        answer = self.scorer.score_chunk(chunk, group_size)
+        seconds = time.monotonic() - began
+        name = chunk[0].id if len(chunk) == 1 else f"{chunk[0].id} (+{len(chunk) - 1})"
+        times = {
+            CHUNK_S: tail.histogram([seconds]),
+            SLOWEST_CHUNKS: tail.slowest([(name, seconds)]),
+        }
+        return answer._replace(diagnostics={**answer.diagnostics, **times})
+
+    def interrupt(self) -> None:
+        self.scorer.interrupt()
 
 
 @dataclass

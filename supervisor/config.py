@@ -189,6 +189,10 @@ class ClientConfig(_Model):
     # Arrays of a request totalling at least this many bytes travel through a shared-memory
     # segment (negotiated at start-up; in-band when the child or platform cannot). None: never.
     shared_memory_min_bytes: int | None = Field(default=64 * 1024, ge=0)
+    # time every chunk of every call, as this process sees it (transport and waits included):
+    # `runtime.chunk_s` (a histogram) and `runtime.slowest_chunks` in the response's diagnostics.
+    # Off by default (two more diagnostics per term); the `score` CLI turns it on.
+    time_chunks: bool = False
 
     @model_validator(mode="after")
     def _weights_named(self) -> ClientConfig:

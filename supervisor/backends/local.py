@@ -44,7 +44,7 @@ class LocalRewardBackend(Component):
 
     shape: ScorerShape  # what the scorer declared (its child's readiness line or /health)
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - every keyword is a field of LocalBackendConfig (test_settings_once)
         self,
         scorer: str | Scorer,
         params: Mapping[str, Any] | None = None,
@@ -56,6 +56,7 @@ class LocalRewardBackend(Component):
         revision: str | None = None,
         identity_hash: str | None = None,
         catalog: str | None = None,
+        time_chunks: bool = False,
     ) -> None:
         if request_batch_size <= 0:
             raise ValueError("request_batch_size must be > 0")
@@ -79,6 +80,7 @@ class LocalRewardBackend(Component):
         )
         self.request_batch_size = request_batch_size
         self.group_size = group_size
+        self.time_chunks = time_chunks  # each chunk timed into the response (supervisor.chunks)
         self._serial = threading.RLock()
         self._scorer_closed = False
         self.scorer.load(device)
@@ -143,6 +145,7 @@ class LocalRewardBackend(Component):
                     self.required_rewards,
                     self.weights,
                     self.group_size,
+                    time_chunks=self.time_chunks,
                 )
                 return score_in_chunks(request, plan, self)
             finally:

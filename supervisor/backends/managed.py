@@ -779,6 +779,7 @@ class ManagedScorerProcessBackend(Component):
                 self.required_rewards,
                 client.weights,
                 client.group_size,
+                time_chunks=client.time_chunks,
             )
             outcome = score_in_chunks(request, plan, _ChildChunks(self, serving))
             # named with the child

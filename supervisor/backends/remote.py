@@ -121,6 +121,7 @@ class RemoteRewardBackend(Component):
         retry_backoff_s: float = 0.1,
         retry_backoff_cap_s: float = 2.0,
         max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+        time_chunks: bool = False,
     ) -> None:
         """`request_timeout` bounds each exchange as a whole (connect, send, wait, read, and its
         retries), however the server sends; an answer over `max_answer_bytes`, or compressed, is
@@ -140,6 +141,7 @@ class RemoteRewardBackend(Component):
         self.request_batch_size = request_batch_size
         self.group_size = group_size
         self.weights = dict(weights or {})
+        self.time_chunks = time_chunks  # each chunk timed into the response (supervisor.chunks)
         # refuse before sending what the server would refuse
         self.max_request_bytes = max_request_bytes
         self._stopped = threading.Event()  # closed: no call retries, none starts
@@ -284,6 +286,7 @@ class RemoteRewardBackend(Component):
             group_size,
             # a chunk waiting for a connection would spend its deadline there
             max_in_flight=MAX_CONNECTIONS,
+            time_chunks=self.time_chunks,
         )
 
     @property

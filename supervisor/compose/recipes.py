@@ -17,10 +17,10 @@ shared by every term and panel through one `BackendPool`).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,7 @@ from supervisor.errors import ConfigError, validation_message
 TARGET = "_target_"
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Recipe:
     """A training panel and, optionally, a validation panel (which shares its backends)."""
 
@@ -314,7 +314,7 @@ def _common_reward_model(reward: Mapping[str, Any], models: Mapping[str, Any]) -
     return common
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _VerlModels:
     """A verl-omni recipe's named models, as its reward functions bind them."""
 
@@ -534,3 +534,27 @@ def build_panels(
         train.close()
         raise
     return train, validation
+
+
+def with_chunks_timed(recipe: Recipe) -> Recipe:
+    """`recipe` with every chunked backend timing its chunks (`ClientConfig.time_chunks`): what
+    the `score` CLI runs, so its tail lines cover every term, those whose scorer times nothing."""
+    validation = recipe.validation
+    return dataclasses.replace(
+        recipe,
+        train=_panel_timed(recipe.train),
+        validation=None if validation is None else _panel_timed(validation),
+    )
+
+
+def _panel_timed(panel: PanelConfig) -> PanelConfig:
+    terms = []
+    for term in panel.terms:
+        client = getattr(term.backend, "client", None)  # a job service cuts no chunks
+        if client is not None:
+            timed = client.model_copy(update={"time_chunks": True})
+            term = term.model_copy(
+                update={"backend": term.backend.model_copy(update={"client": timed})}
+            )
+        terms.append(term)
+    return panel.model_copy(update={"terms": terms})

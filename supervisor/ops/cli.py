@@ -161,7 +161,7 @@ def _score_rows(
 ) -> Summary | None:
     """Score the rows into --output with the recipe's panel, closed when done; None when Ctrl-C
     stopped it (what it leaves said on stderr)."""
-    from supervisor.compose.recipes import build_panels
+    from supervisor.compose.recipes import build_panels, with_chunks_timed
     from supervisor.ops.dataset_output import header_for, plan_output
     from supervisor.ops.dataset_sinks import open_output
     from supervisor.ops.score_dataset import score_dataset
@@ -172,7 +172,7 @@ def _score_rows(
         stack.callback(claim.close)
         # likewise: no boot wasted
         plan = plan_output(claim, rows, columns, args.resume, args.retry_errors)
-        train, validation = build_panels(recipe)
+        train, validation = build_panels(with_chunks_timed(recipe))
         panel = validation if args.validation and validation is not None else train
         stack.callback(train.close)
         if validation is not None:

@@ -3,6 +3,7 @@ checked like any diagnostic, merged across chunks as counts are, and flattened f
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -11,6 +12,7 @@ from scorers import tail
 from scorers.base import ScoreItem, Scorer, ScoreResult, ScorerSpec
 from scorers.diagnostics import DiagnosticsError, check_values, merge_values
 from supervisor import LocalRewardBackend, RewardItem, RewardRequest
+from supervisor.chunks import CHUNK_S, SLOWEST_CHUNKS
 from supervisor.errors import RewardContractError
 
 
@@ -53,6 +55,35 @@ def test_histograms_and_slowest_items_merge_across_chunks_and_flatten_to_metrics
         pytest.raises(RewardContractError, match="top"),
     ):
         bad.compute_rewards(RewardRequest(items=items[:1]))
+
+
+class Sleepy(Scorer):
+    """1.0 for every item; a call with the item `slow` in it takes 0.2 s more. Times nothing."""
+
+    spec = ScorerSpec(name="sleepy", input_kind="text", env="image")
+
+    def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
+        if any(item.id == "slow" for item in items):
+            time.sleep(0.2)
+        return ScoreResult({"sleepy": [1.0] * len(items)})
+
+
+def test_time_chunks_times_each_chunk_for_a_scorer_that_times_nothing():
+    """`time_chunks`: each chunk's time as the caller saw it, a histogram and the slowest chunks
+    named by their first id and size; off by default."""
+    items = [RewardItem(id=name, text="x") for name in ("a", "b", "c", "slow", "e")]
+    with LocalRewardBackend(Sleepy(), request_batch_size=2, time_chunks=True) as backend:
+        response = backend.compute_rewards(RewardRequest(items=items))
+    values = response.diagnostics["sleepy"]["values"]
+    assert sum(values[CHUNK_S]["counts"]) == 3  # [a, b], [c, slow], [e]
+    (first, seconds), *rest = values[SLOWEST_CHUNKS]["top"]
+    assert first == "c (+1)" and seconds >= 0.2
+    assert sorted(name for name, _ in rest) == ["a (+1)", "e"]
+    assert response.metrics()[f"train/reward/sleepy/{CHUNK_S}/count"] == 3.0
+    with LocalRewardBackend(Sleepy(), request_batch_size=2) as plain:
+        assert (
+            plain.compute_rewards(RewardRequest(items=items)).diagnostics["sleepy"]["values"] == {}
+        )
 
 
 def test_a_value_past_every_bound_is_said_so():

@@ -130,6 +130,10 @@ def test_a_thousand_rows_scored_in_input_order_with_a_sidecar(tmp_path):
     assert "1000 rows scored (0 with errors, 0 missing a failed optional term)" in done.stderr
     # the training panel: train/, not val/
     assert "train/reward/correct/sample_count=1000" in done.stderr
+    # math_verify times nothing itself: the CLI times each chunk (16 requests of one chunk each)
+    assert "train/reward/correct/runtime.chunk_s/count=16" in done.stderr
+    assert "tail: correct runtime.chunk_s: p50 <= " in done.stderr
+    assert "tail: correct runtime.slowest_chunks: r" in done.stderr
 
 
 @pytest.mark.slow
