@@ -60,6 +60,8 @@ class Latencies:
         self._seconds: deque[float] = deque(maxlen=WINDOW)
         self.sent = 0  # chunks sent once more after the delay
         self.won = 0  # of those, answered first by the second server
+        # chunks whose hedge found every other server lagging at first, and looked again
+        self.deferred = 0
 
     def add(self, seconds: float) -> None:
         with self._lock:
@@ -80,12 +82,17 @@ class Latencies:
             else:
                 self.sent += 1
 
+    def count_deferred(self) -> None:
+        with self._lock:
+            self.deferred += 1
+
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            samples, sent, won = len(self._seconds), self.sent, self.won
+            samples, sent, won, deferred = len(self._seconds), self.sent, self.won, self.deferred
         return {
             "hedges_sent": sent,
             "hedges_won": won,
+            "hedges_deferred": deferred,
             "hedge_delay_s": self.delay(),
             "latency_samples": samples,
         }

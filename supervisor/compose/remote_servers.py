@@ -241,6 +241,7 @@ class _Race:
         self.hedge_at = math.inf  # when the first send is hedged
         self.delay = math.inf  # after how long
         self.hedged = False
+        self.deferred = False  # its hedge found no server free once, and looks again
         self.failure = ""  # the failed send's server and why, while the other may still answer
 
     def send(self, index: int) -> None:
@@ -283,6 +284,9 @@ class _Race:
                 # every other server holds a chunk past its delay now (a burst of load): look again
                 # once one may have answered, never give up on the hedge for the call
                 self.hedge_at = time.monotonic() + max(self.delay, RETARGET_S)
+                if not self.deferred and self.call.latencies is not None:
+                    self.deferred = True
+                    self.call.latencies.count_deferred()
             elif self.call.latencies is not None:
                 self.call.latencies.count(won=False)
                 self.hedged = True
@@ -434,7 +438,8 @@ class MultiRemoteRewardBackend(Component):
 
     def stats(self) -> dict[str, Any]:
         """Counts since construction: `hedges_sent` (chunks sent once more past the delay),
-        `hedges_won` (of those, answered first by the second server), `hedge_delay_s` (the delay
+        `hedges_won` (of those, answered first by the second server), `hedges_deferred` (chunks
+        whose hedge found every other server lagging and looked again), `hedge_delay_s` (the delay
         now), `latency_samples` (in the window), `passed_over` (the URLs later calls skip)."""
         with self._standing_lock:
             down = sorted(self._down)

@@ -21,7 +21,8 @@ import pytest
 
 from scorers.common import bounded_http
 from supervisor import MultiRemoteRewardBackend, RemoteRewardBackend
-from supervisor.compose.hedging import MIN_SAMPLES, WINDOW, Latencies
+from supervisor.compose.hedging import HEDGES_WON, MIN_SAMPLES, WINDOW, Latencies
+from supervisor.compose.remote_servers import _Call
 from tests.conftest import eventually, wait_until_gone
 from tests.ops.test_cli_serve import stop_serve
 from tests.ops.test_remote_servers import EXPECTED, REQUEST, SIZE, SLOW, TOKEN, scoring, serve_many
@@ -163,6 +164,65 @@ def test_a_server_stopped_mid_call_holds_no_step_its_chunks_are_hedged(tmp_path:
         for process, _ in made:
             assert stop_serve(process) == 0
         assert wait_until_gone([process.pid for process, _ in made], 10) == []
+
+
+@pytest.mark.slow
+def test_a_hedge_with_every_other_server_lagging_looks_again_until_one_answers(tmp_path: Path):
+    """Two servers, both SIGSTOPped. B's chunk is hedged to A; then A's chunk finds every other
+    server lagging: no hedge yet, and it looks again (`RETARGET_S`, the delay) instead of waiting
+    for the deadline. Once B runs again and answers, A's chunk is hedged to B and won there, while A
+    stays stopped; neither server is marked down for losing."""
+    made = serve_many(tmp_path, [SLOW, SLOW])
+    (a, _), (b, _) = made
+    latencies = Latencies(deadline_s=DEADLINE_S)
+    for _ in range(MIN_SAMPLES):
+        latencies.add(0.1)  # the delay: 0.1 s
+    went_down: list[tuple[int, str]] = []
+    answers: dict[int, object] = {}
+    chunks = {0: REQUEST.items[:SIZE], 1: REQUEST.items[SIZE : 2 * SIZE]}
+    try:
+        with MultiRemoteRewardBackend([url for _, url in made], token=TOKEN) as many:
+            call = _Call(
+                many.servers,
+                [0, 1],
+                time.monotonic() + DEADLINE_S,
+                lambda index, why: went_down.append((index, why)),
+                latencies,
+            )
+
+            def race(index: int) -> None:
+                try:
+                    answers[index] = call.score_chunk(index, chunks[index], None)
+                except Exception as exc:  # noqa: BLE001 - handed to the test
+                    answers[index] = exc
+
+            a.send_signal(signal.SIGSTOP)
+            b.send_signal(signal.SIGSTOP)
+            began = time.monotonic()
+            threads = [threading.Thread(target=race, args=(index,)) for index in (1, 0)]
+            threads[0].start()
+            assert eventually(lambda: latencies.stats()["hedges_sent"] == 1)  # B's chunk, to A
+            threads[1].start()
+            assert eventually(lambda: latencies.stats()["hedges_deferred"] == 1)  # A's: nowhere
+            b.send_signal(signal.SIGCONT)
+            for thread in threads:
+                thread.join(DEADLINE_S / 2)
+            took = time.monotonic() - began
+            assert not any(thread.is_alive() for thread in threads)
+            stats = latencies.stats()
+    finally:
+        for process, _ in made:
+            process.send_signal(signal.SIGCONT)
+            assert stop_serve(process) == 0
+        assert wait_until_gone([process.pid for process, _ in made], 10) == []
+    for index, chunk in chunks.items():
+        answer = answers[index]
+        assert not isinstance(answer, BaseException), answer
+        assert list(answer.terms["probe"]) == [float(len(item.text or "")) for item in chunk]
+    assert took < DEADLINE_S / 4, took
+    # both chunks hedged; A's won on B; B's own send answered first (its hedge sits on stopped A)
+    assert (stats["hedges_sent"], stats["hedges_won"], stats["hedges_deferred"]) == (2, 1, 1)
+    assert went_down == [] and call.hedges()[HEDGES_WON] == 1
 
 
 def score(backend: MultiRemoteRewardBackend) -> object:
