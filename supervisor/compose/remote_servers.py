@@ -177,6 +177,12 @@ class _Call:
             self.hedged_to[target] += 1
         return target
 
+    def has_others(self, index: int) -> bool:
+        """Whether another server of this call is still usable (answered its /health, failed
+        nothing in it), lagging or not."""
+        with self._lock:
+            return any(i != index and i not in self.failed for i in self.healthy)
+
     def is_lagging(self, index: int) -> bool:
         with self._lock:
             return index in self.lagging
@@ -280,6 +286,8 @@ class _Race:
         if len(self.sent) == 1 and time.monotonic() >= self.hedge_at:
             self.hedge_at = math.inf
             target = self.call.hedge_target(self.sent[0].index)
+            if target is None and not self.call.has_others(self.sent[0].index):
+                return None  # the call's only server left: nowhere to hedge to, ever
             if target is None:
                 # every other server holds a chunk past its delay now (a burst of load): look again
                 # once one may have answered, never give up on the hedge for the call

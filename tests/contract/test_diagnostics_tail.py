@@ -76,9 +76,8 @@ def test_time_chunks_times_each_chunk_for_a_scorer_that_times_nothing():
         response = backend.compute_rewards(RewardRequest(items=items))
     values = response.diagnostics["sleepy"]["values"]
     assert sum(values[CHUNK_S]["counts"]) == 3  # [a, b], [c, slow], [e]
-    (first, seconds), *rest = values[SLOWEST_CHUNKS]["top"]
-    assert first == "c (+1)" and seconds >= 0.2
-    assert sorted(name for name, _ in rest) == ["a (+1)", "e"]
+    slowest = dict(values[SLOWEST_CHUNKS]["top"])
+    assert set(slowest) == {"a (+1)", "c (+1)", "e"} and slowest["c (+1)"] >= 0.2
     assert response.metrics()[f"train/reward/sleepy/{CHUNK_S}/count"] == 3.0
     with LocalRewardBackend(Sleepy(), request_batch_size=2) as plain:
         assert (
