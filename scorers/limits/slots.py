@@ -69,16 +69,9 @@ class Slots:
         start = random.randrange(usable)
         for offset in range(usable):
             index = (start + offset) % usable
-            slot = self._slots[index]
-            if not slot.held.acquire(blocking=False):
-                continue
-            try:
-                fcntl.flock(slot.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                slot.held.release()
-                continue
-            os.pwrite(slot.fd, f"{os.getpid():<12}".encode(), 0)
-            return index
+            if self._lock(index):
+                self._mark(index)
+                return index
         return None
 
     def try_take_counted(self, usable: int) -> int | None:
@@ -89,25 +82,15 @@ class Slots:
         room for one: the window is then passed by up to as many calls as probed together."""
         held, mine = 0, None
         try:
-            for index, slot in enumerate(self._slots):
-                if not slot.held.acquire(blocking=False):
-                    held += 1  # a thread of this process holds it
-                    continue
-                try:
-                    fcntl.flock(slot.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    slot.held.release()
+            for index in range(len(self._slots)):
+                if not self._lock(index):
                     held += 1
-                    continue
-                except BaseException:
-                    slot.held.release()
-                    raise
-                if mine is None and index < usable:
+                elif mine is None and index < usable:
                     mine = index
                 else:
                     self.give(index)
             if mine is not None and held < usable:
-                os.pwrite(self._slots[mine].fd, f"{os.getpid():<12}".encode(), 0)
+                self._mark(mine)
                 return mine
         except BaseException:
             if mine is not None:
@@ -116,6 +99,26 @@ class Slots:
         if mine is not None:
             self.give(mine)
         return None
+
+    def _lock(self, index: int) -> bool:
+        """Slot `index` held now, by this thread (its lock) and this process (its flock); False if
+        another thread or process holds it."""
+        slot = self._slots[index]
+        if not slot.held.acquire(blocking=False):
+            return False
+        try:
+            fcntl.flock(slot.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            slot.held.release()
+            return False
+        except BaseException:
+            slot.held.release()
+            raise
+        return True
+
+    def _mark(self, index: int) -> None:
+        """The holder's pid in the slot's file (`holders`, for error messages)."""
+        os.pwrite(self._slots[index].fd, f"{os.getpid():<12}".encode(), 0)
 
     def take(
         self,

@@ -61,7 +61,7 @@ def answered(levels: Levels, ceiling: int, latency_s: float, now: float) -> None
     if now - levels.full_at > max(RECENT * levels.base_s, MIN_RECENT_S):
         return  # the window was not all used lately: nothing says more would be taken
     step = ADD if not levels.ceiling else ADD / max(levels.window, 1.0)  # slow start until a cut
-    if levels.ceiling and abs(levels.window - levels.ceiling) <= NEAR * levels.ceiling:
+    if levels.ceiling and _near_ceiling(levels, NEAR * levels.ceiling):
         step /= PROBE
     levels.window = min(float(ceiling), levels.window + step)
 
@@ -73,10 +73,15 @@ def cut(levels: Levels, now: float) -> None:
     if now - levels.cut_at < gap:
         return
     before = levels.window
-    near = abs(before - levels.ceiling) <= max(NEAR * levels.ceiling, STEP_BACK)
+    near = _near_ceiling(levels, max(NEAR * levels.ceiling, STEP_BACK))
     probe = bool(levels.ceiling) and near and now - levels.cut_at > QUIET * gap
     levels.window = max(1.0, max(before - STEP_BACK, before * CUT) if probe else before * CUT)
     levels.ceiling, levels.cut_at = before, now
+
+
+def _near_ceiling(levels: Levels, band: float) -> bool:
+    """The window within `band` of the window it was last cut from."""
+    return abs(levels.window - levels.ceiling) <= band
 
 
 def filled(levels: Levels, now: float) -> None:
